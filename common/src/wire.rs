@@ -1,0 +1,443 @@
+//! The coordinator-worker protocol: messages, framing and the join proof.
+//!
+//! Every message is one frame: a 4-byte big-endian length, then the message
+//! encoded with bincode 2 (serde, standard config). A frame longer than the
+//! reader's limit is refused before its body is read.
+//!
+//! The exchange on the single bidirectional stream of a connection, worker
+//! first, one reply per request:
+//!
+//! ```text
+//! worker                                  coordinator
+//! Hello{version, name, backend}     ->
+//!                                   <-    Challenge{nonce}
+//! Proof{hmac(secret, nonce, name)}  ->
+//!                                   <-    Welcome{job}       (only after a valid proof)
+//! Poll{version, busy}               ->                       (the poll is the heartbeat)
+//!                                   <-    Lease | Wait | Ack | Finished
+//! Done{lease, partial, sha256}      ->
+//!                                   <-    Ack
+//! ```
+//!
+//! A worker learns nothing about the job (run location, corpus, model hash)
+//! before its proof checks out.
+
+use crate::split::ChunkRange;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Version of this protocol; both sides must speak the same one.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
+pub const ALPN: &[u8] = b"moe-census/1";
+
+/// Default limit on one frame (64 MiB): partials above it travel through the
+/// object store instead of inline.
+pub const DEFAULT_MAX_FRAME: u32 = 64 << 20;
+
+/// Limit on frames a coordinator sends (they are small).
+pub const MAX_CONTROL_FRAME: u32 = 1 << 20;
+
+/// Bytes of the coordinator's challenge nonce.
+pub const NONCE_LEN: usize = 32;
+
+/// Domain-separation label of the join proof.
+const PROOF_LABEL: &[u8] = b"moe-census join proof v1\0";
+
+/// A lease id, unique within one coordinator process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LeaseId(pub u64);
+
+/// A worker id, assigned by the coordinator at registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct WorkerId(pub u64);
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lease#{}", self.0)
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "worker#{}", self.0)
+    }
+}
+
+/// Everything a worker needs to measure chunks of this run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobInfo {
+    /// The run's location (object-store URL); trace parts and large partials go here.
+    pub run_url: String,
+    /// The tokenized corpus location (holds `index.json` and `chunks.parquet`).
+    pub corpus_url: String,
+    /// SHA-256 of the model file; a worker with another model refuses to work.
+    pub model_sha256: String,
+    /// Model path as the coordinator knows it (local workers use it as is).
+    pub model_path: String,
+    /// How chunks are evaluated.
+    pub options: JobOptions,
+    /// Partials up to this many bytes travel inline; larger ones are stored.
+    pub max_inline_bytes: u64,
+    /// The worker sends a poll at least this often while it holds a lease.
+    pub heartbeat_ms: u64,
+}
+
+/// Evaluation settings every worker of a run must share (so each chunk is
+/// evaluated identically wherever it runs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobOptions {
+    /// Context size (the corpus's chunk size).
+    pub n_ctx: u32,
+    /// Logical batch size.
+    pub n_batch: u32,
+    /// Physical batch size.
+    pub n_ubatch: u32,
+    /// Trace every n-th chunk (0: no trace).
+    pub trace_every: u32,
+    /// Router top-N kept in trace rows.
+    pub trace_top_n: u32,
+    /// f32 KV cache instead of f16.
+    pub f32_kv: bool,
+    /// Flash attention.
+    pub flash_attn: bool,
+}
+
+/// A lease: chunks to measure before a deadline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    /// Id to quote in heartbeats and the result.
+    pub lease_id: LeaseId,
+    /// Chunks to measure.
+    pub range: ChunkRange,
+    /// Milliseconds from the grant after which the lease may go to another worker.
+    pub deadline_ms: u64,
+}
+
+/// Where a finished lease's partial is.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartialRef {
+    /// The encoded partial itself.
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Object name relative to the run, written by the worker.
+    Stored(String),
+}
+
+impl fmt::Debug for PartialRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PartialRef::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
+            PartialRef::Stored(name) => write!(f, "Stored({name:?})"),
+        }
+    }
+}
+
+/// Messages a worker sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToCoordinator {
+    /// First message of a connection.
+    Hello {
+        /// [`PROTOCOL_VERSION`] of the worker.
+        protocol_version: u32,
+        /// A human-readable name (host, rank).
+        worker_name: String,
+        /// Compute backend (`cpu`, `cuda:NVIDIA H200`, ...).
+        backend: String,
+    },
+    /// Answer to the challenge: see [`join_proof`].
+    Proof {
+        /// HMAC-SHA256 tag.
+        #[serde(with = "serde_bytes")]
+        mac: Vec<u8>,
+    },
+    /// Asks for work when idle; a heartbeat while a lease runs.
+    Poll {
+        /// [`PROTOCOL_VERSION`], checked on every heartbeat.
+        protocol_version: u32,
+        /// The lease being measured, if any.
+        busy: Option<LeaseId>,
+    },
+    /// A lease is finished.
+    Done {
+        /// The lease.
+        lease_id: LeaseId,
+        /// The partial of its chunks.
+        partial: PartialRef,
+        /// SHA-256 of the encoded partial (hex).
+        sha256: String,
+        /// Wall time the worker spent, for throughput figures.
+        elapsed_ms: u64,
+    },
+    /// The worker could not finish a lease (the chunks go back to the queue).
+    Failed {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Why.
+        reason: String,
+    },
+    /// The worker refuses the job (for example its model hash differs) and leaves.
+    Refuse {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Messages the coordinator sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToWorker {
+    /// Answer to `Hello`: prove the join secret over this nonce.
+    Challenge {
+        /// Random bytes, fresh per connection.
+        #[serde(with = "serde_bytes")]
+        nonce: Vec<u8>,
+    },
+    /// The proof holds: the job.
+    Welcome {
+        /// Id assigned to this worker.
+        worker_id: WorkerId,
+        /// The job.
+        job: JobInfo,
+    },
+    /// Measure these chunks.
+    Lease(LeaseGrant),
+    /// No work right now; poll again after this long.
+    Wait {
+        /// Milliseconds to wait.
+        retry_ms: u64,
+    },
+    /// Heartbeat or result received.
+    Ack,
+    /// The run needs nothing more from this worker: disconnect.
+    Finished,
+    /// The coordinator refuses; the connection closes after this.
+    Refused(Refusal),
+}
+
+/// Why the coordinator refused a worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    /// Protocol versions differ.
+    #[error("protocol version {worker} is not the coordinator's {coordinator}")]
+    Version {
+        /// The worker's version.
+        worker: u32,
+        /// The coordinator's version.
+        coordinator: u32,
+    },
+    /// The join proof did not check out.
+    #[error("join secret refused")]
+    BadProof,
+    /// The message was not expected at this point of the exchange.
+    #[error("unexpected message: {0}")]
+    Unexpected(String),
+    /// The run failed; no more work.
+    #[error("run failed: {0}")]
+    RunFailed(String),
+}
+
+/// Errors of framing and decoding.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// A frame announced more bytes than allowed.
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// Announced length.
+        len: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// The frame body is not a valid message.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    /// Reading or writing the stream failed.
+    #[error("stream: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn config() -> bincode::config::Configuration {
+    bincode::config::standard()
+}
+
+/// Encodes a message into one frame (length prefix included).
+pub fn encode_frame<T: Serialize>(msg: &T) -> Vec<u8> {
+    let mut out = vec![0u8; 4];
+    bincode::serde::encode_into_std_write(msg, &mut out, config()).expect("writing to a Vec cannot fail");
+    let len = u32::try_from(out.len() - 4).expect("messages are under 4 GiB");
+    out[..4].copy_from_slice(&len.to_be_bytes());
+    out
+}
+
+/// Decodes a frame body; trailing bytes are malformed too.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
+    let (msg, used) = bincode::serde::decode_from_slice(body, config().with_limit::<{ 1 << 31 }>())
+        .map_err(|e| WireError::Malformed(e.to_string()))?;
+    if used != body.len() {
+        return Err(WireError::Malformed(format!(
+            "{} trailing bytes after the message",
+            body.len() - used
+        )));
+    }
+    Ok(msg)
+}
+
+/// Writes one message as a frame.
+pub async fn write_msg<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, msg: &T) -> Result<(), WireError> {
+    w.write_all(&encode_frame(msg)).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Reads one frame of at most `max` bytes and decodes it. `Ok(None)` at a
+/// clean end of stream before a frame starts.
+pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R, max: u32) -> Result<Option<T>, WireError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len);
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    let mut body = vec![0u8; len as usize];
+    r.read_exact(&mut body).await?;
+    decode(&body).map(Some)
+}
+
+/// The join proof: HMAC-SHA256 keyed by the secret over a label, the
+/// coordinator's nonce and the worker's name.
+pub fn join_proof(secret: &[u8], nonce: &[u8], worker_name: &str) -> Vec<u8> {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    ring::hmac::sign(&key, &proof_message(nonce, worker_name)).as_ref().to_vec()
+}
+
+/// Checks a join proof in constant time.
+pub fn check_proof(secret: &[u8], nonce: &[u8], worker_name: &str, mac: &[u8]) -> bool {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    ring::hmac::verify(&key, &proof_message(nonce, worker_name), mac).is_ok()
+}
+
+fn proof_message(nonce: &[u8], worker_name: &str) -> Vec<u8> {
+    let mut m = Vec::with_capacity(PROOF_LABEL.len() + nonce.len() + 8 + worker_name.len());
+    m.extend_from_slice(PROOF_LABEL);
+    m.extend_from_slice(&(nonce.len() as u32).to_be_bytes());
+    m.extend_from_slice(nonce);
+    m.extend_from_slice(worker_name.as_bytes());
+    m
+}
+
+/// Fresh random bytes from the system generator.
+pub fn random_bytes(n: usize) -> Vec<u8> {
+    use ring::rand::SecureRandom;
+    let mut out = vec![0u8; n];
+    ring::rand::SystemRandom::new()
+        .fill(&mut out)
+        .expect("the system random generator works");
+    out
+}
+
+/// SHA-256 of bytes, lower-case hex: partial hashes and certificate pins.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// Normalises a certificate pin as users write it (`AB:CD:...`, `sha256:abcd...`)
+/// to lower-case hex; `None` if it is not 32 bytes of hex.
+pub fn parse_pin(pin: &str) -> Option<String> {
+    let hexits: String = pin
+        .trim()
+        .trim_start_matches("sha256:")
+        .chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    (hexits.len() == 64 && hexits.chars().all(|c| c.is_ascii_hexdigit())).then_some(hexits)
+}
+
+/// Object name of the partial of a chunk range under the run.
+pub fn partial_name(range: ChunkRange) -> String {
+    format!("partials/chunks-{:010}-{:010}.bin", range.start, range.end)
+}
+
+/// Inverse of [`partial_name`]; `None` for other objects.
+pub fn parse_partial_name(name: &str) -> Option<ChunkRange> {
+    let rest = name.strip_prefix("partials/chunks-")?.strip_suffix(".bin")?;
+    let (a, b) = rest.split_once('-')?;
+    let range = ChunkRange {
+        start: a.parse().ok()?,
+        end: b.parse().ok()?,
+    };
+    (!range.is_empty() && partial_name(range) == name).then_some(range)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_through_frames() {
+        let msgs = vec![
+            ToCoordinator::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                worker_name: "w0".into(),
+                backend: "cpu".into(),
+            },
+            ToCoordinator::Done {
+                lease_id: LeaseId(3),
+                partial: PartialRef::Inline(vec![1, 2, 3]),
+                sha256: sha256_hex(&[1, 2, 3]),
+                elapsed_ms: 9,
+            },
+        ];
+        for m in msgs {
+            let frame = encode_frame(&m);
+            assert_eq!(u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize, frame.len() - 4);
+            assert_eq!(decode::<ToCoordinator>(&frame[4..]).unwrap(), m);
+        }
+    }
+
+    #[tokio::test]
+    async fn oversized_frame_is_refused_before_its_body_is_read() {
+        let mut bytes: &[u8] = &[0xff, 0xff, 0xff, 0xf0, 1, 2];
+        let r = read_msg::<_, ToWorker>(&mut bytes, 1024).await;
+        assert!(matches!(r, Err(WireError::TooLarge { max: 1024, .. })), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn garbage_is_malformed_and_clean_eof_is_none() {
+        let mut garbage: &[u8] = &[0, 0, 0, 3, 0xee, 0xee, 0xee];
+        assert!(matches!(
+            read_msg::<_, ToWorker>(&mut garbage, 1024).await,
+            Err(WireError::Malformed(_))
+        ));
+        let mut empty: &[u8] = &[];
+        assert!(read_msg::<_, ToWorker>(&mut empty, 1024).await.unwrap().is_none());
+    }
+
+    #[test]
+    fn proof_depends_on_secret_nonce_and_name() {
+        let nonce = random_bytes(NONCE_LEN);
+        let mac = join_proof(b"s3cret", &nonce, "w0");
+        assert!(check_proof(b"s3cret", &nonce, "w0", &mac));
+        assert!(!check_proof(b"other", &nonce, "w0", &mac));
+        assert!(!check_proof(b"s3cret", &nonce, "w1", &mac));
+        assert!(!check_proof(b"s3cret", &random_bytes(NONCE_LEN), "w0", &mac));
+    }
+
+    #[test]
+    fn pins_and_partial_names_parse() {
+        let hex = "ab".repeat(32);
+        let colons = vec!["AB"; 32].join(":");
+        assert_eq!(parse_pin(&colons).as_deref(), Some(hex.as_str()));
+        assert_eq!(parse_pin(&format!("sha256:{hex}")).as_deref(), Some(hex.as_str()));
+        assert!(parse_pin("abcd").is_none());
+        let r = ChunkRange { start: 8, end: 16 };
+        assert_eq!(parse_partial_name(&partial_name(r)), Some(r));
+        assert_eq!(parse_partial_name("partials/merged.bin"), None);
+    }
+}
