@@ -1,0 +1,20 @@
+//! A tokenized document: the unit that is split, deduplicated and packed.
+
+use common::Split;
+
+/// One document after tokenization.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Doc {
+    /// Index into the corpus's domains.
+    pub domain: u16,
+    /// Where it came from (`path:LINE`, ...).
+    pub at: String,
+    /// Its group (the configured key's value, or the document itself).
+    pub group: String,
+    /// Characters of the text that was tokenized.
+    pub chars: u64,
+    /// Token ids.
+    pub tokens: Vec<i32>,
+    /// Which split it landed in.
+    pub split: Split,
+}

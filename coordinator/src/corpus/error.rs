@@ -1,0 +1,88 @@
+//! The corpus stage's error type: every variant names the file, line or
+//! domain at fault, so a user can fix the input without reading code.
+
+use common::store::StoreError;
+use std::path::PathBuf;
+
+/// Why a corpus could not be prepared. No manifest is written on any of them.
+#[derive(Debug, thiserror::Error)]
+pub enum CorpusError {
+    /// The `[corpus]` or `[model]` section is inconsistent.
+    #[error("invalid corpus config: {0}")]
+    Config(String),
+    /// A source file or the model is missing or unreadable.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// One record of a source is malformed; `at` is `path:LINE` for JSONL,
+    /// `path (row N)` for Parquet and `path (document N)` for text.
+    #[error("{at}: {message}")]
+    Record {
+        /// Where the record is.
+        at: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A whole source file is unusable (not Parquet, lacks a column, ...).
+    #[error("{}: {message}", path.display())]
+    Source {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A domain has no documents or no tokens.
+    #[error("domain {domain:?} is empty: {reason}")]
+    EmptyDomain {
+        /// The domain.
+        domain: String,
+        /// Why it is empty.
+        reason: String,
+    },
+    /// The model could not be loaded or lacks what the corpus needs.
+    #[error("model {}: {message}", path.display())]
+    Model {
+        /// The GGUF file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// Some domain's token share misses its target by more than the tolerance.
+    #[error("token shares miss their targets by more than the tolerance {tolerance} for {}:\n{table}", domains.join(", "))]
+    ShareMiss {
+        /// The domains that missed.
+        domains: Vec<String>,
+        /// The configured tolerance.
+        tolerance: f64,
+        /// The full share table.
+        table: String,
+    },
+    /// The run already holds a corpus prepared from other inputs.
+    #[error(
+        "{url} already holds a corpus prepared from other inputs (inputs sha256 {stored}, now {now}); \
+         choose another --out or pass --force to replace it"
+    )]
+    Exists {
+        /// The manifest's URL.
+        url: String,
+        /// Fingerprint of the stored corpus's inputs.
+        stored: String,
+        /// Fingerprint of the inputs now.
+        now: String,
+    },
+    /// The stored manifest or corpus could not be decoded.
+    #[error("{url}: {message}")]
+    Stored {
+        /// The object.
+        url: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// Reading or writing the run's objects failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

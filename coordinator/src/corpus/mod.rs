@@ -1,0 +1,242 @@
+//! `coordinator corpus`: turn per-domain source files into the tokenized,
+//! split, deduplicated, balanced and packed corpus that workers read.
+//!
+//! - [`source`] reads JSONL / Parquet / text records; [`chat`] renders chat
+//!   records with the model's template; [`tokenizer`] tokenizes in parallel.
+//! - [`heldout`] splits by document group; [`dedup`] drops near-duplicates.
+//! - [`shares`] measures and checks token shares; [`schedule`] orders and
+//!   [`pack`] cuts the chunks; [`prepare`] runs all of it without storage.
+//! - [`manifest`] is `manifest.json`; [`prepare_run`] stores the corpus
+//!   under a run, reusing it when the inputs are unchanged.
+
+pub mod chat;
+pub mod dedup;
+pub mod doc;
+pub mod error;
+pub mod heldout;
+pub mod manifest;
+pub mod pack;
+pub mod prepare;
+pub mod schedule;
+pub mod shares;
+pub mod source;
+pub mod tokenizer;
+
+#[cfg(test)]
+mod tests;
+
+use crate::config::Config;
+use clap::Args;
+use common::corpus::{CHUNKS_FILE, INDEX_FILE};
+use common::store::RunStore;
+pub use error::CorpusError;
+pub use manifest::{Manifest, MANIFEST_FILE};
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Arguments of `coordinator corpus`.
+#[derive(Args, Debug)]
+pub struct CorpusArgs {
+    /// The run config (TOML); relative paths in it are resolved against its directory.
+    pub config: PathBuf,
+    /// Run location (path or URL); default `runs/<config file stem>`.
+    #[arg(long)]
+    pub out: Option<String>,
+    /// Replace a corpus prepared from other inputs.
+    #[arg(long)]
+    pub force: bool,
+    /// Tokenizer threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// What [`prepare_run`] did.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The run's manifest.
+    pub manifest: Manifest,
+    /// True when the stored corpus was reused as is.
+    pub reused: bool,
+}
+
+/// The default run location for a config: `runs/<stem>`.
+pub fn default_out(config: &Path) -> String {
+    let stem = config.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
+    format!("runs/{stem}")
+}
+
+/// SHA-256 of a file, streamed.
+pub fn sha256_file(path: &Path) -> Result<String, CorpusError> {
+    let io = |source| CorpusError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Reads `manifest.json` of a run, if there is one.
+pub async fn read_manifest(store: &RunStore) -> Result<Option<Manifest>, CorpusError> {
+    let Some(bytes) = store.get_opt(MANIFEST_FILE).await? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| CorpusError::Stored {
+            url: store.url_of(MANIFEST_FILE),
+            message: format!("not a manifest ({e})"),
+        })
+}
+
+/// Prepares the corpus of `config` under `store`, or reuses the one stored
+/// there when it was made from the same inputs (model, corpus config, source
+/// contents). A corpus from other inputs is replaced only with `force`.
+/// Nothing is written unless the whole corpus was prepared and its shares hold;
+/// the manifest is written last.
+pub async fn prepare_run(
+    config: &Config,
+    store: &RunStore,
+    force: bool,
+) -> Result<Outcome, CorpusError> {
+    prepare_run_with(config, store, force, tokenizer::LlamaTokenizer::load).await
+}
+
+/// [`prepare_run`] with another tokenizer loader (tests use a stand-in).
+pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
+    config: &Config,
+    store: &RunStore,
+    force: bool,
+    load: fn(&Path) -> Result<T, CorpusError>,
+) -> Result<Outcome, CorpusError> {
+    prepare::validate(&config.corpus)?;
+    let model = config.model_path();
+    if config.model.path.as_os_str().is_empty() {
+        return Err(CorpusError::Config("[model] path is not set".into()));
+    }
+    let model_sha = sha256_file(&model)?;
+    let hashes = prepare::all_sources(&config.corpus)
+        .map(|s| source::hash_file(&config.resolve(&s.path)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let inputs = prepare::fingerprint(&config.corpus, &model_sha, &hashes);
+    let corpus = store.child("corpus");
+    let existing = read_manifest(store).await?;
+    if let Some(m) = &existing {
+        if m.inputs_sha256 == inputs {
+            let stored = corpus.get_opt(CHUNKS_FILE).await?;
+            if stored.is_some_and(|b| hex::encode(Sha256::digest(&b)) == m.chunks_sha256) {
+                return Ok(Outcome {
+                    manifest: m.clone(),
+                    reused: true,
+                });
+            }
+        } else if !force {
+            return Err(CorpusError::Exists {
+                url: store.url_of(MANIFEST_FILE),
+                stored: m.inputs_sha256.clone(),
+                now: inputs,
+            });
+        }
+    }
+    let cfg = config.clone();
+    let prepared = tokio::task::spawn_blocking(move || {
+        let tokenizer = load(&cfg.model_path())?;
+        prepare::prepare(&cfg, &tokenizer, &model_sha)
+    })
+    .await
+    .map_err(|e| CorpusError::Config(format!("corpus preparation panicked: {e}")))??;
+    debug_assert_eq!(prepared.manifest.inputs_sha256, inputs);
+    corpus.put(CHUNKS_FILE, prepared.chunks_parquet).await?;
+    corpus
+        .put(INDEX_FILE, prepare::index_json(&prepared.index))
+        .await?;
+    corpus
+        .put(
+            manifest::DOCUMENTS_FILE,
+            prepare::documents_jsonl(&prepared.documents),
+        )
+        .await?;
+    let json = serde_json::to_vec_pretty(&prepared.manifest).unwrap_or_default();
+    if existing.is_some() {
+        store.put(MANIFEST_FILE, json).await?;
+    } else {
+        store.put_new(MANIFEST_FILE, json).await?;
+    }
+    Ok(Outcome {
+        manifest: prepared.manifest,
+        reused: false,
+    })
+}
+
+/// The summary printed after the share table.
+pub fn summary(m: &Manifest) -> String {
+    let p = &m.chunk_plan;
+    let mut s = format!(
+        "{} tokens in {} chunks of n_ctx {} (last chunk {} tokens); fit {} tokens, held-out {} tokens\n\
+         worst prefix deviation from the corpus mix: {:.4} (from 10% of the tokens on: {:.4})\n",
+        p.n_tokens,
+        p.n_chunks,
+        p.n_ctx,
+        p.last_chunk_tokens,
+        p.fit_tokens,
+        p.heldout_tokens,
+        p.worst_prefix_deviation,
+        p.worst_prefix_deviation_after_10pct
+    );
+    for d in &m.domains {
+        s += &format!(
+            "{}: fit {} tokens in {} groups, held-out {} tokens in {} groups; dropped {} near-duplicates of held-out, {} of eval sets\n",
+            d.shares.domain,
+            d.fit_tokens,
+            d.fit_groups,
+            d.heldout_tokens,
+            d.heldout_groups,
+            d.dropped_near_heldout,
+            d.dropped_near_eval
+        );
+    }
+    s
+}
+
+/// Entry point of `coordinator corpus`.
+pub fn run(args: CorpusArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let config = Config::load(&args.config)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| default_out(&args.config));
+    let store = RunStore::open(&out)?;
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("cannot start the tokenizer threads")?;
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    let outcome = rt.block_on(prepare_run(&config, &store, args.force))?;
+    let m = &outcome.manifest;
+    let rows: Vec<_> = m.domains.iter().map(|d| d.shares.clone()).collect();
+    println!("{}", shares::render(&rows, config.corpus.tolerance));
+    print!("{}", summary(m));
+    if outcome.reused {
+        println!(
+            "reused the corpus at {} (same inputs {})",
+            store.url(),
+            &m.inputs_sha256[..12]
+        );
+    } else {
+        println!("wrote the corpus to {}", store.url());
+    }
+    Ok(ExitCode::SUCCESS)
+}

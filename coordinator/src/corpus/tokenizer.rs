@@ -1,0 +1,193 @@
+//! Tokenization with the model's own tokenizer (llama.cpp, vocabulary-only
+//! load), run in parallel with rayon behind a [`Tokenizer`] trait so the
+//! corpus logic can be tested without a model.
+
+use super::chat::Message;
+use super::error::CorpusError;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Inputs larger than this (bytes) get a progress bar.
+const PROGRESS_MIN_BYTES: usize = 4 << 20;
+
+/// What the manifest records about the tokenizer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TokenizerInfo {
+    /// Implementation (`llama.cpp`).
+    pub kind: String,
+    /// Vocabulary type (`BPE`, `SPM`, ...).
+    pub vocab_type: String,
+    /// Number of tokens in the vocabulary.
+    pub n_vocab: u32,
+    /// Beginning-of-sequence token id.
+    pub bos: i32,
+    /// End-of-sequence token id.
+    pub eos: i32,
+    /// Whether the model's metadata asks for BOS at the start of a text.
+    pub add_bos: bool,
+    /// Whether the model's metadata asks for EOS at the end of a text.
+    pub add_eos: bool,
+    /// SHA-256 of the chat template, if the model has one.
+    pub chat_template_sha256: Option<String>,
+}
+
+/// A tokenizer as the corpus stage uses it.
+pub trait Tokenizer: Sync {
+    /// Token ids of `text`, with BOS/EOS added as the model's metadata says;
+    /// `special`: parse special-token text (`<|im_start|>`) as special tokens.
+    fn tokenize(&self, text: &str, special: bool) -> Vec<i32>;
+    /// Renders a conversation with the model's chat template.
+    fn apply_chat_template(&self, messages: &[Message]) -> Result<String, String>;
+    /// Description for the manifest.
+    fn info(&self) -> TokenizerInfo;
+}
+
+/// The llama.cpp backend: initialised once per process and shared.
+pub fn backend() -> Result<&'static LlamaBackend, String> {
+    static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| {
+            llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+            LlamaBackend::init().map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// A GGUF model's tokenizer, loaded without weights.
+pub struct LlamaTokenizer {
+    model: LlamaModel,
+    template: Option<LlamaChatTemplate>,
+}
+
+impl LlamaTokenizer {
+    /// Loads the vocabulary (and chat template) of a GGUF file.
+    pub fn load(path: &Path) -> Result<LlamaTokenizer, CorpusError> {
+        let fail = |message: String| CorpusError::Model {
+            path: path.to_path_buf(),
+            message,
+        };
+        if !path.is_file() {
+            return Err(CorpusError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "model file not found"),
+            });
+        }
+        let backend = backend().map_err(&fail)?;
+        let params = LlamaModelParams::default().with_vocab_only(true);
+        let model = LlamaModel::load_from_file(backend, path, &params)
+            .map_err(|e| fail(format!("llama.cpp cannot load its vocabulary ({e})")))?;
+        let template = model.chat_template(None).ok();
+        Ok(LlamaTokenizer { model, template })
+    }
+}
+
+impl Tokenizer for LlamaTokenizer {
+    fn tokenize(&self, text: &str, special: bool) -> Vec<i32> {
+        let vocab = self.model.vocab();
+        let mut ids: Vec<i32> = vocab
+            .tokenize(text.as_bytes(), true, special)
+            .into_iter()
+            .map(|t| t.0)
+            .collect();
+        // A template that writes BOS itself, plus the tokenizer's BOS: keep one.
+        let bos = vocab.bos().0;
+        if special && vocab.should_add_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+            ids.remove(0);
+        }
+        ids
+    }
+
+    fn apply_chat_template(&self, messages: &[Message]) -> Result<String, String> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or("the model has no chat template (tokenizer.chat_template), so chat records cannot be rendered")?;
+        let chat = messages
+            .iter()
+            .map(|m| LlamaChatMessage::new(m.role.as_str().to_string(), m.content.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("message cannot be passed to llama.cpp ({e})"))?;
+        self.model
+            .apply_chat_template(template, &chat, false)
+            .map_err(|e| format!("the model's chat template failed ({e})"))
+    }
+
+    fn info(&self) -> TokenizerInfo {
+        let vocab = self.model.vocab();
+        TokenizerInfo {
+            kind: "llama.cpp".into(),
+            vocab_type: format!("{:?}", vocab.vocab_type()),
+            n_vocab: vocab.n_tokens().max(0) as u32,
+            bos: vocab.bos().0,
+            eos: vocab.eos().0,
+            add_bos: vocab.should_add_bos(),
+            add_eos: vocab.should_add_eos(),
+            chat_template_sha256: self
+                .template
+                .as_ref()
+                .map(|t| hex::encode(Sha256::digest(t.as_c_str().to_bytes()))),
+        }
+    }
+}
+
+/// Tokenizes every `(text, special)` in parallel on the current rayon pool,
+/// with a progress bar (in bytes) when the input is large and stderr a terminal.
+pub fn tokenize_all(tokenizer: &dyn Tokenizer, texts: &[(String, bool)]) -> Vec<Vec<i32>> {
+    let total: usize = texts.iter().map(|(t, _)| t.len()).sum();
+    let bar = if total >= PROGRESS_MIN_BYTES {
+        let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template("tokenizing {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let out = texts
+        .par_iter()
+        .map(|(text, special)| {
+            let ids = tokenizer.tokenize(text, *special);
+            bar.inc(text.len() as u64);
+            ids
+        })
+        .collect();
+    bar.finish_and_clear();
+    out
+}
+
+/// A stand-in tokenizer for tests: one token per UTF-8 byte (so Japanese
+/// text has about three tokens per character), and a plain-text chat format.
+#[cfg(test)]
+pub struct ByteTokenizer;
+
+#[cfg(test)]
+impl Tokenizer for ByteTokenizer {
+    fn tokenize(&self, text: &str, _special: bool) -> Vec<i32> {
+        text.bytes().map(i32::from).collect()
+    }
+
+    fn apply_chat_template(&self, messages: &[Message]) -> Result<String, String> {
+        Ok(messages
+            .iter()
+            .map(|m| format!("<{}>{}\n", m.role.as_str(), m.content))
+            .collect())
+    }
+
+    fn info(&self) -> TokenizerInfo {
+        TokenizerInfo {
+            kind: "bytes".into(),
+            n_vocab: 256,
+            ..TokenizerInfo::default()
+        }
+    }
+}
