@@ -1,0 +1,125 @@
+//! Exact, order-independent sums.
+//!
+//! Every statistic that crosses a worker boundary is an [`ExactSum`]: a signed
+//! fixed-point integer with [`FRACTION_BITS`] fractional bits. Each addend is
+//! rounded to that grid once, deterministically, and from then on additions
+//! are integer additions, so the total does not depend on grouping or order.
+
+use serde::{Deserialize, Serialize};
+
+/// Fractional bits of the fixed-point grid (resolution 2^-64, about 5.4e-20).
+pub const FRACTION_BITS: i32 = 64;
+
+/// Largest magnitude a sum can reach: 2^62 (about 4.6e18).
+pub const MAX_MAGNITUDE: f64 = 4.611_686_018_427_388e18;
+
+/// A fixed-point sum whose addition is associative and commutative.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ExactSum(pub i128);
+
+/// Why a value cannot enter an exact sum.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum ExactError {
+    /// NaN or infinity: these are counted as drops, never added.
+    #[error("value {0} is not finite")]
+    NonFinite(f64),
+    /// The value (or the running sum) left the representable range.
+    #[error("value {0} exceeds the exact accumulator range (|x| < 4.6e18)")]
+    Overflow(f64),
+}
+
+impl ExactSum {
+    /// The empty sum.
+    pub const ZERO: ExactSum = ExactSum(0);
+
+    /// Rounds `v` to the fixed-point grid (round half away from zero).
+    pub fn from_f64(v: f64) -> Result<Self, ExactError> {
+        if !v.is_finite() {
+            return Err(ExactError::NonFinite(v));
+        }
+        if v.abs() >= MAX_MAGNITUDE {
+            return Err(ExactError::Overflow(v));
+        }
+        // Multiplying by a power of two is exact in binary floating point.
+        let scaled = (v * 2f64.powi(FRACTION_BITS)).round();
+        Ok(ExactSum(scaled as i128))
+    }
+
+    /// Adds a finite float; refuses non-finite and out-of-range values.
+    pub fn add_f64(&mut self, v: f64) -> Result<(), ExactError> {
+        let x = Self::from_f64(v)?;
+        self.add(x).map_err(|_| ExactError::Overflow(v))
+    }
+
+    /// Adds another exact sum (the merge operation).
+    pub fn add(&mut self, other: ExactSum) -> Result<(), ExactError> {
+        self.0 = self
+            .0
+            .checked_add(other.0)
+            .filter(|s| s.unsigned_abs() < (1u128 << (62 + FRACTION_BITS)))
+            .ok_or(ExactError::Overflow(self.to_f64() + other.to_f64()))?;
+        Ok(())
+    }
+
+    /// The nearest f64 to the exact value (deterministic).
+    pub fn to_f64(self) -> f64 {
+        let hi = (self.0 >> FRACTION_BITS) as f64;
+        let lo = (self.0 & ((1i128 << FRACTION_BITS) - 1)) as f64 * 2f64.powi(-FRACTION_BITS);
+        hi + lo
+    }
+
+    /// True for the empty sum.
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// Sums a slice exactly; used by checks and oracles.
+pub fn exact_total(values: &[ExactSum]) -> Result<ExactSum, ExactError> {
+    let mut total = ExactSum::ZERO;
+    for v in values {
+        total.add(*v)?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grouping_does_not_change_the_sum() {
+        let values: Vec<f64> = (0..1000)
+            .map(|i| ((i * 7919) % 1013) as f64 * 1e-3 + 1e8 * ((i % 3) as f64 - 1.0))
+            .collect();
+        let mut forward = ExactSum::ZERO;
+        for v in &values {
+            forward.add_f64(*v).unwrap();
+        }
+        let mut halves = [ExactSum::ZERO; 2];
+        for (i, v) in values.iter().rev().enumerate() {
+            halves[i % 2].add_f64(*v).unwrap();
+        }
+        let mut merged = halves[1];
+        merged.add(halves[0]).unwrap();
+        assert_eq!(forward, merged);
+        // A float sum in the same two orders differs; the exact one does not.
+        assert!((forward.to_f64() - values.iter().sum::<f64>()).abs() < 1e-3);
+    }
+
+    #[test]
+    fn non_finite_and_huge_values_are_refused() {
+        let mut s = ExactSum::ZERO;
+        assert_eq!(s.add_f64(f64::NAN).unwrap_err().to_string(), "value NaN is not finite");
+        assert!(matches!(s.add_f64(1e19), Err(ExactError::Overflow(_))));
+        assert!(s.is_zero());
+    }
+
+    #[test]
+    fn round_trips_representable_values() {
+        for v in [0.0, 1.0, -2.5, 0.1f32 as f64, 12345.678, -1e-9] {
+            let s = ExactSum::from_f64(v).unwrap();
+            assert!((s.to_f64() - v).abs() <= v.abs() * 1e-15 + 1e-19, "{v}");
+        }
+    }
+}

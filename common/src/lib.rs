@@ -1,0 +1,29 @@
+//! The data model every moe-census process shares.
+//!
+//! - [`exact`]: [`ExactSum`], the fixed-point sum that makes merges exact.
+//! - [`stats`] and [`imatrix`]: the worker's accumulators and their merge.
+//! - [`partial`]: what a worker returns for a set of chunks.
+//! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
+//! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
+//!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
+//! - [`store`]: run locations in object storage.
+//! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof).
+#![deny(missing_docs)]
+
+pub mod artifacts;
+pub mod corpus;
+pub mod exact;
+pub mod gguf;
+pub mod gguf_read;
+pub mod imatrix;
+pub mod keepmap;
+pub mod partial;
+pub mod saliency;
+pub mod split;
+pub mod stats;
+pub mod store;
+pub mod trace;
+pub mod wire;
+
+pub use exact::ExactSum;
+pub use split::{ChunkId, ChunkRange, Gating, LayerId, Split};

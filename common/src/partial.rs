@@ -1,0 +1,160 @@
+//! Partial results: what a worker returns for a set of chunks, and the exact
+//! merge that combines them into a run's result.
+
+use crate::imatrix::Imatrix;
+use crate::saliency::Saliency;
+use crate::split::ChunkRange;
+use crate::stats::{ExpertAccum, MergeError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of the partial encoding; bumped on any layout change.
+pub const PARTIAL_FORMAT_VERSION: u32 = 1;
+
+/// Accumulators for a disjoint set of chunks of one model and corpus.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Partial {
+    /// [`PARTIAL_FORMAT_VERSION`] at writing time.
+    pub format_version: u32,
+    /// SHA-256 of the GGUF model file.
+    pub model_sha256: String,
+    /// SHA-256 of the corpus chunk table.
+    pub corpus_sha256: String,
+    /// Backends that computed the chunks (`cpu`, `cuda:NVIDIA H200`, ...).
+    pub backends: Vec<String>,
+    /// Chunks covered, sorted and disjoint.
+    pub chunks: Vec<ChunkRange>,
+    /// REAP statistics per (split, domain, layer, expert).
+    pub experts: ExpertAccum,
+    /// The importance matrix.
+    pub imatrix: Imatrix,
+    /// Non-finite values dropped, per graph tensor name.
+    pub nonfinite_drops: BTreeMap<String, u64>,
+    /// Tokens whose routing was traced.
+    pub trace_tokens: u64,
+    /// Trace rows written (tokens x MoE layers).
+    pub trace_rows: u64,
+    /// Trace part object names relative to the run, sorted.
+    pub trace_parts: Vec<String>,
+    /// Fit-split statistics per chunk, for bootstrap stability; sorted by chunk.
+    pub chunk_stats: Vec<ChunkStats>,
+}
+
+/// Compact per-chunk statistics of the fit split (bootstrap resampling of
+/// keep maps needs them; floats need not be exact here).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChunkStats {
+    /// Chunk id.
+    pub chunk: u32,
+    /// Fit tokens in the chunk.
+    pub n_tokens: u32,
+    /// `count` per (MoE layer, expert), row-major `[layer][expert]`.
+    pub count: Vec<u32>,
+    /// `reap_l2_sum` per (MoE layer, expert), same layout.
+    pub reap_l2_sum: Vec<f32>,
+    /// `reap_l2_sq_sum` per (MoE layer, expert), same layout.
+    pub reap_l2_sq_sum: Vec<f32>,
+}
+
+impl Partial {
+    /// Total chunks covered.
+    pub fn n_chunks(&self) -> u64 {
+        self.chunks.iter().map(|r| r.len() as u64).sum()
+    }
+
+    /// Adds another partial; refuses a different model or corpus and any
+    /// chunk covered twice.
+    pub fn merge(&mut self, other: &Partial) -> Result<(), MergeError> {
+        if self.model_sha256 != other.model_sha256 {
+            return Err(MergeError::Shape(format!(
+                "model {} vs {}",
+                self.model_sha256, other.model_sha256
+            )));
+        }
+        if self.corpus_sha256 != other.corpus_sha256 {
+            return Err(MergeError::Shape(format!(
+                "corpus {} vs {}",
+                self.corpus_sha256, other.corpus_sha256
+            )));
+        }
+        self.chunks = union_disjoint(&self.chunks, &other.chunks)?;
+        self.experts.merge(&other.experts)?;
+        self.imatrix.merge(&other.imatrix)?;
+        for (name, n) in &other.nonfinite_drops {
+            *self.nonfinite_drops.entry(name.clone()).or_default() += n;
+        }
+        for b in &other.backends {
+            if !self.backends.contains(b) {
+                self.backends.push(b.clone());
+            }
+        }
+        self.backends.sort();
+        self.trace_tokens += other.trace_tokens;
+        self.trace_rows += other.trace_rows;
+        self.trace_parts.extend(other.trace_parts.iter().cloned());
+        self.trace_parts.sort();
+        self.chunk_stats.extend(other.chunk_stats.iter().cloned());
+        self.chunk_stats.sort_by_key(|c| c.chunk);
+        Ok(())
+    }
+
+    /// The float view written as `saliency.json`.
+    pub fn saliency(&self) -> Result<Saliency, MergeError> {
+        Saliency::from_accum(
+            &self.experts,
+            self.trace_tokens,
+            &self.nonfinite_drops,
+            self.n_chunks(),
+        )
+    }
+
+    /// Binary encoding (bincode 2, standard config).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("partial encodes")
+    }
+
+    /// Decodes a partial, refusing another format version.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Partial, String> {
+        let (p, _): (Partial, usize) =
+            bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+                .map_err(|e| format!("not a moe-census partial: {e}"))?;
+        if p.format_version != PARTIAL_FORMAT_VERSION {
+            return Err(format!(
+                "partial format version {} (this build reads {PARTIAL_FORMAT_VERSION})",
+                p.format_version
+            ));
+        }
+        Ok(p)
+    }
+}
+
+/// Union of two sorted disjoint range lists; an overlap is an error.
+fn union_disjoint(a: &[ChunkRange], b: &[ChunkRange]) -> Result<Vec<ChunkRange>, MergeError> {
+    let mut all: Vec<ChunkRange> = a.iter().chain(b).copied().collect();
+    all.sort();
+    let mut out: Vec<ChunkRange> = Vec::with_capacity(all.len());
+    for r in all {
+        match out.last_mut() {
+            Some(last) if r.start < last.end => return Err(MergeError::Overlap(r.start)),
+            Some(last) if r.start == last.end => last.end = r.end,
+            _ => out.push(r),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(start: u32, end: u32) -> ChunkRange {
+        ChunkRange { start, end }
+    }
+
+    #[test]
+    fn chunk_ranges_coalesce_and_overlaps_are_refused() {
+        assert_eq!(union_disjoint(&[r(0, 4)], &[r(4, 8)]).unwrap(), vec![r(0, 8)]);
+        assert_eq!(union_disjoint(&[r(6, 8)], &[r(0, 2)]).unwrap(), vec![r(0, 2), r(6, 8)]);
+        assert!(matches!(union_disjoint(&[r(0, 4)], &[r(3, 5)]), Err(MergeError::Overlap(3))));
+    }
+}

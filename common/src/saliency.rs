@@ -1,0 +1,159 @@
+//! `saliency.json`: the float view of merged expert statistics (DESIGN section 10).
+//!
+//! Written from an exact [`ExpertAccum`]; read by scoring, verification and
+//! reports. Floats are serialised with shortest round-trip formatting.
+
+use crate::split::{Gating, Split};
+use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One MoE layer's statistics as floats.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerStats {
+    /// Model block index.
+    pub layer: u32,
+    /// Tokens routed to each expert.
+    pub count: Vec<u64>,
+    /// Sum of router probabilities over all tokens.
+    pub prob_sum: Vec<f64>,
+    /// Sum of gate weights over routed tokens.
+    pub weight_sum: Vec<f64>,
+    /// Sum of expert output norms over routed tokens.
+    pub ean_sum: Vec<f64>,
+    /// Sum of `g * ||y||` over routed tokens.
+    pub reap_l2_sum: Vec<f64>,
+    /// Sum of `(g * ||y||)^2` over routed tokens.
+    pub reap_l2_sq_sum: Vec<f64>,
+}
+
+impl From<&LayerAccum> for LayerStats {
+    fn from(a: &LayerAccum) -> Self {
+        let f = |v: &[crate::ExactSum]| v.iter().map(|x| x.to_f64()).collect();
+        LayerStats {
+            layer: a.layer,
+            count: a.count.clone(),
+            prob_sum: f(&a.prob_sum),
+            weight_sum: f(&a.weight_sum),
+            ean_sum: f(&a.ean_sum),
+            reap_l2_sum: f(&a.reap_l2_sum),
+            reap_l2_sq_sum: f(&a.reap_l2_sq_sum),
+        }
+    }
+}
+
+/// Statistics of one domain within a split.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DomainStats {
+    /// Tokens of this domain in the split.
+    pub n_tokens: u64,
+    /// Per MoE layer.
+    pub layers: Vec<LayerStats>,
+}
+
+impl From<&GroupAccum> for DomainStats {
+    fn from(g: &GroupAccum) -> Self {
+        DomainStats {
+            n_tokens: g.n_tokens,
+            layers: g.layers.iter().map(LayerStats::from).collect(),
+        }
+    }
+}
+
+/// Statistics of one split: the total and each domain.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SplitStats {
+    /// Tokens of the split.
+    pub n_tokens: u64,
+    /// Per MoE layer, all domains together.
+    pub layers: Vec<LayerStats>,
+    /// Per domain.
+    pub domains: BTreeMap<String, DomainStats>,
+}
+
+/// The whole `saliency.json` document.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Saliency {
+    /// Routed experts per layer.
+    pub n_expert: u32,
+    /// Experts selected per token.
+    pub n_expert_used: u32,
+    /// Router gating function.
+    pub gating: Gating,
+    /// Trace rows' tokens written (token x layer rows / layers).
+    pub trace_tokens_written: u64,
+    /// Non-finite values seen and not added, all tensors together.
+    pub nonfinite_drops: u64,
+    /// Non-finite drops per graph tensor name.
+    #[serde(default)]
+    pub nonfinite_drops_by_tensor: BTreeMap<String, u64>,
+    /// Chunks the statistics cover.
+    #[serde(default)]
+    pub n_chunks: u64,
+    /// `fit` and `heldout`.
+    pub splits: BTreeMap<String, SplitStats>,
+}
+
+impl Saliency {
+    /// Builds the float view of an exact accumulator.
+    pub fn from_accum(
+        accum: &ExpertAccum,
+        trace_tokens_written: u64,
+        nonfinite_drops_by_tensor: &BTreeMap<String, u64>,
+        n_chunks: u64,
+    ) -> Result<Saliency, MergeError> {
+        let mut splits = BTreeMap::new();
+        for split in Split::ALL {
+            let Some(total) = accum.split_total(split)? else {
+                continue;
+            };
+            let domains = accum
+                .groups
+                .iter()
+                .filter(|(k, _)| k.split == split)
+                .map(|(k, g)| (k.domain.clone(), DomainStats::from(g)))
+                .collect();
+            splits.insert(
+                split.as_str().to_string(),
+                SplitStats {
+                    n_tokens: total.n_tokens,
+                    layers: total.layers.iter().map(LayerStats::from).collect(),
+                    domains,
+                },
+            );
+        }
+        Ok(Saliency {
+            n_expert: accum.shape.n_expert,
+            n_expert_used: accum.shape.n_expert_used,
+            gating: accum.shape.gating,
+            trace_tokens_written,
+            nonfinite_drops: nonfinite_drops_by_tensor.values().sum(),
+            nonfinite_drops_by_tensor: nonfinite_drops_by_tensor.clone(),
+            n_chunks,
+            splits,
+        })
+    }
+
+    /// Serialises with shortest round-trip floats; the bytes are canonical.
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).expect("saliency serialises");
+        out.push(b'\n');
+        out
+    }
+
+    /// Parses a `saliency.json` document.
+    pub fn from_json_bytes(bytes: &[u8]) -> Result<Saliency, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+
+    /// The split's statistics, if the run has that split.
+    pub fn split(&self, split: Split) -> Option<&SplitStats> {
+        self.splits.get(split.as_str())
+    }
+
+    /// SHA-256 of the canonical bytes, as lowercase hex (keep maps cite it).
+    pub fn sha256_hex(bytes: &[u8]) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(bytes))
+    }
+}

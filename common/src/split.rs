@@ -1,0 +1,161 @@
+//! Ids and small enums shared by every crate: splits, gating, chunk and layer ids.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Which side of the leak-free split a token belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    /// Calibration data the keep maps are fitted on.
+    Fit,
+    /// Held-out data for honest replay and evaluation.
+    Heldout,
+}
+
+impl Split {
+    /// Both splits, in report order.
+    pub const ALL: [Split; 2] = [Split::Fit, Split::Heldout];
+
+    /// The name used in files and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Fit => "fit",
+            Split::Heldout => "heldout",
+        }
+    }
+
+    /// Compact code used in Parquet columns.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Inverse of [`Split::code`].
+    pub fn from_code(code: u8) -> Option<Split> {
+        match code {
+            0 => Some(Split::Fit),
+            1 => Some(Split::Heldout),
+            _ => None,
+        }
+    }
+
+    /// Parses `fit` / `heldout`.
+    pub fn parse(s: &str) -> Option<Split> {
+        match s {
+            "fit" => Some(Split::Fit),
+            "heldout" => Some(Split::Heldout),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Split {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the router turns logits into expert probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gating {
+    /// Softmax over all experts: probabilities of a token sum to 1.
+    Softmax,
+    /// Independent sigmoid per expert.
+    Sigmoid,
+    /// Softmax over the selected experts' logits only.
+    SoftmaxWeight,
+}
+
+impl Gating {
+    /// Whether `sum(prob) == 1` per token holds, so `verify` can assert it.
+    pub fn probabilities_sum_to_one(self) -> bool {
+        matches!(self, Gating::Softmax)
+    }
+}
+
+/// Index of a chunk in the tokenized corpus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ChunkId(pub u32);
+
+/// A model block index (`blk.N`), not a position among MoE layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LayerId(pub u32);
+
+impl fmt::Display for ChunkId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for LayerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A half-open range of chunk ids, written `A..B` on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ChunkRange {
+    /// First chunk id.
+    pub start: u32,
+    /// One past the last chunk id.
+    pub end: u32,
+}
+
+impl ChunkRange {
+    /// Parses `A..B` (half-open) or `A..=B` (inclusive).
+    pub fn parse(s: &str) -> Result<ChunkRange, String> {
+        let bad = || format!("chunk range {s:?} is not of the form A..B or A..=B");
+        let (a, b, inclusive) = if let Some((a, b)) = s.split_once("..=") {
+            (a, b, true)
+        } else if let Some((a, b)) = s.split_once("..") {
+            (a, b, false)
+        } else {
+            return Err(bad());
+        };
+        let start: u32 = a.trim().parse().map_err(|_| bad())?;
+        let mut end: u32 = b.trim().parse().map_err(|_| bad())?;
+        if inclusive {
+            end = end.checked_add(1).ok_or_else(bad)?;
+        }
+        if end <= start {
+            return Err(format!("chunk range {s:?} is empty"));
+        }
+        Ok(ChunkRange { start, end })
+    }
+
+    /// Number of chunks in the range.
+    pub fn len(&self) -> u32 {
+        self.end - self.start
+    }
+
+    /// True when the range holds no chunk.
+    pub fn is_empty(&self) -> bool {
+        self.end <= self.start
+    }
+
+    /// The chunk ids in order.
+    pub fn iter(&self) -> impl Iterator<Item = ChunkId> {
+        (self.start..self.end).map(ChunkId)
+    }
+}
+
+impl fmt::Display for ChunkRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..{}", self.start, self.end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_ranges_parse_both_forms() {
+        assert_eq!(ChunkRange::parse("0..8").unwrap(), ChunkRange { start: 0, end: 8 });
+        assert_eq!(ChunkRange::parse("4..=7").unwrap(), ChunkRange { start: 4, end: 8 });
+        assert!(ChunkRange::parse("5..5").unwrap_err().contains("empty"));
+        assert!(ChunkRange::parse("x").unwrap_err().contains("A..B"));
+    }
+}

@@ -1,0 +1,208 @@
+//! Per-expert REAP statistics with an exact, serialisable merge.
+//!
+//! A [`ExpertAccum`] holds one [`GroupAccum`] per (split, domain); each holds
+//! one [`LayerAccum`] per MoE layer. Integer counts and [`ExactSum`] floats
+//! make `merge` associative and commutative, bit for bit.
+
+use crate::exact::{ExactError, ExactSum};
+use crate::split::{Gating, Split};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The statistics of one MoE layer, one entry per routed expert.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerAccum {
+    /// Model block index of this MoE layer.
+    pub layer: u32,
+    /// Tokens whose top-k contains the expert.
+    pub count: Vec<u64>,
+    /// Router probability of the expert, over all tokens.
+    pub prob_sum: Vec<ExactSum>,
+    /// Gate weight that multiplies the expert's output, over routed tokens.
+    pub weight_sum: Vec<ExactSum>,
+    /// L2 norm of the expert's output, over routed tokens.
+    pub ean_sum: Vec<ExactSum>,
+    /// `g * ||y||`, over routed tokens.
+    pub reap_l2_sum: Vec<ExactSum>,
+    /// `(g * ||y||)^2`, over routed tokens.
+    pub reap_l2_sq_sum: Vec<ExactSum>,
+}
+
+impl LayerAccum {
+    /// An empty accumulator for `n_expert` experts of block `layer`.
+    pub fn new(layer: u32, n_expert: usize) -> Self {
+        let z = vec![ExactSum::ZERO; n_expert];
+        LayerAccum {
+            layer,
+            count: vec![0; n_expert],
+            prob_sum: z.clone(),
+            weight_sum: z.clone(),
+            ean_sum: z.clone(),
+            reap_l2_sum: z.clone(),
+            reap_l2_sq_sum: z,
+        }
+    }
+
+    /// Adds another layer's statistics (same layer, same expert count).
+    pub fn merge(&mut self, other: &LayerAccum) -> Result<(), MergeError> {
+        if self.layer != other.layer || self.count.len() != other.count.len() {
+            return Err(MergeError::Shape(format!(
+                "layer {} with {} experts vs layer {} with {} experts",
+                self.layer,
+                self.count.len(),
+                other.layer,
+                other.count.len()
+            )));
+        }
+        for (a, b) in self.count.iter_mut().zip(&other.count) {
+            *a = a.checked_add(*b).ok_or(MergeError::CountOverflow)?;
+        }
+        let pairs = [
+            (&mut self.prob_sum, &other.prob_sum),
+            (&mut self.weight_sum, &other.weight_sum),
+            (&mut self.ean_sum, &other.ean_sum),
+            (&mut self.reap_l2_sum, &other.reap_l2_sum),
+            (&mut self.reap_l2_sq_sum, &other.reap_l2_sq_sum),
+        ];
+        for (dst, src) in pairs {
+            for (a, b) in dst.iter_mut().zip(src) {
+                a.add(*b)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Statistics of one (split, domain) group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupAccum {
+    /// Tokens of this group that went through the model.
+    pub n_tokens: u64,
+    /// One entry per MoE layer, in block order.
+    pub layers: Vec<LayerAccum>,
+}
+
+impl GroupAccum {
+    /// An empty group for the given MoE layers.
+    pub fn new(moe_layers: &[u32], n_expert: usize) -> Self {
+        GroupAccum {
+            n_tokens: 0,
+            layers: moe_layers.iter().map(|&l| LayerAccum::new(l, n_expert)).collect(),
+        }
+    }
+
+    /// Adds another group's statistics.
+    pub fn merge(&mut self, other: &GroupAccum) -> Result<(), MergeError> {
+        if self.layers.len() != other.layers.len() {
+            return Err(MergeError::Shape(format!(
+                "{} MoE layers vs {}",
+                self.layers.len(),
+                other.layers.len()
+            )));
+        }
+        self.n_tokens = self
+            .n_tokens
+            .checked_add(other.n_tokens)
+            .ok_or(MergeError::CountOverflow)?;
+        for (a, b) in self.layers.iter_mut().zip(&other.layers) {
+            a.merge(b)?;
+        }
+        Ok(())
+    }
+}
+
+/// Key of a statistics group.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct GroupKey {
+    /// Fit or held-out.
+    pub split: Split,
+    /// Domain name from the corpus config.
+    pub domain: String,
+}
+
+/// The model facts every accumulator of a run must agree on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoeShape {
+    /// Routed experts per MoE layer.
+    pub n_expert: u32,
+    /// Experts selected per token (k).
+    pub n_expert_used: u32,
+    /// Router gating function.
+    pub gating: Gating,
+    /// Block indices of the MoE layers, ascending.
+    pub moe_layers: Vec<u32>,
+}
+
+/// All REAP statistics of a partial or merged result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpertAccum {
+    /// The model's MoE shape.
+    pub shape: MoeShape,
+    /// Statistics per (split, domain).
+    pub groups: BTreeMap<GroupKey, GroupAccum>,
+}
+
+impl ExpertAccum {
+    /// An empty accumulator.
+    pub fn new(shape: MoeShape) -> Self {
+        ExpertAccum {
+            shape,
+            groups: BTreeMap::new(),
+        }
+    }
+
+    /// The group for (split, domain), created empty on first use.
+    pub fn group_mut(&mut self, split: Split, domain: &str) -> &mut GroupAccum {
+        let key = GroupKey {
+            split,
+            domain: domain.to_string(),
+        };
+        let shape = &self.shape;
+        self.groups
+            .entry(key)
+            .or_insert_with(|| GroupAccum::new(&shape.moe_layers, shape.n_expert as usize))
+    }
+
+    /// Adds another accumulator of the same model.
+    pub fn merge(&mut self, other: &ExpertAccum) -> Result<(), MergeError> {
+        if self.shape != other.shape {
+            return Err(MergeError::Shape(format!(
+                "MoE shape {:?} vs {:?}",
+                self.shape, other.shape
+            )));
+        }
+        for (key, group) in &other.groups {
+            self.group_mut(key.split, &key.domain).merge(group)?;
+        }
+        Ok(())
+    }
+
+    /// The exact sum of every domain group of `split` (None if it has none).
+    pub fn split_total(&self, split: Split) -> Result<Option<GroupAccum>, MergeError> {
+        let mut total: Option<GroupAccum> = None;
+        for group in self.groups.iter().filter(|(k, _)| k.split == split).map(|(_, g)| g) {
+            match total.as_mut() {
+                Some(t) => t.merge(group)?,
+                None => total = Some(group.clone()),
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// Why two accumulators cannot be merged.
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    /// They describe different models or layouts.
+    #[error("accumulators do not match: {0}")]
+    Shape(String),
+    /// A 64-bit counter would wrap.
+    #[error("a count overflowed 64 bits")]
+    CountOverflow,
+    /// A float sum left the exact range.
+    #[error(transparent)]
+    Exact(#[from] ExactError),
+    /// Both sides cover the same chunk: merging would count it twice.
+    #[error("chunk {0} is in both partials; merging would count it twice")]
+    Overlap(u32),
+}

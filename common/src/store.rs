@@ -1,0 +1,230 @@
+//! Run artifacts in object storage: a run location is a local path or an
+//! object-store URL (`file://`, `s3://`, `memory://`, ...). Every write is one
+//! atomic object put, so a reader never sees half an artifact.
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::sync::Arc;
+
+/// Errors of the artifact store, naming the object involved.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The location string is neither a path nor a supported URL.
+    #[error("run location {location:?} is not usable: {reason}")]
+    BadLocation {
+        /// What the user gave.
+        location: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The object does not exist.
+    #[error("{url} does not exist")]
+    NotFound {
+        /// Full URL of the missing object.
+        url: String,
+    },
+    /// A create-only write found the object already there.
+    #[error("{url} already exists")]
+    AlreadyExists {
+        /// Full URL of the object.
+        url: String,
+    },
+    /// Any other storage failure.
+    #[error("object store error on {url}: {source}")]
+    Backend {
+        /// Full URL of the object.
+        url: String,
+        /// The underlying error.
+        #[source]
+        source: object_store::Error,
+    },
+}
+
+/// A run's root in an object store; names below it are relative (`saliency.json`).
+#[derive(Clone, Debug)]
+pub struct RunStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    url: String,
+}
+
+impl RunStore {
+    /// Opens a location: a URL with a scheme, or a local directory path
+    /// (created if missing).
+    pub fn open(location: &str) -> Result<RunStore, StoreError> {
+        let bad = |reason: String| StoreError::BadLocation {
+            location: location.to_string(),
+            reason,
+        };
+        let url = if location.contains("://") {
+            url::Url::parse(location).map_err(|e| bad(e.to_string()))?
+        } else {
+            std::fs::create_dir_all(location).map_err(|e| bad(e.to_string()))?;
+            let abs = std::fs::canonicalize(location).map_err(|e| bad(e.to_string()))?;
+            url::Url::from_directory_path(&abs).map_err(|_| bad("not an absolute path".into()))?
+        };
+        let (store, prefix): (Arc<dyn ObjectStore>, Path) = match url.scheme() {
+            "s3" => {
+                let bucket = url.host_str().ok_or_else(|| bad("s3 URL without a bucket".into()))?;
+                let store = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .build()
+                    .map_err(|e| bad(e.to_string()))?;
+                let prefix = Path::parse(url.path().trim_start_matches('/')).map_err(|e| bad(e.to_string()))?;
+                (Arc::new(store), prefix)
+            }
+            "file" => {
+                let dir = url.to_file_path().map_err(|_| bad("file URL is not a local path".into()))?;
+                std::fs::create_dir_all(&dir).map_err(|e| bad(e.to_string()))?;
+                let (store, prefix) = object_store::parse_url(&url).map_err(|e| bad(e.to_string()))?;
+                (Arc::from(store), prefix)
+            }
+            _ => {
+                let (store, prefix) = object_store::parse_url(&url).map_err(|e| bad(e.to_string()))?;
+                (Arc::from(store), prefix)
+            }
+        };
+        Ok(RunStore {
+            store,
+            prefix,
+            url: url.to_string().trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// The location as a URL without a trailing slash.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The full URL of a relative name, for messages.
+    pub fn url_of(&self, name: &str) -> String {
+        format!("{}/{}", self.url, name)
+    }
+
+    /// A store rooted at `name` below this one (same backend).
+    pub fn child(&self, name: &str) -> RunStore {
+        RunStore {
+            store: self.store.clone(),
+            prefix: self.path(name),
+            url: self.url_of(name),
+        }
+    }
+
+    fn path(&self, name: &str) -> Path {
+        name.split('/')
+            .filter(|p| !p.is_empty())
+            .fold(self.prefix.clone(), |p, part| p.clone().join(part))
+    }
+
+    fn backend(&self, name: &str) -> impl Fn(object_store::Error) -> StoreError + '_ {
+        let url = self.url_of(name);
+        move |e| match e {
+            object_store::Error::NotFound { .. } => StoreError::NotFound { url: url.clone() },
+            object_store::Error::AlreadyExists { .. } => StoreError::AlreadyExists { url: url.clone() },
+            source => StoreError::Backend {
+                url: url.clone(),
+                source,
+            },
+        }
+    }
+
+    /// Writes (or replaces) an object atomically.
+    pub async fn put(&self, name: &str, bytes: impl Into<Bytes>) -> Result<(), StoreError> {
+        self.store
+            .put(&self.path(name), PutPayload::from_bytes(bytes.into()))
+            .await
+            .map_err(self.backend(name))?;
+        Ok(())
+    }
+
+    /// Writes an object only if it does not exist yet.
+    pub async fn put_new(&self, name: &str, bytes: impl Into<Bytes>) -> Result<(), StoreError> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        self.store
+            .put_opts(&self.path(name), PutPayload::from_bytes(bytes.into()), opts)
+            .await
+            .map_err(self.backend(name))?;
+        Ok(())
+    }
+
+    /// Reads a whole object.
+    pub async fn get(&self, name: &str) -> Result<Bytes, StoreError> {
+        let r = self.store.get(&self.path(name)).await.map_err(self.backend(name))?;
+        r.bytes().await.map_err(self.backend(name))
+    }
+
+    /// Reads an object, `None` if it does not exist.
+    pub async fn get_opt(&self, name: &str) -> Result<Option<Bytes>, StoreError> {
+        match self.get(name).await {
+            Ok(b) => Ok(Some(b)),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether an object exists.
+    pub async fn exists(&self, name: &str) -> Result<bool, StoreError> {
+        match self.store.head(&self.path(name)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.backend(name)(e)),
+        }
+    }
+
+    /// Deletes an object if it exists.
+    pub async fn delete(&self, name: &str) -> Result<(), StoreError> {
+        match self.store.delete(&self.path(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.backend(name)(e)),
+        }
+    }
+
+    /// Relative names of every object below `dir`, sorted.
+    pub async fn list(&self, dir: &str) -> Result<Vec<String>, StoreError> {
+        let base = self.path(dir);
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&base))
+            .try_collect()
+            .await
+            .map_err(self.backend(dir))?;
+        let strip = format!("{}/", self.prefix.as_ref());
+        let mut names: Vec<String> = metas
+            .into_iter()
+            .map(|m| {
+                let full = m.location.as_ref().to_string();
+                if self.prefix.as_ref().is_empty() {
+                    full
+                } else {
+                    full.strip_prefix(&strip).unwrap_or(&full).to_string()
+                }
+            })
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn local_store_round_trips_and_create_only_refuses_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RunStore::open(dir.path().join("run").to_str().unwrap()).unwrap();
+        s.put("a/b.json", b"1".to_vec()).await.unwrap();
+        s.put_new("a/c.json", b"2".to_vec()).await.unwrap();
+        assert!(matches!(s.put_new("a/c.json", b"3".to_vec()).await, Err(StoreError::AlreadyExists { .. })));
+        assert_eq!(s.get("a/b.json").await.unwrap(), Bytes::from_static(b"1"));
+        assert_eq!(s.list("a").await.unwrap(), vec!["a/b.json", "a/c.json"]);
+        assert!(s.get_opt("missing").await.unwrap().is_none());
+        let err = s.get("missing").await.unwrap_err().to_string();
+        assert!(err.ends_with("/run/missing does not exist"), "{err}");
+    }
+}
