@@ -1,0 +1,118 @@
+//! `worker collect`: one process, no network: measure a chunk range of a
+//! tokenized corpus and write its partial, trace part and results.
+
+use anyhow::Context;
+use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use common::store::RunStore;
+use common::ChunkRange;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use worker::collect::{write_trace_part, CollectOptions, Collector};
+
+/// Arguments of `worker collect`.
+#[derive(clap::Args, Debug)]
+pub struct CollectArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// Tokenized corpus: a run location or its `corpus/` (path or URL).
+    #[arg(long)]
+    corpus: String,
+    /// Chunk ids to measure, `A..B` (half-open) or `A..=B`.
+    #[arg(long)]
+    chunks: String,
+    /// Output location (path or URL) for partials/, trace/ and the results.
+    #[arg(long)]
+    out: String,
+    /// Tokens per micro-batch.
+    #[arg(long, default_value_t = 512)]
+    n_ubatch: u32,
+    /// Layers offloaded to the GPU (`-ngl`).
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
+    n_gpu_layers: u32,
+    /// CPU threads (default: all cores).
+    #[arg(long)]
+    threads: Option<u32>,
+    /// Trace every n-th chunk (0: no trace).
+    #[arg(long, default_value_t = 1)]
+    trace_every: u32,
+    /// Router top-N recorded per traced token and layer.
+    #[arg(long, default_value_t = 64)]
+    trace_top_n: usize,
+    /// f32 KV cache (tight oracle comparisons).
+    #[arg(long)]
+    f32_kv: bool,
+    /// Enable flash attention.
+    #[arg(long)]
+    flash_attn: bool,
+}
+
+/// Finds the corpus: `LOCATION/index.json` or `LOCATION/corpus/index.json`.
+pub async fn open_corpus(location: &str) -> anyhow::Result<(RunStore, CorpusIndex)> {
+    let root = RunStore::open(location)?;
+    for store in [root.clone(), root.child("corpus")] {
+        if let Some(bytes) = store.get_opt(INDEX_FILE).await? {
+            let index: CorpusIndex = serde_json::from_slice(&bytes)
+                .with_context(|| format!("{} is not a corpus index", store.url_of(INDEX_FILE)))?;
+            return Ok((store, index));
+        }
+    }
+    anyhow::bail!("corpus {location}: no {INDEX_FILE} there or under corpus/ (run `coordinator corpus` first)")
+}
+
+/// Entry point of `worker collect`.
+pub fn run(a: CollectArgs) -> anyhow::Result<()> {
+    let range = ChunkRange::parse(&a.chunks).map_err(|e| anyhow::anyhow!("--chunks: {e}"))?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let (corpus, index) = rt.block_on(open_corpus(&a.corpus))?;
+    index.check_range(range).map_err(|e| anyhow::anyhow!("corpus {}: {e}", corpus.url()))?;
+    let bytes = rt.block_on(corpus.get(CHUNKS_FILE))?;
+    let chunks = read_chunks(bytes, Some(range)).map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
+    let mut opts = CollectOptions {
+        n_ubatch: a.n_ubatch,
+        n_gpu_layers: a.n_gpu_layers,
+        trace_every: a.trace_every,
+        trace_top_n: a.trace_top_n,
+        f32_kv: a.f32_kv,
+        flash_attn: a.flash_attn,
+        ..Default::default()
+    };
+    if let Some(t) = a.threads {
+        opts.threads = t;
+    }
+    let mut collector = Collector::load(&a.model, opts)?;
+    let total: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+    let bar = ProgressBar::new(total as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} tokens {per_sec} eta {eta} {msg}")
+            .expect("valid template"),
+    );
+    let worker::collect::Collected { mut partial, trace, .. } = collector.run(&index, &chunks, &mut |chunk, n| {
+        bar.set_message(format!("chunk {chunk}"));
+        bar.inc(n as u64);
+    })?;
+    bar.finish_and_clear();
+    let out = RunStore::open(&a.out)?;
+    rt.block_on(async {
+        let k = collector.shape().n_expert_used as usize;
+        let n = a.trace_top_n.min(collector.shape().n_expert as usize);
+        if !trace.is_empty() {
+            partial.trace_parts = vec![write_trace_part(&out, range, trace, k, n).await?];
+        }
+        let name = format!("partials/part-{:08}-{:08}.bin", range.start, range.end);
+        out.put(&name, partial.to_bytes()).await?;
+        let saliency = common::artifacts::write_results(&out, &partial).await?;
+        println!(
+            "measured chunks {range} ({total} tokens, {} traced rows) with {} -> {}",
+            partial.trace_rows,
+            partial.backends.join(", "),
+            out.url()
+        );
+        if saliency.nonfinite_drops > 0 {
+            eprintln!(
+                "WARNING: {} non-finite values were dropped: {:?}",
+                saliency.nonfinite_drops, saliency.nonfinite_drops_by_tensor
+            );
+        }
+        anyhow::Ok(())
+    })
+}

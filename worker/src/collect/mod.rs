@@ -1,0 +1,272 @@
+//! The collector: runs corpus chunks through llama.cpp and measures them.
+//!
+//! Each chunk is evaluated alone in its sequence (KV cache cleared), in
+//! micro-batches of `n_ubatch` tokens with outputs on every token, so a chunk
+//! gives the same numbers wherever it runs. See [`Collector::run`].
+
+mod names;
+mod observer;
+mod scratch;
+mod shape;
+
+use crate::error::WorkerError;
+use crate::llama::{self, Context, ContextParams, Model};
+use common::corpus::{Chunk, CorpusIndex};
+use common::imatrix::Imatrix;
+use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
+use common::stats::ExpertAccum;
+use common::store::RunStore;
+use common::trace::TraceRow;
+use common::ChunkRange;
+use observer::{Observer, UbatchInfo};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use shape::moe_shape;
+
+/// How chunks are evaluated and what is recorded.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct CollectOptions {
+    /// Tokens per decode call and micro-batch (llama-imatrix's default is 512).
+    pub n_ubatch: u32,
+    /// Layers offloaded to the GPU (0 on CPU builds).
+    pub n_gpu_layers: u32,
+    /// CPU threads.
+    pub threads: u32,
+    /// Trace every n-th chunk (by chunk id); 0 disables tracing.
+    pub trace_every: u32,
+    /// Router top-N recorded per traced token and layer.
+    pub trace_top_n: usize,
+    /// f32 KV cache (for tight oracle comparisons; production keeps f16).
+    pub f32_kv: bool,
+    /// Flash attention.
+    pub flash_attn: bool,
+    /// Weight names (`blk.0.attn_q.weight`) whose matmul inputs are dumped
+    /// per chunk, for debugging and oracle tests; empty in production.
+    pub dump_inputs: Vec<String>,
+}
+
+impl Default for CollectOptions {
+    fn default() -> Self {
+        CollectOptions {
+            n_ubatch: 512,
+            n_gpu_layers: 0,
+            threads: std::thread::available_parallelism().map_or(4, |n| n.get() as u32),
+            trace_every: 1,
+            trace_top_n: 64,
+            f32_kv: false,
+            flash_attn: false,
+            dump_inputs: Vec::new(),
+        }
+    }
+}
+
+/// A loaded model ready to measure chunks.
+pub struct Collector {
+    model: Model,
+    path: PathBuf,
+    sha256: String,
+    shape: common::stats::MoeShape,
+    opts: CollectOptions,
+    backend: String,
+}
+
+impl Collector {
+    /// Loads the GGUF, hashes it and reads its MoE shape.
+    pub fn load(path: &Path, opts: CollectOptions) -> Result<Collector, WorkerError> {
+        let sha256 = sha256_file(path)?;
+        let model = Model::load(path, opts.n_gpu_layers)?;
+        let shape = moe_shape(&model).map_err(|reason| WorkerError::Model {
+            path: path.display().to_string(),
+            reason,
+        })?;
+        Ok(Collector {
+            model,
+            path: path.to_path_buf(),
+            sha256,
+            shape,
+            opts,
+            backend: llama::backend_description(),
+        })
+    }
+
+    /// SHA-256 of the model file, lowercase hex.
+    pub fn model_sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// The model's MoE shape.
+    pub fn shape(&self) -> &common::stats::MoeShape {
+        &self.shape
+    }
+
+    /// Measures `chunks` (sorted, unique ids). `progress` is called after
+    /// each chunk with its id and token count.
+    pub fn run(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        progress: &mut dyn FnMut(u32, usize),
+    ) -> Result<Collected, WorkerError> {
+        let corpus_err = |reason: String| WorkerError::Corpus {
+            location: format!("chunks of {}", index.chunks_sha256),
+            reason,
+        };
+        if chunks.windows(2).any(|w| w[0].id >= w[1].id) {
+            return Err(corpus_err("chunks are not sorted by unique id".into()));
+        }
+        let params = ContextParams {
+            n_ctx: index.n_ctx,
+            n_ubatch: self.opts.n_ubatch.min(index.n_ctx),
+            threads: self.opts.threads,
+            f32_kv: self.opts.f32_kv,
+            flash_attn: self.opts.flash_attn,
+        };
+        let observer = Observer::new(
+            self.shape.n_expert as usize,
+            self.shape.n_expert_used as usize,
+            self.opts.trace_top_n,
+            self.shape.moe_layers.clone(),
+            index.domains.clone(),
+            self.opts.dump_inputs.clone(),
+        );
+        let mut ctx = Context::new(&self.model, &params, observer)?;
+        let mut experts = ExpertAccum::new(self.shape.clone());
+        let mut imatrix = Imatrix {
+            chunk_size: index.n_ctx,
+            ..Default::default()
+        };
+        let mut chunk_stats = Vec::with_capacity(chunks.len());
+        let mut trace_tokens = 0u64;
+        for chunk in chunks {
+            chunk.validate(index.domains.len()).map_err(corpus_err)?;
+            if chunk.tokens.len() > index.n_ctx as usize {
+                return Err(corpus_err(format!(
+                    "chunk {} has {} tokens, more than n_ctx {}",
+                    chunk.id,
+                    chunk.tokens.len(),
+                    index.n_ctx
+                )));
+            }
+            let traced = self.opts.trace_every > 0 && chunk.id.0 % self.opts.trace_every == 0;
+            let labels = chunk.token_labels();
+            ctx.clear();
+            let step = params.n_ubatch as usize;
+            for (i, toks) in chunk.tokens.chunks(step).enumerate() {
+                let pos0 = i * step;
+                ctx.observer().begin_ubatch(UbatchInfo {
+                    chunk: chunk.id.0,
+                    pos0: pos0 as u32,
+                    tokens: toks.to_vec(),
+                    labels: labels[pos0..pos0 + toks.len()].to_vec(),
+                    traced,
+                });
+                ctx.decode(toks, pos0 as i32)?;
+                ctx.observer().end_ubatch().map_err(|reason| WorkerError::Graph {
+                    chunk: chunk.id.0,
+                    reason,
+                })?;
+            }
+            let obs = ctx.observer();
+            let scratch = std::mem::replace(
+                &mut obs.scratch,
+                scratch::ChunkScratch::new(self.shape.moe_layers.len(), self.shape.n_expert as usize),
+            );
+            chunk_stats.push(scratch.chunk_stats(chunk.id.0));
+            scratch.fold_into(&index.domains, &mut experts, &mut imatrix)?;
+            imatrix.chunk_count += 1;
+            if traced {
+                trace_tokens += chunk.tokens.len() as u64;
+            }
+            progress(chunk.id.0, chunk.tokens.len());
+        }
+        let obs = ctx.observer();
+        let trace = std::mem::take(&mut obs.trace);
+        let drops: BTreeMap<String, u64> = std::mem::take(&mut obs.drops);
+        let dumps = std::mem::take(&mut obs.dumps);
+        let partial = Partial {
+            format_version: PARTIAL_FORMAT_VERSION,
+            model_sha256: self.sha256.clone(),
+            corpus_sha256: index.chunks_sha256.clone(),
+            backends: vec![self.backend.clone()],
+            chunks: ranges_of(chunks),
+            experts,
+            imatrix,
+            nonfinite_drops: drops,
+            trace_tokens,
+            trace_rows: trace.len() as u64,
+            trace_parts: Vec::new(),
+            chunk_stats,
+        };
+        tracing::debug!(model = %self.path.display(), chunks = chunks.len(), "collected");
+        Ok(Collected { partial, trace, dumps })
+    }
+}
+
+/// What [`Collector::run`] measured.
+pub struct Collected {
+    /// The accumulators, ready to store or merge.
+    pub partial: Partial,
+    /// Trace rows of the traced chunks.
+    pub trace: Vec<TraceRow>,
+    /// Dumped matmul inputs per (weight name, chunk), if requested.
+    pub dumps: BTreeMap<(String, u32), Vec<f32>>,
+}
+
+/// Coalesces sorted chunk ids into half-open ranges.
+fn ranges_of(chunks: &[Chunk]) -> Vec<ChunkRange> {
+    let mut out: Vec<ChunkRange> = Vec::new();
+    for c in chunks {
+        match out.last_mut() {
+            Some(r) if r.end == c.id.0 => r.end += 1,
+            _ => out.push(ChunkRange {
+                start: c.id.0,
+                end: c.id.0 + 1,
+            }),
+        }
+    }
+    out
+}
+
+/// SHA-256 of a file, streamed.
+pub fn sha256_file(path: &Path) -> Result<String, WorkerError> {
+    use sha2::Digest;
+    use std::io::Read;
+    let io = |source| WorkerError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Object name of the trace part of a chunk range: `trace/part-AAAAAAAA-BBBBBBBB.parquet`.
+pub fn trace_part_name(range: ChunkRange) -> String {
+    format!("trace/part-{:08}-{:08}.parquet", range.start, range.end)
+}
+
+/// Writes trace rows as a Parquet part under the run; returns its name.
+pub async fn write_trace_part(
+    store: &RunStore,
+    range: ChunkRange,
+    mut rows: Vec<TraceRow>,
+    k: usize,
+    n: usize,
+) -> Result<String, WorkerError> {
+    let name = trace_part_name(range);
+    let bytes = common::trace::write_part(&mut rows, k, n).map_err(|reason| WorkerError::Trace {
+        name: name.clone(),
+        reason,
+    })?;
+    store.put(&name, bytes).await?;
+    Ok(name)
+}

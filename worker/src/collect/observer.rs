@@ -1,0 +1,361 @@
+//! The eval-callback observer: reads the MoE routing tensors and the inputs of
+//! every weight matmul, and turns them into per-chunk sums and trace rows.
+
+use super::names::{parse_moe_node, weight_name, MoeNode};
+use super::scratch::ChunkScratch;
+use crate::llama::{f32_at, i32_at, ElemType, GraphObserver, Op, TensorRef};
+use common::trace::TraceRow;
+use common::Split;
+use std::collections::BTreeMap;
+
+/// What the observer knows about the micro-batch being decoded.
+pub struct UbatchInfo {
+    /// Chunk id.
+    pub chunk: u32,
+    /// Position of the first token in the chunk.
+    pub pos0: u32,
+    /// Token ids of the micro-batch.
+    pub tokens: Vec<i32>,
+    /// (split, domain index) per token.
+    pub labels: Vec<(Split, u16)>,
+    /// Whether to write trace rows for this chunk.
+    pub traced: bool,
+}
+
+/// One MoE layer's routing tensors of the current micro-batch.
+struct PendingLayer {
+    layer: u32,
+    n_tokens: usize,
+    probs: Vec<f32>,
+    topk: Option<Vec<i32>>,
+    weights: Option<Vec<f32>>,
+    norms: Option<Vec<f32>>,
+}
+
+/// Eval-callback state for one collection run.
+pub struct Observer {
+    n_expert: usize,
+    k: usize,
+    top_n: usize,
+    moe_layers: Vec<u32>,
+    domains: Vec<String>,
+    ubatch: Option<UbatchInfo>,
+    pending: Option<PendingLayer>,
+    /// The current chunk's sums.
+    pub scratch: ChunkScratch,
+    /// Non-finite values dropped, per graph tensor name.
+    pub drops: BTreeMap<String, u64>,
+    /// Trace rows of traced chunks.
+    pub trace: Vec<TraceRow>,
+    /// MoE layers seen in the current micro-batch, in order.
+    seen_layers: Vec<u32>,
+    /// The first inconsistency met inside the callback.
+    pub error: Option<String>,
+    /// Weight names whose matmul inputs are dumped.
+    dump_inputs: Vec<String>,
+    /// Dumped inputs per (weight, chunk): rows of `n_in` values, one per token.
+    pub dumps: BTreeMap<(String, u32), Vec<f32>>,
+}
+
+impl Observer {
+    /// A fresh observer for a model with the given MoE shape.
+    pub fn new(
+        n_expert: usize,
+        k: usize,
+        top_n: usize,
+        moe_layers: Vec<u32>,
+        domains: Vec<String>,
+        dump_inputs: Vec<String>,
+    ) -> Self {
+        let n_layers = moe_layers.len();
+        Observer {
+            n_expert,
+            k,
+            top_n: top_n.min(n_expert),
+            moe_layers,
+            domains,
+            ubatch: None,
+            pending: None,
+            scratch: ChunkScratch::new(n_layers, n_expert),
+            drops: BTreeMap::new(),
+            trace: Vec::new(),
+            seen_layers: Vec::new(),
+            error: None,
+            dump_inputs,
+            dumps: BTreeMap::new(),
+        }
+    }
+
+    /// Starts a micro-batch; token counts per group are known up front.
+    pub fn begin_ubatch(&mut self, info: UbatchInfo) {
+        for label in &info.labels {
+            self.scratch.group(*label).n_tokens += 1;
+        }
+        self.seen_layers.clear();
+        self.ubatch = Some(info);
+    }
+
+    /// Ends a micro-batch: flushes the last layer and checks that every MoE
+    /// layer reported on every token.
+    pub fn end_ubatch(&mut self) -> Result<(), String> {
+        let flushed = self.flush();
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        flushed?;
+        if self.seen_layers != self.moe_layers {
+            return Err(format!(
+                "the graph reported MoE layers {:?}, the model metadata says {:?}",
+                self.seen_layers, self.moe_layers
+            ));
+        }
+        self.ubatch = None;
+        Ok(())
+    }
+
+    fn fail(&mut self, msg: String) {
+        if self.error.is_none() {
+            self.error = Some(msg);
+        }
+    }
+
+    fn moe(&mut self, node: MoeNode, layer: u32, t: &TensorRef<'_>) -> Result<(), String> {
+        let Some(n_tokens) = self.ubatch.as_ref().map(|u| u.tokens.len()) else {
+            return Ok(());
+        };
+        if node == MoeNode::Probs {
+            self.flush()?;
+            let ne = t.ne();
+            if ne[0] != self.n_expert || ne[1] != n_tokens || t.elem() != ElemType::F32 {
+                return Err(format!("ffn_moe_probs-{layer} has shape {ne:?}, expected [{}, {n_tokens}] f32", self.n_expert));
+            }
+            self.pending = Some(PendingLayer {
+                layer,
+                n_tokens,
+                probs: read_f32_2d(t, self.n_expert, n_tokens),
+                topk: None,
+                weights: None,
+                norms: None,
+            });
+            return Ok(());
+        }
+        let k = self.k;
+        let Some(p) = self.pending.as_mut().filter(|p| p.layer == layer) else {
+            return Err(format!("{} arrived without ffn_moe_probs-{layer}", t.name()));
+        };
+        let ne = t.ne();
+        match node {
+            MoeNode::TopK => {
+                if ne[0] != k || ne[1] != p.n_tokens || t.elem() != ElemType::I32 {
+                    return Err(format!("ffn_moe_topk-{layer} has shape {ne:?}, expected [{k}, {}] i32", p.n_tokens));
+                }
+                let (bytes, nb) = (t.bytes(), t.nb());
+                let ids = (0..p.n_tokens)
+                    .flat_map(|row| (0..k).map(move |j| (row, j)))
+                    .map(|(row, j)| i32_at(&bytes, row * nb[1] + j * nb[0]))
+                    .collect();
+                p.topk = Some(ids);
+            }
+            MoeNode::Weights => {
+                // [1, k, n_tokens] or [k, n_tokens]: k * n_tokens values either way.
+                if ne.iter().product::<usize>() != k * p.n_tokens || t.elem() != ElemType::F32 {
+                    return Err(format!("{} has shape {ne:?}, expected k*n_tokens = {}", t.name(), k * p.n_tokens));
+                }
+                let (bytes, nb) = (t.bytes(), t.nb());
+                let three_d = ne[0] == 1 && ne[1] == k && ne[2] == p.n_tokens;
+                let (s_k, s_t) = if three_d { (nb[1], nb[2]) } else { (nb[0], nb[1]) };
+                p.weights = Some(
+                    (0..p.n_tokens)
+                        .flat_map(|row| (0..k).map(move |j| row * s_t + j * s_k))
+                        .map(|off| f32_at(&bytes, off))
+                        .collect(),
+                );
+            }
+            MoeNode::Down => {
+                if ne[1] != k || ne[2] != p.n_tokens || t.elem() != ElemType::F32 {
+                    return Err(format!("{} has shape {ne:?}, expected [n_embd, {k}, {}]", t.name(), p.n_tokens));
+                }
+                let (bytes, nb) = (t.bytes(), t.nb());
+                let mut norms = Vec::with_capacity(k * p.n_tokens);
+                for row in 0..p.n_tokens {
+                    for j in 0..k {
+                        let base = row * nb[2] + j * nb[1];
+                        let sq: f64 = (0..ne[0]).map(|i| f32_at(&bytes, base + i * nb[0]) as f64).map(|v| v * v).sum();
+                        norms.push(sq.sqrt() as f32);
+                    }
+                }
+                p.norms = Some(norms);
+            }
+            MoeNode::Probs => unreachable!("handled above"),
+        }
+        Ok(())
+    }
+
+    /// Turns the pending layer into sums and trace rows.
+    fn flush(&mut self) -> Result<(), String> {
+        let Some(p) = self.pending.take() else { return Ok(()) };
+        let Some(u) = self.ubatch.as_ref() else { return Ok(()) };
+        let (Some(topk), Some(weights), Some(norms)) = (p.topk, p.weights, p.norms) else {
+            return Err(format!("MoE layer {} lacks topk, weights or expert outputs in the graph", p.layer));
+        };
+        let Some(li) = self.moe_layers.iter().position(|&l| l == p.layer) else {
+            return Err(format!("graph has MoE layer {} that the model metadata does not list", p.layer));
+        };
+        self.seen_layers.push(p.layer);
+        let (n_expert, k) = (self.n_expert, self.k);
+        for t in 0..p.n_tokens {
+            let label = u.labels[t];
+            let probs = &p.probs[t * n_expert..(t + 1) * n_expert];
+            let group = self.scratch.group(label);
+            let l = &mut group.layers[li];
+            for (e, &v) in probs.iter().enumerate() {
+                if v.is_finite() {
+                    l.prob[e] += v as f64;
+                } else {
+                    *self.drops.entry(format!("ffn_moe_probs-{}", p.layer)).or_default() += 1;
+                }
+            }
+            for j in 0..k {
+                let e = topk[t * k + j];
+                if e < 0 || e as usize >= n_expert {
+                    return Err(format!("ffn_moe_topk-{} selected expert {e} of {n_expert}", p.layer));
+                }
+                let e = e as usize;
+                let (g, n) = (weights[t * k + j] as f64, norms[t * k + j] as f64);
+                l.count[e] += 1;
+                if !g.is_finite() {
+                    *self.drops.entry(format!("ffn_moe_weights-{}", p.layer)).or_default() += 1;
+                    continue;
+                }
+                if !n.is_finite() {
+                    *self.drops.entry(format!("ffn_moe_down-{}", p.layer)).or_default() += 1;
+                    continue;
+                }
+                let r = g * n;
+                l.weight[e] += g;
+                l.ean[e] += n;
+                l.l2[e] += r;
+                l.l2_sq[e] += r * r;
+            }
+            if u.traced {
+                self.trace.push(trace_row(u, t, p.layer, &self.domains, &topk[t * k..(t + 1) * k], &weights[t * k..(t + 1) * k], probs, self.top_n));
+            }
+        }
+        Ok(())
+    }
+
+    fn imatrix(&mut self, t: &TensorRef<'_>) {
+        let (Some(w), Some(x)) = (t.src(0), t.src(1)) else { return };
+        let name = weight_name(w.name()).to_string();
+        let Some(u) = self.ubatch.as_ref() else { return };
+        let fit: Vec<bool> = u.labels.iter().map(|l| l.0 == Split::Fit).collect();
+        let chunk = u.chunk;
+        if x.elem() != ElemType::F32 {
+            return self.fail(format!("{name}: matmul input is not f32"));
+        }
+        let (xne, xnb, bytes) = (x.ne(), x.nb(), x.bytes());
+        let n_in = xne[0];
+        let row = |off: usize| bytes[off..off + 4 * n_in].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")));
+        match t.op() {
+            Op::MulMatId => {
+                let Some(ids) = t.src(2) else { return };
+                let n_mat = w.ne()[2];
+                let (ine, inb, ibytes) = (ids.ne(), ids.nb(), ids.bytes());
+                let entry = self.scratch.imatrix_entry(&name, n_in, n_mat);
+                for tok in 0..ine[1] {
+                    if !fit.get(tok).copied().unwrap_or(true) {
+                        continue;
+                    }
+                    for idx in 0..ine[0] {
+                        let ex = i32_at(&ibytes, tok * inb[1] + idx * inb[0]);
+                        if ex < 0 || ex as usize >= n_mat {
+                            continue;
+                        }
+                        let ex = ex as usize;
+                        entry.counts[ex] += 1;
+                        let sums = &mut entry.sum2[ex * n_in..(ex + 1) * n_in];
+                        for (s, v) in sums.iter_mut().zip(row((idx % xne[1]) * xnb[1] + tok * xnb[2])) {
+                            *s += (v as f64) * (v as f64);
+                        }
+                    }
+                }
+            }
+            Op::MulMat => {
+                if self.dump_inputs.iter().any(|d| *d == name) && xne[2] == 1 && xne[3] == 1 {
+                    let dump = self.dumps.entry((name.clone(), chunk)).or_default();
+                    (0..xne[1]).for_each(|r| dump.extend(row(r * xnb[1])));
+                }
+                let wne = w.ne();
+                let n_mat = wne[2] * wne[3];
+                let per_token = xne[2] == 1 && xne[3] == 1 && xne[1] == fit.len();
+                let entry = self.scratch.imatrix_entry(&name, n_in, n_mat);
+                for i3 in 0..xne[3] {
+                    for i2 in 0..xne[2] {
+                        let mat = (i3 % wne[3]) * wne[2] + (i2 % wne[2]);
+                        for r in 0..xne[1] {
+                            if per_token && !fit[r] {
+                                continue;
+                            }
+                            let sums = &mut entry.sum2[mat * n_in..(mat + 1) * n_in];
+                            for (s, v) in sums.iter_mut().zip(row(r * xnb[1] + i2 * xnb[2] + i3 * xnb[3])) {
+                                *s += (v as f64) * (v as f64);
+                            }
+                            entry.counts[mat] += 1;
+                        }
+                    }
+                }
+            }
+            Op::Other => {}
+        }
+    }
+}
+
+/// Reads a contiguous-rows `[cols, rows]` f32 tensor honouring its strides.
+fn read_f32_2d(t: &TensorRef<'_>, cols: usize, rows: usize) -> Vec<f32> {
+    let (bytes, nb) = (t.bytes(), t.nb());
+    (0..rows)
+        .flat_map(|r| (0..cols).map(move |c| r * nb[1] + c * nb[0]))
+        .map(|off| f32_at(&bytes, off))
+        .collect()
+}
+
+/// One trace row: the selection, its gate weights and the router's top-N.
+#[allow(clippy::too_many_arguments)]
+fn trace_row(u: &UbatchInfo, t: usize, layer: u32, domains: &[String], sel: &[i32], w: &[f32], probs: &[f32], top_n: usize) -> TraceRow {
+    let mut order: Vec<u16> = (0..probs.len() as u16).collect();
+    order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+    order.truncate(top_n);
+    TraceRow {
+        split: u.labels[t].0,
+        domain: domains[u.labels[t].1 as usize].clone(),
+        chunk: u.chunk,
+        pos: u.pos0 + t as u32,
+        token_id: u.tokens[t],
+        layer,
+        selected: sel.iter().map(|&e| e as u16).collect(),
+        selected_weight: w.to_vec(),
+        topn_prob: order.iter().map(|&e| probs[e as usize]).collect(),
+        topn_id: order,
+    }
+}
+
+impl GraphObserver for Observer {
+    fn wants(&mut self, t: &TensorRef<'_>) -> bool {
+        match t.op() {
+            Op::MulMatId => true,
+            Op::MulMat => t.src(0).is_some_and(|w| weight_name(w.name()).starts_with("blk.")),
+            Op::Other => parse_moe_node(t.name()).is_some(),
+        }
+    }
+
+    fn observe(&mut self, t: &TensorRef<'_>) {
+        if let Some((node, layer)) = parse_moe_node(t.name()) {
+            if let Err(e) = self.moe(node, layer, t) {
+                self.fail(e);
+            }
+        }
+        if matches!(t.op(), Op::MulMat | Op::MulMatId) {
+            self.imatrix(t);
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! The worker: measures a GGUF MoE model through llama.cpp.
+//!
+//! - [`synth`]: deterministic test models (`worker synth-model`).
+//! - [`collect`]: the [`collect::Collector`] that runs corpus chunks and
+//!   accumulates REAP statistics, the importance matrix and routing traces.
+//! - [`join`]: `worker join`, the QUIC client that measures leases for a coordinator.
+//! - [`llama`]: the only unsafe code, wrapping llama.cpp.
+#![deny(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod collect;
+pub mod error;
+pub mod join;
+pub mod llama;
+pub mod synth;
+
+pub use error::WorkerError;

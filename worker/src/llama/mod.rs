@@ -1,0 +1,341 @@
+//! The worker's only unsafe code: owning wrappers around llama.cpp handles
+//! and a safe view of graph tensors handed to the eval callback.
+//!
+//! - [`Model`]: a loaded GGUF model (`llama_model`), freed on drop.
+//! - [`Context`]: an inference context whose eval callback forwards every
+//!   graph node to a [`GraphObserver`]; freed on drop.
+//! - [`TensorRef`]: a borrowed graph tensor with strides and host-side bytes.
+
+mod tensor;
+
+pub use tensor::{f32_at, i32_at, ElemType, Op, TensorRef};
+
+use llama_cpp_sys_2 as sys;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::marker::PhantomData;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Once;
+
+/// Failures of llama.cpp calls, each naming what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum LlamaError {
+    /// The model file could not be loaded.
+    #[error("llama.cpp could not load model {path} (missing, truncated or not a supported GGUF; run with RUST_LOG=debug for llama.cpp's log)")]
+    ModelLoad {
+        /// The file.
+        path: String,
+    },
+    /// Context creation failed.
+    #[error("llama.cpp could not create a context (n_ctx {n_ctx}, n_ubatch {n_ubatch})")]
+    ContextInit {
+        /// Requested context size.
+        n_ctx: u32,
+        /// Requested micro-batch size.
+        n_ubatch: u32,
+    },
+    /// `llama_decode` returned an error code.
+    #[error("llama_decode failed with code {code} on {n_tokens} tokens at position {pos}")]
+    Decode {
+        /// llama.cpp's return code.
+        code: i32,
+        /// Tokens in the batch.
+        n_tokens: usize,
+        /// Position of the first token.
+        pos: i32,
+    },
+    /// The eval callback panicked; the decode's results are void.
+    #[error("the eval callback failed: {0}")]
+    Callback(String),
+}
+
+/// Initialises llama.cpp once per process and routes its log to `tracing`.
+pub fn init_backend() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        // SAFETY: called exactly once before any other llama.cpp function;
+        // the log callback is a plain function valid for the whole process.
+        unsafe {
+            sys::llama_backend_init();
+            sys::llama_log_set(Some(log_to_tracing), std::ptr::null_mut());
+        }
+    });
+}
+
+unsafe extern "C" fn log_to_tracing(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: llama.cpp passes a NUL-terminated string valid for this call.
+    let msg = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    let msg = msg.trim_end();
+    if msg.is_empty() {
+        return;
+    }
+    if level >= sys::GGML_LOG_LEVEL_ERROR {
+        tracing::warn!(target: "llama.cpp", "{msg}");
+    } else {
+        tracing::debug!(target: "llama.cpp", "{msg}");
+    }
+}
+
+/// A loaded model.
+pub struct Model {
+    ptr: NonNull<sys::llama_model>,
+}
+
+// SAFETY: a llama_model is immutable after loading and llama.cpp allows using
+// it from any thread; the wrapper hands out no interior references.
+unsafe impl Send for Model {}
+
+impl Model {
+    /// Loads a GGUF file with `n_gpu_layers` layers offloaded (0 on CPU builds).
+    pub fn load(path: &Path, n_gpu_layers: u32) -> Result<Model, LlamaError> {
+        init_backend();
+        let err = || LlamaError::ModelLoad {
+            path: path.display().to_string(),
+        };
+        let c_path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| err())?;
+        // SAFETY: default params are plain data; the path is a valid C string
+        // that outlives the call.
+        let raw = unsafe {
+            let mut params = sys::llama_model_default_params();
+            params.n_gpu_layers = n_gpu_layers as i32;
+            sys::llama_model_load_from_file(c_path.as_ptr(), params)
+        };
+        NonNull::new(raw).map(|ptr| Model { ptr }).ok_or_else(err)
+    }
+
+    /// A metadata string value (`general.architecture`, ...), if present.
+    pub fn meta(&self, key: &str) -> Option<String> {
+        let c_key = CString::new(key).ok()?;
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: the model is live, the key is NUL-terminated and the buffer
+        // is writable for its full length.
+        let n = unsafe {
+            sys::llama_model_meta_val_str(self.ptr.as_ptr(), c_key.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        };
+        if n < 0 {
+            return None;
+        }
+        buf.truncate((n as usize).min(buf.len() - 1));
+        String::from_utf8(buf).ok()
+    }
+
+    /// Number of blocks.
+    pub fn n_layer(&self) -> u32 {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_n_layer(self.ptr.as_ptr()) as u32 }
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from llama_model_load_from_file and every
+        // context borrowing the model has been dropped (lifetimes enforce it).
+        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// Receives the graph nodes of every decode.
+pub trait GraphObserver {
+    /// `ask` phase: whether this node's data is wanted.
+    fn wants(&mut self, t: &TensorRef<'_>) -> bool;
+    /// The node has been computed; read it.
+    fn observe(&mut self, t: &TensorRef<'_>);
+}
+
+/// Context settings that matter for reproducible measurements.
+#[derive(Clone, Debug)]
+pub struct ContextParams {
+    /// Context size (one chunk).
+    pub n_ctx: u32,
+    /// Tokens per decode call and per micro-batch (they are equal here).
+    pub n_ubatch: u32,
+    /// CPU threads.
+    pub threads: u32,
+    /// f32 KV cache instead of f16 (exact oracle comparisons).
+    pub f32_kv: bool,
+    /// Flash attention on or off.
+    pub flash_attn: bool,
+}
+
+struct CallbackState<O> {
+    observer: O,
+    panic: Option<String>,
+}
+
+/// An inference context observing its graph through `O`.
+pub struct Context<'m, O: GraphObserver> {
+    ptr: NonNull<sys::llama_context>,
+    state: *mut CallbackState<O>,
+    batch: sys::llama_batch,
+    batch_cap: usize,
+    _model: PhantomData<&'m Model>,
+}
+
+// SAFETY: the context is used by one thread at a time (all methods take
+// &mut self); llama.cpp contexts may move between threads. O must be Send.
+unsafe impl<O: GraphObserver + Send> Send for Context<'_, O> {}
+
+unsafe extern "C" fn eval_callback<O: GraphObserver>(t: *mut sys::ggml_tensor, ask: bool, user: *mut c_void) -> bool {
+    // SAFETY: user data is the CallbackState<O> owned by the Context, alive
+    // for the whole decode, and nothing else touches it during a decode.
+    let state = unsafe { &mut *(user as *mut CallbackState<O>) };
+    if state.panic.is_some() {
+        return false;
+    }
+    // SAFETY: the scheduler passes a live tensor for the duration of this call.
+    let Some(tensor) = (unsafe { TensorRef::from_raw(t) }) else {
+        return false;
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if ask {
+            state.observer.wants(&tensor)
+        } else {
+            state.observer.observe(&tensor);
+            true
+        }
+    }));
+    match result {
+        Ok(v) => v,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            state.panic = Some(msg);
+            false
+        }
+    }
+}
+
+impl<'m, O: GraphObserver> Context<'m, O> {
+    /// Creates a context on `model` whose eval callback feeds `observer`.
+    pub fn new(model: &'m Model, p: &ContextParams, observer: O) -> Result<Self, LlamaError> {
+        let state = Box::into_raw(Box::new(CallbackState { observer, panic: None }));
+        // SAFETY: default params are plain data; the callback and its state
+        // pointer stay valid until Drop frees the context before the state.
+        let raw = unsafe {
+            let mut c = sys::llama_context_default_params();
+            c.n_ctx = p.n_ctx;
+            c.n_batch = p.n_ubatch;
+            c.n_ubatch = p.n_ubatch;
+            c.n_seq_max = 1;
+            c.n_threads = p.threads as i32;
+            c.n_threads_batch = p.threads as i32;
+            c.cb_eval = Some(eval_callback::<O>);
+            c.cb_eval_user_data = state.cast();
+            c.no_perf = true;
+            if p.f32_kv {
+                c.type_k = sys::GGML_TYPE_F32;
+                c.type_v = sys::GGML_TYPE_F32;
+            }
+            if !p.flash_attn {
+                c.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
+            }
+            sys::llama_init_from_model(model.ptr.as_ptr(), c)
+        };
+        let Some(ptr) = NonNull::new(raw) else {
+            // SAFETY: the state was never handed to a live context.
+            drop(unsafe { Box::from_raw(state) });
+            return Err(LlamaError::ContextInit {
+                n_ctx: p.n_ctx,
+                n_ubatch: p.n_ubatch,
+            });
+        };
+        let cap = p.n_ubatch as usize;
+        // SAFETY: allocates a token batch of `cap` entries for one sequence.
+        let batch = unsafe { sys::llama_batch_init(cap as i32, 0, 1) };
+        Ok(Context {
+            ptr,
+            state,
+            batch,
+            batch_cap: cap,
+            _model: PhantomData,
+        })
+    }
+
+    /// The observer, between decodes.
+    pub fn observer(&mut self) -> &mut O {
+        // SAFETY: no decode is running (we hold &mut self), so the callback
+        // cannot alias the state.
+        unsafe { &mut (*self.state).observer }
+    }
+
+    /// Empties the KV cache so the next chunk starts alone in its sequence.
+    pub fn clear(&mut self) {
+        // SAFETY: the context is live.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
+    }
+
+    /// Decodes `tokens` at positions `pos0..` of sequence 0 as one
+    /// micro-batch, with outputs on every token.
+    pub fn decode(&mut self, tokens: &[i32], pos0: i32) -> Result<(), LlamaError> {
+        assert!(tokens.len() <= self.batch_cap, "batch larger than n_ubatch");
+        // SAFETY: the batch was allocated for batch_cap tokens with one
+        // sequence id each; we fill n_tokens <= batch_cap entries.
+        unsafe {
+            let b = &mut self.batch;
+            b.n_tokens = tokens.len() as i32;
+            for (i, &tok) in tokens.iter().enumerate() {
+                *b.token.add(i) = tok;
+                *b.pos.add(i) = pos0 + i as i32;
+                *b.n_seq_id.add(i) = 1;
+                *(*b.seq_id.add(i)) = 0;
+                *b.logits.add(i) = 1;
+            }
+        }
+        // SAFETY: context and batch are live; the callback state is valid.
+        let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), self.batch) };
+        // SAFETY: the decode has returned; nothing else references the state.
+        if let Some(msg) = unsafe { (*self.state).panic.take() } {
+            return Err(LlamaError::Callback(msg));
+        }
+        if code != 0 {
+            return Err(LlamaError::Decode {
+                code,
+                n_tokens: tokens.len(),
+                pos: pos0,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl<O: GraphObserver> Drop for Context<'_, O> {
+    fn drop(&mut self) {
+        // SAFETY: batch and context were created in `new`; the context is
+        // freed before the callback state it points to.
+        unsafe {
+            sys::llama_batch_free(self.batch);
+            sys::llama_free(self.ptr.as_ptr());
+            drop(Box::from_raw(self.state));
+        }
+    }
+}
+
+/// Describes the compute backends of this build (`cpu` or GPU names), so
+/// partials record where their numbers came from.
+pub fn backend_description() -> String {
+    init_backend();
+    let mut gpus = Vec::new();
+    // SAFETY: device enumeration returns static registry entries.
+    unsafe {
+        for i in 0..sys::ggml_backend_dev_count() {
+            let dev = sys::ggml_backend_dev_get(i);
+            if sys::ggml_backend_dev_type(dev) == sys::GGML_BACKEND_DEVICE_TYPE_GPU {
+                let desc = CStr::from_ptr(sys::ggml_backend_dev_description(dev)).to_string_lossy();
+                gpus.push(desc.into_owned());
+            }
+        }
+    }
+    if gpus.is_empty() {
+        // SAFETY: a plain feature query.
+        let avx2 = unsafe { sys::ggml_cpu_has_avx2() } != 0;
+        format!("cpu (avx2 {})", if avx2 { "on" } else { "off" })
+    } else {
+        format!("gpu ({})", gpus.join(", "))
+    }
+}

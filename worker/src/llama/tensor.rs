@@ -1,0 +1,121 @@
+//! A safe, borrowed view of a ggml graph tensor inside the eval callback.
+
+use llama_cpp_sys_2 as sys;
+use std::borrow::Cow;
+use std::ffi::CStr;
+use std::marker::PhantomData;
+
+/// The graph operations the worker distinguishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Dense matrix multiplication (`MUL_MAT`).
+    MulMat,
+    /// Stacked-expert matrix multiplication (`MUL_MAT_ID`).
+    MulMatId,
+    /// Anything else.
+    Other,
+}
+
+/// Element types the worker reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElemType {
+    /// 32-bit float.
+    F32,
+    /// 32-bit signed integer.
+    I32,
+    /// Anything else (not read).
+    Other,
+}
+
+/// A graph tensor borrowed for the duration of one callback invocation.
+pub struct TensorRef<'a> {
+    raw: &'a sys::ggml_tensor,
+    _life: PhantomData<&'a ()>,
+}
+
+impl<'a> TensorRef<'a> {
+    /// Wraps a raw tensor pointer.
+    ///
+    /// # Safety
+    /// `t` must be null or point to a live `ggml_tensor` for lifetime `'a`.
+    pub(super) unsafe fn from_raw(t: *const sys::ggml_tensor) -> Option<TensorRef<'a>> {
+        // SAFETY: guaranteed by the caller.
+        unsafe { t.as_ref() }.map(|raw| TensorRef { raw, _life: PhantomData })
+    }
+
+    /// The node's name (`ffn_moe_probs-3`, `blk.0.attn_q.weight`, ...).
+    pub fn name(&self) -> &str {
+        // SAFETY: ggml names are NUL-terminated within their 64-byte array.
+        let c = unsafe { CStr::from_ptr(self.raw.name.as_ptr()) };
+        c.to_str().unwrap_or("")
+    }
+
+    /// The node's operation.
+    pub fn op(&self) -> Op {
+        match self.raw.op {
+            sys::GGML_OP_MUL_MAT => Op::MulMat,
+            sys::GGML_OP_MUL_MAT_ID => Op::MulMatId,
+            _ => Op::Other,
+        }
+    }
+
+    /// Element type.
+    pub fn elem(&self) -> ElemType {
+        match self.raw.type_ {
+            sys::GGML_TYPE_F32 => ElemType::F32,
+            sys::GGML_TYPE_I32 => ElemType::I32,
+            _ => ElemType::Other,
+        }
+    }
+
+    /// Elements per dimension (ggml `ne`, fastest-varying first).
+    pub fn ne(&self) -> [usize; 4] {
+        self.raw.ne.map(|n| n.max(0) as usize)
+    }
+
+    /// Byte strides per dimension (ggml `nb`).
+    pub fn nb(&self) -> [usize; 4] {
+        self.raw.nb
+    }
+
+    /// Source operand `i`, if present.
+    pub fn src(&self, i: usize) -> Option<TensorRef<'a>> {
+        let p = *self.raw.src.get(i)?;
+        // SAFETY: sources of a live graph node are live for the same call.
+        unsafe { TensorRef::from_raw(p) }
+    }
+
+    /// The tensor's bytes from offset 0 up to `ggml_nbytes` (which spans
+    /// every strided element): borrowed from host memory, copied otherwise.
+    pub fn bytes(&self) -> Cow<'a, [u8]> {
+        // SAFETY: the tensor is live and computed (observe phase); for host
+        // buffers `data` points to ggml_nbytes readable bytes, otherwise
+        // ggml_backend_tensor_get copies exactly that many bytes.
+        unsafe {
+            let n = sys::ggml_nbytes(self.raw);
+            if n == 0 || self.raw.data.is_null() {
+                return Cow::Borrowed(&[]);
+            }
+            let host = self.raw.buffer.is_null() || sys::ggml_backend_buffer_is_host(self.raw.buffer);
+            if host {
+                Cow::Borrowed(std::slice::from_raw_parts(self.raw.data as *const u8, n))
+            } else {
+                let mut v = vec![0u8; n];
+                sys::ggml_backend_tensor_get(self.raw, v.as_mut_ptr().cast(), 0, n);
+                Cow::Owned(v)
+            }
+        }
+    }
+}
+
+/// Reads a little-endian f32 at byte offset `off`.
+#[inline]
+pub fn f32_at(bytes: &[u8], off: usize) -> f32 {
+    f32::from_le_bytes(bytes[off..off + 4].try_into().expect("4 bytes"))
+}
+
+/// Reads a little-endian i32 at byte offset `off`.
+#[inline]
+pub fn i32_at(bytes: &[u8], off: usize) -> i32 {
+    i32::from_le_bytes(bytes[off..off + 4].try_into().expect("4 bytes"))
+}

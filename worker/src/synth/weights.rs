@@ -1,0 +1,106 @@
+//! Deterministic random weights and their GGUF encodings (f32, f16, Q8_0).
+
+use common::gguf::TensorType;
+
+/// SplitMix64: a tiny, portable, seedable generator (same stream everywhere).
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`, decorrelated per `stream` (e.g. a tensor name hash).
+    pub fn new(seed: u64, stream: &str) -> Rng {
+        let h = stream
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        Rng(seed ^ h)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Converts an f32 to IEEE half precision bits (round to nearest even).
+pub fn f32_to_f16(v: f32) -> u16 {
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let mant = bits & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let m = mant | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let rounded = (m + half - 1 + ((m >> shift) & 1)) >> shift;
+        return sign | rounded as u16;
+    }
+    let half_mant = mant >> 13;
+    let rest = mant & 0x1fff;
+    let mut out = ((e as u32) << 10) | half_mant;
+    if rest > 0x1000 || (rest == 0x1000 && (half_mant & 1) == 1) {
+        out += 1;
+    }
+    sign | out as u16
+}
+
+/// Encodes values in the given tensor type (Q8_0 needs a multiple of 32).
+pub fn encode(values: &[f32], ty: TensorType) -> Vec<u8> {
+    match ty {
+        TensorType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        TensorType::F16 => values.iter().flat_map(|v| f32_to_f16(*v).to_le_bytes()).collect(),
+        TensorType::Q8_0 => {
+            assert_eq!(values.len() % 32, 0, "Q8_0 needs blocks of 32 values");
+            let mut out = Vec::with_capacity(values.len() / 32 * 34);
+            for block in values.chunks(32) {
+                let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&f32_to_f16(d).to_le_bytes());
+                out.extend(block.iter().map(|v| (v * id).round() as i8 as u8));
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_conversion_matches_known_values() {
+        assert_eq!(f32_to_f16(1.0), 0x3c00);
+        assert_eq!(f32_to_f16(-2.0), 0xc000);
+        assert_eq!(f32_to_f16(0.0), 0);
+        assert_eq!(f32_to_f16(65504.0), 0x7bff);
+        assert_eq!(f32_to_f16(1e-7), 0x0002);
+        assert_eq!(f32_to_f16(0.333_333_34), 0x3555);
+    }
+
+    #[test]
+    fn streams_are_deterministic_and_distinct() {
+        let a: Vec<f32> = (0..4).map({ let mut r = Rng::new(7, "a"); move |_| r.uniform() }).collect();
+        let b: Vec<f32> = (0..4).map({ let mut r = Rng::new(7, "a"); move |_| r.uniform() }).collect();
+        let c: Vec<f32> = (0..4).map({ let mut r = Rng::new(7, "b"); move |_| r.uniform() }).collect();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));
+    }
+}
