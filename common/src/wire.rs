@@ -86,15 +86,11 @@ pub struct JobInfo {
     pub heartbeat_ms: u64,
 }
 
-/// Evaluation settings every worker of a run must share (so each chunk is
-/// evaluated identically wherever it runs).
+/// Evaluation settings every worker of a run must share, so each chunk is
+/// evaluated identically wherever it runs (the context size is the corpus's).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobOptions {
-    /// Context size (the corpus's chunk size).
-    pub n_ctx: u32,
-    /// Logical batch size.
-    pub n_batch: u32,
-    /// Physical batch size.
+    /// Tokens per micro-batch.
     pub n_ubatch: u32,
     /// Trace every n-th chunk (0: no trace).
     pub trace_every: u32,
@@ -104,6 +100,17 @@ pub struct JobOptions {
     pub f32_kv: bool,
     /// Flash attention.
     pub flash_attn: bool,
+}
+
+/// What a worker is doing, sent with every poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerState {
+    /// Loading the model: a heartbeat only.
+    Loading,
+    /// Ready: asks for a lease.
+    Idle,
+    /// Measuring a lease: a heartbeat only.
+    Busy(LeaseId),
 }
 
 /// A lease: chunks to measure before a deadline.
@@ -153,12 +160,12 @@ pub enum ToCoordinator {
         #[serde(with = "serde_bytes")]
         mac: Vec<u8>,
     },
-    /// Asks for work when idle; a heartbeat while a lease runs.
+    /// Asks for work when idle; a heartbeat otherwise.
     Poll {
         /// [`PROTOCOL_VERSION`], checked on every heartbeat.
         protocol_version: u32,
-        /// The lease being measured, if any.
-        busy: Option<LeaseId>,
+        /// What the worker is doing.
+        state: WorkerState,
     },
     /// A lease is finished.
     Done {
@@ -359,14 +366,15 @@ pub fn parse_pin(pin: &str) -> Option<String> {
     (hexits.len() == 64 && hexits.chars().all(|c| c.is_ascii_hexdigit())).then_some(hexits)
 }
 
-/// Object name of the partial of a chunk range under the run.
+/// Object name of the partial of a chunk range under the run (the same
+/// name `worker collect` uses).
 pub fn partial_name(range: ChunkRange) -> String {
-    format!("partials/chunks-{:010}-{:010}.bin", range.start, range.end)
+    format!("partials/part-{:08}-{:08}.bin", range.start, range.end)
 }
 
 /// Inverse of [`partial_name`]; `None` for other objects.
 pub fn parse_partial_name(name: &str) -> Option<ChunkRange> {
-    let rest = name.strip_prefix("partials/chunks-")?.strip_suffix(".bin")?;
+    let rest = name.strip_prefix("partials/part-")?.strip_suffix(".bin")?;
     let (a, b) = rest.split_once('-')?;
     let range = ChunkRange {
         start: a.parse().ok()?,

@@ -1,0 +1,33 @@
+//! The coordinator's QUIC side: TLS identity ([`tls`]), the accept loop and
+//! one task per worker connection ([`server`]), and the state those tasks
+//! share ([`hub`]): the scheduler, the join secret and the job.
+
+pub mod hub;
+pub mod server;
+pub mod tls;
+
+use std::path::PathBuf;
+
+/// Errors of the network layer.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// Certificate or TLS configuration.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// A file (CA, key, secret) could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The UDP endpoint could not be opened.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}

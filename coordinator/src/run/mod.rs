@@ -1,0 +1,501 @@
+//! `coordinator run`: corpus preparation, leases to workers over QUIC, exact
+//! merge, artifacts, then the checks and scoring.
+//!
+//! - [`settings`]: the `[run]`, `[cluster]` and `[storage]` config sections.
+//! - [`resume`]: partials already stored are reused, not recomputed.
+//! - [`local`]: `--local-workers N` worker processes.
+//! - [`progress`]: the progress bar.
+//! - [`execute`] is the collection itself, given a prepared corpus; the
+//!   command wraps it with corpus preparation and the later stages.
+
+pub mod local;
+pub mod progress;
+pub mod resume;
+pub mod settings;
+
+use crate::config::Config;
+use crate::net::hub::{partial_tokens, Hub, WorkerInfo};
+use crate::net::server::{Server, ServerOptions};
+use crate::net::tls::{create_ca, server_names, Identity};
+use crate::net::NetError;
+use crate::sched::{plan, SchedConfig, Scheduler};
+use clap::Args;
+use common::artifacts::{names, write_results};
+use common::corpus::{CorpusIndex, INDEX_FILE};
+use common::partial::Partial;
+use common::store::{RunStore, StoreError};
+use common::wire::{partial_name, random_bytes, JobInfo, JobOptions};
+use local::{LocalWorkers, SECRET_ENV};
+use settings::{ClusterSettings, RunSettings};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Errors of a run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Settings, secret or worker binary unusable.
+    #[error("{0}")]
+    Setup(String),
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// TLS or endpoint.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// Partials that do not combine.
+    #[error("merging {what}: {source}")]
+    Merge {
+        /// The partial being merged.
+        what: String,
+        /// Why.
+        source: common::stats::MergeError,
+    },
+    /// The scheduler gave up (a lease failed too often).
+    #[error(transparent)]
+    Sched(#[from] crate::sched::SchedError),
+    /// Artifacts could not be written.
+    #[error(transparent)]
+    Artifacts(#[from] common::artifacts::ArtifactError),
+    /// Every local worker exited before the work was done.
+    #[error("all {0} local workers exited before the run finished (see their messages above)")]
+    WorkersGone(u32),
+}
+
+/// Arguments of `coordinator run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The run config (TOML).
+    pub config: PathBuf,
+    /// Start this many local worker processes (loopback QUIC).
+    #[arg(long, default_value_t = 0)]
+    pub local_workers: u32,
+    /// Run location (path or URL); overrides `[run] out`.
+    #[arg(long)]
+    pub out: Option<String>,
+    /// Model file; overrides `[model] path`.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Address to listen on; overrides `[cluster] listen`.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Write `{addr, pin, server_name}` here once listening; overrides `[cluster] connect_file`.
+    #[arg(long)]
+    pub connect_file: Option<PathBuf>,
+}
+
+/// Arguments of `coordinator ca`.
+#[derive(Args, Debug)]
+pub struct CaArgs {
+    /// Directory that receives `ca.pem` (give it to workers) and `ca.key` (keep it secret).
+    pub dir: PathBuf,
+}
+
+/// Everything [`execute`] needs: a run whose corpus is prepared.
+#[derive(Clone, Debug)]
+pub struct RunSetup {
+    /// The run location.
+    pub store: RunStore,
+    /// The corpus index under `corpus/`.
+    pub index: CorpusIndex,
+    /// SHA-256 of the model.
+    pub model_sha256: String,
+    /// Model path sent to workers.
+    pub model_path: PathBuf,
+    /// `[run]`.
+    pub run: RunSettings,
+    /// `[cluster]`.
+    pub cluster: ClusterSettings,
+}
+
+/// Where workers connect, handed to the caller once the server listens.
+#[derive(Clone, Debug)]
+pub struct Listening {
+    /// Bound address.
+    pub addr: SocketAddr,
+    /// SHA-256 of the coordinator's certificate.
+    pub pin: String,
+    /// The join secret.
+    pub secret: Vec<u8>,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunSummary {
+    /// Units in the lease plan.
+    pub units: usize,
+    /// Units reused from stored partials.
+    pub resumed: usize,
+    /// Units computed by this process.
+    pub computed: usize,
+    /// Leases retried (expired, failed or lost with their worker).
+    pub retries: usize,
+    /// Duplicate or late results dropped.
+    pub duplicates: usize,
+    /// Per-worker figures.
+    pub workers: Vec<WorkerInfo>,
+    /// Fit tokens in the merged result.
+    pub fit_tokens: u64,
+}
+
+fn secret(cluster: &ClusterSettings) -> Result<(Vec<u8>, bool), RunError> {
+    if let Some(path) = &cluster.secret_file {
+        let bytes = std::fs::read(path).map_err(|source| NetError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        return Ok((bytes.trim_ascii().to_vec(), true));
+    }
+    if let Ok(s) = std::env::var(SECRET_ENV) {
+        return Ok((s.into_bytes(), true));
+    }
+    Ok((hex::encode(random_bytes(32)).into_bytes(), false))
+}
+
+/// Collects every unit of the lease plan not already stored, merges
+/// exactly, writes the merged partial and the artifacts. `on_listen` is
+/// called once the server accepts workers (to start local ones); it is not
+/// called when everything was already stored.
+pub async fn execute<F>(setup: &RunSetup, on_listen: F) -> Result<RunSummary, RunError>
+where
+    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
+{
+    let store = &setup.store;
+    let units = plan(setup.index.n_chunks, setup.run.lease_chunks);
+    let corpus_sha = setup.index.chunks_sha256.clone();
+    let resumed = resume::load(store, &units, &setup.model_sha256, &corpus_sha).await?;
+    for (name, why) in &resumed.skipped {
+        tracing::warn!("stored partial {name} not reused: {why}");
+    }
+    let mut summary = RunSummary {
+        units: units.len(),
+        resumed: resumed.done.len(),
+        ..RunSummary::default()
+    };
+    let mut merged = resumed.merged;
+    if resumed.done.len() < units.len() {
+        let (more, stats) = collect(setup, units, &resumed.done, merged.as_ref(), on_listen).await?;
+        if let Some(p) = more {
+            match &mut merged {
+                None => merged = Some(p),
+                Some(m) => m.merge(&p).map_err(|source| RunError::Merge {
+                    what: "a lease's partial".into(),
+                    source,
+                })?,
+            }
+        }
+        summary.computed = stats.accepted;
+        summary.retries = stats.retries;
+        summary.duplicates = stats.duplicates;
+        summary.workers = stats.workers;
+    }
+    let merged = merged.ok_or_else(|| RunError::Setup("the corpus has no chunks".into()))?;
+    store.put(names::MERGED_PARTIAL, merged.to_bytes()).await?;
+    let saliency = write_results(store, &merged).await?;
+    summary.fit_tokens = saliency.split(common::Split::Fit).map_or(0, |s| s.n_tokens);
+    Ok(summary)
+}
+
+struct CollectStats {
+    accepted: usize,
+    retries: usize,
+    duplicates: usize,
+    workers: Vec<WorkerInfo>,
+}
+
+/// Serves leases until every unit is done; returns the merge of the accepted
+/// partials. Each is stored under `partials/` as it arrives and merged into a
+/// running total, so memory holds one result at a time.
+async fn collect<F>(
+    setup: &RunSetup,
+    units: Vec<common::ChunkRange>,
+    done: &BTreeMap<common::ChunkRange, String>,
+    resumed: Option<&Partial>,
+    on_listen: F,
+) -> Result<(Option<Partial>, CollectStats), RunError>
+where
+    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
+{
+    let (run, cluster, store) = (&setup.run, &setup.cluster, &setup.store);
+    let heartbeat_timeout = Duration::from_secs(run.heartbeat_timeout_s.max(1));
+    let sched = Scheduler::new(
+        SchedConfig {
+            lease_timeout: Duration::from_secs(run.lease_timeout_s.max(1)),
+            heartbeat_timeout,
+            max_attempts: run.max_attempts.max(1),
+            idle_poll: Duration::from_millis(200),
+        },
+        units,
+        done,
+    );
+    let max_frame = cluster.max_frame_mib.clamp(1, 1024) << 20;
+    let job = JobInfo {
+        run_url: store.url().to_string(),
+        corpus_url: store.url_of("corpus"),
+        model_sha256: setup.model_sha256.clone(),
+        model_path: setup.model_path.display().to_string(),
+        options: JobOptions {
+            n_ubatch: run.n_ubatch,
+            trace_every: run.trace_every,
+            trace_top_n: run.trace_top_n,
+            f32_kv: run.f32_kv,
+            flash_attn: run.flash_attn,
+        },
+        max_inline_bytes: u64::from(max_frame - (1 << 16)),
+        heartbeat_ms: (heartbeat_timeout / 4).as_millis() as u64,
+    };
+    let (secret, shared) = secret(cluster)?;
+    if !shared {
+        tracing::info!("no join secret configured: only local workers can join");
+    }
+    let (hub, mut deliveries) = Hub::new(sched, secret.clone(), job, setup.index.chunks_sha256.clone(), store.clone());
+    let hub = Arc::new(hub);
+    let names = server_names(&cluster.server_names);
+    let identity = match &cluster.ca_dir {
+        Some(dir) => Identity::from_ca(dir, &names)?,
+        None => Identity::self_signed(&names)?,
+    };
+    let listen: SocketAddr = cluster
+        .listen
+        .parse()
+        .map_err(|e| RunError::Setup(format!("[cluster] listen {:?}: {e}", cluster.listen)))?;
+    let server = Server::spawn(
+        &identity,
+        ServerOptions {
+            listen,
+            max_connections: cluster.max_connections.max(1),
+            max_frame,
+            handshake_timeout: Duration::from_secs(10),
+            heartbeat_timeout,
+        },
+        hub.clone(),
+    )?;
+    let listening = Listening {
+        addr: server.addr(),
+        pin: identity.fingerprint(),
+        secret,
+    };
+    tracing::info!(addr = %listening.addr, pin = %listening.pin, "coordinator listening");
+    if let Some(path) = &cluster.connect_file {
+        let info = serde_json::json!({ "addr": listening.addr.to_string(), "pin": listening.pin, "server_name": names[0] });
+        std::fs::write(path, serde_json::to_vec_pretty(&info).unwrap_or_default()).map_err(|source| NetError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    let mut children = on_listen(&listening)?;
+    let n_local = children.len() as u32;
+    let resumed_tokens = resumed.map_or(0, partial_tokens);
+    let bar = progress::Progress::new(setup.index.n_tokens, resumed_tokens);
+    let mut running: Option<Partial> = None;
+    let mut merged_units = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let outcome = loop {
+        tokio::select! {
+            d = deliveries.recv() => {
+                let Some(d) = d else { break Err(RunError::Setup("the delivery channel closed".into())) };
+                if let Some(bytes) = &d.inline {
+                    store.put(&partial_name(d.range), bytes.clone()).await?;
+                }
+                bar.advance(partial_tokens(&d.partial), &hub.workers());
+                tracing::info!(worker = %d.worker, range = %d.range, "lease merged");
+                match &mut running {
+                    None => running = Some(d.partial),
+                    Some(m) => m.merge(&d.partial).map_err(|source| RunError::Merge { what: partial_name(d.range), source })?,
+                }
+                merged_units += 1;
+            }
+            _ = tick.tick() => {
+                let now = hub.now();
+                let events = hub.sched().tick(now);
+                for e in events {
+                    tracing::warn!("{e:?}; the chunks go back to the queue");
+                }
+                if let Some(e) = hub.sched().failure().cloned() {
+                    break Err(e.into());
+                }
+                let p = hub.sched().progress();
+                if p.done == p.units && p.accepted == merged_units {
+                    break Ok(());
+                }
+                if n_local > 0 && all_exited(&mut children) && hub.workers().values().all(|w| !w.connected) {
+                    break Err(RunError::WorkersGone(n_local));
+                }
+            }
+        }
+    };
+    bar.finish();
+    server.shutdown().await;
+    stop_children(&mut children).await;
+    outcome?;
+    let p = hub.sched().progress();
+    Ok((
+        running,
+        CollectStats {
+            accepted: p.accepted,
+            retries: p.retries,
+            duplicates: p.duplicates,
+            workers: hub.workers().into_values().collect(),
+        },
+    ))
+}
+
+fn all_exited(children: &mut [tokio::process::Child]) -> bool {
+    children.iter_mut().all(|c| matches!(c.try_wait(), Ok(Some(_))))
+}
+
+async fn stop_children(children: &mut [tokio::process::Child]) {
+    for c in children.iter_mut() {
+        if tokio::time::timeout(Duration::from_secs(5), c.wait()).await.is_err() {
+            let _ = c.kill().await;
+        }
+    }
+}
+
+/// Marks the run complete in `manifest.json` (written last), with the
+/// collection figures; other manifest fields are kept as they are.
+pub async fn mark_complete(store: &RunStore, s: &RunSummary) -> Result<(), RunError> {
+    let mut manifest: serde_json::Value = match store.get_opt(crate::corpus::MANIFEST_FILE).await? {
+        Some(b) => serde_json::from_slice(&b).unwrap_or_else(|_| serde_json::json!({})),
+        None => serde_json::json!({}),
+    };
+    let workers: Vec<serde_json::Value> = s
+        .workers
+        .iter()
+        .map(|w| {
+            serde_json::json!({ "name": w.name, "backend": w.backend, "leases": w.leases, "tokens": w.tokens,
+                                "tokens_per_s": progress::throughput(w) })
+        })
+        .collect();
+    manifest["run"] = serde_json::json!({
+        "complete": true,
+        "units": s.units,
+        "leases_resumed": s.resumed,
+        "leases_computed": s.computed,
+        "retries": s.retries,
+        "duplicates_dropped": s.duplicates,
+        "workers": workers,
+    });
+    let bytes = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
+    store.put(crate::corpus::MANIFEST_FILE, bytes).await?;
+    Ok(())
+}
+
+/// Reads `corpus/index.json` of a run.
+pub async fn read_index(store: &RunStore) -> Result<CorpusIndex, RunError> {
+    let corpus = store.child("corpus");
+    let bytes = corpus.get(INDEX_FILE).await?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| RunError::Setup(format!("{} is not a corpus index: {e}", corpus.url_of(INDEX_FILE))))
+}
+
+/// Entry point of `coordinator ca`.
+pub fn ca(args: CaArgs) -> anyhow::Result<ExitCode> {
+    let cert = create_ca(&args.dir)?;
+    println!(
+        "cluster CA written: {} (give it to workers: `worker join --ca {}`) and {} (keep it secret; set [cluster] ca_dir = {:?})",
+        cert.display(),
+        cert.display(),
+        args.dir.join(crate::net::tls::CA_KEY_FILE).display(),
+        args.dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Entry point of `coordinator run`.
+pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let mut config = Config::load(&args.config)?;
+    if let Some(m) = &args.model {
+        config.model.path = std::path::absolute(m).context("--model")?;
+    }
+    if let Some(l) = &args.listen {
+        config.cluster.listen = l.clone();
+    }
+    if let Some(f) = &args.connect_file {
+        config.cluster.connect_file = Some(f.clone());
+    }
+    for (k, v) in config.storage.env() {
+        // Set before the runtime starts any thread.
+        std::env::set_var(k, v);
+    }
+    let out = args
+        .out
+        .clone()
+        .or_else(|| config.run.out.clone())
+        .unwrap_or_else(|| crate::corpus::default_out(&args.config));
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let store = RunStore::open(&out)?;
+        let outcome = crate::corpus::prepare_run(&config, &store, false).await?;
+        if !outcome.reused {
+            print!("{}", crate::corpus::summary(&outcome.manifest));
+        }
+        let index = read_index(&store).await?;
+        let model_path = std::path::absolute(config.model_path()).context("model path")?;
+        let setup = RunSetup {
+            store: store.clone(),
+            index,
+            model_sha256: outcome.manifest.model_sha256.clone(),
+            model_path: model_path.clone(),
+            run: config.run.clone(),
+            cluster: config.cluster.clone(),
+        };
+        let local = if args.local_workers > 0 {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+            Some(LocalWorkers {
+                binary: local::worker_binary()?,
+                count: args.local_workers,
+                model: model_path,
+                threads: config.run.local_worker_threads.unwrap_or((cores / args.local_workers).max(1)),
+                env: config.storage.env(),
+            })
+        } else {
+            None
+        };
+        let summary = execute(&setup, |l| match &local {
+            Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
+            None => {
+                println!("waiting for workers: worker join --coordinator {} --pin {}", l.addr, l.pin);
+                Ok(Vec::new())
+            }
+        })
+        .await?;
+        print_summary(&store, &summary);
+        let mut ok = true;
+        let report = crate::verify::verify(&store).await?;
+        print!("{report}");
+        ok &= report.ok();
+        let scored = crate::score::score(&store, &crate::score::ScoreOptions::default()).await?;
+        println!("scored {} methods at K = {:?}: keep maps under keep_maps/", scored.methods.len(), scored.ks);
+        mark_complete(&store, &summary).await?;
+        println!("run complete: {}", store.url());
+        Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    })
+}
+
+fn print_summary(store: &RunStore, s: &RunSummary) {
+    println!(
+        "collected {} leases ({} reused from {}/partials, {} computed, {} retried, {} duplicates dropped); {} fit tokens",
+        s.units,
+        s.resumed,
+        store.url(),
+        s.computed,
+        s.retries,
+        s.duplicates,
+        s.fit_tokens
+    );
+    for w in &s.workers {
+        println!(
+            "  {} ({}): {} leases, {} tokens, {:.0} tokens/s",
+            w.name,
+            w.backend,
+            w.leases,
+            w.tokens,
+            progress::throughput(w)
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! The coordinator and workers over loopback QUIC with the deterministic
+//! fake engine: exact merge whatever the worker count, resume, lease expiry,
+//! and the security checks (secret, pin, garbage and oversized frames).
+
+use common::artifacts::names;
+use common::corpus::CorpusIndex;
+use common::store::RunStore;
+use coordinator::run::settings::{ClusterSettings, RunSettings};
+use coordinator::run::{execute, Listening, RunSetup, RunSummary};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use worker::join::fake::FakeEngine;
+use worker::join::tls::{client_config, Trust};
+use worker::join::{join, ClientOptions, JoinError, JoinSummary};
+
+const MODEL: &str = "fake-model-sha";
+
+fn setup(dir: &Path, n_chunks: u32) -> RunSetup {
+    let index: CorpusIndex = fixtures::write_corpus(dir, &fixtures::chunks(n_chunks, 32), 32);
+    RunSetup {
+        store: RunStore::open(dir.to_str().unwrap()).unwrap(),
+        index,
+        model_sha256: MODEL.into(),
+        model_path: "unused.gguf".into(),
+        run: RunSettings {
+            lease_chunks: 3,
+            heartbeat_timeout_s: 2,
+            lease_timeout_s: 30,
+            ..RunSettings::default()
+        },
+        cluster: ClusterSettings::default(),
+    }
+}
+
+fn client(l: &Listening, name: &str) -> ClientOptions {
+    ClientOptions {
+        addr: l.addr,
+        server_name: "localhost".into(),
+        trust: Trust::Pin(l.pin.clone()),
+        secret: l.secret.clone(),
+        name: name.into(),
+    }
+}
+
+type Workers = Vec<JoinHandle<Result<JoinSummary, JoinError>>>;
+
+/// Runs `execute` with workers made by `make` once the server listens.
+async fn run_with(setup: &RunSetup, make: impl FnOnce(&Listening) -> Workers) -> (RunSummary, Workers) {
+    let mut handles = Vec::new();
+    let summary = tokio::time::timeout(
+        Duration::from_secs(60),
+        execute(setup, |l| {
+            handles = make(l);
+            Ok(Vec::new())
+        }),
+    )
+    .await
+    .expect("the run finishes in time")
+    .expect("the run succeeds");
+    (summary, handles)
+}
+
+fn fake_workers(l: &Listening, n: usize) -> Workers {
+    (0..n)
+        .map(|i| {
+            let opts = client(l, &format!("fake-{i}"));
+            let mut engine = FakeEngine::new(MODEL);
+            engine.delay_per_chunk = Duration::from_millis(5);
+            tokio::spawn(async move { join(&opts, engine).await })
+        })
+        .collect()
+}
+
+async fn artifacts(store: &RunStore) -> Vec<u8> {
+    let mut all = Vec::new();
+    for name in [names::SALIENCY_JSON, names::SALIENCY_PARQUET, names::IMATRIX_GGUF] {
+        all.extend_from_slice(&store.get(name).await.unwrap());
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_and_three_fake_workers_give_byte_identical_artifacts() {
+    let (d1, d3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (s1, s3) = (setup(d1.path(), 10), setup(d3.path(), 10));
+    let (sum1, _) = run_with(&s1, |l| fake_workers(l, 1)).await;
+    let (sum3, w3) = run_with(&s3, |l| fake_workers(l, 3)).await;
+    assert_eq!((sum1.units, sum1.computed, sum1.resumed), (4, 4, 0));
+    assert_eq!((sum3.units, sum3.computed), (4, 4));
+    assert_eq!(artifacts(&s1.store).await, artifacts(&s3.store).await);
+    let chunks: u64 = futures_join(w3).await.iter().map(|r| r.as_ref().unwrap().chunks).sum();
+    assert_eq!(chunks, 10, "every chunk measured exactly once");
+    // The reference: the fake engine over all chunks in one call.
+    let all = fixtures::chunks(10, 32);
+    let reference = FakeEngine::new(MODEL).partial(&s1.index, &all).unwrap();
+    let rd = tempfile::tempdir().unwrap();
+    let rs = RunStore::open(rd.path().to_str().unwrap()).unwrap();
+    common::artifacts::write_results(&rs, &reference).await.unwrap();
+    assert_eq!(artifacts(&rs).await, artifacts(&s1.store).await);
+}
+
+async fn futures_join(hs: Workers) -> Vec<Result<JoinSummary, JoinError>> {
+    let mut out = Vec::new();
+    for h in hs {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_reuses_stored_partials_and_recomputes_only_the_missing() {
+    let d = tempfile::tempdir().unwrap();
+    let s = setup(d.path(), 10);
+    run_with(&s, |l| fake_workers(l, 2)).await;
+    let before = artifacts(&s.store).await;
+    s.store.delete("partials/part-00000003-00000006.bin").await.unwrap();
+    let (again, _) = run_with(&s, |l| fake_workers(l, 2)).await;
+    assert_eq!((again.resumed, again.computed), (3, 1));
+    assert_eq!(artifacts(&s.store).await, before);
+    // Everything stored: nothing to compute, no server started.
+    let (third, _) = run_with(&s, |_| panic!("no workers needed")).await;
+    assert_eq!((third.resumed, third.computed), (4, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_secret_is_refused_and_receives_no_lease() {
+    let d = tempfile::tempdir().unwrap();
+    let s = setup(d.path(), 4);
+    let (summary, handles) = run_with(&s, |l| {
+        let mut bad = client(l, "intruder");
+        bad.secret = b"not the secret".to_vec();
+        let intruder = tokio::spawn(async move { join(&bad, FakeEngine::new(MODEL)).await });
+        let mut hs = vec![intruder];
+        hs.extend(fake_workers(l, 1));
+        hs
+    })
+    .await;
+    let results = futures_join(handles).await;
+    match &results[0] {
+        Err(JoinError::Refused(common::wire::Refusal::BadProof)) => {}
+        other => panic!("the intruder was not refused: {other:?}"),
+    }
+    assert!(summary.workers.iter().all(|w| w.name != "intruder"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinator_certificate_not_matching_the_pin_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let s = setup(d.path(), 4);
+    let (_, handles) = run_with(&s, |l| {
+        let mut wrong = client(l, "pinned-elsewhere");
+        wrong.trust = Trust::Pin("00".repeat(32));
+        let w = tokio::spawn(async move { join(&wrong, FakeEngine::new(MODEL)).await });
+        let mut hs = vec![w];
+        hs.extend(fake_workers(l, 1));
+        hs
+    })
+    .await;
+    let results = futures_join(handles).await;
+    match &results[0] {
+        Err(JoinError::Connect { reason, .. }) => assert!(reason.contains("does not match the pinned"), "{reason}"),
+        other => panic!("the worker accepted a certificate it had not pinned: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_with_another_model_refuses_the_job() {
+    let d = tempfile::tempdir().unwrap();
+    let s = setup(d.path(), 4);
+    let (summary, handles) = run_with(&s, |l| {
+        let other = client(l, "other-model");
+        let w = tokio::spawn(async move { join(&other, FakeEngine::new("another-model")).await });
+        let mut hs = vec![w];
+        hs.extend(fake_workers(l, 1));
+        hs
+    })
+    .await;
+    let results = futures_join(handles).await;
+    assert!(matches!(results[0], Err(JoinError::ModelMismatch { .. })), "{:?}", results[0]);
+    assert_eq!(summary.workers.iter().find(|w| w.name == "other-model").map(|w| w.leases), Some(0));
+}
+
+/// Opens a pinned QUIC connection and one stream, then sends raw bytes.
+async fn raw_stream(addr: SocketAddr, pin: &str, bytes: &[u8]) -> String {
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(client_config(&Trust::Pin(pin.into())).unwrap());
+    let conn = ep.connect(addr, "localhost").unwrap().await.unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    let _ = send.write_all(bytes).await;
+    let _ = send.finish();
+    let reason = tokio::time::timeout(Duration::from_secs(10), conn.closed())
+        .await
+        .expect("the coordinator closes a connection that sends garbage");
+    reason.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_oversized_frames_close_only_their_connection() {
+    let d = tempfile::tempdir().unwrap();
+    let s = setup(d.path(), 6);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (summary, handles) = run_with(&s, |l| {
+        let (addr, pin) = (l.addr, l.pin.clone());
+        let workers = fake_workers(l, 1);
+        // Keep the worker slow enough that the attacks land mid-run.
+        let attacks = tokio::spawn(async move {
+            let garbage = raw_stream(addr, &pin, &[0, 0, 0, 9, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5]).await;
+            let oversized = raw_stream(addr, &pin, &[0xff, 0xff, 0xff, 0xff, 0]).await;
+            let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            udp.send_to(&[0x42; 1200], addr).unwrap();
+            let _ = tx.send((garbage, oversized));
+            Ok(JoinSummary::default())
+        });
+        let mut hs = vec![attacks];
+        hs.extend(workers);
+        hs
+    })
+    .await;
+    let (garbage, oversized) = rx.await.unwrap();
+    assert!(garbage.contains("malformed"), "{garbage}");
+    assert!(oversized.contains("exceeds the limit"), "{oversized}");
+    assert_eq!(summary.computed, 2);
+    for r in futures_join(handles).await {
+        r.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackhole_worker_lease_expires_and_another_worker_finishes_it() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = setup(d.path(), 6);
+    s.run.lease_timeout_s = 1;
+    let (summary, handles) = run_with(&s, |l| {
+        let hole = client(l, "blackhole");
+        let mut engine = FakeEngine::new(MODEL);
+        engine.hang = true;
+        let h = tokio::spawn(async move { join(&hole, engine).await });
+        let good = client(l, "good");
+        let g = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            join(&good, FakeEngine::new(MODEL)).await
+        });
+        vec![h, g]
+    })
+    .await;
+    assert!(summary.retries >= 1, "{summary:?}");
+    assert_eq!(summary.computed, 2);
+    let good = summary.workers.iter().find(|w| w.name == "good").unwrap();
+    assert_eq!(good.leases, 2);
+    handles[0].abort();
+}

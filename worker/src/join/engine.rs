@@ -1,0 +1,158 @@
+//! The measuring engine behind `worker join`, on a thread of its own (a
+//! llama.cpp context need not be `Send`): [`Engine`] is what the join loop
+//! needs from it, [`CollectorLoader`] the real one over [`Collector`].
+
+use crate::collect::{CollectOptions, Collector};
+use common::corpus::{Chunk, CorpusIndex};
+use common::partial::Partial;
+use common::trace::TraceRow;
+use common::wire::JobInfo;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Measures chunks of a corpus.
+pub trait Engine {
+    /// SHA-256 of the model file the engine measures.
+    fn model_sha256(&self) -> String;
+    /// Experts per token (k) and router top-N of trace rows.
+    fn trace_shape(&self) -> (usize, usize);
+    /// Measures the chunks; the partial and the trace rows of traced chunks.
+    fn measure(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<(Partial, Vec<TraceRow>), String>;
+}
+
+/// Creates an engine once the job is known (on the engine's thread).
+pub trait EngineLoader: Send + 'static {
+    /// The engine it makes.
+    type Engine: Engine;
+    /// Compute backend, announced in `Hello` before any job data.
+    fn backend(&self) -> String;
+    /// Loads the model for `job`.
+    fn load(self, job: &JobInfo) -> Result<Self::Engine, String>;
+}
+
+/// The real engine: llama.cpp through [`Collector`].
+#[derive(Clone, Debug)]
+pub struct CollectorLoader {
+    /// Model file; `None` uses the path the coordinator sends.
+    pub model: Option<PathBuf>,
+    /// Layers offloaded to the GPU.
+    pub n_gpu_layers: u32,
+    /// CPU threads (`None`: all cores).
+    pub threads: Option<u32>,
+}
+
+/// [`Collector`] with the trace width of its job.
+pub struct CollectorEngine {
+    collector: Collector,
+    trace_top_n: usize,
+}
+
+impl EngineLoader for CollectorLoader {
+    type Engine = CollectorEngine;
+
+    fn backend(&self) -> String {
+        crate::llama::backend_description()
+    }
+
+    fn load(self, job: &JobInfo) -> Result<CollectorEngine, String> {
+        let o = &job.options;
+        let mut opts = CollectOptions {
+            n_ubatch: o.n_ubatch,
+            n_gpu_layers: self.n_gpu_layers,
+            trace_every: o.trace_every,
+            trace_top_n: o.trace_top_n as usize,
+            f32_kv: o.f32_kv,
+            flash_attn: o.flash_attn,
+            ..CollectOptions::default()
+        };
+        if let Some(t) = self.threads {
+            opts.threads = t;
+        }
+        let model = self.model.unwrap_or_else(|| PathBuf::from(&job.model_path));
+        let collector = Collector::load(&model, opts).map_err(|e| e.to_string())?;
+        Ok(CollectorEngine {
+            collector,
+            trace_top_n: o.trace_top_n as usize,
+        })
+    }
+}
+
+impl Engine for CollectorEngine {
+    fn model_sha256(&self) -> String {
+        self.collector.model_sha256().to_string()
+    }
+
+    fn trace_shape(&self) -> (usize, usize) {
+        let shape = self.collector.shape();
+        (
+            shape.n_expert_used as usize,
+            self.trace_top_n.min(shape.n_expert as usize),
+        )
+    }
+
+    fn measure(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<(Partial, Vec<TraceRow>), String> {
+        self.collector
+            .run(index, chunks, &mut |_, _| {})
+            .map(|c| (c.partial, c.trace))
+            .map_err(|e| e.to_string())
+    }
+}
+
+type Job = (Arc<CorpusIndex>, Vec<Chunk>, oneshot::Sender<Result<(Partial, Vec<TraceRow>), String>>);
+
+/// An engine running on its own thread.
+pub struct EngineThread {
+    jobs: mpsc::Sender<Job>,
+    /// SHA-256 of the engine's model.
+    pub model_sha256: String,
+    /// (k, top-N) of its trace rows.
+    pub trace_shape: (usize, usize),
+}
+
+impl EngineThread {
+    /// Starts the thread and loads the engine for `job` there.
+    pub async fn start<L: EngineLoader>(loader: L, job: &JobInfo) -> Result<EngineThread, String> {
+        let (tx, mut rx) = mpsc::channel::<Job>(1);
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let job = job.clone();
+        std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || {
+                let mut engine = match loader.load(&job) {
+                    Ok(e) => {
+                        let _ = ready_tx.send(Ok((e.model_sha256(), e.trace_shape())));
+                        e
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                while let Some((index, chunks, reply)) = rx.blocking_recv() {
+                    let _ = reply.send(engine.measure(&index, &chunks));
+                }
+            })
+            .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+        let (model_sha256, trace_shape) = ready_rx.await.map_err(|_| "the engine thread died while loading".to_string())??;
+        Ok(EngineThread {
+            jobs: tx,
+            model_sha256,
+            trace_shape,
+        })
+    }
+
+    /// Sends chunks to measure; the receiver yields the result.
+    pub async fn submit(
+        &self,
+        index: Arc<CorpusIndex>,
+        chunks: Vec<Chunk>,
+    ) -> Result<oneshot::Receiver<Result<(Partial, Vec<TraceRow>), String>>, String> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .send((index, chunks, tx))
+            .await
+            .map_err(|_| "the engine thread is gone".to_string())?;
+        Ok(rx)
+    }
+}

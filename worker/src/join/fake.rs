@@ -1,0 +1,151 @@
+//! A deterministic stand-in engine for protocol and scheduling tests: it
+//! derives statistics from the token ids alone (k distinct experts per token,
+//! uniform router probabilities), so any grouping of chunks merges to the
+//! same bytes and every `verify` invariant holds.
+
+use super::engine::{Engine, EngineLoader};
+use common::corpus::{Chunk, CorpusIndex};
+use common::imatrix::{Imatrix, ImatrixEntry};
+use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
+use common::stats::{ExpertAccum, MoeShape};
+use common::trace::TraceRow;
+use common::wire::JobInfo;
+use common::{ChunkRange, ExactSum, Gating};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Settings of the fake engine.
+#[derive(Clone, Debug)]
+pub struct FakeEngine {
+    /// Model hash it claims (a mismatch with the job makes the worker refuse).
+    pub model_sha256: String,
+    /// Sleep per chunk, to keep leases in flight.
+    pub delay_per_chunk: Duration,
+    /// Never return from `measure` (a worker that stops answering).
+    pub hang: bool,
+    /// Routed experts per layer.
+    pub n_expert: u32,
+    /// Experts per token.
+    pub k: u32,
+    /// MoE block indices.
+    pub layers: Vec<u32>,
+}
+
+impl FakeEngine {
+    /// A fake of `n_expert` experts, top-`k`, over `layers`, claiming `model_sha256`.
+    pub fn new(model_sha256: &str) -> FakeEngine {
+        FakeEngine {
+            model_sha256: model_sha256.to_string(),
+            delay_per_chunk: Duration::ZERO,
+            hang: false,
+            n_expert: 8,
+            k: 2,
+            layers: vec![0, 1],
+        }
+    }
+
+    /// The partial of `chunks` (also usable without a worker, as a reference).
+    pub fn partial(&self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<Partial, String> {
+        let shape = MoeShape {
+            n_expert: self.n_expert,
+            n_expert_used: self.k,
+            gating: Gating::Softmax,
+            moe_layers: self.layers.clone(),
+        };
+        let mut experts = ExpertAccum::new(shape);
+        let n_in = 4u32;
+        let mut im = ImatrixEntry::new(n_in, 1);
+        let prob = ExactSum::from_f64(1.0 / f64::from(self.n_expert)).map_err(|e| e.to_string())?;
+        let mut ranges: Vec<ChunkRange> = Vec::new();
+        for chunk in chunks {
+            let labels = chunk.token_labels();
+            for (&tok, (split, dom)) in chunk.tokens.iter().zip(labels) {
+                let domain = index.domains.get(dom as usize).ok_or("span names an unknown domain")?;
+                let group = experts.group_mut(split, domain);
+                group.n_tokens += 1;
+                for (li, layer) in group.layers.iter_mut().enumerate() {
+                    let first = (tok.unsigned_abs() as usize + li * 3) % self.n_expert as usize;
+                    for j in 0..self.k as usize {
+                        let e = (first + j) % self.n_expert as usize;
+                        let g = 1.0 / f64::from(self.k);
+                        let y = 1.0 + f64::from((tok.unsigned_abs() + e as u32) % 7) / 8.0;
+                        layer.count[e] += 1;
+                        add(&mut layer.weight_sum[e], g)?;
+                        add(&mut layer.ean_sum[e], y)?;
+                        add(&mut layer.reap_l2_sum[e], g * y)?;
+                        add(&mut layer.reap_l2_sq_sum[e], (g * y) * (g * y))?;
+                    }
+                    for p in layer.prob_sum.iter_mut() {
+                        p.add(prob).map_err(|e| e.to_string())?;
+                    }
+                }
+                for (c, s) in im.in_sum2.iter_mut().enumerate() {
+                    add(s, f64::from((tok.unsigned_abs() + c as u32) % 5))?;
+                }
+                im.counts[0] += 1;
+            }
+            match ranges.last_mut() {
+                Some(r) if r.end == chunk.id.0 => r.end += 1,
+                _ => ranges.push(ChunkRange {
+                    start: chunk.id.0,
+                    end: chunk.id.0 + 1,
+                }),
+            }
+        }
+        let imatrix = Imatrix {
+            entries: BTreeMap::from([("blk.0.ffn_gate_inp.weight".to_string(), im)]),
+            chunk_count: chunks.len() as u64,
+            chunk_size: index.n_ctx,
+        };
+        Ok(Partial {
+            format_version: PARTIAL_FORMAT_VERSION,
+            model_sha256: self.model_sha256.clone(),
+            corpus_sha256: index.chunks_sha256.clone(),
+            backends: vec!["fake".to_string()],
+            chunks: ranges,
+            experts,
+            imatrix,
+            nonfinite_drops: BTreeMap::new(),
+            trace_tokens: 0,
+            trace_rows: 0,
+            trace_parts: Vec::new(),
+            chunk_stats: Vec::new(),
+        })
+    }
+}
+
+fn add(sum: &mut ExactSum, v: f64) -> Result<(), String> {
+    sum.add_f64(v).map_err(|e| e.to_string())
+}
+
+impl Engine for FakeEngine {
+    fn model_sha256(&self) -> String {
+        self.model_sha256.clone()
+    }
+
+    fn trace_shape(&self) -> (usize, usize) {
+        (self.k as usize, self.n_expert as usize)
+    }
+
+    fn measure(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<(Partial, Vec<TraceRow>), String> {
+        if self.hang {
+            loop {
+                std::thread::park();
+            }
+        }
+        std::thread::sleep(self.delay_per_chunk * chunks.len() as u32);
+        Ok((self.partial(index, chunks)?, Vec::new()))
+    }
+}
+
+impl EngineLoader for FakeEngine {
+    type Engine = FakeEngine;
+
+    fn backend(&self) -> String {
+        "fake".to_string()
+    }
+
+    fn load(self, _job: &JobInfo) -> Result<FakeEngine, String> {
+        Ok(self)
+    }
+}
