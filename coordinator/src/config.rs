@@ -18,6 +18,15 @@ pub struct Config {
     /// `[corpus]`: calibration domains, targets and the held-out split.
     #[serde(default)]
     pub corpus: CorpusConfig,
+    /// `[run]`: leases and evaluation settings.
+    #[serde(default)]
+    pub run: crate::run::settings::RunSettings,
+    /// `[cluster]`: the QUIC endpoint, TLS and join secret.
+    #[serde(default)]
+    pub cluster: crate::run::settings::ClusterSettings,
+    /// `[storage]`: object-store endpoint settings.
+    #[serde(default)]
+    pub storage: crate::run::settings::StorageSettings,
     /// Directory of the config file; relative paths are resolved against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
