@@ -1,0 +1,57 @@
+//! `coordinator replay`: expert-cache replay of routing traces (DESIGN section 7).
+//!
+//! A layer's trace is turned into flat request arrays ([`steps`]): one step
+//! per token (decode-like) or per ubatch (prefill-like, where the union of the
+//! ubatch's experts must be resident), with a keep map applied first
+//! ([`keep`], which also counts forced misses). Each policy ([`policy`])
+//! replays those steps for every capacity: LRU on an intrusive list with a
+//! one-pass miss curve ([`lru`]), the scored policies on a tournament tree of
+//! cache slots ([`scored`], [`tree`]) with lazy EMA scores ([`ema`]) and
+//! Belady's next-use index. [`run`] streams the trace one layer at a time
+//! ([`trace_io`]) across threads and [`report`] writes the results.
+
+pub mod ema;
+pub mod keep;
+pub mod lru;
+pub mod model;
+pub mod policy;
+pub mod report;
+pub mod run;
+pub mod scored;
+pub mod steps;
+pub mod synthetic;
+pub mod trace_io;
+pub mod tree;
+
+#[cfg(test)]
+mod e2e_tests;
+#[cfg(test)]
+mod reference;
+#[cfg(test)]
+mod tests;
+
+pub use policy::{simulate, Policy, PolicyParams};
+pub use report::{ReplayReport, ResultRow};
+pub use run::{replay_run, ReplayArgs};
+pub use scored::Scorer;
+pub use steps::{Steps, TokenReqs};
+
+use serde::Serialize;
+
+/// What one replay of one layer counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Cache requests: distinct experts per step, summed over steps.
+    pub requests: u64,
+    /// Requests whose expert was not resident.
+    pub misses: u64,
+    /// Steps that needed more experts than the capacity.
+    pub overflow_steps: u64,
+}
+
+/// Entry point of `coordinator replay`.
+pub fn main(args: ReplayArgs) -> anyhow::Result<std::process::ExitCode> {
+    let report = replay_run(&args)?;
+    println!("{}", report.markdown);
+    Ok(std::process::ExitCode::SUCCESS)
+}

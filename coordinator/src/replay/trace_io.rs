@@ -1,0 +1,350 @@
+//! Reading trace parts one layer at a time.
+//!
+//! Opening a set of parts reads only each part's footer and `layer` column;
+//! [`TraceSet::read_layer`] then decodes just the row groups that hold that
+//! layer, and only the columns replay needs, into flat arrays. Local runs are
+//! read from the files by range; other stores fetch each part once.
+
+use anyhow::{bail, Context};
+use arrow::array::{Array, FixedSizeListArray, RecordBatch, StringArray, UInt32Array};
+use bytes::Bytes;
+use common::store::RunStore;
+use common::Split;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
+use parquet::file::reader::ChunkReader;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+/// One layer's tokens of one split, in (chunk, position) order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawLayer {
+    /// Selected experts per token.
+    pub k: usize,
+    /// Router top-N width.
+    pub n: usize,
+    /// Chunk of each token.
+    pub chunk: Vec<u32>,
+    /// Selected experts, `k` per token.
+    pub selected: Vec<u16>,
+    /// Router top-N ids, `n` per token, by probability.
+    pub topn: Vec<u16>,
+    /// Router top-N probabilities.
+    pub topn_prob: Vec<f32>,
+}
+
+impl RawLayer {
+    /// Number of tokens.
+    pub fn tokens(&self) -> usize {
+        self.chunk.len()
+    }
+}
+
+enum Source {
+    Local(PathBuf),
+    Memory(Bytes),
+}
+
+struct Part {
+    url: String,
+    source: Source,
+    meta: ArrowReaderMetadata,
+    /// Row groups holding each layer.
+    groups: BTreeMap<u32, Vec<usize>>,
+}
+
+/// The trace parts of one kind (prefill or decode) of a run.
+pub struct TraceSet {
+    parts: Vec<Part>,
+    /// Selected experts per token.
+    pub k: usize,
+    /// Router top-N width.
+    pub n: usize,
+}
+
+const COLUMNS: [&str; 6] = ["split", "chunk", "pos", "selected", "topn_id", "topn_prob"];
+
+impl TraceSet {
+    /// Opens the parts `names` (relative to `store`); `None` if there are none.
+    pub async fn open(store: &RunStore, names: &[String]) -> anyhow::Result<Option<TraceSet>> {
+        let local = url::Url::parse(store.url())
+            .ok()
+            .filter(|u| u.scheme() == "file")
+            .and_then(|u| u.to_file_path().ok());
+        let mut parts = Vec::new();
+        let mut shape: Option<(usize, usize)> = None;
+        for name in names {
+            let url = store.url_of(name);
+            let source = match &local {
+                Some(dir) => Source::Local(dir.join(name)),
+                None => Source::Memory(store.get(name).await?),
+            };
+            let part = match &source {
+                Source::Local(path) => {
+                    let file = std::fs::File::open(path)
+                        .with_context(|| format!("opening trace part {url}"))?;
+                    open_part(file, url.clone(), source)?
+                }
+                Source::Memory(bytes) => open_part(bytes.clone(), url.clone(), source)?,
+            };
+            let this = (
+                list_width(&part.meta, "selected", &url)?,
+                list_width(&part.meta, "topn_id", &url)?,
+            );
+            match shape {
+                Some(s) if s != this => bail!(
+                    "trace part {url} has {} selected and top-{} experts, other parts {} and top-{}",
+                    this.0,
+                    this.1,
+                    s.0,
+                    s.1
+                ),
+                _ => shape = Some(this),
+            }
+            parts.push(part);
+        }
+        Ok(shape.map(|(k, n)| TraceSet { parts, k, n }))
+    }
+
+    /// Every layer any part holds, ascending.
+    pub fn layers(&self) -> Vec<u32> {
+        let set: BTreeSet<u32> = self
+            .parts
+            .iter()
+            .flat_map(|p| p.groups.keys().copied())
+            .collect();
+        set.into_iter().collect()
+    }
+
+    /// Decodes one layer: the fit and held-out tokens, each in (chunk, pos)
+    /// order. Expert ids must be below `n_expert`.
+    pub fn read_layer(&self, layer: u32, n_expert: usize) -> anyhow::Result<[RawLayer; 2]> {
+        let empty = || Decoded {
+            key: Vec::new(),
+            raw: RawLayer {
+                k: self.k,
+                n: self.n,
+                ..RawLayer::default()
+            },
+        };
+        let mut out = [empty(), empty()];
+        for part in &self.parts {
+            let Some(groups) = part.groups.get(&layer) else {
+                continue;
+            };
+            let batches = match &part.source {
+                Source::Local(path) => {
+                    let file = std::fs::File::open(path)
+                        .with_context(|| format!("opening trace part {}", part.url))?;
+                    read_groups(file, part, groups)?
+                }
+                Source::Memory(bytes) => read_groups(bytes.clone(), part, groups)?,
+            };
+            for batch in &batches {
+                append(&mut out, batch, layer, self.k, self.n, n_expert)
+                    .with_context(|| format!("trace part {} layer {layer}", part.url))?;
+            }
+        }
+        Ok(out.map(Decoded::sorted))
+    }
+}
+
+fn list_width(meta: &ArrowReaderMetadata, name: &str, url: &str) -> anyhow::Result<usize> {
+    match meta
+        .schema()
+        .field_with_name(name)
+        .map(|f| f.data_type().clone())
+    {
+        Ok(arrow::datatypes::DataType::FixedSizeList(_, w)) => Ok(w as usize),
+        _ => bail!("trace part {url} has no fixed-size list column {name:?}"),
+    }
+}
+
+fn open_part<T: ChunkReader + TryCloneChunk + 'static>(
+    reader: T,
+    url: String,
+    source: Source,
+) -> anyhow::Result<Part> {
+    let meta = ArrowReaderMetadata::load(&reader, ArrowReaderOptions::default())
+        .with_context(|| format!("reading the footer of trace part {url}"))?;
+    let layer_col = meta
+        .schema()
+        .index_of("layer")
+        .with_context(|| format!("trace part {url} has no layer column"))?;
+    let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for rg in 0..meta.metadata().num_row_groups() {
+        let mask = ProjectionMask::roots(meta.parquet_schema(), [layer_col]);
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            reader.try_clone_chunk()?,
+            meta.clone(),
+        )
+        .with_projection(mask)
+        .with_row_groups(vec![rg])
+        .build()
+        .with_context(|| format!("reading trace part {url}"))?;
+        let mut layers = BTreeSet::new();
+        for batch in reader {
+            let batch = batch.with_context(|| format!("reading trace part {url}"))?;
+            let col = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<UInt32Array>()
+                .with_context(|| format!("trace part {url}: layer column is not u32"))?;
+            layers.extend(col.values().iter().copied());
+        }
+        for l in layers {
+            groups.entry(l).or_default().push(rg);
+        }
+    }
+    Ok(Part {
+        url,
+        source,
+        meta,
+        groups,
+    })
+}
+
+/// Cloning a reader for one more pass: reopening a file, sharing bytes.
+trait TryCloneChunk: Sized {
+    fn try_clone_chunk(&self) -> anyhow::Result<Self>;
+}
+
+impl TryCloneChunk for std::fs::File {
+    fn try_clone_chunk(&self) -> anyhow::Result<Self> {
+        Ok(self.try_clone()?)
+    }
+}
+
+impl TryCloneChunk for Bytes {
+    fn try_clone_chunk(&self) -> anyhow::Result<Self> {
+        Ok(self.clone())
+    }
+}
+
+fn read_groups<T: ChunkReader + 'static>(
+    reader: T,
+    part: &Part,
+    groups: &[usize],
+) -> anyhow::Result<Vec<RecordBatch>> {
+    let schema = part.meta.schema();
+    let idx = COLUMNS
+        .iter()
+        .map(|c| {
+            schema
+                .index_of(c)
+                .with_context(|| format!("trace part {} has no {c:?} column", part.url))
+        })
+        .chain(std::iter::once(schema.index_of("layer").with_context(
+            || format!("trace part {} has no layer column", part.url),
+        )))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mask = ProjectionMask::roots(part.meta.parquet_schema(), idx);
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(reader, part.meta.clone())
+        .with_projection(mask)
+        .with_row_groups(groups.to_vec())
+        .with_batch_size(16 * 1024)
+        .build()
+        .with_context(|| format!("reading trace part {}", part.url))?;
+    reader
+        .map(|b| b.with_context(|| format!("decoding trace part {}", part.url)))
+        .collect()
+}
+
+/// Tokens of one split as decoded, with their sort keys.
+struct Decoded {
+    key: Vec<u64>,
+    raw: RawLayer,
+}
+
+impl Decoded {
+    fn sorted(self) -> RawLayer {
+        let Decoded { key, raw } = self;
+        if key.is_sorted() {
+            return raw;
+        }
+        let mut order: Vec<usize> = (0..key.len()).collect();
+        order.sort_by_key(|&i| key[i]);
+        let (k, n) = (raw.k, raw.n);
+        let mut out = RawLayer {
+            k,
+            n,
+            ..RawLayer::default()
+        };
+        for &i in &order {
+            out.chunk.push(raw.chunk[i]);
+            out.selected
+                .extend_from_slice(&raw.selected[i * k..(i + 1) * k]);
+            out.topn.extend_from_slice(&raw.topn[i * n..(i + 1) * n]);
+            out.topn_prob
+                .extend_from_slice(&raw.topn_prob[i * n..(i + 1) * n]);
+        }
+        out
+    }
+}
+
+fn column<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> anyhow::Result<&'a T> {
+    b.column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<T>())
+        .with_context(|| format!("column {name:?} is missing or has the wrong type"))
+}
+
+/// The flat values of row `i` of a fixed-size list column.
+fn list<'a, T: arrow::datatypes::ArrowPrimitiveType>(
+    b: &'a RecordBatch,
+    name: &str,
+) -> anyhow::Result<(&'a FixedSizeListArray, &'a [T::Native])> {
+    let l: &FixedSizeListArray = column(b, name)?;
+    let values = l
+        .values()
+        .as_any()
+        .downcast_ref::<arrow::array::PrimitiveArray<T>>()
+        .with_context(|| format!("column {name:?} has the wrong item type"))?;
+    Ok((l, values.values()))
+}
+
+fn append(
+    out: &mut [Decoded; 2],
+    b: &RecordBatch,
+    layer: u32,
+    k: usize,
+    n: usize,
+    n_expert: usize,
+) -> anyhow::Result<()> {
+    use arrow::datatypes::{Float32Type, UInt16Type};
+    let split: &StringArray = column(b, "split")?;
+    let chunk: &UInt32Array = column(b, "chunk")?;
+    let pos: &UInt32Array = column(b, "pos")?;
+    let layers: &UInt32Array = column(b, "layer")?;
+    let (sel_list, sel) = list::<UInt16Type>(b, "selected")?;
+    let (top_list, top) = list::<UInt16Type>(b, "topn_id")?;
+    let (_, prob) = list::<Float32Type>(b, "topn_prob")?;
+    for i in 0..b.num_rows() {
+        if layers.value(i) != layer {
+            continue;
+        }
+        let s = match Split::parse(split.value(i)) {
+            Some(Split::Fit) => 0,
+            Some(Split::Heldout) => 1,
+            None => bail!("unknown split {:?}", split.value(i)),
+        };
+        let (so, to) = (sel_list.value_offset_at(i), top_list.value_offset_at(i));
+        let (sel, top, prob) = (&sel[so..so + k], &top[to..to + n], &prob[to..to + n]);
+        if let Some(&bad) = sel.iter().chain(top).find(|&&e| e as usize >= n_expert) {
+            bail!(
+                "chunk {} pos {}: expert id {bad} is not below n_expert = {n_expert}",
+                chunk.value(i),
+                pos.value(i)
+            );
+        }
+        let d = &mut out[s];
+        d.key
+            .push((u64::from(chunk.value(i)) << 32) | u64::from(pos.value(i)));
+        d.raw.chunk.push(chunk.value(i));
+        d.raw.selected.extend_from_slice(sel);
+        d.raw.topn.extend_from_slice(top);
+        d.raw.topn_prob.extend_from_slice(prob);
+    }
+    Ok(())
+}
