@@ -159,7 +159,9 @@ impl Builder<'_> {
     fn router(&mut self, name: &str) {
         let (n_embd, n_expert) = (self.spec.n_embd, self.spec.n_expert);
         let mut rng = Rng::new(self.seed, name);
-        let scale = 4.0 * (3.0 / n_embd as f32).sqrt();
+        // Sigmoid routers saturate at 1.0 in f32 with large logits; keep them moderate.
+        let sharpness = if self.spec.arch == "glm4moe" { 1.0 } else { 4.0 };
+        let scale = sharpness * (3.0 / n_embd as f32).sqrt();
         let mut values = Vec::with_capacity(n_embd * n_expert);
         for e in 0..n_expert {
             let gain = 0.4 + 1.6 * ((e * 7) % n_expert) as f32 / n_expert as f32;
