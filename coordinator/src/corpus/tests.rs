@@ -333,12 +333,15 @@ async fn manifest_absent(store: &RunStore) -> bool {
     read_manifest(store).await.unwrap().is_none()
 }
 
+/// A bad-input case: name, how to break the fixture, config text, expected message.
+type BadCase = (&'static str, Box<dyn Fn(&Path)>, String, &'static str);
+
 #[tokio::test]
 async fn bad_inputs_fail_clearly_and_write_no_manifest() {
     let f = Fixture::new();
     let targets = f.measured_targets("model.gguf", &ByteTokenizer);
     let base = f.config_text("model.gguf", targets);
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>, String, &str)> = vec![
+    let cases: Vec<BadCase> = vec![
         (
             "empty domain",
             Box::new(|d: &Path| std::fs::write(d.join("ja.txt"), "\n\n").unwrap()),

@@ -50,12 +50,16 @@ pub trait Tokenizer: Sync {
     fn info(&self) -> TokenizerInfo;
 }
 
-/// The llama.cpp backend: initialised once per process and shared.
+/// The llama.cpp backend: initialised once per process and shared. llama.cpp's
+/// own log lines go to `tracing` only when `RUST_LOG` is set.
 pub fn backend() -> Result<&'static LlamaBackend, String> {
     static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
     BACKEND
         .get_or_init(|| {
-            llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+            let logs = std::env::var_os("RUST_LOG").is_some();
+            llama_cpp_2::send_logs_to_tracing(
+                llama_cpp_2::LogOptions::default().with_logs_enabled(logs),
+            );
             LlamaBackend::init().map_err(|e| e.to_string())
         })
         .as_ref()

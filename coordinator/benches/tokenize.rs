@@ -1,0 +1,78 @@
+//! Tokenization throughput of the corpus stage: the bundled sample corpus
+//! (English, Japanese, templated chat), repeated to a few MiB, tokenized with
+//! the generated `tiny` model's tokenizer through llama.cpp on 1 and 2
+//! threads. Run with `cargo bench -p coordinator --bench tokenize`; prints
+//! a Markdown table for BENCHMARKS.md.
+
+use coordinator::config::Config;
+use coordinator::corpus::chat::render;
+use coordinator::corpus::source::read_source;
+use coordinator::corpus::tokenizer::{tokenize_all, LlamaTokenizer};
+use std::path::Path;
+use std::time::Instant;
+
+/// Input size to reach by repeating the sample corpus.
+const TARGET_BYTES: usize = 16 << 20;
+
+fn main() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let model = dir.path().join("tiny.gguf");
+    worker::synth::write_model(worker::synth::Preset::Tiny, 0, &model)?;
+    let tokenizer = LlamaTokenizer::load(&model)?;
+
+    let config_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/quickstart.toml");
+    let config = Config::load(&config_path)?;
+    let mut docs: Vec<(String, String, bool)> = Vec::new();
+    for d in &config.corpus.domains {
+        for s in &d.sources {
+            for r in read_source(s, &config.resolve(&s.path), None)?.records {
+                let (text, special) = render(&tokenizer, &r.content).map_err(anyhow::Error::msg)?;
+                docs.push((d.name.clone(), text, special));
+            }
+        }
+    }
+    println!("| input | threads | MiB | tokens | seconds | MB/s | tokens/s |");
+    println!("|---|---|---|---|---|---|---|");
+    let domains: Vec<String> = config
+        .corpus
+        .domains
+        .iter()
+        .map(|d| d.name.clone())
+        .collect();
+    for domain in domains.iter().map(Some).chain([None]) {
+        let one: Vec<(String, bool)> = docs
+            .iter()
+            .filter(|(d, _, _)| domain.is_none_or(|x| x == d))
+            .map(|(_, t, s)| (t.clone(), *s))
+            .collect();
+        let bytes: usize = one.iter().map(|(t, _)| t.len()).sum();
+        let texts: Vec<(String, bool)> = one
+            .iter()
+            .cycle()
+            .take(one.len() * TARGET_BYTES.div_ceil(bytes))
+            .cloned()
+            .collect();
+        let total: usize = texts.iter().map(|(t, _)| t.len()).sum();
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()?;
+            let _ = pool.install(|| tokenize_all(&tokenizer, &texts[..texts.len().min(64)]));
+            let start = Instant::now();
+            let tokens: usize = pool
+                .install(|| tokenize_all(&tokenizer, &texts))
+                .iter()
+                .map(Vec::len)
+                .sum();
+            let secs = start.elapsed().as_secs_f64();
+            println!(
+                "| {} | {threads} | {:.1} | {tokens} | {secs:.3} | {:.2} | {:.0} |",
+                domain.map_or("all domains", String::as_str),
+                total as f64 / (1 << 20) as f64,
+                total as f64 / 1e6 / secs,
+                tokens as f64 / secs
+            );
+        }
+    }
+    Ok(())
+}
