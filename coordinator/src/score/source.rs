@@ -1,0 +1,204 @@
+//! Which statistics a method is scored on: the fit split, one domain, or a
+//! domain-weighted mix, reduced to the three sums every method needs.
+
+use anyhow::{bail, Context};
+use common::saliency::{LayerStats, Saliency};
+use common::Split;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The statistics a keep map is fitted on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Source {
+    /// The fit split, all domains together.
+    Fit,
+    /// One domain of the fit split.
+    Domain {
+        /// Domain name as in `saliency.json`.
+        name: String,
+    },
+    /// Fit-split domains reweighted to the given token shares (normalised to
+    /// sum to 1); each domain's sums are scaled by `share * N / n_domain`.
+    Mix {
+        /// Domain name to weight.
+        weights: BTreeMap<String, f64>,
+    },
+}
+
+/// One MoE layer's sums as floats: the input of every method.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerInput {
+    /// Model block index.
+    pub layer: u32,
+    /// Tokens routed to each expert (scaled, for a mix).
+    pub count: Vec<f64>,
+    /// `sum g * ||y||` per expert.
+    pub reap_l2_sum: Vec<f64>,
+    /// `sum (g * ||y||)^2` per expert.
+    pub reap_l2_sq_sum: Vec<f64>,
+}
+
+impl LayerInput {
+    /// The float view of one layer of `saliency.json`, scaled by `w`.
+    pub fn scaled(l: &LayerStats, w: f64) -> LayerInput {
+        LayerInput {
+            layer: l.layer,
+            count: l.count.iter().map(|&c| c as f64 * w).collect(),
+            reap_l2_sum: l.reap_l2_sum.iter().map(|v| v * w).collect(),
+            reap_l2_sq_sum: l.reap_l2_sq_sum.iter().map(|v| v * w).collect(),
+        }
+    }
+
+    /// Experts in the layer.
+    pub fn n_expert(&self) -> usize {
+        self.count.len()
+    }
+
+    fn add(&mut self, other: &LayerInput) {
+        for (a, b) in [
+            (&mut self.count, &other.count),
+            (&mut self.reap_l2_sum, &other.reap_l2_sum),
+            (&mut self.reap_l2_sq_sum, &other.reap_l2_sq_sum),
+        ] {
+            a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        }
+    }
+}
+
+impl Source {
+    /// Builds a source from `--domain` and `--mix a=0.5,b=0.5` (at most one).
+    pub fn from_flags(domain: Option<&str>, mix: Option<&str>) -> anyhow::Result<Source> {
+        match (domain, mix) {
+            (Some(_), Some(_)) => bail!("--domain and --mix exclude each other"),
+            (Some(d), None) => Ok(Source::Domain {
+                name: d.to_string(),
+            }),
+            (None, Some(m)) => Ok(Source::Mix {
+                weights: parse_mix(m)?,
+            }),
+            (None, None) => Ok(Source::Fit),
+        }
+    }
+
+    /// A short label for tables: `fit`, `domain:code`, `mix:a=0.5,b=0.5`.
+    pub fn label(&self) -> String {
+        match self {
+            Source::Fit => "fit".into(),
+            Source::Domain { name } => format!("domain:{name}"),
+            Source::Mix { weights } => {
+                let parts: Vec<String> = weights.iter().map(|(d, w)| format!("{d}={w}")).collect();
+                format!("mix:{}", parts.join(","))
+            }
+        }
+    }
+
+    /// The per-layer sums this source selects from `s`.
+    pub fn layers(&self, s: &Saliency) -> anyhow::Result<Vec<LayerInput>> {
+        let fit = s
+            .split(Split::Fit)
+            .context("saliency.json has no fit split to score")?;
+        let domain = |name: &str| {
+            fit.domains.get(name).with_context(|| {
+                let known: Vec<&String> = fit.domains.keys().collect();
+                format!("domain {name:?} is not in saliency.json (fit domains: {known:?})")
+            })
+        };
+        match self {
+            Source::Fit => Ok(fit
+                .layers
+                .iter()
+                .map(|l| LayerInput::scaled(l, 1.0))
+                .collect()),
+            Source::Domain { name } => Ok(domain(name)?
+                .layers
+                .iter()
+                .map(|l| LayerInput::scaled(l, 1.0))
+                .collect()),
+            Source::Mix { weights } => {
+                let total: u64 = weights
+                    .keys()
+                    .map(|d| domain(d).map(|x| x.n_tokens))
+                    .sum::<anyhow::Result<u64>>()?;
+                let wsum: f64 = weights.values().sum();
+                let mut out: Option<Vec<LayerInput>> = None;
+                for (name, w) in weights {
+                    let d = domain(name)?;
+                    if d.n_tokens == 0 {
+                        bail!("domain {name:?} has no fit tokens; it cannot be weighted in a mix");
+                    }
+                    let scale = w / wsum * total as f64 / d.n_tokens as f64;
+                    let layers: Vec<LayerInput> = d
+                        .layers
+                        .iter()
+                        .map(|l| LayerInput::scaled(l, scale))
+                        .collect();
+                    match &mut out {
+                        None => out = Some(layers),
+                        Some(acc) => acc.iter_mut().zip(&layers).for_each(|(a, b)| a.add(b)),
+                    }
+                }
+                out.context("--mix names no domain")
+            }
+        }
+    }
+}
+
+/// Parses `a=0.5,b=0.5` into positive finite weights.
+fn parse_mix(s: &str) -> anyhow::Result<BTreeMap<String, f64>> {
+    let mut out = BTreeMap::new();
+    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let (name, w) = part
+            .split_once('=')
+            .with_context(|| format!("--mix entry {part:?} is not DOMAIN=WEIGHT"))?;
+        let w: f64 = w
+            .trim()
+            .parse()
+            .with_context(|| format!("--mix weight {w:?} of {name:?} is not a number"))?;
+        if !(w.is_finite() && w > 0.0) {
+            bail!("--mix weight of {name:?} must be positive and finite, got {w}");
+        }
+        if out.insert(name.trim().to_string(), w).is_some() {
+            bail!("--mix names domain {name:?} twice");
+        }
+    }
+    if out.is_empty() {
+        bail!("--mix {s:?} names no domain");
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::score::testdata::{layer, saliency_with_domains};
+
+    #[test]
+    fn mix_reweights_domains_to_the_requested_shares() {
+        // Domain a: 100 tokens, expert 0 routed 100 times; b: 300 tokens, expert 1.
+        let s = saliency_with_domains(&[
+            ("a", 100, layer(0, &[100, 0], &[10.0, 0.0])),
+            ("b", 300, layer(0, &[0, 300], &[0.0, 30.0])),
+        ]);
+        let mixed = Source::from_flags(None, Some("a=1,b=1"))
+            .unwrap()
+            .layers(&s)
+            .unwrap();
+        // 400 tokens shared 50/50: each domain scaled to 200 tokens.
+        assert_eq!(mixed[0].count, vec![200.0, 200.0]);
+        assert_eq!(mixed[0].reap_l2_sum, vec![20.0, 20.0]);
+        let one = Source::from_flags(Some("b"), None)
+            .unwrap()
+            .layers(&s)
+            .unwrap();
+        assert_eq!(one[0].count, vec![0.0, 300.0]);
+        let err = Source::from_flags(Some("zz"), None)
+            .unwrap()
+            .layers(&s)
+            .unwrap_err();
+        assert!(err.to_string().contains("\"zz\""), "{err}");
+        assert!(
+            parse_mix("a=0").is_err() && parse_mix("a").is_err() && parse_mix("a=1,a=2").is_err()
+        );
+    }
+}

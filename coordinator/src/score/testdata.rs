@@ -1,0 +1,150 @@
+//! Synthetic `saliency.json` documents for tests.
+
+use common::saliency::{DomainStats, LayerStats, Saliency, SplitStats};
+use common::Gating;
+use std::collections::BTreeMap;
+
+/// A layer with consistent statistics: `prob_sum` and `weight_sum` follow
+/// `count`, and `reap_l2_sq_sum = sum^2 / count` (the Cauchy-Schwarz bound).
+pub fn layer(index: u32, count: &[u64], reap: &[f64]) -> LayerStats {
+    LayerStats {
+        layer: index,
+        count: count.to_vec(),
+        prob_sum: count.iter().map(|&c| c as f64).collect(),
+        weight_sum: count.iter().map(|&c| c as f64 * 0.5).collect(),
+        ean_sum: reap.iter().map(|r| r * 2.0).collect(),
+        reap_l2_sum: reap.to_vec(),
+        reap_l2_sq_sum: count
+            .iter()
+            .zip(reap)
+            .map(|(&c, r)| if c > 0 { r * r / c as f64 * 1.5 } else { 0.0 })
+            .collect(),
+    }
+}
+
+/// A one-split saliency whose fit split is the sum of the given domains.
+/// `prob_sum` is rescaled so each layer's probabilities sum to `n_tokens`.
+pub fn saliency_with_domains(domains: &[(&str, u64, LayerStats)]) -> Saliency {
+    let n_expert = domains[0].2.count.len();
+    let n_tokens: u64 = domains.iter().map(|d| d.1).sum();
+    let mut total = LayerStats {
+        layer: domains[0].2.layer,
+        count: vec![0; n_expert],
+        prob_sum: vec![0.0; n_expert],
+        weight_sum: vec![0.0; n_expert],
+        ean_sum: vec![0.0; n_expert],
+        reap_l2_sum: vec![0.0; n_expert],
+        reap_l2_sq_sum: vec![0.0; n_expert],
+    };
+    for (_, _, l) in domains {
+        for e in 0..n_expert {
+            total.count[e] += l.count[e];
+            total.prob_sum[e] += l.prob_sum[e];
+            total.weight_sum[e] += l.weight_sum[e];
+            total.ean_sum[e] += l.ean_sum[e];
+            total.reap_l2_sum[e] += l.reap_l2_sum[e];
+            total.reap_l2_sq_sum[e] += l.reap_l2_sq_sum[e];
+        }
+    }
+    let domains = domains
+        .iter()
+        .map(|(name, n, l)| {
+            (
+                name.to_string(),
+                DomainStats {
+                    n_tokens: *n,
+                    layers: vec![l.clone()],
+                },
+            )
+        })
+        .collect();
+    let mut s = Saliency {
+        n_expert: n_expert as u32,
+        n_expert_used: 1,
+        gating: Gating::Softmax,
+        trace_tokens_written: 0,
+        nonfinite_drops: 0,
+        nonfinite_drops_by_tensor: BTreeMap::new(),
+        n_chunks: 1,
+        splits: BTreeMap::new(),
+    };
+    s.splits.insert(
+        "fit".into(),
+        SplitStats {
+            n_tokens,
+            layers: vec![total],
+            domains,
+        },
+    );
+    s
+}
+
+/// A consistent saliency over the given layers: fit split only, one domain
+/// `all`, `n_tokens = sum(count) / k` and prob sums normalised to it.
+pub fn saliency(k: u32, layers: Vec<LayerStats>) -> Saliency {
+    let n_tokens = layers[0].count.iter().sum::<u64>() / k as u64;
+    let layers: Vec<LayerStats> = layers
+        .into_iter()
+        .map(|mut l| {
+            let total: u64 = l.count.iter().sum();
+            assert_eq!(
+                total,
+                n_tokens * k as u64,
+                "layer {} count sum must be n_tokens * k",
+                l.layer
+            );
+            l.prob_sum = l.count.iter().map(|&c| c as f64 / k as f64).collect();
+            l
+        })
+        .collect();
+    let mut s = saliency_with_domains(&[("all", n_tokens, layers[0].clone())]);
+    s.n_expert_used = k;
+    let fit = s.splits.get_mut("fit").unwrap();
+    fit.layers = layers.clone();
+    fit.domains.get_mut("all").unwrap().layers = layers;
+    s
+}
+
+/// The audit's failure case: 16 experts, top-2. Three heavy hitters with
+/// large means, nine live experts with moderate means, four never routed.
+/// The count-weighted layer mean is above every moderate expert's mean, so
+/// a prior set to it would rank the dead experts above all nine.
+pub fn audit_layer(index: u32) -> LayerStats {
+    let mut count = vec![3000u64, 2500, 2000];
+    let mut reap = vec![3000.0 * 9.0, 2500.0 * 8.0, 2000.0 * 7.0];
+    for i in 0..9u64 {
+        let c = 100 + 50 * i;
+        count.push(c);
+        reap.push(c as f64 * (2.0 + 0.25 * i as f64));
+    }
+    count.extend([0, 0, 0, 0]);
+    reap.extend([0.0; 4]);
+    // Make the count sum a multiple of k = 2.
+    let total: u64 = count.iter().sum();
+    count[0] += total % 2;
+    reap[0] = count[0] as f64 * 9.0;
+    layer(index, &count, &reap)
+}
+
+/// A partial with no statistics, to fill in per test.
+pub fn empty_partial() -> common::partial::Partial {
+    common::partial::Partial {
+        format_version: common::partial::PARTIAL_FORMAT_VERSION,
+        model_sha256: "model".into(),
+        corpus_sha256: "corpus".into(),
+        backends: vec!["cpu".into()],
+        chunks: Vec::new(),
+        experts: common::stats::ExpertAccum::new(common::stats::MoeShape {
+            n_expert: 4,
+            n_expert_used: 1,
+            gating: Gating::Softmax,
+            moe_layers: vec![0],
+        }),
+        imatrix: Default::default(),
+        nonfinite_drops: BTreeMap::new(),
+        trace_tokens: 0,
+        trace_rows: 0,
+        trace_parts: Vec::new(),
+        chunk_stats: Vec::new(),
+    }
+}

@@ -1,0 +1,152 @@
+//! Keep-map invariants: sorted, unique, exactly K per layer, nested across K,
+//! and equal to a fresh recomputation from `saliency.json`.
+
+use super::{names as inv, Check};
+use crate::score::keep::{keep_map, map_recipe};
+use crate::score::rank_all;
+use common::keepmap::KeepMap;
+use common::saliency::Saliency;
+use common::Split;
+use std::collections::BTreeMap;
+
+/// Checks the maps (object name, map) against `s`, whose bytes hash to `sha`.
+pub fn check_keep_maps(s: &Saliency, sha: &str, maps: &[(String, KeepMap)]) -> Vec<Check> {
+    if maps.is_empty() {
+        let none = "no keep maps under keep_maps/".to_string();
+        return vec![
+            Check::info(inv::MAP_SHAPE, none.clone()),
+            Check::info(inv::MAP_NESTED, none.clone()),
+            Check::info(inv::MAP_RECOMPUTE, none),
+        ];
+    }
+    vec![shape(s, maps), nested(maps), recompute(s, sha, maps)]
+}
+
+fn shape(s: &Saliency, maps: &[(String, KeepMap)]) -> Check {
+    let blocks: Vec<String> = s
+        .split(Split::Fit)
+        .map(|f| f.layers.iter().map(|l| l.layer.to_string()).collect())
+        .unwrap_or_default();
+    let mut bad = Vec::new();
+    for (name, m) in maps {
+        let mut have: Vec<&String> = m.layers.keys().collect();
+        let mut want: Vec<&String> = blocks.iter().collect();
+        have.sort();
+        want.sort();
+        if have != want {
+            bad.push(format!(
+                "{name} covers layers {have:?}, saliency.json has {want:?}"
+            ));
+        }
+        for (layer, ids) in &m.layers {
+            if !ids.windows(2).all(|w| w[0] < w[1]) {
+                bad.push(format!(
+                    "{name} layer {layer} is not sorted and unique: {ids:?}"
+                ));
+            } else if ids.len() != m.k as usize {
+                bad.push(format!(
+                    "{name} layer {layer} keeps {} experts, K is {}",
+                    ids.len(),
+                    m.k
+                ));
+            } else if let Some(e) = ids.iter().find(|&&e| e >= s.n_expert) {
+                bad.push(format!(
+                    "{name} layer {layer} keeps expert {e}, n_expert is {}",
+                    s.n_expert
+                ));
+            }
+        }
+    }
+    match bad.first() {
+        Some(first) => Check::fail(
+            inv::MAP_SHAPE,
+            format!("{} problems; first: {first}", bad.len()),
+        ),
+        None => Check::pass(inv::MAP_SHAPE, format!("{} maps", maps.len())),
+    }
+}
+
+fn nested(maps: &[(String, KeepMap)]) -> Check {
+    // Maps of one recipe (method, params, saliency) must nest as K grows.
+    let mut families: BTreeMap<String, Vec<&(String, KeepMap)>> = BTreeMap::new();
+    for entry in maps {
+        let m = &entry.1;
+        families
+            .entry(format!("{}|{}|{}", m.method, m.params, m.saliency_sha256))
+            .or_default()
+            .push(entry);
+    }
+    let mut bad = Vec::new();
+    let mut pairs = 0;
+    for fam in families.values_mut() {
+        fam.sort_by_key(|e| e.1.k);
+        for w in fam.windows(2) {
+            pairs += 1;
+            let ((sn, small), (bn, big)) = (w[0], w[1]);
+            for (layer, ids) in &small.layers {
+                let outer = big.layers.get(layer).map(Vec::as_slice).unwrap_or(&[]);
+                if let Some(e) = ids.iter().find(|e| !outer.contains(e)) {
+                    bad.push(format!(
+                        "{sn} keeps expert {e} of layer {layer}, {bn} does not"
+                    ));
+                }
+            }
+        }
+    }
+    match bad.first() {
+        Some(first) => Check::fail(
+            inv::MAP_NESTED,
+            format!("{} violations; first: {first}", bad.len()),
+        ),
+        None => Check::pass(
+            inv::MAP_NESTED,
+            format!("{pairs} consecutive-K pairs in {} families", families.len()),
+        ),
+    }
+}
+
+fn recompute(s: &Saliency, sha: &str, maps: &[(String, KeepMap)]) -> Check {
+    let mut bad = Vec::new();
+    for (name, m) in maps {
+        if m.saliency_sha256 != sha {
+            bad.push(format!(
+                "{name} cites saliency {}, saliency.json is {sha}",
+                m.saliency_sha256
+            ));
+            continue;
+        }
+        let fresh = map_recipe(m).and_then(|(method, p)| {
+            let ranked = rank_all(s, &[method], &p)?;
+            keep_map(method, m.k, &p, sha, &ranked[0].1)
+        });
+        match fresh {
+            Err(e) => bad.push(format!("{name}: cannot recompute: {e:#}")),
+            Ok(f) => {
+                if let Some((layer, ids)) = m
+                    .layers
+                    .iter()
+                    .find(|(l, ids)| f.layers.get(*l) != Some(ids))
+                {
+                    bad.push(format!(
+                        "{name} layer {layer}: file {ids:?}, fresh {:?}",
+                        f.layers.get(layer)
+                    ));
+                }
+            }
+        }
+    }
+    match bad.first() {
+        Some(first) => Check::fail(
+            inv::MAP_RECOMPUTE,
+            format!(
+                "{} of {} maps differ; first: {first}",
+                bad.len(),
+                maps.len()
+            ),
+        ),
+        None => Check::pass(
+            inv::MAP_RECOMPUTE,
+            format!("{} maps identical to recomputation", maps.len()),
+        ),
+    }
+}

@@ -1,0 +1,267 @@
+//! The statistics invariants of DESIGN section 4, each one [`Check`] with its
+//! worst case.
+
+use super::{names as inv, Check};
+use common::saliency::{LayerStats, Saliency};
+
+/// Relative slack of the Cauchy-Schwarz bound: sums are exact, but each
+/// `(g * ||y||)^2` term was rounded before it was added.
+pub const CAUCHY_SCHWARZ_RTOL: f64 = 1e-6;
+
+/// Relative tolerance of `sum(prob_sum) == n_tokens` under softmax gating.
+pub const PROB_SUM_RTOL: f64 = 1e-6;
+
+/// A statistics group: a split total or one domain of a split.
+struct Group<'a> {
+    name: String,
+    n_tokens: u64,
+    layers: &'a [LayerStats],
+}
+
+fn groups(s: &Saliency) -> Vec<Group<'_>> {
+    let mut out = Vec::new();
+    for (split, st) in &s.splits {
+        out.push(Group {
+            name: split.clone(),
+            n_tokens: st.n_tokens,
+            layers: &st.layers,
+        });
+        for (d, ds) in &st.domains {
+            out.push(Group {
+                name: format!("{split}/{d}"),
+                n_tokens: ds.n_tokens,
+                layers: &ds.layers,
+            });
+        }
+    }
+    out
+}
+
+fn stat_vectors(l: &LayerStats) -> [(&'static str, &[f64]); 5] {
+    [
+        ("prob_sum", &l.prob_sum),
+        ("weight_sum", &l.weight_sum),
+        ("ean_sum", &l.ean_sum),
+        ("reap_l2_sum", &l.reap_l2_sum),
+        ("reap_l2_sq_sum", &l.reap_l2_sq_sum),
+    ]
+}
+
+/// Every statistics check, in DESIGN order; `nonfinite` are JSON paths of
+/// values that were not finite numbers in the file.
+pub fn check_saliency(s: &Saliency, nonfinite: &[String]) -> Vec<Check> {
+    let g = groups(s);
+    vec![
+        shape(s, &g),
+        count_sum(s, &g),
+        prob_sum(s, &g),
+        dead_iff_zero(&g),
+        finite(&g, nonfinite),
+        cauchy_schwarz(&g),
+        drops(s),
+    ]
+}
+
+fn shape(s: &Saliency, groups: &[Group<'_>]) -> Check {
+    let n = s.n_expert as usize;
+    let blocks: Vec<u32> = groups
+        .first()
+        .map(|g| g.layers.iter().map(|l| l.layer).collect())
+        .unwrap_or_default();
+    for g in groups {
+        let these: Vec<u32> = g.layers.iter().map(|l| l.layer).collect();
+        if these != blocks {
+            return Check::fail(
+                inv::SHAPE,
+                format!(
+                    "{} has layers {these:?}, {} has {blocks:?}",
+                    g.name, groups[0].name
+                ),
+            );
+        }
+        for l in g.layers {
+            let lens = std::iter::once(("count", l.count.len()))
+                .chain(stat_vectors(l).map(|(k, v)| (k, v.len())));
+            for (name, len) in lens {
+                if len != n {
+                    return Check::fail(
+                        inv::SHAPE,
+                        format!(
+                            "{} layer {} {name} has {len} values, n_expert is {n}",
+                            g.name, l.layer
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    if groups.is_empty() || blocks.is_empty() {
+        return Check::fail(inv::SHAPE, "saliency.json has no split with layers".into());
+    }
+    Check::pass(
+        inv::SHAPE,
+        format!(
+            "{} groups x {} layers x {n} experts",
+            groups.len(),
+            blocks.len()
+        ),
+    )
+}
+
+fn count_sum(s: &Saliency, groups: &[Group<'_>]) -> Check {
+    let k = s.n_expert_used as i128;
+    let mut worst: Option<(i128, String)> = None;
+    let mut n = 0;
+    for g in groups {
+        for l in g.layers {
+            n += 1;
+            let sum: i128 = l.count.iter().map(|&c| c as i128).sum();
+            let expected = g.n_tokens as i128 * k;
+            let dev = sum - expected;
+            if dev != 0 && worst.as_ref().is_none_or(|w| dev.abs() > w.0.abs()) {
+                worst = Some((
+                    dev,
+                    format!(
+                        "{} layer {}: sum {sum} vs {} x {k} = {expected} ({dev:+})",
+                        g.name, l.layer, g.n_tokens
+                    ),
+                ));
+            }
+        }
+    }
+    match worst {
+        Some((_, what)) => Check::fail(inv::COUNT_SUM, format!("worst {what}")),
+        None => Check::pass(
+            inv::COUNT_SUM,
+            format!("all {n} layer sums exact; worst deviation 0"),
+        ),
+    }
+}
+
+fn prob_sum(s: &Saliency, groups: &[Group<'_>]) -> Check {
+    let mut worst = (0.0f64, String::from("none"));
+    for g in groups {
+        for l in g.layers {
+            let sum: f64 = l.prob_sum.iter().sum();
+            let rel = (sum - g.n_tokens as f64).abs() / (g.n_tokens as f64).max(1.0);
+            if rel > worst.0 || worst.1 == "none" {
+                worst = (
+                    rel,
+                    format!("{} layer {}: {sum} vs {}", g.name, l.layer, g.n_tokens),
+                );
+            }
+        }
+    }
+    let figure = format!(
+        "worst relative deviation {:.3e} at {} (tolerance {PROB_SUM_RTOL:e})",
+        worst.0, worst.1
+    );
+    if !s.gating.probabilities_sum_to_one() {
+        Check::info(
+            inv::PROB_SUM,
+            format!("{:?} gating, not asserted; {figure}", s.gating),
+        )
+    } else if worst.0 > PROB_SUM_RTOL {
+        Check::fail(inv::PROB_SUM, figure)
+    } else {
+        Check::pass(inv::PROB_SUM, figure)
+    }
+}
+
+fn dead_iff_zero(groups: &[Group<'_>]) -> Check {
+    let mut bad = Vec::new();
+    for g in groups {
+        for l in g.layers {
+            for (e, &c) in l.count.iter().enumerate() {
+                if (c == 0) != (l.reap_l2_sum[e] == 0.0) {
+                    bad.push(format!(
+                        "{} layer {} expert {e}: count {c}, reap_l2_sum {}",
+                        g.name, l.layer, l.reap_l2_sum[e]
+                    ));
+                }
+            }
+        }
+    }
+    match bad.first() {
+        Some(first) => Check::fail(
+            inv::DEAD_IFF_ZERO,
+            format!("{} violations; first {first}", bad.len()),
+        ),
+        None => Check::pass(inv::DEAD_IFF_ZERO, "0 violations".into()),
+    }
+}
+
+fn finite(groups: &[Group<'_>], nonfinite: &[String]) -> Check {
+    let mut bad: Vec<String> = nonfinite.to_vec();
+    for g in groups {
+        for l in g.layers {
+            for (name, v) in stat_vectors(l) {
+                if let Some(e) = v.iter().position(|x| !x.is_finite()) {
+                    bad.push(format!("{} layer {} {name}[{e}]", g.name, l.layer));
+                }
+            }
+        }
+    }
+    match bad.first() {
+        Some(first) => Check::fail(
+            inv::FINITE,
+            format!("{} non-finite values; first at {first}", bad.len()),
+        ),
+        None => Check::pass(inv::FINITE, "0 non-finite values".into()),
+    }
+}
+
+fn cauchy_schwarz(groups: &[Group<'_>]) -> Check {
+    let mut worst: Option<(f64, String)> = None;
+    for g in groups {
+        for l in g.layers {
+            for (e, &c) in l.count.iter().enumerate().filter(|x| *x.1 > 0) {
+                let bound = l.reap_l2_sum[e] * l.reap_l2_sum[e] / c as f64;
+                let margin = if bound > 0.0 {
+                    (l.reap_l2_sq_sum[e] - bound) / bound
+                } else {
+                    0.0
+                };
+                if worst.as_ref().is_none_or(|w| margin < w.0) {
+                    worst = Some((
+                        margin,
+                        format!(
+                            "{} layer {} expert {e}: sq {} vs bound {bound}",
+                            g.name, l.layer, l.reap_l2_sq_sum[e]
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    match worst {
+        Some((m, what)) if m < -CAUCHY_SCHWARZ_RTOL => Check::fail(
+            inv::CAUCHY_SCHWARZ,
+            format!("worst relative margin {m:.3e} at {what}"),
+        ),
+        Some((m, what)) => Check::pass(
+            inv::CAUCHY_SCHWARZ,
+            format!("worst relative margin {m:.3e} at {what}"),
+        ),
+        None => Check::pass(inv::CAUCHY_SCHWARZ, "no live expert".into()),
+    }
+}
+
+fn drops(s: &Saliency) -> Check {
+    if s.nonfinite_drops == 0 {
+        return Check::pass(inv::DROPS, "0 dropped".into());
+    }
+    let by: Vec<String> = s
+        .nonfinite_drops_by_tensor
+        .iter()
+        .map(|(t, n)| format!("{t}: {n}"))
+        .collect();
+    Check::warn(
+        inv::DROPS,
+        format!(
+            "{} NON-FINITE VALUES DROPPED during measurement ({})",
+            s.nonfinite_drops,
+            by.join(", ")
+        ),
+    )
+}
