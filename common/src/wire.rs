@@ -271,7 +271,8 @@ fn config() -> bincode::config::Configuration {
 /// Encodes a message into one frame (length prefix included).
 pub fn encode_frame<T: Serialize>(msg: &T) -> Vec<u8> {
     let mut out = vec![0u8; 4];
-    bincode::serde::encode_into_std_write(msg, &mut out, config()).expect("writing to a Vec cannot fail");
+    bincode::serde::encode_into_std_write(msg, &mut out, config())
+        .expect("writing to a Vec cannot fail");
     let len = u32::try_from(out.len() - 4).expect("messages are under 4 GiB");
     out[..4].copy_from_slice(&len.to_be_bytes());
     out
@@ -291,7 +292,10 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
 }
 
 /// Writes one message as a frame.
-pub async fn write_msg<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, msg: &T) -> Result<(), WireError> {
+pub async fn write_msg<W: AsyncWrite + Unpin, T: Serialize>(
+    w: &mut W,
+    msg: &T,
+) -> Result<(), WireError> {
     w.write_all(&encode_frame(msg)).await?;
     w.flush().await?;
     Ok(())
@@ -299,7 +303,10 @@ pub async fn write_msg<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, msg: &T) 
 
 /// Reads one frame of at most `max` bytes and decodes it. `Ok(None)` at a
 /// clean end of stream before a frame starts.
-pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R, max: u32) -> Result<Option<T>, WireError> {
+pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(
+    r: &mut R,
+    max: u32,
+) -> Result<Option<T>, WireError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -319,7 +326,9 @@ pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R, max:
 /// coordinator's nonce and the worker's name.
 pub fn join_proof(secret: &[u8], nonce: &[u8], worker_name: &str) -> Vec<u8> {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    ring::hmac::sign(&key, &proof_message(nonce, worker_name)).as_ref().to_vec()
+    ring::hmac::sign(&key, &proof_message(nonce, worker_name))
+        .as_ref()
+        .to_vec()
 }
 
 /// Checks a join proof in constant time.
@@ -404,7 +413,10 @@ mod tests {
         ];
         for m in msgs {
             let frame = encode_frame(&m);
-            assert_eq!(u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize, frame.len() - 4);
+            assert_eq!(
+                u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize,
+                frame.len() - 4
+            );
             assert_eq!(decode::<ToCoordinator>(&frame[4..]).unwrap(), m);
         }
     }
@@ -413,7 +425,10 @@ mod tests {
     async fn oversized_frame_is_refused_before_its_body_is_read() {
         let mut bytes: &[u8] = &[0xff, 0xff, 0xff, 0xf0, 1, 2];
         let r = read_msg::<_, ToWorker>(&mut bytes, 1024).await;
-        assert!(matches!(r, Err(WireError::TooLarge { max: 1024, .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(WireError::TooLarge { max: 1024, .. })),
+            "{r:?}"
+        );
     }
 
     #[tokio::test]
@@ -424,7 +439,10 @@ mod tests {
             Err(WireError::Malformed(_))
         ));
         let mut empty: &[u8] = &[];
-        assert!(read_msg::<_, ToWorker>(&mut empty, 1024).await.unwrap().is_none());
+        assert!(read_msg::<_, ToWorker>(&mut empty, 1024)
+            .await
+            .unwrap()
+            .is_none());
     }
 
     #[test]
@@ -434,7 +452,12 @@ mod tests {
         assert!(check_proof(b"s3cret", &nonce, "w0", &mac));
         assert!(!check_proof(b"other", &nonce, "w0", &mac));
         assert!(!check_proof(b"s3cret", &nonce, "w1", &mac));
-        assert!(!check_proof(b"s3cret", &random_bytes(NONCE_LEN), "w0", &mac));
+        assert!(!check_proof(
+            b"s3cret",
+            &random_bytes(NONCE_LEN),
+            "w0",
+            &mac
+        ));
     }
 
     #[test]
@@ -442,7 +465,10 @@ mod tests {
         let hex = "ab".repeat(32);
         let colons = vec!["AB"; 32].join(":");
         assert_eq!(parse_pin(&colons).as_deref(), Some(hex.as_str()));
-        assert_eq!(parse_pin(&format!("sha256:{hex}")).as_deref(), Some(hex.as_str()));
+        assert_eq!(
+            parse_pin(&format!("sha256:{hex}")).as_deref(),
+            Some(hex.as_str())
+        );
         assert!(parse_pin("abcd").is_none());
         let r = ChunkRange { start: 8, end: 16 };
         assert_eq!(parse_partial_name(&partial_name(r)), Some(r));

@@ -47,7 +47,10 @@ fn client(l: &Listening, name: &str) -> ClientOptions {
 type Workers = Vec<JoinHandle<Result<JoinSummary, JoinError>>>;
 
 /// Runs `execute` with workers made by `make` once the server listens.
-async fn run_with(setup: &RunSetup, make: impl FnOnce(&Listening) -> Workers) -> (RunSummary, Workers) {
+async fn run_with(
+    setup: &RunSetup,
+    make: impl FnOnce(&Listening) -> Workers,
+) -> (RunSummary, Workers) {
     let mut handles = Vec::new();
     let summary = tokio::time::timeout(
         Duration::from_secs(60),
@@ -75,7 +78,11 @@ fn fake_workers(l: &Listening, n: usize) -> Workers {
 
 async fn artifacts(store: &RunStore) -> Vec<u8> {
     let mut all = Vec::new();
-    for name in [names::SALIENCY_JSON, names::SALIENCY_PARQUET, names::IMATRIX_GGUF] {
+    for name in [
+        names::SALIENCY_JSON,
+        names::SALIENCY_PARQUET,
+        names::IMATRIX_GGUF,
+    ] {
         all.extend_from_slice(&store.get(name).await.unwrap());
     }
     all
@@ -90,14 +97,20 @@ async fn one_and_three_fake_workers_give_byte_identical_artifacts() {
     assert_eq!((sum1.units, sum1.computed, sum1.resumed), (4, 4, 0));
     assert_eq!((sum3.units, sum3.computed), (4, 4));
     assert_eq!(artifacts(&s1.store).await, artifacts(&s3.store).await);
-    let chunks: u64 = futures_join(w3).await.iter().map(|r| r.as_ref().unwrap().chunks).sum();
+    let chunks: u64 = futures_join(w3)
+        .await
+        .iter()
+        .map(|r| r.as_ref().unwrap().chunks)
+        .sum();
     assert_eq!(chunks, 10, "every chunk measured exactly once");
     // The reference: the fake engine over all chunks in one call.
     let all = fixtures::chunks(10, 32);
     let reference = FakeEngine::new(MODEL).partial(&s1.index, &all).unwrap();
     let rd = tempfile::tempdir().unwrap();
     let rs = RunStore::open(rd.path().to_str().unwrap()).unwrap();
-    common::artifacts::write_results(&rs, &reference).await.unwrap();
+    common::artifacts::write_results(&rs, &reference)
+        .await
+        .unwrap();
     assert_eq!(artifacts(&rs).await, artifacts(&s1.store).await);
 }
 
@@ -115,7 +128,10 @@ async fn restart_reuses_stored_partials_and_recomputes_only_the_missing() {
     let s = setup(d.path(), 10);
     run_with(&s, |l| fake_workers(l, 2)).await;
     let before = artifacts(&s.store).await;
-    s.store.delete("partials/part-00000003-00000006.bin").await.unwrap();
+    s.store
+        .delete("partials/part-00000003-00000006.bin")
+        .await
+        .unwrap();
     let (again, _) = run_with(&s, |l| fake_workers(l, 2)).await;
     assert_eq!((again.resumed, again.computed), (3, 1));
     assert_eq!(artifacts(&s.store).await, before);
@@ -160,7 +176,9 @@ async fn coordinator_certificate_not_matching_the_pin_is_refused() {
     .await;
     let results = futures_join(handles).await;
     match &results[0] {
-        Err(JoinError::Connect { reason, .. }) => assert!(reason.contains("does not match the pinned"), "{reason}"),
+        Err(JoinError::Connect { reason, .. }) => {
+            assert!(reason.contains("does not match the pinned"), "{reason}")
+        }
         other => panic!("the worker accepted a certificate it had not pinned: {other:?}"),
     }
 }
@@ -178,8 +196,19 @@ async fn worker_with_another_model_refuses_the_job() {
     })
     .await;
     let results = futures_join(handles).await;
-    assert!(matches!(results[0], Err(JoinError::ModelMismatch { .. })), "{:?}", results[0]);
-    assert_eq!(summary.workers.iter().find(|w| w.name == "other-model").map(|w| w.leases), Some(0));
+    assert!(
+        matches!(results[0], Err(JoinError::ModelMismatch { .. })),
+        "{:?}",
+        results[0]
+    );
+    assert_eq!(
+        summary
+            .workers
+            .iter()
+            .find(|w| w.name == "other-model")
+            .map(|w| w.leases),
+        Some(0)
+    );
 }
 
 /// Opens a pinned QUIC connection and one stream, then sends raw bytes.
@@ -206,7 +235,12 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
         let workers = fake_workers(l, 1);
         // Keep the worker slow enough that the attacks land mid-run.
         let attacks = tokio::spawn(async move {
-            let garbage = raw_stream(addr, &pin, &[0, 0, 0, 9, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5]).await;
+            let garbage = raw_stream(
+                addr,
+                &pin,
+                &[0, 0, 0, 9, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5],
+            )
+            .await;
             let oversized = raw_stream(addr, &pin, &[0xff, 0xff, 0xff, 0xff, 0]).await;
             let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             udp.send_to(&[0x42; 1200], addr).unwrap();
@@ -250,4 +284,45 @@ async fn blackhole_worker_lease_expires_and_another_worker_finishes_it() {
     let good = summary.workers.iter().find(|w| w.name == "good").unwrap();
     assert_eq!(good.leases, 2);
     handles[0].abort();
+}
+
+/// The S3 test server's bucket, or `None` with a loud message (see `.ci/s3-server`).
+fn s3_bucket() -> Option<String> {
+    let bucket = std::env::var("MOE_CENSUS_S3_BUCKET").ok();
+    if bucket.is_none() {
+        eprintln!(
+            "SKIPPED: MOE_CENSUS_S3_BUCKET is unset; source .ci/s3-server to run the S3 tests"
+        );
+    }
+    bucket
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_fake_run_round_trips_through_s3() {
+    let Some(bucket) = s3_bucket() else { return };
+    let local_dir = tempfile::tempdir().unwrap();
+    let local = setup(local_dir.path(), 7);
+    run_with(&local, |l| fake_workers(l, 2)).await;
+    let prefix = format!(
+        "s3://{bucket}/loopback-{}",
+        common::wire::sha256_hex(&common::wire::random_bytes(8))
+    );
+    let s3 = RunStore::open(&prefix).unwrap();
+    for name in ["corpus/index.json", "corpus/chunks.parquet"] {
+        s3.put(name, local.store.get(name).await.unwrap())
+            .await
+            .unwrap();
+    }
+    let remote = RunSetup {
+        store: s3.clone(),
+        ..local.clone()
+    };
+    let (summary, _) = run_with(&remote, |l| fake_workers(l, 2)).await;
+    assert_eq!(summary.computed, 3);
+    assert_eq!(artifacts(&s3).await, artifacts(&local.store).await);
+    assert_eq!(
+        s3.list("partials").await.unwrap().len(),
+        4,
+        "3 lease partials and merged.bin"
+    );
 }

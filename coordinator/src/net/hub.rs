@@ -101,7 +101,10 @@ impl Hub {
 
     /// Per-worker figures.
     pub fn workers(&self) -> BTreeMap<WorkerId, WorkerInfo> {
-        self.workers.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The join secret.
@@ -117,15 +120,18 @@ impl Hub {
     /// Registers a worker that proved the secret.
     pub fn register(&self, name: &str, backend: &str) -> WorkerId {
         let id = WorkerId(self.next_worker.fetch_add(1, Ordering::Relaxed));
-        self.workers.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            id,
-            WorkerInfo {
-                name: name.to_string(),
-                backend: backend.to_string(),
-                connected: true,
-                ..WorkerInfo::default()
-            },
-        );
+        self.workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                id,
+                WorkerInfo {
+                    name: name.to_string(),
+                    backend: backend.to_string(),
+                    connected: true,
+                    ..WorkerInfo::default()
+                },
+            );
         let now = self.now();
         self.sched().register(id, now);
         id
@@ -134,7 +140,12 @@ impl Hub {
     /// A worker's connection ended.
     pub fn disconnect(&self, worker: WorkerId, reason: &str) {
         self.sched().disconnect(worker, reason);
-        if let Some(w) = self.workers.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&worker) {
+        if let Some(w) = self
+            .workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&worker)
+        {
             w.connected = false;
         }
     }
@@ -142,7 +153,14 @@ impl Hub {
     /// Handles a finished lease: fetches and checks the partial, then lets
     /// the scheduler decide. A result that fails a check sends the lease back
     /// to the queue (one attempt used).
-    pub async fn deliver(&self, worker: WorkerId, lease: LeaseId, partial: PartialRef, sha256: String, elapsed_ms: u64) {
+    pub async fn deliver(
+        &self,
+        worker: WorkerId,
+        lease: LeaseId,
+        partial: PartialRef,
+        sha256: String,
+        elapsed_ms: u64,
+    ) {
         let Some(range) = self.sched().lease_range(lease, worker) else {
             tracing::warn!(%worker, %lease, "result for a lease this worker never held; dropped");
             return;
@@ -160,7 +178,12 @@ impl Hub {
         let completion = self.sched().complete(lease, worker, &sha256, now);
         match completion {
             Completion::Accepted(range) => {
-                if let Some(w) = self.workers.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&worker) {
+                if let Some(w) = self
+                    .workers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(&worker)
+                {
                     w.tokens += partial_tokens(&partial);
                     w.busy_ms += elapsed_ms;
                     w.leases += 1;
@@ -178,16 +201,26 @@ impl Hub {
             Completion::Duplicate { range, same: false } => {
                 tracing::warn!(%worker, %range, "duplicate result DIFFERS from the kept one (mixed backends?); kept the first");
             }
-            Completion::Unknown => tracing::warn!(%worker, %lease, "result for an unknown lease dropped"),
+            Completion::Unknown => {
+                tracing::warn!(%worker, %lease, "result for an unknown lease dropped")
+            }
         }
     }
 
-    async fn fetch_and_check(&self, range: ChunkRange, partial: PartialRef, sha256: &str) -> Result<(Partial, Option<Bytes>), String> {
+    async fn fetch_and_check(
+        &self,
+        range: ChunkRange,
+        partial: PartialRef,
+        sha256: &str,
+    ) -> Result<(Partial, Option<Bytes>), String> {
         let (bytes, inline) = match partial {
             PartialRef::Inline(b) => (Bytes::from(b), true),
             PartialRef::Stored(name) => {
                 if name != partial_name(range) {
-                    return Err(format!("stored partial {name:?} is not {:?}", partial_name(range)));
+                    return Err(format!(
+                        "stored partial {name:?} is not {:?}",
+                        partial_name(range)
+                    ));
                 }
                 (self.run.get(&name).await.map_err(|e| e.to_string())?, false)
             }
@@ -198,17 +231,28 @@ impl Hub {
         tokio::task::spawn_blocking(move || {
             let actual = sha256_hex(&bytes);
             if actual != claimed {
-                return Err(format!("partial hashes to {actual}, the worker said {claimed}"));
+                return Err(format!(
+                    "partial hashes to {actual}, the worker said {claimed}"
+                ));
             }
             let p = Partial::from_bytes(&bytes)?;
             if p.chunks != [range] {
-                return Err(format!("partial covers {:?}, the lease was {range}", p.chunks));
+                return Err(format!(
+                    "partial covers {:?}, the lease was {range}",
+                    p.chunks
+                ));
             }
             if p.model_sha256 != model {
-                return Err(format!("partial of model {}, the run's is {model}", p.model_sha256));
+                return Err(format!(
+                    "partial of model {}, the run's is {model}",
+                    p.model_sha256
+                ));
             }
             if p.corpus_sha256 != corpus {
-                return Err(format!("partial of corpus {}, the run's is {corpus}", p.corpus_sha256));
+                return Err(format!(
+                    "partial of corpus {}, the run's is {corpus}",
+                    p.corpus_sha256
+                ));
             }
             Ok((p, inline.then_some(bytes)))
         })

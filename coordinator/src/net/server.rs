@@ -8,8 +8,8 @@ use super::tls::Identity;
 use super::NetError;
 use crate::sched::Grant;
 use common::wire::{
-    check_proof, random_bytes, read_msg, write_msg, Refusal, ToCoordinator, ToWorker, WireError, WorkerId, WorkerState,
-    NONCE_LEN, PROTOCOL_VERSION,
+    check_proof, random_bytes, read_msg, write_msg, Refusal, ToCoordinator, ToWorker, WireError,
+    WorkerId, WorkerState, NONCE_LEN, PROTOCOL_VERSION,
 };
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,19 +51,25 @@ pub struct Server {
 
 impl Server {
     /// Binds and starts the accept loop.
-    pub fn spawn(identity: &Identity, opts: ServerOptions, hub: Arc<Hub>) -> Result<Server, NetError> {
+    pub fn spawn(
+        identity: &Identity,
+        opts: ServerOptions,
+        hub: Arc<Hub>,
+    ) -> Result<Server, NetError> {
         let mut transport = quinn::TransportConfig::default();
         transport
             .max_concurrent_bidi_streams(1u8.into())
             .max_concurrent_uni_streams(0u8.into())
             .max_idle_timeout(Some(
-                quinn::IdleTimeout::try_from(opts.heartbeat_timeout).map_err(|e| NetError::Tls(e.to_string()))?,
+                quinn::IdleTimeout::try_from(opts.heartbeat_timeout)
+                    .map_err(|e| NetError::Tls(e.to_string()))?,
             ));
         let config = identity.server_config(transport)?;
-        let endpoint = quinn::Endpoint::server(config, opts.listen).map_err(|source| NetError::Bind {
-            addr: opts.listen,
-            source,
-        })?;
+        let endpoint =
+            quinn::Endpoint::server(config, opts.listen).map_err(|source| NetError::Bind {
+                addr: opts.listen,
+                source,
+            })?;
         let addr = endpoint.local_addr().map_err(|source| NetError::Bind {
             addr: opts.listen,
             source,
@@ -110,7 +116,11 @@ async fn accept_loop(endpoint: quinn::Endpoint, opts: ServerOptions, hub: Arc<Hu
     let open = Arc::new(AtomicUsize::new(0));
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
-        match admission(open.load(Ordering::Relaxed), opts.max_connections, incoming.remote_address_validated()) {
+        match admission(
+            open.load(Ordering::Relaxed),
+            opts.max_connections,
+            incoming.remote_address_validated(),
+        ) {
             Admission::Refuse => {
                 tracing::warn!(%remote, "connection refused: {} connections open", opts.max_connections);
                 incoming.refuse();
@@ -170,7 +180,10 @@ impl Stream<'_> {
     async fn read(&mut self, timeout: Duration) -> Result<Option<ToCoordinator>, Ended> {
         match tokio::time::timeout(timeout, read_msg(&mut self.recv, self.opts.max_frame)).await {
             Ok(r) => Ok(r?),
-            Err(_) => Err(Ended::new(code::PROTOCOL, format!("silent for {timeout:?}"))),
+            Err(_) => Err(Ended::new(
+                code::PROTOCOL,
+                format!("silent for {timeout:?}"),
+            )),
         }
     }
 
@@ -213,7 +226,12 @@ async fn handle_connection(conn: quinn::Connection, hub: &Hub, opts: &ServerOpti
 }
 
 /// The join exchange, then the work loop; returns why the connection ended.
-async fn serve(mut s: Stream<'_>, hub: &Hub, opts: &ServerOptions, joined: &mut Option<WorkerId>) -> Ended {
+async fn serve(
+    mut s: Stream<'_>,
+    hub: &Hub,
+    opts: &ServerOptions,
+    joined: &mut Option<WorkerId>,
+) -> Ended {
     let (name, backend) = match s.read(opts.handshake_timeout).await {
         Ok(Some(ToCoordinator::Hello {
             protocol_version,
@@ -230,21 +248,35 @@ async fn serve(mut s: Stream<'_>, hub: &Hub, opts: &ServerOptions, joined: &mut 
             }
             (worker_name, backend)
         }
-        Ok(Some(other)) => return s.refuse(Refusal::Unexpected(format!("{other:?} before Hello"))).await,
+        Ok(Some(other)) => {
+            return s
+                .refuse(Refusal::Unexpected(format!("{other:?} before Hello")))
+                .await
+        }
         Ok(None) => return Ended::new(code::PROTOCOL, "stream ended before Hello"),
         Err(e) => return e,
     };
     let nonce = random_bytes(NONCE_LEN);
-    if let Err(e) = s.send(&ToWorker::Challenge { nonce: nonce.clone() }).await {
+    if let Err(e) = s
+        .send(&ToWorker::Challenge {
+            nonce: nonce.clone(),
+        })
+        .await
+    {
         return e;
     }
     match s.read(opts.handshake_timeout).await {
-        Ok(Some(ToCoordinator::Proof { mac })) if check_proof(hub.secret(), &nonce, &name, &mac) => {}
+        Ok(Some(ToCoordinator::Proof { mac }))
+            if check_proof(hub.secret(), &nonce, &name, &mac) => {}
         Ok(Some(ToCoordinator::Proof { .. })) => {
             tracing::warn!(worker = %name, "join secret refused");
             return s.refuse(Refusal::BadProof).await;
         }
-        Ok(Some(other)) => return s.refuse(Refusal::Unexpected(format!("{other:?} instead of Proof"))).await,
+        Ok(Some(other)) => {
+            return s
+                .refuse(Refusal::Unexpected(format!("{other:?} instead of Proof")))
+                .await
+        }
         Ok(None) => return Ended::new(code::PROTOCOL, "stream ended before Proof"),
         Err(e) => return e,
     }
@@ -267,7 +299,10 @@ async fn serve(mut s: Stream<'_>, hub: &Hub, opts: &ServerOptions, joined: &mut 
             Err(e) => return e,
         };
         let reply = match msg {
-            ToCoordinator::Poll { protocol_version, state } => {
+            ToCoordinator::Poll {
+                protocol_version,
+                state,
+            } => {
                 if protocol_version != PROTOCOL_VERSION {
                     return s
                         .refuse(Refusal::Version {
@@ -295,10 +330,15 @@ async fn serve(mut s: Stream<'_>, hub: &Hub, opts: &ServerOptions, joined: &mut 
             }
             ToCoordinator::Refuse { reason } => {
                 tracing::error!(%id, "worker refused the job: {reason}");
-                return Ended::new(code::REFUSED, format!("the worker refused the job: {reason}"));
+                return Ended::new(
+                    code::REFUSED,
+                    format!("the worker refused the job: {reason}"),
+                );
             }
             other @ (ToCoordinator::Hello { .. } | ToCoordinator::Proof { .. }) => {
-                return s.refuse(Refusal::Unexpected(format!("{other:?} after joining"))).await;
+                return s
+                    .refuse(Refusal::Unexpected(format!("{other:?} after joining")))
+                    .await;
             }
         };
         let last = matches!(reply, ToWorker::Finished | ToWorker::Refused(_));

@@ -34,7 +34,11 @@ fn tls_err(what: &str) -> impl Fn(rcgen::Error) -> NetError + '_ {
 /// The names a coordinator certificate is valid for: `localhost`, the
 /// loopback addresses and whatever the config adds.
 pub fn server_names(extra: &[String]) -> Vec<String> {
-    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    let mut names = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
     names.extend(extra.iter().cloned());
     names.sort();
     names.dedup();
@@ -43,16 +47,21 @@ pub fn server_names(extra: &[String]) -> Vec<String> {
 
 fn ca_params() -> CertificateParams {
     let mut p = CertificateParams::default();
-    p.distinguished_name.push(DnType::CommonName, "moe-census cluster CA");
+    p.distinguished_name
+        .push(DnType::CommonName, "moe-census cluster CA");
     p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     p
 }
 
 impl Identity {
     /// A fresh self-signed certificate for `names`.
     pub fn self_signed(names: &[String]) -> Result<Identity, NetError> {
-        let ck = rcgen::generate_simple_self_signed(names.to_vec()).map_err(tls_err("generating a certificate"))?;
+        let ck = rcgen::generate_simple_self_signed(names.to_vec())
+            .map_err(tls_err("generating a certificate"))?;
         Ok(Identity {
             chain: vec![ck.cert.der().clone()],
             key: PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()),
@@ -66,11 +75,16 @@ impl Identity {
         let ca_key = KeyPair::from_pem(&key_pem).map_err(tls_err("reading the CA key"))?;
         let ca_der = pem_cert_der(&ca_pem)?;
         let issuer = Issuer::new(ca_params(), ca_key);
-        let mut params = CertificateParams::new(names.to_vec()).map_err(tls_err("certificate names"))?;
-        params.distinguished_name.push(DnType::CommonName, "moe-census coordinator");
+        let mut params =
+            CertificateParams::new(names.to_vec()).map_err(tls_err("certificate names"))?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "moe-census coordinator");
         params.use_authority_key_identifier_extension = true;
         let key = KeyPair::generate().map_err(tls_err("generating a key"))?;
-        let cert = params.signed_by(&key, &issuer).map_err(tls_err("signing with the CA"))?;
+        let cert = params
+            .signed_by(&key, &issuer)
+            .map_err(tls_err("signing with the CA"))?;
         Ok(Identity {
             chain: vec![cert.der().clone(), ca_der],
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
@@ -89,16 +103,23 @@ impl Identity {
 
     /// A QUIC server configuration presenting this identity (TLS 1.3,
     /// ring provider, the protocol's ALPN).
-    pub fn server_config(&self, transport: quinn::TransportConfig) -> Result<quinn::ServerConfig, NetError> {
+    pub fn server_config(
+        &self,
+        transport: quinn::TransportConfig,
+    ) -> Result<quinn::ServerConfig, NetError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| NetError::Tls(e.to_string()))?
             .with_no_client_auth()
-            .with_single_cert(self.chain.clone(), PrivateKeyDer::Pkcs8(self.key.clone_key()))
+            .with_single_cert(
+                self.chain.clone(),
+                PrivateKeyDer::Pkcs8(self.key.clone_key()),
+            )
             .map_err(|e| NetError::Tls(e.to_string()))?;
         tls.alpn_protocols = vec![ALPN.to_vec()];
-        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| NetError::Tls(e.to_string()))?;
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+            .map_err(|e| NetError::Tls(e.to_string()))?;
         let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         cfg.transport_config(Arc::new(transport));
         Ok(cfg)
@@ -116,11 +137,16 @@ pub fn create_ca(dir: &Path) -> Result<PathBuf, NetError> {
     let (cert_path, key_path) = (dir.join(CA_CERT_FILE), dir.join(CA_KEY_FILE));
     for p in [&cert_path, &key_path] {
         if p.exists() {
-            return Err(NetError::Tls(format!("{} exists; refusing to replace a cluster CA", p.display())));
+            return Err(NetError::Tls(format!(
+                "{} exists; refusing to replace a cluster CA",
+                p.display()
+            )));
         }
     }
     let key = KeyPair::generate().map_err(tls_err("generating the CA key"))?;
-    let cert = ca_params().self_signed(&key).map_err(tls_err("signing the CA"))?;
+    let cert = ca_params()
+        .self_signed(&key)
+        .map_err(tls_err("signing the CA"))?;
     write_private(&key_path, key.serialize_pem().as_bytes()).map_err(io(&key_path))?;
     std::fs::write(&cert_path, cert.pem()).map_err(io(&cert_path))?;
     Ok(cert_path)
@@ -145,7 +171,8 @@ fn read(path: &Path) -> Result<String, NetError> {
 /// The first certificate of a PEM file, DER.
 pub fn pem_cert_der(pem: &str) -> Result<CertificateDer<'static>, NetError> {
     use rustls::pki_types::pem::PemObject;
-    CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| NetError::Tls(format!("not a PEM certificate: {e}")))
+    CertificateDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| NetError::Tls(format!("not a PEM certificate: {e}")))
 }
 
 #[cfg(test)]

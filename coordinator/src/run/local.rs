@@ -19,7 +19,8 @@ pub fn worker_binary() -> Result<PathBuf, RunError> {
     if let Some(p) = std::env::var_os(WORKER_BIN_ENV) {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().map_err(|e| RunError::Setup(format!("cannot find this executable: {e}")))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| RunError::Setup(format!("cannot find this executable: {e}")))?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let name = format!("worker{}", std::env::consts::EXE_SUFFIX);
     let candidates = [dir.join(&name), dir.join("..").join(&name)];
@@ -48,9 +49,15 @@ pub struct LocalWorkers {
 
 impl LocalWorkers {
     /// Starts the processes; they are killed if the handles are dropped.
-    pub fn spawn(&self, addr: SocketAddr, pin: &str, secret: &[u8]) -> Result<Vec<Child>, RunError> {
-        let secret = String::from_utf8(secret.to_vec())
-            .map_err(|_| RunError::Setup("the join secret must be UTF-8 text to pass to local workers".into()))?;
+    pub fn spawn(
+        &self,
+        addr: SocketAddr,
+        pin: &str,
+        secret: &[u8],
+    ) -> Result<Vec<Child>, RunError> {
+        let secret = String::from_utf8(secret.to_vec()).map_err(|_| {
+            RunError::Setup("the join secret must be UTF-8 text to pass to local workers".into())
+        })?;
         (0..self.count)
             .map(|i| {
                 let mut cmd = Command::new(&self.binary);
@@ -69,8 +76,9 @@ impl LocalWorkers {
                     .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
                     .stdin(std::process::Stdio::null())
                     .kill_on_drop(true);
-                cmd.spawn()
-                    .map_err(|e| RunError::Setup(format!("cannot start {}: {e}", self.binary.display())))
+                cmd.spawn().map_err(|e| {
+                    RunError::Setup(format!("cannot start {}: {e}", self.binary.display()))
+                })
             })
             .collect()
     }

@@ -177,7 +177,8 @@ where
     };
     let mut merged = resumed.merged;
     if resumed.done.len() < units.len() {
-        let (more, stats) = collect(setup, units, &resumed.done, merged.as_ref(), on_listen).await?;
+        let (more, stats) =
+            collect(setup, units, &resumed.done, merged.as_ref(), on_listen).await?;
         if let Some(p) = more {
             match &mut merged {
                 None => merged = Some(p),
@@ -251,7 +252,13 @@ where
     if !shared {
         tracing::info!("no join secret configured: only local workers can join");
     }
-    let (hub, mut deliveries) = Hub::new(sched, secret.clone(), job, setup.index.chunks_sha256.clone(), store.clone());
+    let (hub, mut deliveries) = Hub::new(
+        sched,
+        secret.clone(),
+        job,
+        setup.index.chunks_sha256.clone(),
+        store.clone(),
+    );
     let hub = Arc::new(hub);
     let names = server_names(&cluster.server_names);
     let identity = match &cluster.ca_dir {
@@ -281,10 +288,12 @@ where
     tracing::info!(addr = %listening.addr, pin = %listening.pin, "coordinator listening");
     if let Some(path) = &cluster.connect_file {
         let info = serde_json::json!({ "addr": listening.addr.to_string(), "pin": listening.pin, "server_name": names[0] });
-        std::fs::write(path, serde_json::to_vec_pretty(&info).unwrap_or_default()).map_err(|source| NetError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        std::fs::write(path, serde_json::to_vec_pretty(&info).unwrap_or_default()).map_err(
+            |source| NetError::Io {
+                path: path.clone(),
+                source,
+            },
+        )?;
     }
     let mut children = on_listen(&listening)?;
     let n_local = children.len() as u32;
@@ -344,12 +353,17 @@ where
 }
 
 fn all_exited(children: &mut [tokio::process::Child]) -> bool {
-    children.iter_mut().all(|c| matches!(c.try_wait(), Ok(Some(_))))
+    children
+        .iter_mut()
+        .all(|c| matches!(c.try_wait(), Ok(Some(_))))
 }
 
 async fn stop_children(children: &mut [tokio::process::Child]) {
     for c in children.iter_mut() {
-        if tokio::time::timeout(Duration::from_secs(5), c.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(5), c.wait())
+            .await
+            .is_err()
+        {
             let _ = c.kill().await;
         }
     }
@@ -388,8 +402,12 @@ pub async fn mark_complete(store: &RunStore, s: &RunSummary) -> Result<(), RunEr
 pub async fn read_index(store: &RunStore) -> Result<CorpusIndex, RunError> {
     let corpus = store.child("corpus");
     let bytes = corpus.get(INDEX_FILE).await?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| RunError::Setup(format!("{} is not a corpus index: {e}", corpus.url_of(INDEX_FILE))))
+    serde_json::from_slice(&bytes).map_err(|e| {
+        RunError::Setup(format!(
+            "{} is not a corpus index: {e}",
+            corpus.url_of(INDEX_FILE)
+        ))
+    })
 }
 
 /// Entry point of `coordinator ca`.
@@ -450,7 +468,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
                 binary: local::worker_binary()?,
                 count: args.local_workers,
                 model: model_path,
-                threads: config.run.local_worker_threads.unwrap_or((cores / args.local_workers).max(1)),
+                threads: config
+                    .run
+                    .local_worker_threads
+                    .unwrap_or((cores / args.local_workers).max(1)),
                 env: config.storage.env(),
             })
         } else {
@@ -459,7 +480,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let summary = execute(&setup, |l| match &local {
             Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
             None => {
-                println!("waiting for workers: worker join --coordinator {} --pin {}", l.addr, l.pin);
+                println!(
+                    "waiting for workers: worker join --coordinator {} --pin {}",
+                    l.addr, l.pin
+                );
                 Ok(Vec::new())
             }
         })
@@ -470,10 +494,18 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         print!("{report}");
         ok &= report.ok();
         let scored = crate::score::score(&store, &crate::score::ScoreOptions::default()).await?;
-        println!("scored {} methods at K = {:?}: keep maps under keep_maps/", scored.methods.len(), scored.ks);
+        println!(
+            "scored {} methods at K = {:?}: keep maps under keep_maps/",
+            scored.methods.len(),
+            scored.ks
+        );
         mark_complete(&store, &summary).await?;
         println!("run complete: {}", store.url());
-        Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
     })
 }
 

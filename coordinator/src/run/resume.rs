@@ -1,8 +1,8 @@
 //! Resuming: the partials a previous process stored under `partials/` for
 //! units of the same lease plan are checked and merged instead of recomputed.
 
-use common::partial::Partial;
 use super::RunError;
+use common::partial::Partial;
 use common::store::RunStore;
 use common::wire::{parse_partial_name, sha256_hex};
 use common::ChunkRange;
@@ -34,7 +34,8 @@ pub async fn load(
             continue;
         };
         if !wanted.contains(&range) {
-            out.skipped.push((name, "not a unit of this run's lease plan".into()));
+            out.skipped
+                .push((name, "not a unit of this run's lease plan".into()));
             continue;
         }
         let bytes = store.get(&name).await?;

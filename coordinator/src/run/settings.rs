@@ -126,7 +126,10 @@ mod tests {
         assert_eq!(c.run.lease_chunks, 2);
         assert_eq!(c.run.max_attempts, 3);
         assert_eq!(c.cluster.listen, "0.0.0.0:7000");
-        assert_eq!(c.storage.env(), vec![("AWS_ALLOW_HTTP", "true".to_string())]);
+        assert_eq!(
+            c.storage.env(),
+            vec![("AWS_ALLOW_HTTP", "true".to_string())]
+        );
         assert!(Config::parse("[run]\nlease_chunk = 2\n").is_err());
     }
 }

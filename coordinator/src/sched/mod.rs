@@ -184,13 +184,19 @@ pub fn plan(n_chunks: u32, lease_chunks: u32) -> Vec<ChunkRange> {
 impl Scheduler {
     /// A scheduler over `units`; those in `done` (with their partial hash) were
     /// finished by an earlier process and are not leased again.
-    pub fn new(cfg: SchedConfig, units: Vec<ChunkRange>, done: &BTreeMap<ChunkRange, String>) -> Scheduler {
+    pub fn new(
+        cfg: SchedConfig,
+        units: Vec<ChunkRange>,
+        done: &BTreeMap<ChunkRange, String>,
+    ) -> Scheduler {
         let units: Vec<Unit> = units
             .into_iter()
             .map(|range| Unit {
                 range,
                 state: match done.get(&range) {
-                    Some(sha) => UnitState::Done { sha256: sha.clone() },
+                    Some(sha) => UnitState::Done {
+                        sha256: sha.clone(),
+                    },
                     None => UnitState::Pending,
                 },
                 attempts: 0,
@@ -199,7 +205,11 @@ impl Scheduler {
         let queue = (0..units.len())
             .filter(|&i| units[i].state == UnitState::Pending)
             .collect();
-        let resumed = units.len() - units.iter().filter(|u| u.state == UnitState::Pending).count();
+        let resumed = units.len()
+            - units
+                .iter()
+                .filter(|u| u.state == UnitState::Pending)
+                .count();
         Scheduler {
             progress: Progress {
                 units: units.len(),
@@ -243,12 +253,21 @@ impl Scheduler {
 
     /// A worker proved the join secret.
     pub fn register(&mut self, worker: WorkerId, now: Duration) {
-        self.workers.insert(worker, Worker { last_seen: now, lease: None });
+        self.workers.insert(
+            worker,
+            Worker {
+                last_seen: now,
+                lease: None,
+            },
+        );
     }
 
     /// A heartbeat (any message) from a worker.
     pub fn heartbeat(&mut self, worker: WorkerId, now: Duration) -> Result<(), SchedError> {
-        let w = self.workers.get_mut(&worker).ok_or(SchedError::UnknownWorker(worker))?;
+        let w = self
+            .workers
+            .get_mut(&worker)
+            .ok_or(SchedError::UnknownWorker(worker))?;
         w.last_seen = now;
         Ok(())
     }
@@ -314,7 +333,13 @@ impl Scheduler {
     /// A worker reports a finished lease whose partial (already checked to
     /// cover exactly the lease's chunks) hashes to `sha256`. Late results of
     /// expired leases are accepted when their unit is not done yet.
-    pub fn complete(&mut self, lease: LeaseId, worker: WorkerId, sha256: &str, now: Duration) -> Completion {
+    pub fn complete(
+        &mut self,
+        lease: LeaseId,
+        worker: WorkerId,
+        sha256: &str,
+        now: Duration,
+    ) -> Completion {
         let _ = self.heartbeat(worker, now);
         let unit = match (self.leases.get(&lease), self.retired.get(&lease)) {
             (Some(l), _) if l.worker == worker => l.unit,
@@ -334,7 +359,10 @@ impl Scheduler {
                 let same = kept == sha256;
                 self.progress.duplicates += 1;
                 self.progress.mismatches += usize::from(!same);
-                Completion::Duplicate { range: u.range, same }
+                Completion::Duplicate {
+                    range: u.range,
+                    same,
+                }
             }
             _ => {
                 u.state = UnitState::Done {

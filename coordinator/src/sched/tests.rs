@@ -34,14 +34,26 @@ fn sha(range: ChunkRange) -> String {
 #[test]
 fn plan_covers_every_chunk_once() {
     let p = plan(10, 4);
-    assert_eq!(p, vec![ChunkRange { start: 0, end: 4 }, ChunkRange { start: 4, end: 8 }, ChunkRange { start: 8, end: 10 }]);
+    assert_eq!(
+        p,
+        vec![
+            ChunkRange { start: 0, end: 4 },
+            ChunkRange { start: 4, end: 8 },
+            ChunkRange { start: 8, end: 10 }
+        ]
+    );
     assert!(plan(0, 4).is_empty());
     assert_eq!(plan(3, 0).len(), 3);
 }
 
 /// Virtual workers that finish each lease after `work` seconds; returns the
 /// accepted ranges in acceptance order.
-fn simulate(s: &mut Scheduler, workers: &[WorkerId], blackhole: Option<WorkerId>, work: u64) -> Vec<ChunkRange> {
+fn simulate(
+    s: &mut Scheduler,
+    workers: &[WorkerId],
+    blackhole: Option<WorkerId>,
+    work: u64,
+) -> Vec<ChunkRange> {
     let mut accepted = Vec::new();
     let mut running: BTreeMap<WorkerId, (LeaseGrant, Duration)> = BTreeMap::new();
     for &w in workers {
@@ -53,9 +65,9 @@ fn simulate(s: &mut Scheduler, workers: &[WorkerId], blackhole: Option<WorkerId>
         for &w in workers {
             if Some(w) == blackhole {
                 // Never finishes; keeps sending heartbeats so only the lease deadline catches it.
-                if !running.contains_key(&w) {
+                if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(w) {
                     if let Grant::Lease(l) = s.request(w, now) {
-                        running.insert(w, (l, Duration::MAX));
+                        slot.insert((l, Duration::MAX));
                     }
                 }
                 let _ = s.heartbeat(w, now);
@@ -71,13 +83,9 @@ fn simulate(s: &mut Scheduler, workers: &[WorkerId], blackhole: Option<WorkerId>
                 Some(_) => s.heartbeat(w, now).unwrap(),
                 None => {}
             }
-            if !running.contains_key(&w) {
-                match s.request(w, now) {
-                    Grant::Lease(l) => {
-                        running.insert(w, (l, now + secs(work)));
-                    }
-                    Grant::Finished | Grant::Failed(_) => {}
-                    Grant::Wait(_) => {}
+            if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(w) {
+                if let Grant::Lease(l) = s.request(w, now) {
+                    slot.insert((l, now + secs(work)));
                 }
             }
         }
@@ -106,7 +114,10 @@ fn blackhole_worker_lease_expires_and_is_retried_elsewhere() {
     let mut s = Scheduler::new(cfg(), units.clone(), &BTreeMap::new());
     let mut got = simulate(&mut s, &[W1, W2], Some(W1), 1);
     got.sort();
-    assert_eq!(got, units, "the blackholed unit was re-leased and finished by W2");
+    assert_eq!(
+        got, units,
+        "the blackholed unit was re-leased and finished by W2"
+    );
     assert!(s.progress().retries >= 1);
     assert!(s.failure().is_none());
 }
@@ -122,7 +133,14 @@ fn expiry_reports_an_event_and_requeues_the_unit_first() {
     s.heartbeat(W1, secs(9)).unwrap();
     s.heartbeat(W2, secs(9)).unwrap();
     let ev = s.tick(secs(10));
-    assert!(ev.contains(&Event::LeaseExpired { lease: l1.lease_id, range: l1.range, worker: W1 }), "{ev:?}");
+    assert!(
+        ev.contains(&Event::LeaseExpired {
+            lease: l1.lease_id,
+            range: l1.range,
+            worker: W1
+        }),
+        "{ev:?}"
+    );
     // W2's lease expired too; a fresh worker gets W1's unit back first.
     s.register(W3, secs(10));
     assert_eq!(lease(s.request(W3, secs(10))).range, l1.range);
@@ -171,11 +189,23 @@ fn late_result_of_expired_lease_is_accepted_once_and_the_retry_is_a_duplicate() 
     s.tick(secs(10));
     let l2 = lease(s.request(W2, secs(10)));
     assert_eq!(l1.range, l2.range);
-    assert_eq!(s.complete(l1.lease_id, W1, "aaa", secs(11)), Completion::Accepted(l1.range));
+    assert_eq!(
+        s.complete(l1.lease_id, W1, "aaa", secs(11)),
+        Completion::Accepted(l1.range)
+    );
     assert!(s.is_finished());
-    assert_eq!(s.complete(l2.lease_id, W2, "aaa", secs(12)), Completion::Duplicate { range: l2.range, same: true });
+    assert_eq!(
+        s.complete(l2.lease_id, W2, "aaa", secs(12)),
+        Completion::Duplicate {
+            range: l2.range,
+            same: true
+        }
+    );
     // A second copy of the same report is unknown now.
-    assert_eq!(s.complete(l2.lease_id, W2, "aaa", secs(12)), Completion::Unknown);
+    assert_eq!(
+        s.complete(l2.lease_id, W2, "aaa", secs(12)),
+        Completion::Unknown
+    );
     let p = s.progress();
     assert_eq!((p.accepted, p.duplicates, p.mismatches), (1, 1, 0));
 }
@@ -188,9 +218,15 @@ fn differing_duplicate_is_counted_as_a_mismatch() {
     let l1 = lease(s.request(W1, secs(0)));
     s.disconnect(W1, "gone");
     let l2 = lease(s.request(W2, secs(1)));
-    assert_eq!(s.complete(l2.lease_id, W2, "bbb", secs(2)), Completion::Accepted(l2.range));
+    assert_eq!(
+        s.complete(l2.lease_id, W2, "bbb", secs(2)),
+        Completion::Accepted(l2.range)
+    );
     // W1 reconnects under a new id; its old lease id means nothing for the new id.
-    assert_eq!(s.complete(l1.lease_id, W3, "ccc", secs(3)), Completion::Unknown);
+    assert_eq!(
+        s.complete(l1.lease_id, W3, "ccc", secs(3)),
+        Completion::Unknown
+    );
 }
 
 #[test]
@@ -199,7 +235,10 @@ fn results_from_a_worker_that_does_not_hold_the_lease_are_unknown() {
     s.register(W1, secs(0));
     s.register(W2, secs(0));
     let l1 = lease(s.request(W1, secs(0)));
-    assert_eq!(s.complete(l1.lease_id, W2, "x", secs(1)), Completion::Unknown);
+    assert_eq!(
+        s.complete(l1.lease_id, W2, "x", secs(1)),
+        Completion::Unknown
+    );
     assert_eq!(s.lease_range(l1.lease_id, W2), None);
     assert_eq!(s.lease_range(l1.lease_id, W1), Some(l1.range));
 }
@@ -207,13 +246,18 @@ fn results_from_a_worker_that_does_not_hold_the_lease_are_unknown() {
 #[test]
 fn resumed_units_are_not_leased_again() {
     let units = plan(6, 2);
-    let done: BTreeMap<ChunkRange, String> = [(units[0], "h0".to_string()), (units[2], "h2".to_string())].into();
+    let done: BTreeMap<ChunkRange, String> =
+        [(units[0], "h0".to_string()), (units[2], "h2".to_string())].into();
     let mut s = Scheduler::new(cfg(), units.clone(), &done);
     assert_eq!(s.progress().resumed, 2);
     s.register(W1, secs(0));
     let l = lease(s.request(W1, secs(0)));
     assert_eq!(l.range, units[1]);
     let again = lease(s.request(W1, secs(0)));
-    assert_eq!((again.range, s.progress().retries), (units[1], 1), "an idle poll gives the held lease up");
+    assert_eq!(
+        (again.range, s.progress().retries),
+        (units[1], 1),
+        "an idle poll gives the held lease up"
+    );
     assert_ne!(again.lease_id, l.lease_id);
 }

@@ -18,7 +18,11 @@ pub trait Engine {
     /// Experts per token (k) and router top-N of trace rows.
     fn trace_shape(&self) -> (usize, usize);
     /// Measures the chunks; the partial and the trace rows of traced chunks.
-    fn measure(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<(Partial, Vec<TraceRow>), String>;
+    fn measure(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+    ) -> Result<(Partial, Vec<TraceRow>), String>;
 }
 
 /// Creates an engine once the job is known (on the engine's thread).
@@ -91,7 +95,11 @@ impl Engine for CollectorEngine {
         )
     }
 
-    fn measure(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<(Partial, Vec<TraceRow>), String> {
+    fn measure(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+    ) -> Result<(Partial, Vec<TraceRow>), String> {
         self.collector
             .run(index, chunks, &mut |_, _| {})
             .map(|c| (c.partial, c.trace))
@@ -99,7 +107,11 @@ impl Engine for CollectorEngine {
     }
 }
 
-type Job = (Arc<CorpusIndex>, Vec<Chunk>, oneshot::Sender<Result<(Partial, Vec<TraceRow>), String>>);
+type Job = (
+    Arc<CorpusIndex>,
+    Vec<Chunk>,
+    oneshot::Sender<Result<(Partial, Vec<TraceRow>), String>>,
+);
 
 /// An engine running on its own thread.
 pub struct EngineThread {
@@ -134,7 +146,9 @@ impl EngineThread {
                 }
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?;
-        let (model_sha256, trace_shape) = ready_rx.await.map_err(|_| "the engine thread died while loading".to_string())??;
+        let (model_sha256, trace_shape) = ready_rx
+            .await
+            .map_err(|_| "the engine thread died while loading".to_string())??;
         Ok(EngineThread {
             jobs: tx,
             model_sha256,

@@ -60,7 +60,10 @@ impl FakeEngine {
         for chunk in chunks {
             let labels = chunk.token_labels();
             for (&tok, (split, dom)) in chunk.tokens.iter().zip(labels) {
-                let domain = index.domains.get(dom as usize).ok_or("span names an unknown domain")?;
+                let domain = index
+                    .domains
+                    .get(dom as usize)
+                    .ok_or("span names an unknown domain")?;
                 let group = experts.group_mut(split, domain);
                 group.n_tokens += 1;
                 for (li, layer) in group.layers.iter_mut().enumerate() {
@@ -127,7 +130,11 @@ impl Engine for FakeEngine {
         (self.k as usize, self.n_expert as usize)
     }
 
-    fn measure(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<(Partial, Vec<TraceRow>), String> {
+    fn measure(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+    ) -> Result<(Partial, Vec<TraceRow>), String> {
         if self.hang {
             loop {
                 std::thread::park();

@@ -13,8 +13,9 @@ pub mod tls;
 use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::store::RunStore;
 use common::wire::{
-    join_proof, parse_pin, partial_name, read_msg, sha256_hex, write_msg, JobInfo, LeaseGrant, PartialRef,
-    Refusal, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
+    join_proof, parse_pin, partial_name, read_msg, sha256_hex, write_msg, JobInfo, LeaseGrant,
+    PartialRef, Refusal, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME,
+    PROTOCOL_VERSION,
 };
 use engine::{EngineLoader, EngineThread};
 use std::net::SocketAddr;
@@ -135,16 +136,19 @@ impl ClientOptions {
             .to_socket_addrs()
             .map_err(|e| JoinError::Setup(format!("--coordinator {}: {e}", args.coordinator)))?
             .next()
-            .ok_or_else(|| JoinError::Setup(format!("--coordinator {}: no address", args.coordinator)))?;
+            .ok_or_else(|| {
+                JoinError::Setup(format!("--coordinator {}: no address", args.coordinator))
+            })?;
         let host = args.coordinator.rsplit_once(':').map_or("", |(h, _)| h);
-        let server_name = args
-            .server_name
-            .clone()
-            .unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']').to_string());
+        let server_name = args.server_name.clone().unwrap_or_else(|| {
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string()
+        });
         let trust = match (&args.pin, &args.ca) {
-            (Some(pin), _) => Trust::Pin(
-                parse_pin(pin).ok_or_else(|| JoinError::Setup(format!("--pin {pin:?} is not a SHA-256 fingerprint")))?,
-            ),
+            (Some(pin), _) => Trust::Pin(parse_pin(pin).ok_or_else(|| {
+                JoinError::Setup(format!("--pin {pin:?} is not a SHA-256 fingerprint"))
+            })?),
             (None, Some(ca)) => Trust::Ca(ca.clone()),
             (None, None) => return Err(JoinError::Setup("give --pin or --ca".into())),
         };
@@ -154,7 +158,11 @@ impl ClientOptions {
                 .trim_ascii()
                 .to_vec(),
             None => std::env::var(SECRET_ENV)
-                .map_err(|_| JoinError::Setup(format!("no join secret: give --secret-file or set {SECRET_ENV}")))?
+                .map_err(|_| {
+                    JoinError::Setup(format!(
+                        "no join secret: give --secret-file or set {SECRET_ENV}"
+                    ))
+                })?
                 .into_bytes(),
         };
         let name = args
@@ -189,7 +197,11 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| JoinError::Setup(e.to_string()))?;
     let summary = rt.block_on(join(&opts, loader))?;
-    tracing::info!("leaving: {} leases, {} chunks measured", summary.leases, summary.chunks);
+    tracing::info!(
+        "leaving: {} leases, {} chunks measured",
+        summary.leases,
+        summary.chunks
+    );
     Ok(summary)
 }
 
@@ -204,7 +216,9 @@ impl Conn {
         match read_msg(&mut self.recv, MAX_CONTROL_FRAME).await? {
             Some(ToWorker::Refused(r)) => Err(JoinError::Refused(r)),
             Some(reply) => Ok(reply),
-            None => Err(JoinError::Protocol("the coordinator closed the stream".into())),
+            None => Err(JoinError::Protocol(
+                "the coordinator closed the stream".into(),
+            )),
         }
     }
 
@@ -219,14 +233,21 @@ impl Conn {
 
 /// Joins the coordinator at `opts.addr` and works until it says the run is
 /// finished. Nothing about the job is received before the proof.
-pub async fn join<L: EngineLoader>(opts: &ClientOptions, loader: L) -> Result<JoinSummary, JoinError> {
+pub async fn join<L: EngineLoader>(
+    opts: &ClientOptions,
+    loader: L,
+) -> Result<JoinSummary, JoinError> {
     let connect_err = |reason: String| JoinError::Connect {
         addr: opts.addr.to_string(),
         reason,
     };
-    let bind: SocketAddr = if opts.addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
-        .parse()
-        .expect("valid address");
+    let bind: SocketAddr = if opts.addr.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    }
+    .parse()
+    .expect("valid address");
     let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| connect_err(e.to_string()))?;
     endpoint.set_default_client_config(tls::client_config(&opts.trust).map_err(connect_err)?);
     let conn = endpoint
@@ -234,7 +255,10 @@ pub async fn join<L: EngineLoader>(opts: &ClientOptions, loader: L) -> Result<Jo
         .map_err(|e| connect_err(e.to_string()))?
         .await
         .map_err(|e| connect_err(e.to_string()))?;
-    let (send, recv) = conn.open_bi().await.map_err(|e| connect_err(e.to_string()))?;
+    let (send, recv) = conn
+        .open_bi()
+        .await
+        .map_err(|e| connect_err(e.to_string()))?;
     let mut c = Conn { send, recv };
     let result = work(&mut c, opts, loader).await;
     let _ = c.send.finish();
@@ -243,7 +267,11 @@ pub async fn join<L: EngineLoader>(opts: &ClientOptions, loader: L) -> Result<Jo
     result
 }
 
-async fn work<L: EngineLoader>(c: &mut Conn, opts: &ClientOptions, loader: L) -> Result<JoinSummary, JoinError> {
+async fn work<L: EngineLoader>(
+    c: &mut Conn,
+    opts: &ClientOptions,
+    loader: L,
+) -> Result<JoinSummary, JoinError> {
     let nonce = match c
         .ask(&ToCoordinator::Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -253,7 +281,11 @@ async fn work<L: EngineLoader>(c: &mut Conn, opts: &ClientOptions, loader: L) ->
         .await?
     {
         ToWorker::Challenge { nonce } => nonce,
-        other => return Err(JoinError::Protocol(format!("expected Challenge, got {other:?}"))),
+        other => {
+            return Err(JoinError::Protocol(format!(
+                "expected Challenge, got {other:?}"
+            )))
+        }
     };
     let mac = join_proof(&opts.secret, &nonce, &opts.name);
     let job = match c.ask(&ToCoordinator::Proof { mac }).await? {
@@ -261,7 +293,11 @@ async fn work<L: EngineLoader>(c: &mut Conn, opts: &ClientOptions, loader: L) ->
             tracing::info!(%worker_id, run = %job.run_url, "joined");
             job
         }
-        other => return Err(JoinError::Protocol(format!("expected Welcome, got {other:?}"))),
+        other => {
+            return Err(JoinError::Protocol(format!(
+                "expected Welcome, got {other:?}"
+            )))
+        }
     };
     let heartbeat = Duration::from_millis(job.heartbeat_ms.max(50));
     let engine = load_engine(c, loader, &job, heartbeat).await?;
@@ -271,7 +307,13 @@ async fn work<L: EngineLoader>(c: &mut Conn, opts: &ClientOptions, loader: L) ->
             actual: engine.model_sha256.clone(),
             expected: job.model_sha256.clone(),
         };
-        write_msg(&mut c.send, &ToCoordinator::Refuse { reason: err.to_string() }).await?;
+        write_msg(
+            &mut c.send,
+            &ToCoordinator::Refuse {
+                reason: err.to_string(),
+            },
+        )
+        .await?;
         return Err(err);
     }
     let corpus = Corpus::open(&job).await?;
@@ -280,13 +322,20 @@ async fn work<L: EngineLoader>(c: &mut Conn, opts: &ClientOptions, loader: L) ->
     loop {
         match c.poll(WorkerState::Idle).await? {
             ToWorker::Lease(lease) => {
-                let done = measure_lease(c, &engine, &corpus, &run, &job, &lease, heartbeat).await?;
+                let done =
+                    measure_lease(c, &engine, &corpus, &run, &job, &lease, heartbeat).await?;
                 summary.leases += u64::from(done);
                 summary.chunks += u64::from(lease.range.len()) * u64::from(done);
             }
-            ToWorker::Wait { retry_ms } => tokio::time::sleep(Duration::from_millis(retry_ms)).await,
+            ToWorker::Wait { retry_ms } => {
+                tokio::time::sleep(Duration::from_millis(retry_ms)).await
+            }
             ToWorker::Finished => return Ok(summary),
-            other => return Err(JoinError::Protocol(format!("unexpected reply to a poll: {other:?}"))),
+            other => {
+                return Err(JoinError::Protocol(format!(
+                    "unexpected reply to a poll: {other:?}"
+                )))
+            }
         }
     }
 }
@@ -321,8 +370,12 @@ impl Corpus {
     async fn open(job: &JobInfo) -> Result<Corpus, JoinError> {
         let store = RunStore::open(&job.corpus_url)?;
         let index_bytes = store.get(INDEX_FILE).await?;
-        let index: CorpusIndex = serde_json::from_slice(&index_bytes)
-            .map_err(|e| JoinError::Engine(format!("{} is not a corpus index: {e}", store.url_of(INDEX_FILE))))?;
+        let index: CorpusIndex = serde_json::from_slice(&index_bytes).map_err(|e| {
+            JoinError::Engine(format!(
+                "{} is not a corpus index: {e}",
+                store.url_of(INDEX_FILE)
+            ))
+        })?;
         let table = store.get(CHUNKS_FILE).await?;
         Ok(Corpus {
             index: Arc::new(index),
@@ -346,7 +399,8 @@ async fn measure_lease(
     let start = Instant::now();
     let result = async {
         corpus.index.check_range(lease.range)?;
-        let chunks = read_chunks(corpus.table.clone(), Some(lease.range)).map_err(|e| format!("{}: {e}", corpus.url))?;
+        let chunks = read_chunks(corpus.table.clone(), Some(lease.range))
+            .map_err(|e| format!("{}: {e}", corpus.url))?;
         let rx = engine.submit(corpus.index.clone(), chunks).await?;
         tokio::pin!(rx);
         let (mut partial, rows) = loop {

@@ -5,7 +5,9 @@
 
 use common::wire::{sha256_hex, ALPN};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::crypto::{
+    verify_tls12_signature, verify_tls13_signature, CryptoProvider, WebPkiSupportedAlgorithms,
+};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use std::path::PathBuf;
@@ -91,13 +93,16 @@ pub fn client_config(trust: &Trust) -> Result<quinn::ClientConfig, String> {
                 .map_err(|e| format!("CA file {}: {e}", path.display()))?;
             for cert in certs {
                 let cert = cert.map_err(|e| format!("CA file {}: {e}", path.display()))?;
-                roots.add(cert).map_err(|e| format!("CA file {}: {e}", path.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("CA file {}: {e}", path.display()))?;
             }
             builder.with_root_certificates(roots).with_no_client_auth()
         }
     };
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let crypto =
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
     transport.keep_alive_interval(Some(std::time::Duration::from_secs(2)));
