@@ -216,6 +216,8 @@ fn verification_section(md: &mut String, v: &VerifyReport) {
 }
 
 /// Builds the report of the run at `run` (path or URL); library entry point.
+/// It runs its own runtime: call it outside any async context (inside one,
+/// await [`report()`]).
 pub fn report_run(run: &str) -> anyhow::Result<ReportOutput> {
     let store = RunStore::open(run)?;
     tokio::runtime::Runtime::new()?.block_on(report(&store))

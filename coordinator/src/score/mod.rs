@@ -80,6 +80,10 @@ pub struct ScoreOptions {
     /// Seed of the bootstrap.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Trace rows (token x layer) the substitution screen reads at most,
+    /// whole parts at a time in name order (0: skip the screen).
+    #[arg(long, default_value_t = 2_000_000)]
+    pub screen_rows: u64,
 }
 
 impl Default for ScoreOptions {
@@ -222,7 +226,7 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<Scor
             }
         }
     }
-    let (screen, screen_note) = run_screen(store, &s, &maps).await?;
+    let (screen, screen_note) = run_screen(store, &s, &maps, opts.screen_rows).await?;
     let (stability, stability_note) = run_bootstrap(store, &s, &p, &ranked, &ks, opts).await?;
     let report = ScoreReport {
         saliency_sha256: sha,
@@ -267,26 +271,40 @@ async fn run_screen(
     store: &RunStore,
     s: &Saliency,
     maps: &[(String, KeepMap)],
+    max_rows: u64,
 ) -> anyhow::Result<(Vec<screen::ScreenRow>, Option<String>)> {
     let parts = trace_parts(store).await?;
     if parts.is_empty() {
         return Ok((Vec::new(), Some("no trace parts under trace/".into())));
+    }
+    if max_rows == 0 {
+        return Ok((Vec::new(), Some("screen disabled (--screen-rows 0)".into())));
     }
     let masks: Vec<screen::KeepMask> = maps
         .iter()
         .map(|(_, m)| screen::KeepMask::new(m, s.n_expert as usize))
         .collect();
     let mut acc = BTreeMap::new();
-    for part in &parts {
+    let mut read = 0u64;
+    let mut note = None;
+    for (i, part) in parts.iter().enumerate() {
+        if read >= max_rows {
+            note = Some(format!(
+                "partial: the first {i} of {} trace parts ({read} rows; raise --screen-rows for more)",
+                parts.len()
+            ));
+            break;
+        }
         let rows = common::trace::read_part(store.get(part).await?)
             .map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(part)))?;
+        read += rows.len() as u64;
         screen::screen_rows(&masks, &rows, &mut acc);
     }
     let rows = acc
         .iter()
         .map(|((i, split), a)| a.finish(&masks[*i].method, masks[*i].k, *split))
         .collect();
-    Ok((rows, None))
+    Ok((rows, note))
 }
 
 /// The fit split's per-chunk statistics: from `partials/merged.bin`, else
@@ -363,6 +381,8 @@ async fn run_bootstrap(
 }
 
 /// Scores the run at `run` (path or URL); library entry point of `score`.
+/// It runs its own runtime: call it outside any async context (inside one,
+/// await [`score()`]).
 pub fn score_run(run: &str, opts: &ScoreOptions) -> anyhow::Result<ScoreReport> {
     let store = RunStore::open(run)?;
     tokio::runtime::Runtime::new()?.block_on(score(&store, opts))

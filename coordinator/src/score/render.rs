@@ -112,8 +112,14 @@ pub fn markdown(r: &ScoreReport) -> String {
     }
     o.push_str("\n### Substitution screen\n\n");
     if let Some(note) = &r.screen_note {
-        let _ = writeln!(o, "Not run: {note}.");
-    } else {
+        let verb = if r.screen.is_empty() {
+            "Not run"
+        } else {
+            "Note"
+        };
+        let _ = writeln!(o, "{verb}: {note}.\n");
+    }
+    if !r.screen.is_empty() {
         o.push_str("| method | K | split | rows | rows changed | mean mass lost | max mass lost | substitutes | mean substitute rank | rank k+1 / <=2k / <=4k / beyond | forced misses |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
         for s in &r.screen {
             let b = s.substitute_rank_buckets;

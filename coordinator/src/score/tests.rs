@@ -297,6 +297,27 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
     assert!((held.mean_mass_lost - 0.6).abs() < 1e-6);
     assert_eq!(report.stability.len(), 1);
     assert_eq!(report.stability[0].mean_jaccard, 1.0);
+    // A row budget stops the screen at a part boundary and says so.
+    let mut more = vec![row(Split::Heldout, 1)];
+    store
+        .put("trace/part-1.parquet", write_part(&mut more, 1, 3).unwrap())
+        .await
+        .unwrap();
+    let capped = ScoreOptions {
+        screen_rows: 2,
+        ..opts
+    };
+    let report = score(&store, &capped).await.unwrap();
+    assert_eq!(report.screen.iter().map(|r| r.rows).sum::<u64>(), 2);
+    assert!(
+        report
+            .screen_note
+            .as_deref()
+            .unwrap()
+            .contains("first 1 of 2 trace parts"),
+        "{:?}",
+        report.screen_note
+    );
 }
 
 #[tokio::test]

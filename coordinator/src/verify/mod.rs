@@ -277,6 +277,8 @@ pub async fn verify(store: &RunStore) -> anyhow::Result<VerifyReport> {
 }
 
 /// Verifies the run at `run` (path or URL); library entry point of `verify`.
+/// It runs its own runtime: call it outside any async context (inside one,
+/// await [`verify`]).
 pub fn verify_run(run: &str) -> anyhow::Result<VerifyReport> {
     let store = RunStore::open(run)?;
     tokio::runtime::Runtime::new()?.block_on(verify(&store))
