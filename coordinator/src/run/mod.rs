@@ -445,6 +445,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .or_else(|| config.run.out.clone())
         .unwrap_or_else(|| crate::corpus::default_out(&args.config));
+    ensure_model(&config.model_path())?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let store = RunStore::open(&out)?;
@@ -507,6 +508,33 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         })
     })
+}
+
+/// A missing model named after a `synth-model` preset (`tiny.gguf`,
+/// `tiny-alt.gguf`, `bench.gguf`) is generated with the worker binary, so the
+/// quickstart needs nothing but the build.
+fn ensure_model(path: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::{bail, Context};
+    if path.exists() {
+        return Ok(());
+    }
+    let preset = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if !["tiny", "tiny-alt", "bench"].contains(&preset) {
+        bail!("model {} does not exist", path.display());
+    }
+    eprintln!(
+        "model {} is missing: generating it with `worker synth-model --preset {preset}`",
+        path.display()
+    );
+    let status = std::process::Command::new(local::worker_binary()?)
+        .args(["synth-model", "--preset", preset, "--out"])
+        .arg(path)
+        .status()
+        .context("running worker synth-model")?;
+    if !status.success() {
+        bail!("worker synth-model --preset {preset} failed ({status})");
+    }
+    Ok(())
 }
 
 fn print_summary(store: &RunStore, s: &RunSummary) {

@@ -1,0 +1,239 @@
+//! End-to-end distributed runs with real llama.cpp workers (`worker join`
+//! processes) on the generated `tiny` model over loopback QUIC: byte-identical
+//! artifacts for 1 and 3 workers, a worker killed with SIGKILL mid-lease, a
+//! coordinator killed and restarted, and a whole run on the S3 test server.
+
+use common::artifacts::names;
+use common::store::RunStore;
+use coordinator::run::local::LocalWorkers;
+use coordinator::run::settings::{ClusterSettings, RunSettings};
+use coordinator::run::{execute, RunSetup, RunSummary};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::process::Child;
+use worker::synth::Preset;
+
+const N_CHUNKS: u32 = 12;
+const N_CTX: u32 = 64;
+
+/// The worker binary, if it has the `join` subcommand (else a loud skip).
+fn worker_with_join() -> Option<std::path::PathBuf> {
+    let bin = fixtures::bin("worker");
+    let ok = std::process::Command::new(&bin)
+        .args(["join", "--help"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIPPED: {} has no `join` subcommand yet", bin.display());
+    }
+    ok.then_some(bin)
+}
+
+fn setup(dir: &Path, model: &Path) -> RunSetup {
+    let run_dir = dir.join("run");
+    let index = fixtures::write_corpus(&run_dir, &fixtures::chunks(N_CHUNKS, N_CTX), N_CTX);
+    RunSetup {
+        store: RunStore::open(run_dir.to_str().unwrap()).unwrap(),
+        index,
+        model_sha256: worker::collect::sha256_file(model).unwrap(),
+        model_path: model.to_path_buf(),
+        run: RunSettings {
+            lease_chunks: 2,
+            heartbeat_timeout_s: 3,
+            lease_timeout_s: 120,
+            n_ubatch: N_CTX,
+            trace_every: 2,
+            trace_top_n: 8,
+            ..RunSettings::default()
+        },
+        cluster: ClusterSettings::default(),
+    }
+}
+
+fn locals(bin: &Path, model: &Path, count: u32) -> LocalWorkers {
+    LocalWorkers {
+        binary: bin.to_path_buf(),
+        count,
+        model: model.to_path_buf(),
+        threads: 1,
+        env: Vec::new(),
+    }
+}
+
+/// Runs with `count` local worker processes; their pids go to `pids`.
+async fn run(
+    s: &RunSetup,
+    bin: &Path,
+    count: u32,
+    pids: Arc<Mutex<Vec<u32>>>,
+) -> Result<RunSummary, coordinator::run::RunError> {
+    let w = locals(bin, &s.model_path, count);
+    tokio::time::timeout(
+        Duration::from_secs(300),
+        execute(s, |l| {
+            let children: Vec<Child> = w.spawn(l.addr, &l.pin, &l.secret)?;
+            pids.lock()
+                .unwrap()
+                .extend(children.iter().filter_map(|c| c.id()));
+            Ok(children)
+        }),
+    )
+    .await
+    .expect("the run finishes in time")
+}
+
+/// saliency.json, saliency.parquet, imatrix.gguf and every trace part.
+async fn artifacts(store: &RunStore) -> Vec<(String, Vec<u8>)> {
+    let mut names: Vec<String> = vec![
+        names::SALIENCY_JSON.into(),
+        names::SALIENCY_PARQUET.into(),
+        names::IMATRIX_GGUF.into(),
+    ];
+    names.extend(store.list("trace").await.unwrap());
+    let mut out = Vec::new();
+    for n in names {
+        let b = store.get(&n).await.unwrap().to_vec();
+        out.push((n, b));
+    }
+    out
+}
+
+async fn reference(dir: &Path, bin: &Path, model: &Path) -> Vec<(String, Vec<u8>)> {
+    let s = setup(&dir.join("reference"), model);
+    run(&s, bin, 1, Arc::default()).await.unwrap();
+    artifacts(&s.store).await
+}
+
+async fn verify_ok(store: &RunStore) {
+    let report = coordinator::verify::verify(store).await.unwrap();
+    assert!(report.ok(), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_and_three_real_workers_give_byte_identical_artifacts() {
+    let Some(bin) = worker_with_join() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let one = reference(d.path(), &bin, &model).await;
+    let s = setup(&d.path().join("three"), &model);
+    let summary = run(&s, &bin, 3, Arc::default()).await.unwrap();
+    assert_eq!(summary.computed, 6);
+    assert!(
+        one.iter().any(|(n, _)| n.starts_with("trace/")),
+        "traces were written"
+    );
+    assert_eq!(artifacts(&s.store).await, one);
+    verify_ok(&s.store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_mid_lease_loses_no_chunk_and_counts_none_twice() {
+    let Some(bin) = worker_with_join() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let expected = reference(d.path(), &bin, &model).await;
+    let s = setup(&d.path().join("killed"), &model);
+    let pids: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let (store, victim) = (s.store.clone(), pids.clone());
+    // Kill one worker with SIGKILL as soon as the first lease is stored.
+    let killer = tokio::spawn(async move {
+        for _ in 0..600 {
+            let stored = store.list("partials").await.unwrap_or_default();
+            if !stored.is_empty() {
+                if let Some(pid) = victim.lock().unwrap().first().copied() {
+                    let _ = std::process::Command::new("kill")
+                        .args(["-9", &pid.to_string()])
+                        .status();
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    });
+    let summary = run(&s, &bin, 2, pids).await.unwrap();
+    assert!(killer.await.unwrap(), "a worker was killed");
+    assert_eq!(artifacts(&s.store).await, expected);
+    verify_ok(&s.store).await;
+    assert_eq!(summary.computed, 6, "{summary:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinator_killed_and_restarted_recomputes_at_most_one_lease_per_worker() {
+    let Some(bin) = worker_with_join() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let expected = reference(d.path(), &bin, &model).await;
+    let s = setup(&d.path().join("restarted"), &model);
+    let workers = 2u32;
+    // First coordinator: dropped (with its workers) once 2 leases are stored.
+    {
+        let first = run(&s, &bin, workers, Arc::default());
+        tokio::pin!(first);
+        loop {
+            tokio::select! {
+                r = &mut first => panic!("the first run ended before it was killed: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                    if s.store.list("partials").await.unwrap().len() >= 2 {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let stored = s.store.list("partials").await.unwrap().len();
+    let summary = run(&s, &bin, workers, Arc::default()).await.unwrap();
+    assert!(summary.resumed >= stored.min(6), "{summary:?}");
+    assert_eq!(summary.resumed + summary.computed, 6);
+    // Leases the first coordinator had in flight when it died are recomputed:
+    // at most one per worker.
+    assert!(
+        summary.computed <= 6 - stored + workers as usize,
+        "stored {stored}, then computed {}",
+        summary.computed
+    );
+    assert_eq!(artifacts(&s.store).await, expected);
+    verify_ok(&s.store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_real_run_round_trips_through_s3() {
+    let Some(bin) = worker_with_join() else {
+        return;
+    };
+    let Ok(bucket) = std::env::var("MOE_CENSUS_S3_BUCKET") else {
+        eprintln!(
+            "SKIPPED: MOE_CENSUS_S3_BUCKET is unset; source .ci/s3-server to run the S3 tests"
+        );
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let expected = reference(d.path(), &bin, &model).await;
+    let local = setup(&d.path().join("for-s3"), &model);
+    let prefix = format!(
+        "s3://{bucket}/e2e-{}",
+        common::wire::sha256_hex(&common::wire::random_bytes(8))
+    );
+    let s3 = RunStore::open(&prefix).unwrap();
+    for name in ["corpus/index.json", "corpus/chunks.parquet"] {
+        s3.put(name, local.store.get(name).await.unwrap())
+            .await
+            .unwrap();
+    }
+    let s = RunSetup {
+        store: s3.clone(),
+        ..local
+    };
+    let summary = run(&s, &bin, 2, Arc::default()).await.unwrap();
+    assert_eq!(summary.computed, 6);
+    assert_eq!(artifacts(&s3).await, expected);
+    verify_ok(&s3).await;
+}
