@@ -1,0 +1,48 @@
+//! Command-line contract (DESIGN section 10): one subcommand per stage.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// moe-census coordinator.
+#[derive(Parser, Debug)]
+#[command(name = "coordinator", version, about = "moe-census coordinator: corpus, run, merge, verify, score, replay, report")]
+pub struct Cli {
+    /// The stage to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Coordinator subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Prepare the tokenized corpus and print the share table; non-zero exit on a share miss.
+    Corpus(crate::corpus::CorpusArgs),
+    /// The whole pipeline: corpus, leases to workers over QUIC, merge, checks, scoring.
+    Run(crate::run::RunArgs),
+    /// Create a cluster CA (ca.pem, ca.key) that signs the coordinator's certificate.
+    Ca(crate::run::CaArgs),
+    /// Merge partials into saliency.json, saliency.parquet and imatrix.gguf.
+    Merge(crate::merge::MergeArgs),
+    /// Check every invariant of the run's results; exit 0 only if all hold.
+    Verify(crate::verify::VerifyArgs),
+    /// Rank experts, write keep maps for every K and the scoring tables.
+    Score(crate::score::ScoreArgs),
+    /// Write report/report.md with PNG plots.
+    Report(crate::report::ReportArgs),
+    /// Replay traces against expert caches: misses per policy, capacity and keep map.
+    Replay(crate::replay::ReplayArgs),
+}
+
+/// Runs a parsed command; the exit code says whether it succeeded.
+pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Corpus(args) => crate::corpus::run(args),
+        Command::Run(args) => crate::run::main(args),
+        Command::Ca(args) => crate::run::ca(args),
+        Command::Merge(args) => crate::merge::run(args),
+        Command::Verify(args) => crate::verify::run(args),
+        Command::Score(args) => crate::score::run(args),
+        Command::Report(args) => crate::report::run(args),
+        Command::Replay(args) => crate::replay::main(args),
+    }
+}

@@ -1,0 +1,18 @@
+//! The coordinator: everything after the worker's measurements, and the
+//! orchestration around them.
+//!
+//! Data flows one way: [`merge`] combines partials, then scoring, replay and
+//! the report read the merged artifacts.
+#![deny(missing_docs)]
+
+pub mod cli;
+pub mod config;
+pub mod corpus;
+pub mod merge;
+pub mod net;
+pub mod replay;
+pub mod report;
+pub mod run;
+pub mod sched;
+pub mod score;
+pub mod verify;
