@@ -29,16 +29,39 @@ pub fn chunks(n_chunks: u32, n_ctx: u32) -> Vec<Chunk> {
     };
     (0..n_chunks)
         .map(|id| {
-            let len = if id + 1 == n_chunks { n_ctx * 5 / 8 } else { n_ctx };
+            let len = if id + 1 == n_chunks {
+                n_ctx * 5 / 8
+            } else {
+                n_ctx
+            };
             let tokens = (0..len).map(|_| (next() % 600) as i32).collect();
             let a = len / 3 + id % 5;
             let b = 2 * len / 3;
             let spans = vec![
-                Span { start: 0, len: a, split: Split::Fit, domain: (id % 2) as u16 },
-                Span { start: a, len: b - a, split: Split::Heldout, domain: 1 },
-                Span { start: b, len: len - b, split: Split::Fit, domain: 0 },
+                Span {
+                    start: 0,
+                    len: a,
+                    split: Split::Fit,
+                    domain: (id % 2) as u16,
+                },
+                Span {
+                    start: a,
+                    len: b - a,
+                    split: Split::Heldout,
+                    domain: 1,
+                },
+                Span {
+                    start: b,
+                    len: len - b,
+                    split: Split::Fit,
+                    domain: 0,
+                },
             ];
-            Chunk { id: ChunkId(id), tokens, spans }
+            Chunk {
+                id: ChunkId(id),
+                tokens,
+                spans,
+            }
         })
         .collect()
 }
@@ -65,6 +88,10 @@ pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     let path = dir.join(name);
-    assert!(path.exists(), "{} is not built; run `cargo build --workspace` first", path.display());
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build --workspace` first",
+        path.display()
+    );
     path
 }

@@ -24,11 +24,17 @@ impl LlamaGguf {
     pub fn open(path: &Path) -> Result<LlamaGguf, String> {
         let c = CString::new(path.to_str().unwrap()).unwrap();
         let mut ctx: *mut sys::ggml_context = std::ptr::null_mut();
-        let params = sys::gguf_init_params { no_alloc: false, ctx: &mut ctx };
+        let params = sys::gguf_init_params {
+            no_alloc: false,
+            ctx: &mut ctx,
+        };
         // SAFETY: valid C string; llama.cpp writes the ggml context pointer.
         let gguf = unsafe { sys::gguf_init_from_file(c.as_ptr(), params) };
         if gguf.is_null() || ctx.is_null() {
-            return Err(format!("llama.cpp's GGUF reader rejected {}", path.display()));
+            return Err(format!(
+                "llama.cpp's GGUF reader rejected {}",
+                path.display()
+            ));
         }
         Ok(LlamaGguf { gguf, ctx })
     }
@@ -44,29 +50,43 @@ impl LlamaGguf {
     pub fn str(&self, key: &str) -> Option<String> {
         let id = self.key(key)?;
         // SAFETY: key exists; llama.cpp asserts the type and returns a C string.
-        unsafe { (sys::gguf_get_kv_type(self.gguf, id) == sys::GGUF_TYPE_STRING)
-            .then(|| CStr::from_ptr(sys::gguf_get_val_str(self.gguf, id)).to_string_lossy().into_owned()) }
+        unsafe {
+            (sys::gguf_get_kv_type(self.gguf, id) == sys::GGUF_TYPE_STRING).then(|| {
+                CStr::from_ptr(sys::gguf_get_val_str(self.gguf, id))
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        }
     }
 
     /// A u32 value.
     pub fn u32(&self, key: &str) -> Option<u32> {
         let id = self.key(key)?;
         // SAFETY: key exists and its type is checked first.
-        unsafe { (sys::gguf_get_kv_type(self.gguf, id) == sys::GGUF_TYPE_UINT32).then(|| sys::gguf_get_val_u32(self.gguf, id)) }
+        unsafe {
+            (sys::gguf_get_kv_type(self.gguf, id) == sys::GGUF_TYPE_UINT32)
+                .then(|| sys::gguf_get_val_u32(self.gguf, id))
+        }
     }
 
     /// An f32 value.
     pub fn f32(&self, key: &str) -> Option<f32> {
         let id = self.key(key)?;
         // SAFETY: key exists and its type is checked first.
-        unsafe { (sys::gguf_get_kv_type(self.gguf, id) == sys::GGUF_TYPE_FLOAT32).then(|| sys::gguf_get_val_f32(self.gguf, id)) }
+        unsafe {
+            (sys::gguf_get_kv_type(self.gguf, id) == sys::GGUF_TYPE_FLOAT32)
+                .then(|| sys::gguf_get_val_f32(self.gguf, id))
+        }
     }
 
     /// A bool value.
     pub fn bool(&self, key: &str) -> Option<bool> {
         let id = self.key(key)?;
         // SAFETY: key exists and its type is checked first.
-        unsafe { (sys::gguf_get_kv_type(self.gguf, id) == sys::GGUF_TYPE_BOOL).then(|| sys::gguf_get_val_bool(self.gguf, id)) }
+        unsafe {
+            (sys::gguf_get_kv_type(self.gguf, id) == sys::GGUF_TYPE_BOOL)
+                .then(|| sys::gguf_get_val_bool(self.gguf, id))
+        }
     }
 
     /// A string array value.
@@ -81,7 +101,11 @@ impl LlamaGguf {
             }
             Some(
                 (0..sys::gguf_get_arr_n(self.gguf, id))
-                    .map(|i| CStr::from_ptr(sys::gguf_get_arr_str(self.gguf, id, i)).to_string_lossy().into_owned())
+                    .map(|i| {
+                        CStr::from_ptr(sys::gguf_get_arr_str(self.gguf, id, i))
+                            .to_string_lossy()
+                            .into_owned()
+                    })
                     .collect(),
             )
         }
@@ -92,7 +116,11 @@ impl LlamaGguf {
         // SAFETY: indices below gguf_get_n_tensors.
         unsafe {
             (0..sys::gguf_get_n_tensors(self.gguf))
-                .map(|i| CStr::from_ptr(sys::gguf_get_tensor_name(self.gguf, i)).to_string_lossy().into_owned())
+                .map(|i| {
+                    CStr::from_ptr(sys::gguf_get_tensor_name(self.gguf, i))
+                        .to_string_lossy()
+                        .into_owned()
+                })
                 .collect()
         }
     }

@@ -11,9 +11,15 @@ use worker::synth::Preset;
 const N_CTX: u32 = 48;
 
 fn run(bin: &str, args: &[&str]) -> Output {
-    let out = Command::new(fixtures::bin(bin)).args(args).output().unwrap();
+    let out = Command::new(fixtures::bin(bin))
+        .args(args)
+        .output()
+        .unwrap();
     if !out.status.success() {
-        eprintln!("{bin} {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        eprintln!(
+            "{bin} {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     out
 }
@@ -21,7 +27,23 @@ fn run(bin: &str, args: &[&str]) -> Output {
 fn collect(model: &Path, corpus: &Path, chunks: &str, out: &Path) -> Output {
     run(
         "worker",
-        &["collect", "--model", model.to_str().unwrap(), "--corpus", corpus.to_str().unwrap(), "--chunks", chunks, "--out", out.to_str().unwrap(), "--threads", "2", "--n-ubatch", "32", "--trace-top-n", "8"],
+        &[
+            "collect",
+            "--model",
+            model.to_str().unwrap(),
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--chunks",
+            chunks,
+            "--out",
+            out.to_str().unwrap(),
+            "--threads",
+            "2",
+            "--n-ubatch",
+            "32",
+            "--trace-top-n",
+            "8",
+        ],
     )
 }
 
@@ -40,15 +62,21 @@ fn one_call_and_two_merged_calls_give_identical_artifacts() {
     assert!(merged.status.success());
 
     for name in ["saliency.json", "imatrix.gguf", "saliency.parquet"] {
-        let (x, y) = (std::fs::read(a.join(name)).unwrap(), std::fs::read(b.join(name)).unwrap());
+        let (x, y) = (
+            std::fs::read(a.join(name)).unwrap(),
+            std::fs::read(b.join(name)).unwrap(),
+        );
         assert!(x == y, "{name} differs between one call and a merge of two");
     }
-    let saliency: serde_json::Value = serde_json::from_slice(&std::fs::read(a.join("saliency.json")).unwrap()).unwrap();
+    let saliency: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("saliency.json")).unwrap()).unwrap();
     assert_eq!(saliency["n_chunks"], 8);
     assert_eq!(saliency["trace_tokens_written"], 7 * N_CTX + N_CTX * 5 / 8);
 
     // imatrix.gguf through llama.cpp's reader: upstream names, shapes and metadata.
-    let partial = Partial::from_bytes(&std::fs::read(a.join("partials/part-00000000-00000008.bin")).unwrap()).unwrap();
+    let partial =
+        Partial::from_bytes(&std::fs::read(a.join("partials/part-00000000-00000008.bin")).unwrap())
+            .unwrap();
     let g = LlamaGguf::open(&a.join("imatrix.gguf")).unwrap();
     assert_eq!(g.str("general.type").as_deref(), Some("imatrix"));
     assert_eq!(g.u32("imatrix.chunk_count"), Some(8));
@@ -57,15 +85,42 @@ fn one_call_and_two_merged_calls_give_identical_artifacts() {
     let names = g.tensor_names();
     assert_eq!(names.len(), 2 * partial.imatrix.entries.len());
     for (name, e) in &partial.imatrix.entries {
-        let sums = g.f32_tensor(&format!("{name}.in_sum2")).unwrap_or_else(|| panic!("{name}.in_sum2 missing"));
-        let counts = g.f32_tensor(&format!("{name}.counts")).unwrap_or_else(|| panic!("{name}.counts missing"));
-        assert_eq!(sums.ne, [e.n_in as usize, e.n_mat as usize, 1, 1], "{name}.in_sum2 shape");
-        assert_eq!(counts.ne, [1, e.n_mat as usize, 1, 1], "{name}.counts shape");
-        assert!(sums.data.iter().zip(&e.in_sum2).all(|(f, x)| *f == x.to_f64() as f32));
-        assert!(counts.data.iter().zip(&e.counts).all(|(f, c)| *f == *c as f32));
+        let sums = g
+            .f32_tensor(&format!("{name}.in_sum2"))
+            .unwrap_or_else(|| panic!("{name}.in_sum2 missing"));
+        let counts = g
+            .f32_tensor(&format!("{name}.counts"))
+            .unwrap_or_else(|| panic!("{name}.counts missing"));
+        assert_eq!(
+            sums.ne,
+            [e.n_in as usize, e.n_mat as usize, 1, 1],
+            "{name}.in_sum2 shape"
+        );
+        assert_eq!(
+            counts.ne,
+            [1, e.n_mat as usize, 1, 1],
+            "{name}.counts shape"
+        );
+        assert!(sums
+            .data
+            .iter()
+            .zip(&e.in_sum2)
+            .all(|(f, x)| *f == x.to_f64() as f32));
+        assert!(counts
+            .data
+            .iter()
+            .zip(&e.counts)
+            .all(|(f, c)| *f == *c as f32));
     }
-    for expected in ["blk.0.ffn_gate_inp.weight", "blk.2.ffn_down_exps.weight", "blk.1.attn_q.weight"] {
-        assert!(partial.imatrix.entries.contains_key(expected), "imatrix lacks {expected}");
+    for expected in [
+        "blk.0.ffn_gate_inp.weight",
+        "blk.2.ffn_down_exps.weight",
+        "blk.1.attn_q.weight",
+    ] {
+        assert!(
+            partial.imatrix.entries.contains_key(expected),
+            "imatrix lacks {expected}"
+        );
     }
 }
 
@@ -76,7 +131,10 @@ fn assert_fails_cleanly(out: Output, out_dir: &Path, needles: &[&str]) {
         assert!(err.contains(n), "error should mention {n:?}: {err}");
     }
     for artifact in ["saliency.json", "imatrix.gguf", "partials"] {
-        assert!(!out_dir.join(artifact).exists(), "{artifact} was left behind after a failure");
+        assert!(
+            !out_dir.join(artifact).exists(),
+            "{artifact} was left behind after a failure"
+        );
     }
 }
 
@@ -89,14 +147,30 @@ fn bad_models_and_ranges_fail_with_clear_errors_and_no_output() {
 
     let dense = fixtures::model(dir.path(), Preset::Dense);
     let dense_s = dense.to_str().unwrap();
-    assert_fails_cleanly(collect(&dense, &corpus, "0..2", &out), &out, &[dense_s, "no MoE layers"]);
+    assert_fails_cleanly(
+        collect(&dense, &corpus, "0..2", &out),
+        &out,
+        &[dense_s, "no MoE layers"],
+    );
 
     let tiny = fixtures::model(dir.path(), Preset::Tiny);
     let truncated = dir.path().join("truncated.gguf");
     let bytes = std::fs::read(&tiny).unwrap();
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
-    assert_fails_cleanly(collect(&truncated, &corpus, "0..2", &out), &out, &[truncated.to_str().unwrap(), "truncated"]);
+    assert_fails_cleanly(
+        collect(&truncated, &corpus, "0..2", &out),
+        &out,
+        &[truncated.to_str().unwrap(), "truncated"],
+    );
 
-    assert_fails_cleanly(collect(&tiny, &corpus, "2..9", &out), &out, &["2..9", "out of bounds", "4 chunks"]);
-    assert_fails_cleanly(collect(&tiny, &dir.path().join("nowhere"), "0..1", &out), &out, &["nowhere", "index.json"]);
+    assert_fails_cleanly(
+        collect(&tiny, &corpus, "2..9", &out),
+        &out,
+        &["2..9", "out of bounds", "4 chunks"],
+    );
+    assert_fails_cleanly(
+        collect(&tiny, &dir.path().join("nowhere"), "0..1", &out),
+        &out,
+        &["nowhere", "index.json"],
+    );
 }

@@ -65,9 +65,12 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
     let range = ChunkRange::parse(&a.chunks).map_err(|e| anyhow::anyhow!("--chunks: {e}"))?;
     let rt = tokio::runtime::Runtime::new()?;
     let (corpus, index) = rt.block_on(open_corpus(&a.corpus))?;
-    index.check_range(range).map_err(|e| anyhow::anyhow!("corpus {}: {e}", corpus.url()))?;
+    index
+        .check_range(range)
+        .map_err(|e| anyhow::anyhow!("corpus {}: {e}", corpus.url()))?;
     let bytes = rt.block_on(corpus.get(CHUNKS_FILE))?;
-    let chunks = read_chunks(bytes, Some(range)).map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
+    let chunks = read_chunks(bytes, Some(range))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
     let mut opts = CollectOptions {
         n_ubatch: a.n_ubatch,
         n_gpu_layers: a.n_gpu_layers,
@@ -86,7 +89,9 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} tokens {per_sec} eta {eta} {msg}")
             .expect("valid template"),
     );
-    let worker::collect::Collected { mut partial, trace, .. } = collector.run(&index, &chunks, &mut |chunk, n| {
+    let worker::collect::Collected {
+        mut partial, trace, ..
+    } = collector.run(&index, &chunks, &mut |chunk, n| {
         bar.set_message(format!("chunk {chunk}"));
         bar.inc(n as u64);
     })?;

@@ -7,7 +7,11 @@ mod cli_collect;
 
 /// moe-census worker.
 #[derive(Parser, Debug)]
-#[command(name = "worker", version, about = "moe-census worker: generate test models, measure chunks, join a run")]
+#[command(
+    name = "worker",
+    version,
+    about = "moe-census worker: generate test models, measure chunks, join a run"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -19,6 +23,8 @@ enum Command {
     SynthModel(SynthArgs),
     /// Measure a chunk range of a tokenized corpus and write a partial (no network).
     Collect(cli_collect::CollectArgs),
+    /// Join a run: prove the join secret, then measure leased chunk ranges.
+    Join(worker::join::JoinArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -44,9 +50,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::SynthModel(a) => worker::synth::write_model(a.preset, a.seed, &a.out).map(|()| {
-            println!("wrote {:?} model (seed {}) to {}", a.preset, a.seed, a.out.display());
+            println!(
+                "wrote {:?} model (seed {}) to {}",
+                a.preset,
+                a.seed,
+                a.out.display()
+            );
         }),
         Command::Collect(a) => cli_collect::run(a),
+        Command::Join(a) => worker::join::run(a)
+            .map(|_| ())
+            .map_err(anyhow::Error::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

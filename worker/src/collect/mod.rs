@@ -162,15 +162,20 @@ impl Collector {
                     traced,
                 });
                 ctx.decode(toks, pos0 as i32)?;
-                ctx.observer().end_ubatch().map_err(|reason| WorkerError::Graph {
-                    chunk: chunk.id.0,
-                    reason,
-                })?;
+                ctx.observer()
+                    .end_ubatch()
+                    .map_err(|reason| WorkerError::Graph {
+                        chunk: chunk.id.0,
+                        reason,
+                    })?;
             }
             let obs = ctx.observer();
             let scratch = std::mem::replace(
                 &mut obs.scratch,
-                scratch::ChunkScratch::new(self.shape.moe_layers.len(), self.shape.n_expert as usize),
+                scratch::ChunkScratch::new(
+                    self.shape.moe_layers.len(),
+                    self.shape.n_expert as usize,
+                ),
             );
             chunk_stats.push(scratch.chunk_stats(chunk.id.0));
             scratch.fold_into(&index.domains, &mut experts, &mut imatrix)?;
@@ -199,7 +204,11 @@ impl Collector {
             chunk_stats,
         };
         tracing::debug!(model = %self.path.display(), chunks = chunks.len(), "collected");
-        Ok(Collected { partial, trace, dumps })
+        Ok(Collected {
+            partial,
+            trace,
+            dumps,
+        })
     }
 }
 
@@ -263,10 +272,11 @@ pub async fn write_trace_part(
     n: usize,
 ) -> Result<String, WorkerError> {
     let name = trace_part_name(range);
-    let bytes = common::trace::write_part(&mut rows, k, n).map_err(|reason| WorkerError::Trace {
-        name: name.clone(),
-        reason,
-    })?;
+    let bytes =
+        common::trace::write_part(&mut rows, k, n).map_err(|reason| WorkerError::Trace {
+            name: name.clone(),
+            reason,
+        })?;
     store.put(&name, bytes).await?;
     Ok(name)
 }

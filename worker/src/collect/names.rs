@@ -23,9 +23,10 @@ pub fn parse_moe_node(name: &str) -> Option<(MoeNode, u32)> {
     let node = match base {
         "ffn_moe_probs" => MoeNode::Probs,
         "ffn_moe_topk" => MoeNode::TopK,
-        "ffn_moe_weights" | "ffn_moe_weights_softmax" | "ffn_moe_weights_norm" | "ffn_moe_weights_scaled" => {
-            MoeNode::Weights
-        }
+        "ffn_moe_weights"
+        | "ffn_moe_weights_softmax"
+        | "ffn_moe_weights_norm"
+        | "ffn_moe_weights_scaled" => MoeNode::Weights,
         "ffn_moe_down" | "ffn_moe_down_scaled" | "ffn_moe_down_biased" => MoeNode::Down,
         _ => return None,
     };
@@ -46,8 +47,14 @@ mod tests {
 
     #[test]
     fn moe_node_names_match_exactly() {
-        assert_eq!(parse_moe_node("ffn_moe_probs-12"), Some((MoeNode::Probs, 12)));
-        assert_eq!(parse_moe_node("ffn_moe_weights_norm-3"), Some((MoeNode::Weights, 3)));
+        assert_eq!(
+            parse_moe_node("ffn_moe_probs-12"),
+            Some((MoeNode::Probs, 12))
+        );
+        assert_eq!(
+            parse_moe_node("ffn_moe_weights_norm-3"),
+            Some((MoeNode::Weights, 3))
+        );
         assert_eq!(parse_moe_node("ffn_moe_down-0"), Some((MoeNode::Down, 0)));
         assert_eq!(parse_moe_node("ffn_moe_probs-1 (reshaped)"), None);
         assert_eq!(parse_moe_node("ffn_moe_probs_biased-1"), None);
@@ -56,7 +63,13 @@ mod tests {
 
     #[test]
     fn backend_decorations_are_stripped() {
-        assert_eq!(weight_name("CUDA0#blk.0.attn_k.weight#0"), "blk.0.attn_k.weight");
-        assert_eq!(weight_name("blk.1.ffn_gate_inp.weight"), "blk.1.ffn_gate_inp.weight");
+        assert_eq!(
+            weight_name("CUDA0#blk.0.attn_k.weight#0"),
+            "blk.0.attn_k.weight"
+        );
+        assert_eq!(
+            weight_name("blk.1.ffn_gate_inp.weight"),
+            "blk.1.ffn_gate_inp.weight"
+        );
     }
 }

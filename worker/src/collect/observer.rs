@@ -127,7 +127,10 @@ impl Observer {
             self.flush()?;
             let ne = t.ne();
             if ne[0] != self.n_expert || ne[1] != n_tokens || t.elem() != ElemType::F32 {
-                return Err(format!("ffn_moe_probs-{layer} has shape {ne:?}, expected [{}, {n_tokens}] f32", self.n_expert));
+                return Err(format!(
+                    "ffn_moe_probs-{layer} has shape {ne:?}, expected [{}, {n_tokens}] f32",
+                    self.n_expert
+                ));
             }
             self.pending = Some(PendingLayer {
                 layer,
@@ -141,13 +144,19 @@ impl Observer {
         }
         let k = self.k;
         let Some(p) = self.pending.as_mut().filter(|p| p.layer == layer) else {
-            return Err(format!("{} arrived without ffn_moe_probs-{layer}", t.name()));
+            return Err(format!(
+                "{} arrived without ffn_moe_probs-{layer}",
+                t.name()
+            ));
         };
         let ne = t.ne();
         match node {
             MoeNode::TopK => {
                 if ne[0] != k || ne[1] != p.n_tokens || t.elem() != ElemType::I32 {
-                    return Err(format!("ffn_moe_topk-{layer} has shape {ne:?}, expected [{k}, {}] i32", p.n_tokens));
+                    return Err(format!(
+                        "ffn_moe_topk-{layer} has shape {ne:?}, expected [{k}, {}] i32",
+                        p.n_tokens
+                    ));
                 }
                 let (bytes, nb) = (t.bytes(), t.nb());
                 let ids = (0..p.n_tokens)
@@ -159,11 +168,19 @@ impl Observer {
             MoeNode::Weights => {
                 // [1, k, n_tokens] or [k, n_tokens]: k * n_tokens values either way.
                 if ne.iter().product::<usize>() != k * p.n_tokens || t.elem() != ElemType::F32 {
-                    return Err(format!("{} has shape {ne:?}, expected k*n_tokens = {}", t.name(), k * p.n_tokens));
+                    return Err(format!(
+                        "{} has shape {ne:?}, expected k*n_tokens = {}",
+                        t.name(),
+                        k * p.n_tokens
+                    ));
                 }
                 let (bytes, nb) = (t.bytes(), t.nb());
                 let three_d = ne[0] == 1 && ne[1] == k && ne[2] == p.n_tokens;
-                let (s_k, s_t) = if three_d { (nb[1], nb[2]) } else { (nb[0], nb[1]) };
+                let (s_k, s_t) = if three_d {
+                    (nb[1], nb[2])
+                } else {
+                    (nb[0], nb[1])
+                };
                 p.weights = Some(
                     (0..p.n_tokens)
                         .flat_map(|row| (0..k).map(move |j| row * s_t + j * s_k))
@@ -173,14 +190,21 @@ impl Observer {
             }
             MoeNode::Down => {
                 if ne[1] != k || ne[2] != p.n_tokens || t.elem() != ElemType::F32 {
-                    return Err(format!("{} has shape {ne:?}, expected [n_embd, {k}, {}]", t.name(), p.n_tokens));
+                    return Err(format!(
+                        "{} has shape {ne:?}, expected [n_embd, {k}, {}]",
+                        t.name(),
+                        p.n_tokens
+                    ));
                 }
                 let (bytes, nb) = (t.bytes(), t.nb());
                 let mut norms = Vec::with_capacity(k * p.n_tokens);
                 for row in 0..p.n_tokens {
                     for j in 0..k {
                         let base = row * nb[2] + j * nb[1];
-                        let sq: f64 = (0..ne[0]).map(|i| f32_at(&bytes, base + i * nb[0]) as f64).map(|v| v * v).sum();
+                        let sq: f64 = (0..ne[0])
+                            .map(|i| f32_at(&bytes, base + i * nb[0]) as f64)
+                            .map(|v| v * v)
+                            .sum();
                         norms.push(sq.sqrt() as f32);
                     }
                 }
@@ -193,13 +217,23 @@ impl Observer {
 
     /// Turns the pending layer into sums and trace rows.
     fn flush(&mut self) -> Result<(), String> {
-        let Some(p) = self.pending.take() else { return Ok(()) };
-        let Some(u) = self.ubatch.as_ref() else { return Ok(()) };
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let Some(u) = self.ubatch.as_ref() else {
+            return Ok(());
+        };
         let (Some(topk), Some(weights), Some(norms)) = (p.topk, p.weights, p.norms) else {
-            return Err(format!("MoE layer {} lacks topk, weights or expert outputs in the graph", p.layer));
+            return Err(format!(
+                "MoE layer {} lacks topk, weights or expert outputs in the graph",
+                p.layer
+            ));
         };
         let Some(li) = self.moe_layers.iter().position(|&l| l == p.layer) else {
-            return Err(format!("graph has MoE layer {} that the model metadata does not list", p.layer));
+            return Err(format!(
+                "graph has MoE layer {} that the model metadata does not list",
+                p.layer
+            ));
         };
         self.seen_layers.push(p.layer);
         let (n_expert, k) = (self.n_expert, self.k);
@@ -212,23 +246,35 @@ impl Observer {
                 if v.is_finite() {
                     l.prob[e] += v as f64;
                 } else {
-                    *self.drops.entry(format!("ffn_moe_probs-{}", p.layer)).or_default() += 1;
+                    *self
+                        .drops
+                        .entry(format!("ffn_moe_probs-{}", p.layer))
+                        .or_default() += 1;
                 }
             }
             for j in 0..k {
                 let e = topk[t * k + j];
                 if e < 0 || e as usize >= n_expert {
-                    return Err(format!("ffn_moe_topk-{} selected expert {e} of {n_expert}", p.layer));
+                    return Err(format!(
+                        "ffn_moe_topk-{} selected expert {e} of {n_expert}",
+                        p.layer
+                    ));
                 }
                 let e = e as usize;
                 let (g, n) = (weights[t * k + j] as f64, norms[t * k + j] as f64);
                 l.count[e] += 1;
                 if !g.is_finite() {
-                    *self.drops.entry(format!("ffn_moe_weights-{}", p.layer)).or_default() += 1;
+                    *self
+                        .drops
+                        .entry(format!("ffn_moe_weights-{}", p.layer))
+                        .or_default() += 1;
                     continue;
                 }
                 if !n.is_finite() {
-                    *self.drops.entry(format!("ffn_moe_down-{}", p.layer)).or_default() += 1;
+                    *self
+                        .drops
+                        .entry(format!("ffn_moe_down-{}", p.layer))
+                        .or_default() += 1;
                     continue;
                 }
                 let r = g * n;
@@ -238,16 +284,29 @@ impl Observer {
                 l.l2_sq[e] += r * r;
             }
             if u.traced {
-                self.trace.push(trace_row(u, t, p.layer, &self.domains, &topk[t * k..(t + 1) * k], &weights[t * k..(t + 1) * k], probs, self.top_n));
+                self.trace.push(trace_row(
+                    u,
+                    t,
+                    p.layer,
+                    &self.domains,
+                    &topk[t * k..(t + 1) * k],
+                    &weights[t * k..(t + 1) * k],
+                    probs,
+                    self.top_n,
+                ));
             }
         }
         Ok(())
     }
 
     fn imatrix(&mut self, t: &TensorRef<'_>) {
-        let (Some(w), Some(x)) = (t.src(0), t.src(1)) else { return };
+        let (Some(w), Some(x)) = (t.src(0), t.src(1)) else {
+            return;
+        };
         let name = weight_name(w.name()).to_string();
-        let Some(u) = self.ubatch.as_ref() else { return };
+        let Some(u) = self.ubatch.as_ref() else {
+            return;
+        };
         let fit: Vec<bool> = u.labels.iter().map(|l| l.0 == Split::Fit).collect();
         let chunk = u.chunk;
         if x.elem() != ElemType::F32 {
@@ -255,7 +314,11 @@ impl Observer {
         }
         let (xne, xnb, bytes) = (x.ne(), x.nb(), x.bytes());
         let n_in = xne[0];
-        let row = |off: usize| bytes[off..off + 4 * n_in].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")));
+        let row = |off: usize| {
+            bytes[off..off + 4 * n_in]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        };
         match t.op() {
             Op::MulMatId => {
                 let Some(ids) = t.src(2) else { return };
@@ -274,30 +337,38 @@ impl Observer {
                         let ex = ex as usize;
                         entry.counts[ex] += 1;
                         let sums = &mut entry.sum2[ex * n_in..(ex + 1) * n_in];
-                        for (s, v) in sums.iter_mut().zip(row((idx % xne[1]) * xnb[1] + tok * xnb[2])) {
+                        for (s, v) in sums
+                            .iter_mut()
+                            .zip(row((idx % xne[1]) * xnb[1] + tok * xnb[2]))
+                        {
                             *s += (v as f64) * (v as f64);
                         }
                     }
                 }
             }
             Op::MulMat => {
-                if self.dump_inputs.iter().any(|d| *d == name) && xne[2] == 1 && xne[3] == 1 {
+                if self.dump_inputs.contains(&name) && xne[2] == 1 && xne[3] == 1 {
                     let dump = self.dumps.entry((name.clone(), chunk)).or_default();
                     (0..xne[1]).for_each(|r| dump.extend(row(r * xnb[1])));
                 }
                 let wne = w.ne();
                 let n_mat = wne[2] * wne[3];
+                // Rows are tokens for plain 2-D inputs: count fit tokens only.
                 let per_token = xne[2] == 1 && xne[3] == 1 && xne[1] == fit.len();
+                let counted = |r: usize| !per_token || fit[r];
                 let entry = self.scratch.imatrix_entry(&name, n_in, n_mat);
                 for i3 in 0..xne[3] {
                     for i2 in 0..xne[2] {
                         let mat = (i3 % wne[3]) * wne[2] + (i2 % wne[2]);
                         for r in 0..xne[1] {
-                            if per_token && !fit[r] {
+                            if !counted(r) {
                                 continue;
                             }
                             let sums = &mut entry.sum2[mat * n_in..(mat + 1) * n_in];
-                            for (s, v) in sums.iter_mut().zip(row(r * xnb[1] + i2 * xnb[2] + i3 * xnb[3])) {
+                            for (s, v) in sums
+                                .iter_mut()
+                                .zip(row(r * xnb[1] + i2 * xnb[2] + i3 * xnb[3]))
+                            {
                                 *s += (v as f64) * (v as f64);
                             }
                             entry.counts[mat] += 1;
@@ -321,9 +392,22 @@ fn read_f32_2d(t: &TensorRef<'_>, cols: usize, rows: usize) -> Vec<f32> {
 
 /// One trace row: the selection, its gate weights and the router's top-N.
 #[allow(clippy::too_many_arguments)]
-fn trace_row(u: &UbatchInfo, t: usize, layer: u32, domains: &[String], sel: &[i32], w: &[f32], probs: &[f32], top_n: usize) -> TraceRow {
+fn trace_row(
+    u: &UbatchInfo,
+    t: usize,
+    layer: u32,
+    domains: &[String],
+    sel: &[i32],
+    w: &[f32],
+    probs: &[f32],
+    top_n: usize,
+) -> TraceRow {
     let mut order: Vec<u16> = (0..probs.len() as u16).collect();
-    order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        probs[b as usize]
+            .total_cmp(&probs[a as usize])
+            .then(a.cmp(&b))
+    });
     order.truncate(top_n);
     TraceRow {
         split: u.labels[t].0,
@@ -343,7 +427,9 @@ impl GraphObserver for Observer {
     fn wants(&mut self, t: &TensorRef<'_>) -> bool {
         match t.op() {
             Op::MulMatId => true,
-            Op::MulMat => t.src(0).is_some_and(|w| weight_name(w.name()).starts_with("blk.")),
+            Op::MulMat => t
+                .src(0)
+                .is_some_and(|w| weight_name(w.name()).starts_with("blk.")),
             Op::Other => parse_moe_node(t.name()).is_some(),
         }
     }

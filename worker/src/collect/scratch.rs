@@ -78,7 +78,12 @@ impl ChunkScratch {
     }
 
     /// The imatrix sums of `weight`, created with the given shape on first use.
-    pub fn imatrix_entry(&mut self, weight: &str, n_in: usize, n_mat: usize) -> &mut ImatrixScratch {
+    pub fn imatrix_entry(
+        &mut self,
+        weight: &str,
+        n_in: usize,
+        n_mat: usize,
+    ) -> &mut ImatrixScratch {
         if !self.imatrix.contains_key(weight) {
             self.imatrix.insert(
                 weight.to_string(),
@@ -156,7 +161,9 @@ impl ChunkScratch {
                 .entry(name.clone())
                 .or_insert_with(|| ImatrixEntry::new(s.n_in as u32, s.n_mat as u32));
             if entry.in_sum2.len() != s.sum2.len() {
-                return Err(MergeError::Shape(format!("imatrix {name} changed shape between chunks")));
+                return Err(MergeError::Shape(format!(
+                    "imatrix {name} changed shape between chunks"
+                )));
             }
             add_exact(&mut entry.in_sum2, &s.sum2)?;
             for (a, b) in entry.counts.iter_mut().zip(&s.counts) {

@@ -62,7 +62,11 @@ pub fn init_backend() {
     });
 }
 
-unsafe extern "C" fn log_to_tracing(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+unsafe extern "C" fn log_to_tracing(
+    level: sys::ggml_log_level,
+    text: *const c_char,
+    _: *mut c_void,
+) {
     if text.is_null() {
         return;
     }
@@ -113,7 +117,12 @@ impl Model {
         // SAFETY: the model is live, the key is NUL-terminated and the buffer
         // is writable for its full length.
         let n = unsafe {
-            sys::llama_model_meta_val_str(self.ptr.as_ptr(), c_key.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            sys::llama_model_meta_val_str(
+                self.ptr.as_ptr(),
+                c_key.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
         };
         if n < 0 {
             return None;
@@ -178,7 +187,11 @@ pub struct Context<'m, O: GraphObserver> {
 // &mut self); llama.cpp contexts may move between threads. O must be Send.
 unsafe impl<O: GraphObserver + Send> Send for Context<'_, O> {}
 
-unsafe extern "C" fn eval_callback<O: GraphObserver>(t: *mut sys::ggml_tensor, ask: bool, user: *mut c_void) -> bool {
+unsafe extern "C" fn eval_callback<O: GraphObserver>(
+    t: *mut sys::ggml_tensor,
+    ask: bool,
+    user: *mut c_void,
+) -> bool {
     // SAFETY: user data is the CallbackState<O> owned by the Context, alive
     // for the whole decode, and nothing else touches it during a decode.
     let state = unsafe { &mut *(user as *mut CallbackState<O>) };
@@ -214,7 +227,10 @@ unsafe extern "C" fn eval_callback<O: GraphObserver>(t: *mut sys::ggml_tensor, a
 impl<'m, O: GraphObserver> Context<'m, O> {
     /// Creates a context on `model` whose eval callback feeds `observer`.
     pub fn new(model: &'m Model, p: &ContextParams, observer: O) -> Result<Self, LlamaError> {
-        let state = Box::into_raw(Box::new(CallbackState { observer, panic: None }));
+        let state = Box::into_raw(Box::new(CallbackState {
+            observer,
+            panic: None,
+        }));
         // SAFETY: default params are plain data; the callback and its state
         // pointer stay valid until Drop frees the context before the state.
         let raw = unsafe {

@@ -40,7 +40,10 @@ impl<'a> TensorRef<'a> {
     /// `t` must be null or point to a live `ggml_tensor` for lifetime `'a`.
     pub(super) unsafe fn from_raw(t: *const sys::ggml_tensor) -> Option<TensorRef<'a>> {
         // SAFETY: guaranteed by the caller.
-        unsafe { t.as_ref() }.map(|raw| TensorRef { raw, _life: PhantomData })
+        unsafe { t.as_ref() }.map(|raw| TensorRef {
+            raw,
+            _life: PhantomData,
+        })
     }
 
     /// The node's name (`ffn_moe_probs-3`, `blk.0.attn_q.weight`, ...).
@@ -96,7 +99,8 @@ impl<'a> TensorRef<'a> {
             if n == 0 || self.raw.data.is_null() {
                 return Cow::Borrowed(&[]);
             }
-            let host = self.raw.buffer.is_null() || sys::ggml_backend_buffer_is_host(self.raw.buffer);
+            let host =
+                self.raw.buffer.is_null() || sys::ggml_backend_buffer_is_host(self.raw.buffer);
             if host {
                 Cow::Borrowed(std::slice::from_raw_parts(self.raw.data as *const u8, n))
             } else {

@@ -160,7 +160,11 @@ impl Builder<'_> {
         let (n_embd, n_expert) = (self.spec.n_embd, self.spec.n_expert);
         let mut rng = Rng::new(self.seed, name);
         // Sigmoid routers saturate at 1.0 in f32 with large logits; keep them moderate.
-        let sharpness = if self.spec.arch == "glm4moe" { 1.0 } else { 4.0 };
+        let sharpness = if self.spec.arch == "glm4moe" {
+            1.0
+        } else {
+            4.0
+        };
         let scale = sharpness * (3.0 / n_embd as f32).sqrt();
         let mut values = Vec::with_capacity(n_embd * n_expert);
         for e in 0..n_expert {
@@ -168,7 +172,8 @@ impl Builder<'_> {
             values.extend((0..n_embd).map(|_| rng.uniform() * scale * gain));
         }
         // The router stays f32 so routing is not perturbed by quantisation.
-        self.g.tensor_f32(name, &[n_embd as u64, n_expert as u64], &values);
+        self.g
+            .tensor_f32(name, &[n_embd as u64, n_expert as u64], &values);
     }
 }
 
@@ -198,38 +203,77 @@ pub fn model_bytes(preset: Preset, seed: u64) -> Vec<u8> {
     };
     let key = |k: &str| format!("{a}.{k}");
     b.g.kv("general.architecture", Value::Str(a.into()))
-        .kv("general.name", Value::Str(format!("moe-census synthetic {preset:?} seed {seed}")))
+        .kv(
+            "general.name",
+            Value::Str(format!("moe-census synthetic {preset:?} seed {seed}")),
+        )
         .kv(&key("context_length"), Value::U32(4096))
         .kv(&key("embedding_length"), Value::U32(s.n_embd as u32))
         .kv(&key("block_count"), Value::U32(s.n_layer as u32))
-        .kv(&key("feed_forward_length"), Value::U32(s.n_ff_dense.max(s.n_ff_exp) as u32))
+        .kv(
+            &key("feed_forward_length"),
+            Value::U32(s.n_ff_dense.max(s.n_ff_exp) as u32),
+        )
         .kv(&key("attention.head_count"), Value::U32(s.n_head as u32))
-        .kv(&key("attention.head_count_kv"), Value::U32(s.n_head_kv as u32))
+        .kv(
+            &key("attention.head_count_kv"),
+            Value::U32(s.n_head_kv as u32),
+        )
         .kv(&key("attention.key_length"), Value::U32(s.head_dim as u32))
-        .kv(&key("attention.value_length"), Value::U32(s.head_dim as u32))
+        .kv(
+            &key("attention.value_length"),
+            Value::U32(s.head_dim as u32),
+        )
         .kv(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
         .kv(&key("rope.freq_base"), Value::F32(10000.0));
     if s.n_expert > 0 {
         b.g.kv(&key("expert_count"), Value::U32(s.n_expert as u32))
-            .kv(&key("expert_used_count"), Value::U32(s.n_expert_used as u32))
-            .kv(&key("expert_feed_forward_length"), Value::U32(s.n_ff_exp as u32));
+            .kv(
+                &key("expert_used_count"),
+                Value::U32(s.n_expert_used as u32),
+            )
+            .kv(
+                &key("expert_feed_forward_length"),
+                Value::U32(s.n_ff_exp as u32),
+            );
     }
     if a == "glm4moe" {
-        b.g.kv(&key("leading_dense_block_count"), Value::U32(s.n_dense_lead as u32))
-            .kv(&key("expert_shared_count"), Value::U32(s.n_shared as u32))
-            .kv(&key("expert_weights_norm"), Value::Bool(true))
-            .kv(&key("expert_weights_scale"), Value::F32(2.5))
-            .kv(&key("expert_gating_func"), Value::U32(2))
-            .kv(&key("rope.dimension_count"), Value::U32(s.head_dim as u32));
+        b.g.kv(
+            &key("leading_dense_block_count"),
+            Value::U32(s.n_dense_lead as u32),
+        )
+        .kv(&key("expert_shared_count"), Value::U32(s.n_shared as u32))
+        .kv(&key("expert_weights_norm"), Value::Bool(true))
+        .kv(&key("expert_weights_scale"), Value::F32(2.5))
+        .kv(&key("expert_gating_func"), Value::U32(2))
+        .kv(&key("rope.dimension_count"), Value::U32(s.head_dim as u32));
     }
     b.g.kv("tokenizer.ggml.model", Value::Str("gpt2".into()))
         .kv("tokenizer.ggml.pre", Value::Str("qwen2".into()))
-        .kv("tokenizer.ggml.tokens", Value::StrArray(vocab.tokens.clone()))
-        .kv("tokenizer.ggml.token_type", Value::I32Array(vocab.token_types.clone()))
-        .kv("tokenizer.ggml.merges", Value::StrArray(vocab.merges.clone()))
-        .kv("tokenizer.ggml.bos_token_id", Value::U32(vocab.special_id("<|endoftext|>")))
-        .kv("tokenizer.ggml.eos_token_id", Value::U32(vocab.special_id("<|im_end|>")))
-        .kv("tokenizer.ggml.padding_token_id", Value::U32(vocab.special_id("<|endoftext|>")))
+        .kv(
+            "tokenizer.ggml.tokens",
+            Value::StrArray(vocab.tokens.clone()),
+        )
+        .kv(
+            "tokenizer.ggml.token_type",
+            Value::I32Array(vocab.token_types.clone()),
+        )
+        .kv(
+            "tokenizer.ggml.merges",
+            Value::StrArray(vocab.merges.clone()),
+        )
+        .kv(
+            "tokenizer.ggml.bos_token_id",
+            Value::U32(vocab.special_id("<|endoftext|>")),
+        )
+        .kv(
+            "tokenizer.ggml.eos_token_id",
+            Value::U32(vocab.special_id("<|im_end|>")),
+        )
+        .kv(
+            "tokenizer.ggml.padding_token_id",
+            Value::U32(vocab.special_id("<|endoftext|>")),
+        )
         .kv("tokenizer.ggml.add_bos_token", Value::Bool(false))
         .kv("tokenizer.chat_template", Value::Str(CHAT_TEMPLATE.into()));
 

@@ -61,7 +61,10 @@ pub struct Vocab {
 impl Vocab {
     /// Id of a special token.
     pub fn special_id(&self, token: &str) -> u32 {
-        self.tokens.iter().position(|t| t == token).expect("special token present") as u32
+        self.tokens
+            .iter()
+            .position(|t| t == token)
+            .expect("special token present") as u32
     }
 }
 
@@ -84,7 +87,10 @@ pub fn build(n_merges: usize) -> Vocab {
                 *pairs.entry((p[0].clone(), p[1].clone())).or_default() += n;
             }
         }
-        let Some(((a, b), _)) = pairs.into_iter().max_by(|x, y| x.1.cmp(&y.1).then(y.0.cmp(&x.0))) else {
+        let Some(((a, b), _)) = pairs
+            .into_iter()
+            .max_by(|x, y| x.1.cmp(&y.1).then(y.0.cmp(&x.0)))
+        else {
             break;
         };
         let joined = format!("{a}{b}");
@@ -132,13 +138,17 @@ mod tests {
         let v = build(400);
         let map = byte_to_unicode();
         let decode = |t: &str| -> Vec<u8> {
-            t.chars().map(|c| map.iter().position(|m| *m == c).unwrap() as u8).collect()
+            t.chars()
+                .map(|c| map.iter().position(|m| *m == c).unwrap() as u8)
+                .collect()
         };
         let japanese = v
             .tokens
             .iter()
             .filter(|t| !SPECIAL_TOKENS.contains(&t.as_str()))
-            .filter(|t| std::str::from_utf8(&decode(t)).is_ok_and(|s| s.chars().any(|c| c as u32 > 0x3000)))
+            .filter(|t| {
+                std::str::from_utf8(&decode(t)).is_ok_and(|s| s.chars().any(|c| c as u32 > 0x3000))
+            })
             .count();
         assert!(japanese > 5, "only {japanese} Japanese pieces");
         assert_eq!(v.special_id("<|im_end|>") as usize, v.tokens.len() - 1);

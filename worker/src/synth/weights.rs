@@ -8,9 +8,9 @@ pub struct Rng(u64);
 impl Rng {
     /// A generator for `seed`, decorrelated per `stream` (e.g. a tensor name hash).
     pub fn new(seed: u64, stream: &str) -> Rng {
-        let h = stream
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        let h = stream.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
         Rng(seed ^ h)
     }
 
@@ -64,7 +64,10 @@ pub fn f32_to_f16(v: f32) -> u16 {
 pub fn encode(values: &[f32], ty: TensorType) -> Vec<u8> {
     match ty {
         TensorType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        TensorType::F16 => values.iter().flat_map(|v| f32_to_f16(*v).to_le_bytes()).collect(),
+        TensorType::F16 => values
+            .iter()
+            .flat_map(|v| f32_to_f16(*v).to_le_bytes())
+            .collect(),
         TensorType::Q8_0 => {
             assert_eq!(values.len() % 32, 0, "Q8_0 needs blocks of 32 values");
             let mut out = Vec::with_capacity(values.len() / 32 * 34);
@@ -96,9 +99,24 @@ mod tests {
 
     #[test]
     fn streams_are_deterministic_and_distinct() {
-        let a: Vec<f32> = (0..4).map({ let mut r = Rng::new(7, "a"); move |_| r.uniform() }).collect();
-        let b: Vec<f32> = (0..4).map({ let mut r = Rng::new(7, "a"); move |_| r.uniform() }).collect();
-        let c: Vec<f32> = (0..4).map({ let mut r = Rng::new(7, "b"); move |_| r.uniform() }).collect();
+        let a: Vec<f32> = (0..4)
+            .map({
+                let mut r = Rng::new(7, "a");
+                move |_| r.uniform()
+            })
+            .collect();
+        let b: Vec<f32> = (0..4)
+            .map({
+                let mut r = Rng::new(7, "a");
+                move |_| r.uniform()
+            })
+            .collect();
+        let c: Vec<f32> = (0..4)
+            .map({
+                let mut r = Rng::new(7, "b");
+                move |_| r.uniform()
+            })
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));

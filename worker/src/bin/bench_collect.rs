@@ -1,0 +1,135 @@
+//! Benchmark: collection throughput against a plain forward pass of the same
+//! chunks on the `bench` model (`cargo run --release -p worker --bin bench_collect`).
+//!
+//! Modes, interleaved over `--rounds` rounds (the best round of each is kept):
+//! `forward` (an observer that asks for no tensor: llama.cpp's plain decode),
+//! `collect` (REAP statistics + imatrix), `collect+trace` (and routing traces).
+
+use clap::Parser;
+use common::corpus::{Chunk, CorpusIndex, Span};
+use common::{ChunkId, Split};
+use std::time::Instant;
+use worker::collect::{CollectOptions, Collector};
+use worker::llama::{Context, ContextParams, GraphObserver, Model, TensorRef};
+use worker::synth::Preset;
+
+#[derive(Parser)]
+struct Args {
+    /// Chunks per measurement.
+    #[arg(long, default_value_t = 8)]
+    chunks: u32,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = 512)]
+    n_ctx: u32,
+    /// Tokens per micro-batch.
+    #[arg(long, default_value_t = 512)]
+    n_ubatch: u32,
+    /// Rounds of each mode.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// CPU threads.
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+}
+
+struct NoTensors;
+
+impl GraphObserver for NoTensors {
+    fn wants(&mut self, _: &TensorRef<'_>) -> bool {
+        false
+    }
+    fn observe(&mut self, _: &TensorRef<'_>) {}
+}
+
+fn corpus(n: u32, n_ctx: u32) -> (CorpusIndex, Vec<Chunk>) {
+    let chunks: Vec<Chunk> = (0..n)
+        .map(|id| Chunk {
+            id: ChunkId(id),
+            tokens: (0..n_ctx)
+                .map(|i| ((i * 7919 + id * 31) % 600) as i32)
+                .collect(),
+            spans: vec![Span {
+                start: 0,
+                len: n_ctx,
+                split: Split::Fit,
+                domain: 0,
+            }],
+        })
+        .collect();
+    let index = CorpusIndex {
+        n_chunks: n,
+        n_ctx,
+        domains: vec!["bench".into()],
+        n_tokens: (n * n_ctx) as u64,
+        chunks_sha256: "bench".into(),
+    };
+    (index, chunks)
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let dir = tempfile_dir()?;
+    let path = dir.join("bench.gguf");
+    worker::synth::write_model(Preset::Bench, 0, &path)?;
+    let (index, chunks) = corpus(a.chunks, a.n_ctx);
+    let tokens = (a.chunks * a.n_ctx) as f64;
+    let params = ContextParams {
+        n_ctx: a.n_ctx,
+        n_ubatch: a.n_ubatch,
+        threads: a.threads,
+        f32_kv: false,
+        flash_attn: false,
+    };
+    let model = Model::load(&path, 0)?;
+    let mut best = [f64::MAX; 3];
+    for _ in 0..a.rounds {
+        let t = Instant::now();
+        let mut ctx = Context::new(&model, &params, NoTensors)?;
+        for c in &chunks {
+            ctx.clear();
+            for (i, toks) in c.tokens.chunks(a.n_ubatch as usize).enumerate() {
+                ctx.decode(toks, (i * a.n_ubatch as usize) as i32)?;
+            }
+        }
+        best[0] = best[0].min(t.elapsed().as_secs_f64());
+        for (mode, trace_every) in [(1, 0), (2, 1)] {
+            let opts = CollectOptions {
+                n_ubatch: a.n_ubatch,
+                threads: a.threads,
+                trace_every,
+                ..Default::default()
+            };
+            let mut collector = Collector::load(&path, opts)?;
+            let t = Instant::now();
+            collector.run(&index, &chunks, &mut |_, _| {})?;
+            best[mode] = best[mode].min(t.elapsed().as_secs_f64());
+        }
+    }
+    println!("backend: {}", worker::llama::backend_description());
+    println!("model: bench preset (qwen3moe, 8 MoE layers, 64 experts, top-8, hidden 512, Q8_0), {} chunks x {} tokens, n_ubatch {}, {} threads, best of {} rounds", a.chunks, a.n_ctx, a.n_ubatch, a.threads, a.rounds);
+    println!("| mode | seconds | tokens/s | overhead vs forward |");
+    println!("|---|---|---|---|");
+    for (i, name) in [
+        "forward (no tensors observed)",
+        "collect (stats + imatrix)",
+        "collect + trace (top-64)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        println!(
+            "| {name} | {:.3} | {:.1} | {:+.2}% |",
+            best[i],
+            tokens / best[i],
+            100.0 * (best[i] / best[0] - 1.0)
+        );
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("moe-census-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
