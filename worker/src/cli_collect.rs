@@ -7,7 +7,7 @@ use common::store::RunStore;
 use common::ChunkRange;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
-use worker::collect::{write_trace_part, CollectOptions, Collector};
+use worker::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 
 /// Arguments of `worker collect`.
 #[derive(clap::Args, Debug)]
@@ -39,6 +39,12 @@ pub struct CollectArgs {
     /// Router top-N recorded per traced token and layer.
     #[arg(long, default_value_t = 64)]
     trace_top_n: usize,
+    /// Decode traces: tokens generated greedily from each held-out prompt of a traced chunk (0: none).
+    #[arg(long, default_value_t = 0)]
+    decode_tokens: usize,
+    /// Decode traces: prompt length taken from each held-out span.
+    #[arg(long, default_value_t = 32)]
+    decode_prompt: usize,
     /// f32 KV cache (tight oracle comparisons).
     #[arg(long)]
     f32_kv: bool,
@@ -78,6 +84,8 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
         trace_top_n: a.trace_top_n,
         f32_kv: a.f32_kv,
         flash_attn: a.flash_attn,
+        decode_tokens: a.decode_tokens,
+        decode_prompt: a.decode_prompt,
         ..Default::default()
     };
     if let Some(t) = a.threads {
@@ -90,7 +98,10 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
             .expect("valid template"),
     );
     let worker::collect::Collected {
-        mut partial, trace, ..
+        mut partial,
+        trace,
+        decode_trace,
+        ..
     } = collector.run(&index, &chunks, &mut |chunk, n| {
         bar.set_message(format!("chunk {chunk}"));
         bar.inc(n as u64);
@@ -100,8 +111,13 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
     rt.block_on(async {
         let k = collector.shape().n_expert_used as usize;
         let n = a.trace_top_n.min(collector.shape().n_expert as usize);
-        if !trace.is_empty() {
-            partial.trace_parts = vec![write_trace_part(&out, range, trace, k, n).await?];
+        for (rows, decode) in [(trace, false), (decode_trace, true)] {
+            if !rows.is_empty() {
+                let name = trace_part_name(range, decode);
+                partial
+                    .trace_parts
+                    .push(write_trace_part(&out, name, rows, k, n).await?);
+            }
         }
         let name = format!("partials/part-{:08}-{:08}.bin", range.start, range.end);
         out.put(&name, partial.to_bytes()).await?;

@@ -257,15 +257,20 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<Scor
     Ok(report)
 }
 
-/// Trace parts of a run: every `.parquet` object under `trace/`.
+/// Prefill trace parts of a run: every `.parquet` object under `trace/`
+/// except decode traces.
 pub async fn trace_parts(store: &RunStore) -> anyhow::Result<Vec<String>> {
     Ok(store
         .list("trace")
         .await?
         .into_iter()
-        .filter(|n| n.ends_with(".parquet"))
+        .filter(|n| n.ends_with(".parquet") && !n.starts_with(DECODE_TRACE_DIR))
         .collect())
 }
+
+/// Decode traces (tokens the model generated itself) live here; they are
+/// replayed apart and not counted in `trace_tokens_written`.
+pub const DECODE_TRACE_DIR: &str = "trace/decode/";
 
 async fn run_screen(
     store: &RunStore,

@@ -17,7 +17,7 @@ use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
 use common::stats::ExpertAccum;
 use common::store::RunStore;
 use common::trace::TraceRow;
-use common::ChunkRange;
+use common::{ChunkRange, Split};
 use observer::{Observer, UbatchInfo};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,6 +41,10 @@ pub struct CollectOptions {
     pub f32_kv: bool,
     /// Flash attention.
     pub flash_attn: bool,
+    /// Decode traces: prompt tokens taken from each held-out span of a traced chunk.
+    pub decode_prompt: usize,
+    /// Decode traces: tokens generated greedily per prompt (0: no decode traces).
+    pub decode_tokens: usize,
     /// Weight names (`blk.0.attn_q.weight`) whose matmul inputs are dumped
     /// per chunk, for debugging and oracle tests; empty in production.
     pub dump_inputs: Vec<String>,
@@ -56,6 +60,8 @@ impl Default for CollectOptions {
             trace_top_n: 64,
             f32_kv: false,
             flash_attn: false,
+            decode_prompt: 32,
+            decode_tokens: 0,
             dump_inputs: Vec::new(),
         }
     }
@@ -138,6 +144,7 @@ impl Collector {
         };
         let mut chunk_stats = Vec::with_capacity(chunks.len());
         let mut trace_tokens = 0u64;
+        let mut decode_trace = Vec::new();
         for chunk in chunks {
             chunk.validate(index.domains.len()).map_err(corpus_err)?;
             if chunk.tokens.len() > index.n_ctx as usize {
@@ -151,23 +158,24 @@ impl Collector {
             let traced = self.opts.trace_every > 0 && chunk.id.0 % self.opts.trace_every == 0;
             let labels = chunk.token_labels();
             ctx.clear();
-            let step = params.n_ubatch as usize;
-            for (i, toks) in chunk.tokens.chunks(step).enumerate() {
-                let pos0 = i * step;
-                ctx.observer().begin_ubatch(UbatchInfo {
-                    chunk: chunk.id.0,
-                    pos0: pos0 as u32,
-                    tokens: toks.to_vec(),
-                    labels: labels[pos0..pos0 + toks.len()].to_vec(),
-                    traced,
-                });
-                ctx.decode(toks, pos0 as i32)?;
-                ctx.observer()
-                    .end_ubatch()
-                    .map_err(|reason| WorkerError::Graph {
-                        chunk: chunk.id.0,
-                        reason,
-                    })?;
+            let fed = Feed {
+                chunk: chunk.id.0,
+                pos0: 0,
+                traced,
+                measured: true,
+            };
+            feed(
+                &mut ctx,
+                fed,
+                &chunk.tokens,
+                &labels,
+                params.n_ubatch as usize,
+            )?;
+            if traced && self.opts.decode_tokens > 0 {
+                let before = ctx.observer().trace.len();
+                self.generate(&mut ctx, chunk, index.n_ctx as usize)?;
+                let generated = ctx.observer().trace.split_off(before);
+                decode_trace.extend(generated);
             }
             let obs = ctx.observer();
             let scratch = std::mem::replace(
@@ -207,17 +215,104 @@ impl Collector {
         Ok(Collected {
             partial,
             trace,
+            decode_trace,
             dumps,
         })
     }
+
+    /// Decode traces: from each held-out span of `chunk`, prompt with its
+    /// first `decode_prompt` tokens and generate up to `decode_tokens`
+    /// tokens greedily, one at a time, tracing each generated token.
+    fn generate(
+        &self,
+        ctx: &mut Context<'_, Observer>,
+        chunk: &Chunk,
+        n_ctx: usize,
+    ) -> Result<(), WorkerError> {
+        for span in chunk.spans.iter().filter(|s| s.split == Split::Heldout) {
+            let start = span.start as usize;
+            let prompt =
+                &chunk.tokens[start..start + (span.len as usize).min(self.opts.decode_prompt)];
+            let label = (span.split, span.domain);
+            ctx.clear();
+            let quiet = Feed {
+                chunk: chunk.id.0,
+                pos0: 0,
+                traced: false,
+                measured: false,
+            };
+            feed(
+                ctx,
+                quiet,
+                prompt,
+                &vec![label; prompt.len()],
+                self.opts.n_ubatch as usize,
+            )?;
+            for pos in prompt.len()..(prompt.len() + self.opts.decode_tokens).min(n_ctx) {
+                let next = ctx.greedy_next();
+                if self.model.is_end_of_generation(next) {
+                    break;
+                }
+                let step = Feed {
+                    chunk: chunk.id.0,
+                    pos0: pos,
+                    traced: true,
+                    measured: false,
+                };
+                feed(ctx, step, &[next], &[label], 1)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a run of tokens goes and what is recorded of it.
+#[derive(Clone, Copy)]
+struct Feed {
+    chunk: u32,
+    pos0: usize,
+    traced: bool,
+    measured: bool,
+}
+
+/// Decodes `tokens` (labelled per token) in micro-batches of `step`.
+fn feed(
+    ctx: &mut Context<'_, Observer>,
+    f: Feed,
+    tokens: &[i32],
+    labels: &[(Split, u16)],
+    step: usize,
+) -> Result<(), WorkerError> {
+    for (i, toks) in tokens.chunks(step).enumerate() {
+        let offset = i * step;
+        let pos0 = f.pos0 + offset;
+        ctx.observer().begin_ubatch(UbatchInfo {
+            chunk: f.chunk,
+            pos0: pos0 as u32,
+            tokens: toks.to_vec(),
+            labels: labels[offset..offset + toks.len()].to_vec(),
+            traced: f.traced,
+            measured: f.measured,
+        });
+        ctx.decode(toks, pos0 as i32)?;
+        ctx.observer()
+            .end_ubatch()
+            .map_err(|reason| WorkerError::Graph {
+                chunk: f.chunk,
+                reason,
+            })?;
+    }
+    Ok(())
 }
 
 /// What [`Collector::run`] measured.
 pub struct Collected {
     /// The accumulators, ready to store or merge.
     pub partial: Partial,
-    /// Trace rows of the traced chunks.
+    /// Trace rows of the traced chunks (teacher-forced prefill).
     pub trace: Vec<TraceRow>,
+    /// Trace rows of generated tokens (decode), if requested.
+    pub decode_trace: Vec<TraceRow>,
     /// Dumped matmul inputs per (weight name, chunk), if requested.
     pub dumps: BTreeMap<(String, u32), Vec<f32>>,
 }
@@ -258,20 +353,21 @@ pub fn sha256_file(path: &Path) -> Result<String, WorkerError> {
     Ok(hex::encode(h.finalize()))
 }
 
-/// Object name of the trace part of a chunk range: `trace/part-AAAAAAAA-BBBBBBBB.parquet`.
-pub fn trace_part_name(range: ChunkRange) -> String {
-    format!("trace/part-{:08}-{:08}.parquet", range.start, range.end)
+/// Object name of the prefill trace part of a chunk range:
+/// `trace/part-AAAAAAAA-BBBBBBBB.parquet`; decode parts go to `trace/decode/`.
+pub fn trace_part_name(range: ChunkRange, decode: bool) -> String {
+    let dir = if decode { "trace/decode" } else { "trace" };
+    format!("{dir}/part-{:08}-{:08}.parquet", range.start, range.end)
 }
 
-/// Writes trace rows as a Parquet part under the run; returns its name.
+/// Writes trace rows as the Parquet part `name` under the run; returns the name.
 pub async fn write_trace_part(
     store: &RunStore,
-    range: ChunkRange,
+    name: String,
     mut rows: Vec<TraceRow>,
     k: usize,
     n: usize,
 ) -> Result<String, WorkerError> {
-    let name = trace_part_name(range);
     let bytes =
         common::trace::write_part(&mut rows, k, n).map_err(|reason| WorkerError::Trace {
             name: name.clone(),

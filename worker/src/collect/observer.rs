@@ -18,8 +18,11 @@ pub struct UbatchInfo {
     pub tokens: Vec<i32>,
     /// (split, domain index) per token.
     pub labels: Vec<(Split, u16)>,
-    /// Whether to write trace rows for this chunk.
+    /// Whether to write trace rows for these tokens.
     pub traced: bool,
+    /// Whether these tokens count in the statistics and the imatrix
+    /// (false for prompts and generated tokens of decode traces).
+    pub measured: bool,
 }
 
 /// One MoE layer's routing tensors of the current micro-batch.
@@ -88,8 +91,10 @@ impl Observer {
 
     /// Starts a micro-batch; token counts per group are known up front.
     pub fn begin_ubatch(&mut self, info: UbatchInfo) {
-        for label in &info.labels {
-            self.scratch.group(*label).n_tokens += 1;
+        if info.measured {
+            for label in &info.labels {
+                self.scratch.group(*label).n_tokens += 1;
+            }
         }
         self.seen_layers.clear();
         self.ubatch = Some(info);
@@ -237,6 +242,23 @@ impl Observer {
         };
         self.seen_layers.push(p.layer);
         let (n_expert, k) = (self.n_expert, self.k);
+        if let Some(e) = topk.iter().find(|&&e| e < 0 || e as usize >= n_expert) {
+            return Err(format!(
+                "ffn_moe_topk-{} selected expert {e} of {n_expert}",
+                p.layer
+            ));
+        }
+        if u.traced {
+            for t in 0..p.n_tokens {
+                let probs = &p.probs[t * n_expert..(t + 1) * n_expert];
+                let (sel, w) = (&topk[t * k..(t + 1) * k], &weights[t * k..(t + 1) * k]);
+                let row = trace_row(u, t, p.layer, &self.domains, sel, w, probs, self.top_n);
+                self.trace.push(row);
+            }
+        }
+        if !u.measured {
+            return Ok(());
+        }
         for t in 0..p.n_tokens {
             let label = u.labels[t];
             let probs = &p.probs[t * n_expert..(t + 1) * n_expert];
@@ -253,14 +275,7 @@ impl Observer {
                 }
             }
             for j in 0..k {
-                let e = topk[t * k + j];
-                if e < 0 || e as usize >= n_expert {
-                    return Err(format!(
-                        "ffn_moe_topk-{} selected expert {e} of {n_expert}",
-                        p.layer
-                    ));
-                }
-                let e = e as usize;
+                let e = topk[t * k + j] as usize;
                 let (g, n) = (weights[t * k + j] as f64, norms[t * k + j] as f64);
                 l.count[e] += 1;
                 if !g.is_finite() {
@@ -283,18 +298,6 @@ impl Observer {
                 l.l2[e] += r;
                 l.l2_sq[e] += r * r;
             }
-            if u.traced {
-                self.trace.push(trace_row(
-                    u,
-                    t,
-                    p.layer,
-                    &self.domains,
-                    &topk[t * k..(t + 1) * k],
-                    &weights[t * k..(t + 1) * k],
-                    probs,
-                    self.top_n,
-                ));
-            }
         }
         Ok(())
     }
@@ -304,7 +307,7 @@ impl Observer {
             return;
         };
         let name = weight_name(w.name()).to_string();
-        let Some(u) = self.ubatch.as_ref() else {
+        let Some(u) = self.ubatch.as_ref().filter(|u| u.measured) else {
             return;
         };
         let fit: Vec<bool> = u.labels.iter().map(|l| l.0 == Split::Fit).collect();

@@ -413,7 +413,8 @@ async fn measure_lease(
         };
         if !rows.is_empty() {
             let (k, n) = engine.trace_shape;
-            let name = crate::collect::write_trace_part(run, lease.range, rows, k, n)
+            let name = crate::collect::trace_part_name(lease.range, false);
+            let name = crate::collect::write_trace_part(run, name, rows, k, n)
                 .await
                 .map_err(|e| e.to_string())?;
             partial.trace_parts = vec![name];

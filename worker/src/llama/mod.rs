@@ -131,6 +131,18 @@ impl Model {
         String::from_utf8(buf).ok()
     }
 
+    /// Vocabulary size.
+    pub fn n_vocab(&self) -> usize {
+        // SAFETY: the model is live; its vocabulary lives as long as it does.
+        unsafe { sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(self.ptr.as_ptr())) as usize }
+    }
+
+    /// Whether `token` ends generation (end of turn or of text).
+    pub fn is_end_of_generation(&self, token: i32) -> bool {
+        // SAFETY: the model is live; any token id is accepted.
+        unsafe { sys::llama_vocab_is_eog(sys::llama_model_get_vocab(self.ptr.as_ptr()), token) }
+    }
+
     /// Number of blocks.
     pub fn n_layer(&self) -> u32 {
         // SAFETY: the model is live.
@@ -180,6 +192,7 @@ pub struct Context<'m, O: GraphObserver> {
     state: *mut CallbackState<O>,
     batch: sys::llama_batch,
     batch_cap: usize,
+    n_vocab: usize,
     _model: PhantomData<&'m Model>,
 }
 
@@ -269,6 +282,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             state,
             batch,
             batch_cap: cap,
+            n_vocab: model.n_vocab(),
             _model: PhantomData,
         })
     }
@@ -317,6 +331,29 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             });
         }
         Ok(())
+    }
+}
+
+impl<O: GraphObserver> Context<'_, O> {
+    /// The greedy next token after the last decode: argmax of its last logits.
+    pub fn greedy_next(&mut self) -> i32 {
+        // SAFETY: after a successful decode with outputs, llama.cpp holds
+        // n_vocab logits for the last output, valid until the next decode.
+        let logits = unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), -1);
+            assert!(
+                !p.is_null(),
+                "no logits: decode before asking for the next token"
+            );
+            std::slice::from_raw_parts(p, self.n_vocab)
+        };
+        let mut best = 0;
+        for (i, v) in logits.iter().enumerate() {
+            if *v > logits[best] {
+                best = i;
+            }
+        }
+        best as i32
     }
 }
 
