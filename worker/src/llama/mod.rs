@@ -76,7 +76,9 @@ unsafe extern "C" fn log_to_tracing(
     if msg.is_empty() {
         return;
     }
-    if level >= sys::GGML_LOG_LEVEL_ERROR {
+    // Continuation pieces (progress dots) carry their own level; only real
+    // errors surface by default.
+    if level == sys::GGML_LOG_LEVEL_ERROR {
         tracing::warn!(target: "llama.cpp", "{msg}");
     } else {
         tracing::debug!(target: "llama.cpp", "{msg}");
