@@ -1,0 +1,93 @@
+//! `coordinator corpus` as a user runs it: the quickstart's sample corpus on
+//! the generated `tiny` model; a share miss is a non-zero exit with the table.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The quickstart config with absolute sample paths, the given targets and a
+/// generated model beside it.
+fn config(dir: &Path, targets: [f64; 3]) -> PathBuf {
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/quickstart.toml");
+    let base = sample.parent().unwrap().canonicalize().unwrap();
+    let text = std::fs::read_to_string(&sample)
+        .unwrap()
+        .replace(
+            "\"sample_corpus/",
+            &format!("\"{}/sample_corpus/", base.display()),
+        )
+        .replace(
+            "target_share = 0.40",
+            &format!("target_share = {}", targets[0]),
+        )
+        .replace(
+            "target_share = 0.21",
+            &format!("target_share = {}", targets[1]),
+        )
+        .replace(
+            "target_share = 0.39",
+            &format!("target_share = {}", targets[2]),
+        );
+    let path = dir.join("quickstart.toml");
+    std::fs::write(&path, text).unwrap();
+    worker::synth::write_model(
+        worker::synth::Preset::Tiny,
+        0,
+        &dir.join("models/tiny.gguf"),
+    )
+    .unwrap();
+    path
+}
+
+fn corpus(config: &Path, out: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_coordinator"))
+        .args([
+            "corpus",
+            config.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn quickstart_corpus_is_prepared_then_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), [0.40, 0.21, 0.39]);
+    let out = dir.path().join("run");
+    let first = corpus(&cfg, &out);
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(
+        first.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        stdout.contains("japanese") && stdout.contains("wrote the corpus"),
+        "{stdout}"
+    );
+    assert!(out.join("manifest.json").is_file() && out.join("corpus/chunks.parquet").is_file());
+    let again = corpus(&cfg, &out);
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("reused the corpus"));
+}
+
+#[test]
+fn off_targets_exit_non_zero_with_the_table_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), [0.2, 0.6, 0.2]);
+    let out = dir.path().join("run");
+    let o = corpus(&cfg, &out);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    for needle in [
+        "token shares miss",
+        "english",
+        "japanese",
+        "target%",
+        "MISS",
+    ] {
+        assert!(stderr.contains(needle), "{needle}:\n{stderr}");
+    }
+    assert!(!out.join("manifest.json").exists());
+}
