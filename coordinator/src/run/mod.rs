@@ -490,16 +490,15 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         })
         .await?;
         print_summary(&store, &summary);
-        let mut ok = true;
-        let report = crate::verify::verify(&store).await?;
-        print!("{report}");
-        ok &= report.ok();
         let scored = crate::score::score(&store, &crate::score::ScoreOptions::default()).await?;
         println!(
             "scored {} methods at K = {:?}: keep maps under keep_maps/",
             scored.methods.len(),
             scored.ks
         );
+        let report = crate::verify::verify(&store).await?;
+        print!("{report}");
+        let ok = report.ok();
         mark_complete(&store, &summary).await?;
         println!("run complete: {}", store.url());
         Ok(if ok {
