@@ -61,11 +61,10 @@ impl ExactSum {
         Ok(())
     }
 
-    /// The nearest f64 to the exact value (deterministic).
+    /// The nearest f64 to the exact value (deterministic): the integer is
+    /// rounded once to f64, then scaled by a power of two, which is exact.
     pub fn to_f64(self) -> f64 {
-        let hi = (self.0 >> FRACTION_BITS) as f64;
-        let lo = (self.0 & ((1i128 << FRACTION_BITS) - 1)) as f64 * 2f64.powi(-FRACTION_BITS);
-        hi + lo
+        self.0 as f64 * 2f64.powi(-FRACTION_BITS)
     }
 
     /// True for the empty sum.

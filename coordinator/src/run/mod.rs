@@ -496,9 +496,16 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             scored.methods.len(),
             scored.ks
         );
+        let replayed = replay_defaults(&store, &setup.model_path, &scored.ks)?;
+        println!(
+            "replayed {} (split, trace, mode, policy, capacity, keep map) cells: replay/report.md",
+            replayed.rows.len()
+        );
         let report = crate::verify::verify(&store).await?;
         print!("{report}");
         let ok = report.ok();
+        crate::report::report(&store).await?;
+        println!("report: {}", store.url_of("report/report.md"));
         mark_complete(&store, &summary).await?;
         println!("run complete: {}", store.url());
         Ok(if ok {
@@ -507,6 +514,31 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         })
     })
+}
+
+/// Replays the run's traces with the default policies and capacities,
+/// without a keep map and under the hybrid keep map at the middle K. Runs on
+/// its own thread: replay drives its own I/O runtime.
+fn replay_defaults(
+    store: &RunStore,
+    model: &std::path::Path,
+    ks: &[u32],
+) -> anyhow::Result<crate::replay::ReplayReport> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Defaults {
+        #[command(flatten)]
+        args: crate::replay::ReplayArgs,
+    }
+    let mut argv = vec!["replay".to_string(), store.url().to_string()];
+    argv.extend(["--model".to_string(), model.display().to_string()]);
+    if let Some(k) = ks.get(ks.len() / 2) {
+        argv.extend(["--keep-map".to_string(), format!("none,reap_hybrid_K{k}")]);
+    }
+    let args = Defaults::try_parse_from(argv)?.args;
+    std::thread::spawn(move || crate::replay::replay_run(&args))
+        .join()
+        .map_err(|_| anyhow::anyhow!("replay panicked"))?
 }
 
 /// A missing model named after a `synth-model` preset (`tiny.gguf`,

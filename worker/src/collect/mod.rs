@@ -1,8 +1,12 @@
 //! The collector: runs corpus chunks through llama.cpp and measures them.
 //!
-//! Each chunk is evaluated alone in its sequence (KV cache cleared), in
+//! Each chunk is evaluated alone, in a fresh llama.cpp context, in
 //! micro-batches of `n_ubatch` tokens with outputs on every token, so a chunk
-//! gives the same numbers wherever it runs. See [`Collector::run`].
+//! gives the same numbers wherever it runs. (Reusing one context with its KV
+//! cache cleared changes the last bits of later chunks' values, which would
+//! make merged results depend on how chunks were grouped into leases; the
+//! regression test `one_call_and_two_merged_calls_give_identical_artifacts`
+//! guards this.) See [`Collector::run`].
 
 mod names;
 mod observer;
@@ -136,7 +140,7 @@ impl Collector {
             index.domains.clone(),
             self.opts.dump_inputs.clone(),
         );
-        let mut ctx = Context::new(&self.model, &params, observer)?;
+        let mut observer = Some(observer);
         let mut experts = ExpertAccum::new(self.shape.clone());
         let mut imatrix = Imatrix {
             chunk_size: index.n_ctx,
@@ -157,7 +161,7 @@ impl Collector {
             }
             let traced = self.opts.trace_every > 0 && chunk.id.0 % self.opts.trace_every == 0;
             let labels = chunk.token_labels();
-            ctx.clear();
+            let mut ctx = Context::new(&self.model, &params, observer.take().expect("observer"))?;
             let fed = Feed {
                 chunk: chunk.id.0,
                 pos0: 0,
@@ -192,8 +196,9 @@ impl Collector {
                 trace_tokens += chunk.tokens.len() as u64;
             }
             progress(chunk.id.0, chunk.tokens.len());
+            observer = Some(ctx.into_observer());
         }
-        let obs = ctx.observer();
+        let obs = observer.as_mut().expect("observer");
         let trace = std::mem::take(&mut obs.trace);
         let drops: BTreeMap<String, u64> = std::mem::take(&mut obs.drops);
         let dumps = std::mem::take(&mut obs.dumps);
