@@ -29,6 +29,9 @@ struct Args {
     /// Layers replayed in the thread-scaling runs.
     #[arg(long, default_value_t = 8)]
     scaling_layers: usize,
+    /// Policies to time, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',', value_parser = Policy::parse)]
+    policies: Vec<Policy>,
 }
 
 fn steps_for(shape: &Shape, layer: usize) -> (Steps, Duration) {
@@ -51,20 +54,25 @@ fn vm_hwm() -> String {
 
 fn main() {
     let args = Args::parse();
+    let policies: Vec<Policy> = if args.policies.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        args.policies.clone()
+    };
     let shape = Shape {
         tokens: 16_384 * args.scale,
         ..Shape::audited()
     };
     let params = PolicyParams::default();
-    let mut time = [Duration::ZERO; Policy::ALL.len()];
-    let mut misses = [0u64; Policy::ALL.len()];
+    let mut time = vec![Duration::ZERO; policies.len()];
+    let mut misses = vec![0u64; policies.len()];
     let mut requests_total = 0u64;
     let mut prep = Duration::ZERO;
     for layer in 0..args.layers {
         let (steps, p) = steps_for(&shape, layer);
         prep += p;
         requests_total += steps.requests();
-        for (i, &policy) in Policy::ALL.iter().enumerate() {
+        for (i, &policy) in policies.iter().enumerate() {
             let t = Instant::now();
             let c = simulate(policy, &steps, args.capacity, &params);
             time[i] += t.elapsed();
@@ -81,7 +89,7 @@ fn main() {
         (shape.tokens * args.layers) as f64 / prep.as_secs_f64() / 1e6
     );
     println!("\n| policy | seconds | M requests/s/core | miss rate |\n|---|---:|---:|---:|");
-    for (i, policy) in Policy::ALL.iter().enumerate() {
+    for (i, policy) in policies.iter().enumerate() {
         println!(
             "| {policy} | {:.3} | {:.1} | {:.4} |",
             time[i].as_secs_f64(),
@@ -101,7 +109,8 @@ fn main() {
     println!(
         "\n| policy | 1 thread M req/s | 2 threads M req/s | speed-up |\n|---|---:|---:|---:|"
     );
-    for policy in [Policy::Lru, Policy::Ema, Policy::Belady] {
+    let scaled = [Policy::Lru, Policy::Ema, Policy::Belady];
+    for policy in scaled.into_iter().filter(|p| policies.contains(p)) {
         let mut rate = [0f64; 2];
         for (i, threads) in [1, 2].into_iter().enumerate() {
             let pool = rayon::ThreadPoolBuilder::new()

@@ -92,11 +92,13 @@ impl Scorer for LazyEma {
     }
 
     #[inline]
-    fn near(&mut self, steps: &Steps, j: usize) {
-        if self.near_credit != 0.0 {
-            let e = steps.near[j] as usize;
-            self.keys[e].p += self.near_credit * f64::from(steps.near_uses[j]) * self.factor;
+    fn near(&mut self, steps: &Steps, j: usize) -> bool {
+        if self.near_credit == 0.0 {
+            return false;
         }
+        let e = steps.near[j] as usize;
+        self.keys[e].p += self.near_credit * f64::from(steps.near_uses[j]) * self.factor;
+        true
     }
 
     #[inline]

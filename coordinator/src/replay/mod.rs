@@ -5,9 +5,9 @@
 //! ubatch's experts must be resident), with a keep map applied first
 //! ([`keep`], which also counts forced misses). Each policy ([`policy`])
 //! replays those steps for every capacity: LRU on an intrusive list with a
-//! one-pass miss curve ([`lru`]), the scored policies on a tournament tree of
-//! cache slots ([`scored`], [`tree`]) with lazy EMA scores ([`ema`]) and
-//! Belady's next-use index. [`run`] streams the trace one layer at a time
+//! one-pass miss curve ([`lru`]), the scored policies on flat per-slot key
+//! arrays (a tournament tree of slots, [`tree`], for large caches; [`scored`])
+//! with lazy EMA scores ([`ema`]) and Belady's next-use index. [`run`] streams the trace one layer at a time
 //! ([`trace_io`]) across threads and [`report`] writes the results.
 
 pub mod ema;

@@ -1,16 +1,23 @@
 //! Caches that evict the resident expert with the smallest score: LFU, the
-//! EMA family and Belady, all on one [`Tree`] of cache slots.
+//! EMA family and Belady.
 //!
 //! A step first credits its experts, then loads its misses. A load takes a
 //! free slot, else evicts the smallest-key resident that the step does not
 //! use (those are pinned for the rest of the step). When a step needs more
 //! experts than the capacity, the cache keeps the largest-key ones of the step.
 //!
-//! For scorers whose keys only grow ([`Scorer::MONOTONE`]: LFU, EMA), a hit
-//! only updates the score; the tree keeps a stale, smaller snapshot that is
-//! refreshed when it reaches the root. The root's snapshot is a lower bound
-//! of every resident's key, so a root whose snapshot is current is the true
-//! minimum.
+//! Two engines give the same evictions. Up to [`FLAT_MAX`] slots the keys sit
+//! in flat per-slot arrays that always hold the current key (a hit is one
+//! store) and an eviction scans them for the minimum ([`simulate_flat`]): at
+//! these sizes a few hundred contiguous, vectorised compares beat the
+//! unpredictable branches of a tree. Larger caches use a [`Tree`] of slots,
+//! O(log C) per update ([`simulate_tree`]).
+//!
+//! In the tree, for scorers whose keys only grow ([`Scorer::MONOTONE`]: LFU,
+//! EMA), a hit only updates the score; the tree keeps a stale, smaller
+//! snapshot that is refreshed when it reaches the root. The root's snapshot is
+//! a lower bound of every resident's key, so a root whose snapshot is current
+//! is the true minimum.
 
 use super::steps::Steps;
 use super::tree::{Key, Tree};
@@ -25,16 +32,166 @@ pub trait Scorer {
     fn begin_step(&mut self, s: usize) -> Option<f64>;
     /// Credits request `i` (an index into the step arrays) of step `s`.
     fn request(&mut self, steps: &Steps, i: usize, s: usize);
-    /// Credits near pick `j` (an index into the near arrays).
-    fn near(&mut self, steps: &Steps, j: usize);
+    /// Credits near pick `j` (an index into the near arrays); returns whether
+    /// the key of `steps.near[j]` changed.
+    fn near(&mut self, steps: &Steps, j: usize) -> bool;
     /// The current key of expert `e`.
     fn key(&self, e: usize) -> Key;
 }
 
 const NO_SLOT: u32 = u32::MAX;
 
+/// The largest capacity replayed on flat slot arrays; larger ones use a tree.
+pub const FLAT_MAX: usize = 512;
+
 /// Replays `steps` through a cache of `capacity` experts scored by `scorer`.
 pub fn simulate<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) -> Counts {
+    if capacity <= FLAT_MAX {
+        simulate_flat(steps, capacity, scorer)
+    } else {
+        simulate_tree(steps, capacity, scorer)
+    }
+}
+
+/// Slots per block of the vectorisable scans; the key arrays are padded to a
+/// multiple with `+inf`.
+const LANES: usize = 16;
+
+/// The slot with the smallest `(p, tie)` and its `p` (`+inf`: every slot is
+/// pinned). A vectorisable pass keeps the smallest `p` of each lane (slot
+/// modulo [`LANES`]) and a pairwise reduction finds the least of those; only
+/// the lanes holding it (almost always one) are searched for its slot and tie.
+#[inline]
+fn argmin(p: &[f64], tie: &[u64]) -> (usize, f64) {
+    let mut acc = [f64::INFINITY; LANES];
+    for block in p.chunks_exact(LANES) {
+        for (a, &x) in acc.iter_mut().zip(block) {
+            *a = if x < *a { x } else { *a };
+        }
+    }
+    let mut v = acc;
+    let mut width = LANES / 2;
+    while width > 0 {
+        for k in 0..width {
+            v[k] = if v[k + width] < v[k] {
+                v[k + width]
+            } else {
+                v[k]
+            };
+        }
+        width /= 2;
+    }
+    let least = v[0];
+    if least == f64::INFINITY {
+        return (usize::MAX, least);
+    }
+    let mut lanes = 0u32;
+    for (k, &a) in acc.iter().enumerate() {
+        lanes |= u32::from(a == least) << k;
+    }
+    let mut best = usize::MAX;
+    let mut best_tie = u64::MAX;
+    while lanes != 0 {
+        let lane = lanes.trailing_zeros() as usize;
+        lanes &= lanes - 1;
+        for w in (lane..p.len()).step_by(LANES) {
+            if p[w] == least && (best == usize::MAX || tie[w] < best_tie) {
+                best = w;
+                best_tie = tie[w];
+            }
+        }
+    }
+    (best, least)
+}
+
+/// [`simulate`] on flat per-slot key arrays: a pinned or empty slot holds
+/// `+inf`, every other resident its current key, and an eviction takes the
+/// slot with the smallest `(p, tie)` ([`argmin`]).
+pub fn simulate_flat<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) -> Counts {
+    let n = steps.n_expert;
+    let padded = capacity.div_ceil(LANES) * LANES;
+    let spare = padded;
+    let mut p = vec![f64::INFINITY; padded + 1];
+    let mut tie = vec![u64::MAX; padded + 1];
+    let mut slot_of = vec![NO_SLOT; n];
+    let mut slot_expert = vec![NO_SLOT; capacity];
+    let mut stamp = vec![0u32; n];
+    let mut filled = 0usize;
+    let widest = (0..steps.len()).map(|s| steps.range(s).len()).max();
+    let mut missed = vec![0u16; widest.unwrap_or(0)];
+    let mut misses = 0u64;
+    let mut overflow_steps = 0u64;
+    for s in 0..steps.len() {
+        if scorer.begin_step(s).is_some() {
+            for (w, &e) in slot_expert[..filled].iter().enumerate() {
+                p[w] = scorer.key(e as usize).p;
+            }
+        }
+        let mark = s as u32 + 1;
+        let r = steps.range(s);
+        if r.len() > capacity {
+            overflow_steps += 1;
+        }
+        // Branch-free on hit or miss: a miss pins the spare slot past the
+        // padding and is written to `missed` whatever happens.
+        let mut n_missed = 0;
+        for i in r.clone() {
+            let e = steps.expert[i];
+            scorer.request(steps, i, s);
+            stamp[e as usize] = mark;
+            let slot = slot_of[e as usize];
+            let miss = slot == NO_SLOT;
+            let w = if miss { spare } else { slot as usize };
+            p[w] = f64::INFINITY;
+            missed[n_missed] = e;
+            n_missed += usize::from(miss);
+        }
+        for j in steps.near_range(s) {
+            if scorer.near(steps, j) {
+                let e = steps.near[j] as usize;
+                let slot = slot_of[e] as usize;
+                if slot != NO_SLOT as usize && stamp[e] != mark {
+                    p[slot] = scorer.key(e).p;
+                }
+            }
+        }
+        misses += n_missed as u64;
+        for &e in &missed[..n_missed] {
+            let e = e as usize;
+            let w = if filled < capacity {
+                filled += 1;
+                filled - 1
+            } else {
+                let (w, least) = argmin(&p[..padded], &tie[..padded]);
+                if least == f64::INFINITY {
+                    keep_best_of_step(scorer, &mut slot_of, &mut slot_expert, e);
+                    continue;
+                }
+                slot_of[slot_expert[w] as usize] = NO_SLOT;
+                w
+            };
+            slot_expert[w] = e as u32;
+            slot_of[e] = w as u32;
+            p[w] = f64::INFINITY;
+        }
+        for &e in &steps.expert[r] {
+            let slot = slot_of[e as usize] as usize;
+            if slot != NO_SLOT as usize {
+                let k = scorer.key(e as usize);
+                p[slot] = k.p;
+                tie[slot] = k.tie;
+            }
+        }
+    }
+    Counts {
+        requests: steps.requests(),
+        misses,
+        overflow_steps,
+    }
+}
+
+/// [`simulate`] on a tournament [`Tree`] of slots: O(log C) per update.
+pub fn simulate_tree<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) -> Counts {
     let n = steps.n_expert;
     let mut tree = Tree::new(capacity);
     let mut slot_of = vec![NO_SLOT; n];
@@ -171,7 +328,9 @@ impl Scorer for Lfu {
         k.tie = Key::tie(s, e);
     }
 
-    fn near(&mut self, _steps: &Steps, _j: usize) {}
+    fn near(&mut self, _steps: &Steps, _j: usize) -> bool {
+        false
+    }
 
     #[inline]
     fn key(&self, e: usize) -> Key {
@@ -212,7 +371,9 @@ impl Scorer for Belady {
         };
     }
 
-    fn near(&mut self, _steps: &Steps, _j: usize) {}
+    fn near(&mut self, _steps: &Steps, _j: usize) -> bool {
+        false
+    }
 
     #[inline]
     fn key(&self, e: usize) -> Key {

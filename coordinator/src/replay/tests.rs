@@ -353,3 +353,52 @@ fn one_pass_lru_curve_equals_per_capacity_runs() {
         assert_eq!(curve[0], s.requests());
     }
 }
+
+#[test]
+fn flat_and_tree_engines_equal_the_eager_reference() {
+    use super::scored::{simulate_flat, simulate_tree, Belady, Lfu, Scorer};
+    use super::steps::Steps as S;
+    fn both<T: Scorer>(s: &S, capacity: usize, make: impl Fn() -> T) -> [super::Counts; 2] {
+        [
+            simulate_flat(s, capacity, &mut make()),
+            simulate_tree(s, capacity, &mut make()),
+        ]
+    }
+    for seed in 200..208 {
+        let ubatch = [1, 1, 3, 8][seed as usize % 4];
+        let s = random_steps(seed, 40, 4, 2000, ubatch);
+        let decay = [0.5, 0.9, 0.99][seed as usize % 3];
+        let ema = |credit, near| move || LazyEma::new(40, decay, credit, near);
+        for capacity in [1, 5, 9, 17, 30] {
+            let p = params(decay);
+            let runs = [
+                (Policy::Lfu, both(&s, capacity, || Lfu::new(40))),
+                (Policy::Ema, both(&s, capacity, ema(Credit::Uses, 0.0))),
+                (
+                    Policy::NearPickEma,
+                    both(&s, capacity, ema(Credit::Uses, 0.5)),
+                ),
+                (
+                    Policy::RouterEma,
+                    both(&s, capacity, ema(Credit::RouterProb, 0.0)),
+                ),
+                (
+                    Policy::InverseRouterEma,
+                    both(&s, capacity, ema(Credit::InverseRank, 0.0)),
+                ),
+                (Policy::Belady, both(&s, capacity, || Belady::new(&s))),
+            ];
+            for (policy, [flat, tree]) in runs {
+                let reference = eager(policy, &s, capacity, &p);
+                assert_eq!(
+                    flat, reference,
+                    "flat {policy} seed {seed} capacity {capacity}"
+                );
+                assert_eq!(
+                    tree, reference,
+                    "tree {policy} seed {seed} capacity {capacity}"
+                );
+            }
+        }
+    }
+}
