@@ -66,7 +66,13 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
             ds.layers.iter().for_each(|l| push(sp, dom, l));
         }
     }
-    let names = ["prob_sum", "weight_sum", "ean_sum", "reap_l2_sum", "reap_l2_sq_sum"];
+    let names = [
+        "prob_sum",
+        "weight_sum",
+        "ean_sum",
+        "reap_l2_sum",
+        "reap_l2_sq_sum",
+    ];
     let mut fields = vec![
         Field::new("split", DataType::Utf8, false),
         Field::new("domain", DataType::Utf8, false),
@@ -74,7 +80,11 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
         Field::new("expert", DataType::UInt32, false),
         Field::new("count", DataType::UInt64, false),
     ];
-    fields.extend(names.iter().map(|n| Field::new(*n, DataType::Float64, false)));
+    fields.extend(
+        names
+            .iter()
+            .map(|n| Field::new(*n, DataType::Float64, false)),
+    );
     let mut arrays: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from(split)),
         Arc::new(StringArray::from(domain)),
@@ -82,11 +92,15 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
         Arc::new(UInt32Array::from(expert)),
         Arc::new(UInt64Array::from(count)),
     ];
-    arrays.extend(cols.into_iter().map(|c| Arc::new(Float64Array::from(c)) as ArrayRef));
+    arrays.extend(
+        cols.into_iter()
+            .map(|c| Arc::new(Float64Array::from(c)) as ArrayRef),
+    );
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, schema, None).map_err(|e| e.to_string())?;
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(&mut out, schema, None).map_err(|e| e.to_string())?;
     w.write(&batch).map_err(|e| e.to_string())?;
     w.close().map_err(|e| e.to_string())?;
     Ok(out)
@@ -99,10 +113,17 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
 pub async fn write_results(store: &RunStore, p: &Partial) -> Result<Saliency, ArtifactError> {
     let saliency = p.saliency()?;
     let datasets = [format!("moe-census corpus {}", p.corpus_sha256)];
-    store.put(names::IMATRIX_GGUF, p.imatrix.to_gguf(&datasets)).await?;
     store
-        .put(names::SALIENCY_PARQUET, saliency_table(&saliency).map_err(ArtifactError::Parquet)?)
+        .put(names::IMATRIX_GGUF, p.imatrix.to_gguf(&datasets))
         .await?;
-    store.put(names::SALIENCY_JSON, saliency.to_json_bytes()).await?;
+    store
+        .put(
+            names::SALIENCY_PARQUET,
+            saliency_table(&saliency).map_err(ArtifactError::Parquet)?,
+        )
+        .await?;
+    store
+        .put(names::SALIENCY_JSON, saliency.to_json_bytes())
+        .await?;
     Ok(saliency)
 }

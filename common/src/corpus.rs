@@ -4,8 +4,8 @@
 
 use crate::split::{ChunkId, ChunkRange, Split};
 use arrow::array::{
-    Array, ArrayRef, Int32Builder, ListArray, ListBuilder, RecordBatch, UInt16Builder,
-    UInt32Array, UInt32Builder, UInt8Builder,
+    Array, ArrayRef, Int32Builder, ListArray, ListBuilder, RecordBatch, UInt16Builder, UInt32Array,
+    UInt32Builder, UInt8Builder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
@@ -46,10 +46,16 @@ impl Chunk {
         let mut next = 0u32;
         for s in &self.spans {
             if s.start != next || s.len == 0 {
-                return Err(format!("chunk {}: spans do not tile the tokens at {next}", self.id));
+                return Err(format!(
+                    "chunk {}: spans do not tile the tokens at {next}",
+                    self.id
+                ));
             }
             if s.domain as usize >= n_domains {
-                return Err(format!("chunk {}: span names domain #{} of {n_domains}", self.id, s.domain));
+                return Err(format!(
+                    "chunk {}: span names domain #{} of {n_domains}",
+                    self.id, s.domain
+                ));
             }
             next += s.len;
         }
@@ -206,8 +212,9 @@ pub fn read_chunks(bytes: bytes::Bytes, range: Option<ChunkRange>) -> Result<Vec
                     Ok(Span {
                         start: s.value(j),
                         len: l.value(j),
-                        split: Split::from_code(sp.value(j))
-                            .ok_or_else(|| format!("chunk {id}: unknown split code {}", sp.value(j)))?,
+                        split: Split::from_code(sp.value(j)).ok_or_else(|| {
+                            format!("chunk {id}: unknown split code {}", sp.value(j))
+                        })?,
                         domain: d.value(j),
                     })
                 })
@@ -234,15 +241,29 @@ mod tests {
                 id: ChunkId(i),
                 tokens: vec![i as i32, 7, 8],
                 spans: vec![
-                    Span { start: 0, len: 1, split: Split::Fit, domain: 0 },
-                    Span { start: 1, len: 2, split: Split::Heldout, domain: 1 },
+                    Span {
+                        start: 0,
+                        len: 1,
+                        split: Split::Fit,
+                        domain: 0,
+                    },
+                    Span {
+                        start: 1,
+                        len: 2,
+                        split: Split::Heldout,
+                        domain: 1,
+                    },
                 ],
             })
             .collect();
         let bytes = write_chunks(&chunks).unwrap();
         let all = read_chunks(bytes::Bytes::from(bytes.clone()), None).unwrap();
         assert_eq!(all, chunks);
-        let some = read_chunks(bytes::Bytes::from(bytes), Some(ChunkRange { start: 1, end: 3 })).unwrap();
+        let some = read_chunks(
+            bytes::Bytes::from(bytes),
+            Some(ChunkRange { start: 1, end: 3 }),
+        )
+        .unwrap();
         assert_eq!(some, chunks[1..3]);
         assert!(some[0].validate(2).is_ok());
         assert!(some[0].validate(1).unwrap_err().contains("domain #1"));

@@ -109,7 +109,10 @@ mod tests {
     #[test]
     fn non_finite_and_huge_values_are_refused() {
         let mut s = ExactSum::ZERO;
-        assert_eq!(s.add_f64(f64::NAN).unwrap_err().to_string(), "value NaN is not finite");
+        assert_eq!(
+            s.add_f64(f64::NAN).unwrap_err().to_string(),
+            "value NaN is not finite"
+        );
         assert!(matches!(s.add_f64(1e19), Err(ExactError::Overflow(_))));
         assert!(s.is_zero());
     }

@@ -85,7 +85,11 @@ impl GgufWriter {
     /// Adds a tensor; `dims` are ggml's `ne` (fastest-varying first).
     pub fn tensor(&mut self, name: &str, dims: &[u64], ty: TensorType, data: Vec<u8>) -> &mut Self {
         let n: u64 = dims.iter().product();
-        assert_eq!(data.len(), ty.bytes_for(n as usize), "tensor {name}: data size does not match dims");
+        assert_eq!(
+            data.len(),
+            ty.bytes_for(n as usize),
+            "tensor {name}: data size does not match dims"
+        );
         self.tensors.push(Tensor {
             name: name.to_string(),
             dims: dims.to_vec(),
@@ -227,6 +231,9 @@ mod tests {
         let data_start = g.header_len().next_multiple_of(ALIGNMENT);
         assert_eq!(bytes.len(), data_start + 32 + 32);
         assert_eq!(&bytes[data_start..data_start + 4], &1.0f32.to_le_bytes());
-        assert_eq!(&bytes[data_start + 32..data_start + 36], &4.0f32.to_le_bytes());
+        assert_eq!(
+            &bytes[data_start + 32..data_start + 36],
+            &4.0f32.to_le_bytes()
+        );
     }
 }

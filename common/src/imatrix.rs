@@ -91,7 +91,11 @@ impl Imatrix {
         for (name, e) in &self.entries {
             let sums: Vec<f32> = e.in_sum2.iter().map(|s| s.to_f64() as f32).collect();
             let counts: Vec<f32> = e.counts.iter().map(|&c| c as f32).collect();
-            g.tensor_f32(&format!("{name}.in_sum2"), &[e.n_in as u64, e.n_mat as u64], &sums);
+            g.tensor_f32(
+                &format!("{name}.in_sum2"),
+                &[e.n_in as u64, e.n_mat as u64],
+                &sums,
+            );
             g.tensor_f32(&format!("{name}.counts"), &[1, e.n_mat as u64], &counts);
         }
         g.to_bytes()

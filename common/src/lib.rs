@@ -15,6 +15,7 @@ pub mod corpus;
 pub mod exact;
 pub mod gguf;
 pub mod gguf_read;
+pub mod hash;
 pub mod imatrix;
 pub mod keepmap;
 pub mod partial;

@@ -153,8 +153,17 @@ mod tests {
 
     #[test]
     fn chunk_ranges_coalesce_and_overlaps_are_refused() {
-        assert_eq!(union_disjoint(&[r(0, 4)], &[r(4, 8)]).unwrap(), vec![r(0, 8)]);
-        assert_eq!(union_disjoint(&[r(6, 8)], &[r(0, 2)]).unwrap(), vec![r(0, 2), r(6, 8)]);
-        assert!(matches!(union_disjoint(&[r(0, 4)], &[r(3, 5)]), Err(MergeError::Overlap(3))));
+        assert_eq!(
+            union_disjoint(&[r(0, 4)], &[r(4, 8)]).unwrap(),
+            vec![r(0, 8)]
+        );
+        assert_eq!(
+            union_disjoint(&[r(6, 8)], &[r(0, 2)]).unwrap(),
+            vec![r(0, 2), r(6, 8)]
+        );
+        assert!(matches!(
+            union_disjoint(&[r(0, 4)], &[r(3, 5)]),
+            Err(MergeError::Overlap(3))
+        ));
     }
 }

@@ -153,7 +153,6 @@ impl Saliency {
 
     /// SHA-256 of the canonical bytes, as lowercase hex (keep maps cite it).
     pub fn sha256_hex(bytes: &[u8]) -> String {
-        use sha2::Digest;
-        hex::encode(sha2::Sha256::digest(bytes))
+        crate::hash::sha256_hex(bytes)
     }
 }

@@ -153,8 +153,14 @@ mod tests {
 
     #[test]
     fn chunk_ranges_parse_both_forms() {
-        assert_eq!(ChunkRange::parse("0..8").unwrap(), ChunkRange { start: 0, end: 8 });
-        assert_eq!(ChunkRange::parse("4..=7").unwrap(), ChunkRange { start: 4, end: 8 });
+        assert_eq!(
+            ChunkRange::parse("0..8").unwrap(),
+            ChunkRange { start: 0, end: 8 }
+        );
+        assert_eq!(
+            ChunkRange::parse("4..=7").unwrap(),
+            ChunkRange { start: 4, end: 8 }
+        );
         assert!(ChunkRange::parse("5..5").unwrap_err().contains("empty"));
         assert!(ChunkRange::parse("x").unwrap_err().contains("A..B"));
     }

@@ -87,7 +87,10 @@ impl GroupAccum {
     pub fn new(moe_layers: &[u32], n_expert: usize) -> Self {
         GroupAccum {
             n_tokens: 0,
-            layers: moe_layers.iter().map(|&l| LayerAccum::new(l, n_expert)).collect(),
+            layers: moe_layers
+                .iter()
+                .map(|&l| LayerAccum::new(l, n_expert))
+                .collect(),
         }
     }
 
@@ -180,7 +183,12 @@ impl ExpertAccum {
     /// The exact sum of every domain group of `split` (None if it has none).
     pub fn split_total(&self, split: Split) -> Result<Option<GroupAccum>, MergeError> {
         let mut total: Option<GroupAccum> = None;
-        for group in self.groups.iter().filter(|(k, _)| k.split == split).map(|(_, g)| g) {
+        for group in self
+            .groups
+            .iter()
+            .filter(|(k, _)| k.split == split)
+            .map(|(_, g)| g)
+        {
             match total.as_mut() {
                 Some(t) => t.merge(group)?,
                 None => total = Some(group.clone()),

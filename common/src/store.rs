@@ -67,22 +67,29 @@ impl RunStore {
         };
         let (store, prefix): (Arc<dyn ObjectStore>, Path) = match url.scheme() {
             "s3" => {
-                let bucket = url.host_str().ok_or_else(|| bad("s3 URL without a bucket".into()))?;
+                let bucket = url
+                    .host_str()
+                    .ok_or_else(|| bad("s3 URL without a bucket".into()))?;
                 let store = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
                     .build()
                     .map_err(|e| bad(e.to_string()))?;
-                let prefix = Path::parse(url.path().trim_start_matches('/')).map_err(|e| bad(e.to_string()))?;
+                let prefix = Path::parse(url.path().trim_start_matches('/'))
+                    .map_err(|e| bad(e.to_string()))?;
                 (Arc::new(store), prefix)
             }
             "file" => {
-                let dir = url.to_file_path().map_err(|_| bad("file URL is not a local path".into()))?;
+                let dir = url
+                    .to_file_path()
+                    .map_err(|_| bad("file URL is not a local path".into()))?;
                 std::fs::create_dir_all(&dir).map_err(|e| bad(e.to_string()))?;
-                let (store, prefix) = object_store::parse_url(&url).map_err(|e| bad(e.to_string()))?;
+                let (store, prefix) =
+                    object_store::parse_url(&url).map_err(|e| bad(e.to_string()))?;
                 (Arc::from(store), prefix)
             }
             _ => {
-                let (store, prefix) = object_store::parse_url(&url).map_err(|e| bad(e.to_string()))?;
+                let (store, prefix) =
+                    object_store::parse_url(&url).map_err(|e| bad(e.to_string()))?;
                 (Arc::from(store), prefix)
             }
         };
@@ -122,7 +129,9 @@ impl RunStore {
         let url = self.url_of(name);
         move |e| match e {
             object_store::Error::NotFound { .. } => StoreError::NotFound { url: url.clone() },
-            object_store::Error::AlreadyExists { .. } => StoreError::AlreadyExists { url: url.clone() },
+            object_store::Error::AlreadyExists { .. } => {
+                StoreError::AlreadyExists { url: url.clone() }
+            }
             source => StoreError::Backend {
                 url: url.clone(),
                 source,
@@ -154,7 +163,11 @@ impl RunStore {
 
     /// Reads a whole object.
     pub async fn get(&self, name: &str) -> Result<Bytes, StoreError> {
-        let r = self.store.get(&self.path(name)).await.map_err(self.backend(name))?;
+        let r = self
+            .store
+            .get(&self.path(name))
+            .await
+            .map_err(self.backend(name))?;
         r.bytes().await.map_err(self.backend(name))
     }
 
@@ -220,7 +233,10 @@ mod tests {
         let s = RunStore::open(dir.path().join("run").to_str().unwrap()).unwrap();
         s.put("a/b.json", b"1".to_vec()).await.unwrap();
         s.put_new("a/c.json", b"2".to_vec()).await.unwrap();
-        assert!(matches!(s.put_new("a/c.json", b"3".to_vec()).await, Err(StoreError::AlreadyExists { .. })));
+        assert!(matches!(
+            s.put_new("a/c.json", b"3".to_vec()).await,
+            Err(StoreError::AlreadyExists { .. })
+        ));
         assert_eq!(s.get("a/b.json").await.unwrap(), Bytes::from_static(b"1"));
         assert_eq!(s.list("a").await.unwrap(), vec!["a/b.json", "a/c.json"]);
         assert!(s.get_opt("missing").await.unwrap().is_none());

@@ -61,20 +61,32 @@ pub fn schema(k: usize, n: usize) -> SchemaRef {
 
 /// Builds a record batch from rows that all have `k` selected and `n` top ids.
 pub fn rows_to_batch(rows: &[TraceRow], k: usize, n: usize) -> Result<RecordBatch, String> {
-    let mut sel = FixedSizeListBuilder::new(UInt16Builder::new(), k as i32)
-        .with_field(Field::new("item", DataType::UInt16, false));
+    let mut sel = FixedSizeListBuilder::new(UInt16Builder::new(), k as i32).with_field(Field::new(
+        "item",
+        DataType::UInt16,
+        false,
+    ));
     let mut selw = FixedSizeListBuilder::new(Float32Builder::new(), k as i32)
         .with_field(Field::new("item", DataType::Float32, false));
-    let mut top = FixedSizeListBuilder::new(UInt16Builder::new(), n as i32)
-        .with_field(Field::new("item", DataType::UInt16, false));
+    let mut top = FixedSizeListBuilder::new(UInt16Builder::new(), n as i32).with_field(Field::new(
+        "item",
+        DataType::UInt16,
+        false,
+    ));
     let mut topp = FixedSizeListBuilder::new(Float32Builder::new(), n as i32)
         .with_field(Field::new("item", DataType::Float32, false));
     for r in rows {
         if r.selected.len() != k || r.selected_weight.len() != k {
-            return Err(format!("trace row has {} selected experts, expected {k}", r.selected.len()));
+            return Err(format!(
+                "trace row has {} selected experts, expected {k}",
+                r.selected.len()
+            ));
         }
         if r.topn_id.len() != n || r.topn_prob.len() != n {
-            return Err(format!("trace row has {} top-N entries, expected {n}", r.topn_id.len()));
+            return Err(format!(
+                "trace row has {} top-N entries, expected {n}",
+                r.topn_id.len()
+            ));
         }
         sel.values().append_slice(&r.selected);
         sel.append(true);
@@ -86,11 +98,17 @@ pub fn rows_to_batch(rows: &[TraceRow], k: usize, n: usize) -> Result<RecordBatc
         topp.append(true);
     }
     let columns: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.split.as_str()))),
-        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.domain.as_str()))),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.split.as_str()),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.domain.as_str()),
+        )),
         Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.chunk))),
         Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.pos))),
-        Arc::new(Int32Array::from_iter_values(rows.iter().map(|r| r.token_id))),
+        Arc::new(Int32Array::from_iter_values(
+            rows.iter().map(|r| r.token_id),
+        )),
         Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.layer))),
         Arc::new(sel.finish()),
         Arc::new(selw.finish()),

@@ -5,7 +5,11 @@ use std::process::ExitCode;
 
 /// moe-census coordinator.
 #[derive(Parser, Debug)]
-#[command(name = "coordinator", version, about = "moe-census coordinator: corpus, run, merge, verify, score, replay, report")]
+#[command(
+    name = "coordinator",
+    version,
+    about = "moe-census coordinator: corpus, run, merge, verify, score, replay, report"
+)]
 pub struct Cli {
     /// The stage to run.
     #[command(subcommand)]

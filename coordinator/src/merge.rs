@@ -58,7 +58,11 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
         };
         let mut parts = Vec::new();
         for loc in &locations {
-            parts.push(read_partial(loc).await.with_context(|| format!("reading partial {loc}"))?);
+            parts.push(
+                read_partial(loc)
+                    .await
+                    .with_context(|| format!("reading partial {loc}"))?,
+            );
         }
         let merged = merge_all(&parts)?;
         store.put(names::MERGED_PARTIAL, merged.to_bytes()).await?;

@@ -83,6 +83,32 @@ pub fn write_corpus(dir: &Path, chunks: &[Chunk], n_ctx: u32) -> CorpusIndex {
     index
 }
 
+/// Runs a workspace binary; prints its stderr when it fails.
+pub fn run(bin_name: &str, args: &[&str]) -> std::process::Output {
+    let out = std::process::Command::new(bin(bin_name))
+        .args(args)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        eprintln!(
+            "{bin_name} {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+/// Runs a workspace binary and asserts that it succeeds.
+pub fn run_ok(bin_name: &str, args: &[&str]) -> std::process::Output {
+    let out = run(bin_name, args);
+    assert!(
+        out.status.success(),
+        "{bin_name} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
 /// Path of a binary built by this workspace (`worker`, `coordinator`).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();

@@ -3,25 +3,11 @@
 //! both step modes and decode traces (tokens the model generated itself),
 //! and the report renders.
 
+use fixtures::run_ok as run;
 use std::path::Path;
-use std::process::{Command, Output};
 use worker::synth::Preset;
 
 const N_CTX: u32 = 48;
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    let out = Command::new(fixtures::bin(bin))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{bin} {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

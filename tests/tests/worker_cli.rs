@@ -4,25 +4,12 @@
 
 use common::partial::Partial;
 use fixtures::llama_gguf::LlamaGguf;
+use fixtures::run;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use worker::synth::Preset;
 
 const N_CTX: u32 = 48;
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    let out = Command::new(fixtures::bin(bin))
-        .args(args)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        eprintln!(
-            "{bin} {args:?} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    out
-}
 
 fn collect(model: &Path, corpus: &Path, chunks: &str, out: &Path) -> Output {
     run(

@@ -32,7 +32,6 @@ use common::store::RunStore;
 pub use error::CorpusError;
 pub use manifest::{Manifest, MANIFEST_FILE};
 use sha2::{Digest, Sha256};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -69,21 +68,10 @@ pub fn default_out(config: &Path) -> String {
 
 /// SHA-256 of a file, streamed.
 pub fn sha256_file(path: &Path) -> Result<String, CorpusError> {
-    let io = |source| CorpusError::Io {
+    common::hash::sha256_file(path).map_err(|source| CorpusError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    let mut f = std::fs::File::open(path).map_err(io)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
+    })
 }
 
 /// Reads `manifest.json` of a run, if there is one.

@@ -337,25 +337,12 @@ fn ranges_of(chunks: &[Chunk]) -> Vec<ChunkRange> {
     out
 }
 
-/// SHA-256 of a file, streamed.
+/// SHA-256 of the model file.
 pub fn sha256_file(path: &Path) -> Result<String, WorkerError> {
-    use sha2::Digest;
-    use std::io::Read;
-    let io = |source| WorkerError::Io {
+    common::hash::sha256_file(path).map_err(|source| WorkerError::Io {
         path: path.display().to_string(),
         source,
-    };
-    let mut f = std::fs::File::open(path).map_err(io)?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
+    })
 }
 
 /// Object name of the prefill trace part of a chunk range:

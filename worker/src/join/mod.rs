@@ -260,18 +260,38 @@ pub async fn join<L: EngineLoader>(
         .await
         .map_err(|e| connect_err(e.to_string()))?;
     let mut c = Conn { send, recv };
-    let result = work(&mut c, opts, loader).await;
+    let mut summary = JoinSummary::default();
+    let result = match work(&mut c, opts, loader, &mut summary).await {
+        Ok(()) => Ok(summary),
+        // The coordinator ends every connection with "run finished" once the
+        // last lease is merged; a worker polling or measuring then is done.
+        Err(_) if finished_by_coordinator(&conn) => {
+            tracing::info!("the coordinator finished the run");
+            Ok(summary)
+        }
+        Err(e) => Err(e),
+    };
     let _ = c.send.finish();
     conn.close(0u32.into(), b"bye");
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
     result
 }
 
+/// Whether the coordinator closed the connection because the run finished.
+fn finished_by_coordinator(conn: &quinn::Connection) -> bool {
+    matches!(
+        conn.close_reason(),
+        Some(quinn::ConnectionError::ApplicationClosed(c))
+            if c.error_code == quinn::VarInt::from_u32(0) && &c.reason[..] == b"run finished"
+    )
+}
+
 async fn work<L: EngineLoader>(
     c: &mut Conn,
     opts: &ClientOptions,
     loader: L,
-) -> Result<JoinSummary, JoinError> {
+    summary: &mut JoinSummary,
+) -> Result<(), JoinError> {
     let nonce = match c
         .ask(&ToCoordinator::Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -318,7 +338,6 @@ async fn work<L: EngineLoader>(
     }
     let corpus = Corpus::open(&job).await?;
     let run = RunStore::open(&job.run_url)?;
-    let mut summary = JoinSummary::default();
     loop {
         match c.poll(WorkerState::Idle).await? {
             ToWorker::Lease(lease) => {
@@ -330,7 +349,7 @@ async fn work<L: EngineLoader>(
             ToWorker::Wait { retry_ms } => {
                 tokio::time::sleep(Duration::from_millis(retry_ms)).await
             }
-            ToWorker::Finished => return Ok(summary),
+            ToWorker::Finished => return Ok(()),
             other => {
                 return Err(JoinError::Protocol(format!(
                     "unexpected reply to a poll: {other:?}"
