@@ -8,9 +8,9 @@
 //!
 //! Two engines give the same evictions. Up to [`FLAT_MAX`] slots the keys sit
 //! in flat per-slot arrays that always hold the current key (a hit is one
-//! store) and an eviction scans them for the minimum ([`simulate_flat`]): at
-//! these sizes a few hundred contiguous, vectorised compares beat the
-//! unpredictable branches of a tree. Larger caches use a [`Tree`] of slots,
+//! store) and a step's evictions search them for the minimum, one vectorised
+//! scan per step plus one lane per eviction ([`simulate_flat`]): at these
+//! sizes contiguous compares beat the unpredictable branches of a tree. Larger caches use a [`Tree`] of slots,
 //! O(log C) per update ([`simulate_tree`]).
 //!
 //! In the tree, for scorers whose keys only grow ([`Scorer::MONOTONE`]: LFU,
@@ -57,19 +57,34 @@ pub fn simulate<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) -> Co
 /// multiple with `+inf`.
 const LANES: usize = 16;
 
-/// The slot with the smallest `(p, tie)` and its `p` (`+inf`: every slot is
-/// pinned). A vectorisable pass keeps the smallest `p` of each lane (slot
-/// modulo [`LANES`]) and a pairwise reduction finds the least of those; only
-/// the lanes holding it (almost always one) are searched for its slot and tie.
+/// The smallest `p` of each lane (slot modulo [`LANES`]): a vectorisable pass.
 #[inline]
-fn argmin(p: &[f64], tie: &[u64]) -> (usize, f64) {
+fn lane_minima(p: &[f64]) -> [f64; LANES] {
     let mut acc = [f64::INFINITY; LANES];
     for block in p.chunks_exact(LANES) {
         for (a, &x) in acc.iter_mut().zip(block) {
             *a = if x < *a { x } else { *a };
         }
     }
-    let mut v = acc;
+    acc
+}
+
+/// The smallest `p` of lane `lane`.
+#[inline]
+fn lane_min(p: &[f64], lane: usize) -> f64 {
+    p[lane..]
+        .iter()
+        .step_by(LANES)
+        .fold(f64::INFINITY, |m, &x| if x < m { x } else { m })
+}
+
+/// The slot with the smallest `(p, tie)` and its `p` (`+inf`: every slot is
+/// pinned), given the lane minima `acc` of `p`. A pairwise reduction finds the
+/// least of those; only the lanes holding it (almost always one) are searched
+/// for its slot and tie.
+#[inline]
+fn argmin(acc: &[f64; LANES], p: &[f64], tie: &[u64]) -> (usize, f64) {
+    let mut v = *acc;
     let mut width = LANES / 2;
     while width > 0 {
         for k in 0..width {
@@ -156,17 +171,22 @@ pub fn simulate_flat<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) 
             }
         }
         misses += n_missed as u64;
+        let mut acc = None;
         for &e in &missed[..n_missed] {
             let e = e as usize;
             let w = if filled < capacity {
                 filled += 1;
                 filled - 1
             } else {
-                let (w, least) = argmin(&p[..padded], &tie[..padded]);
+                // One scan per step; each eviction then refreshes one lane.
+                let acc = acc.get_or_insert_with(|| lane_minima(&p[..padded]));
+                let (w, least) = argmin(acc, &p[..padded], &tie[..padded]);
                 if least == f64::INFINITY {
                     keep_best_of_step(scorer, &mut slot_of, &mut slot_expert, e);
                     continue;
                 }
+                p[w] = f64::INFINITY;
+                acc[w % LANES] = lane_min(&p[..padded], w % LANES);
                 slot_of[slot_expert[w] as usize] = NO_SLOT;
                 w
             };
