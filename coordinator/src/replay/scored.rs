@@ -10,8 +10,9 @@
 //! in flat per-slot arrays that always hold the current key (a hit is one
 //! store) and a step's evictions search them for the minimum, one vectorised
 //! scan per step plus one lane per eviction ([`simulate_flat`]): at these
-//! sizes contiguous compares beat the unpredictable branches of a tree. Larger caches use a [`Tree`] of slots,
-//! O(log C) per update ([`simulate_tree`]).
+//! sizes contiguous compares beat the unpredictable branches of a tree.
+//! Larger caches use a [`Tree`] of slots, O(log C) per update
+//! ([`simulate_tree`]).
 //!
 //! In the tree, for scorers whose keys only grow ([`Scorer::MONOTONE`]: LFU,
 //! EMA), a hit only updates the score; the tree keeps a stale, smaller
