@@ -224,7 +224,7 @@ fn random_steps(seed: u64, n_expert: usize, k: usize, tokens: usize, ubatch: usi
     for _ in 0..n_expert / 4 {
         kept[rng.below(n_expert)] = false;
     }
-    let keep = if seed % 2 == 0 {
+    let keep = if seed.is_multiple_of(2) {
         Some(kept.as_slice())
     } else {
         None
