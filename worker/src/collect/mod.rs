@@ -1,12 +1,10 @@
 //! The collector: runs corpus chunks through llama.cpp and measures them.
 //!
-//! Each chunk is evaluated alone, in a fresh llama.cpp context, in
+//! Each chunk is evaluated alone in its sequence (KV cache cleared), in
 //! micro-batches of `n_ubatch` tokens with outputs on every token, so a chunk
-//! gives the same numbers wherever it runs. (Reusing one context with its KV
-//! cache cleared changes the last bits of later chunks' values, which would
-//! make merged results depend on how chunks were grouped into leases; the
-//! regression test `one_call_and_two_merged_calls_give_identical_artifacts`
-//! guards this.) See [`Collector::run`].
+//! gives the same numbers wherever it runs; the regression test
+//! `one_call_and_two_merged_calls_give_identical_artifacts` guards this.
+//! See [`Collector::run`].
 
 mod names;
 mod observer;
@@ -140,7 +138,7 @@ impl Collector {
             index.domains.clone(),
             self.opts.dump_inputs.clone(),
         );
-        let mut observer = Some(observer);
+        let mut ctx = Context::new(&self.model, &params, observer)?;
         let mut experts = ExpertAccum::new(self.shape.clone());
         let mut imatrix = Imatrix {
             chunk_size: index.n_ctx,
@@ -161,7 +159,7 @@ impl Collector {
             }
             let traced = self.opts.trace_every > 0 && chunk.id.0 % self.opts.trace_every == 0;
             let labels = chunk.token_labels();
-            let mut ctx = Context::new(&self.model, &params, observer.take().expect("observer"))?;
+            ctx.clear();
             let fed = Feed {
                 chunk: chunk.id.0,
                 pos0: 0,
@@ -196,9 +194,8 @@ impl Collector {
                 trace_tokens += chunk.tokens.len() as u64;
             }
             progress(chunk.id.0, chunk.tokens.len());
-            observer = Some(ctx.into_observer());
         }
-        let obs = observer.as_mut().expect("observer");
+        let obs = ctx.observer();
         let trace = std::mem::take(&mut obs.trace);
         let drops: BTreeMap<String, u64> = std::mem::take(&mut obs.drops);
         let dumps = std::mem::take(&mut obs.dumps);

@@ -296,18 +296,6 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         unsafe { &mut (*self.state).observer }
     }
 
-    /// Frees the context and hands back its observer.
-    pub fn into_observer(self) -> O {
-        let me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `me` is never dropped, so batch, context and state are freed
-        // exactly once here, the context before the state it points to.
-        unsafe {
-            sys::llama_batch_free(me.batch);
-            sys::llama_free(me.ptr.as_ptr());
-            Box::from_raw(me.state).observer
-        }
-    }
-
     /// Empties the KV cache so the next chunk starts alone in its sequence.
     pub fn clear(&mut self) {
         // SAFETY: the context is live.
