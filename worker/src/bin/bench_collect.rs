@@ -32,6 +32,10 @@ struct Args {
     /// CPU threads.
     #[arg(long, default_value_t = 2)]
     threads: u32,
+    /// Run one mode once and print nothing else (for instruction counts
+    /// under `valgrind --tool=callgrind`): forward or collect.
+    #[arg(long)]
+    only: Option<String>,
 }
 
 struct NoTensors;
@@ -82,6 +86,31 @@ fn main() -> anyhow::Result<()> {
         f32_kv: false,
         flash_attn: false,
     };
+    match a.only.as_deref() {
+        Some("forward") => {
+            let model = Model::load(&path, 0)?;
+            let mut ctx = Context::new(&model, &params, NoTensors)?;
+            for c in &chunks {
+                ctx.clear();
+                for (i, toks) in c.tokens.chunks(a.n_ubatch as usize).enumerate() {
+                    ctx.decode(toks, (i * a.n_ubatch as usize) as i32)?;
+                }
+            }
+            return Ok(());
+        }
+        Some("collect") => {
+            let opts = CollectOptions {
+                n_ubatch: a.n_ubatch,
+                threads: a.threads,
+                trace_every: 0,
+                ..Default::default()
+            };
+            Collector::load(&path, opts)?.run(&index, &chunks, &mut |_, _| {})?;
+            return Ok(());
+        }
+        Some(other) => anyhow::bail!("--only {other}: expected forward or collect"),
+        None => {}
+    }
     let model = Model::load(&path, 0)?;
     let mut best = [f64::MAX; 4];
     for _ in 0..a.rounds {
