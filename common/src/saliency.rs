@@ -150,9 +150,4 @@ impl Saliency {
     pub fn split(&self, split: Split) -> Option<&SplitStats> {
         self.splits.get(split.as_str())
     }
-
-    /// SHA-256 of the canonical bytes, as lowercase hex (keep maps cite it).
-    pub fn sha256_hex(bytes: &[u8]) -> String {
-        crate::hash::sha256_hex(bytes)
-    }
 }

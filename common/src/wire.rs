@@ -356,12 +356,6 @@ pub fn random_bytes(n: usize) -> Vec<u8> {
     out
 }
 
-/// SHA-256 of bytes, lower-case hex: partial hashes and certificate pins.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(bytes))
-}
-
 /// Normalises a certificate pin as users write it (`AB:CD:...`, `sha256:abcd...`)
 /// to lower-case hex; `None` if it is not 32 bytes of hex.
 pub fn parse_pin(pin: &str) -> Option<String> {
@@ -407,7 +401,7 @@ mod tests {
             ToCoordinator::Done {
                 lease_id: LeaseId(3),
                 partial: PartialRef::Inline(vec![1, 2, 3]),
-                sha256: sha256_hex(&[1, 2, 3]),
+                sha256: crate::hash::sha256_hex(&[1, 2, 3]),
                 elapsed_ms: 9,
             },
         ];

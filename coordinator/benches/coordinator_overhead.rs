@@ -12,10 +12,11 @@
 //!    scheduler's state machine: per-lease bookkeeping cost.
 
 use common::exact::ExactSum;
+use common::hash::sha256_hex;
 use common::imatrix::{Imatrix, ImatrixEntry};
 use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
 use common::stats::{ExpertAccum, MoeShape};
-use common::wire::{sha256_hex, WorkerId};
+use common::wire::WorkerId;
 use common::{ChunkRange, Gating, Split};
 use coordinator::sched::{plan, Completion, Grant, SchedConfig, Scheduler};
 use std::collections::BTreeMap;

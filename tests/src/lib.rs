@@ -76,11 +76,19 @@ pub fn write_corpus(dir: &Path, chunks: &[Chunk], n_ctx: u32) -> CorpusIndex {
         n_ctx,
         domains: vec!["en".into(), "ja".into()],
         n_tokens: chunks.iter().map(|c| c.tokens.len() as u64).sum(),
-        chunks_sha256: common::saliency::Saliency::sha256_hex(&bytes),
+        chunks_sha256: common::hash::sha256_hex(&bytes),
     };
     std::fs::write(corpus.join(CHUNKS_FILE), bytes).unwrap();
     std::fs::write(corpus.join(INDEX_FILE), serde_json::to_vec(&index).unwrap()).unwrap();
     index
+}
+
+/// Copies a tokenized corpus (`corpus/index.json`, `corpus/chunks.parquet`)
+/// from one run location to another, e.g. a local run to an S3 prefix.
+pub async fn copy_corpus(from: &common::store::RunStore, to: &common::store::RunStore) {
+    for name in ["corpus/index.json", "corpus/chunks.parquet"] {
+        to.put(name, from.get(name).await.unwrap()).await.unwrap();
+    }
 }
 
 /// Runs a workspace binary; prints its stderr when it fails.

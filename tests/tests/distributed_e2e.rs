@@ -220,14 +220,10 @@ async fn whole_real_run_round_trips_through_s3() {
     let local = setup(&d.path().join("for-s3"), &model);
     let prefix = format!(
         "s3://{bucket}/e2e-{}",
-        common::wire::sha256_hex(&common::wire::random_bytes(8))
+        common::hash::sha256_hex(&common::wire::random_bytes(8))
     );
     let s3 = RunStore::open(&prefix).unwrap();
-    for name in ["corpus/index.json", "corpus/chunks.parquet"] {
-        s3.put(name, local.store.get(name).await.unwrap())
-            .await
-            .unwrap();
-    }
+    fixtures::copy_corpus(&local.store, &s3).await;
     let s = RunSetup {
         store: s3.clone(),
         ..local

@@ -305,14 +305,10 @@ async fn whole_fake_run_round_trips_through_s3() {
     run_with(&local, |l| fake_workers(l, 2)).await;
     let prefix = format!(
         "s3://{bucket}/loopback-{}",
-        common::wire::sha256_hex(&common::wire::random_bytes(8))
+        common::hash::sha256_hex(&common::wire::random_bytes(8))
     );
     let s3 = RunStore::open(&prefix).unwrap();
-    for name in ["corpus/index.json", "corpus/chunks.parquet"] {
-        s3.put(name, local.store.get(name).await.unwrap())
-            .await
-            .unwrap();
-    }
+    fixtures::copy_corpus(&local.store, &s3).await;
     let remote = RunSetup {
         store: s3.clone(),
         ..local.clone()

@@ -5,9 +5,10 @@
 
 use crate::sched::{Completion, Scheduler};
 use bytes::Bytes;
+use common::hash::sha256_hex;
 use common::partial::Partial;
 use common::store::RunStore;
-use common::wire::{partial_name, sha256_hex, JobInfo, LeaseId, PartialRef, WorkerId};
+use common::wire::{partial_name, JobInfo, LeaseId, PartialRef, WorkerId};
 use common::ChunkRange;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -238,13 +238,8 @@ async fn serve(
             worker_name,
             backend,
         })) => {
-            if protocol_version != PROTOCOL_VERSION {
-                return s
-                    .refuse(Refusal::Version {
-                        worker: protocol_version,
-                        coordinator: PROTOCOL_VERSION,
-                    })
-                    .await;
+            if let Some(r) = version_refusal(protocol_version) {
+                return s.refuse(r).await;
             }
             (worker_name, backend)
         }
@@ -303,13 +298,8 @@ async fn serve(
                 protocol_version,
                 state,
             } => {
-                if protocol_version != PROTOCOL_VERSION {
-                    return s
-                        .refuse(Refusal::Version {
-                            worker: protocol_version,
-                            coordinator: PROTOCOL_VERSION,
-                        })
-                        .await;
+                if let Some(r) = version_refusal(protocol_version) {
+                    return s.refuse(r).await;
                 }
                 poll_reply(hub, id, state != WorkerState::Idle)
             }
@@ -372,6 +362,15 @@ fn poll_reply(hub: &Hub, id: WorkerId, busy: bool) -> ToWorker {
         Grant::Finished => ToWorker::Finished,
         Grant::Failed(e) => ToWorker::Refused(Refusal::RunFailed(e.to_string())),
     }
+}
+
+/// The refusal for a worker speaking another protocol version, checked at
+/// registration and on every poll.
+fn version_refusal(worker: u32) -> Option<Refusal> {
+    (worker != PROTOCOL_VERSION).then_some(Refusal::Version {
+        worker,
+        coordinator: PROTOCOL_VERSION,
+    })
 }
 
 #[cfg(test)]

@@ -2,9 +2,10 @@
 //! units of the same lease plan are checked and merged instead of recomputed.
 
 use super::RunError;
+use common::hash::sha256_hex;
 use common::partial::Partial;
 use common::store::RunStore;
-use common::wire::{parse_partial_name, sha256_hex};
+use common::wire::parse_partial_name;
 use common::ChunkRange;
 use std::collections::{BTreeMap, BTreeSet};
 

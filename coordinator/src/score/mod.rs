@@ -179,7 +179,7 @@ pub async fn load_saliency(store: &RunStore) -> anyhow::Result<(Saliency, String
             store.url_of(names::SALIENCY_JSON)
         )
     })?;
-    Ok((s, Saliency::sha256_hex(&bytes)))
+    Ok((s, common::hash::sha256_hex(&bytes)))
 }
 
 /// Rankings per method for `s` under `p`.

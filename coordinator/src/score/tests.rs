@@ -202,7 +202,7 @@ async fn score_writes_maps_equal_to_recomputation_and_every_table() {
     assert_eq!(report.ks, vec![4, 8]);
     assert_eq!(report.keep_maps.len(), 10);
     assert_eq!(report.overlaps.len(), 20);
-    let sha = Saliency::sha256_hex(&s.to_json_bytes());
+    let sha = common::hash::sha256_hex(&s.to_json_bytes());
     for name in &report.keep_maps {
         let map: KeepMap = serde_json::from_slice(&store.get(name).await.unwrap()).unwrap();
         assert_eq!(map.saliency_sha256, sha);

@@ -260,7 +260,7 @@ pub async fn verify(store: &RunStore) -> anyhow::Result<VerifyReport> {
     let bytes = store.get(artifacts::SALIENCY_JSON).await?;
     let parsed = lenient::parse(&bytes, &store.url_of(artifacts::SALIENCY_JSON))?;
     let s = &parsed.saliency;
-    let sha = Saliency::sha256_hex(&bytes);
+    let sha = common::hash::sha256_hex(&bytes);
     let mut checks = stats::check_saliency(s, &parsed.nonfinite);
     let (rows, parts) = trace_rows(store).await?;
     checks.push(trace_check(s, rows, parts));

@@ -13,9 +13,8 @@ pub mod tls;
 use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::store::RunStore;
 use common::wire::{
-    join_proof, parse_pin, partial_name, read_msg, sha256_hex, write_msg, JobInfo, LeaseGrant,
-    PartialRef, Refusal, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME,
-    PROTOCOL_VERSION,
+    join_proof, parse_pin, partial_name, read_msg, write_msg, JobInfo, LeaseGrant, PartialRef,
+    Refusal, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
 };
 use engine::{EngineLoader, EngineThread};
 use std::net::SocketAddr;
@@ -439,7 +438,7 @@ async fn measure_lease(
             partial.trace_parts = vec![name];
         }
         let bytes = partial.to_bytes();
-        let sha256 = sha256_hex(&bytes);
+        let sha256 = common::hash::sha256_hex(&bytes);
         let partial = if bytes.len() as u64 <= job.max_inline_bytes {
             PartialRef::Inline(bytes)
         } else {
