@@ -180,15 +180,9 @@ impl Collector {
                 decode_trace.extend(generated);
             }
             let obs = ctx.observer();
-            let scratch = std::mem::replace(
-                &mut obs.scratch,
-                scratch::ChunkScratch::new(
-                    self.shape.moe_layers.len(),
-                    self.shape.n_expert as usize,
-                ),
-            );
-            chunk_stats.push(scratch.chunk_stats(chunk.id.0));
-            scratch.fold_into(&index.domains, &mut experts, &mut imatrix)?;
+            chunk_stats.push(obs.scratch.chunk_stats(chunk.id.0));
+            obs.scratch
+                .fold_into(&index.domains, &mut experts, &mut imatrix)?;
             imatrix.chunk_count += 1;
             if traced {
                 trace_tokens += chunk.tokens.len() as u64;

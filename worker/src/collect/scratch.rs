@@ -129,14 +129,16 @@ impl ChunkScratch {
         s
     }
 
-    /// Adds this chunk's sums exactly into the run accumulators.
+    /// Adds this chunk's sums exactly into the run accumulators and empties
+    /// the scratch for the next chunk. The imatrix buffers (a few MB) are
+    /// zeroed and kept rather than reallocated per chunk.
     pub fn fold_into(
-        self,
+        &mut self,
         domains: &[String],
         experts: &mut ExpertAccum,
         imatrix: &mut Imatrix,
     ) -> Result<(), MergeError> {
-        for ((split, domain), g) in self.groups {
+        for ((split, domain), g) in std::mem::take(&mut self.groups) {
             let target = experts.group_mut(split, &domains[domain as usize]);
             target.n_tokens += g.n_tokens;
             for (dst, src) in target.layers.iter_mut().zip(&g.layers) {
@@ -155,7 +157,7 @@ impl ChunkScratch {
                 }
             }
         }
-        for (name, s) in self.imatrix {
+        for (name, s) in &mut self.imatrix {
             let entry = imatrix
                 .entries
                 .entry(name.clone())
@@ -169,6 +171,8 @@ impl ChunkScratch {
             for (a, b) in entry.counts.iter_mut().zip(&s.counts) {
                 *a += b;
             }
+            s.sum2.fill(0.0);
+            s.counts.fill(0);
         }
         Ok(())
     }
