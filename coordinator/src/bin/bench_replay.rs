@@ -102,6 +102,9 @@ fn main() {
         vm_hwm()
     );
 
+    if args.scaling_layers == 0 {
+        return;
+    }
     let layers: Vec<Steps> = (0..args.scaling_layers)
         .map(|l| steps_for(&shape, l).0)
         .collect();

@@ -8,6 +8,7 @@
 //! are added. Both are powers of two: the rescale is exact and never changes
 //! the order of two scores.
 
+use super::ids::IdTable;
 use super::steps::Steps;
 use super::tree::Key;
 use super::Scorer;
@@ -29,14 +30,13 @@ pub enum Credit {
 }
 
 impl Credit {
-    /// The credit of request `i` of `steps`.
-    #[inline]
-    pub fn of(self, steps: &Steps, i: usize) -> f64 {
-        f64::from(match self {
-            Credit::Uses => steps.uses[i],
-            Credit::RouterProb => steps.prob[i],
-            Credit::InverseRank => steps.inv_rank[i],
-        })
+    /// The credit of every request of `steps`.
+    fn of(self, steps: &Steps) -> &[f32] {
+        match self {
+            Credit::Uses => &steps.uses,
+            Credit::RouterProb => &steps.prob,
+            Credit::InverseRank => &steps.inv_rank,
+        }
     }
 }
 
@@ -46,21 +46,21 @@ pub struct LazyEma {
     near_credit: f64,
     inv_decay: f64,
     factor: f64,
-    keys: Vec<Key>,
+    keys: IdTable<Key>,
     /// How many times the scores were rescaled.
     pub rescales: u32,
 }
 
 impl LazyEma {
-    /// Scores for `n_expert` experts with decay `decay` per step; near picks
-    /// earn `near_credit` per pick (0: near picks are ignored).
-    pub fn new(n_expert: usize, decay: f64, credit: Credit, near_credit: f64) -> LazyEma {
+    /// Scores for every expert with decay `decay` per step; near picks earn
+    /// `near_credit` per pick (0: near picks are ignored).
+    pub fn new(decay: f64, credit: Credit, near_credit: f64) -> LazyEma {
         LazyEma {
             credit,
             near_credit,
             inv_decay: 1.0 / decay,
             factor: 1.0,
-            keys: vec![Key { p: 0.0, tie: 0 }; n_expert],
+            keys: IdTable::new(Key { p: 0.0, tie: 0 }),
             rescales: 0,
         }
     }
@@ -76,33 +76,37 @@ impl Scorer for LazyEma {
             return None;
         }
         self.factor *= SHRINK;
-        for k in &mut self.keys {
+        for k in self.keys.iter_mut() {
             k.p *= SHRINK;
         }
         self.rescales += 1;
         Some(SHRINK)
     }
 
+    fn credits<'s>(&self, steps: &'s Steps) -> &'s [f32] {
+        self.credit.of(steps)
+    }
+
     #[inline]
-    fn request(&mut self, steps: &Steps, i: usize, s: usize) {
-        let e = steps.expert[i];
-        let k = &mut self.keys[e as usize];
-        k.p += self.credit.of(steps, i) * self.factor;
+    fn request(&mut self, _i: usize, e: u16, credit: f32, s: usize) {
+        let k = self.keys.get_mut(e);
+        k.p += f64::from(credit) * self.factor;
         k.tie = Key::tie(s, e);
+    }
+
+    fn credits_near(&self) -> bool {
+        self.near_credit != 0.0
     }
 
     #[inline]
     fn near(&mut self, steps: &Steps, j: usize) -> bool {
-        if self.near_credit == 0.0 {
-            return false;
-        }
-        let e = steps.near[j] as usize;
-        self.keys[e].p += self.near_credit * f64::from(steps.near_uses[j]) * self.factor;
+        self.keys.get_mut(steps.near[j]).p +=
+            self.near_credit * f64::from(steps.near_uses[j]) * self.factor;
         true
     }
 
     #[inline]
     fn key(&self, e: usize) -> Key {
-        self.keys[e]
+        self.keys.get(e)
     }
 }

@@ -11,6 +11,7 @@
 //! ([`trace_io`]) across threads and [`report`] writes the results.
 
 pub mod ema;
+pub mod ids;
 pub mod keep;
 pub mod lru;
 pub mod model;

@@ -106,11 +106,10 @@ pub fn simulate(policy: Policy, steps: &Steps, capacity: usize, params: &PolicyP
                 .count() as u64,
         };
     }
-    let n = steps.n_expert;
-    let ema = |credit, near| LazyEma::new(n, params.ema_decay, credit, near);
+    let ema = |credit, near| LazyEma::new(params.ema_decay, credit, near);
     match policy {
         Policy::Lru => lru::simulate(steps, capacity),
-        Policy::Lfu => scored::simulate(steps, capacity, &mut Lfu::new(n)),
+        Policy::Lfu => scored::simulate(steps, capacity, &mut Lfu::default()),
         Policy::Ema => scored::simulate(steps, capacity, &mut ema(Credit::Uses, 0.0)),
         Policy::NearPickEma => scored::simulate(
             steps,

@@ -20,6 +20,7 @@
 //! a lower bound of every resident's key, so a root whose snapshot is current
 //! is the true minimum.
 
+use super::ids::IdTable;
 use super::steps::Steps;
 use super::tree::{Key, Tree};
 use super::Counts;
@@ -31,8 +32,16 @@ pub trait Scorer {
     /// Starts step `s`; returns the factor every key was multiplied by, if
     /// the scorer rescaled (an exact power of two, so the order is kept).
     fn begin_step(&mut self, s: usize) -> Option<f64>;
-    /// Credits request `i` (an index into the step arrays) of step `s`.
-    fn request(&mut self, steps: &Steps, i: usize, s: usize);
+    /// The credit of every request (indexed like `steps.expert`), chosen
+    /// once per replay so the per-request path does not branch on it.
+    fn credits<'s>(&self, steps: &'s Steps) -> &'s [f32] {
+        &steps.uses
+    }
+    /// Credits request `i` of step `s`: expert `e` (below the scorer's
+    /// expert count, checked by the engine), with credit `credit`.
+    fn request(&mut self, i: usize, e: u16, credit: f32, s: usize);
+    /// Whether near picks can change a key.
+    fn credits_near(&self) -> bool;
     /// Credits near pick `j` (an index into the near arrays); returns whether
     /// the key of `steps.near[j]` changed.
     fn near(&mut self, steps: &Steps, j: usize) -> bool;
@@ -44,6 +53,10 @@ const NO_SLOT: u32 = u32::MAX;
 
 /// The largest capacity replayed on flat slot arrays; larger ones use a tree.
 pub const FLAT_MAX: usize = 512;
+
+/// Length of the flat slot arrays: the padded capacity plus a spare slot,
+/// rounded up to a power of two.
+const SLOTS: usize = 2 * FLAT_MAX;
 
 /// Replays `steps` through a cache of `capacity` experts scored by `scorer`.
 pub fn simulate<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) -> Counts {
@@ -80,11 +93,13 @@ fn lane_min(p: &[f64], lane: usize) -> f64 {
 }
 
 /// The slot with the smallest `(p, tie)` and its `p` (`+inf`: every slot is
-/// pinned), given the lane minima `acc` of `p`. A pairwise reduction finds the
-/// least of those; only the lanes holding it (almost always one) are searched
-/// for its slot and tie.
-#[inline]
-fn argmin(acc: &[f64; LANES], p: &[f64], tie: &[u64]) -> (usize, f64) {
+/// pinned), given the lane minima `acc` of `p` and the tie breaker of a slot.
+/// A pairwise reduction finds the least of those; only the lanes holding it
+/// (almost always one) are searched for its slot, and tie breakers are read
+/// only when several slots hold it. Always inlined: it runs once per eviction
+/// and the call alone cost about a tenth of the replay.
+#[inline(always)]
+fn argmin(acc: &[f64; LANES], p: &[f64], tie: impl Fn(usize) -> u64) -> (usize, f64) {
     let mut v = *acc;
     let mut width = LANES / 2;
     while width > 0 {
@@ -110,31 +125,57 @@ fn argmin(acc: &[f64; LANES], p: &[f64], tie: &[u64]) -> (usize, f64) {
     while lanes != 0 {
         let lane = lanes.trailing_zeros() as usize;
         lanes &= lanes - 1;
-        for w in (lane..p.len()).step_by(LANES) {
-            if p[w] == least && (best == usize::MAX || tie[w] < best_tie) {
+        // Which positions of the lane hold `least`, without a branch per
+        // slot (where it sits is unpredictable); then their tie breakers.
+        let mut hits = 0u64;
+        for (k, &x) in p[lane..].iter().step_by(LANES).enumerate() {
+            hits |= u64::from(x == least) << k;
+        }
+        if hits.is_power_of_two() && lanes == 0 && best == usize::MAX {
+            // The only slot holding `least`: no tie to break.
+            return (lane + hits.trailing_zeros() as usize * LANES, least);
+        }
+        while hits != 0 {
+            let w = lane + hits.trailing_zeros() as usize * LANES;
+            hits &= hits - 1;
+            let t = tie(w);
+            if t < best_tie {
                 best = w;
-                best_tie = tie[w];
+                best_tie = t;
             }
         }
     }
     (best, least)
 }
 
-/// [`simulate`] on flat per-slot key arrays: a pinned or empty slot holds
-/// `+inf`, every other resident its current key, and an eviction takes the
-/// slot with the smallest `(p, tie)` ([`argmin`]).
+/// [`simulate`] on a flat per-slot array of scores: a pinned or empty slot
+/// holds `+inf`, every other resident its current score, and an eviction
+/// takes the slot with the smallest `(p, tie)` ([`argmin`]).
 pub fn simulate_flat<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) -> Counts {
-    let n = steps.n_expert;
+    if scorer.credits_near() {
+        flat::<S, true>(steps, capacity, scorer)
+    } else {
+        flat::<S, false>(steps, capacity, scorer)
+    }
+}
+
+/// [`simulate_flat`], compiled apart for scorers with and without near-pick
+/// credits: without them the per-request path does not track which experts a
+/// step used.
+fn flat<S: Scorer, const NEAR: bool>(steps: &Steps, capacity: usize, scorer: &mut S) -> Counts {
     let padded = capacity.div_ceil(LANES) * LANES;
+    // Fixed-size tables keep every index of the per-request loops in bounds
+    // by construction: slots below `SLOTS` (a miss pins the spare slot past
+    // the padding), expert ids and request positions below 2^16.
     let spare = padded;
-    let mut p = vec![f64::INFINITY; padded + 1];
-    let mut tie = vec![u64::MAX; padded + 1];
-    let mut slot_of = vec![NO_SLOT; n];
+    let mut p: Box<[f64; SLOTS]> = Box::new([f64::INFINITY; SLOTS]);
+    let mut slot_of = IdTable::new(NO_SLOT);
+    let mut stamp = IdTable::new(0u32);
+    let mut missed = IdTable::new(0u16);
     let mut slot_expert = vec![NO_SLOT; capacity];
-    let mut stamp = vec![0u32; n];
     let mut filled = 0usize;
-    let widest = (0..steps.len()).map(|s| steps.range(s).len()).max();
-    let mut missed = vec![0u16; widest.unwrap_or(0)];
+    let credits = scorer.credits(steps);
+    assert_eq!(credits.len(), steps.expert.len(), "one credit per request");
     let mut misses = 0u64;
     let mut overflow_steps = 0u64;
     for s in 0..steps.len() {
@@ -148,59 +189,64 @@ pub fn simulate_flat<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) 
         if r.len() > capacity {
             overflow_steps += 1;
         }
-        // Branch-free on hit or miss: a miss pins the spare slot past the
-        // padding and is written to `missed` whatever happens.
-        let mut n_missed = 0;
-        for i in r.clone() {
-            let e = steps.expert[i];
-            scorer.request(steps, i, s);
-            stamp[e as usize] = mark;
-            let slot = slot_of[e as usize];
+        // Branch-free on hit or miss: a miss pins the spare slot and is
+        // written to `missed` whatever happens.
+        let mut n_missed = 0usize;
+        let requests = steps.expert[r.clone()].iter().zip(&credits[r.clone()]);
+        for (i, (&e, &credit)) in (r.start..).zip(requests) {
+            scorer.request(i, e, credit, s);
+            if NEAR {
+                *stamp.get_mut(e) = mark;
+            }
+            let slot = slot_of.get(e as usize);
             let miss = slot == NO_SLOT;
             let w = if miss { spare } else { slot as usize };
-            p[w] = f64::INFINITY;
-            missed[n_missed] = e;
+            p[w % SLOTS] = f64::INFINITY;
+            // A step requests distinct experts, so fewer than 2^16.
+            *missed.get_mut(n_missed as u16) = e;
             n_missed += usize::from(miss);
         }
-        for j in steps.near_range(s) {
-            if scorer.near(steps, j) {
-                let e = steps.near[j] as usize;
-                let slot = slot_of[e] as usize;
-                if slot != NO_SLOT as usize && stamp[e] != mark {
-                    p[slot] = scorer.key(e).p;
+        if NEAR {
+            for j in steps.near_range(s) {
+                if scorer.near(steps, j) {
+                    let e = steps.near[j];
+                    let slot = slot_of.get(e as usize);
+                    if slot != NO_SLOT && stamp.get(e as usize) != mark {
+                        p[slot as usize % SLOTS] = scorer.key(e as usize).p;
+                    }
                 }
             }
         }
         misses += n_missed as u64;
         let mut acc = None;
-        for &e in &missed[..n_missed] {
-            let e = e as usize;
+        for k in 0..n_missed {
+            let e = missed.get(k) as usize;
             let w = if filled < capacity {
                 filled += 1;
                 filled - 1
             } else {
                 // One scan per step; each eviction then refreshes one lane.
                 let acc = acc.get_or_insert_with(|| lane_minima(&p[..padded]));
-                let (w, least) = argmin(acc, &p[..padded], &tie[..padded]);
+                let (w, least) = argmin(acc, &p[..padded], |w| {
+                    scorer.key(slot_expert[w] as usize).tie
+                });
                 if least == f64::INFINITY {
-                    keep_best_of_step(scorer, &mut slot_of, &mut slot_expert, e);
+                    keep_best_of_step(scorer, slot_of.as_mut_slice(), &mut slot_expert, e);
                     continue;
                 }
                 p[w] = f64::INFINITY;
                 acc[w % LANES] = lane_min(&p[..padded], w % LANES);
-                slot_of[slot_expert[w] as usize] = NO_SLOT;
+                *slot_of.get_mut(slot_expert[w] as u16) = NO_SLOT;
                 w
             };
             slot_expert[w] = e as u32;
-            slot_of[e] = w as u32;
+            *slot_of.get_mut(e as u16) = w as u32;
             p[w] = f64::INFINITY;
         }
         for &e in &steps.expert[r] {
-            let slot = slot_of[e as usize] as usize;
-            if slot != NO_SLOT as usize {
-                let k = scorer.key(e as usize);
-                p[slot] = k.p;
-                tie[slot] = k.tie;
+            let slot = slot_of.get(e as usize);
+            if slot != NO_SLOT {
+                p[slot as usize % SLOTS] = scorer.key(e as usize).p;
             }
         }
     }
@@ -220,6 +266,7 @@ pub fn simulate_tree<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) 
     let mut stamp = vec![0u32; n];
     let mut missed: Vec<u16> = Vec::with_capacity(64);
     let mut pinned: Vec<usize> = Vec::with_capacity(64);
+    let credits = scorer.credits(steps);
     let mut misses = 0u64;
     let mut overflow_steps = 0u64;
     for s in 0..steps.len() {
@@ -236,7 +283,7 @@ pub fn simulate_tree<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) 
         }
         for i in r {
             let e = steps.expert[i];
-            scorer.request(steps, i, s);
+            scorer.request(i, e, credits[i], s);
             stamp[e as usize] = mark;
             let slot = slot_of[e as usize];
             if slot == NO_SLOT {
@@ -322,14 +369,14 @@ fn keep_best_of_step<S: Scorer>(
 
 /// LFU: the score is the number of uses so far (kept for evicted experts too).
 pub struct Lfu {
-    keys: Vec<Key>,
+    keys: IdTable<Key>,
 }
 
-impl Lfu {
-    /// Scores for `n_expert` experts, all unused.
-    pub fn new(n_expert: usize) -> Lfu {
+impl Default for Lfu {
+    /// Scores for every expert, all unused.
+    fn default() -> Lfu {
         Lfu {
-            keys: vec![Key { p: 0.0, tie: 0 }; n_expert],
+            keys: IdTable::new(Key { p: 0.0, tie: 0 }),
         }
     }
 }
@@ -342,11 +389,14 @@ impl Scorer for Lfu {
     }
 
     #[inline]
-    fn request(&mut self, steps: &Steps, i: usize, s: usize) {
-        let e = steps.expert[i];
-        let k = &mut self.keys[e as usize];
-        k.p += f64::from(steps.uses[i]);
+    fn request(&mut self, _i: usize, e: u16, uses: f32, s: usize) {
+        let k = self.keys.get_mut(e);
+        k.p += f64::from(uses);
         k.tie = Key::tie(s, e);
+    }
+
+    fn credits_near(&self) -> bool {
+        false
     }
 
     fn near(&mut self, _steps: &Steps, _j: usize) -> bool {
@@ -355,7 +405,7 @@ impl Scorer for Lfu {
 
     #[inline]
     fn key(&self, e: usize) -> Key {
-        self.keys[e]
+        self.keys.get(e)
     }
 }
 
@@ -363,7 +413,7 @@ impl Scorer for Lfu {
 /// used farthest in the future (or never again) is evicted first.
 pub struct Belady {
     next_use: Vec<u32>,
-    keys: Vec<Key>,
+    keys: IdTable<Key>,
 }
 
 impl Belady {
@@ -371,7 +421,7 @@ impl Belady {
     pub fn new(steps: &Steps) -> Belady {
         Belady {
             next_use: steps.next_use(),
-            keys: vec![Key { p: 0.0, tie: 0 }; steps.n_expert],
+            keys: IdTable::new(Key { p: 0.0, tie: 0 }),
         }
     }
 }
@@ -384,12 +434,15 @@ impl Scorer for Belady {
     }
 
     #[inline]
-    fn request(&mut self, steps: &Steps, i: usize, s: usize) {
-        let e = steps.expert[i];
-        self.keys[e as usize] = Key {
+    fn request(&mut self, i: usize, e: u16, _credit: f32, s: usize) {
+        *self.keys.get_mut(e) = Key {
             p: -f64::from(self.next_use[i]),
             tie: Key::tie(s, e),
         };
+    }
+
+    fn credits_near(&self) -> bool {
+        false
     }
 
     fn near(&mut self, _steps: &Steps, _j: usize) -> bool {
@@ -398,6 +451,6 @@ impl Scorer for Belady {
 
     #[inline]
     fn key(&self, e: usize) -> Key {
-        self.keys[e]
+        self.keys.get(e)
     }
 }

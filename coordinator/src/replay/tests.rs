@@ -260,7 +260,7 @@ fn lazy_vs_eager(decay: f64, expect_rescale: bool) {
         (Policy::InverseRouterEma, Credit::InverseRank, 0.0),
     ] {
         for capacity in [8, 16, 32] {
-            let mut lazy = LazyEma::new(64, decay, credit, near);
+            let mut lazy = LazyEma::new(decay, credit, near);
             let fast = scored::simulate(&s, capacity, &mut lazy);
             let reference = eager(policy, &s, capacity, &params(decay));
             assert_eq!(
@@ -368,11 +368,11 @@ fn flat_and_tree_engines_equal_the_eager_reference() {
         let ubatch = [1, 1, 3, 8][seed as usize % 4];
         let s = random_steps(seed, 40, 4, 2000, ubatch);
         let decay = [0.5, 0.9, 0.99][seed as usize % 3];
-        let ema = |credit, near| move || LazyEma::new(40, decay, credit, near);
+        let ema = |credit, near| move || LazyEma::new(decay, credit, near);
         for capacity in [1, 5, 9, 17, 30] {
             let p = params(decay);
             let runs = [
-                (Policy::Lfu, both(&s, capacity, || Lfu::new(40))),
+                (Policy::Lfu, both(&s, capacity, Lfu::default)),
                 (Policy::Ema, both(&s, capacity, ema(Credit::Uses, 0.0))),
                 (
                     Policy::NearPickEma,
