@@ -369,9 +369,15 @@ async fn stop_children(children: &mut [tokio::process::Child]) {
     }
 }
 
-/// Marks the run complete in `manifest.json` (written last), with the
-/// collection figures; other manifest fields are kept as they are.
-pub async fn mark_complete(store: &RunStore, s: &RunSummary) -> Result<(), RunError> {
+/// Records the finished run in `manifest.json` (written last), with the
+/// collection figures: `complete` only when every invariant held, so a run
+/// that failed verification never looks finished. Other manifest fields are
+/// kept as they are.
+pub async fn mark_finished(
+    store: &RunStore,
+    s: &RunSummary,
+    verified: bool,
+) -> Result<(), RunError> {
     let mut manifest: serde_json::Value = match store.get_opt(crate::corpus::MANIFEST_FILE).await? {
         Some(b) => serde_json::from_slice(&b).unwrap_or_else(|_| serde_json::json!({})),
         None => serde_json::json!({}),
@@ -385,7 +391,8 @@ pub async fn mark_complete(store: &RunStore, s: &RunSummary) -> Result<(), RunEr
         })
         .collect();
     manifest["run"] = serde_json::json!({
-        "complete": true,
+        "complete": verified,
+        "verify_passed": verified,
         "units": s.units,
         "leases_resumed": s.resumed,
         "leases_computed": s.computed,
@@ -506,13 +513,17 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let ok = report.ok();
         crate::report::report(&store).await?;
         println!("report: {}", store.url_of("report/report.md"));
-        mark_complete(&store, &summary).await?;
-        println!("run complete: {}", store.url());
-        Ok(if ok {
-            ExitCode::SUCCESS
+        mark_finished(&store, &summary, ok).await?;
+        if ok {
+            println!("run complete: {}", store.url());
+            Ok(ExitCode::SUCCESS)
         } else {
-            ExitCode::FAILURE
-        })
+            eprintln!(
+                "run finished but verification failed (see above); {} is not marked complete",
+                store.url_of(crate::corpus::MANIFEST_FILE)
+            );
+            Ok(ExitCode::FAILURE)
+        }
     })
 }
 

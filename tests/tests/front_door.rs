@@ -1,0 +1,70 @@
+//! The README's front door: `coordinator run` on the quickstart config with
+//! two local workers runs the whole job (generated model, sample corpus,
+//! collection over QUIC, merge, score, replay, verify, report) and marks the
+//! run complete only because verification passed.
+
+use std::path::Path;
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn quickstart_run_finishes_verified_and_marked_complete() {
+    // A private copy of configs/: the run generates its model next to the
+    // config, and the repository's own copy must stay untouched.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let configs = dir.path().join("configs");
+    copy_dir(
+        &repo.join("configs/sample_corpus"),
+        &configs.join("sample_corpus"),
+    );
+    std::fs::copy(
+        repo.join("configs/quickstart.toml"),
+        configs.join("quickstart.toml"),
+    )
+    .unwrap();
+    let out = dir.path().join("runs/quickstart");
+    let run = fixtures::run_ok(
+        "coordinator",
+        &[
+            "run",
+            configs.join("quickstart.toml").to_str().unwrap(),
+            "--local-workers",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(stdout.contains("run complete"), "{stdout}");
+
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    let summary = &manifest["run"];
+    assert_eq!(summary["complete"], true, "{summary}");
+    assert_eq!(summary["verify_passed"], true, "{summary}");
+    let workers = summary["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2, "{summary}");
+    let tokens: u64 = workers.iter().map(|w| w["tokens"].as_u64().unwrap()).sum();
+    assert!(tokens > 0, "{summary}");
+
+    for artifact in [
+        "saliency.json",
+        "imatrix.gguf",
+        "replay/report.md",
+        "report/report.md",
+    ] {
+        let len = std::fs::metadata(out.join(artifact))
+            .unwrap_or_else(|e| panic!("{artifact}: {e}"))
+            .len();
+        assert!(len > 0, "{artifact} is empty");
+    }
+    let keep_maps = std::fs::read_dir(out.join("keep_maps")).unwrap().count();
+    assert!(keep_maps > 0, "no keep maps written");
+}
