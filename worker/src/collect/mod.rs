@@ -6,6 +6,7 @@
 //! `one_call_and_two_merged_calls_give_identical_artifacts` guards this.
 //! See [`Collector::run`].
 
+mod importance;
 mod names;
 mod observer;
 mod scratch;

@@ -1,6 +1,7 @@
 //! The eval-callback observer: reads the MoE routing tensors and the inputs of
 //! every weight matmul, and turns them into per-chunk sums and trace rows.
 
+use super::importance::ImportanceCache;
 use super::names::{parse_moe_node, weight_name, MoeNode};
 use super::scratch::ChunkScratch;
 use crate::llama::{f32_at, i32_at, ElemType, GraphObserver, Op, TensorRef};
@@ -58,6 +59,8 @@ pub struct Observer {
     dump_inputs: Vec<String>,
     /// Dumped inputs per (weight, chunk): rows of `n_in` values, one per token.
     pub dumps: BTreeMap<(String, u32), Vec<f32>>,
+    /// Matmul input sums of the current micro-batch, shared by weights.
+    inputs: ImportanceCache,
 }
 
 impl Observer {
@@ -86,6 +89,7 @@ impl Observer {
             error: None,
             dump_inputs,
             dumps: BTreeMap::new(),
+            inputs: ImportanceCache::default(),
         }
     }
 
@@ -97,6 +101,7 @@ impl Observer {
             }
         }
         self.seen_layers.clear();
+        self.inputs.begin_ubatch();
         self.ubatch = Some(info);
     }
 
@@ -315,72 +320,24 @@ impl Observer {
         if x.elem() != ElemType::F32 {
             return self.fail(format!("{name}: matmul input is not f32"));
         }
-        let (xne, xnb, bytes) = (x.ne(), x.nb(), x.bytes());
-        let n_in = xne[0];
-        let row = |off: usize| {
-            bytes[off..off + 4 * n_in]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        let (xne, wne) = (x.ne(), w.ne());
+        let n_mat = match t.op() {
+            Op::MulMatId => wne[2],
+            _ => wne[2] * wne[3],
         };
-        match t.op() {
-            Op::MulMatId => {
-                let Some(ids) = t.src(2) else { return };
-                let n_mat = w.ne()[2];
-                let (ine, inb, ibytes) = (ids.ne(), ids.nb(), ids.bytes());
-                let entry = self.scratch.imatrix_entry(&name, n_in, n_mat);
-                for tok in 0..ine[1] {
-                    if !fit.get(tok).copied().unwrap_or(true) {
-                        continue;
-                    }
-                    for idx in 0..ine[0] {
-                        let ex = i32_at(&ibytes, tok * inb[1] + idx * inb[0]);
-                        if ex < 0 || ex as usize >= n_mat {
-                            continue;
-                        }
-                        let ex = ex as usize;
-                        entry.counts[ex] += 1;
-                        let sums = &mut entry.sum2[ex * n_in..(ex + 1) * n_in];
-                        for (s, v) in sums
-                            .iter_mut()
-                            .zip(row((idx % xne[1]) * xnb[1] + tok * xnb[2]))
-                        {
-                            *s += (v as f64) * (v as f64);
-                        }
-                    }
-                }
+        if t.op() == Op::MulMat && self.dump_inputs.contains(&name) && xne[2] == 1 && xne[3] == 1 {
+            let (xnb, bytes) = (x.nb(), x.bytes());
+            let dump = self.dumps.entry((name.clone(), chunk)).or_default();
+            for r in 0..xne[1] {
+                let row = &bytes[r * xnb[1]..r * xnb[1] + 4 * xne[0]];
+                dump.extend(
+                    row.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
+                );
             }
-            Op::MulMat => {
-                if self.dump_inputs.contains(&name) && xne[2] == 1 && xne[3] == 1 {
-                    let dump = self.dumps.entry((name.clone(), chunk)).or_default();
-                    (0..xne[1]).for_each(|r| dump.extend(row(r * xnb[1])));
-                }
-                let wne = w.ne();
-                let n_mat = wne[2] * wne[3];
-                // Rows are tokens for plain 2-D inputs: count fit tokens only.
-                let per_token = xne[2] == 1 && xne[3] == 1 && xne[1] == fit.len();
-                let counted = |r: usize| !per_token || fit[r];
-                let entry = self.scratch.imatrix_entry(&name, n_in, n_mat);
-                for i3 in 0..xne[3] {
-                    for i2 in 0..xne[2] {
-                        let mat = (i3 % wne[3]) * wne[2] + (i2 % wne[2]);
-                        for r in 0..xne[1] {
-                            if !counted(r) {
-                                continue;
-                            }
-                            let sums = &mut entry.sum2[mat * n_in..(mat + 1) * n_in];
-                            for (s, v) in sums
-                                .iter_mut()
-                                .zip(row(r * xnb[1] + i2 * xnb[2] + i3 * xnb[3]))
-                            {
-                                *s += (v as f64) * (v as f64);
-                            }
-                            entry.counts[mat] += 1;
-                        }
-                    }
-                }
-            }
-            Op::Other => {}
         }
+        let entry = self.scratch.imatrix_entry(&name, xne[0], n_mat);
+        self.inputs.add(t, &w, &x, &fit, entry);
     }
 }
 

@@ -81,6 +81,13 @@ impl<'a> TensorRef<'a> {
         self.raw.nb
     }
 
+    /// The node's identity within the current graph: two operands that are
+    /// the same graph node hold the same values (unlike equal data
+    /// addresses, which the graph allocator reuses across nodes).
+    pub fn node_id(&self) -> usize {
+        std::ptr::from_ref(self.raw) as usize
+    }
+
     /// Source operand `i`, if present.
     pub fn src(&self, i: usize) -> Option<TensorRef<'a>> {
         let p = *self.raw.src.get(i)?;

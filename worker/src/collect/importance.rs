@@ -1,0 +1,153 @@
+//! Importance-matrix sums from the inputs of weight matmuls.
+//!
+//! Several matmuls of a layer read the same input: `attn_q`, `attn_k` and
+//! `attn_v` the normed hidden state, `ffn_gate_exps` and `ffn_up_exps` the
+//! same state with the same expert ids. Their sums are equal, so each input's
+//! sums are computed once per micro-batch and added to every weight that
+//! reads it. An input is recognised by its graph node (not its data address,
+//! which the graph allocator reuses across layers), and the cache is dropped
+//! with the graph at the end of each micro-batch.
+
+use super::scratch::ImatrixScratch;
+use crate::llama::{i32_at, Op, TensorRef};
+
+/// What makes two matmuls contribute the same sums: the same input node (and
+/// ids node), read against weights of the same shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct InputKey {
+    input: usize,
+    ids: usize,
+    n_in: usize,
+    weight_ne: [usize; 4],
+}
+
+/// One input's sums over the current micro-batch.
+struct InputSums {
+    key: InputKey,
+    sum2: Vec<f64>,
+    counts: Vec<u64>,
+}
+
+/// Per-micro-batch sums of the matmul inputs seen so far.
+#[derive(Default)]
+pub struct ImportanceCache {
+    seen: Vec<InputSums>,
+    /// Buffers of earlier micro-batches, reused.
+    spare: Vec<InputSums>,
+}
+
+impl ImportanceCache {
+    /// Forgets the inputs of the previous micro-batch: its graph is gone.
+    pub fn begin_ubatch(&mut self) {
+        self.spare.append(&mut self.seen);
+    }
+
+    /// Adds the sums of matmul `t` (weight `w`, f32 input `x`, for `MUL_MAT_ID`
+    /// expert ids in source 2) over the tokens where `fit` holds into `entry`,
+    /// computing them only for an input not seen in this micro-batch.
+    pub fn add(
+        &mut self,
+        t: &TensorRef<'_>,
+        w: &TensorRef<'_>,
+        x: &TensorRef<'_>,
+        fit: &[bool],
+        entry: &mut ImatrixScratch,
+    ) {
+        let ids = if t.op() == Op::MulMatId {
+            t.src(2)
+        } else {
+            None
+        };
+        if t.op() == Op::MulMatId && ids.is_none() {
+            return;
+        }
+        let key = InputKey {
+            input: x.node_id(),
+            ids: ids.as_ref().map_or(0, TensorRef::node_id),
+            n_in: x.ne()[0],
+            weight_ne: w.ne(),
+        };
+        let i = match self.seen.iter().position(|s| s.key == key) {
+            Some(i) => i,
+            None => {
+                let mut sums = self.spare.pop().unwrap_or(InputSums {
+                    key,
+                    sum2: Vec::new(),
+                    counts: Vec::new(),
+                });
+                sums.key = key;
+                sums.sum2.clear();
+                sums.sum2.resize(entry.sum2.len(), 0.0);
+                sums.counts.clear();
+                sums.counts.resize(entry.counts.len(), 0);
+                match &ids {
+                    Some(ids) => expert_sums(x, ids, fit, &mut sums),
+                    None => dense_sums(x, w, fit, &mut sums),
+                }
+                self.seen.push(sums);
+                self.seen.len() - 1
+            }
+        };
+        let sums = &self.seen[i];
+        for (a, b) in entry.sum2.iter_mut().zip(&sums.sum2) {
+            *a += b;
+        }
+        for (a, b) in entry.counts.iter_mut().zip(&sums.counts) {
+            *a += b;
+        }
+    }
+}
+
+/// Adds the squares of the f32 row at byte `off` of `bytes` to `sums`.
+#[inline]
+fn add_squares(sums: &mut [f64], bytes: &[u8], off: usize) {
+    let row = &bytes[off..off + 4 * sums.len()];
+    for (s, c) in sums.iter_mut().zip(row.chunks_exact(4)) {
+        let v = f64::from(f32::from_le_bytes(c.try_into().expect("4 bytes")));
+        *s += v * v;
+    }
+}
+
+/// `MUL_MAT_ID`: each token's input row counts for every expert it selected.
+fn expert_sums(x: &TensorRef<'_>, ids: &TensorRef<'_>, fit: &[bool], out: &mut InputSums) {
+    let (xne, xnb, bytes) = (x.ne(), x.nb(), x.bytes());
+    let (ine, inb, ibytes) = (ids.ne(), ids.nb(), ids.bytes());
+    let n_in = xne[0];
+    let n_mat = out.counts.len();
+    for tok in 0..ine[1] {
+        if !fit.get(tok).copied().unwrap_or(true) {
+            continue;
+        }
+        for idx in 0..ine[0] {
+            let ex = i32_at(&ibytes, tok * inb[1] + idx * inb[0]);
+            if ex < 0 || ex as usize >= n_mat {
+                continue;
+            }
+            let ex = ex as usize;
+            out.counts[ex] += 1;
+            let off = (idx % xne[1]) * xnb[1] + tok * xnb[2];
+            add_squares(&mut out.sum2[ex * n_in..(ex + 1) * n_in], &bytes, off);
+        }
+    }
+}
+
+/// `MUL_MAT`: every input row counts for the weight matrix it is multiplied
+/// with (broadcast over dimensions 2 and 3); rows of a plain 2-D input are
+/// tokens, of which only fit tokens count.
+fn dense_sums(x: &TensorRef<'_>, w: &TensorRef<'_>, fit: &[bool], out: &mut InputSums) {
+    let (xne, xnb, bytes) = (x.ne(), x.nb(), x.bytes());
+    let wne = w.ne();
+    let n_in = xne[0];
+    let per_token = xne[2] == 1 && xne[3] == 1 && xne[1] == fit.len();
+    let counted = |r: usize| !per_token || fit[r];
+    for i3 in 0..xne[3] {
+        for i2 in 0..xne[2] {
+            let mat = (i3 % wne[3]) * wne[2] + (i2 % wne[2]);
+            for r in (0..xne[1]).filter(|&r| counted(r)) {
+                let off = r * xnb[1] + i2 * xnb[2] + i3 * xnb[3];
+                add_squares(&mut out.sum2[mat * n_in..(mat + 1) * n_in], &bytes, off);
+                out.counts[mat] += 1;
+            }
+        }
+    }
+}
