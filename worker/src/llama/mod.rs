@@ -191,6 +191,10 @@ struct CallbackState<O> {
 /// An inference context observing its graph through `O`.
 pub struct Context<'m, O: GraphObserver> {
     ptr: NonNull<sys::llama_context>,
+    /// CPU worker threads kept for the context's life. Without one, ggml
+    /// starts and joins its threads for every graph computation, and every
+    /// observed node splits the graph into one more computation.
+    threadpool: Option<NonNull<sys::ggml_threadpool>>,
     state: *mut CallbackState<O>,
     batch: sys::llama_batch,
     batch_cap: usize,
@@ -276,11 +280,24 @@ impl<'m, O: GraphObserver> Context<'m, O> {
                 n_ubatch: p.n_ubatch,
             });
         };
+        let threadpool = (p.threads > 1)
+            .then(|| {
+                // SAFETY: plain parameters; the pool is attached to the live
+                // context and freed in Drop after the context.
+                unsafe {
+                    let mut tp = sys::ggml_threadpool_params_default(p.threads as i32);
+                    let pool = NonNull::new(sys::ggml_threadpool_new(&mut tp))?;
+                    sys::llama_attach_threadpool(ptr.as_ptr(), pool.as_ptr(), pool.as_ptr());
+                    Some(pool)
+                }
+            })
+            .flatten();
         let cap = p.n_ubatch as usize;
         // SAFETY: allocates a token batch of `cap` entries for one sequence.
         let batch = unsafe { sys::llama_batch_init(cap as i32, 0, 1) };
         Ok(Context {
             ptr,
+            threadpool,
             state,
             batch,
             batch_cap: cap,
@@ -361,11 +378,15 @@ impl<O: GraphObserver> Context<'_, O> {
 
 impl<O: GraphObserver> Drop for Context<'_, O> {
     fn drop(&mut self) {
-        // SAFETY: batch and context were created in `new`; the context is
-        // freed before the callback state it points to.
+        // SAFETY: batch, context and thread pool were created in `new`; the
+        // context is freed before the thread pool and the callback state it
+        // points to.
         unsafe {
             sys::llama_batch_free(self.batch);
             sys::llama_free(self.ptr.as_ptr());
+            if let Some(pool) = self.threadpool {
+                sys::ggml_threadpool_free(pool.as_ptr());
+            }
             drop(Box::from_raw(self.state));
         }
     }
