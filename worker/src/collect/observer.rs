@@ -211,10 +211,7 @@ impl Observer {
                 for row in 0..p.n_tokens {
                     for j in 0..k {
                         let base = row * nb[2] + j * nb[1];
-                        let sq: f64 = (0..ne[0])
-                            .map(|i| f32_at(&bytes, base + i * nb[0]) as f64)
-                            .map(|v| v * v)
-                            .sum();
+                        let sq = sum_of_squares(&bytes, base, nb[0], ne[0]);
                         norms.push(sq.sqrt() as f32);
                     }
                 }
@@ -339,6 +336,36 @@ impl Observer {
         let entry = self.scratch.imatrix_entry(&name, xne[0], n_mat);
         self.inputs.add(t, &w, &x, &fit, entry);
     }
+}
+
+/// Sum of the squares of `n` f32 values at `base + i * stride`, in f64.
+///
+/// Eight interleaved partial sums: one running sum is a chain of dependent
+/// additions, and this runs for every (token, selected expert) of every
+/// layer on the thread that ggml waits for.
+fn sum_of_squares(bytes: &[u8], base: usize, stride: usize, n: usize) -> f64 {
+    let mut acc = [0f64; 8];
+    let square = |c: &[u8]| {
+        let v = f64::from(f32::from_le_bytes(c.try_into().expect("4 bytes")));
+        v * v
+    };
+    if stride == 4 {
+        let mut blocks = bytes[base..base + 4 * n].chunks_exact(4 * acc.len());
+        for block in blocks.by_ref() {
+            for (a, c) in acc.iter_mut().zip(block.chunks_exact(4)) {
+                *a += square(c);
+            }
+        }
+        for c in blocks.remainder().chunks_exact(4) {
+            acc[0] += square(c);
+        }
+    } else {
+        for i in 0..n {
+            let v = f64::from(f32_at(bytes, base + i * stride));
+            acc[i % 8] += v * v;
+        }
+    }
+    acc.iter().sum()
 }
 
 /// Reads a contiguous-rows `[cols, rows]` f32 tensor honouring its strides.
