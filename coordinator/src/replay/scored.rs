@@ -31,7 +31,9 @@ pub trait Scorer {
     const MONOTONE: bool;
     /// Starts step `s`; returns the factor every key was multiplied by, if
     /// the scorer rescaled (an exact power of two, so the order is kept).
-    fn begin_step(&mut self, s: usize) -> Option<f64>;
+    fn begin_step(&mut self, _s: usize) -> Option<f64> {
+        None
+    }
     /// The credit of every request (indexed like `steps.expert`), chosen
     /// once per replay so the per-request path does not branch on it.
     fn credits<'s>(&self, steps: &'s Steps) -> &'s [f32] {
@@ -41,10 +43,14 @@ pub trait Scorer {
     /// expert count, checked by the engine), with credit `credit`.
     fn request(&mut self, i: usize, e: u16, credit: f32, s: usize);
     /// Whether near picks can change a key.
-    fn credits_near(&self) -> bool;
+    fn credits_near(&self) -> bool {
+        false
+    }
     /// Credits near pick `j` (an index into the near arrays); returns whether
     /// the key of `steps.near[j]` changed.
-    fn near(&mut self, steps: &Steps, j: usize) -> bool;
+    fn near(&mut self, _steps: &Steps, _j: usize) -> bool {
+        false
+    }
     /// The current key of expert `e`.
     fn key(&self, e: usize) -> Key;
 }
@@ -384,23 +390,11 @@ impl Default for Lfu {
 impl Scorer for Lfu {
     const MONOTONE: bool = true;
 
-    fn begin_step(&mut self, _s: usize) -> Option<f64> {
-        None
-    }
-
     #[inline]
     fn request(&mut self, _i: usize, e: u16, uses: f32, s: usize) {
         let k = self.keys.get_mut(e);
         k.p += f64::from(uses);
         k.tie = Key::tie(s, e);
-    }
-
-    fn credits_near(&self) -> bool {
-        false
-    }
-
-    fn near(&mut self, _steps: &Steps, _j: usize) -> bool {
-        false
     }
 
     #[inline]
@@ -429,24 +423,12 @@ impl Belady {
 impl Scorer for Belady {
     const MONOTONE: bool = false;
 
-    fn begin_step(&mut self, _s: usize) -> Option<f64> {
-        None
-    }
-
     #[inline]
     fn request(&mut self, i: usize, e: u16, _credit: f32, s: usize) {
         *self.keys.get_mut(e) = Key {
             p: -f64::from(self.next_use[i]),
             tie: Key::tie(s, e),
         };
-    }
-
-    fn credits_near(&self) -> bool {
-        false
-    }
-
-    fn near(&mut self, _steps: &Steps, _j: usize) -> bool {
-        false
     }
 
     #[inline]
