@@ -40,6 +40,7 @@ impl Expected {
 }
 
 /// Expected importance-matrix sums of one weight.
+#[derive(Clone)]
 struct ExpectedImatrix {
     n_in: usize,
     sum2: Vec<f64>,
@@ -348,6 +349,12 @@ fn check_against_oracle(preset: Preset) {
                 exp_attn.add(0, &x.iter().map(|v| *v as f64).collect::<Vec<_>>());
             }
         }
+    }
+    // attn_k and attn_v multiply the same normed input as attn_q (the
+    // worker computes those sums once and shares them), so they expect the
+    // same sums, whatever their output width.
+    for shared in ["blk.0.attn_k.weight", "blk.0.attn_v.weight"] {
+        imatrix.insert(shared.to_string(), exp_attn.clone());
     }
     imatrix.insert(attn, exp_attn);
     check_imatrix(&c.partial.imatrix, &imatrix);

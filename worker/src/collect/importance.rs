@@ -12,13 +12,15 @@ use super::scratch::ImatrixScratch;
 use crate::llama::{i32_at, Op, TensorRef};
 
 /// What makes two matmuls contribute the same sums: the same input node (and
-/// ids node), read against weights of the same shape.
+/// ids node), read against the same stack of matrices (a weight's output
+/// width does not enter its importance sums, so `attn_q` and a narrower
+/// grouped-query `attn_k` share theirs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct InputKey {
     input: usize,
     ids: usize,
     n_in: usize,
-    weight_ne: [usize; 4],
+    matrices: [usize; 2],
 }
 
 /// One input's sums over the current micro-batch.
@@ -65,7 +67,7 @@ impl ImportanceCache {
             input: x.node_id(),
             ids: ids.as_ref().map_or(0, TensorRef::node_id),
             n_in: x.ne()[0],
-            weight_ne: w.ne(),
+            matrices: [w.ne()[2], w.ne()[3]],
         };
         let i = match self.seen.iter().position(|s| s.key == key) {
             Some(i) => i,
