@@ -62,32 +62,6 @@ impl ExactSum {
         Ok(())
     }
 
-    /// Adds `values[i]` to `sums[i]` for every `i`, skipping zeros: the bulk
-    /// form of [`ExactSum::add_f64`] (same results, same refusals) for folding
-    /// hundreds of thousands of per-chunk float sums.
-    pub fn add_all(sums: &mut [ExactSum], values: &[f64]) -> Result<(), ExactError> {
-        assert_eq!(sums.len(), values.len(), "one value per sum");
-        for (sum, &v) in sums.iter_mut().zip(values) {
-            if v == 0.0 {
-                continue;
-            }
-            if v.is_nan() || v.abs() >= MAX_MAGNITUDE {
-                return Err(if v.is_finite() {
-                    ExactError::Overflow(v)
-                } else {
-                    ExactError::NonFinite(v)
-                });
-            }
-            // Both terms are below 2^126 in magnitude: no i128 overflow.
-            let total = sum.0 + scale_to_grid(v);
-            if total.unsigned_abs() >= LIMIT {
-                return Err(ExactError::Overflow(v));
-            }
-            sum.0 = total;
-        }
-        Ok(())
-    }
-
     /// The nearest f64 to the exact value (deterministic): the integer is
     /// rounded once to f64, then scaled by a power of two, which is exact.
     pub fn to_f64(self) -> f64 {
@@ -219,40 +193,6 @@ mod tests {
         for v in values.into_iter().filter(|v| v.abs() < MAX_MAGNITUDE) {
             assert_eq!(scale_to_grid(v), by_float_rounding(v), "{v:e}");
         }
-    }
-
-    #[test]
-    fn bulk_adds_equal_single_adds_and_refuse_the_same_values() {
-        let values: Vec<f64> = (0..5000)
-            .map(|i| match i % 7 {
-                0 => 0.0,
-                1 => -((i * 31) as f64) * 1e-7,
-                _ => ((i * 7919) % 1013) as f64 * 1.37e-3 + (i as f64).sqrt(),
-            })
-            .collect();
-        let mut one_by_one = vec![ExactSum::ZERO; values.len()];
-        let mut bulk = one_by_one.clone();
-        for round in 0..3 {
-            for (s, &v) in one_by_one.iter_mut().zip(&values) {
-                s.add_f64(v * f64::from(round + 1)).unwrap();
-            }
-            let scaled: Vec<f64> = values.iter().map(|v| v * f64::from(round + 1)).collect();
-            ExactSum::add_all(&mut bulk, &scaled).unwrap();
-        }
-        assert_eq!(bulk, one_by_one);
-
-        let mut sums = [ExactSum::ZERO; 3];
-        for (bad, refusal) in [
-            (f64::NAN, "not finite"),
-            (f64::INFINITY, "not finite"),
-            (1e19, "exceeds"),
-        ] {
-            let err = ExactSum::add_all(&mut sums, &[1.0, bad, 0.0]).unwrap_err();
-            assert!(err.to_string().contains(refusal), "{bad}: {err}");
-        }
-        // A running sum that leaves the range is refused, like `add`.
-        let mut near_limit = [ExactSum::from_f64(4.0e18).unwrap()];
-        assert!(ExactSum::add_all(&mut near_limit, &[1.0e18]).is_err());
     }
 
     #[test]

@@ -179,5 +179,10 @@ impl ChunkScratch {
 }
 
 fn add_exact(dst: &mut [ExactSum], src: &[f64]) -> Result<(), MergeError> {
-    Ok(ExactSum::add_all(dst, src)?)
+    for (a, b) in dst.iter_mut().zip(src) {
+        if *b != 0.0 {
+            a.add_f64(*b)?;
+        }
+    }
+    Ok(())
 }
