@@ -9,7 +9,7 @@
 //! with the graph at the end of each micro-batch.
 
 use super::scratch::ImatrixScratch;
-use crate::llama::{i32_at, Op, TensorRef};
+use crate::llama::{f32s, i32_at, Op, TensorRef};
 
 /// What makes two matmuls contribute the same sums: the same input node (and
 /// ids node), read against the same stack of matrices (a weight's output
@@ -55,14 +55,11 @@ impl ImportanceCache {
         fit: &[bool],
         entry: &mut ImatrixScratch,
     ) {
-        let ids = if t.op() == Op::MulMatId {
-            t.src(2)
-        } else {
-            None
+        let ids = match (t.op(), t.src(2)) {
+            (Op::MulMatId, None) => return,
+            (Op::MulMatId, ids) => ids,
+            _ => None,
         };
-        if t.op() == Op::MulMatId && ids.is_none() {
-            return;
-        }
         let key = InputKey {
             input: x.node_id(),
             ids: ids.as_ref().map_or(0, TensorRef::node_id),
@@ -104,8 +101,8 @@ impl ImportanceCache {
 #[inline]
 fn add_squares(sums: &mut [f64], bytes: &[u8], off: usize) {
     let row = &bytes[off..off + 4 * sums.len()];
-    for (s, c) in sums.iter_mut().zip(row.chunks_exact(4)) {
-        let v = f64::from(f32::from_le_bytes(c.try_into().expect("4 bytes")));
+    for (s, v) in sums.iter_mut().zip(f32s(row)) {
+        let v = f64::from(v);
         *s += v * v;
     }
 }

@@ -4,7 +4,7 @@
 use super::importance::ImportanceCache;
 use super::names::{parse_moe_node, weight_name, MoeNode};
 use super::scratch::ChunkScratch;
-use crate::llama::{f32_at, i32_at, ElemType, GraphObserver, Op, TensorRef};
+use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
 use common::trace::TraceRow;
 use common::Split;
 use std::collections::BTreeMap;
@@ -326,11 +326,7 @@ impl Observer {
             let (xnb, bytes) = (x.nb(), x.bytes());
             let dump = self.dumps.entry((name.clone(), chunk)).or_default();
             for r in 0..xne[1] {
-                let row = &bytes[r * xnb[1]..r * xnb[1] + 4 * xne[0]];
-                dump.extend(
-                    row.chunks_exact(4)
-                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
-                );
+                dump.extend(f32s(&bytes[r * xnb[1]..r * xnb[1] + 4 * xne[0]]));
             }
         }
         let entry = self.scratch.imatrix_entry(&name, xne[0], n_mat);
@@ -345,19 +341,16 @@ impl Observer {
 /// layer on the thread that ggml waits for.
 fn sum_of_squares(bytes: &[u8], base: usize, stride: usize, n: usize) -> f64 {
     let mut acc = [0f64; 8];
-    let square = |c: &[u8]| {
-        let v = f64::from(f32::from_le_bytes(c.try_into().expect("4 bytes")));
-        v * v
-    };
+    let square = |v: f32| f64::from(v) * f64::from(v);
     if stride == 4 {
         let mut blocks = bytes[base..base + 4 * n].chunks_exact(4 * acc.len());
         for block in blocks.by_ref() {
-            for (a, c) in acc.iter_mut().zip(block.chunks_exact(4)) {
-                *a += square(c);
+            for (a, v) in acc.iter_mut().zip(f32s(block)) {
+                *a += square(v);
             }
         }
-        for c in blocks.remainder().chunks_exact(4) {
-            acc[0] += square(c);
+        for v in f32s(blocks.remainder()) {
+            acc[0] += square(v);
         }
     } else {
         for i in 0..n {

@@ -8,7 +8,7 @@
 
 mod tensor;
 
-pub use tensor::{f32_at, i32_at, ElemType, Op, TensorRef};
+pub use tensor::{f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -280,18 +280,20 @@ impl<'m, O: GraphObserver> Context<'m, O> {
                 n_ubatch: p.n_ubatch,
             });
         };
-        let threadpool = (p.threads > 1)
-            .then(|| {
-                // SAFETY: plain parameters; the pool is attached to the live
-                // context and freed in Drop after the context.
-                unsafe {
-                    let mut tp = sys::ggml_threadpool_params_default(p.threads as i32);
-                    let pool = NonNull::new(sys::ggml_threadpool_new(&mut tp))?;
+        let threadpool = if p.threads > 1 {
+            // SAFETY: plain parameters; the pool is attached to the live
+            // context and freed in Drop after the context.
+            unsafe {
+                let mut tp = sys::ggml_threadpool_params_default(p.threads as i32);
+                let pool = NonNull::new(sys::ggml_threadpool_new(&mut tp));
+                if let Some(pool) = pool {
                     sys::llama_attach_threadpool(ptr.as_ptr(), pool.as_ptr(), pool.as_ptr());
-                    Some(pool)
                 }
-            })
-            .flatten();
+                pool
+            }
+        } else {
+            None
+        };
         let cap = p.n_ubatch as usize;
         // SAFETY: allocates a token batch of `cap` entries for one sequence.
         let batch = unsafe { sys::llama_batch_init(cap as i32, 0, 1) };

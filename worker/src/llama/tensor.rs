@@ -125,6 +125,14 @@ pub fn f32_at(bytes: &[u8], off: usize) -> f32 {
     f32::from_le_bytes(bytes[off..off + 4].try_into().expect("4 bytes"))
 }
 
+/// Reads consecutive little-endian f32 values (a row of a contiguous tensor).
+#[inline]
+pub fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+}
+
 /// Reads a little-endian i32 at byte offset `off`.
 #[inline]
 pub fn i32_at(bytes: &[u8], off: usize) -> i32 {
