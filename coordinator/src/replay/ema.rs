@@ -60,7 +60,7 @@ impl LazyEma {
             near_credit,
             inv_decay: 1.0 / decay,
             factor: 1.0,
-            keys: IdTable::new(Key { p: 0.0, tie: 0 }),
+            keys: IdTable::new(Key::UNSCORED),
             rescales: 0,
         }
     }
@@ -76,7 +76,7 @@ impl Scorer for LazyEma {
             return None;
         }
         self.factor *= SHRINK;
-        for k in self.keys.iter_mut() {
+        for k in self.keys.as_mut_slice() {
             k.p *= SHRINK;
         }
         self.rescales += 1;

@@ -29,11 +29,6 @@ impl<T: Copy> IdTable<T> {
         &mut self.0[e as usize]
     }
 
-    /// Every entry.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.0.iter_mut()
-    }
-
     /// Every entry, as a slice.
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         &mut self.0[..]
@@ -50,6 +45,6 @@ mod tests {
         *t.get_mut(0) = 1;
         *t.get_mut(u16::MAX) = 2;
         assert_eq!((t.get(0), t.get(1), t.get(ID_SPACE - 1)), (1, 0, 2));
-        assert_eq!(t.iter_mut().filter(|v| **v != 0).count(), 2);
+        assert_eq!(t.as_mut_slice().iter().filter(|v| **v != 0).count(), 2);
     }
 }

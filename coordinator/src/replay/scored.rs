@@ -39,8 +39,8 @@ pub trait Scorer {
     fn credits<'s>(&self, steps: &'s Steps) -> &'s [f32] {
         &steps.uses
     }
-    /// Credits request `i` of step `s`: expert `e` (below the scorer's
-    /// expert count, checked by the engine), with credit `credit`.
+    /// Credits request `i` of step `s`: expert `e`, with credit `credit`
+    /// (its entry of [`Scorer::credits`]).
     fn request(&mut self, i: usize, e: u16, credit: f32, s: usize);
     /// Whether near picks can change a key.
     fn credits_near(&self) -> bool {
@@ -382,7 +382,7 @@ impl Default for Lfu {
     /// Scores for every expert, all unused.
     fn default() -> Lfu {
         Lfu {
-            keys: IdTable::new(Key { p: 0.0, tie: 0 }),
+            keys: IdTable::new(Key::UNSCORED),
         }
     }
 }
@@ -415,7 +415,7 @@ impl Belady {
     pub fn new(steps: &Steps) -> Belady {
         Belady {
             next_use: steps.next_use(),
-            keys: IdTable::new(Key { p: 0.0, tie: 0 }),
+            keys: IdTable::new(Key::UNSCORED),
         }
     }
 }

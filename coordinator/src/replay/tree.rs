@@ -13,6 +13,8 @@ pub struct Key {
 }
 
 impl Key {
+    /// The score of an expert never requested yet.
+    pub const UNSCORED: Key = Key { p: 0.0, tie: 0 };
     /// An empty slot: taken before any eviction.
     pub const FREE: Key = Key {
         p: f64::NEG_INFINITY,
