@@ -50,3 +50,21 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Replay(args) => crate::replay::main(args),
     }
 }
+
+/// Sets up logging, parses the command line, runs the stage and maps errors
+/// to the exit code; the `coordinator` binary is this function.
+pub fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match dispatch(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -91,12 +91,31 @@ pub async fn copy_corpus(from: &common::store::RunStore, to: &common::store::Run
     }
 }
 
-/// Runs a workspace binary; prints its stderr when it fails.
+/// Names the variable that, set to `1`, lets the S3 tests skip when no
+/// S3-compatible server is configured (a fresh laptop without moto).
+pub const SKIP_S3_ENV: &str = "MOE_CENSUS_SKIP_S3";
+
+/// The S3 test bucket (`.ci/s3-server` exports it). Without one the test
+/// fails, unless `MOE_CENSUS_SKIP_S3=1` says explicitly to skip it; once the
+/// bucket is named, a server that does not answer fails the test too.
+pub fn s3_bucket() -> Option<String> {
+    if let Ok(bucket) = std::env::var("MOE_CENSUS_S3_BUCKET") {
+        return Some(bucket);
+    }
+    if std::env::var(SKIP_S3_ENV).as_deref() == Ok("1") {
+        println!("SKIPPED ({SKIP_S3_ENV}=1): no S3 test server");
+        return None;
+    }
+    panic!(
+        "MOE_CENSUS_S3_BUCKET is unset: `source .ci/s3-server` starts a local S3 server \
+         (or set {SKIP_S3_ENV}=1 to skip the S3 tests explicitly)"
+    );
+}
+
+/// Runs a workspace binary (`worker` or `coordinator`, as built by this
+/// package); prints its stderr when it fails.
 pub fn run(bin_name: &str, args: &[&str]) -> std::process::Output {
-    let out = std::process::Command::new(bin(bin_name))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = command(bin_name).args(args).output().unwrap();
     if !out.status.success() {
         eprintln!(
             "{bin_name} {args:?} failed:\n{}",
@@ -117,15 +136,27 @@ pub fn run_ok(bin_name: &str, args: &[&str]) -> std::process::Output {
     out
 }
 
-/// Path of a binary built by this workspace (`worker`, `coordinator`).
+/// A command for a workspace binary: the coordinator is told which worker
+/// binary to start for `--local-workers`, so both come from the same build.
+pub fn command(bin_name: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin(bin_name));
+    cmd.env(coordinator::run::local::WORKER_BIN_ENV, bin("worker"));
+    cmd
+}
+
+/// Path of a binary that Cargo built for this package's tests from the
+/// current sources (`worker`, `coordinator`), never a stale build by path.
+/// Cargo sets `CARGO_BIN_EXE_<name>` when it builds and runs integration tests.
 pub fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is not built; run `cargo build --workspace` first",
-        path.display()
-    );
+    let target = match name {
+        "worker" => "worker-under-test",
+        "coordinator" => "coordinator-under-test",
+        other => panic!("no workspace binary named {other}"),
+    };
+    let var = format!("CARGO_BIN_EXE_{target}");
+    let path = std::env::var_os(&var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("{var} is unset: run the end-to-end tests with `cargo test`"));
+    assert!(path.exists(), "{} ({var}) does not exist", path.display());
     path
 }

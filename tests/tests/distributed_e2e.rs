@@ -17,19 +17,6 @@ use worker::synth::Preset;
 const N_CHUNKS: u32 = 12;
 const N_CTX: u32 = 64;
 
-/// The worker binary, if it has the `join` subcommand (else a loud skip).
-fn worker_with_join() -> Option<std::path::PathBuf> {
-    let bin = fixtures::bin("worker");
-    let ok = std::process::Command::new(&bin)
-        .args(["join", "--help"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("SKIPPED: {} has no `join` subcommand yet", bin.display());
-    }
-    ok.then_some(bin)
-}
-
 fn setup(dir: &Path, model: &Path) -> RunSetup {
     let run_dir = dir.join("run");
     let index = fixtures::write_corpus(&run_dir, &fixtures::chunks(N_CHUNKS, N_CTX), N_CTX);
@@ -112,9 +99,7 @@ async fn verify_ok(store: &RunStore) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_and_three_real_workers_give_byte_identical_artifacts() {
-    let Some(bin) = worker_with_join() else {
-        return;
-    };
+    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let one = reference(d.path(), &bin, &model).await;
@@ -131,9 +116,7 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_killed_mid_lease_loses_no_chunk_and_counts_none_twice() {
-    let Some(bin) = worker_with_join() else {
-        return;
-    };
+    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let expected = reference(d.path(), &bin, &model).await;
@@ -165,9 +148,7 @@ async fn worker_killed_mid_lease_loses_no_chunk_and_counts_none_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinator_killed_and_restarted_recomputes_at_most_one_lease_per_worker() {
-    let Some(bin) = worker_with_join() else {
-        return;
-    };
+    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let expected = reference(d.path(), &bin, &model).await;
@@ -205,15 +186,10 @@ async fn coordinator_killed_and_restarted_recomputes_at_most_one_lease_per_worke
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_real_run_round_trips_through_s3() {
-    let Some(bin) = worker_with_join() else {
+    let Some(bucket) = fixtures::s3_bucket() else {
         return;
     };
-    let Ok(bucket) = std::env::var("MOE_CENSUS_S3_BUCKET") else {
-        eprintln!(
-            "SKIPPED: MOE_CENSUS_S3_BUCKET is unset; source .ci/s3-server to run the S3 tests"
-        );
-        return;
-    };
+    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let expected = reference(d.path(), &bin, &model).await;

@@ -286,20 +286,11 @@ async fn blackhole_worker_lease_expires_and_another_worker_finishes_it() {
     handles[0].abort();
 }
 
-/// The S3 test server's bucket, or `None` with a loud message (see `.ci/s3-server`).
-fn s3_bucket() -> Option<String> {
-    let bucket = std::env::var("MOE_CENSUS_S3_BUCKET").ok();
-    if bucket.is_none() {
-        eprintln!(
-            "SKIPPED: MOE_CENSUS_S3_BUCKET is unset; source .ci/s3-server to run the S3 tests"
-        );
-    }
-    bucket
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_fake_run_round_trips_through_s3() {
-    let Some(bucket) = s3_bucket() else { return };
+    let Some(bucket) = fixtures::s3_bucket() else {
+        return;
+    };
     let local_dir = tempfile::tempdir().unwrap();
     let local = setup(local_dir.path(), 7);
     run_with(&local, |l| fake_workers(l, 2)).await;

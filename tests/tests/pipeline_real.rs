@@ -51,6 +51,7 @@ fn verify_score_replay_and_report_on_a_real_collection_run() {
 
     let verify = run("coordinator", &["verify", s(&runp)]);
     let text = String::from_utf8_lossy(&verify.stdout);
+    assert!(verify.status.success(), "verify on a real run:\n{text}");
     assert!(!text.contains("FAIL"), "verify on a real run:\n{text}");
     assert!(text.contains("PASS"), "verify prints its checks:\n{text}");
 
@@ -67,10 +68,10 @@ fn verify_score_replay_and_report_on_a_real_collection_run() {
     );
     assert!(runp.join("keep_maps/reap_hybrid_K8.json").exists());
     let verify = run("coordinator", &["verify", s(&runp)]);
-    assert!(
-        !String::from_utf8_lossy(&verify.stdout).contains("FAIL"),
-        "verify with keep maps"
-    );
+    let text = String::from_utf8_lossy(&verify.stdout);
+    assert!(verify.status.success(), "verify with keep maps:\n{text}");
+    assert!(!text.contains("FAIL"), "verify with keep maps:\n{text}");
+    assert!(text.contains("keep map"), "verify checks the keep maps:\n{text}");
 
     run(
         "coordinator",
@@ -125,11 +126,11 @@ fn verify_score_replay_and_report_on_a_real_collection_run() {
                     .iter()
                     .all(|k| r[*k] == b[*k])
         }) {
-            assert!(
-                b["misses"].as_u64() <= other["misses"].as_u64(),
-                "belady worse than {}",
-                other["policy"]
+            let (belady, rival) = (
+                b["misses"].as_u64().expect("belady row has misses"),
+                other["misses"].as_u64().expect("every row has misses"),
             );
+            assert!(belady <= rival, "belady worse than {}", other["policy"]);
         }
     }
 

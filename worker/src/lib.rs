@@ -1,5 +1,6 @@
 //! The worker: measures a GGUF MoE model through llama.cpp.
 //!
+//! - [`cli`]: the command line (`worker synth-model`, `collect`, `join`).
 //! - [`synth`]: deterministic test models (`worker synth-model`).
 //! - [`collect`]: the [`collect::Collector`] that runs corpus chunks and
 //!   accumulates REAP statistics, the importance matrix and routing traces.
@@ -8,6 +9,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod cli;
 pub mod collect;
 pub mod error;
 pub mod join;

@@ -7,7 +7,7 @@ use common::store::RunStore;
 use common::ChunkRange;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
-use worker::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
+use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 
 /// Arguments of `worker collect`.
 #[derive(clap::Args, Debug)]
@@ -97,7 +97,7 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} tokens {per_sec} eta {eta} {msg}")
             .expect("valid template"),
     );
-    let worker::collect::Collected {
+    let crate::collect::Collected {
         mut partial,
         trace,
         decode_trace,

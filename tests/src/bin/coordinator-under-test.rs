@@ -1,0 +1,7 @@
+//! The `coordinator` command line, built by this package so that its
+//! end-to-end tests run a binary Cargo has just built
+//! (`CARGO_BIN_EXE_coordinator-under-test`).
+
+fn main() -> std::process::ExitCode {
+    coordinator::cli::main()
+}

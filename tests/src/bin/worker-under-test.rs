@@ -1,0 +1,6 @@
+//! The `worker` command line, built by this package so that its end-to-end
+//! tests run a binary Cargo has just built (`CARGO_BIN_EXE_worker-under-test`).
+
+fn main() -> std::process::ExitCode {
+    worker::cli::main()
+}
