@@ -7,6 +7,7 @@
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
 //! - [`store`]: run locations in object storage.
+//! - [`splitmix`]: the seedable generator of deterministic test data.
 //! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof).
 #![deny(missing_docs)]
 
@@ -21,6 +22,7 @@ pub mod keepmap;
 pub mod partial;
 pub mod saliency;
 pub mod split;
+pub mod splitmix;
 pub mod stats;
 pub mod store;
 pub mod trace;
