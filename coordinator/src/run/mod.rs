@@ -8,6 +8,7 @@
 //! - [`execute`] is the collection itself, given a prepared corpus; the
 //!   command wraps it with corpus preparation and the later stages.
 
+pub mod join_hint;
 pub mod local;
 pub mod progress;
 pub mod resume;
@@ -25,6 +26,7 @@ use common::corpus::{CorpusIndex, INDEX_FILE};
 use common::partial::Partial;
 use common::store::{RunStore, StoreError};
 use common::wire::{partial_name, random_bytes, JobInfo, JobOptions};
+use join_hint::JoinHint;
 use local::{LocalWorkers, SECRET_ENV};
 use settings::{ClusterSettings, RunSettings};
 use std::collections::BTreeMap;
@@ -120,6 +122,8 @@ pub struct Listening {
     pub pin: String,
     /// The join secret.
     pub secret: Vec<u8>,
+    /// What a worker elsewhere needs to join.
+    pub hint: JoinHint,
 }
 
 /// What a run did.
@@ -280,20 +284,20 @@ where
         },
         hub.clone(),
     )?;
+    let (addr, pin) = (server.addr(), identity.fingerprint());
     let listening = Listening {
-        addr: server.addr(),
-        pin: identity.fingerprint(),
+        addr,
+        hint: JoinHint::new(addr, &pin, cluster),
+        pin,
         secret,
     };
     tracing::info!(addr = %listening.addr, pin = %listening.pin, "coordinator listening");
     if let Some(path) = &cluster.connect_file {
-        let info = serde_json::json!({ "addr": listening.addr.to_string(), "pin": listening.pin, "server_name": names[0] });
-        std::fs::write(path, serde_json::to_vec_pretty(&info).unwrap_or_default()).map_err(
-            |source| NetError::Io {
-                path: path.clone(),
-                source,
-            },
-        )?;
+        let info = serde_json::to_vec_pretty(&listening.hint).unwrap_or_default();
+        std::fs::write(path, info).map_err(|source| NetError::Io {
+            path: path.clone(),
+            source,
+        })?;
     }
     let mut children = on_listen(&listening)?;
     let n_local = children.len() as u32;
@@ -379,7 +383,11 @@ pub async fn mark_finished(
     verified: bool,
 ) -> Result<(), RunError> {
     let mut manifest: serde_json::Value = match store.get_opt(crate::corpus::MANIFEST_FILE).await? {
-        Some(b) => serde_json::from_slice(&b).unwrap_or_else(|_| serde_json::json!({})),
+        Some(b) => match serde_json::from_slice(&b) {
+            Ok(v @ serde_json::Value::Object(_)) => v,
+            Ok(_) => return Err(corrupt_manifest(store, "not a JSON object".into())),
+            Err(e) => return Err(corrupt_manifest(store, format!("not JSON ({e})"))),
+        },
         None => serde_json::json!({}),
     };
     let workers: Vec<serde_json::Value> = s
@@ -403,6 +411,15 @@ pub async fn mark_finished(
     let bytes = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
     store.put(crate::corpus::MANIFEST_FILE, bytes).await?;
     Ok(())
+}
+
+/// The error for a `manifest.json` that cannot be read back; the file is
+/// left as it is, for a person to look at.
+fn corrupt_manifest(store: &RunStore, why: String) -> RunError {
+    RunError::Setup(format!(
+        "{} is {why}; it was left as it is and the run is not marked finished",
+        store.url_of(crate::corpus::MANIFEST_FILE)
+    ))
 }
 
 /// Reads `corpus/index.json` of a run.
@@ -488,10 +505,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let summary = execute(&setup, |l| match &local {
             Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
             None => {
-                println!(
-                    "waiting for workers: worker join --coordinator {} --pin {}",
-                    l.addr, l.pin
-                );
+                println!("waiting for workers: {}", l.hint.join);
                 Ok(Vec::new())
             }
         })
@@ -512,7 +526,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         print!("{report}");
         let ok = report.ok();
         crate::report::report(&store).await?;
-        println!("report: {}", store.url_of("report/report.md"));
+        println!(
+            "report: {}",
+            store.url_of(common::artifacts::names::REPORT_MD)
+        );
         mark_finished(&store, &summary, ok).await?;
         if ok {
             println!("run complete: {}", store.url());
@@ -598,6 +615,60 @@ fn print_summary(store: &RunStore, s: &RunSummary) {
             w.leases,
             w.tokens,
             progress::throughput(w)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_corrupt_manifest_is_named_and_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+        let corrupt = b"{\"model_sha256\": \"ab".to_vec();
+        store
+            .put(crate::corpus::MANIFEST_FILE, corrupt.clone())
+            .await
+            .unwrap();
+        let err = mark_finished(&store, &RunSummary::default(), true)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("manifest.json is not JSON") && err.contains("left as it is"),
+            "{err}"
+        );
+        let kept = store.get(crate::corpus::MANIFEST_FILE).await.unwrap();
+        assert_eq!(kept.to_vec(), corrupt);
+
+        store
+            .put(crate::corpus::MANIFEST_FILE, b"[1, 2]".to_vec())
+            .await
+            .unwrap();
+        let err = mark_finished(&store, &RunSummary::default(), true)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a JSON object"), "{err}");
+
+        store
+            .put(
+                crate::corpus::MANIFEST_FILE,
+                b"{\"model_sha256\": \"ab\"}".to_vec(),
+            )
+            .await
+            .unwrap();
+        mark_finished(&store, &RunSummary::default(), false)
+            .await
+            .unwrap();
+        let m: serde_json::Value =
+            serde_json::from_slice(&store.get(crate::corpus::MANIFEST_FILE).await.unwrap())
+                .unwrap();
+        assert_eq!(
+            (m["model_sha256"].as_str(), m["run"]["complete"].as_bool()),
+            (Some("ab"), Some(false))
         );
     }
 }

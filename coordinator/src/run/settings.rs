@@ -1,5 +1,6 @@
 //! The `[run]`, `[cluster]` and `[storage]` sections of the run config.
 
+use crate::sched::SchedConfig;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -33,19 +34,49 @@ pub struct RunSettings {
 }
 
 impl Default for RunSettings {
+    /// The scheduler's own defaults ([`SchedConfig`]) for leases, heartbeats
+    /// and attempts, so there is one of each.
     fn default() -> Self {
+        let sched = SchedConfig::default();
         RunSettings {
             out: None,
             lease_chunks: 4,
-            lease_timeout_s: 3600,
-            heartbeat_timeout_s: 30,
-            max_attempts: 3,
+            lease_timeout_s: sched.lease_timeout.as_secs(),
+            heartbeat_timeout_s: sched.heartbeat_timeout.as_secs(),
+            max_attempts: sched.max_attempts,
             n_ubatch: 512,
             trace_every: 1,
             trace_top_n: 64,
             f32_kv: false,
             flash_attn: false,
             local_worker_threads: None,
+        }
+    }
+}
+
+impl RunSettings {
+    /// Refuses settings no run can work with, naming the `[run]` field.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            (
+                "n_ubatch",
+                u64::from(self.n_ubatch),
+                "a micro-batch needs at least one token",
+            ),
+            (
+                "lease_chunks",
+                u64::from(self.lease_chunks),
+                "a lease needs at least one chunk",
+            ),
+            (
+                "max_attempts",
+                u64::from(self.max_attempts),
+                "a lease needs at least one attempt",
+            ),
+        ];
+        match positive.iter().find(|(_, v, _)| *v == 0) {
+            Some((field, _, why)) => Err(format!("[run] {field} = 0: {why}")),
+            None => Ok(()),
         }
     }
 }
@@ -118,18 +149,23 @@ impl StorageSettings {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use super::*;
 
     #[test]
     fn run_sections_parse_with_defaults() {
-        let c = Config::parse("[run]\nlease_chunks = 2\n[cluster]\nlisten = \"0.0.0.0:7000\"\n[storage]\nallow_http = true\n").unwrap();
-        assert_eq!(c.run.lease_chunks, 2);
-        assert_eq!(c.run.max_attempts, 3);
-        assert_eq!(c.cluster.listen, "0.0.0.0:7000");
+        let run: RunSettings = toml::from_str("lease_chunks = 2").unwrap();
+        assert_eq!(run.lease_chunks, 2);
+        assert_eq!(run.max_attempts, 3);
+        let cluster: ClusterSettings = toml::from_str("listen = \"0.0.0.0:7000\"").unwrap();
+        assert_eq!(cluster.listen, "0.0.0.0:7000");
+        let storage: StorageSettings = toml::from_str("allow_http = true").unwrap();
+        assert_eq!(storage.env(), vec![("AWS_ALLOW_HTTP", "true".to_string())]);
+        assert!(toml::from_str::<RunSettings>("lease_chunk = 2").is_err());
+        assert_eq!(RunSettings::default().validate(), Ok(()));
+        let zero: RunSettings = toml::from_str("n_ubatch = 0").unwrap();
         assert_eq!(
-            c.storage.env(),
-            vec![("AWS_ALLOW_HTTP", "true".to_string())]
+            zero.validate(),
+            Err("[run] n_ubatch = 0: a micro-batch needs at least one token".into())
         );
-        assert!(Config::parse("[run]\nlease_chunk = 2\n").is_err());
     }
 }

@@ -35,7 +35,7 @@ impl Default for SchedConfig {
     fn default() -> Self {
         SchedConfig {
             lease_timeout: Duration::from_secs(3600),
-            heartbeat_timeout: Duration::from_secs(60),
+            heartbeat_timeout: Duration::from_secs(30),
             max_attempts: 3,
             idle_poll: Duration::from_millis(500),
         }
