@@ -2,15 +2,18 @@
 //!
 //! - [`exact`]: [`ExactSum`], the fixed-point sum that makes merges exact.
 //! - [`stats`] and [`imatrix`]: the worker's accumulators and their merge.
-//! - [`partial`]: what a worker returns for a set of chunks.
+//! - [`partial`]: what a worker returns for a set of chunks; [`compare`]:
+//!   whether two workers' partials of the same chunks agree.
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
 //! - [`store`]: run locations in object storage.
-//! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof).
+//! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof);
+//!   [`secret`]: the join secret; [`peer_text`]: peer strings made safe to log.
 #![deny(missing_docs)]
 
 pub mod artifacts;
+pub mod compare;
 pub mod corpus;
 pub mod exact;
 pub mod gguf;
@@ -19,7 +22,9 @@ pub mod hash;
 pub mod imatrix;
 pub mod keepmap;
 pub mod partial;
+pub mod peer_text;
 pub mod saliency;
+pub mod secret;
 pub mod split;
 pub mod stats;
 pub mod store;
