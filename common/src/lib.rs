@@ -2,16 +2,19 @@
 //!
 //! - [`exact`]: [`ExactSum`], the fixed-point sum that makes merges exact.
 //! - [`stats`] and [`imatrix`]: the worker's accumulators and their merge.
-//! - [`partial`]: what a worker returns for a set of chunks.
+//! - [`partial`]: what a worker returns for a set of chunks; [`compare`]:
+//!   whether two workers' partials of the same chunks agree.
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
 //! - [`store`]: run locations in object storage.
 //! - [`splitmix`]: the seedable generator of deterministic test data.
-//! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof).
+//! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof);
+//!   [`secret`]: the join secret; [`peer_text`]: peer strings made safe to log.
 #![deny(missing_docs)]
 
 pub mod artifacts;
+pub mod compare;
 pub mod corpus;
 pub mod exact;
 pub mod gguf;
@@ -20,7 +23,9 @@ pub mod hash;
 pub mod imatrix;
 pub mod keepmap;
 pub mod partial;
+pub mod peer_text;
 pub mod saliency;
+pub mod secret;
 pub mod split;
 pub mod splitmix;
 pub mod stats;

@@ -24,8 +24,9 @@ use clap::Args;
 use common::artifacts::{names, write_results};
 use common::corpus::{CorpusIndex, INDEX_FILE};
 use common::partial::Partial;
+use common::secret::JoinSecret;
 use common::store::{RunStore, StoreError};
-use common::wire::{partial_name, random_bytes, JobInfo, JobOptions};
+use common::wire::{partial_name, JobInfo, JobOptions};
 use join_hint::JoinHint;
 use local::{LocalWorkers, SECRET_ENV};
 use settings::{ClusterSettings, RunSettings};
@@ -121,7 +122,7 @@ pub struct Listening {
     /// SHA-256 of the coordinator's certificate.
     pub pin: String,
     /// The join secret.
-    pub secret: Vec<u8>,
+    pub secret: JoinSecret,
     /// What a worker elsewhere needs to join.
     pub hint: JoinHint,
 }
@@ -145,18 +146,19 @@ pub struct RunSummary {
     pub fit_tokens: u64,
 }
 
-fn secret(cluster: &ClusterSettings) -> Result<(Vec<u8>, bool), RunError> {
+/// The join secret: `[cluster] secret_file`, else `MOE_CENSUS_JOIN_SECRET`,
+/// else a random one only local workers learn (`false`: not shared).
+fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError> {
+    let setup = |e: common::secret::SecretError| RunError::Setup(format!("[cluster] {e}"));
     if let Some(path) = &cluster.secret_file {
-        let bytes = std::fs::read(path).map_err(|source| NetError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        return Ok((bytes.trim_ascii().to_vec(), true));
+        return Ok((JoinSecret::from_file(path).map_err(setup)?, true));
     }
     if let Ok(s) = std::env::var(SECRET_ENV) {
-        return Ok((s.into_bytes(), true));
+        let secret =
+            JoinSecret::new(s.as_bytes(), &format!("variable {SECRET_ENV}")).map_err(setup)?;
+        return Ok((secret, true));
     }
-    Ok((hex::encode(random_bytes(32)).into_bytes(), false))
+    Ok((JoinSecret::generate(), false))
 }
 
 /// Collects every unit of the lease plan not already stored, merges
@@ -226,12 +228,20 @@ where
 {
     let (run, cluster, store) = (&setup.run, &setup.cluster, &setup.store);
     let heartbeat_timeout = Duration::from_secs(run.heartbeat_timeout_s.max(1));
+    if !(0.0..=1.0).contains(&run.verify_fraction) {
+        return Err(RunError::Setup(format!(
+            "[run] verify_fraction = {} is not between 0 and 1",
+            run.verify_fraction
+        )));
+    }
     let sched = Scheduler::new(
         SchedConfig {
             lease_timeout: Duration::from_secs(run.lease_timeout_s.max(1)),
             heartbeat_timeout,
             max_attempts: run.max_attempts.max(1),
+            max_worker_failures: run.max_worker_failures.max(1),
             idle_poll: Duration::from_millis(200),
+            verify_fraction: run.verify_fraction,
         },
         units,
         done,
@@ -278,8 +288,9 @@ where
         ServerOptions {
             listen,
             max_connections: cluster.max_connections.max(1),
+            max_pending_per_address: cluster.pending_per_address(),
             max_frame,
-            handshake_timeout: Duration::from_secs(10),
+            login_timeout: Duration::from_millis(cluster.login_timeout_ms.max(100)),
             heartbeat_timeout,
         },
         hub.clone(),

@@ -17,8 +17,16 @@ pub struct RunSettings {
     pub lease_timeout_s: u64,
     /// Seconds of silence after which a worker is considered gone.
     pub heartbeat_timeout_s: u64,
-    /// Attempts per lease before the run fails.
+    /// Distinct workers a lease may fail on before the run fails.
     pub max_attempts: u32,
+    /// Failures in a row after which a worker is quarantined for the run
+    /// (its leases go to other workers).
+    pub max_worker_failures: u32,
+    /// Fraction of leases (a deterministic sample) also run on a second
+    /// worker and compared: bitwise on the same backend, else counts exact
+    /// and sums within a tolerance; a mismatch gets a third opinion and the
+    /// odd worker is quarantined. 0 (default) turns it off.
+    pub verify_fraction: f64,
     /// Tokens per micro-batch.
     pub n_ubatch: u32,
     /// Trace every n-th chunk (0: no trace).
@@ -44,6 +52,8 @@ impl Default for RunSettings {
             lease_timeout_s: sched.lease_timeout.as_secs(),
             heartbeat_timeout_s: sched.heartbeat_timeout.as_secs(),
             max_attempts: sched.max_attempts,
+            max_worker_failures: sched.max_worker_failures,
+            verify_fraction: sched.verify_fraction,
             n_ubatch: 512,
             trace_every: 1,
             trace_top_n: 64,
@@ -97,10 +107,27 @@ pub struct ClusterSettings {
     pub secret_file: Option<PathBuf>,
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections from one address that may be logging in (not yet past
+    /// the join proof) at once, capped at half of `max_connections` so one
+    /// host cannot take every slot; more from that address are refused
+    /// (workers retry with backoff).
+    pub max_pending_per_address: usize,
+    /// Milliseconds a connection has, from its arrival, to prove the join
+    /// secret; then it is closed and its slot freed.
+    pub login_timeout_ms: u64,
     /// Largest frame a worker may send, MiB (larger partials go through storage).
     pub max_frame_mib: u32,
     /// Where to write `{addr, pin, server_name}` for launch scripts.
     pub connect_file: Option<PathBuf>,
+}
+
+impl ClusterSettings {
+    /// `max_pending_per_address`, capped at half of `max_connections` (at least 1).
+    pub fn pending_per_address(&self) -> usize {
+        self.max_pending_per_address
+            .min(self.max_connections / 2)
+            .max(1)
+    }
 }
 
 impl Default for ClusterSettings {
@@ -111,6 +138,8 @@ impl Default for ClusterSettings {
             ca_dir: None,
             secret_file: None,
             max_connections: 256,
+            max_pending_per_address: 8,
+            login_timeout_ms: 5000,
             max_frame_mib: 64,
             connect_file: None,
         }
