@@ -24,6 +24,12 @@ impl KeepMap {
         format!("keep_maps/{method}_K{k}.json")
     }
 
+    /// The object name of the map called `name` (`<method>_K<k>`) under the
+    /// run: `keep_maps/<name>.json`.
+    pub fn object_name(name: &str) -> String {
+        format!("keep_maps/{name}.json")
+    }
+
     /// Kept experts of block `layer`, if the map covers it.
     pub fn kept(&self, layer: u32) -> Option<&[u32]> {
         self.layers.get(&layer.to_string()).map(|v| v.as_slice())

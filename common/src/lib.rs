@@ -6,6 +6,7 @@
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
+//! - [`prune`]: a base model and its importance matrix sliced to a keep map.
 //! - [`store`]: run locations in object storage.
 //! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof).
 #![deny(missing_docs)]
@@ -19,6 +20,7 @@ pub mod hash;
 pub mod imatrix;
 pub mod keepmap;
 pub mod partial;
+pub mod prune;
 pub mod saliency;
 pub mod split;
 pub mod stats;
