@@ -24,6 +24,12 @@ impl KeepMap {
         crate::artifacts::names::keep_map(&format!("{method}_K{k}"))
     }
 
+    /// The object name of the map called `name` (`<method>_K<k>`) under the
+    /// run: `keep_maps/<name>.json`.
+    pub fn object_name(name: &str) -> String {
+        format!("keep_maps/{name}.json")
+    }
+
     /// Kept experts of block `layer`, if the map covers it.
     pub fn kept(&self, layer: u32) -> Option<&[u32]> {
         self.layers.get(&layer.to_string()).map(|v| v.as_slice())

@@ -7,6 +7,7 @@
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
+//! - [`prune`]: a base model and its importance matrix sliced to a keep map.
 //! - [`store`]: run locations in object storage.
 //! - [`splitmix`]: the seedable generator of deterministic test data.
 //! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof);
@@ -24,6 +25,7 @@ pub mod imatrix;
 pub mod keepmap;
 pub mod partial;
 pub mod peer_text;
+pub mod prune;
 pub mod saliency;
 pub mod secret;
 pub mod split;
