@@ -47,7 +47,7 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
         let store = RunStore::open(&args.run)?;
         let locations = if args.partials.is_empty() {
             store
-                .list("partials")
+                .list(common::artifacts::names::PARTIALS_DIR)
                 .await?
                 .into_iter()
                 .filter(|n| n.ends_with(".bin") && n != names::MERGED_PARTIAL)

@@ -118,7 +118,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
         .map(|s| source::hash_file(&config.resolve(&s.path)))
         .collect::<Result<Vec<_>, _>>()?;
     let inputs = prepare::fingerprint(&config.corpus, &model_sha, &hashes);
-    let corpus = store.child("corpus");
+    let corpus = store.child(common::artifacts::names::CORPUS_DIR);
     let existing = read_manifest(store).await?;
     if let Some(m) = &existing {
         if m.inputs_sha256 == inputs {

@@ -1,5 +1,6 @@
-//! Replay results: one row per (split, trace, mode, policy, capacity, keep
-//! map), summed over layers, as JSON and as a Markdown table with the fit and
+//! Sums per-layer cells into the rows of `replay/results.json` (one per
+//! split, trace, mode, policy, capacity and keep map; the schema is in
+//! `results`) and renders them as a Markdown table with the fit and
 //! held-out splits side by side.
 
 use super::capacity::Capacity;

@@ -249,7 +249,7 @@ where
     let max_frame = cluster.max_frame_mib.clamp(1, 1024) << 20;
     let job = JobInfo {
         run_url: store.url().to_string(),
-        corpus_url: store.url_of("corpus"),
+        corpus_url: store.url_of(names::CORPUS_DIR),
         model_sha256: setup.model_sha256.clone(),
         model_path: setup.model_path.display().to_string(),
         options: JobOptions {
@@ -435,7 +435,7 @@ fn corrupt_manifest(store: &RunStore, why: String) -> RunError {
 
 /// Reads `corpus/index.json` of a run.
 pub async fn read_index(store: &RunStore) -> Result<CorpusIndex, RunError> {
-    let corpus = store.child("corpus");
+    let corpus = store.child(names::CORPUS_DIR);
     let bytes = corpus.get(INDEX_FILE).await?;
     serde_json::from_slice(&bytes).map_err(|e| {
         RunError::Setup(format!(
@@ -537,10 +537,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         print!("{report}");
         let ok = report.ok();
         crate::report::report(&store).await?;
-        println!(
-            "report: {}",
-            store.url_of(common::artifacts::names::REPORT_MD)
-        );
+        println!("report: {}", store.url_of(names::REPORT_MD));
         mark_finished(&store, &summary, ok).await?;
         if ok {
             println!("run complete: {}", store.url());

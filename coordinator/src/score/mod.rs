@@ -260,17 +260,16 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<Scor
 /// Prefill trace parts of a run: every `.parquet` object under `trace/`
 /// except decode traces.
 pub async fn trace_parts(store: &RunStore) -> anyhow::Result<Vec<String>> {
+    // Decode traces (tokens the model generated itself) are replayed apart
+    // and not counted in `trace_tokens_written`.
+    let decode_dir = format!("{}/", names::DECODE_TRACE_DIR);
     Ok(store
-        .list("trace")
+        .list(names::TRACE_DIR)
         .await?
         .into_iter()
-        .filter(|n| n.ends_with(".parquet") && !n.starts_with(DECODE_TRACE_DIR))
+        .filter(|n| n.ends_with(".parquet") && !n.starts_with(&decode_dir))
         .collect())
 }
-
-/// Decode traces (tokens the model generated itself) live here; they are
-/// replayed apart and not counted in `trace_tokens_written`.
-pub const DECODE_TRACE_DIR: &str = "trace/decode/";
 
 async fn run_screen(
     store: &RunStore,
@@ -318,7 +317,7 @@ pub async fn load_chunk_stats(store: &RunStore) -> anyhow::Result<Vec<ChunkStats
     let names = match store.get_opt(names::MERGED_PARTIAL).await? {
         Some(_) => vec![names::MERGED_PARTIAL.to_string()],
         None => store
-            .list("partials")
+            .list(names::PARTIALS_DIR)
             .await?
             .into_iter()
             .filter(|n| n.ends_with(".bin"))

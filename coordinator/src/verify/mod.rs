@@ -191,7 +191,7 @@ fn trace_check(s: &Saliency, rows: u64, parts: usize) -> Check {
 pub async fn load_keep_maps(store: &RunStore) -> anyhow::Result<Vec<(String, KeepMap)>> {
     let mut out = Vec::new();
     for name in store
-        .list("keep_maps")
+        .list(common::artifacts::names::KEEP_MAPS_DIR)
         .await?
         .into_iter()
         .filter(|n| n.ends_with(".json"))
@@ -207,7 +207,7 @@ pub async fn load_keep_maps(store: &RunStore) -> anyhow::Result<Vec<(String, Kee
 /// resulting `saliency.json` bytes with the stored ones.
 async fn bitwise_check(store: &RunStore, saliency_bytes: &[u8]) -> anyhow::Result<Check> {
     let parts: Vec<String> = store
-        .list("partials")
+        .list(common::artifacts::names::PARTIALS_DIR)
         .await?
         .into_iter()
         .filter(|n| n.ends_with(".bin") && n != artifacts::MERGED_PARTIAL)

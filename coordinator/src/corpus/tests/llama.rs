@@ -54,10 +54,7 @@ fn independent_tokens(f: &Fixture) -> HashMap<String, Vec<i32>> {
         .filter(|d| !d.is_empty())
         .enumerate()
     {
-        out.insert(
-            format!("ja.txt (document {})", i + 1),
-            tok(doc, false),
-        );
+        out.insert(format!("ja.txt (document {})", i + 1), tok(doc, false));
     }
     for (i, line) in std::fs::read_to_string(path("chat.jsonl"))
         .unwrap()
@@ -77,10 +74,7 @@ fn independent_tokens(f: &Fixture) -> HashMap<String, Vec<i32>> {
                 )
             })
             .collect();
-        out.insert(
-            format!("chat.jsonl:{}", i + 1),
-            tok(&chatml, true),
-        );
+        out.insert(format!("chat.jsonl:{}", i + 1), tok(&chatml, true));
     }
     out
 }
