@@ -310,14 +310,22 @@ fn decode_within<T: DeserializeOwned, const LIMIT: usize>(
     bincode::serde::decode_from_slice(body, config().with_limit::<LIMIT>())
 }
 
+/// Room over a body's length for bincode's claims: it counts each integer
+/// at its in-memory size (8 bytes for a `u64`) though varints take fewer.
+/// The messages here hold a handful of integers, so a few hundred bytes do.
+const CLAIM_SLACK: usize = 256;
+
 /// Decodes a frame body; trailing bytes are malformed too. Whatever lengths
-/// the body claims, decoding allocates at most the body's length rounded up
-/// to a power of two (bincode allocates a claimed `Vec<u8>` before reading
-/// it, so the limit must follow the body, not the largest frame).
+/// the body claims, decoding allocates at most the body's length plus
+/// [`CLAIM_SLACK`], rounded up to the next limit tier (at most twice that):
+/// bincode allocates a claimed `Vec<u8>` before reading it, so the limit
+/// must follow the body, not the largest frame.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
-    let decoded = match body.len() {
-        ..=0x1000 => decode_within::<T, 0x1000>(body),
-        0x1001..=0x1_0000 => decode_within::<T, 0x1_0000>(body),
+    let decoded = match body.len() + CLAIM_SLACK {
+        0..=0x1000 => decode_within::<T, 0x1000>(body),
+        0x1001..=0x2000 => decode_within::<T, 0x2000>(body),
+        0x2001..=0x4000 => decode_within::<T, 0x4000>(body),
+        0x4001..=0x1_0000 => decode_within::<T, 0x1_0000>(body),
         0x1_0001..=0x10_0000 => decode_within::<T, 0x10_0000>(body),
         0x10_0001..=0x100_0000 => decode_within::<T, 0x100_0000>(body),
         0x100_0001..=0x1000_0000 => decode_within::<T, 0x1000_0000>(body),
@@ -491,6 +499,24 @@ mod tests {
                 frame.len() - 4
             );
             assert_eq!(decode::<ToCoordinator>(&frame[4..]).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn frames_of_every_size_near_the_limit_tiers_round_trip() {
+        // Regression: bincode counts a u64 as 8 bytes against its limit, so
+        // a limit of exactly the body's length refused valid frames.
+        for tier in [0x1000usize, 0x2000, 0x4000, 0x1_0000] {
+            for len in tier - 400..tier + 16 {
+                let msg = ToCoordinator::Done {
+                    lease_id: LeaseId(u64::MAX),
+                    partial: PartialRef::Inline(vec![7; len]),
+                    sha256: "ab".repeat(32),
+                    elapsed_ms: u64::MAX,
+                };
+                let frame = encode_frame(&msg);
+                assert_eq!(decode::<ToCoordinator>(&frame[4..]).unwrap(), msg, "{len}");
+            }
         }
     }
 
