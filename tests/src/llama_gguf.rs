@@ -171,7 +171,7 @@ impl LlamaGguf {
         unsafe {
             sys::ggml_get_tensor(self.ctx, c.as_ptr())
                 .as_ref()
-                .map(|t| t.type_ as u32)
+                .map(|t| t.type_)
         }
     }
 
