@@ -35,6 +35,8 @@ pub enum Command {
     Report(crate::report::ReportArgs),
     /// Replay traces against expert caches: misses per policy, capacity and keep map.
     Replay(crate::replay::ReplayArgs),
+    /// Slice a pruned GGUF (and its importance matrix) from one of the run's keep maps.
+    Prune(crate::prune::PruneArgs),
 }
 
 /// Runs a parsed command; the exit code says whether it succeeded.
@@ -48,6 +50,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Score(args) => crate::score::run(args),
         Command::Report(args) => crate::report::run(args),
         Command::Replay(args) => crate::replay::main(args),
+        Command::Prune(args) => crate::prune::run(args),
     }
 }
 

@@ -10,6 +10,7 @@ pub mod config;
 pub mod corpus;
 pub mod merge;
 pub mod net;
+pub mod prune;
 pub mod replay;
 pub mod report;
 pub mod run;

@@ -1,9 +1,12 @@
 //! Shared fixtures of the end-to-end tests: generated models, small
-//! tokenized corpora, paths of the built binaries, and an independent GGUF
-//! reader through llama.cpp's own C API.
+//! tokenized corpora, paths of the built binaries, an independent GGUF
+//! reader and logits through llama.cpp's own C API, and an f64 forward-pass
+//! oracle of the generated architectures.
 #![deny(missing_docs)]
 
 pub mod llama_gguf;
+pub mod llama_logits;
+pub mod oracle;
 
 use common::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
 use common::{ChunkId, Split};
@@ -14,6 +17,13 @@ use worker::synth::Preset;
 pub fn model(dir: &Path, preset: Preset) -> PathBuf {
     let path = dir.join(format!("{preset:?}.gguf").to_lowercase());
     worker::synth::write_model(preset, 7, &path).expect("model generates");
+    path
+}
+
+/// Writes a preset model with its weight matrices in `weights` into `dir`.
+pub fn model_as(dir: &Path, preset: Preset, weights: worker::synth::WeightType) -> PathBuf {
+    let path = dir.join(format!("{preset:?}-{weights:?}.gguf").to_lowercase());
+    worker::synth::write_model_as(preset, 7, Some(weights), &path).expect("model generates");
     path
 }
 

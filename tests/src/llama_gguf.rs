@@ -142,6 +142,59 @@ impl LlamaGguf {
     }
 }
 
+impl LlamaGguf {
+    /// A tensor of any ggml type by name, converted to f32 by ggml's own
+    /// `to_float` for its type (`None` if absent or not convertible).
+    pub fn tensor_as_f32(&self, name: &str) -> Option<F32Tensor> {
+        let c = CString::new(name).unwrap();
+        // SAFETY: the ggml context holds the loaded tensor; ggml_nbytes bytes
+        // of data are present and to_float writes exactly nelements floats.
+        unsafe {
+            let t = sys::ggml_get_tensor(self.ctx, c.as_ptr()).as_ref()?;
+            let ne = t.ne.map(|n| n as usize);
+            let n: usize = ne.iter().product();
+            let mut data = vec![0f32; n];
+            if t.type_ == sys::GGML_TYPE_F32 {
+                data.copy_from_slice(std::slice::from_raw_parts(sys::ggml_get_data_f32(t), n));
+            } else {
+                let to_float = (*sys::ggml_get_type_traits(t.type_)).to_float?;
+                to_float(t.data, data.as_mut_ptr(), n as i64);
+            }
+            Some(F32Tensor { ne, data })
+        }
+    }
+
+    /// The ggml type id of a tensor.
+    pub fn tensor_type(&self, name: &str) -> Option<u32> {
+        let c = CString::new(name).unwrap();
+        // SAFETY: live context, valid C string.
+        unsafe {
+            sys::ggml_get_tensor(self.ctx, c.as_ptr())
+                .as_ref()
+                .map(|t| t.type_)
+        }
+    }
+
+    /// Absolute file offset and size of a tensor's data, as llama.cpp's
+    /// reader places it.
+    pub fn tensor_range(&self, name: &str) -> Option<(u64, u64)> {
+        let c = CString::new(name).unwrap();
+        // SAFETY: live context; the tensor id is checked before use.
+        unsafe {
+            let id = sys::gguf_find_tensor(self.gguf, c.as_ptr());
+            if id < 0 {
+                return None;
+            }
+            let start =
+                sys::gguf_get_data_offset(self.gguf) + sys::gguf_get_tensor_offset(self.gguf, id);
+            Some((
+                start as u64,
+                sys::gguf_get_tensor_size(self.gguf, id) as u64,
+            ))
+        }
+    }
+}
+
 impl Drop for LlamaGguf {
     fn drop(&mut self) {
         // SAFETY: both were created in `open` and are freed once.

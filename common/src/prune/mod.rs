@@ -5,7 +5,8 @@
 //! tensors are sliced, what metadata changes, every refusal) and only then
 //! stream the file through [`write`]: metadata and every other tensor are
 //! copied verbatim, each expert-family tensor as the kept experts' byte
-//! ranges in keep-map order, through a bounded buffer. The output is written
+//! ranges in keep-map order (file to file, in the kernel where the OS can),
+//! and hashed through a bounded buffer. The output is written
 //! under a temporary name and renamed to `out` only when complete, so an
 //! error never leaves a file at `out`.
 

@@ -1,35 +1,57 @@
-//! Streams a sliced GGUF: the header rewritten, tensor data copied through a
-//! bounded buffer, the whole hashed as it is written, under a temporary name
-//! renamed to the output only once complete.
+//! Streams a sliced GGUF: the header rewritten, tensor data copied range by
+//! range inside the kernel (`copy_file_range` where the OS has it, through a
+//! buffer otherwise) and hashed by reading the same ranges through a bounded
+//! buffer, under a temporary name renamed to the output only once complete.
 
 use super::plan::Plan;
 use super::{PruneError, Sliced};
 use crate::gguf_read::GgufHeader;
 use sha2::{Digest, Sha256};
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-/// Bytes copied per read: the only buffer whose size depends on the data.
-const COPY_BUFFER: usize = 4 << 20;
+/// Bytes hashed per read: the only buffer whose size depends on the data.
+const HASH_BUFFER: usize = 4 << 20;
 
-/// A writer that hashes and counts what passes through it.
-struct Hashing<W> {
-    inner: W,
+/// The output file, with the hash and size of what was written to it.
+struct Out {
+    file: File,
     hash: Sha256,
     bytes: u64,
 }
 
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.bytes += n as u64;
-        Ok(n)
+impl Out {
+    /// Writes bytes held in memory (header, padding).
+    fn put(&mut self, b: &[u8]) -> Result<(), Side> {
+        self.file.write_all(b).map_err(Side::Write)?;
+        self.hash.update(b);
+        self.bytes += b.len() as u64;
+        Ok(())
     }
 
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+    /// Appends `len` bytes at `offset` of `src`: copied file to file by
+    /// `std::io::copy` (in the kernel on Linux), then hashed from `src`.
+    fn copy(&mut self, src: &File, offset: u64, len: u64, buf: &mut [u8]) -> Result<(), Side> {
+        let mut reader = src;
+        reader.seek(SeekFrom::Start(offset)).map_err(Side::Read)?;
+        let copied = io::copy(&mut reader.take(len), &mut self.file).map_err(Side::Write)?;
+        if copied != len {
+            return Err(Side::Read(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{len} bytes at offset {offset} run past the end of the file"),
+            )));
+        }
+        reader.seek(SeekFrom::Start(offset)).map_err(Side::Read)?;
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            reader.read_exact(&mut buf[..n]).map_err(Side::Read)?;
+            self.hash.update(&buf[..n]);
+            left -= n as u64;
+        }
+        self.bytes += len;
+        Ok(())
     }
 }
 
@@ -45,25 +67,6 @@ impl Drop for Partial {
             let _ = std::fs::remove_file(&self.path);
         }
     }
-}
-
-/// Copies `len` bytes at `offset` of `src` to `w` through `buf`.
-fn copy(
-    src: &mut File,
-    offset: u64,
-    len: u64,
-    buf: &mut [u8],
-    w: &mut impl Write,
-) -> Result<(), Side> {
-    src.seek(SeekFrom::Start(offset)).map_err(Side::Read)?;
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(buf.len() as u64) as usize;
-        src.read_exact(&mut buf[..n]).map_err(Side::Read)?;
-        w.write_all(&buf[..n]).map_err(Side::Write)?;
-        left -= n as u64;
-    }
-    Ok(())
 }
 
 /// Writes the slice of `src` (whose parsed header is `header`) that `plan`
@@ -89,8 +92,8 @@ pub(super) fn sliced(
         done: false,
     };
     let file = File::create(&partial.path).map_err(io_err(&partial.path))?;
-    let mut w = Hashing {
-        inner: BufWriter::with_capacity(1 << 20, file),
+    let mut w = Out {
+        file,
         hash: Sha256::new(),
         bytes: 0,
     };
@@ -105,11 +108,7 @@ pub(super) fn sliced(
             source,
         },
     })?;
-    let Hashing { inner, hash, bytes } = w;
-    let file = inner
-        .into_inner()
-        .map_err(|e| e.into_error())
-        .map_err(io_err(&partial.path))?;
+    let Out { file, hash, bytes } = w;
     file.sync_all().map_err(io_err(&partial.path))?;
     drop(file);
     std::fs::rename(&partial.path, out).map_err(io_err(out))?;
@@ -128,12 +127,7 @@ enum Side {
     Write(io::Error),
 }
 
-fn write_all(
-    src: &mut File,
-    header: &GgufHeader,
-    plan: &Plan,
-    w: &mut impl Write,
-) -> Result<(), Side> {
+fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> Result<(), Side> {
     let align = header.alignment;
     // The header is built in memory (the reader bounded its size), then the
     // data is streamed.
@@ -182,26 +176,26 @@ fn write_all(
         offset += n_bytes.next_multiple_of(align);
     }
     head.resize(head.len().next_multiple_of(align as usize), 0);
-    w.write_all(&head).map_err(Side::Write)?;
+    w.put(&head)?;
     let zeros = vec![0u8; align as usize];
-    let mut buf = vec![0u8; COPY_BUFFER];
+    let mut buf = vec![0u8; HASH_BUFFER];
     for (t, cut) in header.tensors.iter().zip(&plan.cuts) {
         let start = header.data_offset + t.offset;
         let written = match cut {
             None => {
-                copy(src, start, t.n_bytes, &mut buf, w)?;
+                w.copy(src, start, t.n_bytes, &mut buf)?;
                 t.n_bytes
             }
             Some(ids) => {
                 let per_expert = t.n_bytes / t.dims.last().expect("checked");
                 for &id in ids {
-                    copy(src, start + id as u64 * per_expert, per_expert, &mut buf, w)?;
+                    w.copy(src, start + id as u64 * per_expert, per_expert, &mut buf)?;
                 }
                 per_expert * ids.len() as u64
             }
         };
         let pad = (written.next_multiple_of(align) - written) as usize;
-        w.write_all(&zeros[..pad]).map_err(Side::Write)?;
+        w.put(&zeros[..pad])?;
     }
-    w.flush().map_err(Side::Write)
+    Ok(())
 }

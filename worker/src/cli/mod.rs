@@ -39,6 +39,9 @@ struct SynthArgs {
     /// Seed of every random weight.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Encoding of the weight matrices (default: the preset's own).
+    #[arg(long, value_enum)]
+    weight_type: Option<crate::synth::WeightType>,
 }
 
 /// Parses the command line, runs the subcommand and maps errors to the exit code.
@@ -51,14 +54,16 @@ pub fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::SynthModel(a) => crate::synth::write_model(a.preset, a.seed, &a.out).map(|()| {
-            println!(
-                "wrote {:?} model (seed {}) to {}",
-                a.preset,
-                a.seed,
-                a.out.display()
-            );
-        }),
+        Command::SynthModel(a) => {
+            crate::synth::write_model_as(a.preset, a.seed, a.weight_type, &a.out).map(|()| {
+                println!(
+                    "wrote {:?} model (seed {}) to {}",
+                    a.preset,
+                    a.seed,
+                    a.out.display()
+                );
+            })
+        }
         Command::Collect(a) => collect::run(a),
         Command::Join(a) => crate::join::run(a).map(|_| ()).map_err(anyhow::Error::from),
     };

@@ -32,6 +32,30 @@ pub enum Preset {
     Dense,
 }
 
+/// Encoding of a generated model's weight matrices (norms and routers stay
+/// f32), to test that slicing and loading work for more than f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightType {
+    /// 32-bit float.
+    F32,
+    /// 16-bit float.
+    F16,
+    /// 8-bit blocks of 32 with an f16 scale.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl WeightType {
+    /// The GGUF tensor type.
+    pub fn tensor_type(self) -> TensorType {
+        match self {
+            WeightType::F32 => TensorType::F32,
+            WeightType::F16 => TensorType::F16,
+            WeightType::Q8_0 => TensorType::Q8_0,
+        }
+    }
+}
+
 /// Shape and routing facts of a generated model.
 #[derive(Clone, Debug)]
 pub struct Spec {
@@ -180,7 +204,18 @@ impl Builder<'_> {
 
 /// Writes the preset's model to `path` (atomically: a temporary file renamed).
 pub fn write_model(preset: Preset, seed: u64, path: &Path) -> anyhow::Result<()> {
-    let bytes = model_bytes(preset, seed);
+    write_model_as(preset, seed, None, path)
+}
+
+/// [`write_model`] with the weight matrices in `weights` instead of the
+/// preset's own encoding.
+pub fn write_model_as(
+    preset: Preset,
+    seed: u64,
+    weights: Option<WeightType>,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let bytes = model_bytes_as(preset, seed, weights);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -192,7 +227,16 @@ pub fn write_model(preset: Preset, seed: u64, path: &Path) -> anyhow::Result<()>
 
 /// The GGUF bytes of a preset.
 pub fn model_bytes(preset: Preset, seed: u64) -> Vec<u8> {
-    let spec = preset.spec();
+    model_bytes_as(preset, seed, None)
+}
+
+/// The GGUF bytes of a preset with its weight matrices in `weights` (the
+/// preset's own encoding when `None`).
+pub fn model_bytes_as(preset: Preset, seed: u64, weights: Option<WeightType>) -> Vec<u8> {
+    let mut spec = preset.spec();
+    if let Some(w) = weights {
+        spec.weight_type = w.tensor_type();
+    }
     let vocab = vocab::build(spec.n_merges);
     let n_vocab = vocab.tokens.len();
     let s = &spec;

@@ -1,0 +1,197 @@
+//! Prune throughput against a plain copy of the same file, and the slicer's
+//! peak memory.
+//!
+//! `worker synth-model --preset bench --out bench.gguf`, then
+//! `cargo run --release -p coordinator --bin bench_prune -- --model bench.gguf`
+//!
+//! Each figure is the median of `--runs` runs with the base file in the page
+//! cache. Copies are timed with the same `fsync` before completion that the
+//! slicer does before its rename. Throughput is bytes written per second.
+//! Peak memory is the VmHWM of a child process that does one slice and
+//! nothing else.
+
+use anyhow::Context;
+use clap::Parser;
+use common::gguf_read::GgufReader;
+use common::keepmap::KeepMap;
+use common::prune::slice_model;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Parser)]
+struct Args {
+    /// The base model (e.g. the `bench` preset).
+    #[arg(long)]
+    model: PathBuf,
+    /// Timed runs per figure (the median is printed).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Scratch directory for the outputs (default: the model's directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Internal: slice once keeping K experts to OUT and print VmHWM.
+    #[arg(long, num_args = 2, value_names = ["K", "OUT"], hide = true)]
+    child_slice: Vec<String>,
+}
+
+fn vm_hwm_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A map keeping `k` evenly spread experts of every MoE layer.
+fn keep_map(model: &Path, k: u32) -> anyhow::Result<(KeepMap, u32)> {
+    let h = GgufReader::open(model)?.header;
+    let arch = h
+        .get("general.architecture")
+        .and_then(|v| v.as_str())
+        .context("no architecture")?;
+    let n_expert = h
+        .get(&format!("{arch}.expert_count"))
+        .and_then(|v| v.as_u64())
+        .context("not an MoE model")? as u32;
+    let layers: BTreeMap<String, Vec<u32>> = h
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            let rest = t.name.strip_prefix("blk.")?;
+            let (l, name) = rest.split_once('.')?;
+            (name == "ffn_gate_inp.weight").then(|| l.to_string())
+        })
+        .map(|l| (l, (0..k).map(|i| i * n_expert / k).collect()))
+        .collect();
+    let map = KeepMap {
+        method: "bench".into(),
+        k,
+        params: serde_json::Value::Null,
+        saliency_sha256: String::new(),
+        layers,
+    };
+    Ok((map, n_expert))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Seconds of `f`, median over `runs`.
+fn timed(runs: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let mut secs = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        f()?;
+        secs.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(secs))
+}
+
+/// A copy through a 4 MiB user-space buffer (what the slicer does), fsynced.
+fn buffered_copy(from: &Path, to: &Path) -> anyhow::Result<()> {
+    let mut r = std::fs::File::open(from)?;
+    let mut w = std::fs::File::create(to)?;
+    let mut buf = vec![0u8; 4 << 20];
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        w.write_all(&buf[..n])?;
+    }
+    w.sync_all()?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let [k, out] = &args.child_slice[..] {
+        let (map, _) = keep_map(&args.model, k.parse()?)?;
+        slice_model(&args.model, &map, Path::new(out))?;
+        println!("{}", vm_hwm_kib());
+        return Ok(());
+    }
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| args.model.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let size = std::fs::metadata(&args.model)?.len();
+    std::io::copy(&mut std::fs::File::open(&args.model)?, &mut std::io::sink())?;
+    let out = dir.join("bench-prune-out.gguf");
+    let gb = |bytes: u64, s: f64| bytes as f64 / s / 1e9;
+    println!(
+        "base {}: {:.1} MB; median of {} runs\n",
+        args.model.display(),
+        size as f64 / 1e6,
+        args.runs
+    );
+    println!("| what | bytes written | seconds | GB/s | vs plain copy |");
+    println!("|---|---:|---:|---:|---:|");
+    let copy = timed(args.runs, || {
+        std::fs::copy(&args.model, &out)?;
+        std::fs::File::open(&out)?.sync_all()?;
+        Ok(())
+    })?;
+    println!(
+        "| plain copy (std::fs::copy + fsync) | {size} | {copy:.3} | {:.2} | 1.00x |",
+        gb(size, copy)
+    );
+    let buffered = timed(args.runs, || buffered_copy(&args.model, &out))?;
+    println!(
+        "| copy through a 4 MiB buffer + fsync | {size} | {buffered:.3} | {:.2} | {:.2}x |",
+        gb(size, buffered),
+        buffered / copy
+    );
+    let sha = timed(args.runs, || {
+        common::hash::sha256_file(&args.model)?;
+        Ok(())
+    })?;
+    println!(
+        "| SHA-256 of the base (no write) | 0 | {sha:.3} | {:.2} (read) | |",
+        gb(size, sha)
+    );
+    let (_, n_expert) = keep_map(&args.model, 1)?;
+    let mut memory = Vec::new();
+    for k in [n_expert, n_expert / 2, n_expert / 4] {
+        let (map, _) = keep_map(&args.model, k)?;
+        let mut bytes = 0;
+        let s = timed(args.runs, || {
+            bytes = slice_model(&args.model, &map, &out)?.bytes;
+            Ok(())
+        })?;
+        println!(
+            "| prune K={k} of {n_expert} (slice + SHA-256 + fsync) | {bytes} | {s:.3} | {:.2} | {:.2}x |",
+            gb(bytes, s),
+            s / copy * size as f64 / bytes as f64
+        );
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .args(["--model", args.model.to_str().context("model path")?])
+            .args([
+                "--child-slice",
+                &k.to_string(),
+                out.to_str().context("out path")?,
+            ])
+            .output()?;
+        anyhow::ensure!(
+            child.status.success(),
+            "child slice failed: {}",
+            String::from_utf8_lossy(&child.stderr)
+        );
+        memory.push((k, String::from_utf8(child.stdout)?.trim().to_string()));
+    }
+    std::fs::remove_file(&out).ok();
+    println!(
+        "\nvs plain copy: time per byte written relative to the plain copy's (lower is better)."
+    );
+    for (k, kib) in memory {
+        println!("peak resident memory of a process slicing K={k}: {kib} KiB (VmHWM)");
+    }
+    Ok(())
+}

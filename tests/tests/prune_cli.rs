@@ -1,0 +1,192 @@
+//! `coordinator prune` on a run directory and on an S3 run: the pruned model
+//! and its importance matrix are written, load in llama.cpp's GGUF reader,
+//! and what was done is printed; a refused keep map leaves no file behind.
+
+use common::imatrix::{Imatrix, ImatrixEntry};
+use common::keepmap::KeepMap;
+use common::store::RunStore;
+use fixtures::llama_gguf::LlamaGguf;
+use std::collections::BTreeMap;
+use std::path::Path;
+use worker::synth::Preset;
+
+const N_EXPERT: u32 = 16;
+const MOE_LAYERS: [u32; 3] = [0, 1, 2];
+
+fn keep_map(k: u32, layers: &[u32]) -> KeepMap {
+    KeepMap {
+        method: "test".into(),
+        k,
+        params: serde_json::Value::Null,
+        saliency_sha256: String::new(),
+        layers: layers
+            .iter()
+            .map(|l| {
+                (
+                    l.to_string(),
+                    (0..k).map(|i| (i * 2 + l) % N_EXPERT).collect::<Vec<_>>(),
+                )
+            })
+            .map(|(l, mut ids)| {
+                ids.sort();
+                (l, ids)
+            })
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// An importance matrix shaped like `tiny`'s, each expert's counts = its id.
+fn imatrix() -> Vec<u8> {
+    let mut m = Imatrix {
+        chunk_count: 2,
+        chunk_size: 48,
+        ..Default::default()
+    };
+    for l in MOE_LAYERS {
+        m.entries.insert(
+            format!("blk.{l}.ffn_gate_inp.weight"),
+            ImatrixEntry::new(64, 1),
+        );
+        for (name, n_in) in [
+            ("ffn_gate_exps", 64),
+            ("ffn_up_exps", 64),
+            ("ffn_down_exps", 32),
+        ] {
+            let mut e = ImatrixEntry::new(n_in, N_EXPERT);
+            e.counts = (0..N_EXPERT as u64).collect();
+            m.entries.insert(format!("blk.{l}.{name}.weight"), e);
+        }
+    }
+    m.to_gguf(&["test".into()])
+}
+
+/// Writes the run's keep maps, importance matrix and a manifest naming `model`.
+async fn populate(store: &RunStore, model: &Path) {
+    for (k, layers) in [(8, &MOE_LAYERS[..]), (8, &[0, 1, 2, 5][..])] {
+        let mut map = keep_map(k, layers);
+        if layers.len() == 4 {
+            map.method = "bad".into();
+        }
+        let name = KeepMap::object_name(&format!("{}_K{k}", map.method));
+        store
+            .put(&name, serde_json::to_vec(&map).unwrap())
+            .await
+            .unwrap();
+    }
+    store.put("imatrix.gguf", imatrix()).await.unwrap();
+    let manifest = serde_json::json!({ "config": { "model": { "path": model } } });
+    store
+        .put("manifest.json", serde_json::to_vec(&manifest).unwrap())
+        .await
+        .unwrap();
+}
+
+fn prune_and_check(run: &str, dir: &Path, model_flag: Option<&Path>) {
+    let out = dir.join("pruned.gguf");
+    let mut args = vec![
+        "prune",
+        run,
+        "--keep-map",
+        "test_K8",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    if let Some(m) = model_flag {
+        args.extend(["--model", m.to_str().unwrap()]);
+    }
+    let stdout = String::from_utf8(fixtures::run_ok("coordinator", &args).stdout).unwrap();
+    let imatrix = dir.join("pruned.imatrix.gguf");
+    let sha = common::hash::sha256_file(&out).unwrap();
+    assert!(stdout.contains("12 tensors sliced"), "{stdout}");
+    assert!(stdout.contains(&format!("sha256 {sha}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "sha256 {}",
+            common::hash::sha256_file(&imatrix).unwrap()
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("GB/s"), "{stdout}");
+    let g = LlamaGguf::open(&out).unwrap();
+    assert_eq!(g.u32("qwen3moe.expert_count"), Some(8));
+    let m = LlamaGguf::open(&imatrix).unwrap();
+    let counts = m.f32_tensor("blk.1.ffn_up_exps.weight.counts").unwrap();
+    let want: Vec<f32> = keep_map(8, &MOE_LAYERS).layers["1"]
+        .iter()
+        .map(|&e| e as f32)
+        .collect();
+    assert_eq!(
+        counts.data, want,
+        "the importance matrix keeps the kept experts' counts"
+    );
+    // Neither file is left under its temporary name.
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("pruned") || n.starts_with('.'))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["pruned.gguf", "pruned.imatrix.gguf"]);
+}
+
+fn refused_leaves_nothing(run: &str, dir: &Path, model_flag: Option<&Path>) {
+    let out = dir.join("bad.gguf");
+    let mut args = vec![
+        "prune",
+        run,
+        "--keep-map",
+        "bad_K8",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    if let Some(m) = model_flag {
+        args.extend(["--model", m.to_str().unwrap()]);
+    }
+    let output = fixtures::run("coordinator", &args);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("keep map bad_K8") && stderr.contains("layer 5"),
+        "{stderr}"
+    );
+    assert!(!out.exists() && !dir.join("bad.imatrix.gguf").exists());
+    assert!(!std::fs::read_dir(dir).unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("bad")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prunes_a_local_run_with_the_manifest_model() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let run_dir = d.path().join("run");
+    populate(&RunStore::open(run_dir.to_str().unwrap()).unwrap(), &model).await;
+    let out_dir = d.path().join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    prune_and_check(run_dir.to_str().unwrap(), &out_dir, None);
+    refused_leaves_nothing(run_dir.to_str().unwrap(), &out_dir, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prunes_a_run_in_s3() {
+    let Some(bucket) = fixtures::s3_bucket() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let prefix = format!(
+        "s3://{bucket}/prune-{}",
+        common::hash::sha256_hex(&common::wire::random_bytes(8))
+    );
+    populate(
+        &RunStore::open(&prefix).unwrap(),
+        Path::new("relative/model.gguf"),
+    )
+    .await;
+    let out_dir = d.path().join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    prune_and_check(&prefix, &out_dir, Some(&model));
+    refused_leaves_nothing(&prefix, &out_dir, Some(&model));
+}

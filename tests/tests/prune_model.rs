@@ -1,0 +1,315 @@
+//! Pruned models against independent references. A keep-all slice gives
+//! bitwise the base model's logits; a real slice of `tiny` (qwen3moe) and
+//! `tiny-alt` (glm4moe: selection bias, shared expert, leading dense block)
+//! routes and predicts like an f64 forward pass of the *base* weights with
+//! the removed experts masked out of the router; f16 and Q8_0 slices equal
+//! the base's kept experts element for element (dequantised by ggml) and run
+//! in llama.cpp exactly like the base model with the removed experts masked
+//! through its selection bias.
+
+use common::keepmap::KeepMap;
+use common::prune::slice_model;
+use fixtures::llama_gguf::LlamaGguf;
+use fixtures::llama_logits::logits;
+use fixtures::oracle::Oracle;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use worker::collect::{CollectOptions, Collector};
+use worker::synth::{Preset, WeightType};
+
+const N_CTX: u32 = 48;
+/// Largest logit difference allowed, relative to the row's largest |logit|.
+const REL: f64 = 1e-4;
+
+/// A keep map keeping `k` pseudo-randomly chosen experts of each layer
+/// (a different choice per layer).
+fn keep_map(layers: &[u32], n_expert: u32, k: u32) -> KeepMap {
+    let mut layer_map = BTreeMap::new();
+    for &l in layers {
+        let mut ids: Vec<u32> = (0..n_expert).collect();
+        let mut state = 0x9e37_79b9u64 + l as u64 * 7919;
+        for i in (1..ids.len()).rev() {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ids.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        let mut kept = ids[..k as usize].to_vec();
+        kept.sort();
+        layer_map.insert(l.to_string(), kept);
+    }
+    KeepMap {
+        method: "test".into(),
+        k,
+        params: serde_json::Value::Null,
+        saliency_sha256: String::new(),
+        layers: layer_map,
+    }
+}
+
+fn layers_of(map: &KeepMap) -> BTreeMap<u32, Vec<u32>> {
+    map.layers
+        .iter()
+        .map(|(l, ids)| (l.parse().unwrap(), ids.clone()))
+        .collect()
+}
+
+fn tokens() -> Vec<i32> {
+    fixtures::chunks(2, N_CTX)[0].tokens.clone()
+}
+
+/// Selected experts per (block, position) as llama.cpp routed them in
+/// `model`, read from the collector's trace (ids of that model).
+fn routing(model: &Path, dir: &Path) -> BTreeMap<(u32, usize), Vec<u32>> {
+    let chunks = fixtures::chunks(2, N_CTX)[..1].to_vec();
+    let index = fixtures::write_corpus(dir, &chunks, N_CTX);
+    let opts = CollectOptions {
+        n_ubatch: N_CTX,
+        threads: 2,
+        trace_every: 1,
+        trace_top_n: 4,
+        f32_kv: true,
+        flash_attn: false,
+        ..Default::default()
+    };
+    let mut c = Collector::load(model, opts).unwrap();
+    let collected = c.run(&index, &chunks, &mut |_, _| {}).unwrap();
+    collected
+        .trace
+        .iter()
+        .map(|r| {
+            let mut sel: Vec<u32> = r.selected.iter().map(|&e| e as u32).collect();
+            sel.sort();
+            ((r.layer, r.pos as usize), sel)
+        })
+        .collect()
+}
+
+/// Pruned-model routing translated back to base expert ids.
+fn to_base_ids(
+    routing: BTreeMap<(u32, usize), Vec<u32>>,
+    keep: &BTreeMap<u32, Vec<u32>>,
+) -> BTreeMap<(u32, usize), Vec<u32>> {
+    routing
+        .into_iter()
+        .map(|((l, pos), sel)| {
+            let mut base: Vec<u32> = sel.iter().map(|&e| keep[&l][e as usize]).collect();
+            base.sort();
+            ((l, pos), base)
+        })
+        .collect()
+}
+
+/// Asserts every logit within `rel` of the row's largest |reference logit|.
+fn assert_logits_close(what: &str, got: &[Vec<f32>], want: &[Vec<f64>], rel: f64) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: positions");
+    let mut worst = 0f64;
+    for (pos, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{what}: vocabulary");
+        let scale = w.iter().fold(0f64, |m, v| m.max(v.abs()));
+        for (tok, (a, b)) in g.iter().zip(w).enumerate() {
+            let d = (*a as f64 - b).abs() / scale;
+            worst = worst.max(d);
+            assert!(d <= rel, "{what}: pos {pos} token {tok}: llama.cpp {a}, reference {b} (|diff| / max|logit| = {d:e})");
+        }
+    }
+    worst
+}
+
+fn slice(base: &Path, map: &KeepMap, dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    let sliced = slice_model(base, map, &out).unwrap();
+    assert_eq!(sliced.k, map.k);
+    assert_eq!(sliced.sha256, common::hash::sha256_file(&out).unwrap());
+    out
+}
+
+fn keep_all_gives_the_base_logits_bitwise(preset: Preset) {
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::model(dir.path(), preset);
+    let oracle = Oracle::load(&base);
+    let n = oracle.n_expert() as u32;
+    let map = keep_map(&oracle.moe_layers(), n, n);
+    let pruned = slice(&base, &map, dir.path(), "keep-all.gguf");
+    let tokens = tokens();
+    let a = logits(&base, &tokens, 2).unwrap();
+    let b = logits(&pruned, &tokens, 2).unwrap();
+    for (pos, (x, y)) in a.iter().zip(&b).enumerate() {
+        let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(
+            same,
+            "{preset:?} pos {pos}: keep-all logits differ from the base's"
+        );
+    }
+}
+
+#[test]
+fn keep_all_tiny_gives_the_base_logits_bitwise() {
+    keep_all_gives_the_base_logits_bitwise(Preset::Tiny);
+}
+
+#[test]
+fn keep_all_tiny_alt_gives_the_base_logits_bitwise() {
+    keep_all_gives_the_base_logits_bitwise(Preset::TinyAlt);
+}
+
+fn pruned_matches_the_masked_oracle(preset: Preset, k: u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::model(dir.path(), preset);
+    let oracle = Oracle::load(&base);
+    let map = keep_map(&oracle.moe_layers(), oracle.n_expert() as u32, k);
+    let keep = layers_of(&map);
+    let pruned = slice(&base, &map, dir.path(), "pruned.gguf");
+    let tokens = tokens();
+    let want = oracle.forward(&tokens, &keep);
+
+    let routed = to_base_ids(routing(&pruned, dir.path()), &keep);
+    assert_eq!(
+        routed.len(),
+        want.selected.len(),
+        "one routing per MoE layer and token"
+    );
+    for (key, sel) in &want.selected {
+        assert_eq!(
+            &routed[key], sel,
+            "{preset:?} block {} pos {}: selected experts",
+            key.0, key.1
+        );
+    }
+    let mut counts: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+    for ((l, _), sel) in &routed {
+        sel.iter()
+            .for_each(|&e| *counts.entry((*l, e)).or_default() += 1);
+    }
+    let removed_used = counts.keys().filter(|(l, e)| !keep[l].contains(e)).count();
+    assert_eq!(removed_used, 0, "no removed expert is ever routed to");
+    // The mask matters: the unmasked base routes some tokens to removed experts.
+    let unmasked = oracle.forward(&tokens, &BTreeMap::new());
+    assert!(unmasked
+        .selected
+        .iter()
+        .any(|((l, _), sel)| sel.iter().any(|e| !keep[l].contains(e))));
+
+    let got = logits(&pruned, &tokens, 2).unwrap();
+    let worst = assert_logits_close(&format!("{preset:?} K={k}"), &got, &want.logits, REL);
+    println!("{preset:?} K={k}: worst logit deviation {worst:e} of the row's max |logit|");
+}
+
+#[test]
+fn pruned_tiny_routes_and_predicts_like_the_masked_base_oracle() {
+    pruned_matches_the_masked_oracle(Preset::Tiny, 8);
+    pruned_matches_the_masked_oracle(Preset::Tiny, 4);
+}
+
+#[test]
+fn pruned_tiny_alt_routes_and_predicts_like_the_masked_base_oracle() {
+    pruned_matches_the_masked_oracle(Preset::TinyAlt, 12);
+}
+
+/// A copy of glm4moe `base` whose selection bias is -1e30 for the experts
+/// `keep` removes: llama.cpp then never selects them, and computes what the
+/// pruned model should. Patched through llama.cpp's own view of the file.
+fn masked_base(base: &Path, keep: &BTreeMap<u32, Vec<u32>>, out: &Path) {
+    let g = LlamaGguf::open(base).unwrap();
+    let mut bytes = std::fs::read(base).unwrap();
+    for (l, kept) in keep {
+        let (start, len) = g
+            .tensor_range(&format!("blk.{l}.exp_probs_b.bias"))
+            .unwrap();
+        for e in 0..len as usize / 4 {
+            if !kept.contains(&(e as u32)) {
+                let at = start as usize + 4 * e;
+                bytes[at..at + 4].copy_from_slice(&(-1e30f32).to_le_bytes());
+            }
+        }
+    }
+    std::fs::write(out, bytes).unwrap();
+}
+
+fn quantized_slice_runs_like_the_masked_base(weights: WeightType, ggml_type: u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::model_as(dir.path(), Preset::TinyAlt, weights);
+    let g = LlamaGguf::open(&base).unwrap();
+    let (layers, n_expert) = ((1..4).collect::<Vec<u32>>(), 24);
+    let map = keep_map(&layers, n_expert, 12);
+    let keep = layers_of(&map);
+    let pruned = slice(&base, &map, dir.path(), "pruned.gguf");
+
+    let p = LlamaGguf::open(&pruned).unwrap();
+    for (l, kept) in &keep {
+        for name in [
+            "ffn_gate_exps",
+            "ffn_up_exps",
+            "ffn_down_exps",
+            "ffn_gate_inp",
+            "exp_probs_b",
+        ] {
+            let suffix = if name == "exp_probs_b" {
+                "bias"
+            } else {
+                "weight"
+            };
+            let name = format!("blk.{l}.{name}.{suffix}");
+            if name.contains("_exps") {
+                assert_eq!(
+                    p.tensor_type(&name),
+                    Some(ggml_type),
+                    "{name} keeps its type"
+                );
+            }
+            let (b, s) = (
+                g.tensor_as_f32(&name).unwrap(),
+                p.tensor_as_f32(&name).unwrap(),
+            );
+            let outer = b.ne.iter().rposition(|&n| n > 1).unwrap();
+            assert_eq!(s.ne[outer], kept.len(), "{name}: experts");
+            let per = b.data.len() / n_expert as usize;
+            let want: Vec<u32> = kept
+                .iter()
+                .flat_map(|&e| {
+                    b.data[e as usize * per..(e as usize + 1) * per]
+                        .iter()
+                        .map(|v| v.to_bits())
+                })
+                .collect();
+            let got: Vec<u32> = s.data.iter().map(|v| v.to_bits()).collect();
+            assert!(
+                got == want,
+                "{name}: dequantised values are the base's kept experts'"
+            );
+        }
+    }
+
+    let masked = dir.path().join("masked.gguf");
+    masked_base(&base, &keep, &masked);
+    let sub = dir.path().join("runs");
+    std::fs::create_dir_all(sub.join("a")).unwrap();
+    std::fs::create_dir_all(sub.join("b")).unwrap();
+    let routed = to_base_ids(routing(&pruned, &sub.join("a")), &keep);
+    let reference = routing(&masked, &sub.join("b"));
+    assert_eq!(
+        routed, reference,
+        "{weights:?}: pruned and masked-base routing"
+    );
+    let tokens = tokens();
+    let got = logits(&pruned, &tokens, 2).unwrap();
+    let want: Vec<Vec<f64>> = logits(&masked, &tokens, 2)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().map(f64::from).collect())
+        .collect();
+    let worst = assert_logits_close(&format!("{weights:?}"), &got, &want, 1e-5);
+    println!(
+        "{weights:?}: worst deviation from the masked base {worst:e} of the row's max |logit|"
+    );
+}
+
+#[test]
+fn f16_slice_runs_like_the_masked_base() {
+    quantized_slice_runs_like_the_masked_base(WeightType::F16, 1);
+}
+
+#[test]
+fn q8_0_slice_runs_like_the_masked_base() {
+    quantized_slice_runs_like_the_masked_base(WeightType::Q8_0, 8);
+}
