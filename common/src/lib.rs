@@ -8,9 +8,12 @@
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
 //! - [`store`]: run locations in object storage.
 //! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof).
+//! - [`bounded`]: bincode decoding with a limit sized from the input.
+//! - [`model_check`]: a model's MoE facts from its GGUF header, before llama.cpp loads it.
 #![deny(missing_docs)]
 
 pub mod artifacts;
+pub mod bounded;
 pub mod corpus;
 pub mod exact;
 pub mod gguf;
@@ -18,6 +21,7 @@ pub mod gguf_read;
 pub mod hash;
 pub mod imatrix;
 pub mod keepmap;
+pub mod model_check;
 pub mod partial;
 pub mod saliency;
 pub mod split;

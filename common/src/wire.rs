@@ -278,17 +278,10 @@ pub fn encode_frame<T: Serialize>(msg: &T) -> Vec<u8> {
     out
 }
 
-/// Decodes a frame body; trailing bytes are malformed too.
+/// Decodes a frame body under a limit sized from its length
+/// ([`crate::bounded`]); trailing bytes are malformed too.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
-    let (msg, used) = bincode::serde::decode_from_slice(body, config().with_limit::<{ 1 << 31 }>())
-        .map_err(|e| WireError::Malformed(e.to_string()))?;
-    if used != body.len() {
-        return Err(WireError::Malformed(format!(
-            "{} trailing bytes after the message",
-            body.len() - used
-        )));
-    }
-    Ok(msg)
+    crate::bounded::decode(body).map_err(|e| WireError::Malformed(e.to_string()))
 }
 
 /// Writes one message as a frame.
@@ -373,6 +366,18 @@ pub fn parse_pin(pin: &str) -> Option<String> {
 /// name `worker collect` uses).
 pub fn partial_name(range: ChunkRange) -> String {
     format!("partials/part-{:08}-{:08}.bin", range.start, range.end)
+}
+
+/// Prefix under the run of partials workers stored instead of sending them
+/// inline; the coordinator copies accepted ones to their final names.
+pub const STAGING_DIR: &str = "staging";
+
+/// Object name under the run where a worker stores a partial too large to
+/// send inline: named by its SHA-256 (64 hex digits, else `None`), never by
+/// its chunk range, so only the coordinator writes final partials.
+pub fn staged_partial_name(sha256: &str) -> Option<String> {
+    (sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| format!("{STAGING_DIR}/{sha256}.bin"))
 }
 
 /// Inverse of [`partial_name`]; `None` for other objects.
@@ -467,5 +472,11 @@ mod tests {
         let r = ChunkRange { start: 8, end: 16 };
         assert_eq!(parse_partial_name(&partial_name(r)), Some(r));
         assert_eq!(parse_partial_name("partials/merged.bin"), None);
+        let sha = crate::hash::sha256_hex(b"x");
+        assert_eq!(
+            staged_partial_name(&sha),
+            Some(format!("staging/{sha}.bin"))
+        );
+        assert_eq!(staged_partial_name("../../etc/passwd"), None);
     }
 }

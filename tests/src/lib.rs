@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod llama_gguf;
+pub mod mutate;
 
 use common::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
 use common::{ChunkId, Split};

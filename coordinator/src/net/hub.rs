@@ -1,18 +1,19 @@
 //! State shared by the connection tasks: the scheduler, the join secret, the
 //! job, per-worker figures, and the channel that hands accepted partials to
-//! the merger. Results are checked here (hash, chunks, model, corpus) before
+//! the merger. Results are checked here (hash, then [`Acceptance`]) before
 //! the scheduler accepts them, so a bad result only costs a retry.
 
+use crate::run::accept::Acceptance;
 use crate::sched::{Completion, Scheduler};
 use bytes::Bytes;
 use common::hash::sha256_hex;
 use common::partial::Partial;
 use common::store::RunStore;
-use common::wire::{partial_name, JobInfo, LeaseId, PartialRef, WorkerId};
+use common::wire::{staged_partial_name, JobInfo, LeaseId, PartialRef, WorkerId};
 use common::ChunkRange;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -25,9 +26,13 @@ pub struct Delivery {
     pub range: ChunkRange,
     /// The decoded partial.
     pub partial: Partial,
-    /// The encoded bytes when they came inline (the merger stores them);
-    /// `None` when the worker already stored them under the run.
-    pub inline: Option<Bytes>,
+    /// Its encoded bytes (the merger stores them under the final name).
+    pub bytes: Bytes,
+    /// Their SHA-256.
+    pub sha256: String,
+    /// The staging object the worker wrote them to, when they did not come
+    /// inline (removed once the bytes are stored under the final name).
+    pub staged: Option<String>,
 }
 
 /// Figures about one worker, for progress and the summary.
@@ -53,7 +58,7 @@ pub struct Hub {
     sched: Mutex<Scheduler>,
     secret: Vec<u8>,
     job: JobInfo,
-    corpus_sha256: String,
+    acceptance: Arc<Acceptance>,
     run: RunStore,
     start: Instant,
     next_worker: AtomicU64,
@@ -72,7 +77,7 @@ impl Hub {
         sched: Scheduler,
         secret: Vec<u8>,
         job: JobInfo,
-        corpus_sha256: String,
+        acceptance: Arc<Acceptance>,
         run: RunStore,
     ) -> (Hub, mpsc::UnboundedReceiver<Delivery>) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -80,7 +85,7 @@ impl Hub {
             sched: Mutex::new(sched),
             secret,
             job,
-            corpus_sha256,
+            acceptance,
             run,
             start: Instant::now(),
             next_worker: AtomicU64::new(1),
@@ -168,7 +173,7 @@ impl Hub {
         };
         let checked = self.fetch_and_check(range, partial, &sha256).await;
         let now = self.now();
-        let (partial, inline) = match checked {
+        let (partial, bytes, staged) = match checked {
             Ok(ok) => ok,
             Err(reason) => {
                 tracing::warn!(%worker, %lease, %range, "bad result: {reason}");
@@ -193,7 +198,9 @@ impl Hub {
                     worker,
                     range,
                     partial,
-                    inline,
+                    bytes,
+                    sha256,
+                    staged,
                 });
             }
             Completion::Duplicate { range, same: true } => {
@@ -213,49 +220,33 @@ impl Hub {
         range: ChunkRange,
         partial: PartialRef,
         sha256: &str,
-    ) -> Result<(Partial, Option<Bytes>), String> {
-        let (bytes, inline) = match partial {
-            PartialRef::Inline(b) => (Bytes::from(b), true),
+    ) -> Result<(Partial, Bytes, Option<String>), String> {
+        let (bytes, staged) = match partial {
+            PartialRef::Inline(b) => (Bytes::from(b), None),
             PartialRef::Stored(name) => {
-                if name != partial_name(range) {
+                let expected = staged_partial_name(sha256);
+                if expected.as_deref() != Some(name.as_str()) {
                     return Err(format!(
-                        "stored partial {name:?} is not {:?}",
-                        partial_name(range)
+                        "stored partial \"{}\" is not the staging name of its hash",
+                        crate::run::accept::shown(&name)
                     ));
                 }
-                (self.run.get(&name).await.map_err(|e| e.to_string())?, false)
+                let bytes = self.run.get(&name).await.map_err(|e| e.to_string())?;
+                (bytes, Some(name))
             }
         };
         let claimed = sha256.to_string();
-        let model = self.job.model_sha256.clone();
-        let corpus = self.corpus_sha256.clone();
+        let acceptance = self.acceptance.clone();
         tokio::task::spawn_blocking(move || {
             let actual = sha256_hex(&bytes);
             if actual != claimed {
                 return Err(format!(
-                    "partial hashes to {actual}, the worker said {claimed}"
+                    "partial hashes to {actual}, the worker said \"{}\"",
+                    crate::run::accept::shown(&claimed)
                 ));
             }
-            let p = Partial::from_bytes(&bytes)?;
-            if p.chunks != [range] {
-                return Err(format!(
-                    "partial covers {:?}, the lease was {range}",
-                    p.chunks
-                ));
-            }
-            if p.model_sha256 != model {
-                return Err(format!(
-                    "partial of model {}, the run's is {model}",
-                    p.model_sha256
-                ));
-            }
-            if p.corpus_sha256 != corpus {
-                return Err(format!(
-                    "partial of corpus {}, the run's is {corpus}",
-                    p.corpus_sha256
-                ));
-            }
-            Ok((p, inline.then_some(bytes)))
+            let p = acceptance.decode_and_check(range, &bytes)?;
+            Ok((p, bytes, staged))
         })
         .await
         .map_err(|e| format!("checking the partial panicked: {e}"))?

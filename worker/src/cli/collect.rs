@@ -1,13 +1,13 @@
 //! `worker collect`: one process, no network: measure a chunk range of a
 //! tokenized corpus and write its partial, trace part and results.
 
+use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 use anyhow::Context;
 use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::store::RunStore;
 use common::ChunkRange;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
-use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 
 /// Arguments of `worker collect`.
 #[derive(clap::Args, Debug)]

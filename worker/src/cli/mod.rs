@@ -60,9 +60,7 @@ pub fn main() -> ExitCode {
             );
         }),
         Command::Collect(a) => collect::run(a),
-        Command::Join(a) => crate::join::run(a)
-            .map(|_| ())
-            .map_err(anyhow::Error::from),
+        Command::Join(a) => crate::join::run(a).map(|_| ()).map_err(anyhow::Error::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
