@@ -86,9 +86,9 @@ fn corpus_readers_refuse_or_read_every_mutated_source() {
         out
     };
     for (name, seed, n) in [
-        ("a.jsonl", jsonl.as_bytes().to_vec(), 4_000),
-        ("a.txt", text.as_bytes().to_vec(), 4_000),
-        ("a.parquet", parquet, 2_000),
+        ("a.jsonl", jsonl.as_bytes().to_vec(), 2_000),
+        ("a.txt", text.as_bytes().to_vec(), 2_000),
+        ("a.parquet", parquet, 1_000),
     ] {
         let path = d.path().join(name);
         let cfg = SourceConfig {
