@@ -36,7 +36,7 @@ pub fn moe_facts(path: &Path) -> Result<MoeFacts, String> {
         .filter(|&n| n > 0 && n <= u64::from(u32::MAX))
         .ok_or_else(|| {
             format!(
-                "model {shown} is not a Mixture-of-Experts model: {arch}.expert_count is missing or 0"
+                "model {shown} has no MoE layers: {arch}.expert_count is missing or 0"
             )
         })? as u32;
     let n_expert_used = num("expert_used_count")
