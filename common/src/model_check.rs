@@ -35,9 +35,7 @@ pub fn moe_facts(path: &Path) -> Result<MoeFacts, String> {
     let n_expert = num("expert_count")
         .filter(|&n| n > 0 && n <= u64::from(u32::MAX))
         .ok_or_else(|| {
-            format!(
-                "model {shown} has no MoE layers: {arch}.expert_count is missing or 0"
-            )
+            format!("model {shown} has no MoE layers: {arch}.expert_count is missing or 0")
         })? as u32;
     let n_expert_used = num("expert_used_count")
         .filter(|&k| k > 0 && k <= u64::from(n_expert))
