@@ -12,9 +12,12 @@
 //! - [`splitmix`]: the seedable generator of deterministic test data.
 //! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof);
 //!   [`secret`]: the join secret; [`peer_text`]: peer strings made safe to log.
+//! - [`bounded`]: bincode decoding with a limit sized from the input.
+//! - [`model_check`]: a model's MoE facts from its GGUF header, before llama.cpp loads it.
 #![deny(missing_docs)]
 
 pub mod artifacts;
+pub mod bounded;
 pub mod compare;
 pub mod corpus;
 pub mod exact;
@@ -23,6 +26,7 @@ pub mod gguf_read;
 pub mod hash;
 pub mod imatrix;
 pub mod keepmap;
+pub mod model_check;
 pub mod partial;
 pub mod peer_text;
 pub mod prune;

@@ -113,18 +113,19 @@ impl Partial {
         bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("partial encodes")
     }
 
-    /// Decodes a partial, refusing another format version.
+    /// Decodes a partial: the format version is read first (another version
+    /// is refused before the rest is decoded), then the whole value under a
+    /// limit sized from `bytes.len()` ([`crate::bounded`]); trailing bytes
+    /// are refused.
     pub fn from_bytes(bytes: &[u8]) -> Result<Partial, String> {
-        let (p, _): (Partial, usize) =
-            bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-                .map_err(|e| format!("not a moe-census partial: {e}"))?;
-        if p.format_version != PARTIAL_FORMAT_VERSION {
+        let (version, _) = crate::bounded::decode_prefix::<u32>(bytes)
+            .map_err(|e| format!("not a moe-census partial: {e}"))?;
+        if version != PARTIAL_FORMAT_VERSION {
             return Err(format!(
-                "partial format version {} (this build reads {PARTIAL_FORMAT_VERSION})",
-                p.format_version
+                "partial format version {version} (this build reads {PARTIAL_FORMAT_VERSION})"
             ));
         }
-        Ok(p)
+        crate::bounded::decode(bytes).map_err(|e| format!("not a moe-census partial: {e}"))
     }
 }
 
@@ -149,6 +150,57 @@ mod tests {
 
     fn r(start: u32, end: u32) -> ChunkRange {
         ChunkRange { start, end }
+    }
+
+    fn small() -> Partial {
+        Partial {
+            format_version: PARTIAL_FORMAT_VERSION,
+            model_sha256: "m".repeat(64),
+            corpus_sha256: "c".repeat(64),
+            backends: vec!["cpu".into()],
+            chunks: vec![r(0, 2)],
+            experts: ExpertAccum::new(crate::stats::MoeShape {
+                n_expert: 4,
+                n_expert_used: 2,
+                gating: crate::Gating::Softmax,
+                moe_layers: vec![0, 1],
+            }),
+            imatrix: Imatrix::default(),
+            nonfinite_drops: BTreeMap::new(),
+            trace_tokens: 0,
+            trace_rows: 0,
+            trace_parts: Vec::new(),
+            chunk_stats: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_string_length_of_2_pow_40_is_an_error_not_an_allocation() {
+        let good = small().to_bytes();
+        assert_eq!(Partial::from_bytes(&good).unwrap(), small());
+        // Byte 0 is the version (1), byte 1 the model hash's length (64):
+        // make that length 2^40 (varint 0xfd + 8 bytes), keep the rest.
+        let mut bad = vec![good[0], 0xfd];
+        bad.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        bad.extend_from_slice(&good[2..]);
+        bad.resize(160_000, b'x');
+        let e = Partial::from_bytes(&bad).unwrap_err();
+        assert!(e.starts_with("not a moe-census partial: malformed"), "{e}");
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let mut bytes = small().to_bytes();
+        bytes.extend_from_slice(&[0; 700]);
+        let e = Partial::from_bytes(&bytes).unwrap_err();
+        assert!(e.contains("700 trailing bytes"), "{e}");
+    }
+
+    #[test]
+    fn another_format_version_is_refused_before_the_rest_is_decoded() {
+        // Version 2 followed by bytes that are no partial at all.
+        let e = Partial::from_bytes(&[2, 0xff, 0xff, 0xff]).unwrap_err();
+        assert_eq!(e, "partial format version 2 (this build reads 1)");
     }
 
     #[test]

@@ -31,6 +31,16 @@ pub enum StoreError {
         /// Full URL of the object.
         url: String,
     },
+    /// An object is larger than its reader accepts.
+    #[error("{url} is {size} bytes, more than the {limit} bytes accepted for it")]
+    TooLarge {
+        /// Full URL of the object.
+        url: String,
+        /// Its size.
+        size: u64,
+        /// The reader's limit.
+        limit: u64,
+    },
     /// Any other storage failure.
     #[error("object store error on {url}: {source}")]
     Backend {
@@ -171,6 +181,37 @@ impl RunStore {
         r.bytes().await.map_err(self.backend(name))
     }
 
+    /// Reads a whole object of at most `limit` bytes; a larger one is
+    /// refused before its body is read.
+    pub async fn get_limited(&self, name: &str, limit: u64) -> Result<Bytes, StoreError> {
+        let r = self
+            .store
+            .get(&self.path(name))
+            .await
+            .map_err(self.backend(name))?;
+        if r.meta.size > limit {
+            return Err(StoreError::TooLarge {
+                url: self.url_of(name),
+                size: r.meta.size,
+                limit,
+            });
+        }
+        r.bytes().await.map_err(self.backend(name))
+    }
+
+    /// [`RunStore::get_limited`], `None` if the object does not exist.
+    pub async fn get_opt_limited(
+        &self,
+        name: &str,
+        limit: u64,
+    ) -> Result<Option<Bytes>, StoreError> {
+        match self.get_limited(name, limit).await {
+            Ok(b) => Ok(Some(b)),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads an object, `None` if it does not exist.
     pub async fn get_opt(&self, name: &str) -> Result<Option<Bytes>, StoreError> {
         match self.get(name).await {
@@ -240,6 +281,15 @@ mod tests {
         assert_eq!(s.get("a/b.json").await.unwrap(), Bytes::from_static(b"1"));
         assert_eq!(s.list("a").await.unwrap(), vec!["a/b.json", "a/c.json"]);
         assert!(s.get_opt("missing").await.unwrap().is_none());
+        assert_eq!(
+            s.get_limited("a/b.json", 1).await.unwrap(),
+            Bytes::from_static(b"1")
+        );
+        let big = s.get_limited("a/b.json", 0).await.unwrap_err().to_string();
+        assert!(
+            big.ends_with("/run/a/b.json is 1 bytes, more than the 0 bytes accepted for it"),
+            "{big}"
+        );
         let err = s.get("missing").await.unwrap_err().to_string();
         assert!(err.ends_with("/run/missing does not exist"), "{err}");
     }

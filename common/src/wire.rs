@@ -304,41 +304,10 @@ pub fn encode_frame<T: Serialize>(msg: &T) -> Vec<u8> {
     out
 }
 
-fn decode_within<T: DeserializeOwned, const LIMIT: usize>(
-    body: &[u8],
-) -> Result<(T, usize), bincode::error::DecodeError> {
-    bincode::serde::decode_from_slice(body, config().with_limit::<LIMIT>())
-}
-
-/// Room over a body's length for bincode's claims: it counts each integer
-/// at its in-memory size (8 bytes for a `u64`) though varints take fewer.
-/// The messages here hold a handful of integers, so a few hundred bytes do.
-const CLAIM_SLACK: usize = 256;
-
-/// Decodes a frame body; trailing bytes are malformed too. Whatever lengths
-/// the body claims, decoding allocates at most the body's length plus
-/// [`CLAIM_SLACK`], rounded up to the next limit tier (at most twice that):
-/// bincode allocates a claimed `Vec<u8>` before reading it, so the limit
-/// must follow the body, not the largest frame.
+/// Decodes a frame body under a limit sized from its length
+/// ([`crate::bounded`]); trailing bytes are malformed too.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
-    let decoded = match body.len() + CLAIM_SLACK {
-        0..=0x1000 => decode_within::<T, 0x1000>(body),
-        0x1001..=0x2000 => decode_within::<T, 0x2000>(body),
-        0x2001..=0x4000 => decode_within::<T, 0x4000>(body),
-        0x4001..=0x1_0000 => decode_within::<T, 0x1_0000>(body),
-        0x1_0001..=0x10_0000 => decode_within::<T, 0x10_0000>(body),
-        0x10_0001..=0x100_0000 => decode_within::<T, 0x100_0000>(body),
-        0x100_0001..=0x1000_0000 => decode_within::<T, 0x1000_0000>(body),
-        _ => decode_within::<T, { 1 << 31 }>(body),
-    };
-    let (msg, used) = decoded.map_err(|e| WireError::Malformed(e.to_string()))?;
-    if used != body.len() {
-        return Err(WireError::Malformed(format!(
-            "{} trailing bytes after the message",
-            body.len() - used
-        )));
-    }
-    Ok(msg)
+    crate::bounded::decode(body).map_err(|e| WireError::Malformed(e.to_string()))
 }
 
 /// Writes one message as a frame.
@@ -462,6 +431,18 @@ pub fn partial_name(range: ChunkRange) -> String {
     format!("partials/part-{:08}-{:08}.bin", range.start, range.end)
 }
 
+/// Prefix under the run of partials workers stored instead of sending them
+/// inline; the coordinator copies accepted ones to their final names.
+pub const STAGING_DIR: &str = "staging";
+
+/// Object name under the run where a worker stores a partial too large to
+/// send inline: named by its SHA-256 (64 hex digits, else `None`), never by
+/// its chunk range, so only the coordinator writes final partials.
+pub fn staged_partial_name(sha256: &str) -> Option<String> {
+    (sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| format!("{STAGING_DIR}/{sha256}.bin"))
+}
+
 /// Inverse of [`partial_name`]; `None` for other objects.
 pub fn parse_partial_name(name: &str) -> Option<ChunkRange> {
     let rest = name.strip_prefix("partials/part-")?.strip_suffix(".bin")?;
@@ -572,5 +553,11 @@ mod tests {
         let r = ChunkRange { start: 8, end: 16 };
         assert_eq!(parse_partial_name(&partial_name(r)), Some(r));
         assert_eq!(parse_partial_name("partials/merged.bin"), None);
+        let sha = crate::hash::sha256_hex(b"x");
+        assert_eq!(
+            staged_partial_name(&sha),
+            Some(format!("staging/{sha}.bin"))
+        );
+        assert_eq!(staged_partial_name("../../etc/passwd"), None);
     }
 }

@@ -61,22 +61,12 @@ fn largest_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
     (out, LARGEST.with(Cell::get))
 }
 
-/// xorshift64*: deterministic, so a failure reproduces.
-struct Rng(u64);
+/// The project's one seeded generator: deterministic, so a failure reproduces.
+type Rng = common::splitmix::SplitMix64;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
+/// `n` random bytes from `rng`.
+fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next_u64() as u8).collect()
 }
 
 /// Valid bodies of every message a worker sends, the seeds of mutation.
@@ -130,11 +120,11 @@ fn a_tiny_body_claiming_gigabytes_allocates_nothing_large() {
 
 #[test]
 fn random_bodies_never_panic_nor_allocate_beyond_the_cap() {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let mut decoded = 0usize;
     for _ in 0..100_000 {
         let len = rng.below(PRE_AUTH_MAX_FRAME as usize + 1);
-        let body = rng.bytes(len);
+        let body = random_bytes(&mut rng, len);
         let (r, largest) = largest_during(|| decode::<ToCoordinator>(&body));
         decoded += usize::from(r.is_ok());
         assert!(largest <= BOUND, "{largest} bytes for a {len}-byte body");
@@ -150,7 +140,7 @@ fn mutated_valid_frames_never_panic_nor_allocate_beyond_the_cap() {
     for s in &seeds {
         decode::<ToCoordinator>(s).expect("seeds are valid");
     }
-    let mut rng = Rng(0xdead_beef_cafe_f00d);
+    let mut rng = Rng::new(0xdead_beef_cafe_f00d);
     let mut still_valid = 0usize;
     for _ in 0..200_000 {
         let mut body = seeds[rng.below(seeds.len())].clone();
@@ -167,12 +157,12 @@ fn mutated_valid_frames_never_panic_nor_allocate_beyond_the_cap() {
                 2 => body.truncate(rng.below(body.len() + 1)),
                 3 => {
                     let n = 1 + rng.below(16);
-                    body.extend(rng.bytes(n));
+                    body.extend(random_bytes(&mut rng, n));
                 }
                 _ => {
                     let i = rng.below(body.len() + 1);
                     let n = 1 + rng.below(8);
-                    let junk = rng.bytes(n);
+                    let junk = random_bytes(&mut rng, n);
                     body.splice(i..i, junk);
                 }
             }
@@ -192,16 +182,16 @@ fn random_length_prefixes_are_refused_before_any_large_allocation() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let mut rng = Rng(0x0123_4567_89ab_cdef);
+    let mut rng = Rng::new(0x0123_4567_89ab_cdef);
     for _ in 0..20_000 {
         let claimed = match rng.below(3) {
-            0 => rng.next() as u32,
+            0 => rng.next_u64() as u32,
             1 => rng.below(2 * PRE_AUTH_MAX_FRAME as usize) as u32,
             _ => u32::MAX - rng.below(16) as u32,
         };
         let mut frame = claimed.to_be_bytes().to_vec();
         let n = rng.below(64);
-        frame.extend(rng.bytes(n));
+        frame.extend(random_bytes(&mut rng, n));
         let (r, largest) = largest_during(|| {
             rt.block_on(read_msg::<_, ToCoordinator>(
                 &mut frame.as_slice(),

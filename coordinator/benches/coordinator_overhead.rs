@@ -6,18 +6,24 @@
 //!    and an importance matrix of a 48-layer hidden-2048 model with expert
 //!    width 512). Per lease the coordinator hashes the bytes, decodes them and
 //!    merges into the running total: throughput in GB/s of encoded partials.
+//!    The acceptance checks (chunk range, tokens per (split, domain) against
+//!    the corpus's spans, `sum(count) == n_tokens * k`) are timed apart.
 //!    `BENCH_LEASES` (default 8) sets how many leases are merged; the partial
 //!    is large (~1.8 GB in memory), so the default keeps the bench in minutes.
 //! 2. Scheduling: 64 workers take and return 5,000 leases through the
 //!    scheduler's state machine: per-lease bookkeeping cost.
 
+use common::corpus::{Chunk, CorpusIndex, Span};
 use common::exact::ExactSum;
 use common::hash::sha256_hex;
 use common::imatrix::{Imatrix, ImatrixEntry};
+use common::model_check::MoeFacts;
 use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
 use common::stats::{ExpertAccum, MoeShape};
 use common::wire::WorkerId;
+use common::ChunkId;
 use common::{ChunkRange, Gating, Split};
+use coordinator::run::accept::Acceptance;
 use coordinator::sched::{plan, Completion, Grant, SchedConfig, Scheduler};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -49,7 +55,15 @@ fn realistic_partial(lease: u32, chunks_per_lease: u32) -> Partial {
             g.n_tokens = 1024;
             for l in &mut g.layers {
                 for e in 0..EXPERTS as usize {
-                    l.count[e] = (value(&mut seed) as u64) % 200;
+                    // Pairs around 20 (= 1024 tokens x top-10 / 512 experts),
+                    // so every layer's sum(count) is n_tokens x k, as the
+                    // acceptance checks demand.
+                    let d = (value(&mut seed) as u64) % 20;
+                    l.count[e] = if e % 2 == 0 {
+                        20 + d
+                    } else {
+                        40 - l.count[e - 1]
+                    };
                     for v in [
                         &mut l.prob_sum,
                         &mut l.weight_sum,
@@ -120,7 +134,46 @@ fn realistic_partial(lease: u32, chunks_per_lease: u32) -> Partial {
     }
 }
 
+/// What the coordinator knows of the bench's corpus: chunks of 512 tokens,
+/// 128 per (split, domain), so a lease of 8 chunks holds the 1,024 tokens
+/// per group that [`realistic_partial`] claims.
+fn acceptance(leases: u32, chunks_per_lease: u32) -> Acceptance {
+    let n_chunks = leases * chunks_per_lease;
+    let span = |start: u32, split: Split, domain: u16| Span {
+        start,
+        len: 128,
+        split,
+        domain,
+    };
+    let chunks: Vec<Chunk> = (0..n_chunks)
+        .map(|id| Chunk {
+            id: ChunkId(id),
+            tokens: vec![0; 512],
+            spans: vec![
+                span(0, Split::Fit, 0),
+                span(128, Split::Fit, 1),
+                span(256, Split::Heldout, 0),
+                span(384, Split::Heldout, 1),
+            ],
+        })
+        .collect();
+    let index = CorpusIndex {
+        n_chunks,
+        n_ctx: 512,
+        domains: vec!["code".into(), "chat".into()],
+        n_tokens: u64::from(n_chunks) * 512,
+        chunks_sha256: "bench-corpus".into(),
+    };
+    let facts = MoeFacts {
+        n_expert: EXPERTS,
+        n_expert_used: 10,
+    };
+    let units = plan(n_chunks, chunks_per_lease);
+    Acceptance::new("bench-model", &index, &chunks, &units, Some(facts)).unwrap()
+}
+
 fn merge_bench(leases: u32) {
+    let accept = acceptance(leases, 8);
     let t = Instant::now();
     let template = realistic_partial(0, 8);
     let bytes = template.to_bytes();
@@ -139,7 +192,7 @@ fn merge_bench(leases: u32) {
     );
     drop(template);
     let mut merged: Option<Partial> = None;
-    let (mut hash_s, mut decode_s, mut merge_s) = (0.0, 0.0, 0.0);
+    let (mut hash_s, mut decode_s, mut merge_s, mut accept_s) = (0.0, 0.0, 0.0, 0.0);
     for lease in 0..leases {
         // A fresh partial per lease (its own chunk range and values); only the
         // coordinator's work (hash, decode, merge) is timed.
@@ -155,6 +208,9 @@ fn merge_bench(leases: u32) {
         let p = Partial::from_bytes(&encoded).unwrap();
         decode_s += t.elapsed().as_secs_f64();
         let t = Instant::now();
+        accept.check(p.chunks[0], &p).unwrap();
+        accept_s += t.elapsed().as_secs_f64();
+        let t = Instant::now();
         match &mut merged {
             None => merged = Some(p),
             Some(m) => m.merge(&p).unwrap(),
@@ -164,7 +220,7 @@ fn merge_bench(leases: u32) {
     let n = f64::from(leases);
     let gb = bytes.len() as f64 * n / 1e9;
     drop(bytes);
-    let total = hash_s + decode_s + merge_s;
+    let total = hash_s + decode_s + merge_s + accept_s;
     println!(
         "{leases} leases: hash {:.2}s, decode {:.2}s, merge {:.2}s; per lease {:.2}s; {:.2} GB/s of encoded partials (merge alone {:.2} GB/s)",
         hash_s,
@@ -173,6 +229,12 @@ fn merge_bench(leases: u32) {
         total / n,
         gb / total,
         gb / merge_s.max(1e-9)
+    );
+    println!(
+        "acceptance checks: {:.2} ms per lease, {:.3}% of merge time, {:.3}% of hash + decode + merge",
+        accept_s * 1e3 / n,
+        100.0 * accept_s / merge_s.max(1e-9),
+        100.0 * accept_s / (hash_s + decode_s + merge_s).max(1e-9)
     );
 }
 

@@ -6,6 +6,7 @@
 
 pub mod llama_gguf;
 pub mod llama_logits;
+pub mod mutate;
 pub mod oracle;
 
 use common::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};

@@ -172,6 +172,10 @@ async fn coordinator_killed_and_restarted_recomputes_at_most_one_lease_per_worke
         }
     }
     let stored = s.store.list("partials").await.unwrap().len();
+    // The killed coordinator left its lock behind: take it over, as
+    // `coordinator run --take-over-lock` does.
+    let mut s = s;
+    s.run.lock_stale_s = 0;
     let summary = run(&s, &bin, workers, Arc::default()).await.unwrap();
     assert!(summary.resumed >= stored.min(6), "{summary:?}");
     assert_eq!(summary.resumed + summary.computed, 6);

@@ -33,6 +33,23 @@ pub struct Record {
     pub group: Option<String>,
 }
 
+/// The most bytes one document may hold (its text, or the sum of its chat
+/// messages' contents): 8 MiB. Tokenizing a document costs tens of times
+/// its size in memory (a 60 MB single-line document took 3.7 GB), so a
+/// larger one is refused, named by file and line, instead of risking the
+/// machine; split such documents before calibrating on them.
+pub const MAX_DOCUMENT_BYTES: usize = 8 << 20;
+
+impl Content {
+    /// Bytes of text the document holds.
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            Content::Text(t) => t.len(),
+            Content::Chat(m) => m.iter().map(|m| m.content.len()).sum(),
+        }
+    }
+}
+
 /// A source file read whole.
 #[derive(Clone, Debug)]
 pub struct SourceData {
@@ -73,6 +90,19 @@ pub fn read_source(
         SourceFormat::Parquet => read_parquet(cfg, path, bytes, group_key)?,
         SourceFormat::Text => read_text(cfg, path, &bytes)?,
     };
+    if let Some(r) = records
+        .iter()
+        .find(|r| r.content.text_bytes() > MAX_DOCUMENT_BYTES)
+    {
+        return Err(CorpusError::Record {
+            at: r.at.clone(),
+            message: format!(
+                "document of {} bytes exceeds the per-document limit of {MAX_DOCUMENT_BYTES} bytes \
+                 (split it into smaller documents)",
+                r.content.text_bytes()
+            ),
+        });
+    }
     Ok(SourceData {
         sha256,
         bytes: size,
@@ -370,6 +400,34 @@ mod tests {
                 content: "hi".into()
             }])
         );
+    }
+
+    #[test]
+    fn an_oversized_document_is_refused_naming_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("big.jsonl");
+        let at_limit = "a".repeat(MAX_DOCUMENT_BYTES);
+        let over = "b".repeat(MAX_DOCUMENT_BYTES + 1);
+        std::fs::write(
+            &p,
+            format!("{{\"text\": \"{at_limit}\"}}\n{{\"text\": \"{over}\"}}\n"),
+        )
+        .unwrap();
+        let err = read_source(&src(&p), &p, None).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "big.jsonl:2: document of {} bytes exceeds the per-document limit of {} bytes",
+                MAX_DOCUMENT_BYTES + 1,
+                MAX_DOCUMENT_BYTES
+            )),
+            "{err}"
+        );
+        let t = dir.path().join("big.txt");
+        std::fs::write(&t, format!("short\n\n{over}")).unwrap();
+        let mut cfg = src(&t);
+        cfg.separator = Some("\n\n".into());
+        let err = read_source(&cfg, &t, None).unwrap_err().to_string();
+        assert!(err.contains("big.txt (document 2): document of"), "{err}");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! State shared by the connection tasks: the scheduler, the join secret, the
 //! job, per-worker figures, and the channel that hands accepted partials to
-//! the merger. Results are checked here (hash, chunks, model, corpus) before
+//! the merger. Results are checked here (hash, then [`Acceptance`]) before
 //! the scheduler accepts them, so a bad result only costs a retry. Results of
 //! units sampled for redundancy are held here until a second (or third)
 //! worker's result can be compared with them ([`common::compare`]).
 
+use crate::run::accept::Acceptance;
 use crate::sched::{Completion, Scheduler, Verdict};
 use bytes::Bytes;
 use common::compare::agree;
@@ -13,11 +14,11 @@ use common::partial::Partial;
 use common::peer_text::peer_text;
 use common::secret::JoinSecret;
 use common::store::RunStore;
-use common::wire::{partial_name, JobInfo, LeaseId, PartialRef, Refusal, WorkerId};
+use common::wire::{staged_partial_name, JobInfo, LeaseId, PartialRef, Refusal, WorkerId};
 use common::ChunkRange;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -30,9 +31,13 @@ pub struct Delivery {
     pub range: ChunkRange,
     /// The decoded partial.
     pub partial: Partial,
-    /// The encoded bytes when they came inline (the merger stores them);
-    /// `None` when the worker already stored them under the run.
-    pub inline: Option<Bytes>,
+    /// Its encoded bytes (the merger stores them under the final name).
+    pub bytes: Bytes,
+    /// Their SHA-256.
+    pub sha256: String,
+    /// The staging object the worker wrote them to, when they did not come
+    /// inline (removed once the bytes are stored under the final name).
+    pub staged: Option<String>,
 }
 
 /// Figures about one worker, for progress and the summary.
@@ -61,6 +66,8 @@ struct Candidate {
     worker: WorkerId,
     partial: Partial,
     bytes: Bytes,
+    sha256: String,
+    staged: Option<String>,
     elapsed_ms: u64,
 }
 
@@ -70,7 +77,7 @@ pub struct Hub {
     sched: Mutex<Scheduler>,
     secret: JoinSecret,
     job: JobInfo,
-    corpus_sha256: String,
+    acceptance: Arc<Acceptance>,
     run: RunStore,
     start: Instant,
     next_worker: AtomicU64,
@@ -91,7 +98,7 @@ impl Hub {
         sched: Scheduler,
         secret: JoinSecret,
         job: JobInfo,
-        corpus_sha256: String,
+        acceptance: Arc<Acceptance>,
         run: RunStore,
     ) -> (Hub, mpsc::UnboundedReceiver<Delivery>) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -99,7 +106,7 @@ impl Hub {
             sched: Mutex::new(sched),
             secret,
             job,
-            corpus_sha256,
+            acceptance,
             run,
             start: Instant::now(),
             next_worker: AtomicU64::new(1),
@@ -217,7 +224,7 @@ impl Hub {
             return;
         };
         let checked = self.fetch_and_check(range, partial, &sha256).await;
-        let (partial, bytes, inline) = match checked {
+        let (partial, bytes, staged) = match checked {
             Ok(ok) => ok,
             Err(reason) => {
                 tracing::warn!(%worker, %lease, %range, "bad result: {reason}");
@@ -231,10 +238,12 @@ impl Hub {
             worker,
             partial,
             bytes,
+            sha256,
+            staged,
             elapsed_ms,
         };
         match completion {
-            Completion::Accepted(range) => self.accept(range, result, inline),
+            Completion::Accepted(range) => self.accept(range, result),
             Completion::Opinion {
                 range,
                 have,
@@ -263,10 +272,9 @@ impl Hub {
         self.candidates.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts an accepted result and hands it to the merger; `store` when
-    /// the merger must write its bytes (inline results, and verified ones,
-    /// whose stored object may be another worker's).
-    fn accept(&self, range: ChunkRange, r: Candidate, store: bool) {
+    /// Counts an accepted result and hands it to the merger, which stores
+    /// its bytes under the final name (create-only).
+    fn accept(&self, range: ChunkRange, r: Candidate) {
         if let Some(w) = self
             .workers
             .lock()
@@ -281,7 +289,9 @@ impl Hub {
             worker: r.worker,
             range,
             partial: r.partial,
-            inline: store.then_some(r.bytes),
+            bytes: r.bytes,
+            sha256: r.sha256,
+            staged: r.staged,
         });
     }
 
@@ -307,7 +317,7 @@ impl Hub {
         drop(candidates);
         if let Some(kept) = results.into_iter().find(|r| r.worker == keep) {
             tracing::info!(%range, "verified: results of distinct workers agree");
-            self.accept(range, kept, true);
+            self.accept(range, kept);
         }
     }
 
@@ -316,51 +326,33 @@ impl Hub {
         range: ChunkRange,
         partial: PartialRef,
         sha256: &str,
-    ) -> Result<(Partial, Bytes, bool), String> {
-        let (bytes, inline) = match partial {
-            PartialRef::Inline(b) => (Bytes::from(b), true),
+    ) -> Result<(Partial, Bytes, Option<String>), String> {
+        let (bytes, staged) = match partial {
+            PartialRef::Inline(b) => (Bytes::from(b), None),
             PartialRef::Stored(name) => {
-                if name != partial_name(range) {
+                let expected = staged_partial_name(sha256);
+                if expected.as_deref() != Some(name.as_str()) {
                     return Err(format!(
-                        "stored partial \"{}\" is not {:?}",
-                        peer_text(&name),
-                        partial_name(range)
+                        "stored partial \"{}\" is not the staging name of its hash",
+                        peer_text(&name)
                     ));
                 }
-                (self.run.get(&name).await.map_err(|e| e.to_string())?, false)
+                let bytes = self.run.get(&name).await.map_err(|e| e.to_string())?;
+                (bytes, Some(name))
             }
         };
         let claimed = sha256.to_string();
-        let model = self.job.model_sha256.clone();
-        let corpus = self.corpus_sha256.clone();
+        let acceptance = self.acceptance.clone();
         tokio::task::spawn_blocking(move || {
             let actual = sha256_hex(&bytes);
             if actual != claimed {
                 return Err(format!(
-                    "partial hashes to {actual}, the worker said {}",
+                    "partial hashes to {actual}, the worker said \"{}\"",
                     peer_text(&claimed)
                 ));
             }
-            let p = Partial::from_bytes(&bytes)?;
-            if p.chunks != [range] {
-                return Err(format!(
-                    "partial covers {:?}, the lease was {range}",
-                    p.chunks
-                ));
-            }
-            if p.model_sha256 != model {
-                return Err(format!(
-                    "partial of model {}, the run's is {model}",
-                    peer_text(&p.model_sha256)
-                ));
-            }
-            if p.corpus_sha256 != corpus {
-                return Err(format!(
-                    "partial of corpus {}, the run's is {corpus}",
-                    peer_text(&p.corpus_sha256)
-                ));
-            }
-            Ok((p, bytes, inline))
+            let p = acceptance.decode_and_check(range, &bytes)?;
+            Ok((p, bytes, staged))
         })
         .await
         .map_err(|e| format!("checking the partial panicked: {e}"))?

@@ -2,15 +2,21 @@
 //! merge, artifacts, then the checks and scoring.
 //!
 //! - [`settings`]: the `[run]`, `[cluster]` and `[storage]` config sections.
+//! - [`accept`]: the checks a partial passes before it is merged.
+//! - [`record`]: accepted partials stored create-only, their hashes in the manifest.
 //! - [`resume`]: partials already stored are reused, not recomputed.
+//! - [`lock`]: one coordinator writes to a run location at a time.
 //! - [`local`]: `--local-workers N` worker processes.
 //! - [`progress`]: the progress bar.
 //! - [`execute`] is the collection itself, given a prepared corpus; the
 //!   command wraps it with corpus preparation and the later stages.
 
+pub mod accept;
 pub mod join_hint;
 pub mod local;
+pub mod lock;
 pub mod progress;
+pub mod record;
 pub mod resume;
 pub mod settings;
 
@@ -26,7 +32,7 @@ use common::corpus::{CorpusIndex, INDEX_FILE};
 use common::partial::Partial;
 use common::secret::JoinSecret;
 use common::store::{RunStore, StoreError};
-use common::wire::{partial_name, JobInfo, JobOptions};
+use common::wire::{partial_name, JobInfo, STAGING_DIR};
 use join_hint::JoinHint;
 use local::{LocalWorkers, SECRET_ENV};
 use settings::{ClusterSettings, RunSettings};
@@ -63,6 +69,12 @@ pub enum RunError {
     /// Artifacts could not be written.
     #[error(transparent)]
     Artifacts(#[from] common::artifacts::ArtifactError),
+    /// Another coordinator holds the run location.
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    /// The manifest's record of accepted partials.
+    #[error(transparent)]
+    Record(#[from] record::RecordError),
     /// Every local worker exited before the work was done.
     #[error("all {0} local workers exited before the run finished (see their messages above)")]
     WorkersGone(u32),
@@ -88,6 +100,10 @@ pub struct RunArgs {
     /// Write `{addr, pin, server_name}` here once listening; overrides `[cluster] connect_file`.
     #[arg(long)]
     pub connect_file: Option<PathBuf>,
+    /// Take the run location's lock over even when its holder's heartbeat is
+    /// fresh (when that coordinator is known to be gone).
+    #[arg(long)]
+    pub take_over_lock: bool,
 }
 
 /// Arguments of `coordinator ca`.
@@ -134,6 +150,9 @@ pub struct RunSummary {
     pub units: usize,
     /// Units reused from stored partials.
     pub resumed: usize,
+    /// Stored partials that could not be reused and were recomputed:
+    /// `(object name, why)`.
+    pub rejected: Vec<(String, String)>,
     /// Units computed by this process.
     pub computed: usize,
     /// Leases retried (expired, failed or lost with their worker).
@@ -165,26 +184,65 @@ fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError> {
 /// exactly, writes the merged partial and the artifacts. `on_listen` is
 /// called once the server accepts workers (to start local ones); it is not
 /// called when everything was already stored.
+/// The run location is locked for the whole call ([`lock`]): a second
+/// coordinator on the same location fails instead of writing beside it.
 pub async fn execute<F>(setup: &RunSetup, on_listen: F) -> Result<RunSummary, RunError>
+where
+    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
+{
+    let stale = Duration::from_secs(setup.run.lock_stale_s);
+    let lock = lock::RunLock::acquire(&setup.store, stale).await?;
+    let outcome = execute_locked(setup, on_listen).await;
+    lock.release().await?;
+    outcome
+}
+
+async fn execute_locked<F>(setup: &RunSetup, on_listen: F) -> Result<RunSummary, RunError>
 where
     F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
 {
     let store = &setup.store;
     let units = plan(setup.index.n_chunks, setup.run.lease_chunks);
-    let corpus_sha = setup.index.chunks_sha256.clone();
-    let resumed = resume::load(store, &units, &setup.model_sha256, &corpus_sha).await?;
+    let settings = record::settings_key(
+        &setup.model_sha256,
+        &setup.index.chunks_sha256,
+        &setup.run.job_options(),
+    );
+    let acceptance = Arc::new(acceptance(setup, &units).await?);
+    let mut recorder = record::Recorder::open(store).await?;
+    let resumed = resume::load(store, &units, &acceptance, &mut recorder, &settings).await?;
     for (name, why) in &resumed.skipped {
         tracing::warn!("stored partial {name} not reused: {why}");
+    }
+    for (name, why) in &resumed.rejected {
+        tracing::warn!(
+            "stored partial {} REJECTED, recomputing it (moved under {}/): {why}",
+            store.url_of(name),
+            resume::REJECTED_DIR
+        );
     }
     let mut summary = RunSummary {
         units: units.len(),
         resumed: resumed.done.len(),
+        rejected: resumed.rejected.clone(),
         ..RunSummary::default()
     };
     let mut merged = resumed.merged;
     if resumed.done.len() < units.len() {
-        let (more, stats) =
-            collect(setup, units, &resumed.done, merged.as_ref(), on_listen).await?;
+        let accepted = Accepted {
+            acceptance,
+            recorder,
+            settings,
+        };
+        let (more, stats) = collect(
+            setup,
+            units,
+            &resumed.done,
+            merged.as_ref(),
+            accepted,
+            on_listen,
+        )
+        .await?;
         if let Some(p) = more {
             match &mut merged {
                 None => merged = Some(p),
@@ -206,6 +264,39 @@ where
     Ok(summary)
 }
 
+/// The acceptance checks of a run, read from its corpus: the chunk table's
+/// spans and, when the model file is there, the GGUF header's expert facts.
+async fn acceptance(
+    setup: &RunSetup,
+    units: &[common::ChunkRange],
+) -> Result<accept::Acceptance, RunError> {
+    let corpus = setup.store.child("corpus");
+    let table = corpus.get(common::corpus::CHUNKS_FILE).await?;
+    let what = corpus.url_of(common::corpus::CHUNKS_FILE);
+    let index = setup.index.clone();
+    let units = units.to_vec();
+    let model = if setup.model_path.exists() {
+        Some(common::model_check::moe_facts(&setup.model_path).map_err(RunError::Setup)?)
+    } else {
+        None
+    };
+    let model_sha = setup.model_sha256.clone();
+    tokio::task::spawn_blocking(move || {
+        let chunks = common::corpus::read_chunks(table, None)?;
+        accept::Acceptance::new(&model_sha, &index, &chunks, &units, model)
+    })
+    .await
+    .map_err(|e| RunError::Setup(format!("reading {what} panicked: {e}")))?
+    .map_err(|e| RunError::Setup(format!("{what}: {e}")))
+}
+
+/// How accepted results are checked, stored and recorded.
+struct Accepted {
+    acceptance: Arc<accept::Acceptance>,
+    recorder: record::Recorder,
+    settings: String,
+}
+
 struct CollectStats {
     accepted: usize,
     retries: usize,
@@ -221,6 +312,7 @@ async fn collect<F>(
     units: Vec<common::ChunkRange>,
     done: &BTreeMap<common::ChunkRange, String>,
     resumed: Option<&Partial>,
+    accepted: Accepted,
     on_listen: F,
 ) -> Result<(Option<Partial>, CollectStats), RunError>
 where
@@ -252,13 +344,7 @@ where
         corpus_url: store.url_of(names::CORPUS_DIR),
         model_sha256: setup.model_sha256.clone(),
         model_path: setup.model_path.display().to_string(),
-        options: JobOptions {
-            n_ubatch: run.n_ubatch,
-            trace_every: run.trace_every,
-            trace_top_n: run.trace_top_n,
-            f32_kv: run.f32_kv,
-            flash_attn: run.flash_attn,
-        },
+        options: run.job_options(),
         max_inline_bytes: u64::from(max_frame - (1 << 16)),
         heartbeat_ms: (heartbeat_timeout / 4).as_millis() as u64,
     };
@@ -266,13 +352,12 @@ where
     if !shared {
         tracing::info!("no join secret configured: only local workers can join");
     }
-    let (hub, mut deliveries) = Hub::new(
-        sched,
-        secret.clone(),
-        job,
-        setup.index.chunks_sha256.clone(),
-        store.clone(),
-    );
+    let Accepted {
+        acceptance,
+        mut recorder,
+        settings,
+    } = accepted;
+    let (hub, mut deliveries) = Hub::new(sched, secret.clone(), job, acceptance, store.clone());
     let hub = Arc::new(hub);
     let names = server_names(&cluster.server_names);
     let identity = match &cluster.ca_dir {
@@ -321,8 +406,11 @@ where
         tokio::select! {
             d = deliveries.recv() => {
                 let Some(d) = d else { break Err(RunError::Setup("the delivery channel closed".into())) };
-                if let Some(bytes) = &d.inline {
-                    store.put(&partial_name(d.range), bytes.clone()).await?;
+                let name = partial_name(d.range);
+                let rec = record::PartialRecord { sha256: d.sha256.clone(), settings: settings.clone() };
+                recorder.accept(&name, &d.bytes, rec).await?;
+                if let Some(staged) = &d.staged {
+                    store.delete(staged).await?;
                 }
                 bar.advance(partial_tokens(&d.partial), &hub.workers());
                 tracing::info!(worker = %d.worker, range = %d.range, "lease merged");
@@ -355,6 +443,10 @@ where
     server.shutdown().await;
     stop_children(&mut children).await;
     outcome?;
+    // Staged copies of late or duplicate results were never promoted.
+    for name in store.list(STAGING_DIR).await? {
+        store.delete(&name).await?;
+    }
     let p = hub.sched().progress();
     Ok((
         running,
@@ -471,6 +563,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(f) = &args.connect_file {
         config.cluster.connect_file = Some(f.clone());
     }
+    if args.take_over_lock {
+        config.run.lock_stale_s = 0;
+    }
     for (k, v) in config.storage.env() {
         // Set before the runtime starts any thread.
         std::env::set_var(k, v);
@@ -481,6 +576,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         .or_else(|| config.run.out.clone())
         .unwrap_or_else(|| crate::corpus::default_out(&args.config));
     ensure_model(&config.model_path())?;
+    // Refuse a model without experts before any corpus work or lease.
+    common::model_check::moe_facts(&config.model_path()).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let store = RunStore::open(&out)?;
@@ -615,6 +712,9 @@ fn print_summary(store: &RunStore, s: &RunSummary) {
         s.duplicates,
         s.fit_tokens
     );
+    for (name, why) in &s.rejected {
+        println!("  REJECTED stored partial {}: {why}", store.url_of(name));
+    }
     for w in &s.workers {
         println!(
             "  {} ({}): {} leases, {} tokens, {:.0} tokens/s",

@@ -1,6 +1,13 @@
 //! Resuming: the partials a previous process stored under `partials/` for
-//! units of the same lease plan are checked and merged instead of recomputed.
+//! units of the same lease plan are reused instead of recomputed, but only
+//! when their bytes still hash to the SHA-256 recorded in the manifest at
+//! acceptance, they were made under the same settings key, and they pass the
+//! acceptance checks again. Anything else is named in the log, moved under
+//! `rejected/` (so the recomputed partial is written create-only under the
+//! final name) and recomputed.
 
+use super::accept::Acceptance;
+use super::record::{Recorder, Records};
 use super::RunError;
 use common::hash::sha256_hex;
 use common::partial::Partial;
@@ -9,6 +16,9 @@ use common::wire::parse_partial_name;
 use common::ChunkRange;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Prefix under the run where unusable stored partials are moved.
+pub const REJECTED_DIR: &str = "rejected";
+
 /// What was found in storage.
 #[derive(Debug, Default)]
 pub struct Resumed {
@@ -16,19 +26,49 @@ pub struct Resumed {
     pub done: BTreeMap<ChunkRange, String>,
     /// Their merge.
     pub merged: Option<Partial>,
-    /// Stored partials that were not usable, with the reason.
+    /// Stored partials left alone (not a unit of this plan), with the reason.
     pub skipped: Vec<(String, String)>,
+    /// Stored partials set aside for recomputation, with the reason.
+    pub rejected: Vec<(String, String)>,
 }
 
-/// Reads every stored partial of a unit of `units` that matches the run's
-/// model and corpus; anything else is skipped (and later overwritten).
+/// Why stored bytes of the unit `range` cannot be reused, if they can't.
+fn verdict(
+    range: ChunkRange,
+    bytes: &[u8],
+    record: Option<&super::record::PartialRecord>,
+    settings: &str,
+    acceptance: &Acceptance,
+) -> Result<Partial, String> {
+    let record = record.ok_or("no accepted SHA-256 is recorded for it in manifest.json")?;
+    let sha = sha256_hex(bytes);
+    if sha != record.sha256 {
+        return Err(format!(
+            "its bytes changed since they were accepted: SHA-256 {sha}, recorded {}",
+            record.sha256
+        ));
+    }
+    if record.settings != settings {
+        return Err(format!(
+            "it was computed under other settings (key {}, this run's is {settings})",
+            record.settings
+        ));
+    }
+    acceptance.decode_and_check(range, bytes)
+}
+
+/// Reads every stored partial of a unit of `units`; the usable ones are
+/// merged, the others set aside (see the module doc) and their records
+/// dropped.
 pub async fn load(
     store: &RunStore,
     units: &[ChunkRange],
-    model_sha256: &str,
-    corpus_sha256: &str,
+    acceptance: &Acceptance,
+    recorder: &mut Recorder,
+    settings: &str,
 ) -> Result<Resumed, RunError> {
     let wanted: BTreeSet<ChunkRange> = units.iter().copied().collect();
+    let records: Records = recorder.records()?;
     let mut out = Resumed::default();
     for name in store.list("partials").await? {
         let Some(range) = parse_partial_name(&name) else {
@@ -40,18 +80,7 @@ pub async fn load(
             continue;
         }
         let bytes = store.get(&name).await?;
-        let checked = Partial::from_bytes(&bytes).and_then(|p| {
-            if p.chunks != [range] {
-                Err(format!("covers {:?}", p.chunks))
-            } else if p.model_sha256 != model_sha256 {
-                Err(format!("model {} is not the run's", p.model_sha256))
-            } else if p.corpus_sha256 != corpus_sha256 {
-                Err(format!("corpus {} is not the run's", p.corpus_sha256))
-            } else {
-                Ok(p)
-            }
-        });
-        match checked {
+        match verdict(range, &bytes, records.get(&name), settings, acceptance) {
             Ok(p) => {
                 out.done.insert(range, sha256_hex(&bytes));
                 match &mut out.merged {
@@ -62,8 +91,21 @@ pub async fn load(
                     })?,
                 }
             }
-            Err(reason) => out.skipped.push((name, reason)),
+            Err(reason) => {
+                set_aside(store, &name, &bytes).await?;
+                recorder.forget(&name).await?;
+                out.rejected.push((name, reason));
+            }
         }
     }
     Ok(out)
+}
+
+/// Moves stored bytes to `rejected/<sha256 prefix>-<file name>`.
+async fn set_aside(store: &RunStore, name: &str, bytes: &bytes::Bytes) -> Result<(), RunError> {
+    let file = name.rsplit('/').next().unwrap_or(name);
+    let aside = format!("{REJECTED_DIR}/{}-{file}", &sha256_hex(bytes)[..16]);
+    store.put(&aside, bytes.clone()).await?;
+    store.delete(name).await?;
+    Ok(())
 }

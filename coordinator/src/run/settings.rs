@@ -39,6 +39,22 @@ pub struct RunSettings {
     pub flash_attn: bool,
     /// CPU threads per local worker (default: cores / local workers).
     pub local_worker_threads: Option<u32>,
+    /// Seconds after which the run location's lock, if its holder stopped
+    /// refreshing it, may be taken over (0: take over any lock).
+    pub lock_stale_s: u64,
+}
+
+impl RunSettings {
+    /// The evaluation settings every worker of the run shares.
+    pub fn job_options(&self) -> common::wire::JobOptions {
+        common::wire::JobOptions {
+            n_ubatch: self.n_ubatch,
+            trace_every: self.trace_every,
+            trace_top_n: self.trace_top_n,
+            f32_kv: self.f32_kv,
+            flash_attn: self.flash_attn,
+        }
+    }
 }
 
 impl Default for RunSettings {
@@ -60,6 +76,7 @@ impl Default for RunSettings {
             f32_kv: false,
             flash_attn: false,
             local_worker_threads: None,
+            lock_stale_s: 120,
         }
     }
 }

@@ -45,6 +45,8 @@ pub mod names {
     pub const MAP_NESTED: &str = "keep maps: nested across K";
     /// Keep maps equal to a fresh recomputation.
     pub const MAP_RECOMPUTE: &str = "keep maps: equal to a fresh recomputation from saliency.json";
+    /// Stored per-lease partials hash to what the manifest recorded.
+    pub const RECORDED_HASHES: &str = "stored partials hash to the SHA-256 recorded at acceptance";
     /// Merge result independent of how chunks were spread.
     pub const BITWISE: &str = "merged result bitwise identical however chunks were spread";
 }
@@ -203,56 +205,106 @@ pub async fn load_keep_maps(store: &RunStore) -> anyhow::Result<Vec<(String, Kee
     Ok(out)
 }
 
-/// Re-merges the run's per-lease partials in reverse order and compares the
-/// resulting `saliency.json` bytes with the stored ones.
-async fn bitwise_check(store: &RunStore, saliency_bytes: &[u8]) -> anyhow::Result<Check> {
+/// Reads every per-lease partial once: re-hashes it against the manifest's
+/// record (a changed, unrecorded or missing partial fails), then re-merges
+/// the unchanged ones in reverse order and compares the resulting
+/// `saliency.json` bytes with the stored ones.
+async fn partials_checks(store: &RunStore, saliency_bytes: &[u8]) -> anyhow::Result<[Check; 2]> {
+    let manifest = crate::run::record::read_manifest(store).await?;
+    let records = crate::run::record::records_of(store, &manifest)?;
     let parts: Vec<String> = store
         .list(common::artifacts::names::PARTIALS_DIR)
         .await?
         .into_iter()
         .filter(|n| n.ends_with(".bin") && n != artifacts::MERGED_PARTIAL)
         .collect();
-    if parts.len() < 2 {
-        return Ok(Check::info(
-            names::BITWISE,
-            format!(
-                "{} per-lease partial(s) stored; the distributed tests check this invariant",
-                parts.len()
-            ),
-        ));
-    }
+    let mut changed = Vec::new();
+    let mut unrecorded = Vec::new();
     let mut merged: Option<Partial> = None;
+    let mut merge_note = None;
     for name in parts.iter().rev() {
-        let p = Partial::from_bytes(&store.get(name).await?)
+        let bytes = store.get(name).await?;
+        let sha = common::hash::sha256_hex(&bytes);
+        match records.get(name) {
+            Some(r) if r.sha256 != sha => {
+                changed.push(format!("{name} (SHA-256 {sha}, recorded {})", r.sha256));
+                continue;
+            }
+            None => unrecorded.push(name.clone()),
+            Some(_) => {}
+        }
+        let p = Partial::from_bytes(&bytes)
             .map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(name)))?;
         match &mut merged {
             None => merged = Some(p),
             Some(m) => {
                 if let Err(e) = m.merge(&p) {
-                    return Ok(Check::info(
-                        names::BITWISE,
-                        format!("stored partials do not re-merge ({e}); not checked here"),
+                    merge_note.get_or_insert(format!(
+                        "stored partials do not re-merge ({e}); not checked here"
                     ));
                 }
             }
         }
     }
-    let again = merged
-        .expect("two or more partials")
-        .saliency()?
-        .to_json_bytes();
-    let figure = format!("{} partials re-merged in reverse order", parts.len());
-    Ok(if again == saliency_bytes {
-        Check::pass(
-            names::BITWISE,
-            format!("{figure}: saliency.json bytes identical"),
+    let missing: Vec<&String> = records.keys().filter(|n| !parts.contains(n)).collect();
+    let n_changed = changed.len();
+    let figure = format!(
+        "{} partials, {} records: {} changed, {} unrecorded, {} recorded but missing",
+        parts.len(),
+        records.len(),
+        changed.len(),
+        unrecorded.len(),
+        missing.len()
+    );
+    let hashes = if !changed.is_empty()
+        || !missing.is_empty()
+        || (!records.is_empty() && !unrecorded.is_empty())
+    {
+        let mut named: Vec<String> = changed;
+        named.extend(missing.iter().map(|n| format!("{n} (missing)")));
+        named.extend(unrecorded.iter().map(|n| format!("{n} (unrecorded)")));
+        Check::fail(
+            names::RECORDED_HASHES,
+            format!("{figure}: {}", named.join(", ")),
+        )
+    } else if records.is_empty() {
+        Check::info(
+            names::RECORDED_HASHES,
+            format!("{figure} (no coordinator recorded this run's partials)"),
         )
     } else {
-        Check::fail(
+        Check::pass(names::RECORDED_HASHES, figure)
+    };
+    let bitwise = match (merged, merge_note) {
+        _ if n_changed > 0 => Check::info(
             names::BITWISE,
-            format!("{figure}: saliency.json bytes DIFFER"),
-        )
-    })
+            format!("{n_changed} stored partial(s) changed since acceptance; not checked here"),
+        ),
+        (_, Some(note)) => Check::info(names::BITWISE, note),
+        (Some(m), None) if parts.len() >= 2 => {
+            let again = m.saliency()?.to_json_bytes();
+            let figure = format!("{} partials re-merged in reverse order", parts.len());
+            if again == saliency_bytes {
+                Check::pass(
+                    names::BITWISE,
+                    format!("{figure}: saliency.json bytes identical"),
+                )
+            } else {
+                Check::fail(
+                    names::BITWISE,
+                    format!("{figure}: saliency.json bytes DIFFER"),
+                )
+            }
+        }
+        _ => Check::info(
+            names::BITWISE,
+            format!(
+                "{} per-lease partial(s) stored; the distributed tests check this invariant",
+                parts.len()
+            ),
+        ),
+    };
+    Ok([hashes, bitwise])
 }
 
 /// Runs every check on a run's stored artifacts.
@@ -269,7 +321,7 @@ pub async fn verify(store: &RunStore) -> anyhow::Result<VerifyReport> {
         &sha,
         &load_keep_maps(store).await?,
     ));
-    checks.push(bitwise_check(store, &bytes).await?);
+    checks.extend(partials_checks(store, &bytes).await?);
     Ok(VerifyReport {
         run: store.url().to_string(),
         checks,

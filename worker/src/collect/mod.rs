@@ -108,6 +108,12 @@ impl Collector {
     pub fn load(path: &Path, opts: CollectOptions) -> Result<Collector, WorkerError> {
         opts.validate()?;
         let sha256 = sha256_file(path)?;
+        // llama.cpp aborts (GGML_ASSERT) on a model without experts: check
+        // the header before it loads the file.
+        common::model_check::moe_facts(path).map_err(|reason| WorkerError::Model {
+            path: path.display().to_string(),
+            reason,
+        })?;
         let model = Model::load(path, opts.n_gpu_layers)?;
         let shape = moe_shape(&model).map_err(|reason| WorkerError::Model {
             path: path.display().to_string(),

@@ -17,8 +17,9 @@ use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::secret::JoinSecret;
 use common::store::RunStore;
 use common::wire::{
-    join_proof, parse_pin, partial_name, read_msg, write_msg, JobInfo, LeaseGrant, PartialRef,
-    Refusal, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
+    join_proof, parse_pin, read_msg, staged_partial_name, write_msg, JobInfo, LeaseGrant,
+    PartialRef, Refusal, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME,
+    PROTOCOL_VERSION,
 };
 use engine::{EngineLoader, EngineThread};
 use std::net::SocketAddr;
@@ -578,7 +579,7 @@ async fn produce(
     let partial = if bytes.len() as u64 <= job.max_inline_bytes {
         PartialRef::Inline(bytes)
     } else {
-        let name = partial_name(lease.range);
+        let name = staged_partial_name(&sha256).expect("a SHA-256 in hex");
         run.put(&name, bytes).await.map_err(|e| e.to_string())?;
         PartialRef::Stored(name)
     };

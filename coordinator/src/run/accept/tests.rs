@@ -1,0 +1,169 @@
+use super::*;
+use common::corpus::Span;
+use common::model_check::MoeFacts;
+use common::{ChunkId, Split};
+use worker::join::fake::FakeEngine;
+
+const MODEL: &str = "model-sha";
+
+/// Six chunks of 10 tokens: 4 fit tokens of domain `id % 2`, then 6
+/// held-out tokens of domain 1.
+fn corpus() -> (CorpusIndex, Vec<Chunk>) {
+    let chunks: Vec<Chunk> = (0..6u32)
+        .map(|id| Chunk {
+            id: ChunkId(id),
+            tokens: (0..10).map(|t| (id * 10 + t) as i32).collect(),
+            spans: vec![
+                Span {
+                    start: 0,
+                    len: 4,
+                    split: Split::Fit,
+                    domain: (id % 2) as u16,
+                },
+                Span {
+                    start: 4,
+                    len: 6,
+                    split: Split::Heldout,
+                    domain: 1,
+                },
+            ],
+        })
+        .collect();
+    let index = CorpusIndex {
+        n_chunks: 6,
+        n_ctx: 10,
+        domains: vec!["en".into(), "ja".into()],
+        n_tokens: 60,
+        chunks_sha256: "corpus-sha".into(),
+    };
+    (index, chunks)
+}
+
+fn units() -> Vec<ChunkRange> {
+    vec![r(0, 3), r(3, 6)]
+}
+
+fn r(start: u32, end: u32) -> ChunkRange {
+    ChunkRange { start, end }
+}
+
+fn acceptance(model: Option<MoeFacts>) -> (Acceptance, Vec<Chunk>, CorpusIndex) {
+    let (index, chunks) = corpus();
+    let a = Acceptance::new(MODEL, &index, &chunks, &units(), model).unwrap();
+    (a, chunks, index)
+}
+
+fn honest(index: &CorpusIndex, chunks: &[Chunk], unit: ChunkRange) -> Partial {
+    FakeEngine::new(MODEL)
+        .partial(index, &chunks[unit.start as usize..unit.end as usize])
+        .unwrap()
+}
+
+#[test]
+fn honest_partials_are_accepted_as_bytes_and_as_values() {
+    let (a, chunks, index) = acceptance(Some(MoeFacts {
+        n_expert: 8,
+        n_expert_used: 2,
+    }));
+    for unit in units() {
+        let p = honest(&index, &chunks, unit);
+        assert_eq!(a.decode_and_check(unit, &p.to_bytes()).unwrap(), p);
+    }
+}
+
+#[test]
+fn a_partial_of_another_range_model_or_corpus_is_refused() {
+    let (a, chunks, index) = acceptance(None);
+    let p = honest(&index, &chunks, r(0, 3));
+    let e = a.check(r(3, 6), &p).unwrap_err();
+    assert!(e.contains("the lease was 3..6"), "{e}");
+    let mut other = p.clone();
+    other.model_sha256 = "evil\n\u{1b}[31m".into();
+    let e = a.check(r(0, 3), &other).unwrap_err();
+    assert!(e.contains(r#"evil\n\u{1b}[31m"#), "escaped: {e}");
+    assert!(!e.contains('\n') && !e.contains('\u{1b}'), "{e:?}");
+    let mut other = p;
+    other.corpus_sha256 = "x".repeat(5000);
+    let e = a.check(r(0, 3), &other).unwrap_err();
+    assert!(
+        e.len() < 300,
+        "long claims are shortened: {} chars",
+        e.len()
+    );
+}
+
+#[test]
+fn fabricated_token_counts_are_refused_even_when_counts_agree_with_them() {
+    let (a, chunks, index) = acceptance(None);
+    let mut p = honest(&index, &chunks, r(0, 3));
+    // One more fit "en" token, with its k selections, so sum(count) still
+    // equals n_tokens * k: only the corpus knows it is wrong.
+    let key = GroupKey {
+        split: Split::Fit,
+        domain: "en".into(),
+    };
+    let g = p.experts.groups.get_mut(&key).unwrap();
+    g.n_tokens += 1;
+    for l in &mut g.layers {
+        l.count[0] += 1;
+        l.count[1] += 1;
+    }
+    let e = a.check(r(0, 3), &p).unwrap_err();
+    // Chunks 0..3: fit tokens 4 (en, chunk 0) + 4 (ja) + 4 (en, chunk 2).
+    assert!(
+        e.contains("fit/en: 9")
+            && e.contains("the corpus has [fit/en: 8, fit/ja: 4, heldout/ja: 18]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_layer_whose_counts_do_not_add_to_tokens_times_k_is_refused() {
+    let (a, chunks, index) = acceptance(None);
+    let mut p = honest(&index, &chunks, r(3, 6));
+    let g = p.experts.groups.values_mut().next().unwrap();
+    g.layers[1].count[3] += 1;
+    let e = a.check(r(3, 6), &p).unwrap_err();
+    assert!(e.contains("layer 1: sum(count) = "), "{e}");
+    let mut p = honest(&index, &chunks, r(3, 6));
+    let g = p.experts.groups.values_mut().next().unwrap();
+    let n = g.n_tokens;
+    let l = &mut g.layers[0];
+    // Same sum (n x k with k = 2), but one expert counted more often than
+    // there are tokens.
+    l.count.iter_mut().for_each(|c| *c = 0);
+    l.count[0] = n + 1;
+    l.count[1] = n - 1;
+    let e = a.check(r(3, 6), &p).unwrap_err();
+    assert!(e.contains("layer 0: expert 0 counted"), "{e}");
+}
+
+#[test]
+fn shapes_are_checked_against_the_model_and_the_first_accepted_partial() {
+    let (a, chunks, index) = acceptance(Some(MoeFacts {
+        n_expert: 16,
+        n_expert_used: 2,
+    }));
+    let e = a
+        .check(r(0, 3), &honest(&index, &chunks, r(0, 3)))
+        .unwrap_err();
+    assert!(e.contains("the model has 16 experts, top-2"), "{e}");
+
+    let (a, chunks, index) = acceptance(None);
+    a.check(r(0, 3), &honest(&index, &chunks, r(0, 3))).unwrap();
+    let mut fake = FakeEngine::new(MODEL);
+    fake.layers = vec![0, 1, 2];
+    let other = fake.partial(&index, &chunks[3..6]).unwrap();
+    let e = a.check(r(3, 6), &other).unwrap_err();
+    assert!(e.contains("differs from the run's"), "{e}");
+}
+
+#[test]
+fn decoding_refuses_trailing_bytes_and_lying_lengths() {
+    let (a, chunks, index) = acceptance(None);
+    let p = honest(&index, &chunks, r(0, 3));
+    let mut bytes = p.to_bytes();
+    bytes.extend_from_slice(&[0u8; 700]);
+    let e = a.decode_and_check(r(0, 3), &bytes).unwrap_err();
+    assert!(e.contains("700 trailing bytes"), "{e}");
+}
