@@ -55,7 +55,7 @@ async fn report_renders_markdown_and_non_blank_plots() {
         !out.verified,
         "layer 5's reap sums hold dead experts' values: verify must say so"
     );
-    assert_eq!(out.plots.len(), 3 + 1 + 1, "{:?}", out.plots);
+    assert_eq!(out.plots.len(), 3 + 2 + 1, "{:?}", out.plots);
     for name in &out.plots {
         let (w, h, var, ink) = inspect(&store.get(name).await.unwrap());
         assert_eq!((w, h), plots::SIZE);
@@ -69,6 +69,7 @@ async fn report_renders_markdown_and_non_blank_plots() {
         "## Verification: SOME INVARIANTS FAIL",
         "![slot replacement K=4](slot_replacement_K4.png)",
         "![expert counts](expert_counts.png)",
+        "![expert reap](expert_reap.png)",
         "![miss rate](miss_rate.png)",
         "### reap_hybrid K=12",
         "Note: `score` had not been run",
@@ -78,7 +79,7 @@ async fn report_renders_markdown_and_non_blank_plots() {
     // A second report reuses the stored scores and, without replay, skips that plot.
     store.delete("replay/lru.json").await.unwrap();
     let again = report(&store).await.unwrap();
-    assert_eq!(again.plots.len(), 4);
+    assert_eq!(again.plots.len(), 5);
     let md = String::from_utf8(store.get(REPORT_MD).await.unwrap().to_vec()).unwrap();
     assert!(
         md.contains("No replay results") && !md.contains("Note: `score`"),

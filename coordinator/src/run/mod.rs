@@ -5,6 +5,7 @@
 //! - [`resume`]: partials already stored are reused, not recomputed.
 //! - [`local`]: `--local-workers N` worker processes.
 //! - [`progress`]: the progress bar.
+//! - [`trace_plan`]: the per-split trace budget as a chunk stride.
 //! - [`execute`] is the collection itself, given a prepared corpus; the
 //!   command wraps it with corpus preparation and the later stages.
 
@@ -12,6 +13,7 @@ pub mod local;
 pub mod progress;
 pub mod resume;
 pub mod settings;
+pub mod trace_plan;
 
 use crate::config::Config;
 use crate::net::hub::{partial_tokens, Hub, WorkerInfo};
@@ -111,6 +113,25 @@ pub struct RunSetup {
     pub cluster: ClusterSettings,
 }
 
+impl RunSetup {
+    /// The chunk stride that meets `[run] trace_tokens_per_split` for the
+    /// splits of the stored manifest's chunk plan (the whole corpus as one
+    /// split when the run has no manifest).
+    pub async fn trace_every(&self) -> Result<u32, RunError> {
+        let manifest = crate::corpus::read_manifest(&self.store)
+            .await
+            .map_err(|e| RunError::Setup(e.to_string()))?;
+        let splits = match manifest {
+            Some(m) => vec![m.chunk_plan.fit_tokens, m.chunk_plan.heldout_tokens],
+            None => vec![self.index.n_tokens],
+        };
+        Ok(trace_plan::trace_stride(
+            self.run.trace_tokens_per_split,
+            &splits,
+        ))
+    }
+}
+
 /// Where workers connect, handed to the caller once the server listens.
 #[derive(Clone, Debug)]
 pub struct Listening {
@@ -139,6 +160,8 @@ pub struct RunSummary {
     pub workers: Vec<WorkerInfo>,
     /// Fit tokens in the merged result.
     pub fit_tokens: u64,
+    /// The manifest's `trace` section (budget, stride, tokens, bytes).
+    pub trace: serde_json::Value,
 }
 
 fn secret(cluster: &ClusterSettings) -> Result<(Vec<u8>, bool), RunError> {
@@ -197,6 +220,14 @@ where
     store.put(names::MERGED_PARTIAL, merged.to_bytes()).await?;
     let saliency = write_results(store, &merged).await?;
     summary.fit_tokens = saliency.split(common::Split::Fit).map_or(0, |s| s.n_tokens);
+    summary.trace = trace_plan::manifest_entry(
+        store,
+        setup.run.trace_tokens_per_split,
+        setup.trace_every().await?,
+        saliency.trace_tokens_written,
+    )
+    .await
+    .map_err(|e| RunError::Setup(format!("measuring the trace parts: {e:#}")))?;
     Ok(summary)
 }
 
@@ -240,7 +271,7 @@ where
         model_path: setup.model_path.display().to_string(),
         options: JobOptions {
             n_ubatch: run.n_ubatch,
-            trace_every: run.trace_every,
+            trace_every: setup.trace_every().await?,
             trace_top_n: run.trace_top_n,
             f32_kv: run.f32_kv,
             flash_attn: run.flash_attn,
@@ -400,6 +431,9 @@ pub async fn mark_finished(
         "duplicates_dropped": s.duplicates,
         "workers": workers,
     });
+    if !s.trace.is_null() {
+        manifest["trace"] = s.trace.clone();
+    }
     let bytes = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
     store.put(crate::corpus::MANIFEST_FILE, bytes).await?;
     Ok(())
@@ -553,7 +587,7 @@ fn replay_defaults(
 }
 
 /// A missing model named after a `synth-model` preset (`tiny.gguf`,
-/// `tiny-alt.gguf`, `bench.gguf`) is generated with the worker binary, so the
+/// `tiny-alt.gguf`, `bench.gguf`, `wide.gguf`) is generated with the worker binary, so the
 /// quickstart needs nothing but the build.
 fn ensure_model(path: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::{bail, Context};
@@ -561,7 +595,7 @@ fn ensure_model(path: &std::path::Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let preset = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-    if !["tiny", "tiny-alt", "bench"].contains(&preset) {
+    if !["tiny", "tiny-alt", "bench", "wide"].contains(&preset) {
         bail!("model {} does not exist", path.display());
     }
     eprintln!(

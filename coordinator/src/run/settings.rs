@@ -20,8 +20,9 @@ pub struct RunSettings {
     pub max_attempts: u32,
     /// Tokens per micro-batch.
     pub n_ubatch: u32,
-    /// Trace every n-th chunk (0: no trace).
-    pub trace_every: u32,
+    /// Traced tokens per split (fit, held-out), spread evenly over the
+    /// corpus as "every n-th chunk" (see [`super::trace_plan`]); 0: no trace.
+    pub trace_tokens_per_split: u64,
     /// Router top-N per trace row.
     pub trace_top_n: u32,
     /// f32 KV cache (exact oracle comparisons); production keeps f16.
@@ -41,7 +42,7 @@ impl Default for RunSettings {
             heartbeat_timeout_s: 30,
             max_attempts: 3,
             n_ubatch: 512,
-            trace_every: 1,
+            trace_tokens_per_split: 65_536,
             trace_top_n: 64,
             f32_kv: false,
             flash_attn: false,

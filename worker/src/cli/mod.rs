@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Write a deterministic MoE GGUF model that llama.cpp loads and runs.
     SynthModel(SynthArgs),
+    /// Write a deterministic three-domain corpus (prose, code, chat) of a given size.
+    SynthCorpus(SynthCorpusArgs),
     /// Measure a chunk range of a tokenized corpus and write a partial (no network).
     Collect(collect::CollectArgs),
     /// Join a run: prove the join secret, then measure leased chunk ranges.
@@ -37,6 +39,20 @@ struct SynthArgs {
     #[arg(long)]
     out: std::path::PathBuf,
     /// Seed of every random weight.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct SynthCorpusArgs {
+    /// Output directory (one file per domain).
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// Characters per domain (about 1.3 characters per token with the
+    /// synthetic vocabulary: the default gives about 1.1M tokens in all).
+    #[arg(long, default_value_t = 500_000)]
+    chars: usize,
+    /// Seed of the generated documents.
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
@@ -59,10 +75,17 @@ pub fn main() -> ExitCode {
                 a.out.display()
             );
         }),
+        Command::SynthCorpus(a) => {
+            crate::synth::corpus::write_corpus(&a.out, a.chars, a.seed).map(|()| {
+                println!(
+                    "wrote {} to {}",
+                    crate::synth::corpus::FILES.join(", "),
+                    a.out.display()
+                )
+            })
+        }
         Command::Collect(a) => collect::run(a),
-        Command::Join(a) => crate::join::run(a)
-            .map(|_| ())
-            .map_err(anyhow::Error::from),
+        Command::Join(a) => crate::join::run(a).map(|_| ()).map_err(anyhow::Error::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
