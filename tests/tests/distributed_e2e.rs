@@ -32,7 +32,8 @@ fn setup(dir: &Path, model: &Path) -> RunSetup {
             heartbeat_timeout_s: 3,
             lease_timeout_s: 120,
             n_ubatch: N_CTX,
-            trace_every: 2,
+            // Without a manifest the corpus counts as one split: every 2nd chunk.
+            trace_tokens_per_split: u64::from(N_CHUNKS * N_CTX / 2),
             trace_top_n: 8,
             ..RunSettings::default()
         },

@@ -41,7 +41,7 @@ fn setup(dir: &Path, model: &Path) -> RunSetup {
             heartbeat_timeout_s: 5,
             lease_timeout_s: 120,
             n_ubatch: N_CTX,
-            trace_every: 2,
+            trace_tokens_per_split: u64::from(N_CHUNKS * N_CTX / 2),
             trace_top_n: 8,
             ..RunSettings::default()
         },

@@ -20,6 +20,7 @@ pub mod keep;
 pub mod lru;
 pub mod model;
 pub mod policy;
+pub mod remote;
 pub mod report;
 pub mod results;
 pub mod run;
@@ -31,6 +32,8 @@ pub mod tree;
 
 #[cfg(test)]
 mod e2e_tests;
+#[cfg(test)]
+mod encoding_tests;
 #[cfg(test)]
 mod reference;
 #[cfg(test)]

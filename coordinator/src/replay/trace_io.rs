@@ -3,8 +3,11 @@
 //! Opening a set of parts reads only each part's footer and `layer` column;
 //! [`TraceSet::read_layer`] then decodes just the row groups that hold that
 //! layer, and only the columns replay needs, into flat arrays. Local runs are
-//! read from the files by range; other stores fetch each part once.
+//! read from the files by range, remote stores (`s3://`, ...) by ranged
+//! requests for that layer's row groups ([`super::remote`]); only in-process
+//! `memory://` stores hold whole parts.
 
+use super::remote::Remote;
 use anyhow::{bail, Context};
 use arrow::array::{Array, FixedSizeListArray, RecordBatch, StringArray, UInt32Array};
 use bytes::Bytes;
@@ -15,8 +18,10 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 use parquet::file::reader::ChunkReader;
+use parquet::file::statistics::Statistics;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// One layer's tokens of one split, in (chunk, position) order.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -45,6 +50,9 @@ impl RawLayer {
 enum Source {
     Local(PathBuf),
     Memory(Bytes),
+    /// A remote object read by range: the run's remote store, the part's
+    /// name in it and its size.
+    Remote(Arc<Remote>, String, u64),
 }
 
 struct Part {
@@ -64,30 +72,53 @@ pub struct TraceSet {
     pub n: usize,
 }
 
-const COLUMNS: [&str; 6] = ["split", "chunk", "pos", "selected", "topn_id", "topn_prob"];
+const COLUMNS: [&str; 7] = [
+    "split",
+    "chunk",
+    "pos",
+    "layer",
+    "selected",
+    "topn_id",
+    "topn_prob",
+];
 
 impl TraceSet {
     /// Opens the parts `names` (relative to `store`); `None` if there are none.
+    /// Only footers are read here (and a part's `layer` column when its
+    /// statistics do not name one layer per row group).
     pub async fn open(store: &RunStore, names: &[String]) -> anyhow::Result<Option<TraceSet>> {
         let local = url::Url::parse(store.url())
             .ok()
             .filter(|u| u.scheme() == "file")
             .and_then(|u| u.to_file_path().ok());
+        let remote = match &local {
+            Some(_) => None,
+            None => Remote::open(store.url())?.map(Arc::new),
+        };
         let mut parts = Vec::new();
         let mut shape: Option<(usize, usize)> = None;
         for name in names {
             let url = store.url_of(name);
-            let source = match &local {
-                Some(dir) => Source::Local(dir.join(name)),
-                None => Source::Memory(store.get(name).await?),
-            };
-            let part = match &source {
-                Source::Local(path) => {
-                    let file = std::fs::File::open(path)
-                        .with_context(|| format!("opening trace part {url}"))?;
-                    open_part(file, url.clone(), source)?
-                }
-                Source::Memory(bytes) => open_part(bytes.clone(), url.clone(), source)?,
+            let part = if let Some(dir) = &local {
+                let path = dir.join(name);
+                let file = std::fs::File::open(&path)
+                    .with_context(|| format!("opening trace part {url}"))?;
+                open_part(&file, url.clone(), Source::Local(path))?
+            } else if let Some(remote) = &remote {
+                let (remote, name) = (remote.clone(), name.clone());
+                let url = url.clone();
+                tokio::task::spawn_blocking(move || -> anyhow::Result<Part> {
+                    let size = remote.size(&name)?;
+                    let footer = remote
+                        .footer(&name, size)
+                        .with_context(|| format!("reading the footer of trace part {url}"))?;
+                    open_part(&footer, url, Source::Remote(remote, name, size))
+                })
+                .await
+                .context("trace footer reader")??
+            } else {
+                let bytes = store.get(name).await?;
+                open_part(&bytes.clone(), url.clone(), Source::Memory(bytes))?
             };
             let this = (
                 list_width(&part.meta, "selected", &url)?,
@@ -134,15 +165,8 @@ impl TraceSet {
             let Some(groups) = part.groups.get(&layer) else {
                 continue;
             };
-            let batches = match &part.source {
-                Source::Local(path) => {
-                    let file = std::fs::File::open(path)
-                        .with_context(|| format!("opening trace part {}", part.url))?;
-                    read_groups(file, part, groups)?
-                }
-                Source::Memory(bytes) => read_groups(bytes.clone(), part, groups)?,
-            };
-            for batch in &batches {
+            let columns = column_indices(part, &COLUMNS)?;
+            for batch in &read_batches(part, groups, &columns)? {
                 append(&mut out, batch, layer, self.k, self.n, n_expert)
                     .with_context(|| format!("trace part {} layer {layer}", part.url))?;
             }
@@ -162,85 +186,124 @@ fn list_width(meta: &ArrowReaderMetadata, name: &str, url: &str) -> anyhow::Resu
     }
 }
 
-fn open_part<T: ChunkReader + TryCloneChunk + 'static>(
-    reader: T,
-    url: String,
-    source: Source,
-) -> anyhow::Result<Part> {
-    let meta = ArrowReaderMetadata::load(&reader, ArrowReaderOptions::default())
-        .with_context(|| format!("reading the footer of trace part {url}"))?;
-    let layer_col = meta
-        .schema()
-        .index_of("layer")
-        .with_context(|| format!("trace part {url} has no layer column"))?;
-    let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-    for rg in 0..meta.metadata().num_row_groups() {
-        let mask = ProjectionMask::roots(meta.parquet_schema(), [layer_col]);
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
-            reader.try_clone_chunk()?,
-            meta.clone(),
-        )
-        .with_projection(mask)
-        .with_row_groups(vec![rg])
-        .build()
-        .with_context(|| format!("reading trace part {url}"))?;
-        let mut layers = BTreeSet::new();
-        for batch in reader {
-            let batch = batch.with_context(|| format!("reading trace part {url}"))?;
-            let col = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<UInt32Array>()
-                .with_context(|| format!("trace part {url}: layer column is not u32"))?;
-            layers.extend(col.values().iter().copied());
-        }
-        for l in layers {
-            groups.entry(l).or_default().push(rg);
-        }
-    }
-    Ok(Part {
-        url,
-        source,
-        meta,
-        groups,
-    })
-}
-
-/// Cloning a reader for one more pass: reopening a file, sharing bytes.
-trait TryCloneChunk: Sized {
-    fn try_clone_chunk(&self) -> anyhow::Result<Self>;
-}
-
-impl TryCloneChunk for std::fs::File {
-    fn try_clone_chunk(&self) -> anyhow::Result<Self> {
-        Ok(self.try_clone()?)
-    }
-}
-
-impl TryCloneChunk for Bytes {
-    fn try_clone_chunk(&self) -> anyhow::Result<Self> {
-        Ok(self.clone())
-    }
-}
-
-fn read_groups<T: ChunkReader + 'static>(
-    reader: T,
-    part: &Part,
-    groups: &[usize],
-) -> anyhow::Result<Vec<RecordBatch>> {
+fn column_indices(part: &Part, names: &[&str]) -> anyhow::Result<Vec<usize>> {
     let schema = part.meta.schema();
-    let idx = COLUMNS
+    names
         .iter()
         .map(|c| {
             schema
                 .index_of(c)
                 .with_context(|| format!("trace part {} has no {c:?} column", part.url))
         })
-        .chain(std::iter::once(schema.index_of("layer").with_context(
-            || format!("trace part {} has no layer column", part.url),
-        )))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mask = ProjectionMask::roots(part.meta.parquet_schema(), idx);
+        .collect()
+}
+
+/// Reads the footer and maps each layer to its row groups: from the `layer`
+/// column's statistics when a row group holds one layer (as parts are
+/// written), else by reading that column.
+fn open_part<T: ChunkReader + 'static>(
+    footer: &T,
+    url: String,
+    source: Source,
+) -> anyhow::Result<Part> {
+    let meta = ArrowReaderMetadata::load(footer, ArrowReaderOptions::default())
+        .with_context(|| format!("reading the footer of trace part {url}"))?;
+    let mut part = Part {
+        url,
+        source,
+        meta,
+        groups: BTreeMap::new(),
+    };
+    let layer_col = column_indices(&part, &["layer"])?;
+    let leaf = part
+        .meta
+        .parquet_schema()
+        .columns()
+        .iter()
+        .position(|c| c.path().string() == "layer")
+        .with_context(|| format!("trace part {} has no layer column", part.url))?;
+    for rg in 0..part.meta.metadata().num_row_groups() {
+        let stats = part.meta.metadata().row_group(rg).column(leaf).statistics();
+        let single = match stats {
+            Some(Statistics::Int32(s)) => match (s.min_opt(), s.max_opt()) {
+                (Some(a), Some(b)) if a == b => Some(*a as u32),
+                _ => None,
+            },
+            _ => None,
+        };
+        let layers: BTreeSet<u32> = match single {
+            Some(l) => BTreeSet::from([l]),
+            None => {
+                let mut layers = BTreeSet::new();
+                for batch in read_batches(&part, &[rg], &layer_col)? {
+                    let col = batch
+                        .column(0)
+                        .as_any()
+                        .downcast_ref::<UInt32Array>()
+                        .with_context(|| {
+                            format!("trace part {}: layer column is not u32", part.url)
+                        })?;
+                    layers.extend(col.values().iter().copied());
+                }
+                layers
+            }
+        };
+        for l in layers {
+            part.groups.entry(l).or_default().push(rg);
+        }
+    }
+    Ok(part)
+}
+
+/// Decodes the root columns `columns` of row groups `groups` of a part,
+/// fetching only those bytes from a remote store.
+fn read_batches(
+    part: &Part,
+    groups: &[usize],
+    columns: &[usize],
+) -> anyhow::Result<Vec<RecordBatch>> {
+    match &part.source {
+        Source::Local(path) => {
+            let file = std::fs::File::open(path)
+                .with_context(|| format!("opening trace part {}", part.url))?;
+            decode(file, part, groups, columns)
+        }
+        Source::Memory(bytes) => decode(bytes.clone(), part, groups, columns),
+        Source::Remote(remote, name, size) => {
+            let (start, end) = byte_span(part, groups, columns);
+            let window = remote
+                .range(name, start, end, *size)
+                .with_context(|| format!("reading trace part {}", part.url))?;
+            decode(window, part, groups, columns)
+        }
+    }
+}
+
+/// The byte range that covers the chunks of `columns` in `groups`.
+fn byte_span(part: &Part, groups: &[usize], columns: &[usize]) -> (u64, u64) {
+    let descr = part.meta.parquet_schema();
+    let (mut start, mut end) = (u64::MAX, 0u64);
+    for &rg in groups {
+        let rg = part.meta.metadata().row_group(rg);
+        for leaf in 0..descr.num_columns() {
+            if !columns.contains(&descr.get_column_root_idx(leaf)) {
+                continue;
+            }
+            let (s, len) = rg.column(leaf).byte_range();
+            start = start.min(s);
+            end = end.max(s + len);
+        }
+    }
+    (start.min(end), end)
+}
+
+fn decode<T: ChunkReader + 'static>(
+    reader: T,
+    part: &Part,
+    groups: &[usize],
+    columns: &[usize],
+) -> anyhow::Result<Vec<RecordBatch>> {
+    let mask = ProjectionMask::roots(part.meta.parquet_schema(), columns.iter().copied());
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(reader, part.meta.clone())
         .with_projection(mask)
         .with_row_groups(groups.to_vec())
@@ -312,14 +375,16 @@ fn append(
     n: usize,
     n_expert: usize,
 ) -> anyhow::Result<()> {
-    use arrow::datatypes::{Float32Type, UInt16Type};
+    use arrow::datatypes::UInt16Type;
     let split: &StringArray = column(b, "split")?;
     let chunk: &UInt32Array = column(b, "chunk")?;
     let pos: &UInt32Array = column(b, "pos")?;
     let layers: &UInt32Array = column(b, "layer")?;
     let (sel_list, sel) = list::<UInt16Type>(b, "selected")?;
     let (top_list, top) = list::<UInt16Type>(b, "topn_id")?;
-    let (_, prob) = list::<Float32Type>(b, "topn_prob")?;
+    let prob_list: &FixedSizeListArray = column(b, "topn_prob")?;
+    let prob = common::trace::float_values(prob_list.values().as_ref())
+        .map_err(|e| anyhow::anyhow!("column \"topn_prob\": {e}"))?;
     for i in 0..b.num_rows() {
         if layers.value(i) != layer {
             continue;

@@ -1,7 +1,7 @@
 //! `coordinator report`: `report/report.md` with PNG plots: verification,
-//! the score tables, per-layer slot replacement per method and K, the
-//! per-layer expert count distribution and, when replay results exist,
-//! miss-rate curves.
+//! the score tables, per-layer slot replacement per method and K, layer x
+//! expert heatmaps of counts and REAP scores and, when replay results
+//! exist, miss-rate curves.
 //!
 //! - [`plots`]: the PNG charts (embedded font).
 //! - [`replay`]: miss-rate curves read from `replay/results.json`.
@@ -122,19 +122,46 @@ pub async fn report(store: &RunStore) -> anyhow::Result<ReportOutput> {
             let _ = writeln!(md, "Not shown: {missing}.\n");
         }
     }
-    md.push_str("## Expert count distribution\n\n");
+    md.push_str("## Experts per layer\n\n");
     if let Some(fit) = s.split(Split::Fit) {
-        let layers: Vec<(u32, Vec<u64>)> = fit
+        let counts: Vec<(u32, Vec<f64>)> = fit
             .layers
             .iter()
-            .map(|l| (l.layer, l.count.clone()))
+            .map(|l| (l.layer, l.count.iter().map(|&c| c as f64).collect()))
             .collect();
-        let name = format!("{}/expert_counts.png", names::REPORT_DIR);
-        store
-            .put(&name, plots::count_distribution(&layers)?)
-            .await?;
-        md.push_str("Tokens routed to each expert of each layer on the fit split (log scale; never-routed experts sit at 1).\n\n![expert counts](expert_counts.png)\n\n");
-        out.plots.push(name);
+        let reap: Vec<(u32, Vec<f64>)> = fit
+            .layers
+            .iter()
+            .map(|l| {
+                let mean = l.reap_l2_sum.iter().zip(&l.count);
+                (
+                    l.layer,
+                    mean.map(|(&r, &c)| if c > 0 { r / c as f64 } else { 0.0 })
+                        .collect(),
+                )
+            })
+            .collect();
+        for (name, title, unit, rows, text) in [
+            (
+                "expert_counts",
+                "Tokens routed per layer and expert (fit split)",
+                "tokens",
+                &counts,
+                "Tokens routed to each expert of each layer on the fit split (log colour scale; white: never routed).",
+            ),
+            (
+                "expert_reap",
+                "REAP score per layer and expert (fit split)",
+                "reap_l2_sum / count",
+                &reap,
+                "REAP score (`reap_l2_sum / count`, the mean of gate weight x output norm over routed tokens) per expert and layer; white: never routed.",
+            ),
+        ] {
+            let object = format!("{}/{name}.png", names::REPORT_DIR);
+            store.put(&object, plots::heatmap(title, unit, rows)?).await?;
+            let _ = writeln!(md, "{text}\n\n![{}]({name}.png)\n", name.replace('_', " "));
+            out.plots.push(object);
+        }
     } else {
         md.push_str("No fit split in saliency.json.\n\n");
     }

@@ -20,15 +20,6 @@ fn register_font() {
     });
 }
 
-/// Tick labels without a decimal tail for whole numbers.
-fn tick(v: &f64) -> String {
-    if v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
 fn err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> anyhow::Error + '_ {
     move |e| anyhow!("drawing {what}: {e:?}")
 }
@@ -74,7 +65,8 @@ fn bounds(series: &[Series]) -> ((f64, f64), (f64, f64)) {
     (widen(fold(|p| p.0)), widen(fold(|p| p.1)))
 }
 
-/// A line chart with markers and a legend.
+/// A line chart with markers and a legend; x is an integer quantity
+/// (layer, capacity), so only whole-number ticks are labelled.
 pub fn line_chart(
     title: &str,
     x_label: &str,
@@ -99,7 +91,7 @@ pub fn line_chart(
             .configure_mesh()
             .x_desc(x_label)
             .y_desc(y_label)
-            .x_label_formatter(&tick)
+            .x_label_formatter(&int_tick)
             .label_style((FONT, 14))
             .draw()
             .map_err(err(title))?;
@@ -132,73 +124,129 @@ pub fn line_chart(
     encode_png(&buf, SIZE)
 }
 
-/// Per-layer distribution of expert counts on a log axis: one dot per
-/// expert at `count + 1` (dead experts sit on the floor at 1), and the
-/// layer's median as a line.
-pub fn count_distribution(layers: &[(u32, Vec<u64>)]) -> anyhow::Result<Vec<u8>> {
-    let title = "Expert token counts per layer (count + 1, log scale)";
+/// One heatmap row per layer: (layer, one value per expert).
+pub type LayerRows = [(u32, Vec<f64>)];
+
+/// Integer tick labels; fractional tick positions get none.
+fn int_tick(v: &f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        String::new()
+    }
+}
+
+/// A colour from white (0) through blue to dark red (1).
+fn heat(t: f64) -> RGBColor {
+    let t = t.clamp(0.0, 1.0);
+    let stops = [
+        (255.0, 255.0, 255.0),
+        (120.0, 170.0, 230.0),
+        (40.0, 60.0, 180.0),
+        (200.0, 40.0, 40.0),
+        (90.0, 0.0, 0.0),
+    ];
+    let x = t * (stops.len() - 1) as f64;
+    let i = (x.floor() as usize).min(stops.len() - 2);
+    let f = x - i as f64;
+    let mix = |a: f64, b: f64| (a + (b - a) * f).round() as u8;
+    let (a, b) = (stops[i], stops[i + 1]);
+    RGBColor(mix(a.0, b.0), mix(a.1, b.1), mix(a.2, b.2))
+}
+
+/// A layer x expert heatmap: one row per layer (integer axis, block index),
+/// one column per expert; colour is `log(1 + value)` scaled to the largest,
+/// so 48 x 512 cells stay readable where a scatter plot would not. A
+/// colour bar labels the scale in the value's units.
+pub fn heatmap(title: &str, value_label: &str, rows: &LayerRows) -> anyhow::Result<Vec<u8>> {
     register_font();
     let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut buf, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(err(title))?;
-        let max = layers
+        let (main, bar) = root.split_horizontally(SIZE.0 - 110);
+        let n_expert = rows.iter().map(|r| r.1.len()).max().unwrap_or(1).max(1);
+        let n_rows = rows.len().max(1);
+        let max = rows
             .iter()
-            .flat_map(|l| l.1.iter())
+            .flat_map(|r| r.1.iter())
             .copied()
-            .max()
-            .unwrap_or(1)
-            .max(1) as f64
-            + 1.0;
-        let lo = layers.iter().map(|l| l.0).min().unwrap_or(0) as f64 - 0.5;
-        let hi = layers.iter().map(|l| l.0).max().unwrap_or(0) as f64 + 0.5;
-        let mut chart = ChartBuilder::on(&root)
+            .filter(|v| v.is_finite())
+            .fold(0f64, f64::max);
+        let scale = |v: f64| {
+            if max > 0.0 && v.is_finite() {
+                v.max(0.0).ln_1p() / max.ln_1p()
+            } else {
+                0.0
+            }
+        };
+        let mut chart = ChartBuilder::on(&main)
             .caption(title, (FONT, 22))
             .margin(12)
             .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(lo..hi, (1f64..max * 2.0).log_scale())
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..n_expert as f64, -0.5f64..n_rows as f64 - 0.5)
             .map_err(err(title))?;
+        // Row i spans [i - 0.5, i + 0.5], so whole-number ticks sit at row
+        // centres and are labelled with that row's block index.
+        let layer_of = |y: &f64| {
+            let i = y.round();
+            if (y - i).abs() > 1e-9 || i < 0.0 {
+                return String::new();
+            }
+            rows.get(i as usize)
+                .map_or(String::new(), |r| r.0.to_string())
+        };
         chart
             .configure_mesh()
-            .x_desc("layer")
-            .y_desc("tokens routed + 1")
-            .x_label_formatter(&tick)
-            .y_label_formatter(&tick)
+            .disable_mesh()
+            .x_desc("expert")
+            .y_desc("layer")
+            .x_label_formatter(&int_tick)
+            .y_labels(n_rows.min(25))
+            .y_label_formatter(&layer_of)
             .label_style((FONT, 14))
             .draw()
             .map_err(err(title))?;
-        let dots = layers.iter().flat_map(|(l, counts)| {
-            let n = counts.len().max(1) as f64;
-            counts.iter().enumerate().map(move |(e, &c)| {
-                let jitter = (e as f64 / n - 0.5) * 0.6;
-                Circle::new(
-                    (*l as f64 + jitter, c as f64 + 1.0),
-                    2,
-                    BLUE.mix(0.5).filled(),
+        let cells = rows.iter().enumerate().flat_map(|(i, (_, values))| {
+            values.iter().enumerate().map(move |(e, &v)| {
+                Rectangle::new(
+                    [(e as f64, i as f64 - 0.5), (e as f64 + 1.0, i as f64 + 0.5)],
+                    heat(scale(v)).filled(),
                 )
             })
         });
-        chart.draw_series(dots).map_err(err(title))?;
-        let medians = layers.iter().map(|(l, counts)| {
-            let mut v = counts.clone();
-            v.sort_unstable();
-            (
-                *l as f64,
-                v.get(v.len() / 2).copied().unwrap_or(0) as f64 + 1.0,
-            )
-        });
-        chart
-            .draw_series(LineSeries::new(medians, RED.stroke_width(2)))
-            .map_err(err(title))?
-            .label("median")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .label_font((FONT, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
+        chart.draw_series(cells).map_err(err(title))?;
+        let mut legend = ChartBuilder::on(&bar)
+            .margin_top(50)
+            .margin_bottom(52)
+            .margin_right(8)
+            .y_label_area_size(70)
+            .caption(value_label, (FONT, 13))
+            .build_cartesian_2d(0f64..1.0, 0f64..1.0)
+            .map_err(err(title))?;
+        let label_at = |t: &f64| {
+            let v = (t * max.ln_1p()).exp_m1();
+            if v >= 100.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.2}")
+            }
+        };
+        legend
+            .configure_mesh()
+            .disable_mesh()
+            .disable_x_axis()
+            .y_labels(5)
+            .y_label_formatter(&label_at)
+            .label_style((FONT, 12))
             .draw()
+            .map_err(err(title))?;
+        legend
+            .draw_series((0..100).map(|i| {
+                let t = i as f64 / 100.0;
+                Rectangle::new([(0.0, t), (1.0, t + 0.01)], heat(t).filled())
+            }))
             .map_err(err(title))?;
         root.present().map_err(err(title))?;
     }

@@ -99,7 +99,7 @@ async fn report_renders_markdown_and_non_blank_plots() {
         "layer 5's reap sums hold dead experts' values: verify must say so"
     );
     assert_eq!(out.missing, Vec::<String>::new());
-    assert_eq!(out.plots.len(), 3 + 1 + 1, "{:?}", out.plots);
+    assert_eq!(out.plots.len(), 3 + 2 + 1, "{:?}", out.plots);
     for name in &out.plots {
         let (w, h, var, ink) = inspect(&store.get(name).await.unwrap());
         assert_eq!((w, h), plots::SIZE);
@@ -113,6 +113,7 @@ async fn report_renders_markdown_and_non_blank_plots() {
         "## Verification: SOME INVARIANTS FAIL",
         "![slot replacement K=4](slot_replacement_K4.png)",
         "![expert counts](expert_counts.png)",
+        "![expert reap](expert_reap.png)",
         "![miss rate](miss_rate.png)",
         "### reap_hybrid K=12",
     ] {
@@ -121,7 +122,7 @@ async fn report_renders_markdown_and_non_blank_plots() {
     // Without replay results the report says so and skips that plot.
     store.delete(names::REPLAY_RESULTS_JSON).await.unwrap();
     let again = report(&store).await.unwrap();
-    assert_eq!(again.plots.len(), 4);
+    assert_eq!(again.plots.len(), 5);
     assert_eq!(again.missing.len(), 1, "{:?}", again.missing);
     assert!(again.missing[0].contains("replay/results.json is missing"));
     assert!(markdown(&store).await.contains("Not shown: "));
@@ -144,7 +145,13 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
         "{:?}",
         out.missing
     );
-    assert_eq!(out.plots, vec!["report/expert_counts.png".to_string()]);
+    assert_eq!(
+        out.plots,
+        vec![
+            "report/expert_counts.png".to_string(),
+            "report/expert_reap.png".to_string()
+        ]
+    );
     assert!(store.list(names::KEEP_MAPS_DIR).await.unwrap().is_empty());
     assert!(!store
         .exists(crate::score::outputs::REPORT_JSON)

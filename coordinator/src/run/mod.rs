@@ -8,6 +8,7 @@
 //! - [`lock`]: one coordinator writes to a run location at a time.
 //! - [`local`]: `--local-workers N` worker processes.
 //! - [`progress`]: the progress bar.
+//! - [`trace_plan`]: the per-split trace budget as a chunk stride.
 //! - [`execute`] is the collection itself, given a prepared corpus; the
 //!   command wraps it with corpus preparation and the later stages.
 
@@ -19,6 +20,7 @@ pub mod progress;
 pub mod record;
 pub mod resume;
 pub mod settings;
+pub mod trace_plan;
 
 use crate::config::Config;
 use crate::net::hub::{partial_tokens, Hub, WorkerInfo};
@@ -130,6 +132,25 @@ pub struct RunSetup {
     pub cluster: ClusterSettings,
 }
 
+impl RunSetup {
+    /// The chunk stride that meets `[run] trace_tokens_per_split` for the
+    /// splits of the stored manifest's chunk plan (the whole corpus as one
+    /// split when the run has no manifest).
+    pub async fn trace_every(&self) -> Result<u32, RunError> {
+        let manifest = crate::corpus::read_manifest(&self.store)
+            .await
+            .map_err(|e| RunError::Setup(e.to_string()))?;
+        let splits = match manifest {
+            Some(m) => vec![m.chunk_plan.fit_tokens, m.chunk_plan.heldout_tokens],
+            None => vec![self.index.n_tokens],
+        };
+        Ok(trace_plan::trace_stride(
+            self.run.trace_tokens_per_split,
+            &splits,
+        ))
+    }
+}
+
 /// Where workers connect, handed to the caller once the server listens.
 #[derive(Clone, Debug)]
 pub struct Listening {
@@ -163,6 +184,8 @@ pub struct RunSummary {
     pub workers: Vec<WorkerInfo>,
     /// Fit tokens in the merged result.
     pub fit_tokens: u64,
+    /// The manifest's `trace` section (budget, stride, tokens, bytes).
+    pub trace: serde_json::Value,
 }
 
 /// The join secret: `[cluster] secret_file`, else `MOE_CENSUS_JOIN_SECRET`,
@@ -206,7 +229,7 @@ where
     let settings = record::settings_key(
         &setup.model_sha256,
         &setup.index.chunks_sha256,
-        &setup.run.job_options(),
+        &setup.run.job_options(setup.trace_every().await?),
     );
     let acceptance = Arc::new(acceptance(setup, &units).await?);
     let mut recorder = record::Recorder::open(store).await?;
@@ -261,6 +284,14 @@ where
     store.put(names::MERGED_PARTIAL, merged.to_bytes()).await?;
     let saliency = write_results(store, &merged).await?;
     summary.fit_tokens = saliency.split(common::Split::Fit).map_or(0, |s| s.n_tokens);
+    summary.trace = trace_plan::manifest_entry(
+        store,
+        setup.run.trace_tokens_per_split,
+        setup.trace_every().await?,
+        saliency.trace_tokens_written,
+    )
+    .await
+    .map_err(|e| RunError::Setup(format!("measuring the trace parts: {e:#}")))?;
     Ok(summary)
 }
 
@@ -344,7 +375,7 @@ where
         corpus_url: store.url_of(names::CORPUS_DIR),
         model_sha256: setup.model_sha256.clone(),
         model_path: setup.model_path.display().to_string(),
-        options: run.job_options(),
+        options: run.job_options(setup.trace_every().await?),
         max_inline_bytes: u64::from(max_frame - (1 << 16)),
         heartbeat_ms: (heartbeat_timeout / 4).as_millis() as u64,
     };
@@ -511,6 +542,9 @@ pub async fn mark_finished(
         "duplicates_dropped": s.duplicates,
         "workers": workers,
     });
+    if !s.trace.is_null() {
+        manifest["trace"] = s.trace.clone();
+    }
     let bytes = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
     store.put(crate::corpus::MANIFEST_FILE, bytes).await?;
     Ok(())
@@ -675,7 +709,7 @@ fn replay_defaults(
 }
 
 /// A missing model named after a `synth-model` preset (`tiny.gguf`,
-/// `tiny-alt.gguf`, `bench.gguf`) is generated with the worker binary, so the
+/// `tiny-alt.gguf`, `bench.gguf`, `wide.gguf`) is generated with the worker binary, so the
 /// quickstart needs nothing but the build.
 fn ensure_model(path: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::{bail, Context};
@@ -683,7 +717,7 @@ fn ensure_model(path: &std::path::Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let preset = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-    if !["tiny", "tiny-alt", "bench"].contains(&preset) {
+    if !["tiny", "tiny-alt", "bench", "wide"].contains(&preset) {
         bail!("model {} does not exist", path.display());
     }
     eprintln!(

@@ -29,8 +29,9 @@ pub struct RunSettings {
     pub verify_fraction: f64,
     /// Tokens per micro-batch.
     pub n_ubatch: u32,
-    /// Trace every n-th chunk (0: no trace).
-    pub trace_every: u32,
+    /// Traced tokens per split (fit, held-out), spread evenly over the
+    /// corpus as "every n-th chunk" (see [`super::trace_plan`]); 0: no trace.
+    pub trace_tokens_per_split: u64,
     /// Router top-N per trace row.
     pub trace_top_n: u32,
     /// f32 KV cache (exact oracle comparisons); production keeps f16.
@@ -45,11 +46,12 @@ pub struct RunSettings {
 }
 
 impl RunSettings {
-    /// The evaluation settings every worker of the run shares.
-    pub fn job_options(&self) -> common::wire::JobOptions {
+    /// The evaluation settings every worker of the run shares; `trace_every`
+    /// is the chunk stride that meets `trace_tokens_per_split` for the corpus.
+    pub fn job_options(&self, trace_every: u32) -> common::wire::JobOptions {
         common::wire::JobOptions {
             n_ubatch: self.n_ubatch,
-            trace_every: self.trace_every,
+            trace_every,
             trace_top_n: self.trace_top_n,
             f32_kv: self.f32_kv,
             flash_attn: self.flash_attn,
@@ -71,7 +73,7 @@ impl Default for RunSettings {
             max_worker_failures: sched.max_worker_failures,
             verify_fraction: sched.verify_fraction,
             n_ubatch: 512,
-            trace_every: 1,
+            trace_tokens_per_split: 65_536,
             trace_top_n: 64,
             f32_kv: false,
             flash_attn: false,

@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Write a deterministic MoE GGUF model that llama.cpp loads and runs.
     SynthModel(SynthArgs),
+    /// Write a deterministic three-domain corpus (prose, code, chat) of a given size.
+    SynthCorpus(SynthCorpusArgs),
     /// Measure a chunk range of a tokenized corpus and write a partial (no network).
     Collect(collect::CollectArgs),
     /// Join a run: prove the join secret, then measure leased chunk ranges.
@@ -44,6 +46,20 @@ struct SynthArgs {
     weight_type: Option<crate::synth::WeightType>,
 }
 
+#[derive(clap::Args, Debug)]
+struct SynthCorpusArgs {
+    /// Output directory (one file per domain).
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// Characters per domain (about 1.3 characters per token with the
+    /// synthetic vocabulary: the default gives about 1.1M tokens in all).
+    #[arg(long, default_value_t = 500_000)]
+    chars: usize,
+    /// Seed of the generated documents.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
 /// Parses the command line, runs the subcommand and maps errors to the exit code.
 pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -62,6 +78,15 @@ pub fn main() -> ExitCode {
                     a.seed,
                     a.out.display()
                 );
+            })
+        }
+        Command::SynthCorpus(a) => {
+            crate::synth::corpus::write_corpus(&a.out, a.chars, a.seed).map(|()| {
+                println!(
+                    "wrote {} to {}",
+                    crate::synth::corpus::FILES.join(", "),
+                    a.out.display()
+                )
             })
         }
         Command::Collect(a) => collect::run(a),

@@ -6,8 +6,12 @@
 //!   normalised and scaled weights).
 //! - [`Preset::Bench`]: a larger qwen3moe with Q8_0 weights, so a forward
 //!   pass dominates the callback's cost.
+//! - [`Preset::Wide`]: qwen3moe at the real routing shape (48 MoE layers x
+//!   512 experts, top-10) with a small hidden size, so traces, replay and
+//!   reports meet production sizes on a CPU.
 //! - [`Preset::Dense`]: a dense qwen3 model, for the "no MoE layers" error.
 
+pub mod corpus;
 mod vocab;
 mod weights;
 
@@ -28,6 +32,8 @@ pub enum Preset {
     TinyAlt,
     /// qwen3moe, 8 MoE layers, 64 experts, top-8, hidden 512, Q8_0.
     Bench,
+    /// qwen3moe, 48 MoE layers, 512 experts, top-10, hidden 64, expert width 16, f16.
+    Wide,
     /// qwen3 without experts: a valid model that the collector must refuse.
     Dense,
 }
@@ -140,6 +146,16 @@ impl Preset {
                 n_shared: 0,
                 weight_type: TensorType::Q8_0,
                 n_merges: 400,
+            },
+            Preset::Wide => Spec {
+                n_layer: 48,
+                n_expert: 512,
+                n_expert_used: 10,
+                n_ff_exp: 16,
+                // f16 halves the file (~150 MB); Q8_0 needs rows of 32 and the
+                // down projection's rows are 16 wide.
+                weight_type: TensorType::F16,
+                ..Preset::Tiny.spec()
             },
             Preset::Dense => Spec {
                 arch: "qwen3",
