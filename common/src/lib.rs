@@ -3,6 +3,8 @@
 //! - [`exact`]: [`ExactSum`], the fixed-point sum that makes merges exact.
 //! - [`stats`] and [`imatrix`]: the worker's accumulators and their merge.
 //! - [`partial`]: what a worker returns for a set of chunks.
+//! - [`eval`]: pruned candidates against the base model: partials, exact
+//!   merge, the summary.
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
@@ -12,6 +14,7 @@
 
 pub mod artifacts;
 pub mod corpus;
+pub mod eval;
 pub mod exact;
 pub mod gguf;
 pub mod gguf_read;
