@@ -185,6 +185,9 @@ pub struct GgufHeader {
     pub version: u32,
     /// Metadata in file order.
     pub kv: Vec<(String, GgufValue)>,
+    /// Byte range in the file of each metadata entry (key, type and value),
+    /// parallel to `kv`, so a rewriter can copy entries verbatim.
+    pub kv_ranges: Vec<std::ops::Range<u64>>,
     /// Tensor descriptions in file order.
     pub tensors: Vec<TensorInfo>,
     /// `general.alignment`, or 32.
@@ -205,12 +208,38 @@ impl GgufHeader {
     }
 }
 
-/// Longest string or array the reader accepts, against corrupt lengths.
-const MAX_LEN: u64 = 1 << 32;
+/// Most memory the parsed metadata may take. Values are held as
+/// [`GgufValue`]s, larger than their bytes in the file (a u8 array element
+/// takes a whole enum), so the bytes present do not bound memory alone; real
+/// headers (a 262k-token vocabulary with its merges) take tens of MiB.
+pub const MAX_METADATA_MEMORY: u64 = 256 << 20;
+
+/// Deepest nesting of arrays of arrays accepted.
+const MAX_ARRAY_DEPTH: u32 = 4;
+
+/// Most dimensions of a tensor (ggml's `GGML_MAX_DIMS`).
+const MAX_DIMS: u32 = 4;
+
+/// Smallest encoding of a value of each type, so a count can be checked
+/// against the bytes left before anything is allocated for it.
+fn min_value_bytes(ty: u32) -> u64 {
+    match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
+        9 => 12,
+        _ => 1,
+    }
+}
 
 struct Cursor<'a, R> {
     r: &'a mut R,
     pos: u64,
+    /// Length of the input: no count may claim more bytes than remain.
+    end: u64,
+    /// Memory the parsed values may still take.
+    budget: u64,
     path: &'a str,
 }
 
@@ -223,6 +252,9 @@ impl<R: Read> Cursor<'_, R> {
     }
 
     fn bytes<const N: usize>(&mut self) -> Result<[u8; N], GgufReadError> {
+        if self.end - self.pos < N as u64 {
+            return Err(self.bad(format!("file ends at byte {} inside the header", self.end)));
+        }
         let mut b = [0u8; N];
         self.r
             .read_exact(&mut b)
@@ -242,36 +274,48 @@ impl<R: Read> Cursor<'_, R> {
         Ok(u64::from_le_bytes(self.bytes()?))
     }
 
-    fn len(&mut self, what: &str) -> Result<u64, GgufReadError> {
+    /// A count of items of at least `item_bytes` bytes each, checked against
+    /// the bytes left in the input.
+    fn count(&mut self, what: &str, item_bytes: u64) -> Result<u64, GgufReadError> {
         let n = self.u64()?;
-        if n > MAX_LEN {
+        let left = self.end - self.pos;
+        if n.checked_mul(item_bytes).is_none_or(|need| need > left) {
             return Err(self.bad(format!(
-                "{what} length {n} at byte {} is implausible",
+                "{what} {n} at byte {} needs more than the {left} bytes left in the file",
                 self.pos - 8
             )));
         }
         Ok(n)
     }
 
+    /// Takes `bytes` of memory from the metadata budget.
+    fn charge(&mut self, bytes: u64) -> Result<(), GgufReadError> {
+        self.budget = self.budget.checked_sub(bytes).ok_or_else(|| {
+            self.bad(format!(
+                "metadata would take more than {} MiB of memory",
+                MAX_METADATA_MEMORY >> 20
+            ))
+        })?;
+        Ok(())
+    }
+
     fn string(&mut self) -> Result<String, GgufReadError> {
-        let n = self.len("string")?;
-        let mut b = Vec::new();
-        let read = (&mut *self.r)
-            .take(n)
-            .read_to_end(&mut b)
+        let n = self.count("string length", 1)?;
+        self.charge(n)?;
+        let mut b = vec![0u8; n as usize];
+        self.r
+            .read_exact(&mut b)
             .map_err(|source| GgufReadError::Io {
                 path: self.path.to_string(),
                 source,
             })?;
-        if read as u64 != n {
-            return Err(self.bad(format!("file ends inside a string at byte {}", self.pos)));
-        }
         self.pos += n;
         String::from_utf8(b)
             .map_err(|_| self.bad(format!("string before byte {} is not UTF-8", self.pos)))
     }
 
-    fn value(&mut self, ty: u32, key: &str) -> Result<GgufValue, GgufReadError> {
+    fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<GgufValue, GgufReadError> {
+        self.charge(std::mem::size_of::<GgufValue>() as u64)?;
         Ok(match ty {
             0 => GgufValue::U8(u8::from_le_bytes(self.bytes()?)),
             1 => GgufValue::I8(i8::from_le_bytes(self.bytes()?)),
@@ -287,11 +331,19 @@ impl<R: Read> Cursor<'_, R> {
             },
             8 => GgufValue::Str(self.string()?),
             9 => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(self.bad(format!(
+                        "key {key:?}: arrays nested deeper than {MAX_ARRAY_DEPTH}"
+                    )));
+                }
                 let item = self.u32()?;
-                let n = self.len("array")?;
-                let mut items = Vec::with_capacity(n.min(1 << 16) as usize);
+                if item > 12 {
+                    return Err(self.bad(format!("key {key:?}: array of unknown type {item}")));
+                }
+                let n = self.count("array length", min_value_bytes(item))?;
+                let mut items = Vec::with_capacity(n as usize);
                 for _ in 0..n {
-                    items.push(self.value(item, key)?);
+                    items.push(self.value(item, key, depth + 1)?);
                 }
                 GgufValue::Array(items)
             }
@@ -301,12 +353,109 @@ impl<R: Read> Cursor<'_, R> {
             t => return Err(self.bad(format!("key {key:?} has unknown value type {t}"))),
         })
     }
+
+    /// One tensor description; its size is computed with overflow checks.
+    fn tensor_info(&mut self) -> Result<TensorInfo, GgufReadError> {
+        let name = self.string()?;
+        let n_dims = self.u32()?;
+        if n_dims > MAX_DIMS {
+            return Err(self.bad(format!("tensor {name:?} has {n_dims} dimensions")));
+        }
+        let dims = (0..n_dims)
+            .map(|_| self.u64())
+            .collect::<Result<Vec<_>, _>>()?;
+        let ggml_type = self.u32()?;
+        let offset = self.u64()?;
+        let (block, size) = ggml_type_size(ggml_type).ok_or_else(|| {
+            self.bad(format!("tensor {name:?} has unknown ggml type {ggml_type}"))
+        })?;
+        let n = dims
+            .iter()
+            .try_fold(1u64, |n, &d| {
+                n.checked_mul(d).filter(|&n| n <= i64::MAX as u64)
+            })
+            .ok_or_else(|| self.bad(format!("tensor {name:?}: dims {dims:?} overflow")))?;
+        let row = dims.first().copied().unwrap_or(1);
+        if !row.is_multiple_of(block) {
+            return Err(self.bad(format!(
+                "tensor {name:?}: rows of {row} elements are not whole blocks of {block}"
+            )));
+        }
+        let n_bytes = (n / block)
+            .checked_mul(size)
+            .ok_or_else(|| self.bad(format!("tensor {name:?}: size overflows")))?;
+        Ok(TensorInfo {
+            name,
+            dims,
+            ggml_type,
+            offset,
+            n_bytes,
+        })
+    }
 }
 
-/// Parses the header from `r`, which must be at the start of the file.
-/// `path` names the input in errors.
-pub fn read_header(r: &mut impl Read, path: &str) -> Result<GgufHeader, GgufReadError> {
-    let mut c = Cursor { r, pos: 0, path };
+/// Checks that every tensor's data is aligned, inside the file and apart
+/// from every other tensor's.
+fn check_data_ranges(
+    tensors: &[TensorInfo],
+    data_offset: u64,
+    file_len: u64,
+    alignment: u64,
+    path: &str,
+) -> Result<(), GgufReadError> {
+    let bad = |reason: String| GgufReadError::Malformed {
+        path: path.to_string(),
+        reason,
+    };
+    let data_len = file_len.saturating_sub(data_offset);
+    let mut ranges = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        if !t.offset.is_multiple_of(alignment) {
+            return Err(bad(format!(
+                "tensor {:?}: data offset {} is not a multiple of the alignment {alignment}",
+                t.name, t.offset
+            )));
+        }
+        let end = t
+            .offset
+            .checked_add(t.n_bytes)
+            .filter(|&end| end <= data_len)
+            .ok_or_else(|| {
+                bad(format!(
+                    "tensor {:?}: {} bytes at data offset {} run past the end of the file ({data_len} bytes of data)",
+                    t.name, t.n_bytes, t.offset
+                ))
+            })?;
+        ranges.push((t.offset, end, &t.name));
+    }
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(bad(format!(
+                "tensors {:?} and {:?} overlap in the data section",
+                w[0].2, w[1].2
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Parses the header from `r`, which must be at the start of an input of
+/// `file_len` bytes; `path` names the input in errors. Every count is
+/// checked against the bytes present before anything is allocated for it,
+/// and every tensor's data must lie inside the file, apart from the others.
+pub fn read_header(
+    r: &mut impl Read,
+    file_len: u64,
+    path: &str,
+) -> Result<GgufHeader, GgufReadError> {
+    let mut c = Cursor {
+        r,
+        pos: 0,
+        end: file_len,
+        budget: MAX_METADATA_MEMORY,
+        path,
+    };
     if &c.bytes::<4>()? != b"GGUF" {
         return Err(c.bad("not a GGUF file (bad magic)".into()));
     }
@@ -314,54 +463,50 @@ pub fn read_header(r: &mut impl Read, path: &str) -> Result<GgufHeader, GgufRead
     if !(2..=3).contains(&version) {
         return Err(c.bad(format!("GGUF version {version} is not supported (2 or 3)")));
     }
-    let n_tensors = c.len("tensor count")?;
-    let n_kv = c.len("metadata count")?;
-    let mut kv = Vec::with_capacity(n_kv.min(1 << 16) as usize);
+    // Smallest tensor description: empty name, no dims, type, offset.
+    let n_tensors = c.count("tensor count", 8 + 4 + 4 + 8)?;
+    // Smallest metadata entry: empty key, type, one byte.
+    let n_kv = c.count("metadata count", 8 + 4 + 1)?;
+    let mut kv = Vec::with_capacity(n_kv as usize);
+    let mut kv_ranges = Vec::with_capacity(n_kv as usize);
+    let mut keys = std::collections::HashSet::with_capacity(n_kv as usize);
     for _ in 0..n_kv {
+        let start = c.pos;
         let key = c.string()?;
         let ty = c.u32()?;
-        let value = c.value(ty, &key)?;
+        let value = c.value(ty, &key, 0)?;
+        if !keys.insert(key.clone()) {
+            return Err(c.bad(format!("metadata key {key:?} appears twice")));
+        }
         kv.push((key, value));
+        kv_ranges.push(start..c.pos);
     }
-    let mut tensors = Vec::with_capacity(n_tensors.min(1 << 16) as usize);
+    let mut tensors = Vec::with_capacity(n_tensors as usize);
+    let mut names = std::collections::HashSet::with_capacity(n_tensors as usize);
     for _ in 0..n_tensors {
-        let name = c.string()?;
-        let n_dims = c.u32()?;
-        if n_dims > 8 {
-            return Err(c.bad(format!("tensor {name:?} has {n_dims} dimensions")));
+        let t = c.tensor_info()?;
+        if !names.insert(t.name.clone()) {
+            return Err(c.bad(format!("tensor {:?} appears twice", t.name)));
         }
-        let dims = (0..n_dims)
-            .map(|_| c.u64())
-            .collect::<Result<Vec<_>, _>>()?;
-        let ggml_type = c.u32()?;
-        let offset = c.u64()?;
-        let (block, size) = ggml_type_size(ggml_type)
-            .ok_or_else(|| c.bad(format!("tensor {name:?} has unknown ggml type {ggml_type}")))?;
-        let n: u64 = dims.iter().product();
-        if !n.is_multiple_of(block) {
-            return Err(c.bad(format!(
-                "tensor {name:?}: {n} elements is not a multiple of the block size {block}"
-            )));
-        }
-        tensors.push(TensorInfo {
-            name,
-            dims,
-            ggml_type,
-            offset,
-            n_bytes: n / block * size,
-        });
+        tensors.push(t);
     }
     let alignment = match kv.iter().find(|(k, _)| k == "general.alignment") {
         None => 32,
         Some((_, v)) => match v.as_u64() {
-            Some(a) if a > 0 && a.is_power_of_two() => a,
-            _ => return Err(c.bad(format!("general.alignment {v:?} is not a power of two"))),
+            Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 30 => a,
+            _ => {
+                return Err(c.bad(format!(
+                    "general.alignment {v:?} is not a power of two up to 2^30"
+                )))
+            }
         },
     };
     let data_offset = c.pos.next_multiple_of(alignment);
+    check_data_ranges(&tensors, data_offset, file_len, alignment, path)?;
     Ok(GgufHeader {
         version,
         kv,
+        kv_ranges,
         tensors,
         alignment,
         data_offset,
@@ -392,7 +537,13 @@ impl<R: Read + Seek> GgufReader<R> {
     /// Reads the header from `inner` (positioned at the start of the file);
     /// `path` names the input in errors.
     pub fn new(mut inner: R, path: &str) -> Result<Self, GgufReadError> {
-        let header = read_header(&mut inner, path)?;
+        let io = |source| GgufReadError::Io {
+            path: path.to_string(),
+            source,
+        };
+        let file_len = inner.seek(SeekFrom::End(0)).map_err(io)?;
+        inner.seek(SeekFrom::Start(0)).map_err(io)?;
+        let header = read_header(&mut inner, file_len, path)?;
         Ok(GgufReader {
             header,
             inner,
@@ -604,5 +755,81 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().starts_with("t.gguf: "), "{err}");
+    }
+
+    /// A header of `n_tensors` F32 tensors `[2]` at the given data offsets,
+    /// with `data_len` bytes of data after the aligned header.
+    fn with_offsets(names: &[&str], offsets: &[u64], data_len: usize) -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend(b"GGUF");
+        f.extend(3u32.to_le_bytes());
+        f.extend((names.len() as u64).to_le_bytes());
+        f.extend(0u64.to_le_bytes());
+        for (name, off) in names.iter().zip(offsets) {
+            f.extend((name.len() as u64).to_le_bytes());
+            f.extend(name.as_bytes());
+            f.extend(1u32.to_le_bytes());
+            f.extend(2u64.to_le_bytes());
+            f.extend(0u32.to_le_bytes());
+            f.extend(off.to_le_bytes());
+        }
+        f.resize(f.len().next_multiple_of(32) + data_len, 0);
+        f
+    }
+
+    fn refusal(bytes: Vec<u8>) -> String {
+        GgufReader::new(io::Cursor::new(bytes), "x.gguf")
+            .err()
+            .expect("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn tensor_data_must_be_inside_the_file_aligned_and_apart() {
+        assert!(GgufReader::new(
+            io::Cursor::new(with_offsets(&["a", "b"], &[0, 32], 40)),
+            "ok"
+        )
+        .is_ok());
+        let msg = refusal(with_offsets(&["a", "b"], &[0, 32], 39));
+        assert!(
+            msg.contains("\"b\": 8 bytes at data offset 32 run past the end"),
+            "{msg}"
+        );
+        let msg = refusal(with_offsets(&["a", "b"], &[0, 0], 64));
+        assert!(msg.contains("tensors \"a\" and \"b\" overlap"), "{msg}");
+        let msg = refusal(with_offsets(&["a"], &[4], 64));
+        assert!(
+            msg.contains("offset 4 is not a multiple of the alignment 32"),
+            "{msg}"
+        );
+        let msg = refusal(with_offsets(&["a", "a"], &[0, 32], 64));
+        assert!(msg.contains("tensor \"a\" appears twice"), "{msg}");
+        let msg = refusal(with_offsets(&["a"], &[u64::MAX - 31], 64));
+        assert!(msg.contains("run past the end"), "{msg}");
+    }
+
+    #[test]
+    fn counts_are_checked_against_the_bytes_present() {
+        let mut f = Vec::new();
+        f.extend(b"GGUF");
+        f.extend(3u32.to_le_bytes());
+        f.extend(0u64.to_le_bytes());
+        f.extend(1u64.to_le_bytes());
+        f.extend(1u64.to_le_bytes());
+        f.extend(b"k");
+        f.extend(9u32.to_le_bytes());
+        f.extend(0u32.to_le_bytes());
+        f.extend((1u64 << 40).to_le_bytes());
+        let msg = refusal(f);
+        assert!(msg.contains("array length 1099511627776"), "{msg}");
+        let mut f = b"GGUF".to_vec();
+        f.extend(3u32.to_le_bytes());
+        f.extend(u64::MAX.to_le_bytes());
+        f.extend(0u64.to_le_bytes());
+        assert!(refusal(f).contains("tensor count"));
+        let mut g = GgufWriter::new();
+        g.kv("k", Value::U32(1)).kv("k", Value::U32(2));
+        assert!(refusal(g.to_bytes()).contains("key \"k\" appears twice"));
     }
 }

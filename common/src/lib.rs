@@ -2,17 +2,22 @@
 //!
 //! - [`exact`]: [`ExactSum`], the fixed-point sum that makes merges exact.
 //! - [`stats`] and [`imatrix`]: the worker's accumulators and their merge.
-//! - [`partial`]: what a worker returns for a set of chunks.
+//! - [`partial`]: what a worker returns for a set of chunks; [`compare`]:
+//!   whether two workers' partials of the same chunks agree.
 //! - [`eval`]: pruned candidates against the base model: partials, exact
 //!   merge, the summary.
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
+//! - [`prune`]: a base model and its importance matrix sliced to a keep map.
 //! - [`store`]: run locations in object storage.
-//! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof).
+//! - [`splitmix`]: the seedable generator of deterministic test data.
+//! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof);
+//!   [`secret`]: the join secret; [`peer_text`]: peer strings made safe to log.
 #![deny(missing_docs)]
 
 pub mod artifacts;
+pub mod compare;
 pub mod corpus;
 pub mod eval;
 pub mod exact;
@@ -22,8 +27,12 @@ pub mod hash;
 pub mod imatrix;
 pub mod keepmap;
 pub mod partial;
+pub mod peer_text;
+pub mod prune;
 pub mod saliency;
+pub mod secret;
 pub mod split;
+pub mod splitmix;
 pub mod stats;
 pub mod store;
 pub mod trace;

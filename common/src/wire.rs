@@ -26,6 +26,7 @@ use crate::split::ChunkRange;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Version of this protocol; both sides must speak the same one.
@@ -40,6 +41,11 @@ pub const DEFAULT_MAX_FRAME: u32 = 64 << 20;
 
 /// Limit on frames a coordinator sends (they are small).
 pub const MAX_CONTROL_FRAME: u32 = 1 << 20;
+
+/// Limit on frames a worker sends before it has proven the join secret
+/// (`Hello`, `Proof`): a few KiB, so an unauthenticated peer cannot make the
+/// coordinator buffer megabytes.
+pub const PRE_AUTH_MAX_FRAME: u32 = 4 << 10;
 
 /// Bytes of the coordinator's challenge nonce.
 pub const NONCE_LEN: usize = 32;
@@ -192,6 +198,20 @@ pub enum ToCoordinator {
     },
 }
 
+impl ToCoordinator {
+    /// The message's name, for errors and logs that must not echo peer data.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ToCoordinator::Hello { .. } => "Hello",
+            ToCoordinator::Proof { .. } => "Proof",
+            ToCoordinator::Poll { .. } => "Poll",
+            ToCoordinator::Done { .. } => "Done",
+            ToCoordinator::Failed { .. } => "Failed",
+            ToCoordinator::Refuse { .. } => "Refuse",
+        }
+    }
+}
+
 /// Messages the coordinator sends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToWorker {
@@ -243,6 +263,9 @@ pub enum Refusal {
     /// The run failed; no more work.
     #[error("run failed: {0}")]
     RunFailed(String),
+    /// This worker failed too often and is kept out of the run.
+    #[error("quarantined for this run: {0}")]
+    Quarantined(String),
 }
 
 /// Errors of framing and decoding.
@@ -262,6 +285,9 @@ pub enum WireError {
     /// Reading or writing the stream failed.
     #[error("stream: {0}")]
     Io(#[from] std::io::Error),
+    /// The peer sent nothing for too long.
+    #[error("silent for {0:?}")]
+    Silent(Duration),
 }
 
 fn config() -> bincode::config::Configuration {
@@ -278,10 +304,26 @@ pub fn encode_frame<T: Serialize>(msg: &T) -> Vec<u8> {
     out
 }
 
-/// Decodes a frame body; trailing bytes are malformed too.
+fn decode_within<T: DeserializeOwned, const LIMIT: usize>(
+    body: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
+    bincode::serde::decode_from_slice(body, config().with_limit::<LIMIT>())
+}
+
+/// Decodes a frame body; trailing bytes are malformed too. Whatever lengths
+/// the body claims, decoding allocates at most the body's length rounded up
+/// to a power of two (bincode allocates a claimed `Vec<u8>` before reading
+/// it, so the limit must follow the body, not the largest frame).
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
-    let (msg, used) = bincode::serde::decode_from_slice(body, config().with_limit::<{ 1 << 31 }>())
-        .map_err(|e| WireError::Malformed(e.to_string()))?;
+    let decoded = match body.len() {
+        ..=0x1000 => decode_within::<T, 0x1000>(body),
+        0x1001..=0x1_0000 => decode_within::<T, 0x1_0000>(body),
+        0x1_0001..=0x10_0000 => decode_within::<T, 0x10_0000>(body),
+        0x10_0001..=0x100_0000 => decode_within::<T, 0x100_0000>(body),
+        0x100_0001..=0x1000_0000 => decode_within::<T, 0x1000_0000>(body),
+        _ => decode_within::<T, { 1 << 31 }>(body),
+    };
+    let (msg, used) = decoded.map_err(|e| WireError::Malformed(e.to_string()))?;
     if used != body.len() {
         return Err(WireError::Malformed(format!(
             "{} trailing bytes after the message",
@@ -319,6 +361,43 @@ pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(
     }
     let mut body = vec![0u8; len as usize];
     r.read_exact(&mut body).await?;
+    decode(&body).map(Some)
+}
+
+/// Reads one frame of at most `max` bytes like [`read_msg`], with two
+/// clocks: its first bytes must come within `first`, and then each further
+/// piece within `idle`; `progress` is called after each piece, so a caller
+/// can count a slow upload that keeps moving as a live peer.
+pub async fn read_msg_watched<R: AsyncRead + Unpin, T: DeserializeOwned>(
+    r: &mut R,
+    max: u32,
+    first: Duration,
+    idle: Duration,
+    mut progress: impl FnMut(),
+) -> Result<Option<T>, WireError> {
+    let mut len = [0u8; 4];
+    match tokio::time::timeout(first, r.read_exact(&mut len)).await {
+        Err(_) => return Err(WireError::Silent(first)),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Ok(Err(e)) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len);
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    let mut body = vec![0u8; len as usize];
+    let mut filled = 0;
+    while filled < body.len() {
+        let n = tokio::time::timeout(idle, r.read(&mut body[filled..]))
+            .await
+            .map_err(|_| WireError::Silent(idle))??;
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+        filled += n;
+        progress();
+    }
     decode(&body).map(Some)
 }
 

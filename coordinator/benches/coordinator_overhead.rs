@@ -185,6 +185,7 @@ fn sched_bench() {
             heartbeat_timeout: Duration::from_secs(60),
             max_attempts: 3,
             idle_poll: Duration::from_millis(100),
+            ..SchedConfig::default()
         },
         units,
         &BTreeMap::new(),

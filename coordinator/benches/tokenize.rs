@@ -5,7 +5,7 @@
 //! a Markdown table for BENCHMARKS.md.
 
 use coordinator::config::Config;
-use coordinator::corpus::chat::render;
+use coordinator::corpus::prepare::render;
 use coordinator::corpus::source::read_source;
 use coordinator::corpus::tokenizer::{tokenize_all, LlamaTokenizer};
 use std::path::Path;

@@ -33,7 +33,7 @@ pub struct Config {
 }
 
 impl Config {
-    /// Reads and parses a config file, remembering its directory.
+    /// Reads, parses and checks a config file, remembering its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
@@ -46,6 +46,13 @@ impl Config {
             },
             other => other,
         })?;
+        config
+            .run
+            .validate()
+            .map_err(|message| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            })?;
         config.base_dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())

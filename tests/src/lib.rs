@@ -91,6 +91,33 @@ pub async fn copy_corpus(from: &common::store::RunStore, to: &common::store::Run
     }
 }
 
+/// A run config over one plain-text domain of a few short documents, with
+/// the tiny model beside it: small enough for a whole `coordinator run` in
+/// seconds. `extra` is appended (e.g. a `[cluster]` section).
+pub fn text_config(dir: &Path, extra: &str) -> PathBuf {
+    model(dir, Preset::Tiny);
+    let docs: Vec<String> = (0..12)
+        .map(|i| {
+            format!(
+                "Document {i} says that {} is a number worth writing down.",
+                i * 7
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("docs.txt"), docs.join("\n\n")).unwrap();
+    let config = dir.join("text.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = \"tiny.gguf\"\n[corpus]\nn_ctx = 32\n\
+             [[corpus.domains]]\nname = \"text\"\n\
+             sources = [{{ path = \"docs.txt\", separator = \"\\n\\n\" }}]\n{extra}"
+        ),
+    )
+    .unwrap();
+    config
+}
+
 /// Names the variable that, set to `1`, lets the S3 tests skip when no
 /// S3-compatible server is configured (a fresh laptop without moto).
 pub const SKIP_S3_ENV: &str = "MOE_CENSUS_SKIP_S3";

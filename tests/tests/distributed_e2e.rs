@@ -1,7 +1,9 @@
 //! End-to-end distributed runs with real llama.cpp workers (`worker join`
 //! processes) on the generated `tiny` model over loopback QUIC: byte-identical
 //! artifacts for 1 and 3 workers, a worker killed with SIGKILL mid-lease, a
-//! coordinator killed and restarted, and a whole run on the S3 test server.
+//! coordinator killed and restarted (with new local workers, and with the
+//! same `worker join` processes reconnecting), and a whole run on the S3
+//! test server.
 
 use common::artifacts::names;
 use common::store::RunStore;
@@ -208,4 +210,130 @@ async fn whole_real_run_round_trips_through_s3() {
     assert_eq!(summary.computed, 6);
     assert_eq!(artifacts(&s3).await, expected);
     verify_ok(&s3).await;
+}
+
+/// Starts `worker join` processes against a fixed address, trusting a CA
+/// and reading a secret file, as a cluster launch would.
+fn join_processes(
+    addr: &str,
+    ca_pem: &Path,
+    secret: &Path,
+    model: &Path,
+) -> Vec<std::process::Child> {
+    (0..2)
+        .map(|i| {
+            fixtures::command("worker")
+                .args(["join", "--coordinator", addr, "--ca"])
+                .arg(ca_pem)
+                .arg("--secret-file")
+                .arg(secret)
+                .args(["--name", &format!("proc-{i}"), "--threads", "1"])
+                .args(["--give-up-after-s", "60", "--model"])
+                .arg(model)
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Regression: `worker join` exited when its coordinator went away. Two
+/// real worker processes outlive a coordinator killed mid-run (its runtime
+/// dropped: no goodbye, its socket gone) and finish the run with the
+/// coordinator restarted on the same address, CA and secret.
+#[test]
+fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let bin = fixtures::bin("worker");
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let expected = runtime().block_on(reference(d.path(), &bin, &model));
+    let mut s = setup(&d.path().join("restarted"), &model);
+    let ca_dir = d.path().join("ca");
+    let ca_pem = coordinator::net::tls::create_ca(&ca_dir).unwrap();
+    let secret = d.path().join("secret");
+    std::fs::write(&secret, "r".repeat(48)).unwrap();
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    s.cluster = ClusterSettings {
+        listen: addr.clone(),
+        ca_dir: Some(ca_dir),
+        secret_file: Some(secret.clone()),
+        ..ClusterSettings::default()
+    };
+    let procs: Arc<Mutex<Vec<std::process::Child>>> = Arc::default();
+    // First coordinator: killed once 2 leases are stored.
+    let first = runtime();
+    let (s1, p1) = (s.clone(), procs.clone());
+    let (ca1, sec1, model1, addr1) = (ca_pem.clone(), secret.clone(), model.clone(), addr.clone());
+    let run1 = first.spawn(async move {
+        execute(&s1, |_| {
+            p1.lock()
+                .unwrap()
+                .extend(join_processes(&addr1, &ca1, &sec1, &model1));
+            Ok(Vec::new())
+        })
+        .await
+    });
+    let start = std::time::Instant::now();
+    while first.block_on(s.store.list("partials")).unwrap().len() < 2 {
+        assert!(
+            !run1.is_finished(),
+            "the first run ended before it was killed"
+        );
+        assert!(start.elapsed() < Duration::from_secs(300), "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.shutdown_background();
+    let second = runtime();
+    let stored = second.block_on(s.store.list("partials")).unwrap().len();
+    // Second coordinator on the same address (retrying until the old socket is gone).
+    let summary = second.block_on(async {
+        for _ in 0..100 {
+            match execute(&s, |_| Ok(Vec::new())).await {
+                Err(coordinator::run::RunError::Net(coordinator::net::NetError::Bind {
+                    ..
+                })) => tokio::time::sleep(Duration::from_millis(100)).await,
+                other => return other.unwrap(),
+            }
+        }
+        panic!("{addr} never became free");
+    });
+    assert!(summary.resumed >= stored.min(6), "{summary:?}");
+    assert_eq!(summary.resumed + summary.computed, 6);
+    assert!(summary.computed >= 1, "{summary:?}");
+    assert!(
+        summary.workers.iter().all(|w| w.name.starts_with("proc-")),
+        "only the original processes worked: {summary:?}"
+    );
+    second.block_on(async { assert_eq!(artifacts(&s.store).await, expected) });
+    second.block_on(verify_ok(&s.store));
+    let joined: Vec<&str> = summary.workers.iter().map(|w| w.name.as_str()).collect();
+    for (i, mut child) in procs.lock().unwrap().drain(..).enumerate() {
+        let name = format!("proc-{i}");
+        let status = (0..900).find_map(|_| {
+            let s = child.try_wait().unwrap();
+            if s.is_none() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            s
+        });
+        let _ = child.kill();
+        if joined.contains(&name.as_str()) {
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "{name} rejoined but did not finish cleanly: {status:?}"
+            );
+        }
+    }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use worker::join::fake::FakeEngine;
 use worker::join::tls::{client_config, Trust};
-use worker::join::{join, ClientOptions, JoinError, JoinSummary};
+use worker::join::{join, ClientOptions, JoinError, JoinSummary, Reconnect};
 
 const MODEL: &str = "fake-model-sha";
 
@@ -41,6 +41,7 @@ fn client(l: &Listening, name: &str) -> ClientOptions {
         trust: Trust::Pin(l.pin.clone()),
         secret: l.secret.clone(),
         name: name.into(),
+        reconnect: Reconnect::giving_up_after(Duration::from_secs(5)),
     }
 }
 
@@ -146,7 +147,7 @@ async fn wrong_secret_is_refused_and_receives_no_lease() {
     let s = setup(d.path(), 4);
     let (summary, handles) = run_with(&s, |l| {
         let mut bad = client(l, "intruder");
-        bad.secret = b"not the secret".to_vec();
+        bad.secret = common::secret::JoinSecret::new(&[b'x'; 40], "test").unwrap();
         let intruder = tokio::spawn(async move { join(&bad, FakeEngine::new(MODEL)).await });
         let mut hs = vec![intruder];
         hs.extend(fake_workers(l, 1));

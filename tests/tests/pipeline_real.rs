@@ -71,7 +71,10 @@ fn verify_score_replay_and_report_on_a_real_collection_run() {
     let text = String::from_utf8_lossy(&verify.stdout);
     assert!(verify.status.success(), "verify with keep maps:\n{text}");
     assert!(!text.contains("FAIL"), "verify with keep maps:\n{text}");
-    assert!(text.contains("keep map"), "verify checks the keep maps:\n{text}");
+    assert!(
+        text.contains("keep map"),
+        "verify checks the keep maps:\n{text}"
+    );
 
     run(
         "coordinator",

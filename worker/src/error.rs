@@ -47,6 +47,16 @@ pub enum WorkerError {
         #[source]
         source: std::io::Error,
     },
+    /// A collection option is out of range.
+    #[error("invalid option {option} = {value}: {reason}")]
+    Option {
+        /// The option's name.
+        option: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it cannot be used.
+        reason: &'static str,
+    },
     /// Writing a trace part failed.
     #[error("trace part {name}: {reason}")]
     Trace {

@@ -1,8 +1,6 @@
-//! Chat records: roles, and rendering a conversation to the text the model
-//! saw in training (through the model's own chat template).
+//! Chat records: roles and messages, as sources read them and the model's
+//! chat template takes them.
 
-use super::source::Content;
-use super::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
 /// A message author. Only roles every chat template knows are accepted, so a
@@ -52,15 +50,4 @@ pub struct Message {
     pub role: Role,
     /// What they wrote.
     pub content: String,
-}
-
-/// Text to tokenize for a record, and whether special-token text in it is
-/// parsed as special tokens (only for templated chat: the template's markers
-/// must become control tokens, while plain text that happens to contain
-/// `<|im_end|>` must not).
-pub fn render(tokenizer: &dyn Tokenizer, content: &Content) -> Result<(String, bool), String> {
-    match content {
-        Content::Text(t) => Ok((t.clone(), false)),
-        Content::Chat(messages) => Ok((tokenizer.apply_chat_template(messages)?, true)),
-    }
 }

@@ -8,7 +8,7 @@ use super::tokenizer::TokenizerInfo;
 use serde::{Deserialize, Serialize};
 
 /// Object name of the manifest under the run.
-pub const MANIFEST_FILE: &str = "manifest.json";
+pub const MANIFEST_FILE: &str = common::artifacts::names::MANIFEST_JSON;
 
 /// Object name of the per-document table under `corpus/`.
 pub const DOCUMENTS_FILE: &str = "documents.jsonl";
@@ -49,7 +49,8 @@ pub struct Manifest {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SourceInfo {
-    /// Path as resolved from the config.
+    /// Path as the config names it (relative to the config's directory), so
+    /// the manifest does not depend on where the command was started.
     pub path: String,
     /// SHA-256 of its bytes.
     pub sha256: String,

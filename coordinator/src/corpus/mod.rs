@@ -1,8 +1,9 @@
 //! `coordinator corpus`: turn per-domain source files into the tokenized,
 //! split, deduplicated, balanced and packed corpus that workers read.
 //!
-//! - [`source`] reads JSONL / Parquet / text records; [`chat`] renders chat
-//!   records with the model's template; [`tokenizer`] tokenizes in parallel.
+//! - [`source`] reads JSONL / Parquet / text records ([`chat`] messages
+//!   among them); [`tokenizer`] applies the model's chat template and
+//!   tokenizes in parallel.
 //! - [`heldout`] splits by document group; [`dedup`] drops near-duplicates.
 //! - [`shares`] measures and checks token shares; [`schedule`] orders and
 //!   [`pack`] cuts the chunks; [`prepare`] runs all of it without storage.

@@ -1,14 +1,13 @@
 //! The corpus pipeline without storage: read, template, tokenize, split,
 //! deduplicate, measure shares, schedule and pack.
 
-use super::chat::render;
 use super::doc::Doc;
 use super::error::CorpusError;
 use super::manifest::{
     ChunkPlan, DocRecord, DomainInfo, Dropped, EvalSetInfo, Manifest, SourceInfo, CORPUS_FORMAT,
 };
 use super::shares::{self, ShareRow};
-use super::source::{read_source, Record, SourceData};
+use super::source::{read_source, Content, Record, SourceData};
 use super::tokenizer::{tokenize_all, Tokenizer};
 use super::{dedup, heldout, pack, schedule};
 use crate::config::{Config, CorpusConfig, SourceConfig};
@@ -17,6 +16,7 @@ use common::Split;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
+use std::path::Path;
 
 /// A prepared corpus, ready to store.
 #[derive(Clone, Debug)]
@@ -135,13 +135,12 @@ fn read_all(
     };
     for s in sources {
         let SourceData {
-            path,
             sha256,
             bytes,
             records,
         } = read_source(s, &config.resolve(&s.path), group_key)?;
         out.sources.push(SourceInfo {
-            path: path.display().to_string(),
+            path: s.path.display().to_string(),
             sha256: sha256.clone(),
             bytes,
             records: records.len() as u64,
@@ -199,7 +198,7 @@ pub fn prepare(
         .par_iter()
         .map(|(_, rec)| {
             render(tokenizer, &rec.content).map_err(|message| CorpusError::Record {
-                at: rec.at.clone(),
+                at: config.resolve(Path::new(&rec.at)).display().to_string(),
                 message,
             })
         })
@@ -366,6 +365,17 @@ pub fn prepare(
         manifest,
         documents,
     })
+}
+
+/// Text to tokenize for a record, and whether special-token text in it is
+/// parsed as special tokens (only for templated chat: the template's markers
+/// must become control tokens, while plain text that happens to contain
+/// `<|im_end|>` must not).
+pub fn render(tokenizer: &dyn Tokenizer, content: &Content) -> Result<(String, bool), String> {
+    match content {
+        Content::Text(t) => Ok((t.clone(), false)),
+        Content::Chat(messages) => Ok((tokenizer.apply_chat_template(messages)?, true)),
+    }
 }
 
 /// `corpus/documents.jsonl`: one JSON line per document.

@@ -8,7 +8,7 @@ use arrow::array::{Array, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::DataType;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What a record holds.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,7 +22,10 @@ pub enum Content {
 /// One document as read from a source.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
-    /// Where it came from (`path:LINE`, `path (row N)`, `path (document N)`).
+    /// Where it came from (`path:LINE`, `path (row N)`, `path (document N)`),
+    /// with the source's path as the config names it (relative to the
+    /// config's directory), so the location, and the group and order derived
+    /// from it, do not depend on the directory the command runs in.
     pub at: String,
     /// The document.
     pub content: Content,
@@ -33,8 +36,6 @@ pub struct Record {
 /// A source file read whole.
 #[derive(Clone, Debug)]
 pub struct SourceData {
-    /// The path as resolved.
-    pub path: PathBuf,
     /// SHA-256 of the file's bytes.
     pub sha256: String,
     /// File size in bytes.
@@ -56,7 +57,9 @@ fn read(path: &Path) -> Result<Vec<u8>, CorpusError> {
     })
 }
 
-/// Reads a source at `path` (already resolved) as `cfg` describes.
+/// Reads a source at `path` (already resolved) as `cfg` describes. Records
+/// are located by `cfg.path` (the config's own spelling); errors name the
+/// resolved `path`, which a user can open from where they ran the command.
 pub fn read_source(
     cfg: &SourceConfig,
     path: &Path,
@@ -71,7 +74,6 @@ pub fn read_source(
         SourceFormat::Text => read_text(cfg, path, &bytes)?,
     };
     Ok(SourceData {
-        path: path.to_path_buf(),
         sha256,
         bytes: size,
         records,
@@ -93,7 +95,7 @@ fn read_text(cfg: &SourceConfig, path: &Path, bytes: &[u8]) -> Result<Vec<Record
         .filter(|p| !p.is_empty())
         .enumerate()
         .map(|(i, p)| Record {
-            at: format!("{} (document {})", path.display(), i + 1),
+            at: format!("{} (document {})", cfg.path.display(), i + 1),
             content: Content::Text(p.to_string()),
             group: None,
         })
@@ -115,9 +117,9 @@ fn read_jsonl(
         if line.trim().is_empty() {
             continue;
         }
-        let at = format!("{}:{}", path.display(), i + 1);
+        let at = format!("{}:{}", cfg.path.display(), i + 1);
         let bad = |message: String| CorpusError::Record {
-            at: at.clone(),
+            at: format!("{}:{}", path.display(), i + 1),
             message,
         };
         let value: Value =
@@ -202,7 +204,10 @@ fn read_parquet(
     for batch in reader {
         let batch = batch.map_err(|e| fail(format!("cannot decode Parquet ({e})")))?;
         let base = out.len();
-        let at = |row: usize| format!("{} (row {})", path.display(), base + row + 1);
+        let row_of =
+            |source: &Path, row: usize| format!("{} (row {})", source.display(), base + row + 1);
+        let at = |row: usize| row_of(&cfg.path, row);
+        let shown = |row: usize| row_of(path, row);
         let groups = match group_key.filter(|k| has(k)) {
             Some(k) => Some(string_column(&batch, k).map_err(&fail)?),
             None => None,
@@ -218,7 +223,7 @@ fn read_parquet(
             for row in 0..batch.num_rows() {
                 if text.is_null(row) {
                     return Err(CorpusError::Record {
-                        at: at(row),
+                        at: shown(row),
                         message: format!("column {:?} is null", cfg.text_field),
                     });
                 }
@@ -232,7 +237,7 @@ fn read_parquet(
             let messages = messages_column(&batch, &cfg.messages_field).map_err(&fail)?;
             for (row, m) in messages.into_iter().enumerate() {
                 let m = m.map_err(|message| CorpusError::Record {
-                    at: at(row),
+                    at: shown(row),
                     message,
                 })?;
                 out.push(Record {

@@ -1,14 +1,19 @@
 //! State shared by the connection tasks: the scheduler, the join secret, the
 //! job, per-worker figures, and the channel that hands accepted partials to
 //! the merger. Results are checked here (hash, chunks, model, corpus) before
-//! the scheduler accepts them, so a bad result only costs a retry.
+//! the scheduler accepts them, so a bad result only costs a retry. Results of
+//! units sampled for redundancy are held here until a second (or third)
+//! worker's result can be compared with them ([`common::compare`]).
 
-use crate::sched::{Completion, Scheduler};
+use crate::sched::{Completion, Scheduler, Verdict};
 use bytes::Bytes;
+use common::compare::agree;
 use common::hash::sha256_hex;
 use common::partial::Partial;
+use common::peer_text::peer_text;
+use common::secret::JoinSecret;
 use common::store::RunStore;
-use common::wire::{partial_name, JobInfo, LeaseId, PartialRef, WorkerId};
+use common::wire::{partial_name, JobInfo, LeaseId, PartialRef, Refusal, WorkerId};
 use common::ChunkRange;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,9 +38,9 @@ pub struct Delivery {
 /// Figures about one worker, for progress and the summary.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WorkerInfo {
-    /// The worker's name.
+    /// The worker's name (escaped: it came from the peer).
     pub name: String,
-    /// Its compute backend.
+    /// Its compute backend (escaped).
     pub backend: String,
     /// Tokens in accepted results.
     pub tokens: u64,
@@ -45,19 +50,33 @@ pub struct WorkerInfo {
     pub leases: u64,
     /// Still connected.
     pub connected: bool,
+    /// Quarantined after repeated failures; gets no more work this run.
+    pub quarantined: bool,
+}
+
+/// A checked result, held until it is accepted (at once, or once enough
+/// workers agree on its unit).
+#[derive(Debug)]
+struct Candidate {
+    worker: WorkerId,
+    partial: Partial,
+    bytes: Bytes,
+    elapsed_ms: u64,
 }
 
 /// Shared state of the coordinator's connections.
 #[derive(Debug)]
 pub struct Hub {
     sched: Mutex<Scheduler>,
-    secret: Vec<u8>,
+    secret: JoinSecret,
     job: JobInfo,
     corpus_sha256: String,
     run: RunStore,
     start: Instant,
     next_worker: AtomicU64,
     workers: Mutex<BTreeMap<WorkerId, WorkerInfo>>,
+    /// Results of sampled units waiting for another worker's.
+    candidates: Mutex<BTreeMap<ChunkRange, Vec<Candidate>>>,
     deliveries: mpsc::UnboundedSender<Delivery>,
 }
 
@@ -70,7 +89,7 @@ impl Hub {
     /// A hub over a scheduler; accepted results come out of the returned receiver.
     pub fn new(
         sched: Scheduler,
-        secret: Vec<u8>,
+        secret: JoinSecret,
         job: JobInfo,
         corpus_sha256: String,
         run: RunStore,
@@ -85,6 +104,7 @@ impl Hub {
             start: Instant::now(),
             next_worker: AtomicU64::new(1),
             workers: Mutex::new(BTreeMap::new()),
+            candidates: Mutex::new(BTreeMap::new()),
             deliveries: tx,
         };
         (hub, rx)
@@ -110,7 +130,7 @@ impl Hub {
 
     /// The join secret.
     pub fn secret(&self) -> &[u8] {
-        &self.secret
+        self.secret.expose()
     }
 
     /// The job every worker receives after its proof.
@@ -118,24 +138,54 @@ impl Hub {
         &self.job
     }
 
-    /// Registers a worker that proved the secret.
-    pub fn register(&self, name: &str, backend: &str) -> WorkerId {
+    /// Registers a worker that proved the secret; a worker whose name was
+    /// quarantined earlier in the run is refused.
+    pub fn register(&self, name: &str, backend: &str) -> Result<WorkerId, Refusal> {
+        let name = peer_text(name);
+        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        if workers.values().any(|w| w.quarantined && w.name == name) {
+            return Err(Refusal::Quarantined(format!(
+                "a worker named {name:?} was quarantined earlier in this run"
+            )));
+        }
         let id = WorkerId(self.next_worker.fetch_add(1, Ordering::Relaxed));
-        self.workers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                id,
-                WorkerInfo {
-                    name: name.to_string(),
-                    backend: backend.to_string(),
-                    connected: true,
-                    ..WorkerInfo::default()
-                },
-            );
+        workers.insert(
+            id,
+            WorkerInfo {
+                name,
+                backend: peer_text(backend),
+                connected: true,
+                ..WorkerInfo::default()
+            },
+        );
+        drop(workers);
         let now = self.now();
         self.sched().register(id, now);
-        id
+        Ok(id)
+    }
+
+    /// Marks the worker quarantined when the scheduler has quarantined it.
+    fn note_quarantine(&self, worker: WorkerId) {
+        if self.sched().quarantine_reason(worker).is_some() {
+            if let Some(w) = self
+                .workers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(&worker)
+            {
+                w.quarantined = true;
+            }
+        }
+    }
+
+    /// A worker reports it could not finish a lease (`reason` already escaped).
+    pub fn fail(&self, worker: WorkerId, lease: LeaseId, reason: &str) {
+        let now = self.now();
+        let event = self.sched().fail(lease, worker, reason, now);
+        if let Some(e) = event {
+            tracing::warn!("{e:?}");
+        }
+        self.note_quarantine(worker);
     }
 
     /// A worker's connection ended.
@@ -167,34 +217,35 @@ impl Hub {
             return;
         };
         let checked = self.fetch_and_check(range, partial, &sha256).await;
-        let now = self.now();
-        let (partial, inline) = match checked {
+        let (partial, bytes, inline) = match checked {
             Ok(ok) => ok,
             Err(reason) => {
                 tracing::warn!(%worker, %lease, %range, "bad result: {reason}");
-                self.sched().fail(lease, worker, &reason, now);
+                self.fail(worker, lease, &reason);
                 return;
             }
         };
+        let now = self.now();
         let completion = self.sched().complete(lease, worker, &sha256, now);
+        let result = Candidate {
+            worker,
+            partial,
+            bytes,
+            elapsed_ms,
+        };
         match completion {
-            Completion::Accepted(range) => {
-                if let Some(w) = self
-                    .workers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_mut(&worker)
-                {
-                    w.tokens += partial_tokens(&partial);
-                    w.busy_ms += elapsed_ms;
-                    w.leases += 1;
-                }
-                let _ = self.deliveries.send(Delivery {
-                    worker,
-                    range,
-                    partial,
-                    inline,
-                });
+            Completion::Accepted(range) => self.accept(range, result, inline),
+            Completion::Opinion {
+                range,
+                have,
+                needed,
+            } => {
+                tracing::info!(%worker, %range, "result {have} of {needed} (redundant verification): the chunks go to another worker");
+                self.candidates().entry(range).or_default().push(result);
+            }
+            Completion::Decide(range) => {
+                self.candidates().entry(range).or_default().push(result);
+                self.decide(range);
             }
             Completion::Duplicate { range, same: true } => {
                 tracing::info!(%worker, %range, "duplicate result dropped (bitwise identical to the kept one)");
@@ -208,18 +259,71 @@ impl Hub {
         }
     }
 
+    fn candidates(&self) -> MutexGuard<'_, BTreeMap<ChunkRange, Vec<Candidate>>> {
+        self.candidates.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts an accepted result and hands it to the merger; `store` when
+    /// the merger must write its bytes (inline results, and verified ones,
+    /// whose stored object may be another worker's).
+    fn accept(&self, range: ChunkRange, r: Candidate, store: bool) {
+        if let Some(w) = self
+            .workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&r.worker)
+        {
+            w.tokens += partial_tokens(&r.partial);
+            w.busy_ms += r.elapsed_ms;
+            w.leases += 1;
+        }
+        let _ = self.deliveries.send(Delivery {
+            worker: r.worker,
+            range,
+            partial: r.partial,
+            inline: store.then_some(r.bytes),
+        });
+    }
+
+    /// Compares the results of a sampled unit, settles it with the
+    /// scheduler and accepts the kept result.
+    fn decide(&self, range: ChunkRange) {
+        let mut candidates = self.candidates();
+        let Some(results) = candidates.get(&range) else {
+            return;
+        };
+        let verdict = judge(range, results);
+        let event = self.sched().settle(range, verdict.clone());
+        let keep = match verdict {
+            Verdict::Agree { keep } => keep,
+            Verdict::Odd { keep, odd } => {
+                tracing::warn!(%range, "{odd}'s result disagreed with two others: discarded; {event:?}");
+                self.note_quarantine(odd);
+                keep
+            }
+            Verdict::Disagree | Verdict::NoAgreement(_) => return,
+        };
+        let results = candidates.remove(&range).unwrap_or_default();
+        drop(candidates);
+        if let Some(kept) = results.into_iter().find(|r| r.worker == keep) {
+            tracing::info!(%range, "verified: results of distinct workers agree");
+            self.accept(range, kept, true);
+        }
+    }
+
     async fn fetch_and_check(
         &self,
         range: ChunkRange,
         partial: PartialRef,
         sha256: &str,
-    ) -> Result<(Partial, Option<Bytes>), String> {
+    ) -> Result<(Partial, Bytes, bool), String> {
         let (bytes, inline) = match partial {
             PartialRef::Inline(b) => (Bytes::from(b), true),
             PartialRef::Stored(name) => {
                 if name != partial_name(range) {
                     return Err(format!(
-                        "stored partial {name:?} is not {:?}",
+                        "stored partial \"{}\" is not {:?}",
+                        peer_text(&name),
                         partial_name(range)
                     ));
                 }
@@ -233,7 +337,8 @@ impl Hub {
             let actual = sha256_hex(&bytes);
             if actual != claimed {
                 return Err(format!(
-                    "partial hashes to {actual}, the worker said {claimed}"
+                    "partial hashes to {actual}, the worker said {}",
+                    peer_text(&claimed)
                 ));
             }
             let p = Partial::from_bytes(&bytes)?;
@@ -246,18 +351,51 @@ impl Hub {
             if p.model_sha256 != model {
                 return Err(format!(
                     "partial of model {}, the run's is {model}",
-                    p.model_sha256
+                    peer_text(&p.model_sha256)
                 ));
             }
             if p.corpus_sha256 != corpus {
                 return Err(format!(
                     "partial of corpus {}, the run's is {corpus}",
-                    p.corpus_sha256
+                    peer_text(&p.corpus_sha256)
                 ));
             }
-            Ok((p, inline.then_some(bytes)))
+            Ok((p, bytes, inline))
         })
         .await
         .map_err(|e| format!("checking the partial panicked: {e}"))?
+    }
+}
+
+/// The verdict on two or three results of one unit: two that agree settle
+/// it; with three, the one that agrees with neither other is the odd one.
+fn judge(range: ChunkRange, results: &[Candidate]) -> Verdict {
+    match results {
+        [a, b] => match agree(&a.partial, &b.partial) {
+            Ok(()) => Verdict::Agree { keep: a.worker },
+            Err(why) => {
+                tracing::warn!(%range, "results of {} and {} disagree ({why}): asking a third worker", a.worker, b.worker);
+                Verdict::Disagree
+            }
+        },
+        [a, b, c] => {
+            if agree(&a.partial, &c.partial).is_ok() {
+                Verdict::Odd {
+                    keep: a.worker,
+                    odd: b.worker,
+                }
+            } else if agree(&b.partial, &c.partial).is_ok() {
+                Verdict::Odd {
+                    keep: b.worker,
+                    odd: a.worker,
+                }
+            } else {
+                Verdict::NoAgreement(format!(
+                    "{}, {} and {} all differ",
+                    a.worker, b.worker, c.worker
+                ))
+            }
+        }
+        _ => Verdict::NoAgreement(format!("{} results", results.len())),
     }
 }

@@ -1,9 +1,11 @@
 //! The coordinator's QUIC side: TLS identity ([`tls`]), the accept loop and
-//! one task per worker connection ([`server`]), and the state those tasks
-//! share ([`hub`]): the scheduler, the join secret and the job.
+//! one task per worker connection ([`server`]), connection limits
+//! ([`slots`]), and the state those tasks share ([`hub`]): the scheduler,
+//! the join secret and the job.
 
 pub mod hub;
 pub mod server;
+pub mod slots;
 pub mod tls;
 
 use std::path::PathBuf;

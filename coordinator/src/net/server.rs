@@ -1,20 +1,27 @@
 //! The QUIC server: an accept loop that applies a policy table to each
-//! incoming connection, then one task per connection that runs the protocol
-//! of [`common::wire`] on the connection's single stream. A malformed or
-//! oversized frame, a timeout or a failed proof closes that connection only.
+//! incoming connection ([`super::slots`]), then one task per connection that
+//! runs the protocol of [`common::wire`] on the connection's single stream.
+//! A malformed or oversized frame, a timeout or a failed proof closes that
+//! connection only.
+//!
+//! A connection must prove the join secret within one login deadline, with
+//! frames of at most [`PRE_AUTH_MAX_FRAME`] bytes until then. Text from a
+//! peer is never Debug-formatted or logged as is: names and reasons go
+//! through [`peer_text`].
 
 use super::hub::Hub;
+use super::slots::{Admission, Slot, Slots};
 use super::tls::Identity;
 use super::NetError;
-use crate::sched::Grant;
+use crate::sched::{Grant, SchedError};
+use common::peer_text::peer_text;
 use common::wire::{
-    check_proof, random_bytes, read_msg, write_msg, Refusal, ToCoordinator, ToWorker, WireError,
-    WorkerId, WorkerState, NONCE_LEN, PROTOCOL_VERSION,
+    check_proof, random_bytes, read_msg, read_msg_watched, write_msg, Refusal, ToCoordinator,
+    ToWorker, WireError, WorkerId, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION,
 };
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 /// Application close codes.
@@ -23,7 +30,7 @@ mod code {
     pub const DONE: u32 = 0;
     /// A protocol violation (malformed, oversized, unexpected message).
     pub const PROTOCOL: u32 = 1;
-    /// Refused: version, proof or run failure.
+    /// Refused: version, proof, quarantine or run failure.
     pub const REFUSED: u32 = 2;
 }
 
@@ -34,10 +41,12 @@ pub struct ServerOptions {
     pub listen: SocketAddr,
     /// Connections served at once; more are refused.
     pub max_connections: usize,
-    /// Largest frame a worker may send.
+    /// Connections from one address that may be logging in at once.
+    pub max_pending_per_address: usize,
+    /// Largest frame a worker may send once it has proven the secret.
     pub max_frame: u32,
-    /// Time a worker has to complete the join exchange.
-    pub handshake_timeout: Duration,
+    /// Time a connection has, from its arrival, to prove the join secret.
+    pub login_timeout: Duration,
     /// Silence after which a joined worker's connection is closed.
     pub heartbeat_timeout: Duration,
 }
@@ -90,62 +99,40 @@ impl Server {
     }
 }
 
-/// What the accept loop does with an incoming connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
-    /// Serve it.
-    Accept,
-    /// Ask the client to prove its address first (stateless retry).
-    Retry,
-    /// Refuse it.
-    Refuse,
-}
-
-/// The accept policy: refuse over the limit, validate the address, else serve.
-pub fn admission(open: usize, max: usize, address_validated: bool) -> Admission {
-    if open >= max {
-        Admission::Refuse
-    } else if !address_validated {
-        Admission::Retry
-    } else {
-        Admission::Accept
-    }
-}
-
 async fn accept_loop(endpoint: quinn::Endpoint, opts: ServerOptions, hub: Arc<Hub>) {
-    let open = Arc::new(AtomicUsize::new(0));
+    let slots = Slots::new(opts.max_connections, opts.max_pending_per_address);
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
-        match admission(
-            open.load(Ordering::Relaxed),
-            opts.max_connections,
-            incoming.remote_address_validated(),
-        ) {
-            Admission::Refuse => {
-                tracing::warn!(%remote, "connection refused: {} connections open", opts.max_connections);
-                incoming.refuse();
-            }
-            Admission::Retry => {
+        match slots.admit(remote.ip(), incoming.remote_address_validated()) {
+            Err(Admission::Retry) => {
                 if let Err(e) = incoming.retry() {
                     tracing::debug!(%remote, "retry failed: {e}");
                 }
             }
-            Admission::Accept => {
-                let (hub, opts, open) = (hub.clone(), opts.clone(), open.clone());
-                open.fetch_add(1, Ordering::Relaxed);
+            Err(why) => {
+                tracing::warn!(%remote, "connection refused: {}", refusal_text(why, &opts));
+                incoming.refuse();
+            }
+            Ok(slot) => {
+                let (hub, opts) = (hub.clone(), opts.clone());
                 let span = tracing::info_span!("conn", %remote);
                 tokio::spawn(
-                    async move {
-                        match incoming.await {
-                            Ok(conn) => handle_connection(conn, &hub, &opts).await,
-                            Err(e) => tracing::info!("handshake failed: {e}"),
-                        }
-                        open.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    .instrument(span),
+                    async move { handle_connection(incoming, slot, &hub, &opts).await }
+                        .instrument(span),
                 );
             }
         }
+    }
+}
+
+fn refusal_text(why: Admission, opts: &ServerOptions) -> String {
+    match why {
+        Admission::RefuseFull => format!("{} connections open", opts.max_connections),
+        Admission::RefuseAddressBusy => format!(
+            "{} connections from this address are still logging in",
+            opts.max_pending_per_address
+        ),
+        Admission::Accept | Admission::Retry => "not refused".into(),
     }
 }
 
@@ -170,21 +157,15 @@ impl From<WireError> for Ended {
     }
 }
 
-struct Stream<'a> {
+struct Stream {
     send: quinn::SendStream,
     recv: quinn::RecvStream,
-    opts: &'a ServerOptions,
 }
 
-impl Stream<'_> {
-    async fn read(&mut self, timeout: Duration) -> Result<Option<ToCoordinator>, Ended> {
-        match tokio::time::timeout(timeout, read_msg(&mut self.recv, self.opts.max_frame)).await {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(Ended::new(
-                code::PROTOCOL,
-                format!("silent for {timeout:?}"),
-            )),
-        }
+impl Stream {
+    /// Reads a message of the login exchange (the login deadline bounds it).
+    async fn read_login(&mut self) -> Result<Option<ToCoordinator>, Ended> {
+        Ok(read_msg(&mut self.recv, PRE_AUTH_MAX_FRAME).await?)
     }
 
     async fn send(&mut self, msg: &ToWorker) -> Result<(), Ended> {
@@ -198,23 +179,45 @@ impl Stream<'_> {
     }
 }
 
-async fn handle_connection(conn: quinn::Connection, hub: &Hub, opts: &ServerOptions) {
-    let stream = match tokio::time::timeout(opts.handshake_timeout, conn.accept_bi()).await {
-        Ok(Ok((send, recv))) => Stream { send, recv, opts },
+async fn handle_connection(
+    incoming: quinn::Incoming,
+    mut slot: Slot,
+    hub: &Hub,
+    opts: &ServerOptions,
+) {
+    let deadline = tokio::time::Instant::now() + opts.login_timeout;
+    let conn = match tokio::time::timeout_at(deadline, incoming).await {
+        Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
-            tracing::info!("connection ended before a stream: {e}");
+            tracing::info!("handshake failed: {e}");
             return;
         }
         Err(_) => {
-            conn.close(code::PROTOCOL.into(), b"no stream opened");
+            tracing::info!("no TLS handshake within {:?}", opts.login_timeout);
             return;
         }
     };
-    let mut worker = None;
-    let ended = serve(stream, hub, opts, &mut worker).await;
-    if let Some(id) = worker {
-        hub.disconnect(id, &format!("connection ended: {}", ended.reason));
-    }
+    let joining = async {
+        let (send, recv) = conn.accept_bi().await.map_err(|e| {
+            Ended::new(code::DONE, format!("connection ended before a stream: {e}"))
+        })?;
+        let mut stream = Stream { send, recv };
+        let id = login(&mut stream, hub).await?;
+        Ok::<_, Ended>((stream, id))
+    };
+    let ended = match tokio::time::timeout_at(deadline, joining).await {
+        Err(_) => Ended::new(
+            code::PROTOCOL,
+            format!("not logged in within {:?}", opts.login_timeout),
+        ),
+        Ok(Err(ended)) => ended,
+        Ok(Ok((mut stream, id))) => {
+            slot.logged_in();
+            let ended = work(&mut stream, hub, opts, id).await;
+            hub.disconnect(id, &format!("connection ended: {}", ended.reason));
+            ended
+        }
+    };
     if ended.code == code::PROTOCOL {
         tracing::warn!("closing connection: {}", ended.reason);
     } else {
@@ -223,75 +226,86 @@ async fn handle_connection(conn: quinn::Connection, hub: &Hub, opts: &ServerOpti
         let _ = tokio::time::timeout(Duration::from_secs(3), conn.closed()).await;
     }
     conn.close(ended.code.into(), ended.reason.as_bytes());
+    drop(slot);
 }
 
-/// The join exchange, then the work loop; returns why the connection ended.
-async fn serve(
-    mut s: Stream<'_>,
-    hub: &Hub,
-    opts: &ServerOptions,
-    joined: &mut Option<WorkerId>,
-) -> Ended {
-    let (name, backend) = match s.read(opts.handshake_timeout).await {
-        Ok(Some(ToCoordinator::Hello {
+/// The join exchange: `Hello`, a challenge, a valid proof; then the worker is
+/// registered and receives the job.
+async fn login(s: &mut Stream, hub: &Hub) -> Result<WorkerId, Ended> {
+    let (name, backend) = match s.read_login().await? {
+        Some(ToCoordinator::Hello {
             protocol_version,
             worker_name,
             backend,
-        })) => {
+        }) => {
             if let Some(r) = version_refusal(protocol_version) {
-                return s.refuse(r).await;
+                return Err(s.refuse(r).await);
             }
             (worker_name, backend)
         }
-        Ok(Some(other)) => {
-            return s
-                .refuse(Refusal::Unexpected(format!("{other:?} before Hello")))
-                .await
+        Some(other) => {
+            let why = format!("{} before Hello", other.kind());
+            return Err(s.refuse(Refusal::Unexpected(why)).await);
         }
-        Ok(None) => return Ended::new(code::PROTOCOL, "stream ended before Hello"),
-        Err(e) => return e,
+        None => return Err(Ended::new(code::PROTOCOL, "stream ended before Hello")),
     };
     let nonce = random_bytes(NONCE_LEN);
-    if let Err(e) = s
-        .send(&ToWorker::Challenge {
-            nonce: nonce.clone(),
-        })
-        .await
-    {
-        return e;
-    }
-    match s.read(opts.handshake_timeout).await {
-        Ok(Some(ToCoordinator::Proof { mac }))
-            if check_proof(hub.secret(), &nonce, &name, &mac) => {}
-        Ok(Some(ToCoordinator::Proof { .. })) => {
-            tracing::warn!(worker = %name, "join secret refused");
-            return s.refuse(Refusal::BadProof).await;
+    s.send(&ToWorker::Challenge {
+        nonce: nonce.clone(),
+    })
+    .await?;
+    match s.read_login().await? {
+        Some(ToCoordinator::Proof { mac }) if check_proof(hub.secret(), &nonce, &name, &mac) => {}
+        Some(ToCoordinator::Proof { .. }) => {
+            tracing::warn!(worker = %peer_text(&name), "join secret refused");
+            return Err(s.refuse(Refusal::BadProof).await);
         }
-        Ok(Some(other)) => {
-            return s
-                .refuse(Refusal::Unexpected(format!("{other:?} instead of Proof")))
-                .await
+        Some(other) => {
+            let why = format!("{} instead of Proof", other.kind());
+            return Err(s.refuse(Refusal::Unexpected(why)).await);
         }
-        Ok(None) => return Ended::new(code::PROTOCOL, "stream ended before Proof"),
-        Err(e) => return e,
+        None => return Err(Ended::new(code::PROTOCOL, "stream ended before Proof")),
     }
-    let id = hub.register(&name, &backend);
-    *joined = Some(id);
-    tracing::info!(worker = %name, %backend, %id, "worker joined");
-    if let Err(e) = s
-        .send(&ToWorker::Welcome {
-            worker_id: id,
-            job: hub.job().clone(),
-        })
-        .await
-    {
-        return e;
-    }
+    let id = match hub.register(&name, &backend) {
+        Ok(id) => id,
+        Err(refusal) => {
+            tracing::warn!(worker = %peer_text(&name), "{refusal}");
+            return Err(s.refuse(refusal).await);
+        }
+    };
+    tracing::info!(worker = %peer_text(&name), backend = %peer_text(&backend), %id, "worker joined");
+    s.send(&ToWorker::Welcome {
+        worker_id: id,
+        job: hub.job().clone(),
+    })
+    .await?;
+    Ok(id)
+}
+
+/// The work loop of a joined worker; returns why the connection ended.
+async fn work(s: &mut Stream, hub: &Hub, opts: &ServerOptions, id: WorkerId) -> Ended {
     loop {
-        let msg = match s.read(opts.heartbeat_timeout).await {
+        // A frame that keeps arriving (a large partial on a slow link) counts
+        // as a heartbeat, at most once a second.
+        let mut beat = Instant::now();
+        let read = read_msg_watched(
+            &mut s.recv,
+            opts.max_frame,
+            opts.heartbeat_timeout,
+            opts.heartbeat_timeout,
+            || {
+                if beat.elapsed() >= Duration::from_secs(1) {
+                    beat = Instant::now();
+                    let now = hub.now();
+                    let _ = hub.sched().heartbeat(id, now);
+                }
+            },
+        )
+        .await;
+        let msg = match read {
             Ok(Some(m)) => m,
             Ok(None) => return Ended::new(code::DONE, "the worker closed its stream"),
-            Err(e) => return e,
+            Err(e) => return e.into(),
         };
         let reply = match msg {
             ToCoordinator::Poll {
@@ -310,15 +324,16 @@ async fn serve(
                 elapsed_ms,
             } => {
                 hub.deliver(id, lease_id, partial, sha256, elapsed_ms).await;
-                ToWorker::Ack
+                quarantine_refusal(hub, id).unwrap_or(ToWorker::Ack)
             }
             ToCoordinator::Failed { lease_id, reason } => {
+                let reason = peer_text(&reason);
                 tracing::warn!(%id, %lease_id, "worker failed a lease: {reason}");
-                let now = hub.now();
-                hub.sched().fail(lease_id, id, &reason, now);
-                ToWorker::Ack
+                hub.fail(id, lease_id, &reason);
+                quarantine_refusal(hub, id).unwrap_or(ToWorker::Ack)
             }
             ToCoordinator::Refuse { reason } => {
+                let reason = peer_text(&reason);
                 tracing::error!(%id, "worker refused the job: {reason}");
                 return Ended::new(
                     code::REFUSED,
@@ -326,9 +341,8 @@ async fn serve(
                 );
             }
             other @ (ToCoordinator::Hello { .. } | ToCoordinator::Proof { .. }) => {
-                return s
-                    .refuse(Refusal::Unexpected(format!("{other:?} after joining")))
-                    .await;
+                let why = format!("{} after joining", other.kind());
+                return s.refuse(Refusal::Unexpected(why)).await;
             }
         };
         let last = matches!(reply, ToWorker::Finished | ToWorker::Refused(_));
@@ -342,13 +356,19 @@ async fn serve(
     }
 }
 
+/// The refusal for a worker that is quarantined now.
+fn quarantine_refusal(hub: &Hub, id: WorkerId) -> Option<ToWorker> {
+    let why = hub.sched().quarantine_reason(id)?.to_string();
+    Some(ToWorker::Refused(Refusal::Quarantined(why)))
+}
+
 fn poll_reply(hub: &Hub, id: WorkerId, busy: bool) -> ToWorker {
     let now = hub.now();
     let mut sched = hub.sched();
     if busy {
         return match sched.heartbeat(id, now) {
             Ok(()) => ToWorker::Ack,
-            Err(e) => ToWorker::Refused(Refusal::RunFailed(e.to_string())),
+            Err(e) => ToWorker::Refused(sched_refusal(e)),
         };
     }
     match sched.request(id, now) {
@@ -360,7 +380,14 @@ fn poll_reply(hub: &Hub, id: WorkerId, busy: bool) -> ToWorker {
             retry_ms: d.as_millis() as u64,
         },
         Grant::Finished => ToWorker::Finished,
-        Grant::Failed(e) => ToWorker::Refused(Refusal::RunFailed(e.to_string())),
+        Grant::Failed(e) => ToWorker::Refused(sched_refusal(e)),
+    }
+}
+
+fn sched_refusal(e: SchedError) -> Refusal {
+    match e {
+        SchedError::Quarantined { why, .. } => Refusal::Quarantined(why),
+        other => Refusal::RunFailed(other.to_string()),
     }
 }
 
@@ -371,16 +398,4 @@ fn version_refusal(worker: u32) -> Option<Refusal> {
         worker,
         coordinator: PROTOCOL_VERSION,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accept_policy_table() {
-        assert_eq!(admission(8, 8, true), Admission::Refuse);
-        assert_eq!(admission(0, 8, false), Admission::Retry);
-        assert_eq!(admission(7, 8, true), Admission::Accept);
-    }
 }

@@ -1,7 +1,7 @@
 //! `replay_run` on a synthetic run directory: real Parquet parts written with
 //! `common::trace::write_part`, a keep map, a manifest and a model GGUF.
 
-use super::run::{Mode, TraceKind};
+use super::results::{Mode, TraceKind};
 use super::{replay_run, Policy, ReplayArgs};
 use clap::Parser;
 use common::gguf::GgufWriter;
@@ -177,10 +177,21 @@ fn replay_run_reads_parts_keep_maps_and_model_and_writes_results() {
     assert_eq!((curve.points[1].capacity, curve.points[1].misses), (2, 14));
     assert_eq!(curve.points.len(), 4);
     let written = std::fs::read(dir.path().join("replay/results.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&written).unwrap();
-    assert_eq!(json["rows"].as_array().unwrap().len(), report.rows.len());
-    // The report's plots find miss-rate curves in it.
-    assert!(!crate::report::replay::curves(&[json]).is_empty());
+    // The stored results read back through the same schema, and the run
+    // report finds a miss-rate curve per (policy, split, trace, mode, keep map).
+    let read = super::ReplayReport::from_json(&written, "replay/results.json").unwrap();
+    assert_eq!(
+        (&read.rows, &read.lru_curves),
+        (&report.rows, &report.lru_curves)
+    );
+    let curves = crate::report::replay::curves(&read);
+    let labels: Vec<&str> = curves.iter().map(|c| c.label.as_str()).collect();
+    let one_pass = curves
+        .iter()
+        .find(|c| c.label == "lru_all_capacities / fit / prefill / token / none")
+        .unwrap_or_else(|| panic!("no one-pass LRU curve among {labels:?}"));
+    let lru = get(Fit, Prefill, Token, Policy::Lru, "none");
+    assert_eq!(one_pass.points[1], (2.0, 14.0 / lru.requests as f64));
     assert!(
         report
             .markdown

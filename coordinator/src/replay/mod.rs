@@ -7,16 +7,21 @@
 //! replays those steps for every capacity: LRU on an intrusive list with a
 //! one-pass miss curve ([`lru`]), the scored policies on flat per-slot key
 //! arrays (a tournament tree of slots, [`tree`], for large caches; [`scored`])
-//! with lazy EMA scores ([`ema`]) and Belady's next-use index. [`run`] streams the trace one layer at a time
-//! ([`trace_io`]) across threads and [`report`] writes the results.
+//! with lazy EMA scores ([`ema`]) and Belady's next-use index. [`run`] streams
+//! the trace one layer at a time ([`trace_io`]) across threads, after
+//! [`inputs`] read the run; [`report`] sums the layers into the rows of
+//! [`results`], the schema of `replay/results.json`.
 
+pub mod capacity;
 pub mod ema;
 pub mod ids;
+pub mod inputs;
 pub mod keep;
 pub mod lru;
 pub mod model;
 pub mod policy;
 pub mod report;
+pub mod results;
 pub mod run;
 pub mod scored;
 pub mod steps;
@@ -32,7 +37,7 @@ mod reference;
 mod tests;
 
 pub use policy::{simulate, Policy, PolicyParams};
-pub use report::{ReplayReport, ResultRow};
+pub use results::{ReplayReport, ResultRow};
 pub use run::{replay_run, ReplayArgs};
 pub use scored::Scorer;
 pub use steps::{Steps, TokenReqs};

@@ -5,11 +5,11 @@ use super::ema::{Credit, LazyEma};
 use super::scored::{self, Belady, Lfu};
 use super::steps::Steps;
 use super::{lru, Counts};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A cache replacement policy (DESIGN section 7).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
     /// Evict the least recently used expert.
@@ -75,7 +75,7 @@ impl fmt::Display for Policy {
 }
 
 /// Policy parameters, the same for every layer.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PolicyParams {
     /// EMA decay per step.
     pub ema_decay: f64,

@@ -2,11 +2,12 @@
 //! map), summed over layers, as JSON and as a Markdown table with the fit and
 //! held-out splits side by side.
 
+use super::capacity::Capacity;
+use super::inputs::Inputs;
 use super::policy::{Policy, PolicyParams};
-use super::run::{Inputs, Mode, ReplayArgs, TraceKind};
+use super::results::{CurvePoint, LayerResult, LruCurve, Mode, ReplayReport, ResultRow, TraceKind};
 use super::Counts;
 use common::Split;
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -57,141 +58,21 @@ pub struct CurveCell {
     pub misses: Vec<u64>,
 }
 
-/// One layer of a result row.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LayerResult {
-    /// Block index.
-    pub layer: u32,
-    /// Resident experts.
-    pub layer_capacity: usize,
-    /// Cache requests.
-    pub requests: u64,
-    /// Cache misses.
-    pub misses: u64,
-    /// Forced misses.
-    pub forced_misses: u64,
-}
-
-/// Results of one (split, trace, mode, policy, capacity, keep map), all layers.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ResultRow {
-    /// `fit` or `heldout`.
-    pub split: Split,
-    /// `prefill` or `decode`.
-    pub trace_mode: TraceKind,
-    /// `token` or `ubatch`.
-    pub mode: Mode,
-    /// Tokens per step.
-    pub ubatch: usize,
-    /// Policy.
-    pub policy: Policy,
-    /// Capacity as given (`0.25` or `64`).
-    pub capacity_spec: String,
-    /// Resident experts per layer (the mean over layers, if they differ).
-    pub capacity: f64,
-    /// Keep map label (`none` or the map's name).
-    pub keep_map: String,
-    /// Tokens of the split (per layer).
-    pub tokens: u64,
-    /// Layers replayed.
-    pub layers: usize,
-    /// Steps, summed over layers.
-    pub steps: u64,
-    /// Cache requests (distinct experts per step), summed over layers.
-    pub requests: u64,
-    /// Cache misses, summed over layers.
-    pub misses: u64,
-    /// Token slots with no kept expert in the router top-N, summed over layers.
-    pub forced_misses: u64,
-    /// Steps that needed more experts than the capacity.
-    pub overflow_steps: u64,
-    /// `(requests - misses) / (requests + forced_misses)`.
-    pub hit_rate: f64,
-    /// `(misses + forced_misses) / tokens`: expert loads per token, all layers.
-    pub misses_per_token: f64,
-    /// Bytes loaded: every miss and forced miss moves one expert.
-    pub bytes_moved: Option<u64>,
-    /// `bytes_moved / tokens`.
-    pub bytes_per_token: Option<f64>,
-    /// Per layer.
-    pub per_layer: Vec<LayerResult>,
-}
-
-/// LRU misses at every per-layer capacity, summed over layers (one pass).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LruCurve {
-    /// `lru_all_capacities`, naming the curve for plots.
-    pub policy: &'static str,
-    /// Split.
-    pub split: Split,
-    /// Trace kind.
-    pub trace_mode: TraceKind,
-    /// Step mode.
-    pub mode: Mode,
-    /// Keep map label.
-    pub keep_map: String,
-    /// Misses at each capacity `1..=n_expert`.
-    pub points: Vec<CurvePoint>,
-}
-
-/// One capacity of an [`LruCurve`].
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct CurvePoint {
-    /// Resident experts in every layer.
-    pub capacity: usize,
-    /// Requests, summed over layers.
-    pub requests: u64,
-    /// Misses, summed over layers.
-    pub misses: u64,
-}
-
-/// Everything `replay` produced.
-#[derive(Clone, Debug, Serialize)]
-pub struct ReplayReport {
-    /// Routed experts per layer.
-    pub n_expert: usize,
+/// What every row of one replay shares: the policy parameters, the ubatch
+/// of ubatch mode and the capacities as given (a row's key indexes them).
+#[derive(Clone, Copy, Debug)]
+pub struct Setup<'a> {
     /// Policy parameters.
     pub params: PolicyParams,
-    /// Tokens per ubatch in ubatch mode.
+    /// Tokens per step in ubatch mode.
     pub ubatch: usize,
-    /// The model the expert sizes came from.
-    pub model: Option<String>,
-    /// Result rows, grouped by keep map, trace, mode, policy and capacity.
-    pub rows: Vec<ResultRow>,
-    /// One-pass LRU curves.
-    pub lru_curves: Vec<LruCurve>,
-    /// The Markdown table.
-    #[serde(skip)]
-    pub markdown: String,
-}
-
-impl ReplayReport {
-    /// `replay/results.json`.
-    pub fn json_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec_pretty(self).expect("replay results serialise")
-    }
-
-    /// The row for a (split, trace, mode, policy, capacity, keep map), if any.
-    pub fn row(
-        &self,
-        split: Split,
-        trace: TraceKind,
-        mode: Mode,
-        policy: Policy,
-        capacity: &str,
-        keep_map: &str,
-    ) -> Option<&ResultRow> {
-        self.rows.iter().find(|r| {
-            (r.split, r.trace_mode, r.mode, r.policy) == (split, trace, mode, policy)
-                && r.capacity_spec == capacity
-                && r.keep_map == keep_map
-        })
-    }
+    /// Capacities in flag order.
+    pub capacities: &'a [Capacity],
 }
 
 /// Sums cells over layers into rows and renders the table.
 pub fn build(
-    args: &ReplayArgs,
+    setup: Setup<'_>,
     inputs: &Inputs,
     cells: Vec<Cell>,
     curves: Vec<CurveCell>,
@@ -204,13 +85,13 @@ pub fn build(
         .into_iter()
         .map(|(key, mut cells)| {
             cells.sort_by_key(|c| c.layer);
-            row(args, inputs, key, &cells)
+            row(setup, inputs, key, &cells)
         })
         .collect::<Vec<_>>();
     let mut curve_groups: BTreeMap<RowKey, LruCurve> = BTreeMap::new();
     for c in curves {
         let e = curve_groups.entry(c.key).or_insert_with(|| LruCurve {
-            policy: "lru_all_capacities",
+            policy: LruCurve::POLICY.to_string(),
             split: c.key.split,
             trace_mode: c.key.trace,
             mode: c.key.mode,
@@ -230,12 +111,8 @@ pub fn build(
     }
     let mut report = ReplayReport {
         n_expert: inputs.n_expert,
-        params: PolicyParams {
-            ema_decay: args.ema_decay,
-            near_pick_n: args.near_pick_n,
-            near_pick_credit: args.near_pick_credit,
-        },
-        ubatch: args.ubatch,
+        params: setup.params,
+        ubatch: setup.ubatch,
         model: inputs.model.as_ref().map(|m| m.display().to_string()),
         rows,
         lru_curves: curve_groups.into_values().collect(),
@@ -245,7 +122,7 @@ pub fn build(
     report
 }
 
-fn row(args: &ReplayArgs, inputs: &Inputs, key: RowKey, cells: &[Cell]) -> ResultRow {
+fn row(setup: Setup<'_>, inputs: &Inputs, key: RowKey, cells: &[Cell]) -> ResultRow {
     let sum = |f: &dyn Fn(&Cell) -> u64| cells.iter().map(f).sum::<u64>();
     let (requests, misses, forced) = (
         sum(&|c| c.counts.requests),
@@ -267,10 +144,10 @@ fn row(args: &ReplayArgs, inputs: &Inputs, key: RowKey, cells: &[Cell]) -> Resul
         ubatch: if key.mode == Mode::Token {
             1
         } else {
-            args.ubatch
+            setup.ubatch
         },
         policy: key.policy,
-        capacity_spec: args.capacity[key.capacity].to_string(),
+        capacity_spec: setup.capacities[key.capacity].to_string(),
         capacity: cells.iter().map(|c| c.capacity as f64).sum::<f64>() / cells.len().max(1) as f64,
         keep_map: inputs.keep[key.keep].label.clone(),
         tokens,
@@ -350,8 +227,8 @@ pub fn markdown(r: &ReplayReport) -> String {
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             k.0,
-            serde_plain(&k.1),
-            serde_plain(&k.2),
+            k.1,
+            k.2,
             k.3,
             k.4,
             f(fit, &mpt),
@@ -365,11 +242,4 @@ pub fn markdown(r: &ReplayReport) -> String {
         );
     }
     out
-}
-
-fn serde_plain(v: &impl Serialize) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
 }

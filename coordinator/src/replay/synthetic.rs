@@ -3,36 +3,7 @@
 //! and temporal locality (a slot often repeats the previous token's expert).
 
 use super::trace_io::RawLayer;
-
-/// SplitMix64: small, fast and reproducible.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from a seed.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `0..n`.
-    pub fn below(&mut self, n: usize) -> usize {
-        (((self.next_u64() >> 32) * n as u64) >> 32) as usize
-    }
-}
+use common::splitmix::SplitMix64;
 
 /// The shape of a synthetic trace layer.
 #[derive(Clone, Copy, Debug)]
@@ -81,7 +52,7 @@ pub fn raw_layer(shape: &Shape, seed: u64) -> RawLayer {
         n <= n_expert && k <= n,
         "synthetic shape needs k <= n <= n_expert"
     );
-    let mut rng = Rng::new(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut perm: Vec<u16> = (0..n_expert as u16).collect();
     for i in (1..n_expert).rev() {
         perm.swap(i, rng.below(i + 1));

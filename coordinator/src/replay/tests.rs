@@ -8,8 +8,9 @@ use super::policy::{simulate, Policy, PolicyParams};
 use super::reference::{eager, optimum};
 use super::scored;
 use super::steps::{Steps, TokenReqs, NONE};
-use super::synthetic::{raw_layer, Rng, Shape};
+use super::synthetic::{raw_layer, Shape};
 use super::trace_io::RawLayer;
+use common::splitmix::SplitMix64;
 
 /// Tokens of one chunk; token `t` requests `tokens[t]`, ranked in that order
 /// with router probabilities `probs[t]` (or 1/k each) and near picks `near[t]`.
@@ -220,7 +221,7 @@ fn random_steps(seed: u64, n_expert: usize, k: usize, tokens: usize, ubatch: usi
     };
     let raw = raw_layer(&shape, seed);
     let mut kept = vec![true; n_expert];
-    let mut rng = Rng::new(seed ^ 0xabc);
+    let mut rng = SplitMix64::new(seed ^ 0xabc);
     for _ in 0..n_expert / 4 {
         kept[rng.below(n_expert)] = false;
     }
@@ -308,7 +309,7 @@ fn belady_is_never_worse_than_any_policy_on_random_traces() {
 
 #[test]
 fn belady_equals_the_brute_force_optimum_on_tiny_traces() {
-    let mut rng = Rng::new(5);
+    let mut rng = SplitMix64::new(5);
     for case in 0..60 {
         let n_expert = 5 + case % 3;
         let k = 1 + case % 2;

@@ -4,23 +4,26 @@
 //! miss-rate curves.
 //!
 //! - [`plots`]: the PNG charts (embedded font).
-//! - [`replay`]: miss-rate curves read from `replay/*.json`.
+//! - [`replay`]: miss-rate curves read from `replay/results.json`.
+//!
+//! The report reads what the stages stored and writes only `report/`: a
+//! stage that has not run (or ran on another `saliency.json`) is named as
+//! missing, never run from here.
 
 pub mod plots;
 pub mod replay;
 
-use crate::score::{self, ScoreOptions, ScoreReport};
+use crate::replay::ReplayReport;
+use crate::score::{self, ScoreReport};
 use crate::verify::{self, VerifyReport};
 use anyhow::Context;
 use clap::Args;
+use common::artifacts::names;
 use common::store::RunStore;
 use common::Split;
 use plots::Series;
 use std::fmt::Write;
 use std::process::ExitCode;
-
-/// Object name of the Markdown report.
-pub const REPORT_MD: &str = "report/report.md";
 
 /// Most miss-rate curves drawn in one plot (a legend beyond that is unreadable).
 pub const MAX_CURVES: usize = 16;
@@ -34,48 +37,39 @@ pub struct ReportOutput {
     pub plots: Vec<String>,
     /// Whether every invariant held.
     pub verified: bool,
+    /// Inputs the report lacks (a stage not run, or run on other data), each
+    /// with the command that makes it.
+    pub missing: Vec<String>,
 }
 
-/// Score results for the report: `score/score.json` when it matches the
-/// current saliency, else a fresh scoring with default options.
-async fn score_results(store: &RunStore) -> anyhow::Result<(ScoreReport, Option<String>)> {
-    let (_, sha) = score::load_saliency(store).await?;
-    if let Some(bytes) = store.get_opt(score::outputs::REPORT_JSON).await? {
-        let stored: ScoreReport = serde_json::from_slice(&bytes).with_context(|| {
-            format!(
-                "{} is not a score report",
-                store.url_of(score::outputs::REPORT_JSON)
-            )
-        })?;
-        if stored.saliency_sha256 == sha {
-            return Ok((stored, None));
-        }
+/// The stored score results, when `score/score.json` exists and was computed
+/// from the current saliency; otherwise why not (the report never scores: a
+/// stage writes only its own outputs, and `keep_maps/` belong to `score`).
+async fn score_results(store: &RunStore, sha: &str) -> anyhow::Result<Result<ScoreReport, String>> {
+    let url = store.url_of(score::outputs::REPORT_JSON);
+    let Some(bytes) = store.get_opt(score::outputs::REPORT_JSON).await? else {
+        return Ok(Err(format!(
+            "{url} is missing: run `coordinator score` for the keep maps and their tables"
+        )));
+    };
+    let stored: ScoreReport =
+        serde_json::from_slice(&bytes).with_context(|| format!("{url} is not a score report"))?;
+    if stored.saliency_sha256 != sha {
+        return Ok(Err(format!(
+            "{url} was computed from another saliency.json (SHA-256 {}, now {sha}): \
+             run `coordinator score` again",
+            stored.saliency_sha256
+        )));
     }
-    let fresh = score::score(store, &ScoreOptions::default()).await?;
-    Ok((
-        fresh,
-        Some(
-            "`score` had not been run on this saliency.json; it was run now with default options"
-                .into(),
-        ),
-    ))
+    Ok(Ok(stored))
 }
 
-async fn replay_docs(store: &RunStore) -> anyhow::Result<Vec<serde_json::Value>> {
-    let mut docs = Vec::new();
-    for name in store
-        .list("replay")
-        .await?
-        .into_iter()
-        .filter(|n| n.ends_with(".json"))
-    {
-        let bytes = store.get(&name).await?;
-        // A file that is not JSON is not a curve; the report says nothing of it.
-        if let Ok(v) = serde_json::from_slice(&bytes) {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
+/// `replay/results.json`, when `replay` has run.
+async fn replay_results(store: &RunStore) -> anyhow::Result<Option<ReplayReport>> {
+    let Some(bytes) = store.get_opt(names::REPLAY_RESULTS_JSON).await? else {
+        return Ok(None);
+    };
+    ReplayReport::from_json(&bytes, &store.url_of(names::REPLAY_RESULTS_JSON)).map(Some)
 }
 
 fn slot_series(r: &ScoreReport, k: u32) -> Vec<Series> {
@@ -93,26 +87,40 @@ fn slot_series(r: &ScoreReport, k: u32) -> Vec<Series> {
         .collect()
 }
 
-/// Builds the report of a run and writes it under `report/`.
+/// Builds the report of a run from what its stages stored and writes it
+/// under `report/`; it writes nothing else. What is missing is named in the
+/// report and in [`ReportOutput::missing`].
 pub async fn report(store: &RunStore) -> anyhow::Result<ReportOutput> {
     let verified = verify::verify(store).await?;
     let (s, sha) = score::load_saliency(store).await?;
-    let (scored, score_note) = score_results(store).await?;
-    let mut plots_written = Vec::new();
+    let scored = score_results(store, &sha).await?;
+    let mut out = ReportOutput {
+        markdown: names::REPORT_MD.to_string(),
+        plots: Vec::new(),
+        verified: verified.ok(),
+        missing: Vec::new(),
+    };
     let mut md = header(store, &s, &sha);
     verification_section(&mut md, &verified);
     md.push_str("\n## Slot replacement per layer\n\nShare of top-k routing slots whose expert a keep map prunes (`1 - kept count share`), per layer.\n\n");
-    for &k in &scored.ks {
-        let name = format!("report/slot_replacement_K{k}.png");
-        let png = plots::line_chart(
-            &format!("Top-k slot replacement per layer, K={k}"),
-            "layer",
-            "slot replacement rate",
-            &slot_series(&scored, k),
-        )?;
-        store.put(&name, png).await?;
-        let _ = writeln!(md, "![slot replacement K={k}](slot_replacement_K{k}.png)\n");
-        plots_written.push(name);
+    match &scored {
+        Ok(scored) => {
+            for &k in &scored.ks {
+                let name = format!("{}/slot_replacement_K{k}.png", names::REPORT_DIR);
+                let png = plots::line_chart(
+                    &format!("Top-k slot replacement per layer, K={k}"),
+                    "layer",
+                    "slot replacement rate",
+                    &slot_series(scored, k),
+                )?;
+                store.put(&name, png).await?;
+                let _ = writeln!(md, "![slot replacement K={k}](slot_replacement_K{k}.png)\n");
+                out.plots.push(name);
+            }
+        }
+        Err(missing) => {
+            let _ = writeln!(md, "Not shown: {missing}.\n");
+        }
     }
     md.push_str("## Expert count distribution\n\n");
     if let Some(fit) = s.split(Split::Fit) {
@@ -121,20 +129,48 @@ pub async fn report(store: &RunStore) -> anyhow::Result<ReportOutput> {
             .iter()
             .map(|l| (l.layer, l.count.clone()))
             .collect();
-        let name = "report/expert_counts.png".to_string();
+        let name = format!("{}/expert_counts.png", names::REPORT_DIR);
         store
             .put(&name, plots::count_distribution(&layers)?)
             .await?;
         md.push_str("Tokens routed to each expert of each layer on the fit split (log scale; never-routed experts sit at 1).\n\n![expert counts](expert_counts.png)\n\n");
-        plots_written.push(name);
+        out.plots.push(name);
     } else {
         md.push_str("No fit split in saliency.json.\n\n");
     }
+    replay_section(store, &mut md, &mut out).await?;
+    md.push_str("## Scoring and keep maps\n\n");
+    match scored {
+        Ok(scored) => md.push_str(&score::render::markdown(&scored)),
+        Err(missing) => {
+            let _ = writeln!(md, "Not shown: {missing}.");
+            out.missing.push(missing);
+        }
+    }
+    store.put(names::REPORT_MD, md).await?;
+    Ok(out)
+}
+
+/// Miss-rate curves from `replay/results.json`, or a line saying it is missing.
+async fn replay_section(
+    store: &RunStore,
+    md: &mut String,
+    out: &mut ReportOutput,
+) -> anyhow::Result<()> {
     md.push_str("## Cache replay\n\n");
-    let mut curves = replay::curves(&replay_docs(store).await?);
-    if store.exists("replay/report.md").await? {
+    let Some(results) = replay_results(store).await? else {
+        let missing = format!(
+            "{} is missing: run `coordinator replay` for miss-rate curves",
+            store.url_of(names::REPLAY_RESULTS_JSON)
+        );
+        let _ = writeln!(md, "Not shown: {missing}.\n");
+        out.missing.push(missing);
+        return Ok(());
+    };
+    if store.exists(names::REPLAY_REPORT_MD).await? {
         md.push_str("Full replay tables: [replay/report.md](../replay/report.md).\n\n");
     }
+    let mut curves = replay::curves(&results);
     if curves.len() > MAX_CURVES {
         let _ = writeln!(
             md,
@@ -144,34 +180,20 @@ pub async fn report(store: &RunStore) -> anyhow::Result<ReportOutput> {
         curves.truncate(MAX_CURVES);
     }
     if curves.is_empty() {
-        md.push_str("No replay results with miss rates over several capacities under `replay/`; run `coordinator replay` for miss-rate curves.\n\n");
-    } else {
-        let name = "report/miss_rate.png".to_string();
-        store
-            .put(
-                &name,
-                plots::line_chart(
-                    "Expert cache miss rate by capacity",
-                    "capacity (experts per layer)",
-                    "miss rate",
-                    &curves,
-                )?,
-            )
-            .await?;
-        md.push_str("![miss rate](miss_rate.png)\n\n");
-        plots_written.push(name);
+        md.push_str("The replay results hold no curve over two or more capacities; replay with several `--capacity` values for miss-rate curves.\n\n");
+        return Ok(());
     }
-    md.push_str("## Scoring and keep maps\n\n");
-    if let Some(note) = score_note {
-        let _ = writeln!(md, "Note: {note}.\n");
-    }
-    md.push_str(&score::render::markdown(&scored));
-    store.put(REPORT_MD, md).await?;
-    Ok(ReportOutput {
-        markdown: REPORT_MD.to_string(),
-        plots: plots_written,
-        verified: verified.ok(),
-    })
+    let name = format!("{}/miss_rate.png", names::REPORT_DIR);
+    let png = plots::line_chart(
+        "Expert cache miss rate by capacity",
+        "capacity (experts per layer)",
+        "miss rate",
+        &curves,
+    )?;
+    store.put(&name, png).await?;
+    md.push_str("![miss rate](miss_rate.png)\n\n");
+    out.plots.push(name);
+    Ok(())
 }
 
 fn header(store: &RunStore, s: &common::saliency::Saliency, sha: &str) -> String {
@@ -239,6 +261,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         out.plots.len(),
         args.run
     );
+    for missing in &out.missing {
+        println!("not in the report: {missing}");
+    }
     if !out.verified {
         println!("warning: some invariants fail; see the verification section");
     }

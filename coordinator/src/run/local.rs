@@ -53,9 +53,9 @@ impl LocalWorkers {
         &self,
         addr: SocketAddr,
         pin: &str,
-        secret: &[u8],
+        secret: &common::secret::JoinSecret,
     ) -> Result<Vec<Child>, RunError> {
-        let secret = String::from_utf8(secret.to_vec()).map_err(|_| {
+        let secret = String::from_utf8(secret.expose().to_vec()).map_err(|_| {
             RunError::Setup("the join secret must be UTF-8 text to pass to local workers".into())
         })?;
         (0..self.count)

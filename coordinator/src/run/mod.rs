@@ -8,6 +8,7 @@
 //! - [`execute`] is the collection itself, given a prepared corpus; the
 //!   command wraps it with corpus preparation and the later stages.
 
+pub mod join_hint;
 pub mod local;
 pub mod progress;
 pub mod resume;
@@ -23,8 +24,10 @@ use clap::Args;
 use common::artifacts::{names, write_results};
 use common::corpus::{CorpusIndex, INDEX_FILE};
 use common::partial::Partial;
+use common::secret::JoinSecret;
 use common::store::{RunStore, StoreError};
-use common::wire::{partial_name, random_bytes, JobInfo, JobOptions};
+use common::wire::{partial_name, JobInfo, JobOptions};
+use join_hint::JoinHint;
 use local::{LocalWorkers, SECRET_ENV};
 use settings::{ClusterSettings, RunSettings};
 use std::collections::BTreeMap;
@@ -119,7 +122,9 @@ pub struct Listening {
     /// SHA-256 of the coordinator's certificate.
     pub pin: String,
     /// The join secret.
-    pub secret: Vec<u8>,
+    pub secret: JoinSecret,
+    /// What a worker elsewhere needs to join.
+    pub hint: JoinHint,
 }
 
 /// What a run did.
@@ -141,18 +146,19 @@ pub struct RunSummary {
     pub fit_tokens: u64,
 }
 
-fn secret(cluster: &ClusterSettings) -> Result<(Vec<u8>, bool), RunError> {
+/// The join secret: `[cluster] secret_file`, else `MOE_CENSUS_JOIN_SECRET`,
+/// else a random one only local workers learn (`false`: not shared).
+fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError> {
+    let setup = |e: common::secret::SecretError| RunError::Setup(format!("[cluster] {e}"));
     if let Some(path) = &cluster.secret_file {
-        let bytes = std::fs::read(path).map_err(|source| NetError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        return Ok((bytes.trim_ascii().to_vec(), true));
+        return Ok((JoinSecret::from_file(path).map_err(setup)?, true));
     }
     if let Ok(s) = std::env::var(SECRET_ENV) {
-        return Ok((s.into_bytes(), true));
+        let secret =
+            JoinSecret::new(s.as_bytes(), &format!("variable {SECRET_ENV}")).map_err(setup)?;
+        return Ok((secret, true));
     }
-    Ok((hex::encode(random_bytes(32)).into_bytes(), false))
+    Ok((JoinSecret::generate(), false))
 }
 
 /// Collects every unit of the lease plan not already stored, merges
@@ -222,12 +228,20 @@ where
 {
     let (run, cluster, store) = (&setup.run, &setup.cluster, &setup.store);
     let heartbeat_timeout = Duration::from_secs(run.heartbeat_timeout_s.max(1));
+    if !(0.0..=1.0).contains(&run.verify_fraction) {
+        return Err(RunError::Setup(format!(
+            "[run] verify_fraction = {} is not between 0 and 1",
+            run.verify_fraction
+        )));
+    }
     let sched = Scheduler::new(
         SchedConfig {
             lease_timeout: Duration::from_secs(run.lease_timeout_s.max(1)),
             heartbeat_timeout,
             max_attempts: run.max_attempts.max(1),
+            max_worker_failures: run.max_worker_failures.max(1),
             idle_poll: Duration::from_millis(200),
+            verify_fraction: run.verify_fraction,
         },
         units,
         done,
@@ -274,26 +288,27 @@ where
         ServerOptions {
             listen,
             max_connections: cluster.max_connections.max(1),
+            max_pending_per_address: cluster.pending_per_address(),
             max_frame,
-            handshake_timeout: Duration::from_secs(10),
+            login_timeout: Duration::from_millis(cluster.login_timeout_ms.max(100)),
             heartbeat_timeout,
         },
         hub.clone(),
     )?;
+    let (addr, pin) = (server.addr(), identity.fingerprint());
     let listening = Listening {
-        addr: server.addr(),
-        pin: identity.fingerprint(),
+        addr,
+        hint: JoinHint::new(addr, &pin, cluster),
+        pin,
         secret,
     };
     tracing::info!(addr = %listening.addr, pin = %listening.pin, "coordinator listening");
     if let Some(path) = &cluster.connect_file {
-        let info = serde_json::json!({ "addr": listening.addr.to_string(), "pin": listening.pin, "server_name": names[0] });
-        std::fs::write(path, serde_json::to_vec_pretty(&info).unwrap_or_default()).map_err(
-            |source| NetError::Io {
-                path: path.clone(),
-                source,
-            },
-        )?;
+        let info = serde_json::to_vec_pretty(&listening.hint).unwrap_or_default();
+        std::fs::write(path, info).map_err(|source| NetError::Io {
+            path: path.clone(),
+            source,
+        })?;
     }
     let mut children = on_listen(&listening)?;
     let n_local = children.len() as u32;
@@ -379,7 +394,11 @@ pub async fn mark_finished(
     verified: bool,
 ) -> Result<(), RunError> {
     let mut manifest: serde_json::Value = match store.get_opt(crate::corpus::MANIFEST_FILE).await? {
-        Some(b) => serde_json::from_slice(&b).unwrap_or_else(|_| serde_json::json!({})),
+        Some(b) => match serde_json::from_slice(&b) {
+            Ok(v @ serde_json::Value::Object(_)) => v,
+            Ok(_) => return Err(corrupt_manifest(store, "not a JSON object".into())),
+            Err(e) => return Err(corrupt_manifest(store, format!("not JSON ({e})"))),
+        },
         None => serde_json::json!({}),
     };
     let workers: Vec<serde_json::Value> = s
@@ -403,6 +422,15 @@ pub async fn mark_finished(
     let bytes = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
     store.put(crate::corpus::MANIFEST_FILE, bytes).await?;
     Ok(())
+}
+
+/// The error for a `manifest.json` that cannot be read back; the file is
+/// left as it is, for a person to look at.
+fn corrupt_manifest(store: &RunStore, why: String) -> RunError {
+    RunError::Setup(format!(
+        "{} is {why}; it was left as it is and the run is not marked finished",
+        store.url_of(crate::corpus::MANIFEST_FILE)
+    ))
 }
 
 /// Reads `corpus/index.json` of a run.
@@ -488,10 +516,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let summary = execute(&setup, |l| match &local {
             Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
             None => {
-                println!(
-                    "waiting for workers: worker join --coordinator {} --pin {}",
-                    l.addr, l.pin
-                );
+                println!("waiting for workers: {}", l.hint.join);
                 Ok(Vec::new())
             }
         })
@@ -512,7 +537,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         print!("{report}");
         let ok = report.ok();
         crate::report::report(&store).await?;
-        println!("report: {}", store.url_of("report/report.md"));
+        println!(
+            "report: {}",
+            store.url_of(common::artifacts::names::REPORT_MD)
+        );
         mark_finished(&store, &summary, ok).await?;
         if ok {
             println!("run complete: {}", store.url());
@@ -598,6 +626,60 @@ fn print_summary(store: &RunStore, s: &RunSummary) {
             w.leases,
             w.tokens,
             progress::throughput(w)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_corrupt_manifest_is_named_and_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+        let corrupt = b"{\"model_sha256\": \"ab".to_vec();
+        store
+            .put(crate::corpus::MANIFEST_FILE, corrupt.clone())
+            .await
+            .unwrap();
+        let err = mark_finished(&store, &RunSummary::default(), true)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("manifest.json is not JSON") && err.contains("left as it is"),
+            "{err}"
+        );
+        let kept = store.get(crate::corpus::MANIFEST_FILE).await.unwrap();
+        assert_eq!(kept.to_vec(), corrupt);
+
+        store
+            .put(crate::corpus::MANIFEST_FILE, b"[1, 2]".to_vec())
+            .await
+            .unwrap();
+        let err = mark_finished(&store, &RunSummary::default(), true)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a JSON object"), "{err}");
+
+        store
+            .put(
+                crate::corpus::MANIFEST_FILE,
+                b"{\"model_sha256\": \"ab\"}".to_vec(),
+            )
+            .await
+            .unwrap();
+        mark_finished(&store, &RunSummary::default(), false)
+            .await
+            .unwrap();
+        let m: serde_json::Value =
+            serde_json::from_slice(&store.get(crate::corpus::MANIFEST_FILE).await.unwrap())
+                .unwrap();
+        assert_eq!(
+            (m["model_sha256"].as_str(), m["run"]["complete"].as_bool()),
+            (Some("ab"), Some(false))
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The `[run]`, `[cluster]` and `[storage]` sections of the run config.
 
+use crate::sched::SchedConfig;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -16,8 +17,16 @@ pub struct RunSettings {
     pub lease_timeout_s: u64,
     /// Seconds of silence after which a worker is considered gone.
     pub heartbeat_timeout_s: u64,
-    /// Attempts per lease before the run fails.
+    /// Distinct workers a lease may fail on before the run fails.
     pub max_attempts: u32,
+    /// Failures in a row after which a worker is quarantined for the run
+    /// (its leases go to other workers).
+    pub max_worker_failures: u32,
+    /// Fraction of leases (a deterministic sample) also run on a second
+    /// worker and compared: bitwise on the same backend, else counts exact
+    /// and sums within a tolerance; a mismatch gets a third opinion and the
+    /// odd worker is quarantined. 0 (default) turns it off.
+    pub verify_fraction: f64,
     /// Tokens per micro-batch.
     pub n_ubatch: u32,
     /// Trace every n-th chunk (0: no trace).
@@ -33,19 +42,51 @@ pub struct RunSettings {
 }
 
 impl Default for RunSettings {
+    /// The scheduler's own defaults ([`SchedConfig`]) for leases, heartbeats
+    /// and attempts, so there is one of each.
     fn default() -> Self {
+        let sched = SchedConfig::default();
         RunSettings {
             out: None,
             lease_chunks: 4,
-            lease_timeout_s: 3600,
-            heartbeat_timeout_s: 30,
-            max_attempts: 3,
+            lease_timeout_s: sched.lease_timeout.as_secs(),
+            heartbeat_timeout_s: sched.heartbeat_timeout.as_secs(),
+            max_attempts: sched.max_attempts,
+            max_worker_failures: sched.max_worker_failures,
+            verify_fraction: sched.verify_fraction,
             n_ubatch: 512,
             trace_every: 1,
             trace_top_n: 64,
             f32_kv: false,
             flash_attn: false,
             local_worker_threads: None,
+        }
+    }
+}
+
+impl RunSettings {
+    /// Refuses settings no run can work with, naming the `[run]` field.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            (
+                "n_ubatch",
+                u64::from(self.n_ubatch),
+                "a micro-batch needs at least one token",
+            ),
+            (
+                "lease_chunks",
+                u64::from(self.lease_chunks),
+                "a lease needs at least one chunk",
+            ),
+            (
+                "max_attempts",
+                u64::from(self.max_attempts),
+                "a lease needs at least one attempt",
+            ),
+        ];
+        match positive.iter().find(|(_, v, _)| *v == 0) {
+            Some((field, _, why)) => Err(format!("[run] {field} = 0: {why}")),
+            None => Ok(()),
         }
     }
 }
@@ -66,10 +107,27 @@ pub struct ClusterSettings {
     pub secret_file: Option<PathBuf>,
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections from one address that may be logging in (not yet past
+    /// the join proof) at once, capped at half of `max_connections` so one
+    /// host cannot take every slot; more from that address are refused
+    /// (workers retry with backoff).
+    pub max_pending_per_address: usize,
+    /// Milliseconds a connection has, from its arrival, to prove the join
+    /// secret; then it is closed and its slot freed.
+    pub login_timeout_ms: u64,
     /// Largest frame a worker may send, MiB (larger partials go through storage).
     pub max_frame_mib: u32,
     /// Where to write `{addr, pin, server_name}` for launch scripts.
     pub connect_file: Option<PathBuf>,
+}
+
+impl ClusterSettings {
+    /// `max_pending_per_address`, capped at half of `max_connections` (at least 1).
+    pub fn pending_per_address(&self) -> usize {
+        self.max_pending_per_address
+            .min(self.max_connections / 2)
+            .max(1)
+    }
 }
 
 impl Default for ClusterSettings {
@@ -80,6 +138,8 @@ impl Default for ClusterSettings {
             ca_dir: None,
             secret_file: None,
             max_connections: 256,
+            max_pending_per_address: 8,
+            login_timeout_ms: 5000,
             max_frame_mib: 64,
             connect_file: None,
         }
@@ -118,18 +178,23 @@ impl StorageSettings {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use super::*;
 
     #[test]
     fn run_sections_parse_with_defaults() {
-        let c = Config::parse("[run]\nlease_chunks = 2\n[cluster]\nlisten = \"0.0.0.0:7000\"\n[storage]\nallow_http = true\n").unwrap();
-        assert_eq!(c.run.lease_chunks, 2);
-        assert_eq!(c.run.max_attempts, 3);
-        assert_eq!(c.cluster.listen, "0.0.0.0:7000");
+        let run: RunSettings = toml::from_str("lease_chunks = 2").unwrap();
+        assert_eq!(run.lease_chunks, 2);
+        assert_eq!(run.max_attempts, 3);
+        let cluster: ClusterSettings = toml::from_str("listen = \"0.0.0.0:7000\"").unwrap();
+        assert_eq!(cluster.listen, "0.0.0.0:7000");
+        let storage: StorageSettings = toml::from_str("allow_http = true").unwrap();
+        assert_eq!(storage.env(), vec![("AWS_ALLOW_HTTP", "true".to_string())]);
+        assert!(toml::from_str::<RunSettings>("lease_chunk = 2").is_err());
+        assert_eq!(RunSettings::default().validate(), Ok(()));
+        let zero: RunSettings = toml::from_str("n_ubatch = 0").unwrap();
         assert_eq!(
-            c.storage.env(),
-            vec![("AWS_ALLOW_HTTP", "true".to_string())]
+            zero.validate(),
+            Err("[run] n_ubatch = 0: a micro-batch needs at least one token".into())
         );
-        assert!(Config::parse("[run]\nlease_chunk = 2\n").is_err());
     }
 }

@@ -3,41 +3,60 @@
 //! takes the current time, so tests drive it in simulated time.
 //!
 //! The work is a fixed list of *units* (chunk ranges of the lease plan). A
-//! unit is granted as a lease with a deadline; a lease that expires, or whose
-//! worker stops sending heartbeats or disconnects, sends its unit back to the
-//! queue and counts one attempt. A unit that used up its attempts fails the
-//! run with an error naming it. The first result for a unit is accepted, once;
-//! any later one (a duplicate or a late result of an expired lease) is only
-//! compared with the kept result's hash.
+//! unit is granted as a lease with a deadline; a lease that fails, expires,
+//! or whose worker stops sending heartbeats or disconnects, sends its unit
+//! back to the queue, marked as failed on that worker. The first result for a
+//! unit is accepted, once; any later one (a duplicate or a late result of an
+//! expired lease) is only compared with the kept result's hash.
+//!
+//! Failures are counted per worker as well as per unit, so one bad node
+//! cannot fail the run: a failed unit goes to a worker that has not failed it
+//! (the same worker only when no other healthy worker could take it); a
+//! worker with [`SchedConfig::max_worker_failures`] failures in a row is
+//! quarantined (no more leases, its results ignored); the run fails only when
+//! a unit failed on [`SchedConfig::max_attempts`] distinct workers or a
+//! quarantine leaves no healthy worker.
+//!
+//! Redundancy: a deterministic sample of units ([`SchedConfig::verify_fraction`])
+//! needs results from two distinct workers. The caller compares them (the
+//! scheduler sees hashes only) and settles the unit with a [`Verdict`]; a
+//! disagreement asks a third worker, and the odd one out is quarantined.
 
 use common::wire::{LeaseGrant, LeaseId, WorkerId};
 use common::ChunkRange;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 #[cfg(test)]
 mod tests;
 
 /// Timeouts and limits of the scheduler.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SchedConfig {
     /// A lease not finished this long after its grant goes back to the queue.
     pub lease_timeout: Duration,
     /// A worker silent this long is considered gone.
     pub heartbeat_timeout: Duration,
-    /// Attempts per unit before the run fails.
+    /// Distinct workers a unit may fail on before the run fails.
     pub max_attempts: u32,
+    /// Failures in a row after which a worker is quarantined.
+    pub max_worker_failures: u32,
     /// How long an idle worker waits before polling again.
     pub idle_poll: Duration,
+    /// Fraction of units (a deterministic sample) also computed by a second
+    /// worker and compared; 0 turns redundancy off.
+    pub verify_fraction: f64,
 }
 
 impl Default for SchedConfig {
     fn default() -> Self {
         SchedConfig {
             lease_timeout: Duration::from_secs(3600),
-            heartbeat_timeout: Duration::from_secs(60),
+            heartbeat_timeout: Duration::from_secs(30),
             max_attempts: 3,
+            max_worker_failures: 3,
             idle_poll: Duration::from_millis(500),
+            verify_fraction: 0.0,
         }
     }
 }
@@ -45,21 +64,39 @@ impl Default for SchedConfig {
 /// Why the run cannot finish.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SchedError {
-    /// A unit used up its attempts.
-    #[error("chunks {range} failed {attempts} times (limit {max_attempts}); last: {last}")]
+    /// A unit failed on too many distinct workers.
+    #[error(
+        "chunks {range} failed on {workers} distinct workers (limit {max_attempts}); last: {last}"
+    )]
     UnitFailed {
         /// The chunks.
         range: ChunkRange,
-        /// Attempts made.
-        attempts: u32,
+        /// Distinct workers it failed on.
+        workers: u32,
         /// The limit.
         max_attempts: u32,
         /// The last failure.
         last: String,
     },
+    /// Every registered worker is quarantined.
+    #[error("no healthy worker remains: {worker} was quarantined after {why}")]
+    NoHealthyWorker {
+        /// The last worker quarantined.
+        worker: WorkerId,
+        /// Why it was.
+        why: String,
+    },
     /// A worker id the scheduler does not know (never registered or gone).
     #[error("{0} is not registered")]
     UnknownWorker(WorkerId),
+    /// The worker is quarantined: it gets no more work in this run.
+    #[error("{worker} is quarantined after {why}")]
+    Quarantined {
+        /// The worker.
+        worker: WorkerId,
+        /// Why.
+        why: String,
+    },
 }
 
 /// What an idle worker gets when it polls.
@@ -89,6 +126,40 @@ pub enum Completion {
     },
     /// No lease of that id was ever granted to this worker.
     Unknown,
+    /// A result of a unit sampled for redundancy, kept by the caller until
+    /// enough workers computed the unit; the unit goes to another worker.
+    Opinion {
+        /// The unit.
+        range: ChunkRange,
+        /// Results so far.
+        have: usize,
+        /// Results needed.
+        needed: usize,
+    },
+    /// A sampled unit has all the results it needs: the caller compares
+    /// them and calls [`Scheduler::settle`].
+    Decide(ChunkRange),
+}
+
+/// The caller's verdict on the results of a unit sampled for redundancy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The results agree; `keep`'s is accepted.
+    Agree {
+        /// The worker whose result is kept.
+        keep: WorkerId,
+    },
+    /// Two results disagree: a third worker decides.
+    Disagree,
+    /// Of three results, two agree: `keep`'s is accepted and `odd` is quarantined.
+    Odd {
+        /// A worker of the agreeing pair.
+        keep: WorkerId,
+        /// The worker that disagreed.
+        odd: WorkerId,
+    },
+    /// No two results agree: the run fails.
+    NoAgreement(String),
 }
 
 /// Something the scheduler did on its own, for logs and counters.
@@ -105,20 +176,38 @@ pub enum Event {
     },
     /// A worker was silent past the heartbeat timeout.
     WorkerSilent(WorkerId),
+    /// A worker failed too often in a row and gets no more work.
+    Quarantined {
+        /// The worker.
+        worker: WorkerId,
+        /// Its failures and the last one.
+        why: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum UnitState {
     Pending,
     Leased(LeaseId),
-    Done { sha256: String },
+    /// All results of a sampled unit are in; waiting for [`Scheduler::settle`].
+    Deciding,
+    Done {
+        sha256: String,
+    },
 }
 
 #[derive(Clone, Debug)]
 struct Unit {
     range: ChunkRange,
     state: UnitState,
-    attempts: u32,
+    /// Workers this unit failed on (a failed report, a bad result, an
+    /// expired lease, a lost connection).
+    failed_on: BTreeSet<WorkerId>,
+    /// Results of a unit sampled for redundancy: (worker, hash).
+    opinions: Vec<(WorkerId, String)>,
+    /// Results needed before the unit is decided: 1; 2 when sampled, 3
+    /// after a disagreement.
+    needed: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -132,6 +221,8 @@ struct Lease {
 struct Worker {
     last_seen: Duration,
     lease: Option<LeaseId>,
+    /// Failures since its last accepted result.
+    failures_in_a_row: u32,
 }
 
 /// Progress counters.
@@ -153,6 +244,12 @@ pub struct Progress {
     pub duplicates: usize,
     /// Duplicate results whose bytes differed from the kept ones.
     pub mismatches: usize,
+    /// Workers quarantined.
+    pub quarantined: usize,
+    /// Sampled units whose results agreed across workers.
+    pub verified: usize,
+    /// Sampled units whose first two results disagreed.
+    pub disagreements: usize,
 }
 
 /// The lease state machine.
@@ -164,9 +261,21 @@ pub struct Scheduler {
     leases: BTreeMap<LeaseId, Lease>,
     retired: BTreeMap<LeaseId, (usize, WorkerId)>,
     workers: BTreeMap<WorkerId, Worker>,
+    /// Quarantined workers (kept after they disconnect) and why.
+    quarantined: BTreeMap<WorkerId, String>,
     next_lease: u64,
     failed: Option<SchedError>,
     progress: Progress,
+}
+
+/// Whether a unit is in the deterministic redundancy sample of `fraction`
+/// (the same units on every run and restart).
+pub fn sampled(range: ChunkRange, fraction: f64) -> bool {
+    let mut x = u64::from(range.start).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    ((x >> 11) as f64) < fraction * (1u64 << 53) as f64
 }
 
 /// Splits `0..n_chunks` into units of `lease_chunks` chunks (the last may be shorter).
@@ -199,7 +308,13 @@ impl Scheduler {
                     },
                     None => UnitState::Pending,
                 },
-                attempts: 0,
+                failed_on: BTreeSet::new(),
+                opinions: Vec::new(),
+                needed: if sampled(range, cfg.verify_fraction) {
+                    2
+                } else {
+                    1
+                },
             })
             .collect();
         let queue = (0..units.len())
@@ -223,6 +338,7 @@ impl Scheduler {
             leases: BTreeMap::new(),
             retired: BTreeMap::new(),
             workers: BTreeMap::new(),
+            quarantined: BTreeMap::new(),
             next_lease: 1,
             failed: None,
         }
@@ -258,12 +374,24 @@ impl Scheduler {
             Worker {
                 last_seen: now,
                 lease: None,
+                failures_in_a_row: 0,
             },
         );
     }
 
+    /// Why a worker is quarantined, or `None` when it is not.
+    pub fn quarantine_reason(&self, worker: WorkerId) -> Option<&str> {
+        self.quarantined.get(&worker).map(String::as_str)
+    }
+
     /// A heartbeat (any message) from a worker.
     pub fn heartbeat(&mut self, worker: WorkerId, now: Duration) -> Result<(), SchedError> {
+        if let Some(why) = self.quarantined.get(&worker) {
+            return Err(SchedError::Quarantined {
+                worker,
+                why: why.clone(),
+            });
+        }
         let w = self
             .workers
             .get_mut(&worker)
@@ -286,14 +414,22 @@ impl Scheduler {
         // An idle poll means the worker dropped whatever it held.
         if let Some(old) = self.workers[&worker].lease {
             self.retire(old, "the worker polled for new work without a result");
+            if let Some(why) = self.quarantined.get(&worker) {
+                return Grant::Failed(SchedError::Quarantined {
+                    worker,
+                    why: why.clone(),
+                });
+            }
         }
-        let Some(unit) = self.next_pending() else {
+        if let Some(e) = &self.failed {
+            return Grant::Failed(e.clone());
+        }
+        let Some(unit) = self.next_unit_for(worker) else {
             return Grant::Wait(self.cfg.idle_poll);
         };
         let lease_id = LeaseId(self.next_lease);
         self.next_lease += 1;
         self.units[unit].state = UnitState::Leased(lease_id);
-        self.units[unit].attempts += 1;
         self.leases.insert(
             lease_id,
             Lease {
@@ -312,13 +448,27 @@ impl Scheduler {
         })
     }
 
-    fn next_pending(&mut self) -> Option<usize> {
-        while let Some(unit) = self.queue.pop_front() {
-            if self.units[unit].state == UnitState::Pending {
-                return Some(unit);
-            }
-        }
-        None
+    /// The first queued unit `worker` may take: one it has not failed, or
+    /// one that no other healthy worker could take either.
+    fn next_unit_for(&mut self, worker: WorkerId) -> Option<usize> {
+        // Entries of units finished meanwhile (a late result) are skipped.
+        let pos = self.queue.iter().position(|&u| {
+            let unit = &self.units[u];
+            let failed = &unit.failed_on;
+            unit.state == UnitState::Pending
+                && unit.opinions.iter().all(|(w, _)| *w != worker)
+                && (!failed.contains(&worker)
+                    || self.healthy().all(|w| w == worker || failed.contains(&w)))
+        })?;
+        self.queue.remove(pos)
+    }
+
+    /// Registered workers that are not quarantined.
+    fn healthy(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        self.workers
+            .keys()
+            .copied()
+            .filter(|w| !self.quarantined.contains_key(w))
     }
 
     /// The chunks of a lease this worker holds or held.
@@ -340,7 +490,9 @@ impl Scheduler {
         sha256: &str,
         now: Duration,
     ) -> Completion {
-        let _ = self.heartbeat(worker, now);
+        if self.heartbeat(worker, now).is_err() && self.quarantined.contains_key(&worker) {
+            return Completion::Unknown;
+        }
         let unit = match (self.leases.get(&lease), self.retired.get(&lease)) {
             (Some(l), _) if l.worker == worker => l.unit,
             (_, Some(&(unit, w))) if w == worker => unit,
@@ -352,6 +504,7 @@ impl Scheduler {
             if w.lease == Some(lease) {
                 w.lease = None;
             }
+            w.failures_in_a_row = 0;
         }
         let u = &mut self.units[unit];
         match &u.state {
@@ -362,6 +515,24 @@ impl Scheduler {
                 Completion::Duplicate {
                     range: u.range,
                     same,
+                }
+            }
+            _ if u.needed > 1 => {
+                if u.opinions.iter().any(|(w, _)| *w == worker) {
+                    return Completion::Unknown;
+                }
+                u.opinions.push((worker, sha256.to_string()));
+                if u.opinions.len() < u.needed {
+                    u.state = UnitState::Pending;
+                    self.queue.push_front(unit);
+                    Completion::Opinion {
+                        range: u.range,
+                        have: u.opinions.len(),
+                        needed: u.needed,
+                    }
+                } else {
+                    u.state = UnitState::Deciding;
+                    Completion::Decide(u.range)
                 }
             }
             _ => {
@@ -375,12 +546,68 @@ impl Scheduler {
         }
     }
 
-    /// A worker reports it could not finish a lease.
-    pub fn fail(&mut self, lease: LeaseId, worker: WorkerId, reason: &str, now: Duration) {
+    /// Settles a unit that returned [`Completion::Decide`]. Returns the
+    /// quarantine of the odd worker, if any.
+    pub fn settle(&mut self, range: ChunkRange, verdict: Verdict) -> Option<Event> {
+        let unit = self.units.iter().position(|u| u.range == range)?;
+        if self.units[unit].state != UnitState::Deciding {
+            return None;
+        }
+        let u = &mut self.units[unit];
+        let keep = match verdict {
+            Verdict::Agree { keep } | Verdict::Odd { keep, .. } => keep,
+            Verdict::Disagree => {
+                u.needed = u.opinions.len() + 1;
+                u.state = UnitState::Pending;
+                self.queue.push_front(unit);
+                self.progress.disagreements += 1;
+                return None;
+            }
+            Verdict::NoAgreement(why) => {
+                u.state = UnitState::Pending;
+                self.failed.get_or_insert(SchedError::UnitFailed {
+                    range,
+                    workers: u.opinions.len() as u32,
+                    max_attempts: self.cfg.max_attempts,
+                    last: format!("no two results agree: {why}"),
+                });
+                return None;
+            }
+        };
+        let sha256 = u
+            .opinions
+            .iter()
+            .find(|(w, _)| *w == keep)
+            .map(|(_, h)| h.clone())
+            .unwrap_or_default();
+        u.state = UnitState::Done { sha256 };
+        self.progress.done += 1;
+        self.progress.accepted += 1;
+        self.progress.verified += 1;
+        match verdict {
+            Verdict::Odd { odd, .. } => self.quarantine(
+                odd,
+                format!("its result for chunks {range} disagreed with two other workers'"),
+            ),
+            _ => None,
+        }
+    }
+
+    /// A worker reports it could not finish a lease, or its result failed a
+    /// check: the unit goes back to the queue and the worker's failure is
+    /// counted. Returns the quarantine event when this failure was one too many.
+    pub fn fail(
+        &mut self,
+        lease: LeaseId,
+        worker: WorkerId,
+        reason: &str,
+        now: Duration,
+    ) -> Option<Event> {
         let _ = self.heartbeat(worker, now);
         if self.leases.get(&lease).is_some_and(|l| l.worker == worker) {
-            self.retire(lease, reason);
+            return self.retire(lease, reason);
         }
+        None
     }
 
     /// A worker's connection ended: its lease goes back to the queue.
@@ -409,7 +636,7 @@ impl Scheduler {
                 range: self.units[l.unit].range,
                 worker: l.worker,
             });
-            self.retire(lease, "the lease passed its deadline");
+            events.extend(self.retire(lease, "the lease passed its deadline"));
         }
         let silent: Vec<WorkerId> = self
             .workers
@@ -424,13 +651,13 @@ impl Scheduler {
         events
     }
 
-    /// Takes a live lease away from its worker: the unit goes back to the
-    /// front of the queue, or fails the run when out of attempts. A late
-    /// result for it is still matched through `retired`.
-    fn retire(&mut self, lease: LeaseId, reason: &str) {
-        let Some(l) = self.leases.remove(&lease) else {
-            return;
-        };
+    /// Takes a live lease away from its worker: the unit, marked as failed
+    /// on that worker, goes back to the front of the queue, or fails the run
+    /// when it failed on too many distinct workers; the worker's failure is
+    /// counted (see [`Scheduler::count_failure`]). A late result for it is
+    /// still matched through `retired`.
+    fn retire(&mut self, lease: LeaseId, reason: &str) -> Option<Event> {
+        let l = self.leases.remove(&lease)?;
         self.retired.insert(lease, (l.unit, l.worker));
         if let Some(w) = self.workers.get_mut(&l.worker) {
             if w.lease == Some(lease) {
@@ -439,20 +666,56 @@ impl Scheduler {
         }
         let u = &mut self.units[l.unit];
         if u.state != UnitState::Leased(lease) {
-            return;
+            return None;
         }
         self.progress.retries += 1;
-        if u.attempts >= self.cfg.max_attempts {
-            u.state = UnitState::Pending;
+        u.state = UnitState::Pending;
+        u.failed_on.insert(l.worker);
+        let distinct = u.failed_on.len() as u32;
+        if distinct >= self.cfg.max_attempts {
             self.failed.get_or_insert(SchedError::UnitFailed {
                 range: u.range,
-                attempts: u.attempts,
+                workers: distinct,
                 max_attempts: self.cfg.max_attempts,
                 last: reason.to_string(),
             });
         } else {
-            u.state = UnitState::Pending;
             self.queue.push_front(l.unit);
         }
+        self.count_failure(l.worker, reason)
+    }
+
+    /// One more failure in a row for a registered worker; at the limit it is
+    /// quarantined, and when that leaves no healthy worker the run fails.
+    fn count_failure(&mut self, worker: WorkerId, reason: &str) -> Option<Event> {
+        let w = self.workers.get_mut(&worker)?;
+        w.failures_in_a_row += 1;
+        if w.failures_in_a_row < self.cfg.max_worker_failures.max(1)
+            || self.quarantined.contains_key(&worker)
+        {
+            return None;
+        }
+        let why = format!("{} failures in a row; last: {reason}", w.failures_in_a_row);
+        self.quarantine(worker, why)
+    }
+
+    /// Keeps `worker` out of the run; when that leaves no healthy worker the
+    /// run fails.
+    fn quarantine(&mut self, worker: WorkerId, why: String) -> Option<Event> {
+        if self.quarantined.contains_key(&worker) {
+            return None;
+        }
+        self.quarantined.insert(worker, why.clone());
+        self.progress.quarantined += 1;
+        if let Some(lease) = self.workers.get(&worker).and_then(|w| w.lease) {
+            self.retire(lease, "its worker was quarantined");
+        }
+        if self.healthy().next().is_none() {
+            self.failed.get_or_insert(SchedError::NoHealthyWorker {
+                worker,
+                why: why.clone(),
+            });
+        }
+        Some(Event::Quarantined { worker, why })
     }
 }

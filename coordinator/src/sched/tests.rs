@@ -1,5 +1,6 @@
 //! The scheduler in simulated time: virtual workers that answer after a
-//! delay, a blackhole worker that never answers, and late duplicates.
+//! delay, a blackhole worker that never answers, a flaky worker that fails
+//! every lease, and late duplicates.
 
 use super::*;
 
@@ -12,7 +13,9 @@ fn cfg() -> SchedConfig {
         lease_timeout: Duration::from_secs(10),
         heartbeat_timeout: Duration::from_secs(3),
         max_attempts: 3,
+        max_worker_failures: 3,
         idle_poll: Duration::from_millis(100),
+        verify_fraction: 0.0,
     }
 }
 
@@ -172,7 +175,7 @@ fn disconnect_requeues_and_retries_are_bounded_with_a_clear_failure() {
     let err = s.failure().cloned().expect("the run failed");
     assert_eq!(
         err.to_string(),
-        "chunks 0..4 failed 3 times (limit 3); last: connection lost: killed"
+        "chunks 0..4 failed on 3 distinct workers (limit 3); last: connection lost: killed"
     );
     s.register(W1, secs(5));
     assert_eq!(s.request(W1, secs(5)), Grant::Failed(err));
@@ -260,4 +263,290 @@ fn resumed_units_are_not_leased_again() {
         "an idle poll gives the held lease up"
     );
     assert_ne!(again.lease_id, l.lease_id);
+}
+
+#[test]
+fn failures_reported_in_a_burst_do_not_fail_the_run() {
+    // Regression: three `Failed` reports for one worker's leases within
+    // milliseconds used to fail the run ("chunks 0..4 failed 3 times").
+    let mut s = Scheduler::new(cfg(), plan(16, 4), &BTreeMap::new());
+    s.register(W1, secs(0));
+    s.register(W2, secs(0));
+    let first = lease(s.request(W1, secs(0)));
+    let mut quarantine = None;
+    for _ in 0..3 {
+        match s.request(W1, secs(0)) {
+            Grant::Lease(l) => quarantine = s.fail(l.lease_id, W1, "boom", secs(0)),
+            Grant::Failed(SchedError::Quarantined { worker, .. }) => assert_eq!(worker, W1),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let _ = first;
+    assert!(
+        matches!(quarantine, Some(Event::Quarantined { worker: W1, .. })),
+        "{quarantine:?}"
+    );
+    assert!(s.failure().is_none(), "{:?}", s.failure());
+    assert!(s
+        .quarantine_reason(W1)
+        .unwrap()
+        .contains("3 failures in a row"));
+    // W2 finishes everything.
+    while !s.is_finished() {
+        let l = lease(s.request(W2, secs(1)));
+        assert_eq!(
+            s.complete(l.lease_id, W2, &sha(l.range), secs(1)),
+            Completion::Accepted(l.range)
+        );
+    }
+    assert_eq!(s.progress().quarantined, 1);
+}
+
+#[test]
+fn a_failed_unit_goes_to_another_worker_not_straight_back() {
+    let mut s = Scheduler::new(cfg(), plan(4, 2), &BTreeMap::new());
+    s.register(W1, secs(0));
+    s.register(W2, secs(0));
+    let l = lease(s.request(W1, secs(0)));
+    assert_eq!(s.fail(l.lease_id, W1, "oom", secs(1)), None);
+    let again = lease(s.request(W1, secs(1)));
+    assert_ne!(again.range, l.range, "W1 gets the other unit");
+    assert_eq!(lease(s.request(W2, secs(1))).range, l.range);
+}
+
+#[test]
+fn a_lone_worker_may_retry_its_own_failure_until_quarantined() {
+    let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
+    s.register(W1, secs(0));
+    let l = lease(s.request(W1, secs(0)));
+    s.fail(l.lease_id, W1, "transient", secs(0));
+    // No other worker could take it: W1 may try again, and succeed.
+    let l = lease(s.request(W1, secs(1)));
+    s.complete(l.lease_id, W1, "h", secs(2));
+    assert!(s.is_finished());
+    assert!(s.failure().is_none());
+}
+
+#[test]
+fn quarantine_that_leaves_no_healthy_worker_fails_the_run_clearly() {
+    let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
+    s.register(W1, secs(0));
+    for t in 0..3 {
+        let l = lease(s.request(W1, secs(t)));
+        s.fail(l.lease_id, W1, "corpus unreadable", secs(t));
+    }
+    let e = s.failure().cloned().expect("the run failed");
+    assert_eq!(
+        e.to_string(),
+        "no healthy worker remains: worker#1 was quarantined after 3 failures in a row; last: corpus unreadable"
+    );
+}
+
+#[test]
+fn a_quarantined_worker_gets_no_work_and_its_results_are_ignored() {
+    let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
+    s.register(W1, secs(0));
+    s.register(W2, secs(0));
+    let mut last = None;
+    for t in 0..3 {
+        let l = lease(s.request(W1, secs(t)));
+        s.fail(l.lease_id, W1, "bad", secs(t));
+        last = Some(l);
+    }
+    assert!(matches!(
+        s.request(W1, secs(4)),
+        Grant::Failed(SchedError::Quarantined { worker: W1, .. })
+    ));
+    assert!(matches!(
+        s.heartbeat(W1, secs(4)),
+        Err(SchedError::Quarantined { .. })
+    ));
+    let l = last.unwrap();
+    assert_eq!(
+        s.complete(l.lease_id, W1, "x", secs(5)),
+        Completion::Unknown
+    );
+    // Still quarantined after it disconnects (a reconnect is refused by name upstream).
+    s.disconnect(W1, "bye");
+    assert!(s.quarantine_reason(W1).is_some());
+}
+
+#[test]
+fn a_unit_fails_the_run_only_after_distinct_workers_failed_it() {
+    let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
+    for w in [W1, W2, W3] {
+        s.register(w, secs(0));
+    }
+    for (i, w) in [W1, W2].into_iter().enumerate() {
+        let l = lease(s.request(w, secs(i as u64)));
+        s.fail(l.lease_id, w, "nan", secs(i as u64));
+        assert!(s.failure().is_none());
+    }
+    let l = lease(s.request(W3, secs(3)));
+    s.fail(l.lease_id, W3, "nan", secs(3));
+    assert!(matches!(
+        s.failure(),
+        Some(SchedError::UnitFailed { workers: 3, .. })
+    ));
+}
+
+#[test]
+fn flaky_worker_is_quarantined_and_the_others_finish_in_simulated_time() {
+    let units = plan(30, 2);
+    let mut s = Scheduler::new(cfg(), units.clone(), &BTreeMap::new());
+    for w in [W1, W2, W3] {
+        s.register(w, Duration::ZERO);
+    }
+    let mut accepted = Vec::new();
+    let mut running: BTreeMap<WorkerId, (LeaseGrant, Duration)> = BTreeMap::new();
+    for t in 0..1000u64 {
+        let now = secs(t);
+        s.tick(now);
+        for w in [W1, W2, W3] {
+            if s.quarantine_reason(w).is_some() {
+                continue;
+            }
+            if w == W1 {
+                // Fails every lease at once.
+                if let Grant::Lease(l) = s.request(w, now) {
+                    s.fail(l.lease_id, w, "CUDA error", now);
+                }
+                continue;
+            }
+            match running.get(&w) {
+                Some((l, end)) if *end <= now => {
+                    if let Completion::Accepted(r) = s.complete(l.lease_id, w, &sha(l.range), now) {
+                        accepted.push(r);
+                    }
+                    running.remove(&w);
+                }
+                Some(_) => s.heartbeat(w, now).unwrap(),
+                None => {}
+            }
+            if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(w) {
+                if let Grant::Lease(l) = s.request(w, now) {
+                    slot.insert((l, now + secs(2)));
+                }
+            }
+        }
+        if s.is_finished() || s.failure().is_some() {
+            break;
+        }
+    }
+    assert!(s.failure().is_none(), "{:?}", s.failure());
+    accepted.sort();
+    assert_eq!(accepted, units);
+    assert!(s.quarantine_reason(W1).is_some());
+    assert_eq!(s.progress().quarantined, 1);
+    assert_eq!(
+        s.progress().retries,
+        3,
+        "W1 failed three leases, then got none"
+    );
+}
+
+fn verifying() -> SchedConfig {
+    SchedConfig {
+        verify_fraction: 1.0,
+        ..cfg()
+    }
+}
+
+#[test]
+fn sampled_units_need_results_from_two_workers() {
+    let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
+    s.register(W1, secs(0));
+    s.register(W2, secs(0));
+    let l1 = lease(s.request(W1, secs(0)));
+    assert_eq!(
+        s.complete(l1.lease_id, W1, "h", secs(1)),
+        Completion::Opinion {
+            range: l1.range,
+            have: 1,
+            needed: 2
+        }
+    );
+    assert!(!s.is_finished());
+    assert!(
+        matches!(s.request(W1, secs(1)), Grant::Wait(_)),
+        "a worker is never its own second opinion"
+    );
+    let l2 = lease(s.request(W2, secs(1)));
+    assert_eq!(l2.range, l1.range);
+    assert_eq!(
+        s.complete(l2.lease_id, W2, "h", secs(2)),
+        Completion::Decide(l1.range)
+    );
+    assert_eq!(s.settle(l1.range, Verdict::Agree { keep: W1 }), None);
+    assert!(s.is_finished());
+    assert_eq!((s.progress().verified, s.progress().accepted), (1, 1));
+}
+
+#[test]
+fn a_disagreement_asks_a_third_worker_and_quarantines_the_odd_one() {
+    let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
+    for w in [W1, W2, W3] {
+        s.register(w, secs(0));
+    }
+    let cheat = lease(s.request(W2, secs(0)));
+    s.complete(cheat.lease_id, W2, "forged", secs(1));
+    let honest = lease(s.request(W1, secs(1)));
+    let range = honest.range;
+    assert_eq!(
+        s.complete(honest.lease_id, W1, "h", secs(2)),
+        Completion::Decide(range)
+    );
+    assert_eq!(s.settle(range, Verdict::Disagree), None);
+    assert!(!s.is_finished());
+    assert!(matches!(s.request(W1, secs(2)), Grant::Wait(_)));
+    assert!(matches!(s.request(W2, secs(2)), Grant::Wait(_)));
+    let third = lease(s.request(W3, secs(2)));
+    assert_eq!(
+        s.complete(third.lease_id, W3, "h", secs(3)),
+        Completion::Decide(range)
+    );
+    let event = s.settle(range, Verdict::Odd { keep: W1, odd: W2 });
+    assert!(
+        matches!(event, Some(Event::Quarantined { worker: W2, .. })),
+        "{event:?}"
+    );
+    assert!(s.is_finished());
+    assert!(s.quarantine_reason(W2).is_some());
+    let p = s.progress();
+    assert_eq!((p.disagreements, p.verified, p.quarantined), (1, 1, 1));
+}
+
+#[test]
+fn no_two_agreeing_results_fail_the_run() {
+    let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
+    for w in [W1, W2, W3] {
+        s.register(w, secs(0));
+    }
+    for (t, w) in [W1, W2].into_iter().enumerate() {
+        let l = lease(s.request(w, secs(t as u64)));
+        s.complete(l.lease_id, w, &format!("h{t}"), secs(t as u64));
+    }
+    s.settle(plan(2, 2)[0], Verdict::Disagree);
+    let l = lease(s.request(W3, secs(3)));
+    s.complete(l.lease_id, W3, "h3", secs(3));
+    s.settle(l.range, Verdict::NoAgreement("all differ".into()));
+    assert!(
+        s.failure()
+            .unwrap()
+            .to_string()
+            .contains("no two results agree"),
+        "{:?}",
+        s.failure()
+    );
+}
+
+#[test]
+fn the_redundancy_sample_is_deterministic_and_near_its_fraction() {
+    let units = plan(100_000, 1);
+    let n = units.iter().filter(|r| sampled(**r, 0.25)).count();
+    assert!((23_000..27_000).contains(&n), "{n}");
+    assert!(units.iter().all(|r| sampled(*r, 1.0)));
+    assert!(!units.iter().any(|r| sampled(*r, 0.0)));
+    let again = units.iter().filter(|r| sampled(**r, 0.25)).count();
+    assert_eq!(n, again);
 }

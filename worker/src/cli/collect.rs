@@ -1,13 +1,13 @@
 //! `worker collect`: one process, no network: measure a chunk range of a
 //! tokenized corpus and write its partial, trace part and results.
 
+use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 use anyhow::Context;
 use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::store::RunStore;
 use common::ChunkRange;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
-use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 
 /// Arguments of `worker collect`.
 #[derive(clap::Args, Debug)]
@@ -24,8 +24,8 @@ pub struct CollectArgs {
     /// Output location (path or URL) for partials/, trace/ and the results.
     #[arg(long)]
     out: String,
-    /// Tokens per micro-batch.
-    #[arg(long, default_value_t = 512)]
+    /// Tokens per micro-batch (at least 1).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     n_ubatch: u32,
     /// Layers offloaded to the GPU (`-ngl`).
     #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
@@ -42,9 +42,9 @@ pub struct CollectArgs {
     /// Decode traces: tokens generated greedily from each held-out prompt of a traced chunk (0: none).
     #[arg(long, default_value_t = 0)]
     decode_tokens: usize,
-    /// Decode traces: prompt length taken from each held-out span.
-    #[arg(long, default_value_t = 32)]
-    decode_prompt: usize,
+    /// Decode traces: prompt length taken from each held-out span (at least 1).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    decode_prompt: u64,
     /// f32 KV cache (tight oracle comparisons).
     #[arg(long)]
     f32_kv: bool,
@@ -85,7 +85,7 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
         f32_kv: a.f32_kv,
         flash_attn: a.flash_attn,
         decode_tokens: a.decode_tokens,
-        decode_prompt: a.decode_prompt,
+        decode_prompt: usize::try_from(a.decode_prompt).context("--decode-prompt")?,
         ..Default::default()
     };
     if let Some(t) = a.threads {
@@ -119,7 +119,7 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
                     .push(write_trace_part(&out, name, rows, k, n).await?);
             }
         }
-        let name = format!("partials/part-{:08}-{:08}.bin", range.start, range.end);
+        let name = common::wire::partial_name(range);
         out.put(&name, partial.to_bytes()).await?;
         let saliency = common::artifacts::write_results(&out, &partial).await?;
         println!(

@@ -70,6 +70,29 @@ impl Default for CollectOptions {
     }
 }
 
+impl CollectOptions {
+    /// Refuses options no chunk can be measured with: an empty micro-batch,
+    /// or decode traces without a prompt (the first token would come from
+    /// the previous generation's logits).
+    pub fn validate(&self) -> Result<(), WorkerError> {
+        if self.n_ubatch == 0 {
+            return Err(WorkerError::Option {
+                option: "n_ubatch",
+                value: "0".into(),
+                reason: "a micro-batch needs at least one token",
+            });
+        }
+        if self.decode_tokens > 0 && self.decode_prompt == 0 {
+            return Err(WorkerError::Option {
+                option: "decode_prompt",
+                value: "0".into(),
+                reason: "decode traces need at least one prompt token",
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A loaded model ready to measure chunks.
 pub struct Collector {
     model: Model,
@@ -81,8 +104,9 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// Loads the GGUF, hashes it and reads its MoE shape.
+    /// Checks the options, loads the GGUF, hashes it and reads its MoE shape.
     pub fn load(path: &Path, opts: CollectOptions) -> Result<Collector, WorkerError> {
+        opts.validate()?;
         let sha256 = sha256_file(path)?;
         let model = Model::load(path, opts.n_gpu_layers)?;
         let shape = moe_shape(&model).map_err(|reason| WorkerError::Model {
@@ -337,12 +361,8 @@ pub fn sha256_file(path: &Path) -> Result<String, WorkerError> {
     })
 }
 
-/// Object name of the prefill trace part of a chunk range:
-/// `trace/part-AAAAAAAA-BBBBBBBB.parquet`; decode parts go to `trace/decode/`.
-pub fn trace_part_name(range: ChunkRange, decode: bool) -> String {
-    let dir = if decode { "trace/decode" } else { "trace" };
-    format!("{dir}/part-{:08}-{:08}.parquet", range.start, range.end)
-}
+/// Object name of the trace part of a chunk range (`common::artifacts`).
+pub use common::artifacts::names::trace_part as trace_part_name;
 
 /// Writes trace rows as the Parquet part `name` under the run; returns the name.
 pub async fn write_trace_part(

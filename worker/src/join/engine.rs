@@ -25,8 +25,9 @@ pub trait Engine {
     ) -> Result<(Partial, Vec<TraceRow>), String>;
 }
 
-/// Creates an engine once the job is known (on the engine's thread).
-pub trait EngineLoader: Send + 'static {
+/// Creates an engine once the job is known (on the engine's thread); cloned
+/// to load again when a reconnect brings another job.
+pub trait EngineLoader: Send + Clone + 'static {
     /// The engine it makes.
     type Engine: Engine;
     /// Compute backend, announced in `Hello` before any job data.

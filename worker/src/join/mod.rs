@@ -1,5 +1,8 @@
 //! `worker join`: connect to a coordinator over QUIC, prove the join secret,
-//! then measure leases until the run needs nothing more.
+//! then measure leases until the run needs nothing more. A lost connection
+//! (the coordinator restarted, the network dropped, a full server refused
+//! it) is retried with exponential backoff until [`Reconnect::give_up`]
+//! passes without a session; the loaded model is kept across sessions.
 //!
 //! - [`tls`]: how the coordinator's certificate is trusted (pin or CA).
 //! - [`engine`]: the measuring engine on its own thread; [`fake`] a
@@ -11,6 +14,7 @@ pub mod fake;
 pub mod tls;
 
 use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use common::secret::JoinSecret;
 use common::store::RunStore;
 use common::wire::{
     join_proof, parse_pin, partial_name, read_msg, write_msg, JobInfo, LeaseGrant, PartialRef,
@@ -56,6 +60,10 @@ pub struct JoinArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<u32>,
+    /// Seconds to keep reconnecting (with backoff) without reaching the
+    /// coordinator before giving up.
+    #[arg(long, default_value_t = 300)]
+    pub give_up_after_s: u64,
 }
 
 /// Why joining or working failed.
@@ -64,13 +72,26 @@ pub enum JoinError {
     /// Flags or secret are unusable.
     #[error("{0}")]
     Setup(String),
-    /// The QUIC/TLS connection failed (including a certificate that does not match).
+    /// The QUIC/TLS connection failed for good (including a certificate
+    /// that does not match).
     #[error("cannot connect to the coordinator at {addr}: {reason}")]
     Connect {
         /// The address.
         addr: String,
         /// Why.
         reason: String,
+    },
+    /// The coordinator could not be reached or the connection was lost
+    /// (worth retrying: it may be restarting or busy).
+    #[error("lost the coordinator: {0}")]
+    Lost(String),
+    /// Reconnecting did not succeed within the give-up time.
+    #[error("gave up after {after:?} without reaching the coordinator; last: {last}")]
+    GaveUp {
+        /// The give-up time.
+        after: Duration,
+        /// The last error.
+        last: Box<JoinError>,
     },
     /// The coordinator refused this worker.
     #[error("the coordinator refused this worker: {0}")]
@@ -98,8 +119,33 @@ pub enum JoinError {
 
 impl From<WireError> for JoinError {
     fn from(e: WireError) -> JoinError {
-        JoinError::Protocol(e.to_string())
+        match e {
+            WireError::Io(_) | WireError::Silent(_) => JoinError::Lost(e.to_string()),
+            WireError::TooLarge { .. } | WireError::Malformed(_) => {
+                JoinError::Protocol(e.to_string())
+            }
+        }
     }
+}
+
+impl JoinError {
+    /// Whether a new connection may succeed where this one failed: only a
+    /// lost or unreachable coordinator; refusals, certificate, model and
+    /// protocol errors are final.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, JoinError::Lost(_))
+    }
+}
+
+/// Whether a failed connection is worth retrying: the peer closed, reset or
+/// refused it, or it timed out; not a failure detected locally (a
+/// certificate that does not match, a version mismatch).
+fn connection_lost(e: &quinn::ConnectionError) -> bool {
+    use quinn::ConnectionError as E;
+    matches!(
+        e,
+        E::TimedOut | E::Reset | E::ConnectionClosed(_) | E::ApplicationClosed(_)
+    )
 }
 
 /// What a worker did before it left.
@@ -109,6 +155,28 @@ pub struct JoinSummary {
     pub leases: u64,
     /// Chunks measured.
     pub chunks: u64,
+}
+
+/// How a worker reconnects after losing the coordinator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reconnect {
+    /// Wait before the first retry; doubled after each failed attempt.
+    pub first_delay: Duration,
+    /// Longest wait between attempts.
+    pub max_delay: Duration,
+    /// Give up when no session could be established for this long.
+    pub give_up: Duration,
+}
+
+impl Reconnect {
+    /// Backoff from 250 ms to 5 s, giving up after `give_up`.
+    pub fn giving_up_after(give_up: Duration) -> Reconnect {
+        Reconnect {
+            first_delay: Duration::from_millis(250),
+            max_delay: Duration::from_secs(5),
+            give_up,
+        }
+    }
 }
 
 /// Connection settings, resolved from [`JoinArgs`].
@@ -121,9 +189,11 @@ pub struct ClientOptions {
     /// How its certificate is trusted.
     pub trust: Trust,
     /// The join secret.
-    pub secret: Vec<u8>,
+    pub secret: JoinSecret,
     /// This worker's name.
     pub name: String,
+    /// Reconnection policy.
+    pub reconnect: Reconnect,
 }
 
 impl ClientOptions {
@@ -152,17 +222,17 @@ impl ClientOptions {
             (None, None) => return Err(JoinError::Setup("give --pin or --ca".into())),
         };
         let secret = match &args.secret_file {
-            Some(path) => std::fs::read(path)
-                .map_err(|e| JoinError::Setup(format!("--secret-file {}: {e}", path.display())))?
-                .trim_ascii()
-                .to_vec(),
-            None => std::env::var(SECRET_ENV)
-                .map_err(|_| {
+            Some(path) => JoinSecret::from_file(path)
+                .map_err(|e| JoinError::Setup(format!("--secret-file: {e}")))?,
+            None => {
+                let value = std::env::var(SECRET_ENV).map_err(|_| {
                     JoinError::Setup(format!(
                         "no join secret: give --secret-file or set {SECRET_ENV}"
                     ))
-                })?
-                .into_bytes(),
+                })?;
+                JoinSecret::new(value.as_bytes(), &format!("variable {SECRET_ENV}"))
+                    .map_err(|e| JoinError::Setup(e.to_string()))?
+            }
         };
         let name = args
             .name
@@ -174,6 +244,7 @@ impl ClientOptions {
             trust,
             secret,
             name,
+            reconnect: Reconnect::giving_up_after(Duration::from_secs(args.give_up_after_s)),
         })
     }
 }
@@ -215,9 +286,7 @@ impl Conn {
         match read_msg(&mut self.recv, MAX_CONTROL_FRAME).await? {
             Some(ToWorker::Refused(r)) => Err(JoinError::Refused(r)),
             Some(reply) => Ok(reply),
-            None => Err(JoinError::Protocol(
-                "the coordinator closed the stream".into(),
-            )),
+            None => Err(JoinError::Lost("the coordinator closed the stream".into())),
         }
     }
 
@@ -230,8 +299,18 @@ impl Conn {
     }
 }
 
+/// Longest wait for one connection attempt (QUIC and TLS handshakes).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The engine loaded for a job; reused by later sessions of the same job.
+struct Loaded {
+    job: JobInfo,
+    engine: EngineThread,
+}
+
 /// Joins the coordinator at `opts.addr` and works until it says the run is
-/// finished. Nothing about the job is received before the proof.
+/// finished, reconnecting with backoff when the connection is lost. Nothing
+/// about the job is received before the proof.
 pub async fn join<L: EngineLoader>(
     opts: &ClientOptions,
     loader: L,
@@ -249,30 +328,95 @@ pub async fn join<L: EngineLoader>(
     .expect("valid address");
     let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| connect_err(e.to_string()))?;
     endpoint.set_default_client_config(tls::client_config(&opts.trust).map_err(connect_err)?);
-    let conn = endpoint
-        .connect(opts.addr, &opts.server_name)
-        .map_err(|e| connect_err(e.to_string()))?
-        .await
-        .map_err(|e| connect_err(e.to_string()))?;
-    let (send, recv) = conn
-        .open_bi()
-        .await
-        .map_err(|e| connect_err(e.to_string()))?;
-    let mut c = Conn { send, recv };
     let mut summary = JoinSummary::default();
-    let result = match work(&mut c, opts, loader, &mut summary).await {
-        Ok(()) => Ok(summary),
+    let mut loaded: Option<Loaded> = None;
+    let mut delay = opts.reconnect.first_delay;
+    let mut failing_since: Option<Instant> = None;
+    let result = loop {
+        let mut joined = false;
+        let session = session(
+            &endpoint,
+            opts,
+            &loader,
+            &mut loaded,
+            &mut summary,
+            &mut joined,
+        );
+        let error = match session.await {
+            Ok(()) => break Ok(summary),
+            Err(e) => e,
+        };
+        if joined {
+            delay = opts.reconnect.first_delay;
+            failing_since = None;
+        }
+        if !error.is_retryable() {
+            break Err(error);
+        }
+        let since = *failing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() + delay > opts.reconnect.give_up {
+            break Err(JoinError::GaveUp {
+                after: opts.reconnect.give_up,
+                last: Box::new(error),
+            });
+        }
+        tracing::warn!("{error}; reconnecting in {delay:?}");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(opts.reconnect.max_delay);
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+    result
+}
+
+/// One connection: join, then work until the run is finished or the
+/// connection fails. `joined` is set once the coordinator welcomed us.
+async fn session<L: EngineLoader>(
+    endpoint: &quinn::Endpoint,
+    opts: &ClientOptions,
+    loader: &L,
+    loaded: &mut Option<Loaded>,
+    summary: &mut JoinSummary,
+    joined: &mut bool,
+) -> Result<(), JoinError> {
+    let failed = |e: quinn::ConnectionError| {
+        if connection_lost(&e) {
+            JoinError::Lost(format!("{}: {e}", opts.addr))
+        } else {
+            JoinError::Connect {
+                addr: opts.addr.to_string(),
+                reason: e.to_string(),
+            }
+        }
+    };
+    let connecting = endpoint
+        .connect(opts.addr, &opts.server_name)
+        .map_err(|e| JoinError::Connect {
+            addr: opts.addr.to_string(),
+            reason: e.to_string(),
+        })?;
+    let conn = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+        .await
+        .map_err(|_| {
+            JoinError::Lost(format!(
+                "{}: no answer within {CONNECT_TIMEOUT:?}",
+                opts.addr
+            ))
+        })?
+        .map_err(failed)?;
+    let (send, recv) = conn.open_bi().await.map_err(failed)?;
+    let mut c = Conn { send, recv };
+    let result = match work(&mut c, opts, loader, loaded, summary, joined).await {
+        Ok(()) => Ok(()),
         // The coordinator ends every connection with "run finished" once the
         // last lease is merged; a worker polling or measuring then is done.
         Err(_) if finished_by_coordinator(&conn) => {
             tracing::info!("the coordinator finished the run");
-            Ok(summary)
+            Ok(())
         }
         Err(e) => Err(e),
     };
     let _ = c.send.finish();
     conn.close(0u32.into(), b"bye");
-    let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
     result
 }
 
@@ -288,8 +432,10 @@ fn finished_by_coordinator(conn: &quinn::Connection) -> bool {
 async fn work<L: EngineLoader>(
     c: &mut Conn,
     opts: &ClientOptions,
-    loader: L,
+    loader: &L,
+    loaded: &mut Option<Loaded>,
     summary: &mut JoinSummary,
+    joined: &mut bool,
 ) -> Result<(), JoinError> {
     let nonce = match c
         .ask(&ToCoordinator::Hello {
@@ -306,7 +452,7 @@ async fn work<L: EngineLoader>(
             )))
         }
     };
-    let mac = join_proof(&opts.secret, &nonce, &opts.name);
+    let mac = join_proof(opts.secret.expose(), &nonce, &opts.name);
     let job = match c.ask(&ToCoordinator::Proof { mac }).await? {
         ToWorker::Welcome { job, worker_id } => {
             tracing::info!(%worker_id, run = %job.run_url, "joined");
@@ -318,8 +464,17 @@ async fn work<L: EngineLoader>(
             )))
         }
     };
+    *joined = true;
     let heartbeat = Duration::from_millis(job.heartbeat_ms.max(50));
-    let engine = load_engine(c, loader, &job, heartbeat).await?;
+    if loaded.as_ref().is_none_or(|l| l.job != job) {
+        *loaded = None;
+        let engine = load_engine(c, loader.clone(), &job, heartbeat).await?;
+        *loaded = Some(Loaded {
+            job: job.clone(),
+            engine,
+        });
+    }
+    let engine = &loaded.as_ref().expect("loaded above").engine;
     if engine.model_sha256 != job.model_sha256 {
         let err = JoinError::ModelMismatch {
             path: job.model_path.clone(),
@@ -340,8 +495,7 @@ async fn work<L: EngineLoader>(
     loop {
         match c.poll(WorkerState::Idle).await? {
             ToWorker::Lease(lease) => {
-                let done =
-                    measure_lease(c, &engine, &corpus, &run, &job, &lease, heartbeat).await?;
+                let done = measure_lease(c, engine, &corpus, &run, &job, &lease, heartbeat).await?;
                 summary.leases += u64::from(done);
                 summary.chunks += u64::from(lease.range.len()) * u64::from(done);
             }
@@ -377,6 +531,60 @@ async fn load_engine<L: EngineLoader>(
     }
 }
 
+/// Runs `fut` while sending a `Busy` poll every `heartbeat`.
+async fn heartbeating<T>(
+    c: &mut Conn,
+    lease: common::wire::LeaseId,
+    heartbeat: Duration,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            r = &mut fut => return Ok(r),
+            _ = tokio::time::sleep(heartbeat) => {
+                c.poll(WorkerState::Busy(lease)).await.map_err(|e| e.to_string())?;
+            }
+        }
+    }
+}
+
+/// Measures a lease's chunks and stores what must be stored (the trace
+/// part; the partial itself when too large to travel inline).
+async fn produce(
+    engine: &EngineThread,
+    corpus: &Corpus,
+    run: &RunStore,
+    job: &JobInfo,
+    lease: &LeaseGrant,
+) -> Result<(PartialRef, String), String> {
+    corpus.index.check_range(lease.range)?;
+    let chunks = read_chunks(corpus.table.clone(), Some(lease.range))
+        .map_err(|e| format!("{}: {e}", corpus.url))?;
+    let rx = engine.submit(corpus.index.clone(), chunks).await?;
+    let (mut partial, rows) = rx
+        .await
+        .map_err(|_| "the engine thread died".to_string())??;
+    if !rows.is_empty() {
+        let (k, n) = engine.trace_shape;
+        let name = crate::collect::trace_part_name(lease.range, false);
+        let name = crate::collect::write_trace_part(run, name, rows, k, n)
+            .await
+            .map_err(|e| e.to_string())?;
+        partial.trace_parts = vec![name];
+    }
+    let bytes = partial.to_bytes();
+    let sha256 = common::hash::sha256_hex(&bytes);
+    let partial = if bytes.len() as u64 <= job.max_inline_bytes {
+        PartialRef::Inline(bytes)
+    } else {
+        let name = partial_name(lease.range);
+        run.put(&name, bytes).await.map_err(|e| e.to_string())?;
+        PartialRef::Stored(name)
+    };
+    Ok((partial, sha256))
+}
+
 /// The corpus index and chunk table, read once.
 struct Corpus {
     index: Arc<CorpusIndex>,
@@ -403,8 +611,10 @@ impl Corpus {
     }
 }
 
-/// Measures one lease while heartbeating; reports the result (or the
-/// failure). Returns whether a result was sent.
+/// Measures one lease, uploads what it produced, and reports the result
+/// (or the failure), heartbeating all along: a slow model, a slow trace
+/// upload or a slow partial upload never looks like a silent worker.
+/// Returns whether a result was sent.
 async fn measure_lease(
     c: &mut Conn,
     engine: &EngineThread,
@@ -415,40 +625,10 @@ async fn measure_lease(
     heartbeat: Duration,
 ) -> Result<bool, JoinError> {
     let start = Instant::now();
-    let result = async {
-        corpus.index.check_range(lease.range)?;
-        let chunks = read_chunks(corpus.table.clone(), Some(lease.range))
-            .map_err(|e| format!("{}: {e}", corpus.url))?;
-        let rx = engine.submit(corpus.index.clone(), chunks).await?;
-        tokio::pin!(rx);
-        let (mut partial, rows) = loop {
-            tokio::select! {
-                r = &mut rx => break r.map_err(|_| "the engine thread died".to_string())??,
-                _ = tokio::time::sleep(heartbeat) => {
-                    c.poll(WorkerState::Busy(lease.lease_id)).await.map_err(|e| e.to_string())?;
-                }
-            }
-        };
-        if !rows.is_empty() {
-            let (k, n) = engine.trace_shape;
-            let name = crate::collect::trace_part_name(lease.range, false);
-            let name = crate::collect::write_trace_part(run, name, rows, k, n)
-                .await
-                .map_err(|e| e.to_string())?;
-            partial.trace_parts = vec![name];
-        }
-        let bytes = partial.to_bytes();
-        let sha256 = common::hash::sha256_hex(&bytes);
-        let partial = if bytes.len() as u64 <= job.max_inline_bytes {
-            PartialRef::Inline(bytes)
-        } else {
-            let name = partial_name(lease.range);
-            run.put(&name, bytes).await.map_err(|e| e.to_string())?;
-            PartialRef::Stored(name)
-        };
-        Ok::<_, String>((partial, sha256))
-    }
-    .await;
+    let work = produce(engine, corpus, run, job, lease);
+    let result = heartbeating(c, lease.lease_id, heartbeat, work)
+        .await
+        .and_then(|r| r);
     let elapsed_ms = start.elapsed().as_millis() as u64;
     let (msg, sent) = match result {
         Ok((partial, sha256)) => (

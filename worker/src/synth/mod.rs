@@ -13,8 +13,9 @@ mod weights;
 
 use anyhow::Context;
 use common::gguf::{GgufWriter, TensorType, Value};
+use common::splitmix::SplitMix64;
 use std::path::Path;
-use weights::{encode, Rng};
+use weights::encode;
 
 pub use vocab::{byte_to_unicode, CHAT_TEMPLATE, SPECIAL_TOKENS};
 
@@ -141,8 +142,8 @@ impl Builder<'_> {
     fn matrix(&mut self, name: &str, dims: &[usize], gain: f32) {
         let n: usize = dims.iter().product();
         let scale = gain * (3.0 / dims[0] as f32).sqrt();
-        let mut rng = Rng::new(self.seed, name);
-        let values: Vec<f32> = (0..n).map(|_| rng.uniform() * scale).collect();
+        let mut rng = SplitMix64::for_stream(self.seed, name);
+        let values: Vec<f32> = (0..n).map(|_| rng.symmetric_f32() * scale).collect();
         let ty = self.spec.weight_type;
         let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         self.g.tensor(name, &dims64, ty, encode(&values, ty));
@@ -150,15 +151,15 @@ impl Builder<'_> {
 
     /// A norm weight: ones with a little noise (always f32, as llama.cpp expects).
     fn norm(&mut self, name: &str, n: usize) {
-        let mut rng = Rng::new(self.seed, name);
-        let values: Vec<f32> = (0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect();
+        let mut rng = SplitMix64::for_stream(self.seed, name);
+        let values: Vec<f32> = (0..n).map(|_| 1.0 + 0.1 * rng.symmetric_f32()).collect();
         self.g.tensor_f32(name, &[n as u64], &values);
     }
 
     /// The router: rows scaled unevenly so some experts are heavy hitters.
     fn router(&mut self, name: &str) {
         let (n_embd, n_expert) = (self.spec.n_embd, self.spec.n_expert);
-        let mut rng = Rng::new(self.seed, name);
+        let mut rng = SplitMix64::for_stream(self.seed, name);
         // Sigmoid routers saturate at 1.0 in f32 with large logits; keep them moderate.
         let sharpness = if self.spec.arch == "glm4moe" {
             1.0
@@ -169,7 +170,7 @@ impl Builder<'_> {
         let mut values = Vec::with_capacity(n_embd * n_expert);
         for e in 0..n_expert {
             let gain = 0.4 + 1.6 * ((e * 7) % n_expert) as f32 / n_expert as f32;
-            values.extend((0..n_embd).map(|_| rng.uniform() * scale * gain));
+            values.extend((0..n_embd).map(|_| rng.symmetric_f32() * scale * gain));
         }
         // The router stays f32 so routing is not perturbed by quantisation.
         self.g
@@ -313,8 +314,10 @@ pub fn model_bytes(preset: Preset, seed: u64) -> Vec<u8> {
         }
         if a == "glm4moe" {
             let name = format!("blk.{i}.exp_probs_b.bias");
-            let mut rng = Rng::new(seed, &name);
-            let bias: Vec<f32> = (0..s.n_expert).map(|_| 0.05 * rng.uniform()).collect();
+            let mut rng = SplitMix64::for_stream(seed, &name);
+            let bias: Vec<f32> = (0..s.n_expert)
+                .map(|_| 0.05 * rng.symmetric_f32())
+                .collect();
             b.g.tensor_f32(&name, &[s.n_expert as u64], &bias);
         }
     }

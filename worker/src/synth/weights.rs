@@ -2,32 +2,6 @@
 
 use common::gguf::TensorType;
 
-/// SplitMix64: a tiny, portable, seedable generator (same stream everywhere).
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator for `seed`, decorrelated per `stream` (e.g. a tensor name hash).
-    pub fn new(seed: u64, stream: &str) -> Rng {
-        let h = stream.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        Rng(seed ^ h)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
 /// Converts an f32 to IEEE half precision bits (round to nearest even).
 pub fn f32_to_f16(v: f32) -> u16 {
     let bits = v.to_bits();
@@ -95,30 +69,5 @@ mod tests {
         assert_eq!(f32_to_f16(65504.0), 0x7bff);
         assert_eq!(f32_to_f16(1e-7), 0x0002);
         assert_eq!(f32_to_f16(0.333_333_34), 0x3555);
-    }
-
-    #[test]
-    fn streams_are_deterministic_and_distinct() {
-        let a: Vec<f32> = (0..4)
-            .map({
-                let mut r = Rng::new(7, "a");
-                move |_| r.uniform()
-            })
-            .collect();
-        let b: Vec<f32> = (0..4)
-            .map({
-                let mut r = Rng::new(7, "a");
-                move |_| r.uniform()
-            })
-            .collect();
-        let c: Vec<f32> = (0..4)
-            .map({
-                let mut r = Rng::new(7, "b");
-                move |_| r.uniform()
-            })
-            .collect();
-        assert_eq!(a, b);
-        assert_ne!(a, c);
-        assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));
     }
 }

@@ -1,0 +1,67 @@
+//! Text that came from a peer (a worker's name, the reason of a `Failed`),
+//! made safe to log or show: control characters escaped, so a newline cannot
+//! forge a log line, and the length bounded, so a long string cannot flood
+//! the log.
+
+/// Longest peer text kept in a log line or a summary, in characters.
+pub const MAX_PEER_TEXT_CHARS: usize = 200;
+
+/// `s` with every control character (newline, carriage return, escape, ...)
+/// and every backslash escaped as Rust would write it, cut to `max_chars`
+/// characters with the number of characters left off appended.
+pub fn escape_peer_text(s: &str, max_chars: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max_chars * 2));
+    let mut kept = 0usize;
+    let mut chars = s.chars();
+    for c in chars.by_ref() {
+        if c.is_control() || c == '\\' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+        kept += 1;
+        if kept == max_chars {
+            break;
+        }
+    }
+    let left = chars.count();
+    if left > 0 {
+        out.push_str(&format!("...({left} more characters)"));
+    }
+    out
+}
+
+/// [`escape_peer_text`] with [`MAX_PEER_TEXT_CHARS`].
+pub fn peer_text(s: &str) -> String {
+    escape_peer_text(s, MAX_PEER_TEXT_CHARS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newlines_and_escapes_cannot_reach_a_log_line() {
+        let forged = "w0\n2026-11-30T16:00:00Z  INFO run complete\r\x1b[2K";
+        let safe = peer_text(forged);
+        assert!(!safe.chars().any(char::is_control), "{safe:?}");
+        assert_eq!(
+            safe,
+            "w0\\n2026-11-30T16:00:00Z  INFO run complete\\r\\u{1b}[2K"
+        );
+        assert_eq!(
+            peer_text("a\\nb"),
+            "a\\\\nb",
+            "a literal backslash stays distinguishable"
+        );
+    }
+
+    #[test]
+    fn long_text_is_cut_with_a_count() {
+        let long = "é".repeat(1000);
+        let safe = escape_peer_text(&long, 10);
+        assert_eq!(safe, format!("{}...(990 more characters)", "é".repeat(10)));
+        assert_eq!(escape_peer_text("short", 10), "short");
+        assert_eq!(escape_peer_text("exactly10!", 10), "exactly10!");
+    }
+}

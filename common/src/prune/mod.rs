@@ -1,0 +1,55 @@
+//! Pruned models: a base GGUF sliced down to the experts a keep map keeps,
+//! and the matching importance matrix (DESIGN section 12).
+//!
+//! Both functions first check the keep map against the file ([`plan`]: which
+//! tensors are sliced, what metadata changes, every refusal) and only then
+//! stream the file through [`write`]: metadata and every other tensor are
+//! copied verbatim, each expert-family tensor as the kept experts' byte
+//! ranges in keep-map order, through a bounded buffer. The output is written
+//! under a temporary name and renamed to `out` only when complete, so an
+//! error never leaves a file at `out`.
+
+mod error;
+mod plan;
+mod write;
+
+pub use error::PruneError;
+
+use crate::gguf_read::GgufReader;
+use crate::keepmap::KeepMap;
+use std::path::Path;
+
+/// What a slice wrote: the output's SHA-256 (compared across workers that
+/// slice the same candidate), its size and the experts kept per layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sliced {
+    /// SHA-256 of the written file, lowercase hex.
+    pub sha256: String,
+    /// Size of the written file in bytes.
+    pub bytes: u64,
+    /// Experts kept per MoE layer (the new `{arch}.expert_count`).
+    pub k: u32,
+}
+
+/// Writes to `out` the model `base` with only the experts `keep` keeps in
+/// each MoE layer, in keep-map order; `{arch}.expert_count` becomes K.
+/// Refuses (writing nothing) a map that does not fit the model: see
+/// [`PruneError`].
+pub fn slice_model(base: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, PruneError> {
+    let header = GgufReader::open(base)?.header;
+    let plan = plan::model(&header, keep, &base.display().to_string())?;
+    write::sliced(base, &header, &plan, out)
+}
+
+/// Writes to `out` llama.cpp's importance matrix `imatrix` (`<tensor>.in_sum2`
+/// `[n_in, n_mat]`, `<tensor>.counts` `[1, n_mat]`) with the stacked expert
+/// weights' entries cut to the experts `keep` keeps, so a pruned model can be
+/// re-quantised with it.
+pub fn slice_imatrix(imatrix: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, PruneError> {
+    let header = GgufReader::open(imatrix)?.header;
+    let plan = plan::imatrix(&header, keep, &imatrix.display().to_string())?;
+    write::sliced(imatrix, &header, &plan, out)
+}
+
+#[cfg(test)]
+mod tests;

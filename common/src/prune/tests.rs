@@ -1,0 +1,386 @@
+//! Slicing small hand-built GGUF files: kept bytes, metadata, determinism,
+//! and every refusal (with nothing left at the output).
+
+use super::*;
+use crate::gguf::{GgufWriter, TensorType, Value};
+use crate::gguf_read::{GgufReader, GgufValue};
+use crate::imatrix::{Imatrix, ImatrixEntry};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+const N_EXPERT: u64 = 4;
+
+/// Bytes of expert `e` of the tensor with seed `seed`: distinct per expert.
+fn expert_bytes(seed: u8, e: u64, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|j| {
+            seed.wrapping_mul(31)
+                .wrapping_add(e as u8 * 7)
+                .wrapping_add(j as u8)
+        })
+        .collect()
+}
+
+/// `(name, dims, type, bytes per expert)` of the stacked tensors of one MoE block.
+fn expert_tensors(layer: u32) -> Vec<(String, Vec<u64>, TensorType, usize)> {
+    vec![
+        (
+            format!("blk.{layer}.ffn_gate_inp.weight"),
+            vec![8, N_EXPERT],
+            TensorType::F32,
+            32,
+        ),
+        (
+            format!("blk.{layer}.ffn_up_exps.weight"),
+            vec![32, 2, N_EXPERT],
+            TensorType::Q8_0,
+            68,
+        ),
+        (
+            format!("blk.{layer}.ffn_down_exps.weight"),
+            vec![2, 8, N_EXPERT],
+            TensorType::F16,
+            32,
+        ),
+        (
+            format!("blk.{layer}.exp_probs_b.bias"),
+            vec![N_EXPERT],
+            TensorType::F32,
+            4,
+        ),
+    ]
+}
+
+/// A model with a dense block 0 and MoE blocks 1 and 2; `extra` adds keys.
+fn model_with(extra: &[(&str, Value)], tweak: impl Fn(&mut GgufWriter)) -> Vec<u8> {
+    let mut g = GgufWriter::new();
+    g.kv("general.architecture", Value::Str("glm4moe".into()))
+        .kv("glm4moe.expert_count", Value::U32(N_EXPERT as u32))
+        .kv("glm4moe.expert_used_count", Value::U32(2))
+        .kv(
+            "tokenizer.ggml.tokens",
+            Value::StrArray(vec!["a".into(), "b".into()]),
+        );
+    for (k, v) in extra {
+        g.kv(k, v.clone());
+    }
+    g.tensor_f32("token_embd.weight", &[8, 2], &[0.5; 16]);
+    g.tensor_f32("blk.0.ffn_up.weight", &[8, 4], &[1.5; 32]);
+    g.tensor_f32("blk.0.attn_q_norm.weight", &[4], &[2.0; 4]);
+    for layer in [1, 2] {
+        g.tensor_f32(&format!("blk.{layer}.attn_q_norm.weight"), &[4], &[3.0; 4]);
+        for (i, (name, dims, ty, per)) in expert_tensors(layer).into_iter().enumerate() {
+            let seed = (layer * 10 + i as u32) as u8;
+            let data = (0..N_EXPERT)
+                .flat_map(|e| expert_bytes(seed, e, per))
+                .collect();
+            g.tensor(&name, &dims, ty, data);
+        }
+    }
+    tweak(&mut g);
+    g.to_bytes()
+}
+
+fn model() -> Vec<u8> {
+    model_with(&[], |_| {})
+}
+
+fn keep(layers: &[(u32, &[u32])]) -> KeepMap {
+    KeepMap {
+        method: "reap_l2_sum".into(),
+        k: layers[0].1.len() as u32,
+        params: serde_json::Value::Null,
+        saliency_sha256: String::new(),
+        layers: layers
+            .iter()
+            .map(|(l, ids)| (l.to_string(), ids.to_vec()))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+struct Files {
+    _dir: tempfile::TempDir,
+    base: PathBuf,
+    out: PathBuf,
+}
+
+fn files(bytes: &[u8]) -> Files {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.gguf");
+    std::fs::write(&base, bytes).unwrap();
+    let out = dir.path().join("pruned.gguf");
+    Files {
+        _dir: dir,
+        base,
+        out,
+    }
+}
+
+#[test]
+fn keeps_the_kept_experts_bytes_in_keep_map_order() {
+    let f = files(&model());
+    let map = keep(&[(1, &[0, 3]), (2, &[1, 2])]);
+    let sliced = slice_model(&f.base, &map, &f.out).unwrap();
+    assert_eq!(sliced.k, 2);
+    let bytes = std::fs::read(&f.out).unwrap();
+    assert_eq!(sliced.bytes, bytes.len() as u64);
+    assert_eq!(sliced.sha256, crate::hash::sha256_hex(&bytes));
+    let mut r = GgufReader::open(&f.out).unwrap();
+    assert_eq!(
+        r.header.get("glm4moe.expert_count"),
+        Some(&GgufValue::U32(2))
+    );
+    assert_eq!(
+        r.header.get("glm4moe.expert_used_count"),
+        Some(&GgufValue::U32(2))
+    );
+    assert_eq!(r.header.kv.len(), 4, "every metadata entry is kept");
+    for (layer, kept) in [(1u32, [0u64, 3]), (2, [1, 2])] {
+        for (i, (name, dims, _, per)) in expert_tensors(layer).into_iter().enumerate() {
+            let seed = (layer * 10 + i as u32) as u8;
+            let t = r.header.tensor(&name).unwrap().clone();
+            let mut want_dims = dims.clone();
+            *want_dims.last_mut().unwrap() = 2;
+            assert_eq!(t.dims, want_dims, "{name}");
+            let want: Vec<u8> = kept
+                .iter()
+                .flat_map(|&e| expert_bytes(seed, e, per))
+                .collect();
+            assert_eq!(r.tensor_bytes(&name).unwrap(), want, "{name}");
+        }
+    }
+    let mut base = GgufReader::open(&f.base).unwrap();
+    for name in [
+        "token_embd.weight",
+        "blk.0.ffn_up.weight",
+        "blk.1.attn_q_norm.weight",
+    ] {
+        assert_eq!(
+            r.tensor_bytes(name).unwrap(),
+            base.tensor_bytes(name).unwrap(),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        r.header.get("tokenizer.ggml.tokens"),
+        base.header.get("tokenizer.ggml.tokens")
+    );
+}
+
+#[test]
+fn keeping_every_expert_rewrites_the_same_bytes_and_slices_are_deterministic() {
+    let base = model();
+    let f = files(&base);
+    let all: &[u32] = &[0, 1, 2, 3];
+    let sliced = slice_model(&f.base, &keep(&[(1, all), (2, all)]), &f.out).unwrap();
+    assert_eq!(std::fs::read(&f.out).unwrap(), base);
+    assert_eq!(sliced.sha256, crate::hash::sha256_hex(&base));
+
+    let map = keep(&[(1, &[1, 2]), (2, &[0, 1])]);
+    let a = slice_model(&f.base, &map, &f.out).unwrap();
+    let first = std::fs::read(&f.out).unwrap();
+    let b = slice_model(&f.base, &map, &f.out).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(std::fs::read(&f.out).unwrap(), first);
+}
+
+/// Asserts that slicing `bytes` with `map` fails with a message containing
+/// every one of `needles`, and leaves nothing at the output.
+fn refused(bytes: &[u8], map: &KeepMap, needles: &[&str]) -> PruneError {
+    let f = files(bytes);
+    let err = slice_model(&f.base, map, &f.out).unwrap_err();
+    let msg = err.to_string();
+    for n in needles {
+        assert!(msg.contains(n), "{msg:?} lacks {n:?}");
+    }
+    let left: Vec<_> = std::fs::read_dir(f.out.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["base.gguf"], "nothing but the input is left");
+    err
+}
+
+#[test]
+fn refuses_a_map_whose_k_differs_per_layer() {
+    let err = refused(
+        &model(),
+        &keep(&[(1, &[0, 1]), (2, &[0, 1, 2])]),
+        &["keep map reap_l2_sum_K2", "layer 2 keeps 3"],
+    );
+    assert!(matches!(err, PruneError::KeepMap { .. }));
+}
+
+#[test]
+fn refuses_unsorted_ids_and_a_wrong_k_field() {
+    refused(
+        &model(),
+        &keep(&[(1, &[1, 0]), (2, &[0, 1])]),
+        &["layer 1", "sorted"],
+    );
+    let mut map = keep(&[(1, &[0, 1]), (2, &[0, 1])]);
+    map.k = 3;
+    refused(&model(), &map, &["reap_l2_sum_K3", "k field says 3"]);
+}
+
+#[test]
+fn refuses_a_layer_that_is_not_moe_and_a_missing_one() {
+    let err = refused(
+        &model(),
+        &keep(&[(0, &[0, 1]), (1, &[0, 1]), (2, &[0, 1])]),
+        &["base.gguf", "reap_l2_sum_K2", "layer 0", "not an MoE layer"],
+    );
+    assert!(matches!(err, PruneError::Mismatch { .. }));
+    refused(
+        &model(),
+        &keep(&[(1, &[0, 1])]),
+        &["reap_l2_sum_K2", "does not cover MoE layer 2"],
+    );
+    refused(
+        &model(),
+        &keep(&[(1, &[0, 4]), (2, &[0, 1])]),
+        &["layer 1 keeps expert 4"],
+    );
+}
+
+#[test]
+fn refuses_fewer_experts_than_are_routed_to() {
+    refused(
+        &model(),
+        &keep(&[(1, &[0]), (2, &[3])]),
+        &["reap_l2_sum_K1", "glm4moe.expert_used_count is 2"],
+    );
+}
+
+#[test]
+fn grouped_routing_needs_the_same_number_kept_per_group() {
+    let grouped = model_with(&[("glm4moe.expert_group_count", Value::U32(2))], |_| {});
+    refused(
+        &grouped,
+        &keep(&[(1, &[0, 2]), (2, &[0, 1])]),
+        &["reap_l2_sum_K2", "layer 2 keeps [2, 0]", "2 routing groups"],
+    );
+    let f = files(&grouped);
+    slice_model(&f.base, &keep(&[(1, &[0, 2]), (2, &[1, 3])]), &f.out).unwrap();
+}
+
+#[test]
+fn refuses_an_expert_tensor_whose_expert_axis_is_not_outermost() {
+    let bad = model_with(&[], |g| {
+        g.tensor_f32("blk.2.ffn_gate_exps.weight", &[N_EXPERT, 8, 2], &[0.0; 64]);
+    });
+    let err = refused(
+        &bad,
+        &keep(&[(1, &[0, 1]), (2, &[0, 1])]),
+        &[
+            "tensor blk.2.ffn_gate_exps.weight",
+            "[4, 8, 2]",
+            "not the outermost",
+        ],
+    );
+    assert!(matches!(err, PruneError::Tensor { .. }));
+    let unknown = model_with(&[], |g| {
+        g.tensor_f32("blk.1.ffn_norm_exps.weight", &[8, N_EXPERT], &[0.0; 32]);
+    });
+    refused(
+        &unknown,
+        &keep(&[(1, &[0, 1]), (2, &[0, 1])]),
+        &["tensor blk.1.ffn_norm_exps.weight", "does not know"],
+    );
+}
+
+#[test]
+fn refuses_a_model_without_experts() {
+    let mut g = GgufWriter::new();
+    g.kv("general.architecture", Value::Str("qwen3".into()));
+    g.tensor_f32("token_embd.weight", &[8, 2], &[0.5; 16]);
+    let err = refused(
+        &g.to_bytes(),
+        &keep(&[(1, &[0, 1])]),
+        &["base.gguf", "qwen3.expert_count"],
+    );
+    assert!(matches!(err, PruneError::NotMoe { .. }));
+}
+
+fn imatrix_bytes() -> Vec<u8> {
+    let mut m = Imatrix {
+        chunk_count: 3,
+        chunk_size: 16,
+        ..Default::default()
+    };
+    for layer in [1, 2] {
+        for (name, n_in, n_mat) in [
+            ("ffn_gate_inp", 8, 1),
+            ("ffn_up_exps", 8, 4),
+            ("ffn_down_exps", 2, 4),
+        ] {
+            let mut e = ImatrixEntry::new(n_in, n_mat);
+            for (i, s) in e.in_sum2.iter_mut().enumerate() {
+                s.add_f64((layer * 1000 + i as u32) as f64).unwrap();
+            }
+            e.counts = (0..n_mat as u64).map(|m| 10 * m + layer as u64).collect();
+            m.entries.insert(format!("blk.{layer}.{name}.weight"), e);
+        }
+    }
+    m.entries
+        .insert("blk.0.attn_q.weight".into(), ImatrixEntry::new(8, 1));
+    m.to_gguf(&["corpus".into()])
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn slices_the_importance_matrix_per_expert() {
+    let f = files(&imatrix_bytes());
+    let sliced = slice_imatrix(&f.base, &keep(&[(1, &[0, 3]), (2, &[1, 2])]), &f.out).unwrap();
+    assert_eq!(sliced.k, 2);
+    let mut r = GgufReader::open(&f.out).unwrap();
+    let mut base = GgufReader::open(&f.base).unwrap();
+    for (layer, kept) in [(1u32, [0usize, 3]), (2, [1, 2])] {
+        let name = format!("blk.{layer}.ffn_up_exps.weight");
+        let sums = f32s(&r.tensor_bytes(&format!("{name}.in_sum2")).unwrap());
+        let want: Vec<f32> = kept
+            .iter()
+            .flat_map(|&e| (0..8).map(move |j| (layer as usize * 1000 + e * 8 + j) as f32))
+            .collect();
+        assert_eq!(sums, want, "{name}.in_sum2");
+        let counts = f32s(&r.tensor_bytes(&format!("{name}.counts")).unwrap());
+        let want: Vec<f32> = kept
+            .iter()
+            .map(|&e| (10 * e + layer as usize) as f32)
+            .collect();
+        assert_eq!(counts, want, "{name}.counts");
+        assert_eq!(
+            r.header.tensor(&format!("{name}.counts")).unwrap().dims,
+            [1, 2]
+        );
+        let router = format!("blk.{layer}.ffn_gate_inp.weight.in_sum2");
+        assert_eq!(
+            r.tensor_bytes(&router).unwrap(),
+            base.tensor_bytes(&router).unwrap()
+        );
+    }
+    assert_eq!(r.header.kv, base.header.kv, "metadata is copied as it is");
+    refused_imatrix(
+        &keep(&[(1, &[0, 1]), (3, &[0, 1])]),
+        &["layer 3", "not an MoE layer"],
+    );
+    refused_imatrix(
+        &keep(&[(1, &[0, 1]), (2, &[0, 1, 2])]),
+        &["layer 2 keeps 3"],
+    );
+}
+
+fn refused_imatrix(map: &KeepMap, needles: &[&str]) {
+    let f = files(&imatrix_bytes());
+    let msg = slice_imatrix(&f.base, map, &f.out).unwrap_err().to_string();
+    needles
+        .iter()
+        .for_each(|n| assert!(msg.contains(n), "{msg:?} lacks {n:?}"));
+    assert!(!f.out.exists());
+}

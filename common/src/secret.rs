@@ -1,0 +1,112 @@
+//! The join secret: at least [`MIN_SECRET_BYTES`] bytes, read from a file or
+//! an environment variable, and never printed (its `Debug` shows the length
+//! only), so a log line or an error cannot leak it.
+
+use std::fmt;
+use std::path::Path;
+
+/// Shortest join secret accepted: an HMAC key much shorter than its 32-byte
+/// tag is guessable, and an empty one (a typo, an empty file) is no secret.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// A join secret of at least [`MIN_SECRET_BYTES`] bytes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JoinSecret(Vec<u8>);
+
+/// Why a secret was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// The secret's source could not be read.
+    #[error("join secret {source_name}: {error}")]
+    Unreadable {
+        /// The file or variable.
+        source_name: String,
+        /// The I/O error.
+        error: std::io::Error,
+    },
+    /// The secret is shorter than [`MIN_SECRET_BYTES`].
+    #[error(
+        "join secret {source_name} holds {len} bytes; at least {MIN_SECRET_BYTES} are required \
+         (e.g. `head -c 32 /dev/urandom | xxd -p -c 64 > FILE`)"
+    )]
+    TooShort {
+        /// The file or variable.
+        source_name: String,
+        /// Its length after trimming whitespace.
+        len: usize,
+    },
+}
+
+impl JoinSecret {
+    /// Checks the length of `bytes` (surrounding ASCII whitespace trimmed);
+    /// `source_name` names where they came from in the error.
+    pub fn new(bytes: &[u8], source_name: &str) -> Result<JoinSecret, SecretError> {
+        let bytes = bytes.trim_ascii();
+        if bytes.len() < MIN_SECRET_BYTES {
+            return Err(SecretError::TooShort {
+                source_name: source_name.to_string(),
+                len: bytes.len(),
+            });
+        }
+        Ok(JoinSecret(bytes.to_vec()))
+    }
+
+    /// Reads a secret file.
+    pub fn from_file(path: &Path) -> Result<JoinSecret, SecretError> {
+        let source_name = format!("file {}", path.display());
+        let bytes = std::fs::read(path).map_err(|error| SecretError::Unreadable {
+            source_name: source_name.clone(),
+            error,
+        })?;
+        JoinSecret::new(&bytes, &source_name)
+    }
+
+    /// A fresh random secret (64 hex characters), for runs whose workers are
+    /// all local and learn it from the coordinator.
+    pub fn generate() -> JoinSecret {
+        JoinSecret(hex::encode(crate::wire::random_bytes(32)).into_bytes())
+    }
+
+    /// The key bytes, for the HMAC and for handing to local workers.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for JoinSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JoinSecret(<{} bytes, redacted>)", self.0.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_and_empty_secrets_are_refused_with_their_source_named() {
+        for bytes in [&b""[..], b"  \n", &[b'x'; MIN_SECRET_BYTES - 1]] {
+            let e = JoinSecret::new(bytes, "file /tmp/s").unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains("file /tmp/s"), "{msg}");
+            assert!(msg.contains("at least 32"), "{msg}");
+        }
+        let ok = JoinSecret::new(&[b'k'; MIN_SECRET_BYTES], "x").unwrap();
+        assert_eq!(ok.expose().len(), MIN_SECRET_BYTES);
+    }
+
+    #[test]
+    fn debug_never_shows_the_secret() {
+        let s = JoinSecret::new(b"correct horse battery staple 12345", "x").unwrap();
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("horse"), "{shown}");
+        assert!(shown.contains("34 bytes"), "{shown}");
+        assert_eq!(JoinSecret::generate().expose().len(), 64);
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let e = JoinSecret::from_file(Path::new("/nonexistent/secret")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/secret"), "{e}");
+    }
+}

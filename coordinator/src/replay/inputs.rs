@@ -1,0 +1,154 @@
+//! What replay reads from a run before touching a trace layer: the number of
+//! experts, expert sizes from the model, keep maps and the trace parts.
+
+use super::results::TraceKind;
+use super::trace_io::TraceSet;
+use anyhow::{bail, ensure, Context};
+use common::artifacts::names;
+use common::keepmap::KeepMap;
+use common::store::RunStore;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A keep map with its label and a per-layer bitmap.
+pub struct KeepInput {
+    /// `none` or the map's name.
+    pub label: String,
+    /// Block index to `kept[expert]`; `None` for no keep map.
+    pub kept: Option<BTreeMap<u32, Vec<bool>>>,
+}
+
+/// Everything replay reads from the run, before touching a trace layer.
+pub struct Inputs {
+    /// Routed experts per layer.
+    pub n_expert: usize,
+    /// Bytes per expert load, per layer, when the model is known.
+    pub expert_bytes: Option<BTreeMap<u32, u64>>,
+    /// Where the expert sizes came from.
+    pub model: Option<PathBuf>,
+    /// Keep maps, in flag order.
+    pub keep: Vec<KeepInput>,
+    /// Trace parts by kind.
+    pub traces: Vec<(TraceKind, TraceSet)>,
+}
+
+/// Reads what a replay of `store` needs: `model` overrides the manifest's
+/// model for expert sizes; `keep_maps` are the `--keep-map` specs.
+pub async fn load_inputs(
+    store: &RunStore,
+    model: Option<&Path>,
+    keep_maps: &[String],
+) -> anyhow::Result<Inputs> {
+    let manifest = match store.get_opt(names::MANIFEST_JSON).await? {
+        Some(b) => Some(
+            serde_json::from_slice::<serde_json::Value>(&b)
+                .with_context(|| format!("parsing {}", store.url_of(names::MANIFEST_JSON)))?,
+        ),
+        None => None,
+    };
+    let model = model.map(Path::to_path_buf).or_else(|| {
+        let p = manifest.as_ref()?.get("model_path")?.as_str()?;
+        Some(PathBuf::from(p)).filter(|p| p.exists())
+    });
+    let expert_bytes = model
+        .as_deref()
+        .map(super::model::expert_bytes)
+        .transpose()?;
+    let n_expert = match store.get_opt(names::SALIENCY_JSON).await? {
+        Some(b) => serde_json::from_slice::<serde_json::Value>(&b)
+            .with_context(|| format!("parsing {}", store.url_of(names::SALIENCY_JSON)))?
+            .get("n_expert")
+            .and_then(|v| v.as_u64())
+            .with_context(|| format!("{} has no n_expert", store.url_of(names::SALIENCY_JSON)))?,
+        None => match model.as_deref() {
+            Some(m) => super::model::expert_count(m)?
+                .with_context(|| format!("model {} has no expert_count", m.display()))?,
+            None => bail!(
+                "{} is missing and no model is known (--model): cannot tell the number of experts",
+                store.url_of(names::SALIENCY_JSON)
+            ),
+        },
+    } as usize;
+    ensure!(
+        (1..=u16::MAX as usize).contains(&n_expert),
+        "n_expert = {n_expert} is out of range"
+    );
+    let mut keep = Vec::new();
+    for spec in keep_maps {
+        keep.push(load_keep_map(store, spec, n_expert).await?);
+    }
+    let decode_dir = format!("{}/", names::DECODE_TRACE_DIR);
+    let (decode, prefill): (Vec<String>, Vec<String>) = store
+        .list(names::TRACE_DIR)
+        .await?
+        .into_iter()
+        .filter(|n| n.ends_with(".parquet"))
+        .partition(|n| n.starts_with(&decode_dir));
+    let mut traces = Vec::new();
+    for (kind, names) in [(TraceKind::Prefill, prefill), (TraceKind::Decode, decode)] {
+        if let Some(set) = TraceSet::open(store, &names).await? {
+            traces.push((kind, set));
+        }
+    }
+    ensure!(
+        !traces.is_empty(),
+        "{} holds no trace parts",
+        store.url_of(names::TRACE_DIR)
+    );
+    Ok(Inputs {
+        n_expert,
+        expert_bytes,
+        model,
+        keep,
+        traces,
+    })
+}
+
+async fn load_keep_map(store: &RunStore, spec: &str, n_expert: usize) -> anyhow::Result<KeepInput> {
+    if spec == "none" {
+        return Ok(KeepInput {
+            label: "none".into(),
+            kept: None,
+        });
+    }
+    let local = PathBuf::from(spec);
+    let (label, where_, bytes) = if spec.ends_with(".json") && local.is_file() {
+        let bytes = std::fs::read(&local).with_context(|| format!("reading keep map {spec}"))?;
+        let label = local
+            .file_stem()
+            .map_or(spec.to_string(), |s| s.to_string_lossy().into_owned());
+        (label, spec.to_string(), bytes)
+    } else {
+        let name = spec
+            .trim_start_matches(names::KEEP_MAPS_DIR)
+            .trim_start_matches('/')
+            .trim_end_matches(".json");
+        let object = names::keep_map(name);
+        (
+            name.to_string(),
+            store.url_of(&object),
+            store.get(&object).await?.to_vec(),
+        )
+    };
+    let map: KeepMap =
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing keep map {where_}"))?;
+    let mut kept = BTreeMap::new();
+    for (layer, ids) in &map.layers {
+        let layer: u32 = layer
+            .parse()
+            .with_context(|| format!("keep map {where_}: layer key {layer:?} is not a number"))?;
+        let mut bits = vec![false; n_expert];
+        for &e in ids {
+            ensure!(
+                (e as usize) < n_expert,
+                "keep map {where_}: layer {layer} keeps expert {e}, but n_expert = {n_expert}"
+            );
+            bits[e as usize] = true;
+        }
+        kept.insert(layer, bits);
+    }
+    Ok(KeepInput {
+        label,
+        kept: Some(kept),
+    })
+}

@@ -1,0 +1,202 @@
+//! `replay/results.json`: the schema of replay results, one set of types
+//! shared by the writer (`replay::report`) and every reader (the run
+//! report's miss-rate plots), so a renamed field fails to compile instead of
+//! silently dropping a plot.
+
+use super::policy::{Policy, PolicyParams};
+use anyhow::Context;
+use common::Split;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// What one cache step is.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    clap::ValueEnum,
+    Serialize,
+    Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One token (decode-like).
+    Token,
+    /// One ubatch of a chunk (prefill-like): the union of its experts.
+    Ubatch,
+}
+
+/// Where a trace came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TraceKind {
+    /// Teacher-forced prefill of corpus chunks: `trace/*.parquet`.
+    Prefill,
+    /// Tokens the model generated itself: `trace/decode/*.parquet`.
+    Decode,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Token => "token",
+            Mode::Ubatch => "ubatch",
+        })
+    }
+}
+
+impl fmt::Display for TraceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TraceKind::Prefill => "prefill",
+            TraceKind::Decode => "decode",
+        })
+    }
+}
+
+/// One layer of a result row.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerResult {
+    /// Block index.
+    pub layer: u32,
+    /// Resident experts.
+    pub layer_capacity: usize,
+    /// Cache requests.
+    pub requests: u64,
+    /// Cache misses.
+    pub misses: u64,
+    /// Forced misses.
+    pub forced_misses: u64,
+}
+
+/// Results of one (split, trace, mode, policy, capacity, keep map), all layers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResultRow {
+    /// `fit` or `heldout`.
+    pub split: Split,
+    /// `prefill` or `decode`.
+    pub trace_mode: TraceKind,
+    /// `token` or `ubatch`.
+    pub mode: Mode,
+    /// Tokens per step.
+    pub ubatch: usize,
+    /// Policy.
+    pub policy: Policy,
+    /// Capacity as given (`0.25` or `64`).
+    pub capacity_spec: String,
+    /// Resident experts per layer (the mean over layers, if they differ).
+    pub capacity: f64,
+    /// Keep map label (`none` or the map's name).
+    pub keep_map: String,
+    /// Tokens of the split (per layer).
+    pub tokens: u64,
+    /// Layers replayed.
+    pub layers: usize,
+    /// Steps, summed over layers.
+    pub steps: u64,
+    /// Cache requests (distinct experts per step), summed over layers.
+    pub requests: u64,
+    /// Cache misses, summed over layers.
+    pub misses: u64,
+    /// Token slots with no kept expert in the router top-N, summed over layers.
+    pub forced_misses: u64,
+    /// Steps that needed more experts than the capacity.
+    pub overflow_steps: u64,
+    /// `(requests - misses) / (requests + forced_misses)`.
+    pub hit_rate: f64,
+    /// `(misses + forced_misses) / tokens`: expert loads per token, all layers.
+    pub misses_per_token: f64,
+    /// Bytes loaded: every miss and forced miss moves one expert.
+    pub bytes_moved: Option<u64>,
+    /// `bytes_moved / tokens`.
+    pub bytes_per_token: Option<f64>,
+    /// Per layer.
+    pub per_layer: Vec<LayerResult>,
+}
+
+/// LRU misses at every per-layer capacity, summed over layers (one pass).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LruCurve {
+    /// [`LruCurve::POLICY`], naming the curve for plots.
+    pub policy: String,
+    /// Split.
+    pub split: Split,
+    /// Trace kind.
+    pub trace_mode: TraceKind,
+    /// Step mode.
+    pub mode: Mode,
+    /// Keep map label.
+    pub keep_map: String,
+    /// Misses at each capacity `1..=n_expert`.
+    pub points: Vec<CurvePoint>,
+}
+
+/// One capacity of an [`LruCurve`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    /// Resident experts in every layer.
+    pub capacity: usize,
+    /// Requests, summed over layers.
+    pub requests: u64,
+    /// Misses, summed over layers.
+    pub misses: u64,
+}
+
+/// Everything `replay` produced.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReplayReport {
+    /// Routed experts per layer.
+    pub n_expert: usize,
+    /// Policy parameters.
+    pub params: PolicyParams,
+    /// Tokens per ubatch in ubatch mode.
+    pub ubatch: usize,
+    /// The model the expert sizes came from.
+    pub model: Option<String>,
+    /// Result rows, grouped by keep map, trace, mode, policy and capacity.
+    pub rows: Vec<ResultRow>,
+    /// One-pass LRU curves.
+    pub lru_curves: Vec<LruCurve>,
+    /// The Markdown table (`replay/report.md`, not part of the JSON).
+    #[serde(skip)]
+    pub markdown: String,
+}
+
+impl LruCurve {
+    /// The `policy` of every one-pass LRU curve.
+    pub const POLICY: &'static str = "lru_all_capacities";
+}
+
+impl ReplayReport {
+    /// `replay/results.json`.
+    pub fn json_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("replay results serialise")
+    }
+
+    /// Reads `replay/results.json`; `url` names it in the error.
+    pub fn from_json(bytes: &[u8], url: &str) -> anyhow::Result<ReplayReport> {
+        serde_json::from_slice(bytes).with_context(|| format!("{url} is not replay results"))
+    }
+
+    /// The row for a (split, trace, mode, policy, capacity, keep map), if any.
+    pub fn row(
+        &self,
+        split: Split,
+        trace: TraceKind,
+        mode: Mode,
+        policy: Policy,
+        capacity: &str,
+        keep_map: &str,
+    ) -> Option<&ResultRow> {
+        self.rows.iter().find(|r| {
+            (r.split, r.trace_mode, r.mode, r.policy) == (split, trace, mode, policy)
+                && r.capacity_spec == capacity
+                && r.keep_map == keep_map
+        })
+    }
+}

@@ -1,0 +1,96 @@
+//! Bad input is refused with an error naming the input and the problem, and
+//! nothing is written or replaced: an empty micro-batch (in the run config
+//! and on `worker collect`), decode traces without a prompt, a corrupt
+//! `manifest.json`.
+
+use std::path::Path;
+use std::process::Output;
+use worker::synth::Preset;
+
+const N_CTX: u32 = 48;
+
+fn assert_refused(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {err}");
+    for n in needles {
+        assert!(err.contains(n), "error should mention {n:?}: {err}");
+    }
+}
+
+fn collect(dir: &Path, extra: &[&str]) -> Output {
+    let model = fixtures::model(dir, Preset::Tiny);
+    let run = dir.join("run");
+    fixtures::write_corpus(&run, &fixtures::chunks(2, N_CTX), N_CTX);
+    let (model, run) = (model.to_str().unwrap(), run.to_str().unwrap());
+    let mut args = vec![
+        "collect", "--model", model, "--corpus", run, "--chunks", "0..2", "--out", run,
+    ];
+    args.extend_from_slice(extra);
+    fixtures::run("worker", &args)
+}
+
+#[test]
+fn worker_collect_refuses_an_empty_micro_batch_and_an_empty_decode_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = collect(dir.path(), &["--n-ubatch", "0"]);
+    assert_refused(&out, &["--n-ubatch", "'0'"]);
+    let out = collect(
+        dir.path(),
+        &["--decode-tokens", "4", "--decode-prompt", "0"],
+    );
+    assert_refused(&out, &["--decode-prompt", "'0'"]);
+    assert!(!dir.path().join("run/saliency.json").exists());
+    assert!(!dir.path().join("run/partials").exists());
+}
+
+#[test]
+fn a_run_config_with_an_empty_micro_batch_is_refused_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("zero.toml");
+    std::fs::write(&config, "[run]\nn_ubatch = 0\n").unwrap();
+    let out_dir = dir.path().join("run");
+    for command in ["run", "corpus"] {
+        let out = fixtures::run(
+            "coordinator",
+            &[
+                command,
+                config.to_str().unwrap(),
+                "--out",
+                out_dir.to_str().unwrap(),
+            ],
+        );
+        assert_refused(
+            &out,
+            &[
+                config.to_str().unwrap(),
+                "[run] n_ubatch = 0",
+                "at least one token",
+            ],
+        );
+    }
+    assert!(!out_dir.exists(), "a refused config left a run behind");
+}
+
+#[test]
+fn a_corrupt_manifest_is_an_error_naming_it_and_is_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixtures::text_config(dir.path(), "");
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let corrupt = b"{\"corpus_format\": 1, \"inputs_sha".to_vec();
+    std::fs::write(run.join("manifest.json"), &corrupt).unwrap();
+    for command in ["corpus", "run"] {
+        let out = fixtures::run(
+            "coordinator",
+            &[
+                command,
+                config.to_str().unwrap(),
+                "--out",
+                run.to_str().unwrap(),
+            ],
+        );
+        assert_refused(&out, &["manifest.json", "not a manifest"]);
+        assert_eq!(std::fs::read(run.join("manifest.json")).unwrap(), corrupt);
+        assert!(!run.join("corpus").exists(), "{command} wrote a corpus");
+    }
+}

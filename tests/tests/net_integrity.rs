@@ -1,0 +1,541 @@
+//! The coordinator against hostile, broken or slow peers, over real loopback
+//! QUIC: scripted clients that speak the protocol (or only part of it) next
+//! to real `join` clients with the deterministic fake engine. Each test
+//! guards one hole found against the release binaries: unbounded frames
+//! before login, forged log lines, slot starvation, one flaky worker failing
+//! the run, a slow upload losing its lease, and short join secrets.
+
+use common::artifacts::names;
+use common::corpus::CorpusIndex;
+use common::store::RunStore;
+use common::wire::{
+    encode_frame, join_proof, read_msg, write_msg, JobInfo, PartialRef, Refusal, ToCoordinator,
+    ToWorker, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
+};
+use coordinator::run::settings::{ClusterSettings, RunSettings};
+use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use worker::join::fake::FakeEngine;
+use worker::join::tls::{client_config, Trust};
+use worker::join::{join, ClientOptions, JoinError, JoinSummary, Reconnect};
+
+const MODEL: &str = "fake-model-sha";
+const N_CTX: u32 = 32;
+
+/// Everything the coordinator logs in this test binary, as text.
+fn captured_log() -> Arc<Mutex<Vec<u8>>> {
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let sink = buf.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || Capture(sink.clone()))
+            .init();
+        buf
+    })
+    .clone()
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn setup(dir: &Path, n_chunks: u32) -> RunSetup {
+    let index: CorpusIndex = fixtures::write_corpus(dir, &fixtures::chunks(n_chunks, N_CTX), N_CTX);
+    RunSetup {
+        store: RunStore::open(dir.to_str().unwrap()).unwrap(),
+        index,
+        model_sha256: MODEL.into(),
+        model_path: "unused.gguf".into(),
+        run: RunSettings {
+            lease_chunks: 3,
+            heartbeat_timeout_s: 2,
+            lease_timeout_s: 30,
+            ..RunSettings::default()
+        },
+        cluster: ClusterSettings::default(),
+    }
+}
+
+fn client(l: &Listening, name: &str) -> ClientOptions {
+    ClientOptions {
+        addr: l.addr,
+        server_name: "localhost".into(),
+        trust: Trust::Pin(l.pin.clone()),
+        secret: l.secret.clone(),
+        name: name.into(),
+        reconnect: Reconnect::giving_up_after(Duration::from_secs(8)),
+    }
+}
+
+type Workers = Vec<JoinHandle<Result<JoinSummary, JoinError>>>;
+
+async fn run_with(
+    setup: &RunSetup,
+    make: impl FnOnce(&Listening) -> Workers,
+) -> (RunSummary, Workers) {
+    captured_log();
+    let mut handles = Vec::new();
+    let summary = tokio::time::timeout(
+        Duration::from_secs(60),
+        execute(setup, |l| {
+            handles = make(l);
+            Ok(Vec::new())
+        }),
+    )
+    .await
+    .expect("the run finishes in time")
+    .expect("the run succeeds");
+    (summary, handles)
+}
+
+fn fake_workers(l: &Listening, n: usize, delay_per_chunk: Duration) -> Workers {
+    (0..n)
+        .map(|i| {
+            let opts = client(l, &format!("fake-{i}"));
+            let mut engine = FakeEngine::new(MODEL);
+            engine.delay_per_chunk = delay_per_chunk;
+            tokio::spawn(async move { join(&opts, engine).await })
+        })
+        .collect()
+}
+
+async fn artifacts(store: &RunStore) -> Vec<u8> {
+    let mut all = Vec::new();
+    for name in [
+        names::SALIENCY_JSON,
+        names::SALIENCY_PARQUET,
+        names::IMATRIX_GGUF,
+    ] {
+        all.extend_from_slice(&store.get(name).await.unwrap());
+    }
+    all
+}
+
+/// The artifacts of the fake engine over all chunks in one call: what an
+/// honest run must produce, computed without the coordinator.
+async fn reference(s: &RunSetup) -> Vec<u8> {
+    let all = fixtures::chunks(s.index.n_chunks, N_CTX);
+    let partial = FakeEngine::new(MODEL).partial(&s.index, &all).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+    common::artifacts::write_results(&store, &partial)
+        .await
+        .unwrap();
+    artifacts(&store).await
+}
+
+/// A scripted peer: one pinned QUIC connection and its stream.
+struct Peer {
+    conn: quinn::Connection,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    _endpoint: quinn::Endpoint,
+}
+
+impl Peer {
+    async fn open(addr: SocketAddr, pin: &str) -> Result<Peer, String> {
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(client_config(&Trust::Pin(pin.into())).unwrap());
+        let conn = ep
+            .connect(addr, "localhost")
+            .unwrap()
+            .await
+            .map_err(|e| e.to_string())?;
+        let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        Ok(Peer {
+            conn,
+            send,
+            recv,
+            _endpoint: ep,
+        })
+    }
+
+    async fn ask(&mut self, msg: &ToCoordinator) -> Option<ToWorker> {
+        write_msg(&mut self.send, msg).await.ok()?;
+        read_msg(&mut self.recv, MAX_CONTROL_FRAME).await.ok()?
+    }
+
+    fn hello(name: &str) -> ToCoordinator {
+        ToCoordinator::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            worker_name: name.into(),
+            backend: "scripted".into(),
+        }
+    }
+
+    /// Hello, proof with `secret`; the coordinator's answer to the proof.
+    async fn login(l: &Listening, name: &str, secret: &[u8]) -> (Peer, ToWorker) {
+        let mut p = Peer::open(l.addr, &l.pin).await.unwrap();
+        let Some(ToWorker::Challenge { nonce }) = p.ask(&Peer::hello(name)).await else {
+            panic!("no challenge");
+        };
+        let mac = join_proof(secret, &nonce, name);
+        let answer = p
+            .ask(&ToCoordinator::Proof { mac })
+            .await
+            .expect("an answer");
+        (p, answer)
+    }
+
+    async fn joined(l: &Listening, name: &str) -> (Peer, JobInfo) {
+        match Peer::login(l, name, l.secret.expose()).await {
+            (p, ToWorker::Welcome { job, .. }) => (p, job),
+            (_, other) => panic!("not welcomed: {other:?}"),
+        }
+    }
+
+    async fn poll_idle(&mut self) -> Option<ToWorker> {
+        self.ask(&ToCoordinator::Poll {
+            protocol_version: PROTOCOL_VERSION,
+            state: WorkerState::Idle,
+        })
+        .await
+    }
+
+    async fn closed_reason(&self) -> String {
+        tokio::time::timeout(Duration::from_secs(15), self.conn.closed())
+            .await
+            .expect("the coordinator closes the connection")
+            .to_string()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_before_login_are_capped_at_a_few_kib() {
+    let d = tempfile::tempdir().unwrap();
+    let s = setup(d.path(), 6);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    run_with(&s, |l| {
+        let (addr, pin) = (l.addr, l.pin.clone());
+        let attack = tokio::spawn(async move {
+            let mut p = Peer::open(addr, &pin).await.unwrap();
+            // A 60 KiB Hello: well under the 64 MiB limit of joined workers.
+            let big = encode_frame(&Peer::hello(&"x".repeat(60 << 10)));
+            let _ = p.send.write_all(&big).await;
+            let _ = tx.send(p.closed_reason().await);
+            Ok(JoinSummary::default())
+        });
+        let mut hs = vec![attack];
+        hs.extend(fake_workers(l, 1, Duration::from_millis(20)));
+        hs
+    })
+    .await;
+    let reason = rx.await.unwrap();
+    assert!(
+        reason.contains("exceeds the limit of 4096 bytes"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_names_and_failure_reasons_cannot_forge_log_lines() {
+    let d = tempfile::tempdir().unwrap();
+    let s = setup(d.path(), 6);
+    let forged_name = "intruder\n2026-11-30T16:00:00.000000Z  INFO coordinator: run complete";
+    run_with(&s, |l| {
+        let l2 = l.clone();
+        let script = tokio::spawn(async move {
+            let (_, answer) = Peer::login(&l2, forged_name, &[b'w'; 40]).await;
+            assert_eq!(answer, ToWorker::Refused(Refusal::BadProof));
+            // A joined worker that fails its lease with a multi-line reason.
+            let (mut p, _) = Peer::joined(&l2, "scripted").await;
+            if let Some(ToWorker::Lease(lease)) = p.poll_idle().await {
+                let failed = ToCoordinator::Failed {
+                    lease_id: lease.lease_id,
+                    reason: "oom\nFORGED-LINE ERROR".into(),
+                };
+                assert_eq!(p.ask(&failed).await, Some(ToWorker::Ack));
+            }
+            Ok(JoinSummary::default())
+        });
+        let mut hs = vec![script];
+        hs.extend(fake_workers(l, 1, Duration::from_millis(50)));
+        hs
+    })
+    .await;
+    let log = String::from_utf8_lossy(&captured_log().lock().unwrap()).to_string();
+    assert!(
+        log.contains("intruder\\n2026-11-30T16:00:00.000000Z"),
+        "the refused name is logged, escaped:\n{log}"
+    );
+    for line in log.lines() {
+        assert!(
+            !line.starts_with("2026-11-30T16:00:00.000000Z") && !line.starts_with("FORGED-LINE"),
+            "a peer forged a log line: {line:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_log_in_cannot_starve_a_worker() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = setup(d.path(), 6);
+    s.cluster.max_connections = 4;
+    s.cluster.login_timeout_ms = 1500;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (summary, handles) = run_with(&s, |l| {
+        assert!(
+            !format!("{l:?}").contains(std::str::from_utf8(l.secret.expose()).unwrap()),
+            "the secret stays out of Debug"
+        );
+        let (addr, pin, opts) = (l.addr, l.pin.clone(), client(l, "real"));
+        vec![tokio::spawn(async move {
+            // Four connections that send 3 bytes and then nothing.
+            let mut stalled = Vec::new();
+            for _ in 0..4 {
+                if let Ok(mut p) = Peer::open(addr, &pin).await {
+                    p.send.write_all(&[0, 0, 0]).await.unwrap();
+                    stalled.push(p);
+                }
+            }
+            let worker = join(&opts, FakeEngine::new(MODEL)).await;
+            let mut reasons = Vec::new();
+            for p in &stalled {
+                reasons.push(p.closed_reason().await);
+            }
+            let _ = tx.send(reasons);
+            worker
+        })]
+    })
+    .await;
+    assert_eq!(summary.computed, 2);
+    let reasons = rx.await.unwrap();
+    assert_eq!(
+        reasons.len(),
+        2,
+        "two connections from one address may be logging in at once (half of 4 slots)"
+    );
+    for r in &reasons {
+        assert!(r.contains("not logged in within 1.5s"), "{r}");
+    }
+    for h in handles {
+        assert_eq!(h.await.unwrap().unwrap().leases, 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
+    let d = tempfile::tempdir().unwrap();
+    let s = setup(d.path(), 30);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (summary, _) = run_with(&s, |l| {
+        let l2 = l.clone();
+        let flaky = tokio::spawn(async move {
+            // Let the good workers register first.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (mut p, _) = Peer::joined(&l2, "flaky").await;
+            let mut failed = 0;
+            let end = loop {
+                match p.poll_idle().await {
+                    Some(ToWorker::Lease(lease)) => {
+                        let msg = ToCoordinator::Failed {
+                            lease_id: lease.lease_id,
+                            reason: "CUDA error: an illegal memory access".into(),
+                        };
+                        failed += 1;
+                        match p.ask(&msg).await {
+                            Some(ToWorker::Ack) => {}
+                            other => break other,
+                        }
+                    }
+                    Some(ToWorker::Wait { retry_ms }) => {
+                        tokio::time::sleep(Duration::from_millis(retry_ms)).await
+                    }
+                    other => break other,
+                }
+            };
+            // Coming back under the same name does not help.
+            let (_, again) = Peer::login(&l2, "flaky", l2.secret.expose()).await;
+            let _ = tx.send((failed, end, again));
+            Ok(JoinSummary::default())
+        });
+        let mut hs = vec![flaky];
+        hs.extend(fake_workers(l, 2, Duration::from_millis(40)));
+        hs
+    })
+    .await;
+    let (failed, end, again) = rx.await.unwrap();
+    assert_eq!(failed, 3, "three failures in a row, then no more leases");
+    assert!(
+        matches!(end, Some(ToWorker::Refused(Refusal::Quarantined(_)))),
+        "{end:?}"
+    );
+    assert!(
+        matches!(again, ToWorker::Refused(Refusal::Quarantined(_))),
+        "{again:?}"
+    );
+    let flaky = summary.workers.iter().find(|w| w.name == "flaky").unwrap();
+    assert!(flaky.quarantined && flaky.leases == 0, "{flaky:?}");
+    assert_eq!(summary.retries, 3);
+    assert_eq!(summary.computed, 10);
+    assert_eq!(artifacts(&s.store).await, reference(&s).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upload_that_keeps_moving_keeps_its_lease() {
+    let d = tempfile::tempdir().unwrap();
+    let s = setup(d.path(), 3);
+    let index = s.index.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (summary, _) = run_with(&s, |l| {
+        let l2 = l.clone();
+        vec![tokio::spawn(async move {
+            let (mut p, _) = Peer::joined(&l2, "slow-link").await;
+            let Some(ToWorker::Lease(lease)) = p.poll_idle().await else {
+                panic!("no lease");
+            };
+            let chunks: Vec<_> = fixtures::chunks(3, N_CTX)
+                .into_iter()
+                .filter(|c| (lease.range.start..lease.range.end).contains(&c.id.0))
+                .collect();
+            let bytes = FakeEngine::new(MODEL)
+                .partial(&index, &chunks)
+                .unwrap()
+                .to_bytes();
+            let done = ToCoordinator::Done {
+                lease_id: lease.lease_id,
+                sha256: common::hash::sha256_hex(&bytes),
+                partial: PartialRef::Inline(bytes),
+                elapsed_ms: 1,
+            };
+            // Upload over 5 s, more than twice the 2 s heartbeat timeout.
+            let frame = encode_frame(&done);
+            let start = std::time::Instant::now();
+            for piece in frame.chunks(frame.len().div_ceil(20)) {
+                p.send.write_all(piece).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            let reply = read_msg::<_, ToWorker>(&mut p.recv, MAX_CONTROL_FRAME).await;
+            let _ = tx.send((start.elapsed(), format!("{reply:?}")));
+            Ok(JoinSummary::default())
+        })]
+    })
+    .await;
+    let (took, reply) = rx.await.unwrap();
+    assert!(took >= Duration::from_secs(4), "{took:?}");
+    assert_eq!(reply, "Ok(Some(Ack))");
+    assert_eq!((summary.computed, summary.retries), (1, 0));
+    assert_eq!(artifacts(&s.store).await, reference(&s).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_or_empty_secret_files_are_refused_on_both_sides() {
+    let d = tempfile::tempdir().unwrap();
+    for content in ["", "short-secret\n"] {
+        let file = d.path().join("secret");
+        std::fs::write(&file, content).unwrap();
+        let mut s = setup(&d.path().join("run"), 3);
+        s.cluster.secret_file = Some(file.clone());
+        match execute(&s, |_| panic!("never listens")).await {
+            Err(RunError::Setup(msg)) => {
+                assert!(msg.contains(&file.display().to_string()), "{msg}");
+                assert!(msg.contains("at least 32"), "{msg}");
+            }
+            other => panic!("the coordinator accepted a short secret: {other:?}"),
+        }
+        let out = fixtures::run(
+            "worker",
+            &[
+                "join",
+                "--coordinator",
+                "127.0.0.1:9",
+                "--pin",
+                &"ab".repeat(32),
+                "--secret-file",
+                file.to_str().unwrap(),
+                "--model",
+                "/nonexistent.gguf",
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains(&file.display().to_string()), "{stderr}");
+        assert!(stderr.contains("at least 32"), "{stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_kept() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = setup(d.path(), 18);
+    s.run.verify_fraction = 1.0;
+    let index = s.index.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (summary, _) = run_with(&s, |l| {
+        let l2 = l.clone();
+        let cheater = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let (mut p, _) = Peer::joined(&l2, "cheater").await;
+            let mut cheated = 0;
+            let end = loop {
+                match p.poll_idle().await {
+                    Some(ToWorker::Lease(lease)) => {
+                        let chunks: Vec<_> = fixtures::chunks(index.n_chunks, N_CTX)
+                            .into_iter()
+                            .filter(|c| (lease.range.start..lease.range.end).contains(&c.id.0))
+                            .collect();
+                        let mut partial = FakeEngine::new(MODEL).partial(&index, &chunks).unwrap();
+                        // Inflate one live expert's saliency; Cauchy-Schwarz still holds.
+                        let layer =
+                            &mut partial.experts.groups.values_mut().next().unwrap().layers[0];
+                        let e = layer.count.iter().position(|&c| c > 0).unwrap();
+                        layer.reap_l2_sum[e].0 *= 30;
+                        layer.reap_l2_sq_sum[e].0 *= 900;
+                        let bytes = partial.to_bytes();
+                        let done = ToCoordinator::Done {
+                            lease_id: lease.lease_id,
+                            sha256: common::hash::sha256_hex(&bytes),
+                            partial: PartialRef::Inline(bytes),
+                            elapsed_ms: 1,
+                        };
+                        cheated += 1;
+                        match p.ask(&done).await {
+                            Some(ToWorker::Ack) => {}
+                            other => break other,
+                        }
+                    }
+                    Some(ToWorker::Wait { retry_ms }) => {
+                        tokio::time::sleep(Duration::from_millis(retry_ms)).await
+                    }
+                    other => break other,
+                }
+            };
+            let _ = tx.send((cheated, end));
+            Ok(JoinSummary::default())
+        });
+        let mut hs = vec![cheater];
+        hs.extend(fake_workers(l, 2, Duration::from_millis(30)));
+        hs
+    })
+    .await;
+    let (cheated, end) = rx.await.unwrap();
+    assert!(cheated >= 1, "the cheater computed at least one lease");
+    assert!(
+        matches!(end, Some(ToWorker::Refused(Refusal::Quarantined(_)))),
+        "{end:?}"
+    );
+    let cheater = summary
+        .workers
+        .iter()
+        .find(|w| w.name == "cheater")
+        .unwrap();
+    assert!(cheater.quarantined && cheater.leases == 0, "{cheater:?}");
+    assert_eq!(summary.computed, 6);
+    assert_eq!(artifacts(&s.store).await, reference(&s).await);
+}

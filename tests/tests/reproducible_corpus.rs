@@ -1,0 +1,137 @@
+//! The corpus is a function of the config and the files' contents only:
+//! the quickstart config prepared from different working directories, and a
+//! copy of `configs/` at another path, give the same chunks, the same
+//! per-document table and, measured on the same model, the same
+//! `saliency.json`.
+
+use std::path::{Path, PathBuf};
+use worker::synth::Preset;
+
+/// Copies the quickstart config and its sample corpus to `to/configs`, with
+/// the tiny model at `models/tiny.gguf` beside it; returns the config path.
+fn copy_configs(to: &Path, model: &Path) -> PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let configs = to.join("configs");
+    std::fs::create_dir_all(configs.join("sample_corpus")).unwrap();
+    std::fs::create_dir_all(configs.join("models")).unwrap();
+    for entry in std::fs::read_dir(repo.join("configs/sample_corpus")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            configs.join("sample_corpus").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    std::fs::copy(model, configs.join("models/tiny.gguf")).unwrap();
+    let config = configs.join("quickstart.toml");
+    std::fs::copy(repo.join("configs/quickstart.toml"), &config).unwrap();
+    config
+}
+
+/// `coordinator corpus CONFIG --out OUT` started in `cwd`; returns the manifest.
+fn prepare(cwd: &Path, config: &Path, out: &Path) -> serde_json::Value {
+    let run = fixtures::command("coordinator")
+        .current_dir(cwd)
+        .args(["corpus", config.to_str().unwrap(), "--out"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "coordinator corpus {} in {}: {}",
+        config.display(),
+        cwd.display(),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn collect(model: &Path, run: &Path, chunks: &str) -> Vec<u8> {
+    fixtures::run_ok(
+        "worker",
+        &[
+            "collect",
+            "--model",
+            model.to_str().unwrap(),
+            "--corpus",
+            run.to_str().unwrap(),
+            "--chunks",
+            chunks,
+            "--out",
+            run.to_str().unwrap(),
+            "--trace-every",
+            "0",
+        ],
+    );
+    std::fs::read(run.join("saliency.json")).unwrap()
+}
+
+#[test]
+fn corpus_and_saliency_do_not_depend_on_the_working_directory_or_config_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let model = fixtures::model(root, Preset::Tiny);
+    let here = copy_configs(&root.join("one"), &model);
+    let there = copy_configs(&root.join("two/deeper/elsewhere"), &model);
+    let configs = here.parent().unwrap();
+    let runs = root.join("runs");
+
+    // (working directory, config as given, run): relative from the config's
+    // directory, relative from its parent, absolute from `/`, and the copy.
+    let cases: [(&Path, PathBuf, PathBuf); 4] = [
+        (configs, PathBuf::from("quickstart.toml"), runs.join("a")),
+        (
+            configs.parent().unwrap(),
+            PathBuf::from("configs/quickstart.toml"),
+            runs.join("b"),
+        ),
+        (Path::new("/"), here.clone(), runs.join("c")),
+        (root, there.clone(), runs.join("d")),
+    ];
+    let manifests: Vec<serde_json::Value> = cases
+        .iter()
+        .map(|(cwd, config, out)| prepare(cwd, config, out))
+        .collect();
+    let first = &manifests[0];
+    assert_eq!(
+        first["chunk_plan"]["heldout_tokens"]
+            .as_u64()
+            .map(|t| t > 0),
+        Some(true)
+    );
+    for (m, (cwd, config, _)) in manifests.iter().zip(&cases).skip(1) {
+        for field in [
+            "chunks_sha256",
+            "index_sha256",
+            "inputs_sha256",
+            "domains",
+            "dropped",
+        ] {
+            assert_eq!(
+                m[field],
+                first[field],
+                "{field} differs for {} run from {}",
+                config.display(),
+                cwd.display()
+            );
+        }
+    }
+    let documents = |run: &Path| std::fs::read(run.join("corpus/documents.jsonl")).unwrap();
+    for (_, _, out) in &cases[1..] {
+        assert!(
+            documents(out) == documents(&cases[0].2),
+            "corpus/documents.jsonl of {} differs",
+            out.display()
+        );
+    }
+
+    // The same chunks measured on the same model: the same saliency.
+    let n = first["chunk_plan"]["n_chunks"].as_u64().unwrap().min(6);
+    let chunks = format!("0..{n}");
+    let a = collect(&model, &cases[0].2, &chunks);
+    let d = collect(&model, &cases[3].2, &chunks);
+    assert!(
+        a == d,
+        "saliency.json differs between the two config locations"
+    );
+}
