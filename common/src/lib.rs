@@ -4,6 +4,8 @@
 //! - [`stats`] and [`imatrix`]: the worker's accumulators and their merge.
 //! - [`partial`]: what a worker returns for a set of chunks; [`compare`]:
 //!   whether two workers' partials of the same chunks agree.
+//! - [`eval`]: pruned candidates against the base model: partials, exact
+//!   merge, the summary.
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
@@ -20,6 +22,7 @@ pub mod artifacts;
 pub mod bounded;
 pub mod compare;
 pub mod corpus;
+pub mod eval;
 pub mod exact;
 pub mod gguf;
 pub mod gguf_read;

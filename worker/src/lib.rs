@@ -4,6 +4,8 @@
 //! - [`synth`]: deterministic test models (`worker synth-model`).
 //! - [`collect`]: the [`collect::Collector`] that runs corpus chunks and
 //!   accumulates REAP statistics, the importance matrix and routing traces.
+//! - [`eval`]: the [`eval::Evaluator`] that compares pruned candidates with
+//!   the base model (KL, perplexity, top-1 agreement).
 //! - [`join`]: `worker join`, the QUIC client that measures leases for a coordinator.
 //! - [`llama`]: the only unsafe code, wrapping llama.cpp.
 #![deny(missing_docs)]
@@ -12,6 +14,7 @@
 pub mod cli;
 pub mod collect;
 pub mod error;
+pub mod eval;
 pub mod join;
 pub mod llama;
 pub mod synth;

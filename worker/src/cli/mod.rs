@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod collect;
+mod eval;
 
 /// moe-census worker.
 #[derive(Parser, Debug)]
@@ -26,6 +27,8 @@ enum Command {
     SynthCorpus(SynthCorpusArgs),
     /// Measure a chunk range of a tokenized corpus and write a partial (no network).
     Collect(collect::CollectArgs),
+    /// Evaluate pruned candidates against the base model on a chunk range (no network).
+    Eval(eval::EvalArgs),
     /// Join a run: prove the join secret, then measure leased chunk ranges.
     Join(crate::join::JoinArgs),
 }
@@ -90,6 +93,7 @@ pub fn main() -> ExitCode {
             })
         }
         Command::Collect(a) => collect::run(a),
+        Command::Eval(a) => eval::run(a),
         Command::Join(a) => crate::join::run(a).map(|_| ()).map_err(anyhow::Error::from),
     };
     match result {

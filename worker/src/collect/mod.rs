@@ -345,7 +345,7 @@ pub struct Collected {
 }
 
 /// Coalesces sorted chunk ids into half-open ranges.
-fn ranges_of(chunks: &[Chunk]) -> Vec<ChunkRange> {
+pub(crate) fn ranges_of(chunks: &[Chunk]) -> Vec<ChunkRange> {
     let mut out: Vec<ChunkRange> = Vec::new();
     for c in chunks {
         match out.last_mut() {

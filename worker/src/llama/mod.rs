@@ -198,6 +198,8 @@ pub struct Context<'m, O: GraphObserver> {
     state: *mut CallbackState<O>,
     batch: sys::llama_batch,
     batch_cap: usize,
+    /// Tokens of the last successful decode (each has an output row).
+    n_outputs: usize,
     n_vocab: usize,
     _model: PhantomData<&'m Model>,
 }
@@ -303,6 +305,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             state,
             batch,
             batch_cap: cap,
+            n_outputs: 0,
             n_vocab: model.n_vocab(),
             _model: PhantomData,
         })
@@ -345,12 +348,14 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             return Err(LlamaError::Callback(msg));
         }
         if code != 0 {
+            self.n_outputs = 0;
             return Err(LlamaError::Decode {
                 code,
                 n_tokens: tokens.len(),
                 pos: pos0,
             });
         }
+        self.n_outputs = tokens.len();
         Ok(())
     }
 }
@@ -376,6 +381,40 @@ impl<O: GraphObserver> Context<'_, O> {
         }
         best as i32
     }
+}
+
+impl<O: GraphObserver> Context<'_, O> {
+    /// The logits of the last decode: one row of `n_vocab` values per token,
+    /// in batch order (every token asks for outputs); empty before a decode.
+    pub fn batch_logits(&self) -> &[f32] {
+        if self.n_outputs == 0 {
+            return &[];
+        }
+        // SAFETY: after a successful decode with outputs on every token,
+        // llama.cpp holds n_outputs x n_vocab logits in batch order; the
+        // borrow of self ends before the next decode (which takes &mut self).
+        unsafe {
+            let p = sys::llama_get_logits(self.ptr.as_ptr());
+            assert!(!p.is_null(), "no logits after a decode with outputs");
+            std::slice::from_raw_parts(p, self.n_outputs * self.n_vocab)
+        }
+    }
+
+    /// Vocabulary size of the context's model (the length of a logits row).
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+}
+
+/// An observer that wants no graph node: plain inference (evaluation).
+pub struct NoGraph;
+
+impl GraphObserver for NoGraph {
+    fn wants(&mut self, _: &TensorRef<'_>) -> bool {
+        false
+    }
+
+    fn observe(&mut self, _: &TensorRef<'_>) {}
 }
 
 impl<O: GraphObserver> Drop for Context<'_, O> {

@@ -1,0 +1,44 @@
+//! Evaluation of pruned candidates against the base model (DESIGN section 12).
+//!
+//! - [`partial`]: [`EvalPartial`], the exact per-(split, domain) sums and
+//!   per-position KL values a worker returns for an eval lease, their exact
+//!   merge and a bounded decoder.
+//! - [`summary`]: [`EvalSummary`], the float view written as
+//!   `eval/summary.json` and read by the report.
+
+pub mod partial;
+pub mod summary;
+
+pub use partial::{
+    BaseSums, CandidateResult, CandidateSums, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION,
+};
+pub use summary::{EvalSummary, Figures, KlFigures};
+
+/// Object names under a run's `eval/`.
+pub mod names {
+    /// Merged eval partial, for resuming and re-deriving.
+    pub const MERGED: &str = "eval/merged.bin";
+    /// The figures, JSON.
+    pub const SUMMARY_JSON: &str = "eval/summary.json";
+    /// The same figures as a Parquet table, one row per (candidate, split, domain).
+    pub const SUMMARY_PARQUET: &str = "eval/summary.parquet";
+
+    /// Object name of the eval partial of a chunk range.
+    pub fn partial(range: crate::ChunkRange) -> String {
+        format!("eval/partials/part-{:08}-{:08}.bin", range.start, range.end)
+    }
+}
+
+/// Why eval partials cannot be decoded or combined.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvalError {
+    /// The bytes are not an eval partial of this build.
+    #[error("{0}")]
+    Decode(String),
+    /// Two partials of different evaluations, or an overlap.
+    #[error("eval partials do not combine: {0}")]
+    Mismatch(String),
+}
+
+#[cfg(test)]
+mod tests;

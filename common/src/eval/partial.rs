@@ -1,0 +1,230 @@
+//! The eval partial: what a worker returns for the chunks of one eval lease,
+//! and the exact merge that combines partials into a run's result.
+
+use super::EvalError;
+use crate::exact::ExactSum;
+use crate::split::{ChunkRange, Split};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of the eval partial encoding; bumped on any layout change.
+pub const EVAL_FORMAT_VERSION: u32 = 1;
+
+/// Largest encoded eval partial the decoder accepts (1 GiB).
+pub const MAX_EVAL_PARTIAL_BYTES: usize = 1 << 30;
+
+/// A (split, domain) group of scored positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Group {
+    /// Fit or held-out.
+    pub split: Split,
+    /// Index into the corpus's domain list.
+    pub domain: u16,
+}
+
+/// The base model's sums over the scored positions of one group.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseSums {
+    /// Scored positions.
+    pub n: u64,
+    /// Sum of the base model's negative log likelihood of the actual next token.
+    pub nll: ExactSum,
+}
+
+/// One candidate's sums over the scored positions of one group.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CandidateSums {
+    /// Scored positions.
+    pub n: u64,
+    /// Sum of KL(p || q).
+    pub kl: ExactSum,
+    /// Sum of KL(p || q)^2 (standard error of the mean).
+    pub kl_sq: ExactSum,
+    /// Sum of the candidate's negative log likelihood of the actual next token.
+    pub nll: ExactSum,
+    /// Positions where base and candidate pick the same top-1 token.
+    pub top1_same: u64,
+    /// Sum of q(next) - p(next): the change in the next token's probability.
+    pub dprob: ExactSum,
+}
+
+/// KL of one scored position, kept so percentiles are exact after a merge.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenKl {
+    /// Chunk id.
+    pub chunk: u32,
+    /// Position in the chunk whose logits predict the token at `pos + 1`.
+    pub pos: u32,
+    /// The position's group.
+    pub group: Group,
+    /// KL(p || q) in f64.
+    pub kl: f64,
+}
+
+/// A pruned candidate and everything measured for it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CandidateResult {
+    /// Candidate name: the keep map's `<method>_K<k>`.
+    pub name: String,
+    /// SHA-256 of the pruned GGUF the worker sliced and ran.
+    pub sha256: String,
+    /// Experts kept per MoE layer.
+    pub k: u32,
+    /// Sums per group.
+    pub groups: BTreeMap<Group, CandidateSums>,
+    /// Per-position KL, sorted by (chunk, pos).
+    pub tokens: Vec<TokenKl>,
+}
+
+/// Accumulators of an evaluation for a disjoint set of chunks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvalPartial {
+    /// [`EVAL_FORMAT_VERSION`] at writing time.
+    pub format_version: u32,
+    /// SHA-256 of the base GGUF.
+    pub base_sha256: String,
+    /// SHA-256 of the corpus chunk table.
+    pub corpus_sha256: String,
+    /// Positions skipped at the start of every chunk.
+    pub skip_first: u32,
+    /// Splits scored.
+    pub splits: Vec<Split>,
+    /// Backends that computed the chunks.
+    pub backends: Vec<String>,
+    /// Chunks covered, sorted and disjoint.
+    pub chunks: Vec<ChunkRange>,
+    /// The base model's sums per group.
+    pub base: BTreeMap<Group, BaseSums>,
+    /// One entry per candidate, in the job's order.
+    pub candidates: Vec<CandidateResult>,
+}
+
+impl EvalPartial {
+    /// Total chunks covered.
+    pub fn n_chunks(&self) -> u64 {
+        self.chunks.iter().map(|r| r.len() as u64).sum()
+    }
+
+    /// Scored positions (all groups).
+    pub fn n_scored(&self) -> u64 {
+        self.base.values().map(|b| b.n).sum()
+    }
+
+    /// Adds another partial exactly; refuses another base, corpus, setting or
+    /// candidate list (names, SHA-256, K), and any chunk covered twice.
+    pub fn merge(&mut self, other: &EvalPartial) -> Result<(), EvalError> {
+        let differ = |what: &str, a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| {
+            EvalError::Mismatch(format!("{what}: {a:?} vs {b:?}"))
+        };
+        if self.base_sha256 != other.base_sha256 {
+            return Err(differ("base model", &self.base_sha256, &other.base_sha256));
+        }
+        if self.corpus_sha256 != other.corpus_sha256 {
+            return Err(differ("corpus", &self.corpus_sha256, &other.corpus_sha256));
+        }
+        if (self.skip_first, &self.splits) != (other.skip_first, &other.splits) {
+            return Err(differ(
+                "settings (skip_first, splits)",
+                &(self.skip_first, &self.splits),
+                &(other.skip_first, &other.splits),
+            ));
+        }
+        let ids = |p: &EvalPartial| -> Vec<(String, String, u32)> {
+            p.candidates
+                .iter()
+                .map(|c| (c.name.clone(), c.sha256.clone(), c.k))
+                .collect()
+        };
+        if ids(self) != ids(other) {
+            return Err(differ(
+                "candidates (name, sha256, k)",
+                &ids(self),
+                &ids(other),
+            ));
+        }
+        self.chunks = union_disjoint(&self.chunks, &other.chunks)?;
+        for b in &other.backends {
+            if !self.backends.contains(b) {
+                self.backends.push(b.clone());
+            }
+        }
+        self.backends.sort();
+        for (g, b) in &other.base {
+            let mine = self.base.entry(*g).or_default();
+            mine.n += b.n;
+            add(&mut mine.nll, b.nll)?;
+        }
+        for (mine, theirs) in self.candidates.iter_mut().zip(&other.candidates) {
+            for (g, s) in &theirs.groups {
+                let m = mine.groups.entry(*g).or_default();
+                m.n += s.n;
+                m.top1_same += s.top1_same;
+                add(&mut m.kl, s.kl)?;
+                add(&mut m.kl_sq, s.kl_sq)?;
+                add(&mut m.nll, s.nll)?;
+                add(&mut m.dprob, s.dprob)?;
+            }
+            mine.tokens.extend_from_slice(&theirs.tokens);
+            mine.tokens.sort_by_key(|t| (t.chunk, t.pos));
+        }
+        Ok(())
+    }
+
+    /// Binary encoding (bincode 2, standard config).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        bincode::serde::encode_to_vec(self, bincode::config::standard())
+            .expect("eval partial encodes")
+    }
+
+    /// Decodes an eval partial: at most [`MAX_EVAL_PARTIAL_BYTES`], no
+    /// trailing bytes, this build's format version.
+    pub fn from_bytes(bytes: &[u8]) -> Result<EvalPartial, EvalError> {
+        if bytes.len() > MAX_EVAL_PARTIAL_BYTES {
+            return Err(EvalError::Decode(format!(
+                "{} bytes exceed the limit of {MAX_EVAL_PARTIAL_BYTES}",
+                bytes.len()
+            )));
+        }
+        let config = bincode::config::standard().with_limit::<MAX_EVAL_PARTIAL_BYTES>();
+        let (p, used): (EvalPartial, usize) = bincode::serde::decode_from_slice(bytes, config)
+            .map_err(|e| EvalError::Decode(format!("not a moe-census eval partial: {e}")))?;
+        if used != bytes.len() {
+            return Err(EvalError::Decode(format!(
+                "{} trailing bytes after the eval partial",
+                bytes.len() - used
+            )));
+        }
+        if p.format_version != EVAL_FORMAT_VERSION {
+            return Err(EvalError::Decode(format!(
+                "eval partial format version {} (this build reads {EVAL_FORMAT_VERSION})",
+                p.format_version
+            )));
+        }
+        Ok(p)
+    }
+}
+
+fn add(sum: &mut ExactSum, other: ExactSum) -> Result<(), EvalError> {
+    sum.add(other)
+        .map_err(|e| EvalError::Mismatch(format!("exact sum: {e}")))
+}
+
+/// Union of two sorted disjoint range lists; an overlap is an error.
+fn union_disjoint(a: &[ChunkRange], b: &[ChunkRange]) -> Result<Vec<ChunkRange>, EvalError> {
+    let mut all: Vec<ChunkRange> = a.iter().chain(b).copied().collect();
+    all.sort();
+    let mut out: Vec<ChunkRange> = Vec::with_capacity(all.len());
+    for r in all {
+        match out.last_mut() {
+            Some(last) if r.start < last.end => {
+                return Err(EvalError::Mismatch(format!(
+                    "chunk {} is covered twice",
+                    r.start
+                )))
+            }
+            Some(last) if r.start == last.end => last.end = r.end,
+            _ => out.push(r),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,165 @@
+use super::*;
+use crate::split::{ChunkRange, Split};
+use std::collections::BTreeMap;
+
+fn group(split: Split, domain: u16) -> Group {
+    Group { split, domain }
+}
+
+/// A partial of one chunk whose positions have KL values `kls`, all in
+/// (heldout, domain 0) except every third in (fit, domain 1).
+fn partial_of(chunk: u32, kls: &[f64]) -> EvalPartial {
+    let mut base = BTreeMap::new();
+    let mut sums = BTreeMap::new();
+    let mut tokens = Vec::new();
+    for (pos, &kl) in kls.iter().enumerate() {
+        let g = if pos % 3 == 0 {
+            group(Split::Fit, 1)
+        } else {
+            group(Split::Heldout, 0)
+        };
+        let b: &mut BaseSums = base.entry(g).or_default();
+        b.n += 1;
+        b.nll.add_f64(1.0 + kl).unwrap();
+        let s: &mut CandidateSums = sums.entry(g).or_default();
+        s.n += 1;
+        s.kl.add_f64(kl).unwrap();
+        s.kl_sq.add_f64(kl * kl).unwrap();
+        s.nll.add_f64(1.0 + 2.0 * kl).unwrap();
+        s.top1_same += u64::from(kl < 0.5);
+        s.dprob.add_f64(-kl / 10.0).unwrap();
+        tokens.push(TokenKl {
+            chunk,
+            pos: pos as u32,
+            group: g,
+            kl,
+        });
+    }
+    EvalPartial {
+        format_version: EVAL_FORMAT_VERSION,
+        base_sha256: "base".into(),
+        corpus_sha256: "corpus".into(),
+        skip_first: 0,
+        splits: Split::ALL.to_vec(),
+        backends: vec!["cpu".into()],
+        chunks: vec![ChunkRange {
+            start: chunk,
+            end: chunk + 1,
+        }],
+        base,
+        candidates: vec![CandidateResult {
+            name: "reap_l2_sum_K4".into(),
+            sha256: "cand".into(),
+            k: 4,
+            groups: sums,
+            tokens,
+        }],
+    }
+}
+
+fn values(chunk: u32) -> Vec<f64> {
+    (0..20)
+        .map(|i| ((chunk * 31 + i * 17) % 23) as f64 / 7.0 + 1e-3 / (i + 1) as f64)
+        .collect()
+}
+
+#[test]
+fn merge_is_exact_in_any_order_and_grouping() {
+    let parts: Vec<EvalPartial> = (0..5).map(|c| partial_of(c, &values(c))).collect();
+    let mut forward = parts[0].clone();
+    for p in &parts[1..] {
+        forward.merge(p).unwrap();
+    }
+    let mut left = parts[4].clone();
+    left.merge(&parts[1]).unwrap();
+    let mut right = parts[3].clone();
+    right.merge(&parts[0]).unwrap();
+    right.merge(&parts[2]).unwrap();
+    left.merge(&right).unwrap();
+    assert_eq!(forward.to_bytes(), left.to_bytes());
+    assert_eq!(forward.chunks, vec![ChunkRange { start: 0, end: 5 }]);
+    assert_eq!(forward.n_scored(), 100);
+}
+
+#[test]
+fn merge_refuses_overlaps_and_other_candidates() {
+    let a = partial_of(0, &values(0));
+    let mut twice = a.clone();
+    assert!(matches!(twice.merge(&a), Err(EvalError::Mismatch(m)) if m.contains("chunk 0")));
+    let mut other = partial_of(1, &values(1));
+    other.candidates[0].sha256 = "another slice".into();
+    let mut a2 = a.clone();
+    let err = a2.merge(&other).unwrap_err().to_string();
+    assert!(err.contains("another slice"), "{err}");
+}
+
+#[test]
+fn decoder_is_bounded_and_rejects_trailing_bytes() {
+    let p = partial_of(2, &values(2));
+    let mut bytes = p.to_bytes();
+    assert_eq!(EvalPartial::from_bytes(&bytes).unwrap(), p);
+    bytes.push(0);
+    let err = EvalPartial::from_bytes(&bytes).unwrap_err().to_string();
+    assert!(err.contains("1 trailing bytes"), "{err}");
+    assert!(EvalPartial::from_bytes(&[0xff; 16]).is_err());
+    let mut old = p.clone();
+    old.format_version = 0;
+    let err = EvalPartial::from_bytes(&old.to_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("format version 0"), "{err}");
+}
+
+#[test]
+fn summary_figures_match_a_direct_computation() {
+    let mut p = partial_of(0, &values(0));
+    p.merge(&partial_of(1, &values(1))).unwrap();
+    let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
+    let c = &s.candidates[0];
+    assert_eq!((c.method.as_str(), c.k), ("reap_l2_sum", 4));
+    // Held-out positions are those with pos % 3 != 0, in both chunks.
+    let mut kl: Vec<f64> = (0..2)
+        .flat_map(|ch| {
+            values(ch)
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| i % 3 != 0)
+                .map(|(_, v)| v)
+        })
+        .collect();
+    kl.sort_by(f64::total_cmp);
+    let n = kl.len() as f64;
+    let mean = kl.iter().sum::<f64>() / n;
+    let var = kl.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    let h = &c.splits["heldout"].all;
+    assert_eq!(h.n, kl.len() as u64);
+    assert!((h.kl.mean - mean).abs() < 1e-12);
+    assert!((h.kl.se - (var / n).sqrt()).abs() < 1e-12);
+    // Nearest rank: 26 values, the median is the 13th, p90 the 24th.
+    assert_eq!(h.kl.p50, kl[12]);
+    assert_eq!(h.kl.p90, kl[23]);
+    assert_eq!(h.kl.max, kl[25]);
+    let ppl_ratio = ((kl.iter().map(|v| 1.0 + 2.0 * v).sum::<f64>()
+        - kl.iter().map(|v| 1.0 + v).sum::<f64>())
+        / n)
+        .exp();
+    assert!((h.ppl_ratio - ppl_ratio).abs() < 1e-9 * ppl_ratio);
+    let top1 = kl.iter().filter(|v| **v < 0.5).count() as f64 / n;
+    assert_eq!(h.top1_same, top1);
+    assert_eq!(
+        c.splits["heldout"].domains.keys().collect::<Vec<_>>(),
+        ["english"]
+    );
+    assert_eq!(c.splits["fit"].domains.keys().collect::<Vec<_>>(), ["code"]);
+}
+
+#[test]
+fn nearest_rank_and_split_names() {
+    let v = [1.0, 2.0, 3.0, 4.0];
+    assert_eq!(summary::nearest_rank(&v, 0.5), 2.0);
+    assert_eq!(summary::nearest_rank(&v, 0.999), 4.0);
+    assert_eq!(summary::nearest_rank(&[], 0.5), 0.0);
+    assert_eq!(summary::parse_splits("both"), Some(Split::ALL.to_vec()));
+    assert_eq!(summary::parse_splits("heldout"), Some(vec![Split::Heldout]));
+    assert_eq!(summary::parse_splits("all"), None);
+}

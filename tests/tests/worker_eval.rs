@@ -1,0 +1,276 @@
+//! `worker eval` as users run it: a keep-all candidate costs nothing (KL
+//! exactly 0, every top-1 the same), and the worker's KL, NLL and top-1
+//! figures equal an independent f64 recomputation from dumped logits.
+
+use common::corpus::Chunk;
+use common::eval::{EvalPartial, EvalSummary, Group};
+use common::Split;
+use fixtures::run_ok;
+use std::collections::BTreeMap;
+use std::path::Path;
+use worker::synth::Preset;
+
+const N_CTX: u32 = 40;
+
+fn eval(model: &Path, candidates: &[&Path], corpus: &Path, out: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--chunks",
+        "0..3",
+        "--out",
+        out.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--n-ubatch",
+        "16",
+    ];
+    for c in candidates {
+        args.extend(["--candidate", c.to_str().unwrap()]);
+    }
+    args.extend_from_slice(extra);
+    run_ok("worker", &args);
+}
+
+fn summary(out: &Path) -> EvalSummary {
+    serde_json::from_slice(&std::fs::read(out.join("eval/summary.json")).unwrap()).unwrap()
+}
+
+fn partial(out: &Path) -> EvalPartial {
+    EvalPartial::from_bytes(
+        &std::fs::read(out.join("eval/partials/part-00000000-00000003.bin")).unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_keep_all_candidate_has_zero_kl_and_the_same_top1_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixtures::model(dir.path(), Preset::Tiny);
+    let same = dir.path().join("keep_all_K16.gguf");
+    std::fs::copy(&model, &same).unwrap();
+    let corpus = dir.path().join("run");
+    fixtures::write_corpus(&corpus, &fixtures::chunks(3, N_CTX), N_CTX);
+    let out = dir.path().join("out");
+    eval(&model, &[&same], &corpus, &out, &[]);
+    let s = summary(&out);
+    let c = &s.candidates[0];
+    assert_eq!((c.name.as_str(), c.k), ("keep_all_K16", 16));
+    for split in ["fit", "heldout"] {
+        let f = &c.splits[split].all;
+        assert!(f.n > 20, "{split}: {} positions", f.n);
+        assert_eq!(f.kl.mean, 0.0, "{split}");
+        assert_eq!(f.kl.max, 0.0, "{split}");
+        assert_eq!(f.top1_same, 1.0, "{split}");
+        assert_eq!(f.ppl_ratio, 1.0, "{split}");
+        assert_eq!(f.dprob_mean, 0.0, "{split}");
+        assert!(f.ppl_base > 1.0, "{split}: perplexity {}", f.ppl_base);
+    }
+}
+
+/// Independent definition of the scored positions: the next token exists
+/// and lies in the same span.
+fn positions(chunk: &Chunk) -> Vec<(u32, Group)> {
+    let mut out = Vec::new();
+    for s in &chunk.spans {
+        for pos in s.start..s.start + s.len - 1 {
+            out.push((
+                pos,
+                Group {
+                    split: s.split,
+                    domain: s.domain,
+                },
+            ));
+        }
+    }
+    out
+}
+
+fn read_f32(path: &Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// log softmax of a row, the textbook way: subtract the max, exponentiate,
+/// normalise, take the log of each probability.
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row
+        .iter()
+        .map(|&v| v as f64)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let z: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+    row.iter()
+        .map(|&v| ((v as f64 - max).exp() / z).ln())
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for i in 1..row.len() {
+        if row[i] > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + 1e-15
+}
+
+#[test]
+fn worker_figures_equal_an_f64_recomputation_from_dumped_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixtures::model(dir.path(), Preset::Tiny);
+    let other = dir.path().join("other_K16.gguf");
+    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    let corpus = dir.path().join("run");
+    let chunks = fixtures::chunks(3, N_CTX);
+    fixtures::write_corpus(&corpus, &chunks, N_CTX);
+    let (out, dumps) = (dir.path().join("out"), dir.path().join("dumps"));
+    eval(
+        &model,
+        &[&other],
+        &corpus,
+        &out,
+        &["--dump-logits", dumps.to_str().unwrap()],
+    );
+    let p = partial(&out);
+    let cand = &p.candidates[0];
+    let kl_of: BTreeMap<(u32, u32), f64> = cand
+        .tokens
+        .iter()
+        .map(|t| ((t.chunk, t.pos), t.kl))
+        .collect();
+    // Expected sums per group: (n, base NLL, candidate NLL, same top-1).
+    let mut expected: BTreeMap<Group, (u64, f64, f64, u64)> = BTreeMap::new();
+    let mut n_checked = 0;
+    let mut kl_positive = 0;
+    for chunk in &chunks {
+        let base = read_f32(&dumps.join(format!("chunk-{}-model-0.f32", chunk.id.0)));
+        let cand_logits = read_f32(&dumps.join(format!("chunk-{}-model-1.f32", chunk.id.0)));
+        let n_vocab = base.len() / chunk.tokens.len();
+        assert_eq!(base.len(), n_vocab * chunk.tokens.len());
+        assert_eq!(cand_logits.len(), base.len());
+        for (pos, group) in positions(chunk) {
+            let row = |l: &[f32]| l[pos as usize * n_vocab..(pos as usize + 1) * n_vocab].to_vec();
+            let (a, b) = (row(&base), row(&cand_logits));
+            let (lp, lq) = (log_softmax(&a), log_softmax(&b));
+            let kl: f64 = lp
+                .iter()
+                .zip(&lq)
+                .map(|(p, q)| {
+                    if p.exp() > 0.0 {
+                        p.exp() * (p - q)
+                    } else {
+                        0.0
+                    }
+                })
+                .sum();
+            let got = kl_of[&(chunk.id.0, pos)];
+            assert!(
+                close(got, kl),
+                "chunk {} pos {pos}: KL {got} vs {kl}",
+                chunk.id
+            );
+            kl_positive += usize::from(kl > 1e-6);
+            let next = chunk.tokens[pos as usize + 1] as usize;
+            let e = expected.entry(group).or_default();
+            e.0 += 1;
+            e.1 -= lp[next];
+            e.2 -= lq[next];
+            e.3 += u64::from(argmax(&a) == argmax(&b));
+            n_checked += 1;
+        }
+    }
+    assert_eq!(kl_of.len(), n_checked, "the worker scored other positions");
+    assert!(kl_positive > n_checked / 2, "the candidate barely differs");
+    assert_eq!(
+        expected.keys().collect::<Vec<_>>(),
+        cand.groups.keys().collect::<Vec<_>>()
+    );
+    for (g, (n, nll_base, nll_cand, same)) in &expected {
+        let s = &cand.groups[g];
+        assert_eq!((s.n, p.base[g].n), (*n, *n), "{g:?}");
+        assert_eq!(s.top1_same, *same, "{g:?}");
+        assert!(close(p.base[g].nll.to_f64(), *nll_base), "{g:?} base NLL");
+        assert!(close(s.nll.to_f64(), *nll_cand), "{g:?} candidate NLL");
+    }
+    assert!(expected.keys().any(|g| g.split == Split::Heldout));
+}
+
+#[test]
+fn skip_first_and_split_limit_the_scored_positions() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixtures::model(dir.path(), Preset::Tiny);
+    let other = dir.path().join("other_K16.gguf");
+    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    let corpus = dir.path().join("run");
+    let chunks = fixtures::chunks(3, N_CTX);
+    fixtures::write_corpus(&corpus, &chunks, N_CTX);
+    let out = dir.path().join("out");
+    let half = (N_CTX / 2).to_string();
+    eval(
+        &model,
+        &[&other],
+        &corpus,
+        &out,
+        &["--skip-first", &half, "--split", "heldout"],
+    );
+    let p = partial(&out);
+    let expected: usize = chunks
+        .iter()
+        .flat_map(positions)
+        .filter(|(pos, g)| *pos >= N_CTX / 2 && g.split == Split::Heldout)
+        .count();
+    assert_eq!(p.candidates[0].tokens.len(), expected);
+    assert!(p.candidates[0].tokens.iter().all(|t| t.pos >= N_CTX / 2));
+    assert_eq!(
+        summary(&out).candidates[0]
+            .splits
+            .keys()
+            .collect::<Vec<_>>(),
+        ["heldout"]
+    );
+}
+
+#[test]
+fn a_candidate_without_experts_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixtures::model(dir.path(), Preset::Tiny);
+    let dense = fixtures::model(dir.path(), Preset::Dense);
+    let corpus = dir.path().join("run");
+    fixtures::write_corpus(&corpus, &fixtures::chunks(3, N_CTX), N_CTX);
+    let out = fixtures::run(
+        "worker",
+        &[
+            "eval",
+            "--model",
+            model.to_str().unwrap(),
+            "--candidate",
+            dense.to_str().unwrap(),
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--chunks",
+            "0..3",
+            "--out",
+            dir.path().join("out").to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("dense.gguf") && err.contains("no MoE layers"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("out/eval").exists(),
+        "a failed eval left files"
+    );
+}

@@ -1,0 +1,157 @@
+//! Benchmark: evaluation throughput with 1 and 3 pruned candidates against a
+//! plain forward pass of the base model over the same chunks, on the `bench`
+//! model (`cargo run --release -p worker --bin bench_eval`).
+//!
+//! Candidates are byte copies of the base model: a pruned model routes each
+//! token through the same top-k experts, so its forward pass costs the same
+//! (the router is a few rows smaller), and a copy keeps the benchmark free
+//! of the slicer. The goal: base + n candidates costs at most (1 + n)
+//! forward passes of the base model, plus 5%. Modes run in increasing
+//! memory order, so the peak resident size read after each one (`VmHWM`)
+//! is that mode's peak.
+
+use clap::Parser;
+use common::corpus::{Chunk, CorpusIndex, Span};
+use common::{ChunkId, Split};
+use std::time::Instant;
+use worker::eval::{candidates, EvalOptions, Evaluator};
+use worker::llama::{Context, ContextParams, Model, NoGraph};
+use worker::synth::Preset;
+
+#[derive(Parser)]
+struct Args {
+    /// Chunks per measurement.
+    #[arg(long, default_value_t = 8)]
+    chunks: u32,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = 512)]
+    n_ctx: u32,
+    /// Tokens per micro-batch.
+    #[arg(long, default_value_t = 512)]
+    n_ubatch: u32,
+    /// Rounds of each mode (the best is kept).
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// CPU threads.
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+}
+
+fn corpus(n: u32, n_ctx: u32) -> (CorpusIndex, Vec<Chunk>) {
+    let chunks: Vec<Chunk> = (0..n)
+        .map(|id| Chunk {
+            id: ChunkId(id),
+            tokens: (0..n_ctx)
+                .map(|i| ((i * 7919 + id * 31) % 600) as i32)
+                .collect(),
+            spans: vec![Span {
+                start: 0,
+                len: n_ctx,
+                split: Split::Fit,
+                domain: 0,
+            }],
+        })
+        .collect();
+    let index = CorpusIndex {
+        n_chunks: n,
+        n_ctx,
+        domains: vec!["bench".into()],
+        n_tokens: u64::from(n * n_ctx),
+        chunks_sha256: "bench".into(),
+    };
+    (index, chunks)
+}
+
+/// Peak resident set size of this process so far, MiB.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let dir = std::env::temp_dir().join(format!("moe-census-bench-eval-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let base = dir.join("bench.gguf");
+    worker::synth::write_model(Preset::Bench, 0, &base)?;
+    let (index, chunks) = corpus(a.chunks, a.n_ctx);
+    let tokens = f64::from(a.chunks * a.n_ctx);
+    let copies = (1..=3)
+        .map(|i| {
+            let path = dir.join(format!("copy_{i}.gguf"));
+            std::fs::copy(&base, &path).map(|_| path)
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let cands = candidates::from_files(&copies)?;
+    let params = ContextParams {
+        n_ctx: a.n_ctx,
+        n_ubatch: a.n_ubatch,
+        threads: a.threads,
+        f32_kv: false,
+        flash_attn: false,
+    };
+    let mut forward = f64::MAX;
+    {
+        let model = Model::load(&base, 0)?;
+        let mut ctx = Context::new(&model, &params, NoGraph)?;
+        for _ in 0..a.rounds {
+            let t = Instant::now();
+            for c in &chunks {
+                ctx.clear();
+                for (i, toks) in c.tokens.chunks(a.n_ubatch as usize).enumerate() {
+                    ctx.decode(toks, (i * a.n_ubatch as usize) as i32)?;
+                }
+            }
+            forward = forward.min(t.elapsed().as_secs_f64());
+        }
+    }
+    let mut rows = vec![(
+        "forward, base model only".to_string(),
+        forward,
+        1.0,
+        peak_rss_mib(),
+    )];
+    for n in [1usize, 3] {
+        let opts = EvalOptions {
+            n_ubatch: a.n_ubatch,
+            threads: a.threads,
+            ..EvalOptions::default()
+        };
+        let mut e = Evaluator::load(&base, &cands[..n], opts)?;
+        let mut best = f64::MAX;
+        for _ in 0..a.rounds {
+            let t = Instant::now();
+            e.run(&index, &chunks, &mut |_, _| {})?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        rows.push((
+            format!("eval, base + {n} candidate{}", if n > 1 { "s" } else { "" }),
+            best,
+            (1 + n) as f64,
+            peak_rss_mib(),
+        ));
+    }
+    println!("backend: {}", worker::llama::backend_description());
+    println!(
+        "model: bench preset (qwen3moe, 8 MoE layers, 64 experts, top-8, hidden 512, Q8_0), candidates are copies of it; {} chunks x {} tokens, n_ubatch {}, {} threads, best of {} rounds",
+        a.chunks, a.n_ctx, a.n_ubatch, a.threads, a.rounds
+    );
+    println!("| mode | seconds | tokens/s | forward passes | vs (1 + n) forward passes | peak RSS (MiB) |");
+    println!("|---|---|---|---|---|---|");
+    for (name, secs, passes, rss) in rows {
+        println!(
+            "| {name} | {secs:.3} | {:.1} | {:.2} | {:+.2}% | {rss:.0} |",
+            tokens / secs,
+            secs / forward,
+            100.0 * (secs / (passes * forward) - 1.0)
+        );
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}

@@ -1,0 +1,125 @@
+//! `worker eval`: one process, no network: evaluate pruned candidates
+//! against the base model on a chunk range and write the eval partial and
+//! `eval/summary.json`.
+
+use super::collect::open_corpus;
+use crate::eval::{candidates, EvalOptions, Evaluator};
+use anyhow::Context;
+use common::corpus::{read_chunks, CHUNKS_FILE};
+use common::eval::{names, EvalSummary};
+use common::store::RunStore;
+use common::ChunkRange;
+use std::path::PathBuf;
+
+/// Arguments of `worker eval`.
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// The base GGUF model.
+    #[arg(long)]
+    model: PathBuf,
+    /// A pruned candidate GGUF, named after its file stem (repeatable).
+    #[arg(long = "candidate", required = true)]
+    candidates: Vec<PathBuf>,
+    /// Tokenized corpus: a run location or its `corpus/` (path or URL).
+    #[arg(long)]
+    corpus: String,
+    /// Chunk ids to evaluate, `A..B` (half-open) or `A..=B`.
+    #[arg(long)]
+    chunks: String,
+    /// Output location (path or URL) for `eval/`.
+    #[arg(long)]
+    out: String,
+    /// Splits scored: fit, heldout or both.
+    #[arg(long, default_value = "both")]
+    split: String,
+    /// Positions skipped at the start of every chunk (`n_ctx / 2` scores the
+    /// second half of each chunk, like llama-perplexity).
+    #[arg(long, default_value_t = 0)]
+    skip_first: u32,
+    /// Tokens per micro-batch.
+    #[arg(long, default_value_t = 512)]
+    n_ubatch: u32,
+    /// Layers offloaded to the GPU (`-ngl`).
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
+    n_gpu_layers: u32,
+    /// CPU threads (default: all cores).
+    #[arg(long)]
+    threads: Option<u32>,
+    /// f32 KV cache (tight oracle comparisons).
+    #[arg(long)]
+    f32_kv: bool,
+    /// Enable flash attention.
+    #[arg(long)]
+    flash_attn: bool,
+    /// Debugging and oracle tests: write every model's raw logits per chunk
+    /// (`chunk-<id>-model-<m>.f32`, little-endian, model 0 the base) here.
+    #[arg(long)]
+    dump_logits: Option<PathBuf>,
+}
+
+/// Entry point of `worker eval`.
+pub fn run(a: EvalArgs) -> anyhow::Result<()> {
+    let range = ChunkRange::parse(&a.chunks).map_err(|e| anyhow::anyhow!("--chunks: {e}"))?;
+    let splits = common::eval::summary::parse_splits(&a.split)
+        .with_context(|| format!("--split {:?}: expected fit, heldout or both", a.split))?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let (corpus, index) = rt.block_on(open_corpus(&a.corpus))?;
+    index
+        .check_range(range)
+        .map_err(|e| anyhow::anyhow!("corpus {}: {e}", corpus.url()))?;
+    let bytes = rt.block_on(corpus.get(CHUNKS_FILE))?;
+    let chunks = read_chunks(bytes, Some(range))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
+    let mut opts = EvalOptions {
+        n_ubatch: a.n_ubatch,
+        n_gpu_layers: a.n_gpu_layers,
+        f32_kv: a.f32_kv,
+        flash_attn: a.flash_attn,
+        skip_first: a.skip_first,
+        splits,
+        dump_logits: a.dump_logits.is_some(),
+        ..EvalOptions::default()
+    };
+    if let Some(t) = a.threads {
+        opts.threads = t;
+    }
+    let cands = candidates::from_files(&a.candidates)?;
+    let mut evaluator = Evaluator::load(&a.model, &cands, opts)?;
+    let evaluated = evaluator.run(&index, &chunks, &mut |_, _| {})?;
+    if let Some(dir) = &a.dump_logits {
+        std::fs::create_dir_all(dir).with_context(|| format!("--dump-logits {}", dir.display()))?;
+        for ((m, chunk), logits) in &evaluated.dumps {
+            let path = dir.join(format!("chunk-{chunk}-model-{m}.f32"));
+            let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+            std::fs::write(&path, bytes).with_context(|| path.display().to_string())?;
+        }
+    }
+    let partial = evaluated.partial;
+    let out = RunStore::open(&a.out)?;
+    let summary = EvalSummary::of(&partial, &index.domains);
+    rt.block_on(async {
+        out.put(&names::partial(range), partial.to_bytes()).await?;
+        out.put(names::SUMMARY_JSON, summary.to_json_bytes())
+            .await?;
+        anyhow::Ok(())
+    })?;
+    println!(
+        "evaluated chunks {range} ({} scored positions, {} candidates) -> {}",
+        partial.n_scored(),
+        partial.candidates.len(),
+        out.url()
+    );
+    for c in &summary.candidates {
+        for (split, f) in &c.splits {
+            println!(
+                "  {} {split}: KL {:.6} +- {:.6}, same top-1 {:.2}%, ppl ratio {:.4}",
+                c.name,
+                f.all.kl.mean,
+                f.all.kl.se,
+                100.0 * f.all.top1_same,
+                f.all.ppl_ratio
+            );
+        }
+    }
+    Ok(())
+}

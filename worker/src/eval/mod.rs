@@ -1,0 +1,347 @@
+//! The evaluator: runs corpus chunks through the base model and each pruned
+//! candidate and compares their next-token distributions (DESIGN section 12).
+//!
+//! Each chunk runs alone in its sequence in every model (KV caches cleared),
+//! in micro-batches of `n_ubatch` tokens with outputs on every token, like
+//! collection. Micro-batch by micro-batch, the base model's logits are
+//! decoded once, the scored rows copied aside with their log-sum-exp, and
+//! every candidate's logits of the same micro-batch are compared with them:
+//! memory holds one micro-batch of base logits, never a whole-vocabulary
+//! file. See [`metrics`] for the per-position figures.
+
+pub mod candidates;
+pub mod metrics;
+mod positions;
+
+use crate::collect::{moe_shape, ranges_of, sha256_file};
+use crate::error::WorkerError;
+use crate::llama::{self, Context, ContextParams, Model, NoGraph};
+use common::corpus::{Chunk, CorpusIndex};
+use common::eval::{CandidateResult, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION};
+use common::exact::ExactSum;
+use common::Split;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use positions::scored_positions;
+
+/// How chunks are evaluated and which positions are scored.
+#[derive(Clone, Debug)]
+pub struct EvalOptions {
+    /// Tokens per decode call and micro-batch.
+    pub n_ubatch: u32,
+    /// Layers offloaded to the GPU (0 on CPU builds).
+    pub n_gpu_layers: u32,
+    /// CPU threads.
+    pub threads: u32,
+    /// f32 KV cache (tight comparisons; production keeps f16).
+    pub f32_kv: bool,
+    /// Flash attention.
+    pub flash_attn: bool,
+    /// Positions skipped at the start of every chunk (llama-perplexity
+    /// scores the second half of each chunk: `n_ctx / 2`).
+    pub skip_first: u32,
+    /// Splits whose positions are scored.
+    pub splits: Vec<Split>,
+    /// Keep every model's logits of every chunk (oracle tests and debugging
+    /// only: whole-vocabulary rows).
+    pub dump_logits: bool,
+}
+
+impl Default for EvalOptions {
+    fn default() -> Self {
+        EvalOptions {
+            n_ubatch: 512,
+            n_gpu_layers: 0,
+            threads: std::thread::available_parallelism().map_or(4, |n| n.get() as u32),
+            f32_kv: false,
+            flash_attn: false,
+            skip_first: 0,
+            splits: Split::ALL.to_vec(),
+            dump_logits: false,
+        }
+    }
+}
+
+/// A pruned model file to evaluate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Its name in results (`<method>_K<k>`).
+    pub name: String,
+    /// The GGUF file.
+    pub path: PathBuf,
+    /// SHA-256 of the file.
+    pub sha256: String,
+}
+
+struct Loaded {
+    name: String,
+    sha256: String,
+    k: u32,
+    model: Model,
+}
+
+/// The base model and its candidates, loaded and ready to evaluate chunks.
+pub struct Evaluator {
+    base: Model,
+    base_sha256: String,
+    candidates: Vec<Loaded>,
+    opts: EvalOptions,
+    backend: String,
+}
+
+/// What [`Evaluator::run`] measured.
+pub struct Evaluated {
+    /// The accumulators, ready to store or merge.
+    pub partial: EvalPartial,
+    /// With [`EvalOptions::dump_logits`]: every model's logits per chunk,
+    /// keyed by (model, chunk) with model 0 the base and `i + 1` candidate `i`.
+    pub dumps: BTreeMap<(usize, u32), Vec<f32>>,
+}
+
+impl Evaluator {
+    /// Loads and hashes the base model and every candidate; a candidate with
+    /// another vocabulary is refused.
+    pub fn load(
+        base: &Path,
+        candidates: &[Candidate],
+        opts: EvalOptions,
+    ) -> Result<Evaluator, WorkerError> {
+        let base_sha256 = sha256_file(base)?;
+        let base_model = Model::load(base, opts.n_gpu_layers)?;
+        let mut loaded = Vec::with_capacity(candidates.len());
+        for c in candidates {
+            let model = Model::load(&c.path, opts.n_gpu_layers)?;
+            let model_err = |reason: String| WorkerError::Model {
+                path: c.path.display().to_string(),
+                reason,
+            };
+            let shape = moe_shape(&model).map_err(model_err)?;
+            if model.n_vocab() != base_model.n_vocab() {
+                return Err(model_err(format!(
+                    "candidate {} has {} tokens in its vocabulary, the base model {}",
+                    c.name,
+                    model.n_vocab(),
+                    base_model.n_vocab()
+                )));
+            }
+            loaded.push(Loaded {
+                name: c.name.clone(),
+                sha256: c.sha256.clone(),
+                k: shape.n_expert,
+                model,
+            });
+        }
+        Ok(Evaluator {
+            base: base_model,
+            base_sha256,
+            candidates: loaded,
+            opts,
+            backend: llama::backend_description(),
+        })
+    }
+
+    /// SHA-256 of the base model file.
+    pub fn base_sha256(&self) -> &str {
+        &self.base_sha256
+    }
+
+    /// Evaluates `chunks` (sorted, unique ids). `progress` is called after
+    /// each chunk with its id and token count.
+    pub fn run(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        progress: &mut dyn FnMut(u32, usize),
+    ) -> Result<Evaluated, WorkerError> {
+        let corpus_err = |reason: String| WorkerError::Corpus {
+            location: format!("chunks of {}", index.chunks_sha256),
+            reason,
+        };
+        if chunks.windows(2).any(|w| w[0].id >= w[1].id) {
+            return Err(corpus_err("chunks are not sorted by unique id".into()));
+        }
+        let params = ContextParams {
+            n_ctx: index.n_ctx,
+            n_ubatch: self.opts.n_ubatch.min(index.n_ctx).max(1),
+            threads: self.opts.threads,
+            f32_kv: self.opts.f32_kv,
+            flash_attn: self.opts.flash_attn,
+        };
+        let mut base = Context::new(&self.base, &params, NoGraph)?;
+        let mut cands = self
+            .candidates
+            .iter()
+            .map(|c| Context::new(&c.model, &params, NoGraph))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut acc = Accum::new(self, index, chunks);
+        let mut dumps = BTreeMap::new();
+        let step = params.n_ubatch as usize;
+        let n_vocab = base.n_vocab();
+        let mut base_rows: Vec<f32> = Vec::new();
+        let mut base_stats = Vec::new();
+        for chunk in chunks {
+            chunk.validate(index.domains.len()).map_err(corpus_err)?;
+            if chunk.tokens.len() > index.n_ctx as usize {
+                return Err(corpus_err(format!(
+                    "chunk {} has {} tokens, more than n_ctx {}",
+                    chunk.id,
+                    chunk.tokens.len(),
+                    index.n_ctx
+                )));
+            }
+            let scored = scored_positions(chunk, self.opts.skip_first, &self.opts.splits);
+            let vocab_err = |pos: usize| {
+                corpus_err(format!(
+                    "chunk {} token {} at position {pos} is outside the vocabulary of {n_vocab}",
+                    chunk.id, chunk.tokens[pos]
+                ))
+            };
+            base.clear();
+            cands.iter_mut().for_each(|c| c.clear());
+            for (u, toks) in chunk.tokens.chunks(step).enumerate() {
+                let pos0 = u * step;
+                base.decode(toks, pos0 as i32)?;
+                let logits = base.batch_logits();
+                if self.opts.dump_logits {
+                    dumps
+                        .entry((0, chunk.id.0))
+                        .or_insert_with(Vec::new)
+                        .extend_from_slice(logits);
+                }
+                // Scored rows of this micro-batch: (row, group, next token).
+                let mut rows = Vec::new();
+                base_rows.clear();
+                base_stats.clear();
+                for r in 0..toks.len() {
+                    let Some(group) = scored[pos0 + r] else {
+                        continue;
+                    };
+                    let next = chunk.tokens[pos0 + r + 1];
+                    let next = usize::try_from(next)
+                        .ok()
+                        .filter(|&n| n < n_vocab)
+                        .ok_or_else(|| vocab_err(pos0 + r + 1))?;
+                    let row = &logits[r * n_vocab..(r + 1) * n_vocab];
+                    base_rows.extend_from_slice(row);
+                    base_stats.push(metrics::row_stats(row));
+                    rows.push((r, group, next));
+                }
+                for (j, &(r, group, next)) in rows.iter().enumerate() {
+                    let row = &base_rows[j * n_vocab..(j + 1) * n_vocab];
+                    let nll = base_stats[j].log_sum_exp - f64::from(row[next]);
+                    let at = Position {
+                        chunk: chunk.id.0,
+                        pos: (pos0 + r) as u32,
+                        group,
+                    };
+                    acc.add_base(at, nll)?;
+                }
+                for (ci, ctx) in cands.iter_mut().enumerate() {
+                    ctx.decode(toks, pos0 as i32)?;
+                    let logits = ctx.batch_logits();
+                    if self.opts.dump_logits {
+                        dumps
+                            .entry((ci + 1, chunk.id.0))
+                            .or_insert_with(Vec::new)
+                            .extend_from_slice(logits);
+                    }
+                    for (j, &(r, group, next)) in rows.iter().enumerate() {
+                        let b = &base_rows[j * n_vocab..(j + 1) * n_vocab];
+                        let q = &logits[r * n_vocab..(r + 1) * n_vocab];
+                        let c = metrics::compare(b, base_stats[j], q, next);
+                        let at = Position {
+                            chunk: chunk.id.0,
+                            pos: (pos0 + r) as u32,
+                            group,
+                        };
+                        acc.add_candidate(ci, at, &c)?;
+                    }
+                }
+            }
+            progress(chunk.id.0, chunk.tokens.len());
+        }
+        tracing::debug!(chunks = chunks.len(), candidates = cands.len(), "evaluated");
+        Ok(Evaluated {
+            partial: acc.partial,
+            dumps,
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Position {
+    chunk: u32,
+    pos: u32,
+    group: Group,
+}
+
+/// The partial being filled, position by position.
+struct Accum {
+    partial: EvalPartial,
+}
+
+impl Accum {
+    fn new(e: &Evaluator, index: &CorpusIndex, chunks: &[Chunk]) -> Accum {
+        let candidates = e
+            .candidates
+            .iter()
+            .map(|c| CandidateResult {
+                name: c.name.clone(),
+                sha256: c.sha256.clone(),
+                k: c.k,
+                groups: BTreeMap::new(),
+                tokens: Vec::new(),
+            })
+            .collect();
+        Accum {
+            partial: EvalPartial {
+                format_version: EVAL_FORMAT_VERSION,
+                base_sha256: e.base_sha256.clone(),
+                corpus_sha256: index.chunks_sha256.clone(),
+                skip_first: e.opts.skip_first,
+                splits: e.opts.splits.clone(),
+                backends: vec![e.backend.clone()],
+                chunks: ranges_of(chunks),
+                base: BTreeMap::new(),
+                candidates,
+            },
+        }
+    }
+
+    fn add_base(&mut self, at: Position, nll: f64) -> Result<(), WorkerError> {
+        let b = self.partial.base.entry(at.group).or_default();
+        b.n += 1;
+        add(&mut b.nll, nll, at, "base NLL")
+    }
+
+    fn add_candidate(
+        &mut self,
+        ci: usize,
+        at: Position,
+        c: &metrics::Compared,
+    ) -> Result<(), WorkerError> {
+        let cand = &mut self.partial.candidates[ci];
+        let s = cand.groups.entry(at.group).or_default();
+        s.n += 1;
+        s.top1_same += u64::from(c.top1_same);
+        add(&mut s.kl, c.kl, at, "KL")?;
+        add(&mut s.kl_sq, c.kl * c.kl, at, "KL squared")?;
+        add(&mut s.nll, c.nll_candidate, at, "candidate NLL")?;
+        add(&mut s.dprob, c.dprob, at, "probability change")?;
+        cand.tokens.push(TokenKl {
+            chunk: at.chunk,
+            pos: at.pos,
+            group: at.group,
+            kl: c.kl,
+        });
+        Ok(())
+    }
+}
+
+fn add(sum: &mut ExactSum, v: f64, at: Position, what: &str) -> Result<(), WorkerError> {
+    sum.add_f64(v).map_err(|e| WorkerError::Graph {
+        chunk: at.chunk,
+        reason: format!("{what} at position {}: {e}", at.pos),
+    })
+}
