@@ -244,7 +244,7 @@ async fn score_writes_maps_equal_to_recomputation_and_every_table() {
 #[tokio::test]
 async fn score_screens_traces_per_split_and_bootstraps_chunks() {
     use common::partial::ChunkStats;
-    use common::trace::{write_part, TraceRow};
+    use common::trace::{write_part_as, Encoding, TraceRow};
     let dir = tempfile::tempdir().unwrap();
     let s = saliency(1, vec![layer(0, &[6, 3, 1, 0], &[6.0, 3.0, 1.0, 0.0])]);
     let store = write_run(dir.path(), &s).await;
@@ -262,7 +262,10 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
     };
     let mut rows = vec![row(Split::Fit, 0), row(Split::Heldout, 2)];
     store
-        .put("trace/part-0.parquet", write_part(&mut rows, 1, 3).unwrap())
+        .put(
+            "trace/part-0.parquet",
+            write_part_as(&mut rows, 1, 3, Encoding::Full).unwrap(),
+        )
         .await
         .unwrap();
     let chunk = |c: u32, counts: [u32; 4]| ChunkStats {
@@ -300,7 +303,10 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
     // A row budget stops the screen at a part boundary and says so.
     let mut more = vec![row(Split::Heldout, 1)];
     store
-        .put("trace/part-1.parquet", write_part(&mut more, 1, 3).unwrap())
+        .put(
+            "trace/part-1.parquet",
+            write_part_as(&mut more, 1, 3, Encoding::Full).unwrap(),
+        )
         .await
         .unwrap();
     let capped = ScoreOptions {
