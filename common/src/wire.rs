@@ -304,10 +304,43 @@ pub fn encode_frame<T: Serialize>(msg: &T) -> Vec<u8> {
     out
 }
 
-/// Decodes a frame body under a limit sized from its length
-/// ([`crate::bounded`]); trailing bytes are malformed too.
+fn decode_within<T: DeserializeOwned, const LIMIT: usize>(
+    body: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
+    bincode::serde::decode_from_slice(body, config().with_limit::<LIMIT>())
+}
+
+/// Room over a body's length for bincode's claims: it counts each integer
+/// at its in-memory size (8 bytes for a `u64`) though varints take fewer.
+/// The messages here hold a handful of integers, so a few hundred bytes do.
+const CLAIM_SLACK: usize = 256;
+
+/// Decodes a frame body; trailing bytes are malformed too. Whatever lengths
+/// the body claims, decoding allocates at most the body's length plus
+/// [`CLAIM_SLACK`], rounded up to the next limit tier (at most twice that):
+/// bincode allocates a claimed `Vec<u8>` before reading it, so the limit
+/// must follow the body, not the largest frame. Frames hold few integers,
+/// so this is tighter than [`crate::bounded`]'s general 16 claimed bytes per
+/// input byte, which would let a 4 KiB pre-login frame allocate 64 KiB.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
-    crate::bounded::decode(body).map_err(|e| WireError::Malformed(e.to_string()))
+    let decoded = match body.len() + CLAIM_SLACK {
+        0..=0x1000 => decode_within::<T, 0x1000>(body),
+        0x1001..=0x2000 => decode_within::<T, 0x2000>(body),
+        0x2001..=0x4000 => decode_within::<T, 0x4000>(body),
+        0x4001..=0x1_0000 => decode_within::<T, 0x1_0000>(body),
+        0x1_0001..=0x10_0000 => decode_within::<T, 0x10_0000>(body),
+        0x10_0001..=0x100_0000 => decode_within::<T, 0x100_0000>(body),
+        0x100_0001..=0x1000_0000 => decode_within::<T, 0x1000_0000>(body),
+        _ => decode_within::<T, { 1 << 31 }>(body),
+    };
+    let (msg, used) = decoded.map_err(|e| WireError::Malformed(e.to_string()))?;
+    if used != body.len() {
+        return Err(WireError::Malformed(format!(
+            "{} trailing bytes after the message",
+            body.len() - used
+        )));
+    }
+    Ok(msg)
 }
 
 /// Writes one message as a frame.

@@ -302,10 +302,17 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
     first.shutdown_background();
     let second = runtime();
     let stored = second.block_on(s.store.list("partials")).unwrap().len();
+    // The killed coordinator left its lock behind: the restarted one takes
+    // it over, as `coordinator run --take-over-lock` does.
+    let restarted = {
+        let mut s = s.clone();
+        s.run.lock_stale_s = 0;
+        s
+    };
     // Second coordinator on the same address (retrying until the old socket is gone).
     let summary = second.block_on(async {
         for _ in 0..100 {
-            match execute(&s, |_| Ok(Vec::new())).await {
+            match execute(&restarted, |_| Ok(Vec::new())).await {
                 Err(coordinator::run::RunError::Net(coordinator::net::NetError::Bind {
                     ..
                 })) => tokio::time::sleep(Duration::from_millis(100)).await,

@@ -27,7 +27,7 @@ impl Drop for Reaped {
 /// once the run has finished successfully.
 fn run_and_join(dir: &Path, cluster: &str) -> (String, serde_json::Value) {
     let secret = dir.join("secret");
-    std::fs::write(&secret, "a shared join secret").unwrap();
+    std::fs::write(&secret, "a shared join secret of at least 32 bytes").unwrap();
     let connect = dir.join("connect.json");
     let config = fixtures::text_config(
         dir,
