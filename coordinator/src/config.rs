@@ -58,7 +58,18 @@ impl Config {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."))
             .to_path_buf();
+        config.resolve_cluster_inputs();
         Ok(config)
+    }
+
+    /// Resolves `[cluster] ca_dir` and `secret_file` against the config's
+    /// directory, so a launch from any working directory finds the same files.
+    fn resolve_cluster_inputs(&mut self) {
+        let cluster = &self.cluster;
+        let ca_dir = cluster.ca_dir.as_deref().map(|p| self.resolve(p));
+        let secret_file = cluster.secret_file.as_deref().map(|p| self.resolve(p));
+        self.cluster.ca_dir = ca_dir;
+        self.cluster.secret_file = secret_file;
     }
 
     /// Parses config text; relative paths resolve against the current directory.
@@ -317,6 +328,19 @@ mod tests {
         assert_eq!(d.sources[0].format(), SourceFormat::Jsonl);
         assert_eq!(d.sources[1].format(), SourceFormat::Text);
         assert_eq!(d.sources[0].text_field, "text");
+    }
+
+    #[test]
+    fn cluster_files_resolve_against_the_config_dir_not_the_working_dir() {
+        let dir = std::env::temp_dir().join(format!("cfg-cluster-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.toml");
+        let text = "[model]\npath = \"m.gguf\"\n[cluster]\nca_dir = \"ca\"\nsecret_file = \"/abs/secret\"\n";
+        std::fs::write(&path, text).unwrap();
+        let c = Config::load(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(c.cluster.ca_dir, Some(dir.join("ca")));
+        assert_eq!(c.cluster.secret_file, Some(PathBuf::from("/abs/secret")));
     }
 
     #[test]
