@@ -6,6 +6,7 @@
 
 pub mod llama_gguf;
 pub mod llama_logits;
+pub mod loopback;
 pub mod mutate;
 pub mod oracle;
 

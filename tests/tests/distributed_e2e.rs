@@ -5,11 +5,11 @@
 //! same `worker join` processes reconnecting), and a whole run on the S3
 //! test server.
 
-use common::artifacts::names;
 use common::store::RunStore;
 use coordinator::run::local::LocalWorkers;
-use coordinator::run::settings::{ClusterSettings, RunSettings};
+use coordinator::run::settings::ClusterSettings;
 use coordinator::run::{execute, RunSetup, RunSummary};
+use fixtures::loopback::{artifacts, real_setup};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,28 +18,6 @@ use worker::synth::Preset;
 
 const N_CHUNKS: u32 = 12;
 const N_CTX: u32 = 64;
-
-fn setup(dir: &Path, model: &Path) -> RunSetup {
-    let run_dir = dir.join("run");
-    let index = fixtures::write_corpus(&run_dir, &fixtures::chunks(N_CHUNKS, N_CTX), N_CTX);
-    RunSetup {
-        store: RunStore::open(run_dir.to_str().unwrap()).unwrap(),
-        index,
-        model_sha256: worker::collect::sha256_file(model).unwrap(),
-        model_path: model.to_path_buf(),
-        run: RunSettings {
-            lease_chunks: 2,
-            heartbeat_timeout_s: 3,
-            lease_timeout_s: 120,
-            n_ubatch: N_CTX,
-            // Without a manifest the corpus counts as one split: every 2nd chunk.
-            trace_tokens_per_split: u64::from(N_CHUNKS * N_CTX / 2),
-            trace_top_n: 8,
-            ..RunSettings::default()
-        },
-        cluster: ClusterSettings::default(),
-    }
-}
 
 fn locals(bin: &Path, model: &Path, count: u32) -> LocalWorkers {
     LocalWorkers {
@@ -73,26 +51,10 @@ async fn run(
     .expect("the run finishes in time")
 }
 
-/// saliency.json, saliency.parquet, imatrix.gguf and every trace part.
-async fn artifacts(store: &RunStore) -> Vec<(String, Vec<u8>)> {
-    let mut names: Vec<String> = vec![
-        names::SALIENCY_JSON.into(),
-        names::SALIENCY_PARQUET.into(),
-        names::IMATRIX_GGUF.into(),
-    ];
-    names.extend(store.list("trace").await.unwrap());
-    let mut out = Vec::new();
-    for n in names {
-        let b = store.get(&n).await.unwrap().to_vec();
-        out.push((n, b));
-    }
-    out
-}
-
 async fn reference(dir: &Path, bin: &Path, model: &Path) -> Vec<(String, Vec<u8>)> {
-    let s = setup(&dir.join("reference"), model);
+    let s = real_setup(&dir.join("reference"), model, N_CHUNKS, N_CTX, 3);
     run(&s, bin, 1, Arc::default()).await.unwrap();
-    artifacts(&s.store).await
+    artifacts(&s.store, true).await
 }
 
 async fn verify_ok(store: &RunStore) {
@@ -106,14 +68,14 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts() {
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let one = reference(d.path(), &bin, &model).await;
-    let s = setup(&d.path().join("three"), &model);
+    let s = real_setup(&d.path().join("three"), &model, N_CHUNKS, N_CTX, 3);
     let summary = run(&s, &bin, 3, Arc::default()).await.unwrap();
     assert_eq!(summary.computed, 6);
     assert!(
         one.iter().any(|(n, _)| n.starts_with("trace/")),
         "traces were written"
     );
-    assert_eq!(artifacts(&s.store).await, one);
+    assert_eq!(artifacts(&s.store, true).await, one);
     verify_ok(&s.store).await;
 }
 
@@ -123,7 +85,7 @@ async fn worker_killed_mid_lease_loses_no_chunk_and_counts_none_twice() {
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let expected = reference(d.path(), &bin, &model).await;
-    let s = setup(&d.path().join("killed"), &model);
+    let s = real_setup(&d.path().join("killed"), &model, N_CHUNKS, N_CTX, 3);
     let pids: Arc<Mutex<Vec<u32>>> = Arc::default();
     let (store, victim) = (s.store.clone(), pids.clone());
     // Kill one worker with SIGKILL as soon as the first lease is stored.
@@ -144,7 +106,7 @@ async fn worker_killed_mid_lease_loses_no_chunk_and_counts_none_twice() {
     });
     let summary = run(&s, &bin, 2, pids).await.unwrap();
     assert!(killer.await.unwrap(), "a worker was killed");
-    assert_eq!(artifacts(&s.store).await, expected);
+    assert_eq!(artifacts(&s.store, true).await, expected);
     verify_ok(&s.store).await;
     assert_eq!(summary.computed, 6, "{summary:?}");
 }
@@ -155,7 +117,7 @@ async fn coordinator_killed_and_restarted_recomputes_at_most_one_lease_per_worke
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let expected = reference(d.path(), &bin, &model).await;
-    let s = setup(&d.path().join("restarted"), &model);
+    let s = real_setup(&d.path().join("restarted"), &model, N_CHUNKS, N_CTX, 3);
     let workers = 2u32;
     // First coordinator: dropped (with its workers) once 2 leases are stored.
     {
@@ -187,7 +149,7 @@ async fn coordinator_killed_and_restarted_recomputes_at_most_one_lease_per_worke
         "stored {stored}, then computed {}",
         summary.computed
     );
-    assert_eq!(artifacts(&s.store).await, expected);
+    assert_eq!(artifacts(&s.store, true).await, expected);
     verify_ok(&s.store).await;
 }
 
@@ -200,7 +162,7 @@ async fn whole_real_run_round_trips_through_s3() {
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let expected = reference(d.path(), &bin, &model).await;
-    let local = setup(&d.path().join("for-s3"), &model);
+    let local = real_setup(&d.path().join("for-s3"), &model, N_CHUNKS, N_CTX, 3);
     let prefix = format!(
         "s3://{bucket}/e2e-{}",
         common::hash::sha256_hex(&common::wire::random_bytes(8))
@@ -213,7 +175,7 @@ async fn whole_real_run_round_trips_through_s3() {
     };
     let summary = run(&s, &bin, 2, Arc::default()).await.unwrap();
     assert_eq!(summary.computed, 6);
-    assert_eq!(artifacts(&s3).await, expected);
+    assert_eq!(artifacts(&s3, true).await, expected);
     verify_ok(&s3).await;
 }
 
@@ -259,7 +221,7 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let expected = runtime().block_on(reference(d.path(), &bin, &model));
-    let mut s = setup(&d.path().join("restarted"), &model);
+    let mut s = real_setup(&d.path().join("restarted"), &model, N_CHUNKS, N_CTX, 3);
     let ca_dir = d.path().join("ca");
     let ca_pem = coordinator::net::tls::create_ca(&ca_dir).unwrap();
     let secret = d.path().join("secret");
@@ -328,7 +290,7 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
         summary.workers.iter().all(|w| w.name.starts_with("proc-")),
         "only the original processes worked: {summary:?}"
     );
-    second.block_on(async { assert_eq!(artifacts(&s.store).await, expected) });
+    second.block_on(async { assert_eq!(artifacts(&s.store, true).await, expected) });
     second.block_on(verify_ok(&s.store));
     let joined: Vec<&str> = summary.workers.iter().map(|w| w.name.as_str()).collect();
     for (i, mut child) in procs.lock().unwrap().drain(..).enumerate() {

@@ -2,102 +2,32 @@
 //! fake engine: exact merge whatever the worker count, resume, lease expiry,
 //! and the security checks (secret, pin, garbage and oversized frames).
 
-use common::artifacts::names;
-use common::corpus::CorpusIndex;
 use common::store::RunStore;
-use coordinator::run::settings::{ClusterSettings, RunSettings};
-use coordinator::run::{execute, Listening, RunSetup, RunSummary};
+use coordinator::run::RunSetup;
+use fixtures::loopback::{
+    artifacts, client, fake_setup, fake_workers, run_with, Workers, FAKE_MODEL, FAKE_N_CTX,
+};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
-use tokio::task::JoinHandle;
 use worker::join::fake::FakeEngine;
 use worker::join::tls::{client_config, Trust};
-use worker::join::{join, ClientOptions, JoinError, JoinSummary, Reconnect};
+use worker::join::{join, JoinError, JoinSummary};
 
-const MODEL: &str = "fake-model-sha";
-
-fn setup(dir: &Path, n_chunks: u32) -> RunSetup {
-    let index: CorpusIndex = fixtures::write_corpus(dir, &fixtures::chunks(n_chunks, 32), 32);
-    RunSetup {
-        store: RunStore::open(dir.to_str().unwrap()).unwrap(),
-        index,
-        model_sha256: MODEL.into(),
-        model_path: "unused.gguf".into(),
-        run: RunSettings {
-            lease_chunks: 3,
-            heartbeat_timeout_s: 2,
-            lease_timeout_s: 30,
-            ..RunSettings::default()
-        },
-        cluster: ClusterSettings::default(),
-    }
-}
-
-fn client(l: &Listening, name: &str) -> ClientOptions {
-    ClientOptions {
-        addr: l.addr,
-        server_name: "localhost".into(),
-        trust: Trust::Pin(l.pin.clone()),
-        secret: l.secret.clone(),
-        name: name.into(),
-        reconnect: Reconnect::giving_up_after(Duration::from_secs(5)),
-    }
-}
-
-type Workers = Vec<JoinHandle<Result<JoinSummary, JoinError>>>;
-
-/// Runs `execute` with workers made by `make` once the server listens.
-async fn run_with(
-    setup: &RunSetup,
-    make: impl FnOnce(&Listening) -> Workers,
-) -> (RunSummary, Workers) {
-    let mut handles = Vec::new();
-    let summary = tokio::time::timeout(
-        Duration::from_secs(60),
-        execute(setup, |l| {
-            handles = make(l);
-            Ok(Vec::new())
-        }),
-    )
-    .await
-    .expect("the run finishes in time")
-    .expect("the run succeeds");
-    (summary, handles)
-}
-
-fn fake_workers(l: &Listening, n: usize) -> Workers {
-    (0..n)
-        .map(|i| {
-            let opts = client(l, &format!("fake-{i}"));
-            let mut engine = FakeEngine::new(MODEL);
-            engine.delay_per_chunk = Duration::from_millis(5);
-            tokio::spawn(async move { join(&opts, engine).await })
-        })
-        .collect()
-}
-
-async fn artifacts(store: &RunStore) -> Vec<u8> {
-    let mut all = Vec::new();
-    for name in [
-        names::SALIENCY_JSON,
-        names::SALIENCY_PARQUET,
-        names::IMATRIX_GGUF,
-    ] {
-        all.extend_from_slice(&store.get(name).await.unwrap());
-    }
-    all
-}
+/// Each fake chunk's delay: enough to spread chunks over the workers.
+const DELAY: Duration = Duration::from_millis(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_and_three_fake_workers_give_byte_identical_artifacts() {
     let (d1, d3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (s1, s3) = (setup(d1.path(), 10), setup(d3.path(), 10));
-    let (sum1, _) = run_with(&s1, |l| fake_workers(l, 1)).await;
-    let (sum3, w3) = run_with(&s3, |l| fake_workers(l, 3)).await;
+    let (s1, s3) = (fake_setup(d1.path(), 10), fake_setup(d3.path(), 10));
+    let (sum1, _) = run_with(&s1, |l| fake_workers(l, 1, DELAY)).await;
+    let (sum3, w3) = run_with(&s3, |l| fake_workers(l, 3, DELAY)).await;
     assert_eq!((sum1.units, sum1.computed, sum1.resumed), (4, 4, 0));
     assert_eq!((sum3.units, sum3.computed), (4, 4));
-    assert_eq!(artifacts(&s1.store).await, artifacts(&s3.store).await);
+    assert_eq!(
+        artifacts(&s1.store, false).await,
+        artifacts(&s3.store, false).await
+    );
     let chunks: u64 = futures_join(w3)
         .await
         .iter()
@@ -105,14 +35,19 @@ async fn one_and_three_fake_workers_give_byte_identical_artifacts() {
         .sum();
     assert_eq!(chunks, 10, "every chunk measured exactly once");
     // The reference: the fake engine over all chunks in one call.
-    let all = fixtures::chunks(10, 32);
-    let reference = FakeEngine::new(MODEL).partial(&s1.index, &all).unwrap();
+    let all = fixtures::chunks(10, FAKE_N_CTX);
+    let reference = FakeEngine::new(FAKE_MODEL)
+        .partial(&s1.index, &all)
+        .unwrap();
     let rd = tempfile::tempdir().unwrap();
     let rs = RunStore::open(rd.path().to_str().unwrap()).unwrap();
     common::artifacts::write_results(&rs, &reference)
         .await
         .unwrap();
-    assert_eq!(artifacts(&rs).await, artifacts(&s1.store).await);
+    assert_eq!(
+        artifacts(&rs, false).await,
+        artifacts(&s1.store, false).await
+    );
 }
 
 async fn futures_join(hs: Workers) -> Vec<Result<JoinSummary, JoinError>> {
@@ -126,16 +61,16 @@ async fn futures_join(hs: Workers) -> Vec<Result<JoinSummary, JoinError>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_reuses_stored_partials_and_recomputes_only_the_missing() {
     let d = tempfile::tempdir().unwrap();
-    let s = setup(d.path(), 10);
-    run_with(&s, |l| fake_workers(l, 2)).await;
-    let before = artifacts(&s.store).await;
+    let s = fake_setup(d.path(), 10);
+    run_with(&s, |l| fake_workers(l, 2, DELAY)).await;
+    let before = artifacts(&s.store, false).await;
     s.store
         .delete("partials/part-00000003-00000006.bin")
         .await
         .unwrap();
-    let (again, _) = run_with(&s, |l| fake_workers(l, 2)).await;
+    let (again, _) = run_with(&s, |l| fake_workers(l, 2, DELAY)).await;
     assert_eq!((again.resumed, again.computed), (3, 1));
-    assert_eq!(artifacts(&s.store).await, before);
+    assert_eq!(artifacts(&s.store, false).await, before);
     // Everything stored: nothing to compute, no server started.
     let (third, _) = run_with(&s, |_| panic!("no workers needed")).await;
     assert_eq!((third.resumed, third.computed), (4, 0));
@@ -144,13 +79,13 @@ async fn restart_reuses_stored_partials_and_recomputes_only_the_missing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_secret_is_refused_and_receives_no_lease() {
     let d = tempfile::tempdir().unwrap();
-    let s = setup(d.path(), 4);
+    let s = fake_setup(d.path(), 4);
     let (summary, handles) = run_with(&s, |l| {
         let mut bad = client(l, "intruder");
         bad.secret = common::secret::JoinSecret::new(&[b'x'; 40], "test").unwrap();
-        let intruder = tokio::spawn(async move { join(&bad, FakeEngine::new(MODEL)).await });
+        let intruder = tokio::spawn(async move { join(&bad, FakeEngine::new(FAKE_MODEL)).await });
         let mut hs = vec![intruder];
-        hs.extend(fake_workers(l, 1));
+        hs.extend(fake_workers(l, 1, DELAY));
         hs
     })
     .await;
@@ -165,13 +100,13 @@ async fn wrong_secret_is_refused_and_receives_no_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinator_certificate_not_matching_the_pin_is_refused() {
     let d = tempfile::tempdir().unwrap();
-    let s = setup(d.path(), 4);
+    let s = fake_setup(d.path(), 4);
     let (_, handles) = run_with(&s, |l| {
         let mut wrong = client(l, "pinned-elsewhere");
         wrong.trust = Trust::Pin("00".repeat(32));
-        let w = tokio::spawn(async move { join(&wrong, FakeEngine::new(MODEL)).await });
+        let w = tokio::spawn(async move { join(&wrong, FakeEngine::new(FAKE_MODEL)).await });
         let mut hs = vec![w];
-        hs.extend(fake_workers(l, 1));
+        hs.extend(fake_workers(l, 1, DELAY));
         hs
     })
     .await;
@@ -187,12 +122,12 @@ async fn coordinator_certificate_not_matching_the_pin_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_with_another_model_refuses_the_job() {
     let d = tempfile::tempdir().unwrap();
-    let s = setup(d.path(), 4);
+    let s = fake_setup(d.path(), 4);
     let (summary, handles) = run_with(&s, |l| {
         let other = client(l, "other-model");
         let w = tokio::spawn(async move { join(&other, FakeEngine::new("another-model")).await });
         let mut hs = vec![w];
-        hs.extend(fake_workers(l, 1));
+        hs.extend(fake_workers(l, 1, DELAY));
         hs
     })
     .await;
@@ -229,11 +164,11 @@ async fn raw_stream(addr: SocketAddr, pin: &str, bytes: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_and_oversized_frames_close_only_their_connection() {
     let d = tempfile::tempdir().unwrap();
-    let s = setup(d.path(), 6);
+    let s = fake_setup(d.path(), 6);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (summary, handles) = run_with(&s, |l| {
         let (addr, pin) = (l.addr, l.pin.clone());
-        let workers = fake_workers(l, 1);
+        let workers = fake_workers(l, 1, DELAY);
         // Keep the worker slow enough that the attacks land mid-run.
         let attacks = tokio::spawn(async move {
             let garbage = raw_stream(
@@ -265,17 +200,17 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackhole_worker_lease_expires_and_another_worker_finishes_it() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = setup(d.path(), 6);
+    let mut s = fake_setup(d.path(), 6);
     s.run.lease_timeout_s = 1;
     let (summary, handles) = run_with(&s, |l| {
         let hole = client(l, "blackhole");
-        let mut engine = FakeEngine::new(MODEL);
+        let mut engine = FakeEngine::new(FAKE_MODEL);
         engine.hang = true;
         let h = tokio::spawn(async move { join(&hole, engine).await });
         let good = client(l, "good");
         let g = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            join(&good, FakeEngine::new(MODEL)).await
+            join(&good, FakeEngine::new(FAKE_MODEL)).await
         });
         vec![h, g]
     })
@@ -293,8 +228,8 @@ async fn whole_fake_run_round_trips_through_s3() {
         return;
     };
     let local_dir = tempfile::tempdir().unwrap();
-    let local = setup(local_dir.path(), 7);
-    run_with(&local, |l| fake_workers(l, 2)).await;
+    let local = fake_setup(local_dir.path(), 7);
+    run_with(&local, |l| fake_workers(l, 2, DELAY)).await;
     let prefix = format!(
         "s3://{bucket}/loopback-{}",
         common::hash::sha256_hex(&common::wire::random_bytes(8))
@@ -305,9 +240,12 @@ async fn whole_fake_run_round_trips_through_s3() {
         store: s3.clone(),
         ..local.clone()
     };
-    let (summary, _) = run_with(&remote, |l| fake_workers(l, 2)).await;
+    let (summary, _) = run_with(&remote, |l| fake_workers(l, 2, DELAY)).await;
     assert_eq!(summary.computed, 3);
-    assert_eq!(artifacts(&s3).await, artifacts(&local.store).await);
+    assert_eq!(
+        artifacts(&s3, false).await,
+        artifacts(&local.store, false).await
+    );
     assert_eq!(
         s3.list("partials").await.unwrap().len(),
         4,

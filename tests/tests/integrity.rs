@@ -15,39 +15,17 @@ use common::wire::partial_name;
 use common::wire::JobInfo;
 use common::{ChunkRange, Split};
 use coordinator::run::local::LocalWorkers;
-use coordinator::run::settings::{ClusterSettings, RunSettings};
 use coordinator::run::{execute, RunSetup, RunSummary};
+use fixtures::loopback::{self, client, fake_setup, real_setup, FAKE_MODEL, FAKE_N_CTX};
 use std::path::Path;
 use std::time::Duration;
 use worker::join::engine::{Engine, EngineLoader};
 use worker::join::fake::FakeEngine;
-use worker::join::tls::Trust;
-use worker::join::{join, ClientOptions, Reconnect};
+use worker::join::join;
 use worker::synth::Preset;
 
 const N_CHUNKS: u32 = 8;
 const N_CTX: u32 = 64;
-
-fn setup(dir: &Path, model: &Path) -> RunSetup {
-    let run_dir = dir.join("run");
-    let index = fixtures::write_corpus(&run_dir, &fixtures::chunks(N_CHUNKS, N_CTX), N_CTX);
-    RunSetup {
-        store: RunStore::open(run_dir.to_str().unwrap()).unwrap(),
-        index,
-        model_sha256: worker::collect::sha256_file(model).unwrap(),
-        model_path: model.to_path_buf(),
-        run: RunSettings {
-            lease_chunks: 2,
-            heartbeat_timeout_s: 5,
-            lease_timeout_s: 120,
-            n_ubatch: N_CTX,
-            trace_tokens_per_split: u64::from(N_CHUNKS * N_CTX / 2),
-            trace_top_n: 8,
-            ..RunSettings::default()
-        },
-        cluster: ClusterSettings::default(),
-    }
-}
 
 /// Runs with two real `worker join` processes.
 async fn run(s: &RunSetup) -> Result<RunSummary, coordinator::run::RunError> {
@@ -69,26 +47,16 @@ async fn run(s: &RunSetup) -> Result<RunSummary, coordinator::run::RunError> {
 /// saliency.json, saliency.parquet, imatrix.gguf, every trace part and every
 /// per-lease partial.
 async fn artifacts(store: &RunStore) -> Vec<(String, Vec<u8>)> {
-    let mut names: Vec<String> = vec![
-        names::SALIENCY_JSON.into(),
-        names::SALIENCY_PARQUET.into(),
-        names::IMATRIX_GGUF.into(),
-    ];
-    names.extend(store.list("trace").await.unwrap());
-    names.extend(
-        store
-            .list("partials")
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|n| common::wire::parse_partial_name(n).is_some()),
-    );
-    let mut out = Vec::new();
-    for n in names {
-        let b = store.get(&n).await.unwrap().to_vec();
-        out.push((n, b));
-    }
-    out
+    let mut all = loopback::artifacts(store, true).await;
+    let partials: Vec<String> = store
+        .list("partials")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|n| common::wire::parse_partial_name(n).is_some())
+        .collect();
+    all.extend(loopback::objects(store, partials).await);
+    all
 }
 
 fn unit(i: u32) -> String {
@@ -107,7 +75,7 @@ fn path_of(dir: &Path, name: &str) -> std::path::PathBuf {
 async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifacts() {
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
-    let s = setup(d.path(), &model);
+    let s = real_setup(d.path(), &model, N_CHUNKS, N_CTX, 5);
     let first = run(&s).await.unwrap();
     assert_eq!((first.units, first.computed, first.resumed), (4, 4, 0));
     let reference = artifacts(&s.store).await;
@@ -193,7 +161,7 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
 async fn partials_made_under_other_settings_are_recomputed_not_merged() {
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
-    let mut s = setup(d.path(), &model);
+    let mut s = real_setup(d.path(), &model, N_CHUNKS, N_CTX, 5);
     s.run.n_ubatch = N_CTX / 2;
     let first = run(&s).await.unwrap();
     assert_eq!(first.computed, 4);
@@ -209,7 +177,7 @@ async fn partials_made_under_other_settings_are_recomputed_not_merged() {
         again.rejected
     );
     // The same as a run made under these settings from the start.
-    let fresh = setup(&d.path().join("fresh"), &model);
+    let fresh = real_setup(&d.path().join("fresh"), &model, N_CHUNKS, N_CTX, 5);
     run(&fresh).await.unwrap();
     assert_eq!(artifacts(&s.store).await, artifacts(&fresh.store).await);
 }
@@ -264,33 +232,26 @@ impl EngineLoader for Liar {
 // finishes the run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_fabricating_token_counts_is_refused_and_the_run_goes_on() {
-    const MODEL: &str = "fake-model-sha";
     let d = tempfile::tempdir().unwrap();
-    let (mut s, chunks) = fake_setup(d.path(), 9, MODEL);
+    let mut s = fake_setup(d.path(), 9);
+    let chunks = fixtures::chunks(9, FAKE_N_CTX);
     s.run.max_attempts = 1000;
     let index = s.index.clone();
     let mut handles = Vec::new();
     let summary = tokio::time::timeout(
         Duration::from_secs(60),
         execute(&s, |l| {
-            let opts = |name: &str| ClientOptions {
-                addr: l.addr,
-                server_name: "localhost".into(),
-                trust: Trust::Pin(l.pin.clone()),
-                secret: l.secret.clone(),
-                name: name.into(),
-                reconnect: Reconnect::giving_up_after(Duration::from_secs(5)),
-            };
+            let opts = |name: &str| client(l, name);
             // As slow as the honest worker: without per-worker quarantine a
             // liar that answers instantly could use up a unit's attempts.
-            let mut fake = FakeEngine::new(MODEL);
+            let mut fake = FakeEngine::new(FAKE_MODEL);
             fake.delay_per_chunk = Duration::from_millis(30);
             let liar = Liar(fake);
             let liar_opts = opts("liar");
             handles.push(tokio::spawn(async move {
                 join(&liar_opts, liar).await.map(|_| ())
             }));
-            let mut honest = FakeEngine::new(MODEL);
+            let mut honest = FakeEngine::new(FAKE_MODEL);
             honest.delay_per_chunk = Duration::from_millis(30);
             let honest_opts = opts("honest");
             handles.push(tokio::spawn(async move {
@@ -310,7 +271,9 @@ async fn a_worker_fabricating_token_counts_is_refused_and_the_run_goes_on() {
     let liar = summary.workers.iter().find(|w| w.name == "liar").unwrap();
     assert_eq!(liar.leases, 0, "no fabricated result was accepted");
     // The merged result is the honest engine's over every chunk.
-    let reference = FakeEngine::new(MODEL).partial(&index, &chunks).unwrap();
+    let reference = FakeEngine::new(FAKE_MODEL)
+        .partial(&index, &chunks)
+        .unwrap();
     let merged = Partial::from_bytes(&s.store.get(names::MERGED_PARTIAL).await.unwrap()).unwrap();
     assert_eq!(merged.experts, reference.experts);
 }
@@ -391,44 +354,17 @@ fn a_model_with_zero_experts_is_refused_by_name_not_aborted_on() {
     );
 }
 
-fn fake_setup(dir: &Path, n_chunks: u32, model: &str) -> (RunSetup, Vec<Chunk>) {
-    let chunks = fixtures::chunks(n_chunks, 32);
-    let index = fixtures::write_corpus(dir, &chunks, 32);
-    let s = RunSetup {
-        store: RunStore::open(dir.to_str().unwrap()).unwrap(),
-        index,
-        model_sha256: model.into(),
-        model_path: "unused.gguf".into(),
-        run: RunSettings {
-            lease_chunks: 3,
-            heartbeat_timeout_s: 2,
-            lease_timeout_s: 30,
-            ..RunSettings::default()
-        },
-        cluster: ClusterSettings::default(),
-    };
-    (s, chunks)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_coordinator_on_one_location_is_refused_and_a_stale_lock_taken_over() {
     use coordinator::run::lock::{LockBody, LOCK_FILE};
-    const MODEL: &str = "fake-model-sha";
     let d = tempfile::tempdir().unwrap();
-    let (s, _) = fake_setup(d.path(), 9, MODEL);
+    let s = fake_setup(d.path(), 9);
     let first = {
         let s = s.clone();
         tokio::spawn(async move {
             execute(&s, |l| {
-                let opts = ClientOptions {
-                    addr: l.addr,
-                    server_name: "localhost".into(),
-                    trust: Trust::Pin(l.pin.clone()),
-                    secret: l.secret.clone(),
-                    name: "slow".into(),
-                    reconnect: Reconnect::giving_up_after(Duration::from_secs(5)),
-                };
-                let mut engine = FakeEngine::new(MODEL);
+                let opts = client(l, "slow");
+                let mut engine = FakeEngine::new(FAKE_MODEL);
                 engine.delay_per_chunk = Duration::from_millis(150);
                 tokio::spawn(async move { join(&opts, engine).await });
                 Ok(Vec::new())

@@ -5,27 +5,22 @@
 //! before login, forged log lines, slot starvation, one flaky worker failing
 //! the run, a slow upload losing its lease, and short join secrets.
 
-use common::artifacts::names;
-use common::corpus::CorpusIndex;
 use common::store::RunStore;
 use common::wire::{
     encode_frame, join_proof, read_msg, write_msg, JobInfo, PartialRef, Refusal, ToCoordinator,
     ToWorker, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
 };
-use coordinator::run::settings::{ClusterSettings, RunSettings};
 use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
+use fixtures::loopback::{
+    self, artifacts, client, fake_setup, fake_workers, Workers, FAKE_MODEL, FAKE_N_CTX,
+};
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::task::JoinHandle;
 use worker::join::fake::FakeEngine;
 use worker::join::tls::{client_config, Trust};
-use worker::join::{join, ClientOptions, JoinError, JoinSummary, Reconnect};
-
-const MODEL: &str = "fake-model-sha";
-const N_CTX: u32 = 32;
+use worker::join::{join, JoinSummary};
 
 /// Everything the coordinator logs in this test binary, as text.
 fn captured_log() -> Arc<Mutex<Vec<u8>>> {
@@ -55,89 +50,25 @@ impl Write for Capture {
     }
 }
 
-fn setup(dir: &Path, n_chunks: u32) -> RunSetup {
-    let index: CorpusIndex = fixtures::write_corpus(dir, &fixtures::chunks(n_chunks, N_CTX), N_CTX);
-    RunSetup {
-        store: RunStore::open(dir.to_str().unwrap()).unwrap(),
-        index,
-        model_sha256: MODEL.into(),
-        model_path: "unused.gguf".into(),
-        run: RunSettings {
-            lease_chunks: 3,
-            heartbeat_timeout_s: 2,
-            lease_timeout_s: 30,
-            ..RunSettings::default()
-        },
-        cluster: ClusterSettings::default(),
-    }
-}
-
-fn client(l: &Listening, name: &str) -> ClientOptions {
-    ClientOptions {
-        addr: l.addr,
-        server_name: "localhost".into(),
-        trust: Trust::Pin(l.pin.clone()),
-        secret: l.secret.clone(),
-        name: name.into(),
-        reconnect: Reconnect::giving_up_after(Duration::from_secs(8)),
-    }
-}
-
-type Workers = Vec<JoinHandle<Result<JoinSummary, JoinError>>>;
-
 async fn run_with(
     setup: &RunSetup,
     make: impl FnOnce(&Listening) -> Workers,
 ) -> (RunSummary, Workers) {
     captured_log();
-    let mut handles = Vec::new();
-    let summary = tokio::time::timeout(
-        Duration::from_secs(60),
-        execute(setup, |l| {
-            handles = make(l);
-            Ok(Vec::new())
-        }),
-    )
-    .await
-    .expect("the run finishes in time")
-    .expect("the run succeeds");
-    (summary, handles)
-}
-
-fn fake_workers(l: &Listening, n: usize, delay_per_chunk: Duration) -> Workers {
-    (0..n)
-        .map(|i| {
-            let opts = client(l, &format!("fake-{i}"));
-            let mut engine = FakeEngine::new(MODEL);
-            engine.delay_per_chunk = delay_per_chunk;
-            tokio::spawn(async move { join(&opts, engine).await })
-        })
-        .collect()
-}
-
-async fn artifacts(store: &RunStore) -> Vec<u8> {
-    let mut all = Vec::new();
-    for name in [
-        names::SALIENCY_JSON,
-        names::SALIENCY_PARQUET,
-        names::IMATRIX_GGUF,
-    ] {
-        all.extend_from_slice(&store.get(name).await.unwrap());
-    }
-    all
+    loopback::run_with(setup, make).await
 }
 
 /// The artifacts of the fake engine over all chunks in one call: what an
 /// honest run must produce, computed without the coordinator.
-async fn reference(s: &RunSetup) -> Vec<u8> {
-    let all = fixtures::chunks(s.index.n_chunks, N_CTX);
-    let partial = FakeEngine::new(MODEL).partial(&s.index, &all).unwrap();
+async fn reference(s: &RunSetup) -> Vec<(String, Vec<u8>)> {
+    let all = fixtures::chunks(s.index.n_chunks, FAKE_N_CTX);
+    let partial = FakeEngine::new(FAKE_MODEL).partial(&s.index, &all).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
     common::artifacts::write_results(&store, &partial)
         .await
         .unwrap();
-    artifacts(&store).await
+    artifacts(&store, false).await
 }
 
 /// A scripted peer: one pinned QUIC connection and its stream.
@@ -219,7 +150,7 @@ impl Peer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_before_login_are_capped_at_a_few_kib() {
     let d = tempfile::tempdir().unwrap();
-    let s = setup(d.path(), 6);
+    let s = fake_setup(d.path(), 6);
     let (tx, rx) = tokio::sync::oneshot::channel();
     run_with(&s, |l| {
         let (addr, pin) = (l.addr, l.pin.clone());
@@ -246,7 +177,7 @@ async fn frames_before_login_are_capped_at_a_few_kib() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_names_and_failure_reasons_cannot_forge_log_lines() {
     let d = tempfile::tempdir().unwrap();
-    let s = setup(d.path(), 6);
+    let s = fake_setup(d.path(), 6);
     let forged_name = "intruder\n2026-11-30T16:00:00.000000Z  INFO coordinator: run complete";
     run_with(&s, |l| {
         let l2 = l.clone();
@@ -285,7 +216,7 @@ async fn peer_names_and_failure_reasons_cannot_forge_log_lines() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_never_log_in_cannot_starve_a_worker() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = setup(d.path(), 6);
+    let mut s = fake_setup(d.path(), 6);
     s.cluster.max_connections = 4;
     s.cluster.login_timeout_ms = 1500;
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -304,7 +235,7 @@ async fn connections_that_never_log_in_cannot_starve_a_worker() {
                     stalled.push(p);
                 }
             }
-            let worker = join(&opts, FakeEngine::new(MODEL)).await;
+            let worker = join(&opts, FakeEngine::new(FAKE_MODEL)).await;
             let mut reasons = Vec::new();
             for p in &stalled {
                 reasons.push(p.closed_reason().await);
@@ -332,7 +263,7 @@ async fn connections_that_never_log_in_cannot_starve_a_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
     let d = tempfile::tempdir().unwrap();
-    let s = setup(d.path(), 30);
+    let s = fake_setup(d.path(), 30);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (summary, _) = run_with(&s, |l| {
         let l2 = l.clone();
@@ -384,13 +315,13 @@ async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
     assert!(flaky.quarantined && flaky.leases == 0, "{flaky:?}");
     assert_eq!(summary.retries, 3);
     assert_eq!(summary.computed, 10);
-    assert_eq!(artifacts(&s.store).await, reference(&s).await);
+    assert_eq!(artifacts(&s.store, false).await, reference(&s).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_upload_that_keeps_moving_keeps_its_lease() {
     let d = tempfile::tempdir().unwrap();
-    let s = setup(d.path(), 3);
+    let s = fake_setup(d.path(), 3);
     let index = s.index.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (summary, _) = run_with(&s, |l| {
@@ -400,11 +331,11 @@ async fn a_slow_upload_that_keeps_moving_keeps_its_lease() {
             let Some(ToWorker::Lease(lease)) = p.poll_idle().await else {
                 panic!("no lease");
             };
-            let chunks: Vec<_> = fixtures::chunks(3, N_CTX)
+            let chunks: Vec<_> = fixtures::chunks(3, FAKE_N_CTX)
                 .into_iter()
                 .filter(|c| (lease.range.start..lease.range.end).contains(&c.id.0))
                 .collect();
-            let bytes = FakeEngine::new(MODEL)
+            let bytes = FakeEngine::new(FAKE_MODEL)
                 .partial(&index, &chunks)
                 .unwrap()
                 .to_bytes();
@@ -431,7 +362,7 @@ async fn a_slow_upload_that_keeps_moving_keeps_its_lease() {
     assert!(took >= Duration::from_secs(4), "{took:?}");
     assert_eq!(reply, "Ok(Some(Ack))");
     assert_eq!((summary.computed, summary.retries), (1, 0));
-    assert_eq!(artifacts(&s.store).await, reference(&s).await);
+    assert_eq!(artifacts(&s.store, false).await, reference(&s).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -440,7 +371,7 @@ async fn short_or_empty_secret_files_are_refused_on_both_sides() {
     for content in ["", "short-secret\n"] {
         let file = d.path().join("secret");
         std::fs::write(&file, content).unwrap();
-        let mut s = setup(&d.path().join("run"), 3);
+        let mut s = fake_setup(&d.path().join("run"), 3);
         s.cluster.secret_file = Some(file.clone());
         match execute(&s, |_| panic!("never listens")).await {
             Err(RunError::Setup(msg)) => {
@@ -473,7 +404,7 @@ async fn short_or_empty_secret_files_are_refused_on_both_sides() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_kept() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = setup(d.path(), 18);
+    let mut s = fake_setup(d.path(), 18);
     s.run.verify_fraction = 1.0;
     let index = s.index.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -486,11 +417,13 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
             let end = loop {
                 match p.poll_idle().await {
                     Some(ToWorker::Lease(lease)) => {
-                        let chunks: Vec<_> = fixtures::chunks(index.n_chunks, N_CTX)
+                        let chunks: Vec<_> = fixtures::chunks(index.n_chunks, FAKE_N_CTX)
                             .into_iter()
                             .filter(|c| (lease.range.start..lease.range.end).contains(&c.id.0))
                             .collect();
-                        let mut partial = FakeEngine::new(MODEL).partial(&index, &chunks).unwrap();
+                        let mut partial = FakeEngine::new(FAKE_MODEL)
+                            .partial(&index, &chunks)
+                            .unwrap();
                         // Inflate one live expert's saliency; Cauchy-Schwarz still holds.
                         let layer =
                             &mut partial.experts.groups.values_mut().next().unwrap().layers[0];
@@ -537,5 +470,5 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
         .unwrap();
     assert!(cheater.quarantined && cheater.leases == 0, "{cheater:?}");
     assert_eq!(summary.computed, 6);
-    assert_eq!(artifacts(&s.store).await, reference(&s).await);
+    assert_eq!(artifacts(&s.store, false).await, reference(&s).await);
 }

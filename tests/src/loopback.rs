@@ -1,0 +1,143 @@
+//! Coordinator runs on loopback for the distributed tests: run settings over
+//! a written corpus, QUIC client options, fake join workers, and the
+//! artifacts that byte-identity tests compare.
+
+use common::artifacts::names;
+use common::store::RunStore;
+use coordinator::run::settings::{ClusterSettings, RunSettings};
+use coordinator::run::{execute, Listening, RunSetup, RunSummary};
+use std::path::Path;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use worker::join::fake::FakeEngine;
+use worker::join::tls::Trust;
+use worker::join::{join, ClientOptions, JoinError, JoinSummary, Reconnect};
+
+/// The model hash the fake engine claims unless a test says otherwise.
+pub const FAKE_MODEL: &str = "fake-model-sha";
+
+/// Tokens per chunk of the fake runs.
+pub const FAKE_N_CTX: u32 = 32;
+
+/// A run for fake workers over `n_chunks` chunks of [`FAKE_N_CTX`] tokens
+/// written under `dir`, with short leases and heartbeats so failures show fast.
+pub fn fake_setup(dir: &Path, n_chunks: u32) -> RunSetup {
+    let chunks = crate::chunks(n_chunks, FAKE_N_CTX);
+    let index = crate::write_corpus(dir, &chunks, FAKE_N_CTX);
+    RunSetup {
+        store: RunStore::open(dir.to_str().unwrap()).unwrap(),
+        index,
+        model_sha256: FAKE_MODEL.into(),
+        model_path: "unused.gguf".into(),
+        run: RunSettings {
+            lease_chunks: 3,
+            heartbeat_timeout_s: 2,
+            lease_timeout_s: 30,
+            ..RunSettings::default()
+        },
+        cluster: ClusterSettings::default(),
+    }
+}
+
+/// A run for real llama.cpp workers on `model` over `n_chunks` chunks of
+/// `n_ctx` tokens written under `dir/run`: two chunks a lease, one
+/// micro-batch a chunk, half of the tokens traced (top 8).
+pub fn real_setup(
+    dir: &Path,
+    model: &Path,
+    n_chunks: u32,
+    n_ctx: u32,
+    heartbeat_timeout_s: u64,
+) -> RunSetup {
+    let run_dir = dir.join("run");
+    let index = crate::write_corpus(&run_dir, &crate::chunks(n_chunks, n_ctx), n_ctx);
+    RunSetup {
+        store: RunStore::open(run_dir.to_str().unwrap()).unwrap(),
+        index,
+        model_sha256: worker::collect::sha256_file(model).unwrap(),
+        model_path: model.to_path_buf(),
+        run: RunSettings {
+            lease_chunks: 2,
+            heartbeat_timeout_s,
+            lease_timeout_s: 120,
+            n_ubatch: n_ctx,
+            // Without a manifest the corpus counts as one split.
+            trace_tokens_per_split: u64::from(n_chunks * n_ctx / 2),
+            trace_top_n: 8,
+            ..RunSettings::default()
+        },
+        cluster: ClusterSettings::default(),
+    }
+}
+
+/// Client options that trust the listening coordinator by its pin and give
+/// up reconnecting after 8 s.
+pub fn client(l: &Listening, name: &str) -> ClientOptions {
+    ClientOptions {
+        addr: l.addr,
+        server_name: "localhost".into(),
+        trust: Trust::Pin(l.pin.clone()),
+        secret: l.secret.clone(),
+        name: name.into(),
+        reconnect: Reconnect::giving_up_after(Duration::from_secs(8)),
+    }
+}
+
+/// In-process join workers of one run.
+pub type Workers = Vec<JoinHandle<Result<JoinSummary, JoinError>>>;
+
+/// Runs `execute` with workers made by `make` once the server listens; the
+/// run must succeed within a minute.
+pub async fn run_with(
+    setup: &RunSetup,
+    make: impl FnOnce(&Listening) -> Workers,
+) -> (RunSummary, Workers) {
+    let mut handles = Vec::new();
+    let summary = tokio::time::timeout(
+        Duration::from_secs(60),
+        execute(setup, |l| {
+            handles = make(l);
+            Ok(Vec::new())
+        }),
+    )
+    .await
+    .expect("the run finishes in time")
+    .expect("the run succeeds");
+    (summary, handles)
+}
+
+/// `n` fake workers named `fake-0..`, each taking `delay` per chunk.
+pub fn fake_workers(l: &Listening, n: usize, delay: Duration) -> Workers {
+    (0..n)
+        .map(|i| {
+            let opts = client(l, &format!("fake-{i}"));
+            let mut engine = FakeEngine::new(FAKE_MODEL);
+            engine.delay_per_chunk = delay;
+            tokio::spawn(async move { join(&opts, engine).await })
+        })
+        .collect()
+}
+
+/// The named objects with their bytes, in the order given.
+pub async fn objects(store: &RunStore, names: Vec<String>) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for n in names {
+        let bytes = store.get(&n).await.unwrap().to_vec();
+        out.push((n, bytes));
+    }
+    out
+}
+
+/// saliency.json, saliency.parquet and imatrix.gguf, then every trace part
+/// when `traces` is set: what must not depend on how work was spread.
+pub async fn artifacts(store: &RunStore, traces: bool) -> Vec<(String, Vec<u8>)> {
+    let mut names: Vec<String> = vec![
+        names::SALIENCY_JSON.into(),
+        names::SALIENCY_PARQUET.into(),
+        names::IMATRIX_GGUF.into(),
+    ];
+    if traces {
+        names.extend(store.list("trace").await.unwrap());
+    }
+    objects(store, names).await
+}
