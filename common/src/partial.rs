@@ -8,8 +8,9 @@ use crate::stats::{ExpertAccum, MergeError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Version of the partial encoding; bumped on any layout change.
-pub const PARTIAL_FORMAT_VERSION: u32 = 1;
+/// Version of the partial encoding; bumped on any layout change (2: the
+/// backend-to-host figure, [`BackendToHost`]).
+pub const PARTIAL_FORMAT_VERSION: u32 = 2;
 
 /// Accumulators for a disjoint set of chunks of one model and corpus.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,6 +39,38 @@ pub struct Partial {
     pub trace_parts: Vec<String>,
     /// Fit-split statistics per chunk, for bootstrap stability; sorted by chunk.
     pub chunk_stats: Vec<ChunkStats>,
+    /// What the worker read out of the compute backend while measuring.
+    pub backend_to_host: BackendToHost,
+}
+
+/// Bytes that crossed from the compute backend into the worker's memory,
+/// and the tokens decoded meanwhile: the cost the observer adds on a GPU.
+/// Additive over chunks, so merging partials adds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendToHost {
+    /// Tokens decoded with the observer attached (measured chunks, and the
+    /// prompts and generated tokens of decode traces).
+    pub tokens: u64,
+    /// Bytes the host read from graph tensors (copied from device buffers,
+    /// read in place from host buffers) and from device-side reductions.
+    pub bytes: u64,
+}
+
+impl BackendToHost {
+    /// Bytes per decoded token (0 before any token).
+    pub fn per_token(&self) -> f64 {
+        if self.tokens == 0 {
+            0.0
+        } else {
+            self.bytes as f64 / self.tokens as f64
+        }
+    }
+
+    /// Adds another set of chunks' figures.
+    pub fn add(&mut self, other: &BackendToHost) {
+        self.tokens += other.tokens;
+        self.bytes += other.bytes;
+    }
 }
 
 /// Compact per-chunk statistics of the fit split (bootstrap resampling of
@@ -95,6 +128,7 @@ impl Partial {
         self.trace_parts.sort();
         self.chunk_stats.extend(other.chunk_stats.iter().cloned());
         self.chunk_stats.sort_by_key(|c| c.chunk);
+        self.backend_to_host.add(&other.backend_to_host);
         Ok(())
     }
 
@@ -171,6 +205,7 @@ mod tests {
             trace_rows: 0,
             trace_parts: Vec::new(),
             chunk_stats: Vec::new(),
+            backend_to_host: BackendToHost::default(),
         }
     }
 
@@ -178,7 +213,7 @@ mod tests {
     fn a_string_length_of_2_pow_40_is_an_error_not_an_allocation() {
         let good = small().to_bytes();
         assert_eq!(Partial::from_bytes(&good).unwrap(), small());
-        // Byte 0 is the version (1), byte 1 the model hash's length (64):
+        // Byte 0 is the version (2), byte 1 the model hash's length (64):
         // make that length 2^40 (varint 0xfd + 8 bytes), keep the rest.
         let mut bad = vec![good[0], 0xfd];
         bad.extend_from_slice(&(1u64 << 40).to_le_bytes());
@@ -198,9 +233,10 @@ mod tests {
 
     #[test]
     fn another_format_version_is_refused_before_the_rest_is_decoded() {
-        // Version 2 followed by bytes that are no partial at all.
-        let e = Partial::from_bytes(&[2, 0xff, 0xff, 0xff]).unwrap_err();
-        assert_eq!(e, "partial format version 2 (this build reads 1)");
+        // Version 1 (before the backend-to-host figure) followed by bytes
+        // that are no partial at all.
+        let e = Partial::from_bytes(&[1, 0xff, 0xff, 0xff]).unwrap_err();
+        assert_eq!(e, "partial format version 1 (this build reads 2)");
     }
 
     #[test]

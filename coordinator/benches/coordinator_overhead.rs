@@ -131,6 +131,7 @@ fn realistic_partial(lease: u32, chunks_per_lease: u32) -> Partial {
         trace_rows: 0,
         trace_parts: Vec::new(),
         chunk_stats: Vec::new(),
+        backend_to_host: common::partial::BackendToHost::default(),
     }
 }
 

@@ -8,6 +8,7 @@ use common::stats::GroupKey;
 use common::{Gating, Split};
 use fixtures::llama_gguf::LlamaGguf;
 use std::collections::BTreeMap;
+use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collected, Collector};
 use worker::synth::Preset;
 
@@ -90,6 +91,7 @@ fn matvec(w: &[f32], n_in: usize, row0: usize, n_out: usize, x: &[f64]) -> Vec<f
 fn collect(
     preset: Preset,
     dir: &std::path::Path,
+    reduce: Reduce,
 ) -> (
     std::path::PathBuf,
     Vec<common::corpus::Chunk>,
@@ -114,6 +116,7 @@ fn collect(
         f32_kv: true,
         flash_attn: false,
         dump_inputs: dump,
+        reduce,
         ..Default::default()
     };
     let mut collector = Collector::load(&model, opts).unwrap();
@@ -121,9 +124,9 @@ fn collect(
     (model, chunks, collected, collector)
 }
 
-fn check_against_oracle(preset: Preset) {
+fn check_against_oracle(preset: Preset, reduce: Reduce) {
     let dir = tempfile::tempdir().unwrap();
-    let (model, chunks, c, collector) = collect(preset, dir.path());
+    let (model, chunks, c, collector) = collect(preset, dir.path(), reduce);
     let shape = collector.shape().clone();
     let g = LlamaGguf::open(&model).unwrap();
     let arch = g.str("general.architecture").unwrap();
@@ -376,10 +379,22 @@ fn check_imatrix(got: &Imatrix, expected: &BTreeMap<String, ExpectedImatrix>) {
 
 #[test]
 fn tiny_qwen3moe_statistics_match_the_oracle() {
-    check_against_oracle(Preset::Tiny);
+    check_against_oracle(Preset::Tiny, Reduce::Host);
 }
 
 #[test]
 fn tiny_alt_glm4moe_statistics_match_the_oracle() {
-    check_against_oracle(Preset::TinyAlt);
+    check_against_oracle(Preset::TinyAlt, Reduce::Host);
+}
+
+/// The device path (issue #14) against the same f64 oracle.
+#[test]
+fn tiny_qwen3moe_statistics_match_the_oracle_with_device_reductions() {
+    check_against_oracle(Preset::Tiny, Reduce::Device);
+}
+
+/// The device path (issue #14) against the same f64 oracle.
+#[test]
+fn tiny_alt_glm4moe_statistics_match_the_oracle_with_device_reductions() {
+    check_against_oracle(Preset::TinyAlt, Reduce::Device);
 }

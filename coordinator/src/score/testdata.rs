@@ -146,5 +146,6 @@ pub fn empty_partial() -> common::partial::Partial {
         trace_rows: 0,
         trace_parts: Vec::new(),
         chunk_stats: Vec::new(),
+        backend_to_host: common::partial::BackendToHost::default(),
     }
 }

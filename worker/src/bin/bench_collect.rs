@@ -1,5 +1,8 @@
 //! Benchmark: collection throughput against a plain forward pass of the same
-//! chunks on the `bench` model (`cargo run --release -p worker --bin bench_collect`).
+//! chunks, on the generated `bench` model, another preset (`--preset`) or any
+//! GGUF (`--model`) (`cargo run --release -p worker --bin bench_collect`).
+//! Each collect mode also prints what crossed from the backend to the host,
+//! in bytes per token (the partial's `backend_to_host` figure).
 //!
 //! Modes, interleaved over `--rounds` rounds (the best round of each is kept):
 //! `forward` (an observer that asks for no tensor: llama.cpp's plain decode,
@@ -9,14 +12,26 @@
 
 use clap::Parser;
 use common::corpus::{Chunk, CorpusIndex, Span};
+use common::partial::BackendToHost;
 use common::{ChunkId, Split};
 use std::time::Instant;
+use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collector};
 use worker::llama::{Context, ContextParams, GraphObserver, Model, TensorRef};
 use worker::synth::Preset;
 
 #[derive(Parser)]
 struct Args {
+    /// GGUF model to measure (token ids are drawn inside its vocabulary);
+    /// without it, the `--preset` model is generated in a temporary directory.
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
+    /// Generated model when `--model` is not given.
+    #[arg(long, value_enum, default_value = "bench")]
+    preset: Preset,
+    /// Where the collect modes reduce observed tensors.
+    #[arg(long, value_enum, default_value = "host")]
+    reduce: Reduce,
     /// Chunks per measurement.
     #[arg(long, default_value_t = 8)]
     chunks: u32,
@@ -47,12 +62,15 @@ impl GraphObserver for NoTensors {
     fn observe(&mut self, _: &TensorRef<'_>) {}
 }
 
-fn corpus(n: u32, n_ctx: u32) -> (CorpusIndex, Vec<Chunk>) {
+/// `n` chunks of `n_ctx` token ids below `n_vocab.min(600)` (600: the
+/// generated models' vocabulary, so the `bench` figures stay comparable).
+fn corpus(n: u32, n_ctx: u32, n_vocab: usize) -> (CorpusIndex, Vec<Chunk>) {
+    let modulus = n_vocab.clamp(1, 600) as u64;
     let chunks: Vec<Chunk> = (0..n)
         .map(|id| Chunk {
             id: ChunkId(id),
             tokens: (0..n_ctx)
-                .map(|i| ((i * 7919 + id * 31) % 600) as i32)
+                .map(|i| ((u64::from(i) * 7919 + u64::from(id) * 31) % modulus) as i32)
                 .collect(),
             spans: vec![Span {
                 start: 0,
@@ -75,9 +93,16 @@ fn corpus(n: u32, n_ctx: u32) -> (CorpusIndex, Vec<Chunk>) {
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let dir = tempfile_dir()?;
-    let path = dir.join("bench.gguf");
-    worker::synth::write_model(Preset::Bench, 0, &path)?;
-    let (index, chunks) = corpus(a.chunks, a.n_ctx);
+    let path = match &a.model {
+        Some(path) => path.clone(),
+        None => {
+            let path = dir.join("bench.gguf");
+            worker::synth::write_model(a.preset, 0, &path)?;
+            path
+        }
+    };
+    let n_vocab = Model::load(&path, 0)?.n_vocab();
+    let (index, chunks) = corpus(a.chunks, a.n_ctx, n_vocab);
     let tokens = (a.chunks * a.n_ctx) as f64;
     let params = ContextParams {
         n_ctx: a.n_ctx,
@@ -103,6 +128,7 @@ fn main() -> anyhow::Result<()> {
                 n_ubatch: a.n_ubatch,
                 threads: a.threads,
                 trace_every: 0,
+                reduce: a.reduce,
                 ..Default::default()
             };
             Collector::load(&path, opts)?.run(&index, &chunks, &mut |_, _| {})?;
@@ -113,6 +139,8 @@ fn main() -> anyhow::Result<()> {
     }
     let model = Model::load(&path, 0)?;
     let mut best = [f64::MAX; 4];
+    let mut crossed = [BackendToHost::default(); 4];
+    let mut shape = None;
     for _ in 0..a.rounds {
         let t = Instant::now();
         let mut ctx = Context::new(&model, &params, NoTensors)?;
@@ -137,18 +165,30 @@ fn main() -> anyhow::Result<()> {
                 n_ubatch: a.n_ubatch,
                 threads: a.threads,
                 trace_every,
+                reduce: a.reduce,
                 ..Default::default()
             };
             let mut collector = Collector::load(&path, opts)?;
             let t = Instant::now();
-            collector.run(&index, &chunks, &mut |_, _| {})?;
+            let collected = collector.run(&index, &chunks, &mut |_, _| {})?;
             best[mode] = best[mode].min(t.elapsed().as_secs_f64());
+            crossed[mode] = collected.partial.backend_to_host;
+            shape = Some(collector.shape().clone());
         }
     }
     println!("backend: {}", worker::llama::backend_description());
-    println!("model: bench preset (qwen3moe, 8 MoE layers, 64 experts, top-8, hidden 512, Q8_0), {} chunks x {} tokens, n_ubatch {}, {} threads, best of {} rounds", a.chunks, a.n_ctx, a.n_ubatch, a.threads, a.rounds);
-    println!("| mode | seconds | tokens/s | overhead vs forward |");
-    println!("|---|---|---|---|");
+    let model_name = match &a.model {
+        Some(p) => p.display().to_string(),
+        None => format!("{:?} preset", a.preset),
+    };
+    if let Some(s) = shape {
+        println!(
+            "model: {model_name} ({} MoE layers, {} experts, top-{}), {} chunks x {} tokens, n_ubatch {}, {} threads, best of {} rounds, {} reductions",
+            s.moe_layers.len(), s.n_expert, s.n_expert_used, a.chunks, a.n_ctx, a.n_ubatch, a.threads, a.rounds, a.reduce
+        );
+    }
+    println!("| mode | seconds | tokens/s | overhead vs forward | backend-to-host bytes/token |");
+    println!("|---|---|---|---|---|");
     let names = [
         "forward (no tensors observed, one context)",
         "collect (stats + imatrix)",
@@ -156,8 +196,12 @@ fn main() -> anyhow::Result<()> {
         "forward (fresh context per chunk)",
     ];
     for (i, name) in names.iter().enumerate() {
+        let bytes = match i {
+            1 | 2 => format!("{:.0}", crossed[i].per_token()),
+            _ => "0".to_string(),
+        };
         println!(
-            "| {name} | {:.3} | {:.1} | {:+.2}% |",
+            "| {name} | {:.3} | {:.1} | {:+.2}% | {bytes} |",
             best[i],
             tokens / best[i],
             100.0 * (best[i] / best[0] - 1.0)

@@ -1,6 +1,7 @@
 //! `worker collect`: one process, no network: measure a chunk range of a
 //! tokenized corpus and write its partial, trace part and results.
 
+use crate::collect::device::Reduce;
 use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 use anyhow::Context;
 use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
@@ -51,6 +52,12 @@ pub struct CollectArgs {
     /// Enable flash attention.
     #[arg(long)]
     flash_attn: bool,
+    /// Where observed tensors are reduced: `device` (on their backend; only
+    /// results are copied to the host), `host` (the reference path), or
+    /// `auto` (device when layers are offloaded to a GPU). Default:
+    /// $MOE_CENSUS_REDUCE, else auto.
+    #[arg(long, value_enum)]
+    reduce: Option<Reduce>,
 }
 
 /// Finds the corpus: `LOCATION/index.json` or `LOCATION/corpus/index.json`.
@@ -86,6 +93,7 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
         flash_attn: a.flash_attn,
         decode_tokens: a.decode_tokens,
         decode_prompt: usize::try_from(a.decode_prompt).context("--decode-prompt")?,
+        reduce: Reduce::from_flag_or_env(a.reduce).map_err(anyhow::Error::msg)?,
         ..Default::default()
     };
     if let Some(t) = a.threads {

@@ -6,6 +6,7 @@
 //! `one_call_and_two_merged_calls_give_identical_artifacts` guards this.
 //! See [`Collector::run`].
 
+pub mod device;
 mod importance;
 mod names;
 mod observer;
@@ -16,7 +17,7 @@ use crate::error::WorkerError;
 use crate::llama::{self, Context, ContextParams, Model};
 use common::corpus::{Chunk, CorpusIndex};
 use common::imatrix::Imatrix;
-use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
+use common::partial::{BackendToHost, Partial, PARTIAL_FORMAT_VERSION};
 use common::stats::ExpertAccum;
 use common::store::RunStore;
 use common::trace::TraceRow;
@@ -51,6 +52,8 @@ pub struct CollectOptions {
     /// Weight names (`blk.0.attn_q.weight`) whose matmul inputs are dumped
     /// per chunk, for debugging and oracle tests; empty in production.
     pub dump_inputs: Vec<String>,
+    /// Where observed tensors are reduced (host, device, or auto).
+    pub reduce: device::Reduce,
 }
 
 impl Default for CollectOptions {
@@ -66,6 +69,7 @@ impl Default for CollectOptions {
             decode_prompt: 32,
             decode_tokens: 0,
             dump_inputs: Vec::new(),
+            reduce: device::Reduce::Auto,
         }
     }
 }
@@ -101,6 +105,8 @@ pub struct Collector {
     shape: common::stats::MoeShape,
     opts: CollectOptions,
     backend: String,
+    /// Whether observed tensors are reduced on their backend.
+    on_device: bool,
 }
 
 impl Collector {
@@ -119,13 +125,21 @@ impl Collector {
             path: path.display().to_string(),
             reason,
         })?;
+        let on_device = opts.reduce.on_device(opts.n_gpu_layers, llama::has_gpu());
+        let mut backend = llama::backend_description();
+        if on_device {
+            // Device sums round differently from the host's: partials say so,
+            // so redundancy checks compare them within tolerance, not bitwise.
+            backend.push_str(", device reductions");
+        }
         Ok(Collector {
             model,
             path: path.to_path_buf(),
             sha256,
             shape,
             opts,
-            backend: llama::backend_description(),
+            backend,
+            on_device,
         })
     }
 
@@ -168,6 +182,7 @@ impl Collector {
             self.shape.moe_layers.clone(),
             index.domains.clone(),
             self.opts.dump_inputs.clone(),
+            self.on_device.then(device::DeviceReads::new),
         );
         let mut ctx = Context::new(&self.model, &params, observer)?;
         let mut experts = ExpertAccum::new(self.shape.clone());
@@ -211,6 +226,10 @@ impl Collector {
                 decode_trace.extend(generated);
             }
             let obs = ctx.observer();
+            obs.end_chunk().map_err(|reason| WorkerError::Graph {
+                chunk: chunk.id.0,
+                reason,
+            })?;
             chunk_stats.push(obs.scratch.chunk_stats(chunk.id.0));
             obs.scratch
                 .fold_into(&index.domains, &mut experts, &mut imatrix)?;
@@ -220,6 +239,10 @@ impl Collector {
             }
             progress(chunk.id.0, chunk.tokens.len());
         }
+        let backend_to_host = BackendToHost {
+            tokens: ctx.tokens_decoded(),
+            bytes: ctx.bytes_read() + ctx.observer().device_bytes(),
+        };
         let obs = ctx.observer();
         let trace = std::mem::take(&mut obs.trace);
         let drops: BTreeMap<String, u64> = std::mem::take(&mut obs.drops);
@@ -237,6 +260,7 @@ impl Collector {
             trace_rows: trace.len() as u64,
             trace_parts: Vec::new(),
             chunk_stats,
+            backend_to_host,
         };
         tracing::debug!(model = %self.path.display(), chunks = chunks.len(), "collected");
         Ok(Collected {

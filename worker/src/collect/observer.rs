@@ -1,6 +1,7 @@
 //! The eval-callback observer: reads the MoE routing tensors and the inputs of
 //! every weight matmul, and turns them into per-chunk sums and trace rows.
 
+use super::device::{DeviceReads, GroupSums};
 use super::importance::ImportanceCache;
 use super::names::{parse_moe_node, weight_name, MoeNode};
 use super::scratch::ChunkScratch;
@@ -30,7 +31,10 @@ pub struct UbatchInfo {
 struct PendingLayer {
     layer: u32,
     n_tokens: usize,
+    /// Per-token probabilities (empty when `group_probs` holds their sums).
     probs: Vec<f32>,
+    /// Probability sums per token group, reduced on the device.
+    group_probs: Option<GroupSums>,
     topk: Option<Vec<i32>>,
     weights: Option<Vec<f32>>,
     norms: Option<Vec<f32>>,
@@ -61,6 +65,8 @@ pub struct Observer {
     pub dumps: BTreeMap<(String, u32), Vec<f32>>,
     /// Matmul input sums of the current micro-batch, shared by weights.
     inputs: ImportanceCache,
+    /// The device path's reductions; `None` on the host path.
+    device: Option<DeviceReads>,
 }
 
 impl Observer {
@@ -72,6 +78,7 @@ impl Observer {
         moe_layers: Vec<u32>,
         domains: Vec<String>,
         dump_inputs: Vec<String>,
+        device: Option<DeviceReads>,
     ) -> Self {
         let n_layers = moe_layers.len();
         Observer {
@@ -90,6 +97,20 @@ impl Observer {
             dump_inputs,
             dumps: BTreeMap::new(),
             inputs: ImportanceCache::default(),
+            device,
+        }
+    }
+
+    /// Bytes the device path's reductions copied to the host (0 on the host path).
+    pub fn device_bytes(&self) -> u64 {
+        self.device.as_ref().map_or(0, DeviceReads::bytes_read)
+    }
+
+    /// Ends a chunk: moves its device-side importance sums into the scratch.
+    pub fn end_chunk(&mut self) -> Result<(), String> {
+        match self.device.as_mut() {
+            Some(d) => d.finish_chunk(&mut self.scratch),
+            None => Ok(()),
         }
     }
 
@@ -102,6 +123,9 @@ impl Observer {
         }
         self.seen_layers.clear();
         self.inputs.begin_ubatch();
+        if let Some(d) = self.device.as_mut() {
+            d.begin_ubatch(&info.labels);
+        }
         self.ubatch = Some(info);
     }
 
@@ -130,7 +154,11 @@ impl Observer {
     }
 
     fn moe(&mut self, node: MoeNode, layer: u32, t: &TensorRef<'_>) -> Result<(), String> {
-        let Some(n_tokens) = self.ubatch.as_ref().map(|u| u.tokens.len()) else {
+        let Some((n_tokens, sums_only)) = self
+            .ubatch
+            .as_ref()
+            .map(|u| (u.tokens.len(), u.measured && !u.traced))
+        else {
             return Ok(());
         };
         if node == MoeNode::Probs {
@@ -142,17 +170,27 @@ impl Observer {
                     self.n_expert
                 ));
             }
+            let group_probs = match self.device.as_mut() {
+                Some(d) if sums_only => d.probs_by_group(t)?,
+                _ => None,
+            };
+            let probs = match group_probs {
+                Some(_) => Vec::new(),
+                None => read_f32_2d(t, self.n_expert, n_tokens),
+            };
             self.pending = Some(PendingLayer {
                 layer,
                 n_tokens,
-                probs: read_f32_2d(t, self.n_expert, n_tokens),
+                probs,
+                group_probs,
                 topk: None,
                 weights: None,
                 norms: None,
             });
             return Ok(());
         }
-        let k = self.k;
+        let (k, n_expert) = (self.k, self.n_expert);
+        let device = self.device.as_mut();
         let Some(p) = self.pending.as_mut().filter(|p| p.layer == layer) else {
             return Err(format!(
                 "{} arrived without ffn_moe_probs-{layer}",
@@ -168,12 +206,17 @@ impl Observer {
                         p.n_tokens
                     ));
                 }
-                let (bytes, nb) = (t.bytes(), t.nb());
-                let ids = (0..p.n_tokens)
-                    .flat_map(|row| (0..k).map(move |j| (row, j)))
-                    .map(|(row, j)| i32_at(&bytes, row * nb[1] + j * nb[0]))
-                    .collect();
-                p.topk = Some(ids);
+                if let Some(ids) = device.map(|d| d.expert_ids(t, n_expert)).transpose()? {
+                    p.topk = ids;
+                }
+                if p.topk.is_none() {
+                    let (bytes, nb) = (t.bytes(), t.nb());
+                    let ids = (0..p.n_tokens)
+                        .flat_map(|row| (0..k).map(move |j| (row, j)))
+                        .map(|(row, j)| i32_at(&bytes, row * nb[1] + j * nb[0]))
+                        .collect();
+                    p.topk = Some(ids);
+                }
             }
             MoeNode::Weights => {
                 // [1, k, n_tokens] or [k, n_tokens]: k * n_tokens values either way.
@@ -183,6 +226,10 @@ impl Observer {
                         t.name(),
                         k * p.n_tokens
                     ));
+                }
+                if let Some(Some(w)) = device.map(|d| d.values(t)).transpose()? {
+                    p.weights = Some(w);
+                    return Ok(());
                 }
                 let (bytes, nb) = (t.bytes(), t.nb());
                 let three_d = ne[0] == 1 && ne[1] == k && ne[2] == p.n_tokens;
@@ -205,6 +252,10 @@ impl Observer {
                         t.name(),
                         p.n_tokens
                     ));
+                }
+                if let Some(Some(n)) = device.map(|d| d.output_norms(t)).transpose()? {
+                    p.norms = Some(n);
+                    return Ok(());
                 }
                 let (bytes, nb) = (t.bytes(), t.nb());
                 let mut norms = Vec::with_capacity(k * p.n_tokens);
@@ -261,9 +312,15 @@ impl Observer {
         if !u.measured {
             return Ok(());
         }
+        for (label, sums) in p.group_probs.iter().flatten() {
+            let l = &mut self.scratch.group(*label).layers[li];
+            for (a, &v) in l.prob.iter_mut().zip(sums) {
+                *a += f64::from(v);
+            }
+        }
         for t in 0..p.n_tokens {
             let label = u.labels[t];
-            let probs = &p.probs[t * n_expert..(t + 1) * n_expert];
+            let probs = p.probs.get(t * n_expert..(t + 1) * n_expert).unwrap_or(&[]);
             let group = self.scratch.group(label);
             let l = &mut group.layers[li];
             for (e, &v) in probs.iter().enumerate() {
@@ -327,6 +384,13 @@ impl Observer {
             let dump = self.dumps.entry((name.clone(), chunk)).or_default();
             for r in 0..xne[1] {
                 dump.extend(f32s(&bytes[r * xnb[1]..r * xnb[1] + 4 * xne[0]]));
+            }
+        }
+        if let Some(d) = self.device.as_mut() {
+            match d.importance(&name, t, &x, n_mat, &fit) {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => return self.fail(e),
             }
         }
         let entry = self.scratch.imatrix_entry(&name, xne[0], n_mat);

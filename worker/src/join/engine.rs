@@ -2,6 +2,7 @@
 //! llama.cpp context need not be `Send`): [`Engine`] is what the join loop
 //! needs from it, [`CollectorLoader`] the real one over [`Collector`].
 
+use crate::collect::device::Reduce;
 use crate::collect::{CollectOptions, Collector};
 use common::corpus::{Chunk, CorpusIndex};
 use common::partial::Partial;
@@ -45,6 +46,8 @@ pub struct CollectorLoader {
     pub n_gpu_layers: u32,
     /// CPU threads (`None`: all cores).
     pub threads: Option<u32>,
+    /// Where observed tensors are reduced.
+    pub reduce: Reduce,
 }
 
 /// [`Collector`] with the trace width of its job.
@@ -69,6 +72,7 @@ impl EngineLoader for CollectorLoader {
             trace_top_n: o.trace_top_n as usize,
             f32_kv: o.f32_kv,
             flash_attn: o.flash_attn,
+            reduce: self.reduce,
             ..CollectOptions::default()
         };
         if let Some(t) = self.threads {

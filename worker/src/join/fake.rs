@@ -113,6 +113,7 @@ impl FakeEngine {
             trace_rows: 0,
             trace_parts: Vec::new(),
             chunk_stats: Vec::new(),
+            backend_to_host: common::partial::BackendToHost::default(),
         })
     }
 }

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod fake;
 pub mod tls;
 
+use crate::collect::device::Reduce;
 use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::secret::JoinSecret;
 use common::store::RunStore;
@@ -61,6 +62,12 @@ pub struct JoinArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<u32>,
+    /// Where observed tensors are reduced: `device` (on their backend; only
+    /// results are copied to the host), `host` (the reference path), or
+    /// `auto` (device when layers are offloaded to a GPU). Default:
+    /// $MOE_CENSUS_REDUCE, else auto.
+    #[arg(long, value_enum)]
+    pub reduce: Option<Reduce>,
     /// Seconds to keep reconnecting (with backoff) without reaching the
     /// coordinator before giving up.
     #[arg(long, default_value_t = 300)]
@@ -265,6 +272,7 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
         model: args.model.clone(),
         n_gpu_layers: args.n_gpu_layers,
         threads: args.threads,
+        reduce: Reduce::from_flag_or_env(args.reduce).map_err(JoinError::Setup)?,
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| JoinError::Setup(e.to_string()))?;
     let summary = rt.block_on(join(&opts, loader))?;

@@ -5,9 +5,13 @@
 //! - [`Context`]: an inference context whose eval callback forwards every
 //!   graph node to a [`GraphObserver`]; freed on drop.
 //! - [`TensorRef`]: a borrowed graph tensor with strides and host-side bytes.
+//! - [`Reducer`]: reductions of graph tensors on their own backend, so only
+//!   results are copied to the host.
 
+mod reduce;
 mod tensor;
 
+pub use reduce::{ChunkSquares, ExpertIds, ReduceError, Reducer};
 pub use tensor::{f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 
 use llama_cpp_sys_2 as sys;
@@ -186,6 +190,8 @@ pub struct ContextParams {
 struct CallbackState<O> {
     observer: O,
     panic: Option<String>,
+    /// Bytes read out of graph tensors through [`TensorRef::bytes`].
+    bytes_read: std::cell::Cell<u64>,
 }
 
 /// An inference context observing its graph through `O`.
@@ -200,6 +206,8 @@ pub struct Context<'m, O: GraphObserver> {
     batch_cap: usize,
     /// Tokens of the last successful decode (each has an output row).
     n_outputs: usize,
+    /// Tokens decoded successfully since the context was made.
+    tokens_decoded: u64,
     n_vocab: usize,
     _model: PhantomData<&'m Model>,
 }
@@ -220,7 +228,7 @@ unsafe extern "C" fn eval_callback<O: GraphObserver>(
         return false;
     }
     // SAFETY: the scheduler passes a live tensor for the duration of this call.
-    let Some(tensor) = (unsafe { TensorRef::from_raw(t) }) else {
+    let Some(tensor) = (unsafe { TensorRef::from_raw(t, Some(&state.bytes_read)) }) else {
         return false;
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -251,6 +259,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         let state = Box::into_raw(Box::new(CallbackState {
             observer,
             panic: None,
+            bytes_read: std::cell::Cell::new(0),
         }));
         // SAFETY: default params are plain data; the callback and its state
         // pointer stay valid until Drop frees the context before the state.
@@ -306,6 +315,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             batch,
             batch_cap: cap,
             n_outputs: 0,
+            tokens_decoded: 0,
             n_vocab: model.n_vocab(),
             _model: PhantomData,
         })
@@ -316,6 +326,20 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         // SAFETY: no decode is running (we hold &mut self), so the callback
         // cannot alias the state.
         unsafe { &mut (*self.state).observer }
+    }
+
+    /// Bytes the observer has read out of graph tensors with
+    /// [`TensorRef::bytes`] since the context was made: copied from device
+    /// buffers, read in place from host buffers (where a GPU would copy).
+    pub fn bytes_read(&self) -> u64 {
+        // SAFETY: no decode is running while we hold &self, so the callback
+        // does not touch the state.
+        unsafe { (*self.state).bytes_read.get() }
+    }
+
+    /// Tokens decoded successfully since the context was made.
+    pub fn tokens_decoded(&self) -> u64 {
+        self.tokens_decoded
     }
 
     /// Empties the KV cache so the next chunk starts alone in its sequence.
@@ -356,6 +380,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             });
         }
         self.n_outputs = tokens.len();
+        self.tokens_decoded += tokens.len() as u64;
         Ok(())
     }
 }
@@ -430,6 +455,18 @@ impl<O: GraphObserver> Drop for Context<'_, O> {
             }
             drop(Box::from_raw(self.state));
         }
+    }
+}
+
+/// Whether this build has a GPU backend device.
+pub fn has_gpu() -> bool {
+    init_backend();
+    // SAFETY: device enumeration returns static registry entries.
+    unsafe {
+        (0..sys::ggml_backend_dev_count()).any(|i| {
+            sys::ggml_backend_dev_type(sys::ggml_backend_dev_get(i))
+                == sys::GGML_BACKEND_DEVICE_TYPE_GPU
+        })
     }
 }
 

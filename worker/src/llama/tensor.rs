@@ -2,6 +2,7 @@
 
 use llama_cpp_sys_2 as sys;
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::marker::PhantomData;
 
@@ -30,6 +31,9 @@ pub enum ElemType {
 /// A graph tensor borrowed for the duration of one callback invocation.
 pub struct TensorRef<'a> {
     raw: &'a sys::ggml_tensor,
+    /// Bytes the host has read out of graph tensors so far (the context's
+    /// backend-to-host figure); [`TensorRef::bytes`] adds to it.
+    read: Option<&'a Cell<u64>>,
     _life: PhantomData<&'a ()>,
 }
 
@@ -38,12 +42,28 @@ impl<'a> TensorRef<'a> {
     ///
     /// # Safety
     /// `t` must be null or point to a live `ggml_tensor` for lifetime `'a`.
-    pub(super) unsafe fn from_raw(t: *const sys::ggml_tensor) -> Option<TensorRef<'a>> {
+    pub(super) unsafe fn from_raw(
+        t: *const sys::ggml_tensor,
+        read: Option<&'a Cell<u64>>,
+    ) -> Option<TensorRef<'a>> {
         // SAFETY: guaranteed by the caller.
         unsafe { t.as_ref() }.map(|raw| TensorRef {
             raw,
+            read,
             _life: PhantomData,
         })
+    }
+
+    /// The raw tensor, for the device reductions of this module.
+    pub(super) fn raw(&self) -> &'a sys::ggml_tensor {
+        self.raw
+    }
+
+    /// Adds `n` bytes to the context's backend-to-host figure.
+    pub(super) fn count_read(&self, n: usize) {
+        if let Some(c) = self.read {
+            c.set(c.get() + n as u64);
+        }
     }
 
     /// The node's name (`ffn_moe_probs-3`, `blk.0.attn_q.weight`, ...).
@@ -92,11 +112,13 @@ impl<'a> TensorRef<'a> {
     pub fn src(&self, i: usize) -> Option<TensorRef<'a>> {
         let p = *self.raw.src.get(i)?;
         // SAFETY: sources of a live graph node are live for the same call.
-        unsafe { TensorRef::from_raw(p) }
+        unsafe { TensorRef::from_raw(p, self.read) }
     }
 
     /// The tensor's bytes from offset 0 up to `ggml_nbytes` (which spans
     /// every strided element): borrowed from host memory, copied otherwise.
+    /// Either way they count as crossing from the backend to the host (on a
+    /// GPU they would be copied).
     pub fn bytes(&self) -> Cow<'a, [u8]> {
         // SAFETY: the tensor is live and computed (observe phase); for host
         // buffers `data` points to ggml_nbytes readable bytes, otherwise
@@ -106,6 +128,7 @@ impl<'a> TensorRef<'a> {
             if n == 0 || self.raw.data.is_null() {
                 return Cow::Borrowed(&[]);
             }
+            self.count_read(n);
             let host =
                 self.raw.buffer.is_null() || sys::ggml_backend_buffer_is_host(self.raw.buffer);
             if host {

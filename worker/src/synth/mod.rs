@@ -9,6 +9,9 @@
 //! - [`Preset::Wide`]: qwen3moe at the real routing shape (48 MoE layers x
 //!   512 experts, top-10) with a small hidden size, so traces, replay and
 //!   reports meet production sizes on a CPU.
+//! - [`Preset::WideHidden`]: the real shape's hidden size (2,048) and
+//!   routing (512 experts, top-10) in 2 MoE layers, so the bytes the
+//!   observer reads per token and layer can be measured at that shape.
 //! - [`Preset::Dense`]: a dense qwen3 model, for the "no MoE layers" error.
 
 pub mod corpus;
@@ -34,6 +37,8 @@ pub enum Preset {
     Bench,
     /// qwen3moe, 48 MoE layers, 512 experts, top-10, hidden 64, expert width 16, f16.
     Wide,
+    /// qwen3moe, 2 MoE layers, 512 experts, top-10, hidden 2048, expert width 32, Q8_0.
+    WideHidden,
     /// qwen3 without experts: a valid model that the collector must refuse.
     Dense,
 }
@@ -155,6 +160,21 @@ impl Preset {
                 // f16 halves the file (~150 MB); Q8_0 needs rows of 32 and the
                 // down projection's rows are 16 wide.
                 weight_type: TensorType::F16,
+                ..Preset::Tiny.spec()
+            },
+            Preset::WideHidden => Spec {
+                n_embd: 2048,
+                n_head: 16,
+                n_head_kv: 4,
+                head_dim: 128,
+                n_layer: 2,
+                n_expert: 512,
+                n_expert_used: 10,
+                // The real width (512) would make each layer 1.6G weights;
+                // 32 is the least Q8_0 rows allow. Only the down projection's
+                // input depends on it (BENCHMARKS.md gives the formula).
+                n_ff_exp: 32,
+                weight_type: TensorType::Q8_0,
                 ..Preset::Tiny.spec()
             },
             Preset::Dense => Spec {
