@@ -189,3 +189,36 @@ fn device_path_one_call_and_two_merged_calls_are_identical() {
     merged.merge(&run(&chunks[..2])).unwrap();
     assert_eq!(one.to_bytes(), merged.to_bytes());
 }
+
+/// `[run] local_worker_reduce = "device"` reaches the workers that
+/// `coordinator run --local-workers` starts, and the run verifies.
+#[test]
+fn the_run_config_key_puts_local_workers_on_the_device_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixtures::text_config(dir.path(), "[run]\nlocal_worker_reduce = \"device\"\n");
+    let out = dir.path().join("run");
+    let (config, out_s) = (config.to_str().unwrap(), out.to_str().unwrap());
+    fixtures::run_ok(
+        "coordinator",
+        &["run", config, "--local-workers", "1", "--out", out_s],
+    );
+    let merged = std::fs::read(out.join("partials/merged.bin")).unwrap();
+    let partial = Partial::from_bytes(&merged).unwrap();
+    assert_eq!(partial.backends.len(), 1, "{:?}", partial.backends);
+    assert!(
+        partial.backends[0].ends_with(", device reductions"),
+        "{:?}",
+        partial.backends
+    );
+    assert!(partial.backend_to_host.bytes > 0);
+    assert_eq!(
+        partial.backend_to_host.tokens,
+        partial
+            .experts
+            .groups
+            .values()
+            .map(|g| g.n_tokens)
+            .sum::<u64>()
+    );
+    fixtures::run_ok("coordinator", &["verify", out_s]);
+}

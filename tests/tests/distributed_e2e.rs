@@ -36,7 +36,21 @@ async fn run(
     count: u32,
     pids: Arc<Mutex<Vec<u32>>>,
 ) -> Result<RunSummary, coordinator::run::RunError> {
-    let w = locals(bin, &s.model_path, count);
+    run_with_env(s, bin, count, pids, Vec::new()).await
+}
+
+/// [`run`] with extra environment for the worker processes.
+async fn run_with_env(
+    s: &RunSetup,
+    bin: &Path,
+    count: u32,
+    pids: Arc<Mutex<Vec<u32>>>,
+    env: Vec<(&'static str, String)>,
+) -> Result<RunSummary, coordinator::run::RunError> {
+    let w = LocalWorkers {
+        env,
+        ..locals(bin, &s.model_path, count)
+    };
     tokio::time::timeout(
         Duration::from_secs(300),
         execute(s, |l| {
@@ -77,6 +91,35 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts() {
     );
     assert_eq!(artifacts(&s.store, true).await, one);
     verify_ok(&s.store).await;
+}
+
+/// The exact merge with the device path (issue #14): device sums accumulate
+/// within a chunk only, so 1 and 3 workers still give the same bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_and_three_real_workers_give_byte_identical_artifacts_with_device_reductions() {
+    let bin = fixtures::bin("worker");
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let device = || vec![("MOE_CENSUS_REDUCE", "device".to_string())];
+    let mut stores = Vec::new();
+    for (name, count) in [("one", 1), ("three", 3)] {
+        let s = setup(&d.path().join(name), &model);
+        run_with_env(&s, &bin, count, Arc::default(), device())
+            .await
+            .unwrap();
+        verify_ok(&s.store).await;
+        let merged = s.store.get(names::MERGED_PARTIAL).await.unwrap();
+        let partial = common::partial::Partial::from_bytes(&merged).unwrap();
+        assert_eq!(
+            partial.backends.len(),
+            1,
+            "every worker reduced on the device: {:?}",
+            partial.backends
+        );
+        assert!(partial.backends[0].ends_with(", device reductions"));
+        stores.push(s.store);
+    }
+    assert_eq!(artifacts(&stores[0]).await, artifacts(&stores[1]).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

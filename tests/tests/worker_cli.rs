@@ -12,6 +12,11 @@ use worker::synth::Preset;
 const N_CTX: u32 = 48;
 
 fn collect(model: &Path, corpus: &Path, chunks: &str, out: &Path) -> Output {
+    collect_reducing(model, corpus, chunks, out, "host")
+}
+
+/// `worker collect` with `--reduce REDUCE`.
+fn collect_reducing(model: &Path, corpus: &Path, chunks: &str, out: &Path, reduce: &str) -> Output {
     run(
         "worker",
         &[
@@ -30,21 +35,34 @@ fn collect(model: &Path, corpus: &Path, chunks: &str, out: &Path) -> Output {
             "32",
             "--trace-top-n",
             "8",
+            "--reduce",
+            reduce,
         ],
     )
 }
 
 #[test]
 fn one_call_and_two_merged_calls_give_identical_artifacts() {
+    one_call_and_two_merged_calls("host");
+}
+
+/// The same with device reductions (issue #14).
+#[test]
+fn one_call_and_two_merged_calls_give_identical_artifacts_with_device_reductions() {
+    one_call_and_two_merged_calls("device");
+}
+
+fn one_call_and_two_merged_calls(reduce: &str) {
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures::model(dir.path(), Preset::Tiny);
     let corpus = dir.path().join("corpus-run");
     fixtures::write_corpus(&corpus, &fixtures::chunks(8, N_CTX), N_CTX);
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
 
-    assert!(collect(&model, &corpus, "0..8", &a).status.success());
-    assert!(collect(&model, &corpus, "4..=7", &b).status.success());
-    assert!(collect(&model, &corpus, "0..4", &b).status.success());
+    for (chunks, out) in [("0..8", &a), ("4..=7", &b), ("0..4", &b)] {
+        let o = collect_reducing(&model, &corpus, chunks, out, reduce);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
     let merged = run("coordinator", &["merge", b.to_str().unwrap()]);
     assert!(merged.status.success());
 
@@ -64,6 +82,12 @@ fn one_call_and_two_merged_calls_give_identical_artifacts() {
     let partial =
         Partial::from_bytes(&std::fs::read(a.join("partials/part-00000000-00000008.bin")).unwrap())
             .unwrap();
+    assert_eq!(
+        partial.backends[0].ends_with(", device reductions"),
+        reduce == "device",
+        "{:?}",
+        partial.backends
+    );
     let g = LlamaGguf::open(&a.join("imatrix.gguf")).unwrap();
     assert_eq!(g.str("general.type").as_deref(), Some("imatrix"));
     assert_eq!(g.u32("imatrix.chunk_count"), Some(8));

@@ -13,6 +13,10 @@ pub const WORKER_BIN_ENV: &str = "MOE_CENSUS_WORKER_BIN";
 /// Environment variable a worker reads the join secret from.
 pub const SECRET_ENV: &str = "MOE_CENSUS_JOIN_SECRET";
 
+/// Variable through which local workers get `[run] local_worker_reduce`
+/// (the worker reads it when `--reduce` is not given).
+pub const REDUCE_ENV: &str = "MOE_CENSUS_REDUCE";
+
 /// The worker binary: `$MOE_CENSUS_WORKER_BIN`, else `worker` beside this
 /// executable (or one directory up, for test binaries in `target/*/deps`).
 pub fn worker_binary() -> Result<PathBuf, RunError> {

@@ -639,7 +639,12 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
                     .run
                     .local_worker_threads
                     .unwrap_or((cores / args.local_workers).max(1)),
-                env: config.storage.env(),
+                env: config
+                    .storage
+                    .env()
+                    .into_iter()
+                    .chain((config.run.local_worker_reduce.clone()).map(|r| (local::REDUCE_ENV, r)))
+                    .collect(),
             })
         } else {
             None

@@ -40,6 +40,11 @@ pub struct RunSettings {
     pub flash_attn: bool,
     /// CPU threads per local worker (default: cores / local workers).
     pub local_worker_threads: Option<u32>,
+    /// Where local workers reduce observed tensors (`worker join --reduce`,
+    /// passed as `MOE_CENSUS_REDUCE`): `auto` (on the device when layers
+    /// are offloaded to a GPU), `host` or `device`; default: the worker's
+    /// own (`auto`).
+    pub local_worker_reduce: Option<String>,
     /// Seconds after which the run location's lock, if its holder stopped
     /// refreshing it, may be taken over (0: take over any lock).
     pub lock_stale_s: u64,
@@ -78,6 +83,7 @@ impl Default for RunSettings {
             f32_kv: false,
             flash_attn: false,
             local_worker_threads: None,
+            local_worker_reduce: None,
             lock_stale_s: 120,
         }
     }
@@ -103,9 +109,14 @@ impl RunSettings {
                 "a lease needs at least one attempt",
             ),
         ];
-        match positive.iter().find(|(_, v, _)| *v == 0) {
-            Some((field, _, why)) => Err(format!("[run] {field} = 0: {why}")),
-            None => Ok(()),
+        if let Some((field, _, why)) = positive.iter().find(|(_, v, _)| *v == 0) {
+            return Err(format!("[run] {field} = 0: {why}"));
+        }
+        match self.local_worker_reduce.as_deref() {
+            None | Some("auto" | "host" | "device") => Ok(()),
+            Some(other) => Err(format!(
+                "[run] local_worker_reduce = {other:?}: expected \"auto\", \"host\" or \"device\""
+            )),
         }
     }
 }
@@ -214,6 +225,16 @@ mod tests {
         assert_eq!(
             zero.validate(),
             Err("[run] n_ubatch = 0: a micro-batch needs at least one token".into())
+        );
+        let device: RunSettings = toml::from_str("local_worker_reduce = \"device\"").unwrap();
+        assert_eq!(device.validate(), Ok(()));
+        let gpu: RunSettings = toml::from_str("local_worker_reduce = \"gpu\"").unwrap();
+        assert_eq!(
+            gpu.validate(),
+            Err(
+                "[run] local_worker_reduce = \"gpu\": expected \"auto\", \"host\" or \"device\""
+                    .into()
+            )
         );
     }
 }

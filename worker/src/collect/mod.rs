@@ -126,19 +126,13 @@ impl Collector {
             reason,
         })?;
         let on_device = opts.reduce.on_device(opts.n_gpu_layers, llama::has_gpu());
-        let mut backend = llama::backend_description();
-        if on_device {
-            // Device sums round differently from the host's: partials say so,
-            // so redundancy checks compare them within tolerance, not bitwise.
-            backend.push_str(", device reductions");
-        }
         Ok(Collector {
             model,
             path: path.to_path_buf(),
             sha256,
             shape,
             opts,
-            backend,
+            backend: device::backend_label(on_device),
             on_device,
         })
     }

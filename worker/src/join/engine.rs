@@ -60,7 +60,10 @@ impl EngineLoader for CollectorLoader {
     type Engine = CollectorEngine;
 
     fn backend(&self) -> String {
-        crate::llama::backend_description()
+        let on_device = self
+            .reduce
+            .on_device(self.n_gpu_layers, crate::llama::has_gpu());
+        crate::collect::device::backend_label(on_device)
     }
 
     fn load(self, job: &JobInfo) -> Result<CollectorEngine, String> {

@@ -19,6 +19,18 @@ use crate::llama::{ChunkSquares, ExpertIds, Op, ReduceError, Reducer, TensorRef}
 use common::Split;
 use std::collections::BTreeMap;
 
+/// The backend description partials and the join `Hello` carry: llama.cpp's
+/// own, plus `, device reductions` on the device path, whose sums round
+/// differently from the host's (so redundancy checks compare such partials
+/// within tolerance, not bitwise).
+pub fn backend_label(on_device: bool) -> String {
+    let mut backend = crate::llama::backend_description();
+    if on_device {
+        backend.push_str(", device reductions");
+    }
+    backend
+}
+
 /// Router-probability sums of one layer and micro-batch per token group.
 pub type GroupSums = Vec<((Split, u16), Vec<f32>)>;
 
