@@ -108,6 +108,32 @@ pub struct JobOptions {
     pub flash_attn: bool,
 }
 
+/// An evaluation job (DESIGN section 12): besides the [`JobInfo`] of the
+/// base model, the pruned candidates each worker slices locally from its
+/// base file and compares with it, and which positions are scored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvalJob {
+    /// The candidates, in result order.
+    pub candidates: Vec<EvalCandidate>,
+    /// Positions skipped at the start of every chunk.
+    pub skip_first: u32,
+    /// Splits whose positions are scored.
+    pub splits: Vec<crate::split::Split>,
+}
+
+/// A candidate of an [`EvalJob`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvalCandidate {
+    /// `<method>_K<k>`.
+    pub name: String,
+    /// Object name of its keep map under the run (`keep_maps/<name>.json`).
+    pub keep_map: String,
+    /// SHA-256 of the pruned GGUF as the coordinator sliced it; a worker
+    /// whose slice differs refuses the job, and the coordinator refuses any
+    /// result that names another hash.
+    pub sha256: String,
+}
+
 /// What a worker is doing, sent with every poll.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WorkerState {
@@ -196,6 +222,17 @@ pub enum ToCoordinator {
         /// Why.
         reason: String,
     },
+    /// An eval lease is finished: its [`crate::eval::EvalPartial`].
+    EvalDone {
+        /// The lease.
+        lease_id: LeaseId,
+        /// The encoded eval partial (staged like a partial when large).
+        partial: PartialRef,
+        /// SHA-256 of the encoded eval partial (hex).
+        sha256: String,
+        /// Wall time the worker spent.
+        elapsed_ms: u64,
+    },
 }
 
 impl ToCoordinator {
@@ -208,6 +245,7 @@ impl ToCoordinator {
             ToCoordinator::Done { .. } => "Done",
             ToCoordinator::Failed { .. } => "Failed",
             ToCoordinator::Refuse { .. } => "Refuse",
+            ToCoordinator::EvalDone { .. } => "EvalDone",
         }
     }
 }
@@ -241,6 +279,15 @@ pub enum ToWorker {
     Finished,
     /// The coordinator refuses; the connection closes after this.
     Refused(Refusal),
+    /// The proof holds: an evaluation job; leases are evaluated, not measured.
+    WelcomeEval {
+        /// Id assigned to this worker.
+        worker_id: WorkerId,
+        /// The run, corpus, base model and evaluation settings.
+        job: JobInfo,
+        /// The candidates and scored positions.
+        eval: EvalJob,
+    },
 }
 
 /// Why the coordinator refused a worker.
@@ -514,6 +561,55 @@ mod tests {
             );
             assert_eq!(decode::<ToCoordinator>(&frame[4..]).unwrap(), m);
         }
+    }
+
+    #[test]
+    fn eval_variants_are_appended_so_existing_tags_do_not_move() {
+        // bincode tags an enum variant by its index: collection workers and
+        // coordinators of the same protocol version must keep decoding.
+        let tag = |frame: Vec<u8>| frame[4];
+        assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
+        assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
+        let refuse = ToCoordinator::Refuse { reason: "r".into() };
+        assert_eq!(tag(encode_frame(&refuse)), 5);
+        let welcome = ToWorker::WelcomeEval {
+            worker_id: WorkerId(1),
+            job: JobInfo {
+                run_url: "memory://run".into(),
+                corpus_url: "memory://run/corpus".into(),
+                model_sha256: "m".into(),
+                model_path: "m.gguf".into(),
+                options: JobOptions {
+                    n_ubatch: 16,
+                    trace_every: 0,
+                    trace_top_n: 0,
+                    f32_kv: false,
+                    flash_attn: false,
+                },
+                max_inline_bytes: 1,
+                heartbeat_ms: 1,
+            },
+            eval: EvalJob {
+                candidates: vec![EvalCandidate {
+                    name: "frequency_K8".into(),
+                    keep_map: "keep_maps/frequency_K8.json".into(),
+                    sha256: "c".repeat(64),
+                }],
+                skip_first: 0,
+                splits: crate::split::Split::ALL.to_vec(),
+            },
+        };
+        let frame = encode_frame(&welcome);
+        assert_eq!(tag(frame.clone()), 7);
+        assert_eq!(decode::<ToWorker>(&frame[4..]).unwrap(), welcome);
+        let done = ToCoordinator::EvalDone {
+            lease_id: LeaseId(2),
+            partial: PartialRef::Inline(vec![1]),
+            sha256: "ab".repeat(32),
+            elapsed_ms: 3,
+        };
+        assert_eq!(tag(encode_frame(&done)), 6);
+        assert_eq!(done.kind(), "EvalDone");
     }
 
     #[test]

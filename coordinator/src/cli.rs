@@ -8,7 +8,7 @@ use std::process::ExitCode;
 #[command(
     name = "coordinator",
     version,
-    about = "moe-census coordinator: corpus, run, merge, verify, score, replay, report"
+    about = "moe-census coordinator: corpus, run, merge, verify, score, replay, eval, report"
 )]
 pub struct Cli {
     /// The stage to run.
@@ -37,13 +37,15 @@ pub enum Command {
     Replay(crate::replay::ReplayArgs),
     /// Slice a pruned GGUF (and its importance matrix) from one of the run's keep maps.
     Prune(crate::prune::PruneArgs),
+    /// KL, perplexity and top-1 agreement of pruned candidates against the base model, over the run's workers.
+    Eval(crate::eval::cli::EvalArgs),
 }
 
 /// Runs a parsed command; the exit code says whether it succeeded.
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Corpus(args) => crate::corpus::run(args),
-        Command::Run(args) => crate::run::main(args),
+        Command::Run(args) => crate::pipeline::main(args),
         Command::Ca(args) => crate::run::ca(args),
         Command::Merge(args) => crate::merge::run(args),
         Command::Verify(args) => crate::verify::run(args),
@@ -51,6 +53,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Report(args) => crate::report::run(args),
         Command::Replay(args) => crate::replay::main(args),
         Command::Prune(args) => crate::prune::run(args),
+        Command::Eval(args) => crate::eval::cli::main(args),
     }
 }
 

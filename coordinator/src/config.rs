@@ -27,6 +27,9 @@ pub struct Config {
     /// `[storage]`: object-store endpoint settings.
     #[serde(default)]
     pub storage: crate::run::settings::StorageSettings,
+    /// `[eval]`: pruned candidates `coordinator run` evaluates after scoring.
+    #[serde(default)]
+    pub eval: crate::eval::settings::EvalSettings,
     /// Directory of the config file; relative paths are resolved against it.
     #[serde(skip)]
     pub base_dir: PathBuf,

@@ -8,8 +8,10 @@
 pub mod cli;
 pub mod config;
 pub mod corpus;
+pub mod eval;
 pub mod merge;
 pub mod net;
+pub mod pipeline;
 pub mod prune;
 pub mod replay;
 pub mod report;

@@ -1,7 +1,8 @@
 //! The README's front door: `coordinator run` on the quickstart config with
 //! two local workers runs the whole job (generated model, sample corpus,
-//! collection over QUIC, merge, score, replay, verify, report) and marks the
-//! run complete only because verification passed.
+//! collection over QUIC, merge, score, replay, the `[eval]` candidates against
+//! the base model, verify, report) and marks the run complete only because
+//! verification passed.
 
 use std::path::Path;
 
@@ -67,4 +68,36 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
     }
     let keep_maps = std::fs::read_dir(out.join("keep_maps")).unwrap().count();
     assert!(keep_maps > 0, "no keep maps written");
+
+    // The evaluation of `[eval]`: two methods at two K each, with real KL.
+    let eval: common::eval::EvalSummary =
+        serde_json::from_slice(&std::fs::read(out.join("eval/summary.json")).unwrap()).unwrap();
+    let cells: Vec<(String, u32)> = eval
+        .candidates
+        .iter()
+        .map(|c| (c.method.clone(), c.k))
+        .collect();
+    let methods: std::collections::BTreeSet<&String> = cells.iter().map(|(m, _)| m).collect();
+    assert!(methods.len() >= 2 && cells.len() >= 4, "{cells:?}");
+    for c in &eval.candidates {
+        let h = &c.splits["heldout"].all;
+        assert!(
+            h.n > 0 && h.kl.mean > 0.0 && h.kl.mean.is_finite(),
+            "{}: {h:?}",
+            c.name
+        );
+        assert!(
+            h.kl.p50 <= h.kl.p99 && h.kl.p99 <= h.kl.max,
+            "{}: {h:?}",
+            c.name
+        );
+    }
+    assert!(stdout.contains("evaluated 4 candidates"), "{stdout}");
+    let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
+    assert!(
+        report.contains("## Pruned candidates against the base model")
+            && report.contains("| reap_hybrid_K8 |")
+            && out.join("report/eval_kl_vs_k.png").is_file(),
+        "{report}"
+    );
 }

@@ -4,6 +4,10 @@
 //! the scheduler accepts them, so a bad result only costs a retry. Results of
 //! units sampled for redundancy are held here until a second (or third)
 //! worker's result can be compared with them ([`common::compare`]).
+//! In an evaluation run the hub also holds the eval job and checks eval
+//! results ([`eval`]).
+
+pub mod eval;
 
 use crate::run::accept::Acceptance;
 use crate::sched::{Completion, Scheduler, Verdict};
@@ -85,6 +89,8 @@ pub struct Hub {
     /// Results of sampled units waiting for another worker's.
     candidates: Mutex<BTreeMap<ChunkRange, Vec<Candidate>>>,
     deliveries: mpsc::UnboundedSender<Delivery>,
+    /// The evaluation job, when this hub serves eval leases.
+    eval: Option<eval::EvalRole>,
 }
 
 /// Tokens measured in a partial (all splits and domains).
@@ -113,6 +119,7 @@ impl Hub {
             workers: Mutex::new(BTreeMap::new()),
             candidates: Mutex::new(BTreeMap::new()),
             deliveries: tx,
+            eval: None,
         };
         (hub, rx)
     }

@@ -274,11 +274,7 @@ async fn login(s: &mut Stream, hub: &Hub) -> Result<WorkerId, Ended> {
         }
     };
     tracing::info!(worker = %peer_text(&name), backend = %peer_text(&backend), %id, "worker joined");
-    s.send(&ToWorker::Welcome {
-        worker_id: id,
-        job: hub.job().clone(),
-    })
-    .await?;
+    s.send(&hub.welcome(id)).await?;
     Ok(id)
 }
 
@@ -324,6 +320,16 @@ async fn work(s: &mut Stream, hub: &Hub, opts: &ServerOptions, id: WorkerId) -> 
                 elapsed_ms,
             } => {
                 hub.deliver(id, lease_id, partial, sha256, elapsed_ms).await;
+                quarantine_refusal(hub, id).unwrap_or(ToWorker::Ack)
+            }
+            ToCoordinator::EvalDone {
+                lease_id,
+                partial,
+                sha256,
+                elapsed_ms,
+            } => {
+                hub.deliver_eval(id, lease_id, partial, sha256, elapsed_ms)
+                    .await;
                 quarantine_refusal(hub, id).unwrap_or(ToWorker::Ack)
             }
             ToCoordinator::Failed { lease_id, reason } => {

@@ -5,11 +5,13 @@
 //!
 //! - [`plots`]: the PNG charts (embedded font).
 //! - [`replay`]: miss-rate curves read from `replay/results.json`.
+//! - [`eval`]: pruned candidates against the base model, from `eval/summary.json`.
 //!
 //! The report reads what the stages stored and writes only `report/`: a
 //! stage that has not run (or ran on another `saliency.json`) is named as
 //! missing, never run from here.
 
+pub mod eval;
 pub mod plots;
 pub mod replay;
 
@@ -166,6 +168,9 @@ pub async fn report(store: &RunStore) -> anyhow::Result<ReportOutput> {
         md.push_str("No fit split in saliency.json.\n\n");
     }
     replay_section(store, &mut md, &mut out).await?;
+    let slots = scored.as_ref().map_or(&[][..], |s| s.tables.as_slice());
+    let eval_plots = eval::section(store, slots, &mut md).await?;
+    out.plots.extend(eval_plots);
     md.push_str("## Scoring and keep maps\n\n");
     match scored {
         Ok(scored) => md.push_str(&score::render::markdown(&scored)),

@@ -9,8 +9,9 @@
 //! - [`local`]: `--local-workers N` worker processes.
 //! - [`progress`]: the progress bar.
 //! - [`trace_plan`]: the per-split trace budget as a chunk stride.
-//! - [`execute`] is the collection itself, given a prepared corpus; the
-//!   command wraps it with corpus preparation and the later stages.
+//! - [`execute`] is the collection itself, given a prepared corpus;
+//!   `coordinator run` (the pipeline module) wraps it with corpus preparation
+//!   and the later stages.
 
 pub mod accept;
 pub mod join_hint;
@@ -22,7 +23,6 @@ pub mod resume;
 pub mod settings;
 pub mod trace_plan;
 
-use crate::config::Config;
 use crate::net::hub::{partial_tokens, Hub, WorkerInfo};
 use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{create_ca, server_names, Identity};
@@ -36,7 +36,7 @@ use common::secret::JoinSecret;
 use common::store::{RunStore, StoreError};
 use common::wire::{partial_name, JobInfo, STAGING_DIR};
 use join_hint::JoinHint;
-use local::{LocalWorkers, SECRET_ENV};
+use local::SECRET_ENV;
 use settings::{ClusterSettings, RunSettings};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -190,7 +190,7 @@ pub struct RunSummary {
 
 /// The join secret: `[cluster] secret_file`, else `MOE_CENSUS_JOIN_SECRET`,
 /// else a random one only local workers learn (`false`: not shared).
-fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError> {
+pub(crate) fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError> {
     let setup = |e: common::secret::SecretError| RunError::Setup(format!("[cluster] {e}"));
     if let Some(path) = &cluster.secret_file {
         return Ok((JoinSecret::from_file(path).map_err(setup)?, true));
@@ -297,7 +297,7 @@ where
 
 /// The acceptance checks of a run, read from its corpus: the chunk table's
 /// spans and, when the model file is there, the GGUF header's expert facts.
-async fn acceptance(
+pub(crate) async fn acceptance(
     setup: &RunSetup,
     units: &[common::ChunkRange],
 ) -> Result<accept::Acceptance, RunError> {
@@ -390,42 +390,7 @@ where
     } = accepted;
     let (hub, mut deliveries) = Hub::new(sched, secret.clone(), job, acceptance, store.clone());
     let hub = Arc::new(hub);
-    let names = server_names(&cluster.server_names);
-    let identity = match &cluster.ca_dir {
-        Some(dir) => Identity::from_ca(dir, &names)?,
-        None => Identity::self_signed(&names)?,
-    };
-    let listen: SocketAddr = cluster
-        .listen
-        .parse()
-        .map_err(|e| RunError::Setup(format!("[cluster] listen {:?}: {e}", cluster.listen)))?;
-    let server = Server::spawn(
-        &identity,
-        ServerOptions {
-            listen,
-            max_connections: cluster.max_connections.max(1),
-            max_pending_per_address: cluster.pending_per_address(),
-            max_frame,
-            login_timeout: Duration::from_millis(cluster.login_timeout_ms.max(100)),
-            heartbeat_timeout,
-        },
-        hub.clone(),
-    )?;
-    let (addr, pin) = (server.addr(), identity.fingerprint());
-    let listening = Listening {
-        addr,
-        hint: JoinHint::new(addr, &pin, cluster),
-        pin,
-        secret,
-    };
-    tracing::info!(addr = %listening.addr, pin = %listening.pin, "coordinator listening");
-    if let Some(path) = &cluster.connect_file {
-        let info = serde_json::to_vec_pretty(&listening.hint).unwrap_or_default();
-        std::fs::write(path, info).map_err(|source| NetError::Io {
-            path: path.clone(),
-            source,
-        })?;
-    }
+    let (server, listening) = listen(cluster, hub.clone(), secret, max_frame, heartbeat_timeout)?;
     let mut children = on_listen(&listening)?;
     let n_local = children.len() as u32;
     let resumed_tokens = resumed.map_or(0, partial_tokens);
@@ -490,13 +455,62 @@ where
     ))
 }
 
-fn all_exited(children: &mut [tokio::process::Child]) -> bool {
+/// Starts the QUIC server for `hub` with the `[cluster]` settings, writes
+/// the join hint to `[cluster] connect_file` when one is set, and returns
+/// the server with what workers need to join.
+pub(crate) fn listen(
+    cluster: &ClusterSettings,
+    hub: Arc<Hub>,
+    secret: JoinSecret,
+    max_frame: u32,
+    heartbeat_timeout: Duration,
+) -> Result<(Server, Listening), RunError> {
+    let names = server_names(&cluster.server_names);
+    let identity = match &cluster.ca_dir {
+        Some(dir) => Identity::from_ca(dir, &names)?,
+        None => Identity::self_signed(&names)?,
+    };
+    let listen: SocketAddr = cluster
+        .listen
+        .parse()
+        .map_err(|e| RunError::Setup(format!("[cluster] listen {:?}: {e}", cluster.listen)))?;
+    let server = Server::spawn(
+        &identity,
+        ServerOptions {
+            listen,
+            max_connections: cluster.max_connections.max(1),
+            max_pending_per_address: cluster.pending_per_address(),
+            max_frame,
+            login_timeout: Duration::from_millis(cluster.login_timeout_ms.max(100)),
+            heartbeat_timeout,
+        },
+        hub,
+    )?;
+    let (addr, pin) = (server.addr(), identity.fingerprint());
+    let listening = Listening {
+        addr,
+        hint: JoinHint::new(addr, &pin, cluster),
+        pin,
+        secret,
+    };
+    tracing::info!(addr = %listening.addr, pin = %listening.pin, "coordinator listening");
+    if let Some(path) = &cluster.connect_file {
+        let info = serde_json::to_vec_pretty(&listening.hint).unwrap_or_default();
+        std::fs::write(path, info).map_err(|source| NetError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok((server, listening))
+}
+
+pub(crate) fn all_exited(children: &mut [tokio::process::Child]) -> bool {
     children
         .iter_mut()
         .all(|c| matches!(c.try_wait(), Ok(Some(_))))
 }
 
-async fn stop_children(children: &mut [tokio::process::Child]) {
+pub(crate) async fn stop_children(children: &mut [tokio::process::Child]) {
     for c in children.iter_mut() {
         if tokio::time::timeout(Duration::from_secs(5), c.wait())
             .await
@@ -582,188 +596,6 @@ pub fn ca(args: CaArgs) -> anyhow::Result<ExitCode> {
         args.dir.display()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// Entry point of `coordinator run`.
-pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
-    use anyhow::Context;
-    let mut config = Config::load(&args.config)?;
-    if let Some(m) = &args.model {
-        config.model.path = std::path::absolute(m).context("--model")?;
-    }
-    if let Some(l) = &args.listen {
-        config.cluster.listen = l.clone();
-    }
-    if let Some(f) = &args.connect_file {
-        config.cluster.connect_file = Some(f.clone());
-    }
-    if args.take_over_lock {
-        config.run.lock_stale_s = 0;
-    }
-    for (k, v) in config.storage.env() {
-        // Set before the runtime starts any thread.
-        std::env::set_var(k, v);
-    }
-    let out = args
-        .out
-        .clone()
-        .or_else(|| config.run.out.clone())
-        .unwrap_or_else(|| crate::corpus::default_out(&args.config));
-    ensure_model(&config.model_path())?;
-    // Refuse a model without experts before any corpus work or lease.
-    common::model_check::moe_facts(&config.model_path()).map_err(anyhow::Error::msg)?;
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async {
-        let store = RunStore::open(&out)?;
-        let outcome = crate::corpus::prepare_run(&config, &store, false).await?;
-        if !outcome.reused {
-            print!("{}", crate::corpus::summary(&outcome.manifest));
-        }
-        let index = read_index(&store).await?;
-        let model_path = std::path::absolute(config.model_path()).context("model path")?;
-        let setup = RunSetup {
-            store: store.clone(),
-            index,
-            model_sha256: outcome.manifest.model_sha256.clone(),
-            model_path: model_path.clone(),
-            run: config.run.clone(),
-            cluster: config.cluster.clone(),
-        };
-        let local = if args.local_workers > 0 {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-            Some(LocalWorkers {
-                binary: local::worker_binary()?,
-                count: args.local_workers,
-                model: model_path,
-                threads: config
-                    .run
-                    .local_worker_threads
-                    .unwrap_or((cores / args.local_workers).max(1)),
-                env: config
-                    .storage
-                    .env()
-                    .into_iter()
-                    .chain((config.run.local_worker_reduce.clone()).map(|r| (local::REDUCE_ENV, r)))
-                    .collect(),
-            })
-        } else {
-            None
-        };
-        let summary = execute(&setup, |l| match &local {
-            Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
-            None => {
-                println!("waiting for workers: {}", l.hint.join);
-                Ok(Vec::new())
-            }
-        })
-        .await?;
-        print_summary(&store, &summary);
-        let scored = crate::score::score(&store, &crate::score::ScoreOptions::default()).await?;
-        println!(
-            "scored {} methods at K = {:?}: keep maps under keep_maps/",
-            scored.methods.len(),
-            scored.ks
-        );
-        let replayed = replay_defaults(&store, &setup.model_path, &scored.ks)?;
-        println!(
-            "replayed {} (split, trace, mode, policy, capacity, keep map) cells: replay/report.md",
-            replayed.rows.len()
-        );
-        let report = crate::verify::verify(&store).await?;
-        print!("{report}");
-        let ok = report.ok();
-        crate::report::report(&store).await?;
-        println!("report: {}", store.url_of(names::REPORT_MD));
-        mark_finished(&store, &summary, ok).await?;
-        if ok {
-            println!("run complete: {}", store.url());
-            Ok(ExitCode::SUCCESS)
-        } else {
-            eprintln!(
-                "run finished but verification failed (see above); {} is not marked complete",
-                store.url_of(crate::corpus::MANIFEST_FILE)
-            );
-            Ok(ExitCode::FAILURE)
-        }
-    })
-}
-
-/// Replays the run's traces with the default policies and capacities,
-/// without a keep map and under the hybrid keep map at the middle K. Runs on
-/// its own thread: replay drives its own I/O runtime.
-fn replay_defaults(
-    store: &RunStore,
-    model: &std::path::Path,
-    ks: &[u32],
-) -> anyhow::Result<crate::replay::ReplayReport> {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Defaults {
-        #[command(flatten)]
-        args: crate::replay::ReplayArgs,
-    }
-    let mut argv = vec!["replay".to_string(), store.url().to_string()];
-    argv.extend(["--model".to_string(), model.display().to_string()]);
-    if let Some(k) = ks.get(ks.len() / 2) {
-        argv.extend(["--keep-map".to_string(), format!("none,reap_hybrid_K{k}")]);
-    }
-    let args = Defaults::try_parse_from(argv)?.args;
-    std::thread::spawn(move || crate::replay::replay_run(&args))
-        .join()
-        .map_err(|_| anyhow::anyhow!("replay panicked"))?
-}
-
-/// A missing model named after a `synth-model` preset (`tiny.gguf`,
-/// `tiny-alt.gguf`, `bench.gguf`, `wide.gguf`) is generated with the worker binary, so the
-/// quickstart needs nothing but the build.
-fn ensure_model(path: &std::path::Path) -> anyhow::Result<()> {
-    use anyhow::{bail, Context};
-    if path.exists() {
-        return Ok(());
-    }
-    let preset = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-    if !["tiny", "tiny-alt", "bench", "wide"].contains(&preset) {
-        bail!("model {} does not exist", path.display());
-    }
-    eprintln!(
-        "model {} is missing: generating it with `worker synth-model --preset {preset}`",
-        path.display()
-    );
-    let status = std::process::Command::new(local::worker_binary()?)
-        .args(["synth-model", "--preset", preset, "--out"])
-        .arg(path)
-        .status()
-        .context("running worker synth-model")?;
-    if !status.success() {
-        bail!("worker synth-model --preset {preset} failed ({status})");
-    }
-    Ok(())
-}
-
-fn print_summary(store: &RunStore, s: &RunSummary) {
-    println!(
-        "collected {} leases ({} reused from {}/partials, {} computed, {} retried, {} duplicates dropped); {} fit tokens",
-        s.units,
-        s.resumed,
-        store.url(),
-        s.computed,
-        s.retries,
-        s.duplicates,
-        s.fit_tokens
-    );
-    for (name, why) in &s.rejected {
-        println!("  REJECTED stored partial {}: {why}", store.url_of(name));
-    }
-    for w in &s.workers {
-        println!(
-            "  {} ({}): {} leases, {} tokens, {:.0} tokens/s",
-            w.name,
-            w.backend,
-            w.leases,
-            w.tokens,
-            progress::throughput(w)
-        );
-    }
 }
 
 #[cfg(test)]

@@ -87,11 +87,21 @@ pub async fn read_manifest(store: &RunStore) -> Result<serde_json::Value, Record
 /// The records of a manifest (none when it has no `partials` key); a record
 /// table that does not parse is an error naming the manifest.
 pub fn records_of(store: &RunStore, manifest: &serde_json::Value) -> Result<Records, RecordError> {
-    match manifest.get(MANIFEST_KEY) {
+    records_in(store, manifest, MANIFEST_KEY)
+}
+
+/// The records under `key` of a manifest (`partials`, or another stage's
+/// table such as `eval_partials`); none when the key is absent.
+pub fn records_in(
+    store: &RunStore,
+    manifest: &serde_json::Value,
+    key: &str,
+) -> Result<Records, RecordError> {
+    match manifest.get(key) {
         None => Ok(Records::new()),
         Some(v) => serde_json::from_value(v.clone()).map_err(|e| RecordError::Manifest {
             url: store.url_of(crate::corpus::MANIFEST_FILE),
-            reason: format!("`{MANIFEST_KEY}` is not a table of partial records: {e}"),
+            reason: format!("`{key}` is not a table of partial records: {e}"),
         }),
     }
 }
@@ -102,20 +112,28 @@ pub fn records_of(store: &RunStore, manifest: &serde_json::Value) -> Result<Reco
 pub struct Recorder {
     store: RunStore,
     manifest: serde_json::Value,
+    key: &'static str,
 }
 
 impl Recorder {
-    /// Reads the run's manifest.
+    /// Reads the run's manifest; records go to its `partials` table.
     pub async fn open(store: &RunStore) -> Result<Recorder, RecordError> {
+        Recorder::open_table(store, MANIFEST_KEY).await
+    }
+
+    /// Reads the run's manifest; records go to its `key` table (each stage
+    /// that leases work keeps its own).
+    pub async fn open_table(store: &RunStore, key: &'static str) -> Result<Recorder, RecordError> {
         Ok(Recorder {
             store: store.clone(),
             manifest: read_manifest(store).await?,
+            key,
         })
     }
 
     /// The records as read or written so far.
     pub fn records(&self) -> Result<Records, RecordError> {
-        records_of(&self.store, &self.manifest)
+        records_in(&self.store, &self.manifest, self.key)
     }
 
     /// Records the hash of accepted bytes, then stores them under their
@@ -156,7 +174,7 @@ impl Recorder {
             .manifest
             .as_object_mut()
             .expect("read_manifest returns an object")
-            .entry(MANIFEST_KEY)
+            .entry(self.key)
             .or_insert_with(|| serde_json::json!({}));
         if !table.is_object() {
             *table = serde_json::json!({});

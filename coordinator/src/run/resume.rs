@@ -102,7 +102,11 @@ pub async fn load(
 }
 
 /// Moves stored bytes to `rejected/<sha256 prefix>-<file name>`.
-async fn set_aside(store: &RunStore, name: &str, bytes: &bytes::Bytes) -> Result<(), RunError> {
+pub(crate) async fn set_aside(
+    store: &RunStore,
+    name: &str,
+    bytes: &bytes::Bytes,
+) -> Result<(), RunError> {
     let file = name.rsplit('/').next().unwrap_or(name);
     let aside = format!("{REJECTED_DIR}/{}-{file}", &sha256_hex(bytes)[..16]);
     store.put(&aside, bytes.clone()).await?;

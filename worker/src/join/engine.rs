@@ -1,13 +1,16 @@
 //! The measuring engine behind `worker join`, on a thread of its own (a
 //! llama.cpp context need not be `Send`): [`Engine`] is what the join loop
-//! needs from it, [`CollectorLoader`] the real one over [`Collector`].
+//! needs from it, [`CollectorLoader`] the real one over [`Collector`] (and,
+//! in an evaluation run, over [`SlicedEvaluator`]).
 
-use crate::collect::device::Reduce;
+use super::eval_engine::{EvalEngine, SlicedEvaluator};
 use crate::collect::{CollectOptions, Collector};
+use crate::eval::EvalOptions;
 use common::corpus::{Chunk, CorpusIndex};
+use common::keepmap::KeepMap;
 use common::partial::Partial;
 use common::trace::TraceRow;
-use common::wire::JobInfo;
+use common::wire::{EvalJob, JobInfo};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -35,6 +38,16 @@ pub trait EngineLoader: Send + Clone + 'static {
     fn backend(&self) -> String;
     /// Loads the model for `job`.
     fn load(self, job: &JobInfo) -> Result<Self::Engine, String>;
+    /// Loads the base model of an evaluation job and slices its candidates
+    /// from the named keep maps. Engines that cannot evaluate refuse.
+    fn load_eval(
+        self,
+        _job: &JobInfo,
+        _eval: &EvalJob,
+        _maps: &[(String, KeepMap)],
+    ) -> Result<Box<dyn EvalEngine>, String> {
+        Err("this engine cannot evaluate pruned candidates".into())
+    }
 }
 
 /// The real engine: llama.cpp through [`Collector`].
@@ -87,6 +100,29 @@ impl EngineLoader for CollectorLoader {
             collector,
             trace_top_n: o.trace_top_n as usize,
         })
+    }
+
+    fn load_eval(
+        self,
+        job: &JobInfo,
+        eval: &EvalJob,
+        maps: &[(String, KeepMap)],
+    ) -> Result<Box<dyn EvalEngine>, String> {
+        let o = &job.options;
+        let mut opts = EvalOptions {
+            n_ubatch: o.n_ubatch,
+            n_gpu_layers: self.n_gpu_layers,
+            f32_kv: o.f32_kv,
+            flash_attn: o.flash_attn,
+            skip_first: eval.skip_first,
+            splits: eval.splits.clone(),
+            ..EvalOptions::default()
+        };
+        if let Some(t) = self.threads {
+            opts.threads = t;
+        }
+        let base = self.model.unwrap_or_else(|| PathBuf::from(&job.model_path));
+        Ok(Box::new(SlicedEvaluator::load(&base, maps, eval, opts)?))
     }
 }
 

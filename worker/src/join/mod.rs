@@ -7,9 +7,13 @@
 //! - [`tls`]: how the coordinator's certificate is trusted (pin or CA).
 //! - [`engine`]: the measuring engine on its own thread; [`fake`] a
 //!   deterministic stand-in for tests.
+//! - [`eval`]: the work loop of an evaluation job (candidates sliced here
+//!   by [`eval_engine`], eval partials reported).
 //! - [`join`] runs the protocol of [`common::wire`] with any engine.
 
 pub mod engine;
+mod eval;
+pub mod eval_engine;
 pub mod fake;
 pub mod tls;
 
@@ -466,6 +470,15 @@ async fn work<L: EngineLoader>(
         ToWorker::Welcome { job, worker_id } => {
             tracing::info!(%worker_id, run = %job.run_url, "joined");
             job
+        }
+        ToWorker::WelcomeEval {
+            job,
+            worker_id,
+            eval,
+        } => {
+            tracing::info!(%worker_id, run = %job.run_url, candidates = eval.candidates.len(), "joined an evaluation");
+            *joined = true;
+            return eval::work(c, loader.clone(), job, eval, summary).await;
         }
         other => {
             return Err(JoinError::Protocol(format!(

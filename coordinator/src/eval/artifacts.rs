@@ -1,0 +1,106 @@
+//! Writing an evaluation's results under `eval/`: the merged partial, the
+//! summary as JSON and as a Parquet table (one row per candidate, split and
+//! domain; domain `*` is the whole split). `summary.json` is removed first
+//! and written last: its presence marks the set complete.
+
+use super::EvalRunError;
+use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use common::eval::{names, EvalPartial, EvalSummary, Figures};
+use common::store::RunStore;
+use std::sync::Arc;
+
+/// Writes `eval/merged.bin`, `eval/summary.parquet` and `eval/summary.json`.
+pub async fn write(
+    store: &RunStore,
+    merged: &EvalPartial,
+    domains: &[String],
+) -> Result<EvalSummary, EvalRunError> {
+    let summary = EvalSummary::of(merged, domains);
+    if store.get_opt(names::SUMMARY_JSON).await?.is_some() {
+        store.delete(names::SUMMARY_JSON).await?;
+    }
+    store.put(names::MERGED, merged.to_bytes()).await?;
+    let table = parquet_table(&summary)
+        .map_err(|e| EvalRunError::Setup(format!("encoding {}: {e}", names::SUMMARY_PARQUET)))?;
+    store.put(names::SUMMARY_PARQUET, table).await?;
+    store
+        .put(names::SUMMARY_JSON, summary.to_json_bytes())
+        .await?;
+    Ok(summary)
+}
+
+/// Reads one float column's value from a row's figures.
+type Field64 = dyn Fn(&Figures) -> f64;
+
+/// The figures as a Parquet table.
+pub fn parquet_table(s: &EvalSummary) -> Result<Vec<u8>, String> {
+    let mut rows: Vec<(&str, &str, u32, &str, &str, &Figures)> = Vec::new();
+    for c in &s.candidates {
+        for (split, f) in &c.splits {
+            rows.push((&c.name, &c.method, c.k, split, "*", &f.all));
+            for (d, fd) in &f.domains {
+                rows.push((&c.name, &c.method, c.k, split, d, fd));
+            }
+        }
+    }
+    let text = |i: usize| -> ArrayRef {
+        Arc::new(StringArray::from(
+            rows.iter()
+                .map(|r| [r.0, r.1, r.3, r.4][i])
+                .collect::<Vec<_>>(),
+        ))
+    };
+    let float = |f: &dyn Fn(&Figures) -> f64| -> ArrayRef {
+        Arc::new(Float64Array::from(
+            rows.iter().map(|r| f(r.5)).collect::<Vec<_>>(),
+        ))
+    };
+    let floats: [(&str, &Field64); 13] = [
+        ("kl_mean", &|f| f.kl.mean),
+        ("kl_se", &|f| f.kl.se),
+        ("kl_p50", &|f| f.kl.p50),
+        ("kl_p90", &|f| f.kl.p90),
+        ("kl_p95", &|f| f.kl.p95),
+        ("kl_p99", &|f| f.kl.p99),
+        ("kl_p999", &|f| f.kl.p999),
+        ("kl_max", &|f| f.kl.max),
+        ("top1_same", &|f| f.top1_same),
+        ("ppl_base", &|f| f.ppl_base),
+        ("ppl_candidate", &|f| f.ppl_candidate),
+        ("ppl_ratio", &|f| f.ppl_ratio),
+        ("dprob_mean", &|f| f.dprob_mean),
+    ];
+    let mut fields = vec![
+        Field::new("candidate", DataType::Utf8, false),
+        Field::new("method", DataType::Utf8, false),
+        Field::new("k", DataType::UInt32, false),
+        Field::new("split", DataType::Utf8, false),
+        Field::new("domain", DataType::Utf8, false),
+        Field::new("n", DataType::UInt64, false),
+    ];
+    let mut arrays: Vec<ArrayRef> = vec![
+        text(0),
+        text(1),
+        Arc::new(UInt32Array::from(
+            rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+        )),
+        text(2),
+        text(3),
+        Arc::new(UInt64Array::from(
+            rows.iter().map(|r| r.5.n).collect::<Vec<_>>(),
+        )),
+    ];
+    for (name, f) in floats {
+        fields.push(Field::new(name, DataType::Float64, false));
+        arrays.push(float(f));
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(&mut out, schema, None).map_err(|e| e.to_string())?;
+    w.write(&batch).map_err(|e| e.to_string())?;
+    w.close().map_err(|e| e.to_string())?;
+    Ok(out)
+}

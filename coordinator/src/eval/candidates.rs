@@ -1,0 +1,63 @@
+//! The candidates of an evaluation: keep maps read from the run and sliced
+//! from the base model by the coordinator too, so it knows the SHA-256
+//! every worker's slice must have.
+
+use super::EvalRunError;
+use common::keepmap::KeepMap;
+use common::store::RunStore;
+use common::wire::EvalCandidate;
+use std::path::Path;
+
+/// Reads each named keep map (`<method>_K<k>`) from the run and slices it
+/// from `base` in a scratch directory (removed afterwards); returns the
+/// job's candidates with the SHA-256 of each slice.
+pub async fn prepare(
+    store: &RunStore,
+    names: &[String],
+    base: &Path,
+) -> Result<Vec<EvalCandidate>, EvalRunError> {
+    if names.is_empty() {
+        return Err(EvalRunError::Setup(
+            "no keep maps to evaluate (give --keep-maps or an [eval] keep_maps list)".into(),
+        ));
+    }
+    let scratch = tempfile::tempdir()
+        .map_err(|e| EvalRunError::Setup(format!("cannot create a scratch directory: {e}")))?;
+    let mut out: Vec<EvalCandidate> = Vec::with_capacity(names.len());
+    for name in names {
+        let bad = |reason: String| EvalRunError::KeepMap {
+            name: name.clone(),
+            reason,
+        };
+        if out.iter().any(|c| &c.name == name) {
+            return Err(bad("named twice".into()));
+        }
+        let object = KeepMap::object_name(name);
+        let bytes = store.get_opt(&object).await?.ok_or_else(|| {
+            bad(format!(
+                "{} does not exist (run `coordinator score` first; names are <method>_K<k>)",
+                store.url_of(&object)
+            ))
+        })?;
+        let keep: KeepMap = serde_json::from_slice(&bytes)
+            .map_err(|e| bad(format!("{} is not a keep map: {e}", store.url_of(&object))))?;
+        if KeepMap::file_name(&keep.method, keep.k) != object {
+            return Err(bad(format!(
+                "{} holds the map of {} at K={}",
+                store.url_of(&object),
+                keep.method,
+                keep.k
+            )));
+        }
+        let path = scratch.path().join(format!("{name}.gguf"));
+        let sliced = common::prune::slice_model(base, &keep, &path)
+            .map_err(|e| bad(format!("slicing {}: {e}", base.display())))?;
+        std::fs::remove_file(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+        out.push(EvalCandidate {
+            name: name.clone(),
+            keep_map: object,
+            sha256: sliced.sha256,
+        });
+    }
+    Ok(out)
+}

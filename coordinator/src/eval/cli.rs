@@ -1,0 +1,121 @@
+//! `coordinator eval RUN --keep-maps A,B,...`: the run's settings and model
+//! from its manifest, local or joined workers, then [`super::evaluate`].
+
+use super::{evaluate, job, print_outcome, EvalSettings, EvalSetup};
+use crate::config::Config;
+use crate::run::local::{worker_binary, LocalWorkers};
+use crate::run::{read_index, RunSetup};
+use anyhow::Context;
+use clap::Args;
+use common::store::RunStore;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `coordinator eval`.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Run location (path or URL) with `corpus/` and `keep_maps/`.
+    pub run: String,
+    /// Keep maps to evaluate, comma-separated names `<method>_K<k>`.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub keep_maps: Vec<String>,
+    /// Start this many local worker processes (loopback QUIC); 0 waits for
+    /// workers to join.
+    #[arg(long, default_value_t = 0)]
+    pub local_workers: u32,
+    /// Splits scored: fit, heldout or both.
+    #[arg(long, default_value = "both")]
+    pub split: String,
+    /// Positions skipped at the start of every chunk (`n_ctx / 2` scores the
+    /// second half of each chunk, like llama-perplexity).
+    #[arg(long, default_value_t = 0)]
+    pub skip_first: u32,
+    /// The base GGUF model (the run's; checked by SHA-256). Default: the
+    /// model path recorded in the run's config when it is absolute.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+}
+
+/// A run's config as recorded in its manifest.
+async fn recorded_config(store: &RunStore) -> anyhow::Result<Config> {
+    let manifest = crate::run::record::read_manifest(store).await?;
+    serde_json::from_value(manifest["config"].clone()).with_context(|| {
+        format!(
+            "the config recorded in {} (is this a run location?)",
+            store.url_of(crate::corpus::MANIFEST_FILE)
+        )
+    })
+}
+
+/// Entry point of `coordinator eval`.
+pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let store = RunStore::open(&args.run)?;
+        let config = recorded_config(&store).await?;
+        let model = match &args.model {
+            Some(m) => std::path::absolute(m).context("--model")?,
+            None if config.model.path.is_absolute() => config.model.path.clone(),
+            None => anyhow::bail!(
+                "give --model: the run's config names the model by a path relative to its config file ({})",
+                config.model.path.display()
+            ),
+        };
+        let settings = EvalSettings {
+            keep_maps: args.keep_maps.clone(),
+            split: args.split.clone(),
+            skip_first: args.skip_first,
+        };
+        let (model_sha256, job) = job(&store, &model, &settings).await?;
+        let setup = EvalSetup {
+            base: RunSetup {
+                store: store.clone(),
+                index: read_index(&store).await?,
+                model_sha256,
+                model_path: model.clone(),
+                run: config.run.clone(),
+                cluster: config.cluster.clone(),
+            },
+            job,
+        };
+        let local = (args.local_workers > 0)
+            .then(|| local_workers(&config, &model, args.local_workers))
+            .transpose()?;
+        let outcome = evaluate(&setup, |l| start_workers(local.as_ref(), l)).await?;
+        print_outcome(&store, &outcome).await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// `count` local workers of the run's config on `model`.
+pub fn local_workers(
+    config: &Config,
+    model: &std::path::Path,
+    count: u32,
+) -> anyhow::Result<LocalWorkers> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    Ok(LocalWorkers {
+        binary: worker_binary()?,
+        count,
+        model: model.to_path_buf(),
+        threads: config
+            .run
+            .local_worker_threads
+            .unwrap_or((cores / count).max(1)),
+        env: config.storage.env(),
+    })
+}
+
+/// Starts the local workers, or prints how remote workers join.
+pub fn start_workers(
+    local: Option<&LocalWorkers>,
+    l: &crate::run::Listening,
+) -> Result<Vec<tokio::process::Child>, crate::run::RunError> {
+    match local {
+        Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
+        None => {
+            println!("waiting for workers: {}", l.hint.join);
+            Ok(Vec::new())
+        }
+    }
+}

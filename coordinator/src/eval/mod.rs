@@ -1,0 +1,261 @@
+//! `coordinator eval`: each pruned candidate against the base model (DESIGN
+//! section 12): KL(p || q), perplexity and top-1 agreement over the run's
+//! chunks, leased to the same workers with the same exact merge and resume
+//! as collection; results under `eval/`.
+//!
+//! - [`candidates`]: keep maps read from the run and sliced here too, so
+//!   the coordinator knows each candidate's SHA-256.
+//! - [`session`]: the leases over QUIC (local or joined workers).
+//! - [`resume`]: stored eval partials of the same job are reused.
+//! - [`artifacts`]: `eval/merged.bin`, `eval/summary.json`, `eval/summary.parquet`.
+//! - [`settings`]: the `[eval]` config section; [`cli`]: `coordinator eval`.
+
+pub mod artifacts;
+pub mod candidates;
+pub mod cli;
+pub mod resume;
+pub mod session;
+pub mod settings;
+
+use crate::net::hub::WorkerInfo;
+use crate::run::record::{settings_key, RecordError, Recorder};
+use crate::run::{lock, Listening, RunError, RunSetup};
+use crate::sched::plan;
+use common::eval::summary::parse_splits;
+use common::eval::{EvalError, EvalSummary};
+use common::hash::sha256_hex;
+use common::store::{RunStore, StoreError};
+use common::wire::EvalJob;
+use std::path::Path;
+use std::time::Duration;
+
+pub use settings::EvalSettings;
+
+/// Errors of an evaluation.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalRunError {
+    /// Settings, model or workers unusable.
+    #[error("{0}")]
+    Setup(String),
+    /// A keep map cannot be evaluated.
+    #[error("keep map {name}: {reason}")]
+    KeepMap {
+        /// Its name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The manifest's record of accepted eval partials.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    /// What evaluation shares with collection (server, scheduler, lock,
+    /// local workers) failed.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// Eval partials that do not combine.
+    #[error("merging {what}: {source}")]
+    Merge {
+        /// The partial being merged.
+        what: String,
+        /// Why.
+        source: EvalError,
+    },
+}
+
+/// Everything [`evaluate`] needs.
+#[derive(Clone, Debug)]
+pub struct EvalSetup {
+    /// The run: its store, corpus index, base model (hash and path sent to
+    /// workers), `[run]` (lease size, micro-batch, KV cache) and `[cluster]`.
+    pub base: RunSetup,
+    /// The candidates and scored positions.
+    pub job: EvalJob,
+}
+
+/// What an evaluation did.
+#[derive(Debug)]
+pub struct EvalOutcome {
+    /// The figures written to `eval/summary.json`.
+    pub summary: EvalSummary,
+    /// Units in the lease plan.
+    pub units: usize,
+    /// Units reused from stored eval partials.
+    pub resumed: usize,
+    /// Stored eval partials set aside and recomputed: `(object name, why)`.
+    pub rejected: Vec<(String, String)>,
+    /// Units computed by this process.
+    pub computed: usize,
+    /// Leases retried.
+    pub retries: usize,
+    /// Per-worker figures (tokens are scored positions).
+    pub workers: Vec<WorkerInfo>,
+}
+
+/// The job of an evaluation: checks the base model against the run's
+/// manifest and slices the named keep maps. Returns the base model's
+/// SHA-256 and the job.
+pub async fn job(
+    store: &RunStore,
+    base: &Path,
+    settings: &EvalSettings,
+) -> Result<(String, EvalJob), EvalRunError> {
+    let splits = parse_splits(&settings.split).ok_or_else(|| {
+        EvalRunError::Setup(format!(
+            "split {:?}: expected fit, heldout or both",
+            settings.split
+        ))
+    })?;
+    let base_sha256 = common::hash::sha256_file(base)
+        .map_err(|e| EvalRunError::Setup(format!("base model {}: {e}", base.display())))?;
+    let manifest = crate::run::record::read_manifest(store).await?;
+    match manifest["model_sha256"].as_str() {
+        Some(run_sha) if run_sha == base_sha256 => {}
+        Some(run_sha) => {
+            return Err(EvalRunError::Setup(format!(
+                "base model {} has SHA-256 {base_sha256}, the run was measured with {run_sha}",
+                base.display()
+            )))
+        }
+        None => {
+            return Err(EvalRunError::Setup(format!(
+                "{} names no model_sha256: not a run's manifest",
+                store.url_of(crate::corpus::MANIFEST_FILE)
+            )))
+        }
+    }
+    let candidates = candidates::prepare(store, &settings.keep_maps, base).await?;
+    Ok((
+        base_sha256,
+        EvalJob {
+            candidates,
+            skip_first: settings.skip_first,
+            splits,
+        },
+    ))
+}
+
+/// Fingerprint of everything that changes an eval partial's numbers: the
+/// base model, the corpus, how chunks are evaluated and the job (candidates
+/// with their SHA-256, scored positions).
+pub fn eval_settings_key(setup: &EvalSetup) -> String {
+    let b = &setup.base;
+    let collection = settings_key(
+        &b.model_sha256,
+        &b.index.chunks_sha256,
+        &b.run.job_options(0),
+    );
+    let canonical = serde_json::json!({ "evaluation_of": collection, "job": setup.job });
+    sha256_hex(canonical.to_string().as_bytes())
+}
+
+/// Evaluates every unit of the lease plan not already stored, merges
+/// exactly and writes the results under `eval/`. `on_listen` starts local
+/// workers once the server listens; it is not called when everything was
+/// already stored. The run location is locked for the whole call.
+pub async fn evaluate<F>(setup: &EvalSetup, on_listen: F) -> Result<EvalOutcome, EvalRunError>
+where
+    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
+{
+    let stale = Duration::from_secs(setup.base.run.lock_stale_s);
+    let lock = lock::RunLock::acquire(&setup.base.store, stale)
+        .await
+        .map_err(RunError::from)?;
+    let outcome = evaluate_locked(setup, on_listen).await;
+    lock.release().await.map_err(RunError::from)?;
+    outcome
+}
+
+async fn evaluate_locked<F>(setup: &EvalSetup, on_listen: F) -> Result<EvalOutcome, EvalRunError>
+where
+    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
+{
+    let store = &setup.base.store;
+    let index = &setup.base.index;
+    let units = plan(index.n_chunks, setup.base.run.lease_chunks);
+    let settings = eval_settings_key(setup);
+    let mut recorder = Recorder::open_table(store, resume::MANIFEST_KEY).await?;
+    let want = resume::Expected {
+        base_sha256: &setup.base.model_sha256,
+        corpus_sha256: &index.chunks_sha256,
+        job: &setup.job,
+        settings: &settings,
+    };
+    let resumed = resume::load(store, &units, &mut recorder, want).await?;
+    for (name, why) in &resumed.rejected {
+        tracing::warn!(
+            "stored eval partial {} REJECTED, recomputing it (moved under {}/): {why}",
+            store.url_of(name),
+            crate::run::resume::REJECTED_DIR
+        );
+    }
+    let mut stats = session::SessionStats::default();
+    let mut merged = resumed.merged;
+    if resumed.done.len() < units.len() {
+        let storing = session::Storing { recorder, settings };
+        let (more, s) =
+            session::serve(setup, units.clone(), &resumed.done, storing, on_listen).await?;
+        if let Some(p) = more {
+            match &mut merged {
+                None => merged = Some(p),
+                Some(m) => m.merge(&p).map_err(|source| EvalRunError::Merge {
+                    what: "this process's eval partials".into(),
+                    source,
+                })?,
+            }
+        }
+        stats = s;
+    }
+    let merged = merged.ok_or_else(|| EvalRunError::Setup("the corpus has no chunks".into()))?;
+    if merged.n_chunks() != u64::from(index.n_chunks) {
+        return Err(EvalRunError::Setup(format!(
+            "the merged evaluation covers {} of {} chunks",
+            merged.n_chunks(),
+            index.n_chunks
+        )));
+    }
+    let summary = artifacts::write(store, &merged, &index.domains).await?;
+    Ok(EvalOutcome {
+        summary,
+        units: units.len(),
+        resumed: resumed.done.len(),
+        rejected: resumed.rejected,
+        computed: stats.accepted,
+        retries: stats.retries,
+        workers: stats.workers,
+    })
+}
+
+/// Prints what an evaluation did and its table (with `score`'s slot
+/// replacement when `score/score.json` is readable).
+pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
+    println!(
+        "evaluated {} candidates over {} leases ({} reused from {}, {} computed, {} retried)",
+        o.summary.candidates.len(),
+        o.units,
+        o.resumed,
+        store.url_of(resume::PARTIALS_DIR),
+        o.computed,
+        o.retries
+    );
+    for (name, why) in &o.rejected {
+        println!(
+            "  REJECTED stored eval partial {}: {why}",
+            store.url_of(name)
+        );
+    }
+    let slots = match crate::report::eval::slot_tables(store).await {
+        Ok(t) => t,
+        Err(e) => {
+            println!("  (no slot replacement column: {e:#})");
+            Vec::new()
+        }
+    };
+    print!("{}", crate::report::eval::table(&o.summary, &slots));
+    println!(
+        "results: {}",
+        store.url_of(common::eval::names::SUMMARY_JSON)
+    );
+}

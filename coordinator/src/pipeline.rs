@@ -1,0 +1,220 @@
+//! `coordinator run`, the whole pipeline: corpus preparation, collection
+//! ([`crate::run::execute`]), scoring, replay, the evaluation of the
+//! `[eval]` keep maps ([`crate::eval`]), verification and the report. Each
+//! stage is its own module; this one only calls them in order, so no stage
+//! depends on a later one.
+
+use crate::config::Config;
+use crate::run::local::{self, LocalWorkers};
+use crate::run::{execute, mark_finished, progress, read_index, RunArgs, RunSetup, RunSummary};
+use common::artifacts::names;
+use common::store::RunStore;
+use std::process::ExitCode;
+
+/// Entry point of `coordinator run`.
+pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let mut config = Config::load(&args.config)?;
+    if let Some(m) = &args.model {
+        config.model.path = std::path::absolute(m).context("--model")?;
+    }
+    if let Some(l) = &args.listen {
+        config.cluster.listen = l.clone();
+    }
+    if let Some(f) = &args.connect_file {
+        config.cluster.connect_file = Some(f.clone());
+    }
+    if args.take_over_lock {
+        config.run.lock_stale_s = 0;
+    }
+    for (k, v) in config.storage.env() {
+        // Set before the runtime starts any thread.
+        std::env::set_var(k, v);
+    }
+    let out = args
+        .out
+        .clone()
+        .or_else(|| config.run.out.clone())
+        .unwrap_or_else(|| crate::corpus::default_out(&args.config));
+    ensure_model(&config.model_path())?;
+    // Refuse a model without experts before any corpus work or lease.
+    common::model_check::moe_facts(&config.model_path()).map_err(anyhow::Error::msg)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let store = RunStore::open(&out)?;
+        let outcome = crate::corpus::prepare_run(&config, &store, false).await?;
+        if !outcome.reused {
+            print!("{}", crate::corpus::summary(&outcome.manifest));
+        }
+        let index = read_index(&store).await?;
+        let model_path = std::path::absolute(config.model_path()).context("model path")?;
+        let setup = RunSetup {
+            store: store.clone(),
+            index,
+            model_sha256: outcome.manifest.model_sha256.clone(),
+            model_path: model_path.clone(),
+            run: config.run.clone(),
+            cluster: config.cluster.clone(),
+        };
+        let local = if args.local_workers > 0 {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+            Some(LocalWorkers {
+                binary: local::worker_binary()?,
+                count: args.local_workers,
+                model: model_path,
+                threads: config
+                    .run
+                    .local_worker_threads
+                    .unwrap_or((cores / args.local_workers).max(1)),
+                env: config
+                    .storage
+                    .env()
+                    .into_iter()
+                    .chain((config.run.local_worker_reduce.clone()).map(|r| (local::REDUCE_ENV, r)))
+                    .collect(),
+            })
+        } else {
+            None
+        };
+        let summary = execute(&setup, |l| match &local {
+            Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
+            None => {
+                println!("waiting for workers: {}", l.hint.join);
+                Ok(Vec::new())
+            }
+        })
+        .await?;
+        print_summary(&store, &summary);
+        let scored = crate::score::score(&store, &crate::score::ScoreOptions::default()).await?;
+        println!(
+            "scored {} methods at K = {:?}: keep maps under keep_maps/",
+            scored.methods.len(),
+            scored.ks
+        );
+        let replayed = replay_defaults(&store, &setup.model_path, &scored.ks)?;
+        println!(
+            "replayed {} (split, trace, mode, policy, capacity, keep map) cells: replay/report.md",
+            replayed.rows.len()
+        );
+        if !config.eval.keep_maps.is_empty() {
+            evaluate_configured(&config, &setup, local.as_ref()).await?;
+        }
+        let report = crate::verify::verify(&store).await?;
+        print!("{report}");
+        let ok = report.ok();
+        crate::report::report(&store).await?;
+        println!("report: {}", store.url_of(names::REPORT_MD));
+        mark_finished(&store, &summary, ok).await?;
+        if ok {
+            println!("run complete: {}", store.url());
+            Ok(ExitCode::SUCCESS)
+        } else {
+            eprintln!(
+                "run finished but verification failed (see above); {} is not marked complete",
+                store.url_of(crate::corpus::MANIFEST_FILE)
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    })
+}
+
+/// Evaluates the keep maps of `[eval]` against the run's model (DESIGN
+/// section 12), with the run's local workers when it has some, and prints
+/// the table.
+async fn evaluate_configured(
+    config: &Config,
+    setup: &RunSetup,
+    local: Option<&LocalWorkers>,
+) -> anyhow::Result<()> {
+    let (model_sha256, job) =
+        crate::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
+    let eval = crate::eval::EvalSetup {
+        base: RunSetup {
+            model_sha256,
+            ..setup.clone()
+        },
+        job,
+    };
+    let outcome =
+        crate::eval::evaluate(&eval, |l| crate::eval::cli::start_workers(local, l)).await?;
+    crate::eval::print_outcome(&setup.store, &outcome).await;
+    Ok(())
+}
+
+/// Replays the run's traces with the default policies and capacities,
+/// without a keep map and under the hybrid keep map at the middle K. Runs on
+/// its own thread: replay drives its own I/O runtime.
+fn replay_defaults(
+    store: &RunStore,
+    model: &std::path::Path,
+    ks: &[u32],
+) -> anyhow::Result<crate::replay::ReplayReport> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Defaults {
+        #[command(flatten)]
+        args: crate::replay::ReplayArgs,
+    }
+    let mut argv = vec!["replay".to_string(), store.url().to_string()];
+    argv.extend(["--model".to_string(), model.display().to_string()]);
+    if let Some(k) = ks.get(ks.len() / 2) {
+        argv.extend(["--keep-map".to_string(), format!("none,reap_hybrid_K{k}")]);
+    }
+    let args = Defaults::try_parse_from(argv)?.args;
+    std::thread::spawn(move || crate::replay::replay_run(&args))
+        .join()
+        .map_err(|_| anyhow::anyhow!("replay panicked"))?
+}
+
+/// A missing model named after a `synth-model` preset (`tiny.gguf`,
+/// `tiny-alt.gguf`, `bench.gguf`, `wide.gguf`) is generated with the worker binary, so the
+/// quickstart needs nothing but the build.
+fn ensure_model(path: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::{bail, Context};
+    if path.exists() {
+        return Ok(());
+    }
+    let preset = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if !["tiny", "tiny-alt", "bench", "wide"].contains(&preset) {
+        bail!("model {} does not exist", path.display());
+    }
+    eprintln!(
+        "model {} is missing: generating it with `worker synth-model --preset {preset}`",
+        path.display()
+    );
+    let status = std::process::Command::new(local::worker_binary()?)
+        .args(["synth-model", "--preset", preset, "--out"])
+        .arg(path)
+        .status()
+        .context("running worker synth-model")?;
+    if !status.success() {
+        bail!("worker synth-model --preset {preset} failed ({status})");
+    }
+    Ok(())
+}
+
+fn print_summary(store: &RunStore, s: &RunSummary) {
+    println!(
+        "collected {} leases ({} reused from {}/partials, {} computed, {} retried, {} duplicates dropped); {} fit tokens",
+        s.units,
+        s.resumed,
+        store.url(),
+        s.computed,
+        s.retries,
+        s.duplicates,
+        s.fit_tokens
+    );
+    for (name, why) in &s.rejected {
+        println!("  REJECTED stored partial {}: {why}", store.url_of(name));
+    }
+    for w in &s.workers {
+        println!(
+            "  {} ({}): {} leases, {} tokens, {:.0} tokens/s",
+            w.name,
+            w.backend,
+            w.leases,
+            w.tokens,
+            progress::throughput(w)
+        );
+    }
+}

@@ -1,0 +1,69 @@
+//! The evaluating engine behind `worker join` in an evaluation run:
+//! [`EvalEngine`] is what the join loop needs, [`SlicedEvaluator`] the real
+//! one (it slices the job's candidates from the base model first).
+
+use crate::eval::{candidates, Candidate, EvalOptions, Evaluator};
+use common::corpus::{Chunk, CorpusIndex};
+use common::eval::EvalPartial;
+use common::keepmap::KeepMap;
+use common::wire::EvalJob;
+use std::path::Path;
+
+/// Evaluates chunks of a corpus.
+pub trait EvalEngine {
+    /// SHA-256 of the base model.
+    fn base_sha256(&self) -> String;
+    /// Evaluates the chunks.
+    fn evaluate(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<EvalPartial, String>;
+}
+
+/// The real evaluator with the scratch directory of its slices (removed
+/// when the engine is dropped).
+pub struct SlicedEvaluator {
+    evaluator: Evaluator,
+    _scratch: tempfile::TempDir,
+}
+
+impl SlicedEvaluator {
+    /// Slices `maps` from `base` and loads everything; a slice whose SHA-256
+    /// differs from the job's is refused, naming the candidate and both hashes.
+    pub fn load(
+        base: &Path,
+        maps: &[(String, KeepMap)],
+        eval: &EvalJob,
+        opts: EvalOptions,
+    ) -> Result<SlicedEvaluator, String> {
+        let scratch = tempfile::tempdir().map_err(|e| format!("scratch directory: {e}"))?;
+        let cands: Vec<Candidate> =
+            candidates::slice(base, maps, scratch.path()).map_err(|e| e.to_string())?;
+        for (mine, theirs) in cands.iter().zip(&eval.candidates) {
+            if mine.sha256 != theirs.sha256 {
+                return Err(format!(
+                    "candidate {}: this worker's slice of {} has SHA-256 {}, the coordinator's {}",
+                    theirs.name,
+                    base.display(),
+                    mine.sha256,
+                    theirs.sha256
+                ));
+            }
+        }
+        let evaluator = Evaluator::load(base, &cands, opts).map_err(|e| e.to_string())?;
+        Ok(SlicedEvaluator {
+            evaluator,
+            _scratch: scratch,
+        })
+    }
+}
+
+impl EvalEngine for SlicedEvaluator {
+    fn base_sha256(&self) -> String {
+        self.evaluator.base_sha256().to_string()
+    }
+
+    fn evaluate(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<EvalPartial, String> {
+        self.evaluator
+            .run(index, chunks, &mut |_, _| {})
+            .map(|e| e.partial)
+            .map_err(|e| e.to_string())
+    }
+}
