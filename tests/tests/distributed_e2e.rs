@@ -103,12 +103,16 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts_with_device_re
     let device = || vec![("MOE_CENSUS_REDUCE", "device".to_string())];
     let mut stores = Vec::new();
     for (name, count) in [("one", 1), ("three", 3)] {
-        let s = setup(&d.path().join(name), &model);
+        let s = real_setup(&d.path().join(name), &model, N_CHUNKS, N_CTX, 3);
         run_with_env(&s, &bin, count, Arc::default(), device())
             .await
             .unwrap();
         verify_ok(&s.store).await;
-        let merged = s.store.get(names::MERGED_PARTIAL).await.unwrap();
+        let merged = s
+            .store
+            .get(common::artifacts::names::MERGED_PARTIAL)
+            .await
+            .unwrap();
         let partial = common::partial::Partial::from_bytes(&merged).unwrap();
         assert_eq!(
             partial.backends.len(),
@@ -119,7 +123,10 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts_with_device_re
         assert!(partial.backends[0].ends_with(", device reductions"));
         stores.push(s.store);
     }
-    assert_eq!(artifacts(&stores[0]).await, artifacts(&stores[1]).await);
+    assert_eq!(
+        artifacts(&stores[0], true).await,
+        artifacts(&stores[1], true).await
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@
 //! See [`Collector::run`].
 
 pub mod device;
+mod folder;
 mod importance;
+mod kernels;
 mod names;
 mod observer;
 mod scratch;
@@ -22,7 +24,9 @@ use common::stats::ExpertAccum;
 use common::store::RunStore;
 use common::trace::TraceRow;
 use common::{ChunkRange, Split};
+use folder::{Folded, Folder};
 use observer::{Observer, UbatchInfo};
+use scratch::ChunkScratch;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -179,12 +183,15 @@ impl Collector {
             self.on_device.then(device::DeviceReads::new),
         );
         let mut ctx = Context::new(&self.model, &params, observer)?;
-        let mut experts = ExpertAccum::new(self.shape.clone());
-        let mut imatrix = Imatrix {
-            chunk_size: index.n_ctx,
-            ..Default::default()
-        };
-        let mut chunk_stats = Vec::with_capacity(chunks.len());
+        let mut folder = Folder::start(
+            index.domains.clone(),
+            ExpertAccum::new(self.shape.clone()),
+            Imatrix {
+                chunk_size: index.n_ctx,
+                ..Default::default()
+            },
+            (self.shape.moe_layers.len(), self.shape.n_expert as usize),
+        );
         let mut trace_tokens = 0u64;
         let mut decode_trace = Vec::new();
         for chunk in chunks {
@@ -224,10 +231,8 @@ impl Collector {
                 chunk: chunk.id.0,
                 reason,
             })?;
-            chunk_stats.push(obs.scratch.chunk_stats(chunk.id.0));
-            obs.scratch
-                .fold_into(&index.domains, &mut experts, &mut imatrix)?;
-            imatrix.chunk_count += 1;
+            let full = std::mem::replace(&mut obs.scratch, ChunkScratch::new(0, 0));
+            obs.scratch = folder.swap(chunk.id.0, full)?;
             if traced {
                 trace_tokens += chunk.tokens.len() as u64;
             }
@@ -241,6 +246,11 @@ impl Collector {
         let trace = std::mem::take(&mut obs.trace);
         let drops: BTreeMap<String, u64> = std::mem::take(&mut obs.drops);
         let dumps = std::mem::take(&mut obs.dumps);
+        let Folded {
+            experts,
+            imatrix,
+            chunk_stats,
+        } = folder.finish()?;
         let partial = Partial {
             format_version: PARTIAL_FORMAT_VERSION,
             model_sha256: self.sha256.clone(),

@@ -3,6 +3,7 @@
 
 use super::device::{DeviceReads, GroupSums};
 use super::importance::ImportanceCache;
+use super::kernels::{add_finite, extend_rows};
 use super::names::{parse_moe_node, weight_name, MoeNode};
 use super::scratch::ChunkScratch;
 use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
@@ -323,15 +324,12 @@ impl Observer {
             let probs = p.probs.get(t * n_expert..(t + 1) * n_expert).unwrap_or(&[]);
             let group = self.scratch.group(label);
             let l = &mut group.layers[li];
-            for (e, &v) in probs.iter().enumerate() {
-                if v.is_finite() {
-                    l.prob[e] += v as f64;
-                } else {
-                    *self
-                        .drops
-                        .entry(format!("ffn_moe_probs-{}", p.layer))
-                        .or_default() += 1;
-                }
+            let dropped = add_finite(&mut l.prob, probs);
+            if dropped > 0 {
+                *self
+                    .drops
+                    .entry(format!("ffn_moe_probs-{}", p.layer))
+                    .or_default() += dropped;
             }
             for j in 0..k {
                 let e = topk[t * k + j] as usize;
@@ -427,11 +425,9 @@ fn sum_of_squares(bytes: &[u8], base: usize, stride: usize, n: usize) -> f64 {
 
 /// Reads a contiguous-rows `[cols, rows]` f32 tensor honouring its strides.
 fn read_f32_2d(t: &TensorRef<'_>, cols: usize, rows: usize) -> Vec<f32> {
-    let (bytes, nb) = (t.bytes(), t.nb());
-    (0..rows)
-        .flat_map(|r| (0..cols).map(move |c| r * nb[1] + c * nb[0]))
-        .map(|off| f32_at(&bytes, off))
-        .collect()
+    let mut out = Vec::new();
+    extend_rows(&mut out, &t.bytes(), t.nb(), cols, rows);
+    out
 }
 
 /// One trace row: the selection, its gate weights and the router's top-N.

@@ -4,6 +4,7 @@
 //! in an evaluation run, over [`SlicedEvaluator`]).
 
 use super::eval_engine::{EvalEngine, SlicedEvaluator};
+use crate::collect::device::Reduce;
 use crate::collect::{CollectOptions, Collector};
 use crate::eval::EvalOptions;
 use common::corpus::{Chunk, CorpusIndex};

@@ -1,0 +1,207 @@
+//! Benchmark: the host cost of collection at the real shape (issue #12):
+//! the `wide` model (48 MoE layers x 512 experts, top-10, hidden 64), a plain
+//! forward pass against `worker collect`'s statistics + importance matrix
+//! (no trace), at 1 and 2 ggml threads.
+//!
+//! `cargo run --release -p worker --bin bench_host -- --chunks 2 --n-ctx 512`
+//!
+//! Prints, per thread count, the least of `--rounds` interleaved rounds: wall
+//! seconds and process CPU seconds (user + system, all threads, in ticks of
+//! 10 ms, so use enough tokens) of each mode,
+//! host us/token = (collect - forward) / tokens for both, and collection's
+//! overhead against the forward pass.
+
+use clap::Parser;
+use common::corpus::{Chunk, CorpusIndex, Span};
+use common::{ChunkId, Split};
+use std::path::PathBuf;
+use std::time::Instant;
+use worker::collect::{CollectOptions, Collector};
+use worker::llama::{Context, ContextParams, Model, NoGraph};
+use worker::synth::Preset;
+
+#[derive(Parser)]
+struct Args {
+    /// Chunks per measurement.
+    #[arg(long, default_value_t = 2)]
+    chunks: u32,
+    /// Tokens per chunk (and per micro-batch).
+    #[arg(long, default_value_t = 512)]
+    n_ctx: u32,
+    /// Rounds of each mode (the best is kept).
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Thread counts to measure, comma-separated.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    threads: Vec<u32>,
+    /// An existing `wide` model (else one is generated in a temporary directory).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Run one mode once and print nothing else (for `perf record`): forward or collect.
+    #[arg(long)]
+    only: Option<String>,
+}
+
+/// Wall and CPU seconds of one measurement.
+#[derive(Clone, Copy)]
+struct Cost {
+    wall: f64,
+    cpu: f64,
+}
+
+impl Cost {
+    /// The least wall time and the least CPU time, each over the rounds.
+    fn best(self, other: Cost) -> Cost {
+        Cost {
+            wall: self.wall.min(other.wall),
+            cpu: self.cpu.min(other.cpu),
+        }
+    }
+}
+
+/// User + system CPU seconds of this process so far, all threads
+/// (`/proc/self/stat` fields 14 and 15, in clock ticks of 1/100 s).
+fn process_cpu_seconds() -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // The command name (field 2) may hold spaces; fields after it are plain.
+    let rest = stat
+        .rsplit_once(')')
+        .ok_or_else(|| anyhow::anyhow!("unexpected /proc/self/stat: {stat}"))?
+        .1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<f64> { Ok(fields[i].parse::<f64>()?) };
+    // After the command: state is field 3, so utime (14) is index 11.
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Cost> {
+    let (cpu0, t) = (process_cpu_seconds()?, Instant::now());
+    f()?;
+    Ok(Cost {
+        wall: t.elapsed().as_secs_f64(),
+        cpu: process_cpu_seconds()? - cpu0,
+    })
+}
+
+fn corpus(n: u32, n_ctx: u32, n_vocab: u32) -> (CorpusIndex, Vec<Chunk>) {
+    let chunks: Vec<Chunk> = (0..n)
+        .map(|id| Chunk {
+            id: ChunkId(id),
+            tokens: (0..n_ctx)
+                .map(|i| ((i * 7919 + id * 31) % n_vocab) as i32)
+                .collect(),
+            spans: vec![Span {
+                start: 0,
+                len: n_ctx,
+                split: Split::Fit,
+                domain: 0,
+            }],
+        })
+        .collect();
+    let index = CorpusIndex {
+        n_chunks: n,
+        n_ctx,
+        domains: vec!["bench".into()],
+        n_tokens: u64::from(n * n_ctx),
+        chunks_sha256: "bench".into(),
+    };
+    (index, chunks)
+}
+
+fn forward(model: &Model, params: &ContextParams, chunks: &[Chunk]) -> anyhow::Result<()> {
+    let mut ctx = Context::new(model, params, NoGraph)?;
+    for c in chunks {
+        ctx.clear();
+        for (i, toks) in c.tokens.chunks(params.n_ubatch as usize).enumerate() {
+            ctx.decode(toks, (i * params.n_ubatch as usize) as i32)?;
+        }
+    }
+    Ok(())
+}
+
+fn collect(
+    path: &std::path::Path,
+    threads: u32,
+    index: &CorpusIndex,
+    chunks: &[Chunk],
+) -> anyhow::Result<Cost> {
+    let opts = CollectOptions {
+        n_ubatch: index.n_ctx,
+        threads,
+        trace_every: 0,
+        ..Default::default()
+    };
+    let mut collector = Collector::load(path, opts)?;
+    timed(|| {
+        collector.run(index, chunks, &mut |_, _| {})?;
+        Ok(())
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let dir = std::env::temp_dir().join(format!("moe-census-bench-host-{}", std::process::id()));
+    let path = match &a.model {
+        Some(p) => p.clone(),
+        None => {
+            std::fs::create_dir_all(&dir)?;
+            let p = dir.join("wide.gguf");
+            worker::synth::write_model(Preset::Wide, 0, &p)?;
+            p
+        }
+    };
+    let model = Model::load(&path, 0)?;
+    let (index, chunks) = corpus(a.chunks, a.n_ctx, model.n_vocab() as u32);
+    let tokens = f64::from(a.chunks * a.n_ctx);
+    let params = |threads| ContextParams {
+        n_ctx: a.n_ctx,
+        n_ubatch: a.n_ctx,
+        threads,
+        f32_kv: false,
+        flash_attn: false,
+    };
+    if let Some(mode) = a.only.as_deref() {
+        let threads = a.threads.first().copied().unwrap_or(1);
+        match mode {
+            "forward" => forward(&model, &params(threads), &chunks)?,
+            "collect" => {
+                collect(&path, threads, &index, &chunks)?;
+            }
+            other => anyhow::bail!("--only {other}: expected forward or collect"),
+        }
+        return Ok(());
+    }
+    println!("backend: {}", worker::llama::backend_description());
+    println!(
+        "model: wide preset (qwen3moe, 48 MoE layers x 512 experts, top-10, hidden 64, f16); \
+         {} chunks x {} tokens, n_ubatch {}, least wall and least CPU time of {} rounds each",
+        a.chunks, a.n_ctx, a.n_ctx, a.rounds
+    );
+    println!("| threads | forward wall s | forward CPU s | collect wall s | collect CPU s | host us/token (wall) | host us/token (CPU) | overhead (wall) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &threads in &a.threads {
+        let none = Cost {
+            wall: f64::MAX,
+            cpu: f64::MAX,
+        };
+        let (mut fwd, mut col) = (none, none);
+        for _ in 0..a.rounds {
+            fwd = fwd.best(timed(|| forward(&model, &params(threads), &chunks))?);
+            col = col.best(collect(&path, threads, &index, &chunks)?);
+        }
+        println!(
+            "| {threads} | {:.3} | {:.2} | {:.3} | {:.2} | {:.1} | {:.1} | {:+.2}% |",
+            fwd.wall,
+            fwd.cpu,
+            col.wall,
+            col.cpu,
+            1e6 * (col.wall - fwd.wall) / tokens,
+            1e6 * (col.cpu - fwd.cpu) / tokens,
+            100.0 * (col.wall / fwd.wall - 1.0)
+        );
+    }
+    if a.model.is_none() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    Ok(())
+}
