@@ -15,7 +15,14 @@ const N_CHUNKS: u32 = 4;
 /// The tolerance issue #14 allows between f32 device sums and the host's.
 const REL: f64 = 1e-5;
 
-fn collect(model: &std::path::Path, dir: &std::path::Path, reduce: Reduce) -> Collected {
+/// Collects the test corpus with `decode_tokens` generated per held-out
+/// prompt of a traced chunk.
+fn collect(
+    model: &std::path::Path,
+    dir: &std::path::Path,
+    reduce: Reduce,
+    decode_tokens: usize,
+) -> Collected {
     let chunks = fixtures::chunks(N_CHUNKS, N_CTX);
     let index = fixtures::write_corpus(dir, &chunks, N_CTX);
     let opts = CollectOptions {
@@ -26,6 +33,10 @@ fn collect(model: &std::path::Path, dir: &std::path::Path, reduce: Reduce) -> Co
         // probabilities on the host, the others sum them on the device.
         trace_every: 2,
         trace_top_n: 8,
+        // Decode traces too: prompts and generated tokens are decoded one
+        // token at a time, unmeasured.
+        decode_tokens,
+        decode_prompt: 8,
         f32_kv: true,
         reduce,
         ..Default::default()
@@ -120,19 +131,41 @@ fn assert_partials_match(host: &Partial, device: &Partial) {
 fn check(preset: Preset) {
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures::model(dir.path(), preset);
-    let host = collect(&model, &dir.path().join("host"), Reduce::Host);
-    let device = collect(&model, &dir.path().join("device"), Reduce::Device);
+    // Decode traces on the small models only: on `wide` they triple the
+    // test's time and exercise nothing the small ones do not.
+    let decode_tokens = if preset == Preset::Wide { 0 } else { 3 };
+    let host = collect(
+        &model,
+        &dir.path().join("host"),
+        Reduce::Host,
+        decode_tokens,
+    );
+    let device = collect(
+        &model,
+        &dir.path().join("device"),
+        Reduce::Device,
+        decode_tokens,
+    );
     assert_partials_match(&host.partial, &device.partial);
     // Trace rows hold ids, gate weights and probabilities copied unchanged.
     assert!(!host.trace.is_empty());
     assert_eq!(host.trace, device.trace, "trace rows");
+    assert_eq!(host.decode_trace.is_empty(), decode_tokens == 0);
+    assert_eq!(host.decode_trace, device.decode_trace, "decode trace rows");
     assert!(
         device.partial.backends[0].ends_with(", device reductions"),
         "{:?}",
         device.partial.backends
     );
     let (h, d) = (host.partial.backend_to_host, device.partial.backend_to_host);
-    assert_eq!(h.tokens, u64::from(N_CTX) * 3 + u64::from(N_CTX) * 5 / 8);
+    // The measured tokens, plus the decode traces' prompts and generations.
+    let measured = u64::from(N_CTX) * 3 + u64::from(N_CTX) * 5 / 8;
+    assert_eq!(
+        h.tokens > measured,
+        decode_tokens > 0,
+        "{} tokens",
+        h.tokens
+    );
     assert_eq!(h.tokens, d.tokens);
     eprintln!(
         "{preset:?}: backend-to-host bytes per token: host {:.0}, device {:.0}",

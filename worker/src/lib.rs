@@ -3,7 +3,9 @@
 //! - [`cli`]: the command line (`worker synth-model`, `collect`, `join`).
 //! - [`synth`]: deterministic test models (`worker synth-model`).
 //! - [`collect`]: the [`collect::Collector`] that runs corpus chunks and
-//!   accumulates REAP statistics, the importance matrix and routing traces.
+//!   accumulates REAP statistics, the importance matrix and routing traces,
+//!   reading observed tensors on the host or reducing them on their own
+//!   backend ([`collect::device`], `--reduce`).
 //! - [`eval`]: the [`eval::Evaluator`] that compares pruned candidates with
 //!   the base model (KL, perplexity, top-1 agreement).
 //! - [`join`]: `worker join`, the QUIC client that measures leases for a coordinator.
