@@ -8,8 +8,6 @@
 //! `collect + trace` (and routing traces).
 
 use clap::Parser;
-use common::corpus::{Chunk, CorpusIndex, Span};
-use common::{ChunkId, Split};
 use std::time::Instant;
 use worker::collect::{CollectOptions, Collector};
 use worker::llama::{Context, ContextParams, GraphObserver, Model, TensorRef};
@@ -47,37 +45,12 @@ impl GraphObserver for NoTensors {
     fn observe(&mut self, _: &TensorRef<'_>) {}
 }
 
-fn corpus(n: u32, n_ctx: u32) -> (CorpusIndex, Vec<Chunk>) {
-    let chunks: Vec<Chunk> = (0..n)
-        .map(|id| Chunk {
-            id: ChunkId(id),
-            tokens: (0..n_ctx)
-                .map(|i| ((i * 7919 + id * 31) % 600) as i32)
-                .collect(),
-            spans: vec![Span {
-                start: 0,
-                len: n_ctx,
-                split: Split::Fit,
-                domain: 0,
-            }],
-        })
-        .collect();
-    let index = CorpusIndex {
-        n_chunks: n,
-        n_ctx,
-        domains: vec!["bench".into()],
-        n_tokens: (n * n_ctx) as u64,
-        chunks_sha256: "bench".into(),
-    };
-    (index, chunks)
-}
-
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let dir = tempfile_dir()?;
     let path = dir.join("bench.gguf");
     worker::synth::write_model(Preset::Bench, 0, &path)?;
-    let (index, chunks) = corpus(a.chunks, a.n_ctx);
+    let (index, chunks) = worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx);
     let tokens = (a.chunks * a.n_ctx) as f64;
     let params = ContextParams {
         n_ctx: a.n_ctx,

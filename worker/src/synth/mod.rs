@@ -10,7 +10,11 @@
 //!   512 experts, top-10) with a small hidden size, so traces, replay and
 //!   reports meet production sizes on a CPU.
 //! - [`Preset::Dense`]: a dense qwen3 model, for the "no MoE layers" error.
+//!
+//! [`chunks`] makes synthetic token chunks for the benchmarks; [`corpus`]
+//! a synthetic text corpus.
 
+pub mod chunks;
 pub mod corpus;
 mod vocab;
 mod weights;
