@@ -11,9 +11,7 @@
 //! `collect + trace` (and routing traces).
 
 use clap::Parser;
-use common::corpus::{Chunk, CorpusIndex, Span};
 use common::partial::BackendToHost;
-use common::{ChunkId, Split};
 use std::time::Instant;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collector};
@@ -62,34 +60,6 @@ impl GraphObserver for NoTensors {
     fn observe(&mut self, _: &TensorRef<'_>) {}
 }
 
-/// `n` chunks of `n_ctx` token ids below `n_vocab.min(600)` (600: the
-/// generated models' vocabulary, so the `bench` figures stay comparable).
-fn corpus(n: u32, n_ctx: u32, n_vocab: usize) -> (CorpusIndex, Vec<Chunk>) {
-    let modulus = n_vocab.clamp(1, 600) as u64;
-    let chunks: Vec<Chunk> = (0..n)
-        .map(|id| Chunk {
-            id: ChunkId(id),
-            tokens: (0..n_ctx)
-                .map(|i| ((u64::from(i) * 7919 + u64::from(id) * 31) % modulus) as i32)
-                .collect(),
-            spans: vec![Span {
-                start: 0,
-                len: n_ctx,
-                split: Split::Fit,
-                domain: 0,
-            }],
-        })
-        .collect();
-    let index = CorpusIndex {
-        n_chunks: n,
-        n_ctx,
-        domains: vec!["bench".into()],
-        n_tokens: (n * n_ctx) as u64,
-        chunks_sha256: "bench".into(),
-    };
-    (index, chunks)
-}
-
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let dir = tempfile_dir()?;
@@ -102,7 +72,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let n_vocab = Model::load(&path, 0)?.n_vocab();
-    let (index, chunks) = corpus(a.chunks, a.n_ctx, n_vocab);
+    let (index, chunks) = worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx, n_vocab);
     let tokens = (a.chunks * a.n_ctx) as f64;
     let params = ContextParams {
         n_ctx: a.n_ctx,

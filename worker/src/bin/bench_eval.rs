@@ -11,8 +11,6 @@
 //! is that mode's peak.
 
 use clap::Parser;
-use common::corpus::{Chunk, CorpusIndex, Span};
-use common::{ChunkId, Split};
 use std::time::Instant;
 use worker::eval::{candidates, EvalOptions, Evaluator};
 use worker::llama::{Context, ContextParams, Model, NoGraph};
@@ -37,31 +35,6 @@ struct Args {
     threads: u32,
 }
 
-fn corpus(n: u32, n_ctx: u32) -> (CorpusIndex, Vec<Chunk>) {
-    let chunks: Vec<Chunk> = (0..n)
-        .map(|id| Chunk {
-            id: ChunkId(id),
-            tokens: (0..n_ctx)
-                .map(|i| ((i * 7919 + id * 31) % 600) as i32)
-                .collect(),
-            spans: vec![Span {
-                start: 0,
-                len: n_ctx,
-                split: Split::Fit,
-                domain: 0,
-            }],
-        })
-        .collect();
-    let index = CorpusIndex {
-        n_chunks: n,
-        n_ctx,
-        domains: vec!["bench".into()],
-        n_tokens: u64::from(n * n_ctx),
-        chunks_sha256: "bench".into(),
-    };
-    (index, chunks)
-}
-
 /// Peak resident set size of this process so far, MiB.
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -80,7 +53,7 @@ fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let base = dir.join("bench.gguf");
     worker::synth::write_model(Preset::Bench, 0, &base)?;
-    let (index, chunks) = corpus(a.chunks, a.n_ctx);
+    let (index, chunks) = worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx, 600);
     let tokens = f64::from(a.chunks * a.n_ctx);
     let copies = (1..=3)
         .map(|i| {

@@ -1,10 +1,10 @@
 //! `worker collect`: one process, no network: measure a chunk range of a
 //! tokenized corpus and write its partial, trace part and results.
 
+use super::corpus::load_chunks;
 use crate::collect::device::Reduce;
 use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 use anyhow::Context;
-use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::store::RunStore;
 use common::ChunkRange;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -60,30 +60,11 @@ pub struct CollectArgs {
     reduce: Option<Reduce>,
 }
 
-/// Finds the corpus: `LOCATION/index.json` or `LOCATION/corpus/index.json`.
-pub async fn open_corpus(location: &str) -> anyhow::Result<(RunStore, CorpusIndex)> {
-    let root = RunStore::open(location)?;
-    for store in [root.clone(), root.child("corpus")] {
-        if let Some(bytes) = store.get_opt(INDEX_FILE).await? {
-            let index: CorpusIndex = serde_json::from_slice(&bytes)
-                .with_context(|| format!("{} is not a corpus index", store.url_of(INDEX_FILE)))?;
-            return Ok((store, index));
-        }
-    }
-    anyhow::bail!("corpus {location}: no {INDEX_FILE} there or under corpus/ (run `coordinator corpus` first)")
-}
-
 /// Entry point of `worker collect`.
 pub fn run(a: CollectArgs) -> anyhow::Result<()> {
     let range = ChunkRange::parse(&a.chunks).map_err(|e| anyhow::anyhow!("--chunks: {e}"))?;
     let rt = tokio::runtime::Runtime::new()?;
-    let (corpus, index) = rt.block_on(open_corpus(&a.corpus))?;
-    index
-        .check_range(range)
-        .map_err(|e| anyhow::anyhow!("corpus {}: {e}", corpus.url()))?;
-    let bytes = rt.block_on(corpus.get(CHUNKS_FILE))?;
-    let chunks = read_chunks(bytes, Some(range))
-        .map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
+    let (index, chunks) = rt.block_on(load_chunks(&a.corpus, range))?;
     let mut opts = CollectOptions {
         n_ubatch: a.n_ubatch,
         n_gpu_layers: a.n_gpu_layers,

@@ -2,10 +2,9 @@
 //! against the base model on a chunk range and write the eval partial and
 //! `eval/summary.json`.
 
-use super::collect::open_corpus;
+use super::corpus::load_chunks;
 use crate::eval::{candidates, EvalOptions, Evaluator};
 use anyhow::Context;
-use common::corpus::{read_chunks, CHUNKS_FILE};
 use common::eval::{names, EvalSummary};
 use common::store::RunStore;
 use common::ChunkRange;
@@ -63,13 +62,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let splits = common::eval::summary::parse_splits(&a.split)
         .with_context(|| format!("--split {:?}: expected fit, heldout or both", a.split))?;
     let rt = tokio::runtime::Runtime::new()?;
-    let (corpus, index) = rt.block_on(open_corpus(&a.corpus))?;
-    index
-        .check_range(range)
-        .map_err(|e| anyhow::anyhow!("corpus {}: {e}", corpus.url()))?;
-    let bytes = rt.block_on(corpus.get(CHUNKS_FILE))?;
-    let chunks = read_chunks(bytes, Some(range))
-        .map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
+    let (index, chunks) = rt.block_on(load_chunks(&a.corpus, range))?;
     let mut opts = EvalOptions {
         n_ubatch: a.n_ubatch,
         n_gpu_layers: a.n_gpu_layers,

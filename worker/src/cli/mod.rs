@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod collect;
+mod corpus;
 mod eval;
 
 /// moe-census worker.

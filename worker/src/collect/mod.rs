@@ -159,20 +159,14 @@ impl Collector {
         chunks: &[Chunk],
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Collected, WorkerError> {
-        let corpus_err = |reason: String| WorkerError::Corpus {
-            location: format!("chunks of {}", index.chunks_sha256),
-            reason,
-        };
-        if chunks.windows(2).any(|w| w[0].id >= w[1].id) {
-            return Err(corpus_err("chunks are not sorted by unique id".into()));
-        }
-        let params = ContextParams {
-            n_ctx: index.n_ctx,
-            n_ubatch: self.opts.n_ubatch.min(index.n_ctx),
-            threads: self.opts.threads,
-            f32_kv: self.opts.f32_kv,
-            flash_attn: self.opts.flash_attn,
-        };
+        check_chunks(index, chunks)?;
+        let params = chunk_context(
+            index,
+            self.opts.n_ubatch,
+            self.opts.threads,
+            self.opts.f32_kv,
+            self.opts.flash_attn,
+        );
         let observer = Observer::new(
             self.shape.n_expert as usize,
             self.shape.n_expert_used as usize,
@@ -195,15 +189,6 @@ impl Collector {
         let mut trace_tokens = 0u64;
         let mut decode_trace = Vec::new();
         for chunk in chunks {
-            chunk.validate(index.domains.len()).map_err(corpus_err)?;
-            if chunk.tokens.len() > index.n_ctx as usize {
-                return Err(corpus_err(format!(
-                    "chunk {} has {} tokens, more than n_ctx {}",
-                    chunk.id,
-                    chunk.tokens.len(),
-                    index.n_ctx
-                )));
-            }
             let traced = self.opts.trace_every > 0 && chunk.id.0 % self.opts.trace_every == 0;
             let labels = chunk.token_labels();
             ctx.clear();
@@ -370,6 +355,61 @@ pub struct Collected {
     pub decode_trace: Vec<TraceRow>,
     /// Dumped matmul inputs per (weight name, chunk), if requested.
     pub dumps: BTreeMap<(String, u32), Vec<f32>>,
+}
+
+/// The error for a chunk of `index` that cannot be evaluated.
+pub fn corpus_error(index: &CorpusIndex, reason: String) -> WorkerError {
+    WorkerError::Corpus {
+        location: format!("chunks of {}", index.chunks_sha256),
+        reason,
+    }
+}
+
+/// Checks chunks before any is decoded (collection and evaluation alike):
+/// sorted unique ids, spans valid for the index's domains, at most `n_ctx`
+/// tokens each.
+pub fn check_chunks(index: &CorpusIndex, chunks: &[Chunk]) -> Result<(), WorkerError> {
+    if chunks.windows(2).any(|w| w[0].id >= w[1].id) {
+        return Err(corpus_error(
+            index,
+            "chunks are not sorted by unique id".into(),
+        ));
+    }
+    for chunk in chunks {
+        chunk
+            .validate(index.domains.len())
+            .map_err(|e| corpus_error(index, e))?;
+        if chunk.tokens.len() > index.n_ctx as usize {
+            return Err(corpus_error(
+                index,
+                format!(
+                    "chunk {} has {} tokens, more than n_ctx {}",
+                    chunk.id,
+                    chunk.tokens.len(),
+                    index.n_ctx
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The llama.cpp context of a chunk run: the corpus's context size, one
+/// sequence, micro-batches of `n_ubatch` tokens (at most `n_ctx`, at least 1).
+pub fn chunk_context(
+    index: &CorpusIndex,
+    n_ubatch: u32,
+    threads: u32,
+    f32_kv: bool,
+    flash_attn: bool,
+) -> ContextParams {
+    ContextParams {
+        n_ctx: index.n_ctx,
+        n_ubatch: n_ubatch.min(index.n_ctx).max(1),
+        threads,
+        f32_kv,
+        flash_attn,
+    }
 }
 
 /// Coalesces sorted chunk ids into half-open ranges.

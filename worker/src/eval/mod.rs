@@ -13,9 +13,11 @@ pub mod candidates;
 pub mod metrics;
 mod positions;
 
-use crate::collect::{moe_shape, ranges_of, sha256_file};
+use crate::collect::{
+    check_chunks, chunk_context, corpus_error, moe_shape, ranges_of, sha256_file,
+};
 use crate::error::WorkerError;
-use crate::llama::{self, Context, ContextParams, Model, NoGraph};
+use crate::llama::{self, Context, Model, NoGraph};
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::{CandidateResult, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION};
 use common::exact::ExactSum;
@@ -154,20 +156,14 @@ impl Evaluator {
         chunks: &[Chunk],
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Evaluated, WorkerError> {
-        let corpus_err = |reason: String| WorkerError::Corpus {
-            location: format!("chunks of {}", index.chunks_sha256),
-            reason,
-        };
-        if chunks.windows(2).any(|w| w[0].id >= w[1].id) {
-            return Err(corpus_err("chunks are not sorted by unique id".into()));
-        }
-        let params = ContextParams {
-            n_ctx: index.n_ctx,
-            n_ubatch: self.opts.n_ubatch.min(index.n_ctx).max(1),
-            threads: self.opts.threads,
-            f32_kv: self.opts.f32_kv,
-            flash_attn: self.opts.flash_attn,
-        };
+        check_chunks(index, chunks)?;
+        let params = chunk_context(
+            index,
+            self.opts.n_ubatch,
+            self.opts.threads,
+            self.opts.f32_kv,
+            self.opts.flash_attn,
+        );
         let mut base = Context::new(&self.base, &params, NoGraph)?;
         let mut cands = self
             .candidates
@@ -181,21 +177,15 @@ impl Evaluator {
         let mut base_rows: Vec<f32> = Vec::new();
         let mut base_stats = Vec::new();
         for chunk in chunks {
-            chunk.validate(index.domains.len()).map_err(corpus_err)?;
-            if chunk.tokens.len() > index.n_ctx as usize {
-                return Err(corpus_err(format!(
-                    "chunk {} has {} tokens, more than n_ctx {}",
-                    chunk.id,
-                    chunk.tokens.len(),
-                    index.n_ctx
-                )));
-            }
             let scored = scored_positions(chunk, self.opts.skip_first, &self.opts.splits);
             let vocab_err = |pos: usize| {
-                corpus_err(format!(
-                    "chunk {} token {} at position {pos} is outside the vocabulary of {n_vocab}",
-                    chunk.id, chunk.tokens[pos]
-                ))
+                corpus_error(
+                    index,
+                    format!(
+                        "chunk {} token {} at position {pos} is outside the vocabulary of {n_vocab}",
+                        chunk.id, chunk.tokens[pos]
+                    ),
+                )
             };
             base.clear();
             cands.iter_mut().for_each(|c| c.clear());

@@ -13,7 +13,11 @@
 //!   routing (512 experts, top-10) in 2 MoE layers, so the bytes the
 //!   observer reads per token and layer can be measured at that shape.
 //! - [`Preset::Dense`]: a dense qwen3 model, for the "no MoE layers" error.
+//!
+//! [`chunks`] makes synthetic token chunks for the benchmarks; [`corpus`]
+//! a synthetic text corpus.
 
+pub mod chunks;
 pub mod corpus;
 mod vocab;
 mod weights;

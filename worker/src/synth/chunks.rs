@@ -1,0 +1,35 @@
+//! Synthetic tokenized chunks for the benchmarks (`bench_collect`,
+//! `bench_eval`): deterministic token ids under 600 (inside every preset's
+//! vocabulary) or under a smaller model's vocabulary, one fit span per
+//! chunk, one domain.
+
+use common::corpus::{Chunk, CorpusIndex, Span};
+use common::{ChunkId, Split};
+
+/// `n` chunks of `n_ctx` token ids below `n_vocab.min(600)` and their index
+/// (600: the generated models' vocabulary, so figures stay comparable).
+pub fn bench_chunks(n: u32, n_ctx: u32, n_vocab: usize) -> (CorpusIndex, Vec<Chunk>) {
+    let modulus = n_vocab.clamp(1, 600) as u64;
+    let chunks: Vec<Chunk> = (0..n)
+        .map(|id| Chunk {
+            id: ChunkId(id),
+            tokens: (0..n_ctx)
+                .map(|i| ((u64::from(i) * 7919 + u64::from(id) * 31) % modulus) as i32)
+                .collect(),
+            spans: vec![Span {
+                start: 0,
+                len: n_ctx,
+                split: Split::Fit,
+                domain: 0,
+            }],
+        })
+        .collect();
+    let index = CorpusIndex {
+        n_chunks: n,
+        n_ctx,
+        domains: vec!["bench".into()],
+        n_tokens: u64::from(n) * u64::from(n_ctx),
+        chunks_sha256: "bench".into(),
+    };
+    (index, chunks)
+}
