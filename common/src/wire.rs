@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Version of this protocol; both sides must speak the same one.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -98,8 +98,8 @@ pub struct JobInfo {
 pub struct JobOptions {
     /// Tokens per micro-batch.
     pub n_ubatch: u32,
-    /// Trace every n-th chunk (0: no trace).
-    pub trace_every: u32,
+    /// Which chunks are traced, per split.
+    pub trace_every: TraceStrides,
     /// Router top-N kept in trace rows.
     pub trace_top_n: u32,
     /// f32 KV cache instead of f16.
@@ -132,6 +132,27 @@ pub struct EvalCandidate {
     /// whose slice differs refuses the job, and the coordinator refuses any
     /// result that names another hash.
     pub sha256: String,
+}
+
+/// Trace strides per split: the fit tokens of every `fit`-th chunk and the
+/// held-out tokens of every `heldout`-th chunk are traced (0: none of that
+/// split), so each split gets its own share of the trace budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceStrides {
+    /// Stride for fit tokens.
+    pub fit: u32,
+    /// Stride for held-out tokens.
+    pub heldout: u32,
+}
+
+impl TraceStrides {
+    /// The same stride for both splits.
+    pub fn both(every: u32) -> TraceStrides {
+        TraceStrides {
+            fit: every,
+            heldout: every,
+        }
+    }
 }
 
 /// What a worker is doing, sent with every poll.

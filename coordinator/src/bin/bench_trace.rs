@@ -33,6 +33,20 @@ struct Args {
     full: bool,
 }
 
+/// User + system CPU seconds of this process (`/proc/self/stat`, ticks of
+/// 10 ms): on a loaded machine the wall clock says more about the other
+/// processes than about the encoder.
+fn process_cpu_seconds() -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let rest = stat
+        .rsplit_once(')')
+        .ok_or_else(|| anyhow::anyhow!("unexpected /proc/self/stat: {stat}"))?
+        .1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<f64> { Ok(fields[i].parse::<f64>()?) };
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let shape = Shape {
@@ -47,7 +61,7 @@ fn main() -> anyhow::Result<()> {
     let store = RunStore::open(&args.out)?;
     let rt = tokio::runtime::Runtime::new()?;
     let parts = args.tokens.div_ceil(args.part_tokens);
-    let (mut bytes, mut encode_s) = (0usize, 0f64);
+    let (mut bytes, mut encode_s, mut encode_cpu) = (0usize, 0f64, 0f64);
     for p in 0..parts {
         let split = if p % 5 == 4 {
             Split::Heldout
@@ -76,10 +90,11 @@ fn main() -> anyhow::Result<()> {
                 });
             }
         }
-        let t = Instant::now();
+        let (t, cpu0) = (Instant::now(), process_cpu_seconds()?);
         let part = write_part_as(&mut rows, shape.k, shape.n, encoding)
             .map_err(|e| anyhow::anyhow!("encoding part {p}: {e}"))?;
         encode_s += t.elapsed().as_secs_f64();
+        encode_cpu += process_cpu_seconds()? - cpu0;
         bytes += part.len();
         rt.block_on(store.put(&format!("trace/part-{p:05}.parquet"), part))?;
     }
@@ -87,12 +102,14 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(store.put("saliency.json", saliency.to_string()))?;
     let tokens = parts * args.part_tokens;
     println!(
-        "{:?} trace: {tokens} tokens x {} layers in {parts} parts, {bytes} bytes, {:.0} bytes per traced token, encoding {:.2} s ({:.0} tokens/s)",
+        "{:?} trace: {tokens} tokens x {} layers in {parts} parts, {bytes} bytes, {:.0} bytes per traced token, encoding {:.2} s wall ({:.0} tokens/s), {:.2} s CPU ({:.2} s CPU per part)",
         encoding,
         args.layers,
         bytes as f64 / tokens as f64,
         encode_s,
-        tokens as f64 / encode_s
+        tokens as f64 / encode_s,
+        encode_cpu,
+        encode_cpu / parts as f64
     );
     Ok(())
 }

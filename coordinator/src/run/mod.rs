@@ -133,20 +133,21 @@ pub struct RunSetup {
 }
 
 impl RunSetup {
-    /// The chunk stride that meets `[run] trace_tokens_per_split` for the
-    /// splits of the stored manifest's chunk plan (the whole corpus as one
-    /// split when the run has no manifest).
-    pub async fn trace_every(&self) -> Result<u32, RunError> {
+    /// The chunk strides that meet `[run] trace_tokens_per_split` for each
+    /// split of the stored manifest's chunk plan (the whole corpus's size
+    /// for both when the run has no manifest).
+    pub async fn trace_every(&self) -> Result<common::wire::TraceStrides, RunError> {
         let manifest = crate::corpus::read_manifest(&self.store)
             .await
             .map_err(|e| RunError::Setup(e.to_string()))?;
-        let splits = match manifest {
-            Some(m) => vec![m.chunk_plan.fit_tokens, m.chunk_plan.heldout_tokens],
-            None => vec![self.index.n_tokens],
+        let (fit, heldout) = match manifest {
+            Some(m) => (m.chunk_plan.fit_tokens, m.chunk_plan.heldout_tokens),
+            None => (self.index.n_tokens, self.index.n_tokens),
         };
-        Ok(trace_plan::trace_stride(
+        Ok(trace_plan::trace_strides(
             self.run.trace_tokens_per_split,
-            &splits,
+            fit,
+            heldout,
         ))
     }
 }

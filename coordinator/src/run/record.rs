@@ -243,7 +243,7 @@ mod tests {
     fn the_settings_key_changes_with_every_evaluation_setting() {
         let base = JobOptions {
             n_ubatch: 512,
-            trace_every: 1,
+            trace_every: common::wire::TraceStrides::both(1),
             trace_top_n: 64,
             f32_kv: false,
             flash_attn: false,
@@ -255,7 +255,11 @@ mod tests {
                 ..base.clone()
             },
             JobOptions {
-                trace_every: 2,
+                trace_every: common::wire::TraceStrides::both(2),
+                ..base.clone()
+            },
+            JobOptions {
+                trace_every: common::wire::TraceStrides { fit: 1, heldout: 2 },
                 ..base.clone()
             },
             JobOptions {

@@ -29,8 +29,9 @@ pub struct RunSettings {
     pub verify_fraction: f64,
     /// Tokens per micro-batch.
     pub n_ubatch: u32,
-    /// Traced tokens per split (fit, held-out), spread evenly over the
-    /// corpus as "every n-th chunk" (see [`super::trace_plan`]); 0: no trace.
+    /// Traced tokens per split (fit, held-out), each spread evenly over the
+    /// corpus as "every n-th chunk" of its own (see [`super::trace_plan`]);
+    /// 0: no trace.
     pub trace_tokens_per_split: u64,
     /// Router top-N per trace row.
     pub trace_top_n: u32,
@@ -52,8 +53,8 @@ pub struct RunSettings {
 
 impl RunSettings {
     /// The evaluation settings every worker of the run shares; `trace_every`
-    /// is the chunk stride that meets `trace_tokens_per_split` for the corpus.
-    pub fn job_options(&self, trace_every: u32) -> common::wire::JobOptions {
+    /// holds the chunk strides that meet `trace_tokens_per_split` per split.
+    pub fn job_options(&self, trace_every: common::wire::TraceStrides) -> common::wire::JobOptions {
         common::wire::JobOptions {
             n_ubatch: self.n_ubatch,
             trace_every,

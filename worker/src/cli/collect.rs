@@ -34,9 +34,14 @@ pub struct CollectArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<u32>,
-    /// Trace every n-th chunk (0: no trace).
+    /// Trace every n-th chunk (0: no trace); with `--trace-every-heldout`,
+    /// fit tokens only.
     #[arg(long, default_value_t = 1)]
     trace_every: u32,
+    /// Trace the held-out tokens of every n-th chunk (0: none; default:
+    /// `--trace-every`), so each split can get its own trace budget.
+    #[arg(long)]
+    trace_every_heldout: Option<u32>,
     /// Router top-N recorded per traced token and layer.
     #[arg(long, default_value_t = 64)]
     trace_top_n: usize,
@@ -69,6 +74,7 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
         n_ubatch: a.n_ubatch,
         n_gpu_layers: a.n_gpu_layers,
         trace_every: a.trace_every,
+        trace_every_heldout: a.trace_every_heldout,
         trace_top_n: a.trace_top_n,
         f32_kv: a.f32_kv,
         flash_attn: a.flash_attn,

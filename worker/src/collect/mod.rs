@@ -41,8 +41,12 @@ pub struct CollectOptions {
     pub n_gpu_layers: u32,
     /// CPU threads.
     pub threads: u32,
-    /// Trace every n-th chunk (by chunk id); 0 disables tracing.
+    /// Trace every n-th chunk (by chunk id); 0 disables tracing. With
+    /// `trace_every_heldout` set, this stride applies to fit tokens only.
     pub trace_every: u32,
+    /// Trace the held-out tokens of every n-th chunk (0: none); `None`
+    /// traces them with `trace_every`, like the fit tokens.
+    pub trace_every_heldout: Option<u32>,
     /// Router top-N recorded per traced token and layer.
     pub trace_top_n: usize,
     /// f32 KV cache (for tight oracle comparisons; production keeps f16).
@@ -67,6 +71,7 @@ impl Default for CollectOptions {
             n_gpu_layers: 0,
             threads: std::thread::available_parallelism().map_or(4, |n| n.get() as u32),
             trace_every: 1,
+            trace_every_heldout: None,
             trace_top_n: 64,
             f32_kv: false,
             flash_attn: false,
@@ -189,8 +194,10 @@ impl Collector {
         let mut trace_tokens = 0u64;
         let mut decode_trace = Vec::new();
         for chunk in chunks {
-            let traced = self.opts.trace_every > 0 && chunk.id.0 % self.opts.trace_every == 0;
+            let splits = self.traced_splits(chunk.id.0);
+            let traced = splits.fit || splits.heldout;
             let labels = chunk.token_labels();
+            let rows_before = ctx.observer().trace.len();
             ctx.clear();
             let fed = Feed {
                 chunk: chunk.id.0,
@@ -205,7 +212,13 @@ impl Collector {
                 &labels,
                 params.n_ubatch as usize,
             )?;
-            if traced && self.opts.decode_tokens > 0 {
+            if !(splits.fit && splits.heldout) {
+                // One split of this chunk is traced: keep only its rows.
+                let rows = ctx.observer().trace.split_off(rows_before);
+                let kept = rows.into_iter().filter(|r| splits.covers(r.split));
+                ctx.observer().trace.extend(kept);
+            }
+            if splits.heldout && self.opts.decode_tokens > 0 {
                 let before = ctx.observer().trace.len();
                 self.generate(&mut ctx, chunk, index.n_ctx as usize)?;
                 let generated = ctx.observer().trace.split_off(before);
@@ -218,9 +231,12 @@ impl Collector {
             })?;
             let full = std::mem::replace(&mut obs.scratch, ChunkScratch::new(0, 0));
             obs.scratch = folder.swap(chunk.id.0, full)?;
-            if traced {
-                trace_tokens += chunk.tokens.len() as u64;
-            }
+            trace_tokens += chunk
+                .spans
+                .iter()
+                .filter(|s| splits.covers(s.split))
+                .map(|s| u64::from(s.len))
+                .sum::<u64>();
             progress(chunk.id.0, chunk.tokens.len());
         }
         let backend_to_host = BackendToHost {
@@ -258,6 +274,17 @@ impl Collector {
             decode_trace,
             dumps,
         })
+    }
+
+    /// Which splits of chunk `id` are traced: fit tokens every
+    /// `trace_every`-th chunk, held-out tokens every `trace_every_heldout`-th.
+    fn traced_splits(&self, id: u32) -> TracedSplits {
+        let every = |n: u32| n > 0 && id.is_multiple_of(n);
+        let fit = self.opts.trace_every;
+        TracedSplits {
+            fit: every(fit),
+            heldout: every(self.opts.trace_every_heldout.unwrap_or(fit)),
+        }
     }
 
     /// Decode traces: from each held-out span of `chunk`, prompt with its
@@ -303,6 +330,22 @@ impl Collector {
             }
         }
         Ok(())
+    }
+}
+
+/// The splits whose tokens a chunk traces.
+#[derive(Clone, Copy)]
+struct TracedSplits {
+    fit: bool,
+    heldout: bool,
+}
+
+impl TracedSplits {
+    fn covers(self, split: Split) -> bool {
+        match split {
+            Split::Fit => self.fit,
+            Split::Heldout => self.heldout,
+        }
     }
 }
 

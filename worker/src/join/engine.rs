@@ -85,7 +85,8 @@ impl EngineLoader for CollectorLoader {
         let mut opts = CollectOptions {
             n_ubatch: o.n_ubatch,
             n_gpu_layers: self.n_gpu_layers,
-            trace_every: o.trace_every,
+            trace_every: o.trace_every.fit,
+            trace_every_heldout: Some(o.trace_every.heldout),
             trace_top_n: o.trace_top_n as usize,
             f32_kv: o.f32_kv,
             flash_attn: o.flash_attn,
