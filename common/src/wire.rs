@@ -602,7 +602,7 @@ mod tests {
                 model_path: "m.gguf".into(),
                 options: JobOptions {
                     n_ubatch: 16,
-                    trace_every: 0,
+                    trace_every: TraceStrides::both(0),
                     trace_top_n: 0,
                     f32_kv: false,
                     flash_attn: false,

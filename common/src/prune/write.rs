@@ -1,7 +1,8 @@
 //! Streams a sliced GGUF: the header rewritten, tensor data copied range by
 //! range inside the kernel (`copy_file_range` where the OS has it, through a
-//! buffer otherwise) and hashed by reading the same ranges through a bounded
-//! buffer, under a temporary name renamed to the output only once complete.
+//! buffer otherwise) while a second thread hashes the same ranges through a
+//! bounded buffer, under a temporary name renamed to the output only once
+//! complete.
 
 use super::plan::Plan;
 use super::{PruneError, Sliced};
@@ -9,15 +10,78 @@ use crate::gguf_read::GgufHeader;
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 
 /// Bytes hashed per read: the only buffer whose size depends on the data.
 const HASH_BUFFER: usize = 4 << 20;
 
+/// Pieces queued for the hashing thread before the copy waits for it.
+const HASH_QUEUE: usize = 256;
+
+/// What the output receives next, in order, for the hashing thread.
+enum Piece {
+    /// Bytes built in memory (header, padding).
+    Bytes(Vec<u8>),
+    /// A range of the source file, copied to the output by the kernel.
+    Range { offset: u64, len: u64 },
+}
+
+/// SHA-256 of the output, computed on its own thread from the pieces the
+/// copy writes, so hashing overlaps the copy instead of following it.
+struct Hasher {
+    feed: mpsc::SyncSender<Piece>,
+    thread: JoinHandle<io::Result<Sha256>>,
+}
+
+impl Hasher {
+    /// Starts the thread; it reads ranges from `src` by position, so the
+    /// copy's own file offset is never disturbed.
+    fn start(src: File) -> Hasher {
+        let (feed, pieces) = mpsc::sync_channel::<Piece>(HASH_QUEUE);
+        let thread = std::thread::spawn(move || {
+            let mut hash = Sha256::new();
+            let mut buf = vec![0u8; HASH_BUFFER];
+            for piece in pieces {
+                match piece {
+                    Piece::Bytes(b) => hash.update(&b),
+                    Piece::Range { offset, len } => {
+                        let mut at = offset;
+                        while at < offset + len {
+                            let n = (offset + len - at).min(buf.len() as u64) as usize;
+                            src.read_exact_at(&mut buf[..n], at)?;
+                            hash.update(&buf[..n]);
+                            at += n as u64;
+                        }
+                    }
+                }
+            }
+            Ok(hash)
+        });
+        Hasher { feed, thread }
+    }
+
+    /// Queues a piece; a refused one means the thread stopped on a read error,
+    /// which `finish` returns.
+    fn push(&self, piece: Piece) -> bool {
+        self.feed.send(piece).is_ok()
+    }
+
+    /// Waits for the thread and returns the hash of everything pushed.
+    fn finish(self) -> io::Result<Sha256> {
+        drop(self.feed);
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the hashing thread panicked")))
+    }
+}
+
 /// The output file, with the hash and size of what was written to it.
 struct Out {
     file: File,
-    hash: Sha256,
+    hasher: Hasher,
     bytes: u64,
 }
 
@@ -25,14 +89,14 @@ impl Out {
     /// Writes bytes held in memory (header, padding).
     fn put(&mut self, b: &[u8]) -> Result<(), Side> {
         self.file.write_all(b).map_err(Side::Write)?;
-        self.hash.update(b);
+        self.queue(Piece::Bytes(b.to_vec()))?;
         self.bytes += b.len() as u64;
         Ok(())
     }
 
-    /// Appends `len` bytes at `offset` of `src`: copied file to file by
-    /// `std::io::copy` (in the kernel on Linux), then hashed from `src`.
-    fn copy(&mut self, src: &File, offset: u64, len: u64, buf: &mut [u8]) -> Result<(), Side> {
+    /// Appends `len` bytes at `offset` of `src`, copied file to file by
+    /// `std::io::copy` (in the kernel on Linux) and hashed on the side.
+    fn copy(&mut self, src: &File, offset: u64, len: u64) -> Result<(), Side> {
         let mut reader = src;
         reader.seek(SeekFrom::Start(offset)).map_err(Side::Read)?;
         let copied = io::copy(&mut reader.take(len), &mut self.file).map_err(Side::Write)?;
@@ -42,16 +106,20 @@ impl Out {
                 format!("{len} bytes at offset {offset} run past the end of the file"),
             )));
         }
-        reader.seek(SeekFrom::Start(offset)).map_err(Side::Read)?;
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            reader.read_exact(&mut buf[..n]).map_err(Side::Read)?;
-            self.hash.update(&buf[..n]);
-            left -= n as u64;
-        }
+        self.queue(Piece::Range { offset, len })?;
         self.bytes += len;
         Ok(())
+    }
+
+    /// Hands a piece to the hashing thread; a stopped thread is a read error.
+    fn queue(&mut self, piece: Piece) -> Result<(), Side> {
+        if self.hasher.push(piece) {
+            Ok(())
+        } else {
+            Err(Side::Read(io::Error::other(
+                "the hashing thread stopped on a read error",
+            )))
+        }
     }
 }
 
@@ -85,6 +153,7 @@ pub(super) fn sliced(
         }
     };
     let mut src = File::open(src_path).map_err(io_err(src_path))?;
+    let hasher = Hasher::start(src.try_clone().map_err(io_err(src_path))?);
     let mut name = out.file_name().unwrap_or_default().to_os_string();
     name.push(".partial");
     let partial = Partial {
@@ -94,11 +163,24 @@ pub(super) fn sliced(
     let file = File::create(&partial.path).map_err(io_err(&partial.path))?;
     let mut w = Out {
         file,
-        hash: Sha256::new(),
+        hasher,
         bytes: 0,
     };
     let result = write_all(&mut src, header, plan, &mut w);
-    result.map_err(|e| match e {
+    let Out {
+        file,
+        hasher,
+        bytes,
+    } = w;
+    // The thread's own read error, if it stopped, names the cause better
+    // than the refused queue does.
+    let hash = hasher.finish();
+    let result = match (result, hash) {
+        (Ok(()), Ok(hash)) => Ok(hash),
+        (_, Err(e)) => Err(Side::Read(e)),
+        (Err(e), Ok(_)) => Err(e),
+    };
+    let hash = result.map_err(|e| match e {
         Side::Read(source) => PruneError::Io {
             path: src_path.display().to_string(),
             source,
@@ -108,7 +190,6 @@ pub(super) fn sliced(
             source,
         },
     })?;
-    let Out { file, hash, bytes } = w;
     file.sync_all().map_err(io_err(&partial.path))?;
     drop(file);
     std::fs::rename(&partial.path, out).map_err(io_err(out))?;
@@ -178,18 +259,17 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
     head.resize(head.len().next_multiple_of(align as usize), 0);
     w.put(&head)?;
     let zeros = vec![0u8; align as usize];
-    let mut buf = vec![0u8; HASH_BUFFER];
     for (t, cut) in header.tensors.iter().zip(&plan.cuts) {
         let start = header.data_offset + t.offset;
         let written = match cut {
             None => {
-                w.copy(src, start, t.n_bytes, &mut buf)?;
+                w.copy(src, start, t.n_bytes)?;
                 t.n_bytes
             }
             Some(ids) => {
                 let per_expert = t.n_bytes / t.dims.last().expect("checked");
                 for &id in ids {
-                    w.copy(src, start + id as u64 * per_expert, per_expert, &mut buf)?;
+                    w.copy(src, start + id as u64 * per_expert, per_expert)?;
                 }
                 per_expert * ids.len() as u64
             }

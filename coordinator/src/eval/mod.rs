@@ -145,7 +145,7 @@ pub fn eval_settings_key(setup: &EvalSetup) -> String {
     let collection = settings_key(
         &b.model_sha256,
         &b.index.chunks_sha256,
-        &b.run.job_options(0),
+        &b.run.job_options(common::wire::TraceStrides::both(0)),
     );
     let canonical = serde_json::json!({ "evaluation_of": collection, "job": setup.job });
     sha256_hex(canonical.to_string().as_bytes())

@@ -74,7 +74,7 @@ where
         corpus_url: store.url_of(CORPUS_DIR),
         model_sha256: base.model_sha256.clone(),
         model_path: base.model_path.display().to_string(),
-        options: run.job_options(0),
+        options: run.job_options(common::wire::TraceStrides::both(0)),
         max_inline_bytes: u64::from(max_frame - (1 << 16)),
         heartbeat_ms: (heartbeat_timeout / 4).as_millis() as u64,
     };
