@@ -6,7 +6,7 @@
 
 use super::engine::EngineLoader;
 use super::eval_engine::EvalEngine;
-use super::{heartbeating, Conn, Corpus, JoinError, JoinSummary};
+use super::{report_lease, Conn, Corpus, JoinError, JoinSummary};
 use common::corpus::{read_chunks, Chunk, CorpusIndex};
 use common::eval::EvalPartial;
 use common::keepmap::KeepMap;
@@ -16,7 +16,7 @@ use common::wire::{
     ToWorker, WorkerState,
 };
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 type EvalRequest = (
@@ -208,35 +208,12 @@ async fn eval_lease(
     lease: &LeaseGrant,
     heartbeat: Duration,
 ) -> Result<bool, JoinError> {
-    let start = Instant::now();
     let work = produce(engine, corpus, run, job, lease);
-    let result = heartbeating(c, lease.lease_id, heartbeat, work)
-        .await
-        .and_then(|r| r);
-    let elapsed_ms = start.elapsed().as_millis() as u64;
-    let (msg, sent) = match result {
-        Ok((partial, sha256)) => (
-            ToCoordinator::EvalDone {
-                lease_id: lease.lease_id,
-                partial,
-                sha256,
-                elapsed_ms,
-            },
-            true,
-        ),
-        Err(reason) => {
-            tracing::warn!(lease = %lease.lease_id, range = %lease.range, "eval lease failed: {reason}");
-            (
-                ToCoordinator::Failed {
-                    lease_id: lease.lease_id,
-                    reason,
-                },
-                false,
-            )
-        }
+    let done = |partial, sha256, elapsed_ms| ToCoordinator::EvalDone {
+        lease_id: lease.lease_id,
+        partial,
+        sha256,
+        elapsed_ms,
     };
-    match c.ask(&msg).await? {
-        ToWorker::Ack => Ok(sent),
-        other => Err(JoinError::Protocol(format!("expected Ack, got {other:?}"))),
-    }
+    report_lease(c, lease, heartbeat, "eval lease", work, done).await
 }

@@ -646,24 +646,37 @@ async fn measure_lease(
     lease: &LeaseGrant,
     heartbeat: Duration,
 ) -> Result<bool, JoinError> {
-    let start = Instant::now();
     let work = produce(engine, corpus, run, job, lease);
+    let done = |partial, sha256, elapsed_ms| ToCoordinator::Done {
+        lease_id: lease.lease_id,
+        partial,
+        sha256,
+        elapsed_ms,
+    };
+    report_lease(c, lease, heartbeat, "lease", work, done).await
+}
+
+/// Runs a lease's `work` while heartbeating, then reports its result as the
+/// message `done` makes of it (partial, SHA-256, milliseconds taken), or its
+/// failure, and waits for the Ack. Collection and evaluation leases share it.
+/// Returns whether a result was sent.
+async fn report_lease(
+    c: &mut Conn,
+    lease: &LeaseGrant,
+    heartbeat: Duration,
+    what: &str,
+    work: impl std::future::Future<Output = Result<(PartialRef, String), String>>,
+    done: impl FnOnce(PartialRef, String, u64) -> ToCoordinator,
+) -> Result<bool, JoinError> {
+    let start = Instant::now();
     let result = heartbeating(c, lease.lease_id, heartbeat, work)
         .await
         .and_then(|r| r);
     let elapsed_ms = start.elapsed().as_millis() as u64;
     let (msg, sent) = match result {
-        Ok((partial, sha256)) => (
-            ToCoordinator::Done {
-                lease_id: lease.lease_id,
-                partial,
-                sha256,
-                elapsed_ms,
-            },
-            true,
-        ),
+        Ok((partial, sha256)) => (done(partial, sha256, elapsed_ms), true),
         Err(reason) => {
-            tracing::warn!(lease = %lease.lease_id, range = %lease.range, "lease failed: {reason}");
+            tracing::warn!(lease = %lease.lease_id, range = %lease.range, "{what} failed: {reason}");
             (
                 ToCoordinator::Failed {
                     lease_id: lease.lease_id,
