@@ -9,7 +9,10 @@
 //! seconds and process CPU seconds (user + system, all threads, in ticks of
 //! 10 ms, so use enough tokens) of each mode,
 //! host us/token = (collect - forward) / tokens for both, and collection's
-//! overhead against the forward pass.
+//! overhead against the forward pass. Each figure is given twice: over the
+//! whole run, and in the steady state after the first `--warm-chunks` chunks
+//! (collection touches its per-process scratches and exact accumulators for
+//! the first time in its first two chunks; a million-token run pays that once).
 
 use clap::Parser;
 use common::corpus::{Chunk, CorpusIndex, Span};
@@ -23,11 +26,19 @@ use worker::synth::Preset;
 #[derive(Parser)]
 struct Args {
     /// Chunks per measurement.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 6)]
     chunks: u32,
-    /// Tokens per chunk (and per micro-batch).
+    /// Chunks left out of the steady-state figures (at least 2: the two
+    /// scratches that alternate between decoding and folding are first
+    /// touched in chunks 0 and 1).
+    #[arg(long, default_value_t = 2)]
+    warm_chunks: u32,
+    /// Tokens per chunk (DESIGN section 11's real shape uses 2,048).
     #[arg(long, default_value_t = 512)]
     n_ctx: u32,
+    /// Tokens per micro-batch (at most `--n-ctx`).
+    #[arg(long, default_value_t = 512)]
+    n_ubatch: u32,
     /// Rounds of each mode (the best is kept).
     #[arg(long, default_value_t = 3)]
     rounds: u32,
@@ -74,12 +85,66 @@ fn process_cpu_seconds() -> anyhow::Result<f64> {
     Ok((ticks(11)? + ticks(12)?) / 100.0)
 }
 
-fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Cost> {
-    let (cpu0, t) = (process_cpu_seconds()?, Instant::now());
-    f()?;
-    Ok(Cost {
-        wall: t.elapsed().as_secs_f64(),
-        cpu: process_cpu_seconds()? - cpu0,
+/// Wall clock and process CPU seconds at one moment.
+#[derive(Clone, Copy)]
+struct Mark {
+    wall: Instant,
+    cpu: f64,
+}
+
+impl Mark {
+    fn now() -> anyhow::Result<Mark> {
+        Ok(Mark {
+            wall: Instant::now(),
+            cpu: process_cpu_seconds()?,
+        })
+    }
+
+    /// The cost from `self` to `later`.
+    fn until(self, later: Mark) -> Cost {
+        Cost {
+            wall: later.wall.duration_since(self.wall).as_secs_f64(),
+            cpu: later.cpu - self.cpu,
+        }
+    }
+}
+
+/// The cost of one run: all of it, and its steady state (from the end of
+/// the warm-up chunks to the end of the last chunk).
+#[derive(Clone, Copy)]
+struct Costs {
+    all: Cost,
+    steady: Cost,
+}
+
+impl Costs {
+    fn best(self, other: Costs) -> Costs {
+        Costs {
+            all: self.all.best(other.all),
+            steady: self.steady.best(other.steady),
+        }
+    }
+}
+
+/// Runs `f`, which calls its argument at the end of every chunk, and
+/// measures it whole and after chunk `warm - 1`.
+fn timed(
+    warm: usize,
+    f: impl FnOnce(&mut dyn FnMut()) -> anyhow::Result<()>,
+) -> anyhow::Result<Costs> {
+    let start = Mark::now()?;
+    let mut ends = Vec::new();
+    f(&mut || ends.push(Mark::now()))?;
+    let end = Mark::now()?;
+    let ends: Vec<Mark> = ends.into_iter().collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(
+        ends.len() > warm,
+        "{} chunks leave nothing after {warm} warm-up chunks",
+        ends.len()
+    );
+    Ok(Costs {
+        all: start.until(end),
+        steady: ends[warm - 1].until(ends[ends.len() - 1]),
     })
 }
 
@@ -108,13 +173,19 @@ fn corpus(n: u32, n_ctx: u32, n_vocab: u32) -> (CorpusIndex, Vec<Chunk>) {
     (index, chunks)
 }
 
-fn forward(model: &Model, params: &ContextParams, chunks: &[Chunk]) -> anyhow::Result<()> {
+fn forward(
+    model: &Model,
+    params: &ContextParams,
+    chunks: &[Chunk],
+    chunk_done: &mut dyn FnMut(),
+) -> anyhow::Result<()> {
     let mut ctx = Context::new(model, params, NoGraph)?;
     for c in chunks {
         ctx.clear();
         for (i, toks) in c.tokens.chunks(params.n_ubatch as usize).enumerate() {
             ctx.decode(toks, (i * params.n_ubatch as usize) as i32)?;
         }
+        chunk_done();
     }
     Ok(())
 }
@@ -122,18 +193,20 @@ fn forward(model: &Model, params: &ContextParams, chunks: &[Chunk]) -> anyhow::R
 fn collect(
     path: &std::path::Path,
     threads: u32,
+    n_ubatch: u32,
     index: &CorpusIndex,
     chunks: &[Chunk],
-) -> anyhow::Result<Cost> {
+    warm: usize,
+) -> anyhow::Result<Costs> {
     let opts = CollectOptions {
-        n_ubatch: index.n_ctx,
+        n_ubatch,
         threads,
         trace_every: 0,
         ..Default::default()
     };
     let mut collector = Collector::load(path, opts)?;
-    timed(|| {
-        collector.run(index, chunks, &mut |_, _| {})?;
+    timed(warm, |chunk_done| {
+        collector.run(index, chunks, &mut |_, _| chunk_done())?;
         Ok(())
     })
 }
@@ -152,10 +225,12 @@ fn main() -> anyhow::Result<()> {
     };
     let model = Model::load(&path, 0)?;
     let (index, chunks) = corpus(a.chunks, a.n_ctx, model.n_vocab() as u32);
+    let warm = a.warm_chunks.max(2) as usize;
     let tokens = f64::from(a.chunks * a.n_ctx);
+    let steady_tokens = f64::from(a.chunks.saturating_sub(warm as u32) * a.n_ctx);
     let params = |threads| ContextParams {
         n_ctx: a.n_ctx,
-        n_ubatch: a.n_ctx,
+        n_ubatch: a.n_ubatch.min(a.n_ctx),
         threads,
         f32_kv: false,
         flash_attn: false,
@@ -163,9 +238,16 @@ fn main() -> anyhow::Result<()> {
     if let Some(mode) = a.only.as_deref() {
         let threads = a.threads.first().copied().unwrap_or(1);
         match mode {
-            "forward" => forward(&model, &params(threads), &chunks)?,
+            "forward" => forward(&model, &params(threads), &chunks, &mut || {})?,
             "collect" => {
-                collect(&path, threads, &index, &chunks)?;
+                collect(
+                    &path,
+                    threads,
+                    a.n_ubatch.min(a.n_ctx),
+                    &index,
+                    &chunks,
+                    warm,
+                )?;
             }
             other => anyhow::bail!("--only {other}: expected forward or collect"),
         }
@@ -174,31 +256,59 @@ fn main() -> anyhow::Result<()> {
     println!("backend: {}", worker::llama::backend_description());
     println!(
         "model: wide preset (qwen3moe, 48 MoE layers x 512 experts, top-10, hidden 64, f16); \
-         {} chunks x {} tokens, n_ubatch {}, least wall and least CPU time of {} rounds each",
-        a.chunks, a.n_ctx, a.n_ctx, a.rounds
+         {} chunks x {} tokens, n_ubatch {}, least wall and least CPU time of {} rounds each; \
+         steady state = chunks {warm}..{} ({steady_tokens} tokens)",
+        a.chunks,
+        a.n_ctx,
+        a.n_ubatch.min(a.n_ctx),
+        a.rounds,
+        a.chunks - 1
     );
-    println!("| threads | forward wall s | forward CPU s | collect wall s | collect CPU s | host us/token (wall) | host us/token (CPU) | overhead (wall) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| threads | over | forward wall s | forward CPU s | collect wall s | collect CPU s \
+         | host us/token (wall) | host us/token (CPU) | overhead (wall) |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for &threads in &a.threads {
         let none = Cost {
             wall: f64::MAX,
             cpu: f64::MAX,
         };
+        let none = Costs {
+            all: none,
+            steady: none,
+        };
         let (mut fwd, mut col) = (none, none);
         for _ in 0..a.rounds {
-            fwd = fwd.best(timed(|| forward(&model, &params(threads), &chunks))?);
-            col = col.best(collect(&path, threads, &index, &chunks)?);
+            let f = timed(warm, |done| {
+                forward(&model, &params(threads), &chunks, done)
+            })?;
+            fwd = fwd.best(f);
+            col = col.best(collect(
+                &path,
+                threads,
+                a.n_ubatch.min(a.n_ctx),
+                &index,
+                &chunks,
+                warm,
+            )?);
         }
-        println!(
-            "| {threads} | {:.3} | {:.2} | {:.3} | {:.2} | {:.1} | {:.1} | {:+.2}% |",
-            fwd.wall,
-            fwd.cpu,
-            col.wall,
-            col.cpu,
-            1e6 * (col.wall - fwd.wall) / tokens,
-            1e6 * (col.cpu - fwd.cpu) / tokens,
-            100.0 * (col.wall / fwd.wall - 1.0)
-        );
+        let rows = [
+            ("whole run", fwd.all, col.all, tokens),
+            ("steady state", fwd.steady, col.steady, steady_tokens),
+        ];
+        for (over, fwd, col, tokens) in rows {
+            println!(
+                "| {threads} | {over} | {:.3} | {:.2} | {:.3} | {:.2} | {:.1} | {:.1} | {:+.2}% |",
+                fwd.wall,
+                fwd.cpu,
+                col.wall,
+                col.cpu,
+                1e6 * (col.wall - fwd.wall) / tokens,
+                1e6 * (col.cpu - fwd.cpu) / tokens,
+                100.0 * (col.wall / fwd.wall - 1.0)
+            );
+        }
     }
     if a.model.is_none() {
         std::fs::remove_dir_all(&dir)?;

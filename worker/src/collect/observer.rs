@@ -68,6 +68,8 @@ pub struct Observer {
     inputs: ImportanceCache,
     /// The device path's reductions; `None` on the host path.
     device: Option<DeviceReads>,
+    /// One router-probability row, reused for every (token, layer).
+    row: Vec<f32>,
 }
 
 impl Observer {
@@ -99,6 +101,7 @@ impl Observer {
             dumps: BTreeMap::new(),
             inputs: ImportanceCache::default(),
             device,
+            row: Vec::new(),
         }
     }
 
@@ -177,6 +180,10 @@ impl Observer {
             };
             let probs = match group_probs {
                 Some(_) => Vec::new(),
+                None if sums_only => {
+                    self.add_prob_rows(t, layer, n_tokens);
+                    Vec::new()
+                }
                 None => read_f32_2d(t, self.n_expert, n_tokens),
             };
             self.pending = Some(PendingLayer {
@@ -272,6 +279,36 @@ impl Observer {
             MoeNode::Probs => unreachable!("handled above"),
         }
         Ok(())
+    }
+
+    /// Adds the router probabilities of a measured, untraced micro-batch
+    /// straight into the chunk's sums, one row at a time through a reused
+    /// buffer: only a traced micro-batch needs its rows again at the flush,
+    /// so the others skip a copy of the whole tensor (1 MiB per layer at 512
+    /// experts x 512 tokens). Every sum gets its addends in the same order
+    /// as at the flush, so the results are the same bits.
+    fn add_prob_rows(&mut self, t: &TensorRef<'_>, layer: u32, n_tokens: usize) {
+        let (Some(li), Some(u)) = (
+            self.moe_layers.iter().position(|&l| l == layer),
+            self.ubatch.as_ref(),
+        ) else {
+            // The flush reports the unknown layer.
+            return;
+        };
+        let (bytes, nb) = (t.bytes(), t.nb());
+        let mut dropped = 0;
+        for (tok, label) in u.labels.iter().enumerate().take(n_tokens) {
+            self.row.clear();
+            extend_rows(&mut self.row, &bytes[tok * nb[1]..], nb, self.n_expert, 1);
+            let sums = &mut self.scratch.group(*label).layers[li].prob;
+            dropped += add_finite(sums, &self.row);
+        }
+        if dropped > 0 {
+            *self
+                .drops
+                .entry(format!("ffn_moe_probs-{layer}"))
+                .or_default() += dropped;
+        }
     }
 
     /// Turns the pending layer into sums and trace rows.
