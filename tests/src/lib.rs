@@ -1,11 +1,13 @@
 //! Shared fixtures of the end-to-end tests: generated models, small
-//! tokenized corpora, paths of the built binaries, an independent GGUF
-//! reader and logits through llama.cpp's own C API, and an f64 forward-pass
-//! oracle of the generated architectures.
+//! tokenized corpora, paths of the built binaries, the captured log, an
+//! independent GGUF reader, logits and k-quant models through llama.cpp's
+//! own C API, and an f64 forward-pass oracle of the generated architectures.
 #![deny(missing_docs)]
 
 pub mod llama_gguf;
 pub mod llama_logits;
+pub mod llama_quantize;
+pub mod log;
 pub mod loopback;
 pub mod mutate;
 pub mod oracle;

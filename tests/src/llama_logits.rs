@@ -7,13 +7,19 @@ use std::ffi::CString;
 use std::path::Path;
 use std::sync::Once;
 
+/// Initialises llama.cpp's backend once per process, before any other call
+/// of the fixtures into llama.cpp.
+pub fn init_backend() {
+    static INIT: Once = Once::new();
+    // SAFETY: llama_backend_init is called once per process, first.
+    INIT.call_once(|| unsafe { sys::llama_backend_init() });
+}
+
 /// Runs `tokens` (positions 0..) through `model` on `threads` CPU threads
 /// and returns `n_vocab` logits per position; `Err` if llama.cpp cannot load
 /// or run the model.
 pub fn logits(model: &Path, tokens: &[i32], threads: i32) -> Result<Vec<Vec<f32>>, String> {
-    static INIT: Once = Once::new();
-    // SAFETY: llama_backend_init is called once per process, first.
-    INIT.call_once(|| unsafe { sys::llama_backend_init() });
+    init_backend();
     let c_path = CString::new(model.to_str().unwrap()).unwrap();
     // SAFETY: plain parameter structs; every handle is null-checked and
     // freed below; the batch holds tokens.len() entries for one sequence.

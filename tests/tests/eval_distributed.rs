@@ -1,12 +1,17 @@
 //! `coordinator eval` over loopback QUIC with real llama.cpp workers (`worker
 //! join` processes) on the generated `tiny` model: byte-identical `eval/`
 //! results for 1 and 3 workers, a worker killed mid-eval, resume from stored
-//! eval partials (no worker started), a keep-all candidate at KL 0, and a
-//! worker whose slice differs from the coordinator's refusing the job.
+//! eval partials (no worker started), a keep-all candidate at KL 0, a
+//! worker whose slice differs from the coordinator's refusing the job, and
+//! the coordinator refusing a worker (real join code and engine) that lies
+//! about a candidate's SHA-256, re-running its leases on an honest worker.
 
+use common::corpus::{Chunk, CorpusIndex};
 use common::eval::{names, EvalPartial};
 use common::keepmap::KeepMap;
 use common::store::RunStore;
+use common::wire::{EvalJob, JobInfo, Refusal};
+use common::ChunkRange;
 use coordinator::eval::{evaluate, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
 use coordinator::run::local::LocalWorkers;
 use coordinator::run::settings::{ClusterSettings, RunSettings};
@@ -16,6 +21,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::process::Child;
+use worker::collect::device::Reduce;
+use worker::join::engine::{CollectorLoader, EngineLoader};
+use worker::join::eval_engine::EvalEngine;
+use worker::join::{join, JoinError};
 use worker::synth::Preset;
 
 const N_CHUNKS: u32 = 8;
@@ -235,4 +244,187 @@ async fn a_worker_whose_slice_differs_refuses_and_no_result_is_written() {
         "{err}"
     );
     assert!(results(&s.base.store).await.is_empty());
+}
+
+/// The SHA-256 the lying worker claims for the pruned candidate.
+const FORGED_SHA256: &str = "f00d";
+
+/// A worker that evaluates with the real engine and then claims another
+/// SHA-256 for the `frequency_K8` slice: every other field of its eval
+/// partial is what an honest worker computes.
+#[derive(Clone)]
+struct LyingLoader {
+    honest: CollectorLoader,
+    /// Chunk ranges it lied about, in order.
+    lies: Arc<Mutex<Vec<ChunkRange>>>,
+    /// Told after each lie.
+    lied: Arc<tokio::sync::Notify>,
+}
+
+struct LyingEngine {
+    honest: Box<dyn EvalEngine>,
+    lies: Arc<Mutex<Vec<ChunkRange>>>,
+    lied: Arc<tokio::sync::Notify>,
+}
+
+impl EngineLoader for LyingLoader {
+    type Engine = <CollectorLoader as EngineLoader>::Engine;
+
+    fn backend(&self) -> String {
+        self.honest.backend()
+    }
+
+    fn load(self, job: &JobInfo) -> Result<Self::Engine, String> {
+        self.honest.load(job)
+    }
+
+    fn load_eval(
+        self,
+        job: &JobInfo,
+        eval: &EvalJob,
+        maps: &[(String, KeepMap)],
+    ) -> Result<Box<dyn EvalEngine>, String> {
+        Ok(Box::new(LyingEngine {
+            honest: self.honest.load_eval(job, eval, maps)?,
+            lies: self.lies,
+            lied: self.lied,
+        }))
+    }
+}
+
+impl EvalEngine for LyingEngine {
+    fn base_sha256(&self) -> String {
+        self.honest.base_sha256()
+    }
+
+    fn evaluate(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<EvalPartial, String> {
+        let mut p = self.honest.evaluate(index, chunks)?;
+        let c = p
+            .candidates
+            .iter_mut()
+            .find(|c| c.name == "frequency_K8")
+            .expect("the job's pruned candidate");
+        c.sha256 = FORGED_SHA256.repeat(16);
+        self.lies.lock().unwrap().extend(p.chunks.iter().copied());
+        self.lied.notify_one();
+        Ok(p)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun() {
+    fixtures::log::captured_log();
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let reference = setup(&d.path().join("reference"), &model).await;
+    eval(&reference, 1, Arc::default()).await.unwrap();
+    let expected = results(&reference.base.store).await;
+
+    let s = setup(&d.path().join("lied"), &model).await;
+    let liar = LyingLoader {
+        honest: CollectorLoader {
+            model: Some(model.clone()),
+            n_gpu_layers: 0,
+            threads: Some(1),
+            reduce: Reduce::Host,
+        },
+        lies: Arc::default(),
+        lied: Arc::default(),
+    };
+    let (lies, lied) = (liar.lies.clone(), liar.lied.clone());
+    let honest = LocalWorkers {
+        binary: fixtures::bin("worker"),
+        count: 1,
+        model: model.clone(),
+        threads: 1,
+        env: Vec::new(),
+    };
+    let mut liar_run = None;
+    let mut honest_run = None;
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(300),
+        evaluate(&s, |l| {
+            // The liar joins alone; the honest `worker join` process starts
+            // once it has lied, so the liar holds the first lease for sure.
+            let opts = fixtures::loopback::client(l, "liar");
+            liar_run = Some(tokio::spawn(async move { join(&opts, liar).await }));
+            let (addr, pin, secret) = (l.addr, l.pin.clone(), l.secret.clone());
+            honest_run = Some(tokio::spawn(async move {
+                lied.notified().await;
+                let mut children = honest.spawn(addr, &pin, &secret).unwrap();
+                for c in &mut children {
+                    assert!(
+                        c.wait().await.unwrap().success(),
+                        "the honest worker exits cleanly"
+                    );
+                }
+            }));
+            Ok(Vec::new())
+        }),
+    )
+    .await
+    .expect("the evaluation finishes in time")
+    .expect("the evaluation succeeds on the honest worker");
+    honest_run.unwrap().await.unwrap();
+    let liar_end = liar_run.unwrap().await.unwrap();
+    assert!(
+        matches!(
+            liar_end,
+            Ok(_) | Err(JoinError::Refused(Refusal::Quarantined(_)))
+        ),
+        "{liar_end:?}"
+    );
+    let lies = lies.lock().unwrap().clone();
+    assert!(!lies.is_empty(), "the liar evaluated at least one lease");
+
+    // The coordinator refused each lie, naming the candidate, both hashes
+    // and the worker.
+    let log = fixtures::log::log_text();
+    let joined = log
+        .lines()
+        .find(|l| l.contains("worker joined") && l.contains("worker=liar"))
+        .unwrap_or_else(|| panic!("no join line of the liar:\n{log}"));
+    let id = joined
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("id="))
+        .unwrap();
+    let sha = s.job.candidates[1].sha256.clone();
+    let refusals = log
+        .lines()
+        .filter(|l| {
+            l.contains("bad eval result")
+                && l.contains(&format!("worker={id}"))
+                && l.contains(&format!(
+                    "candidate frequency_K8: the worker's slice has SHA-256 \"{}\", the coordinator's {sha}",
+                    FORGED_SHA256.repeat(16)
+                ))
+        })
+        .count();
+    assert_eq!(refusals, lies.len(), "one refusal per lie:\n{log}");
+    println!(
+        "the liar lied about {lies:?} and ended with {liar_end:?}; {refusals} refusals logged"
+    );
+
+    // Nothing of the liar's was stored: each of its leases was re-run by the
+    // honest worker, and eval/ is byte for byte the one-worker reference.
+    let by_name = |name: &str| outcome.workers.iter().find(|w| w.name == name);
+    let liar_info = by_name("liar").expect("the liar joined");
+    assert_eq!(liar_info.leases, 0, "{liar_info:?}");
+    let honest_info = outcome.workers.iter().find(|w| w.name != "liar").unwrap();
+    assert_eq!(honest_info.leases, 4, "{honest_info:?}");
+    assert_eq!((outcome.units, outcome.computed), (4, 4));
+    assert!(outcome.retries >= lies.len(), "{outcome:?}");
+    let got = results(&s.base.store).await;
+    for range in &lies {
+        assert!(got.contains_key(&names::partial(*range)), "{range} stored");
+    }
+    assert_eq!(got, expected, "eval/ differs from the one-worker reference");
+    let forged = FORGED_SHA256.repeat(16);
+    for name in s.base.store.list("").await.unwrap() {
+        let bytes = s.base.store.get(&name).await.unwrap();
+        assert!(
+            !bytes.windows(forged.len()).any(|w| w == forged.as_bytes()),
+            "{name} holds the liar's forged SHA-256"
+        );
+    }
 }

@@ -11,44 +11,15 @@ use common::wire::{
     ToWorker, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
 };
 use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
+use fixtures::log::{captured_log, log_text};
 use fixtures::loopback::{
     self, artifacts, client, fake_setup, fake_workers, Workers, FAKE_MODEL, FAKE_N_CTX,
 };
-use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use worker::join::fake::FakeEngine;
 use worker::join::tls::{client_config, Trust};
 use worker::join::{join, JoinSummary};
-
-/// Everything the coordinator logs in this test binary, as text.
-fn captured_log() -> Arc<Mutex<Vec<u8>>> {
-    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let buf: Arc<Mutex<Vec<u8>>> = Arc::default();
-        let sink = buf.clone();
-        tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(move || Capture(sink.clone()))
-            .init();
-        buf
-    })
-    .clone()
-}
-
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 async fn run_with(
     setup: &RunSetup,
@@ -200,7 +171,7 @@ async fn peer_names_and_failure_reasons_cannot_forge_log_lines() {
         hs
     })
     .await;
-    let log = String::from_utf8_lossy(&captured_log().lock().unwrap()).to_string();
+    let log = log_text();
     assert!(
         log.contains("intruder\\n2026-11-30T16:00:00.000000Z"),
         "the refused name is logged, escaped:\n{log}"

@@ -5,7 +5,9 @@
 //! the removed experts masked out of the router; f16 and Q8_0 slices equal
 //! the base's kept experts element for element (dequantised by ggml) and run
 //! in llama.cpp exactly like the base model with the removed experts masked
-//! through its selection bias.
+//! through its selection bias. A Q4_K_M model made by llama.cpp's own
+//! quantizer, pruned by `coordinator prune`, keeps the base's kept experts'
+//! bytes and runs like the masked base too.
 
 use common::keepmap::KeepMap;
 use common::prune::slice_model;
@@ -312,4 +314,177 @@ fn f16_slice_runs_like_the_masked_base() {
 #[test]
 fn q8_0_slice_runs_like_the_masked_base() {
     quantized_slice_runs_like_the_masked_base(WeightType::Q8_0, 8);
+}
+
+/// The stacked expert matrices of a MoE block: the tensors a k-quant must
+/// reach for the test below to test k-quant slicing at all.
+const EXPERT_MATRICES: [&str; 3] = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
+
+/// Whether a tensor has the expert axis (DESIGN section 12's expert family,
+/// as far as the generated architectures have it).
+fn expert_family(name: &str) -> bool {
+    ["ffn_gate_inp.", "exp_probs_b.", "_exps."]
+        .iter()
+        .any(|f| name.contains(f))
+}
+
+/// An importance matrix shaped like the stacked expert weights of
+/// `tiny-alt-qk`'s MoE blocks, each expert's counts = its id.
+fn qk_imatrix(layers: &[u32], n_in: u32, n_expert: u32) -> Vec<u8> {
+    let mut m = common::imatrix::Imatrix {
+        chunk_count: 1,
+        chunk_size: N_CTX,
+        ..Default::default()
+    };
+    for l in layers {
+        for name in EXPERT_MATRICES {
+            let mut e = common::imatrix::ImatrixEntry::new(n_in, n_expert);
+            e.counts = (0..u64::from(n_expert)).collect();
+            m.entries.insert(format!("blk.{l}.{name}.weight"), e);
+        }
+    }
+    m.to_gguf(&["test".into()])
+}
+
+/// A tensor's data bytes in `file`, where llama.cpp's reader places them.
+fn tensor_bytes<'a>(file: &'a [u8], g: &LlamaGguf, name: &str) -> &'a [u8] {
+    let (start, len) = g
+        .tensor_range(name)
+        .unwrap_or_else(|| panic!("no tensor {name}"));
+    &file[start as usize..(start + len) as usize]
+}
+
+#[test]
+fn k_quant_model_pruned_by_coordinator_prune_runs_like_the_masked_base() {
+    use fixtures::llama_quantize::{quantize, Q4_K_M};
+    use llama_cpp_sys_2 as sys;
+    let dir = tempfile::tempdir().unwrap();
+    let f16 = fixtures::model(dir.path(), Preset::TinyAltQk);
+    let base = dir.path().join("base-q4_k_m.gguf");
+    quantize(&f16, &base, Q4_K_M, 2).unwrap();
+    let g = LlamaGguf::open(&base).unwrap();
+    let n_expert = g.u32("glm4moe.expert_count").unwrap();
+    let layers: Vec<u32> = (1..3).collect();
+    // llama.cpp falls back to other types for rows that are not whole
+    // blocks of 256: the expert matrices must really be k-quants.
+    let mut k_types = std::collections::BTreeSet::new();
+    for l in &layers {
+        for m in EXPERT_MATRICES {
+            let name = format!("blk.{l}.{m}.weight");
+            let t = g.tensor_type(&name).unwrap();
+            assert!(
+                (sys::GGML_TYPE_Q2_K..=sys::GGML_TYPE_Q6_K).contains(&t),
+                "{name} is ggml type {t}, not a k-quant"
+            );
+            k_types.insert(t);
+        }
+        let bias = format!("blk.{l}.exp_probs_b.bias");
+        assert_eq!(g.tensor_type(&bias), Some(sys::GGML_TYPE_F32), "{bias}");
+    }
+    assert!(k_types.contains(&sys::GGML_TYPE_Q4_K), "{k_types:?}");
+
+    let map = keep_map(&layers, n_expert, 8);
+    let keep = layers_of(&map);
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("keep_maps")).unwrap();
+    std::fs::write(
+        run.join(KeepMap::object_name("test_K8")),
+        serde_json::to_vec(&map).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(run.join("imatrix.gguf"), qk_imatrix(&layers, 256, n_expert)).unwrap();
+    let pruned = dir.path().join("pruned.gguf");
+    let out = fixtures::run_ok(
+        "coordinator",
+        &[
+            "prune",
+            run.to_str().unwrap(),
+            "--keep-map",
+            "test_K8",
+            "--model",
+            base.to_str().unwrap(),
+            "--out",
+            pruned.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Router, selection bias and three expert matrices in each of 2 blocks.
+    assert!(stdout.contains("10 tensors sliced"), "{stdout}");
+
+    let p = LlamaGguf::open(&pruned).unwrap();
+    assert_eq!(p.u32("glm4moe.expert_count"), Some(8));
+    assert_eq!(
+        p.u32("glm4moe.expert_used_count"),
+        g.u32("glm4moe.expert_used_count")
+    );
+    assert_eq!(p.tensor_names(), g.tensor_names());
+    let (base_file, pruned_file) = (
+        std::fs::read(&base).unwrap(),
+        std::fs::read(&pruned).unwrap(),
+    );
+    let mut sliced = 0;
+    for name in g.tensor_names() {
+        assert_eq!(p.tensor_type(&name), g.tensor_type(&name), "{name}: type");
+        let (b, s) = (
+            tensor_bytes(&base_file, &g, &name),
+            tensor_bytes(&pruned_file, &p, &name),
+        );
+        let block: Option<u32> = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|l| l.parse().ok());
+        let Some(kept) = block
+            .and_then(|l| keep.get(&l))
+            .filter(|_| expert_family(&name))
+        else {
+            assert!(b == s, "{name}: copied unchanged");
+            continue;
+        };
+        assert_eq!(b.len() % n_expert as usize, 0, "{name}: whole experts");
+        let per = b.len() / n_expert as usize;
+        let want: Vec<u8> = kept
+            .iter()
+            .flat_map(|&e| &b[e as usize * per..(e as usize + 1) * per])
+            .copied()
+            .collect();
+        assert!(s == want, "{name}: the kept experts' byte ranges, in order");
+        sliced += 1;
+    }
+    assert_eq!(sliced, 10);
+
+    // llama.cpp loads the pruned model and routes and predicts like the
+    // base with the removed experts masked out of its selection.
+    let masked = dir.path().join("masked.gguf");
+    masked_base(&base, &keep, &masked);
+    let sub = dir.path().join("runs");
+    for s in ["pruned", "masked", "base"] {
+        std::fs::create_dir_all(sub.join(s)).unwrap();
+    }
+    let routed = to_base_ids(routing(&pruned, &sub.join("pruned")), &keep);
+    let reference = routing(&masked, &sub.join("masked"));
+    assert_eq!(
+        routed.len(),
+        2 * N_CTX as usize,
+        "every token in both MoE blocks"
+    );
+    assert_eq!(routed, reference, "Q4_K_M: pruned and masked-base routing");
+    let unmasked = routing(&base, &sub.join("base"));
+    assert!(
+        unmasked
+            .iter()
+            .any(|((l, _), sel)| sel.iter().any(|e| !keep[l].contains(e))),
+        "the unmasked base routes some tokens to removed experts"
+    );
+    let tokens = tokens();
+    let got = logits(&pruned, &tokens, 2).unwrap();
+    let want: Vec<Vec<f64>> = logits(&masked, &tokens, 2)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().map(f64::from).collect())
+        .collect();
+    // Same kernels on the same k-quant bytes: nothing may move at all.
+    assert_logits_close("Q4_K_M", &got, &want, 0.0);
+    println!(
+        "Q4_K_M (ggml types {k_types:?}): the pruned model's logits are the masked base's, bitwise"
+    );
 }

@@ -9,7 +9,7 @@
 
 use super::EvalRunError;
 use crate::net::hub::eval::check_against_job;
-use crate::run::record::{PartialRecord, Recorder};
+use crate::run::record::{check_stored, PartialRecord, Recorder};
 use crate::run::resume::set_aside;
 use common::eval::{names, EvalPartial};
 use common::hash::sha256_hex;
@@ -67,20 +67,7 @@ fn verdict(
     record: Option<&PartialRecord>,
     want: Expected<'_>,
 ) -> Result<EvalPartial, String> {
-    let record = record.ok_or("no accepted SHA-256 is recorded for it in manifest.json")?;
-    let sha = sha256_hex(bytes);
-    if sha != record.sha256 {
-        return Err(format!(
-            "its bytes changed since they were accepted: SHA-256 {sha}, recorded {}",
-            record.sha256
-        ));
-    }
-    if record.settings != want.settings {
-        return Err(format!(
-            "it was computed under other settings or candidates (key {}, this evaluation's is {})",
-            record.settings, want.settings
-        ));
-    }
+    check_stored(record, bytes, want.settings)?;
     let p = EvalPartial::from_bytes(bytes).map_err(|e| e.to_string())?;
     check_against_job(&p, range, want.base_sha256, want.corpus_sha256, want.job)?;
     Ok(p)

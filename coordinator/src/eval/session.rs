@@ -1,23 +1,21 @@
-//! Serving eval leases: the same scheduler, QUIC server, join proof and
-//! local workers as collection, with a hub that welcomes workers with the
-//! eval job and checks eval partials. Each accepted eval partial is stored
-//! create-only under `eval/partials/` (its hash and settings key recorded
-//! first in the manifest) as it arrives, and merged into a running total.
+//! Serving eval leases: the same scheduler, QUIC server, join proof, local
+//! workers and lease loop ([`crate::run::serve`]) as collection, with a hub
+//! that welcomes workers with the eval job and checks eval partials. Each
+//! accepted eval partial is stored create-only under `eval/partials/` (its
+//! hash and settings key recorded first in the manifest) as it arrives, and
+//! merged into a running total.
 
 use super::{EvalRunError, EvalSetup};
 use crate::net::hub::eval::EvalDelivery;
 use crate::net::hub::{Hub, WorkerInfo};
 use crate::run::record::{PartialRecord, Recorder};
-use crate::run::{all_exited, listen, secret, stop_children, Listening};
-use crate::sched::{SchedConfig, Scheduler};
-use common::artifacts::names::CORPUS_DIR;
+use crate::run::{listen, secret, serve, Listening};
+use crate::sched::Scheduler;
 use common::eval::{names, EvalPartial};
 use common::store::RunStore;
-use common::wire::{JobInfo, STAGING_DIR};
 use common::ChunkRange;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// What the session did.
 #[derive(Debug, Default)]
@@ -51,35 +49,17 @@ where
     F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, crate::run::RunError>,
 {
     let base = &setup.base;
-    let (run, cluster, store) = (&base.run, &base.cluster, &base.store);
-    let heartbeat_timeout = Duration::from_secs(run.heartbeat_timeout_s.max(1));
+    let (cluster, store) = (&base.cluster, &base.store);
     let acceptance = Arc::new(crate::run::acceptance(base, &units).await?);
-    let sched = Scheduler::new(
-        SchedConfig {
-            lease_timeout: Duration::from_secs(run.lease_timeout_s.max(1)),
-            heartbeat_timeout,
-            max_attempts: run.max_attempts.max(1),
-            max_worker_failures: run.max_worker_failures.max(1),
-            idle_poll: Duration::from_millis(200),
-            // Eval partials are checked against the coordinator's own slices;
-            // no unit is sent to a second worker.
-            verify_fraction: 0.0,
-        },
-        units,
-        done,
+    // Eval partials are checked against the coordinator's own slices; no
+    // unit is sent to a second worker.
+    let sched = Scheduler::new(serve::sched_config(&base.run, 0.0), units, done);
+    let job = serve::job_info(
+        base,
+        base.run.job_options(common::wire::TraceStrides::both(0)),
     );
-    let max_frame = cluster.max_frame_mib.clamp(1, 1024) << 20;
-    let job = JobInfo {
-        run_url: store.url().to_string(),
-        corpus_url: store.url_of(CORPUS_DIR),
-        model_sha256: base.model_sha256.clone(),
-        model_path: base.model_path.display().to_string(),
-        options: run.job_options(common::wire::TraceStrides::both(0)),
-        max_inline_bytes: u64::from(max_frame - (1 << 16)),
-        heartbeat_ms: (heartbeat_timeout / 4).as_millis() as u64,
-    };
     let (secret, _) = secret(cluster)?;
-    let (hub, mut deliveries) = Hub::new_eval(
+    let (hub, deliveries) = Hub::new_eval(
         sched,
         secret.clone(),
         job,
@@ -89,46 +69,27 @@ where
         base.index.chunks_sha256.clone(),
     );
     let hub = Arc::new(hub);
-    let (server, listening) = listen(cluster, hub.clone(), secret, max_frame, heartbeat_timeout)?;
+    let (server, listening) = listen(
+        cluster,
+        hub.clone(),
+        secret,
+        serve::max_frame(cluster),
+        serve::heartbeat_timeout(&base.run),
+    )?;
     let mut children = on_listen(&listening)?;
-    let n_local = children.len() as u32;
     let mut running: Option<EvalPartial> = None;
-    let mut merged_units = 0usize;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let outcome = loop {
-        tokio::select! {
-            d = deliveries.recv() => {
-                let Some(d) = d else { break Err(EvalRunError::Setup("the delivery channel closed".into())) };
-                if let Err(e) = accept(store, &mut storing, d, &mut running).await {
-                    break Err(e);
-                }
-                merged_units += 1;
-            }
-            _ = tick.tick() => {
-                let now = hub.now();
-                for e in hub.sched().tick(now) {
-                    tracing::warn!("{e:?}; the chunks go back to the queue");
-                }
-                if let Some(e) = hub.sched().failure().cloned() {
-                    break Err(crate::run::RunError::from(e).into());
-                }
-                let p = hub.sched().progress();
-                if p.done == p.units && p.accepted == merged_units {
-                    break Ok(());
-                }
-                if n_local > 0 && all_exited(&mut children) && hub.workers().values().all(|w| !w.connected) {
-                    break Err(crate::run::RunError::WorkersGone(n_local).into());
-                }
-            }
+    let mut serving = serve::Serving::new(&hub, deliveries, &mut children);
+    let outcome: Result<(), EvalRunError> = async {
+        while let Some(d) = serving.next().await? {
+            accept(store, &mut storing, d, &mut running).await?;
         }
-    };
-    server.shutdown().await;
-    stop_children(&mut children).await;
-    outcome?;
-    // Staged copies of late or duplicate results were never promoted.
-    for name in store.list(STAGING_DIR).await? {
-        store.delete(&name).await?;
+        Ok(())
     }
+    .await;
+    server.shutdown().await;
+    serve::stop_children(&mut children).await;
+    outcome?;
+    serve::clear_staging(store).await?;
     let p = hub.sched().progress();
     Ok((
         running,

@@ -282,16 +282,7 @@ impl Hub {
     /// Counts an accepted result and hands it to the merger, which stores
     /// its bytes under the final name (create-only).
     fn accept(&self, range: ChunkRange, r: Candidate) {
-        if let Some(w) = self
-            .workers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(&r.worker)
-        {
-            w.tokens += partial_tokens(&r.partial);
-            w.busy_ms += r.elapsed_ms;
-            w.leases += 1;
-        }
+        self.credit(r.worker, partial_tokens(&r.partial), r.elapsed_ms);
         let _ = self.deliveries.send(Delivery {
             worker: r.worker,
             range,
@@ -328,42 +319,74 @@ impl Hub {
         }
     }
 
+    /// Counts an accepted result of `tokens` tokens (or scored positions)
+    /// that took the worker `elapsed_ms`.
+    fn credit(&self, worker: WorkerId, tokens: u64, elapsed_ms: u64) {
+        if let Some(w) = self
+            .workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&worker)
+        {
+            w.tokens += tokens;
+            w.busy_ms += elapsed_ms;
+            w.leases += 1;
+        }
+    }
+
+    /// The bytes of a reported result (`what`: "partial", "eval partial"):
+    /// inline, or read from the staging name of its claimed hash (any other
+    /// name is refused); with that staging name.
+    async fn fetch(
+        &self,
+        partial: PartialRef,
+        sha256: &str,
+        what: &str,
+    ) -> Result<(Bytes, Option<String>), String> {
+        match partial {
+            PartialRef::Inline(b) => Ok((Bytes::from(b), None)),
+            PartialRef::Stored(name) => {
+                if staged_partial_name(sha256).as_deref() != Some(name.as_str()) {
+                    return Err(format!(
+                        "stored {what} \"{}\" is not the staging name of its hash",
+                        peer_text(&name)
+                    ));
+                }
+                let bytes = self.run.get(&name).await.map_err(|e| e.to_string())?;
+                Ok((bytes, Some(name)))
+            }
+        }
+    }
+
     async fn fetch_and_check(
         &self,
         range: ChunkRange,
         partial: PartialRef,
         sha256: &str,
     ) -> Result<(Partial, Bytes, Option<String>), String> {
-        let (bytes, staged) = match partial {
-            PartialRef::Inline(b) => (Bytes::from(b), None),
-            PartialRef::Stored(name) => {
-                let expected = staged_partial_name(sha256);
-                if expected.as_deref() != Some(name.as_str()) {
-                    return Err(format!(
-                        "stored partial \"{}\" is not the staging name of its hash",
-                        peer_text(&name)
-                    ));
-                }
-                let bytes = self.run.get(&name).await.map_err(|e| e.to_string())?;
-                (bytes, Some(name))
-            }
-        };
+        let (bytes, staged) = self.fetch(partial, sha256, "partial").await?;
         let claimed = sha256.to_string();
         let acceptance = self.acceptance.clone();
         tokio::task::spawn_blocking(move || {
-            let actual = sha256_hex(&bytes);
-            if actual != claimed {
-                return Err(format!(
-                    "partial hashes to {actual}, the worker said \"{}\"",
-                    peer_text(&claimed)
-                ));
-            }
+            check_hash(&bytes, &claimed, "partial")?;
             let p = acceptance.decode_and_check(range, &bytes)?;
             Ok((p, bytes, staged))
         })
         .await
         .map_err(|e| format!("checking the partial panicked: {e}"))?
     }
+}
+
+/// Whether `bytes` hash to the SHA-256 the worker `claimed` for its `what`.
+fn check_hash(bytes: &[u8], claimed: &str, what: &str) -> Result<(), String> {
+    let actual = sha256_hex(bytes);
+    if actual != claimed {
+        return Err(format!(
+            "{what} hashes to {actual}, the worker said \"{}\"",
+            peer_text(claimed)
+        ));
+    }
+    Ok(())
 }
 
 /// The verdict on two or three results of one unit: two that agree settle

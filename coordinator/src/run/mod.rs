@@ -9,6 +9,7 @@
 //! - [`local`]: `--local-workers N` worker processes.
 //! - [`progress`]: the progress bar.
 //! - [`trace_plan`]: the per-split trace budget as a chunk stride.
+//! - [`serve`]: the lease loop shared with `coordinator eval`.
 //! - [`execute`] is the collection itself, given a prepared corpus;
 //!   `coordinator run` (the pipeline module) wraps it with corpus preparation
 //!   and the later stages.
@@ -20,6 +21,7 @@ pub mod lock;
 pub mod progress;
 pub mod record;
 pub mod resume;
+pub mod serve;
 pub mod settings;
 pub mod trace_plan;
 
@@ -27,14 +29,14 @@ use crate::net::hub::{partial_tokens, Hub, WorkerInfo};
 use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{create_ca, server_names, Identity};
 use crate::net::NetError;
-use crate::sched::{plan, SchedConfig, Scheduler};
+use crate::sched::{plan, Scheduler};
 use clap::Args;
 use common::artifacts::{names, write_results};
 use common::corpus::{CorpusIndex, INDEX_FILE};
 use common::partial::Partial;
 use common::secret::JoinSecret;
 use common::store::{RunStore, StoreError};
-use common::wire::{partial_name, JobInfo, STAGING_DIR};
+use common::wire::partial_name;
 use join_hint::JoinHint;
 use local::SECRET_ENV;
 use settings::{ClusterSettings, RunSettings};
@@ -351,35 +353,14 @@ where
     F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
 {
     let (run, cluster, store) = (&setup.run, &setup.cluster, &setup.store);
-    let heartbeat_timeout = Duration::from_secs(run.heartbeat_timeout_s.max(1));
     if !(0.0..=1.0).contains(&run.verify_fraction) {
         return Err(RunError::Setup(format!(
             "[run] verify_fraction = {} is not between 0 and 1",
             run.verify_fraction
         )));
     }
-    let sched = Scheduler::new(
-        SchedConfig {
-            lease_timeout: Duration::from_secs(run.lease_timeout_s.max(1)),
-            heartbeat_timeout,
-            max_attempts: run.max_attempts.max(1),
-            max_worker_failures: run.max_worker_failures.max(1),
-            idle_poll: Duration::from_millis(200),
-            verify_fraction: run.verify_fraction,
-        },
-        units,
-        done,
-    );
-    let max_frame = cluster.max_frame_mib.clamp(1, 1024) << 20;
-    let job = JobInfo {
-        run_url: store.url().to_string(),
-        corpus_url: store.url_of(names::CORPUS_DIR),
-        model_sha256: setup.model_sha256.clone(),
-        model_path: setup.model_path.display().to_string(),
-        options: run.job_options(setup.trace_every().await?),
-        max_inline_bytes: u64::from(max_frame - (1 << 16)),
-        heartbeat_ms: (heartbeat_timeout / 4).as_millis() as u64,
-    };
+    let sched = Scheduler::new(serve::sched_config(run, run.verify_fraction), units, done);
+    let job = serve::job_info(setup, run.job_options(setup.trace_every().await?));
     let (secret, shared) = secret(cluster)?;
     if !shared {
         tracing::info!("no join secret configured: only local workers can join");
@@ -389,61 +370,48 @@ where
         mut recorder,
         settings,
     } = accepted;
-    let (hub, mut deliveries) = Hub::new(sched, secret.clone(), job, acceptance, store.clone());
+    let (hub, deliveries) = Hub::new(sched, secret.clone(), job, acceptance, store.clone());
     let hub = Arc::new(hub);
-    let (server, listening) = listen(cluster, hub.clone(), secret, max_frame, heartbeat_timeout)?;
+    let (server, listening) = listen(
+        cluster,
+        hub.clone(),
+        secret,
+        serve::max_frame(cluster),
+        serve::heartbeat_timeout(run),
+    )?;
     let mut children = on_listen(&listening)?;
-    let n_local = children.len() as u32;
     let resumed_tokens = resumed.map_or(0, partial_tokens);
     let bar = progress::Progress::new(setup.index.n_tokens, resumed_tokens);
     let mut running: Option<Partial> = None;
-    let mut merged_units = 0usize;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let outcome = loop {
-        tokio::select! {
-            d = deliveries.recv() => {
-                let Some(d) = d else { break Err(RunError::Setup("the delivery channel closed".into())) };
-                let name = partial_name(d.range);
-                let rec = record::PartialRecord { sha256: d.sha256.clone(), settings: settings.clone() };
-                recorder.accept(&name, &d.bytes, rec).await?;
-                if let Some(staged) = &d.staged {
-                    store.delete(staged).await?;
-                }
-                bar.advance(partial_tokens(&d.partial), &hub.workers());
-                tracing::info!(worker = %d.worker, range = %d.range, "lease merged");
-                match &mut running {
-                    None => running = Some(d.partial),
-                    Some(m) => m.merge(&d.partial).map_err(|source| RunError::Merge { what: partial_name(d.range), source })?,
-                }
-                merged_units += 1;
+    let mut serving = serve::Serving::new(&hub, deliveries, &mut children);
+    let outcome: Result<(), RunError> = async {
+        while let Some(d) = serving.next().await? {
+            let name = partial_name(d.range);
+            let rec = record::PartialRecord {
+                sha256: d.sha256.clone(),
+                settings: settings.clone(),
+            };
+            recorder.accept(&name, &d.bytes, rec).await?;
+            if let Some(staged) = &d.staged {
+                store.delete(staged).await?;
             }
-            _ = tick.tick() => {
-                let now = hub.now();
-                let events = hub.sched().tick(now);
-                for e in events {
-                    tracing::warn!("{e:?}; the chunks go back to the queue");
-                }
-                if let Some(e) = hub.sched().failure().cloned() {
-                    break Err(e.into());
-                }
-                let p = hub.sched().progress();
-                if p.done == p.units && p.accepted == merged_units {
-                    break Ok(());
-                }
-                if n_local > 0 && all_exited(&mut children) && hub.workers().values().all(|w| !w.connected) {
-                    break Err(RunError::WorkersGone(n_local));
-                }
+            bar.advance(partial_tokens(&d.partial), &hub.workers());
+            tracing::info!(worker = %d.worker, range = %d.range, "lease merged");
+            match &mut running {
+                None => running = Some(d.partial),
+                Some(m) => m
+                    .merge(&d.partial)
+                    .map_err(|source| RunError::Merge { what: name, source })?,
             }
         }
-    };
+        Ok(())
+    }
+    .await;
     bar.finish();
     server.shutdown().await;
-    stop_children(&mut children).await;
+    serve::stop_children(&mut children).await;
     outcome?;
-    // Staged copies of late or duplicate results were never promoted.
-    for name in store.list(STAGING_DIR).await? {
-        store.delete(&name).await?;
-    }
+    serve::clear_staging(store).await?;
     let p = hub.sched().progress();
     Ok((
         running,
@@ -503,23 +471,6 @@ pub(crate) fn listen(
         })?;
     }
     Ok((server, listening))
-}
-
-pub(crate) fn all_exited(children: &mut [tokio::process::Child]) -> bool {
-    children
-        .iter_mut()
-        .all(|c| matches!(c.try_wait(), Ok(Some(_))))
-}
-
-pub(crate) async fn stop_children(children: &mut [tokio::process::Child]) {
-    for c in children.iter_mut() {
-        if tokio::time::timeout(Duration::from_secs(5), c.wait())
-            .await
-            .is_err()
-        {
-            let _ = c.kill().await;
-        }
-    }
 }
 
 /// Records the finished run in `manifest.json` (written last), with the

@@ -51,6 +51,31 @@ pub struct PartialRecord {
 /// Records of accepted partials by object name (`partials/part-...bin`).
 pub type Records = BTreeMap<String, PartialRecord>;
 
+/// Whether stored `bytes` may be reused: a record of their acceptance
+/// exists, they still hash to it, and they were computed under the current
+/// `settings` key. Why not, if not (for the log and `rejected/`).
+pub fn check_stored(
+    record: Option<&PartialRecord>,
+    bytes: &[u8],
+    settings: &str,
+) -> Result<(), String> {
+    let record = record.ok_or("no accepted SHA-256 is recorded for it in manifest.json")?;
+    let sha = sha256_hex(bytes);
+    if sha != record.sha256 {
+        return Err(format!(
+            "its bytes changed since they were accepted: SHA-256 {sha}, recorded {}",
+            record.sha256
+        ));
+    }
+    if record.settings != settings {
+        return Err(format!(
+            "it was computed under other settings (key {}, this run's is {settings})",
+            record.settings
+        ));
+    }
+    Ok(())
+}
+
 /// A fingerprint of everything that changes a partial's numbers: the model,
 /// the tokenized corpus and how chunks are evaluated (micro-batch size, KV
 /// cache type, flash attention, trace settings). Partials made under another

@@ -7,7 +7,7 @@
 //! final name) and recomputed.
 
 use super::accept::Acceptance;
-use super::record::{Recorder, Records};
+use super::record::{check_stored, Recorder, Records};
 use super::RunError;
 use common::hash::sha256_hex;
 use common::partial::Partial;
@@ -40,20 +40,7 @@ fn verdict(
     settings: &str,
     acceptance: &Acceptance,
 ) -> Result<Partial, String> {
-    let record = record.ok_or("no accepted SHA-256 is recorded for it in manifest.json")?;
-    let sha = sha256_hex(bytes);
-    if sha != record.sha256 {
-        return Err(format!(
-            "its bytes changed since they were accepted: SHA-256 {sha}, recorded {}",
-            record.sha256
-        ));
-    }
-    if record.settings != settings {
-        return Err(format!(
-            "it was computed under other settings (key {}, this run's is {settings})",
-            record.settings
-        ));
-    }
+    check_stored(record, bytes, settings)?;
     acceptance.decode_and_check(range, bytes)
 }
 

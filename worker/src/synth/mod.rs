@@ -13,6 +13,9 @@
 //!   routing (512 experts, top-10) in 2 MoE layers, so the bytes the
 //!   observer reads per token and layer can be measured at that shape.
 //! - [`Preset::Dense`]: a dense qwen3 model, for the "no MoE layers" error.
+//! - [`Preset::TinyAltQk`]: `tiny-alt`'s architecture with hidden size and
+//!   expert width 256, so llama.cpp's k-quants (blocks of 256) apply to the
+//!   expert matrices and a quantised model can be made with its quantizer.
 //!
 //! [`chunks`] makes synthetic token chunks for the benchmarks; [`corpus`]
 //! a synthetic text corpus.
@@ -45,6 +48,10 @@ pub enum Preset {
     WideHidden,
     /// qwen3 without experts: a valid model that the collector must refuse.
     Dense,
+    /// glm4moe like `tiny-alt` (1 dense + 2 MoE layers, 16 experts, top-4)
+    /// with hidden size and expert width 256, f16: every expert row is a
+    /// whole number of k-quant blocks.
+    TinyAltQk,
 }
 
 /// Encoding of a generated model's weight matrices (norms and routers stay
@@ -189,6 +196,16 @@ impl Preset {
                 n_expert_used: 0,
                 n_ff_dense: 96,
                 ..Preset::Tiny.spec()
+            },
+            Preset::TinyAltQk => Spec {
+                n_embd: 256,
+                head_dim: 64,
+                n_layer: 3,
+                n_expert: 16,
+                n_ff_exp: 256,
+                n_ff_dense: 256,
+                weight_type: TensorType::F16,
+                ..Preset::TinyAlt.spec()
             },
         }
     }

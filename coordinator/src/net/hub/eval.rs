@@ -7,13 +7,10 @@ use super::Hub;
 use crate::sched::{Completion, Scheduler};
 use bytes::Bytes;
 use common::eval::EvalPartial;
-use common::hash::sha256_hex;
 use common::peer_text::peer_text;
 use common::secret::JoinSecret;
 use common::store::RunStore;
-use common::wire::{
-    staged_partial_name, EvalJob, JobInfo, LeaseId, PartialRef, ToWorker, WorkerId,
-};
+use common::wire::{EvalJob, JobInfo, LeaseId, PartialRef, ToWorker, WorkerId};
 use common::ChunkRange;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -113,16 +110,7 @@ impl Hub {
         let completion = self.sched().complete(lease, worker, &sha256, now);
         match completion {
             Completion::Accepted(range) => {
-                if let Some(w) = self
-                    .workers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_mut(&worker)
-                {
-                    w.tokens += partial.n_scored();
-                    w.busy_ms += elapsed_ms;
-                    w.leases += 1;
-                }
+                self.credit(worker, partial.n_scored(), elapsed_ms);
                 if let Some(role) = &self.eval {
                     let _ = role.deliveries.send(EvalDelivery {
                         worker,
@@ -154,31 +142,13 @@ impl Hub {
         partial: PartialRef,
         sha256: &str,
     ) -> Result<(EvalPartial, Bytes, Option<String>), String> {
-        let (bytes, staged) = match partial {
-            PartialRef::Inline(b) => (Bytes::from(b), None),
-            PartialRef::Stored(name) => {
-                if staged_partial_name(sha256).as_deref() != Some(name.as_str()) {
-                    return Err(format!(
-                        "stored eval partial \"{}\" is not the staging name of its hash",
-                        peer_text(&name)
-                    ));
-                }
-                let bytes = self.run.get(&name).await.map_err(|e| e.to_string())?;
-                (bytes, Some(name))
-            }
-        };
+        let (bytes, staged) = self.fetch(partial, sha256, "eval partial").await?;
         let claimed = sha256.to_string();
         let base = self.job.model_sha256.clone();
         let corpus = role.corpus_sha256.clone();
         let job = role.job.clone();
         tokio::task::spawn_blocking(move || {
-            let actual = sha256_hex(&bytes);
-            if actual != claimed {
-                return Err(format!(
-                    "eval partial hashes to {actual}, the worker said \"{}\"",
-                    peer_text(&claimed)
-                ));
-            }
+            super::check_hash(&bytes, &claimed, "eval partial")?;
             let p = EvalPartial::from_bytes(&bytes).map_err(|e| e.to_string())?;
             check_against_job(&p, range, &base, &corpus, &job)?;
             Ok((p, bytes, staged))

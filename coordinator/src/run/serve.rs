@@ -1,0 +1,148 @@
+//! The lease loop that collection and evaluation share: the scheduler's
+//! configuration and the job every worker is sent, serving leases until
+//! every unit is accepted and merged, and the clean-up after it. What is
+//! merged (partials or eval partials) is the caller's.
+
+use super::settings::{ClusterSettings, RunSettings};
+use super::{RunError, RunSetup};
+use crate::net::hub::Hub;
+use crate::sched::SchedConfig;
+use common::artifacts::names::CORPUS_DIR;
+use common::store::{RunStore, StoreError};
+use common::wire::{JobInfo, JobOptions, STAGING_DIR};
+use std::time::Duration;
+use tokio::process::Child;
+use tokio::sync::mpsc;
+
+/// Silence after which a worker's leases and connection are given up.
+pub(crate) fn heartbeat_timeout(run: &RunSettings) -> Duration {
+    Duration::from_secs(run.heartbeat_timeout_s.max(1))
+}
+
+/// The most bytes one frame of a joined worker may hold.
+pub(crate) fn max_frame(cluster: &ClusterSettings) -> u32 {
+    cluster.max_frame_mib.clamp(1, 1024) << 20
+}
+
+/// The scheduler's configuration for `run`'s leases, with `verify_fraction`
+/// of the units also sent to a second worker.
+pub(crate) fn sched_config(run: &RunSettings, verify_fraction: f64) -> SchedConfig {
+    SchedConfig {
+        lease_timeout: Duration::from_secs(run.lease_timeout_s.max(1)),
+        heartbeat_timeout: heartbeat_timeout(run),
+        max_attempts: run.max_attempts.max(1),
+        max_worker_failures: run.max_worker_failures.max(1),
+        idle_poll: Duration::from_millis(200),
+        verify_fraction,
+    }
+}
+
+/// The job every worker of `setup` is sent after its proof, evaluating
+/// chunks with `options`.
+pub(crate) fn job_info(setup: &RunSetup, options: JobOptions) -> JobInfo {
+    let store = &setup.store;
+    JobInfo {
+        run_url: store.url().to_string(),
+        corpus_url: store.url_of(CORPUS_DIR),
+        model_sha256: setup.model_sha256.clone(),
+        model_path: setup.model_path.display().to_string(),
+        options,
+        max_inline_bytes: u64::from(max_frame(&setup.cluster) - (1 << 16)),
+        heartbeat_ms: (heartbeat_timeout(&setup.run) / 4).as_millis() as u64,
+    }
+}
+
+/// Leases being served until every unit has been accepted and merged: the
+/// caller takes accepted results one by one with [`Serving::next`] and
+/// merges each before asking for the next.
+pub(crate) struct Serving<'a, D> {
+    hub: &'a Hub,
+    deliveries: mpsc::UnboundedReceiver<D>,
+    children: &'a mut [Child],
+    tick: tokio::time::Interval,
+    handed_out: usize,
+}
+
+impl<'a, D> Serving<'a, D> {
+    /// Serves `hub`'s leases; accepted results come from `deliveries`, and
+    /// `children` are the local worker processes.
+    pub(crate) fn new(
+        hub: &'a Hub,
+        deliveries: mpsc::UnboundedReceiver<D>,
+        children: &'a mut [Child],
+    ) -> Self {
+        Serving {
+            hub,
+            deliveries,
+            children,
+            tick: tokio::time::interval(Duration::from_millis(250)),
+            handed_out: 0,
+        }
+    }
+
+    /// The next accepted result, or `None` once every unit is done and
+    /// every accepted result was handed out; the scheduler's clock sends
+    /// expired leases back to the queue meanwhile. An error when a unit
+    /// failed for good, the delivery channel closed, or the local workers
+    /// have all exited with no worker connected.
+    pub(crate) async fn next(&mut self) -> Result<Option<D>, RunError> {
+        let hub = self.hub;
+        loop {
+            tokio::select! {
+                d = self.deliveries.recv() => {
+                    let d = d.ok_or_else(|| RunError::Setup("the delivery channel closed".into()))?;
+                    self.handed_out += 1;
+                    return Ok(Some(d));
+                }
+                _ = self.tick.tick() => {
+                    let now = hub.now();
+                    for e in hub.sched().tick(now) {
+                        tracing::warn!("{e:?}; the chunks go back to the queue");
+                    }
+                    if let Some(e) = hub.sched().failure().cloned() {
+                        return Err(e.into());
+                    }
+                    let p = hub.sched().progress();
+                    if p.done == p.units && p.accepted == self.handed_out {
+                        return Ok(None);
+                    }
+                    let n_local = self.children.len() as u32;
+                    if n_local > 0
+                        && all_exited(self.children)
+                        && hub.workers().values().all(|w| !w.connected)
+                    {
+                        return Err(RunError::WorkersGone(n_local));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Removes the staged copies of late or duplicate results, which were
+/// never promoted to a final name.
+pub(crate) async fn clear_staging(store: &RunStore) -> Result<(), StoreError> {
+    for name in store.list(STAGING_DIR).await? {
+        store.delete(&name).await?;
+    }
+    Ok(())
+}
+
+/// Whether every local worker process has exited.
+pub(crate) fn all_exited(children: &mut [Child]) -> bool {
+    children
+        .iter_mut()
+        .all(|c| matches!(c.try_wait(), Ok(Some(_))))
+}
+
+/// Waits up to 5 s for each local worker to exit, then kills it.
+pub(crate) async fn stop_children(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        if tokio::time::timeout(Duration::from_secs(5), c.wait())
+            .await
+            .is_err()
+        {
+            let _ = c.kill().await;
+        }
+    }
+}
