@@ -38,6 +38,9 @@ pub mod names {
     pub const REPORT_MD: &str = "report/report.md";
     /// Directory of the run report and its plots.
     pub const REPORT_DIR: &str = "report";
+    /// Every miss-rate curve of the report's replay figures, as drawn
+    /// (`coordinator::report::replay` is the schema).
+    pub const REPORT_MISS_RATES_JSON: &str = "report/miss_rate.json";
 
     /// Object name of the keep map called `name` (`frequency_K8`).
     pub fn keep_map(name: &str) -> String {

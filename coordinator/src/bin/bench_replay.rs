@@ -5,8 +5,9 @@
 //!
 //! Layers are generated, turned into steps and replayed one at a time, as
 //! `coordinator replay` streams them; generation is not timed. Prints
-//! requests per second per core for each policy, the 2-thread scaling over
-//! layers, and the peak resident memory (VmHWM).
+//! requests per second per core and the miss rate of each policy at each
+//! capacity (`--capacity 64,128,256`), the 2-thread scaling over layers (at
+//! the first capacity), and the peak resident memory (VmHWM).
 
 use clap::Parser;
 use coordinator::replay::keep::requests;
@@ -23,9 +24,10 @@ struct Args {
     /// Layers.
     #[arg(long, default_value_t = 48)]
     layers: usize,
-    /// Resident experts per layer.
-    #[arg(long, default_value_t = 128)]
-    capacity: usize,
+    /// Resident experts per layer, comma-separated (`64,128,256`: every
+    /// policy is timed at each).
+    #[arg(long, value_delimiter = ',', default_values_t = [128])]
+    capacity: Vec<usize>,
     /// Layers replayed in the thread-scaling runs.
     #[arg(long, default_value_t = 8)]
     scaling_layers: usize,
@@ -64,8 +66,10 @@ fn main() {
         ..Shape::audited()
     };
     let params = PolicyParams::default();
-    let mut time = vec![Duration::ZERO; policies.len()];
-    let mut misses = vec![0u64; policies.len()];
+    let caps = &args.capacity;
+    // time[policy][capacity], misses[policy][capacity]
+    let mut time = vec![vec![Duration::ZERO; caps.len()]; policies.len()];
+    let mut misses = vec![vec![0u64; caps.len()]; policies.len()];
     let mut requests_total = 0u64;
     let mut prep = Duration::ZERO;
     for layer in 0..args.layers {
@@ -73,30 +77,57 @@ fn main() {
         prep += p;
         requests_total += steps.requests();
         for (i, &policy) in policies.iter().enumerate() {
-            let t = Instant::now();
-            let c = simulate(policy, &steps, args.capacity, &params);
-            time[i] += t.elapsed();
-            misses[i] += c.misses;
+            for (j, &capacity) in caps.iter().enumerate() {
+                let t = Instant::now();
+                let c = simulate(policy, &steps, capacity, &params);
+                time[i][j] += t.elapsed();
+                misses[i][j] += c.misses;
+            }
         }
     }
+    let cap_list: Vec<String> = caps.iter().map(|c| c.to_string()).collect();
     println!(
-        "shape: {} tokens x {} layers, top-{} of {} experts, top-{}; capacity {}; {} requests per policy",
-        shape.tokens, args.layers, shape.n, shape.n_expert, shape.k, args.capacity, requests_total
+        "shape: {} tokens x {} layers, top-{} of {} experts, top-{}; capacity {}; {} requests per policy and capacity",
+        shape.tokens,
+        args.layers,
+        shape.n,
+        shape.n_expert,
+        shape.k,
+        cap_list.join(", "),
+        requests_total
     );
     println!(
         "trace -> steps (keep filter, near picks, step build): {:.3} s, {:.1} M tokens*layers/s",
         prep.as_secs_f64(),
         (shape.tokens * args.layers) as f64 / prep.as_secs_f64() / 1e6
     );
-    println!("\n| policy | seconds | M requests/s/core | miss rate |\n|---|---:|---:|---:|");
+    let rate = |t: Duration| requests_total as f64 / t.as_secs_f64() / 1e6;
+    let header: String = caps.iter().map(|c| format!(" C = {c} |")).collect();
+    let rule: String = caps.iter().map(|_| "---:|").collect();
+    println!("\nM requests/s/core:\n\n| policy |{header}\n|---|{rule}");
     for (i, policy) in policies.iter().enumerate() {
-        println!(
-            "| {policy} | {:.3} | {:.1} | {:.4} |",
-            time[i].as_secs_f64(),
-            requests_total as f64 / time[i].as_secs_f64() / 1e6,
-            misses[i] as f64 / requests_total as f64
-        );
+        let cells: String = time[i]
+            .iter()
+            .map(|&t| format!(" {:.1} |", rate(t)))
+            .collect();
+        println!("| {policy} |{cells}");
     }
+    println!("\nmiss rate:\n\n| policy |{header}\n|---|{rule}");
+    for (i, policy) in policies.iter().enumerate() {
+        let cells: String = misses[i]
+            .iter()
+            .map(|&m| format!(" {:.4} |", m as f64 / requests_total as f64))
+            .collect();
+        println!("| {policy} |{cells}");
+    }
+    let replays = policies.len() * caps.len();
+    let all: Duration = time.iter().flatten().sum();
+    println!(
+        "\nall {replays} replays: {} requests in {:.3} s = {:.1} M requests/s/core",
+        requests_total * replays as u64,
+        all.as_secs_f64(),
+        (requests_total * replays as u64) as f64 / all.as_secs_f64() / 1e6
+    );
     println!(
         "\npeak memory (VmHWM) after the streaming pass: {}",
         vm_hwm()
@@ -124,7 +155,7 @@ fn main() {
             let total: u64 = pool.install(|| {
                 layers
                     .par_iter()
-                    .map(|s| simulate(policy, s, args.capacity, &params).misses)
+                    .map(|s| simulate(policy, s, caps[0], &params).misses)
                     .sum()
             });
             rate[i] = reqs as f64 / t.elapsed().as_secs_f64() / 1e6;

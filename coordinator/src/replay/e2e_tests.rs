@@ -178,20 +178,43 @@ fn replay_run_reads_parts_keep_maps_and_model_and_writes_results() {
     assert_eq!(curve.points.len(), 4);
     let written = std::fs::read(dir.path().join("replay/results.json")).unwrap();
     // The stored results read back through the same schema, and the run
-    // report finds a miss-rate curve per (policy, split, trace, mode, keep map).
+    // report draws LRU in each (split, trace, mode) panel of each keep map's
+    // figure at every integer capacity (its one-pass curve), through the
+    // replayed row, forced misses counted as the rows count them.
     let read = super::ReplayReport::from_json(&written, "replay/results.json").unwrap();
     assert_eq!(
         (&read.rows, &read.lru_curves),
         (&report.rows, &report.lru_curves)
     );
-    let curves = crate::report::replay::curves(&read);
-    let labels: Vec<&str> = curves.iter().map(|c| c.label.as_str()).collect();
-    let one_pass = curves
-        .iter()
-        .find(|c| c.label == "lru_all_capacities / fit / prefill / token / none")
-        .unwrap_or_else(|| panic!("no one-pass LRU curve among {labels:?}"));
-    let lru = get(Fit, Prefill, Token, Policy::Lru, "none");
-    assert_eq!(one_pass.points[1], (2.0, 14.0 / lru.requests as f64));
+    let rates = crate::report::replay::miss_rates(&read);
+    let maps: Vec<&str> = rates.figures.iter().map(|f| f.keep_map.as_str()).collect();
+    assert_eq!(maps, ["none", "frequency_K2"]);
+    for (figure, keep) in rates.figures.iter().zip(["none", "frequency_K2"]) {
+        let panel = figure
+            .panels
+            .iter()
+            .find(|p| (p.split, p.trace_mode, p.mode) == (Fit, Prefill, Token))
+            .unwrap();
+        let lru = panel
+            .curves
+            .iter()
+            .find(|c| c.policy == Policy::Lru)
+            .unwrap();
+        let xs: Vec<f64> = lru.points.iter().map(|p| p.0).collect();
+        assert_eq!(xs, [1.0, 2.0, 3.0, 4.0], "{keep}");
+        let row = get(Fit, Prefill, Token, Policy::Lru, keep);
+        assert_eq!(lru.points[1].1, 1.0 - row.hit_rate, "{keep}");
+        assert!(
+            lru.points.windows(2).all(|w| w[1].1 <= w[0].1),
+            "LRU misses never grow with capacity: {:?}",
+            lru.points
+        );
+    }
+    let none_lru = get(Fit, Prefill, Token, Policy::Lru, "none");
+    assert_eq!(
+        rates.figures[0].panels[0].curves[0].points[1],
+        (2.0, 14.0 / none_lru.requests as f64)
+    );
     assert!(
         report
             .markdown

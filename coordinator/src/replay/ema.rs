@@ -99,10 +99,10 @@ impl Scorer for LazyEma {
     }
 
     #[inline]
-    fn near(&mut self, steps: &Steps, j: usize) -> bool {
-        self.keys.get_mut(steps.near[j]).p +=
-            self.near_credit * f64::from(steps.near_uses[j]) * self.factor;
-        true
+    fn near(&mut self, e: u16, uses: f32) -> f64 {
+        let k = self.keys.get_mut(e);
+        k.p += self.near_credit * f64::from(uses) * self.factor;
+        k.p
     }
 
     #[inline]

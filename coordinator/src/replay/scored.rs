@@ -46,10 +46,10 @@ pub trait Scorer {
     fn credits_near(&self) -> bool {
         false
     }
-    /// Credits near pick `j` (an index into the near arrays); returns whether
-    /// the key of `steps.near[j]` changed.
-    fn near(&mut self, _steps: &Steps, _j: usize) -> bool {
-        false
+    /// Credits a near pick of expert `e`, picked `uses` times in the step;
+    /// returns the score of its key afterwards.
+    fn near(&mut self, e: u16, _uses: f32) -> f64 {
+        self.key(e as usize).p
     }
     /// The current key of expert `e`.
     fn key(&self, e: usize) -> Key;
@@ -166,8 +166,7 @@ pub fn simulate_flat<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) 
 }
 
 /// [`simulate_flat`], compiled apart for scorers with and without near-pick
-/// credits: without them the per-request path does not track which experts a
-/// step used.
+/// credits (without them the near picks are not read at all).
 fn flat<S: Scorer, const NEAR: bool>(steps: &Steps, capacity: usize, scorer: &mut S) -> Counts {
     let padded = capacity.div_ceil(LANES) * LANES;
     // Fixed-size tables keep every index of the per-request loops in bounds
@@ -176,7 +175,6 @@ fn flat<S: Scorer, const NEAR: bool>(steps: &Steps, capacity: usize, scorer: &mu
     let spare = padded;
     let mut p: Box<[f64; SLOTS]> = Box::new([f64::INFINITY; SLOTS]);
     let mut slot_of = IdTable::new(NO_SLOT);
-    let mut stamp = IdTable::new(0u32);
     let mut missed = IdTable::new(0u16);
     let mut slot_expert = vec![NO_SLOT; capacity];
     let mut filled = 0usize;
@@ -190,7 +188,6 @@ fn flat<S: Scorer, const NEAR: bool>(steps: &Steps, capacity: usize, scorer: &mu
                 p[w] = scorer.key(e as usize).p;
             }
         }
-        let mark = s as u32 + 1;
         let r = steps.range(s);
         if r.len() > capacity {
             overflow_steps += 1;
@@ -201,9 +198,6 @@ fn flat<S: Scorer, const NEAR: bool>(steps: &Steps, capacity: usize, scorer: &mu
         let requests = steps.expert[r.clone()].iter().zip(&credits[r.clone()]);
         for (i, (&e, &credit)) in (r.start..).zip(requests) {
             scorer.request(i, e, credit, s);
-            if NEAR {
-                *stamp.get_mut(e) = mark;
-            }
             let slot = slot_of.get(e as usize);
             let miss = slot == NO_SLOT;
             let w = if miss { spare } else { slot as usize };
@@ -213,14 +207,20 @@ fn flat<S: Scorer, const NEAR: bool>(steps: &Steps, capacity: usize, scorer: &mu
             n_missed += usize::from(miss);
         }
         if NEAR {
-            for j in steps.near_range(s) {
-                if scorer.near(steps, j) {
-                    let e = steps.near[j];
-                    let slot = slot_of.get(e as usize);
-                    if slot != NO_SLOT && stamp.get(e as usize) != mark {
-                        p[slot as usize % SLOTS] = scorer.key(e as usize).p;
-                    }
-                }
+            // A resident the step requested is pinned (`+inf`) until the
+            // step ends, so it keeps `+inf`; any other resident takes its new
+            // score at once. A non-resident writes the spare slot, which no
+            // scan reads. Branch-free: residency is unpredictable.
+            let j = steps.near_range(s);
+            for (&e, &uses) in steps.near[j.clone()].iter().zip(&steps.near_uses[j]) {
+                let score = scorer.near(e, uses);
+                let slot = slot_of.get(e as usize);
+                let w = if slot == NO_SLOT {
+                    spare
+                } else {
+                    slot as usize
+                } % SLOTS;
+                p[w] = if p[w] == f64::INFINITY { p[w] } else { score };
             }
         }
         misses += n_missed as u64;
@@ -298,8 +298,11 @@ pub fn simulate_tree<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) 
                 tree.set(slot as usize, scorer.key(e as usize));
             }
         }
-        for j in steps.near_range(s) {
-            scorer.near(steps, j);
+        if scorer.credits_near() {
+            let j = steps.near_range(s);
+            for (&e, &uses) in steps.near[j.clone()].iter().zip(&steps.near_uses[j]) {
+                scorer.near(e, uses);
+            }
         }
         misses += missed.len() as u64;
         for &e in &missed {

@@ -1,10 +1,12 @@
 //! `coordinator report`: `report/report.md` with PNG plots: verification,
 //! the score tables, per-layer slot replacement per method and K, layer x
 //! expert heatmaps of counts and REAP scores and, when replay results
-//! exist, miss-rate curves.
+//! exist, miss-rate figures.
 //!
 //! - [`plots`]: the PNG charts (embedded font).
-//! - [`replay`]: miss-rate curves read from `replay/results.json`.
+//! - [`panels`]: small multiples, a grid of panels with one legend.
+//! - [`replay`]: miss-rate figures from `replay/results.json`, one per keep
+//!   map, and `report/miss_rate.json`, the data they are drawn from.
 //! - [`eval`]: pruned candidates against the base model, from `eval/summary.json`.
 //!
 //! The report reads what the stages stored and writes only `report/`: a
@@ -12,6 +14,7 @@
 //! missing, never run from here.
 
 pub mod eval;
+pub mod panels;
 pub mod plots;
 pub mod replay;
 
@@ -26,9 +29,6 @@ use common::Split;
 use plots::Series;
 use std::fmt::Write;
 use std::process::ExitCode;
-
-/// Most miss-rate curves drawn in one plot (a legend beyond that is unreadable).
-pub const MAX_CURVES: usize = 16;
 
 /// What `report` wrote.
 #[derive(Clone, Debug, PartialEq)]
@@ -202,29 +202,31 @@ async fn replay_section(
     if store.exists(names::REPLAY_REPORT_MD).await? {
         md.push_str("Full replay tables: [replay/report.md](../replay/report.md).\n\n");
     }
-    let mut curves = replay::curves(&results);
-    if curves.len() > MAX_CURVES {
-        let _ = writeln!(
-            md,
-            "Showing the first {MAX_CURVES} of {} miss-rate curves.\n",
-            curves.len()
-        );
-        curves.truncate(MAX_CURVES);
-    }
-    if curves.is_empty() {
-        md.push_str("The replay results hold no curve over two or more capacities; replay with several `--capacity` values for miss-rate curves.\n\n");
+    let rates = replay::miss_rates(&results);
+    if rates.figures.is_empty() {
+        md.push_str("The replay results hold no rows.\n\n");
         return Ok(());
     }
-    let name = format!("{}/miss_rate.png", names::REPORT_DIR);
-    let png = plots::line_chart(
-        "Expert cache miss rate by capacity",
-        "capacity (experts per layer)",
-        "miss rate",
-        &curves,
-    )?;
-    store.put(&name, png).await?;
-    md.push_str("![miss rate](miss_rate.png)\n\n");
-    out.plots.push(name);
+    md.push_str(
+        "Miss rate (forced misses count as misses) against the resident experts per layer: \
+         one figure per keep map, one panel per split (columns) and trace and step mode \
+         (rows), one line per policy in the same colour in every figure; markers sit at the \
+         replayed capacities, and LRU's line passes through every integer capacity between \
+         them (its one-pass curve). The numbers behind every line: \
+         [miss_rate.json](miss_rate.json).\n\n",
+    );
+    for figure in &rates.figures {
+        let name = format!("{}/{}", names::REPORT_DIR, figure.png);
+        store.put(&name, replay::draw(figure)?).await?;
+        let _ = writeln!(
+            md,
+            "### Keep map `{}`\n\n![miss rate, keep map {}]({})\n",
+            figure.keep_map, figure.keep_map, figure.png
+        );
+        out.plots.push(name);
+    }
+    let json = serde_json::to_vec_pretty(&rates).context("miss rates serialise")?;
+    store.put(names::REPORT_MISS_RATES_JSON, json).await?;
     Ok(())
 }
 

@@ -8,9 +8,11 @@ use std::sync::Once;
 /// Plot size in pixels.
 pub const SIZE: (u32, u32) = (960, 540);
 
-const FONT: &str = "sans-serif";
+/// Family name the embedded font is registered under.
+pub(super) const FONT: &str = "sans-serif";
 
-fn register_font() {
+/// Registers the embedded font once per process.
+pub(super) fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         if plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_err()
@@ -20,7 +22,8 @@ fn register_font() {
     });
 }
 
-fn err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> anyhow::Error + '_ {
+/// Turns a plotters error into one naming the plot being drawn.
+pub(super) fn err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> anyhow::Error + '_ {
     move |e| anyhow!("drawing {what}: {e:?}")
 }
 
@@ -128,7 +131,7 @@ pub fn line_chart(
 pub type LayerRows = [(u32, Vec<f64>)];
 
 /// Integer tick labels; fractional tick positions get none.
-fn int_tick(v: &f64) -> String {
+pub(super) fn int_tick(v: &f64) -> String {
     if v.fract() == 0.0 {
         format!("{v:.0}")
     } else {
