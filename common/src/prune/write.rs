@@ -1,8 +1,10 @@
 //! Streams a sliced GGUF: the header rewritten, tensor data copied range by
-//! range inside the kernel (`copy_file_range` where the OS has it, through a
-//! buffer otherwise) while a second thread hashes the same ranges through a
-//! bounded buffer, under a temporary name renamed to the output only once
-//! complete.
+//! range inside the kernel (`copy_file_range` with an explicit source
+//! offset on Linux: one system call per range; `std::io::copy` elsewhere or
+//! when the kernel refuses), adjacent ranges merged into one, while a second
+//! thread hashes the same ranges, handed over in batches of a few MiB so
+//! that it wakes a few dozen times rather than once per expert, under a
+//! temporary name renamed to the output only once complete.
 
 use super::plan::Plan;
 use super::{PruneError, Sliced};
@@ -18,8 +20,12 @@ use std::thread::JoinHandle;
 /// Bytes hashed per read: the only buffer whose size depends on the data.
 const HASH_BUFFER: usize = 4 << 20;
 
-/// Pieces queued for the hashing thread before the copy waits for it.
-const HASH_QUEUE: usize = 256;
+/// Batches queued for the hashing thread before the copy waits for it.
+const HASH_QUEUE: usize = 16;
+
+/// Bytes of output gathered into one batch before it is handed to the
+/// hashing thread.
+const HASH_BATCH: u64 = 2 << 20;
 
 /// What the output receives next, in order, for the hashing thread.
 enum Piece {
@@ -32,7 +38,7 @@ enum Piece {
 /// SHA-256 of the output, computed on its own thread from the pieces the
 /// copy writes, so hashing overlaps the copy instead of following it.
 struct Hasher {
-    feed: mpsc::SyncSender<Piece>,
+    feed: mpsc::SyncSender<Vec<Piece>>,
     thread: JoinHandle<io::Result<Sha256>>,
 }
 
@@ -40,11 +46,11 @@ impl Hasher {
     /// Starts the thread; it reads ranges from `src` by position, so the
     /// copy's own file offset is never disturbed.
     fn start(src: File) -> Hasher {
-        let (feed, pieces) = mpsc::sync_channel::<Piece>(HASH_QUEUE);
+        let (feed, batches) = mpsc::sync_channel::<Vec<Piece>>(HASH_QUEUE);
         let thread = std::thread::spawn(move || {
             let mut hash = Sha256::new();
             let mut buf = vec![0u8; HASH_BUFFER];
-            for piece in pieces {
+            for piece in batches.into_iter().flatten() {
                 match piece {
                     Piece::Bytes(b) => hash.update(&b),
                     Piece::Range { offset, len } => {
@@ -63,10 +69,10 @@ impl Hasher {
         Hasher { feed, thread }
     }
 
-    /// Queues a piece; a refused one means the thread stopped on a read error,
-    /// which `finish` returns.
-    fn push(&self, piece: Piece) -> bool {
-        self.feed.send(piece).is_ok()
+    /// Queues a batch of pieces; a refused one means the thread stopped on a
+    /// read error, which `finish` returns.
+    fn push(&self, batch: Vec<Piece>) -> bool {
+        self.feed.send(batch).is_ok()
     }
 
     /// Waits for the thread and returns the hash of everything pushed.
@@ -82,10 +88,27 @@ impl Hasher {
 struct Out {
     file: File,
     hasher: Hasher,
+    /// Pieces written but not yet handed to the hasher, and their bytes.
+    batch: Vec<Piece>,
+    batch_bytes: u64,
+    /// Set once the kernel refused `copy_file_range` for these files: the
+    /// rest goes through `std::io::copy`.
+    kernel_copy_refused: bool,
     bytes: u64,
 }
 
 impl Out {
+    fn new(file: File, hasher: Hasher) -> Out {
+        Out {
+            file,
+            hasher,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            kernel_copy_refused: false,
+            bytes: 0,
+        }
+    }
+
     /// Writes bytes held in memory (header, padding).
     fn put(&mut self, b: &[u8]) -> Result<(), Side> {
         self.file.write_all(b).map_err(Side::Write)?;
@@ -94,26 +117,93 @@ impl Out {
         Ok(())
     }
 
-    /// Appends `len` bytes at `offset` of `src`, copied file to file by
-    /// `std::io::copy` (in the kernel on Linux) and hashed on the side.
+    /// Appends `len` bytes at `offset` of `src`, copied file to file in the
+    /// kernel and hashed on the side.
     fn copy(&mut self, src: &File, offset: u64, len: u64) -> Result<(), Side> {
-        let mut reader = src;
-        reader.seek(SeekFrom::Start(offset)).map_err(Side::Read)?;
-        let copied = io::copy(&mut reader.take(len), &mut self.file).map_err(Side::Write)?;
-        if copied != len {
-            return Err(Side::Read(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("{len} bytes at offset {offset} run past the end of the file"),
-            )));
+        let done = if self.kernel_copy_refused {
+            0
+        } else {
+            self.kernel_copy(src, offset, len)?
+        };
+        if done < len {
+            self.std_copy(src, offset + done, len - done)?;
         }
         self.queue(Piece::Range { offset, len })?;
         self.bytes += len;
         Ok(())
     }
 
-    /// Hands a piece to the hashing thread; a stopped thread is a read error.
+    /// `copy_file_range` from `offset` of `src` to the output's position,
+    /// until `len` bytes are copied or the kernel refuses these files
+    /// (another file system, an old kernel: then it returns what it copied
+    /// and remembers the refusal).
+    #[cfg(target_os = "linux")]
+    fn kernel_copy(&mut self, src: &File, offset: u64, len: u64) -> Result<u64, Side> {
+        use rustix::io::Errno;
+        let mut at = offset;
+        while at < offset + len {
+            let want = usize::try_from(offset + len - at).unwrap_or(usize::MAX);
+            match rustix::fs::copy_file_range(src, Some(&mut at), &self.file, None, want) {
+                Ok(0) => return Err(past_the_end(offset, len)),
+                Ok(_) => {}
+                Err(Errno::INTR) => {}
+                Err(Errno::XDEV | Errno::NOSYS | Errno::OPNOTSUPP | Errno::INVAL) => {
+                    self.kernel_copy_refused = true;
+                    break;
+                }
+                Err(e) => return Err(Side::Write(e.into())),
+            }
+        }
+        Ok(at - offset)
+    }
+
+    /// Without `copy_file_range`: nothing is copied here, `std_copy` does it.
+    #[cfg(not(target_os = "linux"))]
+    fn kernel_copy(&mut self, _: &File, _: u64, _: u64) -> Result<u64, Side> {
+        self.kernel_copy_refused = true;
+        Ok(0)
+    }
+
+    /// Appends `len` bytes at `offset` of `src` with `std::io::copy` (which
+    /// picks the best way the platform has).
+    fn std_copy(&mut self, src: &File, offset: u64, len: u64) -> Result<(), Side> {
+        let mut reader = src;
+        reader.seek(SeekFrom::Start(offset)).map_err(Side::Read)?;
+        let copied = io::copy(&mut reader.take(len), &mut self.file).map_err(Side::Write)?;
+        if copied != len {
+            return Err(past_the_end(offset, len));
+        }
+        Ok(())
+    }
+
+    /// Adds a piece to the batch for the hashing thread (a range that
+    /// continues the previous one extends it), and hands the batch over
+    /// once it holds [`HASH_BATCH`] bytes.
     fn queue(&mut self, piece: Piece) -> Result<(), Side> {
-        if self.hasher.push(piece) {
+        let len = match &piece {
+            Piece::Bytes(b) => b.len() as u64,
+            Piece::Range { len, .. } => *len,
+        };
+        match (self.batch.last_mut(), piece) {
+            (Some(Piece::Range { offset, len: last }), Piece::Range { offset: next, len })
+                if *offset + *last == next =>
+            {
+                *last += len
+            }
+            (_, piece) => self.batch.push(piece),
+        }
+        self.batch_bytes += len;
+        if self.batch_bytes >= HASH_BATCH {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Hands the gathered pieces to the hashing thread; a stopped thread is
+    /// a read error.
+    fn flush(&mut self) -> Result<(), Side> {
+        self.batch_bytes = 0;
+        if self.batch.is_empty() || self.hasher.push(std::mem::take(&mut self.batch)) {
             Ok(())
         } else {
             Err(Side::Read(io::Error::other(
@@ -121,6 +211,14 @@ impl Out {
             )))
         }
     }
+}
+
+/// The error of a range that runs past the end of the source.
+fn past_the_end(offset: u64, len: u64) -> Side {
+    Side::Read(io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("{len} bytes at offset {offset} run past the end of the file"),
+    ))
 }
 
 /// The temporary output; removed on drop unless it was renamed into place.
@@ -161,16 +259,13 @@ pub(super) fn sliced(
         done: false,
     };
     let file = File::create(&partial.path).map_err(io_err(&partial.path))?;
-    let mut w = Out {
-        file,
-        hasher,
-        bytes: 0,
-    };
-    let result = write_all(&mut src, header, plan, &mut w);
+    let mut w = Out::new(file, hasher);
+    let result = write_all(&mut src, header, plan, &mut w).and_then(|()| w.flush());
     let Out {
         file,
         hasher,
         bytes,
+        ..
     } = w;
     // The thread's own read error, if it stopped, names the cause better
     // than the refused queue does.
@@ -268,8 +363,8 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
             }
             Some(ids) => {
                 let per_expert = t.n_bytes / t.dims.last().expect("checked");
-                for &id in ids {
-                    w.copy(src, start + id as u64 * per_expert, per_expert)?;
+                for (first, n) in runs(ids) {
+                    w.copy(src, start + first * per_expert, n * per_expert)?;
                 }
                 per_expert * ids.len() as u64
             }
@@ -278,4 +373,34 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
         w.put(&zeros[..pad])?;
     }
     Ok(())
+}
+
+/// Kept ids as runs of consecutive ids `(first, count)`, in keep-map order:
+/// each run is one range of the source.
+fn runs(ids: &[u32]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &id in ids {
+        match out.last_mut() {
+            Some((first, n)) if *first + *n == u64::from(id) => *n += 1,
+            _ => out.push((u64::from(id), 1)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn consecutive_ids_merge_into_runs_in_order() {
+        assert_eq!(runs(&[]), vec![]);
+        assert_eq!(runs(&[0, 1, 2, 3]), vec![(0, 4)]);
+        assert_eq!(
+            runs(&[0, 2, 3, 4, 7, 9, 10]),
+            vec![(0, 1), (2, 3), (7, 1), (9, 2)]
+        );
+        // Not sorted (keep maps are, but order is what the output follows).
+        assert_eq!(runs(&[5, 6, 2, 3]), vec![(5, 2), (2, 2)]);
+    }
 }

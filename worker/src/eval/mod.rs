@@ -3,15 +3,18 @@
 //!
 //! Each chunk runs alone in its sequence in every model (KV caches cleared),
 //! in micro-batches of `n_ubatch` tokens with outputs on every token, like
-//! collection. Micro-batch by micro-batch, the base model's logits are
-//! decoded once, the scored rows copied aside with their log-sum-exp, and
-//! every candidate's logits of the same micro-batch are compared with them:
-//! memory holds one micro-batch of base logits, never a whole-vocabulary
-//! file. See [`metrics`] for the per-position figures.
+//! collection. Micro-batch by micro-batch, the base model and every
+//! candidate decode the same tokens, and the scored rows are compared while
+//! each context still holds its logits (`rows`, split over threads): the
+//! base row's probabilities are computed once per row for all candidates,
+//! nothing is copied aside, and no whole-vocabulary file is ever written.
+//! See [`metrics`] for the per-position figures.
 
 pub mod candidates;
+mod exp;
 pub mod metrics;
 mod positions;
+mod rows;
 
 use crate::collect::{
     check_chunks, chunk_context, corpus_error, moe_shape, ranges_of, sha256_file,
@@ -26,6 +29,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use positions::scored_positions;
+use rows::ScoredRow;
 
 /// How chunks are evaluated and which positions are scored.
 #[derive(Clone, Debug)]
@@ -174,8 +178,7 @@ impl Evaluator {
         let mut dumps = BTreeMap::new();
         let step = params.n_ubatch as usize;
         let n_vocab = base.n_vocab();
-        let mut base_rows: Vec<f32> = Vec::new();
-        let mut base_stats = Vec::new();
+        let threads = self.opts.threads.max(1) as usize;
         for chunk in chunks {
             let scored = scored_positions(chunk, self.opts.skip_first, &self.opts.splits);
             let vocab_err = |pos: usize| {
@@ -191,18 +194,9 @@ impl Evaluator {
             cands.iter_mut().for_each(|c| c.clear());
             for (u, toks) in chunk.tokens.chunks(step).enumerate() {
                 let pos0 = u * step;
-                base.decode(toks, pos0 as i32)?;
-                let logits = base.batch_logits();
-                if self.opts.dump_logits {
-                    dumps
-                        .entry((0, chunk.id.0))
-                        .or_insert_with(Vec::new)
-                        .extend_from_slice(logits);
-                }
-                // Scored rows of this micro-batch: (row, group, next token).
+                // Scored rows of this micro-batch, with their groups.
                 let mut rows = Vec::new();
-                base_rows.clear();
-                base_stats.clear();
+                let mut groups = Vec::new();
                 for r in 0..toks.len() {
                     let Some(group) = scored[pos0 + r] else {
                         continue;
@@ -212,40 +206,33 @@ impl Evaluator {
                         .ok()
                         .filter(|&n| n < n_vocab)
                         .ok_or_else(|| vocab_err(pos0 + r + 1))?;
-                    let row = &logits[r * n_vocab..(r + 1) * n_vocab];
-                    base_rows.extend_from_slice(row);
-                    base_stats.push(metrics::row_stats(row));
-                    rows.push((r, group, next));
+                    rows.push(ScoredRow { row: r, next });
+                    groups.push(group);
                 }
-                for (j, &(r, group, next)) in rows.iter().enumerate() {
-                    let row = &base_rows[j * n_vocab..(j + 1) * n_vocab];
-                    let nll = base_stats[j].log_sum_exp - f64::from(row[next]);
-                    let at = Position {
-                        chunk: chunk.id.0,
-                        pos: (pos0 + r) as u32,
-                        group,
-                    };
-                    acc.add_base(at, nll)?;
-                }
-                for (ci, ctx) in cands.iter_mut().enumerate() {
+                // Every model decodes the micro-batch; each context keeps its
+                // own logits until its next decode, so the base rows are
+                // never copied.
+                for (m, ctx) in std::iter::once(&mut base).chain(&mut cands).enumerate() {
                     ctx.decode(toks, pos0 as i32)?;
-                    let logits = ctx.batch_logits();
                     if self.opts.dump_logits {
                         dumps
-                            .entry((ci + 1, chunk.id.0))
+                            .entry((m, chunk.id.0))
                             .or_insert_with(Vec::new)
-                            .extend_from_slice(logits);
+                            .extend_from_slice(ctx.batch_logits());
                     }
-                    for (j, &(r, group, next)) in rows.iter().enumerate() {
-                        let b = &base_rows[j * n_vocab..(j + 1) * n_vocab];
-                        let q = &logits[r * n_vocab..(r + 1) * n_vocab];
-                        let c = metrics::compare(b, base_stats[j], q, next);
-                        let at = Position {
-                            chunk: chunk.id.0,
-                            pos: (pos0 + r) as u32,
-                            group,
-                        };
-                        acc.add_candidate(ci, at, &c)?;
+                }
+                let cand_logits: Vec<&[f32]> = cands.iter().map(|c| c.batch_logits()).collect();
+                let results =
+                    rows::compare_rows(base.batch_logits(), &cand_logits, &rows, n_vocab, threads);
+                for ((sr, &group), res) in rows.iter().zip(&groups).zip(&results) {
+                    let at = Position {
+                        chunk: chunk.id.0,
+                        pos: (pos0 + sr.row) as u32,
+                        group,
+                    };
+                    acc.add_base(at, res.nll_base)?;
+                    for (ci, c) in res.candidates.iter().enumerate() {
+                        acc.add_candidate(ci, at, c)?;
                     }
                 }
             }

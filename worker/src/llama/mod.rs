@@ -348,8 +348,23 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
     }
 
+    /// Puts the thread pool's threads to sleep until the next graph
+    /// computation wakes them. Left alone, ggml's threads spin for work for
+    /// a long while (polling level 50: millions of rounds) after each one,
+    /// taking a core from whatever runs between decodes: another context's
+    /// decode (an evaluator runs one per model), the comparison of logits,
+    /// collection's folding.
+    fn rest_threads(&mut self) {
+        if let Some(pool) = self.threadpool {
+            // SAFETY: the pool is live (freed only in Drop) and no graph
+            // computation is running; the next one resumes it.
+            unsafe { sys::ggml_threadpool_pause(pool.as_ptr()) };
+        }
+    }
+
     /// Decodes `tokens` at positions `pos0..` of sequence 0 as one
-    /// micro-batch, with outputs on every token.
+    /// micro-batch, with outputs on every token; the context's threads
+    /// sleep again when it returns.
     pub fn decode(&mut self, tokens: &[i32], pos0: i32) -> Result<(), LlamaError> {
         assert!(tokens.len() <= self.batch_cap, "batch larger than n_ubatch");
         // SAFETY: the batch was allocated for batch_cap tokens with one
@@ -367,6 +382,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         }
         // SAFETY: context and batch are live; the callback state is valid.
         let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), self.batch) };
+        self.rest_threads();
         // SAFETY: the decode has returned; nothing else references the state.
         if let Some(msg) = unsafe { (*self.state).panic.take() } {
             return Err(LlamaError::Callback(msg));
