@@ -5,7 +5,9 @@
 //!
 //! Layers are generated, turned into steps and replayed one at a time, as
 //! `coordinator replay` streams them; generation is not timed. Prints
-//! requests per second per core and the miss rate of each policy at each
+//! requests per second per core (by the wall clock and by the thread's
+//! time on a CPU, which a shared machine does not inflate) and the miss
+//! rate of each policy at each
 //! capacity (`--capacity 64,128,256`), the 2-thread scaling over layers (at
 //! the first capacity), and the peak resident memory (VmHWM).
 
@@ -43,6 +45,20 @@ fn steps_for(shape: &Shape, layer: usize) -> (Steps, Duration) {
     (steps, t.elapsed())
 }
 
+/// Time this thread has run on a CPU (`/proc/thread-self/schedstat`, in
+/// ns): unlike the wall clock it does not count time spent waiting for a
+/// core, so the rates stay per core on a shared machine.
+fn on_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .expect("reading /proc/thread-self/schedstat (Linux only)");
+    let ns = stat
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("/proc/thread-self/schedstat starts with the run time in ns");
+    Duration::from_nanos(ns)
+}
+
 fn vm_hwm() -> String {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -69,6 +85,7 @@ fn main() {
     let caps = &args.capacity;
     // time[policy][capacity], misses[policy][capacity]
     let mut time = vec![vec![Duration::ZERO; caps.len()]; policies.len()];
+    let mut cpu = vec![vec![Duration::ZERO; caps.len()]; policies.len()];
     let mut misses = vec![vec![0u64; caps.len()]; policies.len()];
     let mut requests_total = 0u64;
     let mut prep = Duration::ZERO;
@@ -78,9 +95,10 @@ fn main() {
         requests_total += steps.requests();
         for (i, &policy) in policies.iter().enumerate() {
             for (j, &capacity) in caps.iter().enumerate() {
-                let t = Instant::now();
+                let (t, c0) = (Instant::now(), on_cpu());
                 let c = simulate(policy, &steps, capacity, &params);
                 time[i][j] += t.elapsed();
+                cpu[i][j] += on_cpu() - c0;
                 misses[i][j] += c.misses;
             }
         }
@@ -104,13 +122,15 @@ fn main() {
     let rate = |t: Duration| requests_total as f64 / t.as_secs_f64() / 1e6;
     let header: String = caps.iter().map(|c| format!(" C = {c} |")).collect();
     let rule: String = caps.iter().map(|_| "---:|").collect();
-    println!("\nM requests/s/core:\n\n| policy |{header}\n|---|{rule}");
-    for (i, policy) in policies.iter().enumerate() {
-        let cells: String = time[i]
-            .iter()
-            .map(|&t| format!(" {:.1} |", rate(t)))
-            .collect();
-        println!("| {policy} |{cells}");
+    for (what, times) in [("wall clock", &time), ("time on a CPU", &cpu)] {
+        println!("\nM requests/s/core ({what}):\n\n| policy |{header}\n|---|{rule}");
+        for (i, policy) in policies.iter().enumerate() {
+            let cells: String = times[i]
+                .iter()
+                .map(|&t| format!(" {:.1} |", rate(t)))
+                .collect();
+            println!("| {policy} |{cells}");
+        }
     }
     println!("\nmiss rate:\n\n| policy |{header}\n|---|{rule}");
     for (i, policy) in policies.iter().enumerate() {
@@ -121,13 +141,15 @@ fn main() {
         println!("| {policy} |{cells}");
     }
     let replays = policies.len() * caps.len();
-    let all: Duration = time.iter().flatten().sum();
-    println!(
-        "\nall {replays} replays: {} requests in {:.3} s = {:.1} M requests/s/core",
-        requests_total * replays as u64,
-        all.as_secs_f64(),
-        (requests_total * replays as u64) as f64 / all.as_secs_f64() / 1e6
-    );
+    let all_requests = requests_total * replays as u64;
+    for (what, times) in [("wall clock", &time), ("time on a CPU", &cpu)] {
+        let all: Duration = times.iter().flatten().sum();
+        println!(
+            "\nall {replays} replays ({what}): {all_requests} requests in {:.3} s = {:.1} M requests/s/core",
+            all.as_secs_f64(),
+            all_requests as f64 / all.as_secs_f64() / 1e6
+        );
+    }
     println!(
         "\npeak memory (VmHWM) after the streaming pass: {}",
         vm_hwm()
