@@ -76,8 +76,12 @@ pub fn exp_nonpositive(x: f64) -> f64 {
 /// interleaved lanes so that the sum vectorises too and is the same on
 /// every call with the same row.
 pub fn exp_shifted_into(row: &[f32], shift: f64, out: &mut Vec<f64>) -> f64 {
-    out.clear();
-    out.extend(row.iter().map(|&v| exp_nonpositive(f64::from(v) - shift)));
+    // A plain loop over equal-length slices (not `extend`, whose capacity
+    // checks keep LLVM from vectorising the body).
+    out.resize(row.len(), 0.0);
+    for (o, &v) in out.iter_mut().zip(row) {
+        *o = exp_nonpositive(f64::from(v) - shift);
+    }
     sum_lanes(out)
 }
 
