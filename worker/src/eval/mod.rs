@@ -5,7 +5,7 @@
 //! in micro-batches of `n_ubatch` tokens with outputs on every token, like
 //! collection. Micro-batch by micro-batch, the base model and every
 //! candidate decode the same tokens, and the scored rows are compared while
-//! each context still holds its logits (`rows`, split over threads): the
+//! each context still holds its logits ([`rows`], split over threads): the
 //! base row's probabilities are computed once per row for all candidates,
 //! nothing is copied aside, and no whole-vocabulary file is ever written.
 //! See [`metrics`] for the per-position figures.
@@ -14,7 +14,7 @@ pub mod candidates;
 mod exp;
 pub mod metrics;
 mod positions;
-mod rows;
+pub mod rows;
 
 use crate::collect::{
     check_chunks, chunk_context, corpus_error, moe_shape, ranges_of, sha256_file,
