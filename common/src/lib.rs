@@ -32,6 +32,7 @@ pub mod keepmap;
 pub mod model_check;
 pub mod partial;
 pub mod peer_text;
+pub mod procstat;
 pub mod prune;
 pub mod saliency;
 pub mod secret;

@@ -14,6 +14,7 @@ use anyhow::Context;
 use clap::Parser;
 use common::gguf_read::GgufReader;
 use common::keepmap::KeepMap;
+use common::procstat::peak_rss_kib;
 use common::prune::slice_model;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -34,17 +35,6 @@ struct Args {
     /// Internal: slice once keeping K experts to OUT and print VmHWM.
     #[arg(long, num_args = 2, value_names = ["K", "OUT"], hide = true)]
     child_slice: Vec<String>,
-}
-
-fn vm_hwm_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// A map keeping `k` evenly spread experts of every MoE layer.
@@ -115,7 +105,7 @@ fn main() -> anyhow::Result<()> {
     if let [k, out] = &args.child_slice[..] {
         let (map, _) = keep_map(&args.model, k.parse()?)?;
         slice_model(&args.model, &map, Path::new(out))?;
-        println!("{}", vm_hwm_kib());
+        println!("{}", peak_rss_kib().unwrap_or(0));
         return Ok(());
     }
     let dir = args

@@ -12,6 +12,7 @@
 //! the first capacity), and the peak resident memory (VmHWM).
 
 use clap::Parser;
+use common::procstat::peak_rss_kib;
 use coordinator::replay::keep::requests;
 use coordinator::replay::synthetic::{raw_layer, Shape};
 use coordinator::replay::{simulate, Policy, PolicyParams, Steps};
@@ -59,15 +60,9 @@ fn on_cpu() -> Duration {
     Duration::from_nanos(ns)
 }
 
+/// `VmHWM` as `/proc/self/status` words it ("52904 kB"), or "n/a".
 fn vm_hwm() -> String {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM"))
-                .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
-        })
-        .unwrap_or_else(|| "n/a".into())
+    peak_rss_kib().map_or_else(|| "n/a".into(), |kib| format!("{kib} kB"))
 }
 
 fn main() {

@@ -8,6 +8,7 @@
 //! them, like the parts workers write. Prints bytes per traced token.
 
 use clap::Parser;
+use common::procstat::process_cpu_seconds;
 use common::store::RunStore;
 use common::trace::{write_part_as, Encoding, TraceRow};
 use common::Split;
@@ -31,20 +32,6 @@ struct Args {
     /// Write the f32 layout of the first trace parts instead of the compact one.
     #[arg(long)]
     full: bool,
-}
-
-/// User + system CPU seconds of this process (`/proc/self/stat`, ticks of
-/// 10 ms): on a loaded machine the wall clock says more about the other
-/// processes than about the encoder.
-fn process_cpu_seconds() -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    let rest = stat
-        .rsplit_once(')')
-        .ok_or_else(|| anyhow::anyhow!("unexpected /proc/self/stat: {stat}"))?
-        .1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> anyhow::Result<f64> { Ok(fields[i].parse::<f64>()?) };
-    Ok((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 fn main() -> anyhow::Result<()> {

@@ -11,6 +11,7 @@
 //! is that mode's peak.
 
 use clap::Parser;
+use common::procstat::peak_rss_kib;
 use std::time::Instant;
 use worker::eval::rows::{compare_rows, ScoredRow};
 use worker::eval::{candidates, EvalOptions, Evaluator};
@@ -105,14 +106,7 @@ fn compare_cost(n_vocab: usize, threads: usize) -> [f64; 3] {
 
 /// Peak resident set size of this process so far, MiB.
 fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kib| kib / 1024.0)
+    peak_rss_kib().map_or(f64::NAN, |kib| kib as f64 / 1024.0)
 }
 
 fn main() -> anyhow::Result<()> {

@@ -16,6 +16,7 @@
 
 use clap::Parser;
 use common::corpus::{Chunk, CorpusIndex, Span};
+use common::procstat::process_cpu_seconds;
 use common::{ChunkId, Split};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -68,21 +69,6 @@ impl Cost {
             cpu: self.cpu.min(other.cpu),
         }
     }
-}
-
-/// User + system CPU seconds of this process so far, all threads
-/// (`/proc/self/stat` fields 14 and 15, in clock ticks of 1/100 s).
-fn process_cpu_seconds() -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // The command name (field 2) may hold spaces; fields after it are plain.
-    let rest = stat
-        .rsplit_once(')')
-        .ok_or_else(|| anyhow::anyhow!("unexpected /proc/self/stat: {stat}"))?
-        .1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> anyhow::Result<f64> { Ok(fields[i].parse::<f64>()?) };
-    // After the command: state is field 3, so utime (14) is index 11.
-    Ok((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 /// Wall clock and process CPU seconds at one moment.
