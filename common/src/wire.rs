@@ -50,6 +50,11 @@ pub const PRE_AUTH_MAX_FRAME: u32 = 4 << 10;
 /// Bytes of the coordinator's challenge nonce.
 pub const NONCE_LEN: usize = 32;
 
+/// The reason (with code 0) a coordinator closes every connection with once
+/// the run is finished: a worker that reads it leaves instead of
+/// reconnecting. Any other close means the coordinator was lost or stopped.
+pub const RUN_FINISHED: &[u8] = b"run finished";
+
 /// Domain-separation label of the join proof.
 const PROOF_LABEL: &[u8] = b"moe-census join proof v1\0";
 

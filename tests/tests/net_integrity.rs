@@ -3,7 +3,8 @@
 //! to real `join` clients with the deterministic fake engine. Each test
 //! guards one hole found against the release binaries: unbounded frames
 //! before login, forged log lines, slot starvation, one flaky worker failing
-//! the run, a slow upload losing its lease, and short join secrets.
+//! the run, a slow upload losing its lease, short join secrets, and a
+//! coordinator stopped by an error sending its workers away as if finished.
 
 use common::store::RunStore;
 use common::wire::{
@@ -442,4 +443,47 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
     assert!(cheater.quarantined && cheater.leases == 0, "{cheater:?}");
     assert_eq!(summary.computed, 6);
     assert_eq!(artifacts(&s.store, false).await, reference(&s).await);
+}
+
+/// Regression: a coordinator that stopped on an error closed every
+/// connection as "run finished", so `worker join` left as if the run were
+/// done, and a restarted coordinator then waited for workers forever. Now
+/// the close names the error and the worker keeps reconnecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_stopped_by_an_error_leaves_its_workers_reconnecting() {
+    let d = tempfile::tempdir().unwrap();
+    let s = fake_setup(d.path(), 6);
+    captured_log();
+    let partials = d.path().join(common::artifacts::names::PARTIALS_DIR);
+    let mut handles = Vec::new();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        execute(&s, |l| {
+            // Storing the first accepted partial fails: `partials` is a file.
+            std::fs::write(&partials, b"not a directory").unwrap();
+            let mut opts = client(l, "patient");
+            opts.reconnect = worker::join::Reconnect::giving_up_after(Duration::from_secs(2));
+            handles.push(tokio::spawn(async move {
+                join(&opts, FakeEngine::new(FAKE_MODEL)).await
+            }));
+            Ok(Vec::new())
+        }),
+    )
+    .await
+    .expect("the failed run ends in time");
+    let err = outcome.expect_err("storing a partial under a file fails the run");
+    assert!(err.to_string().contains("partials"), "{err}");
+    let left = handles.pop().unwrap().await.unwrap();
+    assert!(
+        matches!(left, Err(worker::join::JoinError::GaveUp { .. })),
+        "the worker must keep reconnecting, not leave: {left:?}"
+    );
+    let told = log_text()
+        .lines()
+        .any(|l| l.contains("worker::join") && l.contains("(code 3): coordinator stopped: "));
+    assert!(
+        told,
+        "the worker logs why the coordinator stopped:\n{}",
+        log_text()
+    );
 }

@@ -86,7 +86,7 @@ where
         Ok(())
     }
     .await;
-    server.shutdown().await;
+    server.shutdown(&outcome).await;
     serve::stop_children(&mut children).await;
     outcome?;
     serve::clear_staging(store).await?;

@@ -21,7 +21,7 @@ use common::store::RunStore;
 use common::wire::{staged_partial_name, JobInfo, LeaseId, PartialRef, Refusal, WorkerId};
 use common::ChunkRange;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -91,6 +91,9 @@ pub struct Hub {
     deliveries: mpsc::UnboundedSender<Delivery>,
     /// The evaluation job, when this hub serves eval leases.
     eval: Option<eval::EvalRole>,
+    /// Set once every accepted result is stored: only then may a worker
+    /// be told the run is finished and leave.
+    all_stored: AtomicBool,
 }
 
 /// Tokens measured in a partial (all splits and domains).
@@ -120,8 +123,21 @@ impl Hub {
             candidates: Mutex::new(BTreeMap::new()),
             deliveries: tx,
             eval: None,
+            all_stored: AtomicBool::new(false),
         };
         (hub, rx)
+    }
+
+    /// Records that every accepted result is stored (called by the merger).
+    pub fn set_all_stored(&self) {
+        self.all_stored.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether every accepted result is stored; until then a worker asking
+    /// for work after the last unit is told to wait, not that the run is
+    /// finished, so a coordinator that fails to store still has its workers.
+    pub fn all_stored(&self) -> bool {
+        self.all_stored.load(Ordering::SeqCst)
     }
 
     /// Time since the hub started: the scheduler's clock.

@@ -18,6 +18,7 @@ use common::peer_text::peer_text;
 use common::wire::{
     check_proof, random_bytes, read_msg, read_msg_watched, write_msg, Refusal, ToCoordinator,
     ToWorker, WireError, WorkerId, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION,
+    RUN_FINISHED,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,7 +33,16 @@ mod code {
     pub const PROTOCOL: u32 = 1;
     /// Refused: version, proof, quarantine or run failure.
     pub const REFUSED: u32 = 2;
+    /// The coordinator stopped on an error before the run finished: a
+    /// worker keeps reconnecting, for a restarted coordinator to resume.
+    pub const STOPPED: u32 = 3;
 }
+
+/// How long a worker waits when every unit is done but not yet stored.
+const IDLE_UNTIL_STORED: Duration = Duration::from_millis(200);
+
+/// The longest close reason sent: a CONNECTION_CLOSE frame fits one packet.
+const MAX_CLOSE_REASON: usize = 512;
 
 /// Server limits and timeouts.
 #[derive(Clone, Debug)]
@@ -92,9 +102,20 @@ impl Server {
         self.addr
     }
 
-    /// Closes every connection and waits until the peers know.
-    pub async fn shutdown(&self) {
-        self.endpoint.close(code::DONE.into(), b"run finished");
+    /// Closes every connection: with [`RUN_FINISHED`] when `outcome` is a
+    /// finished run, so workers leave; otherwise as stopped, naming the
+    /// error, so they keep reconnecting for a restarted coordinator. Waits
+    /// until the peers know.
+    pub async fn shutdown<E: std::fmt::Display>(&self, outcome: &Result<(), E>) {
+        match outcome {
+            Ok(()) => self.endpoint.close(code::DONE.into(), RUN_FINISHED),
+            Err(e) => {
+                let why = format!("coordinator stopped: {e}");
+                let end = why.floor_char_boundary(MAX_CLOSE_REASON);
+                self.endpoint
+                    .close(code::STOPPED.into(), &why.as_bytes()[..end]);
+            }
+        }
         let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
     }
 }
@@ -385,7 +406,10 @@ fn poll_reply(hub: &Hub, id: WorkerId, busy: bool) -> ToWorker {
         Grant::Wait(d) => ToWorker::Wait {
             retry_ms: d.as_millis() as u64,
         },
-        Grant::Finished => ToWorker::Finished,
+        Grant::Finished if hub.all_stored() => ToWorker::Finished,
+        Grant::Finished => ToWorker::Wait {
+            retry_ms: IDLE_UNTIL_STORED.as_millis() as u64,
+        },
         Grant::Failed(e) => ToWorker::Refused(sched_refusal(e)),
     }
 }

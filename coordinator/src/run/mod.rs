@@ -408,7 +408,7 @@ where
     }
     .await;
     bar.finish();
-    server.shutdown().await;
+    server.shutdown(&outcome).await;
     serve::stop_children(&mut children).await;
     outcome?;
     serve::clear_staging(store).await?;

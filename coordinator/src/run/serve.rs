@@ -104,6 +104,8 @@ impl<'a, D> Serving<'a, D> {
                     }
                     let p = hub.sched().progress();
                     if p.done == p.units && p.accepted == self.handed_out {
+                        // The caller stored each result before asking again.
+                        hub.set_all_stored();
                         return Ok(None);
                     }
                     let n_local = self.children.len() as u32;

@@ -19,12 +19,13 @@ pub mod tls;
 
 use crate::collect::device::Reduce;
 use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use common::peer_text::peer_text;
 use common::secret::JoinSecret;
 use common::store::RunStore;
 use common::wire::{
     join_proof, parse_pin, read_msg, staged_partial_name, write_msg, JobInfo, LeaseGrant,
     PartialRef, Refusal, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME,
-    PROTOCOL_VERSION,
+    PROTOCOL_VERSION, RUN_FINISHED,
 };
 use engine::{EngineLoader, EngineThread};
 use std::net::SocketAddr;
@@ -426,6 +427,10 @@ async fn session<L: EngineLoader>(
             tracing::info!("the coordinator finished the run");
             Ok(())
         }
+        Err(JoinError::Lost(lost)) => Err(JoinError::Lost(match closed_by_coordinator(&conn) {
+            Some(why) => format!("{}: {why}", opts.addr),
+            None => lost,
+        })),
         Err(e) => Err(e),
     };
     let _ = c.send.finish();
@@ -433,12 +438,25 @@ async fn session<L: EngineLoader>(
     result
 }
 
+/// The coordinator's own close of the connection (code and reason, as
+/// peer text), when it closed it; a stopped coordinator names its error.
+fn closed_by_coordinator(conn: &quinn::Connection) -> Option<String> {
+    match conn.close_reason()? {
+        quinn::ConnectionError::ApplicationClosed(c) => Some(format!(
+            "the coordinator closed the connection (code {}): {}",
+            c.error_code,
+            peer_text(&String::from_utf8_lossy(&c.reason))
+        )),
+        _ => None,
+    }
+}
+
 /// Whether the coordinator closed the connection because the run finished.
 fn finished_by_coordinator(conn: &quinn::Connection) -> bool {
     matches!(
         conn.close_reason(),
         Some(quinn::ConnectionError::ApplicationClosed(c))
-            if c.error_code == quinn::VarInt::from_u32(0) && &c.reason[..] == b"run finished"
+            if c.error_code == quinn::VarInt::from_u32(0) && &c.reason[..] == RUN_FINISHED
     )
 }
 
