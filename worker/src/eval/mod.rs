@@ -20,7 +20,7 @@ use crate::collect::{
     check_chunks, chunk_context, corpus_error, moe_shape, ranges_of, sha256_file,
 };
 use crate::error::WorkerError;
-use crate::llama::{self, Context, Model, NoGraph};
+use crate::llama::{self, Context, Model, NoGraph, ThreadPool};
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::{CandidateResult, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION};
 use common::exact::ExactSum;
@@ -168,11 +168,14 @@ impl Evaluator {
             self.opts.f32_kv,
             self.opts.flash_attn,
         );
-        let mut base = Context::new(&self.base, &params, NoGraph)?;
+        // One thread pool for every model: they decode in turn, and one
+        // set of warm threads beats waking another pool for each decode.
+        let pool = ThreadPool::new(params.threads);
+        let mut base = Context::with_pool(&self.base, &params, NoGraph, pool.clone())?;
         let mut cands = self
             .candidates
             .iter()
-            .map(|c| Context::new(&c.model, &params, NoGraph))
+            .map(|c| Context::with_pool(&c.model, &params, NoGraph, pool.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         let mut acc = Accum::new(self, index, chunks);
         let mut dumps = BTreeMap::new();

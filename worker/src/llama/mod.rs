@@ -19,7 +19,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::marker::PhantomData;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::Once;
+use std::sync::{Arc, Mutex, Once};
 
 /// Failures of llama.cpp calls, each naming what was being done.
 #[derive(Debug, thiserror::Error)]
@@ -200,7 +200,7 @@ pub struct Context<'m, O: GraphObserver> {
     /// CPU worker threads kept for the context's life. Without one, ggml
     /// starts and joins its threads for every graph computation, and every
     /// observed node splits the graph into one more computation.
-    threadpool: Option<NonNull<sys::ggml_threadpool>>,
+    threadpool: Option<Arc<ThreadPool>>,
     state: *mut CallbackState<O>,
     batch: sys::llama_batch,
     batch_cap: usize,
@@ -253,9 +253,62 @@ unsafe extern "C" fn eval_callback<O: GraphObserver>(
     }
 }
 
+/// A ggml CPU thread pool that several contexts may share: an evaluator
+/// runs its models in turn on one set of threads, which stay warm, instead
+/// of waking another context's pool for every decode. Its lock serialises
+/// graph computations, so contexts sharing it may live on any threads.
+pub struct ThreadPool {
+    ptr: Mutex<PoolPtr>,
+}
+
+struct PoolPtr(NonNull<sys::ggml_threadpool>);
+
+// SAFETY: a ggml thread pool may be driven from any thread; the mutex lets
+// one graph computation at a time use it.
+unsafe impl Send for PoolPtr {}
+
+impl ThreadPool {
+    /// A pool of `threads` threads (the calling thread counts as one);
+    /// `None` for one thread, where ggml needs no pool.
+    pub fn new(threads: u32) -> Option<Arc<ThreadPool>> {
+        if threads <= 1 {
+            return None;
+        }
+        init_backend();
+        // SAFETY: plain parameters; the pool is freed in PoolPtr's Drop.
+        let ptr = unsafe {
+            let mut tp = sys::ggml_threadpool_params_default(threads as i32);
+            NonNull::new(sys::ggml_threadpool_new(&mut tp))
+        }?;
+        Some(Arc::new(ThreadPool {
+            ptr: Mutex::new(PoolPtr(ptr)),
+        }))
+    }
+}
+
+impl Drop for PoolPtr {
+    fn drop(&mut self) {
+        // SAFETY: the pool came from ggml_threadpool_new, and every context
+        // it was attached to holds an Arc of it, so all are freed already.
+        unsafe { sys::ggml_threadpool_free(self.0.as_ptr()) }
+    }
+}
+
 impl<'m, O: GraphObserver> Context<'m, O> {
-    /// Creates a context on `model` whose eval callback feeds `observer`.
+    /// Creates a context on `model` whose eval callback feeds `observer`,
+    /// with a thread pool of its own.
     pub fn new(model: &'m Model, p: &ContextParams, observer: O) -> Result<Self, LlamaError> {
+        Self::with_pool(model, p, observer, ThreadPool::new(p.threads))
+    }
+
+    /// [`Context::new`] computing on `pool`, which other contexts may share
+    /// (`None`: ggml's own threads, per computation).
+    pub fn with_pool(
+        model: &'m Model,
+        p: &ContextParams,
+        observer: O,
+        pool: Option<Arc<ThreadPool>>,
+    ) -> Result<Self, LlamaError> {
         let state = Box::into_raw(Box::new(CallbackState {
             observer,
             panic: None,
@@ -291,26 +344,18 @@ impl<'m, O: GraphObserver> Context<'m, O> {
                 n_ubatch: p.n_ubatch,
             });
         };
-        let threadpool = if p.threads > 1 {
-            // SAFETY: plain parameters; the pool is attached to the live
-            // context and freed in Drop after the context.
-            unsafe {
-                let mut tp = sys::ggml_threadpool_params_default(p.threads as i32);
-                let pool = NonNull::new(sys::ggml_threadpool_new(&mut tp));
-                if let Some(pool) = pool {
-                    sys::llama_attach_threadpool(ptr.as_ptr(), pool.as_ptr(), pool.as_ptr());
-                }
-                pool
-            }
-        } else {
-            None
-        };
+        if let Some(pool) = &pool {
+            let raw = pool.ptr.lock().unwrap_or_else(|e| e.into_inner()).0;
+            // SAFETY: both are live; the context holds an Arc of the pool,
+            // which is freed only after the context.
+            unsafe { sys::llama_attach_threadpool(ptr.as_ptr(), raw.as_ptr(), raw.as_ptr()) };
+        }
         let cap = p.n_ubatch as usize;
         // SAFETY: allocates a token batch of `cap` entries for one sequence.
         let batch = unsafe { sys::llama_batch_init(cap as i32, 0, 1) };
         Ok(Context {
             ptr,
-            threadpool,
+            threadpool: pool,
             state,
             batch,
             batch_cap: cap,
@@ -354,11 +399,12 @@ impl<'m, O: GraphObserver> Context<'m, O> {
     /// taking a core from whatever runs between decodes: another context's
     /// decode (an evaluator runs one per model), the comparison of logits,
     /// collection's folding.
-    fn rest_threads(&mut self) {
-        if let Some(pool) = self.threadpool {
-            // SAFETY: the pool is live (freed only in Drop) and no graph
-            // computation is running; the next one resumes it.
-            unsafe { sys::ggml_threadpool_pause(pool.as_ptr()) };
+    fn rest_threads(pool: Option<&PoolPtr>) {
+        if let Some(pool) = pool {
+            // SAFETY: the pool is live (this context holds it) and no graph
+            // computation is running on it (we hold its lock); the next one
+            // resumes it.
+            unsafe { sys::ggml_threadpool_pause(pool.0.as_ptr()) };
         }
     }
 
@@ -380,9 +426,15 @@ impl<'m, O: GraphObserver> Context<'m, O> {
                 *b.logits.add(i) = 1;
             }
         }
-        // SAFETY: context and batch are live; the callback state is valid.
+        let pool = self
+            .threadpool
+            .as_ref()
+            .map(|p| p.ptr.lock().unwrap_or_else(|e| e.into_inner()));
+        // SAFETY: context and batch are live; the callback state is valid;
+        // no other context computes on the pool (we hold its lock).
         let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), self.batch) };
-        self.rest_threads();
+        Self::rest_threads(pool.as_deref());
+        drop(pool);
         // SAFETY: the decode has returned; nothing else references the state.
         if let Some(msg) = unsafe { (*self.state).panic.take() } {
             return Err(LlamaError::Callback(msg));
@@ -460,15 +512,12 @@ impl GraphObserver for NoGraph {
 
 impl<O: GraphObserver> Drop for Context<'_, O> {
     fn drop(&mut self) {
-        // SAFETY: batch, context and thread pool were created in `new`; the
-        // context is freed before the thread pool and the callback state it
-        // points to.
+        // SAFETY: batch and context were created in `new`; the context is
+        // freed before the callback state it points to, and before its
+        // thread pool (an Arc field, dropped after this).
         unsafe {
             sys::llama_batch_free(self.batch);
             sys::llama_free(self.ptr.as_ptr());
-            if let Some(pool) = self.threadpool {
-                sys::ggml_threadpool_free(pool.as_ptr());
-            }
             drop(Box::from_raw(self.state));
         }
     }
