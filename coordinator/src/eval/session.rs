@@ -86,10 +86,7 @@ where
         Ok(())
     }
     .await;
-    server.shutdown(&outcome).await;
-    serve::stop_children(&mut children).await;
-    outcome?;
-    serve::clear_staging(store).await?;
+    serve::wind_down(&server, &mut children, store, outcome).await?;
     let p = hub.sched().progress();
     Ok((
         running,

@@ -408,10 +408,7 @@ where
     }
     .await;
     bar.finish();
-    server.shutdown(&outcome).await;
-    serve::stop_children(&mut children).await;
-    outcome?;
-    serve::clear_staging(store).await?;
+    serve::wind_down(&server, &mut children, store, outcome).await?;
     let p = hub.sched().progress();
     Ok((
         running,

@@ -6,6 +6,7 @@
 use super::settings::{ClusterSettings, RunSettings};
 use super::{RunError, RunSetup};
 use crate::net::hub::Hub;
+use crate::net::server::Server;
 use crate::sched::SchedConfig;
 use common::artifacts::names::CORPUS_DIR;
 use common::store::{RunStore, StoreError};
@@ -121,9 +122,28 @@ impl<'a, D> Serving<'a, D> {
     }
 }
 
+/// Ends serving with `outcome` (the lease loop's): closes every connection
+/// (as finished, or as stopped naming the error), waits for the local
+/// workers, then, on success, clears the staging area.
+pub(crate) async fn wind_down<E>(
+    server: &Server,
+    children: &mut [Child],
+    store: &RunStore,
+    outcome: Result<(), E>,
+) -> Result<(), E>
+where
+    E: std::fmt::Display + From<StoreError>,
+{
+    server.shutdown(&outcome).await;
+    stop_children(children).await;
+    outcome?;
+    clear_staging(store).await?;
+    Ok(())
+}
+
 /// Removes the staged copies of late or duplicate results, which were
 /// never promoted to a final name.
-pub(crate) async fn clear_staging(store: &RunStore) -> Result<(), StoreError> {
+async fn clear_staging(store: &RunStore) -> Result<(), StoreError> {
     for name in store.list(STAGING_DIR).await? {
         store.delete(&name).await?;
     }
@@ -138,7 +158,7 @@ pub(crate) fn all_exited(children: &mut [Child]) -> bool {
 }
 
 /// Waits up to 5 s for each local worker to exit, then kills it.
-pub(crate) async fn stop_children(children: &mut [Child]) {
+async fn stop_children(children: &mut [Child]) {
     for c in children.iter_mut() {
         if tokio::time::timeout(Duration::from_secs(5), c.wait())
             .await

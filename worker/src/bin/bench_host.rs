@@ -15,13 +15,13 @@
 //! the first time in its first two chunks; a million-token run pays that once).
 
 use clap::Parser;
-use common::corpus::{Chunk, CorpusIndex, Span};
+use common::corpus::{Chunk, CorpusIndex};
 use common::procstat::process_cpu_seconds;
-use common::{ChunkId, Split};
 use std::path::PathBuf;
 use std::time::Instant;
 use worker::collect::{CollectOptions, Collector};
 use worker::llama::{Context, ContextParams, Model, NoGraph};
+use worker::synth::chunks::token_chunks;
 use worker::synth::Preset;
 
 #[derive(Parser)]
@@ -134,31 +134,6 @@ fn timed(
     })
 }
 
-fn corpus(n: u32, n_ctx: u32, n_vocab: u32) -> (CorpusIndex, Vec<Chunk>) {
-    let chunks: Vec<Chunk> = (0..n)
-        .map(|id| Chunk {
-            id: ChunkId(id),
-            tokens: (0..n_ctx)
-                .map(|i| ((i * 7919 + id * 31) % n_vocab) as i32)
-                .collect(),
-            spans: vec![Span {
-                start: 0,
-                len: n_ctx,
-                split: Split::Fit,
-                domain: 0,
-            }],
-        })
-        .collect();
-    let index = CorpusIndex {
-        n_chunks: n,
-        n_ctx,
-        domains: vec!["bench".into()],
-        n_tokens: u64::from(n * n_ctx),
-        chunks_sha256: "bench".into(),
-    };
-    (index, chunks)
-}
-
 fn forward(
     model: &Model,
     params: &ContextParams,
@@ -210,7 +185,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let model = Model::load(&path, 0)?;
-    let (index, chunks) = corpus(a.chunks, a.n_ctx, model.n_vocab() as u32);
+    let (index, chunks) = token_chunks(a.chunks, a.n_ctx, model.n_vocab() as u64);
     let warm = a.warm_chunks.max(2) as usize;
     let tokens = f64::from(a.chunks * a.n_ctx);
     let steady_tokens = f64::from(a.chunks.saturating_sub(warm as u32) * a.n_ctx);

@@ -1,7 +1,7 @@
 //! Synthetic tokenized chunks for the benchmarks (`bench_collect`,
-//! `bench_eval`): deterministic token ids under 600 (inside every preset's
-//! vocabulary) or under a smaller model's vocabulary, one fit span per
-//! chunk, one domain.
+//! `bench_eval`, `bench_host`): deterministic token ids under 600 (inside
+//! every preset's vocabulary), under a smaller model's vocabulary, or over a
+//! whole vocabulary; one fit span per chunk, one domain.
 
 use common::corpus::{Chunk, CorpusIndex, Span};
 use common::{ChunkId, Split};
@@ -9,7 +9,13 @@ use common::{ChunkId, Split};
 /// `n` chunks of `n_ctx` token ids below `n_vocab.min(600)` and their index
 /// (600: the generated models' vocabulary, so figures stay comparable).
 pub fn bench_chunks(n: u32, n_ctx: u32, n_vocab: usize) -> (CorpusIndex, Vec<Chunk>) {
-    let modulus = n_vocab.clamp(1, 600) as u64;
+    token_chunks(n, n_ctx, n_vocab.clamp(1, 600) as u64)
+}
+
+/// `n` chunks of `n_ctx` tokens, id `(i * 7919 + chunk * 31) % modulus` at
+/// position `i`, and their index; `bench_host` spans a whole vocabulary.
+pub fn token_chunks(n: u32, n_ctx: u32, modulus: u64) -> (CorpusIndex, Vec<Chunk>) {
+    let modulus = modulus.max(1);
     let chunks: Vec<Chunk> = (0..n)
         .map(|id| Chunk {
             id: ChunkId(id),
