@@ -242,18 +242,10 @@ impl Hub {
         sha256: String,
         elapsed_ms: u64,
     ) {
-        let Some(range) = self.sched().lease_range(lease, worker) else {
-            tracing::warn!(%worker, %lease, "result for a lease this worker never held; dropped");
+        let check = |range| self.fetch_and_check(range, partial, &sha256);
+        let Some((partial, bytes, staged)) = self.checked(worker, lease, "result", check).await
+        else {
             return;
-        };
-        let checked = self.fetch_and_check(range, partial, &sha256).await;
-        let (partial, bytes, staged) = match checked {
-            Ok(ok) => ok,
-            Err(reason) => {
-                tracing::warn!(%worker, %lease, %range, "bad result: {reason}");
-                self.fail(worker, lease, &reason);
-                return;
-            }
         };
         let now = self.now();
         let completion = self.sched().complete(lease, worker, &sha256, now);
@@ -287,6 +279,36 @@ impl Hub {
             }
             Completion::Unknown => {
                 tracing::warn!(%worker, %lease, "result for an unknown lease dropped")
+            }
+        }
+    }
+
+    /// The first steps of handling a finished lease (`what`: a result or an
+    /// eval result): the result, `check`ed for the lease's chunks. A lease
+    /// this worker never held is dropped; a result that fails its check
+    /// sends the lease back to the queue (one attempt used). `None` when
+    /// nothing more is to be done.
+    async fn checked<T, F, Fut>(
+        &self,
+        worker: WorkerId,
+        lease: LeaseId,
+        what: &str,
+        check: F,
+    ) -> Option<T>
+    where
+        F: FnOnce(ChunkRange) -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let Some(range) = self.sched().lease_range(lease, worker) else {
+            tracing::warn!(%worker, %lease, "{what} for a lease this worker never held; dropped");
+            return None;
+        };
+        match check(range).await {
+            Ok(ok) => Some(ok),
+            Err(reason) => {
+                tracing::warn!(%worker, %lease, %range, "bad {what}: {reason}");
+                self.fail(worker, lease, &reason);
+                None
             }
         }
     }

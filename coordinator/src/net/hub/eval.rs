@@ -90,21 +90,17 @@ impl Hub {
         sha256: String,
         elapsed_ms: u64,
     ) {
-        let Some(range) = self.sched().lease_range(lease, worker) else {
-            tracing::warn!(%worker, %lease, "eval result for a lease this worker never held; dropped");
-            return;
-        };
-        let checked = match &self.eval {
-            Some(role) => self.check_eval(role, range, partial, &sha256).await,
-            None => Err("an eval result in a collection run".to_string()),
-        };
-        let (partial, bytes, staged) = match checked {
-            Ok(ok) => ok,
-            Err(reason) => {
-                tracing::warn!(%worker, %lease, %range, "bad eval result: {reason}");
-                self.fail(worker, lease, &reason);
-                return;
+        let sha = &sha256;
+        let check = move |range| async move {
+            match &self.eval {
+                Some(role) => self.check_eval(role, range, partial, sha).await,
+                None => Err("an eval result in a collection run".to_string()),
             }
+        };
+        let Some((partial, bytes, staged)) =
+            self.checked(worker, lease, "eval result", check).await
+        else {
+            return;
         };
         let now = self.now();
         let completion = self.sched().complete(lease, worker, &sha256, now);
