@@ -421,43 +421,39 @@ async fn session<L: EngineLoader>(
     let mut c = Conn { send, recv };
     let result = match work(&mut c, opts, loader, loaded, summary, joined).await {
         Ok(()) => Ok(()),
-        // The coordinator ends every connection with "run finished" once the
-        // last lease is merged; a worker polling or measuring then is done.
-        Err(_) if finished_by_coordinator(&conn) => {
-            tracing::info!("the coordinator finished the run");
-            Ok(())
-        }
-        Err(JoinError::Lost(lost)) => Err(JoinError::Lost(match closed_by_coordinator(&conn) {
-            Some(why) => format!("{}: {why}", opts.addr),
-            None => lost,
-        })),
-        Err(e) => Err(e),
+        Err(e) => match coordinator_close(&conn) {
+            // The coordinator ends every connection with "run finished" once
+            // the last lease is stored; a worker polling or measuring then
+            // is done.
+            Some(c)
+                if c.error_code == quinn::VarInt::from_u32(0) && c.reason[..] == *RUN_FINISHED =>
+            {
+                tracing::info!("the coordinator finished the run");
+                Ok(())
+            }
+            // Any other close of its own: say what the coordinator said (a
+            // stopped one names its error).
+            Some(c) if matches!(e, JoinError::Lost(_)) => Err(JoinError::Lost(format!(
+                "{}: the coordinator closed the connection (code {}): {}",
+                opts.addr,
+                c.error_code,
+                peer_text(&String::from_utf8_lossy(&c.reason))
+            ))),
+            _ => Err(e),
+        },
     };
     let _ = c.send.finish();
     conn.close(0u32.into(), b"bye");
     result
 }
 
-/// The coordinator's own close of the connection (code and reason, as
-/// peer text), when it closed it; a stopped coordinator names its error.
-fn closed_by_coordinator(conn: &quinn::Connection) -> Option<String> {
+/// The coordinator's own close of the connection (code and reason), when
+/// it closed it.
+fn coordinator_close(conn: &quinn::Connection) -> Option<quinn::ApplicationClose> {
     match conn.close_reason()? {
-        quinn::ConnectionError::ApplicationClosed(c) => Some(format!(
-            "the coordinator closed the connection (code {}): {}",
-            c.error_code,
-            peer_text(&String::from_utf8_lossy(&c.reason))
-        )),
+        quinn::ConnectionError::ApplicationClosed(c) => Some(c),
         _ => None,
     }
-}
-
-/// Whether the coordinator closed the connection because the run finished.
-fn finished_by_coordinator(conn: &quinn::Connection) -> bool {
-    matches!(
-        conn.close_reason(),
-        Some(quinn::ConnectionError::ApplicationClosed(c))
-            if c.error_code == quinn::VarInt::from_u32(0) && &c.reason[..] == RUN_FINISHED
-    )
 }
 
 async fn work<L: EngineLoader>(
