@@ -146,6 +146,16 @@ impl Saliency {
         serde_json::from_slice(bytes)
     }
 
+    /// The routed experts per layer of a `saliency.json` document, read
+    /// without the statistics (which may hold non-finite values as `null`).
+    pub fn n_expert_of(bytes: &[u8]) -> Result<u32, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Head {
+            n_expert: u32,
+        }
+        Ok(serde_json::from_slice::<Head>(bytes)?.n_expert)
+    }
+
     /// The split's statistics, if the run has that split.
     pub fn split(&self, split: Split) -> Option<&SplitStats> {
         self.splits.get(split.as_str())

@@ -36,6 +36,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// The config a run recorded in its manifest (as the corpus stage read it).
+    pub fn recorded(m: &crate::corpus::manifest::RunManifest) -> Result<Config, String> {
+        serde_json::from_value(m.corpus.config.clone()).map_err(|e| e.to_string())
+    }
+
     /// Reads, parses and checks a config file, remembering its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

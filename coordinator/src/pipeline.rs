@@ -93,8 +93,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         );
         let replayed = replay_defaults(&store, &setup.model_path, &scored.ks)?;
         println!(
-            "replayed {} (split, trace, mode, policy, capacity, keep map) cells: replay/report.md",
-            replayed.rows.len()
+            "replayed {} (split, trace, mode, policy, capacity, keep map) cells: {}",
+            replayed.rows.len(),
+            names::REPLAY_REPORT_MD
         );
         if !config.eval.keep_maps.is_empty() {
             evaluate_configured(&config, &setup, local.as_ref()).await?;

@@ -4,6 +4,7 @@
 //! same checks serve results from workers and eval partials read back on
 //! resume.
 
+use crate::corpus::manifest::{Records, RunManifest};
 use crate::lease::LeaseKind;
 use common::eval::EvalPartial;
 use common::peer_text::peer_text;
@@ -28,6 +29,10 @@ impl LeaseKind for EvalAcceptance {
 
     fn task(&self) -> Task {
         Task::Evaluate(self.job.clone())
+    }
+
+    fn table(m: &mut RunManifest) -> &mut Records {
+        &mut m.eval_partials
     }
 
     fn check(&self, range: ChunkRange, p: &EvalPartial) -> Result<(), String> {

@@ -39,27 +39,21 @@ pub async fn load_inputs(
     model: Option<&Path>,
     keep_maps: &[String],
 ) -> anyhow::Result<Inputs> {
-    let manifest = match store.get_opt(names::MANIFEST_JSON).await? {
-        Some(b) => Some(
-            serde_json::from_slice::<serde_json::Value>(&b)
-                .with_context(|| format!("parsing {}", store.url_of(names::MANIFEST_JSON)))?,
-        ),
-        None => None,
-    };
-    let model = model.map(Path::to_path_buf).or_else(|| {
-        let p = manifest.as_ref()?.get("model_path")?.as_str()?;
-        Some(PathBuf::from(p)).filter(|p| p.exists())
-    });
+    let manifest = crate::corpus::manifest::read(store)
+        .await
+        .with_context(|| format!("parsing {}", store.url_of(names::MANIFEST_JSON)))?;
+    let model = model
+        .map(Path::to_path_buf)
+        .or_else(|| manifest.and_then(|m| m.model_path).filter(|p| p.exists()));
     let expert_bytes = model
         .as_deref()
         .map(super::model::expert_bytes)
         .transpose()?;
     let n_expert = match store.get_opt(names::SALIENCY_JSON).await? {
-        Some(b) => serde_json::from_slice::<serde_json::Value>(&b)
-            .with_context(|| format!("parsing {}", store.url_of(names::SALIENCY_JSON)))?
-            .get("n_expert")
-            .and_then(|v| v.as_u64())
-            .with_context(|| format!("{} has no n_expert", store.url_of(names::SALIENCY_JSON)))?,
+        Some(b) => u64::from(
+            common::saliency::Saliency::n_expert_of(&b)
+                .with_context(|| format!("parsing {}", store.url_of(names::SALIENCY_JSON)))?,
+        ),
         None => match model.as_deref() {
             Some(m) => super::model::expert_count(m)?
                 .with_context(|| format!("model {} has no expert_count", m.display()))?,

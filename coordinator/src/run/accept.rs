@@ -251,6 +251,12 @@ impl crate::lease::LeaseKind for Acceptance {
         common::wire::Task::Collect
     }
 
+    fn table(
+        m: &mut crate::corpus::manifest::RunManifest,
+    ) -> &mut crate::corpus::manifest::Records {
+        &mut m.partials
+    }
+
     fn check(&self, range: ChunkRange, p: &Partial) -> Result<(), String> {
         Acceptance::check(self, range, p)
     }

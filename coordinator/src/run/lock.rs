@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Object name of the lock under the run.
-pub const LOCK_FILE: &str = "run.lock";
+pub use common::layout::LOCK_FILE;
 
 /// Why the lock was not taken.
 #[derive(Debug, thiserror::Error)]

@@ -97,7 +97,7 @@ pub async fn lease_all<K: LeaseKind>(
 ) -> Result<Leased<K::Output>, RunError> {
     let store = &l.setup.store;
     let what = K::Output::LABELS.output;
-    let mut recorder = Recorder::open_table(store, K::Output::LAYOUT.table).await?;
+    let mut recorder = Recorder::open_table(store, K::table).await?;
     let resumed = resume::load(store, &units, &*kind, &mut recorder, &l.settings).await?;
     for (name, why) in &resumed.skipped {
         tracing::warn!("stored {what} {name} not reused: {why}");

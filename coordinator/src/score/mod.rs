@@ -33,15 +33,8 @@ use source::Source;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-/// Object names written by `score`.
-pub mod outputs {
-    /// The whole [`super::ScoreReport`] as JSON.
-    pub const REPORT_JSON: &str = "score/score.json";
-    /// The tables as Markdown.
-    pub const TABLES_MD: &str = "score/tables.md";
-    /// Per-layer rows of every (method, K) as Parquet.
-    pub const TABLES_PARQUET: &str = "score/tables.parquet";
-}
+/// Object names written by `score`, from the run layout.
+pub use common::layout::score as outputs;
 
 /// Options of `coordinator score` (everything but the run).
 #[derive(Parser, Debug, Clone)]

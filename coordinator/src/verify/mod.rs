@@ -210,8 +210,9 @@ pub async fn load_keep_maps(store: &RunStore) -> anyhow::Result<Vec<(String, Kee
 /// the unchanged ones in reverse order and compares the resulting
 /// `saliency.json` bytes with the stored ones.
 async fn partials_checks(store: &RunStore, saliency_bytes: &[u8]) -> anyhow::Result<[Check; 2]> {
-    let manifest = crate::run::record::read_manifest(store).await?;
-    let records = crate::run::record::records_of(store, &manifest)?;
+    let records = crate::corpus::manifest::read_or_default(store)
+        .await?
+        .partials;
     let parts: Vec<String> = store
         .list(common::artifacts::names::PARTIALS_DIR)
         .await?
