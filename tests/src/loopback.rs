@@ -108,11 +108,23 @@ pub async fn run_with(
 
 /// `n` fake workers named `fake-0..`, each taking `delay` per chunk.
 pub fn fake_workers(l: &Listening, n: usize, delay: Duration) -> Workers {
+    fake_workers_telling(l, n, delay, None)
+}
+
+/// [`fake_workers`] whose engines tell `measuring` each time they start a
+/// lease (so a test knows they joined and hold work).
+pub fn fake_workers_telling(
+    l: &Listening,
+    n: usize,
+    delay: Duration,
+    measuring: Option<std::sync::Arc<tokio::sync::Notify>>,
+) -> Workers {
     (0..n)
         .map(|i| {
             let opts = client(l, &format!("fake-{i}"));
             let mut engine = FakeEngine::new(FAKE_MODEL);
             engine.delay_per_chunk = delay;
+            engine.measuring = measuring.clone();
             tokio::spawn(async move { join(&opts, engine).await })
         })
         .collect()

@@ -206,10 +206,13 @@ async fn blackhole_worker_lease_expires_and_another_worker_finishes_it() {
         let hole = client(l, "blackhole");
         let mut engine = FakeEngine::new(FAKE_MODEL);
         engine.hang = true;
+        let holds = std::sync::Arc::new(tokio::sync::Notify::new());
+        engine.measuring = Some(holds.clone());
         let h = tokio::spawn(async move { join(&hole, engine).await });
         let good = client(l, "good");
+        // The good worker joins once the black hole holds a lease.
         let g = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            holds.notified().await;
             join(&good, FakeEngine::new(FAKE_MODEL)).await
         });
         vec![h, g]

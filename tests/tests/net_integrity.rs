@@ -14,7 +14,8 @@ use common::wire::{
 use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
 use fixtures::log::{captured_log, log_text};
 use fixtures::loopback::{
-    self, artifacts, client, fake_setup, fake_workers, Workers, FAKE_MODEL, FAKE_N_CTX,
+    self, artifacts, client, fake_setup, fake_workers, fake_workers_telling, Workers, FAKE_MODEL,
+    FAKE_N_CTX,
 };
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -239,9 +240,11 @@ async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (summary, _) = run_with(&s, |l| {
         let l2 = l.clone();
+        let good_at_work = std::sync::Arc::new(tokio::sync::Notify::new());
+        let registered = good_at_work.clone();
         let flaky = tokio::spawn(async move {
-            // Let the good workers register first.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The good workers register first: one of them measures.
+            registered.notified().await;
             let (mut p, _) = Peer::joined(&l2, "flaky").await;
             let mut failed = 0;
             let end = loop {
@@ -269,7 +272,12 @@ async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
             Ok(JoinSummary::default())
         });
         let mut hs = vec![flaky];
-        hs.extend(fake_workers(l, 2, Duration::from_millis(40)));
+        hs.extend(fake_workers_telling(
+            l,
+            2,
+            Duration::from_millis(40),
+            Some(good_at_work),
+        ));
         hs
     })
     .await;
@@ -382,8 +390,11 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (summary, _) = run_with(&s, |l| {
         let l2 = l.clone();
+        let honest_at_work = std::sync::Arc::new(tokio::sync::Notify::new());
+        let registered = honest_at_work.clone();
         let cheater = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // The honest workers register first: one of them measures.
+            registered.notified().await;
             let (mut p, _) = Peer::joined(&l2, "cheater").await;
             let mut cheated = 0;
             let end = loop {
@@ -425,7 +436,12 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
             Ok(JoinSummary::default())
         });
         let mut hs = vec![cheater];
-        hs.extend(fake_workers(l, 2, Duration::from_millis(30)));
+        hs.extend(fake_workers_telling(
+            l,
+            2,
+            Duration::from_millis(30),
+            Some(honest_at_work),
+        ));
         hs
     })
     .await;

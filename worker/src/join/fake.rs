@@ -23,6 +23,9 @@ pub struct FakeEngine {
     pub delay_per_chunk: Duration,
     /// Never return from `measure` (a worker that stops answering).
     pub hang: bool,
+    /// Told each time `measure` starts (a test waits on it instead of
+    /// sleeping until the worker holds a lease).
+    pub measuring: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// Routed experts per layer.
     pub n_expert: u32,
     /// Experts per token.
@@ -38,6 +41,7 @@ impl FakeEngine {
             model_sha256: model_sha256.to_string(),
             delay_per_chunk: Duration::ZERO,
             hang: false,
+            measuring: None,
             n_expert: 8,
             k: 2,
             layers: vec![0, 1],
@@ -136,6 +140,9 @@ impl Engine for FakeEngine {
         index: &CorpusIndex,
         chunks: &[Chunk],
     ) -> Result<(Partial, Vec<TraceRow>), String> {
+        if let Some(n) = &self.measuring {
+            n.notify_one();
+        }
         if self.hang {
             loop {
                 std::thread::park();
