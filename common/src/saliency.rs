@@ -2,6 +2,9 @@
 //!
 //! Written from an exact [`ExpertAccum`]; read by scoring, verification and
 //! reports. Floats are serialised with shortest round-trip formatting.
+//! [`lenient`] reads one that holds non-finite values (for `verify`).
+
+pub mod lenient;
 
 use crate::split::{Gating, Split};
 use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};

@@ -471,12 +471,10 @@ mod tests {
         mark_finished(&store, &RunSummary::default(), false)
             .await
             .unwrap();
-        let m: serde_json::Value =
-            serde_json::from_slice(&store.get(crate::corpus::MANIFEST_FILE).await.unwrap())
-                .unwrap();
+        let m = crate::corpus::manifest::read(&store).await.unwrap().unwrap();
         assert_eq!(
-            (m["model_sha256"].as_str(), m["run"]["complete"].as_bool()),
-            (Some("ab"), Some(false))
+            (m.corpus.model_sha256.as_str(), m.run.map(|r| r.complete)),
+            ("ab", Some(false))
         );
     }
 }
