@@ -6,7 +6,9 @@ use super::trace_io::TraceSet;
 use anyhow::{bail, ensure, Context};
 use common::artifacts::names;
 use common::keepmap::KeepMap;
+use common::routing::Routing;
 use common::store::RunStore;
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -22,6 +24,8 @@ pub struct KeepInput {
 pub struct Inputs {
     /// Routed experts per layer.
     pub n_expert: usize,
+    /// The model's routing, from `saliency.json` (plain top-k without it).
+    pub routing: Routing,
     /// Bytes per expert load, per layer, when the model is known.
     pub expert_bytes: Option<BTreeMap<u32, u64>>,
     /// Where the expert sizes came from.
@@ -54,9 +58,20 @@ pub async fn load_inputs(
         .as_deref()
         .map(super::model::expert_bytes)
         .transpose()?;
-    let n_expert = match store.get_opt(names::SALIENCY_JSON).await? {
-        Some(b) => serde_json::from_slice::<serde_json::Value>(&b)
-            .with_context(|| format!("parsing {}", store.url_of(names::SALIENCY_JSON)))?
+    let saliency = match store.get_opt(names::SALIENCY_JSON).await? {
+        Some(b) => Some(
+            serde_json::from_slice::<serde_json::Value>(&b)
+                .with_context(|| format!("parsing {}", store.url_of(names::SALIENCY_JSON)))?,
+        ),
+        None => None,
+    };
+    let routing = match saliency.as_ref().and_then(|s| s.get("routing")) {
+        Some(r) => Routing::deserialize(r)
+            .with_context(|| format!("{}: routing", store.url_of(names::SALIENCY_JSON)))?,
+        None => Routing::default(),
+    };
+    let n_expert = match &saliency {
+        Some(s) => s
             .get("n_expert")
             .and_then(|v| v.as_u64())
             .with_context(|| format!("{} has no n_expert", store.url_of(names::SALIENCY_JSON)))?,
@@ -97,6 +112,7 @@ pub async fn load_inputs(
     );
     Ok(Inputs {
         n_expert,
+        routing,
         expert_bytes,
         model,
         keep,
