@@ -18,6 +18,8 @@
 //! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof);
 //!   [`secret`]: the join secret; [`peer_text`]: peer strings made safe to log.
 //! - [`bounded`]: bincode decoding with a limit sized from the input.
+//! - [`routing`]: how a model routes tokens (gating aside), as llama.cpp's
+//!   graph computes it, and the selection rule of a pruned model.
 //! - [`model_check`]: a model's MoE facts from its GGUF header, before llama.cpp loads it.
 #![deny(missing_docs)]
 
@@ -39,6 +41,7 @@ pub mod partial;
 pub mod peer_text;
 pub mod procstat;
 pub mod prune;
+pub mod routing;
 pub mod saliency;
 pub mod secret;
 pub mod split;

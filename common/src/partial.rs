@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the partial encoding; bumped on any layout change (2: the
-/// backend-to-host figure, [`BackendToHost`]).
-pub const PARTIAL_FORMAT_VERSION: u32 = 2;
+/// backend-to-host figure, [`BackendToHost`]; 3: the routing semantics in
+/// the MoE shape, [`crate::routing::Routing`]).
+pub const PARTIAL_FORMAT_VERSION: u32 = 3;
 
 /// Accumulators for a disjoint set of chunks of one model and corpus.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -198,6 +199,7 @@ mod tests {
                 n_expert_used: 2,
                 gating: crate::Gating::Softmax,
                 moe_layers: vec![0, 1],
+                routing: crate::routing::Routing::default(),
             }),
             imatrix: Imatrix::default(),
             nonfinite_drops: BTreeMap::new(),
@@ -236,7 +238,7 @@ mod tests {
         // Version 1 (before the backend-to-host figure) followed by bytes
         // that are no partial at all.
         let e = Partial::from_bytes(&[1, 0xff, 0xff, 0xff]).unwrap_err();
-        assert_eq!(e, "partial format version 1 (this build reads 2)");
+        assert_eq!(e, "partial format version 1 (this build reads 3)");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod lenient;
 
+use crate::routing::Routing;
 use crate::split::{Gating, Split};
 use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};
 use serde::{Deserialize, Serialize};
@@ -83,6 +84,10 @@ pub struct Saliency {
     pub n_expert_used: u32,
     /// Router gating function.
     pub gating: Gating,
+    /// The rest of the routing semantics (weights, gate site, selection
+    /// bias, groups, NextN blocks), as llama.cpp's graph computes them.
+    #[serde(default)]
+    pub routing: Routing,
     /// Trace rows' tokens written (token x layer rows / layers).
     pub trace_tokens_written: u64,
     /// Non-finite values seen and not added, all tensors together.
@@ -129,6 +134,7 @@ impl Saliency {
             n_expert: accum.shape.n_expert,
             n_expert_used: accum.shape.n_expert_used,
             gating: accum.shape.gating,
+            routing: accum.shape.routing.clone(),
             trace_tokens_written,
             nonfinite_drops: nonfinite_drops_by_tensor.values().sum(),
             nonfinite_drops_by_tensor: nonfinite_drops_by_tensor.clone(),
@@ -149,15 +155,6 @@ impl Saliency {
         serde_json::from_slice(bytes)
     }
 
-    /// The routed experts per layer of a `saliency.json` document, read
-    /// without the statistics (which may hold non-finite values as `null`).
-    pub fn n_expert_of(bytes: &[u8]) -> Result<u32, serde_json::Error> {
-        #[derive(Deserialize)]
-        struct Head {
-            n_expert: u32,
-        }
-        Ok(serde_json::from_slice::<Head>(bytes)?.n_expert)
-    }
 
     /// The split's statistics, if the run has that split.
     pub fn split(&self, split: Split) -> Option<&SplitStats> {

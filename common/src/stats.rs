@@ -5,6 +5,7 @@
 //! make `merge` associative and commutative, bit for bit.
 
 use crate::exact::{ExactError, ExactSum};
+use crate::routing::Routing;
 use crate::split::{Gating, Split};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -124,7 +125,7 @@ pub struct GroupKey {
 }
 
 /// The model facts every accumulator of a run must agree on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MoeShape {
     /// Routed experts per MoE layer.
     pub n_expert: u32,
@@ -132,12 +133,15 @@ pub struct MoeShape {
     pub n_expert_used: u32,
     /// Router gating function.
     pub gating: Gating,
-    /// Block indices of the MoE layers, ascending.
+    /// Block indices of the MoE layers, ascending: the blocks whose graph
+    /// emits `ffn_moe_topk` in a decode.
     pub moe_layers: Vec<u32>,
+    /// The rest of the routing semantics, as the graph computes them.
+    pub routing: Routing,
 }
 
 /// All REAP statistics of a partial or merged result.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExpertAccum {
     /// The model's MoE shape.
     pub shape: MoeShape,

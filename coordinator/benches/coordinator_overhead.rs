@@ -47,6 +47,7 @@ fn realistic_partial(lease: u32, chunks_per_lease: u32) -> Partial {
         n_expert_used: 10,
         gating: Gating::Softmax,
         moe_layers: (0..LAYERS).collect(),
+        routing: common::routing::Routing::default(),
     };
     let mut experts = ExpertAccum::new(shape);
     for split in [Split::Fit, Split::Heldout] {

@@ -6,7 +6,9 @@ use super::trace_io::TraceSet;
 use anyhow::{bail, ensure, Context};
 use common::artifacts::names;
 use common::keepmap::KeepMap;
+use common::routing::Routing;
 use common::store::RunStore;
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -18,10 +20,20 @@ pub struct KeepInput {
     pub kept: Option<BTreeMap<u32, Vec<bool>>>,
 }
 
+/// The part of `saliency.json` replay needs.
+#[derive(Deserialize)]
+struct SaliencyHead {
+    n_expert: u32,
+    #[serde(default)]
+    routing: Routing,
+}
+
 /// Everything replay reads from the run, before touching a trace layer.
 pub struct Inputs {
     /// Routed experts per layer.
     pub n_expert: usize,
+    /// The model's routing, from `saliency.json` (plain top-k without it).
+    pub routing: Routing,
     /// Bytes per expert load, per layer, when the model is known.
     pub expert_bytes: Option<BTreeMap<u32, u64>>,
     /// Where the expert sizes came from.
@@ -49,11 +61,16 @@ pub async fn load_inputs(
         .as_deref()
         .map(super::model::expert_bytes)
         .transpose()?;
-    let n_expert = match store.get_opt(names::SALIENCY_JSON).await? {
-        Some(b) => u64::from(
-            common::saliency::Saliency::n_expert_of(&b)
+    let head = match store.get_opt(names::SALIENCY_JSON).await? {
+        Some(b) => Some(
+            serde_json::from_slice::<SaliencyHead>(&b)
                 .with_context(|| format!("parsing {}", store.url_of(names::SALIENCY_JSON)))?,
         ),
+        None => None,
+    };
+    let routing = head.as_ref().map(|h| h.routing.clone()).unwrap_or_default();
+    let n_expert = match &head {
+        Some(h) => u64::from(h.n_expert),
         None => match model.as_deref() {
             Some(m) => super::model::expert_count(m)?
                 .with_context(|| format!("model {} has no expert_count", m.display()))?,
@@ -91,6 +108,7 @@ pub async fn load_inputs(
     );
     Ok(Inputs {
         n_expert,
+        routing,
         expert_bytes,
         model,
         keep,

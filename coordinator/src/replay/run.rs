@@ -2,7 +2,7 @@
 
 use super::capacity::Capacity;
 use super::inputs::{load_inputs, Inputs};
-use super::keep::requests;
+use super::keep::{requests, KeptLayer};
 use super::lru::miss_curve;
 use super::policy::{simulate, Policy, PolicyParams};
 use super::report::{self, Cell, CurveCell, RowKey, Setup};
@@ -184,13 +184,16 @@ fn replay_layer(
         for (keep_idx, keep) in inputs.keep.iter().enumerate() {
             let kept = match &keep.kept {
                 None => None,
-                Some(m) => Some(
-                    m.get(&layer)
+                Some(m) => Some(KeptLayer {
+                    kept: m
+                        .get(&layer)
                         .with_context(|| format!("keep map {} has no layer {layer}", keep.label))?
                         .as_slice(),
-                ),
+                    layer,
+                    routing: &inputs.routing,
+                }),
             };
-            let experts = kept.map_or(inputs.n_expert, |k| k.iter().filter(|&&b| b).count());
+            let experts = kept.map_or(inputs.n_expert, |k| k.kept.iter().filter(|&&b| b).count());
             let reqs = requests(raw, inputs.n_expert, kept, n_near);
             for &mode in &args.mode {
                 let ubatch = match (mode, kind) {

@@ -25,8 +25,14 @@ pub mod names {
     pub const SHAPE: &str = "every layer holds n_expert values of each statistic";
     /// `sum(count) == n_tokens * k` per layer.
     pub const COUNT_SUM: &str = "per layer sum(count) == n_tokens * k";
-    /// `sum(prob_sum) == n_tokens` per layer (softmax).
-    pub const PROB_SUM: &str = "per layer sum(prob_sum) == n_tokens (softmax gating)";
+    /// What the gating implies of `prob_sum` (softmax: `sum == n_tokens`
+    /// per layer; sigmoid: every value in [0, 1], so each sum in
+    /// [0, n_tokens]); the figure names the gating.
+    pub const PROB_SUM: &str = "router probabilities as the gating implies (softmax: per layer sum(prob_sum) == n_tokens; sigmoid: each in [0, n_tokens])";
+    /// `sum(weight_sum) == n_tokens * scale` per layer when the top-k
+    /// weights are normalised.
+    pub const WEIGHT_SUM: &str =
+        "per layer sum(weight_sum) == n_tokens * scale (normalised top-k weights)";
     /// `count == 0` exactly when `reap_l2_sum == 0`.
     pub const DEAD_IFF_ZERO: &str = "count == 0 exactly when reap_l2_sum == 0";
     /// Every value finite.

@@ -55,6 +55,7 @@ impl FakeEngine {
             n_expert_used: self.k,
             gating: Gating::Softmax,
             moe_layers: self.layers.clone(),
+            routing: common::routing::Routing::default(),
         };
         let mut experts = ExpertAccum::new(shape);
         let n_in = 4u32;
