@@ -1,6 +1,10 @@
 //! Partial results: what a worker returns for a set of chunks, and the exact
 //! merge that combines them into a run's result.
 
+mod encoding;
+
+pub use encoding::PackedPartial;
+
 use crate::imatrix::Imatrix;
 use crate::saliency::Saliency;
 use crate::split::ChunkRange;
@@ -9,8 +13,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the partial encoding; bumped on any layout change (2: the
-/// backend-to-host figure, [`BackendToHost`]).
-pub const PARTIAL_FORMAT_VERSION: u32 = 2;
+/// backend-to-host figure, [`BackendToHost`]; 3: exact sums packed in
+/// columns apart from the bincode header, [`crate::packed`]).
+pub const PARTIAL_FORMAT_VERSION: u32 = 3;
+
+/// The earlier version this build still reads: the whole partial in
+/// bincode, each exact sum a varint i128 (partials of earlier runs resume).
+pub const PARTIAL_FORMAT_BINCODE_SUMS: u32 = 2;
 
 /// Accumulators for a disjoint set of chunks of one model and corpus.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,7 +105,8 @@ impl Partial {
     }
 
     /// Adds another partial; refuses a different model or corpus and any
-    /// chunk covered twice.
+    /// chunk covered twice. The statistics and the importance matrix's
+    /// tensors are added in parallel; the result is the same bits.
     pub fn merge(&mut self, other: &Partial) -> Result<(), MergeError> {
         if self.model_sha256 != other.model_sha256 {
             return Err(MergeError::Shape(format!(
@@ -111,8 +121,12 @@ impl Partial {
             )));
         }
         self.chunks = union_disjoint(&self.chunks, &other.chunks)?;
-        self.experts.merge(&other.experts)?;
-        self.imatrix.merge(&other.imatrix)?;
+        let (experts, imatrix) = rayon::join(
+            || self.experts.merge(&other.experts),
+            || self.imatrix.merge(&other.imatrix),
+        );
+        experts?;
+        imatrix?;
         for (name, n) in &other.nonfinite_drops {
             *self.nonfinite_drops.entry(name.clone()).or_default() += n;
         }
@@ -142,24 +156,42 @@ impl Partial {
         )
     }
 
-    /// Binary encoding (bincode 2, standard config).
+    /// Binary encoding, format [`PARTIAL_FORMAT_VERSION`]: a bincode header
+    /// without the exact sums, then the sums packed column by column
+    /// (`encoding`); the same partial always gives the same bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
-        bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("partial encodes")
+        encoding::encode(self)
     }
 
     /// Decodes a partial: the format version is read first (another version
-    /// is refused before the rest is decoded), then the whole value under a
-    /// limit sized from `bytes.len()` ([`crate::bounded`]); trailing bytes
-    /// are refused.
+    /// is refused before the rest is decoded), then the whole value under
+    /// limits sized from `bytes.len()` ([`crate::bounded`], `encoding`);
+    /// trailing bytes are refused, and every sum column must have the length
+    /// its header gives it. Format [`PARTIAL_FORMAT_BINCODE_SUMS`] is read too.
     pub fn from_bytes(bytes: &[u8]) -> Result<Partial, String> {
         let (version, _) = crate::bounded::decode_prefix::<u32>(bytes)
             .map_err(|e| format!("not a moe-census partial: {e}"))?;
-        if version != PARTIAL_FORMAT_VERSION {
-            return Err(format!(
-                "partial format version {version} (this build reads {PARTIAL_FORMAT_VERSION})"
-            ));
+        match version {
+            PARTIAL_FORMAT_VERSION => encoding::decode(bytes),
+            PARTIAL_FORMAT_BINCODE_SUMS => {
+                let p: Partial = crate::bounded::decode(bytes)
+                    .map_err(|e| format!("not a moe-census partial: {e}"))?;
+                let lengths = encoding::expected_lengths(&p)?;
+                let columns = encoding::columns(&p);
+                if let Some(i) = (0..lengths.len()).find(|&i| columns[i].len() != lengths[i]) {
+                    return Err(format!(
+                        "not a moe-census partial: column {i} holds {} sums, its header says {}",
+                        columns[i].len(),
+                        lengths[i]
+                    ));
+                }
+                Ok(p)
+            }
+            v => Err(format!(
+                "partial format version {v} (this build reads {PARTIAL_FORMAT_VERSION}, packed sums, \
+                 and {PARTIAL_FORMAT_BINCODE_SUMS}, bincode sums)"
+            )),
         }
-        crate::bounded::decode(bytes).map_err(|e| format!("not a moe-census partial: {e}"))
     }
 }
 
@@ -236,7 +268,10 @@ mod tests {
         // Version 1 (before the backend-to-host figure) followed by bytes
         // that are no partial at all.
         let e = Partial::from_bytes(&[1, 0xff, 0xff, 0xff]).unwrap_err();
-        assert_eq!(e, "partial format version 1 (this build reads 2)");
+        assert_eq!(
+            e,
+            "partial format version 1 (this build reads 3, packed sums, and 2, bincode sums)"
+        );
     }
 
     #[test]
