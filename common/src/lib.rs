@@ -2,7 +2,8 @@
 //!
 //! - [`exact`]: [`ExactSum`], the fixed-point sum that makes merges exact.
 //! - [`stats`] and [`imatrix`]: the worker's accumulators and their merge.
-//! - [`partial`]: what a worker returns for a set of chunks; [`compare`]:
+//! - [`partial`]: what a worker returns for a set of chunks (its exact sums
+//!   [`packed`] compactly); [`compare`]:
 //!   whether two workers' partials of the same chunks agree.
 //! - [`eval`]: pruned candidates against the base model: partials, exact
 //!   merge, the summary.
@@ -37,6 +38,7 @@ pub mod keepmap;
 pub mod layout;
 pub mod lease;
 pub mod model_check;
+pub mod packed;
 pub mod partial;
 pub mod peer_text;
 pub mod procstat;

@@ -155,7 +155,6 @@ impl Saliency {
         serde_json::from_slice(bytes)
     }
 
-
     /// The split's statistics, if the run has that split.
     pub fn split(&self, split: Split) -> Option<&SplitStats> {
         self.splits.get(split.as_str())

@@ -58,19 +58,35 @@ impl LayerAccum {
         for (a, b) in self.count.iter_mut().zip(&other.count) {
             *a = a.checked_add(*b).ok_or(MergeError::CountOverflow)?;
         }
-        let pairs = [
-            (&mut self.prob_sum, &other.prob_sum),
-            (&mut self.weight_sum, &other.weight_sum),
-            (&mut self.ean_sum, &other.ean_sum),
-            (&mut self.reap_l2_sum, &other.reap_l2_sum),
-            (&mut self.reap_l2_sq_sum, &other.reap_l2_sq_sum),
-        ];
-        for (dst, src) in pairs {
+        for (dst, src) in self.sums_mut().into_iter().zip(other.sums()) {
             for (a, b) in dst.iter_mut().zip(src) {
                 a.add(*b)?;
             }
         }
         Ok(())
+    }
+
+    /// The five exact statistics in declaration order (`prob_sum` first):
+    /// the order the merge and the partial encoding walk them in.
+    pub fn sums(&self) -> [&Vec<ExactSum>; 5] {
+        [
+            &self.prob_sum,
+            &self.weight_sum,
+            &self.ean_sum,
+            &self.reap_l2_sum,
+            &self.reap_l2_sq_sum,
+        ]
+    }
+
+    /// [`LayerAccum::sums`], writable.
+    pub fn sums_mut(&mut self) -> [&mut Vec<ExactSum>; 5] {
+        [
+            &mut self.prob_sum,
+            &mut self.weight_sum,
+            &mut self.ean_sum,
+            &mut self.reap_l2_sum,
+            &mut self.reap_l2_sq_sum,
+        ]
     }
 }
 

@@ -471,7 +471,10 @@ mod tests {
         mark_finished(&store, &RunSummary::default(), false)
             .await
             .unwrap();
-        let m = crate::corpus::manifest::read(&store).await.unwrap().unwrap();
+        let m = crate::corpus::manifest::read(&store)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (m.corpus.model_sha256.as_str(), m.run.map(|r| r.complete)),
             ("ab", Some(false))
