@@ -1,10 +1,11 @@
 //! Resuming: the partials a previous process stored under `partials/` for
 //! units of the same lease plan are reused instead of recomputed, but only
 //! when their bytes still hash to the SHA-256 recorded in the manifest at
-//! acceptance, they were made under the same settings key, and they pass the
-//! acceptance checks again. Anything else is named in the log, moved under
-//! `rejected/` (so the recomputed partial is written create-only under the
-//! final name) and recomputed.
+//! acceptance, they were made under the same settings key, they pass the
+//! acceptance checks again, and they merge with the others. Anything else is
+//! named in the log, moved under `rejected/` (so the recomputed partial is
+//! written create-only under the final name) and recomputed: no stored
+//! object can make every resume fail.
 
 use super::accept::Acceptance;
 use super::record::{check_stored, Recorder, Records};
@@ -46,7 +47,9 @@ fn verdict(
 
 /// Reads every stored partial of a unit of `units`; the usable ones are
 /// merged, the others set aside (see the module doc) and their records
-/// dropped.
+/// dropped. A partial that passes its checks but does not merge with those
+/// before it is set aside too, and the merge starts over without it (a
+/// failed merge leaves the running total half-added).
 pub async fn load(
     store: &RunStore,
     units: &[ChunkRange],
@@ -54,6 +57,50 @@ pub async fn load(
     recorder: &mut Recorder,
     settings: &str,
 ) -> Result<Resumed, RunError> {
+    let mut rejected = Vec::new();
+    loop {
+        match load_once(store, units, acceptance, recorder, settings).await? {
+            Loaded::All(mut out) => {
+                rejected.append(&mut out.rejected);
+                out.rejected = rejected;
+                return Ok(out);
+            }
+            Loaded::Unmergeable {
+                name,
+                bytes,
+                reason,
+                mut earlier,
+            } => {
+                set_aside(store, &name, &bytes).await?;
+                recorder.forget(&name).await?;
+                rejected.append(&mut earlier);
+                rejected.push((name, reason));
+            }
+        }
+    }
+}
+
+/// One pass over the stored partials.
+enum Loaded {
+    /// Everything usable merged.
+    All(Resumed),
+    /// `name` passed its checks but did not merge; `earlier` were set aside
+    /// before it in this pass.
+    Unmergeable {
+        name: String,
+        bytes: bytes::Bytes,
+        reason: String,
+        earlier: Vec<(String, String)>,
+    },
+}
+
+async fn load_once(
+    store: &RunStore,
+    units: &[ChunkRange],
+    acceptance: &Acceptance,
+    recorder: &mut Recorder,
+    settings: &str,
+) -> Result<Loaded, RunError> {
     let wanted: BTreeSet<ChunkRange> = units.iter().copied().collect();
     let records: Records = recorder.records()?;
     let mut out = Resumed::default();
@@ -69,14 +116,22 @@ pub async fn load(
         let bytes = store.get(&name).await?;
         match verdict(range, &bytes, records.get(&name), settings, acceptance) {
             Ok(p) => {
-                out.done.insert(range, sha256_hex(&bytes));
-                match &mut out.merged {
-                    None => out.merged = Some(p),
-                    Some(m) => m.merge(&p).map_err(|source| RunError::Merge {
-                        what: store.url_of(&name),
-                        source,
-                    })?,
+                let merged = match &mut out.merged {
+                    None => {
+                        out.merged = Some(p);
+                        Ok(())
+                    }
+                    Some(m) => m.merge(&p),
+                };
+                if let Err(e) = merged {
+                    return Ok(Loaded::Unmergeable {
+                        reason: format!("it does not merge with the other stored partials: {e}"),
+                        name,
+                        bytes,
+                        earlier: out.rejected,
+                    });
                 }
+                out.done.insert(range, sha256_hex(&bytes));
             }
             Err(reason) => {
                 set_aside(store, &name, &bytes).await?;
@@ -85,7 +140,7 @@ pub async fn load(
             }
         }
     }
-    Ok(out)
+    Ok(Loaded::All(out))
 }
 
 /// Moves stored bytes to `rejected/<sha256 prefix>-<file name>`.
