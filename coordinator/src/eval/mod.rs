@@ -27,7 +27,6 @@ use common::hash::sha256_hex;
 use common::store::{RunStore, StoreError};
 use common::wire::EvalJob;
 use std::path::Path;
-use std::time::Duration;
 
 pub use settings::EvalSettings;
 
@@ -159,16 +158,27 @@ pub async fn evaluate<F>(setup: &EvalSetup, on_listen: F) -> Result<EvalOutcome,
 where
     F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
 {
-    let stale = Duration::from_secs(setup.base.run.lock_stale_s);
-    let lock = lock::RunLock::acquire(&setup.base.store, stale)
+    let lock = lock::RunLock::acquire(&setup.base.store, setup.base.run.lock_stale())
         .await
         .map_err(RunError::from)?;
-    let outcome = evaluate_locked(setup, on_listen).await;
+    let locked = EvalSetup {
+        base: RunSetup {
+            store: lock.store(),
+            ..setup.base.clone()
+        },
+        job: setup.job.clone(),
+    };
+    let outcome = evaluate_locked(&locked, on_listen).await;
     lock.release().await.map_err(RunError::from)?;
     outcome
 }
 
-async fn evaluate_locked<F>(setup: &EvalSetup, on_listen: F) -> Result<EvalOutcome, EvalRunError>
+/// [`evaluate`] for a caller that holds the run's lock: `setup.base.store`
+/// must be the lock's fenced store.
+pub async fn evaluate_locked<F>(
+    setup: &EvalSetup,
+    on_listen: F,
+) -> Result<EvalOutcome, EvalRunError>
 where
     F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
 {
