@@ -128,7 +128,14 @@ fn until(what: &str, mut ready: impl FnMut() -> bool) {
 fn cluster_config(dir: &Path, docs: usize, extra: &str) -> (PathBuf, PathBuf) {
     fixtures::model(dir, worker::synth::Preset::Tiny);
     let text: Vec<String> = (0..docs)
-        .map(|i| format!("Document {i} reports that {} and {} differ by {}.", i * 7, i * 3, i * 4))
+        .map(|i| {
+            format!(
+                "Document {i} reports that {} and {} differ by {}.",
+                i * 7,
+                i * 3,
+                i * 4
+            )
+        })
         .collect();
     std::fs::write(dir.join("docs.txt"), text.join("\n\n")).unwrap();
     let secret = dir.join("join.secret");
@@ -151,8 +158,13 @@ fn cluster_config(dir: &Path, docs: usize, extra: &str) -> (PathBuf, PathBuf) {
 /// `coordinator run CONFIG --out RUN [extra...]`, as an operator types it.
 fn coordinator(config: &Path, run: &Path, extra: &[&str]) -> Proc {
     let mut cmd = fixtures::command("coordinator");
-    cmd.args(["run", config.to_str().unwrap(), "--out", run.to_str().unwrap()])
-        .args(extra);
+    cmd.args([
+        "run",
+        config.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+    ])
+    .args(extra);
     Proc::spawn(cmd)
 }
 
@@ -181,7 +193,10 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
             if p.is_dir() {
                 todo.push(p);
             } else {
-                out.insert(p.strip_prefix(dir).unwrap().to_path_buf(), std::fs::read(&p).unwrap());
+                out.insert(
+                    p.strip_prefix(dir).unwrap().to_path_buf(),
+                    std::fs::read(&p).unwrap(),
+                );
             }
         }
     }
@@ -250,16 +265,30 @@ fn kill_9_and_the_same_command_keep_the_running_workers() {
     let again_at = Instant::now();
     let mut again = coordinator(&config, &run, &[]);
     let rejoined = || again.logged("worker joined");
-    until("both workers rejoin", || rejoined().len() >= 2 || again.child.try_wait().unwrap().is_some());
+    until("both workers rejoin", || {
+        rejoined().len() >= 2 || again.child.try_wait().unwrap().is_some()
+    });
     let hint2 = connect_info(d.path(), restarted);
-    assert_eq!((hint2["addr"].as_str(), hint2["pin"].as_str()), (Some(addr.as_str()), Some(pin.as_str())));
+    assert_eq!(
+        (hint2["addr"].as_str(), hint2["pin"].as_str()),
+        (Some(addr.as_str()), Some(pin.as_str()))
+    );
     let joined = rejoined();
     assert!(joined.len() >= 2, "{}", again.log());
     let took = joined[1].duration_since(again_at);
     println!("FIGURE restart: both workers rejoined {took:?} after the restart began");
-    assert!(took < Duration::from_secs(10), "rejoined after {took:?}:\n{}", again.log());
+    assert!(
+        took < Duration::from_secs(10),
+        "rejoined after {took:?}:\n{}",
+        again.log()
+    );
     let status = again.wait(DEADLINE);
-    assert!(status.success(), "{}\n{}", again.log(), again.stdout.lock().unwrap());
+    assert!(
+        status.success(),
+        "{}\n{}",
+        again.log(),
+        again.stdout.lock().unwrap()
+    );
     assert!(again.stdout.lock().unwrap().contains("run complete"));
     assert!(
         again.log().contains("no longer runs on this machine"),
@@ -286,7 +315,11 @@ fn a_coordinator_that_lost_its_lock_writes_nothing_more() {
     let mut successor = coordinator(&config, &run, &["--local-workers", "2"]);
     assert!(successor.wait(DEADLINE).success(), "{}", successor.log());
     assert!(successor.stdout.lock().unwrap().contains("run complete"));
-    assert!(successor.log().contains("taking over"), "{}", successor.log());
+    assert!(
+        successor.log().contains("taking over"),
+        "{}",
+        successor.log()
+    );
     let finished = snapshot(&run);
     paused.signal("-CONT");
     let status = paused.wait(Duration::from_secs(60));
@@ -294,7 +327,10 @@ fn a_coordinator_that_lost_its_lock_writes_nothing_more() {
     let why = paused.log();
     assert!(why.contains("no longer holds the run"), "{why}");
     assert!(!paused.stdout.lock().unwrap().contains("run complete"));
-    assert!(snapshot(&run) == finished, "the resumed coordinator wrote into the run");
+    assert!(
+        snapshot(&run) == finished,
+        "the resumed coordinator wrote into the run"
+    );
 }
 
 #[test]
@@ -331,10 +367,16 @@ fn logged_in_connections_declaring_64_mib_frames_keep_the_coordinator_under_1_gi
                     .await
                     .unwrap();
                 drop(permit);
-                assert!(matches!(answer, common::wire::ToWorker::Welcome { .. }), "{answer:?}");
+                assert!(
+                    matches!(answer, common::wire::ToWorker::Welcome { .. }),
+                    "{answer:?}"
+                );
                 // A 64 MiB frame declared, 4 MiB of it sent (as far as flow
                 // control lets it go), the rest never.
-                p.send.write_all(&(64u32 << 20).to_be_bytes()).await.unwrap();
+                p.send
+                    .write_all(&(64u32 << 20).to_be_bytes())
+                    .await
+                    .unwrap();
                 let body = vec![0xa5u8; SENT];
                 let _ = tokio::time::timeout(Duration::from_secs(5), p.send.write_all(&body)).await;
                 p

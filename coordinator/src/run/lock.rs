@@ -441,7 +441,9 @@ mod tests {
     async fn a_confirmation_admits_writes_for_half_the_stale_timeout() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(&dir);
-        let lock = RunLock::acquire(&s, Duration::from_secs(600)).await.unwrap();
+        let lock = RunLock::acquire(&s, Duration::from_secs(600))
+            .await
+            .unwrap();
         s.delete(LOCK_FILE).await.unwrap();
         // Within the window nothing is read: a successor could only take a
         // lock this fresh over by force (`--take-over-lock`).
