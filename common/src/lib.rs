@@ -3,8 +3,9 @@
 //! - [`exact`]: [`ExactSum`], the fixed-point sum that makes merges exact.
 //! - [`stats`] and [`imatrix`]: the worker's accumulators and their merge.
 //! - [`partial`]: what a worker returns for a set of chunks (its exact sums
-//!   [`packed`] compactly); [`compare`]:
-//!   whether two workers' partials of the same chunks agree.
+//!   [`packed`] compactly); [`compare`]: whether two workers' partials of
+//!   the same chunks agree; [`partial_check`]: the values a partial may hold
+//!   before it is accepted.
 //! - [`eval`]: pruned candidates against the base model: partials, exact
 //!   merge, the summary.
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
@@ -40,6 +41,7 @@ pub mod lease;
 pub mod model_check;
 pub mod packed;
 pub mod partial;
+pub mod partial_check;
 pub mod peer_text;
 pub mod procstat;
 pub mod prune;

@@ -156,6 +156,20 @@ pub struct MoeShape {
     pub routing: Routing,
 }
 
+impl std::fmt::Display for MoeShape {
+    /// A bounded description: the layer list may come from a peer.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} experts, top-{}, {:?} gating, MoE layers [{}]",
+            self.n_expert,
+            self.n_expert_used,
+            self.gating,
+            crate::peer_text::summarise(&self.moe_layers)
+        )
+    }
+}
+
 /// All REAP statistics of a partial or merged result.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExpertAccum {

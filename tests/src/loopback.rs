@@ -130,6 +130,19 @@ pub fn fake_workers_telling(
         .collect()
 }
 
+/// The artifacts of the fake engine over all chunks of `s` in one call:
+/// what an honest run must produce, computed without the coordinator.
+pub async fn fake_reference(s: &RunSetup) -> Vec<(String, Vec<u8>)> {
+    let all = crate::chunks(s.index.n_chunks, FAKE_N_CTX);
+    let partial = FakeEngine::new(FAKE_MODEL).partial(&s.index, &all).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+    common::artifacts::write_results(&store, &partial)
+        .await
+        .unwrap();
+    artifacts(&store, false).await
+}
+
 /// The named objects with their bytes, in the order given.
 pub async fn objects(store: &RunStore, names: Vec<String>) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();

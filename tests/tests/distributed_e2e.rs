@@ -324,7 +324,7 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
     let ca_dir = d.path().join("ca");
     let ca_pem = coordinator::net::tls::create_ca(&ca_dir).unwrap();
     let secret = d.path().join("secret");
-    std::fs::write(&secret, "r".repeat(48)).unwrap();
+    std::fs::write(&secret, common::secret::JoinSecret::generate().expose()).unwrap();
     let port = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -54,8 +54,8 @@ pub fn check_against_job(
 ) -> Result<(), String> {
     if p.chunks != [range] {
         return Err(format!(
-            "eval partial covers {:?}, the lease was {range}",
-            p.chunks
+            "eval partial covers {}, the lease was {range}",
+            common::peer_text::summarise(&p.chunks)
         ));
     }
     if p.base_sha256 != base_sha256 {
@@ -72,8 +72,11 @@ pub fn check_against_job(
     }
     if (p.skip_first, &p.splits) != (job.skip_first, &job.splits) {
         return Err(format!(
-            "eval partial scored (skip_first {}, splits {:?}), the job asked for ({}, {:?})",
-            p.skip_first, p.splits, job.skip_first, job.splits
+            "eval partial scored (skip_first {}, splits [{}]), the job asked for ({}, [{}])",
+            p.skip_first,
+            common::peer_text::summarise(&p.splits),
+            job.skip_first,
+            common::peer_text::summarise(&job.splits)
         ));
     }
     if p.candidates.len() != job.candidates.len() {

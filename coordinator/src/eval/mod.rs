@@ -153,10 +153,19 @@ pub async fn evaluate(
     setup: &EvalSetup,
     on_listen: impl OnListen,
 ) -> Result<EvalOutcome, EvalRunError> {
-    locked(&setup.base, evaluate_locked(setup, on_listen)).await
+    locked(&setup.base, |base| async move {
+        let fenced = EvalSetup {
+            base,
+            job: setup.job.clone(),
+        };
+        evaluate_locked(&fenced, on_listen).await
+    })
+    .await
 }
 
-async fn evaluate_locked(
+/// [`evaluate`] for a caller that holds the run's lock: `setup.base.store`
+/// must be the lock's fenced store.
+pub async fn evaluate_locked(
     setup: &EvalSetup,
     on_listen: impl OnListen,
 ) -> Result<EvalOutcome, EvalRunError> {

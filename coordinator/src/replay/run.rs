@@ -113,12 +113,17 @@ impl ReplayArgs {
 /// Replays the traces of `args.run` and writes `replay/results.json` and
 /// `replay/report.md` under it. Call it outside any async runtime.
 pub fn replay_run(args: &ReplayArgs) -> anyhow::Result<ReplayReport> {
+    replay_in(args, RunStore::open(&args.run)?)
+}
+
+/// [`replay_run`] reading and writing through `store` (the run of
+/// `args.run`, fenced by its lock when the caller holds it).
+pub fn replay_in(args: &ReplayArgs, store: RunStore) -> anyhow::Result<ReplayReport> {
     args.validate()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the I/O runtime")?;
-    let store = RunStore::open(&args.run)?;
     let inputs = rt.block_on(load_inputs(&store, args.model.as_deref(), &args.keep_map))?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)

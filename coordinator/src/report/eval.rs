@@ -64,7 +64,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             .map(|x| {
                 x.domains
                     .iter()
-                    .map(|(d, f)| format!("{d} {:.4}", f.kl.mean))
+                    .map(|(d, f)| format!("{} {:.4}", super::cell(d), f.kl.mean))
                     .collect()
             })
             .unwrap_or_default();

@@ -29,6 +29,7 @@ pub mod trace_plan;
 
 use crate::lease::LeaseKind;
 use crate::net::hub::{Hub, WorkerInfo};
+use crate::net::persist::Kept;
 use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{create_ca, server_names, Identity};
 use crate::net::NetError;
@@ -192,6 +193,12 @@ pub struct RunSummary {
     pub trace: Option<crate::corpus::manifest::TraceRecord>,
 }
 
+/// Refuses a configured join secret (file or variable) that is unreadable,
+/// short or weak, before a run writes anything.
+pub fn check_secret(cluster: &ClusterSettings) -> Result<(), RunError> {
+    secret(cluster).map(|_| ())
+}
+
 /// The join secret: `[cluster] secret_file`, else `MOE_CENSUS_JOIN_SECRET`,
 /// else a random one only local workers learn (`false`: not shared).
 pub(crate) fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError> {
@@ -212,12 +219,18 @@ pub(crate) fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), Ru
 /// called once the server accepts workers (to start local ones); it is not
 /// called when everything was already stored.
 /// The run location is locked for the whole call ([`lock`]): a second
-/// coordinator on the same location fails instead of writing beside it.
+/// coordinator on the same location fails instead of writing beside it, and
+/// this one writes only while it holds the lock.
 pub async fn execute(setup: &RunSetup, on_listen: impl OnListen) -> Result<RunSummary, RunError> {
-    locked(setup, execute_locked(setup, on_listen)).await
+    locked(setup, |fenced| async move {
+        execute_locked(&fenced, on_listen).await
+    })
+    .await
 }
 
-async fn execute_locked(
+/// [`execute`] for a caller that holds the run's lock: `setup.store` must be
+/// the lock's fenced store ([`lock::RunLock::store`]).
+pub async fn execute_locked(
     setup: &RunSetup,
     on_listen: impl OnListen,
 ) -> Result<RunSummary, RunError> {
@@ -318,27 +331,39 @@ pub(crate) fn listen<K: LeaseKind>(
     heartbeat_timeout: Duration,
 ) -> Result<(Server, Listening), RunError> {
     let names = server_names(&cluster.server_names);
-    let identity = match &cluster.ca_dir {
-        Some(dir) => Identity::from_ca(dir, &names)?,
-        None => Identity::self_signed(&names)?,
-    };
     let listen: SocketAddr = cluster
         .listen
         .parse()
         .map_err(|e| RunError::Setup(format!("[cluster] listen {:?}: {e}", cluster.listen)))?;
+    let mut kept = match &cluster.identity_dir {
+        Some(dir) => Some(Kept::open(dir)?),
+        None => None,
+    };
+    let identity = match (&mut kept, &cluster.ca_dir) {
+        (Some(k), ca) => k.identity(&names, ca.as_deref())?,
+        (None, Some(dir)) => Identity::from_ca(dir, &names)?,
+        (None, None) => Identity::self_signed(&names)?,
+    };
     let server = Server::spawn(
         &identity,
         ServerOptions {
             listen,
+            reset_key: kept.as_ref().map(Kept::reset_key).transpose()?,
+            preferred: kept.as_ref().and_then(|k| k.preferred_addr(listen)),
             max_connections: cluster.max_connections.max(1),
             max_pending_per_address: cluster.pending_per_address(),
             max_frame,
+            frame_budget: (cluster.max_buffered_mib.max(1) as usize) << 20,
             login_timeout: Duration::from_millis(cluster.login_timeout_ms.max(100)),
             heartbeat_timeout,
         },
         hub,
     )?;
     let (addr, pin) = (server.addr(), identity.fingerprint());
+    if let Some(k) = &mut kept {
+        k.record_addr(addr);
+        k.save()?;
+    }
     let listening = Listening {
         addr,
         hint: JoinHint::new(addr, &pin, cluster),

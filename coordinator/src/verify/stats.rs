@@ -2,21 +2,8 @@
 //! worst case.
 
 use super::{names as inv, Check};
+use common::partial_check::{cauchy_schwarz_margin, CAUCHY_SCHWARZ_RTOL, PROB_SUM_RTOL};
 use common::saliency::{LayerStats, Saliency};
-
-/// Relative slack of the Cauchy-Schwarz bound: sums are exact, but each
-/// `(g * ||y||)^2` term was rounded before it was added.
-pub const CAUCHY_SCHWARZ_RTOL: f64 = 1e-6;
-
-/// Absolute slack per routed token of the Cauchy-Schwarz bound: every term
-/// of both sums was rounded to the exact sums' fixed-point grid (2^-64), so
-/// a term whose square is below the grid adds 0 to `reap_l2_sq_sum`.
-fn grid_slack_per_token() -> f64 {
-    (-f64::from(common::exact::FRACTION_BITS)).exp2()
-}
-
-/// Relative tolerance of `sum(prob_sum) == n_tokens` under softmax gating.
-pub const PROB_SUM_RTOL: f64 = 1e-6;
 
 /// A statistics group: a split total or one domain of a split.
 struct Group<'a> {
@@ -300,8 +287,7 @@ fn cauchy_schwarz(groups: &[Group<'_>]) -> Check {
         for l in g.layers {
             for (e, &c) in l.count.iter().enumerate().filter(|x| *x.1 > 0) {
                 let bound = l.reap_l2_sum[e] * l.reap_l2_sum[e] / c as f64;
-                let slack = CAUCHY_SCHWARZ_RTOL * bound + c as f64 * grid_slack_per_token();
-                let margin = (l.reap_l2_sq_sum[e] - bound) / slack;
+                let margin = cauchy_schwarz_margin(l.reap_l2_sum[e], l.reap_l2_sq_sum[e], c);
                 if worst.as_ref().is_none_or(|w| margin < w.0) {
                     worst = Some((
                         margin,

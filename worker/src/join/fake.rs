@@ -10,7 +10,7 @@ use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
 use common::stats::{ExpertAccum, MoeShape};
 use common::trace::TraceRow;
 use common::wire::JobInfo;
-use common::{ChunkRange, ExactSum, Gating};
+use common::{ChunkRange, ExactSum, Gating, Split};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -87,10 +87,13 @@ impl FakeEngine {
                         p.add(prob).map_err(|e| e.to_string())?;
                     }
                 }
-                for (c, s) in im.in_sum2.iter_mut().enumerate() {
-                    add(s, f64::from((tok.unsigned_abs() + c as u32) % 5))?;
+                // Like llama.cpp workers, the importance matrix counts fit tokens only.
+                if split == Split::Fit {
+                    for (c, s) in im.in_sum2.iter_mut().enumerate() {
+                        add(s, f64::from((tok.unsigned_abs() + c as u32) % 5))?;
+                    }
+                    im.counts[0] += 1;
                 }
-                im.counts[0] += 1;
             }
             match ranges.last_mut() {
                 Some(r) if r.end == chunk.id.0 => r.end += 1,
