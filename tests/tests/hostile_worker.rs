@@ -6,9 +6,9 @@
 //! an honest one would, byte for byte.
 
 use common::exact::ExactSum;
+use common::layout::PARTIALS;
 use common::partial::Partial;
 use common::stats::{GroupAccum, GroupKey};
-use common::layout::PARTIALS;
 use common::wire::ToWorker;
 use common::{ChunkRange, Split};
 use coordinator::run::{Listening, RunSetup, RunSummary};
