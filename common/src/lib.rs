@@ -9,7 +9,9 @@
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
-//! - [`prune`]: a base model and its importance matrix sliced to a keep map.
+//! - [`prune`]: a base model and its importance matrix sliced to a keep map
+//!   (and a lower top-k); [`quant`]: the quantisation types a shipped file
+//!   can have.
 //! - [`store`]: run locations in object storage; [`layout`]: every object
 //!   name under one.
 //! - [`lease`]: [`lease::LeaseOutput`], what a lease produces (a partial or
@@ -39,6 +41,7 @@ pub mod partial;
 pub mod peer_text;
 pub mod procstat;
 pub mod prune;
+pub mod quant;
 pub mod saliency;
 pub mod secret;
 pub mod split;

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the partial encoding; bumped on any layout change (2: the
-/// backend-to-host figure, [`BackendToHost`]).
-pub const PARTIAL_FORMAT_VERSION: u32 = 2;
+/// backend-to-host figure, [`BackendToHost`]; 3: the importance matrix's
+/// `in_sum`).
+pub const PARTIAL_FORMAT_VERSION: u32 = 3;
 
 /// Accumulators for a disjoint set of chunks of one model and corpus.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -213,7 +214,7 @@ mod tests {
     fn a_string_length_of_2_pow_40_is_an_error_not_an_allocation() {
         let good = small().to_bytes();
         assert_eq!(Partial::from_bytes(&good).unwrap(), small());
-        // Byte 0 is the version (2), byte 1 the model hash's length (64):
+        // Byte 0 is the version (3), byte 1 the model hash's length (64):
         // make that length 2^40 (varint 0xfd + 8 bytes), keep the rest.
         let mut bad = vec![good[0], 0xfd];
         bad.extend_from_slice(&(1u64 << 40).to_le_bytes());
@@ -236,7 +237,7 @@ mod tests {
         // Version 1 (before the backend-to-host figure) followed by bytes
         // that are no partial at all.
         let e = Partial::from_bytes(&[1, 0xff, 0xff, 0xff]).unwrap_err();
-        assert_eq!(e, "partial format version 1 (this build reads 2)");
+        assert_eq!(e, "partial format version 1 (this build reads 3)");
     }
 
     #[test]

@@ -115,6 +115,12 @@ impl RunStore {
         &self.url
     }
 
+    /// The local directory of a `file://` location (`None` for any other).
+    pub fn local_dir(&self) -> Option<std::path::PathBuf> {
+        let url = url::Url::parse(&self.url).ok()?;
+        (url.scheme() == "file").then(|| url.to_file_path().ok())?
+    }
+
     /// The full URL of a relative name, for messages.
     pub fn url_of(&self, name: &str) -> String {
         format!("{}/{}", self.url, name)

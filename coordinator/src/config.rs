@@ -30,6 +30,9 @@ pub struct Config {
     /// `[eval]`: pruned candidates `coordinator run` evaluates after scoring.
     #[serde(default)]
     pub eval: crate::eval::settings::EvalSettings,
+    /// `[ship]`: the files `coordinator run` ships after evaluation.
+    #[serde(default)]
+    pub ship: crate::ship::settings::ShipSettings,
     /// Directory of the config file; relative paths are resolved against it.
     #[serde(skip)]
     pub base_dir: PathBuf,

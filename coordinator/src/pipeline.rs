@@ -1,6 +1,7 @@
 //! `coordinator run`, the whole pipeline: corpus preparation, collection
 //! ([`crate::run::execute`]), scoring, replay, the evaluation of the
-//! `[eval]` keep maps ([`crate::eval`]), verification and the report. Each
+//! `[eval]` keep maps ([`crate::eval`]), the `[ship]` files
+//! ([`crate::ship`]), verification and the report. Each
 //! stage is its own module; this one only calls them in order, so no stage
 //! depends on a later one.
 
@@ -99,6 +100,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         if !config.eval.keep_maps.is_empty() {
             evaluate_configured(&config, &setup, local.as_ref()).await?;
         }
+        if !config.ship.candidates.is_empty() || !config.ship.quant.is_empty() {
+            crate::ship::cli::ship_configured(&config, &setup, local.as_ref()).await?;
+        }
         let report = crate::verify::verify(&store).await?;
         print!("{report}");
         let ok = report.ok();
@@ -134,6 +138,7 @@ async fn evaluate_configured(
             ..setup.clone()
         },
         job,
+        layout: common::layout::EVAL,
     };
     let outcome =
         crate::eval::evaluate(&eval, |l| crate::eval::cli::start_workers(local, l)).await?;

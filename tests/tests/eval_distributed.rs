@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::process::Child;
 use worker::collect::device::Reduce;
 use worker::join::engine::{CollectorLoader, EngineLoader};
-use worker::join::eval_engine::EvalEngine;
+use worker::join::eval_engine::{EvalEngine, EvalInputs};
 use worker::join::{join, JoinError};
 use worker::synth::Preset;
 
@@ -84,6 +84,7 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
             cluster: ClusterSettings::default(),
         },
         job,
+        layout: common::layout::EVAL,
     }
 }
 
@@ -282,10 +283,10 @@ impl EngineLoader for LyingLoader {
         self,
         job: &JobInfo,
         eval: &EvalJob,
-        maps: &[(String, KeepMap)],
+        inputs: &EvalInputs,
     ) -> Result<Box<dyn EvalEngine>, String> {
         Ok(Box::new(LyingEngine {
-            honest: self.honest.load_eval(job, eval, maps)?,
+            honest: self.honest.load_eval(job, eval, inputs)?,
             lies: self.lies,
             lied: self.lied,
         }))

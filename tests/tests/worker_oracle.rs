@@ -1,7 +1,9 @@
 //! The collector against an independent oracle: router probabilities, top-k,
 //! gate weights and expert outputs recomputed in plain Rust (f64) from the
 //! GGUF weights, as llama.cpp's own GGUF reader returns them, and from the
-//! MoE input dumped out of the graph. Runs on both generated architectures.
+//! MoE input dumped out of the graph; the importance matrix's `in_sum2`,
+//! `in_sum` and counts from the same dumps. Runs on both generated
+//! architectures.
 
 use common::imatrix::Imatrix;
 use common::stats::GroupKey;
@@ -40,10 +42,13 @@ impl Expected {
     }
 }
 
-/// Expected importance-matrix sums of one weight.
+/// Expected importance-matrix sums of one weight; `abs` (the sums of
+/// `|x|`) scales the tolerance of the signed `sum`, which cancels.
 #[derive(Clone)]
 struct ExpectedImatrix {
     n_in: usize,
+    sum: Vec<f64>,
+    abs: Vec<f64>,
     sum2: Vec<f64>,
     counts: Vec<u64>,
 }
@@ -52,17 +57,19 @@ impl ExpectedImatrix {
     fn new(n_in: usize, n_mat: usize) -> Self {
         ExpectedImatrix {
             n_in,
+            sum: vec![0.0; n_in * n_mat],
+            abs: vec![0.0; n_in * n_mat],
             sum2: vec![0.0; n_in * n_mat],
             counts: vec![0; n_mat],
         }
     }
     fn add(&mut self, mat: usize, x: &[f64]) {
         self.counts[mat] += 1;
-        for (s, v) in self.sum2[mat * self.n_in..(mat + 1) * self.n_in]
-            .iter_mut()
-            .zip(x)
-        {
-            *s += v * v;
+        let at = mat * self.n_in..(mat + 1) * self.n_in;
+        for (i, v) in at.zip(x) {
+            self.sum[i] += v;
+            self.abs[i] += v.abs();
+            self.sum2[i] += v * v;
         }
     }
 }
@@ -373,6 +380,16 @@ fn check_imatrix(got: &Imatrix, expected: &BTreeMap<String, ExpectedImatrix>) {
         assert_eq!(e.counts, ex.counts, "{name}: counts");
         for (i, (g, w)) in e.in_sum2.iter().zip(&ex.sum2).enumerate() {
             assert_close(&format!("{name} in_sum2[{i}]"), g.to_f64(), *w);
+        }
+        assert_eq!(e.in_sum.len(), ex.sum.len(), "{name}: in_sum length");
+        for (i, g) in e.in_sum.iter().enumerate() {
+            let (got, want) = (g.to_f64(), ex.sum[i]);
+            let tol = REL * ex.abs[i] + 1e-9;
+            assert!(
+                (got - want).abs() <= tol,
+                "{name} in_sum[{i}]: measured {got}, oracle {want} (|diff| {} > {tol})",
+                (got - want).abs()
+            );
         }
     }
 }

@@ -25,9 +25,9 @@ pub(super) struct Plan {
     /// Per tensor of the header, in order: the experts to keep when the
     /// tensor is cut along its outermost axis, `None` when it is copied whole.
     pub cuts: Vec<Option<Vec<u32>>>,
-    /// A metadata entry (index into the header's `kv`) replaced by new
-    /// encoded bytes (key, type and value).
-    pub kv_override: Option<(usize, Vec<u8>)>,
+    /// Metadata entries (indices into the header's `kv`, ascending)
+    /// replaced by new encoded bytes (key, type and value).
+    pub kv_overrides: Vec<(usize, Vec<u8>)>,
 }
 
 /// The keep map's layers, checked on their own: numeric keys, sorted unique
@@ -151,9 +151,14 @@ fn check_layers(
     Ok(())
 }
 
-/// The slice of a model file.
-pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<Plan, PruneError> {
-    let (layers, k) = map_layers(keep)?;
+/// The plan of a model file: the experts `keep` keeps (when given) and
+/// `{arch}.expert_used_count` lowered to `top_k` (when given; metadata only).
+pub(super) fn model(
+    header: &GgufHeader,
+    keep: Option<&KeepMap>,
+    top_k: Option<u32>,
+    path: &str,
+) -> Result<Plan, PruneError> {
     let not_moe = |reason: String| PruneError::NotMoe {
         path: path.to_string(),
         reason,
@@ -173,50 +178,77 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
         .as_u64()
         .filter(|&n| n > 0)
         .ok_or_else(|| not_moe(format!("{count_key} is not a positive integer")))?;
-    let map = map_name(keep);
-    let mismatch = |reason: String| PruneError::Mismatch {
-        path: path.to_string(),
-        map: map.clone(),
-        reason,
-    };
     let used_key = format!("{arch}.expert_used_count");
-    if let Some(used) = header.get(&used_key).and_then(GgufValue::as_u64) {
-        if used > k as u64 {
-            return Err(mismatch(format!(
-                "keeps {k} experts per layer but {used_key} is {used}: llama.cpp needs at least as many experts as it routes to"
+    let used_index = header.kv.iter().position(|(key, _)| *key == used_key);
+    let used = used_index.and_then(|i| header.kv[i].1.as_u64());
+    let mut kv_overrides = Vec::new();
+    if let Some(t) = top_k {
+        let bad = |reason: String| PruneError::TopK {
+            path: path.to_string(),
+            top_k: t,
+            reason,
+        };
+        let (Some(i), Some(used)) = (used_index, used) else {
+            return Err(bad(format!("the model has no integer {used_key}")));
+        };
+        if t == 0 || u64::from(t) >= used {
+            return Err(bad(format!(
+                "a top-k candidate routes to fewer experts than {used_key} = {used}"
             )));
         }
+        kv_overrides.push((i, encode_count(&used_key, &header.kv[i].1, t)));
     }
-    let mut moe_layers = BTreeSet::new();
-    let mut expert_tensors = Vec::new();
-    for (i, t) in header.tensors.iter().enumerate() {
-        if let Some((layer, _)) = expert_family(&t.name) {
-            check_expert_axis(t, n_expert, path)?;
-            moe_layers.insert(layer);
-            expert_tensors.push((i, layer));
-        } else if block_tensor(&t.name).is_some_and(|(_, rest)| rest.contains("_exps")) {
-            return Err(PruneError::Tensor {
-                path: path.to_string(),
-                tensor: t.name.clone(),
-                reason: "an expert tensor this slicer does not know how to cut".into(),
-            });
+    let routed = top_k.map(u64::from).or(used);
+    let mut plan = Plan {
+        k: n_expert as u32,
+        cuts: vec![None; header.tensors.len()],
+        kv_overrides,
+    };
+    if let Some(keep) = keep {
+        let (layers, k) = map_layers(keep)?;
+        let map = map_name(keep);
+        let mismatch = |reason: String| PruneError::Mismatch {
+            path: path.to_string(),
+            map: map.clone(),
+            reason,
+        };
+        if let Some(routed) = routed.filter(|&r| r > u64::from(k)) {
+            let routes = match top_k {
+                Some(_) => format!("the top-k candidate routes to {routed}"),
+                None => format!("{used_key} is {routed}"),
+            };
+            return Err(mismatch(format!(
+                "keeps {k} experts per layer but {routes}: llama.cpp needs at least as many experts as it routes to"
+            )));
         }
+        let mut moe_layers = BTreeSet::new();
+        let mut expert_tensors = Vec::new();
+        for (i, t) in header.tensors.iter().enumerate() {
+            if let Some((layer, _)) = expert_family(&t.name) {
+                check_expert_axis(t, n_expert, path)?;
+                moe_layers.insert(layer);
+                expert_tensors.push((i, layer));
+            } else if block_tensor(&t.name).is_some_and(|(_, rest)| rest.contains("_exps")) {
+                return Err(PruneError::Tensor {
+                    path: path.to_string(),
+                    tensor: t.name.clone(),
+                    reason: "an expert tensor this slicer does not know how to cut".into(),
+                });
+            }
+        }
+        check_layers(&layers, &moe_layers, n_expert, &mismatch)?;
+        check_groups(header, arch, n_expert, &layers, &mismatch)?;
+        for (i, layer) in expert_tensors {
+            plan.cuts[i] = Some(layers[&layer].clone());
+        }
+        plan.k = k;
+        plan.kv_overrides.push((
+            count_index,
+            encode_count(&count_key, &header.kv[count_index].1, k),
+        ));
+        plan.kv_overrides.sort_by_key(|(i, _)| *i);
     }
-    check_layers(&layers, &moe_layers, n_expert, &mismatch)?;
-    check_groups(header, arch, n_expert, &layers, &mismatch)?;
-    let mut cuts = vec![None; header.tensors.len()];
-    for (i, layer) in expert_tensors {
-        cuts[i] = Some(layers[&layer].clone());
-    }
-    let kv_override = Some((
-        count_index,
-        encode_count(&count_key, &header.kv[count_index].1, k),
-    ));
-    Ok(Plan {
-        k,
-        cuts,
-        kv_override,
-    })
+    Ok(plan)
 }
 
 /// Under grouped routing (`{arch}.expert_group_count` > 1) every group of
@@ -272,7 +304,7 @@ fn encode_count(key: &str, old: &GgufValue, k: u32) -> Vec<u8> {
     out
 }
 
-/// The slice of an importance matrix: the `in_sum2` and `counts` tensors of
+/// The slice of an importance matrix: the `in_sum`, `in_sum2` and `counts` tensors of
 /// stacked expert weights (`blk.N.ffn_*_exps.weight`) are cut along their
 /// outermost axis (`n_mat`, one per expert); everything else is copied.
 pub(super) fn imatrix(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<Plan, PruneError> {
@@ -293,6 +325,7 @@ pub(super) fn imatrix(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result
         let weight = t
             .name
             .strip_suffix(".in_sum2")
+            .or_else(|| t.name.strip_suffix(".in_sum"))
             .or_else(|| t.name.strip_suffix(".counts"));
         let Some((layer, base)) = weight.and_then(expert_family) else {
             continue;
@@ -333,6 +366,6 @@ pub(super) fn imatrix(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result
     Ok(Plan {
         k,
         cuts,
-        kv_override: None,
+        kv_overrides: Vec::new(),
     })
 }

@@ -318,6 +318,9 @@ fn imatrix_bytes() -> Vec<u8> {
             for (i, s) in e.in_sum2.iter_mut().enumerate() {
                 s.add_f64((layer * 1000 + i as u32) as f64).unwrap();
             }
+            for (i, s) in e.in_sum.iter_mut().enumerate() {
+                s.add_f64(-((layer * 100 + i as u32) as f64)).unwrap();
+            }
             e.counts = (0..n_mat as u64).map(|m| 10 * m + layer as u64).collect();
             m.entries.insert(format!("blk.{layer}.{name}.weight"), e);
         }
@@ -349,6 +352,12 @@ fn slices_the_importance_matrix_per_expert() {
             .flat_map(|&e| (0..8).map(move |j| (layer as usize * 1000 + e * 8 + j) as f32))
             .collect();
         assert_eq!(sums, want, "{name}.in_sum2");
+        let sums = f32s(&r.tensor_bytes(&format!("{name}.in_sum")).unwrap());
+        let want: Vec<f32> = kept
+            .iter()
+            .flat_map(|&e| (0..8).map(move |j| -((layer as usize * 100 + e * 8 + j) as f32)))
+            .collect();
+        assert_eq!(sums, want, "{name}.in_sum");
         let counts = f32s(&r.tensor_bytes(&format!("{name}.counts")).unwrap());
         let want: Vec<f32> = kept
             .iter()
@@ -383,4 +392,42 @@ fn refused_imatrix(map: &KeepMap, needles: &[&str]) {
         .iter()
         .for_each(|n| assert!(msg.contains(n), "{msg:?} lacks {n:?}"));
     assert!(!f.out.exists());
+}
+
+#[test]
+fn a_top_k_candidate_changes_only_expert_used_count() {
+    let f = files(&model());
+    let derived = derive_model(&f.base, None, Some(1), &f.out).unwrap();
+    assert_eq!(derived.k, N_EXPERT as u32, "nothing is sliced");
+    let (base, out) = (std::fs::read(&f.base).unwrap(), std::fs::read(&f.out).unwrap());
+    assert_eq!(out.len(), base.len());
+    let differ: Vec<usize> = (0..base.len()).filter(|&i| base[i] != out[i]).collect();
+    assert_eq!(differ.len(), 1, "one byte of the u32 value 2 -> 1: {differ:?}");
+    let r = GgufReader::open(&f.out).unwrap();
+    assert_eq!(
+        r.header.get("glm4moe.expert_used_count"),
+        Some(&GgufValue::U32(1))
+    );
+
+    // On top of a keep map: both counts change, the experts are sliced.
+    let both = f.out.with_file_name("both.gguf");
+    let map = keep(&[(1, &[0, 3]), (2, &[1, 2])]);
+    let derived = derive_model(&f.base, Some(&map), Some(1), &both).unwrap();
+    let sliced = slice_model(&f.base, &map, &f.out.with_file_name("sliced.gguf")).unwrap();
+    assert_eq!((derived.k, derived.bytes), (2, sliced.bytes));
+    let r = GgufReader::open(&both).unwrap();
+    assert_eq!(r.header.get("glm4moe.expert_count"), Some(&GgufValue::U32(2)));
+    assert_eq!(
+        r.header.get("glm4moe.expert_used_count"),
+        Some(&GgufValue::U32(1))
+    );
+
+    for (top_k, needle) in [(0, "top-k 0"), (2, "fewer experts than glm4moe.expert_used_count = 2")] {
+        let out = f.out.with_file_name(format!("refused-{top_k}.gguf"));
+        let e = derive_model(&f.base, None, Some(top_k), &out).unwrap_err();
+        assert!(matches!(e, PruneError::TopK { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(needle) && msg.contains("base.gguf"), "{msg}");
+        assert!(!out.exists());
+    }
 }

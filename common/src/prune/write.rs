@@ -313,9 +313,9 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
     head.extend((header.tensors.len() as u64).to_le_bytes());
     head.extend((header.kv.len() as u64).to_le_bytes());
     for (i, range) in header.kv_ranges.iter().enumerate() {
-        match &plan.kv_override {
-            Some((j, bytes)) if *j == i => head.extend(bytes),
-            _ => {
+        match plan.kv_overrides.iter().find(|(j, _)| *j == i) {
+            Some((_, bytes)) => head.extend(bytes),
+            None => {
                 let at = head.len();
                 head.resize(at + (range.end - range.start) as usize, 0);
                 src.seek(SeekFrom::Start(range.start))

@@ -6,6 +6,7 @@
 
 use crate::lease::LeaseKind;
 use common::eval::EvalPartial;
+use common::layout::LeaseLayout;
 use common::peer_text::peer_text;
 use common::wire::{EvalJob, Task};
 use common::ChunkRange;
@@ -19,6 +20,8 @@ pub struct EvalAcceptance {
     pub corpus_sha256: String,
     /// The evaluation job.
     pub job: EvalJob,
+    /// Where its eval partials are stored and recorded.
+    pub layout: LeaseLayout,
 }
 
 /// Evaluation leases: workers evaluate the job's candidates, and each eval
@@ -28,6 +31,10 @@ impl LeaseKind for EvalAcceptance {
 
     fn task(&self) -> Task {
         Task::Evaluate(self.job.clone())
+    }
+
+    fn layout(&self) -> LeaseLayout {
+        self.layout
     }
 
     fn check(&self, range: ChunkRange, p: &EvalPartial) -> Result<(), String> {
@@ -135,7 +142,9 @@ mod tests {
         EvalJob {
             candidates: vec![EvalCandidate {
                 name: "frequency_K8".into(),
-                keep_map: "keep_maps/frequency_K8.json".into(),
+                keep_map: Some("keep_maps/frequency_K8.json".into()),
+                top_k: None,
+                quant: None,
                 sha256: "c".repeat(64),
             }],
             skip_first: 0,

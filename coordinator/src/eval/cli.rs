@@ -37,7 +37,7 @@ pub struct EvalArgs {
 }
 
 /// A run's config as recorded in its manifest.
-async fn recorded_config(store: &RunStore) -> anyhow::Result<Config> {
+pub async fn recorded_config(store: &RunStore) -> anyhow::Result<Config> {
     let manifest = crate::run::record::read_manifest(store).await?;
     serde_json::from_value(manifest["config"].clone()).with_context(|| {
         format!(
@@ -77,6 +77,7 @@ pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
                 cluster: config.cluster.clone(),
             },
             job,
+            layout: common::layout::EVAL,
         };
         let local = (args.local_workers > 0)
             .then(|| local_workers(&config, &model, args.local_workers))

@@ -1,5 +1,5 @@
 //! The evaluation section of the report: one row per pruned candidate
-//! (held-out and fit KL, same top-1, perplexities, per-domain held-out KL,
+//! (held-out and fit KL, same top-1, RMS Δp, perplexities, per-domain held-out KL,
 //! the candidate's slot replacement from `score`), and a plot of held-out
 //! KL against K, one line per method. Reads `eval/summary.json` only.
 
@@ -52,7 +52,7 @@ fn kl(f: Option<&Figures>) -> String {
 /// slot replacement column reads `-` for a candidate without one).
 pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
     let mut md = String::from(
-        "| candidate | K | held-out KL mean ± se (percentiles) | fit KL mean ± se (percentiles) | same top-1 (held-out) | ppl base / candidate / ratio (held-out) | held-out KL per domain | slot replacement |\n|---|---|---|---|---|---|---|---|\n",
+        "| candidate | K | held-out KL mean ± se (percentiles) | fit KL mean ± se (percentiles) | same top-1 (held-out) | RMS Δp (held-out) | ppl base / candidate / ratio (held-out) | held-out KL per domain | slot replacement |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for c in &s.candidates {
         let held = c.splits.get("heldout").map(|x| &x.all);
@@ -76,12 +76,13 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             });
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.name,
             c.k,
             kl(held),
             kl(fit),
             main.map_or("-".into(), |f| format!("{:.2}%", 100.0 * f.top1_same)),
+            main.map_or("-".into(), |f| format!("{:.3}%", 100.0 * f.dprob_rms)),
             main.map_or("-".into(), |f| format!(
                 "{:.3} / {:.3} / {:.4}",
                 f.ppl_base, f.ppl_candidate, f.ppl_ratio

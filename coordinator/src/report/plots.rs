@@ -255,3 +255,68 @@ pub fn heatmap(title: &str, value_label: &str, rows: &LayerRows) -> anyhow::Resu
     }
     encode_png(&buf, SIZE)
 }
+
+/// One labelled point of a [`scatter`].
+pub struct Point {
+    /// Its label, drawn beside it.
+    pub label: String,
+    /// Position.
+    pub x: f64,
+    /// Position.
+    pub y: f64,
+    /// Drawn filled and joined to the other highlighted points in x order.
+    pub highlight: bool,
+}
+
+/// A scatter plot of labelled points on continuous axes (both from 0); the
+/// highlighted points are filled and joined by a line, the others hollow.
+pub fn scatter(title: &str, x_label: &str, y_label: &str, points: &[Point]) -> anyhow::Result<Vec<u8>> {
+    register_font();
+    let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(err(title))?;
+        let top = |f: fn(&Point) -> f64| {
+            let m = points.iter().map(f).fold(0.0, f64::max);
+            if m > 0.0 { m * 1.15 } else { 1.0 }
+        };
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..top(|p| p.x), 0f64..top(|p| p.y))
+            .map_err(err(title))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(err(title))?;
+        let color = Palette99::pick(0).to_rgba();
+        let mut best: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|p| p.highlight)
+            .map(|p| (p.x, p.y))
+            .collect();
+        best.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(best, color.stroke_width(2)))
+            .map_err(err(title))?;
+        for p in points {
+            let style = match p.highlight {
+                true => color.filled(),
+                false => color.stroke_width(2),
+            };
+            let marker = EmptyElement::at((p.x, p.y))
+                + Circle::new((0, 0), 5, style)
+                + Text::new(p.label.clone(), (8, -14), (FONT, 13).into_font().color(&BLACK));
+            chart
+                .draw_series(std::iter::once(marker))
+                .map_err(err(title))?;
+        }
+        root.present().map_err(err(title))?;
+    }
+    encode_png(&buf, SIZE)
+}

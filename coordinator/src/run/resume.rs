@@ -39,7 +39,7 @@ pub async fn load<K: LeaseKind>(
     recorder: &mut Recorder,
     settings: &str,
 ) -> Result<Resumed<K::Output>, RunError> {
-    let layout = K::Output::LAYOUT;
+    let layout = kind.layout();
     let wanted: BTreeSet<ChunkRange> = units.iter().copied().collect();
     let records: Records = recorder.records()?;
     let mut out = Resumed {

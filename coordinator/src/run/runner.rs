@@ -97,7 +97,7 @@ pub async fn lease_all<K: LeaseKind>(
 ) -> Result<Leased<K::Output>, RunError> {
     let store = &l.setup.store;
     let what = K::Output::LABELS.output;
-    let mut recorder = Recorder::open_table(store, K::Output::LAYOUT.table).await?;
+    let mut recorder = Recorder::open_table(store, kind.layout().table).await?;
     let resumed = resume::load(store, &units, &*kind, &mut recorder, &l.settings).await?;
     for (name, why) in &resumed.skipped {
         tracing::warn!("stored {what} {name} not reused: {why}");
@@ -172,6 +172,7 @@ async fn serve_units<K: LeaseKind>(
     if !shared {
         tracing::info!("no join secret configured: only local workers can join");
     }
+    let layout = kind.layout();
     let (hub, deliveries) = Hub::new(sched, secret.clone(), job, kind, store.clone());
     let hub = Arc::new(hub);
     let (server, listening) = listen(
@@ -185,7 +186,6 @@ async fn serve_units<K: LeaseKind>(
     let bar = l
         .progress
         .then(|| progress::Progress::new(l.setup.index.n_tokens, from.resumed_measured));
-    let layout = K::Output::LAYOUT;
     let mut running: Option<K::Output> = None;
     let mut serving = serve::Serving::new(&hub, deliveries, &mut children);
     let outcome: Result<(), RunError> = async {

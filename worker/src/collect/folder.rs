@@ -214,6 +214,9 @@ mod tests {
         for (j, s) in m.sum2.iter_mut().enumerate() {
             *s += f64::from(chunk) / 3.0 + j as f64;
         }
+        for (j, s) in m.sum.iter_mut().enumerate() {
+            *s -= f64::from(chunk) / 5.0 + j as f64;
+        }
         m.counts.iter_mut().for_each(|c| *c += u64::from(chunk) + 1);
         scratch
     }

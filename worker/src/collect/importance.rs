@@ -1,4 +1,5 @@
-//! Importance-matrix sums from the inputs of weight matmuls.
+//! Importance-matrix sums (of each input column and of its square) from
+//! the inputs of weight matmuls.
 //!
 //! Several matmuls of a layer read the same input: `attn_q`, `attn_k` and
 //! `attn_v` the normed hidden state, `ffn_gate_exps` and `ffn_up_exps` the
@@ -9,7 +10,7 @@
 //! with the graph at the end of each micro-batch.
 
 use super::scratch::ImatrixScratch;
-use crate::llama::{f32s, i32_at, Op, TensorRef};
+use crate::llama::{aligned_f32s, f32s, i32_at, Op, TensorRef};
 
 /// What makes two matmuls contribute the same sums: the same input node (and
 /// ids node), read against the same stack of matrices (a weight's output
@@ -26,6 +27,7 @@ struct InputKey {
 /// One input's sums over the current micro-batch.
 struct InputSums {
     key: InputKey,
+    sum: Vec<f64>,
     sum2: Vec<f64>,
     counts: Vec<u64>,
 }
@@ -71,12 +73,15 @@ impl ImportanceCache {
             None => {
                 let mut sums = self.spare.pop().unwrap_or(InputSums {
                     key,
+                    sum: Vec::new(),
                     sum2: Vec::new(),
                     counts: Vec::new(),
                 });
                 sums.key = key;
-                sums.sum2.clear();
-                sums.sum2.resize(entry.sum2.len(), 0.0);
+                for v in [&mut sums.sum, &mut sums.sum2] {
+                    v.clear();
+                    v.resize(entry.sum2.len(), 0.0);
+                }
                 sums.counts.clear();
                 sums.counts.resize(entry.counts.len(), 0);
                 match &ids {
@@ -88,6 +93,9 @@ impl ImportanceCache {
             }
         };
         let sums = &self.seen[i];
+        for (a, b) in entry.sum.iter_mut().zip(&sums.sum) {
+            *a += b;
+        }
         for (a, b) in entry.sum2.iter_mut().zip(&sums.sum2) {
             *a += b;
         }
@@ -97,28 +105,25 @@ impl ImportanceCache {
     }
 }
 
-/// Adds the squares of the f32 row at byte `off` of `bytes` to `sums`.
+/// Adds the f32 row at byte `off` of `bytes` to `sums`, and its squares to
+/// `sums2` (matrix `mat` of `out`).
 ///
-/// An aligned row is read as `&[f32]`, which LLVM vectorises (converts,
-/// multiplies and adds four lanes at a time); decoding four bytes at a time
-/// does not vectorise. Both paths do the same f64 operations per element, so
-/// the sums are the same bits.
+/// An aligned row is read as `&[f32]`, which LLVM vectorises; decoding four
+/// bytes at a time does not. Both paths do the same f64 operations per
+/// element, so the sums are the same bits.
 #[inline]
-fn add_squares(sums: &mut [f64], bytes: &[u8], off: usize) {
-    let row = &bytes[off..off + 4 * sums.len()];
-    // SAFETY: every bit pattern is a valid f32; `align_to` only hands out the
-    // aligned middle, and a misaligned row takes the byte-wise path below.
-    let (head, values, tail) = unsafe { row.align_to::<f32>() };
-    if head.is_empty() && tail.is_empty() {
-        for (s, &v) in sums.iter_mut().zip(values) {
-            let v = f64::from(v);
-            *s += v * v;
-        }
-        return;
-    }
-    for (s, v) in sums.iter_mut().zip(f32s(row)) {
+fn add_row(out: &mut InputSums, mat: usize, n_in: usize, bytes: &[u8], off: usize) {
+    let at = mat * n_in..(mat + 1) * n_in;
+    let (sums, sums2) = (&mut out.sum[at.clone()], &mut out.sum2[at]);
+    let row = &bytes[off..off + 4 * n_in];
+    let add = |(s, s2): (&mut f64, &mut f64), v: f32| {
         let v = f64::from(v);
-        *s += v * v;
+        *s += v;
+        *s2 += v * v;
+    };
+    match aligned_f32s(row) {
+        Some(values) => sums.iter_mut().zip(sums2.iter_mut()).zip(values).for_each(|(s, &v)| add(s, v)),
+        None => sums.iter_mut().zip(sums2.iter_mut()).zip(f32s(row)).for_each(|(s, v)| add(s, v)),
     }
 }
 
@@ -140,7 +145,7 @@ fn expert_sums(x: &TensorRef<'_>, ids: &TensorRef<'_>, fit: &[bool], out: &mut I
             let ex = ex as usize;
             out.counts[ex] += 1;
             let off = (idx % xne[1]) * xnb[1] + tok * xnb[2];
-            add_squares(&mut out.sum2[ex * n_in..(ex + 1) * n_in], &bytes, off);
+            add_row(out, ex, n_in, &bytes, off);
         }
     }
 }
@@ -159,7 +164,7 @@ fn dense_sums(x: &TensorRef<'_>, w: &TensorRef<'_>, fit: &[bool], out: &mut Inpu
             let mat = (i3 % wne[3]) * wne[2] + (i2 % wne[2]);
             for r in (0..xne[1]).filter(|&r| counted(r)) {
                 let off = r * xnb[1] + i2 * xnb[2] + i3 * xnb[3];
-                add_squares(&mut out.sum2[mat * n_in..(mat + 1) * n_in], &bytes, off);
+                add_row(out, mat, n_in, &bytes, off);
                 out.counts[mat] += 1;
             }
         }

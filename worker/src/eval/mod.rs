@@ -309,6 +309,7 @@ impl Accum {
         add(&mut s.kl_sq, c.kl * c.kl, at, "KL squared")?;
         add(&mut s.nll, c.nll_candidate, at, "candidate NLL")?;
         add(&mut s.dprob, c.dprob, at, "probability change")?;
+        add(&mut s.dprob_sq, c.dprob * c.dprob, at, "squared probability change")?;
         cand.tokens.push(TokenKl {
             chunk: at.chunk,
             pos: at.pos,

@@ -85,6 +85,9 @@ impl FakeEngine {
                 for (c, s) in im.in_sum2.iter_mut().enumerate() {
                     add(s, f64::from((tok.unsigned_abs() + c as u32) % 5))?;
                 }
+                for (c, s) in im.in_sum.iter_mut().enumerate() {
+                    add(s, f64::from((tok.unsigned_abs() + c as u32) % 3) - 1.0)?;
+                }
                 im.counts[0] += 1;
             }
             match ranges.last_mut() {
