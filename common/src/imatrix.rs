@@ -1,10 +1,11 @@
-//! The importance matrix: per weight tensor, the sum and the sum of squares
-//! of each input column (per expert for stacked expert weights) and token
-//! counts, with an exact merge and llama.cpp's GGUF imatrix output format.
+//! The importance matrix: per weight tensor, the sum of squares of each input
+//! column (per expert for stacked expert weights) and token counts, with an
+//! exact merge and llama.cpp's GGUF imatrix output format.
 
 use crate::exact::ExactSum;
 use crate::gguf::{GgufWriter, Value};
 use crate::stats::MergeError;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -15,10 +16,6 @@ pub struct ImatrixEntry {
     pub n_in: u32,
     /// Matrices in the tensor: experts for `MUL_MAT_ID`, 1 for dense weights.
     pub n_mat: u32,
-    /// `sum x_j` per (matrix, column), row-major `[n_mat][n_in]`: what
-    /// llama.cpp's imatrix tool writes as `<tensor>.in_sum` (its statistics
-    /// read the mean activation from it).
-    pub in_sum: Vec<ExactSum>,
     /// `sum x_j^2` per (matrix, column), row-major `[n_mat][n_in]`.
     pub in_sum2: Vec<ExactSum>,
     /// Tokens (input rows) seen per matrix.
@@ -31,10 +28,22 @@ impl ImatrixEntry {
         ImatrixEntry {
             n_in,
             n_mat,
-            in_sum: vec![ExactSum::ZERO; n_in as usize * n_mat as usize],
             in_sum2: vec![ExactSum::ZERO; n_in as usize * n_mat as usize],
             counts: vec![0; n_mat as usize],
         }
+    }
+}
+
+impl ImatrixEntry {
+    /// Adds an entry of the same shape, sum by sum.
+    fn add(&mut self, other: &ImatrixEntry) -> Result<(), MergeError> {
+        for (a, b) in self.in_sum2.iter_mut().zip(&other.in_sum2) {
+            a.add(*b)?;
+        }
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a = a.checked_add(*b).ok_or(MergeError::CountOverflow)?;
+        }
+        Ok(())
     }
 }
 
@@ -51,6 +60,9 @@ pub struct Imatrix {
 
 impl Imatrix {
     /// Adds another importance matrix computed with the same chunk size.
+    /// Tensors are added in parallel (rayon): each sum is one integer
+    /// addition, so the result is the same bits in any order. A tensor of
+    /// another shape is refused before anything is added.
     pub fn merge(&mut self, other: &Imatrix) -> Result<(), MergeError> {
         if self.chunk_size != 0 && other.chunk_size != 0 && self.chunk_size != other.chunk_size {
             return Err(MergeError::Shape(format!(
@@ -58,51 +70,47 @@ impl Imatrix {
                 self.chunk_size, other.chunk_size
             )));
         }
+        for (name, e) in &other.entries {
+            if let Some(mine) = self.entries.get(name) {
+                if (mine.n_in, mine.n_mat) != (e.n_in, e.n_mat) {
+                    return Err(MergeError::Shape(format!(
+                        "imatrix {name}: [{}, {}] vs [{}, {}]",
+                        mine.n_in, mine.n_mat, e.n_in, e.n_mat
+                    )));
+                }
+            }
+        }
         self.chunk_size = self.chunk_size.max(other.chunk_size);
         self.chunk_count += other.chunk_count;
+        self.entries
+            .par_iter_mut()
+            .filter_map(|(name, mine)| other.entries.get(name).map(|e| (mine, e)))
+            .try_for_each(|(mine, e)| mine.add(e))?;
         for (name, e) in &other.entries {
-            match self.entries.get_mut(name) {
-                None => {
-                    self.entries.insert(name.clone(), e.clone());
-                }
-                Some(mine) => {
-                    if (mine.n_in, mine.n_mat) != (e.n_in, e.n_mat) {
-                        return Err(MergeError::Shape(format!(
-                            "imatrix {name}: [{}, {}] vs [{}, {}]",
-                            mine.n_in, mine.n_mat, e.n_in, e.n_mat
-                        )));
-                    }
-                    let sums = mine.in_sum.iter_mut().zip(&e.in_sum);
-                    for (a, b) in sums.chain(mine.in_sum2.iter_mut().zip(&e.in_sum2)) {
-                        a.add(*b)?;
-                    }
-                    for (a, b) in mine.counts.iter_mut().zip(&e.counts) {
-                        *a = a.checked_add(*b).ok_or(MergeError::CountOverflow)?;
-                    }
-                }
+            if !self.entries.contains_key(name) {
+                self.entries.insert(name.clone(), e.clone());
             }
         }
         Ok(())
     }
 
     /// llama.cpp's GGUF imatrix file: `general.type = imatrix`, per tensor
-    /// `<name>.in_sum` and `<name>.in_sum2` `[n_in, n_mat]` and
-    /// `<name>.counts` `[1, n_mat]` (f32), `imatrix.datasets`,
-    /// `imatrix.chunk_count`, `imatrix.chunk_size`.
+    /// `<name>.in_sum2` `[n_in, n_mat]` and `<name>.counts` `[1, n_mat]` (f32),
+    /// `imatrix.datasets`, `imatrix.chunk_count`, `imatrix.chunk_size`.
     pub fn to_gguf(&self, datasets: &[String]) -> Vec<u8> {
         let mut g = GgufWriter::new();
         g.kv("general.type", Value::Str("imatrix".into()))
             .kv("imatrix.datasets", Value::StrArray(datasets.to_vec()))
             .kv("imatrix.chunk_count", Value::U32(self.chunk_count as u32))
             .kv("imatrix.chunk_size", Value::U32(self.chunk_size));
-        let f32s = |sums: &[ExactSum]| -> Vec<f32> {
-            sums.iter().map(|s| s.to_f64() as f32).collect()
-        };
         for (name, e) in &self.entries {
+            let sums: Vec<f32> = e.in_sum2.iter().map(|s| s.to_f64() as f32).collect();
             let counts: Vec<f32> = e.counts.iter().map(|&c| c as f32).collect();
-            let dims = [e.n_in as u64, e.n_mat as u64];
-            g.tensor_f32(&format!("{name}.in_sum"), &dims, &f32s(&e.in_sum));
-            g.tensor_f32(&format!("{name}.in_sum2"), &dims, &f32s(&e.in_sum2));
+            g.tensor_f32(
+                &format!("{name}.in_sum2"),
+                &[e.n_in as u64, e.n_mat as u64],
+                &sums,
+            );
             g.tensor_f32(&format!("{name}.counts"), &[1, e.n_mat as u64], &counts);
         }
         g.to_bytes()

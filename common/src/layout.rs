@@ -102,65 +102,20 @@ pub mod env {
     pub const REDUCE: &str = "MOE_CENSUS_REDUCE";
 }
 
-/// Where one kind of lease result lives: its objects under a run
-/// (`<dir>/part-<start>-<end>.bin`, eight digits each) and its table of
-/// accepted results in `manifest.json`.
+/// Where one kind of lease result lives under a run:
+/// `<dir>/part-<start>-<end>.bin`, eight digits each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseLayout {
     /// Prefix of the per-lease objects.
     pub dir: &'static str,
-    /// Key of the manifest's record table.
-    pub table: &'static str,
 }
 
-/// Collection partials: `partials/part-*.bin`, recorded under `partials`.
-pub const PARTIALS: LeaseLayout = LeaseLayout {
-    dir: "partials",
-    table: "partials",
-};
+/// Collection partials: `partials/part-*.bin`.
+pub const PARTIALS: LeaseLayout = LeaseLayout { dir: "partials" };
 
-/// Eval partials: `eval/partials/part-*.bin`, recorded under `eval_partials`.
+/// Eval partials: `eval/partials/part-*.bin`.
 pub const EVAL_PARTIALS: LeaseLayout = LeaseLayout {
     dir: "eval/partials",
-    table: "eval_partials",
-};
-
-/// The eval partials of `coordinator ship`'s evaluation of its shipped
-/// files: `ship/eval/partials/part-*.bin`, recorded under
-/// `ship_eval_partials`, apart from `coordinator eval`'s so neither
-/// evaluation sets the other's results aside.
-pub const SHIP_EVAL_PARTIALS: LeaseLayout = LeaseLayout {
-    dir: "ship/eval/partials",
-    table: "ship_eval_partials",
-};
-
-/// Where one evaluation's objects live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EvalLayout {
-    /// Its per-lease eval partials.
-    pub partials: LeaseLayout,
-    /// The merged eval partial.
-    pub merged: &'static str,
-    /// The figures, JSON (written last: its presence marks the set complete).
-    pub summary_json: &'static str,
-    /// The same figures as a Parquet table.
-    pub summary_parquet: &'static str,
-}
-
-/// `coordinator eval`'s objects under `eval/`.
-pub const EVAL: EvalLayout = EvalLayout {
-    partials: EVAL_PARTIALS,
-    merged: eval::MERGED,
-    summary_json: eval::SUMMARY_JSON,
-    summary_parquet: eval::SUMMARY_PARQUET,
-};
-
-/// `coordinator ship`'s evaluation under `ship/eval/`.
-pub const SHIP_EVAL: EvalLayout = EvalLayout {
-    partials: SHIP_EVAL_PARTIALS,
-    merged: "ship/eval/merged.bin",
-    summary_json: "ship/eval/summary.json",
-    summary_parquet: "ship/eval/summary.parquet",
 };
 
 impl LeaseLayout {
@@ -230,12 +185,6 @@ mod tests {
         );
         assert_eq!(EVAL_PARTIALS.parse("eval/partials/part-4-6.bin"), None);
         assert_eq!(PARTIALS.parse("partials/merged.bin"), None);
-        assert_eq!(
-            SHIP_EVAL_PARTIALS.parse(&SHIP_EVAL_PARTIALS.object(r)),
-            Some(r)
-        );
-        assert_eq!(EVAL_PARTIALS.parse(&SHIP_EVAL_PARTIALS.object(r)), None);
-        assert_eq!(SHIP_EVAL_PARTIALS.parse(&EVAL_PARTIALS.object(r)), None);
         assert_eq!(keep_map_name(&keep_map("frequency_K8")), "frequency_K8");
         assert_eq!(keep_map_name("frequency_K8"), "frequency_K8");
         assert_eq!(

@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Version of this protocol; both sides must speak the same one.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -137,22 +137,15 @@ pub struct EvalJob {
     pub splits: Vec<crate::split::Split>,
 }
 
-/// A candidate of an [`EvalJob`]: how it is made from the base model (each
-/// step when given, in this order) and the hash the result must have.
+/// A candidate of an [`EvalJob`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EvalCandidate {
-    /// Its name in results (`<method>_K<k>`, or a shipped file's name).
+    /// `<method>_K<k>`.
     pub name: String,
-    /// Object name of the keep map it is sliced to, under the run
-    /// (`keep_maps/<name>.json`).
-    pub keep_map: Option<String>,
-    /// A lower `expert_used_count` (metadata only).
-    pub top_k: Option<u32>,
-    /// Quantised to this type with the run's `imatrix.gguf` (sliced to the
-    /// keep map), by llama.cpp's quantiser.
-    pub quant: Option<crate::quant::QuantType>,
-    /// SHA-256 of the candidate GGUF as the coordinator made it; a worker
-    /// whose file differs refuses the job, and the coordinator refuses any
+    /// Object name of its keep map under the run (`keep_maps/<name>.json`).
+    pub keep_map: String,
+    /// SHA-256 of the pruned GGUF as the coordinator sliced it; a worker
+    /// whose slice differs refuses the job, and the coordinator refuses any
     /// result that names another hash.
     pub sha256: String,
 }
@@ -446,43 +439,6 @@ pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(
     decode(&body).map(Some)
 }
 
-/// Reads one frame of at most `max` bytes like [`read_msg`], with two
-/// clocks: its first bytes must come within `first`, and then each further
-/// piece within `idle`; `progress` is called after each piece, so a caller
-/// can count a slow upload that keeps moving as a live peer.
-pub async fn read_msg_watched<R: AsyncRead + Unpin, T: DeserializeOwned>(
-    r: &mut R,
-    max: u32,
-    first: Duration,
-    idle: Duration,
-    mut progress: impl FnMut(),
-) -> Result<Option<T>, WireError> {
-    let mut len = [0u8; 4];
-    match tokio::time::timeout(first, r.read_exact(&mut len)).await {
-        Err(_) => return Err(WireError::Silent(first)),
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Ok(Err(e)) => return Err(e.into()),
-    }
-    let len = u32::from_be_bytes(len);
-    if len > max {
-        return Err(WireError::TooLarge { len, max });
-    }
-    let mut body = vec![0u8; len as usize];
-    let mut filled = 0;
-    while filled < body.len() {
-        let n = tokio::time::timeout(idle, r.read(&mut body[filled..]))
-            .await
-            .map_err(|_| WireError::Silent(idle))??;
-        if n == 0 {
-            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-        }
-        filled += n;
-        progress();
-    }
-    decode(&body).map(Some)
-}
-
 /// The join proof: HMAC-SHA256 keyed by the secret over a label, the
 /// coordinator's nonce and the worker's name.
 pub fn join_proof(secret: &[u8], nonce: &[u8], worker_name: &str) -> Vec<u8> {
@@ -562,10 +518,9 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 4 (4: eval candidates made by recipe);
-        // moving one needs a new version.
+        // protocol of PROTOCOL_VERSION 3; moving one needs a new version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 4);
+        assert_eq!(PROTOCOL_VERSION, 3);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
@@ -588,9 +543,7 @@ mod tests {
         let eval = EvalJob {
             candidates: vec![EvalCandidate {
                 name: "frequency_K8".into(),
-                keep_map: Some("keep_maps/frequency_K8.json".into()),
-                top_k: Some(2),
-                quant: Some(crate::quant::QuantType::Q4_K_M),
+                keep_map: "keep_maps/frequency_K8.json".into(),
                 sha256: "c".repeat(64),
             }],
             skip_first: 0,

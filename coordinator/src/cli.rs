@@ -8,7 +8,7 @@ use std::process::ExitCode;
 #[command(
     name = "coordinator",
     version,
-    about = "moe-census coordinator: corpus, run, merge, verify, score, replay, eval, ship, report"
+    about = "moe-census coordinator: corpus, run, merge, verify, score, replay, eval, report"
 )]
 pub struct Cli {
     /// The stage to run.
@@ -39,8 +39,6 @@ pub enum Command {
     Prune(crate::prune::PruneArgs),
     /// KL, perplexity and top-1 agreement of pruned candidates against the base model, over the run's workers.
     Eval(crate::eval::cli::EvalArgs),
-    /// Pruned and re-quantised GGUFs, each evaluated against the base model and described by a model card.
-    Ship(crate::ship::cli::ShipArgs),
 }
 
 /// Runs a parsed command; the exit code says whether it succeeded.
@@ -56,7 +54,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Replay(args) => crate::replay::main(args),
         Command::Prune(args) => crate::prune::run(args),
         Command::Eval(args) => crate::eval::cli::main(args),
-        Command::Ship(args) => crate::ship::cli::main(args),
     }
 }
 

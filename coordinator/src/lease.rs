@@ -5,7 +5,7 @@
 //! [`LeaseKind`]; collection (`run::accept`) and evaluation (`eval::accept`)
 //! are its two implementations. This module imports no stage.
 
-use common::layout::LeaseLayout;
+use crate::corpus::manifest::{Records, RunManifest};
 use common::lease::LeaseOutput;
 use common::wire::Task;
 use common::ChunkRange;
@@ -18,11 +18,8 @@ pub trait LeaseKind: Send + Sync + 'static {
     /// What workers compute for each lease (sent in the welcome).
     fn task(&self) -> Task;
 
-    /// Where its results are stored and recorded: the output kind's own
-    /// layout unless this kind keeps its results apart (ship's evaluation).
-    fn layout(&self) -> LeaseLayout {
-        <Self::Output as LeaseOutput>::LAYOUT
-    }
+    /// The manifest's table of accepted results of this kind.
+    fn table(manifest: &mut RunManifest) -> &mut Records;
 
     /// Checks a decoded result as the result of the unit `range` against
     /// what the coordinator knows (chunks, model, corpus, settings, counts).

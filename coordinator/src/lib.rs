@@ -1,8 +1,8 @@
 //! The coordinator: everything after the worker's measurements, and the
 //! orchestration around them.
 //!
-//! Data flows one way: [`merge`] combines partials, then scoring, replay,
-//! evaluation, the report and [`ship`] read the merged artifacts.
+//! Data flows one way: [`merge`] combines partials, then scoring, replay and
+//! the report read the merged artifacts.
 #![deny(missing_docs)]
 
 pub mod cli;
@@ -19,5 +19,4 @@ pub mod report;
 pub mod run;
 pub mod sched;
 pub mod score;
-pub mod ship;
 pub mod verify;

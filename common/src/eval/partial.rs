@@ -7,9 +7,8 @@ use crate::split::{ChunkRange, Split};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Version of the eval partial encoding; bumped on any layout change (2:
-/// the sum of squared probability changes, [`CandidateSums::dprob_sq`]).
-pub const EVAL_FORMAT_VERSION: u32 = 2;
+/// Version of the eval partial encoding; bumped on any layout change.
+pub const EVAL_FORMAT_VERSION: u32 = 1;
 
 /// Largest encoded eval partial the decoder accepts (1 GiB).
 pub const MAX_EVAL_PARTIAL_BYTES: usize = 1 << 30;
@@ -47,8 +46,6 @@ pub struct CandidateSums {
     pub top1_same: u64,
     /// Sum of q(next) - p(next): the change in the next token's probability.
     pub dprob: ExactSum,
-    /// Sum of (q(next) - p(next))^2 (its root mean square).
-    pub dprob_sq: ExactSum,
 }
 
 /// KL of one scored position, kept so percentiles are exact after a merge.
@@ -166,7 +163,6 @@ impl EvalPartial {
                 add(&mut m.kl_sq, s.kl_sq)?;
                 add(&mut m.nll, s.nll)?;
                 add(&mut m.dprob, s.dprob)?;
-                add(&mut m.dprob_sq, s.dprob_sq)?;
             }
             mine.tokens.extend_from_slice(&theirs.tokens);
             mine.tokens.sort_by_key(|t| (t.chunk, t.pos));

@@ -45,8 +45,6 @@ pub struct Figures {
     pub ppl_ratio: f64,
     /// Mean of q(next) - p(next).
     pub dprob_mean: f64,
-    /// Root mean square of q(next) - p(next) (llama-perplexity's `RMS Δp`).
-    pub dprob_rms: f64,
 }
 
 /// Figures of one split, whole and per domain.
@@ -115,12 +113,9 @@ impl EvalSummary {
     }
 }
 
-/// Splits a candidate name `<method>_K<k>` into its method; a shipped
-/// file's name (`<method>_K<k>+top<t>.<QUANT>`, `base.<QUANT>`) by the keep
-/// map's part, before any `+` or `.`.
+/// Splits a candidate name `<method>_K<k>` into its method.
 pub fn method_of(name: &str) -> &str {
-    let map = name.split(['+', '.']).next().unwrap_or(name);
-    map.rsplit_once("_K").map_or(map, |(m, _)| m)
+    name.rsplit_once("_K").map_or(name, |(m, _)| m)
 }
 
 fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> CandidateSummary {
@@ -168,7 +163,6 @@ fn figures(p: &EvalPartial, c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) 
             (&mut s.kl_sq, x.kl_sq),
             (&mut s.nll, x.nll),
             (&mut s.dprob, x.dprob),
-            (&mut s.dprob_sq, x.dprob_sq),
         ] {
             a.0 = a.0.saturating_add(b.0);
         }
@@ -210,7 +204,6 @@ fn figures(p: &EvalPartial, c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) 
         ppl_candidate,
         ppl_ratio: ppl_candidate / ppl_base,
         dprob_mean: s.dprob.to_f64() / n,
-        dprob_rms: (s.dprob_sq.to_f64() / n).max(0.0).sqrt(),
     }
 }
 

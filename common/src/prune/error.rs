@@ -3,7 +3,7 @@
 use crate::gguf_read::GgufReadError;
 use std::io;
 
-/// Errors of [`super::derive_model`], [`super::slice_model`] and [`super::slice_imatrix`]. Refusals
+/// Errors of [`super::slice_model`] and [`super::slice_imatrix`]. Refusals
 /// name the file, the keep map (`<method>_K<k>`) and the tensor or layer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -48,17 +48,6 @@ pub enum PruneError {
         /// The map, as `<method>_K<k>`.
         map: String,
         /// What does not fit.
-        reason: String,
-    },
-    /// A top-k candidate the model cannot take: no `expert_used_count`, or
-    /// a top-k that is zero or not below it.
-    #[error("{path}: top-k {top_k}: {reason}")]
-    TopK {
-        /// The input file.
-        path: String,
-        /// The requested `expert_used_count`.
-        top_k: u32,
-        /// Why it cannot be used.
         reason: String,
     },
     /// An expert tensor whose expert axis is not its outermost dimension (or

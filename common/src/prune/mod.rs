@@ -1,6 +1,5 @@
-//! Pruned models: a base GGUF sliced down to the experts a keep map keeps
-//! (and, for a top-k candidate, routing to fewer experts per token), and the
-//! matching importance matrix (DESIGN section 12).
+//! Pruned models: a base GGUF sliced down to the experts a keep map keeps,
+//! and the matching importance matrix (DESIGN section 12).
 //!
 //! Both functions first check the keep map against the file ([`plan`]: which
 //! tensors are sliced, what metadata changes, every refusal) and only then
@@ -12,6 +11,7 @@
 //! error never leaves a file at `out`.
 
 mod error;
+mod kv;
 mod plan;
 mod write;
 
@@ -29,36 +29,24 @@ pub struct Sliced {
     pub sha256: String,
     /// Size of the written file in bytes.
     pub bytes: u64,
-    /// Experts kept per MoE layer (the new `{arch}.expert_count`; the
-    /// base's own when nothing is sliced).
+    /// Experts kept per MoE layer (the new `{arch}.expert_count`).
     pub k: u32,
 }
 
 /// Writes to `out` the model `base` with only the experts `keep` keeps in
 /// each MoE layer, in keep-map order; `{arch}.expert_count` becomes K.
+/// NextN / MTP blocks, which a decode never runs, are left out (see
+/// `plan::NextN`): the output is a model of the blocks that were measured.
 /// Refuses (writing nothing) a map that does not fit the model: see
 /// [`PruneError`].
 pub fn slice_model(base: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, PruneError> {
-    derive_model(base, Some(keep), None, out)
-}
-
-/// Writes to `out` the model `base` sliced to `keep` (when given) with
-/// `{arch}.expert_used_count` lowered to `top_k` (when given): a smaller
-/// top-k is a metadata change only, every tensor is copied as it is.
-/// Refuses (writing nothing) a map or top-k that does not fit the model.
-pub fn derive_model(
-    base: &Path,
-    keep: Option<&KeepMap>,
-    top_k: Option<u32>,
-    out: &Path,
-) -> Result<Sliced, PruneError> {
     let header = GgufReader::open(base)?.header;
-    let plan = plan::model(&header, keep, top_k, &base.display().to_string())?;
+    let plan = plan::model(&header, keep, &base.display().to_string())?;
     write::sliced(base, &header, &plan, out)
 }
 
-/// Writes to `out` llama.cpp's importance matrix `imatrix` (`<tensor>.in_sum`
-/// and `<tensor>.in_sum2` `[n_in, n_mat]`, `<tensor>.counts` `[1, n_mat]`) with the stacked expert
+/// Writes to `out` llama.cpp's importance matrix `imatrix` (`<tensor>.in_sum2`
+/// `[n_in, n_mat]`, `<tensor>.counts` `[1, n_mat]`) with the stacked expert
 /// weights' entries cut to the experts `keep` keeps, so a pruned model can be
 /// re-quantised with it.
 pub fn slice_imatrix(imatrix: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, PruneError> {

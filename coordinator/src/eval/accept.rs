@@ -4,9 +4,9 @@
 //! same checks serve results from workers and eval partials read back on
 //! resume.
 
+use crate::corpus::manifest::{Records, RunManifest};
 use crate::lease::LeaseKind;
 use common::eval::EvalPartial;
-use common::layout::LeaseLayout;
 use common::peer_text::peer_text;
 use common::wire::{EvalJob, Task};
 use common::ChunkRange;
@@ -20,8 +20,6 @@ pub struct EvalAcceptance {
     pub corpus_sha256: String,
     /// The evaluation job.
     pub job: EvalJob,
-    /// Where its eval partials are stored and recorded.
-    pub layout: LeaseLayout,
 }
 
 /// Evaluation leases: workers evaluate the job's candidates, and each eval
@@ -33,8 +31,8 @@ impl LeaseKind for EvalAcceptance {
         Task::Evaluate(self.job.clone())
     }
 
-    fn layout(&self) -> LeaseLayout {
-        self.layout
+    fn table(m: &mut RunManifest) -> &mut Records {
+        &mut m.eval_partials
     }
 
     fn check(&self, range: ChunkRange, p: &EvalPartial) -> Result<(), String> {
@@ -56,8 +54,8 @@ pub fn check_against_job(
 ) -> Result<(), String> {
     if p.chunks != [range] {
         return Err(format!(
-            "eval partial covers {:?}, the lease was {range}",
-            p.chunks
+            "eval partial covers {}, the lease was {range}",
+            common::peer_text::summarise(&p.chunks)
         ));
     }
     if p.base_sha256 != base_sha256 {
@@ -74,8 +72,11 @@ pub fn check_against_job(
     }
     if (p.skip_first, &p.splits) != (job.skip_first, &job.splits) {
         return Err(format!(
-            "eval partial scored (skip_first {}, splits {:?}), the job asked for ({}, {:?})",
-            p.skip_first, p.splits, job.skip_first, job.splits
+            "eval partial scored (skip_first {}, splits [{}]), the job asked for ({}, [{}])",
+            p.skip_first,
+            common::peer_text::summarise(&p.splits),
+            job.skip_first,
+            common::peer_text::summarise(&job.splits)
         ));
     }
     if p.candidates.len() != job.candidates.len() {
@@ -142,9 +143,7 @@ mod tests {
         EvalJob {
             candidates: vec![EvalCandidate {
                 name: "frequency_K8".into(),
-                keep_map: Some("keep_maps/frequency_K8.json".into()),
-                top_k: None,
-                quant: None,
+                keep_map: "keep_maps/frequency_K8.json".into(),
                 sha256: "c".repeat(64),
             }],
             skip_first: 0,

@@ -6,31 +6,26 @@
 use super::EvalRunError;
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
-use common::eval::{EvalPartial, EvalSummary, Figures};
-use common::layout::EvalLayout;
+use common::eval::{names, EvalPartial, EvalSummary, Figures};
 use common::store::RunStore;
 use std::sync::Arc;
 
-/// Writes the merged partial, the Parquet summary and the JSON summary
-/// (`eval/merged.bin`, `eval/summary.parquet`, `eval/summary.json` for
-/// [`common::layout::EVAL`]).
+/// Writes `eval/merged.bin`, `eval/summary.parquet` and `eval/summary.json`.
 pub async fn write(
     store: &RunStore,
-    layout: &EvalLayout,
     merged: &EvalPartial,
     domains: &[String],
 ) -> Result<EvalSummary, EvalRunError> {
     let summary = EvalSummary::of(merged, domains);
-    if store.get_opt(layout.summary_json).await?.is_some() {
-        store.delete(layout.summary_json).await?;
+    if store.get_opt(names::SUMMARY_JSON).await?.is_some() {
+        store.delete(names::SUMMARY_JSON).await?;
     }
-    store.put(layout.merged, merged.to_bytes()).await?;
-    let table = parquet_table(&summary).map_err(|e| {
-        EvalRunError::Setup(format!("encoding {}: {e}", layout.summary_parquet))
-    })?;
-    store.put(layout.summary_parquet, table).await?;
+    store.put(names::MERGED, merged.to_bytes()).await?;
+    let table = parquet_table(&summary)
+        .map_err(|e| EvalRunError::Setup(format!("encoding {}: {e}", names::SUMMARY_PARQUET)))?;
+    store.put(names::SUMMARY_PARQUET, table).await?;
     store
-        .put(layout.summary_json, summary.to_json_bytes())
+        .put(names::SUMMARY_JSON, summary.to_json_bytes())
         .await?;
     Ok(summary)
 }
@@ -61,7 +56,7 @@ pub fn parquet_table(s: &EvalSummary) -> Result<Vec<u8>, String> {
             rows.iter().map(|r| f(r.5)).collect::<Vec<_>>(),
         ))
     };
-    let floats: [(&str, &Field64); 14] = [
+    let floats: [(&str, &Field64); 13] = [
         ("kl_mean", &|f| f.kl.mean),
         ("kl_se", &|f| f.kl.se),
         ("kl_p50", &|f| f.kl.p50),
@@ -75,7 +70,6 @@ pub fn parquet_table(s: &EvalSummary) -> Result<Vec<u8>, String> {
         ("ppl_candidate", &|f| f.ppl_candidate),
         ("ppl_ratio", &|f| f.ppl_ratio),
         ("dprob_mean", &|f| f.dprob_mean),
-        ("dprob_rms", &|f| f.dprob_rms),
     ];
     let mut fields = vec![
         Field::new("candidate", DataType::Utf8, false),

@@ -32,49 +32,32 @@ pub async fn prepare(
         if out.iter().any(|c| &c.name == name) {
             return Err(bad("named twice".into()));
         }
-        let (keep, _) = read_keep_map(store, name).await?;
         let object = KeepMap::object_name(name);
+        let bytes = store.get_opt(&object).await?.ok_or_else(|| {
+            bad(format!(
+                "{} does not exist (run `coordinator score` first; names are <method>_K<k>)",
+                store.url_of(&object)
+            ))
+        })?;
+        let keep: KeepMap = serde_json::from_slice(&bytes)
+            .map_err(|e| bad(format!("{} is not a keep map: {e}", store.url_of(&object))))?;
+        if KeepMap::file_name(&keep.method, keep.k) != object {
+            return Err(bad(format!(
+                "{} holds the map of {} at K={}",
+                store.url_of(&object),
+                keep.method,
+                keep.k
+            )));
+        }
         let path = scratch.path().join(format!("{name}.gguf"));
         let sliced = common::prune::slice_model(base, &keep, &path)
             .map_err(|e| bad(format!("slicing {}: {e}", base.display())))?;
         std::fs::remove_file(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
         out.push(EvalCandidate {
             name: name.clone(),
-            keep_map: Some(object),
-            top_k: None,
-            quant: None,
+            keep_map: object,
             sha256: sliced.sha256,
         });
     }
     Ok(out)
-}
-
-/// Reads the keep map `name` (`<method>_K<k>`) from the run and checks that
-/// it is the map its name says; returns it with its bytes.
-pub async fn read_keep_map(
-    store: &RunStore,
-    name: &str,
-) -> Result<(KeepMap, Vec<u8>), EvalRunError> {
-    let bad = |reason: String| EvalRunError::KeepMap {
-        name: name.to_string(),
-        reason,
-    };
-    let object = KeepMap::object_name(name);
-    let bytes = store.get_opt(&object).await?.ok_or_else(|| {
-        bad(format!(
-            "{} does not exist (run `coordinator score` first; names are <method>_K<k>)",
-            store.url_of(&object)
-        ))
-    })?;
-    let keep: KeepMap = serde_json::from_slice(&bytes)
-        .map_err(|e| bad(format!("{} is not a keep map: {e}", store.url_of(&object))))?;
-    if KeepMap::file_name(&keep.method, keep.k) != object {
-        return Err(bad(format!(
-            "{} holds the map of {} at K={}",
-            store.url_of(&object),
-            keep.method,
-            keep.k
-        )));
-    }
-    Ok((keep, bytes.to_vec()))
 }

@@ -24,7 +24,6 @@ use crate::sched::plan;
 use common::eval::summary::parse_splits;
 use common::eval::EvalSummary;
 use common::hash::sha256_hex;
-use common::layout::EvalLayout;
 use common::store::{RunStore, StoreError};
 use common::wire::EvalJob;
 use std::path::Path;
@@ -66,9 +65,6 @@ pub struct EvalSetup {
     pub base: RunSetup,
     /// The candidates and scored positions.
     pub job: EvalJob,
-    /// Where its partials and results go ([`common::layout::EVAL`] for
-    /// `coordinator eval`, [`common::layout::SHIP_EVAL`] for `ship`).
-    pub layout: EvalLayout,
 }
 
 /// What an evaluation did.
@@ -104,7 +100,26 @@ pub async fn job(
             settings.split
         ))
     })?;
-    let base_sha256 = check_base_model(store, base).await?;
+    let base_sha256 = common::hash::sha256_file(base)
+        .map_err(|e| EvalRunError::Setup(format!("base model {}: {e}", base.display())))?;
+    let manifest = crate::corpus::manifest::read_or_default(store)
+        .await
+        .map_err(RecordError::from)?;
+    match manifest.corpus.model_sha256.as_str() {
+        run_sha if run_sha == base_sha256 => {}
+        run_sha if !run_sha.is_empty() => {
+            return Err(EvalRunError::Setup(format!(
+                "base model {} has SHA-256 {base_sha256}, the run was measured with {run_sha}",
+                base.display()
+            )))
+        }
+        _ => {
+            return Err(EvalRunError::Setup(format!(
+                "{} names no model_sha256: not a run's manifest",
+                store.url_of(crate::corpus::MANIFEST_FILE)
+            )))
+        }
+    }
     let candidates = candidates::prepare(store, &settings.keep_maps, base).await?;
     Ok((
         base_sha256,
@@ -114,25 +129,6 @@ pub async fn job(
             splits,
         },
     ))
-}
-
-/// The SHA-256 of `base`, checked against the model the run was measured
-/// with (its manifest's `model_sha256`).
-pub async fn check_base_model(store: &RunStore, base: &Path) -> Result<String, EvalRunError> {
-    let base_sha256 = common::hash::sha256_file(base)
-        .map_err(|e| EvalRunError::Setup(format!("base model {}: {e}", base.display())))?;
-    let manifest = crate::run::record::read_manifest(store).await?;
-    match manifest["model_sha256"].as_str() {
-        Some(run_sha) if run_sha == base_sha256 => Ok(base_sha256),
-        Some(run_sha) => Err(EvalRunError::Setup(format!(
-            "base model {} has SHA-256 {base_sha256}, the run was measured with {run_sha}",
-            base.display()
-        ))),
-        None => Err(EvalRunError::Setup(format!(
-            "{} names no model_sha256: not a run's manifest",
-            store.url_of(crate::corpus::MANIFEST_FILE)
-        ))),
-    }
 }
 
 /// Fingerprint of everything that changes an eval partial's numbers: the
@@ -157,10 +153,19 @@ pub async fn evaluate(
     setup: &EvalSetup,
     on_listen: impl OnListen,
 ) -> Result<EvalOutcome, EvalRunError> {
-    locked(&setup.base, evaluate_locked(setup, on_listen)).await
+    locked(&setup.base, |base| async move {
+        let fenced = EvalSetup {
+            base,
+            job: setup.job.clone(),
+        };
+        evaluate_locked(&fenced, on_listen).await
+    })
+    .await
 }
 
-async fn evaluate_locked(
+/// [`evaluate`] for a caller that holds the run's lock: `setup.base.store`
+/// must be the lock's fenced store.
+pub async fn evaluate_locked(
     setup: &EvalSetup,
     on_listen: impl OnListen,
 ) -> Result<EvalOutcome, EvalRunError> {
@@ -180,7 +185,6 @@ async fn evaluate_locked(
         base_sha256: base.model_sha256.clone(),
         corpus_sha256: index.chunks_sha256.clone(),
         job: setup.job.clone(),
-        layout: setup.layout.partials,
     });
     let leased = lease_all(&leasing, units, kind, on_listen).await?;
     let merged = leased
@@ -193,7 +197,7 @@ async fn evaluate_locked(
             index.n_chunks
         )));
     }
-    let summary = artifacts::write(store, &setup.layout, &merged, &index.domains).await?;
+    let summary = artifacts::write(store, &merged, &index.domains).await?;
     Ok(EvalOutcome {
         summary,
         units: leased.units,
@@ -208,7 +212,21 @@ async fn evaluate_locked(
 /// Prints what an evaluation did and its table (with `score`'s slot
 /// replacement when `score/score.json` is readable).
 pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
-    print_leases(store, &common::layout::EVAL, o);
+    println!(
+        "evaluated {} candidates over {} leases ({} reused from {}, {} computed, {} retried)",
+        o.summary.candidates.len(),
+        o.units,
+        o.resumed,
+        store.url_of(common::layout::EVAL_PARTIALS.dir),
+        o.computed,
+        o.retries
+    );
+    for (name, why) in &o.rejected {
+        println!(
+            "  REJECTED stored eval partial {}: {why}",
+            store.url_of(name)
+        );
+    }
     let slots = match crate::report::eval::slot_tables(store).await {
         Ok(t) => t,
         Err(e) => {
@@ -221,24 +239,4 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
         "results: {}",
         store.url_of(common::eval::names::SUMMARY_JSON)
     );
-}
-
-/// Prints how an evaluation's leases went: reused, computed, retried and
-/// any stored eval partial set aside.
-pub fn print_leases(store: &RunStore, layout: &EvalLayout, o: &EvalOutcome) {
-    println!(
-        "evaluated {} candidates over {} leases ({} reused from {}, {} computed, {} retried)",
-        o.summary.candidates.len(),
-        o.units,
-        o.resumed,
-        store.url_of(layout.partials.dir),
-        o.computed,
-        o.retries
-    );
-    for (name, why) in &o.rejected {
-        println!(
-            "  REJECTED stored eval partial {}: {why}",
-            store.url_of(name)
-        );
-    }
 }

@@ -1,5 +1,5 @@
 //! The evaluation section of the report: one row per pruned candidate
-//! (held-out and fit KL, same top-1, RMS Δp, perplexities, per-domain held-out KL,
+//! (held-out and fit KL, same top-1, perplexities, per-domain held-out KL,
 //! the candidate's slot replacement from `score`), and a plot of held-out
 //! KL against K, one line per method. Reads `eval/summary.json` only.
 
@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 /// Object name of the plot of held-out KL against K.
-pub const KL_PLOT: &str = "report/eval_kl_vs_k.png";
+pub use common::layout::eval::KL_PLOT;
 
 /// `score`'s per-(method, K) tables from `score/score.json`, for the slot
 /// replacement column; none when scoring has not run (the column reads `-`).
@@ -52,7 +52,7 @@ fn kl(f: Option<&Figures>) -> String {
 /// slot replacement column reads `-` for a candidate without one).
 pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
     let mut md = String::from(
-        "| candidate | K | held-out KL mean ± se (percentiles) | fit KL mean ± se (percentiles) | same top-1 (held-out) | RMS Δp (held-out) | ppl base / candidate / ratio (held-out) | held-out KL per domain | slot replacement |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| candidate | K | held-out KL mean ± se (percentiles) | fit KL mean ± se (percentiles) | same top-1 (held-out) | ppl base / candidate / ratio (held-out) | held-out KL per domain | slot replacement |\n|---|---|---|---|---|---|---|---|\n",
     );
     for c in &s.candidates {
         let held = c.splits.get("heldout").map(|x| &x.all);
@@ -64,7 +64,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             .map(|x| {
                 x.domains
                     .iter()
-                    .map(|(d, f)| format!("{d} {:.4}", f.kl.mean))
+                    .map(|(d, f)| format!("{} {:.4}", super::cell(d), f.kl.mean))
                     .collect()
             })
             .unwrap_or_default();
@@ -76,13 +76,12 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             });
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             c.name,
             c.k,
             kl(held),
             kl(fit),
             main.map_or("-".into(), |f| format!("{:.2}%", 100.0 * f.top1_same)),
-            main.map_or("-".into(), |f| format!("{:.3}%", 100.0 * f.dprob_rms)),
             main.map_or("-".into(), |f| format!(
                 "{:.3} / {:.3} / {:.4}",
                 f.ppl_base, f.ppl_candidate, f.ppl_ratio

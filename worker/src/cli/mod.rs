@@ -7,14 +7,13 @@ use std::process::ExitCode;
 mod collect;
 mod corpus;
 mod eval;
-mod quantize;
 
 /// moe-census worker.
 #[derive(Parser, Debug)]
 #[command(
     name = "worker",
     version,
-    about = "moe-census worker: generate test models, measure chunks, join a run, quantise"
+    about = "moe-census worker: generate test models, measure chunks, join a run"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -33,8 +32,6 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Join a run: prove the join secret, then measure leased chunk ranges.
     Join(crate::join::JoinArgs),
-    /// Quantise a GGUF with llama.cpp's quantiser and an importance matrix.
-    Quantize(quantize::QuantizeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -98,7 +95,6 @@ pub fn main() -> ExitCode {
         }
         Command::Collect(a) => collect::run(a),
         Command::Eval(a) => eval::run(a),
-        Command::Quantize(a) => quantize::run(a),
         Command::Join(a) => crate::join::run(a).map(|_| ()).map_err(anyhow::Error::from),
     };
     match result {

@@ -186,6 +186,7 @@ mod tests {
             n_expert_used: 2,
             gating: Gating::Softmax,
             moe_layers: (0..LAYERS as u32).collect(),
+            routing: common::routing::Routing::default(),
         }
     }
 
@@ -213,9 +214,6 @@ mod tests {
         let m = scratch.imatrix_entry("blk.0.ffn_up_exps.weight", 4, EXPERTS);
         for (j, s) in m.sum2.iter_mut().enumerate() {
             *s += f64::from(chunk) / 3.0 + j as f64;
-        }
-        for (j, s) in m.sum.iter_mut().enumerate() {
-            *s -= f64::from(chunk) / 5.0 + j as f64;
         }
         m.counts.iter_mut().for_each(|c| *c += u64::from(chunk) + 1);
         scratch

@@ -1,5 +1,4 @@
-//! Importance-matrix sums (of each input column and of its square) from
-//! the inputs of weight matmuls.
+//! Importance-matrix sums from the inputs of weight matmuls.
 //!
 //! Several matmuls of a layer read the same input: `attn_q`, `attn_k` and
 //! `attn_v` the normed hidden state, `ffn_gate_exps` and `ffn_up_exps` the
@@ -10,7 +9,7 @@
 //! with the graph at the end of each micro-batch.
 
 use super::scratch::ImatrixScratch;
-use crate::llama::{aligned_f32s, f32s, i32_at, Op, TensorRef};
+use crate::llama::{f32s, i32_at, Op, TensorRef};
 
 /// What makes two matmuls contribute the same sums: the same input node (and
 /// ids node), read against the same stack of matrices (a weight's output
@@ -27,7 +26,6 @@ struct InputKey {
 /// One input's sums over the current micro-batch.
 struct InputSums {
     key: InputKey,
-    sum: Vec<f64>,
     sum2: Vec<f64>,
     counts: Vec<u64>,
 }
@@ -73,15 +71,12 @@ impl ImportanceCache {
             None => {
                 let mut sums = self.spare.pop().unwrap_or(InputSums {
                     key,
-                    sum: Vec::new(),
                     sum2: Vec::new(),
                     counts: Vec::new(),
                 });
                 sums.key = key;
-                for v in [&mut sums.sum, &mut sums.sum2] {
-                    v.clear();
-                    v.resize(entry.sum2.len(), 0.0);
-                }
+                sums.sum2.clear();
+                sums.sum2.resize(entry.sum2.len(), 0.0);
                 sums.counts.clear();
                 sums.counts.resize(entry.counts.len(), 0);
                 match &ids {
@@ -93,9 +88,6 @@ impl ImportanceCache {
             }
         };
         let sums = &self.seen[i];
-        for (a, b) in entry.sum.iter_mut().zip(&sums.sum) {
-            *a += b;
-        }
         for (a, b) in entry.sum2.iter_mut().zip(&sums.sum2) {
             *a += b;
         }
@@ -105,25 +97,28 @@ impl ImportanceCache {
     }
 }
 
-/// Adds the f32 row at byte `off` of `bytes` to `sums`, and its squares to
-/// `sums2` (matrix `mat` of `out`).
+/// Adds the squares of the f32 row at byte `off` of `bytes` to `sums`.
 ///
-/// An aligned row is read as `&[f32]`, which LLVM vectorises; decoding four
-/// bytes at a time does not. Both paths do the same f64 operations per
-/// element, so the sums are the same bits.
+/// An aligned row is read as `&[f32]`, which LLVM vectorises (converts,
+/// multiplies and adds four lanes at a time); decoding four bytes at a time
+/// does not vectorise. Both paths do the same f64 operations per element, so
+/// the sums are the same bits.
 #[inline]
-fn add_row(out: &mut InputSums, mat: usize, n_in: usize, bytes: &[u8], off: usize) {
-    let at = mat * n_in..(mat + 1) * n_in;
-    let (sums, sums2) = (&mut out.sum[at.clone()], &mut out.sum2[at]);
-    let row = &bytes[off..off + 4 * n_in];
-    let add = |(s, s2): (&mut f64, &mut f64), v: f32| {
+fn add_squares(sums: &mut [f64], bytes: &[u8], off: usize) {
+    let row = &bytes[off..off + 4 * sums.len()];
+    // SAFETY: every bit pattern is a valid f32; `align_to` only hands out the
+    // aligned middle, and a misaligned row takes the byte-wise path below.
+    let (head, values, tail) = unsafe { row.align_to::<f32>() };
+    if head.is_empty() && tail.is_empty() {
+        for (s, &v) in sums.iter_mut().zip(values) {
+            let v = f64::from(v);
+            *s += v * v;
+        }
+        return;
+    }
+    for (s, v) in sums.iter_mut().zip(f32s(row)) {
         let v = f64::from(v);
-        *s += v;
-        *s2 += v * v;
-    };
-    match aligned_f32s(row) {
-        Some(values) => sums.iter_mut().zip(sums2.iter_mut()).zip(values).for_each(|(s, &v)| add(s, v)),
-        None => sums.iter_mut().zip(sums2.iter_mut()).zip(f32s(row)).for_each(|(s, v)| add(s, v)),
+        *s += v * v;
     }
 }
 
@@ -145,26 +140,28 @@ fn expert_sums(x: &TensorRef<'_>, ids: &TensorRef<'_>, fit: &[bool], out: &mut I
             let ex = ex as usize;
             out.counts[ex] += 1;
             let off = (idx % xne[1]) * xnb[1] + tok * xnb[2];
-            add_row(out, ex, n_in, &bytes, off);
+            add_squares(&mut out.sum2[ex * n_in..(ex + 1) * n_in], &bytes, off);
         }
     }
 }
 
 /// `MUL_MAT`: every input row counts for the weight matrix it is multiplied
-/// with (broadcast over dimensions 2 and 3); rows of a plain 2-D input are
-/// tokens, of which only fit tokens count.
+/// with (broadcast over dimensions 2 and 3). Only fit tokens count: the
+/// token axis is dimension 1 (llama.cpp's layout for matmuls, also of MLA's
+/// per-head `attn_k_b` / `attn_v_b` inputs `[d, n_tokens, n_head]`), else
+/// the first of dimensions 2 and 3 that is as long as the micro-batch.
 fn dense_sums(x: &TensorRef<'_>, w: &TensorRef<'_>, fit: &[bool], out: &mut InputSums) {
     let (xne, xnb, bytes) = (x.ne(), x.nb(), x.bytes());
     let wne = w.ne();
     let n_in = xne[0];
-    let per_token = xne[2] == 1 && xne[3] == 1 && xne[1] == fit.len();
-    let counted = |r: usize| !per_token || fit[r];
+    let token_axis = (1..4).find(|&a| xne[a] == fit.len());
+    let counted = |idx: [usize; 4]| token_axis.is_none_or(|a| fit[idx[a]]);
     for i3 in 0..xne[3] {
         for i2 in 0..xne[2] {
             let mat = (i3 % wne[3]) * wne[2] + (i2 % wne[2]);
-            for r in (0..xne[1]).filter(|&r| counted(r)) {
+            for r in (0..xne[1]).filter(|&r| counted([0, r, i2, i3])) {
                 let off = r * xnb[1] + i2 * xnb[2] + i3 * xnb[3];
-                add_row(out, mat, n_in, &bytes, off);
+                add_squares(&mut out.sum2[mat * n_in..(mat + 1) * n_in], &bytes, off);
                 out.counts[mat] += 1;
             }
         }

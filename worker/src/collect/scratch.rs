@@ -45,9 +45,6 @@ pub struct GroupScratch {
 pub struct ImatrixScratch {
     pub n_in: usize,
     pub n_mat: usize,
-    /// Sums of the inputs, `[n_mat][n_in]`.
-    pub sum: Vec<f64>,
-    /// Sums of their squares, `[n_mat][n_in]`.
     pub sum2: Vec<f64>,
     pub counts: Vec<u64>,
 }
@@ -93,7 +90,6 @@ impl ChunkScratch {
                 ImatrixScratch {
                     n_in,
                     n_mat,
-                    sum: vec![0.0; n_in * n_mat],
                     sum2: vec![0.0; n_in * n_mat],
                     counts: vec![0; n_mat],
                 },
@@ -166,17 +162,15 @@ impl ChunkScratch {
                 .entries
                 .entry(name.clone())
                 .or_insert_with(|| ImatrixEntry::new(s.n_in as u32, s.n_mat as u32));
-            if entry.in_sum2.len() != s.sum2.len() || entry.in_sum.len() != s.sum.len() {
+            if entry.in_sum2.len() != s.sum2.len() {
                 return Err(MergeError::Shape(format!(
                     "imatrix {name} changed shape between chunks"
                 )));
             }
-            add_exact(&mut entry.in_sum, &s.sum)?;
             add_exact(&mut entry.in_sum2, &s.sum2)?;
             for (a, b) in entry.counts.iter_mut().zip(&s.counts) {
                 *a += b;
             }
-            s.sum.fill(0.0);
             s.sum2.fill(0.0);
             s.counts.fill(0);
         }

@@ -4,11 +4,12 @@
 //! lease needs, [`CollectorLoader`] loads the real ones over [`Collector`]
 //! and [`SlicedEvaluator`].
 
-use super::eval_engine::{EvalEngine, EvalInputs, SlicedEvaluator};
+use super::eval_engine::{EvalEngine, SlicedEvaluator};
 use crate::collect::device::Reduce;
 use crate::collect::{CollectOptions, Collector};
 use crate::eval::EvalOptions;
 use common::corpus::{Chunk, CorpusIndex};
+use common::keepmap::KeepMap;
 use common::partial::Partial;
 use common::trace::TraceRow;
 use common::wire::{EvalJob, JobInfo};
@@ -39,13 +40,13 @@ pub trait EngineLoader: Send + Clone + 'static {
     fn backend(&self) -> String;
     /// Loads the model for `job`.
     fn load(self, job: &JobInfo) -> Result<Self::Engine, String>;
-    /// Loads the base model of an evaluation job and makes its candidates
-    /// from their recipes. Engines that cannot evaluate refuse.
+    /// Loads the base model of an evaluation job and slices its candidates
+    /// from the named keep maps. Engines that cannot evaluate refuse.
     fn load_eval(
         self,
         _job: &JobInfo,
         _eval: &EvalJob,
-        _inputs: &EvalInputs,
+        _maps: &[(String, KeepMap)],
     ) -> Result<Box<dyn EvalEngine>, String> {
         Err("this engine cannot evaluate pruned candidates".into())
     }
@@ -108,7 +109,7 @@ impl EngineLoader for CollectorLoader {
         self,
         job: &JobInfo,
         eval: &EvalJob,
-        inputs: &EvalInputs,
+        maps: &[(String, KeepMap)],
     ) -> Result<Box<dyn EvalEngine>, String> {
         let o = &job.options;
         let mut opts = EvalOptions {
@@ -124,7 +125,7 @@ impl EngineLoader for CollectorLoader {
             opts.threads = t;
         }
         let base = self.model.unwrap_or_else(|| PathBuf::from(&job.model_path));
-        Ok(Box::new(SlicedEvaluator::load(&base, inputs, eval, opts)?))
+        Ok(Box::new(SlicedEvaluator::load(&base, maps, eval, opts)?))
     }
 }
 

@@ -1,11 +1,11 @@
 //! The evaluating engine behind `worker join` in an evaluation run:
 //! [`EvalEngine`] is what the join loop needs, [`SlicedEvaluator`] the real
-//! one (it makes the job's candidates from the base model first).
+//! one (it slices the job's candidates from the base model first).
 
-use crate::eval::candidates::{self, Recipe};
-use crate::eval::{Candidate, EvalOptions, Evaluator};
+use crate::eval::{candidates, Candidate, EvalOptions, Evaluator};
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::EvalPartial;
+use common::keepmap::KeepMap;
 use common::wire::EvalJob;
 use std::path::Path;
 
@@ -17,50 +17,25 @@ pub trait EvalEngine {
     fn evaluate(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<EvalPartial, String>;
 }
 
-/// What an evaluation job's candidates are made from, read from the run:
-/// one recipe per candidate (with its keep map), and the run's importance
-/// matrix when a candidate is quantised.
-pub struct EvalInputs {
-    /// In the job's order.
-    pub recipes: Vec<Recipe>,
-    /// `imatrix.gguf`'s bytes.
-    pub imatrix: Option<Vec<u8>>,
-}
-
-/// The real evaluator with the scratch directory of its candidates
-/// (removed when the engine is dropped).
+/// The real evaluator with the scratch directory of its slices (removed
+/// when the engine is dropped).
 pub struct SlicedEvaluator {
     evaluator: Evaluator,
     _scratch: tempfile::TempDir,
 }
 
 impl SlicedEvaluator {
-    /// Makes the candidates from `base` and loads everything; a candidate
-    /// whose SHA-256 differs from the job's is refused, naming the
-    /// candidate and both hashes.
+    /// Slices `maps` from `base` and loads everything; a slice whose SHA-256
+    /// differs from the job's is refused, naming the candidate and both hashes.
     pub fn load(
         base: &Path,
-        inputs: &EvalInputs,
+        maps: &[(String, KeepMap)],
         eval: &EvalJob,
         opts: EvalOptions,
     ) -> Result<SlicedEvaluator, String> {
         let scratch = tempfile::tempdir().map_err(|e| format!("scratch directory: {e}"))?;
-        let imatrix = match &inputs.imatrix {
-            None => None,
-            Some(bytes) => {
-                let path = scratch.path().join("run.imatrix.gguf");
-                std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-                Some(path)
-            }
-        };
-        let cands: Vec<Candidate> = candidates::build(
-            base,
-            &inputs.recipes,
-            imatrix.as_deref(),
-            scratch.path(),
-            opts.threads,
-        )
-        .map_err(|e| e.to_string())?;
+        let cands: Vec<Candidate> =
+            candidates::slice(base, maps, scratch.path()).map_err(|e| e.to_string())?;
         for (mine, theirs) in cands.iter().zip(&eval.candidates) {
             if mine.sha256 != theirs.sha256 {
                 return Err(format!(

@@ -1,15 +1,14 @@
 //! What a worker computes for each lease, by the task the coordinator
 //! welcomed it with: [`LeaseWork`] is all the join loop needs, so one loop
 //! serves every task. Collection measures chunks on an [`Engine`] (and
-//! stores the trace part); evaluation first reads the job's keep maps (and
-//! importance matrix) from the run, makes each candidate from its base model
-//! (refusing the job when a file's SHA-256 is not the coordinator's) and
-//! evaluates chunks on an [`EvalEngine`]. A new task is one more implementation.
+//! stores the trace part); evaluation first reads the job's keep maps from
+//! the run, slices each candidate from its base model (refusing the job when
+//! a slice's SHA-256 is not the coordinator's) and evaluates chunks on an
+//! [`EvalEngine`]. A new task is one more implementation.
 
 use super::engine::{Engine, EngineLoader, EngineThread};
-use super::eval_engine::{EvalEngine, EvalInputs};
+use super::eval_engine::EvalEngine;
 use super::{Corpus, JoinError};
-use crate::eval::candidates::Recipe;
 use common::eval::EvalPartial;
 use common::keepmap::KeepMap;
 use common::lease::{Labels, LeaseOutput};
@@ -137,10 +136,10 @@ pub(super) async fn load<L: EngineLoader>(
             }))
         }
         Task::Evaluate(eval) => {
-            let inputs = recipes(run, eval).await?;
+            let maps = keep_maps(run, eval).await?;
             let eval = eval.clone();
             let load = move || {
-                let e = loader.load_eval(&job_for_thread, &eval, &inputs)?;
+                let e = loader.load_eval(&job_for_thread, &eval, &maps)?;
                 let sha = e.base_sha256();
                 Ok((e, sha))
             };
@@ -159,30 +158,18 @@ pub(super) async fn load<L: EngineLoader>(
     }
 }
 
-/// Reads what the job's candidates are made from out of the run: each
-/// named keep map, and `imatrix.gguf` when a candidate is quantised.
-async fn recipes(run: &RunStore, eval: &EvalJob) -> Result<EvalInputs, JoinError> {
-    let mut recipes = Vec::with_capacity(eval.candidates.len());
+/// Reads the job's keep maps from the run, each with its candidate name.
+async fn keep_maps(run: &RunStore, eval: &EvalJob) -> Result<Vec<(String, KeepMap)>, JoinError> {
+    let mut out = Vec::with_capacity(eval.candidates.len());
     for c in &eval.candidates {
-        let keep: Option<KeepMap> = match &c.keep_map {
-            None => None,
-            Some(object) => {
-                let bytes = run.get(object).await?;
-                Some(serde_json::from_slice(&bytes).map_err(|e| {
-                    JoinError::Engine(format!("{} is not a keep map: {e}", run.url_of(object)))
-                })?)
-            }
-        };
-        recipes.push(Recipe {
-            name: c.name.clone(),
-            keep,
-            top_k: c.top_k,
-            quant: c.quant,
-        });
+        let bytes = run.get(&c.keep_map).await?;
+        let map = serde_json::from_slice(&bytes).map_err(|e| {
+            JoinError::Engine(format!(
+                "{} is not a keep map: {e}",
+                run.url_of(&c.keep_map)
+            ))
+        })?;
+        out.push((c.name.clone(), map));
     }
-    let imatrix = match eval.candidates.iter().any(|c| c.quant.is_some()) {
-        true => Some(run.get(common::layout::IMATRIX_GGUF).await?.to_vec()),
-        false => None,
-    };
-    Ok(EvalInputs { recipes, imatrix })
+    Ok(out)
 }

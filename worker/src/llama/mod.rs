@@ -7,18 +7,12 @@
 //! - [`TensorRef`]: a borrowed graph tensor with strides and host-side bytes.
 //! - [`Reducer`]: reductions of graph tensors on their own backend, so only
 //!   results are copied to the host.
-//! - [`quantize_model`]: llama.cpp's quantiser, with an importance matrix;
-//!   [`load_imatrix`]: llama.cpp's importance-matrix loader.
 
-mod imatrix;
-mod quantize;
 mod reduce;
 mod tensor;
 
-pub use imatrix::{load_imatrix, LoadedEntry, LoadedImatrix};
-pub use quantize::{quantize_model, QuantizeParams};
 pub use reduce::{ChunkSquares, ExpertIds, ReduceError, Reducer};
-pub use tensor::{aligned_f32s, f32_at, f32s, i32_at, ElemType, Op, TensorRef};
+pub use tensor::{f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -57,22 +51,6 @@ pub enum LlamaError {
     /// The eval callback panicked; the decode's results are void.
     #[error("the eval callback failed: {0}")]
     Callback(String),
-    /// llama.cpp's importance-matrix loader refused a file.
-    #[error("llama.cpp's importance-matrix loader refused {path} (run with RUST_LOG=debug for its log)")]
-    Imatrix {
-        /// The file.
-        path: String,
-    },
-    /// `llama_model_quantize` failed.
-    #[error("llama.cpp could not quantise {input} into {output}: {reason} (its log above says why)")]
-    Quantize {
-        /// The model quantised.
-        input: String,
-        /// The file it was writing.
-        output: String,
-        /// What failed.
-        reason: String,
-    },
 }
 
 /// Initialises llama.cpp once per process and routes its log to `tracing`.
@@ -171,10 +149,17 @@ impl Model {
         unsafe { sys::llama_vocab_is_eog(sys::llama_model_get_vocab(self.ptr.as_ptr()), token) }
     }
 
-    /// Number of blocks.
+    /// Number of blocks a decode runs (NextN / MTP blocks excluded).
     pub fn n_layer(&self) -> u32 {
         // SAFETY: the model is live.
         unsafe { sys::llama_model_n_layer(self.ptr.as_ptr()) as u32 }
+    }
+
+    /// Number of NextN / MTP blocks after the last layer (run only by an
+    /// MTP draft context, never by a decode).
+    pub fn n_layer_nextn(&self) -> u32 {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_n_layer_nextn(self.ptr.as_ptr()).max(0) as u32 }
     }
 }
 

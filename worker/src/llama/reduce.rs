@@ -116,7 +116,6 @@ struct Accumulator {
     device: usize,
     mem: Owned,
     sums: *mut sys::ggml_tensor,
-    sums2: *mut sys::ggml_tensor,
     counts: *mut sys::ggml_tensor,
     n_in: usize,
     n_mat: usize,
@@ -131,8 +130,6 @@ pub struct ChunkSquares {
     pub n_in: usize,
     /// Matrices (experts) in the weight.
     pub n_mat: usize,
-    /// Sums of the inputs, `[n_mat][n_in]` row-major.
-    pub sum: Vec<f32>,
     /// Sums of squared inputs, `[n_mat][n_in]` row-major.
     pub sum2: Vec<f32>,
     /// Rows (tokens, or token-slots for experts) counted per matrix.
@@ -462,8 +459,8 @@ impl Reducer {
         Ok(self.read_f32(out))
     }
 
-    /// Adds a matmul input `x` and its squares over the tokens where
-    /// `mask` is 1 to the device accumulators of `weight`, with row counts:
+    /// Adds the squares of a matmul input `x` over the tokens where
+    /// `mask` is 1 to the device accumulator of `weight`, with row counts:
     /// for a dense weight `x` is `[n_in, n_tokens]`; for stacked experts `x`
     /// is `[n_in, 1 or k, n_tokens]` and each (token, slot) counts for the
     /// expert its id selects.
@@ -486,7 +483,7 @@ impl Reducer {
                 x.name()
             ))
         };
-        let (contrib, contrib2, counts) = match &experts {
+        let (contrib, counts) = match &experts {
             None => {
                 if xne[1] != n_tokens || xne[2] != 1 || xne[3] != 1 {
                     return Err(shape_err());
@@ -495,10 +492,8 @@ impl Reducer {
                 let as_row = g.input([n_tokens as i64, 1, 1], mask);
                 // SAFETY: ops on tensors of our context.
                 unsafe {
-                    let xo = g.observed(x);
-                    let sq = sys::ggml_sqr(g.ctx(), xo);
+                    let sq = sys::ggml_sqr(g.ctx(), g.observed(x));
                     (
-                        sys::ggml_out_prod(g.ctx(), xo, per_token),
                         sys::ggml_out_prod(g.ctx(), sq, per_token),
                         sys::ggml_sum_rows(g.ctx(), as_row),
                     )
@@ -534,21 +529,18 @@ impl Reducer {
                     let ids = sys::ggml_reshape_1d(c, g.observed(e.ids), k * t);
                     let rows = sys::ggml_reshape_3d(c, sys::ggml_get_rows(c, eye, ids), n, k, t);
                     let hot = sys::ggml_mul(c, rows, m);
-                    let xo = g.observed(x);
-                    let sq = sys::ggml_sqr(c, xo);
-                    let (a, a2, b) = if xne[1] == 1 {
+                    let sq = sys::ggml_sqr(c, g.observed(x));
+                    let (a, b) = if xne[1] == 1 {
                         // One input row per token, shared by its k slots:
                         // sum the one-hot rows over the slots.
                         let per_token = sys::ggml_cont(c, sys::ggml_permute(c, hot, 1, 0, 2, 3));
                         let summed = sys::ggml_sum_rows(c, per_token);
                         (
-                            sys::ggml_reshape_2d(c, xo, n_in, t),
                             sys::ggml_reshape_2d(c, sq, n_in, t),
                             sys::ggml_reshape_2d(c, summed, n, t),
                         )
                     } else {
                         (
-                            sys::ggml_reshape_2d(c, xo, n_in, k * t),
                             sys::ggml_reshape_2d(c, sq, n_in, k * t),
                             sys::ggml_reshape_2d(c, hot, n, k * t),
                         )
@@ -556,21 +548,19 @@ impl Reducer {
                     let per_expert = sys::ggml_cont(c, sys::ggml_transpose(c, b));
                     (
                         sys::ggml_out_prod(c, a, b),
-                        sys::ggml_out_prod(c, a2, b),
                         sys::ggml_sum_rows(c, per_expert),
                     )
                 }
             }
         };
         let acc = self.accumulator(d, weight, n_in, n_mat)?;
-        let (sums, sums2, counts_acc) = (acc.sums, acc.sums2, acc.counts);
+        let (sums, counts_acc) = (acc.sums, acc.counts);
         acc.touched = true;
         // SAFETY: in-place adds into the accumulator tensors (same shapes:
-        // [n_in, n_mat] twice and [1, n_mat]).
+        // [n_in, n_mat] and [1, n_mat]).
         let outputs = unsafe {
             [
                 sys::ggml_add_inplace(g.ctx(), sums, contrib),
-                sys::ggml_add_inplace(g.ctx(), sums2, contrib2),
                 sys::ggml_add_inplace(g.ctx(), counts_acc, counts),
             ]
         };
@@ -588,11 +578,7 @@ impl Reducer {
         if !self.accumulators.contains_key(weight) {
             let (mem, t) = Owned::alloc(
                 self.devices[d].backend,
-                &[
-                    [n_in as i64, n_mat as i64],
-                    [n_in as i64, n_mat as i64],
-                    [1, n_mat as i64],
-                ],
+                &[[n_in as i64, n_mat as i64], [1, n_mat as i64]],
             )?;
             self.accumulators.insert(
                 weight.to_string(),
@@ -600,8 +586,7 @@ impl Reducer {
                     device: d,
                     mem,
                     sums: t[0],
-                    sums2: t[1],
-                    counts: t[2],
+                    counts: t[1],
                     n_in,
                     n_mat,
                     touched: false,
@@ -629,12 +614,11 @@ impl Reducer {
             .collect();
         let mut out = Vec::with_capacity(touched.len());
         for weight in touched {
-            let (sums, sums2, counts, n_in, n_mat) = {
+            let (sums, counts, n_in, n_mat) = {
                 let a = &self.accumulators[&weight];
-                (a.sums, a.sums2, a.counts, a.n_in, a.n_mat)
+                (a.sums, a.counts, a.n_in, a.n_mat)
             };
-            let sum = self.read_f32(sums);
-            let sum2 = self.read_f32(sums2);
+            let sum2 = self.read_f32(sums);
             let counts = self.read_f32(counts);
             let a = self.accumulators.get_mut(&weight).expect("listed above");
             a.touched = false;
@@ -644,7 +628,6 @@ impl Reducer {
                 weight,
                 n_in,
                 n_mat,
-                sum,
                 sum2,
                 counts,
             });

@@ -82,6 +82,23 @@ impl<'a> TensorRef<'a> {
         }
     }
 
+    /// ggml's name of the node's operation, unary and GLU ops by their own
+    /// name (`SOFT_MAX`, `SIGMOID`, `MUL_MAT`, ...): how the routing probe
+    /// tells gating functions apart.
+    pub fn op_desc(&self) -> &'static str {
+        // SAFETY: the tensor is live; ggml returns a static NUL-terminated name.
+        let c = unsafe { CStr::from_ptr(sys::ggml_op_desc(self.raw)) };
+        c.to_str().unwrap_or("")
+    }
+
+    /// Operation parameter `i` read as an f32 (`ggml_scale`'s factor is 0).
+    pub fn op_param_f32(&self, i: usize) -> Option<f32> {
+        self.raw
+            .op_params
+            .get(i)
+            .map(|&bits| f32::from_bits(bits as u32))
+    }
+
     /// Element type.
     pub fn elem(&self) -> ElemType {
         match self.raw.type_ {
@@ -154,18 +171,6 @@ pub fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
     bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-}
-
-/// The bytes of a row as `&[f32]` when they are 4-byte aligned (what a
-/// host tensor's rows are), which LLVM vectorises where a decode of four
-/// bytes at a time does not; `None` for a misaligned row (use [`f32s`]).
-/// x86-64 and aarch64 store f32 little-endian, as ggml does.
-#[inline]
-pub fn aligned_f32s(bytes: &[u8]) -> Option<&[f32]> {
-    // SAFETY: every bit pattern is a valid f32; `align_to` only hands out
-    // the aligned middle, and anything outside it makes this `None`.
-    let (head, values, tail) = unsafe { bytes.align_to::<f32>() };
-    (head.is_empty() && tail.is_empty()).then_some(values)
 }
 
 /// Reads a little-endian i32 at byte offset `off`.

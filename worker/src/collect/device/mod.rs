@@ -209,7 +209,7 @@ impl DeviceReads {
         for s in self.reducer.take_chunk() {
             let copies = mirrors.iter().filter(|(_, src)| **src == s.weight);
             for weight in std::iter::once(&s.weight).chain(copies.map(|(w, _)| w)) {
-                add_sums(scratch, weight, &s)?;
+                add_squares(scratch, weight, &s)?;
             }
         }
         Ok(())
@@ -217,19 +217,13 @@ impl DeviceReads {
 }
 
 /// Adds one chunk's device sums `s` to the scratch entry of `weight`.
-fn add_sums(scratch: &mut ChunkScratch, weight: &str, s: &ChunkSquares) -> Result<(), String> {
+fn add_squares(scratch: &mut ChunkScratch, weight: &str, s: &ChunkSquares) -> Result<(), String> {
     let entry = scratch.imatrix_entry(weight, s.n_in, s.n_mat);
-    if entry.sum2.len() != s.sum2.len()
-        || entry.sum.len() != s.sum.len()
-        || entry.counts.len() != s.counts.len()
-    {
+    if entry.sum2.len() != s.sum2.len() || entry.counts.len() != s.counts.len() {
         return Err(format!(
             "{weight}: device sums of [{}] x {} do not fit the host's shape",
             s.n_in, s.n_mat
         ));
-    }
-    for (a, b) in entry.sum.iter_mut().zip(&s.sum) {
-        *a += f64::from(*b);
     }
     for (a, b) in entry.sum2.iter_mut().zip(&s.sum2) {
         *a += f64::from(*b);
