@@ -149,6 +149,24 @@ pub fn quantised_tensor(header: &GgufHeader) -> Option<(String, String)> {
         .map(|t| (t.name.clone(), ggml_type_name(t.ggml_type)))
 }
 
+/// Refuses to quantise `model` (whose header is `header`) to `quant` when it
+/// is already quantised, unless `allow`: re-quantising compounds two
+/// rounding errors, and llama-quantize refuses it without
+/// `--allow-requantize` too. The error names the model and a quantised tensor.
+pub fn check_requantize(
+    header: &GgufHeader,
+    model: &str,
+    quant: QuantType,
+    allow: bool,
+) -> Result<(), String> {
+    match (allow, quantised_tensor(header)) {
+        (false, Some((tensor, ty))) => Err(format!(
+            "{model} is already quantised ({tensor} is {ty}): quantising it to {quant} compounds two rounding errors; pass --allow-requantize to do it anyway"
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -264,16 +264,15 @@ fn kill_9_and_the_same_command_keep_the_running_workers() {
     let restarted = std::time::SystemTime::now();
     let again_at = Instant::now();
     let mut again = coordinator(&config, &run, &[]);
-    let rejoined = || again.logged("worker joined");
     until("both workers rejoin", || {
-        rejoined().len() >= 2 || again.child.try_wait().unwrap().is_some()
+        again.logged("worker joined").len() >= 2 || again.child.try_wait().unwrap().is_some()
     });
     let hint2 = connect_info(d.path(), restarted);
     assert_eq!(
         (hint2["addr"].as_str(), hint2["pin"].as_str()),
         (Some(addr.as_str()), Some(pin.as_str()))
     );
-    let joined = rejoined();
+    let joined = again.logged("worker joined");
     assert!(joined.len() >= 2, "{}", again.log());
     let took = joined[1].duration_since(again_at);
     println!("FIGURE restart: both workers rejoined {took:?} after the restart began");

@@ -14,6 +14,7 @@ fn honest() -> Partial {
         n_expert_used: 2,
         gating: Gating::Softmax,
         moe_layers: vec![1],
+        routing: crate::routing::Routing::default(),
     };
     let mut experts = ExpertAccum::new(shape);
     let g = experts.group_mut(Split::Fit, "en");

@@ -1,14 +1,12 @@
-//! Making the shipped files in the output directory: candidates sliced and
-//! derived from the base model (`common::prune`), importance matrices
-//! sliced the same way, quantised files made by `worker quantize`
-//! (llama.cpp's quantiser; the worker crate holds the only unsafe code).
+//! Placing the shipped files in the output directory, and quantised files
+//! made by `worker quantize` (llama.cpp's quantiser; the worker crate holds
+//! the only unsafe code).
 //!
 //! Every file is made in a scratch directory inside the output directory
 //! and then linked to its final name, which fails if the name exists, so a
 //! final name only ever holds a complete file and is never replaced. A file
-//! that already exists is reused when its bytes are what these inputs make:
-//! the SHA-256 its card recorded for the same recipe, or else that of a
-//! fresh build; any other file under that name is an error naming it.
+//! that already exists is reused when its bytes are what these inputs make;
+//! any other file under that name is an error naming it.
 
 use super::ShipError;
 use common::hash::sha256_file;
@@ -58,31 +56,22 @@ impl OutDir {
         self.dir.join(name)
     }
 
-    /// Places file `name`: reused when it exists with the SHA-256
-    /// `recorded` (its card's, for the same recipe); otherwise `make`
-    /// writes it to the scratch path it is given, and the result is linked
-    /// to the final name, or, when a file is there already, compared with
-    /// it: the same bytes are reused, other bytes are an error.
+    /// A path in the scratch directory (removed with it).
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        self.scratch.path().join(name)
+    }
+
+    /// Places file `name`: `make` writes it to the scratch path it is
+    /// given, and the result is linked to the final name, or, when a file
+    /// is there already, compared with it: the same bytes are reused, other
+    /// bytes are an error.
     pub fn place(
         &self,
         name: &str,
-        recorded: Option<&str>,
         make: impl FnOnce(&Path) -> Result<(), ShipError>,
     ) -> Result<Placed, ShipError> {
         let target = self.path(name);
-        let exists = target.try_exists().map_err(io_err(&target))?;
-        if let (true, Some(want)) = (exists, recorded) {
-            let sha256 = sha256_file(&target).map_err(io_err(&target))?;
-            if sha256 == want {
-                let bytes = std::fs::metadata(&target).map_err(io_err(&target))?.len();
-                return Ok(Placed {
-                    sha256,
-                    bytes,
-                    reused: true,
-                });
-            }
-        }
-        let made = self.scratch.path().join(name);
+        let made = self.scratch(name);
         make(&made)?;
         let sha256 = sha256_file(&made).map_err(io_err(&made))?;
         let bytes = std::fs::metadata(&made).map_err(io_err(&made))?.len();
@@ -168,25 +157,26 @@ mod tests {
         let write = |bytes: &'static [u8]| {
             move |p: &Path| std::fs::write(p, bytes).map_err(io_err(p))
         };
-        let first = out.place("a.gguf", None, write(b"one")).unwrap();
+        let first = out.place("a.gguf", write(b"one")).unwrap();
         assert!(!first.reused);
         assert_eq!(std::fs::read(out.path("a.gguf")).unwrap(), b"one");
-        // The recorded hash matches: nothing is made.
-        let again = out
-            .place("a.gguf", Some(&first.sha256), |_| panic!("made again"))
-            .unwrap();
-        assert_eq!(again, Placed { reused: true, ..first.clone() });
-        // No record: made again, and equal bytes are reused.
-        let rebuilt = out.place("a.gguf", None, write(b"one")).unwrap();
-        assert!(rebuilt.reused);
+        // Made again: equal bytes are reused.
+        let again = out.place("a.gguf", write(b"one")).unwrap();
+        assert_eq!(
+            again,
+            Placed {
+                reused: true,
+                ..first.clone()
+            }
+        );
         // Other bytes under the name: an error, and the file stays.
-        let e = out.place("a.gguf", None, write(b"two")).unwrap_err().to_string();
+        let e = out.place("a.gguf", write(b"two")).unwrap_err().to_string();
         assert!(e.contains("a.gguf") && e.contains("never replaced"), "{e}");
         assert_eq!(std::fs::read(out.path("a.gguf")).unwrap(), b"one");
         // A failed make leaves nothing at the final name.
-        let failed = out.place("b.gguf", None, |p| {
+        let failed = out.place("b.gguf", |p| {
             std::fs::write(p, b"half").unwrap();
-            Err(ShipError::Setup("stopped".into()))
+            Err(io_err(p)(std::io::Error::other("stopped")))
         });
         assert!(failed.is_err() && !out.path("b.gguf").exists());
     }
