@@ -6,9 +6,9 @@
 //! an honest one would, byte for byte.
 
 use common::exact::ExactSum;
+use common::layout::PARTIALS;
 use common::partial::Partial;
 use common::stats::{GroupAccum, GroupKey};
-use common::layout::PARTIALS;
 use common::wire::ToWorker;
 use common::{ChunkRange, Split};
 use coordinator::run::{Listening, RunSetup, RunSummary};
@@ -25,6 +25,10 @@ async fn run_with(
     loopback::run_with(setup, make).await
 }
 
+/// The scripted worker's task, shaped like a joined worker's.
+type WorkerTask =
+    tokio::task::JoinHandle<Result<worker::join::JoinSummary, worker::join::JoinError>>;
+
 /// A scripted worker that joins before the honest ones and reports
 /// `poison` applied to the honest partial of every lease it gets, until the
 /// coordinator stops giving it leases; returns its last reply and the
@@ -34,7 +38,7 @@ fn poisoner(
     index: common::corpus::CorpusIndex,
     poison: fn(&mut Partial),
 ) -> (
-    tokio::task::JoinHandle<Result<worker::join::JoinSummary, worker::join::JoinError>>,
+    WorkerTask,
     tokio::sync::oneshot::Receiver<(Option<ToWorker>, u32)>,
 ) {
     let (tx, rx) = tokio::sync::oneshot::channel();

@@ -17,24 +17,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use worker::synth::{Preset, WeightType};
 
-/// A keep map of `k` experts in each of `layers`: `(2i + l) mod n_expert`.
-fn keep_map(k: u32, layers: &[u32], n_expert: u32) -> KeepMap {
-    KeepMap {
-        method: "test".into(),
-        k,
-        params: serde_json::Value::Null,
-        saliency_sha256: String::new(),
-        layers: layers
-            .iter()
-            .map(|&l| {
-                let mut ids: Vec<u32> = (0..k).map(|i| (i * 2 + l) % n_expert).collect();
-                ids.sort();
-                (l.to_string(), ids)
-            })
-            .collect(),
-    }
-}
-
 /// An importance matrix for every weight matrix of `model` but the token
 /// embedding: `in_sum2` values `0.5 + j/64` (exact in f32), `counts` of
 /// matrix m `m mod 4` (so some matrices saw no input).
@@ -115,7 +97,13 @@ fn run_dir(dir: &Path, model: &Path, maps: &[(&str, &KeepMap)], m: &Imatrix) -> 
     run
 }
 
-fn ship(run: &Path, out: &Path, candidates: &str, quant: &str, extra: &[&str]) -> std::process::Output {
+fn ship(
+    run: &Path,
+    out: &Path,
+    candidates: &str,
+    quant: &str,
+    extra: &[&str],
+) -> std::process::Output {
     let mut args = vec![
         "ship",
         run.to_str().unwrap(),
@@ -153,7 +141,10 @@ fn listed(out: &Path) -> Vec<String> {
     }
     recorded.push("SHA256SUMS".into());
     recorded.sort();
-    assert_eq!(names, recorded, "every file is recorded, nothing else is left");
+    assert_eq!(
+        names, recorded,
+        "every file is recorded, nothing else is left"
+    );
     names
 }
 
@@ -167,21 +158,82 @@ fn runs_in_llama_cpp(model: &Path) {
     );
 }
 
+/// The card of `<name>.Q8_0.gguf` names the file, the base model, the keep
+/// map and the sliced importance matrix by SHA-256, and its commands make
+/// the same bytes again.
+fn card_says(out: &Path, name: &str, k: u32, model: &Path) {
+    let file = format!("{name}.Q8_0.gguf");
+    let sha = |p: &Path| common::hash::sha256_file(p).unwrap();
+    let card: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join(format!("{name}.Q8_0.json"))).unwrap())
+            .unwrap();
+    assert_eq!(card["file"]["file"], file.as_str());
+    assert_eq!(card["file"]["sha256"], sha(&out.join(&file)).as_str());
+    assert_eq!(card["base"]["file"]["sha256"], sha(model).as_str());
+    assert_eq!(card["base"]["n_expert"], 16);
+    assert_eq!(card["keep_map"]["k"], k);
+    assert_eq!(card["quantisation"]["quant"], "Q8_0");
+    let im = format!("{name}.imatrix.gguf");
+    assert_eq!(card["quantisation"]["imatrix"]["file"], im.as_str());
+    assert_eq!(
+        card["quantisation"]["imatrix"]["sha256"],
+        sha(&out.join(&im)).as_str()
+    );
+    assert!(
+        card["tensor_types"]["Q8_0"].as_u64().unwrap() >= 9,
+        "{card}"
+    );
+    let md = std::fs::read_to_string(out.join(format!("{name}.Q8_0.md"))).unwrap();
+    assert!(
+        md.contains("Q8_0 by llama.cpp's quantiser") && md.contains(&sha(&out.join(&file))),
+        "{md}"
+    );
+    // The step-by-step commands, run in an empty directory.
+    let again = tempfile::tempdir().unwrap();
+    for c in card["commands"].as_array().unwrap().iter().skip(2) {
+        let words: Vec<&str> = c.as_str().unwrap().split_whitespace().collect();
+        if words[0] == "#" {
+            continue;
+        }
+        let o = fixtures::command(words[0])
+            .args(&words[1..])
+            .current_dir(again.path())
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{c}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert_eq!(
+        sha(&again.path().join(&file)),
+        sha(&out.join(&file)),
+        "the card's commands make {file} again"
+    );
+}
+
 #[test]
 fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let layers = [0, 1, 2];
-    let (k8, k4) = (keep_map(8, &layers, 16), keep_map(4, &layers, 16));
+    let (k8, k4) = (
+        fixtures::keep_map(8, &layers, 16),
+        fixtures::keep_map(4, &layers, 16),
+    );
     let m = imatrix(&model);
     let run = run_dir(d.path(), &model, &[("test_K8", &k8), ("test_K4", &k4)], &m);
     let out = d.path().join("ship");
     let o = ship(&run, &out, "test_K8,test_K4", "Q8_0", &[]);
     assert!(o.status.success());
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("shipped 6 files") && stdout.contains("(6 made, 0 reused"), "{stdout}");
+    assert!(
+        stdout.contains("shipped 14 files") && stdout.contains("(14 made, 0 reused"),
+        "{stdout}"
+    );
     let names = listed(&out);
-    assert_eq!(names.len(), 7, "{names:?}");
+    assert_eq!(names.len(), 15, "{names:?}");
     for (name, k) in [("test_K8", 8), ("test_K4", 4)] {
         let q = out.join(format!("{name}.Q8_0.gguf"));
         let g = LlamaGguf::open(&q).unwrap();
@@ -191,14 +243,22 @@ fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
             if t.contains("_exps.") {
                 assert_eq!(ty, sys::GGML_TYPE_Q8_0, "{t}");
             } else {
-                assert!([sys::GGML_TYPE_F32, sys::GGML_TYPE_Q8_0].contains(&ty), "{t}: {ty}");
+                assert!(
+                    [sys::GGML_TYPE_F32, sys::GGML_TYPE_Q8_0].contains(&ty),
+                    "{t}: {ty}"
+                );
             }
         }
         // llama.cpp's own quantiser on the slice makes the same bytes.
         let want = d.path().join(format!("{name}.want.gguf"));
         quantize(&out.join(format!("{name}.gguf")), &want, Q8_0, 1).unwrap();
-        assert_eq!(std::fs::read(&q).unwrap(), std::fs::read(&want).unwrap(), "{name}");
+        assert_eq!(
+            std::fs::read(&q).unwrap(),
+            std::fs::read(&want).unwrap(),
+            "{name}"
+        );
         runs_in_llama_cpp(&q);
+        card_says(&out, name, k, &model);
     }
 
     // The same inputs again: every file is reused, none touched.
@@ -208,13 +268,18 @@ fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
     let o = ship(&run, &out, "test_K8,test_K4", "Q8_0", &[]);
     assert!(o.status.success());
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("(0 made, 6 reused"), "{stdout}");
+    assert!(stdout.contains("(0 made, 14 reused"), "{stdout}");
     assert_eq!(std::fs::read(out.join("SHA256SUMS")).unwrap(), sums);
-    let gguf_mtimes = |t: &[std::time::SystemTime]| {
-        names.iter().zip(t).filter(|(n, _)| n.ends_with(".gguf")).map(|(_, t)| *t).collect::<Vec<_>>()
+    let file_mtimes = |t: &[std::time::SystemTime]| {
+        names
+            .iter()
+            .zip(t)
+            .filter(|(n, _)| *n != "SHA256SUMS")
+            .map(|(_, t)| *t)
+            .collect::<Vec<_>>()
     };
     let after: Vec<_> = names.iter().map(|n| mtime(n)).collect();
-    assert_eq!(gguf_mtimes(&before), gguf_mtimes(&after));
+    assert_eq!(file_mtimes(&before), file_mtimes(&after));
 
     // A quantised base: refused before anything is written, unless asked.
     let q8 = fixtures::model_as(d.path(), Preset::Tiny, WeightType::Q8_0);
@@ -224,13 +289,15 @@ fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
     assert!(!o.status.success());
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(
-        stderr.contains("already quantised") && stderr.contains("is Q8_0") && stderr.contains("--allow-requantize"),
+        stderr.contains("already quantised")
+            && stderr.contains("is Q8_0")
+            && stderr.contains("--allow-requantize"),
         "{stderr}"
     );
     assert!(!out.exists(), "nothing is written");
     let o = ship(&run, &out, "test_K8", "Q8_0", &["--allow-requantize"]);
     assert!(o.status.success());
-    assert_eq!(listed(&out).len(), 4);
+    assert_eq!(listed(&out).len(), 8);
     runs_in_llama_cpp(&out.join("test_K8.Q8_0.gguf"));
 }
 
@@ -239,7 +306,7 @@ fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::TinyAltQk);
     let layers = [1, 2];
-    let keep = keep_map(8, &layers, 16);
+    let keep = fixtures::keep_map(8, &layers, 16);
     let m = imatrix(&model);
     let run = run_dir(d.path(), &model, &[("test_K8", &keep)], &m);
     let out = d.path().join("ship");
@@ -253,7 +320,10 @@ fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
         for t in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
             let name = format!("blk.{l}.{t}.weight");
             let ty = g.tensor_type(&name).unwrap();
-            assert!([sys::GGML_TYPE_Q4_K, sys::GGML_TYPE_Q6_K].contains(&ty), "{name}: {ty}");
+            assert!(
+                [sys::GGML_TYPE_Q4_K, sys::GGML_TYPE_Q6_K].contains(&ty),
+                "{name}: {ty}"
+            );
             types.insert(ty);
         }
     }
@@ -264,10 +334,23 @@ fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
     // llama.cpp directly: the same bytes; without them, other bytes.
     let slice = out.join("test_K8.gguf");
     let with = d.path().join("with.gguf");
-    quantize_with(&slice, &with, Q4_K_M, 1, Some(&sliced_weights(&m, &keep, 16))).unwrap();
+    quantize_with(
+        &slice,
+        &with,
+        Q4_K_M,
+        1,
+        Some(&sliced_weights(&m, &keep, 16)),
+    )
+    .unwrap();
     let shipped_bytes = std::fs::read(&shipped).unwrap();
-    assert!(shipped_bytes == std::fs::read(&with).unwrap(), "the shipped file is llama.cpp's quantisation with the sliced weights");
+    assert!(
+        shipped_bytes == std::fs::read(&with).unwrap(),
+        "the shipped file is llama.cpp's quantisation with the sliced weights"
+    );
     let without = d.path().join("without.gguf");
     quantize(&slice, &without, Q4_K_M, 1).unwrap();
-    assert!(shipped_bytes != std::fs::read(&without).unwrap(), "the importance matrix changed the quantisation");
+    assert!(
+        shipped_bytes != std::fs::read(&without).unwrap(),
+        "the importance matrix changed the quantisation"
+    );
 }

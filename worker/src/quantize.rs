@@ -71,7 +71,8 @@ pub fn imatrix_weights(path: &Path) -> Result<BTreeMap<String, Vec<f32>>, Worker
                 )))
             }
         };
-        let sums: Vec<f32> = f32s(&r.tensor_bytes(&sum2).map_err(|e| bad(e.to_string()))?).collect();
+        let sums: Vec<f32> =
+            f32s(&r.tensor_bytes(&sum2).map_err(|e| bad(e.to_string()))?).collect();
         let counts: Vec<f32> =
             f32s(&r.tensor_bytes(&counts).map_err(|e| bad(e.to_string()))?).collect();
         let mut w = Vec::with_capacity(sums.len());
@@ -108,8 +109,7 @@ pub fn quantize_file(
     let header = GgufReader::open(base)
         .map_err(|e| model_err(e.to_string()))?
         .header;
-    check_requantize(&header, "the model", opts.quant, opts.allow_requantize)
-        .map_err(model_err)?;
+    check_requantize(&header, "the model", opts.quant, opts.allow_requantize).map_err(model_err)?;
     if out.exists() {
         return Err(WorkerError::Io {
             path: out.display().to_string(),
@@ -144,9 +144,7 @@ pub fn quantize_file(
     };
     quantize_model(base, tmp.path(), &params)?;
     let sha256 = common::hash::sha256_file(tmp.path()).map_err(io(tmp.path()))?;
-    let bytes = std::fs::metadata(tmp.path())
-        .map_err(io(tmp.path()))?
-        .len();
+    let bytes = std::fs::metadata(tmp.path()).map_err(io(tmp.path()))?.len();
     tmp.persist_noclobber(out).map_err(|e| WorkerError::Io {
         path: out.display().to_string(),
         source: e.error,

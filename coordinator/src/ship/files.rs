@@ -154,9 +154,8 @@ mod tests {
     fn a_final_name_is_created_once_reused_when_equal_and_never_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let out = OutDir::open(&dir.path().join("ship")).unwrap();
-        let write = |bytes: &'static [u8]| {
-            move |p: &Path| std::fs::write(p, bytes).map_err(io_err(p))
-        };
+        let write =
+            |bytes: &'static [u8]| move |p: &Path| std::fs::write(p, bytes).map_err(io_err(p));
         let first = out.place("a.gguf", write(b"one")).unwrap();
         assert!(!first.reused);
         assert_eq!(std::fs::read(out.path("a.gguf")).unwrap(), b"one");

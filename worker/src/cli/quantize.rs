@@ -32,9 +32,9 @@ pub struct QuantizeArgs {
 
 /// Entry point of `worker quantize`.
 pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
-    });
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
     let opts = QuantizeOptions {
         quant: a.quant,
         imatrix: a.imatrix,
