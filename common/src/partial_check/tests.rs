@@ -2,7 +2,7 @@ use super::*;
 use crate::imatrix::{Imatrix, ImatrixEntry};
 use crate::partial::{BackendToHost, PARTIAL_FORMAT_VERSION};
 use crate::stats::MoeShape;
-use crate::{ChunkRange, Split};
+use crate::{ChunkRange, Gating, Split};
 use std::collections::BTreeMap;
 
 /// Two tokens of domain `en`, 4 experts, top-2: token 0 picks experts 0 and
