@@ -313,7 +313,14 @@ impl Ship<'_> {
     /// this ship of it alone, and the same steps by hand.
     fn commands(&self, name: &str, quant: Option<QuantType>) -> Vec<String> {
         let a = self.args;
-        let (run, base, out) = (&a.run, self.base.display(), a.out.display());
+        // Absolute, so the commands work from any directory.
+        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let run = match a.run.contains("://") {
+            true => a.run.clone(),
+            false => absolute(Path::new(&a.run)).display().to_string(),
+        };
+        let (base, out) = (absolute(self.base), absolute(&a.out));
+        let (base, out) = (base.display(), out.display());
         let allow = if a.allow_requantize {
             " --allow-requantize"
         } else {
