@@ -11,7 +11,8 @@
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
-//! - [`prune`]: a base model and its importance matrix sliced to a keep map.
+//! - [`prune`]: a base model and its importance matrix sliced to a keep map;
+//!   [`quant`]: the quantisation types a shipped file is written in.
 //! - [`store`]: run locations in object storage; [`layout`]: every object
 //!   name under one.
 //! - [`lease`]: [`lease::LeaseOutput`], what a lease produces (a partial or
@@ -45,6 +46,7 @@ pub mod partial_check;
 pub mod peer_text;
 pub mod procstat;
 pub mod prune;
+pub mod quant;
 pub mod routing;
 pub mod saliency;
 pub mod secret;

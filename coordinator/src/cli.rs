@@ -8,7 +8,7 @@ use std::process::ExitCode;
 #[command(
     name = "coordinator",
     version,
-    about = "moe-census coordinator: corpus, run, merge, verify, score, replay, eval, report"
+    about = "moe-census coordinator: corpus, run, merge, verify, score, replay, eval, report, prune, ship"
 )]
 pub struct Cli {
     /// The stage to run.
@@ -37,6 +37,8 @@ pub enum Command {
     Replay(crate::replay::ReplayArgs),
     /// Slice a pruned GGUF (and its importance matrix) from one of the run's keep maps.
     Prune(crate::prune::PruneArgs),
+    /// Pruned GGUFs quantised by llama.cpp with their sliced importance matrix, create-only, SHA-256 recorded.
+    Ship(crate::ship::ShipArgs),
     /// KL, perplexity and top-1 agreement of pruned candidates against the base model, over the run's workers.
     Eval(crate::eval::cli::EvalArgs),
 }
@@ -53,6 +55,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Report(args) => crate::report::run(args),
         Command::Replay(args) => crate::replay::main(args),
         Command::Prune(args) => crate::prune::run(args),
+        Command::Ship(args) => crate::ship::run(args),
         Command::Eval(args) => crate::eval::cli::main(args),
     }
 }

@@ -19,4 +19,5 @@ pub mod report;
 pub mod run;
 pub mod sched;
 pub mod score;
+pub mod ship;
 pub mod verify;

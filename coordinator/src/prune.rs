@@ -40,7 +40,7 @@ pub fn imatrix_path(out: &Path) -> PathBuf {
 /// The base model: `--model`, else the model collection ran with (the
 /// manifest's `model_path`), else the absolute model path of the run's
 /// config (`config.model.path`).
-async fn base_model(store: &RunStore, model: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub(crate) async fn base_model(store: &RunStore, model: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(m) = model {
         return Ok(m.to_path_buf());
     }

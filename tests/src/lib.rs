@@ -19,6 +19,25 @@ use common::{ChunkId, Split};
 use std::path::{Path, PathBuf};
 use worker::synth::Preset;
 
+/// A keep map of method `test` keeping `k` experts in each of `layers`:
+/// experts `(2i + l) mod n_expert`, sorted.
+pub fn keep_map(k: u32, layers: &[u32], n_expert: u32) -> common::keepmap::KeepMap {
+    common::keepmap::KeepMap {
+        method: "test".into(),
+        k,
+        params: serde_json::Value::Null,
+        saliency_sha256: String::new(),
+        layers: layers
+            .iter()
+            .map(|&l| {
+                let mut ids: Vec<u32> = (0..k).map(|i| (i * 2 + l) % n_expert).collect();
+                ids.sort();
+                (l.to_string(), ids)
+            })
+            .collect(),
+    }
+}
+
 /// Writes a preset model into `dir` and returns its path.
 pub fn model(dir: &Path, preset: Preset) -> PathBuf {
     let path = dir.join(format!("{preset:?}.gguf").to_lowercase());

@@ -3,8 +3,12 @@
 //! writer cannot encode, so tests see the files users actually prune.
 
 use llama_cpp_sys_2 as sys;
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::path::Path;
+
+/// llama.cpp's Q8_0 file type: every weight matrix in blocks of 32.
+pub const Q8_0: sys::llama_ftype = sys::LLAMA_FTYPE_MOSTLY_Q8_0;
 
 /// llama.cpp's Q4_K_M file type: k-quant experts, Q4_K with Q6_K in part of
 /// the down projections, where the rows are whole blocks of 256.
@@ -19,15 +23,50 @@ pub fn quantize(
     ftype: sys::llama_ftype,
     threads: i32,
 ) -> Result<(), String> {
+    quantize_with(input, output, ftype, threads, None)
+}
+
+/// [`quantize`] with per-tensor importance weights (`[n_mat][n_in]`, what
+/// llama-quantize derives from an imatrix file) handed to llama.cpp as they
+/// are.
+pub fn quantize_with(
+    input: &Path,
+    output: &Path,
+    ftype: sys::llama_ftype,
+    threads: i32,
+    imatrix: Option<&BTreeMap<String, Vec<f32>>>,
+) -> Result<(), String> {
     crate::llama_logits::init_backend();
     let inp = CString::new(input.to_str().unwrap()).unwrap();
     let out = CString::new(output.to_str().unwrap()).unwrap();
-    // SAFETY: plain parameter struct from llama.cpp's defaults; both paths
-    // are valid C strings that outlive the call.
+    let names: Vec<(CString, &Vec<f32>)> = imatrix
+        .into_iter()
+        .flatten()
+        .map(|(n, v)| (CString::new(n.as_str()).unwrap(), v))
+        .collect();
+    let mut entries: Vec<sys::llama_model_imatrix_data> = names
+        .iter()
+        .map(|(name, values)| sys::llama_model_imatrix_data {
+            name: name.as_ptr(),
+            data: values.as_ptr(),
+            size: values.len(),
+        })
+        .collect();
+    entries.push(sys::llama_model_imatrix_data {
+        name: std::ptr::null(),
+        data: std::ptr::null(),
+        size: 0,
+    });
+    // SAFETY: plain parameter struct from llama.cpp's defaults; both paths,
+    // the names and values `entries` points to (ended by a null name)
+    // outlive the call.
     let code = unsafe {
         let mut params = sys::llama_model_quantize_default_params();
         params.nthread = threads;
         params.ftype = ftype;
+        if imatrix.is_some() {
+            params.imatrix = entries.as_ptr();
+        }
         sys::llama_model_quantize(inp.as_ptr(), out.as_ptr(), &params)
     };
     if code == 0 {

@@ -6,7 +6,6 @@ use common::imatrix::{Imatrix, ImatrixEntry};
 use common::keepmap::KeepMap;
 use common::store::RunStore;
 use fixtures::llama_gguf::LlamaGguf;
-use std::collections::BTreeMap;
 use std::path::Path;
 use worker::synth::Preset;
 
@@ -14,25 +13,7 @@ const N_EXPERT: u32 = 16;
 const MOE_LAYERS: [u32; 3] = [0, 1, 2];
 
 fn keep_map(k: u32, layers: &[u32]) -> KeepMap {
-    KeepMap {
-        method: "test".into(),
-        k,
-        params: serde_json::Value::Null,
-        saliency_sha256: String::new(),
-        layers: layers
-            .iter()
-            .map(|l| {
-                (
-                    l.to_string(),
-                    (0..k).map(|i| (i * 2 + l) % N_EXPERT).collect::<Vec<_>>(),
-                )
-            })
-            .map(|(l, mut ids)| {
-                ids.sort();
-                (l, ids)
-            })
-            .collect::<BTreeMap<_, _>>(),
-    }
+    fixtures::keep_map(k, layers, N_EXPERT)
 }
 
 /// An importance matrix shaped like `tiny`'s, each expert's counts = its id.

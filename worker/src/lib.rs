@@ -9,6 +9,8 @@
 //! - [`eval`]: the [`eval::Evaluator`] that compares pruned candidates with
 //!   the base model (KL, perplexity, top-1 agreement).
 //! - [`join`]: `worker join`, the QUIC client that measures leases for a coordinator.
+//! - [`quantize`]: `worker quantize`, llama.cpp's quantiser with an
+//!   importance matrix, written create-only and hashed.
 //! - [`llama`]: the only unsafe code, wrapping llama.cpp.
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -19,6 +21,7 @@ pub mod error;
 pub mod eval;
 pub mod join;
 pub mod llama;
+pub mod quantize;
 pub mod synth;
 
 pub use error::WorkerError;

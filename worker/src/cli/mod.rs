@@ -7,13 +7,14 @@ use std::process::ExitCode;
 mod collect;
 mod corpus;
 mod eval;
+mod quantize;
 
 /// moe-census worker.
 #[derive(Parser, Debug)]
 #[command(
     name = "worker",
     version,
-    about = "moe-census worker: generate test models, measure chunks, join a run"
+    about = "moe-census worker: generate test models, measure chunks, join a run, quantise"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,6 +33,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Join a run: prove the join secret, then measure leased chunk ranges.
     Join(crate::join::JoinArgs),
+    /// Quantise a GGUF with llama.cpp's quantiser and an importance matrix.
+    Quantize(quantize::QuantizeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -95,6 +98,7 @@ pub fn main() -> ExitCode {
         }
         Command::Collect(a) => collect::run(a),
         Command::Eval(a) => eval::run(a),
+        Command::Quantize(a) => quantize::run(a),
         Command::Join(a) => crate::join::run(a).map(|_| ()).map_err(anyhow::Error::from),
     };
     match result {

@@ -7,10 +7,13 @@
 //! - [`TensorRef`]: a borrowed graph tensor with strides and host-side bytes.
 //! - [`Reducer`]: reductions of graph tensors on their own backend, so only
 //!   results are copied to the host.
+//! - [`quantize_model`]: llama.cpp's quantiser, with an importance matrix.
 
+mod quantize;
 mod reduce;
 mod tensor;
 
+pub use quantize::{quantize_model, QuantizeParams};
 pub use reduce::{ChunkSquares, ExpertIds, ReduceError, Reducer};
 pub use tensor::{f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 
@@ -51,6 +54,16 @@ pub enum LlamaError {
     /// The eval callback panicked; the decode's results are void.
     #[error("the eval callback failed: {0}")]
     Callback(String),
+    /// `llama_model_quantize` failed.
+    #[error("llama.cpp could not quantise {input} into {output}: {reason} (run with RUST_LOG=debug for llama.cpp's log)")]
+    Quantize {
+        /// The model quantised.
+        input: String,
+        /// The file it was writing.
+        output: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 /// Initialises llama.cpp once per process and routes its log to `tracing`.

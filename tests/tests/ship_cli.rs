@@ -1,0 +1,356 @@
+//! `coordinator ship` on a run directory: every candidate sliced, quantised
+//! by llama.cpp's quantiser with the sliced importance matrix, written
+//! create-only with its SHA-256 in `SHA256SUMS`; the quantised files load
+//! and run in llama.cpp with the asked tensor types and are byte for byte
+//! what llama.cpp's own `llama_model_quantize` makes of the slice with
+//! importance weights computed here; a second ship reuses every file; a
+//! quantised base is refused unless `--allow-requantize`.
+
+use common::exact::ExactSum;
+use common::gguf_read::GgufReader;
+use common::imatrix::{Imatrix, ImatrixEntry};
+use common::keepmap::KeepMap;
+use fixtures::llama_gguf::LlamaGguf;
+use fixtures::llama_quantize::{quantize, quantize_with, Q4_K_M, Q8_0};
+use llama_cpp_sys_2 as sys;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use worker::synth::{Preset, WeightType};
+
+/// An importance matrix for every weight matrix of `model` but the token
+/// embedding: `in_sum2` values `0.5 + j/64` (exact in f32), `counts` of
+/// matrix m `m mod 4` (so some matrices saw no input).
+fn imatrix(model: &Path) -> Imatrix {
+    let header = GgufReader::open(model).unwrap().header;
+    let mut m = Imatrix {
+        chunk_count: 2,
+        chunk_size: 32,
+        ..Default::default()
+    };
+    for t in &header.tensors {
+        let Some(base) = t.name.strip_suffix(".weight") else {
+            continue;
+        };
+        if t.dims.len() < 2 || base == "token_embd" {
+            continue;
+        }
+        let (n_in, n_mat) = (t.dims[0] as u32, t.dims.get(2).copied().unwrap_or(1) as u32);
+        let mut e = ImatrixEntry::new(n_in, n_mat);
+        for (j, s) in e.in_sum2.iter_mut().enumerate() {
+            *s = ExactSum::from_f64(0.5 + (j % 97) as f64 / 64.0).unwrap();
+        }
+        e.counts = (0..u64::from(n_mat)).map(|i| i % 4).collect();
+        m.entries.insert(t.name.clone(), e);
+    }
+    m
+}
+
+/// The importance weights of `m` sliced to `keep`, as llama-quantize derives
+/// them (`in_sum2 / count`, 1 where a matrix saw nothing), computed here:
+/// the expert matrices of a kept layer keep the kept experts' rows.
+fn sliced_weights(m: &Imatrix, keep: &KeepMap, n_expert: u32) -> BTreeMap<String, Vec<f32>> {
+    m.entries
+        .iter()
+        .map(|(name, e)| {
+            let layer: Option<u32> = name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|l| l.parse().ok());
+            let mats: Vec<u32> = match layer.and_then(|l| keep.kept(l)) {
+                Some(kept) if e.n_mat == n_expert => kept.to_vec(),
+                _ => (0..e.n_mat).collect(),
+            };
+            let n_in = e.n_in as usize;
+            let mut w = Vec::new();
+            for mat in mats {
+                let count = e.counts[mat as usize] as f32;
+                let row = &e.in_sum2[mat as usize * n_in..][..n_in];
+                w.extend(row.iter().map(|s| match count > 0.0 {
+                    true => s.to_f64() as f32 / count,
+                    false => 1.0,
+                }));
+            }
+            (name.clone(), w)
+        })
+        .collect()
+}
+
+/// A run directory with `maps`, the importance matrix `m` and a manifest
+/// naming `model`.
+fn run_dir(dir: &Path, model: &Path, maps: &[(&str, &KeepMap)], m: &Imatrix) -> PathBuf {
+    let run = dir.join("run");
+    std::fs::create_dir_all(run.join("keep_maps")).unwrap();
+    for (name, map) in maps {
+        std::fs::write(
+            run.join(KeepMap::object_name(name)),
+            serde_json::to_vec(map).unwrap(),
+        )
+        .unwrap();
+    }
+    std::fs::write(run.join("imatrix.gguf"), m.to_gguf(&["test".into()])).unwrap();
+    let manifest = serde_json::json!({ "config": { "model": { "path": model } } });
+    std::fs::write(
+        run.join("manifest.json"),
+        serde_json::to_vec(&manifest).unwrap(),
+    )
+    .unwrap();
+    run
+}
+
+fn ship(
+    run: &Path,
+    out: &Path,
+    candidates: &str,
+    quant: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
+        "ship",
+        run.to_str().unwrap(),
+        "--candidates",
+        candidates,
+        "--quant",
+        quant,
+        "--out",
+        out.to_str().unwrap(),
+        "--threads",
+        "2",
+    ];
+    args.extend(extra);
+    fixtures::run("coordinator", &args)
+}
+
+/// Every file of `out` (no scratch or temporary file is left) and the
+/// checksums `SHA256SUMS` records, checked against the files.
+fn listed(out: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let sums = std::fs::read_to_string(out.join("SHA256SUMS")).unwrap();
+    let mut recorded: Vec<String> = Vec::new();
+    for line in sums.lines() {
+        let (sha, name) = line.split_once("  ").unwrap();
+        assert_eq!(
+            common::hash::sha256_file(&out.join(name)).unwrap(),
+            sha,
+            "{name}"
+        );
+        recorded.push(name.to_string());
+    }
+    recorded.push("SHA256SUMS".into());
+    recorded.sort();
+    assert_eq!(
+        names, recorded,
+        "every file is recorded, nothing else is left"
+    );
+    names
+}
+
+/// llama.cpp loads `model` and decodes a few tokens to finite logits.
+fn runs_in_llama_cpp(model: &Path) {
+    let logits = fixtures::llama_logits::logits(model, &[1, 17, 42, 99, 3], 2).unwrap();
+    assert!(
+        logits.iter().flatten().all(|x| x.is_finite()),
+        "{}",
+        model.display()
+    );
+}
+
+/// The card of `<name>.Q8_0.gguf` names the file, the base model, the keep
+/// map and the sliced importance matrix by SHA-256, and its commands make
+/// the same bytes again.
+fn card_says(out: &Path, name: &str, k: u32, model: &Path) {
+    let file = format!("{name}.Q8_0.gguf");
+    let sha = |p: &Path| common::hash::sha256_file(p).unwrap();
+    let card: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join(format!("{name}.Q8_0.json"))).unwrap())
+            .unwrap();
+    assert_eq!(card["file"]["file"], file.as_str());
+    assert_eq!(card["file"]["sha256"], sha(&out.join(&file)).as_str());
+    assert_eq!(card["base"]["file"]["sha256"], sha(model).as_str());
+    assert_eq!(card["base"]["n_expert"], 16);
+    assert_eq!(card["keep_map"]["k"], k);
+    assert_eq!(card["quantisation"]["quant"], "Q8_0");
+    let im = format!("{name}.imatrix.gguf");
+    assert_eq!(card["quantisation"]["imatrix"]["file"], im.as_str());
+    assert_eq!(
+        card["quantisation"]["imatrix"]["sha256"],
+        sha(&out.join(&im)).as_str()
+    );
+    assert!(
+        card["tensor_types"]["Q8_0"].as_u64().unwrap() >= 9,
+        "{card}"
+    );
+    let md = std::fs::read_to_string(out.join(format!("{name}.Q8_0.md"))).unwrap();
+    assert!(
+        md.contains("Q8_0 by llama.cpp's quantiser") && md.contains(&sha(&out.join(&file))),
+        "{md}"
+    );
+    // The step-by-step commands, run in an empty directory.
+    let again = tempfile::tempdir().unwrap();
+    for c in card["commands"].as_array().unwrap().iter().skip(2) {
+        let words: Vec<&str> = c.as_str().unwrap().split_whitespace().collect();
+        if words[0] == "#" {
+            continue;
+        }
+        let o = fixtures::command(words[0])
+            .args(&words[1..])
+            .current_dir(again.path())
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{c}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert_eq!(
+        sha(&again.path().join(&file)),
+        sha(&out.join(&file)),
+        "the card's commands make {file} again"
+    );
+}
+
+#[test]
+fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let layers = [0, 1, 2];
+    let (k8, k4) = (
+        fixtures::keep_map(8, &layers, 16),
+        fixtures::keep_map(4, &layers, 16),
+    );
+    let m = imatrix(&model);
+    let run = run_dir(d.path(), &model, &[("test_K8", &k8), ("test_K4", &k4)], &m);
+    let out = d.path().join("ship");
+    let o = ship(&run, &out, "test_K8,test_K4", "Q8_0", &[]);
+    assert!(o.status.success());
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("shipped 14 files") && stdout.contains("(14 made, 0 reused"),
+        "{stdout}"
+    );
+    let names = listed(&out);
+    assert_eq!(names.len(), 15, "{names:?}");
+    for (name, k) in [("test_K8", 8), ("test_K4", 4)] {
+        let q = out.join(format!("{name}.Q8_0.gguf"));
+        let g = LlamaGguf::open(&q).unwrap();
+        assert_eq!(g.u32("qwen3moe.expert_count"), Some(k));
+        for t in g.tensor_names() {
+            let ty = g.tensor_type(&t).unwrap();
+            if t.contains("_exps.") {
+                assert_eq!(ty, sys::GGML_TYPE_Q8_0, "{t}");
+            } else {
+                assert!(
+                    [sys::GGML_TYPE_F32, sys::GGML_TYPE_Q8_0].contains(&ty),
+                    "{t}: {ty}"
+                );
+            }
+        }
+        // llama.cpp's own quantiser on the slice makes the same bytes.
+        let want = d.path().join(format!("{name}.want.gguf"));
+        quantize(&out.join(format!("{name}.gguf")), &want, Q8_0, 1).unwrap();
+        assert_eq!(
+            std::fs::read(&q).unwrap(),
+            std::fs::read(&want).unwrap(),
+            "{name}"
+        );
+        runs_in_llama_cpp(&q);
+        card_says(&out, name, k, &model);
+    }
+
+    // The same inputs again: every file is reused, none touched.
+    let sums = std::fs::read(out.join("SHA256SUMS")).unwrap();
+    let mtime = |n: &str| std::fs::metadata(out.join(n)).unwrap().modified().unwrap();
+    let before: Vec<_> = names.iter().map(|n| mtime(n)).collect();
+    let o = ship(&run, &out, "test_K8,test_K4", "Q8_0", &[]);
+    assert!(o.status.success());
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("(0 made, 14 reused"), "{stdout}");
+    assert_eq!(std::fs::read(out.join("SHA256SUMS")).unwrap(), sums);
+    let file_mtimes = |t: &[std::time::SystemTime]| {
+        names
+            .iter()
+            .zip(t)
+            .filter(|(n, _)| *n != "SHA256SUMS")
+            .map(|(_, t)| *t)
+            .collect::<Vec<_>>()
+    };
+    let after: Vec<_> = names.iter().map(|n| mtime(n)).collect();
+    assert_eq!(file_mtimes(&before), file_mtimes(&after));
+
+    // A quantised base: refused before anything is written, unless asked.
+    let q8 = fixtures::model_as(d.path(), Preset::Tiny, WeightType::Q8_0);
+    let run = run_dir(&d.path().join("q8"), &q8, &[("test_K8", &k8)], &m);
+    let out = d.path().join("q8-ship");
+    let o = ship(&run, &out, "test_K8", "Q8_0", &[]);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("already quantised")
+            && stderr.contains("is Q8_0")
+            && stderr.contains("--allow-requantize"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing is written");
+    let o = ship(&run, &out, "test_K8", "Q8_0", &["--allow-requantize"]);
+    assert!(o.status.success());
+    assert_eq!(listed(&out).len(), 8);
+    runs_in_llama_cpp(&out.join("test_K8.Q8_0.gguf"));
+}
+
+#[test]
+fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::TinyAltQk);
+    let layers = [1, 2];
+    let keep = fixtures::keep_map(8, &layers, 16);
+    let m = imatrix(&model);
+    let run = run_dir(d.path(), &model, &[("test_K8", &keep)], &m);
+    let out = d.path().join("ship");
+    assert!(ship(&run, &out, "test_K8", "Q4_K_M", &[]).status.success());
+    listed(&out);
+    let shipped = out.join("test_K8.Q4_K_M.gguf");
+    let g = LlamaGguf::open(&shipped).unwrap();
+    assert_eq!(g.u32("glm4moe.expert_count"), Some(8));
+    let mut types = std::collections::BTreeSet::new();
+    for l in layers {
+        for t in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
+            let name = format!("blk.{l}.{t}.weight");
+            let ty = g.tensor_type(&name).unwrap();
+            assert!(
+                [sys::GGML_TYPE_Q4_K, sys::GGML_TYPE_Q6_K].contains(&ty),
+                "{name}: {ty}"
+            );
+            types.insert(ty);
+        }
+    }
+    assert!(types.contains(&sys::GGML_TYPE_Q4_K), "{types:?}");
+    runs_in_llama_cpp(&shipped);
+
+    // The importance weights of the slice, computed here, handed to
+    // llama.cpp directly: the same bytes; without them, other bytes.
+    let slice = out.join("test_K8.gguf");
+    let with = d.path().join("with.gguf");
+    quantize_with(
+        &slice,
+        &with,
+        Q4_K_M,
+        1,
+        Some(&sliced_weights(&m, &keep, 16)),
+    )
+    .unwrap();
+    let shipped_bytes = std::fs::read(&shipped).unwrap();
+    assert!(
+        shipped_bytes == std::fs::read(&with).unwrap(),
+        "the shipped file is llama.cpp's quantisation with the sliced weights"
+    );
+    let without = d.path().join("without.gguf");
+    quantize(&slice, &without, Q4_K_M, 1).unwrap();
+    assert!(
+        shipped_bytes != std::fs::read(&without).unwrap(),
+        "the importance matrix changed the quantisation"
+    );
+}

@@ -1,0 +1,110 @@
+//! llama.cpp's quantiser (`llama_model_quantize`, what `llama-quantize`
+//! runs), with an importance matrix passed as its C array of
+//! `llama_model_imatrix_data`.
+
+use super::{init_backend, LlamaError};
+use common::quant::QuantType;
+use llama_cpp_sys_2 as sys;
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::path::Path;
+
+/// How [`quantize_model`] quantises.
+pub struct QuantizeParams<'a> {
+    /// The file type written.
+    pub quant: QuantType,
+    /// CPU threads (at least 1).
+    pub threads: i32,
+    /// Quantise tensors that are already quantised (llama-quantize's
+    /// `--allow-requantize`).
+    pub allow_requantize: bool,
+    /// Per weight tensor, the values llama.cpp weighs each column's
+    /// quantisation error by (`[n_mat][n_in]`, as llama-quantize derives
+    /// them from an imatrix file).
+    pub imatrix: Option<&'a BTreeMap<String, Vec<f32>>>,
+}
+
+/// Quantises the GGUF `input` into `output`. llama.cpp streams tensor by
+/// tensor into `output` (which it creates or truncates); the caller decides
+/// where that file goes. `Err` names both files when llama.cpp refuses (its
+/// log, at warn level, says why).
+pub fn quantize_model(
+    input: &Path,
+    output: &Path,
+    params: &QuantizeParams<'_>,
+) -> Result<(), LlamaError> {
+    init_backend();
+    let failed = |reason: String| LlamaError::Quantize {
+        input: input.display().to_string(),
+        output: output.display().to_string(),
+        reason,
+    };
+    let c = |p: &Path| {
+        CString::new(p.to_string_lossy().as_bytes())
+            .map_err(|_| failed("a path holds a NUL byte".into()))
+    };
+    let (inp, out) = (c(input)?, c(output)?);
+    let names: Vec<(CString, &Vec<f32>)> = match params.imatrix {
+        None => Vec::new(),
+        Some(m) => m
+            .iter()
+            .map(|(name, values)| {
+                CString::new(name.as_str())
+                    .map(|n| (n, values))
+                    .map_err(|_| failed(format!("imatrix entry {name:?} holds a NUL byte")))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    // The C array llama.cpp walks until an entry with a null name.
+    let mut entries: Vec<sys::llama_model_imatrix_data> = names
+        .iter()
+        .map(|(name, values)| sys::llama_model_imatrix_data {
+            name: name.as_ptr(),
+            data: values.as_ptr(),
+            size: values.len(),
+        })
+        .collect();
+    entries.push(sys::llama_model_imatrix_data {
+        name: std::ptr::null(),
+        data: std::ptr::null(),
+        size: 0,
+    });
+    // SAFETY: llama.cpp's default parameters are plain data; the paths, the
+    // imatrix names and values (borrowed by `entries`, terminated by a null
+    // name) all outlive the call, which copies what it keeps. llama.cpp
+    // catches its own exceptions and returns non-zero.
+    let code = unsafe {
+        let mut p = sys::llama_model_quantize_default_params();
+        p.nthread = params.threads.max(1);
+        p.ftype = ftype(params.quant);
+        p.allow_requantize = params.allow_requantize;
+        if params.imatrix.is_some() {
+            p.imatrix = entries.as_ptr();
+        }
+        sys::llama_model_quantize(inp.as_ptr(), out.as_ptr(), &p)
+    };
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(failed(format!("llama_model_quantize returned {code}")))
+    }
+}
+
+/// llama.cpp's file type of a quantisation type.
+fn ftype(t: QuantType) -> sys::llama_ftype {
+    match t {
+        QuantType::F16 => sys::LLAMA_FTYPE_MOSTLY_F16,
+        QuantType::BF16 => sys::LLAMA_FTYPE_MOSTLY_BF16,
+        QuantType::Q8_0 => sys::LLAMA_FTYPE_MOSTLY_Q8_0,
+        QuantType::Q6_K => sys::LLAMA_FTYPE_MOSTLY_Q6_K,
+        QuantType::Q5_K_M => sys::LLAMA_FTYPE_MOSTLY_Q5_K_M,
+        QuantType::Q5_K_S => sys::LLAMA_FTYPE_MOSTLY_Q5_K_S,
+        QuantType::Q5_0 => sys::LLAMA_FTYPE_MOSTLY_Q5_0,
+        QuantType::Q4_K_M => sys::LLAMA_FTYPE_MOSTLY_Q4_K_M,
+        QuantType::Q4_K_S => sys::LLAMA_FTYPE_MOSTLY_Q4_K_S,
+        QuantType::Q4_0 => sys::LLAMA_FTYPE_MOSTLY_Q4_0,
+        QuantType::Q3_K_M => sys::LLAMA_FTYPE_MOSTLY_Q3_K_M,
+        QuantType::Q2_K => sys::LLAMA_FTYPE_MOSTLY_Q2_K,
+        QuantType::IQ4_XS => sys::LLAMA_FTYPE_MOSTLY_IQ4_XS,
+    }
+}
