@@ -18,6 +18,7 @@ pub mod fake;
 pub mod tls;
 
 use crate::collect::device::Reduce;
+use crate::eval::Compare;
 use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::peer_text::peer_text;
 use common::secret::JoinSecret;
@@ -73,6 +74,12 @@ pub struct JoinArgs {
     /// $MOE_CENSUS_REDUCE, else auto.
     #[arg(long, value_enum)]
     pub reduce: Option<Reduce>,
+    /// Where an evaluation compares base and candidate logits: `device`
+    /// (on the backend that holds them; only per-position figures are
+    /// copied to the host) or `host` (in f64 after llama.cpp copies every
+    /// logits row: the reference path).
+    #[arg(long, value_enum, default_value = "device")]
+    pub compare: Compare,
     /// Seconds to keep reconnecting (with backoff) without reaching the
     /// coordinator before giving up.
     #[arg(long, default_value_t = 300)]
@@ -278,6 +285,7 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
         n_gpu_layers: args.n_gpu_layers,
         threads: args.threads,
         reduce: Reduce::from_flag_or_env(args.reduce).map_err(JoinError::Setup)?,
+        compare: args.compare,
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| JoinError::Setup(e.to_string()))?;
     let summary = rt.block_on(join(&opts, loader))?;

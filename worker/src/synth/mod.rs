@@ -16,6 +16,10 @@
 //! - [`Preset::TinyAltQk`]: `tiny-alt`'s architecture with hidden size and
 //!   expert width 256, so llama.cpp's k-quants (blocks of 256) apply to the
 //!   expert matrices and a quantised model can be made with its quantizer.
+//! - [`Preset::Vocab152k`], [`Preset::Vocab248k`]: the real vocabularies
+//!   (151,936: Qwen3 and Qwen3-Next; 248,320: Qwen3.5) at the real hidden
+//!   size (2,048) and routing (512 experts, top-10) in 3 MoE layers, Q8_0,
+//!   so the output head and logits rows have their real size (benchmarks).
 //!
 //! [`chunks`] makes synthetic token chunks for the benchmarks; [`corpus`]
 //! a synthetic text corpus.
@@ -29,7 +33,7 @@ use anyhow::Context;
 use common::gguf::{GgufWriter, TensorType, Value};
 use common::splitmix::SplitMix64;
 use std::path::Path;
-use weights::encode;
+use weights::encode_into;
 
 pub use vocab::{byte_to_unicode, CHAT_TEMPLATE, SPECIAL_TOKENS};
 
@@ -52,6 +56,13 @@ pub enum Preset {
     /// with hidden size and expert width 256, f16: every expert row is a
     /// whole number of k-quant blocks.
     TinyAltQk,
+    /// qwen3moe with Qwen3's vocabulary size (151,936), hidden 2048, 3 MoE
+    /// layers, 512 experts, top-10, expert width 32, Q8_0, tied embeddings.
+    #[value(name = "vocab-152k")]
+    Vocab152k,
+    /// `vocab-152k` with Qwen3.5's vocabulary size (248,320).
+    #[value(name = "vocab-248k")]
+    Vocab248k,
 }
 
 /// Encoding of a generated model's weight matrices (norms and routers stay
@@ -109,6 +120,12 @@ pub struct Spec {
     pub weight_type: TensorType,
     /// BPE merges in the vocabulary.
     pub n_merges: usize,
+    /// Tokens in the vocabulary: unused tokens pad the learnt ones up to
+    /// it (0: the learnt vocabulary, a few hundred tokens).
+    pub n_vocab: usize,
+    /// The output head reuses the token embedding (no `output.weight`), as
+    /// in many real models; it halves the file at a large vocabulary.
+    pub tied_output: bool,
 }
 
 impl Preset {
@@ -130,6 +147,8 @@ impl Preset {
                 n_shared: 0,
                 weight_type: TensorType::F32,
                 n_merges: 400,
+                n_vocab: 0,
+                tied_output: false,
             },
             Preset::TinyAlt => Spec {
                 arch: "glm4moe",
@@ -146,6 +165,8 @@ impl Preset {
                 n_shared: 1,
                 weight_type: TensorType::F32,
                 n_merges: 400,
+                n_vocab: 0,
+                tied_output: false,
             },
             Preset::Bench => Spec {
                 arch: "qwen3moe",
@@ -162,6 +183,8 @@ impl Preset {
                 n_shared: 0,
                 weight_type: TensorType::Q8_0,
                 n_merges: 400,
+                n_vocab: 0,
+                tied_output: false,
             },
             Preset::Wide => Spec {
                 n_layer: 48,
@@ -207,6 +230,16 @@ impl Preset {
                 weight_type: TensorType::F16,
                 ..Preset::TinyAlt.spec()
             },
+            Preset::Vocab152k => Spec {
+                n_layer: 3,
+                n_vocab: 151_936,
+                tied_output: true,
+                ..Preset::WideHidden.spec()
+            },
+            Preset::Vocab248k => Spec {
+                n_vocab: 248_320,
+                ..Preset::Vocab152k.spec()
+            },
         }
     }
 }
@@ -219,15 +252,24 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    /// A matrix `[n_in, n_out, n_mat]` with uniform values scaled by 1/sqrt(n_in).
+    /// A matrix `[n_in, n_out, n_mat]` with uniform values scaled by
+    /// 1/sqrt(n_in), drawn and encoded a piece at a time (a real-vocabulary
+    /// embedding is 500M values: 2 GB as f32).
     fn matrix(&mut self, name: &str, dims: &[usize], gain: f32) {
+        const PIECE: usize = 32 * 1024;
         let n: usize = dims.iter().product();
         let scale = gain * (3.0 / dims[0] as f32).sqrt();
         let mut rng = SplitMix64::for_stream(self.seed, name);
-        let values: Vec<f32> = (0..n).map(|_| rng.symmetric_f32() * scale).collect();
         let ty = self.spec.weight_type;
+        let mut data = Vec::with_capacity(ty.bytes_for(n));
+        let mut piece = Vec::with_capacity(PIECE);
+        for start in (0..n).step_by(PIECE) {
+            piece.clear();
+            piece.extend((start..n.min(start + PIECE)).map(|_| rng.symmetric_f32() * scale));
+            encode_into(&piece, ty, &mut data);
+        }
         let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-        self.g.tensor(name, &dims64, ty, encode(&values, ty));
+        self.g.tensor(name, &dims64, ty, data);
     }
 
     /// A norm weight: ones with a little noise (always f32, as llama.cpp expects).
@@ -259,9 +301,19 @@ impl Builder<'_> {
     }
 }
 
+/// Changes to a preset's shape (`None`: the preset's own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Encoding of the weight matrices.
+    pub weights: Option<WeightType>,
+    /// Tokens in the vocabulary (padded with unused tokens; at least the
+    /// learnt vocabulary's few hundred).
+    pub n_vocab: Option<usize>,
+}
+
 /// Writes the preset's model to `path` (atomically: a temporary file renamed).
 pub fn write_model(preset: Preset, seed: u64, path: &Path) -> anyhow::Result<()> {
-    write_model_as(preset, seed, None, path)
+    write_model_with(preset, seed, Overrides::default(), path)
 }
 
 /// [`write_model`] with the weight matrices in `weights` instead of the
@@ -272,12 +324,32 @@ pub fn write_model_as(
     weights: Option<WeightType>,
     path: &Path,
 ) -> anyhow::Result<()> {
-    let bytes = model_bytes_as(preset, seed, weights);
+    let o = Overrides {
+        weights,
+        ..Overrides::default()
+    };
+    write_model_with(preset, seed, o, path)
+}
+
+/// [`write_model`] with the preset's shape changed by `o`; the file is
+/// written as it is encoded, never held whole in memory.
+pub fn write_model_with(
+    preset: Preset,
+    seed: u64,
+    o: Overrides,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let model = build_model(preset, seed, o);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let tmp = path.with_extension("gguf.partial");
-    std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    let written = std::fs::File::create(&tmp).and_then(|f| {
+        let mut w = std::io::BufWriter::new(f);
+        model.write(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()
+    });
+    written.with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
     Ok(())
 }
@@ -290,11 +362,24 @@ pub fn model_bytes(preset: Preset, seed: u64) -> Vec<u8> {
 /// The GGUF bytes of a preset with its weight matrices in `weights` (the
 /// preset's own encoding when `None`).
 pub fn model_bytes_as(preset: Preset, seed: u64, weights: Option<WeightType>) -> Vec<u8> {
+    let o = Overrides {
+        weights,
+        ..Overrides::default()
+    };
+    build_model(preset, seed, o).to_bytes()
+}
+
+/// The metadata and tensors of a preset changed by `o`.
+fn build_model(preset: Preset, seed: u64, o: Overrides) -> GgufWriter {
     let mut spec = preset.spec();
-    if let Some(w) = weights {
+    if let Some(w) = o.weights {
         spec.weight_type = w.tensor_type();
     }
-    let vocab = vocab::build(spec.n_merges);
+    if let Some(n) = o.n_vocab {
+        spec.n_vocab = n;
+    }
+    let mut vocab = vocab::build(spec.n_merges);
+    vocab.pad_to(spec.n_vocab);
     let n_vocab = vocab.tokens.len();
     let s = &spec;
     let a = s.arch;
@@ -382,7 +467,9 @@ pub fn model_bytes_as(preset: Preset, seed: u64, weights: Option<WeightType>) ->
     let (e, hd) = (s.n_embd, s.head_dim);
     b.matrix("token_embd.weight", &[e, n_vocab], 3.0);
     b.norm("output_norm.weight", e);
-    b.matrix("output.weight", &[e, n_vocab], 1.0);
+    if !s.tied_output {
+        b.matrix("output.weight", &[e, n_vocab], 1.0);
+    }
     for i in 0..s.n_layer {
         let t = |n: &str| format!("blk.{i}.{n}.weight");
         b.norm(&t("attn_norm"), e);
@@ -422,5 +509,5 @@ pub fn model_bytes_as(preset: Preset, seed: u64, weights: Option<WeightType>) ->
             b.g.tensor_f32(&name, &[s.n_expert as u64], &bias);
         }
     }
-    b.g.to_bytes()
+    b.g
 }
