@@ -22,7 +22,7 @@ pub mod names {
     pub const MANIFEST_JSON: &str = "manifest.json";
     /// The tokenized corpus (`chunks.parquet`, `index.json`, `documents.jsonl`).
     pub const CORPUS_DIR: &str = "corpus";
-    /// Partials: one per lease (`wire::partial_name`) and the merged one.
+    /// Partials: one per lease (`layout::PARTIALS`) and the merged one.
     pub const PARTIALS_DIR: &str = "partials";
     /// Routing trace parts (Parquet) of teacher-forced prefill.
     pub const TRACE_DIR: &str = "trace";

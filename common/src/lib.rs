@@ -10,7 +10,10 @@
 //! - [`gguf`]: a GGUF writer for `imatrix.gguf` and generated test models;
 //!   [`gguf_read`]: a GGUF reader (metadata, tensor infos, tensor bytes).
 //! - [`prune`]: a base model and its importance matrix sliced to a keep map.
-//! - [`store`]: run locations in object storage.
+//! - [`store`]: run locations in object storage; [`layout`]: every object
+//!   name under one.
+//! - [`lease`]: [`lease::LeaseOutput`], what a lease produces (a partial or
+//!   an eval partial), so one runner and one worker loop serve every kind.
 //! - [`splitmix`]: the seedable generator of deterministic test data.
 //! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof);
 //!   [`secret`]: the join secret; [`peer_text`]: peer strings made safe to log.
@@ -29,6 +32,8 @@ pub mod gguf_read;
 pub mod hash;
 pub mod imatrix;
 pub mod keepmap;
+pub mod layout;
+pub mod lease;
 pub mod model_check;
 pub mod partial;
 pub mod peer_text;

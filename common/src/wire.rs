@@ -12,10 +12,10 @@
 //! Hello{version, name, backend}     ->
 //!                                   <-    Challenge{nonce}
 //! Proof{hmac(secret, nonce, name)}  ->
-//!                                   <-    Welcome{job}       (only after a valid proof)
+//!                                   <-    Welcome{job, task} (only after a valid proof)
 //! Poll{version, busy}               ->                       (the poll is the heartbeat)
 //!                                   <-    Lease | Wait | Ack | Finished
-//! Done{lease, partial, sha256}      ->
+//! Done{lease, result, sha256}       ->                       (a partial or an eval partial, by task)
 //!                                   <-    Ack
 //! ```
 //!
@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Version of this protocol; both sides must speak the same one.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -111,6 +111,17 @@ pub struct JobOptions {
     pub f32_kv: bool,
     /// Flash attention.
     pub flash_attn: bool,
+}
+
+/// What a worker computes for each lease of a run: measure the chunks
+/// (a [`crate::partial::Partial`]), or evaluate pruned candidates against
+/// the base model on them (a [`crate::eval::EvalPartial`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Task {
+    /// Collection: routing statistics, importance matrix, trace rows.
+    Collect,
+    /// Evaluation of the job's candidates.
+    Evaluate(EvalJob),
 }
 
 /// An evaluation job (DESIGN section 12): besides the [`JobInfo`] of the
@@ -225,13 +236,13 @@ pub enum ToCoordinator {
         /// What the worker is doing.
         state: WorkerState,
     },
-    /// A lease is finished.
+    /// A lease is finished: the result of the run's [`Task`].
     Done {
         /// The lease.
         lease_id: LeaseId,
-        /// The partial of its chunks.
+        /// The encoded result of its chunks (staged when large).
         partial: PartialRef,
-        /// SHA-256 of the encoded partial (hex).
+        /// SHA-256 of the encoded result (hex).
         sha256: String,
         /// Wall time the worker spent, for throughput figures.
         elapsed_ms: u64,
@@ -248,17 +259,6 @@ pub enum ToCoordinator {
         /// Why.
         reason: String,
     },
-    /// An eval lease is finished: its [`crate::eval::EvalPartial`].
-    EvalDone {
-        /// The lease.
-        lease_id: LeaseId,
-        /// The encoded eval partial (staged like a partial when large).
-        partial: PartialRef,
-        /// SHA-256 of the encoded eval partial (hex).
-        sha256: String,
-        /// Wall time the worker spent.
-        elapsed_ms: u64,
-    },
 }
 
 impl ToCoordinator {
@@ -271,7 +271,6 @@ impl ToCoordinator {
             ToCoordinator::Done { .. } => "Done",
             ToCoordinator::Failed { .. } => "Failed",
             ToCoordinator::Refuse { .. } => "Refuse",
-            ToCoordinator::EvalDone { .. } => "EvalDone",
         }
     }
 }
@@ -285,12 +284,14 @@ pub enum ToWorker {
         #[serde(with = "serde_bytes")]
         nonce: Vec<u8>,
     },
-    /// The proof holds: the job.
+    /// The proof holds: the job, and what each lease asks for.
     Welcome {
         /// Id assigned to this worker.
         worker_id: WorkerId,
-        /// The job.
+        /// The run, corpus, model and how chunks are evaluated.
         job: JobInfo,
+        /// What the worker computes for each lease.
+        task: Task,
     },
     /// Measure these chunks.
     Lease(LeaseGrant),
@@ -305,15 +306,6 @@ pub enum ToWorker {
     Finished,
     /// The coordinator refuses; the connection closes after this.
     Refused(Refusal),
-    /// The proof holds: an evaluation job; leases are evaluated, not measured.
-    WelcomeEval {
-        /// Id assigned to this worker.
-        worker_id: WorkerId,
-        /// The run, corpus, base model and evaluation settings.
-        job: JobInfo,
-        /// The candidates and scored positions.
-        eval: EvalJob,
-    },
 }
 
 /// Why the coordinator refused a worker.
@@ -531,35 +523,6 @@ pub fn parse_pin(pin: &str) -> Option<String> {
     (hexits.len() == 64 && hexits.chars().all(|c| c.is_ascii_hexdigit())).then_some(hexits)
 }
 
-/// Object name of the partial of a chunk range under the run (the same
-/// name `worker collect` uses).
-pub fn partial_name(range: ChunkRange) -> String {
-    format!("partials/part-{:08}-{:08}.bin", range.start, range.end)
-}
-
-/// Prefix under the run of partials workers stored instead of sending them
-/// inline; the coordinator copies accepted ones to their final names.
-pub const STAGING_DIR: &str = "staging";
-
-/// Object name under the run where a worker stores a partial too large to
-/// send inline: named by its SHA-256 (64 hex digits, else `None`), never by
-/// its chunk range, so only the coordinator writes final partials.
-pub fn staged_partial_name(sha256: &str) -> Option<String> {
-    (sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| format!("{STAGING_DIR}/{sha256}.bin"))
-}
-
-/// Inverse of [`partial_name`]; `None` for other objects.
-pub fn parse_partial_name(name: &str) -> Option<ChunkRange> {
-    let rest = name.strip_prefix("partials/part-")?.strip_suffix(".bin")?;
-    let (a, b) = rest.split_once('-')?;
-    let range = ChunkRange {
-        start: a.parse().ok()?,
-        end: b.parse().ok()?,
-    };
-    (!range.is_empty() && partial_name(range) == name).then_some(range)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -590,52 +553,57 @@ mod tests {
     }
 
     #[test]
-    fn eval_variants_are_appended_so_existing_tags_do_not_move() {
-        // bincode tags an enum variant by its index: collection workers and
-        // coordinators of the same protocol version must keep decoding.
+    fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
+        // bincode tags an enum variant by its index: these tags are the
+        // protocol of PROTOCOL_VERSION 3; moving one needs a new version.
         let tag = |frame: Vec<u8>| frame[4];
+        assert_eq!(PROTOCOL_VERSION, 3);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
         assert_eq!(tag(encode_frame(&refuse)), 5);
-        let welcome = ToWorker::WelcomeEval {
-            worker_id: WorkerId(1),
-            job: JobInfo {
-                run_url: "memory://run".into(),
-                corpus_url: "memory://run/corpus".into(),
-                model_sha256: "m".into(),
-                model_path: "m.gguf".into(),
-                options: JobOptions {
-                    n_ubatch: 16,
-                    trace_every: TraceStrides::both(0),
-                    trace_top_n: 0,
-                    f32_kv: false,
-                    flash_attn: false,
-                },
-                max_inline_bytes: 1,
-                heartbeat_ms: 1,
+        let job = JobInfo {
+            run_url: "memory://run".into(),
+            corpus_url: "memory://run/corpus".into(),
+            model_sha256: "m".into(),
+            model_path: "m.gguf".into(),
+            options: JobOptions {
+                n_ubatch: 16,
+                trace_every: TraceStrides::both(0),
+                trace_top_n: 0,
+                f32_kv: false,
+                flash_attn: false,
             },
-            eval: EvalJob {
-                candidates: vec![EvalCandidate {
-                    name: "frequency_K8".into(),
-                    keep_map: "keep_maps/frequency_K8.json".into(),
-                    sha256: "c".repeat(64),
-                }],
-                skip_first: 0,
-                splits: crate::split::Split::ALL.to_vec(),
-            },
+            max_inline_bytes: 1,
+            heartbeat_ms: 1,
         };
-        let frame = encode_frame(&welcome);
-        assert_eq!(tag(frame.clone()), 7);
-        assert_eq!(decode::<ToWorker>(&frame[4..]).unwrap(), welcome);
-        let done = ToCoordinator::EvalDone {
+        let eval = EvalJob {
+            candidates: vec![EvalCandidate {
+                name: "frequency_K8".into(),
+                keep_map: "keep_maps/frequency_K8.json".into(),
+                sha256: "c".repeat(64),
+            }],
+            skip_first: 0,
+            splits: crate::split::Split::ALL.to_vec(),
+        };
+        for task in [Task::Collect, Task::Evaluate(eval)] {
+            let welcome = ToWorker::Welcome {
+                worker_id: WorkerId(1),
+                job: job.clone(),
+                task,
+            };
+            let frame = encode_frame(&welcome);
+            assert_eq!(tag(frame.clone()), 1);
+            assert_eq!(decode::<ToWorker>(&frame[4..]).unwrap(), welcome);
+        }
+        let done = ToCoordinator::Done {
             lease_id: LeaseId(2),
             partial: PartialRef::Inline(vec![1]),
             sha256: "ab".repeat(32),
             elapsed_ms: 3,
         };
-        assert_eq!(tag(encode_frame(&done)), 6);
-        assert_eq!(done.kind(), "EvalDone");
+        assert_eq!(tag(encode_frame(&done)), 3);
+        assert_eq!(done.kind(), "Done");
     }
 
     #[test]
@@ -706,13 +674,14 @@ mod tests {
         );
         assert!(parse_pin("abcd").is_none());
         let r = ChunkRange { start: 8, end: 16 };
-        assert_eq!(parse_partial_name(&partial_name(r)), Some(r));
-        assert_eq!(parse_partial_name("partials/merged.bin"), None);
+        let partials = crate::layout::PARTIALS;
+        assert_eq!(partials.parse(&partials.object(r)), Some(r));
+        assert_eq!(partials.parse("partials/merged.bin"), None);
         let sha = crate::hash::sha256_hex(b"x");
         assert_eq!(
-            staged_partial_name(&sha),
+            crate::layout::staged(&sha),
             Some(format!("staging/{sha}.bin"))
         );
-        assert_eq!(staged_partial_name("../../etc/passwd"), None);
+        assert_eq!(crate::layout::staged("../../etc/passwd"), None);
     }
 }

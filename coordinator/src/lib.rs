@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod corpus;
 pub mod eval;
+pub mod lease;
 pub mod merge;
 pub mod net;
 pub mod pipeline;

@@ -418,7 +418,10 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
     assert!(outcome.retries >= lies.len(), "{outcome:?}");
     let got = results(&s.base.store).await;
     for range in &lies {
-        assert!(got.contains_key(&names::partial(*range)), "{range} stored");
+        assert!(
+            got.contains_key(&common::layout::EVAL_PARTIALS.object(*range)),
+            "{range} stored"
+        );
     }
     assert_eq!(got, expected, "eval/ differs from the one-worker reference");
     let forged = FORGED_SHA256.repeat(16);

@@ -7,11 +7,11 @@
 
 use common::artifacts::names;
 use common::corpus::{Chunk, CorpusIndex};
+use common::layout::PARTIALS;
 use common::partial::Partial;
 use common::stats::GroupKey;
 use common::store::RunStore;
 use common::trace::TraceRow;
-use common::wire::partial_name;
 use common::wire::JobInfo;
 use common::{ChunkRange, Split};
 use coordinator::run::local::LocalWorkers;
@@ -53,14 +53,14 @@ async fn artifacts(store: &RunStore) -> Vec<(String, Vec<u8>)> {
         .await
         .unwrap()
         .into_iter()
-        .filter(|n| common::wire::parse_partial_name(n).is_some())
+        .filter(|n| PARTIALS.parse(n).is_some())
         .collect();
     all.extend(loopback::objects(store, partials).await);
     all
 }
 
 fn unit(i: u32) -> String {
-    partial_name(ChunkRange {
+    PARTIALS.object(ChunkRange {
         start: 2 * i,
         end: 2 * i + 2,
     })

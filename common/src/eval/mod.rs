@@ -22,11 +22,6 @@ pub mod names {
     pub const SUMMARY_JSON: &str = "eval/summary.json";
     /// The same figures as a Parquet table, one row per (candidate, split, domain).
     pub const SUMMARY_PARQUET: &str = "eval/summary.parquet";
-
-    /// Object name of the eval partial of a chunk range.
-    pub fn partial(range: crate::ChunkRange) -> String {
-        format!("eval/partials/part-{:08}-{:08}.bin", range.start, range.end)
-    }
 }
 
 /// Why eval partials cannot be decoded or combined.

@@ -1,33 +1,33 @@
 //! `coordinator eval`: each pruned candidate against the base model (DESIGN
 //! section 12): KL(p || q), perplexity and top-1 agreement over the run's
-//! chunks, leased to the same workers with the same exact merge and resume
-//! as collection; results under `eval/`.
+//! chunks, leased to the same workers by the same runner
+//! ([`crate::run::runner`]) as collection, with the same exact merge and
+//! resume; results under `eval/`.
 //!
 //! - [`candidates`]: keep maps read from the run and sliced here too, so
 //!   the coordinator knows each candidate's SHA-256.
-//! - [`session`]: the leases over QUIC (local or joined workers).
-//! - [`resume`]: stored eval partials of the same job are reused.
+//! - [`accept`]: the checks an eval partial passes (the eval lease kind).
 //! - [`artifacts`]: `eval/merged.bin`, `eval/summary.json`, `eval/summary.parquet`.
 //! - [`settings`]: the `[eval]` config section; [`cli`]: `coordinator eval`.
 
+pub mod accept;
 pub mod artifacts;
 pub mod candidates;
 pub mod cli;
-pub mod resume;
-pub mod session;
 pub mod settings;
 
 use crate::net::hub::WorkerInfo;
-use crate::run::record::{settings_key, RecordError, Recorder};
-use crate::run::{lock, Listening, RunError, RunSetup};
+use crate::run::record::{settings_key, RecordError};
+use crate::run::runner::{lease_all, locked, Leasing, OnListen};
+use crate::run::{RunError, RunSetup};
 use crate::sched::plan;
 use common::eval::summary::parse_splits;
-use common::eval::{EvalError, EvalSummary};
+use common::eval::EvalSummary;
 use common::hash::sha256_hex;
 use common::store::{RunStore, StoreError};
 use common::wire::EvalJob;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::Arc;
 
 pub use settings::EvalSettings;
 
@@ -51,18 +51,10 @@ pub enum EvalRunError {
     /// The manifest's record of accepted eval partials.
     #[error(transparent)]
     Record(#[from] RecordError),
-    /// What evaluation shares with collection (server, scheduler, lock,
-    /// local workers) failed.
+    /// What evaluation shares with collection (runner, server, scheduler,
+    /// lock, local workers, merge) failed.
     #[error(transparent)]
     Run(#[from] RunError),
-    /// Eval partials that do not combine.
-    #[error("merging {what}: {source}")]
-    Merge {
-        /// The partial being merged.
-        what: String,
-        /// Why.
-        source: EvalError,
-    },
 }
 
 /// Everything [`evaluate`] needs.
@@ -155,60 +147,38 @@ pub fn eval_settings_key(setup: &EvalSetup) -> String {
 /// exactly and writes the results under `eval/`. `on_listen` starts local
 /// workers once the server listens; it is not called when everything was
 /// already stored. The run location is locked for the whole call.
-pub async fn evaluate<F>(setup: &EvalSetup, on_listen: F) -> Result<EvalOutcome, EvalRunError>
-where
-    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
-{
-    let stale = Duration::from_secs(setup.base.run.lock_stale_s);
-    let lock = lock::RunLock::acquire(&setup.base.store, stale)
-        .await
-        .map_err(RunError::from)?;
-    let outcome = evaluate_locked(setup, on_listen).await;
-    lock.release().await.map_err(RunError::from)?;
-    outcome
+pub async fn evaluate(
+    setup: &EvalSetup,
+    on_listen: impl OnListen,
+) -> Result<EvalOutcome, EvalRunError> {
+    locked(&setup.base, evaluate_locked(setup, on_listen)).await
 }
 
-async fn evaluate_locked<F>(setup: &EvalSetup, on_listen: F) -> Result<EvalOutcome, EvalRunError>
-where
-    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
-{
-    let store = &setup.base.store;
-    let index = &setup.base.index;
-    let units = plan(index.n_chunks, setup.base.run.lease_chunks);
-    let settings = eval_settings_key(setup);
-    let mut recorder = Recorder::open_table(store, resume::MANIFEST_KEY).await?;
-    let want = resume::Expected {
-        base_sha256: &setup.base.model_sha256,
-        corpus_sha256: &index.chunks_sha256,
-        job: &setup.job,
-        settings: &settings,
+async fn evaluate_locked(
+    setup: &EvalSetup,
+    on_listen: impl OnListen,
+) -> Result<EvalOutcome, EvalRunError> {
+    let base = &setup.base;
+    let (store, index) = (&base.store, &base.index);
+    let units = plan(index.n_chunks, base.run.lease_chunks);
+    let leasing = Leasing {
+        setup: base,
+        options: base.run.job_options(common::wire::TraceStrides::both(0)),
+        settings: eval_settings_key(setup),
+        // Eval partials are checked against the coordinator's own slices;
+        // no unit is sent to a second worker.
+        verify_fraction: 0.0,
+        progress: false,
     };
-    let resumed = resume::load(store, &units, &mut recorder, want).await?;
-    for (name, why) in &resumed.rejected {
-        tracing::warn!(
-            "stored eval partial {} REJECTED, recomputing it (moved under {}/): {why}",
-            store.url_of(name),
-            crate::run::resume::REJECTED_DIR
-        );
-    }
-    let mut stats = session::SessionStats::default();
-    let mut merged = resumed.merged;
-    if resumed.done.len() < units.len() {
-        let storing = session::Storing { recorder, settings };
-        let (more, s) =
-            session::serve(setup, units.clone(), &resumed.done, storing, on_listen).await?;
-        if let Some(p) = more {
-            match &mut merged {
-                None => merged = Some(p),
-                Some(m) => m.merge(&p).map_err(|source| EvalRunError::Merge {
-                    what: "this process's eval partials".into(),
-                    source,
-                })?,
-            }
-        }
-        stats = s;
-    }
-    let merged = merged.ok_or_else(|| EvalRunError::Setup("the corpus has no chunks".into()))?;
+    let kind = Arc::new(accept::EvalAcceptance {
+        base_sha256: base.model_sha256.clone(),
+        corpus_sha256: index.chunks_sha256.clone(),
+        job: setup.job.clone(),
+    });
+    let leased = lease_all(&leasing, units, kind, on_listen).await?;
+    let merged = leased
+        .merged
+        .ok_or_else(|| EvalRunError::Setup("the corpus has no chunks".into()))?;
     if merged.n_chunks() != u64::from(index.n_chunks) {
         return Err(EvalRunError::Setup(format!(
             "the merged evaluation covers {} of {} chunks",
@@ -219,12 +189,12 @@ where
     let summary = artifacts::write(store, &merged, &index.domains).await?;
     Ok(EvalOutcome {
         summary,
-        units: units.len(),
-        resumed: resumed.done.len(),
-        rejected: resumed.rejected,
-        computed: stats.accepted,
-        retries: stats.retries,
-        workers: stats.workers,
+        units: leased.units,
+        resumed: leased.resumed,
+        rejected: leased.rejected,
+        computed: leased.computed,
+        retries: leased.retries,
+        workers: leased.workers,
     })
 }
 
@@ -236,7 +206,7 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
         o.summary.candidates.len(),
         o.units,
         o.resumed,
-        store.url_of(resume::PARTIALS_DIR),
+        store.url_of(common::layout::EVAL_PARTIALS.dir),
         o.computed,
         o.retries
     );

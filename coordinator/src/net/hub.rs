@@ -1,24 +1,20 @@
 //! State shared by the connection tasks: the scheduler, the join secret, the
-//! job, per-worker figures, and the channel that hands accepted partials to
-//! the merger. Results are checked here (hash, then [`Acceptance`]) before
-//! the scheduler accepts them, so a bad result only costs a retry. Results of
-//! units sampled for redundancy are held here until a second (or third)
-//! worker's result can be compared with them ([`common::compare`]).
-//! In an evaluation run the hub also holds the eval job and checks eval
-//! results ([`eval`]).
+//! job, per-worker figures, and the channel that hands accepted results to
+//! the merger. One hub serves every kind of lease ([`LeaseKind`]): results
+//! are checked here (hash, then the kind's checks) before the scheduler
+//! accepts them, so a bad result only costs a retry. Results of units
+//! sampled for redundancy are held here until a second (or third) worker's
+//! result can be compared with them ([`LeaseOutput::agree`]).
 
-pub mod eval;
-
-use crate::run::accept::Acceptance;
+use crate::lease::LeaseKind;
 use crate::sched::{Completion, Scheduler, Verdict};
 use bytes::Bytes;
-use common::compare::agree;
 use common::hash::sha256_hex;
-use common::partial::Partial;
+use common::lease::LeaseOutput;
 use common::peer_text::peer_text;
 use common::secret::JoinSecret;
 use common::store::RunStore;
-use common::wire::{staged_partial_name, JobInfo, LeaseId, PartialRef, Refusal, WorkerId};
+use common::wire::{JobInfo, LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
 use common::ChunkRange;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,13 +24,13 @@ use tokio::sync::mpsc;
 
 /// An accepted result on its way to the merger.
 #[derive(Debug)]
-pub struct Delivery {
+pub struct Delivery<T> {
     /// The worker that computed it.
     pub worker: WorkerId,
     /// Its chunks (one unit of the plan).
     pub range: ChunkRange,
-    /// The decoded partial.
-    pub partial: Partial,
+    /// The decoded result.
+    pub output: T,
     /// Its encoded bytes (the merger stores them under the final name).
     pub bytes: Bytes,
     /// Their SHA-256.
@@ -66,63 +62,61 @@ pub struct WorkerInfo {
 /// A checked result, held until it is accepted (at once, or once enough
 /// workers agree on its unit).
 #[derive(Debug)]
-struct Candidate {
+struct Candidate<T> {
     worker: WorkerId,
-    partial: Partial,
+    output: T,
     bytes: Bytes,
     sha256: String,
     staged: Option<String>,
     elapsed_ms: u64,
 }
 
-/// Shared state of the coordinator's connections.
+/// Shared state of the coordinator's connections, for leases of kind `K`.
 #[derive(Debug)]
-pub struct Hub {
+pub struct Hub<K: LeaseKind> {
     sched: Mutex<Scheduler>,
     secret: JoinSecret,
     job: JobInfo,
-    acceptance: Arc<Acceptance>,
+    kind: Arc<K>,
     run: RunStore,
     start: Instant,
     next_worker: AtomicU64,
     workers: Mutex<BTreeMap<WorkerId, WorkerInfo>>,
     /// Results of sampled units waiting for another worker's.
-    candidates: Mutex<BTreeMap<ChunkRange, Vec<Candidate>>>,
-    deliveries: mpsc::UnboundedSender<Delivery>,
-    /// The evaluation job, when this hub serves eval leases.
-    eval: Option<eval::EvalRole>,
+    candidates: Mutex<BTreeMap<ChunkRange, Vec<Candidate<K::Output>>>>,
+    deliveries: mpsc::UnboundedSender<Delivery<K::Output>>,
     /// Set once every accepted result is stored: only then may a worker
     /// be told the run is finished and leave.
     all_stored: AtomicBool,
 }
 
-/// Tokens measured in a partial (all splits and domains).
-pub fn partial_tokens(p: &Partial) -> u64 {
-    p.experts.groups.values().map(|g| g.n_tokens).sum()
+/// The labels of a hub's results.
+const fn labels<K: LeaseKind>() -> common::lease::Labels {
+    <K::Output as LeaseOutput>::LABELS
 }
 
-impl Hub {
-    /// A hub over a scheduler; accepted results come out of the returned receiver.
+impl<K: LeaseKind> Hub<K> {
+    /// A hub over a scheduler for leases of `kind`; accepted results come
+    /// out of the returned receiver.
     pub fn new(
         sched: Scheduler,
         secret: JoinSecret,
         job: JobInfo,
-        acceptance: Arc<Acceptance>,
+        kind: Arc<K>,
         run: RunStore,
-    ) -> (Hub, mpsc::UnboundedReceiver<Delivery>) {
+    ) -> (Self, mpsc::UnboundedReceiver<Delivery<K::Output>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let hub = Hub {
             sched: Mutex::new(sched),
             secret,
             job,
-            acceptance,
+            kind,
             run,
             start: Instant::now(),
             next_worker: AtomicU64::new(1),
             workers: Mutex::new(BTreeMap::new()),
             candidates: Mutex::new(BTreeMap::new()),
             deliveries: tx,
-            eval: None,
             all_stored: AtomicBool::new(false),
         };
         (hub, rx)
@@ -166,6 +160,15 @@ impl Hub {
     /// The job every worker receives after its proof.
     pub fn job(&self) -> &JobInfo {
         &self.job
+    }
+
+    /// The message that tells a joined worker its job and task.
+    pub fn welcome(&self, worker_id: WorkerId) -> ToWorker {
+        ToWorker::Welcome {
+            worker_id,
+            job: self.job.clone(),
+            task: self.kind.task(),
+        }
     }
 
     /// Registers a worker that proved the secret; a worker whose name was
@@ -231,7 +234,7 @@ impl Hub {
         }
     }
 
-    /// Handles a finished lease: fetches and checks the partial, then lets
+    /// Handles a finished lease: fetches and checks the result, then lets
     /// the scheduler decide. A result that fails a check sends the lease back
     /// to the queue (one attempt used).
     pub async fn deliver(
@@ -242,16 +245,16 @@ impl Hub {
         sha256: String,
         elapsed_ms: u64,
     ) {
+        let what = labels::<K>().result;
         let check = |range| self.fetch_and_check(range, partial, &sha256);
-        let Some((partial, bytes, staged)) = self.checked(worker, lease, "result", check).await
-        else {
+        let Some((output, bytes, staged)) = self.checked(worker, lease, what, check).await else {
             return;
         };
         let now = self.now();
         let completion = self.sched().complete(lease, worker, &sha256, now);
         let result = Candidate {
             worker,
-            partial,
+            output,
             bytes,
             sha256,
             staged,
@@ -264,7 +267,7 @@ impl Hub {
                 have,
                 needed,
             } => {
-                tracing::info!(%worker, %range, "result {have} of {needed} (redundant verification): the chunks go to another worker");
+                tracing::info!(%worker, %range, "{what} {have} of {needed} (redundant verification): the chunks go to another worker");
                 self.candidates().entry(range).or_default().push(result);
             }
             Completion::Decide(range) => {
@@ -272,13 +275,13 @@ impl Hub {
                 self.decide(range);
             }
             Completion::Duplicate { range, same: true } => {
-                tracing::info!(%worker, %range, "duplicate result dropped (bitwise identical to the kept one)");
+                tracing::info!(%worker, %range, "duplicate {what} dropped (bitwise identical to the kept one)");
             }
             Completion::Duplicate { range, same: false } => {
-                tracing::warn!(%worker, %range, "duplicate result DIFFERS from the kept one (mixed backends?); kept the first");
+                tracing::warn!(%worker, %range, "duplicate {what} DIFFERS from the kept one (mixed backends?); kept the first");
             }
             Completion::Unknown => {
-                tracing::warn!(%worker, %lease, "result for an unknown lease dropped")
+                tracing::warn!(%worker, %lease, "{what} for an unknown lease dropped")
             }
         }
     }
@@ -313,18 +316,18 @@ impl Hub {
         }
     }
 
-    fn candidates(&self) -> MutexGuard<'_, BTreeMap<ChunkRange, Vec<Candidate>>> {
+    fn candidates(&self) -> MutexGuard<'_, BTreeMap<ChunkRange, Vec<Candidate<K::Output>>>> {
         self.candidates.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts an accepted result and hands it to the merger, which stores
     /// its bytes under the final name (create-only).
-    fn accept(&self, range: ChunkRange, r: Candidate) {
-        self.credit(r.worker, partial_tokens(&r.partial), r.elapsed_ms);
+    fn accept(&self, range: ChunkRange, r: Candidate<K::Output>) {
+        self.credit(r.worker, r.output.measured(), r.elapsed_ms);
         let _ = self.deliveries.send(Delivery {
             worker: r.worker,
             range,
-            partial: r.partial,
+            output: r.output,
             bytes: r.bytes,
             sha256: r.sha256,
             staged: r.staged,
@@ -372,21 +375,21 @@ impl Hub {
         }
     }
 
-    /// The bytes of a reported result (`what`: "partial", "eval partial"):
-    /// inline, or read from the staging name of its claimed hash (any other
-    /// name is refused); with that staging name.
+    /// The bytes of a reported result: inline, or read from the staging
+    /// name of its claimed hash (any other name is refused); with that
+    /// staging name.
     async fn fetch(
         &self,
         partial: PartialRef,
         sha256: &str,
-        what: &str,
     ) -> Result<(Bytes, Option<String>), String> {
         match partial {
             PartialRef::Inline(b) => Ok((Bytes::from(b), None)),
             PartialRef::Stored(name) => {
-                if staged_partial_name(sha256).as_deref() != Some(name.as_str()) {
+                if common::layout::staged(sha256).as_deref() != Some(name.as_str()) {
                     return Err(format!(
-                        "stored {what} \"{}\" is not the staging name of its hash",
+                        "stored {} \"{}\" is not the staging name of its hash",
+                        labels::<K>().output,
                         peer_text(&name)
                     ));
                 }
@@ -401,17 +404,18 @@ impl Hub {
         range: ChunkRange,
         partial: PartialRef,
         sha256: &str,
-    ) -> Result<(Partial, Bytes, Option<String>), String> {
-        let (bytes, staged) = self.fetch(partial, sha256, "partial").await?;
+    ) -> Result<(K::Output, Bytes, Option<String>), String> {
+        let (bytes, staged) = self.fetch(partial, sha256).await?;
         let claimed = sha256.to_string();
-        let acceptance = self.acceptance.clone();
+        let kind = self.kind.clone();
+        let what = labels::<K>().output;
         tokio::task::spawn_blocking(move || {
-            check_hash(&bytes, &claimed, "partial")?;
-            let p = acceptance.decode_and_check(range, &bytes)?;
-            Ok((p, bytes, staged))
+            check_hash(&bytes, &claimed, what)?;
+            let output = kind.decode_and_check(range, &bytes)?;
+            Ok((output, bytes, staged))
         })
         .await
-        .map_err(|e| format!("checking the partial panicked: {e}"))?
+        .map_err(|e| format!("checking the {what} panicked: {e}"))?
     }
 }
 
@@ -429,9 +433,9 @@ fn check_hash(bytes: &[u8], claimed: &str, what: &str) -> Result<(), String> {
 
 /// The verdict on two or three results of one unit: two that agree settle
 /// it; with three, the one that agrees with neither other is the odd one.
-fn judge(range: ChunkRange, results: &[Candidate]) -> Verdict {
+fn judge<T: LeaseOutput>(range: ChunkRange, results: &[Candidate<T>]) -> Verdict {
     match results {
-        [a, b] => match agree(&a.partial, &b.partial) {
+        [a, b] => match a.output.agree(&b.output) {
             Ok(()) => Verdict::Agree { keep: a.worker },
             Err(why) => {
                 tracing::warn!(%range, "results of {} and {} disagree ({why}): asking a third worker", a.worker, b.worker);
@@ -439,12 +443,12 @@ fn judge(range: ChunkRange, results: &[Candidate]) -> Verdict {
             }
         },
         [a, b, c] => {
-            if agree(&a.partial, &c.partial).is_ok() {
+            if a.output.agree(&c.output).is_ok() {
                 Verdict::Odd {
                     keep: a.worker,
                     odd: b.worker,
                 }
-            } else if agree(&b.partial, &c.partial).is_ok() {
+            } else if b.output.agree(&c.output).is_ok() {
                 Verdict::Odd {
                     keep: b.worker,
                     odd: a.worker,

@@ -13,6 +13,7 @@ use super::hub::Hub;
 use super::slots::{Admission, Slot, Slots};
 use super::tls::Identity;
 use super::NetError;
+use crate::lease::LeaseKind;
 use crate::sched::{Grant, SchedError};
 use common::peer_text::peer_text;
 use common::wire::{
@@ -70,10 +71,10 @@ pub struct Server {
 
 impl Server {
     /// Binds and starts the accept loop.
-    pub fn spawn(
+    pub fn spawn<K: LeaseKind>(
         identity: &Identity,
         opts: ServerOptions,
-        hub: Arc<Hub>,
+        hub: Arc<Hub<K>>,
     ) -> Result<Server, NetError> {
         let mut transport = quinn::TransportConfig::default();
         transport
@@ -120,7 +121,11 @@ impl Server {
     }
 }
 
-async fn accept_loop(endpoint: quinn::Endpoint, opts: ServerOptions, hub: Arc<Hub>) {
+async fn accept_loop<K: LeaseKind>(
+    endpoint: quinn::Endpoint,
+    opts: ServerOptions,
+    hub: Arc<Hub<K>>,
+) {
     let slots = Slots::new(opts.max_connections, opts.max_pending_per_address);
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
@@ -200,10 +205,10 @@ impl Stream {
     }
 }
 
-async fn handle_connection(
+async fn handle_connection<K: LeaseKind>(
     incoming: quinn::Incoming,
     mut slot: Slot,
-    hub: &Hub,
+    hub: &Hub<K>,
     opts: &ServerOptions,
 ) {
     let deadline = tokio::time::Instant::now() + opts.login_timeout;
@@ -252,7 +257,7 @@ async fn handle_connection(
 
 /// The join exchange: `Hello`, a challenge, a valid proof; then the worker is
 /// registered and receives the job.
-async fn login(s: &mut Stream, hub: &Hub) -> Result<WorkerId, Ended> {
+async fn login<K: LeaseKind>(s: &mut Stream, hub: &Hub<K>) -> Result<WorkerId, Ended> {
     let (name, backend) = match s.read_login().await? {
         Some(ToCoordinator::Hello {
             protocol_version,
@@ -300,7 +305,12 @@ async fn login(s: &mut Stream, hub: &Hub) -> Result<WorkerId, Ended> {
 }
 
 /// The work loop of a joined worker; returns why the connection ended.
-async fn work(s: &mut Stream, hub: &Hub, opts: &ServerOptions, id: WorkerId) -> Ended {
+async fn work<K: LeaseKind>(
+    s: &mut Stream,
+    hub: &Hub<K>,
+    opts: &ServerOptions,
+    id: WorkerId,
+) -> Ended {
     loop {
         // A frame that keeps arriving (a large partial on a slow link) counts
         // as a heartbeat, at most once a second.
@@ -343,16 +353,6 @@ async fn work(s: &mut Stream, hub: &Hub, opts: &ServerOptions, id: WorkerId) -> 
                 hub.deliver(id, lease_id, partial, sha256, elapsed_ms).await;
                 quarantine_refusal(hub, id).unwrap_or(ToWorker::Ack)
             }
-            ToCoordinator::EvalDone {
-                lease_id,
-                partial,
-                sha256,
-                elapsed_ms,
-            } => {
-                hub.deliver_eval(id, lease_id, partial, sha256, elapsed_ms)
-                    .await;
-                quarantine_refusal(hub, id).unwrap_or(ToWorker::Ack)
-            }
             ToCoordinator::Failed { lease_id, reason } => {
                 let reason = peer_text(&reason);
                 tracing::warn!(%id, %lease_id, "worker failed a lease: {reason}");
@@ -384,12 +384,12 @@ async fn work(s: &mut Stream, hub: &Hub, opts: &ServerOptions, id: WorkerId) -> 
 }
 
 /// The refusal for a worker that is quarantined now.
-fn quarantine_refusal(hub: &Hub, id: WorkerId) -> Option<ToWorker> {
+fn quarantine_refusal<K: LeaseKind>(hub: &Hub<K>, id: WorkerId) -> Option<ToWorker> {
     let why = hub.sched().quarantine_reason(id)?.to_string();
     Some(ToWorker::Refused(Refusal::Quarantined(why)))
 }
 
-fn poll_reply(hub: &Hub, id: WorkerId, busy: bool) -> ToWorker {
+fn poll_reply<K: LeaseKind>(hub: &Hub<K>, id: WorkerId, busy: bool) -> ToWorker {
     let now = hub.now();
     let mut sched = hub.sched();
     if busy {

@@ -241,3 +241,17 @@ fn check_counts(p: &Partial) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests;
+
+/// Collection leases: workers measure, and each partial passes every check
+/// of this module.
+impl crate::lease::LeaseKind for Acceptance {
+    type Output = Partial;
+
+    fn task(&self) -> common::wire::Task {
+        common::wire::Task::Collect
+    }
+
+    fn check(&self, range: ChunkRange, p: &Partial) -> Result<(), String> {
+        Acceptance::check(self, range, p)
+    }
+}

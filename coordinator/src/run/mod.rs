@@ -4,12 +4,13 @@
 //! - [`settings`]: the `[run]`, `[cluster]` and `[storage]` config sections.
 //! - [`accept`]: the checks a partial passes before it is merged.
 //! - [`record`]: accepted partials stored create-only, their hashes in the manifest.
-//! - [`resume`]: partials already stored are reused, not recomputed.
+//! - [`resume`]: results already stored are reused, not recomputed.
+//! - [`runner`]: the lease runner every kind of lease shares (collection
+//!   here, evaluation in `eval`); [`serve`]: its lease loop.
 //! - [`lock`]: one coordinator writes to a run location at a time.
 //! - [`local`]: `--local-workers N` worker processes.
 //! - [`progress`]: the progress bar.
 //! - [`trace_plan`]: the per-split trace budget as a chunk stride.
-//! - [`serve`]: the lease loop shared with `coordinator eval`.
 //! - [`execute`] is the collection itself, given a prepared corpus;
 //!   `coordinator run` (the pipeline module) wraps it with corpus preparation
 //!   and the later stages.
@@ -21,26 +22,26 @@ pub mod lock;
 pub mod progress;
 pub mod record;
 pub mod resume;
+pub mod runner;
 pub mod serve;
 pub mod settings;
 pub mod trace_plan;
 
-use crate::net::hub::{partial_tokens, Hub, WorkerInfo};
+use crate::lease::LeaseKind;
+use crate::net::hub::{Hub, WorkerInfo};
 use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{create_ca, server_names, Identity};
 use crate::net::NetError;
-use crate::sched::{plan, Scheduler};
+use crate::sched::plan;
 use clap::Args;
 use common::artifacts::{names, write_results};
 use common::corpus::{CorpusIndex, INDEX_FILE};
-use common::partial::Partial;
 use common::secret::JoinSecret;
 use common::store::{RunStore, StoreError};
-use common::wire::partial_name;
 use join_hint::JoinHint;
 use local::SECRET_ENV;
+use runner::{lease_all, locked, Leasing, OnListen};
 use settings::{ClusterSettings, RunSettings};
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,13 +60,13 @@ pub enum RunError {
     /// TLS or endpoint.
     #[error(transparent)]
     Net(#[from] NetError),
-    /// Partials that do not combine.
+    /// Results (partials, eval partials) that do not combine.
     #[error("merging {what}: {source}")]
     Merge {
-        /// The partial being merged.
+        /// The result being merged.
         what: String,
         /// Why.
-        source: common::stats::MergeError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The scheduler gave up (a lease failed too often).
     #[error(transparent)]
@@ -212,78 +213,39 @@ pub(crate) fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), Ru
 /// called when everything was already stored.
 /// The run location is locked for the whole call ([`lock`]): a second
 /// coordinator on the same location fails instead of writing beside it.
-pub async fn execute<F>(setup: &RunSetup, on_listen: F) -> Result<RunSummary, RunError>
-where
-    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
-{
-    let stale = Duration::from_secs(setup.run.lock_stale_s);
-    let lock = lock::RunLock::acquire(&setup.store, stale).await?;
-    let outcome = execute_locked(setup, on_listen).await;
-    lock.release().await?;
-    outcome
+pub async fn execute(setup: &RunSetup, on_listen: impl OnListen) -> Result<RunSummary, RunError> {
+    locked(setup, execute_locked(setup, on_listen)).await
 }
 
-async fn execute_locked<F>(setup: &RunSetup, on_listen: F) -> Result<RunSummary, RunError>
-where
-    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
-{
+async fn execute_locked(
+    setup: &RunSetup,
+    on_listen: impl OnListen,
+) -> Result<RunSummary, RunError> {
     let store = &setup.store;
     let units = plan(setup.index.n_chunks, setup.run.lease_chunks);
-    let settings = record::settings_key(
-        &setup.model_sha256,
-        &setup.index.chunks_sha256,
-        &setup.run.job_options(setup.trace_every().await?),
-    );
+    let options = setup.run.job_options(setup.trace_every().await?);
+    let leasing = Leasing {
+        setup,
+        settings: record::settings_key(&setup.model_sha256, &setup.index.chunks_sha256, &options),
+        options,
+        verify_fraction: setup.run.verify_fraction,
+        progress: true,
+    };
     let acceptance = Arc::new(acceptance(setup, &units).await?);
-    let mut recorder = record::Recorder::open(store).await?;
-    let resumed = resume::load(store, &units, &acceptance, &mut recorder, &settings).await?;
-    for (name, why) in &resumed.skipped {
-        tracing::warn!("stored partial {name} not reused: {why}");
-    }
-    for (name, why) in &resumed.rejected {
-        tracing::warn!(
-            "stored partial {} REJECTED, recomputing it (moved under {}/): {why}",
-            store.url_of(name),
-            resume::REJECTED_DIR
-        );
-    }
+    let leased = lease_all(&leasing, units, acceptance, on_listen).await?;
     let mut summary = RunSummary {
-        units: units.len(),
-        resumed: resumed.done.len(),
-        rejected: resumed.rejected.clone(),
+        units: leased.units,
+        resumed: leased.resumed,
+        rejected: leased.rejected,
+        computed: leased.computed,
+        retries: leased.retries,
+        duplicates: leased.duplicates,
+        workers: leased.workers,
         ..RunSummary::default()
     };
-    let mut merged = resumed.merged;
-    if resumed.done.len() < units.len() {
-        let accepted = Accepted {
-            acceptance,
-            recorder,
-            settings,
-        };
-        let (more, stats) = collect(
-            setup,
-            units,
-            &resumed.done,
-            merged.as_ref(),
-            accepted,
-            on_listen,
-        )
-        .await?;
-        if let Some(p) = more {
-            match &mut merged {
-                None => merged = Some(p),
-                Some(m) => m.merge(&p).map_err(|source| RunError::Merge {
-                    what: "a lease's partial".into(),
-                    source,
-                })?,
-            }
-        }
-        summary.computed = stats.accepted;
-        summary.retries = stats.retries;
-        summary.duplicates = stats.duplicates;
-        summary.workers = stats.workers;
-    }
-    let merged = merged.ok_or_else(|| RunError::Setup("the corpus has no chunks".into()))?;
+    let merged = leased
+        .merged
+        .ok_or_else(|| RunError::Setup("the corpus has no chunks".into()))?;
     store.put(names::MERGED_PARTIAL, merged.to_bytes()).await?;
     let saliency = write_results(store, &merged).await?;
     summary.fit_tokens = saliency.split(common::Split::Fit).map_or(0, |s| s.n_tokens);
@@ -324,109 +286,12 @@ pub(crate) async fn acceptance(
     .map_err(|e| RunError::Setup(format!("{what}: {e}")))
 }
 
-/// How accepted results are checked, stored and recorded.
-struct Accepted {
-    acceptance: Arc<accept::Acceptance>,
-    recorder: record::Recorder,
-    settings: String,
-}
-
-struct CollectStats {
-    accepted: usize,
-    retries: usize,
-    duplicates: usize,
-    workers: Vec<WorkerInfo>,
-}
-
-/// Serves leases until every unit is done; returns the merge of the accepted
-/// partials. Each is stored under `partials/` as it arrives and merged into a
-/// running total, so memory holds one result at a time.
-async fn collect<F>(
-    setup: &RunSetup,
-    units: Vec<common::ChunkRange>,
-    done: &BTreeMap<common::ChunkRange, String>,
-    resumed: Option<&Partial>,
-    accepted: Accepted,
-    on_listen: F,
-) -> Result<(Option<Partial>, CollectStats), RunError>
-where
-    F: FnOnce(&Listening) -> Result<Vec<tokio::process::Child>, RunError>,
-{
-    let (run, cluster, store) = (&setup.run, &setup.cluster, &setup.store);
-    if !(0.0..=1.0).contains(&run.verify_fraction) {
-        return Err(RunError::Setup(format!(
-            "[run] verify_fraction = {} is not between 0 and 1",
-            run.verify_fraction
-        )));
-    }
-    let sched = Scheduler::new(serve::sched_config(run, run.verify_fraction), units, done);
-    let job = serve::job_info(setup, run.job_options(setup.trace_every().await?));
-    let (secret, shared) = secret(cluster)?;
-    if !shared {
-        tracing::info!("no join secret configured: only local workers can join");
-    }
-    let Accepted {
-        acceptance,
-        mut recorder,
-        settings,
-    } = accepted;
-    let (hub, deliveries) = Hub::new(sched, secret.clone(), job, acceptance, store.clone());
-    let hub = Arc::new(hub);
-    let (server, listening) = listen(
-        cluster,
-        hub.clone(),
-        secret,
-        serve::max_frame(cluster),
-        serve::heartbeat_timeout(run),
-    )?;
-    let mut children = on_listen(&listening)?;
-    let resumed_tokens = resumed.map_or(0, partial_tokens);
-    let bar = progress::Progress::new(setup.index.n_tokens, resumed_tokens);
-    let mut running: Option<Partial> = None;
-    let mut serving = serve::Serving::new(&hub, deliveries, &mut children);
-    let outcome: Result<(), RunError> = async {
-        while let Some(d) = serving.next().await? {
-            let name = partial_name(d.range);
-            let rec = record::PartialRecord {
-                sha256: d.sha256.clone(),
-                settings: settings.clone(),
-            };
-            recorder.accept(&name, &d.bytes, rec).await?;
-            if let Some(staged) = &d.staged {
-                store.delete(staged).await?;
-            }
-            bar.advance(partial_tokens(&d.partial), &hub.workers());
-            tracing::info!(worker = %d.worker, range = %d.range, "lease merged");
-            match &mut running {
-                None => running = Some(d.partial),
-                Some(m) => m
-                    .merge(&d.partial)
-                    .map_err(|source| RunError::Merge { what: name, source })?,
-            }
-        }
-        Ok(())
-    }
-    .await;
-    bar.finish();
-    serve::wind_down(&server, &mut children, store, outcome).await?;
-    let p = hub.sched().progress();
-    Ok((
-        running,
-        CollectStats {
-            accepted: p.accepted,
-            retries: p.retries,
-            duplicates: p.duplicates,
-            workers: hub.workers().into_values().collect(),
-        },
-    ))
-}
-
 /// Starts the QUIC server for `hub` with the `[cluster]` settings, writes
 /// the join hint to `[cluster] connect_file` when one is set, and returns
 /// the server with what workers need to join.
-pub(crate) fn listen(
+pub(crate) fn listen<K: LeaseKind>(
     cluster: &ClusterSettings,
-    hub: Arc<Hub>,
+    hub: Arc<Hub<K>>,
     secret: JoinSecret,
     max_frame: u32,
     heartbeat_timeout: Duration,

@@ -1,64 +1,55 @@
-//! Resuming: the partials a previous process stored under `partials/` for
-//! units of the same lease plan are reused instead of recomputed, but only
-//! when their bytes still hash to the SHA-256 recorded in the manifest at
-//! acceptance, they were made under the same settings key, and they pass the
+//! Resuming, for every kind of lease: the results a previous process stored
+//! under the kind's prefix (`partials/`, `eval/partials/`) for units of the
+//! same lease plan are reused instead of recomputed, but only when their
+//! bytes still hash to the SHA-256 recorded in the manifest at acceptance,
+//! they were made under the same settings key, and they pass the kind's
 //! acceptance checks again. Anything else is named in the log, moved under
-//! `rejected/` (so the recomputed partial is written create-only under the
-//! final name) and recomputed.
+//! `rejected/` (so the recomputed result is written create-only under the
+//! final name) and recomputed. Objects of another lease plan are left alone.
 
-use super::accept::Acceptance;
 use super::record::{check_stored, Recorder, Records};
 use super::RunError;
+use crate::lease::LeaseKind;
 use common::hash::sha256_hex;
-use common::partial::Partial;
+use common::lease::LeaseOutput;
 use common::store::RunStore;
-use common::wire::parse_partial_name;
 use common::ChunkRange;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Prefix under the run where unusable stored partials are moved.
-pub const REJECTED_DIR: &str = "rejected";
-
 /// What was found in storage.
-#[derive(Debug, Default)]
-pub struct Resumed {
-    /// Units already done, with their partial's hash.
+#[derive(Debug)]
+pub struct Resumed<T> {
+    /// Units already done, with their result's hash.
     pub done: BTreeMap<ChunkRange, String>,
     /// Their merge.
-    pub merged: Option<Partial>,
-    /// Stored partials left alone (not a unit of this plan), with the reason.
+    pub merged: Option<T>,
+    /// Stored results left alone (not a unit of this plan), with the reason.
     pub skipped: Vec<(String, String)>,
-    /// Stored partials set aside for recomputation, with the reason.
+    /// Stored results set aside for recomputation, with the reason.
     pub rejected: Vec<(String, String)>,
 }
 
-/// Why stored bytes of the unit `range` cannot be reused, if they can't.
-fn verdict(
-    range: ChunkRange,
-    bytes: &[u8],
-    record: Option<&super::record::PartialRecord>,
-    settings: &str,
-    acceptance: &Acceptance,
-) -> Result<Partial, String> {
-    check_stored(record, bytes, settings)?;
-    acceptance.decode_and_check(range, bytes)
-}
-
-/// Reads every stored partial of a unit of `units`; the usable ones are
+/// Reads every stored result of a unit of `units`; the usable ones are
 /// merged, the others set aside (see the module doc) and their records
 /// dropped.
-pub async fn load(
+pub async fn load<K: LeaseKind>(
     store: &RunStore,
     units: &[ChunkRange],
-    acceptance: &Acceptance,
+    kind: &K,
     recorder: &mut Recorder,
     settings: &str,
-) -> Result<Resumed, RunError> {
+) -> Result<Resumed<K::Output>, RunError> {
+    let layout = K::Output::LAYOUT;
     let wanted: BTreeSet<ChunkRange> = units.iter().copied().collect();
     let records: Records = recorder.records()?;
-    let mut out = Resumed::default();
-    for name in store.list("partials").await? {
-        let Some(range) = parse_partial_name(&name) else {
+    let mut out = Resumed {
+        done: BTreeMap::new(),
+        merged: None,
+        skipped: Vec::new(),
+        rejected: Vec::new(),
+    };
+    for name in store.list(layout.dir).await? {
+        let Some(range) = layout.parse(&name) else {
             continue;
         };
         if !wanted.contains(&range) {
@@ -67,16 +58,12 @@ pub async fn load(
             continue;
         }
         let bytes = store.get(&name).await?;
-        match verdict(range, &bytes, records.get(&name), settings, acceptance) {
+        let verdict = check_stored(records.get(&name), &bytes, settings)
+            .and_then(|()| kind.decode_and_check(range, &bytes));
+        match verdict {
             Ok(p) => {
                 out.done.insert(range, sha256_hex(&bytes));
-                match &mut out.merged {
-                    None => out.merged = Some(p),
-                    Some(m) => m.merge(&p).map_err(|source| RunError::Merge {
-                        what: store.url_of(&name),
-                        source,
-                    })?,
-                }
+                merge_into(&mut out.merged, p, || store.url_of(&name))?;
             }
             Err(reason) => {
                 set_aside(store, &name, &bytes).await?;
@@ -88,14 +75,25 @@ pub async fn load(
     Ok(out)
 }
 
-/// Moves stored bytes to `rejected/<sha256 prefix>-<file name>`.
-pub(crate) async fn set_aside(
-    store: &RunStore,
-    name: &str,
-    bytes: &bytes::Bytes,
+/// Adds `more` to a running merge; `what` names it in the error.
+pub(crate) fn merge_into<T: LeaseOutput>(
+    running: &mut Option<T>,
+    more: T,
+    what: impl FnOnce() -> String,
 ) -> Result<(), RunError> {
-    let file = name.rsplit('/').next().unwrap_or(name);
-    let aside = format!("{REJECTED_DIR}/{}-{file}", &sha256_hex(bytes)[..16]);
+    match running {
+        None => *running = Some(more),
+        Some(m) => m.merge(&more).map_err(|source| RunError::Merge {
+            what: what(),
+            source: Box::new(source),
+        })?,
+    }
+    Ok(())
+}
+
+/// Moves stored bytes to `rejected/<sha256 prefix>-<file name>`.
+async fn set_aside(store: &RunStore, name: &str, bytes: &bytes::Bytes) -> Result<(), RunError> {
+    let aside = common::layout::rejected(name, &sha256_hex(bytes));
     store.put(&aside, bytes.clone()).await?;
     store.delete(name).await?;
     Ok(())

@@ -1,16 +1,17 @@
-//! The lease loop that collection and evaluation share: the scheduler's
+//! The runner's lease loop: the scheduler's
 //! configuration and the job every worker is sent, serving leases until
-//! every unit is accepted and merged, and the clean-up after it. What is
-//! merged (partials or eval partials) is the caller's.
+//! every unit is accepted and merged, and the clean-up after it.
 
 use super::settings::{ClusterSettings, RunSettings};
 use super::{RunError, RunSetup};
-use crate::net::hub::Hub;
+use crate::lease::LeaseKind;
+use crate::net::hub::{Delivery, Hub};
 use crate::net::server::Server;
 use crate::sched::SchedConfig;
 use common::artifacts::names::CORPUS_DIR;
+use common::layout::STAGING_DIR;
 use common::store::{RunStore, StoreError};
-use common::wire::{JobInfo, JobOptions, STAGING_DIR};
+use common::wire::{JobInfo, JobOptions};
 use std::time::Duration;
 use tokio::process::Child;
 use tokio::sync::mpsc;
@@ -56,20 +57,20 @@ pub(crate) fn job_info(setup: &RunSetup, options: JobOptions) -> JobInfo {
 /// Leases being served until every unit has been accepted and merged: the
 /// caller takes accepted results one by one with [`Serving::next`] and
 /// merges each before asking for the next.
-pub(crate) struct Serving<'a, D> {
-    hub: &'a Hub,
-    deliveries: mpsc::UnboundedReceiver<D>,
+pub(crate) struct Serving<'a, K: LeaseKind> {
+    hub: &'a Hub<K>,
+    deliveries: mpsc::UnboundedReceiver<Delivery<K::Output>>,
     children: &'a mut [Child],
     tick: tokio::time::Interval,
     handed_out: usize,
 }
 
-impl<'a, D> Serving<'a, D> {
+impl<'a, K: LeaseKind> Serving<'a, K> {
     /// Serves `hub`'s leases; accepted results come from `deliveries`, and
     /// `children` are the local worker processes.
     pub(crate) fn new(
-        hub: &'a Hub,
-        deliveries: mpsc::UnboundedReceiver<D>,
+        hub: &'a Hub<K>,
+        deliveries: mpsc::UnboundedReceiver<Delivery<K::Output>>,
         children: &'a mut [Child],
     ) -> Self {
         Serving {
@@ -86,7 +87,7 @@ impl<'a, D> Serving<'a, D> {
     /// expired leases back to the queue meanwhile. An error when a unit
     /// failed for good, the delivery channel closed, or the local workers
     /// have all exited with no worker connected.
-    pub(crate) async fn next(&mut self) -> Result<Option<D>, RunError> {
+    pub(crate) async fn next(&mut self) -> Result<Option<Delivery<K::Output>>, RunError> {
         let hub = self.hub;
         loop {
             tokio::select! {
@@ -125,15 +126,12 @@ impl<'a, D> Serving<'a, D> {
 /// Ends serving with `outcome` (the lease loop's): closes every connection
 /// (as finished, or as stopped naming the error), waits for the local
 /// workers, then, on success, clears the staging area.
-pub(crate) async fn wind_down<E>(
+pub(crate) async fn wind_down(
     server: &Server,
     children: &mut [Child],
     store: &RunStore,
-    outcome: Result<(), E>,
-) -> Result<(), E>
-where
-    E: std::fmt::Display + From<StoreError>,
-{
+    outcome: Result<(), RunError>,
+) -> Result<(), RunError> {
     server.shutdown(&outcome).await;
     stop_children(children).await;
     outcome?;

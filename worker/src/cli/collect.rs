@@ -114,7 +114,7 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
                     .push(write_trace_part(&out, name, rows, k, n).await?);
             }
         }
-        let name = common::wire::partial_name(range);
+        let name = common::layout::PARTIALS.object(range);
         out.put(&name, partial.to_bytes()).await?;
         let saliency = common::artifacts::write_results(&out, &partial).await?;
         println!(

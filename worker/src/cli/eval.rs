@@ -97,7 +97,11 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let out = RunStore::open(&a.out)?;
     let summary = EvalSummary::of(&partial, &index.domains);
     rt.block_on(async {
-        out.put(&names::partial(range), partial.to_bytes()).await?;
+        out.put(
+            &common::layout::EVAL_PARTIALS.object(range),
+            partial.to_bytes(),
+        )
+        .await?;
         out.put(names::SUMMARY_JSON, summary.to_json_bytes())
             .await?;
         anyhow::Ok(())

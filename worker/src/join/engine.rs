@@ -1,7 +1,8 @@
-//! The measuring engine behind `worker join`, on a thread of its own (a
-//! llama.cpp context need not be `Send`): [`Engine`] is what the join loop
-//! needs from it, [`CollectorLoader`] the real one over [`Collector`] (and,
-//! in an evaluation run, over [`SlicedEvaluator`]).
+//! The engines behind `worker join`, each on a thread of its own
+//! ([`EngineThread`]: a llama.cpp context need not be `Send`): [`Engine`]
+//! is what a collection lease needs, [`EvalEngine`] what an evaluation
+//! lease needs, [`CollectorLoader`] loads the real ones over [`Collector`]
+//! and [`SlicedEvaluator`].
 
 use super::eval_engine::{EvalEngine, SlicedEvaluator};
 use crate::collect::device::Reduce;
@@ -156,33 +157,42 @@ impl Engine for CollectorEngine {
     }
 }
 
-type Job = (
+/// One request to an engine thread: chunks of a corpus, and where the
+/// result goes.
+type Request<R> = (
     Arc<CorpusIndex>,
     Vec<Chunk>,
-    oneshot::Sender<Result<(Partial, Vec<TraceRow>), String>>,
+    oneshot::Sender<Result<R, String>>,
 );
 
-/// An engine running on its own thread.
-pub struct EngineThread {
-    jobs: mpsc::Sender<Job>,
-    /// SHA-256 of the engine's model.
-    pub model_sha256: String,
-    /// (k, top-N) of its trace rows.
-    pub trace_shape: (usize, usize),
+/// An engine running on its own thread (a llama.cpp context need not be
+/// `Send`), answering requests with results of type `R`.
+pub struct EngineThread<R> {
+    requests: mpsc::Sender<Request<R>>,
 }
 
-impl EngineThread {
-    /// Starts the thread and loads the engine for `job` there.
-    pub async fn start<L: EngineLoader>(loader: L, job: &JobInfo) -> Result<EngineThread, String> {
-        let (tx, mut rx) = mpsc::channel::<Job>(1);
+impl<R: Send + 'static> EngineThread<R> {
+    /// Starts the thread `name`; `load` makes the engine there and the facts
+    /// the caller needs about it (its model hash, say), returned once it is
+    /// loaded; `run` computes each request's result with the engine.
+    pub async fn start<E, I, Load, Run>(
+        name: &str,
+        load: Load,
+        mut run: Run,
+    ) -> Result<(EngineThread<R>, I), String>
+    where
+        I: Send + 'static,
+        Load: FnOnce() -> Result<(E, I), String> + Send + 'static,
+        Run: FnMut(&mut E, &CorpusIndex, &[Chunk]) -> Result<R, String> + Send + 'static,
+    {
+        let (tx, mut rx) = mpsc::channel::<Request<R>>(1);
         let (ready_tx, ready_rx) = oneshot::channel();
-        let job = job.clone();
         std::thread::Builder::new()
-            .name("engine".into())
+            .name(name.into())
             .spawn(move || {
-                let mut engine = match loader.load(&job) {
-                    Ok(e) => {
-                        let _ = ready_tx.send(Ok((e.model_sha256(), e.trace_shape())));
+                let mut engine = match load() {
+                    Ok((e, info)) => {
+                        let _ = ready_tx.send(Ok(info));
                         e
                     }
                     Err(e) => {
@@ -191,31 +201,23 @@ impl EngineThread {
                     }
                 };
                 while let Some((index, chunks, reply)) = rx.blocking_recv() {
-                    let _ = reply.send(engine.measure(&index, &chunks));
+                    let _ = reply.send(run(&mut engine, &index, &chunks));
                 }
             })
-            .map_err(|e| format!("cannot start the engine thread: {e}"))?;
-        let (model_sha256, trace_shape) = ready_rx
+            .map_err(|e| format!("cannot start the {name} thread: {e}"))?;
+        let info = ready_rx
             .await
-            .map_err(|_| "the engine thread died while loading".to_string())??;
-        Ok(EngineThread {
-            jobs: tx,
-            model_sha256,
-            trace_shape,
-        })
+            .map_err(|_| format!("the {name} thread died while loading"))??;
+        Ok((EngineThread { requests: tx }, info))
     }
 
-    /// Sends chunks to measure; the receiver yields the result.
-    pub async fn submit(
-        &self,
-        index: Arc<CorpusIndex>,
-        chunks: Vec<Chunk>,
-    ) -> Result<oneshot::Receiver<Result<(Partial, Vec<TraceRow>), String>>, String> {
+    /// Computes the result of chunks on the engine thread.
+    pub async fn run(&self, index: Arc<CorpusIndex>, chunks: Vec<Chunk>) -> Result<R, String> {
         let (tx, rx) = oneshot::channel();
-        self.jobs
+        self.requests
             .send((index, chunks, tx))
             .await
             .map_err(|_| "the engine thread is gone".to_string())?;
-        Ok(rx)
+        rx.await.map_err(|_| "the engine thread died".to_string())?
     }
 }

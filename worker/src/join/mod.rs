@@ -2,33 +2,34 @@
 //! then measure leases until the run needs nothing more. A lost connection
 //! (the coordinator restarted, the network dropped, a full server refused
 //! it) is retried with exponential backoff until [`Reconnect::give_up`]
-//! passes without a session; the loaded model is kept across sessions.
+//! passes without a session; the loaded work is kept across sessions of the
+//! same job.
 //!
 //! - [`tls`]: how the coordinator's certificate is trusted (pin or CA).
-//! - [`engine`]: the measuring engine on its own thread; [`fake`] a
-//!   deterministic stand-in for tests.
-//! - [`eval`]: the work loop of an evaluation job (candidates sliced here
-//!   by [`eval_engine`], eval partials reported).
+//! - [`engine`]: the engines on their own threads; [`eval_engine`] the
+//!   evaluating one; [`fake`] a deterministic stand-in for tests.
+//! - `work`: what each lease computes, by the welcome's task (collection or
+//!   evaluation), behind one trait, so one loop serves both.
 //! - [`join`] runs the protocol of [`common::wire`] with any engine.
 
 pub mod engine;
-mod eval;
 pub mod eval_engine;
 pub mod fake;
 pub mod tls;
+mod work;
 
 use crate::collect::device::Reduce;
 use crate::eval::Compare;
-use common::corpus::{read_chunks, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use common::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::peer_text::peer_text;
 use common::secret::JoinSecret;
 use common::store::RunStore;
 use common::wire::{
-    join_proof, parse_pin, read_msg, staged_partial_name, write_msg, JobInfo, LeaseGrant,
-    PartialRef, Refusal, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME,
-    PROTOCOL_VERSION, RUN_FINISHED,
+    join_proof, parse_pin, read_msg, write_msg, JobInfo, LeaseGrant, PartialRef, Refusal, Task,
+    ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
+    RUN_FINISHED,
 };
-use engine::{EngineLoader, EngineThread};
+use engine::EngineLoader;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -324,10 +325,12 @@ impl Conn {
 /// Longest wait for one connection attempt (QUIC and TLS handshakes).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The engine loaded for a job; reused by later sessions of the same job.
+/// The work loaded for a job and task; reused by later sessions of the
+/// same job.
 struct Loaded {
     job: JobInfo,
-    engine: EngineThread,
+    task: Task,
+    work: Box<dyn work::LeaseWork>,
 }
 
 /// Joins the coordinator at `opts.addr` and works until it says the run is
@@ -488,19 +491,19 @@ async fn work<L: EngineLoader>(
         }
     };
     let mac = join_proof(opts.secret.expose(), &nonce, &opts.name);
-    let job = match c.ask(&ToCoordinator::Proof { mac }).await? {
-        ToWorker::Welcome { job, worker_id } => {
-            tracing::info!(%worker_id, run = %job.run_url, "joined");
-            job
-        }
-        ToWorker::WelcomeEval {
+    let (job, task) = match c.ask(&ToCoordinator::Proof { mac }).await? {
+        ToWorker::Welcome {
             job,
             worker_id,
-            eval,
+            task,
         } => {
-            tracing::info!(%worker_id, run = %job.run_url, candidates = eval.candidates.len(), "joined an evaluation");
-            *joined = true;
-            return eval::work(c, loader.clone(), job, eval, summary).await;
+            match &task {
+                Task::Collect => tracing::info!(%worker_id, run = %job.run_url, "joined"),
+                Task::Evaluate(eval) => {
+                    tracing::info!(%worker_id, run = %job.run_url, candidates = eval.candidates.len(), "joined an evaluation")
+                }
+            }
+            (job, task)
         }
         other => {
             return Err(JoinError::Protocol(format!(
@@ -510,38 +513,46 @@ async fn work<L: EngineLoader>(
     };
     *joined = true;
     let heartbeat = Duration::from_millis(job.heartbeat_ms.max(50));
-    if loaded.as_ref().is_none_or(|l| l.job != job) {
+    let run = RunStore::open(&job.run_url)?;
+    if loaded
+        .as_ref()
+        .is_none_or(|l| (&l.job, &l.task) != (&job, &task))
+    {
         *loaded = None;
-        let engine = load_engine(c, loader.clone(), &job, heartbeat).await?;
+        let loading = work::load(loader.clone(), &job, &task, &run);
+        let work = match while_loading(c, heartbeat, loading).await? {
+            Ok(w) => w,
+            Err(e) => return refuse(c, e).await,
+        };
         *loaded = Some(Loaded {
             job: job.clone(),
-            engine,
+            task,
+            work,
         });
     }
-    let engine = &loaded.as_ref().expect("loaded above").engine;
-    if engine.model_sha256 != job.model_sha256 {
+    let work = &*loaded.as_ref().expect("loaded above").work;
+    if work.model_sha256() != job.model_sha256 {
         let err = JoinError::ModelMismatch {
             path: job.model_path.clone(),
-            actual: engine.model_sha256.clone(),
+            actual: work.model_sha256().to_string(),
             expected: job.model_sha256.clone(),
         };
-        write_msg(
-            &mut c.send,
-            &ToCoordinator::Refuse {
-                reason: err.to_string(),
-            },
-        )
-        .await?;
-        return Err(err);
+        return refuse(c, err).await;
     }
     let corpus = Corpus::open(&job).await?;
-    let run = RunStore::open(&job.run_url)?;
+    let lease = Leasing {
+        work,
+        corpus: &corpus,
+        run: &run,
+        job: &job,
+        heartbeat,
+    };
     loop {
         match c.poll(WorkerState::Idle).await? {
-            ToWorker::Lease(lease) => {
-                let done = measure_lease(c, engine, &corpus, &run, &job, &lease, heartbeat).await?;
+            ToWorker::Lease(grant) => {
+                let done = lease.run(c, &grant).await?;
                 summary.leases += u64::from(done);
-                summary.chunks += u64::from(lease.range.len()) * u64::from(done);
+                summary.chunks += u64::from(grant.range.len()) * u64::from(done);
             }
             ToWorker::Wait { retry_ms } => {
                 tokio::time::sleep(Duration::from_millis(retry_ms)).await
@@ -556,18 +567,29 @@ async fn work<L: EngineLoader>(
     }
 }
 
-/// Loads the engine while heartbeating, so a slow model load keeps the connection.
-async fn load_engine<L: EngineLoader>(
+/// Tells the coordinator this worker refuses the job, and why.
+async fn refuse(c: &mut Conn, err: JoinError) -> Result<(), JoinError> {
+    write_msg(
+        &mut c.send,
+        &ToCoordinator::Refuse {
+            reason: err.to_string(),
+        },
+    )
+    .await?;
+    Err(err)
+}
+
+/// Runs `loading` while sending a `Loading` poll every `heartbeat`, so a
+/// slow model load keeps the connection.
+async fn while_loading<T>(
     c: &mut Conn,
-    loader: L,
-    job: &JobInfo,
     heartbeat: Duration,
-) -> Result<EngineThread, JoinError> {
-    let loading = EngineThread::start(loader, job);
+    loading: impl std::future::Future<Output = T>,
+) -> Result<T, JoinError> {
     tokio::pin!(loading);
     loop {
         tokio::select! {
-            r = &mut loading => return r.map_err(JoinError::Engine),
+            r = &mut loading => return Ok(r),
             _ = tokio::time::sleep(heartbeat) => {
                 c.poll(WorkerState::Loading).await?;
             }
@@ -591,42 +613,6 @@ async fn heartbeating<T>(
             }
         }
     }
-}
-
-/// Measures a lease's chunks and stores what must be stored (the trace
-/// part; the partial itself when too large to travel inline).
-async fn produce(
-    engine: &EngineThread,
-    corpus: &Corpus,
-    run: &RunStore,
-    job: &JobInfo,
-    lease: &LeaseGrant,
-) -> Result<(PartialRef, String), String> {
-    corpus.index.check_range(lease.range)?;
-    let chunks = read_chunks(corpus.table.clone(), Some(lease.range))
-        .map_err(|e| format!("{}: {e}", corpus.url))?;
-    let rx = engine.submit(corpus.index.clone(), chunks).await?;
-    let (mut partial, rows) = rx
-        .await
-        .map_err(|_| "the engine thread died".to_string())??;
-    if !rows.is_empty() {
-        let (k, n) = engine.trace_shape;
-        let name = crate::collect::trace_part_name(lease.range, false);
-        let name = crate::collect::write_trace_part(run, name, rows, k, n)
-            .await
-            .map_err(|e| e.to_string())?;
-        partial.trace_parts = vec![name];
-    }
-    let bytes = partial.to_bytes();
-    let sha256 = common::hash::sha256_hex(&bytes);
-    let partial = if bytes.len() as u64 <= job.max_inline_bytes {
-        PartialRef::Inline(bytes)
-    } else {
-        let name = staged_partial_name(&sha256).expect("a SHA-256 in hex");
-        run.put(&name, bytes).await.map_err(|e| e.to_string())?;
-        PartialRef::Stored(name)
-    };
-    Ok((partial, sha256))
 }
 
 /// The corpus index and chunk table, read once.
@@ -653,63 +639,80 @@ impl Corpus {
             url: store.url_of(CHUNKS_FILE),
         })
     }
+
+    /// The chunks of a lease (a range outside the corpus is refused).
+    fn chunks(&self, range: common::ChunkRange) -> Result<Vec<Chunk>, String> {
+        self.index.check_range(range)?;
+        read_chunks(self.table.clone(), Some(range)).map_err(|e| format!("{}: {e}", self.url))
+    }
 }
 
-/// Measures one lease, uploads what it produced, and reports the result
-/// (or the failure), heartbeating all along: a slow model, a slow trace
-/// upload or a slow partial upload never looks like a silent worker.
-/// Returns whether a result was sent.
-async fn measure_lease(
-    c: &mut Conn,
-    engine: &EngineThread,
-    corpus: &Corpus,
-    run: &RunStore,
-    job: &JobInfo,
-    lease: &LeaseGrant,
+/// What every lease of a session is computed with.
+struct Leasing<'a> {
+    work: &'a dyn work::LeaseWork,
+    corpus: &'a Corpus,
+    run: &'a RunStore,
+    job: &'a JobInfo,
     heartbeat: Duration,
-) -> Result<bool, JoinError> {
-    let work = produce(engine, corpus, run, job, lease);
-    let done = |partial, sha256, elapsed_ms| ToCoordinator::Done {
-        lease_id: lease.lease_id,
-        partial,
-        sha256,
-        elapsed_ms,
-    };
-    report_lease(c, lease, heartbeat, "lease", work, done).await
 }
 
-/// Runs a lease's `work` while heartbeating, then reports its result as the
-/// message `done` makes of it (partial, SHA-256, milliseconds taken), or its
-/// failure, and waits for the Ack. Collection and evaluation leases share it.
-/// Returns whether a result was sent.
-async fn report_lease(
-    c: &mut Conn,
-    lease: &LeaseGrant,
-    heartbeat: Duration,
-    what: &str,
-    work: impl std::future::Future<Output = Result<(PartialRef, String), String>>,
-    done: impl FnOnce(PartialRef, String, u64) -> ToCoordinator,
-) -> Result<bool, JoinError> {
-    let start = Instant::now();
-    let result = heartbeating(c, lease.lease_id, heartbeat, work)
-        .await
-        .and_then(|r| r);
-    let elapsed_ms = start.elapsed().as_millis() as u64;
-    let (msg, sent) = match result {
-        Ok((partial, sha256)) => (done(partial, sha256, elapsed_ms), true),
-        Err(reason) => {
-            tracing::warn!(lease = %lease.lease_id, range = %lease.range, "{what} failed: {reason}");
-            (
-                ToCoordinator::Failed {
+impl Leasing<'_> {
+    /// Computes a lease's result and stages it when it is too large to
+    /// travel inline.
+    async fn produce(&self, lease: &LeaseGrant) -> Result<(PartialRef, String), String> {
+        let bytes = self
+            .work
+            .produce(self.corpus, self.run, lease.range)
+            .await?;
+        let sha256 = common::hash::sha256_hex(&bytes);
+        let partial = if bytes.len() as u64 <= self.job.max_inline_bytes {
+            PartialRef::Inline(bytes)
+        } else {
+            let name = common::layout::staged(&sha256).expect("a SHA-256 in hex");
+            self.run
+                .put(&name, bytes)
+                .await
+                .map_err(|e| e.to_string())?;
+            PartialRef::Stored(name)
+        };
+        Ok((partial, sha256))
+    }
+
+    /// Computes one lease, uploads what it produced, and reports the result
+    /// (or the failure), heartbeating all along: a slow model, a slow trace
+    /// upload or a slow result upload never looks like a silent worker.
+    /// Returns whether a result was sent.
+    async fn run(&self, c: &mut Conn, lease: &LeaseGrant) -> Result<bool, JoinError> {
+        let start = Instant::now();
+        let result = heartbeating(c, lease.lease_id, self.heartbeat, self.produce(lease))
+            .await
+            .and_then(|r| r);
+        let elapsed_ms = start.elapsed().as_millis() as u64;
+        let (msg, sent) = match result {
+            Ok((partial, sha256)) => (
+                ToCoordinator::Done {
                     lease_id: lease.lease_id,
-                    reason,
+                    partial,
+                    sha256,
+                    elapsed_ms,
                 },
-                false,
-            )
+                true,
+            ),
+            Err(reason) => {
+                let what = self.work.labels().lease;
+                tracing::warn!(lease = %lease.lease_id, range = %lease.range, "{what} failed: {reason}");
+                (
+                    ToCoordinator::Failed {
+                        lease_id: lease.lease_id,
+                        reason,
+                    },
+                    false,
+                )
+            }
+        };
+        match c.ask(&msg).await? {
+            ToWorker::Ack => Ok(sent),
+            other => Err(JoinError::Protocol(format!("expected Ack, got {other:?}"))),
         }
-    };
-    match c.ask(&msg).await? {
-        ToWorker::Ack => Ok(sent),
-        other => Err(JoinError::Protocol(format!("expected Ack, got {other:?}"))),
     }
 }

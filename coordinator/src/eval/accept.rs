@@ -1,156 +1,37 @@
-//! The hub in an evaluation run: the eval job in the welcome, and eval
-//! results checked (hash, chunks, base model, corpus, settings, every
-//! candidate's SHA-256 against the coordinator's own slice, and the sums'
-//! own consistency) before the scheduler accepts them.
+//! Acceptance of an eval partial before it is merged: its chunks, the run's
+//! base model and corpus, the job's settings, every candidate's SHA-256
+//! against the coordinator's own slice, and the sums' own consistency. The
+//! same checks serve results from workers and eval partials read back on
+//! resume.
 
-use super::Hub;
-use crate::sched::{Completion, Scheduler};
-use bytes::Bytes;
+use crate::lease::LeaseKind;
 use common::eval::EvalPartial;
 use common::peer_text::peer_text;
-use common::secret::JoinSecret;
-use common::store::RunStore;
-use common::wire::{EvalJob, JobInfo, LeaseId, PartialRef, ToWorker, WorkerId};
+use common::wire::{EvalJob, Task};
 use common::ChunkRange;
-use std::sync::Arc;
-use tokio::sync::mpsc;
 
-/// What makes a hub an evaluation hub.
-#[derive(Debug)]
-pub(super) struct EvalRole {
-    job: EvalJob,
-    corpus_sha256: String,
-    deliveries: mpsc::UnboundedSender<EvalDelivery>,
+/// What an eval partial of this run must match.
+#[derive(Clone, Debug)]
+pub struct EvalAcceptance {
+    /// SHA-256 of the base model.
+    pub base_sha256: String,
+    /// SHA-256 of the corpus chunk table.
+    pub corpus_sha256: String,
+    /// The evaluation job.
+    pub job: EvalJob,
 }
 
-/// An accepted eval result on its way to the merger.
-#[derive(Debug)]
-pub struct EvalDelivery {
-    /// The worker that computed it.
-    pub worker: WorkerId,
-    /// Its chunks (one unit of the plan).
-    pub range: ChunkRange,
-    /// The decoded eval partial.
-    pub partial: EvalPartial,
-    /// Its encoded bytes (the merger stores them under the final name).
-    pub bytes: Bytes,
-    /// Their SHA-256.
-    pub sha256: String,
-    /// The staging object the worker wrote them to, when they did not come
-    /// inline (removed once the bytes are stored under the final name).
-    pub staged: Option<String>,
-}
+/// Evaluation leases: workers evaluate the job's candidates, and each eval
+/// partial passes [`check_against_job`].
+impl LeaseKind for EvalAcceptance {
+    type Output = EvalPartial;
 
-impl Hub {
-    /// A hub for an evaluation run: workers are welcomed with `eval`, and
-    /// accepted eval results come out of the returned receiver.
-    /// `acceptance` only serves a stray collection result, which it refuses.
-    pub fn new_eval(
-        sched: Scheduler,
-        secret: JoinSecret,
-        job: JobInfo,
-        acceptance: Arc<crate::run::accept::Acceptance>,
-        run: RunStore,
-        eval: EvalJob,
-        corpus_sha256: String,
-    ) -> (Hub, mpsc::UnboundedReceiver<EvalDelivery>) {
-        let (mut hub, _no_collection_results) = Hub::new(sched, secret, job, acceptance, run);
-        let (tx, rx) = mpsc::unbounded_channel();
-        hub.eval = Some(EvalRole {
-            job: eval,
-            corpus_sha256,
-            deliveries: tx,
-        });
-        (hub, rx)
+    fn task(&self) -> Task {
+        Task::Evaluate(self.job.clone())
     }
 
-    /// The message that tells a joined worker its job.
-    pub fn welcome(&self, worker_id: WorkerId) -> ToWorker {
-        match &self.eval {
-            None => ToWorker::Welcome {
-                worker_id,
-                job: self.job.clone(),
-            },
-            Some(role) => ToWorker::WelcomeEval {
-                worker_id,
-                job: self.job.clone(),
-                eval: role.job.clone(),
-            },
-        }
-    }
-
-    /// Handles a finished eval lease like [`Hub::deliver`] handles a
-    /// collection lease: a result that fails a check sends the lease back to
-    /// the queue (one attempt used).
-    pub async fn deliver_eval(
-        &self,
-        worker: WorkerId,
-        lease: LeaseId,
-        partial: PartialRef,
-        sha256: String,
-        elapsed_ms: u64,
-    ) {
-        let sha = &sha256;
-        let check = move |range| async move {
-            match &self.eval {
-                Some(role) => self.check_eval(role, range, partial, sha).await,
-                None => Err("an eval result in a collection run".to_string()),
-            }
-        };
-        let Some((partial, bytes, staged)) =
-            self.checked(worker, lease, "eval result", check).await
-        else {
-            return;
-        };
-        let now = self.now();
-        let completion = self.sched().complete(lease, worker, &sha256, now);
-        match completion {
-            Completion::Accepted(range) => {
-                self.credit(worker, partial.n_scored(), elapsed_ms);
-                if let Some(role) = &self.eval {
-                    let _ = role.deliveries.send(EvalDelivery {
-                        worker,
-                        range,
-                        partial,
-                        bytes,
-                        sha256,
-                        staged,
-                    });
-                }
-            }
-            Completion::Duplicate { range, same } => {
-                tracing::info!(%worker, %range, same, "duplicate eval result dropped");
-            }
-            Completion::Opinion { range, .. } | Completion::Decide(range) => {
-                // Eval runs lease with verify_fraction 0: never sampled.
-                tracing::warn!(%worker, %range, "eval result of a sampled unit dropped");
-            }
-            Completion::Unknown => {
-                tracing::warn!(%worker, %lease, "eval result for an unknown lease dropped")
-            }
-        }
-    }
-
-    async fn check_eval(
-        &self,
-        role: &EvalRole,
-        range: ChunkRange,
-        partial: PartialRef,
-        sha256: &str,
-    ) -> Result<(EvalPartial, Bytes, Option<String>), String> {
-        let (bytes, staged) = self.fetch(partial, sha256, "eval partial").await?;
-        let claimed = sha256.to_string();
-        let base = self.job.model_sha256.clone();
-        let corpus = role.corpus_sha256.clone();
-        let job = role.job.clone();
-        tokio::task::spawn_blocking(move || {
-            super::check_hash(&bytes, &claimed, "eval partial")?;
-            let p = EvalPartial::from_bytes(&bytes).map_err(|e| e.to_string())?;
-            check_against_job(&p, range, &base, &corpus, &job)?;
-            Ok((p, bytes, staged))
-        })
-        .await
-        .map_err(|e| format!("checking the eval partial panicked: {e}"))?
+    fn check(&self, range: ChunkRange, p: &EvalPartial) -> Result<(), String> {
+        check_against_job(p, range, &self.base_sha256, &self.corpus_sha256, &self.job)
     }
 }
 

@@ -1,0 +1,202 @@
+//! The layout of a run location: every object name and prefix under a run,
+//! and the environment variables the processes of a run pass to each
+//! other, in one place (DESIGN section 10). Stages name what they read and
+//! write through this module only.
+
+use crate::split::ChunkRange;
+
+/// What the run was computed from; the corpus stage writes it last.
+pub const MANIFEST_JSON: &str = "manifest.json";
+/// The run-location lock of the coordinator that writes to the run.
+pub const LOCK_FILE: &str = "run.lock";
+/// The tokenized corpus (its objects are named in [`corpus`]).
+pub const CORPUS_DIR: &str = "corpus";
+/// Merged statistics, JSON.
+pub const SALIENCY_JSON: &str = "saliency.json";
+/// The same numbers as a Parquet table.
+pub const SALIENCY_PARQUET: &str = "saliency.parquet";
+/// llama.cpp importance matrix.
+pub const IMATRIX_GGUF: &str = "imatrix.gguf";
+/// Partials: one per lease ([`PARTIALS`]) and the merged one.
+pub const PARTIALS_DIR: &str = PARTIALS.dir;
+/// The merged partial, for resuming and re-deriving.
+pub const MERGED_PARTIAL: &str = "partials/merged.bin";
+/// Routing trace parts (Parquet) of teacher-forced prefill.
+pub const TRACE_DIR: &str = "trace";
+/// Trace parts of tokens the model generated itself (under [`TRACE_DIR`]).
+pub const DECODE_TRACE_DIR: &str = "trace/decode";
+/// Keep maps, `<method>_K<k>.json` ([`keep_map`]).
+pub const KEEP_MAPS_DIR: &str = "keep_maps";
+/// Replay results as JSON (`coordinator::replay::results` is the schema).
+pub const REPLAY_RESULTS_JSON: &str = "replay/results.json";
+/// Replay tables as Markdown.
+pub const REPLAY_REPORT_MD: &str = "replay/report.md";
+/// The run report; its PNG plots lie beside it under [`REPORT_DIR`].
+pub const REPORT_MD: &str = "report/report.md";
+/// Directory of the run report and its plots.
+pub const REPORT_DIR: &str = "report";
+/// Every miss-rate curve of the report's replay figures, as drawn
+/// (`coordinator::report::replay` is the schema).
+pub const REPORT_MISS_RATES_JSON: &str = "report/miss_rate.json";
+
+/// Object name of the keep map called `name` (`frequency_K8`).
+pub fn keep_map(name: &str) -> String {
+    format!("{KEEP_MAPS_DIR}/{name}.json")
+}
+
+/// Inverse of [`keep_map`]: the name of the keep map stored as `object`;
+/// a bare name is returned as it is.
+pub fn keep_map_name(object: &str) -> &str {
+    let name = object.strip_prefix(KEEP_MAPS_DIR).unwrap_or(object);
+    let name = name.strip_prefix('/').unwrap_or(name);
+    name.strip_suffix(".json").unwrap_or(name)
+}
+
+/// Object name of a trace part of `range`; decode parts go to
+/// [`DECODE_TRACE_DIR`].
+pub fn trace_part(range: ChunkRange, decode: bool) -> String {
+    let dir = if decode { DECODE_TRACE_DIR } else { TRACE_DIR };
+    format!("{dir}/part-{:08}-{:08}.parquet", range.start, range.end)
+}
+
+/// Objects of the tokenized corpus, relative to [`CORPUS_DIR`] (a worker
+/// opens the corpus location itself).
+pub mod corpus {
+    /// The chunk table.
+    pub const CHUNKS_FILE: &str = "chunks.parquet";
+    /// The corpus index.
+    pub const INDEX_FILE: &str = "index.json";
+    /// Where every document went and why, one JSON line each.
+    pub const DOCUMENTS_FILE: &str = "documents.jsonl";
+}
+
+/// Objects written by `coordinator score` (besides the keep maps).
+pub mod score {
+    /// The whole score report as JSON.
+    pub const REPORT_JSON: &str = "score/score.json";
+    /// The tables as Markdown.
+    pub const TABLES_MD: &str = "score/tables.md";
+    /// Per-layer rows of every (method, K) as Parquet.
+    pub const TABLES_PARQUET: &str = "score/tables.parquet";
+}
+
+/// Objects of an evaluation (its per-lease partials: [`super::EVAL_PARTIALS`]).
+pub mod eval {
+    /// Merged eval partial, for resuming and re-deriving.
+    pub const MERGED: &str = "eval/merged.bin";
+    /// The figures, JSON.
+    pub const SUMMARY_JSON: &str = "eval/summary.json";
+    /// The same figures as a Parquet table, one row per (candidate, split, domain).
+    pub const SUMMARY_PARQUET: &str = "eval/summary.parquet";
+    /// The report's plot of held-out KL against K.
+    pub const KL_PLOT: &str = "report/eval_kl_vs_k.png";
+}
+
+/// Environment variables the processes of a run read.
+pub mod env {
+    /// The join secret, when no secret file is given.
+    pub const JOIN_SECRET: &str = "MOE_CENSUS_JOIN_SECRET";
+    /// The worker binary local workers are started from.
+    pub const WORKER_BIN: &str = "MOE_CENSUS_WORKER_BIN";
+    /// Where a worker reduces observed tensors when `--reduce` is not given.
+    pub const REDUCE: &str = "MOE_CENSUS_REDUCE";
+}
+
+/// Where one kind of lease result lives: its objects under a run
+/// (`<dir>/part-<start>-<end>.bin`, eight digits each) and its table of
+/// accepted results in `manifest.json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseLayout {
+    /// Prefix of the per-lease objects.
+    pub dir: &'static str,
+    /// Key of the manifest's record table.
+    pub table: &'static str,
+}
+
+/// Collection partials: `partials/part-*.bin`, recorded under `partials`.
+pub const PARTIALS: LeaseLayout = LeaseLayout {
+    dir: "partials",
+    table: "partials",
+};
+
+/// Eval partials: `eval/partials/part-*.bin`, recorded under `eval_partials`.
+pub const EVAL_PARTIALS: LeaseLayout = LeaseLayout {
+    dir: "eval/partials",
+    table: "eval_partials",
+};
+
+impl LeaseLayout {
+    /// Object name of the result of a chunk range.
+    pub fn object(&self, range: ChunkRange) -> String {
+        format!("{}/part-{:08}-{:08}.bin", self.dir, range.start, range.end)
+    }
+
+    /// Inverse of [`LeaseLayout::object`]; `None` for other objects.
+    pub fn parse(&self, name: &str) -> Option<ChunkRange> {
+        let rest = name
+            .strip_prefix(self.dir)?
+            .strip_prefix("/part-")?
+            .strip_suffix(".bin")?;
+        let (a, b) = rest.split_once('-')?;
+        let range = ChunkRange {
+            start: a.parse().ok()?,
+            end: b.parse().ok()?,
+        };
+        (!range.is_empty() && self.object(range) == name).then_some(range)
+    }
+}
+
+/// Prefix under the run of results workers stored instead of sending them
+/// inline; the coordinator copies accepted ones to their final names.
+pub const STAGING_DIR: &str = "staging";
+
+/// Object name under the run where a worker stores a result too large to
+/// send inline: named by its SHA-256 (64 hex digits, else `None`), never by
+/// its chunk range, so only the coordinator writes final results.
+pub fn staged(sha256: &str) -> Option<String> {
+    (sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| format!("{STAGING_DIR}/{sha256}.bin"))
+}
+
+/// Prefix under the run where unusable stored results are moved.
+pub const REJECTED_DIR: &str = "rejected";
+
+/// Where a stored result that cannot be reused is moved:
+/// `rejected/<first 16 hex digits of its SHA-256>-<file name>`.
+pub fn rejected(name: &str, sha256: &str) -> String {
+    let file = name.rsplit('/').next().unwrap_or(name);
+    format!("{REJECTED_DIR}/{}-{file}", &sha256[..16.min(sha256.len())])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_of_their_own_kind_parse() {
+        let r = ChunkRange { start: 4, end: 6 };
+        assert_eq!(PARTIALS.object(r), "partials/part-00000004-00000006.bin");
+        assert_eq!(EVAL_PARTIALS.parse(&EVAL_PARTIALS.object(r)), Some(r));
+        assert_eq!(PARTIALS.parse(&PARTIALS.object(r)), Some(r));
+        assert_eq!(
+            EVAL_PARTIALS.parse("eval/partials/part-00000004-00000004.bin"),
+            None
+        );
+        assert_eq!(
+            EVAL_PARTIALS.parse("partials/part-00000004-00000006.bin"),
+            None
+        );
+        assert_eq!(
+            PARTIALS.parse("eval/partials/part-00000004-00000006.bin"),
+            None
+        );
+        assert_eq!(EVAL_PARTIALS.parse("eval/partials/part-4-6.bin"), None);
+        assert_eq!(PARTIALS.parse("partials/merged.bin"), None);
+        assert_eq!(keep_map_name(&keep_map("frequency_K8")), "frequency_K8");
+        assert_eq!(keep_map_name("frequency_K8"), "frequency_K8");
+        assert_eq!(
+            rejected("partials/part-00000004-00000006.bin", &"ab".repeat(32)),
+            format!("rejected/{}-part-00000004-00000006.bin", "ab".repeat(8))
+        );
+    }
+}

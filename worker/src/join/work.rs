@@ -1,0 +1,175 @@
+//! What a worker computes for each lease, by the task the coordinator
+//! welcomed it with: [`LeaseWork`] is all the join loop needs, so one loop
+//! serves every task. Collection measures chunks on an [`Engine`] (and
+//! stores the trace part); evaluation first reads the job's keep maps from
+//! the run, slices each candidate from its base model (refusing the job when
+//! a slice's SHA-256 is not the coordinator's) and evaluates chunks on an
+//! [`EvalEngine`]. A new task is one more implementation.
+
+use super::engine::{Engine, EngineLoader, EngineThread};
+use super::eval_engine::EvalEngine;
+use super::{Corpus, JoinError};
+use common::eval::EvalPartial;
+use common::keepmap::KeepMap;
+use common::lease::{Labels, LeaseOutput};
+use common::partial::Partial;
+use common::store::RunStore;
+use common::trace::TraceRow;
+use common::wire::{EvalJob, JobInfo, Task};
+use common::ChunkRange;
+use std::future::Future;
+use std::pin::Pin;
+
+/// The encoded result of a lease, when it is computed.
+pub(super) type Produced<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send + 'a>>;
+
+/// The work of one task, loaded for one job.
+pub(super) trait LeaseWork: Send + Sync {
+    /// How logs name its leases and results.
+    fn labels(&self) -> Labels;
+    /// SHA-256 of the model the work runs on (a mismatch with the job makes
+    /// the worker refuse it).
+    fn model_sha256(&self) -> &str;
+    /// Computes the result of the chunks `range`, encoded, and stores what
+    /// goes to the run besides it (trace parts).
+    fn produce<'a>(
+        &'a self,
+        corpus: &'a Corpus,
+        run: &'a RunStore,
+        range: ChunkRange,
+    ) -> Produced<'a>;
+}
+
+/// Collection: partials and trace rows from an [`Engine`].
+struct Collect {
+    engine: EngineThread<(Partial, Vec<TraceRow>)>,
+    model_sha256: String,
+    /// (k, top-N) of its trace rows.
+    trace_shape: (usize, usize),
+}
+
+impl LeaseWork for Collect {
+    fn labels(&self) -> Labels {
+        Partial::LABELS
+    }
+
+    fn model_sha256(&self) -> &str {
+        &self.model_sha256
+    }
+
+    fn produce<'a>(
+        &'a self,
+        corpus: &'a Corpus,
+        run: &'a RunStore,
+        range: ChunkRange,
+    ) -> Produced<'a> {
+        Box::pin(async move {
+            let chunks = corpus.chunks(range)?;
+            let (mut partial, rows) = self.engine.run(corpus.index.clone(), chunks).await?;
+            if !rows.is_empty() {
+                let (k, n) = self.trace_shape;
+                let name = crate::collect::trace_part_name(range, false);
+                let name = crate::collect::write_trace_part(run, name, rows, k, n)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                partial.trace_parts = vec![name];
+            }
+            Ok(partial.encode())
+        })
+    }
+}
+
+/// Evaluation: eval partials from an [`EvalEngine`].
+struct Evaluate {
+    engine: EngineThread<EvalPartial>,
+    base_sha256: String,
+}
+
+impl LeaseWork for Evaluate {
+    fn labels(&self) -> Labels {
+        EvalPartial::LABELS
+    }
+
+    fn model_sha256(&self) -> &str {
+        &self.base_sha256
+    }
+
+    fn produce<'a>(
+        &'a self,
+        corpus: &'a Corpus,
+        _run: &'a RunStore,
+        range: ChunkRange,
+    ) -> Produced<'a> {
+        Box::pin(async move {
+            let chunks = corpus.chunks(range)?;
+            let partial = self.engine.run(corpus.index.clone(), chunks).await?;
+            Ok(partial.encode())
+        })
+    }
+}
+
+/// Loads the work of `task` for `job` on its own thread.
+pub(super) async fn load<L: EngineLoader>(
+    loader: L,
+    job: &JobInfo,
+    task: &Task,
+    run: &RunStore,
+) -> Result<Box<dyn LeaseWork>, JoinError> {
+    let job_for_thread = job.clone();
+    match task {
+        Task::Collect => {
+            let load = move || {
+                let e = loader.load(&job_for_thread)?;
+                let facts = (e.model_sha256(), e.trace_shape());
+                Ok((e, facts))
+            };
+            let (engine, (model_sha256, trace_shape)) =
+                EngineThread::start("engine", load, |e: &mut L::Engine, index, chunks| {
+                    e.measure(index, chunks)
+                })
+                .await
+                .map_err(JoinError::Engine)?;
+            Ok(Box::new(Collect {
+                engine,
+                model_sha256,
+                trace_shape,
+            }))
+        }
+        Task::Evaluate(eval) => {
+            let maps = keep_maps(run, eval).await?;
+            let eval = eval.clone();
+            let load = move || {
+                let e = loader.load_eval(&job_for_thread, &eval, &maps)?;
+                let sha = e.base_sha256();
+                Ok((e, sha))
+            };
+            let (engine, base_sha256) = EngineThread::start(
+                "eval-engine",
+                load,
+                |e: &mut Box<dyn EvalEngine>, index, chunks| e.evaluate(index, chunks),
+            )
+            .await
+            .map_err(JoinError::Engine)?;
+            Ok(Box::new(Evaluate {
+                engine,
+                base_sha256,
+            }))
+        }
+    }
+}
+
+/// Reads the job's keep maps from the run, each with its candidate name.
+async fn keep_maps(run: &RunStore, eval: &EvalJob) -> Result<Vec<(String, KeepMap)>, JoinError> {
+    let mut out = Vec::with_capacity(eval.candidates.len());
+    for c in &eval.candidates {
+        let bytes = run.get(&c.keep_map).await?;
+        let map = serde_json::from_slice(&bytes).map_err(|e| {
+            JoinError::Engine(format!(
+                "{} is not a keep map: {e}",
+                run.url_of(&c.keep_map)
+            ))
+        })?;
+        out.push((c.name.clone(), map));
+    }
+    Ok(out)
+}
