@@ -8,52 +8,9 @@ use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array
 use arrow::datatypes::{DataType, Field, Schema};
 use std::sync::Arc;
 
-/// Object names of a run's artifacts (DESIGN section 10).
-pub mod names {
-    /// Merged statistics, JSON.
-    pub const SALIENCY_JSON: &str = "saliency.json";
-    /// The same numbers as a Parquet table.
-    pub const SALIENCY_PARQUET: &str = "saliency.parquet";
-    /// llama.cpp importance matrix.
-    pub const IMATRIX_GGUF: &str = "imatrix.gguf";
-    /// The merged partial, for resuming and re-deriving.
-    pub const MERGED_PARTIAL: &str = "partials/merged.bin";
-    /// What the run was computed from; the corpus stage writes it last.
-    pub const MANIFEST_JSON: &str = "manifest.json";
-    /// The tokenized corpus (`chunks.parquet`, `index.json`, `documents.jsonl`).
-    pub const CORPUS_DIR: &str = "corpus";
-    /// Partials: one per lease (`layout::PARTIALS`) and the merged one.
-    pub const PARTIALS_DIR: &str = "partials";
-    /// Routing trace parts (Parquet) of teacher-forced prefill.
-    pub const TRACE_DIR: &str = "trace";
-    /// Trace parts of tokens the model generated itself (under [`TRACE_DIR`]).
-    pub const DECODE_TRACE_DIR: &str = "trace/decode";
-    /// Keep maps, `<method>_K<k>.json` (`keepmap::KeepMap::file_name`).
-    pub const KEEP_MAPS_DIR: &str = "keep_maps";
-    /// Replay results as JSON (`coordinator::replay::results` is the schema).
-    pub const REPLAY_RESULTS_JSON: &str = "replay/results.json";
-    /// Replay tables as Markdown.
-    pub const REPLAY_REPORT_MD: &str = "replay/report.md";
-    /// The run report; its PNG plots lie beside it under [`REPORT_DIR`].
-    pub const REPORT_MD: &str = "report/report.md";
-    /// Directory of the run report and its plots.
-    pub const REPORT_DIR: &str = "report";
-    /// Every miss-rate curve of the report's replay figures, as drawn
-    /// (`coordinator::report::replay` is the schema).
-    pub const REPORT_MISS_RATES_JSON: &str = "report/miss_rate.json";
-
-    /// Object name of the keep map called `name` (`frequency_K8`).
-    pub fn keep_map(name: &str) -> String {
-        format!("{KEEP_MAPS_DIR}/{name}.json")
-    }
-
-    /// Object name of a trace part of `range`; decode parts go to
-    /// [`DECODE_TRACE_DIR`].
-    pub fn trace_part(range: crate::ChunkRange, decode: bool) -> String {
-        let dir = if decode { DECODE_TRACE_DIR } else { TRACE_DIR };
-        format!("{dir}/part-{:08}-{:08}.parquet", range.start, range.end)
-    }
-}
+/// Object names of a run's artifacts (DESIGN section 10), from the run
+/// layout.
+pub use crate::layout as names;
 
 /// Errors while deriving or writing artifacts.
 #[derive(Debug, thiserror::Error)]

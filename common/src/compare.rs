@@ -30,7 +30,7 @@ pub fn agree(a: &Partial, b: &Partial) -> Result<(), String> {
     };
     for (key, ga) in &a.experts.groups {
         let gb = &b.experts.groups[key];
-        let at = format!("{:?}/{}", key.split, key.domain);
+        let at = format!("{}/{}", key.split, crate::peer_text::peer_text(&key.domain));
         same(&ga.n_tokens, &gb.n_tokens, &format!("{at} tokens"))?;
         same(&ga.layers.len(), &gb.layers.len(), &format!("{at} layers"))?;
         for (la, lb) in ga.layers.iter().zip(&gb.layers) {

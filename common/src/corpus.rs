@@ -11,10 +11,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-/// Object name of the chunk table under a corpus location.
-pub const CHUNKS_FILE: &str = "chunks.parquet";
-/// Object name of the corpus index under a corpus location.
-pub const INDEX_FILE: &str = "index.json";
+pub use crate::layout::corpus::{CHUNKS_FILE, INDEX_FILE};
 
 /// A run of consecutive tokens of one (split, domain) inside a chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,8 +17,32 @@ pub const MAX_MAGNITUDE: f64 = 4.611_686_018_427_388e18;
 const LIMIT: u128 = 1u128 << (62 + FRACTION_BITS);
 
 /// A fixed-point sum whose addition is associative and commutative.
+/// Decoding refuses an integer outside the accumulator's range, which no
+/// sum of this type can hold, so a decoded value is always a valid one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "i128", into = "i128")]
 pub struct ExactSum(pub i128);
+
+impl TryFrom<i128> for ExactSum {
+    type Error = String;
+
+    fn try_from(raw: i128) -> Result<Self, String> {
+        if raw.unsigned_abs() < LIMIT {
+            Ok(ExactSum(raw))
+        } else {
+            Err(format!(
+                "exact sum {raw} is outside the accumulator range (|x| < 2^{})",
+                62 + FRACTION_BITS
+            ))
+        }
+    }
+}
+
+impl From<ExactSum> for i128 {
+    fn from(s: ExactSum) -> i128 {
+        s.0
+    }
+}
 
 /// Why a value cannot enter an exact sum.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
@@ -72,6 +96,21 @@ impl ExactSum {
     pub fn is_zero(self) -> bool {
         self.0 == 0
     }
+
+    /// Whether `|self| <= per_token * tokens` on the grid: the bound that
+    /// keeps any merge of disjoint results of one corpus in range
+    /// ([`per_token_limit`]).
+    pub fn within(self, per_token: u128, tokens: u64) -> bool {
+        self.0.unsigned_abs() <= per_token.saturating_mul(u128::from(tokens))
+    }
+}
+
+/// The largest magnitude per token, on the grid, such that sums over at most
+/// `total_tokens` tokens, each bounded by this times its own token count,
+/// always add up within the accumulator range: a result that holds to it
+/// can be merged with any other results of disjoint tokens of the corpus.
+pub fn per_token_limit(total_tokens: u64) -> u128 {
+    (LIMIT - 1) / u128::from(total_tokens.max(1))
 }
 
 /// `round(v * 2^FRACTION_BITS)` (half away from zero) for a finite `v` with
@@ -193,6 +232,37 @@ mod tests {
         for v in values.into_iter().filter(|v| v.abs() < MAX_MAGNITUDE) {
             assert_eq!(scale_to_grid(v), by_float_rounding(v), "{v:e}");
         }
+    }
+
+    #[test]
+    fn decoding_refuses_integers_no_sum_can_hold() {
+        let cfg = bincode::config::standard();
+        let encode = |raw: i128| bincode::serde::encode_to_vec(raw, cfg).unwrap();
+        let decode = |bytes: &[u8]| {
+            bincode::serde::decode_from_slice::<ExactSum, _>(bytes, cfg).map(|(s, _)| s)
+        };
+        let top = (LIMIT - 1) as i128;
+        assert_eq!(decode(&encode(top)).unwrap(), ExactSum(top));
+        assert_eq!(decode(&encode(-top)).unwrap(), ExactSum(-top));
+        for raw in [LIMIT as i128, -(LIMIT as i128), i128::MAX, i128::MIN] {
+            let e = decode(&encode(raw)).unwrap_err().to_string();
+            assert!(e.contains("outside the accumulator range"), "{e}");
+        }
+    }
+
+    #[test]
+    fn sums_within_the_per_token_limit_always_merge() {
+        // Three results of 1, 2 and 3 tokens of a 6-token corpus, each at
+        // its bound, with the same sign: the worst case still adds up.
+        let per = per_token_limit(6);
+        let mut total = ExactSum::ZERO;
+        for n in [1u64, 2, 3] {
+            let s = ExactSum((per * u128::from(n)) as i128);
+            assert!(s.within(per, n) && !ExactSum(s.0 + 1).within(per, n));
+            total.add(s).unwrap();
+        }
+        assert!(total.0.unsigned_abs() < LIMIT);
+        assert!(!ExactSum(1).within(per, 0), "no tokens, no sum");
     }
 
     #[test]

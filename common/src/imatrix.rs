@@ -5,6 +5,7 @@
 use crate::exact::ExactSum;
 use crate::gguf::{GgufWriter, Value};
 use crate::stats::MergeError;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -33,6 +34,19 @@ impl ImatrixEntry {
     }
 }
 
+impl ImatrixEntry {
+    /// Adds an entry of the same shape, sum by sum.
+    fn add(&mut self, other: &ImatrixEntry) -> Result<(), MergeError> {
+        for (a, b) in self.in_sum2.iter_mut().zip(&other.in_sum2) {
+            a.add(*b)?;
+        }
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a = a.checked_add(*b).ok_or(MergeError::CountOverflow)?;
+        }
+        Ok(())
+    }
+}
+
 /// Importance matrix of a partial or merged result.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Imatrix {
@@ -46,6 +60,9 @@ pub struct Imatrix {
 
 impl Imatrix {
     /// Adds another importance matrix computed with the same chunk size.
+    /// Tensors are added in parallel (rayon): each sum is one integer
+    /// addition, so the result is the same bits in any order. A tensor of
+    /// another shape is refused before anything is added.
     pub fn merge(&mut self, other: &Imatrix) -> Result<(), MergeError> {
         if self.chunk_size != 0 && other.chunk_size != 0 && self.chunk_size != other.chunk_size {
             return Err(MergeError::Shape(format!(
@@ -53,27 +70,25 @@ impl Imatrix {
                 self.chunk_size, other.chunk_size
             )));
         }
+        for (name, e) in &other.entries {
+            if let Some(mine) = self.entries.get(name) {
+                if (mine.n_in, mine.n_mat) != (e.n_in, e.n_mat) {
+                    return Err(MergeError::Shape(format!(
+                        "imatrix {name}: [{}, {}] vs [{}, {}]",
+                        mine.n_in, mine.n_mat, e.n_in, e.n_mat
+                    )));
+                }
+            }
+        }
         self.chunk_size = self.chunk_size.max(other.chunk_size);
         self.chunk_count += other.chunk_count;
+        self.entries
+            .par_iter_mut()
+            .filter_map(|(name, mine)| other.entries.get(name).map(|e| (mine, e)))
+            .try_for_each(|(mine, e)| mine.add(e))?;
         for (name, e) in &other.entries {
-            match self.entries.get_mut(name) {
-                None => {
-                    self.entries.insert(name.clone(), e.clone());
-                }
-                Some(mine) => {
-                    if (mine.n_in, mine.n_mat) != (e.n_in, e.n_mat) {
-                        return Err(MergeError::Shape(format!(
-                            "imatrix {name}: [{}, {}] vs [{}, {}]",
-                            mine.n_in, mine.n_mat, e.n_in, e.n_mat
-                        )));
-                    }
-                    for (a, b) in mine.in_sum2.iter_mut().zip(&e.in_sum2) {
-                        a.add(*b)?;
-                    }
-                    for (a, b) in mine.counts.iter_mut().zip(&e.counts) {
-                        *a = a.checked_add(*b).ok_or(MergeError::CountOverflow)?;
-                    }
-                }
+            if !self.entries.contains_key(name) {
+                self.entries.insert(name.clone(), e.clone());
             }
         }
         Ok(())

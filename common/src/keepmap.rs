@@ -21,13 +21,13 @@ pub struct KeepMap {
 impl KeepMap {
     /// The object name of this map under the run: `keep_maps/<method>_K<k>.json`.
     pub fn file_name(method: &str, k: u32) -> String {
-        crate::artifacts::names::keep_map(&format!("{method}_K{k}"))
+        crate::layout::keep_map(&format!("{method}_K{k}"))
     }
 
     /// The object name of the map called `name` (`<method>_K<k>`) under the
     /// run: `keep_maps/<name>.json`.
     pub fn object_name(name: &str) -> String {
-        format!("keep_maps/{name}.json")
+        crate::layout::keep_map(name)
     }
 
     /// Kept experts of block `layer`, if the map covers it.

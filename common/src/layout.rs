@@ -102,27 +102,20 @@ pub mod env {
     pub const REDUCE: &str = "MOE_CENSUS_REDUCE";
 }
 
-/// Where one kind of lease result lives: its objects under a run
-/// (`<dir>/part-<start>-<end>.bin`, eight digits each) and its table of
-/// accepted results in `manifest.json`.
+/// Where one kind of lease result lives under a run:
+/// `<dir>/part-<start>-<end>.bin`, eight digits each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseLayout {
     /// Prefix of the per-lease objects.
     pub dir: &'static str,
-    /// Key of the manifest's record table.
-    pub table: &'static str,
 }
 
-/// Collection partials: `partials/part-*.bin`, recorded under `partials`.
-pub const PARTIALS: LeaseLayout = LeaseLayout {
-    dir: "partials",
-    table: "partials",
-};
+/// Collection partials: `partials/part-*.bin`.
+pub const PARTIALS: LeaseLayout = LeaseLayout { dir: "partials" };
 
-/// Eval partials: `eval/partials/part-*.bin`, recorded under `eval_partials`.
+/// Eval partials: `eval/partials/part-*.bin`.
 pub const EVAL_PARTIALS: LeaseLayout = LeaseLayout {
     dir: "eval/partials",
-    table: "eval_partials",
 };
 
 impl LeaseLayout {

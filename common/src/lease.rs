@@ -3,10 +3,9 @@
 //! coordinator's runner, hub and resume and the worker's loop are written
 //! once. A new kind of lease (image chunks, say) is one more implementation.
 //!
-//! Each kind has its object prefix under the run and its table in
-//! `manifest.json` ([`LeaseLayout`]), a bounded decoder, an encoder, an
-//! exact merge and a test of agreement between two workers' results of the
-//! same chunks.
+//! Each kind has its object prefix under the run ([`LeaseLayout`]), a
+//! bounded decoder, an encoder, an exact merge and a test of agreement
+//! between two workers' results of the same chunks.
 
 use crate::eval::{EvalError, EvalPartial};
 use crate::layout::LeaseLayout;

@@ -2,8 +2,10 @@
 //!
 //! - [`exact`]: [`ExactSum`], the fixed-point sum that makes merges exact.
 //! - [`stats`] and [`imatrix`]: the worker's accumulators and their merge.
-//! - [`partial`]: what a worker returns for a set of chunks; [`compare`]:
-//!   whether two workers' partials of the same chunks agree.
+//! - [`partial`]: what a worker returns for a set of chunks (its exact sums
+//!   [`packed`] compactly); [`compare`]: whether two workers' partials of
+//!   the same chunks agree; [`partial_check`]: the values a partial may hold
+//!   before it is accepted.
 //! - [`eval`]: pruned candidates against the base model: partials, exact
 //!   merge, the summary.
 //! - [`saliency`], [`keepmap`], [`trace`], [`corpus`]: the run's files.
@@ -18,6 +20,8 @@
 //! - [`wire`]: the coordinator-worker protocol (messages, frames, join proof);
 //!   [`secret`]: the join secret; [`peer_text`]: peer strings made safe to log.
 //! - [`bounded`]: bincode decoding with a limit sized from the input.
+//! - [`routing`]: how a model routes tokens (gating aside), as llama.cpp's
+//!   graph computes it, and the selection rule of a pruned model.
 //! - [`model_check`]: a model's MoE facts from its GGUF header, before llama.cpp loads it.
 #![deny(missing_docs)]
 
@@ -35,10 +39,13 @@ pub mod keepmap;
 pub mod layout;
 pub mod lease;
 pub mod model_check;
+pub mod packed;
 pub mod partial;
+pub mod partial_check;
 pub mod peer_text;
 pub mod procstat;
 pub mod prune;
+pub mod routing;
 pub mod saliency;
 pub mod secret;
 pub mod split;

@@ -1,7 +1,8 @@
 //! Text that came from a peer (a worker's name, the reason of a `Failed`),
 //! made safe to log or show: control characters escaped, so a newline cannot
 //! forge a log line, and the length bounded, so a long string cannot flood
-//! the log.
+//! the log; a list a peer chose the length of is shown as its first few
+//! items and a count ([`summarise`]).
 
 /// Longest peer text kept in a log line or a summary, in characters.
 pub const MAX_PEER_TEXT_CHARS: usize = 200;
@@ -36,6 +37,22 @@ pub fn peer_text(s: &str) -> String {
     escape_peer_text(s, MAX_PEER_TEXT_CHARS)
 }
 
+/// Items of a peer-chosen list shown before the rest is counted.
+pub const MAX_LISTED: usize = 8;
+
+/// The first [`MAX_LISTED`] items of `items`, comma-separated, then how many
+/// were left off: a partial listing 200,000 chunk ranges makes a line of a
+/// few dozen characters, not of megabytes. Items are shown with `Display`
+/// (escape peer strings first).
+pub fn summarise<T: std::fmt::Display>(items: &[T]) -> String {
+    let shown: Vec<String> = items.iter().take(MAX_LISTED).map(T::to_string).collect();
+    let mut out = shown.join(", ");
+    if items.len() > MAX_LISTED {
+        out.push_str(&format!(", ... ({} more)", items.len() - MAX_LISTED));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,6 +71,17 @@ mod tests {
             "a\\\\nb",
             "a literal backslash stays distinguishable"
         );
+    }
+
+    #[test]
+    fn long_lists_are_summarised() {
+        assert_eq!(summarise(&[1, 2, 3]), "1, 2, 3");
+        let many: Vec<u32> = (0..200_000).collect();
+        assert_eq!(
+            summarise(&many),
+            "0, 1, 2, 3, 4, 5, 6, 7, ... (199992 more)"
+        );
+        assert_eq!(summarise::<u32>(&[]), "");
     }
 
     #[test]

@@ -2,7 +2,11 @@
 //!
 //! Written from an exact [`ExpertAccum`]; read by scoring, verification and
 //! reports. Floats are serialised with shortest round-trip formatting.
+//! [`lenient`] reads one that holds non-finite values (for `verify`).
 
+pub mod lenient;
+
+use crate::routing::Routing;
 use crate::split::{Gating, Split};
 use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};
 use serde::{Deserialize, Serialize};
@@ -80,6 +84,10 @@ pub struct Saliency {
     pub n_expert_used: u32,
     /// Router gating function.
     pub gating: Gating,
+    /// The rest of the routing semantics (weights, gate site, selection
+    /// bias, groups, NextN blocks), as llama.cpp's graph computes them.
+    #[serde(default)]
+    pub routing: Routing,
     /// Trace rows' tokens written (token x layer rows / layers).
     pub trace_tokens_written: u64,
     /// Non-finite values seen and not added, all tensors together.
@@ -126,6 +134,7 @@ impl Saliency {
             n_expert: accum.shape.n_expert,
             n_expert_used: accum.shape.n_expert_used,
             gating: accum.shape.gating,
+            routing: accum.shape.routing.clone(),
             trace_tokens_written,
             nonfinite_drops: nonfinite_drops_by_tensor.values().sum(),
             nonfinite_drops_by_tensor: nonfinite_drops_by_tensor.clone(),

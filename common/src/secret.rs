@@ -1,6 +1,8 @@
-//! The join secret: at least [`MIN_SECRET_BYTES`] bytes, read from a file or
-//! an environment variable, and never printed (its `Debug` shows the length
-//! only), so a log line or an error cannot leak it.
+//! The join secret: at least [`MIN_SECRET_BYTES`] bytes that look random
+//! (at least [`MIN_SECRET_BITS`] bits by their byte frequencies, so 32 equal
+//! bytes or `abab...` are refused), read from a file or an environment
+//! variable, and never printed (its `Debug` shows the length only), so a log
+//! line or an error cannot leak it.
 
 use std::fmt;
 use std::path::Path;
@@ -9,7 +11,14 @@ use std::path::Path;
 /// tag is guessable, and an empty one (a typo, an empty file) is no secret.
 pub const MIN_SECRET_BYTES: usize = 32;
 
-/// A join secret of at least [`MIN_SECRET_BYTES`] bytes.
+/// Least estimated entropy of a secret: its length times the Shannon entropy
+/// of its byte frequencies. 64 random hex digits (what `head -c 32
+/// /dev/urandom | xxd -p -c 64` writes) estimate about 240 bits; 32 equal
+/// bytes 0, a two-letter pattern 32.
+pub const MIN_SECRET_BITS: f64 = 80.0;
+
+/// A join secret of at least [`MIN_SECRET_BYTES`] bytes and
+/// [`MIN_SECRET_BITS`] estimated bits.
 #[derive(Clone, PartialEq, Eq)]
 pub struct JoinSecret(Vec<u8>);
 
@@ -35,17 +44,56 @@ pub enum SecretError {
         /// Its length after trimming whitespace.
         len: usize,
     },
+    /// The secret is long enough but far from random.
+    #[error(
+        "join secret {source_name} is not random enough: about {bits:.0} bits by its byte \
+         frequencies, at least {MIN_SECRET_BITS} are required \
+         (e.g. `head -c 32 /dev/urandom | xxd -p -c 64 > FILE`)"
+    )]
+    Weak {
+        /// The file or variable.
+        source_name: String,
+        /// Its estimated entropy.
+        bits: f64,
+    },
+}
+
+/// `len * H(byte frequencies)`: the entropy a secret would have if its
+/// bytes were drawn independently from their own frequencies.
+fn estimated_bits(bytes: &[u8]) -> f64 {
+    let mut freq = [0usize; 256];
+    for &b in bytes {
+        freq[b as usize] += 1;
+    }
+    let n = bytes.len() as f64;
+    let per_byte: f64 = freq
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / n;
+            -p * p.log2()
+        })
+        .sum();
+    per_byte * n
 }
 
 impl JoinSecret {
-    /// Checks the length of `bytes` (surrounding ASCII whitespace trimmed);
-    /// `source_name` names where they came from in the error.
+    /// Checks the length and the estimated entropy of `bytes` (surrounding
+    /// ASCII whitespace trimmed); `source_name` names where they came from
+    /// in the error.
     pub fn new(bytes: &[u8], source_name: &str) -> Result<JoinSecret, SecretError> {
         let bytes = bytes.trim_ascii();
         if bytes.len() < MIN_SECRET_BYTES {
             return Err(SecretError::TooShort {
                 source_name: source_name.to_string(),
                 len: bytes.len(),
+            });
+        }
+        let bits = estimated_bits(bytes);
+        if bits < MIN_SECRET_BITS {
+            return Err(SecretError::Weak {
+                source_name: source_name.to_string(),
+                bits,
             });
         }
         Ok(JoinSecret(bytes.to_vec()))
@@ -91,8 +139,29 @@ mod tests {
             assert!(msg.contains("file /tmp/s"), "{msg}");
             assert!(msg.contains("at least 32"), "{msg}");
         }
-        let ok = JoinSecret::new(&[b'k'; MIN_SECRET_BYTES], "x").unwrap();
-        assert_eq!(ok.expose().len(), MIN_SECRET_BYTES);
+        let ok = JoinSecret::generate();
+        let again = JoinSecret::new(ok.expose(), "x").unwrap();
+        assert_eq!(again.expose().len(), 64);
+    }
+
+    #[test]
+    fn equal_bytes_and_short_patterns_are_refused_as_weak() {
+        let nul = [0u8; 32];
+        let two = b"ab".repeat(32);
+        for bytes in [&nul[..], &[b'k'; 48][..], &two[..]] {
+            let e = JoinSecret::new(bytes, "file /tmp/s").unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, SecretError::Weak { .. }), "{msg}");
+            assert!(
+                msg.contains("file /tmp/s") && msg.contains("not random enough"),
+                "{msg}"
+            );
+        }
+        // 32 random bytes in hex, and a pass phrase, are fine.
+        for _ in 0..1000 {
+            JoinSecret::new(JoinSecret::generate().expose(), "x").unwrap();
+        }
+        JoinSecret::new(b"a shared join secret of at least 32 bytes", "x").unwrap();
     }
 
     #[test]

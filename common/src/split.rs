@@ -55,22 +55,52 @@ impl fmt::Display for Split {
     }
 }
 
-/// How the router turns logits into expert probabilities.
+/// How the router turns logits into expert probabilities, as llama.cpp's
+/// graph computes them (the op of `ffn_moe_probs`). The probability of an
+/// expert is what `prob_sum` adds and the trace's `topn_prob` holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Gating {
     /// Softmax over all experts: probabilities of a token sum to 1.
     Softmax,
-    /// Independent sigmoid per expert.
+    /// Independent sigmoid per expert: each probability in [0, 1].
     Sigmoid,
-    /// Softmax over the selected experts' logits only.
+    /// The gate weights are a softmax over the selected experts' logits
+    /// only (gpt-oss: `ffn_moe_probs` holds logits). The probability of an
+    /// expert is then the softmax of its logit over all experts, which the
+    /// worker computes from the logits: it ranks experts as the logits do,
+    /// sums to 1 per token, and the gate weights are these probabilities
+    /// renormalised over the selected experts.
     SoftmaxWeight,
+    /// `sqrt(softplus(logit))` per expert: each value at least 0.
+    SqrtSoftplus,
 }
 
 impl Gating {
     /// Whether `sum(prob) == 1` per token holds, so `verify` can assert it.
     pub fn probabilities_sum_to_one(self) -> bool {
-        matches!(self, Gating::Softmax)
+        matches!(self, Gating::Softmax | Gating::SoftmaxWeight)
+    }
+
+    /// The range every per-token value lies in, when the gating bounds it.
+    pub fn value_range(self) -> (f64, f64) {
+        match self {
+            Gating::Softmax | Gating::SoftmaxWeight | Gating::Sigmoid => (0.0, 1.0),
+            Gating::SqrtSoftplus => (0.0, f64::INFINITY),
+        }
+    }
+
+    /// What a probability means under this gating, in words (check texts,
+    /// trace metadata).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Gating::Softmax => "softmax over all experts",
+            Gating::Sigmoid => "sigmoid per expert",
+            Gating::SoftmaxWeight => {
+                "softmax of the logits over all experts (gate weights: softmax over the selected)"
+            }
+            Gating::SqrtSoftplus => "sqrt(softplus(logit)) per expert",
+        }
     }
 }
 

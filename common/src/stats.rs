@@ -5,6 +5,7 @@
 //! make `merge` associative and commutative, bit for bit.
 
 use crate::exact::{ExactError, ExactSum};
+use crate::routing::Routing;
 use crate::split::{Gating, Split};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -57,19 +58,35 @@ impl LayerAccum {
         for (a, b) in self.count.iter_mut().zip(&other.count) {
             *a = a.checked_add(*b).ok_or(MergeError::CountOverflow)?;
         }
-        let pairs = [
-            (&mut self.prob_sum, &other.prob_sum),
-            (&mut self.weight_sum, &other.weight_sum),
-            (&mut self.ean_sum, &other.ean_sum),
-            (&mut self.reap_l2_sum, &other.reap_l2_sum),
-            (&mut self.reap_l2_sq_sum, &other.reap_l2_sq_sum),
-        ];
-        for (dst, src) in pairs {
+        for (dst, src) in self.sums_mut().into_iter().zip(other.sums()) {
             for (a, b) in dst.iter_mut().zip(src) {
                 a.add(*b)?;
             }
         }
         Ok(())
+    }
+
+    /// The five exact statistics in declaration order (`prob_sum` first):
+    /// the order the merge and the partial encoding walk them in.
+    pub fn sums(&self) -> [&Vec<ExactSum>; 5] {
+        [
+            &self.prob_sum,
+            &self.weight_sum,
+            &self.ean_sum,
+            &self.reap_l2_sum,
+            &self.reap_l2_sq_sum,
+        ]
+    }
+
+    /// [`LayerAccum::sums`], writable.
+    pub fn sums_mut(&mut self) -> [&mut Vec<ExactSum>; 5] {
+        [
+            &mut self.prob_sum,
+            &mut self.weight_sum,
+            &mut self.ean_sum,
+            &mut self.reap_l2_sum,
+            &mut self.reap_l2_sq_sum,
+        ]
     }
 }
 
@@ -124,7 +141,7 @@ pub struct GroupKey {
 }
 
 /// The model facts every accumulator of a run must agree on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MoeShape {
     /// Routed experts per MoE layer.
     pub n_expert: u32,
@@ -132,12 +149,29 @@ pub struct MoeShape {
     pub n_expert_used: u32,
     /// Router gating function.
     pub gating: Gating,
-    /// Block indices of the MoE layers, ascending.
+    /// Block indices of the MoE layers, ascending: the blocks whose graph
+    /// emits `ffn_moe_topk` in a decode.
     pub moe_layers: Vec<u32>,
+    /// The rest of the routing semantics, as the graph computes them.
+    pub routing: Routing,
+}
+
+impl std::fmt::Display for MoeShape {
+    /// A bounded description: the layer list may come from a peer.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} experts, top-{}, {:?} gating, MoE layers [{}]",
+            self.n_expert,
+            self.n_expert_used,
+            self.gating,
+            crate::peer_text::summarise(&self.moe_layers)
+        )
+    }
 }
 
 /// All REAP statistics of a partial or merged result.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExpertAccum {
     /// The model's MoE shape.
     pub shape: MoeShape,

@@ -1,6 +1,8 @@
 //! Run artifacts in object storage: a run location is a local path or an
 //! object-store URL (`file://`, `s3://`, `memory://`, ...). Every write is one
-//! atomic object put, so a reader never sees half an artifact.
+//! atomic object put, so a reader never sees half an artifact. A store may be
+//! *fenced* ([`RunStore::fenced`]): every write first asks the fence (the
+//! run's lock) whether this process may still write.
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -41,6 +43,15 @@ pub enum StoreError {
         /// The reader's limit.
         limit: u64,
     },
+    /// The store's fence refused the write: this process no longer holds
+    /// the run.
+    #[error("not writing {url}: {reason}")]
+    Fenced {
+        /// Full URL of the object.
+        url: String,
+        /// Why (the fence's words).
+        reason: String,
+    },
     /// Any other storage failure.
     #[error("object store error on {url}: {source}")]
     Backend {
@@ -52,12 +63,19 @@ pub enum StoreError {
     },
 }
 
+/// What a fenced store asks before each write.
+pub trait Fence: Send + Sync + std::fmt::Debug {
+    /// `Ok` while this process may write to the run; the error says why not.
+    fn admit(&self) -> futures::future::BoxFuture<'_, Result<(), String>>;
+}
+
 /// A run's root in an object store; names below it are relative (`saliency.json`).
 #[derive(Clone, Debug)]
 pub struct RunStore {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     url: String,
+    fence: Option<Arc<dyn Fence>>,
 }
 
 impl RunStore {
@@ -107,7 +125,37 @@ impl RunStore {
             store,
             prefix,
             url: url.to_string().trim_end_matches('/').to_string(),
+            fence: None,
         })
+    }
+
+    /// The same location, with every write (put, create, delete) asking
+    /// `fence` first; children keep the fence.
+    pub fn fenced(&self, fence: Arc<dyn Fence>) -> RunStore {
+        RunStore {
+            fence: Some(fence),
+            ..self.clone()
+        }
+    }
+
+    /// The same location without a fence (for the fence's own writes).
+    pub fn unfenced(&self) -> RunStore {
+        RunStore {
+            fence: None,
+            ..self.clone()
+        }
+    }
+
+    /// Asks the fence, if any, whether this process may write; `name` is
+    /// the object about to be written, for the error.
+    pub async fn admit(&self, name: &str) -> Result<(), StoreError> {
+        match &self.fence {
+            Some(f) => f.admit().await.map_err(|reason| StoreError::Fenced {
+                url: self.url_of(name),
+                reason,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The location as a URL without a trailing slash.
@@ -126,6 +174,7 @@ impl RunStore {
             store: self.store.clone(),
             prefix: self.path(name),
             url: self.url_of(name),
+            fence: self.fence.clone(),
         }
     }
 
@@ -151,6 +200,7 @@ impl RunStore {
 
     /// Writes (or replaces) an object atomically.
     pub async fn put(&self, name: &str, bytes: impl Into<Bytes>) -> Result<(), StoreError> {
+        self.admit(name).await?;
         self.store
             .put(&self.path(name), PutPayload::from_bytes(bytes.into()))
             .await
@@ -160,6 +210,7 @@ impl RunStore {
 
     /// Writes an object only if it does not exist yet.
     pub async fn put_new(&self, name: &str, bytes: impl Into<Bytes>) -> Result<(), StoreError> {
+        self.admit(name).await?;
         let opts = PutOptions {
             mode: PutMode::Create,
             ..Default::default()
@@ -232,6 +283,7 @@ impl RunStore {
 
     /// Deletes an object if it exists.
     pub async fn delete(&self, name: &str) -> Result<(), StoreError> {
+        self.admit(name).await?;
         match self.store.delete(&self.path(name)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.backend(name)(e)),
@@ -267,6 +319,35 @@ impl RunStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug)]
+    struct Closed;
+
+    impl Fence for Closed {
+        fn admit(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+            Box::pin(async { Err("the lock was lost".to_string()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_fence_refuses_every_write_of_the_store_and_its_children() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+        open.put("kept", b"1".to_vec()).await.unwrap();
+        let fenced = open.fenced(Arc::new(Closed));
+        let child = fenced.child("partials");
+        for e in [
+            fenced.put("a", b"2".to_vec()).await.unwrap_err(),
+            fenced.put_new("b", b"2".to_vec()).await.unwrap_err(),
+            fenced.delete("kept").await.unwrap_err(),
+            child.put("c", b"2".to_vec()).await.unwrap_err(),
+        ] {
+            assert!(e.to_string().contains("the lock was lost"), "{e}");
+        }
+        assert_eq!(fenced.get("kept").await.unwrap(), Bytes::from_static(b"1"));
+        assert_eq!(open.list("").await.unwrap(), vec!["kept"]);
+        fenced.unfenced().put("d", b"3".to_vec()).await.unwrap();
+    }
 
     #[tokio::test]
     async fn local_store_round_trips_and_create_only_refuses_overwrite() {

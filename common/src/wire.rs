@@ -439,43 +439,6 @@ pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(
     decode(&body).map(Some)
 }
 
-/// Reads one frame of at most `max` bytes like [`read_msg`], with two
-/// clocks: its first bytes must come within `first`, and then each further
-/// piece within `idle`; `progress` is called after each piece, so a caller
-/// can count a slow upload that keeps moving as a live peer.
-pub async fn read_msg_watched<R: AsyncRead + Unpin, T: DeserializeOwned>(
-    r: &mut R,
-    max: u32,
-    first: Duration,
-    idle: Duration,
-    mut progress: impl FnMut(),
-) -> Result<Option<T>, WireError> {
-    let mut len = [0u8; 4];
-    match tokio::time::timeout(first, r.read_exact(&mut len)).await {
-        Err(_) => return Err(WireError::Silent(first)),
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Ok(Err(e)) => return Err(e.into()),
-    }
-    let len = u32::from_be_bytes(len);
-    if len > max {
-        return Err(WireError::TooLarge { len, max });
-    }
-    let mut body = vec![0u8; len as usize];
-    let mut filled = 0;
-    while filled < body.len() {
-        let n = tokio::time::timeout(idle, r.read(&mut body[filled..]))
-            .await
-            .map_err(|_| WireError::Silent(idle))??;
-        if n == 0 {
-            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-        }
-        filled += n;
-        progress();
-    }
-    decode(&body).map(Some)
-}
-
 /// The join proof: HMAC-SHA256 keyed by the secret over a label, the
 /// coordinator's nonce and the worker's name.
 pub fn join_proof(secret: &[u8], nonce: &[u8], worker_name: &str) -> Vec<u8> {

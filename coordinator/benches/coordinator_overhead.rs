@@ -4,8 +4,12 @@
 //! 1. Merge: each lease returns a partial shaped like a real run's (48 MoE
 //!    layers x 512 experts, top-10, statistics for fit/held-out x 2 domains,
 //!    and an importance matrix of a 48-layer hidden-2048 model with expert
-//!    width 512). Per lease the coordinator hashes the bytes, decodes them and
-//!    merges into the running total: throughput in GB/s of encoded partials.
+//!    width 512), its sums shaped like a worker's ([`realistic`]). The
+//!    encoded size is compared with the earlier whole-bincode encoding
+//!    (format 3: varint i128 sums).
+//!    Per lease the coordinator hashes the bytes, decodes them and merges
+//!    into the running total (each also on one thread, for comparison):
+//!    throughput in GB/s of encoded partials.
 //!    The acceptance checks (chunk range, tokens per (split, domain) against
 //!    the corpus's spans, `sum(count) == n_tokens * k`) are timed apart.
 //!    `BENCH_LEASES` (default 8) sets how many leases are merged; the partial
@@ -13,126 +17,36 @@
 //! 2. Scheduling: 64 workers take and return 5,000 leases through the
 //!    scheduler's state machine: per-lease bookkeeping cost.
 
+use bytes::Bytes;
 use common::corpus::{Chunk, CorpusIndex, Span};
-use common::exact::ExactSum;
 use common::hash::sha256_hex;
-use common::imatrix::{Imatrix, ImatrixEntry};
 use common::model_check::MoeFacts;
-use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
-use common::stats::{ExpertAccum, MoeShape};
+use common::partial::{PackedPartial, Partial};
 use common::wire::WorkerId;
 use common::ChunkId;
-use common::{ChunkRange, Gating, Split};
+use common::{ChunkRange, Split};
 use coordinator::run::accept::Acceptance;
 use coordinator::sched::{plan, Completion, Grant, SchedConfig, Scheduler};
+use realistic::{EXPERTS, LAYERS};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-const LAYERS: u32 = 48;
-const EXPERTS: u32 = 512;
-const HIDDEN: u32 = 2048;
-const EXPERT_WIDTH: u32 = 512;
+mod realistic;
 
-fn value(seed: &mut u64) -> f64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    (*seed % 1_000_000) as f64 / 997.0
-}
+/// Chunks per lease (of 512 tokens in the bench's corpus, 2,048 in the sums).
+const LEASE_CHUNKS: u32 = 8;
 
-fn realistic_partial(lease: u32, chunks_per_lease: u32) -> Partial {
-    let mut seed = 0x9e37_79b9_7f4a_7c15 ^ u64::from(lease);
-    let shape = MoeShape {
-        n_expert: EXPERTS,
-        n_expert_used: 10,
-        gating: Gating::Softmax,
-        moe_layers: (0..LAYERS).collect(),
-    };
-    let mut experts = ExpertAccum::new(shape);
-    for split in [Split::Fit, Split::Heldout] {
-        for domain in ["code", "chat"] {
-            let g = experts.group_mut(split, domain);
-            g.n_tokens = 1024;
-            for l in &mut g.layers {
-                for e in 0..EXPERTS as usize {
-                    // Pairs around 20 (= 1024 tokens x top-10 / 512 experts),
-                    // so every layer's sum(count) is n_tokens x k, as the
-                    // acceptance checks demand.
-                    let d = (value(&mut seed) as u64) % 20;
-                    l.count[e] = if e % 2 == 0 {
-                        20 + d
-                    } else {
-                        40 - l.count[e - 1]
-                    };
-                    for v in [
-                        &mut l.prob_sum,
-                        &mut l.weight_sum,
-                        &mut l.ean_sum,
-                        &mut l.reap_l2_sum,
-                        &mut l.reap_l2_sq_sum,
-                    ] {
-                        v[e] = ExactSum::from_f64(value(&mut seed)).unwrap();
-                    }
-                }
-            }
-        }
-    }
-    let mut entries = BTreeMap::new();
-    let mut entry = |name: String, n_in: u32, n_mat: u32, seed: &mut u64| {
-        let mut e = ImatrixEntry::new(n_in, n_mat);
-        for s in e.in_sum2.iter_mut() {
-            *s = ExactSum::from_f64(value(seed)).unwrap();
-        }
-        e.counts.iter_mut().for_each(|c| *c = 2048);
-        entries.insert(name, e);
-    };
-    for l in 0..LAYERS {
-        entry(
-            format!("blk.{l}.ffn_gate_exps.weight"),
-            HIDDEN,
-            EXPERTS,
-            &mut seed,
-        );
-        entry(
-            format!("blk.{l}.ffn_up_exps.weight"),
-            HIDDEN,
-            EXPERTS,
-            &mut seed,
-        );
-        entry(
-            format!("blk.{l}.ffn_down_exps.weight"),
-            EXPERT_WIDTH,
-            EXPERTS,
-            &mut seed,
-        );
-        entry(format!("blk.{l}.ffn_gate_inp.weight"), HIDDEN, 1, &mut seed);
-        for t in ["attn_q", "attn_k", "attn_v", "attn_output"] {
-            entry(format!("blk.{l}.{t}.weight"), HIDDEN, 1, &mut seed);
-        }
-    }
-    let start = lease * chunks_per_lease;
-    Partial {
-        format_version: PARTIAL_FORMAT_VERSION,
-        model_sha256: "bench-model".into(),
-        corpus_sha256: "bench-corpus".into(),
-        backends: vec!["cuda:bench".into()],
-        chunks: vec![ChunkRange {
+fn realistic_partial(lease: u32) -> Partial {
+    let seed = 0x9e37_79b9_7f4a_7c15 ^ u64::from(lease);
+    let start = lease * LEASE_CHUNKS;
+    realistic::partial(
+        realistic::experts(seed, 1024, LEASE_CHUNKS),
+        realistic::imatrix(seed, LEASE_CHUNKS),
+        vec![ChunkRange {
             start,
-            end: start + chunks_per_lease,
+            end: start + LEASE_CHUNKS,
         }],
-        experts,
-        imatrix: Imatrix {
-            entries,
-            chunk_count: u64::from(chunks_per_lease),
-            chunk_size: 2048,
-        },
-        nonfinite_drops: BTreeMap::new(),
-        trace_tokens: 0,
-        trace_rows: 0,
-        trace_parts: Vec::new(),
-        chunk_stats: Vec::new(),
-        backend_to_host: common::partial::BackendToHost::default(),
-    }
+    )
 }
 
 /// What the coordinator knows of the bench's corpus: chunks of 512 tokens,
@@ -167,76 +81,160 @@ fn acceptance(leases: u32, chunks_per_lease: u32) -> Acceptance {
     };
     let facts = MoeFacts {
         n_expert: EXPERTS,
-        n_expert_used: 10,
+        n_expert_used: realistic::TOP_K,
     };
     let units = plan(n_chunks, chunks_per_lease);
     Acceptance::new("bench-model", &index, &chunks, &units, Some(facts)).unwrap()
 }
 
 fn merge_bench(leases: u32) {
-    let accept = acceptance(leases, 8);
+    let accept = acceptance(leases, LEASE_CHUNKS);
     let t = Instant::now();
-    let template = realistic_partial(0, 8);
+    let template = realistic_partial(0);
+    let built_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
     let bytes = template.to_bytes();
+    let encode_s = t.elapsed().as_secs_f64();
+    // The same partial in the earlier whole-bincode encoding (format 3),
+    // read as before (the "before" figures).
+    let old = bincode::serde::encode_to_vec(&template, bincode::config::standard()).unwrap();
+    let bincode_len = old.len();
+    let (_, old_hash) = timed(|| sha256_hex(&old));
+    let (_, old_decode) = timed(|| {
+        bincode::serde::decode_from_slice::<Partial, _>(&old, bincode::config::standard()).unwrap()
+    });
+    drop(old);
     let sums: usize = template
         .imatrix
         .entries
         .values()
         .map(|e| e.in_sum2.len())
-        .sum();
+        .sum::<usize>()
+        + template.experts.groups.len() * (LAYERS * EXPERTS * 5) as usize;
     println!(
-        "partial: {:.1}M imatrix sums + {} expert groups, {:.2} GB encoded (built in {:.1}s)",
+        "partial: {:.1}M exact sums ({} expert groups), built in {built_s:.1}s",
         sums as f64 / 1e6,
         template.experts.groups.len(),
+    );
+    println!(
+        "encoded: {} bytes, {:.3} GB ({:.2} bytes per sum) in {encode_s:.2}s; format 3 (bincode, varint i128 sums) {:.3} GB ({:.2} bytes per sum), {:.2}x larger",
+        bytes.len(),
         bytes.len() as f64 / 1e9,
-        t.elapsed().as_secs_f64()
+        bytes.len() as f64 / sums as f64,
+        bincode_len as f64 / 1e9,
+        bincode_len as f64 / sums as f64,
+        bincode_len as f64 / bytes.len() as f64,
     );
     drop(template);
+    println!(
+        "format 3, one partial: hash {:.3} CPU s ({:.3} wall), decode {:.3} CPU s ({:.3} wall)",
+        old_hash.1, old_hash.0, old_decode.1, old_decode.0
+    );
     let mut merged: Option<Partial> = None;
-    let (mut hash_s, mut decode_s, mut merge_s, mut accept_s) = (0.0, 0.0, 0.0, 0.0);
+    let mut t = Timings::default();
     for lease in 0..leases {
         // A fresh partial per lease (its own chunk range and values); only the
-        // coordinator's work (hash, decode, merge) is timed.
-        let encoded = if lease == 0 {
+        // coordinator's work is timed.
+        let encoded = Bytes::from(if lease == 0 {
             bytes.clone()
         } else {
-            realistic_partial(lease, 8).to_bytes()
-        };
-        let t = Instant::now();
-        let _ = sha256_hex(&encoded);
-        hash_s += t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        let p = Partial::from_bytes(&encoded).unwrap();
-        decode_s += t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        accept.check(p.chunks[0], &p).unwrap();
-        accept_s += t.elapsed().as_secs_f64();
-        let t = Instant::now();
+            realistic_partial(lease).to_bytes()
+        });
+        t.hash.add(timed(|| sha256_hex(&encoded)).1);
+        // The decoded path: the whole partial in memory, then merged.
+        let (p, s) = timed(|| Partial::from_bytes(&encoded).unwrap());
+        t.decode.add(s);
+        t.accept
+            .add(timed(|| accept.check(p.chunks[0], &p).unwrap()).1);
+        // The packed path: statistics decoded, the importance matrix checked
+        // in place and added straight into the total.
+        let (packed, s) = timed(|| PackedPartial::parse(encoded.clone()).unwrap());
+        t.parse.add(s);
         match &mut merged {
             None => merged = Some(p),
-            Some(m) => m.merge(&p).unwrap(),
+            Some(m) => {
+                let mut copy = m.clone();
+                t.merge_packed
+                    .add(timed(|| packed.merge_into(&mut copy).unwrap()).1);
+                t.merge.add(timed(|| m.merge(&p).unwrap()).1);
+                assert!(copy == *m, "both paths give the same total");
+            }
         }
-        merge_s += t.elapsed().as_secs_f64();
     }
-    let n = f64::from(leases);
-    let gb = bytes.len() as f64 * n / 1e9;
-    drop(bytes);
-    let total = hash_s + decode_s + merge_s + accept_s;
+    let gb = bytes.len() as f64 / 1e9;
     println!(
-        "{leases} leases: hash {:.2}s, decode {:.2}s, merge {:.2}s; per lease {:.2}s; {:.2} GB/s of encoded partials (merge alone {:.2} GB/s)",
-        hash_s,
-        decode_s,
-        merge_s,
-        total / n,
-        gb / total,
-        gb / merge_s.max(1e-9)
+        "{leases} leases, per lease: CPU seconds (wall seconds); the merges over {} leases",
+        leases - 1
     );
+    for (name, step) in [
+        ("hash (SHA-256)", &t.hash),
+        ("acceptance checks", &t.accept),
+        ("decoded path: decode", &t.decode),
+        ("decoded path: merge", &t.merge),
+        (
+            "packed path: parse (statistics decoded, importance matrix checked)",
+            &t.parse,
+        ),
+        (
+            "packed path: merge (importance matrix added from its packed bytes)",
+            &t.merge_packed,
+        ),
+    ] {
+        println!("  {name}: {:.3} ({:.3})", step.cpu(), step.wall());
+    }
+    let packed = t.hash.cpu() + t.parse.cpu() + t.merge_packed.cpu();
+    let decoded = t.hash.cpu() + t.decode.cpu() + t.merge.cpu();
     println!(
-        "acceptance checks: {:.2} ms per lease, {:.3}% of merge time, {:.3}% of hash + decode + merge",
-        accept_s * 1e3 / n,
-        100.0 * accept_s / merge_s.max(1e-9),
-        100.0 * accept_s / (hash_s + decode_s + merge_s).max(1e-9)
+        "ingest CPU per partial: packed path {packed:.2} s ({:.2} GB/s of encoded partials per core), decoded path {decoded:.2} s",
+        gb / packed
     );
+}
+
+/// One step's wall and CPU seconds, summed over the times it ran.
+#[derive(Default)]
+struct Step {
+    n: u32,
+    wall: f64,
+    cpu: f64,
+}
+
+impl Step {
+    fn add(&mut self, (wall, cpu): (f64, f64)) {
+        self.n += 1;
+        self.wall += wall;
+        self.cpu += cpu;
+    }
+
+    fn wall(&self) -> f64 {
+        self.wall / f64::from(self.n.max(1))
+    }
+
+    fn cpu(&self) -> f64 {
+        self.cpu / f64::from(self.n.max(1))
+    }
+}
+
+/// The coordinator's steps per lease.
+#[derive(Default)]
+struct Timings {
+    hash: Step,
+    accept: Step,
+    decode: Step,
+    merge: Step,
+    parse: Step,
+    merge_packed: Step,
+}
+
+/// `f`'s value, with its wall and CPU (this process, all threads) seconds.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, (f64, f64)) {
+    let cpu = common::procstat::process_cpu_seconds().unwrap();
+    let t = Instant::now();
+    let v = f();
+    let wall = t.elapsed().as_secs_f64();
+    (
+        v,
+        (wall, common::procstat::process_cpu_seconds().unwrap() - cpu),
+    )
 }
 
 fn sched_bench() {

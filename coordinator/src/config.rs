@@ -36,6 +36,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// The config a run recorded in its manifest (as the corpus stage read it).
+    pub fn recorded(m: &crate::corpus::manifest::RunManifest) -> Result<Config, String> {
+        serde_json::from_value(m.corpus.config.clone()).map_err(|e| e.to_string())
+    }
+
     /// Reads, parses and checks a config file, remembering its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -65,14 +70,28 @@ impl Config {
         Ok(config)
     }
 
-    /// Resolves `[cluster] ca_dir` and `secret_file` against the config's
-    /// directory, so a launch from any working directory finds the same files.
+    /// Resolves every path of `[cluster]` (`ca_dir`, `secret_file`,
+    /// `connect_file`, `identity_dir`) and a `[run] out` that is a path, not
+    /// a URL, against the config's directory, so a launch from any working
+    /// directory reads and writes the same files.
     fn resolve_cluster_inputs(&mut self) {
+        let resolve = |p: &Option<PathBuf>| p.as_deref().map(|p| self.resolve(p));
         let cluster = &self.cluster;
-        let ca_dir = cluster.ca_dir.as_deref().map(|p| self.resolve(p));
-        let secret_file = cluster.secret_file.as_deref().map(|p| self.resolve(p));
+        let (ca_dir, secret_file, connect_file, identity_dir) = (
+            resolve(&cluster.ca_dir),
+            resolve(&cluster.secret_file),
+            resolve(&cluster.connect_file),
+            resolve(&cluster.identity_dir),
+        );
+        let out = match &self.run.out {
+            Some(o) if !o.contains("://") => Some(self.resolve(Path::new(o)).display().to_string()),
+            other => other.clone(),
+        };
         self.cluster.ca_dir = ca_dir;
         self.cluster.secret_file = secret_file;
+        self.cluster.connect_file = connect_file;
+        self.cluster.identity_dir = identity_dir;
+        self.run.out = out;
     }
 
     /// Parses config text; relative paths resolve against the current directory.
@@ -338,12 +357,25 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("cfg-cluster-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("run.toml");
-        let text = "[model]\npath = \"m.gguf\"\n[cluster]\nca_dir = \"ca\"\nsecret_file = \"/abs/secret\"\n";
+        let text =
+            "[model]\npath = \"m.gguf\"\n[run]\nout = \"runs/r\"\n[cluster]\nca_dir = \"ca\"\n\
+                    secret_file = \"/abs/secret\"\nconnect_file = \"run.connect.json\"\n\
+                    identity_dir = \"id\"\n";
         std::fs::write(&path, text).unwrap();
         let c = Config::load(&path).unwrap();
+        std::fs::write(&path, "[run]\nout = \"s3://b/r\"\n").unwrap();
+        let url = Config::load(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            url.run.out.as_deref(),
+            Some("s3://b/r"),
+            "a URL stays as it is"
+        );
         assert_eq!(c.cluster.ca_dir, Some(dir.join("ca")));
         assert_eq!(c.cluster.secret_file, Some(PathBuf::from("/abs/secret")));
+        assert_eq!(c.cluster.connect_file, Some(dir.join("run.connect.json")));
+        assert_eq!(c.cluster.identity_dir, Some(dir.join("id")));
+        assert_eq!(c.run.out, Some(dir.join("runs/r").display().to_string()));
     }
 
     #[test]

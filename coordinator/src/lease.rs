@@ -5,6 +5,7 @@
 //! [`LeaseKind`]; collection (`run::accept`) and evaluation (`eval::accept`)
 //! are its two implementations. This module imports no stage.
 
+use crate::corpus::manifest::{Records, RunManifest};
 use common::lease::LeaseOutput;
 use common::wire::Task;
 use common::ChunkRange;
@@ -16,6 +17,9 @@ pub trait LeaseKind: Send + Sync + 'static {
 
     /// What workers compute for each lease (sent in the welcome).
     fn task(&self) -> Task;
+
+    /// The manifest's table of accepted results of this kind.
+    fn table(manifest: &mut RunManifest) -> &mut Records;
 
     /// Checks a decoded result as the result of the unit `range` against
     /// what the coordinator knows (chunks, model, corpus, settings, counts).

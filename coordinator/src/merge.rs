@@ -1,4 +1,5 @@
-//! `coordinator merge`: combine partials exactly and write the run's results.
+//! `coordinator merge`: combine partials exactly and write the run's results,
+//! reading one partial at a time.
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -28,18 +29,6 @@ pub async fn read_partial(location: &str) -> anyhow::Result<Partial> {
     Partial::from_bytes(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(name)))
 }
 
-/// Merges partials in the order given; the result does not depend on it.
-pub fn merge_all(parts: &[Partial]) -> anyhow::Result<Partial> {
-    let Some((first, rest)) = parts.split_first() else {
-        bail!("no partials to merge");
-    };
-    let mut merged = first.clone();
-    for p in rest {
-        merged.merge(p)?;
-    }
-    Ok(merged)
-}
-
 /// Entry point of `coordinator merge`.
 pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Runtime::new()?;
@@ -56,20 +45,26 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
         } else {
             args.partials.clone()
         };
-        let mut parts = Vec::new();
+        // One partial in memory besides the running total; each is added
+        // tensor by tensor on all cores (`Partial::merge`).
+        let mut merged: Option<Partial> = None;
         for loc in &locations {
-            parts.push(
-                read_partial(loc)
-                    .await
-                    .with_context(|| format!("reading partial {loc}"))?,
-            );
+            let p = read_partial(loc)
+                .await
+                .with_context(|| format!("reading partial {loc}"))?;
+            match &mut merged {
+                None => merged = Some(p),
+                Some(m) => m.merge(&p).with_context(|| format!("merging {loc}"))?,
+            }
         }
-        let merged = merge_all(&parts)?;
+        let Some(merged) = merged else {
+            bail!("no partials to merge");
+        };
         store.put(names::MERGED_PARTIAL, merged.to_bytes()).await?;
         let saliency = write_results(&store, &merged).await?;
         println!(
             "merged {} partials: {} chunks, {} fit tokens -> {}",
-            parts.len(),
+            locations.len(),
             merged.n_chunks(),
             saliency.split(common::Split::Fit).map_or(0, |s| s.n_tokens),
             store.url()

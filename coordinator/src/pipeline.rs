@@ -6,7 +6,10 @@
 
 use crate::config::Config;
 use crate::run::local::{self, LocalWorkers};
-use crate::run::{execute, mark_finished, progress, read_index, RunArgs, RunSetup, RunSummary};
+use crate::run::lock::RunLock;
+use crate::run::{
+    execute_locked, mark_finished, progress, read_index, RunArgs, RunSetup, RunSummary,
+};
 use common::artifacts::names;
 use common::store::RunStore;
 use std::process::ExitCode;
@@ -36,86 +39,126 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .or_else(|| config.run.out.clone())
         .unwrap_or_else(|| crate::corpus::default_out(&args.config));
+    if config.cluster.identity_dir.is_none() {
+        config.cluster.identity_dir = Some(default_identity_dir(&config.base_dir, &out));
+    }
     ensure_model(&config.model_path())?;
     // Refuse a model without experts before any corpus work or lease.
     common::model_check::moe_facts(&config.model_path()).map_err(anyhow::Error::msg)?;
+    // A weak or missing secret file is refused before anything is written.
+    crate::run::check_secret(&config.cluster)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let store = RunStore::open(&out)?;
-        let outcome = crate::corpus::prepare_run(&config, &store, false).await?;
-        if !outcome.reused {
-            print!("{}", crate::corpus::summary(&outcome.manifest));
-        }
-        let index = read_index(&store).await?;
-        let model_path = std::path::absolute(config.model_path()).context("model path")?;
-        let setup = RunSetup {
-            store: store.clone(),
-            index,
-            model_sha256: outcome.manifest.model_sha256.clone(),
-            model_path: model_path.clone(),
-            run: config.run.clone(),
-            cluster: config.cluster.clone(),
-        };
-        let local = if args.local_workers > 0 {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-            Some(LocalWorkers {
-                binary: local::worker_binary()?,
-                count: args.local_workers,
-                model: model_path,
-                threads: config
-                    .run
-                    .local_worker_threads
-                    .unwrap_or((cores / args.local_workers).max(1)),
-                env: config
-                    .storage
-                    .env()
-                    .into_iter()
-                    .chain((config.run.local_worker_reduce.clone()).map(|r| (local::REDUCE_ENV, r)))
-                    .collect(),
-            })
-        } else {
-            None
-        };
-        let summary = execute(&setup, |l| match &local {
-            Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
-            None => {
-                println!("waiting for workers: {}", l.hint.join);
-                Ok(Vec::new())
-            }
+        // Every stage writes through the lock's fenced store, and the run
+        // is marked complete only while the lock is still ours.
+        let lock = RunLock::acquire(&store, config.run.lock_stale()).await?;
+        let outcome = stages(&config, &args, lock.store(), &lock).await;
+        lock.release().await?;
+        outcome
+    })
+}
+
+/// Every stage of `coordinator run` after the lock is taken, writing through
+/// `store` (the lock's).
+async fn stages(
+    config: &Config,
+    args: &RunArgs,
+    store: RunStore,
+    lock: &RunLock,
+) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let outcome = crate::corpus::prepare_run(config, &store, false).await?;
+    if !outcome.reused {
+        print!("{}", crate::corpus::summary(&outcome.manifest));
+    }
+    let index = read_index(&store).await?;
+    let model_path = std::path::absolute(config.model_path()).context("model path")?;
+    let setup = RunSetup {
+        store: store.clone(),
+        index,
+        model_sha256: outcome.manifest.model_sha256.clone(),
+        model_path: model_path.clone(),
+        run: config.run.clone(),
+        cluster: config.cluster.clone(),
+    };
+    let local = if args.local_workers > 0 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        Some(LocalWorkers {
+            binary: local::worker_binary()?,
+            count: args.local_workers,
+            model: model_path,
+            threads: config
+                .run
+                .local_worker_threads
+                .unwrap_or((cores / args.local_workers).max(1)),
+            env: config
+                .storage
+                .env()
+                .into_iter()
+                .chain((config.run.local_worker_reduce.clone()).map(|r| (local::REDUCE_ENV, r)))
+                .collect(),
         })
-        .await?;
-        print_summary(&store, &summary);
-        let scored = crate::score::score(&store, &crate::score::ScoreOptions::default()).await?;
-        println!(
-            "scored {} methods at K = {:?}: keep maps under keep_maps/",
-            scored.methods.len(),
-            scored.ks
-        );
-        let replayed = replay_defaults(&store, &setup.model_path, &scored.ks)?;
-        println!(
-            "replayed {} (split, trace, mode, policy, capacity, keep map) cells: replay/report.md",
-            replayed.rows.len()
-        );
-        if !config.eval.keep_maps.is_empty() {
-            evaluate_configured(&config, &setup, local.as_ref()).await?;
-        }
-        let report = crate::verify::verify(&store).await?;
-        print!("{report}");
-        let ok = report.ok();
-        crate::report::report(&store).await?;
-        println!("report: {}", store.url_of(names::REPORT_MD));
-        mark_finished(&store, &summary, ok).await?;
-        if ok {
-            println!("run complete: {}", store.url());
-            Ok(ExitCode::SUCCESS)
-        } else {
-            eprintln!(
-                "run finished but verification failed (see above); {} is not marked complete",
-                store.url_of(crate::corpus::MANIFEST_FILE)
-            );
-            Ok(ExitCode::FAILURE)
+    } else {
+        None
+    };
+    let summary = execute_locked(&setup, |l| match &local {
+        Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
+        None => {
+            println!("waiting for workers: {}", l.hint.join);
+            Ok(Vec::new())
         }
     })
+    .await?;
+    print_summary(&store, &summary);
+    let scored = crate::score::score(&store, &crate::score::ScoreOptions::default()).await?;
+    println!(
+        "scored {} methods at K = {:?}: keep maps under keep_maps/",
+        scored.methods.len(),
+        scored.ks
+    );
+    let replayed = replay_defaults(&store, &setup.model_path, &scored.ks)?;
+    println!(
+        "replayed {} (split, trace, mode, policy, capacity, keep map) cells: {}",
+        replayed.rows.len(),
+        names::REPLAY_REPORT_MD
+    );
+    if !config.eval.keep_maps.is_empty() {
+        evaluate_configured(config, &setup, local.as_ref()).await?;
+    }
+    let report = crate::verify::verify(&store).await?;
+    print!("{report}");
+    let ok = report.ok();
+    crate::report::report(&store).await?;
+    println!("report: {}", store.url_of(names::REPORT_MD));
+    lock.confirm().await?;
+    mark_finished(&store, &summary, ok).await?;
+    if ok {
+        println!("run complete: {}", store.url());
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "run finished but verification failed (see above); {} is not marked complete",
+            store.url_of(crate::corpus::MANIFEST_FILE)
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// Where a run's coordinator keeps its identity when `[cluster]
+/// identity_dir` is unset: `.moe-census/coordinator-<hash of the run
+/// location>` in the config's directory, so the same command finds it again
+/// and two runs of one config do not share it.
+fn default_identity_dir(config_dir: &std::path::Path, out: &str) -> std::path::PathBuf {
+    let location = if out.contains("://") {
+        out.to_string()
+    } else {
+        std::path::absolute(out).map_or_else(|_| out.to_string(), |p| p.display().to_string())
+    };
+    let key = &common::hash::sha256_hex(location.as_bytes())[..16];
+    config_dir
+        .join(".moe-census")
+        .join(format!("coordinator-{key}"))
 }
 
 /// Evaluates the keep maps of `[eval]` against the run's model (DESIGN
@@ -136,7 +179,7 @@ async fn evaluate_configured(
         job,
     };
     let outcome =
-        crate::eval::evaluate(&eval, |l| crate::eval::cli::start_workers(local, l)).await?;
+        crate::eval::evaluate_locked(&eval, |l| crate::eval::cli::start_workers(local, l)).await?;
     crate::eval::print_outcome(&setup.store, &outcome).await;
     Ok(())
 }
@@ -161,7 +204,8 @@ fn replay_defaults(
         argv.extend(["--keep-map".to_string(), format!("none,reap_hybrid_K{k}")]);
     }
     let args = Defaults::try_parse_from(argv)?.args;
-    std::thread::spawn(move || crate::replay::replay_run(&args))
+    let store = store.clone();
+    std::thread::spawn(move || crate::replay::replay_in(&args, store))
         .join()
         .map_err(|_| anyhow::anyhow!("replay panicked"))?
 }

@@ -37,22 +37,24 @@ pub fn imatrix_path(out: &Path) -> PathBuf {
     out.with_file_name(format!("{stem}.imatrix.gguf"))
 }
 
-/// The base model: `--model`, else the absolute model path in the run's
-/// manifest (`config.model.path`).
+/// The base model: `--model`, else the model collection ran with (the
+/// manifest's `model_path`), else the absolute model path of the run's
+/// config (`config.model.path`).
 async fn base_model(store: &RunStore, model: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(m) = model {
         return Ok(m.to_path_buf());
     }
-    let manifest = store
-        .get_opt(MANIFEST_FILE)
-        .await?
+    let manifest = crate::corpus::manifest::read(store)
+        .await
+        .with_context(|| format!("parsing {}", store.url_of(MANIFEST_FILE)))?
         .with_context(|| format!("{} is missing: pass --model", store.url_of(MANIFEST_FILE)))?;
-    let manifest: serde_json::Value = serde_json::from_slice(&manifest)
-        .with_context(|| format!("parsing {}", store.url_of(MANIFEST_FILE)))?;
-    let path = manifest
-        .pointer("/config/model/path")
-        .and_then(|p| p.as_str())
-        .map(PathBuf::from)
+    if let Some(recorded) = manifest.model_path.clone().filter(|p| p.is_file()) {
+        return Ok(recorded);
+    }
+    let path = crate::config::Config::recorded(&manifest)
+        .ok()
+        .map(|c| c.model.path)
+        .filter(|p| !p.as_os_str().is_empty())
         .with_context(|| {
             format!(
                 "{} names no model (config.model.path): pass --model",
@@ -95,11 +97,7 @@ fn describe(what: &str, path: &Path, s: &Sliced, seconds: f64) -> String {
 pub fn run(args: PruneArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Runtime::new()?;
     let store = RunStore::open(&args.run)?;
-    let name = args
-        .keep_map
-        .trim_start_matches("keep_maps/")
-        .trim_end_matches(".json")
-        .to_string();
+    let name = common::layout::keep_map_name(&args.keep_map).to_string();
     let map_object = KeepMap::object_name(&name);
     let (map_bytes, imatrix_bytes, base) = rt.block_on(async {
         let map = store

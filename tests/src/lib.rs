@@ -1,7 +1,8 @@
 //! Shared fixtures of the end-to-end tests: generated models, small
 //! tokenized corpora, paths of the built binaries, the captured log, an
 //! independent GGUF reader, logits and k-quant models through llama.cpp's
-//! own C API, and an f64 forward-pass oracle of the generated architectures.
+//! own C API, an f64 forward-pass oracle of the generated architectures, and
+//! a scripted peer that speaks the worker protocol.
 #![deny(missing_docs)]
 
 pub mod llama_gguf;
@@ -11,6 +12,7 @@ pub mod log;
 pub mod loopback;
 pub mod mutate;
 pub mod oracle;
+pub mod peer;
 
 use common::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
 use common::{ChunkId, Split};

@@ -108,14 +108,39 @@ pub async fn run_with(
 
 /// `n` fake workers named `fake-0..`, each taking `delay` per chunk.
 pub fn fake_workers(l: &Listening, n: usize, delay: Duration) -> Workers {
+    fake_workers_telling(l, n, delay, None)
+}
+
+/// [`fake_workers`] whose engines tell `measuring` each time they start a
+/// lease (so a test knows they joined and hold work).
+pub fn fake_workers_telling(
+    l: &Listening,
+    n: usize,
+    delay: Duration,
+    measuring: Option<std::sync::Arc<tokio::sync::Notify>>,
+) -> Workers {
     (0..n)
         .map(|i| {
             let opts = client(l, &format!("fake-{i}"));
             let mut engine = FakeEngine::new(FAKE_MODEL);
             engine.delay_per_chunk = delay;
+            engine.measuring = measuring.clone();
             tokio::spawn(async move { join(&opts, engine).await })
         })
         .collect()
+}
+
+/// The artifacts of the fake engine over all chunks of `s` in one call:
+/// what an honest run must produce, computed without the coordinator.
+pub async fn fake_reference(s: &RunSetup) -> Vec<(String, Vec<u8>)> {
+    let all = crate::chunks(s.index.n_chunks, FAKE_N_CTX);
+    let partial = FakeEngine::new(FAKE_MODEL).partial(&s.index, &all).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+    common::artifacts::write_results(&store, &partial)
+        .await
+        .unwrap();
+    artifacts(&store, false).await
 }
 
 /// The named objects with their bytes, in the order given.

@@ -8,7 +8,7 @@
 use common::store::RunStore;
 use coordinator::run::local::LocalWorkers;
 use coordinator::run::settings::ClusterSettings;
-use coordinator::run::{execute, RunSetup, RunSummary};
+use coordinator::run::{execute, Listening, RunSetup, RunSummary};
 use fixtures::loopback::{artifacts, real_setup};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -129,36 +129,85 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts_with_device_re
     );
 }
 
+/// A `worker join` process named `name` for the coordinator at `l`.
+fn named_worker(l: &Listening, bin: &Path, model: &Path, name: &str) -> Child {
+    let secret = String::from_utf8(l.secret.expose().to_vec()).unwrap();
+    tokio::process::Command::new(bin)
+        .args([
+            "join",
+            "--coordinator",
+            &l.addr.to_string(),
+            "--pin",
+            &l.pin,
+        ])
+        .args(["--name", name, "--threads", "1", "--model"])
+        .arg(model)
+        .env(coordinator::run::local::SECRET_ENV, secret)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_killed_mid_lease_loses_no_chunk_and_counts_none_twice() {
+    fixtures::log::captured_log();
     let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let expected = reference(d.path(), &bin, &model).await;
     let s = real_setup(&d.path().join("killed"), &model, N_CHUNKS, N_CTX, 3);
-    let pids: Arc<Mutex<Vec<u32>>> = Arc::default();
-    let (store, victim) = (s.store.clone(), pids.clone());
-    // Kill one worker with SIGKILL as soon as the first lease is stored.
-    let killer = tokio::spawn(async move {
-        for _ in 0..600 {
-            let stored = store.list("partials").await.unwrap_or_default();
-            if !stored.is_empty() {
-                if let Some(pid) = victim.lock().unwrap().first().copied() {
-                    let _ = std::process::Command::new("kill")
-                        .args(["-9", &pid.to_string()])
-                        .status();
-                    return true;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        false
+    let victim = format!(
+        "victim-{}",
+        &common::hash::sha256_hex(&common::wire::random_bytes(8))[..12]
+    );
+    let pid: Arc<Mutex<Option<u32>>> = Arc::default();
+    // Kill the victim with SIGKILL the moment it is granted a lease: it dies
+    // holding it, so that lease must be retried.
+    let (name, victim_pid) = (victim.clone(), pid.clone());
+    let killer = tokio::task::spawn_blocking(move || {
+        let limit = Duration::from_secs(300);
+        let joined = fixtures::log::wait_for_line(limit, |l| {
+            l.contains("worker joined") && l.contains(&format!("worker={name} "))
+        });
+        // The connection's span names the victim's address in every line.
+        let conn = joined
+            .split_whitespace()
+            .find(|f| f.starts_with("conn{remote="))
+            .expect("a connection span")
+            .to_string();
+        fixtures::log::wait_for_line(limit, |l| l.contains(&conn) && l.contains("lease granted"));
+        let pid = victim_pid.lock().unwrap().expect("the victim was started");
+        std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
     });
-    let summary = run(&s, &bin, 2, pids).await.unwrap();
-    assert!(killer.await.unwrap(), "a worker was killed");
+    let other = locals(&bin, &model, 1);
+    let summary = tokio::time::timeout(
+        Duration::from_secs(300),
+        execute(&s, |l| {
+            let mut children = other.spawn(l.addr, &l.pin, &l.secret)?;
+            let v = named_worker(l, &bin, &model, &victim);
+            *pid.lock().unwrap() = v.id();
+            children.push(v);
+            Ok(children)
+        }),
+    )
+    .await
+    .expect("the run finishes in time")
+    .unwrap();
+    assert!(killer.await.unwrap(), "the victim was killed");
     assert_eq!(artifacts(&s.store, true).await, expected);
     verify_ok(&s.store).await;
     assert_eq!(summary.computed, 6, "{summary:?}");
+    assert!(
+        summary.retries >= 1,
+        "the victim's lease was retried: {summary:?}"
+    );
+    let v = summary.workers.iter().find(|w| w.name == victim).unwrap();
+    assert!(!v.connected, "{v:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +324,7 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
     let ca_dir = d.path().join("ca");
     let ca_pem = coordinator::net::tls::create_ca(&ca_dir).unwrap();
     let secret = d.path().join("secret");
-    std::fs::write(&secret, "r".repeat(48)).unwrap();
+    std::fs::write(&secret, common::secret::JoinSecret::generate().expose()).unwrap();
     let port = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

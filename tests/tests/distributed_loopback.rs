@@ -82,7 +82,7 @@ async fn wrong_secret_is_refused_and_receives_no_lease() {
     let s = fake_setup(d.path(), 4);
     let (summary, handles) = run_with(&s, |l| {
         let mut bad = client(l, "intruder");
-        bad.secret = common::secret::JoinSecret::new(&[b'x'; 40], "test").unwrap();
+        bad.secret = common::secret::JoinSecret::generate();
         let intruder = tokio::spawn(async move { join(&bad, FakeEngine::new(FAKE_MODEL)).await });
         let mut hs = vec![intruder];
         hs.extend(fake_workers(l, 1, DELAY));
@@ -206,10 +206,13 @@ async fn blackhole_worker_lease_expires_and_another_worker_finishes_it() {
         let hole = client(l, "blackhole");
         let mut engine = FakeEngine::new(FAKE_MODEL);
         engine.hang = true;
+        let holds = std::sync::Arc::new(tokio::sync::Notify::new());
+        engine.measuring = Some(holds.clone());
         let h = tokio::spawn(async move { join(&hole, engine).await });
         let good = client(l, "good");
+        // The good worker joins once the black hole holds a lease.
         let g = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            holds.notified().await;
             join(&good, FakeEngine::new(FAKE_MODEL)).await
         });
         vec![h, g]

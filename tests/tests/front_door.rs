@@ -100,4 +100,38 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
             && out.join("report/eval_kl_vs_k.png").is_file(),
         "{report}"
     );
+
+    replay_without_model_finds_the_recorded_model(&out);
+}
+
+/// Regression: `coordinator replay RUN` looked for a `model_path` in the
+/// manifest that nothing wrote, so without `--model` it knew no expert
+/// sizes and reported no bytes moved. The run records the model it
+/// collected with; replay finds it there.
+fn replay_without_model_finds_the_recorded_model(out: &Path) {
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    let recorded = manifest["model_path"]
+        .as_str()
+        .expect("model_path recorded");
+    assert!(Path::new(recorded).is_absolute() && Path::new(recorded).is_file());
+    fixtures::run_ok(
+        "coordinator",
+        &[
+            "replay",
+            out.to_str().unwrap(),
+            "--policies",
+            "lru",
+            "--capacity",
+            "4",
+        ],
+    );
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("replay/results.json")).unwrap()).unwrap();
+    let rows = results["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        let moved = r["bytes_moved"].as_u64();
+        assert!(moved.is_some_and(|b| b > 0), "no bytes moved: {r}");
+    }
 }

@@ -394,6 +394,7 @@ async fn a_second_coordinator_on_one_location_is_refused_and_a_stale_lock_taken_
             owner: "gone-host pid 1".into(),
             token: "t".into(),
             heartbeat_ms,
+            process: None,
         })
         .unwrap()
     };

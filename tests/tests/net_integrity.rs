@@ -6,20 +6,19 @@
 //! the run, a slow upload losing its lease, short join secrets, and a
 //! coordinator stopped by an error sending its workers away as if finished.
 
-use common::store::RunStore;
 use common::wire::{
-    encode_frame, join_proof, read_msg, write_msg, JobInfo, PartialRef, Refusal, ToCoordinator,
-    ToWorker, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
+    encode_frame, read_msg, PartialRef, Refusal, ToCoordinator, ToWorker, MAX_CONTROL_FRAME,
 };
 use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
 use fixtures::log::{captured_log, log_text};
 use fixtures::loopback::{
-    self, artifacts, client, fake_setup, fake_workers, Workers, FAKE_MODEL, FAKE_N_CTX,
+    self, artifacts, client, fake_reference, fake_setup, fake_workers, fake_workers_telling,
+    Workers, FAKE_MODEL,
+    FAKE_N_CTX,
 };
-use std::net::SocketAddr;
+use fixtures::peer::Peer;
 use std::time::Duration;
 use worker::join::fake::FakeEngine;
-use worker::join::tls::{client_config, Trust};
 use worker::join::{join, JoinSummary};
 
 async fn run_with(
@@ -28,95 +27,6 @@ async fn run_with(
 ) -> (RunSummary, Workers) {
     captured_log();
     loopback::run_with(setup, make).await
-}
-
-/// The artifacts of the fake engine over all chunks in one call: what an
-/// honest run must produce, computed without the coordinator.
-async fn reference(s: &RunSetup) -> Vec<(String, Vec<u8>)> {
-    let all = fixtures::chunks(s.index.n_chunks, FAKE_N_CTX);
-    let partial = FakeEngine::new(FAKE_MODEL).partial(&s.index, &all).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
-    common::artifacts::write_results(&store, &partial)
-        .await
-        .unwrap();
-    artifacts(&store, false).await
-}
-
-/// A scripted peer: one pinned QUIC connection and its stream.
-struct Peer {
-    conn: quinn::Connection,
-    send: quinn::SendStream,
-    recv: quinn::RecvStream,
-    _endpoint: quinn::Endpoint,
-}
-
-impl Peer {
-    async fn open(addr: SocketAddr, pin: &str) -> Result<Peer, String> {
-        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        ep.set_default_client_config(client_config(&Trust::Pin(pin.into())).unwrap());
-        let conn = ep
-            .connect(addr, "localhost")
-            .unwrap()
-            .await
-            .map_err(|e| e.to_string())?;
-        let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-        Ok(Peer {
-            conn,
-            send,
-            recv,
-            _endpoint: ep,
-        })
-    }
-
-    async fn ask(&mut self, msg: &ToCoordinator) -> Option<ToWorker> {
-        write_msg(&mut self.send, msg).await.ok()?;
-        read_msg(&mut self.recv, MAX_CONTROL_FRAME).await.ok()?
-    }
-
-    fn hello(name: &str) -> ToCoordinator {
-        ToCoordinator::Hello {
-            protocol_version: PROTOCOL_VERSION,
-            worker_name: name.into(),
-            backend: "scripted".into(),
-        }
-    }
-
-    /// Hello, proof with `secret`; the coordinator's answer to the proof.
-    async fn login(l: &Listening, name: &str, secret: &[u8]) -> (Peer, ToWorker) {
-        let mut p = Peer::open(l.addr, &l.pin).await.unwrap();
-        let Some(ToWorker::Challenge { nonce }) = p.ask(&Peer::hello(name)).await else {
-            panic!("no challenge");
-        };
-        let mac = join_proof(secret, &nonce, name);
-        let answer = p
-            .ask(&ToCoordinator::Proof { mac })
-            .await
-            .expect("an answer");
-        (p, answer)
-    }
-
-    async fn joined(l: &Listening, name: &str) -> (Peer, JobInfo) {
-        match Peer::login(l, name, l.secret.expose()).await {
-            (p, ToWorker::Welcome { job, .. }) => (p, job),
-            (_, other) => panic!("not welcomed: {other:?}"),
-        }
-    }
-
-    async fn poll_idle(&mut self) -> Option<ToWorker> {
-        self.ask(&ToCoordinator::Poll {
-            protocol_version: PROTOCOL_VERSION,
-            state: WorkerState::Idle,
-        })
-        .await
-    }
-
-    async fn closed_reason(&self) -> String {
-        tokio::time::timeout(Duration::from_secs(15), self.conn.closed())
-            .await
-            .expect("the coordinator closes the connection")
-            .to_string()
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,9 +149,11 @@ async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (summary, _) = run_with(&s, |l| {
         let l2 = l.clone();
+        let good_at_work = std::sync::Arc::new(tokio::sync::Notify::new());
+        let registered = good_at_work.clone();
         let flaky = tokio::spawn(async move {
-            // Let the good workers register first.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The good workers register first: one of them measures.
+            registered.notified().await;
             let (mut p, _) = Peer::joined(&l2, "flaky").await;
             let mut failed = 0;
             let end = loop {
@@ -269,7 +181,12 @@ async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
             Ok(JoinSummary::default())
         });
         let mut hs = vec![flaky];
-        hs.extend(fake_workers(l, 2, Duration::from_millis(40)));
+        hs.extend(fake_workers_telling(
+            l,
+            2,
+            Duration::from_millis(40),
+            Some(good_at_work),
+        ));
         hs
     })
     .await;
@@ -287,7 +204,7 @@ async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
     assert!(flaky.quarantined && flaky.leases == 0, "{flaky:?}");
     assert_eq!(summary.retries, 3);
     assert_eq!(summary.computed, 10);
-    assert_eq!(artifacts(&s.store, false).await, reference(&s).await);
+    assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,7 +251,7 @@ async fn a_slow_upload_that_keeps_moving_keeps_its_lease() {
     assert!(took >= Duration::from_secs(4), "{took:?}");
     assert_eq!(reply, "Ok(Some(Ack))");
     assert_eq!((summary.computed, summary.retries), (1, 0));
-    assert_eq!(artifacts(&s.store, false).await, reference(&s).await);
+    assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,8 +299,11 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (summary, _) = run_with(&s, |l| {
         let l2 = l.clone();
+        let honest_at_work = std::sync::Arc::new(tokio::sync::Notify::new());
+        let registered = honest_at_work.clone();
         let cheater = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // The honest workers register first: one of them measures.
+            registered.notified().await;
             let (mut p, _) = Peer::joined(&l2, "cheater").await;
             let mut cheated = 0;
             let end = loop {
@@ -425,7 +345,12 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
             Ok(JoinSummary::default())
         });
         let mut hs = vec![cheater];
-        hs.extend(fake_workers(l, 2, Duration::from_millis(30)));
+        hs.extend(fake_workers_telling(
+            l,
+            2,
+            Duration::from_millis(30),
+            Some(honest_at_work),
+        ));
         hs
     })
     .await;
@@ -442,7 +367,7 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
         .unwrap();
     assert!(cheater.quarantined && cheater.leases == 0, "{cheater:?}");
     assert_eq!(summary.computed, 6);
-    assert_eq!(artifacts(&s.store, false).await, reference(&s).await);
+    assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }
 
 /// Regression: a coordinator that stopped on an error closed every

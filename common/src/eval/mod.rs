@@ -14,15 +14,8 @@ pub use partial::{
 };
 pub use summary::{EvalSummary, Figures, KlFigures};
 
-/// Object names under a run's `eval/`.
-pub mod names {
-    /// Merged eval partial, for resuming and re-deriving.
-    pub const MERGED: &str = "eval/merged.bin";
-    /// The figures, JSON.
-    pub const SUMMARY_JSON: &str = "eval/summary.json";
-    /// The same figures as a Parquet table, one row per (candidate, split, domain).
-    pub const SUMMARY_PARQUET: &str = "eval/summary.parquet";
-}
+/// Object names under a run's `eval/`, from the run layout.
+pub use crate::layout::eval as names;
 
 /// Why eval partials cannot be decoded or combined.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -11,6 +11,7 @@
 //! error never leaves a file at `out`.
 
 mod error;
+mod kv;
 mod plan;
 mod write;
 
@@ -34,6 +35,8 @@ pub struct Sliced {
 
 /// Writes to `out` the model `base` with only the experts `keep` keeps in
 /// each MoE layer, in keep-map order; `{arch}.expert_count` becomes K.
+/// NextN / MTP blocks, which a decode never runs, are left out (see
+/// `plan::NextN`): the output is a model of the blocks that were measured.
 /// Refuses (writing nothing) a map that does not fit the model: see
 /// [`PruneError`].
 pub fn slice_model(base: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, PruneError> {

@@ -1,7 +1,7 @@
 //! What a slice does, decided from the header alone: which tensors are cut
 //! to which experts, which metadata entry changes, and every refusal.
 
-use super::PruneError;
+use super::{kv, PruneError};
 use crate::gguf_read::{ggml_type_size, GgufHeader, GgufValue, TensorInfo};
 use crate::keepmap::KeepMap;
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,16 +18,26 @@ const EXPERT_FAMILY: [&str; 7] = [
     "ffn_gate_up_exps",
 ];
 
+/// What happens to one tensor of the input.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Cut {
+    /// Copied as it is.
+    Whole,
+    /// Cut along its outermost (expert) axis to these experts, in order.
+    Experts(Vec<u32>),
+    /// Left out: a NextN block's tensor.
+    Drop,
+}
+
 /// The slice of one file.
 pub(super) struct Plan {
     /// Experts kept per layer.
     pub k: u32,
-    /// Per tensor of the header, in order: the experts to keep when the
-    /// tensor is cut along its outermost axis, `None` when it is copied whole.
-    pub cuts: Vec<Option<Vec<u32>>>,
-    /// A metadata entry (index into the header's `kv`) replaced by new
+    /// Per tensor of the header, in order.
+    pub cuts: Vec<Cut>,
+    /// Metadata entries (indices into the header's `kv`) replaced by new
     /// encoded bytes (key, type and value).
-    pub kv_override: Option<(usize, Vec<u8>)>,
+    pub kv_overrides: Vec<(usize, Vec<u8>)>,
 }
 
 /// The keep map's layers, checked on their own: numeric keys, sorted unique
@@ -187,10 +197,14 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
             )));
         }
     }
+    let nextn = NextN::of(header, arch);
     let mut moe_layers = BTreeSet::new();
     let mut expert_tensors = Vec::new();
+    let mut cuts = vec![Cut::Whole; header.tensors.len()];
     for (i, t) in header.tensors.iter().enumerate() {
-        if let Some((layer, _)) = expert_family(&t.name) {
+        if block_tensor(&t.name).is_some_and(|(b, _)| nextn.drops(b)) {
+            cuts[i] = Cut::Drop;
+        } else if let Some((layer, _)) = expert_family(&t.name) {
             check_expert_axis(t, n_expert, path)?;
             moe_layers.insert(layer);
             expert_tensors.push((i, layer));
@@ -203,33 +217,100 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
         }
     }
     check_layers(&layers, &moe_layers, n_expert, &mismatch)?;
-    check_groups(header, arch, n_expert, &layers, &mismatch)?;
-    let mut cuts = vec![None; header.tensors.len()];
+    check_groups(header, arch, n_expert, k, &layers, &mismatch)?;
     for (i, layer) in expert_tensors {
-        cuts[i] = Some(layers[&layer].clone());
+        cuts[i] = Cut::Experts(layers[&layer].clone());
     }
-    let kv_override = Some((
+    let count = &header.kv[count_index].1;
+    let mut kv_overrides = vec![(
         count_index,
-        encode_count(&count_key, &header.kv[count_index].1, k),
-    ));
+        kv::entry(&count_key, &kv::same_int_type(count, u64::from(k))),
+    )];
+    kv_overrides.extend(nextn.kv_overrides(header, arch));
     Ok(Plan {
         k,
         cuts,
-        kv_override,
+        kv_overrides,
     })
 }
 
+/// The NextN (MTP) blocks of a model: `{arch}.nextn_predict_layers` blocks
+/// at the end of `{arch}.block_count`. llama.cpp never runs them in a
+/// decode (only its MTP draft context does), so no keep map can be scored
+/// for their experts, and it checks their shapes against the one
+/// `expert_count` even when it skips them: a pruned model without its
+/// NextN blocks is the only one it can load. The slice drops their
+/// tensors and makes the model an ordinary one of the remaining blocks.
+struct NextN {
+    /// First NextN block (= the blocks that remain); `blocks` when none.
+    first: u64,
+    /// `block_count` of the input (`u64::MAX` when the header has none).
+    blocks: u64,
+}
+
+impl NextN {
+    fn of(header: &GgufHeader, arch: &str) -> NextN {
+        let num = |k: &str| {
+            header
+                .get(&format!("{arch}.{k}"))
+                .and_then(GgufValue::as_u64)
+        };
+        let blocks = num("block_count").unwrap_or(u64::MAX);
+        let n = num("nextn_predict_layers").unwrap_or(0).min(blocks);
+        NextN {
+            first: blocks - n,
+            blocks,
+        }
+    }
+
+    fn drops(&self, block: u32) -> bool {
+        u64::from(block) >= self.first
+    }
+
+    /// `block_count` and `nextn_predict_layers` of the remaining blocks, and
+    /// per-block arrays (one entry per block) cut to them.
+    fn kv_overrides(&self, header: &GgufHeader, arch: &str) -> Vec<(usize, Vec<u8>)> {
+        if self.first == self.blocks {
+            return Vec::new();
+        }
+        let prefix = format!("{arch}.");
+        let mut out = Vec::new();
+        for (i, (key, value)) in header.kv.iter().enumerate() {
+            let Some(name) = key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let new = match (name, value) {
+                ("block_count", v) => kv::same_int_type(v, self.first),
+                ("nextn_predict_layers", v) => kv::same_int_type(v, 0),
+                (_, GgufValue::Array(items)) if items.len() as u64 == self.blocks => {
+                    GgufValue::Array(items[..self.first as usize].to_vec())
+                }
+                _ => continue,
+            };
+            out.push((i, kv::entry(key, &new)));
+        }
+        out
+    }
+}
+
 /// Under grouped routing (`{arch}.expert_group_count` > 1) every group of
-/// `n_expert / groups` consecutive experts must keep the same number.
+/// `n_expert / groups` consecutive experts must keep the same number, and
+/// enough for llama.cpp to run ([`crate::routing::check_group_keep`]).
 fn check_groups(
     header: &GgufHeader,
     arch: &str,
     n_expert: u64,
+    k: u32,
     layers: &BTreeMap<u32, Vec<u32>>,
     mismatch: &dyn Fn(String) -> PruneError,
 ) -> Result<(), PruneError> {
+    let num = |key: &str| {
+        header
+            .get(&format!("{arch}.{key}"))
+            .and_then(GgufValue::as_u64)
+    };
     let key = format!("{arch}.expert_group_count");
-    let groups = header.get(&key).and_then(GgufValue::as_u64).unwrap_or(1);
+    let groups = num("expert_group_count").unwrap_or(1);
     if groups <= 1 {
         return Ok(());
     }
@@ -249,27 +330,12 @@ fn check_groups(
             )));
         }
     }
-    Ok(())
-}
-
-/// The metadata entry `key = k`, in the integer type the base file used.
-fn encode_count(key: &str, old: &GgufValue, k: u32) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.len() + 20);
-    out.extend((key.len() as u64).to_le_bytes());
-    out.extend(key.as_bytes());
-    let (ty, value): (u32, Vec<u8>) = match old {
-        GgufValue::U8(_) => (0, vec![k as u8]),
-        GgufValue::I8(_) => (1, vec![k as u8]),
-        GgufValue::U16(_) => (2, (k as u16).to_le_bytes().to_vec()),
-        GgufValue::I16(_) => (3, (k as i16).to_le_bytes().to_vec()),
-        GgufValue::I32(_) => (5, (k as i32).to_le_bytes().to_vec()),
-        GgufValue::U64(_) => (10, (k as u64).to_le_bytes().to_vec()),
-        GgufValue::I64(_) => (11, (k as i64).to_le_bytes().to_vec()),
-        _ => (4, k.to_le_bytes().to_vec()),
+    let routing = crate::routing::ExpertGroups {
+        n_group: groups as u32,
+        n_group_used: num("expert_group_used_count").unwrap_or(groups) as u32,
     };
-    out.extend(ty.to_le_bytes());
-    out.extend(value);
-    out
+    let used = num("expert_used_count").unwrap_or(0) as u32;
+    crate::routing::check_group_keep(Some(routing), n_expert as u32, used, k).map_err(mismatch)
 }
 
 /// The slice of an importance matrix: the `in_sum2` and `counts` tensors of
@@ -326,13 +392,13 @@ pub(super) fn imatrix(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result
         reason,
     };
     check_layers(&layers, &moe_layers, n_expert, &mismatch)?;
-    let mut cuts = vec![None; header.tensors.len()];
+    let mut cuts = vec![Cut::Whole; header.tensors.len()];
     for (i, layer) in expert_tensors {
-        cuts[i] = Some(layers[&layer].clone());
+        cuts[i] = Cut::Experts(layers[&layer].clone());
     }
     Ok(Plan {
         k,
         cuts,
-        kv_override: None,
+        kv_overrides: Vec::new(),
     })
 }

@@ -260,8 +260,78 @@ fn grouped_routing_needs_the_same_number_kept_per_group() {
         &keep(&[(1, &[0, 2]), (2, &[0, 1])]),
         &["reap_l2_sum_K2", "layer 2 keeps [2, 0]", "2 routing groups"],
     );
+    // One per group is balanced, but llama.cpp ranks groups by their two
+    // best experts (GGML_ASSERT in ggml_argsort_top_k otherwise).
+    refused(
+        &grouped,
+        &keep(&[(1, &[0, 2]), (2, &[1, 3])]),
+        &[
+            "reap_l2_sum_K2",
+            "keeps 1 expert per routing group",
+            "at least 2",
+        ],
+    );
     let f = files(&grouped);
-    slice_model(&f.base, &keep(&[(1, &[0, 2]), (2, &[1, 3])]), &f.out).unwrap();
+    let all: &[u32] = &[0, 1, 2, 3];
+    slice_model(&f.base, &keep(&[(1, all), (2, all)]), &f.out).unwrap();
+}
+
+/// A NextN block (`nextn_predict_layers`, the last of `block_count`) is
+/// never run by a decode, so no keep map covers it; the slice leaves its
+/// tensors out and describes the remaining blocks (issue #19).
+#[test]
+fn nextn_blocks_are_dropped_and_the_metadata_describes_the_rest() {
+    let mtp = model_with(
+        &[
+            ("glm4moe.block_count", Value::U32(3)),
+            ("glm4moe.nextn_predict_layers", Value::U32(1)),
+            (
+                "glm4moe.attention.head_count_kv",
+                Value::I32Array(vec![1, 2, 3]),
+            ),
+        ],
+        |g| {
+            g.tensor_f32("blk.2.nextn.eh_proj.weight", &[16, 8], &[0.25; 128]);
+        },
+    );
+    refused(
+        &mtp,
+        &keep(&[(1, &[0, 1]), (2, &[0, 1])]),
+        &["names layer 2, which is not an MoE layer"],
+    );
+    let f = files(&mtp);
+    slice_model(&f.base, &keep(&[(1, &[1, 3])]), &f.out).unwrap();
+    let r = GgufReader::open(&f.out).unwrap();
+    let base = GgufReader::open(&f.base).unwrap();
+    assert!(r
+        .header
+        .tensors
+        .iter()
+        .all(|t| !t.name.starts_with("blk.2.")));
+    assert_eq!(
+        r.header.tensors.len(),
+        base.header.tensors.len() - 6,
+        "blk.2's attention norm, 4 expert tensors and NextN projection are left out"
+    );
+    assert_eq!(
+        r.header.get("glm4moe.block_count"),
+        Some(&GgufValue::U32(2))
+    );
+    assert_eq!(
+        r.header.get("glm4moe.nextn_predict_layers"),
+        Some(&GgufValue::U32(0))
+    );
+    assert_eq!(
+        r.header.get("glm4moe.attention.head_count_kv"),
+        Some(&GgufValue::Array(vec![
+            GgufValue::I32(1),
+            GgufValue::I32(2)
+        ]))
+    );
+    assert_eq!(
+        r.header.get("glm4moe.expert_count"),
+        Some(&GgufValue::U32(2))
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! that it wakes a few dozen times rather than once per expert, under a
 //! temporary name renamed to the output only once complete.
 
-use super::plan::Plan;
+use super::plan::{Cut, Plan};
 use super::{PruneError, Sliced};
 use crate::gguf_read::GgufHeader;
 use sha2::{Digest, Sha256};
@@ -310,12 +310,13 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
     let mut head = Vec::new();
     head.extend(b"GGUF");
     head.extend(header.version.to_le_bytes());
-    head.extend((header.tensors.len() as u64).to_le_bytes());
+    let kept = plan.cuts.iter().filter(|c| **c != Cut::Drop).count();
+    head.extend((kept as u64).to_le_bytes());
     head.extend((header.kv.len() as u64).to_le_bytes());
     for (i, range) in header.kv_ranges.iter().enumerate() {
-        match &plan.kv_override {
-            Some((j, bytes)) if *j == i => head.extend(bytes),
-            _ => {
+        match plan.kv_overrides.iter().find(|(j, _)| *j == i) {
+            Some((_, bytes)) => head.extend(bytes),
+            None => {
                 let at = head.len();
                 head.resize(at + (range.end - range.start) as usize, 0);
                 src.seek(SeekFrom::Start(range.start))
@@ -326,12 +327,10 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
     }
     let mut offset = 0u64;
     for (t, cut) in header.tensors.iter().zip(&plan.cuts) {
-        head.extend((t.name.len() as u64).to_le_bytes());
-        head.extend(t.name.as_bytes());
-        head.extend((t.dims.len() as u32).to_le_bytes());
         let (last, n_bytes) = match cut {
-            None => (None, t.n_bytes),
-            Some(ids) => {
+            Cut::Drop => continue,
+            Cut::Whole => (None, t.n_bytes),
+            Cut::Experts(ids) => {
                 let n_expert = *t.dims.last().expect("an expert tensor has dimensions");
                 (
                     Some(ids.len() as u64),
@@ -339,6 +338,9 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
                 )
             }
         };
+        head.extend((t.name.len() as u64).to_le_bytes());
+        head.extend(t.name.as_bytes());
+        head.extend((t.dims.len() as u32).to_le_bytes());
         for (i, d) in t.dims.iter().enumerate() {
             let d = if i + 1 == t.dims.len() {
                 last.unwrap_or(*d)
@@ -357,11 +359,12 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
     for (t, cut) in header.tensors.iter().zip(&plan.cuts) {
         let start = header.data_offset + t.offset;
         let written = match cut {
-            None => {
+            Cut::Drop => continue,
+            Cut::Whole => {
                 w.copy(src, start, t.n_bytes)?;
                 t.n_bytes
             }
-            Some(ids) => {
+            Cut::Experts(ids) => {
                 let per_expert = t.n_bytes / t.dims.last().expect("checked");
                 for (first, n) in runs(ids) {
                     w.copy(src, start + first * per_expert, n * per_expert)?;

@@ -75,17 +75,17 @@ pub fn sha256_file(path: &Path) -> Result<String, CorpusError> {
     })
 }
 
-/// Reads `manifest.json` of a run, if there is one.
+/// Reads the corpus section of a run's `manifest.json`, if there is one.
 pub async fn read_manifest(store: &RunStore) -> Result<Option<Manifest>, CorpusError> {
-    let Some(bytes) = store.get_opt(MANIFEST_FILE).await? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| CorpusError::Stored {
-            url: store.url_of(MANIFEST_FILE),
-            message: format!("not a manifest ({e})"),
-        })
+    use crate::corpus::manifest::ManifestError;
+    match crate::corpus::manifest::read(store).await {
+        Ok(m) => Ok(m.map(|m| m.corpus)),
+        Err(ManifestError::Store(e)) => Err(e.into()),
+        Err(ManifestError::Corrupt { url, reason }) => Err(CorpusError::Stored {
+            url,
+            message: format!("not a manifest ({reason})"),
+        }),
+    }
 }
 
 /// Prepares the corpus of `config` under `store`, or reuses the one stored
@@ -155,7 +155,12 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
             prepare::documents_jsonl(&prepared.documents),
         )
         .await?;
-    let json = serde_json::to_vec_pretty(&prepared.manifest).unwrap_or_default();
+    // A new corpus starts a new manifest: records of results computed from
+    // another corpus are dropped with it.
+    let json = crate::corpus::manifest::encode(&crate::corpus::manifest::RunManifest {
+        corpus: prepared.manifest.clone(),
+        ..Default::default()
+    });
     if existing.is_some() {
         store.put(MANIFEST_FILE, json).await?;
     } else {

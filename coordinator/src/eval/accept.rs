@@ -4,6 +4,7 @@
 //! same checks serve results from workers and eval partials read back on
 //! resume.
 
+use crate::corpus::manifest::{Records, RunManifest};
 use crate::lease::LeaseKind;
 use common::eval::EvalPartial;
 use common::peer_text::peer_text;
@@ -30,6 +31,10 @@ impl LeaseKind for EvalAcceptance {
         Task::Evaluate(self.job.clone())
     }
 
+    fn table(m: &mut RunManifest) -> &mut Records {
+        &mut m.eval_partials
+    }
+
     fn check(&self, range: ChunkRange, p: &EvalPartial) -> Result<(), String> {
         check_against_job(p, range, &self.base_sha256, &self.corpus_sha256, &self.job)
     }
@@ -49,8 +54,8 @@ pub fn check_against_job(
 ) -> Result<(), String> {
     if p.chunks != [range] {
         return Err(format!(
-            "eval partial covers {:?}, the lease was {range}",
-            p.chunks
+            "eval partial covers {}, the lease was {range}",
+            common::peer_text::summarise(&p.chunks)
         ));
     }
     if p.base_sha256 != base_sha256 {
@@ -67,8 +72,11 @@ pub fn check_against_job(
     }
     if (p.skip_first, &p.splits) != (job.skip_first, &job.splits) {
         return Err(format!(
-            "eval partial scored (skip_first {}, splits {:?}), the job asked for ({}, {:?})",
-            p.skip_first, p.splits, job.skip_first, job.splits
+            "eval partial scored (skip_first {}, splits [{}]), the job asked for ({}, [{}])",
+            p.skip_first,
+            common::peer_text::summarise(&p.splits),
+            job.skip_first,
+            common::peer_text::summarise(&job.splits)
         ));
     }
     if p.candidates.len() != job.candidates.len() {

@@ -3,6 +3,7 @@
 
 use super::{evaluate, job, print_outcome, EvalSettings, EvalSetup};
 use crate::config::Config;
+use crate::corpus::manifest::RunManifest;
 use crate::run::local::{worker_binary, LocalWorkers};
 use crate::run::{read_index, RunSetup};
 use anyhow::Context;
@@ -31,20 +32,24 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 0)]
     pub skip_first: u32,
     /// The base GGUF model (the run's; checked by SHA-256). Default: the
-    /// model path recorded in the run's config when it is absolute.
+    /// model collection ran with, recorded in the manifest, else the model
+    /// path of the run's config when it is absolute.
     #[arg(long)]
     pub model: Option<PathBuf>,
 }
 
-/// A run's config as recorded in its manifest.
-async fn recorded_config(store: &RunStore) -> anyhow::Result<Config> {
-    let manifest = crate::run::record::read_manifest(store).await?;
-    serde_json::from_value(manifest["config"].clone()).with_context(|| {
-        format!(
-            "the config recorded in {} (is this a run location?)",
-            store.url_of(crate::corpus::MANIFEST_FILE)
-        )
-    })
+/// A run's manifest and the config recorded in it.
+async fn recorded(store: &RunStore) -> anyhow::Result<(RunManifest, Config)> {
+    let manifest = crate::corpus::manifest::read_or_default(store).await?;
+    let config = Config::recorded(&manifest)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| {
+            format!(
+                "the config recorded in {} (is this a run location?)",
+                store.url_of(crate::corpus::MANIFEST_FILE)
+            )
+        })?;
+    Ok((manifest, config))
 }
 
 /// Entry point of `coordinator eval`.
@@ -52,11 +57,12 @@ pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let store = RunStore::open(&args.run)?;
-        let config = recorded_config(&store).await?;
-        let model = match &args.model {
-            Some(m) => std::path::absolute(m).context("--model")?,
-            None if config.model.path.is_absolute() => config.model.path.clone(),
-            None => anyhow::bail!(
+        let (manifest, config) = recorded(&store).await?;
+        let model = match (&args.model, manifest.model_path) {
+            (Some(m), _) => std::path::absolute(m).context("--model")?,
+            (None, Some(recorded)) if recorded.is_file() => recorded,
+            (None, _) if config.model.path.is_absolute() => config.model.path.clone(),
+            (None, _) => anyhow::bail!(
                 "give --model: the run's config names the model by a path relative to its config file ({})",
                 config.model.path.display()
             ),

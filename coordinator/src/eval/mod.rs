@@ -102,16 +102,18 @@ pub async fn job(
     })?;
     let base_sha256 = common::hash::sha256_file(base)
         .map_err(|e| EvalRunError::Setup(format!("base model {}: {e}", base.display())))?;
-    let manifest = crate::run::record::read_manifest(store).await?;
-    match manifest["model_sha256"].as_str() {
-        Some(run_sha) if run_sha == base_sha256 => {}
-        Some(run_sha) => {
+    let manifest = crate::corpus::manifest::read_or_default(store)
+        .await
+        .map_err(RecordError::from)?;
+    match manifest.corpus.model_sha256.as_str() {
+        run_sha if run_sha == base_sha256 => {}
+        run_sha if !run_sha.is_empty() => {
             return Err(EvalRunError::Setup(format!(
                 "base model {} has SHA-256 {base_sha256}, the run was measured with {run_sha}",
                 base.display()
             )))
         }
-        None => {
+        _ => {
             return Err(EvalRunError::Setup(format!(
                 "{} names no model_sha256: not a run's manifest",
                 store.url_of(crate::corpus::MANIFEST_FILE)
@@ -151,10 +153,19 @@ pub async fn evaluate(
     setup: &EvalSetup,
     on_listen: impl OnListen,
 ) -> Result<EvalOutcome, EvalRunError> {
-    locked(&setup.base, evaluate_locked(setup, on_listen)).await
+    locked(&setup.base, |base| async move {
+        let fenced = EvalSetup {
+            base,
+            job: setup.job.clone(),
+        };
+        evaluate_locked(&fenced, on_listen).await
+    })
+    .await
 }
 
-async fn evaluate_locked(
+/// [`evaluate`] for a caller that holds the run's lock: `setup.base.store`
+/// must be the lock's fenced store.
+pub async fn evaluate_locked(
     setup: &EvalSetup,
     on_listen: impl OnListen,
 ) -> Result<EvalOutcome, EvalRunError> {

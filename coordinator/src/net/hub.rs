@@ -152,6 +152,11 @@ impl<K: LeaseKind> Hub<K> {
             .clone()
     }
 
+    /// The run location (fenced by the run's lock when the caller holds it).
+    pub fn store(&self) -> &RunStore {
+        &self.run
+    }
+
     /// The join secret.
     pub fn secret(&self) -> &[u8] {
         self.secret.expose()

@@ -1,9 +1,13 @@
-//! The coordinator's QUIC side: TLS identity ([`tls`]), the accept loop and
+//! The coordinator's QUIC side: TLS identity ([`tls`]) and what of it
+//! survives a restart ([`persist`]), the accept loop and
 //! one task per worker connection ([`server`]), connection limits
-//! ([`slots`]), and the state those tasks share ([`hub`]): the scheduler,
-//! the join secret and the job.
+//! ([`slots`]), frames read under a shared memory budget ([`frames`]), and
+//! the state those tasks share ([`hub`]): the scheduler, the join secret and
+//! the job.
 
+pub mod frames;
 pub mod hub;
+pub mod persist;
 pub mod server;
 pub mod slots;
 pub mod tls;

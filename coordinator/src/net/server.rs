@@ -9,6 +9,7 @@
 //! peer is never Debug-formatted or logged as is: names and reasons go
 //! through [`peer_text`].
 
+use super::frames::{read_frame, FrameBudget, ReadLimits};
 use super::hub::Hub;
 use super::slots::{Admission, Slot, Slots};
 use super::tls::Identity;
@@ -17,9 +18,8 @@ use crate::lease::LeaseKind;
 use crate::sched::{Grant, SchedError};
 use common::peer_text::peer_text;
 use common::wire::{
-    check_proof, random_bytes, read_msg, read_msg_watched, write_msg, Refusal, ToCoordinator,
-    ToWorker, WireError, WorkerId, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION,
-    RUN_FINISHED,
+    check_proof, random_bytes, read_msg, write_msg, Refusal, ToCoordinator, ToWorker, WireError,
+    WorkerId, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION, RUN_FINISHED,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,6 +45,10 @@ const IDLE_UNTIL_STORED: Duration = Duration::from_millis(200);
 /// The longest close reason sent: a CONNECTION_CLOSE frame fits one packet.
 const MAX_CLOSE_REASON: usize = 512;
 
+/// Unread bytes quinn holds per connection (flow control stops the peer
+/// there): 256 connections hold at most 256 MiB before the frame budget.
+const STREAM_WINDOW: u32 = 1 << 20;
+
 /// Server limits and timeouts.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -56,10 +60,18 @@ pub struct ServerOptions {
     pub max_pending_per_address: usize,
     /// Largest frame a worker may send once it has proven the secret.
     pub max_frame: u32,
+    /// Bytes all joined workers' frames may hold at once ([`super::frames`]).
+    pub frame_budget: usize,
     /// Time a connection has, from its arrival, to prove the join secret.
     pub login_timeout: Duration,
     /// Silence after which a joined worker's connection is closed.
     pub heartbeat_timeout: Duration,
+    /// Key of the stateless resets this endpoint sends; the same key across
+    /// restarts lets a new coordinator end its predecessor's connections at
+    /// once ([`super::persist`]). `None`: a random one.
+    pub reset_key: Option<Vec<u8>>,
+    /// An address to try before `listen` (the one a predecessor used).
+    pub preferred: Option<SocketAddr>,
 }
 
 /// A running server.
@@ -80,20 +92,33 @@ impl Server {
         transport
             .max_concurrent_bidi_streams(1u8.into())
             .max_concurrent_uni_streams(0u8.into())
+            // The protocol sends no datagrams: keep no buffer for them.
+            .datagram_receive_buffer_size(None)
+            .datagram_send_buffer_size(0)
+            // What quinn buffers per connection before the frame reader
+            // takes it (quinn's default is 1.25 MB).
+            .stream_receive_window(STREAM_WINDOW.into())
             .max_idle_timeout(Some(
                 quinn::IdleTimeout::try_from(opts.heartbeat_timeout)
                     .map_err(|e| NetError::Tls(e.to_string()))?,
             ));
         let config = identity.server_config(transport)?;
-        let endpoint =
-            quinn::Endpoint::server(config, opts.listen).map_err(|source| NetError::Bind {
-                addr: opts.listen,
-                source,
-            })?;
-        let addr = endpoint.local_addr().map_err(|source| NetError::Bind {
+        let endpoint_config = match &opts.reset_key {
+            Some(key) => quinn::EndpointConfig::new(Arc::new(ring::hmac::Key::new(
+                ring::hmac::HMAC_SHA256,
+                key,
+            ))),
+            None => quinn::EndpointConfig::default(),
+        };
+        let bind_err = |source| NetError::Bind {
             addr: opts.listen,
             source,
-        })?;
+        };
+        let socket = bind(opts.listen, opts.preferred).map_err(bind_err)?;
+        let runtime = Arc::new(quinn::TokioRuntime);
+        let endpoint = quinn::Endpoint::new(endpoint_config, Some(config), socket, runtime)
+            .map_err(bind_err)?;
+        let addr = endpoint.local_addr().map_err(bind_err)?;
         tokio::spawn(accept_loop(endpoint.clone(), opts, hub));
         Ok(Server { endpoint, addr })
     }
@@ -121,12 +146,24 @@ impl Server {
     }
 }
 
+/// A UDP socket on `preferred` if that address is free, else on `listen`.
+fn bind(listen: SocketAddr, preferred: Option<SocketAddr>) -> std::io::Result<std::net::UdpSocket> {
+    if let Some(addr) = preferred {
+        match std::net::UdpSocket::bind(addr) {
+            Ok(socket) => return Ok(socket),
+            Err(e) => tracing::warn!("cannot listen on {addr} again ({e}); listening on {listen}"),
+        }
+    }
+    std::net::UdpSocket::bind(listen)
+}
+
 async fn accept_loop<K: LeaseKind>(
     endpoint: quinn::Endpoint,
     opts: ServerOptions,
     hub: Arc<Hub<K>>,
 ) {
     let slots = Slots::new(opts.max_connections, opts.max_pending_per_address);
+    let budget = FrameBudget::new(opts.frame_budget);
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
         match slots.admit(remote.ip(), incoming.remote_address_validated()) {
@@ -140,10 +177,10 @@ async fn accept_loop<K: LeaseKind>(
                 incoming.refuse();
             }
             Ok(slot) => {
-                let (hub, opts) = (hub.clone(), opts.clone());
+                let (hub, opts, budget) = (hub.clone(), opts.clone(), budget.clone());
                 let span = tracing::info_span!("conn", %remote);
                 tokio::spawn(
-                    async move { handle_connection(incoming, slot, &hub, &opts).await }
+                    async move { handle_connection(incoming, slot, &hub, &opts, &budget).await }
                         .instrument(span),
                 );
             }
@@ -210,6 +247,7 @@ async fn handle_connection<K: LeaseKind>(
     mut slot: Slot,
     hub: &Hub<K>,
     opts: &ServerOptions,
+    budget: &FrameBudget,
 ) {
     let deadline = tokio::time::Instant::now() + opts.login_timeout;
     let conn = match tokio::time::timeout_at(deadline, incoming).await {
@@ -239,7 +277,7 @@ async fn handle_connection<K: LeaseKind>(
         Ok(Err(ended)) => ended,
         Ok(Ok((mut stream, id))) => {
             slot.logged_in();
-            let ended = work(&mut stream, hub, opts, id).await;
+            let ended = work(&mut stream, hub, opts, budget, id).await;
             hub.disconnect(id, &format!("connection ended: {}", ended.reason));
             ended
         }
@@ -309,27 +347,30 @@ async fn work<K: LeaseKind>(
     s: &mut Stream,
     hub: &Hub<K>,
     opts: &ServerOptions,
+    budget: &FrameBudget,
     id: WorkerId,
 ) -> Ended {
+    let limits = ReadLimits {
+        max: opts.max_frame,
+        first: opts.heartbeat_timeout,
+        idle: opts.heartbeat_timeout,
+    };
     loop {
-        // A frame that keeps arriving (a large partial on a slow link) counts
-        // as a heartbeat, at most once a second.
+        // A frame that keeps arriving (a large partial on a slow link), or
+        // waits for the frame budget, counts as a heartbeat, at most once a
+        // second.
         let mut beat = Instant::now();
-        let read = read_msg_watched(
-            &mut s.recv,
-            opts.max_frame,
-            opts.heartbeat_timeout,
-            opts.heartbeat_timeout,
-            || {
-                if beat.elapsed() >= Duration::from_secs(1) {
-                    beat = Instant::now();
-                    let now = hub.now();
-                    let _ = hub.sched().heartbeat(id, now);
-                }
-            },
-        )
+        let read = read_frame(&mut s.recv, limits, budget, || {
+            if beat.elapsed() >= Duration::from_secs(1) {
+                beat = Instant::now();
+                let now = hub.now();
+                let _ = hub.sched().heartbeat(id, now);
+            }
+        })
         .await;
-        let msg = match read {
+        // Held until the message is handled: an inline partial's bytes stay
+        // counted while they are checked.
+        let (msg, _held) = match read {
             Ok(Some(m)) => m,
             Ok(None) => return Ended::new(code::DONE, "the worker closed its stream"),
             Err(e) => return e.into(),

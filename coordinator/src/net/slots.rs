@@ -1,11 +1,29 @@
 //! Connection slots: a limit on connections served at once, and per remote
-//! address a limit on connections that have not proven the join secret yet,
+//! network a limit on connections that have not proven the join secret yet,
 //! so one host opening connections that never log in cannot take every slot
-//! (each such connection is also closed at the login deadline).
+//! (each such connection is also closed at the login deadline). A network
+//! is an IPv4 address or an IPv6 /64, the block one host is usually given:
+//! 32 addresses of one /64 count as one host.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+
+/// The network a login slot is counted against: an IPv4 address (also when
+/// written as an IPv4-mapped IPv6 address), or the /64 of an IPv6 address.
+pub fn network(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut seg = v6.segments();
+                seg[4..].fill(0);
+                IpAddr::V6(seg.into())
+            }
+        },
+    }
+}
 
 /// What the accept loop does with an incoming connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,9 +96,11 @@ impl Slots {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies [`admission`]; on `Accept` the connection holds a slot, counted
-    /// as logging in until [`Slot::logged_in`].
+    /// Applies [`admission`] to a connection from `ip`; on `Accept` the
+    /// connection holds a slot, counted against its [`network`] as logging
+    /// in until [`Slot::logged_in`].
     pub fn admit(self: &Arc<Self>, ip: IpAddr, address_validated: bool) -> Result<Slot, Admission> {
+        let ip = network(ip);
         let mut c = self.counts();
         let pending_here = c.pending.get(&ip).copied().unwrap_or(0);
         match admission(
@@ -175,5 +195,22 @@ mod tests {
         let _a4 = slots.admit(a, true).unwrap();
         drop((a2, a3));
         assert_eq!(slots.open(), 1);
+    }
+
+    #[test]
+    fn addresses_of_one_ipv6_64_share_their_login_slots() {
+        let slots = Slots::new(64, 2);
+        let host = |i: u16| -> IpAddr { format!("2001:db8:1:2:{i:x}::1").parse().unwrap() };
+        let _a = slots.admit(host(1), true).unwrap();
+        let _b = slots.admit(host(2), true).unwrap();
+        assert_eq!(
+            slots.admit(host(3), true).unwrap_err(),
+            Admission::RefuseAddressBusy,
+            "a third address of the same /64 waits"
+        );
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        let _c = slots.admit(other, true).unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.9".parse().unwrap();
+        assert_eq!(network(mapped), "10.0.0.9".parse::<IpAddr>().unwrap());
     }
 }

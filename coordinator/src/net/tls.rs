@@ -92,6 +92,20 @@ impl Identity {
         })
     }
 
+    /// A self-signed certificate and its PKCS#8 key, both DER, as
+    /// [`super::persist`] kept them.
+    pub fn from_der(cert: Vec<u8>, key: Vec<u8>) -> Identity {
+        Identity {
+            chain: vec![CertificateDer::from(cert)],
+            key: PrivatePkcs8KeyDer::from(key),
+        }
+    }
+
+    /// The PKCS#8 key, DER (secret: for [`super::persist`] only).
+    pub fn key_der(&self) -> &[u8] {
+        self.key.secret_pkcs8_der()
+    }
+
     /// SHA-256 of the leaf certificate, the pin workers check.
     pub fn fingerprint(&self) -> String {
         sha256_hex(&self.chain[0])
@@ -153,7 +167,8 @@ pub fn create_ca(dir: &Path) -> Result<PathBuf, NetError> {
     Ok(cert_path)
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes a new file readable by its owner only (mode 0600).
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);

@@ -6,7 +6,9 @@ use super::trace_io::TraceSet;
 use anyhow::{bail, ensure, Context};
 use common::artifacts::names;
 use common::keepmap::KeepMap;
+use common::routing::Routing;
 use common::store::RunStore;
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -18,10 +20,20 @@ pub struct KeepInput {
     pub kept: Option<BTreeMap<u32, Vec<bool>>>,
 }
 
+/// The part of `saliency.json` replay needs.
+#[derive(Deserialize)]
+struct SaliencyHead {
+    n_expert: u32,
+    #[serde(default)]
+    routing: Routing,
+}
+
 /// Everything replay reads from the run, before touching a trace layer.
 pub struct Inputs {
     /// Routed experts per layer.
     pub n_expert: usize,
+    /// The model's routing, from `saliency.json` (plain top-k without it).
+    pub routing: Routing,
     /// Bytes per expert load, per layer, when the model is known.
     pub expert_bytes: Option<BTreeMap<u32, u64>>,
     /// Where the expert sizes came from.
@@ -39,27 +51,26 @@ pub async fn load_inputs(
     model: Option<&Path>,
     keep_maps: &[String],
 ) -> anyhow::Result<Inputs> {
-    let manifest = match store.get_opt(names::MANIFEST_JSON).await? {
-        Some(b) => Some(
-            serde_json::from_slice::<serde_json::Value>(&b)
-                .with_context(|| format!("parsing {}", store.url_of(names::MANIFEST_JSON)))?,
-        ),
-        None => None,
-    };
-    let model = model.map(Path::to_path_buf).or_else(|| {
-        let p = manifest.as_ref()?.get("model_path")?.as_str()?;
-        Some(PathBuf::from(p)).filter(|p| p.exists())
-    });
+    let manifest = crate::corpus::manifest::read(store)
+        .await
+        .with_context(|| format!("parsing {}", store.url_of(names::MANIFEST_JSON)))?;
+    let model = model
+        .map(Path::to_path_buf)
+        .or_else(|| manifest.and_then(|m| m.model_path).filter(|p| p.exists()));
     let expert_bytes = model
         .as_deref()
         .map(super::model::expert_bytes)
         .transpose()?;
-    let n_expert = match store.get_opt(names::SALIENCY_JSON).await? {
-        Some(b) => serde_json::from_slice::<serde_json::Value>(&b)
-            .with_context(|| format!("parsing {}", store.url_of(names::SALIENCY_JSON)))?
-            .get("n_expert")
-            .and_then(|v| v.as_u64())
-            .with_context(|| format!("{} has no n_expert", store.url_of(names::SALIENCY_JSON)))?,
+    let head = match store.get_opt(names::SALIENCY_JSON).await? {
+        Some(b) => Some(
+            serde_json::from_slice::<SaliencyHead>(&b)
+                .with_context(|| format!("parsing {}", store.url_of(names::SALIENCY_JSON)))?,
+        ),
+        None => None,
+    };
+    let routing = head.as_ref().map(|h| h.routing.clone()).unwrap_or_default();
+    let n_expert = match &head {
+        Some(h) => u64::from(h.n_expert),
         None => match model.as_deref() {
             Some(m) => super::model::expert_count(m)?
                 .with_context(|| format!("model {} has no expert_count", m.display()))?,
@@ -97,6 +108,7 @@ pub async fn load_inputs(
     );
     Ok(Inputs {
         n_expert,
+        routing,
         expert_bytes,
         model,
         keep,

@@ -1,19 +1,33 @@
 //! From router output to cache requests, with or without a keep map.
 //!
 //! Without a keep map a token requests its selected experts. Under a keep map
-//! it requests the first `k` kept experts of its router top-N; when fewer than
-//! `k` survive, the empty slots are forced misses. Near picks are the next
-//! `n_near` candidates (kept ones, under a keep map) after the requested ones.
+//! it requests what the pruned model selects: the first `k` kept experts of
+//! its router top-N (which the trace lists in llama.cpp's selection order,
+//! selection bias included), within the allowed groups under grouped routing
+//! ([`Routing::select_kept`]); when fewer than `k` survive, the empty slots
+//! are forced misses. Near picks are the next `n_near` candidates (kept
+//! ones, under a keep map) after the requested ones.
 
 use super::steps::{TokenReqs, NONE};
 use super::trace_io::RawLayer;
+use common::routing::Routing;
 
-/// Requests of one layer's tokens. `kept[e]` says whether expert `e` survives
-/// the keep map (`None`: no keep map).
+/// One layer of a keep map, as replay applies it.
+#[derive(Clone, Copy)]
+pub struct KeptLayer<'a> {
+    /// `kept[e]`: whether expert `e` survives.
+    pub kept: &'a [bool],
+    /// The block.
+    pub layer: u32,
+    /// The model's routing (groups limit what a pruned model selects).
+    pub routing: &'a Routing,
+}
+
+/// Requests of one layer's tokens under `kept` (`None`: no keep map).
 pub fn requests(
     raw: &RawLayer,
     n_expert: usize,
-    kept: Option<&[bool]>,
+    kept: Option<KeptLayer<'_>>,
     n_near: usize,
 ) -> TokenReqs {
     let (k, n) = (raw.k, raw.n);
@@ -63,7 +77,31 @@ pub fn requests(
                         .take(n_near),
                 );
             }
-            Some(kept) => {
+            Some(rule) if rule.routing.groups.is_some() => {
+                let kept = rule.kept;
+                let is_kept = |e: u16| kept[e as usize];
+                let sel = rule
+                    .routing
+                    .select_kept(rule.layer, n_expert, top, top_prob, &is_kept, k);
+                for &e in &sel {
+                    let r = top.iter().position(|&x| x == e).expect("selected from top");
+                    out.expert.push(e);
+                    out.rank.push(r as u16 + 1);
+                    out.prob.push(top_prob[r]);
+                }
+                for _ in sel.len()..k {
+                    out.expert.push(NONE);
+                    out.rank.push(0);
+                    out.prob.push(0.0);
+                }
+                out.near.extend(
+                    top.iter()
+                        .filter(|&&e| kept[e as usize] && !sel.contains(&e))
+                        .take(n_near),
+                );
+            }
+            Some(rule) => {
+                let kept = rule.kept;
                 let mut taken = 0;
                 for (r, (&e, &p)) in top.iter().zip(top_prob).enumerate() {
                     if !kept[e as usize] {

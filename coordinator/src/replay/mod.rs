@@ -41,7 +41,7 @@ mod tests;
 
 pub use policy::{simulate, Policy, PolicyParams};
 pub use results::{ReplayReport, ResultRow};
-pub use run::{replay_run, ReplayArgs};
+pub use run::{replay_in, replay_run, ReplayArgs};
 pub use scored::Scorer;
 pub use steps::{Steps, TokenReqs};
 

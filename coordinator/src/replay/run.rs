@@ -2,7 +2,7 @@
 
 use super::capacity::Capacity;
 use super::inputs::{load_inputs, Inputs};
-use super::keep::requests;
+use super::keep::{requests, KeptLayer};
 use super::lru::miss_curve;
 use super::policy::{simulate, Policy, PolicyParams};
 use super::report::{self, Cell, CurveCell, RowKey, Setup};
@@ -113,12 +113,17 @@ impl ReplayArgs {
 /// Replays the traces of `args.run` and writes `replay/results.json` and
 /// `replay/report.md` under it. Call it outside any async runtime.
 pub fn replay_run(args: &ReplayArgs) -> anyhow::Result<ReplayReport> {
+    replay_in(args, RunStore::open(&args.run)?)
+}
+
+/// [`replay_run`] reading and writing through `store` (the run of
+/// `args.run`, fenced by its lock when the caller holds it).
+pub fn replay_in(args: &ReplayArgs, store: RunStore) -> anyhow::Result<ReplayReport> {
     args.validate()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the I/O runtime")?;
-    let store = RunStore::open(&args.run)?;
     let inputs = rt.block_on(load_inputs(&store, args.model.as_deref(), &args.keep_map))?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
@@ -184,13 +189,16 @@ fn replay_layer(
         for (keep_idx, keep) in inputs.keep.iter().enumerate() {
             let kept = match &keep.kept {
                 None => None,
-                Some(m) => Some(
-                    m.get(&layer)
+                Some(m) => Some(KeptLayer {
+                    kept: m
+                        .get(&layer)
                         .with_context(|| format!("keep map {} has no layer {layer}", keep.label))?
                         .as_slice(),
-                ),
+                    layer,
+                    routing: &inputs.routing,
+                }),
             };
-            let experts = kept.map_or(inputs.n_expert, |k| k.iter().filter(|&&b| b).count());
+            let experts = kept.map_or(inputs.n_expert, |k| k.kept.iter().filter(|&&b| b).count());
             let reqs = requests(raw, inputs.n_expert, kept, n_near);
             for &mode in &args.mode {
                 let ubatch = match (mode, kind) {

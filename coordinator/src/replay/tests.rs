@@ -2,7 +2,7 @@
 //! optimum, and the one-pass LRU curve.
 
 use super::ema::{Credit, LazyEma};
-use super::keep::requests;
+use super::keep::{requests, KeptLayer};
 use super::lru;
 use super::policy::{simulate, Policy, PolicyParams};
 use super::reference::{eager, optimum};
@@ -10,6 +10,7 @@ use super::scored;
 use super::steps::{Steps, TokenReqs, NONE};
 use super::synthetic::{raw_layer, Shape};
 use super::trace_io::RawLayer;
+use common::routing::Routing;
 use common::splitmix::SplitMix64;
 
 /// Tokens of one chunk; token `t` requests `tokens[t]`, ranked in that order
@@ -183,7 +184,13 @@ fn keep_map_with_too_few_survivors_forces_misses() {
         topn_prob: vec![0.4, 0.3, 0.2, 0.1, 0.4, 0.3, 0.2, 0.1, 0.4, 0.3, 0.2, 0.1],
     };
     let kept: Vec<bool> = (0..6).map(|e| e == 1 || e == 5).collect();
-    let t = requests(&raw, 6, Some(&kept), 1);
+    let routing = Routing::default();
+    let rule = KeptLayer {
+        kept: &kept,
+        layer: 0,
+        routing: &routing,
+    };
+    let t = requests(&raw, 6, Some(rule), 1);
     assert_eq!(t.expert, vec![1, NONE, 5, 1, NONE, NONE]);
     assert_eq!(t.rank, vec![2, 0, 2, 4, 0, 0]);
     assert_eq!(t.forced(), 3);
@@ -225,11 +232,12 @@ fn random_steps(seed: u64, n_expert: usize, k: usize, tokens: usize, ubatch: usi
     for _ in 0..n_expert / 4 {
         kept[rng.below(n_expert)] = false;
     }
-    let keep = if seed.is_multiple_of(2) {
-        Some(kept.as_slice())
-    } else {
-        None
-    };
+    let routing = Routing::default();
+    let keep = seed.is_multiple_of(2).then_some(KeptLayer {
+        kept: &kept,
+        layer: 0,
+        routing: &routing,
+    });
     Steps::build(&requests(&raw, n_expert, keep, 3), ubatch)
 }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 /// Object name of the plot of held-out KL against K.
-pub const KL_PLOT: &str = "report/eval_kl_vs_k.png";
+pub use common::layout::eval::KL_PLOT;
 
 /// `score`'s per-(method, K) tables from `score/score.json`, for the slot
 /// replacement column; none when scoring has not run (the column reads `-`).
@@ -64,7 +64,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             .map(|x| {
                 x.domains
                     .iter()
-                    .map(|(d, f)| format!("{d} {:.4}", f.kl.mean))
+                    .map(|(d, f)| format!("{} {:.4}", super::cell(d), f.kl.mean))
                     .collect()
             })
             .unwrap_or_default();

@@ -243,11 +243,25 @@ fn header(store: &RunStore, s: &common::saliency::Saliency, sha: &str) -> String
         let domains: Vec<String> = st
             .domains
             .iter()
-            .map(|(d, ds)| format!("{d} ({})", ds.n_tokens))
+            .map(|(d, ds)| format!("{} ({})", cell(d), ds.n_tokens))
             .collect();
-        let _ = writeln!(md, "| {name} | {} | {} |", st.n_tokens, domains.join(", "));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} |",
+            cell(name),
+            st.n_tokens,
+            domains.join(", ")
+        );
     }
     md
+}
+
+/// Text read from a run's files (a domain or split name) as one Markdown
+/// table cell: control characters escaped and the length capped
+/// ([`common::peer_text`]), `|` escaped, so no name can end a row, start a
+/// line or forge a "run complete".
+pub(crate) fn cell(text: &str) -> String {
+    common::peer_text::peer_text(text).replace('|', "\\|")
 }
 
 fn verification_section(md: &mut String, v: &VerifyReport) {

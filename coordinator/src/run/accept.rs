@@ -8,33 +8,57 @@
 //!   before it;
 //! - its token count per (split, domain) equals the corpus's spans over the
 //!   unit's chunks;
+//! - it has no (split, domain) group the unit lacks, not even an empty one;
 //! - in every group and layer, `sum(count) == n_tokens * k` and each count is
-//!   at most `n_tokens`.
+//!   at most `n_tokens`;
+//! - every value is one an honest worker can produce and any merge can hold
+//!   ([`common::partial_check`]);
+//! - its importance matrix covers the unit's chunks at the corpus's chunk
+//!   size; a dense weight's token count is the unit's fit tokens, a stacked
+//!   expert weight's count per expert is the fit split's `count` of its
+//!   layer, and each tensor has the shape the first accepted partial gave it;
+//! - its per-chunk statistics, when it has them, are one per chunk of the
+//!   unit with that chunk's fit tokens; its trace parts are the unit's.
 //!
 //! The same function serves results arriving from workers and partials read
 //! back on resume, so a fabricated or damaged partial never reaches the merge.
-//! Strings taken from the partial are shown escaped and shortened.
+//! Strings taken from the partial are shown escaped and shortened, lists
+//! summarised.
 
+use common::artifacts::names::trace_part;
 use common::corpus::{Chunk, CorpusIndex};
 use common::model_check::MoeFacts;
 use common::partial::Partial;
-use common::peer_text::peer_text;
+use common::partial_check::{check_values, Budget};
+use common::peer_text::{peer_text, summarise};
 use common::stats::{GroupKey, MoeShape};
-use common::ChunkRange;
+use common::{ChunkRange, Split};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 /// Tokens per (split, domain) of one unit.
 pub type GroupTokens = BTreeMap<GroupKey, u64>;
 
+/// What the first accepted partial fixed for the ones after it.
+#[derive(Debug, Default)]
+struct Pinned {
+    shape: Option<MoeShape>,
+    /// `(n_in, n_mat)` per importance-matrix tensor.
+    imatrix: BTreeMap<String, (u32, u32)>,
+}
+
 /// What a partial of this run must look like.
 #[derive(Debug)]
 pub struct Acceptance {
     model_sha256: String,
     corpus_sha256: String,
+    n_ctx: u32,
     model: Option<MoeFacts>,
     expected: BTreeMap<ChunkRange, GroupTokens>,
-    shape: Mutex<Option<MoeShape>>,
+    /// Fit tokens per chunk id.
+    chunk_fit: Vec<u32>,
+    budget: Budget,
+    pinned: Mutex<Pinned>,
 }
 
 impl Acceptance {
@@ -50,8 +74,12 @@ impl Acceptance {
     ) -> Result<Acceptance, String> {
         let mut expected: BTreeMap<ChunkRange, GroupTokens> =
             units.iter().map(|&u| (u, GroupTokens::new())).collect();
+        let mut chunk_fit = vec![0u32; index.n_chunks as usize];
         for chunk in chunks {
             let id = chunk.id.0;
+            let fit = chunk_fit
+                .get_mut(id as usize)
+                .ok_or_else(|| format!("chunk {id} is beyond the index's {}", index.n_chunks))?;
             let unit = units
                 .get(units.partition_point(|u| u.end <= id))
                 .filter(|u| u.start <= id)
@@ -65,6 +93,12 @@ impl Acceptance {
                         index.domains.len()
                     )
                 })?;
+                if span.len == 0 {
+                    continue;
+                }
+                if span.split == Split::Fit {
+                    *fit += span.len;
+                }
                 let key = GroupKey {
                     split: span.split,
                     domain: domain.clone(),
@@ -75,10 +109,17 @@ impl Acceptance {
         Ok(Acceptance {
             model_sha256: model_sha256.to_string(),
             corpus_sha256: index.chunks_sha256.clone(),
+            n_ctx: index.n_ctx,
             model,
             expected,
-            shape: Mutex::new(None),
+            chunk_fit,
+            budget: Budget::for_corpus(index.n_tokens),
+            pinned: Mutex::new(Pinned::default()),
         })
+    }
+
+    fn pinned(&self) -> std::sync::MutexGuard<'_, Pinned> {
+        self.pinned.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Decodes `bytes` (bounded, trailing bytes refused) and checks the
@@ -94,8 +135,8 @@ impl Acceptance {
     pub fn check(&self, range: ChunkRange, p: &Partial) -> Result<(), String> {
         if p.chunks != [range] {
             return Err(format!(
-                "partial covers {:?}, the lease was {range}",
-                p.chunks
+                "partial covers {}, the lease was {range}",
+                summarise(&p.chunks)
             ));
         }
         if p.model_sha256 != self.model_sha256 {
@@ -119,22 +160,100 @@ impl Acceptance {
             .ok_or_else(|| format!("{range} is not a unit of the lease plan"))?;
         check_tokens(expected, p)?;
         check_counts(p)?;
-        if let Some(c) = p
-            .chunk_stats
+        check_values(p, &self.budget)?;
+        self.check_chunk_stats(range, p)?;
+        check_trace_parts(range, p)?;
+        let fit = expected
             .iter()
-            .find(|c| c.chunk < range.start || c.chunk >= range.end)
-        {
+            .filter(|(k, _)| k.split == Split::Fit)
+            .map(|(_, n)| n)
+            .sum();
+        self.check_imatrix(range, fit, p)?;
+        let mut pinned = self.pinned();
+        pinned.shape.get_or_insert_with(|| p.experts.shape.clone());
+        for (name, e) in &p.imatrix.entries {
+            pinned
+                .imatrix
+                .entry(name.clone())
+                .or_insert((e.n_in, e.n_mat));
+        }
+        Ok(())
+    }
+
+    /// Per-chunk statistics: none, or one for each chunk of the unit with
+    /// its fit tokens.
+    fn check_chunk_stats(&self, range: ChunkRange, p: &Partial) -> Result<(), String> {
+        if p.chunk_stats.is_empty() {
+            return Ok(());
+        }
+        let mut ids: Vec<u32> = p.chunk_stats.iter().map(|c| c.chunk).collect();
+        ids.sort_unstable();
+        if !ids.iter().copied().eq(range.start..range.end) {
             return Err(format!(
-                "per-chunk statistics of chunk {} outside {range}",
-                c.chunk
+                "per-chunk statistics of {} chunks ({}..), the lease has chunks {range}",
+                ids.len(),
+                ids.first().copied().unwrap_or(0)
             ));
         }
-        let mut pinned = self.shape.lock().unwrap_or_else(|e| e.into_inner());
-        pinned.get_or_insert_with(|| p.experts.shape.clone());
+        match p
+            .chunk_stats
+            .iter()
+            .find(|c| self.chunk_fit.get(c.chunk as usize) != Some(&c.n_tokens))
+        {
+            Some(c) => Err(format!(
+                "per-chunk statistics of chunk {} claim {} fit tokens, the corpus has {}",
+                c.chunk,
+                c.n_tokens,
+                self.chunk_fit.get(c.chunk as usize).copied().unwrap_or(0)
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The importance matrix against the unit (see the module doc).
+    fn check_imatrix(&self, range: ChunkRange, fit: u64, p: &Partial) -> Result<(), String> {
+        let im = &p.imatrix;
+        if im.chunk_count != u64::from(range.len()) || im.chunk_size != self.n_ctx {
+            return Err(format!(
+                "importance matrix of {} chunks of {} tokens, the lease has {} chunks of {}",
+                im.chunk_count,
+                im.chunk_size,
+                range.len(),
+                self.n_ctx
+            ));
+        }
+        let pinned = self.pinned();
+        for (name, e) in &im.entries {
+            let shown = || peer_text(name);
+            if let Some(&(n_in, n_mat)) = pinned.imatrix.get(name) {
+                if (n_in, n_mat) != (e.n_in, e.n_mat) {
+                    return Err(format!(
+                        "importance matrix {} is [{}, {}], earlier partials had [{n_in}, {n_mat}]",
+                        shown(),
+                        e.n_in,
+                        e.n_mat
+                    ));
+                }
+            }
+            let expected = match expert_layer(name, e.n_mat, &p.experts.shape) {
+                Some(layer) => fit_counts(p, layer),
+                None if e.n_mat == 1 => vec![fit],
+                None => continue,
+            };
+            if e.counts != expected {
+                return Err(format!(
+                    "importance matrix {} counts {} tokens, the lease's fit split has {}",
+                    shown(),
+                    summarise(&e.counts),
+                    summarise(&expected)
+                ));
+            }
+        }
         Ok(())
     }
 
     fn check_shape(&self, shape: &MoeShape) -> Result<(), String> {
+        let pinned = self.pinned();
         if let Some(m) = &self.model {
             if (shape.n_expert, shape.n_expert_used) != (m.n_expert, m.n_expert_used) {
                 return Err(format!(
@@ -149,33 +268,85 @@ impl Acceptance {
                 shape.n_expert_used, shape.n_expert
             ));
         }
-        let pinned = self.shape.lock().unwrap_or_else(|e| e.into_inner());
-        match pinned.as_ref() {
+        match pinned.shape.as_ref() {
             Some(s) if s != shape => Err(format!(
-                "partial's MoE shape {shape:?} differs from the run's {s:?}"
+                "partial's MoE shape ({shape}) differs from the run's ({s})"
             )),
             _ => Ok(()),
         }
     }
 }
 
-/// The partial's tokens per (split, domain) equal the corpus's.
+/// The block of a stacked expert weight (`blk.L.ffn_{gate,up,down,gate_up}_exps.weight`
+/// with one matrix per expert) of a MoE layer, whose counts per expert are
+/// the tokens routed to that expert.
+fn expert_layer(name: &str, n_mat: u32, shape: &MoeShape) -> Option<u32> {
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, tensor) = rest.split_once('.')?;
+    let layer: u32 = layer.parse().ok()?;
+    let stacked = [
+        "ffn_gate_exps",
+        "ffn_up_exps",
+        "ffn_down_exps",
+        "ffn_gate_up_exps",
+    ]
+    .iter()
+    .any(|t| tensor == format!("{t}.weight"));
+    (stacked && n_mat == shape.n_expert && shape.moe_layers.contains(&layer)).then_some(layer)
+}
+
+/// Tokens of the fit split routed to each expert of block `layer`.
+fn fit_counts(p: &Partial, layer: u32) -> Vec<u64> {
+    let mut out = vec![0u64; p.experts.shape.n_expert as usize];
+    let fit = p
+        .experts
+        .groups
+        .iter()
+        .filter(|(k, _)| k.split == Split::Fit);
+    for l in fit.flat_map(|(_, g)| g.layers.iter().filter(|l| l.layer == layer)) {
+        for (o, c) in out.iter_mut().zip(&l.count) {
+            *o += c;
+        }
+    }
+    out
+}
+
+/// Trace parts: at most the unit's prefill part and its decode part.
+fn check_trace_parts(range: ChunkRange, p: &Partial) -> Result<(), String> {
+    let allowed = [trace_part(range, false), trace_part(range, true)];
+    let mut parts = p.trace_parts.clone();
+    parts.dedup();
+    match p.trace_parts.iter().find(|n| !allowed.contains(n)) {
+        Some(n) => Err(format!(
+            "trace part \"{}\" is not a part of {range}",
+            peer_text(n)
+        )),
+        None if parts.len() != p.trace_parts.len() => {
+            Err(format!("trace parts of {range} listed twice"))
+        }
+        None => Ok(()),
+    }
+}
+
+/// The partial's groups and their tokens equal the corpus's: no group the
+/// unit lacks (not even one of 0 tokens, whose name would reach the
+/// results), none missing.
 fn check_tokens(expected: &GroupTokens, p: &Partial) -> Result<(), String> {
     let got: GroupTokens = p
         .experts
         .groups
         .iter()
-        .filter(|(_, g)| g.n_tokens > 0)
         .map(|(k, g)| (k.clone(), g.n_tokens))
         .collect();
     if &got == expected {
         return Ok(());
     }
     let describe = |m: &GroupTokens| {
-        m.iter()
+        let shown: Vec<String> = m
+            .iter()
             .map(|(k, n)| format!("{}/{}: {n}", k.split, peer_text(&k.domain)))
-            .collect::<Vec<_>>()
-            .join(", ")
+            .collect();
+        summarise(&shown)
     };
     Err(format!(
         "token counts per (split, domain) are [{}], the corpus has [{}]",
@@ -195,9 +366,10 @@ fn check_counts(p: &Partial) -> Result<(), String> {
         let layers: Vec<u32> = g.layers.iter().map(|l| l.layer).collect();
         if layers != shape.moe_layers {
             return Err(format!(
-                "group {} has layers {layers:?}, the shape says {:?}",
+                "group {} has layers [{}], the shape says [{}]",
                 at(),
-                shape.moe_layers
+                summarise(&layers),
+                summarise(&shape.moe_layers)
             ));
         }
         for l in &g.layers {
@@ -249,6 +421,12 @@ impl crate::lease::LeaseKind for Acceptance {
 
     fn task(&self) -> common::wire::Task {
         common::wire::Task::Collect
+    }
+
+    fn table(
+        m: &mut crate::corpus::manifest::RunManifest,
+    ) -> &mut crate::corpus::manifest::Records {
+        &mut m.partials
     }
 
     fn check(&self, range: ChunkRange, p: &Partial) -> Result<(), String> {

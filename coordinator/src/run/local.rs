@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 use tokio::process::{Child, Command};
 
 /// Environment variable naming the worker binary explicitly.
-pub const WORKER_BIN_ENV: &str = "MOE_CENSUS_WORKER_BIN";
+pub use common::layout::env::WORKER_BIN as WORKER_BIN_ENV;
 
 /// Environment variable a worker reads the join secret from.
-pub const SECRET_ENV: &str = "MOE_CENSUS_JOIN_SECRET";
+pub use common::layout::env::JOIN_SECRET as SECRET_ENV;
 
 /// Variable through which local workers get `[run] local_worker_reduce`
 /// (the worker reads it when `--reduce` is not given).
-pub const REDUCE_ENV: &str = "MOE_CENSUS_REDUCE";
+pub use common::layout::env::REDUCE as REDUCE_ENV;
 
 /// The worker binary: `$MOE_CENSUS_WORKER_BIN`, else `worker` beside this
 /// executable (or one directory up, for test binaries in `target/*/deps`).

@@ -29,6 +29,7 @@ pub mod trace_plan;
 
 use crate::lease::LeaseKind;
 use crate::net::hub::{Hub, WorkerInfo};
+use crate::net::persist::Kept;
 use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{create_ca, server_names, Identity};
 use crate::net::NetError;
@@ -189,7 +190,13 @@ pub struct RunSummary {
     /// Fit tokens in the merged result.
     pub fit_tokens: u64,
     /// The manifest's `trace` section (budget, stride, tokens, bytes).
-    pub trace: serde_json::Value,
+    pub trace: Option<crate::corpus::manifest::TraceRecord>,
+}
+
+/// Refuses a configured join secret (file or variable) that is unreadable,
+/// short or weak, before a run writes anything.
+pub fn check_secret(cluster: &ClusterSettings) -> Result<(), RunError> {
+    secret(cluster).map(|_| ())
 }
 
 /// The join secret: `[cluster] secret_file`, else `MOE_CENSUS_JOIN_SECRET`,
@@ -212,16 +219,23 @@ pub(crate) fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), Ru
 /// called once the server accepts workers (to start local ones); it is not
 /// called when everything was already stored.
 /// The run location is locked for the whole call ([`lock`]): a second
-/// coordinator on the same location fails instead of writing beside it.
+/// coordinator on the same location fails instead of writing beside it, and
+/// this one writes only while it holds the lock.
 pub async fn execute(setup: &RunSetup, on_listen: impl OnListen) -> Result<RunSummary, RunError> {
-    locked(setup, execute_locked(setup, on_listen)).await
+    locked(setup, |fenced| async move {
+        execute_locked(&fenced, on_listen).await
+    })
+    .await
 }
 
-async fn execute_locked(
+/// [`execute`] for a caller that holds the run's lock: `setup.store` must be
+/// the lock's fenced store ([`lock::RunLock::store`]).
+pub async fn execute_locked(
     setup: &RunSetup,
     on_listen: impl OnListen,
 ) -> Result<RunSummary, RunError> {
     let store = &setup.store;
+    record_model_path(setup).await?;
     let units = plan(setup.index.n_chunks, setup.run.lease_chunks);
     let options = setup.run.job_options(setup.trace_every().await?);
     let leasing = Leasing {
@@ -249,15 +263,35 @@ async fn execute_locked(
     store.put(names::MERGED_PARTIAL, merged.to_bytes()).await?;
     let saliency = write_results(store, &merged).await?;
     summary.fit_tokens = saliency.split(common::Split::Fit).map_or(0, |s| s.n_tokens);
-    summary.trace = trace_plan::manifest_entry(
-        store,
-        setup.run.trace_tokens_per_split,
-        setup.trace_every().await?,
-        saliency.trace_tokens_written,
-    )
-    .await
-    .map_err(|e| RunError::Setup(format!("measuring the trace parts: {e:#}")))?;
+    summary.trace = Some(
+        trace_plan::manifest_entry(
+            store,
+            setup.run.trace_tokens_per_split,
+            setup.trace_every().await?,
+            saliency.trace_tokens_written,
+        )
+        .await
+        .map_err(|e| RunError::Setup(format!("measuring the trace parts: {e:#}")))?,
+    );
     Ok(summary)
+}
+
+/// Records the model file collection runs with in the run's manifest, so
+/// later stages find it without `--model` (a run without a manifest gets
+/// none: only the corpus stage creates one).
+async fn record_model_path(setup: &RunSetup) -> Result<(), RunError> {
+    let setup_err = |e: crate::corpus::manifest::ManifestError| RunError::Setup(e.to_string());
+    let Some(mut m) = crate::corpus::manifest::read(&setup.store)
+        .await
+        .map_err(setup_err)?
+    else {
+        return Ok(());
+    };
+    if m.model_path.as_ref() != Some(&setup.model_path) {
+        m.model_path = Some(setup.model_path.clone());
+        crate::corpus::manifest::write(&setup.store, &m).await?;
+    }
+    Ok(())
 }
 
 /// The acceptance checks of a run, read from its corpus: the chunk table's
@@ -297,27 +331,39 @@ pub(crate) fn listen<K: LeaseKind>(
     heartbeat_timeout: Duration,
 ) -> Result<(Server, Listening), RunError> {
     let names = server_names(&cluster.server_names);
-    let identity = match &cluster.ca_dir {
-        Some(dir) => Identity::from_ca(dir, &names)?,
-        None => Identity::self_signed(&names)?,
-    };
     let listen: SocketAddr = cluster
         .listen
         .parse()
         .map_err(|e| RunError::Setup(format!("[cluster] listen {:?}: {e}", cluster.listen)))?;
+    let mut kept = match &cluster.identity_dir {
+        Some(dir) => Some(Kept::open(dir)?),
+        None => None,
+    };
+    let identity = match (&mut kept, &cluster.ca_dir) {
+        (Some(k), ca) => k.identity(&names, ca.as_deref())?,
+        (None, Some(dir)) => Identity::from_ca(dir, &names)?,
+        (None, None) => Identity::self_signed(&names)?,
+    };
     let server = Server::spawn(
         &identity,
         ServerOptions {
             listen,
+            reset_key: kept.as_ref().map(Kept::reset_key).transpose()?,
+            preferred: kept.as_ref().and_then(|k| k.preferred_addr(listen)),
             max_connections: cluster.max_connections.max(1),
             max_pending_per_address: cluster.pending_per_address(),
             max_frame,
+            frame_budget: (cluster.max_buffered_mib.max(1) as usize) << 20,
             login_timeout: Duration::from_millis(cluster.login_timeout_ms.max(100)),
             heartbeat_timeout,
         },
         hub,
     )?;
     let (addr, pin) = (server.addr(), identity.fingerprint());
+    if let Some(k) = &mut kept {
+        k.record_addr(addr);
+        k.save()?;
+    }
     let listening = Listening {
         addr,
         hint: JoinHint::new(addr, &pin, cluster),
@@ -338,53 +384,47 @@ pub(crate) fn listen<K: LeaseKind>(
 /// Records the finished run in `manifest.json` (written last), with the
 /// collection figures: `complete` only when every invariant held, so a run
 /// that failed verification never looks finished. Other manifest fields are
-/// kept as they are.
+/// kept as they are; a manifest that cannot be read back is left as it is.
 pub async fn mark_finished(
     store: &RunStore,
     s: &RunSummary,
     verified: bool,
 ) -> Result<(), RunError> {
-    let mut manifest: serde_json::Value = match store.get_opt(crate::corpus::MANIFEST_FILE).await? {
-        Some(b) => match serde_json::from_slice(&b) {
-            Ok(v @ serde_json::Value::Object(_)) => v,
-            Ok(_) => return Err(corrupt_manifest(store, "not a JSON object".into())),
-            Err(e) => return Err(corrupt_manifest(store, format!("not JSON ({e})"))),
-        },
-        None => serde_json::json!({}),
-    };
-    let workers: Vec<serde_json::Value> = s
+    use crate::corpus::manifest::{ManifestError, RunRecord, WorkerRecord};
+    let mut manifest = crate::corpus::manifest::read_or_default(store)
+        .await
+        .map_err(|e| match e {
+            ManifestError::Store(e) => RunError::Store(e),
+            corrupt => RunError::Setup(format!(
+                "{corrupt}; it was left as it is and the run is not marked finished"
+            )),
+        })?;
+    let workers = s
         .workers
         .iter()
-        .map(|w| {
-            serde_json::json!({ "name": w.name, "backend": w.backend, "leases": w.leases, "tokens": w.tokens,
-                                "tokens_per_s": progress::throughput(w) })
+        .map(|w| WorkerRecord {
+            name: w.name.clone(),
+            backend: w.backend.clone(),
+            leases: w.leases,
+            tokens: w.tokens,
+            tokens_per_s: progress::throughput(w),
         })
         .collect();
-    manifest["run"] = serde_json::json!({
-        "complete": verified,
-        "verify_passed": verified,
-        "units": s.units,
-        "leases_resumed": s.resumed,
-        "leases_computed": s.computed,
-        "retries": s.retries,
-        "duplicates_dropped": s.duplicates,
-        "workers": workers,
+    manifest.run = Some(RunRecord {
+        complete: verified,
+        verify_passed: verified,
+        units: s.units,
+        leases_resumed: s.resumed,
+        leases_computed: s.computed,
+        retries: s.retries,
+        duplicates_dropped: s.duplicates,
+        workers,
     });
-    if !s.trace.is_null() {
-        manifest["trace"] = s.trace.clone();
+    if s.trace.is_some() {
+        manifest.trace = s.trace.clone();
     }
-    let bytes = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
-    store.put(crate::corpus::MANIFEST_FILE, bytes).await?;
+    crate::corpus::manifest::write(store, &manifest).await?;
     Ok(())
-}
-
-/// The error for a `manifest.json` that cannot be read back; the file is
-/// left as it is, for a person to look at.
-fn corrupt_manifest(store: &RunStore, why: String) -> RunError {
-    RunError::Setup(format!(
-        "{} is {why}; it was left as it is and the run is not marked finished",
-        store.url_of(crate::corpus::MANIFEST_FILE)
-    ))
 }
 
 /// Reads `corpus/index.json` of a run.
@@ -456,12 +496,13 @@ mod tests {
         mark_finished(&store, &RunSummary::default(), false)
             .await
             .unwrap();
-        let m: serde_json::Value =
-            serde_json::from_slice(&store.get(crate::corpus::MANIFEST_FILE).await.unwrap())
-                .unwrap();
+        let m = crate::corpus::manifest::read(&store)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
-            (m["model_sha256"].as_str(), m["run"]["complete"].as_bool()),
-            (Some("ab"), Some(false))
+            (m.corpus.model_sha256.as_str(), m.run.map(|r| r.complete)),
+            ("ab", Some(false))
         );
     }
 }

@@ -1,14 +1,15 @@
-//! The manifest's record of accepted partials: for every per-lease partial
+//! The manifest's record of accepted results: for every per-lease result
 //! the coordinator accepted, the SHA-256 of its stored bytes and the
-//! settings key it was computed under (`manifest.json` → `partials`). Resume
-//! and `verify` re-hash what they read against it; only bytes with a record
-//! are ever reused.
+//! settings key it was computed under (`manifest.json` → `partials`, or the
+//! lease kind's own table). Resume and `verify` re-hash what they read
+//! against it; only bytes with a record are ever reused.
 
+use crate::corpus::manifest::{self, ManifestError, RunManifest};
 use common::hash::sha256_hex;
 use common::store::{RunStore, StoreError};
 use common::wire::JobOptions;
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+
+pub use crate::corpus::manifest::{PartialRecord, Records};
 
 /// Why the record could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -16,14 +17,9 @@ pub enum RecordError {
     /// Storage failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// `manifest.json` or its record table does not parse.
-    #[error("{url}: {reason}")]
-    Manifest {
-        /// The manifest's URL.
-        url: String,
-        /// What is wrong with it.
-        reason: String,
-    },
+    /// `manifest.json` does not parse.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
     /// A final partial appeared with bytes this coordinator did not accept.
     #[error("{url} appeared with other bytes while this coordinator ran: another process writes into this run")]
     Foreign {
@@ -31,25 +27,6 @@ pub enum RecordError {
         url: String,
     },
 }
-
-/// Key of the record in `manifest.json`.
-pub const MANIFEST_KEY: &str = "partials";
-
-/// The most bytes of `manifest.json` read back (it holds the config, the
-/// domain table, dropped documents and one record per lease).
-pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
-
-/// What the coordinator knew about an accepted partial when it stored it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartialRecord {
-    /// SHA-256 of the stored bytes.
-    pub sha256: String,
-    /// [`settings_key`] of the run that accepted it.
-    pub settings: String,
-}
-
-/// Records of accepted partials by object name (`partials/part-...bin`).
-pub type Records = BTreeMap<String, PartialRecord>;
 
 /// Whether stored `bytes` may be reused: a record of their acceptance
 /// exists, they still hash to it, and they were computed under the current
@@ -89,76 +66,37 @@ pub fn settings_key(model_sha256: &str, corpus_sha256: &str, options: &JobOption
     sha256_hex(canonical.to_string().as_bytes())
 }
 
-/// Reads `manifest.json` as JSON (an empty object when there is none); a
-/// manifest that is too large or not a JSON object is an error naming it.
-pub async fn read_manifest(store: &RunStore) -> Result<serde_json::Value, RecordError> {
-    let name = crate::corpus::MANIFEST_FILE;
-    let Some(bytes) = store.get_opt_limited(name, MAX_MANIFEST_BYTES).await? else {
-        return Ok(serde_json::json!({}));
-    };
-    match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Ok(v) if v.is_object() => Ok(v),
-        Ok(_) => Err(RecordError::Manifest {
-            url: store.url_of(name),
-            reason: "not a JSON object".into(),
-        }),
-        Err(e) => Err(RecordError::Manifest {
-            url: store.url_of(name),
-            reason: format!("not valid JSON: {e}"),
-        }),
-    }
-}
-
-/// The records of a manifest (none when it has no `partials` key); a record
-/// table that does not parse is an error naming the manifest.
-pub fn records_of(store: &RunStore, manifest: &serde_json::Value) -> Result<Records, RecordError> {
-    records_in(store, manifest, MANIFEST_KEY)
-}
-
-/// The records under `key` of a manifest (`partials`, or another stage's
-/// table such as `eval_partials`); none when the key is absent.
-pub fn records_in(
-    store: &RunStore,
-    manifest: &serde_json::Value,
-    key: &str,
-) -> Result<Records, RecordError> {
-    match manifest.get(key) {
-        None => Ok(Records::new()),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| RecordError::Manifest {
-            url: store.url_of(crate::corpus::MANIFEST_FILE),
-            reason: format!("`{key}` is not a table of partial records: {e}"),
-        }),
-    }
-}
+/// The table of one kind of result in a manifest.
+pub type Table = fn(&mut RunManifest) -> &mut Records;
 
 /// Keeps the manifest in memory and rewrites it whenever a record changes,
 /// so the record is on storage before the next lease is merged.
 #[derive(Debug)]
 pub struct Recorder {
     store: RunStore,
-    manifest: serde_json::Value,
-    key: &'static str,
+    manifest: RunManifest,
+    table: Table,
 }
 
 impl Recorder {
     /// Reads the run's manifest; records go to its `partials` table.
     pub async fn open(store: &RunStore) -> Result<Recorder, RecordError> {
-        Recorder::open_table(store, MANIFEST_KEY).await
+        Recorder::open_table(store, |m| &mut m.partials).await
     }
 
-    /// Reads the run's manifest; records go to its `key` table (each stage
-    /// that leases work keeps its own).
-    pub async fn open_table(store: &RunStore, key: &'static str) -> Result<Recorder, RecordError> {
+    /// Reads the run's manifest; records go to `table` (each kind of lease
+    /// keeps its own).
+    pub async fn open_table(store: &RunStore, table: Table) -> Result<Recorder, RecordError> {
         Ok(Recorder {
             store: store.clone(),
-            manifest: read_manifest(store).await?,
-            key,
+            manifest: manifest::read_or_default(store).await?,
+            table,
         })
     }
 
     /// The records as read or written so far.
-    pub fn records(&self) -> Result<Records, RecordError> {
-        records_in(&self.store, &self.manifest, self.key)
+    pub fn records(&mut self) -> Records {
+        (self.table)(&mut self.manifest).clone()
     }
 
     /// Records the hash of accepted bytes, then stores them under their
@@ -195,22 +133,10 @@ impl Recorder {
     }
 
     async fn set(&mut self, name: &str, rec: Option<PartialRecord>) -> Result<(), RecordError> {
-        let table = self
-            .manifest
-            .as_object_mut()
-            .expect("read_manifest returns an object")
-            .entry(self.key)
-            .or_insert_with(|| serde_json::json!({}));
-        if !table.is_object() {
-            *table = serde_json::json!({});
-        }
-        let table = table.as_object_mut().expect("an object");
+        let table = (self.table)(&mut self.manifest);
         match rec {
             Some(r) => {
-                table.insert(
-                    name.to_string(),
-                    serde_json::to_value(r).expect("a record encodes"),
-                );
+                table.insert(name.to_string(), r);
             }
             None => {
                 if table.remove(name).is_none() {
@@ -218,8 +144,7 @@ impl Recorder {
                 }
             }
         }
-        let bytes = serde_json::to_vec_pretty(&self.manifest).expect("JSON encodes");
-        self.store.put(crate::corpus::MANIFEST_FILE, bytes).await?;
+        manifest::write(&self.store, &self.manifest).await?;
         Ok(())
     }
 }
@@ -258,10 +183,10 @@ mod tests {
         assert!(matches!(e, RecordError::Foreign { .. }), "{e}");
         assert_eq!(store.get("partials/x.bin").await.unwrap(), a);
         // The manifest keeps its other fields and holds the record.
-        let again = Recorder::open(&store).await.unwrap();
-        let m = read_manifest(&store).await.unwrap();
-        assert_eq!(m["model_sha256"], "m");
-        assert_eq!(again.records().unwrap()["partials/x.bin"].settings, "s");
+        let mut again = Recorder::open(&store).await.unwrap();
+        let m = manifest::read(&store).await.unwrap().unwrap();
+        assert_eq!(m.corpus.model_sha256, "m");
+        assert_eq!(again.records()["partials/x.bin"].settings, "s");
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! same lease plan are reused instead of recomputed, but only when their
 //! bytes still hash to the SHA-256 recorded in the manifest at acceptance,
 //! they were made under the same settings key, and they pass the kind's
-//! acceptance checks again. Anything else is named in the log, moved under
-//! `rejected/` (so the recomputed result is written create-only under the
-//! final name) and recomputed. Objects of another lease plan are left alone.
+//! acceptance checks again, and they merge with the others. Anything else is
+//! named in the log, moved under `rejected/` (so the recomputed result is
+//! written create-only under the final name) and recomputed: no stored
+//! object can make every resume fail. Objects of another lease plan are left
+//! alone.
 
 use super::record::{check_stored, Recorder, Records};
 use super::RunError;
@@ -31,7 +33,9 @@ pub struct Resumed<T> {
 
 /// Reads every stored result of a unit of `units`; the usable ones are
 /// merged, the others set aside (see the module doc) and their records
-/// dropped.
+/// dropped. A result that passes its checks but does not merge with those
+/// before it is set aside too, and the merge starts over without it (a
+/// failed merge leaves the running total half-added).
 pub async fn load<K: LeaseKind>(
     store: &RunStore,
     units: &[ChunkRange],
@@ -39,9 +43,53 @@ pub async fn load<K: LeaseKind>(
     recorder: &mut Recorder,
     settings: &str,
 ) -> Result<Resumed<K::Output>, RunError> {
+    let mut rejected = Vec::new();
+    loop {
+        match load_once(store, units, kind, recorder, settings).await? {
+            Loaded::All(mut out) => {
+                rejected.append(&mut out.rejected);
+                out.rejected = rejected;
+                return Ok(out);
+            }
+            Loaded::Unmergeable {
+                name,
+                bytes,
+                reason,
+                mut earlier,
+            } => {
+                set_aside(store, &name, &bytes).await?;
+                recorder.forget(&name).await?;
+                rejected.append(&mut earlier);
+                rejected.push((name, reason));
+            }
+        }
+    }
+}
+
+/// One pass over the stored results.
+enum Loaded<T> {
+    /// Everything usable merged.
+    All(Resumed<T>),
+    /// `name` passed its checks but did not merge; `earlier` were set aside
+    /// before it in this pass.
+    Unmergeable {
+        name: String,
+        bytes: bytes::Bytes,
+        reason: String,
+        earlier: Vec<(String, String)>,
+    },
+}
+
+async fn load_once<K: LeaseKind>(
+    store: &RunStore,
+    units: &[ChunkRange],
+    kind: &K,
+    recorder: &mut Recorder,
+    settings: &str,
+) -> Result<Loaded<K::Output>, RunError> {
     let layout = K::Output::LAYOUT;
     let wanted: BTreeSet<ChunkRange> = units.iter().copied().collect();
-    let records: Records = recorder.records()?;
+    let records: Records = recorder.records();
     let mut out = Resumed {
         done: BTreeMap::new(),
         merged: None,
@@ -62,8 +110,15 @@ pub async fn load<K: LeaseKind>(
             .and_then(|()| kind.decode_and_check(range, &bytes));
         match verdict {
             Ok(p) => {
+                if let Err(e) = merge_into(&mut out.merged, p, || store.url_of(&name)) {
+                    return Ok(Loaded::Unmergeable {
+                        reason: format!("it does not merge with the other stored results: {e}"),
+                        name,
+                        bytes,
+                        earlier: out.rejected,
+                    });
+                }
                 out.done.insert(range, sha256_hex(&bytes));
-                merge_into(&mut out.merged, p, || store.url_of(&name))?;
             }
             Err(reason) => {
                 set_aside(store, &name, &bytes).await?;
@@ -72,7 +127,7 @@ pub async fn load<K: LeaseKind>(
             }
         }
     }
-    Ok(out)
+    Ok(Loaded::All(out))
 }
 
 /// Adds `more` to a running merge; `what` names it in the error.

@@ -19,7 +19,6 @@ use common::ChunkRange;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Starts local workers once the server listens (the runner does not call
 /// it when every unit was already stored).
@@ -73,16 +72,22 @@ pub struct Leased<T> {
 
 /// Runs `work` holding the run location's lock ([`super::lock`]): a second
 /// coordinator on the same location fails instead of writing beside it.
-pub async fn locked<T, E, Fut>(setup: &RunSetup, work: Fut) -> Result<T, E>
+/// `work` gets `setup` with the lock's fenced store, so it writes only while
+/// the lock is this coordinator's.
+pub async fn locked<T, E, W, Fut>(setup: &RunSetup, work: W) -> Result<T, E>
 where
+    W: FnOnce(RunSetup) -> Fut,
     Fut: Future<Output = Result<T, E>>,
     E: From<RunError>,
 {
-    let stale = Duration::from_secs(setup.run.lock_stale_s);
-    let lock = super::lock::RunLock::acquire(&setup.store, stale)
+    let lock = super::lock::RunLock::acquire(&setup.store, setup.run.lock_stale())
         .await
         .map_err(RunError::from)?;
-    let outcome = work.await;
+    let fenced = RunSetup {
+        store: lock.store(),
+        ..setup.clone()
+    };
+    let outcome = work(fenced).await;
     lock.release().await.map_err(RunError::from)?;
     outcome
 }
@@ -97,7 +102,7 @@ pub async fn lease_all<K: LeaseKind>(
 ) -> Result<Leased<K::Output>, RunError> {
     let store = &l.setup.store;
     let what = K::Output::LABELS.output;
-    let mut recorder = Recorder::open_table(store, K::Output::LAYOUT.table).await?;
+    let mut recorder = Recorder::open_table(store, K::table).await?;
     let resumed = resume::load(store, &units, &*kind, &mut recorder, &l.settings).await?;
     for (name, why) in &resumed.skipped {
         tracing::warn!("stored {what} {name} not reused: {why}");

@@ -97,6 +97,8 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
                     return Ok(Some(d));
                 }
                 _ = self.tick.tick() => {
+                    // A coordinator that lost the run's lock stops at once.
+                    hub.store().admit(super::lock::LOCK_FILE).await?;
                     let now = hub.now();
                     for e in hub.sched().tick(now) {
                         tracing::warn!("{e:?}; the chunks go back to the queue");

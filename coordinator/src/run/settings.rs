@@ -52,6 +52,11 @@ pub struct RunSettings {
 }
 
 impl RunSettings {
+    /// `lock_stale_s` as a duration.
+    pub fn lock_stale(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.lock_stale_s)
+    }
+
     /// The evaluation settings every worker of the run shares; `trace_every`
     /// holds the chunk strides that meet `trace_tokens_per_split` per split.
     pub fn job_options(&self, trace_every: common::wire::TraceStrides) -> common::wire::JobOptions {
@@ -148,8 +153,18 @@ pub struct ClusterSettings {
     pub login_timeout_ms: u64,
     /// Largest frame a worker may send, MiB (larger partials go through storage).
     pub max_frame_mib: u32,
+    /// MiB that all joined workers' frames may hold at once while they
+    /// arrive; a frame that would go past it waits (its sender held back
+    /// by flow control) until others are handled.
+    pub max_buffered_mib: u32,
     /// Where to write `{addr, pin, server_name}` for launch scripts.
     pub connect_file: Option<PathBuf>,
+    /// Directory that keeps the coordinator's certificate, stateless-reset
+    /// key and listening address across restarts, so its workers rejoin a
+    /// restarted coordinator by themselves (`crate::net::persist`).
+    /// `coordinator run` defaults it to `.moe-census/` beside the config,
+    /// one subdirectory per run location; unset, every start is a new peer.
+    pub identity_dir: Option<PathBuf>,
 }
 
 impl ClusterSettings {
@@ -172,7 +187,9 @@ impl Default for ClusterSettings {
             max_pending_per_address: 8,
             login_timeout_ms: 5000,
             max_frame_mib: 64,
+            max_buffered_mib: 256,
             connect_file: None,
+            identity_dir: None,
         }
     }
 }

@@ -66,18 +66,22 @@ pub async fn manifest_entry(
     budget: u64,
     strides: TraceStrides,
     tokens: u64,
-) -> anyhow::Result<serde_json::Value> {
+) -> anyhow::Result<crate::corpus::manifest::TraceRecord> {
     let parts = crate::score::trace_parts(store).await?;
     let bytes = stored_bytes(store, &parts).await?;
-    Ok(serde_json::json!({
-        "tokens_per_split": budget,
-        "every_nth_chunk_fit": strides.fit,
-        "every_nth_chunk_heldout": strides.heldout,
-        "tokens_written": tokens,
-        "parts": parts.len(),
-        "bytes": bytes,
-        "bytes_per_traced_token": if tokens > 0 { bytes as f64 / tokens as f64 } else { 0.0 },
-    }))
+    Ok(crate::corpus::manifest::TraceRecord {
+        tokens_per_split: budget,
+        every_nth_chunk_fit: strides.fit,
+        every_nth_chunk_heldout: strides.heldout,
+        tokens_written: tokens,
+        parts: parts.len() as u64,
+        bytes,
+        bytes_per_traced_token: if tokens > 0 {
+            bytes as f64 / tokens as f64
+        } else {
+            0.0
+        },
+    })
 }
 
 #[cfg(test)]

@@ -76,6 +76,8 @@ pub struct Reference<'a> {
     pub methods: Vec<(Method, &'a [LayerRanking])>,
     /// Sizes to compare.
     pub ks: &'a [u32],
+    /// Routing groups the resampled rankings are balanced over.
+    pub groups: Option<common::routing::ExpertGroups>,
 }
 
 /// Runs `n` seeded resamples; one row per (method, K).
@@ -112,7 +114,7 @@ pub fn stability(
             .collect();
         let sample = resample_layers(chunks, &pick, layers, n_expert);
         for (mi, (method, full)) in reference.methods.iter().enumerate() {
-            let boot = rank_layers(*method, p, &sample);
+            let boot = rank_layers(*method, p, &sample, reference.groups);
             for (ki, &k) in reference.ks.iter().enumerate() {
                 let j: f64 = full
                     .iter()
@@ -163,10 +165,12 @@ mod tests {
             Method::Frequency,
             &p,
             &resample_layers(&steady, &[0], &layers, 4),
+            None,
         );
         let reference = Reference {
             methods: vec![(Method::Frequency, &full)],
             ks: &[2],
+            groups: None,
         };
         let rows = stability(&steady, &layers, 4, &p, &reference, 5, 7).unwrap();
         assert_eq!((rows[0].mean_jaccard, rows[0].min_jaccard), (1.0, 1.0));
@@ -185,10 +189,12 @@ mod tests {
             Method::Frequency,
             &p,
             &resample_layers(&noisy, &all, &layers, 4),
+            None,
         );
         let reference = Reference {
             methods: vec![(Method::Frequency, &full)],
             ks: &[2],
+            groups: None,
         };
         let a = stability(&noisy, &layers, 4, &p, &reference, 20, 7).unwrap();
         let b = stability(&noisy, &layers, 4, &p, &reference, 20, 7).unwrap();

@@ -1,10 +1,14 @@
 //! Keep maps from rankings: the first K experts of each layer's ranking,
 //! sorted, so maps of one ranking are nested across K by construction.
+//! Under grouped routing the ranking is group-balanced first
+//! ([`common::routing::balanced_order`]), so the first K keep K / n_group
+//! per group, as llama.cpp needs.
 
 use super::method::{ranking, Method, ScoreParams};
 use super::source::LayerInput;
 use anyhow::{bail, Context};
 use common::keepmap::KeepMap;
+use common::routing::{balanced_order, ExpertGroups};
 use std::collections::BTreeMap;
 
 /// One layer's full ranking, best first.
@@ -16,13 +20,18 @@ pub struct LayerRanking {
     pub order: Vec<u32>,
 }
 
-/// Rankings of every layer under one method.
-pub fn rank_layers(method: Method, p: &ScoreParams, layers: &[LayerInput]) -> Vec<LayerRanking> {
+/// Rankings of every layer under one method, group-balanced under `groups`.
+pub fn rank_layers(
+    method: Method,
+    p: &ScoreParams,
+    layers: &[LayerInput],
+    groups: Option<ExpertGroups>,
+) -> Vec<LayerRanking> {
     layers
         .iter()
         .map(|l| LayerRanking {
             layer: l.layer,
-            order: ranking(method, p, l),
+            order: balanced_order(&ranking(method, p, l), groups, l.count.len() as u32),
         })
         .collect()
 }

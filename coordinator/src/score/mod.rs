@@ -33,15 +33,8 @@ use source::Source;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-/// Object names written by `score`.
-pub mod outputs {
-    /// The whole [`super::ScoreReport`] as JSON.
-    pub const REPORT_JSON: &str = "score/score.json";
-    /// The tables as Markdown.
-    pub const TABLES_MD: &str = "score/tables.md";
-    /// Per-layer rows of every (method, K) as Parquet.
-    pub const TABLES_PARQUET: &str = "score/tables.parquet";
-}
+/// Object names written by `score`, from the run layout.
+pub use common::layout::score as outputs;
 
 /// Options of `coordinator score` (everything but the run).
 #[derive(Parser, Debug, Clone)]
@@ -112,12 +105,21 @@ impl ScoreOptions {
         })
     }
 
-    /// The requested sizes, or the defaults for `n_expert`; sorted, unique.
-    pub fn ks(&self, n_expert: u32) -> anyhow::Result<Vec<u32>> {
+    /// The requested sizes, or the defaults for the model of `s` (a
+    /// quarter, half and three quarters of its experts, under grouped
+    /// routing rounded down to sizes llama.cpp can run); sorted, unique. A
+    /// requested size outside `1..=n_expert`, or one a grouped model cannot
+    /// be pruned to ([`common::routing::check_group_keep`]), is refused.
+    pub fn ks(&self, s: &Saliency) -> anyhow::Result<Vec<u32>> {
+        let n_expert = s.n_expert;
+        let groups = s.routing.groups;
+        let fits = |k: u32| common::routing::check_group_keep(groups, n_expert, s.n_expert_used, k);
         let mut ks = if self.k.is_empty() {
+            let step = groups.map_or(1, |g| g.n_group.max(1));
             [1, 2, 3]
                 .iter()
-                .map(|q| (n_expert * q / 4).max(1))
+                .map(|q| (n_expert * q / 4 / step * step).max(1))
+                .filter(|&k| fits(k).is_ok())
                 .collect()
         } else {
             self.k.clone()
@@ -127,8 +129,27 @@ impl ScoreOptions {
         if let Some(bad) = ks.iter().find(|&&k| k == 0 || k > n_expert) {
             bail!("--k {bad} is not in 1..={n_expert} (the model's experts per layer)");
         }
+        for &k in &ks {
+            fits(k).map_err(|e| anyhow::anyhow!("--k {k}: {e}"))?;
+        }
+        if ks.is_empty() {
+            bail!("no keep-map size fits the model's routing groups {groups:?}; pass --k");
+        }
         Ok(ks)
     }
+}
+
+/// What the report says about grouped routing: how every keep map is built.
+pub fn routing_note(s: &Saliency) -> Option<String> {
+    let g = s.routing.groups.filter(|g| g.n_group > 1)?;
+    Some(format!(
+        "grouped routing: {} groups of {} experts, {} used per token; every keep map keeps K / {} experts of each group (K must be a multiple of {} with at least 2 per group)",
+        g.n_group,
+        s.n_expert / g.n_group,
+        g.n_group_used,
+        g.n_group,
+        g.n_group
+    ))
 }
 
 /// Arguments of `coordinator score`.
@@ -168,6 +189,9 @@ pub struct ScoreReport {
     pub stability: Vec<bootstrap::StabilityRow>,
     /// Why stability is missing, if it is.
     pub stability_note: Option<String>,
+    /// How grouped routing shaped the keep maps, for a grouped model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_note: Option<String>,
 }
 
 /// Reads and parses `saliency.json`, returning its bytes' SHA-256 too.
@@ -182,7 +206,8 @@ pub async fn load_saliency(store: &RunStore) -> anyhow::Result<(Saliency, String
     Ok((s, common::hash::sha256_hex(&bytes)))
 }
 
-/// Rankings per method for `s` under `p`.
+/// Rankings per method for `s` under `p` (group-balanced under grouped
+/// routing).
 pub fn rank_all(
     s: &Saliency,
     methods: &[Method],
@@ -191,7 +216,7 @@ pub fn rank_all(
     let layers = p.source.layers(s)?;
     Ok(methods
         .iter()
-        .map(|&m| (m, rank_layers(m, p, &layers)))
+        .map(|&m| (m, rank_layers(m, p, &layers, s.routing.groups)))
         .collect())
 }
 
@@ -199,7 +224,7 @@ pub fn rank_all(
 pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<ScoreReport> {
     let (s, sha) = load_saliency(store).await?;
     let p = opts.params()?;
-    let ks = opts.ks(s.n_expert)?;
+    let ks = opts.ks(&s)?;
     let mut methods = opts.methods.clone();
     methods.sort();
     methods.dedup();
@@ -241,6 +266,7 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<Scor
         screen_note,
         stability,
         stability_note,
+        routing_note: routing_note(&s),
     };
     let mut json = serde_json::to_vec_pretty(&report)?;
     json.push(b'\n');
@@ -286,7 +312,7 @@ async fn run_screen(
     }
     let masks: Vec<screen::KeepMask> = maps
         .iter()
-        .map(|(_, m)| screen::KeepMask::new(m, s.n_expert as usize))
+        .map(|(_, m)| screen::KeepMask::new(m, s.n_expert as usize, &s.routing))
         .collect();
     let mut acc = BTreeMap::new();
     let mut read = 0u64;
@@ -371,6 +397,7 @@ async fn run_bootstrap(
     let reference = bootstrap::Reference {
         methods: ranked.iter().map(|(m, r)| (*m, r.as_slice())).collect(),
         ks,
+        groups: s.routing.groups,
     };
     let rows = bootstrap::stability(
         &chunks,

@@ -31,6 +31,9 @@ pub fn summary(r: &ScoreReport) -> String {
         );
     }
     let _ = writeln!(out, "keep maps: {}", r.keep_maps.join(", "));
+    if let Some(note) = &r.routing_note {
+        let _ = writeln!(out, "{note}");
+    }
     out
 }
 
@@ -48,6 +51,9 @@ pub fn markdown(r: &ScoreReport) -> String {
         r.params.allow_dead,
         r.saliency_sha256
     );
+    if let Some(note) = &r.routing_note {
+        let _ = writeln!(o, "Keep maps follow the model's {note}.\n");
+    }
     o.push_str("### Whole model\n\n| method | K | slot replacement (mean) | worst layer | slot replacement (worst) | dead kept | kept < 100 hits |\n|---|---|---|---|---|---|---|\n");
     for t in &r.tables {
         let _ = writeln!(

@@ -1,9 +1,12 @@
 //! Substitution screen: replays traced routing under a keep map. A token's
-//! experts become the first k kept experts of its router top-N; the screen
-//! measures the router mass of pruned selections and how far down the
-//! ranking the substitutes came from, per split.
+//! experts become what the pruned model selects ([`KeepMask::predicted`]:
+//! llama.cpp's rule, the router's top-N in selection order with the
+//! selection bias, within the allowed groups under grouped routing); the
+//! screen measures the router mass of pruned selections and how far down
+//! the ranking the substitutes came from, per split.
 
 use common::keepmap::KeepMap;
+use common::routing::Routing;
 use common::trace::TraceRow;
 use common::Split;
 use serde::{Deserialize, Serialize};
@@ -49,7 +52,7 @@ pub struct ScreenAccum {
     forced: u64,
 }
 
-/// A keep map as a per-layer membership mask.
+/// A keep map as a per-layer membership mask, with the model's routing.
 #[derive(Clone, Debug)]
 pub struct KeepMask {
     /// Method name.
@@ -57,11 +60,13 @@ pub struct KeepMask {
     /// Experts kept per layer.
     pub k: u32,
     layers: BTreeMap<u32, Vec<bool>>,
+    n_expert: usize,
+    routing: Routing,
 }
 
 impl KeepMask {
-    /// The mask of a keep map for layers of `n_expert` experts.
-    pub fn new(map: &KeepMap, n_expert: usize) -> KeepMask {
+    /// The mask of a keep map for layers of `n_expert` experts routed by `routing`.
+    pub fn new(map: &KeepMap, n_expert: usize, routing: &Routing) -> KeepMask {
         let layers = map
             .layers
             .iter()
@@ -77,14 +82,32 @@ impl KeepMask {
             method: map.method.clone(),
             k: map.k,
             layers,
+            n_expert,
+            routing: routing.clone(),
         }
+    }
+
+    /// The experts the model pruned to this map selects for the traced
+    /// token `row` (at most k; fewer when the top-N runs out of kept
+    /// experts), `None` for a layer the map does not cover.
+    pub fn predicted(&self, row: &TraceRow) -> Option<Vec<u16>> {
+        let kept = self.layers.get(&row.layer)?;
+        let is_kept = |e: u16| kept.get(e as usize).copied().unwrap_or(false);
+        Some(self.routing.select_kept(
+            row.layer,
+            self.n_expert,
+            &row.topn_id,
+            &row.topn_prob,
+            &is_kept,
+            row.selected.len(),
+        ))
     }
 }
 
 impl ScreenAccum {
     /// Adds one trace row under `mask`; a layer the map does not cover is skipped.
     pub fn add(&mut self, mask: &KeepMask, row: &TraceRow) {
-        let Some(kept) = mask.layers.get(&row.layer) else {
+        let (Some(kept), Some(chosen)) = (mask.layers.get(&row.layer), mask.predicted(row)) else {
             return;
         };
         let is_kept = |e: u16| kept.get(e as usize).copied().unwrap_or(false);
@@ -106,20 +129,17 @@ impl ScreenAccum {
         }
         self.mass_lost += lost;
         self.max_mass_lost = self.max_mass_lost.max(lost);
-        let chosen: Vec<usize> = row
-            .topn_id
-            .iter()
-            .enumerate()
-            .filter(|(_, &e)| is_kept(e))
-            .map(|(i, _)| i)
-            .take(k)
-            .collect();
         self.forced += (k - chosen.len()) as u64;
-        for i in chosen {
-            if row.selected.contains(&row.topn_id[i]) {
+        for e in chosen {
+            if row.selected.contains(&e) {
                 continue;
             }
-            let rank = i + 1;
+            let rank = row
+                .topn_id
+                .iter()
+                .position(|&x| x == e)
+                .expect("chosen from the top-N")
+                + 1;
             self.substitutes += 1;
             self.rank_sum += rank as u64;
             let b = match rank {
@@ -191,7 +211,7 @@ mod tests {
             saliency_sha256: String::new(),
             layers: [("4".to_string(), kept.to_vec())].into(),
         };
-        KeepMask::new(&map, 8)
+        KeepMask::new(&map, 8, &Routing::default())
     }
 
     #[test]

@@ -149,7 +149,7 @@ fn keep_maps_are_nested_across_k_and_cite_their_recipe() {
     let p = ScoreParams::default();
     let layers = p.source.layers(&s).unwrap();
     for m in Method::ALL {
-        let r = rank_layers(m, &p, &layers);
+        let r = rank_layers(m, &p, &layers, None);
         let maps: Vec<_> = (1..=16)
             .map(|k| keep_map(m, k, &p, "sha", &r).unwrap())
             .collect();

@@ -1,11 +1,9 @@
 //! `coordinator verify`: every invariant of DESIGN section 4, one line each
 //! with its figure (worst layer, worst deviation); exit 0 only if all hold.
 //!
-//! - [`lenient`]: reads `saliency.json` even when it holds non-finite values.
 //! - [`stats`]: the statistics invariants.
 //! - [`maps`]: the keep-map invariants.
 
-pub mod lenient;
 pub mod maps;
 pub mod stats;
 
@@ -14,7 +12,7 @@ use clap::Args;
 use common::artifacts::names as artifacts;
 use common::keepmap::KeepMap;
 use common::partial::Partial;
-use common::saliency::Saliency;
+use common::saliency::{lenient, Saliency};
 use common::store::RunStore;
 use common::Split;
 use serde::{Deserialize, Serialize};
@@ -27,8 +25,14 @@ pub mod names {
     pub const SHAPE: &str = "every layer holds n_expert values of each statistic";
     /// `sum(count) == n_tokens * k` per layer.
     pub const COUNT_SUM: &str = "per layer sum(count) == n_tokens * k";
-    /// `sum(prob_sum) == n_tokens` per layer (softmax).
-    pub const PROB_SUM: &str = "per layer sum(prob_sum) == n_tokens (softmax gating)";
+    /// What the gating implies of `prob_sum` (softmax: `sum == n_tokens`
+    /// per layer; sigmoid: every value in [0, 1], so each sum in
+    /// [0, n_tokens]); the figure names the gating.
+    pub const PROB_SUM: &str = "router probabilities as the gating implies (softmax: per layer sum(prob_sum) == n_tokens; sigmoid: each in [0, n_tokens])";
+    /// `sum(weight_sum) == n_tokens * scale` per layer when the top-k
+    /// weights are normalised.
+    pub const WEIGHT_SUM: &str =
+        "per layer sum(weight_sum) == n_tokens * scale (normalised top-k weights)";
     /// `count == 0` exactly when `reap_l2_sum == 0`.
     pub const DEAD_IFF_ZERO: &str = "count == 0 exactly when reap_l2_sum == 0";
     /// Every value finite.
@@ -210,8 +214,9 @@ pub async fn load_keep_maps(store: &RunStore) -> anyhow::Result<Vec<(String, Kee
 /// the unchanged ones in reverse order and compares the resulting
 /// `saliency.json` bytes with the stored ones.
 async fn partials_checks(store: &RunStore, saliency_bytes: &[u8]) -> anyhow::Result<[Check; 2]> {
-    let manifest = crate::run::record::read_manifest(store).await?;
-    let records = crate::run::record::records_of(store, &manifest)?;
+    let records = crate::corpus::manifest::read_or_default(store)
+        .await?
+        .partials;
     let parts: Vec<String> = store
         .list(common::artifacts::names::PARTIALS_DIR)
         .await?

@@ -2,21 +2,8 @@
 //! worst case.
 
 use super::{names as inv, Check};
+use common::partial_check::{cauchy_schwarz_margin, CAUCHY_SCHWARZ_RTOL, PROB_SUM_RTOL};
 use common::saliency::{LayerStats, Saliency};
-
-/// Relative slack of the Cauchy-Schwarz bound: sums are exact, but each
-/// `(g * ||y||)^2` term was rounded before it was added.
-pub const CAUCHY_SCHWARZ_RTOL: f64 = 1e-6;
-
-/// Absolute slack per routed token of the Cauchy-Schwarz bound: every term
-/// of both sums was rounded to the exact sums' fixed-point grid (2^-64), so
-/// a term whose square is below the grid adds 0 to `reap_l2_sq_sum`.
-fn grid_slack_per_token() -> f64 {
-    (-f64::from(common::exact::FRACTION_BITS)).exp2()
-}
-
-/// Relative tolerance of `sum(prob_sum) == n_tokens` under softmax gating.
-pub const PROB_SUM_RTOL: f64 = 1e-6;
 
 /// A statistics group: a split total or one domain of a split.
 struct Group<'a> {
@@ -62,6 +49,7 @@ pub fn check_saliency(s: &Saliency, nonfinite: &[String]) -> Vec<Check> {
         shape(s, &g),
         count_sum(s, &g),
         prob_sum(s, &g),
+        weight_sum(s, &g),
         dead_iff_zero(&g),
         finite(&g, nonfinite),
         cauchy_schwarz(&g),
@@ -146,6 +134,10 @@ fn count_sum(s: &Saliency, groups: &[Group<'_>]) -> Check {
 }
 
 fn prob_sum(s: &Saliency, groups: &[Group<'_>]) -> Check {
+    let gating = s.gating.describe();
+    if !s.gating.probabilities_sum_to_one() {
+        return prob_range(s, groups);
+    }
     let mut worst = (0.0f64, String::from("none"));
     for g in groups {
         for l in g.layers {
@@ -160,18 +152,88 @@ fn prob_sum(s: &Saliency, groups: &[Group<'_>]) -> Check {
         }
     }
     let figure = format!(
-        "worst relative deviation {:.3e} at {} (tolerance {PROB_SUM_RTOL:e})",
+        "{gating}: worst relative deviation of the sum from n_tokens {:.3e} at {} (tolerance {PROB_SUM_RTOL:e})",
         worst.0, worst.1
     );
-    if !s.gating.probabilities_sum_to_one() {
-        Check::info(
-            inv::PROB_SUM,
-            format!("{:?} gating, not asserted; {figure}", s.gating),
-        )
-    } else if worst.0 > PROB_SUM_RTOL {
+    if worst.0 > PROB_SUM_RTOL {
         Check::fail(inv::PROB_SUM, figure)
     } else {
         Check::pass(inv::PROB_SUM, figure)
+    }
+}
+
+/// Gatings whose per-token values are bounded but do not sum to 1: every
+/// expert's sum lies in `[lo, hi] * n_tokens`.
+fn prob_range(s: &Saliency, groups: &[Group<'_>]) -> Check {
+    let (lo, hi) = s.gating.value_range();
+    let mut outside = Vec::new();
+    let mut widest = (f64::INFINITY, f64::NEG_INFINITY);
+    for g in groups {
+        let n = g.n_tokens as f64;
+        for l in g.layers {
+            for (e, &p) in l.prob_sum.iter().enumerate() {
+                let per_token = p / n.max(1.0);
+                widest = (widest.0.min(per_token), widest.1.max(per_token));
+                let slack = PROB_SUM_RTOL * n.max(1.0);
+                if p < lo * n - slack || p > hi * n + slack {
+                    outside.push(format!(
+                        "{} layer {} expert {e}: {p} over {n} tokens",
+                        g.name, l.layer
+                    ));
+                }
+            }
+        }
+    }
+    let figure = format!(
+        "{}: every value in [{lo}, {hi}], so each prob_sum in [{lo}, {hi}] x n_tokens; mean per token from {:.4} to {:.4}",
+        s.gating.describe(),
+        widest.0,
+        widest.1
+    );
+    match outside.first() {
+        Some(first) => Check::fail(
+            inv::PROB_SUM,
+            format!("{figure}; {} outside, first {first}", outside.len()),
+        ),
+        None => Check::pass(inv::PROB_SUM, figure),
+    }
+}
+
+/// Relative tolerance of `sum(weight_sum) == n_tokens * scale`: each
+/// token's k weights were normalised and scaled in f32.
+pub const WEIGHT_SUM_RTOL: f64 = 1e-5;
+
+fn weight_sum(s: &Saliency, groups: &[Group<'_>]) -> Check {
+    let r = &s.routing;
+    let normalised = r.weights_norm || s.gating == common::Gating::SoftmaxWeight;
+    let scale = f64::from(r.weights_scale);
+    let mut worst = (0.0f64, String::from("none"));
+    for g in groups {
+        let want = g.n_tokens as f64 * scale;
+        for l in g.layers {
+            let sum: f64 = l.weight_sum.iter().sum();
+            let rel = (sum - want).abs() / want.max(1.0);
+            if rel > worst.0 || worst.1 == "none" {
+                worst = (
+                    rel,
+                    format!("{} layer {}: {sum} vs {want}", g.name, l.layer),
+                );
+            }
+        }
+    }
+    let figure = format!(
+        "worst relative deviation {:.3e} at {} (scale {scale}, tolerance {WEIGHT_SUM_RTOL:e})",
+        worst.0, worst.1
+    );
+    if !normalised {
+        Check::info(
+            inv::WEIGHT_SUM,
+            format!("top-k weights not normalised, not asserted; {figure}"),
+        )
+    } else if worst.0 > WEIGHT_SUM_RTOL && s.nonfinite_drops == 0 {
+        Check::fail(inv::WEIGHT_SUM, figure)
+    } else {
+        Check::pass(inv::WEIGHT_SUM, figure)
     }
 }
 
@@ -225,8 +287,7 @@ fn cauchy_schwarz(groups: &[Group<'_>]) -> Check {
         for l in g.layers {
             for (e, &c) in l.count.iter().enumerate().filter(|x| *x.1 > 0) {
                 let bound = l.reap_l2_sum[e] * l.reap_l2_sum[e] / c as f64;
-                let slack = CAUCHY_SCHWARZ_RTOL * bound + c as f64 * grid_slack_per_token();
-                let margin = (l.reap_l2_sq_sum[e] - bound) / slack;
+                let margin = cauchy_schwarz_margin(l.reap_l2_sum[e], l.reap_l2_sq_sum[e], c);
                 if worst.as_ref().is_none_or(|w| margin < w.0) {
                     worst = Some((
                         margin,

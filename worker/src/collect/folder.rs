@@ -186,6 +186,7 @@ mod tests {
             n_expert_used: 2,
             gating: Gating::Softmax,
             moe_layers: (0..LAYERS as u32).collect(),
+            routing: common::routing::Routing::default(),
         }
     }
 

@@ -146,18 +146,20 @@ fn expert_sums(x: &TensorRef<'_>, ids: &TensorRef<'_>, fit: &[bool], out: &mut I
 }
 
 /// `MUL_MAT`: every input row counts for the weight matrix it is multiplied
-/// with (broadcast over dimensions 2 and 3); rows of a plain 2-D input are
-/// tokens, of which only fit tokens count.
+/// with (broadcast over dimensions 2 and 3). Only fit tokens count: the
+/// token axis is dimension 1 (llama.cpp's layout for matmuls, also of MLA's
+/// per-head `attn_k_b` / `attn_v_b` inputs `[d, n_tokens, n_head]`), else
+/// the first of dimensions 2 and 3 that is as long as the micro-batch.
 fn dense_sums(x: &TensorRef<'_>, w: &TensorRef<'_>, fit: &[bool], out: &mut InputSums) {
     let (xne, xnb, bytes) = (x.ne(), x.nb(), x.bytes());
     let wne = w.ne();
     let n_in = xne[0];
-    let per_token = xne[2] == 1 && xne[3] == 1 && xne[1] == fit.len();
-    let counted = |r: usize| !per_token || fit[r];
+    let token_axis = (1..4).find(|&a| xne[a] == fit.len());
+    let counted = |idx: [usize; 4]| token_axis.is_none_or(|a| fit[idx[a]]);
     for i3 in 0..xne[3] {
         for i2 in 0..xne[2] {
             let mat = (i3 % wne[3]) * wne[2] + (i2 % wne[2]);
-            for r in (0..xne[1]).filter(|&r| counted(r)) {
+            for r in (0..xne[1]).filter(|&r| counted([0, r, i2, i3])) {
                 let off = r * xnb[1] + i2 * xnb[2] + i3 * xnb[3];
                 add_squares(&mut out.sum2[mat * n_in..(mat + 1) * n_in], &bytes, off);
                 out.counts[mat] += 1;

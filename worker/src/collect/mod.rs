@@ -15,6 +15,7 @@ mod importance;
 mod kernels;
 mod names;
 mod observer;
+mod probe;
 mod scratch;
 mod shape;
 
@@ -33,7 +34,7 @@ use scratch::ChunkScratch;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use shape::moe_shape;
+pub use shape::{expert_counts, moe_shape};
 
 /// How chunks are evaluated and what is recorded.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -129,7 +130,8 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// Checks the options, loads the GGUF, hashes it and reads its MoE shape.
+    /// Checks the options, loads the GGUF, hashes it and reads its MoE shape
+    /// (routing semantics from a probe decode of one token).
     pub fn load(path: &Path, opts: CollectOptions) -> Result<Collector, WorkerError> {
         opts.validate()?;
         let sha256 = sha256_file(path)?;
@@ -140,7 +142,7 @@ impl Collector {
             reason,
         })?;
         let model = Model::load(path, opts.n_gpu_layers)?;
-        let shape = moe_shape(&model).map_err(|reason| WorkerError::Model {
+        let shape = moe_shape(&model, opts.threads).map_err(|reason| WorkerError::Model {
             path: path.display().to_string(),
             reason,
         })?;
@@ -188,10 +190,8 @@ impl Collector {
             },
         );
         let observer = Observer::new(
-            self.shape.n_expert as usize,
-            self.shape.n_expert_used as usize,
+            &self.shape,
             self.opts.trace_top_n,
-            self.shape.moe_layers.clone(),
             index.domains.clone(),
             self.opts.dump_inputs.clone(),
             self.on_device.then(device::DeviceReads::new),

@@ -16,10 +16,7 @@ pub enum MoeNode {
 
 /// Parses `base-L` exactly (derived nodes such as `ffn_moe_probs-1 (reshaped)` do not match).
 pub fn parse_moe_node(name: &str) -> Option<(MoeNode, u32)> {
-    let (base, layer) = name.rsplit_once('-')?;
-    if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
+    let (base, layer) = parse_layer_node(name)?;
     let node = match base {
         "ffn_moe_probs" => MoeNode::Probs,
         "ffn_moe_topk" => MoeNode::TopK,
@@ -30,7 +27,18 @@ pub fn parse_moe_node(name: &str) -> Option<(MoeNode, u32)> {
         "ffn_moe_down" | "ffn_moe_down_scaled" | "ffn_moe_down_biased" => MoeNode::Down,
         _ => return None,
     };
-    Some((node, layer.parse().ok()?))
+    Some((node, layer))
+}
+
+/// Splits a per-block graph node name `base-L` into its base and block
+/// (`ffn_moe_probs_biased-3` -> (`ffn_moe_probs_biased`, 3)); derived names
+/// (`... (reshaped)`, `... (view)`) do not match.
+pub fn parse_layer_node(name: &str) -> Option<(&str, u32)> {
+    let (base, layer) = name.rsplit_once('-')?;
+    if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((base, layer.parse().ok()?))
 }
 
 /// Strips backend decorations: `CUDA0#blk.0.attn_k.weight#0` -> `blk.0.attn_k.weight`.

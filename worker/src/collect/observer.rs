@@ -7,8 +7,10 @@ use super::kernels::{add_finite, extend_rows};
 use super::names::{parse_moe_node, weight_name, MoeNode};
 use super::scratch::ChunkScratch;
 use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
+use common::routing::GateSite;
+use common::stats::MoeShape;
 use common::trace::TraceRow;
-use common::Split;
+use common::{Gating, Split};
 use std::collections::BTreeMap;
 
 /// What the observer knows about the micro-batch being decoded.
@@ -47,6 +49,14 @@ pub struct Observer {
     k: usize,
     top_n: usize,
     moe_layers: Vec<u32>,
+    /// `ffn_moe_probs` holds logits that become probabilities here
+    /// (softmax over all experts: [`Gating::SoftmaxWeight`]).
+    probs_are_logits: bool,
+    /// The gate multiplies the expert input: `ffn_moe_down` is already the
+    /// gated contribution, so REAP takes its norm without the gate.
+    gate_on_input: bool,
+    /// Per MoE block, the selection bias the trace's top-N is ranked with.
+    selection_bias: BTreeMap<u32, Vec<f32>>,
     domains: Vec<String>,
     ubatch: Option<UbatchInfo>,
     pending: Option<PendingLayer>,
@@ -75,20 +85,22 @@ pub struct Observer {
 impl Observer {
     /// A fresh observer for a model with the given MoE shape.
     pub fn new(
-        n_expert: usize,
-        k: usize,
+        shape: &MoeShape,
         top_n: usize,
-        moe_layers: Vec<u32>,
         domains: Vec<String>,
         dump_inputs: Vec<String>,
         device: Option<DeviceReads>,
     ) -> Self {
-        let n_layers = moe_layers.len();
+        let n_expert = shape.n_expert as usize;
+        let n_layers = shape.moe_layers.len();
         Observer {
             n_expert,
-            k,
+            k: shape.n_expert_used as usize,
             top_n: top_n.min(n_expert),
-            moe_layers,
+            moe_layers: shape.moe_layers.clone(),
+            probs_are_logits: shape.gating == Gating::SoftmaxWeight,
+            gate_on_input: shape.routing.gate == GateSite::Input,
+            selection_bias: shape.routing.selection_bias.clone(),
             domains,
             ubatch: None,
             pending: None,
@@ -175,7 +187,7 @@ impl Observer {
                 ));
             }
             let group_probs = match self.device.as_mut() {
-                Some(d) if sums_only => d.probs_by_group(t)?,
+                Some(d) if sums_only && !self.probs_are_logits => d.probs_by_group(t)?,
                 _ => None,
             };
             let probs = match group_probs {
@@ -184,7 +196,13 @@ impl Observer {
                     self.add_prob_rows(t, layer, n_tokens);
                     Vec::new()
                 }
-                None => read_f32_2d(t, self.n_expert, n_tokens),
+                None => {
+                    let mut probs = read_f32_2d(t, self.n_expert, n_tokens);
+                    if self.probs_are_logits {
+                        probs.chunks_mut(self.n_expert).for_each(softmax_in_place);
+                    }
+                    probs
+                }
             };
             self.pending = Some(PendingLayer {
                 layer,
@@ -300,6 +318,9 @@ impl Observer {
         for (tok, label) in u.labels.iter().enumerate().take(n_tokens) {
             self.row.clear();
             extend_rows(&mut self.row, &bytes[tok * nb[1]..], nb, self.n_expert, 1);
+            if self.probs_are_logits {
+                softmax_in_place(&mut self.row);
+            }
             let sums = &mut self.scratch.group(*label).layers[li].prob;
             dropped += add_finite(sums, &self.row);
         }
@@ -340,10 +361,17 @@ impl Observer {
             ));
         }
         if u.traced {
+            let bias = self.selection_bias.get(&p.layer).map(Vec::as_slice);
             for t in 0..p.n_tokens {
                 let probs = &p.probs[t * n_expert..(t + 1) * n_expert];
                 let (sel, w) = (&topk[t * k..(t + 1) * k], &weights[t * k..(t + 1) * k]);
-                let row = trace_row(u, t, p.layer, &self.domains, sel, w, probs, self.top_n);
+                let picked = Picked {
+                    selected: sel,
+                    weights: w,
+                    probs,
+                    bias,
+                };
+                let row = trace_row(u, t, p.layer, &self.domains, &picked, self.top_n);
                 self.trace.push(row);
             }
         }
@@ -386,7 +414,9 @@ impl Observer {
                         .or_default() += 1;
                     continue;
                 }
-                let r = g * n;
+                // With the gate on the input, `n` is the norm of E(g x),
+                // the expert's whole contribution: the gate is inside it.
+                let r = if self.gate_on_input { n } else { g * n };
                 l.weight[e] += g;
                 l.ean[e] += n;
                 l.l2[e] += r;
@@ -467,19 +497,35 @@ fn read_f32_2d(t: &TensorRef<'_>, cols: usize, rows: usize) -> Vec<f32> {
     out
 }
 
-/// One trace row: the selection, its gate weights and the router's top-N.
-#[allow(clippy::too_many_arguments)]
+/// One token's routing at one block, as the trace records it.
+struct Picked<'a> {
+    /// Selected expert ids (`ffn_moe_topk`).
+    selected: &'a [i32],
+    /// Their gate weights.
+    weights: &'a [f32],
+    /// Router probabilities of every expert.
+    probs: &'a [f32],
+    /// The block's selection bias, if it has one.
+    bias: Option<&'a [f32]>,
+}
+
+/// One trace row: the selection, its gate weights and the router's top-N
+/// in the order llama.cpp selects on (probability plus selection bias).
 fn trace_row(
     u: &UbatchInfo,
     t: usize,
     layer: u32,
     domains: &[String],
-    sel: &[i32],
-    w: &[f32],
-    probs: &[f32],
+    p: &Picked<'_>,
     top_n: usize,
 ) -> TraceRow {
-    let order = top_n_ids(probs, top_n);
+    let order = match p.bias {
+        Some(b) => {
+            let scores: Vec<f32> = p.probs.iter().zip(b).map(|(p, b)| p + b).collect();
+            top_n_ids(&scores, top_n)
+        }
+        None => top_n_ids(p.probs, top_n),
+    };
     TraceRow {
         split: u.labels[t].0,
         domain: domains[u.labels[t].1 as usize].clone(),
@@ -487,16 +533,28 @@ fn trace_row(
         pos: u.pos0 + t as u32,
         token_id: u.tokens[t],
         layer,
-        selected: sel.iter().map(|&e| e as u16).collect(),
-        selected_weight: w.to_vec(),
-        topn_prob: order.iter().map(|&e| probs[e as usize]).collect(),
+        selected: p.selected.iter().map(|&e| e as u16).collect(),
+        selected_weight: p.weights.to_vec(),
+        topn_prob: order.iter().map(|&e| p.probs[e as usize]).collect(),
         topn_id: order,
     }
 }
 
-/// The ids of the `n` largest probabilities, by probability descending, ties
-/// by id ascending: a partial selection, then a sort of those `n` only (a
-/// full sort of 512 experts per (token, layer) was a tenth of a traced run).
+/// Turns a row of router logits into the softmax over all of them (f64
+/// inside, rounded once to f32): the probabilities of
+/// [`Gating::SoftmaxWeight`] routing. A non-finite logit makes the row
+/// non-finite, which the sums count and drop.
+fn softmax_in_place(row: &mut [f32]) {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = row.iter().map(|&l| (l as f64 - m).exp()).sum();
+    for v in row.iter_mut() {
+        *v = ((*v as f64 - m).exp() / z) as f32;
+    }
+}
+
+/// The ids of the `n` largest scores, descending, ties by id ascending: a
+/// partial selection, then a sort of those `n` only (a full sort of 512
+/// experts per (token, layer) was a tenth of a traced run).
 fn top_n_ids(probs: &[f32], n: usize) -> Vec<u16> {
     let by_prob = |a: &u16, b: &u16| {
         probs[*b as usize]

@@ -28,7 +28,7 @@ mod positions;
 pub mod rows;
 
 use crate::collect::{
-    check_chunks, chunk_context, corpus_error, moe_shape, ranges_of, sha256_file,
+    check_chunks, chunk_context, corpus_error, expert_counts, ranges_of, sha256_file,
 };
 use crate::error::WorkerError;
 use crate::llama::{self, Context, Logits, LogitsCompare, Model, NoGraph, ThreadPool};
@@ -179,7 +179,7 @@ impl Evaluator {
                 path: c.path.display().to_string(),
                 reason,
             };
-            let shape = moe_shape(&model).map_err(model_err)?;
+            let (n_expert, _) = expert_counts(&model).map_err(model_err)?;
             if model.n_vocab() != base_model.n_vocab() {
                 return Err(model_err(format!(
                     "candidate {} has {} tokens in its vocabulary, the base model {}",
@@ -191,7 +191,7 @@ impl Evaluator {
             loaded.push(Loaded {
                 name: c.name.clone(),
                 sha256: c.sha256.clone(),
-                k: shape.n_expert,
+                k: n_expert,
                 model,
             });
         }

@@ -10,7 +10,7 @@ use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
 use common::stats::{ExpertAccum, MoeShape};
 use common::trace::TraceRow;
 use common::wire::JobInfo;
-use common::{ChunkRange, ExactSum, Gating};
+use common::{ChunkRange, ExactSum, Gating, Split};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -23,6 +23,9 @@ pub struct FakeEngine {
     pub delay_per_chunk: Duration,
     /// Never return from `measure` (a worker that stops answering).
     pub hang: bool,
+    /// Told each time `measure` starts (a test waits on it instead of
+    /// sleeping until the worker holds a lease).
+    pub measuring: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// Routed experts per layer.
     pub n_expert: u32,
     /// Experts per token.
@@ -38,6 +41,7 @@ impl FakeEngine {
             model_sha256: model_sha256.to_string(),
             delay_per_chunk: Duration::ZERO,
             hang: false,
+            measuring: None,
             n_expert: 8,
             k: 2,
             layers: vec![0, 1],
@@ -51,6 +55,7 @@ impl FakeEngine {
             n_expert_used: self.k,
             gating: Gating::Softmax,
             moe_layers: self.layers.clone(),
+            routing: common::routing::Routing::default(),
         };
         let mut experts = ExpertAccum::new(shape);
         let n_in = 4u32;
@@ -82,10 +87,13 @@ impl FakeEngine {
                         p.add(prob).map_err(|e| e.to_string())?;
                     }
                 }
-                for (c, s) in im.in_sum2.iter_mut().enumerate() {
-                    add(s, f64::from((tok.unsigned_abs() + c as u32) % 5))?;
+                // Like llama.cpp workers, the importance matrix counts fit tokens only.
+                if split == Split::Fit {
+                    for (c, s) in im.in_sum2.iter_mut().enumerate() {
+                        add(s, f64::from((tok.unsigned_abs() + c as u32) % 5))?;
+                    }
+                    im.counts[0] += 1;
                 }
-                im.counts[0] += 1;
             }
             match ranges.last_mut() {
                 Some(r) if r.end == chunk.id.0 => r.end += 1,
@@ -136,6 +144,9 @@ impl Engine for FakeEngine {
         index: &CorpusIndex,
         chunks: &[Chunk],
     ) -> Result<(Partial, Vec<TraceRow>), String> {
+        if let Some(n) = &self.measuring {
+            n.notify_one();
+        }
         if self.hang {
             loop {
                 std::thread::park();

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use tls::Trust;
 
 /// Environment variable holding the join secret when no file is given.
-pub const SECRET_ENV: &str = "MOE_CENSUS_JOIN_SECRET";
+pub use common::layout::env::JOIN_SECRET as SECRET_ENV;
 
 /// Arguments of `worker join`.
 #[derive(clap::Args, Debug, Clone)]

@@ -163,10 +163,17 @@ impl Model {
         unsafe { sys::llama_vocab_is_eog(sys::llama_model_get_vocab(self.ptr.as_ptr()), token) }
     }
 
-    /// Number of blocks.
+    /// Number of blocks a decode runs (NextN / MTP blocks excluded).
     pub fn n_layer(&self) -> u32 {
         // SAFETY: the model is live.
         unsafe { sys::llama_model_n_layer(self.ptr.as_ptr()) as u32 }
+    }
+
+    /// Number of NextN / MTP blocks after the last layer (run only by an
+    /// MTP draft context, never by a decode).
+    pub fn n_layer_nextn(&self) -> u32 {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_n_layer_nextn(self.ptr.as_ptr()).max(0) as u32 }
     }
 }
 

@@ -82,6 +82,23 @@ impl<'a> TensorRef<'a> {
         }
     }
 
+    /// ggml's name of the node's operation, unary and GLU ops by their own
+    /// name (`SOFT_MAX`, `SIGMOID`, `MUL_MAT`, ...): how the routing probe
+    /// tells gating functions apart.
+    pub fn op_desc(&self) -> &'static str {
+        // SAFETY: the tensor is live; ggml returns a static NUL-terminated name.
+        let c = unsafe { CStr::from_ptr(sys::ggml_op_desc(self.raw)) };
+        c.to_str().unwrap_or("")
+    }
+
+    /// Operation parameter `i` read as an f32 (`ggml_scale`'s factor is 0).
+    pub fn op_param_f32(&self, i: usize) -> Option<f32> {
+        self.raw
+            .op_params
+            .get(i)
+            .map(|&bits| f32::from_bits(bits as u32))
+    }
+
     /// Element type.
     pub fn elem(&self) -> ElemType {
         match self.raw.type_ {

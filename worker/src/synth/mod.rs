@@ -1,4 +1,7 @@
-//! `worker synth-model`: deterministic, small but real MoE GGUF models.
+//! `worker synth-model`: deterministic, small but real MoE GGUF models, one
+//! preset per MoE family llama.cpp runs, with that family's tensor layout
+//! (DESIGN section 3's routing variants). [`layout`] knows each family's
+//! metadata and tensors; [`builder`] makes the random weights.
 //!
 //! - [`Preset::Tiny`]: qwen3moe (softmax gating, normalised top-k weights).
 //! - [`Preset::TinyAlt`]: glm4moe (a leading dense block so MoE layers start
@@ -16,6 +19,10 @@
 //! - [`Preset::TinyAltQk`]: `tiny-alt`'s architecture with hidden size and
 //!   expert width 256, so llama.cpp's k-quants (blocks of 256) apply to the
 //!   expert matrices and a quantised model can be made with its quantizer.
+//! - One preset per other family: gpt-oss, llama4 (plain and interleaved),
+//!   deepseek2 (V3: MLA, groups, sigmoid with bias; V2: softmax without a
+//!   gating key), glm4moe with an MTP block, qwen3next (with and without
+//!   MTP), qwen35moe, granitemoe, mixtral, qwen2moe and minimax-m2.
 //! - [`Preset::Vocab152k`], [`Preset::Vocab248k`]: the real vocabularies
 //!   (151,936: Qwen3 and Qwen3-Next; 248,320: Qwen3.5) at the real hidden
 //!   size (2,048) and routing (512 experts, top-10) in 3 MoE layers, Q8_0,
@@ -24,16 +31,17 @@
 //! [`chunks`] makes synthetic token chunks for the benchmarks; [`corpus`]
 //! a synthetic text corpus.
 
+mod builder;
 pub mod chunks;
 pub mod corpus;
+mod layout;
 mod vocab;
 mod weights;
 
 use anyhow::Context;
+use builder::Builder;
 use common::gguf::{GgufWriter, TensorType, Value};
-use common::splitmix::SplitMix64;
 use std::path::Path;
-use weights::encode_into;
 
 pub use vocab::{byte_to_unicode, CHAT_TEMPLATE, SPECIAL_TOKENS};
 
@@ -56,6 +64,44 @@ pub enum Preset {
     /// with hidden size and expert width 256, f16: every expert row is a
     /// whole number of k-quant blocks.
     TinyAltQk,
+    /// gpt-oss: softmax over the selected logits, router and expert biases,
+    /// attention sinks; 3 MoE layers, 16 experts, top-4.
+    GptOss,
+    /// llama4: sigmoid gate on the expert input, an ungated shared expert;
+    /// 4 MoE layers, 16 experts, top-1.
+    Llama4,
+    /// llama4 with `interleave_moe_layer_step = 2` (Maverick): blocks 1 and
+    /// 3 of 4 are MoE, 0 and 2 dense.
+    Llama4Interleaved,
+    /// deepseek2 as DeepSeek-V3: MLA attention, 1 dense + 3 MoE layers, 32
+    /// experts in 4 groups (2 used), top-4, sigmoid with a selection bias,
+    /// normalised weights scaled by 2.5, a shared expert.
+    Deepseek2,
+    /// deepseek2 as DeepSeek-V2: MLA, no `expert_gating_func` key (llama.cpp
+    /// runs softmax), unnormalised weights, 16 experts, top-4.
+    Deepseek2V2,
+    /// glm4moe with an MTP (NextN) block: 1 dense + 2 MoE layers and block 3
+    /// as NextN, 16 experts, top-4.
+    Glm4moeMtp,
+    /// qwen3next: gated DeltaNet and attention layers (3 + 1), softmax
+    /// routing, a sigmoid-gated shared expert; 16 experts, top-4.
+    Qwen3next,
+    /// qwen3next with an MTP block after its 4 layers.
+    Qwen3nextMtp,
+    /// qwen35moe: Qwen3.5's hybrid layout (separate DeltaNet beta and alpha
+    /// projections, multi-section RoPE); 16 experts, top-4.
+    Qwen35moe,
+    /// granitemoe: softmax top-k with logit, residual and embedding scales;
+    /// 16 experts, top-4.
+    Granitemoe,
+    /// mixtral (llama.cpp's `llama` with experts): 8 experts, top-2.
+    Mixtral,
+    /// qwen2moe: softmax, unnormalised weights, a sigmoid-gated shared
+    /// expert; 16 experts, top-4.
+    Qwen2moe,
+    /// minimax-m2: sigmoid with a selection bias, per-head q/k norms over
+    /// all heads; 16 experts, top-4.
+    MinimaxM2,
     /// qwen3moe with Qwen3's vocabulary size (151,936), hidden 2048, 3 MoE
     /// layers, 512 experts, top-10, expert width 32, Q8_0, tied embeddings.
     #[value(name = "vocab-152k")]
@@ -102,7 +148,7 @@ pub struct Spec {
     pub n_head_kv: usize,
     /// Head dimension.
     pub head_dim: usize,
-    /// Blocks in total.
+    /// Blocks a decode runs (NextN blocks come on top).
     pub n_layer: usize,
     /// Leading dense (non-MoE) blocks.
     pub n_dense_lead: usize,
@@ -120,6 +166,16 @@ pub struct Spec {
     pub weight_type: TensorType,
     /// BPE merges in the vocabulary.
     pub n_merges: usize,
+    /// Every `moe_step`-th block is an MoE block (llama4's
+    /// `interleave_moe_layer_step`); 1: all after the leading dense ones.
+    pub moe_step: usize,
+    /// NextN / MTP blocks after the last layer (`nextn_predict_layers`).
+    pub n_nextn: usize,
+    /// Routing groups `(expert_group_count, expert_group_used_count)`;
+    /// `(0, 0)`: plain top-k.
+    pub groups: (usize, usize),
+    /// `{arch}.expert_gating_func` as written (None: the key is absent).
+    pub gating_key: Option<u32>,
     /// Tokens in the vocabulary: unused tokens pad the learnt ones up to
     /// it (0: the learnt vocabulary, a few hundred tokens).
     pub n_vocab: usize,
@@ -128,63 +184,67 @@ pub struct Spec {
     pub tied_output: bool,
 }
 
+impl Spec {
+    /// Whether block `i` has routed experts.
+    pub fn is_moe(&self, i: usize) -> bool {
+        self.n_expert > 0 && i >= self.n_dense_lead && (i + 1).is_multiple_of(self.moe_step.max(1))
+    }
+
+    /// Routers gated by a sigmoid get milder logits (f32 sigmoids saturate).
+    fn sigmoid_router(&self) -> bool {
+        self.gating_key == Some(2) || self.arch == "llama4"
+    }
+}
+
 impl Preset {
     /// The preset's shape.
     pub fn spec(self) -> Spec {
+        let tiny = Spec {
+            arch: "qwen3moe",
+            n_embd: 64,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            n_layer: 3,
+            n_dense_lead: 0,
+            n_expert: 16,
+            n_expert_used: 4,
+            n_ff_exp: 32,
+            n_ff_dense: 0,
+            n_shared: 0,
+            weight_type: TensorType::F32,
+            n_merges: 400,
+            moe_step: 1,
+            n_nextn: 0,
+            groups: (0, 0),
+            gating_key: None,
+            n_vocab: 0,
+            tied_output: false,
+        };
+        let tiny_alt = Spec {
+            arch: "glm4moe",
+            n_layer: 4,
+            n_dense_lead: 1,
+            n_expert: 24,
+            n_ff_dense: 96,
+            n_shared: 1,
+            gating_key: Some(2),
+            ..tiny.clone()
+        };
         match self {
-            Preset::Tiny => Spec {
-                arch: "qwen3moe",
-                n_embd: 64,
-                n_head: 4,
-                n_head_kv: 2,
-                head_dim: 16,
-                n_layer: 3,
-                n_dense_lead: 0,
-                n_expert: 16,
-                n_expert_used: 4,
-                n_ff_exp: 32,
-                n_ff_dense: 0,
-                n_shared: 0,
-                weight_type: TensorType::F32,
-                n_merges: 400,
-                n_vocab: 0,
-                tied_output: false,
-            },
-            Preset::TinyAlt => Spec {
-                arch: "glm4moe",
-                n_embd: 64,
-                n_head: 4,
-                n_head_kv: 2,
-                head_dim: 16,
-                n_layer: 4,
-                n_dense_lead: 1,
-                n_expert: 24,
-                n_expert_used: 4,
-                n_ff_exp: 32,
-                n_ff_dense: 96,
-                n_shared: 1,
-                weight_type: TensorType::F32,
-                n_merges: 400,
-                n_vocab: 0,
-                tied_output: false,
-            },
+            Preset::Tiny => tiny,
+            Preset::TinyAlt => tiny_alt,
             Preset::Bench => Spec {
-                arch: "qwen3moe",
                 n_embd: 512,
                 n_head: 8,
                 n_head_kv: 4,
                 head_dim: 64,
                 n_layer: 8,
-                n_dense_lead: 0,
                 n_expert: 64,
                 n_expert_used: 8,
                 n_ff_exp: 256,
-                n_ff_dense: 0,
-                n_shared: 0,
                 weight_type: TensorType::Q8_0,
-                n_merges: 400,
-                n_vocab: 0,
-                tied_output: false,
+                ..tiny
             },
             Preset::Wide => Spec {
                 n_layer: 48,
@@ -194,7 +254,7 @@ impl Preset {
                 // f16 halves the file (~150 MB); Q8_0 needs rows of 32 and the
                 // down projection's rows are 16 wide.
                 weight_type: TensorType::F16,
-                ..Preset::Tiny.spec()
+                ..tiny
             },
             Preset::WideHidden => Spec {
                 n_embd: 2048,
@@ -209,7 +269,7 @@ impl Preset {
                 // input depends on it (BENCHMARKS.md gives the formula).
                 n_ff_exp: 32,
                 weight_type: TensorType::Q8_0,
-                ..Preset::Tiny.spec()
+                ..tiny
             },
             Preset::Dense => Spec {
                 arch: "qwen3",
@@ -218,7 +278,7 @@ impl Preset {
                 n_expert: 0,
                 n_expert_used: 0,
                 n_ff_dense: 96,
-                ..Preset::Tiny.spec()
+                ..tiny
             },
             Preset::TinyAltQk => Spec {
                 n_embd: 256,
@@ -228,7 +288,83 @@ impl Preset {
                 n_ff_exp: 256,
                 n_ff_dense: 256,
                 weight_type: TensorType::F16,
-                ..Preset::TinyAlt.spec()
+                ..tiny_alt
+            },
+            Preset::GptOss => Spec {
+                arch: "gpt-oss",
+                ..tiny
+            },
+            // llama4 needs 4 blocks: its 4th is the first without RoPE, the
+            // only one that reads the attention temperature input.
+            Preset::Llama4 => Spec {
+                arch: "llama4",
+                n_layer: 4,
+                n_expert_used: 1,
+                n_ff_dense: 96,
+                n_shared: 1,
+                ..tiny
+            },
+            Preset::Llama4Interleaved => Spec {
+                moe_step: 2,
+                ..Preset::Llama4.spec()
+            },
+            Preset::Deepseek2 => Spec {
+                arch: "deepseek2",
+                n_head_kv: 1,
+                n_layer: 4,
+                n_dense_lead: 1,
+                n_expert: 32,
+                n_ff_dense: 96,
+                n_shared: 1,
+                groups: (4, 2),
+                gating_key: Some(2),
+                ..tiny
+            },
+            Preset::Deepseek2V2 => Spec {
+                n_expert: 16,
+                groups: (0, 0),
+                gating_key: None,
+                ..Preset::Deepseek2.spec()
+            },
+            Preset::Glm4moeMtp => Spec {
+                n_layer: 3,
+                n_expert: 16,
+                n_nextn: 1,
+                ..tiny_alt
+            },
+            Preset::Qwen3next => Spec {
+                arch: "qwen3next",
+                n_layer: 4,
+                n_shared: 1,
+                ..tiny
+            },
+            Preset::Qwen3nextMtp => Spec {
+                n_nextn: 1,
+                ..Preset::Qwen3next.spec()
+            },
+            Preset::Qwen35moe => Spec {
+                arch: "qwen35moe",
+                ..Preset::Qwen3next.spec()
+            },
+            Preset::Granitemoe => Spec {
+                arch: "granitemoe",
+                ..tiny
+            },
+            Preset::Mixtral => Spec {
+                arch: "llama",
+                n_expert: 8,
+                n_expert_used: 2,
+                ..tiny
+            },
+            Preset::Qwen2moe => Spec {
+                arch: "qwen2moe",
+                n_shared: 1,
+                ..tiny
+            },
+            Preset::MinimaxM2 => Spec {
+                arch: "minimax-m2",
+                gating_key: Some(2),
+                ..tiny
             },
             Preset::Vocab152k => Spec {
                 n_layer: 3,
@@ -241,63 +377,6 @@ impl Preset {
                 ..Preset::Vocab152k.spec()
             },
         }
-    }
-}
-
-/// Builds the tensors of one model; `seed` makes every weight reproducible.
-struct Builder<'a> {
-    g: GgufWriter,
-    seed: u64,
-    spec: &'a Spec,
-}
-
-impl Builder<'_> {
-    /// A matrix `[n_in, n_out, n_mat]` with uniform values scaled by
-    /// 1/sqrt(n_in), drawn and encoded a piece at a time (a real-vocabulary
-    /// embedding is 500M values: 2 GB as f32).
-    fn matrix(&mut self, name: &str, dims: &[usize], gain: f32) {
-        const PIECE: usize = 32 * 1024;
-        let n: usize = dims.iter().product();
-        let scale = gain * (3.0 / dims[0] as f32).sqrt();
-        let mut rng = SplitMix64::for_stream(self.seed, name);
-        let ty = self.spec.weight_type;
-        let mut data = Vec::with_capacity(ty.bytes_for(n));
-        let mut piece = Vec::with_capacity(PIECE);
-        for start in (0..n).step_by(PIECE) {
-            piece.clear();
-            piece.extend((start..n.min(start + PIECE)).map(|_| rng.symmetric_f32() * scale));
-            encode_into(&piece, ty, &mut data);
-        }
-        let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-        self.g.tensor(name, &dims64, ty, data);
-    }
-
-    /// A norm weight: ones with a little noise (always f32, as llama.cpp expects).
-    fn norm(&mut self, name: &str, n: usize) {
-        let mut rng = SplitMix64::for_stream(self.seed, name);
-        let values: Vec<f32> = (0..n).map(|_| 1.0 + 0.1 * rng.symmetric_f32()).collect();
-        self.g.tensor_f32(name, &[n as u64], &values);
-    }
-
-    /// The router: rows scaled unevenly so some experts are heavy hitters.
-    fn router(&mut self, name: &str) {
-        let (n_embd, n_expert) = (self.spec.n_embd, self.spec.n_expert);
-        let mut rng = SplitMix64::for_stream(self.seed, name);
-        // Sigmoid routers saturate at 1.0 in f32 with large logits; keep them moderate.
-        let sharpness = if self.spec.arch == "glm4moe" {
-            1.0
-        } else {
-            4.0
-        };
-        let scale = sharpness * (3.0 / n_embd as f32).sqrt();
-        let mut values = Vec::with_capacity(n_embd * n_expert);
-        for e in 0..n_expert {
-            let gain = 0.4 + 1.6 * ((e * 7) % n_expert) as f32 / n_expert as f32;
-            values.extend((0..n_embd).map(|_| rng.symmetric_f32() * scale * gain));
-        }
-        // The router stays f32 so routing is not perturbed by quantisation.
-        self.g
-            .tensor_f32(name, &[n_embd as u64, n_expert as u64], &values);
     }
 }
 
@@ -332,7 +411,7 @@ pub fn write_model_as(
 }
 
 /// [`write_model`] with the preset's shape changed by `o`; the file is
-/// written as it is encoded, never held whole in memory.
+/// written from the encoded tensors, never copied whole into one buffer.
 pub fn write_model_with(
     preset: Preset,
     seed: u64,
@@ -380,134 +459,18 @@ fn build_model(preset: Preset, seed: u64, o: Overrides) -> GgufWriter {
     }
     let mut vocab = vocab::build(spec.n_merges);
     vocab.pad_to(spec.n_vocab);
-    let n_vocab = vocab.tokens.len();
-    let s = &spec;
-    let a = s.arch;
     let mut b = Builder {
         g: GgufWriter::new(),
         seed,
-        spec: s,
+        spec: &spec,
     };
-    let key = |k: &str| format!("{a}.{k}");
-    b.g.kv("general.architecture", Value::Str(a.into()))
+    b.g.kv("general.architecture", Value::Str(spec.arch.into()))
         .kv(
             "general.name",
             Value::Str(format!("moe-census synthetic {preset:?} seed {seed}")),
-        )
-        .kv(&key("context_length"), Value::U32(4096))
-        .kv(&key("embedding_length"), Value::U32(s.n_embd as u32))
-        .kv(&key("block_count"), Value::U32(s.n_layer as u32))
-        .kv(
-            &key("feed_forward_length"),
-            Value::U32(s.n_ff_dense.max(s.n_ff_exp) as u32),
-        )
-        .kv(&key("attention.head_count"), Value::U32(s.n_head as u32))
-        .kv(
-            &key("attention.head_count_kv"),
-            Value::U32(s.n_head_kv as u32),
-        )
-        .kv(&key("attention.key_length"), Value::U32(s.head_dim as u32))
-        .kv(
-            &key("attention.value_length"),
-            Value::U32(s.head_dim as u32),
-        )
-        .kv(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
-        .kv(&key("rope.freq_base"), Value::F32(10000.0));
-    if s.n_expert > 0 {
-        b.g.kv(&key("expert_count"), Value::U32(s.n_expert as u32))
-            .kv(
-                &key("expert_used_count"),
-                Value::U32(s.n_expert_used as u32),
-            )
-            .kv(
-                &key("expert_feed_forward_length"),
-                Value::U32(s.n_ff_exp as u32),
-            );
-    }
-    if a == "glm4moe" {
-        b.g.kv(
-            &key("leading_dense_block_count"),
-            Value::U32(s.n_dense_lead as u32),
-        )
-        .kv(&key("expert_shared_count"), Value::U32(s.n_shared as u32))
-        .kv(&key("expert_weights_norm"), Value::Bool(true))
-        .kv(&key("expert_weights_scale"), Value::F32(2.5))
-        .kv(&key("expert_gating_func"), Value::U32(2))
-        .kv(&key("rope.dimension_count"), Value::U32(s.head_dim as u32));
-    }
-    b.g.kv("tokenizer.ggml.model", Value::Str("gpt2".into()))
-        .kv("tokenizer.ggml.pre", Value::Str("qwen2".into()))
-        .kv(
-            "tokenizer.ggml.tokens",
-            Value::StrArray(vocab.tokens.clone()),
-        )
-        .kv(
-            "tokenizer.ggml.token_type",
-            Value::I32Array(vocab.token_types.clone()),
-        )
-        .kv(
-            "tokenizer.ggml.merges",
-            Value::StrArray(vocab.merges.clone()),
-        )
-        .kv(
-            "tokenizer.ggml.bos_token_id",
-            Value::U32(vocab.special_id("<|endoftext|>")),
-        )
-        .kv(
-            "tokenizer.ggml.eos_token_id",
-            Value::U32(vocab.special_id("<|im_end|>")),
-        )
-        .kv(
-            "tokenizer.ggml.padding_token_id",
-            Value::U32(vocab.special_id("<|endoftext|>")),
-        )
-        .kv("tokenizer.ggml.add_bos_token", Value::Bool(false))
-        .kv("tokenizer.chat_template", Value::Str(CHAT_TEMPLATE.into()));
-
-    let (e, hd) = (s.n_embd, s.head_dim);
-    b.matrix("token_embd.weight", &[e, n_vocab], 3.0);
-    b.norm("output_norm.weight", e);
-    if !s.tied_output {
-        b.matrix("output.weight", &[e, n_vocab], 1.0);
-    }
-    for i in 0..s.n_layer {
-        let t = |n: &str| format!("blk.{i}.{n}.weight");
-        b.norm(&t("attn_norm"), e);
-        b.matrix(&t("attn_q"), &[e, s.n_head * hd], 1.0);
-        b.matrix(&t("attn_k"), &[e, s.n_head_kv * hd], 1.0);
-        b.matrix(&t("attn_v"), &[e, s.n_head_kv * hd], 1.0);
-        b.matrix(&t("attn_output"), &[s.n_head * hd, e], 1.0);
-        if a.starts_with("qwen3") {
-            b.norm(&t("attn_q_norm"), hd);
-            b.norm(&t("attn_k_norm"), hd);
-            b.norm(&t("ffn_norm"), e);
-        } else {
-            b.norm(&t("post_attention_norm"), e);
-        }
-        if i < s.n_dense_lead {
-            b.matrix(&t("ffn_gate"), &[e, s.n_ff_dense], 1.0);
-            b.matrix(&t("ffn_up"), &[e, s.n_ff_dense], 1.0);
-            b.matrix(&t("ffn_down"), &[s.n_ff_dense, e], 1.0);
-            continue;
-        }
-        b.router(&t("ffn_gate_inp"));
-        b.matrix(&t("ffn_gate_exps"), &[e, s.n_ff_exp, s.n_expert], 1.0);
-        b.matrix(&t("ffn_up_exps"), &[e, s.n_ff_exp, s.n_expert], 1.0);
-        b.matrix(&t("ffn_down_exps"), &[s.n_ff_exp, e, s.n_expert], 1.0);
-        if s.n_shared > 0 {
-            let w = s.n_ff_exp * s.n_shared;
-            b.matrix(&t("ffn_gate_shexp"), &[e, w], 1.0);
-            b.matrix(&t("ffn_up_shexp"), &[e, w], 1.0);
-            b.matrix(&t("ffn_down_shexp"), &[w, e], 1.0);
-        }
-        if a == "glm4moe" {
-            let name = format!("blk.{i}.exp_probs_b.bias");
-            let mut rng = SplitMix64::for_stream(seed, &name);
-            let bias: Vec<f32> = (0..s.n_expert)
-                .map(|_| 0.05 * rng.symmetric_f32())
-                .collect();
-            b.g.tensor_f32(&name, &[s.n_expert as u64], &bias);
-        }
-    }
+        );
+    layout::metadata(&mut b);
+    vocab::write_tokenizer(&mut b.g, &vocab);
+    layout::tensors(&mut b, vocab.tokens.len());
     b.g
 }

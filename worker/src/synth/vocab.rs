@@ -142,6 +142,40 @@ pub fn build(n_merges: usize) -> Vocab {
     }
 }
 
+/// Writes the vocabulary's tokenizer metadata: a GPT-2 BPE with Qwen2's
+/// pre-tokenizer, the special tokens and the chat template.
+pub fn write_tokenizer(g: &mut common::gguf::GgufWriter, vocab: &Vocab) {
+    use common::gguf::Value;
+    g.kv("tokenizer.ggml.model", Value::Str("gpt2".into()))
+        .kv("tokenizer.ggml.pre", Value::Str("qwen2".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            Value::StrArray(vocab.tokens.clone()),
+        )
+        .kv(
+            "tokenizer.ggml.token_type",
+            Value::I32Array(vocab.token_types.clone()),
+        )
+        .kv(
+            "tokenizer.ggml.merges",
+            Value::StrArray(vocab.merges.clone()),
+        )
+        .kv(
+            "tokenizer.ggml.bos_token_id",
+            Value::U32(vocab.special_id("<|endoftext|>")),
+        )
+        .kv(
+            "tokenizer.ggml.eos_token_id",
+            Value::U32(vocab.special_id("<|im_end|>")),
+        )
+        .kv(
+            "tokenizer.ggml.padding_token_id",
+            Value::U32(vocab.special_id("<|endoftext|>")),
+        )
+        .kv("tokenizer.ggml.add_bos_token", Value::Bool(false))
+        .kv("tokenizer.chat_template", Value::Str(CHAT_TEMPLATE.into()));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

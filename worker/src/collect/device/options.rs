@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Environment variable read when `--reduce` is not given (tests and
 /// launchers set it to run every worker on one path).
-pub const REDUCE_ENV: &str = "MOE_CENSUS_REDUCE";
+pub use common::layout::env::REDUCE as REDUCE_ENV;
 
 /// Where observed tensors are reduced.
 #[derive(

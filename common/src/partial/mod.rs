@@ -1,6 +1,10 @@
 //! Partial results: what a worker returns for a set of chunks, and the exact
 //! merge that combines them into a run's result.
 
+mod encoding;
+
+pub use encoding::PackedPartial;
+
 use crate::imatrix::Imatrix;
 use crate::saliency::Saliency;
 use crate::split::ChunkRange;
@@ -9,8 +13,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the partial encoding; bumped on any layout change (2: the
-/// backend-to-host figure, [`BackendToHost`]).
-pub const PARTIAL_FORMAT_VERSION: u32 = 2;
+/// backend-to-host figure, [`BackendToHost`]; 3: the routing semantics in
+/// the MoE shape, [`crate::routing::Routing`]; 4: exact sums packed in
+/// columns apart from the bincode header, [`crate::packed`]). Partials of
+/// an earlier version are refused with their version named.
+pub const PARTIAL_FORMAT_VERSION: u32 = 4;
 
 /// Accumulators for a disjoint set of chunks of one model and corpus.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,7 +103,8 @@ impl Partial {
     }
 
     /// Adds another partial; refuses a different model or corpus and any
-    /// chunk covered twice.
+    /// chunk covered twice. The statistics and the importance matrix's
+    /// tensors are added in parallel; the result is the same bits.
     pub fn merge(&mut self, other: &Partial) -> Result<(), MergeError> {
         if self.model_sha256 != other.model_sha256 {
             return Err(MergeError::Shape(format!(
@@ -111,8 +119,12 @@ impl Partial {
             )));
         }
         self.chunks = union_disjoint(&self.chunks, &other.chunks)?;
-        self.experts.merge(&other.experts)?;
-        self.imatrix.merge(&other.imatrix)?;
+        let (experts, imatrix) = rayon::join(
+            || self.experts.merge(&other.experts),
+            || self.imatrix.merge(&other.imatrix),
+        );
+        experts?;
+        imatrix?;
         for (name, n) in &other.nonfinite_drops {
             *self.nonfinite_drops.entry(name.clone()).or_default() += n;
         }
@@ -142,24 +154,27 @@ impl Partial {
         )
     }
 
-    /// Binary encoding (bincode 2, standard config).
+    /// Binary encoding, format [`PARTIAL_FORMAT_VERSION`]: a bincode header
+    /// without the exact sums, then the sums packed column by column
+    /// (`encoding`); the same partial always gives the same bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
-        bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("partial encodes")
+        encoding::encode(self)
     }
 
     /// Decodes a partial: the format version is read first (another version
-    /// is refused before the rest is decoded), then the whole value under a
-    /// limit sized from `bytes.len()` ([`crate::bounded`]); trailing bytes
-    /// are refused.
+    /// is refused before the rest is decoded), then the whole value under
+    /// limits sized from `bytes.len()` ([`crate::bounded`], `encoding`);
+    /// trailing bytes are refused, and every sum column must have the length
+    /// its header gives it.
     pub fn from_bytes(bytes: &[u8]) -> Result<Partial, String> {
         let (version, _) = crate::bounded::decode_prefix::<u32>(bytes)
             .map_err(|e| format!("not a moe-census partial: {e}"))?;
-        if version != PARTIAL_FORMAT_VERSION {
-            return Err(format!(
-                "partial format version {version} (this build reads {PARTIAL_FORMAT_VERSION})"
-            ));
+        match version {
+            PARTIAL_FORMAT_VERSION => encoding::decode(bytes),
+            v => Err(format!(
+                "partial format version {v} (this build reads {PARTIAL_FORMAT_VERSION})"
+            )),
         }
-        crate::bounded::decode(bytes).map_err(|e| format!("not a moe-census partial: {e}"))
     }
 }
 
@@ -198,6 +213,7 @@ mod tests {
                 n_expert_used: 2,
                 gating: crate::Gating::Softmax,
                 moe_layers: vec![0, 1],
+                routing: crate::routing::Routing::default(),
             }),
             imatrix: Imatrix::default(),
             nonfinite_drops: BTreeMap::new(),
@@ -236,7 +252,7 @@ mod tests {
         // Version 1 (before the backend-to-host figure) followed by bytes
         // that are no partial at all.
         let e = Partial::from_bytes(&[1, 0xff, 0xff, 0xff]).unwrap_err();
-        assert_eq!(e, "partial format version 1 (this build reads 2)");
+        assert_eq!(e, "partial format version 1 (this build reads 4)");
     }
 
     #[test]

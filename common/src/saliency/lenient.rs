@@ -3,8 +3,7 @@
 //! one would not parse. Here each such value is recorded by its JSON path and
 //! read as 0, so the other invariants can still be checked.
 
-use anyhow::Context;
-use common::saliency::Saliency;
+use super::Saliency;
 use serde_json::Value;
 
 /// A parsed saliency file and the paths of values that were not finite numbers.
@@ -15,15 +14,58 @@ pub struct Lenient {
     pub nonfinite: Vec<String>,
 }
 
+/// Why a saliency file could not be read even leniently.
+#[derive(Debug, thiserror::Error)]
+pub enum LenientError {
+    /// The bytes are not UTF-8.
+    #[error("{what} is not UTF-8")]
+    NotUtf8 {
+        /// The file, as named by the caller.
+        what: String,
+        /// Where decoding stopped.
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    /// The text is not JSON.
+    #[error("{what} is not JSON")]
+    NotJson {
+        /// The file, as named by the caller.
+        what: String,
+        /// The parser's complaint.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The JSON is not a saliency document.
+    #[error("{what} is not a saliency file")]
+    NotSaliency {
+        /// The file, as named by the caller.
+        what: String,
+        /// The missing or mistyped field.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Parses `bytes` (named `what` in errors), tolerating non-finite values.
-pub fn parse(bytes: &[u8], what: &str) -> anyhow::Result<Lenient> {
-    let text = std::str::from_utf8(bytes).with_context(|| format!("{what} is not UTF-8"))?;
-    let mut value: Value = serde_json::from_str(&nullify_bare_nonfinite(text))
-        .with_context(|| format!("{what} is not JSON"))?;
+pub fn parse(bytes: &[u8], what: &str) -> Result<Lenient, LenientError> {
+    let what = || what.to_string();
+    let text = std::str::from_utf8(bytes).map_err(|source| LenientError::NotUtf8 {
+        what: what(),
+        source,
+    })?;
+    let mut value: Value =
+        serde_json::from_str(&nullify_bare_nonfinite(text)).map_err(|source| {
+            LenientError::NotJson {
+                what: what(),
+                source,
+            }
+        })?;
     let mut nonfinite = Vec::new();
     walk(&mut value, &mut String::new(), &mut nonfinite);
-    let saliency =
-        serde_json::from_value(value).with_context(|| format!("{what} is not a saliency file"))?;
+    let saliency = serde_json::from_value(value).map_err(|source| LenientError::NotSaliency {
+        what: what(),
+        source,
+    })?;
     Ok(Lenient {
         saliency,
         nonfinite,

@@ -1,0 +1,719 @@
+//! Format 3 of a partial: the bincode header (every field, with its exact
+//! sums left out), then each [`ExactSum`] column [`packed`], in a fixed
+//! order: per (split, domain) group and MoE layer the five statistics, then
+//! each importance-matrix tensor's `in_sum2`. A column equal to an earlier
+//! one (`ffn_gate_exps` and `ffn_up_exps` read the same input, so their
+//! sums are equal; so are `attn_q`'s, `attn_k`'s and `attn_v`'s) is stored
+//! as a reference to it.
+//!
+//! Column layout: a tag byte; `0` then the packed length (u64, little
+//! endian) and the packed bytes; or `1` then the index of the earlier packed
+//! column it equals (u32, little endian).
+//!
+//! Decoding is bounded: each column's length comes from the header (the
+//! layer's expert count, the tensor's `n_in x n_mat`), a packed column must
+//! be at least [`packed::min_bytes`] of its length (at most 8 sums per input
+//! byte) and the copies hold no more sums than the packed columns, so a
+//! decoded partial holds at most 16 sums (256 bytes) per input byte.
+
+use super::{Partial, PARTIAL_FORMAT_VERSION};
+use crate::exact::ExactSum;
+use crate::imatrix::{Imatrix, ImatrixEntry};
+use crate::packed;
+use crate::peer_text::peer_text;
+use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};
+use bytes::Bytes;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::ops::Range;
+
+const PACKED: u8 = 0;
+const COPY: u8 = 1;
+
+/// The encoding of `p` (format [`PARTIAL_FORMAT_VERSION`]).
+pub(super) fn encode(p: &Partial) -> Vec<u8> {
+    let mut out = bincode::serde::encode_to_vec(header(p), bincode::config::standard())
+        .expect("partial header encodes");
+    let columns = columns(p);
+    let sources = first_equal(&columns, stats_columns(p));
+    let packed: Vec<Option<Vec<u8>>> = columns
+        .par_iter()
+        .zip(&sources)
+        .map(|(c, source)| {
+            source.is_none().then(|| {
+                let mut b = Vec::with_capacity(c.len() * 8);
+                packed::encode(c, &mut b);
+                b
+            })
+        })
+        .collect();
+    out.reserve(packed.iter().flatten().map(|b| b.len() + 9).sum());
+    for (bytes, source) in packed.iter().zip(&sources) {
+        match (bytes, source) {
+            (Some(b), _) => {
+                out.push(PACKED);
+                out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+                out.extend_from_slice(b);
+            }
+            (None, Some(j)) => {
+                out.push(COPY);
+                out.extend_from_slice(&(*j as u32).to_le_bytes());
+            }
+            (None, None) => unreachable!("a column is packed or a copy"),
+        }
+    }
+    out
+}
+
+/// Decodes format 3 from the whole of `bytes`.
+pub(super) fn decode(bytes: &[u8]) -> Result<Partial, String> {
+    let Layout {
+        mut header,
+        lengths,
+        columns,
+        ..
+    } = layout(bytes)?;
+    let mut slots = columns_mut(&mut header);
+    fill(bytes, &mut slots, &lengths, &columns)?;
+    Ok(header)
+}
+
+/// Decodes the packed columns into `slots` (in parallel), then the copies.
+fn fill(
+    bytes: &[u8],
+    slots: &mut [&mut Vec<ExactSum>],
+    lengths: &[usize],
+    columns: &[Column],
+) -> Result<(), String> {
+    slots
+        .par_iter_mut()
+        .zip(lengths)
+        .zip(columns)
+        .enumerate()
+        .try_for_each(|(i, ((slot, &n), column))| match column {
+            Column::Packed(at) => {
+                slot.resize(n, ExactSum::ZERO);
+                packed::decode_into(&bytes[at.clone()], slot).map_err(|e| bad_column(i, e))
+            }
+            Column::Copy(_) => Ok(()),
+        })?;
+    for (i, column) in columns.iter().enumerate() {
+        if let Column::Copy(j) = *column {
+            let (before, after) = slots.split_at_mut(i);
+            after[0].clone_from(before[j]);
+        }
+    }
+    Ok(())
+}
+
+fn bad_column(i: usize, e: packed::PackedError) -> String {
+    format!("not a moe-census partial: column {i}: {e}")
+}
+
+/// Where a column's sums are: packed bytes (a range of the whole input),
+/// or the same as an earlier packed column.
+#[derive(Clone, Debug)]
+enum Column {
+    Packed(Range<usize>),
+    Copy(usize),
+}
+
+/// Format-3 bytes taken apart: the header (sums empty), each column's
+/// length (from the header) and place; the first `n_stats` columns are the
+/// statistics', the rest the importance matrix's.
+struct Layout {
+    header: Partial,
+    lengths: Vec<usize>,
+    columns: Vec<Column>,
+    n_stats: usize,
+}
+
+fn layout(bytes: &[u8]) -> Result<Layout, String> {
+    let (header, used) = crate::bounded::decode_prefix::<Partial>(bytes)
+        .map_err(|e| format!("not a moe-census partial: {e}"))?;
+    let lengths = expected_lengths(&header)?;
+    if columns(&header).iter().any(|c| !c.is_empty()) {
+        return Err("not a moe-census partial: sums inside its header".into());
+    }
+    let n_stats = stats_columns(&header);
+    let columns = read_columns(bytes, used, &lengths, n_stats)?;
+    Ok(Layout {
+        header,
+        lengths,
+        columns,
+        n_stats,
+    })
+}
+
+/// Splits the column section (from `at`) into its columns, checking every
+/// bound before anything is allocated. A copy refers to an earlier packed
+/// column of the same section (statistics or importance matrix).
+fn read_columns(
+    bytes: &[u8],
+    mut at: usize,
+    lengths: &[usize],
+    n_stats: usize,
+) -> Result<Vec<Column>, String> {
+    let mut out: Vec<Column> = Vec::with_capacity(lengths.len());
+    let (mut packed_sums, mut copied_sums) = (0usize, 0usize);
+    for (i, &n) in lengths.iter().enumerate() {
+        let bad = |what: String| format!("not a moe-census partial: column {i}: {what}");
+        let rest = &bytes[at..];
+        let (&tag, after) = rest
+            .split_first()
+            .ok_or_else(|| bad(format!("missing ({} columns expected)", lengths.len())))?;
+        match tag {
+            PACKED => {
+                let (len, after) = take::<8>(after).ok_or_else(|| bad("truncated".into()))?;
+                let len = u64::from_le_bytes(len);
+                if len < packed::min_bytes(n) as u64 || len > after.len() as u64 {
+                    return Err(bad(format!(
+                        "{len} packed bytes for {n} sums, {} bytes left",
+                        after.len()
+                    )));
+                }
+                let start = at + 9;
+                out.push(Column::Packed(start..start + len as usize));
+                packed_sums += n;
+                at = start + len as usize;
+            }
+            COPY => {
+                let (j, _) = take::<4>(after).ok_or_else(|| bad("truncated".into()))?;
+                let j = u32::from_le_bytes(j) as usize;
+                let same_section = (j < n_stats) == (i < n_stats);
+                if j >= i
+                    || !same_section
+                    || !matches!(out[j], Column::Packed(_))
+                    || lengths[j] != n
+                {
+                    return Err(bad(format!(
+                        "a copy of column {j}, which is no earlier packed column of {n} sums in its section"
+                    )));
+                }
+                out.push(Column::Copy(j));
+                copied_sums += n;
+                at += 5;
+            }
+            t => return Err(bad(format!("tag {t}"))),
+        }
+    }
+    if at != bytes.len() {
+        return Err(format!(
+            "not a moe-census partial: {} trailing bytes after the last column",
+            bytes.len() - at
+        ));
+    }
+    if copied_sums > packed_sums {
+        return Err(format!(
+            "not a moe-census partial: copies hold {copied_sums} sums, more than the {packed_sums} packed ones"
+        ));
+    }
+    Ok(out)
+}
+
+fn take<const N: usize>(bytes: &[u8]) -> Option<([u8; N], &[u8])> {
+    let (head, rest) = bytes.split_first_chunk::<N>()?;
+    Some((*head, rest))
+}
+
+/// A partial whose statistics are decoded and whose importance-matrix sums
+/// are still packed (checked, not kept): what the coordinator checks
+/// ([`PackedPartial::header`]) and adds into its running total straight
+/// from the packed bytes ([`PackedPartial::merge_into`]), so it never holds
+/// a second decoded importance matrix (1.8 GB at the real shape).
+#[derive(Clone, Debug)]
+pub struct PackedPartial {
+    header: Partial,
+    bytes: Bytes,
+    /// Per importance-matrix tensor (in order): its packed bytes, or the
+    /// index (among these) of the tensor it equals.
+    imatrix: Vec<Column>,
+}
+
+impl PackedPartial {
+    /// Reads a partial from `bytes`: the same checks and limits as
+    /// [`Partial::from_bytes`] (every column is decoded once to check it).
+    pub fn parse(bytes: Bytes) -> Result<PackedPartial, String> {
+        let (version, _) = crate::bounded::decode_prefix::<u32>(&bytes)
+            .map_err(|e| format!("not a moe-census partial: {e}"))?;
+        if version != PARTIAL_FORMAT_VERSION {
+            return Err(format!(
+                "partial format version {version} (this build reads {PARTIAL_FORMAT_VERSION})"
+            ));
+        }
+        let Layout {
+            mut header,
+            lengths,
+            columns,
+            n_stats,
+        } = layout(&bytes)?;
+        let mut slots = columns_mut(&mut header);
+        slots.truncate(n_stats);
+        fill(&bytes, &mut slots, &lengths[..n_stats], &columns[..n_stats])?;
+        columns[n_stats..]
+            .par_iter()
+            .zip(&lengths[n_stats..])
+            .enumerate()
+            .try_for_each(|(i, (column, &n))| match column {
+                Column::Packed(at) => {
+                    packed::check(&bytes[at.clone()], n).map_err(|e| bad_column(n_stats + i, e))
+                }
+                Column::Copy(_) => Ok(()),
+            })?;
+        let imatrix = columns[n_stats..]
+            .iter()
+            .map(|c| match c {
+                Column::Copy(j) => Column::Copy(j - n_stats),
+                packed => packed.clone(),
+            })
+            .collect();
+        Ok(PackedPartial {
+            header,
+            bytes,
+            imatrix,
+        })
+    }
+
+    /// The partial without its importance-matrix sums (every `in_sum2` is
+    /// empty; the tensors' shapes and counts are there): what acceptance
+    /// checks.
+    pub fn header(&self) -> &Partial {
+        &self.header
+    }
+
+    /// The whole partial, importance-matrix sums decoded.
+    pub fn decode(&self) -> Partial {
+        let mut p = self.header.clone();
+        let mut slots: Vec<&mut Vec<ExactSum>> = p
+            .imatrix
+            .entries
+            .values_mut()
+            .map(|e| &mut e.in_sum2)
+            .collect();
+        let lengths = imatrix_lengths(&self.header);
+        fill(&self.bytes, &mut slots, &lengths, &self.imatrix).expect("columns checked at parse");
+        p
+    }
+
+    /// Adds this partial into `total` (as [`Partial::merge`] would add the
+    /// decoded partial), the importance matrix's sums straight from their
+    /// packed bytes, tensor by tensor in parallel.
+    pub fn merge_into(&self, total: &mut Partial) -> Result<(), MergeError> {
+        // Tensors the total lacks start at zero, so that the merge below
+        // (which adds this header's counts, and no sums: its `in_sum2` are
+        // empty) and the sums after it find them.
+        for (name, e) in &self.header.imatrix.entries {
+            if !total.imatrix.entries.contains_key(name) {
+                let zero = ImatrixEntry::new(e.n_in, e.n_mat);
+                total.imatrix.entries.insert(name.clone(), zero);
+            }
+        }
+        total.merge(&self.header)?;
+        // Each packed column with the totals it goes into: its own tensor's
+        // and those of the tensors equal to it.
+        let mut targets: Vec<Vec<&mut [ExactSum]>> =
+            self.imatrix.iter().map(|_| Vec::new()).collect();
+        let mut names = self.header.imatrix.entries.keys().peekable();
+        let mut i = 0;
+        for (name, e) in total.imatrix.entries.iter_mut() {
+            if names.next_if(|n| *n == name).is_some() {
+                let source = match self.imatrix[i] {
+                    Column::Copy(j) => j,
+                    Column::Packed(_) => i,
+                };
+                targets[source].push(&mut e.in_sum2);
+                i += 1;
+            }
+        }
+        targets
+            .par_iter_mut()
+            .zip(&self.imatrix)
+            .filter(|(_, column)| matches!(column, Column::Packed(_)))
+            .try_for_each(|(outs, column)| {
+                let Column::Packed(at) = column else {
+                    unreachable!("filtered")
+                };
+                packed::decode_add(&self.bytes[at.clone()], outs).map_err(|e| match e {
+                    packed::PackedError::Overflow { value, .. } => {
+                        MergeError::Exact(crate::exact::ExactError::Overflow(value))
+                    }
+                    other => unreachable!("columns checked at parse: {other}"),
+                })
+            })
+    }
+}
+
+/// The lengths of `p`'s importance-matrix columns.
+fn imatrix_lengths(p: &Partial) -> Vec<usize> {
+    p.imatrix
+        .entries
+        .values()
+        .map(|e| e.n_in as usize * e.n_mat as usize)
+        .collect()
+}
+
+/// How many of [`columns`] are the statistics' (the rest are the
+/// importance matrix's).
+fn stats_columns(p: &Partial) -> usize {
+    p.experts.groups.values().map(|g| 5 * g.layers.len()).sum()
+}
+
+/// For each column of [`columns`], the length the header gives it: the
+/// layer's expert count (its `count` vector), the tensor's `n_in x n_mat`
+/// (whose `counts` must hold `n_mat` entries).
+fn expected_lengths(p: &Partial) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for g in p.experts.groups.values() {
+        for l in &g.layers {
+            out.extend([l.count.len(); 5]);
+        }
+    }
+    for (name, e) in &p.imatrix.entries {
+        if e.counts.len() != e.n_mat as usize {
+            return Err(format!(
+                "not a moe-census partial: imatrix \"{}\" has {} counts for {} matrices",
+                peer_text(name),
+                e.counts.len(),
+                e.n_mat
+            ));
+        }
+    }
+    out.extend(imatrix_lengths(p));
+    Ok(out)
+}
+
+/// Every exact-sum column of `p`, in the encoding's order.
+fn columns(p: &Partial) -> Vec<&[ExactSum]> {
+    let mut out: Vec<&[ExactSum]> = Vec::new();
+    for g in p.experts.groups.values() {
+        for l in &g.layers {
+            out.extend(l.sums().map(Vec::as_slice));
+        }
+    }
+    out.extend(p.imatrix.entries.values().map(|e| e.in_sum2.as_slice()));
+    out
+}
+
+/// [`columns`], writable.
+fn columns_mut(p: &mut Partial) -> Vec<&mut Vec<ExactSum>> {
+    let mut out: Vec<&mut Vec<ExactSum>> = Vec::new();
+    for g in p.experts.groups.values_mut() {
+        for l in &mut g.layers {
+            out.extend(l.sums_mut());
+        }
+    }
+    out.extend(p.imatrix.entries.values_mut().map(|e| &mut e.in_sum2));
+    out
+}
+
+/// For each column, the first earlier column of its section (the first
+/// `n_stats` columns, or the rest) equal to it (compared in full when a few
+/// sampled sums match).
+fn first_equal(columns: &[&[ExactSum]], n_stats: usize) -> Vec<Option<usize>> {
+    type Key = (bool, usize, [i128; 4]);
+    let mut seen: HashMap<Key, Vec<usize>> = HashMap::new();
+    columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let n = c.len();
+            if n == 0 {
+                return None;
+            }
+            let key = (
+                i < n_stats,
+                n,
+                [c[0].0, c[n / 3].0, c[2 * n / 3].0, c[n - 1].0],
+            );
+            let same = seen.entry(key).or_default();
+            let found = same.iter().copied().find(|&j| columns[j] == *c);
+            if found.is_none() {
+                same.push(i);
+            }
+            found
+        })
+        .collect()
+}
+
+/// `p` without its exact sums: the header of the encoding.
+fn header(p: &Partial) -> Partial {
+    let Partial {
+        format_version: _,
+        model_sha256,
+        corpus_sha256,
+        backends,
+        chunks,
+        experts,
+        imatrix,
+        nonfinite_drops,
+        trace_tokens,
+        trace_rows,
+        trace_parts,
+        chunk_stats,
+        backend_to_host,
+    } = p;
+    let layer = |l: &LayerAccum| LayerAccum {
+        layer: l.layer,
+        count: l.count.clone(),
+        ..LayerAccum::new(l.layer, 0)
+    };
+    Partial {
+        format_version: PARTIAL_FORMAT_VERSION,
+        model_sha256: model_sha256.clone(),
+        corpus_sha256: corpus_sha256.clone(),
+        backends: backends.clone(),
+        chunks: chunks.clone(),
+        experts: ExpertAccum {
+            shape: experts.shape.clone(),
+            groups: experts
+                .groups
+                .iter()
+                .map(|(k, g)| {
+                    let layers = g.layers.iter().map(layer).collect();
+                    let group = GroupAccum {
+                        n_tokens: g.n_tokens,
+                        layers,
+                    };
+                    (k.clone(), group)
+                })
+                .collect(),
+        },
+        imatrix: Imatrix {
+            entries: imatrix
+                .entries
+                .iter()
+                .map(|(name, e)| {
+                    let entry = ImatrixEntry {
+                        in_sum2: Vec::new(),
+                        counts: e.counts.clone(),
+                        ..*e
+                    };
+                    (name.clone(), entry)
+                })
+                .collect(),
+            chunk_count: imatrix.chunk_count,
+            chunk_size: imatrix.chunk_size,
+        },
+        nonfinite_drops: nonfinite_drops.clone(),
+        trace_tokens: *trace_tokens,
+        trace_rows: *trace_rows,
+        trace_parts: trace_parts.clone(),
+        chunk_stats: chunk_stats.clone(),
+        backend_to_host: *backend_to_host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::BackendToHost;
+    use super::*;
+    use crate::stats::MoeShape;
+    use crate::{ChunkRange, Gating, Split};
+    use std::collections::BTreeMap;
+
+    /// A partial with statistics in two groups and three imatrix tensors,
+    /// two of them equal (as `ffn_gate_exps` and `ffn_up_exps` are).
+    fn sample() -> Partial {
+        let mut experts = ExpertAccum::new(MoeShape {
+            n_expert: 6,
+            n_expert_used: 2,
+            gating: Gating::Softmax,
+            moe_layers: vec![1, 3],
+        });
+        let mut x = 0.37f64;
+        let mut next = move || {
+            x = (x * 3.9 * (1.0 - x)).clamp(1e-9, 1.0 - 1e-9);
+            x
+        };
+        for (split, domain) in [(Split::Fit, "a"), (Split::Heldout, "b")] {
+            let g = experts.group_mut(split, domain);
+            g.n_tokens = 9;
+            for l in &mut g.layers {
+                l.count = vec![3, 3, 3, 3, 3, 3];
+                for v in l.sums_mut() {
+                    v.iter_mut()
+                        .for_each(|s| *s = ExactSum::from_f64(next() * 40.0 - 3.0).unwrap());
+                }
+            }
+        }
+        let entry = |n_in: u32, n_mat: u32, next: &mut dyn FnMut() -> f64| ImatrixEntry {
+            n_in,
+            n_mat,
+            in_sum2: (0..n_in * n_mat)
+                .map(|_| ExactSum::from_f64(next() * 1e4).unwrap())
+                .collect(),
+            counts: vec![5; n_mat as usize],
+        };
+        let gate = entry(40, 6, &mut next);
+        let down = entry(12, 6, &mut next);
+        let entries = BTreeMap::from([
+            ("blk.1.ffn_down_exps.weight".to_string(), down),
+            ("blk.1.ffn_gate_exps.weight".to_string(), gate.clone()),
+            ("blk.1.ffn_up_exps.weight".to_string(), gate),
+        ]);
+        Partial {
+            format_version: PARTIAL_FORMAT_VERSION,
+            model_sha256: "m".repeat(64),
+            corpus_sha256: "c".repeat(64),
+            backends: vec!["cpu".into()],
+            chunks: vec![ChunkRange { start: 4, end: 9 }],
+            experts,
+            imatrix: Imatrix {
+                entries,
+                chunk_count: 5,
+                chunk_size: 256,
+            },
+            nonfinite_drops: BTreeMap::from([("t".to_string(), 2)]),
+            trace_tokens: 7,
+            trace_rows: 14,
+            trace_parts: vec!["trace/x.parquet".into()],
+            chunk_stats: Vec::new(),
+            backend_to_host: BackendToHost {
+                tokens: 9,
+                bytes: 99,
+            },
+        }
+    }
+
+    /// Byte offset of column `i`'s tag in `bytes`.
+    fn column_at(bytes: &[u8], i: usize) -> usize {
+        let (_, mut at) = crate::bounded::decode_prefix::<Partial>(bytes).unwrap();
+        for _ in 0..i {
+            at += match bytes[at] {
+                PACKED => {
+                    9 + u64::from_le_bytes(bytes[at + 1..at + 9].try_into().unwrap()) as usize
+                }
+                _ => 5,
+            };
+        }
+        at
+    }
+
+    #[test]
+    fn partials_round_trip_and_equal_tensors_are_stored_once() {
+        let p = sample();
+        let bytes = p.to_bytes();
+        assert_eq!(Partial::from_bytes(&bytes).unwrap(), p);
+        assert_eq!(p.to_bytes(), bytes, "the same partial gives the same bytes");
+        // 20 statistics columns, then down, gate, up: up is a copy of gate.
+        let up = column_at(&bytes, 22);
+        assert_eq!(bytes[up], COPY);
+        assert_eq!(
+            u32::from_le_bytes(bytes[up + 1..up + 5].try_into().unwrap()),
+            21
+        );
+        assert_eq!(up + 5, bytes.len());
+        let old = bincode::serde::encode_to_vec(&p, bincode::config::standard()).unwrap();
+        assert!(
+            bytes.len() * 2 < old.len(),
+            "{} vs {}",
+            bytes.len(),
+            old.len()
+        );
+    }
+
+    #[test]
+    fn bad_columns_are_refused_before_allocating() {
+        let bytes = sample().to_bytes();
+        let up = column_at(&bytes, 22);
+        // A copy of a later column, and of a column of another length.
+        let mut bad = bytes.clone();
+        bad[up + 1..up + 5].copy_from_slice(&22u32.to_le_bytes());
+        let e = Partial::from_bytes(&bad).unwrap_err();
+        assert!(e.contains("column 22: a copy of column 22"), "{e}");
+        bad[up + 1..up + 5].copy_from_slice(&20u32.to_le_bytes());
+        let e = Partial::from_bytes(&bad).unwrap_err();
+        assert!(e.contains("no earlier packed column of 240 sums"), "{e}");
+        // A packed length claiming more bytes than there are.
+        let down = column_at(&bytes, 20);
+        let mut bad = bytes.clone();
+        bad[down + 1..down + 9].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        let e = Partial::from_bytes(&bad).unwrap_err();
+        assert!(
+            e.contains("column 20: 1099511627776 packed bytes for 72 sums"),
+            "{e}"
+        );
+        // An unknown tag, a missing column, trailing bytes.
+        let mut bad = bytes.clone();
+        bad[up] = 7;
+        assert!(Partial::from_bytes(&bad)
+            .unwrap_err()
+            .contains("column 22: tag 7"));
+        let e = Partial::from_bytes(&bytes[..up]).unwrap_err();
+        assert!(
+            e.contains("column 22: missing (23 columns expected)"),
+            "{e}"
+        );
+        let mut long = bytes.clone();
+        long.push(0);
+        let e = Partial::from_bytes(&long).unwrap_err();
+        assert!(e.contains("1 trailing bytes after the last column"), "{e}");
+        // A header claiming 2^31 x 2^31 sums with no bytes for them.
+        let mut huge = sample();
+        huge.experts.groups.clear();
+        let e = huge.imatrix.entries.values_mut().next().unwrap();
+        (e.n_in, e.n_mat, e.in_sum2, e.counts) = (1 << 31, 1, Vec::new(), vec![0]);
+        let mut bytes =
+            bincode::serde::encode_to_vec(header(&huge), bincode::config::standard()).unwrap();
+        bytes.extend_from_slice(&[PACKED, 255, 255, 255, 255, 0, 0, 0, 0]);
+        bytes.resize(bytes.len() + 1000, 0);
+        let e = Partial::from_bytes(&bytes).unwrap_err();
+        assert!(
+            e.contains("column 0: 4294967295 packed bytes for 2147483648 sums, 1000 bytes left"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_count_vector_that_disagrees_with_its_tensor_is_refused() {
+        let mut p = sample();
+        p.imatrix.entries.values_mut().next().unwrap().counts.pop();
+        let e = Partial::from_bytes(&p.to_bytes()).unwrap_err();
+        assert!(e.contains("has 5 counts for 6 matrices"), "{e}");
+    }
+
+    #[test]
+    fn a_packed_partial_merges_into_a_total_as_the_decoded_one_does() {
+        let a = sample();
+        let mut b = sample();
+        b.chunks = vec![ChunkRange { start: 0, end: 4 }];
+        b.imatrix.entries.insert(
+            "blk.3.attn_q.weight".into(),
+            ImatrixEntry {
+                n_in: 3,
+                n_mat: 1,
+                in_sum2: vec![ExactSum(5), ExactSum(-6), ExactSum(7)],
+                counts: vec![4],
+            },
+        );
+        for v in b
+            .imatrix
+            .entries
+            .values_mut()
+            .flat_map(|e| e.in_sum2.iter_mut())
+        {
+            v.0 = v.0 * 3 - 11;
+        }
+        let mut by_decoding = a.clone();
+        by_decoding.merge(&b).unwrap();
+        let packed = PackedPartial::parse(Bytes::from(b.to_bytes())).unwrap();
+        assert!(packed
+            .header()
+            .imatrix
+            .entries
+            .values()
+            .all(|e| e.in_sum2.is_empty()));
+        assert_eq!(packed.header().experts, b.experts);
+        assert_eq!(packed.decode(), b);
+        let mut total = a.clone();
+        packed.merge_into(&mut total).unwrap();
+        assert_eq!(total, by_decoding);
+        assert_eq!(total.to_bytes(), by_decoding.to_bytes());
+        // A damaged importance-matrix column is refused at parse.
+        let mut bad = b.to_bytes();
+        let last = bad.len() - 1;
+        bad[last] ^= 0x80;
+        let e = PackedPartial::parse(Bytes::from(bad)).unwrap_err();
+        assert!(e.contains("column 23"), "{e}");
+    }
+}

@@ -1,0 +1,344 @@
+//! The values a partial may hold, checked before a coordinator accepts it,
+//! so that whatever it accepts merges, verifies and renders:
+//!
+//! - every sum within a per-token budget ([`Budget`]): any merge of partials
+//!   of disjoint tokens of one corpus then stays inside the exact
+//!   accumulator's range, so one partial cannot make every later merge fail;
+//! - the bounds the counts and the gating imply: probabilities in `[0, n]`
+//!   (summing to `n` per layer under softmax), norms, weights and squares
+//!   not negative, nothing routed to an expert that was never selected and
+//!   something routed to one that was, Cauchy-Schwarz per expert;
+//! - importance-matrix entries of consistent lengths, squares not negative,
+//!   no sum for a matrix that saw no row;
+//! - tensor and backend names short and printable, in bounded numbers.
+//!
+//! What a partial must *equal* (its chunks, tokens per group, shape, the
+//! importance matrix's token counts) depends on the corpus and is checked by
+//! the coordinator's acceptance; this module needs only the partial and the
+//! corpus's size.
+
+use crate::exact::{per_token_limit, ExactSum, FRACTION_BITS};
+use crate::partial::Partial;
+use crate::peer_text::peer_text;
+use crate::stats::{ExpertAccum, LayerAccum};
+use crate::Gating;
+
+/// Relative slack of the Cauchy-Schwarz bound: sums are exact, but each
+/// `(g * ||y||)^2` term was rounded before it was added.
+pub const CAUCHY_SCHWARZ_RTOL: f64 = 1e-6;
+
+/// Relative tolerance of `sum(prob_sum) == n_tokens` under softmax gating.
+pub const PROB_SUM_RTOL: f64 = 1e-6;
+
+/// Longest tensor or backend name a partial may carry.
+pub const MAX_LABEL_CHARS: usize = 128;
+
+/// Most importance-matrix entries, non-finite drop entries and backends a
+/// partial may list (a 48-layer model has a few hundred weight tensors).
+pub const MAX_ENTRIES: usize = 1 << 16;
+
+/// Most backends a partial may name.
+pub const MAX_BACKENDS: usize = 16;
+
+/// `(sq - sum^2 / count) / slack` for an expert with `count > 0`: how far
+/// `reap_l2_sq_sum` lies above the Cauchy-Schwarz bound, in units of the
+/// rounding slack ([`CAUCHY_SCHWARZ_RTOL`] relative, plus 2^-64 per routed
+/// token: a term whose square is below the grid adds 0). Below -1 the
+/// statistics are impossible.
+pub fn cauchy_schwarz_margin(sum: f64, sq: f64, count: u64) -> f64 {
+    let bound = sum * sum / count as f64;
+    let slack = CAUCHY_SCHWARZ_RTOL * bound + count as f64 * (-f64::from(FRACTION_BITS)).exp2();
+    (sq - bound) / slack
+}
+
+/// How large a partial's sums and counters may be, per token it measured,
+/// so that the partials of a whole corpus always merge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Largest magnitude of an exact sum per token, on the grid.
+    sums: u128,
+    /// Largest counter (rows, drops, bytes) per token.
+    counts: u64,
+}
+
+impl Budget {
+    /// The budget for partials of a corpus of `total_tokens` tokens (all
+    /// splits): honest values stay far below it (about 4.6e11 per token at
+    /// 10M tokens), and partials covering at most `total_tokens` together
+    /// can never overflow a sum or a 64-bit counter.
+    pub fn for_corpus(total_tokens: u64) -> Budget {
+        Budget {
+            sums: per_token_limit(total_tokens),
+            counts: u64::MAX / total_tokens.max(1),
+        }
+    }
+
+    fn sum_ok(&self, s: ExactSum, tokens: u64) -> bool {
+        s.within(self.sums, tokens)
+    }
+
+    fn count_ok(&self, n: u64, tokens: u64) -> bool {
+        u128::from(n) <= u128::from(self.counts) * u128::from(tokens)
+    }
+}
+
+/// Checks every value of `p` against the module's rules; the error names
+/// the first value that breaks one (peer text escaped).
+pub fn check_values(p: &Partial, budget: &Budget) -> Result<(), String> {
+    let tokens = p
+        .experts
+        .groups
+        .values()
+        .fold(0u64, |n, g| n.saturating_add(g.n_tokens));
+    experts(&p.experts, budget, p.nonfinite_drops.is_empty())?;
+    imatrix(p, tokens, budget)?;
+    labels(p)?;
+    for (name, &n) in &p.nonfinite_drops {
+        if !budget.count_ok(n, tokens) {
+            return Err(format!(
+                "{n} non-finite drops of {} in {tokens} tokens",
+                peer_text(name)
+            ));
+        }
+    }
+    let layers = p.experts.shape.moe_layers.len() as u64;
+    if p.trace_tokens > tokens || p.trace_tokens.checked_mul(layers) != Some(p.trace_rows) {
+        return Err(format!(
+            "{} trace rows for {} traced tokens x {layers} MoE layers (of {tokens} tokens)",
+            p.trace_rows, p.trace_tokens
+        ));
+    }
+    let b = &p.backend_to_host;
+    if !budget.count_ok(b.tokens, tokens) || !budget.count_ok(b.bytes, tokens) {
+        return Err(format!(
+            "backend-to-host figures of {} tokens and {} bytes for {tokens} tokens",
+            b.tokens, b.bytes
+        ));
+    }
+    chunk_stats(p)
+}
+
+/// Whether a sum is one of the statistics that are never negative.
+fn non_negative(s: ExactSum) -> bool {
+    s.0 >= 0
+}
+
+fn experts(e: &ExpertAccum, budget: &Budget, no_drops: bool) -> Result<(), String> {
+    let bounded_probs = matches!(e.shape.gating, Gating::Softmax | Gating::Sigmoid);
+    for (key, g) in &e.groups {
+        let n = g.n_tokens;
+        for l in &g.layers {
+            let in_layer = |what: String| {
+                format!(
+                    "group {}/{} layer {}: {what}",
+                    key.split,
+                    peer_text(&key.domain),
+                    l.layer
+                )
+            };
+            let at = |what: String, x: usize| in_layer(format!("expert {x}: {what}"));
+            for (name, values) in sums(l) {
+                if let Some(x) = values.iter().position(|v| !budget.sum_ok(*v, n)) {
+                    let v = values[x].to_f64();
+                    return Err(at(
+                        format!("{name} {v} beyond what {n} tokens add up to"),
+                        x,
+                    ));
+                }
+                let may_be_negative = name == "prob_sum" && !bounded_probs;
+                match values.iter().position(|v| !non_negative(*v)) {
+                    Some(x) if !may_be_negative => {
+                        return Err(at(format!("{name} {} < 0", values[x].to_f64()), x))
+                    }
+                    _ => {}
+                }
+            }
+            for x in 0..l.count.len() {
+                expert(l, x, n, bounded_probs).map_err(|why| at(why, x))?;
+            }
+            if e.shape.gating.probabilities_sum_to_one() && no_drops {
+                prob_total(l, n).map_err(in_layer)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn sums(l: &LayerAccum) -> [(&'static str, &[ExactSum]); 5] {
+    [
+        ("prob_sum", &l.prob_sum),
+        ("weight_sum", &l.weight_sum),
+        ("ean_sum", &l.ean_sum),
+        ("reap_l2_sum", &l.reap_l2_sum),
+        ("reap_l2_sq_sum", &l.reap_l2_sq_sum),
+    ]
+}
+
+/// The bounds one expert's counts imply.
+fn expert(l: &LayerAccum, x: usize, n: u64, bounded_probs: bool) -> Result<(), String> {
+    let c = l.count[x];
+    if bounded_probs {
+        let p = l.prob_sum[x].to_f64();
+        if p > n as f64 * (1.0 + PROB_SUM_RTOL) {
+            return Err(format!(
+                "prob_sum {p} above its {n} tokens (probabilities are at most 1)"
+            ));
+        }
+    }
+    let routed = [
+        ("weight_sum", l.weight_sum[x]),
+        ("ean_sum", l.ean_sum[x]),
+        ("reap_l2_sum", l.reap_l2_sum[x]),
+        ("reap_l2_sq_sum", l.reap_l2_sq_sum[x]),
+    ];
+    if c == 0 {
+        if let Some((name, v)) = routed.iter().find(|(_, v)| !v.is_zero()) {
+            return Err(format!(
+                "{name} {} for an expert no token selected",
+                v.to_f64()
+            ));
+        }
+        return Ok(());
+    }
+    if l.reap_l2_sum[x].is_zero() {
+        return Err(format!("{c} tokens selected it, but reap_l2_sum is 0"));
+    }
+    let (sum, sq) = (l.reap_l2_sum[x].to_f64(), l.reap_l2_sq_sum[x].to_f64());
+    let margin = cauchy_schwarz_margin(sum, sq, c);
+    if margin < -1.0 {
+        return Err(format!(
+            "reap_l2_sq_sum {sq} below reap_l2_sum^2 / count = {} (Cauchy-Schwarz)",
+            sum * sum / c as f64
+        ));
+    }
+    Ok(())
+}
+
+/// Under softmax gating each token's probabilities sum to 1.
+fn prob_total(l: &LayerAccum, n: u64) -> Result<(), String> {
+    let total: f64 = l.prob_sum.iter().map(|p| p.to_f64()).sum();
+    if (total - n as f64).abs() > PROB_SUM_RTOL * (n as f64).max(1.0) {
+        return Err(format!(
+            "sum(prob_sum) = {total} for {n} tokens (softmax probabilities sum to 1)"
+        ));
+    }
+    Ok(())
+}
+
+fn imatrix(p: &Partial, tokens: u64, budget: &Budget) -> Result<(), String> {
+    let im = &p.imatrix;
+    if im.entries.len() > MAX_ENTRIES {
+        return Err(format!(
+            "{} importance-matrix entries (at most {MAX_ENTRIES})",
+            im.entries.len()
+        ));
+    }
+    for (name, e) in &im.entries {
+        let at = || format!("importance matrix {}", peer_text(name));
+        let cells = u64::from(e.n_in) * u64::from(e.n_mat);
+        if e.counts.len() as u64 != u64::from(e.n_mat) || e.in_sum2.len() as u64 != cells {
+            return Err(format!(
+                "{}: {} counts and {} sums for [{}, {}]",
+                at(),
+                e.counts.len(),
+                e.in_sum2.len(),
+                e.n_in,
+                e.n_mat
+            ));
+        }
+        for (m, (&c, row)) in e
+            .counts
+            .iter()
+            .zip(e.in_sum2.chunks(e.n_in.max(1) as usize))
+            .enumerate()
+        {
+            if !budget.count_ok(c, tokens) {
+                return Err(format!(
+                    "{}: matrix {m} counts {c} rows in {tokens} tokens",
+                    at()
+                ));
+            }
+            if let Some(col) = row.iter().position(|s| {
+                !non_negative(*s) || !budget.sum_ok(*s, tokens) || (c == 0 && !s.is_zero())
+            }) {
+                return Err(format!(
+                    "{}: matrix {m} column {col}: sum of squares {} over {c} rows of {tokens} tokens",
+                    at(),
+                    row[col].to_f64()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A tensor or backend name: 1 to [`MAX_LABEL_CHARS`] printable ASCII
+/// characters, none of which would break a Markdown table or an escape.
+fn label_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_LABEL_CHARS
+        && s.bytes()
+            .all(|b| (b.is_ascii_graphic() || b == b' ') && !b"|\\`<>".contains(&b))
+}
+
+fn labels(p: &Partial) -> Result<(), String> {
+    if p.backends.len() > MAX_BACKENDS || p.nonfinite_drops.len() > MAX_ENTRIES {
+        return Err(format!(
+            "{} backends and {} non-finite drop entries (at most {MAX_BACKENDS} and {MAX_ENTRIES})",
+            p.backends.len(),
+            p.nonfinite_drops.len()
+        ));
+    }
+    let names = p
+        .backends
+        .iter()
+        .map(|b| ("backend", b))
+        .chain(
+            p.imatrix
+                .entries
+                .keys()
+                .map(|n| ("importance-matrix tensor", n)),
+        )
+        .chain(
+            p.nonfinite_drops
+                .keys()
+                .map(|n| ("non-finite drop tensor", n)),
+        );
+    for (what, name) in names {
+        if !label_ok(name) {
+            return Err(format!(
+                "{what} name \"{}\" is not 1-{MAX_LABEL_CHARS} printable characters",
+                peer_text(name)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Per-chunk fit statistics: lengths of the shape, finite values, counts
+/// at most the chunk's tokens.
+fn chunk_stats(p: &Partial) -> Result<(), String> {
+    let shape = &p.experts.shape;
+    let cells = shape.moe_layers.len() * shape.n_expert as usize;
+    for c in &p.chunk_stats {
+        let at = |why: String| format!("per-chunk statistics of chunk {}: {why}", c.chunk);
+        let lens = [c.count.len(), c.reap_l2_sum.len(), c.reap_l2_sq_sum.len()];
+        if lens.iter().any(|&l| l != cells) {
+            return Err(at(format!("lengths {lens:?}, the shape has {cells} cells")));
+        }
+        if let Some(i) = c.count.iter().position(|&n| n > c.n_tokens) {
+            return Err(at(format!(
+                "cell {i} counted {} times in {} tokens",
+                c.count[i], c.n_tokens
+            )));
+        }
+        let floats = c.reap_l2_sum.iter().chain(&c.reap_l2_sq_sum);
+        if let Some(v) = floats.into_iter().find(|v| !(v.is_finite() && **v >= 0.0)) {
+            return Err(at(format!("value {v} is not a finite non-negative sum")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

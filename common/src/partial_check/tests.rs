@@ -1,0 +1,146 @@
+use super::*;
+use crate::imatrix::{Imatrix, ImatrixEntry};
+use crate::partial::{BackendToHost, PARTIAL_FORMAT_VERSION};
+use crate::stats::MoeShape;
+use crate::{ChunkRange, Split};
+use std::collections::BTreeMap;
+
+/// Two tokens of domain `en`, 4 experts, top-2: token 0 picks experts 0 and
+/// 1, token 1 experts 1 and 2, every router probability 1/4; an importance
+/// matrix of one dense weight with 3 columns.
+fn honest() -> Partial {
+    let shape = MoeShape {
+        n_expert: 4,
+        n_expert_used: 2,
+        gating: Gating::Softmax,
+        moe_layers: vec![1],
+    };
+    let mut experts = ExpertAccum::new(shape);
+    let g = experts.group_mut(Split::Fit, "en");
+    g.n_tokens = 2;
+    let l = &mut g.layers[0];
+    let s = |v: f64| ExactSum::from_f64(v).unwrap();
+    l.count = vec![1, 2, 1, 0];
+    l.prob_sum = vec![s(0.5); 4];
+    l.weight_sum = vec![s(0.5), s(1.0), s(0.5), s(0.0)];
+    l.ean_sum = vec![s(2.0), s(3.0), s(1.0), s(0.0)];
+    l.reap_l2_sum = vec![s(1.0), s(1.5), s(0.5), s(0.0)];
+    l.reap_l2_sq_sum = vec![s(1.0), s(1.25), s(0.25), s(0.0)];
+    let mut im = ImatrixEntry::new(3, 1);
+    im.in_sum2 = vec![s(1.0), s(0.0), s(4.0)];
+    im.counts = vec![2];
+    Partial {
+        format_version: PARTIAL_FORMAT_VERSION,
+        model_sha256: "m".into(),
+        corpus_sha256: "c".into(),
+        backends: vec!["cpu".into()],
+        chunks: vec![ChunkRange { start: 0, end: 1 }],
+        experts,
+        imatrix: Imatrix {
+            entries: BTreeMap::from([("blk.1.ffn_gate_inp.weight".to_string(), im)]),
+            chunk_count: 1,
+            chunk_size: 2,
+        },
+        nonfinite_drops: BTreeMap::new(),
+        trace_tokens: 2,
+        trace_rows: 2,
+        trace_parts: Vec::new(),
+        chunk_stats: Vec::new(),
+        backend_to_host: BackendToHost::default(),
+    }
+}
+
+fn layer(p: &mut Partial) -> &mut LayerAccum {
+    &mut p.experts.groups.values_mut().next().unwrap().layers[0]
+}
+
+fn refused(p: &Partial) -> String {
+    check_values(p, &Budget::for_corpus(1000)).unwrap_err()
+}
+
+#[test]
+fn an_honest_partial_passes() {
+    check_values(&honest(), &Budget::for_corpus(1000)).unwrap();
+}
+
+/// The reported attack: `prob_sum[0] = 2^126 - 1` decodes (it is in the
+/// accumulator's range) but no merge with another partial can hold it.
+#[test]
+fn a_sum_no_merge_can_hold_is_refused() {
+    let mut p = honest();
+    layer(&mut p).prob_sum[0] = ExactSum((1i128 << 126) - 1);
+    let e = refused(&p);
+    assert!(
+        e.contains("expert 0: prob_sum") && e.contains("beyond what 2 tokens"),
+        "{e}"
+    );
+    // Inside the range but above what probabilities of 2 tokens allow.
+    let mut p = honest();
+    layer(&mut p).prob_sum[1] = ExactSum::from_f64(2.5).unwrap();
+    assert!(refused(&p).contains("prob_sum 2.5 above its 2 tokens"));
+}
+
+#[test]
+fn the_bounds_counts_imply_are_enforced() {
+    let cases: Vec<(fn(&mut LayerAccum), &str)> = vec![
+        (|l| l.ean_sum[3] = ExactSum(1), "ean_sum 0.0000"),
+        (|l| l.reap_l2_sum[2] = ExactSum::ZERO, "reap_l2_sum is 0"),
+        (|l| l.ean_sum[0] = ExactSum(-1), "ean_sum -"),
+        (
+            // Inflated saliency whose square was not inflated with it.
+            |l| l.reap_l2_sum[1] = ExactSum::from_f64(15.0).unwrap(),
+            "Cauchy-Schwarz",
+        ),
+        (
+            |l| l.prob_sum[0] = ExactSum::from_f64(0.25).unwrap(),
+            "sum(prob_sum) = 1.75 for 2 tokens",
+        ),
+    ];
+    for (poison, expected) in cases {
+        let mut p = honest();
+        poison(layer(&mut p));
+        let e = refused(&p);
+        assert!(e.contains(expected), "{expected:?} not in {e}");
+    }
+}
+
+#[test]
+fn importance_matrix_entries_are_well_formed() {
+    fn entry(p: &mut Partial) -> &mut ImatrixEntry {
+        p.imatrix.entries.values_mut().next().unwrap()
+    }
+    let mut p = honest();
+    entry(&mut p).in_sum2.pop();
+    assert!(refused(&p).contains("1 counts and 2 sums for [3, 1]"));
+    let mut p = honest();
+    entry(&mut p).in_sum2[1] = ExactSum(-5);
+    assert!(refused(&p).contains("column 1"));
+    let mut p = honest();
+    entry(&mut p).counts[0] = u64::MAX;
+    assert!(refused(&p).contains("counts 18446744073709551615 rows"));
+}
+
+#[test]
+fn names_counters_and_trace_figures_are_bounded() {
+    let mut p = honest();
+    p.backends.push("cpu\n2026-11-30 INFO run complete".into());
+    let e = refused(&p);
+    assert!(e.contains("backend name") && !e.contains('\n'), "{e}");
+    let mut p = honest();
+    p.nonfinite_drops.insert("ffn_moe_probs-1".into(), u64::MAX);
+    assert!(refused(&p).contains("non-finite drops of ffn_moe_probs-1"));
+    let mut p = honest();
+    p.trace_rows = 3;
+    assert!(refused(&p).contains("3 trace rows for 2 traced tokens x 1 MoE layers"));
+    let mut p = honest();
+    p.backend_to_host.bytes = u64::MAX;
+    assert!(refused(&p).contains("backend-to-host"));
+}
+
+#[test]
+fn cauchy_schwarz_margin_is_in_units_of_the_slack() {
+    // Equality (all terms equal) is the bound itself: margin 0.
+    assert_eq!(cauchy_schwarz_margin(3.0, 3.0, 3), 0.0);
+    assert!(cauchy_schwarz_margin(3.0, 2.9, 3) < -1.0);
+    assert!(cauchy_schwarz_margin(3.0, 3.0 * (1.0 - 1e-7), 3) > -1.0);
+}

@@ -1,0 +1,159 @@
+//! A scripted peer that speaks the coordinator-worker protocol of
+//! `common::wire` message by message (or only part of it): the hostile,
+//! broken or slow worker of the integrity tests, next to real `join`
+//! clients with the deterministic fake engine.
+
+use crate::loopback::{FAKE_MODEL, FAKE_N_CTX};
+use common::corpus::CorpusIndex;
+use common::partial::Partial;
+use common::wire::{
+    join_proof, read_msg, write_msg, JobInfo, LeaseGrant, PartialRef, ToCoordinator, ToWorker,
+    WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
+};
+use coordinator::run::Listening;
+use std::net::SocketAddr;
+use std::time::Duration;
+use worker::join::fake::FakeEngine;
+use worker::join::tls::{client_config, Trust};
+
+/// One pinned QUIC connection to a coordinator and its stream.
+pub struct Peer {
+    /// The connection.
+    pub conn: quinn::Connection,
+    /// The stream's sending half.
+    pub send: quinn::SendStream,
+    /// The stream's receiving half.
+    pub recv: quinn::RecvStream,
+    _endpoint: quinn::Endpoint,
+}
+
+impl Peer {
+    /// Connects to `addr`, trusting the certificate pinned as `pin`.
+    pub async fn open(addr: SocketAddr, pin: &str) -> Result<Peer, String> {
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(client_config(&Trust::Pin(pin.into())).unwrap());
+        let conn = ep
+            .connect(addr, "localhost")
+            .unwrap()
+            .await
+            .map_err(|e| e.to_string())?;
+        let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        Ok(Peer {
+            conn,
+            send,
+            recv,
+            _endpoint: ep,
+        })
+    }
+
+    /// Sends `msg` and reads the reply (`None` once the stream broke).
+    pub async fn ask(&mut self, msg: &ToCoordinator) -> Option<ToWorker> {
+        write_msg(&mut self.send, msg).await.ok()?;
+        read_msg(&mut self.recv, MAX_CONTROL_FRAME).await.ok()?
+    }
+
+    /// The `Hello` of a worker called `name`.
+    pub fn hello(name: &str) -> ToCoordinator {
+        ToCoordinator::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            worker_name: name.into(),
+            backend: "scripted".into(),
+        }
+    }
+
+    /// Hello, then a proof with `secret`; the coordinator's answer to it.
+    pub async fn login_at(
+        addr: SocketAddr,
+        pin: &str,
+        name: &str,
+        secret: &[u8],
+    ) -> Result<(Peer, ToWorker), String> {
+        let mut p = Peer::open(addr, pin).await?;
+        let Some(ToWorker::Challenge { nonce }) = p.ask(&Peer::hello(name)).await else {
+            return Err("no challenge".into());
+        };
+        let mac = join_proof(secret, &nonce, name);
+        let answer = p
+            .ask(&ToCoordinator::Proof { mac })
+            .await
+            .ok_or("no answer to the proof")?;
+        Ok((p, answer))
+    }
+
+    /// [`Peer::login_at`] the listening coordinator `l`.
+    pub async fn login(l: &Listening, name: &str, secret: &[u8]) -> (Peer, ToWorker) {
+        Peer::login_at(l.addr, &l.pin, name, secret).await.unwrap()
+    }
+
+    /// Logs in with the run's secret and expects the job.
+    pub async fn joined(l: &Listening, name: &str) -> (Peer, JobInfo) {
+        match Peer::login(l, name, l.secret.expose()).await {
+            (p, ToWorker::Welcome { job, .. }) => (p, job),
+            (_, other) => panic!("not welcomed: {other:?}"),
+        }
+    }
+
+    /// An idle poll (asks for a lease).
+    pub async fn poll_idle(&mut self) -> Option<ToWorker> {
+        self.ask(&ToCoordinator::Poll {
+            protocol_version: PROTOCOL_VERSION,
+            state: WorkerState::Idle,
+        })
+        .await
+    }
+
+    /// The reason the coordinator closed the connection with.
+    pub async fn closed_reason(&self) -> String {
+        tokio::time::timeout(Duration::from_secs(15), self.conn.closed())
+            .await
+            .expect("the coordinator closes the connection")
+            .to_string()
+    }
+
+    /// Reports `bytes` as the encoded partial of `lease`; the reply.
+    pub async fn done(&mut self, lease: &LeaseGrant, bytes: Vec<u8>) -> Option<ToWorker> {
+        let msg = ToCoordinator::Done {
+            lease_id: lease.lease_id,
+            sha256: common::hash::sha256_hex(&bytes),
+            partial: PartialRef::Inline(bytes),
+            elapsed_ms: 1,
+        };
+        self.ask(&msg).await
+    }
+
+    /// Polls for leases and reports what `result` makes of each (waiting
+    /// when told to) until a reply is neither a lease, a wait nor an Ack;
+    /// returns that reply and the leases reported.
+    pub async fn work(
+        &mut self,
+        mut result: impl FnMut(&LeaseGrant) -> Vec<u8>,
+    ) -> (Option<ToWorker>, u32) {
+        let mut reported = 0;
+        loop {
+            match self.poll_idle().await {
+                Some(ToWorker::Lease(lease)) => {
+                    reported += 1;
+                    match self.done(&lease, result(&lease)).await {
+                        Some(ToWorker::Ack) => {}
+                        other => return (other, reported),
+                    }
+                }
+                Some(ToWorker::Wait { retry_ms }) => {
+                    tokio::time::sleep(Duration::from_millis(retry_ms)).await
+                }
+                other => return (other, reported),
+            }
+        }
+    }
+}
+
+/// The fake engine's honest partial of `lease` over the chunks of
+/// [`crate::chunks`] for `index` (the corpus of
+/// [`crate::loopback::fake_setup`]).
+pub fn honest_partial(index: &CorpusIndex, lease: &LeaseGrant) -> Partial {
+    let chunks: Vec<_> = crate::chunks(index.n_chunks, FAKE_N_CTX)
+        .into_iter()
+        .filter(|c| (lease.range.start..lease.range.end).contains(&c.id.0))
+        .collect();
+    FakeEngine::new(FAKE_MODEL).partial(index, &chunks).unwrap()
+}
