@@ -143,7 +143,12 @@ fn worker_figures_equal_an_f64_recomputation_from_dumped_logits() {
         // The f64 reference path: its figures equal a textbook f64
         // recomputation to 1e-9 (the device path's f32 tolerance is
         // tests/tests/output_head.rs's).
-        &["--compare", "host", "--dump-logits", dumps.to_str().unwrap()],
+        &[
+            "--compare",
+            "host",
+            "--dump-logits",
+            dumps.to_str().unwrap(),
+        ],
     );
     let p = partial(&out);
     let cand = &p.candidates[0];
