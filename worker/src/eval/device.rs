@@ -23,6 +23,10 @@ pub(super) struct Batch<'a> {
     pub rows: &'a [ScoredRow],
 }
 
+/// A receiver of each model's whole logits of a micro-batch (model 0 the
+/// base, `i + 1` candidate `i`).
+pub(super) type Dump<'a> = dyn FnMut(usize, &[f32]) + 'a;
+
 /// Decodes `b` in the base model and every candidate and compares their
 /// scored rows on the device; `dump` receives each model's whole logits
 /// (model 0 the base), when given.
@@ -31,7 +35,7 @@ pub(super) fn compare_batch(
     cands: &mut [Context<'_, NoGraph>],
     cmp: &mut LogitsCompare,
     b: &Batch<'_>,
-    mut dump: Option<&mut dyn FnMut(usize, &[f32])>,
+    mut dump: Option<&mut Dump<'_>>,
 ) -> Result<Vec<RowResult>, WorkerError> {
     let pos0 = b.pos0 as i32;
     if b.rows.is_empty() && dump.is_none() {

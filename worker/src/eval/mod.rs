@@ -284,7 +284,7 @@ impl Evaluator {
                         .or_insert_with(Vec::new)
                         .extend_from_slice(logits);
                 };
-                let mut dump: Option<&mut dyn FnMut(usize, &[f32])> =
+                let mut dump: Option<&mut device::Dump<'_>> =
                     self.opts.dump_logits.then_some(&mut keep);
                 let results = if on_device {
                     let batch = device::Batch {
