@@ -337,7 +337,7 @@ fn main() -> anyhow::Result<()> {
         let secs = best(&m.secs);
         let per = m.cost.comparisons.max(1) as f64;
         println!(
-            "| eval, {} comparison, base + {} | {secs:.3} | {:.1} | {:+.2}% +- {:.2}% | {} of {} | {peak:.0} | {:.2} | {:.2} | {:.1} |",
+            "| eval, {}, base + {} | {secs:.3} | {:.1} | {:+.2}% +- {:.2}% | {} of {} | {peak:.0} | {:.2} | {:.2} | {:.1} |",
             m.compare.label(),
             m.n,
             tokens / secs,
