@@ -338,7 +338,7 @@ fn main() -> anyhow::Result<()> {
         let per = m.cost.comparisons.max(1) as f64;
         println!(
             "| eval, {}, base + {} | {secs:.3} | {:.1} | {:+.2}% +- {:.2}% | {} of {} | {peak:.0} | {:.2} | {:.2} | {:.1} |",
-            m.compare.label(),
+            Compare::label(m.compare.on_device(a.ngl, worker::llama::has_gpu())),
             m.n,
             tokens / secs,
             100.0 * (mean - 1.0),

@@ -51,9 +51,10 @@ pub struct EvalArgs {
     #[arg(long)]
     flash_attn: bool,
     /// Where logits are compared: `device` (on the backend that holds
-    /// them, f32; only per-position figures are copied to the host) or
-    /// `host` (f64 after llama.cpp copies every row: the reference).
-    #[arg(long, value_enum, default_value = "device")]
+    /// them, f32; only per-position figures are copied to the host),
+    /// `host` (f64 after llama.cpp copies every row: the reference), or
+    /// `auto`: device with layers offloaded to a GPU, else host.
+    #[arg(long, value_enum, default_value = "auto")]
     compare: Compare,
     /// Debugging and oracle tests: write every model's raw logits per chunk
     /// (`chunk-<id>-model-<m>.f32`, little-endian, model 0 the base) here.

@@ -7,14 +7,17 @@
 //! candidate decode the same tokens and their scored rows are compared, in
 //! one of two ways ([`Compare`]):
 //!
-//! - **on the device** (the default): the logits never leave the backend
-//!   that computed them. The base model's scored rows are kept there
+//! - **on the device** (the default with layers on a GPU): the logits
+//!   never leave the backend that computed them. The base model's scored
+//!   rows are kept there
 //!   ([`LogitsCompare`](crate::llama::LogitsCompare)), each candidate's
 //!   are compared with them in f32, and only per-position figures come
 //!   back (4 bytes per position for the base model, 16 per candidate); a
 //!   micro-batch without scored positions skips the output head.
-//! - **on the host** (the reference): llama.cpp copies every logits row to
-//!   the host and [`rows`] compares them in f64, split over threads.
+//! - **on the host** (the reference, and the default on the CPU backend,
+//!   where the f64 comparison costs less than the backend's): llama.cpp
+//!   copies every logits row to the host and [`rows`] compares them in
+//!   f64, split over threads.
 //!
 //! Either way the per-position values are folded exactly into the partial,
 //! in position order, and no whole-vocabulary file is ever written. See
@@ -70,9 +73,13 @@ pub struct EvalOptions {
 /// Where base and candidate logits are compared.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Compare {
+    /// `device` when model layers are offloaded to a GPU, `host` otherwise:
+    /// on the CPU backend the f64 host comparison costs less than the
+    /// backend's own (BENCHMARKS.md, issue #22).
+    #[default]
+    Auto,
     /// On the backend that holds them, in f32; only per-position figures
     /// are copied to the host.
-    #[default]
     Device,
     /// On the host in f64, after llama.cpp copies every logits row (the
     /// reference path).
@@ -80,13 +87,24 @@ pub enum Compare {
 }
 
 impl Compare {
+    /// Whether logits are compared on the device, with `n_gpu_layers`
+    /// offloaded and a GPU present or not.
+    pub fn on_device(self, n_gpu_layers: u32, has_gpu: bool) -> bool {
+        match self {
+            Compare::Auto => n_gpu_layers > 0 && has_gpu,
+            Compare::Device => true,
+            Compare::Host => false,
+        }
+    }
+
     /// The label appended to the backend description of eval partials, so
     /// results of the two paths (equal within the device path's stated
     /// tolerance, not bit for bit) are never mistaken for one another.
-    pub fn label(self) -> &'static str {
-        match self {
-            Compare::Device => "device comparison",
-            Compare::Host => "host comparison (f64)",
+    pub fn label(on_device: bool) -> &'static str {
+        if on_device {
+            "device comparison"
+        } else {
+            "host comparison (f64)"
         }
     }
 }
@@ -102,7 +120,7 @@ impl Default for EvalOptions {
             skip_first: 0,
             splits: Split::ALL.to_vec(),
             dump_logits: false,
-            compare: Compare::Device,
+            compare: Compare::Auto,
         }
     }
 }
@@ -131,6 +149,8 @@ pub struct Evaluator {
     base_sha256: String,
     candidates: Vec<Loaded>,
     opts: EvalOptions,
+    /// Where logits are compared ([`Compare::on_device`]).
+    on_device: bool,
     backend: String,
 }
 
@@ -195,10 +215,16 @@ impl Evaluator {
                 model,
             });
         }
+        let on_device = opts.compare.on_device(opts.n_gpu_layers, llama::has_gpu());
         Ok(Evaluator {
             base: base_model,
             base_sha256,
-            backend: format!("{}, {}", llama::backend_description(), opts.compare.label()),
+            on_device,
+            backend: format!(
+                "{}, {}",
+                llama::backend_description(),
+                Compare::label(on_device)
+            ),
             candidates: loaded,
             opts,
         })
@@ -218,7 +244,7 @@ impl Evaluator {
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Evaluated, WorkerError> {
         check_chunks(index, chunks)?;
-        let on_device = self.opts.compare == Compare::Device;
+        let on_device = self.on_device;
         let params = chunk_context(
             index,
             self.opts.n_ubatch,
@@ -433,4 +459,18 @@ fn add(sum: &mut ExactSum, v: f64, at: Position, what: &str) -> Result<(), Worke
         chunk: at.chunk,
         reason: format!("{what} at position {}: {e}", at.pos),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Compare;
+
+    #[test]
+    fn auto_compares_on_the_device_only_with_layers_on_a_gpu() {
+        assert!(Compare::Auto.on_device(99, true));
+        assert!(!Compare::Auto.on_device(0, true));
+        assert!(!Compare::Auto.on_device(99, false));
+        assert!(Compare::Device.on_device(0, false));
+        assert!(!Compare::Host.on_device(99, true));
+    }
 }

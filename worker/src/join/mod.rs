@@ -78,8 +78,9 @@ pub struct JoinArgs {
     /// Where an evaluation compares base and candidate logits: `device`
     /// (on the backend that holds them; only per-position figures are
     /// copied to the host) or `host` (in f64 after llama.cpp copies every
-    /// logits row: the reference path).
-    #[arg(long, value_enum, default_value = "device")]
+    /// logits row: the reference path), or `auto`: device with layers
+    /// offloaded to a GPU, else host.
+    #[arg(long, value_enum, default_value = "auto")]
     pub compare: Compare,
     /// Seconds to keep reconnecting (with backoff) without reaching the
     /// coordinator before giving up.
