@@ -21,7 +21,6 @@ use crate::exact::{per_token_limit, ExactSum, FRACTION_BITS};
 use crate::partial::Partial;
 use crate::peer_text::peer_text;
 use crate::stats::{ExpertAccum, LayerAccum};
-use crate::Gating;
 
 /// Relative slack of the Cauchy-Schwarz bound: sums are exact, but each
 /// `(g * ||y||)^2` term was rounded before it was added.
@@ -124,7 +123,7 @@ fn non_negative(s: ExactSum) -> bool {
 }
 
 fn experts(e: &ExpertAccum, budget: &Budget, no_drops: bool) -> Result<(), String> {
-    let bounded_probs = matches!(e.shape.gating, Gating::Softmax | Gating::Sigmoid);
+    let bounded_probs = e.shape.gating.value_range().1.is_finite();
     for (key, g) in &e.groups {
         let n = g.n_tokens;
         for l in &g.layers {

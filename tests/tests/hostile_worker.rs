@@ -6,9 +6,10 @@
 //! an honest one would, byte for byte.
 
 use common::exact::ExactSum;
+use common::layout::PARTIALS;
 use common::partial::Partial;
 use common::stats::{GroupAccum, GroupKey};
-use common::wire::{partial_name, ToWorker};
+use common::wire::ToWorker;
 use common::{ChunkRange, Split};
 use coordinator::run::{Listening, RunSetup, RunSummary};
 use fixtures::log::{captured_log, log_text};
@@ -115,7 +116,7 @@ async fn a_poisoned_stored_partial_is_set_aside_on_resume_and_recomputed() {
     assert_eq!(clean, fake_reference(&s).await);
     // A partial an older coordinator accepted (its hash is recorded), with
     // the value that bricked the run location.
-    let name = partial_name(ChunkRange { start: 3, end: 6 });
+    let name = PARTIALS.object(ChunkRange { start: 3, end: 6 });
     let mut p = Partial::from_bytes(&s.store.get(&name).await.unwrap()).unwrap();
     huge_prob_sum(&mut p);
     let poisoned = p.to_bytes();

@@ -519,6 +519,7 @@ mod tests {
             n_expert_used: 2,
             gating: Gating::Softmax,
             moe_layers: vec![1, 3],
+            routing: crate::routing::Routing::default(),
         });
         let mut x = 0.37f64;
         let mut next = move || {

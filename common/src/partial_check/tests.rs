@@ -2,7 +2,7 @@ use super::*;
 use crate::imatrix::{Imatrix, ImatrixEntry};
 use crate::partial::{BackendToHost, PARTIAL_FORMAT_VERSION};
 use crate::stats::MoeShape;
-use crate::{ChunkRange, Split};
+use crate::{ChunkRange, Gating, Split};
 use std::collections::BTreeMap;
 
 /// Two tokens of domain `en`, 4 experts, top-2: token 0 picks experts 0 and
@@ -14,6 +14,7 @@ fn honest() -> Partial {
         n_expert_used: 2,
         gating: Gating::Softmax,
         moe_layers: vec![1],
+        routing: crate::routing::Routing::default(),
     };
     let mut experts = ExpertAccum::new(shape);
     let g = experts.group_mut(Split::Fit, "en");
