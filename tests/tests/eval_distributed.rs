@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::process::Child;
 use worker::collect::device::Reduce;
+use worker::eval::Compare;
 use worker::join::engine::{CollectorLoader, EngineLoader};
 use worker::join::eval_engine::EvalEngine;
 use worker::join::{join, JoinError};
@@ -327,6 +328,7 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
             n_gpu_layers: 0,
             threads: Some(1),
             reduce: Reduce::Host,
+            compare: Compare::Device,
         },
         lies: Arc::default(),
         lied: Arc::default(),

@@ -1,6 +1,7 @@
 //! `worker eval` as users run it: a keep-all candidate costs nothing (KL
 //! exactly 0, every top-1 the same), and the worker's KL, NLL and top-1
-//! figures equal an independent f64 recomputation from dumped logits.
+//! figures (on the f64 host path) equal an independent f64 recomputation
+//! from dumped logits.
 
 use common::corpus::Chunk;
 use common::eval::{EvalPartial, EvalSummary, Group};
@@ -139,7 +140,15 @@ fn worker_figures_equal_an_f64_recomputation_from_dumped_logits() {
         &[&other],
         &corpus,
         &out,
-        &["--dump-logits", dumps.to_str().unwrap()],
+        // The f64 reference path: its figures equal a textbook f64
+        // recomputation to 1e-9 (the device path's f32 tolerance is
+        // tests/tests/output_head.rs's).
+        &[
+            "--compare",
+            "host",
+            "--dump-logits",
+            dumps.to_str().unwrap(),
+        ],
     );
     let p = partial(&out);
     let cand = &p.candidates[0];

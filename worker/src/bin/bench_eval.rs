@@ -1,6 +1,10 @@
 //! Benchmark: evaluation throughput with 1 and 3 pruned candidates against a
 //! plain forward pass of the base model over the same chunks, on the `bench`
-//! model (`cargo run --release -p worker --bin bench_eval`).
+//! model or another preset (`--preset vocab-152k` for the real vocabulary)
+//! (`cargo run --release -p worker --bin bench_eval`), for the device
+//! comparison and the f64 host reference (`--compare`), with each mode's
+//! host work, backend compute and bytes from the backend per scored
+//! position and candidate (issue #22).
 //!
 //! Candidates are byte copies of the base model: a pruned model routes each
 //! token through the same top-k experts, so its forward pass costs the same
@@ -15,11 +19,12 @@
 //! cannot tell from a real difference.
 
 use clap::Parser;
-use common::procstat::peak_rss_kib;
+use common::eval::EvalPartial;
+use common::procstat::{peak_rss_kib, process_cpu_seconds};
 use std::time::Instant;
 use worker::eval::rows::{compare_rows, ScoredRow};
-use worker::eval::{candidates, EvalOptions, Evaluator};
-use worker::llama::{Context, ContextParams, Model, NoGraph};
+use worker::eval::{candidates, Compare, EvalCost, EvalOptions, Evaluator};
+use worker::llama::{Context, ContextParams, Logits, Model, NoGraph};
 use worker::synth::Preset;
 
 #[derive(Parser)]
@@ -39,10 +44,44 @@ struct Args {
     /// CPU threads.
     #[arg(long, default_value_t = 2)]
     threads: u32,
-    /// Vocabulary of the comparison-cost table (the bench model's is
-    /// small; real MoE models have about 151,936 tokens).
+    /// Vocabulary of the host comparison-cost table (the bench model's is
+    /// small; real MoE models have about 151,936 tokens); 0 skips it.
     #[arg(long, default_value_t = 151_936)]
     cost_vocab: usize,
+    /// Generated base model.
+    #[arg(long, value_enum, default_value = "bench")]
+    preset: Preset,
+    /// A GGUF base model to use instead of generating `--preset`.
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
+    /// Layers offloaded to the GPU (`-ngl`; 999: all, the output head too).
+    #[arg(long, default_value_t = 0)]
+    ngl: u32,
+    /// The generated model's vocabulary size (default: the preset's).
+    #[arg(long)]
+    n_vocab: Option<usize>,
+    /// Chunks of a tokenized corpus (a run location) instead of generated
+    /// ones: all of them, or `--range A..B`.
+    #[arg(long)]
+    corpus: Option<String>,
+    /// Chunk range of `--corpus`.
+    #[arg(long)]
+    range: Option<String>,
+    /// Positions skipped at the start of every chunk (`n_ctx / 2`: the
+    /// second half is scored, as llama-perplexity does).
+    #[arg(long, default_value_t = 0)]
+    skip_first: u32,
+    /// `forward`: run `--passes` forward passes of the base model over the
+    /// chunks and print this process's CPU time, nothing else (the
+    /// reference for `coordinator eval`'s process CPU time).
+    #[arg(long)]
+    only: Option<String>,
+    /// Forward passes of `--only forward`.
+    #[arg(long, default_value_t = 1)]
+    passes: u32,
+    /// Comparison paths measured (comma-separated: device, host).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "device,host")]
+    compare: Vec<Compare>,
 }
 
 /// The comparison as it was before the vectorised rewrite, for the cost
@@ -108,6 +147,35 @@ fn compare_cost(n_vocab: usize, threads: usize) -> [f64; 3] {
     [libm, ours(1), ours(threads)]
 }
 
+/// How the device comparison's per-position figures compare with the f64
+/// host path's (same chunks, same candidate).
+fn agreement(device: &EvalPartial, host: &EvalPartial) -> String {
+    let (d, h) = (&device.candidates[0], &host.candidates[0]);
+    let mut worst_kl = 0f64;
+    for (x, y) in d.tokens.iter().zip(&h.tokens) {
+        worst_kl = worst_kl.max((x.kl - y.kl).abs());
+    }
+    let rel = |a: f64, b: f64| (a - b).abs() / a.abs().max(b.abs()).max(f64::MIN_POSITIVE);
+    let mut worst_nll = 0f64;
+    let mut top1_equal = d.groups.len() == h.groups.len();
+    for (g, x) in &d.groups {
+        if let Some(y) = h.groups.get(g) {
+            worst_nll = worst_nll.max(rel(x.nll.to_f64(), y.nll.to_f64()));
+            top1_equal &= x.top1_same == y.top1_same;
+        }
+    }
+    for (g, x) in &device.base {
+        if let Some(y) = host.base.get(g) {
+            worst_nll = worst_nll.max(rel(x.nll.to_f64(), y.nll.to_f64()));
+        }
+    }
+    format!(
+        "device comparison vs f64 host path, base + 1, {} positions: largest |KL difference| per position {worst_kl:.3e} nats; largest relative difference of a group's NLL sum {worst_nll:.3e}; same-top-1 counts {}",
+        d.tokens.len(),
+        if top1_equal { "equal" } else { "DIFFER" }
+    )
+}
+
 /// Peak resident set size of this process so far, MiB.
 fn peak_rss_mib() -> f64 {
     peak_rss_kib().map_or(f64::NAN, |kib| kib as f64 / 1024.0)
@@ -118,9 +186,40 @@ fn main() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("moe-census-bench-eval-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let base = dir.join("bench.gguf");
-    worker::synth::write_model(Preset::Bench, 0, &base)?;
-    let (index, chunks) = worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx, 600);
-    let tokens = f64::from(a.chunks * a.n_ctx);
+    match &a.model {
+        Some(m) => {
+            std::fs::copy(m, &base)?;
+        }
+        None => {
+            let o = worker::synth::Overrides {
+                n_vocab: a.n_vocab,
+                ..Default::default()
+            };
+            worker::synth::write_model_with(a.preset, 0, o, &base)?;
+        }
+    }
+    let (index, chunks) = match &a.corpus {
+        Some(run) => {
+            let range = match &a.range {
+                Some(r) => {
+                    common::ChunkRange::parse(r).map_err(|e| anyhow::anyhow!("--range: {e}"))?
+                }
+                None => {
+                    let rt = tokio::runtime::Runtime::new()?;
+                    let (_, index) = rt.block_on(worker::cli::corpus::open_corpus(run))?;
+                    common::ChunkRange {
+                        start: 0,
+                        end: index.n_chunks,
+                    }
+                }
+            };
+            tokio::runtime::Runtime::new()?
+                .block_on(worker::cli::corpus::load_chunks(run, range))?
+        }
+        None => worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx, 600),
+    };
+    let n_ctx = index.n_ctx;
+    let tokens = chunks.iter().map(|c| c.tokens.len() as f64).sum::<f64>();
     let copies = (1..=3)
         .map(|i| {
             let path = dir.join(format!("copy_{i}.gguf"));
@@ -129,13 +228,15 @@ fn main() -> anyhow::Result<()> {
         .collect::<std::io::Result<Vec<_>>>()?;
     let cands = candidates::from_files(&copies)?;
     let params = ContextParams {
-        n_ctx: a.n_ctx,
+        n_ctx,
         n_ubatch: a.n_ubatch,
         threads: a.threads,
         f32_kv: false,
         flash_attn: false,
+        logits: Logits::Host,
     };
-    let model = Model::load(&base, 0)?;
+    let model = Model::load(&base, a.ngl)?;
+    let n_vocab = model.n_vocab();
     let mut ctx = Context::new(&model, &params, NoGraph)?;
     let mut forward_pass = || -> anyhow::Result<f64> {
         let t = Instant::now();
@@ -147,90 +248,137 @@ fn main() -> anyhow::Result<()> {
         }
         Ok(t.elapsed().as_secs_f64())
     };
+    if let Some(only) = &a.only {
+        anyhow::ensure!(only == "forward", "--only {only}: expected forward");
+        for _ in 0..a.passes {
+            forward_pass()?;
+        }
+        println!(
+            "{} forward passes over {} chunks ({tokens} tokens): process CPU {:.2} s",
+            a.passes,
+            chunks.len(),
+            process_cpu_seconds()?
+        );
+        return Ok(());
+    }
     // A first, untimed round of each mode, in increasing memory order:
     // warms every context and reads each mode's peak memory.
     forward_pass()?;
     let mut peaks = vec![peak_rss_mib()];
-    let mut evaluators = Vec::new();
-    for n in [1usize, 3] {
-        let opts = EvalOptions {
-            n_ubatch: a.n_ubatch,
-            threads: a.threads,
-            ..EvalOptions::default()
-        };
-        let mut e = Evaluator::load(&base, &cands[..n], opts)?;
-        e.run(&index, &chunks, &mut |_, _| {})?;
-        peaks.push(peak_rss_mib());
-        evaluators.push(e);
+    let mut modes = Vec::new();
+    for &compare in &a.compare {
+        for n in [1usize, 3] {
+            let opts = EvalOptions {
+                n_ubatch: a.n_ubatch,
+                n_gpu_layers: a.ngl,
+                threads: a.threads,
+                skip_first: a.skip_first,
+                compare,
+                ..EvalOptions::default()
+            };
+            let mut e = Evaluator::load(&base, &cands[..n], opts)?;
+            let first = e.run(&index, &chunks, &mut |_, _| {})?.partial;
+            peaks.push(peak_rss_mib());
+            modes.push(Mode {
+                compare,
+                n,
+                first,
+                evaluator: e,
+                ratios: Vec::new(),
+                secs: Vec::new(),
+                cost: EvalCost::default(),
+            });
+        }
     }
     // Timed: forward passes bracket every evaluation (F E1 F E3 F E1 ...),
     // and each evaluation is compared with the mean of the two forward
     // passes around it, so a drift of the machine's speed (tens of percent
     // over minutes on a shared host) cancels out of the ratio.
     let mut forwards = vec![forward_pass()?];
-    let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    let mut evals: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for round in 0..a.rounds as usize {
-        for (m, n) in [(0usize, 1.0), (1, 3.0)] {
+        for m in &mut modes {
             let t = Instant::now();
-            evaluators[m].run(&index, &chunks, &mut |_, _| {})?;
+            let done = m.evaluator.run(&index, &chunks, &mut |_, _| {})?;
             let secs = t.elapsed().as_secs_f64();
             let before = *forwards.last().expect("a forward pass ran first");
             let after = forward_pass()?;
             forwards.push(after);
-            let ratio = secs / ((1.0 + n) * 0.5 * (before + after));
+            let ratio = secs / ((1.0 + m.n as f64) * 0.5 * (before + after));
             eprintln!(
-                "round {round}: base + {n}: {secs:.3} s between forward passes of {before:.3} and {after:.3} s: {ratio:.4}"
+                "round {round}: {:?}, base + {}: {secs:.3} s between forward passes of {before:.3} and {after:.3} s: {ratio:.4}",
+                m.compare, m.n
             );
-            ratios[m].push(ratio);
-            evals[m].push(secs);
+            m.ratios.push(ratio);
+            m.secs.push(secs);
+            m.cost = done.cost;
         }
     }
     let best = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
     let forward = best(&forwards);
     println!("backend: {}", worker::llama::backend_description());
     println!(
-        "model: bench preset (qwen3moe, 8 MoE layers, 64 experts, top-8, hidden 512, Q8_0), candidates are copies of it; {} chunks x {} tokens, n_ubatch {}, {} threads; {} timed rounds, each evaluation between two forward passes",
-        a.chunks, a.n_ctx, a.n_ubatch, a.threads, a.rounds
+        "model: {}, vocabulary {n_vocab}, candidates are copies of it; {} chunks of up to {n_ctx} tokens ({tokens} tokens), skip_first {}, n_ubatch {}, {} threads, ngl {}; {} timed rounds, each evaluation between two forward passes",
+        a.model.as_ref().map_or_else(|| format!("{:?} preset", a.preset), |m| m.display().to_string()),
+        chunks.len(), a.skip_first, a.n_ubatch, a.threads, a.ngl, a.rounds
     );
-    println!("| mode | best s | tokens/s (best) | vs (1 + n) bracketing forward passes: mean +- s.e. | rounds over +5% | peak RSS (MiB) |");
-    println!("|---|---|---|---|---|---|");
+    println!("| mode | best s | tokens/s (best) | vs (1 + n) bracketing forward passes: mean +- s.e. | rounds over +5% | peak RSS (MiB) | host work per position and candidate (us) | backend compute of the comparison per position and candidate (us) | bytes from the backend per position and candidate |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| forward, base model only | {forward:.3} | {:.1} | {} passes | | {:.0} |",
+        "| forward, base model only (host logits) | {forward:.3} | {:.1} | {} passes | | {:.0} | | | |",
         tokens / forward,
         forwards.len(),
         peaks[0]
     );
-    for (m, name) in ["eval, base + 1 candidate", "eval, base + 3 candidates"]
-        .iter()
-        .enumerate()
-    {
-        let r = &ratios[m];
+    for (m, peak) in modes.iter().zip(&peaks[1..]) {
+        let r = &m.ratios;
         let mean = r.iter().sum::<f64>() / r.len() as f64;
         let var = r.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (r.len().max(2) - 1) as f64;
         let se = (var / r.len() as f64).sqrt();
-        let secs = best(&evals[m]);
+        let secs = best(&m.secs);
+        let per = m.cost.comparisons.max(1) as f64;
         println!(
-            "| {name} | {secs:.3} | {:.1} | {:+.2}% +- {:.2}% | {} of {} | {:.0} |",
+            "| eval, {}, base + {} | {secs:.3} | {:.1} | {:+.2}% +- {:.2}% | {} of {} | {peak:.0} | {:.2} | {:.2} | {:.1} |",
+            Compare::label(m.compare.on_device(a.ngl, worker::llama::has_gpu())),
+            m.n,
             tokens / secs,
             100.0 * (mean - 1.0),
             100.0 * se,
             r.iter().filter(|&&x| x > 1.05).count(),
             r.len(),
-            peaks[m + 1]
+            1e6 * m.cost.host_s / per,
+            1e6 * m.cost.backend_s / per,
+            m.cost.bytes as f64 / per,
         );
     }
-    let [libm, one, many] = compare_cost(a.cost_vocab, a.threads as usize);
-    println!(
-        "\ncomparison cost per row with one candidate, vocabulary of {}: libm exp, 3 per entry (before) {:.1} us; vectorised exp, 2 per entry, 1 thread {:.1} us ({:.1}x); {} threads {:.1} us ({:.1}x)",
-        a.cost_vocab,
-        libm * 1e6,
-        one * 1e6,
-        libm / one,
-        a.threads,
-        many * 1e6,
-        libm / many
-    );
+    let one = |c: Compare| modes.iter().find(|m| m.compare == c && m.n == 1);
+    if let (Some(d), Some(h)) = (one(Compare::Device), one(Compare::Host)) {
+        println!("\n{}", agreement(&d.first, &h.first));
+    }
+    if a.cost_vocab > 0 {
+        let [libm, one, many] = compare_cost(a.cost_vocab, a.threads as usize);
+        println!(
+            "\nhost comparison cost per row with one candidate, vocabulary of {}: libm exp, 3 per entry {:.1} us; vectorised exp, 2 per entry, 1 thread {:.1} us ({:.1}x); {} threads {:.1} us ({:.1}x)",
+            a.cost_vocab,
+            libm * 1e6,
+            one * 1e6,
+            libm / one,
+            a.threads,
+            many * 1e6,
+            libm / many
+        );
+    }
     std::fs::remove_dir_all(&dir)?;
     Ok(())
+}
+
+/// One evaluation mode and its measurements.
+struct Mode {
+    compare: Compare,
+    n: usize,
+    /// The untimed round's partial.
+    first: EvalPartial,
+    evaluator: Evaluator,
+    ratios: Vec<f64>,
+    secs: Vec<f64>,
+    cost: EvalCost,
 }

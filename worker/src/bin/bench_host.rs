@@ -20,7 +20,7 @@ use common::procstat::process_cpu_seconds;
 use std::path::PathBuf;
 use std::time::Instant;
 use worker::collect::{CollectOptions, Collector};
-use worker::llama::{Context, ContextParams, Model, NoGraph};
+use worker::llama::{Context, ContextParams, Logits, Model, NoGraph};
 use worker::synth::chunks::token_chunks;
 use worker::synth::Preset;
 
@@ -195,6 +195,7 @@ fn main() -> anyhow::Result<()> {
         threads,
         f32_kv: false,
         flash_attn: false,
+        logits: Logits::Host,
     };
     if let Some(mode) = a.only.as_deref() {
         let threads = a.threads.first().copied().unwrap_or(1);

@@ -3,7 +3,7 @@
 //! `eval/summary.json`.
 
 use super::corpus::load_chunks;
-use crate::eval::{candidates, EvalOptions, Evaluator};
+use crate::eval::{candidates, Compare, EvalOptions, Evaluator};
 use anyhow::Context;
 use common::eval::{names, EvalSummary};
 use common::store::RunStore;
@@ -50,6 +50,12 @@ pub struct EvalArgs {
     /// Enable flash attention.
     #[arg(long)]
     flash_attn: bool,
+    /// Where logits are compared: `device` (on the backend that holds
+    /// them, f32; only per-position figures are copied to the host),
+    /// `host` (f64 after llama.cpp copies every row: the reference), or
+    /// `auto`: device with layers offloaded to a GPU, else host.
+    #[arg(long, value_enum, default_value = "auto")]
+    compare: Compare,
     /// Debugging and oracle tests: write every model's raw logits per chunk
     /// (`chunk-<id>-model-<m>.f32`, little-endian, model 0 the base) here.
     #[arg(long)]
@@ -71,6 +77,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         skip_first: a.skip_first,
         splits,
         dump_logits: a.dump_logits.is_some(),
+        compare: a.compare,
         ..EvalOptions::default()
     };
     if let Some(t) = a.threads {

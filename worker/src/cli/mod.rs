@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod collect;
-mod corpus;
+pub mod corpus;
 mod eval;
 mod quantize;
 
@@ -51,6 +51,10 @@ struct SynthArgs {
     /// Encoding of the weight matrices (default: the preset's own).
     #[arg(long, value_enum)]
     weight_type: Option<crate::synth::WeightType>,
+    /// Tokens in the vocabulary, padded with unused tokens (default: the
+    /// preset's own; `vocab-152k` and `vocab-248k` have the real sizes).
+    #[arg(long)]
+    n_vocab: Option<usize>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -78,7 +82,11 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::SynthModel(a) => {
-            crate::synth::write_model_as(a.preset, a.seed, a.weight_type, &a.out).map(|()| {
+            let o = crate::synth::Overrides {
+                weights: a.weight_type,
+                n_vocab: a.n_vocab,
+            };
+            crate::synth::write_model_with(a.preset, a.seed, o, &a.out).map(|()| {
                 println!(
                     "wrote {:?} model (seed {}) to {}",
                     a.preset,

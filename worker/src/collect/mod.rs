@@ -4,7 +4,10 @@
 //! micro-batches of `n_ubatch` tokens with outputs on every token, so a chunk
 //! gives the same numbers wherever it runs; the regression test
 //! `one_call_and_two_merged_calls_give_identical_artifacts` guards this.
-//! See [`Collector::run`].
+//! Outputs on every token make the last block run on all of them; the
+//! output head, which feeds no statistic, is never computed and no logits
+//! are copied ([`Logits::Backend`]), except the last row of a decode
+//! trace's step, whose argmax is the next token. See [`Collector::run`].
 
 pub mod device;
 mod folder;
@@ -17,7 +20,7 @@ mod scratch;
 mod shape;
 
 use crate::error::WorkerError;
-use crate::llama::{self, Context, ContextParams, Model};
+use crate::llama::{self, Context, ContextParams, Logits, Model};
 use common::corpus::{Chunk, CorpusIndex};
 use common::imatrix::Imatrix;
 use common::partial::{BackendToHost, Partial, PARTIAL_FORMAT_VERSION};
@@ -63,6 +66,12 @@ pub struct CollectOptions {
     pub dump_inputs: Vec<String>,
     /// Where observed tensors are reduced (host, device, or auto).
     pub reduce: device::Reduce,
+    /// Computes the output head and lets llama.cpp copy every logits row to
+    /// the host, as a plain decode does: the reference that shows skipping
+    /// the head changes no statistic (and the cost before it was skipped,
+    /// in `bench_collect`). Off in production: the head feeds nothing.
+    #[serde(default)]
+    pub output_head: bool,
 }
 
 impl Default for CollectOptions {
@@ -80,6 +89,7 @@ impl Default for CollectOptions {
             decode_tokens: 0,
             dump_inputs: Vec::new(),
             reduce: device::Reduce::Auto,
+            output_head: false,
         }
     }
 }
@@ -173,6 +183,11 @@ impl Collector {
             self.opts.threads,
             self.opts.f32_kv,
             self.opts.flash_attn,
+            if self.opts.output_head {
+                Logits::Host
+            } else {
+                Logits::Backend
+            },
         );
         let observer = Observer::new(
             &self.shape,
@@ -204,6 +219,7 @@ impl Collector {
                 pos0: 0,
                 traced,
                 measured: true,
+                greedy: false,
             };
             feed(
                 &mut ctx,
@@ -301,32 +317,34 @@ impl Collector {
             let prompt =
                 &chunk.tokens[start..start + (span.len as usize).min(self.opts.decode_prompt)];
             let label = (span.split, span.domain);
+            let end = (prompt.len() + self.opts.decode_tokens).min(n_ctx);
             ctx.clear();
             let quiet = Feed {
                 chunk: chunk.id.0,
                 pos0: 0,
                 traced: false,
                 measured: false,
+                greedy: prompt.len() < end,
             };
-            feed(
+            let mut next = feed(
                 ctx,
                 quiet,
                 prompt,
                 &vec![label; prompt.len()],
                 self.opts.n_ubatch as usize,
             )?;
-            for pos in prompt.len()..(prompt.len() + self.opts.decode_tokens).min(n_ctx) {
-                let next = ctx.greedy_next();
-                if self.model.is_end_of_generation(next) {
+            for pos in prompt.len()..end {
+                let Some(token) = next.filter(|&t| !self.model.is_end_of_generation(t)) else {
                     break;
-                }
+                };
                 let step = Feed {
                     chunk: chunk.id.0,
                     pos0: pos,
                     traced: true,
                     measured: false,
+                    greedy: pos + 1 < end,
                 };
-                feed(ctx, step, &[next], &[label], 1)?;
+                next = feed(ctx, step, &[token], &[label], 1)?;
             }
         }
         Ok(())
@@ -356,16 +374,22 @@ struct Feed {
     pos0: usize,
     traced: bool,
     measured: bool,
+    /// Whether the greedy next token after the run is wanted (its last
+    /// logits row is then computed and read).
+    greedy: bool,
 }
 
-/// Decodes `tokens` (labelled per token) in micro-batches of `step`.
+/// Decodes `tokens` (labelled per token) in micro-batches of `step`; the
+/// greedy next token when `f.greedy` asks for it.
 fn feed(
     ctx: &mut Context<'_, Observer>,
     f: Feed,
     tokens: &[i32],
     labels: &[(Split, u16)],
     step: usize,
-) -> Result<(), WorkerError> {
+) -> Result<Option<i32>, WorkerError> {
+    let mut next = None;
+    let n_batches = tokens.len().div_ceil(step);
     for (i, toks) in tokens.chunks(step).enumerate() {
         let offset = i * step;
         let pos0 = f.pos0 + offset;
@@ -377,7 +401,11 @@ fn feed(
             traced: f.traced,
             measured: f.measured,
         });
-        ctx.decode(toks, pos0 as i32)?;
+        if f.greedy && i + 1 == n_batches {
+            next = Some(ctx.decode_greedy(toks, pos0 as i32)?);
+        } else {
+            ctx.decode(toks, pos0 as i32)?;
+        }
         ctx.observer()
             .end_ubatch()
             .map_err(|reason| WorkerError::Graph {
@@ -385,7 +413,7 @@ fn feed(
                 reason,
             })?;
     }
-    Ok(())
+    Ok(next)
 }
 
 /// What [`Collector::run`] measured.
@@ -445,6 +473,7 @@ pub fn chunk_context(
     threads: u32,
     f32_kv: bool,
     flash_attn: bool,
+    logits: Logits,
 ) -> ContextParams {
     ContextParams {
         n_ctx: index.n_ctx,
@@ -452,6 +481,7 @@ pub fn chunk_context(
         threads,
         f32_kv,
         flash_attn,
+        logits,
     }
 }
 

@@ -10,7 +10,7 @@
 //! emit `ffn_moe_topk` are the MoE layers.
 
 use super::names::parse_layer_node;
-use crate::llama::{Context, ContextParams, ElemType, GraphObserver, Model, TensorRef};
+use crate::llama::{Context, ContextParams, ElemType, GraphObserver, Logits, Model, TensorRef};
 use common::routing::{ExpertGroups, GateSite, Routing};
 use common::Gating;
 use std::collections::BTreeMap;
@@ -92,6 +92,7 @@ pub fn probe(model: &Model, n_expert: usize, threads: u32) -> Result<Probed, Str
         threads,
         f32_kv: false,
         flash_attn: false,
+        logits: Logits::Host,
     };
     let mut ctx = Context::new(model, &params, Recorder::default())
         .map_err(|e| format!("routing probe: {e}"))?;

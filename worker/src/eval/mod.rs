@@ -4,13 +4,27 @@
 //! Each chunk runs alone in its sequence in every model (KV caches cleared),
 //! in micro-batches of `n_ubatch` tokens with outputs on every token, like
 //! collection. Micro-batch by micro-batch, the base model and every
-//! candidate decode the same tokens, and the scored rows are compared while
-//! each context still holds its logits ([`rows`], split over threads): the
-//! base row's probabilities are computed once per row for all candidates,
-//! nothing is copied aside, and no whole-vocabulary file is ever written.
-//! See [`metrics`] for the per-position figures.
+//! candidate decode the same tokens and their scored rows are compared, in
+//! one of two ways ([`Compare`]):
+//!
+//! - **on the device** (the default with layers on a GPU): the logits
+//!   never leave the backend that computed them. The base model's scored
+//!   rows are kept there
+//!   ([`LogitsCompare`](crate::llama::LogitsCompare)), each candidate's
+//!   are compared with them in f32, and only per-position figures come
+//!   back (4 bytes per position for the base model, 16 per candidate); a
+//!   micro-batch without scored positions skips the output head.
+//! - **on the host** (the reference, and the default on the CPU backend,
+//!   where the f64 comparison costs less than the backend's): llama.cpp
+//!   copies every logits row to the host and [`rows`] compares them in
+//!   f64, split over threads.
+//!
+//! Either way the per-position values are folded exactly into the partial,
+//! in position order, and no whole-vocabulary file is ever written. See
+//! [`metrics`] for the figures.
 
 pub mod candidates;
+mod device;
 mod exp;
 pub mod metrics;
 mod positions;
@@ -20,7 +34,7 @@ use crate::collect::{
     check_chunks, chunk_context, corpus_error, expert_counts, ranges_of, sha256_file,
 };
 use crate::error::WorkerError;
-use crate::llama::{self, Context, Model, NoGraph, ThreadPool};
+use crate::llama::{self, Context, Logits, LogitsCompare, Model, NoGraph, ThreadPool};
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::{CandidateResult, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION};
 use common::exact::ExactSum;
@@ -52,6 +66,47 @@ pub struct EvalOptions {
     /// Keep every model's logits of every chunk (oracle tests and debugging
     /// only: whole-vocabulary rows).
     pub dump_logits: bool,
+    /// Where logits are compared.
+    pub compare: Compare,
+}
+
+/// Where base and candidate logits are compared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compare {
+    /// `device` when model layers are offloaded to a GPU, `host` otherwise:
+    /// on the CPU backend the f64 host comparison costs less than the
+    /// backend's own (BENCHMARKS.md, issue #22).
+    #[default]
+    Auto,
+    /// On the backend that holds them, in f32; only per-position figures
+    /// are copied to the host.
+    Device,
+    /// On the host in f64, after llama.cpp copies every logits row (the
+    /// reference path).
+    Host,
+}
+
+impl Compare {
+    /// Whether logits are compared on the device, with `n_gpu_layers`
+    /// offloaded and a GPU present or not.
+    pub fn on_device(self, n_gpu_layers: u32, has_gpu: bool) -> bool {
+        match self {
+            Compare::Auto => n_gpu_layers > 0 && has_gpu,
+            Compare::Device => true,
+            Compare::Host => false,
+        }
+    }
+
+    /// The label appended to the backend description of eval partials, so
+    /// results of the two paths (equal within the device path's stated
+    /// tolerance, not bit for bit) are never mistaken for one another.
+    pub fn label(on_device: bool) -> &'static str {
+        if on_device {
+            "device comparison"
+        } else {
+            "host comparison (f64)"
+        }
+    }
 }
 
 impl Default for EvalOptions {
@@ -65,6 +120,7 @@ impl Default for EvalOptions {
             skip_first: 0,
             splits: Split::ALL.to_vec(),
             dump_logits: false,
+            compare: Compare::Auto,
         }
     }
 }
@@ -93,6 +149,8 @@ pub struct Evaluator {
     base_sha256: String,
     candidates: Vec<Loaded>,
     opts: EvalOptions,
+    /// Where logits are compared ([`Compare::on_device`]).
+    on_device: bool,
     backend: String,
 }
 
@@ -103,6 +161,25 @@ pub struct Evaluated {
     /// With [`EvalOptions::dump_logits`]: every model's logits per chunk,
     /// keyed by (model, chunk) with model 0 the base and `i + 1` candidate `i`.
     pub dumps: BTreeMap<(usize, u32), Vec<f32>>,
+    /// Where the comparison's work went.
+    pub cost: EvalCost,
+}
+
+/// Where an evaluation's comparison work went and what it copied from the
+/// backend (for benchmarks: issue #22's per-position host cost and bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EvalCost {
+    /// Scored positions times candidates.
+    pub comparisons: u64,
+    /// Seconds the backend spent computing comparison graphs (device path).
+    pub backend_s: f64,
+    /// Seconds of host work: the f64 comparison itself (host path), or
+    /// building graphs and copying figures (device path); and folding every
+    /// figure into the partial.
+    pub host_s: f64,
+    /// Bytes the comparison took from the backend: the figures (device
+    /// path), or llama.cpp's copies of every model's logits (host path).
+    pub bytes: u64,
 }
 
 impl Evaluator {
@@ -138,12 +215,18 @@ impl Evaluator {
                 model,
             });
         }
+        let on_device = opts.compare.on_device(opts.n_gpu_layers, llama::has_gpu());
         Ok(Evaluator {
             base: base_model,
             base_sha256,
+            on_device,
+            backend: format!(
+                "{}, {}",
+                llama::backend_description(),
+                Compare::label(on_device)
+            ),
             candidates: loaded,
             opts,
-            backend: llama::backend_description(),
         })
     }
 
@@ -161,16 +244,24 @@ impl Evaluator {
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Evaluated, WorkerError> {
         check_chunks(index, chunks)?;
+        let on_device = self.on_device;
         let params = chunk_context(
             index,
             self.opts.n_ubatch,
             self.opts.threads,
             self.opts.f32_kv,
             self.opts.flash_attn,
+            if on_device {
+                Logits::Backend
+            } else {
+                Logits::Host
+            },
         );
         // One thread pool for every model: they decode in turn, and one
-        // set of warm threads beats waking another pool for each decode.
+        // set of warm threads beats waking another pool for each decode;
+        // the device comparisons compute on it too.
         let pool = ThreadPool::new(params.threads);
+        let mut cmp = LogitsCompare::new(pool.clone(), params.threads);
         let mut base = Context::with_pool(&self.base, &params, NoGraph, pool.clone())?;
         let mut cands = self
             .candidates
@@ -178,6 +269,7 @@ impl Evaluator {
             .map(|c| Context::with_pool(&c.model, &params, NoGraph, pool.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         let mut acc = Accum::new(self, index, chunks);
+        let mut cost = EvalCost::default();
         let mut dumps = BTreeMap::new();
         let step = params.n_ubatch as usize;
         let n_vocab = base.n_vocab();
@@ -212,21 +304,46 @@ impl Evaluator {
                     rows.push(ScoredRow { row: r, next });
                     groups.push(group);
                 }
-                // Every model decodes the micro-batch; each context keeps its
-                // own logits until its next decode, so the base rows are
-                // never copied.
-                for (m, ctx) in std::iter::once(&mut base).chain(&mut cands).enumerate() {
-                    ctx.decode(toks, pos0 as i32)?;
-                    if self.opts.dump_logits {
-                        dumps
-                            .entry((m, chunk.id.0))
-                            .or_insert_with(Vec::new)
-                            .extend_from_slice(ctx.batch_logits());
+                let mut keep = |m: usize, logits: &[f32]| {
+                    dumps
+                        .entry((m, chunk.id.0))
+                        .or_insert_with(Vec::new)
+                        .extend_from_slice(logits);
+                };
+                let mut dump: Option<&mut device::Dump<'_>> =
+                    self.opts.dump_logits.then_some(&mut keep);
+                let results = if on_device {
+                    let batch = device::Batch {
+                        chunk: chunk.id.0,
+                        tokens: toks,
+                        pos0,
+                        rows: &rows,
+                    };
+                    device::compare_batch(&mut base, &mut cands, &mut cmp, &batch, dump)?
+                } else {
+                    // Every model decodes the micro-batch; each context keeps
+                    // its own logits until its next decode, so the base rows
+                    // are never copied.
+                    for (m, ctx) in std::iter::once(&mut base).chain(&mut cands).enumerate() {
+                        ctx.decode(toks, pos0 as i32)?;
+                        if let Some(d) = dump.as_mut() {
+                            d(m, ctx.batch_logits());
+                        }
                     }
-                }
-                let cand_logits: Vec<&[f32]> = cands.iter().map(|c| c.batch_logits()).collect();
-                let results =
-                    rows::compare_rows(base.batch_logits(), &cand_logits, &rows, n_vocab, threads);
+                    let cand_logits: Vec<&[f32]> = cands.iter().map(|c| c.batch_logits()).collect();
+                    let started = std::time::Instant::now();
+                    let r = rows::compare_rows(
+                        base.batch_logits(),
+                        &cand_logits,
+                        &rows,
+                        n_vocab,
+                        threads,
+                    );
+                    cost.host_s += started.elapsed().as_secs_f64();
+                    r
+                };
+                let fold_start = std::time::Instant::now();
+                cost.comparisons += (rows.len() * cands.len()) as u64;
                 for ((sr, &group), res) in rows.iter().zip(&groups).zip(&results) {
                     let at = Position {
                         chunk: chunk.id.0,
@@ -238,13 +355,31 @@ impl Evaluator {
                         acc.add_candidate(ci, at, c)?;
                     }
                 }
+                cost.host_s += fold_start.elapsed().as_secs_f64();
             }
             progress(chunk.id.0, chunk.tokens.len());
         }
-        tracing::debug!(chunks = chunks.len(), candidates = cands.len(), "evaluated");
+        let c = cmp.cost();
+        cost.backend_s = c.backend_s;
+        cost.host_s += c.host_s;
+        cost.bytes = if on_device {
+            c.bytes
+        } else {
+            std::iter::once(&base)
+                .chain(&cands)
+                .map(|c| c.bytes_read())
+                .sum()
+        };
+        tracing::debug!(
+            chunks = chunks.len(),
+            candidates = cands.len(),
+            ?cost,
+            "evaluated"
+        );
         Ok(Evaluated {
             partial: acc.partial,
             dumps,
+            cost,
         })
     }
 }
@@ -324,4 +459,18 @@ fn add(sum: &mut ExactSum, v: f64, at: Position, what: &str) -> Result<(), Worke
         chunk: at.chunk,
         reason: format!("{what} at position {}: {e}", at.pos),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Compare;
+
+    #[test]
+    fn auto_compares_on_the_device_only_with_layers_on_a_gpu() {
+        assert!(Compare::Auto.on_device(99, true));
+        assert!(!Compare::Auto.on_device(0, true));
+        assert!(!Compare::Auto.on_device(99, false));
+        assert!(Compare::Device.on_device(0, false));
+        assert!(!Compare::Host.on_device(99, true));
+    }
 }

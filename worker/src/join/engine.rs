@@ -7,7 +7,7 @@
 use super::eval_engine::{EvalEngine, SlicedEvaluator};
 use crate::collect::device::Reduce;
 use crate::collect::{CollectOptions, Collector};
-use crate::eval::EvalOptions;
+use crate::eval::{Compare, EvalOptions};
 use common::corpus::{Chunk, CorpusIndex};
 use common::keepmap::KeepMap;
 use common::partial::Partial;
@@ -63,6 +63,8 @@ pub struct CollectorLoader {
     pub threads: Option<u32>,
     /// Where observed tensors are reduced.
     pub reduce: Reduce,
+    /// Where evaluations compare logits.
+    pub compare: Compare,
 }
 
 /// [`Collector`] with the trace width of its job.
@@ -119,6 +121,7 @@ impl EngineLoader for CollectorLoader {
             flash_attn: o.flash_attn,
             skip_first: eval.skip_first,
             splits: eval.splits.clone(),
+            compare: self.compare,
             ..EvalOptions::default()
         };
         if let Some(t) = self.threads {

@@ -19,6 +19,7 @@ pub mod tls;
 mod work;
 
 use crate::collect::device::Reduce;
+use crate::eval::Compare;
 use common::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::peer_text::peer_text;
 use common::secret::JoinSecret;
@@ -74,6 +75,13 @@ pub struct JoinArgs {
     /// $MOE_CENSUS_REDUCE, else auto.
     #[arg(long, value_enum)]
     pub reduce: Option<Reduce>,
+    /// Where an evaluation compares base and candidate logits: `device`
+    /// (on the backend that holds them; only per-position figures are
+    /// copied to the host) or `host` (in f64 after llama.cpp copies every
+    /// logits row: the reference path), or `auto`: device with layers
+    /// offloaded to a GPU, else host.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub compare: Compare,
     /// Seconds to keep reconnecting (with backoff) without reaching the
     /// coordinator before giving up.
     #[arg(long, default_value_t = 300)]
@@ -279,6 +287,7 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
         n_gpu_layers: args.n_gpu_layers,
         threads: args.threads,
         reduce: Reduce::from_flag_or_env(args.reduce).map_err(JoinError::Setup)?,
+        compare: args.compare,
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| JoinError::Setup(e.to_string()))?;
     let summary = rt.block_on(join(&opts, loader))?;

@@ -8,13 +8,27 @@
 //! - [`Reducer`]: reductions of graph tensors on their own backend, so only
 //!   results are copied to the host.
 //! - [`quantize_model`]: llama.cpp's quantiser, with an importance matrix.
+//! - [`LogitsCompare`]: base and candidate logits compared on the backend
+//!   that holds them, so only per-position figures are copied to the host.
+//!
+//! A context made with [`Logits::Backend`] never lets llama.cpp copy logits
+//! to the host: a backend sampler that adds nothing to the graph is
+//! attached to its sequence (llama.cpp then skips its own copy of the raw
+//! logits), and its eval callback stops the graph at the output norm
+//! (`result_norm`), before the output head, or right after the head
+//! (`result_output`) once the caller has read the logits there.
 
+mod backend;
+mod logits;
 mod quantize;
 mod reduce;
+mod sampler;
 mod tensor;
 
+pub use backend::ReduceError;
+pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
 pub use quantize::{quantize_model, QuantizeParams};
-pub use reduce::{ChunkSquares, ExpertIds, ReduceError, Reducer};
+pub use reduce::{ChunkSquares, ExpertIds, Reducer};
 pub use tensor::{f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 
 use llama_cpp_sys_2 as sys;
@@ -192,6 +206,52 @@ pub trait GraphObserver {
     fn observe(&mut self, t: &TensorRef<'_>);
 }
 
+/// Where a context's logits go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Logits {
+    /// llama.cpp computes the output head on every decode and copies every
+    /// output row to the host ([`Context::batch_logits`]): plain inference,
+    /// and the host comparison of logits.
+    #[default]
+    Host,
+    /// They never leave the backend: [`Context::decode`] stops the graph
+    /// before the output head; [`Context::decode_with_logits`] computes it
+    /// and hands the logits tensor to the caller on its backend.
+    Backend,
+}
+
+/// The node whose output the output head multiplies (llama.cpp's builders
+/// name it so in every decoder architecture it has).
+const OUTPUT_NORM: &str = "result_norm";
+/// The output head's result: the logits `[n_vocab, n_outputs]`.
+const OUTPUT_LOGITS: &str = "result_output";
+
+/// A caller's reader of the logits tensor inside a decode.
+type LogitsHook = dyn FnMut(&TensorRef<'_>);
+
+/// What a decode computes past the last block.
+enum Head {
+    /// Everything llama.cpp builds (host logits).
+    All,
+    /// Nothing after the output norm.
+    Skip,
+    /// The output head, whose tensor goes to the hook; nothing after it.
+    /// The pointer is valid for the decode that set it.
+    Hand(NonNull<LogitsHook>),
+}
+
+/// Which tokens of a decode have outputs (logits rows). The last block
+/// runs its feed-forward part on these tokens only.
+#[derive(Clone, Copy, Debug)]
+pub enum Outputs<'a> {
+    /// Every token (collection needs the last block on all of them).
+    All,
+    /// The last token only.
+    Last,
+    /// The tokens flagged `true`, one flag per token.
+    Rows(&'a [bool]),
+}
+
 /// Context settings that matter for reproducible measurements.
 #[derive(Clone, Debug)]
 pub struct ContextParams {
@@ -205,13 +265,22 @@ pub struct ContextParams {
     pub f32_kv: bool,
     /// Flash attention on or off.
     pub flash_attn: bool,
+    /// Where logits go.
+    pub logits: Logits,
 }
 
 struct CallbackState<O> {
     observer: O,
     panic: Option<String>,
-    /// Bytes read out of graph tensors through [`TensorRef::bytes`].
+    /// Bytes read out of graph tensors through [`TensorRef::bytes`] and
+    /// [`TensorRef::row_f32`].
     bytes_read: std::cell::Cell<u64>,
+    /// What the current decode computes past the last block.
+    head: Head,
+    /// The current decode's graph has been stopped.
+    stopped: bool,
+    /// Decodes whose output head was computed.
+    heads_computed: u64,
 }
 
 /// An inference context observing its graph through `O`.
@@ -224,8 +293,12 @@ pub struct Context<'m, O: GraphObserver> {
     state: *mut CallbackState<O>,
     batch: sys::llama_batch,
     batch_cap: usize,
-    /// Tokens of the last successful decode (each has an output row).
+    /// Output rows llama.cpp copied to the host in the last successful
+    /// decode (every token's with [`Logits::Host`], none otherwise).
     n_outputs: usize,
+    logits: Logits,
+    /// The backend sampler of [`Logits::Backend`], freed after the context.
+    _sampler: Option<sampler::NoSampler>,
     /// Tokens decoded successfully since the context was made.
     tokens_decoded: u64,
     n_vocab: usize,
@@ -247,18 +320,44 @@ unsafe extern "C" fn eval_callback<O: GraphObserver>(
     if state.panic.is_some() {
         return false;
     }
+    if state.stopped {
+        // A later split of a stopped graph: the scheduler computes the node
+        // it asks about, then stops again; asking for every node keeps that
+        // to one node per split.
+        return ask;
+    }
     // SAFETY: the scheduler passes a live tensor for the duration of this call.
     let Some(tensor) = (unsafe { TensorRef::from_raw(t, Some(&state.bytes_read)) }) else {
         return false;
     };
+    let name = tensor.name();
+    if ask && name == OUTPUT_LOGITS {
+        state.heads_computed += 1;
+    }
+    let stop_here = match state.head {
+        Head::All => false,
+        Head::Skip => name == OUTPUT_NORM,
+        Head::Hand(_) => name == OUTPUT_LOGITS,
+    };
+    if stop_here && ask {
+        return true;
+    }
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        if ask {
+        if stop_here {
+            if let Head::Hand(mut hook) = state.head {
+                // SAFETY: the hook outlives the decode that set it (see
+                // `Context::decode_with_logits`).
+                unsafe { hook.as_mut()(&tensor) };
+            }
+            false
+        } else if ask {
             state.observer.wants(&tensor)
         } else {
             state.observer.observe(&tensor);
             true
         }
     }));
+    state.stopped = stop_here;
     match result {
         Ok(v) => v,
         Err(p) => {
@@ -279,7 +378,16 @@ unsafe extern "C" fn eval_callback<O: GraphObserver>(
 /// graph computations, so contexts sharing it may live on any threads.
 pub struct ThreadPool {
     ptr: Mutex<PoolPtr>,
+    /// The same pool, for graphs computed inside a decode of a context
+    /// that holds the lock (the logits comparisons).
+    raw: NonNull<sys::ggml_threadpool>,
 }
+
+// SAFETY: `raw` is only used while a context computing on the pool holds
+// its lock (inside that context's decode); the rest is the mutex's.
+unsafe impl Sync for ThreadPool {}
+// SAFETY: as above.
+unsafe impl Send for ThreadPool {}
 
 struct PoolPtr(NonNull<sys::ggml_threadpool>);
 
@@ -302,6 +410,7 @@ impl ThreadPool {
         }?;
         Some(Arc::new(ThreadPool {
             ptr: Mutex::new(PoolPtr(ptr)),
+            raw: ptr,
         }))
     }
 }
@@ -333,9 +442,22 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             observer,
             panic: None,
             bytes_read: std::cell::Cell::new(0),
+            head: Head::All,
+            stopped: false,
+            heads_computed: 0,
         }));
+        let sampler = (p.logits == Logits::Backend).then(sampler::NoSampler::new);
+        let mut seq_samplers: Vec<sys::llama_sampler_seq_config> = sampler
+            .iter()
+            .map(|s| sys::llama_sampler_seq_config {
+                seq_id: 0,
+                sampler: s.as_ptr(),
+            })
+            .collect();
         // SAFETY: default params are plain data; the callback and its state
-        // pointer stay valid until Drop frees the context before the state.
+        // pointer stay valid until Drop frees the context before the state;
+        // the sampler chain outlives the context (freed after it in Drop)
+        // and the config array is only read during initialisation.
         let raw = unsafe {
             let mut c = sys::llama_context_default_params();
             c.n_ctx = p.n_ctx;
@@ -353,6 +475,13 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             }
             if !p.flash_attn {
                 c.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
+            }
+            if !seq_samplers.is_empty() {
+                c.samplers = seq_samplers.as_mut_ptr();
+                c.n_samplers = seq_samplers.len();
+                // Backend samplers default to one output per sequence; every
+                // token of a micro-batch has one (0: up to n_batch).
+                c.n_outputs_max_per_seq = 0;
             }
             sys::llama_init_from_model(model.ptr.as_ptr(), c)
         };
@@ -380,6 +509,8 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             batch,
             batch_cap: cap,
             n_outputs: 0,
+            logits: p.logits,
+            _sampler: sampler,
             tokens_decoded: 0,
             n_vocab: model.n_vocab(),
             _model: PhantomData,
@@ -393,13 +524,24 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         unsafe { &mut (*self.state).observer }
     }
 
-    /// Bytes the observer has read out of graph tensors with
-    /// [`TensorRef::bytes`] since the context was made: copied from device
-    /// buffers, read in place from host buffers (where a GPU would copy).
+    /// Bytes that crossed from the backend to the host since the context
+    /// was made: the observer's and logits readers' reads of graph tensors
+    /// ([`TensorRef::bytes`], [`TensorRef::row_f32`]; copied from device
+    /// buffers, read in place from host buffers, where a GPU would copy),
+    /// plus llama.cpp's own copies of logits (n_vocab x 4 bytes per output
+    /// row with [`Logits::Host`]; none with [`Logits::Backend`]).
     pub fn bytes_read(&self) -> u64 {
         // SAFETY: no decode is running while we hold &self, so the callback
         // does not touch the state.
         unsafe { (*self.state).bytes_read.get() }
+    }
+
+    /// Decodes in which the output head was computed since the context was
+    /// made (none in collection, with [`Logits::Backend`], on every
+    /// architecture whose graph names its output norm `result_norm`).
+    pub fn heads_computed(&self) -> u64 {
+        // SAFETY: as in `bytes_read`.
+        unsafe { (*self.state).heads_computed }
     }
 
     /// Tokens decoded successfully since the context was made.
@@ -429,10 +571,98 @@ impl<'m, O: GraphObserver> Context<'m, O> {
     }
 
     /// Decodes `tokens` at positions `pos0..` of sequence 0 as one
-    /// micro-batch, with outputs on every token; the context's threads
-    /// sleep again when it returns.
+    /// micro-batch, with outputs on every token (so the last block runs on
+    /// all of them); the context's threads sleep again when it returns.
+    /// With [`Logits::Host`] llama.cpp computes the logits and copies them
+    /// ([`Context::batch_logits`]); with [`Logits::Backend`] the graph stops
+    /// at the output norm: the output head is neither computed nor copied.
     pub fn decode(&mut self, tokens: &[i32], pos0: i32) -> Result<(), LlamaError> {
+        let head = match self.logits {
+            Logits::Host => Head::All,
+            Logits::Backend => Head::Skip,
+        };
+        self.decode_as(tokens, pos0, head, Outputs::All)
+    }
+
+    /// [`Context::decode`] with an output on the last token only, so
+    /// llama.cpp runs the last block and the output head on that token
+    /// alone (what a generation step computes; benchmarks compare it with
+    /// outputs on every token to measure the head's share).
+    pub fn decode_last_output(&mut self, tokens: &[i32], pos0: i32) -> Result<(), LlamaError> {
+        let head = match self.logits {
+            Logits::Host => Head::All,
+            Logits::Backend => Head::Skip,
+        };
+        self.decode_as(tokens, pos0, head, Outputs::Last)
+    }
+
+    /// Decodes `tokens` like [`Context::decode`], with outputs on the tokens
+    /// `outputs` names, the output head computed and its logits tensor
+    /// `[n_vocab, n_outputs]` (rows in token order) handed to `read` on its
+    /// backend, inside the decode; nothing after the head is computed. Only
+    /// for [`Logits::Backend`] contexts, whose logits llama.cpp never
+    /// copies. With outputs on some tokens only, llama.cpp runs the last
+    /// block's feed-forward part and the head on those alone.
+    pub fn decode_with_logits(
+        &mut self,
+        tokens: &[i32],
+        pos0: i32,
+        outputs: Outputs<'_>,
+        read: &mut dyn FnMut(&TensorRef<'_>),
+    ) -> Result<(), LlamaError> {
+        assert_eq!(
+            self.logits,
+            Logits::Backend,
+            "logits are read on the backend only in a Logits::Backend context"
+        );
+        let hook: NonNull<dyn FnMut(&TensorRef<'_>) + '_> = NonNull::from(read);
+        // SAFETY: only the lifetime is erased; the pointer is cleared
+        // (`decode_as` resets the head) before this function returns, so it
+        // is never used after `read`'s borrow ends.
+        let hook: NonNull<LogitsHook> = unsafe { std::mem::transmute(hook) };
+        self.decode_as(tokens, pos0, Head::Hand(hook), outputs)
+    }
+
+    /// The greedy next token after `tokens`: the argmax (the first of equal
+    /// maxima) of the last logits row, taken on the host. With
+    /// [`Logits::Backend`], [`Context::decode_with_logits`] reads only that
+    /// row (n_vocab x 4 bytes, counted in [`Context::bytes_read`]).
+    pub fn decode_greedy(&mut self, tokens: &[i32], pos0: i32) -> Result<i32, LlamaError> {
+        let mut row = Vec::new();
+        if self.logits == Logits::Host {
+            self.decode(tokens, pos0)?;
+            let all = self.batch_logits();
+            row = all[all.len() - self.n_vocab..].to_vec();
+        } else {
+            self.decode_with_logits(tokens, pos0, Outputs::All, &mut |t| {
+                row = t.row_f32(t.ne()[1].saturating_sub(1));
+            })?;
+        }
+        let mut best = 0;
+        for (i, v) in row.iter().enumerate() {
+            if *v > row[best] {
+                best = i;
+            }
+        }
+        Ok(best as i32)
+    }
+
+    fn decode_as(
+        &mut self,
+        tokens: &[i32],
+        pos0: i32,
+        head: Head,
+        outputs: Outputs<'_>,
+    ) -> Result<(), LlamaError> {
         assert!(tokens.len() <= self.batch_cap, "batch larger than n_ubatch");
+        if let Outputs::Rows(rows) = outputs {
+            assert_eq!(rows.len(), tokens.len(), "one output flag per token");
+        }
+        let output = |i: usize| match outputs {
+            Outputs::All => true,
+            Outputs::Last => i + 1 == tokens.len(),
+            Outputs::Rows(rows) => rows[i],
+        };
         // SAFETY: the batch was allocated for batch_cap tokens with one
         // sequence id each; we fill n_tokens <= batch_cap entries.
         unsafe {
@@ -443,67 +673,62 @@ impl<'m, O: GraphObserver> Context<'m, O> {
                 *b.pos.add(i) = pos0 + i as i32;
                 *b.n_seq_id.add(i) = 1;
                 *(*b.seq_id.add(i)) = 0;
-                *b.logits.add(i) = 1;
+                *b.logits.add(i) = i8::from(output(i));
             }
         }
         let pool = self
             .threadpool
             .as_ref()
             .map(|p| p.ptr.lock().unwrap_or_else(|e| e.into_inner()));
+        // SAFETY: no decode is running (we hold &mut self).
+        unsafe {
+            (*self.state).head = head;
+            (*self.state).stopped = false;
+        }
         // SAFETY: context and batch are live; the callback state is valid;
         // no other context computes on the pool (we hold its lock).
         let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), self.batch) };
         Self::rest_threads(pool.as_deref());
         drop(pool);
-        // SAFETY: the decode has returned; nothing else references the state.
-        if let Some(msg) = unsafe { (*self.state).panic.take() } {
+        // SAFETY: the decode has returned; nothing else references the
+        // state; the hook pointer dies here.
+        let panic = unsafe {
+            (*self.state).head = Head::All;
+            (*self.state).panic.take()
+        };
+        self.n_outputs = 0;
+        if let Some(msg) = panic {
             return Err(LlamaError::Callback(msg));
         }
         if code != 0 {
-            self.n_outputs = 0;
             return Err(LlamaError::Decode {
                 code,
                 n_tokens: tokens.len(),
                 pos: pos0,
             });
         }
-        self.n_outputs = tokens.len();
+        if self.logits == Logits::Host {
+            self.n_outputs = (0..tokens.len()).filter(|&i| output(i)).count();
+            let copied = (self.n_outputs * self.n_vocab * 4) as u64;
+            // SAFETY: as above.
+            let read = unsafe { &(*self.state).bytes_read };
+            read.set(read.get() + copied);
+        }
         self.tokens_decoded += tokens.len() as u64;
         Ok(())
     }
 }
 
 impl<O: GraphObserver> Context<'_, O> {
-    /// The greedy next token after the last decode: argmax of its last logits.
-    pub fn greedy_next(&mut self) -> i32 {
-        // SAFETY: after a successful decode with outputs, llama.cpp holds
-        // n_vocab logits for the last output, valid until the next decode.
-        let logits = unsafe {
-            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), -1);
-            assert!(
-                !p.is_null(),
-                "no logits: decode before asking for the next token"
-            );
-            std::slice::from_raw_parts(p, self.n_vocab)
-        };
-        let mut best = 0;
-        for (i, v) in logits.iter().enumerate() {
-            if *v > logits[best] {
-                best = i;
-            }
-        }
-        best as i32
-    }
-}
-
-impl<O: GraphObserver> Context<'_, O> {
-    /// The logits of the last decode: one row of `n_vocab` values per token,
-    /// in batch order (every token asks for outputs); empty before a decode.
+    /// The logits of the last decode: one row of `n_vocab` values per
+    /// output, in batch order (every token's, or the last token's after
+    /// [`Context::decode_last_output`]); empty before a decode and in a
+    /// [`Logits::Backend`] context.
     pub fn batch_logits(&self) -> &[f32] {
         if self.n_outputs == 0 {
             return &[];
         }
-        // SAFETY: after a successful decode with outputs on every token,
+        // SAFETY: after a successful decode of a Logits::Host context,
         // llama.cpp holds n_outputs x n_vocab logits in batch order; the
         // borrow of self ends before the next decode (which takes &mut self).
         unsafe {
@@ -533,8 +758,8 @@ impl GraphObserver for NoGraph {
 impl<O: GraphObserver> Drop for Context<'_, O> {
     fn drop(&mut self) {
         // SAFETY: batch and context were created in `new`; the context is
-        // freed before the callback state it points to, and before its
-        // thread pool (an Arc field, dropped after this).
+        // freed before the callback state it points to, before its sampler
+        // and before its thread pool (fields, dropped after this).
         unsafe {
             sys::llama_batch_free(self.batch);
             sys::llama_free(self.ptr.as_ptr());
@@ -576,5 +801,90 @@ pub fn backend_description() -> String {
         format!("cpu (avx2 {})", if avx2 { "on" } else { "off" })
     } else {
         format!("gpu ({})", gpus.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(logits: Logits) -> ContextParams {
+        ContextParams {
+            n_ctx: 64,
+            n_ubatch: 16,
+            threads: 1,
+            f32_kv: true,
+            flash_attn: false,
+            logits,
+        }
+    }
+
+    /// llama.cpp's host logits buffer: zeroed when allocated, written only
+    /// by its own copy of the raw logits.
+    fn host_buffer(ctx: &Context<'_, NoGraph>, n_tokens: usize) -> Vec<f32> {
+        // SAFETY: after a successful decode of n_tokens outputs llama.cpp's
+        // output buffer holds at least n_tokens x n_vocab floats.
+        unsafe {
+            let p = sys::llama_get_logits(ctx.ptr.as_ptr());
+            assert!(!p.is_null());
+            std::slice::from_raw_parts(p, n_tokens * ctx.n_vocab).to_vec()
+        }
+    }
+
+    #[test]
+    fn a_backend_context_never_lets_llama_cpp_copy_logits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        crate::synth::write_model(crate::synth::Preset::Tiny, 3, &path).unwrap();
+        let model = Model::load(&path, 0).unwrap();
+        let tokens: Vec<i32> = (0..16).map(|i| (i * 37) % 500).collect();
+
+        let mut host = Context::new(&model, &params(Logits::Host), NoGraph).unwrap();
+        host.decode(&tokens, 0).unwrap();
+        let expected = host.batch_logits().to_vec();
+        assert_eq!(expected.len(), 16 * model.n_vocab());
+        assert!(expected.iter().any(|&v| v != 0.0));
+        assert_eq!(host.heads_computed(), 1);
+        assert_eq!(host.bytes_read(), (expected.len() * 4) as u64);
+
+        let mut dev = Context::new(&model, &params(Logits::Backend), NoGraph).unwrap();
+        dev.decode(&tokens, 0).unwrap();
+        assert!(dev.batch_logits().is_empty());
+        assert_eq!(dev.heads_computed(), 0, "the output head ran");
+        assert_eq!(dev.bytes_read(), 0);
+        assert!(
+            host_buffer(&dev, 16).iter().all(|&v| v == 0.0),
+            "llama.cpp copied logits"
+        );
+
+        // Computed and read on the backend: the same values, row by row,
+        // and still nothing in llama.cpp's host buffer.
+        dev.clear();
+        let mut seen = Vec::new();
+        dev.decode_with_logits(&tokens, 0, Outputs::All, &mut |t| {
+            assert_eq!(t.ne()[..2], [model.n_vocab(), 16]);
+            seen = (0..16).flat_map(|r| t.row_f32(r)).collect();
+        })
+        .unwrap();
+        assert_eq!(seen, expected);
+        assert_eq!(dev.heads_computed(), 1);
+        assert_eq!(dev.bytes_read(), (expected.len() * 4) as u64);
+        assert!(
+            host_buffer(&dev, 16).iter().all(|&v| v == 0.0),
+            "llama.cpp copied logits"
+        );
+
+        // The greedy next token reads one row and agrees with the host's.
+        let last = &expected[15 * model.n_vocab()..];
+        let mut best = 0;
+        for (i, v) in last.iter().enumerate() {
+            if *v > last[best] {
+                best = i;
+            }
+        }
+        dev.clear();
+        assert_eq!(dev.decode_greedy(&tokens, 0).unwrap(), best as i32);
+        host.clear();
+        assert_eq!(host.decode_greedy(&tokens, 0).unwrap(), best as i32);
     }
 }

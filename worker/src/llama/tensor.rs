@@ -159,6 +159,31 @@ impl<'a> TensorRef<'a> {
     }
 }
 
+impl TensorRef<'_> {
+    /// Row `i` (dimension 1) of a 2-D f32 tensor with contiguous rows,
+    /// copied to the host (counted as crossing, like [`TensorRef::bytes`]);
+    /// empty for another type or a row out of range.
+    pub fn row_f32(&self, i: usize) -> Vec<f32> {
+        let [ne0, ne1, ..] = self.ne();
+        if self.raw.type_ != sys::GGML_TYPE_F32 || self.raw.nb[0] != 4 || i >= ne1 {
+            return Vec::new();
+        }
+        let mut row = vec![0f32; ne0];
+        // SAFETY: the tensor is live and computed (observe phase); row i
+        // spans ne0 contiguous f32 values from offset i * nb[1], inside it.
+        unsafe {
+            sys::ggml_backend_tensor_get(
+                self.raw,
+                row.as_mut_ptr().cast(),
+                i * self.raw.nb[1],
+                ne0 * 4,
+            );
+        }
+        self.count_read(ne0 * 4);
+        row
+    }
+}
+
 /// Reads a little-endian f32 at byte offset `off`.
 #[inline]
 pub fn f32_at(bytes: &[u8], off: usize) -> f32 {

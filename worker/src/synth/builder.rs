@@ -2,7 +2,7 @@
 //! stream per tensor name, so a tensor's values depend on the seed and its
 //! name only.
 
-use super::weights::encode;
+use super::weights::encode_into;
 use super::Spec;
 use common::gguf::GgufWriter;
 use common::splitmix::SplitMix64;
@@ -15,15 +15,24 @@ pub(super) struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    /// A matrix `[n_in, n_out, n_mat]` with uniform values scaled by 1/sqrt(n_in).
+    /// A matrix `[n_in, n_out, n_mat]` with uniform values scaled by
+    /// 1/sqrt(n_in), drawn and encoded a piece at a time (a real-vocabulary
+    /// embedding is 300-500M values: 1-2 GB as f32).
     pub fn matrix(&mut self, name: &str, dims: &[usize], gain: f32) {
+        const PIECE: usize = 32 * 1024;
         let n: usize = dims.iter().product();
         let scale = gain * (3.0 / dims[0] as f32).sqrt();
         let mut rng = SplitMix64::for_stream(self.seed, name);
-        let values: Vec<f32> = (0..n).map(|_| rng.symmetric_f32() * scale).collect();
         let ty = self.spec.weight_type;
+        let mut data = Vec::with_capacity(ty.bytes_for(n));
+        let mut piece = Vec::with_capacity(PIECE);
+        for start in (0..n).step_by(PIECE) {
+            piece.clear();
+            piece.extend((start..n.min(start + PIECE)).map(|_| rng.symmetric_f32() * scale));
+            encode_into(&piece, ty, &mut data);
+        }
         let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-        self.g.tensor(name, &dims64, ty, encode(&values, ty));
+        self.g.tensor(name, &dims64, ty, data);
     }
 
     /// A norm weight: ones with a little noise (always f32, as llama.cpp expects).

@@ -161,7 +161,9 @@ pub(super) fn tensors(b: &mut Builder<'_>, n_vocab: usize) {
     let e = b.spec.n_embd;
     b.matrix("token_embd.weight", &[e, n_vocab], 3.0);
     b.norm("output_norm.weight", e);
-    b.matrix("output.weight", &[e, n_vocab], 1.0);
+    if !b.spec.tied_output {
+        b.matrix("output.weight", &[e, n_vocab], 1.0);
+    }
     for i in 0..b.spec.n_layer + b.spec.n_nextn {
         attention(b, i);
         ffn(b, i);

@@ -23,6 +23,10 @@
 //!   deepseek2 (V3: MLA, groups, sigmoid with bias; V2: softmax without a
 //!   gating key), glm4moe with an MTP block, qwen3next (with and without
 //!   MTP), qwen35moe, granitemoe, mixtral, qwen2moe and minimax-m2.
+//! - [`Preset::Vocab152k`], [`Preset::Vocab248k`]: the real vocabularies
+//!   (151,936: Qwen3 and Qwen3-Next; 248,320: Qwen3.5) at the real hidden
+//!   size (2,048) and routing (512 experts, top-10) in 3 MoE layers, Q8_0,
+//!   so the output head and logits rows have their real size (benchmarks).
 //!
 //! [`chunks`] makes synthetic token chunks for the benchmarks; [`corpus`]
 //! a synthetic text corpus.
@@ -98,6 +102,13 @@ pub enum Preset {
     /// minimax-m2: sigmoid with a selection bias, per-head q/k norms over
     /// all heads; 16 experts, top-4.
     MinimaxM2,
+    /// qwen3moe with Qwen3's vocabulary size (151,936), hidden 2048, 3 MoE
+    /// layers, 512 experts, top-10, expert width 32, Q8_0, tied embeddings.
+    #[value(name = "vocab-152k")]
+    Vocab152k,
+    /// `vocab-152k` with Qwen3.5's vocabulary size (248,320).
+    #[value(name = "vocab-248k")]
+    Vocab248k,
 }
 
 /// Encoding of a generated model's weight matrices (norms and routers stay
@@ -165,6 +176,12 @@ pub struct Spec {
     pub groups: (usize, usize),
     /// `{arch}.expert_gating_func` as written (None: the key is absent).
     pub gating_key: Option<u32>,
+    /// Tokens in the vocabulary: unused tokens pad the learnt ones up to
+    /// it (0: the learnt vocabulary, a few hundred tokens).
+    pub n_vocab: usize,
+    /// The output head reuses the token embedding (no `output.weight`), as
+    /// in many real models; it halves the file at a large vocabulary.
+    pub tied_output: bool,
 }
 
 impl Spec {
@@ -201,6 +218,8 @@ impl Preset {
             n_nextn: 0,
             groups: (0, 0),
             gating_key: None,
+            n_vocab: 0,
+            tied_output: false,
         };
         let tiny_alt = Spec {
             arch: "glm4moe",
@@ -347,13 +366,33 @@ impl Preset {
                 gating_key: Some(2),
                 ..tiny
             },
+            Preset::Vocab152k => Spec {
+                n_layer: 3,
+                n_vocab: 151_936,
+                tied_output: true,
+                ..Preset::WideHidden.spec()
+            },
+            Preset::Vocab248k => Spec {
+                n_vocab: 248_320,
+                ..Preset::Vocab152k.spec()
+            },
         }
     }
 }
 
+/// Changes to a preset's shape (`None`: the preset's own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Encoding of the weight matrices.
+    pub weights: Option<WeightType>,
+    /// Tokens in the vocabulary (padded with unused tokens; at least the
+    /// learnt vocabulary's few hundred).
+    pub n_vocab: Option<usize>,
+}
+
 /// Writes the preset's model to `path` (atomically: a temporary file renamed).
 pub fn write_model(preset: Preset, seed: u64, path: &Path) -> anyhow::Result<()> {
-    write_model_as(preset, seed, None, path)
+    write_model_with(preset, seed, Overrides::default(), path)
 }
 
 /// [`write_model`] with the weight matrices in `weights` instead of the
@@ -364,12 +403,32 @@ pub fn write_model_as(
     weights: Option<WeightType>,
     path: &Path,
 ) -> anyhow::Result<()> {
-    let bytes = model_bytes_as(preset, seed, weights);
+    let o = Overrides {
+        weights,
+        ..Overrides::default()
+    };
+    write_model_with(preset, seed, o, path)
+}
+
+/// [`write_model`] with the preset's shape changed by `o`; the file is
+/// written from the encoded tensors, never copied whole into one buffer.
+pub fn write_model_with(
+    preset: Preset,
+    seed: u64,
+    o: Overrides,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let model = build_model(preset, seed, o);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let tmp = path.with_extension("gguf.partial");
-    std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    let written = std::fs::File::create(&tmp).and_then(|f| {
+        let mut w = std::io::BufWriter::new(f);
+        model.write(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()
+    });
+    written.with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
     Ok(())
 }
@@ -382,11 +441,24 @@ pub fn model_bytes(preset: Preset, seed: u64) -> Vec<u8> {
 /// The GGUF bytes of a preset with its weight matrices in `weights` (the
 /// preset's own encoding when `None`).
 pub fn model_bytes_as(preset: Preset, seed: u64, weights: Option<WeightType>) -> Vec<u8> {
+    let o = Overrides {
+        weights,
+        ..Overrides::default()
+    };
+    build_model(preset, seed, o).to_bytes()
+}
+
+/// The metadata and tensors of a preset changed by `o`.
+fn build_model(preset: Preset, seed: u64, o: Overrides) -> GgufWriter {
     let mut spec = preset.spec();
-    if let Some(w) = weights {
+    if let Some(w) = o.weights {
         spec.weight_type = w.tensor_type();
     }
-    let vocab = vocab::build(spec.n_merges);
+    if let Some(n) = o.n_vocab {
+        spec.n_vocab = n;
+    }
+    let mut vocab = vocab::build(spec.n_merges);
+    vocab.pad_to(spec.n_vocab);
     let mut b = Builder {
         g: GgufWriter::new(),
         seed,
@@ -400,5 +472,5 @@ pub fn model_bytes_as(preset: Preset, seed: u64, weights: Option<WeightType>) ->
     layout::metadata(&mut b);
     vocab::write_tokenizer(&mut b.g, &vocab);
     layout::tensors(&mut b, vocab.tokens.len());
-    b.g.to_bytes()
+    b.g
 }

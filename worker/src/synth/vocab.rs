@@ -12,6 +12,7 @@ pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_en
 /// llama.cpp token types.
 const TOKEN_TYPE_NORMAL: i32 = 1;
 const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_UNUSED: i32 = 5;
 
 /// ChatML template, which llama.cpp recognises by its `<|im_start|>` marker.
 pub const CHAT_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -59,6 +60,18 @@ pub struct Vocab {
 }
 
 impl Vocab {
+    /// Appends unused tokens (`<|unused_N|>`, which neither the BPE merges
+    /// nor the special-token matcher ever produce) until the vocabulary has
+    /// `n_vocab` tokens: a real model's vocabulary size, so its output head
+    /// and logits rows have their real width. A vocabulary already that
+    /// large is left as it is.
+    pub fn pad_to(&mut self, n_vocab: usize) {
+        for i in 0..n_vocab.saturating_sub(self.tokens.len()) {
+            self.tokens.push(format!("<|unused_{i}|>"));
+            self.token_types.push(TOKEN_TYPE_UNUSED);
+        }
+    }
+
     /// Id of a special token.
     pub fn special_id(&self, token: &str) -> u32 {
         self.tokens
@@ -189,5 +202,19 @@ mod tests {
         assert_eq!(v.tokens.len(), v.token_types.len());
         let unique: std::collections::BTreeSet<_> = v.tokens.iter().collect();
         assert_eq!(unique.len(), v.tokens.len(), "tokens are unique");
+    }
+
+    #[test]
+    fn padding_keeps_every_learnt_token_and_reaches_the_size() {
+        let learnt = build(400);
+        let mut v = build(400);
+        v.pad_to(1000);
+        assert_eq!((v.tokens.len(), v.token_types.len()), (1000, 1000));
+        assert_eq!(v.tokens[..learnt.tokens.len()], learnt.tokens[..]);
+        assert_eq!(v.special_id("<|im_end|>"), learnt.special_id("<|im_end|>"));
+        let unique: std::collections::BTreeSet<_> = v.tokens.iter().collect();
+        assert_eq!(unique.len(), 1000, "tokens are unique");
+        v.pad_to(10);
+        assert_eq!(v.tokens.len(), 1000);
     }
 }

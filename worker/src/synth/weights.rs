@@ -34,17 +34,15 @@ pub fn f32_to_f16(v: f32) -> u16 {
     sign | out as u16
 }
 
-/// Encodes values in the given tensor type (Q8_0 needs a multiple of 32).
-pub fn encode(values: &[f32], ty: TensorType) -> Vec<u8> {
+/// Appends the encoding of `values` in `ty` to `out` (Q8_0 needs a
+/// multiple of 32); encoding a tensor piece by piece (pieces of whole Q8_0
+/// blocks) gives the same bytes as all at once.
+pub fn encode_into(values: &[f32], ty: TensorType, out: &mut Vec<u8>) {
     match ty {
-        TensorType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        TensorType::F16 => values
-            .iter()
-            .flat_map(|v| f32_to_f16(*v).to_le_bytes())
-            .collect(),
+        TensorType::F32 => out.extend(values.iter().flat_map(|v| v.to_le_bytes())),
+        TensorType::F16 => out.extend(values.iter().flat_map(|v| f32_to_f16(*v).to_le_bytes())),
         TensorType::Q8_0 => {
             assert_eq!(values.len() % 32, 0, "Q8_0 needs blocks of 32 values");
-            let mut out = Vec::with_capacity(values.len() / 32 * 34);
             for block in values.chunks(32) {
                 let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let d = amax / 127.0;
@@ -52,7 +50,6 @@ pub fn encode(values: &[f32], ty: TensorType) -> Vec<u8> {
                 out.extend_from_slice(&f32_to_f16(d).to_le_bytes());
                 out.extend(block.iter().map(|v| (v * id).round() as i8 as u8));
             }
-            out
         }
     }
 }
@@ -60,6 +57,20 @@ pub fn encode(values: &[f32], ty: TensorType) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn encoding_in_pieces_gives_the_same_bytes() {
+        let values: Vec<f32> = (0..32 * 7).map(|i| (i as f32 * 0.37).sin()).collect();
+        for ty in [TensorType::F32, TensorType::F16, TensorType::Q8_0] {
+            let (mut whole, mut pieces) = (Vec::new(), Vec::new());
+            encode_into(&values, ty, &mut whole);
+            for piece in values.chunks(64) {
+                encode_into(piece, ty, &mut pieces);
+            }
+            assert_eq!(pieces, whole, "{ty:?}");
+            assert_eq!(whole.len(), ty.bytes_for(values.len()), "{ty:?}");
+        }
+    }
 
     #[test]
     fn half_conversion_matches_known_values() {

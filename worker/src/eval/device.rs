@@ -1,0 +1,122 @@
+//! One micro-batch compared on the device: the base model's scored rows
+//! are kept on the backend that computed them and every candidate's rows
+//! are compared with them there ([`LogitsCompare`]); the figures come back
+//! as [`RowResult`]s, in row order, for the same exact folding as the host
+//! path's. Only scored tokens have outputs, so the output head (and the
+//! last block's feed-forward part) run on those alone, and a micro-batch
+//! without scored positions skips the head.
+
+use super::metrics::Compared;
+use super::rows::{RowResult, ScoredRow};
+use crate::error::WorkerError;
+use crate::llama::{f32s, Context, LogitsCompare, NoGraph, Outputs, ReduceError};
+
+/// The micro-batch being compared.
+pub(super) struct Batch<'a> {
+    /// Its chunk (for error messages).
+    pub chunk: u32,
+    /// Its tokens.
+    pub tokens: &'a [i32],
+    /// Position of its first token.
+    pub pos0: usize,
+    /// Its scored rows.
+    pub rows: &'a [ScoredRow],
+}
+
+/// A receiver of each model's whole logits of a micro-batch (model 0 the
+/// base, `i + 1` candidate `i`).
+pub(super) type Dump<'a> = dyn FnMut(usize, &[f32]) + 'a;
+
+/// Decodes `b` in the base model and every candidate and compares their
+/// scored rows on the device; `dump` receives each model's whole logits
+/// (model 0 the base), when given.
+pub(super) fn compare_batch(
+    base: &mut Context<'_, NoGraph>,
+    cands: &mut [Context<'_, NoGraph>],
+    cmp: &mut LogitsCompare,
+    b: &Batch<'_>,
+    mut dump: Option<&mut Dump<'_>>,
+) -> Result<Vec<RowResult>, WorkerError> {
+    let pos0 = b.pos0 as i32;
+    if b.rows.is_empty() && dump.is_none() {
+        base.decode(b.tokens, pos0)?;
+        for c in cands.iter_mut() {
+            c.decode(b.tokens, pos0)?;
+        }
+        return Ok(Vec::new());
+    }
+    // Outputs on the scored tokens only: the head (and the last block's
+    // feed-forward part) skip the others. A dump wants every row.
+    let mut flags = vec![false; b.tokens.len()];
+    b.rows.iter().for_each(|r| flags[r.row] = true);
+    let (outputs, rows): (Outputs<'_>, Vec<i32>) = if dump.is_some() {
+        (Outputs::All, b.rows.iter().map(|r| r.row as i32).collect())
+    } else {
+        (Outputs::Rows(&flags), (0..b.rows.len() as i32).collect())
+    };
+    let next: Vec<i32> = b.rows.iter().map(|r| r.next as i32).collect();
+    let scored = !rows.is_empty();
+    let mut kept = None;
+    base.decode_with_logits(b.tokens, pos0, outputs, &mut |t| {
+        if let Some(d) = dump.as_mut() {
+            d(0, &f32s(&t.bytes()).collect::<Vec<_>>());
+        }
+        if scored {
+            kept = Some(cmp.keep_base(t, &rows, &next));
+        }
+    })?;
+    let mut results: Vec<RowResult> = match kept {
+        Some(k) => k.map_err(|e| graph_error(b, e))?.nll,
+        None if scored => return Err(graph_error(b, unseen())),
+        None => Vec::new(),
+    }
+    .iter()
+    .map(|&nll| RowResult {
+        nll_base: f64::from(nll),
+        candidates: Vec::with_capacity(cands.len()),
+    })
+    .collect();
+    for (i, c) in cands.iter_mut().enumerate() {
+        let mut figures = None;
+        c.decode_with_logits(b.tokens, pos0, outputs, &mut |t| {
+            if let Some(d) = dump.as_mut() {
+                d(i + 1, &f32s(&t.bytes()).collect::<Vec<_>>());
+            }
+            if scored {
+                figures = Some(cmp.compare(t));
+            }
+        })?;
+        if !scored {
+            continue;
+        }
+        let f = figures
+            .unwrap_or_else(|| Err(unseen()))
+            .map_err(|e| graph_error(b, e))?;
+        for (j, r) in results.iter_mut().enumerate() {
+            r.candidates.push(Compared {
+                kl: f64::from(f.kl[j]),
+                nll_base: r.nll_base,
+                nll_candidate: f64::from(f.nll[j]),
+                top1_same: f.top1_same[j],
+                dprob: f64::from(f.dprob[j]),
+            });
+        }
+    }
+    Ok(results)
+}
+
+/// A decode that never showed its logits (a graph without a node named
+/// `result_output`).
+fn unseen() -> ReduceError {
+    ReduceError::Shape("the graph has no logits node named result_output".into())
+}
+
+fn graph_error(b: &Batch<'_>, e: ReduceError) -> WorkerError {
+    WorkerError::Graph {
+        chunk: b.chunk,
+        reason: format!(
+            "comparing logits on the device at position {}: {e} (`--compare host` compares them on the host)",
+            b.pos0
+        ),
+    }
+}
