@@ -13,8 +13,7 @@ use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
 use fixtures::log::{captured_log, log_text};
 use fixtures::loopback::{
     self, artifacts, client, fake_reference, fake_setup, fake_workers, fake_workers_telling,
-    Workers, FAKE_MODEL,
-    FAKE_N_CTX,
+    Workers, FAKE_MODEL, FAKE_N_CTX,
 };
 use fixtures::peer::Peer;
 use std::time::Duration;

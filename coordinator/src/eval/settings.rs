@@ -75,9 +75,7 @@ fn parse_size(spec: &str) -> Result<Size, String> {
             .ok()
             .filter(|&k| k > 0)
             .map(Size::Experts)
-            .ok_or_else(|| {
-                "not a positive number of experts or a share like \"50%\"".to_string()
-            }),
+            .ok_or_else(|| "not a positive number of experts or a share like \"50%\"".to_string()),
     }
 }
 
@@ -109,7 +107,10 @@ impl KeepShape {
                 } else {
                     String::new()
                 };
-                (k, format!("{pct}% of the model's {n} experts is {k}{rounding}; "))
+                (
+                    k,
+                    format!("{pct}% of the model's {n} experts is {k}{rounding}; "),
+                )
             }
         };
         if k > n {
@@ -123,7 +124,8 @@ impl KeepShape {
                 self.n_expert_used
             ));
         }
-        check_group_keep(self.groups, n, self.n_expert_used, k).map_err(|e| format!("{from}{e}"))?;
+        check_group_keep(self.groups, n, self.n_expert_used, k)
+            .map_err(|e| format!("{from}{e}"))?;
         Ok(k)
     }
 }
@@ -340,17 +342,26 @@ mod tests {
             ..EvalSettings::default()
         };
         let e = typo.validate().unwrap_err();
-        assert!(e.contains("\"frequncy\"") && e.contains("reap_hybrid"), "{e}");
+        assert!(
+            e.contains("\"frequncy\"") && e.contains("reap_hybrid"),
+            "{e}"
+        );
         let bad_k = EvalSettings {
             methods: vec!["frequency".into()],
             k: vec!["50".into(), "5O%".into()],
             ..EvalSettings::default()
         };
-        assert!(bad_k.validate().unwrap_err().starts_with("[eval] k \"5O%\""));
+        assert!(bad_k
+            .validate()
+            .unwrap_err()
+            .starts_with("[eval] k \"5O%\""));
         let bad_name = EvalSettings {
             keep_maps: vec!["frequency50%".into()],
             ..EvalSettings::default()
         };
-        assert!(bad_name.validate().unwrap_err().contains("<method>_K<share>%"));
+        assert!(bad_name
+            .validate()
+            .unwrap_err()
+            .contains("<method>_K<share>%"));
     }
 }
