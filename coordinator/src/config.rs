@@ -57,6 +57,7 @@ impl Config {
         config
             .run
             .validate()
+            .and_then(|()| config.eval.validate())
             .map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message,

@@ -5,6 +5,7 @@
 //! depends on a later one.
 
 use crate::config::Config;
+use crate::eval::settings::{EvalSettings, KeepShape};
 use crate::run::local::{self, LocalWorkers};
 use crate::run::lock::RunLock;
 use crate::run::{
@@ -43,8 +44,23 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         config.cluster.identity_dir = Some(default_identity_dir(&config.base_dir, &out));
     }
     ensure_model(&config.model_path())?;
-    // Refuse a model without experts before any corpus work or lease.
-    common::model_check::moe_facts(&config.model_path()).map_err(anyhow::Error::msg)?;
+    // Refuse a model without experts, and `[eval]` sizes it cannot run,
+    // before any corpus work or lease. The header knows no routing groups:
+    // they round shares down further and are checked against saliency.json
+    // once it exists, so this refuses only what that check would refuse.
+    let facts = common::model_check::moe_facts(&config.model_path()).map_err(anyhow::Error::msg)?;
+    if config.eval.is_configured() {
+        let header = KeepShape {
+            n_expert: facts.n_expert,
+            n_expert_used: facts.n_expert_used,
+            groups: None,
+        };
+        config
+            .eval
+            .candidate_names(&header)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("{} [eval]", args.config.display()))?;
+    }
     // A weak or missing secret file is refused before anything is written.
     crate::run::check_secret(&config.cluster)?;
     let rt = tokio::runtime::Runtime::new()?;
@@ -111,7 +127,8 @@ async fn stages(
     })
     .await?;
     print_summary(&store, &summary);
-    let scored = crate::score::score(&store, &crate::score::ScoreOptions::default()).await?;
+    let options = score_options(&store, &config.eval).await?;
+    let scored = crate::score::score(&store, &options).await?;
     println!(
         "scored {} methods at K = {:?}: keep maps under keep_maps/",
         scored.methods.len(),
@@ -123,7 +140,7 @@ async fn stages(
         replayed.rows.len(),
         names::REPLAY_REPORT_MD
     );
-    if !config.eval.keep_maps.is_empty() {
+    if config.eval.is_configured() {
         evaluate_configured(config, &setup, local.as_ref()).await?;
     }
     let report = crate::verify::verify(&store).await?;
@@ -159,6 +176,29 @@ fn default_identity_dir(config_dir: &std::path::Path, out: &str) -> std::path::P
     config_dir
         .join(".moe-census")
         .join(format!("coordinator-{key}"))
+}
+
+/// `score`'s options in `coordinator run`: its default sizes and every size
+/// the `[eval]` candidates resolve to on the run's model, so each candidate
+/// has its keep map.
+async fn score_options(
+    store: &RunStore,
+    eval: &EvalSettings,
+) -> anyhow::Result<crate::score::ScoreOptions> {
+    use anyhow::Context;
+    let mut options = crate::score::ScoreOptions::default();
+    if eval.is_configured() {
+        let (saliency, _) = crate::score::load_saliency(store).await?;
+        // No default size may fit a grouped model; the candidates' sizes do.
+        let mut ks = options.ks(&saliency).unwrap_or_default();
+        ks.extend(
+            eval.sizes(&KeepShape::of(&saliency))
+                .map_err(anyhow::Error::msg)
+                .context("[eval]")?,
+        );
+        options.k = ks;
+    }
+    Ok(options)
 }
 
 /// Evaluates the keep maps of `[eval]` against the run's model (DESIGN

@@ -18,7 +18,8 @@ pub async fn prepare(
 ) -> Result<Vec<EvalCandidate>, EvalRunError> {
     if names.is_empty() {
         return Err(EvalRunError::Setup(
-            "no keep maps to evaluate (give --keep-maps or an [eval] keep_maps list)".into(),
+            "no keep maps to evaluate (give --keep-maps, or [eval] keep_maps or methods and k)"
+                .into(),
         ));
     }
     let scratch = tempfile::tempdir()

@@ -17,7 +17,8 @@ use std::process::ExitCode;
 pub struct EvalArgs {
     /// Run location (path or URL) with `corpus/` and `keep_maps/`.
     pub run: String,
-    /// Keep maps to evaluate, comma-separated names `<method>_K<k>`.
+    /// Keep maps to evaluate, comma-separated names `<method>_K<k>`; K may
+    /// be a share of the model's experts (`frequency_K50%`).
     #[arg(long, value_delimiter = ',', required = true)]
     pub keep_maps: Vec<String>,
     /// Start this many local worker processes (loopback QUIC); 0 waits for
@@ -71,6 +72,7 @@ pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
             keep_maps: args.keep_maps.clone(),
             split: args.split.clone(),
             skip_first: args.skip_first,
+            ..EvalSettings::default()
         };
         let (model_sha256, job) = job(&store, &model, &settings).await?;
         let setup = EvalSetup {

@@ -87,8 +87,9 @@ pub struct EvalOutcome {
 }
 
 /// The job of an evaluation: checks the base model against the run's
-/// manifest and slices the named keep maps. Returns the base model's
-/// SHA-256 and the job.
+/// manifest, resolves the candidates' names (K given as a share of the
+/// experts resolves against `saliency.json`) and slices their keep maps.
+/// Returns the base model's SHA-256 and the job.
 pub async fn job(
     store: &RunStore,
     base: &Path,
@@ -120,7 +121,17 @@ pub async fn job(
             )))
         }
     }
-    let candidates = candidates::prepare(store, &settings.keep_maps, base).await?;
+    let names = if settings.needs_shape() {
+        let (saliency, _) = crate::score::load_saliency(store)
+            .await
+            .map_err(|e| EvalRunError::Setup(format!("resolving keep-map sizes: {e:#}")))?;
+        settings
+            .candidate_names(&settings::KeepShape::of(&saliency))
+            .map_err(EvalRunError::Setup)?
+    } else {
+        settings.keep_maps.clone()
+    };
+    let candidates = candidates::prepare(store, &names, base).await?;
     Ok((
         base_sha256,
         EvalJob {

@@ -1,15 +1,27 @@
 //! `[eval]` of the run config: which keep maps `coordinator run` evaluates
-//! after scoring, and which positions are scored.
+//! after scoring, and which positions are scored. A candidate's K may be a
+//! share of the model's experts (`frequency_K50%`, or `methods` x `k` with
+//! `k = ["50%", "75%"]`), so one config fits every model; shares resolve
+//! against the run's `saliency.json` ([`KeepShape`]).
 
+use crate::score::method::Method;
+use common::routing::{check_group_keep, ExpertGroups};
+use common::saliency::Saliency;
 use serde::{Deserialize, Serialize};
 
 /// `[eval]`: the keep maps `coordinator run` evaluates after scoring (none:
-/// no evaluation), and which positions are scored.
+/// no evaluation), and how.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EvalSettings {
-    /// Keep maps by name, `<method>_K<k>`.
+    /// Keep maps by name, `<method>_K<k>`; K may be a share (`_K50%`).
     pub keep_maps: Vec<String>,
+    /// Scoring methods whose keep maps at every size of `k` are evaluated
+    /// too (after `keep_maps`, method by method).
+    pub methods: Vec<String>,
+    /// Sizes for `methods`: a number of experts (`"8"`) or a share of the
+    /// model's experts (`"50%"`).
+    pub k: Vec<String>,
     /// Splits scored: `fit`, `heldout` or `both`.
     pub split: String,
     /// Positions skipped at the start of every chunk.
@@ -20,8 +32,336 @@ impl Default for EvalSettings {
     fn default() -> Self {
         EvalSettings {
             keep_maps: Vec::new(),
+            methods: Vec::new(),
+            k: Vec::new(),
             split: "both".into(),
             skip_first: 0,
         }
+    }
+}
+
+/// What a keep-map size is resolved against: the model's experts per layer,
+/// experts per token and routing groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeepShape {
+    /// Routed experts per MoE layer.
+    pub n_expert: u32,
+    /// Experts selected per token.
+    pub n_expert_used: u32,
+    /// Group-limited routing, if the model has it.
+    pub groups: Option<ExpertGroups>,
+}
+
+/// A keep-map size as written: a number of experts or a share of them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Size {
+    Experts(u32),
+    Percent(f64),
+}
+
+/// Parses `"12"` or `"50%"`; the error says what a size looks like.
+fn parse_size(spec: &str) -> Result<Size, String> {
+    let spec = spec.trim();
+    match spec.strip_suffix('%') {
+        Some(pct) => pct
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|p| p.is_finite() && *p > 0.0 && *p <= 100.0)
+            .map(Size::Percent)
+            .ok_or_else(|| "a share must be a number in (0, 100] before the %".to_string()),
+        None => spec
+            .parse::<u32>()
+            .ok()
+            .filter(|&k| k > 0)
+            .map(Size::Experts)
+            .ok_or_else(|| "not a positive number of experts or a share like \"50%\"".to_string()),
+    }
+}
+
+impl KeepShape {
+    /// The shape `saliency.json` describes.
+    pub fn of(s: &Saliency) -> KeepShape {
+        KeepShape {
+            n_expert: s.n_expert,
+            n_expert_used: s.n_expert_used,
+            groups: s.routing.groups,
+        }
+    }
+
+    /// Resolves a size: `"12"` as it is, `"50%"` as that share of the
+    /// experts rounded down (to a multiple of the routing groups under
+    /// grouped routing, as `score`'s default sizes are). A size outside
+    /// `n_expert_used..=n_expert`, or one grouped routing cannot run
+    /// ([`check_group_keep`]), is refused with why.
+    pub fn resolve(&self, spec: &str) -> Result<u32, String> {
+        let n = self.n_expert;
+        let (k, from) = match parse_size(spec)? {
+            Size::Experts(k) => (k, String::new()),
+            Size::Percent(pct) => {
+                let step = self.groups.map_or(1, |g| g.n_group.max(1));
+                // The epsilon keeps 75% of 12 at 9 despite rounding.
+                let k = (f64::from(n) * pct / 100.0 + 1e-9).floor() as u32 / step * step;
+                let rounding = if step > 1 {
+                    format!(", rounded down to a multiple of the {step} routing groups")
+                } else {
+                    String::new()
+                };
+                (
+                    k,
+                    format!("{pct}% of the model's {n} experts is {k}{rounding}; "),
+                )
+            }
+        };
+        if k > n {
+            return Err(format!(
+                "{from}{k} experts is more than the model's {n} per layer"
+            ));
+        }
+        if k < self.n_expert_used {
+            return Err(format!(
+                "{from}keeping {k} experts is fewer than the {} the model routes each token to (llama.cpp cannot run it)",
+                self.n_expert_used
+            ));
+        }
+        check_group_keep(self.groups, n, self.n_expert_used, k)
+            .map_err(|e| format!("{from}{e}"))?;
+        Ok(k)
+    }
+}
+
+/// The size part of a keep-map name `<method>_K<size>` whose size is a
+/// share (ends with `%`), if it is one.
+fn share_spec(name: &str) -> Option<Result<(&str, &str), String>> {
+    name.ends_with('%').then(|| {
+        name.rsplit_once("_K")
+            .ok_or_else(|| format!("keep map {name:?}: a share needs the form <method>_K<share>%"))
+    })
+}
+
+impl EvalSettings {
+    /// Whether `coordinator run` evaluates anything (an incomplete
+    /// `methods` / `k` pair counts, so it is refused, not ignored).
+    pub fn is_configured(&self) -> bool {
+        !self.keep_maps.is_empty() || !self.methods.is_empty() || !self.k.is_empty()
+    }
+
+    /// Whether a candidate's name needs the model's shape to resolve (a K
+    /// given as a share, or sizes for `methods`).
+    pub fn needs_shape(&self) -> bool {
+        !self.methods.is_empty()
+            || !self.k.is_empty()
+            || self.keep_maps.iter().any(|n| share_spec(n).is_some())
+    }
+
+    /// Checks what can be checked without the model: `methods` and `k`
+    /// given together, known methods, sizes that parse. Errors name the
+    /// entry.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.methods.is_empty() != self.k.is_empty() {
+            return Err("[eval] methods and k go together: give both or neither".into());
+        }
+        for m in &self.methods {
+            if !Method::ALL.iter().any(|known| known.as_str() == m) {
+                let known: Vec<&str> = Method::ALL.iter().map(|m| m.as_str()).collect();
+                return Err(format!(
+                    "[eval] methods: {m:?} is not a scoring method ({})",
+                    known.join(", ")
+                ));
+            }
+        }
+        for spec in &self.k {
+            parse_size(spec).map_err(|e| format!("[eval] k {spec:?}: {e}"))?;
+        }
+        for name in &self.keep_maps {
+            if let Some(parts) = share_spec(name) {
+                parse_size(parts?.1).map_err(|e| format!("keep map {name:?}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The candidates' keep-map names, K resolved against `shape`:
+    /// `keep_maps`, then each of `methods` at each size of `k`. Names that
+    /// resolve to the same keep map (`50%` and `75%` of 2 experts) are
+    /// evaluated once. Errors name the entry that cannot be run.
+    pub fn candidate_names(&self, shape: &KeepShape) -> Result<Vec<String>, String> {
+        self.validate()?;
+        let mut names: Vec<String> = Vec::new();
+        for name in &self.keep_maps {
+            let resolved = match share_spec(name) {
+                Some(parts) => {
+                    let (method, spec) = parts?;
+                    let k = shape
+                        .resolve(spec)
+                        .map_err(|e| format!("keep map {name:?}: {e}"))?;
+                    format!("{method}_K{k}")
+                }
+                None => name.clone(),
+            };
+            names.push(resolved);
+        }
+        for m in &self.methods {
+            for spec in &self.k {
+                let k = shape
+                    .resolve(spec)
+                    .map_err(|e| format!("[eval] k {spec:?}: {e}"))?;
+                names.push(format!("{m}_K{k}"));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        names.retain(|n| seen.insert(n.clone()));
+        Ok(names)
+    }
+
+    /// The sizes the candidates need keep maps of (for `score`), sorted.
+    pub fn sizes(&self, shape: &KeepShape) -> Result<Vec<u32>, String> {
+        let mut ks: Vec<u32> = self
+            .candidate_names(shape)?
+            .iter()
+            .filter_map(|n| n.rsplit_once("_K")?.1.parse().ok())
+            .collect();
+        ks.sort_unstable();
+        ks.dedup();
+        Ok(ks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(n_expert: u32, n_expert_used: u32, groups: Option<(u32, u32)>) -> KeepShape {
+        KeepShape {
+            n_expert,
+            n_expert_used,
+            groups: groups.map(|(n_group, n_group_used)| ExpertGroups {
+                n_group,
+                n_group_used,
+            }),
+        }
+    }
+
+    fn err(r: Result<u32, String>) -> String {
+        r.expect_err("refused")
+    }
+
+    #[test]
+    fn shares_resolve_against_the_models_experts() {
+        let tiny = shape(16, 4, None);
+        assert_eq!(tiny.resolve("50%"), Ok(8));
+        assert_eq!(tiny.resolve("75%"), Ok(12));
+        assert_eq!(tiny.resolve(" 100% "), Ok(16));
+        assert_eq!(tiny.resolve("12"), Ok(12));
+        assert_eq!(shape(12, 2, None).resolve("75%"), Ok(9));
+        assert_eq!(shape(24, 2, None).resolve("62.5%"), Ok(15));
+        assert_eq!(shape(8, 2, None).resolve("50%"), Ok(4));
+        // A share rounds down; a number is taken as written.
+        assert_eq!(shape(7, 2, None).resolve("50%"), Ok(3));
+    }
+
+    #[test]
+    fn sizes_that_cannot_run_are_refused_with_why() {
+        let tiny = shape(16, 4, None);
+        assert!(err(tiny.resolve("0%")).contains("(0, 100]"));
+        assert!(err(tiny.resolve("150%")).contains("(0, 100]"));
+        assert!(err(tiny.resolve("0")).contains("positive number"));
+        assert!(err(tiny.resolve("half")).contains("share like \"50%\""));
+        assert!(err(tiny.resolve("17")).contains("more than the model's 16"));
+        let low = err(tiny.resolve("10%"));
+        assert!(
+            low.contains("10% of the model's 16 experts is 1") && low.contains("fewer than the 4"),
+            "{low}"
+        );
+        assert!(err(tiny.resolve("3")).contains("fewer than the 4"));
+    }
+
+    #[test]
+    fn grouped_routing_rounds_shares_to_whole_groups_and_refuses_uneven_numbers() {
+        // 32 experts in 4 groups of 8, 2 groups per token, 4 experts used.
+        let grouped = shape(32, 4, Some((4, 2)));
+        assert_eq!(grouped.resolve("40%"), Ok(12));
+        assert_eq!(grouped.resolve("50%"), Ok(16));
+        assert_eq!(grouped.resolve("12"), Ok(12));
+        assert!(err(grouped.resolve("10")).contains("multiple of the 4 routing groups"));
+        // 20% is 6.4 -> 6 -> 4: one expert per group, which llama.cpp cannot rank.
+        let thin = err(grouped.resolve("20%"));
+        assert!(
+            thin.contains("rounded down to a multiple of the 4 routing groups")
+                && thin.contains("at least 2"),
+            "{thin}"
+        );
+    }
+
+    #[test]
+    fn methods_times_sizes_follow_the_named_maps_in_order() {
+        let s = EvalSettings {
+            keep_maps: vec!["reap_mean_K4".into(), "frequency_K50%".into()],
+            methods: vec!["frequency".into(), "reap_hybrid".into()],
+            k: vec!["50%".into(), "75%".into()],
+            ..EvalSettings::default()
+        };
+        let tiny = shape(16, 4, None);
+        assert!(s.needs_shape() && s.validate().is_ok());
+        // frequency_K50% and frequency x 50% are one candidate.
+        assert_eq!(
+            s.candidate_names(&tiny).unwrap(),
+            [
+                "reap_mean_K4",
+                "frequency_K8",
+                "frequency_K12",
+                "reap_hybrid_K8",
+                "reap_hybrid_K12"
+            ]
+        );
+        assert_eq!(s.sizes(&tiny).unwrap(), vec![4, 8, 12]);
+        // On 2 experts, 50% and 75% are both 1.
+        let pair = shape(2, 1, None);
+        assert_eq!(
+            s.candidate_names(&pair).unwrap(),
+            ["reap_mean_K4", "frequency_K1", "reap_hybrid_K1"]
+        );
+    }
+
+    #[test]
+    fn settings_are_checked_before_any_model_is_known() {
+        let literal = EvalSettings {
+            keep_maps: vec!["frequency_K8".into()],
+            ..EvalSettings::default()
+        };
+        assert!(!literal.needs_shape() && literal.validate().is_ok());
+        let half = EvalSettings {
+            methods: vec!["frequency".into()],
+            ..EvalSettings::default()
+        };
+        assert!(half.is_configured());
+        assert!(half.validate().unwrap_err().contains("go together"));
+        let typo = EvalSettings {
+            methods: vec!["frequncy".into()],
+            k: vec!["50%".into()],
+            ..EvalSettings::default()
+        };
+        let e = typo.validate().unwrap_err();
+        assert!(
+            e.contains("\"frequncy\"") && e.contains("reap_hybrid"),
+            "{e}"
+        );
+        let bad_k = EvalSettings {
+            methods: vec!["frequency".into()],
+            k: vec!["50".into(), "5O%".into()],
+            ..EvalSettings::default()
+        };
+        assert!(bad_k
+            .validate()
+            .unwrap_err()
+            .starts_with("[eval] k \"5O%\""));
+        let bad_name = EvalSettings {
+            keep_maps: vec!["frequency50%".into()],
+            ..EvalSettings::default()
+        };
+        assert!(bad_name
+            .validate()
+            .unwrap_err()
+            .contains("<method>_K<share>%"));
     }
 }
