@@ -195,7 +195,7 @@ fn decode_blocks(
         at += len;
         buf[..len].copy_from_slice(payload);
         buf[len..len + 17].fill(0);
-        if used % 8 != 0 && payload[len - 1] >> (used % 8) != 0 {
+        if !used.is_multiple_of(8) && payload[len - 1] >> (used % 8) != 0 {
             return Err(bad("has non-zero padding"));
         }
         let mask = u128::MAX >> (128 - bits);

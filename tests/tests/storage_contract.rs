@@ -78,7 +78,7 @@ async fn a_local_directory_keeps_the_contract() {
 
 #[tokio::test]
 async fn memory_keeps_the_contract() {
-    contract(RunStore::open("memory://contract").unwrap()).await;
+    contract(RunStore::open("memory:///contract").unwrap()).await;
 }
 
 #[tokio::test]

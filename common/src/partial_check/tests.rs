@@ -2,7 +2,7 @@ use super::*;
 use crate::imatrix::{Imatrix, ImatrixEntry};
 use crate::partial::{BackendToHost, PARTIAL_FORMAT_VERSION};
 use crate::stats::MoeShape;
-use crate::{ChunkRange, Split};
+use crate::{ChunkRange, Gating, Split};
 use std::collections::BTreeMap;
 
 /// Two tokens of domain `en`, 4 experts, top-2: token 0 picks experts 0 and
@@ -81,9 +81,12 @@ fn a_sum_no_merge_can_hold_is_refused() {
     assert!(refused(&p).contains("prob_sum 2.5 above its 2 tokens"));
 }
 
+/// A change to one layer's accumulators.
+type Edit = fn(&mut LayerAccum);
+
 #[test]
 fn the_bounds_counts_imply_are_enforced() {
-    let cases: Vec<(fn(&mut LayerAccum), &str)> = vec![
+    let cases: Vec<(Edit, &str)> = vec![
         (|l| l.ean_sum[3] = ExactSum(1), "ean_sum 0.0000"),
         (|l| l.reap_l2_sum[2] = ExactSum::ZERO, "reap_l2_sum is 0"),
         (|l| l.ean_sum[0] = ExactSum(-1), "ean_sum -"),

@@ -205,8 +205,10 @@ mod tests {
             .unwrap();
         writer.await.unwrap();
         assert!(matches!(msg, ToCoordinator::Done { .. }));
+        // The rest is reserved once the free allowance is read, which can
+        // overshoot it by up to one piece.
         assert!(
-            budget.reserved() >= (3 << 20) - FREE_BYTES,
+            budget.reserved() >= (3 << 20) - FREE_BYTES - PIECE,
             "{}",
             budget.reserved()
         );

@@ -93,7 +93,7 @@ impl Identity {
     }
 
     /// A self-signed certificate and its PKCS#8 key, both DER, as
-    /// [`super::persist`] kept them.
+    /// the persisted coordinator identity kept them.
     pub fn from_der(cert: Vec<u8>, key: Vec<u8>) -> Identity {
         Identity {
             chain: vec![CertificateDer::from(cert)],
@@ -101,7 +101,7 @@ impl Identity {
         }
     }
 
-    /// The PKCS#8 key, DER (secret: for [`super::persist`] only).
+    /// The PKCS#8 key, DER (secret: only for persisting the identity).
     pub fn key_der(&self) -> &[u8] {
         self.key.secret_pkcs8_der()
     }
