@@ -1,7 +1,8 @@
 //! Bad input is refused with an error naming the input and the problem, and
 //! nothing is written or replaced: an empty micro-batch (in the run config
 //! and on `worker collect`), decode traces without a prompt, a corrupt
-//! `manifest.json`.
+//! `manifest.json`, `[eval]` keep-map sizes that do not parse or that the
+//! model cannot run.
 
 use std::path::Path;
 use std::process::Output;
@@ -92,5 +93,30 @@ fn a_corrupt_manifest_is_an_error_naming_it_and_is_left_as_it_is() {
         assert_refused(&out, &["manifest.json", "not a manifest"]);
         assert_eq!(std::fs::read(run.join("manifest.json")).unwrap(), corrupt);
         assert!(!run.join("corpus").exists(), "{command} wrote a corpus");
+    }
+}
+
+#[test]
+fn eval_sizes_that_do_not_parse_or_cannot_run_are_refused_before_any_corpus_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let cases: [(&str, &[&str]); 2] = [
+        // Refused when the config is read, by every command that reads it.
+        (
+            "methods = [\"frequency\"]\nk = [\"5O%\"]",
+            &["text.toml", "[eval] k \"5O%\"", "a number in (0, 100]"],
+        ),
+        // The tiny model has 16 experts and routes each token to 4: 10% is 1.
+        (
+            "methods = [\"frequency\"]\nk = [\"50%\", \"10%\"]",
+            &["[eval] k \"10%\"", "16 experts is 1", "fewer than the 4"],
+        ),
+    ];
+    for (eval, needles) in cases {
+        let config = fixtures::text_config(dir.path(), &format!("[eval]\n{eval}\n"));
+        let (config, out_dir) = (config.to_str().unwrap(), run.to_str().unwrap());
+        let out = fixtures::run("coordinator", &["run", config, "--out", out_dir]);
+        assert_refused(&out, needles);
+        assert!(!run.exists(), "a refused [eval] left a run behind");
     }
 }
