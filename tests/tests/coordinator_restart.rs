@@ -223,7 +223,9 @@ fn partials(run: &Path) -> usize {
 #[test]
 fn kill_9_and_the_same_command_keep_the_running_workers() {
     let d = tempfile::tempdir().unwrap();
-    let (config, secret) = cluster_config(d.path(), 160, "");
+    // Enough leases that one rejoined worker cannot finish the run before
+    // the other's reconnect backoff (at most 5 s) brings it back.
+    let (config, secret) = cluster_config(d.path(), 1600, "");
     let model = d.path().join("tiny.gguf");
     // The reference: the same corpus measured in one go.
     let reference = d.path().join("reference");
