@@ -27,21 +27,26 @@ use common::ChunkId;
 use common::{ChunkRange, Split};
 use coordinator::run::accept::Acceptance;
 use coordinator::sched::{plan, Completion, Grant, SchedConfig, Scheduler};
-use realistic::{EXPERTS, LAYERS};
+use realistic::{CHUNK_TOKENS, EXPERTS, LAYERS};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 mod realistic;
 
-/// Chunks per lease (of 512 tokens in the bench's corpus, 2,048 in the sums).
+/// Chunks per lease (of [`CHUNK_TOKENS`] tokens: a lease of 16,384 tokens).
 const LEASE_CHUNKS: u32 = 8;
+
+/// Tokens per (split, domain) per chunk: a quarter of each chunk.
+const SPAN: u32 = CHUNK_TOKENS / 4;
 
 fn realistic_partial(lease: u32) -> Partial {
     let seed = 0x9e37_79b9_7f4a_7c15 ^ u64::from(lease);
     let start = lease * LEASE_CHUNKS;
+    let experts = realistic::experts(seed, u64::from(SPAN * LEASE_CHUNKS), LEASE_CHUNKS);
+    let imatrix = realistic::imatrix(seed, LEASE_CHUNKS, &experts);
     realistic::partial(
-        realistic::experts(seed, 1024, LEASE_CHUNKS),
-        realistic::imatrix(seed, LEASE_CHUNKS),
+        experts,
+        imatrix,
         vec![ChunkRange {
             start,
             end: start + LEASE_CHUNKS,
@@ -49,34 +54,34 @@ fn realistic_partial(lease: u32) -> Partial {
     )
 }
 
-/// What the coordinator knows of the bench's corpus: chunks of 512 tokens,
-/// 128 per (split, domain), so a lease of 8 chunks holds the 1,024 tokens
-/// per group that [`realistic_partial`] claims.
+/// What the coordinator knows of the bench's corpus: chunks of
+/// [`CHUNK_TOKENS`] tokens, [`SPAN`] per (split, domain), as
+/// [`realistic_partial`] claims.
 fn acceptance(leases: u32, chunks_per_lease: u32) -> Acceptance {
     let n_chunks = leases * chunks_per_lease;
     let span = |start: u32, split: Split, domain: u16| Span {
         start,
-        len: 128,
+        len: SPAN,
         split,
         domain,
     };
     let chunks: Vec<Chunk> = (0..n_chunks)
         .map(|id| Chunk {
             id: ChunkId(id),
-            tokens: vec![0; 512],
+            tokens: vec![0; CHUNK_TOKENS as usize],
             spans: vec![
                 span(0, Split::Fit, 0),
-                span(128, Split::Fit, 1),
-                span(256, Split::Heldout, 0),
-                span(384, Split::Heldout, 1),
+                span(SPAN, Split::Fit, 1),
+                span(2 * SPAN, Split::Heldout, 0),
+                span(3 * SPAN, Split::Heldout, 1),
             ],
         })
         .collect();
     let index = CorpusIndex {
         n_chunks,
-        n_ctx: 512,
+        n_ctx: CHUNK_TOKENS,
         domains: vec!["code".into(), "chat".into()],
-        n_tokens: u64::from(n_chunks) * 512,
+        n_tokens: u64::from(n_chunks) * u64::from(CHUNK_TOKENS),
         chunks_sha256: "bench-corpus".into(),
     };
     let facts = MoeFacts {

@@ -118,6 +118,22 @@ pub fn write_corpus(dir: &Path, chunks: &[Chunk], n_ctx: u32) -> CorpusIndex {
     index
 }
 
+/// Writes `chunks` as the corpus under `dir` (as [`write_corpus`]) and
+/// collects it with llama.cpp on `model` under `opts`.
+pub fn collect(
+    model: &Path,
+    dir: &Path,
+    chunks: &[Chunk],
+    n_ctx: u32,
+    opts: worker::collect::CollectOptions,
+) -> worker::collect::Collected {
+    let index = write_corpus(dir, chunks, n_ctx);
+    worker::collect::Collector::load(model, opts)
+        .unwrap()
+        .run(&index, chunks, &mut |_, _| {})
+        .unwrap()
+}
+
 /// Copies a tokenized corpus (`corpus/index.json`, `corpus/chunks.parquet`)
 /// from one run location to another, e.g. a local run to an S3 prefix.
 pub async fn copy_corpus(from: &common::store::RunStore, to: &common::store::RunStore) {

@@ -23,8 +23,6 @@ fn collect(
     reduce: Reduce,
     decode_tokens: usize,
 ) -> Collected {
-    let chunks = fixtures::chunks(N_CHUNKS, N_CTX);
-    let index = fixtures::write_corpus(dir, &chunks, N_CTX);
     let opts = CollectOptions {
         // Two micro-batches per chunk, so device sums accumulate across them.
         n_ubatch: 32,
@@ -41,10 +39,7 @@ fn collect(
         reduce,
         ..Default::default()
     };
-    Collector::load(model, opts)
-        .unwrap()
-        .run(&index, &chunks, &mut |_, _| {})
-        .unwrap()
+    fixtures::collect(model, dir, &fixtures::chunks(N_CHUNKS, N_CTX), N_CTX, opts)
 }
 
 fn assert_close(what: &str, host: f64, device: f64) {

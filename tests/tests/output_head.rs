@@ -7,7 +7,7 @@
 use common::eval::EvalPartial;
 use common::partial::Partial;
 use worker::collect::device::Reduce;
-use worker::collect::{CollectOptions, Collected, Collector};
+use worker::collect::{CollectOptions, Collected};
 use worker::eval::{Candidate, Compare, EvalOptions, Evaluator};
 use worker::synth::Preset;
 
@@ -21,8 +21,6 @@ fn collect(
     decode_tokens: usize,
     output_head: bool,
 ) -> Collected {
-    let chunks = fixtures::chunks(N_CHUNKS, N_CTX);
-    let index = fixtures::write_corpus(dir, &chunks, N_CTX);
     let opts = CollectOptions {
         n_ubatch: 32,
         threads: 2,
@@ -34,10 +32,7 @@ fn collect(
         output_head,
         ..Default::default()
     };
-    Collector::load(model, opts)
-        .unwrap()
-        .run(&index, &chunks, &mut |_, _| {})
-        .unwrap()
+    fixtures::collect(model, dir, &fixtures::chunks(N_CHUNKS, N_CTX), N_CTX, opts)
 }
 
 /// The partial's bytes with its backend-to-host figure left out.

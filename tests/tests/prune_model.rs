@@ -16,7 +16,7 @@ use fixtures::llama_logits::logits;
 use fixtures::oracle::Oracle;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use worker::collect::{CollectOptions, Collector};
+use worker::collect::CollectOptions;
 use worker::synth::{Preset, WeightType};
 
 const N_CTX: u32 = 48;
@@ -64,7 +64,6 @@ fn tokens() -> Vec<i32> {
 /// `model`, read from the collector's trace (ids of that model).
 fn routing(model: &Path, dir: &Path) -> BTreeMap<(u32, usize), Vec<u32>> {
     let chunks = fixtures::chunks(2, N_CTX)[..1].to_vec();
-    let index = fixtures::write_corpus(dir, &chunks, N_CTX);
     let opts = CollectOptions {
         n_ubatch: N_CTX,
         threads: 2,
@@ -74,9 +73,7 @@ fn routing(model: &Path, dir: &Path) -> BTreeMap<(u32, usize), Vec<u32>> {
         flash_attn: false,
         ..Default::default()
     };
-    let mut c = Collector::load(model, opts).unwrap();
-    let collected = c.run(&index, &chunks, &mut |_, _| {}).unwrap();
-    collected
+    fixtures::collect(model, dir, &chunks, N_CTX, opts)
         .trace
         .iter()
         .map(|r| {

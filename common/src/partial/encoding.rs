@@ -234,13 +234,7 @@ impl PackedPartial {
     /// Reads a partial from `bytes`: the same checks and limits as
     /// [`Partial::from_bytes`] (every column is decoded once to check it).
     pub fn parse(bytes: Bytes) -> Result<PackedPartial, String> {
-        let (version, _) = crate::bounded::decode_prefix::<u32>(&bytes)
-            .map_err(|e| format!("not a moe-census partial: {e}"))?;
-        if version != PARTIAL_FORMAT_VERSION {
-            return Err(format!(
-                "partial format version {version} (this build reads {PARTIAL_FORMAT_VERSION})"
-            ));
-        }
+        super::check_version(&bytes)?;
         let Layout {
             mut header,
             lengths,

@@ -97,6 +97,34 @@ pub struct ChunkStats {
 }
 
 impl Partial {
+    /// A partial of `model_sha256` and `corpus_sha256` over `chunks`,
+    /// computed on `backend`, with no traces, drops or per-chunk figures yet
+    /// (collection fills those in; fixtures and benches need none).
+    pub fn new(
+        model_sha256: String,
+        corpus_sha256: String,
+        backend: String,
+        chunks: Vec<ChunkRange>,
+        experts: ExpertAccum,
+        imatrix: Imatrix,
+    ) -> Partial {
+        Partial {
+            format_version: PARTIAL_FORMAT_VERSION,
+            model_sha256,
+            corpus_sha256,
+            backends: vec![backend],
+            chunks,
+            experts,
+            imatrix,
+            nonfinite_drops: BTreeMap::new(),
+            trace_tokens: 0,
+            trace_rows: 0,
+            trace_parts: Vec::new(),
+            chunk_stats: Vec::new(),
+            backend_to_host: BackendToHost::default(),
+        }
+    }
+
     /// Total chunks covered.
     pub fn n_chunks(&self) -> u64 {
         self.chunks.iter().map(|r| r.len() as u64).sum()
@@ -167,14 +195,22 @@ impl Partial {
     /// trailing bytes are refused, and every sum column must have the length
     /// its header gives it.
     pub fn from_bytes(bytes: &[u8]) -> Result<Partial, String> {
-        let (version, _) = crate::bounded::decode_prefix::<u32>(bytes)
-            .map_err(|e| format!("not a moe-census partial: {e}"))?;
-        match version {
-            PARTIAL_FORMAT_VERSION => encoding::decode(bytes),
-            v => Err(format!(
-                "partial format version {v} (this build reads {PARTIAL_FORMAT_VERSION})"
-            )),
-        }
+        check_version(bytes)?;
+        encoding::decode(bytes)
+    }
+}
+
+/// Reads the format version that leads a partial's bytes and refuses any
+/// other than [`PARTIAL_FORMAT_VERSION`], before the rest is decoded.
+fn check_version(bytes: &[u8]) -> Result<(), String> {
+    let (version, _) = crate::bounded::decode_prefix::<u32>(bytes)
+        .map_err(|e| format!("not a moe-census partial: {e}"))?;
+    if version == PARTIAL_FORMAT_VERSION {
+        Ok(())
+    } else {
+        Err(format!(
+            "partial format version {version} (this build reads {PARTIAL_FORMAT_VERSION})"
+        ))
     }
 }
 
@@ -202,27 +238,20 @@ mod tests {
     }
 
     fn small() -> Partial {
-        Partial {
-            format_version: PARTIAL_FORMAT_VERSION,
-            model_sha256: "m".repeat(64),
-            corpus_sha256: "c".repeat(64),
-            backends: vec!["cpu".into()],
-            chunks: vec![r(0, 2)],
-            experts: ExpertAccum::new(crate::stats::MoeShape {
+        Partial::new(
+            "m".repeat(64),
+            "c".repeat(64),
+            "cpu".into(),
+            vec![r(0, 2)],
+            ExpertAccum::new(crate::stats::MoeShape {
                 n_expert: 4,
                 n_expert_used: 2,
                 gating: crate::Gating::Softmax,
                 moe_layers: vec![0, 1],
                 routing: crate::routing::Routing::default(),
             }),
-            imatrix: Imatrix::default(),
-            nonfinite_drops: BTreeMap::new(),
-            trace_tokens: 0,
-            trace_rows: 0,
-            trace_parts: Vec::new(),
-            chunk_stats: Vec::new(),
-            backend_to_host: BackendToHost::default(),
-        }
+            Imatrix::default(),
+        )
     }
 
     #[test]

@@ -12,12 +12,11 @@
 
 use common::exact::ExactSum;
 use common::imatrix::{Imatrix, ImatrixEntry};
-use common::partial::{BackendToHost, Partial, PARTIAL_FORMAT_VERSION};
+use common::partial::Partial;
 use common::splitmix::SplitMix64;
 use common::stats::{ExpertAccum, MoeShape};
 use common::{ChunkRange, Gating, Split};
 use rayon::prelude::*;
-use std::collections::BTreeMap;
 
 /// MoE layers.
 pub const LAYERS: u32 = 48;
@@ -29,6 +28,8 @@ pub const TOP_K: u32 = 10;
 pub const HIDDEN: u32 = 2048;
 /// Expert width (the down projection's input).
 pub const EXPERT_WIDTH: u32 = 512;
+/// Tokens per chunk.
+pub const CHUNK_TOKENS: u32 = 2048;
 /// The (split, domain) groups of every partial.
 pub const GROUPS: [(Split, &str); 4] = [
     (Split::Fit, "code"),
@@ -41,8 +42,7 @@ pub const GROUPS: [(Split, &str); 4] = [
 fn sum_of_chunks(rng: &mut SplitMix64, mean: f64, chunks: u32) -> ExactSum {
     let mut s = ExactSum::ZERO;
     for _ in 0..chunks {
-        s.add_f64(mean * (0.5 + rng.unit()))
-            .expect("bench values are in range");
+        add(&mut s, mean * (0.5 + rng.unit()));
     }
     s
 }
@@ -70,18 +70,34 @@ fn input_sums(
     out
 }
 
-/// The importance matrix of a lease of `chunks` chunks of 2,048 tokens.
-pub fn imatrix(seed: u64, chunks: u32) -> Imatrix {
-    let routed = 2048.0 * f64::from(TOP_K) / f64::from(EXPERTS);
+/// The importance matrix of a lease of `chunks` chunks of [`CHUNK_TOKENS`]
+/// tokens whose fit split is `experts`' fit groups: a dense weight counts
+/// the fit tokens, a stacked expert weight each expert's fit `count`, as
+/// acceptance checks.
+pub fn imatrix(seed: u64, chunks: u32, experts: &ExpertAccum) -> Imatrix {
+    let fit: Vec<_> = experts
+        .groups
+        .iter()
+        .filter(|(k, _)| k.split == Split::Fit)
+        .map(|(_, g)| g)
+        .collect();
+    let fit_tokens: u64 = fit.iter().map(|g| g.n_tokens).sum();
+    let expert_counts = |l: usize| -> Vec<u64> {
+        (0..EXPERTS as usize)
+            .map(|e| fit.iter().map(|g| g.layers[l].count[e]).sum())
+            .collect()
+    };
+    let chunk_fit = fit_tokens as f64 / f64::from(chunks);
+    let routed = chunk_fit * f64::from(TOP_K) / f64::from(EXPERTS);
     let layers: Vec<Vec<(String, ImatrixEntry)>> = (0..LAYERS)
         .into_par_iter()
         .map(|l| {
             let entry =
-                |n_in: u32, n_mat: u32, in_sum2: Vec<ExactSum>, per_mat: u64| ImatrixEntry {
+                |n_in: u32, n_mat: u32, in_sum2: Vec<ExactSum>, counts: Vec<u64>| ImatrixEntry {
                     n_in,
                     n_mat,
                     in_sum2,
-                    counts: vec![per_mat * u64::from(chunks); n_mat as usize],
+                    counts,
                 };
             let experts_in = input_sums(
                 seed,
@@ -99,43 +115,58 @@ pub fn imatrix(seed: u64, chunks: u32) -> Imatrix {
                 chunks,
                 routed,
             );
-            let router = input_sums(seed, &format!("{l}.router"), HIDDEN, 1, chunks, 2048.0);
-            let attn = input_sums(seed, &format!("{l}.attn"), HIDDEN, 1, chunks, 2048.0);
-            let attn_out = input_sums(seed, &format!("{l}.attn_out"), HIDDEN, 1, chunks, 2048.0);
-            let per_expert = 2048 * u64::from(TOP_K) / u64::from(EXPERTS);
+            let dense =
+                |what: &str| input_sums(seed, &format!("{l}.{what}"), HIDDEN, 1, chunks, chunk_fit);
+            let (router, attn, attn_out) = (dense("router"), dense("attn"), dense("attn_out"));
+            let routed_counts = expert_counts(l as usize);
             let name = |t: &str| format!("blk.{l}.{t}.weight");
             vec![
                 (
                     name("ffn_gate_exps"),
-                    entry(HIDDEN, EXPERTS, experts_in.clone(), per_expert),
+                    entry(HIDDEN, EXPERTS, experts_in.clone(), routed_counts.clone()),
                 ),
                 (
                     name("ffn_up_exps"),
-                    entry(HIDDEN, EXPERTS, experts_in, per_expert),
+                    entry(HIDDEN, EXPERTS, experts_in, routed_counts.clone()),
                 ),
                 (
                     name("ffn_down_exps"),
-                    entry(EXPERT_WIDTH, EXPERTS, down_in, per_expert),
+                    entry(EXPERT_WIDTH, EXPERTS, down_in, routed_counts),
                 ),
-                (name("ffn_gate_inp"), entry(HIDDEN, 1, router, 2048)),
-                (name("attn_q"), entry(HIDDEN, 1, attn.clone(), 2048)),
-                (name("attn_k"), entry(HIDDEN, 1, attn.clone(), 2048)),
-                (name("attn_v"), entry(HIDDEN, 1, attn, 2048)),
-                (name("attn_output"), entry(HIDDEN, 1, attn_out, 2048)),
+                (
+                    name("ffn_gate_inp"),
+                    entry(HIDDEN, 1, router, vec![fit_tokens]),
+                ),
+                (
+                    name("attn_q"),
+                    entry(HIDDEN, 1, attn.clone(), vec![fit_tokens]),
+                ),
+                (
+                    name("attn_k"),
+                    entry(HIDDEN, 1, attn.clone(), vec![fit_tokens]),
+                ),
+                (name("attn_v"), entry(HIDDEN, 1, attn, vec![fit_tokens])),
+                (
+                    name("attn_output"),
+                    entry(HIDDEN, 1, attn_out, vec![fit_tokens]),
+                ),
             ]
         })
         .collect();
     Imatrix {
         entries: layers.into_iter().flatten().collect(),
         chunk_count: u64::from(chunks),
-        chunk_size: 2048,
+        chunk_size: CHUNK_TOKENS,
     }
 }
 
 /// REAP statistics with `tokens` tokens in each group of [`GROUPS`]:
 /// counts pair up around `tokens * k / n_expert` so that every layer's
 /// `sum(count)` is `tokens * k`, as acceptance demands (`tokens` a multiple
-/// of 256, so that `tokens * 10 / 512` is whole).
+/// of 256, so that `tokens * 10 / 512` is whole). Each chunk's values obey
+/// what acceptance checks of a real worker's: the chunk's probabilities sum
+/// to its tokens over the experts (softmax), and its `reap_l2_sq_sum` lies
+/// above `reap_l2_sum^2 / count` (Cauchy-Schwarz; sums over chunks keep it).
 pub fn experts(seed: u64, tokens: u64, chunks: u32) -> ExpertAccum {
     let mut rng = SplitMix64::new(seed ^ 0x5eed);
     let mut experts = ExpertAccum::new(MoeShape {
@@ -146,6 +177,7 @@ pub fn experts(seed: u64, tokens: u64, chunks: u32) -> ExpertAccum {
         routing: common::routing::Routing::default(),
     });
     let per_expert = tokens * u64::from(TOP_K) / u64::from(EXPERTS);
+    let chunk_tokens = tokens as f64 / f64::from(chunks);
     for (split, domain) in GROUPS {
         let g = experts.group_mut(split, domain);
         g.n_tokens = tokens;
@@ -157,9 +189,25 @@ pub fn experts(seed: u64, tokens: u64, chunks: u32) -> ExpertAccum {
                 } else {
                     2 * per_expert - l.count[e - 1]
                 };
-                let load = l.count[e] as f64 / f64::from(chunks);
-                for (v, mean) in l.sums_mut().into_iter().zip([0.002, 0.1, 5.0, 0.5, 0.25]) {
-                    v[e] = sum_of_chunks(&mut rng, mean * load, chunks);
+            }
+            // Routed tokens of each expert per chunk.
+            let load: Vec<f64> = l
+                .count
+                .iter()
+                .map(|&c| c as f64 / f64::from(chunks))
+                .collect();
+            for _ in 0..chunks {
+                let raw: Vec<f64> = load.iter().map(|n| n * (0.5 + rng.unit())).collect();
+                let total: f64 = raw.iter().sum();
+                for (p, r) in l.prob_sum.iter_mut().zip(&raw) {
+                    add(p, r * chunk_tokens / total);
+                }
+                for (e, &n) in load.iter().enumerate() {
+                    add(&mut l.weight_sum[e], 0.1 * n * (0.5 + rng.unit()));
+                    add(&mut l.ean_sum[e], 5.0 * n * (0.5 + rng.unit()));
+                    let l2 = 0.5 * n * (0.5 + rng.unit());
+                    add(&mut l.reap_l2_sum[e], l2);
+                    add(&mut l.reap_l2_sq_sum[e], l2 * l2 / n * (1.5 + rng.unit()));
                 }
             }
         }
@@ -167,21 +215,18 @@ pub fn experts(seed: u64, tokens: u64, chunks: u32) -> ExpertAccum {
     experts
 }
 
+fn add(sum: &mut ExactSum, v: f64) {
+    sum.add_f64(v).expect("bench values are in range");
+}
+
 /// A partial over `ranges` whose sums stand for `chunks` chunks.
 pub fn partial(experts: ExpertAccum, imatrix: Imatrix, ranges: Vec<ChunkRange>) -> Partial {
-    Partial {
-        format_version: PARTIAL_FORMAT_VERSION,
-        model_sha256: "bench-model".into(),
-        corpus_sha256: "bench-corpus".into(),
-        backends: vec!["cuda:bench".into()],
-        chunks: ranges,
+    Partial::new(
+        "bench-model".into(),
+        "bench-corpus".into(),
+        "cuda:bench".into(),
+        ranges,
         experts,
         imatrix,
-        nonfinite_drops: BTreeMap::new(),
-        trace_tokens: 0,
-        trace_rows: 0,
-        trace_parts: Vec::new(),
-        chunk_stats: Vec::new(),
-        backend_to_host: BackendToHost::default(),
-    }
+    )
 }

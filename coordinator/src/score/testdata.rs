@@ -129,25 +129,18 @@ pub fn audit_layer(index: u32) -> LayerStats {
 
 /// A partial with no statistics, to fill in per test.
 pub fn empty_partial() -> common::partial::Partial {
-    common::partial::Partial {
-        format_version: common::partial::PARTIAL_FORMAT_VERSION,
-        model_sha256: "model".into(),
-        corpus_sha256: "corpus".into(),
-        backends: vec!["cpu".into()],
-        chunks: Vec::new(),
-        experts: common::stats::ExpertAccum::new(common::stats::MoeShape {
+    common::partial::Partial::new(
+        "model".into(),
+        "corpus".into(),
+        "cpu".into(),
+        Vec::new(),
+        common::stats::ExpertAccum::new(common::stats::MoeShape {
             n_expert: 4,
             n_expert_used: 1,
             gating: Gating::Softmax,
             moe_layers: vec![0],
             routing: common::routing::Routing::default(),
         }),
-        imatrix: Default::default(),
-        nonfinite_drops: BTreeMap::new(),
-        trace_tokens: 0,
-        trace_rows: 0,
-        trace_parts: Vec::new(),
-        chunk_stats: Vec::new(),
-        backend_to_host: common::partial::BackendToHost::default(),
-    }
+        Default::default(),
+    )
 }

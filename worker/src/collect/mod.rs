@@ -23,7 +23,7 @@ use crate::error::WorkerError;
 use crate::llama::{self, Context, ContextParams, Logits, Model};
 use common::corpus::{Chunk, CorpusIndex};
 use common::imatrix::Imatrix;
-use common::partial::{BackendToHost, Partial, PARTIAL_FORMAT_VERSION};
+use common::partial::{BackendToHost, Partial};
 use common::stats::ExpertAccum;
 use common::store::RunStore;
 use common::trace::TraceRow;
@@ -269,19 +269,19 @@ impl Collector {
             chunk_stats,
         } = folder.finish()?;
         let partial = Partial {
-            format_version: PARTIAL_FORMAT_VERSION,
-            model_sha256: self.sha256.clone(),
-            corpus_sha256: index.chunks_sha256.clone(),
-            backends: vec![self.backend.clone()],
-            chunks: ranges_of(chunks),
-            experts,
-            imatrix,
             nonfinite_drops: drops,
             trace_tokens,
             trace_rows: trace.len() as u64,
-            trace_parts: Vec::new(),
             chunk_stats,
             backend_to_host,
+            ..Partial::new(
+                self.sha256.clone(),
+                index.chunks_sha256.clone(),
+                self.backend.clone(),
+                ranges_of(chunks),
+                experts,
+                imatrix,
+            )
         };
         tracing::debug!(model = %self.path.display(), chunks = chunks.len(), "collected");
         Ok(Collected {

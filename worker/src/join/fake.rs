@@ -6,7 +6,7 @@
 use super::engine::{Engine, EngineLoader};
 use common::corpus::{Chunk, CorpusIndex};
 use common::imatrix::{Imatrix, ImatrixEntry};
-use common::partial::{Partial, PARTIAL_FORMAT_VERSION};
+use common::partial::Partial;
 use common::stats::{ExpertAccum, MoeShape};
 use common::trace::TraceRow;
 use common::wire::JobInfo;
@@ -108,21 +108,14 @@ impl FakeEngine {
             chunk_count: chunks.len() as u64,
             chunk_size: index.n_ctx,
         };
-        Ok(Partial {
-            format_version: PARTIAL_FORMAT_VERSION,
-            model_sha256: self.model_sha256.clone(),
-            corpus_sha256: index.chunks_sha256.clone(),
-            backends: vec!["fake".to_string()],
-            chunks: ranges,
+        Ok(Partial::new(
+            self.model_sha256.clone(),
+            index.chunks_sha256.clone(),
+            "fake".to_string(),
+            ranges,
             experts,
             imatrix,
-            nonfinite_drops: BTreeMap::new(),
-            trace_tokens: 0,
-            trace_rows: 0,
-            trace_parts: Vec::new(),
-            chunk_stats: Vec::new(),
-            backend_to_host: common::partial::BackendToHost::default(),
-        })
+        ))
     }
 }
 
