@@ -41,6 +41,7 @@ use common::exact::ExactSum;
 use common::Split;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use positions::scored_positions;
 use rows::ScoredRow;
@@ -152,6 +153,29 @@ pub struct Evaluator {
     /// Where logits are compared ([`Compare::on_device`]).
     on_device: bool,
     backend: String,
+    /// Kept from one run to the next (taken out while a run uses it).
+    shared: Option<Shared>,
+}
+
+/// The thread pool and the device comparer, kept across runs: each lease of
+/// a job reuses the pool's warm threads and the comparison's buffers (sized,
+/// allocated and first touched on the first scored micro-batch) instead of
+/// paying for them again.
+struct Shared {
+    threads: u32,
+    pool: Option<Arc<ThreadPool>>,
+    cmp: LogitsCompare,
+}
+
+impl Shared {
+    fn new(threads: u32) -> Shared {
+        let pool = ThreadPool::new(threads);
+        Shared {
+            threads,
+            cmp: LogitsCompare::new(pool.clone(), threads),
+            pool,
+        }
+    }
 }
 
 /// What [`Evaluator::run`] measured.
@@ -227,6 +251,7 @@ impl Evaluator {
             ),
             candidates: loaded,
             opts,
+            shared: None,
         })
     }
 
@@ -239,6 +264,23 @@ impl Evaluator {
     /// each chunk with its id and token count.
     pub fn run(
         &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        progress: &mut dyn FnMut(u32, usize),
+    ) -> Result<Evaluated, WorkerError> {
+        let threads = self.opts.threads;
+        let mut shared = match self.shared.take() {
+            Some(s) if s.threads == threads => s,
+            _ => Shared::new(threads),
+        };
+        let evaluated = self.run_on(&mut shared, index, chunks, progress);
+        self.shared = Some(shared);
+        evaluated
+    }
+
+    fn run_on(
+        &self,
+        shared: &mut Shared,
         index: &CorpusIndex,
         chunks: &[Chunk],
         progress: &mut dyn FnMut(u32, usize),
@@ -260,8 +302,9 @@ impl Evaluator {
         // One thread pool for every model: they decode in turn, and one
         // set of warm threads beats waking another pool for each decode;
         // the device comparisons compute on it too.
-        let pool = ThreadPool::new(params.threads);
-        let mut cmp = LogitsCompare::new(pool.clone(), params.threads);
+        let pool = shared.pool.clone();
+        let cmp = &mut shared.cmp;
+        let cmp_before = cmp.cost();
         let mut base = Context::with_pool(&self.base, &params, NoGraph, pool.clone())?;
         let mut cands = self
             .candidates
@@ -319,7 +362,7 @@ impl Evaluator {
                         pos0,
                         rows: &rows,
                     };
-                    device::compare_batch(&mut base, &mut cands, &mut cmp, &batch, dump)?
+                    device::compare_batch(&mut base, &mut cands, cmp, &batch, dump)?
                 } else {
                     // Every model decodes the micro-batch; each context keeps
                     // its own logits until its next decode, so the base rows
@@ -359,7 +402,7 @@ impl Evaluator {
             }
             progress(chunk.id.0, chunk.tokens.len());
         }
-        let c = cmp.cost();
+        let c = cmp.cost().since(&cmp_before);
         cost.backend_s = c.backend_s;
         cost.host_s += c.host_s;
         cost.bytes = if on_device {

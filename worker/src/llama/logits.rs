@@ -88,6 +88,18 @@ pub struct CompareCost {
     pub bytes: u64,
 }
 
+impl CompareCost {
+    /// What was spent after `earlier` (an earlier reading of the same
+    /// comparer's cumulative cost).
+    pub fn since(&self, earlier: &CompareCost) -> CompareCost {
+        CompareCost {
+            backend_s: self.backend_s - earlier.backend_s,
+            host_s: self.host_s - earlier.host_s,
+            bytes: self.bytes - earlier.bytes,
+        }
+    }
+}
+
 // SAFETY: the ggml objects are used by one thread at a time (every method
 // takes &mut self) and ggml backends may move between threads.
 unsafe impl Send for LogitsCompare {}
