@@ -540,7 +540,7 @@ fn screen_predicts_the_pruned_grouped_biased_routing_at_the_first_moe_layer() {
         flash_attn: false,
         ..Default::default()
     };
-    let mut c = Collector::load(&base, opts).unwrap();
+    let mut c = worker::collect::Collector::load(&base, opts).unwrap();
     let trace = c.run(&index, &chunks, &mut |_, _| {}).unwrap().trace;
     let shape = c.shape().clone();
     let groups = shape
