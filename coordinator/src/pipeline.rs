@@ -1,7 +1,10 @@
 //! `coordinator run`, the whole pipeline: corpus preparation, collection
-//! ([`crate::run::execute`]), scoring, replay, the evaluation of the
-//! `[eval]` keep maps ([`crate::eval`]), verification and the report. Each
-//! stage is its own module; this one only calls them in order, so no stage
+//! ([`crate::run::execute`]), scoring, replay, verification, the report,
+//! then the evaluation of the `[eval]` keep maps ([`crate::eval`]) and the
+//! report again with its results. Verification comes first, so a failed
+//! evaluation never loses the verify table, the report or the manifest's
+//! record of the collection; an unverified run is not evaluated. Each stage
+//! is its own module; this one only calls them in order, so no stage
 //! depends on a later one.
 
 use crate::config::Config;
@@ -140,9 +143,9 @@ async fn stages(
         replayed.rows.len(),
         names::REPLAY_REPORT_MD
     );
-    if config.eval.is_configured() {
-        evaluate_configured(config, &setup, local.as_ref()).await?;
-    }
+    // Verify before the evaluation: the verify table, the report and the
+    // manifest's record of the collection are written whatever `[eval]`
+    // then does.
     let report = crate::verify::verify(&store).await?;
     print!("{report}");
     let ok = report.ok();
@@ -150,16 +153,31 @@ async fn stages(
     println!("report: {}", store.url_of(names::REPORT_MD));
     lock.confirm().await?;
     mark_finished(&store, &summary, ok).await?;
-    if ok {
-        println!("run complete: {}", store.url());
-        Ok(ExitCode::SUCCESS)
-    } else {
+    let manifest = store.url_of(crate::corpus::MANIFEST_FILE);
+    if !ok {
+        let skipped = if config.eval.is_configured() {
+            "; [eval] was not run on an unverified run"
+        } else {
+            ""
+        };
         eprintln!(
-            "run finished but verification failed (see above); {} is not marked complete",
-            store.url_of(crate::corpus::MANIFEST_FILE)
+            "run finished but verification failed (see above); {manifest} is not marked complete{skipped}"
         );
-        Ok(ExitCode::FAILURE)
+        return Ok(ExitCode::FAILURE);
     }
+    if config.eval.is_configured() {
+        if let Err(e) = evaluate_configured(config, &setup, local.as_ref()).await {
+            eprintln!(
+                "[eval] failed: {e:#}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
+                store.url_of(names::REPORT_MD)
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        // Again, now with the candidates' section.
+        crate::report::report(&store).await?;
+    }
+    println!("run complete: {}", store.url());
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Where a run's coordinator keeps its identity when `[cluster]
@@ -179,13 +197,14 @@ fn default_identity_dir(config_dir: &std::path::Path, out: &str) -> std::path::P
 }
 
 /// `score`'s options in `coordinator run`: its default sizes and every size
-/// the `[eval]` candidates resolve to on the run's model, so each candidate
-/// has its keep map.
+/// the `[eval]` candidates resolve to on the run's model that `score` can
+/// write, so each candidate it can run has its keep map. Candidates that do
+/// not resolve are left to the evaluation stage, which names them after
+/// verify has run.
 async fn score_options(
     store: &RunStore,
     eval: &EvalSettings,
 ) -> anyhow::Result<crate::score::ScoreOptions> {
-    use anyhow::Context;
     let mut options = crate::score::ScoreOptions::default();
     if eval.is_configured() {
         let (saliency, _) = crate::score::load_saliency(store).await?;
@@ -193,8 +212,9 @@ async fn score_options(
         let mut ks = options.ks(&saliency).unwrap_or_default();
         ks.extend(
             eval.sizes(&KeepShape::of(&saliency))
-                .map_err(anyhow::Error::msg)
-                .context("[eval]")?,
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|&k| crate::score::size_fits(&saliency, k).is_ok()),
         );
         options.k = ks;
     }

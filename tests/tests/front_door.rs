@@ -1,8 +1,9 @@
 //! The README's front door: `coordinator run` on the quickstart config with
 //! two local workers runs the whole job (generated model, sample corpus,
-//! collection over QUIC, merge, score, replay, the `[eval]` candidates against
-//! the base model, verify, report) and marks the run complete only because
-//! verification passed.
+//! collection over QUIC, merge, score, replay, verify, report, the `[eval]`
+//! candidates against the base model) and marks the run complete only
+//! because verification passed; on a grouped model, an `[eval]` failure
+//! keeps what verification wrote.
 
 use std::path::Path;
 
@@ -14,22 +15,29 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-#[test]
-fn quickstart_run_finishes_verified_and_marked_complete() {
-    // A private copy of configs/: the run generates its model next to the
-    // config, and the repository's own copy must stay untouched.
+/// A private copy of configs/ in `dir` with the quickstart config edited by
+/// `edit`: the run generates its model next to the config, and the
+/// repository's own copy must stay untouched. Returns the config's path.
+fn quickstart_copy(dir: &Path, edit: impl Fn(String) -> String) -> std::path::PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let configs = dir.path().join("configs");
+    let configs = dir.join("configs");
     copy_dir(
         &repo.join("configs/sample_corpus"),
         &configs.join("sample_corpus"),
     );
-    std::fs::copy(
-        repo.join("configs/quickstart.toml"),
-        configs.join("quickstart.toml"),
-    )
-    .unwrap();
+    let text = std::fs::read_to_string(repo.join("configs/quickstart.toml")).unwrap();
+    let config = configs.join("quickstart.toml");
+    std::fs::write(&config, edit(text)).unwrap();
+    config
+}
+
+#[test]
+fn quickstart_run_finishes_verified_and_marked_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = quickstart_copy(dir.path(), |t| t)
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let out = dir.path().join("runs/quickstart");
     let run = fixtures::run_ok(
         "coordinator",
@@ -134,4 +142,86 @@ fn replay_without_model_finds_the_recorded_model(out: &Path) {
         let moved = r["bytes_moved"].as_u64();
         assert!(moved.is_some_and(|b| b > 0), "no bytes moved: {r}");
     }
+}
+
+/// A grouped model (the deepseek2 preset: MLA, 32 experts in 4 routing
+/// groups, 2 per token) with an `[eval]` share grouped routing cannot run
+/// ("20%" is 6 experts, 4 in whole groups: one per group, which llama.cpp
+/// cannot rank). `coordinator run` verifies before it evaluates: the verify
+/// table, the report and the manifest are written, then the evaluation
+/// stage fails naming the entry and the run exits 1. Every keep map `score`
+/// wrote (every method, every size) is group-balanced: the slicer accepts
+/// each, and llama.cpp runs a pruned model.
+#[test]
+fn grouped_model_keeps_verify_and_report_when_eval_fails_and_every_map_prunes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = quickstart_copy(dir.path(), |t| {
+        assert!(t.contains("k = [\"50%\", \"75%\"]"), "{t}");
+        t.replace("k = [\"50%\", \"75%\"]", "k = [\"50%\", \"20%\"]")
+    });
+    let model = fixtures::model(dir.path(), worker::synth::Preset::Deepseek2);
+    let out = dir.path().join("runs/grouped");
+    let run = fixtures::run(
+        "coordinator",
+        &[
+            "run",
+            config.to_str().unwrap(),
+            "--local-workers",
+            "2",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("[eval] failed")
+            && stderr.contains("\"20%\"")
+            && stderr.contains("1 expert per routing group"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("invariants hold") && !stdout.contains("run complete"),
+        "{stdout}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["run"]["verify_passed"], true, "{manifest}");
+    assert_eq!(manifest["run"]["complete"], true, "{manifest}");
+    let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
+    assert!(
+        report.contains("## Verification: every invariant holds")
+            && report.contains("Keep maps follow the model's grouped routing"),
+        "{report}"
+    );
+    assert!(!out.join("eval/summary.json").exists());
+
+    // Every map score wrote is one the slicer accepts; one runs in llama.cpp.
+    let mut maps: Vec<_> = std::fs::read_dir(out.join("keep_maps"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    maps.sort();
+    let mut ks = std::collections::BTreeSet::new();
+    let pruned = dir.path().join("pruned.gguf");
+    for path in &maps {
+        let map: common::keepmap::KeepMap =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        ks.insert(map.k);
+        common::prune::slice_model(&model, &map, &pruned)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        std::fs::remove_file(&pruned).unwrap();
+    }
+    // 8, 16, 24 (the defaults, 16 also for "50%"), five methods each.
+    assert_eq!(ks.into_iter().collect::<Vec<_>>(), vec![8, 16, 24]);
+    assert_eq!(maps.len(), 15, "{maps:?}");
+    let smallest: common::keepmap::KeepMap =
+        serde_json::from_slice(&std::fs::read(out.join("keep_maps/reap_hybrid_K8.json")).unwrap())
+            .unwrap();
+    common::prune::slice_model(&model, &smallest, &pruned).unwrap();
+    let logits = fixtures::llama_logits::logits(&pruned, &[1, 2, 3, 4], 1).unwrap();
+    assert!(logits.iter().flatten().all(|v| v.is_finite()));
 }

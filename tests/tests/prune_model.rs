@@ -7,7 +7,9 @@
 //! in llama.cpp exactly like the base model with the removed experts masked
 //! through its selection bias. A Q4_K_M model made by llama.cpp's own
 //! quantizer, pruned by `coordinator prune`, keeps the base's kept experts'
-//! bytes and runs like the masked base too.
+//! bytes and runs like the masked base too. On a grouped model with a
+//! selection bias (deepseek2), the substitution screen's predicted routing
+//! of a pruned model is llama.cpp's, token for token, at the first MoE layer.
 
 use common::keepmap::KeepMap;
 use common::prune::slice_model;
@@ -484,4 +486,118 @@ fn k_quant_model_pruned_by_coordinator_prune_runs_like_the_masked_base() {
     println!(
         "Q4_K_M (ggml types {k_types:?}): the pruned model's logits are the masked base's, bitwise"
     );
+}
+
+/// A keep map keeping `k / n_group` pseudo-randomly chosen experts of every
+/// routing group of each layer (groups of `n_expert / n_group` consecutive
+/// ids), as grouped routing requires.
+fn balanced_keep_map(layers: &[u32], n_expert: u32, n_group: u32, k: u32) -> KeepMap {
+    let size = n_expert / n_group;
+    let mut map = keep_map(layers, n_expert, k);
+    for (layer, kept) in map.layers.iter_mut() {
+        let l: u32 = layer.parse().unwrap();
+        // A different pseudo-random choice per (layer, group).
+        *kept = (0..n_group)
+            .flat_map(|g| {
+                let in_group = keep_map(&[l * n_group + g], size, k / n_group);
+                in_group
+                    .layers
+                    .into_values()
+                    .next()
+                    .unwrap()
+                    .into_iter()
+                    .map(move |e| g * size + e)
+            })
+            .collect();
+        kept.sort();
+    }
+    map
+}
+
+/// The substitution screen's predicted routing of a pruned model
+/// (`KeepMask::predicted` on the base model's trace: probability plus
+/// selection bias, within the groups the kept experts allow) is what
+/// llama.cpp routes the pruned model to, token for token, at the first MoE
+/// layer: deepseek2 as DeepSeek-V3 (32 experts in 4 groups, 2 used per
+/// token, sigmoid with a selection bias). Block 1 follows a dense block, so
+/// both models see the same router input there.
+#[test]
+fn screen_predicts_the_pruned_grouped_biased_routing_at_the_first_moe_layer() {
+    use coordinator::score::screen::KeepMask;
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::model(dir.path(), Preset::Deepseek2);
+    let chunks = fixtures::chunks(2, N_CTX)[..1].to_vec();
+    let index = fixtures::write_corpus(dir.path(), &chunks, N_CTX);
+    let opts = CollectOptions {
+        n_ubatch: N_CTX,
+        threads: 2,
+        trace_every: 1,
+        trace_top_n: 1000,
+        f32_kv: true,
+        flash_attn: false,
+        ..Default::default()
+    };
+    let mut c = worker::collect::Collector::load(&base, opts).unwrap();
+    let trace = c.run(&index, &chunks, &mut |_, _| {}).unwrap().trace;
+    let shape = c.shape().clone();
+    let groups = shape
+        .routing
+        .groups
+        .expect("deepseek2 preset routes by groups");
+    assert!(groups.n_group > 1 && !shape.routing.selection_bias.is_empty());
+    let first = shape.moe_layers[0];
+    let rows: Vec<_> = trace.iter().filter(|r| r.layer == first).collect();
+    assert_eq!(rows.len(), N_CTX as usize);
+    for k in [8, 16] {
+        let map = balanced_keep_map(&shape.moe_layers, shape.n_expert, groups.n_group, k);
+        let pruned = slice(&base, &map, dir.path(), &format!("pruned-{k}.gguf"));
+        let sub = dir.path().join(format!("routing-{k}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        let real = to_base_ids(routing(&pruned, &sub), &layers_of(&map));
+        let mask = KeepMask::new(&map, shape.n_expert as usize, &shape.routing);
+        let kept = &layers_of(&map)[&first];
+        let (mut substituted, mut rule_matters) = (0, 0);
+        for row in &rows {
+            let mut predicted: Vec<u32> = mask
+                .predicted(row)
+                .unwrap()
+                .iter()
+                .map(|&e| e as u32)
+                .collect();
+            predicted.sort();
+            let pos = row.pos as usize;
+            assert_eq!(
+                Some(&predicted),
+                real.get(&(first, pos)),
+                "K={k} pos {pos}: screen vs llama.cpp"
+            );
+            let mut base_sel: Vec<u32> = row.selected.iter().map(|&e| e as u32).collect();
+            base_sel.sort();
+            substituted += usize::from(base_sel != predicted);
+            // The plain rule: the best kept experts by probability alone.
+            let mut by_prob: Vec<(u32, f32)> = row
+                .topn_id
+                .iter()
+                .zip(&row.topn_prob)
+                .filter(|(e, _)| kept.contains(&u32::from(**e)))
+                .map(|(&e, &p)| (u32::from(e), p))
+                .collect();
+            by_prob.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let mut plain: Vec<u32> = by_prob
+                .iter()
+                .take(row.selected.len())
+                .map(|&(e, _)| e)
+                .collect();
+            plain.sort();
+            rule_matters += usize::from(plain != predicted);
+        }
+        assert!(
+            substituted > 0,
+            "K={k}: the map must prune selected experts"
+        );
+        assert!(
+            rule_matters > 0,
+            "K={k}: bias and groups must change some token's routing"
+        );
+    }
 }

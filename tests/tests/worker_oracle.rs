@@ -618,6 +618,11 @@ fn check_mla_counts(preset: Preset, got: &Imatrix, chunks: &[common::corpus::Chu
         .flat_map(|c| c.token_labels())
         .filter(|l| l.0 == Split::Fit)
         .count() as u64;
+    let all_tokens: u64 = chunks.iter().map(|c| c.tokens.len() as u64).sum();
+    assert!(
+        fit_tokens < all_tokens,
+        "the corpus must hold held-out tokens for the fit-only count to mean anything"
+    );
     let mut seen = 0;
     for (name, e) in &got.entries {
         if name.ends_with("attn_k_b.weight") || name.ends_with("attn_v_b.weight") {

@@ -113,30 +113,39 @@ impl ScoreOptions {
     pub fn ks(&self, s: &Saliency) -> anyhow::Result<Vec<u32>> {
         let n_expert = s.n_expert;
         let groups = s.routing.groups;
-        let fits = |k: u32| common::routing::check_group_keep(groups, n_expert, s.n_expert_used, k);
         let mut ks = if self.k.is_empty() {
             let step = groups.map_or(1, |g| g.n_group.max(1));
             [1, 2, 3]
                 .iter()
                 .map(|q| (n_expert * q / 4 / step * step).max(1))
-                .filter(|&k| fits(k).is_ok())
+                .filter(|&k| size_fits(s, k).is_ok())
                 .collect()
         } else {
             self.k.clone()
         };
         ks.sort_unstable();
         ks.dedup();
-        if let Some(bad) = ks.iter().find(|&&k| k == 0 || k > n_expert) {
-            bail!("--k {bad} is not in 1..={n_expert} (the model's experts per layer)");
-        }
         for &k in &ks {
-            fits(k).map_err(|e| anyhow::anyhow!("--k {k}: {e}"))?;
+            size_fits(s, k).map_err(|e| anyhow::anyhow!("--k {k}: {e}"))?;
         }
         if ks.is_empty() {
             bail!("no keep-map size fits the model's routing groups {groups:?}; pass --k");
         }
         Ok(ks)
     }
+}
+
+/// Whether `score` can write a keep map of `k` experts per layer for the
+/// model of `s`: `k` in `1..=n_expert` and, under grouped routing, a size
+/// llama.cpp can run ([`common::routing::check_group_keep`]).
+pub fn size_fits(s: &Saliency, k: u32) -> Result<(), String> {
+    if k == 0 || k > s.n_expert {
+        return Err(format!(
+            "{k} is not in 1..={} (the model's experts per layer)",
+            s.n_expert
+        ));
+    }
+    common::routing::check_group_keep(s.routing.groups, s.n_expert, s.n_expert_used, k)
 }
 
 /// What the report says about grouped routing: how every keep map is built.

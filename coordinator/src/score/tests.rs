@@ -346,3 +346,118 @@ async fn domain_scoring_uses_that_domains_statistics() {
     assert_eq!(map.kept(0), Some(&[0u32][..]));
     assert_eq!(map.params["source"]["name"], "a");
 }
+
+/// Brute-force reference of a grouped keep map's layer: in every group, of
+/// all subsets of `k / n_group` experts, the one whose positions in the
+/// method's own (ungrouped) ranking add up least: the group's best.
+fn brute_force_grouped(order: &[u32], n_group: u32, k: u32) -> Vec<u32> {
+    let n = order.len() as u32;
+    let size = n / n_group;
+    let per = k / n_group;
+    let pos = |e: u32| order.iter().position(|&x| x == e).unwrap();
+    let mut kept = Vec::new();
+    for g in 0..n_group {
+        let best = (0u32..1 << size)
+            .filter(|m| m.count_ones() == per)
+            .min_by_key(|m| {
+                (0..size)
+                    .filter(|i| m >> i & 1 == 1)
+                    .map(|i| pos(g * size + i))
+                    .sum::<usize>()
+            })
+            .unwrap();
+        kept.extend(
+            (0..size)
+                .filter(|i| best >> i & 1 == 1)
+                .map(|i| g * size + i),
+        );
+    }
+    kept.sort_unstable();
+    kept
+}
+
+#[tokio::test]
+async fn grouped_keep_maps_equal_a_brute_force_reference_for_every_method_and_k() {
+    // 32 experts in 4 groups of 8 (2 groups per token), top-4. Layer 1's
+    // statistics favour group 0, layer 3's group 3: a global top-K is
+    // never balanced.
+    let down: Vec<u64> = (0..32).map(|e| 1000 - 30 * e).collect();
+    let up: Vec<u64> = (0..32).map(|e| 70 + 30 * e).collect();
+    let reap = |c: &[u64]| -> Vec<f64> {
+        c.iter()
+            .enumerate()
+            .map(|(e, &n)| n as f64 * (1.0 + (e * 7 % 5) as f64))
+            .collect()
+    };
+    let mut s = saliency(
+        4,
+        vec![layer(1, &down, &reap(&down)), layer(3, &up, &reap(&up))],
+    );
+    s.routing.groups = Some(common::routing::ExpertGroups {
+        n_group: 4,
+        n_group_used: 2,
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let store = write_run(dir.path(), &s).await;
+    let opts = ScoreOptions {
+        bootstrap: 0,
+        ..Default::default()
+    };
+    let report = score(&store, &opts).await.unwrap();
+    // The default sizes are whole groups of at least 2 each.
+    assert_eq!(report.ks, vec![8, 16, 24]);
+    assert!(report.routing_note.as_deref().unwrap().contains("K / 4"));
+    assert_eq!(report.keep_maps.len(), Method::ALL.len() * 3);
+    let mut unbalanced_globally = 0;
+    for name in &report.keep_maps {
+        let map: KeepMap = serde_json::from_slice(&store.get(name).await.unwrap()).unwrap();
+        let (m, p) = keep::map_recipe(&map).unwrap();
+        for l in p.source.layers(&s).unwrap() {
+            let order = ranking(m, &p, &l);
+            let want = brute_force_grouped(&order, 4, map.k);
+            assert_eq!(
+                map.kept(l.layer),
+                Some(&want[..]),
+                "{name} layer {}",
+                l.layer
+            );
+            let global = top_k(&order, map.k);
+            if global != want {
+                unbalanced_globally += 1;
+            }
+            // What the slicer and llama.cpp require of it.
+            let mut per_group = [0u32; 4];
+            want.iter().for_each(|&e| per_group[(e / 8) as usize] += 1);
+            assert_eq!(per_group, [map.k / 4; 4], "{name} layer {}", l.layer);
+        }
+    }
+    assert!(
+        unbalanced_globally > 0,
+        "setup must unbalance a global top-K"
+    );
+    // Maps of one method stay nested across K.
+    for m in Method::ALL {
+        let maps: Vec<KeepMap> = [8, 16, 24]
+            .iter()
+            .map(|&k| {
+                let name = KeepMap::file_name(m.as_str(), k);
+                serde_json::from_slice(&std::fs::read(dir.path().join(&name)).unwrap()).unwrap()
+            })
+            .collect();
+        for w in maps.windows(2) {
+            for (layer, small) in &w[0].layers {
+                assert!(small.iter().all(|e| w[1].layers[layer].contains(e)));
+            }
+        }
+    }
+    // Sizes grouped routing cannot run are refused, naming why.
+    for (k, why) in [(10, "multiple of the 4"), (4, "at least 2")] {
+        let bad = ScoreOptions {
+            k: vec![k],
+            bootstrap: 0,
+            ..Default::default()
+        };
+        let e = score(&store, &bad).await.unwrap_err().to_string();
+        assert!(e.contains(&format!("--k {k}")) && e.contains(why), "{e}");
+    }
+}
