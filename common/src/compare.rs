@@ -43,7 +43,7 @@ pub fn agree(a: &Partial, b: &Partial) -> Result<(), String> {
                 ("reap_l2_sum", &la.reap_l2_sum, &lb.reap_l2_sum),
                 ("reap_l2_sq_sum", &la.reap_l2_sq_sum, &lb.reap_l2_sq_sum),
             ] {
-                close(xa, xb, tolerance, &format!("{at} {name}"))?;
+                close(xa, xb, tolerance, &[], &format!("{at} {name}"))?;
             }
         }
     }
@@ -57,7 +57,15 @@ pub fn agree(a: &Partial, b: &Partial) -> Result<(), String> {
             &ea.in_sum2,
             &eb.in_sum2,
             tolerance,
+            &[],
             &format!("imatrix {name}"),
+        )?;
+        close(
+            &ea.in_sum,
+            &eb.in_sum,
+            tolerance,
+            &ea.in_sum_scale(),
+            &format!("imatrix {name} in_sum"),
         )?;
     }
     same(&a.nonfinite_drops, &b.nonfinite_drops, "non-finite drops")?;
@@ -77,9 +85,16 @@ fn same<T: PartialEq + std::fmt::Debug>(a: &T, b: &T, what: &str) -> Result<(), 
     }
 }
 
-/// Sums agree when `|a - b| <= tolerance * max(|a|, |b|)` (exactly equal
-/// when the tolerance is 0).
-fn close(a: &[ExactSum], b: &[ExactSum], tolerance: f64, what: &str) -> Result<(), String> {
+/// Sums agree when `|a - b| <= tolerance * max(|a|, |b|, scale)` (exactly
+/// equal when the tolerance is 0), `scale` per value where given (signed sums
+/// that cancel are compared against the magnitude of their terms).
+fn close(
+    a: &[ExactSum],
+    b: &[ExactSum],
+    tolerance: f64,
+    scale: &[f64],
+    what: &str,
+) -> Result<(), String> {
     if a.len() != b.len() {
         return Err(format!("{what}: {} vs {} values", a.len(), b.len()));
     }
@@ -88,7 +103,8 @@ fn close(a: &[ExactSum], b: &[ExactSum], tolerance: f64, what: &str) -> Result<(
             continue;
         }
         let (x, y) = (x.to_f64(), y.to_f64());
-        if tolerance == 0.0 || (x - y).abs() > tolerance * x.abs().max(y.abs()) {
+        let floor = scale.get(i).copied().unwrap_or(0.0);
+        if tolerance == 0.0 || (x - y).abs() > tolerance * x.abs().max(y.abs()).max(floor) {
             return Err(format!("{what}[{i}]: {x} vs {y}"));
         }
     }

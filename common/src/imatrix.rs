@@ -1,6 +1,6 @@
-//! The importance matrix: per weight tensor, the sum of squares of each input
-//! column (per expert for stacked expert weights) and token counts, with an
-//! exact merge and llama.cpp's GGUF imatrix output format.
+//! The importance matrix: per weight tensor, the sum and the sum of squares
+//! of each input column (per expert for stacked expert weights) and token
+//! counts, with an exact merge and llama.cpp's GGUF imatrix output format.
 
 use crate::exact::ExactSum;
 use crate::gguf::{GgufWriter, Value};
@@ -18,6 +18,9 @@ pub struct ImatrixEntry {
     pub n_mat: u32,
     /// `sum x_j^2` per (matrix, column), row-major `[n_mat][n_in]`.
     pub in_sum2: Vec<ExactSum>,
+    /// `sum x_j` per (matrix, column), same layout: llama-imatrix's
+    /// `in_sum`, which its statistics (means, cosine similarity) read.
+    pub in_sum: Vec<ExactSum>,
     /// Tokens (input rows) seen per matrix.
     pub counts: Vec<u64>,
 }
@@ -29,15 +32,44 @@ impl ImatrixEntry {
             n_in,
             n_mat,
             in_sum2: vec![ExactSum::ZERO; n_in as usize * n_mat as usize],
+            in_sum: vec![ExactSum::ZERO; n_in as usize * n_mat as usize],
             counts: vec![0; n_mat as usize],
         }
     }
-}
 
-impl ImatrixEntry {
+    /// The two sum vectors, `in_sum2` then `in_sum`: what the partial
+    /// encoding stores as columns, in this order.
+    pub fn sums(&self) -> [&Vec<ExactSum>; 2] {
+        [&self.in_sum2, &self.in_sum]
+    }
+
+    /// [`ImatrixEntry::sums`], writable.
+    pub fn sums_mut(&mut self) -> [&mut Vec<ExactSum>; 2] {
+        [&mut self.in_sum2, &mut self.in_sum]
+    }
+
+    /// Per (matrix, column), `sqrt(count * in_sum2)`: the Cauchy-Schwarz
+    /// bound on `|in_sum|` and at least `sum |x_j|`, so the scale that
+    /// rounding errors of the signed `in_sum` are relative to (a sum that
+    /// cancels to near zero is compared against it, not against itself).
+    pub fn in_sum_scale(&self) -> Vec<f64> {
+        let n_in = self.n_in.max(1) as usize;
+        self.in_sum2
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let count = self.counts.get(i / n_in).copied().unwrap_or(0);
+                (count as f64 * s.to_f64().max(0.0)).sqrt()
+            })
+            .collect()
+    }
+
     /// Adds an entry of the same shape, sum by sum.
     fn add(&mut self, other: &ImatrixEntry) -> Result<(), MergeError> {
         for (a, b) in self.in_sum2.iter_mut().zip(&other.in_sum2) {
+            a.add(*b)?;
+        }
+        for (a, b) in self.in_sum.iter_mut().zip(&other.in_sum) {
             a.add(*b)?;
         }
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
@@ -95,7 +127,8 @@ impl Imatrix {
     }
 
     /// llama.cpp's GGUF imatrix file: `general.type = imatrix`, per tensor
-    /// `<name>.in_sum2` `[n_in, n_mat]` and `<name>.counts` `[1, n_mat]` (f32),
+    /// `<name>.in_sum2` `[n_in, n_mat]`, `<name>.counts` `[1, n_mat]` and
+    /// `<name>.in_sum` `[n_in, n_mat]` (f32, in llama-imatrix's order),
     /// `imatrix.datasets`, `imatrix.chunk_count`, `imatrix.chunk_size`.
     pub fn to_gguf(&self, datasets: &[String]) -> Vec<u8> {
         let mut g = GgufWriter::new();
@@ -103,15 +136,14 @@ impl Imatrix {
             .kv("imatrix.datasets", Value::StrArray(datasets.to_vec()))
             .kv("imatrix.chunk_count", Value::U32(self.chunk_count as u32))
             .kv("imatrix.chunk_size", Value::U32(self.chunk_size));
+        let f32s =
+            |sums: &[ExactSum]| -> Vec<f32> { sums.iter().map(|s| s.to_f64() as f32).collect() };
         for (name, e) in &self.entries {
-            let sums: Vec<f32> = e.in_sum2.iter().map(|s| s.to_f64() as f32).collect();
+            let shape = [e.n_in as u64, e.n_mat as u64];
             let counts: Vec<f32> = e.counts.iter().map(|&c| c as f32).collect();
-            g.tensor_f32(
-                &format!("{name}.in_sum2"),
-                &[e.n_in as u64, e.n_mat as u64],
-                &sums,
-            );
+            g.tensor_f32(&format!("{name}.in_sum2"), &shape, &f32s(&e.in_sum2));
             g.tensor_f32(&format!("{name}.counts"), &[1, e.n_mat as u64], &counts);
+            g.tensor_f32(&format!("{name}.in_sum"), &shape, &f32s(&e.in_sum));
         }
         g.to_bytes()
     }

@@ -9,7 +9,7 @@
 //!   not negative, nothing routed to an expert that was never selected and
 //!   something routed to one that was, Cauchy-Schwarz per expert;
 //! - importance-matrix entries of consistent lengths, squares not negative,
-//!   no sum for a matrix that saw no row;
+//!   no sum (of squares or of values) for a matrix that saw no row;
 //! - tensor and backend names short and printable, in bounded numbers.
 //!
 //! What a partial must *equal* (its chunks, tokens per group, shape, the
@@ -235,20 +235,25 @@ fn imatrix(p: &Partial, tokens: u64, budget: &Budget) -> Result<(), String> {
     for (name, e) in &im.entries {
         let at = || format!("importance matrix {}", peer_text(name));
         let cells = u64::from(e.n_in) * u64::from(e.n_mat);
-        if e.counts.len() as u64 != u64::from(e.n_mat) || e.in_sum2.len() as u64 != cells {
+        if e.counts.len() as u64 != u64::from(e.n_mat)
+            || e.sums().iter().any(|s| s.len() as u64 != cells)
+        {
             return Err(format!(
-                "{}: {} counts and {} sums for [{}, {}]",
+                "{}: {} counts, {} sums of squares and {} sums for [{}, {}]",
                 at(),
                 e.counts.len(),
                 e.in_sum2.len(),
+                e.in_sum.len(),
                 e.n_in,
                 e.n_mat
             ));
         }
-        for (m, (&c, row)) in e
+        let n_in = e.n_in.max(1) as usize;
+        for (m, ((&c, row), sums)) in e
             .counts
             .iter()
-            .zip(e.in_sum2.chunks(e.n_in.max(1) as usize))
+            .zip(e.in_sum2.chunks(n_in))
+            .zip(e.in_sum.chunks(n_in))
             .enumerate()
         {
             if !budget.count_ok(c, tokens) {
@@ -264,6 +269,16 @@ fn imatrix(p: &Partial, tokens: u64, budget: &Budget) -> Result<(), String> {
                     "{}: matrix {m} column {col}: sum of squares {} over {c} rows of {tokens} tokens",
                     at(),
                     row[col].to_f64()
+                ));
+            }
+            if let Some(col) = sums
+                .iter()
+                .position(|s| !budget.sum_ok(*s, tokens) || (c == 0 && !s.is_zero()))
+            {
+                return Err(format!(
+                    "{}: matrix {m} column {col}: sum {} over {c} rows of {tokens} tokens",
+                    at(),
+                    sums[col].to_f64()
                 ));
             }
         }

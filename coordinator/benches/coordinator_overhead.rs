@@ -113,7 +113,7 @@ fn merge_bench(leases: u32) {
         .imatrix
         .entries
         .values()
-        .map(|e| e.in_sum2.len())
+        .map(|e| e.in_sum2.len() + e.in_sum.len())
         .sum::<usize>()
         + template.experts.groups.len() * (LAYERS * EXPERTS * 5) as usize;
     println!(

@@ -43,7 +43,13 @@ fn collect(
 }
 
 fn assert_close(what: &str, host: f64, device: f64) {
-    let scale = host.abs().max(device.abs());
+    assert_close_to(what, host, device, 0.0);
+}
+
+/// [`assert_close`] relative to at least `floor` (the magnitude of a signed
+/// sum's terms).
+fn assert_close_to(what: &str, host: f64, device: f64, floor: f64) {
+    let scale = host.abs().max(device.abs()).max(floor);
     assert!(
         (host - device).abs() <= REL * scale,
         "{what}: host {host} vs device {device} (relative {:e})",
@@ -109,6 +115,16 @@ fn assert_partials_match(host: &Partial, device: &Partial) {
         assert_eq!((he.n_in, he.n_mat), (de.n_in, de.n_mat), "{name}: shape");
         assert_eq!(he.counts, de.counts, "{name}: counts");
         assert_sums_close(name, &he.in_sum2, &de.in_sum2);
+        assert_eq!(he.in_sum.len(), de.in_sum.len(), "{name}: in_sum length");
+        let scale = he.in_sum_scale();
+        for (i, (h, d)) in he.in_sum.iter().zip(&de.in_sum).enumerate() {
+            let what = format!("{name} in_sum[{i}]");
+            assert_close_to(&what, h.to_f64(), d.to_f64(), scale[i]);
+        }
+        assert!(
+            he.in_sum.iter().any(|s| !s.is_zero()),
+            "{name}: in_sum all zero"
+        );
     }
     assert_eq!(
         (hi.chunk_count, hi.chunk_size),

@@ -94,7 +94,7 @@ fn one_call_and_two_merged_calls(reduce: &str) {
     assert_eq!(g.u32("imatrix.chunk_size"), Some(N_CTX));
     assert_eq!(g.str_array("imatrix.datasets").map(|d| d.len()), Some(1));
     let names = g.tensor_names();
-    assert_eq!(names.len(), 2 * partial.imatrix.entries.len());
+    assert_eq!(names.len(), 3 * partial.imatrix.entries.len());
     for (name, e) in &partial.imatrix.entries {
         let sums = g
             .f32_tensor(&format!("{name}.in_sum2"))
@@ -122,6 +122,21 @@ fn one_call_and_two_merged_calls(reduce: &str) {
             .iter()
             .zip(&e.counts)
             .all(|(f, c)| *f == *c as f32));
+        // llama-imatrix's loader takes `in_sum` of as many values as
+        // `in_sum2`; ours has its shape.
+        let sums1 = g
+            .f32_tensor(&format!("{name}.in_sum"))
+            .unwrap_or_else(|| panic!("{name}.in_sum missing"));
+        assert_eq!(sums1.ne, sums.ne, "{name}.in_sum shape");
+        assert!(sums1
+            .data
+            .iter()
+            .zip(&e.in_sum)
+            .all(|(f, x)| *f == x.to_f64() as f32));
+        assert!(
+            e.in_sum.iter().any(|s| s.0 < 0),
+            "{name}: in_sum holds no negative sum"
+        );
     }
     for expected in [
         "blk.0.ffn_gate_inp.weight",

@@ -158,6 +158,11 @@ impl Expected {
 struct ExpectedImatrix {
     n_in: usize,
     sum2: Vec<f64>,
+    /// `sum x` per cell: llama-imatrix's `in_sum`.
+    sum: Vec<f64>,
+    /// `sum |x|` per cell: the scale `sum`'s rounding is relative to (a
+    /// signed sum can cancel to near zero).
+    abs: Vec<f64>,
     counts: Vec<u64>,
 }
 
@@ -166,16 +171,18 @@ impl ExpectedImatrix {
         ExpectedImatrix {
             n_in,
             sum2: vec![0.0; n_in * n_mat],
+            sum: vec![0.0; n_in * n_mat],
+            abs: vec![0.0; n_in * n_mat],
             counts: vec![0; n_mat],
         }
     }
     fn add(&mut self, mat: usize, x: &[f64]) {
         self.counts[mat] += 1;
-        for (s, v) in self.sum2[mat * self.n_in..(mat + 1) * self.n_in]
-            .iter_mut()
-            .zip(x)
-        {
-            *s += v * v;
+        let cells = mat * self.n_in..(mat + 1) * self.n_in;
+        for (i, v) in cells.zip(x) {
+            self.sum2[i] += v * v;
+            self.sum[i] += v;
+            self.abs[i] += v.abs();
         }
     }
 }
@@ -652,6 +659,20 @@ fn check_imatrix(got: &Imatrix, expected: &BTreeMap<String, ExpectedImatrix>) {
         assert_eq!(e.counts, ex.counts, "{name}: counts");
         for (i, (g, w)) in e.in_sum2.iter().zip(&ex.sum2).enumerate() {
             assert_close(&format!("{name} in_sum2[{i}]"), g.to_f64(), *w);
+        }
+        // The model's f32 activations differ from the f64 oracle's by about
+        // 1e-7 each in absolute terms, which a sum of tiny or cancelling
+        // values does not scale down: 1e-6 per row on top of REL * sum |x|.
+        assert_eq!(e.in_sum.len(), ex.sum.len(), "{name}: in_sum length");
+        for (i, (g, w)) in e.in_sum.iter().zip(&ex.sum).enumerate() {
+            let rows = ex.counts[i / ex.n_in] as f64;
+            let (g, tol) = (g.to_f64(), REL * ex.abs[i] + 1e-6 * rows);
+            assert!(
+                (g - w).abs() <= tol,
+                "{name} in_sum[{i}]: measured {g}, oracle {w} (|diff| {} > {tol}, sum |x| {})",
+                (g - w).abs(),
+                ex.abs[i]
+            );
         }
     }
 }

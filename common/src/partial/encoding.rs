@@ -1,20 +1,21 @@
-//! Format 3 of a partial: the bincode header (every field, with its exact
+//! Format 5 of a partial: the bincode header (every field, with its exact
 //! sums left out), then each [`ExactSum`] column [`packed`], in a fixed
 //! order: per (split, domain) group and MoE layer the five statistics, then
-//! each importance-matrix tensor's `in_sum2`. A column equal to an earlier
-//! one (`ffn_gate_exps` and `ffn_up_exps` read the same input, so their
-//! sums are equal; so are `attn_q`'s, `attn_k`'s and `attn_v`'s) is stored
-//! as a reference to it.
+//! each importance-matrix tensor's `in_sum2` and `in_sum`. A column equal to
+//! an earlier one (`ffn_gate_exps` and `ffn_up_exps` read the same input, so
+//! their sums are equal; so are `attn_q`'s, `attn_k`'s and `attn_v`'s) is
+//! stored as a reference to it.
 //!
 //! Column layout: a tag byte; `0` then the packed length (u64, little
 //! endian) and the packed bytes; or `1` then the index of the earlier packed
 //! column it equals (u32, little endian).
 //!
 //! Decoding is bounded: each column's length comes from the header (the
-//! layer's expert count, the tensor's `n_in x n_mat`), a packed column must
-//! be at least [`packed::min_bytes`] of its length (at most 8 sums per input
-//! byte) and the copies hold no more sums than the packed columns, so a
-//! decoded partial holds at most 16 sums (256 bytes) per input byte.
+//! layer's expert count, the tensor's `n_in x n_mat` for each of its two
+//! sums), a packed column must be at least [`packed::min_bytes`] of its
+//! length (at most 8 sums per input byte) and the copies hold no more sums
+//! than the packed columns, so a decoded partial holds at most 16 sums (256
+//! bytes) per input byte.
 
 use super::{Partial, PARTIAL_FORMAT_VERSION};
 use crate::exact::ExactSum;
@@ -65,7 +66,7 @@ pub(super) fn encode(p: &Partial) -> Vec<u8> {
     out
 }
 
-/// Decodes format 3 from the whole of `bytes`.
+/// Decodes the format from the whole of `bytes`.
 pub(super) fn decode(bytes: &[u8]) -> Result<Partial, String> {
     let Layout {
         mut header,
@@ -118,7 +119,7 @@ enum Column {
     Copy(usize),
 }
 
-/// Format-3 bytes taken apart: the header (sums empty), each column's
+/// The format's bytes taken apart: the header (sums empty), each column's
 /// length (from the header) and place; the first `n_stats` columns are the
 /// statistics', the rest the importance matrix's.
 struct Layout {
@@ -225,8 +226,9 @@ fn take<const N: usize>(bytes: &[u8]) -> Option<([u8; N], &[u8])> {
 pub struct PackedPartial {
     header: Partial,
     bytes: Bytes,
-    /// Per importance-matrix tensor (in order): its packed bytes, or the
-    /// index (among these) of the tensor it equals.
+    /// Per importance-matrix column (each tensor's `in_sum2` and `in_sum`,
+    /// in order): its packed bytes, or the index (among these) of the
+    /// column it equals.
     imatrix: Vec<Column>,
 }
 
@@ -268,9 +270,8 @@ impl PackedPartial {
         })
     }
 
-    /// The partial without its importance-matrix sums (every `in_sum2` is
-    /// empty; the tensors' shapes and counts are there): what acceptance
-    /// checks.
+    /// The partial without its importance-matrix sums (every `in_sum2` and
+    /// `in_sum` is empty; the tensors' shapes and counts are there).
     pub fn header(&self) -> &Partial {
         &self.header
     }
@@ -282,7 +283,7 @@ impl PackedPartial {
             .imatrix
             .entries
             .values_mut()
-            .map(|e| &mut e.in_sum2)
+            .flat_map(ImatrixEntry::sums_mut)
             .collect();
         let lengths = imatrix_lengths(&self.header);
         fill(&self.bytes, &mut slots, &lengths, &self.imatrix).expect("columns checked at parse");
@@ -294,7 +295,7 @@ impl PackedPartial {
     /// packed bytes, tensor by tensor in parallel.
     pub fn merge_into(&self, total: &mut Partial) -> Result<(), MergeError> {
         // Tensors the total lacks start at zero, so that the merge below
-        // (which adds this header's counts, and no sums: its `in_sum2` are
+        // (which adds this header's counts, and no sums: its sums are
         // empty) and the sums after it find them.
         for (name, e) in &self.header.imatrix.entries {
             if !total.imatrix.entries.contains_key(name) {
@@ -311,12 +312,14 @@ impl PackedPartial {
         let mut i = 0;
         for (name, e) in total.imatrix.entries.iter_mut() {
             if names.next_if(|n| *n == name).is_some() {
-                let source = match self.imatrix[i] {
-                    Column::Copy(j) => j,
-                    Column::Packed(_) => i,
-                };
-                targets[source].push(&mut e.in_sum2);
-                i += 1;
+                for sums in e.sums_mut() {
+                    let source = match self.imatrix[i] {
+                        Column::Copy(j) => j,
+                        Column::Packed(_) => i,
+                    };
+                    targets[source].push(sums);
+                    i += 1;
+                }
             }
         }
         targets
@@ -337,12 +340,12 @@ impl PackedPartial {
     }
 }
 
-/// The lengths of `p`'s importance-matrix columns.
+/// The lengths of `p`'s importance-matrix columns (two per tensor).
 fn imatrix_lengths(p: &Partial) -> Vec<usize> {
     p.imatrix
         .entries
         .values()
-        .map(|e| e.n_in as usize * e.n_mat as usize)
+        .flat_map(|e| [e.n_in as usize * e.n_mat as usize; 2])
         .collect()
 }
 
@@ -354,7 +357,7 @@ fn stats_columns(p: &Partial) -> usize {
 
 /// For each column of [`columns`], the length the header gives it: the
 /// layer's expert count (its `count` vector), the tensor's `n_in x n_mat`
-/// (whose `counts` must hold `n_mat` entries).
+/// twice (whose `counts` must hold `n_mat` entries).
 fn expected_lengths(p: &Partial) -> Result<Vec<usize>, String> {
     let mut out = Vec::new();
     for g in p.experts.groups.values() {
@@ -384,7 +387,9 @@ fn columns(p: &Partial) -> Vec<&[ExactSum]> {
             out.extend(l.sums().map(Vec::as_slice));
         }
     }
-    out.extend(p.imatrix.entries.values().map(|e| e.in_sum2.as_slice()));
+    for e in p.imatrix.entries.values() {
+        out.extend(e.sums().map(Vec::as_slice));
+    }
     out
 }
 
@@ -396,7 +401,12 @@ fn columns_mut(p: &mut Partial) -> Vec<&mut Vec<ExactSum>> {
             out.extend(l.sums_mut());
         }
     }
-    out.extend(p.imatrix.entries.values_mut().map(|e| &mut e.in_sum2));
+    out.extend(
+        p.imatrix
+            .entries
+            .values_mut()
+            .flat_map(ImatrixEntry::sums_mut),
+    );
     out
 }
 
@@ -479,6 +489,7 @@ fn header(p: &Partial) -> Partial {
                 .map(|(name, e)| {
                     let entry = ImatrixEntry {
                         in_sum2: Vec::new(),
+                        in_sum: Vec::new(),
                         counts: e.counts.clone(),
                         ..*e
                     };
@@ -537,6 +548,9 @@ mod tests {
             in_sum2: (0..n_in * n_mat)
                 .map(|_| ExactSum::from_f64(next() * 1e4).unwrap())
                 .collect(),
+            in_sum: (0..n_in * n_mat)
+                .map(|_| ExactSum::from_f64(next() * 200.0 - 100.0).unwrap())
+                .collect(),
             counts: vec![5; n_mat as usize],
         };
         let gate = entry(40, 6, &mut next);
@@ -590,14 +604,17 @@ mod tests {
         let bytes = p.to_bytes();
         assert_eq!(Partial::from_bytes(&bytes).unwrap(), p);
         assert_eq!(p.to_bytes(), bytes, "the same partial gives the same bytes");
-        // 20 statistics columns, then down, gate, up: up is a copy of gate.
-        let up = column_at(&bytes, 22);
-        assert_eq!(bytes[up], COPY);
-        assert_eq!(
-            u32::from_le_bytes(bytes[up + 1..up + 5].try_into().unwrap()),
-            21
-        );
-        assert_eq!(up + 5, bytes.len());
+        // 20 statistics columns, then in_sum2 and in_sum of down, gate, up:
+        // up's are copies of gate's.
+        for (column, source) in [(24, 22), (25, 23)] {
+            let at = column_at(&bytes, column);
+            assert_eq!(bytes[at], COPY, "column {column}");
+            assert_eq!(
+                u32::from_le_bytes(bytes[at + 1..at + 5].try_into().unwrap()),
+                source
+            );
+        }
+        assert_eq!(column_at(&bytes, 25) + 5, bytes.len());
         let old = bincode::serde::encode_to_vec(&p, bincode::config::standard()).unwrap();
         assert!(
             bytes.len() * 2 < old.len(),
@@ -610,12 +627,12 @@ mod tests {
     #[test]
     fn bad_columns_are_refused_before_allocating() {
         let bytes = sample().to_bytes();
-        let up = column_at(&bytes, 22);
+        let up = column_at(&bytes, 24);
         // A copy of a later column, and of a column of another length.
         let mut bad = bytes.clone();
-        bad[up + 1..up + 5].copy_from_slice(&22u32.to_le_bytes());
+        bad[up + 1..up + 5].copy_from_slice(&24u32.to_le_bytes());
         let e = Partial::from_bytes(&bad).unwrap_err();
-        assert!(e.contains("column 22: a copy of column 22"), "{e}");
+        assert!(e.contains("column 24: a copy of column 24"), "{e}");
         bad[up + 1..up + 5].copy_from_slice(&20u32.to_le_bytes());
         let e = Partial::from_bytes(&bad).unwrap_err();
         assert!(e.contains("no earlier packed column of 240 sums"), "{e}");
@@ -633,10 +650,10 @@ mod tests {
         bad[up] = 7;
         assert!(Partial::from_bytes(&bad)
             .unwrap_err()
-            .contains("column 22: tag 7"));
+            .contains("column 24: tag 7"));
         let e = Partial::from_bytes(&bytes[..up]).unwrap_err();
         assert!(
-            e.contains("column 22: missing (23 columns expected)"),
+            e.contains("column 24: missing (26 columns expected)"),
             "{e}"
         );
         let mut long = bytes.clone();
@@ -678,6 +695,7 @@ mod tests {
                 n_in: 3,
                 n_mat: 1,
                 in_sum2: vec![ExactSum(5), ExactSum(-6), ExactSum(7)],
+                in_sum: vec![ExactSum(-2), ExactSum(0), ExactSum(9)],
                 counts: vec![4],
             },
         );
@@ -685,7 +703,7 @@ mod tests {
             .imatrix
             .entries
             .values_mut()
-            .flat_map(|e| e.in_sum2.iter_mut())
+            .flat_map(|e| e.sums_mut().into_iter().flatten())
         {
             v.0 = v.0 * 3 - 11;
         }
@@ -697,18 +715,20 @@ mod tests {
             .imatrix
             .entries
             .values()
-            .all(|e| e.in_sum2.is_empty()));
+            .all(|e| e.in_sum2.is_empty() && e.in_sum.is_empty()));
         assert_eq!(packed.header().experts, b.experts);
         assert_eq!(packed.decode(), b);
         let mut total = a.clone();
         packed.merge_into(&mut total).unwrap();
         assert_eq!(total, by_decoding);
         assert_eq!(total.to_bytes(), by_decoding.to_bytes());
-        // A damaged importance-matrix column is refused at parse.
+        // A damaged importance-matrix column (attn_q's in_sum2, the last
+        // tensor's first) is refused at parse.
         let mut bad = b.to_bytes();
-        let last = bad.len() - 1;
-        bad[last] ^= 0x80;
+        let at = column_at(&bad, 26);
+        let len = u64::from_le_bytes(bad[at + 1..at + 9].try_into().unwrap()) as usize;
+        bad[at + 8 + len] ^= 0x80;
         let e = PackedPartial::parse(Bytes::from(bad)).unwrap_err();
-        assert!(e.contains("column 23"), "{e}");
+        assert!(e.contains("column 26"), "{e}");
     }
 }

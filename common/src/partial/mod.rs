@@ -15,9 +15,10 @@ use std::collections::BTreeMap;
 /// Version of the partial encoding; bumped on any layout change (2: the
 /// backend-to-host figure, [`BackendToHost`]; 3: the routing semantics in
 /// the MoE shape, [`crate::routing::Routing`]; 4: exact sums packed in
-/// columns apart from the bincode header, [`crate::packed`]). Partials of
-/// an earlier version are refused with their version named.
-pub const PARTIAL_FORMAT_VERSION: u32 = 4;
+/// columns apart from the bincode header, [`crate::packed`]; 5: each
+/// importance-matrix tensor's `in_sum` column after its `in_sum2`).
+/// Partials of an earlier version are refused with their version named.
+pub const PARTIAL_FORMAT_VERSION: u32 = 5;
 
 /// Accumulators for a disjoint set of chunks of one model and corpus.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -281,7 +282,7 @@ mod tests {
         // Version 1 (before the backend-to-host figure) followed by bytes
         // that are no partial at all.
         let e = Partial::from_bytes(&[1, 0xff, 0xff, 0xff]).unwrap_err();
-        assert_eq!(e, "partial format version 1 (this build reads 4)");
+        assert_eq!(e, "partial format version 1 (this build reads 5)");
     }
 
     #[test]

@@ -29,6 +29,7 @@ fn honest() -> Partial {
     l.reap_l2_sq_sum = vec![s(1.0), s(1.25), s(0.25), s(0.0)];
     let mut im = ImatrixEntry::new(3, 1);
     im.in_sum2 = vec![s(1.0), s(0.0), s(4.0)];
+    im.in_sum = vec![s(0.0), s(0.0), s(-2.0)];
     im.counts = vec![2];
     Partial {
         format_version: PARTIAL_FORMAT_VERSION,
@@ -115,10 +116,20 @@ fn importance_matrix_entries_are_well_formed() {
     }
     let mut p = honest();
     entry(&mut p).in_sum2.pop();
-    assert!(refused(&p).contains("1 counts and 2 sums for [3, 1]"));
+    assert!(refused(&p).contains("1 counts, 2 sums of squares and 3 sums for [3, 1]"));
+    let mut p = honest();
+    entry(&mut p).in_sum.pop();
+    assert!(refused(&p).contains("1 counts, 3 sums of squares and 2 sums for [3, 1]"));
     let mut p = honest();
     entry(&mut p).in_sum2[1] = ExactSum(-5);
     assert!(refused(&p).contains("column 1"));
+    let mut p = honest();
+    entry(&mut p).in_sum[2] = ExactSum(i128::MAX / 2);
+    assert!(refused(&p).contains("matrix 0 column 2: sum "));
+    let mut p = honest();
+    let e = entry(&mut p);
+    (e.counts[0], e.in_sum2) = (0, vec![ExactSum::ZERO; 3]);
+    assert!(refused(&p).contains("matrix 0 column 2: sum -2 over 0 rows"));
     let mut p = honest();
     entry(&mut p).counts[0] = u64::MAX;
     assert!(refused(&p).contains("counts 18446744073709551615 rows"));

@@ -46,7 +46,7 @@ pub fn slice_model(base: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, Pr
 }
 
 /// Writes to `out` llama.cpp's importance matrix `imatrix` (`<tensor>.in_sum2`
-/// `[n_in, n_mat]`, `<tensor>.counts` `[1, n_mat]`) with the stacked expert
+/// and `<tensor>.in_sum` `[n_in, n_mat]`, `<tensor>.counts` `[1, n_mat]`) with the stacked expert
 /// weights' entries cut to the experts `keep` keeps, so a pruned model can be
 /// re-quantised with it.
 pub fn slice_imatrix(imatrix: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, PruneError> {

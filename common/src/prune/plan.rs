@@ -338,7 +338,7 @@ fn check_groups(
     crate::routing::check_group_keep(Some(routing), n_expert as u32, used, k).map_err(mismatch)
 }
 
-/// The slice of an importance matrix: the `in_sum2` and `counts` tensors of
+/// The slice of an importance matrix: the `in_sum2`, `in_sum` and `counts` tensors of
 /// stacked expert weights (`blk.N.ffn_*_exps.weight`) are cut along their
 /// outermost axis (`n_mat`, one per expert); everything else is copied.
 pub(super) fn imatrix(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<Plan, PruneError> {
@@ -359,6 +359,7 @@ pub(super) fn imatrix(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result
         let weight = t
             .name
             .strip_suffix(".in_sum2")
+            .or_else(|| t.name.strip_suffix(".in_sum"))
             .or_else(|| t.name.strip_suffix(".counts"));
         let Some((layer, base)) = weight.and_then(expert_family) else {
             continue;

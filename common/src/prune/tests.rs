@@ -388,6 +388,10 @@ fn imatrix_bytes() -> Vec<u8> {
             for (i, s) in e.in_sum2.iter_mut().enumerate() {
                 s.add_f64((layer * 1000 + i as u32) as f64).unwrap();
             }
+            for (i, s) in e.in_sum.iter_mut().enumerate() {
+                s.add_f64(-((layer * 1000 + i as u32) as f64) / 2.0)
+                    .unwrap();
+            }
             e.counts = (0..n_mat as u64).map(|m| 10 * m + layer as u64).collect();
             m.entries.insert(format!("blk.{layer}.{name}.weight"), e);
         }
@@ -419,6 +423,13 @@ fn slices_the_importance_matrix_per_expert() {
             .flat_map(|&e| (0..8).map(move |j| (layer as usize * 1000 + e * 8 + j) as f32))
             .collect();
         assert_eq!(sums, want, "{name}.in_sum2");
+        let sums = f32s(&r.tensor_bytes(&format!("{name}.in_sum")).unwrap());
+        let want: Vec<f32> = want.iter().map(|v| -v / 2.0).collect();
+        assert_eq!(sums, want, "{name}.in_sum");
+        assert_eq!(
+            r.header.tensor(&format!("{name}.in_sum")).unwrap().dims,
+            [8, 2]
+        );
         let counts = f32s(&r.tensor_bytes(&format!("{name}.counts")).unwrap());
         let want: Vec<f32> = kept
             .iter()

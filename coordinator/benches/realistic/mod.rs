@@ -47,7 +47,8 @@ fn sum_of_chunks(rng: &mut SplitMix64, mean: f64, chunks: u32) -> ExactSum {
     s
 }
 
-/// One input's `in_sum2` over `n_mat` matrices of `n_in` columns.
+/// One input's `in_sum2` and `in_sum` over `n_mat` matrices of `n_in`
+/// columns (the sums signed, a tenth of the root mean square per token).
 fn input_sums(
     seed: u64,
     name: &str,
@@ -55,19 +56,23 @@ fn input_sums(
     n_mat: u32,
     chunks: u32,
     tokens: f64,
-) -> Vec<ExactSum> {
+) -> (Vec<ExactSum>, Vec<ExactSum>) {
     let mut rng = SplitMix64::for_stream(seed, name);
     let column: Vec<f64> = (0..n_in)
         .map(|_| 2f64.powf(6.0 * rng.unit() - 3.0))
         .collect();
     let load: Vec<f64> = (0..n_mat).map(|_| 0.25 + 1.5 * rng.unit()).collect();
-    let mut out = Vec::with_capacity((n_in * n_mat) as usize);
+    let cells = (n_in * n_mat) as usize;
+    let (mut sum2, mut sum) = (Vec::with_capacity(cells), Vec::with_capacity(cells));
     for l in &load {
         for c in &column {
-            out.push(sum_of_chunks(&mut rng, c * l * tokens, chunks));
+            sum2.push(sum_of_chunks(&mut rng, c * l * tokens, chunks));
+            let sign = if rng.unit() < 0.5 { -1.0 } else { 1.0 };
+            let mean = sign * 0.1 * c.sqrt() * l * tokens;
+            sum.push(sum_of_chunks(&mut rng, mean, chunks));
         }
     }
-    out
+    (sum2, sum)
 }
 
 /// The importance matrix of a lease of `chunks` chunks of [`CHUNK_TOKENS`]
@@ -92,11 +97,13 @@ pub fn imatrix(seed: u64, chunks: u32, experts: &ExpertAccum) -> Imatrix {
     let layers: Vec<Vec<(String, ImatrixEntry)>> = (0..LAYERS)
         .into_par_iter()
         .map(|l| {
+            type Sums = (Vec<ExactSum>, Vec<ExactSum>);
             let entry =
-                |n_in: u32, n_mat: u32, in_sum2: Vec<ExactSum>, counts: Vec<u64>| ImatrixEntry {
+                |n_in: u32, n_mat: u32, (in_sum2, in_sum): Sums, counts: Vec<u64>| ImatrixEntry {
                     n_in,
                     n_mat,
                     in_sum2,
+                    in_sum,
                     counts,
                 };
             let experts_in = input_sums(

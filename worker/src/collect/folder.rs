@@ -212,8 +212,9 @@ mod tests {
             }
         }
         let m = scratch.imatrix_entry("blk.0.ffn_up_exps.weight", 4, EXPERTS);
-        for (j, s) in m.sum2.iter_mut().enumerate() {
-            *s += f64::from(chunk) / 3.0 + j as f64;
+        for (j, (s2, s)) in m.sum2.iter_mut().zip(m.sum.iter_mut()).enumerate() {
+            *s2 += f64::from(chunk) / 3.0 + j as f64;
+            *s -= f64::from(chunk) / 5.0 + j as f64;
         }
         m.counts.iter_mut().for_each(|c| *c += u64::from(chunk) + 1);
         scratch

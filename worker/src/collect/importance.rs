@@ -1,4 +1,5 @@
-//! Importance-matrix sums from the inputs of weight matmuls.
+//! Importance-matrix sums (of squares and of values) from the inputs of
+//! weight matmuls.
 //!
 //! Several matmuls of a layer read the same input: `attn_q`, `attn_k` and
 //! `attn_v` the normed hidden state, `ffn_gate_exps` and `ffn_up_exps` the
@@ -27,6 +28,7 @@ struct InputKey {
 struct InputSums {
     key: InputKey,
     sum2: Vec<f64>,
+    sum: Vec<f64>,
     counts: Vec<u64>,
 }
 
@@ -72,11 +74,14 @@ impl ImportanceCache {
                 let mut sums = self.spare.pop().unwrap_or(InputSums {
                     key,
                     sum2: Vec::new(),
+                    sum: Vec::new(),
                     counts: Vec::new(),
                 });
                 sums.key = key;
                 sums.sum2.clear();
                 sums.sum2.resize(entry.sum2.len(), 0.0);
+                sums.sum.clear();
+                sums.sum.resize(entry.sum.len(), 0.0);
                 sums.counts.clear();
                 sums.counts.resize(entry.counts.len(), 0);
                 match &ids {
@@ -91,34 +96,43 @@ impl ImportanceCache {
         for (a, b) in entry.sum2.iter_mut().zip(&sums.sum2) {
             *a += b;
         }
+        for (a, b) in entry.sum.iter_mut().zip(&sums.sum) {
+            *a += b;
+        }
         for (a, b) in entry.counts.iter_mut().zip(&sums.counts) {
             *a += b;
         }
     }
 }
 
-/// Adds the squares of the f32 row at byte `off` of `bytes` to `sums`.
+/// Adds the squares and the values of the f32 row at byte `off` of `bytes`
+/// to matrix `mat`'s sums in `out`.
 ///
 /// An aligned row is read as `&[f32]`, which LLVM vectorises (converts,
 /// multiplies and adds four lanes at a time); decoding four bytes at a time
 /// does not vectorise. Both paths do the same f64 operations per element, so
 /// the sums are the same bits.
 #[inline]
-fn add_squares(sums: &mut [f64], bytes: &[u8], off: usize) {
-    let row = &bytes[off..off + 4 * sums.len()];
+fn add_row(out: &mut InputSums, mat: usize, n_in: usize, bytes: &[u8], off: usize) {
+    let cells = mat * n_in..(mat + 1) * n_in;
+    let (sum2, sum) = (&mut out.sum2[cells.clone()], &mut out.sum[cells]);
+    let row = &bytes[off..off + 4 * n_in];
+    let add = |(s2, s): (&mut f64, &mut f64), v: f32| {
+        let v = f64::from(v);
+        *s2 += v * v;
+        *s += v;
+    };
     // SAFETY: every bit pattern is a valid f32; `align_to` only hands out the
     // aligned middle, and a misaligned row takes the byte-wise path below.
     let (head, values, tail) = unsafe { row.align_to::<f32>() };
     if head.is_empty() && tail.is_empty() {
-        for (s, &v) in sums.iter_mut().zip(values) {
-            let v = f64::from(v);
-            *s += v * v;
+        for (s, &v) in sum2.iter_mut().zip(sum.iter_mut()).zip(values) {
+            add(s, v);
         }
         return;
     }
-    for (s, v) in sums.iter_mut().zip(f32s(row)) {
-        let v = f64::from(v);
-        *s += v * v;
+    for (s, v) in sum2.iter_mut().zip(sum.iter_mut()).zip(f32s(row)) {
+        add(s, v);
     }
 }
 
@@ -140,7 +154,7 @@ fn expert_sums(x: &TensorRef<'_>, ids: &TensorRef<'_>, fit: &[bool], out: &mut I
             let ex = ex as usize;
             out.counts[ex] += 1;
             let off = (idx % xne[1]) * xnb[1] + tok * xnb[2];
-            add_squares(&mut out.sum2[ex * n_in..(ex + 1) * n_in], &bytes, off);
+            add_row(out, ex, n_in, &bytes, off);
         }
     }
 }
@@ -161,7 +175,7 @@ fn dense_sums(x: &TensorRef<'_>, w: &TensorRef<'_>, fit: &[bool], out: &mut Inpu
             let mat = (i3 % wne[3]) * wne[2] + (i2 % wne[2]);
             for r in (0..xne[1]).filter(|&r| counted([0, r, i2, i3])) {
                 let off = r * xnb[1] + i2 * xnb[2] + i3 * xnb[3];
-                add_squares(&mut out.sum2[mat * n_in..(mat + 1) * n_in], &bytes, off);
+                add_row(out, mat, n_in, &bytes, off);
                 out.counts[mat] += 1;
             }
         }

@@ -45,7 +45,10 @@ pub struct GroupScratch {
 pub struct ImatrixScratch {
     pub n_in: usize,
     pub n_mat: usize,
+    /// Sums of squares, `[n_mat][n_in]`.
     pub sum2: Vec<f64>,
+    /// Sums, same layout.
+    pub sum: Vec<f64>,
     pub counts: Vec<u64>,
 }
 
@@ -91,6 +94,7 @@ impl ChunkScratch {
                     n_in,
                     n_mat,
                     sum2: vec![0.0; n_in * n_mat],
+                    sum: vec![0.0; n_in * n_mat],
                     counts: vec![0; n_mat],
                 },
             );
@@ -168,10 +172,12 @@ impl ChunkScratch {
                 )));
             }
             add_exact(&mut entry.in_sum2, &s.sum2)?;
+            add_exact(&mut entry.in_sum, &s.sum)?;
             for (a, b) in entry.counts.iter_mut().zip(&s.counts) {
                 *a += b;
             }
             s.sum2.fill(0.0);
+            s.sum.fill(0.0);
             s.counts.fill(0);
         }
         Ok(())

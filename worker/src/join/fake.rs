@@ -89,8 +89,10 @@ impl FakeEngine {
                 }
                 // Like llama.cpp workers, the importance matrix counts fit tokens only.
                 if split == Split::Fit {
-                    for (c, s) in im.in_sum2.iter_mut().enumerate() {
-                        add(s, f64::from((tok.unsigned_abs() + c as u32) % 5))?;
+                    for c in 0..n_in as usize {
+                        let v = f64::from((tok.unsigned_abs() + c as u32) % 5);
+                        add(&mut im.in_sum2[c], v)?;
+                        add(&mut im.in_sum[c], v - 2.0)?;
                     }
                     im.counts[0] += 1;
                 }

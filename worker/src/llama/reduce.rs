@@ -19,6 +19,9 @@ use std::collections::BTreeMap;
 struct Accumulator {
     device: usize,
     mem: Owned,
+    /// Sums of squares `[n_in, n_mat]`.
+    sums2: *mut sys::ggml_tensor,
+    /// Sums `[n_in, n_mat]`.
     sums: *mut sys::ggml_tensor,
     counts: *mut sys::ggml_tensor,
     n_in: usize,
@@ -36,6 +39,8 @@ pub struct ChunkSquares {
     pub n_mat: usize,
     /// Sums of squared inputs, `[n_mat][n_in]` row-major.
     pub sum2: Vec<f32>,
+    /// Sums of inputs, same layout.
+    pub sum: Vec<f32>,
     /// Rows (tokens, or token-slots for experts) counted per matrix.
     pub counts: Vec<f32>,
 }
@@ -161,8 +166,9 @@ impl Reducer {
         Ok(self.devices.read_f32(out))
     }
 
-    /// Adds the squares of a matmul input `x` over the tokens where
-    /// `mask` is 1 to the device accumulator of `weight`, with row counts:
+    /// Adds the squares and the values of a matmul input `x` over the tokens
+    /// where `mask` is 1 to the device accumulators of `weight`, with row
+    /// counts:
     /// for a dense weight `x` is `[n_in, n_tokens]`; for stacked experts `x`
     /// is `[n_in, 1 or k, n_tokens]` and each (token, slot) counts for the
     /// expert its id selects.
@@ -185,7 +191,7 @@ impl Reducer {
                 x.name()
             ))
         };
-        let (contrib, counts) = match &experts {
+        let (contrib2, contrib, counts) = match &experts {
             None => {
                 if xne[1] != n_tokens || xne[2] != 1 || xne[3] != 1 {
                     return Err(shape_err());
@@ -194,9 +200,11 @@ impl Reducer {
                 let as_row = g.input([n_tokens as i64, 1, 1], mask);
                 // SAFETY: ops on tensors of our context.
                 unsafe {
-                    let sq = sys::ggml_sqr(g.ctx(), g.observed(x));
+                    let x = g.observed(x);
+                    let sq = sys::ggml_sqr(g.ctx(), x);
                     (
                         sys::ggml_out_prod(g.ctx(), sq, per_token),
+                        sys::ggml_out_prod(g.ctx(), x, per_token),
                         sys::ggml_sum_rows(g.ctx(), as_row),
                     )
                 }
@@ -231,37 +239,36 @@ impl Reducer {
                     let ids = sys::ggml_reshape_1d(c, g.observed(e.ids), k * t);
                     let rows = sys::ggml_reshape_3d(c, sys::ggml_get_rows(c, eye, ids), n, k, t);
                     let hot = sys::ggml_mul(c, rows, m);
-                    let sq = sys::ggml_sqr(c, g.observed(x));
-                    let (a, b) = if xne[1] == 1 {
+                    let xs = g.observed(x);
+                    let sq = sys::ggml_sqr(c, xs);
+                    let (rows_of_x, b) = if xne[1] == 1 {
                         // One input row per token, shared by its k slots:
                         // sum the one-hot rows over the slots.
                         let per_token = sys::ggml_cont(c, sys::ggml_permute(c, hot, 1, 0, 2, 3));
                         let summed = sys::ggml_sum_rows(c, per_token);
-                        (
-                            sys::ggml_reshape_2d(c, sq, n_in, t),
-                            sys::ggml_reshape_2d(c, summed, n, t),
-                        )
+                        (t, sys::ggml_reshape_2d(c, summed, n, t))
                     } else {
-                        (
-                            sys::ggml_reshape_2d(c, sq, n_in, k * t),
-                            sys::ggml_reshape_2d(c, hot, n, k * t),
-                        )
+                        (k * t, sys::ggml_reshape_2d(c, hot, n, k * t))
                     };
+                    let a2 = sys::ggml_reshape_2d(c, sq, n_in, rows_of_x);
+                    let a1 = sys::ggml_reshape_2d(c, xs, n_in, rows_of_x);
                     let per_expert = sys::ggml_cont(c, sys::ggml_transpose(c, b));
                     (
-                        sys::ggml_out_prod(c, a, b),
+                        sys::ggml_out_prod(c, a2, b),
+                        sys::ggml_out_prod(c, a1, b),
                         sys::ggml_sum_rows(c, per_expert),
                     )
                 }
             }
         };
         let acc = self.accumulator(d, weight, n_in, n_mat)?;
-        let (sums, counts_acc) = (acc.sums, acc.counts);
+        let (sums2, sums, counts_acc) = (acc.sums2, acc.sums, acc.counts);
         acc.touched = true;
         // SAFETY: in-place adds into the accumulator tensors (same shapes:
-        // [n_in, n_mat] and [1, n_mat]).
+        // [n_in, n_mat] twice and [1, n_mat]).
         let outputs = unsafe {
             [
+                sys::ggml_add_inplace(g.ctx(), sums2, contrib2),
                 sys::ggml_add_inplace(g.ctx(), sums, contrib),
                 sys::ggml_add_inplace(g.ctx(), counts_acc, counts),
             ]
@@ -279,17 +286,19 @@ impl Reducer {
     ) -> Result<&mut Accumulator, ReduceError> {
         if !self.accumulators.contains_key(weight) {
             let f32 = sys::GGML_TYPE_F32;
+            let sums = (f32, [n_in as i64, n_mat as i64]);
             let (mem, t) = Owned::alloc(
                 self.devices.backend(d),
-                &[(f32, [n_in as i64, n_mat as i64]), (f32, [1, n_mat as i64])],
+                &[sums, sums, (f32, [1, n_mat as i64])],
             )?;
             self.accumulators.insert(
                 weight.to_string(),
                 Accumulator {
                     device: d,
                     mem,
-                    sums: t[0],
-                    counts: t[1],
+                    sums2: t[0],
+                    sums: t[1],
+                    counts: t[2],
                     n_in,
                     n_mat,
                     touched: false,
@@ -317,11 +326,12 @@ impl Reducer {
             .collect();
         let mut out = Vec::with_capacity(touched.len());
         for weight in touched {
-            let (sums, counts, n_in, n_mat) = {
+            let (sums2, sums, counts, n_in, n_mat) = {
                 let a = &self.accumulators[&weight];
-                (a.sums, a.counts, a.n_in, a.n_mat)
+                (a.sums2, a.sums, a.counts, a.n_in, a.n_mat)
             };
-            let sum2 = self.devices.read_f32(sums);
+            let sum2 = self.devices.read_f32(sums2);
+            let sum = self.devices.read_f32(sums);
             let counts = self.devices.read_f32(counts);
             let a = self.accumulators.get_mut(&weight).expect("listed above");
             a.touched = false;
@@ -332,6 +342,7 @@ impl Reducer {
                 n_in,
                 n_mat,
                 sum2,
+                sum,
                 counts,
             });
         }

@@ -219,13 +219,19 @@ impl DeviceReads {
 /// Adds one chunk's device sums `s` to the scratch entry of `weight`.
 fn add_squares(scratch: &mut ChunkScratch, weight: &str, s: &ChunkSquares) -> Result<(), String> {
     let entry = scratch.imatrix_entry(weight, s.n_in, s.n_mat);
-    if entry.sum2.len() != s.sum2.len() || entry.counts.len() != s.counts.len() {
+    if entry.sum2.len() != s.sum2.len()
+        || entry.sum.len() != s.sum.len()
+        || entry.counts.len() != s.counts.len()
+    {
         return Err(format!(
             "{weight}: device sums of [{}] x {} do not fit the host's shape",
             s.n_in, s.n_mat
         ));
     }
     for (a, b) in entry.sum2.iter_mut().zip(&s.sum2) {
+        *a += f64::from(*b);
+    }
+    for (a, b) in entry.sum.iter_mut().zip(&s.sum) {
         *a += f64::from(*b);
     }
     for (a, b) in entry.counts.iter_mut().zip(&s.counts) {
