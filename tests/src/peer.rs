@@ -7,7 +7,7 @@ use crate::loopback::{FAKE_MODEL, FAKE_N_CTX};
 use common::corpus::CorpusIndex;
 use common::partial::Partial;
 use common::wire::{
-    join_proof, read_msg, write_msg, JobInfo, LeaseGrant, PartialRef, ToCoordinator, ToWorker,
+    join_proof, read_msg, worker_key, write_msg, JobInfo, LeaseGrant, PartialRef, ToCoordinator, ToWorker,
     WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
 };
 use coordinator::run::Listening;
@@ -61,18 +61,30 @@ impl Peer {
         }
     }
 
-    /// Hello, then a proof with `secret`; the coordinator's answer to it.
+    /// Hello, then a proof with the key `secret` makes for `name`; the
+    /// coordinator's answer to it.
     pub async fn login_at(
         addr: SocketAddr,
         pin: &str,
         name: &str,
         secret: &[u8],
     ) -> Result<(Peer, ToWorker), String> {
+        Peer::login_with_key(addr, pin, name, &worker_key(secret, name)).await
+    }
+
+    /// Hello as `name`, then a proof with the worker key `key`; the
+    /// coordinator's answer to it.
+    pub async fn login_with_key(
+        addr: SocketAddr,
+        pin: &str,
+        name: &str,
+        key: &[u8],
+    ) -> Result<(Peer, ToWorker), String> {
         let mut p = Peer::open(addr, pin).await?;
         let Some(ToWorker::Challenge { nonce }) = p.ask(&Peer::hello(name)).await else {
             return Err("no challenge".into());
         };
-        let mac = join_proof(secret, &nonce, name);
+        let mac = join_proof(key, &nonce, name);
         let answer = p
             .ask(&ToCoordinator::Proof { mac })
             .await
