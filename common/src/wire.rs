@@ -472,10 +472,7 @@ pub fn join_proof(worker_key: &[u8], nonce: &[u8], worker_name: &str) -> Vec<u8>
 /// Checks, in constant time, a join proof for `worker_name` against the
 /// key the join `secret` makes for that name.
 pub fn check_proof(secret: &[u8], nonce: &[u8], worker_name: &str, mac: &[u8]) -> bool {
-    let key = ring::hmac::Key::new(
-        ring::hmac::HMAC_SHA256,
-        &worker_key(secret, worker_name),
-    );
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &worker_key(secret, worker_name));
     ring::hmac::verify(&key, &proof_message(nonce, worker_name), mac).is_ok()
 }
 
@@ -651,8 +648,18 @@ mod tests {
         ));
         // The key of one name proves no other, and is not the secret.
         let w0 = worker_key(b"s3cret", "w0");
-        assert!(!check_proof(b"s3cret", &nonce, "w1", &join_proof(&w0, &nonce, "w1")));
-        assert!(!check_proof(b"s3cret", &nonce, "w0", &join_proof(b"s3cret", &nonce, "w0")));
+        assert!(!check_proof(
+            b"s3cret",
+            &nonce,
+            "w1",
+            &join_proof(&w0, &nonce, "w1")
+        ));
+        assert!(!check_proof(
+            b"s3cret",
+            &nonce,
+            "w0",
+            &join_proof(b"s3cret", &nonce, "w0")
+        ));
         assert_ne!(w0, worker_key(b"s3cret", "w1"));
     }
 

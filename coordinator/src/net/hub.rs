@@ -213,7 +213,10 @@ impl<K: LeaseKind> Hub<K> {
         let shown = peer_text(name);
         let mut roster = self.roster();
         let next = Identity(roster.by_name.len() as u64 + 1);
-        let identity = *roster.by_name.entry(sha256_hex(name.as_bytes())).or_insert(next);
+        let identity = *roster
+            .by_name
+            .entry(sha256_hex(name.as_bytes()))
+            .or_insert(next);
         let now = self.now();
         let mut sched = self.sched();
         for released in sched.release_expired(now) {

@@ -185,7 +185,13 @@ mod tests {
         let salt = again.sample_salt().unwrap();
         again.save().unwrap();
         assert_eq!(Kept::open(dir.path()).unwrap().sample_salt().unwrap(), salt);
-        assert_ne!(Kept::open(&dir.path().join("other")).unwrap().sample_salt().unwrap(), salt);
+        assert_ne!(
+            Kept::open(&dir.path().join("other"))
+                .unwrap()
+                .sample_salt()
+                .unwrap(),
+            salt
+        );
         assert_eq!(
             again.preferred_addr(any),
             Some("127.0.0.1:40123".parse().unwrap())

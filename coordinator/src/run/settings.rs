@@ -174,10 +174,12 @@ pub struct ClusterSettings {
     /// Where to write `{addr, pin, server_name}` for launch scripts.
     pub connect_file: Option<PathBuf>,
     /// Directory that keeps the coordinator's certificate, stateless-reset
-    /// key and listening address across restarts, so its workers rejoin a
-    /// restarted coordinator by themselves (`crate::net::persist`).
+    /// key, listening address and redundancy-sample salt across restarts,
+    /// so its workers rejoin a restarted coordinator by themselves and it
+    /// samples the same units (`crate::net::persist`).
     /// `coordinator run` defaults it to `.moe-census/` beside the config,
-    /// one subdirectory per run location; unset, every start is a new peer.
+    /// one subdirectory per run location; unset, every start is a new peer
+    /// with a new salt.
     pub identity_dir: Option<PathBuf>,
 }
 

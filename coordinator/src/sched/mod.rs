@@ -744,8 +744,11 @@ impl Scheduler {
     /// first one.
     fn decide_waiting(&mut self, now: Duration) -> Vec<Event> {
         let healthy: BTreeSet<Identity> = self.healthy().collect();
-        let agreed: BTreeMap<Identity, u32> =
-            self.identities.iter().map(|(i, s)| (*i, s.agreed)).collect();
+        let agreed: BTreeMap<Identity, u32> = self
+            .identities
+            .iter()
+            .map(|(i, s)| (*i, s.agreed))
+            .collect();
         let mut events = Vec::new();
         for unit in 0..self.units.len() {
             let u = &mut self.units[unit];

@@ -407,7 +407,10 @@ fn identity_not_connection_counts_failures_quarantine_and_opinions() {
         Grant::Failed(SchedError::Quarantined { .. })
     ));
     s.disconnect(WorkerId(14), "refused");
-    assert!(s.failure().is_none(), "one identity's failures are one worker's");
+    assert!(
+        s.failure().is_none(),
+        "one identity's failures are one worker's"
+    );
     assert_eq!(s.tick(secs(104)), vec![Event::Released(I1)]);
     assert!(s.quarantine_reason(I1).is_none());
 }
@@ -577,7 +580,10 @@ fn sampled_units_need_results_from_two_workers() {
         s.complete(l2.lease_id, W2, "h", secs(2)),
         Completion::Decide(l1.range)
     );
-    assert_eq!(s.settle(l1.range, Verdict::Agree { keep: I1 }, secs(2)), None);
+    assert_eq!(
+        s.settle(l1.range, Verdict::Agree { keep: I1 }, secs(2)),
+        None
+    );
     assert!(s.is_finished());
     assert_eq!((s.progress().verified, s.progress().accepted), (1, 1));
 }
@@ -651,8 +657,19 @@ fn the_redundancy_sample_is_salted_deterministic_and_near_its_fraction() {
     assert!((23_000..27_000).contains(&n), "{n}");
     assert!(units.iter().all(|r| sampled(*r, 1.0, &salt)));
     assert!(!units.iter().any(|r| sampled(*r, 0.0, &salt)));
-    assert_eq!(picked(&salt), picked(&SampleSalt::new([1; 32])), "one salt, one sample");
+    assert_eq!(
+        picked(&salt),
+        picked(&SampleSalt::new([1; 32])),
+        "one salt, one sample"
+    );
     let other = picked(&SampleSalt::new([2; 32]));
-    let same = picked(&salt).iter().zip(&other).filter(|(a, b)| a == b).count();
-    assert!(same < 70_000, "another salt picks other units ({same} alike)");
+    let same = picked(&salt)
+        .iter()
+        .zip(&other)
+        .filter(|(a, b)| a == b)
+        .count();
+    assert!(
+        same < 70_000,
+        "another salt picks other units ({same} alike)"
+    );
 }

@@ -275,8 +275,9 @@ impl ClientOptions {
 /// The join secret of `args`: `--secret-file`, else the environment.
 fn join_secret(args: &JoinArgs) -> Result<JoinSecret, JoinError> {
     match &args.secret_file {
-        Some(path) => JoinSecret::from_file(path)
-            .map_err(|e| JoinError::Setup(format!("--secret-file: {e}"))),
+        Some(path) => {
+            JoinSecret::from_file(path).map_err(|e| JoinError::Setup(format!("--secret-file: {e}")))
+        }
         None => {
             let value = std::env::var(SECRET_ENV).map_err(|_| {
                 JoinError::Setup(format!(
