@@ -2,7 +2,9 @@
 //! (at least [`MIN_SECRET_BITS`] bits by their byte frequencies, so 32 equal
 //! bytes or `abab...` are refused), read from a file or an environment
 //! variable, and never printed (its `Debug` shows the length only), so a log
-//! line or an error cannot leak it.
+//! line or an error cannot leak it. A [`WorkerKey`] is one worker's own
+//! credential, made from the join secret for one name (`coordinator
+//! worker-key`): it proves that name and no other.
 
 use std::fmt;
 use std::path::Path;
@@ -55,6 +57,14 @@ pub enum SecretError {
         source_name: String,
         /// Its estimated entropy.
         bits: f64,
+    },
+    /// A worker key file that is not what `coordinator worker-key` writes.
+    #[error("worker key {source_name}: {why}")]
+    BadKeyFile {
+        /// The file.
+        source_name: String,
+        /// What is wrong with it.
+        why: String,
     },
 }
 
@@ -127,6 +137,85 @@ impl fmt::Debug for JoinSecret {
     }
 }
 
+/// A worker's own credential: its name and [`crate::wire::worker_key`] of
+/// the join secret for that name. A worker given only this key (not the
+/// join secret) can join under that name alone, so it cannot pose as
+/// another worker or as many.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WorkerKey {
+    name: String,
+    key: Vec<u8>,
+}
+
+/// What a worker key file holds (JSON).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyFile {
+    worker: String,
+    key: String,
+}
+
+impl WorkerKey {
+    /// The key of the worker `name` under the join `secret`.
+    pub fn derive(secret: &JoinSecret, name: &str) -> WorkerKey {
+        WorkerKey {
+            name: name.to_string(),
+            key: crate::wire::worker_key(secret.expose(), name),
+        }
+    }
+
+    /// The worker name the key proves.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The key bytes, for the join proof.
+    pub fn expose(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The text of a worker key file (`{"worker": NAME, "key": HEX}`).
+    pub fn file_text(&self) -> String {
+        let file = KeyFile {
+            worker: self.name.clone(),
+            key: hex::encode(&self.key),
+        };
+        serde_json::to_string_pretty(&file).expect("a key file encodes") + "\n"
+    }
+
+    /// Reads a worker key file written by `coordinator worker-key`.
+    pub fn from_file(path: &Path) -> Result<WorkerKey, SecretError> {
+        let source_name = format!("file {}", path.display());
+        let bad = |why: String| SecretError::BadKeyFile {
+            source_name: source_name.clone(),
+            why,
+        };
+        let bytes = std::fs::read(path).map_err(|error| SecretError::Unreadable {
+            source_name: source_name.clone(),
+            error,
+        })?;
+        let file: KeyFile = serde_json::from_slice(&bytes)
+            .map_err(|e| bad(format!("not a worker key file: {e}")))?;
+        let key = hex::decode(file.key.trim())
+            .ok()
+            .filter(|k| k.len() == 32)
+            .ok_or_else(|| bad("\"key\" is not 32 bytes of hex".into()))?;
+        if file.worker.is_empty() {
+            return Err(bad("\"worker\" is empty".into()));
+        }
+        Ok(WorkerKey {
+            name: file.worker,
+            key,
+        })
+    }
+}
+
+impl fmt::Debug for WorkerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WorkerKey({:?}, <redacted>)", self.name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +266,22 @@ mod tests {
     fn a_missing_file_is_named() {
         let e = JoinSecret::from_file(Path::new("/nonexistent/secret")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/secret"), "{e}");
+    }
+
+    #[test]
+    fn a_worker_key_file_round_trips_and_bad_ones_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = JoinSecret::generate();
+        let key = WorkerKey::derive(&secret, "gpu-07");
+        assert!(!format!("{key:?}").contains(&hex::encode(key.expose())));
+        let path = dir.path().join("gpu-07.key");
+        std::fs::write(&path, key.file_text()).unwrap();
+        assert_eq!(WorkerKey::from_file(&path).unwrap(), key);
+        assert_ne!(WorkerKey::derive(&secret, "gpu-08"), key);
+        for bad in ["{}", "{\"worker\": \"w\", \"key\": \"abcd\"}", "not json"] {
+            std::fs::write(&path, bad).unwrap();
+            let e = WorkerKey::from_file(&path).unwrap_err().to_string();
+            assert!(e.contains("gpu-07.key"), "{e}");
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! worker                                  coordinator
 //! Hello{version, name, backend}     ->
 //!                                   <-    Challenge{nonce}
-//! Proof{hmac(secret, nonce, name)}  ->
+//! Proof{hmac(key(name), nonce, name)} ->
 //!                                   <-    Welcome{job, task} (only after a valid proof)
 //! Poll{version, busy}               ->                       (the poll is the heartbeat)
 //!                                   <-    Lease | Wait | Ack | Finished
@@ -20,7 +20,11 @@
 //! ```
 //!
 //! A worker learns nothing about the job (run location, corpus, model hash)
-//! before its proof checks out.
+//! before its proof checks out. The proof is keyed by the worker's own key
+//! ([`worker_key`]: the join secret's HMAC over the worker's name), so an
+//! operator can hand a worker that key alone: it proves that one name and
+//! no other, and the coordinator counts failures, quarantine and
+//! redundancy by that name across reconnects.
 
 use crate::split::ChunkRange;
 use serde::de::DeserializeOwned;
@@ -30,7 +34,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Version of this protocol; both sides must speak the same one.
-pub const PROTOCOL_VERSION: u32 = 3;
+///
+/// 4: the join proof is keyed by the worker's key ([`worker_key`]), not by
+/// the join secret itself.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -57,6 +64,9 @@ pub const RUN_FINISHED: &[u8] = b"run finished";
 
 /// Domain-separation label of the join proof.
 const PROOF_LABEL: &[u8] = b"moe-census join proof v1\0";
+
+/// Domain-separation label of a worker's key.
+const WORKER_KEY_LABEL: &[u8] = b"moe-census worker key v1\0";
 
 /// A lease id, unique within one coordinator process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -439,18 +449,30 @@ pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(
     decode(&body).map(Some)
 }
 
-/// The join proof: HMAC-SHA256 keyed by the secret over a label, the
-/// coordinator's nonce and the worker's name.
-pub fn join_proof(secret: &[u8], nonce: &[u8], worker_name: &str) -> Vec<u8> {
+/// The key of the worker named `worker_name`: HMAC-SHA256 of the join
+/// secret over a label and the name. Whoever holds it can prove that name
+/// only; whoever holds the join secret can make the key of any name.
+pub fn worker_key(secret: &[u8], worker_name: &str) -> Vec<u8> {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let mut m = Vec::with_capacity(WORKER_KEY_LABEL.len() + worker_name.len());
+    m.extend_from_slice(WORKER_KEY_LABEL);
+    m.extend_from_slice(worker_name.as_bytes());
+    ring::hmac::sign(&key, &m).as_ref().to_vec()
+}
+
+/// The join proof: HMAC-SHA256 keyed by the worker's key ([`worker_key`])
+/// over a label, the coordinator's nonce and the worker's name.
+pub fn join_proof(worker_key: &[u8], nonce: &[u8], worker_name: &str) -> Vec<u8> {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, worker_key);
     ring::hmac::sign(&key, &proof_message(nonce, worker_name))
         .as_ref()
         .to_vec()
 }
 
-/// Checks a join proof in constant time.
+/// Checks, in constant time, a join proof for `worker_name` against the
+/// key the join `secret` makes for that name.
 pub fn check_proof(secret: &[u8], nonce: &[u8], worker_name: &str, mac: &[u8]) -> bool {
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &worker_key(secret, worker_name));
     ring::hmac::verify(&key, &proof_message(nonce, worker_name), mac).is_ok()
 }
 
@@ -518,9 +540,9 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 3; moving one needs a new version.
+        // protocol of PROTOCOL_VERSION 4 (as of 3); moving one needs a new version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 3);
+        assert_eq!(PROTOCOL_VERSION, 4);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
@@ -614,7 +636,7 @@ mod tests {
     #[test]
     fn proof_depends_on_secret_nonce_and_name() {
         let nonce = random_bytes(NONCE_LEN);
-        let mac = join_proof(b"s3cret", &nonce, "w0");
+        let mac = join_proof(&worker_key(b"s3cret", "w0"), &nonce, "w0");
         assert!(check_proof(b"s3cret", &nonce, "w0", &mac));
         assert!(!check_proof(b"other", &nonce, "w0", &mac));
         assert!(!check_proof(b"s3cret", &nonce, "w1", &mac));
@@ -624,6 +646,21 @@ mod tests {
             "w0",
             &mac
         ));
+        // The key of one name proves no other, and is not the secret.
+        let w0 = worker_key(b"s3cret", "w0");
+        assert!(!check_proof(
+            b"s3cret",
+            &nonce,
+            "w1",
+            &join_proof(&w0, &nonce, "w1")
+        ));
+        assert!(!check_proof(
+            b"s3cret",
+            &nonce,
+            "w0",
+            &join_proof(b"s3cret", &nonce, "w0")
+        ));
+        assert_ne!(w0, worker_key(b"s3cret", "w1"));
     }
 
     #[test]

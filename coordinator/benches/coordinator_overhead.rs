@@ -26,7 +26,7 @@ use common::wire::WorkerId;
 use common::ChunkId;
 use common::{ChunkRange, Split};
 use coordinator::run::accept::Acceptance;
-use coordinator::sched::{plan, Completion, Grant, SchedConfig, Scheduler};
+use coordinator::sched::{plan, Completion, Grant, Identity, SchedConfig, Scheduler};
 use realistic::{CHUNK_TOKENS, EXPERTS, LAYERS};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -258,7 +258,7 @@ fn sched_bench() {
     );
     let workers: Vec<WorkerId> = (0..64).map(WorkerId).collect();
     for &w in &workers {
-        s.register(w, Duration::ZERO);
+        s.register(w, Identity(w.0), Duration::ZERO);
     }
     let t = Instant::now();
     let mut now = Duration::ZERO;

@@ -25,6 +25,8 @@ pub enum Command {
     Run(crate::run::RunArgs),
     /// Create a cluster CA (ca.pem, ca.key) that signs the coordinator's certificate.
     Ca(crate::run::CaArgs),
+    /// Write one worker's own key file (from the join secret, for one name): it joins as that name only.
+    WorkerKey(crate::run::WorkerKeyArgs),
     /// Merge partials into saliency.json, saliency.parquet and imatrix.gguf.
     Merge(crate::merge::MergeArgs),
     /// Check every invariant of the run's results; exit 0 only if all hold.
@@ -49,6 +51,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Corpus(args) => crate::corpus::run(args),
         Command::Run(args) => crate::pipeline::main(args),
         Command::Ca(args) => crate::run::ca(args),
+        Command::WorkerKey(args) => crate::run::worker_key(args),
         Command::Merge(args) => crate::merge::run(args),
         Command::Verify(args) => crate::verify::run(args),
         Command::Score(args) => crate::score::run(args),

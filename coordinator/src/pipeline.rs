@@ -311,6 +311,9 @@ fn print_summary(store: &RunStore, s: &RunSummary) {
     for (name, why) in &s.rejected {
         println!("  REJECTED stored partial {}: {why}", store.url_of(name));
     }
+    for what in &s.unresolved {
+        println!("  UNRESOLVED disagreement: {what}");
+    }
     for w in &s.workers {
         println!(
             "  {} ({}): {} leases, {} tokens, {:.0} tokens/s",

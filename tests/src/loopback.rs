@@ -77,7 +77,7 @@ pub fn client(l: &Listening, name: &str) -> ClientOptions {
         addr: l.addr,
         server_name: "localhost".into(),
         trust: Trust::Pin(l.pin.clone()),
-        secret: l.secret.clone(),
+        key: common::secret::WorkerKey::derive(&l.secret, name),
         name: name.into(),
         reconnect: Reconnect::giving_up_after(Duration::from_secs(8)),
     }

@@ -7,8 +7,8 @@ use crate::loopback::{FAKE_MODEL, FAKE_N_CTX};
 use common::corpus::CorpusIndex;
 use common::partial::Partial;
 use common::wire::{
-    join_proof, read_msg, write_msg, JobInfo, LeaseGrant, PartialRef, ToCoordinator, ToWorker,
-    WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
+    join_proof, read_msg, worker_key, write_msg, JobInfo, LeaseGrant, PartialRef, ToCoordinator,
+    ToWorker, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
 };
 use coordinator::run::Listening;
 use std::net::SocketAddr;
@@ -31,7 +31,14 @@ impl Peer {
     /// Connects to `addr`, trusting the certificate pinned as `pin`.
     pub async fn open(addr: SocketAddr, pin: &str) -> Result<Peer, String> {
         let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        ep.set_default_client_config(client_config(&Trust::Pin(pin.into())).unwrap());
+        let mut cfg = client_config(&Trust::Pin(pin.into())).unwrap();
+        // quinn's default idle timeout (30 s), not the worker's 5 s: a
+        // scripted peer (an attacker among others) is in no hurry, and its
+        // handshake may wait on a coordinator busy with hundreds of others.
+        let mut transport = quinn::TransportConfig::default();
+        transport.keep_alive_interval(Some(Duration::from_secs(2)));
+        cfg.transport_config(std::sync::Arc::new(transport));
+        ep.set_default_client_config(cfg);
         let conn = ep
             .connect(addr, "localhost")
             .unwrap()
@@ -61,18 +68,30 @@ impl Peer {
         }
     }
 
-    /// Hello, then a proof with `secret`; the coordinator's answer to it.
+    /// Hello, then a proof with the key `secret` makes for `name`; the
+    /// coordinator's answer to it.
     pub async fn login_at(
         addr: SocketAddr,
         pin: &str,
         name: &str,
         secret: &[u8],
     ) -> Result<(Peer, ToWorker), String> {
+        Peer::login_with_key(addr, pin, name, &worker_key(secret, name)).await
+    }
+
+    /// Hello as `name`, then a proof with the worker key `key`; the
+    /// coordinator's answer to it.
+    pub async fn login_with_key(
+        addr: SocketAddr,
+        pin: &str,
+        name: &str,
+        key: &[u8],
+    ) -> Result<(Peer, ToWorker), String> {
         let mut p = Peer::open(addr, pin).await?;
         let Some(ToWorker::Challenge { nonce }) = p.ask(&Peer::hello(name)).await else {
             return Err("no challenge".into());
         };
-        let mac = join_proof(secret, &nonce, name);
+        let mac = join_proof(key, &nonce, name);
         let answer = p
             .ask(&ToCoordinator::Proof { mac })
             .await

@@ -224,7 +224,8 @@ fn partials(run: &Path) -> usize {
 fn kill_9_and_the_same_command_keep_the_running_workers() {
     let d = tempfile::tempdir().unwrap();
     // Enough leases that one rejoined worker cannot finish the run before
-    // the other's reconnect backoff (at most 5 s) brings it back.
+    // the other rejoins (its idle timeout, 5 s, then a reconnect backoff of
+    // at most 1 s).
     let (config, secret) = cluster_config(d.path(), 1600, "");
     let model = d.path().join("tiny.gguf");
     // The reference: the same corpus measured in one go.
@@ -277,7 +278,8 @@ fn kill_9_and_the_same_command_keep_the_running_workers() {
     let joined = again.logged("worker joined");
     assert!(joined.len() >= 2, "{}", again.log());
     let took = joined[1].duration_since(again_at);
-    // How soon is a figure (the worker's reconnect backoff), not a test.
+    // How soon is a figure (the worker's idle timeout and reconnect
+    // backoff), not a test.
     println!("FIGURE restart: both workers rejoined {took:?} after the restart began");
     let status = again.wait(DEADLINE);
     assert!(

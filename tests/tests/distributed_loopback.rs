@@ -82,7 +82,8 @@ async fn wrong_secret_is_refused_and_receives_no_lease() {
     let s = fake_setup(d.path(), 4);
     let (summary, handles) = run_with(&s, |l| {
         let mut bad = client(l, "intruder");
-        bad.secret = common::secret::JoinSecret::generate();
+        bad.key =
+            common::secret::WorkerKey::derive(&common::secret::JoinSecret::generate(), "intruder");
         let intruder = tokio::spawn(async move { join(&bad, FakeEngine::new(FAKE_MODEL)).await });
         let mut hs = vec![intruder];
         hs.extend(fake_workers(l, 1, DELAY));

@@ -3,11 +3,16 @@
 //! the merger. One hub serves every kind of lease ([`LeaseKind`]): results
 //! are checked here (hash, then the kind's checks) before the scheduler
 //! accepts them, so a bad result only costs a retry. Results of units
-//! sampled for redundancy are held here until a second (or third) worker's
-//! result can be compared with them ([`LeaseOutput::agree`]).
+//! sampled for redundancy are held here until a second (or third)
+//! identity's result can be compared with them ([`LeaseOutput::agree`]).
+//!
+//! A worker's [`Identity`] is the name its join proof is bound to (the
+//! proof is keyed by that name's worker key, `common::wire::worker_key`):
+//! every connection of one name is one identity, so reconnecting neither
+//! makes a second opinion nor clears a quarantine.
 
 use crate::lease::LeaseKind;
-use crate::sched::{Completion, Scheduler, Verdict};
+use crate::sched::{Completion, Event, Identity, Scheduler, Verdict};
 use bytes::Bytes;
 use common::hash::sha256_hex;
 use common::lease::LeaseOutput;
@@ -40,7 +45,8 @@ pub struct Delivery<T> {
     pub staged: Option<String>,
 }
 
-/// Figures about one worker, for progress and the summary.
+/// Figures about one worker identity (all its connections), for progress
+/// and the summary.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WorkerInfo {
     /// The worker's name (escaped: it came from the peer).
@@ -53,10 +59,21 @@ pub struct WorkerInfo {
     pub busy_ms: u64,
     /// Leases accepted.
     pub leases: u64,
-    /// Still connected.
+    /// Connected now (by at least one connection).
     pub connected: bool,
-    /// Quarantined after repeated failures; gets no more work this run.
+    /// Quarantined during this run (after repeated failures, or a result
+    /// two others contradicted).
     pub quarantined: bool,
+}
+
+/// The workers known to a hub: identities by name, their figures, and the
+/// live connections of each.
+#[derive(Debug, Default)]
+struct Roster {
+    /// Identity of each name (by the name's SHA-256: names are peer text).
+    by_name: BTreeMap<String, Identity>,
+    info: BTreeMap<Identity, WorkerInfo>,
+    live: BTreeMap<WorkerId, Identity>,
 }
 
 /// A checked result, held until it is accepted (at once, or once enough
@@ -64,6 +81,7 @@ pub struct WorkerInfo {
 #[derive(Debug)]
 struct Candidate<T> {
     worker: WorkerId,
+    identity: Identity,
     output: T,
     bytes: Bytes,
     sha256: String,
@@ -81,7 +99,9 @@ pub struct Hub<K: LeaseKind> {
     run: RunStore,
     start: Instant,
     next_worker: AtomicU64,
-    workers: Mutex<BTreeMap<WorkerId, WorkerInfo>>,
+    roster: Mutex<Roster>,
+    /// Disagreements decided without a third identity, described.
+    unresolved: Mutex<Vec<String>>,
     /// Results of sampled units waiting for another worker's.
     candidates: Mutex<BTreeMap<ChunkRange, Vec<Candidate<K::Output>>>>,
     deliveries: mpsc::UnboundedSender<Delivery<K::Output>>,
@@ -114,7 +134,8 @@ impl<K: LeaseKind> Hub<K> {
             run,
             start: Instant::now(),
             next_worker: AtomicU64::new(1),
-            workers: Mutex::new(BTreeMap::new()),
+            roster: Mutex::new(Roster::default()),
+            unresolved: Mutex::new(Vec::new()),
             candidates: Mutex::new(BTreeMap::new()),
             deliveries: tx,
             all_stored: AtomicBool::new(false),
@@ -144,9 +165,18 @@ impl<K: LeaseKind> Hub<K> {
         self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Per-worker figures.
-    pub fn workers(&self) -> BTreeMap<WorkerId, WorkerInfo> {
-        self.workers
+    fn roster(&self) -> MutexGuard<'_, Roster> {
+        self.roster.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Per-identity figures.
+    pub fn workers(&self) -> BTreeMap<Identity, WorkerInfo> {
+        self.roster().info.clone()
+    }
+
+    /// The disagreements decided without a third identity, described.
+    pub fn unresolved(&self) -> Vec<String> {
+        self.unresolved
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -176,66 +206,120 @@ impl<K: LeaseKind> Hub<K> {
         }
     }
 
-    /// Registers a worker that proved the secret; a worker whose name was
-    /// quarantined earlier in the run is refused.
-    pub fn register(&self, name: &str, backend: &str) -> Result<WorkerId, Refusal> {
-        let name = peer_text(name);
-        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
-        if workers.values().any(|w| w.quarantined && w.name == name) {
+    /// Registers a connection that proved the key of `name`: the name's
+    /// identity (the same for every connection of that name) and a fresh
+    /// connection id. A quarantined identity is refused.
+    pub fn register(&self, name: &str, backend: &str) -> Result<(WorkerId, Identity), Refusal> {
+        let shown = peer_text(name);
+        let mut roster = self.roster();
+        let next = Identity(roster.by_name.len() as u64 + 1);
+        let identity = *roster
+            .by_name
+            .entry(sha256_hex(name.as_bytes()))
+            .or_insert(next);
+        let now = self.now();
+        let mut sched = self.sched();
+        for released in sched.release_expired(now) {
+            tracing::info!("{released:?}: its quarantine ran out");
+        }
+        if let Some(why) = sched.quarantine_reason(identity) {
             return Err(Refusal::Quarantined(format!(
-                "a worker named {name:?} was quarantined earlier in this run"
+                "a worker named {shown:?} was quarantined earlier in this run: {why}"
             )));
         }
         let id = WorkerId(self.next_worker.fetch_add(1, Ordering::Relaxed));
-        workers.insert(
-            id,
-            WorkerInfo {
-                name,
-                backend: peer_text(backend),
-                connected: true,
-                ..WorkerInfo::default()
-            },
-        );
-        drop(workers);
-        let now = self.now();
-        self.sched().register(id, now);
-        Ok(id)
+        sched.register(id, identity, now);
+        drop(sched);
+        roster.live.insert(id, identity);
+        let info = roster.info.entry(identity).or_default();
+        info.name = shown;
+        info.backend = peer_text(backend);
+        info.connected = true;
+        Ok((id, identity))
     }
 
-    /// Marks the worker quarantined when the scheduler has quarantined it.
-    fn note_quarantine(&self, worker: WorkerId) {
-        if self.sched().quarantine_reason(worker).is_some() {
-            if let Some(w) = self
-                .workers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_mut(&worker)
-            {
-                w.quarantined = true;
+    /// The refusal for a connection whose identity is quarantined now.
+    pub fn quarantine_refusal(&self, worker: WorkerId) -> Option<Refusal> {
+        let sched = self.sched();
+        let why = sched.quarantine_reason(sched.identity_of(worker)?)?;
+        Some(Refusal::Quarantined(why.to_string()))
+    }
+
+    /// Marks the identity quarantined in its figures.
+    fn note_quarantine(&self, identity: Identity) {
+        if let Some(w) = self.roster().info.get_mut(&identity) {
+            w.quarantined = true;
+        }
+    }
+
+    /// Logs what the scheduler did on its own, and accepts the kept result
+    /// of a disagreement decided without a third identity.
+    fn handle(&self, events: Vec<Event>) {
+        for event in events {
+            match event {
+                Event::Quarantined { worker, why } => {
+                    tracing::warn!(identity = %worker, "quarantined: {why}");
+                    self.note_quarantine(worker);
+                }
+                Event::Unresolved { range, kept, other } => {
+                    let name = |i| self.roster().info.get(&i).map(|w| w.name.clone());
+                    let (kept_name, other_name) = (name(kept), name(other));
+                    let what = format!(
+                        "chunks {range}: the results of {} and {} disagree and no third worker came; kept {}'s, unverified",
+                        other_name.as_deref().unwrap_or("?"),
+                        kept_name.as_deref().unwrap_or("?"),
+                        kept_name.as_deref().unwrap_or("?"),
+                    );
+                    tracing::warn!("UNRESOLVED disagreement: {what}");
+                    self.unresolved
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(what);
+                    let results = self.candidates().remove(&range).unwrap_or_default();
+                    if let Some(r) = results.into_iter().find(|r| r.identity == kept) {
+                        self.accept(range, r);
+                    }
+                }
+                Event::Released(identity) => {
+                    tracing::info!(%identity, "its quarantine ran out: it may join again")
+                }
+                other => tracing::warn!("{other:?}; the chunks go back to the queue"),
             }
         }
+    }
+
+    /// The scheduler's clock: expired leases and silent workers, lifted
+    /// quarantines, disagreements that waited too long.
+    pub fn tick(&self) {
+        let now = self.now();
+        let events = self.sched().tick(now);
+        self.handle(events);
     }
 
     /// A worker reports it could not finish a lease (`reason` already escaped).
     pub fn fail(&self, worker: WorkerId, lease: LeaseId, reason: &str) {
         let now = self.now();
         let event = self.sched().fail(lease, worker, reason, now);
-        if let Some(e) = event {
-            tracing::warn!("{e:?}");
-        }
-        self.note_quarantine(worker);
+        self.handle(event.into_iter().collect());
     }
 
-    /// A worker's connection ended.
+    /// A worker's connection ended (a lease it held is a failure of its
+    /// identity).
     pub fn disconnect(&self, worker: WorkerId, reason: &str) {
-        self.sched().disconnect(worker, reason);
-        if let Some(w) = self
-            .workers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(&worker)
-        {
-            w.connected = false;
+        let mut roster = self.roster();
+        let Some(identity) = roster.live.remove(&worker) else {
+            self.sched().disconnect(worker, reason);
+            return;
+        };
+        let quarantined = {
+            let mut sched = self.sched();
+            sched.disconnect(worker, reason);
+            sched.quarantine_reason(identity).is_some()
+        };
+        let connected = roster.live.values().any(|i| *i == identity);
+        if let Some(w) = roster.info.get_mut(&identity) {
+            w.connected = connected;
+            w.quarantined |= quarantined;
         }
     }
 
@@ -256,9 +340,17 @@ impl<K: LeaseKind> Hub<K> {
             return;
         };
         let now = self.now();
-        let completion = self.sched().complete(lease, worker, &sha256, now);
+        let (completion, identity) = {
+            let mut sched = self.sched();
+            let identity = sched.identity_of(worker);
+            (sched.complete(lease, worker, &sha256, now), identity)
+        };
+        let Some(identity) = identity else {
+            return;
+        };
         let result = Candidate {
             worker,
+            identity,
             output,
             bytes,
             sha256,
@@ -328,7 +420,7 @@ impl<K: LeaseKind> Hub<K> {
     /// Counts an accepted result and hands it to the merger, which stores
     /// its bytes under the final name (create-only).
     fn accept(&self, range: ChunkRange, r: Candidate<K::Output>) {
-        self.credit(r.worker, r.output.measured(), r.elapsed_ms);
+        self.credit(r.identity, r.output.measured(), r.elapsed_ms);
         let _ = self.deliveries.send(Delivery {
             worker: r.worker,
             range,
@@ -347,19 +439,20 @@ impl<K: LeaseKind> Hub<K> {
             return;
         };
         let verdict = judge(range, results);
-        let event = self.sched().settle(range, verdict.clone());
+        let now = self.now();
+        let event = self.sched().settle(range, verdict.clone(), now);
         let keep = match verdict {
             Verdict::Agree { keep } => keep,
             Verdict::Odd { keep, odd } => {
-                tracing::warn!(%range, "{odd}'s result disagreed with two others: discarded; {event:?}");
-                self.note_quarantine(odd);
+                tracing::warn!(%range, "{odd}'s result disagreed with two others: discarded");
                 keep
             }
             Verdict::Disagree | Verdict::NoAgreement(_) => return,
         };
         let results = candidates.remove(&range).unwrap_or_default();
         drop(candidates);
-        if let Some(kept) = results.into_iter().find(|r| r.worker == keep) {
+        self.handle(event.into_iter().collect());
+        if let Some(kept) = results.into_iter().find(|r| r.identity == keep) {
             tracing::info!(%range, "verified: results of distinct workers agree");
             self.accept(range, kept);
         }
@@ -367,13 +460,8 @@ impl<K: LeaseKind> Hub<K> {
 
     /// Counts an accepted result of `tokens` tokens (or scored positions)
     /// that took the worker `elapsed_ms`.
-    fn credit(&self, worker: WorkerId, tokens: u64, elapsed_ms: u64) {
-        if let Some(w) = self
-            .workers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(&worker)
-        {
+    fn credit(&self, identity: Identity, tokens: u64, elapsed_ms: u64) {
+        if let Some(w) = self.roster().info.get_mut(&identity) {
             w.tokens += tokens;
             w.busy_ms += elapsed_ms;
             w.leases += 1;
@@ -441,7 +529,7 @@ fn check_hash(bytes: &[u8], claimed: &str, what: &str) -> Result<(), String> {
 fn judge<T: LeaseOutput>(range: ChunkRange, results: &[Candidate<T>]) -> Verdict {
     match results {
         [a, b] => match a.output.agree(&b.output) {
-            Ok(()) => Verdict::Agree { keep: a.worker },
+            Ok(()) => Verdict::Agree { keep: a.identity },
             Err(why) => {
                 tracing::warn!(%range, "results of {} and {} disagree ({why}): asking a third worker", a.worker, b.worker);
                 Verdict::Disagree
@@ -450,13 +538,13 @@ fn judge<T: LeaseOutput>(range: ChunkRange, results: &[Candidate<T>]) -> Verdict
         [a, b, c] => {
             if a.output.agree(&c.output).is_ok() {
                 Verdict::Odd {
-                    keep: a.worker,
-                    odd: b.worker,
+                    keep: a.identity,
+                    odd: b.identity,
                 }
             } else if b.output.agree(&c.output).is_ok() {
                 Verdict::Odd {
-                    keep: b.worker,
-                    odd: a.worker,
+                    keep: b.identity,
+                    odd: a.identity,
                 }
             } else {
                 Verdict::NoAgreement(format!(

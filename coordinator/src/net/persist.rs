@@ -7,13 +7,17 @@
 //! of letting them wait for an idle timeout; and the address it listened on,
 //! which it binds again when the config fixes no port. With a cluster CA the
 //! certificate is made afresh at each start (workers trust the CA), the
-//! reset key and the address are kept all the same.
+//! reset key and the address are kept all the same. It also keeps the salt
+//! of the redundancy sample (`crate::sched::sampled`): secret from the
+//! workers, and the same for a restarted coordinator, which samples the
+//! same units.
 //!
 //! The file holds a private key: it is written with mode 0600, and never
 //! under the run location, which workers can read.
 
 use super::tls::Identity;
 use super::NetError;
+use crate::sched::SampleSalt;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -36,6 +40,9 @@ struct Stored {
     reset_key: String,
     /// The address last listened on.
     addr: Option<SocketAddr>,
+    /// Salt of the redundancy sample, hex (made at the first run that needs it).
+    #[serde(default)]
+    sample_salt: Option<String>,
 }
 
 /// A coordinator identity kept on disk.
@@ -115,6 +122,20 @@ impl Kept {
             .filter(|a| listen.port() == 0 && a.ip() == listen.ip())
     }
 
+    /// The salt of the redundancy sample: the kept one, or a new one kept
+    /// from now on.
+    pub fn sample_salt(&mut self) -> Result<SampleSalt, NetError> {
+        let hex_salt = self
+            .stored
+            .sample_salt
+            .get_or_insert_with(|| hex::encode(common::wire::random_bytes(32)));
+        let bytes: [u8; 32] = hex::decode(hex_salt.as_str())
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| bad(&self.path, "the sample salt is not 32 bytes of hex"))?;
+        Ok(SampleSalt::new(bytes))
+    }
+
     /// Records the address now listened on.
     pub fn record_addr(&mut self, addr: SocketAddr) {
         self.stored.addr = Some(addr);
@@ -161,6 +182,16 @@ mod tests {
             id.fingerprint()
         );
         assert_eq!(again.reset_key().unwrap(), first.reset_key().unwrap());
+        let salt = again.sample_salt().unwrap();
+        again.save().unwrap();
+        assert_eq!(Kept::open(dir.path()).unwrap().sample_salt().unwrap(), salt);
+        assert_ne!(
+            Kept::open(&dir.path().join("other"))
+                .unwrap()
+                .sample_salt()
+                .unwrap(),
+            salt
+        );
         assert_eq!(
             again.preferred_addr(any),
             Some("127.0.0.1:40123".parse().unwrap())

@@ -330,14 +330,14 @@ async fn login<K: LeaseKind>(s: &mut Stream, hub: &Hub<K>) -> Result<WorkerId, E
         }
         None => return Err(Ended::new(code::PROTOCOL, "stream ended before Proof")),
     }
-    let id = match hub.register(&name, &backend) {
-        Ok(id) => id,
+    let (id, identity) = match hub.register(&name, &backend) {
+        Ok(ids) => ids,
         Err(refusal) => {
             tracing::warn!(worker = %peer_text(&name), "{refusal}");
             return Err(s.refuse(refusal).await);
         }
     };
-    tracing::info!(worker = %peer_text(&name), backend = %peer_text(&backend), %id, "worker joined");
+    tracing::info!(worker = %peer_text(&name), backend = %peer_text(&backend), %id, %identity, "worker joined");
     s.send(&hub.welcome(id)).await?;
     Ok(id)
 }
@@ -392,13 +392,13 @@ async fn work<K: LeaseKind>(
                 elapsed_ms,
             } => {
                 hub.deliver(id, lease_id, partial, sha256, elapsed_ms).await;
-                quarantine_refusal(hub, id).unwrap_or(ToWorker::Ack)
+                quarantine_refusal(hub, id)
             }
             ToCoordinator::Failed { lease_id, reason } => {
                 let reason = peer_text(&reason);
                 tracing::warn!(%id, %lease_id, "worker failed a lease: {reason}");
                 hub.fail(id, lease_id, &reason);
-                quarantine_refusal(hub, id).unwrap_or(ToWorker::Ack)
+                quarantine_refusal(hub, id)
             }
             ToCoordinator::Refuse { reason } => {
                 let reason = peer_text(&reason);
@@ -424,10 +424,11 @@ async fn work<K: LeaseKind>(
     }
 }
 
-/// The refusal for a worker that is quarantined now.
-fn quarantine_refusal<K: LeaseKind>(hub: &Hub<K>, id: WorkerId) -> Option<ToWorker> {
-    let why = hub.sched().quarantine_reason(id)?.to_string();
-    Some(ToWorker::Refused(Refusal::Quarantined(why)))
+/// The reply to a report: a refusal when the worker is quarantined now,
+/// else an Ack.
+fn quarantine_refusal<K: LeaseKind>(hub: &Hub<K>, id: WorkerId) -> ToWorker {
+    hub.quarantine_refusal(id)
+        .map_or(ToWorker::Ack, ToWorker::Refused)
 }
 
 fn poll_reply<K: LeaseKind>(hub: &Hub<K>, id: WorkerId, busy: bool) -> ToWorker {

@@ -119,6 +119,20 @@ pub struct CaArgs {
     pub dir: PathBuf,
 }
 
+/// Arguments of `coordinator worker-key`.
+#[derive(Args, Debug)]
+pub struct WorkerKeyArgs {
+    /// File holding the run's join secret (default: the MOE_CENSUS_JOIN_SECRET variable).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// The worker's name: the only one the key proves.
+    #[arg(long)]
+    pub name: String,
+    /// The key file to write (never replaced); give it to that worker only.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
 /// Everything [`execute`] needs: a run whose corpus is prepared.
 #[derive(Clone, Debug)]
 pub struct RunSetup {
@@ -185,6 +199,8 @@ pub struct RunSummary {
     pub retries: usize,
     /// Duplicate or late results dropped.
     pub duplicates: usize,
+    /// Disagreements decided without a third worker (kept result unverified), described.
+    pub unresolved: Vec<String>,
     /// Per-worker figures.
     pub workers: Vec<WorkerInfo>,
     /// Fit tokens in the merged result.
@@ -254,6 +270,7 @@ pub async fn execute_locked(
         computed: leased.computed,
         retries: leased.retries,
         duplicates: leased.duplicates,
+        unresolved: leased.unresolved,
         workers: leased.workers,
         ..RunSummary::default()
     };
@@ -320,11 +337,21 @@ pub(crate) async fn acceptance(
     .map_err(|e| RunError::Setup(format!("{what}: {e}")))
 }
 
-/// Starts the QUIC server for `hub` with the `[cluster]` settings, writes
-/// the join hint to `[cluster] connect_file` when one is set, and returns
-/// the server with what workers need to join.
+/// The coordinator's identity kept in `[cluster] identity_dir`, when one is set.
+pub(crate) fn kept_identity(cluster: &ClusterSettings) -> Result<Option<Kept>, RunError> {
+    Ok(match &cluster.identity_dir {
+        Some(dir) => Some(Kept::open(dir)?),
+        None => None,
+    })
+}
+
+/// Starts the QUIC server for `hub` with the `[cluster]` settings and the
+/// `kept` identity (saved with the address now used), writes the join hint
+/// to `[cluster] connect_file` when one is set, and returns the server with
+/// what workers need to join.
 pub(crate) fn listen<K: LeaseKind>(
     cluster: &ClusterSettings,
+    mut kept: Option<Kept>,
     hub: Arc<Hub<K>>,
     secret: JoinSecret,
     max_frame: u32,
@@ -335,10 +362,6 @@ pub(crate) fn listen<K: LeaseKind>(
         .listen
         .parse()
         .map_err(|e| RunError::Setup(format!("[cluster] listen {:?}: {e}", cluster.listen)))?;
-    let mut kept = match &cluster.identity_dir {
-        Some(dir) => Some(Kept::open(dir)?),
-        None => None,
-    };
     let identity = match (&mut kept, &cluster.ca_dir) {
         (Some(k), ca) => k.identity(&names, ca.as_deref())?,
         (None, Some(dir)) => Identity::from_ca(dir, &names)?,
@@ -448,6 +471,33 @@ pub fn ca(args: CaArgs) -> anyhow::Result<ExitCode> {
         cert.display(),
         args.dir.join(crate::net::tls::CA_KEY_FILE).display(),
         args.dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Entry point of `coordinator worker-key`: writes the key of one worker
+/// name (mode 0600, create-only), so that worker joins without the join
+/// secret and cannot pose as any other.
+pub fn worker_key(args: WorkerKeyArgs) -> anyhow::Result<ExitCode> {
+    if args.name.is_empty() {
+        anyhow::bail!("--name is empty: a worker key proves one name");
+    }
+    let cluster = ClusterSettings {
+        secret_file: args.secret_file.clone(),
+        ..ClusterSettings::default()
+    };
+    let (secret, shared) = secret(&cluster)?;
+    if !shared {
+        anyhow::bail!("no join secret: give --secret-file or set {SECRET_ENV}");
+    }
+    let key = common::secret::WorkerKey::derive(&secret, &args.name);
+    crate::net::tls::write_private(&args.out, key.file_text().as_bytes())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.out.display()))?;
+    println!(
+        "worker key of {:?} written: {} (give it to that worker only: `worker join --key-file {}`)",
+        args.name,
+        args.out.display(),
+        args.out.display()
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -1,7 +1,7 @@
 //! The progress bar: tokens measured, tokens/s, ETA, and per-worker throughput.
 
 use crate::net::hub::WorkerInfo;
-use common::wire::WorkerId;
+use crate::sched::Identity;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::BTreeMap;
 
@@ -25,7 +25,7 @@ impl Progress {
     }
 
     /// Adds measured tokens and refreshes the per-worker line.
-    pub fn advance(&self, tokens: u64, workers: &BTreeMap<WorkerId, WorkerInfo>) {
+    pub fn advance(&self, tokens: u64, workers: &BTreeMap<Identity, WorkerInfo>) {
         self.bar.inc(tokens);
         self.bar.set_message(worker_line(workers));
     }
@@ -37,7 +37,7 @@ impl Progress {
 }
 
 /// `name 1234 tok/s` per worker, from worker-side busy time.
-pub fn worker_line(workers: &BTreeMap<WorkerId, WorkerInfo>) -> String {
+pub fn worker_line(workers: &BTreeMap<Identity, WorkerInfo>) -> String {
     workers
         .values()
         .filter(|w| w.leases > 0)

@@ -9,10 +9,10 @@
 
 use super::record::{PartialRecord, Recorder};
 use super::resume::{self, merge_into};
-use super::{listen, progress, secret, serve, RunError, RunSetup};
+use super::{kept_identity, listen, progress, secret, serve, RunError, RunSetup};
 use crate::lease::LeaseKind;
 use crate::net::hub::{Hub, WorkerInfo};
-use crate::sched::Scheduler;
+use crate::sched::{SampleSalt, Scheduler};
 use common::lease::LeaseOutput;
 use common::wire::JobOptions;
 use common::ChunkRange;
@@ -66,6 +66,8 @@ pub struct Leased<T> {
     pub retries: usize,
     /// Duplicate or late results dropped.
     pub duplicates: usize,
+    /// Disagreements decided without a third worker, described.
+    pub unresolved: Vec<String>,
     /// Per-worker figures.
     pub workers: Vec<WorkerInfo>,
 }
@@ -122,6 +124,7 @@ pub async fn lease_all<K: LeaseKind>(
         computed: 0,
         retries: 0,
         duplicates: 0,
+        unresolved: Vec::new(),
         workers: Vec::new(),
     };
     if out.resumed < out.units {
@@ -139,6 +142,7 @@ pub async fn lease_all<K: LeaseKind>(
         out.computed = p.accepted;
         out.retries = p.retries;
         out.duplicates = p.duplicates;
+        out.unresolved = hub.unresolved();
         out.workers = hub.workers().into_values().collect();
     }
     Ok(out)
@@ -167,8 +171,14 @@ async fn serve_units<K: LeaseKind>(
             l.verify_fraction
         )));
     }
+    // The kept identity holds the sample's salt: a restart samples the same units.
+    let mut kept = kept_identity(cluster)?;
+    let salt = match &mut kept {
+        Some(k) => k.sample_salt()?,
+        None => SampleSalt::random(),
+    };
     let sched = Scheduler::new(
-        serve::sched_config(run, l.verify_fraction),
+        serve::sched_config(run, l.verify_fraction, salt),
         units,
         from.done,
     );
@@ -181,6 +191,7 @@ async fn serve_units<K: LeaseKind>(
     let hub = Arc::new(hub);
     let (server, listening) = listen(
         cluster,
+        kept,
         hub.clone(),
         secret,
         serve::max_frame(cluster),

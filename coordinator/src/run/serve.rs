@@ -7,7 +7,7 @@ use super::{RunError, RunSetup};
 use crate::lease::LeaseKind;
 use crate::net::hub::{Delivery, Hub};
 use crate::net::server::Server;
-use crate::sched::SchedConfig;
+use crate::sched::{SampleSalt, SchedConfig};
 use common::artifacts::names::CORPUS_DIR;
 use common::layout::STAGING_DIR;
 use common::store::{RunStore, StoreError};
@@ -27,8 +27,12 @@ pub(crate) fn max_frame(cluster: &ClusterSettings) -> u32 {
 }
 
 /// The scheduler's configuration for `run`'s leases, with `verify_fraction`
-/// of the units also sent to a second worker.
-pub(crate) fn sched_config(run: &RunSettings, verify_fraction: f64) -> SchedConfig {
+/// of the units (sampled under `sample_salt`) also sent to a second worker.
+pub(crate) fn sched_config(
+    run: &RunSettings,
+    verify_fraction: f64,
+    sample_salt: SampleSalt,
+) -> SchedConfig {
     SchedConfig {
         lease_timeout: Duration::from_secs(run.lease_timeout_s.max(1)),
         heartbeat_timeout: heartbeat_timeout(run),
@@ -36,6 +40,10 @@ pub(crate) fn sched_config(run: &RunSettings, verify_fraction: f64) -> SchedConf
         max_worker_failures: run.max_worker_failures.max(1),
         idle_poll: Duration::from_millis(200),
         verify_fraction,
+        sample_salt,
+        quarantine: Duration::from_secs(run.quarantine_s),
+        disagreement_wait: Duration::from_secs(run.disagreement_wait_s),
+        no_worker_grace: Duration::from_secs(run.no_worker_grace_s),
     }
 }
 
@@ -99,10 +107,7 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
                 _ = self.tick.tick() => {
                     // A coordinator that lost the run's lock stops at once.
                     hub.store().admit(super::lock::LOCK_FILE).await?;
-                    let now = hub.now();
-                    for e in hub.sched().tick(now) {
-                        tracing::warn!("{e:?}; the chunks go back to the queue");
-                    }
+                    hub.tick();
                     if let Some(e) = hub.sched().failure().cloned() {
                         return Err(e.into());
                     }

@@ -19,11 +19,22 @@ pub struct RunSettings {
     pub heartbeat_timeout_s: u64,
     /// Distinct workers a lease may fail on before the run fails.
     pub max_attempts: u32,
-    /// Failures in a row after which a worker is quarantined for the run
-    /// (its leases go to other workers).
+    /// Failures in a row after which a worker (an identity: its name, across
+    /// reconnects) is quarantined (its leases go to other workers).
     pub max_worker_failures: u32,
-    /// Fraction of leases (a deterministic sample) also run on a second
-    /// worker and compared: bitwise on the same backend, else counts exact
+    /// Seconds a quarantine for failures lasts; then the worker may join
+    /// again (one whose result two others contradicted stays out for the run).
+    pub quarantine_s: u64,
+    /// Seconds two disagreeing results wait for a third worker's when no
+    /// other worker is there to compute it; then the unit is decided
+    /// without it and the run reports the disagreement as unresolved.
+    pub disagreement_wait_s: u64,
+    /// Seconds the run waits, once quarantine left no healthy worker, for
+    /// one to join before it fails.
+    pub no_worker_grace_s: u64,
+    /// Fraction of leases (a sample salted with a secret the coordinator
+    /// keeps with its identity, so workers cannot tell which) also run on a
+    /// second worker and compared: bitwise on the same backend, else counts exact
     /// and sums within a tolerance; a mismatch gets a third opinion and the
     /// odd worker is quarantined. 0 (default) turns it off.
     pub verify_fraction: f64,
@@ -82,6 +93,9 @@ impl Default for RunSettings {
             heartbeat_timeout_s: sched.heartbeat_timeout.as_secs(),
             max_attempts: sched.max_attempts,
             max_worker_failures: sched.max_worker_failures,
+            quarantine_s: sched.quarantine.as_secs(),
+            disagreement_wait_s: sched.disagreement_wait.as_secs(),
+            no_worker_grace_s: sched.no_worker_grace.as_secs(),
             verify_fraction: sched.verify_fraction,
             n_ubatch: 512,
             trace_tokens_per_split: 65_536,
@@ -160,10 +174,12 @@ pub struct ClusterSettings {
     /// Where to write `{addr, pin, server_name}` for launch scripts.
     pub connect_file: Option<PathBuf>,
     /// Directory that keeps the coordinator's certificate, stateless-reset
-    /// key and listening address across restarts, so its workers rejoin a
-    /// restarted coordinator by themselves (`crate::net::persist`).
+    /// key, listening address and redundancy-sample salt across restarts,
+    /// so its workers rejoin a restarted coordinator by themselves and it
+    /// samples the same units (`crate::net::persist`).
     /// `coordinator run` defaults it to `.moe-census/` beside the config,
-    /// one subdirectory per run location; unset, every start is a new peer.
+    /// one subdirectory per run location; unset, every start is a new peer
+    /// with a new salt.
     pub identity_dir: Option<PathBuf>,
 }
 

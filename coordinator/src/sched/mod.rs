@@ -9,22 +9,36 @@
 //! unit is accepted, once; any later one (a duplicate or a late result of an
 //! expired lease) is only compared with the kept result's hash.
 //!
-//! Failures are counted per worker as well as per unit, so one bad node
-//! cannot fail the run: a failed unit goes to a worker that has not failed it
-//! (the same worker only when no other healthy worker could take it); a
-//! worker with [`SchedConfig::max_worker_failures`] failures in a row is
-//! quarantined (no more leases, its results ignored); the run fails only when
-//! a unit failed on [`SchedConfig::max_attempts`] distinct workers or a
-//! quarantine leaves no healthy worker.
+//! A worker is known by two ids: its connection ([`WorkerId`], fresh for
+//! every connection) holds leases and heartbeats; its [`Identity`] (the
+//! name its join proof is bound to, the same across reconnects) is what
+//! failures, quarantine and redundancy count, so a worker that reconnects
+//! is still the same worker.
 //!
-//! Redundancy: a deterministic sample of units ([`SchedConfig::verify_fraction`])
-//! needs results from two distinct workers. The caller compares them (the
+//! Failures are counted per identity as well as per unit, so one bad node
+//! cannot fail the run: a failed unit goes to an identity that has not
+//! failed it (the same one only when no other healthy identity could take
+//! it); an identity with [`SchedConfig::max_worker_failures`] failures in a
+//! row (a failed report, a bad result, an expired lease, a connection lost
+//! while it held a lease) is quarantined for [`SchedConfig::quarantine`]
+//! (no leases, its results ignored, its reconnects refused); the run fails
+//! only when a unit failed on [`SchedConfig::max_attempts`] distinct
+//! identities, or when quarantine left no healthy worker for
+//! [`SchedConfig::no_worker_grace`].
+//!
+//! Redundancy: a sample of units ([`sampled`], salted with a secret of the
+//! coordinator so workers cannot tell which units are checked) needs
+//! results from two distinct identities. The caller compares them (the
 //! scheduler sees hashes only) and settles the unit with a [`Verdict`]; a
-//! disagreement asks a third worker, and the odd one out is quarantined.
+//! disagreement asks a third identity, and the odd one out is quarantined.
+//! When no third identity is there for [`SchedConfig::disagreement_wait`],
+//! the unit is decided without it ([`Event::Unresolved`]): the run never
+//! waits for a worker that may not come.
 
 use common::wire::{LeaseGrant, LeaseId, WorkerId};
 use common::ChunkRange;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
 use std::time::Duration;
 
 #[cfg(test)]
@@ -43,9 +57,65 @@ pub struct SchedConfig {
     pub max_worker_failures: u32,
     /// How long an idle worker waits before polling again.
     pub idle_poll: Duration,
-    /// Fraction of units (a deterministic sample) also computed by a second
-    /// worker and compared; 0 turns redundancy off.
+    /// Fraction of units (a sample salted by [`SchedConfig::sample_salt`])
+    /// also computed by a second identity and compared; 0 turns redundancy off.
     pub verify_fraction: f64,
+    /// The coordinator's secret salt of the redundancy sample.
+    pub sample_salt: SampleSalt,
+    /// How long a quarantine for failures lasts (a worker whose result
+    /// two others contradicted stays out for the run).
+    pub quarantine: Duration,
+    /// How long a disagreement waits for a third identity before it is
+    /// decided without one.
+    pub disagreement_wait: Duration,
+    /// How long the run goes on with every worker quarantined (waiting for
+    /// a healthy one to join) before it fails.
+    pub no_worker_grace: Duration,
+}
+
+/// The secret salt of the redundancy sample: kept by the coordinator (with
+/// its identity, never under the run location workers read), so a worker
+/// cannot tell a checked lease from an unchecked one, and the same across
+/// restarts, so a resumed run samples the same units.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SampleSalt([u8; 32]);
+
+impl SampleSalt {
+    /// A salt of these bytes.
+    pub fn new(bytes: [u8; 32]) -> SampleSalt {
+        SampleSalt(bytes)
+    }
+
+    /// A fresh random salt.
+    pub fn random() -> SampleSalt {
+        let mut b = [0u8; 32];
+        b.copy_from_slice(&common::wire::random_bytes(32));
+        SampleSalt(b)
+    }
+}
+
+impl Default for SampleSalt {
+    /// A random salt: an unknown one is the safe default.
+    fn default() -> Self {
+        SampleSalt::random()
+    }
+}
+
+impl fmt::Debug for SampleSalt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SampleSalt(<redacted>)")
+    }
+}
+
+/// Who a worker is across its connections (numbered by the caller, one per
+/// name its join proof is bound to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Identity(pub u64);
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "identity#{}", self.0)
+    }
 }
 
 impl Default for SchedConfig {
@@ -57,6 +127,10 @@ impl Default for SchedConfig {
             max_worker_failures: 3,
             idle_poll: Duration::from_millis(500),
             verify_fraction: 0.0,
+            sample_salt: SampleSalt::default(),
+            quarantine: Duration::from_secs(3600),
+            disagreement_wait: Duration::from_secs(30),
+            no_worker_grace: Duration::from_secs(60),
         }
     }
 }
@@ -64,7 +138,7 @@ impl Default for SchedConfig {
 /// Why the run cannot finish.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SchedError {
-    /// A unit failed on too many distinct workers.
+    /// A unit failed on too many distinct identities.
     #[error(
         "chunks {range} failed on {workers} distinct workers (limit {max_attempts}); last: {last}"
     )]
@@ -78,11 +152,11 @@ pub enum SchedError {
         /// The last failure.
         last: String,
     },
-    /// Every registered worker is quarantined.
+    /// Every connected worker was quarantined, for longer than the grace period.
     #[error("no healthy worker remains: {worker} was quarantined after {why}")]
     NoHealthyWorker {
-        /// The last worker quarantined.
-        worker: WorkerId,
+        /// The last identity quarantined.
+        worker: Identity,
         /// Why it was.
         why: String,
     },
@@ -146,17 +220,17 @@ pub enum Completion {
 pub enum Verdict {
     /// The results agree; `keep`'s is accepted.
     Agree {
-        /// The worker whose result is kept.
-        keep: WorkerId,
+        /// The identity whose result is kept.
+        keep: Identity,
     },
-    /// Two results disagree: a third worker decides.
+    /// Two results disagree: a third identity decides.
     Disagree,
     /// Of three results, two agree: `keep`'s is accepted and `odd` is quarantined.
     Odd {
-        /// A worker of the agreeing pair.
-        keep: WorkerId,
-        /// The worker that disagreed.
-        odd: WorkerId,
+        /// An identity of the agreeing pair.
+        keep: Identity,
+        /// The identity that disagreed.
+        odd: Identity,
     },
     /// No two results agree: the run fails.
     NoAgreement(String),
@@ -178,10 +252,23 @@ pub enum Event {
     WorkerSilent(WorkerId),
     /// A worker failed too often in a row and gets no more work.
     Quarantined {
-        /// The worker.
-        worker: WorkerId,
+        /// The identity.
+        worker: Identity,
         /// Its failures and the last one.
         why: String,
+    },
+    /// A quarantine for failures ran out: the identity may join again.
+    Released(Identity),
+    /// Two results of a sampled unit disagreed and no third identity came
+    /// within the wait: `kept`'s result is accepted unverified (the one
+    /// whose results agreed with others more often, else the first).
+    Unresolved {
+        /// The chunks.
+        range: ChunkRange,
+        /// The identity whose result is kept.
+        kept: Identity,
+        /// The identity whose result is discarded.
+        other: Identity,
     },
 }
 
@@ -200,29 +287,43 @@ enum UnitState {
 struct Unit {
     range: ChunkRange,
     state: UnitState,
-    /// Workers this unit failed on (a failed report, a bad result, an
+    /// Identities this unit failed on (a failed report, a bad result, an
     /// expired lease, a lost connection).
-    failed_on: BTreeSet<WorkerId>,
-    /// Results of a unit sampled for redundancy: (worker, hash).
-    opinions: Vec<(WorkerId, String)>,
+    failed_on: BTreeSet<Identity>,
+    /// Results of a unit sampled for redundancy: (identity, hash).
+    opinions: Vec<(Identity, String)>,
     /// Results needed before the unit is decided: 1; 2 when sampled, 3
     /// after a disagreement.
     needed: usize,
+    /// Since when a disagreement waits with no third identity available.
+    waiting_since: Option<Duration>,
 }
 
 #[derive(Clone, Debug)]
 struct Lease {
     unit: usize,
     worker: WorkerId,
+    identity: Identity,
     deadline: Duration,
 }
 
+/// A connection.
 #[derive(Clone, Debug)]
 struct Worker {
+    identity: Identity,
     last_seen: Duration,
     lease: Option<LeaseId>,
+}
+
+/// What the scheduler knows of an identity across its connections.
+#[derive(Clone, Debug, Default)]
+struct Standing {
     /// Failures since its last accepted result.
     failures_in_a_row: u32,
+    /// Sampled units where its result agreed with another identity's.
+    agreed: u32,
+    /// Why it is quarantined, and until when (`None`: for the run).
+    quarantine: Option<(String, Option<Duration>)>,
 }
 
 /// Progress counters.
@@ -250,6 +351,8 @@ pub struct Progress {
     pub verified: usize,
     /// Sampled units whose first two results disagreed.
     pub disagreements: usize,
+    /// Disagreements decided without a third identity ([`Event::Unresolved`]).
+    pub unresolved: usize,
 }
 
 /// The lease state machine.
@@ -259,23 +362,31 @@ pub struct Scheduler {
     units: Vec<Unit>,
     queue: VecDeque<usize>,
     leases: BTreeMap<LeaseId, Lease>,
-    retired: BTreeMap<LeaseId, (usize, WorkerId)>,
+    retired: BTreeMap<LeaseId, (usize, WorkerId, Identity)>,
     workers: BTreeMap<WorkerId, Worker>,
-    /// Quarantined workers (kept after they disconnect) and why.
-    quarantined: BTreeMap<WorkerId, String>,
+    /// Every identity seen (kept after its connections end).
+    identities: BTreeMap<Identity, Standing>,
+    /// The last quarantine (for the failure when no healthy worker joins).
+    last_quarantine: Option<(Identity, String)>,
+    /// Since when every connected worker is quarantined.
+    unhealthy_since: Option<Duration>,
+    /// The latest time a call gave (quarantines are timed from it).
+    now: Duration,
     next_lease: u64,
     failed: Option<SchedError>,
     progress: Progress,
 }
 
-/// Whether a unit is in the deterministic redundancy sample of `fraction`
-/// (the same units on every run and restart).
-pub fn sampled(range: ChunkRange, fraction: f64) -> bool {
-    let mut x = u64::from(range.start).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^= x >> 31;
-    ((x >> 11) as f64) < fraction * (1u64 << 53) as f64
+/// Whether a unit is in the redundancy sample of `fraction` under `salt`:
+/// HMAC-SHA256 of the unit's first chunk, keyed by the salt, as a fraction
+/// of 2^64. The same units for the same salt (a resumed run); unknown
+/// ones to whoever lacks the salt.
+pub fn sampled(range: ChunkRange, fraction: f64, salt: &SampleSalt) -> bool {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &salt.0);
+    let tag = ring::hmac::sign(&key, &range.start.to_be_bytes());
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&tag.as_ref()[..8]);
+    ((u64::from_be_bytes(x) >> 11) as f64) < fraction * (1u64 << 53) as f64
 }
 
 /// Splits `0..n_chunks` into units of `lease_chunks` chunks (the last may be shorter).
@@ -310,11 +421,12 @@ impl Scheduler {
                 },
                 failed_on: BTreeSet::new(),
                 opinions: Vec::new(),
-                needed: if sampled(range, cfg.verify_fraction) {
+                needed: if sampled(range, cfg.verify_fraction, &cfg.sample_salt) {
                     2
                 } else {
                     1
                 },
+                waiting_since: None,
             })
             .collect();
         let queue = (0..units.len())
@@ -338,7 +450,10 @@ impl Scheduler {
             leases: BTreeMap::new(),
             retired: BTreeMap::new(),
             workers: BTreeMap::new(),
-            quarantined: BTreeMap::new(),
+            identities: BTreeMap::new(),
+            last_quarantine: None,
+            unhealthy_since: None,
+            now: Duration::ZERO,
             next_lease: 1,
             failed: None,
         }
@@ -367,36 +482,46 @@ impl Scheduler {
         self.failed.as_ref()
     }
 
-    /// A worker proved the join secret.
-    pub fn register(&mut self, worker: WorkerId, now: Duration) {
+    /// A connection of `identity` proved the join secret.
+    pub fn register(&mut self, worker: WorkerId, identity: Identity, now: Duration) {
+        self.now = self.now.max(now);
+        self.identities.entry(identity).or_default();
         self.workers.insert(
             worker,
             Worker {
+                identity,
                 last_seen: now,
                 lease: None,
-                failures_in_a_row: 0,
             },
         );
     }
 
-    /// Why a worker is quarantined, or `None` when it is not.
-    pub fn quarantine_reason(&self, worker: WorkerId) -> Option<&str> {
-        self.quarantined.get(&worker).map(String::as_str)
+    /// Why an identity is quarantined, or `None` when it is not.
+    pub fn quarantine_reason(&self, identity: Identity) -> Option<&str> {
+        let standing = self.identities.get(&identity)?;
+        standing.quarantine.as_ref().map(|(why, _)| why.as_str())
+    }
+
+    /// The identity of a connection.
+    pub fn identity_of(&self, worker: WorkerId) -> Option<Identity> {
+        self.workers.get(&worker).map(|w| w.identity)
     }
 
     /// A heartbeat (any message) from a worker.
     pub fn heartbeat(&mut self, worker: WorkerId, now: Duration) -> Result<(), SchedError> {
-        if let Some(why) = self.quarantined.get(&worker) {
-            return Err(SchedError::Quarantined {
-                worker,
-                why: why.clone(),
-            });
-        }
+        self.now = self.now.max(now);
         let w = self
             .workers
             .get_mut(&worker)
             .ok_or(SchedError::UnknownWorker(worker))?;
         w.last_seen = now;
+        let identity = w.identity;
+        if let Some(why) = self.quarantine_reason(identity) {
+            return Err(SchedError::Quarantined {
+                worker,
+                why: why.to_string(),
+            });
+        }
         Ok(())
     }
 
@@ -414,11 +539,8 @@ impl Scheduler {
         // An idle poll means the worker dropped whatever it held.
         if let Some(old) = self.workers[&worker].lease {
             self.retire(old, "the worker polled for new work without a result");
-            if let Some(why) = self.quarantined.get(&worker) {
-                return Grant::Failed(SchedError::Quarantined {
-                    worker,
-                    why: why.clone(),
-                });
+            if let Err(e) = self.heartbeat(worker, now) {
+                return Grant::Failed(e);
             }
         }
         if let Some(e) = &self.failed {
@@ -430,11 +552,13 @@ impl Scheduler {
         let lease_id = LeaseId(self.next_lease);
         self.next_lease += 1;
         self.units[unit].state = UnitState::Leased(lease_id);
+        let identity = self.workers[&worker].identity;
         self.leases.insert(
             lease_id,
             Lease {
                 unit,
                 worker,
+                identity,
                 deadline: now + self.cfg.lease_timeout,
             },
         );
@@ -448,34 +572,36 @@ impl Scheduler {
         })
     }
 
-    /// The first queued unit `worker` may take: one it has not failed, or
-    /// one that no other healthy worker could take either.
+    /// The first queued unit `worker` may take: one its identity has not
+    /// failed nor given its result for, or a failed one that no other
+    /// healthy identity could take either.
     fn next_unit_for(&mut self, worker: WorkerId) -> Option<usize> {
+        let me = self.workers.get(&worker)?.identity;
+        let healthy: BTreeSet<Identity> = self.healthy().collect();
         // Entries of units finished meanwhile (a late result) are skipped.
         let pos = self.queue.iter().position(|&u| {
             let unit = &self.units[u];
             let failed = &unit.failed_on;
             unit.state == UnitState::Pending
-                && unit.opinions.iter().all(|(w, _)| *w != worker)
-                && (!failed.contains(&worker)
-                    || self.healthy().all(|w| w == worker || failed.contains(&w)))
+                && unit.opinions.iter().all(|(i, _)| *i != me)
+                && (!failed.contains(&me) || healthy.iter().all(|i| *i == me || failed.contains(i)))
         })?;
         self.queue.remove(pos)
     }
 
-    /// Registered workers that are not quarantined.
-    fn healthy(&self) -> impl Iterator<Item = WorkerId> + '_ {
+    /// Identities with a connection that are not quarantined.
+    fn healthy(&self) -> impl Iterator<Item = Identity> + '_ {
         self.workers
-            .keys()
-            .copied()
-            .filter(|w| !self.quarantined.contains_key(w))
+            .values()
+            .map(|w| w.identity)
+            .filter(|i| self.quarantine_reason(*i).is_none())
     }
 
     /// The chunks of a lease this worker holds or held.
     pub fn lease_range(&self, lease: LeaseId, worker: WorkerId) -> Option<ChunkRange> {
         match (self.leases.get(&lease), self.retired.get(&lease)) {
             (Some(l), _) if l.worker == worker => Some(self.units[l.unit].range),
-            (_, Some(&(unit, w))) if w == worker => Some(self.units[unit].range),
+            (_, Some(&(unit, w, _))) if w == worker => Some(self.units[unit].range),
             _ => None,
         }
     }
@@ -490,21 +616,26 @@ impl Scheduler {
         sha256: &str,
         now: Duration,
     ) -> Completion {
-        if self.heartbeat(worker, now).is_err() && self.quarantined.contains_key(&worker) {
+        if let Err(SchedError::Quarantined { .. }) = self.heartbeat(worker, now) {
             return Completion::Unknown;
         }
-        let unit = match (self.leases.get(&lease), self.retired.get(&lease)) {
-            (Some(l), _) if l.worker == worker => l.unit,
-            (_, Some(&(unit, w))) if w == worker => unit,
+        let (unit, identity) = match (self.leases.get(&lease), self.retired.get(&lease)) {
+            (Some(l), _) if l.worker == worker => (l.unit, l.identity),
+            (_, Some(&(unit, w, i))) if w == worker => (unit, i),
             _ => return Completion::Unknown,
         };
+        if self.quarantine_reason(identity).is_some() {
+            return Completion::Unknown;
+        }
         self.leases.remove(&lease);
         self.retired.remove(&lease);
         if let Some(w) = self.workers.get_mut(&worker) {
             if w.lease == Some(lease) {
                 w.lease = None;
             }
-            w.failures_in_a_row = 0;
+        }
+        if let Some(standing) = self.identities.get_mut(&identity) {
+            standing.failures_in_a_row = 0;
         }
         let u = &mut self.units[unit];
         match &u.state {
@@ -518,10 +649,10 @@ impl Scheduler {
                 }
             }
             _ if u.needed > 1 => {
-                if u.opinions.iter().any(|(w, _)| *w == worker) {
+                if u.opinions.iter().any(|(i, _)| *i == identity) {
                     return Completion::Unknown;
                 }
-                u.opinions.push((worker, sha256.to_string()));
+                u.opinions.push((identity, sha256.to_string()));
                 if u.opinions.len() < u.needed {
                     u.state = UnitState::Pending;
                     self.queue.push_front(unit);
@@ -546,9 +677,10 @@ impl Scheduler {
         }
     }
 
-    /// Settles a unit that returned [`Completion::Decide`]. Returns the
-    /// quarantine of the odd worker, if any.
-    pub fn settle(&mut self, range: ChunkRange, verdict: Verdict) -> Option<Event> {
+    /// Settles a unit that returned [`Completion::Decide`] at `now`.
+    /// Returns the quarantine of the odd identity, if any.
+    pub fn settle(&mut self, range: ChunkRange, verdict: Verdict, now: Duration) -> Option<Event> {
+        self.now = self.now.max(now);
         let unit = self.units.iter().position(|u| u.range == range)?;
         if self.units[unit].state != UnitState::Deciding {
             return None;
@@ -559,6 +691,7 @@ impl Scheduler {
             Verdict::Disagree => {
                 u.needed = u.opinions.len() + 1;
                 u.state = UnitState::Pending;
+                u.waiting_since = Some(now);
                 self.queue.push_front(unit);
                 self.progress.disagreements += 1;
                 return None;
@@ -574,23 +707,89 @@ impl Scheduler {
                 return None;
             }
         };
+        let odd = match verdict {
+            Verdict::Odd { odd, .. } => Some(odd),
+            _ => None,
+        };
+        for (i, _) in &u.opinions {
+            if Some(*i) != odd {
+                self.identities.entry(*i).or_default().agreed += 1;
+            }
+        }
+        self.finish_unit(unit, keep);
+        self.progress.verified += 1;
+        let why = format!("its result for chunks {range} disagreed with two other workers'");
+        odd.and_then(|odd| self.quarantine(odd, why, None))
+    }
+
+    /// Marks a sampled unit done with `keep`'s result.
+    fn finish_unit(&mut self, unit: usize, keep: Identity) {
+        let u = &mut self.units[unit];
         let sha256 = u
             .opinions
             .iter()
-            .find(|(w, _)| *w == keep)
+            .find(|(i, _)| *i == keep)
             .map(|(_, h)| h.clone())
             .unwrap_or_default();
         u.state = UnitState::Done { sha256 };
+        u.waiting_since = None;
         self.progress.done += 1;
         self.progress.accepted += 1;
-        self.progress.verified += 1;
-        match verdict {
-            Verdict::Odd { odd, .. } => self.quarantine(
-                odd,
-                format!("its result for chunks {range} disagreed with two other workers'"),
-            ),
-            _ => None,
+    }
+
+    /// Decides the disagreements that waited past
+    /// [`SchedConfig::disagreement_wait`] with no third identity available
+    /// (a healthy connected one without a result for the unit): the result
+    /// of the identity that agreed with others more often is kept, else the
+    /// first one.
+    fn decide_waiting(&mut self, now: Duration) -> Vec<Event> {
+        let healthy: BTreeSet<Identity> = self.healthy().collect();
+        let agreed: BTreeMap<Identity, u32> = self
+            .identities
+            .iter()
+            .map(|(i, s)| (*i, s.agreed))
+            .collect();
+        let mut events = Vec::new();
+        for unit in 0..self.units.len() {
+            let u = &mut self.units[unit];
+            let Some(since) = u.waiting_since else {
+                continue;
+            };
+            if u.state != UnitState::Pending {
+                continue;
+            }
+            if healthy
+                .iter()
+                .any(|i| u.opinions.iter().all(|(o, _)| o != i))
+            {
+                // A third identity could take it: keep waiting for it.
+                u.waiting_since = Some(now);
+                continue;
+            }
+            if now < since + self.cfg.disagreement_wait {
+                continue;
+            }
+            // Of equals, the first result (`max_by_key` keeps the last).
+            let Some(&(kept, _)) = u
+                .opinions
+                .iter()
+                .rev()
+                .max_by_key(|(i, _)| agreed.get(i).copied().unwrap_or(0))
+            else {
+                continue;
+            };
+            let other = u
+                .opinions
+                .iter()
+                .map(|(i, _)| *i)
+                .find(|i| *i != kept)
+                .unwrap_or(kept);
+            let range = u.range;
+            self.finish_unit(unit, kept);
+            self.progress.unresolved += 1;
+            events.push(Event::Unresolved { range, kept, other });
         }
+        events
     }
 
     /// A worker reports it could not finish a lease, or its result failed a
@@ -610,18 +809,23 @@ impl Scheduler {
         None
     }
 
-    /// A worker's connection ended: its lease goes back to the queue.
+    /// A worker's connection ended: its lease goes back to the queue (a
+    /// failure of its identity).
     pub fn disconnect(&mut self, worker: WorkerId, reason: &str) {
-        if let Some(w) = self.workers.remove(&worker) {
-            if let Some(lease) = w.lease {
-                self.retire(lease, reason);
-            }
+        let lease = self.workers.get(&worker).and_then(|w| w.lease);
+        if let Some(lease) = lease {
+            self.retire(lease, reason);
         }
+        self.workers.remove(&worker);
     }
 
-    /// Expires leases past their deadline and workers past the heartbeat timeout.
+    /// Expires leases past their deadline and workers past the heartbeat
+    /// timeout, ends quarantines that ran out, decides disagreements that
+    /// waited too long for a third identity, and fails the run when
+    /// quarantine left no healthy worker for the grace period.
     pub fn tick(&mut self, now: Duration) -> Vec<Event> {
-        let mut events = Vec::new();
+        self.now = self.now.max(now);
+        let mut events = self.release_expired(now);
         let expired: Vec<LeaseId> = self
             .leases
             .iter()
@@ -648,7 +852,45 @@ impl Scheduler {
             events.push(Event::WorkerSilent(worker));
             self.disconnect(worker, "the worker stopped sending heartbeats");
         }
+        events.extend(self.decide_waiting(now));
+        self.check_health(now);
         events
+    }
+
+    /// Ends the quarantines for failures that ran out by `now` (also done
+    /// by [`Scheduler::tick`]; called before a connection is checked).
+    pub fn release_expired(&mut self, now: Duration) -> Vec<Event> {
+        let mut events = Vec::new();
+        for (&identity, standing) in &mut self.identities {
+            if let Some((_, Some(until))) = &standing.quarantine {
+                if *until <= now {
+                    standing.quarantine = None;
+                    standing.failures_in_a_row = 0;
+                    events.push(Event::Released(identity));
+                }
+            }
+        }
+        events
+    }
+
+    /// Fails the run when, since a quarantine, no healthy worker has been
+    /// connected for [`SchedConfig::no_worker_grace`].
+    fn check_health(&mut self, now: Duration) {
+        let Some((worker, why)) = self.last_quarantine.clone() else {
+            return;
+        };
+        if self.is_finished() {
+            return;
+        }
+        if self.healthy().next().is_some() {
+            self.unhealthy_since = None;
+            return;
+        }
+        let since = *self.unhealthy_since.get_or_insert(now);
+        if now >= since + self.cfg.no_worker_grace {
+            self.failed
+                .get_or_insert(SchedError::NoHealthyWorker { worker, why });
+        }
     }
 
     /// Takes a live lease away from its worker: the unit, marked as failed
@@ -658,7 +900,7 @@ impl Scheduler {
     /// still matched through `retired`.
     fn retire(&mut self, lease: LeaseId, reason: &str) -> Option<Event> {
         let l = self.leases.remove(&lease)?;
-        self.retired.insert(lease, (l.unit, l.worker));
+        self.retired.insert(lease, (l.unit, l.worker, l.identity));
         if let Some(w) = self.workers.get_mut(&l.worker) {
             if w.lease == Some(lease) {
                 w.lease = None;
@@ -670,7 +912,7 @@ impl Scheduler {
         }
         self.progress.retries += 1;
         u.state = UnitState::Pending;
-        u.failed_on.insert(l.worker);
+        u.failed_on.insert(l.identity);
         let distinct = u.failed_on.len() as u32;
         if distinct >= self.cfg.max_attempts {
             self.failed.get_or_insert(SchedError::UnitFailed {
@@ -682,40 +924,49 @@ impl Scheduler {
         } else {
             self.queue.push_front(l.unit);
         }
-        self.count_failure(l.worker, reason)
+        self.count_failure(l.identity, reason)
     }
 
-    /// One more failure in a row for a registered worker; at the limit it is
-    /// quarantined, and when that leaves no healthy worker the run fails.
-    fn count_failure(&mut self, worker: WorkerId, reason: &str) -> Option<Event> {
-        let w = self.workers.get_mut(&worker)?;
-        w.failures_in_a_row += 1;
-        if w.failures_in_a_row < self.cfg.max_worker_failures.max(1)
-            || self.quarantined.contains_key(&worker)
-        {
+    /// One more failure in a row for an identity; at the limit it is
+    /// quarantined for [`SchedConfig::quarantine`].
+    fn count_failure(&mut self, identity: Identity, reason: &str) -> Option<Event> {
+        let s = self.identities.entry(identity).or_default();
+        s.failures_in_a_row += 1;
+        if s.failures_in_a_row < self.cfg.max_worker_failures.max(1) || s.quarantine.is_some() {
             return None;
         }
-        let why = format!("{} failures in a row; last: {reason}", w.failures_in_a_row);
-        self.quarantine(worker, why)
+        let why = format!("{} failures in a row; last: {reason}", s.failures_in_a_row);
+        self.quarantine(identity, why, Some(self.cfg.quarantine))
     }
 
-    /// Keeps `worker` out of the run; when that leaves no healthy worker the
-    /// run fails.
-    fn quarantine(&mut self, worker: WorkerId, why: String) -> Option<Event> {
-        if self.quarantined.contains_key(&worker) {
+    /// Keeps `identity` out of the run (for `lasting`, else for the run):
+    /// its connections' leases go back to the queue; when that leaves no
+    /// healthy worker the run fails after the grace period ([`Scheduler::tick`]).
+    fn quarantine(
+        &mut self,
+        identity: Identity,
+        why: String,
+        lasting: Option<Duration>,
+    ) -> Option<Event> {
+        if self.quarantine_reason(identity).is_some() {
             return None;
         }
-        self.quarantined.insert(worker, why.clone());
+        let until = lasting.map(|d| self.now + d);
+        self.identities.entry(identity).or_default().quarantine = Some((why.clone(), until));
         self.progress.quarantined += 1;
-        if let Some(lease) = self.workers.get(&worker).and_then(|w| w.lease) {
+        self.last_quarantine = Some((identity, why.clone()));
+        let held: Vec<LeaseId> = self
+            .workers
+            .values()
+            .filter(|w| w.identity == identity)
+            .filter_map(|w| w.lease)
+            .collect();
+        for lease in held {
             self.retire(lease, "its worker was quarantined");
         }
-        if self.healthy().next().is_none() {
-            self.failed.get_or_insert(SchedError::NoHealthyWorker {
-                worker,
-                why: why.clone(),
-            });
-        }
-        Some(Event::Quarantined { worker, why })
+        Some(Event::Quarantined {
+            worker: identity,
+            why,
+        })
     }
 }

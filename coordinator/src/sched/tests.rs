@@ -7,6 +7,14 @@ use super::*;
 const W1: WorkerId = WorkerId(1);
 const W2: WorkerId = WorkerId(2);
 const W3: WorkerId = WorkerId(3);
+const I1: Identity = Identity(1);
+const I2: Identity = Identity(2);
+
+/// The identity of a connection in these tests: one per connection,
+/// except where a test reconnects a worker.
+fn id(w: WorkerId) -> Identity {
+    Identity(w.0)
+}
 
 fn cfg() -> SchedConfig {
     SchedConfig {
@@ -16,6 +24,10 @@ fn cfg() -> SchedConfig {
         max_worker_failures: 3,
         idle_poll: Duration::from_millis(100),
         verify_fraction: 0.0,
+        sample_salt: SampleSalt::new([7; 32]),
+        quarantine: Duration::from_secs(100),
+        disagreement_wait: Duration::from_secs(5),
+        no_worker_grace: Duration::from_secs(20),
     }
 }
 
@@ -60,7 +72,7 @@ fn simulate(
     let mut accepted = Vec::new();
     let mut running: BTreeMap<WorkerId, (LeaseGrant, Duration)> = BTreeMap::new();
     for &w in workers {
-        s.register(w, Duration::ZERO);
+        s.register(w, id(w), Duration::ZERO);
     }
     for t in 0..1000u64 {
         let now = secs(t);
@@ -129,8 +141,8 @@ fn blackhole_worker_lease_expires_and_is_retried_elsewhere() {
 fn expiry_reports_an_event_and_requeues_the_unit_first() {
     let units = plan(4, 2);
     let mut s = Scheduler::new(cfg(), units, &BTreeMap::new());
-    s.register(W1, secs(0));
-    s.register(W2, secs(0));
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
     let l1 = lease(s.request(W1, secs(0)));
     let _l2 = lease(s.request(W2, secs(0)));
     s.heartbeat(W1, secs(9)).unwrap();
@@ -145,18 +157,18 @@ fn expiry_reports_an_event_and_requeues_the_unit_first() {
         "{ev:?}"
     );
     // W2's lease expired too; a fresh worker gets W1's unit back first.
-    s.register(W3, secs(10));
+    s.register(W3, id(W3), secs(10));
     assert_eq!(lease(s.request(W3, secs(10))).range, l1.range);
 }
 
 #[test]
 fn silent_worker_is_dropped_and_its_lease_requeued() {
     let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
-    s.register(W1, secs(0));
+    s.register(W1, id(W1), secs(0));
     let l = lease(s.request(W1, secs(0)));
     assert_eq!(s.tick(secs(3)), vec![Event::WorkerSilent(W1)]);
     assert_eq!(s.progress().retries, 1);
-    s.register(W2, secs(3));
+    s.register(W2, id(W2), secs(3));
     assert_eq!(lease(s.request(W2, secs(3))).range, l.range);
     // The dropped worker is unknown now.
     assert_eq!(s.heartbeat(W1, secs(4)), Err(SchedError::UnknownWorker(W1)));
@@ -167,7 +179,7 @@ fn disconnect_requeues_and_retries_are_bounded_with_a_clear_failure() {
     let mut s = Scheduler::new(cfg(), plan(4, 4), &BTreeMap::new());
     for i in 0..3 {
         let w = WorkerId(10 + i);
-        s.register(w, secs(i));
+        s.register(w, id(w), secs(i));
         let l = lease(s.request(w, secs(i)));
         assert_eq!(l.range, ChunkRange { start: 0, end: 4 });
         s.disconnect(w, "connection lost: killed");
@@ -177,15 +189,15 @@ fn disconnect_requeues_and_retries_are_bounded_with_a_clear_failure() {
         err.to_string(),
         "chunks 0..4 failed on 3 distinct workers (limit 3); last: connection lost: killed"
     );
-    s.register(W1, secs(5));
+    s.register(W1, id(W1), secs(5));
     assert_eq!(s.request(W1, secs(5)), Grant::Failed(err));
 }
 
 #[test]
 fn late_result_of_expired_lease_is_accepted_once_and_the_retry_is_a_duplicate() {
     let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
-    s.register(W1, secs(0));
-    s.register(W2, secs(0));
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
     let l1 = lease(s.request(W1, secs(0)));
     s.heartbeat(W1, secs(10)).unwrap();
     s.heartbeat(W2, secs(10)).unwrap();
@@ -216,8 +228,8 @@ fn late_result_of_expired_lease_is_accepted_once_and_the_retry_is_a_duplicate() 
 #[test]
 fn differing_duplicate_is_counted_as_a_mismatch() {
     let mut s = Scheduler::new(cfg(), plan(1, 1), &BTreeMap::new());
-    s.register(W1, secs(0));
-    s.register(W2, secs(0));
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
     let l1 = lease(s.request(W1, secs(0)));
     s.disconnect(W1, "gone");
     let l2 = lease(s.request(W2, secs(1)));
@@ -235,8 +247,8 @@ fn differing_duplicate_is_counted_as_a_mismatch() {
 #[test]
 fn results_from_a_worker_that_does_not_hold_the_lease_are_unknown() {
     let mut s = Scheduler::new(cfg(), plan(2, 1), &BTreeMap::new());
-    s.register(W1, secs(0));
-    s.register(W2, secs(0));
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
     let l1 = lease(s.request(W1, secs(0)));
     assert_eq!(
         s.complete(l1.lease_id, W2, "x", secs(1)),
@@ -253,7 +265,7 @@ fn resumed_units_are_not_leased_again() {
         [(units[0], "h0".to_string()), (units[2], "h2".to_string())].into();
     let mut s = Scheduler::new(cfg(), units.clone(), &done);
     assert_eq!(s.progress().resumed, 2);
-    s.register(W1, secs(0));
+    s.register(W1, id(W1), secs(0));
     let l = lease(s.request(W1, secs(0)));
     assert_eq!(l.range, units[1]);
     let again = lease(s.request(W1, secs(0)));
@@ -270,8 +282,8 @@ fn failures_reported_in_a_burst_do_not_fail_the_run() {
     // Regression: three `Failed` reports for one worker's leases within
     // milliseconds used to fail the run ("chunks 0..4 failed 3 times").
     let mut s = Scheduler::new(cfg(), plan(16, 4), &BTreeMap::new());
-    s.register(W1, secs(0));
-    s.register(W2, secs(0));
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
     let first = lease(s.request(W1, secs(0)));
     let mut quarantine = None;
     for _ in 0..3 {
@@ -283,12 +295,12 @@ fn failures_reported_in_a_burst_do_not_fail_the_run() {
     }
     let _ = first;
     assert!(
-        matches!(quarantine, Some(Event::Quarantined { worker: W1, .. })),
+        matches!(quarantine, Some(Event::Quarantined { worker: I1, .. })),
         "{quarantine:?}"
     );
     assert!(s.failure().is_none(), "{:?}", s.failure());
     assert!(s
-        .quarantine_reason(W1)
+        .quarantine_reason(id(W1))
         .unwrap()
         .contains("3 failures in a row"));
     // W2 finishes everything.
@@ -305,8 +317,8 @@ fn failures_reported_in_a_burst_do_not_fail_the_run() {
 #[test]
 fn a_failed_unit_goes_to_another_worker_not_straight_back() {
     let mut s = Scheduler::new(cfg(), plan(4, 2), &BTreeMap::new());
-    s.register(W1, secs(0));
-    s.register(W2, secs(0));
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
     let l = lease(s.request(W1, secs(0)));
     assert_eq!(s.fail(l.lease_id, W1, "oom", secs(1)), None);
     let again = lease(s.request(W1, secs(1)));
@@ -317,7 +329,7 @@ fn a_failed_unit_goes_to_another_worker_not_straight_back() {
 #[test]
 fn a_lone_worker_may_retry_its_own_failure_until_quarantined() {
     let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
-    s.register(W1, secs(0));
+    s.register(W1, id(W1), secs(0));
     let l = lease(s.request(W1, secs(0)));
     s.fail(l.lease_id, W1, "transient", secs(0));
     // No other worker could take it: W1 may try again, and succeed.
@@ -328,25 +340,116 @@ fn a_lone_worker_may_retry_its_own_failure_until_quarantined() {
 }
 
 #[test]
-fn quarantine_that_leaves_no_healthy_worker_fails_the_run_clearly() {
+fn quarantine_that_leaves_no_healthy_worker_fails_the_run_clearly_after_the_grace_period() {
     let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
-    s.register(W1, secs(0));
+    s.register(W1, id(W1), secs(0));
     for t in 0..3 {
         let l = lease(s.request(W1, secs(t)));
         s.fail(l.lease_id, W1, "corpus unreadable", secs(t));
     }
+    s.tick(secs(3));
+    s.tick(secs(22));
+    assert!(s.failure().is_none(), "within the 20 s grace period");
+    s.tick(secs(23));
     let e = s.failure().cloned().expect("the run failed");
     assert_eq!(
         e.to_string(),
-        "no healthy worker remains: worker#1 was quarantined after 3 failures in a row; last: corpus unreadable"
+        "no healthy worker remains: identity#1 was quarantined after 3 failures in a row; last: corpus unreadable"
     );
+}
+
+#[test]
+fn a_worker_that_fails_first_does_not_fail_a_run_an_honest_one_joins_within_the_grace() {
+    let mut s = Scheduler::new(cfg(), plan(4, 2), &BTreeMap::new());
+    s.register(W1, id(W1), secs(0));
+    for t in 0..3 {
+        let l = lease(s.request(W1, secs(t)));
+        s.fail(l.lease_id, W1, "CUDA error", secs(t));
+        s.tick(secs(t));
+    }
+    assert!(s.quarantine_reason(I1).is_some());
+    s.tick(secs(10));
+    s.register(W2, id(W2), secs(15));
+    while !s.is_finished() {
+        s.tick(secs(16));
+        let l = lease(s.request(W2, secs(16)));
+        s.complete(l.lease_id, W2, &sha(l.range), secs(16));
+    }
+    s.tick(secs(60));
+    assert!(s.failure().is_none(), "{:?}", s.failure());
+}
+
+#[test]
+fn identity_not_connection_counts_failures_quarantine_and_opinions() {
+    // One identity, a new connection for each lease: its failures add up,
+    // it is never its own second opinion, and its quarantine outlives the
+    // connection and times out.
+    let mut s = Scheduler::new(verifying(), plan(4, 2), &BTreeMap::new());
+    s.register(WorkerId(10), I1, secs(0));
+    let l = lease(s.request(WorkerId(10), secs(0)));
+    assert!(matches!(
+        s.complete(l.lease_id, WorkerId(10), "h", secs(0)),
+        Completion::Opinion { have: 1, .. }
+    ));
+    s.disconnect(WorkerId(10), "reconnecting");
+    for n in 11..14u64 {
+        let w = WorkerId(n);
+        s.register(w, I1, secs(n - 10));
+        let other = lease(s.request(w, secs(n - 10)));
+        assert_ne!(other.range, l.range, "never the unit it already answered");
+        s.disconnect(w, "connection lost");
+    }
+    let why = s.quarantine_reason(I1).expect("quarantined by identity");
+    assert!(why.contains("3 failures in a row"), "{why}");
+    s.register(WorkerId(14), I1, secs(4));
+    assert!(matches!(
+        s.request(WorkerId(14), secs(4)),
+        Grant::Failed(SchedError::Quarantined { .. })
+    ));
+    s.disconnect(WorkerId(14), "refused");
+    assert!(
+        s.failure().is_none(),
+        "one identity's failures are one worker's"
+    );
+    assert_eq!(s.tick(secs(104)), vec![Event::Released(I1)]);
+    assert!(s.quarantine_reason(I1).is_none());
+}
+
+#[test]
+fn a_disagreement_with_no_third_identity_is_decided_after_the_wait() {
+    let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
+    let a = lease(s.request(W1, secs(0)));
+    s.complete(a.lease_id, W1, "h1", secs(1));
+    let b = lease(s.request(W2, secs(1)));
+    assert_eq!(
+        s.complete(b.lease_id, W2, "h2", secs(2)),
+        Completion::Decide(a.range)
+    );
+    s.settle(a.range, Verdict::Disagree, secs(2));
+    for w in [W1, W2] {
+        s.heartbeat(w, secs(6)).unwrap();
+    }
+    assert!(s.tick(secs(6)).is_empty(), "still waiting");
+    assert_eq!(
+        s.tick(secs(7)),
+        vec![Event::Unresolved {
+            range: a.range,
+            kept: I1,
+            other: I2
+        }]
+    );
+    assert!(s.is_finished());
+    let p = s.progress();
+    assert_eq!((p.disagreements, p.unresolved, p.verified), (1, 1, 0));
 }
 
 #[test]
 fn a_quarantined_worker_gets_no_work_and_its_results_are_ignored() {
     let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
-    s.register(W1, secs(0));
-    s.register(W2, secs(0));
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
     let mut last = None;
     for t in 0..3 {
         let l = lease(s.request(W1, secs(t)));
@@ -368,14 +471,14 @@ fn a_quarantined_worker_gets_no_work_and_its_results_are_ignored() {
     );
     // Still quarantined after it disconnects (a reconnect is refused by name upstream).
     s.disconnect(W1, "bye");
-    assert!(s.quarantine_reason(W1).is_some());
+    assert!(s.quarantine_reason(id(W1)).is_some());
 }
 
 #[test]
 fn a_unit_fails_the_run_only_after_distinct_workers_failed_it() {
     let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
     for w in [W1, W2, W3] {
-        s.register(w, secs(0));
+        s.register(w, id(w), secs(0));
     }
     for (i, w) in [W1, W2].into_iter().enumerate() {
         let l = lease(s.request(w, secs(i as u64)));
@@ -395,7 +498,7 @@ fn flaky_worker_is_quarantined_and_the_others_finish_in_simulated_time() {
     let units = plan(30, 2);
     let mut s = Scheduler::new(cfg(), units.clone(), &BTreeMap::new());
     for w in [W1, W2, W3] {
-        s.register(w, Duration::ZERO);
+        s.register(w, id(w), Duration::ZERO);
     }
     let mut accepted = Vec::new();
     let mut running: BTreeMap<WorkerId, (LeaseGrant, Duration)> = BTreeMap::new();
@@ -403,7 +506,7 @@ fn flaky_worker_is_quarantined_and_the_others_finish_in_simulated_time() {
         let now = secs(t);
         s.tick(now);
         for w in [W1, W2, W3] {
-            if s.quarantine_reason(w).is_some() {
+            if s.quarantine_reason(id(w)).is_some() {
                 continue;
             }
             if w == W1 {
@@ -436,7 +539,7 @@ fn flaky_worker_is_quarantined_and_the_others_finish_in_simulated_time() {
     assert!(s.failure().is_none(), "{:?}", s.failure());
     accepted.sort();
     assert_eq!(accepted, units);
-    assert!(s.quarantine_reason(W1).is_some());
+    assert!(s.quarantine_reason(id(W1)).is_some());
     assert_eq!(s.progress().quarantined, 1);
     assert_eq!(
         s.progress().retries,
@@ -455,8 +558,8 @@ fn verifying() -> SchedConfig {
 #[test]
 fn sampled_units_need_results_from_two_workers() {
     let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
-    s.register(W1, secs(0));
-    s.register(W2, secs(0));
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
     let l1 = lease(s.request(W1, secs(0)));
     assert_eq!(
         s.complete(l1.lease_id, W1, "h", secs(1)),
@@ -477,7 +580,10 @@ fn sampled_units_need_results_from_two_workers() {
         s.complete(l2.lease_id, W2, "h", secs(2)),
         Completion::Decide(l1.range)
     );
-    assert_eq!(s.settle(l1.range, Verdict::Agree { keep: W1 }), None);
+    assert_eq!(
+        s.settle(l1.range, Verdict::Agree { keep: I1 }, secs(2)),
+        None
+    );
     assert!(s.is_finished());
     assert_eq!((s.progress().verified, s.progress().accepted), (1, 1));
 }
@@ -486,7 +592,7 @@ fn sampled_units_need_results_from_two_workers() {
 fn a_disagreement_asks_a_third_worker_and_quarantines_the_odd_one() {
     let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
     for w in [W1, W2, W3] {
-        s.register(w, secs(0));
+        s.register(w, id(w), secs(0));
     }
     let cheat = lease(s.request(W2, secs(0)));
     s.complete(cheat.lease_id, W2, "forged", secs(1));
@@ -496,7 +602,7 @@ fn a_disagreement_asks_a_third_worker_and_quarantines_the_odd_one() {
         s.complete(honest.lease_id, W1, "h", secs(2)),
         Completion::Decide(range)
     );
-    assert_eq!(s.settle(range, Verdict::Disagree), None);
+    assert_eq!(s.settle(range, Verdict::Disagree, secs(2)), None);
     assert!(!s.is_finished());
     assert!(matches!(s.request(W1, secs(2)), Grant::Wait(_)));
     assert!(matches!(s.request(W2, secs(2)), Grant::Wait(_)));
@@ -505,13 +611,13 @@ fn a_disagreement_asks_a_third_worker_and_quarantines_the_odd_one() {
         s.complete(third.lease_id, W3, "h", secs(3)),
         Completion::Decide(range)
     );
-    let event = s.settle(range, Verdict::Odd { keep: W1, odd: W2 });
+    let event = s.settle(range, Verdict::Odd { keep: I1, odd: I2 }, secs(3));
     assert!(
-        matches!(event, Some(Event::Quarantined { worker: W2, .. })),
+        matches!(event, Some(Event::Quarantined { worker: I2, .. })),
         "{event:?}"
     );
     assert!(s.is_finished());
-    assert!(s.quarantine_reason(W2).is_some());
+    assert!(s.quarantine_reason(id(W2)).is_some());
     let p = s.progress();
     assert_eq!((p.disagreements, p.verified, p.quarantined), (1, 1, 1));
 }
@@ -520,16 +626,16 @@ fn a_disagreement_asks_a_third_worker_and_quarantines_the_odd_one() {
 fn no_two_agreeing_results_fail_the_run() {
     let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
     for w in [W1, W2, W3] {
-        s.register(w, secs(0));
+        s.register(w, id(w), secs(0));
     }
     for (t, w) in [W1, W2].into_iter().enumerate() {
         let l = lease(s.request(w, secs(t as u64)));
         s.complete(l.lease_id, w, &format!("h{t}"), secs(t as u64));
     }
-    s.settle(plan(2, 2)[0], Verdict::Disagree);
+    s.settle(plan(2, 2)[0], Verdict::Disagree, secs(2));
     let l = lease(s.request(W3, secs(3)));
     s.complete(l.lease_id, W3, "h3", secs(3));
-    s.settle(l.range, Verdict::NoAgreement("all differ".into()));
+    s.settle(l.range, Verdict::NoAgreement("all differ".into()), secs(3));
     assert!(
         s.failure()
             .unwrap()
@@ -541,12 +647,29 @@ fn no_two_agreeing_results_fail_the_run() {
 }
 
 #[test]
-fn the_redundancy_sample_is_deterministic_and_near_its_fraction() {
+fn the_redundancy_sample_is_salted_deterministic_and_near_its_fraction() {
     let units = plan(100_000, 1);
-    let n = units.iter().filter(|r| sampled(**r, 0.25)).count();
+    let salt = SampleSalt::new([1; 32]);
+    let picked = |salt: &SampleSalt| -> Vec<bool> {
+        units.iter().map(|r| sampled(*r, 0.25, salt)).collect()
+    };
+    let n = picked(&salt).iter().filter(|s| **s).count();
     assert!((23_000..27_000).contains(&n), "{n}");
-    assert!(units.iter().all(|r| sampled(*r, 1.0)));
-    assert!(!units.iter().any(|r| sampled(*r, 0.0)));
-    let again = units.iter().filter(|r| sampled(**r, 0.25)).count();
-    assert_eq!(n, again);
+    assert!(units.iter().all(|r| sampled(*r, 1.0, &salt)));
+    assert!(!units.iter().any(|r| sampled(*r, 0.0, &salt)));
+    assert_eq!(
+        picked(&salt),
+        picked(&SampleSalt::new([1; 32])),
+        "one salt, one sample"
+    );
+    let other = picked(&SampleSalt::new([2; 32]));
+    let same = picked(&salt)
+        .iter()
+        .zip(&other)
+        .filter(|(a, b)| a == b)
+        .count();
+    assert!(
+        same < 70_000,
+        "another salt picks other units ({same} alike)"
+    );
 }

@@ -22,7 +22,7 @@ use crate::collect::device::Reduce;
 use crate::eval::Compare;
 use common::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::peer_text::peer_text;
-use common::secret::JoinSecret;
+use common::secret::{JoinSecret, WorkerKey};
 use common::store::RunStore;
 use common::wire::{
     join_proof, parse_pin, read_msg, write_msg, JobInfo, LeaseGrant, PartialRef, Refusal, Task,
@@ -55,9 +55,14 @@ pub struct JoinArgs {
     #[arg(long)]
     pub server_name: Option<String>,
     /// File holding the join secret (default: the MOE_CENSUS_JOIN_SECRET variable).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "key_file")]
     pub secret_file: Option<PathBuf>,
-    /// This worker's name in logs and progress (default: host name and process id).
+    /// This worker's own key file (`coordinator worker-key`), instead of the
+    /// join secret: it names the worker and proves that name only.
+    #[arg(long, conflicts_with = "name")]
+    pub key_file: Option<PathBuf>,
+    /// This worker's name in logs and progress, and its identity for the
+    /// coordinator across reconnects (default: host name and process id).
     #[arg(long)]
     pub name: Option<String>,
     /// GGUF model file (default: the path the coordinator sends).
@@ -191,11 +196,13 @@ pub struct Reconnect {
 }
 
 impl Reconnect {
-    /// Backoff from 250 ms to 5 s, giving up after `give_up`.
+    /// Backoff from 250 ms to 1 s, giving up after `give_up`: a restarted
+    /// coordinator is found within a second of listening again (an attempt
+    /// is one handshake, cheap for the coordinator to refuse).
     pub fn giving_up_after(give_up: Duration) -> Reconnect {
         Reconnect {
             first_delay: Duration::from_millis(250),
-            max_delay: Duration::from_secs(5),
+            max_delay: Duration::from_secs(1),
             give_up,
         }
     }
@@ -210,9 +217,9 @@ pub struct ClientOptions {
     pub server_name: String,
     /// How its certificate is trusted.
     pub trust: Trust,
-    /// The join secret.
-    pub secret: JoinSecret,
-    /// This worker's name.
+    /// This worker's key (its own, or made from the join secret for `name`).
+    pub key: WorkerKey,
+    /// This worker's name (the one `key` proves).
     pub name: String,
     /// Reconnection policy.
     pub reconnect: Reconnect,
@@ -243,31 +250,43 @@ impl ClientOptions {
             (None, Some(ca)) => Trust::Ca(ca.clone()),
             (None, None) => return Err(JoinError::Setup("give --pin or --ca".into())),
         };
-        let secret = match &args.secret_file {
-            Some(path) => JoinSecret::from_file(path)
-                .map_err(|e| JoinError::Setup(format!("--secret-file: {e}")))?,
+        let key = match &args.key_file {
+            Some(path) => WorkerKey::from_file(path)
+                .map_err(|e| JoinError::Setup(format!("--key-file: {e}")))?,
             None => {
-                let value = std::env::var(SECRET_ENV).map_err(|_| {
-                    JoinError::Setup(format!(
-                        "no join secret: give --secret-file or set {SECRET_ENV}"
-                    ))
-                })?;
-                JoinSecret::new(value.as_bytes(), &format!("variable {SECRET_ENV}"))
-                    .map_err(|e| JoinError::Setup(e.to_string()))?
+                let name = args
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+                WorkerKey::derive(&join_secret(args)?, &name)
             }
         };
-        let name = args
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
         Ok(ClientOptions {
             addr,
             server_name,
             trust,
-            secret,
-            name,
+            name: key.name().to_string(),
+            key,
             reconnect: Reconnect::giving_up_after(Duration::from_secs(args.give_up_after_s)),
         })
+    }
+}
+
+/// The join secret of `args`: `--secret-file`, else the environment.
+fn join_secret(args: &JoinArgs) -> Result<JoinSecret, JoinError> {
+    match &args.secret_file {
+        Some(path) => {
+            JoinSecret::from_file(path).map_err(|e| JoinError::Setup(format!("--secret-file: {e}")))
+        }
+        None => {
+            let value = std::env::var(SECRET_ENV).map_err(|_| {
+                JoinError::Setup(format!(
+                    "no join secret: give --secret-file, --key-file or set {SECRET_ENV}"
+                ))
+            })?;
+            JoinSecret::new(value.as_bytes(), &format!("variable {SECRET_ENV}"))
+                .map_err(|e| JoinError::Setup(e.to_string()))
+        }
     }
 }
 
@@ -323,8 +342,9 @@ impl Conn {
     }
 }
 
-/// Longest wait for one connection attempt (QUIC and TLS handshakes).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for one connection attempt (QUIC and TLS handshakes); a
+/// new attempt starts with a fresh Initial instead of a backed-off retransmit.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The work loaded for a job and task; reused by later sessions of the
 /// same job.
@@ -491,7 +511,7 @@ async fn work<L: EngineLoader>(
             )))
         }
     };
-    let mac = join_proof(opts.secret.expose(), &nonce, &opts.name);
+    let mac = join_proof(opts.key.expose(), &nonce, &opts.name);
     let (job, task) = match c.ask(&ToCoordinator::Proof { mac }).await? {
         ToWorker::Welcome {
             job,

@@ -73,6 +73,10 @@ impl ServerCertVerifier for PinVerifier {
     }
 }
 
+/// Silence after which a worker gives its connection up (the negotiated
+/// idle timeout is the smaller of this and the coordinator's).
+pub const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A QUIC client configuration that trusts what `trust` says (TLS 1.3, ring).
 pub fn client_config(trust: &Trust) -> Result<quinn::ClientConfig, String> {
     let provider: Arc<CryptoProvider> = Arc::new(rustls::crypto::ring::default_provider());
@@ -105,8 +109,15 @@ pub fn client_config(trust: &Trust) -> Result<quinn::ClientConfig, String> {
     let crypto =
         quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+    // Keep-alives every second, and a connection that hears nothing for
+    // IDLE_TIMEOUT is lost: a coordinator killed outright (no close) is
+    // noticed that soon, and the worker reconnects to its successor.
     let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(std::time::Duration::from_secs(2)));
+    transport
+        .keep_alive_interval(Some(std::time::Duration::from_secs(1)))
+        .max_idle_timeout(Some(
+            quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("a few seconds fit"),
+        ));
     cfg.transport_config(Arc::new(transport));
     Ok(cfg)
 }
