@@ -412,10 +412,15 @@ fn columns_mut(p: &mut Partial) -> Vec<&mut Vec<ExactSum>> {
 
 /// For each column, the first earlier column of its section (the first
 /// `n_stats` columns, or the rest) equal to it (compared in full when a few
-/// sampled sums match).
+/// sampled sums match), as long as the copies so far hold no more sums than
+/// the packed columns before them (the bound the decoder enforces); past
+/// it, an equal column is packed again. A lease without fit tokens has an
+/// importance matrix of zeros only, every tensor equal to the first of its
+/// shape: those are mostly copies, and some are packed (zeros pack small).
 fn first_equal(columns: &[&[ExactSum]], n_stats: usize) -> Vec<Option<usize>> {
     type Key = (bool, usize, [i128; 4]);
     let mut seen: HashMap<Key, Vec<usize>> = HashMap::new();
+    let (mut packed, mut copied) = (0usize, 0usize);
     columns
         .iter()
         .enumerate()
@@ -430,9 +435,15 @@ fn first_equal(columns: &[&[ExactSum]], n_stats: usize) -> Vec<Option<usize>> {
                 [c[0].0, c[n / 3].0, c[2 * n / 3].0, c[n - 1].0],
             );
             let same = seen.entry(key).or_default();
-            let found = same.iter().copied().find(|&j| columns[j] == *c);
-            if found.is_none() {
-                same.push(i);
+            let found = (copied + n <= packed)
+                .then(|| same.iter().copied().find(|&j| columns[j] == *c))
+                .flatten();
+            match found {
+                Some(_) => copied += n,
+                None => {
+                    same.push(i);
+                    packed += n;
+                }
             }
             found
         })
@@ -622,6 +633,33 @@ mod tests {
             bytes.len(),
             old.len()
         );
+    }
+
+    #[test]
+    fn a_lease_without_fit_tokens_round_trips() {
+        // Its importance matrix is zeros only: every tensor equals the
+        // first of its shape, far more copied sums than packed ones unless
+        // the encoder packs some again.
+        let mut p = sample();
+        let zeros = |n_in: u32, n_mat: u32| ImatrixEntry {
+            n_in,
+            n_mat,
+            in_sum2: vec![ExactSum::ZERO; (n_in * n_mat) as usize],
+            in_sum: vec![ExactSum::ZERO; (n_in * n_mat) as usize],
+            counts: vec![0; n_mat as usize],
+        };
+        p.imatrix.entries = (0..8)
+            .flat_map(|b| {
+                [
+                    (format!("blk.{b}.ffn_gate_exps.weight"), zeros(40, 6)),
+                    (format!("blk.{b}.ffn_up_exps.weight"), zeros(40, 6)),
+                    (format!("blk.{b}.attn_q.weight"), zeros(40, 1)),
+                ]
+            })
+            .collect();
+        let bytes = p.to_bytes();
+        assert_eq!(Partial::from_bytes(&bytes).unwrap(), p);
+        assert_eq!(PackedPartial::parse(bytes.into()).unwrap().decode(), p);
     }
 
     #[test]
