@@ -25,6 +25,7 @@
 //!   graph computes it, and the selection rule of a pruned model.
 //! - [`model_check`]: a model's MoE facts from its GGUF header, before llama.cpp loads it.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod artifacts;
 pub mod bounded;

@@ -4,6 +4,7 @@
 //! Data flows one way: [`merge`] combines partials, then scoring, replay and
 //! the report read the merged artifacts.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod config;
