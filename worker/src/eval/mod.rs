@@ -162,7 +162,6 @@ pub struct Evaluator {
 /// allocated and first touched on the first scored micro-batch) instead of
 /// paying for them again.
 struct Shared {
-    threads: u32,
     pool: Option<Arc<ThreadPool>>,
     cmp: LogitsCompare,
 }
@@ -171,7 +170,6 @@ impl Shared {
     fn new(threads: u32) -> Shared {
         let pool = ThreadPool::new(threads);
         Shared {
-            threads,
             cmp: LogitsCompare::new(pool.clone(), threads),
             pool,
         }
@@ -268,11 +266,10 @@ impl Evaluator {
         chunks: &[Chunk],
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Evaluated, WorkerError> {
-        let threads = self.opts.threads;
-        let mut shared = match self.shared.take() {
-            Some(s) if s.threads == threads => s,
-            _ => Shared::new(threads),
-        };
+        let mut shared = self
+            .shared
+            .take()
+            .unwrap_or_else(|| Shared::new(self.opts.threads));
         let evaluated = self.run_on(&mut shared, index, chunks, progress);
         self.shared = Some(shared);
         evaluated
