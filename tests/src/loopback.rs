@@ -106,6 +106,16 @@ pub async fn run_with(
     (summary, handles)
 }
 
+/// [`run_with`] with the log captured first, for tests that read it
+/// ([`crate::log::log_text`]).
+pub async fn run_logged(
+    setup: &RunSetup,
+    make: impl FnOnce(&Listening) -> Workers,
+) -> (RunSummary, Workers) {
+    crate::log::captured_log();
+    run_with(setup, make).await
+}
+
 /// `n` fake workers named `fake-0..`, each taking `delay` per chunk.
 pub fn fake_workers(l: &Listening, n: usize, delay: Duration) -> Workers {
     fake_workers_telling(l, n, delay, None)

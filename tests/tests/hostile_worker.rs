@@ -12,18 +12,10 @@ use common::stats::{GroupAccum, GroupKey};
 use common::wire::ToWorker;
 use common::{ChunkRange, Split};
 use coordinator::run::{Listening, RunSetup, RunSummary};
-use fixtures::log::{captured_log, log_text};
-use fixtures::loopback::{self, artifacts, fake_reference, fake_setup, fake_workers, Workers};
+use fixtures::log::log_text;
+use fixtures::loopback::{self, artifacts, fake_reference, fake_setup, fake_workers};
 use fixtures::peer::{honest_partial, Peer};
 use std::time::Duration;
-
-async fn run_with(
-    setup: &RunSetup,
-    make: impl FnOnce(&Listening) -> Workers,
-) -> (RunSummary, Workers) {
-    captured_log();
-    loopback::run_with(setup, make).await
-}
 
 /// The scripted worker's task, shaped like a joined worker's.
 type WorkerTask =
@@ -64,7 +56,7 @@ fn poisoner(
 async fn poisoned_run(s: &RunSetup, poison: fn(&mut Partial)) -> RunSummary {
     let index = s.index.clone();
     let mut rx = None;
-    let (summary, _) = run_with(s, |l| {
+    let (summary, _) = loopback::run_logged(s, |l| {
         let mut hs = fake_workers(l, 1, Duration::from_millis(40));
         let l2 = l.clone();
         let (tx, r) = tokio::sync::oneshot::channel();
@@ -115,7 +107,7 @@ async fn a_partial_no_merge_can_hold_is_refused_and_the_run_completes() {
 async fn a_poisoned_stored_partial_is_set_aside_on_resume_and_recomputed() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 9);
-    run_with(&s, |l| fake_workers(l, 1, Duration::ZERO)).await;
+    loopback::run_logged(&s, |l| fake_workers(l, 1, Duration::ZERO)).await;
     let clean = artifacts(&s.store, false).await;
     assert_eq!(clean, fake_reference(&s).await);
     // A partial an older coordinator accepted (its hash is recorded), with
@@ -133,7 +125,7 @@ async fn a_poisoned_stored_partial_is_set_aside_on_resume_and_recomputed() {
         .await
         .unwrap();
 
-    let (again, _) = run_with(&s, |l| fake_workers(l, 1, Duration::ZERO)).await;
+    let (again, _) = loopback::run_logged(&s, |l| fake_workers(l, 1, Duration::ZERO)).await;
     assert_eq!((again.resumed, again.computed), (2, 1), "{again:?}");
     let (aside, why) = &again.rejected[0];
     assert_eq!(aside, &name);

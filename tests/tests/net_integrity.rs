@@ -9,31 +9,23 @@
 use common::wire::{
     encode_frame, read_msg, PartialRef, Refusal, ToCoordinator, ToWorker, MAX_CONTROL_FRAME,
 };
-use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
+use coordinator::run::{execute, RunError};
 use fixtures::log::{captured_log, log_text};
 use fixtures::loopback::{
     self, artifacts, client, fake_reference, fake_setup, fake_workers, fake_workers_telling,
-    Workers, FAKE_MODEL, FAKE_N_CTX,
+    FAKE_MODEL, FAKE_N_CTX,
 };
 use fixtures::peer::Peer;
 use std::time::Duration;
 use worker::join::fake::FakeEngine;
 use worker::join::{join, JoinSummary};
 
-async fn run_with(
-    setup: &RunSetup,
-    make: impl FnOnce(&Listening) -> Workers,
-) -> (RunSummary, Workers) {
-    captured_log();
-    loopback::run_with(setup, make).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_before_login_are_capped_at_a_few_kib() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 6);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    run_with(&s, |l| {
+    loopback::run_logged(&s, |l| {
         let (addr, pin) = (l.addr, l.pin.clone());
         let attack = tokio::spawn(async move {
             let mut p = Peer::open(addr, &pin).await.unwrap();
@@ -60,7 +52,7 @@ async fn peer_names_and_failure_reasons_cannot_forge_log_lines() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 6);
     let forged_name = "intruder\n2026-11-30T16:00:00.000000Z  INFO coordinator: run complete";
-    run_with(&s, |l| {
+    loopback::run_logged(&s, |l| {
         let l2 = l.clone();
         let script = tokio::spawn(async move {
             let (_, answer) = Peer::login(&l2, forged_name, &[b'w'; 40]).await;
@@ -101,7 +93,7 @@ async fn connections_that_never_log_in_cannot_starve_a_worker() {
     s.cluster.max_connections = 4;
     s.cluster.login_timeout_ms = 1500;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let (summary, handles) = run_with(&s, |l| {
+    let (summary, handles) = loopback::run_logged(&s, |l| {
         assert!(
             !format!("{l:?}").contains(std::str::from_utf8(l.secret.expose()).unwrap()),
             "the secret stays out of Debug"
@@ -146,7 +138,7 @@ async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 30);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let (summary, _) = run_with(&s, |l| {
+    let (summary, _) = loopback::run_logged(&s, |l| {
         let l2 = l.clone();
         let good_at_work = std::sync::Arc::new(tokio::sync::Notify::new());
         let registered = good_at_work.clone();
@@ -212,7 +204,7 @@ async fn a_slow_upload_that_keeps_moving_keeps_its_lease() {
     let s = fake_setup(d.path(), 3);
     let index = s.index.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let (summary, _) = run_with(&s, |l| {
+    let (summary, _) = loopback::run_logged(&s, |l| {
         let l2 = l.clone();
         vec![tokio::spawn(async move {
             let (mut p, _) = Peer::joined(&l2, "slow-link").await;
@@ -296,7 +288,7 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
     s.run.verify_fraction = 1.0;
     let index = s.index.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let (summary, _) = run_with(&s, |l| {
+    let (summary, _) = loopback::run_logged(&s, |l| {
         let l2 = l.clone();
         let honest_at_work = std::sync::Arc::new(tokio::sync::Notify::new());
         let registered = honest_at_work.clone();

@@ -9,11 +9,11 @@
 use common::partial::Partial;
 use common::secret::WorkerKey;
 use common::wire::{LeaseGrant, Refusal, ToWorker};
-use coordinator::run::{Listening, RunSetup, RunSummary};
-use fixtures::log::{captured_log, log_text};
+use coordinator::run::Listening;
+use fixtures::log::log_text;
 use fixtures::loopback::{
     self, artifacts, client, fake_reference, fake_setup, fake_workers, fake_workers_telling,
-    Workers, FAKE_MODEL,
+    FAKE_MODEL,
 };
 use fixtures::peer::{honest_partial, Peer};
 use std::sync::Arc;
@@ -21,14 +21,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use worker::join::fake::FakeEngine;
 use worker::join::{join, JoinSummary};
-
-async fn run_with(
-    setup: &RunSetup,
-    make: impl FnOnce(&Listening) -> Workers,
-) -> (RunSummary, Workers) {
-    captured_log();
-    loopback::run_with(setup, make).await
-}
 
 /// The honest partial of `lease` with one live expert's saliency inflated
 /// (Cauchy-Schwarz still holds, so only a second opinion catches it).
@@ -75,7 +67,7 @@ async fn a_client_that_reconnects_after_every_result_cannot_verify_itself() {
     let index = s.index.clone();
     let store = s.store.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<LiarEnd>();
-    let (summary, _) = run_with(&s, |l| {
+    let (summary, _) = loopback::run_logged(&s, |l| {
         let key = issued_key(l, keys.path(), "liar");
         let honest_may_join = Arc::new(Notify::new());
         let (l2, go) = (l.clone(), honest_may_join.clone());
@@ -178,7 +170,7 @@ async fn one_liar_and_one_honest_worker_finish_in_bounded_time_with_the_disagree
     s.run.disagreement_wait_s = 1;
     let index = s.index.clone();
     let start = std::time::Instant::now();
-    let (summary, _) = run_with(&s, |l| {
+    let (summary, _) = loopback::run_logged(&s, |l| {
         let l2 = l.clone();
         let liar = tokio::spawn(async move {
             let (mut p, _) = Peer::joined(&l2, "liar").await;
@@ -209,7 +201,7 @@ async fn a_faulty_node_that_reconnects_is_quarantined_and_the_run_completes() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 30);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let (summary, _) = run_with(&s, |l| {
+    let (summary, _) = loopback::run_logged(&s, |l| {
         let honest_at_work = Arc::new(Notify::new());
         let (l2, at_work) = (l.clone(), honest_at_work.clone());
         let faulty = tokio::spawn(async move {
@@ -262,7 +254,7 @@ async fn a_worker_that_joins_first_and_fails_every_lease_does_not_fail_the_run()
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 9);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let (summary, _) = run_with(&s, |l| {
+    let (summary, _) = loopback::run_logged(&s, |l| {
         let l2 = l.clone();
         let broken = tokio::spawn(async move {
             let (mut p, _) = Peer::joined(&l2, "broken").await;
