@@ -11,17 +11,26 @@
 //! - [`join`]: `worker join`, the QUIC client that measures leases for a coordinator.
 //! - [`quantize`]: `worker quantize`, llama.cpp's quantiser with an
 //!   importance matrix, written create-only and hashed.
-//! - [`llama`]: the only unsafe code, wrapping llama.cpp.
+//! - [`llama`]: the only unsafe code, wrapping llama.cpp (every other
+//!   module forbids it).
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+// Only `llama` may hold unsafe code (llama.cpp's FFI and the OS calls around it).
+#[forbid(unsafe_code)]
 pub mod cli;
+#[forbid(unsafe_code)]
 pub mod collect;
+#[forbid(unsafe_code)]
 pub mod error;
+#[forbid(unsafe_code)]
 pub mod eval;
+#[forbid(unsafe_code)]
 pub mod join;
 pub mod llama;
+#[forbid(unsafe_code)]
 pub mod quantize;
+#[forbid(unsafe_code)]
 pub mod synth;
 
 pub use error::WorkerError;

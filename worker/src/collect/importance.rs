@@ -10,7 +10,7 @@
 //! with the graph at the end of each micro-batch.
 
 use super::scratch::ImatrixScratch;
-use crate::llama::{f32s, i32_at, Op, TensorRef};
+use crate::llama::{as_f32s, f32s, i32_at, Op, TensorRef};
 
 /// What makes two matmuls contribute the same sums: the same input node (and
 /// ids node), read against the same stack of matrices (a weight's output
@@ -122,10 +122,7 @@ fn add_row(out: &mut InputSums, mat: usize, n_in: usize, bytes: &[u8], off: usiz
         *s2 += v * v;
         *s += v;
     };
-    // SAFETY: every bit pattern is a valid f32; `align_to` only hands out the
-    // aligned middle, and a misaligned row takes the byte-wise path below.
-    let (head, values, tail) = unsafe { row.align_to::<f32>() };
-    if head.is_empty() && tail.is_empty() {
+    if let Some(values) = as_f32s(row) {
         for (s, &v) in sum2.iter_mut().zip(sum.iter_mut()).zip(values) {
             add(s, v);
         }

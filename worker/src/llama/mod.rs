@@ -24,12 +24,14 @@ mod quantize;
 mod reduce;
 mod sampler;
 mod tensor;
+mod thread;
 
 pub use backend::ReduceError;
 pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
 pub use quantize::{quantize_model, QuantizeParams};
 pub use reduce::{ChunkSquares, ExpertIds, Reducer};
-pub use tensor::{f32_at, f32s, i32_at, ElemType, Op, TensorRef};
+pub use tensor::{as_f32s, f32_at, f32s, i32_at, ElemType, Op, TensorRef};
+pub use thread::yield_to_compute_threads;
 
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_char, c_void, CStr, CString};

@@ -198,6 +198,17 @@ pub fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
         .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
 }
 
+/// `bytes` as `&[f32]` when they are 4-byte aligned and a whole number of
+/// values (a row of a host tensor usually is), so that loops over it
+/// vectorise; `None` otherwise (read them with [`f32s`]).
+#[inline]
+pub fn as_f32s(bytes: &[u8]) -> Option<&[f32]> {
+    // SAFETY: every bit pattern is a valid f32; `align_to` only hands out the
+    // aligned middle, and anything unaligned is refused below.
+    let (head, values, tail) = unsafe { bytes.align_to::<f32>() };
+    (head.is_empty() && tail.is_empty()).then_some(values)
+}
+
 /// Reads a little-endian i32 at byte offset `off`.
 #[inline]
 pub fn i32_at(bytes: &[u8], off: usize) -> i32 {
