@@ -37,6 +37,13 @@ pub fn peer_text(s: &str) -> String {
     escape_peer_text(s, MAX_PEER_TEXT_CHARS)
 }
 
+/// Text read from a run's files (a domain or split name) as one Markdown
+/// table cell: [`peer_text`] with `|` escaped, so no name can end a row,
+/// start a line or forge a "run complete".
+pub fn table_cell(text: &str) -> String {
+    peer_text(text).replace('|', "\\|")
+}
+
 /// Items of a peer-chosen list shown before the rest is counted.
 pub const MAX_LISTED: usize = 8;
 

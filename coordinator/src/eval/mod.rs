@@ -15,6 +15,7 @@ pub mod artifacts;
 pub mod candidates;
 pub mod cli;
 pub mod settings;
+pub mod table;
 
 use crate::net::hub::WorkerInfo;
 use crate::run::record::{settings_key, RecordError};
@@ -238,14 +239,14 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
             store.url_of(name)
         );
     }
-    let slots = match crate::report::eval::slot_tables(store).await {
+    let slots = match table::slot_tables(store).await {
         Ok(t) => t,
         Err(e) => {
             println!("  (no slot replacement column: {e:#})");
             Vec::new()
         }
     };
-    print!("{}", crate::report::eval::table(&o.summary, &slots));
+    print!("{}", table::table(&o.summary, &slots));
     println!(
         "results: {}",
         store.url_of(common::eval::names::SUMMARY_JSON)

@@ -24,6 +24,7 @@ use crate::verify::{self, VerifyReport};
 use anyhow::Context;
 use clap::Args;
 use common::artifacts::names;
+use common::peer_text::table_cell;
 use common::store::RunStore;
 use common::Split;
 use plots::Series;
@@ -243,25 +244,17 @@ fn header(store: &RunStore, s: &common::saliency::Saliency, sha: &str) -> String
         let domains: Vec<String> = st
             .domains
             .iter()
-            .map(|(d, ds)| format!("{} ({})", cell(d), ds.n_tokens))
+            .map(|(d, ds)| format!("{} ({})", table_cell(d), ds.n_tokens))
             .collect();
         let _ = writeln!(
             md,
             "| {} | {} | {} |",
-            cell(name),
+            table_cell(name),
             st.n_tokens,
             domains.join(", ")
         );
     }
     md
-}
-
-/// Text read from a run's files (a domain or split name) as one Markdown
-/// table cell: control characters escaped and the length capped
-/// ([`common::peer_text`]), `|` escaped, so no name can end a row, start a
-/// line or forge a "run complete".
-pub(crate) fn cell(text: &str) -> String {
-    common::peer_text::peer_text(text).replace('|', "\\|")
 }
 
 fn verification_section(md: &mut String, v: &VerifyReport) {
@@ -318,5 +311,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(test)]
+mod replay_run_tests;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,140 @@
+//! The table of an evaluation: one row per pruned candidate (held-out and
+//! fit KL, same top-1, perplexities, per-domain held-out KL, the
+//! candidate's slot replacement from `score`). `coordinator eval` prints it
+//! and the report shows it.
+
+use crate::score::tables::MapTable;
+use common::eval::{EvalSummary, Figures};
+use common::peer_text::table_cell;
+use common::store::RunStore;
+use std::fmt::Write;
+
+/// `score`'s per-(method, K) tables from `score/score.json`, for the slot
+/// replacement column; none when scoring has not run (the column reads `-`).
+pub async fn slot_tables(store: &RunStore) -> anyhow::Result<Vec<MapTable>> {
+    let name = crate::score::outputs::REPORT_JSON;
+    let Some(bytes) = store.get_opt(name).await? else {
+        return Ok(Vec::new());
+    };
+    let r: crate::score::ScoreReport = serde_json::from_slice(&bytes)
+        .map_err(|e| anyhow::anyhow!("{} is not a score report: {e}", store.url_of(name)))?;
+    Ok(r.tables)
+}
+
+fn kl(f: Option<&Figures>) -> String {
+    f.map_or("-".into(), |f| {
+        format!(
+            "{:.4} ± {:.4} (p50 {:.4}, p90 {:.4}, p99 {:.4}, p99.9 {:.4}, max {:.4})",
+            f.kl.mean, f.kl.se, f.kl.p50, f.kl.p90, f.kl.p99, f.kl.p999, f.kl.max
+        )
+    })
+}
+
+/// The Markdown table of an evaluation; `slots` are `score`'s tables (the
+/// slot replacement column reads `-` for a candidate without one).
+pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
+    // Same top-1 and perplexity come from the held-out split, or from the
+    // fit split in a run without one (and say so).
+    let (basis, basis_label) = if s
+        .candidates
+        .iter()
+        .any(|c| c.splits.contains_key("heldout"))
+    {
+        ("heldout", "held-out")
+    } else {
+        ("fit", "fit: no held-out split")
+    };
+    let mut md = format!(
+        "| candidate | K | held-out KL mean ± se (percentiles) | fit KL mean ± se (percentiles) | same top-1 ({basis_label}) | ppl base / candidate / ratio ({basis_label}) | held-out KL per domain | slot replacement |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for c in &s.candidates {
+        let held = c.splits.get("heldout").map(|x| &x.all);
+        let fit = c.splits.get("fit").map(|x| &x.all);
+        let main = c.splits.get(basis).map(|x| &x.all);
+        let domains: Vec<String> = c
+            .splits
+            .get("heldout")
+            .map(|x| {
+                x.domains
+                    .iter()
+                    .map(|(d, f)| format!("{} {:.4}", table_cell(d), f.kl.mean))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let slot = slots
+            .iter()
+            .find(|t| t.method == c.method && t.k == c.k)
+            .map_or("-".into(), |t| {
+                format!("{:.1}%", 100.0 * t.slot_replacement_mean)
+            });
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.name,
+            c.k,
+            kl(held),
+            kl(fit),
+            main.map_or("-".into(), |f| format!("{:.2}%", 100.0 * f.top1_same)),
+            main.map_or("-".into(), |f| format!(
+                "{:.3} / {:.3} / {:.4}",
+                f.ppl_base, f.ppl_candidate, f.ppl_ratio
+            )),
+            if domains.is_empty() {
+                "-".into()
+            } else {
+                domains.join(", ")
+            },
+            slot
+        );
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::eval::summary::{CandidateSummary, SplitFigures};
+    use std::collections::BTreeMap;
+
+    fn summary(splits: &[(&str, f64)]) -> EvalSummary {
+        let figures = |top1| SplitFigures {
+            all: Figures {
+                n: 10,
+                top1_same: top1,
+                ..Figures::default()
+            },
+            domains: BTreeMap::new(),
+        };
+        EvalSummary {
+            base_sha256: String::new(),
+            corpus_sha256: String::new(),
+            skip_first: 0,
+            n_chunks: 1,
+            backends: Vec::new(),
+            candidates: vec![CandidateSummary {
+                name: "frequency_K2".into(),
+                method: "frequency".into(),
+                k: 2,
+                sha256: String::new(),
+                splits: splits
+                    .iter()
+                    .map(|&(s, top1)| (s.to_string(), figures(top1)))
+                    .collect(),
+            }],
+        }
+    }
+
+    #[test]
+    fn same_top1_and_perplexity_name_the_split_they_come_from() {
+        let both = table(&summary(&[("fit", 0.25), ("heldout", 0.5)]), &[]);
+        assert!(both.contains("same top-1 (held-out)"), "{both}");
+        assert!(both.contains("| 50.00% |"), "held-out figure: {both}");
+        let fit_only = table(&summary(&[("fit", 0.25)]), &[]);
+        assert!(!fit_only.contains("(held-out)"), "{fit_only}");
+        assert!(
+            fit_only.contains("same top-1 (fit: no held-out split)"),
+            "{fit_only}"
+        );
+        assert!(fit_only.contains("| 25.00% |"), "fit figure: {fit_only}");
+    }
+}
