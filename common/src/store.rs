@@ -272,6 +272,16 @@ impl RunStore {
         }
     }
 
+    /// Size in bytes of object `name` (a HEAD request on remote stores).
+    pub async fn size(&self, name: &str) -> Result<u64, StoreError> {
+        let meta = self
+            .store
+            .head(&self.path(name))
+            .await
+            .map_err(self.backend(name))?;
+        Ok(meta.size)
+    }
+
     /// Whether an object exists.
     pub async fn exists(&self, name: &str) -> Result<bool, StoreError> {
         match self.store.head(&self.path(name)).await {

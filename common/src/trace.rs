@@ -324,6 +324,22 @@ pub fn read_part(bytes: bytes::Bytes) -> Result<Vec<TraceRow>, String> {
     Ok(rows)
 }
 
+/// The trace parts stored in a run: `(prefill, decode)` Parquet object
+/// names, sorted; decode parts (tokens the model generated itself) are
+/// those under [`crate::layout::DECODE_TRACE_DIR`].
+pub async fn stored_parts(
+    store: &crate::store::RunStore,
+) -> Result<(Vec<String>, Vec<String>), crate::store::StoreError> {
+    let decode_dir = format!("{}/", crate::layout::DECODE_TRACE_DIR);
+    let (decode, prefill) = store
+        .list(crate::layout::TRACE_DIR)
+        .await?
+        .into_iter()
+        .filter(|n| n.ends_with(".parquet"))
+        .partition(|n| n.starts_with(&decode_dir));
+    Ok((prefill, decode))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,33 +28,12 @@ pub fn trace_strides(budget: u64, fit_tokens: u64, heldout_tokens: u64) -> Trace
     }
 }
 
-/// Total bytes of the objects `names` of `store`: file sizes for local
-/// runs, object sizes (HEAD requests) for remote ones.
+/// Total bytes of the objects `names` of `store` (HEAD requests on remote
+/// stores).
 pub async fn stored_bytes(store: &RunStore, names: &[String]) -> anyhow::Result<u64> {
-    let local = url::Url::parse(store.url())
-        .ok()
-        .filter(|u| u.scheme() == "file")
-        .and_then(|u| u.to_file_path().ok());
-    if let Some(dir) = local {
-        let mut total = 0;
-        for name in names {
-            total += std::fs::metadata(dir.join(name))?.len();
-        }
-        return Ok(total);
-    }
-    if let Some(remote) = crate::replay::remote::Remote::open(store.url())? {
-        let names = names.to_vec();
-        return tokio::task::spawn_blocking(move || {
-            names
-                .iter()
-                .map(|n| remote.size(n))
-                .sum::<anyhow::Result<u64>>()
-        })
-        .await?;
-    }
     let mut total = 0;
     for name in names {
-        total += store.get(name).await?.len() as u64;
+        total += store.size(name).await?;
     }
     Ok(total)
 }
@@ -67,7 +46,7 @@ pub async fn manifest_entry(
     strides: TraceStrides,
     tokens: u64,
 ) -> anyhow::Result<crate::corpus::manifest::TraceRecord> {
-    let parts = crate::score::trace_parts(store).await?;
+    let (parts, _decode) = common::trace::stored_parts(store).await?;
     let bytes = stored_bytes(store, &parts).await?;
     Ok(crate::corpus::manifest::TraceRecord {
         tokens_per_split: budget,

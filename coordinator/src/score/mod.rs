@@ -292,27 +292,14 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<Scor
     Ok(report)
 }
 
-/// Prefill trace parts of a run: every `.parquet` object under `trace/`
-/// except decode traces.
-pub async fn trace_parts(store: &RunStore) -> anyhow::Result<Vec<String>> {
-    // Decode traces (tokens the model generated itself) are replayed apart
-    // and not counted in `trace_tokens_written`.
-    let decode_dir = format!("{}/", names::DECODE_TRACE_DIR);
-    Ok(store
-        .list(names::TRACE_DIR)
-        .await?
-        .into_iter()
-        .filter(|n| n.ends_with(".parquet") && !n.starts_with(&decode_dir))
-        .collect())
-}
-
 async fn run_screen(
     store: &RunStore,
     s: &Saliency,
     maps: &[(String, KeepMap)],
     max_rows: u64,
 ) -> anyhow::Result<(Vec<screen::ScreenRow>, Option<String>)> {
-    let parts = trace_parts(store).await?;
+    // Decode traces (tokens the model generated itself) are not screened.
+    let (parts, _decode) = common::trace::stored_parts(store).await?;
     if parts.is_empty() {
         return Ok((Vec::new(), Some("no trace parts under trace/".into())));
     }

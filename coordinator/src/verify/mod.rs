@@ -165,7 +165,7 @@ impl fmt::Display for VerifyReport {
 /// Rows of every trace part under `trace/`, from Parquet metadata alone.
 pub async fn trace_rows(store: &RunStore) -> anyhow::Result<(u64, usize)> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
-    let parts = crate::score::trace_parts(store).await?;
+    let (parts, _decode) = common::trace::stored_parts(store).await?;
     let mut rows = 0u64;
     for part in &parts {
         let reader = SerializedFileReader::new(store.get(part).await?)
