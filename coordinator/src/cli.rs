@@ -56,11 +56,30 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Verify(args) => crate::verify::run(args),
         Command::Score(args) => crate::score::run(args),
         Command::Report(args) => crate::report::run(args),
-        Command::Replay(args) => crate::replay::main(args),
+        Command::Replay(args) => replay(args),
         Command::Prune(args) => crate::prune::run(args),
         Command::Ship(args) => crate::ship::run(args),
         Command::Eval(args) => crate::eval::cli::main(args),
     }
+}
+
+/// `coordinator replay`: without `--model`, the expert sizes come from the
+/// model the run recorded (the manifest's `model_path`) while it exists.
+fn replay(mut args: crate::replay::ReplayArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    if args.model.is_none() {
+        let store = common::store::RunStore::open(&args.run)?;
+        let manifest = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the I/O runtime")?
+            .block_on(crate::corpus::manifest::read(&store))
+            .with_context(|| format!("parsing {}", store.url_of(common::layout::MANIFEST_JSON)))?;
+        args.model = manifest.and_then(|m| m.model_path).filter(|p| p.exists());
+    }
+    let report = crate::replay::replay_run(&args)?;
+    println!("{}", report.markdown);
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Sets up logging, parses the command line, runs the stage and maps errors

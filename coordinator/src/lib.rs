@@ -15,10 +15,11 @@ pub mod merge;
 pub mod net;
 pub mod pipeline;
 pub mod prune;
-pub mod replay;
 pub mod report;
 pub mod run;
-pub mod sched;
 pub mod score;
 pub mod ship;
 pub mod verify;
+
+pub use replay;
+pub use sched;

@@ -1,8 +1,9 @@
-//! `replay_run` on a synthetic run directory: real Parquet parts written with
-//! `common::trace::write_part`, a keep map, a manifest and a model GGUF.
+//! `replay_run` on a synthetic run directory (real Parquet parts written with
+//! `common::trace::write_part`, a keep map and a model GGUF), and the run
+//! report's miss-rate figures drawn from what it wrote.
 
-use super::results::{Mode, TraceKind};
-use super::{replay_run, Policy, ReplayArgs};
+use crate::replay::results::{Mode, TraceKind};
+use crate::replay::{replay_run, Policy, ReplayArgs, ReplayReport};
 use clap::Parser;
 use common::gguf::GgufWriter;
 use common::trace::{write_part, TraceRow};
@@ -100,8 +101,6 @@ fn write_run(dir: &std::path::Path) {
     }
     let model = dir.join("model.gguf");
     std::fs::write(&model, g.to_bytes()).unwrap();
-    let manifest = serde_json::json!({ "model_path": model.to_str().unwrap() });
-    std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
 }
 
 #[test]
@@ -109,9 +108,12 @@ fn replay_run_reads_parts_keep_maps_and_model_and_writes_results() {
     let dir = tempfile::tempdir().unwrap();
     write_run(dir.path());
     let run = dir.path().to_str().unwrap();
+    let model = dir.path().join("model.gguf");
     let args = Wrap::try_parse_from([
         "replay",
         run,
+        "--model",
+        model.to_str().unwrap(),
         "--policies",
         "lru,belady",
         "--capacity",
@@ -181,12 +183,12 @@ fn replay_run_reads_parts_keep_maps_and_model_and_writes_results() {
     // report draws LRU in each (split, trace, mode) panel of each keep map's
     // figure at every integer capacity (its one-pass curve), through the
     // replayed row, forced misses counted as the rows count them.
-    let read = super::ReplayReport::from_json(&written, "replay/results.json").unwrap();
+    let read = ReplayReport::from_json(&written, "replay/results.json").unwrap();
     assert_eq!(
         (&read.rows, &read.lru_curves),
         (&report.rows, &report.lru_curves)
     );
-    let rates = crate::report::replay::miss_rates(&read);
+    let rates = super::replay::miss_rates(&read);
     let maps: Vec<&str> = rates.figures.iter().map(|f| f.keep_map.as_str()).collect();
     assert_eq!(maps, ["none", "frequency_K2"]);
     for (figure, keep) in rates.figures.iter().zip(["none", "frequency_K2"]) {

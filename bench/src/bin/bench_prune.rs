@@ -2,7 +2,7 @@
 //! peak memory.
 //!
 //! `worker synth-model --preset bench --out bench.gguf`, then
-//! `cargo run --release -p coordinator --bin bench_prune -- --model bench.gguf`
+//! `cargo run --release -p moe-census-bench --bin bench_prune -- --model bench.gguf`
 //!
 //! Each figure is the median of `--runs` runs with the base file in the page
 //! cache. Copies are timed with the same `fsync` before completion that the

@@ -2,7 +2,7 @@
 //! top-10, router top-64) as Parquet parts under a run location, for sizing
 //! and for timing `coordinator replay` on it (`/usr/bin/time -v`).
 //!
-//! `cargo run --release -p coordinator --bin bench_trace -- --out runs/bench-trace --tokens 65536`
+//! `cargo run --release -p moe-census-bench --bin bench_trace -- --out runs/bench-trace --tokens 65536`
 //!
 //! Parts hold `--part-tokens` tokens each (a lease's worth), every layer of
 //! them, like the parts workers write. Prints bytes per traced token.
@@ -12,7 +12,7 @@ use common::procstat::process_cpu_seconds;
 use common::store::RunStore;
 use common::trace::{write_part_as, Encoding, TraceRow};
 use common::Split;
-use coordinator::replay::synthetic::{raw_layer, Shape};
+use replay::synthetic::{raw_layer, Shape};
 use std::time::Instant;
 
 #[derive(Parser)]

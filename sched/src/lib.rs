@@ -34,6 +34,8 @@
 //! When no third identity is there for [`SchedConfig::disagreement_wait`],
 //! the unit is decided without it ([`Event::Unresolved`]): the run never
 //! waits for a worker that may not come.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use common::wire::{LeaseGrant, LeaseId, WorkerId};
 use common::ChunkRange;

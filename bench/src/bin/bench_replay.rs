@@ -1,7 +1,7 @@
 //! Replay benchmark on synthetic traces shaped like the audited run
 //! (16,384 tokens x 48 layers, top-64 of 512 experts, top-10).
 //!
-//! `cargo run --release -p coordinator --bin bench_replay -- --scale 1`
+//! `cargo run --release -p moe-census-bench --bin bench_replay -- --scale 1`
 //!
 //! Layers are generated, turned into steps and replayed one at a time, as
 //! `coordinator replay` streams them; generation is not timed. Prints
@@ -13,10 +13,10 @@
 
 use clap::Parser;
 use common::procstat::peak_rss_kib;
-use coordinator::replay::keep::requests;
-use coordinator::replay::synthetic::{raw_layer, Shape};
-use coordinator::replay::{simulate, Policy, PolicyParams, Steps};
 use rayon::prelude::*;
+use replay::keep::requests;
+use replay::synthetic::{raw_layer, Shape};
+use replay::{simulate, Policy, PolicyParams, Steps};
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]

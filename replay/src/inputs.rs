@@ -44,19 +44,14 @@ pub struct Inputs {
     pub traces: Vec<(TraceKind, TraceSet)>,
 }
 
-/// Reads what a replay of `store` needs: `model` overrides the manifest's
-/// model for expert sizes; `keep_maps` are the `--keep-map` specs.
+/// Reads what a replay of `store` needs: `model` gives the expert sizes
+/// (none: no bytes moved); `keep_maps` are the `--keep-map` specs.
 pub async fn load_inputs(
     store: &RunStore,
     model: Option<&Path>,
     keep_maps: &[String],
 ) -> anyhow::Result<Inputs> {
-    let manifest = crate::corpus::manifest::read(store)
-        .await
-        .with_context(|| format!("parsing {}", store.url_of(names::MANIFEST_JSON)))?;
-    let model = model
-        .map(Path::to_path_buf)
-        .or_else(|| manifest.and_then(|m| m.model_path).filter(|p| p.exists()));
+    let model = model.map(Path::to_path_buf);
     let expert_bytes = model
         .as_deref()
         .map(super::model::expert_bytes)
@@ -88,13 +83,7 @@ pub async fn load_inputs(
     for spec in keep_maps {
         keep.push(load_keep_map(store, spec, n_expert).await?);
     }
-    let decode_dir = format!("{}/", names::DECODE_TRACE_DIR);
-    let (decode, prefill): (Vec<String>, Vec<String>) = store
-        .list(names::TRACE_DIR)
-        .await?
-        .into_iter()
-        .filter(|n| n.ends_with(".parquet"))
-        .partition(|n| n.starts_with(&decode_dir));
+    let (prefill, decode) = common::trace::stored_parts(store).await?;
     let mut traces = Vec::new();
     for (kind, names) in [(TraceKind::Prefill, prefill), (TraceKind::Decode, decode)] {
         if let Some(set) = TraceSet::open(store, &names).await? {

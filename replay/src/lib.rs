@@ -11,6 +11,8 @@
 //! the trace one layer at a time ([`trace_io`]) across threads, after
 //! [`inputs`] read the run; [`report`] sums the layers into the rows of
 //! [`results`], the schema of `replay/results.json`.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod capacity;
 pub mod ema;
@@ -30,8 +32,6 @@ pub mod synthetic;
 pub mod trace_io;
 pub mod tree;
 
-#[cfg(test)]
-mod e2e_tests;
 #[cfg(test)]
 mod encoding_tests;
 #[cfg(test)]
@@ -56,11 +56,4 @@ pub struct Counts {
     pub misses: u64,
     /// Steps that needed more experts than the capacity.
     pub overflow_steps: u64,
-}
-
-/// Entry point of `coordinator replay`.
-pub fn main(args: ReplayArgs) -> anyhow::Result<std::process::ExitCode> {
-    let report = replay_run(&args)?;
-    println!("{}", report.markdown);
-    Ok(std::process::ExitCode::SUCCESS)
 }

@@ -1,0 +1,326 @@
+//! Benchmark: collection throughput against a plain forward pass of the same
+//! chunks, on the generated `bench` model, another preset (`--preset`) or any
+//! GGUF (`--model`) (`cargo run --release -p moe-census-bench --bin bench_collect`).
+//! Each collect mode also prints what crossed from the backend to the host,
+//! in bytes per token (the partial's `backend_to_host` figure).
+//!
+//! Modes, interleaved over `--rounds` rounds (the best round of each is kept):
+//! `forward` (an observer that asks for no tensor: llama.cpp's plain decode
+//! with outputs on every token, host logits, what llama-imatrix runs; one
+//! context with its KV cache cleared per chunk, and a fresh context per
+//! chunk as the collector does), `forward, last token` (an output on the
+//! last token of each micro-batch only: the output head on one row, so
+//! `forward` minus it is the head's cost), `collect` (REAP statistics +
+//! imatrix; the head skipped, issue #22), `collect + trace` (and routing
+//! traces), `collect with the head` (the output head computed and its
+//! logits copied, as before issue #22; same statistics bit for bit).
+//!
+//! Issue #22's goal: `collect` costs at most `forward - 0.8 x (forward -
+//! forward, last token)`; the last lines print both sides, in wall seconds
+//! and in process CPU seconds (with `--threads 1` the CPU figure does not
+//! depend on what else the machine runs).
+
+use clap::Parser;
+use common::corpus::Chunk;
+use common::partial::{BackendToHost, Partial};
+use common::procstat::process_cpu_seconds;
+use std::time::Instant;
+use worker::collect::device::Reduce;
+use worker::collect::{CollectOptions, Collector};
+use worker::llama::{Context, ContextParams, GraphObserver, Logits, Model, TensorRef};
+use worker::synth::Preset;
+
+#[derive(Parser)]
+struct Args {
+    /// GGUF model to measure (token ids are drawn inside its vocabulary);
+    /// without it, the `--preset` model is generated in a temporary directory.
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
+    /// Generated model when `--model` is not given.
+    #[arg(long, value_enum, default_value = "bench")]
+    preset: Preset,
+    /// The generated model's vocabulary size (default: the preset's; a
+    /// real-vocabulary preset at 1000 is the same model with a small head).
+    #[arg(long)]
+    n_vocab: Option<usize>,
+    /// Where the collect modes reduce observed tensors.
+    #[arg(long, value_enum, default_value = "host")]
+    reduce: Reduce,
+    /// Chunks per measurement.
+    #[arg(long, default_value_t = 8)]
+    chunks: u32,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = 512)]
+    n_ctx: u32,
+    /// Tokens per micro-batch.
+    #[arg(long, default_value_t = 512)]
+    n_ubatch: u32,
+    /// Rounds of each mode.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// CPU threads.
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+    /// Layers offloaded to the GPU (`-ngl`; 999: all, the output head too).
+    #[arg(long, default_value_t = 0)]
+    ngl: u32,
+    /// Run one mode once and print nothing else (for instruction counts
+    /// under `valgrind --tool=callgrind`): forward or collect; or
+    /// `reductions`: collect with host and with device reductions and print
+    /// how the device statistics compare with the host path's.
+    #[arg(long)]
+    only: Option<String>,
+}
+
+struct NoTensors;
+
+impl GraphObserver for NoTensors {
+    fn wants(&mut self, _: &TensorRef<'_>) -> bool {
+        false
+    }
+    fn observe(&mut self, _: &TensorRef<'_>) {}
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let dir = tempfile_dir()?;
+    let path = match &a.model {
+        Some(path) => path.clone(),
+        None => {
+            let path = dir.join("bench.gguf");
+            let o = worker::synth::Overrides {
+                n_vocab: a.n_vocab,
+                ..Default::default()
+            };
+            worker::synth::write_model_with(a.preset, 0, o, &path)?;
+            path
+        }
+    };
+    let n_vocab = Model::load(&path, a.ngl)?.n_vocab();
+    let (index, chunks) = worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx, n_vocab);
+    let tokens = (a.chunks * a.n_ctx) as f64;
+    let params = ContextParams {
+        n_ctx: a.n_ctx,
+        n_ubatch: a.n_ubatch,
+        threads: a.threads,
+        f32_kv: false,
+        flash_attn: false,
+        logits: Logits::Host,
+    };
+    match a.only.as_deref() {
+        Some("forward") => {
+            let model = Model::load(&path, a.ngl)?;
+            let mut ctx = Context::new(&model, &params, NoTensors)?;
+            for c in &chunks {
+                ctx.clear();
+                for (i, toks) in c.tokens.chunks(a.n_ubatch as usize).enumerate() {
+                    ctx.decode(toks, (i * a.n_ubatch as usize) as i32)?;
+                }
+            }
+            return Ok(());
+        }
+        Some("collect") => {
+            let opts = CollectOptions {
+                n_ubatch: a.n_ubatch,
+                n_gpu_layers: a.ngl,
+                threads: a.threads,
+                trace_every: 0,
+                reduce: a.reduce,
+                ..Default::default()
+            };
+            Collector::load(&path, opts)?.run(&index, &chunks, &mut |_, _| {})?;
+            return Ok(());
+        }
+        Some("reductions") => {
+            let run = |reduce| {
+                let opts = CollectOptions {
+                    n_ubatch: a.n_ubatch,
+                    n_gpu_layers: a.ngl,
+                    threads: a.threads,
+                    trace_every: 0,
+                    reduce,
+                    ..Default::default()
+                };
+                Collector::load(&path, opts)?
+                    .run(&index, &chunks, &mut |_, _| {})
+                    .map(|c| c.partial)
+                    .map_err(anyhow::Error::from)
+            };
+            let (host, device) = (run(Reduce::Host)?, run(Reduce::Device)?);
+            println!("backend: {}", worker::llama::backend_description());
+            println!("{}", compare_reductions(&host, &device));
+            return Ok(());
+        }
+        Some(other) => anyhow::bail!("--only {other}: expected forward, collect or reductions"),
+        None => {}
+    }
+    let model = Model::load(&path, a.ngl)?;
+    let mut best = [f64::MAX; MODES.len()];
+    let mut best_cpu = [f64::MAX; MODES.len()];
+    let cpu = || process_cpu_seconds().unwrap_or(f64::NAN);
+    let mut crossed = [BackendToHost::default(); MODES.len()];
+    let mut shape = None;
+    let forward = |ctx: &mut Context<'_, NoTensors>, c: &Chunk, last: bool| {
+        for (i, toks) in c.tokens.chunks(a.n_ubatch as usize).enumerate() {
+            let pos0 = (i * a.n_ubatch as usize) as i32;
+            if last {
+                ctx.decode_last_output(toks, pos0)?;
+            } else {
+                ctx.decode(toks, pos0)?;
+            }
+        }
+        anyhow::Ok(())
+    };
+    for _ in 0..a.rounds {
+        for (mode, last) in [(FORWARD, false), (FORWARD_LAST, true)] {
+            let (t, c0) = (Instant::now(), cpu());
+            let mut ctx = Context::new(&model, &params, NoTensors)?;
+            for c in &chunks {
+                ctx.clear();
+                forward(&mut ctx, c, last)?;
+            }
+            best[mode] = best[mode].min(t.elapsed().as_secs_f64());
+            best_cpu[mode] = best_cpu[mode].min(cpu() - c0);
+            crossed[mode] = BackendToHost {
+                tokens: ctx.tokens_decoded(),
+                bytes: ctx.bytes_read(),
+            };
+        }
+        let (t, c0) = (Instant::now(), cpu());
+        for c in &chunks {
+            let mut ctx = Context::new(&model, &params, NoTensors)?;
+            forward(&mut ctx, c, false)?;
+        }
+        best[FRESH] = best[FRESH].min(t.elapsed().as_secs_f64());
+        best_cpu[FRESH] = best_cpu[FRESH].min(cpu() - c0);
+        for (mode, trace_every, output_head) in
+            [(COLLECT, 0, false), (TRACE, 1, false), (WITH_HEAD, 0, true)]
+        {
+            let opts = CollectOptions {
+                n_ubatch: a.n_ubatch,
+                n_gpu_layers: a.ngl,
+                threads: a.threads,
+                trace_every,
+                reduce: a.reduce,
+                output_head,
+                ..Default::default()
+            };
+            let mut collector = Collector::load(&path, opts)?;
+            let (t, c0) = (Instant::now(), cpu());
+            let collected = collector.run(&index, &chunks, &mut |_, _| {})?;
+            best[mode] = best[mode].min(t.elapsed().as_secs_f64());
+            best_cpu[mode] = best_cpu[mode].min(cpu() - c0);
+            crossed[mode] = collected.partial.backend_to_host;
+            shape = Some(collector.shape().clone());
+        }
+    }
+    println!("backend: {}", worker::llama::backend_description());
+    let model_name = match &a.model {
+        Some(p) => p.display().to_string(),
+        None => format!("{:?} preset", a.preset),
+    };
+    if let Some(s) = shape {
+        println!(
+            "model: {model_name} ({} MoE layers, {} experts, top-{}, vocabulary {n_vocab}), {} chunks x {} tokens, n_ubatch {}, {} threads, best of {} rounds, {} reductions",
+            s.moe_layers.len(), s.n_expert, s.n_expert_used, a.chunks, a.n_ctx, a.n_ubatch, a.threads, a.rounds, a.reduce
+        );
+    }
+    println!("| mode | seconds | tokens/s | vs forward | CPU seconds | CPU vs forward | backend-to-host bytes/token (llama.cpp's logits copies included) |");
+    println!("|---|---|---|---|---|---|---|");
+    for (i, name) in MODES.iter().enumerate() {
+        let bytes = match i {
+            FRESH => "as forward".to_string(),
+            _ => format!("{:.0}", crossed[i].per_token()),
+        };
+        println!(
+            "| {name} | {:.3} | {:.1} | {:+.2}% | {:.3} | {:+.2}% | {bytes} |",
+            best[i],
+            tokens / best[i],
+            100.0 * (best[i] / best[FORWARD] - 1.0),
+            best_cpu[i],
+            100.0 * (best_cpu[i] / best_cpu[FORWARD] - 1.0)
+        );
+    }
+    for (what, b) in [("wall", &best), ("process CPU", &best_cpu)] {
+        println!("\n{what}: {}", head_goal(b));
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+/// The output head's share of a forward pass and issue #22's goal against
+/// it, from one column of best seconds per mode.
+fn head_goal(best: &[f64; MODES.len()]) -> String {
+    let head = best[FORWARD] - best[FORWARD_LAST];
+    let goal = best[FORWARD] - 0.8 * head;
+    format!(
+        "output head's share of a forward pass: (forward - forward, last token) / forward = {:.1}%; goal: collect <= forward - 0.8 x head = {goal:.3} s; collect {:.3} s ({}), saves {:.0}% of the head's cost against forward, {:.0}% against collect with the head",
+        100.0 * head / best[FORWARD],
+        best[COLLECT],
+        if best[COLLECT] <= goal { "met" } else { "NOT met" },
+        100.0 * (best[FORWARD] - best[COLLECT]) / head,
+        100.0 * (best[WITH_HEAD] - best[COLLECT]) / head,
+    )
+}
+
+/// The measured modes, in table order.
+const MODES: [&str; 6] = [
+    "forward (outputs on every token, host logits: llama-imatrix's decode)",
+    "forward, output on the last token only",
+    "collect (stats + imatrix, output head skipped)",
+    "collect + trace (top-64)",
+    "collect with the output head (before issue #22)",
+    "forward (fresh context per chunk)",
+];
+const FORWARD: usize = 0;
+const FORWARD_LAST: usize = 1;
+const COLLECT: usize = 2;
+const TRACE: usize = 3;
+const WITH_HEAD: usize = 4;
+const FRESH: usize = 5;
+
+/// How device-reduced statistics compare with the host path's: counts
+/// (which must be equal), the largest relative difference of any expert
+/// sum, and the bytes per token each path copied.
+fn compare_reductions(host: &Partial, device: &Partial) -> String {
+    let mut counts_equal = host.experts.groups.len() == device.experts.groups.len();
+    let mut worst = 0f64;
+    for (key, h) in &host.experts.groups {
+        let Some(d) = device.experts.groups.get(key) else {
+            counts_equal = false;
+            continue;
+        };
+        for (hl, dl) in h.layers.iter().zip(&d.layers) {
+            counts_equal &= hl.count == dl.count;
+            let pairs = [
+                (&hl.prob_sum, &dl.prob_sum),
+                (&hl.weight_sum, &dl.weight_sum),
+                (&hl.ean_sum, &dl.ean_sum),
+                (&hl.reap_l2_sum, &dl.reap_l2_sum),
+                (&hl.reap_l2_sq_sum, &dl.reap_l2_sq_sum),
+            ];
+            for (hs, ds) in pairs {
+                for (x, y) in hs.iter().zip(ds) {
+                    let (x, y) = (x.to_f64(), y.to_f64());
+                    let scale = x.abs().max(y.abs());
+                    if scale > 0.0 {
+                        worst = worst.max((x - y).abs() / scale);
+                    }
+                }
+            }
+        }
+    }
+    format!(
+        "device reductions vs host: counts {}; largest relative difference of an expert sum {worst:.3e} (tolerance 1e-5: {}); backend-to-host bytes/token host {:.0}, device {:.0}",
+        if counts_equal { "equal" } else { "DIFFER" },
+        if worst <= 1e-5 { "within" } else { "OUTSIDE" },
+        host.backend_to_host.per_token(),
+        device.backend_to_host.per_token()
+    )
+}
+
+fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("moe-census-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
