@@ -234,6 +234,79 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
     })
 }
 
+/// A plan that copies every tensor as it is (a candidate that keeps every
+/// expert); K is the model's `{arch}.expert_count`.
+pub(super) fn whole(header: &GgufHeader, path: &str) -> Result<Plan, PruneError> {
+    let (_, index) = arch_key(header, "expert_count", path)?;
+    let k = header.kv[index]
+        .1
+        .as_u64()
+        .filter(|&n| n > 0 && n <= u64::from(u32::MAX))
+        .ok_or_else(|| PruneError::NotMoe {
+            path: path.to_string(),
+            reason: "expert_count is not a positive integer".into(),
+        })? as u32;
+    Ok(Plan {
+        k,
+        cuts: vec![Cut::Whole; header.tensors.len()],
+        kv_overrides: Vec::new(),
+    })
+}
+
+/// The index in `header.kv` of `{arch}.{key}`, with the key's full name.
+fn arch_key(header: &GgufHeader, key: &str, path: &str) -> Result<(String, usize), PruneError> {
+    let not_moe = |reason: String| PruneError::NotMoe {
+        path: path.to_string(),
+        reason,
+    };
+    let arch = header
+        .get("general.architecture")
+        .and_then(GgufValue::as_str)
+        .ok_or_else(|| not_moe("no general.architecture".into()))?;
+    let full = format!("{arch}.{key}");
+    let index = header
+        .kv
+        .iter()
+        .position(|(k, _)| *k == full)
+        .ok_or_else(|| not_moe(format!("no {full}: not a Mixture-of-Experts model")))?;
+    Ok((full, index))
+}
+
+/// Adds to `plan` the change of `{arch}.expert_used_count` to `used`, the
+/// experts each token is routed to (metadata only). Refused unless `used`
+/// is at least 1 and at most the model's own count, and on grouped routing,
+/// whose group selection this does not re-check.
+pub(super) fn experts_used(
+    header: &GgufHeader,
+    plan: &mut Plan,
+    used: u32,
+    path: &str,
+) -> Result<(), PruneError> {
+    let (key, index) = arch_key(header, "expert_used_count", path)?;
+    let refuse = |reason: String| PruneError::ExpertsUsed {
+        path: path.to_string(),
+        reason,
+    };
+    let old = &header.kv[index].1;
+    let now = old
+        .as_u64()
+        .ok_or_else(|| refuse(format!("{key} is not an integer")))?;
+    if used == 0 || u64::from(used) > now {
+        return Err(refuse(format!(
+            "{used} experts per token: a candidate routes each token to between 1 and the model's {now} ({key})"
+        )));
+    }
+    let groups = key.replace("expert_used_count", "expert_group_count");
+    if header.get(&groups).and_then(GgufValue::as_u64).unwrap_or(1) > 1 {
+        return Err(refuse(format!(
+            "{groups} > 1: lowering the experts per token of a grouped-routing model is not supported"
+        )));
+    }
+    plan.kv_overrides
+        .push((index, kv::entry(&key, &kv::same_int_type(old, u64::from(used)))));
+    Ok(())
+}
+
 /// The NextN (MTP) blocks of a model: `{arch}.nextn_predict_layers` blocks
 /// at the end of `{arch}.block_count`. llama.cpp never runs them in a
 /// decode (only its MTP draft context does), so no keep map can be scored
