@@ -6,10 +6,10 @@
 //! the file. A card holds only what the inputs determine (no times), so the
 //! same inputs give byte-identical cards.
 
-use common::gguf_read::GgufHeader;
-use common::peer_text::peer_text;
 use common::eval::summary::SplitFigures;
 use common::eval::EvalSummary;
+use common::gguf_read::GgufHeader;
+use common::peer_text::peer_text;
 use common::quant::{ggml_type_name, QuantType};
 use serde::Serialize;
 use std::collections::BTreeMap;

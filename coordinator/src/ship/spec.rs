@@ -119,13 +119,13 @@ mod tests {
             split_top("reap_l2_sum_K8_top3").unwrap(),
             ("reap_l2_sum_K8", Some(3))
         );
-        assert_eq!(
-            split_top("frequency_K8").unwrap(),
-            ("frequency_K8", None)
-        );
+        assert_eq!(split_top("frequency_K8").unwrap(), ("frequency_K8", None));
         // Not a number: part of a keep map's name.
         assert_eq!(split_top("x_topaz").unwrap(), ("x_topaz", None));
-        assert!(split_top("base_top0").unwrap_err().to_string().contains("at least 1"));
+        assert!(split_top("base_top0")
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1"));
         assert!(check_name("../x").is_err() && check_name(".x").is_err());
     }
 }

@@ -68,7 +68,11 @@ pub fn make(
     if inputs.maps.len() != job.len() {
         return Err(failed(
             "list",
-            format!("{} keep maps for {} candidates", inputs.maps.len(), job.len()),
+            format!(
+                "{} keep maps for {} candidates",
+                inputs.maps.len(),
+                job.len()
+            ),
         ));
     }
     let run_imatrix = dir.join("run.imatrix.gguf");
@@ -89,7 +93,10 @@ pub fn make(
         }
         if let Some(quant) = c.quant {
             if inputs.imatrix.is_none() {
-                return Err(failed(name, "quantised, but no importance matrix was read".into()));
+                return Err(failed(
+                    name,
+                    "quantised, but no importance matrix was read".into(),
+                ));
             }
             let imatrix = match keep {
                 Some(keep) => {
