@@ -92,6 +92,40 @@ pub mod eval {
     pub const KL_PLOT: &str = "report/eval_kl_vs_k.png";
 }
 
+/// Where one evaluation's objects live under a run: its per-lease eval
+/// partials, their merge and the summary. `coordinator eval` writes
+/// [`EVAL`] (under `eval/`), `coordinator ship` [`SHIP_EVAL`] (under
+/// `ship/eval/`), so shipping never replaces the run's evaluation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EvalLayout {
+    /// The per-lease eval partials.
+    pub partials: LeaseLayout,
+    /// Merged eval partial.
+    pub merged: &'static str,
+    /// The figures, JSON (written last: it marks the set complete).
+    pub summary_json: &'static str,
+    /// The same figures as a Parquet table.
+    pub summary_parquet: &'static str,
+}
+
+/// `coordinator eval`'s objects, under `eval/`.
+pub const EVAL: EvalLayout = EvalLayout {
+    partials: EVAL_PARTIALS,
+    merged: eval::MERGED,
+    summary_json: eval::SUMMARY_JSON,
+    summary_parquet: eval::SUMMARY_PARQUET,
+};
+
+/// The evaluation of shipped files by `coordinator ship`, under `ship/eval/`.
+pub const SHIP_EVAL: EvalLayout = EvalLayout {
+    partials: LeaseLayout {
+        dir: "ship/eval/partials",
+    },
+    merged: "ship/eval/merged.bin",
+    summary_json: "ship/eval/summary.json",
+    summary_parquet: "ship/eval/summary.parquet",
+};
+
 /// Environment variables the processes of a run read.
 pub mod env {
     /// The join secret, when no secret file is given.

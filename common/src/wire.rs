@@ -37,7 +37,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 ///
 /// 4: the join proof is keyed by the worker's key ([`worker_key`]), not by
 /// the join secret itself.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: an [`EvalCandidate`] is a recipe (keep map or every expert, experts
+/// per token, quantisation), so shipped files are evaluated like slices.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -147,17 +149,28 @@ pub struct EvalJob {
     pub splits: Vec<crate::split::Split>,
 }
 
-/// A candidate of an [`EvalJob`].
+/// A candidate of an [`EvalJob`]: how a worker makes it from its base
+/// file, in this order: sliced to a keep map (or every expert kept), the
+/// experts routed per token set, quantised by llama.cpp with the run's
+/// importance matrix (sliced to the same keep map). Every step is
+/// deterministic, so every worker makes the same bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EvalCandidate {
-    /// `<method>_K<k>`.
+    /// Its name in results: `<method>_K<k>`, or a shipped file's stem.
     pub name: String,
-    /// Object name of its keep map under the run (`keep_maps/<name>.json`).
-    pub keep_map: String,
-    /// SHA-256 of the pruned GGUF as the coordinator sliced it; a worker
-    /// whose slice differs refuses the job, and the coordinator refuses any
+    /// Object name of its keep map under the run (`keep_maps/<name>.json`);
+    /// `None`: every expert is kept.
+    pub keep_map: Option<String>,
+    /// SHA-256 of the candidate GGUF as the coordinator made it; a worker
+    /// whose file differs refuses the job, and the coordinator refuses any
     /// result that names another hash.
     pub sha256: String,
+    /// Experts routed per token (`{arch}.expert_used_count`), when the
+    /// candidate lowers it; `None`: the base model's.
+    pub expert_used: Option<u32>,
+    /// Quantisation type, when the candidate is quantised (with the run's
+    /// `imatrix.gguf` sliced to the keep map).
+    pub quant: Option<crate::quant::QuantType>,
 }
 
 /// Trace strides per split: the fit tokens of every `fit`-th chunk and the
@@ -540,9 +553,10 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 4 (as of 3); moving one needs a new version.
+        // protocol of PROTOCOL_VERSION 5 (as of 3; 5 changed the fields of an
+        // eval candidate, not a tag); moving one needs a new version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 4);
+        assert_eq!(PROTOCOL_VERSION, 5);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
@@ -565,8 +579,10 @@ mod tests {
         let eval = EvalJob {
             candidates: vec![EvalCandidate {
                 name: "frequency_K8".into(),
-                keep_map: "keep_maps/frequency_K8.json".into(),
+                keep_map: Some("keep_maps/frequency_K8.json".into()),
                 sha256: "c".repeat(64),
+                expert_used: Some(2),
+                quant: Some(crate::quant::QuantType::Q4_K_M),
             }],
             skip_first: 0,
             splits: crate::split::Split::ALL.to_vec(),

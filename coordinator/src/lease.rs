@@ -6,6 +6,7 @@
 //! are its two implementations. This module imports no stage.
 
 use crate::corpus::manifest::{Records, RunManifest};
+use common::layout::LeaseLayout;
 use common::lease::LeaseOutput;
 use common::wire::Task;
 use common::ChunkRange;
@@ -20,6 +21,12 @@ pub trait LeaseKind: Send + Sync + 'static {
 
     /// The manifest's table of accepted results of this kind.
     fn table(manifest: &mut RunManifest) -> &mut Records;
+
+    /// Where this lease's results are stored: the output kind's prefix
+    /// unless the kind keeps its results elsewhere (shipping's evaluation).
+    fn layout(&self) -> LeaseLayout {
+        Self::Output::LAYOUT
+    }
 
     /// Checks a decoded result as the result of the unit `range` against
     /// what the coordinator knows (chunks, model, corpus, settings, counts).

@@ -237,6 +237,7 @@ async fn evaluate_configured(
             ..setup.clone()
         },
         job,
+        out: common::layout::EVAL,
     };
     let outcome =
         crate::eval::evaluate_locked(&eval, |l| crate::eval::cli::start_workers(local, l)).await?;

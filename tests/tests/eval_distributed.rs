@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::process::Child;
 use worker::collect::device::Reduce;
+use worker::eval::candidates::Inputs;
 use worker::eval::Compare;
 use worker::join::engine::{CollectorLoader, EngineLoader};
 use worker::join::eval_engine::EvalEngine;
@@ -85,6 +86,7 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
             cluster: ClusterSettings::default(),
         },
         job,
+        out: common::layout::EVAL,
     }
 }
 
@@ -283,10 +285,10 @@ impl EngineLoader for LyingLoader {
         self,
         job: &JobInfo,
         eval: &EvalJob,
-        maps: &[(String, KeepMap)],
+        inputs: &Inputs,
     ) -> Result<Box<dyn EvalEngine>, String> {
         Ok(Box::new(LyingEngine {
-            honest: self.honest.load_eval(job, eval, maps)?,
+            honest: self.honest.load_eval(job, eval, inputs)?,
             lies: self.lies,
             lied: self.lied,
         }))

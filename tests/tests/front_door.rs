@@ -2,7 +2,8 @@
 //! two local workers runs the whole job (generated model, sample corpus,
 //! collection over QUIC, merge, score, replay, verify, report, the `[eval]`
 //! candidates against the base model) and marks the run complete only
-//! because verification passed; on a grouped model, an `[eval]` failure
+//! because verification passed; `coordinator ship` then ships, evaluates
+//! and describes files of it; on a grouped model, an `[eval]` failure
 //! keeps what verification wrote.
 
 use std::path::Path;
@@ -110,6 +111,161 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
     );
 
     replay_without_model_finds_the_recorded_model(&out);
+    ship_the_quickstart(&out, dir.path());
+}
+
+/// Every card, by file name, of a ship directory.
+fn cards(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json" || x == "md"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect()
+}
+
+/// `coordinator ship` on the quickstart run: a keep map and a top-k
+/// candidate (all 16 experts, 2 of the 4 per token), unquantised, Q8_0 and
+/// Q4_0, each evaluated against the base model with its figures in its
+/// card and the ship table; a second ship reuses every file and eval
+/// partial and writes byte-identical cards; the top-k candidate evaluates,
+/// bit for bit, to what `worker eval` measures of the base model with its
+/// `expert_used_count` edited in place in the file's bytes, above zero; and
+/// the Q4_0 file made with the sliced importance matrix differs from the
+/// one made without it and has no higher held-out KL.
+fn ship_the_quickstart(run: &Path, dir: &Path) {
+    let ship_dir = dir.join("ship");
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = threads.to_string();
+    let args = [
+        "ship",
+        run.to_str().unwrap(),
+        "--candidates",
+        "frequency_K8,base_top2",
+        "--quant",
+        "Q8_0,Q4_0",
+        "--out",
+        ship_dir.to_str().unwrap(),
+        "--local-workers",
+        "1",
+        "--threads",
+        &threads,
+    ];
+    let first = fixtures::run_ok("coordinator", &args);
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(stdout.contains("shipped 19 files"), "{stdout}");
+    assert!(stdout.contains("| file | bytes | KL mean"), "{stdout}");
+    let mut models = Vec::new();
+    for c in ["frequency_K8", "base_top2"] {
+        models.extend([c.to_string(), format!("{c}.Q8_0"), format!("{c}.Q4_0")]);
+    }
+    for m in &models {
+        assert!(stdout.contains(&format!("| {m}.gguf | ")), "{m}: {stdout}");
+        let card: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(ship_dir.join(format!("{m}.json"))).unwrap())
+                .unwrap();
+        let held = &card["measured"]["splits"]["heldout"]["all"];
+        assert!(held["n"].as_u64().unwrap() > 0, "{m}: {card}");
+        let kl = held["kl"]["mean"].as_f64().unwrap();
+        assert!(kl > 0.0 && kl.is_finite(), "{m}: {card}");
+        let md = std::fs::read_to_string(ship_dir.join(format!("{m}.md"))).unwrap();
+        assert!(md.contains("## Measured against the base model"), "{md}");
+    }
+    let top = |name: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(ship_dir.join(name)).unwrap()).unwrap()
+    };
+    assert_eq!(top("base_top2.json")["experts_used"], 2);
+    assert!(top("base_top2.json")["keep_map"].is_null());
+
+    // The same inputs again: every file and every eval partial reused.
+    let before = cards(&ship_dir);
+    let again = fixtures::run_ok("coordinator", &args);
+    let stdout = String::from_utf8_lossy(&again.stdout);
+    assert!(stdout.contains("(0 made, 19 reused"), "{stdout}");
+    assert!(stdout.contains(", 0 computed, "), "{stdout}");
+    assert_eq!(cards(&ship_dir), before, "the cards are byte-identical");
+
+    // The base model with expert_used_count 4 -> 2 written into its bytes.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+    let base = Path::new(manifest["model_path"].as_str().unwrap());
+    let mut bytes = std::fs::read(base).unwrap();
+    let key = b"qwen3moe.expert_used_count";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the key is in the header")
+        + key.len();
+    assert_eq!(&bytes[at..at + 8], &[4, 0, 0, 0, 4, 0, 0, 0], "u32 4");
+    bytes[at + 4] = 2;
+    let edited = dir.join("base_top2_by_hand.gguf");
+    std::fs::write(&edited, &bytes).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
+    let chunks = format!("0..{}", index["n_chunks"].as_u64().unwrap());
+    let held_out = |candidates: &[&Path], out: &Path| -> serde_json::Value {
+        let mut args = vec!["eval", "--model", base.to_str().unwrap()];
+        for c in candidates {
+            args.extend(["--candidate", c.to_str().unwrap()]);
+        }
+        let (run, out) = (run.to_str().unwrap(), out.to_str().unwrap());
+        args.extend(["--corpus", run, "--chunks", &chunks, "--out", out]);
+        args.extend(["--threads", &threads, "--split", "heldout"]);
+        fixtures::run_ok("worker", &args);
+        serde_json::from_slice(&std::fs::read(Path::new(out).join("eval/summary.json")).unwrap())
+            .unwrap()
+    };
+    let hand = held_out(&[&edited], &dir.join("by_hand"));
+    let shipped: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("ship/eval/summary.json")).unwrap())
+            .unwrap();
+    let shipped = shipped["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "base_top2")
+        .unwrap()
+        .clone();
+    let heldout = &shipped["splits"]["heldout"];
+    assert_eq!(hand["candidates"][0]["splits"]["heldout"], *heldout);
+    assert!(heldout["all"]["kl"]["mean"].as_f64().unwrap() > 0.0);
+
+    // Q4_0 weighs its rounding by the importance matrix (Q8_0 does not):
+    // the same slice quantised without it is another file, and no closer
+    // to the base model on held-out text.
+    let without = dir.join("frequency_K8.Q4_0.without.gguf");
+    fixtures::run_ok(
+        "worker",
+        &[
+            "quantize",
+            "--model",
+            ship_dir.join("frequency_K8.gguf").to_str().unwrap(),
+            "--type",
+            "Q4_0",
+            "--out",
+            without.to_str().unwrap(),
+        ],
+    );
+    let with = ship_dir.join("frequency_K8.Q4_0.gguf");
+    assert_ne!(
+        std::fs::read(&with).unwrap(),
+        std::fs::read(&without).unwrap()
+    );
+    let c = held_out(&[&with, &without], &dir.join("imatrix_or_not"));
+    let kl = |i: usize| {
+        c["candidates"][i]["splits"]["heldout"]["all"]["kl"]["mean"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        kl(0) <= kl(1),
+        "held-out KL with the importance matrix {} > without {}",
+        kl(0),
+        kl(1)
+    );
 }
 
 /// Regression: `coordinator replay RUN` looked for a `model_path` in the

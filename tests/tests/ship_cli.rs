@@ -115,6 +115,7 @@ fn ship(
         out.to_str().unwrap(),
         "--threads",
         "2",
+        "--no-eval",
     ];
     args.extend(extra);
     fixtures::run("coordinator", &args)

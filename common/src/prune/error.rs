@@ -3,7 +3,7 @@
 use crate::gguf_read::GgufReadError;
 use std::io;
 
-/// Errors of [`super::slice_model`] and [`super::slice_imatrix`]. Refusals
+/// Errors of [`super::slice_model`], [`super::make_model`] and [`super::slice_imatrix`]. Refusals
 /// name the file, the keep map (`<method>_K<k>`) and the tensor or layer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -48,6 +48,14 @@ pub enum PruneError {
         /// The map, as `<method>_K<k>`.
         map: String,
         /// What does not fit.
+        reason: String,
+    },
+    /// A lowered number of experts per token the model cannot be given.
+    #[error("{path}: {reason}")]
+    ExpertsUsed {
+        /// The input file.
+        path: String,
+        /// Why.
         reason: String,
     },
     /// An expert tensor whose expert axis is not its outermost dimension (or

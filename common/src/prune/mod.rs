@@ -40,8 +40,29 @@ pub struct Sliced {
 /// Refuses (writing nothing) a map that does not fit the model: see
 /// [`PruneError`].
 pub fn slice_model(base: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, PruneError> {
+    make_model(base, Some(keep), None, out)
+}
+
+/// Writes to `out` a candidate model made from `base`: sliced to `keep`
+/// as [`slice_model`] does (`None`: every tensor copied as it is), with
+/// `{arch}.expert_used_count` set to `experts_used` when given (a
+/// candidate that routes each token to fewer experts; refused above the
+/// model's own count).
+pub fn make_model(
+    base: &Path,
+    keep: Option<&KeepMap>,
+    experts_used: Option<u32>,
+    out: &Path,
+) -> Result<Sliced, PruneError> {
     let header = GgufReader::open(base)?.header;
-    let plan = plan::model(&header, keep, &base.display().to_string())?;
+    let path = base.display().to_string();
+    let mut plan = match keep {
+        Some(keep) => plan::model(&header, keep, &path)?,
+        None => plan::whole(&header, &path)?,
+    };
+    if let Some(used) = experts_used {
+        plan::experts_used(&header, &mut plan, used, &path)?;
+    }
     write::sliced(base, &header, &plan, out)
 }
 

@@ -164,25 +164,8 @@ fn check_layers(
 /// The slice of a model file.
 pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<Plan, PruneError> {
     let (layers, k) = map_layers(keep)?;
-    let not_moe = |reason: String| PruneError::NotMoe {
-        path: path.to_string(),
-        reason,
-    };
-    let arch = header
-        .get("general.architecture")
-        .and_then(GgufValue::as_str)
-        .ok_or_else(|| not_moe("no general.architecture".into()))?;
-    let count_key = format!("{arch}.expert_count");
-    let count_index = header
-        .kv
-        .iter()
-        .position(|(key, _)| *key == count_key)
-        .ok_or_else(|| not_moe(format!("no {count_key}: not a Mixture-of-Experts model")))?;
-    let n_expert = header.kv[count_index]
-        .1
-        .as_u64()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| not_moe(format!("{count_key} is not a positive integer")))?;
+    let (arch, count_key, count_index) = arch_key(header, "expert_count", path)?;
+    let n_expert = expert_count(header, count_index, &count_key, path)?;
     let map = map_name(keep);
     let mismatch = |reason: String| PruneError::Mismatch {
         path: path.to_string(),
@@ -232,6 +215,99 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
         cuts,
         kv_overrides,
     })
+}
+
+/// A plan that copies every tensor as it is (a candidate that keeps every
+/// expert); K is the model's `{arch}.expert_count`.
+pub(super) fn whole(header: &GgufHeader, path: &str) -> Result<Plan, PruneError> {
+    let (_, key, index) = arch_key(header, "expert_count", path)?;
+    let k = expert_count(header, index, &key, path)?;
+    Ok(Plan {
+        k: u32::try_from(k).map_err(|_| PruneError::NotMoe {
+            path: path.to_string(),
+            reason: format!("{key} = {k} is beyond u32"),
+        })?,
+        cuts: vec![Cut::Whole; header.tensors.len()],
+        kv_overrides: Vec::new(),
+    })
+}
+
+/// The architecture, the full name of `{arch}.{key}` and its index in
+/// `header.kv`.
+fn arch_key<'h>(
+    header: &'h GgufHeader,
+    key: &str,
+    path: &str,
+) -> Result<(&'h str, String, usize), PruneError> {
+    let not_moe = |reason: String| PruneError::NotMoe {
+        path: path.to_string(),
+        reason,
+    };
+    let arch = header
+        .get("general.architecture")
+        .and_then(GgufValue::as_str)
+        .ok_or_else(|| not_moe("no general.architecture".into()))?;
+    let full = format!("{arch}.{key}");
+    let index = header
+        .kv
+        .iter()
+        .position(|(k, _)| *k == full)
+        .ok_or_else(|| not_moe(format!("no {full}: not a Mixture-of-Experts model")))?;
+    Ok((arch, full, index))
+}
+
+/// The value of the expert count at `index` (named `key`), positive.
+fn expert_count(
+    header: &GgufHeader,
+    index: usize,
+    key: &str,
+    path: &str,
+) -> Result<u64, PruneError> {
+    header.kv[index]
+        .1
+        .as_u64()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| PruneError::NotMoe {
+            path: path.to_string(),
+            reason: format!("{key} is not a positive integer"),
+        })
+}
+
+/// Adds to `plan` the change of `{arch}.expert_used_count` to `used`, the
+/// experts each token is routed to (metadata only). Refused unless `used`
+/// is at least 1 and at most the model's own count, and on grouped routing,
+/// whose group selection this does not re-check.
+pub(super) fn experts_used(
+    header: &GgufHeader,
+    plan: &mut Plan,
+    used: u32,
+    path: &str,
+) -> Result<(), PruneError> {
+    let (_, key, index) = arch_key(header, "expert_used_count", path)?;
+    let refuse = |reason: String| PruneError::ExpertsUsed {
+        path: path.to_string(),
+        reason,
+    };
+    let old = &header.kv[index].1;
+    let now = old
+        .as_u64()
+        .ok_or_else(|| refuse(format!("{key} is not an integer")))?;
+    if used == 0 || u64::from(used) > now {
+        return Err(refuse(format!(
+            "{used} experts per token: a candidate routes each token to between 1 and the model's {now} ({key})"
+        )));
+    }
+    let groups = key.replace("expert_used_count", "expert_group_count");
+    if header.get(&groups).and_then(GgufValue::as_u64).unwrap_or(1) > 1 {
+        return Err(refuse(format!(
+            "{groups} > 1: lowering the experts per token of a grouped-routing model is not supported"
+        )));
+    }
+    plan.kv_overrides.push((
+        index,
+        kv::entry(&key, &kv::same_int_type(old, u64::from(used))),
+    ));
+    Ok(())
 }
 
 /// The NextN (MTP) blocks of a model: `{arch}.nextn_predict_layers` blocks

@@ -465,3 +465,57 @@ fn refused_imatrix(map: &KeepMap, needles: &[&str]) {
         .for_each(|n| assert!(msg.contains(n), "{msg:?} lacks {n:?}"));
     assert!(!f.out.exists());
 }
+
+#[test]
+fn a_top_k_candidate_changes_the_experts_per_token_and_nothing_else() {
+    let f = files(&model());
+    let made = make_model(&f.base, None, Some(1), &f.out).unwrap();
+    assert_eq!(made.k, N_EXPERT as u32, "every expert is kept");
+    let (mut base, mut out) = (
+        GgufReader::open(&f.base).unwrap(),
+        GgufReader::open(&f.out).unwrap(),
+    );
+    assert_eq!(
+        out.header.get("glm4moe.expert_used_count"),
+        Some(&GgufValue::U32(1))
+    );
+    let others = |h: &crate::gguf_read::GgufHeader| -> Vec<(String, GgufValue)> {
+        h.kv.iter()
+            .filter(|(k, _)| k != "glm4moe.expert_used_count")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(others(&out.header), others(&base.header));
+    let names: Vec<String> = base.header.tensors.iter().map(|t| t.name.clone()).collect();
+    for name in names {
+        assert_eq!(
+            out.tensor_bytes(&name).unwrap(),
+            base.tensor_bytes(&name).unwrap(),
+            "{name}"
+        );
+    }
+    // On top of a keep map: both changes.
+    std::fs::remove_file(&f.out).unwrap();
+    let map = keep(&[(1, &[0, 3]), (2, &[1, 2])]);
+    make_model(&f.base, Some(&map), Some(1), &f.out).unwrap();
+    let r = GgufReader::open(&f.out).unwrap();
+    assert_eq!(
+        r.header.get("glm4moe.expert_count"),
+        Some(&GgufValue::U32(2))
+    );
+    assert_eq!(
+        r.header.get("glm4moe.expert_used_count"),
+        Some(&GgufValue::U32(1))
+    );
+    // More than the model routes to, or none: refused, nothing written.
+    std::fs::remove_file(&f.out).unwrap();
+    for used in [0, 3] {
+        let e = make_model(&f.base, None, Some(used), &f.out).unwrap_err();
+        assert!(
+            matches!(e, PruneError::ExpertsUsed { .. })
+                && e.to_string().contains("between 1 and the model's 2"),
+            "{e}"
+        );
+        assert!(!f.out.exists());
+    }
+}

@@ -7,6 +7,7 @@
 use crate::corpus::manifest::{Records, RunManifest};
 use crate::lease::LeaseKind;
 use common::eval::EvalPartial;
+use common::layout::LeaseLayout;
 use common::peer_text::peer_text;
 use common::wire::{EvalJob, Task};
 use common::ChunkRange;
@@ -14,6 +15,8 @@ use common::ChunkRange;
 /// What an eval partial of this run must match.
 #[derive(Clone, Debug)]
 pub struct EvalAcceptance {
+    /// Where its eval partials are stored.
+    pub partials: LeaseLayout,
     /// SHA-256 of the base model.
     pub base_sha256: String,
     /// SHA-256 of the corpus chunk table.
@@ -37,6 +40,10 @@ impl LeaseKind for EvalAcceptance {
 
     fn check(&self, range: ChunkRange, p: &EvalPartial) -> Result<(), String> {
         check_against_job(p, range, &self.base_sha256, &self.corpus_sha256, &self.job)
+    }
+
+    fn layout(&self) -> LeaseLayout {
+        self.partials
     }
 }
 
@@ -143,8 +150,10 @@ mod tests {
         EvalJob {
             candidates: vec![EvalCandidate {
                 name: "frequency_K8".into(),
-                keep_map: "keep_maps/frequency_K8.json".into(),
+                keep_map: Some("keep_maps/frequency_K8.json".into()),
                 sha256: "c".repeat(64),
+                expert_used: None,
+                quant: None,
             }],
             skip_first: 0,
             splits: vec![Split::Fit],

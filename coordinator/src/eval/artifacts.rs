@@ -1,4 +1,5 @@
-//! Writing an evaluation's results under `eval/`: the merged partial, the
+//! Writing an evaluation's results (under `eval/`, or `ship/eval/` for
+//! shipped files): the merged partial, the
 //! summary as JSON and as a Parquet table (one row per candidate, split and
 //! domain; domain `*` is the whole split). `summary.json` is removed first
 //! and written last: its presence marks the set complete.
@@ -6,27 +7,29 @@
 use super::EvalRunError;
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
-use common::eval::{names, EvalPartial, EvalSummary, Figures};
+use common::eval::{EvalPartial, EvalSummary, Figures};
+use common::layout::EvalLayout;
 use common::store::RunStore;
 use std::sync::Arc;
 
-/// Writes `eval/merged.bin`, `eval/summary.parquet` and `eval/summary.json`.
+/// Writes the merged partial, the Parquet table and the summary where
+/// `out` says (`eval/merged.bin`, `eval/summary.parquet`,
+/// `eval/summary.json` for `coordinator eval`).
 pub async fn write(
     store: &RunStore,
+    out: &EvalLayout,
     merged: &EvalPartial,
     domains: &[String],
 ) -> Result<EvalSummary, EvalRunError> {
     let summary = EvalSummary::of(merged, domains);
-    if store.get_opt(names::SUMMARY_JSON).await?.is_some() {
-        store.delete(names::SUMMARY_JSON).await?;
+    if store.get_opt(out.summary_json).await?.is_some() {
+        store.delete(out.summary_json).await?;
     }
-    store.put(names::MERGED, merged.to_bytes()).await?;
+    store.put(out.merged, merged.to_bytes()).await?;
     let table = parquet_table(&summary)
-        .map_err(|e| EvalRunError::Setup(format!("encoding {}: {e}", names::SUMMARY_PARQUET)))?;
-    store.put(names::SUMMARY_PARQUET, table).await?;
-    store
-        .put(names::SUMMARY_JSON, summary.to_json_bytes())
-        .await?;
+        .map_err(|e| EvalRunError::Setup(format!("encoding {}: {e}", out.summary_parquet)))?;
+    store.put(out.summary_parquet, table).await?;
+    store.put(out.summary_json, summary.to_json_bytes()).await?;
     Ok(summary)
 }
 

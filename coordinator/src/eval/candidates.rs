@@ -56,8 +56,10 @@ pub async fn prepare(
         std::fs::remove_file(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
         out.push(EvalCandidate {
             name: name.clone(),
-            keep_map: object,
+            keep_map: Some(object),
             sha256: sliced.sha256,
+            expert_used: None,
+            quant: None,
         });
     }
     Ok(out)

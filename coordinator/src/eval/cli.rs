@@ -40,7 +40,7 @@ pub struct EvalArgs {
 }
 
 /// A run's manifest and the config recorded in it.
-async fn recorded(store: &RunStore) -> anyhow::Result<(RunManifest, Config)> {
+pub(crate) async fn recorded(store: &RunStore) -> anyhow::Result<(RunManifest, Config)> {
     let manifest = crate::corpus::manifest::read_or_default(store).await?;
     let config = Config::recorded(&manifest)
         .map_err(anyhow::Error::msg)
@@ -85,6 +85,7 @@ pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
                 cluster: config.cluster.clone(),
             },
             job,
+            out: common::layout::EVAL,
         };
         let local = (args.local_workers > 0)
             .then(|| local_workers(&config, &model, args.local_workers))

@@ -25,6 +25,7 @@ use crate::sched::plan;
 use common::eval::summary::parse_splits;
 use common::eval::EvalSummary;
 use common::hash::sha256_hex;
+use common::layout::EvalLayout;
 use common::store::{RunStore, StoreError};
 use common::wire::EvalJob;
 use std::path::Path;
@@ -66,6 +67,9 @@ pub struct EvalSetup {
     pub base: RunSetup,
     /// The candidates and scored positions.
     pub job: EvalJob,
+    /// Where its objects go: [`common::layout::EVAL`] (`coordinator eval`)
+    /// or [`common::layout::SHIP_EVAL`] (`coordinator ship`).
+    pub out: EvalLayout,
 }
 
 /// What an evaluation did.
@@ -85,6 +89,8 @@ pub struct EvalOutcome {
     pub retries: usize,
     /// Per-worker figures (tokens are scored positions).
     pub workers: Vec<WorkerInfo>,
+    /// Where its objects are.
+    pub out: EvalLayout,
 }
 
 /// The job of an evaluation: checks the base model against the run's
@@ -102,6 +108,31 @@ pub async fn job(
             settings.split
         ))
     })?;
+    let base_sha256 = check_base(store, base).await?;
+    let names = if settings.needs_shape() {
+        let (saliency, _) = crate::score::load_saliency(store)
+            .await
+            .map_err(|e| EvalRunError::Setup(format!("resolving keep-map sizes: {e:#}")))?;
+        settings
+            .candidate_names(&settings::KeepShape::of(&saliency))
+            .map_err(EvalRunError::Setup)?
+    } else {
+        settings.keep_maps.clone()
+    };
+    let candidates = candidates::prepare(store, &names, base).await?;
+    Ok((
+        base_sha256,
+        EvalJob {
+            candidates,
+            skip_first: settings.skip_first,
+            splits,
+        },
+    ))
+}
+
+/// Checks the base model against the run's manifest (the model the run was
+/// measured with); returns its SHA-256.
+pub async fn check_base(store: &RunStore, base: &Path) -> Result<String, EvalRunError> {
     let base_sha256 = common::hash::sha256_file(base)
         .map_err(|e| EvalRunError::Setup(format!("base model {}: {e}", base.display())))?;
     let manifest = crate::corpus::manifest::read_or_default(store)
@@ -122,25 +153,7 @@ pub async fn job(
             )))
         }
     }
-    let names = if settings.needs_shape() {
-        let (saliency, _) = crate::score::load_saliency(store)
-            .await
-            .map_err(|e| EvalRunError::Setup(format!("resolving keep-map sizes: {e:#}")))?;
-        settings
-            .candidate_names(&settings::KeepShape::of(&saliency))
-            .map_err(EvalRunError::Setup)?
-    } else {
-        settings.keep_maps.clone()
-    };
-    let candidates = candidates::prepare(store, &names, base).await?;
-    Ok((
-        base_sha256,
-        EvalJob {
-            candidates,
-            skip_first: settings.skip_first,
-            splits,
-        },
-    ))
+    Ok(base_sha256)
 }
 
 /// Fingerprint of everything that changes an eval partial's numbers: the
@@ -169,6 +182,7 @@ pub async fn evaluate(
         let fenced = EvalSetup {
             base,
             job: setup.job.clone(),
+            out: setup.out,
         };
         evaluate_locked(&fenced, on_listen).await
     })
@@ -194,6 +208,7 @@ pub async fn evaluate_locked(
         progress: false,
     };
     let kind = Arc::new(accept::EvalAcceptance {
+        partials: setup.out.partials,
         base_sha256: base.model_sha256.clone(),
         corpus_sha256: index.chunks_sha256.clone(),
         job: setup.job.clone(),
@@ -209,7 +224,7 @@ pub async fn evaluate_locked(
             index.n_chunks
         )));
     }
-    let summary = artifacts::write(store, &merged, &index.domains).await?;
+    let summary = artifacts::write(store, &setup.out, &merged, &index.domains).await?;
     Ok(EvalOutcome {
         summary,
         units: leased.units,
@@ -218,6 +233,7 @@ pub async fn evaluate_locked(
         computed: leased.computed,
         retries: leased.retries,
         workers: leased.workers,
+        out: setup.out,
     })
 }
 
@@ -229,7 +245,7 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
         o.summary.candidates.len(),
         o.units,
         o.resumed,
-        store.url_of(common::layout::EVAL_PARTIALS.dir),
+        store.url_of(o.out.partials.dir),
         o.computed,
         o.retries
     );
@@ -247,8 +263,5 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
         }
     };
     print!("{}", table::table(&o.summary, &slots));
-    println!(
-        "results: {}",
-        store.url_of(common::eval::names::SUMMARY_JSON)
-    );
+    println!("results: {}", store.url_of(o.out.summary_json));
 }

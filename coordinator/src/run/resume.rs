@@ -87,7 +87,7 @@ async fn load_once<K: LeaseKind>(
     recorder: &mut Recorder,
     settings: &str,
 ) -> Result<Loaded<K::Output>, RunError> {
-    let layout = K::Output::LAYOUT;
+    let layout = kind.layout();
     let wanted: BTreeSet<ChunkRange> = units.iter().copied().collect();
     let records: Records = recorder.records();
     let mut out = Resumed {

@@ -187,6 +187,7 @@ async fn serve_units<K: LeaseKind>(
     if !shared {
         tracing::info!("no join secret configured: only local workers can join");
     }
+    let layout = kind.layout();
     let (hub, deliveries) = Hub::new(sched, secret.clone(), job, kind, store.clone());
     let hub = Arc::new(hub);
     let (server, listening) = listen(
@@ -201,7 +202,6 @@ async fn serve_units<K: LeaseKind>(
     let bar = l
         .progress
         .then(|| progress::Progress::new(l.setup.index.n_tokens, from.resumed_measured));
-    let layout = K::Output::LAYOUT;
     let mut running: Option<K::Output> = None;
     let mut serving = serve::Serving::new(&hub, deliveries, &mut children);
     let outcome: Result<(), RunError> = async {

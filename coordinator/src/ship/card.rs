@@ -1,10 +1,13 @@
 //! The model card of a shipped GGUF: what it was made from and how (base
-//! model, keep map, quantisation type and importance matrix, each with its
-//! SHA-256), its tensor types, and the commands that make it again; as JSON
+//! model, keep map, experts per token, quantisation type and importance
+//! matrix, each with its SHA-256), its tensor types, what it measured
+//! against the base model, and the commands that make it again; as JSON
 //! ([`ModelCard`]) and Markdown ([`ModelCard::to_markdown`]), written beside
 //! the file. A card holds only what the inputs determine (no times), so the
 //! same inputs give byte-identical cards.
 
+use common::eval::summary::SplitFigures;
+use common::eval::EvalSummary;
 use common::gguf_read::GgufHeader;
 use common::peer_text::peer_text;
 use common::quant::{ggml_type_name, QuantType};
@@ -81,8 +84,21 @@ pub struct Quantisation {
     pub imatrix: FileRef,
 }
 
+/// What a shipped file measured against the base model (DESIGN section 12).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Measured {
+    /// SHA-256 of the corpus chunk table it was measured on.
+    pub corpus_sha256: String,
+    /// Chunks evaluated.
+    pub n_chunks: u64,
+    /// Positions skipped at the start of every chunk.
+    pub skip_first: u32,
+    /// Per split (`fit`, `heldout`): the whole split and each domain.
+    pub splits: BTreeMap<String, SplitFigures>,
+}
+
 /// The model card of one shipped GGUF.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ModelCard {
     /// The file.
     pub file: FileRef,
@@ -90,8 +106,10 @@ pub struct ModelCard {
     pub bytes: u64,
     /// The base model.
     pub base: Base,
-    /// The keep map it is sliced to.
-    pub keep_map: KeepMapRef,
+    /// The keep map it is sliced to; `None`: every expert kept.
+    pub keep_map: Option<KeepMapRef>,
+    /// Experts routed per token, when lowered from the base model's.
+    pub experts_used: Option<u32>,
     /// Its quantisation; `None`: the base model's tensor types.
     pub quantisation: Option<Quantisation>,
     /// Tensors per ggml type name in the file.
@@ -100,6 +118,26 @@ pub struct ModelCard {
     pub made_by: String,
     /// Commands that make the file again.
     pub commands: Vec<String>,
+    /// Its figures against the base model; `None`: shipped without
+    /// evaluation (`--no-eval`).
+    pub measured: Option<Measured>,
+}
+
+/// The figures of the shipped file `file` (`<stem>.gguf`) in the summary of
+/// their evaluation; `Err` when it was not evaluated.
+pub fn measured(s: &EvalSummary, file: &str) -> Result<Measured, String> {
+    let stem = file.strip_suffix(".gguf").unwrap_or(file);
+    let c = s
+        .candidates
+        .iter()
+        .find(|c| c.name == stem)
+        .ok_or_else(|| format!("{file}: no figures in the evaluation of the shipped files"))?;
+    Ok(Measured {
+        corpus_sha256: s.corpus_sha256.clone(),
+        n_chunks: s.n_chunks,
+        skip_first: s.skip_first,
+        splits: c.splits.clone(),
+    })
 }
 
 /// Tensors per ggml type name of a header.
@@ -128,7 +166,7 @@ impl ModelCard {
 
     /// The card as Markdown.
     pub fn to_markdown(&self) -> String {
-        let (b, k) = (&self.base, &self.keep_map);
+        let (b, k) = (&self.base, self.keep_map.as_ref());
         let mut s = String::new();
         let _ = writeln!(s, "# {}\n", md(&self.file.file));
         let _ = writeln!(s, "| | |\n|---|---|");
@@ -149,16 +187,27 @@ impl ModelCard {
             b.n_expert_used,
             b.file.sha256
         );
-        let _ = writeln!(
-            s,
-            "| Pruning | keep map `{}`: method {}, {} of {} experts kept per MoE layer; SHA-256 `{}`, scored from saliency.json `{}` |",
-            md(&k.name),
-            md(&k.method),
-            k.k,
-            b.n_expert,
-            k.sha256,
-            k.saliency_sha256
-        );
+        let pruning = match k {
+            Some(k) => format!(
+                "keep map `{}`: method {}, {} of {} experts kept per MoE layer; SHA-256 `{}`, scored from saliency.json `{}`",
+                md(&k.name),
+                md(&k.method),
+                k.k,
+                b.n_expert,
+                k.sha256,
+                k.saliency_sha256
+            ),
+            None => format!("none: all {} experts per MoE layer kept", b.n_expert),
+        };
+        let _ = writeln!(s, "| Pruning | {pruning} |");
+        let routing = match self.experts_used {
+            Some(n) => format!(
+                "{n} experts per token (`expert_used_count` lowered from the base model's {})",
+                b.n_expert_used
+            ),
+            None => format!("{} experts per token, as the base model", b.n_expert_used),
+        };
+        let _ = writeln!(s, "| Routing | {routing} |");
         let quant = match &self.quantisation {
             Some(q) => format!(
                 "{} by llama.cpp's quantiser, weighted by importance matrix `{}` (SHA-256 `{}`)",
@@ -176,11 +225,55 @@ impl ModelCard {
             .collect();
         let _ = writeln!(s, "| Tensor types | {} |", types.join(", "));
         let _ = writeln!(s, "| Made by | {} |", self.made_by);
+        if let Some(m) = &self.measured {
+            m.to_markdown(&mut s);
+        }
         let _ = writeln!(s, "\n## Make it again\n\n```sh");
         for c in &self.commands {
             let _ = writeln!(s, "{c}");
         }
         let _ = writeln!(s, "```");
         s
+    }
+}
+
+impl Measured {
+    /// The figures as a Markdown section: one row per split and domain.
+    fn to_markdown(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "\n## Measured against the base model\n\nKL(base || this file) and the other figures over {} chunks of the run's corpus (chunk table SHA-256 `{}`, first {} positions of each chunk skipped):\n",
+            self.n_chunks, self.corpus_sha256, self.skip_first
+        );
+        let _ = writeln!(
+            s,
+            "| split | domain | positions | KL mean ± se | KL p50 / p90 / p95 / p99 / p99.9 / max | same top-1 | ppl base / file / ratio | mean change of p(next) |\n|---|---|---|---|---|---|---|---|"
+        );
+        for (split, f) in &self.splits {
+            let rows = std::iter::once(("all", &f.all))
+                .chain(f.domains.iter().map(|(d, f)| (d.as_str(), f)));
+            for (domain, f) in rows {
+                let k = &f.kl;
+                let _ = writeln!(
+                    s,
+                    "| {split} | {} | {} | {:.6} ± {:.6} | {:.6} / {:.6} / {:.6} / {:.6} / {:.6} / {:.6} | {:.2}% | {:.4} / {:.4} / {:.6} | {:+.6} |",
+                    md(domain),
+                    f.n,
+                    k.mean,
+                    k.se,
+                    k.p50,
+                    k.p90,
+                    k.p95,
+                    k.p99,
+                    k.p999,
+                    k.max,
+                    100.0 * f.top1_same,
+                    f.ppl_base,
+                    f.ppl_candidate,
+                    f.ppl_ratio,
+                    f.dprob_mean
+                );
+            }
+        }
     }
 }

@@ -1,28 +1,35 @@
 //! `coordinator ship RUN --candidates A,B --quant Q8_0,Q4_K_M --out DIR`
-//! (DESIGN section 12): the files people serve. For each candidate (one of
-//! the run's keep maps): the base model and the run's importance matrix
-//! sliced to it (`<A>.gguf`, `<A>.imatrix.gguf`), then per quantisation type
-//! the slice quantised by llama.cpp's own quantiser with that sliced
-//! importance matrix (`<A>.<Q>.gguf`); beside each model file its card
-//! ([`card`]: `<A>.<Q>.json`, `<A>.<Q>.md`). Files are created, never
-//! replaced ([`files`]); `SHA256SUMS` records every file's SHA-256
-//! (`sha256sum -c` checks it). A base model that is already quantised is refused before
-//! anything is written, unless `--allow-requantize`.
+//! (DESIGN section 12): the files people serve. A candidate ([`spec`]) is
+//! a keep map of the run, the whole base model (`base`), either with
+//! fewer experts routed per token (`_top<N>`). For each: the base model
+//! made into it (`<A>.gguf`: sliced, `expert_used_count` lowered) and the
+//! run's importance matrix sliced to its keep map (`<A>.imatrix.gguf`),
+//! then per quantisation type the model quantised by llama.cpp's own
+//! quantiser with that importance matrix (`<A>.<Q>.gguf`). Every shipped
+//! model file is then evaluated against the base model by the run's
+//! evaluation pipeline ([`measure`], results under `ship/eval/`), and
+//! beside it goes its card ([`card`]: `<A>.<Q>.json`, `<A>.<Q>.md`) with
+//! those figures. Files are created, never replaced ([`files`]);
+//! `SHA256SUMS` records every file's SHA-256 (`sha256sum -c` checks it). A
+//! base model that is already quantised is refused before anything is
+//! written, unless `--allow-requantize`.
 
 pub mod card;
 pub mod files;
+pub mod measure;
+pub mod spec;
 
 use crate::run::local::worker_binary;
-use anyhow::{bail, Context};
+use anyhow::Context;
 use card::ModelCard;
 use clap::Args;
 use common::artifacts::names;
 use common::gguf_read::GgufReader;
-use common::keepmap::KeepMap;
-use common::prune::{slice_imatrix, slice_model, PruneError, Sliced};
+use common::prune::{make_model, slice_imatrix};
 use common::quant::{check_requantize, QuantType};
 use common::store::RunStore;
 use files::{OutDir, Placed};
+use spec::Candidate;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -47,11 +54,13 @@ pub enum ShipError {
 pub struct ShipArgs {
     /// Run location (path or URL) holding `keep_maps/` and `imatrix.gguf`.
     pub run: String,
-    /// Keep map names under the run's `keep_maps/`, comma-separated.
+    /// Candidates, comma-separated: keep map names under the run's
+    /// `keep_maps/`, or `base` (every expert); `_top<N>` after either
+    /// routes each token to N experts (`base_top2`).
     #[arg(long, value_delimiter = ',', required = true)]
     pub candidates: Vec<String>,
     /// Quantisation types, comma-separated (llama-quantize's names: Q8_0,
-    /// Q4_K_M, ...); none ships the unquantised slices only.
+    /// Q4_K_M, ...); none ships the unquantised files only.
     #[arg(long, value_delimiter = ',')]
     pub quant: Vec<String>,
     /// Output directory (local) for the files and `SHA256SUMS`.
@@ -66,10 +75,14 @@ pub struct ShipArgs {
     /// CPU threads of the quantiser (default: all cores).
     #[arg(long)]
     pub threads: Option<u32>,
+    /// Evaluate the shipped files with this many local worker processes
+    /// (loopback QUIC); 0 waits for workers to join.
+    #[arg(long, default_value_t = 1)]
+    pub local_workers: u32,
+    /// Ship without evaluating the files (their cards carry no figures).
+    #[arg(long)]
+    pub no_eval: bool,
 }
-
-/// A slice of a file to a keep map ([`slice_model`], [`slice_imatrix`]).
-type Slicer = fn(&Path, &KeepMap, &Path) -> Result<Sliced, PruneError>;
 
 /// One shipped file at its final name.
 struct Shipped {
@@ -77,54 +90,11 @@ struct Shipped {
     placed: Placed,
 }
 
-/// A candidate: its keep map and the SHA-256 of the map's stored bytes.
-struct Candidate {
-    name: String,
-    keep: KeepMap,
-    sha256: String,
-}
-
-/// A candidate name usable as a file name: letters, digits, `_`, `-`, `.`,
-/// not starting with a dot.
-fn check_name(name: &str) -> anyhow::Result<()> {
-    let ok = !name.is_empty()
-        && !name.starts_with('.')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if !ok {
-        bail!("candidate {name:?}: a keep map name of letters, digits, '_', '-' and '.' is expected (it names the shipped files)");
-    }
-    Ok(())
-}
-
-/// The run's keep maps `names`, its importance matrix and the base model.
-async fn read_run(
-    store: &RunStore,
-    names: &[String],
-    model: Option<&Path>,
-) -> anyhow::Result<(Vec<Candidate>, bytes::Bytes, PathBuf)> {
-    let mut candidates = Vec::with_capacity(names.len());
-    for name in names {
-        let object = KeepMap::object_name(name);
-        let bytes = store
-            .get(&object)
-            .await
-            .with_context(|| format!("reading keep map {name}"))?;
-        let keep: KeepMap = serde_json::from_slice(&bytes)
-            .with_context(|| format!("parsing keep map {}", store.url_of(&object)))?;
-        candidates.push(Candidate {
-            name: name.clone(),
-            keep,
-            sha256: common::hash::sha256_hex(&bytes),
-        });
-    }
-    let imatrix = store
-        .get(names::IMATRIX_GGUF)
-        .await
-        .context("reading the run's importance matrix")?;
-    let base = crate::prune::base_model(store, model).await?;
-    Ok((candidates, imatrix, base))
+/// A shipped model file: which candidate, how quantised.
+struct ModelFile {
+    file: Shipped,
+    candidate: usize,
+    quantisation: Option<card::Quantisation>,
 }
 
 /// Entry point of `coordinator ship`.
@@ -134,18 +104,17 @@ pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|q| QuantType::parse(q).map_err(|e| anyhow::anyhow!("--quant: {e}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let names: Vec<String> = args
-        .candidates
-        .iter()
-        .map(|c| common::layout::keep_map_name(c.trim()).to_string())
-        .collect();
-    for n in &names {
-        check_name(n)?;
-    }
     let store = RunStore::open(&args.run)?;
     let rt = tokio::runtime::Runtime::new()?;
-    let (candidates, imatrix, base) =
-        rt.block_on(read_run(&store, &names, args.model.as_deref()))?;
+    let candidates = rt.block_on(spec::read(&store, &args.candidates))?;
+    if candidates.iter().any(Candidate::is_base) && quants.is_empty() {
+        anyhow::bail!("candidate {}: the base model unquantised is the base model itself; give --quant to ship it quantised", spec::BASE);
+    }
+    let imatrix = rt
+        .block_on(store.get(names::IMATRIX_GGUF))
+        .context("reading the run's importance matrix")?;
+    let base = rt.block_on(crate::prune::base_model(&store, args.model.as_deref()))?;
+    let base = std::path::absolute(&base).unwrap_or(base);
     let header = GgufReader::open(&base)
         .with_context(|| format!("reading base model {}", base.display()))?
         .header;
@@ -188,62 +157,118 @@ pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
     let run_imatrix = ship.out.scratch("run.imatrix.gguf");
     std::fs::write(&run_imatrix, &imatrix)
         .with_context(|| format!("writing {}", run_imatrix.display()))?;
+    let run_imatrix_ref = card::FileRef {
+        file: names::IMATRIX_GGUF.to_string(),
+        sha256: common::hash::sha256_hex(&imatrix),
+    };
     let mut shipped = Vec::new();
-    for c in &candidates {
-        let (model, im) = (
-            format!("{}.gguf", c.name),
-            format!("{}.imatrix.gguf", c.name),
-        );
-        let slices: [(&String, Slicer, &Path); 2] = [
-            (&model, slice_model, &base),
-            (&im, slice_imatrix, &run_imatrix),
-        ];
-        let mut sliced = Vec::with_capacity(2);
-        for (file, slice, from) in slices {
-            let placed = ship.out.place(file, |p| {
-                slice(from, &c.keep, p)
+    let mut models: Vec<ModelFile> = Vec::new();
+    for (ci, c) in candidates.iter().enumerate() {
+        let model = format!("{}.gguf", c.name);
+        let mut source = base.clone();
+        if !c.is_base() {
+            let placed = ship.out.place(&model, |p| {
+                make_model(&base, c.keep.as_ref().map(|k| &k.map), c.experts_used, p)
                     .map(drop)
                     .map_err(|e| ShipError::File {
-                        path: from.to_path_buf(),
+                        path: base.clone(),
                         reason: e.to_string(),
                     })
             })?;
-            sliced.push(Shipped {
-                name: file.clone(),
-                placed,
+            models.push(ModelFile {
+                file: Shipped {
+                    name: model.clone(),
+                    placed,
+                },
+                candidate: ci,
+                quantisation: None,
             });
+            source = ship.out.path(&model);
         }
-        let cards = ship.card(c, &sliced[0], None)?;
-        let imatrix = card::FileRef {
-            file: im.clone(),
-            sha256: sliced[1].placed.sha256.clone(),
+        let (im_path, im_ref) = match &c.keep {
+            Some(k) => {
+                let im = format!("{}.imatrix.gguf", c.name);
+                let placed = ship.out.place(&im, |p| {
+                    slice_imatrix(&run_imatrix, &k.map, p)
+                        .map(drop)
+                        .map_err(|e| ShipError::File {
+                            path: run_imatrix.clone(),
+                            reason: e.to_string(),
+                        })
+                })?;
+                let im_ref = card::FileRef {
+                    file: im.clone(),
+                    sha256: placed.sha256.clone(),
+                };
+                shipped.push(Shipped {
+                    name: im.clone(),
+                    placed,
+                });
+                (ship.out.path(&im), im_ref)
+            }
+            None => (run_imatrix.clone(), run_imatrix_ref.clone()),
         };
-        shipped.extend(sliced.into_iter().chain(cards));
         let Some(worker) = &worker else { continue };
         for &q in &quants {
             let file = format!("{}.{q}.gguf", c.name);
             let placed = ship.out.place(&file, |p| {
                 files::quantize(
                     worker,
-                    &ship.out.path(&model),
-                    &ship.out.path(&im),
+                    &source,
+                    &im_path,
                     q,
                     p,
                     ship.threads,
                     args.allow_requantize,
                 )
             })?;
-            let quantised = Shipped { name: file, placed };
-            let quantisation = card::Quantisation {
-                quant: q,
-                imatrix: imatrix.clone(),
-            };
-            let cards = ship.card(c, &quantised, Some(quantisation))?;
-            shipped.extend(std::iter::once(quantised).chain(cards));
+            models.push(ModelFile {
+                file: Shipped { name: file, placed },
+                candidate: ci,
+                quantisation: Some(card::Quantisation {
+                    quant: q,
+                    imatrix: im_ref.clone(),
+                }),
+            });
         }
     }
+    let summary = match args.no_eval {
+        true => None,
+        false => {
+            let job = models
+                .iter()
+                .map(|m| {
+                    measure::job_candidate(
+                        &m.file.name,
+                        &m.file.placed.sha256,
+                        &candidates[m.candidate],
+                        m.quantisation.as_ref().map(|q| q.quant),
+                    )
+                })
+                .collect();
+            Some(rt.block_on(measure::measure(&store, &base, job, args.local_workers))?)
+        }
+    };
+    for m in &models {
+        let measured = summary
+            .as_ref()
+            .map(|s| card::measured(s, &m.file.name))
+            .transpose()
+            .map_err(anyhow::Error::msg)?;
+        let cards = ship.card(&candidates[m.candidate], m, measured)?;
+        shipped.extend(cards);
+    }
+    let files: Vec<(String, u64)> = models
+        .iter()
+        .map(|m| (m.file.name.clone(), m.file.placed.bytes))
+        .collect();
+    shipped.extend(models.into_iter().map(|m| m.file));
+    shipped.sort_by(|a, b| a.name.cmp(&b.name));
     write_sums(&ship.out, &shipped)?;
     print(&base, &args.out, &shipped);
+    if let Some(s) = &summary {
+        print!("{}", measure::table(&files, s));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -257,16 +282,17 @@ struct Ship<'a> {
 }
 
 impl Ship<'_> {
-    /// Writes the card (`<stem>.json`, `<stem>.md`) of the model `file`
-    /// made from candidate `c` with `quantisation`.
+    /// Writes the card (`<stem>.json`, `<stem>.md`) of the model file `m`
+    /// made from candidate `c`, with its figures when it was evaluated.
     fn card(
         &self,
         c: &Candidate,
-        file: &Shipped,
-        quantisation: Option<card::Quantisation>,
+        m: &ModelFile,
+        measured: Option<card::Measured>,
     ) -> anyhow::Result<Vec<Shipped>> {
+        let file = &m.file;
         let header = GgufReader::open(self.out.path(&file.name))?.header;
-        let quant = quantisation.as_ref().map(|q| q.quant);
+        let quant = m.quantisation.as_ref().map(|q| q.quant);
         let card = ModelCard {
             file: card::FileRef {
                 file: file.name.clone(),
@@ -274,17 +300,19 @@ impl Ship<'_> {
             },
             bytes: file.placed.bytes,
             base: self.base_card.clone(),
-            keep_map: card::KeepMapRef {
-                name: c.name.clone(),
-                method: c.keep.method.clone(),
-                k: c.keep.k,
-                sha256: c.sha256.clone(),
-                saliency_sha256: c.keep.saliency_sha256.clone(),
-            },
-            quantisation,
+            keep_map: c.keep.as_ref().map(|k| card::KeepMapRef {
+                name: k.name.clone(),
+                method: k.map.method.clone(),
+                k: k.map.k,
+                sha256: k.sha256.clone(),
+                saliency_sha256: k.map.saliency_sha256.clone(),
+            }),
+            experts_used: c.experts_used,
+            quantisation: m.quantisation.clone(),
             tensor_types: card::tensor_types(&header),
             made_by: format!("moe-census {}", env!("CARGO_PKG_VERSION")),
-            commands: self.commands(&c.name, quant),
+            commands: self.commands(c, quant),
+            measured,
         };
         let stem = file
             .name
@@ -309,10 +337,11 @@ impl Ship<'_> {
         Ok(cards)
     }
 
-    /// The commands that make candidate `name` (quantised to `quant`) again:
-    /// this ship of it alone, and the same steps by hand.
-    fn commands(&self, name: &str, quant: Option<QuantType>) -> Vec<String> {
+    /// The commands that make candidate `c` (quantised to `quant`) again:
+    /// this ship of it alone, and, for a keep map's slice, the same steps by hand.
+    fn commands(&self, c: &Candidate, quant: Option<QuantType>) -> Vec<String> {
         let a = self.args;
+        let name = &c.name;
         // Absolute, so the commands work from any directory.
         let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
         let run = match a.run.contains("://") {
@@ -327,18 +356,21 @@ impl Ship<'_> {
             ""
         };
         let q = quant.map_or(String::new(), |q| format!(" --quant {q}"));
-        let mut c = vec![
-            format!(
-                "coordinator ship {run} --candidates {name}{q}{allow} --model {base} --out {out}"
-            ),
-            format!("# or step by step, in {out}:"),
-            format!("coordinator prune {run} --keep-map {name} --model {base} --out {name}.gguf"),
-        ];
-        if let Some(q) = quant {
-            c.push(format!("worker quantize --model {name}.gguf --imatrix {name}.imatrix.gguf --type {q} --out {name}.{q}.gguf{allow}"));
-            c.push(format!("# the same quantisation with llama.cpp's tool: llama-quantize{allow} --imatrix {name}.imatrix.gguf {name}.gguf {name}.{q}.gguf {q}"));
+        let mut cmds = vec![format!(
+            "coordinator ship {run} --candidates {name}{q}{allow} --model {base} --out {out}"
+        )];
+        if c.keep.is_none() || c.experts_used.is_some() {
+            return cmds;
         }
-        c
+        cmds.push(format!("# or step by step, in {out}:"));
+        cmds.push(format!(
+            "coordinator prune {run} --keep-map {name} --model {base} --out {name}.gguf"
+        ));
+        if let Some(q) = quant {
+            cmds.push(format!("worker quantize --model {name}.gguf --imatrix {name}.imatrix.gguf --type {q} --out {name}.{q}.gguf{allow}"));
+            cmds.push(format!("# the same quantisation with llama.cpp's tool: llama-quantize{allow} --imatrix {name}.imatrix.gguf {name}.gguf {name}.{q}.gguf {q}"));
+        }
+        cmds
     }
 }
 

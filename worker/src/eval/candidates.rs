@@ -1,10 +1,12 @@
-//! The candidates to evaluate: pre-sliced GGUF files, or keep maps sliced
-//! here from the base model (`worker join` in an evaluation run).
+//! The candidates to evaluate: GGUF files, or candidates made here from the
+//! base model as the job describes them (`worker join` in an evaluation run).
 
 use super::Candidate;
 use crate::collect::sha256_file;
 use crate::error::WorkerError;
+use crate::quantize::{quantize_file, QuantizeOptions};
 use common::keepmap::KeepMap;
+use common::wire::EvalCandidate;
 use std::path::{Path, PathBuf};
 
 /// Candidates from GGUF paths; each is named after its file stem
@@ -37,26 +39,96 @@ pub fn from_files(paths: &[PathBuf]) -> Result<Vec<Candidate>, WorkerError> {
     Ok(out)
 }
 
-/// Slices each named keep map from `base` into `dir` as `<name>.gguf`. The
-/// slice is deterministic: the same base file and map give the same bytes
-/// (and SHA-256) on every worker, which the coordinator checks.
-pub fn slice(
+/// What a job's candidates are made from besides the base model.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Inputs {
+    /// Each candidate's keep map, in job order (`None`: every expert kept).
+    pub maps: Vec<Option<KeepMap>>,
+    /// The run's `imatrix.gguf`, when a candidate is quantised.
+    pub imatrix: Option<Vec<u8>>,
+}
+
+/// Makes each candidate of a job from `base` in `dir` as its recipe says
+/// ([`EvalCandidate`]: sliced or whole, experts per token, quantised with
+/// the run's importance matrix sliced the same way). Every step is
+/// deterministic: the same base file and inputs give the same bytes (and
+/// SHA-256) on every worker, which the coordinator checks. A candidate that
+/// changes nothing is the base file itself.
+pub fn make(
     base: &Path,
-    maps: &[(String, KeepMap)],
+    job: &[EvalCandidate],
+    inputs: &Inputs,
     dir: &Path,
+    threads: u32,
 ) -> Result<Vec<Candidate>, WorkerError> {
-    let mut out: Vec<Candidate> = Vec::with_capacity(maps.len());
-    for (name, keep) in maps {
-        let path = dir.join(format!("{name}.gguf"));
-        let sliced =
-            common::prune::slice_model(base, keep, &path).map_err(|e| WorkerError::Model {
-                path: base.display().to_string(),
-                reason: format!("slicing candidate {name}: {e}"),
-            })?;
+    let failed = |name: &str, e: String| WorkerError::Model {
+        path: base.display().to_string(),
+        reason: format!("making candidate {name}: {e}"),
+    };
+    if inputs.maps.len() != job.len() {
+        return Err(failed(
+            "list",
+            format!(
+                "{} keep maps for {} candidates",
+                inputs.maps.len(),
+                job.len()
+            ),
+        ));
+    }
+    let run_imatrix = dir.join("run.imatrix.gguf");
+    if let Some(bytes) = &inputs.imatrix {
+        std::fs::write(&run_imatrix, bytes).map_err(|source| WorkerError::Io {
+            path: run_imatrix.display().to_string(),
+            source,
+        })?;
+    }
+    let mut out: Vec<Candidate> = Vec::with_capacity(job.len());
+    for (c, keep) in job.iter().zip(&inputs.maps) {
+        let name = &c.name;
+        let mut path = base.to_path_buf();
+        if keep.is_some() || c.expert_used.is_some() {
+            path = dir.join(format!("{name}.source.gguf"));
+            common::prune::make_model(base, keep.as_ref(), c.expert_used, &path)
+                .map_err(|e| failed(name, e.to_string()))?;
+        }
+        if let Some(quant) = c.quant {
+            if inputs.imatrix.is_none() {
+                return Err(failed(
+                    name,
+                    "quantised, but no importance matrix was read".into(),
+                ));
+            }
+            let imatrix = match keep {
+                Some(keep) => {
+                    let sliced = dir.join(format!("{name}.imatrix.gguf"));
+                    common::prune::slice_imatrix(&run_imatrix, keep, &sliced)
+                        .map_err(|e| failed(name, e.to_string()))?;
+                    sliced
+                }
+                None => run_imatrix.clone(),
+            };
+            let quantised = dir.join(format!("{name}.gguf"));
+            // The coordinator already refused a quantised base unless asked;
+            // for unquantised tensors the flag changes no byte.
+            let opts = QuantizeOptions {
+                quant,
+                imatrix: Some(imatrix),
+                allow_requantize: true,
+                threads,
+            };
+            quantize_file(&path, &quantised, &opts)?;
+            if path != base {
+                std::fs::remove_file(&path).map_err(|source| WorkerError::Io {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            }
+            path = quantised;
+        }
         out.push(Candidate {
             name: name.clone(),
+            sha256: sha256_file(&path)?,
             path,
-            sha256: sliced.sha256,
         });
     }
     Ok(out)

@@ -7,9 +7,9 @@
 use super::eval_engine::{EvalEngine, SlicedEvaluator};
 use crate::collect::device::Reduce;
 use crate::collect::{CollectOptions, Collector};
+use crate::eval::candidates::Inputs;
 use crate::eval::{Compare, EvalOptions};
 use common::corpus::{Chunk, CorpusIndex};
-use common::keepmap::KeepMap;
 use common::partial::Partial;
 use common::trace::TraceRow;
 use common::wire::{EvalJob, JobInfo};
@@ -40,13 +40,13 @@ pub trait EngineLoader: Send + Clone + 'static {
     fn backend(&self) -> String;
     /// Loads the model for `job`.
     fn load(self, job: &JobInfo) -> Result<Self::Engine, String>;
-    /// Loads the base model of an evaluation job and slices its candidates
-    /// from the named keep maps. Engines that cannot evaluate refuse.
+    /// Loads the base model of an evaluation job and makes its candidates
+    /// from it and `inputs`. Engines that cannot evaluate refuse.
     fn load_eval(
         self,
         _job: &JobInfo,
         _eval: &EvalJob,
-        _maps: &[(String, KeepMap)],
+        _inputs: &Inputs,
     ) -> Result<Box<dyn EvalEngine>, String> {
         Err("this engine cannot evaluate pruned candidates".into())
     }
@@ -111,7 +111,7 @@ impl EngineLoader for CollectorLoader {
         self,
         job: &JobInfo,
         eval: &EvalJob,
-        maps: &[(String, KeepMap)],
+        inputs: &Inputs,
     ) -> Result<Box<dyn EvalEngine>, String> {
         let o = &job.options;
         let mut opts = EvalOptions {
@@ -128,7 +128,7 @@ impl EngineLoader for CollectorLoader {
             opts.threads = t;
         }
         let base = self.model.unwrap_or_else(|| PathBuf::from(&job.model_path));
-        Ok(Box::new(SlicedEvaluator::load(&base, maps, eval, opts)?))
+        Ok(Box::new(SlicedEvaluator::load(&base, inputs, eval, opts)?))
     }
 }
 

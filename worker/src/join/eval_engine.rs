@@ -1,11 +1,11 @@
 //! The evaluating engine behind `worker join` in an evaluation run:
 //! [`EvalEngine`] is what the join loop needs, [`SlicedEvaluator`] the real
-//! one (it slices the job's candidates from the base model first).
+//! one (it makes the job's candidates from the base model first).
 
-use crate::eval::{candidates, Candidate, EvalOptions, Evaluator};
+use crate::eval::candidates::{self, Inputs};
+use crate::eval::{Candidate, EvalOptions, Evaluator};
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::EvalPartial;
-use common::keepmap::KeepMap;
 use common::wire::EvalJob;
 use std::path::Path;
 
@@ -25,21 +25,23 @@ pub struct SlicedEvaluator {
 }
 
 impl SlicedEvaluator {
-    /// Slices `maps` from `base` and loads everything; a slice whose SHA-256
-    /// differs from the job's is refused, naming the candidate and both hashes.
+    /// Makes the job's candidates from `base` and `inputs` and loads
+    /// everything; a candidate whose SHA-256 differs from the job's is
+    /// refused, naming the candidate and both hashes.
     pub fn load(
         base: &Path,
-        maps: &[(String, KeepMap)],
+        inputs: &Inputs,
         eval: &EvalJob,
         opts: EvalOptions,
     ) -> Result<SlicedEvaluator, String> {
         let scratch = tempfile::tempdir().map_err(|e| format!("scratch directory: {e}"))?;
         let cands: Vec<Candidate> =
-            candidates::slice(base, maps, scratch.path()).map_err(|e| e.to_string())?;
+            candidates::make(base, &eval.candidates, inputs, scratch.path(), opts.threads)
+                .map_err(|e| e.to_string())?;
         for (mine, theirs) in cands.iter().zip(&eval.candidates) {
             if mine.sha256 != theirs.sha256 {
                 return Err(format!(
-                    "candidate {}: this worker's slice of {} has SHA-256 {}, the coordinator's {}",
+                    "candidate {}: this worker's candidate made from {} has SHA-256 {}, the coordinator's {}",
                     theirs.name,
                     base.display(),
                     mine.sha256,

@@ -1,14 +1,15 @@
 //! What a worker computes for each lease, by the task the coordinator
 //! welcomed it with: [`LeaseWork`] is all the join loop needs, so one loop
 //! serves every task. Collection measures chunks on an [`Engine`] (and
-//! stores the trace part); evaluation first reads the job's keep maps from
-//! the run, slices each candidate from its base model (refusing the job when
-//! a slice's SHA-256 is not the coordinator's) and evaluates chunks on an
+//! stores the trace part); evaluation first reads the job's keep maps (and
+//! importance matrix) from the run, makes each candidate from its base model
+//! (refusing the job when one's SHA-256 is not the coordinator's) and evaluates chunks on an
 //! [`EvalEngine`]. A new task is one more implementation.
 
 use super::engine::{Engine, EngineLoader, EngineThread};
 use super::eval_engine::EvalEngine;
 use super::{Corpus, JoinError};
+use crate::eval::candidates::Inputs;
 use common::eval::EvalPartial;
 use common::keepmap::KeepMap;
 use common::lease::{Labels, LeaseOutput};
@@ -136,10 +137,10 @@ pub(super) async fn load<L: EngineLoader>(
             }))
         }
         Task::Evaluate(eval) => {
-            let maps = keep_maps(run, eval).await?;
+            let inputs = inputs(run, eval).await?;
             let eval = eval.clone();
             let load = move || {
-                let e = loader.load_eval(&job_for_thread, &eval, &maps)?;
+                let e = loader.load_eval(&job_for_thread, &eval, &inputs)?;
                 let sha = e.base_sha256();
                 Ok((e, sha))
             };
@@ -158,18 +159,24 @@ pub(super) async fn load<L: EngineLoader>(
     }
 }
 
-/// Reads the job's keep maps from the run, each with its candidate name.
-async fn keep_maps(run: &RunStore, eval: &EvalJob) -> Result<Vec<(String, KeepMap)>, JoinError> {
-    let mut out = Vec::with_capacity(eval.candidates.len());
+/// Reads what the job's candidates are made from: their keep maps and,
+/// when one is quantised, the run's importance matrix.
+async fn inputs(run: &RunStore, eval: &EvalJob) -> Result<Inputs, JoinError> {
+    let mut maps = Vec::with_capacity(eval.candidates.len());
     for c in &eval.candidates {
-        let bytes = run.get(&c.keep_map).await?;
-        let map = serde_json::from_slice(&bytes).map_err(|e| {
-            JoinError::Engine(format!(
-                "{} is not a keep map: {e}",
-                run.url_of(&c.keep_map)
-            ))
+        let Some(object) = &c.keep_map else {
+            maps.push(None);
+            continue;
+        };
+        let bytes = run.get(object).await?;
+        let map: KeepMap = serde_json::from_slice(&bytes).map_err(|e| {
+            JoinError::Engine(format!("{} is not a keep map: {e}", run.url_of(object)))
         })?;
-        out.push((c.name.clone(), map));
+        maps.push(Some(map));
     }
-    Ok(out)
+    let imatrix = match eval.candidates.iter().any(|c| c.quant.is_some()) {
+        true => Some(run.get(common::layout::IMATRIX_GGUF).await?.to_vec()),
+        false => None,
+    };
+    Ok(Inputs { maps, imatrix })
 }
