@@ -150,7 +150,7 @@ fn merge_bench(leases: u32) {
         let (p, s) = timed(|| Partial::from_bytes(&encoded).unwrap());
         t.decode.add(s);
         t.accept
-            .add(timed(|| accept.check(p.chunks[0], &p).unwrap()).1);
+            .add(timed(|| accept.check(&p.chunks[..1], &p).unwrap()).1);
         // The packed path: statistics decoded, the importance matrix checked
         // in place and added straight into the total.
         let (packed, s) = timed(|| PackedPartial::parse(encoded.clone()).unwrap());

@@ -391,7 +391,21 @@ async fn work<K: LeaseKind>(
                 sha256,
                 elapsed_ms,
             } => {
-                hub.deliver(id, lease_id, partial, sha256, elapsed_ms).await;
+                hub.deliver(id, &[lease_id], partial, sha256, elapsed_ms)
+                    .await;
+                quarantine_refusal(hub, id)
+            }
+            ToCoordinator::Checkpoint {
+                leases,
+                partial,
+                sha256,
+                elapsed_ms,
+            } => {
+                hub.deliver(id, &leases, partial, sha256, elapsed_ms).await;
+                quarantine_refusal(hub, id)
+            }
+            ToCoordinator::Computed { lease_id } => {
+                hub.computed(id, lease_id);
                 quarantine_refusal(hub, id)
             }
             ToCoordinator::Failed { lease_id, reason } => {

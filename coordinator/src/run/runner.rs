@@ -148,6 +148,16 @@ pub async fn lease_all<K: LeaseKind>(
     Ok(out)
 }
 
+/// The chunks from the first unit's start to the last one's end: a stored
+/// result's name. Accepted results cover disjoint units, so no two share a
+/// first chunk, hence a name.
+pub(crate) fn span(units: &[ChunkRange]) -> ChunkRange {
+    ChunkRange {
+        start: units.first().map_or(0, |u| u.start),
+        end: units.last().map_or(0, |u| u.end),
+    }
+}
+
 /// What serving starts from.
 struct Served<'a> {
     done: &'a BTreeMap<ChunkRange, String>,
@@ -182,7 +192,7 @@ async fn serve_units<K: LeaseKind>(
         units,
         from.done,
     );
-    let job = serve::job_info(l.setup, l.options.clone());
+    let job = serve::job_info(l.setup, l.options.clone(), l.verify_fraction > 0.0);
     let (secret, shared) = secret(cluster)?;
     if !shared {
         tracing::info!("no join secret configured: only local workers can join");
@@ -206,10 +216,15 @@ async fn serve_units<K: LeaseKind>(
     let mut serving = serve::Serving::new(&hub, deliveries, &mut children);
     let outcome: Result<(), RunError> = async {
         while let Some(d) = serving.next().await? {
-            let name = layout.object(d.range);
+            let name = layout.object(span(&d.units));
             let rec = PartialRecord {
                 sha256: d.sha256.clone(),
                 settings: l.settings.clone(),
+                units: if d.units.len() > 1 {
+                    d.units.clone()
+                } else {
+                    Vec::new()
+                },
             };
             from.recorder.accept(&name, &d.bytes, rec).await?;
             if let Some(staged) = &d.staged {
@@ -219,7 +234,7 @@ async fn serve_units<K: LeaseKind>(
                 bar.advance(d.output.measured(), &hub.workers());
             }
             let lease = K::Output::LABELS.lease;
-            tracing::info!(worker = %d.worker, range = %d.range, "{lease} merged");
+            tracing::info!(worker = %d.worker, first = %d.units[0], units = d.units.len(), "{lease} merged");
             merge_into(&mut running, d.output, || name)?;
         }
         Ok(())
