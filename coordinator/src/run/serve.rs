@@ -111,7 +111,8 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
             tokio::select! {
                 d = self.deliveries.recv() => {
                     let d = d.ok_or_else(|| RunError::Setup("the delivery channel closed".into()))?;
-                    self.handed_out += 1;
+                    // Counted in units, as the scheduler counts accepted ones.
+                    self.handed_out += d.units.len();
                     return Ok(Some(d));
                 }
                 _ = self.tick.tick() => {
