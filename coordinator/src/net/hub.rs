@@ -312,14 +312,15 @@ impl<K: LeaseKind> Hub<K> {
         self.handle(event.into_iter().collect());
     }
 
-    /// A worker computed a lease and holds it for its next checkpoint.
-    pub fn computed(&self, worker: WorkerId, lease: LeaseId) {
+    /// A worker computed a lease and holds it for its next checkpoint;
+    /// false (logged) when it was not computing that lease.
+    pub fn computed(&self, worker: WorkerId, lease: LeaseId) -> bool {
         let now = self.now();
-        if self.sched().computed(lease, worker, now) {
-            tracing::debug!(%worker, %lease, "lease computed, held until its checkpoint");
-        } else {
+        let held = self.sched().computed(lease, worker, now);
+        if !held {
             tracing::warn!(%worker, %lease, "computed a lease it is not computing (expired?); its checkpoint may be refused");
         }
+        held
     }
 
     /// A worker's connection ended (a lease it held is a failure of its

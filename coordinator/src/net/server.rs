@@ -405,7 +405,9 @@ async fn work<K: LeaseKind>(
                 quarantine_refusal(hub, id)
             }
             ToCoordinator::Computed { lease_id } => {
-                hub.computed(id, lease_id);
+                if hub.computed(id, lease_id) {
+                    tracing::debug!(%id, lease = %lease_id, "lease computed, held until its checkpoint");
+                }
                 quarantine_refusal(hub, id)
             }
             ToCoordinator::Failed { lease_id, reason } => {
