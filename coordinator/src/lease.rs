@@ -57,3 +57,13 @@ pub fn check_covers(what: &str, units: &[ChunkRange], chunks: &[ChunkRange]) -> 
         ))
     }
 }
+
+/// The chunks from the first unit's start to the last one's end: a stored
+/// result's name. Accepted results cover disjoint units, so no two share a
+/// first chunk, hence a name.
+pub fn span(units: &[ChunkRange]) -> ChunkRange {
+    ChunkRange {
+        start: units.first().map_or(0, |u| u.start),
+        end: units.last().map_or(0, |u| u.end),
+    }
+}

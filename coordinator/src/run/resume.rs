@@ -107,7 +107,7 @@ async fn load_once<K: LeaseKind>(
             Some(r) if !r.units.is_empty() => r.units.clone(),
             _ => vec![range],
         };
-        if !covered.iter().all(|u| wanted.contains(u)) || super::runner::span(&covered) != range {
+        if !covered.iter().all(|u| wanted.contains(u)) || crate::lease::span(&covered) != range {
             out.skipped
                 .push((name, "not a unit of this run's lease plan".into()));
             continue;

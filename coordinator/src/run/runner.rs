@@ -148,16 +148,6 @@ pub async fn lease_all<K: LeaseKind>(
     Ok(out)
 }
 
-/// The chunks from the first unit's start to the last one's end: a stored
-/// result's name. Accepted results cover disjoint units, so no two share a
-/// first chunk, hence a name.
-pub(crate) fn span(units: &[ChunkRange]) -> ChunkRange {
-    ChunkRange {
-        start: units.first().map_or(0, |u| u.start),
-        end: units.last().map_or(0, |u| u.end),
-    }
-}
-
 /// What serving starts from.
 struct Served<'a> {
     done: &'a BTreeMap<ChunkRange, String>,
@@ -216,7 +206,7 @@ async fn serve_units<K: LeaseKind>(
     let mut serving = serve::Serving::new(&hub, deliveries, &mut children);
     let outcome: Result<(), RunError> = async {
         while let Some(d) = serving.next().await? {
-            let name = layout.object(span(&d.units));
+            let name = layout.object(crate::lease::span(&d.units));
             let rec = PartialRecord {
                 sha256: d.sha256.clone(),
                 settings: l.settings.clone(),

@@ -699,17 +699,7 @@ impl Scheduler {
             taken.push((lease, unit, identity));
         }
         for &(lease, _, identity) in &taken {
-            self.leases.remove(&lease);
-            self.retired.remove(&lease);
-            if let Some(w) = self.workers.get_mut(&worker) {
-                w.held.remove(&lease);
-                if w.lease == Some(lease) {
-                    w.lease = None;
-                }
-            }
-            if let Some(standing) = self.identities.get_mut(&identity) {
-                standing.failures_in_a_row = 0;
-            }
+            self.take(lease, worker, identity);
         }
         let ranges: Vec<ChunkRange> = taken.iter().map(|t| self.units[t.1].range).collect();
         let whole = taken.iter().all(|t| {
@@ -757,17 +747,7 @@ impl Scheduler {
         if self.quarantine_reason(identity).is_some() {
             return Completion::Unknown;
         }
-        self.leases.remove(&lease);
-        self.retired.remove(&lease);
-        if let Some(w) = self.workers.get_mut(&worker) {
-            w.held.remove(&lease);
-            if w.lease == Some(lease) {
-                w.lease = None;
-            }
-        }
-        if let Some(standing) = self.identities.get_mut(&identity) {
-            standing.failures_in_a_row = 0;
-        }
+        self.take(lease, worker, identity);
         let u = &mut self.units[unit];
         match &u.state {
             UnitState::Done { sha256: kept } => {
@@ -805,6 +785,22 @@ impl Scheduler {
                 self.progress.accepted += 1;
                 Completion::Accepted(u.range)
             }
+        }
+    }
+
+    /// Takes a reported lease off the books (live, held or retired): its
+    /// result came, so its identity's failures in a row end.
+    fn take(&mut self, lease: LeaseId, worker: WorkerId, identity: Identity) {
+        self.leases.remove(&lease);
+        self.retired.remove(&lease);
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.held.remove(&lease);
+            if w.lease == Some(lease) {
+                w.lease = None;
+            }
+        }
+        if let Some(standing) = self.identities.get_mut(&identity) {
+            standing.failures_in_a_row = 0;
         }
     }
 
