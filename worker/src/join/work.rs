@@ -27,8 +27,8 @@ pub(super) type Produced<'a> = Pin<Box<dyn Future<Output = Result<Output, String
 /// between its checkpoints (exactly, so the grouping changes no bit).
 #[derive(Debug)]
 pub(super) enum Output {
-    /// A collection partial.
-    Collect(Partial),
+    /// A collection partial (boxed: it is large beside an eval partial).
+    Collect(Box<Partial>),
     /// An eval partial.
     Evaluate(EvalPartial),
 }
@@ -103,7 +103,7 @@ impl LeaseWork for Collect {
                     .map_err(|e| e.to_string())?;
                 partial.trace_parts = vec![name];
             }
-            Ok(Output::Collect(partial))
+            Ok(Output::Collect(Box::new(partial)))
         })
     }
 }
