@@ -45,6 +45,8 @@ pub trait LeaseOutput: Sized + Send + Sync + 'static {
     /// Tokens (or scored positions) the result covers, for progress and
     /// per-worker figures.
     fn measured(&self) -> u64;
+    /// The chunks it covers, sorted, disjoint, adjacent ranges joined.
+    fn chunks(&self) -> &[crate::split::ChunkRange];
 }
 
 impl LeaseOutput for Partial {
@@ -74,6 +76,10 @@ impl LeaseOutput for Partial {
 
     fn measured(&self) -> u64 {
         self.experts.groups.values().map(|g| g.n_tokens).sum()
+    }
+
+    fn chunks(&self) -> &[crate::split::ChunkRange] {
+        &self.chunks
     }
 }
 
@@ -110,5 +116,9 @@ impl LeaseOutput for EvalPartial {
 
     fn measured(&self) -> u64 {
         self.n_scored()
+    }
+
+    fn chunks(&self) -> &[crate::split::ChunkRange] {
+        &self.chunks
     }
 }

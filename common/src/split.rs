@@ -171,6 +171,23 @@ impl ChunkRange {
     }
 }
 
+/// The union of `ranges` as sorted, disjoint ranges with adjacent ones
+/// joined (how a partial lists the chunks it covers); the first chunk
+/// covered twice is the error.
+pub fn coalesce(ranges: &[ChunkRange]) -> Result<Vec<ChunkRange>, u32> {
+    let mut all: Vec<ChunkRange> = ranges.iter().copied().filter(|r| !r.is_empty()).collect();
+    all.sort();
+    let mut out: Vec<ChunkRange> = Vec::with_capacity(all.len());
+    for r in all {
+        match out.last_mut() {
+            Some(last) if r.start < last.end => return Err(r.start),
+            Some(last) if r.start == last.end => last.end = r.end,
+            _ => out.push(r),
+        }
+    }
+    Ok(out)
+}
+
 impl fmt::Display for ChunkRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}..{}", self.start, self.end)

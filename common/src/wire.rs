@@ -15,9 +15,20 @@
 //!                                   <-    Welcome{job, task} (only after a valid proof)
 //! Poll{version, busy}               ->                       (the poll is the heartbeat)
 //!                                   <-    Lease | Wait | Ack | Finished
+//! Computed{lease}                   ->                       (folded into the worker's running result)
+//!                                   <-    Ack
 //! Done{lease, result, sha256}       ->                       (a partial or an eval partial, by task)
 //!                                   <-    Ack
+//! Checkpoint{leases, result, sha256} ->                      (one result covering several computed leases)
+//!                                   <-    Ack
 //! ```
+//!
+//! A worker adds the leases it computes into one running result (the merge
+//! is exact, so the grouping changes no bit) and ships it at checkpoints
+//! ([`Checkpoint`]): `Computed` tells the coordinator a lease is computed
+//! and held for the next checkpoint, which then names every lease it
+//! covers. Until that result is accepted the leases are not done; a worker
+//! lost before its checkpoint loses them to the queue.
 //!
 //! A worker learns nothing about the job (run location, corpus, model hash)
 //! before its proof checks out. The proof is keyed by the worker's own key
@@ -37,9 +48,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 ///
 /// 4: the join proof is keyed by the worker's key ([`worker_key`]), not by
 /// the join secret itself.
-/// 5: an [`EvalCandidate`] is a recipe (keep map or every expert, experts
+/// 5: worker-side aggregation ([`Checkpoint`] in the job, the `Computed`
+/// and `Checkpoint` messages).
+/// 6: an [`EvalCandidate`] is a recipe (keep map or every expert, experts
 /// per token, quantisation), so shipped files are evaluated like slices.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -107,6 +120,22 @@ pub struct JobInfo {
     pub max_inline_bytes: u64,
     /// The worker sends a poll at least this often while it holds a lease.
     pub heartbeat_ms: u64,
+    /// When the worker ships the result of the leases it computed.
+    pub checkpoint: Checkpoint,
+}
+
+/// When a worker ships its running result (the exact sum of the leases it
+/// computed since the last one): after `leases` leases, once the oldest of
+/// them is `seconds` old (or half its lease's deadline, whichever comes
+/// first), and whenever the coordinator has no lease for it. `leases = 1`
+/// ships every lease alone, as a run with redundancy does (so a worker
+/// cannot tell a checked lease from another).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Leases per shipped result (at least 1).
+    pub leases: u32,
+    /// Seconds after which held leases are shipped.
+    pub seconds: u64,
 }
 
 /// Evaluation settings every worker of a run must share, so each chunk is
@@ -282,6 +311,24 @@ pub enum ToCoordinator {
         /// Why.
         reason: String,
     },
+    /// A lease is computed and added to the worker's running result; it is
+    /// shipped with the next [`ToCoordinator::Checkpoint`] (or `Done`).
+    Computed {
+        /// The lease.
+        lease_id: LeaseId,
+    },
+    /// The running result of several computed leases: its chunks are
+    /// exactly theirs.
+    Checkpoint {
+        /// The leases it covers, each once.
+        leases: Vec<LeaseId>,
+        /// The encoded result (staged when large).
+        partial: PartialRef,
+        /// SHA-256 of the encoded result (hex).
+        sha256: String,
+        /// Wall time the worker spent on these leases.
+        elapsed_ms: u64,
+    },
 }
 
 impl ToCoordinator {
@@ -292,6 +339,8 @@ impl ToCoordinator {
             ToCoordinator::Proof { .. } => "Proof",
             ToCoordinator::Poll { .. } => "Poll",
             ToCoordinator::Done { .. } => "Done",
+            ToCoordinator::Computed { .. } => "Computed",
+            ToCoordinator::Checkpoint { .. } => "Checkpoint",
             ToCoordinator::Failed { .. } => "Failed",
             ToCoordinator::Refuse { .. } => "Refuse",
         }
@@ -553,10 +602,11 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 5 (as of 3; 5 changed the fields of an
-        // eval candidate, not a tag); moving one needs a new version.
+        // protocol of PROTOCOL_VERSION 6 (as of 3, with `Computed` and
+        // `Checkpoint` appended in 5; 6 changed the fields of an eval
+        // candidate, not a tag); moving one needs a new version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 5);
+        assert_eq!(PROTOCOL_VERSION, 6);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
@@ -575,6 +625,10 @@ mod tests {
             },
             max_inline_bytes: 1,
             heartbeat_ms: 1,
+            checkpoint: Checkpoint {
+                leases: 8,
+                seconds: 300,
+            },
         };
         let eval = EvalJob {
             candidates: vec![EvalCandidate {
@@ -605,6 +659,19 @@ mod tests {
         };
         assert_eq!(tag(encode_frame(&done)), 3);
         assert_eq!(done.kind(), "Done");
+        let computed = ToCoordinator::Computed {
+            lease_id: LeaseId(2),
+        };
+        assert_eq!(tag(encode_frame(&computed)), 6);
+        let checkpoint = ToCoordinator::Checkpoint {
+            leases: vec![LeaseId(2), LeaseId(5)],
+            partial: PartialRef::Inline(vec![1]),
+            sha256: "ab".repeat(32),
+            elapsed_ms: 3,
+        };
+        let frame = encode_frame(&checkpoint);
+        assert_eq!(tag(frame.clone()), 7);
+        assert_eq!(decode::<ToCoordinator>(&frame[4..]).unwrap(), checkpoint);
     }
 
     #[test]

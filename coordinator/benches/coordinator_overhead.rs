@@ -16,6 +16,13 @@
 //!    is large (~1.8 GB in memory), so the default keeps the bench in minutes.
 //! 2. Scheduling: 64 workers take and return 5,000 leases through the
 //!    scheduler's state machine: per-lease bookkeeping cost.
+//! 3. Checkpoints: 64 workers, each computing a 16,384-token lease in 3 s,
+//!    go through a 10M-token plan in simulated time, adding their leases
+//!    into checkpoints (every N leases or T seconds, and when out of work):
+//!    the partials stored against the bound 64 x (1 + checkpoints per
+//!    worker), their bytes at the measured size of a full-size partial (and
+//!    of a checkpoint of `BENCH_LEASES` leases), and the coordinator cores
+//!    their ingest needs at the measured CPU per partial.
 
 use bytes::Bytes;
 use common::corpus::{Chunk, CorpusIndex, Span};
@@ -92,7 +99,17 @@ fn acceptance(leases: u32, chunks_per_lease: u32) -> Acceptance {
     Acceptance::new("bench-model", &index, &chunks, &units, Some(facts)).unwrap()
 }
 
-fn merge_bench(leases: u32) {
+/// What the merge bench measured, for the checkpoint simulation.
+struct Measured {
+    /// Encoded bytes of one lease's partial.
+    one: usize,
+    /// Encoded bytes of the merge of every lease (a checkpoint of them).
+    merged: usize,
+    /// Coordinator CPU seconds per partial (hash, decode, check, merge).
+    ingest_cpu: f64,
+}
+
+fn merge_bench(leases: u32) -> Measured {
     let accept = acceptance(leases, LEASE_CHUNKS);
     let t = Instant::now();
     let template = realistic_partial(0);
@@ -150,7 +167,7 @@ fn merge_bench(leases: u32) {
         let (p, s) = timed(|| Partial::from_bytes(&encoded).unwrap());
         t.decode.add(s);
         t.accept
-            .add(timed(|| accept.check(p.chunks[0], &p).unwrap()).1);
+            .add(timed(|| accept.check(&p.chunks[..1], &p).unwrap()).1);
         // The packed path: statistics decoded, the importance matrix checked
         // in place and added straight into the total.
         let (packed, s) = timed(|| PackedPartial::parse(encoded.clone()).unwrap());
@@ -189,9 +206,125 @@ fn merge_bench(leases: u32) {
     }
     let packed = t.hash.cpu() + t.parse.cpu() + t.merge_packed.cpu();
     let decoded = t.hash.cpu() + t.decode.cpu() + t.merge.cpu();
+    let merged_len = merged.as_ref().map_or(0, |m| m.to_bytes().len());
+    println!(
+        "a checkpoint of {leases} leases (their merge) encodes to {merged_len} bytes, {:.3} GB ({:.2}x one lease's)",
+        merged_len as f64 / 1e9,
+        merged_len as f64 / bytes.len() as f64
+    );
     println!(
         "ingest CPU per partial: packed path {packed:.2} s ({:.2} GB/s of encoded partials per core), decoded path {decoded:.2} s",
         gb / packed
+    );
+    Measured {
+        one: bytes.len(),
+        merged: merged_len,
+        ingest_cpu: decoded + t.accept.cpu(),
+    }
+}
+
+/// Seconds a simulated worker takes for one lease of 16,384 tokens.
+const LEASE_SECONDS: u64 = 3;
+
+/// The checkpoint simulation (see the module doc) for checkpoints of
+/// `every` leases or `seconds`: returns (partials stored, the most
+/// checkpoints a worker shipped before running out of work, simulated
+/// seconds to the last acceptance).
+fn checkpoint_run(every: usize, seconds: u64) -> (usize, usize, f64) {
+    let units = plan(10_000_000 / CHUNK_TOKENS, LEASE_CHUNKS);
+    let mut s = Scheduler::new(
+        SchedConfig {
+            lease_timeout: Duration::from_secs(3600),
+            heartbeat_timeout: Duration::from_secs(60),
+            ..SchedConfig::default()
+        },
+        units,
+        &BTreeMap::new(),
+    );
+    struct W {
+        id: WorkerId,
+        computing: Option<(common::wire::LeaseId, Duration)>,
+        held: Vec<common::wire::LeaseId>,
+        since: Duration,
+        due_checkpoints: usize,
+    }
+    let mut workers: Vec<W> = (0..64)
+        .map(|i| W {
+            id: WorkerId(i),
+            computing: None,
+            held: Vec::new(),
+            since: Duration::ZERO,
+            due_checkpoints: 0,
+        })
+        .collect();
+    for w in &workers {
+        s.register(w.id, Identity(w.id.0), Duration::ZERO);
+    }
+    let mut stored = 0;
+    let mut ship = |s: &mut Scheduler, w: &mut W, now: Duration| {
+        let held = std::mem::take(&mut w.held);
+        match s.complete_set(&held, w.id, "h", now) {
+            Completion::Accepted(_) | Completion::AcceptedSet(_) => stored += 1,
+            other => panic!("a checkpoint was refused: {other:?}"),
+        }
+    };
+    let mut now = Duration::ZERO;
+    while !s.is_finished() {
+        now += Duration::from_millis(100);
+        for w in &mut workers {
+            s.heartbeat(w.id, now).unwrap();
+            match w.computing {
+                Some((lease, done)) if done <= now => {
+                    w.computing = None;
+                    assert!(s.computed(lease, w.id, now));
+                    if w.held.is_empty() {
+                        w.since = now;
+                    }
+                    w.held.push(lease);
+                    if w.held.len() >= every || now - w.since >= Duration::from_secs(seconds) {
+                        w.due_checkpoints += 1;
+                        ship(&mut s, w, now);
+                    }
+                }
+                Some(_) => continue,
+                None => {}
+            }
+            match s.request(w.id, now) {
+                Grant::Lease(l) => {
+                    w.computing = Some((l.lease_id, now + Duration::from_secs(LEASE_SECONDS)))
+                }
+                Grant::Wait(_) if !w.held.is_empty() => ship(&mut s, w, now),
+                _ => {}
+            }
+        }
+        s.tick(now);
+    }
+    let most = workers.iter().map(|w| w.due_checkpoints).max().unwrap_or(0);
+    (stored, most, now.as_secs_f64())
+}
+
+fn checkpoint_bench(m: &Measured) {
+    let leases = plan(10_000_000 / CHUNK_TOKENS, LEASE_CHUNKS).len();
+    println!(
+        "checkpoints: 64 workers, {leases} leases of 16,384 tokens (10M tokens), {LEASE_SECONDS} s a lease; one partial {:.3} GB, ingest {:.2} CPU s a partial",
+        m.one as f64 / 1e9,
+        m.ingest_cpu
+    );
+    for (every, seconds) in [(1, 3600), (4, 3600), (16, 3600), (1000, 60), (1000, 300)] {
+        let (stored, most, wall) = checkpoint_run(every, seconds);
+        let bound = 64 * (1 + most);
+        let cores = stored as f64 * m.ingest_cpu / wall;
+        println!(
+            "  every {every} leases or {seconds} s: {stored} partials stored (bound 64 x (1 + {most}) = {bound}: {}), {:.1} GB at one lease's size ({:.1} GB at the checkpoint size measured above); run {wall:.0} s; ingest needs {cores:.2} cores ({:.2} per core of 2)",
+            if stored <= bound { "holds" } else { "EXCEEDED" },
+            stored as f64 * m.one as f64 / 1e9,
+            stored as f64 * m.merged.max(m.one) as f64 / 1e9,
+            cores / 2.0
+        );
+    }
+    println!(
+        "  the last checkpoints (one per worker, shipped when the work runs out) take {:.0} s to ingest on 2 cores after the last lease",
+        64.0 * m.ingest_cpu / 2.0
     );
 }
 
@@ -292,5 +425,6 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(8);
     sched_bench();
-    merge_bench(leases);
+    let measured = merge_bench(leases);
+    checkpoint_bench(&measured);
 }

@@ -28,16 +28,49 @@ pub trait LeaseKind: Send + Sync + 'static {
         Self::Output::LAYOUT
     }
 
-    /// Checks a decoded result as the result of the unit `range` against
-    /// what the coordinator knows (chunks, model, corpus, settings, counts).
-    /// Serves results from workers and results read back on resume.
-    fn check(&self, range: ChunkRange, output: &Self::Output) -> Result<(), String>;
+    /// Checks a decoded result as the result of the units `units` (sorted,
+    /// disjoint units of the lease plan: one lease, or every lease of a
+    /// worker's checkpoint) against what the coordinator knows (chunks,
+    /// model, corpus, settings, counts). Serves results from workers and
+    /// results read back on resume.
+    fn check(&self, units: &[ChunkRange], output: &Self::Output) -> Result<(), String>;
 
     /// Decodes `bytes` (bounded, trailing bytes refused) and checks them as
-    /// the result of `range`.
-    fn decode_and_check(&self, range: ChunkRange, bytes: &[u8]) -> Result<Self::Output, String> {
+    /// the result of `units`.
+    fn decode_and_check(&self, units: &[ChunkRange], bytes: &[u8]) -> Result<Self::Output, String> {
         let output = Self::Output::decode(bytes)?;
-        self.check(range, &output)?;
+        self.check(units, &output)?;
         Ok(output)
+    }
+}
+
+/// Whether a result (`what`: a partial, an eval partial) covers exactly the
+/// chunks of `units`, as its sorted, coalesced `chunks` list.
+pub fn check_covers(what: &str, units: &[ChunkRange], chunks: &[ChunkRange]) -> Result<(), String> {
+    let want = common::split::coalesce(units)
+        .map_err(|c| format!("the leases of one {what} cover chunk {c} twice"))?;
+    if chunks == want.as_slice() {
+        Ok(())
+    } else {
+        let leases = if units.len() == 1 {
+            "the lease was"
+        } else {
+            "the leases were"
+        };
+        Err(format!(
+            "{what} covers {}, {leases} {}",
+            common::peer_text::summarise(chunks),
+            common::peer_text::summarise(&want)
+        ))
+    }
+}
+
+/// The chunks from the first unit's start to the last one's end: a stored
+/// result's name. Accepted results cover disjoint units, so no two share a
+/// first chunk, hence a name.
+pub fn span(units: &[ChunkRange]) -> ChunkRange {
+    ChunkRange {
+        start: units.first().map_or(0, |u| u.start),
+        end: units.last().map_or(0, |u| u.end),
     }
 }

@@ -26,6 +26,18 @@
 //! identities, or when quarantine left no healthy worker for
 //! [`SchedConfig::no_worker_grace`].
 //!
+//! Checkpoints: a worker adds the leases it computes into one running
+//! result and ships it later, covering several leases. A lease it reports
+//! computed ([`Scheduler::computed`]) is *held*: not done, but no longer
+//! what the worker is working on, so it may take the next one. Held leases
+//! are done only when a result covering them is accepted
+//! ([`Scheduler::complete_set`]), all at once or none: a result that covers
+//! a unit already done (a late checkpoint of a worker presumed lost, whose
+//! units were recomputed elsewhere) is refused whole ([`Completion::Stale`])
+//! and its other units go back to the queue, so no lease is ever counted
+//! twice. A worker lost with held leases loses them all to the queue (one
+//! failure of its identity, not one per lease).
+//!
 //! Redundancy: a sample of units ([`sampled`], salted with a secret of the
 //! coordinator so workers cannot tell which units are checked) needs
 //! results from two distinct identities. The caller compares them (the
@@ -215,6 +227,13 @@ pub enum Completion {
     /// A sampled unit has all the results it needs: the caller compares
     /// them and calls [`Scheduler::settle`].
     Decide(ChunkRange),
+    /// First result for every unit of a set of several leases (a
+    /// checkpoint): the caller merges and stores it, once.
+    AcceptedSet(Vec<ChunkRange>),
+    /// A result for several leases that cannot be accepted whole (a unit
+    /// is already done, or is sampled for redundancy and must come alone):
+    /// dropped; its units that were not done go back to the queue.
+    Stale(Vec<ChunkRange>),
 }
 
 /// The caller's verdict on the results of a unit sampled for redundancy.
@@ -314,7 +333,10 @@ struct Lease {
 struct Worker {
     identity: Identity,
     last_seen: Duration,
+    /// The lease it is computing.
     lease: Option<LeaseId>,
+    /// Leases it computed and holds for its next checkpoint.
+    held: BTreeSet<LeaseId>,
 }
 
 /// What the scheduler knows of an identity across its connections.
@@ -494,6 +516,7 @@ impl Scheduler {
                 identity,
                 last_seen: now,
                 lease: None,
+                held: BTreeSet::new(),
             },
         );
     }
@@ -540,7 +563,7 @@ impl Scheduler {
         }
         // An idle poll means the worker dropped whatever it held.
         if let Some(old) = self.workers[&worker].lease {
-            self.retire(old, "the worker polled for new work without a result");
+            self.retire(old, "the worker polled for new work without a result", true);
             if let Err(e) = self.heartbeat(worker, now) {
                 return Grant::Failed(e);
             }
@@ -608,6 +631,103 @@ impl Scheduler {
         }
     }
 
+    /// The chunks of each of `leases`, which this worker holds or held; `None`
+    /// when one is not, or one is named twice.
+    pub fn lease_ranges(&self, leases: &[LeaseId], worker: WorkerId) -> Option<Vec<ChunkRange>> {
+        let distinct: BTreeSet<&LeaseId> = leases.iter().collect();
+        if distinct.len() != leases.len() {
+            return None;
+        }
+        leases
+            .iter()
+            .map(|&l| self.lease_range(l, worker))
+            .collect()
+    }
+
+    /// A worker computed its lease and holds it for its next checkpoint:
+    /// the lease stays live (not done) with a fresh deadline, and the
+    /// worker may take another one. False when the worker is not computing
+    /// that lease (it expired, or was never its).
+    pub fn computed(&mut self, lease: LeaseId, worker: WorkerId, now: Duration) -> bool {
+        if self.heartbeat(worker, now).is_err() {
+            return false;
+        }
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return false;
+        };
+        let Some(l) = self.leases.get_mut(&lease) else {
+            return false;
+        };
+        if w.lease != Some(lease) || l.worker != worker {
+            return false;
+        }
+        w.lease = None;
+        w.held.insert(lease);
+        l.deadline = now + self.cfg.lease_timeout;
+        true
+    }
+
+    /// A worker reports one result covering several leases (a checkpoint),
+    /// already checked to cover exactly their chunks and hashing to
+    /// `sha256`: accepted for all of them at once ([`Completion::AcceptedSet`]),
+    /// or refused whole ([`Completion::Stale`], see the module doc). One
+    /// lease is [`Scheduler::complete`].
+    pub fn complete_set(
+        &mut self,
+        leases: &[LeaseId],
+        worker: WorkerId,
+        sha256: &str,
+        now: Duration,
+    ) -> Completion {
+        if let [lease] = leases {
+            return self.complete(*lease, worker, sha256, now);
+        }
+        if leases.is_empty() || self.lease_ranges(leases, worker).is_none() {
+            return Completion::Unknown;
+        }
+        if let Err(SchedError::Quarantined { .. }) = self.heartbeat(worker, now) {
+            return Completion::Unknown;
+        }
+        let mut taken = Vec::with_capacity(leases.len());
+        for &lease in leases {
+            let (unit, identity) = match (self.leases.get(&lease), self.retired.get(&lease)) {
+                (Some(l), _) => (l.unit, l.identity),
+                (_, Some(&(unit, _, i))) => (unit, i),
+                _ => return Completion::Unknown,
+            };
+            if self.quarantine_reason(identity).is_some() {
+                return Completion::Unknown;
+            }
+            taken.push((lease, unit, identity));
+        }
+        for &(lease, _, identity) in &taken {
+            self.take(lease, worker, identity);
+        }
+        let ranges: Vec<ChunkRange> = taken.iter().map(|t| self.units[t.1].range).collect();
+        let whole = taken.iter().all(|t| {
+            let u = &self.units[t.1];
+            u.needed == 1 && matches!(u.state, UnitState::Pending | UnitState::Leased(_))
+        });
+        if !whole {
+            self.progress.duplicates += 1;
+            for &(lease, unit, _) in &taken {
+                if self.units[unit].state == UnitState::Leased(lease) {
+                    self.units[unit].state = UnitState::Pending;
+                    self.queue.push_front(unit);
+                }
+            }
+            return Completion::Stale(ranges);
+        }
+        for &(_, unit, _) in &taken {
+            self.units[unit].state = UnitState::Done {
+                sha256: sha256.to_string(),
+            };
+        }
+        self.progress.done += taken.len();
+        self.progress.accepted += taken.len();
+        Completion::AcceptedSet(ranges)
+    }
+
     /// A worker reports a finished lease whose partial (already checked to
     /// cover exactly the lease's chunks) hashes to `sha256`. Late results of
     /// expired leases are accepted when their unit is not done yet.
@@ -629,16 +749,7 @@ impl Scheduler {
         if self.quarantine_reason(identity).is_some() {
             return Completion::Unknown;
         }
-        self.leases.remove(&lease);
-        self.retired.remove(&lease);
-        if let Some(w) = self.workers.get_mut(&worker) {
-            if w.lease == Some(lease) {
-                w.lease = None;
-            }
-        }
-        if let Some(standing) = self.identities.get_mut(&identity) {
-            standing.failures_in_a_row = 0;
-        }
+        self.take(lease, worker, identity);
         let u = &mut self.units[unit];
         match &u.state {
             UnitState::Done { sha256: kept } => {
@@ -676,6 +787,22 @@ impl Scheduler {
                 self.progress.accepted += 1;
                 Completion::Accepted(u.range)
             }
+        }
+    }
+
+    /// Takes a reported lease off the books (live, held or retired): its
+    /// result came, so its identity's failures in a row end.
+    fn take(&mut self, lease: LeaseId, worker: WorkerId, identity: Identity) {
+        self.leases.remove(&lease);
+        self.retired.remove(&lease);
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.held.remove(&lease);
+            if w.lease == Some(lease) {
+                w.lease = None;
+            }
+        }
+        if let Some(standing) = self.identities.get_mut(&identity) {
+            standing.failures_in_a_row = 0;
         }
     }
 
@@ -804,20 +931,47 @@ impl Scheduler {
         reason: &str,
         now: Duration,
     ) -> Option<Event> {
-        let _ = self.heartbeat(worker, now);
-        if self.leases.get(&lease).is_some_and(|l| l.worker == worker) {
-            return self.retire(lease, reason);
-        }
-        None
+        self.fail_set(&[lease], worker, reason, now)
     }
 
-    /// A worker's connection ended: its lease goes back to the queue (a
-    /// failure of its identity).
-    pub fn disconnect(&mut self, worker: WorkerId, reason: &str) {
-        let lease = self.workers.get(&worker).and_then(|w| w.lease);
-        if let Some(lease) = lease {
-            self.retire(lease, reason);
+    /// [`Scheduler::fail`] for the leases of one result (a checkpoint that
+    /// failed a check): their units go back to the queue, and the worker's
+    /// failure is counted once.
+    pub fn fail_set(
+        &mut self,
+        leases: &[LeaseId],
+        worker: WorkerId,
+        reason: &str,
+        now: Duration,
+    ) -> Option<Event> {
+        let _ = self.heartbeat(worker, now);
+        let live: Vec<LeaseId> = leases
+            .iter()
+            .copied()
+            .filter(|l| self.leases.get(l).is_some_and(|l| l.worker == worker))
+            .collect();
+        self.retire_all(&live, reason)
+    }
+
+    /// Retires `leases`, counting one failure of their identity (at the first).
+    fn retire_all(&mut self, leases: &[LeaseId], reason: &str) -> Option<Event> {
+        let mut event = None;
+        for (i, &lease) in leases.iter().enumerate() {
+            event = event.or(self.retire(lease, reason, i == 0));
         }
+        event
+    }
+
+    /// A worker's connection ended: the lease it was computing and those it
+    /// held for its checkpoint go back to the queue (one failure of its
+    /// identity).
+    pub fn disconnect(&mut self, worker: WorkerId, reason: &str) {
+        let leases: Vec<LeaseId> = self
+            .workers
+            .get(&worker)
+            .map(|w| w.lease.iter().chain(&w.held).copied().collect())
+            .unwrap_or_default();
+        self.retire_all(&leases, reason);
         self.workers.remove(&worker);
     }
 
@@ -842,7 +996,7 @@ impl Scheduler {
                 range: self.units[l.unit].range,
                 worker: l.worker,
             });
-            events.extend(self.retire(lease, "the lease passed its deadline"));
+            events.extend(self.retire(lease, "the lease passed its deadline", true));
         }
         let silent: Vec<WorkerId> = self
             .workers
@@ -898,12 +1052,13 @@ impl Scheduler {
     /// Takes a live lease away from its worker: the unit, marked as failed
     /// on that worker, goes back to the front of the queue, or fails the run
     /// when it failed on too many distinct workers; the worker's failure is
-    /// counted (see [`Scheduler::count_failure`]). A late result for it is
-    /// still matched through `retired`.
-    fn retire(&mut self, lease: LeaseId, reason: &str) -> Option<Event> {
+    /// counted when `count` (see [`Scheduler::count_failure`]). A late
+    /// result for it is still matched through `retired`.
+    fn retire(&mut self, lease: LeaseId, reason: &str, count: bool) -> Option<Event> {
         let l = self.leases.remove(&lease)?;
         self.retired.insert(lease, (l.unit, l.worker, l.identity));
         if let Some(w) = self.workers.get_mut(&l.worker) {
+            w.held.remove(&lease);
             if w.lease == Some(lease) {
                 w.lease = None;
             }
@@ -926,7 +1081,11 @@ impl Scheduler {
         } else {
             self.queue.push_front(l.unit);
         }
-        self.count_failure(l.identity, reason)
+        if count {
+            self.count_failure(l.identity, reason)
+        } else {
+            None
+        }
     }
 
     /// One more failure in a row for an identity; at the limit it is
@@ -961,10 +1120,10 @@ impl Scheduler {
             .workers
             .values()
             .filter(|w| w.identity == identity)
-            .filter_map(|w| w.lease)
+            .flat_map(|w| w.lease.iter().chain(&w.held).copied())
             .collect();
         for lease in held {
-            self.retire(lease, "its worker was quarantined");
+            self.retire(lease, "its worker was quarantined", true);
         }
         Some(Event::Quarantined {
             worker: identity,

@@ -673,3 +673,142 @@ fn the_redundancy_sample_is_salted_deterministic_and_near_its_fraction() {
         "another salt picks other units ({same} alike)"
     );
 }
+
+/// `w` computes its next lease and holds it for its checkpoint.
+fn hold(s: &mut Scheduler, w: WorkerId, now: Duration) -> LeaseGrant {
+    let l = lease(s.request(w, now));
+    assert!(s.computed(l.lease_id, w, now));
+    l
+}
+
+#[test]
+fn held_leases_are_done_only_when_their_checkpoint_is_accepted() {
+    let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
+    s.register(W1, id(W1), secs(0));
+    let a = hold(&mut s, W1, secs(0));
+    // The idle poll for the next lease does not give up the held one.
+    let b = hold(&mut s, W1, secs(1));
+    assert_eq!((s.progress().retries, s.progress().done), (0, 0));
+    assert_eq!(s.lease_ranges(&[a.lease_id, a.lease_id], W1), None);
+    assert_eq!(s.lease_ranges(&[b.lease_id, a.lease_id], W2), None);
+    assert_eq!(
+        s.complete_set(&[b.lease_id, a.lease_id], W1, "sha", secs(2)),
+        Completion::AcceptedSet(vec![b.range, a.range])
+    );
+    assert_eq!(s.progress().done, 2);
+    assert_eq!(
+        s.complete_set(&[a.lease_id, b.lease_id], W1, "sha", secs(2)),
+        Completion::Unknown,
+        "a checkpoint counts once"
+    );
+    // A held lease keeps a deadline: a checkpoint that never comes frees it.
+    let c = hold(&mut s, W1, secs(3));
+    s.heartbeat(W1, secs(12)).unwrap();
+    s.tick(secs(13));
+    assert_eq!(s.lease_range(c.lease_id, W1), Some(c.range));
+    assert_eq!(s.progress().retries, 1);
+}
+
+#[test]
+fn a_worker_lost_between_checkpoints_loses_its_held_leases_with_one_failure() {
+    let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
+    s.register(W1, id(W1), secs(0));
+    s.register(W2, id(W2), secs(0));
+    let lost: BTreeSet<ChunkRange> = [
+        hold(&mut s, W1, secs(0)).range,
+        hold(&mut s, W1, secs(1)).range,
+        lease(s.request(W1, secs(2))).range,
+    ]
+    .into();
+    s.disconnect(W1, "killed");
+    assert_eq!(s.progress().retries, 3);
+    assert_eq!(
+        s.quarantine_reason(id(W1)),
+        None,
+        "one failure, not one per lease (the limit is 3)"
+    );
+    let redone: Vec<LeaseGrant> = (3..7).map(|t| hold(&mut s, W2, secs(t))).collect();
+    let ranges: BTreeSet<ChunkRange> = redone.iter().map(|l| l.range).collect();
+    assert!(lost.is_subset(&ranges), "{lost:?} {ranges:?}");
+    let ids: Vec<LeaseId> = redone.iter().map(|l| l.lease_id).collect();
+    assert!(matches!(
+        s.complete_set(&ids, W2, "sha", secs(7)),
+        Completion::AcceptedSet(r) if r.len() == 4
+    ));
+    assert!(s.is_finished());
+}
+
+#[test]
+fn a_late_checkpoint_is_accepted_whole_or_refused_whole() {
+    // W1 holds two leases and goes silent; its checkpoint comes late.
+    let presumed_lost = || {
+        let mut s = Scheduler::new(cfg(), plan(6, 2), &BTreeMap::new());
+        s.register(W1, id(W1), secs(0));
+        s.register(W2, id(W2), secs(0));
+        let held = [hold(&mut s, W1, secs(0)), hold(&mut s, W1, secs(1))];
+        s.heartbeat(W2, secs(5)).unwrap();
+        s.tick(secs(5));
+        assert_eq!(s.progress().retries, 2);
+        (s, held.clone().map(|l| l.lease_id), held.map(|l| l.range))
+    };
+    // Nothing was recomputed yet: accepted for both units, and only the
+    // third unit is left.
+    let (mut s, ids, ranges) = presumed_lost();
+    assert!(matches!(
+        s.complete_set(&ids, W1, "late", secs(6)),
+        Completion::AcceptedSet(_)
+    ));
+    let rest = lease(s.request(W2, secs(6)));
+    assert!(!ranges.contains(&rest.range));
+    assert_eq!(
+        s.complete(rest.lease_id, W2, "x", secs(6)),
+        Completion::Accepted(rest.range)
+    );
+    assert!(s.is_finished());
+    assert_eq!(s.progress().done, 3);
+    // One of its units was recomputed meanwhile: refused whole, and the
+    // other goes (back) to the queue, so no unit counts twice.
+    let (mut s, ids, _) = presumed_lost();
+    let again = lease(s.request(W2, secs(6)));
+    assert!(s.computed(again.lease_id, W2, secs(6)));
+    assert!(matches!(
+        s.complete_set(&[again.lease_id], W2, "x", secs(6)),
+        Completion::Accepted(_)
+    ));
+    assert!(matches!(
+        s.complete_set(&ids, W1, "late", secs(7)),
+        Completion::Stale(r) if r.len() == 2
+    ));
+    assert_eq!(s.progress().done, 1);
+    for t in 8..10 {
+        let l = lease(s.request(W2, secs(t)));
+        assert!(matches!(
+            s.complete(l.lease_id, W2, "x", secs(t)),
+            Completion::Accepted(_)
+        ));
+    }
+    assert!(s.is_finished());
+    assert_eq!(s.progress().done, 3);
+}
+
+#[test]
+fn a_checkpoint_holding_a_sampled_unit_is_refused() {
+    let mut s = Scheduler::new(
+        SchedConfig {
+            verify_fraction: 1.0,
+            ..cfg()
+        },
+        plan(4, 2),
+        &BTreeMap::new(),
+    );
+    s.register(W1, id(W1), secs(0));
+    let ids = [
+        hold(&mut s, W1, secs(0)).lease_id,
+        hold(&mut s, W1, secs(1)).lease_id,
+    ];
+    assert!(matches!(
+        s.complete_set(&ids, W1, "sha", secs(2)),
+        Completion::Stale(_)
+    ));
+    assert_eq!(s.progress().done, 0);
+}

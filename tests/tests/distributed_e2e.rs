@@ -151,19 +151,38 @@ fn named_worker(l: &Listening, bin: &Path, model: &Path, name: &str) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_killed_mid_lease_loses_no_chunk_and_counts_none_twice() {
+    kill_a_worker_when("lease granted", 1).await;
+}
+
+/// A worker that adds its leases into checkpoints of 3 and is killed with
+/// SIGKILL once it holds a computed lease (between two checkpoints): its
+/// held leases are recomputed elsewhere and the artifacts are those of a
+/// per-lease run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_between_checkpoints_loses_no_chunk_and_counts_none_twice() {
+    kill_a_worker_when("lease computed, held until its checkpoint", 3).await;
+}
+
+/// Runs with a local worker and a victim worker, with checkpoints of
+/// `checkpoint_leases`, killing the victim with SIGKILL at the first
+/// coordinator log line of its connection that holds `when`: no chunk is
+/// lost, none counted twice, and the artifacts are a per-lease single
+/// worker's.
+async fn kill_a_worker_when(when: &'static str, checkpoint_leases: u32) {
     fixtures::log::captured_log();
     let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let expected = reference(d.path(), &bin, &model).await;
-    let s = real_setup(&d.path().join("killed"), &model, N_CHUNKS, N_CTX, 3);
+    let mut s = real_setup(&d.path().join("killed"), &model, N_CHUNKS, N_CTX, 3);
+    s.run.checkpoint_leases = checkpoint_leases;
     let victim = format!(
         "victim-{}",
         &common::hash::sha256_hex(&common::wire::random_bytes(8))[..12]
     );
     let pid: Arc<Mutex<Option<u32>>> = Arc::default();
-    // Kill the victim with SIGKILL the moment it is granted a lease: it dies
-    // holding it, so that lease must be retried.
+    // Kill the victim with SIGKILL the moment its connection logs `when`:
+    // it dies holding a lease, so that lease must be retried.
     let (name, victim_pid) = (victim.clone(), pid.clone());
     let killer = tokio::task::spawn_blocking(move || {
         let limit = Duration::from_secs(300);
@@ -176,7 +195,7 @@ async fn worker_killed_mid_lease_loses_no_chunk_and_counts_none_twice() {
             .find(|f| f.starts_with("conn{remote="))
             .expect("a connection span")
             .to_string();
-        fixtures::log::wait_for_line(limit, |l| l.contains(&conn) && l.contains("lease granted"));
+        fixtures::log::wait_for_line(limit, |l| l.contains(&conn) && l.contains(when));
         let pid = victim_pid.lock().unwrap().expect("the victim was started");
         std::process::Command::new("kill")
             .args(["-9", &pid.to_string()])
@@ -208,6 +227,38 @@ async fn worker_killed_mid_lease_loses_no_chunk_and_counts_none_twice() {
     );
     let v = summary.workers.iter().find(|w| w.name == victim).unwrap();
     assert!(!v.connected, "{v:?}");
+}
+
+/// Worker-side aggregation (checkpoints of 4 leases) changes no byte of
+/// the artifacts, with 1 and 3 workers, and stores fewer partials than
+/// leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpointed_runs_give_the_artifacts_of_per_lease_runs() {
+    use common::artifacts::names::{MERGED_PARTIAL, PARTIALS_DIR};
+    let bin = fixtures::bin("worker");
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let per_lease = reference(d.path(), &bin, &model).await;
+    for count in [1, 3] {
+        let dir = d.path().join(format!("checkpoints-{count}"));
+        let mut s = real_setup(&dir, &model, N_CHUNKS, N_CTX, 3);
+        s.run.checkpoint_leases = 4;
+        let summary = run(&s, &bin, count, Arc::default()).await.unwrap();
+        assert_eq!(summary.computed, 6, "{summary:?}");
+        assert_eq!(
+            artifacts(&s.store, true).await,
+            per_lease,
+            "{count} workers"
+        );
+        verify_ok(&s.store).await;
+        let stored: Vec<String> = s.store.list(PARTIALS_DIR).await.unwrap();
+        let stored = stored.iter().filter(|n| *n != MERGED_PARTIAL).count();
+        if count == 1 {
+            assert_eq!(stored, 2, "6 leases in checkpoints of 4: 4, then 2");
+        } else {
+            assert!(stored < 6, "{stored} partials for 6 leases");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -211,20 +211,7 @@ fn add(sum: &mut ExactSum, other: ExactSum) -> Result<(), EvalError> {
 
 /// Union of two sorted disjoint range lists; an overlap is an error.
 fn union_disjoint(a: &[ChunkRange], b: &[ChunkRange]) -> Result<Vec<ChunkRange>, EvalError> {
-    let mut all: Vec<ChunkRange> = a.iter().chain(b).copied().collect();
-    all.sort();
-    let mut out: Vec<ChunkRange> = Vec::with_capacity(all.len());
-    for r in all {
-        match out.last_mut() {
-            Some(last) if r.start < last.end => {
-                return Err(EvalError::Mismatch(format!(
-                    "chunk {} is covered twice",
-                    r.start
-                )))
-            }
-            Some(last) if r.start == last.end => last.end = r.end,
-            _ => out.push(r),
-        }
-    }
-    Ok(out)
+    let all: Vec<ChunkRange> = a.iter().chain(b).copied().collect();
+    crate::split::coalesce(&all)
+        .map_err(|chunk| EvalError::Mismatch(format!("chunk {chunk} is covered twice")))
 }

@@ -217,17 +217,8 @@ fn check_version(bytes: &[u8]) -> Result<(), String> {
 
 /// Union of two sorted disjoint range lists; an overlap is an error.
 fn union_disjoint(a: &[ChunkRange], b: &[ChunkRange]) -> Result<Vec<ChunkRange>, MergeError> {
-    let mut all: Vec<ChunkRange> = a.iter().chain(b).copied().collect();
-    all.sort();
-    let mut out: Vec<ChunkRange> = Vec::with_capacity(all.len());
-    for r in all {
-        match out.last_mut() {
-            Some(last) if r.start < last.end => return Err(MergeError::Overlap(r.start)),
-            Some(last) if r.start == last.end => last.end = r.end,
-            _ => out.push(r),
-        }
-    }
-    Ok(out)
+    let all: Vec<ChunkRange> = a.iter().chain(b).copied().collect();
+    crate::split::coalesce(&all).map_err(MergeError::Overlap)
 }
 
 #[cfg(test)]

@@ -210,6 +210,10 @@ pub struct PartialRecord {
     pub sha256: String,
     /// Settings key of the run that accepted it (`run::record::settings_key`).
     pub settings: String,
+    /// The units of the lease plan it covers when more than one (a worker's
+    /// checkpoint); empty: the one unit its name gives.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<common::ChunkRange>,
 }
 
 /// Records of accepted results by object name (`partials/part-...bin`).

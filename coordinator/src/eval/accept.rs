@@ -38,8 +38,8 @@ impl LeaseKind for EvalAcceptance {
         &mut m.eval_partials
     }
 
-    fn check(&self, range: ChunkRange, p: &EvalPartial) -> Result<(), String> {
-        check_against_job(p, range, &self.base_sha256, &self.corpus_sha256, &self.job)
+    fn check(&self, units: &[ChunkRange], p: &EvalPartial) -> Result<(), String> {
+        check_against_job(p, units, &self.base_sha256, &self.corpus_sha256, &self.job)
     }
 
     fn layout(&self) -> LeaseLayout {
@@ -54,17 +54,12 @@ impl LeaseKind for EvalAcceptance {
 /// Serves results from workers and eval partials read back on resume.
 pub fn check_against_job(
     p: &EvalPartial,
-    range: ChunkRange,
+    units: &[ChunkRange],
     base_sha256: &str,
     corpus_sha256: &str,
     job: &EvalJob,
 ) -> Result<(), String> {
-    if p.chunks != [range] {
-        return Err(format!(
-            "eval partial covers {}, the lease was {range}",
-            common::peer_text::summarise(&p.chunks)
-        ));
-    }
+    crate::lease::check_covers("eval partial", units, &p.chunks)?;
     if p.base_sha256 != base_sha256 {
         return Err(format!(
             "eval partial of base model \"{}\", the run's is {base_sha256}",
@@ -207,7 +202,7 @@ mod tests {
     type Change = fn(&mut EvalPartial);
 
     fn check(p: &EvalPartial) -> Result<(), String> {
-        check_against_job(p, RANGE, &"b".repeat(64), "k", &job())
+        check_against_job(p, &[RANGE], &"b".repeat(64), "k", &job())
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! accepts them, so a bad result only costs a retry. Results of units
 //! sampled for redundancy are held here until a second (or third)
 //! identity's result can be compared with them ([`LeaseOutput::agree`]).
+//! A result may cover several leases (a worker's checkpoint): it is checked
+//! as the result of all their units together and accepted for all of them
+//! or none (`crate::sched`).
 //!
 //! A worker's [`Identity`] is the name its join proof is bound to (the
 //! proof is keyed by that name's worker key, `common::wire::worker_key`):
@@ -32,8 +35,8 @@ use tokio::sync::mpsc;
 pub struct Delivery<T> {
     /// The worker that computed it.
     pub worker: WorkerId,
-    /// Its chunks (one unit of the plan).
-    pub range: ChunkRange,
+    /// The units of the plan it covers, sorted.
+    pub units: Vec<ChunkRange>,
     /// The decoded result.
     pub output: T,
     /// Its encoded bytes (the merger stores them under the final name).
@@ -277,7 +280,7 @@ impl<K: LeaseKind> Hub<K> {
                         .push(what);
                     let results = self.candidates().remove(&range).unwrap_or_default();
                     if let Some(r) = results.into_iter().find(|r| r.identity == kept) {
-                        self.accept(range, r);
+                        self.accept(vec![range], r);
                     }
                 }
                 Event::Released(identity) => {
@@ -298,9 +301,26 @@ impl<K: LeaseKind> Hub<K> {
 
     /// A worker reports it could not finish a lease (`reason` already escaped).
     pub fn fail(&self, worker: WorkerId, lease: LeaseId, reason: &str) {
+        self.fail_set(worker, &[lease], reason);
+    }
+
+    /// The leases of a result that failed its checks go back to the queue
+    /// (one failure of the worker).
+    fn fail_set(&self, worker: WorkerId, leases: &[LeaseId], reason: &str) {
         let now = self.now();
-        let event = self.sched().fail(lease, worker, reason, now);
+        let event = self.sched().fail_set(leases, worker, reason, now);
         self.handle(event.into_iter().collect());
+    }
+
+    /// A worker computed a lease and holds it for its next checkpoint;
+    /// false (logged) when it was not computing that lease.
+    pub fn computed(&self, worker: WorkerId, lease: LeaseId) -> bool {
+        let now = self.now();
+        let held = self.sched().computed(lease, worker, now);
+        if !held {
+            tracing::warn!(%worker, %lease, "computed a lease it is not computing (expired?); its checkpoint may be refused");
+        }
+        held
     }
 
     /// A worker's connection ended (a lease it held is a failure of its
@@ -323,27 +343,28 @@ impl<K: LeaseKind> Hub<K> {
         }
     }
 
-    /// Handles a finished lease: fetches and checks the result, then lets
-    /// the scheduler decide. A result that fails a check sends the lease back
-    /// to the queue (one attempt used).
+    /// Handles a finished lease, or a checkpoint's result covering several
+    /// `leases`: fetches and checks the result, then lets the scheduler
+    /// decide. A result that fails a check sends its leases back to the
+    /// queue (one attempt used).
     pub async fn deliver(
         &self,
         worker: WorkerId,
-        lease: LeaseId,
+        leases: &[LeaseId],
         partial: PartialRef,
         sha256: String,
         elapsed_ms: u64,
     ) {
         let what = labels::<K>().result;
-        let check = |range| self.fetch_and_check(range, partial, &sha256);
-        let Some((output, bytes, staged)) = self.checked(worker, lease, what, check).await else {
+        let check = |units| self.fetch_and_check(units, partial, &sha256);
+        let Some((output, bytes, staged)) = self.checked(worker, leases, what, check).await else {
             return;
         };
         let now = self.now();
         let (completion, identity) = {
             let mut sched = self.sched();
             let identity = sched.identity_of(worker);
-            (sched.complete(lease, worker, &sha256, now), identity)
+            (sched.complete_set(leases, worker, &sha256, now), identity)
         };
         let Some(identity) = identity else {
             return;
@@ -358,7 +379,14 @@ impl<K: LeaseKind> Hub<K> {
             elapsed_ms,
         };
         match completion {
-            Completion::Accepted(range) => self.accept(range, result),
+            Completion::Accepted(range) => self.accept(vec![range], result),
+            Completion::AcceptedSet(mut units) => {
+                units.sort();
+                self.accept(units, result)
+            }
+            Completion::Stale(units) => {
+                tracing::warn!(%worker, leases = units.len(), "{what} covers a unit already done or one that must come alone: dropped, its other units go back to the queue");
+            }
             Completion::Opinion {
                 range,
                 have,
@@ -378,36 +406,38 @@ impl<K: LeaseKind> Hub<K> {
                 tracing::warn!(%worker, %range, "duplicate {what} DIFFERS from the kept one (mixed backends?); kept the first");
             }
             Completion::Unknown => {
-                tracing::warn!(%worker, %lease, "{what} for an unknown lease dropped")
+                tracing::warn!(%worker, leases = leases.len(), "{what} for an unknown lease dropped")
             }
         }
     }
 
-    /// The first steps of handling a finished lease (`what`: a result or an
-    /// eval result): the result, `check`ed for the lease's chunks. A lease
-    /// this worker never held is dropped; a result that fails its check
-    /// sends the lease back to the queue (one attempt used). `None` when
-    /// nothing more is to be done.
+    /// The first steps of handling a finished lease or checkpoint (`what`:
+    /// a result or an eval result): the result, `check`ed for the leases'
+    /// units (sorted). A lease this worker never held (or one named twice)
+    /// drops the result; a result that fails its check sends its leases back
+    /// to the queue (one attempt used). `None` when nothing more is to be done.
     async fn checked<T, F, Fut>(
         &self,
         worker: WorkerId,
-        lease: LeaseId,
+        leases: &[LeaseId],
         what: &str,
         check: F,
     ) -> Option<T>
     where
-        F: FnOnce(ChunkRange) -> Fut,
+        F: FnOnce(Vec<ChunkRange>) -> Fut,
         Fut: std::future::Future<Output = Result<T, String>>,
     {
-        let Some(range) = self.sched().lease_range(lease, worker) else {
-            tracing::warn!(%worker, %lease, "{what} for a lease this worker never held; dropped");
+        let Some(mut units) = self.sched().lease_ranges(leases, worker) else {
+            tracing::warn!(%worker, leases = leases.len(), "{what} for a lease this worker never held; dropped");
             return None;
         };
-        match check(range).await {
+        units.sort();
+        let first = units.first().copied();
+        match check(units).await {
             Ok(ok) => Some(ok),
             Err(reason) => {
-                tracing::warn!(%worker, %lease, %range, "bad {what}: {reason}");
-                self.fail(worker, lease, &reason);
+                tracing::warn!(%worker, leases = leases.len(), first = ?first, "bad {what}: {reason}");
+                self.fail_set(worker, leases, &reason);
                 None
             }
         }
@@ -417,13 +447,13 @@ impl<K: LeaseKind> Hub<K> {
         self.candidates.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts an accepted result and hands it to the merger, which stores
-    /// its bytes under the final name (create-only).
-    fn accept(&self, range: ChunkRange, r: Candidate<K::Output>) {
-        self.credit(r.identity, r.output.measured(), r.elapsed_ms);
+    /// Counts an accepted result of `units` and hands it to the merger,
+    /// which stores its bytes under the final name (create-only).
+    fn accept(&self, units: Vec<ChunkRange>, r: Candidate<K::Output>) {
+        self.credit(r.identity, r.output.measured(), r.elapsed_ms, units.len());
         let _ = self.deliveries.send(Delivery {
             worker: r.worker,
-            range,
+            units,
             output: r.output,
             bytes: r.bytes,
             sha256: r.sha256,
@@ -454,17 +484,17 @@ impl<K: LeaseKind> Hub<K> {
         self.handle(event.into_iter().collect());
         if let Some(kept) = results.into_iter().find(|r| r.identity == keep) {
             tracing::info!(%range, "verified: results of distinct workers agree");
-            self.accept(range, kept);
+            self.accept(vec![range], kept);
         }
     }
 
-    /// Counts an accepted result of `tokens` tokens (or scored positions)
-    /// that took the worker `elapsed_ms`.
-    fn credit(&self, identity: Identity, tokens: u64, elapsed_ms: u64) {
+    /// Counts an accepted result of `leases` leases and `tokens` tokens (or
+    /// scored positions) that took the worker `elapsed_ms`.
+    fn credit(&self, identity: Identity, tokens: u64, elapsed_ms: u64, leases: usize) {
         if let Some(w) = self.roster().info.get_mut(&identity) {
             w.tokens += tokens;
             w.busy_ms += elapsed_ms;
-            w.leases += 1;
+            w.leases += leases as u64;
         }
     }
 
@@ -494,7 +524,7 @@ impl<K: LeaseKind> Hub<K> {
 
     async fn fetch_and_check(
         &self,
-        range: ChunkRange,
+        units: Vec<ChunkRange>,
         partial: PartialRef,
         sha256: &str,
     ) -> Result<(K::Output, Bytes, Option<String>), String> {
@@ -504,7 +534,7 @@ impl<K: LeaseKind> Hub<K> {
         let what = labels::<K>().output;
         tokio::task::spawn_blocking(move || {
             check_hash(&bytes, &claimed, what)?;
-            let output = kind.decode_and_check(range, &bytes)?;
+            let output = kind.decode_and_check(&units, &bytes)?;
             Ok((output, bytes, staged))
         })
         .await

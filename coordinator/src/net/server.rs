@@ -391,7 +391,23 @@ async fn work<K: LeaseKind>(
                 sha256,
                 elapsed_ms,
             } => {
-                hub.deliver(id, lease_id, partial, sha256, elapsed_ms).await;
+                hub.deliver(id, &[lease_id], partial, sha256, elapsed_ms)
+                    .await;
+                quarantine_refusal(hub, id)
+            }
+            ToCoordinator::Checkpoint {
+                leases,
+                partial,
+                sha256,
+                elapsed_ms,
+            } => {
+                hub.deliver(id, &leases, partial, sha256, elapsed_ms).await;
+                quarantine_refusal(hub, id)
+            }
+            ToCoordinator::Computed { lease_id } => {
+                if hub.computed(id, lease_id) {
+                    tracing::debug!(%id, lease = %lease_id, "lease computed, held until its checkpoint");
+                }
                 quarantine_refusal(hub, id)
             }
             ToCoordinator::Failed { lease_id, reason } => {

@@ -1,8 +1,9 @@
 //! Acceptance of a partial before it is merged: everything the coordinator
 //! already knows about a unit is checked against what the partial claims.
 //!
-//! - the partial covers exactly the unit's chunk range, of the run's model
-//!   and corpus;
+//! - the partial covers exactly the chunks of its units (one lease, or
+//!   every lease of a worker's checkpoint: each check below is over the
+//!   units together), of the run's model and corpus;
 //! - its MoE shape is the model's (expert count and k from the GGUF header
 //!   when the coordinator can read it) and the same as every partial accepted
 //!   before it;
@@ -123,22 +124,18 @@ impl Acceptance {
     }
 
     /// Decodes `bytes` (bounded, trailing bytes refused) and checks the
-    /// partial as the result of `range`.
-    pub fn decode_and_check(&self, range: ChunkRange, bytes: &[u8]) -> Result<Partial, String> {
+    /// partial as the result of `units`.
+    pub fn decode_and_check(&self, units: &[ChunkRange], bytes: &[u8]) -> Result<Partial, String> {
         let p = Partial::from_bytes(bytes)?;
-        self.check(range, &p)?;
+        self.check(units, &p)?;
         Ok(p)
     }
 
-    /// Every check of the module on a decoded partial; the first accepted
-    /// partial fixes the run's MoE shape for the ones after it.
-    pub fn check(&self, range: ChunkRange, p: &Partial) -> Result<(), String> {
-        if p.chunks != [range] {
-            return Err(format!(
-                "partial covers {}, the lease was {range}",
-                summarise(&p.chunks)
-            ));
-        }
+    /// Every check of the module on a decoded partial of `units` (sorted,
+    /// disjoint units of the plan); the first accepted partial fixes the
+    /// run's MoE shape for the ones after it.
+    pub fn check(&self, units: &[ChunkRange], p: &Partial) -> Result<(), String> {
+        crate::lease::check_covers("partial", units, &p.chunks)?;
         if p.model_sha256 != self.model_sha256 {
             return Err(format!(
                 "partial of model \"{}\", the run's is {}",
@@ -154,21 +151,27 @@ impl Acceptance {
             ));
         }
         self.check_shape(&p.experts.shape)?;
-        let expected = self
-            .expected
-            .get(&range)
-            .ok_or_else(|| format!("{range} is not a unit of the lease plan"))?;
-        check_tokens(expected, p)?;
+        let mut expected = GroupTokens::new();
+        for range in units {
+            let groups = self
+                .expected
+                .get(range)
+                .ok_or_else(|| format!("{range} is not a unit of the lease plan"))?;
+            for (k, n) in groups {
+                *expected.entry(k.clone()).or_default() += n;
+            }
+        }
+        check_tokens(&expected, p)?;
         check_counts(p)?;
         check_values(p, &self.budget)?;
-        self.check_chunk_stats(range, p)?;
-        check_trace_parts(range, p)?;
+        self.check_chunk_stats(units, p)?;
+        check_trace_parts(units, p)?;
         let fit = expected
             .iter()
             .filter(|(k, _)| k.split == Split::Fit)
             .map(|(_, n)| n)
             .sum();
-        self.check_imatrix(range, fit, p)?;
+        self.check_imatrix(units, fit, p)?;
         let mut pinned = self.pinned();
         pinned.shape.get_or_insert_with(|| p.experts.shape.clone());
         for (name, e) in &p.imatrix.entries {
@@ -180,19 +183,24 @@ impl Acceptance {
         Ok(())
     }
 
-    /// Per-chunk statistics: none, or one for each chunk of the unit with
+    /// Per-chunk statistics: none, or one for each chunk of the units with
     /// its fit tokens.
-    fn check_chunk_stats(&self, range: ChunkRange, p: &Partial) -> Result<(), String> {
+    fn check_chunk_stats(&self, units: &[ChunkRange], p: &Partial) -> Result<(), String> {
         if p.chunk_stats.is_empty() {
             return Ok(());
         }
         let mut ids: Vec<u32> = p.chunk_stats.iter().map(|c| c.chunk).collect();
         ids.sort_unstable();
-        if !ids.iter().copied().eq(range.start..range.end) {
+        if !ids
+            .iter()
+            .copied()
+            .eq(units.iter().flat_map(|r| r.start..r.end))
+        {
             return Err(format!(
-                "per-chunk statistics of {} chunks ({}..), the lease has chunks {range}",
+                "per-chunk statistics of {} chunks ({}..), the lease has chunks {}",
                 ids.len(),
-                ids.first().copied().unwrap_or(0)
+                ids.first().copied().unwrap_or(0),
+                summarise(units)
             ));
         }
         match p
@@ -211,15 +219,13 @@ impl Acceptance {
     }
 
     /// The importance matrix against the unit (see the module doc).
-    fn check_imatrix(&self, range: ChunkRange, fit: u64, p: &Partial) -> Result<(), String> {
+    fn check_imatrix(&self, units: &[ChunkRange], fit: u64, p: &Partial) -> Result<(), String> {
         let im = &p.imatrix;
-        if im.chunk_count != u64::from(range.len()) || im.chunk_size != self.n_ctx {
+        let n_chunks: u64 = units.iter().map(|r| u64::from(r.len())).sum();
+        if im.chunk_count != n_chunks || im.chunk_size != self.n_ctx {
             return Err(format!(
-                "importance matrix of {} chunks of {} tokens, the lease has {} chunks of {}",
-                im.chunk_count,
-                im.chunk_size,
-                range.len(),
-                self.n_ctx
+                "importance matrix of {} chunks of {} tokens, the lease has {n_chunks} chunks of {}",
+                im.chunk_count, im.chunk_size, self.n_ctx
             ));
         }
         let pinned = self.pinned();
@@ -311,18 +317,23 @@ fn fit_counts(p: &Partial, layer: u32) -> Vec<u64> {
     out
 }
 
-/// Trace parts: at most the unit's prefill part and its decode part.
-fn check_trace_parts(range: ChunkRange, p: &Partial) -> Result<(), String> {
-    let allowed = [trace_part(range, false), trace_part(range, true)];
+/// Trace parts: at most each unit's prefill part and its decode part.
+fn check_trace_parts(units: &[ChunkRange], p: &Partial) -> Result<(), String> {
+    let allowed: std::collections::BTreeSet<String> = units
+        .iter()
+        .flat_map(|&r| [trace_part(r, false), trace_part(r, true)])
+        .collect();
     let mut parts = p.trace_parts.clone();
+    parts.sort();
     parts.dedup();
-    match p.trace_parts.iter().find(|n| !allowed.contains(n)) {
+    match p.trace_parts.iter().find(|n| !allowed.contains(*n)) {
         Some(n) => Err(format!(
-            "trace part \"{}\" is not a part of {range}",
-            peer_text(n)
+            "trace part \"{}\" is not a part of {}",
+            peer_text(n),
+            summarise(units)
         )),
         None if parts.len() != p.trace_parts.len() => {
-            Err(format!("trace parts of {range} listed twice"))
+            Err(format!("trace parts of {} listed twice", summarise(units)))
         }
         None => Ok(()),
     }
@@ -429,7 +440,7 @@ impl crate::lease::LeaseKind for Acceptance {
         &mut m.partials
     }
 
-    fn check(&self, range: ChunkRange, p: &Partial) -> Result<(), String> {
-        Acceptance::check(self, range, p)
+    fn check(&self, units: &[ChunkRange], p: &Partial) -> Result<(), String> {
+        Acceptance::check(self, units, p)
     }
 }

@@ -157,6 +157,7 @@ mod tests {
         PartialRecord {
             sha256: sha256_hex(bytes),
             settings: "s".into(),
+            units: Vec::new(),
         }
     }
 

@@ -7,7 +7,10 @@
 //! named in the log, moved under `rejected/` (so the recomputed result is
 //! written create-only under the final name) and recomputed: no stored
 //! object can make every resume fail. Objects of another lease plan are left
-//! alone.
+//! alone. A stored result of a worker's checkpoint covers several units
+//! (its record in the manifest names them) and is reused, or set aside, for
+//! all of them at once. Per-lease partials of an earlier run (format 5, one
+//! unit each, no units in their record) resume as they are.
 
 use super::record::{check_stored, Recorder, Records};
 use super::RunError;
@@ -100,14 +103,18 @@ async fn load_once<K: LeaseKind>(
         let Some(range) = layout.parse(&name) else {
             continue;
         };
-        if !wanted.contains(&range) {
+        let covered = match records.get(&name) {
+            Some(r) if !r.units.is_empty() => r.units.clone(),
+            _ => vec![range],
+        };
+        if !covered.iter().all(|u| wanted.contains(u)) || crate::lease::span(&covered) != range {
             out.skipped
                 .push((name, "not a unit of this run's lease plan".into()));
             continue;
         }
         let bytes = store.get(&name).await?;
         let verdict = check_stored(records.get(&name), &bytes, settings)
-            .and_then(|()| kind.decode_and_check(range, &bytes));
+            .and_then(|()| kind.decode_and_check(&covered, &bytes));
         match verdict {
             Ok(p) => {
                 if let Err(e) = merge_into(&mut out.merged, p, || store.url_of(&name)) {
@@ -118,7 +125,9 @@ async fn load_once<K: LeaseKind>(
                         earlier: out.rejected,
                     });
                 }
-                out.done.insert(range, sha256_hex(&bytes));
+                let sha = sha256_hex(&bytes);
+                out.done
+                    .extend(covered.into_iter().map(|u| (u, sha.clone())));
             }
             Err(reason) => {
                 set_aside(store, &name, &bytes).await?;

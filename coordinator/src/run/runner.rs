@@ -182,7 +182,7 @@ async fn serve_units<K: LeaseKind>(
         units,
         from.done,
     );
-    let job = serve::job_info(l.setup, l.options.clone());
+    let job = serve::job_info(l.setup, l.options.clone(), l.verify_fraction > 0.0);
     let (secret, shared) = secret(cluster)?;
     if !shared {
         tracing::info!("no join secret configured: only local workers can join");
@@ -206,10 +206,15 @@ async fn serve_units<K: LeaseKind>(
     let mut serving = serve::Serving::new(&hub, deliveries, &mut children);
     let outcome: Result<(), RunError> = async {
         while let Some(d) = serving.next().await? {
-            let name = layout.object(d.range);
+            let name = layout.object(crate::lease::span(&d.units));
             let rec = PartialRecord {
                 sha256: d.sha256.clone(),
                 settings: l.settings.clone(),
+                units: if d.units.len() > 1 {
+                    d.units.clone()
+                } else {
+                    Vec::new()
+                },
             };
             from.recorder.accept(&name, &d.bytes, rec).await?;
             if let Some(staged) = &d.staged {
@@ -219,7 +224,7 @@ async fn serve_units<K: LeaseKind>(
                 bar.advance(d.output.measured(), &hub.workers());
             }
             let lease = K::Output::LABELS.lease;
-            tracing::info!(worker = %d.worker, range = %d.range, "{lease} merged");
+            tracing::info!(worker = %d.worker, first = %d.units[0], units = d.units.len(), "{lease} merged");
             merge_into(&mut running, d.output, || name)?;
         }
         Ok(())

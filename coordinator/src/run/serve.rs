@@ -11,7 +11,7 @@ use crate::sched::{SampleSalt, SchedConfig};
 use common::artifacts::names::CORPUS_DIR;
 use common::layout::STAGING_DIR;
 use common::store::{RunStore, StoreError};
-use common::wire::{JobInfo, JobOptions};
+use common::wire::{Checkpoint, JobInfo, JobOptions};
 use std::time::Duration;
 use tokio::process::Child;
 use tokio::sync::mpsc;
@@ -48,8 +48,10 @@ pub(crate) fn sched_config(
 }
 
 /// The job every worker of `setup` is sent after its proof, evaluating
-/// chunks with `options`.
-pub(crate) fn job_info(setup: &RunSetup, options: JobOptions) -> JobInfo {
+/// chunks with `options`. With `redundancy`, every lease is shipped alone
+/// (a checked lease must be compared with another worker's result of the
+/// same lease, and a worker must not tell it from the others).
+pub(crate) fn job_info(setup: &RunSetup, options: JobOptions, redundancy: bool) -> JobInfo {
     let store = &setup.store;
     JobInfo {
         run_url: store.url().to_string(),
@@ -59,6 +61,14 @@ pub(crate) fn job_info(setup: &RunSetup, options: JobOptions) -> JobInfo {
         options,
         max_inline_bytes: u64::from(max_frame(&setup.cluster) - (1 << 16)),
         heartbeat_ms: (heartbeat_timeout(&setup.run) / 4).as_millis() as u64,
+        checkpoint: Checkpoint {
+            leases: if redundancy {
+                1
+            } else {
+                setup.run.checkpoint_leases.max(1)
+            },
+            seconds: setup.run.checkpoint_s,
+        },
     }
 }
 
@@ -101,7 +111,8 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
             tokio::select! {
                 d = self.deliveries.recv() => {
                     let d = d.ok_or_else(|| RunError::Setup("the delivery channel closed".into()))?;
-                    self.handed_out += 1;
+                    // Counted in units, as the scheduler counts accepted ones.
+                    self.handed_out += d.units.len();
                     return Ok(Some(d));
                 }
                 _ = self.tick.tick() => {

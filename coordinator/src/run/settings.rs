@@ -15,6 +15,15 @@ pub struct RunSettings {
     pub lease_chunks: u32,
     /// Seconds before an unfinished lease goes to another worker.
     pub lease_timeout_s: u64,
+    /// Leases a worker adds into one running partial before it ships it (a
+    /// checkpoint): stored partials then scale with workers, not leases.
+    /// The merge is exact, so this changes no bit of the result; a worker
+    /// lost between checkpoints loses its leases since the last one to the
+    /// queue. 1 ships every lease alone (as runs with `verify_fraction` do).
+    pub checkpoint_leases: u32,
+    /// Seconds after which a worker ships the leases it holds, however
+    /// few (also at half a lease's deadline, and whenever it gets no lease).
+    pub checkpoint_s: u64,
     /// Seconds of silence after which a worker is considered gone.
     pub heartbeat_timeout_s: u64,
     /// Distinct workers a lease may fail on before the run fails.
@@ -90,6 +99,8 @@ impl Default for RunSettings {
             out: None,
             lease_chunks: 4,
             lease_timeout_s: sched.lease_timeout.as_secs(),
+            checkpoint_leases: 1,
+            checkpoint_s: 300,
             heartbeat_timeout_s: sched.heartbeat_timeout.as_secs(),
             max_attempts: sched.max_attempts,
             max_worker_failures: sched.max_worker_failures,
@@ -127,6 +138,11 @@ impl RunSettings {
                 "max_attempts",
                 u64::from(self.max_attempts),
                 "a lease needs at least one attempt",
+            ),
+            (
+                "checkpoint_leases",
+                u64::from(self.checkpoint_leases),
+                "a checkpoint ships at least one lease (1: every lease alone)",
             ),
         ];
         if let Some((field, _, why)) = positive.iter().find(|(_, v, _)| *v == 0) {

@@ -25,9 +25,9 @@ use common::peer_text::peer_text;
 use common::secret::{JoinSecret, WorkerKey};
 use common::store::RunStore;
 use common::wire::{
-    join_proof, parse_pin, read_msg, write_msg, JobInfo, LeaseGrant, PartialRef, Refusal, Task,
-    ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
-    RUN_FINISHED,
+    join_proof, parse_pin, read_msg, write_msg, Checkpoint, JobInfo, LeaseGrant, PartialRef,
+    Refusal, Task, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME,
+    PROTOCOL_VERSION, RUN_FINISHED,
 };
 use engine::EngineLoader;
 use std::net::SocketAddr;
@@ -568,12 +568,30 @@ async fn work<L: EngineLoader>(
         job: &job,
         heartbeat,
     };
+    // Leases computed since the last checkpoint: lost with this session
+    // (the coordinator gives them to others when the connection ends).
+    let mut batch = Batch::default();
     loop {
         match c.poll(WorkerState::Idle).await? {
             ToWorker::Lease(grant) => {
-                let done = lease.run(c, &grant).await?;
-                summary.leases += u64::from(done);
-                summary.chunks += u64::from(grant.range.len()) * u64::from(done);
+                let Some((output, elapsed)) = lease.compute(c, &grant).await? else {
+                    continue;
+                };
+                if let Err(reason) = batch.add(&grant, output, elapsed) {
+                    lease.report_failed(c, &[grant.lease_id], reason).await?;
+                } else if batch.due(&job.checkpoint) {
+                    lease.ship(c, &mut batch, summary).await?;
+                } else {
+                    let computed = ToCoordinator::Computed {
+                        lease_id: grant.lease_id,
+                    };
+                    expect_ack(c.ask(&computed).await?)?;
+                }
+            }
+            // No lease for now: ship what is held first (the run may be
+            // waiting for it).
+            ToWorker::Wait { .. } if !batch.is_empty() => {
+                lease.ship(c, &mut batch, summary).await?
             }
             ToWorker::Wait { retry_ms } => {
                 tokio::time::sleep(Duration::from_millis(retry_ms)).await
@@ -585,6 +603,60 @@ async fn work<L: EngineLoader>(
                 )))
             }
         }
+    }
+}
+
+/// The leases a worker computed since its last checkpoint, added into one
+/// running result.
+#[derive(Default)]
+struct Batch {
+    leases: Vec<LeaseGrant>,
+    running: Option<work::Output>,
+    /// When the first of them was computed.
+    since: Option<Instant>,
+    elapsed: Duration,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.leases.is_empty()
+    }
+
+    /// Adds a computed lease's result.
+    fn add(
+        &mut self,
+        grant: &LeaseGrant,
+        output: work::Output,
+        elapsed: Duration,
+    ) -> Result<(), String> {
+        match &mut self.running {
+            None => self.running = Some(output),
+            Some(running) => running.merge(output)?,
+        }
+        self.leases.push(grant.clone());
+        self.since.get_or_insert_with(Instant::now);
+        self.elapsed += elapsed;
+        Ok(())
+    }
+
+    /// Whether the checkpoint is due: `policy.leases` leases held, or the
+    /// oldest held for `policy.seconds` or half its lease's deadline.
+    fn due(&self, policy: &Checkpoint) -> bool {
+        let Some(first) = self.leases.first() else {
+            return false;
+        };
+        let seconds = Duration::from_secs(policy.seconds);
+        let limit = seconds.min(Duration::from_millis(first.deadline_ms / 2));
+        self.leases.len() >= policy.leases.max(1) as usize
+            || self.since.is_some_and(|t| t.elapsed() >= limit)
+    }
+}
+
+/// An `Ack`, or a protocol error.
+fn expect_ack(reply: ToWorker) -> Result<(), JoinError> {
+    match reply {
+        ToWorker::Ack => Ok(()),
+        other => Err(JoinError::Protocol(format!("expected Ack, got {other:?}"))),
     }
 }
 
@@ -678,13 +750,51 @@ struct Leasing<'a> {
 }
 
 impl Leasing<'_> {
-    /// Computes a lease's result and stages it when it is too large to
+    /// Computes a lease's result, heartbeating all along (a slow model or a
+    /// slow trace upload never looks like a silent worker), with the time
+    /// it took; `None` when it failed (reported to the coordinator).
+    async fn compute(
+        &self,
+        c: &mut Conn,
+        lease: &LeaseGrant,
+    ) -> Result<Option<(work::Output, Duration)>, JoinError> {
+        let start = Instant::now();
+        let produce = self.work.produce(self.corpus, self.run, lease.range);
+        let result = heartbeating(c, lease.lease_id, self.heartbeat, produce)
+            .await
+            .and_then(|r| r);
+        match result {
+            Ok(output) => Ok(Some((output, start.elapsed()))),
+            Err(reason) => {
+                let what = self.work.labels().lease;
+                tracing::warn!(lease = %lease.lease_id, range = %lease.range, "{what} failed: {reason}");
+                self.report_failed(c, &[lease.lease_id], reason).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reports leases this worker could not finish.
+    async fn report_failed(
+        &self,
+        c: &mut Conn,
+        leases: &[common::wire::LeaseId],
+        reason: String,
+    ) -> Result<(), JoinError> {
+        for &lease_id in leases {
+            let failed = ToCoordinator::Failed {
+                lease_id,
+                reason: reason.clone(),
+            };
+            expect_ack(c.ask(&failed).await?)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes the batch's result and stages it when it is too large to
     /// travel inline.
-    async fn produce(&self, lease: &LeaseGrant) -> Result<(PartialRef, String), String> {
-        let bytes = self
-            .work
-            .produce(self.corpus, self.run, lease.range)
-            .await?;
+    async fn stage(&self, running: &work::Output) -> Result<(PartialRef, String), String> {
+        let bytes = running.encode();
         let sha256 = common::hash::sha256_hex(&bytes);
         let partial = if bytes.len() as u64 <= self.job.max_inline_bytes {
             PartialRef::Inline(bytes)
@@ -699,41 +809,52 @@ impl Leasing<'_> {
         Ok((partial, sha256))
     }
 
-    /// Computes one lease, uploads what it produced, and reports the result
-    /// (or the failure), heartbeating all along: a slow model, a slow trace
-    /// upload or a slow result upload never looks like a silent worker.
-    /// Returns whether a result was sent.
-    async fn run(&self, c: &mut Conn, lease: &LeaseGrant) -> Result<bool, JoinError> {
-        let start = Instant::now();
-        let result = heartbeating(c, lease.lease_id, self.heartbeat, self.produce(lease))
+    /// Ships the batch's running result (a checkpoint): `Done` for one
+    /// lease, `Checkpoint` naming every lease for more, heartbeating while
+    /// it is encoded and uploaded. The batch is empty afterwards.
+    async fn ship(
+        &self,
+        c: &mut Conn,
+        batch: &mut Batch,
+        summary: &mut JoinSummary,
+    ) -> Result<(), JoinError> {
+        let b = std::mem::take(batch);
+        let (Some(running), Some(first)) = (b.running, b.leases.first()) else {
+            return Ok(());
+        };
+        let ids: Vec<common::wire::LeaseId> = b.leases.iter().map(|l| l.lease_id).collect();
+        let staged = heartbeating(c, first.lease_id, self.heartbeat, self.stage(&running))
             .await
             .and_then(|r| r);
-        let elapsed_ms = start.elapsed().as_millis() as u64;
-        let (msg, sent) = match result {
-            Ok((partial, sha256)) => (
-                ToCoordinator::Done {
-                    lease_id: lease.lease_id,
-                    partial,
-                    sha256,
-                    elapsed_ms,
-                },
-                true,
-            ),
+        let (partial, sha256) = match staged {
+            Ok(ok) => ok,
             Err(reason) => {
-                let what = self.work.labels().lease;
-                tracing::warn!(lease = %lease.lease_id, range = %lease.range, "{what} failed: {reason}");
-                (
-                    ToCoordinator::Failed {
-                        lease_id: lease.lease_id,
-                        reason,
-                    },
-                    false,
-                )
+                tracing::warn!(leases = ids.len(), "storing a result failed: {reason}");
+                return self.report_failed(c, &ids, reason).await;
             }
         };
-        match c.ask(&msg).await? {
-            ToWorker::Ack => Ok(sent),
-            other => Err(JoinError::Protocol(format!("expected Ack, got {other:?}"))),
-        }
+        let elapsed_ms = b.elapsed.as_millis() as u64;
+        let msg = match ids.as_slice() {
+            [lease_id] => ToCoordinator::Done {
+                lease_id: *lease_id,
+                partial,
+                sha256,
+                elapsed_ms,
+            },
+            _ => ToCoordinator::Checkpoint {
+                leases: ids,
+                partial,
+                sha256,
+                elapsed_ms,
+            },
+        };
+        expect_ack(c.ask(&msg).await?)?;
+        summary.leases += b.leases.len() as u64;
+        summary.chunks += b
+            .leases
+            .iter()
+            .map(|l| u64::from(l.range.len()))
+            .sum::<u64>();
+        Ok(())
     }
 }

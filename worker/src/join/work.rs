@@ -21,8 +21,37 @@ use common::ChunkRange;
 use std::future::Future;
 use std::pin::Pin;
 
-/// The encoded result of a lease, when it is computed.
-pub(super) type Produced<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send + 'a>>;
+/// The result of a lease, when it is computed.
+pub(super) type Produced<'a> = Pin<Box<dyn Future<Output = Result<Output, String>> + Send + 'a>>;
+
+/// The result of one or more leases of a task: what a worker adds up
+/// between its checkpoints (exactly, so the grouping changes no bit).
+#[derive(Debug)]
+pub(super) enum Output {
+    /// A collection partial (boxed: it is large beside an eval partial).
+    Collect(Box<Partial>),
+    /// An eval partial.
+    Evaluate(EvalPartial),
+}
+
+impl Output {
+    /// Adds the result of other leases of the same task.
+    pub(super) fn merge(&mut self, other: Output) -> Result<(), String> {
+        match (self, other) {
+            (Output::Collect(a), Output::Collect(b)) => a.merge(&b).map_err(|e| e.to_string()),
+            (Output::Evaluate(a), Output::Evaluate(b)) => a.merge(&b).map_err(|e| e.to_string()),
+            _ => Err("results of two tasks do not add".into()),
+        }
+    }
+
+    /// The encoding the coordinator decodes.
+    pub(super) fn encode(&self) -> Vec<u8> {
+        match self {
+            Output::Collect(p) => p.encode(),
+            Output::Evaluate(p) => p.encode(),
+        }
+    }
+}
 
 /// The work of one task, loaded for one job.
 pub(super) trait LeaseWork: Send + Sync {
@@ -31,8 +60,8 @@ pub(super) trait LeaseWork: Send + Sync {
     /// SHA-256 of the model the work runs on (a mismatch with the job makes
     /// the worker refuse it).
     fn model_sha256(&self) -> &str;
-    /// Computes the result of the chunks `range`, encoded, and stores what
-    /// goes to the run besides it (trace parts).
+    /// Computes the result of the chunks `range` and stores what goes to
+    /// the run besides it (trace parts).
     fn produce<'a>(
         &'a self,
         corpus: &'a Corpus,
@@ -75,7 +104,7 @@ impl LeaseWork for Collect {
                     .map_err(|e| e.to_string())?;
                 partial.trace_parts = vec![name];
             }
-            Ok(partial.encode())
+            Ok(Output::Collect(Box::new(partial)))
         })
     }
 }
@@ -104,7 +133,7 @@ impl LeaseWork for Evaluate {
         Box::pin(async move {
             let chunks = corpus.chunks(range)?;
             let partial = self.engine.run(corpus.index.clone(), chunks).await?;
-            Ok(partial.encode())
+            Ok(Output::Evaluate(partial))
         })
     }
 }

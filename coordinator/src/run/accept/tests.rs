@@ -67,7 +67,7 @@ fn honest_partials_are_accepted_as_bytes_and_as_values() {
     }));
     for unit in units() {
         let p = honest(&index, &chunks, unit);
-        assert_eq!(a.decode_and_check(unit, &p.to_bytes()).unwrap(), p);
+        assert_eq!(a.decode_and_check(&[unit], &p.to_bytes()).unwrap(), p);
     }
 }
 
@@ -75,16 +75,16 @@ fn honest_partials_are_accepted_as_bytes_and_as_values() {
 fn a_partial_of_another_range_model_or_corpus_is_refused() {
     let (a, chunks, index) = acceptance(None);
     let p = honest(&index, &chunks, r(0, 3));
-    let e = a.check(r(3, 6), &p).unwrap_err();
+    let e = a.check(&[r(3, 6)], &p).unwrap_err();
     assert!(e.contains("the lease was 3..6"), "{e}");
     let mut other = p.clone();
     other.model_sha256 = "evil\n\u{1b}[31m".into();
-    let e = a.check(r(0, 3), &other).unwrap_err();
+    let e = a.check(&[r(0, 3)], &other).unwrap_err();
     assert!(e.contains(r#"evil\n\u{1b}[31m"#), "escaped: {e}");
     assert!(!e.contains('\n') && !e.contains('\u{1b}'), "{e:?}");
     let mut other = p;
     other.corpus_sha256 = "x".repeat(5000);
-    let e = a.check(r(0, 3), &other).unwrap_err();
+    let e = a.check(&[r(0, 3)], &other).unwrap_err();
     assert!(
         e.len() < 300,
         "long claims are shortened: {} chars",
@@ -108,7 +108,7 @@ fn fabricated_token_counts_are_refused_even_when_counts_agree_with_them() {
         l.count[0] += 1;
         l.count[1] += 1;
     }
-    let e = a.check(r(0, 3), &p).unwrap_err();
+    let e = a.check(&[r(0, 3)], &p).unwrap_err();
     // Chunks 0..3: fit tokens 4 (en, chunk 0) + 4 (ja) + 4 (en, chunk 2).
     assert!(
         e.contains("fit/en: 9")
@@ -123,7 +123,7 @@ fn a_layer_whose_counts_do_not_add_to_tokens_times_k_is_refused() {
     let mut p = honest(&index, &chunks, r(3, 6));
     let g = p.experts.groups.values_mut().next().unwrap();
     g.layers[1].count[3] += 1;
-    let e = a.check(r(3, 6), &p).unwrap_err();
+    let e = a.check(&[r(3, 6)], &p).unwrap_err();
     assert!(e.contains("layer 1: sum(count) = "), "{e}");
     let mut p = honest(&index, &chunks, r(3, 6));
     let g = p.experts.groups.values_mut().next().unwrap();
@@ -134,7 +134,7 @@ fn a_layer_whose_counts_do_not_add_to_tokens_times_k_is_refused() {
     l.count.iter_mut().for_each(|c| *c = 0);
     l.count[0] = n + 1;
     l.count[1] = n - 1;
-    let e = a.check(r(3, 6), &p).unwrap_err();
+    let e = a.check(&[r(3, 6)], &p).unwrap_err();
     assert!(e.contains("layer 0: expert 0 counted"), "{e}");
 }
 
@@ -145,16 +145,17 @@ fn shapes_are_checked_against_the_model_and_the_first_accepted_partial() {
         n_expert_used: 2,
     }));
     let e = a
-        .check(r(0, 3), &honest(&index, &chunks, r(0, 3)))
+        .check(&[r(0, 3)], &honest(&index, &chunks, r(0, 3)))
         .unwrap_err();
     assert!(e.contains("the model has 16 experts, top-2"), "{e}");
 
     let (a, chunks, index) = acceptance(None);
-    a.check(r(0, 3), &honest(&index, &chunks, r(0, 3))).unwrap();
+    a.check(&[r(0, 3)], &honest(&index, &chunks, r(0, 3)))
+        .unwrap();
     let mut fake = FakeEngine::new(MODEL);
     fake.layers = vec![0, 1, 2];
     let other = fake.partial(&index, &chunks[3..6]).unwrap();
-    let e = a.check(r(3, 6), &other).unwrap_err();
+    let e = a.check(&[r(3, 6)], &other).unwrap_err();
     assert!(e.contains("differs from the run's"), "{e}");
 }
 
@@ -164,6 +165,25 @@ fn decoding_refuses_trailing_bytes_and_lying_lengths() {
     let p = honest(&index, &chunks, r(0, 3));
     let mut bytes = p.to_bytes();
     bytes.extend_from_slice(&[0u8; 700]);
-    let e = a.decode_and_check(r(0, 3), &bytes).unwrap_err();
+    let e = a.decode_and_check(&[r(0, 3)], &bytes).unwrap_err();
     assert!(e.contains("700 trailing bytes"), "{e}");
+}
+
+#[test]
+fn a_checkpoint_of_several_units_is_checked_as_their_union() {
+    let (a, chunks, index) = acceptance(None);
+    let mut p = honest(&index, &chunks, r(0, 3));
+    p.merge(&honest(&index, &chunks, r(3, 6))).unwrap();
+    assert_eq!(p.chunks, [r(0, 6)]);
+    a.decode_and_check(&units(), &p.to_bytes()).unwrap();
+    let e = a.check(&[r(0, 3)], &p).unwrap_err();
+    assert!(e.contains("covers 0..6, the lease was 0..3"), "{e}");
+    // The same chunks claimed for one unit of the plan that is no unit.
+    let e = a.check(&[r(0, 6)], &p).unwrap_err();
+    assert!(e.contains("0..6 is not a unit of the lease plan"), "{e}");
+    // The tokens of both units, the chunks of one: refused.
+    let mut short = p.clone();
+    short.chunks = vec![r(0, 3)];
+    let e = a.check(&[r(0, 3)], &short).unwrap_err();
+    assert!(!e.is_empty());
 }
