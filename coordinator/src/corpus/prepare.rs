@@ -208,10 +208,8 @@ pub fn prepare(
                     ),
                 });
             }
-            render(tokenizer, &rec.content).map_err(|message| CorpusError::Record {
-                at: at(),
-                message,
-            })
+            render(tokenizer, &rec.content)
+                .map_err(|message| CorpusError::Record { at: at(), message })
         })
         .collect::<Result<_, _>>()?;
     let tokens = tokenize_all(tokenizer, &texts);

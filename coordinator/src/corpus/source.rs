@@ -184,7 +184,7 @@ fn read_jsonl(
             match obj.get(IMAGE_FIELD) {
                 Some(v) => {
                     names = image_names(v).map_err(bad)?;
-                    Content::Text(captioned(names.len(), t).map_err(bad)?)
+                    Content::Text(captioned(names.len(), t))
                 }
                 None => Content::Text(t.to_string()),
             }
@@ -196,6 +196,9 @@ fn read_jsonl(
                 cfg.text_field, cfg.messages_field
             )));
         };
+        if !names.is_empty() {
+            check_markers(&content, names.len()).map_err(bad)?;
+        }
         let images = names
             .iter()
             .map(|n| image_ref(path, n))
@@ -234,13 +237,21 @@ fn image_names(v: &Value) -> Result<Vec<String>, String> {
 }
 
 /// A captioned record's text: one marker per image, then the caption.
-fn captioned(n_images: usize, caption: &str) -> Result<String, String> {
-    no_marker(caption)?;
-    Ok(format!("{}\n{caption}", MEDIA_MARKER.repeat(n_images)))
+fn captioned(n_images: usize, caption: &str) -> String {
+    format!("{}\n{caption}", MEDIA_MARKER.repeat(n_images))
 }
 
-fn no_marker(text: &str) -> Result<(), String> {
-    if text.contains(MEDIA_MARKER) {
+/// Refuses a record whose text holds more media markers than it has images
+/// (a marker written literally would stand for an image).
+fn check_markers(content: &Content, n_images: usize) -> Result<(), String> {
+    let markers = match content {
+        Content::Text(t) => t.matches(MEDIA_MARKER).count(),
+        Content::Chat(m) => m
+            .iter()
+            .map(|m| m.content.matches(MEDIA_MARKER).count())
+            .sum(),
+    };
+    if markers != n_images {
         return Err(format!(
             "text holds the media marker {MEDIA_MARKER:?} literally, which would stand for an image"
         ));
@@ -322,12 +333,11 @@ fn content_parts(parts: &[Value], images: &mut Vec<String>) -> Result<String, St
         match field("type") {
             Some("text") => {
                 let t = field("text").ok_or_else(|| bad("a text part needs a string \"text\""))?;
-                no_marker(t).map_err(|e| bad(&e))?;
                 text.push_str(t);
             }
             Some("image") => {
-                let name =
-                    field("image").ok_or_else(|| bad("an image part needs a string \"image\" path"))?;
+                let name = field("image")
+                    .ok_or_else(|| bad("an image part needs a string \"image\" path"))?;
                 images.push(name.to_string());
                 text.push_str(MEDIA_MARKER);
             }
@@ -577,7 +587,9 @@ mod tests {
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
         let mut writer = enc.write_header().unwrap();
-        writer.write_image_data(&vec![90; (w * h * 3) as usize]).unwrap();
+        writer
+            .write_image_data(&vec![90; (w * h * 3) as usize])
+            .unwrap();
         writer.finish().unwrap();
         std::fs::write(path, out).unwrap();
     }
@@ -587,7 +599,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("pics")).unwrap();
         write_png(&dir.path().join("pics/a.png"), 4, 3);
-        std::fs::write(dir.path().join("pics/b.jpg"), [0xff, 0xd8, 0xff, 0xe0, 0, 16]).unwrap();
+        std::fs::write(
+            dir.path().join("pics/b.jpg"),
+            [0xff, 0xd8, 0xff, 0xe0, 0, 16],
+        )
+        .unwrap();
         let p = dir.path().join("img.jsonl");
         let chat = r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "Compare "}, {"type": "image", "image": "pics/a.png"}, {"type": "image", "image": "pics/b.jpg"}]}, {"role": "assistant", "content": "Same."}]}"#;
         std::fs::write(
@@ -603,7 +619,10 @@ mod tests {
         let Content::Chat(m) = &r[1].content else {
             panic!("not chat")
         };
-        assert_eq!(m[0].content, format!("Compare {MEDIA_MARKER}{MEDIA_MARKER}"));
+        assert_eq!(
+            m[0].content,
+            format!("Compare {MEDIA_MARKER}{MEDIA_MARKER}")
+        );
         let names: Vec<&str> = r[1].images.iter().map(|i| i.name.as_str()).collect();
         assert_eq!(names, ["pics/a.png", "pics/b.jpg"]);
         assert_eq!(r[1].images[0].sha256, r[0].images[0].sha256);
@@ -635,7 +654,10 @@ mod tests {
         let part = r#"{"messages": [{"role": "user", "content": [{"type": "image", "image": "notes.png"}]}]}"#;
         check(
             &format!("{part}\n"),
-            &["img.jsonl:1: image \"notes.png\"", "not a PNG or JPEG image"],
+            &[
+                "img.jsonl:1: image \"notes.png\"",
+                "not a PNG or JPEG image",
+            ],
         );
         write_png(&dir.path().join("ok.png"), 2, 2);
         check(
@@ -643,8 +665,15 @@ mod tests {
             &["img.jsonl:1:", "holds the media marker"],
         );
         check(
+            r#"{"messages": [{"role": "system", "content": "see <__media__>"}, {"role": "user", "content": [{"type": "image", "image": "ok.png"}]}]}"#,
+            &["img.jsonl:1:", "holds the media marker"],
+        );
+        check(
             r#"{"messages": [{"role": "user", "content": [{"type": "video", "video": "ok.png"}]}]}"#,
-            &["img.jsonl:1: message 1: content part 1:", "neither \"text\" nor \"image\""],
+            &[
+                "img.jsonl:1: message 1: content part 1:",
+                "neither \"text\" nor \"image\"",
+            ],
         );
     }
 

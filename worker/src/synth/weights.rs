@@ -25,7 +25,9 @@ pub fn random_matrix(seed: u64, name: &str, dims: &[usize], scale: f32, ty: Tens
 /// stream of `(seed, name)`: biases, norms, per-head constants.
 pub fn random_vector(seed: u64, name: &str, n: usize, center: f32, spread: f32) -> Vec<f32> {
     let mut rng = SplitMix64::for_stream(seed, name);
-    (0..n).map(|_| center + spread * rng.symmetric_f32()).collect()
+    (0..n)
+        .map(|_| center + spread * rng.symmetric_f32())
+        .collect()
 }
 
 /// Converts an f32 to IEEE half precision bits (round to nearest even).
