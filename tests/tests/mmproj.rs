@@ -17,14 +17,13 @@ use llama_cpp_2::mtmd::{
 use std::ffi::CString;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use worker::synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
 use worker::synth::Preset;
 
-/// llama.cpp's backend, initialised once per process (the tests share it).
+/// llama.cpp's backend, shared by the tests (the coordinator's: llama.cpp
+/// and mtmd log lines go to `tracing`, shown only with `RUST_LOG`).
 fn backend() -> &'static LlamaBackend {
-    static B: OnceLock<LlamaBackend> = OnceLock::new();
-    B.get_or_init(|| LlamaBackend::init().unwrap())
+    coordinator::corpus::tokenizer::backend().unwrap()
 }
 
 fn mtmd_params() -> MtmdContextParams {
