@@ -145,9 +145,9 @@ fn generated_mmproj_runs_through_mtmd_beside_a_moe_model() {
     assert_ne!(last_logits[0], last_logits[1]);
 }
 
-/// `configs/sample_corpus` in the repository.
+/// `configs/sample_images` in the repository.
 fn sample_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sample_corpus")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sample_images")
 }
 
 #[test]
@@ -156,7 +156,7 @@ fn the_bundled_image_sample_is_the_generators_output() {
         let committed = std::fs::read(sample_dir().join(&name)).unwrap();
         assert!(
             committed == bytes,
-            "{name} differs from `worker synth-images --out configs/sample_corpus`"
+            "{name} differs from `worker synth-images --out configs/sample_images`"
         );
     }
 }

@@ -1,5 +1,5 @@
-//! `worker synth-images`: the bundled image sample (`configs/sample_corpus/
-//! images/`, `images.jsonl`): a few small generated PNG pictures (shapes,
+//! `worker synth-images`: the bundled image sample (`configs/sample_images/`:
+//! `images/` and `images.jsonl`): a few small generated PNG pictures (shapes,
 //! stripes, gradients) with captions, as captioned records `{"image",
 //! "text"}` and chat records with image parts, so an image domain needs no
 //! downloaded data. The same call always writes the same bytes.
