@@ -197,10 +197,19 @@ pub fn prepare(
     let texts: Vec<(String, bool)> = records
         .par_iter()
         .map(|(_, rec)| {
-            render(tokenizer, &rec.content).map_err(|message| CorpusError::Record {
-                at: config.resolve(Path::new(&rec.at)).display().to_string(),
-                message,
-            })
+            let at = || config.resolve(Path::new(&rec.at)).display().to_string();
+            if let Some(image) = rec.images.first() {
+                return Err(CorpusError::Record {
+                    at: at(),
+                    message: format!(
+                        "carries image {:?}, but tokenizing images through the model's mmproj \
+                         (mtmd) is not implemented yet: remove image records from the corpus",
+                        image.name
+                    ),
+                });
+            }
+            render(tokenizer, &rec.content)
+                .map_err(|message| CorpusError::Record { at: at(), message })
         })
         .collect::<Result<_, _>>()?;
     let tokens = tokenize_all(tokenizer, &texts);

@@ -19,6 +19,22 @@ pub enum Content {
     Chat(Vec<Message>),
 }
 
+/// The text standing for one image in a record's content: mtmd's default
+/// media marker, where the image's positions go. Text that holds it
+/// literally cannot also carry images.
+pub const MEDIA_MARKER: &str = "<__media__>";
+
+/// An image a record carries (PNG or JPEG), checked when its source is read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageRef {
+    /// The path as the record spells it (relative to the source file's directory).
+    pub name: String,
+    /// The file, resolved against the source file's directory.
+    pub path: std::path::PathBuf,
+    /// SHA-256 of its bytes.
+    pub sha256: String,
+}
+
 /// One document as read from a source.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
@@ -31,6 +47,8 @@ pub struct Record {
     pub content: Content,
     /// Value of the group key field, when the record has one.
     pub group: Option<String>,
+    /// Its images, in the order of the [`MEDIA_MARKER`]s in its content.
+    pub images: Vec<ImageRef>,
 }
 
 /// The most bytes one document may hold (its text, or the sum of its chat
@@ -128,6 +146,7 @@ fn read_text(cfg: &SourceConfig, path: &Path, bytes: &[u8]) -> Result<Vec<Record
             at: format!("{} (document {})", cfg.path.display(), i + 1),
             content: Content::Text(p.to_string()),
             group: None,
+            images: Vec::new(),
         })
         .collect())
 }
@@ -157,31 +176,126 @@ fn read_jsonl(
         let obj = value
             .as_object()
             .ok_or_else(|| bad("record is not a JSON object".into()))?;
+        let mut names = Vec::new();
         let content = if let Some(t) = obj.get(&cfg.text_field) {
-            Content::Text(
-                t.as_str()
-                    .ok_or_else(|| bad(format!("field {:?} is not a string", cfg.text_field)))?
-                    .to_string(),
-            )
+            let t = t
+                .as_str()
+                .ok_or_else(|| bad(format!("field {:?} is not a string", cfg.text_field)))?;
+            match obj.get(IMAGE_FIELD) {
+                Some(v) => {
+                    names = image_names(v).map_err(bad)?;
+                    Content::Text(captioned(names.len(), t))
+                }
+                None => Content::Text(t.to_string()),
+            }
         } else if let Some(m) = obj.get(&cfg.messages_field) {
-            Content::Chat(messages_from_json(m).map_err(bad)?)
+            Content::Chat(messages_from_json(m, &mut names).map_err(bad)?)
         } else {
             return Err(bad(format!(
                 "record has neither a {:?} nor a {:?} field",
                 cfg.text_field, cfg.messages_field
             )));
         };
+        if !names.is_empty() {
+            check_markers(&content, names.len()).map_err(bad)?;
+        }
+        let images = names
+            .iter()
+            .map(|n| image_ref(path, n))
+            .collect::<Result<_, _>>()
+            .map_err(bad)?;
         let group = group_key.and_then(|k| obj.get(k)).and_then(|g| match g {
             Value::String(s) => Some(s.clone()),
             Value::Null => None,
             other => Some(other.to_string()),
         });
-        out.push(Record { at, content, group });
+        out.push(Record {
+            at,
+            content,
+            group,
+            images,
+        });
     }
     Ok(out)
 }
 
-fn messages_from_json(value: &Value) -> Result<Vec<Message>, String> {
+/// JSONL field naming a record's image (a path, or an array of paths) in
+/// `{"image": PATH, "text": CAPTION}` records.
+pub const IMAGE_FIELD: &str = "image";
+
+/// The image paths of an `image` field: a string or an array of strings.
+fn image_names(v: &Value) -> Result<Vec<String>, String> {
+    let bad = || format!("field {IMAGE_FIELD:?} is not a path or an array of paths");
+    match v {
+        Value::String(s) => Ok(vec![s.clone()]),
+        Value::Array(a) if !a.is_empty() => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string).ok_or_else(bad))
+            .collect(),
+        _ => Err(bad()),
+    }
+}
+
+/// A captioned record's text: one marker per image, then the caption.
+fn captioned(n_images: usize, caption: &str) -> String {
+    format!("{}\n{caption}", MEDIA_MARKER.repeat(n_images))
+}
+
+/// Refuses a record whose text holds more media markers than it has images
+/// (a marker written literally would stand for an image).
+fn check_markers(content: &Content, n_images: usize) -> Result<(), String> {
+    let markers = match content {
+        Content::Text(t) => t.matches(MEDIA_MARKER).count(),
+        Content::Chat(m) => m
+            .iter()
+            .map(|m| m.content.matches(MEDIA_MARKER).count())
+            .sum(),
+    };
+    if markers != n_images {
+        return Err(format!(
+            "text holds the media marker {MEDIA_MARKER:?} literally, which would stand for an image"
+        ));
+    }
+    Ok(())
+}
+
+/// Reads and checks one image of a record: it must exist and be a PNG that
+/// decodes, or a JPEG (by its signature; mtmd decodes it when tokenizing).
+fn image_ref(source: &Path, name: &str) -> Result<ImageRef, String> {
+    let path = source.parent().unwrap_or(Path::new("")).join(name);
+    let bytes = std::fs::read(&path)
+        .map_err(|e| format!("image {name:?}: cannot read {} ({e})", path.display()))?;
+    let unreadable = |why: String| format!("image {name:?} ({}): {why}", path.display());
+    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        decode_png(&bytes).map_err(unreadable)?;
+    } else if !bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+        return Err(unreadable("not a PNG or JPEG image".into()));
+    }
+    Ok(ImageRef {
+        name: name.to_string(),
+        path,
+        sha256: hex::encode(Sha256::digest(&bytes)),
+    })
+}
+
+/// Decodes a whole PNG (a truncated or corrupt file fails here, not later).
+fn decode_png(bytes: &[u8]) -> Result<(), String> {
+    let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    let mut reader = decoder
+        .read_info()
+        .map_err(|e| format!("not a readable PNG ({e})"))?;
+    let mut buf = vec![0; reader.output_buffer_size().unwrap_or(0)];
+    reader
+        .next_frame(&mut buf)
+        .map_err(|e| format!("not a readable PNG ({e})"))?;
+    Ok(())
+}
+
+/// Chat messages `[{role, content}]`; a content is a string or an array of
+/// parts `{"type": "text", "text": ...}` and `{"type": "image", "image":
+/// PATH}`, an image part becoming a [`MEDIA_MARKER`] whose path is pushed to
+/// `images`.
+fn messages_from_json(value: &Value, images: &mut Vec<String>) -> Result<Vec<Message>, String> {
     let items = value
         .as_array()
         .ok_or("messages are not a JSON array of {role, content}")?;
@@ -189,12 +303,17 @@ fn messages_from_json(value: &Value) -> Result<Vec<Message>, String> {
         .iter()
         .enumerate()
         .map(|(i, m)| {
+            let at = |e: String| format!("message {}: {e}", i + 1);
             let role = m.get("role").and_then(Value::as_str);
-            let content = m.get("content").and_then(Value::as_str);
+            let content = match m.get("content") {
+                Some(Value::String(c)) => Some(c.clone()),
+                Some(Value::Array(parts)) => Some(content_parts(parts, images).map_err(at)?),
+                _ => None,
+            };
             match (role, content) {
                 (Some(r), Some(c)) => Ok(Message {
-                    role: Role::parse(r).map_err(|e| format!("message {}: {e}", i + 1))?,
-                    content: c.to_string(),
+                    role: Role::parse(r).map_err(at)?,
+                    content: c,
                 }),
                 _ => Err(format!(
                     "message {} lacks a string \"role\" or \"content\"",
@@ -203,6 +322,29 @@ fn messages_from_json(value: &Value) -> Result<Vec<Message>, String> {
             }
         })
         .collect()
+}
+
+/// The text of a message's content parts, images as markers.
+fn content_parts(parts: &[Value], images: &mut Vec<String>) -> Result<String, String> {
+    let mut text = String::new();
+    for (j, p) in parts.iter().enumerate() {
+        let bad = |e: &str| format!("content part {}: {e}", j + 1);
+        let field = |k: &str| p.get(k).and_then(Value::as_str);
+        match field("type") {
+            Some("text") => {
+                let t = field("text").ok_or_else(|| bad("a text part needs a string \"text\""))?;
+                text.push_str(t);
+            }
+            Some("image") => {
+                let name = field("image")
+                    .ok_or_else(|| bad("an image part needs a string \"image\" path"))?;
+                images.push(name.to_string());
+                text.push_str(MEDIA_MARKER);
+            }
+            _ => return Err(bad("\"type\" is neither \"text\" nor \"image\"")),
+        }
+    }
+    Ok(text)
 }
 
 fn read_parquet(
@@ -261,6 +403,7 @@ fn read_parquet(
                     at: at(row),
                     content: Content::Text(text.value(row).to_string()),
                     group: group(row),
+                    images: Vec::new(),
                 });
             }
         } else {
@@ -274,6 +417,7 @@ fn read_parquet(
                     at: at(row),
                     content: Content::Chat(m),
                     group: group(row),
+                    images: Vec::new(),
                 });
             }
         }
@@ -341,7 +485,14 @@ fn messages_column(
                 .map(|row| {
                     let v: Value = serde_json::from_str(text.value(row))
                         .map_err(|e| format!("column {name:?} is not JSON messages ({e})"))?;
-                    messages_from_json(&v)
+                    let mut images = Vec::new();
+                    let m = messages_from_json(&v, &mut images)?;
+                    match images.is_empty() {
+                        true => Ok(m),
+                        false => Err(format!(
+                            "column {name:?}: image parts are read from JSONL sources only"
+                        )),
+                    }
                 })
                 .collect())
         }
@@ -428,6 +579,102 @@ mod tests {
         cfg.separator = Some("\n\n".into());
         let err = read_source(&cfg, &t, None).unwrap_err().to_string();
         assert!(err.contains("big.txt (document 2): document of"), "{err}");
+    }
+
+    fn write_png(path: &Path, w: u32, h: u32) {
+        let mut out = Vec::new();
+        let mut enc = png::Encoder::new(&mut out, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut writer = enc.write_header().unwrap();
+        writer
+            .write_image_data(&vec![90; (w * h * 3) as usize])
+            .unwrap();
+        writer.finish().unwrap();
+        std::fs::write(path, out).unwrap();
+    }
+
+    #[test]
+    fn image_records_resolve_their_images_beside_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("pics")).unwrap();
+        write_png(&dir.path().join("pics/a.png"), 4, 3);
+        std::fs::write(
+            dir.path().join("pics/b.jpg"),
+            [0xff, 0xd8, 0xff, 0xe0, 0, 16],
+        )
+        .unwrap();
+        let p = dir.path().join("img.jsonl");
+        let chat = r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "Compare "}, {"type": "image", "image": "pics/a.png"}, {"type": "image", "image": "pics/b.jpg"}]}, {"role": "assistant", "content": "Same."}]}"#;
+        std::fs::write(
+            &p,
+            format!("{{\"image\": \"pics/a.png\", \"text\": \"grey\"}}\n{chat}\n{{\"text\": \"plain\"}}\n"),
+        )
+        .unwrap();
+        let d = read_source(&src(&p), &p, None).unwrap();
+        let r = &d.records;
+        assert_eq!(r[0].content, Content::Text(format!("{MEDIA_MARKER}\ngrey")));
+        assert_eq!(r[0].images.len(), 1);
+        assert_eq!(r[0].images[0].path, dir.path().join("pics/a.png"));
+        let Content::Chat(m) = &r[1].content else {
+            panic!("not chat")
+        };
+        assert_eq!(
+            m[0].content,
+            format!("Compare {MEDIA_MARKER}{MEDIA_MARKER}")
+        );
+        let names: Vec<&str> = r[1].images.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["pics/a.png", "pics/b.jpg"]);
+        assert_eq!(r[1].images[0].sha256, r[0].images[0].sha256);
+        assert!(r[2].images.is_empty());
+    }
+
+    #[test]
+    fn a_missing_or_unreadable_image_is_named_with_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img.jsonl");
+        let check = |records: &str, expect: &[&str]| {
+            std::fs::write(&p, records).unwrap();
+            let err = read_source(&src(&p), &p, None).unwrap_err().to_string();
+            for e in expect {
+                assert!(err.contains(e), "{err} lacks {e}");
+            }
+        };
+        let ok = "{\"text\": \"fine\"}\n";
+        check(
+            &format!("{ok}{{\"image\": \"gone.png\", \"text\": \"x\"}}\n"),
+            &["img.jsonl:2: image \"gone.png\": cannot read", "gone.png"],
+        );
+        std::fs::write(dir.path().join("cut.png"), b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").unwrap();
+        check(
+            &format!("{ok}{ok}{{\"image\": [\"cut.png\"], \"text\": \"x\"}}\n"),
+            &["img.jsonl:3: image \"cut.png\"", "not a readable PNG"],
+        );
+        std::fs::write(dir.path().join("notes.png"), b"hello").unwrap();
+        let part = r#"{"messages": [{"role": "user", "content": [{"type": "image", "image": "notes.png"}]}]}"#;
+        check(
+            &format!("{part}\n"),
+            &[
+                "img.jsonl:1: image \"notes.png\"",
+                "not a PNG or JPEG image",
+            ],
+        );
+        write_png(&dir.path().join("ok.png"), 2, 2);
+        check(
+            "{\"image\": \"ok.png\", \"text\": \"a <__media__> b\"}\n",
+            &["img.jsonl:1:", "holds the media marker"],
+        );
+        check(
+            r#"{"messages": [{"role": "system", "content": "see <__media__>"}, {"role": "user", "content": [{"type": "image", "image": "ok.png"}]}]}"#,
+            &["img.jsonl:1:", "holds the media marker"],
+        );
+        check(
+            r#"{"messages": [{"role": "user", "content": [{"type": "video", "video": "ok.png"}]}]}"#,
+            &[
+                "img.jsonl:1: message 1: content part 1:",
+                "neither \"text\" nor \"image\"",
+            ],
+        );
     }
 
     #[test]

@@ -468,3 +468,24 @@ async fn same_inputs_reuse_the_corpus_and_changed_inputs_refuse_to_overwrite() {
         forced.manifest
     );
 }
+
+#[test]
+fn an_image_record_is_refused_until_images_are_tokenized_through_mtmd() {
+    let f = Fixture::new();
+    let en = f.dir.path().join("en.jsonl");
+    let mut text = std::fs::read_to_string(&en).unwrap();
+    text += "{\"image\": \"pic.jpg\", \"text\": \"a picture\", \"topic\": \"t0\"}\n";
+    std::fs::write(&en, text).unwrap();
+    std::fs::write(f.dir.path().join("pic.jpg"), [0xff, 0xd8, 0xff, 0xe0]).unwrap();
+    let err = prepare(
+        &f.config("model.gguf", [0.4, 0.2, 0.4]),
+        &ByteTokenizer,
+        "m",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("en.jsonl:41: carries image \"pic.jpg\"") && err.contains("not implemented"),
+        "{err}"
+    );
+}

@@ -25,8 +25,14 @@ struct Cli {
 enum Command {
     /// Write a deterministic MoE GGUF model that llama.cpp loads and runs.
     SynthModel(SynthArgs),
+    /// Write a deterministic mmproj GGUF (vision encoder + projector) that
+    /// llama.cpp's mtmd loads beside a text model.
+    SynthMmproj(SynthMmprojArgs),
     /// Write a deterministic three-domain corpus (prose, code, chat) of a given size.
     SynthCorpus(SynthCorpusArgs),
+    /// Write the bundled image sample (small generated PNGs and their
+    /// records) into a directory.
+    SynthImages(SynthImagesArgs),
     /// Measure a chunk range of a tokenized corpus and write a partial (no network).
     Collect(collect::CollectArgs),
     /// Evaluate pruned candidates against the base model on a chunk range (no network).
@@ -58,6 +64,26 @@ struct SynthArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct SynthMmprojArgs {
+    /// The text model the projector feeds (its hidden size is the projector's output width).
+    #[arg(long)]
+    model: std::path::PathBuf,
+    /// Output GGUF path.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// Seed of every random weight.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct SynthImagesArgs {
+    /// Output directory (`images.jsonl` and `images/`).
+    #[arg(long)]
+    out: std::path::PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
 struct SynthCorpusArgs {
     /// Output directory (one file per domain).
     #[arg(long)]
@@ -69,6 +95,20 @@ struct SynthCorpusArgs {
     /// Seed of the generated documents.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+fn synth_mmproj(a: &SynthMmprojArgs) -> anyhow::Result<()> {
+    use crate::synth::mmproj;
+    let spec = mmproj::MmprojSpec::tiny(mmproj::text_hidden_size(&a.model)?);
+    mmproj::write_mmproj(&spec, a.seed, &a.out)?;
+    println!(
+        "wrote mmproj (seed {}, {} positions per image, output width {}) to {}",
+        a.seed,
+        spec.positions_per_image(),
+        spec.n_embd_text,
+        a.out.display()
+    );
+    Ok(())
 }
 
 /// Parses the command line, runs the subcommand and maps errors to the exit code.
@@ -95,6 +135,7 @@ pub fn main() -> ExitCode {
                 );
             })
         }
+        Command::SynthMmproj(a) => synth_mmproj(&a),
         Command::SynthCorpus(a) => {
             crate::synth::corpus::write_corpus(&a.out, a.chars, a.seed).map(|()| {
                 println!(
@@ -104,6 +145,14 @@ pub fn main() -> ExitCode {
                 )
             })
         }
+        Command::SynthImages(a) => crate::synth::images::write_images(&a.out).map(|()| {
+            println!(
+                "wrote {} and {}/ to {}",
+                crate::synth::images::RECORDS,
+                crate::synth::images::DIR,
+                a.out.display()
+            )
+        }),
         Command::Collect(a) => collect::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Quantize(a) => quantize::run(a),

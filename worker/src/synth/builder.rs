@@ -2,7 +2,7 @@
 //! stream per tensor name, so a tensor's values depend on the seed and its
 //! name only.
 
-use super::weights::encode_into;
+use super::weights::{random_matrix, random_vector};
 use super::Spec;
 use common::gguf::GgufWriter;
 use common::splitmix::SplitMix64;
@@ -19,18 +19,9 @@ impl Builder<'_> {
     /// 1/sqrt(n_in), drawn and encoded a piece at a time (a real-vocabulary
     /// embedding is 300-500M values: 1-2 GB as f32).
     pub fn matrix(&mut self, name: &str, dims: &[usize], gain: f32) {
-        const PIECE: usize = 32 * 1024;
-        let n: usize = dims.iter().product();
         let scale = gain * (3.0 / dims[0] as f32).sqrt();
-        let mut rng = SplitMix64::for_stream(self.seed, name);
         let ty = self.spec.weight_type;
-        let mut data = Vec::with_capacity(ty.bytes_for(n));
-        let mut piece = Vec::with_capacity(PIECE);
-        for start in (0..n).step_by(PIECE) {
-            piece.clear();
-            piece.extend((start..n.min(start + PIECE)).map(|_| rng.symmetric_f32() * scale));
-            encode_into(&piece, ty, &mut data);
-        }
+        let data = random_matrix(self.seed, name, dims, scale, ty);
         let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         self.g.tensor(name, &dims64, ty, data);
     }
@@ -43,10 +34,7 @@ impl Builder<'_> {
     /// An f32 vector `center + spread * u`, `u` uniform in [-1, 1): biases,
     /// norms, per-head constants.
     pub fn vector(&mut self, name: &str, n: usize, center: f32, spread: f32) {
-        let mut rng = SplitMix64::for_stream(self.seed, name);
-        let values: Vec<f32> = (0..n)
-            .map(|_| center + spread * rng.symmetric_f32())
-            .collect();
+        let values = random_vector(self.seed, name, n, center, spread);
         self.g.tensor_f32(name, &[n as u64], &values);
     }
 

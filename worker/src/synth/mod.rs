@@ -29,12 +29,15 @@
 //!   so the output head and logits rows have their real size (benchmarks).
 //!
 //! [`chunks`] makes synthetic token chunks for the benchmarks; [`corpus`]
-//! a synthetic text corpus.
+//! a synthetic text corpus; [`images`] the bundled image sample; [`mmproj`] a vision encoder and projector that
+//! mtmd loads beside a generated model.
 
 mod builder;
 pub mod chunks;
 pub mod corpus;
+pub mod images;
 mod layout;
+pub mod mmproj;
 mod vocab;
 mod weights;
 
@@ -418,14 +421,20 @@ pub fn write_model_with(
     o: Overrides,
     path: &Path,
 ) -> anyhow::Result<()> {
-    let model = build_model(preset, seed, o);
+    write_gguf(&build_model(preset, seed, o), path)
+}
+
+/// Writes `g` to `path` atomically (a temporary file renamed), creating
+/// the parent directory; the file is written from the encoded tensors,
+/// never copied whole into one buffer.
+fn write_gguf(g: &GgufWriter, path: &Path) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let tmp = path.with_extension("gguf.partial");
     let written = std::fs::File::create(&tmp).and_then(|f| {
         let mut w = std::io::BufWriter::new(f);
-        model.write(&mut w)?;
+        g.write(&mut w)?;
         w.into_inner().map_err(|e| e.into_error())?.sync_all()
     });
     written.with_context(|| format!("writing {}", tmp.display()))?;

@@ -1,6 +1,34 @@
 //! Deterministic random weights and their GGUF encodings (f32, f16, Q8_0).
 
 use common::gguf::TensorType;
+use common::splitmix::SplitMix64;
+
+/// The encoding in `ty` of a tensor of `dims` elements uniform in
+/// `[-scale, scale)`, drawn from the stream of `(seed, name)` and encoded a
+/// piece at a time (a real-vocabulary embedding is 300-500M values: 1-2 GB
+/// as f32).
+pub fn random_matrix(seed: u64, name: &str, dims: &[usize], scale: f32, ty: TensorType) -> Vec<u8> {
+    const PIECE: usize = 32 * 1024;
+    let n: usize = dims.iter().product();
+    let mut rng = SplitMix64::for_stream(seed, name);
+    let mut data = Vec::with_capacity(ty.bytes_for(n));
+    let mut piece = Vec::with_capacity(PIECE);
+    for start in (0..n).step_by(PIECE) {
+        piece.clear();
+        piece.extend((start..n.min(start + PIECE)).map(|_| rng.symmetric_f32() * scale));
+        encode_into(&piece, ty, &mut data);
+    }
+    data
+}
+
+/// `n` values `center + spread * u`, `u` uniform in [-1, 1), from the
+/// stream of `(seed, name)`: biases, norms, per-head constants.
+pub fn random_vector(seed: u64, name: &str, n: usize, center: f32, spread: f32) -> Vec<f32> {
+    let mut rng = SplitMix64::for_stream(seed, name);
+    (0..n)
+        .map(|_| center + spread * rng.symmetric_f32())
+        .collect()
+}
 
 /// Converts an f32 to IEEE half precision bits (round to nearest even).
 pub fn f32_to_f16(v: f32) -> u16 {

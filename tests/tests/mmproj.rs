@@ -1,0 +1,208 @@
+//! The generated mmproj through llama.cpp's real mtmd (issue #25): it loads
+//! beside a generated MoE text model, a chat prompt with one image tokenizes
+//! into the positions the clip geometry implies, and decoding the chunks with
+//! mtmd's helper gives finite logits that depend on the image. The bundled
+//! image sample is the generator's output and every picture in it decodes
+//! through mtmd into those positions.
+
+use common::gguf_read::GgufReader;
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
+use llama_cpp_2::mtmd::{
+    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType,
+    MtmdInputText,
+};
+use std::ffi::CString;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use worker::synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
+use worker::synth::Preset;
+
+/// llama.cpp's backend, shared by the tests (the coordinator's: llama.cpp
+/// and mtmd log lines go to `tracing`, shown only with `RUST_LOG`).
+fn backend() -> &'static LlamaBackend {
+    coordinator::corpus::tokenizer::backend().unwrap()
+}
+
+fn mtmd_params() -> MtmdContextParams {
+    MtmdContextParams {
+        use_gpu: false,
+        print_timings: false,
+        n_threads: 2,
+        media_marker: CString::new(mtmd_default_marker()).unwrap(),
+        image_min_tokens: -1,
+        image_max_tokens: -1,
+    }
+}
+
+/// A generated tiny MoE model and its generated mmproj in `dir`.
+fn model_and_mmproj(dir: &Path) -> (PathBuf, PathBuf) {
+    let model = fixtures::model(dir, Preset::Tiny);
+    let spec = MmprojSpec::tiny(text_hidden_size(&model).unwrap());
+    let mmproj = dir.join("mmproj.gguf");
+    write_mmproj(&spec, 0, &mmproj).unwrap();
+    (model, mmproj)
+}
+
+/// A deterministic 40x24 RGB picture (not square: mtmd resizes and pads it).
+fn picture(seed: u8) -> (u32, u32, Vec<u8>) {
+    let (w, h) = (40u32, 24u32);
+    let mut rgb = Vec::with_capacity((w * h * 3) as usize);
+    for y in 0..h {
+        for x in 0..w {
+            let v = (x * 6) as u8 ^ (y * 10) as u8;
+            rgb.extend([
+                v.wrapping_add(seed),
+                255 - v,
+                seed.wrapping_mul(3) ^ (y as u8),
+            ]);
+        }
+    }
+    (w, h, rgb)
+}
+
+/// Positions per image from the mmproj file itself (image and patch size),
+/// read with this project's GGUF reader, not mtmd.
+fn geometry_positions(mmproj: &Path) -> usize {
+    let r = GgufReader::open(mmproj).unwrap();
+    let key = |k: &str| r.header.get(k).and_then(|v| v.as_u64()).unwrap() as usize;
+    let side = key("clip.vision.image_size") / key("clip.vision.patch_size");
+    // The position embedding has one row per patch: the encoder's own count.
+    let pos = r.header.tensor("v.position_embd.weight").unwrap();
+    assert_eq!(pos.dims[1] as usize, side * side);
+    side * side
+}
+
+#[test]
+fn generated_mmproj_runs_through_mtmd_beside_a_moe_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model_path, mmproj) = model_and_mmproj(dir.path());
+    let per_image = geometry_positions(&mmproj);
+    assert_eq!(per_image, 16);
+
+    let backend = backend();
+    let model =
+        LlamaModel::load_from_file(backend, &model_path, &LlamaModelParams::default()).unwrap();
+    let mut mtmd = MtmdContext::init_from_file(mmproj.to_str().unwrap(), &model, &mtmd_params())
+        .expect("mtmd loads the generated mmproj beside the text model");
+    assert!(mtmd.support_vision());
+    assert!(!mtmd.decode_use_mrope() && !mtmd.decode_use_non_causal());
+
+    let template = model.chat_template(None).unwrap();
+    let user = format!("{}\nWhat is in the picture?", mtmd_default_marker());
+    let chat = [LlamaChatMessage::new("user".into(), user).unwrap()];
+    let prompt = model.apply_chat_template(&template, &chat, true).unwrap();
+    assert!(prompt.contains(mtmd_default_marker()), "{prompt}");
+
+    let mut last_logits = Vec::new();
+    for seed in [0u8, 101] {
+        let (w, h, rgb) = picture(seed);
+        let bitmap = MtmdBitmap::from_image_data(w, h, &rgb).unwrap();
+        let text = MtmdInputText {
+            text: prompt.clone(),
+            add_special: true,
+            parse_special: true,
+        };
+        let chunks = mtmd.tokenize(text, &[&bitmap]).unwrap();
+        let kinds: Vec<MtmdInputChunkType> = (0..chunks.len())
+            .map(|i| chunks.get(i).unwrap().chunk_type())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                MtmdInputChunkType::Text,
+                MtmdInputChunkType::Image,
+                MtmdInputChunkType::Text
+            ]
+        );
+        let image = chunks.get(1).unwrap();
+        assert_eq!(image.n_tokens(), per_image, "image tokens mtmd reports");
+        assert_eq!(image.n_positions() as usize, per_image, "image positions");
+        let text_tokens: usize = [0, 2]
+            .iter()
+            .map(|&i| chunks.get(i).unwrap().text_tokens().unwrap().len())
+            .sum();
+        assert_eq!(chunks.total_tokens(), text_tokens + per_image);
+        assert_eq!(chunks.total_positions() as usize, text_tokens + per_image);
+
+        let ctx_params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(256))
+            .with_n_batch(64)
+            .with_n_threads(2)
+            .with_n_threads_batch(2);
+        let mut ctx = model.new_context(backend, ctx_params).unwrap();
+        let n_past = chunks
+            .eval_chunks(&mut mtmd, &mut ctx, 0, 0, 64, true)
+            .expect("mtmd's helper encodes the image and decodes every chunk");
+        assert_eq!(n_past, chunks.total_positions());
+        let logits = ctx.get_logits().to_vec();
+        assert!(!logits.is_empty() && logits.iter().all(|v| v.is_finite()));
+        last_logits.push(logits);
+    }
+    // The image reaches the text model: another picture, other logits.
+    assert_ne!(last_logits[0], last_logits[1]);
+}
+
+/// `configs/sample_images` in the repository.
+fn sample_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sample_images")
+}
+
+#[test]
+fn the_bundled_image_sample_is_the_generators_output() {
+    for (name, bytes) in worker::synth::images::files().unwrap() {
+        let committed = std::fs::read(sample_dir().join(&name)).unwrap();
+        assert!(
+            committed == bytes,
+            "{name} differs from `worker synth-images --out configs/sample_images`"
+        );
+    }
+}
+
+#[test]
+fn every_bundled_image_decodes_through_mtmd_into_the_geometry_positions() {
+    use coordinator::config::SourceConfig;
+    use coordinator::corpus::source::{read_source, MEDIA_MARKER};
+    let path = sample_dir().join(worker::synth::images::RECORDS);
+    let cfg = SourceConfig {
+        path: path.clone(),
+        format: None,
+        text_field: "text".into(),
+        messages_field: "messages".into(),
+        separator: None,
+    };
+    let records = read_source(&cfg, &path, Some("topic")).unwrap().records;
+    assert_eq!(records.len(), 7);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (model_path, mmproj) = model_and_mmproj(dir.path());
+    let per_image = geometry_positions(&mmproj);
+    let params = LlamaModelParams::default().with_vocab_only(true);
+    let model = LlamaModel::load_from_file(backend(), &model_path, &params).unwrap();
+    let mtmd =
+        MtmdContext::init_from_file(mmproj.to_str().unwrap(), &model, &mtmd_params()).unwrap();
+    let mut n_images = 0;
+    for r in &records {
+        assert!(!r.images.is_empty(), "{}", r.at);
+        for image in &r.images {
+            let bitmap = MtmdBitmap::from_file(&mtmd, image.path.to_str().unwrap(), false)
+                .unwrap_or_else(|e| panic!("{}: {e}", image.path.display()));
+            let text = MtmdInputText {
+                text: MEDIA_MARKER.into(),
+                add_special: false,
+                parse_special: true,
+            };
+            let chunks = mtmd.tokenize(text, &[&bitmap]).unwrap();
+            let image_chunks: Vec<usize> = (0..chunks.len())
+                .filter_map(|i| chunks.get(i))
+                .filter(|c| c.chunk_type() == MtmdInputChunkType::Image)
+                .map(|c| c.n_tokens())
+                .collect();
+            assert_eq!(image_chunks, [per_image], "{}", image.name);
+            n_images += 1;
+        }
+    }
+    assert_eq!(n_images, 8);
+}
