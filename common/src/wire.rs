@@ -321,6 +321,7 @@ pub enum ToCoordinator {
     /// exactly theirs.
     Checkpoint {
         /// The leases it covers, each once.
+        #[serde(with = "lease_list")]
         leases: Vec<LeaseId>,
         /// The encoded result (staged when large).
         partial: PartialRef,
@@ -329,6 +330,34 @@ pub enum ToCoordinator {
         /// Wall time the worker spent on these leases.
         elapsed_ms: u64,
     },
+}
+
+/// A list of lease ids on the wire as one byte string of little-endian
+/// `u64`s: its length is claimed in bytes, which the decoder's limit bounds
+/// before allocating, where a sequence's claimed element count would let a
+/// few bytes reserve a megabyte.
+mod lease_list {
+    use super::LeaseId;
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(ids: &[LeaseId], s: S) -> Result<S::Ok, S::Error> {
+        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.0.to_le_bytes()).collect();
+        serde_bytes::serialize(&bytes, s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<LeaseId>, D::Error> {
+        let bytes = serde_bytes::ByteBuf::deserialize(d)?;
+        if bytes.len() % 8 != 0 {
+            return Err(D::Error::custom(format!(
+                "a lease list of {} bytes is not a whole number of 8-byte ids",
+                bytes.len()
+            )));
+        }
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|c| LeaseId(u64::from_le_bytes(c.try_into().expect("8 bytes"))))
+            .collect())
+    }
 }
 
 impl ToCoordinator {

@@ -94,6 +94,15 @@ fn seeds() -> Vec<Vec<u8>> {
             sha256: "cd".repeat(32),
             elapsed_ms: 1,
         },
+        ToCoordinator::Computed {
+            lease_id: LeaseId(6),
+        },
+        ToCoordinator::Checkpoint {
+            leases: vec![LeaseId(6), LeaseId(7), LeaseId(u64::MAX)],
+            partial: PartialRef::Stored("partials/part-00000000-00000012.bin".into()),
+            sha256: "ef".repeat(32),
+            elapsed_ms: 40,
+        },
         ToCoordinator::Failed {
             lease_id: LeaseId(5),
             reason: "out of memory".into(),
