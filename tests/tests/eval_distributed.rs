@@ -177,6 +177,39 @@ async fn one_and_three_workers_give_byte_identical_results_and_keep_all_costs_no
     assert_eq!(merged.n_chunks(), u64::from(N_CHUNKS));
 }
 
+/// Worker-side aggregation changes no bit of an evaluation: with
+/// checkpoints of 3 leases, 1 and 3 workers give the per-lease run's summary
+/// and merged partial, and one worker stores fewer partials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpointed_evaluations_give_the_results_of_per_lease_ones() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let per_lease = setup(&d.path().join("per-lease"), &model).await;
+    assert_eq!(
+        per_lease.base.run.checkpoint_leases, 1,
+        "the default ships every lease"
+    );
+    eval(&per_lease, 1, Arc::default()).await.unwrap();
+    let is_partial = |n: &str| n.starts_with("eval/partials/");
+    let merged = |r: BTreeMap<String, Vec<u8>>| -> BTreeMap<String, Vec<u8>> {
+        r.into_iter().filter(|(n, _)| !is_partial(n)).collect()
+    };
+    let expected = merged(results(&per_lease.base.store).await);
+    assert!(expected.contains_key(names::SUMMARY_PARQUET) && expected.contains_key(names::MERGED));
+    for count in [1, 3] {
+        let mut s = setup(&d.path().join(format!("checkpoints-{count}")), &model).await;
+        s.base.run.checkpoint_leases = 3;
+        let o = eval(&s, count, Arc::default()).await.unwrap();
+        assert_eq!((o.units, o.computed), (4, 4), "{count} workers");
+        let got = results(&s.base.store).await;
+        let partials = got.keys().filter(|n| is_partial(n)).count();
+        if count == 1 {
+            assert_eq!(partials, 2, "4 leases in checkpoints of 3: 3, then 1");
+        }
+        assert_eq!(merged(got), expected, "{count} workers");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_eval_loses_nothing_and_resume_reuses_stored_partials() {
     let d = tempfile::tempdir().unwrap();
