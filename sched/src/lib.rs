@@ -624,9 +624,15 @@ impl Scheduler {
 
     /// The chunks of a lease this worker holds or held.
     pub fn lease_range(&self, lease: LeaseId, worker: WorkerId) -> Option<ChunkRange> {
+        self.lease_of(lease, worker)
+            .map(|(unit, _)| self.units[unit].range)
+    }
+
+    /// The unit and identity of `lease` when `worker` holds or held it.
+    fn lease_of(&self, lease: LeaseId, worker: WorkerId) -> Option<(usize, Identity)> {
         match (self.leases.get(&lease), self.retired.get(&lease)) {
-            (Some(l), _) if l.worker == worker => Some(self.units[l.unit].range),
-            (_, Some(&(unit, w, _))) if w == worker => Some(self.units[unit].range),
+            (Some(l), _) if l.worker == worker => Some((l.unit, l.identity)),
+            (_, Some(&(unit, w, identity))) if w == worker => Some((unit, identity)),
             _ => None,
         }
     }
@@ -682,18 +688,16 @@ impl Scheduler {
         if let [lease] = leases {
             return self.complete(*lease, worker, sha256, now);
         }
-        if leases.is_empty() || self.lease_ranges(leases, worker).is_none() {
+        let Some(ranges) = self.lease_ranges(leases, worker).filter(|r| !r.is_empty()) else {
             return Completion::Unknown;
-        }
+        };
         if let Err(SchedError::Quarantined { .. }) = self.heartbeat(worker, now) {
             return Completion::Unknown;
         }
         let mut taken = Vec::with_capacity(leases.len());
         for &lease in leases {
-            let (unit, identity) = match (self.leases.get(&lease), self.retired.get(&lease)) {
-                (Some(l), _) => (l.unit, l.identity),
-                (_, Some(&(unit, _, i))) => (unit, i),
-                _ => return Completion::Unknown,
+            let Some((unit, identity)) = self.lease_of(lease, worker) else {
+                return Completion::Unknown;
             };
             if self.quarantine_reason(identity).is_some() {
                 return Completion::Unknown;
@@ -703,7 +707,6 @@ impl Scheduler {
         for &(lease, _, identity) in &taken {
             self.take(lease, worker, identity);
         }
-        let ranges: Vec<ChunkRange> = taken.iter().map(|t| self.units[t.1].range).collect();
         let whole = taken.iter().all(|t| {
             let u = &self.units[t.1];
             u.needed == 1 && matches!(u.state, UnitState::Pending | UnitState::Leased(_))
