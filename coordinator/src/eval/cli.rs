@@ -1,15 +1,17 @@
 //! `coordinator eval RUN --keep-maps A,B,...`: the run's settings and model
 //! from its manifest, local or joined workers, then [`super::evaluate`].
 
-use super::{evaluate, job, print_outcome, EvalSettings, EvalSetup};
+use super::{evaluate, job, print_outcome, EvalOutcome, EvalSettings, EvalSetup};
 use crate::config::Config;
 use crate::corpus::manifest::RunManifest;
 use crate::run::local::{worker_binary, LocalWorkers};
 use crate::run::{read_index, RunSetup};
 use anyhow::Context;
 use clap::Args;
+use common::layout::EvalLayout;
 use common::store::RunStore;
-use std::path::PathBuf;
+use common::wire::EvalJob;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Arguments of `coordinator eval`.
@@ -75,25 +77,54 @@ pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
             ..EvalSettings::default()
         };
         let (model_sha256, job) = job(&store, &model, &settings).await?;
-        let setup = EvalSetup {
-            base: RunSetup {
-                store: store.clone(),
-                index: read_index(&store).await?,
-                model_sha256,
-                model_path: model.clone(),
-                run: config.run.clone(),
-                cluster: config.cluster.clone(),
-            },
-            job,
-            out: common::layout::EVAL,
+        let base = Base {
+            path: &model,
+            sha256: model_sha256,
         };
-        let local = (args.local_workers > 0)
-            .then(|| local_workers(&config, &model, args.local_workers))
-            .transpose()?;
-        let outcome = evaluate(&setup, |l| start_workers(local.as_ref(), l)).await?;
-        print_outcome(&store, &outcome).await;
+        let out = common::layout::EVAL;
+        evaluate_recorded(&store, &config, base, job, out, args.local_workers).await?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The base model of an evaluation: its path and SHA-256.
+pub(crate) struct Base<'a> {
+    /// The GGUF workers load.
+    pub path: &'a Path,
+    /// Its SHA-256 (hex), which every worker's model must match.
+    pub sha256: String,
+}
+
+/// Evaluates `job` on the run `store` recorded with `config` (its `[run]`
+/// and `[cluster]`), its objects under `out`, with `local_count` local
+/// workers (0: waits for workers to join); prints the evaluation's table.
+/// `coordinator eval` and `coordinator ship` both run through it.
+pub(crate) async fn evaluate_recorded(
+    store: &RunStore,
+    config: &Config,
+    base: Base<'_>,
+    job: EvalJob,
+    out: EvalLayout,
+    local_count: u32,
+) -> anyhow::Result<EvalOutcome> {
+    let setup = EvalSetup {
+        base: RunSetup {
+            store: store.clone(),
+            index: read_index(store).await?,
+            model_sha256: base.sha256,
+            model_path: base.path.to_path_buf(),
+            run: config.run.clone(),
+            cluster: config.cluster.clone(),
+        },
+        job,
+        out,
+    };
+    let local = (local_count > 0)
+        .then(|| local_workers(config, base.path, local_count))
+        .transpose()?;
+    let outcome = evaluate(&setup, |l| start_workers(local.as_ref(), l)).await?;
+    print_outcome(store, &outcome).await;
+    Ok(outcome)
 }
 
 /// `count` local workers of the run's config on `model`.

@@ -7,9 +7,8 @@
 //! second ship of the same files resumes every stored eval partial.
 
 use super::spec::Candidate;
-use crate::eval::cli::{local_workers, recorded, start_workers};
-use crate::eval::{check_base, evaluate, print_outcome, EvalSetup};
-use crate::run::{read_index, RunSetup};
+use crate::eval::check_base;
+use crate::eval::cli::{evaluate_recorded, recorded, Base};
 use anyhow::Context;
 use common::eval::summary::parse_splits;
 use common::eval::EvalSummary;
@@ -53,28 +52,17 @@ pub async fn measure(
             config.eval.split
         )
     })?;
-    let model_sha256 = check_base(store, base).await?;
-    let setup = EvalSetup {
-        base: RunSetup {
-            store: store.clone(),
-            index: read_index(store).await?,
-            model_sha256,
-            model_path: base.to_path_buf(),
-            run: config.run.clone(),
-            cluster: config.cluster.clone(),
-        },
-        job: EvalJob {
-            candidates,
-            skip_first: config.eval.skip_first,
-            splits,
-        },
-        out: common::layout::SHIP_EVAL,
+    let base = Base {
+        path: base,
+        sha256: check_base(store, base).await?,
     };
-    let local = (local_count > 0)
-        .then(|| local_workers(&config, base, local_count))
-        .transpose()?;
-    let outcome = evaluate(&setup, |l| start_workers(local.as_ref(), l)).await?;
-    print_outcome(store, &outcome).await;
+    let job = EvalJob {
+        candidates,
+        skip_first: config.eval.skip_first,
+        splits,
+    };
+    let out = common::layout::SHIP_EVAL;
+    let outcome = evaluate_recorded(store, &config, base, job, out, local_count).await?;
     Ok(outcome.summary)
 }
 
