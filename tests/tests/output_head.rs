@@ -200,3 +200,68 @@ fn the_device_comparison_agrees_with_the_f64_host_path() {
         }
     }
 }
+
+/// A worker keeps its llama.cpp context from one lease to the next (so its
+/// vocabulary-wide output buffers are allocated once): its next lease gives
+/// what a fresh collector or evaluator gives for the same chunks, bit for
+/// bit, and counts only its own backend-to-host bytes.
+#[test]
+fn a_workers_next_lease_on_its_kept_context_equals_a_fresh_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunks = fixtures::chunks(4, N_CTX);
+    let index = fixtures::write_corpus(&dir.path().join("run"), &chunks, N_CTX);
+    let (first, next) = chunks.split_at(2);
+    let model = fixtures::model(dir.path(), Preset::Tiny);
+    for reduce in [Reduce::Host, Reduce::Device] {
+        let opts = CollectOptions {
+            n_ubatch: 32,
+            threads: 2,
+            trace_every: 1,
+            trace_top_n: 8,
+            decode_tokens: 3,
+            decode_prompt: 6,
+            reduce,
+            ..Default::default()
+        };
+        let load = || worker::collect::Collector::load(&model, opts.clone()).unwrap();
+        let mut worker = load();
+        worker.run(&index, first, &mut |_, _| {}).unwrap();
+        let kept = worker.run(&index, next, &mut |_, _| {}).unwrap();
+        let fresh = load().run(&index, next, &mut |_, _| {}).unwrap();
+        assert_eq!(
+            kept.partial.to_bytes(),
+            fresh.partial.to_bytes(),
+            "{reduce:?}"
+        );
+        let (k, f) = (kept.partial.backend_to_host, fresh.partial.backend_to_host);
+        assert_eq!(
+            (k.tokens, k.bytes),
+            (f.tokens, f.bytes),
+            "{reduce:?}: bytes"
+        );
+        assert!(k.bytes > 0, "{reduce:?}");
+        assert_eq!(kept.trace, fresh.trace, "{reduce:?}: trace");
+        assert!(!kept.decode_trace.is_empty(), "{reduce:?}: no decode trace");
+        assert_eq!(kept.decode_trace, fresh.decode_trace, "{reduce:?}");
+    }
+    let other = dir.path().join("other_K8.gguf");
+    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    let cands = worker::eval::candidates::from_files(&[other]).unwrap();
+    for compare in [Compare::Host, Compare::Device] {
+        let opts = EvalOptions {
+            n_ubatch: 16,
+            threads: 2,
+            compare,
+            ..EvalOptions::default()
+        };
+        let load = || Evaluator::load(&model, &cands, opts.clone()).unwrap();
+        let mut worker = load();
+        worker.run(&index, first, &mut |_, _| {}).unwrap();
+        let kept = worker.run(&index, next, &mut |_, _| {}).unwrap();
+        let fresh = load().run(&index, next, &mut |_, _| {}).unwrap();
+        assert_eq!(kept.partial, fresh.partial, "{compare:?}");
+        assert!(kept.partial.candidates[0].tokens.iter().any(|t| t.kl > 0.0));
+        assert_eq!(kept.cost.bytes, fresh.cost.bytes, "{compare:?}: bytes");
+        assert_eq!(kept.cost.comparisons, fresh.cost.comparisons);
+    }
+}

@@ -11,7 +11,9 @@
 //! chunk as the collector does), `forward, last token` (an output on the
 //! last token of each micro-batch only: the output head on one row, so
 //! `forward` minus it is the head's cost), `collect` (REAP statistics +
-//! imatrix; the head skipped, issue #22), `collect + trace` (and routing
+//! imatrix; the head skipped, issue #22; timed on a worker's first lease,
+//! which makes the llama.cpp context, and on its next lease, which reuses
+//! it), `collect + trace` (and routing
 //! traces), `collect with the head` (the output head computed and its
 //! logits copied, as before issue #22; same statistics bit for bit).
 //!
@@ -206,11 +208,20 @@ fn main() -> anyhow::Result<()> {
                 ..Default::default()
             };
             let mut collector = Collector::load(&path, opts)?;
-            let (t, c0) = (Instant::now(), cpu());
-            let collected = collector.run(&index, &chunks, &mut |_, _| {})?;
-            best[mode] = best[mode].min(t.elapsed().as_secs_f64());
-            best_cpu[mode] = best_cpu[mode].min(cpu() - c0);
-            crossed[mode] = collected.partial.backend_to_host;
+            // `collect` runs twice on one collector: a worker's first lease
+            // makes the llama.cpp context, its next lease reuses it.
+            let leases: &[usize] = if mode == COLLECT {
+                &[COLLECT, COLLECT_NEXT]
+            } else {
+                &[mode]
+            };
+            for &lease in leases {
+                let (t, c0) = (Instant::now(), cpu());
+                let collected = collector.run(&index, &chunks, &mut |_, _| {})?;
+                best[lease] = best[lease].min(t.elapsed().as_secs_f64());
+                best_cpu[lease] = best_cpu[lease].min(cpu() - c0);
+                crossed[lease] = collected.partial.backend_to_host;
+            }
             shape = Some(collector.shape().clone());
         }
     }
@@ -249,25 +260,34 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// The output head's share of a forward pass and issue #22's goal against
-/// it, from one column of best seconds per mode.
+/// it (for a first lease and a next one), from one column of best seconds
+/// per mode.
 fn head_goal(best: &[f64; MODES.len()]) -> String {
     let head = best[FORWARD] - best[FORWARD_LAST];
     let goal = best[FORWARD] - 0.8 * head;
+    let against = |mode: usize| {
+        format!(
+            "{:.3} s ({}, saves {:.0}% of the head's cost against forward)",
+            best[mode],
+            if best[mode] <= goal { "met" } else { "NOT met" },
+            100.0 * (best[FORWARD] - best[mode]) / head,
+        )
+    };
     format!(
-        "output head's share of a forward pass: (forward - forward, last token) / forward = {:.1}%; goal: collect <= forward - 0.8 x head = {goal:.3} s; collect {:.3} s ({}), saves {:.0}% of the head's cost against forward, {:.0}% against collect with the head",
+        "output head's share of a forward pass: (forward - forward, last token) / forward = {:.1}%; goal: collect <= forward - 0.8 x head = {goal:.3} s; collect, first lease {}; next lease {}; collect with the head costs {:.0}% of the head more than a first lease",
         100.0 * head / best[FORWARD],
-        best[COLLECT],
-        if best[COLLECT] <= goal { "met" } else { "NOT met" },
-        100.0 * (best[FORWARD] - best[COLLECT]) / head,
+        against(COLLECT),
+        against(COLLECT_NEXT),
         100.0 * (best[WITH_HEAD] - best[COLLECT]) / head,
     )
 }
 
 /// The measured modes, in table order.
-const MODES: [&str; 6] = [
+const MODES: [&str; 7] = [
     "forward (outputs on every token, host logits: llama-imatrix's decode)",
     "forward, output on the last token only",
-    "collect (stats + imatrix, output head skipped)",
+    "collect (stats + imatrix, output head skipped), first lease: context made",
+    "collect, the worker's next lease: context kept",
     "collect + trace (top-64)",
     "collect with the output head (before issue #22)",
     "forward (fresh context per chunk)",
@@ -275,9 +295,10 @@ const MODES: [&str; 6] = [
 const FORWARD: usize = 0;
 const FORWARD_LAST: usize = 1;
 const COLLECT: usize = 2;
-const TRACE: usize = 3;
-const WITH_HEAD: usize = 4;
-const FRESH: usize = 5;
+const COLLECT_NEXT: usize = 3;
+const TRACE: usize = 4;
+const WITH_HEAD: usize = 5;
+const FRESH: usize = 6;
 
 /// How device-reduced statistics compare with the host path's: counts
 /// (which must be equal), the largest relative difference of any expert

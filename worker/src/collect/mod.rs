@@ -33,6 +33,7 @@ use observer::{Observer, UbatchInfo};
 use scratch::ChunkScratch;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use shape::{expert_counts, moe_shape};
 
@@ -119,7 +120,7 @@ impl CollectOptions {
 
 /// A loaded model ready to measure chunks.
 pub struct Collector {
-    model: Model,
+    model: Arc<Model>,
     path: PathBuf,
     sha256: String,
     shape: common::stats::MoeShape,
@@ -127,6 +128,10 @@ pub struct Collector {
     backend: String,
     /// Whether observed tensors are reduced on their backend.
     on_device: bool,
+    /// The context of the last run and its settings, reused by the next run
+    /// with the same settings (a worker's next lease), so llama.cpp's
+    /// buffers are allocated once per worker rather than once per lease.
+    context: Option<(ContextParams, Context<'static, Observer>)>,
 }
 
 impl Collector {
@@ -148,13 +153,14 @@ impl Collector {
         })?;
         let on_device = opts.reduce.on_device(opts.n_gpu_layers, llama::has_gpu());
         Ok(Collector {
-            model,
+            model: Arc::new(model),
             path: path.to_path_buf(),
             sha256,
             shape,
             opts,
             backend: device::backend_label(on_device),
             on_device,
+            context: None,
         })
     }
 
@@ -196,7 +202,8 @@ impl Collector {
             self.opts.dump_inputs.clone(),
             self.on_device.then(device::DeviceReads::new),
         );
-        let mut ctx = Context::new(&self.model, &params, observer)?;
+        let mut ctx = self.take_context(&params, observer)?;
+        let (tokens_before, bytes_before) = (ctx.tokens_decoded(), ctx.bytes_read());
         let mut folder = Folder::start(
             index.domains.clone(),
             ExpertAccum::new(self.shape.clone()),
@@ -256,13 +263,14 @@ impl Collector {
             progress(chunk.id.0, chunk.tokens.len());
         }
         let backend_to_host = BackendToHost {
-            tokens: ctx.tokens_decoded(),
-            bytes: ctx.bytes_read() + ctx.observer().device_bytes(),
+            tokens: ctx.tokens_decoded() - tokens_before,
+            bytes: ctx.bytes_read() - bytes_before + ctx.observer().device_bytes(),
         };
         let obs = ctx.observer();
         let trace = std::mem::take(&mut obs.trace);
         let drops: BTreeMap<String, u64> = std::mem::take(&mut obs.drops);
         let dumps = std::mem::take(&mut obs.dumps);
+        self.context = Some((params, ctx));
         let Folded {
             experts,
             imatrix,
@@ -290,6 +298,31 @@ impl Collector {
             decode_trace,
             dumps,
         })
+    }
+
+    /// The kept context if it was made with `params` (its observer replaced
+    /// by `observer`), or a new one. A run that fails drops its context, so
+    /// the next starts from a fresh one.
+    fn take_context(
+        &mut self,
+        params: &ContextParams,
+        observer: Observer,
+    ) -> Result<Context<'static, Observer>, WorkerError> {
+        match self.context.take() {
+            Some((kept, mut ctx)) if kept == *params => {
+                *ctx.observer() = observer;
+                Ok(ctx)
+            }
+            stale => {
+                drop(stale);
+                Ok(Context::owning(
+                    self.model.clone(),
+                    params,
+                    observer,
+                    llama::ThreadPool::new(params.threads),
+                )?)
+            }
+        }
     }
 
     /// Which splits of chunk `id` are traced: fit tokens every

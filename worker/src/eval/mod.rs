@@ -34,7 +34,9 @@ use crate::collect::{
     check_chunks, chunk_context, corpus_error, expert_counts, ranges_of, sha256_file,
 };
 use crate::error::WorkerError;
-use crate::llama::{self, Context, Logits, LogitsCompare, Model, NoGraph, ThreadPool};
+use crate::llama::{
+    self, Context, ContextParams, Logits, LogitsCompare, Model, NoGraph, ThreadPool,
+};
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::{CandidateResult, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION};
 use common::exact::ExactSum;
@@ -141,12 +143,12 @@ struct Loaded {
     name: String,
     sha256: String,
     k: u32,
-    model: Model,
+    model: Arc<Model>,
 }
 
 /// The base model and its candidates, loaded and ready to evaluate chunks.
 pub struct Evaluator {
-    base: Model,
+    base: Arc<Model>,
     base_sha256: String,
     candidates: Vec<Loaded>,
     opts: EvalOptions,
@@ -164,6 +166,17 @@ pub struct Evaluator {
 struct Shared {
     pool: Option<Arc<ThreadPool>>,
     cmp: LogitsCompare,
+    /// The last run's contexts, reused by a run with the same settings:
+    /// llama.cpp's buffers (output rows of the whole vocabulary per token
+    /// among them) are allocated once per job, not once per lease.
+    contexts: Option<Contexts>,
+}
+
+/// A context for the base model and one per candidate, made with `params`.
+struct Contexts {
+    params: ContextParams,
+    base: Context<'static, NoGraph>,
+    cands: Vec<Context<'static, NoGraph>>,
 }
 
 impl Shared {
@@ -172,6 +185,7 @@ impl Shared {
         Shared {
             cmp: LogitsCompare::new(pool.clone(), threads),
             pool,
+            contexts: None,
         }
     }
 }
@@ -234,12 +248,12 @@ impl Evaluator {
                 name: c.name.clone(),
                 sha256: c.sha256.clone(),
                 k: n_expert,
-                model,
+                model: Arc::new(model),
             });
         }
         let on_device = opts.compare.on_device(opts.n_gpu_layers, llama::has_gpu());
         Ok(Evaluator {
-            base: base_model,
+            base: Arc::new(base_model),
             base_sha256,
             on_device,
             backend: format!(
@@ -302,12 +316,34 @@ impl Evaluator {
         let pool = shared.pool.clone();
         let cmp = &mut shared.cmp;
         let cmp_before = cmp.cost();
-        let mut base = Context::with_pool(&self.base, &params, NoGraph, pool.clone())?;
-        let mut cands = self
-            .candidates
-            .iter()
-            .map(|c| Context::with_pool(&c.model, &params, NoGraph, pool.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let Contexts {
+            params,
+            mut base,
+            mut cands,
+        } = match shared.contexts.take() {
+            Some(kept) if kept.params == params => kept,
+            stale => {
+                drop(stale);
+                let owning =
+                    |m: &Arc<Model>| Context::owning(m.clone(), &params, NoGraph, pool.clone());
+                Contexts {
+                    base: owning(&self.base)?,
+                    cands: self
+                        .candidates
+                        .iter()
+                        .map(|c| owning(&c.model))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    params,
+                }
+            }
+        };
+        let read = |base: &Context<'_, NoGraph>, cands: &[Context<'_, NoGraph>]| -> u64 {
+            std::iter::once(base)
+                .chain(cands)
+                .map(|c| c.bytes_read())
+                .sum()
+        };
+        let bytes_before = read(&base, &cands);
         let mut acc = Accum::new(self, index, chunks);
         let mut cost = EvalCost::default();
         let mut dumps = BTreeMap::new();
@@ -405,10 +441,7 @@ impl Evaluator {
         cost.bytes = if on_device {
             c.bytes
         } else {
-            std::iter::once(&base)
-                .chain(&cands)
-                .map(|c| c.bytes_read())
-                .sum()
+            read(&base, &cands) - bytes_before
         };
         tracing::debug!(
             chunks = chunks.len(),
@@ -416,6 +449,11 @@ impl Evaluator {
             ?cost,
             "evaluated"
         );
+        shared.contexts = Some(Contexts {
+            params,
+            base,
+            cands,
+        });
         Ok(Evaluated {
             partial: acc.partial,
             dumps,

@@ -126,6 +126,9 @@ pub struct Model {
 // SAFETY: a llama_model is immutable after loading and llama.cpp allows using
 // it from any thread; the wrapper hands out no interior references.
 unsafe impl Send for Model {}
+// SAFETY: as above: every method reads immutable model data, and llama.cpp
+// lets contexts on several threads share one model.
+unsafe impl Sync for Model {}
 
 impl Model {
     /// Loads a GGUF file with `n_gpu_layers` layers offloaded (0 on CPU builds).
@@ -255,7 +258,7 @@ pub enum Outputs<'a> {
 }
 
 /// Context settings that matter for reproducible measurements.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContextParams {
     /// Context size (one chunk).
     pub n_ctx: u32,
@@ -305,6 +308,8 @@ pub struct Context<'m, O: GraphObserver> {
     tokens_decoded: u64,
     n_vocab: usize,
     _model: PhantomData<&'m Model>,
+    /// The model of an [`Context::owning`] context, released after it.
+    _owner: Option<Arc<Model>>,
 }
 
 // SAFETY: the context is used by one thread at a time (all methods take
@@ -425,6 +430,27 @@ impl Drop for PoolPtr {
     }
 }
 
+impl<O: GraphObserver> Context<'static, O> {
+    /// [`Context::with_pool`] holding its model, so it can be kept beside the
+    /// model's other owners and reused for many runs: llama.cpp's buffers
+    /// (KV cache, compute graph, output rows: four vocabulary-wide rows per
+    /// token with a backend sampler) are then allocated once, not per lease.
+    pub fn owning(
+        model: Arc<Model>,
+        p: &ContextParams,
+        observer: O,
+        pool: Option<Arc<ThreadPool>>,
+    ) -> Result<Self, LlamaError> {
+        // SAFETY: the reference lives as long as `_owner`, which the
+        // context keeps and releases only after freeing itself (fields drop
+        // after `Drop::drop`).
+        let borrowed: &'static Model = unsafe { &*Arc::as_ptr(&model) };
+        let mut ctx = Context::with_pool(borrowed, p, observer, pool)?;
+        ctx._owner = Some(model);
+        Ok(ctx)
+    }
+}
+
 impl<'m, O: GraphObserver> Context<'m, O> {
     /// Creates a context on `model` whose eval callback feeds `observer`,
     /// with a thread pool of its own.
@@ -516,6 +542,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             tokens_decoded: 0,
             n_vocab: model.n_vocab(),
             _model: PhantomData,
+            _owner: None,
         })
     }
 
