@@ -12,7 +12,9 @@
 //! those figures. Files are created, never replaced ([`files`]);
 //! `SHA256SUMS` records every file's SHA-256 (`sha256sum -c` checks it). A
 //! base model that is already quantised is refused before anything is
-//! written, unless `--allow-requantize`.
+//! written, unless `--allow-requantize`. `coordinator run` ships the same
+//! way at its end when its config has a `[ship]` section ([`settings`],
+//! [`ship`] with the run's lock and workers).
 
 pub mod card;
 pub mod files;
