@@ -78,7 +78,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             };
             let request = ship_request(ship, &out, &config.model_path(), &shape)
                 .map_err(anyhow::Error::msg)
-                .with_context(|| format!("{} [ship]", args.config.display()))?;
+                .with_context(|| format!("config {}", args.config.display()))?;
             Some((request, ship.eval))
         }
         None => None,

@@ -404,9 +404,9 @@ fn held_out(base: &Path, run: &Path, candidates: &[&Path], out: &Path) -> Vec<se
 /// model shipped as Q4_K_M (tensor types read back), every model file
 /// evaluated with its card and table row, under `RUN/shipped/`; the same
 /// ship by `coordinator ship` reuses every file and eval partial and writes
-/// byte-identical cards; and the Q4_K_M files quantised with the run's real
-/// importance matrix (sliced for the keep map) differ from the same files
-/// quantised without it and are no further from the base model on
+/// byte-identical cards; and the pruned Q4_K_M file, quantised with the
+/// run's real importance matrix sliced to its keep map, differs from the
+/// slice quantised without it and is no further from the base model on
 /// held-out text.
 #[test]
 fn a_ship_section_ships_q4_k_m_files_measured_with_the_runs_importance_matrix() {
@@ -462,7 +462,9 @@ fn a_ship_section_ships_q4_k_m_files_measured_with_the_runs_importance_matrix() 
         assert!(!run.exists(), "nothing is written: {stderr}");
     }
 
-    let ship = "[ship]\ncandidates = [\"frequency_K8\", \"base\"]\nquant = [\"Q4_K_M\"]\n";
+    // Ship's evaluation scores the split of the run's [eval].
+    let ship = "[eval]\nsplit = \"heldout\"\n\
+                [ship]\ncandidates = [\"frequency_K8\", \"base\"]\nquant = [\"Q4_K_M\"]\n";
     let o = coordinator_run(&ship_config(d.path(), &model, ship));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}");
@@ -534,54 +536,37 @@ fn a_ship_section_ships_q4_k_m_files_measured_with_the_runs_importance_matrix() 
     );
     assert_eq!(cards(&out), before, "the cards are byte-identical");
 
-    // Without the importance matrix: other bytes, no closer to the base.
-    let mut files = Vec::new();
-    for (source, with) in [
-        ("frequency_K8.gguf", "frequency_K8.Q4_K_M.gguf"),
-        ("", "base.Q4_K_M.gguf"),
-    ] {
-        let source = match source {
-            "" => model.clone(),
-            s => out.join(s),
-        };
-        let without = d.path().join(format!("without.{with}"));
-        fixtures::run_ok(
-            "worker",
-            &[
-                "quantize",
-                "--model",
-                source.to_str().unwrap(),
-                "--type",
-                "Q4_K_M",
-                "--out",
-                without.to_str().unwrap(),
-            ],
-        );
-        let with = out.join(with);
-        assert_ne!(
-            std::fs::read(&with).unwrap(),
-            std::fs::read(&without).unwrap()
-        );
-        files.extend([with, without]);
-    }
-    let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-    let figures = held_out(&model, &run, &paths, &d.path().join("imatrix_or_not"));
-    for (pair, name) in figures
-        .chunks(2)
-        .zip(["frequency_K8.Q4_K_M", "base.Q4_K_M"])
-    {
-        let kl = |f: &serde_json::Value| f["kl"]["mean"].as_f64().unwrap();
-        eprintln!(
-            "{name}: held-out KL with the importance matrix {} (n {}), without {}",
-            kl(&pair[0]),
-            pair[0]["n"],
-            kl(&pair[1])
-        );
-        assert!(
-            kl(&pair[0]) <= kl(&pair[1]),
-            "{name}: held-out KL with the importance matrix {} > without {}",
-            kl(&pair[0]),
-            kl(&pair[1])
-        );
-    }
+    // The slice quantised without the importance matrix: other bytes, and
+    // no closer to the base model on held-out text.
+    let with = out.join("frequency_K8.Q4_K_M.gguf");
+    let without = d.path().join("frequency_K8.Q4_K_M.without.gguf");
+    fixtures::run_ok(
+        "worker",
+        &[
+            "quantize",
+            "--model",
+            out.join("frequency_K8.gguf").to_str().unwrap(),
+            "--type",
+            "Q4_K_M",
+            "--out",
+            without.to_str().unwrap(),
+        ],
+    );
+    assert_ne!(
+        std::fs::read(&with).unwrap(),
+        std::fs::read(&without).unwrap()
+    );
+    let figures = held_out(
+        &model,
+        &run,
+        &[&with, &without],
+        &d.path().join("imatrix_or_not"),
+    );
+    let kl = |i: usize| figures[i]["kl"]["mean"].as_f64().unwrap();
+    assert!(
+        kl(0) <= kl(1),
+        "held-out KL with the importance matrix {} > without {}",
+        kl(0),
+        kl(1)
+    );
 }
