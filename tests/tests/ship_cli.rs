@@ -563,6 +563,12 @@ fn a_ship_section_ships_q4_k_m_files_measured_with_the_runs_importance_matrix() 
         &d.path().join("imatrix_or_not"),
     );
     let kl = |i: usize| figures[i]["kl"]["mean"].as_f64().unwrap();
+    eprintln!(
+        "frequency_K8.Q4_K_M held-out KL over {} positions: {} with the importance matrix, {} without",
+        figures[0]["n"],
+        kl(0),
+        kl(1)
+    );
     assert!(
         kl(0) <= kl(1),
         "held-out KL with the importance matrix {} > without {}",
