@@ -30,6 +30,10 @@ pub struct Config {
     /// `[eval]`: pruned candidates `coordinator run` evaluates after scoring.
     #[serde(default)]
     pub eval: crate::eval::settings::EvalSettings,
+    /// `[ship]`: files `coordinator run` ships at its end; absent: none (and
+    /// absent from the config recorded in the manifest, as before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ship: Option<crate::ship::settings::ShipSettings>,
     /// Directory of the config file; relative paths are resolved against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -58,6 +62,7 @@ impl Config {
             .run
             .validate()
             .and_then(|()| config.eval.validate())
+            .and_then(|()| config.ship.as_ref().map_or(Ok(()), |s| s.validate()))
             .map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message,
@@ -72,9 +77,9 @@ impl Config {
     }
 
     /// Resolves every path of `[cluster]` (`ca_dir`, `secret_file`,
-    /// `connect_file`, `identity_dir`) and a `[run] out` that is a path, not
-    /// a URL, against the config's directory, so a launch from any working
-    /// directory reads and writes the same files.
+    /// `connect_file`, `identity_dir`), a `[run] out` that is a path, not
+    /// a URL, and `[ship] out` against the config's directory, so a launch
+    /// from any working directory reads and writes the same files.
     fn resolve_cluster_inputs(&mut self) {
         let resolve = |p: &Option<PathBuf>| p.as_deref().map(|p| self.resolve(p));
         let cluster = &self.cluster;
@@ -93,6 +98,14 @@ impl Config {
         self.cluster.connect_file = connect_file;
         self.cluster.identity_dir = identity_dir;
         self.run.out = out;
+        let ship_out = self
+            .ship
+            .as_ref()
+            .and_then(|s| s.out.as_deref())
+            .map(|p| self.resolve(p));
+        if let Some(ship) = &mut self.ship {
+            ship.out = ship_out;
+        }
     }
 
     /// Parses config text; relative paths resolve against the current directory.
@@ -377,6 +390,51 @@ mod tests {
         assert_eq!(c.cluster.connect_file, Some(dir.join("run.connect.json")));
         assert_eq!(c.cluster.identity_dir, Some(dir.join("id")));
         assert_eq!(c.run.out, Some(dir.join("runs/r").display().to_string()));
+    }
+
+    #[test]
+    fn a_ship_section_is_checked_on_load_and_absent_from_the_record_when_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load(&path)
+        };
+        // No [ship]: nothing of it in the config a run records.
+        let plain = load("[model]\npath = \"m.gguf\"\n").unwrap();
+        assert_eq!(plain.ship, None);
+        let recorded = serde_json::to_value(&plain).unwrap();
+        assert!(recorded.get("ship").is_none(), "{recorded}");
+        let c = load("[ship]\ncandidates = [\"frequency_K8\", \"base\"]\nquant = [\"Q4_K_M\"]\nout = \"shipped\"\n").unwrap();
+        let ship = c.ship.as_ref().unwrap();
+        assert!(ship.eval && !ship.allow_requantize);
+        assert_eq!(ship.out, Some(dir.path().join("shipped")));
+        let back: Config = serde_json::from_value(serde_json::to_value(&c).unwrap()).unwrap();
+        assert_eq!(back.ship, c.ship);
+        // Bad values name the file and the key.
+        let e = load("[ship]\ncandidates = [\"frequency_K8\"]\nquant = [\"Q4_KM\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&path.display().to_string())
+                && e.contains("[ship] quant")
+                && e.contains("\"Q4_KM\""),
+            "{e}"
+        );
+        let e = load("[ship]\ncandidates = [\"frequncy_K8\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("[ship] candidates"),
+            "{e}"
+        );
+        let e = load("[ship]\ncandidates = [\"frequency_K8\"]\nevaluate = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("evaluate"),
+            "{e}"
+        );
     }
 
     #[test]

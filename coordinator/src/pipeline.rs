@@ -1,19 +1,22 @@
 //! `coordinator run`, the whole pipeline: corpus preparation, collection
 //! ([`crate::run::execute`]), scoring, replay, verification, the report,
-//! then the evaluation of the `[eval]` keep maps ([`crate::eval`]) and the
-//! report again with its results. Verification comes first, so a failed
-//! evaluation never loses the verify table, the report or the manifest's
-//! record of the collection; an unverified run is not evaluated. Each stage
+//! then the evaluation of the `[eval]` keep maps ([`crate::eval`]), the
+//! report again with its results, and the files of `[ship]`
+//! ([`crate::ship`]). Verification comes first, so a failed evaluation or
+//! ship never loses the verify table, the report or the manifest's record
+//! of the collection; an unverified run is neither evaluated nor shipped. Each stage
 //! is its own module; this one only calls them in order, so no stage
 //! depends on a later one.
 
 use crate::config::Config;
-use crate::eval::settings::{EvalSettings, KeepShape};
+use crate::eval::settings::KeepShape;
 use crate::run::local::{self, LocalWorkers};
 use crate::run::lock::RunLock;
 use crate::run::{
     execute_locked, mark_finished, progress, read_index, RunArgs, RunSetup, RunSummary,
 };
+use crate::ship::settings::ShipSettings;
+use crate::ship::ShipRequest;
 use common::artifacts::names;
 use common::store::RunStore;
 use std::process::ExitCode;
@@ -64,6 +67,22 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("{} [eval]", args.config.display()))?;
     }
+    // `[ship]` candidates the run cannot make, and where the files go,
+    // before any corpus work too.
+    let ship = match &config.ship {
+        Some(ship) => {
+            let shape = KeepShape {
+                n_expert: facts.n_expert,
+                n_expert_used: facts.n_expert_used,
+                groups: None,
+            };
+            let request = ship_request(ship, &out, &config.model_path(), &shape)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("config {}", args.config.display()))?;
+            Some((request, ship.eval))
+        }
+        None => None,
+    };
     // A weak or missing secret file is refused before anything is written.
     crate::run::check_secret(&config.cluster)?;
     let rt = tokio::runtime::Runtime::new()?;
@@ -72,7 +91,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         // Every stage writes through the lock's fenced store, and the run
         // is marked complete only while the lock is still ours.
         let lock = RunLock::acquire(&store, config.run.lock_stale()).await?;
-        let outcome = stages(&config, &args, lock.store(), &lock).await;
+        let outcome = stages(&config, &args, ship.as_ref(), lock.store(), &lock).await;
         lock.release().await?;
         outcome
     })
@@ -83,6 +102,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
 async fn stages(
     config: &Config,
     args: &RunArgs,
+    ship: Option<&(ShipRequest, bool)>,
     store: RunStore,
     lock: &RunLock,
 ) -> anyhow::Result<ExitCode> {
@@ -130,7 +150,7 @@ async fn stages(
     })
     .await?;
     print_summary(&store, &summary);
-    let options = score_options(&store, &config.eval).await?;
+    let options = score_options(&store, config).await?;
     let scored = crate::score::score(&store, &options).await?;
     println!(
         "scored {} methods at K = {:?}: keep maps under keep_maps/",
@@ -155,10 +175,11 @@ async fn stages(
     mark_finished(&store, &summary, ok).await?;
     let manifest = store.url_of(crate::corpus::MANIFEST_FILE);
     if !ok {
-        let skipped = if config.eval.is_configured() {
-            "; [eval] was not run on an unverified run"
-        } else {
-            ""
+        let skipped = match (config.eval.is_configured(), ship.is_some()) {
+            (true, true) => "; [eval] and [ship] were not run on an unverified run",
+            (true, false) => "; [eval] was not run on an unverified run",
+            (false, true) => "; [ship] was not run on an unverified run",
+            (false, false) => "",
         };
         eprintln!(
             "run finished but verification failed (see above); {manifest} is not marked complete{skipped}"
@@ -175,6 +196,19 @@ async fn stages(
         }
         // Again, now with the candidates' section.
         crate::report::report(&store).await?;
+    }
+    if let Some((request, eval)) = ship {
+        let evaluator = eval.then_some(crate::ship::measure::Evaluator::Locked {
+            setup: &setup,
+            local: local.as_ref(),
+        });
+        if let Err(e) = crate::ship::ship(&store, request, evaluator).await {
+            eprintln!(
+                "[ship] failed: {e:#}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
+                store.url_of(names::REPORT_MD)
+            );
+            return Ok(ExitCode::FAILURE);
+        }
     }
     println!("run complete: {}", store.url());
     Ok(ExitCode::SUCCESS)
@@ -197,28 +231,55 @@ fn default_identity_dir(config_dir: &std::path::Path, out: &str) -> std::path::P
 }
 
 /// `score`'s options in `coordinator run`: its default sizes and every size
-/// the `[eval]` candidates resolve to on the run's model that `score` can
-/// write, so each candidate it can run has its keep map. Candidates that do
-/// not resolve are left to the evaluation stage, which names them after
-/// verify has run.
+/// the `[eval]` candidates resolve to on the run's model, and the `[ship]`
+/// candidates name, that `score` can write, so each candidate it can run
+/// has its keep map. Candidates that do not resolve are left to the
+/// evaluation and ship stages, which name them after verify has run.
 async fn score_options(
     store: &RunStore,
-    eval: &EvalSettings,
+    config: &Config,
 ) -> anyhow::Result<crate::score::ScoreOptions> {
     let mut options = crate::score::ScoreOptions::default();
-    if eval.is_configured() {
+    let eval = &config.eval;
+    let ship = config.ship.as_ref().map(|s| s.sizes()).unwrap_or_default();
+    if eval.is_configured() || !ship.is_empty() {
         let (saliency, _) = crate::score::load_saliency(store).await?;
         // No default size may fit a grouped model; the candidates' sizes do.
         let mut ks = options.ks(&saliency).unwrap_or_default();
+        let evaluated = match eval.is_configured() {
+            true => eval.sizes(&KeepShape::of(&saliency)).unwrap_or_default(),
+            false => Vec::new(),
+        };
         ks.extend(
-            eval.sizes(&KeepShape::of(&saliency))
-                .unwrap_or_default()
+            evaluated
                 .into_iter()
+                .chain(ship)
                 .filter(|&k| crate::score::size_fits(&saliency, k).is_ok()),
         );
         options.k = ks;
     }
     Ok(options)
+}
+
+/// What `[ship]` ships from the run at `out` of the model `model` (of
+/// shape `shape`), checked before the run starts: the candidates and types
+/// ([`ShipSettings::check_model`]) and where the files go.
+fn ship_request(
+    ship: &ShipSettings,
+    out: &str,
+    model: &std::path::Path,
+    shape: &KeepShape,
+) -> Result<ShipRequest, String> {
+    ship.check_model(model, shape)?;
+    Ok(ShipRequest {
+        run: out.to_string(),
+        candidates: ship.candidates.clone(),
+        quants: ship.quants()?,
+        out: ship.out_dir(out)?,
+        allow_requantize: ship.allow_requantize,
+        model: Some(std::path::absolute(model).map_err(|e| format!("model path: {e}"))?),
+        threads: None,
+    })
 }
 
 /// Evaluates the keep maps of `[eval]` against the run's model (DESIGN
@@ -229,19 +290,13 @@ async fn evaluate_configured(
     setup: &RunSetup,
     local: Option<&LocalWorkers>,
 ) -> anyhow::Result<()> {
-    let (model_sha256, job) =
-        crate::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
-    let eval = crate::eval::EvalSetup {
-        base: RunSetup {
-            model_sha256,
-            ..setup.clone()
-        },
-        job,
-        out: common::layout::EVAL,
+    let (sha256, job) = crate::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
+    let base = crate::eval::cli::Base {
+        path: &setup.model_path,
+        sha256,
     };
-    let outcome =
-        crate::eval::evaluate_locked(&eval, |l| crate::eval::cli::start_workers(local, l)).await?;
-    crate::eval::print_outcome(&setup.store, &outcome).await;
+    let out = common::layout::EVAL;
+    crate::eval::cli::evaluate_held(setup, base, job, out, local).await?;
     Ok(())
 }
 

@@ -355,3 +355,224 @@ fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
         "the importance matrix changed the quantisation"
     );
 }
+
+/// A run config on `model` over two domains of the sample corpus with the
+/// `[ship]` section `ship` (none: no `[ship]`).
+fn ship_config(dir: &Path, model: &Path, ship: &str) -> PathBuf {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sample_corpus");
+    let source = |f: &str| corpus.join(f).display().to_string();
+    let text = format!(
+        "[model]\npath = {model:?}\n[corpus]\nn_ctx = 256\nheldout_fraction = 0.2\n\
+         [[corpus.domains]]\nname = \"english\"\ngroup_key = \"topic\"\nsources = [{{ path = {:?} }}]\n\
+         [[corpus.domains]]\nname = \"japanese\"\nsources = [{{ path = {:?}, separator = \"\\n\\n\" }}]\n{ship}",
+        source("english.jsonl"),
+        source("japanese.txt"),
+    );
+    let config = dir.join("ship.toml");
+    std::fs::write(&config, text).unwrap();
+    config
+}
+
+/// The held-out figures `worker eval` measures of `candidates` against
+/// `base` over every chunk of the run `run`, by candidate.
+fn held_out(base: &Path, run: &Path, candidates: &[&Path], out: &Path) -> Vec<serde_json::Value> {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
+    let chunks = format!("0..{}", index["n_chunks"].as_u64().unwrap());
+    let mut args = vec!["eval", "--model", base.to_str().unwrap()];
+    for c in candidates {
+        args.extend(["--candidate", c.to_str().unwrap()]);
+    }
+    let (run, out) = (run.to_str().unwrap(), out.to_str().unwrap());
+    args.extend(["--corpus", run, "--chunks", &chunks, "--out", out]);
+    args.extend(["--threads", "2", "--split", "heldout"]);
+    fixtures::run_ok("worker", &args);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(Path::new(out).join("eval/summary.json")).unwrap())
+            .unwrap();
+    summary["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["splits"]["heldout"]["all"].clone())
+        .collect()
+}
+
+/// `[ship]` in the run config: bad values fail before anything is written,
+/// naming the config file and the key; on the k-quant model
+/// (`tiny-alt-qk`), `coordinator run` ends with a keep map and the base
+/// model shipped as Q4_K_M (tensor types read back), every model file
+/// evaluated with its card and table row, under `RUN/shipped/`; the same
+/// ship by `coordinator ship` reuses every file and eval partial and writes
+/// byte-identical cards; and the pruned Q4_K_M file, quantised with the
+/// run's real importance matrix sliced to its keep map, differs from the
+/// slice quantised without it and is no further from the base model on
+/// held-out text.
+#[test]
+fn a_ship_section_ships_q4_k_m_files_measured_with_the_runs_importance_matrix() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::TinyAltQk);
+    let run = d.path().join("run");
+    let coordinator_run = |config: &Path| {
+        fixtures::run(
+            "coordinator",
+            &[
+                "run",
+                config.to_str().unwrap(),
+                "--local-workers",
+                "2",
+                "--out",
+                run.to_str().unwrap(),
+            ],
+        )
+    };
+    for (ship, key, entry) in [
+        (
+            "[ship]\ncandidates = [\"frequency_K8\"]\nquant = [\"Q4_KM\"]\n",
+            "[ship] quant",
+            "\"Q4_KM\"",
+        ),
+        (
+            "[ship]\ncandidates = [\"frequncy_K8\"]\n",
+            "[ship] candidates",
+            "\"frequncy_K8\"",
+        ),
+        // Only the model knows it has 16 experts per layer and routes 4.
+        (
+            "[ship]\ncandidates = [\"frequency_K17\"]\n",
+            "[ship]",
+            "\"frequency_K17\"",
+        ),
+        (
+            "[ship]\ncandidates = [\"base_top5\"]\n",
+            "[ship]",
+            "\"base_top5\"",
+        ),
+    ] {
+        let config = ship_config(d.path(), &model, ship);
+        let o = coordinator_run(&config);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&config.display().to_string())
+                && stderr.contains(key)
+                && stderr.contains(entry),
+            "{stderr}"
+        );
+        assert!(!run.exists(), "nothing is written: {stderr}");
+    }
+
+    // Ship's evaluation scores the split of the run's [eval].
+    let ship = "[eval]\nsplit = \"heldout\"\n\
+                [ship]\ncandidates = [\"frequency_K8\", \"base\"]\nquant = [\"Q4_K_M\"]\n";
+    let o = coordinator_run(&ship_config(d.path(), &model, ship));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("shipped 10 files") && stdout.contains("run complete"),
+        "{stdout}"
+    );
+    let out = run.join("shipped");
+    listed(&out);
+    let models = ["frequency_K8", "frequency_K8.Q4_K_M", "base.Q4_K_M"];
+    for m in models {
+        assert!(stdout.contains(&format!("| {m}.gguf | ")), "{m}: {stdout}");
+        let card: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join(format!("{m}.json"))).unwrap()).unwrap();
+        let held = &card["measured"]["splits"]["heldout"]["all"];
+        assert!(held["n"].as_u64().unwrap() > 0, "{m}: {card}");
+        let kl = held["kl"]["mean"].as_f64().unwrap();
+        assert!(kl > 0.0 && kl.is_finite(), "{m}: {card}");
+    }
+    for m in ["frequency_K8.Q4_K_M", "base.Q4_K_M"] {
+        let shipped = out.join(format!("{m}.gguf"));
+        let g = LlamaGguf::open(&shipped).unwrap();
+        let mut types = std::collections::BTreeSet::new();
+        for t in g
+            .tensor_names()
+            .into_iter()
+            .filter(|t| t.contains("_exps."))
+        {
+            let ty = g.tensor_type(&t).unwrap();
+            assert!(
+                [sys::GGML_TYPE_Q4_K, sys::GGML_TYPE_Q6_K].contains(&ty),
+                "{m} {t}: {ty}"
+            );
+            types.insert(ty);
+        }
+        assert!(types.contains(&sys::GGML_TYPE_Q4_K), "{m}: {types:?}");
+        runs_in_llama_cpp(&shipped);
+    }
+
+    // `coordinator ship` with the same inputs: the same files and cards.
+    let cards = |dir: &Path| -> Vec<(String, Vec<u8>)> {
+        let mut names = listed(dir);
+        names.retain(|n| n.ends_with(".json") || n.ends_with(".md"));
+        names
+            .into_iter()
+            .map(|n| (n.clone(), std::fs::read(dir.join(&n)).unwrap()))
+            .collect()
+    };
+    let before = cards(&out);
+    let o = fixtures::run_ok(
+        "coordinator",
+        &[
+            "ship",
+            run.to_str().unwrap(),
+            "--candidates",
+            "frequency_K8,base",
+            "--quant",
+            "Q4_K_M",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("(0 made, 10 reused") && stdout.contains(", 0 computed, "),
+        "{stdout}"
+    );
+    assert_eq!(cards(&out), before, "the cards are byte-identical");
+
+    // The slice quantised without the importance matrix: other bytes, and
+    // no closer to the base model on held-out text.
+    let with = out.join("frequency_K8.Q4_K_M.gguf");
+    let without = d.path().join("frequency_K8.Q4_K_M.without.gguf");
+    fixtures::run_ok(
+        "worker",
+        &[
+            "quantize",
+            "--model",
+            out.join("frequency_K8.gguf").to_str().unwrap(),
+            "--type",
+            "Q4_K_M",
+            "--out",
+            without.to_str().unwrap(),
+        ],
+    );
+    assert_ne!(
+        std::fs::read(&with).unwrap(),
+        std::fs::read(&without).unwrap()
+    );
+    let figures = held_out(
+        &model,
+        &run,
+        &[&with, &without],
+        &d.path().join("imatrix_or_not"),
+    );
+    let kl = |i: usize| figures[i]["kl"]["mean"].as_f64().unwrap();
+    eprintln!(
+        "frequency_K8.Q4_K_M held-out KL over {} positions: {} with the importance matrix, {} without",
+        figures[0]["n"],
+        kl(0),
+        kl(1)
+    );
+    assert!(
+        kl(0) <= kl(1),
+        "held-out KL with the importance matrix {} > without {}",
+        kl(0),
+        kl(1)
+    );
+}

@@ -127,6 +127,31 @@ pub(crate) async fn evaluate_recorded(
     Ok(outcome)
 }
 
+/// Evaluates `job` on the base model `base` for a caller that holds the
+/// run's lock (`setup.store` is the lock's: `coordinator run`), its objects
+/// under `out`, with the caller's local workers if it has some; prints the
+/// evaluation's table.
+pub(crate) async fn evaluate_held(
+    setup: &RunSetup,
+    base: Base<'_>,
+    job: EvalJob,
+    out: EvalLayout,
+    local: Option<&LocalWorkers>,
+) -> anyhow::Result<EvalOutcome> {
+    let eval = EvalSetup {
+        base: RunSetup {
+            model_sha256: base.sha256,
+            model_path: base.path.to_path_buf(),
+            ..setup.clone()
+        },
+        job,
+        out,
+    };
+    let outcome = super::evaluate_locked(&eval, |l| start_workers(local, l)).await?;
+    print_outcome(&setup.store, &outcome).await;
+    Ok(outcome)
+}
+
 /// `count` local workers of the run's config on `model`.
 pub fn local_workers(
     config: &Config,

@@ -8,7 +8,9 @@
 
 use super::spec::Candidate;
 use crate::eval::check_base;
-use crate::eval::cli::{evaluate_recorded, recorded, Base};
+use crate::eval::cli::{evaluate_held, evaluate_recorded, recorded, Base};
+use crate::run::local::LocalWorkers;
+use crate::run::RunSetup;
 use anyhow::Context;
 use common::eval::summary::parse_splits;
 use common::eval::EvalSummary;
@@ -35,15 +37,32 @@ pub fn job_candidate(
     }
 }
 
+/// Who evaluates the shipped files, and under whose lock.
+pub enum Evaluator<'a> {
+    /// `coordinator ship`: the evaluation takes the run's lock, with this
+    /// many local workers (0: waits for workers to join).
+    Own {
+        /// Local worker processes.
+        local_workers: u32,
+    },
+    /// `coordinator run` with `[ship]`: it holds the lock (`setup.store` is
+    /// the lock's) and starts its own local workers, if it has any.
+    Locked {
+        /// The run being shipped from.
+        setup: &'a RunSetup,
+        /// Its local workers.
+        local: Option<&'a LocalWorkers>,
+    },
+}
+
 /// Evaluates `candidates` against `base` on the run's corpus with the
-/// splits and skipped positions of the run's `[eval]`, with
-/// `local_count` local workers (0: waits for workers to join); prints the
-/// evaluation's table and returns its figures.
+/// splits and skipped positions of the run's `[eval]`, by `how`; prints
+/// the evaluation's table and returns its figures.
 pub async fn measure(
     store: &RunStore,
     base: &Path,
     candidates: Vec<EvalCandidate>,
-    local_count: u32,
+    how: Evaluator<'_>,
 ) -> anyhow::Result<EvalSummary> {
     let (_, config) = recorded(store).await?;
     let splits = parse_splits(&config.eval.split).with_context(|| {
@@ -52,17 +71,20 @@ pub async fn measure(
             config.eval.split
         )
     })?;
-    let base = Base {
-        path: base,
-        sha256: check_base(store, base).await?,
-    };
+    let sha256 = check_base(store, base).await?;
     let job = EvalJob {
         candidates,
         skip_first: config.eval.skip_first,
         splits,
     };
     let out = common::layout::SHIP_EVAL;
-    let outcome = evaluate_recorded(store, &config, base, job, out, local_count).await?;
+    let base = Base { path: base, sha256 };
+    let outcome = match how {
+        Evaluator::Own { local_workers } => {
+            evaluate_recorded(store, &config, base, job, out, local_workers).await?
+        }
+        Evaluator::Locked { setup, local } => evaluate_held(setup, base, job, out, local).await?,
+    };
     Ok(outcome.summary)
 }
 

@@ -12,11 +12,14 @@
 //! those figures. Files are created, never replaced ([`files`]);
 //! `SHA256SUMS` records every file's SHA-256 (`sha256sum -c` checks it). A
 //! base model that is already quantised is refused before anything is
-//! written, unless `--allow-requantize`.
+//! written, unless `--allow-requantize`. `coordinator run` ships the same
+//! way at its end when its config has a `[ship]` section ([`settings`],
+//! [`ship`] with the run's lock and workers).
 
 pub mod card;
 pub mod files;
 pub mod measure;
+pub mod settings;
 pub mod spec;
 
 use crate::run::local::worker_binary;
@@ -84,6 +87,46 @@ pub struct ShipArgs {
     pub no_eval: bool,
 }
 
+/// What one ship makes: from `coordinator ship`'s flags, or from `[ship]`
+/// of the run config at the end of `coordinator run`.
+#[derive(Clone, Debug)]
+pub struct ShipRequest {
+    /// The run location as given (the cards' commands name it).
+    pub run: String,
+    /// Candidate names ([`spec`]).
+    pub candidates: Vec<String>,
+    /// Quantisation types; none ships the unquantised files only.
+    pub quants: Vec<QuantType>,
+    /// Output directory (local).
+    pub out: PathBuf,
+    /// Quantise a base model that is already quantised.
+    pub allow_requantize: bool,
+    /// Base model; `None`: the model named by the run's manifest.
+    pub model: Option<PathBuf>,
+    /// CPU threads of the quantiser; `None`: all cores.
+    pub threads: Option<u32>,
+}
+
+impl ShipArgs {
+    /// The request these flags make; an unknown `--quant` is refused.
+    fn request(&self) -> anyhow::Result<ShipRequest> {
+        let quants = self
+            .quant
+            .iter()
+            .map(|q| QuantType::parse(q).map_err(|e| anyhow::anyhow!("--quant: {e}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(ShipRequest {
+            run: self.run.clone(),
+            candidates: self.candidates.clone(),
+            quants,
+            out: self.out.clone(),
+            allow_requantize: self.allow_requantize,
+            model: self.model.clone(),
+            threads: self.threads,
+        })
+    }
+}
+
 /// One shipped file at its final name.
 struct Shipped {
     name: String,
@@ -99,31 +142,99 @@ struct ModelFile {
 
 /// Entry point of `coordinator ship`.
 pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
-    let quants = args
-        .quant
-        .iter()
-        .map(|q| QuantType::parse(q).map_err(|e| anyhow::anyhow!("--quant: {e}")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let request = args.request()?;
     let store = RunStore::open(&args.run)?;
+    let evaluator = (!args.no_eval).then_some(measure::Evaluator::Own {
+        local_workers: args.local_workers,
+    });
     let rt = tokio::runtime::Runtime::new()?;
-    let candidates = rt.block_on(spec::read(&store, &args.candidates))?;
+    rt.block_on(ship(&store, &request, evaluator))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Ships `request` from the run `store`: makes (or finds) every file, then,
+/// unless `evaluator` is `None`, evaluates every model file by it, then
+/// writes the cards and `SHA256SUMS` and prints the files and the table.
+/// Must run on a multi-threaded runtime: making the files blocks.
+pub async fn ship(
+    store: &RunStore,
+    request: &ShipRequest,
+    evaluator: Option<measure::Evaluator<'_>>,
+) -> anyhow::Result<()> {
+    let quants = &request.quants;
+    let candidates = spec::read(store, &request.candidates).await?;
     if candidates.iter().any(Candidate::is_base) && quants.is_empty() {
         anyhow::bail!("candidate {}: the base model unquantised is the base model itself; give --quant to ship it quantised", spec::BASE);
     }
-    let imatrix = rt
-        .block_on(store.get(names::IMATRIX_GGUF))
+    let imatrix = store
+        .get(names::IMATRIX_GGUF)
+        .await
         .context("reading the run's importance matrix")?;
-    let base = rt.block_on(crate::prune::base_model(&store, args.model.as_deref()))?;
+    let base = crate::prune::base_model(store, request.model.as_deref()).await?;
     let base = std::path::absolute(&base).unwrap_or(base);
-    let header = GgufReader::open(&base)
+    let (ship, models, mut shipped) =
+        tokio::task::block_in_place(|| make(request, &base, &candidates, &imatrix))?;
+    let summary = match evaluator {
+        None => None,
+        Some(how) => {
+            let job = models
+                .iter()
+                .map(|m| {
+                    measure::job_candidate(
+                        &m.file.name,
+                        &m.file.placed.sha256,
+                        &candidates[m.candidate],
+                        m.quantisation.as_ref().map(|q| q.quant),
+                    )
+                })
+                .collect();
+            Some(measure::measure(store, &base, job, how).await?)
+        }
+    };
+    for m in &models {
+        let measured = summary
+            .as_ref()
+            .map(|s| card::measured(s, &m.file.name))
+            .transpose()
+            .map_err(anyhow::Error::msg)?;
+        let cards = ship.card(&candidates[m.candidate], m, measured)?;
+        shipped.extend(cards);
+    }
+    let files: Vec<(String, u64)> = models
+        .iter()
+        .map(|m| (m.file.name.clone(), m.file.placed.bytes))
+        .collect();
+    shipped.extend(models.into_iter().map(|m| m.file));
+    shipped.sort_by(|a, b| a.name.cmp(&b.name));
+    write_sums(&ship.out, &shipped)?;
+    print(&base, &request.out, &shipped);
+    if let Some(s) = &summary {
+        print!("{}", measure::table(&files, s));
+    }
+    Ok(())
+}
+
+/// Makes (or finds) every file of `request` from the base model `base`
+/// and the run's importance matrix `imatrix`: the model files (in
+/// candidate order, each candidate's unquantised file before its
+/// quantisations) and the sliced importance matrices. A quantised base is
+/// refused before anything is written, unless `allow_requantize`.
+fn make<'a>(
+    request: &'a ShipRequest,
+    base: &'a Path,
+    candidates: &[Candidate],
+    imatrix: &[u8],
+) -> anyhow::Result<(Ship<'a>, Vec<ModelFile>, Vec<Shipped>)> {
+    let quants = &request.quants;
+    let header = GgufReader::open(base)
         .with_context(|| format!("reading base model {}", base.display()))?
         .header;
-    for &q in &quants {
+    for &q in quants {
         check_requantize(
             &header,
             &format!("base model {}", base.display()),
             q,
-            args.allow_requantize,
+            request.allow_requantize,
         )
         .map_err(anyhow::Error::msg)?;
     }
@@ -137,7 +248,7 @@ pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned(),
-        sha256: common::hash::sha256_file(&base)
+        sha256: common::hash::sha256_file(base)
             .with_context(|| format!("hashing base model {}", base.display()))?,
     };
     let stem = base_ref
@@ -146,32 +257,32 @@ pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or(&base_ref.file)
         .to_string();
     let ship = Ship {
-        args: &args,
-        base: &base,
+        request,
+        base,
         base_card: card::Base::of(&header, base_ref, &stem),
-        out: OutDir::open(&args.out)?,
-        threads: args
+        out: OutDir::open(&request.out)?,
+        threads: request
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
     };
     let run_imatrix = ship.out.scratch("run.imatrix.gguf");
-    std::fs::write(&run_imatrix, &imatrix)
+    std::fs::write(&run_imatrix, imatrix)
         .with_context(|| format!("writing {}", run_imatrix.display()))?;
     let run_imatrix_ref = card::FileRef {
         file: names::IMATRIX_GGUF.to_string(),
-        sha256: common::hash::sha256_hex(&imatrix),
+        sha256: common::hash::sha256_hex(imatrix),
     };
     let mut shipped = Vec::new();
     let mut models: Vec<ModelFile> = Vec::new();
     for (ci, c) in candidates.iter().enumerate() {
         let model = format!("{}.gguf", c.name);
-        let mut source = base.clone();
+        let mut source = base.to_path_buf();
         if !c.is_base() {
             let placed = ship.out.place(&model, |p| {
-                make_model(&base, c.keep.as_ref().map(|k| &k.map), c.experts_used, p)
+                make_model(base, c.keep.as_ref().map(|k| &k.map), c.experts_used, p)
                     .map(drop)
                     .map_err(|e| ShipError::File {
-                        path: base.clone(),
+                        path: base.to_path_buf(),
                         reason: e.to_string(),
                     })
             })?;
@@ -209,7 +320,7 @@ pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
             None => (run_imatrix.clone(), run_imatrix_ref.clone()),
         };
         let Some(worker) = &worker else { continue };
-        for &q in &quants {
+        for &q in quants {
             let file = format!("{}.{q}.gguf", c.name);
             let placed = ship.out.place(&file, |p| {
                 files::quantize(
@@ -219,7 +330,7 @@ pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
                     q,
                     p,
                     ship.threads,
-                    args.allow_requantize,
+                    request.allow_requantize,
                 )
             })?;
             models.push(ModelFile {
@@ -232,49 +343,12 @@ pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
             });
         }
     }
-    let summary = match args.no_eval {
-        true => None,
-        false => {
-            let job = models
-                .iter()
-                .map(|m| {
-                    measure::job_candidate(
-                        &m.file.name,
-                        &m.file.placed.sha256,
-                        &candidates[m.candidate],
-                        m.quantisation.as_ref().map(|q| q.quant),
-                    )
-                })
-                .collect();
-            Some(rt.block_on(measure::measure(&store, &base, job, args.local_workers))?)
-        }
-    };
-    for m in &models {
-        let measured = summary
-            .as_ref()
-            .map(|s| card::measured(s, &m.file.name))
-            .transpose()
-            .map_err(anyhow::Error::msg)?;
-        let cards = ship.card(&candidates[m.candidate], m, measured)?;
-        shipped.extend(cards);
-    }
-    let files: Vec<(String, u64)> = models
-        .iter()
-        .map(|m| (m.file.name.clone(), m.file.placed.bytes))
-        .collect();
-    shipped.extend(models.into_iter().map(|m| m.file));
-    shipped.sort_by(|a, b| a.name.cmp(&b.name));
-    write_sums(&ship.out, &shipped)?;
-    print(&base, &args.out, &shipped);
-    if let Some(s) = &summary {
-        print!("{}", measure::table(&files, s));
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok((ship, models, shipped))
 }
 
 /// What every file of one `coordinator ship` shares.
 struct Ship<'a> {
-    args: &'a ShipArgs,
+    request: &'a ShipRequest,
     base: &'a Path,
     base_card: card::Base,
     out: OutDir,
@@ -340,7 +414,7 @@ impl Ship<'_> {
     /// The commands that make candidate `c` (quantised to `quant`) again:
     /// this ship of it alone, and, for a keep map's slice, the same steps by hand.
     fn commands(&self, c: &Candidate, quant: Option<QuantType>) -> Vec<String> {
-        let a = self.args;
+        let a = self.request;
         let name = &c.name;
         // Absolute, so the commands work from any directory.
         let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());

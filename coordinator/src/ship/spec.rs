@@ -72,9 +72,21 @@ fn split_top(name: &str) -> anyhow::Result<(&str, Option<u32>)> {
     }
 }
 
-/// Reads the candidates `names` from the run; errors name the candidate.
-pub async fn read(store: &RunStore, names: &[String]) -> anyhow::Result<Vec<Candidate>> {
-    let mut out: Vec<Candidate> = Vec::with_capacity(names.len());
+/// A candidate's name taken apart, before anything is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    /// The name, the stem of its files (`frequency_K8_top2`).
+    pub name: String,
+    /// The keep map's name; `None`: the base model (`base`).
+    pub keep_map: Option<String>,
+    /// Experts routed per token of a `_top<N>` suffix.
+    pub experts_used: Option<u32>,
+}
+
+/// Parses the candidate names `names` (`frequency_K8`, `base_top2`): usable
+/// as file names, each named once; errors name the candidate.
+pub fn parse(names: &[String]) -> anyhow::Result<Vec<Named>> {
+    let mut out: Vec<Named> = Vec::with_capacity(names.len());
     for given in names {
         let name = common::layout::keep_map_name(given.trim()).to_string();
         check_name(&name)?;
@@ -82,10 +94,28 @@ pub async fn read(store: &RunStore, names: &[String]) -> anyhow::Result<Vec<Cand
             bail!("candidate {name:?} is named twice");
         }
         let (map_name, experts_used) = split_top(&name)?;
-        let keep = match map_name {
-            BASE => None,
-            map_name => {
-                let object = KeepMap::object_name(map_name);
+        out.push(Named {
+            keep_map: (map_name != BASE).then(|| map_name.to_string()),
+            experts_used,
+            name,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads the candidates `names` from the run; errors name the candidate.
+pub async fn read(store: &RunStore, names: &[String]) -> anyhow::Result<Vec<Candidate>> {
+    let mut out: Vec<Candidate> = Vec::with_capacity(names.len());
+    for Named {
+        name,
+        keep_map,
+        experts_used,
+    } in parse(names)?
+    {
+        let keep = match keep_map {
+            None => None,
+            Some(map_name) => {
+                let object = KeepMap::object_name(&map_name);
                 let bytes = store
                     .get(&object)
                     .await
@@ -93,7 +123,7 @@ pub async fn read(store: &RunStore, names: &[String]) -> anyhow::Result<Vec<Cand
                 let map: KeepMap = serde_json::from_slice(&bytes)
                     .with_context(|| format!("parsing keep map {}", store.url_of(&object)))?;
                 Some(KeepMapOf {
-                    name: map_name.to_string(),
+                    name: map_name,
                     map,
                     sha256: common::hash::sha256_hex(&bytes),
                 })
