@@ -262,8 +262,8 @@ impl Cost {
             if m == 0 {
                 self.zeros += 1;
             } else {
-                self.bits += u64::from(128 - (m >> m.trailing_zeros()).leading_zeros())
-                    + u64::from(signed);
+                self.bits +=
+                    u64::from(128 - (m >> m.trailing_zeros()).leading_zeros()) + u64::from(signed);
             }
         }
     }
@@ -296,7 +296,7 @@ fn breakdown(p: &Partial, total: usize) {
     let mut seen: Vec<&common::imatrix::ImatrixEntry> = Vec::new();
     for (name, e) in &p.imatrix.entries {
         let kind = name.splitn(3, '.').nth(2).unwrap_or(name);
-        let stored = !seen.iter().any(|s| *s == e);
+        let stored = !seen.contains(&e);
         seen.push(e);
         for (stat, column) in ["in_sum2", "in_sum"].iter().zip(e.sums()) {
             let label = if stored {
