@@ -1,5 +1,5 @@
 //! A compact, exact encoding of [`ExactSum`] runs: blocks of 16 sums that
-//! share a shift and a bit width.
+//! share a shift and a bit width, zeros marked apart.
 //!
 //! A sum is an i128 on a 2^-64 grid, but the worker adds per-chunk f64 sums
 //! (53-bit mantissas) to it, so a partial's sum holds about 53 + log2(chunks)
@@ -7,24 +7,40 @@
 //! last mantissa bit. A block stores the magnitudes shifted right by their
 //! common trailing zeros, at the width of the widest: neighbouring sums of a
 //! tensor have similar magnitudes, so little is lost to the shared width.
+//! An expert no token of a chunk reached has zero sums, so small leases hold
+//! many zeros among non-zero sums: a block holding both lists which of its
+//! sums are non-zero and packs only those ([`Blocks::Masked`]).
 //!
 //! Block layout: byte 0 is the shift (bits 0-6) and a sign flag (bit 7: each
 //! value carries a sign bit, lowest); byte 1 the magnitude width in bits
-//! (0..=126); then the values, little-endian bit-packed at `width + sign`
-//! bits each (a full block is a whole number of bytes; a short last block is
-//! padded to a byte with zeros). The encoding is a function of the values,
-//! so equal columns encode to equal bytes.
+//! (bits 0-6, 0..=126) and, in [`Blocks::Masked`], a mask flag (bit 7): then
+//! a little-endian u16 whose bit `i` says sum `i` of the block is non-zero,
+//! and only those sums are packed; then the values, little-endian
+//! bit-packed at `width + sign` bits each, the last byte padded with zeros.
+//! The encoding is a function of the values, so equal columns encode to
+//! equal bytes.
 //!
 //! Decoding refuses what no [`ExactSum`] can hold (`width + shift > 126`,
-//! i.e. `|x| >= 2^62`), non-canonical headers and non-zero padding, and needs
-//! at least two bytes per block: `n` sums need `n / 8` bytes, so a length
-//! read from a header can be checked against the input before anything is
-//! allocated.
+//! i.e. `|x| >= 2^62`), non-canonical headers, masks and zeros, and
+//! non-zero padding, and needs at least two bytes per block: `n` sums need
+//! `n / 8` bytes, so a length read from a header can be checked against the
+//! input before anything is allocated.
 
 use crate::exact::ExactSum;
 
 /// Sums per block.
 pub const BLOCK: usize = 16;
+
+/// The block layouts a decoder reads: partial format 5's (a zero among
+/// non-zero sums is packed in place) and format 6's (zeros marked by a mask).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Blocks {
+    /// Format 5: no masks; a zero inside a non-zero block is packed.
+    Unmasked,
+    /// Format 6 (what [`encode`] writes): a block of zeros and non-zero
+    /// sums carries a mask, and packs only the non-zero ones.
+    Masked,
+}
 
 /// The fewest bytes `n` sums can take ([`BLOCK`]-sum blocks of 2 header
 /// bytes): what a decoder checks before allocating `n` sums.
@@ -35,7 +51,7 @@ pub fn min_bytes(n: usize) -> usize {
 /// Largest magnitude width (plus shift) a sum on the exact grid can need.
 const MAX_BITS: u32 = 126;
 
-/// Appends the encoding of `values` to `out`.
+/// Appends the encoding of `values` ([`Blocks::Masked`]) to `out`.
 pub fn encode(values: &[ExactSum], out: &mut Vec<u8>) {
     for block in values.chunks(BLOCK) {
         encode_block(block, out);
@@ -43,40 +59,52 @@ pub fn encode(values: &[ExactSum], out: &mut Vec<u8>) {
 }
 
 fn encode_block(block: &[ExactSum], out: &mut Vec<u8>) {
-    let (mut any, mut signed) = (0u128, false);
-    for v in block {
+    let (mut any, mut signed, mut mask) = (0u128, false, 0u16);
+    for (i, v) in block.iter().enumerate() {
         any |= v.0.unsigned_abs();
         signed |= v.0 < 0;
+        mask |= u16::from(v.0 != 0) << i;
     }
     if any == 0 {
         out.extend_from_slice(&[0, 0]);
         return;
     }
+    let masked = u32::from(mask) != full_mask(block.len());
     let shift = any.trailing_zeros();
     let width = 128 - (any >> shift).leading_zeros();
     out.push(shift as u8 | u8::from(signed) << 7);
-    out.push(width as u8);
     // Values outside the exact range (|x| >= 2^62, which no `ExactSum`
-    // arithmetic makes) encode to bytes the decoder refuses; a magnitude of
-    // 2^127 loses its top bit here, which is no worse.
+    // arithmetic makes) encode to a width the decoder refuses; a magnitude
+    // of 2^127 loses its top bit here, which is no worse.
+    out.push(width.min(127) as u8 | u8::from(masked) << 7);
+    if masked {
+        out.extend_from_slice(&mask.to_le_bytes());
+    }
     let bits = (width + u32::from(signed)).min(128);
     let mut buf = [0u8; BUF];
-    for (i, v) in block.iter().enumerate() {
+    let mut n = 0;
+    for v in block.iter().filter(|v| v.0 != 0) {
         let m = v.0.unsigned_abs() >> shift;
         let raw = if signed {
             m << 1 | u128::from(v.0 < 0)
         } else {
             m
         };
-        let p = i * bits as usize;
+        let p = n * bits as usize;
         let (b, s) = (p >> 3, (p & 7) as u32);
         let word: &mut [u8; 16] = (&mut buf[b..b + 16]).try_into().expect("16 bytes");
         *word = (u128::from_le_bytes(*word) | raw << s).to_le_bytes();
         if s + bits > 128 {
             buf[b + 16] |= (raw >> (128 - s)) as u8;
         }
+        n += 1;
     }
-    out.extend_from_slice(&buf[..(block.len() * bits as usize).div_ceil(8)]);
+    out.extend_from_slice(&buf[..(n * bits as usize).div_ceil(8)]);
+}
+
+/// The mask of a block of `count` sums all non-zero.
+fn full_mask(count: usize) -> u32 {
+    (1u32 << count) - 1
 }
 
 /// A block's payload with room for 17-byte accesses past its end.
@@ -115,22 +143,33 @@ pub enum PackedError {
     },
 }
 
-/// Decodes `out.len()` sums from the whole of `bytes` into `out`.
-pub fn decode_into(bytes: &[u8], out: &mut [ExactSum]) -> Result<(), PackedError> {
-    decode_blocks(bytes, out.len(), |block, values| {
-        out[block * BLOCK..][..values.len()].copy_from_slice(values);
+/// Decodes `n` sums from the whole of `bytes`. `bytes` must be at least
+/// [`min_bytes`] of `n` (checked before anything is allocated), so the
+/// sums take at most 128 bytes per input byte.
+pub fn decode_vec(bytes: &[u8], blocks: Blocks, n: usize) -> Result<Vec<ExactSum>, PackedError> {
+    if bytes.len() < min_bytes(n) {
+        return Err(PackedError::Truncated(bytes.len() / 2));
+    }
+    let mut out = Vec::with_capacity(n);
+    decode_blocks(bytes, n, blocks, |_, values| {
+        out.extend_from_slice(values);
         Ok(())
-    })
+    })?;
+    Ok(out)
 }
 
 /// Adds the decoded sums from the whole of `bytes` into each of `outs`
 /// (all of one length, the number of sums; [`ExactSum::add`]: a sum leaving
 /// the exact range is an error), so a column is merged without being
 /// materialised, and decoded once for every total it goes into.
-pub fn decode_add(bytes: &[u8], outs: &mut [&mut [ExactSum]]) -> Result<(), PackedError> {
+pub fn decode_add(
+    bytes: &[u8],
+    blocks: Blocks,
+    outs: &mut [&mut [ExactSum]],
+) -> Result<(), PackedError> {
     let n = outs.first().map_or(0, |o| o.len());
     assert!(outs.iter().all(|o| o.len() == n), "totals of one length");
-    decode_blocks(bytes, n, |block, values| {
+    decode_blocks(bytes, n, blocks, |block, values| {
         for out in outs.iter_mut() {
             let slots = &mut out[block * BLOCK..][..values.len()];
             for (i, (a, b)) in slots.iter_mut().zip(values).enumerate() {
@@ -146,29 +185,33 @@ pub fn decode_add(bytes: &[u8], outs: &mut [&mut [ExactSum]]) -> Result<(), Pack
 }
 
 /// Checks that `bytes` are exactly `n` packed sums, without keeping them.
-pub fn check(bytes: &[u8], n: usize) -> Result<(), PackedError> {
-    decode_blocks(bytes, n, |_, _| Ok(()))
+pub fn check(bytes: &[u8], blocks: Blocks, n: usize) -> Result<(), PackedError> {
+    decode_blocks(bytes, n, blocks, |_, _| Ok(()))
 }
+
+const ZEROS: [ExactSum; BLOCK] = [ExactSum::ZERO; BLOCK];
 
 /// The decoder loop: `n` sums from the whole of `bytes`, handed to `each`
 /// a block at a time (block index, its sums).
 fn decode_blocks(
     bytes: &[u8],
     n: usize,
+    blocks: Blocks,
     mut each: impl FnMut(usize, &[ExactSum]) -> Result<(), PackedError>,
 ) -> Result<(), PackedError> {
     let mut at = 0usize;
-    let mut buf = [0u8; BUF];
-    let mut values = [ExactSum::ZERO; BLOCK];
+    let mut tail = [0u8; BUF];
+    let mut values = ZEROS;
+    let mut packed = ZEROS;
     for block in 0..n.div_ceil(BLOCK) {
         let count = (n - block * BLOCK).min(BLOCK);
         let header = bytes.get(at..at + 2).ok_or(PackedError::Truncated(block))?;
         at += 2;
-        let (shift, signed, width) = (
-            u32::from(header[0] & 0x7f),
-            header[0] >> 7 == 1,
-            u32::from(header[1]),
-        );
+        let (shift, signed) = (u32::from(header[0] & 0x7f), header[0] >> 7 == 1);
+        let (width, masked) = match blocks {
+            Blocks::Unmasked => (u32::from(header[1]), false),
+            Blocks::Masked => (u32::from(header[1] & 0x7f), header[1] >> 7 == 1),
+        };
         let bad = |why| PackedError::Header {
             block,
             shift,
@@ -177,55 +220,74 @@ fn decode_blocks(
             why,
         };
         if width == 0 {
-            if shift != 0 || signed {
+            if shift != 0 || signed || masked {
                 return Err(bad("is not how zeros are written"));
             }
-            each(block, &[ExactSum::ZERO; BLOCK][..count])?;
+            each(block, &ZEROS[..count])?;
             continue;
         }
         if width + shift > MAX_BITS {
             return Err(bad("is outside the exact range (|x| < 2^62)"));
         }
+        let mask = if masked {
+            let m = bytes.get(at..at + 2).ok_or(PackedError::Truncated(block))?;
+            at += 2;
+            let m = u32::from(u16::from_le_bytes([m[0], m[1]]));
+            if m == 0 || m == full_mask(count) || m >> count != 0 {
+                return Err(bad("has a mask no encoder writes"));
+            }
+            m
+        } else {
+            full_mask(count)
+        };
+        let nonzero = mask.count_ones() as usize;
         let bits = width + u32::from(signed);
-        let used = count * bits as usize;
+        let used = nonzero * bits as usize;
         let len = used.div_ceil(8);
+        let start = at;
         let payload = bytes
-            .get(at..at + len)
+            .get(start..start + len)
             .ok_or(PackedError::Truncated(block))?;
         at += len;
-        buf[..len].copy_from_slice(payload);
-        buf[len..len + 17].fill(0);
         if !used.is_multiple_of(8) && payload[len - 1] >> (used % 8) != 0 {
             return Err(bad("has non-zero padding"));
         }
-        let mask = u128::MAX >> (128 - bits);
-        let (mut any, mut odd, mut negative_zero) = (0u128, 0u128, false);
-        for (i, slot) in values[..count].iter_mut().enumerate() {
-            let p = i * bits as usize;
-            let (b, s) = (p >> 3, (p & 7) as u32);
-            let mut x = u128::from_le_bytes(buf[b..b + 16].try_into().expect("16 bytes")) >> s;
-            if s + bits > 128 {
-                x |= u128::from(buf[b + 16]) << (128 - s);
+        // The unpacker reads up to 17 bytes past a value's first byte: from
+        // the input itself where it goes on that far, else from a copy.
+        let src = match bytes.get(start..start + len + 17) {
+            Some(s) => s,
+            None => {
+                tail[..len].copy_from_slice(payload);
+                tail[len..len + 17].fill(0);
+                &tail[..len + 17]
             }
-            let raw = x & mask;
-            let (m, negative) = if signed {
-                (raw >> 1, raw & 1 == 1)
-            } else {
-                (raw, false)
-            };
-            any |= m;
-            odd |= m & 1;
-            negative_zero |= negative && m == 0;
-            let v = (m << shift) as i128;
-            *slot = ExactSum(if negative { -v } else { v });
-        }
-        if any >> (width - 1) != 1 || odd != 1 {
+        };
+        let out = if masked {
+            &mut packed[..nonzero]
+        } else {
+            &mut values[..count]
+        };
+        let seen = unpack(src, bits, shift, signed, out);
+        if seen.any >> (width - 1) != 1 || seen.odd != 1 {
             return Err(bad(
                 "is not the block's own (too wide or shifted too little)",
             ));
         }
-        if negative_zero {
+        if seen.negative_zero {
             return Err(bad("holds a negative zero"));
+        }
+        if seen.zero && blocks == Blocks::Masked {
+            return Err(bad("holds a zero outside its mask"));
+        }
+        if masked {
+            let mut next = packed.iter();
+            for (i, slot) in values[..count].iter_mut().enumerate() {
+                *slot = if mask >> i & 1 == 1 {
+                    *next.next().expect("one packed sum per mask bit")
+                } else {
+                    ExactSum::ZERO
+                };
+            }
         }
         each(block, &values[..count])?;
     }
@@ -233,6 +295,59 @@ fn decode_blocks(
         return Err(PackedError::Trailing(bytes.len() - at));
     }
     Ok(())
+}
+
+/// What [`unpack`] saw of a block's magnitudes: their union and the union
+/// of their lowest bits (a canonical block has its top bit set in one and
+/// bit 0 in one), whether one is zero, and whether a zero carries a sign.
+#[derive(Default)]
+struct Seen {
+    any: u128,
+    odd: u128,
+    zero: bool,
+    negative_zero: bool,
+}
+
+/// Unpacks `out.len()` values of `bits` bits each from `src` (which holds
+/// 17 bytes past the last value's first byte), shifted left by `shift`;
+/// values of at most 57 bits are read as u64 words, wider ones as u128.
+#[inline]
+fn unpack(src: &[u8], bits: u32, shift: u32, signed: bool, out: &mut [ExactSum]) -> Seen {
+    let mut seen = Seen::default();
+    let mut put = |slot: &mut ExactSum, raw: u128| {
+        let (m, negative) = if signed {
+            (raw >> 1, raw & 1 == 1)
+        } else {
+            (raw, false)
+        };
+        seen.any |= m;
+        seen.odd |= m & 1;
+        seen.zero |= m == 0;
+        seen.negative_zero |= negative && m == 0;
+        let v = (m << shift) as i128;
+        *slot = ExactSum(if negative { -v } else { v });
+    };
+    if bits <= 57 {
+        let mask = u64::MAX >> (64 - bits);
+        for (i, slot) in out.iter_mut().enumerate() {
+            let p = i * bits as usize;
+            let b = p >> 3;
+            let word = u64::from_le_bytes(src[b..b + 8].try_into().expect("8 bytes"));
+            put(slot, u128::from(word >> (p & 7) & mask));
+        }
+    } else {
+        let mask = u128::MAX >> (128 - bits);
+        for (i, slot) in out.iter_mut().enumerate() {
+            let p = i * bits as usize;
+            let (b, s) = (p >> 3, (p & 7) as u32);
+            let mut x = u128::from_le_bytes(src[b..b + 16].try_into().expect("16 bytes")) >> s;
+            if s + bits > 128 {
+                x |= u128::from(src[b + 16]) << (128 - s);
+            }
+            put(slot, x & mask);
+        }
+    }
+    seen
 }
 
 #[cfg(test)]
@@ -243,21 +358,21 @@ mod tests {
     fn round_trip(values: &[ExactSum]) -> Vec<u8> {
         let mut bytes = Vec::new();
         encode(values, &mut bytes);
-        let mut back = vec![ExactSum(7); values.len()];
-        decode_into(&bytes, &mut back).unwrap();
+        let back = decode_vec(&bytes, Blocks::Masked, values.len()).unwrap();
         assert_eq!(back, values);
-        check(&bytes, values.len()).unwrap();
+        check(&bytes, Blocks::Masked, values.len()).unwrap();
         let (mut a, mut b) = (
             vec![ExactSum::ZERO; values.len()],
             vec![ExactSum::ZERO; values.len()],
         );
-        decode_add(&bytes, &mut [&mut a[..], &mut b[..]]).unwrap();
+        decode_add(&bytes, Blocks::Masked, &mut [&mut a[..], &mut b[..]]).unwrap();
         assert_eq!((&a[..], &b[..]), (values, values));
         bytes
     }
 
     /// A deterministic spread of sums: f64 sums of a few "chunks" at mixed
-    /// magnitudes and signs, plus the grid's extremes.
+    /// magnitudes and signs (a fifth of them none: zeros), plus the grid's
+    /// extremes.
     fn spread(n: usize, seed: u64) -> Vec<ExactSum> {
         let mut x = seed | 1;
         let mut next = move || {
@@ -298,11 +413,18 @@ mod tests {
         }
         round_trip(&vec![ExactSum::ZERO; 100]);
         round_trip(&[ExactSum(limit); 16]);
+        // Widths on both sides of the unpacker's u64 / u128 switch (57 bits).
+        for bits in [55, 56, 57, 58, 59, 64, 100] {
+            let v: Vec<ExactSum> = (0..40i128)
+                .map(|i| ExactSum(((1i128 << (bits - 1)) | (i * 7919 + 1)) * (1 - 2 * (i % 2))))
+                .collect();
+            round_trip(&v);
+        }
         // Adding past the range is an error naming the sum.
         let mut bytes = Vec::new();
         encode(&[ExactSum(1), ExactSum(limit)], &mut bytes);
         let mut total = [ExactSum(5), ExactSum(1)];
-        let e = decode_add(&bytes, &mut [&mut total[..]]).unwrap_err();
+        let e = decode_add(&bytes, Blocks::Masked, &mut [&mut total[..]]).unwrap_err();
         assert!(matches!(e, PackedError::Overflow { index: 1, .. }), "{e}");
     }
 
@@ -326,34 +448,81 @@ mod tests {
     }
 
     #[test]
+    fn zeros_among_sums_take_a_mask_not_their_width() {
+        // Three of four sums zero (experts no token of the chunk reached):
+        // a block of 4 non-zero sums of 53 bits, 2 + 2 + 27 bytes, not 108.
+        let values: Vec<ExactSum> = (0..1600u64)
+            .map(|i| match i % 4 {
+                0 => ExactSum::from_f64(1.0 + i as f64 * std::f64::consts::PI).unwrap(),
+                _ => ExactSum::ZERO,
+            })
+            .collect();
+        let bytes = round_trip(&values);
+        assert!(bytes.len() <= 100 * 34, "{} bytes", bytes.len());
+        // Format 5 packed the zeros in place: the same sums decode from its
+        // bytes, which format 6 refuses (a zero outside a mask).
+        let five = [0, 3, 0b1100_0101, 0b0000_0001];
+        let old = decode_vec(&five, Blocks::Unmasked, 3).unwrap();
+        assert_eq!(old, [ExactSum(5), ExactSum(0), ExactSum(7)]);
+        let e = decode_vec(&five, Blocks::Masked, 3).unwrap_err();
+        assert!(e.to_string().contains("zero outside its mask"), "{e}");
+        let mut six = Vec::new();
+        encode(&old, &mut six);
+        assert_eq!(six, [0, 0x83, 0b101, 0, 0b11_1101]);
+        assert_eq!(decode_vec(&six, Blocks::Masked, 3).unwrap(), old);
+        // Format 5 has no masks: the flag makes a width it refuses.
+        assert!(decode_vec(&six, Blocks::Unmasked, 3).is_err());
+        // A mask no encoder writes: empty, full, or past the block's end.
+        for mask in [0u16, 0b111, 0b1001] {
+            let mut bad = vec![0, 0x83];
+            bad.extend_from_slice(&mask.to_le_bytes());
+            bad.push(0b11_1101);
+            let e = decode_vec(&bad, Blocks::Masked, 3).unwrap_err();
+            assert!(
+                e.to_string().contains("mask no encoder writes"),
+                "{mask:b}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn bad_bytes_are_refused_with_the_block_named() {
         let values = spread(40, 11);
         let mut bytes = Vec::new();
         encode(&values, &mut bytes);
-        let mut out = vec![ExactSum::ZERO; 40];
         assert_eq!(
-            decode_into(&bytes[..bytes.len() - 1], &mut out),
+            decode_vec(&bytes[..bytes.len() - 1], Blocks::Masked, 40),
             Err(PackedError::Truncated(2))
         );
         let mut long = bytes.clone();
         long.push(0);
-        assert_eq!(decode_into(&long, &mut out), Err(PackedError::Trailing(1)));
+        assert_eq!(
+            decode_vec(&long, Blocks::Masked, 40),
+            Err(PackedError::Trailing(1))
+        );
         assert!(matches!(
-            decode_into(&bytes, &mut out[..16]),
+            decode_vec(&bytes, Blocks::Masked, 16),
             Err(PackedError::Trailing(_))
         ));
-        // Out of range: width 100 at shift 30.
-        let e = decode_into(&[30, 100], &mut out[..1]).unwrap_err();
-        assert!(e.to_string().contains("outside the exact range"), "{e}");
-        // A zero block with a shift, and a block wider than its values.
-        let e = decode_into(&[3, 0], &mut out[..16]).unwrap_err();
-        assert!(e.to_string().contains("how zeros are written"), "{e}");
-        let e = decode_into(&[0, 2, 1, 0, 0, 0], &mut out[..16]).unwrap_err();
+        // A claimed length the bytes cannot hold is refused before allocating.
+        assert_eq!(
+            decode_vec(&[0, 0], Blocks::Masked, 1 << 40),
+            Err(PackedError::Truncated(1))
+        );
+        for blocks in [Blocks::Unmasked, Blocks::Masked] {
+            // Out of range: width 100 at shift 30.
+            let e = decode_vec(&[30, 100], blocks, 1).unwrap_err();
+            assert!(e.to_string().contains("outside the exact range"), "{e}");
+            // A zero block with a shift, and a block wider than its values.
+            let e = decode_vec(&[3, 0], blocks, 16).unwrap_err();
+            assert!(e.to_string().contains("how zeros are written"), "{e}");
+            // One value of width 3 in a short block: 3 bits used, 5 padding.
+            assert!(decode_vec(&[0, 3, 0b101], blocks, 1).is_ok());
+            let e = decode_vec(&[0, 3, 0b1101], blocks, 1).unwrap_err();
+            assert!(e.to_string().contains("padding"), "{e}");
+        }
+        let e = decode_vec(&[0, 2, 1, 0, 0, 0], Blocks::Unmasked, 16).unwrap_err();
         assert!(e.to_string().contains("not the block's own"), "{e}");
-        // One value of width 3 in a short block: 3 bits used, 5 padding.
-        assert!(decode_into(&[0, 3, 0b101], &mut out[..1]).is_ok());
-        let e = decode_into(&[0, 3, 0b1101], &mut out[..1]).unwrap_err();
-        assert!(e.to_string().contains("padding"), "{e}");
         assert_eq!(min_bytes(17), 4);
     }
 }

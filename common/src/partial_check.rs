@@ -21,6 +21,7 @@ use crate::exact::{per_token_limit, ExactSum, FRACTION_BITS};
 use crate::partial::Partial;
 use crate::peer_text::peer_text;
 use crate::stats::{ExpertAccum, LayerAccum};
+use rayon::prelude::*;
 
 /// Relative slack of the Cauchy-Schwarz bound: sums are exact, but each
 /// `(g * ||y||)^2` term was rounded before it was added.
@@ -232,55 +233,70 @@ fn imatrix(p: &Partial, tokens: u64, budget: &Budget) -> Result<(), String> {
             im.entries.len()
         ));
     }
-    for (name, e) in &im.entries {
-        let at = || format!("importance matrix {}", peer_text(name));
-        let cells = u64::from(e.n_in) * u64::from(e.n_mat);
-        if e.counts.len() as u64 != u64::from(e.n_mat)
-            || e.sums().iter().any(|s| s.len() as u64 != cells)
-        {
+    // Tensor by tensor on the cores; the first failing tensor in name order
+    // is the one named, as a serial scan would.
+    let checked: Vec<Result<(), String>> = im
+        .entries
+        .par_iter()
+        .map(|(name, e)| imatrix_entry(name, e, tokens, budget))
+        .collect();
+    checked.into_iter().collect()
+}
+
+/// One importance-matrix tensor's lengths, counts and sums.
+fn imatrix_entry(
+    name: &str,
+    e: &crate::imatrix::ImatrixEntry,
+    tokens: u64,
+    budget: &Budget,
+) -> Result<(), String> {
+    let at = || format!("importance matrix {}", peer_text(name));
+    let cells = u64::from(e.n_in) * u64::from(e.n_mat);
+    if e.counts.len() as u64 != u64::from(e.n_mat)
+        || e.sums().iter().any(|s| s.len() as u64 != cells)
+    {
+        return Err(format!(
+            "{}: {} counts, {} sums of squares and {} sums for [{}, {}]",
+            at(),
+            e.counts.len(),
+            e.in_sum2.len(),
+            e.in_sum.len(),
+            e.n_in,
+            e.n_mat
+        ));
+    }
+    let n_in = e.n_in.max(1) as usize;
+    for (m, ((&c, row), sums)) in e
+        .counts
+        .iter()
+        .zip(e.in_sum2.chunks(n_in))
+        .zip(e.in_sum.chunks(n_in))
+        .enumerate()
+    {
+        if !budget.count_ok(c, tokens) {
             return Err(format!(
-                "{}: {} counts, {} sums of squares and {} sums for [{}, {}]",
-                at(),
-                e.counts.len(),
-                e.in_sum2.len(),
-                e.in_sum.len(),
-                e.n_in,
-                e.n_mat
+                "{}: matrix {m} counts {c} rows in {tokens} tokens",
+                at()
             ));
         }
-        let n_in = e.n_in.max(1) as usize;
-        for (m, ((&c, row), sums)) in e
-            .counts
+        if let Some(col) = row.iter().position(|s| {
+            !non_negative(*s) || !budget.sum_ok(*s, tokens) || (c == 0 && !s.is_zero())
+        }) {
+            return Err(format!(
+                "{}: matrix {m} column {col}: sum of squares {} over {c} rows of {tokens} tokens",
+                at(),
+                row[col].to_f64()
+            ));
+        }
+        if let Some(col) = sums
             .iter()
-            .zip(e.in_sum2.chunks(n_in))
-            .zip(e.in_sum.chunks(n_in))
-            .enumerate()
+            .position(|s| !budget.sum_ok(*s, tokens) || (c == 0 && !s.is_zero()))
         {
-            if !budget.count_ok(c, tokens) {
-                return Err(format!(
-                    "{}: matrix {m} counts {c} rows in {tokens} tokens",
-                    at()
-                ));
-            }
-            if let Some(col) = row.iter().position(|s| {
-                !non_negative(*s) || !budget.sum_ok(*s, tokens) || (c == 0 && !s.is_zero())
-            }) {
-                return Err(format!(
-                    "{}: matrix {m} column {col}: sum of squares {} over {c} rows of {tokens} tokens",
-                    at(),
-                    row[col].to_f64()
-                ));
-            }
-            if let Some(col) = sums
-                .iter()
-                .position(|s| !budget.sum_ok(*s, tokens) || (c == 0 && !s.is_zero()))
-            {
-                return Err(format!(
-                    "{}: matrix {m} column {col}: sum {} over {c} rows of {tokens} tokens",
-                    at(),
-                    sums[col].to_f64()
-                ));
-            }
+            return Err(format!(
+                "{}: matrix {m} column {col}: sum {} over {c} rows of {tokens} tokens",
+                at(),
+                sums[col].to_f64()
+            ));
         }
     }
     Ok(())

@@ -26,6 +26,7 @@
 
 use bytes::Bytes;
 use common::corpus::{Chunk, CorpusIndex, Span};
+use common::exact::ExactSum;
 use common::hash::sha256_hex;
 use common::model_check::MoeFacts;
 use common::partial::{PackedPartial, Partial};
@@ -147,6 +148,7 @@ fn merge_bench(leases: u32) -> Measured {
         bincode_len as f64 / sums as f64,
         bincode_len as f64 / bytes.len() as f64,
     );
+    breakdown(&template, bytes.len());
     drop(template);
     println!(
         "format 3, one partial: hash {:.3} CPU s ({:.3} wall), decode {:.3} CPU s ({:.3} wall)",
@@ -216,10 +218,113 @@ fn merge_bench(leases: u32) -> Measured {
         "ingest CPU per partial: packed path {packed:.2} s ({:.2} GB/s of encoded partials per core), decoded path {decoded:.2} s",
         gb / packed
     );
+    let wall = t.hash.wall() + t.decode.wall() + t.accept.wall() + t.merge.wall();
+    println!(
+        "coordinator ingest per partial (decoded path): hash {:.2} + decode {:.2} + acceptance {:.2} + merge {:.2} = {:.2} CPU s, {wall:.2} s wall on {} threads",
+        t.hash.cpu(),
+        t.decode.cpu(),
+        t.accept.cpu(),
+        t.merge.cpu(),
+        decoded + t.accept.cpu(),
+        rayon::current_num_threads()
+    );
     Measured {
         one: bytes.len(),
         merged: merged_len,
         ingest_cpu: decoded + t.accept.cpu(),
+    }
+}
+
+/// What one kind of exact-sum column costs in the encoding.
+#[derive(Default)]
+struct Cost {
+    sums: usize,
+    bytes: usize,
+    zeros: usize,
+    /// Significant bits of the non-zero sums (`|x|` without its trailing
+    /// zeros), plus a sign bit each in a column with negative sums.
+    bits: u64,
+}
+
+impl Cost {
+    fn add(&mut self, column: &[ExactSum], stored: bool) {
+        self.sums += column.len();
+        if !stored {
+            self.bytes += 5;
+            return;
+        }
+        let mut packed = Vec::new();
+        common::packed::encode(column, &mut packed);
+        self.bytes += packed.len() + 9;
+        let signed = column.iter().any(|v| v.0 < 0);
+        for v in column {
+            let m = v.0.unsigned_abs();
+            if m == 0 {
+                self.zeros += 1;
+            } else {
+                self.bits +=
+                    u64::from(128 - (m >> m.trailing_zeros()).leading_zeros()) + u64::from(signed);
+            }
+        }
+    }
+}
+
+/// Where the encoded bytes of `p` go, per statistic and tensor kind, and the
+/// significant bits its sums hold: what any encoding that stores each sum's
+/// significant bits (and nothing less) needs at least.
+fn breakdown(p: &Partial, total: usize) {
+    let mut costs: BTreeMap<String, Cost> = BTreeMap::new();
+    const STATS: [&str; 5] = [
+        "prob_sum",
+        "weight_sum",
+        "ean_sum",
+        "reap_l2_sum",
+        "reap_l2_sq_sum",
+    ];
+    for g in p.experts.groups.values() {
+        for l in &g.layers {
+            for (name, column) in STATS.iter().zip(l.sums()) {
+                costs
+                    .entry(format!("statistics {name}"))
+                    .or_default()
+                    .add(column, true);
+            }
+        }
+    }
+    // A tensor equal to an earlier one of its layer is stored as a copy,
+    // as the encoder finds (gate/up, attn q/k/v).
+    let mut seen: Vec<&common::imatrix::ImatrixEntry> = Vec::new();
+    for (name, e) in &p.imatrix.entries {
+        let kind = name.splitn(3, '.').nth(2).unwrap_or(name);
+        let stored = !seen.contains(&e);
+        seen.push(e);
+        for (stat, column) in ["in_sum2", "in_sum"].iter().zip(e.sums()) {
+            let label = if stored {
+                format!("imatrix {stat} {kind}")
+            } else {
+                format!("imatrix {stat} copies")
+            };
+            costs.entry(label).or_default().add(column, stored);
+        }
+    }
+    let columns: usize = costs.values().map(|c| c.bytes).sum();
+    let floor: u64 = costs.values().map(|c| c.bits.div_ceil(8)).sum();
+    println!(
+        "where the bytes go: header {} bytes, columns {columns} bytes; significant bits of the stored sums {floor} bytes ({:.3} GB: the least an encoding storing each sum's significant bits needs)",
+        total - columns,
+        (total - columns) as f64 / 1e9 + floor as f64 / 1e9
+    );
+    for (kind, c) in &costs {
+        let nonzero = (c.sums - c.zeros).max(1);
+        println!(
+            "  {kind}: {} sums, {} bytes ({:.1}%), {:.2} bytes per sum; zeros {:.1}%, {:.1} significant bits per non-zero sum",
+            c.sums,
+            c.bytes,
+            100.0 * c.bytes as f64 / total as f64,
+            c.bytes as f64 / c.sums.max(1) as f64,
+            100.0 * c.zeros as f64 / c.sums.max(1) as f64,
+            c.bits as f64 / nonzero as f64
+        );
     }
 }
 

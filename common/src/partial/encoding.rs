@@ -1,5 +1,7 @@
-//! Format 5 of a partial: the bincode header (every field, with its exact
-//! sums left out), then each [`ExactSum`] column [`packed`], in a fixed
+//! Format 6 of a partial: the bincode header (every field, with its exact
+//! sums left out), then each [`ExactSum`] column [`packed`] (zeros marked
+//! by block masks, [`packed::Blocks::Masked`]; format 5, still read, packed
+//! them in place, [`packed::Blocks::Unmasked`]), in a fixed
 //! order: per (split, domain) group and MoE layer the five statistics, then
 //! each importance-matrix tensor's `in_sum2` and `in_sum`. A column equal to
 //! an earlier one (`ffn_gate_exps` and `ffn_up_exps` read the same input, so
@@ -66,8 +68,8 @@ pub(super) fn encode(p: &Partial) -> Vec<u8> {
     out
 }
 
-/// Decodes the format from the whole of `bytes`.
-pub(super) fn decode(bytes: &[u8]) -> Result<Partial, String> {
+/// Decodes the format (its block layout `blocks`) from the whole of `bytes`.
+pub(super) fn decode(bytes: &[u8], blocks: packed::Blocks) -> Result<Partial, String> {
     let Layout {
         mut header,
         lengths,
@@ -75,13 +77,17 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Partial, String> {
         ..
     } = layout(bytes)?;
     let mut slots = columns_mut(&mut header);
-    fill(bytes, &mut slots, &lengths, &columns)?;
+    fill(bytes, blocks, &mut slots, &lengths, &columns)?;
     Ok(header)
 }
 
-/// Decodes the packed columns into `slots` (in parallel), then the copies.
+/// Decodes every column into `slots`, spread over the cores: a copy decodes
+/// its source's bytes once more (about what copying the decoded sums costs,
+/// and in parallel with the rest, where a copy after the decode ran on one
+/// core).
 fn fill(
     bytes: &[u8],
+    blocks: packed::Blocks,
     slots: &mut [&mut Vec<ExactSum>],
     lengths: &[usize],
     columns: &[Column],
@@ -91,20 +97,24 @@ fn fill(
         .zip(lengths)
         .zip(columns)
         .enumerate()
-        .try_for_each(|(i, ((slot, &n), column))| match column {
-            Column::Packed(at) => {
-                slot.resize(n, ExactSum::ZERO);
-                packed::decode_into(&bytes[at.clone()], slot).map_err(|e| bad_column(i, e))
-            }
-            Column::Copy(_) => Ok(()),
-        })?;
-    for (i, column) in columns.iter().enumerate() {
-        if let Column::Copy(j) = *column {
-            let (before, after) = slots.split_at_mut(i);
-            after[0].clone_from(before[j]);
-        }
+        .try_for_each(|(i, ((slot, &n), column))| {
+            let at = packed_range(columns, column);
+            **slot =
+                packed::decode_vec(&bytes[at.clone()], blocks, n).map_err(|e| bad_column(i, e))?;
+            Ok(())
+        })
+}
+
+/// The packed bytes of `column` of `columns`: its own, or those of the
+/// earlier packed column it is a copy of ([`read_columns`] checked that).
+fn packed_range<'a>(columns: &'a [Column], column: &'a Column) -> &'a Range<usize> {
+    match column {
+        Column::Packed(at) => at,
+        Column::Copy(j) => match &columns[*j] {
+            Column::Packed(at) => at,
+            Column::Copy(_) => unreachable!("a copy names a packed column"),
+        },
     }
-    Ok(())
 }
 
 fn bad_column(i: usize, e: packed::PackedError) -> String {
@@ -226,6 +236,8 @@ fn take<const N: usize>(bytes: &[u8]) -> Option<([u8; N], &[u8])> {
 pub struct PackedPartial {
     header: Partial,
     bytes: Bytes,
+    /// The block layout of the partial's format version.
+    blocks: packed::Blocks,
     /// Per importance-matrix column (each tensor's `in_sum2` and `in_sum`,
     /// in order): its packed bytes, or the index (among these) of the
     /// column it equals.
@@ -236,7 +248,7 @@ impl PackedPartial {
     /// Reads a partial from `bytes`: the same checks and limits as
     /// [`Partial::from_bytes`] (every column is decoded once to check it).
     pub fn parse(bytes: Bytes) -> Result<PackedPartial, String> {
-        super::check_version(&bytes)?;
+        let blocks = super::check_version(&bytes)?;
         let Layout {
             mut header,
             lengths,
@@ -245,15 +257,20 @@ impl PackedPartial {
         } = layout(&bytes)?;
         let mut slots = columns_mut(&mut header);
         slots.truncate(n_stats);
-        fill(&bytes, &mut slots, &lengths[..n_stats], &columns[..n_stats])?;
+        fill(
+            &bytes,
+            blocks,
+            &mut slots,
+            &lengths[..n_stats],
+            &columns[..n_stats],
+        )?;
         columns[n_stats..]
             .par_iter()
             .zip(&lengths[n_stats..])
             .enumerate()
             .try_for_each(|(i, (column, &n))| match column {
-                Column::Packed(at) => {
-                    packed::check(&bytes[at.clone()], n).map_err(|e| bad_column(n_stats + i, e))
-                }
+                Column::Packed(at) => packed::check(&bytes[at.clone()], blocks, n)
+                    .map_err(|e| bad_column(n_stats + i, e)),
                 Column::Copy(_) => Ok(()),
             })?;
         let imatrix = columns[n_stats..]
@@ -266,6 +283,7 @@ impl PackedPartial {
         Ok(PackedPartial {
             header,
             bytes,
+            blocks,
             imatrix,
         })
     }
@@ -286,7 +304,14 @@ impl PackedPartial {
             .flat_map(ImatrixEntry::sums_mut)
             .collect();
         let lengths = imatrix_lengths(&self.header);
-        fill(&self.bytes, &mut slots, &lengths, &self.imatrix).expect("columns checked at parse");
+        fill(
+            &self.bytes,
+            self.blocks,
+            &mut slots,
+            &lengths,
+            &self.imatrix,
+        )
+        .expect("columns checked at parse");
         p
     }
 
@@ -330,12 +355,14 @@ impl PackedPartial {
                 let Column::Packed(at) = column else {
                     unreachable!("filtered")
                 };
-                packed::decode_add(&self.bytes[at.clone()], outs).map_err(|e| match e {
-                    packed::PackedError::Overflow { value, .. } => {
-                        MergeError::Exact(crate::exact::ExactError::Overflow(value))
-                    }
-                    other => unreachable!("columns checked at parse: {other}"),
-                })
+                packed::decode_add(&self.bytes[at.clone()], self.blocks, outs).map_err(
+                    |e| match e {
+                        packed::PackedError::Overflow { value, .. } => {
+                            MergeError::Exact(crate::exact::ExactError::Overflow(value))
+                        }
+                        other => unreachable!("columns checked at parse: {other}"),
+                    },
+                )
             })
     }
 }
@@ -632,6 +659,35 @@ mod tests {
             "{} vs {}",
             bytes.len(),
             old.len()
+        );
+    }
+
+    #[test]
+    fn format_5_partials_are_still_read() {
+        // Without a zero among non-zero sums, format 5's bytes are format
+        // 6's under the earlier version number.
+        let p = sample();
+        let mut bytes = p.to_bytes();
+        assert_eq!(bytes[0], 6);
+        bytes[0] = 5;
+        let old = Partial::from_bytes(&bytes).unwrap();
+        let expected = Partial {
+            format_version: 5,
+            ..p.clone()
+        };
+        assert_eq!(old, expected);
+        assert_eq!(PackedPartial::parse(bytes.into()).unwrap().decode(), old);
+        // A zero among them is masked in format 6, which format 5 never
+        // wrote: read as format 5 the block is refused, not misread.
+        let mut p = sample();
+        p.experts.groups.values_mut().next().unwrap().layers[0].prob_sum[2] = ExactSum::ZERO;
+        let mut bytes = p.to_bytes();
+        assert_eq!(Partial::from_bytes(&bytes).unwrap(), p);
+        bytes[0] = 5;
+        let e = Partial::from_bytes(&bytes).unwrap_err();
+        assert!(
+            e.contains("column 0: block 0") && e.contains("outside the exact range"),
+            "{e}"
         );
     }
 

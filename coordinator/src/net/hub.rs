@@ -533,9 +533,15 @@ impl<K: LeaseKind> Hub<K> {
         let kind = self.kind.clone();
         let what = labels::<K>().output;
         tokio::task::spawn_blocking(move || {
-            check_hash(&bytes, &claimed, what)?;
-            let output = kind.decode_and_check(&units, &bytes)?;
-            Ok((output, bytes, staged))
+            // The hash runs on one core beside the decode (spread over the
+            // others): a partial of a bad hash is refused all the same, the
+            // decode being bounded and its result dropped.
+            let (hash, output) = rayon::join(
+                || check_hash(&bytes, &claimed, what),
+                || kind.decode_and_check(&units, &bytes),
+            );
+            hash?;
+            Ok((output?, bytes, staged))
         })
         .await
         .map_err(|e| format!("checking the {what} panicked: {e}"))?
