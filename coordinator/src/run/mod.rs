@@ -506,19 +506,24 @@ pub fn worker_key(args: WorkerKeyArgs) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
 
+    /// Writes `manifest` as the run's manifest, then marks the run finished
+    /// (`verified` as given) over it.
+    async fn finish_over(store: &RunStore, manifest: &[u8], verified: bool) -> Result<(), String> {
+        store
+            .put(crate::corpus::MANIFEST_FILE, manifest.to_vec())
+            .await
+            .unwrap();
+        mark_finished(store, &RunSummary::default(), verified)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     #[tokio::test]
     async fn a_corrupt_manifest_is_named_and_left_as_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
         let corrupt = b"{\"model_sha256\": \"ab".to_vec();
-        store
-            .put(crate::corpus::MANIFEST_FILE, corrupt.clone())
-            .await
-            .unwrap();
-        let err = mark_finished(&store, &RunSummary::default(), true)
-            .await
-            .unwrap_err()
-            .to_string();
+        let err = finish_over(&store, &corrupt, true).await.unwrap_err();
         assert!(
             err.contains("manifest.json is not JSON") && err.contains("left as it is"),
             "{err}"
@@ -526,24 +531,10 @@ mod tests {
         let kept = store.get(crate::corpus::MANIFEST_FILE).await.unwrap();
         assert_eq!(kept.to_vec(), corrupt);
 
-        store
-            .put(crate::corpus::MANIFEST_FILE, b"[1, 2]".to_vec())
-            .await
-            .unwrap();
-        let err = mark_finished(&store, &RunSummary::default(), true)
-            .await
-            .unwrap_err()
-            .to_string();
+        let err = finish_over(&store, b"[1, 2]", true).await.unwrap_err();
         assert!(err.contains("not a JSON object"), "{err}");
 
-        store
-            .put(
-                crate::corpus::MANIFEST_FILE,
-                b"{\"model_sha256\": \"ab\"}".to_vec(),
-            )
-            .await
-            .unwrap();
-        mark_finished(&store, &RunSummary::default(), false)
+        finish_over(&store, b"{\"model_sha256\": \"ab\"}", false)
             .await
             .unwrap();
         let m = crate::corpus::manifest::read(&store)
