@@ -3,7 +3,6 @@
 //! and the security checks (secret, pin, garbage and oversized frames).
 
 use common::store::RunStore;
-use coordinator::run::RunSetup;
 use fixtures::loopback::{
     artifacts, client, fake_setup, fake_workers, run_with, Workers, FAKE_MODEL, FAKE_N_CTX,
 };
@@ -234,16 +233,8 @@ async fn whole_fake_run_round_trips_through_s3() {
     let local_dir = tempfile::tempdir().unwrap();
     let local = fake_setup(local_dir.path(), 7);
     run_with(&local, |l| fake_workers(l, 2, DELAY)).await;
-    let prefix = format!(
-        "s3://{bucket}/loopback-{}",
-        common::hash::sha256_hex(&common::wire::random_bytes(8))
-    );
-    let s3 = RunStore::open(&prefix).unwrap();
-    fixtures::copy_corpus(&local.store, &s3).await;
-    let remote = RunSetup {
-        store: s3.clone(),
-        ..local.clone()
-    };
+    let remote = fixtures::loopback::on_s3(&bucket, "loopback", &local).await;
+    let s3 = remote.store.clone();
     let (summary, _) = run_with(&remote, |l| fake_workers(l, 2, DELAY)).await;
     assert_eq!(summary.computed, 3);
     assert_eq!(

@@ -13,9 +13,9 @@ use common::store::RunStore;
 use common::wire::{EvalJob, JobInfo, Refusal};
 use common::ChunkRange;
 use coordinator::eval::{evaluate, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
-use coordinator::run::local::LocalWorkers;
 use coordinator::run::settings::{ClusterSettings, RunSettings};
 use coordinator::run::{read_index, RunError, RunSetup};
+use fixtures::loopback::{local_workers, spawn_noting_pids};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -96,22 +96,10 @@ async fn eval(
     count: u32,
     pids: Arc<Mutex<Vec<u32>>>,
 ) -> Result<EvalOutcome, EvalRunError> {
-    let w = LocalWorkers {
-        binary: fixtures::bin("worker"),
-        count,
-        model: s.base.model_path.clone(),
-        threads: 1,
-        env: Vec::new(),
-    };
+    let w = local_workers(count, &s.base.model_path);
     tokio::time::timeout(
         Duration::from_secs(300),
-        evaluate(s, |l| {
-            let children: Vec<Child> = w.spawn(l.addr, &l.pin, &l.secret)?;
-            pids.lock()
-                .unwrap()
-                .extend(children.iter().filter_map(|c| c.id()));
-            Ok(children)
-        }),
+        evaluate(s, |l| spawn_noting_pids(&w, l, &pids)),
     )
     .await
     .expect("the evaluation finishes in time")
@@ -369,13 +357,7 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
         lied: Arc::default(),
     };
     let (lies, lied) = (liar.lies.clone(), liar.lied.clone());
-    let honest = LocalWorkers {
-        binary: fixtures::bin("worker"),
-        count: 1,
-        model: model.clone(),
-        threads: 1,
-        env: Vec::new(),
-    };
+    let honest = local_workers(1, &model);
     let mut liar_run = None;
     let mut honest_run = None;
     let outcome = tokio::time::timeout(

@@ -14,9 +14,10 @@ use common::store::RunStore;
 use common::trace::TraceRow;
 use common::wire::JobInfo;
 use common::{ChunkRange, Split};
-use coordinator::run::local::LocalWorkers;
 use coordinator::run::{execute, RunSetup, RunSummary};
-use fixtures::loopback::{self, client, fake_setup, real_setup, FAKE_MODEL, FAKE_N_CTX};
+use fixtures::loopback::{
+    self, client, fake_setup, local_workers, real_setup, FAKE_MODEL, FAKE_N_CTX,
+};
 use std::path::Path;
 use std::time::Duration;
 use worker::join::engine::{Engine, EngineLoader};
@@ -29,13 +30,7 @@ const N_CTX: u32 = 64;
 
 /// Runs with two real `worker join` processes.
 async fn run(s: &RunSetup) -> Result<RunSummary, coordinator::run::RunError> {
-    let w = LocalWorkers {
-        binary: fixtures::bin("worker"),
-        count: 2,
-        model: s.model_path.clone(),
-        threads: 1,
-        env: Vec::new(),
-    };
+    let w = local_workers(2, &s.model_path);
     tokio::time::timeout(
         Duration::from_secs(300),
         execute(s, |l| w.spawn(l.addr, &l.pin, &l.secret)),
@@ -136,9 +131,12 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
 
     let again = run(&s).await.unwrap();
     assert_eq!((again.units, again.resumed, again.computed), (4, 1, 3));
-    let rejected: Vec<&str> = again.rejected.iter().map(|(n, _)| n.as_str()).collect();
+    let (rejected, why): (Vec<&str>, Vec<&str>) = again
+        .rejected
+        .iter()
+        .map(|(n, w)| (n.as_str(), w.as_str()))
+        .unzip();
     assert_eq!(rejected, [unit(0), unit(1), unit(2)]);
-    let why: Vec<&str> = again.rejected.iter().map(|(_, w)| w.as_str()).collect();
     assert!(
         why[0].contains("bytes changed since they were accepted"),
         "{why:?}"
@@ -300,21 +298,11 @@ fn zero_expert_model(dir: &Path) -> std::path::PathBuf {
 fn a_model_with_zero_experts_is_refused_by_name_not_aborted_on() {
     let d = tempfile::tempdir().unwrap();
     let model = zero_expert_model(d.path());
-    let corpus = d.path().join("corpus-run");
-    fixtures::write_corpus(&corpus, &fixtures::chunks(2, 32), 32);
+    let corpus = fixtures::corpus_dir(d.path(), "corpus-run", 2, 32);
+    let dest = d.path().join("out");
     let out = fixtures::run(
         "worker",
-        &[
-            "collect",
-            "--model",
-            model.to_str().unwrap(),
-            "--corpus",
-            corpus.to_str().unwrap(),
-            "--chunks",
-            "0..2",
-            "--out",
-            d.path().join("out").to_str().unwrap(),
-        ],
+        &fixtures::worker_args("collect", &model, &corpus, "0..2", &dest, &[]),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
