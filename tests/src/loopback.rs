@@ -228,9 +228,9 @@ pub async fn assert_quarantined_and_honest(
         matches!(end, Some(ToWorker::Refused(Refusal::Quarantined(_)))),
         "{end:?}"
     );
-    let w = summary.workers.iter().find(|w| w.name == name).unwrap();
+    let w = summary.leases.worker(name).unwrap();
     assert!(w.quarantined && w.leases == 0, "{w:?}");
-    assert_eq!(summary.computed, computed);
+    assert_eq!(summary.leases.computed, computed);
     assert_eq!(artifacts(&s.store, false).await, fake_reference(s).await);
 }
 

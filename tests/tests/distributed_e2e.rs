@@ -67,7 +67,7 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts() {
     let (model, one) = reference(d.path()).await;
     let s = real_setup(&d.path().join("three"), &model, N_CHUNKS, N_CTX, 3);
     let summary = run(&s, 3, Arc::default()).await.unwrap();
-    assert_eq!(summary.computed, 6);
+    assert_eq!(summary.leases.computed, 6);
     assert!(
         one.iter().any(|(n, _)| n.starts_with("trace/")),
         "traces were written"
@@ -200,12 +200,12 @@ async fn kill_a_worker_when(when: &'static str, checkpoint_leases: u32) {
     assert!(killer.await.unwrap(), "the victim was killed");
     assert_eq!(artifacts(&s.store, true).await, expected);
     verify_ok(&s.store).await;
-    assert_eq!(summary.computed, 6, "{summary:?}");
+    assert_eq!(summary.leases.computed, 6, "{summary:?}");
     assert!(
-        summary.retries >= 1,
+        summary.leases.retries >= 1,
         "the victim's lease was retried: {summary:?}"
     );
-    let v = summary.workers.iter().find(|w| w.name == victim).unwrap();
+    let v = summary.leases.worker(&victim).unwrap();
     assert!(!v.connected, "{v:?}");
 }
 
@@ -222,7 +222,7 @@ async fn checkpointed_runs_give_the_artifacts_of_per_lease_runs() {
         let mut s = real_setup(&dir, &model, N_CHUNKS, N_CTX, 3);
         s.run.checkpoint_leases = 4;
         let summary = run(&s, count, Arc::default()).await.unwrap();
-        assert_eq!(summary.computed, 6, "{summary:?}");
+        assert_eq!(summary.leases.computed, 6, "{summary:?}");
         assert_eq!(
             artifacts(&s.store, true).await,
             per_lease,
@@ -266,14 +266,14 @@ async fn coordinator_killed_and_restarted_recomputes_at_most_one_lease_per_worke
     let mut s = s;
     s.run.lock_stale_s = 0;
     let summary = run(&s, workers, Arc::default()).await.unwrap();
-    assert!(summary.resumed >= stored.min(6), "{summary:?}");
-    assert_eq!(summary.resumed + summary.computed, 6);
+    assert!(summary.leases.resumed >= stored.min(6), "{summary:?}");
+    assert_eq!(summary.leases.resumed + summary.leases.computed, 6);
     // Leases the first coordinator had in flight when it died are recomputed:
     // at most one per worker.
     assert!(
-        summary.computed <= 6 - stored + workers as usize,
+        summary.leases.computed <= 6 - stored + workers as usize,
         "stored {stored}, then computed {}",
-        summary.computed
+        summary.leases.computed
     );
     assert_eq!(artifacts(&s.store, true).await, expected);
     verify_ok(&s.store).await;
@@ -290,7 +290,7 @@ async fn whole_real_run_round_trips_through_s3() {
     let s = fixtures::loopback::on_s3(&bucket, "e2e", &local).await;
     let s3 = s.store.clone();
     let summary = run(&s, 2, Arc::default()).await.unwrap();
-    assert_eq!(summary.computed, 6);
+    assert_eq!(summary.leases.computed, 6);
     assert_eq!(artifacts(&s3, true).await, expected);
     verify_ok(&s3).await;
 }
@@ -410,16 +410,25 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
         }
         panic!("{addr} never became free");
     });
-    assert!(summary.resumed >= stored.min(6), "{summary:?}");
-    assert_eq!(summary.resumed + summary.computed, 6);
-    assert!(summary.computed >= 1, "{summary:?}");
+    assert!(summary.leases.resumed >= stored.min(6), "{summary:?}");
+    assert_eq!(summary.leases.resumed + summary.leases.computed, 6);
+    assert!(summary.leases.computed >= 1, "{summary:?}");
     assert!(
-        summary.workers.iter().all(|w| w.name.starts_with("proc-")),
+        summary
+            .leases
+            .workers
+            .iter()
+            .all(|w| w.name.starts_with("proc-")),
         "only the original processes worked: {summary:?}"
     );
     second.block_on(async { assert_eq!(artifacts(&s.store, true).await, expected) });
     second.block_on(verify_ok(&s.store));
-    let joined: Vec<&str> = summary.workers.iter().map(|w| w.name.as_str()).collect();
+    let joined: Vec<&str> = summary
+        .leases
+        .workers
+        .iter()
+        .map(|w| w.name.as_str())
+        .collect();
     // A process that found the run finished before it rejoined keeps
     // reconnecting until it gives up: it is killed, not waited for.
     for (i, mut child) in procs.lock().unwrap().drain(..).enumerate() {

@@ -82,7 +82,7 @@ async fn poisoned_run(dir: &Path, poison: fn(&mut Partial)) -> RunSetup {
         ),
         "three refused results in a row quarantine it: {end:?}"
     );
-    assert_eq!(summary.computed, 6);
+    assert_eq!(summary.leases.computed, 6);
     s
 }
 
@@ -128,8 +128,12 @@ async fn a_poisoned_stored_partial_is_set_aside_on_resume_and_recomputed() {
         .unwrap();
 
     let (again, _) = loopback::run_logged(&s, |l| fake_workers(l, 1, Duration::ZERO)).await;
-    assert_eq!((again.resumed, again.computed), (2, 1), "{again:?}");
-    let (aside, why) = &again.rejected[0];
+    assert_eq!(
+        (again.leases.resumed, again.leases.computed),
+        (2, 1),
+        "{again:?}"
+    );
+    let (aside, why) = &again.leases.rejected[0];
     assert_eq!(aside, &name);
     assert!(
         why.contains("prob_sum") && why.contains("beyond what"),

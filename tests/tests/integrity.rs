@@ -72,7 +72,14 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
     let model = fixtures::model(d.path(), Preset::Tiny);
     let s = real_setup(d.path(), &model, N_CHUNKS, N_CTX, 5);
     let first = run(&s).await.unwrap();
-    assert_eq!((first.units, first.computed, first.resumed), (4, 4, 0));
+    assert_eq!(
+        (
+            first.leases.units,
+            first.leases.computed,
+            first.leases.resumed
+        ),
+        (4, 4, 0)
+    );
     let reference = artifacts(&s.store).await;
     let report = coordinator::verify::verify(&s.store).await.unwrap();
     assert!(report.ok(), "{report}");
@@ -130,8 +137,16 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
     std::fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
 
     let again = run(&s).await.unwrap();
-    assert_eq!((again.units, again.resumed, again.computed), (4, 1, 3));
+    assert_eq!(
+        (
+            again.leases.units,
+            again.leases.resumed,
+            again.leases.computed
+        ),
+        (4, 1, 3)
+    );
     let (rejected, why): (Vec<&str>, Vec<&str>) = again
+        .leases
         .rejected
         .iter()
         .map(|(n, w)| (n.as_str(), w.as_str()))
@@ -162,17 +177,18 @@ async fn partials_made_under_other_settings_are_recomputed_not_merged() {
     let mut s = real_setup(d.path(), &model, N_CHUNKS, N_CTX, 5);
     s.run.n_ubatch = N_CTX / 2;
     let first = run(&s).await.unwrap();
-    assert_eq!(first.computed, 4);
+    assert_eq!(first.leases.computed, 4);
     s.run.n_ubatch = N_CTX;
     let again = run(&s).await.unwrap();
-    assert_eq!((again.resumed, again.computed), (0, 4));
+    assert_eq!((again.leases.resumed, again.leases.computed), (0, 4));
     assert!(
         again
+            .leases
             .rejected
             .iter()
             .all(|(_, why)| why.contains("computed under other settings")),
         "{:?}",
-        again.rejected
+        again.leases.rejected
     );
     // The same as a run made under these settings from the start.
     let fresh = real_setup(&d.path().join("fresh"), &model, N_CHUNKS, N_CTX, 5);
@@ -261,12 +277,12 @@ async fn a_worker_fabricating_token_counts_is_refused_and_the_run_goes_on() {
     .await
     .expect("the run finishes in time")
     .expect("the run succeeds despite the liar");
-    assert_eq!((summary.units, summary.computed), (3, 3));
+    assert_eq!((summary.leases.units, summary.leases.computed), (3, 3));
     assert!(
-        summary.retries >= 1,
+        summary.leases.retries >= 1,
         "the liar's results went back to the queue: {summary:?}"
     );
-    let liar = summary.workers.iter().find(|w| w.name == "liar").unwrap();
+    let liar = summary.leases.worker("liar").unwrap();
     assert_eq!(liar.leases, 0, "no fabricated result was accepted");
     // The merged result is the honest engine's over every chunk.
     let reference = FakeEngine::new(FAKE_MODEL)
@@ -370,7 +386,7 @@ async fn a_second_coordinator_on_one_location_is_refused_and_a_stale_lock_taken_
         "{e}"
     );
     let summary = first.await.unwrap().unwrap();
-    assert_eq!(summary.computed, 3);
+    assert_eq!(summary.leases.computed, 3);
     assert!(
         !s.store.exists(LOCK_FILE).await.unwrap(),
         "released at the end"
@@ -390,7 +406,7 @@ async fn a_second_coordinator_on_one_location_is_refused_and_a_stale_lock_taken_
     let again = execute(&s, |_| panic!("everything is stored"))
         .await
         .unwrap();
-    assert_eq!(again.resumed, 3);
+    assert_eq!(again.leases.resumed, 3);
     // A fresh one only with an explicit take-over (stale timeout 0).
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -408,6 +424,7 @@ async fn a_second_coordinator_on_one_location_is_refused_and_a_stale_lock_taken_
         execute(&forced, |_| panic!("stored"))
             .await
             .unwrap()
+            .leases
             .resumed,
         3
     );

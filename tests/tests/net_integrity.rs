@@ -116,7 +116,7 @@ async fn connections_that_never_log_in_cannot_starve_a_worker() {
         })]
     })
     .await;
-    assert_eq!(summary.computed, 2);
+    assert_eq!(summary.leases.computed, 2);
     let reasons = rx.await.unwrap();
     assert_eq!(
         reasons.len(),
@@ -152,7 +152,7 @@ async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
         matches!(again, ToWorker::Refused(Refusal::Quarantined(_))),
         "{again:?}"
     );
-    assert_eq!(summary.retries, 3);
+    assert_eq!(summary.leases.retries, 3);
     assert_quarantined_and_honest(&s, &summary, "flaky", &end, 10).await;
 }
 
@@ -186,7 +186,7 @@ async fn a_slow_upload_that_keeps_moving_keeps_its_lease() {
     let (took, reply) = rx.await.unwrap();
     assert!(took >= Duration::from_secs(4), "{took:?}");
     assert_eq!(reply, "Ok(Some(Ack))");
-    assert_eq!((summary.computed, summary.retries), (1, 0));
+    assert_eq!((summary.leases.computed, summary.leases.retries), (1, 0));
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }
 

@@ -138,15 +138,24 @@ async fn a_client_that_reconnects_after_every_result_cannot_verify_itself() {
         ),
         "the liar ends refused, or when the run is over: {last:?}"
     );
-    let liar = summary.workers.iter().find(|w| w.name == "liar").unwrap();
+    let liar = summary.leases.worker("liar").unwrap();
     assert!(liar.quarantined && liar.leases == 0, "{liar:?}");
     assert_eq!(
-        summary.workers.iter().filter(|w| w.name == "liar").count(),
+        summary
+            .leases
+            .workers
+            .iter()
+            .filter(|w| w.name == "liar")
+            .count(),
         1,
         "one identity for all its connections"
     );
-    assert!(summary.unresolved.is_empty(), "{:?}", summary.unresolved);
-    assert_eq!(summary.computed, 2);
+    assert!(
+        summary.leases.unresolved.is_empty(),
+        "{:?}",
+        summary.leases.unresolved
+    );
+    assert_eq!(summary.leases.computed, 2);
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }
 
@@ -174,8 +183,13 @@ async fn one_liar_and_one_honest_worker_finish_in_bounded_time_with_the_disagree
         "FIGURE one liar, one honest worker, verify_fraction = 1: run finished in {:?}",
         start.elapsed()
     );
-    assert_eq!(summary.unresolved.len(), 2, "{:?}", summary.unresolved);
-    for what in &summary.unresolved {
+    assert_eq!(
+        summary.leases.unresolved.len(),
+        2,
+        "{:?}",
+        summary.leases.unresolved
+    );
+    for what in &summary.leases.unresolved {
         assert!(
             what.contains("liar") && what.contains("no third worker"),
             "{what}"
@@ -239,6 +253,6 @@ async fn a_worker_that_joins_first_and_fails_every_lease_does_not_fail_the_run()
         matches!(end, Some(ToWorker::Refused(Refusal::Quarantined(_)))),
         "{end:?}"
     );
-    assert_eq!(summary.computed, 3);
+    assert_eq!(summary.leases.computed, 3);
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }
