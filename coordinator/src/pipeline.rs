@@ -356,21 +356,21 @@ fn ensure_model(path: &std::path::Path) -> anyhow::Result<()> {
 fn print_summary(store: &RunStore, s: &RunSummary) {
     println!(
         "collected {} leases ({} reused from {}/partials, {} computed, {} retried, {} duplicates dropped); {} fit tokens",
-        s.units,
-        s.resumed,
+        s.leases.units,
+        s.leases.resumed,
         store.url(),
-        s.computed,
-        s.retries,
-        s.duplicates,
+        s.leases.computed,
+        s.leases.retries,
+        s.leases.duplicates,
         s.fit_tokens
     );
-    for (name, why) in &s.rejected {
+    for (name, why) in &s.leases.rejected {
         println!("  REJECTED stored partial {}: {why}", store.url_of(name));
     }
-    for what in &s.unresolved {
+    for what in &s.leases.unresolved {
         println!("  UNRESOLVED disagreement: {what}");
     }
-    for w in &s.workers {
+    for w in &s.leases.workers {
         println!(
             "  {} ({}): {} leases, {} tokens, {:.0} tokens/s",
             w.name,

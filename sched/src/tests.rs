@@ -61,32 +61,60 @@ fn plan_covers_every_chunk_once() {
     assert_eq!(plan(3, 0).len(), 3);
 }
 
-/// Virtual workers that finish each lease after `work` seconds; returns the
-/// accepted ranges in acceptance order.
+/// A scheduler over `units` (nothing resumed) with `workers` registered at
+/// time zero, each under its own identity.
+fn started(config: SchedConfig, units: Vec<ChunkRange>, workers: &[WorkerId]) -> Scheduler {
+    let mut s = Scheduler::new(config, units, &BTreeMap::new());
+    for &w in workers {
+        s.register(w, id(w), Duration::ZERO);
+    }
+    s
+}
+
+/// How the odd worker of a [`simulate`]d run behaves.
+#[derive(Clone, Copy)]
+enum Odd {
+    /// Never finishes a lease; keeps sending heartbeats so only the lease
+    /// deadline catches it.
+    Blackhole,
+    /// Fails every lease at once, until it is quarantined.
+    Flaky,
+}
+
+/// Virtual workers (registered already) that finish each lease after `work`
+/// seconds, one of them possibly `odd`; returns the accepted ranges in
+/// acceptance order.
 fn simulate(
     s: &mut Scheduler,
     workers: &[WorkerId],
-    blackhole: Option<WorkerId>,
+    odd: Option<(WorkerId, Odd)>,
     work: u64,
 ) -> Vec<ChunkRange> {
     let mut accepted = Vec::new();
     let mut running: BTreeMap<WorkerId, (LeaseGrant, Duration)> = BTreeMap::new();
-    for &w in workers {
-        s.register(w, id(w), Duration::ZERO);
-    }
     for t in 0..1000u64 {
         let now = secs(t);
         s.tick(now);
         for &w in workers {
-            if Some(w) == blackhole {
-                // Never finishes; keeps sending heartbeats so only the lease deadline catches it.
-                if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(w) {
-                    if let Grant::Lease(l) = s.request(w, now) {
-                        slot.insert((l, Duration::MAX));
+            match odd {
+                Some((o, Odd::Blackhole)) if o == w => {
+                    if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(w) {
+                        if let Grant::Lease(l) = s.request(w, now) {
+                            slot.insert((l, Duration::MAX));
+                        }
                     }
+                    let _ = s.heartbeat(w, now);
+                    continue;
                 }
-                let _ = s.heartbeat(w, now);
-                continue;
+                Some((o, Odd::Flaky)) if o == w => {
+                    if s.quarantine_reason(id(w)).is_none() {
+                        if let Grant::Lease(l) = s.request(w, now) {
+                            s.fail(l.lease_id, w, "CUDA error", now);
+                        }
+                    }
+                    continue;
+                }
+                _ => {}
             }
             match running.get(&w) {
                 Some((l, end)) if *end <= now => {
@@ -114,7 +142,7 @@ fn simulate(
 #[test]
 fn every_unit_is_accepted_exactly_once_with_three_workers() {
     let units = plan(20, 3);
-    let mut s = Scheduler::new(cfg(), units.clone(), &BTreeMap::new());
+    let mut s = started(cfg(), units.clone(), &[W1, W2, W3]);
     let mut got = simulate(&mut s, &[W1, W2, W3], None, 2);
     got.sort();
     assert_eq!(got, units);
@@ -126,8 +154,8 @@ fn every_unit_is_accepted_exactly_once_with_three_workers() {
 #[test]
 fn blackhole_worker_lease_expires_and_is_retried_elsewhere() {
     let units = plan(6, 2);
-    let mut s = Scheduler::new(cfg(), units.clone(), &BTreeMap::new());
-    let mut got = simulate(&mut s, &[W1, W2], Some(W1), 1);
+    let mut s = started(cfg(), units.clone(), &[W1, W2]);
+    let mut got = simulate(&mut s, &[W1, W2], Some((W1, Odd::Blackhole)), 1);
     got.sort();
     assert_eq!(
         got, units,
@@ -140,9 +168,7 @@ fn blackhole_worker_lease_expires_and_is_retried_elsewhere() {
 #[test]
 fn expiry_reports_an_event_and_requeues_the_unit_first() {
     let units = plan(4, 2);
-    let mut s = Scheduler::new(cfg(), units, &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(cfg(), units, &[W1, W2]);
     let l1 = lease(s.request(W1, secs(0)));
     let _l2 = lease(s.request(W2, secs(0)));
     s.heartbeat(W1, secs(9)).unwrap();
@@ -163,8 +189,7 @@ fn expiry_reports_an_event_and_requeues_the_unit_first() {
 
 #[test]
 fn silent_worker_is_dropped_and_its_lease_requeued() {
-    let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
+    let mut s = started(cfg(), plan(2, 2), &[W1]);
     let l = lease(s.request(W1, secs(0)));
     assert_eq!(s.tick(secs(3)), vec![Event::WorkerSilent(W1)]);
     assert_eq!(s.progress().retries, 1);
@@ -176,7 +201,7 @@ fn silent_worker_is_dropped_and_its_lease_requeued() {
 
 #[test]
 fn disconnect_requeues_and_retries_are_bounded_with_a_clear_failure() {
-    let mut s = Scheduler::new(cfg(), plan(4, 4), &BTreeMap::new());
+    let mut s = started(cfg(), plan(4, 4), &[]);
     for i in 0..3 {
         let w = WorkerId(10 + i);
         s.register(w, id(w), secs(i));
@@ -195,9 +220,7 @@ fn disconnect_requeues_and_retries_are_bounded_with_a_clear_failure() {
 
 #[test]
 fn late_result_of_expired_lease_is_accepted_once_and_the_retry_is_a_duplicate() {
-    let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(cfg(), plan(2, 2), &[W1, W2]);
     let l1 = lease(s.request(W1, secs(0)));
     s.heartbeat(W1, secs(10)).unwrap();
     s.heartbeat(W2, secs(10)).unwrap();
@@ -227,9 +250,7 @@ fn late_result_of_expired_lease_is_accepted_once_and_the_retry_is_a_duplicate() 
 
 #[test]
 fn differing_duplicate_is_counted_as_a_mismatch() {
-    let mut s = Scheduler::new(cfg(), plan(1, 1), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(cfg(), plan(1, 1), &[W1, W2]);
     let l1 = lease(s.request(W1, secs(0)));
     s.disconnect(W1, "gone");
     let l2 = lease(s.request(W2, secs(1)));
@@ -246,9 +267,7 @@ fn differing_duplicate_is_counted_as_a_mismatch() {
 
 #[test]
 fn results_from_a_worker_that_does_not_hold_the_lease_are_unknown() {
-    let mut s = Scheduler::new(cfg(), plan(2, 1), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(cfg(), plan(2, 1), &[W1, W2]);
     let l1 = lease(s.request(W1, secs(0)));
     assert_eq!(
         s.complete(l1.lease_id, W2, "x", secs(1)),
@@ -281,9 +300,7 @@ fn resumed_units_are_not_leased_again() {
 fn failures_reported_in_a_burst_do_not_fail_the_run() {
     // Regression: three `Failed` reports for one worker's leases within
     // milliseconds used to fail the run ("chunks 0..4 failed 3 times").
-    let mut s = Scheduler::new(cfg(), plan(16, 4), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(cfg(), plan(16, 4), &[W1, W2]);
     let first = lease(s.request(W1, secs(0)));
     let mut quarantine = None;
     for _ in 0..3 {
@@ -316,9 +333,7 @@ fn failures_reported_in_a_burst_do_not_fail_the_run() {
 
 #[test]
 fn a_failed_unit_goes_to_another_worker_not_straight_back() {
-    let mut s = Scheduler::new(cfg(), plan(4, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(cfg(), plan(4, 2), &[W1, W2]);
     let l = lease(s.request(W1, secs(0)));
     assert_eq!(s.fail(l.lease_id, W1, "oom", secs(1)), None);
     let again = lease(s.request(W1, secs(1)));
@@ -328,8 +343,7 @@ fn a_failed_unit_goes_to_another_worker_not_straight_back() {
 
 #[test]
 fn a_lone_worker_may_retry_its_own_failure_until_quarantined() {
-    let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
+    let mut s = started(cfg(), plan(2, 2), &[W1]);
     let l = lease(s.request(W1, secs(0)));
     s.fail(l.lease_id, W1, "transient", secs(0));
     // No other worker could take it: W1 may try again, and succeed.
@@ -341,8 +355,7 @@ fn a_lone_worker_may_retry_its_own_failure_until_quarantined() {
 
 #[test]
 fn quarantine_that_leaves_no_healthy_worker_fails_the_run_clearly_after_the_grace_period() {
-    let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
+    let mut s = started(cfg(), plan(8, 2), &[W1]);
     for t in 0..3 {
         let l = lease(s.request(W1, secs(t)));
         s.fail(l.lease_id, W1, "corpus unreadable", secs(t));
@@ -360,8 +373,7 @@ fn quarantine_that_leaves_no_healthy_worker_fails_the_run_clearly_after_the_grac
 
 #[test]
 fn a_worker_that_fails_first_does_not_fail_a_run_an_honest_one_joins_within_the_grace() {
-    let mut s = Scheduler::new(cfg(), plan(4, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
+    let mut s = started(cfg(), plan(4, 2), &[W1]);
     for t in 0..3 {
         let l = lease(s.request(W1, secs(t)));
         s.fail(l.lease_id, W1, "CUDA error", secs(t));
@@ -384,7 +396,7 @@ fn identity_not_connection_counts_failures_quarantine_and_opinions() {
     // One identity, a new connection for each lease: its failures add up,
     // it is never its own second opinion, and its quarantine outlives the
     // connection and times out.
-    let mut s = Scheduler::new(verifying(), plan(4, 2), &BTreeMap::new());
+    let mut s = started(verifying(), plan(4, 2), &[]);
     s.register(WorkerId(10), I1, secs(0));
     let l = lease(s.request(WorkerId(10), secs(0)));
     assert!(matches!(
@@ -417,9 +429,7 @@ fn identity_not_connection_counts_failures_quarantine_and_opinions() {
 
 #[test]
 fn a_disagreement_with_no_third_identity_is_decided_after_the_wait() {
-    let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(verifying(), plan(2, 2), &[W1, W2]);
     let a = lease(s.request(W1, secs(0)));
     s.complete(a.lease_id, W1, "h1", secs(1));
     let b = lease(s.request(W2, secs(1)));
@@ -447,9 +457,7 @@ fn a_disagreement_with_no_third_identity_is_decided_after_the_wait() {
 
 #[test]
 fn a_quarantined_worker_gets_no_work_and_its_results_are_ignored() {
-    let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(cfg(), plan(8, 2), &[W1, W2]);
     let mut last = None;
     for t in 0..3 {
         let l = lease(s.request(W1, secs(t)));
@@ -476,10 +484,7 @@ fn a_quarantined_worker_gets_no_work_and_its_results_are_ignored() {
 
 #[test]
 fn a_unit_fails_the_run_only_after_distinct_workers_failed_it() {
-    let mut s = Scheduler::new(cfg(), plan(2, 2), &BTreeMap::new());
-    for w in [W1, W2, W3] {
-        s.register(w, id(w), secs(0));
-    }
+    let mut s = started(cfg(), plan(2, 2), &[W1, W2, W3]);
     for (i, w) in [W1, W2].into_iter().enumerate() {
         let l = lease(s.request(w, secs(i as u64)));
         s.fail(l.lease_id, w, "nan", secs(i as u64));
@@ -496,46 +501,8 @@ fn a_unit_fails_the_run_only_after_distinct_workers_failed_it() {
 #[test]
 fn flaky_worker_is_quarantined_and_the_others_finish_in_simulated_time() {
     let units = plan(30, 2);
-    let mut s = Scheduler::new(cfg(), units.clone(), &BTreeMap::new());
-    for w in [W1, W2, W3] {
-        s.register(w, id(w), Duration::ZERO);
-    }
-    let mut accepted = Vec::new();
-    let mut running: BTreeMap<WorkerId, (LeaseGrant, Duration)> = BTreeMap::new();
-    for t in 0..1000u64 {
-        let now = secs(t);
-        s.tick(now);
-        for w in [W1, W2, W3] {
-            if s.quarantine_reason(id(w)).is_some() {
-                continue;
-            }
-            if w == W1 {
-                // Fails every lease at once.
-                if let Grant::Lease(l) = s.request(w, now) {
-                    s.fail(l.lease_id, w, "CUDA error", now);
-                }
-                continue;
-            }
-            match running.get(&w) {
-                Some((l, end)) if *end <= now => {
-                    if let Completion::Accepted(r) = s.complete(l.lease_id, w, &sha(l.range), now) {
-                        accepted.push(r);
-                    }
-                    running.remove(&w);
-                }
-                Some(_) => s.heartbeat(w, now).unwrap(),
-                None => {}
-            }
-            if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(w) {
-                if let Grant::Lease(l) = s.request(w, now) {
-                    slot.insert((l, now + secs(2)));
-                }
-            }
-        }
-        if s.is_finished() || s.failure().is_some() {
-            break;
-        }
-    }
+    let mut s = started(cfg(), units.clone(), &[W1, W2, W3]);
+    let mut accepted = simulate(&mut s, &[W1, W2, W3], Some((W1, Odd::Flaky)), 2);
     assert!(s.failure().is_none(), "{:?}", s.failure());
     accepted.sort();
     assert_eq!(accepted, units);
@@ -557,9 +524,7 @@ fn verifying() -> SchedConfig {
 
 #[test]
 fn sampled_units_need_results_from_two_workers() {
-    let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(verifying(), plan(2, 2), &[W1, W2]);
     let l1 = lease(s.request(W1, secs(0)));
     assert_eq!(
         s.complete(l1.lease_id, W1, "h", secs(1)),
@@ -590,10 +555,7 @@ fn sampled_units_need_results_from_two_workers() {
 
 #[test]
 fn a_disagreement_asks_a_third_worker_and_quarantines_the_odd_one() {
-    let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
-    for w in [W1, W2, W3] {
-        s.register(w, id(w), secs(0));
-    }
+    let mut s = started(verifying(), plan(2, 2), &[W1, W2, W3]);
     let cheat = lease(s.request(W2, secs(0)));
     s.complete(cheat.lease_id, W2, "forged", secs(1));
     let honest = lease(s.request(W1, secs(1)));
@@ -624,10 +586,7 @@ fn a_disagreement_asks_a_third_worker_and_quarantines_the_odd_one() {
 
 #[test]
 fn no_two_agreeing_results_fail_the_run() {
-    let mut s = Scheduler::new(verifying(), plan(2, 2), &BTreeMap::new());
-    for w in [W1, W2, W3] {
-        s.register(w, id(w), secs(0));
-    }
+    let mut s = started(verifying(), plan(2, 2), &[W1, W2, W3]);
     for (t, w) in [W1, W2].into_iter().enumerate() {
         let l = lease(s.request(w, secs(t as u64)));
         s.complete(l.lease_id, w, &format!("h{t}"), secs(t as u64));
@@ -683,8 +642,7 @@ fn hold(s: &mut Scheduler, w: WorkerId, now: Duration) -> LeaseGrant {
 
 #[test]
 fn held_leases_are_done_only_when_their_checkpoint_is_accepted() {
-    let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
+    let mut s = started(cfg(), plan(8, 2), &[W1]);
     let a = hold(&mut s, W1, secs(0));
     // The idle poll for the next lease does not give up the held one.
     let b = hold(&mut s, W1, secs(1));
@@ -711,9 +669,7 @@ fn held_leases_are_done_only_when_their_checkpoint_is_accepted() {
 
 #[test]
 fn a_worker_lost_between_checkpoints_loses_its_held_leases_with_one_failure() {
-    let mut s = Scheduler::new(cfg(), plan(8, 2), &BTreeMap::new());
-    s.register(W1, id(W1), secs(0));
-    s.register(W2, id(W2), secs(0));
+    let mut s = started(cfg(), plan(8, 2), &[W1, W2]);
     let lost: BTreeSet<ChunkRange> = [
         hold(&mut s, W1, secs(0)).range,
         hold(&mut s, W1, secs(1)).range,
@@ -742,9 +698,7 @@ fn a_worker_lost_between_checkpoints_loses_its_held_leases_with_one_failure() {
 fn a_late_checkpoint_is_accepted_whole_or_refused_whole() {
     // W1 holds two leases and goes silent; its checkpoint comes late.
     let presumed_lost = || {
-        let mut s = Scheduler::new(cfg(), plan(6, 2), &BTreeMap::new());
-        s.register(W1, id(W1), secs(0));
-        s.register(W2, id(W2), secs(0));
+        let mut s = started(cfg(), plan(6, 2), &[W1, W2]);
         let held = [hold(&mut s, W1, secs(0)), hold(&mut s, W1, secs(1))];
         s.heartbeat(W2, secs(5)).unwrap();
         s.tick(secs(5));
@@ -793,15 +747,7 @@ fn a_late_checkpoint_is_accepted_whole_or_refused_whole() {
 
 #[test]
 fn a_checkpoint_holding_a_sampled_unit_is_refused() {
-    let mut s = Scheduler::new(
-        SchedConfig {
-            verify_fraction: 1.0,
-            ..cfg()
-        },
-        plan(4, 2),
-        &BTreeMap::new(),
-    );
-    s.register(W1, id(W1), secs(0));
+    let mut s = started(verifying(), plan(4, 2), &[W1]);
     let ids = [
         hold(&mut s, W1, secs(0)).lease_id,
         hold(&mut s, W1, secs(1)).lease_id,

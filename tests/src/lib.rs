@@ -118,6 +118,14 @@ pub fn write_corpus(dir: &Path, chunks: &[Chunk], n_ctx: u32) -> CorpusIndex {
     index
 }
 
+/// `dir/name`, with a corpus of [`chunks`]`(n_chunks, n_ctx)` written under
+/// it (as [`write_corpus`]): the run location of a test's collection.
+pub fn corpus_dir(dir: &Path, name: &str, n_chunks: u32, n_ctx: u32) -> PathBuf {
+    let run = dir.join(name);
+    write_corpus(&run, &chunks(n_chunks, n_ctx), n_ctx);
+    run
+}
+
 /// Writes `chunks` as the corpus under `dir` (as [`write_corpus`]) and
 /// collects it with llama.cpp on `model` under `opts`.
 pub fn collect(
@@ -188,6 +196,25 @@ pub fn s3_bucket() -> Option<String> {
         "MOE_CENSUS_S3_BUCKET is unset: `source .ci/s3-server` starts a local S3 server \
          (or set {SKIP_S3_ENV}=1 to skip the S3 tests explicitly)"
     );
+}
+
+/// The arguments of the worker stage `stage` (`collect`, `eval`) on `model`
+/// over `chunks` of the corpus under `corpus`, writing under `out`, then
+/// `extra`: the flags every such call spells, in one place.
+pub fn worker_args<'a>(
+    stage: &'a str,
+    model: &'a Path,
+    corpus: &'a Path,
+    chunks: &'a str,
+    out: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![stage, "--chunks", chunks];
+    for (flag, path) in [("--model", model), ("--corpus", corpus), ("--out", out)] {
+        args.extend([flag, path.to_str().unwrap()]);
+    }
+    args.extend_from_slice(extra);
+    args
 }
 
 /// Runs a workspace binary (`worker` or `coordinator`, as built by this

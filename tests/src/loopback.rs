@@ -4,8 +4,10 @@
 
 use common::artifacts::names;
 use common::store::RunStore;
+use common::wire::{Refusal, ToWorker};
+use coordinator::run::local::LocalWorkers;
 use coordinator::run::settings::{ClusterSettings, RunSettings};
-use coordinator::run::{execute, Listening, RunSetup, RunSummary};
+use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
 use std::path::Path;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -67,6 +69,47 @@ pub fn real_setup(
             ..RunSettings::default()
         },
         cluster: ClusterSettings::default(),
+    }
+}
+
+/// `count` local `worker join` processes of this build on `model`, one
+/// thread each.
+pub fn local_workers(count: u32, model: &Path) -> LocalWorkers {
+    LocalWorkers {
+        binary: crate::bin("worker"),
+        count,
+        model: model.to_path_buf(),
+        threads: 1,
+        env: Vec::new(),
+    }
+}
+
+/// Starts `w` for the listening coordinator `l` and adds their pids to
+/// `pids` (for a test that kills one): a run's `on_listen`.
+pub fn spawn_noting_pids(
+    w: &LocalWorkers,
+    l: &Listening,
+    pids: &std::sync::Mutex<Vec<u32>>,
+) -> Result<Vec<tokio::process::Child>, RunError> {
+    let children = w.spawn(l.addr, &l.pin, &l.secret)?;
+    pids.lock()
+        .unwrap()
+        .extend(children.iter().filter_map(|c| c.id()));
+    Ok(children)
+}
+
+/// `local` moved to a fresh prefix `s3://BUCKET/TAG-RANDOM` of the S3 test
+/// bucket, with its corpus copied there.
+pub async fn on_s3(bucket: &str, tag: &str, local: &RunSetup) -> RunSetup {
+    let prefix = format!(
+        "s3://{bucket}/{tag}-{}",
+        common::hash::sha256_hex(&common::wire::random_bytes(8))
+    );
+    let s3 = RunStore::open(&prefix).unwrap();
+    crate::copy_corpus(&local.store, &s3).await;
+    RunSetup {
+        store: s3,
+        ..local.clone()
     }
 }
 
@@ -138,6 +181,57 @@ pub fn fake_workers_telling(
             tokio::spawn(async move { join(&opts, engine).await })
         })
         .collect()
+}
+
+/// [`run_logged`] with `n` fake workers taking `delay` per chunk and one
+/// scripted worker, the future `script` makes of the listening coordinator,
+/// started once a fake worker holds a lease (so an honest one measures
+/// first); the run's summary and what the script returned.
+pub async fn run_beside_fake_workers<T, F>(
+    setup: &RunSetup,
+    n: usize,
+    delay: Duration,
+    script: impl FnOnce(Listening) -> F,
+) -> (RunSummary, T)
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (summary, _) = run_logged(setup, |l| {
+        let at_work = std::sync::Arc::new(tokio::sync::Notify::new());
+        let (go, scripted) = (at_work.clone(), script(l.clone()));
+        let mut hs = vec![tokio::spawn(async move {
+            go.notified().await;
+            let _ = tx.send(scripted.await);
+            Ok(JoinSummary::default())
+        })];
+        hs.extend(fake_workers_telling(l, n, delay, Some(at_work)));
+        hs
+    })
+    .await;
+    (summary, rx.await.expect("the scripted worker finished"))
+}
+
+/// Asserts how a run of `s` with one misbehaving scripted worker `name` must
+/// end: `end`, the last answer that worker got, refuses it as quarantined;
+/// the summary lists it quarantined with no lease counted; `computed` units
+/// were computed; and the artifacts are the fake engine's honest ones.
+pub async fn assert_quarantined_and_honest(
+    s: &RunSetup,
+    summary: &RunSummary,
+    name: &str,
+    end: &Option<ToWorker>,
+    computed: usize,
+) {
+    assert!(
+        matches!(end, Some(ToWorker::Refused(Refusal::Quarantined(_)))),
+        "{end:?}"
+    );
+    let w = summary.leases.worker(name).unwrap();
+    assert!(w.quarantined && w.leases == 0, "{w:?}");
+    assert_eq!(summary.leases.computed, computed);
+    assert_eq!(artifacts(&s.store, false).await, fake_reference(s).await);
 }
 
 /// The artifacts of the fake engine over all chunks of `s` in one call:

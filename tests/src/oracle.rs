@@ -41,8 +41,9 @@ fn rms_norm(x: &[f64], w: &[f32], eps: f64) -> Vec<f64> {
     x.iter().zip(w).map(|(v, w)| v * s * *w as f64).collect()
 }
 
-/// Rows `row0..row0 + n_out` of a row-major weight with `n_in` columns times `x`.
-fn matvec(w: &[f32], n_in: usize, row0: usize, n_out: usize, x: &[f64]) -> Vec<f64> {
+/// Rows `row0..row0 + n_out` of a row-major weight with `n_in` columns times
+/// `x`, in f64: the product every oracle of these tests is made of.
+pub fn matvec(w: &[f32], n_in: usize, row0: usize, n_out: usize, x: &[f64]) -> Vec<f64> {
     (0..n_out)
         .map(|r| {
             w[(row0 + r) * n_in..(row0 + r + 1) * n_in]

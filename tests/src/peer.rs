@@ -129,41 +129,76 @@ impl Peer {
             .to_string()
     }
 
-    /// Reports `bytes` as the encoded partial of `lease`; the reply.
-    pub async fn done(&mut self, lease: &LeaseGrant, bytes: Vec<u8>) -> Option<ToWorker> {
-        let msg = ToCoordinator::Done {
+    /// The `Done` that reports `bytes` as the encoded partial of `lease`.
+    pub fn done_msg(lease: &LeaseGrant, bytes: Vec<u8>) -> ToCoordinator {
+        ToCoordinator::Done {
             lease_id: lease.lease_id,
             sha256: common::hash::sha256_hex(&bytes),
             partial: PartialRef::Inline(bytes),
             elapsed_ms: 1,
-        };
-        self.ask(&msg).await
+        }
     }
 
-    /// Polls for leases and reports what `result` makes of each (waiting
-    /// when told to) until a reply is neither a lease, a wait nor an Ack;
-    /// returns that reply and the leases reported.
-    pub async fn work(
+    /// Reports `bytes` as the encoded partial of `lease`; the reply.
+    pub async fn done(&mut self, lease: &LeaseGrant, bytes: Vec<u8>) -> Option<ToWorker> {
+        self.ask(&Peer::done_msg(lease, bytes)).await
+    }
+
+    /// Polls for leases and answers each with the message `answer` makes of
+    /// it (a `Done`, a `Failed`), waiting when told to, until a reply is
+    /// neither a lease, a wait nor an Ack; returns that reply and the leases
+    /// answered. The one lease loop of every scripted worker.
+    pub async fn answer_leases(
         &mut self,
-        mut result: impl FnMut(&LeaseGrant) -> Vec<u8>,
+        mut answer: impl FnMut(&LeaseGrant) -> ToCoordinator,
     ) -> (Option<ToWorker>, u32) {
-        let mut reported = 0;
+        let mut answered = 0;
         loop {
             match self.poll_idle().await {
                 Some(ToWorker::Lease(lease)) => {
-                    reported += 1;
-                    match self.done(&lease, result(&lease)).await {
+                    answered += 1;
+                    match self.ask(&answer(&lease)).await {
                         Some(ToWorker::Ack) => {}
-                        other => return (other, reported),
+                        other => return (other, answered),
                     }
                 }
                 Some(ToWorker::Wait { retry_ms }) => {
                     tokio::time::sleep(Duration::from_millis(retry_ms)).await
                 }
-                other => return (other, reported),
+                other => return (other, answered),
             }
         }
     }
+
+    /// [`Peer::answer_leases`] reporting what `result` makes of each lease
+    /// as its encoded partial.
+    pub async fn work(
+        &mut self,
+        mut result: impl FnMut(&LeaseGrant) -> Vec<u8>,
+    ) -> (Option<ToWorker>, u32) {
+        self.answer_leases(|lease| Peer::done_msg(lease, result(lease)))
+            .await
+    }
+
+    /// [`Peer::answer_leases`] failing every lease with `reason`.
+    pub async fn fail_every_lease(&mut self, reason: &str) -> (Option<ToWorker>, u32) {
+        self.answer_leases(|lease| ToCoordinator::Failed {
+            lease_id: lease.lease_id,
+            reason: reason.into(),
+        })
+        .await
+    }
+}
+
+/// [`honest_partial`] with one live expert's saliency inflated, encoded:
+/// Cauchy-Schwarz still holds, so only a second opinion catches the lie.
+pub fn inflated_partial(index: &CorpusIndex, lease: &LeaseGrant) -> Vec<u8> {
+    let mut partial = honest_partial(index, lease);
+    let layer = &mut partial.experts.groups.values_mut().next().unwrap().layers[0];
+    let e = layer.count.iter().position(|&c| c > 0).unwrap();
+    layer.reap_l2_sum[e].0 *= 30;
+    layer.reap_l2_sq_sum[e].0 *= 900;
+    partial.to_bytes()
 }
 
 /// The fake engine's honest partial of `lease` over the chunks of

@@ -20,14 +20,11 @@ fn assert_refused(out: &Output, needles: &[&str]) {
 
 fn collect(dir: &Path, extra: &[&str]) -> Output {
     let model = fixtures::model(dir, Preset::Tiny);
-    let run = dir.join("run");
-    fixtures::write_corpus(&run, &fixtures::chunks(2, N_CTX), N_CTX);
-    let (model, run) = (model.to_str().unwrap(), run.to_str().unwrap());
-    let mut args = vec![
-        "collect", "--model", model, "--corpus", run, "--chunks", "0..2", "--out", run,
-    ];
-    args.extend_from_slice(extra);
-    fixtures::run("worker", &args)
+    let run = fixtures::corpus_dir(dir, "run", 2, N_CTX);
+    fixtures::run(
+        "worker",
+        &fixtures::worker_args("collect", &model, &run, "0..2", &run, extra),
+    )
 }
 
 #[test]
@@ -44,6 +41,12 @@ fn worker_collect_refuses_an_empty_micro_batch_and_an_empty_decode_prompt() {
     assert!(!dir.path().join("run/partials").exists());
 }
 
+/// `coordinator COMMAND CONFIG --out OUT` (`run`, `corpus`).
+fn stage(command: &str, config: &Path, out: &Path) -> Output {
+    let (config, out) = (config.to_str().unwrap(), out.to_str().unwrap());
+    fixtures::run("coordinator", &[command, config, "--out", out])
+}
+
 #[test]
 fn a_run_config_with_an_empty_micro_batch_is_refused_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -51,15 +54,7 @@ fn a_run_config_with_an_empty_micro_batch_is_refused_naming_the_file() {
     std::fs::write(&config, "[run]\nn_ubatch = 0\n").unwrap();
     let out_dir = dir.path().join("run");
     for command in ["run", "corpus"] {
-        let out = fixtures::run(
-            "coordinator",
-            &[
-                command,
-                config.to_str().unwrap(),
-                "--out",
-                out_dir.to_str().unwrap(),
-            ],
-        );
+        let out = stage(command, &config, &out_dir);
         assert_refused(
             &out,
             &[
@@ -81,15 +76,7 @@ fn a_corrupt_manifest_is_an_error_naming_it_and_is_left_as_it_is() {
     let corrupt = b"{\"corpus_format\": 1, \"inputs_sha".to_vec();
     std::fs::write(run.join("manifest.json"), &corrupt).unwrap();
     for command in ["corpus", "run"] {
-        let out = fixtures::run(
-            "coordinator",
-            &[
-                command,
-                config.to_str().unwrap(),
-                "--out",
-                run.to_str().unwrap(),
-            ],
-        );
+        let out = stage(command, &config, &run);
         assert_refused(&out, &["manifest.json", "not a manifest"]);
         assert_eq!(std::fs::read(run.join("manifest.json")).unwrap(), corrupt);
         assert!(!run.join("corpus").exists(), "{command} wrote a corpus");

@@ -9,8 +9,8 @@ use common::store::RunStore;
 use coordinator::run::local::LocalWorkers;
 use coordinator::run::settings::ClusterSettings;
 use coordinator::run::{execute, Listening, RunSetup, RunSummary};
-use fixtures::loopback::{artifacts, real_setup};
-use std::path::Path;
+use fixtures::loopback::{artifacts, local_workers, real_setup, spawn_noting_pids};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::process::Child;
@@ -19,56 +19,41 @@ use worker::synth::Preset;
 const N_CHUNKS: u32 = 12;
 const N_CTX: u32 = 64;
 
-fn locals(bin: &Path, model: &Path, count: u32) -> LocalWorkers {
-    LocalWorkers {
-        binary: bin.to_path_buf(),
-        count,
-        model: model.to_path_buf(),
-        threads: 1,
-        env: Vec::new(),
-    }
-}
-
 /// Runs with `count` local worker processes; their pids go to `pids`.
 async fn run(
     s: &RunSetup,
-    bin: &Path,
     count: u32,
     pids: Arc<Mutex<Vec<u32>>>,
 ) -> Result<RunSummary, coordinator::run::RunError> {
-    run_with_env(s, bin, count, pids, Vec::new()).await
+    run_with_env(s, count, pids, Vec::new()).await
 }
 
 /// [`run`] with extra environment for the worker processes.
 async fn run_with_env(
     s: &RunSetup,
-    bin: &Path,
     count: u32,
     pids: Arc<Mutex<Vec<u32>>>,
     env: Vec<(&'static str, String)>,
 ) -> Result<RunSummary, coordinator::run::RunError> {
     let w = LocalWorkers {
         env,
-        ..locals(bin, &s.model_path, count)
+        ..local_workers(count, &s.model_path)
     };
     tokio::time::timeout(
         Duration::from_secs(300),
-        execute(s, |l| {
-            let children: Vec<Child> = w.spawn(l.addr, &l.pin, &l.secret)?;
-            pids.lock()
-                .unwrap()
-                .extend(children.iter().filter_map(|c| c.id()));
-            Ok(children)
-        }),
+        execute(s, |l| spawn_noting_pids(&w, l, &pids)),
     )
     .await
     .expect("the run finishes in time")
 }
 
-async fn reference(dir: &Path, bin: &Path, model: &Path) -> Vec<(String, Vec<u8>)> {
-    let s = real_setup(&dir.join("reference"), model, N_CHUNKS, N_CTX, 3);
-    run(&s, bin, 1, Arc::default()).await.unwrap();
-    artifacts(&s.store, true).await
+/// The tiny model written under `dir` and the artifacts (traces included)
+/// of its run with one worker: what every other spread of the work must give.
+async fn reference(dir: &Path) -> (PathBuf, Vec<(String, Vec<u8>)>) {
+    let model = fixtures::model(dir, Preset::Tiny);
+    let s = real_setup(&dir.join("reference"), &model, N_CHUNKS, N_CTX, 3);
+    run(&s, 1, Arc::default()).await.unwrap();
+    (model, artifacts(&s.store, true).await)
 }
 
 async fn verify_ok(store: &RunStore) {
@@ -78,13 +63,11 @@ async fn verify_ok(store: &RunStore) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_and_three_real_workers_give_byte_identical_artifacts() {
-    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
-    let model = fixtures::model(d.path(), Preset::Tiny);
-    let one = reference(d.path(), &bin, &model).await;
+    let (model, one) = reference(d.path()).await;
     let s = real_setup(&d.path().join("three"), &model, N_CHUNKS, N_CTX, 3);
-    let summary = run(&s, &bin, 3, Arc::default()).await.unwrap();
-    assert_eq!(summary.computed, 6);
+    let summary = run(&s, 3, Arc::default()).await.unwrap();
+    assert_eq!(summary.leases.computed, 6);
     assert!(
         one.iter().any(|(n, _)| n.starts_with("trace/")),
         "traces were written"
@@ -97,14 +80,13 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts() {
 /// within a chunk only, so 1 and 3 workers still give the same bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_and_three_real_workers_give_byte_identical_artifacts_with_device_reductions() {
-    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
     let model = fixtures::model(d.path(), Preset::Tiny);
     let device = || vec![("MOE_CENSUS_REDUCE", "device".to_string())];
     let mut stores = Vec::new();
     for (name, count) in [("one", 1), ("three", 3)] {
         let s = real_setup(&d.path().join(name), &model, N_CHUNKS, N_CTX, 3);
-        run_with_env(&s, &bin, count, Arc::default(), device())
+        run_with_env(&s, count, Arc::default(), device())
             .await
             .unwrap();
         verify_ok(&s.store).await;
@@ -130,9 +112,9 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts_with_device_re
 }
 
 /// A `worker join` process named `name` for the coordinator at `l`.
-fn named_worker(l: &Listening, bin: &Path, model: &Path, name: &str) -> Child {
+fn named_worker(l: &Listening, model: &Path, name: &str) -> Child {
     let secret = String::from_utf8(l.secret.expose().to_vec()).unwrap();
-    tokio::process::Command::new(bin)
+    tokio::process::Command::new(fixtures::bin("worker"))
         .args([
             "join",
             "--coordinator",
@@ -170,10 +152,8 @@ async fn worker_killed_between_checkpoints_loses_no_chunk_and_counts_none_twice(
 /// worker's.
 async fn kill_a_worker_when(when: &'static str, checkpoint_leases: u32) {
     fixtures::log::captured_log();
-    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
-    let model = fixtures::model(d.path(), Preset::Tiny);
-    let expected = reference(d.path(), &bin, &model).await;
+    let (model, expected) = reference(d.path()).await;
     let mut s = real_setup(&d.path().join("killed"), &model, N_CHUNKS, N_CTX, 3);
     s.run.checkpoint_leases = checkpoint_leases;
     let victim = format!(
@@ -203,12 +183,12 @@ async fn kill_a_worker_when(when: &'static str, checkpoint_leases: u32) {
             .unwrap()
             .success()
     });
-    let other = locals(&bin, &model, 1);
+    let other = local_workers(1, &model);
     let summary = tokio::time::timeout(
         Duration::from_secs(300),
         execute(&s, |l| {
             let mut children = other.spawn(l.addr, &l.pin, &l.secret)?;
-            let v = named_worker(l, &bin, &model, &victim);
+            let v = named_worker(l, &model, &victim);
             *pid.lock().unwrap() = v.id();
             children.push(v);
             Ok(children)
@@ -220,12 +200,12 @@ async fn kill_a_worker_when(when: &'static str, checkpoint_leases: u32) {
     assert!(killer.await.unwrap(), "the victim was killed");
     assert_eq!(artifacts(&s.store, true).await, expected);
     verify_ok(&s.store).await;
-    assert_eq!(summary.computed, 6, "{summary:?}");
+    assert_eq!(summary.leases.computed, 6, "{summary:?}");
     assert!(
-        summary.retries >= 1,
+        summary.leases.retries >= 1,
         "the victim's lease was retried: {summary:?}"
     );
-    let v = summary.workers.iter().find(|w| w.name == victim).unwrap();
+    let v = summary.leases.worker(&victim).unwrap();
     assert!(!v.connected, "{v:?}");
 }
 
@@ -235,16 +215,14 @@ async fn kill_a_worker_when(when: &'static str, checkpoint_leases: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpointed_runs_give_the_artifacts_of_per_lease_runs() {
     use common::artifacts::names::{MERGED_PARTIAL, PARTIALS_DIR};
-    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
-    let model = fixtures::model(d.path(), Preset::Tiny);
-    let per_lease = reference(d.path(), &bin, &model).await;
+    let (model, per_lease) = reference(d.path()).await;
     for count in [1, 3] {
         let dir = d.path().join(format!("checkpoints-{count}"));
         let mut s = real_setup(&dir, &model, N_CHUNKS, N_CTX, 3);
         s.run.checkpoint_leases = 4;
-        let summary = run(&s, &bin, count, Arc::default()).await.unwrap();
-        assert_eq!(summary.computed, 6, "{summary:?}");
+        let summary = run(&s, count, Arc::default()).await.unwrap();
+        assert_eq!(summary.leases.computed, 6, "{summary:?}");
         assert_eq!(
             artifacts(&s.store, true).await,
             per_lease,
@@ -263,15 +241,13 @@ async fn checkpointed_runs_give_the_artifacts_of_per_lease_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinator_killed_and_restarted_recomputes_at_most_one_lease_per_worker() {
-    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
-    let model = fixtures::model(d.path(), Preset::Tiny);
-    let expected = reference(d.path(), &bin, &model).await;
+    let (model, expected) = reference(d.path()).await;
     let s = real_setup(&d.path().join("restarted"), &model, N_CHUNKS, N_CTX, 3);
     let workers = 2u32;
     // First coordinator: dropped (with its workers) once 2 leases are stored.
     {
-        let first = run(&s, &bin, workers, Arc::default());
+        let first = run(&s, workers, Arc::default());
         tokio::pin!(first);
         loop {
             tokio::select! {
@@ -289,15 +265,15 @@ async fn coordinator_killed_and_restarted_recomputes_at_most_one_lease_per_worke
     // `coordinator run --take-over-lock` does.
     let mut s = s;
     s.run.lock_stale_s = 0;
-    let summary = run(&s, &bin, workers, Arc::default()).await.unwrap();
-    assert!(summary.resumed >= stored.min(6), "{summary:?}");
-    assert_eq!(summary.resumed + summary.computed, 6);
+    let summary = run(&s, workers, Arc::default()).await.unwrap();
+    assert!(summary.leases.resumed >= stored.min(6), "{summary:?}");
+    assert_eq!(summary.leases.resumed + summary.leases.computed, 6);
     // Leases the first coordinator had in flight when it died are recomputed:
     // at most one per worker.
     assert!(
-        summary.computed <= 6 - stored + workers as usize,
+        summary.leases.computed <= 6 - stored + workers as usize,
         "stored {stored}, then computed {}",
-        summary.computed
+        summary.leases.computed
     );
     assert_eq!(artifacts(&s.store, true).await, expected);
     verify_ok(&s.store).await;
@@ -308,23 +284,13 @@ async fn whole_real_run_round_trips_through_s3() {
     let Some(bucket) = fixtures::s3_bucket() else {
         return;
     };
-    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
-    let model = fixtures::model(d.path(), Preset::Tiny);
-    let expected = reference(d.path(), &bin, &model).await;
+    let (model, expected) = reference(d.path()).await;
     let local = real_setup(&d.path().join("for-s3"), &model, N_CHUNKS, N_CTX, 3);
-    let prefix = format!(
-        "s3://{bucket}/e2e-{}",
-        common::hash::sha256_hex(&common::wire::random_bytes(8))
-    );
-    let s3 = RunStore::open(&prefix).unwrap();
-    fixtures::copy_corpus(&local.store, &s3).await;
-    let s = RunSetup {
-        store: s3.clone(),
-        ..local
-    };
-    let summary = run(&s, &bin, 2, Arc::default()).await.unwrap();
-    assert_eq!(summary.computed, 6);
+    let s = fixtures::loopback::on_s3(&bucket, "e2e", &local).await;
+    let s3 = s.store.clone();
+    let summary = run(&s, 2, Arc::default()).await.unwrap();
+    assert_eq!(summary.leases.computed, 6);
     assert_eq!(artifacts(&s3, true).await, expected);
     verify_ok(&s3).await;
 }
@@ -367,10 +333,8 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
             .build()
             .unwrap()
     };
-    let bin = fixtures::bin("worker");
     let d = tempfile::tempdir().unwrap();
-    let model = fixtures::model(d.path(), Preset::Tiny);
-    let expected = runtime().block_on(reference(d.path(), &bin, &model));
+    let (model, expected) = runtime().block_on(reference(d.path()));
     let mut s = real_setup(&d.path().join("restarted"), &model, N_CHUNKS, N_CTX, 3);
     let ca_dir = d.path().join("ca");
     let ca_pem = coordinator::net::tls::create_ca(&ca_dir).unwrap();
@@ -446,16 +410,25 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
         }
         panic!("{addr} never became free");
     });
-    assert!(summary.resumed >= stored.min(6), "{summary:?}");
-    assert_eq!(summary.resumed + summary.computed, 6);
-    assert!(summary.computed >= 1, "{summary:?}");
+    assert!(summary.leases.resumed >= stored.min(6), "{summary:?}");
+    assert_eq!(summary.leases.resumed + summary.leases.computed, 6);
+    assert!(summary.leases.computed >= 1, "{summary:?}");
     assert!(
-        summary.workers.iter().all(|w| w.name.starts_with("proc-")),
+        summary
+            .leases
+            .workers
+            .iter()
+            .all(|w| w.name.starts_with("proc-")),
         "only the original processes worked: {summary:?}"
     );
     second.block_on(async { assert_eq!(artifacts(&s.store, true).await, expected) });
     second.block_on(verify_ok(&s.store));
-    let joined: Vec<&str> = summary.workers.iter().map(|w| w.name.as_str()).collect();
+    let joined: Vec<&str> = summary
+        .leases
+        .workers
+        .iter()
+        .map(|w| w.name.as_str())
+        .collect();
     // A process that found the run finished before it rejoined keeps
     // reconnecting until it gives up: it is killed, not waited for.
     for (i, mut child) in procs.lock().unwrap().drain(..).enumerate() {

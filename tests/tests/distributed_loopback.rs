@@ -3,7 +3,6 @@
 //! and the security checks (secret, pin, garbage and oversized frames).
 
 use common::store::RunStore;
-use coordinator::run::RunSetup;
 use fixtures::loopback::{
     artifacts, client, fake_setup, fake_workers, run_with, Workers, FAKE_MODEL, FAKE_N_CTX,
 };
@@ -22,8 +21,11 @@ async fn one_and_three_fake_workers_give_byte_identical_artifacts() {
     let (s1, s3) = (fake_setup(d1.path(), 10), fake_setup(d3.path(), 10));
     let (sum1, _) = run_with(&s1, |l| fake_workers(l, 1, DELAY)).await;
     let (sum3, w3) = run_with(&s3, |l| fake_workers(l, 3, DELAY)).await;
-    assert_eq!((sum1.units, sum1.computed, sum1.resumed), (4, 4, 0));
-    assert_eq!((sum3.units, sum3.computed), (4, 4));
+    assert_eq!(
+        (sum1.leases.units, sum1.leases.computed, sum1.leases.resumed),
+        (4, 4, 0)
+    );
+    assert_eq!((sum3.leases.units, sum3.leases.computed), (4, 4));
     assert_eq!(
         artifacts(&s1.store, false).await,
         artifacts(&s3.store, false).await
@@ -69,11 +71,11 @@ async fn restart_reuses_stored_partials_and_recomputes_only_the_missing() {
         .await
         .unwrap();
     let (again, _) = run_with(&s, |l| fake_workers(l, 2, DELAY)).await;
-    assert_eq!((again.resumed, again.computed), (3, 1));
+    assert_eq!((again.leases.resumed, again.leases.computed), (3, 1));
     assert_eq!(artifacts(&s.store, false).await, before);
     // Everything stored: nothing to compute, no server started.
     let (third, _) = run_with(&s, |_| panic!("no workers needed")).await;
-    assert_eq!((third.resumed, third.computed), (4, 0));
+    assert_eq!((third.leases.resumed, third.leases.computed), (4, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +97,7 @@ async fn wrong_secret_is_refused_and_receives_no_lease() {
         Err(JoinError::Refused(common::wire::Refusal::BadProof)) => {}
         other => panic!("the intruder was not refused: {other:?}"),
     }
-    assert!(summary.workers.iter().all(|w| w.name != "intruder"));
+    assert!(summary.leases.workers.iter().all(|w| w.name != "intruder"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,11 +141,7 @@ async fn worker_with_another_model_refuses_the_job() {
         results[0]
     );
     assert_eq!(
-        summary
-            .workers
-            .iter()
-            .find(|w| w.name == "other-model")
-            .map(|w| w.leases),
+        summary.leases.worker("other-model").map(|w| w.leases),
         Some(0)
     );
 }
@@ -192,7 +190,7 @@ async fn garbage_and_oversized_frames_close_only_their_connection() {
     let (garbage, oversized) = rx.await.unwrap();
     assert!(garbage.contains("malformed"), "{garbage}");
     assert!(oversized.contains("exceeds the limit"), "{oversized}");
-    assert_eq!(summary.computed, 2);
+    assert_eq!(summary.leases.computed, 2);
     for r in futures_join(handles).await {
         r.unwrap();
     }
@@ -219,9 +217,9 @@ async fn blackhole_worker_lease_expires_and_another_worker_finishes_it() {
         vec![h, g]
     })
     .await;
-    assert!(summary.retries >= 1, "{summary:?}");
-    assert_eq!(summary.computed, 2);
-    let good = summary.workers.iter().find(|w| w.name == "good").unwrap();
+    assert!(summary.leases.retries >= 1, "{summary:?}");
+    assert_eq!(summary.leases.computed, 2);
+    let good = summary.leases.worker("good").unwrap();
     assert_eq!(good.leases, 2);
     handles[0].abort();
 }
@@ -234,18 +232,10 @@ async fn whole_fake_run_round_trips_through_s3() {
     let local_dir = tempfile::tempdir().unwrap();
     let local = fake_setup(local_dir.path(), 7);
     run_with(&local, |l| fake_workers(l, 2, DELAY)).await;
-    let prefix = format!(
-        "s3://{bucket}/loopback-{}",
-        common::hash::sha256_hex(&common::wire::random_bytes(8))
-    );
-    let s3 = RunStore::open(&prefix).unwrap();
-    fixtures::copy_corpus(&local.store, &s3).await;
-    let remote = RunSetup {
-        store: s3.clone(),
-        ..local.clone()
-    };
+    let remote = fixtures::loopback::on_s3(&bucket, "loopback", &local).await;
+    let s3 = remote.store.clone();
     let (summary, _) = run_with(&remote, |l| fake_workers(l, 2, DELAY)).await;
-    assert_eq!(summary.computed, 3);
+    assert_eq!(summary.leases.computed, 3);
     assert_eq!(
         artifacts(&s3, false).await,
         artifacts(&local.store, false).await

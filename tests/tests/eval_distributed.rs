@@ -13,9 +13,9 @@ use common::store::RunStore;
 use common::wire::{EvalJob, JobInfo, Refusal};
 use common::ChunkRange;
 use coordinator::eval::{evaluate, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
-use coordinator::run::local::LocalWorkers;
 use coordinator::run::settings::{ClusterSettings, RunSettings};
 use coordinator::run::{read_index, RunError, RunSetup};
+use fixtures::loopback::{local_workers, spawn_noting_pids};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -96,22 +96,10 @@ async fn eval(
     count: u32,
     pids: Arc<Mutex<Vec<u32>>>,
 ) -> Result<EvalOutcome, EvalRunError> {
-    let w = LocalWorkers {
-        binary: fixtures::bin("worker"),
-        count,
-        model: s.base.model_path.clone(),
-        threads: 1,
-        env: Vec::new(),
-    };
+    let w = local_workers(count, &s.base.model_path);
     tokio::time::timeout(
         Duration::from_secs(300),
-        evaluate(s, |l| {
-            let children: Vec<Child> = w.spawn(l.addr, &l.pin, &l.secret)?;
-            pids.lock()
-                .unwrap()
-                .extend(children.iter().filter_map(|c| c.id()));
-            Ok(children)
-        }),
+        evaluate(s, |l| spawn_noting_pids(&w, l, &pids)),
     )
     .await
     .expect("the evaluation finishes in time")
@@ -141,7 +129,10 @@ async fn one_and_three_workers_give_byte_identical_results_and_keep_all_costs_no
     let three = setup(&d.path().join("three"), &model).await;
     let o1 = eval(&one, 1, Arc::default()).await.unwrap();
     let o3 = eval(&three, 3, Arc::default()).await.unwrap();
-    assert_eq!((o1.units, o1.computed, o3.computed), (4, 4, 4));
+    assert_eq!(
+        (o1.leases.units, o1.leases.computed, o3.leases.computed),
+        (4, 4, 4)
+    );
     let (r1, r3) = (
         results(&one.base.store).await,
         results(&three.base.store).await,
@@ -200,7 +191,11 @@ async fn checkpointed_evaluations_give_the_results_of_per_lease_ones() {
         let mut s = setup(&d.path().join(format!("checkpoints-{count}")), &model).await;
         s.base.run.checkpoint_leases = 3;
         let o = eval(&s, count, Arc::default()).await.unwrap();
-        assert_eq!((o.units, o.computed), (4, 4), "{count} workers");
+        assert_eq!(
+            (o.leases.units, o.leases.computed),
+            (4, 4),
+            "{count} workers"
+        );
         let got = results(&s.base.store).await;
         let partials = got.keys().filter(|n| is_partial(n)).count();
         if count == 1 {
@@ -239,7 +234,7 @@ async fn a_worker_killed_mid_eval_loses_nothing_and_resume_reuses_stored_partial
     });
     let o = eval(&s, 2, pids).await.unwrap();
     assert!(killer.await.unwrap(), "a worker was killed");
-    assert_eq!(o.computed, 4);
+    assert_eq!(o.leases.computed, 4);
     assert_eq!(results(&s.base.store).await, expected);
 
     // Resume: everything stored is reused; no worker is started or leased to.
@@ -248,8 +243,8 @@ async fn a_worker_killed_mid_eval_loses_nothing_and_resume_reuses_stored_partial
     })
     .await
     .unwrap();
-    assert_eq!((again.resumed, again.computed), (4, 0));
-    assert!(again.workers.is_empty());
+    assert_eq!((again.leases.resumed, again.leases.computed), (4, 0));
+    assert!(again.leases.workers.is_empty());
     assert_eq!(results(&s.base.store).await, expected);
 
     // One stored partial lost, one changed on storage: only those two leases
@@ -262,9 +257,13 @@ async fn a_worker_killed_mid_eval_loses_nothing_and_resume_reuses_stored_partial
     bytes[last] ^= 1;
     std::fs::write(&changed, bytes).unwrap();
     let o = eval(&s, 1, Arc::default()).await.unwrap();
-    assert_eq!((o.resumed, o.computed), (2, 2));
-    assert_eq!(o.rejected.len(), 1, "{:?}", o.rejected);
-    assert!(o.rejected[0].1.contains("changed"), "{:?}", o.rejected);
+    assert_eq!((o.leases.resumed, o.leases.computed), (2, 2));
+    assert_eq!(o.leases.rejected.len(), 1, "{:?}", o.leases.rejected);
+    assert!(
+        o.leases.rejected[0].1.contains("changed"),
+        "{:?}",
+        o.leases.rejected
+    );
     assert_eq!(results(&s.base.store).await, expected);
 }
 
@@ -369,13 +368,7 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
         lied: Arc::default(),
     };
     let (lies, lied) = (liar.lies.clone(), liar.lied.clone());
-    let honest = LocalWorkers {
-        binary: fixtures::bin("worker"),
-        count: 1,
-        model: model.clone(),
-        threads: 1,
-        env: Vec::new(),
-    };
+    let honest = local_workers(1, &model);
     let mut liar_run = None;
     let mut honest_run = None;
     let outcome = tokio::time::timeout(
@@ -444,13 +437,18 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
 
     // Nothing of the liar's was stored: each of its leases was re-run by the
     // honest worker, and eval/ is byte for byte the one-worker reference.
-    let by_name = |name: &str| outcome.workers.iter().find(|w| w.name == name);
+    let by_name = |name: &str| outcome.leases.worker(name);
     let liar_info = by_name("liar").expect("the liar joined");
     assert_eq!(liar_info.leases, 0, "{liar_info:?}");
-    let honest_info = outcome.workers.iter().find(|w| w.name != "liar").unwrap();
+    let honest_info = outcome
+        .leases
+        .workers
+        .iter()
+        .find(|w| w.name != "liar")
+        .unwrap();
     assert_eq!(honest_info.leases, 4, "{honest_info:?}");
-    assert_eq!((outcome.units, outcome.computed), (4, 4));
-    assert!(outcome.retries >= lies.len(), "{outcome:?}");
+    assert_eq!((outcome.leases.units, outcome.leases.computed), (4, 4));
+    assert!(outcome.leases.retries >= lies.len(), "{outcome:?}");
     let got = results(&s.base.store).await;
     for range in &lies {
         assert!(

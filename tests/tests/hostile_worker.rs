@@ -11,10 +11,11 @@ use common::partial::Partial;
 use common::stats::{GroupAccum, GroupKey};
 use common::wire::ToWorker;
 use common::{ChunkRange, Split};
-use coordinator::run::{Listening, RunSetup, RunSummary};
+use coordinator::run::{Listening, RunSetup};
 use fixtures::log::log_text;
 use fixtures::loopback::{self, artifacts, fake_reference, fake_setup, fake_workers};
 use fixtures::peer::{honest_partial, Peer};
+use std::path::Path;
 use std::time::Duration;
 
 /// The scripted worker's task, shaped like a joined worker's.
@@ -50,13 +51,15 @@ fn poisoner(
     (task, rx)
 }
 
-/// Runs `s` (18 chunks: 6 leases) with one honest worker and, a moment
-/// later, the poisoner; the poisoner must end quarantined, having reported
-/// at least one lease.
-async fn poisoned_run(s: &RunSetup, poison: fn(&mut Partial)) -> RunSummary {
+/// Runs a fake run of 18 chunks (6 leases) under `dir` with one honest
+/// worker and, a moment later, the poisoner; the poisoner must end
+/// quarantined, having reported at least one lease, and all 6 leases are
+/// computed. Returns the run.
+async fn poisoned_run(dir: &Path, poison: fn(&mut Partial)) -> RunSetup {
+    let s = fake_setup(dir, 18);
     let index = s.index.clone();
     let mut rx = None;
-    let (summary, _) = loopback::run_logged(s, |l| {
+    let (summary, _) = loopback::run_logged(&s, |l| {
         let mut hs = fake_workers(l, 1, Duration::from_millis(40));
         let l2 = l.clone();
         let (tx, r) = tokio::sync::oneshot::channel();
@@ -79,7 +82,8 @@ async fn poisoned_run(s: &RunSetup, poison: fn(&mut Partial)) -> RunSummary {
         ),
         "three refused results in a row quarantine it: {end:?}"
     );
-    summary
+    assert_eq!(summary.leases.computed, 6);
+    s
 }
 
 /// Issue 21, failure 1: `prob_sum[0] = 2^126 - 1` decodes (the accumulator
@@ -92,9 +96,7 @@ fn huge_prob_sum(p: &mut Partial) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_no_merge_can_hold_is_refused_and_the_run_completes() {
     let d = tempfile::tempdir().unwrap();
-    let s = fake_setup(d.path(), 18);
-    let summary = poisoned_run(&s, huge_prob_sum).await;
-    assert_eq!(summary.computed, 6);
+    let s = poisoned_run(d.path(), huge_prob_sum).await;
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
     let log = log_text();
     assert!(
@@ -126,8 +128,12 @@ async fn a_poisoned_stored_partial_is_set_aside_on_resume_and_recomputed() {
         .unwrap();
 
     let (again, _) = loopback::run_logged(&s, |l| fake_workers(l, 1, Duration::ZERO)).await;
-    assert_eq!((again.resumed, again.computed), (2, 1), "{again:?}");
-    let (aside, why) = &again.rejected[0];
+    assert_eq!(
+        (again.leases.resumed, again.leases.computed),
+        (2, 1),
+        "{again:?}"
+    );
+    let (aside, why) = &again.leases.rejected[0];
     assert_eq!(aside, &name);
     assert!(
         why.contains("prob_sum") && why.contains("beyond what"),
@@ -154,9 +160,7 @@ fn forged_domain(p: &mut Partial) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crafted_domain_name_reaches_no_log_line_result_or_report() {
     let d = tempfile::tempdir().unwrap();
-    let s = fake_setup(d.path(), 18);
-    let summary = poisoned_run(&s, forged_domain).await;
-    assert_eq!(summary.computed, 6);
+    let s = poisoned_run(d.path(), forged_domain).await;
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
     coordinator::report::report(&s.store).await.unwrap();
     let report = s.store.get("report/report.md").await.unwrap();
@@ -197,9 +201,7 @@ fn many_ranges(p: &mut Partial) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_listing_200000_ranges_makes_no_long_log_line() {
     let d = tempfile::tempdir().unwrap();
-    let s = fake_setup(d.path(), 18);
-    let summary = poisoned_run(&s, many_ranges).await;
-    assert_eq!(summary.computed, 6);
+    poisoned_run(d.path(), many_ranges).await;
     let log = log_text();
     assert!(
         log.contains("(199992 more)"),

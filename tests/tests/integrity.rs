@@ -14,9 +14,10 @@ use common::store::RunStore;
 use common::trace::TraceRow;
 use common::wire::JobInfo;
 use common::{ChunkRange, Split};
-use coordinator::run::local::LocalWorkers;
 use coordinator::run::{execute, RunSetup, RunSummary};
-use fixtures::loopback::{self, client, fake_setup, real_setup, FAKE_MODEL, FAKE_N_CTX};
+use fixtures::loopback::{
+    self, client, fake_setup, local_workers, real_setup, FAKE_MODEL, FAKE_N_CTX,
+};
 use std::path::Path;
 use std::time::Duration;
 use worker::join::engine::{Engine, EngineLoader};
@@ -29,13 +30,7 @@ const N_CTX: u32 = 64;
 
 /// Runs with two real `worker join` processes.
 async fn run(s: &RunSetup) -> Result<RunSummary, coordinator::run::RunError> {
-    let w = LocalWorkers {
-        binary: fixtures::bin("worker"),
-        count: 2,
-        model: s.model_path.clone(),
-        threads: 1,
-        env: Vec::new(),
-    };
+    let w = local_workers(2, &s.model_path);
     tokio::time::timeout(
         Duration::from_secs(300),
         execute(s, |l| w.spawn(l.addr, &l.pin, &l.secret)),
@@ -77,7 +72,14 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
     let model = fixtures::model(d.path(), Preset::Tiny);
     let s = real_setup(d.path(), &model, N_CHUNKS, N_CTX, 5);
     let first = run(&s).await.unwrap();
-    assert_eq!((first.units, first.computed, first.resumed), (4, 4, 0));
+    assert_eq!(
+        (
+            first.leases.units,
+            first.leases.computed,
+            first.leases.resumed
+        ),
+        (4, 4, 0)
+    );
     let reference = artifacts(&s.store).await;
     let report = coordinator::verify::verify(&s.store).await.unwrap();
     assert!(report.ok(), "{report}");
@@ -135,10 +137,21 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
     std::fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
 
     let again = run(&s).await.unwrap();
-    assert_eq!((again.units, again.resumed, again.computed), (4, 1, 3));
-    let rejected: Vec<&str> = again.rejected.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        (
+            again.leases.units,
+            again.leases.resumed,
+            again.leases.computed
+        ),
+        (4, 1, 3)
+    );
+    let (rejected, why): (Vec<&str>, Vec<&str>) = again
+        .leases
+        .rejected
+        .iter()
+        .map(|(n, w)| (n.as_str(), w.as_str()))
+        .unzip();
     assert_eq!(rejected, [unit(0), unit(1), unit(2)]);
-    let why: Vec<&str> = again.rejected.iter().map(|(_, w)| w.as_str()).collect();
     assert!(
         why[0].contains("bytes changed since they were accepted"),
         "{why:?}"
@@ -164,17 +177,18 @@ async fn partials_made_under_other_settings_are_recomputed_not_merged() {
     let mut s = real_setup(d.path(), &model, N_CHUNKS, N_CTX, 5);
     s.run.n_ubatch = N_CTX / 2;
     let first = run(&s).await.unwrap();
-    assert_eq!(first.computed, 4);
+    assert_eq!(first.leases.computed, 4);
     s.run.n_ubatch = N_CTX;
     let again = run(&s).await.unwrap();
-    assert_eq!((again.resumed, again.computed), (0, 4));
+    assert_eq!((again.leases.resumed, again.leases.computed), (0, 4));
     assert!(
         again
+            .leases
             .rejected
             .iter()
             .all(|(_, why)| why.contains("computed under other settings")),
         "{:?}",
-        again.rejected
+        again.leases.rejected
     );
     // The same as a run made under these settings from the start.
     let fresh = real_setup(&d.path().join("fresh"), &model, N_CHUNKS, N_CTX, 5);
@@ -263,12 +277,12 @@ async fn a_worker_fabricating_token_counts_is_refused_and_the_run_goes_on() {
     .await
     .expect("the run finishes in time")
     .expect("the run succeeds despite the liar");
-    assert_eq!((summary.units, summary.computed), (3, 3));
+    assert_eq!((summary.leases.units, summary.leases.computed), (3, 3));
     assert!(
-        summary.retries >= 1,
+        summary.leases.retries >= 1,
         "the liar's results went back to the queue: {summary:?}"
     );
-    let liar = summary.workers.iter().find(|w| w.name == "liar").unwrap();
+    let liar = summary.leases.worker("liar").unwrap();
     assert_eq!(liar.leases, 0, "no fabricated result was accepted");
     // The merged result is the honest engine's over every chunk.
     let reference = FakeEngine::new(FAKE_MODEL)
@@ -300,21 +314,11 @@ fn zero_expert_model(dir: &Path) -> std::path::PathBuf {
 fn a_model_with_zero_experts_is_refused_by_name_not_aborted_on() {
     let d = tempfile::tempdir().unwrap();
     let model = zero_expert_model(d.path());
-    let corpus = d.path().join("corpus-run");
-    fixtures::write_corpus(&corpus, &fixtures::chunks(2, 32), 32);
+    let corpus = fixtures::corpus_dir(d.path(), "corpus-run", 2, 32);
+    let dest = d.path().join("out");
     let out = fixtures::run(
         "worker",
-        &[
-            "collect",
-            "--model",
-            model.to_str().unwrap(),
-            "--corpus",
-            corpus.to_str().unwrap(),
-            "--chunks",
-            "0..2",
-            "--out",
-            d.path().join("out").to_str().unwrap(),
-        ],
+        &fixtures::worker_args("collect", &model, &corpus, "0..2", &dest, &[]),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -382,7 +386,7 @@ async fn a_second_coordinator_on_one_location_is_refused_and_a_stale_lock_taken_
         "{e}"
     );
     let summary = first.await.unwrap().unwrap();
-    assert_eq!(summary.computed, 3);
+    assert_eq!(summary.leases.computed, 3);
     assert!(
         !s.store.exists(LOCK_FILE).await.unwrap(),
         "released at the end"
@@ -402,7 +406,7 @@ async fn a_second_coordinator_on_one_location_is_refused_and_a_stale_lock_taken_
     let again = execute(&s, |_| panic!("everything is stored"))
         .await
         .unwrap();
-    assert_eq!(again.resumed, 3);
+    assert_eq!(again.leases.resumed, 3);
     // A fresh one only with an explicit take-over (stale timeout 0).
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -420,6 +424,7 @@ async fn a_second_coordinator_on_one_location_is_refused_and_a_stale_lock_taken_
         execute(&forced, |_| panic!("stored"))
             .await
             .unwrap()
+            .leases
             .resumed,
         3
     );

@@ -6,16 +6,14 @@
 //! the run, a slow upload losing its lease, short join secrets, and a
 //! coordinator stopped by an error sending its workers away as if finished.
 
-use common::wire::{
-    encode_frame, read_msg, PartialRef, Refusal, ToCoordinator, ToWorker, MAX_CONTROL_FRAME,
-};
+use common::wire::{encode_frame, read_msg, Refusal, ToCoordinator, ToWorker, MAX_CONTROL_FRAME};
 use coordinator::run::{execute, RunError};
 use fixtures::log::{captured_log, log_text};
 use fixtures::loopback::{
-    self, artifacts, client, fake_reference, fake_setup, fake_workers, fake_workers_telling,
-    FAKE_MODEL, FAKE_N_CTX,
+    self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_setup,
+    fake_workers, run_beside_fake_workers, FAKE_MODEL,
 };
-use fixtures::peer::Peer;
+use fixtures::peer::{honest_partial, inflated_partial, Peer};
 use std::time::Duration;
 use worker::join::fake::FakeEngine;
 use worker::join::{join, JoinSummary};
@@ -118,7 +116,7 @@ async fn connections_that_never_log_in_cannot_starve_a_worker() {
         })]
     })
     .await;
-    assert_eq!(summary.computed, 2);
+    assert_eq!(summary.leases.computed, 2);
     let reasons = rx.await.unwrap();
     assert_eq!(
         reasons.len(),
@@ -137,65 +135,25 @@ async fn connections_that_never_log_in_cannot_starve_a_worker() {
 async fn flaky_worker_is_quarantined_and_the_run_completes_on_the_others() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 30);
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (summary, _) = loopback::run_logged(&s, |l| {
-        let l2 = l.clone();
-        let good_at_work = std::sync::Arc::new(tokio::sync::Notify::new());
-        let registered = good_at_work.clone();
-        let flaky = tokio::spawn(async move {
-            // The good workers register first: one of them measures.
-            registered.notified().await;
-            let (mut p, _) = Peer::joined(&l2, "flaky").await;
-            let mut failed = 0;
-            let end = loop {
-                match p.poll_idle().await {
-                    Some(ToWorker::Lease(lease)) => {
-                        let msg = ToCoordinator::Failed {
-                            lease_id: lease.lease_id,
-                            reason: "CUDA error: an illegal memory access".into(),
-                        };
-                        failed += 1;
-                        match p.ask(&msg).await {
-                            Some(ToWorker::Ack) => {}
-                            other => break other,
-                        }
-                    }
-                    Some(ToWorker::Wait { retry_ms }) => {
-                        tokio::time::sleep(Duration::from_millis(retry_ms)).await
-                    }
-                    other => break other,
-                }
-            };
-            // Coming back under the same name does not help.
-            let (_, again) = Peer::login(&l2, "flaky", l2.secret.expose()).await;
-            let _ = tx.send((failed, end, again));
-            Ok(JoinSummary::default())
-        });
-        let mut hs = vec![flaky];
-        hs.extend(fake_workers_telling(
-            l,
-            2,
-            Duration::from_millis(40),
-            Some(good_at_work),
-        ));
-        hs
+    // The good workers register first: one of them measures.
+    let delay = Duration::from_millis(40);
+    let (summary, (failed, end, again)) = run_beside_fake_workers(&s, 2, delay, |l| async move {
+        let (mut p, _) = Peer::joined(&l, "flaky").await;
+        let (end, failed) = p
+            .fail_every_lease("CUDA error: an illegal memory access")
+            .await;
+        // Coming back under the same name does not help.
+        let (_, again) = Peer::login(&l, "flaky", l.secret.expose()).await;
+        (failed, end, again)
     })
     .await;
-    let (failed, end, again) = rx.await.unwrap();
     assert_eq!(failed, 3, "three failures in a row, then no more leases");
-    assert!(
-        matches!(end, Some(ToWorker::Refused(Refusal::Quarantined(_)))),
-        "{end:?}"
-    );
     assert!(
         matches!(again, ToWorker::Refused(Refusal::Quarantined(_))),
         "{again:?}"
     );
-    let flaky = summary.workers.iter().find(|w| w.name == "flaky").unwrap();
-    assert!(flaky.quarantined && flaky.leases == 0, "{flaky:?}");
-    assert_eq!(summary.retries, 3);
-    assert_eq!(summary.computed, 10);
-    assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
+    assert_eq!(summary.leases.retries, 3);
+    assert_quarantined_and_honest(&s, &summary, "flaky", &end, 10).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,20 +169,7 @@ async fn a_slow_upload_that_keeps_moving_keeps_its_lease() {
             let Some(ToWorker::Lease(lease)) = p.poll_idle().await else {
                 panic!("no lease");
             };
-            let chunks: Vec<_> = fixtures::chunks(3, FAKE_N_CTX)
-                .into_iter()
-                .filter(|c| (lease.range.start..lease.range.end).contains(&c.id.0))
-                .collect();
-            let bytes = FakeEngine::new(FAKE_MODEL)
-                .partial(&index, &chunks)
-                .unwrap()
-                .to_bytes();
-            let done = ToCoordinator::Done {
-                lease_id: lease.lease_id,
-                sha256: common::hash::sha256_hex(&bytes),
-                partial: PartialRef::Inline(bytes),
-                elapsed_ms: 1,
-            };
+            let done = Peer::done_msg(&lease, honest_partial(&index, &lease).to_bytes());
             // Upload over 5 s, more than twice the 2 s heartbeat timeout.
             let frame = encode_frame(&done);
             let start = std::time::Instant::now();
@@ -241,7 +186,7 @@ async fn a_slow_upload_that_keeps_moving_keeps_its_lease() {
     let (took, reply) = rx.await.unwrap();
     assert!(took >= Duration::from_secs(4), "{took:?}");
     assert_eq!(reply, "Ok(Some(Ack))");
-    assert_eq!((summary.computed, summary.retries), (1, 0));
+    assert_eq!((summary.leases.computed, summary.leases.retries), (1, 0));
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }
 
@@ -287,78 +232,15 @@ async fn with_full_redundancy_a_cheating_worker_is_caught_and_the_honest_result_
     let mut s = fake_setup(d.path(), 18);
     s.run.verify_fraction = 1.0;
     let index = s.index.clone();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (summary, _) = loopback::run_logged(&s, |l| {
-        let l2 = l.clone();
-        let honest_at_work = std::sync::Arc::new(tokio::sync::Notify::new());
-        let registered = honest_at_work.clone();
-        let cheater = tokio::spawn(async move {
-            // The honest workers register first: one of them measures.
-            registered.notified().await;
-            let (mut p, _) = Peer::joined(&l2, "cheater").await;
-            let mut cheated = 0;
-            let end = loop {
-                match p.poll_idle().await {
-                    Some(ToWorker::Lease(lease)) => {
-                        let chunks: Vec<_> = fixtures::chunks(index.n_chunks, FAKE_N_CTX)
-                            .into_iter()
-                            .filter(|c| (lease.range.start..lease.range.end).contains(&c.id.0))
-                            .collect();
-                        let mut partial = FakeEngine::new(FAKE_MODEL)
-                            .partial(&index, &chunks)
-                            .unwrap();
-                        // Inflate one live expert's saliency; Cauchy-Schwarz still holds.
-                        let layer =
-                            &mut partial.experts.groups.values_mut().next().unwrap().layers[0];
-                        let e = layer.count.iter().position(|&c| c > 0).unwrap();
-                        layer.reap_l2_sum[e].0 *= 30;
-                        layer.reap_l2_sq_sum[e].0 *= 900;
-                        let bytes = partial.to_bytes();
-                        let done = ToCoordinator::Done {
-                            lease_id: lease.lease_id,
-                            sha256: common::hash::sha256_hex(&bytes),
-                            partial: PartialRef::Inline(bytes),
-                            elapsed_ms: 1,
-                        };
-                        cheated += 1;
-                        match p.ask(&done).await {
-                            Some(ToWorker::Ack) => {}
-                            other => break other,
-                        }
-                    }
-                    Some(ToWorker::Wait { retry_ms }) => {
-                        tokio::time::sleep(Duration::from_millis(retry_ms)).await
-                    }
-                    other => break other,
-                }
-            };
-            let _ = tx.send((cheated, end));
-            Ok(JoinSummary::default())
-        });
-        let mut hs = vec![cheater];
-        hs.extend(fake_workers_telling(
-            l,
-            2,
-            Duration::from_millis(30),
-            Some(honest_at_work),
-        ));
-        hs
+    // The honest workers register first: one of them measures.
+    let delay = Duration::from_millis(30);
+    let (summary, (end, cheated)) = run_beside_fake_workers(&s, 2, delay, |l| async move {
+        let (mut p, _) = Peer::joined(&l, "cheater").await;
+        p.work(|lease| inflated_partial(&index, lease)).await
     })
     .await;
-    let (cheated, end) = rx.await.unwrap();
     assert!(cheated >= 1, "the cheater computed at least one lease");
-    assert!(
-        matches!(end, Some(ToWorker::Refused(Refusal::Quarantined(_)))),
-        "{end:?}"
-    );
-    let cheater = summary
-        .workers
-        .iter()
-        .find(|w| w.name == "cheater")
-        .unwrap();
-    assert!(cheater.quarantined && cheater.leases == 0, "{cheater:?}");
-    assert_eq!(summary.computed, 6);
-    assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
+    assert_quarantined_and_honest(&s, &summary, "cheater", &end, 6).await;
 }
 
 /// Regression: a coordinator that stopped on an error closed every

@@ -17,32 +17,23 @@ fn s(p: &Path) -> &str {
 fn verify_score_replay_and_report_on_a_real_collection_run() {
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures::model(dir.path(), Preset::Tiny);
-    let corpus = dir.path().join("corpus-run");
-    fixtures::write_corpus(&corpus, &fixtures::chunks(6, N_CTX), N_CTX);
+    let corpus = fixtures::corpus_dir(dir.path(), "corpus-run", 6, N_CTX);
     let runp = dir.path().join("run");
+    let extra = [
+        "--threads",
+        "2",
+        "--n-ubatch",
+        "16",
+        "--trace-top-n",
+        "16",
+        "--decode-tokens",
+        "6",
+        "--decode-prompt",
+        "8",
+    ];
     run(
         "worker",
-        &[
-            "collect",
-            "--model",
-            s(&model),
-            "--corpus",
-            s(&corpus),
-            "--chunks",
-            "0..6",
-            "--out",
-            s(&runp),
-            "--threads",
-            "2",
-            "--n-ubatch",
-            "16",
-            "--trace-top-n",
-            "16",
-            "--decode-tokens",
-            "6",
-            "--decode-prompt",
-            "8",
-        ],
+        &fixtures::worker_args("collect", &model, &corpus, "0..6", &runp, &extra),
     );
     assert!(
         runp.join("trace/decode").read_dir().unwrap().count() == 1,

@@ -62,19 +62,24 @@ async fn populate(store: &RunStore, model: &Path) {
         .unwrap();
 }
 
-fn prune_and_check(run: &str, dir: &Path, model_flag: Option<&Path>) {
-    let out = dir.join("pruned.gguf");
-    let mut args = vec![
-        "prune",
-        run,
-        "--keep-map",
-        "test_K8",
-        "--out",
-        out.to_str().unwrap(),
-    ];
+/// `coordinator prune RUN --keep-map KEEP_MAP --out OUT [--model MODEL]`.
+fn prune_args<'a>(
+    run: &'a str,
+    keep_map: &'a str,
+    out: &'a Path,
+    model_flag: Option<&'a Path>,
+) -> Vec<&'a str> {
+    let mut args = vec!["prune", run, "--keep-map", keep_map];
+    args.extend(["--out", out.to_str().unwrap()]);
     if let Some(m) = model_flag {
         args.extend(["--model", m.to_str().unwrap()]);
     }
+    args
+}
+
+fn prune_and_check(run: &str, dir: &Path, model_flag: Option<&Path>) {
+    let out = dir.join("pruned.gguf");
+    let args = prune_args(run, "test_K8", &out, model_flag);
     let stdout = String::from_utf8(fixtures::run_ok("coordinator", &args).stdout).unwrap();
     let imatrix = dir.join("pruned.imatrix.gguf");
     let sha = common::hash::sha256_file(&out).unwrap();
@@ -112,17 +117,7 @@ fn prune_and_check(run: &str, dir: &Path, model_flag: Option<&Path>) {
 
 fn refused_leaves_nothing(run: &str, dir: &Path, model_flag: Option<&Path>) {
     let out = dir.join("bad.gguf");
-    let mut args = vec![
-        "prune",
-        run,
-        "--keep-map",
-        "bad_K8",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    if let Some(m) = model_flag {
-        args.extend(["--model", m.to_str().unwrap()]);
-    }
+    let args = prune_args(run, "bad_K8", &out, model_flag);
     let output = fixtures::run("coordinator", &args);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -117,6 +117,19 @@ fn assert_logits_close(what: &str, got: &[Vec<f32>], want: &[Vec<f64>], rel: f64
     worst
 }
 
+/// Asserts [`assert_logits_close`] for the logits llama.cpp computes with
+/// `model` and with `reference` over [`tokens`]; the worst deviation.
+fn assert_runs_like(what: &str, model: &Path, reference: &Path, rel: f64) -> f64 {
+    let tokens = tokens();
+    let got = logits(model, &tokens, 2).unwrap();
+    let want: Vec<Vec<f64>> = logits(reference, &tokens, 2)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().map(f64::from).collect())
+        .collect();
+    assert_logits_close(what, &got, &want, rel)
+}
+
 fn slice(base: &Path, map: &KeepMap, dir: &Path, name: &str) -> PathBuf {
     let out = dir.join(name);
     let sliced = slice_model(base, map, &out).unwrap();
@@ -292,14 +305,7 @@ fn quantized_slice_runs_like_the_masked_base(weights: WeightType, ggml_type: u32
         routed, reference,
         "{weights:?}: pruned and masked-base routing"
     );
-    let tokens = tokens();
-    let got = logits(&pruned, &tokens, 2).unwrap();
-    let want: Vec<Vec<f64>> = logits(&masked, &tokens, 2)
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().map(f64::from).collect())
-        .collect();
-    let worst = assert_logits_close(&format!("{weights:?}"), &got, &want, 1e-5);
+    let worst = assert_runs_like(&format!("{weights:?}"), &pruned, &masked, 1e-5);
     println!(
         "{weights:?}: worst deviation from the masked base {worst:e} of the row's max |logit|"
     );
@@ -474,15 +480,8 @@ fn k_quant_model_pruned_by_coordinator_prune_runs_like_the_masked_base() {
             .any(|((l, _), sel)| sel.iter().any(|e| !keep[l].contains(e))),
         "the unmasked base routes some tokens to removed experts"
     );
-    let tokens = tokens();
-    let got = logits(&pruned, &tokens, 2).unwrap();
-    let want: Vec<Vec<f64>> = logits(&masked, &tokens, 2)
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().map(f64::from).collect())
-        .collect();
     // Same kernels on the same k-quant bytes: nothing may move at all.
-    assert_logits_close("Q4_K_M", &got, &want, 0.0);
+    assert_runs_like("Q4_K_M", &pruned, &masked, 0.0);
     println!(
         "Q4_K_M (ggml types {k_types:?}): the pruned model's logits are the masked base's, bitwise"
     );

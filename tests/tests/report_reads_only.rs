@@ -29,24 +29,12 @@ fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, SystemTime)> {
 fn report_never_writes_keep_maps_and_names_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures::model(dir.path(), Preset::Tiny);
-    let run = dir.path().join("run");
-    fixtures::write_corpus(&run, &fixtures::chunks(6, N_CTX), N_CTX);
+    let run = fixtures::corpus_dir(dir.path(), "run", 6, N_CTX);
     let run_s = run.to_str().unwrap();
+    let extra = ["--trace-every", "0"];
     fixtures::run_ok(
         "worker",
-        &[
-            "collect",
-            "--model",
-            model.to_str().unwrap(),
-            "--corpus",
-            run_s,
-            "--chunks",
-            "0..6",
-            "--out",
-            run_s,
-            "--trace-every",
-            "0",
-        ],
+        &fixtures::worker_args("collect", &model, &run, "0..6", &run, &extra),
     );
 
     // Before `score`: the report says so and scores nothing itself.

@@ -47,21 +47,10 @@ fn prepare(cwd: &Path, config: &Path, out: &Path) -> serde_json::Value {
 }
 
 fn collect(model: &Path, run: &Path, chunks: &str) -> Vec<u8> {
+    let extra = ["--trace-every", "0"];
     fixtures::run_ok(
         "worker",
-        &[
-            "collect",
-            "--model",
-            model.to_str().unwrap(),
-            "--corpus",
-            run.to_str().unwrap(),
-            "--chunks",
-            chunks,
-            "--out",
-            run.to_str().unwrap(),
-            "--trace-every",
-            "0",
-        ],
+        &fixtures::worker_args("collect", model, run, chunks, run, &extra),
     );
     std::fs::read(run.join("saliency.json")).unwrap()
 }

@@ -25,28 +25,19 @@ fn parts(dir: &Path) -> Vec<std::path::PathBuf> {
 fn wide_model_traces_48_layers_of_512_experts_compactly() {
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures::model(dir.path(), Preset::Wide);
-    let corpus = dir.path().join("corpus-run");
-    fixtures::write_corpus(&corpus, &fixtures::chunks(2, N_CTX), N_CTX);
+    let corpus = fixtures::corpus_dir(dir.path(), "corpus-run", 2, N_CTX);
     let out = dir.path().join("out");
+    let extra = [
+        "--threads",
+        "2",
+        "--trace-every",
+        "1",
+        "--trace-top-n",
+        "64",
+    ];
     run_ok(
         "worker",
-        &[
-            "collect",
-            "--model",
-            model.to_str().unwrap(),
-            "--corpus",
-            corpus.to_str().unwrap(),
-            "--chunks",
-            "0..2",
-            "--out",
-            out.to_str().unwrap(),
-            "--threads",
-            "2",
-            "--trace-every",
-            "1",
-            "--trace-top-n",
-            "64",
-        ],
+        &fixtures::worker_args("collect", &model, &corpus, "0..2", &out, &extra),
     );
     let saliency: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("saliency.json")).unwrap()).unwrap();

@@ -17,27 +17,19 @@ fn collect(model: &Path, corpus: &Path, chunks: &str, out: &Path) -> Output {
 
 /// `worker collect` with `--reduce REDUCE`.
 fn collect_reducing(model: &Path, corpus: &Path, chunks: &str, out: &Path, reduce: &str) -> Output {
+    let extra = [
+        "--threads",
+        "2",
+        "--n-ubatch",
+        "32",
+        "--trace-top-n",
+        "8",
+        "--reduce",
+        reduce,
+    ];
     run(
         "worker",
-        &[
-            "collect",
-            "--model",
-            model.to_str().unwrap(),
-            "--corpus",
-            corpus.to_str().unwrap(),
-            "--chunks",
-            chunks,
-            "--out",
-            out.to_str().unwrap(),
-            "--threads",
-            "2",
-            "--n-ubatch",
-            "32",
-            "--trace-top-n",
-            "8",
-            "--reduce",
-            reduce,
-        ],
+        &fixtures::worker_args("collect", model, corpus, chunks, out, &extra),
     )
 }
 
@@ -55,8 +47,7 @@ fn one_call_and_two_merged_calls_give_identical_artifacts_with_device_reductions
 fn one_call_and_two_merged_calls(reduce: &str) {
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures::model(dir.path(), Preset::Tiny);
-    let corpus = dir.path().join("corpus-run");
-    fixtures::write_corpus(&corpus, &fixtures::chunks(8, N_CTX), N_CTX);
+    let corpus = fixtures::corpus_dir(dir.path(), "corpus-run", 8, N_CTX);
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
 
     for (chunks, out) in [("0..8", &a), ("4..=7", &b), ("0..4", &b)] {
@@ -167,8 +158,7 @@ fn assert_fails_cleanly(out: Output, out_dir: &Path, needles: &[&str]) {
 #[test]
 fn bad_models_and_ranges_fail_with_clear_errors_and_no_output() {
     let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("corpus-run");
-    fixtures::write_corpus(&corpus, &fixtures::chunks(4, N_CTX), N_CTX);
+    let corpus = fixtures::corpus_dir(dir.path(), "corpus-run", 4, N_CTX);
     let out = dir.path().join("out");
 
     let dense = fixtures::model(dir.path(), Preset::Dense);

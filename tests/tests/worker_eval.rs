@@ -8,27 +8,14 @@ use common::eval::{EvalPartial, EvalSummary, Group};
 use common::Split;
 use fixtures::run_ok;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use worker::synth::Preset;
 
 const N_CTX: u32 = 40;
 
 fn eval(model: &Path, candidates: &[&Path], corpus: &Path, out: &Path, extra: &[&str]) {
-    let mut args = vec![
-        "eval",
-        "--model",
-        model.to_str().unwrap(),
-        "--corpus",
-        corpus.to_str().unwrap(),
-        "--chunks",
-        "0..3",
-        "--out",
-        out.to_str().unwrap(),
-        "--threads",
-        "2",
-        "--n-ubatch",
-        "16",
-    ];
+    let threads = ["--threads", "2", "--n-ubatch", "16"];
+    let mut args = fixtures::worker_args("eval", model, corpus, "0..3", out, &threads);
     for c in candidates {
         args.extend(["--candidate", c.to_str().unwrap()]);
     }
@@ -53,8 +40,7 @@ fn a_keep_all_candidate_has_zero_kl_and_the_same_top1_everywhere() {
     let model = fixtures::model(dir.path(), Preset::Tiny);
     let same = dir.path().join("keep_all_K16.gguf");
     std::fs::copy(&model, &same).unwrap();
-    let corpus = dir.path().join("run");
-    fixtures::write_corpus(&corpus, &fixtures::chunks(3, N_CTX), N_CTX);
+    let corpus = fixtures::corpus_dir(dir.path(), "run", 3, N_CTX);
     let out = dir.path().join("out");
     eval(&model, &[&same], &corpus, &out, &[]);
     let s = summary(&out);
@@ -125,15 +111,22 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + 1e-15
 }
 
+/// The tiny model, another of its shape (other weights) as the candidate,
+/// and a corpus of 3 chunks under `dir/run`, with its chunks.
+fn model_and_other(dir: &Path) -> (PathBuf, PathBuf, PathBuf, Vec<Chunk>) {
+    let model = fixtures::model(dir, Preset::Tiny);
+    let other = dir.join("other_K16.gguf");
+    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    let corpus = dir.join("run");
+    let chunks = fixtures::chunks(3, N_CTX);
+    fixtures::write_corpus(&corpus, &chunks, N_CTX);
+    (model, other, corpus, chunks)
+}
+
 #[test]
 fn worker_figures_equal_an_f64_recomputation_from_dumped_logits() {
     let dir = tempfile::tempdir().unwrap();
-    let model = fixtures::model(dir.path(), Preset::Tiny);
-    let other = dir.path().join("other_K16.gguf");
-    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
-    let corpus = dir.path().join("run");
-    let chunks = fixtures::chunks(3, N_CTX);
-    fixtures::write_corpus(&corpus, &chunks, N_CTX);
+    let (model, other, corpus, chunks) = model_and_other(dir.path());
     let (out, dumps) = (dir.path().join("out"), dir.path().join("dumps"));
     eval(
         &model,
@@ -217,12 +210,7 @@ fn worker_figures_equal_an_f64_recomputation_from_dumped_logits() {
 #[test]
 fn skip_first_and_split_limit_the_scored_positions() {
     let dir = tempfile::tempdir().unwrap();
-    let model = fixtures::model(dir.path(), Preset::Tiny);
-    let other = dir.path().join("other_K16.gguf");
-    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
-    let corpus = dir.path().join("run");
-    let chunks = fixtures::chunks(3, N_CTX);
-    fixtures::write_corpus(&corpus, &chunks, N_CTX);
+    let (model, other, corpus, chunks) = model_and_other(dir.path());
     let out = dir.path().join("out");
     let half = (N_CTX / 2).to_string();
     eval(
@@ -254,23 +242,14 @@ fn a_candidate_without_experts_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures::model(dir.path(), Preset::Tiny);
     let dense = fixtures::model(dir.path(), Preset::Dense);
-    let corpus = dir.path().join("run");
-    fixtures::write_corpus(&corpus, &fixtures::chunks(3, N_CTX), N_CTX);
+    let corpus = fixtures::corpus_dir(dir.path(), "run", 3, N_CTX);
+    let (dest, candidate) = (
+        dir.path().join("out"),
+        ["--candidate", dense.to_str().unwrap()],
+    );
     let out = fixtures::run(
         "worker",
-        &[
-            "eval",
-            "--model",
-            model.to_str().unwrap(),
-            "--candidate",
-            dense.to_str().unwrap(),
-            "--corpus",
-            corpus.to_str().unwrap(),
-            "--chunks",
-            "0..3",
-            "--out",
-            dir.path().join("out").to_str().unwrap(),
-        ],
+        &fixtures::worker_args("eval", &model, &corpus, "0..3", &dest, &candidate),
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

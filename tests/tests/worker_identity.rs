@@ -6,32 +6,20 @@
 //! worker is decided after a bounded wait, and a worker that fails first
 //! does not fail a run an honest worker joins in the grace period.
 
-use common::partial::Partial;
 use common::secret::WorkerKey;
-use common::wire::{LeaseGrant, Refusal, ToWorker};
+use common::wire::{Refusal, ToWorker};
 use coordinator::run::Listening;
 use fixtures::log::log_text;
 use fixtures::loopback::{
-    self, artifacts, client, fake_reference, fake_setup, fake_workers, fake_workers_telling,
-    FAKE_MODEL,
+    self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_setup,
+    fake_workers, run_beside_fake_workers, FAKE_MODEL,
 };
-use fixtures::peer::{honest_partial, Peer};
+use fixtures::peer::{inflated_partial, Peer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use worker::join::fake::FakeEngine;
 use worker::join::{join, JoinSummary};
-
-/// The honest partial of `lease` with one live expert's saliency inflated
-/// (Cauchy-Schwarz still holds, so only a second opinion catches it).
-fn lie(index: &common::corpus::CorpusIndex, lease: &LeaseGrant) -> Vec<u8> {
-    let mut partial: Partial = honest_partial(index, lease);
-    let layer = &mut partial.experts.groups.values_mut().next().unwrap().layers[0];
-    let e = layer.count.iter().position(|&c| c > 0).unwrap();
-    layer.reap_l2_sum[e].0 *= 30;
-    layer.reap_l2_sq_sum[e].0 *= 900;
-    partial.to_bytes()
-}
 
 /// The key `coordinator worker-key` writes for `name` under the run's secret.
 fn issued_key(l: &Listening, dir: &std::path::Path, name: &str) -> WorkerKey {
@@ -86,7 +74,7 @@ async fn a_client_that_reconnects_after_every_result_cannot_verify_itself() {
                 assert!(matches!(welcome, ToWorker::Welcome { .. }), "{welcome:?}");
                 if let Some(ToWorker::Lease(lease)) = p.poll_idle().await {
                     reported += 1;
-                    p.done(&lease, lie(&index, &lease)).await;
+                    p.done(&lease, inflated_partial(&index, &lease)).await;
                 }
                 p.conn.close(0u32.into(), b"reconnecting");
             }
@@ -111,7 +99,7 @@ async fn a_client_that_reconnects_after_every_result_cannot_verify_itself() {
                 match p.poll_idle().await {
                     Some(ToWorker::Lease(lease)) => {
                         reported += 1;
-                        p.done(&lease, lie(&index, &lease)).await;
+                        p.done(&lease, inflated_partial(&index, &lease)).await;
                     }
                     Some(ToWorker::Wait { retry_ms }) => {
                         tokio::time::sleep(Duration::from_millis(retry_ms)).await
@@ -150,15 +138,24 @@ async fn a_client_that_reconnects_after_every_result_cannot_verify_itself() {
         ),
         "the liar ends refused, or when the run is over: {last:?}"
     );
-    let liar = summary.workers.iter().find(|w| w.name == "liar").unwrap();
+    let liar = summary.leases.worker("liar").unwrap();
     assert!(liar.quarantined && liar.leases == 0, "{liar:?}");
     assert_eq!(
-        summary.workers.iter().filter(|w| w.name == "liar").count(),
+        summary
+            .leases
+            .workers
+            .iter()
+            .filter(|w| w.name == "liar")
+            .count(),
         1,
         "one identity for all its connections"
     );
-    assert!(summary.unresolved.is_empty(), "{:?}", summary.unresolved);
-    assert_eq!(summary.computed, 2);
+    assert!(
+        summary.leases.unresolved.is_empty(),
+        "{:?}",
+        summary.leases.unresolved
+    );
+    assert_eq!(summary.leases.computed, 2);
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }
 
@@ -174,7 +171,7 @@ async fn one_liar_and_one_honest_worker_finish_in_bounded_time_with_the_disagree
         let l2 = l.clone();
         let liar = tokio::spawn(async move {
             let (mut p, _) = Peer::joined(&l2, "liar").await;
-            p.work(|lease| lie(&index, lease)).await;
+            p.work(|lease| inflated_partial(&index, lease)).await;
             Ok(JoinSummary::default())
         });
         let mut hs = vec![liar];
@@ -186,8 +183,13 @@ async fn one_liar_and_one_honest_worker_finish_in_bounded_time_with_the_disagree
         "FIGURE one liar, one honest worker, verify_fraction = 1: run finished in {:?}",
         start.elapsed()
     );
-    assert_eq!(summary.unresolved.len(), 2, "{:?}", summary.unresolved);
-    for what in &summary.unresolved {
+    assert_eq!(
+        summary.leases.unresolved.len(),
+        2,
+        "{:?}",
+        summary.leases.unresolved
+    );
+    for what in &summary.leases.unresolved {
         assert!(
             what.contains("liar") && what.contains("no third worker"),
             "{what}"
@@ -200,53 +202,31 @@ async fn one_liar_and_one_honest_worker_finish_in_bounded_time_with_the_disagree
 async fn a_faulty_node_that_reconnects_is_quarantined_and_the_run_completes() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 30);
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (summary, _) = loopback::run_logged(&s, |l| {
-        let honest_at_work = Arc::new(Notify::new());
-        let (l2, at_work) = (l.clone(), honest_at_work.clone());
-        let faulty = tokio::spawn(async move {
-            at_work.notified().await;
-            // Takes a lease, then its connection drops; it comes back at once.
-            let mut dropped = 0;
-            let end = loop {
-                let (mut p, welcome) = Peer::login(&l2, "faulty", l2.secret.expose()).await;
-                if !matches!(welcome, ToWorker::Welcome { .. }) {
-                    break Some(welcome);
+    let delay = Duration::from_millis(40);
+    let (summary, (dropped, end)) = run_beside_fake_workers(&s, 1, delay, |l| async move {
+        // Takes a lease, then its connection drops; it comes back at once.
+        let mut dropped = 0;
+        let end = loop {
+            let (mut p, welcome) = Peer::login(&l, "faulty", l.secret.expose()).await;
+            if !matches!(welcome, ToWorker::Welcome { .. }) {
+                break Some(welcome);
+            }
+            match p.poll_idle().await {
+                Some(ToWorker::Lease(_)) => dropped += 1,
+                Some(ToWorker::Wait { retry_ms }) => {
+                    tokio::time::sleep(Duration::from_millis(retry_ms)).await
                 }
-                match p.poll_idle().await {
-                    Some(ToWorker::Lease(_)) => dropped += 1,
-                    Some(ToWorker::Wait { retry_ms }) => {
-                        tokio::time::sleep(Duration::from_millis(retry_ms)).await
-                    }
-                    other => break other,
-                }
-                p.conn.close(0u32.into(), b"crashed");
-                assert!(dropped <= 12, "never quarantined");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
-            let _ = tx.send((dropped, end));
-            Ok(JoinSummary::default())
-        });
-        let mut hs = vec![faulty];
-        hs.extend(fake_workers_telling(
-            l,
-            1,
-            Duration::from_millis(40),
-            Some(honest_at_work),
-        ));
-        hs
+                other => break other,
+            }
+            p.conn.close(0u32.into(), b"crashed");
+            assert!(dropped <= 12, "never quarantined");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        (dropped, end)
     })
     .await;
-    let (dropped, end) = rx.await.unwrap();
     assert!(dropped >= 3, "{dropped}");
-    assert!(
-        matches!(end, Some(ToWorker::Refused(Refusal::Quarantined(_)))),
-        "{end:?}"
-    );
-    let faulty = summary.workers.iter().find(|w| w.name == "faulty").unwrap();
-    assert!(faulty.quarantined && faulty.leases == 0, "{faulty:?}");
-    assert_eq!(summary.computed, 10);
-    assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
+    assert_quarantined_and_honest(&s, &summary, "faulty", &end, 10).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,23 +238,7 @@ async fn a_worker_that_joins_first_and_fails_every_lease_does_not_fail_the_run()
         let l2 = l.clone();
         let broken = tokio::spawn(async move {
             let (mut p, _) = Peer::joined(&l2, "broken").await;
-            let mut failed = 0;
-            let end = loop {
-                match p.poll_idle().await {
-                    Some(ToWorker::Lease(lease)) => {
-                        failed += 1;
-                        let msg = common::wire::ToCoordinator::Failed {
-                            lease_id: lease.lease_id,
-                            reason: "CUDA error: out of memory".into(),
-                        };
-                        match p.ask(&msg).await {
-                            Some(ToWorker::Ack) => {}
-                            other => break other,
-                        }
-                    }
-                    other => break other,
-                }
-            };
+            let (end, failed) = p.fail_every_lease("CUDA error: out of memory").await;
             let _ = tx.send((failed, end));
             // The honest worker joins a second after the quarantine.
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -289,6 +253,6 @@ async fn a_worker_that_joins_first_and_fails_every_lease_does_not_fail_the_run()
         matches!(end, Some(ToWorker::Refused(Refusal::Quarantined(_)))),
         "{end:?}"
     );
-    assert_eq!(summary.computed, 3);
+    assert_eq!(summary.leases.computed, 3);
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }

@@ -12,6 +12,7 @@ use common::routing::GateSite;
 use common::stats::GroupKey;
 use common::{Gating, Split};
 use fixtures::llama_gguf::{F32Tensor, LlamaGguf};
+use fixtures::oracle::matvec;
 use std::collections::BTreeMap;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collected, Collector};
@@ -194,18 +195,6 @@ fn assert_close(what: &str, got: f64, want: f64) {
         "{what}: measured {got}, oracle {want} (|diff| {} > {tol})",
         (got - want).abs()
     );
-}
-
-fn matvec(w: &[f32], n_in: usize, row0: usize, n_out: usize, x: &[f64]) -> Vec<f64> {
-    (0..n_out)
-        .map(|r| {
-            w[(row0 + r) * n_in..(row0 + r + 1) * n_in]
-                .iter()
-                .zip(x)
-                .map(|(a, b)| *a as f64 * b)
-                .sum()
-        })
-        .collect()
 }
 
 fn softmax(v: &[f64]) -> Vec<f64> {

@@ -197,19 +197,22 @@ fn main() -> anyhow::Result<()> {
         flash_attn: false,
         logits: Logits::Host,
     };
+    let collect_with = |threads| {
+        collect(
+            &path,
+            threads,
+            a.n_ubatch.min(a.n_ctx),
+            &index,
+            &chunks,
+            warm,
+        )
+    };
     if let Some(mode) = a.only.as_deref() {
         let threads = a.threads.first().copied().unwrap_or(1);
         match mode {
             "forward" => forward(&model, &params(threads), &chunks, &mut || {})?,
             "collect" => {
-                collect(
-                    &path,
-                    threads,
-                    a.n_ubatch.min(a.n_ctx),
-                    &index,
-                    &chunks,
-                    warm,
-                )?;
+                collect_with(threads)?;
             }
             other => anyhow::bail!("--only {other}: expected forward or collect"),
         }
@@ -246,14 +249,7 @@ fn main() -> anyhow::Result<()> {
                 forward(&model, &params(threads), &chunks, done)
             })?;
             fwd = fwd.best(f);
-            col = col.best(collect(
-                &path,
-                threads,
-                a.n_ubatch.min(a.n_ctx),
-                &index,
-                &chunks,
-                warm,
-            )?);
+            col = col.best(collect_with(threads)?);
         }
         let rows = [
             ("whole run", fwd.all, col.all, tokens),

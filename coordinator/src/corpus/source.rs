@@ -555,16 +555,10 @@ mod tests {
 
     #[test]
     fn an_oversized_document_is_refused_naming_file_and_line() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("big.jsonl");
         let at_limit = "a".repeat(MAX_DOCUMENT_BYTES);
         let over = "b".repeat(MAX_DOCUMENT_BYTES + 1);
-        std::fs::write(
-            &p,
-            format!("{{\"text\": \"{at_limit}\"}}\n{{\"text\": \"{over}\"}}\n"),
-        )
-        .unwrap();
-        let err = read_source(&src(&p), &p, None).unwrap_err().to_string();
+        let text = format!("{{\"text\": \"{at_limit}\"}}\n{{\"text\": \"{over}\"}}\n");
+        let err = read_error("big.jsonl", &text);
         assert!(
             err.contains(&format!(
                 "big.jsonl:2: document of {} bytes exceeds the per-document limit of {} bytes",
@@ -573,6 +567,7 @@ mod tests {
             )),
             "{err}"
         );
+        let dir = tempfile::tempdir().unwrap();
         let t = dir.path().join("big.txt");
         std::fs::write(&t, format!("short\n\n{over}")).unwrap();
         let mut cfg = src(&t);
@@ -677,29 +672,25 @@ mod tests {
         );
     }
 
+    /// The error reading `text` as the source file `name` gives.
+    fn read_error(name: &str, text: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        read_source(&src(&p), &p, None).unwrap_err().to_string()
+    }
+
     #[test]
     fn malformed_jsonl_line_names_its_line_number() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("bad.jsonl");
-        std::fs::write(
-            &p,
-            "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": oops}\n",
-        )
-        .unwrap();
-        let err = read_source(&src(&p), &p, None).unwrap_err().to_string();
+        let text = "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": oops}\n";
+        let err = read_error("bad.jsonl", text);
         assert!(err.contains("bad.jsonl:3: malformed JSON"), "{err}");
     }
 
     #[test]
     fn unknown_chat_role_is_refused_with_its_location() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("chat.jsonl");
-        std::fs::write(
-            &p,
-            "{\"messages\": [{\"role\": \"narrator\", \"content\": \"x\"}]}\n",
-        )
-        .unwrap();
-        let err = read_source(&src(&p), &p, None).unwrap_err().to_string();
+        let text = "{\"messages\": [{\"role\": \"narrator\", \"content\": \"x\"}]}\n";
+        let err = read_error("chat.jsonl", text);
         assert!(
             err.contains("chat.jsonl:1: message 1: unknown chat role \"narrator\""),
             "{err}"

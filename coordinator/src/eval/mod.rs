@@ -17,9 +17,8 @@ pub mod cli;
 pub mod settings;
 pub mod table;
 
-use crate::net::hub::WorkerInfo;
 use crate::run::record::{settings_key, RecordError};
-use crate::run::runner::{lease_all, locked, Leasing, OnListen};
+use crate::run::runner::{lease_all, locked, LeaseFigures, Leasing, OnListen};
 use crate::run::{RunError, RunSetup};
 use crate::sched::plan;
 use common::eval::summary::parse_splits;
@@ -77,18 +76,9 @@ pub struct EvalSetup {
 pub struct EvalOutcome {
     /// The figures written to `eval/summary.json`.
     pub summary: EvalSummary,
-    /// Units in the lease plan.
-    pub units: usize,
-    /// Units reused from stored eval partials.
-    pub resumed: usize,
-    /// Stored eval partials set aside and recomputed: `(object name, why)`.
-    pub rejected: Vec<(String, String)>,
-    /// Units computed by this process.
-    pub computed: usize,
-    /// Leases retried.
-    pub retries: usize,
-    /// Per-worker figures (tokens are scored positions).
-    pub workers: Vec<WorkerInfo>,
+    /// The eval partials' leases: resumed, computed, retried, by whom
+    /// (a worker's tokens are scored positions).
+    pub leases: LeaseFigures,
     /// Where its objects are.
     pub out: EvalLayout,
 }
@@ -227,12 +217,7 @@ pub async fn evaluate_locked(
     let summary = artifacts::write(store, &setup.out, &merged, &index.domains).await?;
     Ok(EvalOutcome {
         summary,
-        units: leased.units,
-        resumed: leased.resumed,
-        rejected: leased.rejected,
-        computed: leased.computed,
-        retries: leased.retries,
-        workers: leased.workers,
+        leases: leased.leases,
         out: setup.out,
     })
 }
@@ -243,13 +228,13 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
     println!(
         "evaluated {} candidates over {} leases ({} reused from {}, {} computed, {} retried)",
         o.summary.candidates.len(),
-        o.units,
-        o.resumed,
+        o.leases.units,
+        o.leases.resumed,
         store.url_of(o.out.partials.dir),
-        o.computed,
-        o.retries
+        o.leases.computed,
+        o.leases.retries
     );
-    for (name, why) in &o.rejected {
+    for (name, why) in &o.leases.rejected {
         println!(
             "  REJECTED stored eval partial {}: {why}",
             store.url_of(name)

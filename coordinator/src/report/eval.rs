@@ -60,11 +60,8 @@ pub async fn section(
 ) -> anyhow::Result<Vec<String>> {
     md.push_str("## Pruned candidates against the base model\n\n");
     let Some(s) = load(store).await? else {
-        let missing = format!(
-            "{} is missing: run `coordinator eval RUN --keep-maps ...` to compare pruned models with the base model",
-            store.url_of(names::SUMMARY_JSON)
-        );
-        let _ = writeln!(md, "Not shown: {missing}.\n");
+        let hint = "run `coordinator eval RUN --keep-maps ...` to compare pruned models with the base model";
+        super::not_shown(md, store, names::SUMMARY_JSON, hint);
         return Ok(Vec::new());
     };
     let _ = writeln!(

@@ -184,6 +184,14 @@ pub async fn report(store: &RunStore) -> anyhow::Result<ReportOutput> {
     Ok(out)
 }
 
+/// Says in `md` that the section of the missing object `name` is not shown
+/// and what makes it (`hint`); returns what is missing, for the output.
+fn not_shown(md: &mut String, store: &RunStore, name: &str, hint: &str) -> String {
+    let missing = format!("{} is missing: {hint}", store.url_of(name));
+    let _ = writeln!(md, "Not shown: {missing}.\n");
+    missing
+}
+
 /// Miss-rate curves from `replay/results.json`, or a line saying it is missing.
 async fn replay_section(
     store: &RunStore,
@@ -192,11 +200,8 @@ async fn replay_section(
 ) -> anyhow::Result<()> {
     md.push_str("## Cache replay\n\n");
     let Some(results) = replay_results(store).await? else {
-        let missing = format!(
-            "{} is missing: run `coordinator replay` for miss-rate curves",
-            store.url_of(names::REPLAY_RESULTS_JSON)
-        );
-        let _ = writeln!(md, "Not shown: {missing}.\n");
+        let hint = "run `coordinator replay` for miss-rate curves";
+        let missing = not_shown(md, store, names::REPLAY_RESULTS_JSON, hint);
         out.missing.push(missing);
         return Ok(());
     };

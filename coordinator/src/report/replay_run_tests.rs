@@ -61,22 +61,15 @@ fn write_run(dir: &std::path::Path) {
         rows(Split::Heldout, 3, &HEAVY, 0..8),
     ]
     .concat();
-    std::fs::write(
-        trace.join("part-a.parquet"),
-        write_part(&mut a, 1, 2).unwrap(),
-    )
-    .unwrap();
-    std::fs::write(
-        trace.join("part-b.parquet"),
-        write_part(&mut b, 1, 2).unwrap(),
-    )
-    .unwrap();
-    let mut d = rows(Split::Heldout, 0, &HEAVY, 0..8);
-    std::fs::write(
-        trace.join("decode/part-0.parquet"),
-        write_part(&mut d, 1, 2).unwrap(),
-    )
-    .unwrap();
+    let put = |name: &str, rows: &mut [TraceRow]| {
+        std::fs::write(trace.join(name), write_part(rows, 1, 2).unwrap()).unwrap()
+    };
+    put("part-a.parquet", &mut a);
+    put("part-b.parquet", &mut b);
+    put(
+        "decode/part-0.parquet",
+        &mut rows(Split::Heldout, 0, &HEAVY, 0..8),
+    );
     std::fs::write(
         dir.join("saliency.json"),
         br#"{"n_expert": 4, "n_expert_used": 1}"#,

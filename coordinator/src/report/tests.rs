@@ -138,18 +138,12 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
     let dir = tempfile::tempdir().unwrap();
     let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
     let s = saliency(2, vec![audit_layer(1), audit_layer(3)]);
-    store
-        .put(names::SALIENCY_JSON, s.to_json_bytes())
-        .await
-        .unwrap();
-    let out = report(&store).await.unwrap();
-    assert!(
-        out.missing
-            .iter()
-            .any(|m| m.contains("score/score.json is missing") && m.contains("coordinator score")),
-        "{:?}",
-        out.missing
-    );
+    let out = report_over(
+        &store,
+        &s,
+        &["score/score.json is missing", "coordinator score"],
+    )
+    .await;
     assert_eq!(
         out.plots,
         vec![
@@ -170,20 +164,31 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
     let maps = store.list(names::KEEP_MAPS_DIR).await.unwrap();
     let before: Vec<_> = read_all(&store, &maps).await;
     let changed = saliency(2, vec![audit_layer(1), audit_layer(5)]);
+    report_over(&store, &changed, &["computed from another saliency.json"]).await;
+    assert_eq!(read_all(&store, &maps).await, before);
+    assert_eq!(store.list(names::KEEP_MAPS_DIR).await.unwrap(), maps);
+}
+
+/// The report of `store` with `s` as its `saliency.json`, asserting that one
+/// of the things it names missing says every one of `needles`.
+async fn report_over(
+    store: &RunStore,
+    s: &common::saliency::Saliency,
+    needles: &[&str],
+) -> ReportOutput {
     store
-        .put(names::SALIENCY_JSON, changed.to_json_bytes())
+        .put(names::SALIENCY_JSON, s.to_json_bytes())
         .await
         .unwrap();
-    let out = report(&store).await.unwrap();
+    let out = report(store).await.unwrap();
     assert!(
         out.missing
             .iter()
-            .any(|m| m.contains("computed from another saliency.json")),
-        "{:?}",
+            .any(|m| needles.iter().all(|n| m.contains(n))),
+        "{needles:?} not in {:?}",
         out.missing
     );
-    assert_eq!(read_all(&store, &maps).await, before);
-    assert_eq!(store.list(names::KEEP_MAPS_DIR).await.unwrap(), maps);
+    out
 }
 
 async fn read_all(store: &RunStore, names: &[String]) -> Vec<Vec<u8>> {
@@ -309,18 +314,18 @@ async fn every_miss_rate_curve_is_drawn_in_one_figure_per_keep_map() {
             assert_eq!(policies, Policy::ALL);
         }
     }
+    // The panel of a keep map's figure for a (split, trace mode, mode).
+    let panel_of = |keep_map: &str, key| {
+        let figure = rates.figures.iter().find(|f| f.keep_map == keep_map);
+        let panels = &figure.unwrap().panels;
+        panels
+            .iter()
+            .find(|p| (p.split, p.trace_mode, p.mode) == key)
+            .unwrap()
+    };
     // Every row's point is in its figure, panel and curve.
     for row in &results.rows {
-        let figure = rates
-            .figures
-            .iter()
-            .find(|f| f.keep_map == row.keep_map)
-            .unwrap();
-        let panel = figure
-            .panels
-            .iter()
-            .find(|p| (p.split, p.trace_mode, p.mode) == (row.split, row.trace_mode, row.mode))
-            .unwrap();
+        let panel = panel_of(&row.keep_map, (row.split, row.trace_mode, row.mode));
         let curve = panel
             .curves
             .iter()
@@ -341,17 +346,7 @@ async fn every_miss_rate_curve_is_drawn_in_one_figure_per_keep_map() {
     // LRU's line runs through every integer capacity between the replayed
     // ones, from the one-pass curve with the group's forced misses.
     for c in &results.lru_curves {
-        let figure = rates
-            .figures
-            .iter()
-            .find(|f| f.keep_map == c.keep_map)
-            .unwrap();
-        let panel = figure
-            .panels
-            .iter()
-            .find(|p| (p.split, p.trace_mode, p.mode) == (c.split, c.trace_mode, c.mode))
-            .unwrap();
-        let lru = &panel.curves[0];
+        let lru = &panel_of(&c.keep_map, (c.split, c.trace_mode, c.mode)).curves[0];
         assert_eq!(lru.policy, Policy::Lru);
         let xs: Vec<f64> = lru.points.iter().map(|p| p.0).collect();
         assert_eq!(xs, (4..=12).map(f64::from).collect::<Vec<_>>());

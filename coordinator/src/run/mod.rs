@@ -28,7 +28,7 @@ pub mod settings;
 pub mod trace_plan;
 
 use crate::lease::LeaseKind;
-use crate::net::hub::{Hub, WorkerInfo};
+use crate::net::hub::Hub;
 use crate::net::persist::Kept;
 use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{create_ca, server_names, Identity};
@@ -41,7 +41,7 @@ use common::secret::JoinSecret;
 use common::store::{RunStore, StoreError};
 use join_hint::JoinHint;
 use local::SECRET_ENV;
-use runner::{lease_all, locked, Leasing, OnListen};
+use runner::{lease_all, locked, LeaseFigures, Leasing, OnListen};
 use settings::{ClusterSettings, RunSettings};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -186,23 +186,8 @@ pub struct Listening {
 /// What a run did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunSummary {
-    /// Units in the lease plan.
-    pub units: usize,
-    /// Units reused from stored partials.
-    pub resumed: usize,
-    /// Stored partials that could not be reused and were recomputed:
-    /// `(object name, why)`.
-    pub rejected: Vec<(String, String)>,
-    /// Units computed by this process.
-    pub computed: usize,
-    /// Leases retried (expired, failed or lost with their worker).
-    pub retries: usize,
-    /// Duplicate or late results dropped.
-    pub duplicates: usize,
-    /// Disagreements decided without a third worker (kept result unverified), described.
-    pub unresolved: Vec<String>,
-    /// Per-worker figures.
-    pub workers: Vec<WorkerInfo>,
+    /// The partials' leases: resumed, computed, retried, by whom.
+    pub leases: LeaseFigures,
     /// Fit tokens in the merged result.
     pub fit_tokens: u64,
     /// The manifest's `trace` section (budget, stride, tokens, bytes).
@@ -264,14 +249,7 @@ pub async fn execute_locked(
     let acceptance = Arc::new(acceptance(setup, &units).await?);
     let leased = lease_all(&leasing, units, acceptance, on_listen).await?;
     let mut summary = RunSummary {
-        units: leased.units,
-        resumed: leased.resumed,
-        rejected: leased.rejected,
-        computed: leased.computed,
-        retries: leased.retries,
-        duplicates: leased.duplicates,
-        unresolved: leased.unresolved,
-        workers: leased.workers,
+        leases: leased.leases,
         ..RunSummary::default()
     };
     let merged = leased
@@ -423,6 +401,7 @@ pub async fn mark_finished(
             )),
         })?;
     let workers = s
+        .leases
         .workers
         .iter()
         .map(|w| WorkerRecord {
@@ -436,11 +415,11 @@ pub async fn mark_finished(
     manifest.run = Some(RunRecord {
         complete: verified,
         verify_passed: verified,
-        units: s.units,
-        leases_resumed: s.resumed,
-        leases_computed: s.computed,
-        retries: s.retries,
-        duplicates_dropped: s.duplicates,
+        units: s.leases.units,
+        leases_resumed: s.leases.resumed,
+        leases_computed: s.leases.computed,
+        retries: s.leases.retries,
+        duplicates_dropped: s.leases.duplicates,
         workers,
     });
     if s.trace.is_some() {
@@ -506,19 +485,24 @@ pub fn worker_key(args: WorkerKeyArgs) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
 
+    /// Writes `manifest` as the run's manifest, then marks the run finished
+    /// (`verified` as given) over it.
+    async fn finish_over(store: &RunStore, manifest: &[u8], verified: bool) -> Result<(), String> {
+        store
+            .put(crate::corpus::MANIFEST_FILE, manifest.to_vec())
+            .await
+            .unwrap();
+        mark_finished(store, &RunSummary::default(), verified)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     #[tokio::test]
     async fn a_corrupt_manifest_is_named_and_left_as_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
         let corrupt = b"{\"model_sha256\": \"ab".to_vec();
-        store
-            .put(crate::corpus::MANIFEST_FILE, corrupt.clone())
-            .await
-            .unwrap();
-        let err = mark_finished(&store, &RunSummary::default(), true)
-            .await
-            .unwrap_err()
-            .to_string();
+        let err = finish_over(&store, &corrupt, true).await.unwrap_err();
         assert!(
             err.contains("manifest.json is not JSON") && err.contains("left as it is"),
             "{err}"
@@ -526,24 +510,10 @@ mod tests {
         let kept = store.get(crate::corpus::MANIFEST_FILE).await.unwrap();
         assert_eq!(kept.to_vec(), corrupt);
 
-        store
-            .put(crate::corpus::MANIFEST_FILE, b"[1, 2]".to_vec())
-            .await
-            .unwrap();
-        let err = mark_finished(&store, &RunSummary::default(), true)
-            .await
-            .unwrap_err()
-            .to_string();
+        let err = finish_over(&store, b"[1, 2]", true).await.unwrap_err();
         assert!(err.contains("not a JSON object"), "{err}");
 
-        store
-            .put(
-                crate::corpus::MANIFEST_FILE,
-                b"{\"model_sha256\": \"ab\"}".to_vec(),
-            )
-            .await
-            .unwrap();
-        mark_finished(&store, &RunSummary::default(), false)
+        finish_over(&store, b"{\"model_sha256\": \"ab\"}", false)
             .await
             .unwrap();
         let m = crate::corpus::manifest::read(&store)

@@ -48,11 +48,10 @@ pub struct Leasing<'a> {
     pub progress: bool,
 }
 
-/// What the runner did, with the merge of every unit's result.
-#[derive(Debug)]
-pub struct Leased<T> {
-    /// The merge of every unit's result (`None` without units).
-    pub merged: Option<T>,
+/// What the runner did with a kind's leases, in figures: collection's
+/// [`super::RunSummary`] and evaluation's outcome carry them as they are.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LeaseFigures {
     /// Units in the lease plan.
     pub units: usize,
     /// Units reused from stored results.
@@ -66,10 +65,27 @@ pub struct Leased<T> {
     pub retries: usize,
     /// Duplicate or late results dropped.
     pub duplicates: usize,
-    /// Disagreements decided without a third worker, described.
+    /// Disagreements decided without a third worker (kept result
+    /// unverified), described.
     pub unresolved: Vec<String>,
     /// Per-worker figures.
     pub workers: Vec<WorkerInfo>,
+}
+
+impl LeaseFigures {
+    /// The figures of the worker called `name`, if it joined.
+    pub fn worker(&self, name: &str) -> Option<&WorkerInfo> {
+        self.workers.iter().find(|w| w.name == name)
+    }
+}
+
+/// What the runner did, with the merge of every unit's result.
+#[derive(Debug)]
+pub struct Leased<T> {
+    /// The merge of every unit's result (`None` without units).
+    pub merged: Option<T>,
+    /// What was resumed, computed, retried and by whom.
+    pub leases: LeaseFigures,
 }
 
 /// Runs `work` holding the run location's lock ([`super::lock`]): a second
@@ -118,16 +134,14 @@ pub async fn lease_all<K: LeaseKind>(
     }
     let mut out = Leased {
         merged: resumed.merged,
-        units: units.len(),
-        resumed: resumed.done.len(),
-        rejected: resumed.rejected,
-        computed: 0,
-        retries: 0,
-        duplicates: 0,
-        unresolved: Vec::new(),
-        workers: Vec::new(),
+        leases: LeaseFigures {
+            units: units.len(),
+            resumed: resumed.done.len(),
+            rejected: resumed.rejected,
+            ..LeaseFigures::default()
+        },
     };
-    if out.resumed < out.units {
+    if out.leases.resumed < out.leases.units {
         let resumed_measured = out.merged.as_ref().map_or(0, LeaseOutput::measured);
         let serving = Served {
             done: &resumed.done,
@@ -139,11 +153,11 @@ pub async fn lease_all<K: LeaseKind>(
             merge_into(&mut out.merged, p, || format!("this process's {what}s"))?;
         }
         let p = hub.sched().progress();
-        out.computed = p.accepted;
-        out.retries = p.retries;
-        out.duplicates = p.duplicates;
-        out.unresolved = hub.unresolved();
-        out.workers = hub.workers().into_values().collect();
+        out.leases.computed = p.accepted;
+        out.leases.retries = p.retries;
+        out.leases.duplicates = p.duplicates;
+        out.leases.unresolved = hub.unresolved();
+        out.leases.workers = hub.workers().into_values().collect();
     }
     Ok(out)
 }

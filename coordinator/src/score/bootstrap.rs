@@ -156,22 +156,32 @@ mod tests {
         }
     }
 
+    /// Frequency rankings of layer 0 over the `pick`ed chunks of 4 experts.
+    fn frequency_ranks(
+        p: &ScoreParams,
+        chunks: &[ChunkStats],
+        pick: &[usize],
+    ) -> Vec<LayerRanking> {
+        let input = resample_layers(chunks, pick, &[0], 4);
+        rank_layers(Method::Frequency, p, &input, None)
+    }
+
+    /// Frequency at K = 2 against `full`, without routing groups.
+    fn at_k2(full: &[LayerRanking]) -> Reference<'_> {
+        Reference {
+            methods: vec![(Method::Frequency, full)],
+            ks: &[2],
+            groups: None,
+        }
+    }
+
     #[test]
     fn identical_chunks_give_perfect_stability_and_noisy_ones_less() {
         let p = ScoreParams::default();
         let layers = [0u32];
         let steady: Vec<ChunkStats> = (0..8).map(|i| chunk(i, &[9, 5, 1, 0])).collect();
-        let full = rank_layers(
-            Method::Frequency,
-            &p,
-            &resample_layers(&steady, &[0], &layers, 4),
-            None,
-        );
-        let reference = Reference {
-            methods: vec![(Method::Frequency, &full)],
-            ks: &[2],
-            groups: None,
-        };
+        let full = frequency_ranks(&p, &steady, &[0]);
+        let reference = at_k2(&full);
         let rows = stability(&steady, &layers, 4, &p, &reference, 5, 7).unwrap();
         assert_eq!((rows[0].mean_jaccard, rows[0].min_jaccard), (1.0, 1.0));
         // Each chunk favours a different pair of experts.
@@ -185,17 +195,8 @@ mod tests {
             })
             .collect();
         let all: Vec<usize> = (0..8).collect();
-        let full = rank_layers(
-            Method::Frequency,
-            &p,
-            &resample_layers(&noisy, &all, &layers, 4),
-            None,
-        );
-        let reference = Reference {
-            methods: vec![(Method::Frequency, &full)],
-            ks: &[2],
-            groups: None,
-        };
+        let full = frequency_ranks(&p, &noisy, &all);
+        let reference = at_k2(&full);
         let a = stability(&noisy, &layers, 4, &p, &reference, 20, 7).unwrap();
         let b = stability(&noisy, &layers, 4, &p, &reference, 20, 7).unwrap();
         assert_eq!(a, b, "seeded resampling is reproducible");

@@ -260,14 +260,16 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
         topn_id: vec![sel, 0, 1],
         topn_prob: vec![0.6, 0.3, 0.1],
     };
-    let mut rows = vec![row(Split::Fit, 0), row(Split::Heldout, 2)];
-    store
-        .put(
-            "trace/part-0.parquet",
-            write_part_as(&mut rows, 1, 3, Encoding::Full).unwrap(),
-        )
-        .await
-        .unwrap();
+    let at = &store;
+    let put_part = move |name: &'static str, mut rows: Vec<TraceRow>| {
+        let bytes = write_part_as(&mut rows, 1, 3, Encoding::Full).unwrap();
+        async move { at.put(name, bytes).await.unwrap() }
+    };
+    put_part(
+        "trace/part-0.parquet",
+        vec![row(Split::Fit, 0), row(Split::Heldout, 2)],
+    )
+    .await;
     let chunk = |c: u32, counts: [u32; 4]| ChunkStats {
         chunk: c,
         n_tokens: 5,
@@ -301,14 +303,7 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
     assert_eq!(report.stability.len(), 1);
     assert_eq!(report.stability[0].mean_jaccard, 1.0);
     // A row budget stops the screen at a part boundary and says so.
-    let mut more = vec![row(Split::Heldout, 1)];
-    store
-        .put(
-            "trace/part-1.parquet",
-            write_part_as(&mut more, 1, 3, Encoding::Full).unwrap(),
-        )
-        .await
-        .unwrap();
+    put_part("trace/part-1.parquet", vec![row(Split::Heldout, 1)]).await;
     let capped = ScoreOptions {
         screen_rows: 2,
         ..opts

@@ -29,6 +29,23 @@ fn failed(r: &VerifyReport) -> Vec<&str> {
     r.failures().iter().map(|c| c.invariant.as_str()).collect()
 }
 
+/// The verify report of a run that holds `bytes` as its `saliency.json`
+/// and nothing else.
+async fn verify_saliency(bytes: Vec<u8>) -> VerifyReport {
+    let (_dir, store) = run_with(bytes).await;
+    verify(&store).await.unwrap()
+}
+
+/// Asserts that `invariant` is the one check of `r` that fails, and that
+/// its figure says `needle`.
+fn assert_fails_only(r: &VerifyReport, invariant: &str, needle: &str) {
+    assert_eq!(failed(r), vec![invariant], "{r}");
+    assert!(
+        r.check(invariant).unwrap().figure.contains(needle),
+        "{needle:?}: {r}"
+    );
+}
+
 fn fit_layer(s: &mut Saliency, i: usize) -> &mut common::saliency::LayerStats {
     &mut s.splits.get_mut("fit").unwrap().layers[i]
 }
@@ -82,21 +99,12 @@ async fn a_bare_nan_written_by_hand_fails_the_finite_invariant() {
         serde_json::from_str::<Saliency>(&text).is_err(),
         "serde refuses the file"
     );
-    let (_dir, store) = run_with(text.into_bytes()).await;
-    let r = verify(&store).await.unwrap();
-    assert_eq!(failed(&r), vec![names::FINITE], "{r}");
-    assert!(
-        r.check(names::FINITE)
-            .unwrap()
-            .figure
-            .contains("splits.fit.layers[0].ean_sum[3]"),
-        "{r}"
-    );
+    let r = verify_saliency(text.into_bytes()).await;
+    assert_fails_only(&r, names::FINITE, "splits.fit.layers[0].ean_sum[3]");
     // serde_json's own spelling of a non-finite float is null.
     let text = String::from_utf8(good().to_json_bytes()).unwrap();
     let text = text.replacen("\"prob_sum\": [\n", "\"prob_sum\": [\n null,", 1);
-    let (_dir, store) = run_with(text.into_bytes()).await;
-    let r = verify(&store).await.unwrap();
+    let r = verify_saliency(text.into_bytes()).await;
     assert_eq!(r.check(names::FINITE).unwrap().status, Status::Fail, "{r}");
 }
 
@@ -104,16 +112,8 @@ async fn a_bare_nan_written_by_hand_fails_the_finite_invariant() {
 async fn zero_count_with_nonzero_sum_fails_dead_iff_zero() {
     let mut s = good();
     fit_layer(&mut s, 0).reap_l2_sum[13] = 0.5;
-    let (_dir, store) = run_with(s.to_json_bytes()).await;
-    let r = verify(&store).await.unwrap();
-    assert_eq!(failed(&r), vec![names::DEAD_IFF_ZERO], "{r}");
-    assert!(
-        r.check(names::DEAD_IFF_ZERO)
-            .unwrap()
-            .figure
-            .contains("layer 1 expert 13"),
-        "{r}"
-    );
+    let r = verify_saliency(s.to_json_bytes()).await;
+    assert_fails_only(&r, names::DEAD_IFF_ZERO, "layer 1 expert 13");
 }
 
 /// Regression (the 48 x 512 wide-shape run): an expert whose few routed
@@ -126,16 +126,14 @@ async fn cauchy_schwarz_allows_squares_below_the_exact_grid() {
     let l = fit_layer(&mut s, 1);
     l.reap_l2_sum[4] = 1.0e-10 * l.count[4] as f64;
     l.reap_l2_sq_sum[4] = 0.0;
-    let (_dir, store) = run_with(s.to_json_bytes()).await;
-    let r = verify(&store).await.unwrap();
+    let r = verify_saliency(s.to_json_bytes()).await;
     assert!(failed(&r).is_empty(), "{r}");
     // A shortfall well above the grid still fails.
     let mut s = good();
     let l = fit_layer(&mut s, 1);
     l.reap_l2_sum[4] = 3.0e-6 * l.count[4] as f64;
     l.reap_l2_sq_sum[4] = 0.0;
-    let (_dir, store) = run_with(s.to_json_bytes()).await;
-    let r = verify(&store).await.unwrap();
+    let r = verify_saliency(s.to_json_bytes()).await;
     assert_eq!(failed(&r), vec![names::CAUCHY_SCHWARZ], "{r}");
 }
 
@@ -144,16 +142,8 @@ async fn cauchy_schwarz_violation_fails_that_invariant() {
     let mut s = good();
     let l = fit_layer(&mut s, 1);
     l.reap_l2_sq_sum[4] = l.reap_l2_sum[4] * l.reap_l2_sum[4] / l.count[4] as f64 * 0.999;
-    let (_dir, store) = run_with(s.to_json_bytes()).await;
-    let r = verify(&store).await.unwrap();
-    assert_eq!(failed(&r), vec![names::CAUCHY_SCHWARZ], "{r}");
-    assert!(
-        r.check(names::CAUCHY_SCHWARZ)
-            .unwrap()
-            .figure
-            .contains("layer 5 expert 4"),
-        "{r}"
-    );
+    let r = verify_saliency(s.to_json_bytes()).await;
+    assert_fails_only(&r, names::CAUCHY_SCHWARZ, "layer 5 expert 4");
 }
 
 #[tokio::test]
@@ -171,11 +161,16 @@ async fn a_non_nested_keep_map_fails_the_nesting_invariant() {
     // Keep a dead expert (15) instead of the second kept one: sorted, unique, K=2.
     let kept = map.layers.get_mut("1").unwrap();
     kept[1] = 15;
-    store
-        .put(&name, serde_json::to_vec(&map).unwrap())
-        .await
-        .unwrap();
-    let r = verify(&store).await.unwrap();
+    // The report of the run with `map` stored in place of the scored one.
+    let (store, name) = (&store, &name);
+    let verify_with = move |map: &KeepMap| {
+        let bytes = serde_json::to_vec(map).unwrap();
+        async move {
+            store.put(name, bytes).await.unwrap();
+            verify(store).await.unwrap()
+        }
+    };
+    let r = verify_with(&map).await;
     assert_eq!(
         r.check(names::MAP_SHAPE).unwrap().status,
         Status::Pass,
@@ -192,11 +187,7 @@ async fn a_non_nested_keep_map_fails_the_nesting_invariant() {
     assert_eq!(r.check(names::MAP_RECOMPUTE).unwrap().status, Status::Fail);
     // An unsorted map fails the shape check.
     map.layers.get_mut("1").unwrap().reverse();
-    store
-        .put(&name, serde_json::to_vec(&map).unwrap())
-        .await
-        .unwrap();
-    let r = verify(&store).await.unwrap();
+    let r = verify_with(&map).await;
     assert!(
         r.check(names::MAP_SHAPE)
             .unwrap()
@@ -229,12 +220,8 @@ async fn trace_rows_must_equal_tokens_times_layers() {
         .await
         .unwrap();
     let r = verify(&store).await.unwrap();
-    assert_eq!(failed(&r), vec![names::TRACE_ROWS], "{r}");
-    assert!(r
-        .check(names::TRACE_ROWS)
-        .unwrap()
-        .figure
-        .contains("3 rows in 1 parts vs 2 tokens x 2 layers = 4 (-1)"));
+    let figure = "3 rows in 1 parts vs 2 tokens x 2 layers = 4 (-1)";
+    assert_fails_only(&r, names::TRACE_ROWS, figure);
     let mut more = vec![row(5, 1)];
     store
         .put("trace/sub/b.parquet", write_part(&mut more, 2, 2).unwrap())

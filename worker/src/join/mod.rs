@@ -541,7 +541,7 @@ async fn work<L: EngineLoader>(
     {
         *loaded = None;
         let loading = work::load(loader.clone(), &job, &task, &run);
-        let work = match while_loading(c, heartbeat, loading).await? {
+        let work = match polling_while(c, WorkerState::Loading, heartbeat, loading).await? {
             Ok(w) => w,
             Err(e) => return refuse(c, e).await,
         };
@@ -672,19 +672,21 @@ async fn refuse(c: &mut Conn, err: JoinError) -> Result<(), JoinError> {
     Err(err)
 }
 
-/// Runs `loading` while sending a `Loading` poll every `heartbeat`, so a
-/// slow model load keeps the connection.
-async fn while_loading<T>(
+/// Runs `fut` while sending a poll saying `state` every `heartbeat`: a
+/// `Loading` one keeps the connection through a slow model load, a `Busy`
+/// one the lease through its work.
+async fn polling_while<T>(
     c: &mut Conn,
+    state: WorkerState,
     heartbeat: Duration,
-    loading: impl std::future::Future<Output = T>,
+    fut: impl std::future::Future<Output = T>,
 ) -> Result<T, JoinError> {
-    tokio::pin!(loading);
+    tokio::pin!(fut);
     loop {
         tokio::select! {
-            r = &mut loading => return Ok(r),
+            r = &mut fut => return Ok(r),
             _ = tokio::time::sleep(heartbeat) => {
-                c.poll(WorkerState::Loading).await?;
+                c.poll(state).await?;
             }
         }
     }
@@ -697,15 +699,9 @@ async fn heartbeating<T>(
     heartbeat: Duration,
     fut: impl std::future::Future<Output = T>,
 ) -> Result<T, String> {
-    tokio::pin!(fut);
-    loop {
-        tokio::select! {
-            r = &mut fut => return Ok(r),
-            _ = tokio::time::sleep(heartbeat) => {
-                c.poll(WorkerState::Busy(lease)).await.map_err(|e| e.to_string())?;
-            }
-        }
-    }
+    polling_while(c, WorkerState::Busy(lease), heartbeat, fut)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The corpus index and chunk table, read once.
