@@ -246,12 +246,10 @@ async fn score_options(
         let (saliency, _) = crate::score::load_saliency(store).await?;
         // No default size may fit a grouped model; the candidates' sizes do.
         let mut ks = options.ks(&saliency).unwrap_or_default();
-        let evaluated = match eval.is_configured() {
-            true => eval.sizes(&KeepShape::of(&saliency)).unwrap_or_default(),
-            false => Vec::new(),
-        };
+        // An unconfigured `[eval]` names no size.
         ks.extend(
-            evaluated
+            eval.sizes(&KeepShape::of(&saliency))
+                .unwrap_or_default()
                 .into_iter()
                 .chain(ship)
                 .filter(|&k| crate::score::size_fits(&saliency, k).is_ok()),

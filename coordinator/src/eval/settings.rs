@@ -162,13 +162,7 @@ impl EvalSettings {
             return Err("[eval] methods and k go together: give both or neither".into());
         }
         for m in &self.methods {
-            if !Method::ALL.iter().any(|known| known.as_str() == m) {
-                let known: Vec<&str> = Method::ALL.iter().map(|m| m.as_str()).collect();
-                return Err(format!(
-                    "[eval] methods: {m:?} is not a scoring method ({})",
-                    known.join(", ")
-                ));
-            }
+            Method::named(m).map_err(|e| format!("[eval] methods: {e}"))?;
         }
         for spec in &self.k {
             parse_size(spec).map_err(|e| format!("[eval] k {spec:?}: {e}"))?;

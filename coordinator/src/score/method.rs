@@ -59,6 +59,17 @@ impl Method {
     pub fn parse(s: &str) -> Option<Method> {
         Method::ALL.into_iter().find(|m| m.as_str() == s)
     }
+
+    /// Every method's name, comma-separated (for errors that list them).
+    pub fn names() -> String {
+        Method::ALL.map(Method::as_str).join(", ")
+    }
+
+    /// The method named `s`; another name is refused, listing the methods.
+    pub fn named(s: &str) -> Result<Method, String> {
+        Method::parse(s)
+            .ok_or_else(|| format!("{s:?} is not a scoring method ({})", Method::names()))
+    }
 }
 
 /// Where `reap_shrink`'s prior `mu0` comes from.

@@ -153,16 +153,13 @@ impl ShipSettings {
 /// The size of a keep map `score` writes, `<method>_K<k>`; another name is
 /// refused with what is expected.
 fn map_size(name: &str) -> Result<u32, String> {
-    let known = || Method::ALL.map(Method::as_str).join(", ");
     let (method, k) = name.rsplit_once("_K").ok_or_else(|| {
         format!(
             "expected a keep map <method>_K<k> that the run scores ({}), or \"base\"",
-            known()
+            Method::names()
         )
     })?;
-    if !Method::ALL.iter().any(|m| m.as_str() == method) {
-        return Err(format!("{method:?} is not a scoring method ({})", known()));
-    }
+    Method::named(method)?;
     k.parse::<u32>()
         .ok()
         .filter(|&k| k > 0)
