@@ -217,6 +217,30 @@ pub fn worker_args<'a>(
     args
 }
 
+/// `worker eval` of `candidates` against `base` on the held-out split of
+/// every chunk of the run `run`, with `threads` threads, its results under
+/// `out`: the evaluation's `eval/summary.json`.
+pub fn held_out_eval(
+    base: &Path,
+    run: &Path,
+    candidates: &[&Path],
+    out: &Path,
+    threads: &str,
+) -> serde_json::Value {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
+    let chunks = format!("0..{}", index["n_chunks"].as_u64().unwrap());
+    let mut extra = vec!["--threads", threads, "--split", "heldout"];
+    for c in candidates {
+        extra.extend(["--candidate", c.to_str().unwrap()]);
+    }
+    run_ok(
+        "worker",
+        &worker_args("eval", base, run, &chunks, out, &extra),
+    );
+    serde_json::from_slice(&std::fs::read(out.join("eval/summary.json")).unwrap()).unwrap()
+}
+
 /// Runs a workspace binary (`worker` or `coordinator`, as built by this
 /// package); prints its stderr when it fails.
 pub fn run(bin_name: &str, args: &[&str]) -> std::process::Output {

@@ -203,20 +203,8 @@ fn ship_the_quickstart(run: &Path, dir: &Path) {
     bytes[at + 4] = 2;
     let edited = dir.join("base_top2_by_hand.gguf");
     std::fs::write(&edited, &bytes).unwrap();
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
-    let chunks = format!("0..{}", index["n_chunks"].as_u64().unwrap());
-    let held_out = |candidates: &[&Path], out: &Path| -> serde_json::Value {
-        let mut args = vec!["eval", "--model", base.to_str().unwrap()];
-        for c in candidates {
-            args.extend(["--candidate", c.to_str().unwrap()]);
-        }
-        let (run, out) = (run.to_str().unwrap(), out.to_str().unwrap());
-        args.extend(["--corpus", run, "--chunks", &chunks, "--out", out]);
-        args.extend(["--threads", &threads, "--split", "heldout"]);
-        fixtures::run_ok("worker", &args);
-        serde_json::from_slice(&std::fs::read(Path::new(out).join("eval/summary.json")).unwrap())
-            .unwrap()
+    let held_out = |candidates: &[&Path], out: &Path| {
+        fixtures::held_out_eval(base, run, candidates, out, &threads)
     };
     let hand = held_out(&[&edited], &dir.join("by_hand"));
     let shipped: serde_json::Value =

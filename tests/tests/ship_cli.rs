@@ -376,20 +376,7 @@ fn ship_config(dir: &Path, model: &Path, ship: &str) -> PathBuf {
 /// The held-out figures `worker eval` measures of `candidates` against
 /// `base` over every chunk of the run `run`, by candidate.
 fn held_out(base: &Path, run: &Path, candidates: &[&Path], out: &Path) -> Vec<serde_json::Value> {
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
-    let chunks = format!("0..{}", index["n_chunks"].as_u64().unwrap());
-    let mut args = vec!["eval", "--model", base.to_str().unwrap()];
-    for c in candidates {
-        args.extend(["--candidate", c.to_str().unwrap()]);
-    }
-    let (run, out) = (run.to_str().unwrap(), out.to_str().unwrap());
-    args.extend(["--corpus", run, "--chunks", &chunks, "--out", out]);
-    args.extend(["--threads", "2", "--split", "heldout"]);
-    fixtures::run_ok("worker", &args);
-    let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(Path::new(out).join("eval/summary.json")).unwrap())
-            .unwrap();
+    let summary = fixtures::held_out_eval(base, run, candidates, out, "2");
     summary["candidates"]
         .as_array()
         .unwrap()
