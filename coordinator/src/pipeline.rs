@@ -8,14 +8,14 @@
 //! is its own module; this one only calls them in order, so no stage
 //! depends on a later one.
 
+use crate::config::eval::KeepShape;
+use crate::config::ship::ShipSettings;
 use crate::config::Config;
-use crate::eval::settings::KeepShape;
 use crate::run::local::{self, LocalWorkers};
 use crate::run::lock::RunLock;
 use crate::run::{
     execute_locked, mark_finished, progress, read_index, RunArgs, RunSetup, RunSummary,
 };
-use crate::ship::settings::ShipSettings;
 use crate::ship::ShipRequest;
 use common::artifacts::names;
 use common::store::RunStore;

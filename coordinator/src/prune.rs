@@ -51,7 +51,8 @@ pub(crate) async fn base_model(store: &RunStore, model: Option<&Path>) -> anyhow
     if let Some(recorded) = manifest.model_path.clone().filter(|p| p.is_file()) {
         return Ok(recorded);
     }
-    let path = crate::config::Config::recorded(&manifest)
+    let path = manifest
+        .config()
         .ok()
         .map(|c| c.model.path)
         .filter(|p| !p.as_os_str().is_empty())

@@ -5,8 +5,8 @@
 use common::artifacts::names;
 use common::store::RunStore;
 use common::wire::{Refusal, ToWorker};
+use coordinator::config::run::{ClusterSettings, RunSettings};
 use coordinator::run::local::LocalWorkers;
-use coordinator::run::settings::{ClusterSettings, RunSettings};
 use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
 use std::path::Path;
 use std::time::Duration;

@@ -6,8 +6,8 @@
 //! test server.
 
 use common::store::RunStore;
+use coordinator::config::run::ClusterSettings;
 use coordinator::run::local::LocalWorkers;
-use coordinator::run::settings::ClusterSettings;
 use coordinator::run::{execute, Listening, RunSetup, RunSummary};
 use fixtures::loopback::{artifacts, local_workers, real_setup, spawn_noting_pids};
 use std::path::{Path, PathBuf};

@@ -203,6 +203,13 @@ pub struct RunManifest {
     pub run: Option<RunRecord>,
 }
 
+impl RunManifest {
+    /// The config the run recorded (as the corpus stage read it).
+    pub fn config(&self) -> Result<crate::config::Config, String> {
+        serde_json::from_value(self.corpus.config.clone()).map_err(|e| e.to_string())
+    }
+}
+
 /// What the coordinator knew about an accepted result when it stored it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartialRecord {

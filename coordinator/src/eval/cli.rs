@@ -44,7 +44,8 @@ pub struct EvalArgs {
 /// A run's manifest and the config recorded in it.
 pub(crate) async fn recorded(store: &RunStore) -> anyhow::Result<(RunManifest, Config)> {
     let manifest = crate::corpus::manifest::read_or_default(store).await?;
-    let config = Config::recorded(&manifest)
+    let config = manifest
+        .config()
         .map_err(anyhow::Error::msg)
         .with_context(|| {
             format!(

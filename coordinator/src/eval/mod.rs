@@ -8,13 +8,13 @@
 //!   the coordinator knows each candidate's SHA-256.
 //! - [`accept`]: the checks an eval partial passes (the eval lease kind).
 //! - [`artifacts`]: `eval/merged.bin`, `eval/summary.json`, `eval/summary.parquet`.
-//! - [`settings`]: the `[eval]` config section; [`cli`]: `coordinator eval`.
+//! - [`cli`]: `coordinator eval`; its `[eval]` config section is
+//!   [`crate::config::eval`].
 
 pub mod accept;
 pub mod artifacts;
 pub mod candidates;
 pub mod cli;
-pub mod settings;
 pub mod table;
 
 use crate::run::record::{settings_key, RecordError};
@@ -30,7 +30,7 @@ use common::wire::EvalJob;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use settings::EvalSettings;
+pub use crate::config::eval::EvalSettings;
 
 /// Errors of an evaluation.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +104,7 @@ pub async fn job(
             .await
             .map_err(|e| EvalRunError::Setup(format!("resolving keep-map sizes: {e:#}")))?;
         settings
-            .candidate_names(&settings::KeepShape::of(&saliency))
+            .candidate_names(&crate::config::eval::KeepShape::of(&saliency))
             .map_err(EvalRunError::Setup)?
     } else {
         settings.keep_maps.clone()

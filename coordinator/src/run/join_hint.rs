@@ -3,7 +3,7 @@
 //! certificate is checked against). The coordinator prints it as a
 //! `worker join` command and writes it to `[cluster] connect_file`.
 
-use super::settings::ClusterSettings;
+use crate::config::run::ClusterSettings;
 use crate::net::tls::CA_CERT_FILE;
 use serde::Serialize;
 use std::net::SocketAddr;

@@ -1,7 +1,8 @@
 //! `coordinator run`: corpus preparation, leases to workers over QUIC, exact
 //! merge, artifacts, then the checks and scoring.
 //!
-//! - [`settings`]: the `[run]`, `[cluster]` and `[storage]` config sections.
+//! - its `[run]`, `[cluster]` and `[storage]` config sections are
+//!   [`crate::config::run`].
 //! - [`accept`]: the checks a partial passes before it is merged.
 //! - [`record`]: accepted partials stored create-only, their hashes in the manifest.
 //! - [`resume`]: results already stored are reused, not recomputed.
@@ -24,9 +25,9 @@ pub mod record;
 pub mod resume;
 pub mod runner;
 pub mod serve;
-pub mod settings;
 pub mod trace_plan;
 
+use crate::config::run::{ClusterSettings, RunSettings};
 use crate::lease::LeaseKind;
 use crate::net::hub::Hub;
 use crate::net::persist::Kept;
@@ -42,7 +43,6 @@ use common::store::{RunStore, StoreError};
 use join_hint::JoinHint;
 use local::SECRET_ENV;
 use runner::{lease_all, locked, LeaseFigures, Leasing, OnListen};
-use settings::{ClusterSettings, RunSettings};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -2,8 +2,8 @@
 //! configuration and the job every worker is sent, serving leases until
 //! every unit is accepted and merged, and the clean-up after it.
 
-use super::settings::{ClusterSettings, RunSettings};
 use super::{RunError, RunSetup};
+use crate::config::run::{ClusterSettings, RunSettings};
 use crate::lease::LeaseKind;
 use crate::net::hub::{Delivery, Hub};
 use crate::net::server::Server;

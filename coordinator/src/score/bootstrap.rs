@@ -3,8 +3,9 @@
 //! Jaccard overlap with the full-data map.
 
 use super::keep::{rank_layers, top_k, LayerRanking};
-use super::method::{Method, ScoreParams};
+use super::method::ScoreParams;
 use super::source::LayerInput;
+use crate::config::method::Method;
 use anyhow::bail;
 use common::partial::ChunkStats;
 use rand::{Rng, SeedableRng};

@@ -4,8 +4,9 @@
 //! ([`common::routing::balanced_order`]), so the first K keep K / n_group
 //! per group, as llama.cpp needs.
 
-use super::method::{ranking, Method, ScoreParams};
+use super::method::{ranking, ScoreParams};
 use super::source::LayerInput;
+use crate::config::method::Method;
 use anyhow::{bail, Context};
 use common::keepmap::KeepMap;
 use common::routing::{balanced_order, ExpertGroups};

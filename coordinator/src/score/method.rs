@@ -2,75 +2,9 @@
 //! induce: best first, dead experts after live ones, ties by expert id.
 
 use super::source::{LayerInput, Source};
+use crate::config::method::Method;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
-
-/// A scoring method.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum Method {
-    /// `count`.
-    Frequency,
-    /// `reap_l2_sum / count`.
-    ReapMean,
-    /// `reap_l2_sum`.
-    ReapL2Sum,
-    /// `(reap_l2_sum + m * mu0) / (count + m)`.
-    ReapShrink,
-    /// Mean of the ranks under `reap_l2_sum` and `reap_shrink`.
-    ReapHybrid,
-}
-
-impl Method {
-    /// Every method, in report order.
-    pub const ALL: [Method; 5] = [
-        Method::Frequency,
-        Method::ReapMean,
-        Method::ReapL2Sum,
-        Method::ReapShrink,
-        Method::ReapHybrid,
-    ];
-
-    /// The name used in files and flags.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Method::Frequency => "frequency",
-            Method::ReapMean => "reap_mean",
-            Method::ReapL2Sum => "reap_l2_sum",
-            Method::ReapShrink => "reap_shrink",
-            Method::ReapHybrid => "reap_hybrid",
-        }
-    }
-
-    /// Inverse of [`Method::as_str`].
-    pub fn parse(s: &str) -> Option<Method> {
-        Method::ALL.into_iter().find(|m| m.as_str() == s)
-    }
-
-    /// Every method's name, comma-separated (for errors that list them).
-    pub fn names() -> String {
-        Method::ALL.map(Method::as_str).join(", ")
-    }
-
-    /// The method named `s`; another name is refused, listing the methods.
-    pub fn named(s: &str) -> Result<Method, String> {
-        Method::parse(s)
-            .ok_or_else(|| format!("{s:?} is not a scoring method ({})", Method::names()))
-    }
-}
 
 /// Where `reap_shrink`'s prior `mu0` comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

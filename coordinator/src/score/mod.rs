@@ -18,6 +18,7 @@ pub mod tables;
 #[cfg(test)]
 pub(crate) mod testdata;
 
+use crate::config::method::Method;
 use anyhow::{bail, Context};
 use clap::{Args, Parser};
 use common::artifacts::names;
@@ -27,7 +28,7 @@ use common::saliency::Saliency;
 use common::store::RunStore;
 use common::Split;
 use keep::{keep_map, rank_layers, LayerRanking};
-use method::{Method, Prior, ScoreParams};
+use method::{Prior, ScoreParams};
 use serde::{Deserialize, Serialize};
 use source::Source;
 use std::collections::BTreeMap;

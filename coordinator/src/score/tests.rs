@@ -1,11 +1,12 @@
 //! Known-answer tests of scoring on synthetic saliency files.
 
 use super::keep::{keep_map, rank_layers, top_k};
-use super::method::{ranking, scores, Method, Prior, ScoreParams};
+use super::method::{ranking, scores, Prior, ScoreParams};
 use super::source::LayerInput;
 use super::tables::prior_row;
 use super::testdata::{audit_layer, layer, saliency};
 use super::*;
+use crate::config::method::Method;
 
 fn dead(l: &LayerInput) -> Vec<u32> {
     (0..l.n_expert() as u32)

@@ -13,13 +13,12 @@
 //! `SHA256SUMS` records every file's SHA-256 (`sha256sum -c` checks it). A
 //! base model that is already quantised is refused before anything is
 //! written, unless `--allow-requantize`. `coordinator run` ships the same
-//! way at its end when its config has a `[ship]` section ([`settings`],
+//! way at its end when its config has a `[ship]` section ([`crate::config::ship`],
 //! [`ship`] with the run's lock and workers).
 
 pub mod card;
 pub mod files;
 pub mod measure;
-pub mod settings;
 pub mod spec;
 
 use crate::run::local::worker_binary;
@@ -164,7 +163,7 @@ pub async fn ship(
     let quants = &request.quants;
     let candidates = spec::read(store, &request.candidates).await?;
     if candidates.iter().any(Candidate::is_base) && quants.is_empty() {
-        anyhow::bail!("candidate {}: the base model unquantised is the base model itself; give --quant to ship it quantised", spec::BASE);
+        anyhow::bail!("candidate {}: the base model unquantised is the base model itself; give --quant to ship it quantised", crate::config::candidate::BASE);
     }
     let imatrix = store
         .get(names::IMATRIX_GGUF)

@@ -150,7 +150,7 @@ async fn cauchy_schwarz_violation_fails_that_invariant() {
 async fn a_non_nested_keep_map_fails_the_nesting_invariant() {
     let (_dir, store) = run_with(good().to_json_bytes()).await;
     let opts = ScoreOptions {
-        methods: vec![crate::score::method::Method::Frequency],
+        methods: vec![crate::config::method::Method::Frequency],
         k: vec![2, 4],
         bootstrap: 0,
         ..Default::default()

@@ -50,7 +50,7 @@ pub struct RunSettings {
     /// Tokens per micro-batch.
     pub n_ubatch: u32,
     /// Traced tokens per split (fit, held-out), each spread evenly over the
-    /// corpus as "every n-th chunk" of its own (see [`super::trace_plan`]);
+    /// corpus as "every n-th chunk" of its own (the run's trace plan);
     /// 0: no trace.
     pub trace_tokens_per_split: u64,
     /// Router top-N per trace row.
@@ -192,7 +192,7 @@ pub struct ClusterSettings {
     /// Directory that keeps the coordinator's certificate, stateless-reset
     /// key, listening address and redundancy-sample salt across restarts,
     /// so its workers rejoin a restarted coordinator by themselves and it
-    /// samples the same units (`crate::net::persist`).
+    /// samples the same units.
     /// `coordinator run` defaults it to `.moe-census/` beside the config,
     /// one subdirectory per run location; unset, every start is a new peer
     /// with a new salt.

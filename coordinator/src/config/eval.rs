@@ -4,7 +4,7 @@
 //! `k = ["50%", "75%"]`), so one config fits every model; shares resolve
 //! against the run's `saliency.json` ([`KeepShape`]).
 
-use crate::score::method::Method;
+use super::method::Method;
 use common::routing::{check_group_keep, ExpertGroups};
 use common::saliency::Saliency;
 use serde::{Deserialize, Serialize};

@@ -5,6 +5,16 @@
 //! Relative paths in the file (the model, corpus sources) are resolved against
 //! **the directory of the config file**, never the current directory, so a
 //! config means the same thing wherever the command is started from.
+//!
+//! The config comes first in the data flow: every stage reads its own
+//! section from here ([`run`], [`eval`], [`ship`]) and nothing here imports
+//! a stage; [`method`] and [`candidate`] are the names those sections use.
+
+pub mod candidate;
+pub mod eval;
+pub mod method;
+pub mod run;
+pub mod ship;
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -20,31 +30,26 @@ pub struct Config {
     pub corpus: CorpusConfig,
     /// `[run]`: leases and evaluation settings.
     #[serde(default)]
-    pub run: crate::run::settings::RunSettings,
+    pub run: run::RunSettings,
     /// `[cluster]`: the QUIC endpoint, TLS and join secret.
     #[serde(default)]
-    pub cluster: crate::run::settings::ClusterSettings,
+    pub cluster: run::ClusterSettings,
     /// `[storage]`: object-store endpoint settings.
     #[serde(default)]
-    pub storage: crate::run::settings::StorageSettings,
+    pub storage: run::StorageSettings,
     /// `[eval]`: pruned candidates `coordinator run` evaluates after scoring.
     #[serde(default)]
-    pub eval: crate::eval::settings::EvalSettings,
+    pub eval: eval::EvalSettings,
     /// `[ship]`: files `coordinator run` ships at its end; absent: none (and
     /// absent from the config recorded in the manifest, as before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ship: Option<crate::ship::settings::ShipSettings>,
+    pub ship: Option<ship::ShipSettings>,
     /// Directory of the config file; relative paths are resolved against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
 }
 
 impl Config {
-    /// The config a run recorded in its manifest (as the corpus stage read it).
-    pub fn recorded(m: &crate::corpus::manifest::RunManifest) -> Result<Config, String> {
-        serde_json::from_value(m.corpus.config.clone()).map_err(|e| e.to_string())
-    }
-
     /// Reads, parses and checks a config file, remembering its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

@@ -6,9 +6,9 @@
 //! ([`ShipSettings::validate`]) and against the model's header
 //! ([`ShipSettings::check_model`]), so a typo fails before collection.
 
-use super::spec;
-use crate::eval::settings::KeepShape;
-use crate::score::method::Method;
+use super::candidate;
+use super::eval::KeepShape;
+use super::method::Method;
 use common::gguf_read::GgufReader;
 use common::quant::{check_requantize, QuantType};
 use serde::{Deserialize, Serialize};
@@ -57,8 +57,8 @@ impl ShipSettings {
     }
 
     /// The candidates taken apart; names refused name the key.
-    fn named(&self) -> Result<Vec<spec::Named>, String> {
-        spec::parse(&self.candidates).map_err(|e| format!("[ship] candidates: {e:#}"))
+    fn named(&self) -> Result<Vec<candidate::Named>, String> {
+        candidate::parse(&self.candidates).map_err(|e| format!("[ship] candidates: {e:#}"))
     }
 
     /// Checks what can be checked without the model: at least one

@@ -1,0 +1,92 @@
+//! Candidate names of `[ship]` and `coordinator ship --candidates`: a keep
+//! map of the run (`frequency_K8`), the whole base model (`base`), either
+//! with fewer experts routed per token (`frequency_K8_top2`, `base_top2`).
+//! Taken apart here, before anything is read, so a config is checked
+//! before the run.
+
+use anyhow::bail;
+
+/// The candidate name of the whole base model.
+pub const BASE: &str = "base";
+
+/// A candidate name usable as a file name: letters, digits, `_`, `-`, `.`,
+/// not starting with a dot.
+fn check_name(name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !ok {
+        bail!("candidate {name:?}: a keep map name of letters, digits, '_', '-' and '.' is expected (it names the shipped files)");
+    }
+    Ok(())
+}
+
+/// Splits `name` into the keep map part and the experts per token of a
+/// `_top<N>` suffix.
+fn split_top(name: &str) -> anyhow::Result<(&str, Option<u32>)> {
+    let Some((rest, n)) = name.rsplit_once("_top") else {
+        return Ok((name, None));
+    };
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok((name, None));
+    }
+    match n.parse::<u32>() {
+        Ok(used) if used > 0 && !rest.is_empty() => Ok((rest, Some(used))),
+        _ => bail!("candidate {name:?}: _top<N> needs N of at least 1 experts per token"),
+    }
+}
+
+/// A candidate's name taken apart, before anything is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    /// The name, the stem of its files (`frequency_K8_top2`).
+    pub name: String,
+    /// The keep map's name; `None`: the base model (`base`).
+    pub keep_map: Option<String>,
+    /// Experts routed per token of a `_top<N>` suffix.
+    pub experts_used: Option<u32>,
+}
+
+/// Parses the candidate names `names` (`frequency_K8`, `base_top2`): usable
+/// as file names, each named once; errors name the candidate.
+pub fn parse(names: &[String]) -> anyhow::Result<Vec<Named>> {
+    let mut out: Vec<Named> = Vec::with_capacity(names.len());
+    for given in names {
+        let name = common::layout::keep_map_name(given.trim()).to_string();
+        check_name(&name)?;
+        if out.iter().any(|c| c.name == name) {
+            bail!("candidate {name:?} is named twice");
+        }
+        let (map_name, experts_used) = split_top(&name)?;
+        out.push(Named {
+            keep_map: (map_name != BASE).then(|| map_name.to_string()),
+            experts_used,
+            name,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_top_suffix_names_the_experts_per_token() {
+        assert_eq!(split_top("base_top2").unwrap(), ("base", Some(2)));
+        assert_eq!(
+            split_top("reap_l2_sum_K8_top3").unwrap(),
+            ("reap_l2_sum_K8", Some(3))
+        );
+        assert_eq!(split_top("frequency_K8").unwrap(), ("frequency_K8", None));
+        // Not a number: part of a keep map's name.
+        assert_eq!(split_top("x_topaz").unwrap(), ("x_topaz", None));
+        assert!(split_top("base_top0")
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1"));
+        assert!(check_name("../x").is_err() && check_name(".x").is_err());
+    }
+}
