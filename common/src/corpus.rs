@@ -105,7 +105,9 @@ impl Chunk {
             }
             let marker = image_token(&im.sha256);
             if self.tokens[start..end].iter().any(|&t| t != marker) {
-                return bad(&format!("its positions do not all hold its marker {marker}"));
+                return bad(&format!(
+                    "its positions do not all hold its marker {marker}"
+                ));
             }
             next = end;
         }
@@ -286,8 +288,7 @@ pub fn write_chunks(chunks: &[Chunk]) -> Result<Vec<u8>, String> {
     }
     let batch = RecordBatch::try_new(schema(images), columns).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    let mut w =
-        ArrowWriter::try_new(&mut out, schema(images), None).map_err(|e| e.to_string())?;
+    let mut w = ArrowWriter::try_new(&mut out, schema(images), None).map_err(|e| e.to_string())?;
     w.write(&batch).map_err(|e| e.to_string())?;
     w.close().map_err(|e| e.to_string())?;
     Ok(out)
@@ -433,13 +434,18 @@ mod tests {
 
     fn read_columns(bytes: &[u8]) -> Vec<String> {
         use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-        let b = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes.to_vec())).unwrap();
-        b.schema().fields().iter().map(|f| f.name().clone()).collect()
+        let b =
+            ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes.to_vec())).unwrap();
+        b.schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
     }
 
     /// A chunk of 10 tokens: text, one image of 4 positions at 2, text.
     fn image_chunk() -> Chunk {
-        let sha = format!("{:064x}", 0xabcdef_u64);
+        let sha = "ab01".repeat(16);
         let m = image_token(&sha);
         Chunk {
             id: ChunkId(3),
@@ -463,13 +469,19 @@ mod tests {
         let chunk = image_chunk();
         assert!(chunk.tokens[2] < 0);
         chunk.validate(1).unwrap();
-        let other = image_token(&format!("{:064x}", 0x1234_u64));
+        let other = image_token(&"12cd".repeat(16));
         assert_ne!(other, chunk.tokens[2], "another image, another marker");
         let bytes = bytes_of(&[chunk.clone()]);
         assert!(read_columns(&bytes).contains(&"image_sha256".to_string()));
-        assert_eq!(read_chunks(bytes::Bytes::from(bytes), None).unwrap(), [chunk.clone()]);
+        assert_eq!(
+            read_chunks(bytes::Bytes::from(bytes), None).unwrap(),
+            [chunk.clone()]
+        );
         let err = refuse_images(&[chunk.clone()]).unwrap_err();
-        assert!(err.contains("chunk 3 carries 1 image") && err.contains("not implemented"), "{err}");
+        assert!(
+            err.contains("chunk 3 carries 1 image") && err.contains("not implemented"),
+            "{err}"
+        );
 
         let broken = |f: &dyn Fn(&mut Chunk)| {
             let mut c = chunk.clone();

@@ -16,6 +16,7 @@ pub mod doc;
 pub mod error;
 pub mod heldout;
 pub mod manifest;
+pub mod media;
 pub mod pack;
 pub mod prepare;
 pub mod schedule;
@@ -170,7 +171,10 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
         .await?;
     for image in &prepared.images {
         corpus
-            .put(&common::layout::corpus::image(&image.sha256), image_bytes(image)?)
+            .put(
+                &common::layout::corpus::image(&image.sha256),
+                image_bytes(image)?,
+            )
             .await?;
     }
     // A new corpus starts a new manifest: records of results computed from
@@ -192,7 +196,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
 
 /// The bytes of an image the chunks carry, checked against the hash they
 /// were tokenized with (a file changed since is an error, not a stale object).
-fn image_bytes(image: &source::ImageRef) -> Result<Vec<u8>, CorpusError> {
+fn image_bytes(image: &media::ImageRef) -> Result<Vec<u8>, CorpusError> {
     let bytes = std::fs::read(&image.path).map_err(|source| CorpusError::Io {
         path: image.path.clone(),
         source,

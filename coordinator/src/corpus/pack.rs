@@ -118,7 +118,7 @@ mod tests {
 
     #[test]
     fn an_image_is_never_cut_and_closes_the_chunk_early() {
-        let sha = |i: u64| format!("{i:064x}");
+        let sha = |i: u64| format!("{:08x}{}", i + 1, "0".repeat(56));
         let marker = |i| common::corpus::image_token(&sha(i));
         // Documents of text with images of 6 positions at various offsets.
         let mut docs: Vec<(Vec<i32>, Vec<ImageSpan>)> = Vec::new();
@@ -143,9 +143,15 @@ mod tests {
             n_ctx,
         );
         let flat: Vec<i32> = chunks.iter().flat_map(|c| c.tokens.clone()).collect();
-        assert_eq!(flat, docs.iter().flat_map(|(t, _)| t.clone()).collect::<Vec<_>>());
+        assert_eq!(
+            flat,
+            docs.iter().flat_map(|(t, _)| t.clone()).collect::<Vec<_>>()
+        );
         let n_images: usize = docs.iter().map(|(_, im)| im.len()).sum();
-        assert_eq!(chunks.iter().map(|c| c.images.len()).sum::<usize>(), n_images);
+        assert_eq!(
+            chunks.iter().map(|c| c.images.len()).sum::<usize>(),
+            n_images
+        );
         let mut early = 0;
         for (i, c) in chunks.iter().enumerate() {
             c.validate(1).unwrap();

@@ -5,7 +5,7 @@
 
 use super::chat::Message;
 use super::error::CorpusError;
-use super::source::ImageRef;
+use super::media::ImageRef;
 use super::vision::{ImageTokens, Vision};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -59,7 +59,10 @@ pub trait Tokenizer: Sync {
         _special: bool,
         _images: &[ImageRef],
     ) -> Result<ImageTokens, String> {
-        Err("the tokenizer has no mmproj loaded ([model] mmproj), so it cannot tokenize images".into())
+        Err(
+            "the tokenizer has no mmproj loaded ([model] mmproj), so it cannot tokenize images"
+                .into(),
+        )
     }
     /// Renders a conversation with the model's chat template.
     fn apply_chat_template(&self, messages: &[Message]) -> Result<String, String>;
@@ -115,12 +118,11 @@ impl LlamaTokenizer {
         let vision = match mmproj {
             Some(m) => {
                 let sha = super::sha256_file(m)?;
-                let vision = Vision::load(m, &model, path).map_err(|message| {
-                    CorpusError::Source {
+                let vision =
+                    Vision::load(m, &model, path).map_err(|message| CorpusError::Source {
                         path: m.to_path_buf(),
                         message,
-                    }
-                })?;
+                    })?;
                 Some((vision, sha))
             }
             None => None,

@@ -4,7 +4,7 @@
 //! holds the image's marker token ([`image_token`]), so shares, dedup and
 //! packing count it as tokens of its record.
 
-use super::source::{ImageRef, MEDIA_MARKER};
+use super::media::{ImageRef, MEDIA_MARKER};
 use common::corpus::{image_token, ImageSpan};
 use common::gguf_read::GgufReader;
 use llama_cpp_2::model::LlamaModel;
@@ -125,7 +125,8 @@ impl Vision {
     /// checked against the one read with the record.
     fn bitmap(&self, im: &ImageRef) -> Result<MtmdBitmap, String> {
         let shown = || format!("image {:?} ({})", im.name, im.path.display());
-        let bytes = std::fs::read(&im.path).map_err(|e| format!("{}: cannot read ({e})", shown()))?;
+        let bytes =
+            std::fs::read(&im.path).map_err(|e| format!("{}: cannot read ({e})", shown()))?;
         if hex::encode(Sha256::digest(&bytes)) != im.sha256 {
             return Err(format!(
                 "{}: changed while the corpus was prepared",

@@ -29,14 +29,17 @@ fn image_fixture() -> Fixture {
     write_mmproj(&spec, 0, &dir.join("mmproj.gguf")).unwrap();
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sample_images");
     std::fs::create_dir_all(dir.join("sample_images/images")).unwrap();
-    for name in ["images.jsonl", "images/red_square.png", "images/blue_circle.png"]
-        .into_iter()
-        .chain([
-            "images/green_stripes.png",
-            "images/sunset_gradient.png",
-            "images/checkerboard.png",
-        ])
-    {
+    for name in [
+        "images.jsonl",
+        "images/red_square.png",
+        "images/blue_circle.png",
+    ]
+    .into_iter()
+    .chain([
+        "images/green_stripes.png",
+        "images/sunset_gradient.png",
+        "images/checkerboard.png",
+    ]) {
         std::fs::copy(sample.join(name), dir.join("sample_images").join(name)).unwrap();
     }
     f
@@ -99,8 +102,8 @@ struct Oracle {
 fn oracle(f: &Fixture, records: &[Record]) -> Oracle {
     let dir = f.dir.path();
     let params = LlamaModelParams::default().with_vocab_only(true);
-    let model = LlamaModel::load_from_file(backend().unwrap(), dir.join("model.gguf"), &params)
-        .unwrap();
+    let model =
+        LlamaModel::load_from_file(backend().unwrap(), dir.join("model.gguf"), &params).unwrap();
     let mtmd_params = MtmdContextParams {
         use_gpu: false,
         print_timings: false,
@@ -110,8 +113,7 @@ fn oracle(f: &Fixture, records: &[Record]) -> Oracle {
         image_max_tokens: -1,
     };
     let mmproj = dir.join("mmproj.gguf");
-    let mtmd = MtmdContext::init_from_file(mmproj.to_str().unwrap(), &model, &mtmd_params)
-        .unwrap();
+    let mtmd = MtmdContext::init_from_file(mmproj.to_str().unwrap(), &model, &mtmd_params).unwrap();
     let template = model.chat_template(None).unwrap();
     let mut positions = BTreeMap::new();
     let mut record_tokens = BTreeMap::new();
@@ -130,7 +132,10 @@ fn oracle(f: &Fixture, records: &[Record]) -> Oracle {
                         LlamaChatMessage::new(m.role.as_str().into(), m.content.clone()).unwrap()
                     })
                     .collect();
-                (model.apply_chat_template(&template, &chat, false).unwrap(), true)
+                (
+                    model.apply_chat_template(&template, &chat, false).unwrap(),
+                    true,
+                )
             }
         };
         let input = MtmdInputText {
@@ -167,7 +172,8 @@ async fn image_spans_are_mtmd_positions_never_cut_and_count_as_tokens() {
     assert!(oracle.positions.values().all(|&n| n == 16));
 
     let dir = f.dir.path();
-    let tok = LlamaTokenizer::load(&dir.join("model.gguf"), Some(&dir.join("mmproj.gguf"))).unwrap();
+    let tok =
+        LlamaTokenizer::load(&dir.join("model.gguf"), Some(&dir.join("mmproj.gguf"))).unwrap();
     let p = prepare(&config, &tok, "m").unwrap();
     check_invariants(&p);
 
@@ -189,7 +195,9 @@ async fn image_spans_are_mtmd_positions_never_cut_and_count_as_tokens() {
     assert!(kept_images >= 4, "{kept:?}");
     assert_eq!(spans.len(), kept_images);
     assert!(
-        p.chunks.iter().any(|c| c.tokens.len() < 40 && c.id.0 + 1 < p.chunks.len() as u32),
+        p.chunks
+            .iter()
+            .any(|c| c.tokens.len() < 40 && c.id.0 + 1 < p.chunks.len() as u32),
         "with n_ctx 40 some chunk closes early before an image"
     );
     // Shares are in tokens, image positions included: each kept record has
@@ -202,11 +210,16 @@ async fn image_spans_are_mtmd_positions_never_cut_and_count_as_tokens() {
     let im = p.manifest.images.as_ref().unwrap();
     assert_eq!(im.occurrences as usize, spans.len());
     assert_eq!(im.positions, 16 * spans.len() as u64);
-    assert_eq!(p.manifest.tokenizer.mmproj_sha256.as_deref(), Some(im.mmproj_sha256.as_str()));
+    assert_eq!(
+        p.manifest.tokenizer.mmproj_sha256.as_deref(),
+        Some(im.mmproj_sha256.as_str())
+    );
 
     // Stored: the chunk table with its spans, and each image by content.
     let store = f.store("run");
-    let first = prepare_run_with(&config, &store, false, LlamaTokenizer::load).await.unwrap();
+    let first = prepare_run_with(&config, &store, false, LlamaTokenizer::load)
+        .await
+        .unwrap();
     assert!(!first.reused);
     let corpus = store.child(common::artifacts::names::CORPUS_DIR);
     let table = corpus.get(CHUNKS_FILE).await.unwrap();
@@ -218,11 +231,16 @@ async fn image_spans_are_mtmd_positions_never_cut_and_count_as_tokens() {
                     .get(&common::layout::corpus::image(&image.sha256))
                     .await
                     .unwrap();
-                assert_eq!(stored.as_ref(), std::fs::read(&image.path).unwrap().as_slice());
+                assert_eq!(
+                    stored.as_ref(),
+                    std::fs::read(&image.path).unwrap().as_slice()
+                );
             }
         }
     }
-    let again = prepare_run_with(&config, &store, false, LlamaTokenizer::load).await.unwrap();
+    let again = prepare_run_with(&config, &store, false, LlamaTokenizer::load)
+        .await
+        .unwrap();
     assert!(again.reused);
     // Another picture under the same name is another input.
     let blue = std::fs::read(dir.join("sample_images/images/blue_circle.png")).unwrap();
@@ -268,7 +286,8 @@ fn bad_image_inputs_fail_clearly() {
         .unwrap()
         .to_string();
     assert!(
-        err.contains("mmproj-32.gguf") && err.contains("projects images to width 32")
+        err.contains("mmproj-32.gguf")
+            && err.contains("projects images to width 32")
             && err.contains("hidden size 64"),
         "{err}"
     );
