@@ -471,13 +471,13 @@ mod tests {
         chunk.validate(1).unwrap();
         let other = image_token(&"12cd".repeat(16));
         assert_ne!(other, chunk.tokens[2], "another image, another marker");
-        let bytes = bytes_of(&[chunk.clone()]);
+        let bytes = bytes_of(std::slice::from_ref(&chunk));
         assert!(read_columns(&bytes).contains(&"image_sha256".to_string()));
         assert_eq!(
             read_chunks(bytes::Bytes::from(bytes), None).unwrap(),
-            [chunk.clone()]
+            std::slice::from_ref(&chunk)
         );
-        let err = refuse_images(&[chunk.clone()]).unwrap_err();
+        let err = refuse_images(std::slice::from_ref(&chunk)).unwrap_err();
         assert!(
             err.contains("chunk 3 carries 1 image") && err.contains("not implemented"),
             "{err}"

@@ -168,7 +168,7 @@ pub(super) fn check_invariants(p: &prepare::Prepared) {
         c.validate(p.index.domains.len()).unwrap();
         // Short only when last, or when the next image did not fit.
         let next_image = p.chunks.get(i + 1).and_then(|n| n.images.first());
-        if i + 1 < p.chunks.len() && !next_image.is_some_and(|im| im.start == 0) {
+        if i + 1 < p.chunks.len() && next_image.is_none_or(|im| im.start != 0) {
             assert_eq!(c.tokens.len(), plan.n_ctx as usize);
         }
     }
