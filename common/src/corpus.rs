@@ -1,11 +1,16 @@
 //! The tokenized corpus as workers read it: chunks of token ids with
 //! per-token (split, domain) spans, stored as `corpus/chunks.parquet` beside
 //! `corpus/index.json` under the run.
+//!
+//! A chunk may carry images ([`ImageSpan`]): the positions an image takes
+//! in the model's input (mtmd's count for the model's mmproj), each holding
+//! the image's marker token ([`image_token`]); the image's bytes are stored
+//! as `corpus/images/<sha256>` ([`crate::layout::corpus::image`]).
 
 use crate::split::{ChunkId, ChunkRange, Split};
 use arrow::array::{
-    Array, ArrayRef, Int32Builder, ListArray, ListBuilder, RecordBatch, UInt16Builder, UInt32Array,
-    UInt32Builder, UInt8Builder,
+    Array, ArrayRef, Int32Builder, ListArray, ListBuilder, RecordBatch, StringBuilder,
+    UInt16Builder, UInt32Array, UInt32Builder, UInt8Builder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
@@ -26,20 +31,96 @@ pub struct Span {
     pub domain: u16,
 }
 
+/// The positions one image takes in a chunk (or a document): `len`
+/// positions from `start`, each holding [`image_token`] of the image.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSpan {
+    /// First position.
+    pub start: u32,
+    /// Number of positions (mtmd's `n_tokens` of the image's chunk).
+    pub len: u32,
+    /// SHA-256 of the image file's bytes (lowercase hex).
+    pub sha256: String,
+}
+
+/// The token id every position of the image with SHA-256 `sha256_hex`
+/// holds: minus one minus the first 31 bits of the hash, so it is negative
+/// (never a vocabulary id), two different images almost never share one
+/// (near-duplicate shingles tell them apart) and one image used twice gets
+/// the same id both times.
+pub fn image_token(sha256_hex: &str) -> i32 {
+    let head = sha256_hex
+        .get(..8)
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+        .unwrap_or(0);
+    -1 - (head >> 1) as i32
+}
+
 /// One packed chunk of at most `n_ctx` tokens.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chunk {
     /// Position in the schedule.
     pub id: ChunkId,
-    /// Token ids.
+    /// Token ids (an image's positions hold its [`image_token`]).
     pub tokens: Vec<i32>,
     /// Spans covering every token exactly once, in order.
     pub spans: Vec<Span>,
+    /// Its images, in order; empty for text.
+    pub images: Vec<ImageSpan>,
 }
 
 impl Chunk {
-    /// Checks that the spans tile the tokens and name known domains.
+    /// Checks that the spans tile the tokens and name known domains, and
+    /// that the image spans lie inside the chunk, do not overlap, and that
+    /// negative (image marker) tokens are exactly on them.
     pub fn validate(&self, n_domains: usize) -> Result<(), String> {
+        self.validate_spans(n_domains)?;
+        self.validate_images()
+    }
+
+    fn validate_images(&self) -> Result<(), String> {
+        let mut next = 0usize;
+        for im in &self.images {
+            let (start, end) = (im.start as usize, im.start as usize + im.len as usize);
+            let bad = |why: &str| {
+                Err(format!(
+                    "chunk {}: image {} at {start}..{end}: {why}",
+                    self.id, im.sha256
+                ))
+            };
+            if im.len == 0 || end > self.tokens.len() {
+                return bad(&format!(
+                    "is empty or reaches past the chunk's {} tokens",
+                    self.tokens.len()
+                ));
+            }
+            if start < next {
+                return bad("overlaps the image before it (or is out of order)");
+            }
+            if im.sha256.len() != 64 || !im.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return bad("is not named by a SHA-256");
+            }
+            if self.tokens[next..start].iter().any(|&t| t < 0) {
+                return bad("a marker token precedes it outside any image");
+            }
+            let marker = image_token(&im.sha256);
+            if self.tokens[start..end].iter().any(|&t| t != marker) {
+                return bad(&format!(
+                    "its positions do not all hold its marker {marker}"
+                ));
+            }
+            next = end;
+        }
+        if self.tokens[next..].iter().any(|&t| t < 0) {
+            return Err(format!(
+                "chunk {}: a marker token lies outside every image span",
+                self.id
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_spans(&self, n_domains: usize) -> Result<(), String> {
         let mut next = 0u32;
         for s in &self.spans {
             if s.start != next || s.len == 0 {
@@ -75,6 +156,24 @@ impl Chunk {
     }
 }
 
+/// Refuses chunks that carry images, naming the first one: measuring image
+/// positions through mtmd is not implemented in workers yet, and measuring
+/// the marker tokens as text would give wrong statistics without a warning.
+pub fn refuse_images(chunks: &[Chunk]) -> Result<(), String> {
+    match chunks.iter().find(|c| !c.images.is_empty()) {
+        Some(c) => Err(format!(
+            "chunk {} carries {} image(s) (the first, {}, at positions {}..{}): measuring image \
+             positions through the model's mmproj (mtmd) is not implemented in workers yet",
+            c.id,
+            c.images.len(),
+            c.images[0].sha256,
+            c.images[0].start,
+            c.images[0].start + c.images[0].len
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `corpus/index.json`: what a worker needs besides the chunk table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CorpusIndex {
@@ -103,7 +202,11 @@ impl CorpusIndex {
     }
 }
 
-fn schema() -> SchemaRef {
+/// Columns of a chunk's images, present only in a table where some chunk
+/// has images (so a text corpus's table keeps its bytes).
+const IMAGE_COLUMNS: [&str; 3] = ["image_start", "image_len", "image_sha256"];
+
+fn schema(images: bool) -> SchemaRef {
     let list = |name: &str, dt: DataType| {
         Field::new(
             name,
@@ -111,14 +214,22 @@ fn schema() -> SchemaRef {
             false,
         )
     };
-    Arc::new(Schema::new(vec![
+    let mut fields = vec![
         Field::new("chunk", DataType::UInt32, false),
         list("tokens", DataType::Int32),
         list("span_start", DataType::UInt32),
         list("span_len", DataType::UInt32),
         list("span_split", DataType::UInt8),
         list("span_domain", DataType::UInt16),
-    ]))
+    ];
+    if images {
+        fields.extend([
+            list(IMAGE_COLUMNS[0], DataType::UInt32),
+            list(IMAGE_COLUMNS[1], DataType::UInt32),
+            list(IMAGE_COLUMNS[2], DataType::Utf8),
+        ]);
+    }
+    Arc::new(Schema::new(fields))
 }
 
 /// Encodes chunks as a Parquet table (one row per chunk).
@@ -146,7 +257,7 @@ pub fn write_chunks(chunks: &[Chunk]) -> Result<Vec<u8>, String> {
         split.append(true);
         domain.append(true);
     }
-    let columns: Vec<ArrayRef> = vec![
+    let mut columns: Vec<ArrayRef> = vec![
         Arc::new(UInt32Array::from_iter_values(chunks.iter().map(|c| c.id.0))),
         Arc::new(tokens.finish()),
         Arc::new(start.finish()),
@@ -154,9 +265,30 @@ pub fn write_chunks(chunks: &[Chunk]) -> Result<Vec<u8>, String> {
         Arc::new(split.finish()),
         Arc::new(domain.finish()),
     ];
-    let batch = RecordBatch::try_new(schema(), columns).map_err(|e| e.to_string())?;
+    let images = chunks.iter().any(|c| !c.images.is_empty());
+    if images {
+        let mut start = ListBuilder::new(UInt32Builder::new()).with_field(item(DataType::UInt32));
+        let mut len = ListBuilder::new(UInt32Builder::new()).with_field(item(DataType::UInt32));
+        let mut sha = ListBuilder::new(StringBuilder::new()).with_field(item(DataType::Utf8));
+        for c in chunks {
+            for im in &c.images {
+                start.values().append_value(im.start);
+                len.values().append_value(im.len);
+                sha.values().append_value(&im.sha256);
+            }
+            start.append(true);
+            len.append(true);
+            sha.append(true);
+        }
+        columns.extend([
+            Arc::new(start.finish()) as ArrayRef,
+            Arc::new(len.finish()),
+            Arc::new(sha.finish()),
+        ]);
+    }
+    let batch = RecordBatch::try_new(schema(images), columns).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut out, schema(), None).map_err(|e| e.to_string())?;
+    let mut w = ArrowWriter::try_new(&mut out, schema(images), None).map_err(|e| e.to_string())?;
     w.write(&batch).map_err(|e| e.to_string())?;
     w.close().map_err(|e| e.to_string())?;
     Ok(out)
@@ -164,7 +296,7 @@ pub fn write_chunks(chunks: &[Chunk]) -> Result<Vec<u8>, String> {
 
 /// Decodes the chunks whose ids fall in `range` (all chunks for `None`).
 pub fn read_chunks(bytes: bytes::Bytes, range: Option<ChunkRange>) -> Result<Vec<Chunk>, String> {
-    use arrow::array::{Int32Array, UInt16Array, UInt8Array};
+    use arrow::array::{Int32Array, StringArray, UInt16Array, UInt8Array};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
         .map_err(|e| format!("chunk table is not valid Parquet: {e}"))?
@@ -196,6 +328,14 @@ pub fn read_chunks(bytes: bytes::Bytes, range: Option<ChunkRange>) -> Result<Vec
             list(&batch, "span_split")?,
             list(&batch, "span_domain")?,
         );
+        let images = match batch.column_by_name(IMAGE_COLUMNS[0]) {
+            Some(_) => Some((
+                list(&batch, IMAGE_COLUMNS[0])?,
+                list(&batch, IMAGE_COLUMNS[1])?,
+                list(&batch, IMAGE_COLUMNS[2])?,
+            )),
+            None => None,
+        };
         for i in 0..batch.num_rows() {
             let id = ids.value(i);
             if range.is_some_and(|r| id < r.start || id >= r.end) {
@@ -216,10 +356,28 @@ pub fn read_chunks(bytes: bytes::Bytes, range: Option<ChunkRange>) -> Result<Vec
                     })
                 })
                 .collect::<Result<_, String>>()?;
+            let images = match images {
+                Some((start, len, sha)) => {
+                    let (s, l): (UInt32Array, UInt32Array) = (values(start, i)?, values(len, i)?);
+                    let h: StringArray = values(sha, i)?;
+                    if l.len() != s.len() || h.len() != s.len() {
+                        return Err(format!("chunk {id}: image columns differ in length"));
+                    }
+                    (0..s.len())
+                        .map(|j| ImageSpan {
+                            start: s.value(j),
+                            len: l.value(j),
+                            sha256: h.value(j).to_string(),
+                        })
+                        .collect()
+                }
+                None => Vec::new(),
+            };
             out.push(Chunk {
                 id: ChunkId(id),
                 tokens: t.values().to_vec(),
                 spans,
+                images,
             });
         }
     }
@@ -251,6 +409,7 @@ mod tests {
                         domain: 1,
                     },
                 ],
+                images: Vec::new(),
             })
             .collect();
         let bytes = write_chunks(&chunks).unwrap();
@@ -264,5 +423,80 @@ mod tests {
         assert_eq!(some, chunks[1..3]);
         assert!(some[0].validate(2).is_ok());
         assert!(some[0].validate(1).unwrap_err().contains("domain #1"));
+        assert!(refuse_images(&all).is_ok());
+        let text_columns = read_columns(&bytes_of(&chunks));
+        assert!(!text_columns.iter().any(|c| c.starts_with("image_")));
+    }
+
+    fn bytes_of(chunks: &[Chunk]) -> Vec<u8> {
+        write_chunks(chunks).unwrap()
+    }
+
+    fn read_columns(bytes: &[u8]) -> Vec<String> {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let b =
+            ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes.to_vec())).unwrap();
+        b.schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
+    }
+
+    /// A chunk of 10 tokens: text, one image of 4 positions at 2, text.
+    fn image_chunk() -> Chunk {
+        let sha = "ab01".repeat(16);
+        let m = image_token(&sha);
+        Chunk {
+            id: ChunkId(3),
+            tokens: vec![5, 6, m, m, m, m, 7, 8, 9, 10],
+            spans: vec![Span {
+                start: 0,
+                len: 10,
+                split: Split::Fit,
+                domain: 0,
+            }],
+            images: vec![ImageSpan {
+                start: 2,
+                len: 4,
+                sha256: sha,
+            }],
+        }
+    }
+
+    #[test]
+    fn image_spans_round_trip_and_are_validated() {
+        let chunk = image_chunk();
+        assert!(chunk.tokens[2] < 0);
+        chunk.validate(1).unwrap();
+        let other = image_token(&"12cd".repeat(16));
+        assert_ne!(other, chunk.tokens[2], "another image, another marker");
+        let bytes = bytes_of(std::slice::from_ref(&chunk));
+        assert!(read_columns(&bytes).contains(&"image_sha256".to_string()));
+        assert_eq!(
+            read_chunks(bytes::Bytes::from(bytes), None).unwrap(),
+            std::slice::from_ref(&chunk)
+        );
+        let err = refuse_images(std::slice::from_ref(&chunk)).unwrap_err();
+        assert!(
+            err.contains("chunk 3 carries 1 image") && err.contains("not implemented"),
+            "{err}"
+        );
+
+        let broken = |f: &dyn Fn(&mut Chunk)| {
+            let mut c = chunk.clone();
+            f(&mut c);
+            c.validate(1).unwrap_err()
+        };
+        assert!(broken(&|c| c.images[0].len = 9).contains("reaches past"));
+        assert!(broken(&|c| c.tokens[4] = 1).contains("do not all hold its marker"));
+        assert!(broken(&|c| c.tokens[8] = -5).contains("outside every image span"));
+        assert!(broken(&|c| {
+            let mut second = c.images[0].clone();
+            second.start = 4;
+            c.images.push(second);
+        })
+        .contains("overlaps"));
+        assert!(broken(&|c| c.images[0].sha256 = "x".into()).contains("SHA-256"));
     }
 }

@@ -68,6 +68,13 @@ pub mod corpus {
     pub const INDEX_FILE: &str = "index.json";
     /// Where every document went and why, one JSON line each.
     pub const DOCUMENTS_FILE: &str = "documents.jsonl";
+    /// The images the chunks carry, one object per image, by content.
+    pub const IMAGES_DIR: &str = "images";
+
+    /// Object name of the image whose bytes have SHA-256 `sha256` (hex).
+    pub fn image(sha256: &str) -> String {
+        format!("{IMAGES_DIR}/{sha256}")
+    }
 }
 
 /// Objects written by `coordinator score` (besides the keep maps).

@@ -83,6 +83,7 @@ fn acceptance(leases: u32, chunks_per_lease: u32) -> Acceptance {
                 span(2 * SPAN, Split::Heldout, 0),
                 span(3 * SPAN, Split::Heldout, 1),
             ],
+            images: Vec::new(),
         })
         .collect();
     let index = CorpusIndex {

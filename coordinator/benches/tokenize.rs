@@ -6,7 +6,7 @@
 
 use coordinator::config::Config;
 use coordinator::corpus::prepare::render;
-use coordinator::corpus::source::read_source;
+use coordinator::corpus::source::{read_source, ImageRef};
 use coordinator::corpus::tokenizer::{tokenize_all, LlamaTokenizer};
 use std::path::Path;
 use std::time::Instant;
@@ -18,7 +18,7 @@ fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let model = dir.path().join("tiny.gguf");
     worker::synth::write_model(worker::synth::Preset::Tiny, 0, &model)?;
-    let tokenizer = LlamaTokenizer::load(&model)?;
+    let tokenizer = LlamaTokenizer::load(&model, None)?;
 
     let config_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/quickstart.toml");
     let config = Config::load(&config_path)?;
@@ -46,13 +46,13 @@ fn main() -> anyhow::Result<()> {
             .map(|(_, t, s)| (t.clone(), *s))
             .collect();
         let bytes: usize = one.iter().map(|(t, _)| t.len()).sum();
-        let texts: Vec<(String, bool)> = one
+        let texts: Vec<(String, bool, &[ImageRef])> = one
             .iter()
             .cycle()
             .take(one.len() * TARGET_BYTES.div_ceil(bytes))
-            .cloned()
+            .map(|(t, s)| (t.clone(), *s, &[][..]))
             .collect();
-        let total: usize = texts.iter().map(|(t, _)| t.len()).sum();
+        let total: usize = texts.iter().map(|(t, _, _)| t.len()).sum();
         for threads in [1, 2] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -61,8 +61,9 @@ fn main() -> anyhow::Result<()> {
             let (start, cpu0) = (Instant::now(), cpu_seconds());
             let tokens: usize = pool
                 .install(|| tokenize_all(&tokenizer, &texts))
+                .map_err(|(i, e)| anyhow::anyhow!("text {i}: {e}"))?
                 .iter()
-                .map(Vec::len)
+                .map(|(ids, _)| ids.len())
                 .sum();
             let secs = start.elapsed().as_secs_f64();
             let cpu = cpu0

@@ -111,6 +111,16 @@ async fn stages(
     if !outcome.reused {
         print!("{}", crate::corpus::summary(&outcome.manifest));
     }
+    if let Some(im) = &outcome.manifest.images {
+        anyhow::bail!(
+            "the corpus at {} is prepared, with {} image occurrences taking {} positions, but \
+             workers cannot measure image positions through mtmd yet, so the run stops here \
+             instead of measuring the images' marker tokens as text",
+            store.url(),
+            im.occurrences,
+            im.positions
+        );
+    }
     let index = read_index(&store).await?;
     let model_path = std::path::absolute(config.model_path()).context("model path")?;
     let setup = RunSetup {

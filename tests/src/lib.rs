@@ -96,6 +96,7 @@ pub fn chunks(n_chunks: u32, n_ctx: u32) -> Vec<Chunk> {
                 id: ChunkId(id),
                 tokens,
                 spans,
+                images: Vec::new(),
             }
         })
         .collect()

@@ -134,6 +134,11 @@ impl Config {
     pub fn model_path(&self) -> PathBuf {
         self.resolve(&self.model.path)
     }
+
+    /// The `[model] mmproj` path, resolved, when the config names one.
+    pub fn mmproj_path(&self) -> Option<PathBuf> {
+        self.model.mmproj.as_deref().map(|p| self.resolve(p))
+    }
 }
 
 /// Errors reading a config file.
@@ -164,6 +169,12 @@ pub struct ModelConfig {
     /// Path of the GGUF file (relative to the config file's directory).
     #[serde(default)]
     pub path: PathBuf,
+    /// The model's `mmproj` GGUF (vision encoder and projector, relative to
+    /// the config file's directory): needed when the corpus has images,
+    /// whose positions mtmd computes with it. Absent: text only (and absent
+    /// from the config recorded in the manifest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<PathBuf>,
 }
 
 /// `[corpus]`: how the calibration corpus is built.

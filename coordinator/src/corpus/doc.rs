@@ -1,5 +1,6 @@
 //! A tokenized document: the unit that is split, deduplicated and packed.
 
+use common::corpus::ImageSpan;
 use common::Split;
 
 /// One document after tokenization.
@@ -13,8 +14,10 @@ pub struct Doc {
     pub group: String,
     /// Characters of the text that was tokenized.
     pub chars: u64,
-    /// Token ids.
+    /// Token ids (an image's positions hold its marker token).
     pub tokens: Vec<i32>,
+    /// Its images' positions in `tokens`, in order.
+    pub images: Vec<ImageSpan>,
     /// Which split it landed in.
     pub split: Split,
 }

@@ -73,6 +73,7 @@ mod tests {
             group: group.into(),
             chars: n as u64,
             tokens: vec![1; n],
+            images: Vec::new(),
             split: Split::Fit,
         }
     }

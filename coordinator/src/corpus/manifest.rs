@@ -55,6 +55,23 @@ pub struct Manifest {
     pub chunks_sha256: String,
     /// SHA-256 of `corpus/index.json`.
     pub index_sha256: String,
+    /// The images the chunks carry; absent for a text corpus.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<ImagesInfo>,
+}
+
+/// The images of a corpus that has some.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ImagesInfo {
+    /// SHA-256 of the mmproj GGUF that gave them their positions.
+    pub mmproj_sha256: String,
+    /// Distinct images in the chunks (each stored as `corpus/images/<sha256>`).
+    pub images: u64,
+    /// Image occurrences in the chunks.
+    pub occurrences: u64,
+    /// Positions they take, counted as tokens of their records.
+    pub positions: u64,
 }
 
 /// One source file, by content.

@@ -2,8 +2,8 @@
 //! split, deduplicated, balanced and packed corpus that workers read.
 //!
 //! - [`source`] reads JSONL / Parquet / text records ([`chat`] messages
-//!   among them); [`tokenizer`] applies the model's chat template and
-//!   tokenizes in parallel.
+//!   and images among them); [`tokenizer`] applies the model's chat
+//!   template and tokenizes in parallel, images through [`vision`] (mtmd).
 //! - [`heldout`] splits by document group; [`dedup`] drops near-duplicates.
 //! - [`shares`] measures and checks token shares; [`schedule`] orders and
 //!   [`pack`] cuts the chunks; [`prepare`] runs all of it without storage.
@@ -16,12 +16,14 @@ pub mod doc;
 pub mod error;
 pub mod heldout;
 pub mod manifest;
+pub mod media;
 pub mod pack;
 pub mod prepare;
 pub mod schedule;
 pub mod shares;
 pub mod source;
 pub mod tokenizer;
+pub mod vision;
 
 #[cfg(test)]
 mod tests;
@@ -101,12 +103,15 @@ pub async fn prepare_run(
     prepare_run_with(config, store, force, tokenizer::LlamaTokenizer::load).await
 }
 
+/// Loads the tokenizer of a model (its path) with its mmproj (when set).
+pub type TokenizerLoader<T> = fn(&Path, Option<&Path>) -> Result<T, CorpusError>;
+
 /// [`prepare_run`] with another tokenizer loader (tests use a stand-in).
 pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     config: &Config,
     store: &RunStore,
     force: bool,
-    load: fn(&Path) -> Result<T, CorpusError>,
+    load: TokenizerLoader<T>,
 ) -> Result<Outcome, CorpusError> {
     prepare::validate(&config.corpus)?;
     let model = config.model_path();
@@ -117,7 +122,16 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     let hashes = prepare::all_sources(&config.corpus)
         .map(|s| source::hash_file(&config.resolve(&s.path)))
         .collect::<Result<Vec<_>, _>>()?;
-    let inputs = prepare::fingerprint(&config.corpus, &model_sha, &hashes);
+    // With an mmproj, the images enter the fingerprint: the sources are
+    // read for their images' hashes, so a changed image is a changed input.
+    let images = match config.mmproj_path() {
+        Some(m) => Some(prepare::ImageInputs {
+            mmproj_sha256: sha256_file(&m)?,
+            image_sha256: prepare::image_hashes(config)?,
+        }),
+        None => None,
+    };
+    let inputs = prepare::fingerprint(&config.corpus, &model_sha, &hashes, images.as_ref());
     let corpus = store.child(common::artifacts::names::CORPUS_DIR);
     let existing = read_manifest(store).await?;
     if let Some(m) = &existing {
@@ -139,7 +153,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     }
     let cfg = config.clone();
     let prepared = tokio::task::spawn_blocking(move || {
-        let tokenizer = load(&cfg.model_path())?;
+        let tokenizer = load(&cfg.model_path(), cfg.mmproj_path().as_deref())?;
         prepare::prepare(&cfg, &tokenizer, &model_sha)
     })
     .await
@@ -155,6 +169,14 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
             prepare::documents_jsonl(&prepared.documents),
         )
         .await?;
+    for image in &prepared.images {
+        corpus
+            .put(
+                &common::layout::corpus::image(&image.sha256),
+                image_bytes(image)?,
+            )
+            .await?;
+    }
     // A new corpus starts a new manifest: records of results computed from
     // another corpus are dropped with it.
     let json = crate::corpus::manifest::encode(&crate::corpus::manifest::RunManifest {
@@ -172,6 +194,22 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     })
 }
 
+/// The bytes of an image the chunks carry, checked against the hash they
+/// were tokenized with (a file changed since is an error, not a stale object).
+fn image_bytes(image: &media::ImageRef) -> Result<Vec<u8>, CorpusError> {
+    let bytes = std::fs::read(&image.path).map_err(|source| CorpusError::Io {
+        path: image.path.clone(),
+        source,
+    })?;
+    if hex::encode(Sha256::digest(&bytes)) != image.sha256 {
+        return Err(CorpusError::Source {
+            path: image.path.clone(),
+            message: "the image changed while the corpus was prepared".into(),
+        });
+    }
+    Ok(bytes)
+}
+
 /// The summary printed after the share table.
 pub fn summary(m: &Manifest) -> String {
     let p = &m.chunk_plan;
@@ -187,6 +225,15 @@ pub fn summary(m: &Manifest) -> String {
         p.worst_prefix_deviation,
         p.worst_prefix_deviation_after_10pct
     );
+    if let Some(im) = &m.images {
+        s += &format!(
+            "{} image occurrences ({} distinct images) take {} positions (mmproj {})\n",
+            im.occurrences,
+            im.images,
+            im.positions,
+            &im.mmproj_sha256[..im.mmproj_sha256.len().min(12)]
+        );
+    }
     for d in &m.domains {
         s += &format!(
             "{}: fit {} tokens in {} groups, held-out {} tokens in {} groups; dropped {} near-duplicates of held-out, {} of eval sets\n",

@@ -1,47 +1,74 @@
 //! Packing: documents, in schedule order, are cut into `n_ctx`-token chunks.
-//! Every token lands in exactly one chunk; only the last chunk may be short.
+//! Every token lands in exactly one chunk. An image is never cut: a chunk
+//! that an image would overflow is closed early, so a chunk is short only
+//! when it is the last or the next one starts with an image.
 
-use common::corpus::{Chunk, Span};
+use common::corpus::{Chunk, ImageSpan, Span};
 use common::{ChunkId, Split};
 
-/// Packs `(tokens, split, domain)` pieces in order; a document may continue
-/// into the next chunk. Adjacent tokens of the same (split, domain) share a span.
+/// Packs `(tokens, split, domain, images)` pieces in order; a document may
+/// continue into the next chunk, but never inside one of its images (each
+/// at most `n_ctx` positions: the caller refuses longer ones by name).
+/// Adjacent tokens of the same (split, domain) share a span.
 pub fn pack<'a>(
-    pieces: impl IntoIterator<Item = (&'a [i32], Split, u16)>,
+    pieces: impl IntoIterator<Item = (&'a [i32], Split, u16, &'a [ImageSpan])>,
     n_ctx: usize,
 ) -> Vec<Chunk> {
     assert!(n_ctx > 0, "n_ctx must be positive");
-    let mut chunks: Vec<Chunk> = Vec::new();
-    let mut cur = Chunk {
-        id: ChunkId(0),
+    let empty = |id| Chunk {
+        id: ChunkId(id),
         tokens: Vec::with_capacity(n_ctx),
         spans: Vec::new(),
+        images: Vec::new(),
     };
-    for (mut tokens, split, domain) in pieces {
-        while !tokens.is_empty() {
-            let take = tokens.len().min(n_ctx - cur.tokens.len());
-            let start = cur.tokens.len() as u32;
-            cur.tokens.extend_from_slice(&tokens[..take]);
-            match cur.spans.last_mut() {
-                Some(s) if s.split == split && s.domain == domain => s.len += take as u32,
-                _ => cur.spans.push(Span {
-                    start,
-                    len: take as u32,
-                    split,
-                    domain,
-                }),
+    let mut chunks: Vec<Chunk> = Vec::new();
+    let mut cur = empty(0);
+    for (tokens, split, domain, images) in pieces {
+        assert!(
+            images.iter().all(|im| im.len as usize <= n_ctx),
+            "an image longer than n_ctx reached packing"
+        );
+        let (mut offset, mut placed) = (0usize, 0usize);
+        while offset < tokens.len() {
+            let mut end = tokens.len().min(offset + n_ctx - cur.tokens.len());
+            // The last image starting before the cut is the only one it can split.
+            let last = images[placed..]
+                .iter()
+                .take_while(|im| (im.start as usize) < end)
+                .last();
+            if let Some(im) = last.filter(|im| end < (im.start + im.len) as usize) {
+                end = im.start as usize;
             }
-            tokens = &tokens[take..];
-            if cur.tokens.len() == n_ctx {
-                let id = ChunkId(cur.id.0 + 1);
-                chunks.push(std::mem::replace(
-                    &mut cur,
-                    Chunk {
-                        id,
-                        tokens: Vec::with_capacity(n_ctx),
-                        spans: Vec::new(),
-                    },
-                ));
+            let start = cur.tokens.len() as u32;
+            if end > offset {
+                let take = (end - offset) as u32;
+                cur.tokens.extend_from_slice(&tokens[offset..end]);
+                match cur.spans.last_mut() {
+                    Some(s) if s.split == split && s.domain == domain => s.len += take,
+                    _ => cur.spans.push(Span {
+                        start,
+                        len: take,
+                        split,
+                        domain,
+                    }),
+                }
+                while let Some(im) = images
+                    .get(placed)
+                    .filter(|im| (im.start + im.len) as usize <= end)
+                {
+                    cur.images.push(ImageSpan {
+                        start: start + (im.start as usize - offset) as u32,
+                        len: im.len,
+                        sha256: im.sha256.clone(),
+                    });
+                    placed += 1;
+                }
+            }
+            offset = end;
+            // Full, or stopped before an image that does not fit.
+            if cur.tokens.len() == n_ctx || offset < tokens.len() {
+                let next = empty(cur.id.0 + 1);
+                chunks.push(std::mem::replace(&mut cur, next));
             }
         }
     }
@@ -69,6 +96,7 @@ mod tests {
                         Split::Fit
                     },
                     (i % 2) as u16,
+                    &[][..],
                 )
             }),
             64,
@@ -86,5 +114,58 @@ mod tests {
         let labels: Vec<(Split, u16)> = chunks.iter().flat_map(Chunk::token_labels).collect();
         assert_eq!(labels[0], (Split::Heldout, 0));
         assert_eq!(labels[1], (Split::Fit, 1));
+    }
+
+    #[test]
+    fn an_image_is_never_cut_and_closes_the_chunk_early() {
+        let sha = |i: u64| format!("{:08x}{}", i + 1, "0".repeat(56));
+        let marker = |i| common::corpus::image_token(&sha(i));
+        // Documents of text with images of 6 positions at various offsets.
+        let mut docs: Vec<(Vec<i32>, Vec<ImageSpan>)> = Vec::new();
+        for d in 0..9u64 {
+            let mut tokens: Vec<i32> = (0..(d as i32 * 3 % 7 + 1)).collect();
+            let mut images = Vec::new();
+            for k in 0..(d % 3 + 1) {
+                images.push(ImageSpan {
+                    start: tokens.len() as u32,
+                    len: 6,
+                    sha256: sha(d * 10 + k),
+                });
+                tokens.extend(std::iter::repeat_n(marker(d * 10 + k), 6));
+                tokens.extend(0..(k as i32 + 2));
+            }
+            docs.push((tokens, images));
+        }
+        let n_ctx = 10;
+        let chunks = pack(
+            docs.iter()
+                .map(|(t, im)| (t.as_slice(), Split::Fit, 0, im.as_slice())),
+            n_ctx,
+        );
+        let flat: Vec<i32> = chunks.iter().flat_map(|c| c.tokens.clone()).collect();
+        assert_eq!(
+            flat,
+            docs.iter().flat_map(|(t, _)| t.clone()).collect::<Vec<_>>()
+        );
+        let n_images: usize = docs.iter().map(|(_, im)| im.len()).sum();
+        assert_eq!(
+            chunks.iter().map(|c| c.images.len()).sum::<usize>(),
+            n_images
+        );
+        let mut early = 0;
+        for (i, c) in chunks.iter().enumerate() {
+            c.validate(1).unwrap();
+            assert!(c.images.iter().all(|im| im.len == 6), "no image is cut");
+            if i + 1 < chunks.len() && c.tokens.len() < n_ctx {
+                early += 1;
+                let next = &chunks[i + 1];
+                assert!(
+                    next.images.first().is_some_and(|im| im.start == 0)
+                        && c.tokens.len() + 6 > n_ctx,
+                    "chunk {i} is short only because the next image did not fit"
+                );
+            }
+        }
+        assert!(early > 0, "the fixture makes some chunk close early");
     }
 }

@@ -4,10 +4,11 @@
 use super::doc::Doc;
 use super::error::CorpusError;
 use super::manifest::{
-    ChunkPlan, DocRecord, DomainInfo, Dropped, EvalSetInfo, Manifest, SourceInfo, CORPUS_FORMAT,
+    ChunkPlan, DocRecord, DomainInfo, Dropped, EvalSetInfo, ImagesInfo, Manifest, SourceInfo,
+    CORPUS_FORMAT,
 };
 use super::shares::{self, ShareRow};
-use super::source::{read_source, Content, Record, SourceData};
+use super::source::{read_source, Content, ImageRef, Record, SourceData};
 use super::tokenizer::{tokenize_all, Tokenizer};
 use super::{dedup, heldout, pack, schedule};
 use crate::config::{Config, CorpusConfig, SourceConfig};
@@ -15,7 +16,7 @@ use common::corpus::{write_chunks, Chunk, CorpusIndex};
 use common::Split;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// A prepared corpus, ready to store.
@@ -31,6 +32,9 @@ pub struct Prepared {
     pub manifest: Manifest,
     /// Every document read, with its split and fate (`corpus/documents.jsonl`).
     pub documents: Vec<DocRecord>,
+    /// The images the chunks carry, one per SHA-256, in hash order
+    /// (stored as `corpus/images/<sha256>`).
+    pub images: Vec<ImageRef>,
 }
 
 /// Checks the `[corpus]` section for contradictions before any work.
@@ -97,15 +101,51 @@ pub fn validate(c: &CorpusConfig) -> Result<(), CorpusError> {
     Ok(())
 }
 
-/// The inputs fingerprint: model, corpus config and every source's content.
-pub fn fingerprint(corpus: &CorpusConfig, model_sha256: &str, source_sha256: &[String]) -> String {
-    let v = serde_json::json!({
+/// What a config with `[model] mmproj` adds to the inputs fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageInputs {
+    /// SHA-256 of the mmproj GGUF.
+    pub mmproj_sha256: String,
+    /// SHA-256 of every image of every record, in fingerprint order
+    /// ([`all_sources`], then record order).
+    pub image_sha256: Vec<String>,
+}
+
+/// The inputs fingerprint: model, corpus config and every source's content,
+/// and with an mmproj its hash and every image's (absent otherwise, so a
+/// text corpus keeps its fingerprint).
+pub fn fingerprint(
+    corpus: &CorpusConfig,
+    model_sha256: &str,
+    source_sha256: &[String],
+    images: Option<&ImageInputs>,
+) -> String {
+    let mut v = serde_json::json!({
         "corpus_format": CORPUS_FORMAT,
         "model_sha256": model_sha256,
         "corpus": corpus,
         "sources": source_sha256,
     });
+    if let Some(im) = images {
+        v["mmproj_sha256"] = im.mmproj_sha256.clone().into();
+        v["image_sha256"] = im.image_sha256.clone().into();
+    }
     hex::encode(Sha256::digest(v.to_string().as_bytes()))
+}
+
+/// The SHA-256 of every image the corpus config's sources name, in
+/// fingerprint order (the sources are read, and their images checked).
+pub fn image_hashes(config: &Config) -> Result<Vec<String>, CorpusError> {
+    let mut out = Vec::new();
+    for s in all_sources(&config.corpus) {
+        let data = read_source(s, &config.resolve(&s.path), None)?;
+        out.extend(
+            data.records
+                .into_iter()
+                .flat_map(|r| r.images.into_iter().map(|im| im.sha256)),
+        );
+    }
+    Ok(out)
 }
 
 /// Every source of the corpus config in fingerprint order: domains, then eval sets.
@@ -193,31 +233,56 @@ pub fn prepare(
         records.extend(r.records.into_iter().map(|rec| (None, rec)));
     }
 
-    // Template and tokenize everything.
-    let texts: Vec<(String, bool)> = records
+    // Template and tokenize everything, images through the mmproj.
+    let at_of = |rec: &Record| config.resolve(Path::new(&rec.at)).display().to_string();
+    let inputs: Vec<(String, bool, &[ImageRef])> = records
         .par_iter()
         .map(|(_, rec)| {
-            let at = || config.resolve(Path::new(&rec.at)).display().to_string();
-            if let Some(image) = rec.images.first() {
+            if let (Some(image), None) = (rec.images.first(), &config.model.mmproj) {
                 return Err(CorpusError::Record {
-                    at: at(),
+                    at: at_of(rec),
                     message: format!(
-                        "carries image {:?}, but tokenizing images through the model's mmproj \
-                         (mtmd) is not implemented yet: remove image records from the corpus",
+                        "carries image {:?}, but [model] mmproj is not set: name the model's \
+                         mmproj GGUF there, so that images become the positions the model sees",
                         image.name
                     ),
                 });
             }
             render(tokenizer, &rec.content)
-                .map_err(|message| CorpusError::Record { at: at(), message })
+                .map(|(text, special)| (text, special, rec.images.as_slice()))
+                .map_err(|message| CorpusError::Record {
+                    at: at_of(rec),
+                    message,
+                })
         })
         .collect::<Result<_, _>>()?;
-    let tokens = tokenize_all(tokenizer, &texts);
+    let tokens = tokenize_all(tokenizer, &inputs).map_err(|(i, message)| CorpusError::Record {
+        at: at_of(&records[i].1),
+        message,
+    })?;
+    check_image_lengths(&records, &tokens, c.n_ctx, at_of)?;
+    let chars: Vec<u64> = inputs
+        .iter()
+        .map(|(text, _, _)| text.chars().count() as u64)
+        .collect();
+    drop(inputs);
+    let mmproj_sha256 = tokenizer.info().mmproj_sha256;
+    let image_inputs = mmproj_sha256.clone().map(|m| ImageInputs {
+        mmproj_sha256: m,
+        image_sha256: records
+            .iter()
+            .flat_map(|(_, r)| r.images.iter().map(|im| im.sha256.clone()))
+            .collect(),
+    });
+    let mut image_files: BTreeMap<String, ImageRef> = records
+        .iter()
+        .flat_map(|(_, r)| r.images.iter())
+        .map(|im| (im.sha256.clone(), im.clone()))
+        .collect();
 
     let mut docs = Vec::new();
     let mut evals = Vec::new();
-    for (((domain, rec), (text, _)), tokens) in records.into_iter().zip(&texts).zip(tokens) {
-        let chars = text.chars().count() as u64;
+    for (((domain, rec), chars), (tokens, images)) in records.into_iter().zip(chars).zip(tokens) {
         match domain {
             Some(domain) => docs.push(Doc {
                 domain,
@@ -225,6 +290,7 @@ pub fn prepare(
                 at: rec.at,
                 chars,
                 tokens,
+                images,
                 split: Split::Fit,
             }),
             None => evals.push((rec.at, tokens)),
@@ -354,9 +420,24 @@ pub fn prepare(
         chunks_sha256: hex::encode(Sha256::digest(&chunks_parquet)),
     };
     let domains = domain_infos(c, rows, domain_sources, &docs, &dropped);
+    let in_chunks: BTreeSet<&str> = chunks
+        .iter()
+        .flat_map(|ch| ch.images.iter().map(|im| im.sha256.as_str()))
+        .collect();
+    image_files.retain(|sha, _| in_chunks.contains(sha.as_str()));
+    let images = (!in_chunks.is_empty()).then(|| ImagesInfo {
+        mmproj_sha256: mmproj_sha256.clone().unwrap_or_default(),
+        images: in_chunks.len() as u64,
+        occurrences: chunks.iter().map(|ch| ch.images.len() as u64).sum(),
+        positions: chunks
+            .iter()
+            .flat_map(|ch| &ch.images)
+            .map(|im| u64::from(im.len))
+            .sum(),
+    });
     let manifest = Manifest {
         corpus_format: CORPUS_FORMAT,
-        inputs_sha256: fingerprint(c, model_sha256, &hashes),
+        inputs_sha256: fingerprint(c, model_sha256, &hashes, image_inputs.as_ref()),
         model_sha256: model_sha256.to_string(),
         tokenizer: tokenizer.info(),
         config: serde_json::to_value(config).unwrap_or_default(),
@@ -366,6 +447,7 @@ pub fn prepare(
         chunk_plan,
         chunks_sha256: index.chunks_sha256.clone(),
         index_sha256: hex::encode(Sha256::digest(index_json(&index).as_bytes())),
+        images,
     };
     Ok(Prepared {
         chunks,
@@ -373,7 +455,31 @@ pub fn prepare(
         index,
         manifest,
         documents,
+        images: image_files.into_values().collect(),
     })
+}
+
+/// Refuses an image that takes more positions than a chunk holds (it could
+/// not be packed without cutting it), naming the record and the image.
+fn check_image_lengths(
+    records: &[(Option<u16>, Record)],
+    tokens: &[super::vision::ImageTokens],
+    n_ctx: u32,
+    at_of: impl Fn(&Record) -> String,
+) -> Result<(), CorpusError> {
+    for ((_, rec), (_, spans)) in records.iter().zip(tokens) {
+        if let Some((k, s)) = spans.iter().enumerate().find(|(_, s)| s.len > n_ctx) {
+            return Err(CorpusError::Record {
+                at: at_of(rec),
+                message: format!(
+                    "image {:?} takes {} positions, more than n_ctx = {n_ctx} ([corpus]): it \
+                     cannot be packed without cutting it (raise n_ctx)",
+                    rec.images[k].name, s.len
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Text to tokenize for a record, and whether special-token text in it is
@@ -487,9 +593,10 @@ fn schedule_and_pack(c: &CorpusConfig, names: &[String], docs: &[Doc]) -> Vec<Ch
     }
     let order = schedule::interleave(&streams, |i| docs[i].tokens.len() as u64);
     pack::pack(
-        order
-            .iter()
-            .map(|&i| (docs[i].tokens.as_slice(), docs[i].split, docs[i].domain)),
+        order.iter().map(|&i| {
+            let d = &docs[i];
+            (d.tokens.as_slice(), d.split, d.domain, d.images.as_slice())
+        }),
         c.n_ctx as usize,
     )
 }

@@ -84,7 +84,7 @@ mod tests {
         let chunks = pack(
             order
                 .iter()
-                .map(|&d| (toks[d].as_slice(), Split::Fit, u16::from(d >= 90))),
+                .map(|&d| (toks[d].as_slice(), Split::Fit, u16::from(d >= 90), &[][..])),
             256,
         );
         let dev = prefix_deviations(&chunks, &[0.75, 0.25]);

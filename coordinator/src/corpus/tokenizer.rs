@@ -1,9 +1,12 @@
 //! Tokenization with the model's own tokenizer (llama.cpp, vocabulary-only
-//! load), run in parallel with rayon behind a [`Tokenizer`] trait so the
-//! corpus logic can be tested without a model.
+//! load; images through the model's mmproj with mtmd, [`super::vision`]),
+//! run in parallel with rayon behind a [`Tokenizer`] trait so the corpus
+//! logic can be tested without a model.
 
 use super::chat::Message;
 use super::error::CorpusError;
+use super::media::ImageRef;
+use super::vision::{ImageTokens, Vision};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
@@ -37,6 +40,9 @@ pub struct TokenizerInfo {
     pub add_eos: bool,
     /// SHA-256 of the chat template, if the model has one.
     pub chat_template_sha256: Option<String>,
+    /// SHA-256 of the mmproj GGUF that tokenized images, when one was loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mmproj_sha256: Option<String>,
 }
 
 /// A tokenizer as the corpus stage uses it.
@@ -44,6 +50,20 @@ pub trait Tokenizer: Sync {
     /// Token ids of `text`, with BOS/EOS added as the model's metadata says;
     /// `special`: parse special-token text (`<|im_start|>`) as special tokens.
     fn tokenize(&self, text: &str, special: bool) -> Vec<i32>;
+    /// Token ids of `text` whose media markers stand for `images`, each
+    /// image becoming the positions the model's mmproj gives it; a
+    /// tokenizer without an mmproj refuses.
+    fn tokenize_with_images(
+        &self,
+        _text: &str,
+        _special: bool,
+        _images: &[ImageRef],
+    ) -> Result<ImageTokens, String> {
+        Err(
+            "the tokenizer has no mmproj loaded ([model] mmproj), so it cannot tokenize images"
+                .into(),
+        )
+    }
     /// Renders a conversation with the model's chat template.
     fn apply_chat_template(&self, messages: &[Message]) -> Result<String, String>;
     /// Description for the manifest.
@@ -66,15 +86,20 @@ pub fn backend() -> Result<&'static LlamaBackend, String> {
         .map_err(Clone::clone)
 }
 
-/// A GGUF model's tokenizer, loaded without weights.
+/// A GGUF model's tokenizer, loaded without weights, with the model's
+/// mmproj when images are tokenized.
 pub struct LlamaTokenizer {
+    // Declared first: mtmd's context refers to the model, so it is dropped
+    // before it.
+    vision: Option<(Vision, String)>,
     model: LlamaModel,
     template: Option<LlamaChatTemplate>,
 }
 
 impl LlamaTokenizer {
-    /// Loads the vocabulary (and chat template) of a GGUF file.
-    pub fn load(path: &Path) -> Result<LlamaTokenizer, CorpusError> {
+    /// Loads the vocabulary (and chat template) of a GGUF file and, when
+    /// `mmproj` is given, that mmproj through mtmd beside it.
+    pub fn load(path: &Path, mmproj: Option<&Path>) -> Result<LlamaTokenizer, CorpusError> {
         let fail = |message: String| CorpusError::Model {
             path: path.to_path_buf(),
             message,
@@ -90,7 +115,32 @@ impl LlamaTokenizer {
         let model = LlamaModel::load_from_file(backend, path, &params)
             .map_err(|e| fail(format!("llama.cpp cannot load its vocabulary ({e})")))?;
         let template = model.chat_template(None).ok();
-        Ok(LlamaTokenizer { model, template })
+        let vision = match mmproj {
+            Some(m) => {
+                let sha = super::sha256_file(m)?;
+                let vision =
+                    Vision::load(m, &model, path).map_err(|message| CorpusError::Source {
+                        path: m.to_path_buf(),
+                        message,
+                    })?;
+                Some((vision, sha))
+            }
+            None => None,
+        };
+        Ok(LlamaTokenizer {
+            vision,
+            model,
+            template,
+        })
+    }
+
+    /// A template that writes BOS itself, plus the tokenizer's BOS: keep one.
+    fn one_bos(&self, ids: &mut Vec<i32>, special: bool) {
+        let vocab = self.model.vocab();
+        let bos = vocab.bos().0;
+        if special && vocab.should_add_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+            ids.remove(0);
+        }
     }
 }
 
@@ -102,12 +152,28 @@ impl Tokenizer for LlamaTokenizer {
             .into_iter()
             .map(|t| t.0)
             .collect();
-        // A template that writes BOS itself, plus the tokenizer's BOS: keep one.
-        let bos = vocab.bos().0;
-        if special && vocab.should_add_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
-            ids.remove(0);
-        }
+        self.one_bos(&mut ids, special);
         ids
+    }
+
+    fn tokenize_with_images(
+        &self,
+        text: &str,
+        special: bool,
+        images: &[ImageRef],
+    ) -> Result<ImageTokens, String> {
+        let Some((vision, _)) = &self.vision else {
+            return Err("the corpus has images, but [model] mmproj is not set".into());
+        };
+        let (mut ids, mut spans) = vision.tokenize(text, special, images)?;
+        let before = ids.len();
+        self.one_bos(&mut ids, special);
+        if ids.len() < before {
+            for s in &mut spans {
+                s.start -= 1;
+            }
+        }
+        Ok((ids, spans))
     }
 
     fn apply_chat_template(&self, messages: &[Message]) -> Result<String, String> {
@@ -139,14 +205,20 @@ impl Tokenizer for LlamaTokenizer {
                 .template
                 .as_ref()
                 .map(|t| hex::encode(Sha256::digest(t.as_c_str().to_bytes()))),
+            mmproj_sha256: self.vision.as_ref().map(|(_, sha)| sha.clone()),
         }
     }
 }
 
-/// Tokenizes every `(text, special)` in parallel on the current rayon pool,
-/// with a progress bar (in bytes) when the input is large and stderr a terminal.
-pub fn tokenize_all(tokenizer: &dyn Tokenizer, texts: &[(String, bool)]) -> Vec<Vec<i32>> {
-    let total: usize = texts.iter().map(|(t, _)| t.len()).sum();
+/// Tokenizes every `(text, special, images)` in parallel on the current
+/// rayon pool (a text with images through [`Tokenizer::tokenize_with_images`]),
+/// with a progress bar (in bytes) when the input is large and stderr a
+/// terminal. The first failure is returned with the index of its text.
+pub fn tokenize_all(
+    tokenizer: &dyn Tokenizer,
+    texts: &[(String, bool, &[ImageRef])],
+) -> Result<Vec<ImageTokens>, (usize, String)> {
+    let total: usize = texts.iter().map(|(t, _, _)| t.len()).sum();
     let bar = if total >= PROGRESS_MIN_BYTES {
         let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
         bar.set_style(
@@ -159,10 +231,15 @@ pub fn tokenize_all(tokenizer: &dyn Tokenizer, texts: &[(String, bool)]) -> Vec<
     };
     let out = texts
         .par_iter()
-        .map(|(text, special)| {
-            let ids = tokenizer.tokenize(text, *special);
+        .enumerate()
+        .map(|(i, (text, special, images))| {
+            let tokens = if images.is_empty() {
+                Ok((tokenizer.tokenize(text, *special), Vec::new()))
+            } else {
+                tokenizer.tokenize_with_images(text, *special, images)
+            };
             bar.inc(text.len() as u64);
-            ids
+            tokens.map_err(|e| (i, e))
         })
         .collect();
     bar.finish_and_clear();

@@ -3,7 +3,7 @@
 //! location and the range.
 
 use anyhow::Context;
-use common::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use common::corpus::{read_chunks, refuse_images, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::store::RunStore;
 use common::ChunkRange;
 
@@ -33,5 +33,6 @@ pub async fn load_chunks(
     let bytes = corpus.get(CHUNKS_FILE).await?;
     let chunks = read_chunks(bytes, Some(range))
         .map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
+    refuse_images(&chunks).map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
     Ok((index, chunks))
 }

@@ -47,6 +47,7 @@ mod tests {
                 span(4, 1, Split::Heldout, 1),
                 span(5, 5, Split::Fit, 0),
             ],
+            images: Vec::new(),
         }
     }
 

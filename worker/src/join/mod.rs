@@ -732,7 +732,9 @@ impl Corpus {
     /// The chunks of a lease (a range outside the corpus is refused).
     fn chunks(&self, range: common::ChunkRange) -> Result<Vec<Chunk>, String> {
         self.index.check_range(range)?;
-        read_chunks(self.table.clone(), Some(range)).map_err(|e| format!("{}: {e}", self.url))
+        let chunks = read_chunks(self.table.clone(), Some(range))
+            .and_then(|c| common::corpus::refuse_images(&c).map(|()| c));
+        chunks.map_err(|e| format!("{}: {e}", self.url))
     }
 }
 

@@ -28,6 +28,7 @@ pub fn token_chunks(n: u32, n_ctx: u32, modulus: u64) -> (CorpusIndex, Vec<Chunk
                 split: Split::Fit,
                 domain: 0,
             }],
+            images: Vec::new(),
         })
         .collect();
     let index = CorpusIndex {

@@ -14,7 +14,7 @@ fn tiny_fixture() -> (Fixture, LlamaTokenizer) {
     let f = Fixture::new();
     let model = f.dir.path().join("model.gguf");
     write_model(Preset::Tiny, 1, &model).unwrap();
-    let tok = LlamaTokenizer::load(&model).unwrap();
+    let tok = LlamaTokenizer::load(&model, None).unwrap();
     (f, tok)
 }
 

@@ -27,6 +27,7 @@ fn corpus() -> (CorpusIndex, Vec<Chunk>) {
                     domain: 1,
                 },
             ],
+            images: Vec::new(),
         })
         .collect();
     let index = CorpusIndex {
