@@ -142,13 +142,7 @@ fn merge_bench(leases: u32) -> Measured {
         bincode::serde::decode_from_slice::<Partial, _>(&old, bincode::config::standard()).unwrap()
     });
     drop(old);
-    let sums: usize = template
-        .imatrix
-        .entries
-        .values()
-        .map(|e| e.in_sum2.len() + e.in_sum.len())
-        .sum::<usize>()
-        + template.experts.groups.len() * (LAYERS * EXPERTS * 5) as usize;
+    let sums = exact_sums(&template);
     println!(
         "partial: {:.1}M exact sums ({} expert groups), built in {built_s:.1}s",
         sums as f64 / 1e6,
@@ -198,7 +192,7 @@ fn merge_bench(leases: u32) -> Measured {
         match &mut merged {
             None => merged = Some(p),
             Some(m) => {
-                let mut copy = m.clone();
+                let copy = m.clone();
                 let mut total = Some(copy);
                 t.merge_packed
                     .add(timed(|| packed.add_to(&mut total).unwrap()).1);
@@ -268,6 +262,16 @@ fn merge_bench(leases: u32) -> Measured {
         decoded_cpu: decoded,
         ingest_cpu: packed,
     }
+}
+
+/// The exact sums a partial holds (statistics and importance matrix).
+fn exact_sums(p: &Partial) -> usize {
+    p.imatrix
+        .entries
+        .values()
+        .map(|e| e.in_sum2.len() + e.in_sum.len())
+        .sum::<usize>()
+        + p.experts.groups.len() * (LAYERS * EXPERTS * 5) as usize
 }
 
 /// Deliveries at once in the peak-memory simulation (0: none).
@@ -372,13 +376,7 @@ fn rss_child(dir: &std::path::Path, slots: usize) {
         cv.notify_one();
     }
     let total = total.expect("a total");
-    let sums: usize = total
-        .imatrix
-        .entries
-        .values()
-        .map(|e| e.in_sum2.len() + e.in_sum.len())
-        .sum::<usize>()
-        + total.experts.groups.len() * (LAYERS * EXPERTS * 5) as usize;
+    let sums = exact_sums(&total);
     let peak = common::procstat::peak_rss_kib().unwrap() as f64 * 1024.0;
     println!(
         "peak RSS {:.2} GB; the running total holds {:.1}M sums ({:.2} GB); {} chunks merged in {:.1} s wall, {:.1} CPU s",

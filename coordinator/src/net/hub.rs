@@ -108,6 +108,18 @@ struct Candidate<T> {
     slot: IngestSlot,
 }
 
+impl<T> Candidate<T> {
+    /// The result without its ingest slot: one held for a redundancy
+    /// comparison may wait for another worker's result (or a third, after
+    /// a disagreement) for minutes, and must not starve the others' ingest.
+    fn unslotted(self) -> Candidate<T> {
+        Candidate {
+            slot: IngestSlot { _permit: None },
+            ..self
+        }
+    }
+}
+
 /// Shared state of the coordinator's connections, for leases of kind `K`.
 #[derive(Debug)]
 pub struct Hub<K: LeaseKind> {
@@ -414,16 +426,16 @@ impl<K: LeaseKind> Hub<K> {
                 needed,
             } => {
                 tracing::info!(%worker, %range, "{what} {have} of {needed} (redundant verification): the chunks go to another worker");
-                // Held until another worker's result comes: not an ingest
-                // slot's worth of waiting (it would starve the others).
-                let result = Candidate {
-                    slot: IngestSlot { _permit: None },
-                    ..result
-                };
-                self.candidates().entry(range).or_default().push(result);
+                self.candidates()
+                    .entry(range)
+                    .or_default()
+                    .push(result.unslotted());
             }
             Completion::Decide(range) => {
-                self.candidates().entry(range).or_default().push(result);
+                self.candidates()
+                    .entry(range)
+                    .or_default()
+                    .push(result.unslotted());
                 self.decide(range);
             }
             Completion::Duplicate { range, same: true } => {
