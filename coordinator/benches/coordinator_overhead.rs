@@ -316,11 +316,17 @@ fn rss_bench(dir: &tempfile::TempDir, k: u32, partial_bytes: usize) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(coordinator::net::hub::INGEST_SLOTS);
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
+    // This binary: as the kernel names it, or as it was invoked when that
+    // file was replaced meanwhile (a rebuild).
+    let exe = std::env::current_exe()
+        .ok()
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| std::env::args().next().unwrap().into());
+    let out = std::process::Command::new(&exe)
         .env("BENCH_RSS_CHILD", dir.path())
         .env("BENCH_RSS_SLOTS", slots.to_string())
         .output()
-        .unwrap();
+        .unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
     assert!(
         out.status.success(),
         "{}",
