@@ -9,7 +9,7 @@
 
 use crate::eval::{EvalError, EvalPartial};
 use crate::layout::LeaseLayout;
-use crate::partial::Partial;
+use crate::partial::{PackedPartial, Partial};
 use crate::stats::MergeError;
 
 /// The names a kind of result goes by in logs and errors.
@@ -47,6 +47,22 @@ pub trait LeaseOutput: Sized + Send + Sync + 'static {
     fn measured(&self) -> u64;
     /// The chunks it covers, sorted, disjoint, adjacent ranges joined.
     fn chunks(&self) -> &[crate::split::ChunkRange];
+
+    /// A result as checked and held until it is added to a running total:
+    /// the decoded result, or for a collection partial its packed bytes
+    /// (added straight from them, never materialised).
+    type Addend: Addend<Self>;
+}
+
+/// A checked result on its way into the running total of its kind `T`.
+pub trait Addend<T: LeaseOutput>: Sized + Send + Sync + std::fmt::Debug + 'static {
+    /// Tokens (or scored positions) it covers ([`LeaseOutput::measured`]).
+    fn measured(&self) -> u64;
+    /// Whether another worker's result of the same chunks agrees with this
+    /// one ([`LeaseOutput::agree`]).
+    fn agree(&self, other: &Self) -> Result<(), String>;
+    /// Adds it exactly into `total` (it becomes the total when there is none).
+    fn add_to(self, total: &mut Option<T>) -> Result<(), T::MergeError>;
 }
 
 impl LeaseOutput for Partial {
@@ -57,6 +73,7 @@ impl LeaseOutput for Partial {
         lease: "lease",
     };
     type MergeError = MergeError;
+    type Addend = PackedPartial;
 
     fn decode(bytes: &[u8]) -> Result<Partial, String> {
         Partial::from_bytes(bytes)
@@ -91,6 +108,7 @@ impl LeaseOutput for EvalPartial {
         lease: "eval lease",
     };
     type MergeError = EvalError;
+    type Addend = EvalPartial;
 
     fn decode(bytes: &[u8]) -> Result<EvalPartial, String> {
         EvalPartial::from_bytes(bytes).map_err(|e| e.to_string())
@@ -120,5 +138,42 @@ impl LeaseOutput for EvalPartial {
 
     fn chunks(&self) -> &[crate::split::ChunkRange] {
         &self.chunks
+    }
+}
+
+impl Addend<Partial> for PackedPartial {
+    fn measured(&self) -> u64 {
+        self.header().measured()
+    }
+
+    /// Equal bytes agree without decoding (the encoding is a function of
+    /// the values); otherwise both are decoded and compared.
+    fn agree(&self, other: &PackedPartial) -> Result<(), String> {
+        if self.bytes() == other.bytes() {
+            return Ok(());
+        }
+        crate::compare::agree(&self.decode(), &other.decode())
+    }
+
+    fn add_to(self, total: &mut Option<Partial>) -> Result<(), MergeError> {
+        PackedPartial::add_to(self, total)
+    }
+}
+
+impl Addend<EvalPartial> for EvalPartial {
+    fn measured(&self) -> u64 {
+        self.n_scored()
+    }
+
+    fn agree(&self, other: &EvalPartial) -> Result<(), String> {
+        LeaseOutput::agree(self, other)
+    }
+
+    fn add_to(self, total: &mut Option<EvalPartial>) -> Result<(), EvalError> {
+        match total {
+            None => *total = Some(self),
+            Some(t) => t.merge(&self)?,
+        }
+        Ok(())
     }
 }

@@ -186,19 +186,32 @@ pub fn decode_add(
 
 /// Checks that `bytes` are exactly `n` packed sums, without keeping them.
 pub fn check(bytes: &[u8], blocks: Blocks, n: usize) -> Result<(), PackedError> {
-    decode_blocks(bytes, n, blocks, |_, _| Ok(()))
+    visit(bytes, blocks, n, |_, _| Ok(()))
+}
+
+/// Checks that `bytes` are exactly `n` packed sums and hands each block to
+/// `each` (block index, its sums) as it is unpacked, keeping nothing: a
+/// caller checks values without materialising the column. The first error
+/// (of the bytes, or of `each`) stops the walk.
+pub fn visit<E: From<PackedError>>(
+    bytes: &[u8],
+    blocks: Blocks,
+    n: usize,
+    each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
+) -> Result<(), E> {
+    decode_blocks(bytes, n, blocks, each)
 }
 
 const ZEROS: [ExactSum; BLOCK] = [ExactSum::ZERO; BLOCK];
 
 /// The decoder loop: `n` sums from the whole of `bytes`, handed to `each`
 /// a block at a time (block index, its sums).
-fn decode_blocks(
+fn decode_blocks<E: From<PackedError>>(
     bytes: &[u8],
     n: usize,
     blocks: Blocks,
-    mut each: impl FnMut(usize, &[ExactSum]) -> Result<(), PackedError>,
-) -> Result<(), PackedError> {
+    mut each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
+) -> Result<(), E> {
     let mut at = 0usize;
     let mut tail = [0u8; BUF];
     let mut values = ZEROS;
@@ -221,20 +234,20 @@ fn decode_blocks(
         };
         if width == 0 {
             if shift != 0 || signed || masked {
-                return Err(bad("is not how zeros are written"));
+                return Err(bad("is not how zeros are written").into());
             }
             each(block, &ZEROS[..count])?;
             continue;
         }
         if width + shift > MAX_BITS {
-            return Err(bad("is outside the exact range (|x| < 2^62)"));
+            return Err(bad("is outside the exact range (|x| < 2^62)").into());
         }
         let mask = if masked {
             let m = bytes.get(at..at + 2).ok_or(PackedError::Truncated(block))?;
             at += 2;
             let m = u32::from(u16::from_le_bytes([m[0], m[1]]));
             if m == 0 || m == full_mask(count) || m >> count != 0 {
-                return Err(bad("has a mask no encoder writes"));
+                return Err(bad("has a mask no encoder writes").into());
             }
             m
         } else {
@@ -250,7 +263,7 @@ fn decode_blocks(
             .ok_or(PackedError::Truncated(block))?;
         at += len;
         if !used.is_multiple_of(8) && payload[len - 1] >> (used % 8) != 0 {
-            return Err(bad("has non-zero padding"));
+            return Err(bad("has non-zero padding").into());
         }
         // The unpacker reads up to 17 bytes past a value's first byte: from
         // the input itself where it goes on that far, else from a copy.
@@ -269,15 +282,13 @@ fn decode_blocks(
         };
         let seen = unpack(src, bits, shift, signed, out);
         if seen.any >> (width - 1) != 1 || seen.odd != 1 {
-            return Err(bad(
-                "is not the block's own (too wide or shifted too little)",
-            ));
+            return Err(bad("is not the block's own (too wide or shifted too little)").into());
         }
         if seen.negative_zero {
-            return Err(bad("holds a negative zero"));
+            return Err(bad("holds a negative zero").into());
         }
         if seen.zero && blocks == Blocks::Masked {
-            return Err(bad("holds a zero outside its mask"));
+            return Err(bad("holds a zero outside its mask").into());
         }
         if masked {
             let mut next = packed.iter();
@@ -292,7 +303,7 @@ fn decode_blocks(
         each(block, &values[..count])?;
     }
     if at != bytes.len() {
-        return Err(PackedError::Trailing(bytes.len() - at));
+        return Err(PackedError::Trailing(bytes.len() - at).into());
     }
     Ok(())
 }

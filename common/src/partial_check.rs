@@ -18,7 +18,7 @@
 //! corpus's size.
 
 use crate::exact::{per_token_limit, ExactSum, FRACTION_BITS};
-use crate::partial::Partial;
+use crate::partial::{ImatrixColumn, Partial, SumsCheck};
 use crate::peer_text::peer_text;
 use crate::stats::{ExpertAccum, LayerAccum};
 use rayon::prelude::*;
@@ -85,6 +85,15 @@ impl Budget {
 /// Checks every value of `p` against the module's rules; the error names
 /// the first value that breaks one (peer text escaped).
 pub fn check_values(p: &Partial, budget: &Budget) -> Result<(), String> {
+    check_header_values(p, budget)?.check_decoded(p)
+}
+
+/// Every check of [`check_values`] but those of the importance matrix's
+/// sums, on a partial whose importance-matrix sums may be empty (a
+/// [`crate::partial::PackedPartial`]'s header): the returned
+/// [`ImatrixSums`] checks those sums, as they are unpacked
+/// ([`crate::partial::PackedPartial::parse_checked`]) or decoded.
+pub fn check_header_values(p: &Partial, budget: &Budget) -> Result<ImatrixSums, String> {
     let tokens = p
         .experts
         .groups
@@ -115,7 +124,85 @@ pub fn check_values(p: &Partial, budget: &Budget) -> Result<(), String> {
             b.tokens, b.bytes
         ));
     }
-    chunk_stats(p)
+    chunk_stats(p)?;
+    Ok(ImatrixSums {
+        tokens,
+        bound: budget.sums.saturating_mul(u128::from(tokens)),
+    })
+}
+
+/// The rules of a partial's importance-matrix sums: within the budget of
+/// its tokens, sums of squares not negative, and no sum for a matrix that
+/// saw no row ([`check_header_values`] makes it).
+#[derive(Clone, Copy, Debug)]
+pub struct ImatrixSums {
+    tokens: u64,
+    /// Largest magnitude a sum may have ([`Budget`] for the tokens).
+    bound: u128,
+}
+
+impl ImatrixSums {
+    /// Checks the decoded importance-matrix sums of `p` (whose other
+    /// values made this), tensor by tensor on the cores; the first failing
+    /// tensor in name order is the one named, as a serial scan would.
+    pub fn check_decoded(&self, p: &Partial) -> Result<(), String> {
+        let checked: Vec<Result<(), String>> = p
+            .imatrix
+            .entries
+            .par_iter()
+            .map(|(name, e)| {
+                imatrix_lengths(name, e)?;
+                for (squares, column) in [(true, &e.in_sum2), (false, &e.in_sum)] {
+                    let of = ImatrixColumn {
+                        name,
+                        entry: e,
+                        squares,
+                    };
+                    for (b, values) in column.chunks(crate::packed::BLOCK).enumerate() {
+                        self.block(of, b * crate::packed::BLOCK, values)?;
+                    }
+                }
+                Ok(())
+            })
+            .collect();
+        checked.into_iter().collect()
+    }
+}
+
+impl SumsCheck for ImatrixSums {
+    fn block(&self, c: ImatrixColumn<'_>, start: usize, values: &[ExactSum]) -> Result<(), String> {
+        let e = c.entry;
+        let n_in = e.n_in.max(1) as usize;
+        let (mut m, mut col) = (start / n_in, start % n_in);
+        for v in values {
+            let count = e.counts[m];
+            let ok = v.0.unsigned_abs() <= self.bound
+                && (count != 0 || v.is_zero())
+                && (!c.squares || non_negative(*v));
+            if !ok {
+                let what = if c.squares { "sum of squares" } else { "sum" };
+                return Err(format!(
+                    "importance matrix {}: matrix {m} column {col}: {what} {} over {count} rows of {} tokens",
+                    peer_text(c.name),
+                    v.to_f64(),
+                    self.tokens
+                ));
+            }
+            col += 1;
+            if col == n_in {
+                (m, col) = (m + 1, 0);
+            }
+        }
+        Ok(())
+    }
+
+    /// The rules depend on the column's kind, the tensor's row length and
+    /// its counts, and nothing else.
+    fn same_rules(&self, source: ImatrixColumn<'_>, copy: ImatrixColumn<'_>) -> bool {
+        source.squares == copy.squares
+            && source.entry.n_in == copy.entry.n_in
+            && source.entry.counts == copy.entry.counts
+    }
 }
 
 /// Whether a sum is one of the statistics that are never negative.
@@ -233,73 +320,52 @@ fn imatrix(p: &Partial, tokens: u64, budget: &Budget) -> Result<(), String> {
             im.entries.len()
         ));
     }
-    // Tensor by tensor on the cores; the first failing tensor in name order
-    // is the one named, as a serial scan would.
-    let checked: Vec<Result<(), String>> = im
-        .entries
-        .par_iter()
-        .map(|(name, e)| imatrix_entry(name, e, tokens, budget))
-        .collect();
-    checked.into_iter().collect()
+    for (name, e) in &im.entries {
+        imatrix_counts(name, e, tokens, budget)?;
+    }
+    Ok(())
 }
 
-/// One importance-matrix tensor's lengths, counts and sums.
-fn imatrix_entry(
+/// One importance-matrix tensor's count vector: one count per matrix, each
+/// within the budget.
+fn imatrix_counts(
     name: &str,
     e: &crate::imatrix::ImatrixEntry,
     tokens: u64,
     budget: &Budget,
 ) -> Result<(), String> {
-    let at = || format!("importance matrix {}", peer_text(name));
-    let cells = u64::from(e.n_in) * u64::from(e.n_mat);
-    if e.counts.len() as u64 != u64::from(e.n_mat)
-        || e.sums().iter().any(|s| s.len() as u64 != cells)
-    {
-        return Err(format!(
-            "{}: {} counts, {} sums of squares and {} sums for [{}, {}]",
-            at(),
-            e.counts.len(),
-            e.in_sum2.len(),
-            e.in_sum.len(),
-            e.n_in,
-            e.n_mat
-        ));
+    if e.counts.len() as u64 != u64::from(e.n_mat) {
+        return Err(lengths_error(name, e));
     }
-    let n_in = e.n_in.max(1) as usize;
-    for (m, ((&c, row), sums)) in e
-        .counts
-        .iter()
-        .zip(e.in_sum2.chunks(n_in))
-        .zip(e.in_sum.chunks(n_in))
-        .enumerate()
-    {
-        if !budget.count_ok(c, tokens) {
-            return Err(format!(
-                "{}: matrix {m} counts {c} rows in {tokens} tokens",
-                at()
-            ));
-        }
-        if let Some(col) = row.iter().position(|s| {
-            !non_negative(*s) || !budget.sum_ok(*s, tokens) || (c == 0 && !s.is_zero())
-        }) {
-            return Err(format!(
-                "{}: matrix {m} column {col}: sum of squares {} over {c} rows of {tokens} tokens",
-                at(),
-                row[col].to_f64()
-            ));
-        }
-        if let Some(col) = sums
-            .iter()
-            .position(|s| !budget.sum_ok(*s, tokens) || (c == 0 && !s.is_zero()))
-        {
-            return Err(format!(
-                "{}: matrix {m} column {col}: sum {} over {c} rows of {tokens} tokens",
-                at(),
-                sums[col].to_f64()
-            ));
-        }
+    match e.counts.iter().position(|&c| !budget.count_ok(c, tokens)) {
+        Some(m) => Err(format!(
+            "importance matrix {}: matrix {m} counts {} rows in {tokens} tokens",
+            peer_text(name),
+            e.counts[m]
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A decoded tensor's sums: `n_in x n_mat` of each.
+fn imatrix_lengths(name: &str, e: &crate::imatrix::ImatrixEntry) -> Result<(), String> {
+    let cells = u64::from(e.n_in) * u64::from(e.n_mat);
+    if e.sums().iter().any(|s| s.len() as u64 != cells) {
+        return Err(lengths_error(name, e));
     }
     Ok(())
+}
+
+fn lengths_error(name: &str, e: &crate::imatrix::ImatrixEntry) -> String {
+    format!(
+        "importance matrix {}: {} counts, {} sums of squares and {} sums for [{}, {}]",
+        peer_text(name),
+        e.counts.len(),
+        e.in_sum2.len(),
+        e.in_sum.len(),
+        e.n_in,
+        e.n_mat
+    )
 }
 
 /// A tensor or backend name: 1 to [`MAX_LABEL_CHARS`] printable ASCII

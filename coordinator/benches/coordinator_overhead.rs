@@ -12,6 +12,11 @@
 //!    throughput in GB/s of encoded partials.
 //!    The acceptance checks (chunk range, tokens per (split, domain) against
 //!    the corpus's spans, `sum(count) == n_tokens * k`) are timed apart.
+//!    That is the decoded path (the "before" figures); the coordinator's
+//!    ingest is the packed path: hash, acceptance with the importance
+//!    matrix's value checks made as its packed bytes are unpacked
+//!    (`Acceptance::decode_and_check`), and the add straight from the packed
+//!    bytes into the running total (`PackedPartial::add_to`).
 //!    `BENCH_LEASES` (default 8) sets how many leases are merged; the partial
 //!    is large (~1.8 GB in memory), so the default keeps the bench in minutes.
 //! 2. Scheduling: 64 workers take and return 5,000 leases through the
@@ -23,6 +28,12 @@
 //!    worker), their bytes at the measured size of a full-size partial (and
 //!    of a checkpoint of `BENCH_LEASES` leases), and the coordinator cores
 //!    their ingest needs at the measured CPU per partial.
+//! 4. Peak memory (`BENCH_RSS_DELIVERIES=K`, default 0: skipped): K
+//!    full-size partials delivered at once (written to files first, one per
+//!    lease), each read whole, checked and merged through
+//!    `BENCH_RSS_SLOTS` ingest slots (default the coordinator's
+//!    `INGEST_SLOTS`), in a child process whose peak RSS (`VmHWM`) is
+//!    reported against the running total's and the partials' sizes.
 
 use bytes::Bytes;
 use common::corpus::{Chunk, CorpusIndex, Span};
@@ -107,14 +118,18 @@ struct Measured {
     one: usize,
     /// Encoded bytes of the merge of every lease (a checkpoint of them).
     merged: usize,
-    /// Coordinator CPU seconds per partial (hash, decode, check, merge).
+    /// Coordinator CPU seconds per partial, decoded path (hash, decode,
+    /// check, merge): before.
+    decoded_cpu: f64,
+    /// The same, packed path (hash, check from the packed bytes, add from
+    /// them): the coordinator's ingest.
     ingest_cpu: f64,
 }
 
 fn merge_bench(leases: u32) -> Measured {
     let accept = acceptance(leases, LEASE_CHUNKS);
     let t = Instant::now();
-    let template = realistic_partial(0);
+    let mut template = realistic_partial(0);
     let built_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let bytes = template.to_bytes();
@@ -128,13 +143,7 @@ fn merge_bench(leases: u32) -> Measured {
         bincode::serde::decode_from_slice::<Partial, _>(&old, bincode::config::standard()).unwrap()
     });
     drop(old);
-    let sums: usize = template
-        .imatrix
-        .entries
-        .values()
-        .map(|e| e.in_sum2.len() + e.in_sum.len())
-        .sum::<usize>()
-        + template.experts.groups.len() * (LAYERS * EXPERTS * 5) as usize;
+    let sums = exact_sums(&template);
     println!(
         "partial: {:.1}M exact sums ({} expert groups), built in {built_s:.1}s",
         sums as f64 / 1e6,
@@ -150,6 +159,7 @@ fn merge_bench(leases: u32) -> Measured {
         bincode_len as f64 / bytes.len() as f64,
     );
     breakdown(&template, bytes.len());
+    let rss_files = rss_files(&mut template, &bytes);
     drop(template);
     println!(
         "format 3, one partial: hash {:.3} CPU s ({:.3} wall), decode {:.3} CPU s ({:.3} wall)",
@@ -172,15 +182,22 @@ fn merge_bench(leases: u32) -> Measured {
         t.accept
             .add(timed(|| accept.check(&p.chunks[..1], &p).unwrap()).1);
         // The packed path: statistics decoded, the importance matrix checked
-        // in place and added straight into the total.
+        // in place (format only, then with acceptance's value checks) and
+        // added straight into the total.
         let (packed, s) = timed(|| PackedPartial::parse(encoded.clone()).unwrap());
         t.parse.add(s);
+        drop(packed);
+        let units = p.chunks[..1].to_vec();
+        let (packed, s) = timed(|| accept.decode_and_check(&units, encoded.clone()).unwrap());
+        t.checked.add(s);
         match &mut merged {
             None => merged = Some(p),
             Some(m) => {
-                let mut copy = m.clone();
+                let copy = m.clone();
+                let mut total = Some(copy);
                 t.merge_packed
-                    .add(timed(|| packed.merge_into(&mut copy).unwrap()).1);
+                    .add(timed(|| packed.add_to(&mut total).unwrap()).1);
+                let copy = total.expect("a total");
                 t.merge.add(timed(|| m.merge(&p).unwrap()).1);
                 assert!(copy == *m, "both paths give the same total");
             }
@@ -197,8 +214,12 @@ fn merge_bench(leases: u32) -> Measured {
         ("decoded path: decode", &t.decode),
         ("decoded path: merge", &t.merge),
         (
-            "packed path: parse (statistics decoded, importance matrix checked)",
+            "packed path: parse (statistics decoded, importance matrix's format checked)",
             &t.parse,
+        ),
+        (
+            "packed path: acceptance (parse with every check, the importance matrix's values as unpacked)",
+            &t.checked,
         ),
         (
             "packed path: merge (importance matrix added from its packed bytes)",
@@ -207,33 +228,172 @@ fn merge_bench(leases: u32) -> Measured {
     ] {
         println!("  {name}: {:.3} ({:.3})", step.cpu(), step.wall());
     }
-    let packed = t.hash.cpu() + t.parse.cpu() + t.merge_packed.cpu();
-    let decoded = t.hash.cpu() + t.decode.cpu() + t.merge.cpu();
+    let packed = t.hash.cpu() + t.checked.cpu() + t.merge_packed.cpu();
+    let decoded = t.hash.cpu() + t.decode.cpu() + t.merge.cpu() + t.accept.cpu();
     let merged_len = merged.as_ref().map_or(0, |m| m.to_bytes().len());
     println!(
         "a checkpoint of {leases} leases (their merge) encodes to {merged_len} bytes, {:.3} GB ({:.2}x one lease's)",
         merged_len as f64 / 1e9,
         merged_len as f64 / bytes.len() as f64
     );
-    println!(
-        "ingest CPU per partial: packed path {packed:.2} s ({:.2} GB/s of encoded partials per core), decoded path {decoded:.2} s",
-        gb / packed
-    );
     let wall = t.hash.wall() + t.decode.wall() + t.accept.wall() + t.merge.wall();
     println!(
-        "coordinator ingest per partial (decoded path): hash {:.2} + decode {:.2} + acceptance {:.2} + merge {:.2} = {:.2} CPU s, {wall:.2} s wall on {} threads",
+        "before: ingest per partial (decoded path): hash {:.3} + decode {:.3} + acceptance {:.3} + merge {:.3} = {decoded:.2} CPU s, {wall:.2} s wall on {} threads",
         t.hash.cpu(),
         t.decode.cpu(),
         t.accept.cpu(),
         t.merge.cpu(),
-        decoded + t.accept.cpu(),
         rayon::current_num_threads()
     );
+    let wall = t.hash.wall() + t.checked.wall() + t.merge_packed.wall();
+    println!(
+        "after: coordinator ingest per partial (packed path): hash {:.3} + acceptance from the packed bytes {:.3} + add from them {:.3} = {packed:.2} CPU s ({:.2} GB/s of encoded partials per core, {:.2}x less CPU than before), {wall:.2} s wall",
+        t.hash.cpu(),
+        t.checked.cpu(),
+        t.merge_packed.cpu(),
+        gb / packed,
+        decoded / packed
+    );
+    if let Some((dir, k)) = rss_files {
+        rss_bench(&dir, k, bytes.len());
+    }
     Measured {
         one: bytes.len(),
         merged: merged_len,
-        ingest_cpu: decoded + t.accept.cpu(),
+        decoded_cpu: decoded,
+        ingest_cpu: packed,
     }
+}
+
+/// The exact sums a partial holds (statistics and importance matrix).
+fn exact_sums(p: &Partial) -> usize {
+    p.imatrix
+        .entries
+        .values()
+        .map(|e| e.in_sum2.len() + e.in_sum.len())
+        .sum::<usize>()
+        + p.experts.groups.len() * (LAYERS * EXPERTS * 5) as usize
+}
+
+/// Deliveries at once in the peak-memory simulation (0: none).
+fn rss_deliveries() -> u32 {
+    std::env::var("BENCH_RSS_DELIVERIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The partials of the peak-memory simulation: `template`'s values under
+/// the chunks of leases 0.., one file each (the directory is removed after
+/// the run); `None` when it is not asked for.
+fn rss_files(template: &mut Partial, bytes: &[u8]) -> Option<(tempfile::TempDir, u32)> {
+    let k = rss_deliveries();
+    if k == 0 {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let chunks = template.chunks.clone();
+    for lease in 0..k {
+        let start = lease * LEASE_CHUNKS;
+        template.chunks = vec![ChunkRange {
+            start,
+            end: start + LEASE_CHUNKS,
+        }];
+        let encoded = if template.chunks == chunks {
+            bytes.to_vec()
+        } else {
+            template.to_bytes()
+        };
+        std::fs::write(dir.path().join(format!("{lease}.bin")), encoded).unwrap();
+    }
+    template.chunks = chunks;
+    Some((dir, k))
+}
+
+/// Runs the peak-memory simulation in a child process (this binary with
+/// `BENCH_RSS_CHILD` set), so its peak RSS is the ingest's alone.
+fn rss_bench(dir: &tempfile::TempDir, k: u32, partial_bytes: usize) {
+    let slots: usize = std::env::var("BENCH_RSS_SLOTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(coordinator::net::hub::INGEST_SLOTS);
+    // This binary: as the kernel names it, or as it was invoked when that
+    // file was replaced meanwhile (a rebuild).
+    let exe = std::env::current_exe()
+        .ok()
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| std::env::args().next().unwrap().into());
+    let out = std::process::Command::new(&exe)
+        .env("BENCH_RSS_CHILD", dir.path())
+        .env("BENCH_RSS_SLOTS", slots.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!(
+        "peak memory: {k} full-size partials ({:.3} GB each) delivered at once, {slots} ingest slots: {}",
+        partial_bytes as f64 / 1e9,
+        text.trim()
+    );
+}
+
+/// The child of [`rss_bench`]: every partial of `dir` delivered at once,
+/// one thread each, read whole, checked and handed to the merger through
+/// `slots` ingest slots; prints the peak RSS and the total's size.
+fn rss_child(dir: &std::path::Path, slots: usize) {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let k = files.len() as u32;
+    let accept = std::sync::Arc::new(acceptance(k, LEASE_CHUNKS));
+    let free = std::sync::Arc::new((std::sync::Mutex::new(slots), std::sync::Condvar::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = Instant::now();
+    let cpu = common::procstat::process_cpu_seconds().unwrap();
+    for (lease, file) in files.into_iter().enumerate() {
+        let (accept, free, tx) = (accept.clone(), free.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let (lock, cv) = &*free;
+            let mut n = cv.wait_while(lock.lock().unwrap(), |n| *n == 0).unwrap();
+            *n -= 1;
+            drop(n);
+            let bytes = Bytes::from(std::fs::read(&file).unwrap());
+            sha256_hex(&bytes);
+            let start = lease as u32 * LEASE_CHUNKS;
+            let unit = ChunkRange {
+                start,
+                end: start + LEASE_CHUNKS,
+            };
+            let packed = accept.decode_and_check(&[unit], bytes).unwrap();
+            tx.send(packed).unwrap();
+        });
+    }
+    drop(tx);
+    let mut total: Option<Partial> = None;
+    for packed in rx {
+        packed.add_to(&mut total).unwrap();
+        let (lock, cv) = &*free;
+        *lock.lock().unwrap() += 1;
+        cv.notify_one();
+    }
+    let total = total.expect("a total");
+    let sums = exact_sums(&total);
+    let peak = common::procstat::peak_rss_kib().unwrap() as f64 * 1024.0;
+    println!(
+        "peak RSS {:.2} GB; the running total holds {:.1}M sums ({:.2} GB); {} chunks merged in {:.1} s wall, {:.1} CPU s",
+        peak / 1e9,
+        sums as f64 / 1e6,
+        (sums * 16) as f64 / 1e9,
+        total.n_chunks(),
+        t.elapsed().as_secs_f64(),
+        common::procstat::process_cpu_seconds().unwrap() - cpu
+    );
 }
 
 /// What one kind of exact-sum column costs in the encoding.
@@ -412,25 +572,30 @@ fn checkpoint_run(every: usize, seconds: u64) -> (usize, usize, f64) {
 fn checkpoint_bench(m: &Measured) {
     let leases = plan(10_000_000 / CHUNK_TOKENS, LEASE_CHUNKS).len();
     println!(
-        "checkpoints: 64 workers, {leases} leases of 16,384 tokens (10M tokens), {LEASE_SECONDS} s a lease; one partial {:.3} GB, ingest {:.2} CPU s a partial",
+        "checkpoints: 64 workers, {leases} leases of 16,384 tokens (10M tokens), {LEASE_SECONDS} s a lease; one partial {:.3} GB, ingest {:.2} CPU s a partial (before: {:.2})",
         m.one as f64 / 1e9,
-        m.ingest_cpu
+        m.ingest_cpu,
+        m.decoded_cpu
     );
     for (every, seconds) in [(1, 3600), (4, 3600), (16, 3600), (1000, 60), (1000, 300)] {
         let (stored, most, wall) = checkpoint_run(every, seconds);
         let bound = 64 * (1 + most);
         let cores = stored as f64 * m.ingest_cpu / wall;
         println!(
-            "  every {every} leases or {seconds} s: {stored} partials stored (bound 64 x (1 + {most}) = {bound}: {}), {:.1} GB at one lease's size ({:.1} GB at the checkpoint size measured above); run {wall:.0} s; ingest needs {cores:.2} cores ({:.2} per core of 2)",
+            "  every {every} leases or {seconds} s: {stored} partials stored (bound 64 x (1 + {most}) = {bound}: {}), {:.1} GB at one lease's size ({:.1} GB at the checkpoint size measured above); run {wall:.0} s; ingest needs {stored} x {:.2} / {wall:.0} = {cores:.2} cores ({:.2} per core of 2; before {:.2} cores)",
             if stored <= bound { "holds" } else { "EXCEEDED" },
             stored as f64 * m.one as f64 / 1e9,
             stored as f64 * m.merged.max(m.one) as f64 / 1e9,
-            cores / 2.0
+            m.ingest_cpu,
+            cores / 2.0,
+            stored as f64 * m.decoded_cpu / wall
         );
     }
     println!(
-        "  the last checkpoints (one per worker, shipped when the work runs out) take {:.0} s to ingest on 2 cores after the last lease",
-        64.0 * m.ingest_cpu / 2.0
+        "  the last checkpoints (one per worker, shipped when the work runs out) take 64 x {:.2} / 2 = {:.0} s to ingest on 2 cores after the last lease (before {:.0} s)",
+        m.ingest_cpu,
+        64.0 * m.ingest_cpu / 2.0,
+        64.0 * m.decoded_cpu / 2.0
     );
 }
 
@@ -466,6 +631,7 @@ struct Timings {
     decode: Step,
     merge: Step,
     parse: Step,
+    checked: Step,
     merge_packed: Step,
 }
 
@@ -524,6 +690,11 @@ fn sched_bench() {
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    if let Ok(dir) = std::env::var("BENCH_RSS_CHILD") {
+        let slots = std::env::var("BENCH_RSS_SLOTS").unwrap().parse().unwrap();
+        rss_child(std::path::Path::new(&dir), slots);
         return;
     }
     let leases: u32 = std::env::var("BENCH_LEASES")

@@ -28,21 +28,21 @@ pub trait LeaseKind: Send + Sync + 'static {
         Self::Output::LAYOUT
     }
 
-    /// Checks a decoded result as the result of the units `units` (sorted,
-    /// disjoint units of the lease plan: one lease, or every lease of a
-    /// worker's checkpoint) against what the coordinator knows (chunks,
-    /// model, corpus, settings, counts). Serves results from workers and
-    /// results read back on resume.
-    fn check(&self, units: &[ChunkRange], output: &Self::Output) -> Result<(), String>;
-
-    /// Decodes `bytes` (bounded, trailing bytes refused) and checks them as
-    /// the result of `units`.
-    fn decode_and_check(&self, units: &[ChunkRange], bytes: &[u8]) -> Result<Self::Output, String> {
-        let output = Self::Output::decode(bytes)?;
-        self.check(units, &output)?;
-        Ok(output)
-    }
+    /// Reads `bytes` (bounded, trailing bytes refused) and checks them as
+    /// the result of the units `units` (sorted, disjoint units of the lease
+    /// plan: one lease, or every lease of a worker's checkpoint) against
+    /// what the coordinator knows (chunks, model, corpus, settings, counts):
+    /// what is held until it is added to the run's total. Serves results
+    /// from workers and results read back on resume.
+    fn decode_and_check(
+        &self,
+        units: &[ChunkRange],
+        bytes: bytes::Bytes,
+    ) -> Result<AddendOf<Self>, String>;
 }
+
+/// What a checked result of kind `K` is held as until it is merged.
+pub type AddendOf<K> = <<K as LeaseKind>::Output as LeaseOutput>::Addend;
 
 /// Whether a result (`what`: a partial, an eval partial) covers exactly the
 /// chunks of `units`, as its sorted, coalesced `chunks` list.

@@ -1,10 +1,11 @@
 //! `coordinator merge`: combine partials exactly and write the run's results,
-//! reading one partial at a time.
+//! reading one partial at a time and adding it into the total straight from
+//! its packed bytes.
 
 use anyhow::{bail, Context};
 use clap::Args;
 use common::artifacts::{names, write_results};
-use common::partial::Partial;
+use common::partial::{PackedPartial, Partial};
 use common::store::RunStore;
 use std::process::ExitCode;
 
@@ -18,15 +19,16 @@ pub struct MergeArgs {
     pub partials: Vec<String>,
 }
 
-/// Reads one partial from a path or URL.
-pub async fn read_partial(location: &str) -> anyhow::Result<Partial> {
+/// Reads one partial from a path or URL (its format checked, its
+/// importance matrix left packed).
+pub async fn read_partial(location: &str) -> anyhow::Result<PackedPartial> {
     let (dir, name) = location
         .rsplit_once('/')
         .map(|(d, n)| (if d.is_empty() { "/" } else { d }, n))
         .unwrap_or((".", location));
     let store = RunStore::open(dir)?;
     let bytes = store.get(name).await?;
-    Partial::from_bytes(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(name)))
+    PackedPartial::parse(bytes).map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(name)))
 }
 
 /// Entry point of `coordinator merge`.
@@ -45,17 +47,15 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
         } else {
             args.partials.clone()
         };
-        // One partial in memory besides the running total; each is added
-        // tensor by tensor on all cores (`Partial::merge`).
+        // One partial's bytes in memory besides the running total; each is
+        // added tensor by tensor on all cores (`PackedPartial::add_to`).
         let mut merged: Option<Partial> = None;
         for loc in &locations {
             let p = read_partial(loc)
                 .await
                 .with_context(|| format!("reading partial {loc}"))?;
-            match &mut merged {
-                None => merged = Some(p),
-                Some(m) => m.merge(&p).with_context(|| format!("merging {loc}"))?,
-            }
+            p.add_to(&mut merged)
+                .with_context(|| format!("merging {loc}"))?;
         }
         let Some(merged) = merged else {
             bail!("no partials to merge");

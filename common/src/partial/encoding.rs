@@ -244,10 +244,76 @@ pub struct PackedPartial {
     imatrix: Vec<Column>,
 }
 
+/// One importance-matrix sum column as a [`SumsCheck`] sees it: its
+/// tensor's name and entry (sums empty: shape and counts), and whether it
+/// holds the sums of squares (`in_sum2`) or the sums (`in_sum`).
+#[derive(Clone, Copy, Debug)]
+pub struct ImatrixColumn<'a> {
+    /// The tensor's name.
+    pub name: &'a str,
+    /// Its entry without sums.
+    pub entry: &'a ImatrixEntry,
+    /// `in_sum2` (else `in_sum`).
+    pub squares: bool,
+}
+
+/// Value checks of importance-matrix sums made as the packed bytes are
+/// unpacked ([`PackedPartial::parse_checked`]), so that the sums are checked
+/// without being materialised.
+pub trait SumsCheck: Sync {
+    /// Checks `values`, the sums of `column` from sum `start` on.
+    fn block(
+        &self,
+        column: ImatrixColumn<'_>,
+        start: usize,
+        values: &[ExactSum],
+    ) -> Result<(), String>;
+
+    /// Whether `copy`, a column stored as a copy of `source`, passes exactly
+    /// when `source` does (then its sums are not walked a second time).
+    fn same_rules(&self, source: ImatrixColumn<'_>, copy: ImatrixColumn<'_>) -> bool;
+}
+
+/// No value checks: the format's own only.
+impl SumsCheck for () {
+    fn block(&self, _: ImatrixColumn<'_>, _: usize, _: &[ExactSum]) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn same_rules(&self, _: ImatrixColumn<'_>, _: ImatrixColumn<'_>) -> bool {
+        true
+    }
+}
+
+/// Why a walk over a packed column stopped: its bytes, or a value check.
+enum Walk {
+    Format(packed::PackedError),
+    Value(String),
+}
+
+impl From<packed::PackedError> for Walk {
+    fn from(e: packed::PackedError) -> Walk {
+        Walk::Format(e)
+    }
+}
+
 impl PackedPartial {
     /// Reads a partial from `bytes`: the same checks and limits as
     /// [`Partial::from_bytes`] (every column is decoded once to check it).
     pub fn parse(bytes: Bytes) -> Result<PackedPartial, String> {
+        PackedPartial::parse_checked(bytes, |_| Ok(()))
+    }
+
+    /// [`PackedPartial::parse`], with the caller's checks folded in: once
+    /// the header and the statistics are decoded, `check` sees them (the
+    /// importance matrix's sums empty) and returns the [`SumsCheck`] every
+    /// importance-matrix sum then passes as it is unpacked, tensor by tensor
+    /// on the cores. Of several failing tensors, the first in name order is
+    /// the one named.
+    pub fn parse_checked<C: SumsCheck>(
+        bytes: Bytes,
+        check: impl FnOnce(&Partial) -> Result<C, String>,
+    ) -> Result<PackedPartial, String> {
         let blocks = super::check_version(&bytes)?;
         let Layout {
             mut header,
@@ -264,28 +330,72 @@ impl PackedPartial {
             &lengths[..n_stats],
             &columns[..n_stats],
         )?;
-        columns[n_stats..]
-            .par_iter()
-            .zip(&lengths[n_stats..])
-            .enumerate()
-            .try_for_each(|(i, (column, &n))| match column {
-                Column::Packed(at) => packed::check(&bytes[at.clone()], blocks, n)
-                    .map_err(|e| bad_column(n_stats + i, e)),
-                Column::Copy(_) => Ok(()),
-            })?;
-        let imatrix = columns[n_stats..]
+        let sums = check(&header)?;
+        let imatrix: Vec<Column> = columns[n_stats..]
             .iter()
             .map(|c| match c {
                 Column::Copy(j) => Column::Copy(j - n_stats),
                 packed => packed.clone(),
             })
             .collect();
+        let described: Vec<ImatrixColumn> = header
+            .imatrix
+            .entries
+            .iter()
+            .flat_map(|(name, entry)| {
+                [true, false].map(|squares| ImatrixColumn {
+                    name,
+                    entry,
+                    squares,
+                })
+            })
+            .collect();
+        let checked: Vec<Result<(), String>> = imatrix
+            .par_iter()
+            .enumerate()
+            .map(|(i, column)| {
+                let source = match column {
+                    Column::Packed(_) => i,
+                    Column::Copy(j) if sums.same_rules(described[*j], described[i]) => {
+                        return Ok(())
+                    }
+                    Column::Copy(j) => *j,
+                };
+                let at = packed_range(&imatrix, &imatrix[source]);
+                let n = lengths[n_stats + i];
+                packed::visit(&bytes[at.clone()], blocks, n, |block, values| {
+                    sums.block(described[i], block * packed::BLOCK, values)
+                        .map_err(Walk::Value)
+                })
+                .map_err(|e| match e {
+                    Walk::Format(e) => bad_column(n_stats + source, e),
+                    Walk::Value(why) => why,
+                })
+            })
+            .collect();
+        checked.into_iter().collect::<Result<(), String>>()?;
+        drop(described);
         Ok(PackedPartial {
             header,
             bytes,
             blocks,
             imatrix,
         })
+    }
+
+    /// Adds this partial into a running `total` (it becomes the total when
+    /// there is none yet: decoded once, as the accumulator must be).
+    pub fn add_to(self, total: &mut Option<Partial>) -> Result<(), MergeError> {
+        match total {
+            None => *total = Some(self.decode()),
+            Some(t) => self.merge_into(t)?,
+        }
+        Ok(())
+    }
+
+    /// The encoded bytes it was read from.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
     }
 
     /// The partial without its importance-matrix sums (every `in_sum2` and

@@ -3,7 +3,7 @@
 
 mod encoding;
 
-pub use encoding::PackedPartial;
+pub use encoding::{ImatrixColumn, PackedPartial, SumsCheck};
 
 use crate::imatrix::Imatrix;
 use crate::saliency::Saliency;

@@ -159,3 +159,46 @@ fn cauchy_schwarz_margin_is_in_units_of_the_slack() {
     assert!(cauchy_schwarz_margin(3.0, 2.9, 3) < -1.0);
     assert!(cauchy_schwarz_margin(3.0, 3.0 * (1.0 - 1e-7), 3) > -1.0);
 }
+
+/// The packed path ([`crate::partial::PackedPartial::parse_checked`] with
+/// [`check_header_values`]) refuses what the decoded one refuses, in the
+/// same words, and checks a column stored as a copy of another under its
+/// own tensor's counts.
+#[test]
+fn packed_sums_are_refused_as_decoded_ones() {
+    let budget = Budget::for_corpus(1000);
+    let packed = |p: &Partial| {
+        crate::partial::PackedPartial::parse_checked(p.to_bytes().into(), |h| {
+            check_header_values(h, &budget)
+        })
+        .map(|_| ())
+    };
+    fn first(p: &mut Partial) -> &mut ImatrixEntry {
+        p.imatrix.entries.values_mut().next().unwrap()
+    }
+    packed(&honest()).unwrap();
+    let mut negative = honest();
+    first(&mut negative).in_sum2[1] = ExactSum(-5);
+    let mut rowless = honest();
+    let e = first(&mut rowless);
+    (e.counts[0], e.in_sum2) = (0, vec![ExactSum::ZERO; 3]);
+    // The same sums under a later tensor (so stored as a copy of the
+    // first's) whose matrix saw no row; and with the same counts, which
+    // passes without a second walk.
+    let mut copy = honest();
+    let mut same = first(&mut copy).clone();
+    copy.imatrix
+        .entries
+        .insert("blk.1.zz.weight".into(), same.clone());
+    packed(&copy).unwrap();
+    same.counts = vec![0];
+    copy.imatrix.entries.insert("blk.1.zz.weight".into(), same);
+    for p in [&negative, &rowless, &copy] {
+        assert_eq!(packed(p).unwrap_err(), refused(p));
+    }
+    assert!(
+        refused(&copy).contains("blk.1.zz.weight: matrix 0 column 0: sum of squares 1 over 0 rows"),
+        "{}",
+        refused(&copy)
+    );
+}

@@ -38,8 +38,14 @@ impl LeaseKind for EvalAcceptance {
         &mut m.eval_partials
     }
 
-    fn check(&self, units: &[ChunkRange], p: &EvalPartial) -> Result<(), String> {
-        check_against_job(p, units, &self.base_sha256, &self.corpus_sha256, &self.job)
+    fn decode_and_check(
+        &self,
+        units: &[ChunkRange],
+        bytes: bytes::Bytes,
+    ) -> Result<EvalPartial, String> {
+        let p = <EvalPartial as common::lease::LeaseOutput>::decode(&bytes)?;
+        check_against_job(&p, units, &self.base_sha256, &self.corpus_sha256, &self.job)?;
+        Ok(p)
     }
 
     fn layout(&self) -> LeaseLayout {

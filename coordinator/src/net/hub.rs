@@ -4,7 +4,7 @@
 //! are checked here (hash, then the kind's checks) before the scheduler
 //! accepts them, so a bad result only costs a retry. Results of units
 //! sampled for redundancy are held here until a second (or third)
-//! identity's result can be compared with them ([`LeaseOutput::agree`]).
+//! identity's result can be compared with them ([`Addend::agree`]).
 //! A result may cover several leases (a worker's checkpoint): it is checked
 //! as the result of all their units together and accepted for all of them
 //! or none (`crate::sched`).
@@ -14,11 +14,11 @@
 //! every connection of one name is one identity, so reconnecting neither
 //! makes a second opinion nor clears a quarantine.
 
-use crate::lease::LeaseKind;
+use crate::lease::{AddendOf, LeaseKind};
 use crate::sched::{Completion, Event, Identity, Scheduler, Verdict};
 use bytes::Bytes;
 use common::hash::sha256_hex;
-use common::lease::LeaseOutput;
+use common::lease::{Addend, LeaseOutput};
 use common::peer_text::peer_text;
 use common::secret::JoinSecret;
 use common::store::RunStore;
@@ -28,7 +28,20 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+/// Results fetched, checked or waiting to be merged at once (each check
+/// and merge is spread over the cores inside): the coordinator holds at
+/// most this many results besides its running total, however many workers
+/// deliver at once; the others wait their turn (heartbeating).
+pub const INGEST_SLOTS: usize = 2;
+
+/// One of the [`INGEST_SLOTS`], held by a result from its fetch until it
+/// is merged (a result held for a redundancy comparison gives its slot back).
+#[derive(Debug)]
+pub struct IngestSlot {
+    _permit: Option<OwnedSemaphorePermit>,
+}
 
 /// An accepted result on its way to the merger.
 #[derive(Debug)]
@@ -37,7 +50,7 @@ pub struct Delivery<T> {
     pub worker: WorkerId,
     /// The units of the plan it covers, sorted.
     pub units: Vec<ChunkRange>,
-    /// The decoded result.
+    /// The checked result, as it is added to the total.
     pub output: T,
     /// Its encoded bytes (the merger stores them under the final name).
     pub bytes: Bytes,
@@ -46,6 +59,8 @@ pub struct Delivery<T> {
     /// The staging object the worker wrote them to, when they did not come
     /// inline (removed once the bytes are stored under the final name).
     pub staged: Option<String>,
+    /// Its ingest slot: drop it once the result is merged.
+    pub slot: IngestSlot,
 }
 
 /// Figures about one worker identity (all its connections), for progress
@@ -90,6 +105,19 @@ struct Candidate<T> {
     sha256: String,
     staged: Option<String>,
     elapsed_ms: u64,
+    slot: IngestSlot,
+}
+
+impl<T> Candidate<T> {
+    /// The result without its ingest slot: one held for a redundancy
+    /// comparison may wait for another worker's result (or a third, after
+    /// a disagreement) for minutes, and must not starve the others' ingest.
+    fn unslotted(self) -> Candidate<T> {
+        Candidate {
+            slot: IngestSlot { _permit: None },
+            ..self
+        }
+    }
 }
 
 /// Shared state of the coordinator's connections, for leases of kind `K`.
@@ -106,8 +134,10 @@ pub struct Hub<K: LeaseKind> {
     /// Disagreements decided without a third identity, described.
     unresolved: Mutex<Vec<String>>,
     /// Results of sampled units waiting for another worker's.
-    candidates: Mutex<BTreeMap<ChunkRange, Vec<Candidate<K::Output>>>>,
-    deliveries: mpsc::UnboundedSender<Delivery<K::Output>>,
+    candidates: Mutex<BTreeMap<ChunkRange, Vec<Candidate<AddendOf<K>>>>>,
+    deliveries: mpsc::UnboundedSender<Delivery<AddendOf<K>>>,
+    /// The [`INGEST_SLOTS`].
+    ingest: Arc<Semaphore>,
     /// Set once every accepted result is stored: only then may a worker
     /// be told the run is finished and leave.
     all_stored: AtomicBool,
@@ -127,7 +157,7 @@ impl<K: LeaseKind> Hub<K> {
         job: JobInfo,
         kind: Arc<K>,
         run: RunStore,
-    ) -> (Self, mpsc::UnboundedReceiver<Delivery<K::Output>>) {
+    ) -> (Self, mpsc::UnboundedReceiver<Delivery<AddendOf<K>>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let hub = Hub {
             sched: Mutex::new(sched),
@@ -141,6 +171,7 @@ impl<K: LeaseKind> Hub<K> {
             unresolved: Mutex::new(Vec::new()),
             candidates: Mutex::new(BTreeMap::new()),
             deliveries: tx,
+            ingest: Arc::new(Semaphore::new(INGEST_SLOTS)),
             all_stored: AtomicBool::new(false),
         };
         (hub, rx)
@@ -356,6 +387,7 @@ impl<K: LeaseKind> Hub<K> {
         elapsed_ms: u64,
     ) {
         let what = labels::<K>().result;
+        let slot = self.ingest_slot(worker).await;
         let check = |units| self.fetch_and_check(units, partial, &sha256);
         let Some((output, bytes, staged)) = self.checked(worker, leases, what, check).await else {
             return;
@@ -377,6 +409,7 @@ impl<K: LeaseKind> Hub<K> {
             sha256,
             staged,
             elapsed_ms,
+            slot,
         };
         match completion {
             Completion::Accepted(range) => self.accept(vec![range], result),
@@ -393,10 +426,16 @@ impl<K: LeaseKind> Hub<K> {
                 needed,
             } => {
                 tracing::info!(%worker, %range, "{what} {have} of {needed} (redundant verification): the chunks go to another worker");
-                self.candidates().entry(range).or_default().push(result);
+                self.candidates()
+                    .entry(range)
+                    .or_default()
+                    .push(result.unslotted());
             }
             Completion::Decide(range) => {
-                self.candidates().entry(range).or_default().push(result);
+                self.candidates()
+                    .entry(range)
+                    .or_default()
+                    .push(result.unslotted());
                 self.decide(range);
             }
             Completion::Duplicate { range, same: true } => {
@@ -443,13 +482,13 @@ impl<K: LeaseKind> Hub<K> {
         }
     }
 
-    fn candidates(&self) -> MutexGuard<'_, BTreeMap<ChunkRange, Vec<Candidate<K::Output>>>> {
+    fn candidates(&self) -> MutexGuard<'_, BTreeMap<ChunkRange, Vec<Candidate<AddendOf<K>>>>> {
         self.candidates.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts an accepted result of `units` and hands it to the merger,
     /// which stores its bytes under the final name (create-only).
-    fn accept(&self, units: Vec<ChunkRange>, r: Candidate<K::Output>) {
+    fn accept(&self, units: Vec<ChunkRange>, r: Candidate<AddendOf<K>>) {
         self.credit(r.identity, r.output.measured(), r.elapsed_ms, units.len());
         let _ = self.deliveries.send(Delivery {
             worker: r.worker,
@@ -458,6 +497,7 @@ impl<K: LeaseKind> Hub<K> {
             bytes: r.bytes,
             sha256: r.sha256,
             staged: r.staged,
+            slot: r.slot,
         });
     }
 
@@ -468,7 +508,7 @@ impl<K: LeaseKind> Hub<K> {
         let Some(results) = candidates.get(&range) else {
             return;
         };
-        let verdict = judge(range, results);
+        let verdict = judge::<K>(range, results);
         let now = self.now();
         let event = self.sched().settle(range, verdict.clone(), now);
         let keep = match verdict {
@@ -495,6 +535,26 @@ impl<K: LeaseKind> Hub<K> {
             w.tokens += tokens;
             w.busy_ms += elapsed_ms;
             w.leases += leases as u64;
+        }
+    }
+
+    /// An ingest slot for a result of `worker`, heartbeating the worker
+    /// about once a second while it waits (its connection reads nothing
+    /// meanwhile, and the worker is not silent: the coordinator is busy).
+    async fn ingest_slot(&self, worker: WorkerId) -> IngestSlot {
+        let acquire = self.ingest.clone().acquire_owned();
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                permit = &mut acquire => {
+                    let permit = permit.expect("the ingest semaphore is never closed");
+                    return IngestSlot { _permit: Some(permit) };
+                }
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                    let now = self.now();
+                    let _ = self.sched().heartbeat(worker, now);
+                }
+            }
         }
     }
 
@@ -527,7 +587,7 @@ impl<K: LeaseKind> Hub<K> {
         units: Vec<ChunkRange>,
         partial: PartialRef,
         sha256: &str,
-    ) -> Result<(K::Output, Bytes, Option<String>), String> {
+    ) -> Result<(AddendOf<K>, Bytes, Option<String>), String> {
         let (bytes, staged) = self.fetch(partial, sha256).await?;
         let claimed = sha256.to_string();
         let kind = self.kind.clone();
@@ -538,7 +598,7 @@ impl<K: LeaseKind> Hub<K> {
             // decode being bounded and its result dropped.
             let (hash, output) = rayon::join(
                 || check_hash(&bytes, &claimed, what),
-                || kind.decode_and_check(&units, &bytes),
+                || kind.decode_and_check(&units, bytes.clone()),
             );
             hash?;
             Ok((output?, bytes, staged))
@@ -562,7 +622,7 @@ fn check_hash(bytes: &[u8], claimed: &str, what: &str) -> Result<(), String> {
 
 /// The verdict on two or three results of one unit: two that agree settle
 /// it; with three, the one that agrees with neither other is the odd one.
-fn judge<T: LeaseOutput>(range: ChunkRange, results: &[Candidate<T>]) -> Verdict {
+fn judge<K: LeaseKind>(range: ChunkRange, results: &[Candidate<AddendOf<K>>]) -> Verdict {
     match results {
         [a, b] => match a.output.agree(&b.output) {
             Ok(()) => Verdict::Agree { keep: a.identity },

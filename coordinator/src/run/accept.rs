@@ -26,11 +26,12 @@
 //! Strings taken from the partial are shown escaped and shortened, lists
 //! summarised.
 
+use bytes::Bytes;
 use common::artifacts::names::trace_part;
 use common::corpus::{Chunk, CorpusIndex};
 use common::model_check::MoeFacts;
-use common::partial::Partial;
-use common::partial_check::{check_values, Budget};
+use common::partial::{PackedPartial, Partial};
+use common::partial_check::{check_header_values, Budget, ImatrixSums};
 use common::peer_text::{peer_text, summarise};
 use common::stats::{GroupKey, MoeShape};
 use common::{ChunkRange, Split};
@@ -123,11 +124,17 @@ impl Acceptance {
         self.pinned.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Decodes `bytes` (bounded, trailing bytes refused) and checks the
-    /// partial as the result of `units`.
-    pub fn decode_and_check(&self, units: &[ChunkRange], bytes: &[u8]) -> Result<Partial, String> {
-        let p = Partial::from_bytes(bytes)?;
-        self.check(units, &p)?;
+    /// Reads `bytes` (bounded, trailing bytes refused) and checks the
+    /// partial as the result of `units`, its importance-matrix sums as they
+    /// are unpacked: the packed partial, added into the run's total straight
+    /// from its bytes.
+    pub fn decode_and_check(
+        &self,
+        units: &[ChunkRange],
+        bytes: Bytes,
+    ) -> Result<PackedPartial, String> {
+        let p = PackedPartial::parse_checked(bytes, |header| self.check_header(units, header))?;
+        self.pin(p.header());
         Ok(p)
     }
 
@@ -135,6 +142,15 @@ impl Acceptance {
     /// disjoint units of the plan); the first accepted partial fixes the
     /// run's MoE shape for the ones after it.
     pub fn check(&self, units: &[ChunkRange], p: &Partial) -> Result<(), String> {
+        self.check_header(units, p)?.check_decoded(p)?;
+        self.pin(p);
+        Ok(())
+    }
+
+    /// Every check of the module but those of the importance matrix's sums,
+    /// which the returned [`ImatrixSums`] makes; `p`'s importance-matrix
+    /// sums may be empty (a packed partial's header).
+    fn check_header(&self, units: &[ChunkRange], p: &Partial) -> Result<ImatrixSums, String> {
         crate::lease::check_covers("partial", units, &p.chunks)?;
         if p.model_sha256 != self.model_sha256 {
             return Err(format!(
@@ -163,7 +179,7 @@ impl Acceptance {
         }
         check_tokens(&expected, p)?;
         check_counts(p)?;
-        check_values(p, &self.budget)?;
+        let sums = check_header_values(p, &self.budget)?;
         self.check_chunk_stats(units, p)?;
         check_trace_parts(units, p)?;
         let fit = expected
@@ -172,6 +188,12 @@ impl Acceptance {
             .map(|(_, n)| n)
             .sum();
         self.check_imatrix(units, fit, p)?;
+        Ok(sums)
+    }
+
+    /// What an accepted partial fixes for the ones after it: the MoE shape
+    /// and each importance-matrix tensor's shape.
+    fn pin(&self, p: &Partial) {
         let mut pinned = self.pinned();
         pinned.shape.get_or_insert_with(|| p.experts.shape.clone());
         for (name, e) in &p.imatrix.entries {
@@ -180,7 +202,6 @@ impl Acceptance {
                 .entry(name.clone())
                 .or_insert((e.n_in, e.n_mat));
         }
-        Ok(())
     }
 
     /// Per-chunk statistics: none, or one for each chunk of the units with
@@ -440,7 +461,11 @@ impl crate::lease::LeaseKind for Acceptance {
         &mut m.partials
     }
 
-    fn check(&self, units: &[ChunkRange], p: &Partial) -> Result<(), String> {
-        Acceptance::check(self, units, p)
+    fn decode_and_check(
+        &self,
+        units: &[ChunkRange],
+        bytes: Bytes,
+    ) -> Result<PackedPartial, String> {
+        Acceptance::decode_and_check(self, units, bytes)
     }
 }

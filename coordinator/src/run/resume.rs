@@ -16,7 +16,7 @@ use super::record::{check_stored, Recorder, Records};
 use super::RunError;
 use crate::lease::LeaseKind;
 use common::hash::sha256_hex;
-use common::lease::LeaseOutput;
+use common::lease::{Addend, LeaseOutput};
 use common::store::RunStore;
 use common::ChunkRange;
 use std::collections::{BTreeMap, BTreeSet};
@@ -114,10 +114,10 @@ async fn load_once<K: LeaseKind>(
         }
         let bytes = store.get(&name).await?;
         let verdict = check_stored(records.get(&name), &bytes, settings)
-            .and_then(|()| kind.decode_and_check(&covered, &bytes));
+            .and_then(|()| kind.decode_and_check(&covered, bytes.clone()));
         match verdict {
             Ok(p) => {
-                if let Err(e) = merge_into(&mut out.merged, p, || store.url_of(&name)) {
+                if let Err(e) = add_into(&mut out.merged, p, || store.url_of(&name)) {
                     return Ok(Loaded::Unmergeable {
                         reason: format!("it does not merge with the other stored results: {e}"),
                         name,
@@ -153,6 +153,18 @@ pub(crate) fn merge_into<T: LeaseOutput>(
         })?,
     }
     Ok(())
+}
+
+/// Adds a checked result to a running merge; `what` names it in the error.
+pub(crate) fn add_into<T: LeaseOutput>(
+    running: &mut Option<T>,
+    more: T::Addend,
+    what: impl FnOnce() -> String,
+) -> Result<(), RunError> {
+    more.add_to(running).map_err(|source| RunError::Merge {
+        what: what(),
+        source: Box::new(source),
+    })
 }
 
 /// Moves stored bytes to `rejected/<sha256 prefix>-<file name>`.

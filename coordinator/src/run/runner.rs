@@ -8,12 +8,12 @@
 //! under the run location's lock ([`locked`]).
 
 use super::record::{PartialRecord, Recorder};
-use super::resume::{self, merge_into};
+use super::resume::{self, add_into, merge_into};
 use super::{kept_identity, listen, progress, secret, serve, RunError, RunSetup};
 use crate::lease::LeaseKind;
 use crate::net::hub::{Hub, WorkerInfo};
 use crate::sched::{SampleSalt, Scheduler};
-use common::lease::LeaseOutput;
+use common::lease::{Addend, LeaseOutput};
 use common::wire::JobOptions;
 use common::ChunkRange;
 use std::collections::BTreeMap;
@@ -239,7 +239,9 @@ async fn serve_units<K: LeaseKind>(
             }
             let lease = K::Output::LABELS.lease;
             tracing::info!(worker = %d.worker, first = %d.units[0], units = d.units.len(), "{lease} merged");
-            merge_into(&mut running, d.output, || name)?;
+            add_into(&mut running, d.output, || name)?;
+            // Merged: the next result may take its ingest slot.
+            drop(d.slot);
         }
         Ok(())
     }

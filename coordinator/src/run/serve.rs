@@ -4,7 +4,7 @@
 
 use super::{RunError, RunSetup};
 use crate::config::run::{ClusterSettings, RunSettings};
-use crate::lease::LeaseKind;
+use crate::lease::{AddendOf, LeaseKind};
 use crate::net::hub::{Delivery, Hub};
 use crate::net::server::Server;
 use crate::sched::{SampleSalt, SchedConfig};
@@ -77,7 +77,7 @@ pub(crate) fn job_info(setup: &RunSetup, options: JobOptions, redundancy: bool) 
 /// merges each before asking for the next.
 pub(crate) struct Serving<'a, K: LeaseKind> {
     hub: &'a Hub<K>,
-    deliveries: mpsc::UnboundedReceiver<Delivery<K::Output>>,
+    deliveries: mpsc::UnboundedReceiver<Delivery<AddendOf<K>>>,
     children: &'a mut [Child],
     tick: tokio::time::Interval,
     handed_out: usize,
@@ -88,7 +88,7 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
     /// `children` are the local worker processes.
     pub(crate) fn new(
         hub: &'a Hub<K>,
-        deliveries: mpsc::UnboundedReceiver<Delivery<K::Output>>,
+        deliveries: mpsc::UnboundedReceiver<Delivery<AddendOf<K>>>,
         children: &'a mut [Child],
     ) -> Self {
         Serving {
@@ -105,7 +105,7 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
     /// expired leases back to the queue meanwhile. An error when a unit
     /// failed for good, the delivery channel closed, or the local workers
     /// have all exited with no worker connected.
-    pub(crate) async fn next(&mut self) -> Result<Option<Delivery<K::Output>>, RunError> {
+    pub(crate) async fn next(&mut self) -> Result<Option<Delivery<AddendOf<K>>>, RunError> {
         let hub = self.hub;
         loop {
             tokio::select! {

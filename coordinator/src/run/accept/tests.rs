@@ -68,7 +68,8 @@ fn honest_partials_are_accepted_as_bytes_and_as_values() {
     }));
     for unit in units() {
         let p = honest(&index, &chunks, unit);
-        assert_eq!(a.decode_and_check(&[unit], &p.to_bytes()).unwrap(), p);
+        let packed = a.decode_and_check(&[unit], p.to_bytes().into()).unwrap();
+        assert_eq!(packed.decode(), p);
     }
 }
 
@@ -166,7 +167,7 @@ fn decoding_refuses_trailing_bytes_and_lying_lengths() {
     let p = honest(&index, &chunks, r(0, 3));
     let mut bytes = p.to_bytes();
     bytes.extend_from_slice(&[0u8; 700]);
-    let e = a.decode_and_check(&[r(0, 3)], &bytes).unwrap_err();
+    let e = a.decode_and_check(&[r(0, 3)], bytes.into()).unwrap_err();
     assert!(e.contains("700 trailing bytes"), "{e}");
 }
 
@@ -176,7 +177,7 @@ fn a_checkpoint_of_several_units_is_checked_as_their_union() {
     let mut p = honest(&index, &chunks, r(0, 3));
     p.merge(&honest(&index, &chunks, r(3, 6))).unwrap();
     assert_eq!(p.chunks, [r(0, 6)]);
-    a.decode_and_check(&units(), &p.to_bytes()).unwrap();
+    a.decode_and_check(&units(), p.to_bytes().into()).unwrap();
     let e = a.check(&[r(0, 3)], &p).unwrap_err();
     assert!(e.contains("covers 0..6, the lease was 0..3"), "{e}");
     // The same chunks claimed for one unit of the plan that is no unit.
@@ -187,4 +188,47 @@ fn a_checkpoint_of_several_units_is_checked_as_their_union() {
     short.chunks = vec![r(0, 3)];
     let e = a.check(&[r(0, 3)], &short).unwrap_err();
     assert!(!e.is_empty());
+}
+
+#[test]
+fn importance_matrix_sums_are_checked_in_their_packed_bytes_and_a_refused_partial_pins_nothing() {
+    let (a, chunks, index) = acceptance(None);
+    let mut p = honest(&index, &chunks, r(0, 3));
+    let (name, e) = p
+        .imatrix
+        .entries
+        .iter_mut()
+        .find(|(_, e)| e.counts.iter().any(|&c| c > 0) && !e.in_sum2.is_empty())
+        .expect("a tensor that saw rows");
+    let name = name.clone();
+    let n_in = e.n_in;
+    let m = e.counts.iter().position(|&c| c > 0).unwrap();
+    e.in_sum2[m * n_in as usize + 1] = common::exact::ExactSum(-3);
+    let from_bytes = a
+        .decode_and_check(&[r(0, 3)], p.to_bytes().into())
+        .unwrap_err();
+    let decoded = a.check(&[r(0, 3)], &p).unwrap_err();
+    assert_eq!(from_bytes, decoded);
+    assert!(
+        from_bytes.contains(&format!("{name}: matrix {m} column 1: sum of squares")),
+        "{from_bytes}"
+    );
+    // Refused, so it fixed no tensor shape: a partial where that tensor has
+    // another shape is accepted, and fixes that shape for the next.
+    let mut other = honest(&index, &chunks, r(0, 3));
+    let e = other.imatrix.entries.get_mut(&name).unwrap();
+    (e.n_in, e.in_sum2, e.in_sum) = (
+        e.n_in * 2,
+        [e.in_sum2.clone(), e.in_sum2.clone()].concat(),
+        [e.in_sum.clone(), e.in_sum.clone()].concat(),
+    );
+    a.decode_and_check(&[r(0, 3)], other.to_bytes().into())
+        .unwrap();
+    let e = a
+        .decode_and_check(
+            &[r(0, 3)],
+            honest(&index, &chunks, r(0, 3)).to_bytes().into(),
+        )
+        .unwrap_err();
+    assert!(e.contains("earlier partials had"), "{e}");
 }
