@@ -49,7 +49,10 @@ pub(super) fn compare_group<'m>(
     let single = group.len() == 1;
     let n_rows: usize = group.iter().map(|u| u.rows.len()).sum();
     let mut kept: Vec<Vec<f32>> = Vec::new();
-    for (m, ctx) in std::iter::once(&mut *base).chain(cands.iter_mut()).enumerate() {
+    for (m, ctx) in std::iter::once(&mut *base)
+        .chain(cands.iter_mut())
+        .enumerate()
+    {
         let mut rows = Vec::with_capacity(if single { 0 } else { n_rows * n_vocab });
         for u in group {
             if u.pos0 == 0 {

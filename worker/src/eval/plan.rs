@@ -116,7 +116,15 @@ mod tests {
         let u = ubatches(&chunks, 4, 2, &Split::ALL, 100, |_, p| p).unwrap();
         let shape: Vec<_> = u
             .iter()
-            .map(|u| (u.chunk_index, u.pos0, u.tokens.len(), u.rows.len(), u.ends_chunk()))
+            .map(|u| {
+                (
+                    u.chunk_index,
+                    u.pos0,
+                    u.tokens.len(),
+                    u.rows.len(),
+                    u.ends_chunk(),
+                )
+            })
             .collect();
         // Chunk 3: rows 2..9 scored (the span's last position is not);
         // chunk 5: rows 2..3.
