@@ -7,37 +7,31 @@
 //! without scored positions skips the head.
 
 use super::metrics::Compared;
-use super::rows::{RowResult, ScoredRow};
+use super::plan::Ubatch;
+use super::rows::RowResult;
+use super::Dumps;
 use crate::error::WorkerError;
 use crate::llama::{f32s, Context, LogitsCompare, NoGraph, Outputs, ReduceError};
 
-/// The micro-batch being compared.
-pub(super) struct Batch<'a> {
-    /// Its chunk (for error messages).
-    pub chunk: u32,
-    /// Its tokens.
-    pub tokens: &'a [i32],
-    /// Position of its first token.
-    pub pos0: usize,
-    /// Its scored rows.
-    pub rows: &'a [ScoredRow],
-}
-
-/// A receiver of each model's whole logits of a micro-batch (model 0 the
-/// base, `i + 1` candidate `i`).
-pub(super) type Dump<'a> = dyn FnMut(usize, &[f32]) + 'a;
-
-/// Decodes `b` in the base model and every candidate and compares their
-/// scored rows on the device; `dump` receives each model's whole logits
-/// (model 0 the base), when given.
+/// Decodes `b` in the base model and every candidate (clearing their KV
+/// caches at the start of a chunk) and compares their scored rows on the
+/// device; `dumps` receives each model's whole logits, when given.
 pub(super) fn compare_batch(
     base: &mut Context<'_, NoGraph>,
     cands: &mut [Context<'_, NoGraph>],
     cmp: &mut LogitsCompare,
-    b: &Batch<'_>,
-    mut dump: Option<&mut Dump<'_>>,
+    b: &Ubatch<'_>,
+    dumps: Option<&mut Dumps>,
 ) -> Result<Vec<RowResult>, WorkerError> {
     let pos0 = b.pos0 as i32;
+    if b.pos0 == 0 {
+        base.clear();
+        cands.iter_mut().for_each(|c| c.clear());
+    }
+    let chunk = b.chunk.id.0;
+    let mut dump = dumps.map(|d| {
+        move |m: usize, logits: &[f32]| d.entry((m, chunk)).or_default().extend_from_slice(logits)
+    });
     if b.rows.is_empty() && dump.is_none() {
         base.decode(b.tokens, pos0)?;
         for c in cands.iter_mut() {
@@ -111,9 +105,9 @@ fn unseen() -> ReduceError {
     ReduceError::Shape("the graph has no logits node named result_output".into())
 }
 
-fn graph_error(b: &Batch<'_>, e: ReduceError) -> WorkerError {
+fn graph_error(b: &Ubatch<'_>, e: ReduceError) -> WorkerError {
     WorkerError::Graph {
-        chunk: b.chunk,
+        chunk: b.chunk.id.0,
         reason: format!(
             "comparing logits on the device at position {}: {e} (`--compare host` compares them on the host)",
             b.pos0

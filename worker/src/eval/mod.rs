@@ -3,9 +3,8 @@
 //!
 //! Each chunk runs alone in its sequence in every model (KV caches cleared),
 //! in micro-batches of `n_ubatch` tokens with outputs on every token, like
-//! collection. Micro-batch by micro-batch, the base model and every
-//! candidate decode the same tokens and their scored rows are compared, in
-//! one of two ways ([`Compare`]):
+//! collection. The base model and every candidate decode the same tokens
+//! and their scored rows are compared, in one of two ways ([`Compare`]):
 //!
 //! - **on the device** (the default with layers on a GPU): the logits
 //!   never leave the backend that computed them. The base model's scored
@@ -17,7 +16,9 @@
 //! - **on the host** (the reference, and the default on the CPU backend,
 //!   where the f64 comparison costs less than the backend's): llama.cpp
 //!   copies every logits row to the host and [`rows`] compares them in
-//!   f64, split over threads.
+//!   f64, split over threads. The models decode a group of micro-batches
+//!   (a lease's, at small vocabularies) one model after the other, so that
+//!   each keeps its weights in the CPU's cache (`host`).
 //!
 //! Either way the per-position values are folded exactly into the partial,
 //! in position order, and no whole-vocabulary file is ever written. See
@@ -26,7 +27,9 @@
 pub mod candidates;
 mod device;
 mod exp;
+mod host;
 pub mod metrics;
+mod plan;
 mod positions;
 pub mod rows;
 
@@ -46,7 +49,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use positions::scored_positions;
-use rows::ScoredRow;
 
 /// How chunks are evaluated and which positions are scored.
 #[derive(Clone, Debug)]
@@ -190,13 +192,17 @@ impl Shared {
     }
 }
 
+/// Whole logits of every decode, keyed by (model, chunk) with model 0 the
+/// base and `i + 1` candidate `i`, rows appended in decode order.
+type Dumps = BTreeMap<(usize, u32), Vec<f32>>;
+
 /// What [`Evaluator::run`] measured.
 pub struct Evaluated {
     /// The accumulators, ready to store or merge.
     pub partial: EvalPartial,
     /// With [`EvalOptions::dump_logits`]: every model's logits per chunk,
     /// keyed by (model, chunk) with model 0 the base and `i + 1` candidate `i`.
-    pub dumps: BTreeMap<(usize, u32), Vec<f32>>,
+    pub dumps: Dumps,
     /// Where the comparison's work went.
     pub cost: EvalCost,
 }
@@ -347,93 +353,77 @@ impl Evaluator {
         let mut acc = Accum::new(self, index, chunks);
         let mut cost = EvalCost::default();
         let mut dumps = BTreeMap::new();
-        let step = params.n_ubatch as usize;
         let n_vocab = base.n_vocab();
         let threads = self.opts.threads.max(1) as usize;
-        for chunk in chunks {
-            let scored = scored_positions(chunk, self.opts.skip_first, &self.opts.splits);
-            let vocab_err = |pos: usize| {
-                corpus_error(
-                    index,
-                    format!(
-                        "chunk {} token {} at position {pos} is outside the vocabulary of {n_vocab}",
-                        chunk.id, chunk.tokens[pos]
-                    ),
-                )
+        let outside = |chunk: &Chunk, pos: usize| {
+            corpus_error(
+                index,
+                format!(
+                    "chunk {} token {} at position {pos} is outside the vocabulary of {n_vocab}",
+                    chunk.id, chunk.tokens[pos]
+                ),
+            )
+        };
+        let ubatches = plan::ubatches(
+            chunks,
+            params.n_ubatch as usize,
+            self.opts.skip_first,
+            &self.opts.splits,
+            n_vocab,
+            outside,
+        )?;
+        // The device path keeps one micro-batch's base rows on the backend;
+        // the host path decodes a group of them model by model.
+        let max_rows = match on_device {
+            true => 0,
+            false => host::max_rows(1 + cands.len(), n_vocab),
+        };
+        let mut reported = 0;
+        for range in plan::groups(&ubatches, max_rows) {
+            let group = &ubatches[range];
+            let dumping = self.opts.dump_logits.then_some(&mut dumps);
+            let results = if on_device {
+                device::compare_batch(&mut base, &mut cands, cmp, &group[0], dumping)?
+            } else {
+                host::compare_group(
+                    &mut base,
+                    &mut cands,
+                    group,
+                    n_vocab,
+                    threads,
+                    dumping,
+                    &mut cost.host_s,
+                )?
             };
-            base.clear();
-            cands.iter_mut().for_each(|c| c.clear());
-            for (u, toks) in chunk.tokens.chunks(step).enumerate() {
-                let pos0 = u * step;
-                // Scored rows of this micro-batch, with their groups.
-                let mut rows = Vec::new();
-                let mut groups = Vec::new();
-                for r in 0..toks.len() {
-                    let Some(group) = scored[pos0 + r] else {
-                        continue;
-                    };
-                    let next = chunk.tokens[pos0 + r + 1];
-                    let next = usize::try_from(next)
-                        .ok()
-                        .filter(|&n| n < n_vocab)
-                        .ok_or_else(|| vocab_err(pos0 + r + 1))?;
-                    rows.push(ScoredRow { row: r, next });
-                    groups.push(group);
-                }
-                let mut keep = |m: usize, logits: &[f32]| {
-                    dumps
-                        .entry((m, chunk.id.0))
-                        .or_insert_with(Vec::new)
-                        .extend_from_slice(logits);
+            let fold_start = std::time::Instant::now();
+            let scored = group
+                .iter()
+                .flat_map(|u| u.rows.iter().zip(&u.groups).map(move |(sr, &g)| (u, sr, g)));
+            let mut n_results = 0;
+            for ((u, sr, g), res) in scored.zip(&results) {
+                let at = Position {
+                    chunk: u.chunk.id.0,
+                    pos: (u.pos0 + sr.row) as u32,
+                    group: g,
                 };
-                let mut dump: Option<&mut device::Dump<'_>> =
-                    self.opts.dump_logits.then_some(&mut keep);
-                let results = if on_device {
-                    let batch = device::Batch {
-                        chunk: chunk.id.0,
-                        tokens: toks,
-                        pos0,
-                        rows: &rows,
-                    };
-                    device::compare_batch(&mut base, &mut cands, cmp, &batch, dump)?
-                } else {
-                    // Every model decodes the micro-batch; each context keeps
-                    // its own logits until its next decode, so the base rows
-                    // are never copied.
-                    for (m, ctx) in std::iter::once(&mut base).chain(&mut cands).enumerate() {
-                        ctx.decode(toks, pos0 as i32)?;
-                        if let Some(d) = dump.as_mut() {
-                            d(m, ctx.batch_logits());
-                        }
-                    }
-                    let cand_logits: Vec<&[f32]> = cands.iter().map(|c| c.batch_logits()).collect();
-                    let started = std::time::Instant::now();
-                    let r = rows::compare_rows(
-                        base.batch_logits(),
-                        &cand_logits,
-                        &rows,
-                        n_vocab,
-                        threads,
-                    );
-                    cost.host_s += started.elapsed().as_secs_f64();
-                    r
-                };
-                let fold_start = std::time::Instant::now();
-                cost.comparisons += (rows.len() * cands.len()) as u64;
-                for ((sr, &group), res) in rows.iter().zip(&groups).zip(&results) {
-                    let at = Position {
-                        chunk: chunk.id.0,
-                        pos: (pos0 + sr.row) as u32,
-                        group,
-                    };
-                    acc.add_base(at, res.nll_base)?;
-                    for (ci, c) in res.candidates.iter().enumerate() {
-                        acc.add_candidate(ci, at, c)?;
-                    }
+                acc.add_base(at, res.nll_base)?;
+                for (ci, c) in res.candidates.iter().enumerate() {
+                    acc.add_candidate(ci, at, c)?;
                 }
-                cost.host_s += fold_start.elapsed().as_secs_f64();
+                n_results += 1;
             }
-            progress(chunk.id.0, chunk.tokens.len());
+            cost.comparisons += (n_results * cands.len()) as u64;
+            cost.host_s += fold_start.elapsed().as_secs_f64();
+            if let Some(last) = group.last() {
+                let done = last.chunk_index + usize::from(last.ends_chunk());
+                for c in &chunks[reported..done] {
+                    progress(c.id.0, c.tokens.len());
+                }
+                reported = done;
+            }
+        }
+        for c in &chunks[reported..] {
+            progress(c.id.0, c.tokens.len());
         }
         let c = cmp.cost().since(&cmp_before);
         cost.backend_s = c.backend_s;

@@ -1,0 +1,157 @@
+//! The micro-batches of an evaluation run, with their scored rows, and the
+//! groups of consecutive micro-batches that every model decodes in turn.
+
+use super::positions::scored_positions;
+use super::rows::ScoredRow;
+use common::corpus::Chunk;
+use common::eval::Group;
+use common::Split;
+use std::ops::Range;
+
+/// One micro-batch of a chunk and the rows of it that are scored.
+pub(super) struct Ubatch<'c> {
+    /// Index of its chunk in the run's chunks.
+    pub chunk_index: usize,
+    /// Its chunk.
+    pub chunk: &'c Chunk,
+    /// Position of its first token in the chunk.
+    pub pos0: usize,
+    /// Its tokens.
+    pub tokens: &'c [i32],
+    /// Its scored rows, in row order.
+    pub rows: Vec<ScoredRow>,
+    /// The group of each scored row.
+    pub groups: Vec<Group>,
+}
+
+impl Ubatch<'_> {
+    /// Whether it is the last micro-batch of its chunk.
+    pub fn ends_chunk(&self) -> bool {
+        self.pos0 + self.tokens.len() == self.chunk.tokens.len()
+    }
+}
+
+/// The micro-batches of `chunks`, `step` tokens each (at least 1), in chunk and position
+/// order. A scored position whose next token is outside the vocabulary is
+/// refused by `outside` (chunk, position of that token).
+pub(super) fn ubatches<'c, E>(
+    chunks: &'c [Chunk],
+    step: usize,
+    skip_first: u32,
+    splits: &[Split],
+    n_vocab: usize,
+    outside: impl Fn(&Chunk, usize) -> E,
+) -> Result<Vec<Ubatch<'c>>, E> {
+    let mut out = Vec::new();
+    for (chunk_index, chunk) in chunks.iter().enumerate() {
+        let scored = scored_positions(chunk, skip_first, splits);
+        for (u, tokens) in chunk.tokens.chunks(step).enumerate() {
+            let pos0 = u * step;
+            let mut rows = Vec::new();
+            let mut groups = Vec::new();
+            for r in 0..tokens.len() {
+                let Some(group) = scored[pos0 + r] else {
+                    continue;
+                };
+                let next = usize::try_from(chunk.tokens[pos0 + r + 1])
+                    .ok()
+                    .filter(|&n| n < n_vocab)
+                    .ok_or_else(|| outside(chunk, pos0 + r + 1))?;
+                rows.push(ScoredRow { row: r, next });
+                groups.push(group);
+            }
+            out.push(Ubatch {
+                chunk_index,
+                chunk,
+                pos0,
+                tokens,
+                rows,
+                groups,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Cuts `ubatches` into runs of consecutive micro-batches with at most
+/// `max_rows` scored rows in all; a micro-batch with more is a run alone.
+pub(super) fn groups(ubatches: &[Ubatch<'_>], max_rows: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut rows) = (0, 0);
+    for (i, u) in ubatches.iter().enumerate() {
+        if i > start && rows + u.rows.len() > max_rows {
+            out.push(start..i);
+            (start, rows) = (i, 0);
+        }
+        rows += u.rows.len();
+    }
+    if start < ubatches.len() {
+        out.push(start..ubatches.len());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::corpus::Span;
+    use common::ChunkId;
+
+    fn chunk(id: u32, len: u32) -> Chunk {
+        Chunk {
+            id: ChunkId(id),
+            tokens: (0..len as i32).collect(),
+            spans: vec![Span {
+                start: 0,
+                len,
+                split: Split::Fit,
+                domain: 0,
+            }],
+        }
+    }
+
+    #[test]
+    fn micro_batches_cover_every_chunk_in_order_with_their_scored_rows() {
+        let chunks = [chunk(3, 10), chunk(5, 4)];
+        let u = ubatches(&chunks, 4, 2, &Split::ALL, 100, |_, p| p).unwrap();
+        let shape: Vec<_> = u
+            .iter()
+            .map(|u| {
+                (
+                    u.chunk_index,
+                    u.pos0,
+                    u.tokens.len(),
+                    u.rows.len(),
+                    u.ends_chunk(),
+                )
+            })
+            .collect();
+        // Chunk 3: rows 2..9 scored (the span's last position is not);
+        // chunk 5: rows 2..3.
+        assert_eq!(
+            shape,
+            [
+                (0, 0, 4, 2, false),
+                (0, 4, 4, 4, false),
+                (0, 8, 2, 1, true),
+                (1, 0, 4, 1, true)
+            ]
+        );
+        assert_eq!(u[1].rows[0].row, 0);
+        assert_eq!(u[1].rows[0].next, 5);
+        let refused = ubatches(&chunks, 4, 0, &Split::ALL, 5, |c, p| (c.id.0, p));
+        assert_eq!(refused.err(), Some((3, 5)));
+    }
+
+    #[test]
+    fn groups_hold_at_most_max_rows_or_one_micro_batch() {
+        let chunks = [chunk(0, 10), chunk(1, 4)];
+        let u = ubatches(&chunks, 4, 2, &Split::ALL, 100, |_, p| p).unwrap();
+        // Scored rows per micro-batch: 2, 4, 1, 1.
+        assert_eq!(groups(&u, 100), [0..4]);
+        assert_eq!(groups(&u, 6), [0..2, 2..4]);
+        assert_eq!(groups(&u, 3), [0..1, 1..2, 2..4]);
+        assert_eq!(groups(&u, 0), [0..1, 1..2, 2..3, 3..4]);
+        assert!(groups(&[], 5).is_empty());
+    }
+}
