@@ -31,9 +31,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 /// Results fetched, checked or waiting to be merged at once (each check
-/// and merge is spread over the cores inside): the coordinator holds at
-/// most this many results besides its running total, however many workers
-/// deliver at once; the others wait their turn (heartbeating).
+/// and merge is spread over the cores inside): however many workers
+/// deliver at once, the coordinator reads at most this many stored results
+/// besides its running total; the others wait their turn (heartbeating),
+/// holding nothing but an inline result's frame (within the frame budget,
+/// `super::frames`). Results held for a redundancy comparison are outside
+/// the bound.
 pub const INGEST_SLOTS: usize = 2;
 
 /// One of the [`INGEST_SLOTS`], held by a result from its fetch until it
