@@ -3,7 +3,8 @@
 //! into the positions the clip geometry implies, and decoding the chunks with
 //! mtmd's helper gives finite logits that depend on the image. The bundled
 //! image sample is the generator's output and every picture in it decodes
-//! through mtmd into those positions.
+//! through mtmd into those positions. Until workers measure images, the CLI
+//! prepares an image corpus and then refuses to measure it.
 
 use common::gguf_read::GgufReader;
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -205,4 +206,61 @@ fn every_bundled_image_decodes_through_mtmd_into_the_geometry_positions() {
         }
     }
     assert_eq!(n_images, 8);
+}
+
+/// Until workers measure image positions (issue #25, slice 4), the CLI
+/// prepares an image corpus, stores its images by hash, and then stops:
+/// `coordinator run` after preparing it, `worker collect` on its chunks,
+/// each naming what it refuses.
+#[test]
+fn an_image_corpus_is_prepared_then_refused_by_run_and_workers_until_measuring_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, mmproj) = model_and_mmproj(dir.path());
+    let records = sample_dir().join(worker::synth::images::RECORDS);
+    let config = dir.path().join("images.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = {model:?}\nmmproj = {mmproj:?}\n\n[corpus]\nn_ctx = 64\n\n\
+             [[corpus.domains]]\nname = \"images\"\nsources = [{{ path = {records:?} }}]\n"
+        ),
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let args = [
+        "run",
+        config.to_str().unwrap(),
+        "--local-workers",
+        "1",
+        "--out",
+        run.to_str().unwrap(),
+    ];
+    let out = fixtures::run("coordinator", &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("8 image occurrences taking 128 positions")
+            && err.contains("the run stops here"),
+        "{err}"
+    );
+    assert!(!run.join("saliency.json").exists());
+    let images: Vec<_> = std::fs::read_dir(run.join("corpus/images"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(images.len(), 5, "{images:?}");
+
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
+    let chunks = format!("0..{}", index["n_chunks"].as_u64().unwrap());
+    let out = fixtures::run(
+        "worker",
+        &fixtures::worker_args("collect", &model, &run, &chunks, &run, &[]),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(" carries ") && err.contains("not implemented in workers yet"),
+        "{err}"
+    );
 }
