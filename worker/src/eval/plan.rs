@@ -107,6 +107,7 @@ mod tests {
                 split: Split::Fit,
                 domain: 0,
             }],
+            images: Vec::new(),
         }
     }
 
