@@ -149,7 +149,7 @@ mod tests {
         let chunks = [chunk(0, 10), chunk(1, 4)];
         let u = ubatches(&chunks, 4, 2, &Split::ALL, 100, |_, p| p).unwrap();
         // Scored rows per micro-batch: 2, 4, 1, 1.
-        assert_eq!(groups(&u, 100), [0..4]);
+        assert_eq!(groups(&u, 100), vec![Range { start: 0, end: 4 }]);
         assert_eq!(groups(&u, 6), [0..2, 2..4]);
         assert_eq!(groups(&u, 3), [0..1, 1..2, 2..4]);
         assert_eq!(groups(&u, 0), [0..1, 1..2, 2..3, 3..4]);
