@@ -193,8 +193,7 @@ fn merge_bench(leases: u32) -> Measured {
         match &mut merged {
             None => merged = Some(p),
             Some(m) => {
-                let copy = m.clone();
-                let mut total = Some(copy);
+                let mut total = Some(deep_copy(m));
                 t.merge_packed
                     .add(timed(|| packed.add_to(&mut total).unwrap()).1);
                 let copy = total.expect("a total");
@@ -273,6 +272,42 @@ fn exact_sums(p: &Partial) -> usize {
         .map(|e| e.in_sum2.len() + e.in_sum.len())
         .sum::<usize>()
         + p.experts.groups.len() * (LAYERS * EXPERTS * 5) as usize
+}
+
+/// `p` with its own copy of every sum column (a clone shares them, and
+/// writing a shared column copies it first: the timed merge would time
+/// that copy), the columns `p`'s tensors share shared alike.
+fn deep_copy(p: &Partial) -> Partial {
+    let mut copy = p.clone();
+    let mut done: Vec<(common::imatrix::Sums, common::imatrix::Sums)> = Vec::new();
+    for e in copy.imatrix.entries.values_mut() {
+        for column in e.sums_mut() {
+            let own = match done.iter().find(|(old, _)| old.is_shared_with(column)) {
+                Some((_, own)) => own.clone(),
+                None => {
+                    let own = common::imatrix::Sums::from(column.to_vec());
+                    done.push((column.clone(), own.clone()));
+                    own
+                }
+            };
+            *column = own;
+        }
+    }
+    copy
+}
+
+/// [`exact_sums`] as held in memory: a column that tensors share
+/// (`common::imatrix::Sums`) counts once.
+fn held_sums(p: &Partial) -> usize {
+    let columns: Vec<&common::imatrix::Sums> =
+        p.imatrix.entries.values().flat_map(|e| e.sums()).collect();
+    let mut held = 0;
+    for (i, c) in columns.iter().enumerate() {
+        if !columns[..i].iter().any(|d| d.is_shared_with(c)) {
+            held += c.len();
+        }
+    }
+    held + p.experts.groups.len() * (LAYERS * EXPERTS * 5) as usize
 }
 
 /// Deliveries at once in the peak-memory simulation (0: none).
@@ -383,13 +418,14 @@ fn rss_child(dir: &std::path::Path, slots: usize) {
         cv.notify_one();
     }
     let total = total.expect("a total");
-    let sums = exact_sums(&total);
+    let (sums, held) = (exact_sums(&total), held_sums(&total));
     let peak = common::procstat::peak_rss_kib().unwrap() as f64 * 1024.0;
     println!(
-        "peak RSS {:.2} GB; the running total holds {:.1}M sums ({:.2} GB); {} chunks merged in {:.1} s wall, {:.1} CPU s",
+        "peak RSS {:.2} GB; the running total holds {:.1}M sums in {:.1}M held ({:.2} GB; tensors with equal sums share them); {} chunks merged in {:.1} s wall, {:.1} CPU s",
         peak / 1e9,
         sums as f64 / 1e6,
-        (sums * 16) as f64 / 1e9,
+        held as f64 / 1e6,
+        (held * 16) as f64 / 1e9,
         total.n_chunks(),
         t.elapsed().as_secs_f64(),
         common::procstat::process_cpu_seconds().unwrap() - cpu

@@ -21,7 +21,7 @@
 
 use super::{Partial, PARTIAL_FORMAT_VERSION};
 use crate::exact::ExactSum;
-use crate::imatrix::{Imatrix, ImatrixEntry};
+use crate::imatrix::{add_columns, Imatrix, ImatrixEntry, Sums};
 use crate::packed;
 use crate::peer_text::peer_text;
 use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};
@@ -74,11 +74,71 @@ pub(super) fn decode(bytes: &[u8], blocks: packed::Blocks) -> Result<Partial, St
         mut header,
         lengths,
         columns,
-        ..
+        n_stats,
     } = layout(bytes)?;
-    let mut slots = columns_mut(&mut header);
-    fill(bytes, blocks, &mut slots, &lengths, &columns)?;
+    let mut slots = stats_columns_mut(&mut header);
+    fill(
+        bytes,
+        blocks,
+        &mut slots,
+        &lengths[..n_stats],
+        &columns[..n_stats],
+    )?;
+    let imatrix = imatrix_columns(&columns[n_stats..], n_stats);
+    fill_imatrix(bytes, blocks, &mut header, &imatrix, n_stats)?;
     Ok(header)
+}
+
+/// The importance matrix's columns of `columns` (from index `n_stats`), a
+/// copy naming its source among them.
+fn imatrix_columns(columns: &[Column], n_stats: usize) -> Vec<Column> {
+    columns
+        .iter()
+        .map(|c| match c {
+            Column::Copy(j) => Column::Copy(j - n_stats),
+            packed => packed.clone(),
+        })
+        .collect()
+}
+
+/// Decodes the importance-matrix sums of `p` (a header: sums empty) from
+/// `columns` of `bytes`: each packed column once, spread over the cores,
+/// and each copy shares its source's memory ([`Sums`]), so a decoded
+/// partial holds equal tensors once. `first` is the index of the first
+/// column in the whole partial (for errors).
+fn fill_imatrix(
+    bytes: &[u8],
+    blocks: packed::Blocks,
+    p: &mut Partial,
+    columns: &[Column],
+    first: usize,
+) -> Result<(), String> {
+    let lengths = imatrix_lengths(p);
+    let mut slots: Vec<&mut Sums> = p
+        .imatrix
+        .entries
+        .values_mut()
+        .flat_map(ImatrixEntry::sums_mut)
+        .collect();
+    slots
+        .par_iter_mut()
+        .zip(&lengths)
+        .zip(columns)
+        .enumerate()
+        .try_for_each(|(i, ((slot, &n), column))| {
+            if let Column::Packed(at) = column {
+                **slot = packed::decode_vec(&bytes[at.clone()], blocks, n)
+                    .map_err(|e| bad_column(first + i, e))?
+                    .into();
+            }
+            Ok::<(), String>(())
+        })?;
+    for (i, column) in columns.iter().enumerate() {
+        if let Column::Copy(j) = column {
+            *slots[i] = slots[*j].clone();
+        }
+    }
+    Ok(())
 }
 
 /// Decodes every column into `slots`, spread over the cores: a copy decodes
@@ -321,8 +381,7 @@ impl PackedPartial {
             columns,
             n_stats,
         } = layout(&bytes)?;
-        let mut slots = columns_mut(&mut header);
-        slots.truncate(n_stats);
+        let mut slots = stats_columns_mut(&mut header);
         fill(
             &bytes,
             blocks,
@@ -331,13 +390,7 @@ impl PackedPartial {
             &columns[..n_stats],
         )?;
         let sums = check(&header)?;
-        let imatrix: Vec<Column> = columns[n_stats..]
-            .iter()
-            .map(|c| match c {
-                Column::Copy(j) => Column::Copy(j - n_stats),
-                packed => packed.clone(),
-            })
-            .collect();
+        let imatrix = imatrix_columns(&columns[n_stats..], n_stats);
         let described: Vec<ImatrixColumn> = header
             .imatrix
             .entries
@@ -404,30 +457,21 @@ impl PackedPartial {
         &self.header
     }
 
-    /// The whole partial, importance-matrix sums decoded.
+    /// The whole partial, importance-matrix sums decoded (equal tensors
+    /// sharing their memory).
     pub fn decode(&self) -> Partial {
         let mut p = self.header.clone();
-        let mut slots: Vec<&mut Vec<ExactSum>> = p
-            .imatrix
-            .entries
-            .values_mut()
-            .flat_map(ImatrixEntry::sums_mut)
-            .collect();
-        let lengths = imatrix_lengths(&self.header);
-        fill(
-            &self.bytes,
-            self.blocks,
-            &mut slots,
-            &lengths,
-            &self.imatrix,
-        )
-        .expect("columns checked at parse");
+        let n_stats = stats_columns(&p);
+        fill_imatrix(&self.bytes, self.blocks, &mut p, &self.imatrix, n_stats)
+            .expect("columns checked at parse");
         p
     }
 
     /// Adds this partial into `total` (as [`Partial::merge`] would add the
     /// decoded partial), the importance matrix's sums straight from their
-    /// packed bytes, tensor by tensor in parallel.
+    /// packed bytes, tensor by tensor in parallel. A column stored as a copy
+    /// is added into the total once where the total shares its tensors'
+    /// memory ([`add_columns`]).
     pub fn merge_into(&self, total: &mut Partial) -> Result<(), MergeError> {
         // Tensors the total lacks start at zero, so that the merge below
         // (which adds this header's counts, and no sums: its sums are
@@ -439,41 +483,32 @@ impl PackedPartial {
             }
         }
         total.merge(&self.header)?;
-        // Each packed column with the totals it goes into: its own tensor's
-        // and those of the tensors equal to it.
-        let mut targets: Vec<Vec<&mut [ExactSum]>> =
-            self.imatrix.iter().map(|_| Vec::new()).collect();
+        // Each of the total's columns that this partial covers, with the
+        // packed column it adds: its own, or the one it is a copy of.
+        let mut into: Vec<&mut Sums> = Vec::new();
         let mut names = self.header.imatrix.entries.keys().peekable();
-        let mut i = 0;
         for (name, e) in total.imatrix.entries.iter_mut() {
             if names.next_if(|n| *n == name).is_some() {
-                for sums in e.sums_mut() {
-                    let source = match self.imatrix[i] {
-                        Column::Copy(j) => j,
-                        Column::Packed(_) => i,
-                    };
-                    targets[source].push(sums);
-                    i += 1;
-                }
+                into.extend(e.sums_mut());
             }
         }
-        targets
-            .par_iter_mut()
-            .zip(&self.imatrix)
-            .filter(|(_, column)| matches!(column, Column::Packed(_)))
-            .try_for_each(|(outs, column)| {
-                let Column::Packed(at) = column else {
-                    unreachable!("filtered")
-                };
-                packed::decode_add(&self.bytes[at.clone()], self.blocks, outs).map_err(
-                    |e| match e {
-                        packed::PackedError::Overflow { value, .. } => {
-                            MergeError::Exact(crate::exact::ExactError::Overflow(value))
-                        }
-                        other => unreachable!("columns checked at parse: {other}"),
-                    },
-                )
+        let source_of: Vec<usize> = (0..into.len())
+            .map(|i| match self.imatrix[i] {
+                Column::Copy(j) => j,
+                Column::Packed(_) => i,
             })
+            .collect();
+        add_columns(into, &source_of, |src, outs| {
+            let Column::Packed(at) = &self.imatrix[src] else {
+                unreachable!("a source is a packed column")
+            };
+            packed::decode_add(&self.bytes[at.clone()], self.blocks, outs).map_err(|e| match e {
+                packed::PackedError::Overflow { value, .. } => {
+                    MergeError::Exact(crate::exact::ExactError::Overflow(value))
+                }
+                other => unreachable!("columns checked at parse: {other}"),
+            })
+        })
     }
 }
 
@@ -525,25 +560,20 @@ fn columns(p: &Partial) -> Vec<&[ExactSum]> {
         }
     }
     for e in p.imatrix.entries.values() {
-        out.extend(e.sums().map(Vec::as_slice));
+        out.extend(e.sums().map(|s| s.as_slice()));
     }
     out
 }
 
-/// [`columns`], writable.
-fn columns_mut(p: &mut Partial) -> Vec<&mut Vec<ExactSum>> {
+/// The statistics' columns of [`columns`], writable (the importance
+/// matrix's are [`fill_imatrix`]'s).
+fn stats_columns_mut(p: &mut Partial) -> Vec<&mut Vec<ExactSum>> {
     let mut out: Vec<&mut Vec<ExactSum>> = Vec::new();
     for g in p.experts.groups.values_mut() {
         for l in &mut g.layers {
             out.extend(l.sums_mut());
         }
     }
-    out.extend(
-        p.imatrix
-            .entries
-            .values_mut()
-            .flat_map(ImatrixEntry::sums_mut),
-    );
     out
 }
 
@@ -636,8 +666,8 @@ fn header(p: &Partial) -> Partial {
                 .iter()
                 .map(|(name, e)| {
                     let entry = ImatrixEntry {
-                        in_sum2: Vec::new(),
-                        in_sum: Vec::new(),
+                        in_sum2: Sums::default(),
+                        in_sum: Sums::default(),
                         counts: e.counts.clone(),
                         ..*e
                     };
@@ -810,8 +840,8 @@ mod tests {
         let zeros = |n_in: u32, n_mat: u32| ImatrixEntry {
             n_in,
             n_mat,
-            in_sum2: vec![ExactSum::ZERO; (n_in * n_mat) as usize],
-            in_sum: vec![ExactSum::ZERO; (n_in * n_mat) as usize],
+            in_sum2: vec![ExactSum::ZERO; (n_in * n_mat) as usize].into(),
+            in_sum: vec![ExactSum::ZERO; (n_in * n_mat) as usize].into(),
             counts: vec![0; n_mat as usize],
         };
         p.imatrix.entries = (0..8)
@@ -868,7 +898,7 @@ mod tests {
         let mut huge = sample();
         huge.experts.groups.clear();
         let e = huge.imatrix.entries.values_mut().next().unwrap();
-        (e.n_in, e.n_mat, e.in_sum2, e.counts) = (1 << 31, 1, Vec::new(), vec![0]);
+        (e.n_in, e.n_mat, e.in_sum2, e.counts) = (1 << 31, 1, Sums::default(), vec![0]);
         let mut bytes =
             bincode::serde::encode_to_vec(header(&huge), bincode::config::standard()).unwrap();
         bytes.extend_from_slice(&[PACKED, 255, 255, 255, 255, 0, 0, 0, 0]);
@@ -898,8 +928,8 @@ mod tests {
             ImatrixEntry {
                 n_in: 3,
                 n_mat: 1,
-                in_sum2: vec![ExactSum(5), ExactSum(-6), ExactSum(7)],
-                in_sum: vec![ExactSum(-2), ExactSum(0), ExactSum(9)],
+                in_sum2: vec![ExactSum(5), ExactSum(-6), ExactSum(7)].into(),
+                in_sum: vec![ExactSum(-2), ExactSum(0), ExactSum(9)].into(),
                 counts: vec![4],
             },
         );
@@ -907,7 +937,7 @@ mod tests {
             .imatrix
             .entries
             .values_mut()
-            .flat_map(|e| e.sums_mut().into_iter().flatten())
+            .flat_map(|e| e.sums_mut().into_iter().flat_map(|s| s.iter_mut()))
         {
             v.0 = v.0 * 3 - 11;
         }
@@ -934,5 +964,85 @@ mod tests {
         bad[at + 8 + len] ^= 0x80;
         let e = PackedPartial::parse(Bytes::from(bad)).unwrap_err();
         assert!(e.contains("column 26"), "{e}");
+    }
+
+    /// Each tensor's two sum columns, summed over `parts` sum by sum (the
+    /// plain reference of a merge).
+    fn summed(parts: &[&Partial]) -> BTreeMap<String, [Vec<i128>; 2]> {
+        let mut out: BTreeMap<String, [Vec<i128>; 2]> = BTreeMap::new();
+        for p in parts {
+            for (name, e) in &p.imatrix.entries {
+                let sums = out
+                    .entry(name.clone())
+                    .or_insert_with(|| [vec![0; e.in_sum2.len()], vec![0; e.in_sum.len()]]);
+                for (acc, column) in sums.iter_mut().zip(e.sums()) {
+                    for (a, b) in acc.iter_mut().zip(column.iter()) {
+                        *a += b.0;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn sums_of(p: &Partial) -> BTreeMap<String, [Vec<i128>; 2]> {
+        summed(&[p])
+    }
+
+    /// Whether `ffn_gate_exps` and `ffn_up_exps` of `p` are held once.
+    fn gate_and_up_shared(p: &Partial) -> bool {
+        let e = &p.imatrix.entries;
+        let (gate, up) = (
+            &e["blk.1.ffn_gate_exps.weight"],
+            &e["blk.1.ffn_up_exps.weight"],
+        );
+        gate.in_sum2.is_shared_with(&up.in_sum2) && gate.in_sum.is_shared_with(&up.in_sum)
+    }
+
+    #[test]
+    fn a_running_total_holds_equal_tensors_once_until_a_partial_makes_them_differ() {
+        let a = sample();
+        let mut b = sample();
+        b.chunks = vec![ChunkRange { start: 0, end: 4 }];
+        for e in b.imatrix.entries.values_mut() {
+            for column in e.sums_mut() {
+                column.iter_mut().for_each(|v| v.0 = v.0 * 3 - 11);
+            }
+        }
+        let mut c = sample();
+        c.chunks = vec![ChunkRange { start: 9, end: 12 }];
+        let up = c
+            .imatrix
+            .entries
+            .get_mut("blk.1.ffn_up_exps.weight")
+            .unwrap();
+        up.in_sum2[3].0 += 1;
+        let packed = |p: &Partial| PackedPartial::parse(Bytes::from(p.to_bytes())).unwrap();
+
+        let mut total = None;
+        packed(&a).add_to(&mut total).unwrap();
+        assert!(gate_and_up_shared(total.as_ref().unwrap()));
+        packed(&b).add_to(&mut total).unwrap();
+        let total_ab = total.clone().unwrap();
+        assert!(gate_and_up_shared(&total_ab));
+        assert_eq!(sums_of(&total_ab), summed(&[&a, &b]));
+        // The decoded path shares and merges alike.
+        let mut decoded = Partial::from_bytes(&a.to_bytes()).unwrap();
+        assert!(gate_and_up_shared(&decoded));
+        decoded
+            .merge(&Partial::from_bytes(&b.to_bytes()).unwrap())
+            .unwrap();
+        assert!(gate_and_up_shared(&decoded));
+        assert_eq!(decoded, total_ab);
+
+        packed(&c).add_to(&mut total).unwrap();
+        let total = total.unwrap();
+        assert!(!gate_and_up_shared(&total));
+        assert_eq!(sums_of(&total), summed(&[&a, &b, &c]));
+        assert!(
+            gate_and_up_shared(&total_ab),
+            "a clone of the total is not written"
+        );
+        assert_eq!(sums_of(&total_ab), summed(&[&a, &b]));
     }
 }

@@ -28,8 +28,8 @@ fn honest() -> Partial {
     l.reap_l2_sum = vec![s(1.0), s(1.5), s(0.5), s(0.0)];
     l.reap_l2_sq_sum = vec![s(1.0), s(1.25), s(0.25), s(0.0)];
     let mut im = ImatrixEntry::new(3, 1);
-    im.in_sum2 = vec![s(1.0), s(0.0), s(4.0)];
-    im.in_sum = vec![s(0.0), s(0.0), s(-2.0)];
+    im.in_sum2 = vec![s(1.0), s(0.0), s(4.0)].into();
+    im.in_sum = vec![s(0.0), s(0.0), s(-2.0)].into();
     im.counts = vec![2];
     Partial {
         format_version: PARTIAL_FORMAT_VERSION,
@@ -128,7 +128,7 @@ fn importance_matrix_entries_are_well_formed() {
     assert!(refused(&p).contains("matrix 0 column 2: sum "));
     let mut p = honest();
     let e = entry(&mut p);
-    (e.counts[0], e.in_sum2) = (0, vec![ExactSum::ZERO; 3]);
+    (e.counts[0], e.in_sum2) = (0, vec![ExactSum::ZERO; 3].into());
     assert!(refused(&p).contains("matrix 0 column 2: sum -2 over 0 rows"));
     let mut p = honest();
     entry(&mut p).counts[0] = u64::MAX;
@@ -181,7 +181,7 @@ fn packed_sums_are_refused_as_decoded_ones() {
     first(&mut negative).in_sum2[1] = ExactSum(-5);
     let mut rowless = honest();
     let e = first(&mut rowless);
-    (e.counts[0], e.in_sum2) = (0, vec![ExactSum::ZERO; 3]);
+    (e.counts[0], e.in_sum2) = (0, vec![ExactSum::ZERO; 3].into());
     // The same sums under a later tensor (so stored as a copy of the
     // first's) whose matrix saw no row; and with the same counts, which
     // passes without a second walk.

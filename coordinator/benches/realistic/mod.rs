@@ -97,15 +97,16 @@ pub fn imatrix(seed: u64, chunks: u32, experts: &ExpertAccum) -> Imatrix {
     let layers: Vec<Vec<(String, ImatrixEntry)>> = (0..LAYERS)
         .into_par_iter()
         .map(|l| {
-            type Sums = (Vec<ExactSum>, Vec<ExactSum>);
-            let entry =
-                |n_in: u32, n_mat: u32, (in_sum2, in_sum): Sums, counts: Vec<u64>| ImatrixEntry {
+            type Columns = (Vec<ExactSum>, Vec<ExactSum>);
+            let entry = |n_in: u32, n_mat: u32, (in_sum2, in_sum): Columns, counts: Vec<u64>| {
+                ImatrixEntry {
                     n_in,
                     n_mat,
-                    in_sum2,
-                    in_sum,
+                    in_sum2: in_sum2.into(),
+                    in_sum: in_sum.into(),
                     counts,
-                };
+                }
+            };
             let experts_in = input_sums(
                 seed,
                 &format!("{l}.moe_in"),

@@ -219,8 +219,8 @@ fn importance_matrix_sums_are_checked_in_their_packed_bytes_and_a_refused_partia
     let e = other.imatrix.entries.get_mut(&name).unwrap();
     (e.n_in, e.in_sum2, e.in_sum) = (
         e.n_in * 2,
-        [e.in_sum2.clone(), e.in_sum2.clone()].concat(),
-        [e.in_sum.clone(), e.in_sum.clone()].concat(),
+        [e.in_sum2.as_slice(), e.in_sum2.as_slice()].concat().into(),
+        [e.in_sum.as_slice(), e.in_sum.as_slice()].concat().into(),
     );
     a.decode_and_check(&[r(0, 3)], other.to_bytes().into())
         .unwrap();
