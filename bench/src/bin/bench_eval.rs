@@ -11,12 +11,13 @@
 //! (the router is a few rows smaller), and a copy keeps the benchmark free
 //! of the slicer. The goal: base + n candidates costs at most (1 + n)
 //! forward passes of the base model, plus 5%. A first untimed round runs
-//! the modes in increasing memory order, so the peak resident size read
-//! after each one (`VmHWM`) is that mode's peak. In the timed rounds a
-//! forward pass runs before and after every evaluation, and the evaluation
-//! is compared with their mean: the machine's speed drifts by tens of
-//! percent over minutes on a shared host, which a best-of-rounds per mode
-//! cannot tell from a real difference.
+//! the modes in increasing memory order and reads the peak resident size
+//! (`VmHWM`) after each one; every mode's evaluator stays loaded for the
+//! timed rounds, so a mode's own memory is the step from the figure before
+//! it. In the timed rounds a forward pass runs before and after every
+//! evaluation, and the evaluation is compared with their mean: the
+//! machine's speed drifts by tens of percent over minutes on a shared host,
+//! which a best-of-rounds per mode cannot tell from a real difference.
 
 use clap::Parser;
 use common::eval::EvalPartial;
