@@ -9,7 +9,7 @@ use common::partial::Partial;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collected};
 use worker::eval::{Candidate, Compare, EvalOptions, Evaluator};
-use worker::synth::Preset;
+use worker::synth::{Overrides, Preset};
 
 const N_CTX: u32 = 48;
 const N_CHUNKS: u32 = 3;
@@ -143,11 +143,23 @@ fn the_device_comparison_agrees_with_the_f64_host_path() {
     let dir = tempfile::tempdir().unwrap();
     let chunks = fixtures::chunks(N_CHUNKS, N_CTX);
     let index = fixtures::write_corpus(&dir.path().join("run"), &chunks, N_CTX);
-    for preset in [Preset::Tiny, Preset::TinyAlt] {
-        let base = fixtures::model(dir.path(), preset);
-        let other = dir.path().join(format!("{preset:?}-other_K16.gguf"));
-        worker::synth::write_model(preset, 8, &other).unwrap();
-        let same = dir.path().join(format!("{preset:?}-same_K16.gguf"));
+    // The tiny models, and `tiny` at Qwen3's real vocabulary of 151,936
+    // (its KL and log-softmax sum over every entry, in f32 on the backend).
+    let real_vocab = Overrides {
+        n_vocab: Some(151_936),
+        ..Overrides::default()
+    };
+    for (preset, o) in [
+        (Preset::Tiny, Overrides::default()),
+        (Preset::TinyAlt, Overrides::default()),
+        (Preset::Tiny, real_vocab),
+    ] {
+        let name = format!("{preset:?}-{}", o.n_vocab.unwrap_or(0));
+        let base = dir.path().join(format!("{name}.gguf"));
+        worker::synth::write_model_with(preset, 7, o, &base).unwrap();
+        let other = dir.path().join(format!("{name}-other_K16.gguf"));
+        worker::synth::write_model_with(preset, 8, o, &other).unwrap();
+        let same = dir.path().join(format!("{name}-same_K16.gguf"));
         std::fs::copy(&base, &same).unwrap();
         let cands = worker::eval::candidates::from_files(&[other, same]).unwrap();
         let run = |compare: Compare, skip_first: u32| -> EvalPartial {
@@ -172,7 +184,7 @@ fn the_device_comparison_agrees_with_the_f64_host_path() {
                 run(Compare::Host, skip_first),
                 run(Compare::Device, skip_first),
             );
-            let case = format!("{preset:?}, skip_first {skip_first}");
+            let case = format!("{name}, skip_first {skip_first}");
             assert!(
                 host.candidates[0].tokens.iter().any(|t| t.kl > 1e-3),
                 "{case}: KL all tiny"
