@@ -89,13 +89,8 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
             .map(|c| Arc::new(Float64Array::from(c)) as ArrayRef),
     );
     let schema = Arc::new(Schema::new(fields));
-    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(&mut out, schema, None).map_err(|e| e.to_string())?;
-    w.write(&batch).map_err(|e| e.to_string())?;
-    w.close().map_err(|e| e.to_string())?;
-    Ok(out)
+    let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
+    crate::parquet_out::parquet_bytes(&batch)
 }
 
 /// Writes `saliency.json`, `saliency.parquet` and `imatrix.gguf` for `p`.

@@ -234,7 +234,6 @@ fn schema(images: bool) -> SchemaRef {
 
 /// Encodes chunks as a Parquet table (one row per chunk).
 pub fn write_chunks(chunks: &[Chunk]) -> Result<Vec<u8>, String> {
-    use parquet::arrow::ArrowWriter;
     fn item(dt: DataType) -> Field {
         Field::new("item", dt, false)
     }
@@ -287,11 +286,7 @@ pub fn write_chunks(chunks: &[Chunk]) -> Result<Vec<u8>, String> {
         ]);
     }
     let batch = RecordBatch::try_new(schema(images), columns).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut out, schema(images), None).map_err(|e| e.to_string())?;
-    w.write(&batch).map_err(|e| e.to_string())?;
-    w.close().map_err(|e| e.to_string())?;
-    Ok(out)
+    crate::parquet_out::parquet_bytes(&batch)
 }
 
 /// Decodes the chunks whose ids fall in `range` (all chunks for `None`).

@@ -42,6 +42,7 @@ pub mod layout;
 pub mod lease;
 pub mod model_check;
 pub mod packed;
+pub mod parquet_out;
 pub mod partial;
 pub mod partial_check;
 pub mod peer_text;

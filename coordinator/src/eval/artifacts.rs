@@ -99,11 +99,6 @@ pub fn parquet_table(s: &EvalSummary) -> Result<Vec<u8>, String> {
         arrays.push(float(f));
     }
     let schema = Arc::new(Schema::new(fields));
-    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(&mut out, schema, None).map_err(|e| e.to_string())?;
-    w.write(&batch).map_err(|e| e.to_string())?;
-    w.close().map_err(|e| e.to_string())?;
-    Ok(out)
+    let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
+    common::parquet_out::parquet_bytes(&batch)
 }

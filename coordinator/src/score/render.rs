@@ -203,10 +203,6 @@ pub fn parquet(r: &ScoreReport) -> anyhow::Result<Vec<u8>> {
             .map(|(n, a)| Field::new(*n, a.data_type().clone(), false))
             .collect::<Vec<_>>(),
     ));
-    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|c| c.1).collect())?;
-    let mut out = Vec::new();
-    let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, schema, None)?;
-    w.write(&batch)?;
-    w.close()?;
-    Ok(out)
+    let batch = RecordBatch::try_new(schema, columns.into_iter().map(|c| c.1).collect())?;
+    common::parquet_out::parquet_bytes(&batch).map_err(anyhow::Error::msg)
 }
