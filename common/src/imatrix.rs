@@ -248,7 +248,7 @@ impl Imatrix {
             };
             mine.add_counts(e)?;
             for (a, b) in mine.sums_mut().into_iter().zip(e.sums()) {
-                // A header's sums are empty (`crate::partial::PackedPartial`).
+                // A packed partial's header has empty sums (its counts only).
                 if !b.is_empty() {
                     into.push(a);
                     from.push(b);
