@@ -7,7 +7,8 @@ use crate::gguf::{GgufWriter, Value};
 use crate::stats::MergeError;
 use rayon::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -87,37 +88,25 @@ pub fn add_columns<E: Send>(
     add: impl Fn(usize, &mut [&mut [ExactSum]]) -> Result<(), E> + Sync,
 ) -> Result<(), E> {
     assert_eq!(into.len(), source_of.len(), "a source for every column");
-    // A column whose memory another column receiving another source shares
-    // gets its own copy (shared with the later ones of its own source).
-    let mut source_of_memory: HashMap<(*const Vec<ExactSum>, usize), Sums> = HashMap::new();
-    let mut first_source: HashMap<*const Vec<ExactSum>, usize> = HashMap::new();
-    for (col, &src) in into.iter_mut().zip(source_of) {
-        let memory = Arc::as_ptr(&col.0);
-        match first_source.get(&memory) {
-            None => {
-                first_source.insert(memory, src);
-            }
-            Some(&first) if first == src => {}
-            Some(_) => {
-                let own = source_of_memory
-                    .entry((memory, src))
-                    .or_insert_with(|| Sums::from(col.0.as_ref().clone()));
-                **col = own.clone();
-            }
-        }
-    }
-    drop(source_of_memory);
-    // One owner per memory; the others set aside while it is written.
-    let mut owner_of: HashMap<*const Vec<ExactSum>, usize> = HashMap::new();
+    // One owner per (memory, source), written while the other columns of
+    // its pair are set aside, then shared again; a memory already owned
+    // for another source is copied first. The first column of each memory
+    // keeps it, so no memory is freed (and its address reused) meanwhile.
+    let mut owner_of: HashMap<(*const Vec<ExactSum>, usize), usize> = HashMap::new();
+    let mut owned: HashSet<*const Vec<ExactSum>> = HashSet::new();
     let mut follows: Vec<Option<usize>> = vec![None; into.len()];
     for (i, col) in into.iter_mut().enumerate() {
-        match owner_of.get(&Arc::as_ptr(&col.0)) {
-            Some(&owner) => {
-                follows[i] = Some(owner);
+        let memory = Arc::as_ptr(&col.0);
+        match owner_of.entry((memory, source_of[i])) {
+            Entry::Occupied(owner) => {
+                follows[i] = Some(*owner.get());
                 **col = Sums::default();
             }
-            None => {
-                owner_of.insert(Arc::as_ptr(&col.0), i);
+            Entry::Vacant(slot) => {
+                if !owned.insert(memory) {
+                    **col = Sums::from(col.to_vec());
+                }
+                slot.insert(i);
             }
         }
     }
