@@ -25,6 +25,7 @@ mod reduce;
 mod sampler;
 mod tensor;
 mod thread;
+mod vision;
 
 pub use backend::ReduceError;
 pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
@@ -32,6 +33,7 @@ pub use quantize::{quantize_model, QuantizeParams};
 pub use reduce::{ChunkSquares, ExpertIds, Reducer};
 pub use tensor::{as_f32s, f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 pub use thread::yield_to_compute_threads;
+pub use vision::{ImageEmbedding, Vision};
 
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -77,6 +79,14 @@ pub enum LlamaError {
         input: String,
         /// The file it was writing.
         output: String,
+        /// What failed.
+        reason: String,
+    },
+    /// An `mmproj` could not be loaded, or an image not encoded with it.
+    #[error("mmproj {path}: {reason}")]
+    Mmproj {
+        /// The mmproj file.
+        path: String,
         /// What failed.
         reason: String,
     },
@@ -257,6 +267,23 @@ pub enum Outputs<'a> {
     Rows(&'a [bool]),
 }
 
+/// What a micro-batch decodes: token ids, or rows of input embeddings
+/// (`.1` values each).
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Tokens(&'a [i32]),
+    Embd(&'a [f32], usize),
+}
+
+impl Input<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Input::Tokens(t) => t.len(),
+            Input::Embd(e, n_embd) => e.len() / n_embd,
+        }
+    }
+}
+
 /// Context settings that matter for reproducible measurements.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContextParams {
@@ -298,6 +325,9 @@ pub struct Context<'m, O: GraphObserver> {
     state: *mut CallbackState<O>,
     batch: sys::llama_batch,
     batch_cap: usize,
+    /// A batch of embeddings (`batch_cap` rows of `.1` values), made on
+    /// the first [`Context::decode_embeddings`].
+    embd_batch: Option<(sys::llama_batch, usize)>,
     /// Output rows llama.cpp copied to the host in the last successful
     /// decode (every token's with [`Logits::Host`], none otherwise).
     n_outputs: usize,
@@ -536,6 +566,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             state,
             batch,
             batch_cap: cap,
+            embd_batch: None,
             n_outputs: 0,
             logits: p.logits,
             _sampler: sampler,
@@ -610,7 +641,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             Logits::Host => Head::All,
             Logits::Backend => Head::Skip,
         };
-        self.decode_as(tokens, pos0, head, Outputs::All)
+        self.decode_as(Input::Tokens(tokens), pos0, head, Outputs::All)
     }
 
     /// [`Context::decode`] with an output on the last token only, so
@@ -622,7 +653,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             Logits::Host => Head::All,
             Logits::Backend => Head::Skip,
         };
-        self.decode_as(tokens, pos0, head, Outputs::Last)
+        self.decode_as(Input::Tokens(tokens), pos0, head, Outputs::Last)
     }
 
     /// Decodes `tokens` like [`Context::decode`], with outputs on the tokens
@@ -649,7 +680,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         // (`decode_as` resets the head) before this function returns, so it
         // is never used after `read`'s borrow ends.
         let hook: NonNull<LogitsHook> = unsafe { std::mem::transmute(hook) };
-        self.decode_as(tokens, pos0, Head::Hand(hook), outputs)
+        self.decode_as(Input::Tokens(tokens), pos0, Head::Hand(hook), outputs)
     }
 
     /// The greedy next token after `tokens`: the argmax (the first of equal
@@ -676,35 +707,78 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         Ok(best as i32)
     }
 
+    /// [`Context::decode`] of the `rows` (at most `n_ubatch`) of `embd`,
+    /// each `n_embd` values (the model's input embedding width), at
+    /// positions `pos0..`: what an image's positions decode, from its
+    /// [`ImageEmbedding`]. Outputs and head as [`Context::decode`].
+    pub fn decode_embeddings(
+        &mut self,
+        embd: &[f32],
+        n_embd: usize,
+        pos0: i32,
+    ) -> Result<(), LlamaError> {
+        assert!(
+            n_embd > 0 && embd.len().is_multiple_of(n_embd),
+            "whole rows of n_embd values"
+        );
+        let head = match self.logits {
+            Logits::Host => Head::All,
+            Logits::Backend => Head::Skip,
+        };
+        self.decode_as(Input::Embd(embd, n_embd), pos0, head, Outputs::All)
+    }
+
     fn decode_as(
         &mut self,
-        tokens: &[i32],
+        input: Input<'_>,
         pos0: i32,
         head: Head,
         outputs: Outputs<'_>,
     ) -> Result<(), LlamaError> {
-        assert!(tokens.len() <= self.batch_cap, "batch larger than n_ubatch");
+        let n = input.len();
+        assert!(n <= self.batch_cap, "batch larger than n_ubatch");
         if let Outputs::Rows(rows) = outputs {
-            assert_eq!(rows.len(), tokens.len(), "one output flag per token");
+            assert_eq!(rows.len(), n, "one output flag per token");
         }
         let output = |i: usize| match outputs {
             Outputs::All => true,
-            Outputs::Last => i + 1 == tokens.len(),
+            Outputs::Last => i + 1 == n,
             Outputs::Rows(rows) => rows[i],
         };
-        // SAFETY: the batch was allocated for batch_cap tokens with one
-        // sequence id each; we fill n_tokens <= batch_cap entries.
+        let batch = match input {
+            Input::Tokens(tokens) => {
+                // SAFETY: the token batch holds batch_cap >= n entries.
+                unsafe { std::ptr::copy_nonoverlapping(tokens.as_ptr(), self.batch.token, n) };
+                &mut self.batch
+            }
+            Input::Embd(embd, n_embd) => {
+                let cap = self.batch_cap;
+                let (b, width) = self.embd_batch.get_or_insert_with(|| {
+                    // SAFETY: allocates an embedding batch of `cap` rows of
+                    // `n_embd` values for one sequence (freed in Drop).
+                    (
+                        unsafe { sys::llama_batch_init(cap as i32, n_embd as i32, 1) },
+                        n_embd,
+                    )
+                });
+                assert_eq!(*width, n_embd, "one embedding width per context");
+                // SAFETY: the embedding batch holds cap >= n rows of n_embd.
+                unsafe { std::ptr::copy_nonoverlapping(embd.as_ptr(), b.embd, embd.len()) };
+                b
+            }
+        };
+        // SAFETY: the batch was allocated for batch_cap entries with one
+        // sequence id each; we fill n <= batch_cap entries.
         unsafe {
-            let b = &mut self.batch;
-            b.n_tokens = tokens.len() as i32;
-            for (i, &tok) in tokens.iter().enumerate() {
-                *b.token.add(i) = tok;
-                *b.pos.add(i) = pos0 + i as i32;
-                *b.n_seq_id.add(i) = 1;
-                *(*b.seq_id.add(i)) = 0;
-                *b.logits.add(i) = i8::from(output(i));
+            batch.n_tokens = n as i32;
+            for i in 0..n {
+                *batch.pos.add(i) = pos0 + i as i32;
+                *batch.n_seq_id.add(i) = 1;
+                *(*batch.seq_id.add(i)) = 0;
+                *batch.logits.add(i) = i8::from(output(i));
             }
         }
+        let batch = *batch;
         let pool = self
             .threadpool
             .as_ref()
@@ -716,7 +790,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         }
         // SAFETY: context and batch are live; the callback state is valid;
         // no other context computes on the pool (we hold its lock).
-        let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), self.batch) };
+        let code = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch) };
         Self::rest_threads(pool.as_deref());
         drop(pool);
         // SAFETY: the decode has returned; nothing else references the
@@ -732,18 +806,18 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         if code != 0 {
             return Err(LlamaError::Decode {
                 code,
-                n_tokens: tokens.len(),
+                n_tokens: n,
                 pos: pos0,
             });
         }
         if self.logits == Logits::Host {
-            self.n_outputs = (0..tokens.len()).filter(|&i| output(i)).count();
+            self.n_outputs = (0..n).filter(|&i| output(i)).count();
             let copied = (self.n_outputs * self.n_vocab * 4) as u64;
             // SAFETY: as above.
             let read = unsafe { &(*self.state).bytes_read };
             read.set(read.get() + copied);
         }
-        self.tokens_decoded += tokens.len() as u64;
+        self.tokens_decoded += n as u64;
         Ok(())
     }
 }
@@ -791,6 +865,9 @@ impl<O: GraphObserver> Drop for Context<'_, O> {
         // and before its thread pool (fields, dropped after this).
         unsafe {
             sys::llama_batch_free(self.batch);
+            if let Some((b, _)) = self.embd_batch {
+                sys::llama_batch_free(b);
+            }
             sys::llama_free(self.ptr.as_ptr());
             drop(Box::from_raw(self.state));
         }
