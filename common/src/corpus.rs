@@ -156,14 +156,14 @@ impl Chunk {
     }
 }
 
-/// Refuses chunks that carry images, naming the first one: measuring image
-/// positions through mtmd is not implemented in workers yet, and measuring
-/// the marker tokens as text would give wrong statistics without a warning.
-pub fn refuse_images(chunks: &[Chunk]) -> Result<(), String> {
+/// Refuses chunks that carry images for `what` (a stage that does not feed
+/// images through the model's mmproj yet), naming the first one: reading
+/// the marker tokens as text would give wrong figures without a warning.
+pub fn refuse_images(chunks: &[Chunk], what: &str) -> Result<(), String> {
     match chunks.iter().find(|c| !c.images.is_empty()) {
         Some(c) => Err(format!(
-            "chunk {} carries {} image(s) (the first, {}, at positions {}..{}): measuring image \
-             positions through the model's mmproj (mtmd) is not implemented in workers yet",
+            "chunk {} carries {} image(s) (the first, {}, at positions {}..{}): {what} does not \
+             feed image positions through the model's mmproj (mtmd) yet",
             c.id,
             c.images.len(),
             c.images[0].sha256,
@@ -418,7 +418,7 @@ mod tests {
         assert_eq!(some, chunks[1..3]);
         assert!(some[0].validate(2).is_ok());
         assert!(some[0].validate(1).unwrap_err().contains("domain #1"));
-        assert!(refuse_images(&all).is_ok());
+        assert!(refuse_images(&all, "evaluation").is_ok());
         let text_columns = read_columns(&bytes_of(&chunks));
         assert!(!text_columns.iter().any(|c| c.starts_with("image_")));
     }
@@ -472,9 +472,9 @@ mod tests {
             read_chunks(bytes::Bytes::from(bytes), None).unwrap(),
             std::slice::from_ref(&chunk)
         );
-        let err = refuse_images(std::slice::from_ref(&chunk)).unwrap_err();
+        let err = refuse_images(std::slice::from_ref(&chunk), "evaluation").unwrap_err();
         assert!(
-            err.contains("chunk 3 carries 1 image") && err.contains("not implemented"),
+            err.contains("chunk 3 carries 1 image") && err.contains("evaluation does not feed"),
             "{err}"
         );
 

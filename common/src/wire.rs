@@ -52,7 +52,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// and `Checkpoint` messages).
 /// 6: an [`EvalCandidate`] is a recipe (keep map or every expert, experts
 /// per token, quantisation), so shipped files are evaluated like slices.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: the job names the model's mmproj ([`MmprojFile`]) when the corpus
+/// has images, which workers measure.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -114,6 +116,8 @@ pub struct JobInfo {
     pub model_sha256: String,
     /// Model path as the coordinator knows it (local workers use it as is).
     pub model_path: String,
+    /// The model's mmproj, when the corpus has images to measure.
+    pub mmproj: Option<MmprojFile>,
     /// How chunks are evaluated.
     pub options: JobOptions,
     /// Partials up to this many bytes travel inline; larger ones are stored.
@@ -122,6 +126,16 @@ pub struct JobInfo {
     pub heartbeat_ms: u64,
     /// When the worker ships the result of the leases it computed.
     pub checkpoint: Checkpoint,
+}
+
+/// The `mmproj` GGUF (vision encoder and projector) a run's images were
+/// tokenized with, which workers load beside the model to measure them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmprojFile {
+    /// Path as the coordinator knows it (local workers use it as is).
+    pub path: String,
+    /// SHA-256 of the file; a worker with another mmproj refuses the job.
+    pub sha256: String,
 }
 
 /// When a worker ships its running result (the exact sum of the leases it
@@ -389,8 +403,9 @@ pub enum ToWorker {
     Welcome {
         /// Id assigned to this worker.
         worker_id: WorkerId,
-        /// The run, corpus, model and how chunks are evaluated.
-        job: JobInfo,
+        /// The run, corpus, model and how chunks are evaluated (boxed: it
+        /// is large beside the other messages).
+        job: Box<JobInfo>,
         /// What the worker computes for each lease.
         task: Task,
     },
@@ -631,11 +646,12 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 6 (as of 3, with `Computed` and
+        // protocol of PROTOCOL_VERSION 7 (as of 3, with `Computed` and
         // `Checkpoint` appended in 5; 6 changed the fields of an eval
-        // candidate, not a tag); moving one needs a new version.
+        // candidate and 7 those of the job, not a tag); moving one needs a
+        // new version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 6);
+        assert_eq!(PROTOCOL_VERSION, 7);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
@@ -645,6 +661,7 @@ mod tests {
             corpus_url: "memory://run/corpus".into(),
             model_sha256: "m".into(),
             model_path: "m.gguf".into(),
+            mmproj: None,
             options: JobOptions {
                 n_ubatch: 16,
                 trace_every: TraceStrides::both(0),
@@ -673,7 +690,7 @@ mod tests {
         for task in [Task::Collect, Task::Evaluate(eval)] {
             let welcome = ToWorker::Welcome {
                 worker_id: WorkerId(1),
-                job: job.clone(),
+                job: Box::new(job.clone()),
                 task,
             };
             let frame = encode_frame(&welcome);

@@ -111,23 +111,30 @@ async fn stages(
     if !outcome.reused {
         print!("{}", crate::corpus::summary(&outcome.manifest));
     }
-    if let Some(im) = &outcome.manifest.images {
-        anyhow::bail!(
-            "the corpus at {} is prepared, with {} image occurrences taking {} positions, but \
-             workers cannot measure image positions through mtmd yet, so the run stops here \
-             instead of measuring the images' marker tokens as text",
-            store.url(),
-            im.occurrences,
-            im.positions
-        );
-    }
     let index = read_index(&store).await?;
     let model_path = std::path::absolute(config.model_path()).context("model path")?;
+    // Workers measure the corpus's images with the mmproj it was tokenized with.
+    let mmproj = match (&outcome.manifest.images, config.mmproj_path()) {
+        (Some(im), Some(path)) => Some(common::wire::MmprojFile {
+            path: std::path::absolute(&path)
+                .context("mmproj path")?
+                .display()
+                .to_string(),
+            sha256: im.mmproj_sha256.clone(),
+        }),
+        (Some(_), None) => anyhow::bail!(
+            "the corpus at {} has images, but [model] mmproj is not set: name the mmproj it \
+             was tokenized with, so that workers can measure them",
+            store.url()
+        ),
+        (None, _) => None,
+    };
     let setup = RunSetup {
         store: store.clone(),
         index,
         model_sha256: outcome.manifest.model_sha256.clone(),
         model_path: model_path.clone(),
+        mmproj,
         run: config.run.clone(),
         cluster: config.cluster.clone(),
     };

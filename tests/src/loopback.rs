@@ -31,6 +31,7 @@ pub fn fake_setup(dir: &Path, n_chunks: u32) -> RunSetup {
         index,
         model_sha256: FAKE_MODEL.into(),
         model_path: "unused.gguf".into(),
+        mmproj: None,
         run: RunSettings {
             lease_chunks: 3,
             heartbeat_timeout_s: 2,
@@ -58,6 +59,7 @@ pub fn real_setup(
         index,
         model_sha256: worker::collect::sha256_file(model).unwrap(),
         model_path: model.to_path_buf(),
+        mmproj: None,
         run: RunSettings {
             lease_chunks: 2,
             heartbeat_timeout_s,

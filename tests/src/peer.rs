@@ -107,7 +107,7 @@ impl Peer {
     /// Logs in with the run's secret and expects the job.
     pub async fn joined(l: &Listening, name: &str) -> (Peer, JobInfo) {
         match Peer::login(l, name, l.secret.expose()).await {
-            (p, ToWorker::Welcome { job, .. }) => (p, job),
+            (p, ToWorker::Welcome { job, .. }) => (p, *job),
             (_, other) => panic!("not welcomed: {other:?}"),
         }
     }

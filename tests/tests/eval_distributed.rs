@@ -76,6 +76,7 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
             store,
             model_sha256,
             model_path: model.to_path_buf(),
+            mmproj: None,
             run: RunSettings {
                 lease_chunks: 2,
                 heartbeat_timeout_s: 3,
@@ -359,6 +360,7 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
     let liar = LyingLoader {
         honest: CollectorLoader {
             model: Some(model.clone()),
+            mmproj: None,
             n_gpu_layers: 0,
             threads: Some(1),
             reduce: Reduce::Host,

@@ -3,8 +3,8 @@
 //! into the positions the clip geometry implies, and decoding the chunks with
 //! mtmd's helper gives finite logits that depend on the image. The bundled
 //! image sample is the generator's output and every picture in it decodes
-//! through mtmd into those positions. Until workers measure images, the CLI
-//! prepares an image corpus and then refuses to measure it.
+//! through mtmd into those positions. `coordinator run` measures an image
+//! corpus with its workers feeding the mmproj's embeddings.
 
 use common::gguf_read::GgufReader;
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -208,59 +208,121 @@ fn every_bundled_image_decodes_through_mtmd_into_the_geometry_positions() {
     assert_eq!(n_images, 8);
 }
 
-/// Until workers measure image positions (issue #25, slice 4), the CLI
-/// prepares an image corpus, stores its images by hash, and then stops:
-/// `coordinator run` after preparing it, `worker collect` on its chunks,
-/// each naming what it refuses.
-#[test]
-fn an_image_corpus_is_prepared_then_refused_by_run_and_workers_until_measuring_lands() {
-    let dir = tempfile::tempdir().unwrap();
-    let (model, mmproj) = model_and_mmproj(dir.path());
+/// The image sample's config: the generated model and an mmproj of `seed`
+/// in `dir`, one lease a chunk, the bundled records as one domain.
+fn image_config(dir: &Path, seed: u64) -> PathBuf {
+    let model = fixtures::model(dir, Preset::Tiny);
+    let spec = MmprojSpec::tiny(text_hidden_size(&model).unwrap());
+    let mmproj = dir.join(format!("mmproj-{seed}.gguf"));
+    write_mmproj(&spec, seed, &mmproj).unwrap();
     let records = sample_dir().join(worker::synth::images::RECORDS);
-    let config = dir.path().join("images.toml");
+    let config = dir.join(format!("images-{seed}.toml"));
     std::fs::write(
         &config,
         format!(
             "[model]\npath = {model:?}\nmmproj = {mmproj:?}\n\n[corpus]\nn_ctx = 64\n\n\
+             [run]\nlease_chunks = 1\n\n\
              [[corpus.domains]]\nname = \"images\"\nsources = [{{ path = {records:?} }}]\n"
         ),
     )
     .unwrap();
-    let run = dir.path().join("run");
+    config
+}
+
+/// `coordinator run CONFIG --local-workers N --out RUN`, which must succeed.
+fn run_ok(config: &Path, workers: u32, run: &Path) {
+    let workers = workers.to_string();
     let args = [
         "run",
         config.to_str().unwrap(),
         "--local-workers",
-        "1",
+        &workers,
         "--out",
         run.to_str().unwrap(),
     ];
     let out = fixtures::run("coordinator", &args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("8 image occurrences taking 128 positions")
-            && err.contains("the run stops here"),
-        "{err}"
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!run.join("saliency.json").exists());
-    let images: Vec<_> = std::fs::read_dir(run.join("corpus/images"))
+}
+
+/// Workers measure an image corpus through the mmproj (issue #25, slice
+/// 4): `coordinator run` on the bundled sample exits 0 with verify passing,
+/// every image position counted as a token of its domain, the same bytes
+/// with 1 and 3 workers, and other statistics with another mmproj (the
+/// image positions decode the projector's embeddings, not marker ids).
+/// `worker collect`, one process without a coordinator, still refuses image
+/// chunks by name.
+#[test]
+fn workers_measure_an_image_corpus_through_the_mmproj() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = image_config(dir.path(), 0);
+    let one = dir.path().join("one");
+    run_ok(&config, 1, &one);
+    let images: Vec<_> = std::fs::read_dir(one.join("corpus/images"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     assert_eq!(images.len(), 5, "{images:?}");
+    // `coordinator run` exits 0 only when every verify invariant holds.
 
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
-    let chunks = format!("0..{}", index["n_chunks"].as_u64().unwrap());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(one.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["images"]["positions"], 128, "{manifest}");
+    let saliency = |run: &Path| std::fs::read(run.join("saliency.json")).unwrap();
+    let parsed: serde_json::Value = serde_json::from_slice(&saliency(&one)).unwrap();
+    let chunks: Vec<common::corpus::Chunk> = common::corpus::read_chunks(
+        std::fs::read(one.join("corpus/chunks.parquet"))
+            .unwrap()
+            .into(),
+        None,
+    )
+    .unwrap();
+    let positions: u64 = chunks.iter().map(|c| c.tokens.len() as u64).sum();
+    let image_positions: u64 = chunks
+        .iter()
+        .flat_map(|c| &c.images)
+        .map(|im| u64::from(im.len))
+        .sum();
+    assert_eq!(image_positions, 128);
+    let measured: u64 = parsed["splits"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|split| split["n_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(measured, positions, "every position, image ones included");
+
+    let three = dir.path().join("three");
+    run_ok(&config, 3, &three);
+    for name in ["saliency.json", "imatrix.gguf"] {
+        assert!(
+            std::fs::read(one.join(name)).unwrap() == std::fs::read(three.join(name)).unwrap(),
+            "{name} differs between 1 and 3 workers"
+        );
+    }
+
+    let other = dir.path().join("other");
+    run_ok(&image_config(dir.path(), 1), 1, &other);
+    assert_ne!(
+        saliency(&one),
+        saliency(&other),
+        "another projector must change what the image positions route to"
+    );
+
+    let model = dir.path().join("tiny.gguf");
+    let range = format!("0..{}", chunks.len());
     let out = fixtures::run(
         "worker",
-        &fixtures::worker_args("collect", &model, &run, &chunks, &run, &[]),
+        &fixtures::worker_args("collect", &model, &one, &range, &dir.path().join("c"), &[]),
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains(" carries ") && err.contains("not implemented in workers yet"),
+        err.contains(" carries ") && err.contains("a one-process worker command"),
         "{err}"
     );
 }

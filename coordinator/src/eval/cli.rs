@@ -114,6 +114,7 @@ pub(crate) async fn evaluate_recorded(
             index: read_index(store).await?,
             model_sha256: base.sha256,
             model_path: base.path.to_path_buf(),
+            mmproj: None,
             run: config.run.clone(),
             cluster: config.cluster.clone(),
         },
@@ -143,6 +144,8 @@ pub(crate) async fn evaluate_held(
         base: RunSetup {
             model_sha256: base.sha256,
             model_path: base.path.to_path_buf(),
+            // Evaluation refuses image chunks.
+            mmproj: None,
             ..setup.clone()
         },
         job,

@@ -238,7 +238,7 @@ impl<K: LeaseKind> Hub<K> {
     pub fn welcome(&self, worker_id: WorkerId) -> ToWorker {
         ToWorker::Welcome {
             worker_id,
-            job: self.job.clone(),
+            job: Box::new(self.job.clone()),
             task: self.kind.task(),
         }
     }

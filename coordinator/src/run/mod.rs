@@ -144,6 +144,8 @@ pub struct RunSetup {
     pub model_sha256: String,
     /// Model path sent to workers.
     pub model_path: PathBuf,
+    /// The model's mmproj sent to workers, when the corpus has images.
+    pub mmproj: Option<common::wire::MmprojFile>,
     /// `[run]`.
     pub run: RunSettings,
     /// `[cluster]`.

@@ -58,6 +58,7 @@ pub(crate) fn job_info(setup: &RunSetup, options: JobOptions, redundancy: bool) 
         corpus_url: store.url_of(CORPUS_DIR),
         model_sha256: setup.model_sha256.clone(),
         model_path: setup.model_path.display().to_string(),
+        mmproj: setup.mmproj.clone(),
         options,
         max_inline_bytes: u64::from(max_frame(&setup.cluster) - (1 << 16)),
         heartbeat_ms: (heartbeat_timeout(&setup.run) / 4).as_millis() as u64,

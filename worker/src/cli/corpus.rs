@@ -33,6 +33,10 @@ pub async fn load_chunks(
     let bytes = corpus.get(CHUNKS_FILE).await?;
     let chunks = read_chunks(bytes, Some(range))
         .map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
-    refuse_images(&chunks).map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
+    refuse_images(
+        &chunks,
+        "a one-process worker command (use `coordinator run`)",
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", corpus.url_of(CHUNKS_FILE)))?;
     Ok((index, chunks))
 }

@@ -20,8 +20,8 @@ mod scratch;
 mod shape;
 
 use crate::error::WorkerError;
-use crate::llama::{self, Context, ContextParams, Logits, Model};
-use common::corpus::{Chunk, CorpusIndex};
+use crate::llama::{self, Context, ContextParams, ImageEmbedding, Logits, Model, Vision};
+use common::corpus::{Chunk, CorpusIndex, ImageSpan};
 use common::imatrix::Imatrix;
 use common::partial::{BackendToHost, Partial};
 use common::stats::ExpertAccum;
@@ -118,8 +118,14 @@ impl CollectOptions {
     }
 }
 
+/// The bytes of the images a lease's chunks carry, by SHA-256 (hex).
+pub type ImageBytes = BTreeMap<String, bytes::Bytes>;
+
 /// A loaded model ready to measure chunks.
 pub struct Collector {
+    /// The model's image encoder, when it measures images (dropped before
+    /// the model it was loaded beside).
+    vision: Option<Vision>,
     model: Arc<Model>,
     path: PathBuf,
     sha256: String,
@@ -153,6 +159,7 @@ impl Collector {
         })?;
         let on_device = opts.reduce.on_device(opts.n_gpu_layers, llama::has_gpu());
         Ok(Collector {
+            vision: None,
             model: Arc::new(model),
             path: path.to_path_buf(),
             sha256,
@@ -162,6 +169,14 @@ impl Collector {
             on_device,
             context: None,
         })
+    }
+
+    /// Loads the model's `mmproj` (its vision encoder and projector) so
+    /// that image chunks can be measured; returns its SHA-256.
+    pub fn load_mmproj(&mut self, mmproj: &Path) -> Result<String, WorkerError> {
+        let sha256 = sha256_file(mmproj)?;
+        self.vision = Some(Vision::load(mmproj, &self.model, self.opts.threads)?);
+        Ok(sha256)
     }
 
     /// SHA-256 of the model file, lowercase hex.
@@ -174,15 +189,28 @@ impl Collector {
         &self.shape
     }
 
-    /// Measures `chunks` (sorted, unique ids). `progress` is called after
-    /// each chunk with its id and token count.
+    /// Measures `chunks` (sorted, unique ids) of text. `progress` is called
+    /// after each chunk with its id and token count.
     pub fn run(
         &mut self,
         index: &CorpusIndex,
         chunks: &[Chunk],
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Collected, WorkerError> {
+        self.run_with_images(index, chunks, &ImageBytes::new(), progress)
+    }
+
+    /// [`Collector::run`] on chunks that may carry images, whose bytes are
+    /// in `images` (an image chunk needs [`Collector::load_mmproj`]).
+    pub fn run_with_images(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        images: &ImageBytes,
+        progress: &mut dyn FnMut(u32, usize),
+    ) -> Result<Collected, WorkerError> {
         check_chunks(index, chunks)?;
+        let embeddings = self.encode_images(index, chunks, images)?;
         let params = chunk_context(
             index,
             self.opts.n_ubatch,
@@ -221,20 +249,26 @@ impl Collector {
             let labels = chunk.token_labels();
             let rows_before = ctx.observer().trace.len();
             ctx.clear();
-            let fed = Feed {
-                chunk: chunk.id.0,
-                pos0: 0,
-                traced,
-                measured: true,
-                greedy: false,
-            };
-            feed(
-                &mut ctx,
-                fed,
-                &chunk.tokens,
-                &labels,
-                params.n_ubatch as usize,
-            )?;
+            for piece in pieces(chunk) {
+                let fed = Feed {
+                    chunk: chunk.id.0,
+                    pos0: piece.start,
+                    traced,
+                    measured: true,
+                    greedy: false,
+                };
+                let range = piece.start..piece.start + piece.len;
+                let (tokens, labels) = (&chunk.tokens[range.clone()], &labels[range]);
+                let step = params.n_ubatch as usize;
+                match piece.image {
+                    None => {
+                        feed(&mut ctx, fed, tokens, labels, step)?;
+                    }
+                    Some(im) => {
+                        feed_image(&mut ctx, fed, &embeddings[&im.sha256], tokens, labels, step)?
+                    }
+                }
+            }
             if !(splits.fit && splits.heldout) {
                 // One split of this chunk is traced: keep only its rows.
                 let rows = ctx.observer().trace.split_off(rows_before);
@@ -300,6 +334,50 @@ impl Collector {
         })
     }
 
+    /// The embeddings of every image `chunks` carry, each image encoded
+    /// once from its bytes in `images` (whose hash is checked): an image
+    /// must take the positions its span says.
+    fn encode_images(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        images: &ImageBytes,
+    ) -> Result<BTreeMap<String, ImageEmbedding>, WorkerError> {
+        let mut out: BTreeMap<String, ImageEmbedding> = BTreeMap::new();
+        for (chunk, im) in chunks
+            .iter()
+            .flat_map(|c| c.images.iter().map(move |im| (c, im)))
+        {
+            let fail = |reason: String| {
+                corpus_error(
+                    index,
+                    format!("chunk {}: image {}: {reason}", chunk.id, im.sha256),
+                )
+            };
+            if !out.contains_key(&im.sha256) {
+                let vision = self.vision.as_mut().ok_or_else(|| {
+                    fail("the worker has no mmproj loaded, so it cannot measure images".into())
+                })?;
+                let bytes = images
+                    .get(&im.sha256)
+                    .ok_or_else(|| fail("its bytes were not fetched".into()))?;
+                if common::hash::sha256_hex(bytes) != im.sha256 {
+                    return Err(fail("its bytes have another SHA-256".into()));
+                }
+                out.insert(im.sha256.clone(), vision.encode(bytes)?);
+            }
+            let n = out[&im.sha256].n_tokens;
+            if n != im.len as usize {
+                return Err(fail(format!(
+                    "the mmproj encodes it into {n} positions, but the chunk gives it {} (was \
+                     the corpus prepared with another mmproj?)",
+                    im.len
+                )));
+            }
+        }
+        Ok(out)
+    }
+
     /// The kept context if it was made with `params` (its observer replaced
     /// by `observer`), or a new one. A run that fails drops its context, so
     /// the next starts from a fresh one.
@@ -349,6 +427,11 @@ impl Collector {
             let start = span.start as usize;
             let prompt =
                 &chunk.tokens[start..start + (span.len as usize).min(self.opts.decode_prompt)];
+            // A prompt is text: it stops before the span's first image.
+            let prompt = &prompt[..prompt.iter().take_while(|&&t| t >= 0).count()];
+            if prompt.is_empty() {
+                continue;
+            }
             let label = (span.split, span.domain);
             let end = (prompt.len() + self.opts.decode_tokens).min(n_ctx);
             ctx.clear();
@@ -447,6 +530,78 @@ fn feed(
             })?;
     }
     Ok(next)
+}
+
+/// A run of a chunk's positions decoded alike: text tokens, or one image.
+struct Piece<'a> {
+    start: usize,
+    len: usize,
+    image: Option<&'a ImageSpan>,
+}
+
+/// The chunk cut at its images' edges: text runs and images in position
+/// order (a text chunk is one piece, so its micro-batches are unchanged).
+fn pieces(chunk: &Chunk) -> Vec<Piece<'_>> {
+    let mut out = Vec::with_capacity(2 * chunk.images.len() + 1);
+    let mut at = 0;
+    for im in &chunk.images {
+        let (start, len) = (im.start as usize, im.len as usize);
+        if start > at {
+            out.push(Piece {
+                start: at,
+                len: start - at,
+                image: None,
+            });
+        }
+        out.push(Piece {
+            start,
+            len,
+            image: Some(im),
+        });
+        at = start + len;
+    }
+    if at < chunk.tokens.len() || out.is_empty() {
+        out.push(Piece {
+            start: at,
+            len: chunk.tokens.len() - at,
+            image: None,
+        });
+    }
+    out
+}
+
+/// Decodes an image's embeddings at its positions in micro-batches of
+/// `step` rows; the observer sees its marker tokens as the ids.
+fn feed_image(
+    ctx: &mut Context<'_, Observer>,
+    f: Feed,
+    image: &ImageEmbedding,
+    markers: &[i32],
+    labels: &[(Split, u16)],
+    step: usize,
+) -> Result<(), WorkerError> {
+    let width = image.n_embd;
+    for (i, rows) in image.values.chunks(step * width).enumerate() {
+        let offset = i * step;
+        let n = rows.len() / width;
+        let pos0 = f.pos0 + offset;
+        ctx.observer().begin_ubatch(UbatchInfo {
+            chunk: f.chunk,
+            pos0: pos0 as u32,
+            tokens: markers[offset..offset + n].to_vec(),
+            labels: labels[offset..offset + n].to_vec(),
+            traced: f.traced,
+            measured: f.measured,
+        });
+        ctx.decode_embeddings(rows, width, pos0 as i32)?;
+        ctx.observer()
+            .end_ubatch()
+            .map_err(|reason| WorkerError::Graph {
+                chunk: f.chunk,
+                reason,
+            })?;
+    }
+    Ok(())
 }
 
 /// What [`Collector::run`] measured.

@@ -6,7 +6,7 @@
 
 use super::eval_engine::{EvalEngine, SlicedEvaluator};
 use crate::collect::device::Reduce;
-use crate::collect::{CollectOptions, Collector};
+use crate::collect::{CollectOptions, Collector, ImageBytes};
 use crate::eval::candidates::Inputs;
 use crate::eval::{Compare, EvalOptions};
 use common::corpus::{Chunk, CorpusIndex};
@@ -29,6 +29,18 @@ pub trait Engine {
         index: &CorpusIndex,
         chunks: &[Chunk],
     ) -> Result<(Partial, Vec<TraceRow>), String>;
+    /// [`Engine::measure`] of chunks that may carry images, whose bytes are
+    /// in `images`. Engines that cannot measure images refuse image chunks.
+    fn measure_with_images(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        images: &ImageBytes,
+    ) -> Result<(Partial, Vec<TraceRow>), String> {
+        let _ = images;
+        common::corpus::refuse_images(chunks, "this engine")?;
+        self.measure(index, chunks)
+    }
 }
 
 /// Creates an engine once the job is known (on the engine's thread); cloned
@@ -57,6 +69,9 @@ pub trait EngineLoader: Send + Clone + 'static {
 pub struct CollectorLoader {
     /// Model file; `None` uses the path the coordinator sends.
     pub model: Option<PathBuf>,
+    /// The model's mmproj, for jobs whose corpus has images; `None` uses
+    /// the path the coordinator sends.
+    pub mmproj: Option<PathBuf>,
     /// Layers offloaded to the GPU.
     pub n_gpu_layers: u32,
     /// CPU threads (`None`: all cores).
@@ -100,7 +115,19 @@ impl EngineLoader for CollectorLoader {
             opts.threads = t;
         }
         let model = self.model.unwrap_or_else(|| PathBuf::from(&job.model_path));
-        let collector = Collector::load(&model, opts).map_err(|e| e.to_string())?;
+        let mut collector = Collector::load(&model, opts).map_err(|e| e.to_string())?;
+        if let Some(want) = &job.mmproj {
+            let path = self.mmproj.unwrap_or_else(|| PathBuf::from(&want.path));
+            let sha256 = collector.load_mmproj(&path).map_err(|e| e.to_string())?;
+            if sha256 != want.sha256 {
+                return Err(format!(
+                    "mmproj {} has SHA-256 {sha256}, but the run's corpus was prepared with {} \
+                     (pass the run's mmproj with --mmproj)",
+                    path.display(),
+                    want.sha256
+                ));
+            }
+        }
         Ok(CollectorEngine {
             collector,
             trace_top_n: o.trace_top_n as usize,
@@ -150,18 +177,28 @@ impl Engine for CollectorEngine {
         index: &CorpusIndex,
         chunks: &[Chunk],
     ) -> Result<(Partial, Vec<TraceRow>), String> {
+        self.measure_with_images(index, chunks, &ImageBytes::new())
+    }
+
+    fn measure_with_images(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        images: &ImageBytes,
+    ) -> Result<(Partial, Vec<TraceRow>), String> {
         self.collector
-            .run(index, chunks, &mut |_, _| {})
+            .run_with_images(index, chunks, images, &mut |_, _| {})
             .map(|c| (c.partial, c.trace))
             .map_err(|e| e.to_string())
     }
 }
 
-/// One request to an engine thread: chunks of a corpus, and where the
-/// result goes.
+/// One request to an engine thread: chunks of a corpus with the bytes of
+/// their images, and where the result goes.
 type Request<R> = (
     Arc<CorpusIndex>,
     Vec<Chunk>,
+    ImageBytes,
     oneshot::Sender<Result<R, String>>,
 );
 
@@ -183,7 +220,9 @@ impl<R: Send + 'static> EngineThread<R> {
     where
         I: Send + 'static,
         Load: FnOnce() -> Result<(E, I), String> + Send + 'static,
-        Run: FnMut(&mut E, &CorpusIndex, &[Chunk]) -> Result<R, String> + Send + 'static,
+        Run: FnMut(&mut E, &CorpusIndex, &[Chunk], &ImageBytes) -> Result<R, String>
+            + Send
+            + 'static,
     {
         let (tx, mut rx) = mpsc::channel::<Request<R>>(1);
         let (ready_tx, ready_rx) = oneshot::channel();
@@ -200,8 +239,8 @@ impl<R: Send + 'static> EngineThread<R> {
                         return;
                     }
                 };
-                while let Some((index, chunks, reply)) = rx.blocking_recv() {
-                    let _ = reply.send(run(&mut engine, &index, &chunks));
+                while let Some((index, chunks, images, reply)) = rx.blocking_recv() {
+                    let _ = reply.send(run(&mut engine, &index, &chunks, &images));
                 }
             })
             .map_err(|e| format!("cannot start the {name} thread: {e}"))?;
@@ -211,11 +250,17 @@ impl<R: Send + 'static> EngineThread<R> {
         Ok((EngineThread { requests: tx }, info))
     }
 
-    /// Computes the result of chunks on the engine thread.
-    pub async fn run(&self, index: Arc<CorpusIndex>, chunks: Vec<Chunk>) -> Result<R, String> {
+    /// Computes the result of chunks (with their images' bytes) on the
+    /// engine thread.
+    pub async fn run(
+        &self,
+        index: Arc<CorpusIndex>,
+        chunks: Vec<Chunk>,
+        images: ImageBytes,
+    ) -> Result<R, String> {
         let (tx, rx) = oneshot::channel();
         self.requests
-            .send((index, chunks, tx))
+            .send((index, chunks, images, tx))
             .await
             .map_err(|_| "the engine thread is gone".to_string())?;
         rx.await.map_err(|_| "the engine thread died".to_string())?

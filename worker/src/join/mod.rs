@@ -68,6 +68,10 @@ pub struct JoinArgs {
     /// GGUF model file (default: the path the coordinator sends).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// The model's mmproj GGUF, for a corpus with images (default: the
+    /// path the coordinator sends).
+    #[arg(long)]
+    pub mmproj: Option<PathBuf>,
     /// Layers offloaded to the GPU (`-ngl`).
     #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
     pub n_gpu_layers: u32,
@@ -303,6 +307,7 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
     let opts = ClientOptions::from_args(&args)?;
     let loader = engine::CollectorLoader {
         model: args.model.clone(),
+        mmproj: args.mmproj.clone(),
         n_gpu_layers: args.n_gpu_layers,
         threads: args.threads,
         reduce: Reduce::from_flag_or_env(args.reduce).map_err(JoinError::Setup)?,
@@ -524,7 +529,7 @@ async fn work<L: EngineLoader>(
                     tracing::info!(%worker_id, run = %job.run_url, candidates = eval.candidates.len(), "joined an evaluation")
                 }
             }
-            (job, task)
+            (*job, task)
         }
         other => {
             return Err(JoinError::Protocol(format!(
@@ -704,11 +709,12 @@ async fn heartbeating<T>(
         .map_err(|e| e.to_string())
 }
 
-/// The corpus index and chunk table, read once.
+/// The corpus index and chunk table, read once, and where its images are.
 struct Corpus {
     index: Arc<CorpusIndex>,
     table: bytes::Bytes,
     url: String,
+    store: RunStore,
 }
 
 impl Corpus {
@@ -726,15 +732,28 @@ impl Corpus {
             index: Arc::new(index),
             table,
             url: store.url_of(CHUNKS_FILE),
+            store,
         })
     }
 
     /// The chunks of a lease (a range outside the corpus is refused).
     fn chunks(&self, range: common::ChunkRange) -> Result<Vec<Chunk>, String> {
         self.index.check_range(range)?;
-        let chunks = read_chunks(self.table.clone(), Some(range))
-            .and_then(|c| common::corpus::refuse_images(&c).map(|()| c));
-        chunks.map_err(|e| format!("{}: {e}", self.url))
+        read_chunks(self.table.clone(), Some(range)).map_err(|e| format!("{}: {e}", self.url))
+    }
+
+    /// The bytes of every image `chunks` carry, read from the corpus (the
+    /// collector checks each against its hash).
+    async fn images(&self, chunks: &[Chunk]) -> Result<crate::collect::ImageBytes, String> {
+        let mut out = crate::collect::ImageBytes::new();
+        for im in chunks.iter().flat_map(|c| &c.images) {
+            if !out.contains_key(&im.sha256) {
+                let name = common::layout::corpus::image(&im.sha256);
+                let bytes = self.store.get(&name).await.map_err(|e| e.to_string())?;
+                out.insert(im.sha256.clone(), bytes);
+            }
+        }
+        Ok(out)
     }
 }
 

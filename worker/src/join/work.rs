@@ -95,7 +95,11 @@ impl LeaseWork for Collect {
     ) -> Produced<'a> {
         Box::pin(async move {
             let chunks = corpus.chunks(range)?;
-            let (mut partial, rows) = self.engine.run(corpus.index.clone(), chunks).await?;
+            let images = corpus.images(&chunks).await?;
+            let (mut partial, rows) = self
+                .engine
+                .run(corpus.index.clone(), chunks, images)
+                .await?;
             if !rows.is_empty() {
                 let (k, n) = self.trace_shape;
                 let name = crate::collect::trace_part_name(range, false);
@@ -132,7 +136,12 @@ impl LeaseWork for Evaluate {
     ) -> Produced<'a> {
         Box::pin(async move {
             let chunks = corpus.chunks(range)?;
-            let partial = self.engine.run(corpus.index.clone(), chunks).await?;
+            common::corpus::refuse_images(&chunks, "evaluation")
+                .map_err(|e| format!("{}: {e}", corpus.url))?;
+            let partial = self
+                .engine
+                .run(corpus.index.clone(), chunks, Default::default())
+                .await?;
             Ok(Output::Evaluate(partial))
         })
     }
@@ -153,12 +162,15 @@ pub(super) async fn load<L: EngineLoader>(
                 let facts = (e.model_sha256(), e.trace_shape());
                 Ok((e, facts))
             };
-            let (engine, (model_sha256, trace_shape)) =
-                EngineThread::start("engine", load, |e: &mut L::Engine, index, chunks| {
-                    e.measure(index, chunks)
-                })
-                .await
-                .map_err(JoinError::Engine)?;
+            let (engine, (model_sha256, trace_shape)) = EngineThread::start(
+                "engine",
+                load,
+                |e: &mut L::Engine, index, chunks, images| {
+                    e.measure_with_images(index, chunks, images)
+                },
+            )
+            .await
+            .map_err(JoinError::Engine)?;
             Ok(Box::new(Collect {
                 engine,
                 model_sha256,
@@ -176,7 +188,7 @@ pub(super) async fn load<L: EngineLoader>(
             let (engine, base_sha256) = EngineThread::start(
                 "eval-engine",
                 load,
-                |e: &mut Box<dyn EvalEngine>, index, chunks| e.evaluate(index, chunks),
+                |e: &mut Box<dyn EvalEngine>, index, chunks, _| e.evaluate(index, chunks),
             )
             .await
             .map_err(JoinError::Engine)?;

@@ -1,0 +1,274 @@
+//! An independent check of the image positions' statistics (issue #25): one
+//! image record runs through mtmd's own helper (`mtmd_helper_eval_chunks`:
+//! mtmd tokenizes the prompt, encodes the image and decodes the text and
+//! the embeddings itself) on a plain llama.cpp context whose eval callback
+//! dumps the router output of the first MoE layer; the test recomputes each
+//! expert's count and prob_sum from that dump and compares them with what
+//! the collector measures on the same positions (text ids and the image's
+//! marker ids, its span where mtmd put it). Nothing of the collector's
+//! feeding code runs on the oracle's side.
+
+use common::corpus::{image_token, Chunk, ImageSpan, Span};
+use common::{ChunkId, Split};
+use llama_cpp_sys_2 as sys;
+use std::ffi::{c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use worker::collect::{CollectOptions, Collector, ImageBytes};
+use worker::synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
+use worker::synth::Preset;
+
+/// Context size and micro-batch of both sides: every piece of the record
+/// (text, image, text) is decoded in one batch by each.
+const N_CTX: u32 = 128;
+
+/// The router output of one layer, as the eval callback saw it.
+#[derive(Default)]
+struct Dump {
+    probs_name: String,
+    topk_name: String,
+    /// Per position: the router's probability of every expert.
+    probs: Vec<Vec<f32>>,
+    /// Per position: the selected experts.
+    topk: Vec<Vec<i32>>,
+}
+
+/// Reads the element at byte offset `offset` of a host tensor.
+///
+/// # Safety
+/// `t` is a live tensor whose data is in host memory, holding a `T` there.
+unsafe fn at<T: Copy>(t: &sys::ggml_tensor, offset: usize) -> T {
+    std::ptr::read_unaligned((t.data as *const u8).add(offset) as *const T)
+}
+
+unsafe extern "C" fn dump_router(t: *mut sys::ggml_tensor, ask: bool, user: *mut c_void) -> bool {
+    let dump = &mut *(user as *mut Dump);
+    let t = &*t;
+    let name = CStr::from_ptr(t.name.as_ptr()).to_string_lossy();
+    let (probs, topk) = (name == dump.probs_name, name == dump.topk_name);
+    if ask {
+        return probs || topk;
+    }
+    let (ne, nb) = (t.ne, t.nb);
+    if probs {
+        // [n_expert, n_tokens]
+        for j in 0..ne[1] as usize {
+            let row = (0..ne[0] as usize).map(|i| at::<f32>(t, i * nb[0] + j * nb[1]));
+            dump.probs.push(row.collect());
+        }
+    } else if topk {
+        // [k, n_tokens], or [1, k, n_tokens]: token j's i-th choice.
+        let (k, n, (si, sj)) = match ne[0] {
+            1 => (ne[1], ne[2], (nb[1], nb[2])),
+            _ => (ne[0], ne[1], (nb[0], nb[1])),
+        };
+        for j in 0..n as usize {
+            let row = (0..k as usize).map(|i| at::<i32>(t, i * si + j * sj));
+            dump.topk.push(row.collect());
+        }
+    }
+    true
+}
+
+/// Drops llama.cpp's and mtmd's log lines (the test's output stays readable).
+unsafe extern "C" fn quiet(_: sys::ggml_log_level, _: *const std::ffi::c_char, _: *mut c_void) {}
+
+/// What mtmd made of the record, and the router dump of its decode.
+struct Oracle {
+    /// Text token ids and the image's length at its place, in order.
+    pieces: Vec<Piece>,
+    dump: Dump,
+}
+
+enum Piece {
+    Text(Vec<i32>),
+    Image(usize),
+}
+
+/// Runs `prompt` (one media marker) with `image` through mtmd's helper on
+/// `model` and `mmproj`, dumping block `layer`'s router output.
+fn oracle(model: &Path, mmproj: &Path, prompt: &str, image: &[u8], layer: u32) -> Oracle {
+    let mut dump = Box::new(Dump {
+        probs_name: format!("ffn_moe_probs-{layer}"),
+        topk_name: format!("ffn_moe_topk-{layer}"),
+        ..Dump::default()
+    });
+    let c_model = CString::new(model.to_str().unwrap()).unwrap();
+    let c_mmproj = CString::new(mmproj.to_str().unwrap()).unwrap();
+    let c_prompt = CString::new(prompt).unwrap();
+    // SAFETY: plain llama.cpp / mtmd C calls on handles this function
+    // creates and frees; the dump outlives the context whose callback
+    // writes it; tensors the callback reads are host tensors (CPU build).
+    let pieces = unsafe {
+        sys::llama_backend_init();
+        sys::llama_log_set(Some(quiet), std::ptr::null_mut());
+        sys::mtmd_helper_log_set(Some(quiet), std::ptr::null_mut());
+        let m =
+            sys::llama_model_load_from_file(c_model.as_ptr(), sys::llama_model_default_params());
+        assert!(!m.is_null(), "the model loads");
+        let mut cp = sys::llama_context_default_params();
+        cp.n_ctx = N_CTX;
+        cp.n_batch = N_CTX;
+        cp.n_ubatch = N_CTX;
+        cp.n_seq_max = 1;
+        cp.n_threads = 2;
+        cp.n_threads_batch = 2;
+        cp.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        cp.cb_eval = Some(dump_router);
+        cp.cb_eval_user_data = (&mut *dump as *mut Dump).cast();
+        let ctx = sys::llama_init_from_model(m, cp);
+        assert!(!ctx.is_null(), "a context");
+        let mut mp = sys::mtmd_context_params_default();
+        mp.use_gpu = false;
+        mp.print_timings = false;
+        mp.n_threads = 2;
+        let mctx = sys::mtmd_init_from_file(c_mmproj.as_ptr(), m, mp);
+        assert!(!mctx.is_null(), "mtmd loads the mmproj");
+        let wrapper = sys::mtmd_helper_bitmap_init_from_buf(
+            mctx,
+            image.as_ptr(),
+            image.len(),
+            false,
+            sys::mtmd_helper_init_opt_default(),
+        );
+        assert!(!wrapper.bitmap.is_null(), "mtmd decodes the image");
+        let chunks = sys::mtmd_input_chunks_init();
+        let text = sys::mtmd_input_text {
+            text: c_prompt.as_ptr(),
+            text_len: prompt.len(),
+            add_special: true,
+            parse_special: true,
+        };
+        let bitmaps = [wrapper.bitmap as *const sys::mtmd_bitmap];
+        assert_eq!(
+            sys::mtmd_tokenize(mctx, chunks, &text, bitmaps.as_ptr(), 1),
+            0
+        );
+        let mut pieces = Vec::new();
+        for i in 0..sys::mtmd_input_chunks_size(chunks) {
+            let c = sys::mtmd_input_chunks_get(chunks, i);
+            if sys::mtmd_input_chunk_get_type(c) == sys::MTMD_INPUT_CHUNK_TYPE_TEXT {
+                let mut n = 0usize;
+                let p = sys::mtmd_input_chunk_get_tokens_text(c, &mut n);
+                pieces.push(Piece::Text(std::slice::from_raw_parts(p, n).to_vec()));
+            } else {
+                pieces.push(Piece::Image(sys::mtmd_input_chunk_get_n_tokens(c)));
+            }
+        }
+        let mut n_past = 0;
+        let code =
+            sys::mtmd_helper_eval_chunks(mctx, ctx, chunks, 0, 0, N_CTX as i32, true, &mut n_past);
+        assert_eq!(code, 0, "mtmd's helper evaluates the record");
+        sys::mtmd_input_chunks_free(chunks);
+        sys::mtmd_bitmap_free(wrapper.bitmap);
+        sys::mtmd_free(mctx);
+        sys::llama_free(ctx);
+        sys::llama_model_free(m);
+        pieces
+    };
+    Oracle {
+        pieces,
+        dump: *dump,
+    }
+}
+
+fn sample_image() -> (Vec<u8>, String) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../configs/sample_images/images/red_square.png");
+    let bytes = std::fs::read(path).unwrap();
+    let sha = common::hash::sha256_hex(&bytes);
+    (bytes, sha)
+}
+
+#[test]
+fn image_positions_route_as_mtmds_own_helper_decodes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixtures::model(dir.path(), Preset::Tiny);
+    let mmproj = dir.path().join("mmproj.gguf");
+    write_mmproj(
+        &MmprojSpec::tiny(text_hidden_size(&model).unwrap()),
+        0,
+        &mmproj,
+    )
+    .unwrap();
+    let (image, sha) = sample_image();
+
+    let opts = CollectOptions {
+        n_ubatch: N_CTX,
+        threads: 2,
+        trace_every: 0,
+        ..CollectOptions::default()
+    };
+    let mut collector = Collector::load(&model, opts).unwrap();
+    let layers = collector.shape().moe_layers.clone();
+    // The first MoE block: not the last block, where llama.cpp keeps only
+    // the rows with outputs (the helper asks for the last token's alone).
+    let layer = layers[0];
+    assert!(layers.len() > 1, "{layers:?}");
+
+    let prompt = "Look at this: <__media__> It is a red square on white.";
+    let o = oracle(&model, &mmproj, prompt, &image, layer);
+
+    // The record as a chunk: mtmd's text ids, the image's marker ids where
+    // mtmd put it.
+    let mut tokens = Vec::new();
+    let mut images = Vec::new();
+    for piece in &o.pieces {
+        match piece {
+            Piece::Text(ids) => tokens.extend(ids),
+            Piece::Image(n) => {
+                images.push(ImageSpan {
+                    start: tokens.len() as u32,
+                    len: *n as u32,
+                    sha256: sha.clone(),
+                });
+                tokens.extend(std::iter::repeat_n(image_token(&sha), *n));
+            }
+        }
+    }
+    assert_eq!(images.len(), 1);
+    assert_eq!(
+        o.dump.probs.len(),
+        tokens.len(),
+        "one router row per position"
+    );
+    assert_eq!(o.dump.topk.len(), tokens.len());
+    let chunk = Chunk {
+        id: ChunkId(0),
+        spans: vec![Span {
+            start: 0,
+            len: tokens.len() as u32,
+            split: Split::Fit,
+            domain: 0,
+        }],
+        tokens,
+        images,
+    };
+    let index = fixtures::write_corpus(dir.path(), std::slice::from_ref(&chunk), N_CTX);
+    collector.load_mmproj(&mmproj).unwrap();
+    let bytes: ImageBytes = [(sha.clone(), bytes::Bytes::from(image))].into();
+    let collected = collector
+        .run_with_images(&index, &[chunk], &bytes, &mut |_, _| {})
+        .unwrap();
+    let group = collected.partial.experts.groups.values().next().unwrap();
+    let measured = group.layers.iter().find(|l| l.layer == layer).unwrap();
+
+    let n_expert = measured.count.len();
+    let mut count = vec![0u64; n_expert];
+    let mut prob_sum = vec![0f64; n_expert];
+    for (probs, topk) in o.dump.probs.iter().zip(&o.dump.topk) {
+        for &e in topk {
+            count[e as usize] += 1;
+        }
+        for (s, &p) in prob_sum.iter_mut().zip(probs) {
+            *s += f64::from(p);
+        }
+    }
+    assert_eq!(measured.count, count, "counts per expert, layer {layer}");
+    for (e, (m, o)) in measured.prob_sum.iter().zip(&prob_sum).enumerate() {
+        let m = m.to_f64();
+        assert!(
+            (m - o).abs() <= 1e-9 * o.abs().max(1.0),
+            "expert {e}: prob_sum {m} vs {o}"
+        );
+    }
+}
