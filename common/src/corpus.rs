@@ -147,6 +147,19 @@ impl Chunk {
         Ok(())
     }
 
+    /// How many of `span`'s positions belong to the chunk's images.
+    pub fn image_positions_in(&self, span: &Span) -> u32 {
+        let (start, end) = (span.start, span.start + span.len);
+        self.images
+            .iter()
+            .map(|im| {
+                (im.start + im.len)
+                    .min(end)
+                    .saturating_sub(im.start.max(start))
+            })
+            .sum()
+    }
+
     /// (split, domain index) of every token position.
     pub fn token_labels(&self) -> Vec<(Split, u16)> {
         self.spans

@@ -60,4 +60,4 @@ pub mod trace;
 pub mod wire;
 
 pub use exact::ExactSum;
-pub use split::{ChunkId, ChunkRange, Gating, LayerId, Split};
+pub use split::{ChunkId, ChunkRange, Gating, LayerId, Modality, Split};

@@ -7,7 +7,7 @@
 pub mod lenient;
 
 use crate::routing::Routing;
-use crate::split::{Gating, Split};
+use crate::split::{Gating, Modality, Split};
 use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -64,15 +64,20 @@ impl From<&GroupAccum> for DomainStats {
     }
 }
 
-/// Statistics of one split: the total and each domain.
+/// Statistics of one split: the total, each domain and, in a run that
+/// measured images, each modality.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SplitStats {
     /// Tokens of the split.
     pub n_tokens: u64,
     /// Per MoE layer, all domains together.
     pub layers: Vec<LayerStats>,
-    /// Per domain.
+    /// Per domain, all its modalities together.
     pub domains: BTreeMap<String, DomainStats>,
+    /// Per modality (`text`, `image`), all domains together; absent when
+    /// the run measured text only (its file keeps its bytes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub modalities: BTreeMap<String, DomainStats>,
 }
 
 /// The whole `saliency.json` document.
@@ -115,18 +120,34 @@ impl Saliency {
             let Some(total) = accum.split_total(split)? else {
                 continue;
             };
-            let domains = accum
+            let mut domains = BTreeMap::new();
+            for domain in accum
                 .groups
-                .iter()
-                .filter(|(k, _)| k.split == split)
-                .map(|(k, g)| (k.domain.clone(), DomainStats::from(g)))
-                .collect();
+                .keys()
+                .filter(|k| k.split == split)
+                .map(|k| &k.domain)
+            {
+                if !domains.contains_key(domain) {
+                    let sum = accum.total_where(|k| k.split == split && &k.domain == domain)?;
+                    let sum = sum.expect("a domain with a group");
+                    domains.insert(domain.clone(), DomainStats::from(&sum));
+                }
+            }
+            let mut modalities = BTreeMap::new();
+            if accum.has_images() {
+                for m in Modality::ALL {
+                    if let Some(sum) = accum.total_where(|k| k.split == split && k.modality == m)? {
+                        modalities.insert(m.as_str().to_string(), DomainStats::from(&sum));
+                    }
+                }
+            }
             splits.insert(
                 split.as_str().to_string(),
                 SplitStats {
                     n_tokens: total.n_tokens,
                     layers: total.layers.iter().map(LayerStats::from).collect(),
                     domains,
+                    modalities,
                 },
             );
         }

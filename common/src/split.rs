@@ -55,6 +55,39 @@ impl fmt::Display for Split {
     }
 }
 
+/// What a position of the model's input is: a text token, or one of an
+/// image's positions (the mmproj's embeddings).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Modality {
+    /// A text token.
+    #[default]
+    Text,
+    /// A position of an image.
+    Image,
+}
+
+impl Modality {
+    /// Both modalities, in report order.
+    pub const ALL: [Modality; 2] = [Modality::Text, Modality::Image];
+
+    /// The name used in files and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Modality::Text => "text",
+            Modality::Image => "image",
+        }
+    }
+}
+
+impl fmt::Display for Modality {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// How the router turns logits into expert probabilities, as llama.cpp's
 /// graph computes them (the op of `ffn_moe_probs`). The probability of an
 /// expert is what `prob_sum` adds and the trace's `topn_prob` holds.

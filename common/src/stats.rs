@@ -1,12 +1,13 @@
 //! Per-expert REAP statistics with an exact, serialisable merge.
 //!
-//! A [`ExpertAccum`] holds one [`GroupAccum`] per (split, domain); each holds
+//! A [`ExpertAccum`] holds one [`GroupAccum`] per (split, domain, modality)
+//! ([`GroupKey`]); each holds
 //! one [`LayerAccum`] per MoE layer. Integer counts and [`ExactSum`] floats
 //! make `merge` associative and commutative, bit for bit.
 
 use crate::exact::{ExactError, ExactSum};
 use crate::routing::Routing;
-use crate::split::{Gating, Split};
+use crate::split::{Gating, Modality, Split};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -133,11 +134,92 @@ impl GroupAccum {
 
 /// Key of a statistics group.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(into = "KeyForm", from = "KeyForm")]
 pub struct GroupKey {
     /// Fit or held-out.
     pub split: Split,
     /// Domain name from the corpus config.
     pub domain: String,
+    /// Text tokens or image positions.
+    pub modality: Modality,
+}
+
+impl GroupKey {
+    /// The key of `domain`'s text tokens in `split`.
+    pub fn text(split: Split, domain: &str) -> GroupKey {
+        GroupKey {
+            split,
+            domain: domain.to_string(),
+            modality: Modality::Text,
+        }
+    }
+}
+
+impl std::fmt::Display for GroupKey {
+    /// `split/domain`, and `/image` for image positions (the domain is a
+    /// peer's text: bounded and escaped).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}",
+            self.split,
+            crate::peer_text::peer_text(&self.domain)
+        )?;
+        match self.modality {
+            Modality::Text => Ok(()),
+            m => write!(f, "/{m}"),
+        }
+    }
+}
+
+/// How a [`GroupKey`] is stored: one tag for split and modality, then the
+/// domain. A text key is stored as partials before modalities stored
+/// `(split, domain)` (the tags of text are the split's), so those still
+/// decode, as text.
+#[derive(Serialize, Deserialize)]
+struct KeyForm {
+    tag: KeyTag,
+    domain: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum KeyTag {
+    Fit,
+    Heldout,
+    FitImage,
+    HeldoutImage,
+}
+
+impl From<GroupKey> for KeyForm {
+    fn from(k: GroupKey) -> KeyForm {
+        let tag = match (k.split, k.modality) {
+            (Split::Fit, Modality::Text) => KeyTag::Fit,
+            (Split::Heldout, Modality::Text) => KeyTag::Heldout,
+            (Split::Fit, Modality::Image) => KeyTag::FitImage,
+            (Split::Heldout, Modality::Image) => KeyTag::HeldoutImage,
+        };
+        KeyForm {
+            tag,
+            domain: k.domain,
+        }
+    }
+}
+
+impl From<KeyForm> for GroupKey {
+    fn from(f: KeyForm) -> GroupKey {
+        let (split, modality) = match f.tag {
+            KeyTag::Fit => (Split::Fit, Modality::Text),
+            KeyTag::Heldout => (Split::Heldout, Modality::Text),
+            KeyTag::FitImage => (Split::Fit, Modality::Image),
+            KeyTag::HeldoutImage => (Split::Heldout, Modality::Image),
+        };
+        GroupKey {
+            split,
+            domain: f.domain,
+            modality,
+        }
+    }
 }
 
 /// The model facts every accumulator of a run must agree on.
@@ -175,7 +257,7 @@ impl std::fmt::Display for MoeShape {
 pub struct ExpertAccum {
     /// The model's MoE shape.
     pub shape: MoeShape,
-    /// Statistics per (split, domain).
+    /// Statistics per (split, domain, modality).
     pub groups: BTreeMap<GroupKey, GroupAccum>,
 }
 
@@ -188,12 +270,14 @@ impl ExpertAccum {
         }
     }
 
-    /// The group for (split, domain), created empty on first use.
+    /// The group of `domain`'s text tokens in `split`, created empty on
+    /// first use.
     pub fn group_mut(&mut self, split: Split, domain: &str) -> &mut GroupAccum {
-        let key = GroupKey {
-            split,
-            domain: domain.to_string(),
-        };
+        self.group_of(GroupKey::text(split, domain))
+    }
+
+    /// The group of `key`, created empty on first use.
+    pub fn group_of(&mut self, key: GroupKey) -> &mut GroupAccum {
         let shape = &self.shape;
         self.groups
             .entry(key)
@@ -209,26 +293,34 @@ impl ExpertAccum {
             )));
         }
         for (key, group) in &other.groups {
-            self.group_mut(key.split, &key.domain).merge(group)?;
+            self.group_of(key.clone()).merge(group)?;
         }
         Ok(())
     }
 
-    /// The exact sum of every domain group of `split` (None if it has none).
+    /// The exact sum of every group of `split` (None if it has none).
     pub fn split_total(&self, split: Split) -> Result<Option<GroupAccum>, MergeError> {
+        self.total_where(|k| k.split == split)
+    }
+
+    /// The exact sum of the groups whose key passes `keep` (None if none does).
+    pub fn total_where(
+        &self,
+        keep: impl Fn(&GroupKey) -> bool,
+    ) -> Result<Option<GroupAccum>, MergeError> {
         let mut total: Option<GroupAccum> = None;
-        for group in self
-            .groups
-            .iter()
-            .filter(|(k, _)| k.split == split)
-            .map(|(_, g)| g)
-        {
+        for group in self.groups.iter().filter(|(k, _)| keep(k)).map(|(_, g)| g) {
             match total.as_mut() {
                 Some(t) => t.merge(group)?,
                 None => total = Some(group.clone()),
             }
         }
         Ok(total)
+    }
+
+    /// Whether some group holds image positions.
+    pub fn has_images(&self) -> bool {
+        self.groups.keys().any(|k| k.modality == Modality::Image)
     }
 }
 

@@ -152,6 +152,7 @@ fn forged_domain(p: &mut Partial) {
     let key = GroupKey {
         split: Split::Fit,
         domain: FORGED.into(),
+        modality: common::Modality::Text,
     };
     let empty = GroupAccum::new(&shape.moe_layers, shape.n_expert as usize);
     p.experts.groups.insert(key, empty);

@@ -9,7 +9,8 @@
 //! feeding code runs on the oracle's side.
 
 use common::corpus::{image_token, Chunk, ImageSpan, Span};
-use common::{ChunkId, Split};
+use common::stats::GroupKey;
+use common::{ChunkId, Modality, Split};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_void, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -226,6 +227,7 @@ fn image_positions_route_as_mtmds_own_helper_decodes_them() {
         }
     }
     assert_eq!(images.len(), 1);
+    let (image_len, chunk_image_start) = (images[0].len, images[0].start);
     assert_eq!(
         o.dump.probs.len(),
         tokens.len(),
@@ -249,10 +251,36 @@ fn image_positions_route_as_mtmds_own_helper_decodes_them() {
     let collected = collector
         .run_with_images(&index, &[chunk], &bytes, &mut |_, _| {})
         .unwrap();
-    let group = collected.partial.experts.groups.values().next().unwrap();
-    let measured = group.layers.iter().find(|l| l.layer == layer).unwrap();
+    let experts = &collected.partial.experts;
+    // The image's positions are their own group: one per modality.
+    let keys: Vec<_> = experts.groups.keys().map(|k| k.modality).collect();
+    assert_eq!(keys, [Modality::Text, Modality::Image]);
+    let image_group = &experts.groups[&GroupKey {
+        modality: Modality::Image,
+        ..GroupKey::text(Split::Fit, "en")
+    }];
+    assert_eq!(image_group.n_tokens, image_len as u64);
+    let total = experts.split_total(Split::Fit).unwrap().unwrap();
+    let measured = total.layers.iter().find(|l| l.layer == layer).unwrap();
 
     let n_expert = measured.count.len();
+    // The image rows of the dump alone give the image group's counts.
+    let start = chunk_image_start as usize;
+    let mut image_count = vec![0u64; n_expert];
+    for topk in &o.dump.topk[start..start + image_len as usize] {
+        for &e in topk {
+            image_count[e as usize] += 1;
+        }
+    }
+    let image_layer = image_group
+        .layers
+        .iter()
+        .find(|l| l.layer == layer)
+        .unwrap();
+    assert_eq!(
+        image_layer.count, image_count,
+        "image positions' counts, layer {layer}"
+    );
     let mut count = vec![0u64; n_expert];
     let mut prob_sum = vec![0f64; n_expert];
     for (probs, topk) in o.dump.probs.iter().zip(&o.dump.topk) {

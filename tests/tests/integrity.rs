@@ -120,6 +120,7 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
         .get_mut(&GroupKey {
             split: Split::Fit,
             domain: "en".into(),
+            modality: common::Modality::Text,
         })
         .unwrap();
     g.n_tokens += 1;
@@ -161,7 +162,7 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
         "{why:?}"
     );
     assert!(
-        why[2].contains("token counts per (split, domain)"),
+        why[2].contains("token counts per (split, domain, modality)"),
         "{why:?}"
     );
     assert_eq!(s.store.list("rejected").await.unwrap().len(), 3);

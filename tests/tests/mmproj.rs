@@ -295,6 +295,28 @@ fn workers_measure_an_image_corpus_through_the_mmproj() {
         .map(|split| split["n_tokens"].as_u64().unwrap())
         .sum();
     assert_eq!(measured, positions, "every position, image ones included");
+    // Per modality: the image positions of each split are its image group,
+    // and the report lists the experts rare on text and live on images.
+    for (split, stats) in parsed["splits"].as_object().unwrap() {
+        let split = common::Split::parse(split).unwrap();
+        let of_split: u64 = chunks
+            .iter()
+            .flat_map(|c| {
+                c.spans
+                    .iter()
+                    .filter(|s| s.split == split)
+                    .map(move |s| (c, s))
+            })
+            .map(|(c, s)| u64::from(c.image_positions_in(s)))
+            .sum();
+        let modalities = &stats["modalities"];
+        let image = modalities["image"]["n_tokens"].as_u64().unwrap_or(0);
+        let text = modalities["text"]["n_tokens"].as_u64().unwrap();
+        assert_eq!(image, of_split, "{split} image positions");
+        assert_eq!(text + image, stats["n_tokens"].as_u64().unwrap());
+    }
+    let report = std::fs::read_to_string(one.join("report/report.md")).unwrap();
+    assert!(report.contains("## Vision experts"), "{report}");
 
     let three = dir.path().join("three");
     run_ok(&config, 3, &three);

@@ -531,6 +531,7 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
         let key = GroupKey {
             split: *split,
             domain: domains[*domain as usize].to_string(),
+            modality: common::Modality::Text,
         };
         let got = &accum.groups[&key].layers[*li];
         assert_eq!(

@@ -12,6 +12,11 @@
 //! endian) and the packed bytes; or `1` then the index of the earlier packed
 //! column it equals (u32, little endian).
 //!
+//! A group key is stored as a tag naming its split and modality, then its
+//! domain ([`crate::stats::GroupKey`]): a text key as `(split, domain)`, the
+//! form of partials before image positions were measured, which therefore
+//! decode unchanged.
+//!
 //! Decoding is bounded: each column's length comes from the header (the
 //! layer's expert count, the tensor's `n_in x n_mat` for each of its two
 //! sums), a packed column must be at least [`packed::min_bytes`] of its

@@ -8,6 +8,8 @@
 //! - [`replay`]: miss-rate figures from `replay/results.json`, one per keep
 //!   map, and `report/miss_rate.json`, the data they are drawn from.
 //! - [`eval`]: pruned candidates against the base model, from `eval/summary.json`.
+//! - [`vision`]: experts rare on text and live on images, when the run
+//!   measured images.
 //!
 //! The report reads what the stages stored and writes only `report/`: a
 //! stage that has not run (or ran on another `saliency.json`) is named as
@@ -17,6 +19,7 @@ pub mod eval;
 pub mod panels;
 pub mod plots;
 pub mod replay;
+pub mod vision;
 
 use crate::replay::ReplayReport;
 use crate::score::{self, ScoreReport};
@@ -167,6 +170,18 @@ pub async fn report(store: &RunStore) -> anyhow::Result<ReportOutput> {
         }
     } else {
         md.push_str("No fit split in saliency.json.\n\n");
+    }
+    let vision = s
+        .split(Split::Fit)
+        .and_then(|fit| vision::vision_experts(fit, s.n_expert_used, s.n_expert));
+    if let Some(layers) = vision {
+        let _ = writeln!(
+            md,
+            "## Vision experts\n\nExperts of each layer that text routes to rarely (under {}% of the uniform share `k / n_expert`) and images at least at the uniform share, on the fit split: a text-only calibration would call them dead or rare.\n",
+            100.0 * vision::RARE_ON_TEXT
+        );
+        md.push_str(&vision::markdown(&layers, 8));
+        md.push('\n');
     }
     replay_section(store, &mut md, &mut out).await?;
     let slots = scored.as_ref().map_or(&[][..], |s| s.tables.as_slice());

@@ -34,7 +34,7 @@ use common::partial::{PackedPartial, Partial};
 use common::partial_check::{check_header_values, Budget, ImatrixSums};
 use common::peer_text::{peer_text, summarise};
 use common::stats::{GroupKey, MoeShape};
-use common::{ChunkRange, Split};
+use common::{ChunkRange, Modality, Split};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -101,11 +101,18 @@ impl Acceptance {
                 if span.split == Split::Fit {
                     *fit += span.len;
                 }
-                let key = GroupKey {
-                    split: span.split,
-                    domain: domain.clone(),
-                };
-                *groups.entry(key).or_default() += u64::from(span.len);
+                let image = chunk.image_positions_in(span);
+                for (modality, n) in [(Modality::Text, span.len - image), (Modality::Image, image)]
+                {
+                    if n > 0 {
+                        let key = GroupKey {
+                            split: span.split,
+                            domain: domain.clone(),
+                            modality,
+                        };
+                        *groups.entry(key).or_default() += u64::from(n);
+                    }
+                }
             }
         }
         Ok(Acceptance {
@@ -374,14 +381,11 @@ fn check_tokens(expected: &GroupTokens, p: &Partial) -> Result<(), String> {
         return Ok(());
     }
     let describe = |m: &GroupTokens| {
-        let shown: Vec<String> = m
-            .iter()
-            .map(|(k, n)| format!("{}/{}: {n}", k.split, peer_text(&k.domain)))
-            .collect();
+        let shown: Vec<String> = m.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         summarise(&shown)
     };
     Err(format!(
-        "token counts per (split, domain) are [{}], the corpus has [{}]",
+        "token counts per (split, domain, modality) are [{}], the corpus has [{}]",
         describe(&got),
         describe(expected)
     ))

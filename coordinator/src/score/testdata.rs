@@ -75,6 +75,7 @@ pub fn saliency_with_domains(domains: &[(&str, u64, LayerStats)]) -> Saliency {
             n_tokens,
             layers: vec![total],
             domains,
+            modalities: BTreeMap::new(),
         },
     );
     s

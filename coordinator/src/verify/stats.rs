@@ -5,7 +5,8 @@ use super::{names as inv, Check};
 use common::partial_check::{cauchy_schwarz_margin, CAUCHY_SCHWARZ_RTOL, PROB_SUM_RTOL};
 use common::saliency::{LayerStats, Saliency};
 
-/// A statistics group: a split total or one domain of a split.
+/// A statistics group: a split total, one domain of a split or, in a run
+/// that measured images, one modality of a split.
 struct Group<'a> {
     name: String,
     n_tokens: u64,
@@ -25,6 +26,13 @@ fn groups(s: &Saliency) -> Vec<Group<'_>> {
                 name: format!("{split}/{d}"),
                 n_tokens: ds.n_tokens,
                 layers: &ds.layers,
+            });
+        }
+        for (m, ms) in &st.modalities {
+            out.push(Group {
+                name: format!("{split}/{m} positions"),
+                n_tokens: ms.n_tokens,
+                layers: &ms.layers,
             });
         }
     }

@@ -11,6 +11,7 @@
 //! [`ExactSum`]: common::exact::ExactSum
 
 use super::scratch::ChunkScratch;
+use super::strata::Strata;
 use crate::llama::yield_to_compute_threads;
 use common::imatrix::Imatrix;
 use common::partial::ChunkStats;
@@ -46,10 +47,10 @@ pub struct Folder {
 }
 
 impl Folder {
-    /// Starts the fold thread with empty accumulators; `domains` names the
-    /// domain indices of the scratches' groups.
+    /// Starts the fold thread with empty accumulators; `strata` names the
+    /// labels of the scratches' groups.
     pub fn start(
-        domains: Vec<String>,
+        strata: Strata,
         experts: ExpertAccum,
         imatrix: Imatrix,
         shape: (usize, usize),
@@ -62,7 +63,7 @@ impl Folder {
             .name("exact-fold".into())
             .spawn(move || {
                 yield_to_compute_threads();
-                fold_all(&domains, experts, imatrix, &finished, &give_back)
+                fold_all(&strata, experts, imatrix, &finished, &give_back)
             })
             .expect("spawning the exact-fold thread");
         Folder {
@@ -135,7 +136,7 @@ impl Drop for Folder {
 /// The fold thread: folds every handed-over chunk in order and hands its
 /// emptied scratch back.
 fn fold_all(
-    domains: &[String],
+    strata: &Strata,
     mut experts: ExpertAccum,
     mut imatrix: Imatrix,
     finished: &Receiver<Finished>,
@@ -144,7 +145,7 @@ fn fold_all(
     let mut chunk_stats = Vec::new();
     for Finished { chunk, mut scratch } in finished {
         chunk_stats.push(scratch.chunk_stats(chunk));
-        scratch.fold_into(domains, &mut experts, &mut imatrix)?;
+        scratch.fold_into(strata, &mut experts, &mut imatrix)?;
         imatrix.chunk_count += 1;
         // The collector stops asking once it has every chunk; the last
         // scratch is then dropped here.
@@ -210,18 +211,18 @@ mod tests {
     /// folding inline chunk by chunk gives.
     #[test]
     fn threaded_fold_equals_the_inline_fold() {
-        let domains = vec!["a".to_string(), "b".to_string()];
+        let strata = Strata::new(vec!["a".to_string(), "b".to_string()]).unwrap();
         let mut experts = ExpertAccum::new(shape());
         let mut imatrix = Imatrix::default();
         let mut stats = Vec::new();
         for chunk in 0..5 {
             let mut s = filled(ChunkScratch::new(LAYERS, EXPERTS), chunk);
             stats.push(s.chunk_stats(chunk));
-            s.fold_into(&domains, &mut experts, &mut imatrix).unwrap();
+            s.fold_into(&strata, &mut experts, &mut imatrix).unwrap();
             imatrix.chunk_count += 1;
         }
         let mut folder = Folder::start(
-            domains,
+            strata,
             ExpertAccum::new(shape()),
             Imatrix::default(),
             (LAYERS, EXPERTS),
@@ -243,7 +244,7 @@ mod tests {
     #[test]
     fn a_failed_fold_is_reported() {
         let mut folder = Folder::start(
-            vec!["a".into(), "b".into()],
+            Strata::new(vec!["a".into(), "b".into()]).unwrap(),
             ExpertAccum::new(shape()),
             Imatrix::default(),
             (LAYERS, EXPERTS),

@@ -18,6 +18,7 @@ mod observer;
 mod probe;
 mod scratch;
 mod shape;
+mod strata;
 
 use crate::error::WorkerError;
 use crate::llama::{self, Context, ContextParams, ImageEmbedding, Logits, Model, Vision};
@@ -27,13 +28,14 @@ use common::partial::{BackendToHost, Partial};
 use common::stats::ExpertAccum;
 use common::store::RunStore;
 use common::trace::TraceRow;
-use common::{ChunkRange, Split};
+use common::{ChunkRange, Modality, Split};
 use folder::{Folded, Folder};
 use observer::{Observer, UbatchInfo};
 use scratch::ChunkScratch;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use strata::Strata;
 
 pub use shape::{expert_counts, moe_shape};
 
@@ -211,6 +213,7 @@ impl Collector {
     ) -> Result<Collected, WorkerError> {
         check_chunks(index, chunks)?;
         let embeddings = self.encode_images(index, chunks, images)?;
+        let strata = Strata::new(index.domains.clone()).map_err(|e| corpus_error(index, e))?;
         let params = chunk_context(
             index,
             self.opts.n_ubatch,
@@ -226,14 +229,14 @@ impl Collector {
         let observer = Observer::new(
             &self.shape,
             self.opts.trace_top_n,
-            index.domains.clone(),
+            strata.clone(),
             self.opts.dump_inputs.clone(),
             self.on_device.then(device::DeviceReads::new),
         );
         let mut ctx = self.take_context(&params, observer)?;
         let (tokens_before, bytes_before) = (ctx.tokens_decoded(), ctx.bytes_read());
         let mut folder = Folder::start(
-            index.domains.clone(),
+            strata.clone(),
             ExpertAccum::new(self.shape.clone()),
             Imatrix {
                 chunk_size: index.n_ctx,
@@ -265,7 +268,13 @@ impl Collector {
                         feed(&mut ctx, fed, tokens, labels, step)?;
                     }
                     Some(im) => {
-                        feed_image(&mut ctx, fed, &embeddings[&im.sha256], tokens, labels, step)?
+                        // An image's positions are measured in its domain's image stratum.
+                        let labels: Vec<(Split, u16)> = labels
+                            .iter()
+                            .map(|&(split, d)| (split, strata.stratum(d, Modality::Image)))
+                            .collect();
+                        let image = &embeddings[&im.sha256];
+                        feed_image(&mut ctx, fed, image, tokens, &labels, step)?;
                     }
                 }
             }

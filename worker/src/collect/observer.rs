@@ -6,6 +6,7 @@ use super::importance::ImportanceCache;
 use super::kernels::{add_finite, extend_rows};
 use super::names::{parse_moe_node, weight_name, MoeNode};
 use super::scratch::ChunkScratch;
+use super::strata::Strata;
 use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
 use common::routing::GateSite;
 use common::stats::MoeShape;
@@ -57,7 +58,7 @@ pub struct Observer {
     gate_on_input: bool,
     /// Per MoE block, the selection bias the trace's top-N is ranked with.
     selection_bias: BTreeMap<u32, Vec<f32>>,
-    domains: Vec<String>,
+    strata: Strata,
     ubatch: Option<UbatchInfo>,
     pending: Option<PendingLayer>,
     /// The current chunk's sums.
@@ -87,7 +88,7 @@ impl Observer {
     pub fn new(
         shape: &MoeShape,
         top_n: usize,
-        domains: Vec<String>,
+        strata: Strata,
         dump_inputs: Vec<String>,
         device: Option<DeviceReads>,
     ) -> Self {
@@ -101,7 +102,7 @@ impl Observer {
             probs_are_logits: shape.gating == Gating::SoftmaxWeight,
             gate_on_input: shape.routing.gate == GateSite::Input,
             selection_bias: shape.routing.selection_bias.clone(),
-            domains,
+            strata,
             ubatch: None,
             pending: None,
             scratch: ChunkScratch::new(n_layers, n_expert),
@@ -371,7 +372,7 @@ impl Observer {
                     probs,
                     bias,
                 };
-                let row = trace_row(u, t, p.layer, &self.domains, &picked, self.top_n);
+                let row = trace_row(u, t, p.layer, &self.strata, &picked, self.top_n);
                 self.trace.push(row);
             }
         }
@@ -515,7 +516,7 @@ fn trace_row(
     u: &UbatchInfo,
     t: usize,
     layer: u32,
-    domains: &[String],
+    strata: &Strata,
     p: &Picked<'_>,
     top_n: usize,
 ) -> TraceRow {
@@ -528,7 +529,7 @@ fn trace_row(
     };
     TraceRow {
         split: u.labels[t].0,
-        domain: domains[u.labels[t].1 as usize].clone(),
+        domain: strata.domain(u.labels[t].1).to_string(),
         chunk: u.chunk,
         pos: u.pos0 + t as u32,
         token_id: u.tokens[t],

@@ -4,6 +4,7 @@
 //! runs, so an f64 sum per chunk is reproducible; adding those per-chunk sums
 //! as [`ExactSum`]s makes the total independent of how chunks are grouped.
 
+use super::strata::Strata;
 use common::exact::ExactSum;
 use common::imatrix::{Imatrix, ImatrixEntry};
 use common::partial::ChunkStats;
@@ -138,12 +139,12 @@ impl ChunkScratch {
     /// zeroed and kept rather than reallocated per chunk.
     pub fn fold_into(
         &mut self,
-        domains: &[String],
+        strata: &Strata,
         experts: &mut ExpertAccum,
         imatrix: &mut Imatrix,
     ) -> Result<(), MergeError> {
-        for ((split, domain), g) in std::mem::take(&mut self.groups) {
-            let target = experts.group_mut(split, &domains[domain as usize]);
+        for ((split, stratum), g) in std::mem::take(&mut self.groups) {
+            let target = experts.group_of(strata.key(split, stratum));
             target.n_tokens += g.n_tokens;
             for (dst, src) in target.layers.iter_mut().zip(&g.layers) {
                 for (a, b) in dst.count.iter_mut().zip(&src.count) {

@@ -103,6 +103,7 @@ fn fabricated_token_counts_are_refused_even_when_counts_agree_with_them() {
     let key = GroupKey {
         split: Split::Fit,
         domain: "en".into(),
+        modality: common::Modality::Text,
     };
     let g = p.experts.groups.get_mut(&key).unwrap();
     g.n_tokens += 1;
