@@ -50,6 +50,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         config.cluster.identity_dir = Some(default_identity_dir(&config.base_dir, &out));
     }
     ensure_model(&config.model_path())?;
+    if let Some(mmproj) = config.mmproj_path() {
+        ensure_mmproj(&config.model_path(), &mmproj)?;
+    }
     // Refuse a model without experts, and `[eval]` sizes it cannot run,
     // before any corpus work or lease. The header knows no routing groups:
     // they round shares down further and are checked against saliency.json
@@ -342,28 +345,62 @@ fn replay_defaults(
 }
 
 /// A missing model named after a `synth-model` preset (`tiny.gguf`,
-/// `tiny-alt.gguf`, `bench.gguf`, `wide.gguf`) is generated with the worker binary, so the
-/// quickstart needs nothing but the build.
+/// `tiny-alt.gguf`, `bench.gguf`, `wide.gguf`, and `tiny-vision.gguf`: the
+/// tiny preset with two vision experts per layer) is generated with the
+/// worker binary, so the quickstarts need nothing but the build.
 fn ensure_model(path: &std::path::Path) -> anyhow::Result<()> {
-    use anyhow::{bail, Context};
+    use anyhow::bail;
     if path.exists() {
         return Ok(());
     }
-    let preset = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-    if !["tiny", "tiny-alt", "bench", "wide"].contains(&preset) {
-        bail!("model {} does not exist", path.display());
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    let args: &[&str] = match stem {
+        "tiny" | "tiny-alt" | "bench" | "wide" => &["--preset", stem],
+        "tiny-vision" => &["--preset", "tiny", "--vision-experts", "2"],
+        _ => bail!("model {} does not exist", path.display()),
+    };
+    generate(path, "model", "synth-model", args)
+}
+
+/// A missing mmproj named after its model (`tiny-vision-mmproj.gguf` beside
+/// `tiny-vision.gguf`) is generated for that model with `worker
+/// synth-mmproj`.
+fn ensure_mmproj(model: &std::path::Path, mmproj: &std::path::Path) -> anyhow::Result<()> {
+    if mmproj.exists() {
+        return Ok(());
     }
+    let stem = model.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if mmproj.file_name().and_then(|s| s.to_str()) != Some(&format!("{stem}-mmproj.gguf")) {
+        anyhow::bail!("mmproj {} does not exist", mmproj.display());
+    }
+    let model = model
+        .to_str()
+        .ok_or_else(|| anyhow::anyhow!("model path {} is not UTF-8", model.display()))?;
+    generate(mmproj, "mmproj", "synth-mmproj", &["--model", model])
+}
+
+/// Runs `worker COMMAND ARGS --out PATH` to make the missing `what` at `path`.
+fn generate(
+    path: &std::path::Path,
+    what: &str,
+    command: &str,
+    args: &[&str],
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let shown = args.join(" ");
     eprintln!(
-        "model {} is missing: generating it with `worker synth-model --preset {preset}`",
+        "{what} {} is missing: generating it with `worker {command} {shown}`",
         path.display()
     );
     let status = std::process::Command::new(local::worker_binary()?)
-        .args(["synth-model", "--preset", preset, "--out"])
+        .arg(command)
+        .args(args)
+        .arg("--out")
         .arg(path)
         .status()
-        .context("running worker synth-model")?;
+        .with_context(|| format!("running worker {command}"))?;
     if !status.success() {
-        bail!("worker synth-model --preset {preset} failed ({status})");
+        anyhow::bail!("worker {command} {shown} failed ({status})");
     }
     Ok(())
 }

@@ -61,6 +61,10 @@ struct SynthArgs {
     /// preset's own; `vocab-152k` and `vocab-248k` have the real sizes).
     #[arg(long)]
     n_vocab: Option<usize>,
+    /// Make the last N experts of every MoE layer serve image positions
+    /// only (pair the model with `worker synth-mmproj`, which finds them).
+    #[arg(long)]
+    vision_experts: Option<usize>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -99,7 +103,7 @@ struct SynthCorpusArgs {
 
 fn synth_mmproj(a: &SynthMmprojArgs) -> anyhow::Result<()> {
     use crate::synth::mmproj;
-    let spec = mmproj::MmprojSpec::tiny(mmproj::text_hidden_size(&a.model)?);
+    let spec = mmproj::MmprojSpec::for_model(&a.model)?;
     mmproj::write_mmproj(&spec, a.seed, &a.out)?;
     println!(
         "wrote mmproj (seed {}, {} positions per image, output width {}) to {}",
@@ -125,6 +129,7 @@ pub fn main() -> ExitCode {
             let o = crate::synth::Overrides {
                 weights: a.weight_type,
                 n_vocab: a.n_vocab,
+                vision_experts: a.vision_experts,
             };
             crate::synth::write_model_with(a.preset, a.seed, o, &a.out).map(|()| {
                 println!(

@@ -2,7 +2,7 @@
 //! stream per tensor name, so a tensor's values depend on the seed and its
 //! name only.
 
-use super::weights::{random_matrix, random_vector};
+use super::weights::{encode_into, random_matrix, random_vector};
 use super::Spec;
 use common::gguf::GgufWriter;
 use common::splitmix::SplitMix64;
@@ -21,7 +21,18 @@ impl Builder<'_> {
     pub fn matrix(&mut self, name: &str, dims: &[usize], gain: f32) {
         let scale = gain * (3.0 / dims[0] as f32).sqrt();
         let ty = self.spec.weight_type;
-        let data = random_matrix(self.seed, name, dims, scale, ty);
+        let data = if super::vision::patches(self.spec, name) {
+            // The same values, changed where the vision experts need it.
+            let n: usize = dims.iter().product();
+            let mut rng = SplitMix64::for_stream(self.seed, name);
+            let mut values: Vec<f32> = (0..n).map(|_| rng.symmetric_f32() * scale).collect();
+            super::vision::patch(self.spec, name, dims, &mut values);
+            let mut data = Vec::with_capacity(ty.bytes_for(n));
+            encode_into(&values, ty, &mut data);
+            data
+        } else {
+            random_matrix(self.seed, name, dims, scale, ty)
+        };
         let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         self.g.tensor(name, &dims64, ty, data);
     }
@@ -59,6 +70,7 @@ impl Builder<'_> {
             let gain = 0.4 + 1.6 * ((e * 7) % n_expert) as f32 / n_expert as f32;
             values.extend((0..n_embd).map(|_| rng.symmetric_f32() * scale * gain));
         }
+        super::vision::patch(self.spec, name, &[n_embd, n_expert], &mut values);
         // The router stays f32 so routing is not perturbed by quantisation.
         self.g
             .tensor_f32(name, &[n_embd as u64, n_expert as u64], &values);

@@ -34,6 +34,10 @@ pub struct MmprojSpec {
     pub n_layer: usize,
     /// Output width of the projector: the text model's hidden size.
     pub n_embd_text: usize,
+    /// The text model's image channel ([`super::vision`]), to which the
+    /// projector adds [`super::vision::IMAGE_BIAS`]; `None` for a model
+    /// without vision experts.
+    pub image_channel: Option<usize>,
 }
 
 impl MmprojSpec {
@@ -48,7 +52,22 @@ impl MmprojSpec {
             n_ff: 64,
             n_layer: 3,
             n_embd_text,
+            image_channel: None,
         }
+    }
+
+    /// [`MmprojSpec::tiny`] for the text model GGUF `model`: its hidden
+    /// size, and its image channel when it has vision experts.
+    pub fn for_model(model: &Path) -> anyhow::Result<MmprojSpec> {
+        let r = GgufReader::open(model)?;
+        let channel = r
+            .header
+            .get(super::vision::CHANNEL_KEY)
+            .and_then(|v| v.as_u64());
+        Ok(MmprojSpec {
+            image_channel: channel.map(|c| c as usize),
+            ..MmprojSpec::tiny(text_hidden_size(model)?)
+        })
     }
 
     /// Positions one image becomes in the text model: one per patch (the
@@ -156,7 +175,16 @@ fn build(s: &MmprojSpec, seed: u64) -> GgufWriter {
         w.linear(&t("ffn_down"), s.n_ff, e);
     }
     w.linear("mm.0", e, s.n_embd_text);
-    w.linear("mm.2", s.n_embd_text, s.n_embd_text);
+    w.matrix(
+        "mm.2.weight",
+        &[s.n_embd_text, s.n_embd_text],
+        s.n_embd_text,
+    );
+    let mut bias = random_vector(seed, "mm.2.bias", s.n_embd_text, 0.0, 0.05);
+    if let Some(c) = s.image_channel {
+        bias[c] += super::vision::IMAGE_BIAS;
+    }
+    g.tensor_f32("mm.2.bias", &[s.n_embd_text as u64], &bias);
     g
 }
 

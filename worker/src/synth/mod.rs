@@ -38,6 +38,7 @@ pub mod corpus;
 pub mod images;
 mod layout;
 pub mod mmproj;
+pub mod vision;
 mod vocab;
 mod weights;
 
@@ -185,6 +186,9 @@ pub struct Spec {
     /// The output head reuses the token embedding (no `output.weight`), as
     /// in many real models; it halves the file at a large vocabulary.
     pub tied_output: bool,
+    /// The last this many experts of every MoE layer are routed to on image
+    /// positions only ([`vision`]); 0 for none.
+    pub vision_experts: usize,
 }
 
 impl Spec {
@@ -223,6 +227,7 @@ impl Preset {
             gating_key: None,
             n_vocab: 0,
             tied_output: false,
+            vision_experts: 0,
         };
         let tiny_alt = Spec {
             arch: "glm4moe",
@@ -391,6 +396,9 @@ pub struct Overrides {
     /// Tokens in the vocabulary (padded with unused tokens; at least the
     /// learnt vocabulary's few hundred).
     pub n_vocab: Option<usize>,
+    /// Experts of every MoE layer routed to on image positions only
+    /// ([`vision`]).
+    pub vision_experts: Option<usize>,
 }
 
 /// Writes the preset's model to `path` (atomically: a temporary file renamed).
@@ -421,6 +429,17 @@ pub fn write_model_with(
     o: Overrides,
     path: &Path,
 ) -> anyhow::Result<()> {
+    let spec = preset.spec();
+    if let Some(n) = o.vision_experts {
+        anyhow::ensure!(
+            n + spec.n_expert_used <= spec.n_expert && spec.n_embd > 2,
+            "{n} vision experts: a {preset:?} model has {} experts, {} per token, so at most {} \
+             can serve images alone",
+            spec.n_expert,
+            spec.n_expert_used,
+            spec.n_expert - spec.n_expert_used
+        );
+    }
     write_gguf(&build_model(preset, seed, o), path)
 }
 
@@ -466,6 +485,9 @@ fn build_model(preset: Preset, seed: u64, o: Overrides) -> GgufWriter {
     if let Some(n) = o.n_vocab {
         spec.n_vocab = n;
     }
+    if let Some(n) = o.vision_experts {
+        spec.vision_experts = n;
+    }
     let mut vocab = vocab::build(spec.n_merges);
     vocab.pad_to(spec.n_vocab);
     let mut b = Builder {
@@ -479,6 +501,10 @@ fn build_model(preset: Preset, seed: u64, o: Overrides) -> GgufWriter {
             Value::Str(format!("moe-census synthetic {preset:?} seed {seed}")),
         );
     layout::metadata(&mut b);
+    if spec.vision_experts > 0 {
+        let (image, _) = vision::channels(spec.n_embd);
+        b.g.kv(vision::CHANNEL_KEY, Value::U32(image as u32));
+    }
     vocab::write_tokenizer(&mut b.g, &vocab);
     layout::tensors(&mut b, vocab.tokens.len());
     b.g
