@@ -151,11 +151,22 @@ async fn worker_killed_between_checkpoints_loses_no_chunk_and_counts_none_twice(
 /// lost, none counted twice, and the artifacts are a per-lease single
 /// worker's.
 async fn kill_a_worker_when(when: &'static str, checkpoint_leases: u32) {
-    fixtures::log::captured_log();
     let d = tempfile::tempdir().unwrap();
     let (model, expected) = reference(d.path()).await;
     let mut s = real_setup(&d.path().join("killed"), &model, N_CHUNKS, N_CTX, 3);
     s.run.checkpoint_leases = checkpoint_leases;
+    let summary = run_killing_a_victim(&s, when).await;
+    assert_eq!(artifacts(&s.store, true).await, expected);
+    assert_eq!(summary.leases.computed, 6, "{summary:?}");
+}
+
+/// Runs `s` with a local worker and a victim worker, killing the victim
+/// with SIGKILL at the first coordinator log line of its connection that
+/// holds `when`: the run verifies, the victim's lease was retried and the
+/// victim is gone.
+async fn run_killing_a_victim(s: &RunSetup, when: &'static str) -> RunSummary {
+    fixtures::log::captured_log();
+    let model = s.model_path.clone();
     let victim = format!(
         "victim-{}",
         &common::hash::sha256_hex(&common::wire::random_bytes(8))[..12]
@@ -186,7 +197,7 @@ async fn kill_a_worker_when(when: &'static str, checkpoint_leases: u32) {
     let other = local_workers(1, &model);
     let summary = tokio::time::timeout(
         Duration::from_secs(300),
-        execute(&s, |l| {
+        execute(s, |l| {
             let mut children = other.spawn(l.addr, &l.pin, &l.secret)?;
             let v = named_worker(l, &model, &victim);
             *pid.lock().unwrap() = v.id();
@@ -198,15 +209,90 @@ async fn kill_a_worker_when(when: &'static str, checkpoint_leases: u32) {
     .expect("the run finishes in time")
     .unwrap();
     assert!(killer.await.unwrap(), "the victim was killed");
-    assert_eq!(artifacts(&s.store, true).await, expected);
     verify_ok(&s.store).await;
-    assert_eq!(summary.leases.computed, 6, "{summary:?}");
     assert!(
         summary.leases.retries >= 1,
         "the victim's lease was retried: {summary:?}"
     );
     let v = summary.leases.worker(&victim).unwrap();
     assert!(!v.connected, "{v:?}");
+    summary
+}
+
+/// An image corpus (the bundled sample through the tiny model and its
+/// generated mmproj, prepared by `coordinator corpus`) under `dir`, set up
+/// for leases of one chunk.
+fn image_setup(dir: &Path) -> RunSetup {
+    use worker::synth::mmproj::{write_mmproj, MmprojSpec};
+    std::fs::create_dir_all(dir).unwrap();
+    let model = fixtures::model(dir, Preset::Tiny);
+    let mmproj = dir.join("mmproj.gguf");
+    write_mmproj(&MmprojSpec::for_model(&model).unwrap(), 0, &mmproj).unwrap();
+    let records = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../configs/sample_images")
+        .join(worker::synth::images::RECORDS);
+    let config = dir.join("images.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = {model:?}\nmmproj = {mmproj:?}\n\n[corpus]\nn_ctx = 64\n\n\
+             [[corpus.domains]]\nname = \"images\"\nsources = [{{ path = {records:?} }}]\n"
+        ),
+    )
+    .unwrap();
+    let run = dir.join("run");
+    let args = [
+        "corpus",
+        config.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+    ];
+    let out = fixtures::run("coordinator", &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let index: common::corpus::CorpusIndex =
+        serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
+    RunSetup {
+        store: RunStore::open(run.to_str().unwrap()).unwrap(),
+        index,
+        model_sha256: worker::collect::sha256_file(&model).unwrap(),
+        model_path: model,
+        mmproj: Some(common::wire::MmprojFile {
+            path: mmproj.display().to_string(),
+            sha256: worker::collect::sha256_file(&mmproj).unwrap(),
+        }),
+        run: coordinator::config::run::RunSettings {
+            lease_chunks: 1,
+            heartbeat_timeout_s: 3,
+            lease_timeout_s: 120,
+            n_ubatch: 64,
+            ..Default::default()
+        },
+        cluster: ClusterSettings::default(),
+    }
+}
+
+/// On an image corpus, a worker killed with SIGKILL mid-lease loses
+/// nothing: its lease is recomputed elsewhere and the artifacts (per
+/// modality, traces included) are a single worker's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_mid_lease_on_images_loses_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let reference = image_setup(&d.path().join("reference"));
+    run(&reference, 1, Arc::default()).await.unwrap();
+    let expected = artifacts(&reference.store, true).await;
+    let saliency = String::from_utf8(expected[0].1.clone()).unwrap();
+    assert!(saliency.contains("\"image\""), "per-modality statistics");
+    let s = image_setup(&d.path().join("killed"));
+    let summary = run_killing_a_victim(&s, "lease granted").await;
+    assert_eq!(artifacts(&s.store, true).await, expected);
+    assert_eq!(
+        summary.leases.computed, s.index.n_chunks as usize,
+        "{summary:?}"
+    );
 }
 
 /// Worker-side aggregation (checkpoints of 4 leases) changes no byte of
