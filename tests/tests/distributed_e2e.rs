@@ -1,6 +1,7 @@
 //! End-to-end distributed runs with real llama.cpp workers (`worker join`
 //! processes) on the generated `tiny` model over loopback QUIC: byte-identical
-//! artifacts for 1 and 3 workers, a worker killed with SIGKILL mid-lease, a
+//! artifacts for 1 and 3 workers, a worker killed with SIGKILL mid-lease (on
+//! text and on an image corpus measured through the mmproj), a
 //! coordinator killed and restarted (with new local workers, and with the
 //! same `worker join` processes reconnecting), and a whole run on the S3
 //! test server.
