@@ -340,3 +340,44 @@ pub enum MergeError {
     #[error("chunk {0} is in both partials; merging would count it twice")]
     Overlap(u32),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes<T: Serialize>(v: &T) -> Vec<u8> {
+        bincode::serde::encode_to_vec(v, bincode::config::standard()).unwrap()
+    }
+
+    #[test]
+    fn a_text_key_is_stored_as_the_split_and_domain_keys_before_modalities() {
+        /// The key as partials stored it before modalities.
+        #[derive(Serialize)]
+        struct Before {
+            split: Split,
+            domain: String,
+        }
+        for split in Split::ALL {
+            let before = Before {
+                split,
+                domain: "en".into(),
+            };
+            assert_eq!(bytes(&GroupKey::text(split, "en")), bytes(&before));
+            for modality in Modality::ALL {
+                let key = GroupKey {
+                    modality,
+                    ..GroupKey::text(split, "en")
+                };
+                let (back, _): (GroupKey, usize) =
+                    bincode::serde::decode_from_slice(&bytes(&key), bincode::config::standard())
+                        .unwrap();
+                assert_eq!(back, key);
+            }
+        }
+        let image = GroupKey {
+            modality: Modality::Image,
+            ..GroupKey::text(Split::Heldout, "en")
+        };
+        assert_eq!(image.to_string(), "heldout/en/image");
+    }
+}
