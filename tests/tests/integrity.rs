@@ -20,6 +20,7 @@ use fixtures::loopback::{
 };
 use std::path::Path;
 use std::time::Duration;
+use worker::collect::ImageBytes;
 use worker::join::engine::{Engine, EngineLoader};
 use worker::join::fake::FakeEngine;
 use worker::join::join;
@@ -216,8 +217,9 @@ impl Engine for Liar {
         &mut self,
         index: &CorpusIndex,
         chunks: &[Chunk],
+        images: &ImageBytes,
     ) -> Result<(Partial, Vec<TraceRow>), String> {
-        let (mut p, rows) = self.0.measure(index, chunks)?;
+        let (mut p, rows) = self.0.measure(index, chunks, images)?;
         let k = p.experts.shape.n_expert_used as usize;
         let g = p.experts.groups.values_mut().next().expect("a group");
         g.n_tokens += 1;

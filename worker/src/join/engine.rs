@@ -23,24 +23,15 @@ pub trait Engine {
     fn model_sha256(&self) -> String;
     /// Experts per token (k) and router top-N of trace rows.
     fn trace_shape(&self) -> (usize, usize);
-    /// Measures the chunks; the partial and the trace rows of traced chunks.
+    /// Measures the chunks, whose images' bytes are in `images`; the
+    /// partial and the trace rows of traced chunks. Engines that cannot
+    /// measure images refuse image chunks.
     fn measure(
         &mut self,
         index: &CorpusIndex,
         chunks: &[Chunk],
-    ) -> Result<(Partial, Vec<TraceRow>), String>;
-    /// [`Engine::measure`] of chunks that may carry images, whose bytes are
-    /// in `images`. Engines that cannot measure images refuse image chunks.
-    fn measure_with_images(
-        &mut self,
-        index: &CorpusIndex,
-        chunks: &[Chunk],
         images: &ImageBytes,
-    ) -> Result<(Partial, Vec<TraceRow>), String> {
-        let _ = images;
-        common::corpus::refuse_images(chunks, "this engine")?;
-        self.measure(index, chunks)
-    }
+    ) -> Result<(Partial, Vec<TraceRow>), String>;
 }
 
 /// Creates an engine once the job is known (on the engine's thread); cloned
@@ -173,14 +164,6 @@ impl Engine for CollectorEngine {
     }
 
     fn measure(
-        &mut self,
-        index: &CorpusIndex,
-        chunks: &[Chunk],
-    ) -> Result<(Partial, Vec<TraceRow>), String> {
-        self.measure_with_images(index, chunks, &ImageBytes::new())
-    }
-
-    fn measure_with_images(
         &mut self,
         index: &CorpusIndex,
         chunks: &[Chunk],

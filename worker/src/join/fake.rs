@@ -4,6 +4,7 @@
 //! same bytes and every `verify` invariant holds.
 
 use super::engine::{Engine, EngineLoader};
+use crate::collect::ImageBytes;
 use common::corpus::{Chunk, CorpusIndex};
 use common::imatrix::{Imatrix, ImatrixEntry};
 use common::partial::Partial;
@@ -138,7 +139,9 @@ impl Engine for FakeEngine {
         &mut self,
         index: &CorpusIndex,
         chunks: &[Chunk],
+        _images: &ImageBytes,
     ) -> Result<(Partial, Vec<TraceRow>), String> {
+        common::corpus::refuse_images(chunks, "the fake engine")?;
         if let Some(n) = &self.measuring {
             n.notify_one();
         }

@@ -165,9 +165,7 @@ pub(super) async fn load<L: EngineLoader>(
             let (engine, (model_sha256, trace_shape)) = EngineThread::start(
                 "engine",
                 load,
-                |e: &mut L::Engine, index, chunks, images| {
-                    e.measure_with_images(index, chunks, images)
-                },
+                |e: &mut L::Engine, index, chunks, images| e.measure(index, chunks, images),
             )
             .await
             .map_err(JoinError::Engine)?;
