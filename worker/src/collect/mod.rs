@@ -265,7 +265,7 @@ impl Collector {
                 let step = params.n_ubatch as usize;
                 match piece.image {
                     None => {
-                        feed(&mut ctx, fed, tokens, labels, step)?;
+                        feed(&mut ctx, fed, tokens, None, labels, step)?;
                     }
                     Some(im) => {
                         // An image's positions are measured in its domain's image stratum.
@@ -273,8 +273,8 @@ impl Collector {
                             .iter()
                             .map(|&(split, d)| (split, strata.stratum(d, Modality::Image)))
                             .collect();
-                        let image = &embeddings[&im.sha256];
-                        feed_image(&mut ctx, fed, image, tokens, &labels, step)?;
+                        let image = Some(&embeddings[&im.sha256]);
+                        feed(&mut ctx, fed, tokens, image, &labels, step)?;
                     }
                 }
             }
@@ -455,6 +455,7 @@ impl Collector {
                 ctx,
                 quiet,
                 prompt,
+                None,
                 &vec![label; prompt.len()],
                 self.opts.n_ubatch as usize,
             )?;
@@ -469,7 +470,7 @@ impl Collector {
                     measured: false,
                     greedy: pos + 1 < end,
                 };
-                next = feed(ctx, step, &[token], &[label], 1)?;
+                next = feed(ctx, step, &[token], None, &[label], 1)?;
             }
         }
         Ok(())
@@ -504,12 +505,15 @@ struct Feed {
     greedy: bool,
 }
 
-/// Decodes `tokens` (labelled per token) in micro-batches of `step`; the
-/// greedy next token when `f.greedy` asks for it.
+/// Decodes positions with ids `tokens` (labelled per position) in
+/// micro-batches of `step`: the tokens themselves, or with `image` its
+/// embeddings (the ids are then its marker tokens, which the observer sees);
+/// the greedy next token when `f.greedy` asks for it (text only).
 fn feed(
     ctx: &mut Context<'_, Observer>,
     f: Feed,
     tokens: &[i32],
+    image: Option<&ImageEmbedding>,
     labels: &[(Split, u16)],
     step: usize,
 ) -> Result<Option<i32>, WorkerError> {
@@ -526,10 +530,15 @@ fn feed(
             traced: f.traced,
             measured: f.measured,
         });
-        if f.greedy && i + 1 == n_batches {
-            next = Some(ctx.decode_greedy(toks, pos0 as i32)?);
-        } else {
-            ctx.decode(toks, pos0 as i32)?;
+        match image {
+            Some(im) => {
+                let rows = &im.values[offset * im.n_embd..(offset + toks.len()) * im.n_embd];
+                ctx.decode_embeddings(rows, im.n_embd, pos0 as i32)?;
+            }
+            None if f.greedy && i + 1 == n_batches => {
+                next = Some(ctx.decode_greedy(toks, pos0 as i32)?);
+            }
+            None => ctx.decode(toks, pos0 as i32)?,
         }
         ctx.observer()
             .end_ubatch()
@@ -577,40 +586,6 @@ fn pieces(chunk: &Chunk) -> Vec<Piece<'_>> {
         });
     }
     out
-}
-
-/// Decodes an image's embeddings at its positions in micro-batches of
-/// `step` rows; the observer sees its marker tokens as the ids.
-fn feed_image(
-    ctx: &mut Context<'_, Observer>,
-    f: Feed,
-    image: &ImageEmbedding,
-    markers: &[i32],
-    labels: &[(Split, u16)],
-    step: usize,
-) -> Result<(), WorkerError> {
-    let width = image.n_embd;
-    for (i, rows) in image.values.chunks(step * width).enumerate() {
-        let offset = i * step;
-        let n = rows.len() / width;
-        let pos0 = f.pos0 + offset;
-        ctx.observer().begin_ubatch(UbatchInfo {
-            chunk: f.chunk,
-            pos0: pos0 as u32,
-            tokens: markers[offset..offset + n].to_vec(),
-            labels: labels[offset..offset + n].to_vec(),
-            traced: f.traced,
-            measured: f.measured,
-        });
-        ctx.decode_embeddings(rows, width, pos0 as i32)?;
-        ctx.observer()
-            .end_ubatch()
-            .map_err(|reason| WorkerError::Graph {
-                chunk: f.chunk,
-                reason,
-            })?;
-    }
-    Ok(())
 }
 
 /// What [`Collector::run`] measured.
