@@ -7,7 +7,7 @@
 pub mod lenient;
 
 use crate::routing::Routing;
-use crate::split::{Gating, Modality, Split};
+use crate::split::{Gating, Split};
 use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -120,27 +120,15 @@ impl Saliency {
             let Some(total) = accum.split_total(split)? else {
                 continue;
             };
-            let mut domains = BTreeMap::new();
-            for domain in accum
-                .groups
-                .keys()
-                .filter(|k| k.split == split)
-                .map(|k| &k.domain)
-            {
-                if !domains.contains_key(domain) {
-                    let sum = accum.total_where(|k| k.split == split && &k.domain == domain)?;
-                    let sum = sum.expect("a domain with a group");
-                    domains.insert(domain.clone(), DomainStats::from(&sum));
-                }
-            }
-            let mut modalities = BTreeMap::new();
-            if accum.has_images() {
-                for m in Modality::ALL {
-                    if let Some(sum) = accum.total_where(|k| k.split == split && k.modality == m)? {
-                        modalities.insert(m.as_str().to_string(), DomainStats::from(&sum));
-                    }
-                }
-            }
+            let stats = |totals: BTreeMap<String, GroupAccum>| {
+                let stats = totals.into_iter().map(|(v, g)| (v, DomainStats::from(&g)));
+                stats.collect::<BTreeMap<_, _>>()
+            };
+            let domains = stats(accum.split_totals_by(split, |k| k.domain.clone())?);
+            let modalities = match accum.has_images() {
+                true => stats(accum.split_totals_by(split, |k| k.modality.as_str().to_string())?),
+                false => BTreeMap::new(),
+            };
             splits.insert(
                 split.as_str().to_string(),
                 SplitStats {

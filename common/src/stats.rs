@@ -9,6 +9,7 @@ use crate::exact::{ExactError, ExactSum};
 use crate::routing::Routing;
 use crate::split::{Gating, Modality, Split};
 use serde::{Deserialize, Serialize};
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 /// The statistics of one MoE layer, one entry per routed expert.
@@ -300,22 +301,38 @@ impl ExpertAccum {
 
     /// The exact sum of every group of `split` (None if it has none).
     pub fn split_total(&self, split: Split) -> Result<Option<GroupAccum>, MergeError> {
-        self.total_where(|k| k.split == split)
-    }
-
-    /// The exact sum of the groups whose key passes `keep` (None if none does).
-    pub fn total_where(
-        &self,
-        keep: impl Fn(&GroupKey) -> bool,
-    ) -> Result<Option<GroupAccum>, MergeError> {
         let mut total: Option<GroupAccum> = None;
-        for group in self.groups.iter().filter(|(k, _)| keep(k)).map(|(_, g)| g) {
+        for group in self
+            .groups
+            .iter()
+            .filter(|(k, _)| k.split == split)
+            .map(|(_, g)| g)
+        {
             match total.as_mut() {
                 Some(t) => t.merge(group)?,
                 None => total = Some(group.clone()),
             }
         }
         Ok(total)
+    }
+
+    /// The exact sums of the groups of `split` that `by` gives one value
+    /// (a domain, a modality), in one pass.
+    pub fn split_totals_by<V: Ord>(
+        &self,
+        split: Split,
+        by: impl Fn(&GroupKey) -> V,
+    ) -> Result<BTreeMap<V, GroupAccum>, MergeError> {
+        let mut totals: BTreeMap<V, GroupAccum> = BTreeMap::new();
+        for (key, group) in self.groups.iter().filter(|(k, _)| k.split == split) {
+            match totals.entry(by(key)) {
+                Entry::Occupied(mut t) => t.get_mut().merge(group)?,
+                Entry::Vacant(t) => {
+                    t.insert(group.clone());
+                }
+            }
+        }
+        Ok(totals)
     }
 
     /// Whether some group holds image positions.
