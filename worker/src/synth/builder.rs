@@ -2,10 +2,9 @@
 //! stream per tensor name, so a tensor's values depend on the seed and its
 //! name only.
 
-use super::weights::{encode_into, random_matrix, random_vector};
+use super::weights::{encode_into, random_matrix, random_stream, random_vector};
 use super::Spec;
 use common::gguf::GgufWriter;
-use common::splitmix::SplitMix64;
 
 /// Builds the tensors of one model; `seed` makes every weight reproducible.
 pub(super) struct Builder<'a> {
@@ -24,8 +23,7 @@ impl Builder<'_> {
         let data = if super::vision::patches(self.spec, name) {
             // The same values, changed where the vision experts need it.
             let n: usize = dims.iter().product();
-            let mut rng = SplitMix64::for_stream(self.seed, name);
-            let mut values: Vec<f32> = (0..n).map(|_| rng.symmetric_f32() * scale).collect();
+            let mut values: Vec<f32> = random_stream(self.seed, name, scale).take(n).collect();
             super::vision::patch(self.spec, name, dims, &mut values);
             let mut data = Vec::with_capacity(ty.bytes_for(n));
             encode_into(&values, ty, &mut data);
@@ -52,8 +50,7 @@ impl Builder<'_> {
     /// An f32 matrix of small values (expert biases `[n, n_expert]`).
     pub fn small_f32(&mut self, name: &str, dims: &[usize], spread: f32) {
         let n: usize = dims.iter().product();
-        let mut rng = SplitMix64::for_stream(self.seed, name);
-        let values: Vec<f32> = (0..n).map(|_| spread * rng.symmetric_f32()).collect();
+        let values: Vec<f32> = random_stream(self.seed, name, spread).take(n).collect();
         let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         self.g.tensor_f32(name, &dims64, &values);
     }
@@ -61,14 +58,14 @@ impl Builder<'_> {
     /// The router: rows scaled unevenly so some experts are heavy hitters.
     pub fn router(&mut self, name: &str) {
         let (n_embd, n_expert) = (self.spec.n_embd, self.spec.n_expert);
-        let mut rng = SplitMix64::for_stream(self.seed, name);
         // Sigmoid routers saturate at 1.0 in f32 with large logits; keep them moderate.
         let sharpness = if self.spec.sigmoid_router() { 1.0 } else { 4.0 };
         let scale = sharpness * (3.0 / n_embd as f32).sqrt();
+        let mut stream = random_stream(self.seed, name, scale);
         let mut values = Vec::with_capacity(n_embd * n_expert);
         for e in 0..n_expert {
             let gain = 0.4 + 1.6 * ((e * 7) % n_expert) as f32 / n_expert as f32;
-            values.extend((0..n_embd).map(|_| rng.symmetric_f32() * scale * gain));
+            values.extend(stream.by_ref().take(n_embd).map(|v| v * gain));
         }
         super::vision::patch(self.spec, name, &[n_embd, n_expert], &mut values);
         // The router stays f32 so routing is not perturbed by quantisation.

@@ -124,8 +124,25 @@ impl Weights<'_> {
 
     /// A linear layer: `{name}.weight [n_in, n_out]` and `{name}.bias [n_out]`.
     fn linear(&mut self, name: &str, n_in: usize, n_out: usize) {
+        self.linear_shifted(name, n_in, n_out, None);
+    }
+
+    /// [`Weights::linear`] with `shift.1` added to the bias of output
+    /// channel `shift.0`.
+    fn linear_shifted(
+        &mut self,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+        shift: Option<(usize, f32)>,
+    ) {
         self.matrix(&format!("{name}.weight"), &[n_in, n_out], n_in);
-        self.vector(&format!("{name}.bias"), n_out, 0.0, 0.05);
+        let bias = format!("{name}.bias");
+        let mut values = random_vector(self.seed, &bias, n_out, 0.0, 0.05);
+        if let Some((channel, by)) = shift {
+            values[channel] += by;
+        }
+        self.g.tensor_f32(&bias, &[n_out as u64], &values);
     }
 
     /// A layer norm: weight near one, bias near zero.
@@ -175,16 +192,10 @@ fn build(s: &MmprojSpec, seed: u64) -> GgufWriter {
         w.linear(&t("ffn_down"), s.n_ff, e);
     }
     w.linear("mm.0", e, s.n_embd_text);
-    w.matrix(
-        "mm.2.weight",
-        &[s.n_embd_text, s.n_embd_text],
-        s.n_embd_text,
-    );
-    let mut bias = random_vector(seed, "mm.2.bias", s.n_embd_text, 0.0, 0.05);
-    if let Some(c) = s.image_channel {
-        bias[c] += super::vision::IMAGE_BIAS;
-    }
-    g.tensor_f32("mm.2.bias", &[s.n_embd_text as u64], &bias);
+    // The image channel of a model with vision experts is raised on every
+    // image position.
+    let shift = s.image_channel.map(|c| (c, super::vision::IMAGE_BIAS));
+    w.linear_shifted("mm.2", s.n_embd_text, s.n_embd_text, shift);
     g
 }
 

@@ -3,19 +3,26 @@
 use common::gguf::TensorType;
 use common::splitmix::SplitMix64;
 
-/// The encoding in `ty` of a tensor of `dims` elements uniform in
-/// `[-scale, scale)`, drawn from the stream of `(seed, name)` and encoded a
-/// piece at a time (a real-vocabulary embedding is 300-500M values: 1-2 GB
-/// as f32).
+/// The values of the stream of `(seed, name)`: uniform in `[-scale, scale)`,
+/// one after the other. Every generated tensor draws from it, so its values
+/// depend on the seed and its name only.
+pub fn random_stream(seed: u64, name: &str, scale: f32) -> impl Iterator<Item = f32> {
+    let mut rng = SplitMix64::for_stream(seed, name);
+    std::iter::repeat_with(move || rng.symmetric_f32() * scale)
+}
+
+/// The encoding in `ty` of a tensor of `dims` elements from
+/// [`random_stream`], encoded a piece at a time (a real-vocabulary
+/// embedding is 300-500M values: 1-2 GB as f32).
 pub fn random_matrix(seed: u64, name: &str, dims: &[usize], scale: f32, ty: TensorType) -> Vec<u8> {
     const PIECE: usize = 32 * 1024;
     let n: usize = dims.iter().product();
-    let mut rng = SplitMix64::for_stream(seed, name);
+    let mut values = random_stream(seed, name, scale);
     let mut data = Vec::with_capacity(ty.bytes_for(n));
     let mut piece = Vec::with_capacity(PIECE);
     for start in (0..n).step_by(PIECE) {
         piece.clear();
-        piece.extend((start..n.min(start + PIECE)).map(|_| rng.symmetric_f32() * scale));
+        piece.extend(values.by_ref().take(PIECE.min(n - start)));
         encode_into(&piece, ty, &mut data);
     }
     data
@@ -24,9 +31,9 @@ pub fn random_matrix(seed: u64, name: &str, dims: &[usize], scale: f32, ty: Tens
 /// `n` values `center + spread * u`, `u` uniform in [-1, 1), from the
 /// stream of `(seed, name)`: biases, norms, per-head constants.
 pub fn random_vector(seed: u64, name: &str, n: usize, center: f32, spread: f32) -> Vec<f32> {
-    let mut rng = SplitMix64::for_stream(seed, name);
-    (0..n)
-        .map(|_| center + spread * rng.symmetric_f32())
+    random_stream(seed, name, spread)
+        .take(n)
+        .map(|v| center + v)
         .collect()
 }
 
