@@ -266,6 +266,35 @@ pub fn run_ok(bin_name: &str, args: &[&str]) -> std::process::Output {
     out
 }
 
+/// `coordinator run CONFIG --local-workers WORKERS --out RUN`, the front
+/// door's command line.
+pub fn run_args(config: &Path, workers: u32, run: &Path) -> Vec<String> {
+    let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_string();
+    vec![
+        "run".into(),
+        path(config),
+        "--local-workers".into(),
+        workers.to_string(),
+        "--out".into(),
+        path(run),
+    ]
+}
+
+/// Runs [`run_args`] and asserts that it succeeds, showing its stdout and
+/// stderr when it does not.
+pub fn coordinator_run(config: &Path, workers: u32, run: &Path) -> std::process::Output {
+    let args = run_args(config, workers, run);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = self::run("coordinator", &args);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A command for a workspace binary: the coordinator is told which worker
 /// binary to start for `--local-workers`, so both come from the same build.
 pub fn command(bin_name: &str) -> std::process::Command {

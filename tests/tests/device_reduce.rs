@@ -241,11 +241,7 @@ fn the_run_config_key_puts_local_workers_on_the_device_path() {
     let dir = tempfile::tempdir().unwrap();
     let config = fixtures::text_config(dir.path(), "[run]\nlocal_worker_reduce = \"device\"\n");
     let out = dir.path().join("run");
-    let (config, out_s) = (config.to_str().unwrap(), out.to_str().unwrap());
-    fixtures::run_ok(
-        "coordinator",
-        &["run", config, "--local-workers", "1", "--out", out_s],
-    );
+    fixtures::coordinator_run(&config, 1, &out);
     let merged = std::fs::read(out.join("partials/merged.bin")).unwrap();
     let partial = Partial::from_bytes(&merged).unwrap();
     assert_eq!(partial.backends.len(), 1, "{:?}", partial.backends);
@@ -264,5 +260,5 @@ fn the_run_config_key_puts_local_workers_on_the_device_path() {
             .map(|g| g.n_tokens)
             .sum::<u64>()
     );
-    fixtures::run_ok("coordinator", &["verify", out_s]);
+    fixtures::run_ok("coordinator", &["verify", out.to_str().unwrap()]);
 }

@@ -40,17 +40,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
         .unwrap()
         .to_path_buf();
     let out = dir.path().join("runs/quickstart");
-    let run = fixtures::run_ok(
-        "coordinator",
-        &[
-            "run",
-            configs.join("quickstart.toml").to_str().unwrap(),
-            "--local-workers",
-            "2",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let run = fixtures::coordinator_run(&configs.join("quickstart.toml"), 2, &out);
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(stdout.contains("run complete"), "{stdout}");
 

@@ -401,17 +401,9 @@ fn a_ship_section_ships_q4_k_m_files_measured_with_the_runs_importance_matrix() 
     let model = fixtures::model(d.path(), Preset::TinyAltQk);
     let run = d.path().join("run");
     let coordinator_run = |config: &Path| {
-        fixtures::run(
-            "coordinator",
-            &[
-                "run",
-                config.to_str().unwrap(),
-                "--local-workers",
-                "2",
-                "--out",
-                run.to_str().unwrap(),
-            ],
-        )
+        let args = fixtures::run_args(config, 2, &run);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fixtures::run("coordinator", &args)
     };
     for (ship, key, entry) in [
         (

@@ -36,24 +36,6 @@ fn config(dir: &Path, name: &str, model: &Path, mmproj: Option<&Path>, records: 
     path
 }
 
-fn run(config: &Path, out: &Path) {
-    let args = [
-        "run",
-        config.to_str().unwrap(),
-        "--local-workers",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    let o = fixtures::run("coordinator", &args);
-    assert!(
-        o.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
 /// The fit split's count of each expert per layer, for `modality` (`None`:
 /// all positions).
 fn counts(run: &Path, modality: Option<&str>) -> Vec<Vec<u64>> {
@@ -127,12 +109,11 @@ fn image_calibration_finds_the_experts_text_calls_dead() {
     std::fs::write(&captions, text.join("\n") + "\n").unwrap();
 
     let text_run = dir.join("text");
-    run(&config(dir, "captions", &model, None, &captions), &text_run);
+    let captions = config(dir, "captions", &model, None, &captions);
+    fixtures::coordinator_run(&captions, 2, &text_run);
     let image_run = dir.join("images");
-    run(
-        &config(dir, "images", &model, Some(&mmproj), &sample_records()),
-        &image_run,
-    );
+    let images = config(dir, "images", &model, Some(&mmproj), &sample_records());
+    fixtures::coordinator_run(&images, 2, &image_run);
 
     let vision = N_EXPERT - N_VISION..N_EXPERT;
     let text_only = counts(&text_run, None);
@@ -214,17 +195,8 @@ fn the_image_config_generates_its_model_and_mmproj_and_finds_the_vision_experts(
     )
     .unwrap();
     let out = dir.path().join("run");
-    let args = [
-        "run",
-        config.to_str().unwrap(),
-        "--local-workers",
-        "1",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    let o = fixtures::run("coordinator", &args);
+    let o = fixtures::coordinator_run(&config, 1, &out);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
     for file in ["tiny-vision.gguf", "tiny-vision-mmproj.gguf"] {
         assert!(
             err.contains(&format!("models/{file} is missing: generating it")),
