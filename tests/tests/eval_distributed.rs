@@ -24,6 +24,7 @@ use tokio::process::Child;
 use worker::collect::device::Reduce;
 use worker::eval::candidates::Inputs;
 use worker::eval::Compare;
+use worker::images::ImageBytes;
 use worker::join::engine::{CollectorLoader, EngineLoader};
 use worker::join::eval_engine::EvalEngine;
 use worker::join::{join, JoinError};
@@ -333,8 +334,13 @@ impl EvalEngine for LyingEngine {
         self.honest.base_sha256()
     }
 
-    fn evaluate(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<EvalPartial, String> {
-        let mut p = self.honest.evaluate(index, chunks)?;
+    fn evaluate(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        images: &ImageBytes,
+    ) -> Result<EvalPartial, String> {
+        let mut p = self.honest.evaluate(index, chunks, images)?;
         let c = p
             .candidates
             .iter_mut()

@@ -14,7 +14,8 @@ use common::{ChunkId, Modality, Split};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_void, CStr, CString};
 use std::path::{Path, PathBuf};
-use worker::collect::{CollectOptions, Collector, ImageBytes};
+use worker::collect::{CollectOptions, Collector};
+use worker::images::ImageBytes;
 use worker::synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
 use worker::synth::Preset;
 

@@ -20,7 +20,7 @@ use fixtures::loopback::{
 };
 use std::path::Path;
 use std::time::Duration;
-use worker::collect::ImageBytes;
+use worker::images::ImageBytes;
 use worker::join::engine::{Engine, EngineLoader};
 use worker::join::fake::FakeEngine;
 use worker::join::join;

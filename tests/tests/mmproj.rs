@@ -222,31 +222,12 @@ fn image_config(dir: &Path, seed: u64) -> PathBuf {
         format!(
             "[model]\npath = {model:?}\nmmproj = {mmproj:?}\n\n[corpus]\nn_ctx = 64\n\n\
              [run]\nlease_chunks = 1\n\n\
+             [eval]\nkeep_maps = [\"frequency_K8\", \"reap_mean_K12\"]\n\n\
              [[corpus.domains]]\nname = \"images\"\nsources = [{{ path = {records:?} }}]\n"
         ),
     )
     .unwrap();
     config
-}
-
-/// `coordinator run CONFIG --local-workers N --out RUN`, which must succeed.
-fn run_ok(config: &Path, workers: u32, run: &Path) {
-    let workers = workers.to_string();
-    let args = [
-        "run",
-        config.to_str().unwrap(),
-        "--local-workers",
-        &workers,
-        "--out",
-        run.to_str().unwrap(),
-    ];
-    let out = fixtures::run("coordinator", &args);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Workers measure an image corpus through the mmproj (issue #25, slice
@@ -261,7 +242,7 @@ fn workers_measure_an_image_corpus_through_the_mmproj() {
     let dir = tempfile::tempdir().unwrap();
     let config = image_config(dir.path(), 0);
     let one = dir.path().join("one");
-    run_ok(&config, 1, &one);
+    fixtures::coordinator_run(&config, 1, &one);
     let images: Vec<_> = std::fs::read_dir(one.join("corpus/images"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -319,16 +300,33 @@ fn workers_measure_an_image_corpus_through_the_mmproj() {
     assert!(report.contains("## Vision experts"), "{report}");
 
     let three = dir.path().join("three");
-    run_ok(&config, 3, &three);
-    for name in ["saliency.json", "imatrix.gguf"] {
+    fixtures::coordinator_run(&config, 3, &three);
+    for name in ["saliency.json", "imatrix.gguf", "eval/summary.json"] {
         assert!(
             std::fs::read(one.join(name)).unwrap() == std::fs::read(three.join(name)).unwrap(),
             "{name} differs between 1 and 3 workers"
         );
     }
+    // Evaluation feeds the images too: both keep maps have KL per modality,
+    // text and image-conditioned positions adding up to each split's.
+    let summary: common::eval::EvalSummary =
+        serde_json::from_slice(&std::fs::read(one.join("eval/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary.candidates.len(), 2);
+    for c in &summary.candidates {
+        let mut scored = [0u64; 2];
+        for (split, f) in &c.splits {
+            let (text, image) = (&f.modalities["text"], &f.modalities["image"]);
+            assert_eq!(text.n + image.n, f.all.n, "{} {split}", c.name);
+            scored[0] += text.n;
+            scored[1] += image.n;
+        }
+        assert!(scored.iter().all(|&n| n > 0), "{}: {scored:?}", c.name);
+    }
+    let report = std::fs::read_to_string(one.join("report/report.md")).unwrap();
+    assert!(report.contains("KL per modality"), "{report}");
 
     let other = dir.path().join("other");
-    run_ok(&image_config(dir.path(), 1), 1, &other);
+    fixtures::coordinator_run(&image_config(dir.path(), 1), 1, &other);
     assert_ne!(
         saliency(&one),
         saliency(&other),

@@ -64,13 +64,7 @@ fn positions(chunk: &Chunk) -> Vec<(u32, Group)> {
     let mut out = Vec::new();
     for s in &chunk.spans {
         for pos in s.start..s.start + s.len - 1 {
-            out.push((
-                pos,
-                Group {
-                    split: s.split,
-                    domain: s.domain,
-                },
-            ));
+            out.push((pos, Group::text(s.split, s.domain)));
         }
     }
     out

@@ -8,6 +8,8 @@
 //!   backend ([`collect::device`], `--reduce`).
 //! - [`eval`]: the [`eval::Evaluator`] that compares pruned candidates with
 //!   the base model (KL, perplexity, top-1 agreement).
+//! - [`images`]: a lease's images, encoded through the mmproj and fed by
+//!   collection and evaluation alike.
 //! - [`join`]: `worker join`, the QUIC client that measures leases for a coordinator.
 //! - [`quantize`]: `worker quantize`, llama.cpp's quantiser with an
 //!   importance matrix, written create-only and hashed.
@@ -25,6 +27,8 @@ pub mod collect;
 pub mod error;
 #[forbid(unsafe_code)]
 pub mod eval;
+#[forbid(unsafe_code)]
+pub mod images;
 #[forbid(unsafe_code)]
 pub mod join;
 pub mod llama;

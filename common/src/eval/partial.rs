@@ -3,23 +3,39 @@
 
 use super::EvalError;
 use crate::exact::ExactSum;
-use crate::split::{ChunkRange, Split};
+use crate::split::{ChunkRange, Modality, Split};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Version of the eval partial encoding; bumped on any layout change.
-pub const EVAL_FORMAT_VERSION: u32 = 1;
+/// Version of the eval partial encoding; bumped on any layout change
+/// (2: groups carry their modality).
+pub const EVAL_FORMAT_VERSION: u32 = 2;
 
 /// Largest encoded eval partial the decoder accepts (1 GiB).
 pub const MAX_EVAL_PARTIAL_BYTES: usize = 1 << 30;
 
-/// A (split, domain) group of scored positions.
+/// A (split, domain, modality) group of scored positions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Group {
     /// Fit or held-out.
     pub split: Split,
     /// Index into the corpus's domain list.
     pub domain: u16,
+    /// [`Modality::Image`] for an image-conditioned position: one whose
+    /// context holds an image of its chunk (the last position of an image
+    /// and every later one); [`Modality::Text`] otherwise.
+    pub modality: Modality,
+}
+
+impl Group {
+    /// The text group of `split` and `domain`.
+    pub fn text(split: Split, domain: u16) -> Group {
+        Group {
+            split,
+            domain,
+            modality: Modality::Text,
+        }
+    }
 }
 
 /// The base model's sums over the scored positions of one group.

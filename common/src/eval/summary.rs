@@ -3,7 +3,7 @@
 //! reads it.
 
 use super::partial::{BaseSums, CandidateResult, CandidateSums, EvalPartial, Group};
-use crate::split::Split;
+use crate::split::{Modality, Split};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -47,13 +47,18 @@ pub struct Figures {
     pub dprob_mean: f64,
 }
 
-/// Figures of one split, whole and per domain.
+/// Figures of one split, whole, per domain and per modality.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SplitFigures {
     /// The whole split.
     pub all: Figures,
     /// Per domain name.
     pub domains: BTreeMap<String, Figures>,
+    /// Per modality name (`text`, `image`: image-conditioned positions),
+    /// only when the evaluation scored image-conditioned positions, so a
+    /// text run's summary is what it always was.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub modalities: BTreeMap<String, Figures>,
 }
 
 /// One pruned candidate.
@@ -119,6 +124,7 @@ pub fn method_of(name: &str) -> &str {
 }
 
 fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> CandidateSummary {
+    let with_images = p.base.keys().any(|g| g.modality == Modality::Image);
     let mut splits = BTreeMap::new();
     for split in &p.splits {
         let in_split = |g: &Group| g.split == *split;
@@ -131,11 +137,17 @@ fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> Candid
                 by_domain.insert(name.clone(), f);
             }
         }
+        let mut modalities = BTreeMap::new();
+        for m in Modality::ALL.into_iter().filter(|_| with_images) {
+            let one = |g: &Group| g.split == *split && g.modality == m;
+            modalities.insert(m.as_str().to_string(), figures(p, c, &one));
+        }
         splits.insert(
             split.as_str().to_string(),
             SplitFigures {
                 all,
                 domains: by_domain,
+                modalities,
             },
         );
     }

@@ -3,7 +3,7 @@ use crate::split::{ChunkRange, Split};
 use std::collections::BTreeMap;
 
 fn group(split: Split, domain: u16) -> Group {
-    Group { split, domain }
+    Group::text(split, domain)
 }
 
 /// A partial of one chunk whose positions have KL values `kls`, all in
@@ -162,4 +162,70 @@ fn nearest_rank_and_split_names() {
     assert_eq!(summary::parse_splits("both"), Some(Split::ALL.to_vec()));
     assert_eq!(summary::parse_splits("heldout"), Some(vec![Split::Heldout]));
     assert_eq!(summary::parse_splits("all"), None);
+}
+
+#[test]
+fn modalities_appear_only_when_image_conditioned_positions_were_scored() {
+    let text = partial_of(0, &values(0));
+    let s = EvalSummary::of(&text, &["english".into(), "code".into()]);
+    assert!(s.candidates[0]
+        .splits
+        .values()
+        .all(|f| f.modalities.is_empty()));
+    let json = String::from_utf8(s.to_json_bytes()).unwrap();
+    assert!(!json.contains("modalities"), "{json}");
+
+    // The held-out positions after position 10 become image-conditioned.
+    let mut p = partial_of(0, &values(0));
+    let image = |g: Group| Group {
+        modality: crate::Modality::Image,
+        ..g
+    };
+    let c = &mut p.candidates[0];
+    for t in c
+        .tokens
+        .iter_mut()
+        .filter(|t| t.pos > 10 && t.group.split == Split::Heldout)
+    {
+        t.group = image(t.group);
+    }
+    let (mut base, mut sums) = (BTreeMap::new(), BTreeMap::new());
+    for (t, v) in c.tokens.iter().zip(values(0)) {
+        let b: &mut BaseSums = base.entry(t.group).or_default();
+        b.n += 1;
+        b.nll.add_f64(1.0 + v).unwrap();
+        let s: &mut CandidateSums = sums.entry(t.group).or_default();
+        s.n += 1;
+        s.kl.add_f64(v).unwrap();
+        s.kl_sq.add_f64(v * v).unwrap();
+        s.nll.add_f64(1.0 + 2.0 * v).unwrap();
+        s.top1_same += u64::from(v < 0.5);
+        s.dprob.add_f64(-v / 10.0).unwrap();
+    }
+    (p.base, c.groups) = (base, sums);
+    let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
+    let held = &s.candidates[0].splits["heldout"];
+    let kl_of = |keep: &dyn Fn(usize) -> bool| -> Vec<f64> {
+        values(0)
+            .into_iter()
+            .enumerate()
+            .filter(|&(i, _)| i % 3 != 0 && keep(i))
+            .map(|(_, v)| v)
+            .collect()
+    };
+    for (name, want) in [("text", kl_of(&|i| i <= 10)), ("image", kl_of(&|i| i > 10))] {
+        let f = &held.modalities[name];
+        assert_eq!(f.n, want.len() as u64, "{name}");
+        let mean = want.iter().sum::<f64>() / want.len() as f64;
+        assert!((f.kl.mean - mean).abs() < 1e-12, "{name}");
+        assert_eq!(f.kl.max, want.iter().copied().fold(0.0, f64::max), "{name}");
+    }
+    assert_eq!(
+        held.modalities["text"].n + held.modalities["image"].n,
+        held.all.n
+    );
+    // The fit split had no image-conditioned position: its image row is empty.
+    assert_eq!(s.candidates[0].splits["fit"].modalities["image"].n, 0);
+    let json = String::from_utf8(s.to_json_bytes()).unwrap();
+    assert!(json.contains("\"modalities\""), "{json}");
 }

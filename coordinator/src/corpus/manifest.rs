@@ -206,6 +206,10 @@ pub struct RunManifest {
     /// (replay, eval, prune) find it without `--model`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_path: Option<PathBuf>,
+    /// The mmproj collection fed the corpus's images with (absolute path
+    /// and SHA-256), so evaluation feeds them alike; absent for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<common::wire::MmprojFile>,
     /// Accepted collection partials by object name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub partials: Records,

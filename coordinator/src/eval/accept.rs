@@ -163,10 +163,7 @@ mod tests {
 
     /// A partial of one candidate over two scored positions of one group.
     fn partial() -> EvalPartial {
-        let group = Group {
-            split: Split::Fit,
-            domain: 0,
-        };
+        let group = Group::text(Split::Fit, 0);
         let token = |pos| TokenKl {
             chunk: 2,
             pos,

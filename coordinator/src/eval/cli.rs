@@ -56,6 +56,21 @@ pub(crate) async fn recorded(store: &RunStore) -> anyhow::Result<(RunManifest, C
     Ok((manifest, config))
 }
 
+/// The mmproj the run's collection fed its images with, which evaluation
+/// feeds them with too; `None` for a text corpus.
+async fn recorded_mmproj(store: &RunStore) -> anyhow::Result<Option<common::wire::MmprojFile>> {
+    let manifest = crate::corpus::manifest::read_or_default(store).await?;
+    match (&manifest.corpus.images, manifest.mmproj) {
+        (None, _) => Ok(None),
+        (Some(_), Some(mmproj)) => Ok(Some(mmproj)),
+        (Some(_), None) => anyhow::bail!(
+            "the corpus at {} has images, but its manifest names no mmproj: collect the run \
+             first (`coordinator run` records the mmproj it measured them with)",
+            store.url()
+        ),
+    }
+}
+
 /// Entry point of `coordinator eval`.
 pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Runtime::new()?;
@@ -114,7 +129,7 @@ pub(crate) async fn evaluate_recorded(
             index: read_index(store).await?,
             model_sha256: base.sha256,
             model_path: base.path.to_path_buf(),
-            mmproj: None,
+            mmproj: recorded_mmproj(store).await?,
             run: config.run.clone(),
             cluster: config.cluster.clone(),
         },
@@ -144,8 +159,6 @@ pub(crate) async fn evaluate_held(
         base: RunSetup {
             model_sha256: base.sha256,
             model_path: base.path.to_path_buf(),
-            // Evaluation refuses image chunks.
-            mmproj: None,
             ..setup.clone()
         },
         job,

@@ -1,7 +1,8 @@
 //! The table of an evaluation: one row per pruned candidate (held-out and
 //! fit KL, same top-1, perplexities, per-domain held-out KL, the
-//! candidate's slot replacement from `score`). `coordinator eval` prints it
-//! and the report shows it.
+//! candidate's slot replacement from `score`), and after it, when images
+//! were evaluated, the KL of each candidate per modality. `coordinator
+//! eval` prints it and the report shows it.
 
 use crate::score::tables::MapTable;
 use common::eval::{EvalSummary, Figures};
@@ -87,6 +88,40 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             slot
         );
     }
+    md.push_str(&modality_table(s));
+    md
+}
+
+/// Per candidate and split, the KL on text positions and on
+/// image-conditioned ones (positions whose context holds an image); empty
+/// when the evaluation scored no image-conditioned position.
+fn modality_table(s: &EvalSummary) -> String {
+    let rows: Vec<_> = s
+        .candidates
+        .iter()
+        .flat_map(|c| c.splits.iter().map(move |(split, f)| (c, split, f)))
+        .filter(|(_, _, f)| !f.modalities.is_empty())
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\nKL per modality (image: positions whose context holds an image, the text after it included):\n\n| candidate | K | split | text KL mean ± se (percentiles) | text positions | image KL mean ± se (percentiles) | image positions |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (c, split, f) in rows {
+        let (text, image) = (f.modalities.get("text"), f.modalities.get("image"));
+        let n = |f: Option<&Figures>| f.map_or(0, |f| f.n);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {split} | {} | {} | {} | {} |",
+            c.name,
+            c.k,
+            kl(text.filter(|f| f.n > 0)),
+            n(text),
+            kl(image.filter(|f| f.n > 0)),
+            n(image)
+        );
+    }
     md
 }
 
@@ -104,6 +139,7 @@ mod tests {
                 ..Figures::default()
             },
             domains: BTreeMap::new(),
+            modalities: BTreeMap::new(),
         };
         EvalSummary {
             base_sha256: String::new(),
@@ -136,5 +172,29 @@ mod tests {
             "{fit_only}"
         );
         assert!(fit_only.contains("| 25.00% |"), "fit figure: {fit_only}");
+    }
+
+    #[test]
+    fn a_text_evaluation_has_no_modality_table_and_an_image_one_has_it() {
+        let mut s = summary(&[("fit", 0.25)]);
+        assert!(!table(&s, &[]).contains("KL per modality"));
+        let f = |n, mean| Figures {
+            n,
+            kl: common::eval::KlFigures {
+                mean,
+                ..Default::default()
+            },
+            ..Figures::default()
+        };
+        let fit = s.candidates[0].splits.get_mut("fit").unwrap();
+        fit.modalities =
+            BTreeMap::from([("text".into(), f(6, 0.125)), ("image".into(), f(4, 0.5))]);
+        let md = table(&s, &[]);
+        assert!(md.contains("KL per modality"), "{md}");
+        assert!(
+            md.contains("| frequency_K2 | 2 | fit | 0.1250 ± 0.0000 (p50 0.0000, p90 0.0000, p99 0.0000, p99.9 0.0000, max 0.0000) | 6 | 0.5000 ± 0.0000"),
+            "{md}"
+        );
+        assert!(md.contains("| 4 |"), "{md}");
     }
 }

@@ -273,9 +273,9 @@ pub async fn execute_locked(
     Ok(summary)
 }
 
-/// Records the model file collection runs with in the run's manifest, so
-/// later stages find it without `--model` (a run without a manifest gets
-/// none: only the corpus stage creates one).
+/// Records the model file (and mmproj) collection runs with in the run's
+/// manifest, so later stages find it without `--model` (a run without a
+/// manifest gets none: only the corpus stage creates one).
 async fn record_model_path(setup: &RunSetup) -> Result<(), RunError> {
     let setup_err = |e: crate::corpus::manifest::ManifestError| RunError::Setup(e.to_string());
     let Some(mut m) = crate::corpus::manifest::read(&setup.store)
@@ -284,8 +284,9 @@ async fn record_model_path(setup: &RunSetup) -> Result<(), RunError> {
     else {
         return Ok(());
     };
-    if m.model_path.as_ref() != Some(&setup.model_path) {
+    if (m.model_path.as_ref(), &m.mmproj) != (Some(&setup.model_path), &setup.mmproj) {
         m.model_path = Some(setup.model_path.clone());
+        m.mmproj = setup.mmproj.clone();
         crate::corpus::manifest::write(&setup.store, &m).await?;
     }
     Ok(())

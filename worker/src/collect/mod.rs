@@ -21,8 +21,9 @@ mod shape;
 mod strata;
 
 use crate::error::WorkerError;
-use crate::llama::{self, Context, ContextParams, ImageEmbedding, Logits, Model, Vision};
-use common::corpus::{Chunk, CorpusIndex, ImageSpan};
+use crate::images::{self, ImageBytes};
+use crate::llama::{self, Context, ContextParams, ImageEmbedding, Input, Logits, Model, Vision};
+use common::corpus::{Chunk, CorpusIndex};
 use common::imatrix::Imatrix;
 use common::partial::{BackendToHost, Partial};
 use common::stats::ExpertAccum;
@@ -120,9 +121,6 @@ impl CollectOptions {
     }
 }
 
-/// The bytes of the images a lease's chunks carry, by SHA-256 (hex).
-pub type ImageBytes = BTreeMap<String, bytes::Bytes>;
-
 /// A loaded model ready to measure chunks.
 pub struct Collector {
     /// The model's image encoder, when it measures images (dropped before
@@ -212,7 +210,7 @@ impl Collector {
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Collected, WorkerError> {
         check_chunks(index, chunks)?;
-        let embeddings = self.encode_images(index, chunks, images)?;
+        let embeddings = images::encode(self.vision.as_mut(), index, chunks, images)?;
         let strata = Strata::new(index.domains.clone()).map_err(|e| corpus_error(index, e))?;
         let params = chunk_context(
             index,
@@ -252,7 +250,7 @@ impl Collector {
             let labels = chunk.token_labels();
             let rows_before = ctx.observer().trace.len();
             ctx.clear();
-            for piece in pieces(chunk) {
+            for piece in images::pieces(chunk) {
                 let fed = Feed {
                     chunk: chunk.id.0,
                     pos0: piece.start,
@@ -341,50 +339,6 @@ impl Collector {
             decode_trace,
             dumps,
         })
-    }
-
-    /// The embeddings of every image `chunks` carry, each image encoded
-    /// once from its bytes in `images` (whose hash is checked): an image
-    /// must take the positions its span says.
-    fn encode_images(
-        &mut self,
-        index: &CorpusIndex,
-        chunks: &[Chunk],
-        images: &ImageBytes,
-    ) -> Result<BTreeMap<String, ImageEmbedding>, WorkerError> {
-        let mut out: BTreeMap<String, ImageEmbedding> = BTreeMap::new();
-        for (chunk, im) in chunks
-            .iter()
-            .flat_map(|c| c.images.iter().map(move |im| (c, im)))
-        {
-            let fail = |reason: String| {
-                corpus_error(
-                    index,
-                    format!("chunk {}: image {}: {reason}", chunk.id, im.sha256),
-                )
-            };
-            if !out.contains_key(&im.sha256) {
-                let vision = self.vision.as_mut().ok_or_else(|| {
-                    fail("the worker has no mmproj loaded, so it cannot measure images".into())
-                })?;
-                let bytes = images
-                    .get(&im.sha256)
-                    .ok_or_else(|| fail("its bytes were not fetched".into()))?;
-                if common::hash::sha256_hex(bytes) != im.sha256 {
-                    return Err(fail("its bytes have another SHA-256".into()));
-                }
-                out.insert(im.sha256.clone(), vision.encode(bytes)?);
-            }
-            let n = out[&im.sha256].n_tokens;
-            if n != im.len as usize {
-                return Err(fail(format!(
-                    "the mmproj encodes it into {n} positions, but the chunk gives it {} (was \
-                     the corpus prepared with another mmproj?)",
-                    im.len
-                )));
-            }
-        }
-        Ok(out)
     }
 
     /// The kept context if it was made with `params` (its observer replaced
@@ -533,7 +487,7 @@ fn feed(
         match image {
             Some(im) => {
                 let rows = &im.values[offset * im.n_embd..(offset + toks.len()) * im.n_embd];
-                ctx.decode_embeddings(rows, im.n_embd, pos0 as i32)?;
+                ctx.decode_input(Input::Embd(rows, im.n_embd), pos0 as i32)?;
             }
             None if f.greedy && i + 1 == n_batches => {
                 next = Some(ctx.decode_greedy(toks, pos0 as i32)?);
@@ -548,44 +502,6 @@ fn feed(
             })?;
     }
     Ok(next)
-}
-
-/// A run of a chunk's positions decoded alike: text tokens, or one image.
-struct Piece<'a> {
-    start: usize,
-    len: usize,
-    image: Option<&'a ImageSpan>,
-}
-
-/// The chunk cut at its images' edges: text runs and images in position
-/// order (a text chunk is one piece, so its micro-batches are unchanged).
-fn pieces(chunk: &Chunk) -> Vec<Piece<'_>> {
-    let mut out = Vec::with_capacity(2 * chunk.images.len() + 1);
-    let mut at = 0;
-    for im in &chunk.images {
-        let (start, len) = (im.start as usize, im.len as usize);
-        if start > at {
-            out.push(Piece {
-                start: at,
-                len: start - at,
-                image: None,
-            });
-        }
-        out.push(Piece {
-            start,
-            len,
-            image: Some(im),
-        });
-        at = start + len;
-    }
-    if at < chunk.tokens.len() || out.is_empty() {
-        out.push(Piece {
-            start: at,
-            len: chunk.tokens.len() - at,
-            image: None,
-        });
-    }
-    out
 }
 
 /// What [`Collector::run`] measured.

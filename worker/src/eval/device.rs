@@ -11,19 +11,23 @@ use super::plan::Ubatch;
 use super::rows::RowResult;
 use super::Dumps;
 use crate::error::WorkerError;
+use crate::images::Embeddings;
 use crate::llama::{f32s, Context, LogitsCompare, NoGraph, Outputs, ReduceError};
 
 /// Decodes `b` in the base model and every candidate (clearing their KV
 /// caches at the start of a chunk) and compares their scored rows on the
-/// device; `dumps` receives each model's whole logits, when given.
+/// device (an image micro-batch decodes its rows of `embeddings`); `dumps`
+/// receives each model's whole logits, when given.
 pub(super) fn compare_batch(
     base: &mut Context<'_, NoGraph>,
     cands: &mut [Context<'_, NoGraph>],
     cmp: &mut LogitsCompare,
     b: &Ubatch<'_>,
+    embeddings: &Embeddings,
     dumps: Option<&mut Dumps>,
 ) -> Result<Vec<RowResult>, WorkerError> {
     let pos0 = b.pos0 as i32;
+    let input = b.input(embeddings);
     if b.pos0 == 0 {
         base.clear();
         cands.iter_mut().for_each(|c| c.clear());
@@ -33,9 +37,9 @@ pub(super) fn compare_batch(
         move |m: usize, logits: &[f32]| d.entry((m, chunk)).or_default().extend_from_slice(logits)
     });
     if b.rows.is_empty() && dump.is_none() {
-        base.decode(b.tokens, pos0)?;
+        base.decode_input(input, pos0)?;
         for c in cands.iter_mut() {
-            c.decode(b.tokens, pos0)?;
+            c.decode_input(input, pos0)?;
         }
         return Ok(Vec::new());
     }
@@ -51,7 +55,7 @@ pub(super) fn compare_batch(
     let next: Vec<i32> = b.rows.iter().map(|r| r.next as i32).collect();
     let scored = !rows.is_empty();
     let mut kept = None;
-    base.decode_with_logits(b.tokens, pos0, outputs, &mut |t| {
+    base.decode_with_logits(input, pos0, outputs, &mut |t| {
         if let Some(d) = dump.as_mut() {
             d(0, &f32s(&t.bytes()).collect::<Vec<_>>());
         }
@@ -72,7 +76,7 @@ pub(super) fn compare_batch(
     .collect();
     for (i, c) in cands.iter_mut().enumerate() {
         let mut figures = None;
-        c.decode_with_logits(b.tokens, pos0, outputs, &mut |t| {
+        c.decode_with_logits(input, pos0, outputs, &mut |t| {
             if let Some(d) = dump.as_mut() {
                 d(i + 1, &f32s(&t.bytes()).collect::<Vec<_>>());
             }

@@ -17,6 +17,7 @@ use super::plan::Ubatch;
 use super::rows::{self, RowResult, ScoredRow};
 use super::Dumps;
 use crate::error::WorkerError;
+use crate::images::Embeddings;
 use crate::llama::{Context, NoGraph};
 use std::time::Instant;
 
@@ -34,18 +35,20 @@ pub(super) fn max_rows(models: usize, n_vocab: usize) -> usize {
 
 /// Decodes `group` in the base model, then in each candidate (clearing a
 /// context's KV cache at the start of each chunk), and compares the scored
-/// rows; the results come in the group's row order. `host_s` gains the
+/// rows; the results come in the group's row order (an image micro-batch
+/// decodes its rows of `embeddings`). `host_s` gains the
 /// seconds of the copies and the comparison; `dumps`, when given, every
 /// decode's whole logits.
 pub(super) fn compare_group<'m>(
     base: &mut Context<'m, NoGraph>,
     cands: &mut [Context<'m, NoGraph>],
     group: &[Ubatch<'_>],
-    n_vocab: usize,
+    embeddings: &Embeddings,
     threads: usize,
     mut dumps: Option<&mut Dumps>,
     host_s: &mut f64,
 ) -> Result<Vec<RowResult>, WorkerError> {
+    let n_vocab = base.n_vocab();
     let single = group.len() == 1;
     let n_rows: usize = group.iter().map(|u| u.rows.len()).sum();
     let mut kept: Vec<Vec<f32>> = Vec::new();
@@ -58,7 +61,7 @@ pub(super) fn compare_group<'m>(
             if u.pos0 == 0 {
                 ctx.clear();
             }
-            ctx.decode(u.tokens, u.pos0 as i32)?;
+            ctx.decode_input(u.input(embeddings), u.pos0 as i32)?;
             let logits = ctx.batch_logits();
             if let Some(d) = dumps.as_deref_mut() {
                 d.entry((m, u.chunk.id.0))

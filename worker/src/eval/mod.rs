@@ -23,6 +23,11 @@
 //! Either way the per-position values are folded exactly into the partial,
 //! in position order, and no whole-vocabulary file is ever written. See
 //! [`metrics`] for the figures.
+//!
+//! An image chunk's images are encoded once through the base model's mmproj
+//! and their embeddings decoded by every model, in micro-batches cut at the
+//! images' edges ([`crate::images`]); positions whose context holds an image
+//! are scored in their group's image modality ([`scored_positions`]).
 
 pub mod candidates;
 mod device;
@@ -37,8 +42,9 @@ use crate::collect::{
     check_chunks, chunk_context, corpus_error, expert_counts, ranges_of, sha256_file,
 };
 use crate::error::WorkerError;
+use crate::images::{self, ImageBytes};
 use crate::llama::{
-    self, Context, ContextParams, Logits, LogitsCompare, Model, NoGraph, ThreadPool,
+    self, Context, ContextParams, Logits, LogitsCompare, Model, NoGraph, ThreadPool, Vision,
 };
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::{CandidateResult, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION};
@@ -150,6 +156,9 @@ struct Loaded {
 
 /// The base model and its candidates, loaded and ready to evaluate chunks.
 pub struct Evaluator {
+    /// The base model's image encoder, when it evaluates images (dropped
+    /// before the model it was loaded beside).
+    vision: Option<Vision>,
     base: Arc<Model>,
     base_sha256: String,
     candidates: Vec<Loaded>,
@@ -259,6 +268,7 @@ impl Evaluator {
         }
         let on_device = opts.compare.on_device(opts.n_gpu_layers, llama::has_gpu());
         Ok(Evaluator {
+            vision: None,
             base: Arc::new(base_model),
             base_sha256,
             on_device,
@@ -278,19 +288,43 @@ impl Evaluator {
         &self.base_sha256
     }
 
-    /// Evaluates `chunks` (sorted, unique ids). `progress` is called after
-    /// each chunk with its id and token count.
+    /// Loads the base model's `mmproj` (its vision encoder and projector)
+    /// so that image chunks can be evaluated; returns its SHA-256. Every
+    /// candidate decodes the same embeddings: pruning keeps the embedding
+    /// width.
+    pub fn load_mmproj(&mut self, mmproj: &Path) -> Result<String, WorkerError> {
+        let sha256 = sha256_file(mmproj)?;
+        self.vision = Some(Vision::load(mmproj, &self.base, self.opts.threads)?);
+        Ok(sha256)
+    }
+
+    /// Evaluates `chunks` (sorted, unique ids) of text. `progress` is called
+    /// after each chunk with its id and token count.
     pub fn run(
         &mut self,
         index: &CorpusIndex,
         chunks: &[Chunk],
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Evaluated, WorkerError> {
+        self.run_with_images(index, chunks, &ImageBytes::new(), progress)
+    }
+
+    /// [`Evaluator::run`] on chunks that may carry images, whose bytes are
+    /// in `images` (an image chunk needs [`Evaluator::load_mmproj`]).
+    pub fn run_with_images(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        images: &ImageBytes,
+        progress: &mut dyn FnMut(u32, usize),
+    ) -> Result<Evaluated, WorkerError> {
+        check_chunks(index, chunks)?;
+        let embeddings = images::encode(self.vision.as_mut(), index, chunks, images)?;
         let mut shared = self
             .shared
             .take()
             .unwrap_or_else(|| Shared::new(self.opts.threads));
-        let evaluated = self.run_on(&mut shared, index, chunks, progress);
+        let evaluated = self.run_on(&mut shared, index, chunks, &embeddings, progress);
         self.shared = Some(shared);
         evaluated
     }
@@ -300,9 +334,9 @@ impl Evaluator {
         shared: &mut Shared,
         index: &CorpusIndex,
         chunks: &[Chunk],
+        embeddings: &images::Embeddings,
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Evaluated, WorkerError> {
-        check_chunks(index, chunks)?;
         let on_device = self.on_device;
         let params = chunk_context(
             index,
@@ -383,13 +417,13 @@ impl Evaluator {
             let group = &ubatches[range];
             let dumping = self.opts.dump_logits.then_some(&mut dumps);
             let results = if on_device {
-                device::compare_batch(&mut base, &mut cands, cmp, &group[0], dumping)?
+                device::compare_batch(&mut base, &mut cands, cmp, &group[0], embeddings, dumping)?
             } else {
                 host::compare_group(
                     &mut base,
                     &mut cands,
                     group,
-                    n_vocab,
+                    embeddings,
                     threads,
                     dumping,
                     &mut cost.host_s,

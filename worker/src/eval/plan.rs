@@ -3,7 +3,9 @@
 
 use super::positions::scored_positions;
 use super::rows::ScoredRow;
-use common::corpus::Chunk;
+use crate::images::{self, Embeddings};
+use crate::llama::Input;
+use common::corpus::{Chunk, ImageSpan};
 use common::eval::Group;
 use common::Split;
 use std::ops::Range;
@@ -16,24 +18,39 @@ pub(super) struct Ubatch<'c> {
     pub chunk: &'c Chunk,
     /// Position of its first token in the chunk.
     pub pos0: usize,
-    /// Its tokens.
+    /// Its tokens (an image's marker tokens in an image micro-batch).
     pub tokens: &'c [i32],
+    /// The image whose positions it decodes, or `None` for text.
+    pub image: Option<&'c ImageSpan>,
     /// Its scored rows, in row order.
     pub rows: Vec<ScoredRow>,
     /// The group of each scored row.
     pub groups: Vec<Group>,
 }
 
-impl Ubatch<'_> {
+impl<'c> Ubatch<'c> {
     /// Whether it is the last micro-batch of its chunk.
     pub fn ends_chunk(&self) -> bool {
         self.pos0 + self.tokens.len() == self.chunk.tokens.len()
     }
+
+    /// What a model decodes for it: its tokens, or its image's embedding
+    /// rows from `embeddings`.
+    pub fn input<'a>(&self, embeddings: &'a Embeddings) -> Input<'a>
+    where
+        'c: 'a,
+    {
+        let range = self.pos0..self.pos0 + self.tokens.len();
+        images::input(self.chunk, range, self.image, embeddings)
+    }
 }
 
-/// The micro-batches of `chunks`, `step` tokens each (at least 1), in chunk and position
-/// order. A scored position whose next token is outside the vocabulary is
-/// refused by `outside` (chunk, position of that token).
+/// The micro-batches of `chunks`, `step` tokens each (at least 1), in chunk
+/// and position order; a chunk is first cut at its images' edges
+/// ([`images::pieces`]: a text chunk is one piece), so a micro-batch is
+/// text or one image's positions. A scored position whose next token is
+/// outside the vocabulary is refused by `outside` (chunk, position of that
+/// token).
 pub(super) fn ubatches<'c, E>(
     chunks: &'c [Chunk],
     step: usize,
@@ -45,8 +62,14 @@ pub(super) fn ubatches<'c, E>(
     let mut out = Vec::new();
     for (chunk_index, chunk) in chunks.iter().enumerate() {
         let scored = scored_positions(chunk, skip_first, splits);
-        for (u, tokens) in chunk.tokens.chunks(step).enumerate() {
-            let pos0 = u * step;
+        let runs = images::pieces(chunk).into_iter().flat_map(|piece| {
+            let piece_tokens = &chunk.tokens[piece.start..piece.start + piece.len];
+            piece_tokens
+                .chunks(step)
+                .enumerate()
+                .map(move |(u, tokens)| (piece.start + u * step, tokens, piece.image))
+        });
+        for (pos0, tokens, image) in runs {
             let mut rows = Vec::new();
             let mut groups = Vec::new();
             for r in 0..tokens.len() {
@@ -65,6 +88,7 @@ pub(super) fn ubatches<'c, E>(
                 chunk,
                 pos0,
                 tokens,
+                image,
                 rows,
                 groups,
             });
@@ -142,6 +166,35 @@ mod tests {
         assert_eq!(u[1].rows[0].next, 5);
         let refused = ubatches(&chunks, 4, 0, &Split::ALL, 5, |c, p| (c.id.0, p));
         assert_eq!(refused.err(), Some((3, 5)));
+    }
+
+    #[test]
+    fn micro_batches_stop_at_image_edges() {
+        let mut c = chunk(3, 10);
+        c.images.push(ImageSpan {
+            start: 3,
+            len: 4,
+            sha256: "ab".into(),
+        });
+        let chunks = [c];
+        let u = ubatches(&chunks, 3, 0, &Split::ALL, 100, |_, p| p).unwrap();
+        let shape: Vec<_> = u
+            .iter()
+            .map(|u| (u.pos0, u.tokens.len(), u.image.is_some(), u.rows.len()))
+            .collect();
+        // Text 0..3 (row 2 predicts the image: unscored), the image 3..7 in
+        // two micro-batches (only its last position is scored), text 7..10.
+        assert_eq!(
+            shape,
+            [
+                (0, 3, false, 2),
+                (3, 3, true, 0),
+                (6, 1, true, 1),
+                (7, 3, false, 2)
+            ]
+        );
+        assert_eq!(u[2].groups[0].modality, common::Modality::Image);
+        assert_eq!(u[0].groups[0].modality, common::Modality::Text);
     }
 
     #[test]

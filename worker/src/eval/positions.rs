@@ -1,26 +1,44 @@
-//! Which positions of a chunk are scored.
+//! Which positions of a chunk are scored, and in which group.
 
 use common::corpus::Chunk;
 use common::eval::Group;
-use common::Split;
+use common::{Modality, Split};
 
 /// Per position of `chunk`, the group it is scored in, or `None`: a
 /// position is scored when its next token lies in the same span (one split
-/// and domain, one document run), it is not among the first `skip_first`
-/// positions, and its split is one of `splits`.
+/// and domain, one document run) and is a text token (an image's positions
+/// have no token to predict), it is not among the first `skip_first`
+/// positions, and its split is one of `splits`. A position is
+/// image-conditioned ([`Modality::Image`]) when its context holds an image
+/// of the chunk: the last position of the chunk's first image and every
+/// later one.
 pub fn scored_positions(chunk: &Chunk, skip_first: u32, splits: &[Split]) -> Vec<Option<Group>> {
-    let mut out = vec![None; chunk.tokens.len()];
+    let n = chunk.tokens.len();
+    let mut is_image = vec![false; n];
+    for im in &chunk.images {
+        is_image[im.start as usize..(im.start + im.len) as usize].fill(true);
+    }
+    let first_image = chunk.images.first().map_or(n, |im| im.start as usize);
+    let mut out = vec![None; n];
     for span in &chunk.spans {
         if !splits.contains(&span.split) {
             continue;
         }
-        let group = Group {
-            split: span.split,
-            domain: span.domain,
-        };
         let end = span.start + span.len;
         for pos in span.start.max(skip_first)..end.saturating_sub(1) {
-            out[pos as usize] = Some(group);
+            let pos = pos as usize;
+            if is_image[pos + 1] {
+                continue;
+            }
+            let modality = match pos >= first_image {
+                true => Modality::Image,
+                false => Modality::Text,
+            };
+            out[pos] = Some(Group {
+                split: span.split,
+                domain: span.domain,
+                modality,
+            });
         }
     }
     out
@@ -53,10 +71,7 @@ mod tests {
 
     #[test]
     fn the_last_position_of_each_span_is_not_scored() {
-        let fit = Some(Group {
-            split: Split::Fit,
-            domain: 0,
-        });
+        let fit = Some(Group::text(Split::Fit, 0));
         let s = scored_positions(&chunk(), 0, &Split::ALL);
         assert_eq!(s, vec![fit, fit, fit, None, None, fit, fit, fit, fit, None]);
     }
@@ -67,5 +82,27 @@ mod tests {
         assert_eq!(s.iter().filter(|g| g.is_some()).count(), 3);
         let s = scored_positions(&chunk(), 0, &[Split::Heldout]);
         assert!(s.iter().all(|g| g.is_none()));
+    }
+
+    #[test]
+    fn positions_after_an_image_are_image_conditioned_and_none_predicts_an_image() {
+        let mut c = chunk();
+        // Positions 6..8 of the last span are an image.
+        c.images.push(common::corpus::ImageSpan {
+            start: 6,
+            len: 2,
+            sha256: "ab".into(),
+        });
+        let fit = |modality| {
+            Some(Group {
+                modality,
+                ..Group::text(Split::Fit, 0)
+            })
+        };
+        let (t, i) = (fit(Modality::Text), fit(Modality::Image));
+        let s = scored_positions(&c, 0, &Split::ALL);
+        // 5 predicts the image's first position and 6 its second: unscored;
+        // 7 (the image's last) predicts text after it.
+        assert_eq!(s, vec![t, t, t, None, None, None, None, i, i, None]);
     }
 }

@@ -6,14 +6,16 @@
 
 use super::eval_engine::{EvalEngine, SlicedEvaluator};
 use crate::collect::device::Reduce;
-use crate::collect::{CollectOptions, Collector, ImageBytes};
+use crate::collect::{CollectOptions, Collector};
+use crate::error::WorkerError;
 use crate::eval::candidates::Inputs;
 use crate::eval::{Compare, EvalOptions};
+use crate::images::ImageBytes;
 use common::corpus::{Chunk, CorpusIndex};
 use common::partial::Partial;
 use common::trace::TraceRow;
 use common::wire::{EvalJob, JobInfo};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -107,18 +109,7 @@ impl EngineLoader for CollectorLoader {
         }
         let model = self.model.unwrap_or_else(|| PathBuf::from(&job.model_path));
         let mut collector = Collector::load(&model, opts).map_err(|e| e.to_string())?;
-        if let Some(want) = &job.mmproj {
-            let path = self.mmproj.unwrap_or_else(|| PathBuf::from(&want.path));
-            let sha256 = collector.load_mmproj(&path).map_err(|e| e.to_string())?;
-            if sha256 != want.sha256 {
-                return Err(format!(
-                    "mmproj {} has SHA-256 {sha256}, but the run's corpus was prepared with {} \
-                     (pass the run's mmproj with --mmproj)",
-                    path.display(),
-                    want.sha256
-                ));
-            }
-        }
+        load_mmproj(job, self.mmproj, |path| collector.load_mmproj(path))?;
         Ok(CollectorEngine {
             collector,
             trace_top_n: o.trace_top_n as usize,
@@ -146,8 +137,34 @@ impl EngineLoader for CollectorLoader {
             opts.threads = t;
         }
         let base = self.model.unwrap_or_else(|| PathBuf::from(&job.model_path));
-        Ok(Box::new(SlicedEvaluator::load(&base, inputs, eval, opts)?))
+        let mut engine = SlicedEvaluator::load(&base, inputs, eval, opts)?;
+        load_mmproj(job, self.mmproj, |path| engine.load_mmproj(path))?;
+        Ok(Box::new(engine))
     }
+}
+
+/// Loads the job's mmproj with `load` when its corpus has images: from
+/// `path` (`--mmproj`) or where the coordinator says, refused unless its
+/// SHA-256 is the one the corpus was prepared with.
+fn load_mmproj(
+    job: &JobInfo,
+    path: Option<PathBuf>,
+    load: impl FnOnce(&Path) -> Result<String, WorkerError>,
+) -> Result<(), String> {
+    let Some(want) = &job.mmproj else {
+        return Ok(());
+    };
+    let path = path.unwrap_or_else(|| PathBuf::from(&want.path));
+    let sha256 = load(&path).map_err(|e| e.to_string())?;
+    if sha256 != want.sha256 {
+        return Err(format!(
+            "mmproj {} has SHA-256 {sha256}, but the run's corpus was prepared with {} \
+             (pass the run's mmproj with --mmproj)",
+            path.display(),
+            want.sha256
+        ));
+    }
+    Ok(())
 }
 
 impl Engine for CollectorEngine {

@@ -2,8 +2,10 @@
 //! [`EvalEngine`] is what the join loop needs, [`SlicedEvaluator`] the real
 //! one (it makes the job's candidates from the base model first).
 
+use crate::error::WorkerError;
 use crate::eval::candidates::{self, Inputs};
 use crate::eval::{Candidate, EvalOptions, Evaluator};
+use crate::images::ImageBytes;
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::EvalPartial;
 use common::wire::EvalJob;
@@ -13,8 +15,13 @@ use std::path::Path;
 pub trait EvalEngine {
     /// SHA-256 of the base model.
     fn base_sha256(&self) -> String;
-    /// Evaluates the chunks.
-    fn evaluate(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<EvalPartial, String>;
+    /// Evaluates the chunks, whose images' bytes are in `images`.
+    fn evaluate(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        images: &ImageBytes,
+    ) -> Result<EvalPartial, String>;
 }
 
 /// The real evaluator with the scratch directory of its slices (removed
@@ -55,6 +62,11 @@ impl SlicedEvaluator {
             _scratch: scratch,
         })
     }
+
+    /// Loads the base model's mmproj ([`Evaluator::load_mmproj`]).
+    pub fn load_mmproj(&mut self, mmproj: &Path) -> Result<String, WorkerError> {
+        self.evaluator.load_mmproj(mmproj)
+    }
 }
 
 impl EvalEngine for SlicedEvaluator {
@@ -62,9 +74,14 @@ impl EvalEngine for SlicedEvaluator {
         self.evaluator.base_sha256().to_string()
     }
 
-    fn evaluate(&mut self, index: &CorpusIndex, chunks: &[Chunk]) -> Result<EvalPartial, String> {
+    fn evaluate(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        images: &ImageBytes,
+    ) -> Result<EvalPartial, String> {
         self.evaluator
-            .run(index, chunks, &mut |_, _| {})
+            .run_with_images(index, chunks, images, &mut |_, _| {})
             .map(|e| e.partial)
             .map_err(|e| e.to_string())
     }

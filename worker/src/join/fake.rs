@@ -4,7 +4,7 @@
 //! same bytes and every `verify` invariant holds.
 
 use super::engine::{Engine, EngineLoader};
-use crate::collect::ImageBytes;
+use crate::images::ImageBytes;
 use common::corpus::{Chunk, CorpusIndex};
 use common::imatrix::{Imatrix, ImatrixEntry};
 use common::partial::Partial;

@@ -744,8 +744,8 @@ impl Corpus {
 
     /// The bytes of every image `chunks` carry, read from the corpus (the
     /// collector checks each against its hash).
-    async fn images(&self, chunks: &[Chunk]) -> Result<crate::collect::ImageBytes, String> {
-        let mut out = crate::collect::ImageBytes::new();
+    async fn images(&self, chunks: &[Chunk]) -> Result<crate::images::ImageBytes, String> {
+        let mut out = crate::images::ImageBytes::new();
         for im in chunks.iter().flat_map(|c| &c.images) {
             if !out.contains_key(&im.sha256) {
                 let name = common::layout::corpus::image(&im.sha256);

@@ -136,11 +136,10 @@ impl LeaseWork for Evaluate {
     ) -> Produced<'a> {
         Box::pin(async move {
             let chunks = corpus.chunks(range)?;
-            common::corpus::refuse_images(&chunks, "evaluation")
-                .map_err(|e| format!("{}: {e}", corpus.url))?;
+            let images = corpus.images(&chunks).await?;
             let partial = self
                 .engine
-                .run(corpus.index.clone(), chunks, Default::default())
+                .run(corpus.index.clone(), chunks, images)
                 .await?;
             Ok(Output::Evaluate(partial))
         })
@@ -186,7 +185,9 @@ pub(super) async fn load<L: EngineLoader>(
             let (engine, base_sha256) = EngineThread::start(
                 "eval-engine",
                 load,
-                |e: &mut Box<dyn EvalEngine>, index, chunks, _| e.evaluate(index, chunks),
+                |e: &mut Box<dyn EvalEngine>, index, chunks, images| {
+                    e.evaluate(index, chunks, images)
+                },
             )
             .await
             .map_err(JoinError::Engine)?;

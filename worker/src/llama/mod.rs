@@ -268,15 +268,19 @@ pub enum Outputs<'a> {
 }
 
 /// What a micro-batch decodes: token ids, or rows of input embeddings
-/// (`.1` values each).
-#[derive(Clone, Copy)]
-enum Input<'a> {
+/// (an image's positions, from its [`ImageEmbedding`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// Token ids.
     Tokens(&'a [i32]),
+    /// Row-major rows of `.1` values each (the model's input embedding
+    /// width).
     Embd(&'a [f32], usize),
 }
 
 impl Input<'_> {
-    fn len(&self) -> usize {
+    /// Positions it decodes (tokens or rows).
+    pub fn positions(&self) -> usize {
         match self {
             Input::Tokens(t) => t.len(),
             Input::Embd(e, n_embd) => e.len() / n_embd,
@@ -326,7 +330,7 @@ pub struct Context<'m, O: GraphObserver> {
     batch: sys::llama_batch,
     batch_cap: usize,
     /// A batch of embeddings (`batch_cap` rows of `.1` values), made on
-    /// the first [`Context::decode_embeddings`].
+    /// the first [`Context::decode_input`] of embeddings.
     embd_batch: Option<(sys::llama_batch, usize)>,
     /// Output rows llama.cpp copied to the host in the last successful
     /// decode (every token's with [`Logits::Host`], none otherwise).
@@ -637,11 +641,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
     /// ([`Context::batch_logits`]); with [`Logits::Backend`] the graph stops
     /// at the output norm: the output head is neither computed nor copied.
     pub fn decode(&mut self, tokens: &[i32], pos0: i32) -> Result<(), LlamaError> {
-        let head = match self.logits {
-            Logits::Host => Head::All,
-            Logits::Backend => Head::Skip,
-        };
-        self.decode_as(Input::Tokens(tokens), pos0, head, Outputs::All)
+        self.decode_input(Input::Tokens(tokens), pos0)
     }
 
     /// [`Context::decode`] with an output on the last token only, so
@@ -665,7 +665,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
     /// block's feed-forward part and the head on those alone.
     pub fn decode_with_logits(
         &mut self,
-        tokens: &[i32],
+        input: Input<'_>,
         pos0: i32,
         outputs: Outputs<'_>,
         read: &mut dyn FnMut(&TensorRef<'_>),
@@ -680,7 +680,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         // (`decode_as` resets the head) before this function returns, so it
         // is never used after `read`'s borrow ends.
         let hook: NonNull<LogitsHook> = unsafe { std::mem::transmute(hook) };
-        self.decode_as(Input::Tokens(tokens), pos0, Head::Hand(hook), outputs)
+        self.decode_as(input, pos0, Head::Hand(hook), outputs)
     }
 
     /// The greedy next token after `tokens`: the argmax (the first of equal
@@ -694,7 +694,7 @@ impl<'m, O: GraphObserver> Context<'m, O> {
             let all = self.batch_logits();
             row = all[all.len() - self.n_vocab..].to_vec();
         } else {
-            self.decode_with_logits(tokens, pos0, Outputs::All, &mut |t| {
+            self.decode_with_logits(Input::Tokens(tokens), pos0, Outputs::All, &mut |t| {
                 row = t.row_f32(t.ne()[1].saturating_sub(1));
             })?;
         }
@@ -707,25 +707,16 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         Ok(best as i32)
     }
 
-    /// [`Context::decode`] of the `rows` (at most `n_ubatch`) of `embd`,
-    /// each `n_embd` values (the model's input embedding width), at
-    /// positions `pos0..`: what an image's positions decode, from its
-    /// [`ImageEmbedding`]. Outputs and head as [`Context::decode`].
-    pub fn decode_embeddings(
-        &mut self,
-        embd: &[f32],
-        n_embd: usize,
-        pos0: i32,
-    ) -> Result<(), LlamaError> {
-        assert!(
-            n_embd > 0 && embd.len().is_multiple_of(n_embd),
-            "whole rows of n_embd values"
-        );
+    /// [`Context::decode`] of `input`: tokens, or rows (at most `n_ubatch`)
+    /// of input embeddings at positions `pos0..` (what an image's positions
+    /// decode, from its [`ImageEmbedding`]). Outputs and head as
+    /// [`Context::decode`].
+    pub fn decode_input(&mut self, input: Input<'_>, pos0: i32) -> Result<(), LlamaError> {
         let head = match self.logits {
             Logits::Host => Head::All,
             Logits::Backend => Head::Skip,
         };
-        self.decode_as(Input::Embd(embd, n_embd), pos0, head, Outputs::All)
+        self.decode_as(input, pos0, head, Outputs::All)
     }
 
     fn decode_as(
@@ -735,7 +726,13 @@ impl<'m, O: GraphObserver> Context<'m, O> {
         head: Head,
         outputs: Outputs<'_>,
     ) -> Result<(), LlamaError> {
-        let n = input.len();
+        if let Input::Embd(embd, n_embd) = input {
+            assert!(
+                n_embd > 0 && embd.len().is_multiple_of(n_embd),
+                "whole rows of n_embd values"
+            );
+        }
+        let n = input.positions();
         assert!(n <= self.batch_cap, "batch larger than n_ubatch");
         if let Outputs::Rows(rows) = outputs {
             assert_eq!(rows.len(), n, "one output flag per token");
@@ -967,7 +964,7 @@ mod tests {
         // and still nothing in llama.cpp's host buffer.
         dev.clear();
         let mut seen = Vec::new();
-        dev.decode_with_logits(&tokens, 0, Outputs::All, &mut |t| {
+        dev.decode_with_logits(Input::Tokens(&tokens), 0, Outputs::All, &mut |t| {
             assert_eq!(t.ne()[..2], [model.n_vocab(), 16]);
             seen = (0..16).flat_map(|r| t.row_f32(r)).collect();
         })
