@@ -36,10 +36,11 @@ fn kl(f: Option<&Figures>) -> String {
 pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
     // Same top-1 and perplexity come from the held-out split, or from the
     // fit split in a run without one (and say so).
+    let scored = |f: &&Figures| f.n > 0;
     let (basis, basis_label) = if s
         .candidates
         .iter()
-        .any(|c| c.splits.contains_key("heldout"))
+        .any(|c| c.splits.get("heldout").is_some_and(|h| h.all.n > 0))
     {
         ("heldout", "held-out")
     } else {
@@ -49,9 +50,9 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
         "| candidate | K | held-out KL mean ± se (percentiles) | fit KL mean ± se (percentiles) | same top-1 ({basis_label}) | ppl base / candidate / ratio ({basis_label}) | held-out KL per domain | slot replacement |\n|---|---|---|---|---|---|---|---|\n",
     );
     for c in &s.candidates {
-        let held = c.splits.get("heldout").map(|x| &x.all);
-        let fit = c.splits.get("fit").map(|x| &x.all);
-        let main = c.splits.get(basis).map(|x| &x.all);
+        let held = c.splits.get("heldout").map(|x| &x.all).filter(scored);
+        let fit = c.splits.get("fit").map(|x| &x.all).filter(scored);
+        let main = c.splits.get(basis).map(|x| &x.all).filter(scored);
         let domains: Vec<String> = c
             .splits
             .get("heldout")
@@ -100,7 +101,7 @@ fn modality_table(s: &EvalSummary) -> String {
         .candidates
         .iter()
         .flat_map(|c| c.splits.iter().map(move |(split, f)| (c, split, f)))
-        .filter(|(_, _, f)| !f.modalities.is_empty())
+        .filter(|(_, _, f)| !f.modalities.is_empty() && f.all.n > 0)
         .collect();
     if rows.is_empty() {
         return String::new();
@@ -172,6 +173,12 @@ mod tests {
             "{fit_only}"
         );
         assert!(fit_only.contains("| 25.00% |"), "fit figure: {fit_only}");
+        // A held-out split without scored positions is no basis either.
+        let mut empty = summary(&[("fit", 0.25), ("heldout", 0.5)]);
+        empty.candidates[0].splits.get_mut("heldout").unwrap().all.n = 0;
+        let md = table(&empty, &[]);
+        assert!(md.contains("same top-1 (fit: no held-out split)"), "{md}");
+        assert!(md.contains("| 25.00% |"), "{md}");
     }
 
     #[test]
