@@ -3,7 +3,6 @@
 //! model's mmproj (each image encoded once per lease, [`encode`]), and a
 //! chunk cut at their edges into runs decoded alike ([`pieces`]).
 
-use crate::collect::corpus_error;
 use crate::error::WorkerError;
 use crate::llama::{ImageEmbedding, Input, Vision};
 use common::corpus::{Chunk, CorpusIndex, ImageSpan};
@@ -30,11 +29,9 @@ pub fn encode(
         .iter()
         .flat_map(|c| c.images.iter().map(move |im| (c, im)))
     {
-        let fail = |reason: String| {
-            corpus_error(
-                index,
-                format!("chunk {}: image {}: {reason}", chunk.id, im.sha256),
-            )
+        let fail = |reason: String| WorkerError::Corpus {
+            location: format!("chunks of {}", index.chunks_sha256),
+            reason: format!("chunk {}: image {}: {reason}", chunk.id, im.sha256),
         };
         if !out.contains_key(&im.sha256) {
             let vision = vision.as_deref_mut().ok_or_else(|| {
