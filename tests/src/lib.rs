@@ -266,6 +266,20 @@ pub fn run_ok(bin_name: &str, args: &[&str]) -> std::process::Output {
     out
 }
 
+/// log softmax of a logits row in f64, the textbook way: subtract the max,
+/// exponentiate, normalise, take the log of each probability (the oracle
+/// side of the evaluation tests).
+pub fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row
+        .iter()
+        .map(|&v| v as f64)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let z: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+    row.iter()
+        .map(|&v| ((v as f64 - max).exp() / z).ln())
+        .collect()
+}
+
 /// `coordinator run CONFIG --local-workers WORKERS --out RUN`, the front
 /// door's command line.
 pub fn run_args(config: &Path, workers: u32, run: &Path) -> Vec<String> {

@@ -170,20 +170,8 @@ fn logits(model: &Path, pieces: &[Piece], n_embd: usize) -> Vec<Vec<f32>> {
     out
 }
 
-/// log softmax of a row in f64, the textbook way.
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row
-        .iter()
-        .map(|&v| v as f64)
-        .fold(f64::NEG_INFINITY, f64::max);
-    let z: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
-    row.iter()
-        .map(|&v| ((v as f64 - max).exp() / z).ln())
-        .collect()
-}
-
 fn kl(p: &[f32], q: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    let (lp, lq) = (fixtures::log_softmax(p), fixtures::log_softmax(q));
     lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 

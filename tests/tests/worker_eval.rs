@@ -78,19 +78,6 @@ fn read_f32(path: &Path) -> Vec<f32> {
         .collect()
 }
 
-/// log softmax of a row, the textbook way: subtract the max, exponentiate,
-/// normalise, take the log of each probability.
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row
-        .iter()
-        .map(|&v| v as f64)
-        .fold(f64::NEG_INFINITY, f64::max);
-    let z: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
-    row.iter()
-        .map(|&v| ((v as f64 - max).exp() / z).ln())
-        .collect()
-}
-
 fn argmax(row: &[f32]) -> usize {
     let mut best = 0;
     for i in 1..row.len() {
@@ -157,7 +144,7 @@ fn worker_figures_equal_an_f64_recomputation_from_dumped_logits() {
         for (pos, group) in positions(chunk) {
             let row = |l: &[f32]| l[pos as usize * n_vocab..(pos as usize + 1) * n_vocab].to_vec();
             let (a, b) = (row(&base), row(&cand_logits));
-            let (lp, lq) = (log_softmax(&a), log_softmax(&b));
+            let (lp, lq) = (fixtures::log_softmax(&a), fixtures::log_softmax(&b));
             let kl: f64 = lp
                 .iter()
                 .zip(&lq)
