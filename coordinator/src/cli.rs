@@ -20,52 +20,52 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Prepare the tokenized corpus and print the share table; non-zero exit on a share miss.
-    Corpus(crate::corpus::CorpusArgs),
+    Corpus(corpus::CorpusArgs),
     /// The whole pipeline: corpus, leases to workers over QUIC, merge, checks, scoring.
-    Run(crate::run::RunArgs),
+    Run(runtime::run::RunArgs),
     /// Create a cluster CA (ca.pem, ca.key) that signs the coordinator's certificate.
-    Ca(crate::run::CaArgs),
+    Ca(runtime::run::CaArgs),
     /// Write one worker's own key file (from the join secret, for one name): it joins as that name only.
-    WorkerKey(crate::run::WorkerKeyArgs),
+    WorkerKey(runtime::run::WorkerKeyArgs),
     /// Merge partials into saliency.json, saliency.parquet and imatrix.gguf.
-    Merge(crate::merge::MergeArgs),
+    Merge(runtime::merge::MergeArgs),
     /// Check every invariant of the run's results; exit 0 only if all hold.
-    Verify(crate::verify::VerifyArgs),
+    Verify(stages::verify::VerifyArgs),
     /// Rank experts, write keep maps for every K and the scoring tables.
-    Score(crate::score::ScoreArgs),
+    Score(stages::score::ScoreArgs),
     /// Write report/report.md with PNG plots.
-    Report(crate::report::ReportArgs),
+    Report(stages::report::ReportArgs),
     /// Replay traces against expert caches: misses per policy, capacity and keep map.
-    Replay(crate::replay::ReplayArgs),
+    Replay(replay::ReplayArgs),
     /// Slice a pruned GGUF (and its importance matrix) from one of the run's keep maps.
-    Prune(crate::prune::PruneArgs),
+    Prune(stages::prune::PruneArgs),
     /// Pruned GGUFs quantised by llama.cpp with their sliced importance matrix, create-only, SHA-256 recorded.
-    Ship(crate::ship::ShipArgs),
+    Ship(stages::ship::ShipArgs),
     /// KL, perplexity and top-1 agreement of pruned candidates against the base model, over the run's workers.
-    Eval(crate::eval::cli::EvalArgs),
+    Eval(stages::eval::cli::EvalArgs),
 }
 
 /// Runs a parsed command; the exit code says whether it succeeded.
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Corpus(args) => crate::corpus::run(args),
+        Command::Corpus(args) => corpus::run(args),
         Command::Run(args) => crate::pipeline::main(args),
-        Command::Ca(args) => crate::run::ca(args),
-        Command::WorkerKey(args) => crate::run::worker_key(args),
-        Command::Merge(args) => crate::merge::run(args),
-        Command::Verify(args) => crate::verify::run(args),
-        Command::Score(args) => crate::score::run(args),
-        Command::Report(args) => crate::report::run(args),
+        Command::Ca(args) => runtime::run::ca(args),
+        Command::WorkerKey(args) => runtime::run::worker_key(args),
+        Command::Merge(args) => runtime::merge::run(args),
+        Command::Verify(args) => stages::verify::run(args),
+        Command::Score(args) => stages::score::run(args),
+        Command::Report(args) => stages::report::run(args),
         Command::Replay(args) => replay(args),
-        Command::Prune(args) => crate::prune::run(args),
-        Command::Ship(args) => crate::ship::run(args),
-        Command::Eval(args) => crate::eval::cli::main(args),
+        Command::Prune(args) => stages::prune::run(args),
+        Command::Ship(args) => stages::ship::run(args),
+        Command::Eval(args) => stages::eval::cli::main(args),
     }
 }
 
 /// `coordinator replay`: without `--model`, the expert sizes come from the
 /// model the run recorded (the manifest's `model_path`) while it exists.
-fn replay(mut args: crate::replay::ReplayArgs) -> anyhow::Result<ExitCode> {
+fn replay(mut args: replay::ReplayArgs) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
     if args.model.is_none() {
         let store = common::store::RunStore::open(&args.run)?;
@@ -73,11 +73,11 @@ fn replay(mut args: crate::replay::ReplayArgs) -> anyhow::Result<ExitCode> {
             .enable_all()
             .build()
             .context("starting the I/O runtime")?
-            .block_on(crate::corpus::manifest::read(&store))
+            .block_on(corpus::manifest::read(&store))
             .with_context(|| format!("parsing {}", store.url_of(common::layout::MANIFEST_JSON)))?;
         args.model = manifest.and_then(|m| m.model_path).filter(|p| p.exists());
     }
-    let report = crate::replay::replay_run(&args)?;
+    let report = replay::replay_run(&args)?;
     println!("{}", report.markdown);
     Ok(ExitCode::SUCCESS)
 }

@@ -1,24 +1,24 @@
 //! `coordinator run`, the whole pipeline: corpus preparation, collection
-//! ([`crate::run::execute`]), scoring, replay, verification, the report,
-//! then the evaluation of the `[eval]` keep maps ([`crate::eval`]), the
+//! ([`runtime::run::execute`]), scoring, replay, verification, the report,
+//! then the evaluation of the `[eval]` keep maps ([`stages::eval`]), the
 //! report again with its results, and the files of `[ship]`
-//! ([`crate::ship`]). Verification comes first, so a failed evaluation or
+//! ([`stages::ship`]). Verification comes first, so a failed evaluation or
 //! ship never loses the verify table, the report or the manifest's record
 //! of the collection; an unverified run is neither evaluated nor shipped. Each stage
 //! is its own module; this one only calls them in order, so no stage
 //! depends on a later one.
 
-use crate::config::eval::KeepShape;
-use crate::config::ship::ShipSettings;
-use crate::config::Config;
-use crate::run::local::{self, LocalWorkers};
-use crate::run::lock::RunLock;
-use crate::run::{
-    execute_locked, mark_finished, progress, read_index, RunArgs, RunSetup, RunSummary,
-};
-use crate::ship::ShipRequest;
 use common::artifacts::names;
 use common::store::RunStore;
+use config::eval::KeepShape;
+use config::ship::ShipSettings;
+use config::Config;
+use runtime::run::local::{self, LocalWorkers};
+use runtime::run::lock::RunLock;
+use runtime::run::{
+    execute_locked, mark_finished, progress, read_index, RunArgs, RunSetup, RunSummary,
+};
+use stages::ship::ShipRequest;
 use std::process::ExitCode;
 
 /// Entry point of `coordinator run`.
@@ -45,7 +45,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         .out
         .clone()
         .or_else(|| config.run.out.clone())
-        .unwrap_or_else(|| crate::corpus::default_out(&args.config));
+        .unwrap_or_else(|| corpus::default_out(&args.config));
     if config.cluster.identity_dir.is_none() {
         config.cluster.identity_dir = Some(default_identity_dir(&config.base_dir, &out));
     }
@@ -87,7 +87,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     // A weak or missing secret file is refused before anything is written.
-    crate::run::check_secret(&config.cluster)?;
+    runtime::run::check_secret(&config.cluster)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let store = RunStore::open(&out)?;
@@ -110,9 +110,9 @@ async fn stages(
     lock: &RunLock,
 ) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
-    let outcome = crate::corpus::prepare_run(config, &store, false).await?;
+    let outcome = corpus::prepare_run(config, &store, false).await?;
     if !outcome.reused {
-        print!("{}", crate::corpus::summary(&outcome.manifest));
+        print!("{}", corpus::summary(&outcome.manifest));
     }
     let index = read_index(&store).await?;
     let model_path = std::path::absolute(config.model_path()).context("model path")?;
@@ -171,7 +171,7 @@ async fn stages(
     .await?;
     print_summary(&store, &summary);
     let options = score_options(&store, config).await?;
-    let scored = crate::score::score(&store, &options).await?;
+    let scored = stages::score::score(&store, &options).await?;
     println!(
         "scored {} methods at K = {:?}: keep maps under keep_maps/",
         scored.methods.len(),
@@ -186,14 +186,14 @@ async fn stages(
     // Verify before the evaluation: the verify table, the report and the
     // manifest's record of the collection are written whatever `[eval]`
     // then does.
-    let report = crate::verify::verify(&store).await?;
+    let report = stages::verify::verify(&store).await?;
     print!("{report}");
     let ok = report.ok();
-    crate::report::report(&store).await?;
+    stages::report::report(&store).await?;
     println!("report: {}", store.url_of(names::REPORT_MD));
     lock.confirm().await?;
     mark_finished(&store, &summary, ok).await?;
-    let manifest = store.url_of(crate::corpus::MANIFEST_FILE);
+    let manifest = store.url_of(corpus::MANIFEST_FILE);
     if !ok {
         let skipped = match (config.eval.is_configured(), ship.is_some()) {
             (true, true) => "; [eval] and [ship] were not run on an unverified run",
@@ -215,14 +215,14 @@ async fn stages(
             return Ok(ExitCode::FAILURE);
         }
         // Again, now with the candidates' section.
-        crate::report::report(&store).await?;
+        stages::report::report(&store).await?;
     }
     if let Some((request, eval)) = ship {
-        let evaluator = eval.then_some(crate::ship::measure::Evaluator::Locked {
+        let evaluator = eval.then_some(stages::ship::measure::Evaluator::Locked {
             setup: &setup,
             local: local.as_ref(),
         });
-        if let Err(e) = crate::ship::ship(&store, request, evaluator).await {
+        if let Err(e) = stages::ship::ship(&store, request, evaluator).await {
             eprintln!(
                 "[ship] failed: {e:#}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
                 store.url_of(names::REPORT_MD)
@@ -258,12 +258,12 @@ fn default_identity_dir(config_dir: &std::path::Path, out: &str) -> std::path::P
 async fn score_options(
     store: &RunStore,
     config: &Config,
-) -> anyhow::Result<crate::score::ScoreOptions> {
-    let mut options = crate::score::ScoreOptions::default();
+) -> anyhow::Result<stages::score::ScoreOptions> {
+    let mut options = stages::score::ScoreOptions::default();
     let eval = &config.eval;
     let ship = config.ship.as_ref().map(|s| s.sizes()).unwrap_or_default();
     if eval.is_configured() || !ship.is_empty() {
-        let (saliency, _) = crate::score::load_saliency(store).await?;
+        let (saliency, _) = stages::score::load_saliency(store).await?;
         // No default size may fit a grouped model; the candidates' sizes do.
         let mut ks = options.ks(&saliency).unwrap_or_default();
         // An unconfigured `[eval]` names no size.
@@ -272,7 +272,7 @@ async fn score_options(
                 .unwrap_or_default()
                 .into_iter()
                 .chain(ship)
-                .filter(|&k| crate::score::size_fits(&saliency, k).is_ok()),
+                .filter(|&k| stages::score::size_fits(&saliency, k).is_ok()),
         );
         options.k = ks;
     }
@@ -308,13 +308,13 @@ async fn evaluate_configured(
     setup: &RunSetup,
     local: Option<&LocalWorkers>,
 ) -> anyhow::Result<()> {
-    let (sha256, job) = crate::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
-    let base = crate::eval::cli::Base {
+    let (sha256, job) = stages::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
+    let base = stages::eval::cli::Base {
         path: &setup.model_path,
         sha256,
     };
     let out = common::layout::EVAL;
-    crate::eval::cli::evaluate_held(setup, base, job, out, local).await?;
+    stages::eval::cli::evaluate_held(setup, base, job, out, local).await?;
     Ok(())
 }
 
@@ -325,12 +325,12 @@ fn replay_defaults(
     store: &RunStore,
     model: &std::path::Path,
     ks: &[u32],
-) -> anyhow::Result<crate::replay::ReplayReport> {
+) -> anyhow::Result<replay::ReplayReport> {
     use clap::Parser;
     #[derive(Parser)]
     struct Defaults {
         #[command(flatten)]
-        args: crate::replay::ReplayArgs,
+        args: replay::ReplayArgs,
     }
     let mut argv = vec!["replay".to_string(), store.url().to_string()];
     argv.extend(["--model".to_string(), model.display().to_string()]);
@@ -339,7 +339,7 @@ fn replay_defaults(
     }
     let args = Defaults::try_parse_from(argv)?.args;
     let store = store.clone();
-    std::thread::spawn(move || crate::replay::replay_in(&args, store))
+    std::thread::spawn(move || replay::replay_in(&args, store))
         .join()
         .map_err(|_| anyhow::anyhow!("replay panicked"))?
 }

@@ -313,7 +313,7 @@ pub fn coordinator_run(config: &Path, workers: u32, run: &Path) -> std::process:
 /// binary to start for `--local-workers`, so both come from the same build.
 pub fn command(bin_name: &str) -> std::process::Command {
     let mut cmd = std::process::Command::new(bin(bin_name));
-    cmd.env(coordinator::run::local::WORKER_BIN_ENV, bin("worker"));
+    cmd.env(runtime::run::local::WORKER_BIN_ENV, bin("worker"));
     cmd
 }
 

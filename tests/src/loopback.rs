@@ -5,9 +5,9 @@
 use common::artifacts::names;
 use common::store::RunStore;
 use common::wire::{Refusal, ToWorker};
-use coordinator::config::run::{ClusterSettings, RunSettings};
-use coordinator::run::local::LocalWorkers;
-use coordinator::run::{execute, Listening, RunError, RunSetup, RunSummary};
+use config::run::{ClusterSettings, RunSettings};
+use runtime::run::local::LocalWorkers;
+use runtime::run::{execute, Listening, RunError, RunSetup, RunSummary};
 use std::path::Path;
 use std::time::Duration;
 use tokio::task::JoinHandle;

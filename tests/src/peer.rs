@@ -10,7 +10,7 @@ use common::wire::{
     join_proof, read_msg, worker_key, write_msg, JobInfo, LeaseGrant, PartialRef, ToCoordinator,
     ToWorker, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
 };
-use coordinator::run::Listening;
+use runtime::run::Listening;
 use std::net::SocketAddr;
 use std::time::Duration;
 use worker::join::fake::FakeEngine;

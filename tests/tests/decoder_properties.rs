@@ -5,8 +5,8 @@
 //! Each target prints its input count and time (see BENCHMARKS.md).
 
 use common::partial::Partial;
-use coordinator::config::{Config, SourceConfig};
-use coordinator::corpus::source::read_source;
+use config::{Config, SourceConfig};
+use corpus::source::read_source;
 use fixtures::mutate::{mutate, random_bytes, Rng};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;

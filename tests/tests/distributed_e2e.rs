@@ -7,10 +7,10 @@
 //! test server.
 
 use common::store::RunStore;
-use coordinator::config::run::ClusterSettings;
-use coordinator::run::local::LocalWorkers;
-use coordinator::run::{execute, Listening, RunSetup, RunSummary};
+use config::run::ClusterSettings;
 use fixtures::loopback::{artifacts, local_workers, real_setup, spawn_noting_pids};
+use runtime::run::local::LocalWorkers;
+use runtime::run::{execute, Listening, RunSetup, RunSummary};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +25,7 @@ async fn run(
     s: &RunSetup,
     count: u32,
     pids: Arc<Mutex<Vec<u32>>>,
-) -> Result<RunSummary, coordinator::run::RunError> {
+) -> Result<RunSummary, runtime::run::RunError> {
     run_with_env(s, count, pids, Vec::new()).await
 }
 
@@ -35,7 +35,7 @@ async fn run_with_env(
     count: u32,
     pids: Arc<Mutex<Vec<u32>>>,
     env: Vec<(&'static str, String)>,
-) -> Result<RunSummary, coordinator::run::RunError> {
+) -> Result<RunSummary, runtime::run::RunError> {
     let w = LocalWorkers {
         env,
         ..local_workers(count, &s.model_path)
@@ -58,7 +58,7 @@ async fn reference(dir: &Path) -> (PathBuf, Vec<(String, Vec<u8>)>) {
 }
 
 async fn verify_ok(store: &RunStore) {
-    let report = coordinator::verify::verify(store).await.unwrap();
+    let report = stages::verify::verify(store).await.unwrap();
     assert!(report.ok(), "{report}");
 }
 
@@ -125,7 +125,7 @@ fn named_worker(l: &Listening, model: &Path, name: &str) -> Child {
         ])
         .args(["--name", name, "--threads", "1", "--model"])
         .arg(model)
-        .env(coordinator::run::local::SECRET_ENV, secret)
+        .env(runtime::run::local::SECRET_ENV, secret)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
@@ -265,7 +265,7 @@ fn image_setup(dir: &Path) -> RunSetup {
             path: mmproj.display().to_string(),
             sha256: worker::collect::sha256_file(&mmproj).unwrap(),
         }),
-        run: coordinator::config::run::RunSettings {
+        run: config::run::RunSettings {
             lease_chunks: 1,
             heartbeat_timeout_s: 3,
             lease_timeout_s: 120,
@@ -424,7 +424,7 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
     let (model, expected) = runtime().block_on(reference(d.path()));
     let mut s = real_setup(&d.path().join("restarted"), &model, N_CHUNKS, N_CTX, 3);
     let ca_dir = d.path().join("ca");
-    let ca_pem = coordinator::net::tls::create_ca(&ca_dir).unwrap();
+    let ca_pem = runtime::net::tls::create_ca(&ca_dir).unwrap();
     let secret = d.path().join("secret");
     std::fs::write(&secret, common::secret::JoinSecret::generate().expose()).unwrap();
     let port = std::net::UdpSocket::bind("127.0.0.1:0")
@@ -489,9 +489,9 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
                 .await
                 .expect("the workers rejoin and finish in time")
             {
-                Err(coordinator::run::RunError::Net(coordinator::net::NetError::Bind {
-                    ..
-                })) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(runtime::run::RunError::Net(runtime::net::NetError::Bind { .. })) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
                 other => return other.unwrap(),
             }
         }

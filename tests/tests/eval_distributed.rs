@@ -12,10 +12,10 @@ use common::keepmap::KeepMap;
 use common::store::RunStore;
 use common::wire::{EvalJob, JobInfo, Refusal};
 use common::ChunkRange;
-use coordinator::config::run::{ClusterSettings, RunSettings};
-use coordinator::eval::{evaluate, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
-use coordinator::run::{read_index, RunError, RunSetup};
+use config::run::{ClusterSettings, RunSettings};
 use fixtures::loopback::{local_workers, spawn_noting_pids};
+use runtime::run::{read_index, RunError, RunSetup};
+use stages::eval::{evaluate, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -68,9 +68,7 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
         keep_maps: CANDIDATES.iter().map(|s| s.to_string()).collect(),
         ..EvalSettings::default()
     };
-    let (model_sha256, job) = coordinator::eval::job(&store, model, &settings)
-        .await
-        .unwrap();
+    let (model_sha256, job) = stages::eval::job(&store, model, &settings).await.unwrap();
     EvalSetup {
         base: RunSetup {
             index: read_index(&store).await.unwrap(),

@@ -11,10 +11,10 @@ use common::partial::Partial;
 use common::stats::{GroupAccum, GroupKey};
 use common::wire::ToWorker;
 use common::{ChunkRange, Split};
-use coordinator::run::{Listening, RunSetup};
 use fixtures::log::log_text;
 use fixtures::loopback::{self, artifacts, fake_reference, fake_setup, fake_workers};
 use fixtures::peer::{honest_partial, Peer};
+use runtime::run::{Listening, RunSetup};
 use std::path::Path;
 use std::time::Duration;
 
@@ -163,7 +163,7 @@ async fn a_crafted_domain_name_reaches_no_log_line_result_or_report() {
     let d = tempfile::tempdir().unwrap();
     let s = poisoned_run(d.path(), forged_domain).await;
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
-    coordinator::report::report(&s.store).await.unwrap();
+    stages::report::report(&s.store).await.unwrap();
     let report = s.store.get("report/report.md").await.unwrap();
     let saliency = s.store.get("saliency.json").await.unwrap();
     for (what, text) in [

@@ -14,10 +14,10 @@ use common::store::RunStore;
 use common::trace::TraceRow;
 use common::wire::JobInfo;
 use common::{ChunkRange, Split};
-use coordinator::run::{execute, RunSetup, RunSummary};
 use fixtures::loopback::{
     self, client, fake_setup, local_workers, real_setup, FAKE_MODEL, FAKE_N_CTX,
 };
+use runtime::run::{execute, RunSetup, RunSummary};
 use std::path::Path;
 use std::time::Duration;
 use worker::images::ImageBytes;
@@ -30,7 +30,7 @@ const N_CHUNKS: u32 = 8;
 const N_CTX: u32 = 64;
 
 /// Runs with two real `worker join` processes.
-async fn run(s: &RunSetup) -> Result<RunSummary, coordinator::run::RunError> {
+async fn run(s: &RunSetup) -> Result<RunSummary, runtime::run::RunError> {
     let w = local_workers(2, &s.model_path);
     tokio::time::timeout(
         Duration::from_secs(300),
@@ -82,12 +82,12 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
         (4, 4, 0)
     );
     let reference = artifacts(&s.store).await;
-    let report = coordinator::verify::verify(&s.store).await.unwrap();
+    let report = stages::verify::verify(&s.store).await.unwrap();
     assert!(report.ok(), "{report}");
     let hashes = report
-        .check(coordinator::verify::names::RECORDED_HASHES)
+        .check(stages::verify::names::RECORDED_HASHES)
         .unwrap();
-    assert_eq!(hashes.status, coordinator::verify::Status::Pass, "{hashes}");
+    assert_eq!(hashes.status, stages::verify::Status::Pass, "{hashes}");
 
     // Unit 0: one bit flipped. Unit 1: 700 bytes appended.
     let p0 = path_of(d.path(), &unit(0));
@@ -100,11 +100,11 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
     b.extend_from_slice(&[0u8; 700]);
     std::fs::write(&p1, b).unwrap();
     // verify notices before any resume.
-    let report = coordinator::verify::verify(&s.store).await.unwrap();
+    let report = stages::verify::verify(&s.store).await.unwrap();
     let hashes = report
-        .check(coordinator::verify::names::RECORDED_HASHES)
+        .check(stages::verify::names::RECORDED_HASHES)
         .unwrap();
-    assert_eq!(hashes.status, coordinator::verify::Status::Fail, "{hashes}");
+    assert_eq!(hashes.status, stages::verify::Status::Fail, "{hashes}");
     assert!(
         hashes.figure.contains(&unit(0)) && hashes.figure.contains(&unit(1)),
         "{hashes}"
@@ -168,7 +168,7 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
     );
     assert_eq!(s.store.list("rejected").await.unwrap().len(), 3);
     assert_eq!(artifacts(&s.store).await, reference);
-    let report = coordinator::verify::verify(&s.store).await.unwrap();
+    let report = stages::verify::verify(&s.store).await.unwrap();
     assert!(report.ok(), "{report}");
 }
 
@@ -363,7 +363,7 @@ fn a_model_with_zero_experts_is_refused_by_name_not_aborted_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_coordinator_on_one_location_is_refused_and_a_stale_lock_taken_over() {
-    use coordinator::run::lock::{LockBody, LOCK_FILE};
+    use runtime::run::lock::{LockBody, LOCK_FILE};
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 9);
     let first = {

@@ -24,7 +24,7 @@ use worker::synth::Preset;
 /// llama.cpp's backend, shared by the tests (the coordinator's: llama.cpp
 /// and mtmd log lines go to `tracing`, shown only with `RUST_LOG`).
 fn backend() -> &'static LlamaBackend {
-    coordinator::corpus::tokenizer::backend().unwrap()
+    corpus::tokenizer::backend().unwrap()
 }
 
 fn mtmd_params() -> MtmdContextParams {
@@ -164,8 +164,8 @@ fn the_bundled_image_sample_is_the_generators_output() {
 
 #[test]
 fn every_bundled_image_decodes_through_mtmd_into_the_geometry_positions() {
-    use coordinator::config::SourceConfig;
-    use coordinator::corpus::source::{read_source, MEDIA_MARKER};
+    use config::SourceConfig;
+    use corpus::source::{read_source, MEDIA_MARKER};
     let path = sample_dir().join(worker::synth::images::RECORDS);
     let cfg = SourceConfig {
         path: path.clone(),

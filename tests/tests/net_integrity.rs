@@ -7,13 +7,13 @@
 //! coordinator stopped by an error sending its workers away as if finished.
 
 use common::wire::{encode_frame, read_msg, Refusal, ToCoordinator, ToWorker, MAX_CONTROL_FRAME};
-use coordinator::run::{execute, RunError};
 use fixtures::log::{captured_log, log_text};
 use fixtures::loopback::{
     self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_setup,
     fake_workers, run_beside_fake_workers, FAKE_MODEL,
 };
 use fixtures::peer::{honest_partial, inflated_partial, Peer};
+use runtime::run::{execute, RunError};
 use std::time::Duration;
 use worker::join::fake::FakeEngine;
 use worker::join::{join, JoinSummary};

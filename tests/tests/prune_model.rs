@@ -522,7 +522,7 @@ fn balanced_keep_map(layers: &[u32], n_expert: u32, n_group: u32, k: u32) -> Kee
 /// both models see the same router input there.
 #[test]
 fn screen_predicts_the_pruned_grouped_biased_routing_at_the_first_moe_layer() {
-    use coordinator::score::screen::KeepMask;
+    use stages::score::screen::KeepMask;
     let dir = tempfile::tempdir().unwrap();
     let base = fixtures::model(dir.path(), Preset::Deepseek2);
     let chunks = fixtures::chunks(2, N_CTX)[..1].to_vec();

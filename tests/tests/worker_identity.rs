@@ -8,13 +8,13 @@
 
 use common::secret::WorkerKey;
 use common::wire::{Refusal, ToWorker};
-use coordinator::run::Listening;
 use fixtures::log::log_text;
 use fixtures::loopback::{
     self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_setup,
     fake_workers, run_beside_fake_workers, FAKE_MODEL,
 };
 use fixtures::peer::{inflated_partial, Peer};
+use runtime::run::Listening;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;

@@ -1,0 +1,465 @@
+//! The run configuration (`CONFIG.toml`): one file per run, one section per
+//! concern. Every section is optional in the file and has defaults, so a
+//! section added for a new stage does not break existing configs.
+//!
+//! Relative paths in the file (the model, corpus sources) are resolved against
+//! **the directory of the config file**, never the current directory, so a
+//! config means the same thing wherever the command is started from.
+//!
+//! The config comes first in the data flow: every stage reads its own
+//! section from here ([`run`], [`eval`], [`ship`]) and nothing here imports
+//! a stage; [`method`] and [`candidate`] are the names those sections use.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod candidate;
+pub mod eval;
+pub mod method;
+pub mod run;
+pub mod ship;
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The whole `CONFIG.toml`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// `[model]`: the GGUF model whose tokenizer and experts are measured.
+    #[serde(default)]
+    pub model: ModelConfig,
+    /// `[corpus]`: calibration domains, targets and the held-out split.
+    #[serde(default)]
+    pub corpus: CorpusConfig,
+    /// `[run]`: leases and evaluation settings.
+    #[serde(default)]
+    pub run: run::RunSettings,
+    /// `[cluster]`: the QUIC endpoint, TLS and join secret.
+    #[serde(default)]
+    pub cluster: run::ClusterSettings,
+    /// `[storage]`: object-store endpoint settings.
+    #[serde(default)]
+    pub storage: run::StorageSettings,
+    /// `[eval]`: pruned candidates `coordinator run` evaluates after scoring.
+    #[serde(default)]
+    pub eval: eval::EvalSettings,
+    /// `[ship]`: files `coordinator run` ships at its end; absent: none (and
+    /// absent from the config recorded in the manifest, as before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ship: Option<ship::ShipSettings>,
+    /// Directory of the config file; relative paths are resolved against it.
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+impl Config {
+    /// Reads, parses and checks a config file, remembering its directory.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut config = Config::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })?;
+        config
+            .run
+            .validate()
+            .and_then(|()| config.eval.validate())
+            .and_then(|()| config.ship.as_ref().map_or(Ok(()), |s| s.validate()))
+            .map_err(|message| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            })?;
+        config.base_dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        config.resolve_cluster_inputs();
+        Ok(config)
+    }
+
+    /// Resolves every path of `[cluster]` (`ca_dir`, `secret_file`,
+    /// `connect_file`, `identity_dir`), a `[run] out` that is a path, not
+    /// a URL, and `[ship] out` against the config's directory, so a launch
+    /// from any working directory reads and writes the same files.
+    fn resolve_cluster_inputs(&mut self) {
+        let resolve = |p: &Option<PathBuf>| p.as_deref().map(|p| self.resolve(p));
+        let cluster = &self.cluster;
+        let (ca_dir, secret_file, connect_file, identity_dir) = (
+            resolve(&cluster.ca_dir),
+            resolve(&cluster.secret_file),
+            resolve(&cluster.connect_file),
+            resolve(&cluster.identity_dir),
+        );
+        let out = match &self.run.out {
+            Some(o) if !o.contains("://") => Some(self.resolve(Path::new(o)).display().to_string()),
+            other => other.clone(),
+        };
+        self.cluster.ca_dir = ca_dir;
+        self.cluster.secret_file = secret_file;
+        self.cluster.connect_file = connect_file;
+        self.cluster.identity_dir = identity_dir;
+        self.run.out = out;
+        let ship_out = self
+            .ship
+            .as_ref()
+            .and_then(|s| s.out.as_deref())
+            .map(|p| self.resolve(p));
+        if let Some(ship) = &mut self.ship {
+            ship.out = ship_out;
+        }
+    }
+
+    /// Parses config text; relative paths resolve against the current directory.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<config>"),
+            message: e.to_string(),
+        })
+    }
+
+    /// Resolves a path from the config file against the config's directory.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
+
+    /// The model path, resolved.
+    pub fn model_path(&self) -> PathBuf {
+        self.resolve(&self.model.path)
+    }
+
+    /// The `[model] mmproj` path, resolved, when the config names one.
+    pub fn mmproj_path(&self) -> Option<PathBuf> {
+        self.model.mmproj.as_deref().map(|p| self.resolve(p))
+    }
+}
+
+/// Errors reading a config file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {}: {source}", path.display())]
+    Read {
+        /// The config file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown or ill-typed fields.
+    #[error("config {} is invalid: {message}", path.display())]
+    Parse {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's message (with line and column).
+        message: String,
+    },
+}
+
+/// `[model]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Path of the GGUF file (relative to the config file's directory).
+    #[serde(default)]
+    pub path: PathBuf,
+    /// The model's `mmproj` GGUF (vision encoder and projector, relative to
+    /// the config file's directory): needed when the corpus has images,
+    /// whose positions mtmd computes with it. Absent: text only (and absent
+    /// from the config recorded in the manifest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<PathBuf>,
+}
+
+/// `[corpus]`: how the calibration corpus is built.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorpusConfig {
+    /// Tokens per chunk (the context each chunk is evaluated in).
+    #[serde(default = "default_n_ctx")]
+    pub n_ctx: u32,
+    /// Largest allowed absolute difference between a domain's measured token
+    /// share and its target (0.05 = five percentage points).
+    #[serde(default = "default_tolerance")]
+    pub tolerance: f64,
+    /// Held-out fraction for domains that do not set their own.
+    #[serde(default)]
+    pub heldout_fraction: f64,
+    /// Record field naming a document's group (task, trial, URL) for domains
+    /// that do not set their own; documents without it are their own group.
+    #[serde(default)]
+    pub group_key: Option<String>,
+    /// Seed of the split and of the order of documents within a domain.
+    #[serde(default)]
+    pub seed: u64,
+    /// Near-duplicate detection over token shingles.
+    #[serde(default)]
+    pub dedup: DedupConfig,
+    /// The calibration domains.
+    #[serde(default)]
+    pub domains: Vec<DomainConfig>,
+    /// Evaluation sets: never packed, but calibration documents that
+    /// near-duplicate them are dropped.
+    #[serde(default)]
+    pub eval_sets: Vec<EvalSetConfig>,
+}
+
+fn default_n_ctx() -> u32 {
+    512
+}
+
+fn default_tolerance() -> f64 {
+    0.05
+}
+
+impl Default for CorpusConfig {
+    fn default() -> Self {
+        CorpusConfig {
+            n_ctx: default_n_ctx(),
+            tolerance: default_tolerance(),
+            heldout_fraction: 0.0,
+            group_key: None,
+            seed: 0,
+            dedup: DedupConfig::default(),
+            domains: Vec::new(),
+            eval_sets: Vec::new(),
+        }
+    }
+}
+
+/// `[corpus.dedup]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupConfig {
+    /// Tokens per shingle.
+    #[serde(default = "default_shingle")]
+    pub shingle: usize,
+    /// A document is a near-duplicate of another when at least this fraction
+    /// of the smaller one's shingles occur in the other (overlap coefficient).
+    #[serde(default = "default_threshold")]
+    pub threshold: f64,
+    /// Shingles found in more than this many documents are boilerplate (chat
+    /// template markup, a shared system prompt) and ignored.
+    #[serde(default = "default_max_df")]
+    pub max_doc_freq: usize,
+}
+
+fn default_shingle() -> usize {
+    8
+}
+
+fn default_threshold() -> f64 {
+    0.5
+}
+
+fn default_max_df() -> usize {
+    16
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        DedupConfig {
+            shingle: default_shingle(),
+            threshold: default_threshold(),
+            max_doc_freq: default_max_df(),
+        }
+    }
+}
+
+/// One `[[corpus.domains]]` entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainConfig {
+    /// Domain name, as used in reports and per-domain statistics.
+    pub name: String,
+    /// Target share of the corpus's tokens (0..1); all domains set one or none.
+    #[serde(default)]
+    pub target_share: Option<f64>,
+    /// Held-out fraction of this domain's tokens (default: the corpus's).
+    #[serde(default)]
+    pub heldout_fraction: Option<f64>,
+    /// Group key field for this domain (default: the corpus's).
+    #[serde(default)]
+    pub group_key: Option<String>,
+    /// Files of this domain.
+    pub sources: Vec<SourceConfig>,
+}
+
+/// One `[[corpus.eval_sets]]` entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSetConfig {
+    /// Name used in the drop report.
+    pub name: String,
+    /// Files of the evaluation set.
+    pub sources: Vec<SourceConfig>,
+}
+
+/// One source file of a domain or evaluation set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// File path (relative to the config file's directory).
+    pub path: PathBuf,
+    /// File format; default: from the extension (`.jsonl`, `.parquet`, else text).
+    #[serde(default)]
+    pub format: Option<SourceFormat>,
+    /// Field (JSONL) or column (Parquet) holding plain text.
+    #[serde(default = "default_text_field")]
+    pub text_field: String,
+    /// Field or column holding chat messages `[{role, content}]`.
+    #[serde(default = "default_messages_field")]
+    pub messages_field: String,
+    /// Plain text only: split the file into documents at this string
+    /// (e.g. `"\n\n"`); default: the whole file is one document.
+    #[serde(default)]
+    pub separator: Option<String>,
+}
+
+fn default_text_field() -> String {
+    "text".into()
+}
+
+fn default_messages_field() -> String {
+    "messages".into()
+}
+
+/// Source file formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceFormat {
+    /// One JSON object per line.
+    Jsonl,
+    /// A Parquet table, one record per row.
+    Parquet,
+    /// UTF-8 text.
+    Text,
+}
+
+impl SourceConfig {
+    /// The format, given or inferred from the file extension.
+    pub fn format(&self) -> SourceFormat {
+        self.format
+            .unwrap_or_else(|| match self.path.extension().and_then(|e| e.to_str()) {
+                Some("jsonl") | Some("ndjson") => SourceFormat::Jsonl,
+                Some("parquet") => SourceFormat::Parquet,
+                _ => SourceFormat::Text,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corpus_section_parses_with_defaults_and_paths_resolve_against_config_dir() {
+        let text = r#"
+            [model]
+            path = "models/tiny.gguf"
+            [corpus]
+            n_ctx = 128
+            [[corpus.domains]]
+            name = "en"
+            target_share = 1.0
+            sources = [{ path = "en.jsonl" }, { path = "a.txt", separator = "\n\n" }]
+        "#;
+        let mut c = Config::parse(text).unwrap();
+        c.base_dir = PathBuf::from("/cfg");
+        assert_eq!(c.model_path(), PathBuf::from("/cfg/models/tiny.gguf"));
+        assert_eq!(c.corpus.n_ctx, 128);
+        assert_eq!(c.corpus.tolerance, 0.05);
+        assert_eq!(c.corpus.dedup, DedupConfig::default());
+        let d = &c.corpus.domains[0];
+        assert_eq!(d.sources[0].format(), SourceFormat::Jsonl);
+        assert_eq!(d.sources[1].format(), SourceFormat::Text);
+        assert_eq!(d.sources[0].text_field, "text");
+    }
+
+    #[test]
+    fn cluster_files_resolve_against_the_config_dir_not_the_working_dir() {
+        let dir = std::env::temp_dir().join(format!("cfg-cluster-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.toml");
+        let text =
+            "[model]\npath = \"m.gguf\"\n[run]\nout = \"runs/r\"\n[cluster]\nca_dir = \"ca\"\n\
+                    secret_file = \"/abs/secret\"\nconnect_file = \"run.connect.json\"\n\
+                    identity_dir = \"id\"\n";
+        std::fs::write(&path, text).unwrap();
+        let c = Config::load(&path).unwrap();
+        std::fs::write(&path, "[run]\nout = \"s3://b/r\"\n").unwrap();
+        let url = Config::load(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            url.run.out.as_deref(),
+            Some("s3://b/r"),
+            "a URL stays as it is"
+        );
+        assert_eq!(c.cluster.ca_dir, Some(dir.join("ca")));
+        assert_eq!(c.cluster.secret_file, Some(PathBuf::from("/abs/secret")));
+        assert_eq!(c.cluster.connect_file, Some(dir.join("run.connect.json")));
+        assert_eq!(c.cluster.identity_dir, Some(dir.join("id")));
+        assert_eq!(c.run.out, Some(dir.join("runs/r").display().to_string()));
+    }
+
+    #[test]
+    fn a_ship_section_is_checked_on_load_and_absent_from_the_record_when_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load(&path)
+        };
+        // No [ship]: nothing of it in the config a run records.
+        let plain = load("[model]\npath = \"m.gguf\"\n").unwrap();
+        assert_eq!(plain.ship, None);
+        let recorded = serde_json::to_value(&plain).unwrap();
+        assert!(recorded.get("ship").is_none(), "{recorded}");
+        let c = load("[ship]\ncandidates = [\"frequency_K8\", \"base\"]\nquant = [\"Q4_K_M\"]\nout = \"shipped\"\n").unwrap();
+        let ship = c.ship.as_ref().unwrap();
+        assert!(ship.eval && !ship.allow_requantize);
+        assert_eq!(ship.out, Some(dir.path().join("shipped")));
+        let back: Config = serde_json::from_value(serde_json::to_value(&c).unwrap()).unwrap();
+        assert_eq!(back.ship, c.ship);
+        // Bad values name the file and the key.
+        let e = load("[ship]\ncandidates = [\"frequency_K8\"]\nquant = [\"Q4_KM\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&path.display().to_string())
+                && e.contains("[ship] quant")
+                && e.contains("\"Q4_KM\""),
+            "{e}"
+        );
+        let e = load("[ship]\ncandidates = [\"frequncy_K8\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("[ship] candidates"),
+            "{e}"
+        );
+        let e = load("[ship]\ncandidates = [\"frequency_K8\"]\nevaluate = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("evaluate"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_corpus_fields_are_refused() {
+        let err = Config::parse("[corpus]\nn_ctxx = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("n_ctxx"), "{err}");
+    }
+}

@@ -1,0 +1,285 @@
+//! `coordinator corpus`: turn per-domain source files into the tokenized,
+//! split, deduplicated, balanced and packed corpus that workers read.
+//!
+//! - [`source`] reads JSONL / Parquet / text records ([`chat`] messages
+//!   and images among them); [`tokenizer`] applies the model's chat
+//!   template and tokenizes in parallel, images through [`vision`] (mtmd).
+//! - [`heldout`] splits by document group; [`dedup`] drops near-duplicates.
+//! - [`shares`] measures and checks token shares; [`schedule`] orders and
+//!   [`pack`] cuts the chunks; [`prepare`] runs all of it without storage.
+//! - [`manifest`] is `manifest.json`; [`prepare_run`] stores the corpus
+//!   under a run, reusing it when the inputs are unchanged.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod chat;
+pub mod dedup;
+pub mod doc;
+pub mod error;
+pub mod heldout;
+pub mod manifest;
+pub mod media;
+pub mod pack;
+pub mod prepare;
+pub mod schedule;
+pub mod shares;
+pub mod source;
+pub mod tokenizer;
+pub mod vision;
+
+#[cfg(test)]
+mod tests;
+
+use clap::Args;
+use common::corpus::{CHUNKS_FILE, INDEX_FILE};
+use common::store::RunStore;
+use config::Config;
+pub use error::CorpusError;
+pub use manifest::{Manifest, MANIFEST_FILE};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Arguments of `coordinator corpus`.
+#[derive(Args, Debug)]
+pub struct CorpusArgs {
+    /// The run config (TOML); relative paths in it are resolved against its directory.
+    pub config: PathBuf,
+    /// Run location (path or URL); default `runs/<config file stem>`.
+    #[arg(long)]
+    pub out: Option<String>,
+    /// Replace a corpus prepared from other inputs.
+    #[arg(long)]
+    pub force: bool,
+    /// Tokenizer threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// What [`prepare_run`] did.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The run's manifest.
+    pub manifest: Manifest,
+    /// True when the stored corpus was reused as is.
+    pub reused: bool,
+}
+
+/// The default run location for a config: `runs/<stem>`.
+pub fn default_out(config: &Path) -> String {
+    let stem = config.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
+    format!("runs/{stem}")
+}
+
+/// SHA-256 of a file, streamed.
+pub fn sha256_file(path: &Path) -> Result<String, CorpusError> {
+    common::hash::sha256_file(path).map_err(|source| CorpusError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads the corpus section of a run's `manifest.json`, if there is one.
+pub async fn read_manifest(store: &RunStore) -> Result<Option<Manifest>, CorpusError> {
+    use crate::manifest::ManifestError;
+    match crate::manifest::read(store).await {
+        Ok(m) => Ok(m.map(|m| m.corpus)),
+        Err(ManifestError::Store(e)) => Err(e.into()),
+        Err(ManifestError::Corrupt { url, reason }) => Err(CorpusError::Stored {
+            url,
+            message: format!("not a manifest ({reason})"),
+        }),
+    }
+}
+
+/// Prepares the corpus of `config` under `store`, or reuses the one stored
+/// there when it was made from the same inputs (model, corpus config, source
+/// contents). A corpus from other inputs is replaced only with `force`.
+/// Nothing is written unless the whole corpus was prepared and its shares hold;
+/// the manifest is written last.
+pub async fn prepare_run(
+    config: &Config,
+    store: &RunStore,
+    force: bool,
+) -> Result<Outcome, CorpusError> {
+    prepare_run_with(config, store, force, tokenizer::LlamaTokenizer::load).await
+}
+
+/// Loads the tokenizer of a model (its path) with its mmproj (when set).
+pub type TokenizerLoader<T> = fn(&Path, Option<&Path>) -> Result<T, CorpusError>;
+
+/// [`prepare_run`] with another tokenizer loader (tests use a stand-in).
+pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
+    config: &Config,
+    store: &RunStore,
+    force: bool,
+    load: TokenizerLoader<T>,
+) -> Result<Outcome, CorpusError> {
+    prepare::validate(&config.corpus)?;
+    let model = config.model_path();
+    if config.model.path.as_os_str().is_empty() {
+        return Err(CorpusError::Config("[model] path is not set".into()));
+    }
+    let model_sha = sha256_file(&model)?;
+    let hashes = prepare::all_sources(&config.corpus)
+        .map(|s| source::hash_file(&config.resolve(&s.path)))
+        .collect::<Result<Vec<_>, _>>()?;
+    // With an mmproj, the images enter the fingerprint: the sources are
+    // read for their images' hashes, so a changed image is a changed input.
+    let images = match config.mmproj_path() {
+        Some(m) => Some(prepare::ImageInputs {
+            mmproj_sha256: sha256_file(&m)?,
+            image_sha256: prepare::image_hashes(config)?,
+        }),
+        None => None,
+    };
+    let inputs = prepare::fingerprint(&config.corpus, &model_sha, &hashes, images.as_ref());
+    let corpus = store.child(common::artifacts::names::CORPUS_DIR);
+    let existing = read_manifest(store).await?;
+    if let Some(m) = &existing {
+        if m.inputs_sha256 == inputs {
+            let stored = corpus.get_opt(CHUNKS_FILE).await?;
+            if stored.is_some_and(|b| hex::encode(Sha256::digest(&b)) == m.chunks_sha256) {
+                return Ok(Outcome {
+                    manifest: m.clone(),
+                    reused: true,
+                });
+            }
+        } else if !force {
+            return Err(CorpusError::Exists {
+                url: store.url_of(MANIFEST_FILE),
+                stored: m.inputs_sha256.clone(),
+                now: inputs,
+            });
+        }
+    }
+    let cfg = config.clone();
+    let prepared = tokio::task::spawn_blocking(move || {
+        let tokenizer = load(&cfg.model_path(), cfg.mmproj_path().as_deref())?;
+        prepare::prepare(&cfg, &tokenizer, &model_sha)
+    })
+    .await
+    .map_err(|e| CorpusError::Config(format!("corpus preparation panicked: {e}")))??;
+    debug_assert_eq!(prepared.manifest.inputs_sha256, inputs);
+    corpus.put(CHUNKS_FILE, prepared.chunks_parquet).await?;
+    corpus
+        .put(INDEX_FILE, prepare::index_json(&prepared.index))
+        .await?;
+    corpus
+        .put(
+            manifest::DOCUMENTS_FILE,
+            prepare::documents_jsonl(&prepared.documents),
+        )
+        .await?;
+    for image in &prepared.images {
+        corpus
+            .put(
+                &common::layout::corpus::image(&image.sha256),
+                image_bytes(image)?,
+            )
+            .await?;
+    }
+    // A new corpus starts a new manifest: records of results computed from
+    // another corpus are dropped with it.
+    let json = crate::manifest::encode(&crate::manifest::RunManifest {
+        corpus: prepared.manifest.clone(),
+        ..Default::default()
+    });
+    if existing.is_some() {
+        store.put(MANIFEST_FILE, json).await?;
+    } else {
+        store.put_new(MANIFEST_FILE, json).await?;
+    }
+    Ok(Outcome {
+        manifest: prepared.manifest,
+        reused: false,
+    })
+}
+
+/// The bytes of an image the chunks carry, checked against the hash they
+/// were tokenized with (a file changed since is an error, not a stale object).
+fn image_bytes(image: &media::ImageRef) -> Result<Vec<u8>, CorpusError> {
+    let bytes = std::fs::read(&image.path).map_err(|source| CorpusError::Io {
+        path: image.path.clone(),
+        source,
+    })?;
+    if hex::encode(Sha256::digest(&bytes)) != image.sha256 {
+        return Err(CorpusError::Source {
+            path: image.path.clone(),
+            message: "the image changed while the corpus was prepared".into(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The summary printed after the share table.
+pub fn summary(m: &Manifest) -> String {
+    let p = &m.chunk_plan;
+    let mut s = format!(
+        "{} tokens in {} chunks of n_ctx {} (last chunk {} tokens); fit {} tokens, held-out {} tokens\n\
+         worst prefix deviation from the corpus mix: {:.4} (from 10% of the tokens on: {:.4})\n",
+        p.n_tokens,
+        p.n_chunks,
+        p.n_ctx,
+        p.last_chunk_tokens,
+        p.fit_tokens,
+        p.heldout_tokens,
+        p.worst_prefix_deviation,
+        p.worst_prefix_deviation_after_10pct
+    );
+    if let Some(im) = &m.images {
+        s += &format!(
+            "{} image occurrences ({} distinct images) take {} positions (mmproj {})\n",
+            im.occurrences,
+            im.images,
+            im.positions,
+            &im.mmproj_sha256[..im.mmproj_sha256.len().min(12)]
+        );
+    }
+    for d in &m.domains {
+        s += &format!(
+            "{}: fit {} tokens in {} groups, held-out {} tokens in {} groups; dropped {} near-duplicates of held-out, {} of eval sets\n",
+            d.shares.domain,
+            d.fit_tokens,
+            d.fit_groups,
+            d.heldout_tokens,
+            d.heldout_groups,
+            d.dropped_near_heldout,
+            d.dropped_near_eval
+        );
+    }
+    s
+}
+
+/// Entry point of `coordinator corpus`.
+pub fn run(args: CorpusArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let config = Config::load(&args.config)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| default_out(&args.config));
+    let store = RunStore::open(&out)?;
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("cannot start the tokenizer threads")?;
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    let outcome = rt.block_on(prepare_run(&config, &store, args.force))?;
+    let m = &outcome.manifest;
+    let rows: Vec<_> = m.domains.iter().map(|d| d.shares.clone()).collect();
+    println!("{}", shares::render(&rows, config.corpus.tolerance));
+    print!("{}", summary(m));
+    if outcome.reused {
+        println!(
+            "reused the corpus at {} (same inputs {})",
+            store.url(),
+            &m.inputs_sha256[..12]
+        );
+    } else {
+        println!("wrote the corpus to {}", store.url());
+    }
+    Ok(ExitCode::SUCCESS)
+}

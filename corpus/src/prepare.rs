@@ -1,0 +1,650 @@
+//! The corpus pipeline without storage: read, template, tokenize, split,
+//! deduplicate, measure shares, schedule and pack.
+
+use super::doc::Doc;
+use super::error::CorpusError;
+use super::manifest::{
+    ChunkPlan, DocRecord, DomainInfo, Dropped, EvalSetInfo, ImagesInfo, Manifest, SourceInfo,
+    CORPUS_FORMAT,
+};
+use super::shares::{self, ShareRow};
+use super::source::{read_source, Content, ImageRef, Record, SourceData};
+use super::tokenizer::{tokenize_all, Tokenizer};
+use super::{dedup, heldout, pack, schedule};
+use common::corpus::{write_chunks, Chunk, CorpusIndex};
+use common::Split;
+use config::{Config, CorpusConfig, SourceConfig};
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// A prepared corpus, ready to store.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    /// The chunks in schedule order.
+    pub chunks: Vec<Chunk>,
+    /// Bytes of `corpus/chunks.parquet`.
+    pub chunks_parquet: Vec<u8>,
+    /// `corpus/index.json`.
+    pub index: CorpusIndex,
+    /// `manifest.json`.
+    pub manifest: Manifest,
+    /// Every document read, with its split and fate (`corpus/documents.jsonl`).
+    pub documents: Vec<DocRecord>,
+    /// The images the chunks carry, one per SHA-256, in hash order
+    /// (stored as `corpus/images/<sha256>`).
+    pub images: Vec<ImageRef>,
+}
+
+/// Checks the `[corpus]` section for contradictions before any work.
+pub fn validate(c: &CorpusConfig) -> Result<(), CorpusError> {
+    let bad = |m: String| Err(CorpusError::Config(m));
+    if c.n_ctx == 0 {
+        return bad("n_ctx must be positive".into());
+    }
+    if c.domains.is_empty() {
+        return bad("[corpus] names no domains ([[corpus.domains]])".into());
+    }
+    if c.domains.len() > usize::from(u16::MAX) {
+        return bad(format!(
+            "{} domains is more than {}",
+            c.domains.len(),
+            u16::MAX
+        ));
+    }
+    if !(0.0..=1.0).contains(&c.tolerance) {
+        return bad(format!("tolerance {} is not in 0..1", c.tolerance));
+    }
+    if c.dedup.shingle == 0 || !(c.dedup.threshold > 0.0 && c.dedup.threshold <= 1.0) {
+        return bad("dedup needs shingle >= 1 and 0 < threshold <= 1".into());
+    }
+    let mut names = BTreeSet::new();
+    for d in &c.domains {
+        if !names.insert(d.name.as_str()) {
+            return bad(format!("domain {:?} is named twice", d.name));
+        }
+        if d.sources.is_empty() {
+            return Err(CorpusError::EmptyDomain {
+                domain: d.name.clone(),
+                reason: "it lists no sources".into(),
+            });
+        }
+        let f = d.heldout_fraction.unwrap_or(c.heldout_fraction);
+        if !(0.0..1.0).contains(&f) {
+            return bad(format!(
+                "domain {:?}: heldout_fraction {f} is not in 0..1",
+                d.name
+            ));
+        }
+        if let Some(t) = d.target_share {
+            if !(0.0..=1.0).contains(&t) {
+                return bad(format!(
+                    "domain {:?}: target_share {t} is not in 0..1",
+                    d.name
+                ));
+            }
+        }
+    }
+    let with_target = c
+        .domains
+        .iter()
+        .filter(|d| d.target_share.is_some())
+        .count();
+    if with_target != 0 && with_target != c.domains.len() {
+        return bad("either every domain sets target_share or none does".into());
+    }
+    let sum: f64 = c.domains.iter().filter_map(|d| d.target_share).sum();
+    if with_target != 0 && (sum - 1.0).abs() > 1e-6 {
+        return bad(format!("target shares add up to {sum}, not 1"));
+    }
+    Ok(())
+}
+
+/// What a config with `[model] mmproj` adds to the inputs fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageInputs {
+    /// SHA-256 of the mmproj GGUF.
+    pub mmproj_sha256: String,
+    /// SHA-256 of every image of every record, in fingerprint order
+    /// ([`all_sources`], then record order).
+    pub image_sha256: Vec<String>,
+}
+
+/// The inputs fingerprint: model, corpus config and every source's content,
+/// and with an mmproj its hash and every image's (absent otherwise, so a
+/// text corpus keeps its fingerprint).
+pub fn fingerprint(
+    corpus: &CorpusConfig,
+    model_sha256: &str,
+    source_sha256: &[String],
+    images: Option<&ImageInputs>,
+) -> String {
+    let mut v = serde_json::json!({
+        "corpus_format": CORPUS_FORMAT,
+        "model_sha256": model_sha256,
+        "corpus": corpus,
+        "sources": source_sha256,
+    });
+    if let Some(im) = images {
+        v["mmproj_sha256"] = im.mmproj_sha256.clone().into();
+        v["image_sha256"] = im.image_sha256.clone().into();
+    }
+    hex::encode(Sha256::digest(v.to_string().as_bytes()))
+}
+
+/// The SHA-256 of every image the corpus config's sources name, in
+/// fingerprint order (the sources are read, and their images checked).
+pub fn image_hashes(config: &Config) -> Result<Vec<String>, CorpusError> {
+    let mut out = Vec::new();
+    for s in all_sources(&config.corpus) {
+        let data = read_source(s, &config.resolve(&s.path), None)?;
+        out.extend(
+            data.records
+                .into_iter()
+                .flat_map(|r| r.images.into_iter().map(|im| im.sha256)),
+        );
+    }
+    Ok(out)
+}
+
+/// Every source of the corpus config in fingerprint order: domains, then eval sets.
+pub fn all_sources(corpus: &CorpusConfig) -> impl Iterator<Item = &SourceConfig> {
+    corpus
+        .domains
+        .iter()
+        .flat_map(|d| &d.sources)
+        .chain(corpus.eval_sets.iter().flat_map(|e| &e.sources))
+}
+
+struct Read {
+    records: Vec<Record>,
+    sources: Vec<SourceInfo>,
+    hashes: Vec<String>,
+}
+
+fn read_all(
+    config: &Config,
+    sources: &[SourceConfig],
+    group_key: Option<&str>,
+) -> Result<Read, CorpusError> {
+    let mut out = Read {
+        records: Vec::new(),
+        sources: Vec::new(),
+        hashes: Vec::new(),
+    };
+    for s in sources {
+        let SourceData {
+            sha256,
+            bytes,
+            records,
+        } = read_source(s, &config.resolve(&s.path), group_key)?;
+        out.sources.push(SourceInfo {
+            path: s.path.display().to_string(),
+            sha256: sha256.clone(),
+            bytes,
+            records: records.len() as u64,
+        });
+        out.hashes.push(sha256);
+        out.records.extend(records);
+    }
+    Ok(out)
+}
+
+/// Runs the whole pipeline with `tokenizer` on the current rayon pool.
+/// `model_sha256` goes into the fingerprint and the manifest.
+pub fn prepare(
+    config: &Config,
+    tokenizer: &dyn Tokenizer,
+    model_sha256: &str,
+) -> Result<Prepared, CorpusError> {
+    let c = &config.corpus;
+    validate(c)?;
+    let names: Vec<String> = c.domains.iter().map(|d| d.name.clone()).collect();
+
+    // Read every source; remember where each domain's and eval set's records start.
+    let mut records: Vec<(Option<u16>, Record)> = Vec::new();
+    let mut domain_sources = Vec::new();
+    let mut hashes = Vec::new();
+    for (i, d) in c.domains.iter().enumerate() {
+        let group_key = d.group_key.as_deref().or(c.group_key.as_deref());
+        let r = read_all(config, &d.sources, group_key)?;
+        if r.records.is_empty() {
+            return Err(CorpusError::EmptyDomain {
+                domain: d.name.clone(),
+                reason: "its sources hold no records".into(),
+            });
+        }
+        domain_sources.push(r.sources);
+        hashes.extend(r.hashes);
+        records.extend(r.records.into_iter().map(|rec| (Some(i as u16), rec)));
+    }
+    let mut eval_infos = Vec::new();
+    let mut eval_of = Vec::new();
+    for (i, e) in c.eval_sets.iter().enumerate() {
+        let r = read_all(config, &e.sources, None)?;
+        eval_infos.push(EvalSetInfo {
+            name: e.name.clone(),
+            sources: r.sources,
+            ..EvalSetInfo::default()
+        });
+        hashes.extend(r.hashes);
+        eval_of.extend(std::iter::repeat_n(i, r.records.len()));
+        records.extend(r.records.into_iter().map(|rec| (None, rec)));
+    }
+
+    // Template and tokenize everything, images through the mmproj.
+    let at_of = |rec: &Record| config.resolve(Path::new(&rec.at)).display().to_string();
+    let inputs: Vec<(String, bool, &[ImageRef])> = records
+        .par_iter()
+        .map(|(_, rec)| {
+            if let (Some(image), None) = (rec.images.first(), &config.model.mmproj) {
+                return Err(CorpusError::Record {
+                    at: at_of(rec),
+                    message: format!(
+                        "carries image {:?}, but [model] mmproj is not set: name the model's \
+                         mmproj GGUF there, so that images become the positions the model sees",
+                        image.name
+                    ),
+                });
+            }
+            render(tokenizer, &rec.content)
+                .map(|(text, special)| (text, special, rec.images.as_slice()))
+                .map_err(|message| CorpusError::Record {
+                    at: at_of(rec),
+                    message,
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let tokens = tokenize_all(tokenizer, &inputs).map_err(|(i, message)| CorpusError::Record {
+        at: at_of(&records[i].1),
+        message,
+    })?;
+    check_image_lengths(&records, &tokens, c.n_ctx, at_of)?;
+    let chars: Vec<u64> = inputs
+        .iter()
+        .map(|(text, _, _)| text.chars().count() as u64)
+        .collect();
+    drop(inputs);
+    let mmproj_sha256 = tokenizer.info().mmproj_sha256;
+    let image_inputs = mmproj_sha256.clone().map(|m| ImageInputs {
+        mmproj_sha256: m,
+        image_sha256: records
+            .iter()
+            .flat_map(|(_, r)| r.images.iter().map(|im| im.sha256.clone()))
+            .collect(),
+    });
+    let mut image_files: BTreeMap<String, ImageRef> = records
+        .iter()
+        .flat_map(|(_, r)| r.images.iter())
+        .map(|im| (im.sha256.clone(), im.clone()))
+        .collect();
+
+    let mut docs = Vec::new();
+    let mut evals = Vec::new();
+    for (((domain, rec), chars), (tokens, images)) in records.into_iter().zip(chars).zip(tokens) {
+        match domain {
+            Some(domain) => docs.push(Doc {
+                domain,
+                group: rec.group.unwrap_or_else(|| format!("doc:{}", rec.at)),
+                at: rec.at,
+                chars,
+                tokens,
+                images,
+                split: Split::Fit,
+            }),
+            None => evals.push((rec.at, tokens)),
+        }
+    }
+    for ((_, t), &e) in evals.iter().zip(&eval_of) {
+        eval_infos[e].docs += 1;
+        eval_infos[e].tokens += t.len() as u64;
+    }
+    for (i, name) in names.iter().enumerate() {
+        if !docs
+            .iter()
+            .any(|d| d.domain as usize == i && !d.tokens.is_empty())
+        {
+            return Err(CorpusError::EmptyDomain {
+                domain: name.clone(),
+                reason: "its records hold no tokens".into(),
+            });
+        }
+    }
+
+    // Held-out split by group, then near-duplicate removal.
+    let fractions: Vec<f64> = c
+        .domains
+        .iter()
+        .map(|d| d.heldout_fraction.unwrap_or(c.heldout_fraction))
+        .collect();
+    heldout::assign(&mut docs, &fractions, c.seed);
+    let drops = near_duplicates(c, &names, &docs, &evals, &eval_of, &eval_infos);
+    let documents: Vec<DocRecord> = docs
+        .iter()
+        .zip(&drops)
+        .map(|(d, x)| DocRecord {
+            at: d.at.clone(),
+            domain: names[d.domain as usize].clone(),
+            group: d.group.clone(),
+            split: d.split,
+            tokens: d.tokens.len() as u64,
+            chars: d.chars,
+            dropped: x.as_ref().map(|x| x.rule.clone()),
+        })
+        .collect();
+    let mut drops = drops.into_iter();
+    let mut dropped = Vec::new();
+    docs.retain(|_| match drops.next().flatten() {
+        Some(x) => {
+            dropped.push(x);
+            false
+        }
+        None => true,
+    });
+
+    // Shares of what is kept.
+    let mut totals = vec![(0u64, 0u64, 0u64); names.len()];
+    for d in &docs {
+        let t = &mut totals[d.domain as usize];
+        t.0 += 1;
+        t.1 += d.chars;
+        t.2 += d.tokens.len() as u64;
+    }
+    for (i, t) in totals.iter().enumerate() {
+        if t.2 == 0 {
+            return Err(CorpusError::EmptyDomain {
+                domain: names[i].clone(),
+                reason: "every document was dropped as a near-duplicate".into(),
+            });
+        }
+    }
+    let targets: Vec<Option<f64>> = c.domains.iter().map(|d| d.target_share).collect();
+    let rows = shares::measure(&names, &targets, &totals);
+    let missed: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.within(c.tolerance))
+        .map(|r| r.domain.clone())
+        .collect();
+    if !missed.is_empty() {
+        return Err(CorpusError::ShareMiss {
+            domains: missed,
+            tolerance: c.tolerance,
+            table: shares::render(&rows, c.tolerance),
+        });
+    }
+
+    // Schedule and pack.
+    let chunks = schedule_and_pack(c, &names, &docs);
+    let mix: Vec<f64> = rows.iter().map(|r| r.token_share).collect();
+    let deviations = schedule::prefix_deviations(&chunks, &mix);
+    let n_tokens: u64 = chunks.iter().map(|ch| ch.tokens.len() as u64).sum();
+    let split_tokens = |s: Split| {
+        docs.iter()
+            .filter(|d| d.split == s)
+            .map(|d| d.tokens.len() as u64)
+            .sum::<u64>()
+    };
+    let mut seen = 0u64;
+    let after_10pct = chunks
+        .iter()
+        .zip(&deviations)
+        .filter(|(ch, _)| {
+            seen += ch.tokens.len() as u64;
+            seen * 10 >= n_tokens
+        })
+        .map(|(_, d)| *d)
+        .fold(0.0, f64::max);
+    let chunk_plan = ChunkPlan {
+        n_ctx: c.n_ctx,
+        n_chunks: chunks.len() as u32,
+        n_tokens,
+        last_chunk_tokens: chunks.last().map_or(0, |ch| ch.tokens.len() as u32),
+        fit_tokens: split_tokens(Split::Fit),
+        heldout_tokens: split_tokens(Split::Heldout),
+        worst_prefix_deviation: deviations.iter().copied().fold(0.0, f64::max),
+        worst_prefix_deviation_after_10pct: after_10pct,
+        docs: docs.len() as u64,
+        seed: c.seed,
+    };
+
+    let chunks_parquet = write_chunks(&chunks).map_err(|message| CorpusError::Stored {
+        url: common::corpus::CHUNKS_FILE.into(),
+        message,
+    })?;
+    let index = CorpusIndex {
+        n_chunks: chunks.len() as u32,
+        n_ctx: c.n_ctx,
+        domains: names.clone(),
+        n_tokens,
+        chunks_sha256: hex::encode(Sha256::digest(&chunks_parquet)),
+    };
+    let domains = domain_infos(c, rows, domain_sources, &docs, &dropped);
+    let in_chunks: BTreeSet<&str> = chunks
+        .iter()
+        .flat_map(|ch| ch.images.iter().map(|im| im.sha256.as_str()))
+        .collect();
+    image_files.retain(|sha, _| in_chunks.contains(sha.as_str()));
+    let images = (!in_chunks.is_empty()).then(|| ImagesInfo {
+        mmproj_sha256: mmproj_sha256.clone().unwrap_or_default(),
+        images: in_chunks.len() as u64,
+        occurrences: chunks.iter().map(|ch| ch.images.len() as u64).sum(),
+        positions: chunks
+            .iter()
+            .flat_map(|ch| &ch.images)
+            .map(|im| u64::from(im.len))
+            .sum(),
+    });
+    let manifest = Manifest {
+        corpus_format: CORPUS_FORMAT,
+        inputs_sha256: fingerprint(c, model_sha256, &hashes, image_inputs.as_ref()),
+        model_sha256: model_sha256.to_string(),
+        tokenizer: tokenizer.info(),
+        config: serde_json::to_value(config).unwrap_or_default(),
+        domains,
+        eval_sets: eval_infos,
+        dropped,
+        chunk_plan,
+        chunks_sha256: index.chunks_sha256.clone(),
+        index_sha256: hex::encode(Sha256::digest(index_json(&index).as_bytes())),
+        images,
+    };
+    Ok(Prepared {
+        chunks,
+        chunks_parquet,
+        index,
+        manifest,
+        documents,
+        images: image_files.into_values().collect(),
+    })
+}
+
+/// Refuses an image that takes more positions than a chunk holds (it could
+/// not be packed without cutting it), naming the record and the image.
+fn check_image_lengths(
+    records: &[(Option<u16>, Record)],
+    tokens: &[super::vision::ImageTokens],
+    n_ctx: u32,
+    at_of: impl Fn(&Record) -> String,
+) -> Result<(), CorpusError> {
+    for ((_, rec), (_, spans)) in records.iter().zip(tokens) {
+        if let Some((k, s)) = spans.iter().enumerate().find(|(_, s)| s.len > n_ctx) {
+            return Err(CorpusError::Record {
+                at: at_of(rec),
+                message: format!(
+                    "image {:?} takes {} positions, more than n_ctx = {n_ctx} ([corpus]): it \
+                     cannot be packed without cutting it (raise n_ctx)",
+                    rec.images[k].name, s.len
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Text to tokenize for a record, and whether special-token text in it is
+/// parsed as special tokens (only for templated chat: the template's markers
+/// must become control tokens, while plain text that happens to contain
+/// `<|im_end|>` must not).
+pub fn render(tokenizer: &dyn Tokenizer, content: &Content) -> Result<(String, bool), String> {
+    match content {
+        Content::Text(t) => Ok((t.clone(), false)),
+        Content::Chat(messages) => Ok((tokenizer.apply_chat_template(messages)?, true)),
+    }
+}
+
+/// `corpus/documents.jsonl`: one JSON line per document.
+pub fn documents_jsonl(docs: &[DocRecord]) -> String {
+    docs.iter()
+        .map(|d| serde_json::to_string(d).unwrap_or_default() + "\n")
+        .collect()
+}
+
+/// The exact bytes stored as `corpus/index.json`.
+pub fn index_json(index: &CorpusIndex) -> String {
+    serde_json::to_string_pretty(index).unwrap_or_default()
+}
+
+/// Finds corpus documents that near-duplicate an eval-set document, then fit
+/// documents that near-duplicate a held-out one: one entry per document.
+fn near_duplicates(
+    c: &CorpusConfig,
+    names: &[String],
+    docs: &[Doc],
+    evals: &[(String, Vec<i32>)],
+    eval_of: &[usize],
+    eval_infos: &[EvalSetInfo],
+) -> Vec<Option<Dropped>> {
+    let w = c.dedup.shingle;
+    let mut sets: Vec<Vec<u64>> = docs
+        .par_iter()
+        .map(|d| d.tokens.as_slice())
+        .chain(evals.par_iter().map(|(_, t)| t.as_slice()))
+        .map(|t| dedup::shingles(t, w))
+        .collect();
+    dedup::drop_boilerplate(&mut sets, c.dedup.max_doc_freq);
+    let (doc_sets, eval_sets) = sets.split_at(docs.len());
+    let mut drop: Vec<Option<Dropped>> = vec![None; docs.len()];
+
+    let eval_refs: Vec<&[u64]> = eval_sets.iter().map(Vec::as_slice).collect();
+    let all: Vec<&[u64]> = doc_sets.iter().map(Vec::as_slice).collect();
+    for (i, m) in dedup::near_dups(&all, &eval_refs, c.dedup.threshold)
+        .into_iter()
+        .enumerate()
+    {
+        if let Some(m) = m {
+            drop[i] = Some(Dropped {
+                at: docs[i].at.clone(),
+                domain: names[docs[i].domain as usize].clone(),
+                rule: "near_duplicate_of_eval".into(),
+                duplicate_of: format!(
+                    "{}: {}",
+                    eval_infos[eval_of[m.reference]].name, evals[m.reference].0
+                ),
+                overlap: m.overlap,
+            });
+        }
+    }
+
+    let kept = |s: Split| -> Vec<usize> {
+        (0..docs.len())
+            .filter(|&i| drop[i].is_none() && docs[i].split == s)
+            .collect()
+    };
+    let (fit, held) = (kept(Split::Fit), kept(Split::Heldout));
+    let fit_sets: Vec<&[u64]> = fit.iter().map(|&i| doc_sets[i].as_slice()).collect();
+    let held_sets: Vec<&[u64]> = held.iter().map(|&i| doc_sets[i].as_slice()).collect();
+    for (k, m) in dedup::near_dups(&fit_sets, &held_sets, c.dedup.threshold)
+        .into_iter()
+        .enumerate()
+    {
+        if let Some(m) = m {
+            let i = fit[k];
+            drop[i] = Some(Dropped {
+                at: docs[i].at.clone(),
+                domain: names[docs[i].domain as usize].clone(),
+                rule: "near_duplicate_of_heldout".into(),
+                duplicate_of: docs[held[m.reference]].at.clone(),
+                overlap: m.overlap,
+            });
+        }
+    }
+
+    drop
+}
+
+/// Orders documents per (split, domain) stream, interleaves the streams and packs.
+fn schedule_and_pack(c: &CorpusConfig, names: &[String], docs: &[Doc]) -> Vec<Chunk> {
+    let mut streams: Vec<Vec<usize>> = Vec::new();
+    for split in Split::ALL {
+        for domain in 0..names.len() {
+            let mut s: Vec<usize> = (0..docs.len())
+                .filter(|&i| {
+                    docs[i].split == split
+                        && docs[i].domain as usize == domain
+                        && !docs[i].tokens.is_empty()
+                })
+                .collect();
+            if !s.is_empty() {
+                schedule::shuffle(&mut s, |i| docs[i].at.clone(), c.seed);
+                streams.push(s);
+            }
+        }
+    }
+    let order = schedule::interleave(&streams, |i| docs[i].tokens.len() as u64);
+    pack::pack(
+        order.iter().map(|&i| {
+            let d = &docs[i];
+            (d.tokens.as_slice(), d.split, d.domain, d.images.as_slice())
+        }),
+        c.n_ctx as usize,
+    )
+}
+
+fn domain_infos(
+    c: &CorpusConfig,
+    rows: Vec<ShareRow>,
+    sources: Vec<Vec<SourceInfo>>,
+    docs: &[Doc],
+    dropped: &[Dropped],
+) -> Vec<DomainInfo> {
+    rows.into_iter()
+        .zip(sources)
+        .enumerate()
+        .map(|(i, (shares, sources))| {
+            let d = &c.domains[i];
+            let mine = || docs.iter().filter(|doc| doc.domain as usize == i);
+            let tokens = |s: Split| {
+                mine()
+                    .filter(|doc| doc.split == s)
+                    .map(|doc| doc.tokens.len() as u64)
+                    .sum()
+            };
+            let groups = |s: Split| {
+                mine()
+                    .filter(|doc| doc.split == s)
+                    .map(|doc| &doc.group)
+                    .collect::<BTreeSet<_>>()
+                    .len() as u64
+            };
+            let drops = |rule: &str| {
+                dropped
+                    .iter()
+                    .filter(|x| x.domain == d.name && x.rule == rule)
+                    .count() as u64
+            };
+            DomainInfo {
+                shares,
+                sources,
+                heldout_fraction: d.heldout_fraction.unwrap_or(c.heldout_fraction),
+                group_key: d.group_key.clone().or(c.group_key.clone()),
+                fit_tokens: tokens(Split::Fit),
+                heldout_tokens: tokens(Split::Heldout),
+                fit_groups: groups(Split::Fit),
+                heldout_groups: groups(Split::Heldout),
+                dropped_near_heldout: drops("near_duplicate_of_heldout"),
+                dropped_near_eval: drops("near_duplicate_of_eval"),
+            }
+        })
+        .collect()
+}

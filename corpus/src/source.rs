@@ -1,0 +1,749 @@
+//! Reading source files (JSONL, Parquet, plain text) into records: plain text
+//! or chat messages, each with its location and optional group key.
+
+use super::chat::{Message, Role};
+use super::error::CorpusError;
+use arrow::array::{Array, AsArray, RecordBatch, StringArray};
+use arrow::datatypes::DataType;
+use config::{SourceConfig, SourceFormat};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+/// What a record holds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Content {
+    /// Plain text, tokenized as is.
+    Text(String),
+    /// A conversation, rendered with the model's chat template.
+    Chat(Vec<Message>),
+}
+
+pub use super::media::{ImageRef, MEDIA_MARKER};
+
+/// One document as read from a source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    /// Where it came from (`path:LINE`, `path (row N)`, `path (document N)`),
+    /// with the source's path as the config names it (relative to the
+    /// config's directory), so the location, and the group and order derived
+    /// from it, do not depend on the directory the command runs in.
+    pub at: String,
+    /// The document.
+    pub content: Content,
+    /// Value of the group key field, when the record has one.
+    pub group: Option<String>,
+    /// Its images, in the order of the [`MEDIA_MARKER`]s in its content.
+    pub images: Vec<ImageRef>,
+}
+
+/// The most bytes one document may hold (its text, or the sum of its chat
+/// messages' contents): 8 MiB. Tokenizing a document costs tens of times
+/// its size in memory (a 60 MB single-line document took 3.7 GB), so a
+/// larger one is refused, named by file and line, instead of risking the
+/// machine; split such documents before calibrating on them.
+pub const MAX_DOCUMENT_BYTES: usize = 8 << 20;
+
+impl Content {
+    /// Bytes of text the document holds.
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            Content::Text(t) => t.len(),
+            Content::Chat(m) => m.iter().map(|m| m.content.len()).sum(),
+        }
+    }
+}
+
+/// A source file read whole.
+#[derive(Clone, Debug)]
+pub struct SourceData {
+    /// SHA-256 of the file's bytes.
+    pub sha256: String,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// Its records, in file order.
+    pub records: Vec<Record>,
+}
+
+/// Hashes a source file without parsing it (for the inputs fingerprint).
+pub fn hash_file(path: &Path) -> Result<String, CorpusError> {
+    let bytes = read(path)?;
+    Ok(hex::encode(Sha256::digest(&bytes)))
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, CorpusError> {
+    std::fs::read(path).map_err(|source| CorpusError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads a source at `path` (already resolved) as `cfg` describes. Records
+/// are located by `cfg.path` (the config's own spelling); errors name the
+/// resolved `path`, which a user can open from where they ran the command.
+pub fn read_source(
+    cfg: &SourceConfig,
+    path: &Path,
+    group_key: Option<&str>,
+) -> Result<SourceData, CorpusError> {
+    let bytes = read(path)?;
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    let size = bytes.len() as u64;
+    let records = match cfg.format() {
+        SourceFormat::Jsonl => read_jsonl(cfg, path, &bytes, group_key)?,
+        SourceFormat::Parquet => read_parquet(cfg, path, bytes, group_key)?,
+        SourceFormat::Text => read_text(cfg, path, &bytes)?,
+    };
+    if let Some(r) = records
+        .iter()
+        .find(|r| r.content.text_bytes() > MAX_DOCUMENT_BYTES)
+    {
+        return Err(CorpusError::Record {
+            at: r.at.clone(),
+            message: format!(
+                "document of {} bytes exceeds the per-document limit of {MAX_DOCUMENT_BYTES} bytes \
+                 (split it into smaller documents)",
+                r.content.text_bytes()
+            ),
+        });
+    }
+    Ok(SourceData {
+        sha256,
+        bytes: size,
+        records,
+    })
+}
+
+fn read_text(cfg: &SourceConfig, path: &Path, bytes: &[u8]) -> Result<Vec<Record>, CorpusError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| CorpusError::Source {
+        path: path.to_path_buf(),
+        message: format!("not UTF-8 text ({e})"),
+    })?;
+    let pieces: Vec<&str> = match &cfg.separator {
+        Some(sep) if !sep.is_empty() => text.split(sep.as_str()).collect(),
+        _ => vec![text],
+    };
+    Ok(pieces
+        .into_iter()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .enumerate()
+        .map(|(i, p)| Record {
+            at: format!("{} (document {})", cfg.path.display(), i + 1),
+            content: Content::Text(p.to_string()),
+            group: None,
+            images: Vec::new(),
+        })
+        .collect())
+}
+
+fn read_jsonl(
+    cfg: &SourceConfig,
+    path: &Path,
+    bytes: &[u8],
+    group_key: Option<&str>,
+) -> Result<Vec<Record>, CorpusError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| CorpusError::Source {
+        path: path.to_path_buf(),
+        message: format!("not UTF-8 text ({e})"),
+    })?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = format!("{}:{}", cfg.path.display(), i + 1);
+        let bad = |message: String| CorpusError::Record {
+            at: format!("{}:{}", path.display(), i + 1),
+            message,
+        };
+        let value: Value =
+            serde_json::from_str(line).map_err(|e| bad(format!("malformed JSON: {e}")))?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| bad("record is not a JSON object".into()))?;
+        let mut names = Vec::new();
+        let content = if let Some(t) = obj.get(&cfg.text_field) {
+            let t = t
+                .as_str()
+                .ok_or_else(|| bad(format!("field {:?} is not a string", cfg.text_field)))?;
+            match obj.get(IMAGE_FIELD) {
+                Some(v) => {
+                    names = image_names(v).map_err(bad)?;
+                    Content::Text(captioned(names.len(), t))
+                }
+                None => Content::Text(t.to_string()),
+            }
+        } else if let Some(m) = obj.get(&cfg.messages_field) {
+            Content::Chat(messages_from_json(m, &mut names).map_err(bad)?)
+        } else {
+            return Err(bad(format!(
+                "record has neither a {:?} nor a {:?} field",
+                cfg.text_field, cfg.messages_field
+            )));
+        };
+        if !names.is_empty() {
+            check_markers(&content, names.len()).map_err(bad)?;
+        }
+        let images = names
+            .iter()
+            .map(|n| image_ref(path, n))
+            .collect::<Result<_, _>>()
+            .map_err(bad)?;
+        let group = group_key.and_then(|k| obj.get(k)).and_then(|g| match g {
+            Value::String(s) => Some(s.clone()),
+            Value::Null => None,
+            other => Some(other.to_string()),
+        });
+        out.push(Record {
+            at,
+            content,
+            group,
+            images,
+        });
+    }
+    Ok(out)
+}
+
+/// JSONL field naming a record's image (a path, or an array of paths) in
+/// `{"image": PATH, "text": CAPTION}` records.
+pub const IMAGE_FIELD: &str = "image";
+
+/// The image paths of an `image` field: a string or an array of strings.
+fn image_names(v: &Value) -> Result<Vec<String>, String> {
+    let bad = || format!("field {IMAGE_FIELD:?} is not a path or an array of paths");
+    match v {
+        Value::String(s) => Ok(vec![s.clone()]),
+        Value::Array(a) if !a.is_empty() => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string).ok_or_else(bad))
+            .collect(),
+        _ => Err(bad()),
+    }
+}
+
+/// A captioned record's text: one marker per image, then the caption.
+fn captioned(n_images: usize, caption: &str) -> String {
+    format!("{}\n{caption}", MEDIA_MARKER.repeat(n_images))
+}
+
+/// Refuses a record whose text holds more media markers than it has images
+/// (a marker written literally would stand for an image).
+fn check_markers(content: &Content, n_images: usize) -> Result<(), String> {
+    let markers = match content {
+        Content::Text(t) => t.matches(MEDIA_MARKER).count(),
+        Content::Chat(m) => m
+            .iter()
+            .map(|m| m.content.matches(MEDIA_MARKER).count())
+            .sum(),
+    };
+    if markers != n_images {
+        return Err(format!(
+            "text holds the media marker {MEDIA_MARKER:?} literally, which would stand for an image"
+        ));
+    }
+    Ok(())
+}
+
+/// Reads and checks one image of a record: it must exist and be a PNG that
+/// decodes, or a JPEG (by its signature; mtmd decodes it when tokenizing).
+fn image_ref(source: &Path, name: &str) -> Result<ImageRef, String> {
+    let path = source.parent().unwrap_or(Path::new("")).join(name);
+    let bytes = std::fs::read(&path)
+        .map_err(|e| format!("image {name:?}: cannot read {} ({e})", path.display()))?;
+    let unreadable = |why: String| format!("image {name:?} ({}): {why}", path.display());
+    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        decode_png(&bytes).map_err(unreadable)?;
+    } else if !bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+        return Err(unreadable("not a PNG or JPEG image".into()));
+    }
+    Ok(ImageRef {
+        name: name.to_string(),
+        path,
+        sha256: hex::encode(Sha256::digest(&bytes)),
+    })
+}
+
+/// Decodes a whole PNG (a truncated or corrupt file fails here, not later).
+fn decode_png(bytes: &[u8]) -> Result<(), String> {
+    let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    let mut reader = decoder
+        .read_info()
+        .map_err(|e| format!("not a readable PNG ({e})"))?;
+    let mut buf = vec![0; reader.output_buffer_size().unwrap_or(0)];
+    reader
+        .next_frame(&mut buf)
+        .map_err(|e| format!("not a readable PNG ({e})"))?;
+    Ok(())
+}
+
+/// Chat messages `[{role, content}]`; a content is a string or an array of
+/// parts `{"type": "text", "text": ...}` and `{"type": "image", "image":
+/// PATH}`, an image part becoming a [`MEDIA_MARKER`] whose path is pushed to
+/// `images`.
+fn messages_from_json(value: &Value, images: &mut Vec<String>) -> Result<Vec<Message>, String> {
+    let items = value
+        .as_array()
+        .ok_or("messages are not a JSON array of {role, content}")?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let at = |e: String| format!("message {}: {e}", i + 1);
+            let role = m.get("role").and_then(Value::as_str);
+            let content = match m.get("content") {
+                Some(Value::String(c)) => Some(c.clone()),
+                Some(Value::Array(parts)) => Some(content_parts(parts, images).map_err(at)?),
+                _ => None,
+            };
+            match (role, content) {
+                (Some(r), Some(c)) => Ok(Message {
+                    role: Role::parse(r).map_err(at)?,
+                    content: c,
+                }),
+                _ => Err(format!(
+                    "message {} lacks a string \"role\" or \"content\"",
+                    i + 1
+                )),
+            }
+        })
+        .collect()
+}
+
+/// The text of a message's content parts, images as markers.
+fn content_parts(parts: &[Value], images: &mut Vec<String>) -> Result<String, String> {
+    let mut text = String::new();
+    for (j, p) in parts.iter().enumerate() {
+        let bad = |e: &str| format!("content part {}: {e}", j + 1);
+        let field = |k: &str| p.get(k).and_then(Value::as_str);
+        match field("type") {
+            Some("text") => {
+                let t = field("text").ok_or_else(|| bad("a text part needs a string \"text\""))?;
+                text.push_str(t);
+            }
+            Some("image") => {
+                let name = field("image")
+                    .ok_or_else(|| bad("an image part needs a string \"image\" path"))?;
+                images.push(name.to_string());
+                text.push_str(MEDIA_MARKER);
+            }
+            _ => return Err(bad("\"type\" is neither \"text\" nor \"image\"")),
+        }
+    }
+    Ok(text)
+}
+
+fn read_parquet(
+    cfg: &SourceConfig,
+    path: &Path,
+    bytes: Vec<u8>,
+    group_key: Option<&str>,
+) -> Result<Vec<Record>, CorpusError> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let fail = |message: String| CorpusError::Source {
+        path: path.to_path_buf(),
+        message,
+    };
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
+        .map_err(|e| fail(format!("not a readable Parquet file ({e})")))?;
+    let schema = builder.schema().clone();
+    let has = |name: &str| schema.column_with_name(name).is_some();
+    if !has(&cfg.text_field) && !has(&cfg.messages_field) {
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        return Err(fail(format!(
+            "Parquet file has no text column {:?} (nor a messages column {:?}); its columns are: {}",
+            cfg.text_field,
+            cfg.messages_field,
+            names.join(", ")
+        )));
+    }
+    let reader = builder.build().map_err(|e| fail(e.to_string()))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| fail(format!("cannot decode Parquet ({e})")))?;
+        let base = out.len();
+        let row_of =
+            |source: &Path, row: usize| format!("{} (row {})", source.display(), base + row + 1);
+        let at = |row: usize| row_of(&cfg.path, row);
+        let shown = |row: usize| row_of(path, row);
+        let groups = match group_key.filter(|k| has(k)) {
+            Some(k) => Some(string_column(&batch, k).map_err(&fail)?),
+            None => None,
+        };
+        let group = |row: usize| {
+            groups
+                .as_ref()
+                .filter(|g| g.is_valid(row))
+                .map(|g| g.value(row).to_string())
+        };
+        if has(&cfg.text_field) {
+            let text = string_column(&batch, &cfg.text_field).map_err(&fail)?;
+            for row in 0..batch.num_rows() {
+                if text.is_null(row) {
+                    return Err(CorpusError::Record {
+                        at: shown(row),
+                        message: format!("column {:?} is null", cfg.text_field),
+                    });
+                }
+                out.push(Record {
+                    at: at(row),
+                    content: Content::Text(text.value(row).to_string()),
+                    group: group(row),
+                    images: Vec::new(),
+                });
+            }
+        } else {
+            let messages = messages_column(&batch, &cfg.messages_field).map_err(&fail)?;
+            for (row, m) in messages.into_iter().enumerate() {
+                let m = m.map_err(|message| CorpusError::Record {
+                    at: shown(row),
+                    message,
+                })?;
+                out.push(Record {
+                    at: at(row),
+                    content: Content::Chat(m),
+                    group: group(row),
+                    images: Vec::new(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn string_column(batch: &RecordBatch, name: &str) -> Result<StringArray, String> {
+    let col = batch
+        .column_by_name(name)
+        .ok_or_else(|| format!("no column {name:?}"))?;
+    let cast = arrow::compute::cast(col, &DataType::Utf8).map_err(|e| {
+        format!(
+            "column {name:?} of type {} is not text ({e})",
+            col.data_type()
+        )
+    })?;
+    Ok(cast.as_string::<i32>().clone())
+}
+
+/// A messages column: JSON text, or a list of structs with `role` and `content`.
+fn messages_column(
+    batch: &RecordBatch,
+    name: &str,
+) -> Result<Vec<Result<Vec<Message>, String>>, String> {
+    let col = batch
+        .column_by_name(name)
+        .ok_or_else(|| format!("no column {name:?}"))?;
+    let rows = 0..batch.num_rows();
+    match col.data_type() {
+        DataType::List(_) | DataType::LargeList(_) => {
+            let list = arrow::compute::cast(col, &DataType::List(list_item(col.data_type())))
+                .map_err(|e| e.to_string())?;
+            let list = list.as_list::<i32>();
+            Ok(rows
+                .map(|row| {
+                    let items = list.value(row);
+                    let items = items.as_struct_opt().ok_or_else(|| {
+                        format!("column {name:?} is not a list of {{role, content}}")
+                    })?;
+                    let field = |f: &str| -> Result<StringArray, String> {
+                        let c = items
+                            .column_by_name(f)
+                            .ok_or_else(|| format!("column {name:?} items lack field {f:?}"))?;
+                        let c =
+                            arrow::compute::cast(c, &DataType::Utf8).map_err(|e| e.to_string())?;
+                        Ok(c.as_string::<i32>().clone())
+                    };
+                    let (roles, contents) = (field("role")?, field("content")?);
+                    (0..items.len())
+                        .map(|i| {
+                            Ok(Message {
+                                role: Role::parse(roles.value(i))
+                                    .map_err(|e| format!("message {}: {e}", i + 1))?,
+                                content: contents.value(i).to_string(),
+                            })
+                        })
+                        .collect()
+                })
+                .collect())
+        }
+        _ => {
+            let text = string_column(batch, name)?;
+            Ok(rows
+                .map(|row| {
+                    let v: Value = serde_json::from_str(text.value(row))
+                        .map_err(|e| format!("column {name:?} is not JSON messages ({e})"))?;
+                    let mut images = Vec::new();
+                    let m = messages_from_json(&v, &mut images)?;
+                    match images.is_empty() {
+                        true => Ok(m),
+                        false => Err(format!(
+                            "column {name:?}: image parts are read from JSONL sources only"
+                        )),
+                    }
+                })
+                .collect())
+        }
+    }
+}
+
+fn list_item(dt: &DataType) -> arrow::datatypes::FieldRef {
+    match dt {
+        DataType::List(f) | DataType::LargeList(f) => f.clone(),
+        _ => unreachable!("caller matched a list type"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{ArrayRef, Int64Array};
+    use std::sync::Arc;
+
+    fn src(path: &Path) -> SourceConfig {
+        SourceConfig {
+            path: path.to_path_buf(),
+            format: None,
+            text_field: "text".into(),
+            messages_field: "messages".into(),
+            separator: None,
+        }
+    }
+
+    fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        let file = std::fs::File::create(path).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+
+    #[test]
+    fn jsonl_reads_text_chat_and_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.jsonl");
+        std::fs::write(
+            &p,
+            "{\"text\": \"hello\", \"task\": 7}\n\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"task\": \"x\"}\n",
+        )
+        .unwrap();
+        let d = read_source(&src(&p), &p, Some("task")).unwrap();
+        assert_eq!(d.records.len(), 2);
+        assert_eq!(d.records[0].content, Content::Text("hello".into()));
+        assert_eq!(d.records[0].group.as_deref(), Some("7"));
+        assert!(d.records[1].at.ends_with("a.jsonl:3"));
+        assert_eq!(
+            d.records[1].content,
+            Content::Chat(vec![Message {
+                role: Role::User,
+                content: "hi".into()
+            }])
+        );
+    }
+
+    #[test]
+    fn an_oversized_document_is_refused_naming_file_and_line() {
+        let at_limit = "a".repeat(MAX_DOCUMENT_BYTES);
+        let over = "b".repeat(MAX_DOCUMENT_BYTES + 1);
+        let text = format!("{{\"text\": \"{at_limit}\"}}\n{{\"text\": \"{over}\"}}\n");
+        let err = read_error("big.jsonl", &text);
+        assert!(
+            err.contains(&format!(
+                "big.jsonl:2: document of {} bytes exceeds the per-document limit of {} bytes",
+                MAX_DOCUMENT_BYTES + 1,
+                MAX_DOCUMENT_BYTES
+            )),
+            "{err}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("big.txt");
+        std::fs::write(&t, format!("short\n\n{over}")).unwrap();
+        let mut cfg = src(&t);
+        cfg.separator = Some("\n\n".into());
+        let err = read_source(&cfg, &t, None).unwrap_err().to_string();
+        assert!(err.contains("big.txt (document 2): document of"), "{err}");
+    }
+
+    fn write_png(path: &Path, w: u32, h: u32) {
+        let mut out = Vec::new();
+        let mut enc = png::Encoder::new(&mut out, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut writer = enc.write_header().unwrap();
+        writer
+            .write_image_data(&vec![90; (w * h * 3) as usize])
+            .unwrap();
+        writer.finish().unwrap();
+        std::fs::write(path, out).unwrap();
+    }
+
+    #[test]
+    fn image_records_resolve_their_images_beside_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("pics")).unwrap();
+        write_png(&dir.path().join("pics/a.png"), 4, 3);
+        std::fs::write(
+            dir.path().join("pics/b.jpg"),
+            [0xff, 0xd8, 0xff, 0xe0, 0, 16],
+        )
+        .unwrap();
+        let p = dir.path().join("img.jsonl");
+        let chat = r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "Compare "}, {"type": "image", "image": "pics/a.png"}, {"type": "image", "image": "pics/b.jpg"}]}, {"role": "assistant", "content": "Same."}]}"#;
+        std::fs::write(
+            &p,
+            format!("{{\"image\": \"pics/a.png\", \"text\": \"grey\"}}\n{chat}\n{{\"text\": \"plain\"}}\n"),
+        )
+        .unwrap();
+        let d = read_source(&src(&p), &p, None).unwrap();
+        let r = &d.records;
+        assert_eq!(r[0].content, Content::Text(format!("{MEDIA_MARKER}\ngrey")));
+        assert_eq!(r[0].images.len(), 1);
+        assert_eq!(r[0].images[0].path, dir.path().join("pics/a.png"));
+        let Content::Chat(m) = &r[1].content else {
+            panic!("not chat")
+        };
+        assert_eq!(
+            m[0].content,
+            format!("Compare {MEDIA_MARKER}{MEDIA_MARKER}")
+        );
+        let names: Vec<&str> = r[1].images.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["pics/a.png", "pics/b.jpg"]);
+        assert_eq!(r[1].images[0].sha256, r[0].images[0].sha256);
+        assert!(r[2].images.is_empty());
+    }
+
+    #[test]
+    fn a_missing_or_unreadable_image_is_named_with_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img.jsonl");
+        let check = |records: &str, expect: &[&str]| {
+            std::fs::write(&p, records).unwrap();
+            let err = read_source(&src(&p), &p, None).unwrap_err().to_string();
+            for e in expect {
+                assert!(err.contains(e), "{err} lacks {e}");
+            }
+        };
+        let ok = "{\"text\": \"fine\"}\n";
+        check(
+            &format!("{ok}{{\"image\": \"gone.png\", \"text\": \"x\"}}\n"),
+            &["img.jsonl:2: image \"gone.png\": cannot read", "gone.png"],
+        );
+        std::fs::write(dir.path().join("cut.png"), b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").unwrap();
+        check(
+            &format!("{ok}{ok}{{\"image\": [\"cut.png\"], \"text\": \"x\"}}\n"),
+            &["img.jsonl:3: image \"cut.png\"", "not a readable PNG"],
+        );
+        std::fs::write(dir.path().join("notes.png"), b"hello").unwrap();
+        let part = r#"{"messages": [{"role": "user", "content": [{"type": "image", "image": "notes.png"}]}]}"#;
+        check(
+            &format!("{part}\n"),
+            &[
+                "img.jsonl:1: image \"notes.png\"",
+                "not a PNG or JPEG image",
+            ],
+        );
+        write_png(&dir.path().join("ok.png"), 2, 2);
+        check(
+            "{\"image\": \"ok.png\", \"text\": \"a <__media__> b\"}\n",
+            &["img.jsonl:1:", "holds the media marker"],
+        );
+        check(
+            r#"{"messages": [{"role": "system", "content": "see <__media__>"}, {"role": "user", "content": [{"type": "image", "image": "ok.png"}]}]}"#,
+            &["img.jsonl:1:", "holds the media marker"],
+        );
+        check(
+            r#"{"messages": [{"role": "user", "content": [{"type": "video", "video": "ok.png"}]}]}"#,
+            &[
+                "img.jsonl:1: message 1: content part 1:",
+                "neither \"text\" nor \"image\"",
+            ],
+        );
+    }
+
+    /// The error reading `text` as the source file `name` gives.
+    fn read_error(name: &str, text: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        read_source(&src(&p), &p, None).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn malformed_jsonl_line_names_its_line_number() {
+        let text = "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": oops}\n";
+        let err = read_error("bad.jsonl", text);
+        assert!(err.contains("bad.jsonl:3: malformed JSON"), "{err}");
+    }
+
+    #[test]
+    fn unknown_chat_role_is_refused_with_its_location() {
+        let text = "{\"messages\": [{\"role\": \"narrator\", \"content\": \"x\"}]}\n";
+        let err = read_error("chat.jsonl", text);
+        assert!(
+            err.contains("chat.jsonl:1: message 1: unknown chat role \"narrator\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn parquet_reads_text_and_groups_and_refuses_a_missing_text_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.parquet");
+        write_parquet(
+            &p,
+            vec![
+                (
+                    "text",
+                    Arc::new(StringArray::from(vec!["a b", "c"])) as ArrayRef,
+                ),
+                ("trial", Arc::new(Int64Array::from(vec![3, 4])) as ArrayRef),
+            ],
+        );
+        let d = read_source(&src(&p), &p, Some("trial")).unwrap();
+        assert_eq!(d.records[1].content, Content::Text("c".into()));
+        assert_eq!(d.records[1].group.as_deref(), Some("4"));
+        assert!(d.records[1].at.ends_with("t.parquet (row 2)"));
+
+        let q = dir.path().join("body.parquet");
+        write_parquet(
+            &q,
+            vec![("body", Arc::new(StringArray::from(vec!["x"])) as ArrayRef)],
+        );
+        let err = read_source(&src(&q), &q, None).unwrap_err().to_string();
+        assert!(err.contains("no text column \"text\""), "{err}");
+        assert!(err.contains("columns are: body"), "{err}");
+    }
+
+    #[test]
+    fn parquet_chat_as_json_text_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.parquet");
+        let m = r#"[{"role":"system","content":"s"},{"role":"assistant","content":"a"}]"#;
+        write_parquet(
+            &p,
+            vec![("messages", Arc::new(StringArray::from(vec![m])) as ArrayRef)],
+        );
+        let d = read_source(&src(&p), &p, None).unwrap();
+        let Content::Chat(msgs) = &d.records[0].content else {
+            panic!("not chat")
+        };
+        assert_eq!(msgs[1].role, Role::Assistant);
+    }
+
+    #[test]
+    fn text_splits_on_separator_and_missing_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.txt");
+        std::fs::write(&p, "one\n\n\ntwo\n\n").unwrap();
+        let mut cfg = src(&p);
+        cfg.separator = Some("\n\n".into());
+        let d = read_source(&cfg, &p, None).unwrap();
+        assert_eq!(d.records.len(), 2);
+        let missing = dir.path().join("nope.txt");
+        let err = read_source(&src(&missing), &missing, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot read") && err.contains("nope.txt"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! Acceptance of an eval partial before it is merged: its chunks, the run's
+//! base model and corpus, the job's settings, every candidate's SHA-256
+//! against the coordinator's own slice, and the sums' own consistency. The
+//! same checks serve results from workers and eval partials read back on
+//! resume.
+
+use common::eval::EvalPartial;
+use common::layout::LeaseLayout;
+use common::peer_text::peer_text;
+use common::wire::{EvalJob, Task};
+use common::ChunkRange;
+use corpus::manifest::{Records, RunManifest};
+use runtime::lease::LeaseKind;
+
+/// What an eval partial of this run must match.
+#[derive(Clone, Debug)]
+pub struct EvalAcceptance {
+    /// Where its eval partials are stored.
+    pub partials: LeaseLayout,
+    /// SHA-256 of the base model.
+    pub base_sha256: String,
+    /// SHA-256 of the corpus chunk table.
+    pub corpus_sha256: String,
+    /// The evaluation job.
+    pub job: EvalJob,
+}
+
+/// Evaluation leases: workers evaluate the job's candidates, and each eval
+/// partial passes [`check_against_job`].
+impl LeaseKind for EvalAcceptance {
+    type Output = EvalPartial;
+
+    fn task(&self) -> Task {
+        Task::Evaluate(self.job.clone())
+    }
+
+    fn table(m: &mut RunManifest) -> &mut Records {
+        &mut m.eval_partials
+    }
+
+    fn decode_and_check(
+        &self,
+        units: &[ChunkRange],
+        bytes: bytes::Bytes,
+    ) -> Result<EvalPartial, String> {
+        let p = <EvalPartial as common::lease::LeaseOutput>::decode(&bytes)?;
+        check_against_job(&p, units, &self.base_sha256, &self.corpus_sha256, &self.job)?;
+        Ok(p)
+    }
+
+    fn layout(&self) -> LeaseLayout {
+        self.partials
+    }
+}
+
+/// Whether an eval partial is the lease's: its chunks, the run's base model
+/// and corpus, the job's settings, every candidate with the name and the
+/// SHA-256 of the coordinator's slice, and sums that agree with themselves
+/// (each candidate scored the base model's positions, one KL value each).
+/// Serves results from workers and eval partials read back on resume.
+pub fn check_against_job(
+    p: &EvalPartial,
+    units: &[ChunkRange],
+    base_sha256: &str,
+    corpus_sha256: &str,
+    job: &EvalJob,
+) -> Result<(), String> {
+    runtime::lease::check_covers("eval partial", units, &p.chunks)?;
+    if p.base_sha256 != base_sha256 {
+        return Err(format!(
+            "eval partial of base model \"{}\", the run's is {base_sha256}",
+            peer_text(&p.base_sha256)
+        ));
+    }
+    if p.corpus_sha256 != corpus_sha256 {
+        return Err(format!(
+            "eval partial of corpus \"{}\", the run's is {corpus_sha256}",
+            peer_text(&p.corpus_sha256)
+        ));
+    }
+    if (p.skip_first, &p.splits) != (job.skip_first, &job.splits) {
+        return Err(format!(
+            "eval partial scored (skip_first {}, splits [{}]), the job asked for ({}, [{}])",
+            p.skip_first,
+            common::peer_text::summarise(&p.splits),
+            job.skip_first,
+            common::peer_text::summarise(&job.splits)
+        ));
+    }
+    if p.candidates.len() != job.candidates.len() {
+        return Err(format!(
+            "eval partial has {} candidates, the job {}",
+            p.candidates.len(),
+            job.candidates.len()
+        ));
+    }
+    for (got, want) in p.candidates.iter().zip(&job.candidates) {
+        if got.name != want.name {
+            return Err(format!(
+                "eval partial has candidate \"{}\" where the job has {:?}",
+                peer_text(&got.name),
+                want.name
+            ));
+        }
+        if got.sha256 != want.sha256 {
+            return Err(format!(
+                "candidate {}: the worker's slice has SHA-256 \"{}\", the coordinator's {}",
+                want.name,
+                peer_text(&got.sha256),
+                want.sha256
+            ));
+        }
+        for (g, base) in &p.base {
+            let n = got.groups.get(g).map_or(0, |s| s.n);
+            if n != base.n {
+                return Err(format!(
+                    "candidate {}: {n} positions scored in {g:?}, the base model {}",
+                    want.name, base.n
+                ));
+            }
+        }
+        if got.groups.keys().any(|g| !p.base.contains_key(g)) {
+            return Err(format!(
+                "candidate {}: a group the base model did not score",
+                want.name
+            ));
+        }
+        if got.tokens.len() as u64 != p.n_scored() {
+            return Err(format!(
+                "candidate {}: {} per-position KL values for {} scored positions",
+                want.name,
+                got.tokens.len(),
+                p.n_scored()
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::eval::{BaseSums, CandidateResult, CandidateSums, Group, TokenKl};
+    use common::wire::EvalCandidate;
+    use common::{ExactSum, Split};
+    use std::collections::BTreeMap;
+
+    const RANGE: ChunkRange = ChunkRange { start: 2, end: 4 };
+
+    fn job() -> EvalJob {
+        EvalJob {
+            candidates: vec![EvalCandidate {
+                name: "frequency_K8".into(),
+                keep_map: Some("keep_maps/frequency_K8.json".into()),
+                sha256: "c".repeat(64),
+                expert_used: None,
+                quant: None,
+            }],
+            skip_first: 0,
+            splits: vec![Split::Fit],
+        }
+    }
+
+    /// A partial of one candidate over two scored positions of one group.
+    fn partial() -> EvalPartial {
+        let group = Group::text(Split::Fit, 0);
+        let token = |pos| TokenKl {
+            chunk: 2,
+            pos,
+            group,
+            kl: 0.5,
+        };
+        EvalPartial {
+            format_version: common::eval::EVAL_FORMAT_VERSION,
+            base_sha256: "b".repeat(64),
+            corpus_sha256: "k".into(),
+            skip_first: 0,
+            splits: vec![Split::Fit],
+            backends: vec!["cpu".into()],
+            chunks: vec![RANGE],
+            base: BTreeMap::from([(
+                group,
+                BaseSums {
+                    n: 2,
+                    nll: ExactSum::default(),
+                },
+            )]),
+            candidates: vec![CandidateResult {
+                name: "frequency_K8".into(),
+                sha256: "c".repeat(64),
+                k: 8,
+                groups: BTreeMap::from([(
+                    group,
+                    CandidateSums {
+                        n: 2,
+                        ..CandidateSums::default()
+                    },
+                )]),
+                tokens: vec![token(0), token(1)],
+            }],
+        }
+    }
+
+    /// Damages a partial in one way.
+    type Change = fn(&mut EvalPartial);
+
+    fn check(p: &EvalPartial) -> Result<(), String> {
+        check_against_job(p, &[RANGE], &"b".repeat(64), "k", &job())
+    }
+
+    #[test]
+    fn a_partial_of_the_job_passes() {
+        check(&partial()).unwrap();
+    }
+
+    #[test]
+    fn a_slice_with_another_sha256_is_refused_by_name() {
+        let mut p = partial();
+        p.candidates[0].sha256 = "d".repeat(64);
+        let e = check(&p).unwrap_err();
+        assert!(
+            e.contains("candidate frequency_K8") && e.contains(&"d".repeat(64)),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn partials_of_another_lease_model_corpus_or_setting_are_refused() {
+        let cases: [(&str, Change); 6] = [
+            ("covers", |p| {
+                p.chunks = vec![ChunkRange { start: 2, end: 3 }]
+            }),
+            ("base model", |p| p.base_sha256 = "x".into()),
+            ("corpus", |p| p.corpus_sha256 = "x".into()),
+            ("skip_first", |p| p.skip_first = 1),
+            ("positions scored", |p| {
+                p.candidates[0].groups.values_mut().for_each(|s| s.n = 1)
+            }),
+            ("per-position KL values", |p| {
+                p.candidates[0].tokens.pop();
+            }),
+        ];
+        for (what, change) in cases {
+            let mut p = partial();
+            change(&mut p);
+            let e = check(&p).unwrap_err();
+            assert!(e.contains(what), "{what}: {e}");
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! `coordinator eval RUN --keep-maps A,B,...`: the run's settings and model
+//! from its manifest, local or joined workers, then [`super::evaluate`].
+
+use super::{evaluate, job, print_outcome, EvalOutcome, EvalSettings, EvalSetup};
+use anyhow::Context;
+use clap::Args;
+use common::layout::EvalLayout;
+use common::store::RunStore;
+use common::wire::EvalJob;
+use config::Config;
+use corpus::manifest::RunManifest;
+use runtime::run::local::{worker_binary, LocalWorkers};
+use runtime::run::{read_index, RunSetup};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Arguments of `coordinator eval`.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Run location (path or URL) with `corpus/` and `keep_maps/`.
+    pub run: String,
+    /// Keep maps to evaluate, comma-separated names `<method>_K<k>`; K may
+    /// be a share of the model's experts (`frequency_K50%`).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub keep_maps: Vec<String>,
+    /// Start this many local worker processes (loopback QUIC); 0 waits for
+    /// workers to join.
+    #[arg(long, default_value_t = 0)]
+    pub local_workers: u32,
+    /// Splits scored: fit, heldout or both.
+    #[arg(long, default_value = "both")]
+    pub split: String,
+    /// Positions skipped at the start of every chunk (`n_ctx / 2` scores the
+    /// second half of each chunk, like llama-perplexity).
+    #[arg(long, default_value_t = 0)]
+    pub skip_first: u32,
+    /// The base GGUF model (the run's; checked by SHA-256). Default: the
+    /// model collection ran with, recorded in the manifest, else the model
+    /// path of the run's config when it is absolute.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+}
+
+/// A run's manifest and the config recorded in it.
+pub(crate) async fn recorded(store: &RunStore) -> anyhow::Result<(RunManifest, Config)> {
+    let manifest = corpus::manifest::read_or_default(store).await?;
+    let config = manifest
+        .config()
+        .map_err(anyhow::Error::msg)
+        .with_context(|| {
+            format!(
+                "the config recorded in {} (is this a run location?)",
+                store.url_of(corpus::MANIFEST_FILE)
+            )
+        })?;
+    Ok((manifest, config))
+}
+
+/// The mmproj the run's collection fed its images with, which evaluation
+/// feeds them with too; `None` for a text corpus.
+async fn recorded_mmproj(store: &RunStore) -> anyhow::Result<Option<common::wire::MmprojFile>> {
+    let manifest = corpus::manifest::read_or_default(store).await?;
+    match (&manifest.corpus.images, manifest.mmproj) {
+        (None, _) => Ok(None),
+        (Some(_), Some(mmproj)) => Ok(Some(mmproj)),
+        (Some(_), None) => anyhow::bail!(
+            "the corpus at {} has images, but its manifest names no mmproj: collect the run \
+             first (`coordinator run` records the mmproj it measured them with)",
+            store.url()
+        ),
+    }
+}
+
+/// Entry point of `coordinator eval`.
+pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let store = RunStore::open(&args.run)?;
+        let (manifest, config) = recorded(&store).await?;
+        let model = match (&args.model, manifest.model_path) {
+            (Some(m), _) => std::path::absolute(m).context("--model")?,
+            (None, Some(recorded)) if recorded.is_file() => recorded,
+            (None, _) if config.model.path.is_absolute() => config.model.path.clone(),
+            (None, _) => anyhow::bail!(
+                "give --model: the run's config names the model by a path relative to its config file ({})",
+                config.model.path.display()
+            ),
+        };
+        let settings = EvalSettings {
+            keep_maps: args.keep_maps.clone(),
+            split: args.split.clone(),
+            skip_first: args.skip_first,
+            ..EvalSettings::default()
+        };
+        let (model_sha256, job) = job(&store, &model, &settings).await?;
+        let base = Base {
+            path: &model,
+            sha256: model_sha256,
+        };
+        let out = common::layout::EVAL;
+        evaluate_recorded(&store, &config, base, job, out, args.local_workers).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The base model of an evaluation: its path and SHA-256.
+pub struct Base<'a> {
+    /// The GGUF workers load.
+    pub path: &'a Path,
+    /// Its SHA-256 (hex), which every worker's model must match.
+    pub sha256: String,
+}
+
+/// Evaluates `job` on the run `store` recorded with `config` (its `[run]`
+/// and `[cluster]`), its objects under `out`, with `local_count` local
+/// workers (0: waits for workers to join); prints the evaluation's table.
+/// `coordinator eval` and `coordinator ship` both run through it.
+pub(crate) async fn evaluate_recorded(
+    store: &RunStore,
+    config: &Config,
+    base: Base<'_>,
+    job: EvalJob,
+    out: EvalLayout,
+    local_count: u32,
+) -> anyhow::Result<EvalOutcome> {
+    let setup = EvalSetup {
+        base: RunSetup {
+            store: store.clone(),
+            index: read_index(store).await?,
+            model_sha256: base.sha256,
+            model_path: base.path.to_path_buf(),
+            mmproj: recorded_mmproj(store).await?,
+            run: config.run.clone(),
+            cluster: config.cluster.clone(),
+        },
+        job,
+        out,
+    };
+    let local = (local_count > 0)
+        .then(|| local_workers(config, base.path, local_count))
+        .transpose()?;
+    let outcome = evaluate(&setup, |l| start_workers(local.as_ref(), l)).await?;
+    print_outcome(store, &outcome).await;
+    Ok(outcome)
+}
+
+/// Evaluates `job` on the base model `base` for a caller that holds the
+/// run's lock (`setup.store` is the lock's: `coordinator run`), its objects
+/// under `out`, with the caller's local workers if it has some; prints the
+/// evaluation's table.
+pub async fn evaluate_held(
+    setup: &RunSetup,
+    base: Base<'_>,
+    job: EvalJob,
+    out: EvalLayout,
+    local: Option<&LocalWorkers>,
+) -> anyhow::Result<EvalOutcome> {
+    let eval = EvalSetup {
+        base: RunSetup {
+            model_sha256: base.sha256,
+            model_path: base.path.to_path_buf(),
+            ..setup.clone()
+        },
+        job,
+        out,
+    };
+    let outcome = super::evaluate_locked(&eval, |l| start_workers(local, l)).await?;
+    print_outcome(&setup.store, &outcome).await;
+    Ok(outcome)
+}
+
+/// `count` local workers of the run's config on `model`.
+pub fn local_workers(
+    config: &Config,
+    model: &std::path::Path,
+    count: u32,
+) -> anyhow::Result<LocalWorkers> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    Ok(LocalWorkers {
+        binary: worker_binary()?,
+        count,
+        model: model.to_path_buf(),
+        threads: config
+            .run
+            .local_worker_threads
+            .unwrap_or((cores / count).max(1)),
+        env: config.storage.env(),
+    })
+}
+
+/// Starts the local workers, or prints how remote workers join.
+pub fn start_workers(
+    local: Option<&LocalWorkers>,
+    l: &runtime::run::Listening,
+) -> Result<Vec<tokio::process::Child>, runtime::run::RunError> {
+    match local {
+        Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
+        None => {
+            println!("waiting for workers: {}", l.hint.join);
+            Ok(Vec::new())
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! `coordinator eval`: each pruned candidate against the base model (DESIGN
+//! section 12): KL(p || q), perplexity and top-1 agreement over the run's
+//! chunks, leased to the same workers by the same runner
+//! ([`runtime::run::runner`]) as collection, with the same exact merge and
+//! resume; results under `eval/`.
+//!
+//! - [`candidates`]: keep maps read from the run and sliced here too, so
+//!   the coordinator knows each candidate's SHA-256.
+//! - [`accept`]: the checks an eval partial passes (the eval lease kind).
+//! - [`artifacts`]: `eval/merged.bin`, `eval/summary.json`, `eval/summary.parquet`.
+//! - [`cli`]: `coordinator eval`; its `[eval]` config section is
+//!   [`config::eval`].
+
+pub mod accept;
+pub mod artifacts;
+pub mod candidates;
+pub mod cli;
+pub mod table;
+
+use common::eval::summary::parse_splits;
+use common::eval::EvalSummary;
+use common::hash::sha256_hex;
+use common::layout::EvalLayout;
+use common::store::{RunStore, StoreError};
+use common::wire::EvalJob;
+use runtime::run::record::{settings_key, RecordError};
+use runtime::run::runner::{lease_all, locked, LeaseFigures, Leasing, OnListen};
+use runtime::run::{RunError, RunSetup};
+use sched::plan;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use config::eval::EvalSettings;
+
+/// Errors of an evaluation.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalRunError {
+    /// Settings, model or workers unusable.
+    #[error("{0}")]
+    Setup(String),
+    /// A keep map cannot be evaluated.
+    #[error("keep map {name}: {reason}")]
+    KeepMap {
+        /// Its name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The manifest's record of accepted eval partials.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    /// What evaluation shares with collection (runner, server, scheduler,
+    /// lock, local workers, merge) failed.
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+/// Everything [`evaluate`] needs.
+#[derive(Clone, Debug)]
+pub struct EvalSetup {
+    /// The run: its store, corpus index, base model (hash and path sent to
+    /// workers), `[run]` (lease size, micro-batch, KV cache) and `[cluster]`.
+    pub base: RunSetup,
+    /// The candidates and scored positions.
+    pub job: EvalJob,
+    /// Where its objects go: [`common::layout::EVAL`] (`coordinator eval`)
+    /// or [`common::layout::SHIP_EVAL`] (`coordinator ship`).
+    pub out: EvalLayout,
+}
+
+/// What an evaluation did.
+#[derive(Debug)]
+pub struct EvalOutcome {
+    /// The figures written to `eval/summary.json`.
+    pub summary: EvalSummary,
+    /// The eval partials' leases: resumed, computed, retried, by whom
+    /// (a worker's tokens are scored positions).
+    pub leases: LeaseFigures,
+    /// Where its objects are.
+    pub out: EvalLayout,
+}
+
+/// The job of an evaluation: checks the base model against the run's
+/// manifest, resolves the candidates' names (K given as a share of the
+/// experts resolves against `saliency.json`) and slices their keep maps.
+/// Returns the base model's SHA-256 and the job.
+pub async fn job(
+    store: &RunStore,
+    base: &Path,
+    settings: &EvalSettings,
+) -> Result<(String, EvalJob), EvalRunError> {
+    let splits = parse_splits(&settings.split).ok_or_else(|| {
+        EvalRunError::Setup(format!(
+            "split {:?}: expected fit, heldout or both",
+            settings.split
+        ))
+    })?;
+    let base_sha256 = check_base(store, base).await?;
+    let names = if settings.needs_shape() {
+        let (saliency, _) = crate::score::load_saliency(store)
+            .await
+            .map_err(|e| EvalRunError::Setup(format!("resolving keep-map sizes: {e:#}")))?;
+        settings
+            .candidate_names(&config::eval::KeepShape::of(&saliency))
+            .map_err(EvalRunError::Setup)?
+    } else {
+        settings.keep_maps.clone()
+    };
+    let candidates = candidates::prepare(store, &names, base).await?;
+    Ok((
+        base_sha256,
+        EvalJob {
+            candidates,
+            skip_first: settings.skip_first,
+            splits,
+        },
+    ))
+}
+
+/// Checks the base model against the run's manifest (the model the run was
+/// measured with); returns its SHA-256.
+pub async fn check_base(store: &RunStore, base: &Path) -> Result<String, EvalRunError> {
+    let base_sha256 = common::hash::sha256_file(base)
+        .map_err(|e| EvalRunError::Setup(format!("base model {}: {e}", base.display())))?;
+    let manifest = corpus::manifest::read_or_default(store)
+        .await
+        .map_err(RecordError::from)?;
+    match manifest.corpus.model_sha256.as_str() {
+        run_sha if run_sha == base_sha256 => {}
+        run_sha if !run_sha.is_empty() => {
+            return Err(EvalRunError::Setup(format!(
+                "base model {} has SHA-256 {base_sha256}, the run was measured with {run_sha}",
+                base.display()
+            )))
+        }
+        _ => {
+            return Err(EvalRunError::Setup(format!(
+                "{} names no model_sha256: not a run's manifest",
+                store.url_of(corpus::MANIFEST_FILE)
+            )))
+        }
+    }
+    Ok(base_sha256)
+}
+
+/// Fingerprint of everything that changes an eval partial's numbers: the
+/// base model, the corpus, how chunks are evaluated and the job (candidates
+/// with their SHA-256, scored positions).
+pub fn eval_settings_key(setup: &EvalSetup) -> String {
+    let b = &setup.base;
+    let collection = settings_key(
+        &b.model_sha256,
+        &b.index.chunks_sha256,
+        &b.run.job_options(common::wire::TraceStrides::both(0)),
+    );
+    let canonical = serde_json::json!({ "evaluation_of": collection, "job": setup.job });
+    sha256_hex(canonical.to_string().as_bytes())
+}
+
+/// Evaluates every unit of the lease plan not already stored, merges
+/// exactly and writes the results under `eval/`. `on_listen` starts local
+/// workers once the server listens; it is not called when everything was
+/// already stored. The run location is locked for the whole call.
+pub async fn evaluate(
+    setup: &EvalSetup,
+    on_listen: impl OnListen,
+) -> Result<EvalOutcome, EvalRunError> {
+    locked(&setup.base, |base| async move {
+        let fenced = EvalSetup {
+            base,
+            job: setup.job.clone(),
+            out: setup.out,
+        };
+        evaluate_locked(&fenced, on_listen).await
+    })
+    .await
+}
+
+/// [`evaluate`] for a caller that holds the run's lock: `setup.base.store`
+/// must be the lock's fenced store.
+pub async fn evaluate_locked(
+    setup: &EvalSetup,
+    on_listen: impl OnListen,
+) -> Result<EvalOutcome, EvalRunError> {
+    let base = &setup.base;
+    let (store, index) = (&base.store, &base.index);
+    let units = plan(index.n_chunks, base.run.lease_chunks);
+    let leasing = Leasing {
+        setup: base,
+        options: base.run.job_options(common::wire::TraceStrides::both(0)),
+        settings: eval_settings_key(setup),
+        // Eval partials are checked against the coordinator's own slices;
+        // no unit is sent to a second worker.
+        verify_fraction: 0.0,
+        progress: false,
+    };
+    let kind = Arc::new(accept::EvalAcceptance {
+        partials: setup.out.partials,
+        base_sha256: base.model_sha256.clone(),
+        corpus_sha256: index.chunks_sha256.clone(),
+        job: setup.job.clone(),
+    });
+    let leased = lease_all(&leasing, units, kind, on_listen).await?;
+    let merged = leased
+        .merged
+        .ok_or_else(|| EvalRunError::Setup("the corpus has no chunks".into()))?;
+    if merged.n_chunks() != u64::from(index.n_chunks) {
+        return Err(EvalRunError::Setup(format!(
+            "the merged evaluation covers {} of {} chunks",
+            merged.n_chunks(),
+            index.n_chunks
+        )));
+    }
+    let summary = artifacts::write(store, &setup.out, &merged, &index.domains).await?;
+    Ok(EvalOutcome {
+        summary,
+        leases: leased.leases,
+        out: setup.out,
+    })
+}
+
+/// Prints what an evaluation did and its table (with `score`'s slot
+/// replacement when `score/score.json` is readable).
+pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
+    println!(
+        "evaluated {} candidates over {} leases ({} reused from {}, {} computed, {} retried)",
+        o.summary.candidates.len(),
+        o.leases.units,
+        o.leases.resumed,
+        store.url_of(o.out.partials.dir),
+        o.leases.computed,
+        o.leases.retries
+    );
+    for (name, why) in &o.leases.rejected {
+        println!(
+            "  REJECTED stored eval partial {}: {why}",
+            store.url_of(name)
+        );
+    }
+    let slots = match table::slot_tables(store).await {
+        Ok(t) => t,
+        Err(e) => {
+            println!("  (no slot replacement column: {e:#})");
+            Vec::new()
+        }
+    };
+    print!("{}", table::table(&o.summary, &slots));
+    println!("results: {}", store.url_of(o.out.summary_json));
+}

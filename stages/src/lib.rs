@@ -1,0 +1,15 @@
+//! The stages after collection, in data-flow order: [`score`] ranks
+//! experts into keep maps, [`verify`] checks the merged statistics' invariants,
+//! [`prune`] slices a model to a keep map, [`eval`] measures pruned candidates
+//! against the base through the runtime's lease pipeline, [`report`] renders
+//! what the earlier stages wrote, and [`ship`] quantises and measures the
+//! files users deploy. Each stage reads only what earlier ones wrote.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod eval;
+pub mod prune;
+pub mod report;
+pub mod score;
+pub mod ship;
+pub mod verify;

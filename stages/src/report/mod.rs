@@ -1,0 +1,337 @@
+//! `coordinator report`: `report/report.md` with PNG plots: verification,
+//! the score tables, per-layer slot replacement per method and K, layer x
+//! expert heatmaps of counts and REAP scores and, when replay results
+//! exist, miss-rate figures.
+//!
+//! - [`plots`]: the PNG charts (embedded font).
+//! - [`panels`]: small multiples, a grid of panels with one legend.
+//! - [`replay`]: miss-rate figures from `replay/results.json`, one per keep
+//!   map, and `report/miss_rate.json`, the data they are drawn from.
+//! - [`eval`]: pruned candidates against the base model, from `eval/summary.json`.
+//! - [`vision`]: experts rare on text and live on images, when the run
+//!   measured images.
+//!
+//! The report reads what the stages stored and writes only `report/`: a
+//! stage that has not run (or ran on another `saliency.json`) is named as
+//! missing, never run from here.
+
+pub mod eval;
+pub mod panels;
+pub mod plots;
+pub mod replay;
+pub mod vision;
+
+use crate::score::{self, ScoreReport};
+use crate::verify::{self, VerifyReport};
+use ::replay::ReplayReport;
+use anyhow::Context;
+use clap::Args;
+use common::artifacts::names;
+use common::peer_text::table_cell;
+use common::store::RunStore;
+use common::Split;
+use plots::Series;
+use std::fmt::Write;
+use std::process::ExitCode;
+
+/// What `report` wrote.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReportOutput {
+    /// Object name of the Markdown file.
+    pub markdown: String,
+    /// Object names of the PNG plots.
+    pub plots: Vec<String>,
+    /// Whether every invariant held.
+    pub verified: bool,
+    /// Inputs the report lacks (a stage not run, or run on other data), each
+    /// with the command that makes it.
+    pub missing: Vec<String>,
+}
+
+/// The stored score results, when `score/score.json` exists and was computed
+/// from the current saliency; otherwise why not (the report never scores: a
+/// stage writes only its own outputs, and `keep_maps/` belong to `score`).
+async fn score_results(store: &RunStore, sha: &str) -> anyhow::Result<Result<ScoreReport, String>> {
+    let url = store.url_of(score::outputs::REPORT_JSON);
+    let Some(bytes) = store.get_opt(score::outputs::REPORT_JSON).await? else {
+        return Ok(Err(format!(
+            "{url} is missing: run `coordinator score` for the keep maps and their tables"
+        )));
+    };
+    let stored: ScoreReport =
+        serde_json::from_slice(&bytes).with_context(|| format!("{url} is not a score report"))?;
+    if stored.saliency_sha256 != sha {
+        return Ok(Err(format!(
+            "{url} was computed from another saliency.json (SHA-256 {}, now {sha}): \
+             run `coordinator score` again",
+            stored.saliency_sha256
+        )));
+    }
+    Ok(Ok(stored))
+}
+
+/// `replay/results.json`, when `replay` has run.
+async fn replay_results(store: &RunStore) -> anyhow::Result<Option<ReplayReport>> {
+    let Some(bytes) = store.get_opt(names::REPLAY_RESULTS_JSON).await? else {
+        return Ok(None);
+    };
+    ReplayReport::from_json(&bytes, &store.url_of(names::REPLAY_RESULTS_JSON)).map(Some)
+}
+
+fn slot_series(r: &ScoreReport, k: u32) -> Vec<Series> {
+    r.tables
+        .iter()
+        .filter(|t| t.k == k)
+        .map(|t| Series {
+            label: t.method.clone(),
+            points: t
+                .rows
+                .iter()
+                .map(|row| (row.layer as f64, row.slot_replacement))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Builds the report of a run from what its stages stored and writes it
+/// under `report/`; it writes nothing else. What is missing is named in the
+/// report and in [`ReportOutput::missing`].
+pub async fn report(store: &RunStore) -> anyhow::Result<ReportOutput> {
+    let verified = verify::verify(store).await?;
+    let (s, sha) = score::load_saliency(store).await?;
+    let scored = score_results(store, &sha).await?;
+    let mut out = ReportOutput {
+        markdown: names::REPORT_MD.to_string(),
+        plots: Vec::new(),
+        verified: verified.ok(),
+        missing: Vec::new(),
+    };
+    let mut md = header(store, &s, &sha);
+    verification_section(&mut md, &verified);
+    md.push_str("\n## Slot replacement per layer\n\nShare of top-k routing slots whose expert a keep map prunes (`1 - kept count share`), per layer.\n\n");
+    match &scored {
+        Ok(scored) => {
+            for &k in &scored.ks {
+                let name = format!("{}/slot_replacement_K{k}.png", names::REPORT_DIR);
+                let png = plots::line_chart(
+                    &format!("Top-k slot replacement per layer, K={k}"),
+                    "layer",
+                    "slot replacement rate",
+                    &slot_series(scored, k),
+                )?;
+                store.put(&name, png).await?;
+                let _ = writeln!(md, "![slot replacement K={k}](slot_replacement_K{k}.png)\n");
+                out.plots.push(name);
+            }
+        }
+        Err(missing) => {
+            let _ = writeln!(md, "Not shown: {missing}.\n");
+        }
+    }
+    md.push_str("## Experts per layer\n\n");
+    if let Some(fit) = s.split(Split::Fit) {
+        let counts: Vec<(u32, Vec<f64>)> = fit
+            .layers
+            .iter()
+            .map(|l| (l.layer, l.count.iter().map(|&c| c as f64).collect()))
+            .collect();
+        let reap: Vec<(u32, Vec<f64>)> = fit
+            .layers
+            .iter()
+            .map(|l| {
+                let mean = l.reap_l2_sum.iter().zip(&l.count);
+                (
+                    l.layer,
+                    mean.map(|(&r, &c)| if c > 0 { r / c as f64 } else { 0.0 })
+                        .collect(),
+                )
+            })
+            .collect();
+        for (name, title, unit, rows, text) in [
+            (
+                "expert_counts",
+                "Tokens routed per layer and expert (fit split)",
+                "tokens",
+                &counts,
+                "Tokens routed to each expert of each layer on the fit split (log colour scale; white: never routed).",
+            ),
+            (
+                "expert_reap",
+                "REAP score per layer and expert (fit split)",
+                "reap_l2_sum / count",
+                &reap,
+                "REAP score (`reap_l2_sum / count`, the mean of gate weight x output norm over routed tokens) per expert and layer; white: never routed.",
+            ),
+        ] {
+            let object = format!("{}/{name}.png", names::REPORT_DIR);
+            store.put(&object, plots::heatmap(title, unit, rows)?).await?;
+            let _ = writeln!(md, "{text}\n\n![{}]({name}.png)\n", name.replace('_', " "));
+            out.plots.push(object);
+        }
+    } else {
+        md.push_str("No fit split in saliency.json.\n\n");
+    }
+    let vision = s
+        .split(Split::Fit)
+        .and_then(|fit| vision::vision_experts(fit, s.n_expert_used, s.n_expert));
+    if let Some(layers) = vision {
+        let _ = writeln!(
+            md,
+            "## Vision experts\n\nExperts of each layer that text routes to rarely (under {}% of the uniform share `k / n_expert`) and images at least at the uniform share, on the fit split: a text-only calibration would call them dead or rare.\n",
+            100.0 * vision::RARE_ON_TEXT
+        );
+        md.push_str(&vision::markdown(&layers, 8));
+        md.push('\n');
+    }
+    replay_section(store, &mut md, &mut out).await?;
+    let slots = scored.as_ref().map_or(&[][..], |s| s.tables.as_slice());
+    let eval_plots = eval::section(store, slots, &mut md).await?;
+    out.plots.extend(eval_plots);
+    md.push_str("## Scoring and keep maps\n\n");
+    match scored {
+        Ok(scored) => md.push_str(&score::render::markdown(&scored)),
+        Err(missing) => {
+            let _ = writeln!(md, "Not shown: {missing}.");
+            out.missing.push(missing);
+        }
+    }
+    store.put(names::REPORT_MD, md).await?;
+    Ok(out)
+}
+
+/// Says in `md` that the section of the missing object `name` is not shown
+/// and what makes it (`hint`); returns what is missing, for the output.
+fn not_shown(md: &mut String, store: &RunStore, name: &str, hint: &str) -> String {
+    let missing = format!("{} is missing: {hint}", store.url_of(name));
+    let _ = writeln!(md, "Not shown: {missing}.\n");
+    missing
+}
+
+/// Miss-rate curves from `replay/results.json`, or a line saying it is missing.
+async fn replay_section(
+    store: &RunStore,
+    md: &mut String,
+    out: &mut ReportOutput,
+) -> anyhow::Result<()> {
+    md.push_str("## Cache replay\n\n");
+    let Some(results) = replay_results(store).await? else {
+        let hint = "run `coordinator replay` for miss-rate curves";
+        let missing = not_shown(md, store, names::REPLAY_RESULTS_JSON, hint);
+        out.missing.push(missing);
+        return Ok(());
+    };
+    if store.exists(names::REPLAY_REPORT_MD).await? {
+        md.push_str("Full replay tables: [replay/report.md](../replay/report.md).\n\n");
+    }
+    let rates = replay::miss_rates(&results);
+    if rates.figures.is_empty() {
+        md.push_str("The replay results hold no rows.\n\n");
+        return Ok(());
+    }
+    md.push_str(
+        "Miss rate (forced misses count as misses) against the resident experts per layer: \
+         one figure per keep map, one panel per split (columns) and trace and step mode \
+         (rows), one line per policy in the same colour in every figure; markers sit at the \
+         replayed capacities, and LRU's line passes through every integer capacity between \
+         them (its one-pass curve). The numbers behind every line: \
+         [miss_rate.json](miss_rate.json).\n\n",
+    );
+    for figure in &rates.figures {
+        let name = format!("{}/{}", names::REPORT_DIR, figure.png);
+        store.put(&name, replay::draw(figure)?).await?;
+        let _ = writeln!(
+            md,
+            "### Keep map `{}`\n\n![miss rate, keep map {}]({})\n",
+            figure.keep_map, figure.keep_map, figure.png
+        );
+        out.plots.push(name);
+    }
+    let json = serde_json::to_vec_pretty(&rates).context("miss rates serialise")?;
+    store.put(names::REPORT_MISS_RATES_JSON, json).await?;
+    Ok(())
+}
+
+fn header(store: &RunStore, s: &common::saliency::Saliency, sha: &str) -> String {
+    let mut md = format!(
+        "# moe-census report\n\nRun `{}`; saliency.json SHA-256 `{sha}`.\n\n{} experts per layer, top-{} routing, {:?} gating, {} chunks.\n\n| split | tokens | domains |\n|---|---|---|\n",
+        store.url(),
+        s.n_expert,
+        s.n_expert_used,
+        s.gating,
+        s.n_chunks
+    );
+    for (name, st) in &s.splits {
+        let domains: Vec<String> = st
+            .domains
+            .iter()
+            .map(|(d, ds)| format!("{} ({})", table_cell(d), ds.n_tokens))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} |",
+            table_cell(name),
+            st.n_tokens,
+            domains.join(", ")
+        );
+    }
+    md
+}
+
+fn verification_section(md: &mut String, v: &VerifyReport) {
+    let verdict = if v.ok() {
+        "every invariant holds"
+    } else {
+        "SOME INVARIANTS FAIL"
+    };
+    let _ = writeln!(
+        md,
+        "\n## Verification: {verdict}\n\n| status | invariant | figure |\n|---|---|---|"
+    );
+    for c in &v.checks {
+        let _ = writeln!(
+            md,
+            "| {:?} | {} | {} |",
+            c.status,
+            c.invariant,
+            c.figure.replace('|', "\\|")
+        );
+    }
+}
+
+/// Builds the report of the run at `run` (path or URL); library entry point.
+/// It runs its own runtime: call it outside any async context (inside one,
+/// await [`report()`]).
+pub fn report_run(run: &str) -> anyhow::Result<ReportOutput> {
+    let store = RunStore::open(run)?;
+    tokio::runtime::Runtime::new()?.block_on(report(&store))
+}
+
+/// Arguments of `coordinator report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Run location (path or URL).
+    pub run: String,
+}
+
+/// Entry point of `coordinator report`.
+pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    let out = report_run(&args.run)?;
+    println!(
+        "wrote {} and {} plots under {}",
+        out.markdown,
+        out.plots.len(),
+        args.run
+    );
+    for missing in &out.missing {
+        println!("not in the report: {missing}");
+    }
+    if !out.verified {
+        println!("warning: some invariants fail; see the verification section");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod replay_run_tests;
+#[cfg(test)]
+mod tests;

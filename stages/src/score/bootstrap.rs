@@ -1,0 +1,210 @@
+//! Keep-map stability: refit every (method, K) on bootstrap resamples of the
+//! fit split's chunks (from the compact per-chunk statistics) and measure the
+//! Jaccard overlap with the full-data map.
+
+use super::keep::{rank_layers, top_k, LayerRanking};
+use super::method::ScoreParams;
+use super::source::LayerInput;
+use anyhow::bail;
+use common::partial::ChunkStats;
+use config::method::Method;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// Stability of one (method, K).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StabilityRow {
+    /// Method name.
+    pub method: String,
+    /// Experts kept per layer.
+    pub k: u32,
+    /// Resamples drawn.
+    pub resamples: u32,
+    /// Mean over resamples and layers of the Jaccard overlap with the full map.
+    pub mean_jaccard: f64,
+    /// Smallest per-resample mean Jaccard.
+    pub min_jaccard: f64,
+}
+
+/// Sums a resample (chunk indices, with repetition) into per-layer inputs.
+/// `layers` gives the block index of each MoE layer in `ChunkStats` order.
+pub fn resample_layers(
+    chunks: &[ChunkStats],
+    pick: &[usize],
+    layers: &[u32],
+    n_expert: usize,
+) -> Vec<LayerInput> {
+    let cells = layers.len() * n_expert;
+    let mut count = vec![0f64; cells];
+    let mut sum = vec![0f64; cells];
+    let mut sq = vec![0f64; cells];
+    for &i in pick {
+        let c = &chunks[i];
+        for j in 0..cells {
+            count[j] += c.count[j] as f64;
+            sum[j] += c.reap_l2_sum[j] as f64;
+            sq[j] += c.reap_l2_sq_sum[j] as f64;
+        }
+    }
+    layers
+        .iter()
+        .enumerate()
+        .map(|(i, &layer)| {
+            let r = i * n_expert..(i + 1) * n_expert;
+            LayerInput {
+                layer,
+                count: count[r.clone()].to_vec(),
+                reap_l2_sum: sum[r.clone()].to_vec(),
+                reap_l2_sq_sum: sq[r].to_vec(),
+            }
+        })
+        .collect()
+}
+
+fn jaccard(a: &[u32], b: &[u32]) -> f64 {
+    let inter = a.iter().filter(|e| b.contains(e)).count();
+    let union = a.len() + b.len() - inter;
+    if union == 0 {
+        1.0
+    } else {
+        inter as f64 / union as f64
+    }
+}
+
+/// Full-data rankings of each method, to compare resamples with.
+pub struct Reference<'a> {
+    /// Method and its full-data rankings.
+    pub methods: Vec<(Method, &'a [LayerRanking])>,
+    /// Sizes to compare.
+    pub ks: &'a [u32],
+    /// Routing groups the resampled rankings are balanced over.
+    pub groups: Option<common::routing::ExpertGroups>,
+}
+
+/// Runs `n` seeded resamples; one row per (method, K).
+pub fn stability(
+    chunks: &[ChunkStats],
+    layers: &[u32],
+    n_expert: usize,
+    p: &ScoreParams,
+    reference: &Reference<'_>,
+    n: u32,
+    seed: u64,
+) -> anyhow::Result<Vec<StabilityRow>> {
+    let cells = layers.len() * n_expert;
+    if let Some(bad) = chunks.iter().find(|c| {
+        c.count.len() != cells || c.reap_l2_sum.len() != cells || c.reap_l2_sq_sum.len() != cells
+    }) {
+        bail!(
+            "chunk {} statistics hold {} cells, expected {} layers x {} experts",
+            bad.chunk,
+            bad.count.len(),
+            layers.len(),
+            n_expert
+        );
+    }
+    if chunks.is_empty() || n == 0 {
+        bail!("no chunk statistics or no resamples to bootstrap");
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let nm = reference.methods.len() * reference.ks.len();
+    let mut per_resample: Vec<Vec<f64>> = vec![Vec::new(); nm];
+    for _ in 0..n {
+        let pick: Vec<usize> = (0..chunks.len())
+            .map(|_| rng.random_range(0..chunks.len()))
+            .collect();
+        let sample = resample_layers(chunks, &pick, layers, n_expert);
+        for (mi, (method, full)) in reference.methods.iter().enumerate() {
+            let boot = rank_layers(*method, p, &sample, reference.groups);
+            for (ki, &k) in reference.ks.iter().enumerate() {
+                let j: f64 = full
+                    .iter()
+                    .zip(&boot)
+                    .map(|(f, b)| jaccard(&top_k(&f.order, k), &top_k(&b.order, k)))
+                    .sum::<f64>()
+                    / full.len().max(1) as f64;
+                per_resample[mi * reference.ks.len() + ki].push(j);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (mi, (method, _)) in reference.methods.iter().enumerate() {
+        for (ki, &k) in reference.ks.iter().enumerate() {
+            let v = &per_resample[mi * reference.ks.len() + ki];
+            out.push(StabilityRow {
+                method: method.as_str().to_string(),
+                k,
+                resamples: n,
+                mean_jaccard: v.iter().sum::<f64>() / v.len() as f64,
+                min_jaccard: v.iter().copied().fold(f64::INFINITY, f64::min),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(id: u32, counts: &[u32]) -> ChunkStats {
+        ChunkStats {
+            chunk: id,
+            n_tokens: 10,
+            count: counts.to_vec(),
+            reap_l2_sum: counts.iter().map(|&c| c as f32).collect(),
+            reap_l2_sq_sum: counts.iter().map(|&c| c as f32).collect(),
+        }
+    }
+
+    /// Frequency rankings of layer 0 over the `pick`ed chunks of 4 experts.
+    fn frequency_ranks(
+        p: &ScoreParams,
+        chunks: &[ChunkStats],
+        pick: &[usize],
+    ) -> Vec<LayerRanking> {
+        let input = resample_layers(chunks, pick, &[0], 4);
+        rank_layers(Method::Frequency, p, &input, None)
+    }
+
+    /// Frequency at K = 2 against `full`, without routing groups.
+    fn at_k2(full: &[LayerRanking]) -> Reference<'_> {
+        Reference {
+            methods: vec![(Method::Frequency, full)],
+            ks: &[2],
+            groups: None,
+        }
+    }
+
+    #[test]
+    fn identical_chunks_give_perfect_stability_and_noisy_ones_less() {
+        let p = ScoreParams::default();
+        let layers = [0u32];
+        let steady: Vec<ChunkStats> = (0..8).map(|i| chunk(i, &[9, 5, 1, 0])).collect();
+        let full = frequency_ranks(&p, &steady, &[0]);
+        let reference = at_k2(&full);
+        let rows = stability(&steady, &layers, 4, &p, &reference, 5, 7).unwrap();
+        assert_eq!((rows[0].mean_jaccard, rows[0].min_jaccard), (1.0, 1.0));
+        // Each chunk favours a different pair of experts.
+        let noisy: Vec<ChunkStats> = (0..8)
+            .map(|i| {
+                if i % 2 == 0 {
+                    chunk(i, &[9, 8, 0, 0])
+                } else {
+                    chunk(i, &[0, 0, 9, 8])
+                }
+            })
+            .collect();
+        let all: Vec<usize> = (0..8).collect();
+        let full = frequency_ranks(&p, &noisy, &all);
+        let reference = at_k2(&full);
+        let a = stability(&noisy, &layers, 4, &p, &reference, 20, 7).unwrap();
+        let b = stability(&noisy, &layers, 4, &p, &reference, 20, 7).unwrap();
+        assert_eq!(a, b, "seeded resampling is reproducible");
+        assert!(a[0].mean_jaccard < 0.9 && a[0].min_jaccard < 1.0, "{a:?}");
+        assert!(stability(&noisy, &[0, 1], 4, &p, &reference, 1, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("chunk 0"));
+    }
+}

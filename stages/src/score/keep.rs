@@ -1,0 +1,109 @@
+//! Keep maps from rankings: the first K experts of each layer's ranking,
+//! sorted, so maps of one ranking are nested across K by construction.
+//! Under grouped routing the ranking is group-balanced first
+//! ([`common::routing::balanced_order`]), so the first K keep K / n_group
+//! per group, as llama.cpp needs.
+
+use super::method::{ranking, ScoreParams};
+use super::source::LayerInput;
+use anyhow::{bail, Context};
+use common::keepmap::KeepMap;
+use common::routing::{balanced_order, ExpertGroups};
+use config::method::Method;
+use std::collections::BTreeMap;
+
+/// One layer's full ranking, best first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerRanking {
+    /// Model block index.
+    pub layer: u32,
+    /// Expert ids, best first.
+    pub order: Vec<u32>,
+}
+
+/// Rankings of every layer under one method, group-balanced under `groups`.
+pub fn rank_layers(
+    method: Method,
+    p: &ScoreParams,
+    layers: &[LayerInput],
+    groups: Option<ExpertGroups>,
+) -> Vec<LayerRanking> {
+    layers
+        .iter()
+        .map(|l| LayerRanking {
+            layer: l.layer,
+            order: balanced_order(&ranking(method, p, l), groups, l.count.len() as u32),
+        })
+        .collect()
+}
+
+/// The sorted top-`k` of a ranking.
+pub fn top_k(order: &[u32], k: u32) -> Vec<u32> {
+    let mut kept = order[..(k as usize).min(order.len())].to_vec();
+    kept.sort_unstable();
+    kept
+}
+
+/// Builds the keep map of `method` at size `k`; refuses `k` above the
+/// layer's expert count.
+pub fn keep_map(
+    method: Method,
+    k: u32,
+    p: &ScoreParams,
+    saliency_sha256: &str,
+    rankings: &[LayerRanking],
+) -> anyhow::Result<KeepMap> {
+    let mut layers = BTreeMap::new();
+    for r in rankings {
+        if k as usize > r.order.len() || k == 0 {
+            bail!(
+                "K={k} is not in 1..={} (experts of layer {})",
+                r.order.len(),
+                r.layer
+            );
+        }
+        layers.insert(r.layer.to_string(), top_k(&r.order, k));
+    }
+    Ok(KeepMap {
+        method: method.as_str().to_string(),
+        k,
+        params: serde_json::to_value(p).expect("params serialise"),
+        saliency_sha256: saliency_sha256.to_string(),
+        layers,
+    })
+}
+
+/// The method and parameters a keep map says it was computed with.
+pub fn map_recipe(map: &KeepMap) -> anyhow::Result<(Method, ScoreParams)> {
+    let method =
+        Method::parse(&map.method).with_context(|| format!("unknown method {:?}", map.method))?;
+    let params: ScoreParams = serde_json::from_value(map.params.clone()).with_context(|| {
+        format!(
+            "params of {} are not moe-census score parameters",
+            map.method
+        )
+    })?;
+    Ok((method, params))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_are_sorted_prefixes_of_the_ranking_and_refuse_bad_k() {
+        let r = vec![LayerRanking {
+            layer: 7,
+            order: vec![3, 0, 2, 1],
+        }];
+        let p = ScoreParams::default();
+        let m2 = keep_map(Method::Frequency, 2, &p, "abc", &r).unwrap();
+        assert_eq!(m2.kept(7), Some(&[0u32, 3][..]));
+        assert_eq!(map_recipe(&m2).unwrap(), (Method::Frequency, p.clone()));
+        assert!(keep_map(Method::Frequency, 5, &p, "abc", &r)
+            .unwrap_err()
+            .to_string()
+            .contains("layer 7"));
+        assert!(keep_map(Method::Frequency, 0, &p, "abc", &r).is_err());
+    }
+}

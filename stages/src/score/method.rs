@@ -1,0 +1,219 @@
+//! Scoring methods (DESIGN section 6) and the per-layer expert ranking they
+//! induce: best first, dead experts after live ones, ties by expert id.
+
+use super::source::{LayerInput, Source};
+use config::method::Method;
+use serde::{Deserialize, Serialize};
+use std::cmp::Ordering;
+
+/// Where `reap_shrink`'s prior `mu0` comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Prior {
+    /// Median of per-expert means over the prior's experts.
+    Median,
+    /// Median of per-expert lower confidence bounds `mean - z * sd / sqrt(count)`.
+    Lcb,
+}
+
+/// Everything a ranking depends on besides the statistics; written as a keep
+/// map's `params` so the map can be recomputed from `saliency.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScoreParams {
+    /// Statistics the map is fitted on.
+    pub source: Source,
+    /// Prior of `reap_shrink` (and so `reap_hybrid`).
+    pub prior: Prior,
+    /// Prior strength in pseudo-tokens.
+    pub m: f64,
+    /// Width of the lower confidence bound (`prior = lcb`).
+    pub z: f64,
+    /// Only experts with `count >= c_min` inform the prior (at least 1: live).
+    pub c_min: u64,
+    /// Let dead experts (`count == 0`) compete with live ones on score.
+    pub allow_dead: bool,
+}
+
+impl Default for ScoreParams {
+    fn default() -> Self {
+        ScoreParams {
+            source: Source::Fit,
+            prior: Prior::Median,
+            m: 10.0,
+            z: 1.0,
+            c_min: 1,
+            allow_dead: false,
+        }
+    }
+}
+
+/// The expert ids of one layer, best first.
+pub fn ranking(method: Method, p: &ScoreParams, l: &LayerInput) -> Vec<u32> {
+    match method {
+        Method::ReapHybrid => hybrid(p, l),
+        _ => order(&scores(method, p, l), l, p.allow_dead),
+    }
+}
+
+/// Per-expert scores of a score-based method (not `reap_hybrid`).
+pub fn scores(method: Method, p: &ScoreParams, l: &LayerInput) -> Vec<f64> {
+    let n = l.n_expert();
+    match method {
+        Method::Frequency => l.count.clone(),
+        Method::ReapMean => (0..n).map(|e| mean(l, e).unwrap_or(0.0)).collect(),
+        Method::ReapL2Sum => l.reap_l2_sum.clone(),
+        Method::ReapShrink | Method::ReapHybrid => {
+            let mu0 = prior(p, l);
+            (0..n)
+                .map(|e| (l.reap_l2_sum[e] + p.m * mu0) / (l.count[e] + p.m))
+                .collect()
+        }
+    }
+}
+
+/// `reap_shrink`'s prior `mu0` for a layer (0 when no expert qualifies).
+pub fn prior(p: &ScoreParams, l: &LayerInput) -> f64 {
+    let floor = p.c_min.max(1) as f64;
+    let values: Vec<f64> = (0..l.n_expert())
+        .filter(|&e| l.count[e] >= floor)
+        .filter_map(|e| {
+            let mean = mean(l, e)?;
+            Some(match p.prior {
+                Prior::Median => mean,
+                Prior::Lcb => {
+                    let var = (l.reap_l2_sq_sum[e] / l.count[e] - mean * mean).max(0.0);
+                    mean - p.z * var.sqrt() / l.count[e].sqrt()
+                }
+            })
+        })
+        .collect();
+    median(values).unwrap_or(0.0).max(0.0)
+}
+
+/// An expert's mean `reap_l2_sum / count`, `None` when dead.
+pub fn mean(l: &LayerInput, e: usize) -> Option<f64> {
+    (l.count[e] > 0.0).then(|| l.reap_l2_sum[e] / l.count[e])
+}
+
+/// Median of the values (mean of the middle two for an even count).
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// Sorts experts by score (higher first), dead after live unless allowed,
+/// ties by expert id.
+fn order(scores: &[f64], l: &LayerInput, allow_dead: bool) -> Vec<u32> {
+    order_by(l, allow_dead, |a, b| scores[b].total_cmp(&scores[a]))
+}
+
+fn order_by(
+    l: &LayerInput,
+    allow_dead: bool,
+    better: impl Fn(usize, usize) -> Ordering,
+) -> Vec<u32> {
+    let dead = |e: usize| !allow_dead && l.count[e] <= 0.0;
+    let mut ids: Vec<usize> = (0..l.n_expert()).collect();
+    ids.sort_by(|&a, &b| {
+        dead(a)
+            .cmp(&dead(b))
+            .then_with(|| better(a, b))
+            .then(a.cmp(&b))
+    });
+    ids.into_iter().map(|e| e as u32).collect()
+}
+
+/// Rank averaging of `reap_l2_sum` and `reap_shrink` (ranks, never
+/// max-normalised scores, so one outlier cannot compress the others).
+fn hybrid(p: &ScoreParams, l: &LayerInput) -> Vec<u32> {
+    let n = l.n_expert();
+    let mut rank_sum = vec![0usize; n];
+    for m in [Method::ReapL2Sum, Method::ReapShrink] {
+        for (r, e) in ranking(m, p, l).into_iter().enumerate() {
+            rank_sum[e as usize] += r;
+        }
+    }
+    order_by(l, p.allow_dead, |a, b| rank_sum[a].cmp(&rank_sum[b]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(count: &[f64], sum: &[f64]) -> LayerInput {
+        LayerInput {
+            layer: 0,
+            count: count.to_vec(),
+            reap_l2_sum: sum.to_vec(),
+            reap_l2_sq_sum: count
+                .iter()
+                .zip(sum)
+                .map(|(c, s)| if *c > 0.0 { s * s / c } else { 0.0 })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn simple_methods_rank_by_their_score_with_ties_by_id() {
+        let l = input(&[5.0, 10.0, 10.0, 0.0], &[10.0, 10.0, 30.0, 0.0]);
+        let p = ScoreParams::default();
+        assert_eq!(ranking(Method::Frequency, &p, &l), vec![1, 2, 0, 3]);
+        assert_eq!(ranking(Method::ReapMean, &p, &l), vec![2, 0, 1, 3]);
+        assert_eq!(ranking(Method::ReapL2Sum, &p, &l), vec![2, 0, 1, 3]);
+    }
+
+    #[test]
+    fn shrink_uses_the_median_of_live_means_and_the_lcb_lowers_it() {
+        // Means 1, 2, 3, 10; dead expert 4.
+        let l = input(
+            &[10.0, 10.0, 10.0, 1000.0, 0.0],
+            &[10.0, 20.0, 30.0, 10000.0, 0.0],
+        );
+        let p = ScoreParams::default();
+        assert_eq!(prior(&p, &l), 2.5);
+        let s = scores(Method::ReapShrink, &p, &l);
+        assert_eq!(s[0], (10.0 + 10.0 * 2.5) / 20.0);
+        assert_eq!(s[4], 2.5);
+        let floor = ScoreParams {
+            c_min: 100,
+            ..p.clone()
+        };
+        assert_eq!(prior(&floor, &l), 10.0);
+        let mut noisy = l.clone();
+        noisy.reap_l2_sq_sum = vec![40.0, 80.0, 120.0, 200000.0, 0.0];
+        let lcb = ScoreParams {
+            prior: Prior::Lcb,
+            ..p
+        };
+        assert!(prior(&lcb, &noisy) < 2.5);
+    }
+
+    #[test]
+    fn dead_experts_never_outrank_live_ones_unless_allowed() {
+        // Expert 1 is dead; live experts have tiny means, so the prior-only
+        // score of the dead one beats them all.
+        let l = input(&[100.0, 0.0, 100.0, 100.0], &[1.0, 0.0, 2.0, 3.0]);
+        let p = ScoreParams {
+            m: 1e6,
+            ..Default::default()
+        };
+        for m in Method::ALL {
+            assert_eq!(*ranking(m, &p, &l).last().unwrap(), 1, "{m:?}");
+        }
+        let allow = ScoreParams {
+            allow_dead: true,
+            ..ScoreParams::default()
+        };
+        assert_eq!(ranking(Method::ReapMean, &allow, &l), vec![3, 2, 0, 1]);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![]), None);
+    }
+}

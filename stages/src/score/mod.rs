@@ -1,0 +1,427 @@
+//! `coordinator score`: rank experts per layer under each method, write keep
+//! maps for every K, and the tables of DESIGN section 6.
+//!
+//! - [`source`]: the statistics a method is scored on (fit, domain, mix).
+//! - [`method`]: the methods, their parameters and the ranking rule.
+//! - [`keep`]: keep maps from rankings, nested across K by construction.
+//! - [`tables`], [`screen`], [`bootstrap`]: what a keep map keeps, what it
+//!   costs on traced routing, and how stable it is under resampling.
+//! - [`render`]: the tables as Markdown and Parquet.
+
+pub mod bootstrap;
+pub mod keep;
+pub mod method;
+pub mod render;
+pub mod screen;
+pub mod source;
+pub mod tables;
+#[cfg(test)]
+pub(crate) mod testdata;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser};
+use common::artifacts::names;
+use common::keepmap::KeepMap;
+use common::partial::{ChunkStats, Partial};
+use common::saliency::Saliency;
+use common::store::RunStore;
+use common::Split;
+use config::method::Method;
+use keep::{keep_map, rank_layers, LayerRanking};
+use method::{Prior, ScoreParams};
+use serde::{Deserialize, Serialize};
+use source::Source;
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+/// Object names written by `score`, from the run layout.
+pub use common::layout::score as outputs;
+
+/// Options of `coordinator score` (everything but the run).
+#[derive(Parser, Debug, Clone)]
+pub struct ScoreOptions {
+    /// Methods to score, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Method::ALL.to_vec())]
+    pub methods: Vec<Method>,
+    /// Keep-map sizes, comma-separated (default: a quarter, half and three
+    /// quarters of the experts).
+    #[arg(long, value_delimiter = ',')]
+    pub k: Vec<u32>,
+    /// Score one domain of the fit split.
+    #[arg(long)]
+    pub domain: Option<String>,
+    /// Score a weighted mix of fit domains: `a=0.5,b=0.5`.
+    #[arg(long)]
+    pub mix: Option<String>,
+    /// Prior of `reap_shrink`: median of live experts' means, or of their LCBs.
+    #[arg(long, value_enum, default_value_t = Prior::Median)]
+    pub prior: Prior,
+    /// Prior strength of `reap_shrink`, in pseudo-tokens.
+    #[arg(long, default_value_t = 10.0)]
+    pub m: f64,
+    /// Width of the LCB prior, in standard errors.
+    #[arg(long, default_value_t = 1.0)]
+    pub z: f64,
+    /// Only experts with at least this many hits inform the prior.
+    #[arg(long, default_value_t = 1)]
+    pub c_min: u64,
+    /// Let dead experts compete with live ones on score.
+    #[arg(long)]
+    pub allow_dead: bool,
+    /// Bootstrap resamples for keep-map stability (0: skip).
+    #[arg(long, default_value_t = 20)]
+    pub bootstrap: u32,
+    /// Seed of the bootstrap.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Trace rows (token x layer) the substitution screen reads at most,
+    /// whole parts at a time in name order (0: skip the screen).
+    #[arg(long, default_value_t = 2_000_000)]
+    pub screen_rows: u64,
+}
+
+impl Default for ScoreOptions {
+    fn default() -> Self {
+        ScoreOptions::parse_from(["score"])
+    }
+}
+
+impl ScoreOptions {
+    /// The ranking parameters these options describe.
+    pub fn params(&self) -> anyhow::Result<ScoreParams> {
+        if !(self.m.is_finite() && self.m >= 0.0 && self.z.is_finite()) {
+            bail!(
+                "--m must be finite and >= 0 and --z finite (got m={}, z={})",
+                self.m,
+                self.z
+            );
+        }
+        Ok(ScoreParams {
+            source: Source::from_flags(self.domain.as_deref(), self.mix.as_deref())?,
+            prior: self.prior,
+            m: self.m,
+            z: self.z,
+            c_min: self.c_min.max(1),
+            allow_dead: self.allow_dead,
+        })
+    }
+
+    /// The requested sizes, or the defaults for the model of `s` (a
+    /// quarter, half and three quarters of its experts, under grouped
+    /// routing rounded down to sizes llama.cpp can run); sorted, unique. A
+    /// requested size outside `1..=n_expert`, or one a grouped model cannot
+    /// be pruned to ([`common::routing::check_group_keep`]), is refused.
+    pub fn ks(&self, s: &Saliency) -> anyhow::Result<Vec<u32>> {
+        let n_expert = s.n_expert;
+        let groups = s.routing.groups;
+        let mut ks = if self.k.is_empty() {
+            let step = groups.map_or(1, |g| g.n_group.max(1));
+            [1, 2, 3]
+                .iter()
+                .map(|q| (n_expert * q / 4 / step * step).max(1))
+                .filter(|&k| size_fits(s, k).is_ok())
+                .collect()
+        } else {
+            self.k.clone()
+        };
+        ks.sort_unstable();
+        ks.dedup();
+        for &k in &ks {
+            size_fits(s, k).map_err(|e| anyhow::anyhow!("--k {k}: {e}"))?;
+        }
+        if ks.is_empty() {
+            bail!("no keep-map size fits the model's routing groups {groups:?}; pass --k");
+        }
+        Ok(ks)
+    }
+}
+
+/// Whether `score` can write a keep map of `k` experts per layer for the
+/// model of `s`: `k` in `1..=n_expert` and, under grouped routing, a size
+/// llama.cpp can run ([`common::routing::check_group_keep`]).
+pub fn size_fits(s: &Saliency, k: u32) -> Result<(), String> {
+    if k == 0 || k > s.n_expert {
+        return Err(format!(
+            "{k} is not in 1..={} (the model's experts per layer)",
+            s.n_expert
+        ));
+    }
+    common::routing::check_group_keep(s.routing.groups, s.n_expert, s.n_expert_used, k)
+}
+
+/// What the report says about grouped routing: how every keep map is built.
+pub fn routing_note(s: &Saliency) -> Option<String> {
+    let g = s.routing.groups.filter(|g| g.n_group > 1)?;
+    Some(format!(
+        "grouped routing: {} groups of {} experts, {} used per token; every keep map keeps K / {} experts of each group (K must be a multiple of {} with at least 2 per group)",
+        g.n_group,
+        s.n_expert / g.n_group,
+        g.n_group_used,
+        g.n_group,
+        g.n_group
+    ))
+}
+
+/// Arguments of `coordinator score`.
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    /// Run location (path or URL) holding saliency.json.
+    pub run: String,
+    /// Scoring options.
+    #[command(flatten)]
+    pub options: ScoreOptions,
+}
+
+/// Everything `score` computed; written as `score/score.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScoreReport {
+    /// SHA-256 of the saliency.json bytes scored.
+    pub saliency_sha256: String,
+    /// Ranking parameters.
+    pub params: ScoreParams,
+    /// Methods scored.
+    pub methods: Vec<String>,
+    /// Sizes.
+    pub ks: Vec<u32>,
+    /// Keep-map object names written.
+    pub keep_maps: Vec<String>,
+    /// One table per (method, K).
+    pub tables: Vec<tables::MapTable>,
+    /// Overlaps between methods per K.
+    pub overlaps: Vec<tables::Overlap>,
+    /// Prior diagnostic per layer.
+    pub priors: Vec<tables::PriorRow>,
+    /// Substitution screen per (method, K, split).
+    pub screen: Vec<screen::ScreenRow>,
+    /// Why the screen is missing or partial, if it is.
+    pub screen_note: Option<String>,
+    /// Bootstrap stability per (method, K).
+    pub stability: Vec<bootstrap::StabilityRow>,
+    /// Why stability is missing, if it is.
+    pub stability_note: Option<String>,
+    /// How grouped routing shaped the keep maps, for a grouped model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_note: Option<String>,
+}
+
+/// Reads and parses `saliency.json`, returning its bytes' SHA-256 too.
+pub async fn load_saliency(store: &RunStore) -> anyhow::Result<(Saliency, String)> {
+    let bytes = store.get(names::SALIENCY_JSON).await?;
+    let s = Saliency::from_json_bytes(&bytes).with_context(|| {
+        format!(
+            "{} is not a valid saliency file",
+            store.url_of(names::SALIENCY_JSON)
+        )
+    })?;
+    Ok((s, common::hash::sha256_hex(&bytes)))
+}
+
+/// Rankings per method for `s` under `p` (group-balanced under grouped
+/// routing).
+pub fn rank_all(
+    s: &Saliency,
+    methods: &[Method],
+    p: &ScoreParams,
+) -> anyhow::Result<Vec<(Method, Vec<LayerRanking>)>> {
+    let layers = p.source.layers(s)?;
+    Ok(methods
+        .iter()
+        .map(|&m| (m, rank_layers(m, p, &layers, s.routing.groups)))
+        .collect())
+}
+
+/// Scores a run and writes keep maps and tables under it.
+pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<ScoreReport> {
+    let (s, sha) = load_saliency(store).await?;
+    let p = opts.params()?;
+    let ks = opts.ks(&s)?;
+    let mut methods = opts.methods.clone();
+    methods.sort();
+    methods.dedup();
+    let layers = p.source.layers(&s)?;
+    let ranked = rank_all(&s, &methods, &p)?;
+    let mut maps = Vec::new();
+    let mut report_tables = Vec::new();
+    for (m, r) in &ranked {
+        for &k in &ks {
+            let map = keep_map(*m, k, &p, &sha, r)?;
+            let name = KeepMap::file_name(m.as_str(), k);
+            let mut bytes = serde_json::to_vec_pretty(&map)?;
+            bytes.push(b'\n');
+            store.put(&name, bytes).await?;
+            report_tables.push(tables::map_table(m.as_str(), k, &layers, r));
+            maps.push((name, map));
+        }
+    }
+    let mut overlaps = Vec::new();
+    for &k in &ks {
+        for (i, (a, ra)) in ranked.iter().enumerate() {
+            for (b, rb) in &ranked[i + 1..] {
+                overlaps.push(tables::overlap(k, (a.as_str(), ra), (b.as_str(), rb)));
+            }
+        }
+    }
+    let (screen, screen_note) = run_screen(store, &s, &maps, opts.screen_rows).await?;
+    let (stability, stability_note) = run_bootstrap(store, &s, &p, &ranked, &ks, opts).await?;
+    let report = ScoreReport {
+        saliency_sha256: sha,
+        params: p,
+        methods: methods.iter().map(|m| m.as_str().to_string()).collect(),
+        ks,
+        keep_maps: maps.into_iter().map(|(n, _)| n).collect(),
+        tables: report_tables,
+        overlaps,
+        priors: layers.iter().map(tables::prior_row).collect(),
+        screen,
+        screen_note,
+        stability,
+        stability_note,
+        routing_note: routing_note(&s),
+    };
+    let mut json = serde_json::to_vec_pretty(&report)?;
+    json.push(b'\n');
+    store.put(outputs::REPORT_JSON, json).await?;
+    store
+        .put(outputs::TABLES_MD, render::markdown(&report))
+        .await?;
+    store
+        .put(
+            outputs::TABLES_PARQUET,
+            render::parquet(&report).context("encoding score/tables.parquet")?,
+        )
+        .await?;
+    Ok(report)
+}
+
+async fn run_screen(
+    store: &RunStore,
+    s: &Saliency,
+    maps: &[(String, KeepMap)],
+    max_rows: u64,
+) -> anyhow::Result<(Vec<screen::ScreenRow>, Option<String>)> {
+    // Decode traces (tokens the model generated itself) are not screened.
+    let (parts, _decode) = common::trace::stored_parts(store).await?;
+    if parts.is_empty() {
+        return Ok((Vec::new(), Some("no trace parts under trace/".into())));
+    }
+    if max_rows == 0 {
+        return Ok((Vec::new(), Some("screen disabled (--screen-rows 0)".into())));
+    }
+    let masks: Vec<screen::KeepMask> = maps
+        .iter()
+        .map(|(_, m)| screen::KeepMask::new(m, s.n_expert as usize, &s.routing))
+        .collect();
+    let mut acc = BTreeMap::new();
+    let mut read = 0u64;
+    let mut note = None;
+    for (i, part) in parts.iter().enumerate() {
+        if read >= max_rows {
+            note = Some(format!(
+                "partial: the first {i} of {} trace parts ({read} rows; raise --screen-rows for more)",
+                parts.len()
+            ));
+            break;
+        }
+        let rows = common::trace::read_part(store.get(part).await?)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(part)))?;
+        read += rows.len() as u64;
+        screen::screen_rows(&masks, &rows, &mut acc);
+    }
+    let rows = acc
+        .iter()
+        .map(|((i, split), a)| a.finish(&masks[*i].method, masks[*i].k, *split))
+        .collect();
+    Ok((rows, note))
+}
+
+/// The fit split's per-chunk statistics: from `partials/merged.bin`, else
+/// from every other partial (first copy of a chunk wins).
+pub async fn load_chunk_stats(store: &RunStore) -> anyhow::Result<Vec<ChunkStats>> {
+    let names = match store.get_opt(names::MERGED_PARTIAL).await? {
+        Some(_) => vec![names::MERGED_PARTIAL.to_string()],
+        None => store
+            .list(names::PARTIALS_DIR)
+            .await?
+            .into_iter()
+            .filter(|n| n.ends_with(".bin"))
+            .collect(),
+    };
+    let mut by_chunk = BTreeMap::new();
+    for name in names {
+        let p = Partial::from_bytes(&store.get(&name).await?)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(&name)))?;
+        for c in p.chunk_stats {
+            by_chunk.entry(c.chunk).or_insert(c);
+        }
+    }
+    Ok(by_chunk.into_values().collect())
+}
+
+async fn run_bootstrap(
+    store: &RunStore,
+    s: &Saliency,
+    p: &ScoreParams,
+    ranked: &[(Method, Vec<LayerRanking>)],
+    ks: &[u32],
+    opts: &ScoreOptions,
+) -> anyhow::Result<(Vec<bootstrap::StabilityRow>, Option<String>)> {
+    if opts.bootstrap == 0 {
+        return Ok((
+            Vec::new(),
+            Some("bootstrap disabled (--bootstrap 0)".into()),
+        ));
+    }
+    if p.source != Source::Fit {
+        return Ok((
+            Vec::new(),
+            Some(
+                "per-chunk statistics cover the fit split only; no bootstrap for a domain or mix"
+                    .into(),
+            ),
+        ));
+    }
+    let chunks = load_chunk_stats(store).await?;
+    if chunks.is_empty() {
+        return Ok((
+            Vec::new(),
+            Some("no per-chunk statistics in partials/".into()),
+        ));
+    }
+    let layers: Vec<u32> = s
+        .split(Split::Fit)
+        .map(|f| f.layers.iter().map(|l| l.layer).collect())
+        .unwrap_or_default();
+    let reference = bootstrap::Reference {
+        methods: ranked.iter().map(|(m, r)| (*m, r.as_slice())).collect(),
+        ks,
+        groups: s.routing.groups,
+    };
+    let rows = bootstrap::stability(
+        &chunks,
+        &layers,
+        s.n_expert as usize,
+        p,
+        &reference,
+        opts.bootstrap,
+        opts.seed,
+    )?;
+    Ok((rows, None))
+}
+
+/// Scores the run at `run` (path or URL); library entry point of `score`.
+/// It runs its own runtime: call it outside any async context (inside one,
+/// await [`score()`]).
+pub fn score_run(run: &str, opts: &ScoreOptions) -> anyhow::Result<ScoreReport> {
+    let store = RunStore::open(run)?;
+    tokio::runtime::Runtime::new()?.block_on(score(&store, opts))
+}
+
+/// Entry point of `coordinator score`.
+pub fn run(args: ScoreArgs) -> anyhow::Result<ExitCode> {
+    let report = score_run(&args.run, &args.options)?;
+    print!("{}", render::summary(&report));
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,459 @@
+//! Known-answer tests of scoring on synthetic saliency files.
+
+use super::keep::{keep_map, rank_layers, top_k};
+use super::method::{ranking, scores, Prior, ScoreParams};
+use super::source::LayerInput;
+use super::tables::prior_row;
+use super::testdata::{audit_layer, layer, saliency};
+use super::*;
+use config::method::Method;
+
+fn dead(l: &LayerInput) -> Vec<u32> {
+    (0..l.n_expert() as u32)
+        .filter(|&e| l.count[e as usize] == 0.0)
+        .collect()
+}
+
+/// The audit's biased prior: the count-weighted layer mean.
+fn count_weighted_shrink(l: &LayerInput, m: f64) -> Vec<u32> {
+    let mu: f64 = l.reap_l2_sum.iter().sum::<f64>() / l.count.iter().sum::<f64>();
+    let s: Vec<f64> = (0..l.n_expert())
+        .map(|e| (l.reap_l2_sum[e] + m * mu) / (l.count[e] + m))
+        .collect();
+    let mut ids: Vec<u32> = (0..l.n_expert() as u32).collect();
+    ids.sort_by(|&a, &b| s[b as usize].total_cmp(&s[a as usize]).then(a.cmp(&b)));
+    ids
+}
+
+#[test]
+fn audit_case_shrink_and_hybrid_keep_no_dead_expert_under_any_prior() {
+    let l = LayerInput::scaled(&audit_layer(3), 1.0);
+    let dead = dead(&l);
+    assert_eq!(dead.len(), 4);
+    let diag = prior_row(&l);
+    assert_eq!((diag.live, diag.live_below_weighted), (12, 9), "{diag:?}");
+    // The audit's prior keeps dead experts at K=6.
+    let biased = top_k(&count_weighted_shrink(&l, 10.0), 6);
+    assert!(
+        dead.iter().any(|e| biased.contains(e)),
+        "setup must reproduce the audit: {biased:?}"
+    );
+    for prior in [Prior::Median, Prior::Lcb] {
+        for c_min in [1, 500] {
+            let p = ScoreParams {
+                prior,
+                c_min,
+                ..Default::default()
+            };
+            for method in [Method::ReapShrink, Method::ReapHybrid] {
+                let order = ranking(method, &p, &l);
+                for k in 1..=12 {
+                    let kept = top_k(&order, k);
+                    assert!(
+                        !dead.iter().any(|e| kept.contains(e)),
+                        "{method:?} {prior:?} c_min={c_min} K={k}: {kept:?}"
+                    );
+                }
+            }
+        }
+        // Not only the hard rule: the unbiased prior itself puts dead experts
+        // below the better half of the live ones.
+        let p = ScoreParams {
+            prior,
+            allow_dead: true,
+            ..Default::default()
+        };
+        let kept = top_k(&ranking(Method::ReapShrink, &p, &l), 6);
+        assert!(
+            !dead.iter().any(|e| kept.contains(e)),
+            "{prior:?} with dead allowed: {kept:?}"
+        );
+    }
+}
+
+fn outlier_layer() -> LayerInput {
+    let cm: [(f64, f64); 16] = [
+        (2000.0, 1.0),
+        (1800.0, 1.2),
+        (1500.0, 1.5),
+        (1200.0, 1.1),
+        (1000.0, 2.0),
+        (800.0, 2.5),
+        (600.0, 3.0),
+        (500.0, 4.0),
+        (400.0, 5.0),
+        (300.0, 6.0),
+        (200.0, 7.0),
+        (150.0, 8.0),
+        (100.0, 9.0),
+        (60.0, 10.0),
+        (30.0, 12.0),
+        (20.0, 14.0),
+    ];
+    LayerInput {
+        layer: 0,
+        count: cm.iter().map(|x| x.0).collect(),
+        reap_l2_sum: cm.iter().map(|x| x.0 * x.1).collect(),
+        reap_l2_sq_sum: cm.iter().map(|x| x.0 * x.1 * x.1 * 1.2).collect(),
+    }
+}
+
+/// The audit's fragile hybrid: max-normalised scores added.
+fn max_normalised_hybrid(p: &ScoreParams, l: &LayerInput) -> Vec<u32> {
+    let a = scores(Method::ReapL2Sum, p, l);
+    let b = scores(Method::ReapShrink, p, l);
+    let (ma, mb) = (
+        a.iter().copied().fold(0.0, f64::max),
+        b.iter().copied().fold(0.0, f64::max),
+    );
+    let s: Vec<f64> = (0..l.n_expert()).map(|e| a[e] / ma + b[e] / mb).collect();
+    let mut ids: Vec<u32> = (0..l.n_expert() as u32).collect();
+    ids.sort_by(|&x, &y| s[y as usize].total_cmp(&s[x as usize]).then(x.cmp(&y)));
+    ids
+}
+
+#[test]
+fn one_extreme_outlier_does_not_change_the_hybrids_other_choices() {
+    let p = ScoreParams::default();
+    let base = outlier_layer();
+    let mut wild = base.clone();
+    let x = 12;
+    wild.reap_l2_sum[x] *= 1e6;
+    wild.reap_l2_sq_sum[x] *= 1e12;
+    let without = |order: Vec<u32>| {
+        order
+            .into_iter()
+            .filter(|&e| e != x as u32)
+            .collect::<Vec<_>>()
+    };
+    let before = ranking(Method::ReapHybrid, &p, &base);
+    let after = ranking(Method::ReapHybrid, &p, &wild);
+    assert_eq!(after[0], x as u32);
+    assert_eq!(
+        without(before.clone()),
+        without(after),
+        "rank averaging must ignore the outlier's size"
+    );
+    // The max-normalised hybrid is thrown off by the same outlier.
+    let fragile_before = without(max_normalised_hybrid(&p, &base));
+    let fragile_after = without(max_normalised_hybrid(&p, &wild));
+    assert_ne!(
+        fragile_before[..6],
+        fragile_after[..6],
+        "setup must break the max-normalised hybrid"
+    );
+}
+
+#[test]
+fn keep_maps_are_nested_across_k_and_cite_their_recipe() {
+    let s = saliency(2, vec![audit_layer(1), audit_layer(5)]);
+    let p = ScoreParams::default();
+    let layers = p.source.layers(&s).unwrap();
+    for m in Method::ALL {
+        let r = rank_layers(m, &p, &layers, None);
+        let maps: Vec<_> = (1..=16)
+            .map(|k| keep_map(m, k, &p, "sha", &r).unwrap())
+            .collect();
+        for w in maps.windows(2) {
+            for (layer, small) in &w[0].layers {
+                let big = &w[1].layers[layer];
+                assert!(
+                    small.iter().all(|e| big.contains(e)),
+                    "{m:?} K={} not inside K={}",
+                    w[0].k,
+                    w[1].k
+                );
+                assert!(big.windows(2).all(|x| x[0] < x[1]), "sorted and unique");
+                assert_eq!(big.len() as u32, w[1].k);
+            }
+        }
+    }
+}
+
+async fn write_run(dir: &std::path::Path, s: &common::saliency::Saliency) -> RunStore {
+    let store = RunStore::open(dir.to_str().unwrap()).unwrap();
+    store
+        .put(names::SALIENCY_JSON, s.to_json_bytes())
+        .await
+        .unwrap();
+    store
+}
+
+#[tokio::test]
+async fn score_writes_maps_equal_to_recomputation_and_every_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = saliency(
+        2,
+        vec![
+            audit_layer(1),
+            layer(
+                4,
+                &[6000, 4000, 200, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                &[6.0; 16],
+            ),
+        ],
+    );
+    let store = write_run(dir.path(), &s).await;
+    let opts = ScoreOptions {
+        k: vec![8, 4],
+        bootstrap: 0,
+        ..Default::default()
+    };
+    let report = score(&store, &opts).await.unwrap();
+    assert_eq!(report.ks, vec![4, 8]);
+    assert_eq!(report.keep_maps.len(), 10);
+    assert_eq!(report.overlaps.len(), 20);
+    let sha = common::hash::sha256_hex(&s.to_json_bytes());
+    for name in &report.keep_maps {
+        let map: KeepMap = serde_json::from_slice(&store.get(name).await.unwrap()).unwrap();
+        assert_eq!(map.saliency_sha256, sha);
+        let (m, p) = keep::map_recipe(&map).unwrap();
+        let fresh = keep_map(m, map.k, &p, &sha, &rank_all(&s, &[m], &p).unwrap()[0].1).unwrap();
+        assert_eq!(map, fresh, "{name}");
+    }
+    // Layer 4 has 13 dead experts: K=4 keeps the 3 live ones and one dead.
+    let t = report
+        .tables
+        .iter()
+        .find(|t| t.method == "reap_shrink" && t.k == 4)
+        .unwrap();
+    assert_eq!(t.rows[1].dead_kept, 1);
+    assert_eq!(t.rows[0].dead_kept, 0);
+    for out in [
+        outputs::REPORT_JSON,
+        outputs::TABLES_MD,
+        outputs::TABLES_PARQUET,
+    ] {
+        assert!(store.exists(out).await.unwrap(), "{out}");
+    }
+    let md = String::from_utf8(store.get(outputs::TABLES_MD).await.unwrap().to_vec()).unwrap();
+    assert!(
+        md.contains("### reap_hybrid K=8") && md.contains("Not run: no trace parts"),
+        "{md}"
+    );
+    let bad = ScoreOptions {
+        k: vec![17],
+        ..Default::default()
+    };
+    assert!(score(&store, &bad)
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("--k 17"));
+}
+
+#[tokio::test]
+async fn score_screens_traces_per_split_and_bootstraps_chunks() {
+    use common::partial::ChunkStats;
+    use common::trace::{write_part_as, Encoding, TraceRow};
+    let dir = tempfile::tempdir().unwrap();
+    let s = saliency(1, vec![layer(0, &[6, 3, 1, 0], &[6.0, 3.0, 1.0, 0.0])]);
+    let store = write_run(dir.path(), &s).await;
+    let row = |split, sel: u16| TraceRow {
+        split,
+        domain: "all".into(),
+        chunk: 0,
+        pos: 0,
+        token_id: 5,
+        layer: 0,
+        selected: vec![sel],
+        selected_weight: vec![1.0],
+        topn_id: vec![sel, 0, 1],
+        topn_prob: vec![0.6, 0.3, 0.1],
+    };
+    let at = &store;
+    let put_part = move |name: &'static str, mut rows: Vec<TraceRow>| {
+        let bytes = write_part_as(&mut rows, 1, 3, Encoding::Full).unwrap();
+        async move { at.put(name, bytes).await.unwrap() }
+    };
+    put_part(
+        "trace/part-0.parquet",
+        vec![row(Split::Fit, 0), row(Split::Heldout, 2)],
+    )
+    .await;
+    let chunk = |c: u32, counts: [u32; 4]| ChunkStats {
+        chunk: c,
+        n_tokens: 5,
+        count: counts.to_vec(),
+        reap_l2_sum: counts.iter().map(|&x| x as f32).collect(),
+        reap_l2_sq_sum: counts.iter().map(|&x| x as f32).collect(),
+    };
+    let partial = common::partial::Partial {
+        chunk_stats: vec![chunk(0, [3, 2, 0, 0]), chunk(1, [3, 1, 1, 0])],
+        ..testdata::empty_partial()
+    };
+    store
+        .put(names::MERGED_PARTIAL, partial.to_bytes())
+        .await
+        .unwrap();
+    let opts = ScoreOptions {
+        methods: vec![Method::Frequency],
+        k: vec![1],
+        bootstrap: 4,
+        ..Default::default()
+    };
+    let report = score(&store, &opts).await.unwrap();
+    let fit = report.screen.iter().find(|r| r.split == "fit").unwrap();
+    let held = report.screen.iter().find(|r| r.split == "heldout").unwrap();
+    assert_eq!((fit.rows, fit.substitutes, fit.mean_mass_lost), (1, 0, 0.0));
+    assert_eq!(
+        (held.rows, held.substitutes, held.mean_substitute_rank),
+        (1, 1, 2.0)
+    );
+    assert!((held.mean_mass_lost - 0.6).abs() < 1e-6);
+    assert_eq!(report.stability.len(), 1);
+    assert_eq!(report.stability[0].mean_jaccard, 1.0);
+    // A row budget stops the screen at a part boundary and says so.
+    put_part("trace/part-1.parquet", vec![row(Split::Heldout, 1)]).await;
+    let capped = ScoreOptions {
+        screen_rows: 2,
+        ..opts
+    };
+    let report = score(&store, &capped).await.unwrap();
+    assert_eq!(report.screen.iter().map(|r| r.rows).sum::<u64>(), 2);
+    assert!(
+        report
+            .screen_note
+            .as_deref()
+            .unwrap()
+            .contains("first 1 of 2 trace parts"),
+        "{:?}",
+        report.screen_note
+    );
+}
+
+#[tokio::test]
+async fn domain_scoring_uses_that_domains_statistics() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = testdata::saliency_with_domains(&[
+        ("a", 100, layer(0, &[100, 0], &[10.0, 0.0])),
+        ("b", 300, layer(0, &[0, 300], &[0.0, 30.0])),
+    ]);
+    let store = write_run(dir.path(), &s).await;
+    let opts = ScoreOptions {
+        methods: vec![Method::Frequency],
+        k: vec![1],
+        domain: Some("a".into()),
+        ..Default::default()
+    };
+    let report = score(&store, &opts).await.unwrap();
+    let map: KeepMap =
+        serde_json::from_slice(&store.get(&report.keep_maps[0]).await.unwrap()).unwrap();
+    assert_eq!(map.kept(0), Some(&[0u32][..]));
+    assert_eq!(map.params["source"]["name"], "a");
+}
+
+/// Brute-force reference of a grouped keep map's layer: in every group, of
+/// all subsets of `k / n_group` experts, the one whose positions in the
+/// method's own (ungrouped) ranking add up least: the group's best.
+fn brute_force_grouped(order: &[u32], n_group: u32, k: u32) -> Vec<u32> {
+    let n = order.len() as u32;
+    let size = n / n_group;
+    let per = k / n_group;
+    let pos = |e: u32| order.iter().position(|&x| x == e).unwrap();
+    let mut kept = Vec::new();
+    for g in 0..n_group {
+        let best = (0u32..1 << size)
+            .filter(|m| m.count_ones() == per)
+            .min_by_key(|m| {
+                (0..size)
+                    .filter(|i| m >> i & 1 == 1)
+                    .map(|i| pos(g * size + i))
+                    .sum::<usize>()
+            })
+            .unwrap();
+        kept.extend(
+            (0..size)
+                .filter(|i| best >> i & 1 == 1)
+                .map(|i| g * size + i),
+        );
+    }
+    kept.sort_unstable();
+    kept
+}
+
+#[tokio::test]
+async fn grouped_keep_maps_equal_a_brute_force_reference_for_every_method_and_k() {
+    // 32 experts in 4 groups of 8 (2 groups per token), top-4. Layer 1's
+    // statistics favour group 0, layer 3's group 3: a global top-K is
+    // never balanced.
+    let down: Vec<u64> = (0..32).map(|e| 1000 - 30 * e).collect();
+    let up: Vec<u64> = (0..32).map(|e| 70 + 30 * e).collect();
+    let reap = |c: &[u64]| -> Vec<f64> {
+        c.iter()
+            .enumerate()
+            .map(|(e, &n)| n as f64 * (1.0 + (e * 7 % 5) as f64))
+            .collect()
+    };
+    let mut s = saliency(
+        4,
+        vec![layer(1, &down, &reap(&down)), layer(3, &up, &reap(&up))],
+    );
+    s.routing.groups = Some(common::routing::ExpertGroups {
+        n_group: 4,
+        n_group_used: 2,
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let store = write_run(dir.path(), &s).await;
+    let opts = ScoreOptions {
+        bootstrap: 0,
+        ..Default::default()
+    };
+    let report = score(&store, &opts).await.unwrap();
+    // The default sizes are whole groups of at least 2 each.
+    assert_eq!(report.ks, vec![8, 16, 24]);
+    assert!(report.routing_note.as_deref().unwrap().contains("K / 4"));
+    assert_eq!(report.keep_maps.len(), Method::ALL.len() * 3);
+    let mut unbalanced_globally = 0;
+    for name in &report.keep_maps {
+        let map: KeepMap = serde_json::from_slice(&store.get(name).await.unwrap()).unwrap();
+        let (m, p) = keep::map_recipe(&map).unwrap();
+        for l in p.source.layers(&s).unwrap() {
+            let order = ranking(m, &p, &l);
+            let want = brute_force_grouped(&order, 4, map.k);
+            assert_eq!(
+                map.kept(l.layer),
+                Some(&want[..]),
+                "{name} layer {}",
+                l.layer
+            );
+            let global = top_k(&order, map.k);
+            if global != want {
+                unbalanced_globally += 1;
+            }
+            // What the slicer and llama.cpp require of it.
+            let mut per_group = [0u32; 4];
+            want.iter().for_each(|&e| per_group[(e / 8) as usize] += 1);
+            assert_eq!(per_group, [map.k / 4; 4], "{name} layer {}", l.layer);
+        }
+    }
+    assert!(
+        unbalanced_globally > 0,
+        "setup must unbalance a global top-K"
+    );
+    // Maps of one method stay nested across K.
+    for m in Method::ALL {
+        let maps: Vec<KeepMap> = [8, 16, 24]
+            .iter()
+            .map(|&k| {
+                let name = KeepMap::file_name(m.as_str(), k);
+                serde_json::from_slice(&std::fs::read(dir.path().join(&name)).unwrap()).unwrap()
+            })
+            .collect();
+        for w in maps.windows(2) {
+            for (layer, small) in &w[0].layers {
+                assert!(small.iter().all(|e| w[1].layers[layer].contains(e)));
+            }
+        }
+    }
+    // Sizes grouped routing cannot run are refused, naming why.
+    for (k, why) in [(10, "multiple of the 4"), (4, "at least 2")] {
+        let bad = ScoreOptions {
+            k: vec![k],
+            bootstrap: 0,
+            ..Default::default()
+        };
+        let e = score(&store, &bad).await.unwrap_err().to_string();
+        assert!(e.contains(&format!("--k {k}")) && e.contains(why), "{e}");
+    }
+}

@@ -1,0 +1,119 @@
+//! Shipped files measured against the base model: one evaluation job of
+//! every shipped model file, run by the evaluation pipeline
+//! ([`crate::eval::evaluate`]: the same runner, workers, checks, exact merge
+//! and resume), with its objects under `ship/eval/` so the run's own
+//! `eval/` stays as it is. Workers make each file from their base model
+//! as its recipe says ([`EvalCandidate`]) and must match its SHA-256; a
+//! second ship of the same files resumes every stored eval partial.
+
+use super::spec::Candidate;
+use crate::eval::check_base;
+use crate::eval::cli::{evaluate_held, evaluate_recorded, recorded, Base};
+use anyhow::Context;
+use common::eval::summary::parse_splits;
+use common::eval::EvalSummary;
+use common::quant::QuantType;
+use common::store::RunStore;
+use common::wire::{EvalCandidate, EvalJob};
+use runtime::run::local::LocalWorkers;
+use runtime::run::RunSetup;
+use std::fmt::Write;
+use std::path::Path;
+
+/// The job's entry of the shipped model file `file` (`<name>.gguf`) of
+/// candidate `c`, quantised to `quant`.
+pub fn job_candidate(
+    file: &str,
+    sha256: &str,
+    c: &Candidate,
+    quant: Option<QuantType>,
+) -> EvalCandidate {
+    EvalCandidate {
+        name: file.strip_suffix(".gguf").unwrap_or(file).to_string(),
+        keep_map: c.keep_map_object(),
+        sha256: sha256.to_string(),
+        expert_used: c.experts_used,
+        quant,
+    }
+}
+
+/// Who evaluates the shipped files, and under whose lock.
+pub enum Evaluator<'a> {
+    /// `coordinator ship`: the evaluation takes the run's lock, with this
+    /// many local workers (0: waits for workers to join).
+    Own {
+        /// Local worker processes.
+        local_workers: u32,
+    },
+    /// `coordinator run` with `[ship]`: it holds the lock (`setup.store` is
+    /// the lock's) and starts its own local workers, if it has any.
+    Locked {
+        /// The run being shipped from.
+        setup: &'a RunSetup,
+        /// Its local workers.
+        local: Option<&'a LocalWorkers>,
+    },
+}
+
+/// Evaluates `candidates` against `base` on the run's corpus with the
+/// splits and skipped positions of the run's `[eval]`, by `how`; prints
+/// the evaluation's table and returns its figures.
+pub async fn measure(
+    store: &RunStore,
+    base: &Path,
+    candidates: Vec<EvalCandidate>,
+    how: Evaluator<'_>,
+) -> anyhow::Result<EvalSummary> {
+    let (_, config) = recorded(store).await?;
+    let splits = parse_splits(&config.eval.split).with_context(|| {
+        format!(
+            "the run's [eval] split {:?}: expected fit, heldout or both",
+            config.eval.split
+        )
+    })?;
+    let sha256 = check_base(store, base).await?;
+    let job = EvalJob {
+        candidates,
+        skip_first: config.eval.skip_first,
+        splits,
+    };
+    let out = common::layout::SHIP_EVAL;
+    let base = Base { path: base, sha256 };
+    let outcome = match how {
+        Evaluator::Own { local_workers } => {
+            evaluate_recorded(store, &config, base, job, out, local_workers).await?
+        }
+        Evaluator::Locked { setup, local } => evaluate_held(setup, base, job, out, local).await?,
+    };
+    Ok(outcome.summary)
+}
+
+/// The ship table: one row per shipped model file (`(file, bytes)`), with
+/// its held-out figures (fit where no held-out positions were scored).
+pub fn table(files: &[(String, u64)], s: &EvalSummary) -> String {
+    let mut md = String::from(
+        "| file | bytes | KL mean ± se | KL p99 | same top-1 | ppl ratio | split |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (file, bytes) in files {
+        let stem = file.strip_suffix(".gguf").unwrap_or(file);
+        let figures = s.candidates.iter().find(|c| c.name == stem).and_then(|c| {
+            ["heldout", "fit"]
+                .into_iter()
+                .find_map(|split| c.splits.get(split).map(|f| (split, &f.all)))
+                .filter(|(_, f)| f.n > 0)
+        });
+        let _ = match figures {
+            Some((split, f)) => writeln!(
+                md,
+                "| {file} | {bytes} | {:.6} ± {:.6} | {:.6} | {:.2}% | {:.4} | {split} |",
+                f.kl.mean,
+                f.kl.se,
+                f.kl.p99,
+                100.0 * f.top1_same,
+                f.ppl_ratio
+            ),
+            None => writeln!(md, "| {file} | {bytes} | - | - | - | - | - |"),
+        };
+    }
+    md
+}

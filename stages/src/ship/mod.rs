@@ -1,0 +1,481 @@
+//! `coordinator ship RUN --candidates A,B --quant Q8_0,Q4_K_M --out DIR`
+//! (DESIGN section 12): the files people serve. A candidate ([`spec`]) is
+//! a keep map of the run, the whole base model (`base`), either with
+//! fewer experts routed per token (`_top<N>`). For each: the base model
+//! made into it (`<A>.gguf`: sliced, `expert_used_count` lowered) and the
+//! run's importance matrix sliced to its keep map (`<A>.imatrix.gguf`),
+//! then per quantisation type the model quantised by llama.cpp's own
+//! quantiser with that importance matrix (`<A>.<Q>.gguf`). Every shipped
+//! model file is then evaluated against the base model by the run's
+//! evaluation pipeline ([`measure`], results under `ship/eval/`), and
+//! beside it goes its card ([`card`]: `<A>.<Q>.json`, `<A>.<Q>.md`) with
+//! those figures. Files are created, never replaced ([`files`]);
+//! `SHA256SUMS` records every file's SHA-256 (`sha256sum -c` checks it). A
+//! base model that is already quantised is refused before anything is
+//! written, unless `--allow-requantize`. `coordinator run` ships the same
+//! way at its end when its config has a `[ship]` section ([`config::ship`],
+//! [`ship`] with the run's lock and workers).
+
+pub mod card;
+pub mod files;
+pub mod measure;
+pub mod spec;
+
+use anyhow::Context;
+use card::ModelCard;
+use clap::Args;
+use common::artifacts::names;
+use common::gguf_read::GgufReader;
+use common::prune::{make_model, slice_imatrix};
+use common::quant::{check_requantize, QuantType};
+use common::store::RunStore;
+use files::{OutDir, Placed};
+use runtime::run::local::worker_binary;
+use spec::Candidate;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Name of the checksum file in the output directory.
+pub const SHA256SUMS: &str = "SHA256SUMS";
+
+/// Errors of making a shipped file.
+#[derive(Debug, thiserror::Error)]
+pub enum ShipError {
+    /// A file could not be made, read or placed.
+    #[error("{}: {reason}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Arguments of `coordinator ship`.
+#[derive(Args, Debug)]
+pub struct ShipArgs {
+    /// Run location (path or URL) holding `keep_maps/` and `imatrix.gguf`.
+    pub run: String,
+    /// Candidates, comma-separated: keep map names under the run's
+    /// `keep_maps/`, or `base` (every expert); `_top<N>` after either
+    /// routes each token to N experts (`base_top2`).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub candidates: Vec<String>,
+    /// Quantisation types, comma-separated (llama-quantize's names: Q8_0,
+    /// Q4_K_M, ...); none ships the unquantised files only.
+    #[arg(long, value_delimiter = ',')]
+    pub quant: Vec<String>,
+    /// Output directory (local) for the files and `SHA256SUMS`.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Quantise a base model that is already quantised.
+    #[arg(long)]
+    pub allow_requantize: bool,
+    /// Base model; default: the model named by the run's manifest.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// CPU threads of the quantiser (default: all cores).
+    #[arg(long)]
+    pub threads: Option<u32>,
+    /// Evaluate the shipped files with this many local worker processes
+    /// (loopback QUIC); 0 waits for workers to join.
+    #[arg(long, default_value_t = 1)]
+    pub local_workers: u32,
+    /// Ship without evaluating the files (their cards carry no figures).
+    #[arg(long)]
+    pub no_eval: bool,
+}
+
+/// What one ship makes: from `coordinator ship`'s flags, or from `[ship]`
+/// of the run config at the end of `coordinator run`.
+#[derive(Clone, Debug)]
+pub struct ShipRequest {
+    /// The run location as given (the cards' commands name it).
+    pub run: String,
+    /// Candidate names ([`spec`]).
+    pub candidates: Vec<String>,
+    /// Quantisation types; none ships the unquantised files only.
+    pub quants: Vec<QuantType>,
+    /// Output directory (local).
+    pub out: PathBuf,
+    /// Quantise a base model that is already quantised.
+    pub allow_requantize: bool,
+    /// Base model; `None`: the model named by the run's manifest.
+    pub model: Option<PathBuf>,
+    /// CPU threads of the quantiser; `None`: all cores.
+    pub threads: Option<u32>,
+}
+
+impl ShipArgs {
+    /// The request these flags make; an unknown `--quant` is refused.
+    fn request(&self) -> anyhow::Result<ShipRequest> {
+        let quants = self
+            .quant
+            .iter()
+            .map(|q| QuantType::parse(q).map_err(|e| anyhow::anyhow!("--quant: {e}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(ShipRequest {
+            run: self.run.clone(),
+            candidates: self.candidates.clone(),
+            quants,
+            out: self.out.clone(),
+            allow_requantize: self.allow_requantize,
+            model: self.model.clone(),
+            threads: self.threads,
+        })
+    }
+}
+
+/// One shipped file at its final name.
+struct Shipped {
+    name: String,
+    placed: Placed,
+}
+
+/// A shipped model file: which candidate, how quantised.
+struct ModelFile {
+    file: Shipped,
+    candidate: usize,
+    quantisation: Option<card::Quantisation>,
+}
+
+/// Entry point of `coordinator ship`.
+pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
+    let request = args.request()?;
+    let store = RunStore::open(&args.run)?;
+    let evaluator = (!args.no_eval).then_some(measure::Evaluator::Own {
+        local_workers: args.local_workers,
+    });
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(ship(&store, &request, evaluator))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Ships `request` from the run `store`: makes (or finds) every file, then,
+/// unless `evaluator` is `None`, evaluates every model file by it, then
+/// writes the cards and `SHA256SUMS` and prints the files and the table.
+/// Must run on a multi-threaded runtime: making the files blocks.
+pub async fn ship(
+    store: &RunStore,
+    request: &ShipRequest,
+    evaluator: Option<measure::Evaluator<'_>>,
+) -> anyhow::Result<()> {
+    let quants = &request.quants;
+    let candidates = spec::read(store, &request.candidates).await?;
+    if candidates.iter().any(Candidate::is_base) && quants.is_empty() {
+        anyhow::bail!("candidate {}: the base model unquantised is the base model itself; give --quant to ship it quantised", config::candidate::BASE);
+    }
+    let imatrix = store
+        .get(names::IMATRIX_GGUF)
+        .await
+        .context("reading the run's importance matrix")?;
+    let base = crate::prune::base_model(store, request.model.as_deref()).await?;
+    let base = std::path::absolute(&base).unwrap_or(base);
+    let (ship, models, mut shipped) =
+        tokio::task::block_in_place(|| make(request, &base, &candidates, &imatrix))?;
+    let summary = match evaluator {
+        None => None,
+        Some(how) => {
+            let job = models
+                .iter()
+                .map(|m| {
+                    measure::job_candidate(
+                        &m.file.name,
+                        &m.file.placed.sha256,
+                        &candidates[m.candidate],
+                        m.quantisation.as_ref().map(|q| q.quant),
+                    )
+                })
+                .collect();
+            Some(measure::measure(store, &base, job, how).await?)
+        }
+    };
+    for m in &models {
+        let measured = summary
+            .as_ref()
+            .map(|s| card::measured(s, &m.file.name))
+            .transpose()
+            .map_err(anyhow::Error::msg)?;
+        let cards = ship.card(&candidates[m.candidate], m, measured)?;
+        shipped.extend(cards);
+    }
+    let files: Vec<(String, u64)> = models
+        .iter()
+        .map(|m| (m.file.name.clone(), m.file.placed.bytes))
+        .collect();
+    shipped.extend(models.into_iter().map(|m| m.file));
+    shipped.sort_by(|a, b| a.name.cmp(&b.name));
+    write_sums(&ship.out, &shipped)?;
+    print(&base, &request.out, &shipped);
+    if let Some(s) = &summary {
+        print!("{}", measure::table(&files, s));
+    }
+    Ok(())
+}
+
+/// Makes (or finds) every file of `request` from the base model `base`
+/// and the run's importance matrix `imatrix`: the model files (in
+/// candidate order, each candidate's unquantised file before its
+/// quantisations) and the sliced importance matrices. A quantised base is
+/// refused before anything is written, unless `allow_requantize`.
+fn make<'a>(
+    request: &'a ShipRequest,
+    base: &'a Path,
+    candidates: &[Candidate],
+    imatrix: &[u8],
+) -> anyhow::Result<(Ship<'a>, Vec<ModelFile>, Vec<Shipped>)> {
+    let quants = &request.quants;
+    let header = GgufReader::open(base)
+        .with_context(|| format!("reading base model {}", base.display()))?
+        .header;
+    for &q in quants {
+        check_requantize(
+            &header,
+            &format!("base model {}", base.display()),
+            q,
+            request.allow_requantize,
+        )
+        .map_err(anyhow::Error::msg)?;
+    }
+    let worker = match quants.is_empty() {
+        true => None,
+        false => Some(worker_binary()?),
+    };
+    let base_ref = card::FileRef {
+        file: base
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned(),
+        sha256: common::hash::sha256_file(base)
+            .with_context(|| format!("hashing base model {}", base.display()))?,
+    };
+    let stem = base_ref
+        .file
+        .strip_suffix(".gguf")
+        .unwrap_or(&base_ref.file)
+        .to_string();
+    let ship = Ship {
+        request,
+        base,
+        base_card: card::Base::of(&header, base_ref, &stem),
+        out: OutDir::open(&request.out)?,
+        threads: request
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
+    };
+    let run_imatrix = ship.out.scratch("run.imatrix.gguf");
+    std::fs::write(&run_imatrix, imatrix)
+        .with_context(|| format!("writing {}", run_imatrix.display()))?;
+    let run_imatrix_ref = card::FileRef {
+        file: names::IMATRIX_GGUF.to_string(),
+        sha256: common::hash::sha256_hex(imatrix),
+    };
+    let mut shipped = Vec::new();
+    let mut models: Vec<ModelFile> = Vec::new();
+    for (ci, c) in candidates.iter().enumerate() {
+        let model = format!("{}.gguf", c.name);
+        let mut source = base.to_path_buf();
+        if !c.is_base() {
+            let placed = ship.out.place(&model, |p| {
+                make_model(base, c.keep.as_ref().map(|k| &k.map), c.experts_used, p)
+                    .map(drop)
+                    .map_err(|e| ShipError::File {
+                        path: base.to_path_buf(),
+                        reason: e.to_string(),
+                    })
+            })?;
+            models.push(ModelFile {
+                file: Shipped {
+                    name: model.clone(),
+                    placed,
+                },
+                candidate: ci,
+                quantisation: None,
+            });
+            source = ship.out.path(&model);
+        }
+        let (im_path, im_ref) = match &c.keep {
+            Some(k) => {
+                let im = format!("{}.imatrix.gguf", c.name);
+                let placed = ship.out.place(&im, |p| {
+                    slice_imatrix(&run_imatrix, &k.map, p)
+                        .map(drop)
+                        .map_err(|e| ShipError::File {
+                            path: run_imatrix.clone(),
+                            reason: e.to_string(),
+                        })
+                })?;
+                let im_ref = card::FileRef {
+                    file: im.clone(),
+                    sha256: placed.sha256.clone(),
+                };
+                shipped.push(Shipped {
+                    name: im.clone(),
+                    placed,
+                });
+                (ship.out.path(&im), im_ref)
+            }
+            None => (run_imatrix.clone(), run_imatrix_ref.clone()),
+        };
+        let Some(worker) = &worker else { continue };
+        for &q in quants {
+            let file = format!("{}.{q}.gguf", c.name);
+            let placed = ship.out.place(&file, |p| {
+                files::quantize(
+                    worker,
+                    &source,
+                    &im_path,
+                    q,
+                    p,
+                    ship.threads,
+                    request.allow_requantize,
+                )
+            })?;
+            models.push(ModelFile {
+                file: Shipped { name: file, placed },
+                candidate: ci,
+                quantisation: Some(card::Quantisation {
+                    quant: q,
+                    imatrix: im_ref.clone(),
+                }),
+            });
+        }
+    }
+    Ok((ship, models, shipped))
+}
+
+/// What every file of one `coordinator ship` shares.
+struct Ship<'a> {
+    request: &'a ShipRequest,
+    base: &'a Path,
+    base_card: card::Base,
+    out: OutDir,
+    threads: u32,
+}
+
+impl Ship<'_> {
+    /// Writes the card (`<stem>.json`, `<stem>.md`) of the model file `m`
+    /// made from candidate `c`, with its figures when it was evaluated.
+    fn card(
+        &self,
+        c: &Candidate,
+        m: &ModelFile,
+        measured: Option<card::Measured>,
+    ) -> anyhow::Result<Vec<Shipped>> {
+        let file = &m.file;
+        let header = GgufReader::open(self.out.path(&file.name))?.header;
+        let quant = m.quantisation.as_ref().map(|q| q.quant);
+        let card = ModelCard {
+            file: card::FileRef {
+                file: file.name.clone(),
+                sha256: file.placed.sha256.clone(),
+            },
+            bytes: file.placed.bytes,
+            base: self.base_card.clone(),
+            keep_map: c.keep.as_ref().map(|k| card::KeepMapRef {
+                name: k.name.clone(),
+                method: k.map.method.clone(),
+                k: k.map.k,
+                sha256: k.sha256.clone(),
+                saliency_sha256: k.map.saliency_sha256.clone(),
+            }),
+            experts_used: c.experts_used,
+            quantisation: m.quantisation.clone(),
+            tensor_types: card::tensor_types(&header),
+            made_by: format!("moe-census {}", env!("CARGO_PKG_VERSION")),
+            commands: self.commands(c, quant),
+            measured,
+        };
+        let stem = file
+            .name
+            .strip_suffix(".gguf")
+            .unwrap_or(&file.name)
+            .to_string();
+        let json = card.to_json();
+        let markdown = card.to_markdown();
+        let mut cards = Vec::with_capacity(2);
+        for (name, bytes) in [
+            (format!("{stem}.json"), json.as_slice()),
+            (format!("{stem}.md"), markdown.as_bytes()),
+        ] {
+            let placed = self.out.place(&name, |p| {
+                std::fs::write(p, bytes).map_err(|e| ShipError::File {
+                    path: p.to_path_buf(),
+                    reason: e.to_string(),
+                })
+            })?;
+            cards.push(Shipped { name, placed });
+        }
+        Ok(cards)
+    }
+
+    /// The commands that make candidate `c` (quantised to `quant`) again:
+    /// this ship of it alone, and, for a keep map's slice, the same steps by hand.
+    fn commands(&self, c: &Candidate, quant: Option<QuantType>) -> Vec<String> {
+        let a = self.request;
+        let name = &c.name;
+        // Absolute, so the commands work from any directory.
+        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let run = match a.run.contains("://") {
+            true => a.run.clone(),
+            false => absolute(Path::new(&a.run)).display().to_string(),
+        };
+        let (base, out) = (absolute(self.base), absolute(&a.out));
+        let (base, out) = (base.display(), out.display());
+        let allow = if a.allow_requantize {
+            " --allow-requantize"
+        } else {
+            ""
+        };
+        let q = quant.map_or(String::new(), |q| format!(" --quant {q}"));
+        let mut cmds = vec![format!(
+            "coordinator ship {run} --candidates {name}{q}{allow} --model {base} --out {out}"
+        )];
+        if c.keep.is_none() || c.experts_used.is_some() {
+            return cmds;
+        }
+        cmds.push(format!("# or step by step, in {out}:"));
+        cmds.push(format!(
+            "coordinator prune {run} --keep-map {name} --model {base} --out {name}.gguf"
+        ));
+        if let Some(q) = quant {
+            cmds.push(format!("worker quantize --model {name}.gguf --imatrix {name}.imatrix.gguf --type {q} --out {name}.{q}.gguf{allow}"));
+            cmds.push(format!("# the same quantisation with llama.cpp's tool: llama-quantize{allow} --imatrix {name}.imatrix.gguf {name}.gguf {name}.{q}.gguf {q}"));
+        }
+        cmds
+    }
+}
+
+/// Writes `SHA256SUMS` (`sha256sum`'s format, sorted by name); a changed
+/// list replaces the old one only once complete.
+fn write_sums(out: &OutDir, shipped: &[Shipped]) -> anyhow::Result<()> {
+    let mut lines: Vec<String> = shipped
+        .iter()
+        .map(|s| format!("{}  {}\n", s.placed.sha256, s.name))
+        .collect();
+    lines.sort();
+    let tmp = out.scratch(SHA256SUMS);
+    std::fs::write(&tmp, lines.concat()).with_context(|| format!("writing {}", tmp.display()))?;
+    let path = out.path(SHA256SUMS);
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Prints one line per file: name, size, SHA-256, made or reused.
+fn print(base: &Path, dir: &Path, shipped: &[Shipped]) {
+    let reused = shipped.iter().filter(|s| s.placed.reused).count();
+    println!(
+        "shipped {} files from {} to {} ({} made, {reused} reused; SHA-256 in {SHA256SUMS})",
+        shipped.len(),
+        base.display(),
+        dir.display(),
+        shipped.len() - reused,
+    );
+    for s in shipped {
+        let how = if s.placed.reused { "reused" } else { "made" };
+        println!(
+            "  {}: {} bytes, sha256 {}, {how}",
+            s.name, s.placed.bytes, s.placed.sha256
+        );
+    }
+}

@@ -1,0 +1,78 @@
+//! The candidates of `coordinator ship`, by name: a keep map of the run
+//! (`frequency_K8`), the whole base model (`base`), either with fewer
+//! experts routed per token (`frequency_K8_top2`, `base_top2`: the model's
+//! `expert_used_count` lowered to 2, metadata only), read from the run.
+//! Their names' grammar is [`config::candidate`].
+
+use anyhow::Context;
+use common::keepmap::KeepMap;
+use common::store::RunStore;
+use config::candidate::{parse, Named};
+
+/// A candidate to ship.
+pub struct Candidate {
+    /// Its name as given, the stem of its files (`frequency_K8_top2`).
+    pub name: String,
+    /// The keep map it is sliced to; `None`: every expert is kept.
+    pub keep: Option<KeepMapOf>,
+    /// Experts routed per token, when lowered.
+    pub experts_used: Option<u32>,
+}
+
+/// A keep map of the run with what names it.
+pub struct KeepMapOf {
+    /// Its name under the run's `keep_maps/`.
+    pub name: String,
+    /// The map.
+    pub map: KeepMap,
+    /// SHA-256 of its stored bytes.
+    pub sha256: String,
+}
+
+impl Candidate {
+    /// Whether the candidate is the base model itself (nothing to make
+    /// before quantising, nothing to evaluate unquantised).
+    pub fn is_base(&self) -> bool {
+        self.keep.is_none() && self.experts_used.is_none()
+    }
+
+    /// The object name of its keep map under the run.
+    pub fn keep_map_object(&self) -> Option<String> {
+        self.keep.as_ref().map(|k| KeepMap::object_name(&k.name))
+    }
+}
+
+/// Reads the candidates `names` from the run; errors name the candidate.
+pub async fn read(store: &RunStore, names: &[String]) -> anyhow::Result<Vec<Candidate>> {
+    let mut out: Vec<Candidate> = Vec::with_capacity(names.len());
+    for Named {
+        name,
+        keep_map,
+        experts_used,
+    } in parse(names)?
+    {
+        let keep = match keep_map {
+            None => None,
+            Some(map_name) => {
+                let object = KeepMap::object_name(&map_name);
+                let bytes = store
+                    .get(&object)
+                    .await
+                    .with_context(|| format!("reading keep map {map_name} of candidate {name}"))?;
+                let map: KeepMap = serde_json::from_slice(&bytes)
+                    .with_context(|| format!("parsing keep map {}", store.url_of(&object)))?;
+                Some(KeepMapOf {
+                    name: map_name,
+                    map,
+                    sha256: common::hash::sha256_hex(&bytes),
+                })
+            }
+        };
+        out.push(Candidate {
+            name,
+            keep,
+            experts_used,
+        });
+    }
+    Ok(out)
+}

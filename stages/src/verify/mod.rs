@@ -1,0 +1,368 @@
+//! `coordinator verify`: every invariant of DESIGN section 4, one line each
+//! with its figure (worst layer, worst deviation); exit 0 only if all hold.
+//!
+//! - [`stats`]: the statistics invariants.
+//! - [`maps`]: the keep-map invariants.
+
+pub mod maps;
+pub mod stats;
+
+use anyhow::Context;
+use clap::Args;
+use common::artifacts::names as artifacts;
+use common::keepmap::KeepMap;
+use common::partial::Partial;
+use common::saliency::{lenient, Saliency};
+use common::store::RunStore;
+use common::Split;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::process::ExitCode;
+
+/// Invariant names, as printed (tests and reports match on them).
+pub mod names {
+    /// Every group has the same layers and n_expert values per statistic.
+    pub const SHAPE: &str = "every layer holds n_expert values of each statistic";
+    /// `sum(count) == n_tokens * k` per layer.
+    pub const COUNT_SUM: &str = "per layer sum(count) == n_tokens * k";
+    /// What the gating implies of `prob_sum` (softmax: `sum == n_tokens`
+    /// per layer; sigmoid: every value in [0, 1], so each sum in
+    /// [0, n_tokens]); the figure names the gating.
+    pub const PROB_SUM: &str = "router probabilities as the gating implies (softmax: per layer sum(prob_sum) == n_tokens; sigmoid: each in [0, n_tokens])";
+    /// `sum(weight_sum) == n_tokens * scale` per layer when the top-k
+    /// weights are normalised.
+    pub const WEIGHT_SUM: &str =
+        "per layer sum(weight_sum) == n_tokens * scale (normalised top-k weights)";
+    /// `count == 0` exactly when `reap_l2_sum == 0`.
+    pub const DEAD_IFF_ZERO: &str = "count == 0 exactly when reap_l2_sum == 0";
+    /// Every value finite.
+    pub const FINITE: &str = "every value finite";
+    /// `reap_l2_sq_sum >= reap_l2_sum^2 / count`.
+    pub const CAUCHY_SCHWARZ: &str = "Cauchy-Schwarz: reap_l2_sq_sum >= reap_l2_sum^2 / count";
+    /// No non-finite value dropped during measurement.
+    pub const DROPS: &str = "no non-finite values dropped during measurement";
+    /// Trace rows written == tokens traced x layers.
+    pub const TRACE_ROWS: &str = "trace rows written == tokens traced x layers";
+    /// Keep maps sorted, unique, exactly K per layer.
+    pub const MAP_SHAPE: &str = "keep maps: sorted, unique, exactly K per layer";
+    /// Keep maps nested across K.
+    pub const MAP_NESTED: &str = "keep maps: nested across K";
+    /// Keep maps equal to a fresh recomputation.
+    pub const MAP_RECOMPUTE: &str = "keep maps: equal to a fresh recomputation from saliency.json";
+    /// Stored per-lease partials hash to what the manifest recorded.
+    pub const RECORDED_HASHES: &str = "stored partials hash to the SHA-256 recorded at acceptance";
+    /// Merge result independent of how chunks were spread.
+    pub const BITWISE: &str = "merged result bitwise identical however chunks were spread";
+}
+
+/// Outcome of one check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// The invariant holds.
+    Pass,
+    /// The invariant is violated: `verify` exits non-zero.
+    Fail,
+    /// Holds, but something needs a person's attention.
+    Warn,
+    /// Reported, not asserted.
+    Info,
+}
+
+/// One invariant's line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    /// The invariant, one of [`names`].
+    pub invariant: String,
+    /// Whether it holds.
+    pub status: Status,
+    /// The figure: worst layer, worst deviation, counts.
+    pub figure: String,
+}
+
+impl Check {
+    fn new(invariant: &str, status: Status, figure: String) -> Check {
+        Check {
+            invariant: invariant.to_string(),
+            status,
+            figure,
+        }
+    }
+    /// A holding invariant.
+    pub fn pass(invariant: &str, figure: String) -> Check {
+        Check::new(invariant, Status::Pass, figure)
+    }
+    /// A violated invariant.
+    pub fn fail(invariant: &str, figure: String) -> Check {
+        Check::new(invariant, Status::Fail, figure)
+    }
+    /// A holding invariant with a warning.
+    pub fn warn(invariant: &str, figure: String) -> Check {
+        Check::new(invariant, Status::Warn, figure)
+    }
+    /// An informational line.
+    pub fn info(invariant: &str, figure: String) -> Check {
+        Check::new(invariant, Status::Info, figure)
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tag = match self.status {
+            Status::Pass => "PASS",
+            Status::Fail => "FAIL",
+            Status::Warn => "WARN",
+            Status::Info => "INFO",
+        };
+        write!(f, "{tag}  {}: {}", self.invariant, self.figure)
+    }
+}
+
+/// Every check of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// The run's URL.
+    pub run: String,
+    /// One per invariant, in DESIGN order.
+    pub checks: Vec<Check>,
+}
+
+impl VerifyReport {
+    /// True when no check failed.
+    pub fn ok(&self) -> bool {
+        self.checks.iter().all(|c| c.status != Status::Fail)
+    }
+
+    /// The check of an invariant (one of [`names`]).
+    pub fn check(&self, invariant: &str) -> Option<&Check> {
+        self.checks.iter().find(|c| c.invariant == invariant)
+    }
+
+    /// The failed checks.
+    pub fn failures(&self) -> Vec<&Check> {
+        self.checks
+            .iter()
+            .filter(|c| c.status == Status::Fail)
+            .collect()
+    }
+}
+
+impl fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "verify {}", self.run)?;
+        for c in &self.checks {
+            writeln!(f, "{c}")?;
+        }
+        let failed = self.failures().len();
+        if failed == 0 {
+            writeln!(f, "all {} invariants hold", self.checks.len())
+        } else {
+            writeln!(f, "{failed} of {} invariants FAILED", self.checks.len())
+        }
+    }
+}
+
+/// Rows of every trace part under `trace/`, from Parquet metadata alone.
+pub async fn trace_rows(store: &RunStore) -> anyhow::Result<(u64, usize)> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let (parts, _decode) = common::trace::stored_parts(store).await?;
+    let mut rows = 0u64;
+    for part in &parts {
+        let reader = SerializedFileReader::new(store.get(part).await?)
+            .with_context(|| format!("{} is not a Parquet file", store.url_of(part)))?;
+        rows += reader.metadata().file_metadata().num_rows() as u64;
+    }
+    Ok((rows, parts.len()))
+}
+
+fn trace_check(s: &Saliency, rows: u64, parts: usize) -> Check {
+    let layers = s
+        .split(Split::Fit)
+        .or_else(|| s.split(Split::Heldout))
+        .map_or(0, |x| x.layers.len() as u64);
+    let expected = s.trace_tokens_written * layers;
+    let figure = format!(
+        "{rows} rows in {parts} parts vs {} tokens x {layers} layers = {expected} ({:+})",
+        s.trace_tokens_written,
+        rows as i128 - expected as i128
+    );
+    if rows == expected {
+        Check::pass(names::TRACE_ROWS, figure)
+    } else {
+        Check::fail(names::TRACE_ROWS, figure)
+    }
+}
+
+/// Every keep map under `keep_maps/`; an unreadable one is an error naming it.
+pub async fn load_keep_maps(store: &RunStore) -> anyhow::Result<Vec<(String, KeepMap)>> {
+    let mut out = Vec::new();
+    for name in store
+        .list(common::artifacts::names::KEEP_MAPS_DIR)
+        .await?
+        .into_iter()
+        .filter(|n| n.ends_with(".json"))
+    {
+        let map: KeepMap = serde_json::from_slice(&store.get(&name).await?)
+            .with_context(|| format!("{} is not a keep map", store.url_of(&name)))?;
+        out.push((name, map));
+    }
+    Ok(out)
+}
+
+/// Reads every per-lease partial once: re-hashes it against the manifest's
+/// record (a changed, unrecorded or missing partial fails), then re-merges
+/// the unchanged ones in reverse order and compares the resulting
+/// `saliency.json` bytes with the stored ones.
+async fn partials_checks(store: &RunStore, saliency_bytes: &[u8]) -> anyhow::Result<[Check; 2]> {
+    let records = corpus::manifest::read_or_default(store).await?.partials;
+    let parts: Vec<String> = store
+        .list(common::artifacts::names::PARTIALS_DIR)
+        .await?
+        .into_iter()
+        .filter(|n| n.ends_with(".bin") && n != artifacts::MERGED_PARTIAL)
+        .collect();
+    let mut changed = Vec::new();
+    let mut unrecorded = Vec::new();
+    let mut merged: Option<Partial> = None;
+    let mut merge_note = None;
+    for name in parts.iter().rev() {
+        let bytes = store.get(name).await?;
+        let sha = common::hash::sha256_hex(&bytes);
+        match records.get(name) {
+            Some(r) if r.sha256 != sha => {
+                changed.push(format!("{name} (SHA-256 {sha}, recorded {})", r.sha256));
+                continue;
+            }
+            None => unrecorded.push(name.clone()),
+            Some(_) => {}
+        }
+        let p = Partial::from_bytes(&bytes)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(name)))?;
+        match &mut merged {
+            None => merged = Some(p),
+            Some(m) => {
+                if let Err(e) = m.merge(&p) {
+                    merge_note.get_or_insert(format!(
+                        "stored partials do not re-merge ({e}); not checked here"
+                    ));
+                }
+            }
+        }
+    }
+    let missing: Vec<&String> = records.keys().filter(|n| !parts.contains(n)).collect();
+    let n_changed = changed.len();
+    let figure = format!(
+        "{} partials, {} records: {} changed, {} unrecorded, {} recorded but missing",
+        parts.len(),
+        records.len(),
+        changed.len(),
+        unrecorded.len(),
+        missing.len()
+    );
+    let hashes = if !changed.is_empty()
+        || !missing.is_empty()
+        || (!records.is_empty() && !unrecorded.is_empty())
+    {
+        let mut named: Vec<String> = changed;
+        named.extend(missing.iter().map(|n| format!("{n} (missing)")));
+        named.extend(unrecorded.iter().map(|n| format!("{n} (unrecorded)")));
+        Check::fail(
+            names::RECORDED_HASHES,
+            format!("{figure}: {}", named.join(", ")),
+        )
+    } else if records.is_empty() {
+        Check::info(
+            names::RECORDED_HASHES,
+            format!("{figure} (no coordinator recorded this run's partials)"),
+        )
+    } else {
+        Check::pass(names::RECORDED_HASHES, figure)
+    };
+    let bitwise = match (merged, merge_note) {
+        _ if n_changed > 0 => Check::info(
+            names::BITWISE,
+            format!("{n_changed} stored partial(s) changed since acceptance; not checked here"),
+        ),
+        (_, Some(note)) => Check::info(names::BITWISE, note),
+        (Some(m), None) if parts.len() >= 2 => {
+            let again = m.saliency()?.to_json_bytes();
+            let figure = format!("{} partials re-merged in reverse order", parts.len());
+            if again == saliency_bytes {
+                Check::pass(
+                    names::BITWISE,
+                    format!("{figure}: saliency.json bytes identical"),
+                )
+            } else {
+                Check::fail(
+                    names::BITWISE,
+                    format!("{figure}: saliency.json bytes DIFFER"),
+                )
+            }
+        }
+        _ => Check::info(
+            names::BITWISE,
+            format!(
+                "{} per-lease partial(s) stored; the distributed tests check this invariant",
+                parts.len()
+            ),
+        ),
+    };
+    Ok([hashes, bitwise])
+}
+
+/// Runs every check on a run's stored artifacts.
+pub async fn verify(store: &RunStore) -> anyhow::Result<VerifyReport> {
+    let bytes = store.get(artifacts::SALIENCY_JSON).await?;
+    let parsed = lenient::parse(&bytes, &store.url_of(artifacts::SALIENCY_JSON))?;
+    let s = &parsed.saliency;
+    let sha = common::hash::sha256_hex(&bytes);
+    let mut checks = stats::check_saliency(s, &parsed.nonfinite);
+    let (rows, parts) = trace_rows(store).await?;
+    checks.push(trace_check(s, rows, parts));
+    checks.extend(maps::check_keep_maps(
+        s,
+        &sha,
+        &load_keep_maps(store).await?,
+    ));
+    checks.extend(partials_checks(store, &bytes).await?);
+    Ok(VerifyReport {
+        run: store.url().to_string(),
+        checks,
+    })
+}
+
+/// Verifies the run at `run` (path or URL); library entry point of `verify`.
+/// It runs its own runtime: call it outside any async context (inside one,
+/// await [`verify`]).
+pub fn verify_run(run: &str) -> anyhow::Result<VerifyReport> {
+    let store = RunStore::open(run)?;
+    tokio::runtime::Runtime::new()?.block_on(verify(&store))
+}
+
+/// Arguments of `coordinator verify`.
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// Run location (path or URL).
+    pub run: String,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+/// Entry point of `coordinator verify`.
+pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let report = verify_run(&args.run)?;
+    print!("{report}");
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+#[cfg(test)]
+mod tests;

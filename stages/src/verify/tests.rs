@@ -1,0 +1,272 @@
+//! `verify` on synthetic runs: passes on a consistent one and fails, naming
+//! the right invariant, on each kind of corruption.
+
+use super::*;
+use crate::score::testdata::{audit_layer, empty_partial, saliency};
+use crate::score::{score, ScoreOptions};
+use common::trace::{write_part, TraceRow};
+
+fn good() -> Saliency {
+    saliency(2, vec![audit_layer(1), audit_layer(5)])
+}
+
+async fn run_with(bytes: Vec<u8>) -> (tempfile::TempDir, RunStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+    store.put(artifacts::SALIENCY_JSON, bytes).await.unwrap();
+    (dir, store)
+}
+
+/// The exit code of `coordinator verify DIR` (the sync entry point runs its own runtime).
+async fn cli_exit(dir: &std::path::Path) -> ExitCode {
+    let run = dir.to_str().unwrap().to_string();
+    tokio::task::spawn_blocking(move || super::run(VerifyArgs { run, json: None }).unwrap())
+        .await
+        .unwrap()
+}
+
+fn failed(r: &VerifyReport) -> Vec<&str> {
+    r.failures().iter().map(|c| c.invariant.as_str()).collect()
+}
+
+/// The verify report of a run that holds `bytes` as its `saliency.json`
+/// and nothing else.
+async fn verify_saliency(bytes: Vec<u8>) -> VerifyReport {
+    let (_dir, store) = run_with(bytes).await;
+    verify(&store).await.unwrap()
+}
+
+/// Asserts that `invariant` is the one check of `r` that fails, and that
+/// its figure says `needle`.
+fn assert_fails_only(r: &VerifyReport, invariant: &str, needle: &str) {
+    assert_eq!(failed(r), vec![invariant], "{r}");
+    assert!(
+        r.check(invariant).unwrap().figure.contains(needle),
+        "{needle:?}: {r}"
+    );
+}
+
+fn fit_layer(s: &mut Saliency, i: usize) -> &mut common::saliency::LayerStats {
+    &mut s.splits.get_mut("fit").unwrap().layers[i]
+}
+
+#[tokio::test]
+async fn consistent_run_with_keep_maps_passes_every_invariant() {
+    let (dir, store) = run_with(good().to_json_bytes()).await;
+    let opts = ScoreOptions {
+        k: vec![2, 4, 8],
+        bootstrap: 0,
+        ..Default::default()
+    };
+    score(&store, &opts).await.unwrap();
+    let r = verify(&store).await.unwrap();
+    assert!(r.ok(), "{r}");
+    for name in [
+        names::COUNT_SUM,
+        names::PROB_SUM,
+        names::MAP_SHAPE,
+        names::MAP_NESTED,
+        names::MAP_RECOMPUTE,
+    ] {
+        assert_eq!(r.check(name).unwrap().status, Status::Pass, "{name}: {r}");
+    }
+    assert_eq!(r.check(names::BITWISE).unwrap().status, Status::Info);
+    let code = cli_exit(dir.path()).await;
+    assert_eq!(code, ExitCode::SUCCESS);
+}
+
+#[tokio::test]
+async fn count_sum_off_by_one_fails_that_invariant_alone() {
+    let mut s = good();
+    fit_layer(&mut s, 1).count[0] += 1;
+    let (dir, store) = run_with(s.to_json_bytes()).await;
+    let r = verify(&store).await.unwrap();
+    assert_eq!(failed(&r), vec![names::COUNT_SUM], "{r}");
+    let fig = &r.check(names::COUNT_SUM).unwrap().figure;
+    assert!(fig.contains("fit layer 5") && fig.contains("(+1)"), "{fig}");
+    let code = cli_exit(dir.path()).await;
+    assert_eq!(code, ExitCode::FAILURE);
+}
+
+#[tokio::test]
+async fn a_bare_nan_written_by_hand_fails_the_finite_invariant() {
+    let mut s = good();
+    fit_layer(&mut s, 0).ean_sum[3] = 123456.789;
+    let text = String::from_utf8(s.to_json_bytes())
+        .unwrap()
+        .replacen("123456.789", "NaN", 1);
+    assert!(
+        serde_json::from_str::<Saliency>(&text).is_err(),
+        "serde refuses the file"
+    );
+    let r = verify_saliency(text.into_bytes()).await;
+    assert_fails_only(&r, names::FINITE, "splits.fit.layers[0].ean_sum[3]");
+    // serde_json's own spelling of a non-finite float is null.
+    let text = String::from_utf8(good().to_json_bytes()).unwrap();
+    let text = text.replacen("\"prob_sum\": [\n", "\"prob_sum\": [\n null,", 1);
+    let r = verify_saliency(text.into_bytes()).await;
+    assert_eq!(r.check(names::FINITE).unwrap().status, Status::Fail, "{r}");
+}
+
+#[tokio::test]
+async fn zero_count_with_nonzero_sum_fails_dead_iff_zero() {
+    let mut s = good();
+    fit_layer(&mut s, 0).reap_l2_sum[13] = 0.5;
+    let r = verify_saliency(s.to_json_bytes()).await;
+    assert_fails_only(&r, names::DEAD_IFF_ZERO, "layer 1 expert 13");
+}
+
+/// Regression (the 48 x 512 wide-shape run): an expert whose few routed
+/// outputs are so small that their squares fall below the exact sums' 2^-64
+/// grid has `reap_l2_sq_sum == 0` with a positive bound of about 1.8e-20;
+/// that is rounding, not a violation.
+#[tokio::test]
+async fn cauchy_schwarz_allows_squares_below_the_exact_grid() {
+    let mut s = good();
+    let l = fit_layer(&mut s, 1);
+    l.reap_l2_sum[4] = 1.0e-10 * l.count[4] as f64;
+    l.reap_l2_sq_sum[4] = 0.0;
+    let r = verify_saliency(s.to_json_bytes()).await;
+    assert!(failed(&r).is_empty(), "{r}");
+    // A shortfall well above the grid still fails.
+    let mut s = good();
+    let l = fit_layer(&mut s, 1);
+    l.reap_l2_sum[4] = 3.0e-6 * l.count[4] as f64;
+    l.reap_l2_sq_sum[4] = 0.0;
+    let r = verify_saliency(s.to_json_bytes()).await;
+    assert_eq!(failed(&r), vec![names::CAUCHY_SCHWARZ], "{r}");
+}
+
+#[tokio::test]
+async fn cauchy_schwarz_violation_fails_that_invariant() {
+    let mut s = good();
+    let l = fit_layer(&mut s, 1);
+    l.reap_l2_sq_sum[4] = l.reap_l2_sum[4] * l.reap_l2_sum[4] / l.count[4] as f64 * 0.999;
+    let r = verify_saliency(s.to_json_bytes()).await;
+    assert_fails_only(&r, names::CAUCHY_SCHWARZ, "layer 5 expert 4");
+}
+
+#[tokio::test]
+async fn a_non_nested_keep_map_fails_the_nesting_invariant() {
+    let (_dir, store) = run_with(good().to_json_bytes()).await;
+    let opts = ScoreOptions {
+        methods: vec![config::method::Method::Frequency],
+        k: vec![2, 4],
+        bootstrap: 0,
+        ..Default::default()
+    };
+    score(&store, &opts).await.unwrap();
+    let name = KeepMap::file_name("frequency", 2);
+    let mut map: KeepMap = serde_json::from_slice(&store.get(&name).await.unwrap()).unwrap();
+    // Keep a dead expert (15) instead of the second kept one: sorted, unique, K=2.
+    let kept = map.layers.get_mut("1").unwrap();
+    kept[1] = 15;
+    // The report of the run with `map` stored in place of the scored one.
+    let (store, name) = (&store, &name);
+    let verify_with = move |map: &KeepMap| {
+        let bytes = serde_json::to_vec(map).unwrap();
+        async move {
+            store.put(name, bytes).await.unwrap();
+            verify(store).await.unwrap()
+        }
+    };
+    let r = verify_with(&map).await;
+    assert_eq!(
+        r.check(names::MAP_SHAPE).unwrap().status,
+        Status::Pass,
+        "{r}"
+    );
+    let nested = r.check(names::MAP_NESTED).unwrap();
+    assert_eq!(nested.status, Status::Fail, "{r}");
+    assert!(
+        nested
+            .figure
+            .contains("frequency_K2.json keeps expert 15 of layer 1"),
+        "{r}"
+    );
+    assert_eq!(r.check(names::MAP_RECOMPUTE).unwrap().status, Status::Fail);
+    // An unsorted map fails the shape check.
+    map.layers.get_mut("1").unwrap().reverse();
+    let r = verify_with(&map).await;
+    assert!(
+        r.check(names::MAP_SHAPE)
+            .unwrap()
+            .figure
+            .contains("not sorted"),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn trace_rows_must_equal_tokens_times_layers() {
+    let mut s = good();
+    s.trace_tokens_written = 2;
+    let (_dir, store) = run_with(s.to_json_bytes()).await;
+    let row = |layer, pos| TraceRow {
+        split: Split::Fit,
+        domain: "all".into(),
+        chunk: 0,
+        pos,
+        token_id: 1,
+        layer,
+        selected: vec![0, 1],
+        selected_weight: vec![0.5, 0.5],
+        topn_id: vec![0, 1],
+        topn_prob: vec![0.6, 0.4],
+    };
+    let mut rows = vec![row(1, 0), row(5, 0), row(1, 1)];
+    store
+        .put("trace/a.parquet", write_part(&mut rows, 2, 2).unwrap())
+        .await
+        .unwrap();
+    let r = verify(&store).await.unwrap();
+    let figure = "3 rows in 1 parts vs 2 tokens x 2 layers = 4 (-1)";
+    assert_fails_only(&r, names::TRACE_ROWS, figure);
+    let mut more = vec![row(5, 1)];
+    store
+        .put("trace/sub/b.parquet", write_part(&mut more, 2, 2).unwrap())
+        .await
+        .unwrap();
+    assert!(verify(&store).await.unwrap().ok());
+}
+
+#[tokio::test]
+async fn reverse_order_re_merge_of_partials_is_compared_bitwise() {
+    let part = |chunk: u32, value: f64| {
+        let mut p = empty_partial();
+        p.chunks = vec![common::ChunkRange {
+            start: chunk,
+            end: chunk + 1,
+        }];
+        let g = p.experts.group_mut(Split::Fit, "d");
+        g.n_tokens = 1;
+        g.layers[0].count[1] = 1;
+        g.layers[0].prob_sum[1].add_f64(1.0).unwrap();
+        g.layers[0].reap_l2_sum[1].add_f64(value).unwrap();
+        g.layers[0].reap_l2_sq_sum[1]
+            .add_f64(value * value)
+            .unwrap();
+        p
+    };
+    let (a, b, c) = (part(0, 0.1), part(1, 0.2), part(2, 0.3));
+    let mut forward = a.clone();
+    forward.merge(&b).unwrap();
+    forward.merge(&c).unwrap();
+    let bytes = forward.saliency().unwrap().to_json_bytes();
+    let (_dir, store) = run_with(bytes.clone()).await;
+    for (name, p) in [
+        ("partials/0.bin", &a),
+        ("partials/1.bin", &b),
+        ("partials/2.bin", &c),
+    ] {
+        store.put(name, p.to_bytes()).await.unwrap();
+    }
+    let r = verify(&store).await.unwrap();
+    assert!(r.ok(), "{r}");
+    assert_eq!(r.check(names::BITWISE).unwrap().status, Status::Pass);
+    let mut tampered = bytes;
+    tampered.push(b'\n');
+    store.put(artifacts::SALIENCY_JSON, tampered).await.unwrap();
+    let r = verify(&store).await.unwrap();
+    assert_eq!(failed(&r), vec![names::BITWISE], "{r}");
+}
