@@ -4,28 +4,49 @@
 //! Taken apart here, before anything is read, so a config is checked
 //! before the run.
 
-use anyhow::bail;
-
 /// The candidate name of the whole base model.
 pub const BASE: &str = "base";
 
+/// Why a candidate name is refused; each names the candidate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CandidateError {
+    /// Not usable as a file name.
+    #[error("candidate {name:?}: a keep map name of letters, digits, '_', '-' and '.' is expected (it names the shipped files)")]
+    BadName {
+        /// The name as given.
+        name: String,
+    },
+    /// Named twice in one list.
+    #[error("candidate {name:?} is named twice")]
+    Twice {
+        /// The name.
+        name: String,
+    },
+    /// A `_top<N>` suffix with N = 0.
+    #[error("candidate {name:?}: _top<N> needs N of at least 1 experts per token")]
+    NoExpertsUsed {
+        /// The name.
+        name: String,
+    },
+}
+
 /// A candidate name usable as a file name: letters, digits, `_`, `-`, `.`,
 /// not starting with a dot.
-fn check_name(name: &str) -> anyhow::Result<()> {
+fn check_name(name: &str) -> Result<(), CandidateError> {
     let ok = !name.is_empty()
         && !name.starts_with('.')
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
     if !ok {
-        bail!("candidate {name:?}: a keep map name of letters, digits, '_', '-' and '.' is expected (it names the shipped files)");
+        return Err(CandidateError::BadName { name: name.into() });
     }
     Ok(())
 }
 
 /// Splits `name` into the keep map part and the experts per token of a
 /// `_top<N>` suffix.
-fn split_top(name: &str) -> anyhow::Result<(&str, Option<u32>)> {
+fn split_top(name: &str) -> Result<(&str, Option<u32>), CandidateError> {
     let Some((rest, n)) = name.rsplit_once("_top") else {
         return Ok((name, None));
     };
@@ -34,7 +55,7 @@ fn split_top(name: &str) -> anyhow::Result<(&str, Option<u32>)> {
     }
     match n.parse::<u32>() {
         Ok(used) if used > 0 && !rest.is_empty() => Ok((rest, Some(used))),
-        _ => bail!("candidate {name:?}: _top<N> needs N of at least 1 experts per token"),
+        _ => Err(CandidateError::NoExpertsUsed { name: name.into() }),
     }
 }
 
@@ -51,13 +72,13 @@ pub struct Named {
 
 /// Parses the candidate names `names` (`frequency_K8`, `base_top2`): usable
 /// as file names, each named once; errors name the candidate.
-pub fn parse(names: &[String]) -> anyhow::Result<Vec<Named>> {
+pub fn parse(names: &[String]) -> Result<Vec<Named>, CandidateError> {
     let mut out: Vec<Named> = Vec::with_capacity(names.len());
     for given in names {
         let name = common::layout::keep_map_name(given.trim()).to_string();
         check_name(&name)?;
         if out.iter().any(|c| c.name == name) {
-            bail!("candidate {name:?} is named twice");
+            return Err(CandidateError::Twice { name });
         }
         let (map_name, experts_used) = split_top(&name)?;
         out.push(Named {

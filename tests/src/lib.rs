@@ -1,8 +1,9 @@
 //! Shared fixtures of the end-to-end tests: generated models, small
 //! tokenized corpora, paths of the built binaries, the captured log, an
 //! independent GGUF reader, logits and k-quant models through llama.cpp's
-//! own C API, an f64 forward-pass oracle of the generated architectures, and
-//! a scripted peer that speaks the worker protocol.
+//! own C API, an image record through mtmd's own C API, an f64 forward-pass
+//! oracle of the generated architectures, and a scripted peer that speaks
+//! the worker protocol.
 #![deny(missing_docs)]
 
 pub mod llama_gguf;
@@ -10,6 +11,7 @@ pub mod llama_logits;
 pub mod llama_quantize;
 pub mod log;
 pub mod loopback;
+pub mod mtmd_record;
 pub mod mutate;
 pub mod oracle;
 pub mod peer;

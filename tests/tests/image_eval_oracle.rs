@@ -13,9 +13,10 @@ use common::corpus::{image_token, Chunk, ImageSpan, Span};
 use common::eval::{EvalSummary, TokenKl};
 use common::keepmap::KeepMap;
 use common::{ChunkId, Modality, Split};
+use fixtures::mtmd_record::{MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
 use std::collections::BTreeMap;
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use worker::eval::{Candidate, Compare, EvalOptions, Evaluator};
 use worker::images::ImageBytes;
@@ -30,81 +31,6 @@ const N_UBATCH: u32 = 6;
 /// Experts of the tiny preset, and how many of them serve images.
 const N_EXPERT: u32 = 16;
 const N_VISION: u32 = 2;
-
-/// Drops llama.cpp's and mtmd's log lines.
-unsafe extern "C" fn quiet(_: sys::ggml_log_level, _: *const std::ffi::c_char, _: *mut c_void) {}
-
-/// A record as mtmd made it: text ids and the image's embedding at its
-/// place.
-enum Piece {
-    Text(Vec<i32>),
-    /// Rows of `n_embd` values, one per position.
-    Image(Vec<f32>),
-}
-
-/// mtmd's tokenization of `prompt` (one media marker) with `image`, and the
-/// image's embedding, through `mmproj` beside `model`; and the input width.
-fn tokenize(model: &Path, mmproj: &Path, prompt: &str, image: &[u8]) -> (Vec<Piece>, usize) {
-    let c_model = CString::new(model.to_str().unwrap()).unwrap();
-    let c_mmproj = CString::new(mmproj.to_str().unwrap()).unwrap();
-    let c_prompt = CString::new(prompt).unwrap();
-    // SAFETY: plain llama.cpp / mtmd C calls on handles this function
-    // creates and frees; embeddings are copied out before mtmd frees them.
-    unsafe {
-        sys::llama_backend_init();
-        sys::llama_log_set(Some(quiet), std::ptr::null_mut());
-        sys::mtmd_helper_log_set(Some(quiet), std::ptr::null_mut());
-        let m =
-            sys::llama_model_load_from_file(c_model.as_ptr(), sys::llama_model_default_params());
-        assert!(!m.is_null(), "the model loads");
-        let n_embd = sys::llama_model_n_embd_inp(m) as usize;
-        let mut mp = sys::mtmd_context_params_default();
-        mp.use_gpu = false;
-        mp.print_timings = false;
-        mp.n_threads = 2;
-        let mctx = sys::mtmd_init_from_file(c_mmproj.as_ptr(), m, mp);
-        assert!(!mctx.is_null(), "mtmd loads the mmproj");
-        let wrapper = sys::mtmd_helper_bitmap_init_from_buf(
-            mctx,
-            image.as_ptr(),
-            image.len(),
-            false,
-            sys::mtmd_helper_init_opt_default(),
-        );
-        assert!(!wrapper.bitmap.is_null(), "mtmd decodes the image");
-        let chunks = sys::mtmd_input_chunks_init();
-        let text = sys::mtmd_input_text {
-            text: c_prompt.as_ptr(),
-            text_len: prompt.len(),
-            add_special: true,
-            parse_special: true,
-        };
-        let bitmaps = [wrapper.bitmap as *const sys::mtmd_bitmap];
-        assert_eq!(
-            sys::mtmd_tokenize(mctx, chunks, &text, bitmaps.as_ptr(), 1),
-            0
-        );
-        let mut pieces = Vec::new();
-        for i in 0..sys::mtmd_input_chunks_size(chunks) {
-            let c = sys::mtmd_input_chunks_get(chunks, i);
-            if sys::mtmd_input_chunk_get_type(c) == sys::MTMD_INPUT_CHUNK_TYPE_TEXT {
-                let mut n = 0usize;
-                let p = sys::mtmd_input_chunk_get_tokens_text(c, &mut n);
-                pieces.push(Piece::Text(std::slice::from_raw_parts(p, n).to_vec()));
-            } else {
-                assert_eq!(sys::mtmd_encode_chunk(mctx, c), 0, "mtmd encodes the image");
-                let n = sys::mtmd_input_chunk_get_n_tokens(c);
-                let embd = std::slice::from_raw_parts(sys::mtmd_get_output_embd(mctx), n * n_embd);
-                pieces.push(Piece::Image(embd.to_vec()));
-            }
-        }
-        sys::mtmd_input_chunks_free(chunks);
-        sys::mtmd_bitmap_free(wrapper.bitmap);
-        sys::mtmd_free(mctx);
-        sys::llama_model_free(m);
-        (pieces, n_embd)
-    }
-}
 
 /// Every position's logits of `model` on `pieces`, each position decoded
 /// alone (f32 KV cache, one sequence, causal attention).
@@ -153,7 +79,8 @@ fn logits(model: &Path, pieces: &[Piece], n_embd: usize) -> Vec<Vec<f32>> {
                         pos += 1;
                     }
                 }
-                Piece::Image(rows) => {
+                Piece::Image { rows, .. } => {
+                    let rows = rows.as_ref().expect("the image is encoded");
                     for row in rows.chunks_exact(n_embd) {
                         std::ptr::copy_nonoverlapping(row.as_ptr(), emb.embd, n_embd);
                         decode(emb, pos);
@@ -224,7 +151,8 @@ fn image_conditioned_kl_equals_a_position_by_position_recomputation() {
     let (image, sha) = sample_image();
 
     let prompt = "Look at this: <__media__> It is a red square on white.";
-    let (pieces, n_embd) = tokenize(&model, &mmproj, prompt, &image);
+    let record = MtmdRecord::load(&model, &mmproj, prompt, &image);
+    let (pieces, n_embd) = (record.pieces(true), record.n_embd());
     let base_logits = logits(&model, &pieces, n_embd);
     let cand_logits = logits(&candidate.path, &pieces, n_embd);
 
@@ -234,8 +162,8 @@ fn image_conditioned_kl_equals_a_position_by_position_recomputation() {
     for piece in &pieces {
         match piece {
             Piece::Text(ids) => tokens.extend(ids),
-            Piece::Image(rows) => {
-                let n = rows.len() / n_embd;
+            Piece::Image { positions: n, .. } => {
+                let n = *n;
                 images.push(ImageSpan {
                     start: tokens.len() as u32,
                     len: n as u32,

@@ -11,8 +11,9 @@
 use common::corpus::{image_token, Chunk, ImageSpan, Span};
 use common::stats::GroupKey;
 use common::{ChunkId, Modality, Split};
+use fixtures::mtmd_record::{MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CStr};
 use std::path::{Path, PathBuf};
 use worker::collect::{CollectOptions, Collector};
 use worker::images::ImageBytes;
@@ -71,19 +72,11 @@ unsafe extern "C" fn dump_router(t: *mut sys::ggml_tensor, ask: bool, user: *mut
     true
 }
 
-/// Drops llama.cpp's and mtmd's log lines (the test's output stays readable).
-unsafe extern "C" fn quiet(_: sys::ggml_log_level, _: *const std::ffi::c_char, _: *mut c_void) {}
-
 /// What mtmd made of the record, and the router dump of its decode.
 struct Oracle {
-    /// Text token ids and the image's length at its place, in order.
+    /// Text token ids and the image's positions at its place, in order.
     pieces: Vec<Piece>,
     dump: Dump,
-}
-
-enum Piece {
-    Text(Vec<i32>),
-    Image(usize),
 }
 
 /// Runs `prompt` (one media marker) with `image` through mtmd's helper on
@@ -94,19 +87,11 @@ fn oracle(model: &Path, mmproj: &Path, prompt: &str, image: &[u8], layer: u32) -
         topk_name: format!("ffn_moe_topk-{layer}"),
         ..Dump::default()
     });
-    let c_model = CString::new(model.to_str().unwrap()).unwrap();
-    let c_mmproj = CString::new(mmproj.to_str().unwrap()).unwrap();
-    let c_prompt = CString::new(prompt).unwrap();
-    // SAFETY: plain llama.cpp / mtmd C calls on handles this function
-    // creates and frees; the dump outlives the context whose callback
-    // writes it; tensors the callback reads are host tensors (CPU build).
-    let pieces = unsafe {
-        sys::llama_backend_init();
-        sys::llama_log_set(Some(quiet), std::ptr::null_mut());
-        sys::mtmd_helper_log_set(Some(quiet), std::ptr::null_mut());
-        let m =
-            sys::llama_model_load_from_file(c_model.as_ptr(), sys::llama_model_default_params());
-        assert!(!m.is_null(), "the model loads");
+    let record = MtmdRecord::load(model, mmproj, prompt, image);
+    // SAFETY: a plain llama.cpp context of the record's model, freed before
+    // the record; the dump outlives the context whose callback writes it;
+    // tensors the callback reads are host tensors (CPU build).
+    unsafe {
         let mut cp = sys::llama_context_default_params();
         cp.n_ctx = N_CTX;
         cp.n_batch = N_CTX;
@@ -117,58 +102,13 @@ fn oracle(model: &Path, mmproj: &Path, prompt: &str, image: &[u8], layer: u32) -
         cp.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
         cp.cb_eval = Some(dump_router);
         cp.cb_eval_user_data = (&mut *dump as *mut Dump).cast();
-        let ctx = sys::llama_init_from_model(m, cp);
+        let ctx = sys::llama_init_from_model(record.model(), cp);
         assert!(!ctx.is_null(), "a context");
-        let mut mp = sys::mtmd_context_params_default();
-        mp.use_gpu = false;
-        mp.print_timings = false;
-        mp.n_threads = 2;
-        let mctx = sys::mtmd_init_from_file(c_mmproj.as_ptr(), m, mp);
-        assert!(!mctx.is_null(), "mtmd loads the mmproj");
-        let wrapper = sys::mtmd_helper_bitmap_init_from_buf(
-            mctx,
-            image.as_ptr(),
-            image.len(),
-            false,
-            sys::mtmd_helper_init_opt_default(),
-        );
-        assert!(!wrapper.bitmap.is_null(), "mtmd decodes the image");
-        let chunks = sys::mtmd_input_chunks_init();
-        let text = sys::mtmd_input_text {
-            text: c_prompt.as_ptr(),
-            text_len: prompt.len(),
-            add_special: true,
-            parse_special: true,
-        };
-        let bitmaps = [wrapper.bitmap as *const sys::mtmd_bitmap];
-        assert_eq!(
-            sys::mtmd_tokenize(mctx, chunks, &text, bitmaps.as_ptr(), 1),
-            0
-        );
-        let mut pieces = Vec::new();
-        for i in 0..sys::mtmd_input_chunks_size(chunks) {
-            let c = sys::mtmd_input_chunks_get(chunks, i);
-            if sys::mtmd_input_chunk_get_type(c) == sys::MTMD_INPUT_CHUNK_TYPE_TEXT {
-                let mut n = 0usize;
-                let p = sys::mtmd_input_chunk_get_tokens_text(c, &mut n);
-                pieces.push(Piece::Text(std::slice::from_raw_parts(p, n).to_vec()));
-            } else {
-                pieces.push(Piece::Image(sys::mtmd_input_chunk_get_n_tokens(c)));
-            }
-        }
-        let mut n_past = 0;
-        let code =
-            sys::mtmd_helper_eval_chunks(mctx, ctx, chunks, 0, 0, N_CTX as i32, true, &mut n_past);
-        assert_eq!(code, 0, "mtmd's helper evaluates the record");
-        sys::mtmd_input_chunks_free(chunks);
-        sys::mtmd_bitmap_free(wrapper.bitmap);
-        sys::mtmd_free(mctx);
+        record.eval_with_helper(ctx, N_CTX as i32);
         sys::llama_free(ctx);
-        sys::llama_model_free(m);
-        pieces
-    };
+    }
     Oracle {
-        pieces,
+        pieces: record.pieces(false),
         dump: *dump,
     }
 }
@@ -217,7 +157,7 @@ fn image_positions_route_as_mtmds_own_helper_decodes_them() {
     for piece in &o.pieces {
         match piece {
             Piece::Text(ids) => tokens.extend(ids),
-            Piece::Image(n) => {
+            Piece::Image { positions: n, .. } => {
                 images.push(ImageSpan {
                     start: tokens.len() as u32,
                     len: *n as u32,
