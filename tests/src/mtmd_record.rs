@@ -3,6 +3,8 @@
 //! record's prompt (one media marker) tokenized with its image, and the
 //! pieces mtmd made of it. None of the worker's image code runs here.
 
+use common::corpus::{image_token, Chunk, ImageSpan, Span};
+use common::{ChunkId, Split};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_void, CString};
 use std::path::Path;
@@ -22,6 +24,38 @@ pub enum Piece {
         /// The mmproj's embedding rows, one per position.
         rows: Option<Vec<f32>>,
     },
+}
+
+/// The record `pieces` as chunk 0, one fit span of domain 0: mtmd's text
+/// ids, and the marker ids of the image whose SHA-256 is `sha256` where
+/// mtmd put it.
+pub fn as_chunk(pieces: &[Piece], sha256: &str) -> Chunk {
+    let mut tokens = Vec::new();
+    let mut images = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(ids) => tokens.extend(ids),
+            Piece::Image { positions, .. } => {
+                images.push(ImageSpan {
+                    start: tokens.len() as u32,
+                    len: *positions as u32,
+                    sha256: sha256.to_string(),
+                });
+                tokens.extend(std::iter::repeat_n(image_token(sha256), *positions));
+            }
+        }
+    }
+    Chunk {
+        id: ChunkId(0),
+        spans: vec![Span {
+            start: 0,
+            len: tokens.len() as u32,
+            split: Split::Fit,
+            domain: 0,
+        }],
+        tokens,
+        images,
+    }
 }
 
 /// A model, its mmproj and one record tokenized by mtmd; every handle is

@@ -9,11 +9,10 @@
 //! positions in the same modalities with the same KL. None of the worker's
 //! feeding, scoring or grouping code runs on the oracle's side.
 
-use common::corpus::{image_token, Chunk, ImageSpan, Span};
 use common::eval::{EvalSummary, TokenKl};
 use common::keepmap::KeepMap;
-use common::{ChunkId, Modality, Split};
-use fixtures::mtmd_record::{MtmdRecord, Piece};
+use common::Modality;
+use fixtures::mtmd_record::{as_chunk, MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -157,22 +156,8 @@ fn image_conditioned_kl_equals_a_position_by_position_recomputation() {
     let cand_logits = logits(&candidate.path, &pieces, n_embd);
 
     // The record as a chunk: mtmd's text ids, the image's marker ids.
-    let mut tokens = Vec::new();
-    let mut images = Vec::new();
-    for piece in &pieces {
-        match piece {
-            Piece::Text(ids) => tokens.extend(ids),
-            Piece::Image { positions: n, .. } => {
-                let n = *n;
-                images.push(ImageSpan {
-                    start: tokens.len() as u32,
-                    len: n as u32,
-                    sha256: sha.clone(),
-                });
-                tokens.extend(std::iter::repeat_n(image_token(&sha), n));
-            }
-        }
-    }
+    let chunk = as_chunk(&pieces, &sha);
+    let (tokens, images) = (&chunk.tokens, &chunk.images);
     assert_eq!(images.len(), 1);
     let (start, len) = (images[0].start as usize, images[0].len as usize);
     assert!(
@@ -195,17 +180,6 @@ fn image_conditioned_kl_equals_a_position_by_position_recomputation() {
         })
         .collect();
 
-    let chunk = Chunk {
-        id: ChunkId(0),
-        spans: vec![Span {
-            start: 0,
-            len: tokens.len() as u32,
-            split: Split::Fit,
-            domain: 0,
-        }],
-        tokens,
-        images,
-    };
     let index = fixtures::write_corpus(dir.path(), std::slice::from_ref(&chunk), N_CTX);
     let opts = EvalOptions {
         n_ubatch: N_UBATCH,

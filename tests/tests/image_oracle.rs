@@ -8,10 +8,9 @@
 //! marker ids, its span where mtmd put it). Nothing of the collector's
 //! feeding code runs on the oracle's side.
 
-use common::corpus::{image_token, Chunk, ImageSpan, Span};
 use common::stats::GroupKey;
-use common::{ChunkId, Modality, Split};
-use fixtures::mtmd_record::{MtmdRecord, Piece};
+use common::{Modality, Split};
+use fixtures::mtmd_record::{as_chunk, MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -152,21 +151,8 @@ fn image_positions_route_as_mtmds_own_helper_decodes_them() {
 
     // The record as a chunk: mtmd's text ids, the image's marker ids where
     // mtmd put it.
-    let mut tokens = Vec::new();
-    let mut images = Vec::new();
-    for piece in &o.pieces {
-        match piece {
-            Piece::Text(ids) => tokens.extend(ids),
-            Piece::Image { positions: n, .. } => {
-                images.push(ImageSpan {
-                    start: tokens.len() as u32,
-                    len: *n as u32,
-                    sha256: sha.clone(),
-                });
-                tokens.extend(std::iter::repeat_n(image_token(&sha), *n));
-            }
-        }
-    }
+    let chunk = as_chunk(&o.pieces, &sha);
+    let (tokens, images) = (&chunk.tokens, &chunk.images);
     assert_eq!(images.len(), 1);
     let (image_len, chunk_image_start) = (images[0].len, images[0].start);
     assert_eq!(
@@ -175,17 +161,6 @@ fn image_positions_route_as_mtmds_own_helper_decodes_them() {
         "one router row per position"
     );
     assert_eq!(o.dump.topk.len(), tokens.len());
-    let chunk = Chunk {
-        id: ChunkId(0),
-        spans: vec![Span {
-            start: 0,
-            len: tokens.len() as u32,
-            split: Split::Fit,
-            domain: 0,
-        }],
-        tokens,
-        images,
-    };
     let index = fixtures::write_corpus(dir.path(), std::slice::from_ref(&chunk), N_CTX);
     collector.load_mmproj(&mmproj).unwrap();
     let bytes: ImageBytes = [(sha.clone(), bytes::Bytes::from(image))].into();
