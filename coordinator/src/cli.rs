@@ -48,7 +48,7 @@ pub enum Command {
 /// Runs a parsed command; the exit code says whether it succeeded.
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Corpus(args) => corpus::run(args),
+        Command::Corpus(args) => corpus(args),
         Command::Run(args) => crate::pipeline::main(args),
         Command::Ca(args) => runtime::run::ca(args),
         Command::WorkerKey(args) => runtime::run::worker_key(args),
@@ -61,6 +61,39 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ship(args) => stages::ship::run(args),
         Command::Eval(args) => stages::eval::cli::main(args),
     }
+}
+
+/// Entry point of `coordinator corpus`.
+fn corpus(args: corpus::CorpusArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let config = config::Config::load(&args.config)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| corpus::default_out(&args.config));
+    let store = common::store::RunStore::open(&out)?;
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("cannot start the tokenizer threads")?;
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    let outcome = rt.block_on(corpus::prepare_run(&config, &store, args.force))?;
+    let m = &outcome.manifest;
+    let rows: Vec<_> = m.domains.iter().map(|d| d.shares.clone()).collect();
+    println!("{}", corpus::shares::render(&rows, config.corpus.tolerance));
+    print!("{}", corpus::summary(m));
+    if outcome.reused {
+        println!(
+            "reused the corpus at {} (same inputs {})",
+            store.url(),
+            &m.inputs_sha256[..12]
+        );
+    } else {
+        println!("wrote the corpus to {}", store.url());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `coordinator replay`: without `--model`, the expert sizes come from the

@@ -38,7 +38,6 @@ pub use error::CorpusError;
 pub use manifest::{Manifest, MANIFEST_FILE};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 /// Arguments of `coordinator corpus`.
 #[derive(Args, Debug)]
@@ -249,37 +248,4 @@ pub fn summary(m: &Manifest) -> String {
         );
     }
     s
-}
-
-/// Entry point of `coordinator corpus`.
-pub fn run(args: CorpusArgs) -> anyhow::Result<ExitCode> {
-    use anyhow::Context;
-    let config = Config::load(&args.config)?;
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| default_out(&args.config));
-    let store = RunStore::open(&out)?;
-    if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("cannot start the tokenizer threads")?;
-    }
-    let rt = tokio::runtime::Runtime::new()?;
-    let outcome = rt.block_on(prepare_run(&config, &store, args.force))?;
-    let m = &outcome.manifest;
-    let rows: Vec<_> = m.domains.iter().map(|d| d.shares.clone()).collect();
-    println!("{}", shares::render(&rows, config.corpus.tolerance));
-    print!("{}", summary(m));
-    if outcome.reused {
-        println!(
-            "reused the corpus at {} (same inputs {})",
-            store.url(),
-            &m.inputs_sha256[..12]
-        );
-    } else {
-        println!("wrote the corpus to {}", store.url());
-    }
-    Ok(ExitCode::SUCCESS)
 }
