@@ -24,11 +24,11 @@ pub enum Command {
     /// The whole pipeline: corpus, leases to workers over QUIC, merge, checks, scoring.
     Run(runtime::run::RunArgs),
     /// Create a cluster CA (ca.pem, ca.key) that signs the coordinator's certificate.
-    Ca(runtime::run::CaArgs),
+    Ca(crate::keys::CaArgs),
     /// Write one worker's own key file (from the join secret, for one name): it joins as that name only.
-    WorkerKey(runtime::run::WorkerKeyArgs),
+    WorkerKey(crate::keys::WorkerKeyArgs),
     /// Merge partials into saliency.json, saliency.parquet and imatrix.gguf.
-    Merge(runtime::merge::MergeArgs),
+    Merge(crate::merge::MergeArgs),
     /// Check every invariant of the run's results; exit 0 only if all hold.
     Verify(stages::verify::VerifyArgs),
     /// Rank experts, write keep maps for every K and the scoring tables.
@@ -50,9 +50,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Corpus(args) => corpus(args),
         Command::Run(args) => crate::pipeline::main(args),
-        Command::Ca(args) => runtime::run::ca(args),
-        Command::WorkerKey(args) => runtime::run::worker_key(args),
-        Command::Merge(args) => runtime::merge::run(args),
+        Command::Ca(args) => crate::keys::ca(args),
+        Command::WorkerKey(args) => crate::keys::worker_key(args),
+        Command::Merge(args) => crate::merge::run(args),
         Command::Verify(args) => stages::verify::run(args),
         Command::Score(args) => stages::score::run(args),
         Command::Report(args) => stages::report::run(args),

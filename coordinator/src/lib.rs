@@ -1,9 +1,12 @@
-//! The `coordinator` binary's library: the command line ([`cli`]) and the
-//! whole run ([`pipeline`]) over the crates that do the work, in data-flow
-//! order: `config`, `corpus`, `runtime` (leases, QUIC, resume, merge) and
+//! The `coordinator` binary's library: the command line ([`cli`]), the
+//! whole run ([`pipeline`]), the exact merge of stored partials ([`merge`])
+//! and the cluster's credentials ([`keys`]) over the crates that do the work, in data-flow
+//! order: `config`, `corpus`, `runtime` (leases, QUIC, resume, running merge) and
 //! `stages` (score, verify, prune, eval, report, ship).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod keys;
+pub mod merge;
 pub mod pipeline;

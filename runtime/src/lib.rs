@@ -1,7 +1,6 @@
 //! The distributed runtime: leases over the corpus's chunks ([`lease`]),
 //! the QUIC hub that serves them to workers ([`net`]), the runner that holds
-//! a run's lock, plan, resume, acceptance and running merge ([`run`]), and
-//! the exact merge of stored partials ([`merge`]).
+//! a run's lock, plan, resume, acceptance and running merge ([`run`]).
 //!
 //! It comes after the corpus in the data flow and before every analysis
 //! stage: nothing here imports scoring, evaluation or the report.
@@ -9,6 +8,5 @@
 #![forbid(unsafe_code)]
 
 pub mod lease;
-pub mod merge;
 pub mod net;
 pub mod run;

@@ -168,7 +168,7 @@ pub fn create_ca(dir: &Path) -> Result<PathBuf, NetError> {
 }
 
 /// Writes a new file readable by its owner only (mode 0600).
-pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);

@@ -31,7 +31,7 @@ use crate::lease::LeaseKind;
 use crate::net::hub::Hub;
 use crate::net::persist::Kept;
 use crate::net::server::{Server, ServerOptions};
-use crate::net::tls::{create_ca, server_names, Identity};
+use crate::net::tls::{server_names, Identity};
 use crate::net::NetError;
 use clap::Args;
 use common::artifacts::{names, write_results};
@@ -45,7 +45,6 @@ use runner::{lease_all, locked, LeaseFigures, Leasing, OnListen};
 use sched::plan;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,27 +109,6 @@ pub struct RunArgs {
     /// fresh (when that coordinator is known to be gone).
     #[arg(long)]
     pub take_over_lock: bool,
-}
-
-/// Arguments of `coordinator ca`.
-#[derive(Args, Debug)]
-pub struct CaArgs {
-    /// Directory that receives `ca.pem` (give it to workers) and `ca.key` (keep it secret).
-    pub dir: PathBuf,
-}
-
-/// Arguments of `coordinator worker-key`.
-#[derive(Args, Debug)]
-pub struct WorkerKeyArgs {
-    /// File holding the run's join secret (default: the MOE_CENSUS_JOIN_SECRET variable).
-    #[arg(long)]
-    pub secret_file: Option<PathBuf>,
-    /// The worker's name: the only one the key proves.
-    #[arg(long)]
-    pub name: String,
-    /// The key file to write (never replaced); give it to that worker only.
-    #[arg(long)]
-    pub out: PathBuf,
 }
 
 /// Everything [`execute`] needs: a run whose corpus is prepared.
@@ -204,7 +182,7 @@ pub fn check_secret(cluster: &ClusterSettings) -> Result<(), RunError> {
 
 /// The join secret: `[cluster] secret_file`, else `MOE_CENSUS_JOIN_SECRET`,
 /// else a random one only local workers learn (`false`: not shared).
-pub(crate) fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError> {
+pub fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError> {
     let setup = |e: common::secret::SecretError| RunError::Setup(format!("[cluster] {e}"));
     if let Some(path) = &cluster.secret_file {
         return Ok((JoinSecret::from_file(path).map_err(setup)?, true));
@@ -268,7 +246,7 @@ pub async fn execute_locked(
             saliency.trace_tokens_written,
         )
         .await
-        .map_err(|e| RunError::Setup(format!("measuring the trace parts: {e:#}")))?,
+        .map_err(|e| RunError::Setup(format!("measuring the trace parts: {e}")))?,
     );
     Ok(summary)
 }
@@ -442,46 +420,6 @@ pub async fn read_index(store: &RunStore) -> Result<CorpusIndex, RunError> {
             corpus.url_of(INDEX_FILE)
         ))
     })
-}
-
-/// Entry point of `coordinator ca`.
-pub fn ca(args: CaArgs) -> anyhow::Result<ExitCode> {
-    let cert = create_ca(&args.dir)?;
-    println!(
-        "cluster CA written: {} (give it to workers: `worker join --ca {}`) and {} (keep it secret; set [cluster] ca_dir = {:?})",
-        cert.display(),
-        cert.display(),
-        args.dir.join(crate::net::tls::CA_KEY_FILE).display(),
-        args.dir.display()
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Entry point of `coordinator worker-key`: writes the key of one worker
-/// name (mode 0600, create-only), so that worker joins without the join
-/// secret and cannot pose as any other.
-pub fn worker_key(args: WorkerKeyArgs) -> anyhow::Result<ExitCode> {
-    if args.name.is_empty() {
-        anyhow::bail!("--name is empty: a worker key proves one name");
-    }
-    let cluster = ClusterSettings {
-        secret_file: args.secret_file.clone(),
-        ..ClusterSettings::default()
-    };
-    let (secret, shared) = secret(&cluster)?;
-    if !shared {
-        anyhow::bail!("no join secret: give --secret-file or set {SECRET_ENV}");
-    }
-    let key = common::secret::WorkerKey::derive(&secret, &args.name);
-    crate::net::tls::write_private(&args.out, key.file_text().as_bytes())
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.out.display()))?;
-    println!(
-        "worker key of {:?} written: {} (give it to that worker only: `worker join --key-file {}`)",
-        args.name,
-        args.out.display(),
-        args.out.display()
-    );
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! trace with, and what the written traces cost (the manifest's `trace`
 //! section).
 
-use common::store::RunStore;
+use common::store::{RunStore, StoreError};
 use common::wire::TraceStrides;
 
 /// The chunk stride that gives a split of `split_tokens` tokens at least
@@ -30,7 +30,7 @@ pub fn trace_strides(budget: u64, fit_tokens: u64, heldout_tokens: u64) -> Trace
 
 /// Total bytes of the objects `names` of `store` (HEAD requests on remote
 /// stores).
-pub async fn stored_bytes(store: &RunStore, names: &[String]) -> anyhow::Result<u64> {
+pub async fn stored_bytes(store: &RunStore, names: &[String]) -> Result<u64, StoreError> {
     let mut total = 0;
     for name in names {
         total += store.size(name).await?;
@@ -45,7 +45,7 @@ pub async fn manifest_entry(
     budget: u64,
     strides: TraceStrides,
     tokens: u64,
-) -> anyhow::Result<corpus::manifest::TraceRecord> {
+) -> Result<corpus::manifest::TraceRecord, StoreError> {
     let (parts, _decode) = common::trace::stored_parts(store).await?;
     let bytes = stored_bytes(store, &parts).await?;
     Ok(corpus::manifest::TraceRecord {
