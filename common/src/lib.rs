@@ -31,6 +31,7 @@ pub mod artifacts;
 pub mod bounded;
 pub mod compare;
 pub mod corpus;
+pub mod error_text;
 pub mod eval;
 pub mod exact;
 pub mod gguf;

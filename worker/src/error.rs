@@ -65,4 +65,144 @@ pub enum WorkerError {
         /// Why.
         reason: String,
     },
+    /// A command-line argument does not parse.
+    #[error("{flag}: {reason}")]
+    Arg {
+        /// The flag, `--chunks`.
+        flag: &'static str,
+        /// Why its value is unusable.
+        reason: String,
+    },
+    /// A command-line argument is not one of the values it accepts.
+    #[error("{flag} {value:?}: expected {expected}")]
+    ArgValue {
+        /// The flag, `--split`.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// The values accepted.
+        expected: &'static str,
+    },
+    /// A directory named by a command-line flag could not be created.
+    #[error("{flag} {path}")]
+    ArgDir {
+        /// The flag, `--dump-logits`.
+        flag: &'static str,
+        /// The directory.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An environment variable is not one of the values it accepts.
+    #[error("{var}={value:?}: expected {expected}")]
+    EnvValue {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// The values accepted.
+        expected: &'static str,
+    },
+    /// An environment variable could not be read (not Unicode).
+    #[error("{var}: {error}")]
+    EnvUnreadable {
+        /// The variable.
+        var: &'static str,
+        /// Why it could not be read.
+        error: std::env::VarError,
+    },
+    /// A corpus index is not valid JSON of the index's shape.
+    #[error("{url} is not a corpus index")]
+    CorpusIndex {
+        /// URL of the index.
+        url: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A file of the corpus (its chunks) is unusable.
+    #[error("{url}: {reason}")]
+    CorpusFile {
+        /// URL of the file.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A GGUF file could not be read.
+    #[error(transparent)]
+    Gguf(#[from] common::gguf_read::GgufReadError),
+    /// A GGUF file lacks a metadata key it needs.
+    #[error("{path}: no {key}")]
+    MissingKey {
+        /// The GGUF file.
+        path: String,
+        /// The key.
+        key: String,
+    },
+    /// More vision experts were asked of a generated model than it can
+    /// route to on image positions alone.
+    #[error(
+        "{requested} vision experts: a {preset} model has {n_expert} experts, {n_expert_used} \
+         per token, so at most {} can serve images alone",
+        .n_expert - .n_expert_used
+    )]
+    VisionExperts {
+        /// Vision experts asked for.
+        requested: usize,
+        /// The model preset's name (`Tiny`, `Wide`, ...).
+        preset: String,
+        /// Experts per MoE layer of the preset.
+        n_expert: usize,
+        /// Experts routed to per token.
+        n_expert_used: usize,
+    },
+    /// Encoding a generated picture as PNG failed.
+    #[error(transparent)]
+    Png(#[from] png::EncodingError),
+    /// Creating a directory or file for generated output failed.
+    #[error("creating {path}")]
+    Create {
+        /// The directory or file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing a generated file failed.
+    #[error("writing {path}")]
+    WriteFile {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Renaming a finished temporary file into place failed.
+    #[error("renaming to {path}")]
+    Rename {
+        /// The destination.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing a raw logits dump file (`--dump-logits`) failed.
+    #[error("{path}")]
+    LogitsDump {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The async runtime could not start.
+    #[error(transparent)]
+    Runtime(std::io::Error),
+    /// Writing a partial's results (`saliency.json`, `imatrix.gguf`) failed.
+    #[error(transparent)]
+    Artifact(#[from] common::artifacts::ArtifactError),
+    /// A result could not be encoded as JSON.
+    #[error(transparent)]
+    Json(serde_json::Error),
 }

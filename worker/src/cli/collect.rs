@@ -4,7 +4,7 @@
 use super::corpus::load_chunks;
 use crate::collect::device::Reduce;
 use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
-use anyhow::Context;
+use crate::error::WorkerError;
 use common::store::RunStore;
 use common::ChunkRange;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -66,9 +66,12 @@ pub struct CollectArgs {
 }
 
 /// Entry point of `worker collect`.
-pub fn run(a: CollectArgs) -> anyhow::Result<()> {
-    let range = ChunkRange::parse(&a.chunks).map_err(|e| anyhow::anyhow!("--chunks: {e}"))?;
-    let rt = tokio::runtime::Runtime::new()?;
+pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
+    let range = ChunkRange::parse(&a.chunks).map_err(|reason| WorkerError::Arg {
+        flag: "--chunks",
+        reason,
+    })?;
+    let rt = tokio::runtime::Runtime::new().map_err(WorkerError::Runtime)?;
     let (index, chunks) = rt.block_on(load_chunks(&a.corpus, range))?;
     let mut opts = CollectOptions {
         n_ubatch: a.n_ubatch,
@@ -79,8 +82,11 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
         f32_kv: a.f32_kv,
         flash_attn: a.flash_attn,
         decode_tokens: a.decode_tokens,
-        decode_prompt: usize::try_from(a.decode_prompt).context("--decode-prompt")?,
-        reduce: Reduce::from_flag_or_env(a.reduce).map_err(anyhow::Error::msg)?,
+        decode_prompt: usize::try_from(a.decode_prompt).map_err(|e| WorkerError::Arg {
+            flag: "--decode-prompt",
+            reason: e.to_string(),
+        })?,
+        reduce: Reduce::from_flag_or_env(a.reduce)?,
         ..Default::default()
     };
     if let Some(t) = a.threads {
@@ -129,6 +135,6 @@ pub fn run(a: CollectArgs) -> anyhow::Result<()> {
                 saliency.nonfinite_drops, saliency.nonfinite_drops_by_tensor
             );
         }
-        anyhow::Ok(())
+        Ok(())
     })
 }

@@ -3,8 +3,8 @@
 //! `eval/summary.json`.
 
 use super::corpus::load_chunks;
+use crate::error::WorkerError;
 use crate::eval::{candidates, Compare, EvalOptions, Evaluator};
-use anyhow::Context;
 use common::eval::{names, EvalSummary};
 use common::store::RunStore;
 use common::ChunkRange;
@@ -63,11 +63,18 @@ pub struct EvalArgs {
 }
 
 /// Entry point of `worker eval`.
-pub fn run(a: EvalArgs) -> anyhow::Result<()> {
-    let range = ChunkRange::parse(&a.chunks).map_err(|e| anyhow::anyhow!("--chunks: {e}"))?;
-    let splits = common::eval::summary::parse_splits(&a.split)
-        .with_context(|| format!("--split {:?}: expected fit, heldout or both", a.split))?;
-    let rt = tokio::runtime::Runtime::new()?;
+pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
+    let range = ChunkRange::parse(&a.chunks).map_err(|reason| WorkerError::Arg {
+        flag: "--chunks",
+        reason,
+    })?;
+    let splits =
+        common::eval::summary::parse_splits(&a.split).ok_or_else(|| WorkerError::ArgValue {
+            flag: "--split",
+            value: a.split.clone(),
+            expected: "fit, heldout or both",
+        })?;
+    let rt = tokio::runtime::Runtime::new().map_err(WorkerError::Runtime)?;
     let (index, chunks) = rt.block_on(load_chunks(&a.corpus, range))?;
     let mut opts = EvalOptions {
         n_ubatch: a.n_ubatch,
@@ -87,11 +94,18 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let mut evaluator = Evaluator::load(&a.model, &cands, opts)?;
     let evaluated = evaluator.run(&index, &chunks, &mut |_, _| {})?;
     if let Some(dir) = &a.dump_logits {
-        std::fs::create_dir_all(dir).with_context(|| format!("--dump-logits {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| WorkerError::ArgDir {
+            flag: "--dump-logits",
+            path: dir.display().to_string(),
+            source,
+        })?;
         for ((m, chunk), logits) in &evaluated.dumps {
             let path = dir.join(format!("chunk-{chunk}-model-{m}.f32"));
             let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-            std::fs::write(&path, bytes).with_context(|| path.display().to_string())?;
+            std::fs::write(&path, bytes).map_err(|source| WorkerError::LogitsDump {
+                path: path.display().to_string(),
+                source,
+            })?;
         }
     }
     let partial = evaluated.partial;
@@ -105,7 +119,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         .await?;
         out.put(names::SUMMARY_JSON, summary.to_json_bytes())
             .await?;
-        anyhow::Ok(())
+        Ok::<_, WorkerError>(())
     })?;
     println!(
         "evaluated chunks {range} ({} scored positions, {} candidates) -> {}",

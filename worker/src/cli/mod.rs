@@ -1,6 +1,7 @@
 //! The `worker` command line: subcommands and their dispatch, shared by the
 //! `worker` binary and the binaries the end-to-end tests build.
 
+use crate::error::WorkerError;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -101,7 +102,7 @@ struct SynthCorpusArgs {
     seed: u64,
 }
 
-fn synth_mmproj(a: &SynthMmprojArgs) -> anyhow::Result<()> {
+fn synth_mmproj(a: &SynthMmprojArgs) -> Result<(), WorkerError> {
     use crate::synth::mmproj;
     let spec = mmproj::MmprojSpec::for_model(&a.model)?;
     mmproj::write_mmproj(&spec, a.seed, &a.out)?;
@@ -161,12 +162,17 @@ pub fn main() -> ExitCode {
         Command::Collect(a) => collect::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Quantize(a) => quantize::run(a),
-        Command::Join(a) => crate::join::run(a).map(|_| ()).map_err(anyhow::Error::from),
+        Command::Join(a) => return exit_code(crate::join::run(a).map(|_| ())),
     };
+    exit_code(result)
+}
+
+/// Success, or the error printed with its causes and a failure exit code.
+fn exit_code<E: std::error::Error>(result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", common::error_text::with_causes(&e));
             ExitCode::FAILURE
         }
     }

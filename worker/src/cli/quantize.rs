@@ -2,6 +2,7 @@
 //! matrix; prints what it wrote as one JSON line (what `coordinator ship`
 //! reads).
 
+use crate::error::WorkerError;
 use crate::quantize::{quantize_file, QuantizeOptions};
 use common::quant::QuantType;
 use std::path::PathBuf;
@@ -31,7 +32,7 @@ pub struct QuantizeArgs {
 }
 
 /// Entry point of `worker quantize`.
-pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
+pub fn run(a: QuantizeArgs) -> Result<(), WorkerError> {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
@@ -42,6 +43,6 @@ pub fn run(a: QuantizeArgs) -> anyhow::Result<()> {
         threads,
     };
     let q = quantize_file(&a.model, &a.out, &opts)?;
-    println!("{}", serde_json::to_string(&q)?);
+    println!("{}", serde_json::to_string(&q).map_err(WorkerError::Json)?);
     Ok(())
 }

@@ -310,7 +310,8 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
         mmproj: args.mmproj.clone(),
         n_gpu_layers: args.n_gpu_layers,
         threads: args.threads,
-        reduce: Reduce::from_flag_or_env(args.reduce).map_err(JoinError::Setup)?,
+        reduce: Reduce::from_flag_or_env(args.reduce)
+            .map_err(|e| JoinError::Setup(e.to_string()))?,
         compare: args.compare,
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| JoinError::Setup(e.to_string()))?;

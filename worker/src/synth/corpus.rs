@@ -8,7 +8,7 @@
 //! - `code.txt`: plain-text code-like documents separated by a blank line;
 //! - `chat.jsonl`: `{"task", "messages"}` conversations, grouped by task.
 
-use anyhow::Context;
+use crate::error::WorkerError;
 use common::splitmix::SplitMix64 as Rng;
 use std::io::Write;
 use std::path::Path;
@@ -47,28 +47,39 @@ const TASKS: &[&str] = &[
 ];
 
 /// Writes the three domain files into `dir`, each about `chars` characters.
-pub fn write_corpus(dir: &Path, chars: usize, seed: u64) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+pub fn write_corpus(dir: &Path, chars: usize, seed: u64) -> Result<(), WorkerError> {
+    std::fs::create_dir_all(dir).map_err(|source| WorkerError::Create {
+        path: dir.display().to_string(),
+        source,
+    })?;
     let writers: [fn(&mut Rng, usize) -> String; 3] = [prose_doc, code_doc, chat_doc];
     for (name, doc) in FILES.iter().zip(writers) {
         let path = dir.join(name);
         let tmp = path.with_extension("partial");
-        let mut out = std::io::BufWriter::new(
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
-        );
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(|source| {
+            WorkerError::Create {
+                path: tmp.display().to_string(),
+                source,
+            }
+        })?);
+        let writing = |source| WorkerError::WriteFile {
+            path: tmp.display().to_string(),
+            source,
+        };
         let mut rng = Rng::for_stream(seed, name);
         let (mut written, mut i) = (0, 0);
         while written < chars {
             let text = doc(&mut rng, i);
             written += text.len();
-            out.write_all(text.as_bytes())
-                .with_context(|| format!("writing {}", tmp.display()))?;
+            out.write_all(text.as_bytes()).map_err(writing)?;
             i += 1;
         }
-        out.flush()
-            .with_context(|| format!("writing {}", tmp.display()))?;
+        out.flush().map_err(writing)?;
         drop(out);
-        std::fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|source| WorkerError::Rename {
+            path: path.display().to_string(),
+            source,
+        })?;
     }
     Ok(())
 }

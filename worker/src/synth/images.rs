@@ -4,7 +4,7 @@
 //! "text"}` and chat records with image parts, so an image domain needs no
 //! downloaded data. The same call always writes the same bytes.
 
-use anyhow::Context;
+use crate::error::WorkerError;
 use std::path::Path;
 
 /// Directory of the pictures, relative to `images.jsonl`.
@@ -76,7 +76,7 @@ const PICTURES: [Picture; 5] = [
 ];
 
 /// The PNG bytes of one picture (8-bit RGB).
-fn png_bytes(p: &Picture) -> anyhow::Result<Vec<u8>> {
+fn png_bytes(p: &Picture) -> Result<Vec<u8>, WorkerError> {
     let (w, h) = p.size;
     let rgb: Vec<u8> = (0..h)
         .flat_map(|y| (0..w).flat_map(move |x| (p.pixel)(x, y)))
@@ -114,22 +114,28 @@ fn records() -> String {
 }
 
 /// Writes `DIR/*.png` and `RECORDS` into `dir`.
-pub fn write_images(dir: &Path) -> anyhow::Result<()> {
+pub fn write_images(dir: &Path) -> Result<(), WorkerError> {
     let images = dir.join(DIR);
-    std::fs::create_dir_all(&images).with_context(|| format!("creating {}", images.display()))?;
+    std::fs::create_dir_all(&images).map_err(|source| WorkerError::Create {
+        path: images.display().to_string(),
+        source,
+    })?;
     for (name, bytes) in files()? {
         let path = dir.join(name);
-        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, bytes).map_err(|source| WorkerError::WriteFile {
+            path: path.display().to_string(),
+            source,
+        })?;
     }
     Ok(())
 }
 
 /// Every file [`write_images`] writes, relative to its directory, with its bytes.
-pub fn files() -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+pub fn files() -> Result<Vec<(String, Vec<u8>)>, WorkerError> {
     let mut out: Vec<(String, Vec<u8>)> = PICTURES
         .iter()
         .map(|p| Ok((format!("{DIR}/{}", p.file), png_bytes(p)?)))
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<Result<_, WorkerError>>()?;
     out.push((RECORDS.to_string(), records().into_bytes()));
     Ok(out)
 }

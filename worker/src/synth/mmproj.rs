@@ -12,7 +12,7 @@
 //! second-to-last feature layer).
 
 use super::weights::{random_matrix, random_vector};
-use anyhow::Context;
+use crate::error::WorkerError;
 use common::gguf::{GgufWriter, TensorType, Value};
 use common::gguf_read::GgufReader;
 use std::path::Path;
@@ -58,7 +58,7 @@ impl MmprojSpec {
 
     /// [`MmprojSpec::tiny`] for the text model GGUF `model`: its hidden
     /// size, and its image channel when it has vision experts.
-    pub fn for_model(model: &Path) -> anyhow::Result<MmprojSpec> {
+    pub fn for_model(model: &Path) -> Result<MmprojSpec, WorkerError> {
         let r = GgufReader::open(model)?;
         let channel = r
             .header
@@ -78,23 +78,27 @@ impl MmprojSpec {
 }
 
 /// The hidden size of a text model GGUF (`{general.architecture}.embedding_length`).
-pub fn text_hidden_size(model: &Path) -> anyhow::Result<usize> {
+pub fn text_hidden_size(model: &Path) -> Result<usize, WorkerError> {
     let r = GgufReader::open(model)?;
     let h = &r.header;
+    let missing = |key: String| WorkerError::MissingKey {
+        path: model.display().to_string(),
+        key,
+    };
     let arch = h
         .get("general.architecture")
         .and_then(|v| v.as_str())
-        .with_context(|| format!("{}: no general.architecture", model.display()))?;
+        .ok_or_else(|| missing("general.architecture".to_string()))?;
     let key = format!("{arch}.embedding_length");
     let n = h
         .get(&key)
         .and_then(|v| v.as_u64())
-        .with_context(|| format!("{}: no {key}", model.display()))?;
+        .ok_or_else(|| missing(key))?;
     Ok(n as usize)
 }
 
 /// Writes the mmproj of `spec` to `path` (atomically), weights from `seed`.
-pub fn write_mmproj(spec: &MmprojSpec, seed: u64, path: &Path) -> anyhow::Result<()> {
+pub fn write_mmproj(spec: &MmprojSpec, seed: u64, path: &Path) -> Result<(), WorkerError> {
     super::write_gguf(&build(spec, seed), path)
 }
 

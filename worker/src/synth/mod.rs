@@ -42,7 +42,7 @@ pub mod vision;
 mod vocab;
 mod weights;
 
-use anyhow::Context;
+use crate::error::WorkerError;
 use builder::Builder;
 use common::gguf::{GgufWriter, TensorType, Value};
 use std::path::Path;
@@ -402,7 +402,7 @@ pub struct Overrides {
 }
 
 /// Writes the preset's model to `path` (atomically: a temporary file renamed).
-pub fn write_model(preset: Preset, seed: u64, path: &Path) -> anyhow::Result<()> {
+pub fn write_model(preset: Preset, seed: u64, path: &Path) -> Result<(), WorkerError> {
     write_model_with(preset, seed, Overrides::default(), path)
 }
 
@@ -413,7 +413,7 @@ pub fn write_model_as(
     seed: u64,
     weights: Option<WeightType>,
     path: &Path,
-) -> anyhow::Result<()> {
+) -> Result<(), WorkerError> {
     let o = Overrides {
         weights,
         ..Overrides::default()
@@ -428,17 +428,17 @@ pub fn write_model_with(
     seed: u64,
     o: Overrides,
     path: &Path,
-) -> anyhow::Result<()> {
+) -> Result<(), WorkerError> {
     let spec = preset.spec();
     if let Some(n) = o.vision_experts {
-        anyhow::ensure!(
-            n + spec.n_expert_used <= spec.n_expert && spec.n_embd > 2,
-            "{n} vision experts: a {preset:?} model has {} experts, {} per token, so at most {} \
-             can serve images alone",
-            spec.n_expert,
-            spec.n_expert_used,
-            spec.n_expert - spec.n_expert_used
-        );
+        if n + spec.n_expert_used > spec.n_expert || spec.n_embd <= 2 {
+            return Err(WorkerError::VisionExperts {
+                requested: n,
+                preset: format!("{preset:?}"),
+                n_expert: spec.n_expert,
+                n_expert_used: spec.n_expert_used,
+            });
+        }
     }
     write_gguf(&build_model(preset, seed, o), path)
 }
@@ -446,9 +446,12 @@ pub fn write_model_with(
 /// Writes `g` to `path` atomically (a temporary file renamed), creating
 /// the parent directory; the file is written from the encoded tensors,
 /// never copied whole into one buffer.
-fn write_gguf(g: &GgufWriter, path: &Path) -> anyhow::Result<()> {
+fn write_gguf(g: &GgufWriter, path: &Path) -> Result<(), WorkerError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| WorkerError::Create {
+            path: dir.display().to_string(),
+            source,
+        })?;
     }
     let tmp = path.with_extension("gguf.partial");
     let written = std::fs::File::create(&tmp).and_then(|f| {
@@ -456,8 +459,14 @@ fn write_gguf(g: &GgufWriter, path: &Path) -> anyhow::Result<()> {
         g.write(&mut w)?;
         w.into_inner().map_err(|e| e.into_error())?.sync_all()
     });
-    written.with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    written.map_err(|source| WorkerError::WriteFile {
+        path: tmp.display().to_string(),
+        source,
+    })?;
+    std::fs::rename(&tmp, path).map_err(|source| WorkerError::Rename {
+        path: path.display().to_string(),
+        source,
+    })?;
     Ok(())
 }
 

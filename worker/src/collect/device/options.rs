@@ -1,5 +1,6 @@
 //! Where the collector reduces observed tensors: `--reduce auto|host|device`.
 
+use crate::error::WorkerError;
 use std::fmt;
 
 /// Environment variable read when `--reduce` is not given (tests and
@@ -35,15 +36,23 @@ pub enum Reduce {
 impl Reduce {
     /// The flag's value, or `MOE_CENSUS_REDUCE`'s when the flag is absent,
     /// or `auto`; an unknown value in the variable is an error naming it.
-    pub fn from_flag_or_env(flag: Option<Reduce>) -> Result<Reduce, String> {
+    pub fn from_flag_or_env(flag: Option<Reduce>) -> Result<Reduce, WorkerError> {
         if let Some(r) = flag {
             return Ok(r);
         }
         match std::env::var(REDUCE_ENV) {
-            Ok(v) => <Reduce as clap::ValueEnum>::from_str(v.trim(), true)
-                .map_err(|_| format!("{REDUCE_ENV}={v:?}: expected auto, host or device")),
+            Ok(v) => <Reduce as clap::ValueEnum>::from_str(v.trim(), true).map_err(|_| {
+                WorkerError::EnvValue {
+                    var: REDUCE_ENV,
+                    value: v,
+                    expected: "auto, host or device",
+                }
+            }),
             Err(std::env::VarError::NotPresent) => Ok(Reduce::Auto),
-            Err(e) => Err(format!("{REDUCE_ENV}: {e}")),
+            Err(error) => Err(WorkerError::EnvUnreadable {
+                var: REDUCE_ENV,
+                error,
+            }),
         }
     }
 
