@@ -53,13 +53,13 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ca(args) => crate::keys::ca(args),
         Command::WorkerKey(args) => crate::keys::worker_key(args),
         Command::Merge(args) => crate::merge::run(args),
-        Command::Verify(args) => stages::verify::run(args),
-        Command::Score(args) => stages::score::run(args),
-        Command::Report(args) => stages::report::run(args),
+        Command::Verify(args) => Ok(stages::verify::run(args)?),
+        Command::Score(args) => Ok(stages::score::run(args)?),
+        Command::Report(args) => Ok(stages::report::run(args)?),
         Command::Replay(args) => replay(args),
-        Command::Prune(args) => stages::prune::run(args),
-        Command::Ship(args) => stages::ship::run(args),
-        Command::Eval(args) => stages::eval::cli::main(args),
+        Command::Prune(args) => Ok(stages::prune::run(args)?),
+        Command::Ship(args) => Ok(stages::ship::run(args)?),
+        Command::Eval(args) => Ok(stages::eval::cli::main(args)?),
     }
 }
 

@@ -2,9 +2,9 @@
 //! written once by hand before a run.
 
 use clap::Args;
+use common::layout::env::JOIN_SECRET as SECRET_ENV;
 use config::run::ClusterSettings;
 use runtime::net::tls::{create_ca, write_private, CA_KEY_FILE};
-use common::layout::env::JOIN_SECRET as SECRET_ENV;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

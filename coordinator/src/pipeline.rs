@@ -222,7 +222,10 @@ async fn stages(
             setup: &setup,
             local: local.as_ref(),
         });
-        if let Err(e) = stages::ship::ship(&store, request, evaluator).await {
+        if let Err(e) = stages::ship::ship(&store, request, evaluator)
+            .await
+            .map_err(anyhow::Error::from)
+        {
             eprintln!(
                 "[ship] failed: {e:#}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
                 store.url_of(names::REPORT_MD)
@@ -339,9 +342,9 @@ fn replay_defaults(
     }
     let args = Defaults::try_parse_from(argv)?.args;
     let store = store.clone();
-    std::thread::spawn(move || replay::replay_in(&args, store))
+    Ok(std::thread::spawn(move || replay::replay_in(&args, store))
         .join()
-        .map_err(|_| anyhow::anyhow!("replay panicked"))?
+        .map_err(|_| anyhow::anyhow!("replay panicked"))??)
 }
 
 /// A missing model named after a `synth-model` preset (`tiny.gguf`,

@@ -3,7 +3,7 @@
 
 use super::results::TraceKind;
 use super::trace_io::TraceSet;
-use anyhow::{bail, ensure, Context};
+use crate::ReplayError;
 use common::artifacts::names;
 use common::keepmap::KeepMap;
 use common::routing::Routing;
@@ -50,7 +50,7 @@ pub async fn load_inputs(
     store: &RunStore,
     model: Option<&Path>,
     keep_maps: &[String],
-) -> anyhow::Result<Inputs> {
+) -> Result<Inputs, ReplayError> {
     let model = model.map(Path::to_path_buf);
     let expert_bytes = model
         .as_deref()
@@ -58,8 +58,10 @@ pub async fn load_inputs(
         .transpose()?;
     let head = match store.get_opt(names::SALIENCY_JSON).await? {
         Some(b) => Some(
-            serde_json::from_slice::<SaliencyHead>(&b)
-                .with_context(|| format!("parsing {}", store.url_of(names::SALIENCY_JSON)))?,
+            serde_json::from_slice::<SaliencyHead>(&b).map_err(|source| ReplayError::Saliency {
+                url: store.url_of(names::SALIENCY_JSON),
+                source,
+            })?,
         ),
         None => None,
     };
@@ -67,18 +69,21 @@ pub async fn load_inputs(
     let n_expert = match &head {
         Some(h) => u64::from(h.n_expert),
         None => match model.as_deref() {
-            Some(m) => super::model::expert_count(m)?
-                .with_context(|| format!("model {} has no expert_count", m.display()))?,
-            None => bail!(
-                "{} is missing and no model is known (--model): cannot tell the number of experts",
-                store.url_of(names::SALIENCY_JSON)
-            ),
+            Some(m) => {
+                super::model::expert_count(m)?.ok_or_else(|| ReplayError::NoExpertCount {
+                    model: m.to_path_buf(),
+                })?
+            }
+            None => {
+                return Err(ReplayError::UnknownExpertCount {
+                    saliency: store.url_of(names::SALIENCY_JSON),
+                })
+            }
         },
     } as usize;
-    ensure!(
-        (1..=u16::MAX as usize).contains(&n_expert),
-        "n_expert = {n_expert} is out of range"
-    );
+    if !(1..=u16::MAX as usize).contains(&n_expert) {
+        return Err(ReplayError::ExpertCount { n_expert });
+    }
     let mut keep = Vec::new();
     for spec in keep_maps {
         keep.push(load_keep_map(store, spec, n_expert).await?);
@@ -90,11 +95,11 @@ pub async fn load_inputs(
             traces.push((kind, set));
         }
     }
-    ensure!(
-        !traces.is_empty(),
-        "{} holds no trace parts",
-        store.url_of(names::TRACE_DIR)
-    );
+    if traces.is_empty() {
+        return Err(ReplayError::NoTraces {
+            url: store.url_of(names::TRACE_DIR),
+        });
+    }
     Ok(Inputs {
         n_expert,
         routing,
@@ -105,7 +110,11 @@ pub async fn load_inputs(
     })
 }
 
-async fn load_keep_map(store: &RunStore, spec: &str, n_expert: usize) -> anyhow::Result<KeepInput> {
+async fn load_keep_map(
+    store: &RunStore,
+    spec: &str,
+    n_expert: usize,
+) -> Result<KeepInput, ReplayError> {
     if spec == "none" {
         return Ok(KeepInput {
             label: "none".into(),
@@ -114,7 +123,10 @@ async fn load_keep_map(store: &RunStore, spec: &str, n_expert: usize) -> anyhow:
     }
     let local = PathBuf::from(spec);
     let (label, where_, bytes) = if spec.ends_with(".json") && local.is_file() {
-        let bytes = std::fs::read(&local).with_context(|| format!("reading keep map {spec}"))?;
+        let bytes = std::fs::read(&local).map_err(|source| ReplayError::KeepMapRead {
+            path: spec.to_string(),
+            source,
+        })?;
         let label = local
             .file_stem()
             .map_or(spec.to_string(), |s| s.to_string_lossy().into_owned());
@@ -132,18 +144,29 @@ async fn load_keep_map(store: &RunStore, spec: &str, n_expert: usize) -> anyhow:
         )
     };
     let map: KeepMap =
-        serde_json::from_slice(&bytes).with_context(|| format!("parsing keep map {where_}"))?;
+        serde_json::from_slice(&bytes).map_err(|source| ReplayError::KeepMapParse {
+            keep_map: where_.clone(),
+            source,
+        })?;
     let mut kept = BTreeMap::new();
     for (layer, ids) in &map.layers {
         let layer: u32 = layer
             .parse()
-            .with_context(|| format!("keep map {where_}: layer key {layer:?} is not a number"))?;
+            .map_err(|source| ReplayError::KeepMapLayerKey {
+                keep_map: where_.clone(),
+                key: layer.clone(),
+                source,
+            })?;
         let mut bits = vec![false; n_expert];
         for &e in ids {
-            ensure!(
-                (e as usize) < n_expert,
-                "keep map {where_}: layer {layer} keeps expert {e}, but n_expert = {n_expert}"
-            );
+            if e as usize >= n_expert {
+                return Err(ReplayError::KeepMapExpert {
+                    keep_map: where_,
+                    layer,
+                    expert: e,
+                    n_expert,
+                });
+            }
             bits[e as usize] = true;
         }
         kept.insert(layer, bits);

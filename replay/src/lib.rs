@@ -10,12 +10,14 @@
 //! with lazy EMA scores ([`ema`]) and Belady's next-use index. [`run`] streams
 //! the trace one layer at a time ([`trace_io`]) across threads, after
 //! [`inputs`] read the run; [`report`] sums the layers into the rows of
-//! [`results`], the schema of `replay/results.json`.
+//! [`results`], the schema of `replay/results.json`. Every failure is a
+//! [`ReplayError`] naming the flag, file, object or column at fault.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod capacity;
 pub mod ema;
+pub mod error;
 pub mod ids;
 pub mod inputs;
 pub mod keep;
@@ -35,10 +37,13 @@ pub mod tree;
 #[cfg(test)]
 mod encoding_tests;
 #[cfg(test)]
+mod error_tests;
+#[cfg(test)]
 mod reference;
 #[cfg(test)]
 mod tests;
 
+pub use error::ReplayError;
 pub use policy::{simulate, Policy, PolicyParams};
 pub use results::{ReplayReport, ResultRow};
 pub use run::{replay_in, replay_run, ReplayArgs};

@@ -1,15 +1,16 @@
 //! Bytes moved per expert load, from the model's expert tensors.
 
-use anyhow::Context;
+use crate::ReplayError;
 use common::gguf_read::GgufReader;
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::BufReader;
 use std::path::Path;
 
 /// Bytes of one expert of each MoE layer: the sizes of
 /// `blk.L.ffn_{gate,up,down}_exps.weight` divided by `n_expert`.
-pub fn expert_bytes(model: &Path) -> anyhow::Result<BTreeMap<u32, u64>> {
-    let r =
-        GgufReader::open(model).with_context(|| format!("reading model {}", model.display()))?;
+pub fn expert_bytes(model: &Path) -> Result<BTreeMap<u32, u64>, ReplayError> {
+    let r = open(model)?;
     let mut per_layer: BTreeMap<u32, u64> = BTreeMap::new();
     for t in &r.header.tensors {
         let Some(rest) = t.name.strip_prefix("blk.") else {
@@ -24,38 +25,32 @@ pub fn expert_bytes(model: &Path) -> anyhow::Result<BTreeMap<u32, u64>> {
         ) {
             continue;
         }
-        let layer: u32 = layer.parse().with_context(|| {
-            format!(
-                "model {}: tensor {} has no block number",
-                model.display(),
-                t.name
-            )
+        let layer: u32 = layer.parse().map_err(|source| ReplayError::TensorBlock {
+            model: model.to_path_buf(),
+            tensor: t.name.clone(),
+            source,
         })?;
         let n_expert = *t
             .dims
             .last()
             .filter(|&&n| n > 0 && t.dims.len() == 3)
-            .with_context(|| {
-                format!(
-                    "model {}: tensor {} is not [in, out, n_expert]",
-                    model.display(),
-                    t.name
-                )
+            .ok_or_else(|| ReplayError::TensorShape {
+                model: model.to_path_buf(),
+                tensor: t.name.clone(),
             })?;
         *per_layer.entry(layer).or_default() += t.n_bytes / n_expert;
     }
-    anyhow::ensure!(
-        !per_layer.is_empty(),
-        "model {} has no blk.N.ffn_*_exps.weight tensors",
-        model.display()
-    );
+    if per_layer.is_empty() {
+        return Err(ReplayError::NoExpertTensors {
+            model: model.to_path_buf(),
+        });
+    }
     Ok(per_layer)
 }
 
 /// `{arch}.expert_count` of a model, if it has one.
-pub fn expert_count(model: &Path) -> anyhow::Result<Option<u64>> {
-    let r =
-        GgufReader::open(model).with_context(|| format!("reading model {}", model.display()))?;
+pub fn expert_count(model: &Path) -> Result<Option<u64>, ReplayError> {
+    let r = open(model)?;
     let arch = r
         .header
         .get("general.architecture")
@@ -64,4 +59,12 @@ pub fn expert_count(model: &Path) -> anyhow::Result<Option<u64>> {
     Ok(r.header
         .get(&format!("{arch}.expert_count"))
         .and_then(|v| v.as_u64()))
+}
+
+/// Reads the model's header.
+fn open(model: &Path) -> Result<GgufReader<BufReader<File>>, ReplayError> {
+    GgufReader::open(model).map_err(|source| ReplayError::ModelRead {
+        model: model.to_path_buf(),
+        source,
+    })
 }

@@ -3,7 +3,7 @@
 //! of the layer being replayed, so replay from a bucket holds one layer's
 //! bytes at a time instead of every part.
 
-use anyhow::Context;
+use crate::ReplayError;
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -36,25 +36,36 @@ impl Remote {
     /// in-process stores (`file://`, `memory://`), which are read otherwise.
     /// S3 settings come from the environment (`AWS_ENDPOINT`, ...), as for
     /// the run's own store.
-    pub fn open(url: &str) -> anyhow::Result<Option<Remote>> {
-        let parsed = url::Url::parse(url).with_context(|| format!("parsing {url}"))?;
+    pub fn open(url: &str) -> Result<Option<Remote>, ReplayError> {
+        let parsed = url::Url::parse(url).map_err(|source| ReplayError::BadUrl {
+            url: url.to_string(),
+            source,
+        })?;
+        let opening = |source| ReplayError::RemoteOpen {
+            url: url.to_string(),
+            source,
+        };
         let (store, prefix): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
             "file" | "memory" => return Ok(None),
             "s3" => {
-                let bucket = parsed
-                    .host_str()
-                    .with_context(|| format!("{url}: s3 URL without a bucket"))?;
+                let bucket = parsed.host_str().ok_or_else(|| ReplayError::NoBucket {
+                    url: url.to_string(),
+                })?;
                 let store = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
                     .build()
-                    .with_context(|| format!("opening {url}"))?;
-                let prefix = Path::parse(parsed.path().trim_start_matches('/'))
-                    .with_context(|| format!("{url}: bad path"))?;
+                    .map_err(opening)?;
+                let prefix =
+                    Path::parse(parsed.path().trim_start_matches('/')).map_err(|source| {
+                        ReplayError::RemotePath {
+                            url: url.to_string(),
+                            source,
+                        }
+                    })?;
                 (Arc::new(store), prefix)
             }
             _ => {
-                let (store, prefix) =
-                    object_store::parse_url(&parsed).with_context(|| format!("opening {url}"))?;
+                let (store, prefix) = object_store::parse_url(&parsed).map_err(opening)?;
                 (Arc::from(store), prefix)
             }
         };
@@ -62,7 +73,10 @@ impl Remote {
             .worker_threads(2)
             .enable_all()
             .build()
-            .context("starting the trace I/O runtime")?;
+            .map_err(|source| ReplayError::Runtime {
+                runtime: "trace I/O runtime",
+                source,
+            })?;
         Ok(Some(Remote {
             store,
             prefix,
@@ -85,21 +99,35 @@ impl Remote {
     }
 
     /// Size of object `name` (relative to the run).
-    pub fn size(&self, name: &str) -> anyhow::Result<u64> {
+    pub fn size(&self, name: &str) -> Result<u64, ReplayError> {
         let path = self.path(name);
-        let meta = self
-            .block_on(self.store.head(&path))
-            .with_context(|| format!("reading the size of {path}"))?;
+        let meta =
+            self.block_on(self.store.head(&path))
+                .map_err(|source| ReplayError::RemoteSize {
+                    path: path.to_string(),
+                    source,
+                })?;
         Ok(meta.size)
     }
 
     /// Bytes `start..end` of object `name`, wrapped so a Parquet reader sees
     /// them at their offsets in a file of `size` bytes.
-    pub fn range(&self, name: &str, start: u64, end: u64, size: u64) -> anyhow::Result<Window> {
+    pub fn range(
+        &self,
+        name: &str,
+        start: u64,
+        end: u64,
+        size: u64,
+    ) -> Result<Window, ReplayError> {
         let path = self.path(name);
         let bytes = self
             .block_on(self.store.get_range(&path, start..end))
-            .with_context(|| format!("reading bytes {start}..{end} of {path}"))?;
+            .map_err(|source| ReplayError::RemoteRange {
+                path: path.to_string(),
+                start,
+                end,
+                source,
+            })?;
         Ok(Window {
             base: start,
             bytes,
@@ -108,18 +136,28 @@ impl Remote {
     }
 
     /// The tail of object `name` that holds its Parquet footer.
-    pub fn footer(&self, name: &str, size: u64) -> anyhow::Result<Window> {
+    pub fn footer(&self, name: &str, size: u64) -> Result<Window, ReplayError> {
         let tail = self.range(name, size.saturating_sub(FOOTER_GUESS), size, size)?;
         let n = tail.bytes.len();
-        anyhow::ensure!(n >= 8, "{name} is too short for a Parquet file");
-        let meta_len = u32::from_le_bytes(tail.bytes[n - 8..n - 4].try_into()?) as u64;
+        if n < 8 {
+            return Err(ReplayError::FooterTooShort {
+                name: name.to_string(),
+            });
+        }
+        let len_bytes: [u8; 4] = tail.bytes[n - 8..n - 4]
+            .try_into()
+            .expect("a four-byte slice");
+        let meta_len = u32::from_le_bytes(len_bytes) as u64;
         if meta_len + 8 <= n as u64 {
             return Ok(tail);
         }
-        anyhow::ensure!(
-            meta_len + 8 <= size,
-            "{name}: footer length {meta_len} exceeds the file size {size}"
-        );
+        if meta_len + 8 > size {
+            return Err(ReplayError::FooterTooLong {
+                name: name.to_string(),
+                footer_len: meta_len,
+                size,
+            });
+        }
         self.range(name, size - meta_len - 8, size, size)
     }
 }

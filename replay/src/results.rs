@@ -4,7 +4,7 @@
 //! silently dropping a plot.
 
 use super::policy::{Policy, PolicyParams};
-use anyhow::Context;
+use crate::ReplayError;
 use common::Split;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -179,8 +179,11 @@ impl ReplayReport {
     }
 
     /// Reads `replay/results.json`; `url` names it in the error.
-    pub fn from_json(bytes: &[u8], url: &str) -> anyhow::Result<ReplayReport> {
-        serde_json::from_slice(bytes).with_context(|| format!("{url} is not replay results"))
+    pub fn from_json(bytes: &[u8], url: &str) -> Result<ReplayReport, ReplayError> {
+        serde_json::from_slice(bytes).map_err(|source| ReplayError::Results {
+            url: url.to_string(),
+            source,
+        })
     }
 
     /// The row for a (split, trace, mode, policy, capacity, keep map), if any.

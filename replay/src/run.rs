@@ -9,7 +9,7 @@ use super::report::{self, Cell, CurveCell, RowKey, Setup};
 use super::results::{Mode, ReplayReport, TraceKind};
 use super::steps::Steps;
 use super::trace_io::TraceSet;
-use anyhow::{ensure, Context};
+use crate::ReplayError;
 use clap::{Args, ValueEnum};
 use common::artifacts::names;
 use common::store::RunStore;
@@ -96,39 +96,59 @@ impl ReplayArgs {
         }
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
-        ensure!(
-            self.ema_decay > 0.0 && self.ema_decay < 1.0,
-            "--ema-decay {} must be in (0, 1)",
-            self.ema_decay
-        );
-        ensure!(self.ubatch >= 1, "--ubatch must be at least 1");
-        ensure!(!self.policies.is_empty(), "--policies names no policy");
-        ensure!(!self.capacity.is_empty(), "--capacity names no capacity");
-        ensure!(!self.mode.is_empty(), "--mode names no mode");
+    fn validate(&self) -> Result<(), ReplayError> {
+        let refuse = |flag, value, reason| {
+            Err(ReplayError::Flag {
+                flag,
+                value,
+                reason,
+            })
+        };
+        if !(self.ema_decay > 0.0 && self.ema_decay < 1.0) {
+            return refuse(
+                "--ema-decay",
+                Some(self.ema_decay.to_string()),
+                "must be in (0, 1)",
+            );
+        }
+        if self.ubatch < 1 {
+            return refuse("--ubatch", None, "must be at least 1");
+        }
+        if self.policies.is_empty() {
+            return refuse("--policies", None, "names no policy");
+        }
+        if self.capacity.is_empty() {
+            return refuse("--capacity", None, "names no capacity");
+        }
+        if self.mode.is_empty() {
+            return refuse("--mode", None, "names no mode");
+        }
         Ok(())
     }
 }
 
 /// Replays the traces of `args.run` and writes `replay/results.json` and
 /// `replay/report.md` under it. Call it outside any async runtime.
-pub fn replay_run(args: &ReplayArgs) -> anyhow::Result<ReplayReport> {
+pub fn replay_run(args: &ReplayArgs) -> Result<ReplayReport, ReplayError> {
     replay_in(args, RunStore::open(&args.run)?)
 }
 
 /// [`replay_run`] reading and writing through `store` (the run of
 /// `args.run`, fenced by its lock when the caller holds it).
-pub fn replay_in(args: &ReplayArgs, store: RunStore) -> anyhow::Result<ReplayReport> {
+pub fn replay_in(args: &ReplayArgs, store: RunStore) -> Result<ReplayReport, ReplayError> {
     args.validate()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("starting the I/O runtime")?;
+        .map_err(|source| ReplayError::Runtime {
+            runtime: "I/O runtime",
+            source,
+        })?;
     let inputs = rt.block_on(load_inputs(&store, args.model.as_deref(), &args.keep_map))?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
         .build()
-        .context("starting replay threads")?;
+        .map_err(|source| ReplayError::Threads { source })?;
     let mut cells = Vec::new();
     let mut curves = Vec::new();
     for (kind, set) in &inputs.traces {
@@ -137,7 +157,7 @@ pub fn replay_in(args: &ReplayArgs, store: RunStore) -> anyhow::Result<ReplayRep
             layers
                 .par_iter()
                 .map(|&layer| replay_layer(set, *kind, layer, &inputs, args))
-                .collect::<anyhow::Result<Vec<_>>>()
+                .collect::<Result<Vec<_>, _>>()
         })?;
         for (c, k) in outs {
             cells.extend(c);
@@ -172,7 +192,7 @@ fn replay_layer(
     layer: u32,
     inputs: &Inputs,
     args: &ReplayArgs,
-) -> anyhow::Result<LayerOut> {
+) -> Result<LayerOut, ReplayError> {
     let raw = set.read_layer(layer, inputs.n_expert)?;
     let params = args.params();
     let n_near = if args.policies.contains(&Policy::NearPickEma) {
@@ -192,7 +212,10 @@ fn replay_layer(
                 Some(m) => Some(KeptLayer {
                     kept: m
                         .get(&layer)
-                        .with_context(|| format!("keep map {} has no layer {layer}", keep.label))?
+                        .ok_or_else(|| ReplayError::KeepMapLayer {
+                            keep_map: keep.label.clone(),
+                            layer,
+                        })?
                         .as_slice(),
                     layer,
                     routing: &inputs.routing,

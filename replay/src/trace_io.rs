@@ -8,7 +8,7 @@
 //! `memory://` stores hold whole parts.
 
 use super::remote::Remote;
-use anyhow::{bail, Context};
+use crate::ReplayError;
 use arrow::array::{Array, FixedSizeListArray, RecordBatch, StringArray, UInt32Array};
 use bytes::Bytes;
 use common::store::RunStore;
@@ -86,7 +86,7 @@ impl TraceSet {
     /// Opens the parts `names` (relative to `store`); `None` if there are none.
     /// Only footers are read here (and a part's `layer` column when its
     /// statistics do not name one layer per row group).
-    pub async fn open(store: &RunStore, names: &[String]) -> anyhow::Result<Option<TraceSet>> {
+    pub async fn open(store: &RunStore, names: &[String]) -> Result<Option<TraceSet>, ReplayError> {
         let local = url::Url::parse(store.url())
             .ok()
             .filter(|u| u.scheme() == "file")
@@ -101,21 +101,26 @@ impl TraceSet {
             let url = store.url_of(name);
             let part = if let Some(dir) = &local {
                 let path = dir.join(name);
-                let file = std::fs::File::open(&path)
-                    .with_context(|| format!("opening trace part {url}"))?;
+                let file = std::fs::File::open(&path).map_err(|source| ReplayError::TraceOpen {
+                    url: url.clone(),
+                    source,
+                })?;
                 open_part(&file, url.clone(), Source::Local(path))?
             } else if let Some(remote) = &remote {
                 let (remote, name) = (remote.clone(), name.clone());
                 let url = url.clone();
-                tokio::task::spawn_blocking(move || -> anyhow::Result<Part> {
+                tokio::task::spawn_blocking(move || -> Result<Part, ReplayError> {
                     let size = remote.size(&name)?;
-                    let footer = remote
-                        .footer(&name, size)
-                        .with_context(|| format!("reading the footer of trace part {url}"))?;
+                    let footer = remote.footer(&name, size).map_err(|source| {
+                        ReplayError::TraceFooterFetch {
+                            url: url.clone(),
+                            source: Box::new(source),
+                        }
+                    })?;
                     open_part(&footer, url, Source::Remote(remote, name, size))
                 })
                 .await
-                .context("trace footer reader")??
+                .map_err(|source| ReplayError::FooterTask { source })??
             } else {
                 let bytes = store.get(name).await?;
                 open_part(&bytes.clone(), url.clone(), Source::Memory(bytes))?
@@ -125,13 +130,15 @@ impl TraceSet {
                 list_width(&part.meta, "topn_id", &url)?,
             );
             match shape {
-                Some(s) if s != this => bail!(
-                    "trace part {url} has {} selected and top-{} experts, other parts {} and top-{}",
-                    this.0,
-                    this.1,
-                    s.0,
-                    s.1
-                ),
+                Some(s) if s != this => {
+                    return Err(ReplayError::TraceShape {
+                        url,
+                        k: this.0,
+                        n: this.1,
+                        other_k: s.0,
+                        other_n: s.1,
+                    })
+                }
                 _ => shape = Some(this),
             }
             parts.push(part);
@@ -151,7 +158,7 @@ impl TraceSet {
 
     /// Decodes one layer: the fit and held-out tokens, each in (chunk, pos)
     /// order. Expert ids must be below `n_expert`.
-    pub fn read_layer(&self, layer: u32, n_expert: usize) -> anyhow::Result<[RawLayer; 2]> {
+    pub fn read_layer(&self, layer: u32, n_expert: usize) -> Result<[RawLayer; 2], ReplayError> {
         let empty = || Decoded {
             key: Vec::new(),
             raw: RawLayer {
@@ -167,33 +174,45 @@ impl TraceSet {
             };
             let columns = column_indices(part, &COLUMNS)?;
             for batch in &read_batches(part, groups, &columns)? {
-                append(&mut out, batch, layer, self.k, self.n, n_expert)
-                    .with_context(|| format!("trace part {} layer {layer}", part.url))?;
+                append(&mut out, batch, layer, self.k, self.n, n_expert).map_err(|source| {
+                    ReplayError::TraceLayer {
+                        url: part.url.clone(),
+                        layer,
+                        source: Box::new(source),
+                    }
+                })?;
             }
         }
         Ok(out.map(Decoded::sorted))
     }
 }
 
-fn list_width(meta: &ArrowReaderMetadata, name: &str, url: &str) -> anyhow::Result<usize> {
+fn list_width(meta: &ArrowReaderMetadata, name: &str, url: &str) -> Result<usize, ReplayError> {
     match meta
         .schema()
         .field_with_name(name)
         .map(|f| f.data_type().clone())
     {
         Ok(arrow::datatypes::DataType::FixedSizeList(_, w)) => Ok(w as usize),
-        _ => bail!("trace part {url} has no fixed-size list column {name:?}"),
+        _ => Err(ReplayError::ListColumn {
+            url: url.to_string(),
+            column: name.to_string(),
+        }),
     }
 }
 
-fn column_indices(part: &Part, names: &[&str]) -> anyhow::Result<Vec<usize>> {
+fn column_indices(part: &Part, names: &[&str]) -> Result<Vec<usize>, ReplayError> {
     let schema = part.meta.schema();
     names
         .iter()
         .map(|c| {
             schema
                 .index_of(c)
-                .with_context(|| format!("trace part {} has no {c:?} column", part.url))
+                .map_err(|source| ReplayError::TraceColumn {
+                    url: part.url.clone(),
+                    column: c.to_string(),
+                    source,
+                })
         })
         .collect()
 }
@@ -205,9 +224,14 @@ fn open_part<T: ChunkReader + 'static>(
     footer: &T,
     url: String,
     source: Source,
-) -> anyhow::Result<Part> {
-    let meta = ArrowReaderMetadata::load(footer, ArrowReaderOptions::default())
-        .with_context(|| format!("reading the footer of trace part {url}"))?;
+) -> Result<Part, ReplayError> {
+    let meta =
+        ArrowReaderMetadata::load(footer, ArrowReaderOptions::default()).map_err(|source| {
+            ReplayError::TraceFooter {
+                url: url.clone(),
+                source,
+            }
+        })?;
     let mut part = Part {
         url,
         source,
@@ -221,7 +245,9 @@ fn open_part<T: ChunkReader + 'static>(
         .columns()
         .iter()
         .position(|c| c.path().string() == "layer")
-        .with_context(|| format!("trace part {} has no layer column", part.url))?;
+        .ok_or_else(|| ReplayError::NoLayerColumn {
+            url: part.url.clone(),
+        })?;
     for rg in 0..part.meta.metadata().num_row_groups() {
         let stats = part.meta.metadata().row_group(rg).column(leaf).statistics();
         let single = match stats {
@@ -240,8 +266,8 @@ fn open_part<T: ChunkReader + 'static>(
                         .column(0)
                         .as_any()
                         .downcast_ref::<UInt32Array>()
-                        .with_context(|| {
-                            format!("trace part {}: layer column is not u32", part.url)
+                        .ok_or_else(|| ReplayError::LayerColumnType {
+                            url: part.url.clone(),
                         })?;
                     layers.extend(col.values().iter().copied());
                 }
@@ -261,19 +287,24 @@ fn read_batches(
     part: &Part,
     groups: &[usize],
     columns: &[usize],
-) -> anyhow::Result<Vec<RecordBatch>> {
+) -> Result<Vec<RecordBatch>, ReplayError> {
     match &part.source {
         Source::Local(path) => {
-            let file = std::fs::File::open(path)
-                .with_context(|| format!("opening trace part {}", part.url))?;
+            let file = std::fs::File::open(path).map_err(|source| ReplayError::TraceOpen {
+                url: part.url.clone(),
+                source,
+            })?;
             decode(file, part, groups, columns)
         }
         Source::Memory(bytes) => decode(bytes.clone(), part, groups, columns),
         Source::Remote(remote, name, size) => {
             let (start, end) = byte_span(part, groups, columns);
-            let window = remote
-                .range(name, start, end, *size)
-                .with_context(|| format!("reading trace part {}", part.url))?;
+            let window = remote.range(name, start, end, *size).map_err(|source| {
+                ReplayError::TraceFetch {
+                    url: part.url.clone(),
+                    source: Box::new(source),
+                }
+            })?;
             decode(window, part, groups, columns)
         }
     }
@@ -302,16 +333,24 @@ fn decode<T: ChunkReader + 'static>(
     part: &Part,
     groups: &[usize],
     columns: &[usize],
-) -> anyhow::Result<Vec<RecordBatch>> {
+) -> Result<Vec<RecordBatch>, ReplayError> {
     let mask = ProjectionMask::roots(part.meta.parquet_schema(), columns.iter().copied());
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(reader, part.meta.clone())
         .with_projection(mask)
         .with_row_groups(groups.to_vec())
         .with_batch_size(16 * 1024)
         .build()
-        .with_context(|| format!("reading trace part {}", part.url))?;
+        .map_err(|source| ReplayError::TraceReader {
+            url: part.url.clone(),
+            source,
+        })?;
     reader
-        .map(|b| b.with_context(|| format!("decoding trace part {}", part.url)))
+        .map(|b| {
+            b.map_err(|source| ReplayError::TraceDecode {
+                url: part.url.clone(),
+                source,
+            })
+        })
         .collect()
 }
 
@@ -347,23 +386,29 @@ impl Decoded {
     }
 }
 
-fn column<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> anyhow::Result<&'a T> {
+fn column<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> Result<&'a T, ReplayError> {
     b.column_by_name(name)
         .and_then(|c| c.as_any().downcast_ref::<T>())
-        .with_context(|| format!("column {name:?} is missing or has the wrong type"))
+        .ok_or_else(|| ReplayError::Column {
+            column: name.to_string(),
+            reason: "is missing or has the wrong type",
+        })
 }
 
 /// The flat values of row `i` of a fixed-size list column.
 fn list<'a, T: arrow::datatypes::ArrowPrimitiveType>(
     b: &'a RecordBatch,
     name: &str,
-) -> anyhow::Result<(&'a FixedSizeListArray, &'a [T::Native])> {
+) -> Result<(&'a FixedSizeListArray, &'a [T::Native]), ReplayError> {
     let l: &FixedSizeListArray = column(b, name)?;
     let values = l
         .values()
         .as_any()
         .downcast_ref::<arrow::array::PrimitiveArray<T>>()
-        .with_context(|| format!("column {name:?} has the wrong item type"))?;
+        .ok_or_else(|| ReplayError::Column {
+            column: name.to_string(),
+            reason: "has the wrong item type",
+        })?;
     Ok((l, values.values()))
 }
 
@@ -374,7 +419,7 @@ fn append(
     k: usize,
     n: usize,
     n_expert: usize,
-) -> anyhow::Result<()> {
+) -> Result<(), ReplayError> {
     use arrow::datatypes::UInt16Type;
     let split: &StringArray = column(b, "split")?;
     let chunk: &UInt32Array = column(b, "chunk")?;
@@ -383,8 +428,12 @@ fn append(
     let (sel_list, sel) = list::<UInt16Type>(b, "selected")?;
     let (top_list, top) = list::<UInt16Type>(b, "topn_id")?;
     let prob_list: &FixedSizeListArray = column(b, "topn_prob")?;
-    let prob = common::trace::float_values(prob_list.values().as_ref())
-        .map_err(|e| anyhow::anyhow!("column \"topn_prob\": {e}"))?;
+    let prob = common::trace::float_values(prob_list.values().as_ref()).map_err(|reason| {
+        ReplayError::ColumnValues {
+            column: "topn_prob".to_string(),
+            reason,
+        }
+    })?;
     for i in 0..b.num_rows() {
         if layers.value(i) != layer {
             continue;
@@ -392,16 +441,21 @@ fn append(
         let s = match Split::parse(split.value(i)) {
             Some(Split::Fit) => 0,
             Some(Split::Heldout) => 1,
-            None => bail!("unknown split {:?}", split.value(i)),
+            None => {
+                return Err(ReplayError::UnknownSplit {
+                    split: split.value(i).to_string(),
+                })
+            }
         };
         let (so, to) = (sel_list.value_offset_at(i), top_list.value_offset_at(i));
         let (sel, top, prob) = (&sel[so..so + k], &top[to..to + n], &prob[to..to + n]);
         if let Some(&bad) = sel.iter().chain(top).find(|&&e| e as usize >= n_expert) {
-            bail!(
-                "chunk {} pos {}: expert id {bad} is not below n_expert = {n_expert}",
-                chunk.value(i),
-                pos.value(i)
-            );
+            return Err(ReplayError::ExpertId {
+                chunk: chunk.value(i),
+                pos: pos.value(i),
+                expert: bad,
+                n_expert,
+            });
         }
         let d = &mut out[s];
         d.key

@@ -4,12 +4,17 @@
 //! against the base through the runtime's lease pipeline, [`report`] renders
 //! what the earlier stages wrote, and [`ship`] quantises and measures the
 //! files users deploy. Each stage reads only what earlier ones wrote.
+//!
+//! Every stage reports through one error type, [`StagesError`].
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod error;
 pub mod eval;
 pub mod prune;
 pub mod report;
 pub mod score;
 pub mod ship;
 pub mod verify;
+
+pub use error::{During, StagesError};

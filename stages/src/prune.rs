@@ -1,7 +1,7 @@
 //! `coordinator prune`: a pruned GGUF and its importance matrix from one of
 //! the run's keep maps (DESIGN section 12), sliced by [`common::prune`].
 
-use anyhow::{bail, Context};
+use crate::{During, StagesError};
 use clap::Args;
 use common::artifacts::names;
 use common::gguf_read::GgufReader;
@@ -40,14 +40,21 @@ pub fn imatrix_path(out: &Path) -> PathBuf {
 /// The base model: `--model`, else the model collection ran with (the
 /// manifest's `model_path`), else the absolute model path of the run's
 /// config (`config.model.path`).
-pub(crate) async fn base_model(store: &RunStore, model: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub(crate) async fn base_model(
+    store: &RunStore,
+    model: Option<&Path>,
+) -> Result<PathBuf, StagesError> {
     if let Some(m) = model {
         return Ok(m.to_path_buf());
     }
+    let no_model = |problem: String| StagesError::NoModel {
+        manifest: store.url_of(MANIFEST_FILE),
+        problem,
+    };
     let manifest = corpus::manifest::read(store)
         .await
-        .with_context(|| format!("parsing {}", store.url_of(MANIFEST_FILE)))?
-        .with_context(|| format!("{} is missing: pass --model", store.url_of(MANIFEST_FILE)))?;
+        .during_with(|| format!("parsing {}", store.url_of(MANIFEST_FILE)))?
+        .ok_or_else(|| no_model("is missing".into()))?;
     if let Some(recorded) = manifest.model_path.clone().filter(|p| p.is_file()) {
         return Ok(recorded);
     }
@@ -56,24 +63,18 @@ pub(crate) async fn base_model(store: &RunStore, model: Option<&Path>) -> anyhow
         .ok()
         .map(|c| c.model.path)
         .filter(|p| !p.as_os_str().is_empty())
-        .with_context(|| {
-            format!(
-                "{} names no model (config.model.path): pass --model",
-                store.url_of(MANIFEST_FILE)
-            )
-        })?;
+        .ok_or_else(|| no_model("names no model (config.model.path)".into()))?;
     if !path.is_absolute() || !path.is_file() {
-        bail!(
-            "{} names model {}, which is not an absolute path to an existing file: pass --model",
-            store.url_of(MANIFEST_FILE),
+        return Err(no_model(format!(
+            "names model {}, which is not an absolute path to an existing file",
             path.display()
-        );
+        )));
     }
     Ok(path)
 }
 
 /// Tensors whose shape differs between the base and the pruned file.
-fn tensors_sliced(base: &Path, pruned: &Path) -> anyhow::Result<usize> {
+fn tensors_sliced(base: &Path, pruned: &Path) -> Result<usize, StagesError> {
     let base = GgufReader::open(base)?.header;
     let pruned = GgufReader::open(pruned)?.header;
     Ok(base
@@ -95,8 +96,8 @@ fn describe(what: &str, path: &Path, s: &Sliced, seconds: f64) -> String {
 }
 
 /// Entry point of `coordinator prune`.
-pub fn run(args: PruneArgs) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Runtime::new()?;
+pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
+    let rt = tokio::runtime::Runtime::new().map_err(|source| StagesError::Runtime { source })?;
     let store = RunStore::open(&args.run)?;
     let name = common::layout::keep_map_name(&args.keep_map).to_string();
     let map_object = KeepMap::object_name(&name);
@@ -104,33 +105,49 @@ pub fn run(args: PruneArgs) -> anyhow::Result<ExitCode> {
         let map = store
             .get(&map_object)
             .await
-            .context("reading the keep map")?;
+            .during("reading the keep map")?;
         let imatrix = store
             .get(names::IMATRIX_GGUF)
             .await
-            .context("reading the run's importance matrix")?;
+            .during("reading the run's importance matrix")?;
         let base = base_model(&store, args.model.as_deref()).await?;
-        anyhow::Ok((map, imatrix, base))
+        Ok::<_, StagesError>((map, imatrix, base))
     })?;
-    let keep: KeepMap = serde_json::from_slice(&map_bytes)
-        .with_context(|| format!("parsing keep map {}", store.url_of(&map_object)))?;
+    let keep: KeepMap = serde_json::from_slice(&map_bytes).map_err(|source| StagesError::Json {
+        what: store.url_of(&map_object),
+        expected: "a keep map",
+        source,
+    })?;
 
     let out_imatrix = imatrix_path(&args.out);
+    let out_dir = out_imatrix
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let mut run_imatrix = tempfile::Builder::new()
         .prefix(".run-imatrix")
         .suffix(".gguf")
-        .tempfile_in(
-            out_imatrix
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new(".")),
-        )
-        .context("creating a temporary file for the run's importance matrix")?;
-    std::io::Write::write_all(&mut run_imatrix, &imatrix_bytes)
-        .context("writing the run's importance matrix to a temporary file")?;
+        .tempfile_in(out_dir)
+        .map_err(|source| StagesError::Io {
+            action: "creating a temporary file for the run's importance matrix in",
+            path: out_dir.to_path_buf(),
+            source,
+        })?;
+    std::io::Write::write_all(&mut run_imatrix, &imatrix_bytes).map_err(|source| {
+        StagesError::Io {
+            action: "writing the run's importance matrix to",
+            path: run_imatrix.path().to_path_buf(),
+            source,
+        }
+    })?;
     let started = Instant::now();
-    let sliced_imatrix = slice_imatrix(run_imatrix.path(), &keep, &out_imatrix)
-        .with_context(|| format!("slicing {}", store.url_of(names::IMATRIX_GGUF)))?;
+    let sliced_imatrix =
+        slice_imatrix(run_imatrix.path(), &keep, &out_imatrix).map_err(|source| {
+            StagesError::Slice {
+                input: store.url_of(names::IMATRIX_GGUF),
+                source,
+            }
+        })?;
     let imatrix_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let sliced = match slice_model(&base, &keep, &args.out) {
@@ -138,7 +155,10 @@ pub fn run(args: PruneArgs) -> anyhow::Result<ExitCode> {
         Err(e) => {
             // The pair is written together or not at all.
             let _ = std::fs::remove_file(&out_imatrix);
-            return Err(anyhow::Error::new(e).context(format!("slicing {}", base.display())));
+            return Err(StagesError::Slice {
+                input: base.display().to_string(),
+                source: e,
+            });
         }
     };
     let seconds = started.elapsed().as_secs_f64();

@@ -1,8 +1,8 @@
 //! `coordinator eval RUN --keep-maps A,B,...`: the run's settings and model
 //! from its manifest, local or joined workers, then [`super::evaluate`].
 
-use super::{evaluate, job, print_outcome, EvalOutcome, EvalSettings, EvalSetup};
-use anyhow::Context;
+use super::{evaluate, job, print_outcome, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
+use crate::StagesError;
 use clap::Args;
 use common::layout::EvalLayout;
 use common::store::RunStore;
@@ -42,49 +42,55 @@ pub struct EvalArgs {
 }
 
 /// A run's manifest and the config recorded in it.
-pub(crate) async fn recorded(store: &RunStore) -> anyhow::Result<(RunManifest, Config)> {
+pub(crate) async fn recorded(store: &RunStore) -> Result<(RunManifest, Config), StagesError> {
     let manifest = corpus::manifest::read_or_default(store).await?;
     let config = manifest
         .config()
-        .map_err(anyhow::Error::msg)
-        .with_context(|| {
-            format!(
-                "the config recorded in {} (is this a run location?)",
-                store.url_of(corpus::MANIFEST_FILE)
-            )
+        .map_err(|problem| EvalRunError::RecordedConfig {
+            manifest: store.url_of(corpus::MANIFEST_FILE),
+            problem,
         })?;
     Ok((manifest, config))
 }
 
 /// The mmproj the run's collection fed its images with, which evaluation
 /// feeds them with too; `None` for a text corpus.
-async fn recorded_mmproj(store: &RunStore) -> anyhow::Result<Option<common::wire::MmprojFile>> {
+async fn recorded_mmproj(
+    store: &RunStore,
+) -> Result<Option<common::wire::MmprojFile>, StagesError> {
     let manifest = corpus::manifest::read_or_default(store).await?;
     match (&manifest.corpus.images, manifest.mmproj) {
         (None, _) => Ok(None),
         (Some(_), Some(mmproj)) => Ok(Some(mmproj)),
-        (Some(_), None) => anyhow::bail!(
+        (Some(_), None) => Err(EvalRunError::Setup(format!(
             "the corpus at {} has images, but its manifest names no mmproj: collect the run \
              first (`coordinator run` records the mmproj it measured them with)",
             store.url()
-        ),
+        ))
+        .into()),
     }
 }
 
 /// Entry point of `coordinator eval`.
-pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Runtime::new()?;
+pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
+    let rt = tokio::runtime::Runtime::new().map_err(|source| StagesError::Runtime { source })?;
     rt.block_on(async {
         let store = RunStore::open(&args.run)?;
         let (manifest, config) = recorded(&store).await?;
         let model = match (&args.model, manifest.model_path) {
-            (Some(m), _) => std::path::absolute(m).context("--model")?,
+            (Some(m), _) => std::path::absolute(m).map_err(|e| StagesError::Argument {
+                argument: "--model".into(),
+                problem: e.to_string(),
+            })?,
             (None, Some(recorded)) if recorded.is_file() => recorded,
             (None, _) if config.model.path.is_absolute() => config.model.path.clone(),
-            (None, _) => anyhow::bail!(
-                "give --model: the run's config names the model by a path relative to its config file ({})",
-                config.model.path.display()
-            ),
+            (None, _) => {
+                return Err(EvalRunError::Setup(format!(
+                    "give --model: the run's config names the model by a path relative to its config file ({})",
+                    config.model.path.display()
+                ))
+                .into())
+            }
         };
         let settings = EvalSettings {
             keep_maps: args.keep_maps.clone(),
@@ -99,7 +105,7 @@ pub fn main(args: EvalArgs) -> anyhow::Result<ExitCode> {
         };
         let out = common::layout::EVAL;
         evaluate_recorded(&store, &config, base, job, out, args.local_workers).await?;
-        Ok(ExitCode::SUCCESS)
+        Ok::<_, StagesError>(ExitCode::SUCCESS)
     })
 }
 
@@ -122,7 +128,7 @@ pub(crate) async fn evaluate_recorded(
     job: EvalJob,
     out: EvalLayout,
     local_count: u32,
-) -> anyhow::Result<EvalOutcome> {
+) -> Result<EvalOutcome, StagesError> {
     let setup = EvalSetup {
         base: RunSetup {
             store: store.clone(),
@@ -154,7 +160,7 @@ pub async fn evaluate_held(
     job: EvalJob,
     out: EvalLayout,
     local: Option<&LocalWorkers>,
-) -> anyhow::Result<EvalOutcome> {
+) -> Result<EvalOutcome, StagesError> {
     let eval = EvalSetup {
         base: RunSetup {
             model_sha256: base.sha256,
@@ -174,7 +180,7 @@ pub fn local_workers(
     config: &Config,
     model: &std::path::Path,
     count: u32,
-) -> anyhow::Result<LocalWorkers> {
+) -> Result<LocalWorkers, StagesError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     Ok(LocalWorkers {
         binary: worker_binary()?,

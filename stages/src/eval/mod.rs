@@ -17,6 +17,7 @@ pub mod candidates;
 pub mod cli;
 pub mod table;
 
+use crate::{During, StagesError};
 use common::eval::summary::parse_splits;
 use common::eval::EvalSummary;
 use common::hash::sha256_hex;
@@ -38,6 +39,14 @@ pub enum EvalRunError {
     /// Settings, model or workers unusable.
     #[error("{0}")]
     Setup(String),
+    /// The run config recorded in the run's manifest does not parse.
+    #[error("the config recorded in {manifest} (is this a run location?): {problem}")]
+    RecordedConfig {
+        /// The manifest's URL.
+        manifest: String,
+        /// Why the config is unusable.
+        problem: String,
+    },
     /// A keep map cannot be evaluated.
     #[error("keep map {name}: {reason}")]
     KeepMap {
@@ -91,7 +100,7 @@ pub async fn job(
     store: &RunStore,
     base: &Path,
     settings: &EvalSettings,
-) -> Result<(String, EvalJob), EvalRunError> {
+) -> Result<(String, EvalJob), StagesError> {
     let splits = parse_splits(&settings.split).ok_or_else(|| {
         EvalRunError::Setup(format!(
             "split {:?}: expected fit, heldout or both",
@@ -102,7 +111,7 @@ pub async fn job(
     let names = if settings.needs_shape() {
         let (saliency, _) = crate::score::load_saliency(store)
             .await
-            .map_err(|e| EvalRunError::Setup(format!("resolving keep-map sizes: {e:#}")))?;
+            .during("resolving keep-map sizes")?;
         settings
             .candidate_names(&config::eval::KeepShape::of(&saliency))
             .map_err(EvalRunError::Setup)?
@@ -243,7 +252,10 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
     let slots = match table::slot_tables(store).await {
         Ok(t) => t,
         Err(e) => {
-            println!("  (no slot replacement column: {e:#})");
+            println!(
+                "  (no slot replacement column: {})",
+                common::error_text::with_causes(&e)
+            );
             Vec::new()
         }
     };

@@ -5,6 +5,7 @@
 //! eval` prints it and the report shows it.
 
 use crate::score::tables::MapTable;
+use crate::StagesError;
 use common::eval::{EvalSummary, Figures};
 use common::peer_text::table_cell;
 use common::store::RunStore;
@@ -12,13 +13,17 @@ use std::fmt::Write;
 
 /// `score`'s per-(method, K) tables from `score/score.json`, for the slot
 /// replacement column; none when scoring has not run (the column reads `-`).
-pub async fn slot_tables(store: &RunStore) -> anyhow::Result<Vec<MapTable>> {
+pub async fn slot_tables(store: &RunStore) -> Result<Vec<MapTable>, StagesError> {
     let name = crate::score::outputs::REPORT_JSON;
     let Some(bytes) = store.get_opt(name).await? else {
         return Ok(Vec::new());
     };
-    let r: crate::score::ScoreReport = serde_json::from_slice(&bytes)
-        .map_err(|e| anyhow::anyhow!("{} is not a score report: {e}", store.url_of(name)))?;
+    let r: crate::score::ScoreReport =
+        serde_json::from_slice(&bytes).map_err(|source| StagesError::Json {
+            what: store.url_of(name),
+            expected: "a score report",
+            source,
+        })?;
     Ok(r.tables)
 }
 

@@ -5,6 +5,7 @@
 use super::plots::{self, Series};
 pub use crate::eval::table::{slot_tables, table};
 use crate::score::tables::MapTable;
+use crate::StagesError;
 use common::eval::{names, EvalSummary};
 use common::store::RunStore;
 use std::collections::BTreeMap;
@@ -14,15 +15,14 @@ use std::fmt::Write;
 pub use common::layout::eval::KL_PLOT;
 
 /// `eval/summary.json` of a run, if an evaluation finished there.
-pub async fn load(store: &RunStore) -> anyhow::Result<Option<EvalSummary>> {
+pub async fn load(store: &RunStore) -> Result<Option<EvalSummary>, StagesError> {
     let Some(bytes) = store.get_opt(names::SUMMARY_JSON).await? else {
         return Ok(None);
     };
-    let s = serde_json::from_slice(&bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{} is not an eval summary: {e}",
-            store.url_of(names::SUMMARY_JSON)
-        )
+    let s = serde_json::from_slice(&bytes).map_err(|source| StagesError::Json {
+        what: store.url_of(names::SUMMARY_JSON),
+        expected: "an eval summary",
+        source,
     })?;
     Ok(Some(s))
 }
@@ -57,7 +57,7 @@ pub async fn section(
     store: &RunStore,
     slots: &[MapTable],
     md: &mut String,
-) -> anyhow::Result<Vec<String>> {
+) -> Result<Vec<String>, StagesError> {
     md.push_str("## Pruned candidates against the base model\n\n");
     let Some(s) = load(store).await? else {
         let hint = "run `coordinator eval RUN --keep-maps ...` to compare pruned models with the base model";

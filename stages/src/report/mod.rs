@@ -23,8 +23,8 @@ pub mod vision;
 
 use crate::score::{self, ScoreReport};
 use crate::verify::{self, VerifyReport};
+use crate::StagesError;
 use ::replay::ReplayReport;
-use anyhow::Context;
 use clap::Args;
 use common::artifacts::names;
 use common::peer_text::table_cell;
@@ -51,7 +51,10 @@ pub struct ReportOutput {
 /// The stored score results, when `score/score.json` exists and was computed
 /// from the current saliency; otherwise why not (the report never scores: a
 /// stage writes only its own outputs, and `keep_maps/` belong to `score`).
-async fn score_results(store: &RunStore, sha: &str) -> anyhow::Result<Result<ScoreReport, String>> {
+async fn score_results(
+    store: &RunStore,
+    sha: &str,
+) -> Result<Result<ScoreReport, String>, StagesError> {
     let url = store.url_of(score::outputs::REPORT_JSON);
     let Some(bytes) = store.get_opt(score::outputs::REPORT_JSON).await? else {
         return Ok(Err(format!(
@@ -59,7 +62,11 @@ async fn score_results(store: &RunStore, sha: &str) -> anyhow::Result<Result<Sco
         )));
     };
     let stored: ScoreReport =
-        serde_json::from_slice(&bytes).with_context(|| format!("{url} is not a score report"))?;
+        serde_json::from_slice(&bytes).map_err(|source| StagesError::Json {
+            what: url.clone(),
+            expected: "a score report",
+            source,
+        })?;
     if stored.saliency_sha256 != sha {
         return Ok(Err(format!(
             "{url} was computed from another saliency.json (SHA-256 {}, now {sha}): \
@@ -71,11 +78,14 @@ async fn score_results(store: &RunStore, sha: &str) -> anyhow::Result<Result<Sco
 }
 
 /// `replay/results.json`, when `replay` has run.
-async fn replay_results(store: &RunStore) -> anyhow::Result<Option<ReplayReport>> {
+async fn replay_results(store: &RunStore) -> Result<Option<ReplayReport>, StagesError> {
     let Some(bytes) = store.get_opt(names::REPLAY_RESULTS_JSON).await? else {
         return Ok(None);
     };
-    ReplayReport::from_json(&bytes, &store.url_of(names::REPLAY_RESULTS_JSON)).map(Some)
+    Ok(Some(ReplayReport::from_json(
+        &bytes,
+        &store.url_of(names::REPLAY_RESULTS_JSON),
+    )?))
 }
 
 fn slot_series(r: &ScoreReport, k: u32) -> Vec<Series> {
@@ -96,7 +106,7 @@ fn slot_series(r: &ScoreReport, k: u32) -> Vec<Series> {
 /// Builds the report of a run from what its stages stored and writes it
 /// under `report/`; it writes nothing else. What is missing is named in the
 /// report and in [`ReportOutput::missing`].
-pub async fn report(store: &RunStore) -> anyhow::Result<ReportOutput> {
+pub async fn report(store: &RunStore) -> Result<ReportOutput, StagesError> {
     let verified = verify::verify(store).await?;
     let (s, sha) = score::load_saliency(store).await?;
     let scored = score_results(store, &sha).await?;
@@ -212,7 +222,7 @@ async fn replay_section(
     store: &RunStore,
     md: &mut String,
     out: &mut ReportOutput,
-) -> anyhow::Result<()> {
+) -> Result<(), StagesError> {
     md.push_str("## Cache replay\n\n");
     let Some(results) = replay_results(store).await? else {
         let hint = "run `coordinator replay` for miss-rate curves";
@@ -246,7 +256,10 @@ async fn replay_section(
         );
         out.plots.push(name);
     }
-    let json = serde_json::to_vec_pretty(&rates).context("miss rates serialise")?;
+    let json = serde_json::to_vec_pretty(&rates).map_err(|e| StagesError::Encode {
+        what: names::REPORT_MISS_RATES_JSON.to_string(),
+        source: e.into(),
+    })?;
     store.put(names::REPORT_MISS_RATES_JSON, json).await?;
     Ok(())
 }
@@ -301,9 +314,11 @@ fn verification_section(md: &mut String, v: &VerifyReport) {
 /// Builds the report of the run at `run` (path or URL); library entry point.
 /// It runs its own runtime: call it outside any async context (inside one,
 /// await [`report()`]).
-pub fn report_run(run: &str) -> anyhow::Result<ReportOutput> {
+pub fn report_run(run: &str) -> Result<ReportOutput, StagesError> {
     let store = RunStore::open(run)?;
-    tokio::runtime::Runtime::new()?.block_on(report(&store))
+    tokio::runtime::Runtime::new()
+        .map_err(|source| StagesError::Runtime { source })?
+        .block_on(report(&store))
 }
 
 /// Arguments of `coordinator report`.
@@ -314,7 +329,7 @@ pub struct ReportArgs {
 }
 
 /// Entry point of `coordinator report`.
-pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: ReportArgs) -> Result<ExitCode, StagesError> {
     let out = report_run(&args.run)?;
     println!(
         "wrote {} and {} plots under {}",

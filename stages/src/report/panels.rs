@@ -2,6 +2,7 @@
 //! and one legend, so a figure reads the same however many groups it holds.
 
 use super::plots::{encode_png, err, int_tick, register_font, FONT};
+use crate::StagesError;
 use plotters::prelude::*;
 
 /// Size of one panel in pixels.
@@ -64,7 +65,10 @@ fn legend_height(width: u32, entries: usize) -> u32 {
 /// Draws `panels` on a grid with shared axis ranges (x over every point, y
 /// from 0) under one title and one legend; returns the PNG, of
 /// [`figure_size`].
-pub fn small_multiples(frame: &Frame<'_>, panels: &[PanelSpec<'_>]) -> anyhow::Result<Vec<u8>> {
+pub fn small_multiples(
+    frame: &Frame<'_>,
+    panels: &[PanelSpec<'_>],
+) -> Result<Vec<u8>, StagesError> {
     register_font();
     let rows = panels.iter().map(|p| p.row + 1).max().unwrap_or(1);
     let columns = panels.iter().map(|p| p.column + 1).max().unwrap_or(1);

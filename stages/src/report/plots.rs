@@ -1,7 +1,7 @@
 //! PNG plots drawn with plotters into an RGB buffer and encoded with `png`.
 //! The font is embedded (DejaVu Sans), so no system font is needed.
 
-use anyhow::{anyhow, Context};
+use crate::StagesError;
 use plotters::prelude::*;
 use std::sync::Once;
 
@@ -23,19 +23,31 @@ pub(super) fn register_font() {
 }
 
 /// Turns a plotters error into one naming the plot being drawn.
-pub(super) fn err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> anyhow::Error + '_ {
-    move |e| anyhow!("drawing {what}: {e:?}")
+pub(super) fn err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> StagesError + '_ {
+    move |e| StagesError::Draw {
+        plot: what.to_string(),
+        problem: format!("{e:?}"),
+    }
 }
 
 /// Encodes an RGB8 buffer as PNG.
-pub fn encode_png(rgb: &[u8], (w, h): (u32, u32)) -> anyhow::Result<Vec<u8>> {
+pub fn encode_png(rgb: &[u8], (w, h): (u32, u32)) -> Result<Vec<u8>, StagesError> {
+    let encode = |what: &str| {
+        let what = what.to_string();
+        move |e: png::EncodingError| StagesError::Encode {
+            what,
+            source: e.into(),
+        }
+    };
     let mut out = Vec::new();
     let mut enc = png::Encoder::new(&mut out, w, h);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
-    let mut writer = enc.write_header().context("PNG header")?;
-    writer.write_image_data(rgb).context("PNG data")?;
-    writer.finish().context("PNG end")?;
+    let mut writer = enc.write_header().map_err(encode("the PNG header"))?;
+    writer
+        .write_image_data(rgb)
+        .map_err(encode("the PNG data"))?;
+    writer.finish().map_err(encode("the PNG end"))?;
     Ok(out)
 }
 
@@ -75,7 +87,7 @@ pub fn line_chart(
     x_label: &str,
     y_label: &str,
     series: &[Series],
-) -> anyhow::Result<Vec<u8>> {
+) -> Result<Vec<u8>, StagesError> {
     register_font();
     let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
     {
@@ -161,7 +173,7 @@ fn heat(t: f64) -> RGBColor {
 /// one column per expert; colour is `log(1 + value)` scaled to the largest,
 /// so 48 x 512 cells stay readable where a scatter plot would not. A
 /// colour bar labels the scale in the value's units.
-pub fn heatmap(title: &str, value_label: &str, rows: &LayerRows) -> anyhow::Result<Vec<u8>> {
+pub fn heatmap(title: &str, value_label: &str, rows: &LayerRows) -> Result<Vec<u8>, StagesError> {
     register_font();
     let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
     {

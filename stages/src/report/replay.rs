@@ -6,6 +6,7 @@
 //! drawn from.
 
 use super::panels::{small_multiples, Frame, Line, PanelSpec};
+use crate::StagesError;
 use common::Split;
 use plotters::style::RGBColor;
 use replay::results::{LruCurve, Mode, ReplayReport, TraceKind};
@@ -250,7 +251,7 @@ pub fn colour(policy: Policy) -> RGBColor {
 }
 
 /// Draws `figure`: its panels on a grid, one line per policy, one legend.
-pub fn draw(figure: &Figure) -> anyhow::Result<Vec<u8>> {
+pub fn draw(figure: &Figure) -> Result<Vec<u8>, StagesError> {
     let legend: Vec<(String, RGBColor)> = figure
         .legend
         .iter()

@@ -5,7 +5,7 @@
 use super::keep::{rank_layers, top_k, LayerRanking};
 use super::method::ScoreParams;
 use super::source::LayerInput;
-use anyhow::bail;
+use crate::StagesError;
 use common::partial::ChunkStats;
 use config::method::Method;
 use rand::{Rng, SeedableRng};
@@ -90,21 +90,20 @@ pub fn stability(
     reference: &Reference<'_>,
     n: u32,
     seed: u64,
-) -> anyhow::Result<Vec<StabilityRow>> {
+) -> Result<Vec<StabilityRow>, StagesError> {
     let cells = layers.len() * n_expert;
     if let Some(bad) = chunks.iter().find(|c| {
         c.count.len() != cells || c.reap_l2_sum.len() != cells || c.reap_l2_sq_sum.len() != cells
     }) {
-        bail!(
-            "chunk {} statistics hold {} cells, expected {} layers x {} experts",
-            bad.chunk,
-            bad.count.len(),
-            layers.len(),
-            n_expert
-        );
+        return Err(StagesError::ChunkShape {
+            chunk: bad.chunk,
+            cells: bad.count.len(),
+            layers: layers.len(),
+            n_expert,
+        });
     }
     if chunks.is_empty() || n == 0 {
-        bail!("no chunk statistics or no resamples to bootstrap");
+        return Err(StagesError::NothingToBootstrap);
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let nm = reference.methods.len() * reference.ks.len();

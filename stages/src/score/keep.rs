@@ -6,7 +6,7 @@
 
 use super::method::{ranking, ScoreParams};
 use super::source::LayerInput;
-use anyhow::{bail, Context};
+use crate::StagesError;
 use common::keepmap::KeepMap;
 use common::routing::{balanced_order, ExpertGroups};
 use config::method::Method;
@@ -52,15 +52,15 @@ pub fn keep_map(
     p: &ScoreParams,
     saliency_sha256: &str,
     rankings: &[LayerRanking],
-) -> anyhow::Result<KeepMap> {
+) -> Result<KeepMap, StagesError> {
     let mut layers = BTreeMap::new();
     for r in rankings {
         if k as usize > r.order.len() || k == 0 {
-            bail!(
-                "K={k} is not in 1..={} (experts of layer {})",
-                r.order.len(),
-                r.layer
-            );
+            return Err(StagesError::KeepSize {
+                k,
+                n_expert: r.order.len(),
+                layer: r.layer,
+            });
         }
         layers.insert(r.layer.to_string(), top_k(&r.order, k));
     }
@@ -74,15 +74,16 @@ pub fn keep_map(
 }
 
 /// The method and parameters a keep map says it was computed with.
-pub fn map_recipe(map: &KeepMap) -> anyhow::Result<(Method, ScoreParams)> {
-    let method =
-        Method::parse(&map.method).with_context(|| format!("unknown method {:?}", map.method))?;
-    let params: ScoreParams = serde_json::from_value(map.params.clone()).with_context(|| {
-        format!(
-            "params of {} are not moe-census score parameters",
-            map.method
-        )
+pub fn map_recipe(map: &KeepMap) -> Result<(Method, ScoreParams), StagesError> {
+    let method = Method::parse(&map.method).ok_or_else(|| StagesError::UnknownMethod {
+        method: map.method.clone(),
     })?;
+    let params: ScoreParams =
+        serde_json::from_value(map.params.clone()).map_err(|source| StagesError::Json {
+            what: format!("the {} keep map's params object", map.method),
+            expected: "moe-census score parameters",
+            source,
+        })?;
     Ok((method, params))
 }
 

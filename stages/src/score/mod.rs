@@ -18,7 +18,7 @@ pub mod tables;
 #[cfg(test)]
 pub(crate) mod testdata;
 
-use anyhow::{bail, Context};
+use crate::StagesError;
 use clap::{Args, Parser};
 use common::artifacts::names;
 use common::keepmap::KeepMap;
@@ -88,13 +88,12 @@ impl Default for ScoreOptions {
 
 impl ScoreOptions {
     /// The ranking parameters these options describe.
-    pub fn params(&self) -> anyhow::Result<ScoreParams> {
+    pub fn params(&self) -> Result<ScoreParams, StagesError> {
         if !(self.m.is_finite() && self.m >= 0.0 && self.z.is_finite()) {
-            bail!(
-                "--m must be finite and >= 0 and --z finite (got m={}, z={})",
-                self.m,
-                self.z
-            );
+            return Err(StagesError::Argument {
+                argument: format!("--m {} --z {}", self.m, self.z),
+                problem: "--m must be finite and >= 0 and --z finite".into(),
+            });
         }
         Ok(ScoreParams {
             source: Source::from_flags(self.domain.as_deref(), self.mix.as_deref())?,
@@ -111,7 +110,7 @@ impl ScoreOptions {
     /// routing rounded down to sizes llama.cpp can run); sorted, unique. A
     /// requested size outside `1..=n_expert`, or one a grouped model cannot
     /// be pruned to ([`common::routing::check_group_keep`]), is refused.
-    pub fn ks(&self, s: &Saliency) -> anyhow::Result<Vec<u32>> {
+    pub fn ks(&self, s: &Saliency) -> Result<Vec<u32>, StagesError> {
         let n_expert = s.n_expert;
         let groups = s.routing.groups;
         let mut ks = if self.k.is_empty() {
@@ -127,10 +126,18 @@ impl ScoreOptions {
         ks.sort_unstable();
         ks.dedup();
         for &k in &ks {
-            size_fits(s, k).map_err(|e| anyhow::anyhow!("--k {k}: {e}"))?;
+            size_fits(s, k).map_err(|problem| StagesError::Argument {
+                argument: format!("--k {k}"),
+                problem,
+            })?;
         }
         if ks.is_empty() {
-            bail!("no keep-map size fits the model's routing groups {groups:?}; pass --k");
+            return Err(StagesError::Argument {
+                argument: "--k".into(),
+                problem: format!(
+                    "no keep-map size fits the model's routing groups {groups:?}; pass --k"
+                ),
+            });
         }
         Ok(ks)
     }
@@ -205,13 +212,12 @@ pub struct ScoreReport {
 }
 
 /// Reads and parses `saliency.json`, returning its bytes' SHA-256 too.
-pub async fn load_saliency(store: &RunStore) -> anyhow::Result<(Saliency, String)> {
+pub async fn load_saliency(store: &RunStore) -> Result<(Saliency, String), StagesError> {
     let bytes = store.get(names::SALIENCY_JSON).await?;
-    let s = Saliency::from_json_bytes(&bytes).with_context(|| {
-        format!(
-            "{} is not a valid saliency file",
-            store.url_of(names::SALIENCY_JSON)
-        )
+    let s = Saliency::from_json_bytes(&bytes).map_err(|source| StagesError::Json {
+        what: store.url_of(names::SALIENCY_JSON),
+        expected: "a valid saliency file",
+        source,
     })?;
     Ok((s, common::hash::sha256_hex(&bytes)))
 }
@@ -222,7 +228,7 @@ pub fn rank_all(
     s: &Saliency,
     methods: &[Method],
     p: &ScoreParams,
-) -> anyhow::Result<Vec<(Method, Vec<LayerRanking>)>> {
+) -> Result<Vec<(Method, Vec<LayerRanking>)>, StagesError> {
     let layers = p.source.layers(s)?;
     Ok(methods
         .iter()
@@ -231,7 +237,7 @@ pub fn rank_all(
 }
 
 /// Scores a run and writes keep maps and tables under it.
-pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<ScoreReport> {
+pub async fn score(store: &RunStore, opts: &ScoreOptions) -> Result<ScoreReport, StagesError> {
     let (s, sha) = load_saliency(store).await?;
     let p = opts.params()?;
     let ks = opts.ks(&s)?;
@@ -246,7 +252,7 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<Scor
         for &k in &ks {
             let map = keep_map(*m, k, &p, &sha, r)?;
             let name = KeepMap::file_name(m.as_str(), k);
-            let mut bytes = serde_json::to_vec_pretty(&map)?;
+            let mut bytes = to_json(&name, &map)?;
             bytes.push(b'\n');
             store.put(&name, bytes).await?;
             report_tables.push(tables::map_table(m.as_str(), k, &layers, r));
@@ -278,19 +284,24 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> anyhow::Result<Scor
         stability_note,
         routing_note: routing_note(&s),
     };
-    let mut json = serde_json::to_vec_pretty(&report)?;
+    let mut json = to_json(outputs::REPORT_JSON, &report)?;
     json.push(b'\n');
     store.put(outputs::REPORT_JSON, json).await?;
     store
         .put(outputs::TABLES_MD, render::markdown(&report))
         .await?;
     store
-        .put(
-            outputs::TABLES_PARQUET,
-            render::parquet(&report).context("encoding score/tables.parquet")?,
-        )
+        .put(outputs::TABLES_PARQUET, render::parquet(&report)?)
         .await?;
     Ok(report)
+}
+
+/// `value` as pretty JSON, to be written as the object `name`.
+fn to_json(name: &str, value: &impl Serialize) -> Result<Vec<u8>, StagesError> {
+    serde_json::to_vec_pretty(value).map_err(|e| StagesError::Encode {
+        what: name.to_string(),
+        source: e.into(),
+    })
 }
 
 async fn run_screen(
@@ -298,7 +309,7 @@ async fn run_screen(
     s: &Saliency,
     maps: &[(String, KeepMap)],
     max_rows: u64,
-) -> anyhow::Result<(Vec<screen::ScreenRow>, Option<String>)> {
+) -> Result<(Vec<screen::ScreenRow>, Option<String>), StagesError> {
     // Decode traces (tokens the model generated itself) are not screened.
     let (parts, _decode) = common::trace::stored_parts(store).await?;
     if parts.is_empty() {
@@ -322,8 +333,12 @@ async fn run_screen(
             ));
             break;
         }
-        let rows = common::trace::read_part(store.get(part).await?)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(part)))?;
+        let rows = common::trace::read_part(store.get(part).await?).map_err(|problem| {
+            StagesError::Artifact {
+                url: store.url_of(part),
+                problem,
+            }
+        })?;
         read += rows.len() as u64;
         screen::screen_rows(&masks, &rows, &mut acc);
     }
@@ -336,7 +351,7 @@ async fn run_screen(
 
 /// The fit split's per-chunk statistics: from `partials/merged.bin`, else
 /// from every other partial (first copy of a chunk wins).
-pub async fn load_chunk_stats(store: &RunStore) -> anyhow::Result<Vec<ChunkStats>> {
+pub async fn load_chunk_stats(store: &RunStore) -> Result<Vec<ChunkStats>, StagesError> {
     let names = match store.get_opt(names::MERGED_PARTIAL).await? {
         Some(_) => vec![names::MERGED_PARTIAL.to_string()],
         None => store
@@ -348,8 +363,12 @@ pub async fn load_chunk_stats(store: &RunStore) -> anyhow::Result<Vec<ChunkStats
     };
     let mut by_chunk = BTreeMap::new();
     for name in names {
-        let p = Partial::from_bytes(&store.get(&name).await?)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(&name)))?;
+        let p = Partial::from_bytes(&store.get(&name).await?).map_err(|problem| {
+            StagesError::Artifact {
+                url: store.url_of(&name),
+                problem,
+            }
+        })?;
         for c in p.chunk_stats {
             by_chunk.entry(c.chunk).or_insert(c);
         }
@@ -364,7 +383,7 @@ async fn run_bootstrap(
     ranked: &[(Method, Vec<LayerRanking>)],
     ks: &[u32],
     opts: &ScoreOptions,
-) -> anyhow::Result<(Vec<bootstrap::StabilityRow>, Option<String>)> {
+) -> Result<(Vec<bootstrap::StabilityRow>, Option<String>), StagesError> {
     if opts.bootstrap == 0 {
         return Ok((
             Vec::new(),
@@ -411,13 +430,15 @@ async fn run_bootstrap(
 /// Scores the run at `run` (path or URL); library entry point of `score`.
 /// It runs its own runtime: call it outside any async context (inside one,
 /// await [`score()`]).
-pub fn score_run(run: &str, opts: &ScoreOptions) -> anyhow::Result<ScoreReport> {
+pub fn score_run(run: &str, opts: &ScoreOptions) -> Result<ScoreReport, StagesError> {
     let store = RunStore::open(run)?;
-    tokio::runtime::Runtime::new()?.block_on(score(&store, opts))
+    tokio::runtime::Runtime::new()
+        .map_err(|source| StagesError::Runtime { source })?
+        .block_on(score(&store, opts))
 }
 
 /// Entry point of `coordinator score`.
-pub fn run(args: ScoreArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: ScoreArgs) -> Result<ExitCode, StagesError> {
     let report = score_run(&args.run, &args.options)?;
     print!("{}", render::summary(&report));
     Ok(ExitCode::SUCCESS)

@@ -1,6 +1,7 @@
 //! The score tables as Markdown (for people and the report) and Parquet.
 
-use super::ScoreReport;
+use super::{outputs, ScoreReport};
+use crate::StagesError;
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array};
 use arrow::datatypes::{Field, Schema};
 use std::fmt::Write;
@@ -168,7 +169,7 @@ pub fn markdown(r: &ScoreReport) -> String {
 }
 
 /// Per-layer rows of every (method, K) as one Parquet table.
-pub fn parquet(r: &ScoreReport) -> anyhow::Result<Vec<u8>> {
+pub fn parquet(r: &ScoreReport) -> Result<Vec<u8>, StagesError> {
     let rows: Vec<(&str, u32, &super::tables::LayerRow)> = r
         .tables
         .iter()
@@ -203,6 +204,11 @@ pub fn parquet(r: &ScoreReport) -> anyhow::Result<Vec<u8>> {
             .map(|(n, a)| Field::new(*n, a.data_type().clone(), false))
             .collect::<Vec<_>>(),
     ));
-    let batch = RecordBatch::try_new(schema, columns.into_iter().map(|c| c.1).collect())?;
-    common::parquet_out::parquet_bytes(&batch).map_err(anyhow::Error::msg)
+    let encode = |source: Box<dyn std::error::Error + Send + Sync>| StagesError::Encode {
+        what: outputs::TABLES_PARQUET.to_string(),
+        source,
+    };
+    let batch = RecordBatch::try_new(schema, columns.into_iter().map(|c| c.1).collect())
+        .map_err(|e| encode(e.into()))?;
+    common::parquet_out::parquet_bytes(&batch).map_err(|e| encode(e.into()))
 }

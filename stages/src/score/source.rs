@@ -1,7 +1,7 @@
 //! Which statistics a method is scored on: the fit split, one domain, or a
 //! domain-weighted mix, reduced to the three sums every method needs.
 
-use anyhow::{bail, Context};
+use crate::StagesError;
 use common::saliency::{LayerStats, Saliency};
 use common::Split;
 use serde::{Deserialize, Serialize};
@@ -68,9 +68,9 @@ impl LayerInput {
 
 impl Source {
     /// Builds a source from `--domain` and `--mix a=0.5,b=0.5` (at most one).
-    pub fn from_flags(domain: Option<&str>, mix: Option<&str>) -> anyhow::Result<Source> {
+    pub fn from_flags(domain: Option<&str>, mix: Option<&str>) -> Result<Source, StagesError> {
         match (domain, mix) {
-            (Some(_), Some(_)) => bail!("--domain and --mix exclude each other"),
+            (Some(_), Some(_)) => Err(mix_error("excludes --domain")),
             (Some(d), None) => Ok(Source::Domain {
                 name: d.to_string(),
             }),
@@ -94,14 +94,20 @@ impl Source {
     }
 
     /// The per-layer sums this source selects from `s`.
-    pub fn layers(&self, s: &Saliency) -> anyhow::Result<Vec<LayerInput>> {
+    pub fn layers(&self, s: &Saliency) -> Result<Vec<LayerInput>, StagesError> {
+        let unscorable = |problem: String| StagesError::Unscorable {
+            scored: self.label(),
+            problem,
+        };
         let fit = s
             .split(Split::Fit)
-            .context("saliency.json has no fit split to score")?;
+            .ok_or_else(|| unscorable("saliency.json has no fit split".into()))?;
         let domain = |name: &str| {
-            fit.domains.get(name).with_context(|| {
+            fit.domains.get(name).ok_or_else(|| {
                 let known: Vec<&String> = fit.domains.keys().collect();
-                format!("domain {name:?} is not in saliency.json (fit domains: {known:?})")
+                unscorable(format!(
+                    "domain {name:?} is not in saliency.json (fit domains: {known:?})"
+                ))
             })
         };
         match self {
@@ -119,13 +125,15 @@ impl Source {
                 let total: u64 = weights
                     .keys()
                     .map(|d| domain(d).map(|x| x.n_tokens))
-                    .sum::<anyhow::Result<u64>>()?;
+                    .sum::<Result<u64, StagesError>>()?;
                 let wsum: f64 = weights.values().sum();
                 let mut out: Option<Vec<LayerInput>> = None;
                 for (name, w) in weights {
                     let d = domain(name)?;
                     if d.n_tokens == 0 {
-                        bail!("domain {name:?} has no fit tokens; it cannot be weighted in a mix");
+                        return Err(unscorable(format!(
+                            "domain {name:?} has no fit tokens; it cannot be weighted in a mix"
+                        )));
                     }
                     let scale = w / wsum * total as f64 / d.n_tokens as f64;
                     let layers: Vec<LayerInput> = d
@@ -138,34 +146,44 @@ impl Source {
                         Some(acc) => acc.iter_mut().zip(&layers).for_each(|(a, b)| a.add(b)),
                     }
                 }
-                out.context("--mix names no domain")
+                out.ok_or_else(|| unscorable("the mix names no domain".into()))
             }
         }
     }
 }
 
 /// Parses `a=0.5,b=0.5` into positive finite weights.
-fn parse_mix(s: &str) -> anyhow::Result<BTreeMap<String, f64>> {
+fn parse_mix(s: &str) -> Result<BTreeMap<String, f64>, StagesError> {
     let mut out = BTreeMap::new();
     for part in s.split(',').filter(|p| !p.trim().is_empty()) {
         let (name, w) = part
             .split_once('=')
-            .with_context(|| format!("--mix entry {part:?} is not DOMAIN=WEIGHT"))?;
+            .ok_or_else(|| mix_error(format!("entry {part:?} is not DOMAIN=WEIGHT")))?;
         let w: f64 = w
             .trim()
             .parse()
-            .with_context(|| format!("--mix weight {w:?} of {name:?} is not a number"))?;
+            .map_err(|e| mix_error(format!("weight {w:?} of {name:?} is not a number: {e}")))?;
         if !(w.is_finite() && w > 0.0) {
-            bail!("--mix weight of {name:?} must be positive and finite, got {w}");
+            return Err(mix_error(format!(
+                "weight of {name:?} must be positive and finite, got {w}"
+            )));
         }
         if out.insert(name.trim().to_string(), w).is_some() {
-            bail!("--mix names domain {name:?} twice");
+            return Err(mix_error(format!("names domain {name:?} twice")));
         }
     }
     if out.is_empty() {
-        bail!("--mix {s:?} names no domain");
+        return Err(mix_error(format!("{s:?} names no domain")));
     }
     Ok(out)
+}
+
+/// An unusable `--mix`, and why.
+fn mix_error(problem: impl Into<String>) -> StagesError {
+    StagesError::Argument {
+        argument: "--mix".into(),
+        problem: problem.into(),
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! the file. A card holds only what the inputs determine (no times), so the
 //! same inputs give byte-identical cards.
 
+use super::ShipError;
 use common::eval::summary::SplitFigures;
 use common::eval::EvalSummary;
 use common::gguf_read::GgufHeader;
@@ -125,13 +126,15 @@ pub struct ModelCard {
 
 /// The figures of the shipped file `file` (`<stem>.gguf`) in the summary of
 /// their evaluation; `Err` when it was not evaluated.
-pub fn measured(s: &EvalSummary, file: &str) -> Result<Measured, String> {
+pub fn measured(s: &EvalSummary, file: &str) -> Result<Measured, ShipError> {
     let stem = file.strip_suffix(".gguf").unwrap_or(file);
     let c = s
         .candidates
         .iter()
         .find(|c| c.name == stem)
-        .ok_or_else(|| format!("{file}: no figures in the evaluation of the shipped files"))?;
+        .ok_or_else(|| ShipError::Unmeasured {
+            file: file.to_string(),
+        })?;
     Ok(Measured {
         corpus_sha256: s.corpus_sha256.clone(),
         n_chunks: s.n_chunks,

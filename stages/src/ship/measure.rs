@@ -7,9 +7,9 @@
 //! second ship of the same files resumes every stored eval partial.
 
 use super::spec::Candidate;
-use crate::eval::check_base;
 use crate::eval::cli::{evaluate_held, evaluate_recorded, recorded, Base};
-use anyhow::Context;
+use crate::eval::{check_base, EvalRunError};
+use crate::StagesError;
 use common::eval::summary::parse_splits;
 use common::eval::EvalSummary;
 use common::quant::QuantType;
@@ -63,13 +63,13 @@ pub async fn measure(
     base: &Path,
     candidates: Vec<EvalCandidate>,
     how: Evaluator<'_>,
-) -> anyhow::Result<EvalSummary> {
+) -> Result<EvalSummary, StagesError> {
     let (_, config) = recorded(store).await?;
-    let splits = parse_splits(&config.eval.split).with_context(|| {
-        format!(
+    let splits = parse_splits(&config.eval.split).ok_or_else(|| {
+        EvalRunError::Setup(format!(
             "the run's [eval] split {:?}: expected fit, heldout or both",
             config.eval.split
-        )
+        ))
     })?;
     let sha256 = check_base(store, base).await?;
     let job = EvalJob {

@@ -21,7 +21,7 @@ pub mod files;
 pub mod measure;
 pub mod spec;
 
-use anyhow::Context;
+use crate::{During, StagesError};
 use card::ModelCard;
 use clap::Args;
 use common::artifacts::names;
@@ -38,7 +38,8 @@ use std::process::ExitCode;
 /// Name of the checksum file in the output directory.
 pub const SHA256SUMS: &str = "SHA256SUMS";
 
-/// Errors of making a shipped file.
+/// Errors of a ship: a candidate that cannot be shipped, or a shipped file
+/// that cannot be made or measured.
 #[derive(Debug, thiserror::Error)]
 pub enum ShipError {
     /// A file could not be made, read or placed.
@@ -48,6 +49,26 @@ pub enum ShipError {
         path: PathBuf,
         /// What went wrong.
         reason: String,
+    },
+    /// A candidate's name is unusable.
+    #[error(transparent)]
+    Candidate(#[from] config::candidate::CandidateError),
+    /// The base model is a candidate but no quantisation type was given.
+    #[error("candidate {}: the base model unquantised is the base model itself; give --quant to ship it quantised", config::candidate::BASE)]
+    BaseUnquantised,
+    /// The base model is already quantised and re-quantising it was not
+    /// allowed (`--allow-requantize`).
+    #[error("{reason}")]
+    Quantised {
+        /// Names the model, a quantised tensor and its type.
+        reason: String,
+    },
+    /// A shipped model file has no figures in the evaluation of the shipped
+    /// files.
+    #[error("{file}: no figures in the evaluation of the shipped files")]
+    Unmeasured {
+        /// The file's name (`<stem>.gguf`).
+        file: String,
     },
 }
 
@@ -108,12 +129,17 @@ pub struct ShipRequest {
 
 impl ShipArgs {
     /// The request these flags make; an unknown `--quant` is refused.
-    fn request(&self) -> anyhow::Result<ShipRequest> {
+    fn request(&self) -> Result<ShipRequest, StagesError> {
         let quants = self
             .quant
             .iter()
-            .map(|q| QuantType::parse(q).map_err(|e| anyhow::anyhow!("--quant: {e}")))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .map(|q| {
+                QuantType::parse(q).map_err(|problem| StagesError::Argument {
+                    argument: "--quant".into(),
+                    problem,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(ShipRequest {
             run: self.run.clone(),
             candidates: self.candidates.clone(),
@@ -140,13 +166,13 @@ struct ModelFile {
 }
 
 /// Entry point of `coordinator ship`.
-pub fn run(args: ShipArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: ShipArgs) -> Result<ExitCode, StagesError> {
     let request = args.request()?;
     let store = RunStore::open(&args.run)?;
     let evaluator = (!args.no_eval).then_some(measure::Evaluator::Own {
         local_workers: args.local_workers,
     });
-    let rt = tokio::runtime::Runtime::new()?;
+    let rt = tokio::runtime::Runtime::new().map_err(|source| StagesError::Runtime { source })?;
     rt.block_on(ship(&store, &request, evaluator))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -159,16 +185,16 @@ pub async fn ship(
     store: &RunStore,
     request: &ShipRequest,
     evaluator: Option<measure::Evaluator<'_>>,
-) -> anyhow::Result<()> {
+) -> Result<(), StagesError> {
     let quants = &request.quants;
     let candidates = spec::read(store, &request.candidates).await?;
     if candidates.iter().any(Candidate::is_base) && quants.is_empty() {
-        anyhow::bail!("candidate {}: the base model unquantised is the base model itself; give --quant to ship it quantised", config::candidate::BASE);
+        return Err(ShipError::BaseUnquantised.into());
     }
     let imatrix = store
         .get(names::IMATRIX_GGUF)
         .await
-        .context("reading the run's importance matrix")?;
+        .during("reading the run's importance matrix")?;
     let base = crate::prune::base_model(store, request.model.as_deref()).await?;
     let base = std::path::absolute(&base).unwrap_or(base);
     let (ship, models, mut shipped) =
@@ -194,8 +220,7 @@ pub async fn ship(
         let measured = summary
             .as_ref()
             .map(|s| card::measured(s, &m.file.name))
-            .transpose()
-            .map_err(anyhow::Error::msg)?;
+            .transpose()?;
         let cards = ship.card(&candidates[m.candidate], m, measured)?;
         shipped.extend(cards);
     }
@@ -223,10 +248,10 @@ fn make<'a>(
     base: &'a Path,
     candidates: &[Candidate],
     imatrix: &[u8],
-) -> anyhow::Result<(Ship<'a>, Vec<ModelFile>, Vec<Shipped>)> {
+) -> Result<(Ship<'a>, Vec<ModelFile>, Vec<Shipped>), StagesError> {
     let quants = &request.quants;
     let header = GgufReader::open(base)
-        .with_context(|| format!("reading base model {}", base.display()))?
+        .during_with(|| format!("reading base model {}", base.display()))?
         .header;
     for &q in quants {
         check_requantize(
@@ -235,7 +260,7 @@ fn make<'a>(
             q,
             request.allow_requantize,
         )
-        .map_err(anyhow::Error::msg)?;
+        .map_err(|reason| ShipError::Quantised { reason })?;
     }
     let worker = match quants.is_empty() {
         true => None,
@@ -247,8 +272,11 @@ fn make<'a>(
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned(),
-        sha256: common::hash::sha256_file(base)
-            .with_context(|| format!("hashing base model {}", base.display()))?,
+        sha256: common::hash::sha256_file(base).map_err(|source| StagesError::Io {
+            action: "hashing base model",
+            path: base.to_path_buf(),
+            source,
+        })?,
     };
     let stem = base_ref
         .file
@@ -265,8 +293,11 @@ fn make<'a>(
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
     };
     let run_imatrix = ship.out.scratch("run.imatrix.gguf");
-    std::fs::write(&run_imatrix, imatrix)
-        .with_context(|| format!("writing {}", run_imatrix.display()))?;
+    std::fs::write(&run_imatrix, imatrix).map_err(|source| StagesError::Io {
+        action: "writing",
+        path: run_imatrix.clone(),
+        source,
+    })?;
     let run_imatrix_ref = card::FileRef {
         file: names::IMATRIX_GGUF.to_string(),
         sha256: common::hash::sha256_hex(imatrix),
@@ -362,7 +393,7 @@ impl Ship<'_> {
         c: &Candidate,
         m: &ModelFile,
         measured: Option<card::Measured>,
-    ) -> anyhow::Result<Vec<Shipped>> {
+    ) -> Result<Vec<Shipped>, StagesError> {
         let file = &m.file;
         let header = GgufReader::open(self.out.path(&file.name))?.header;
         let quant = m.quantisation.as_ref().map(|q| q.quant);
@@ -449,16 +480,24 @@ impl Ship<'_> {
 
 /// Writes `SHA256SUMS` (`sha256sum`'s format, sorted by name); a changed
 /// list replaces the old one only once complete.
-fn write_sums(out: &OutDir, shipped: &[Shipped]) -> anyhow::Result<()> {
+fn write_sums(out: &OutDir, shipped: &[Shipped]) -> Result<(), StagesError> {
     let mut lines: Vec<String> = shipped
         .iter()
         .map(|s| format!("{}  {}\n", s.placed.sha256, s.name))
         .collect();
     lines.sort();
     let tmp = out.scratch(SHA256SUMS);
-    std::fs::write(&tmp, lines.concat()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::write(&tmp, lines.concat()).map_err(|source| StagesError::Io {
+        action: "writing",
+        path: tmp.clone(),
+        source,
+    })?;
     let path = out.path(SHA256SUMS);
-    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+    std::fs::rename(&tmp, &path).map_err(|source| StagesError::Io {
+        action: "writing",
+        path,
+        source,
+    })
 }
 
 /// Prints one line per file: name, size, SHA-256, made or reused.

@@ -4,7 +4,8 @@
 //! `expert_used_count` lowered to 2, metadata only), read from the run.
 //! Their names' grammar is [`config::candidate`].
 
-use anyhow::Context;
+use super::ShipError;
+use crate::{During, StagesError};
 use common::keepmap::KeepMap;
 use common::store::RunStore;
 use config::candidate::{parse, Named};
@@ -43,13 +44,13 @@ impl Candidate {
 }
 
 /// Reads the candidates `names` from the run; errors name the candidate.
-pub async fn read(store: &RunStore, names: &[String]) -> anyhow::Result<Vec<Candidate>> {
+pub async fn read(store: &RunStore, names: &[String]) -> Result<Vec<Candidate>, StagesError> {
     let mut out: Vec<Candidate> = Vec::with_capacity(names.len());
     for Named {
         name,
         keep_map,
         experts_used,
-    } in parse(names)?
+    } in parse(names).map_err(ShipError::from)?
     {
         let keep = match keep_map {
             None => None,
@@ -58,9 +59,13 @@ pub async fn read(store: &RunStore, names: &[String]) -> anyhow::Result<Vec<Cand
                 let bytes = store
                     .get(&object)
                     .await
-                    .with_context(|| format!("reading keep map {map_name} of candidate {name}"))?;
-                let map: KeepMap = serde_json::from_slice(&bytes)
-                    .with_context(|| format!("parsing keep map {}", store.url_of(&object)))?;
+                    .during_with(|| format!("reading keep map {map_name} of candidate {name}"))?;
+                let map: KeepMap =
+                    serde_json::from_slice(&bytes).map_err(|source| StagesError::Json {
+                        what: store.url_of(&object),
+                        expected: "a keep map",
+                        source,
+                    })?;
                 Some(KeepMapOf {
                     name: map_name,
                     map,

@@ -120,7 +120,10 @@ fn recompute(s: &Saliency, sha: &str, maps: &[(String, KeepMap)]) -> Check {
             keep_map(method, m.k, &p, sha, &ranked[0].1)
         });
         match fresh {
-            Err(e) => bad.push(format!("{name}: cannot recompute: {e:#}")),
+            Err(e) => bad.push(format!(
+                "{name}: cannot recompute: {}",
+                common::error_text::with_causes(&e)
+            )),
             Ok(f) => {
                 if let Some((layer, ids)) = m
                     .layers

@@ -7,7 +7,7 @@
 pub mod maps;
 pub mod stats;
 
-use anyhow::Context;
+use crate::StagesError;
 use clap::Args;
 use common::artifacts::names as artifacts;
 use common::keepmap::KeepMap;
@@ -163,13 +163,17 @@ impl fmt::Display for VerifyReport {
 }
 
 /// Rows of every trace part under `trace/`, from Parquet metadata alone.
-pub async fn trace_rows(store: &RunStore) -> anyhow::Result<(u64, usize)> {
+pub async fn trace_rows(store: &RunStore) -> Result<(u64, usize), StagesError> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let (parts, _decode) = common::trace::stored_parts(store).await?;
     let mut rows = 0u64;
     for part in &parts {
-        let reader = SerializedFileReader::new(store.get(part).await?)
-            .with_context(|| format!("{} is not a Parquet file", store.url_of(part)))?;
+        let reader = SerializedFileReader::new(store.get(part).await?).map_err(|e| {
+            StagesError::Artifact {
+                url: store.url_of(part),
+                problem: format!("not a Parquet file: {e}"),
+            }
+        })?;
         rows += reader.metadata().file_metadata().num_rows() as u64;
     }
     Ok((rows, parts.len()))
@@ -194,7 +198,7 @@ fn trace_check(s: &Saliency, rows: u64, parts: usize) -> Check {
 }
 
 /// Every keep map under `keep_maps/`; an unreadable one is an error naming it.
-pub async fn load_keep_maps(store: &RunStore) -> anyhow::Result<Vec<(String, KeepMap)>> {
+pub async fn load_keep_maps(store: &RunStore) -> Result<Vec<(String, KeepMap)>, StagesError> {
     let mut out = Vec::new();
     for name in store
         .list(common::artifacts::names::KEEP_MAPS_DIR)
@@ -202,8 +206,13 @@ pub async fn load_keep_maps(store: &RunStore) -> anyhow::Result<Vec<(String, Kee
         .into_iter()
         .filter(|n| n.ends_with(".json"))
     {
-        let map: KeepMap = serde_json::from_slice(&store.get(&name).await?)
-            .with_context(|| format!("{} is not a keep map", store.url_of(&name)))?;
+        let map: KeepMap = serde_json::from_slice(&store.get(&name).await?).map_err(|source| {
+            StagesError::Json {
+                what: store.url_of(&name),
+                expected: "a keep map",
+                source,
+            }
+        })?;
         out.push((name, map));
     }
     Ok(out)
@@ -213,7 +222,10 @@ pub async fn load_keep_maps(store: &RunStore) -> anyhow::Result<Vec<(String, Kee
 /// record (a changed, unrecorded or missing partial fails), then re-merges
 /// the unchanged ones in reverse order and compares the resulting
 /// `saliency.json` bytes with the stored ones.
-async fn partials_checks(store: &RunStore, saliency_bytes: &[u8]) -> anyhow::Result<[Check; 2]> {
+async fn partials_checks(
+    store: &RunStore,
+    saliency_bytes: &[u8],
+) -> Result<[Check; 2], StagesError> {
     let records = corpus::manifest::read_or_default(store).await?.partials;
     let parts: Vec<String> = store
         .list(common::artifacts::names::PARTIALS_DIR)
@@ -236,8 +248,10 @@ async fn partials_checks(store: &RunStore, saliency_bytes: &[u8]) -> anyhow::Res
             None => unrecorded.push(name.clone()),
             Some(_) => {}
         }
-        let p = Partial::from_bytes(&bytes)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", store.url_of(name)))?;
+        let p = Partial::from_bytes(&bytes).map_err(|problem| StagesError::Artifact {
+            url: store.url_of(name),
+            problem,
+        })?;
         match &mut merged {
             None => merged = Some(p),
             Some(m) => {
@@ -311,7 +325,7 @@ async fn partials_checks(store: &RunStore, saliency_bytes: &[u8]) -> anyhow::Res
 }
 
 /// Runs every check on a run's stored artifacts.
-pub async fn verify(store: &RunStore) -> anyhow::Result<VerifyReport> {
+pub async fn verify(store: &RunStore) -> Result<VerifyReport, StagesError> {
     let bytes = store.get(artifacts::SALIENCY_JSON).await?;
     let parsed = lenient::parse(&bytes, &store.url_of(artifacts::SALIENCY_JSON))?;
     let s = &parsed.saliency;
@@ -334,9 +348,11 @@ pub async fn verify(store: &RunStore) -> anyhow::Result<VerifyReport> {
 /// Verifies the run at `run` (path or URL); library entry point of `verify`.
 /// It runs its own runtime: call it outside any async context (inside one,
 /// await [`verify`]).
-pub fn verify_run(run: &str) -> anyhow::Result<VerifyReport> {
+pub fn verify_run(run: &str) -> Result<VerifyReport, StagesError> {
     let store = RunStore::open(run)?;
-    tokio::runtime::Runtime::new()?.block_on(verify(&store))
+    tokio::runtime::Runtime::new()
+        .map_err(|source| StagesError::Runtime { source })?
+        .block_on(verify(&store))
 }
 
 /// Arguments of `coordinator verify`.
@@ -350,12 +366,19 @@ pub struct VerifyArgs {
 }
 
 /// Entry point of `coordinator verify`.
-pub fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: VerifyArgs) -> Result<ExitCode, StagesError> {
     let report = verify_run(&args.run)?;
     print!("{report}");
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let json = serde_json::to_vec_pretty(&report).map_err(|e| StagesError::Encode {
+            what: "the verify report".into(),
+            source: e.into(),
+        })?;
+        std::fs::write(path, json).map_err(|source| StagesError::Io {
+            action: "writing",
+            path: path.clone(),
+            source,
+        })?;
     }
     Ok(if report.ok() {
         ExitCode::SUCCESS

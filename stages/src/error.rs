@@ -1,0 +1,199 @@
+//! The stages' one public error type: every stage function returns
+//! [`StagesError`], whose variants name the artifact, file or argument at
+//! fault; the module errors (`ShipError`, `EvalRunError`) and the earlier
+//! crates' errors convert into it at the crate boundary.
+
+use common::store::StoreError;
+use std::path::PathBuf;
+
+/// Errors of the analysis stages (score, verify, prune, eval, report, ship).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StagesError {
+    /// Reading or writing the run location failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A local file could not be read, written or created.
+    #[error("{action} {}", path.display())]
+    Io {
+        /// What was being done ("reading", "writing", ...).
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An artifact of the run (by its URL) is missing, malformed or does not
+    /// fit what the stage needs.
+    #[error("{url}: {problem}")]
+    Artifact {
+        /// Full URL of the object.
+        url: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A command-line argument is unusable.
+    #[error("{argument}: {problem}")]
+    Argument {
+        /// The flag or argument (`--mix`, `--k 7`, ...).
+        argument: String,
+        /// Why it cannot be used.
+        problem: String,
+    },
+    /// An earlier step failed; `doing` says which (the context the user
+    /// reads before the cause).
+    #[error("{doing}")]
+    While {
+        /// What the stage was doing.
+        doing: String,
+        /// The failure.
+        #[source]
+        source: Box<StagesError>,
+    },
+    /// A JSON document does not parse as what the stage expects.
+    #[error("{what} is not {expected}")]
+    Json {
+        /// The document: an artifact's URL, or the part of one at fault.
+        what: String,
+        /// What it should be ("a keep map", "a score report", ...).
+        expected: &'static str,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A result could not be encoded for writing.
+    #[error("encoding {what}")]
+    Encode {
+        /// What was being encoded (an object name, "the PNG header", ...).
+        what: String,
+        /// The encoder's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A plot could not be drawn.
+    #[error("drawing {plot}: {problem}")]
+    Draw {
+        /// The plot's title.
+        plot: String,
+        /// The drawing backend's error.
+        problem: String,
+    },
+    /// The async runtime a stage's entry point runs on could not start.
+    #[error("starting the async runtime")]
+    Runtime {
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The run's manifest could not be read.
+    #[error(transparent)]
+    Manifest(#[from] corpus::manifest::ManifestError),
+    /// `saliency.json` could not be read, even leniently.
+    #[error(transparent)]
+    Saliency(#[from] common::saliency::lenient::LenientError),
+    /// Stored statistics do not merge.
+    #[error(transparent)]
+    Merge(#[from] common::stats::MergeError),
+    /// The statistics a scoring source selects are not in `saliency.json`.
+    #[error("cannot score {scored}: {problem}")]
+    Unscorable {
+        /// The source's label (`fit`, `domain:code`, `mix:a=0.5,b=0.5`).
+        scored: String,
+        /// What is missing.
+        problem: String,
+    },
+    /// A keep-map size is 0 or above a layer's experts.
+    #[error("K={k} is not in 1..={n_expert} (experts of layer {layer})")]
+    KeepSize {
+        /// The size asked for.
+        k: u32,
+        /// Experts of the layer.
+        n_expert: usize,
+        /// Model block index of the layer.
+        layer: u32,
+    },
+    /// A keep map names a method `score` does not know.
+    #[error("unknown method {method:?}")]
+    UnknownMethod {
+        /// The method name in the keep map.
+        method: String,
+    },
+    /// A chunk's statistics do not have the model's shape.
+    #[error("chunk {chunk} statistics hold {cells} cells, expected {layers} layers x {n_expert} experts")]
+    ChunkShape {
+        /// Chunk id.
+        chunk: u32,
+        /// Cells the chunk's statistics hold.
+        cells: usize,
+        /// MoE layers of the model.
+        layers: usize,
+        /// Experts per layer.
+        n_expert: usize,
+    },
+    /// The bootstrap was given no chunk statistics or no resamples.
+    #[error("no chunk statistics or no resamples to bootstrap")]
+    NothingToBootstrap,
+    /// A GGUF file (a base or shipped model) could not be read; the error
+    /// names the file.
+    #[error(transparent)]
+    Gguf(#[from] common::gguf_read::GgufReadError),
+    /// A model or importance matrix could not be sliced to a keep map.
+    #[error("slicing {input}")]
+    Slice {
+        /// The file sliced (a path, or the run's URL of it).
+        input: String,
+        /// Why.
+        #[source]
+        source: common::prune::PruneError,
+    },
+    /// No base model was given and the run's manifest names no usable one.
+    #[error("{manifest} {problem}: pass --model")]
+    NoModel {
+        /// The manifest's URL.
+        manifest: String,
+        /// What it lacks ("is missing", "names no model ...").
+        problem: String,
+    },
+    /// The replay of routing traces failed.
+    #[error(transparent)]
+    Replay(#[from] replay::ReplayError),
+    /// The runtime (lock, runner, workers, manifest record) failed.
+    #[error(transparent)]
+    Run(#[from] runtime::run::RunError),
+    /// An evaluation failed.
+    #[error(transparent)]
+    Eval(#[from] crate::eval::EvalRunError),
+    /// A shipped file could not be made.
+    #[error(transparent)]
+    Ship(#[from] crate::ship::ShipError),
+}
+
+impl StagesError {
+    /// Wraps `self` with what the stage was doing when it failed, so the
+    /// user reads "doing: cause".
+    pub fn during(self, doing: impl Into<String>) -> StagesError {
+        StagesError::While {
+            doing: doing.into(),
+            source: Box::new(self),
+        }
+    }
+}
+
+/// Adds [`StagesError::during`] to results whose error converts into
+/// [`StagesError`].
+pub trait During<T> {
+    /// Wraps the error, if any, with what the stage was doing.
+    fn during(self, doing: impl Into<String>) -> Result<T, StagesError>;
+    /// As [`During::during`], the text built only on failure.
+    fn during_with<S: Into<String>>(self, doing: impl FnOnce() -> S) -> Result<T, StagesError>;
+}
+
+impl<T, E: Into<StagesError>> During<T> for Result<T, E> {
+    fn during(self, doing: impl Into<String>) -> Result<T, StagesError> {
+        self.map_err(|e| e.into().during(doing))
+    }
+    fn during_with<S: Into<String>>(self, doing: impl FnOnce() -> S) -> Result<T, StagesError> {
+        self.map_err(|e| e.into().during(doing()))
+    }
+}
