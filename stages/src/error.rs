@@ -170,6 +170,20 @@ pub enum StagesError {
 }
 
 impl StagesError {
+    /// Parses the JSON document `bytes` as `T`; on failure the error names
+    /// the document (`what`, built only then) and what it should be.
+    pub fn parse_json<T: serde::de::DeserializeOwned>(
+        bytes: &[u8],
+        what: impl FnOnce() -> String,
+        expected: &'static str,
+    ) -> Result<T, StagesError> {
+        serde_json::from_slice(bytes).map_err(|source| StagesError::Json {
+            what: what(),
+            expected,
+            source,
+        })
+    }
+
     /// Wraps `self` with what the stage was doing when it failed, so the
     /// user reads "doing: cause".
     pub fn during(self, doing: impl Into<String>) -> StagesError {

@@ -18,3 +18,8 @@ pub mod ship;
 pub mod verify;
 
 pub use error::{During, StagesError};
+
+/// The tokio runtime a stage's command-line entry point runs its I/O on.
+fn async_runtime() -> Result<tokio::runtime::Runtime, StagesError> {
+    tokio::runtime::Runtime::new().map_err(|source| StagesError::Runtime { source })
+}

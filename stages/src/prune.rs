@@ -97,7 +97,7 @@ fn describe(what: &str, path: &Path, s: &Sliced, seconds: f64) -> String {
 
 /// Entry point of `coordinator prune`.
 pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
-    let rt = tokio::runtime::Runtime::new().map_err(|source| StagesError::Runtime { source })?;
+    let rt = crate::async_runtime()?;
     let store = RunStore::open(&args.run)?;
     let name = common::layout::keep_map_name(&args.keep_map).to_string();
     let map_object = KeepMap::object_name(&name);
@@ -113,11 +113,8 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
         let base = base_model(&store, args.model.as_deref()).await?;
         Ok::<_, StagesError>((map, imatrix, base))
     })?;
-    let keep: KeepMap = serde_json::from_slice(&map_bytes).map_err(|source| StagesError::Json {
-        what: store.url_of(&map_object),
-        expected: "a keep map",
-        source,
-    })?;
+    let keep: KeepMap =
+        StagesError::parse_json(&map_bytes, || store.url_of(&map_object), "a keep map")?;
 
     let out_imatrix = imatrix_path(&args.out);
     let out_dir = out_imatrix

@@ -73,7 +73,7 @@ async fn recorded_mmproj(
 
 /// Entry point of `coordinator eval`.
 pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
-    let rt = tokio::runtime::Runtime::new().map_err(|source| StagesError::Runtime { source })?;
+    let rt = crate::async_runtime()?;
     rt.block_on(async {
         let store = RunStore::open(&args.run)?;
         let (manifest, config) = recorded(&store).await?;

@@ -19,11 +19,7 @@ pub async fn slot_tables(store: &RunStore) -> Result<Vec<MapTable>, StagesError>
         return Ok(Vec::new());
     };
     let r: crate::score::ScoreReport =
-        serde_json::from_slice(&bytes).map_err(|source| StagesError::Json {
-            what: store.url_of(name),
-            expected: "a score report",
-            source,
-        })?;
+        StagesError::parse_json(&bytes, || store.url_of(name), "a score report")?;
     Ok(r.tables)
 }
 

@@ -19,11 +19,11 @@ pub async fn load(store: &RunStore) -> Result<Option<EvalSummary>, StagesError> 
     let Some(bytes) = store.get_opt(names::SUMMARY_JSON).await? else {
         return Ok(None);
     };
-    let s = serde_json::from_slice(&bytes).map_err(|source| StagesError::Json {
-        what: store.url_of(names::SUMMARY_JSON),
-        expected: "an eval summary",
-        source,
-    })?;
+    let s = StagesError::parse_json(
+        &bytes,
+        || store.url_of(names::SUMMARY_JSON),
+        "an eval summary",
+    )?;
     Ok(Some(s))
 }
 

@@ -61,12 +61,7 @@ async fn score_results(
             "{url} is missing: run `coordinator score` for the keep maps and their tables"
         )));
     };
-    let stored: ScoreReport =
-        serde_json::from_slice(&bytes).map_err(|source| StagesError::Json {
-            what: url.clone(),
-            expected: "a score report",
-            source,
-        })?;
+    let stored: ScoreReport = StagesError::parse_json(&bytes, || url.clone(), "a score report")?;
     if stored.saliency_sha256 != sha {
         return Ok(Err(format!(
             "{url} was computed from another saliency.json (SHA-256 {}, now {sha}): \
@@ -316,9 +311,7 @@ fn verification_section(md: &mut String, v: &VerifyReport) {
 /// await [`report()`]).
 pub fn report_run(run: &str) -> Result<ReportOutput, StagesError> {
     let store = RunStore::open(run)?;
-    tokio::runtime::Runtime::new()
-        .map_err(|source| StagesError::Runtime { source })?
-        .block_on(report(&store))
+    crate::async_runtime()?.block_on(report(&store))
 }
 
 /// Arguments of `coordinator report`.

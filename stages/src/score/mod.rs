@@ -432,9 +432,7 @@ async fn run_bootstrap(
 /// await [`score()`]).
 pub fn score_run(run: &str, opts: &ScoreOptions) -> Result<ScoreReport, StagesError> {
     let store = RunStore::open(run)?;
-    tokio::runtime::Runtime::new()
-        .map_err(|source| StagesError::Runtime { source })?
-        .block_on(score(&store, opts))
+    crate::async_runtime()?.block_on(score(&store, opts))
 }
 
 /// Entry point of `coordinator score`.

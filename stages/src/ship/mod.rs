@@ -172,7 +172,7 @@ pub fn run(args: ShipArgs) -> Result<ExitCode, StagesError> {
     let evaluator = (!args.no_eval).then_some(measure::Evaluator::Own {
         local_workers: args.local_workers,
     });
-    let rt = tokio::runtime::Runtime::new().map_err(|source| StagesError::Runtime { source })?;
+    let rt = crate::async_runtime()?;
     rt.block_on(ship(&store, &request, evaluator))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -61,11 +61,7 @@ pub async fn read(store: &RunStore, names: &[String]) -> Result<Vec<Candidate>, 
                     .await
                     .during_with(|| format!("reading keep map {map_name} of candidate {name}"))?;
                 let map: KeepMap =
-                    serde_json::from_slice(&bytes).map_err(|source| StagesError::Json {
-                        what: store.url_of(&object),
-                        expected: "a keep map",
-                        source,
-                    })?;
+                    StagesError::parse_json(&bytes, || store.url_of(&object), "a keep map")?;
                 Some(KeepMapOf {
                     name: map_name,
                     map,

@@ -206,13 +206,8 @@ pub async fn load_keep_maps(store: &RunStore) -> Result<Vec<(String, KeepMap)>, 
         .into_iter()
         .filter(|n| n.ends_with(".json"))
     {
-        let map: KeepMap = serde_json::from_slice(&store.get(&name).await?).map_err(|source| {
-            StagesError::Json {
-                what: store.url_of(&name),
-                expected: "a keep map",
-                source,
-            }
-        })?;
+        let bytes = store.get(&name).await?;
+        let map: KeepMap = StagesError::parse_json(&bytes, || store.url_of(&name), "a keep map")?;
         out.push((name, map));
     }
     Ok(out)
@@ -350,9 +345,7 @@ pub async fn verify(store: &RunStore) -> Result<VerifyReport, StagesError> {
 /// await [`verify`]).
 pub fn verify_run(run: &str) -> Result<VerifyReport, StagesError> {
     let store = RunStore::open(run)?;
-    tokio::runtime::Runtime::new()
-        .map_err(|source| StagesError::Runtime { source })?
-        .block_on(verify(&store))
+    crate::async_runtime()?.block_on(verify(&store))
 }
 
 /// Arguments of `coordinator verify`.
