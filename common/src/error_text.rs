@@ -1,14 +1,20 @@
 //! An error's full text for the user: its message, then each cause in its
 //! `source()` chain after ": ", the way anyhow's `{:#}` prints one, so the
-//! library crates' typed errors read as they did through anyhow.
+//! library crates' typed errors read as they did through anyhow. A cause
+//! whose text its effect already ends with (`"{path}: {source}"` messages,
+//! which also return that source) is not printed a second time.
 
-/// `e` followed by each of its causes, `": "`-separated.
+/// `e` followed by each of its causes, `": "`-separated, a cause the text
+/// already ends with left out.
 pub fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         cause = c.source();
     }
     text
@@ -31,6 +37,14 @@ mod tests {
         Arg { reason: String },
     }
 
+    #[derive(Debug, thiserror::Error)]
+    enum Said {
+        #[error("{path}: {source}")]
+        Io { path: String, source: io::Error },
+        #[error("merging lease 3: {source}")]
+        Merge { source: Outer },
+    }
+
     /// Each cause follows its effect after ": ", as anyhow's `{:#}` does.
     #[test]
     fn errors_print_with_their_causes_as_anyhow_did() {
@@ -50,5 +64,27 @@ mod tests {
         }
         let [create, _] = errors();
         assert_eq!(with_causes(&create), "creating out/m.gguf: no space");
+    }
+
+    /// A cause its effect's message already ends with is printed once, and
+    /// the causes below it still are.
+    #[test]
+    fn a_cause_the_message_already_says_is_printed_once() {
+        let missing = || io::Error::new(io::ErrorKind::NotFound, "no such file");
+        let io = Said::Io {
+            path: "m.gguf".into(),
+            source: missing(),
+        };
+        assert_eq!(with_causes(&io), "m.gguf: no such file");
+        let merge = Said::Merge {
+            source: Outer::Create {
+                path: "out/m.gguf".into(),
+                source: missing(),
+            },
+        };
+        assert_eq!(
+            with_causes(&merge),
+            "merging lease 3: creating out/m.gguf: no such file"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! Command-line contract (DESIGN section 10): one subcommand per stage.
 
 use clap::{Parser, Subcommand};
+use common::error_text::with_causes;
 use std::process::ExitCode;
 
 /// moe-census coordinator.
@@ -127,7 +128,7 @@ pub fn main() -> ExitCode {
     match dispatch(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", with_causes(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -9,6 +9,7 @@
 //! depends on a later one.
 
 use common::artifacts::names;
+use common::error_text::with_causes;
 use common::store::RunStore;
 use config::eval::KeepShape;
 use config::ship::ShipSettings;
@@ -209,7 +210,8 @@ async fn stages(
     if config.eval.is_configured() {
         if let Err(e) = evaluate_configured(config, &setup, local.as_ref()).await {
             eprintln!(
-                "[eval] failed: {e:#}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
+                "[eval] failed: {}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
+                with_causes(e.as_ref()),
                 store.url_of(names::REPORT_MD)
             );
             return Ok(ExitCode::FAILURE);
@@ -222,12 +224,10 @@ async fn stages(
             setup: &setup,
             local: local.as_ref(),
         });
-        if let Err(e) = stages::ship::ship(&store, request, evaluator)
-            .await
-            .map_err(anyhow::Error::from)
-        {
+        if let Err(e) = stages::ship::ship(&store, request, evaluator).await {
             eprintln!(
-                "[ship] failed: {e:#}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
+                "[ship] failed: {}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
+                with_causes(&e),
                 store.url_of(names::REPORT_MD)
             );
             return Ok(ExitCode::FAILURE);
