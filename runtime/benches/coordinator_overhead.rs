@@ -31,8 +31,7 @@
 //! 4. Peak memory (`BENCH_RSS_DELIVERIES=K`, default 0: skipped): K
 //!    full-size partials delivered at once (written to files first, one per
 //!    lease), each read whole, checked and merged through
-//!    `BENCH_RSS_SLOTS` ingest slots (default the coordinator's
-//!    `INGEST_SLOTS`), in a child process whose peak RSS (`VmHWM`) is
+//!    `BENCH_RSS_SLOTS` ingest slots (default `[run] ingest_slots`'s), in a child process whose peak RSS (`VmHWM`) is
 //!    reported against the running total's and the partials' sizes.
 
 use bytes::Bytes;
@@ -351,7 +350,7 @@ fn rss_bench(dir: &tempfile::TempDir, k: u32, partial_bytes: usize) {
     let slots: usize = std::env::var("BENCH_RSS_SLOTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(runtime::net::hub::INGEST_SLOTS);
+        .unwrap_or(config::run::RunSettings::default().ingest_slots as usize);
     // This binary: as the kernel names it, or as it was invoked when that
     // file was replaced meanwhile (a rebuild).
     let exe = std::env::current_exe()

@@ -18,7 +18,10 @@ const DELAY: Duration = Duration::from_millis(5);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_and_three_fake_workers_give_byte_identical_artifacts() {
     let (d1, d3) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (s1, s3) = (fake_setup(d1.path(), 10), fake_setup(d3.path(), 10));
+    let (s1, mut s3) = (fake_setup(d1.path(), 10), fake_setup(d3.path(), 10));
+    // Three workers' results through one ingest slot: checked and merged
+    // one at a time, the others waiting their turn.
+    s3.run.ingest_slots = 1;
     let (sum1, _) = run_with(&s1, |l| fake_workers(l, 1, DELAY)).await;
     let (sum3, w3) = run_with(&s3, |l| fake_workers(l, 3, DELAY)).await;
     assert_eq!(

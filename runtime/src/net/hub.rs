@@ -30,17 +30,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-/// Results fetched, checked or waiting to be merged at once (each check
-/// and merge is spread over the cores inside): however many workers
-/// deliver at once, the coordinator reads at most this many stored results
-/// besides its running total; the others wait their turn (heartbeating),
-/// holding nothing but an inline result's frame (within the frame budget,
-/// `super::frames`). Results held for a redundancy comparison are outside
-/// the bound.
-pub const INGEST_SLOTS: usize = 2;
-
-/// One of the [`INGEST_SLOTS`], held by a result from its fetch until it
-/// is merged (a result held for a redundancy comparison gives its slot back).
+/// One of the hub's ingest slots (`[run] ingest_slots`: results fetched,
+/// checked or waiting to be merged at once; each check and merge is spread
+/// over the cores inside). However many workers deliver at once, the
+/// coordinator reads at most that many stored results besides its running
+/// total; the others wait their turn (heartbeating), holding nothing but an
+/// inline result's frame (within the frame budget, `super::frames`). A slot
+/// is held by a result from its fetch until it is merged (a result held for
+/// a redundancy comparison gives its slot back: those are outside the bound).
 #[derive(Debug)]
 pub struct IngestSlot {
     _permit: Option<OwnedSemaphorePermit>,
@@ -139,7 +136,7 @@ pub struct Hub<K: LeaseKind> {
     /// Results of sampled units waiting for another worker's.
     candidates: Mutex<BTreeMap<ChunkRange, Vec<Candidate<AddendOf<K>>>>>,
     deliveries: mpsc::UnboundedSender<Delivery<AddendOf<K>>>,
-    /// The [`INGEST_SLOTS`].
+    /// The ingest slots ([`IngestSlot`]).
     ingest: Arc<Semaphore>,
     /// Set once every accepted result is stored: only then may a worker
     /// be told the run is finished and leave.
@@ -152,14 +149,16 @@ const fn labels<K: LeaseKind>() -> common::lease::Labels {
 }
 
 impl<K: LeaseKind> Hub<K> {
-    /// A hub over a scheduler for leases of `kind`; accepted results come
-    /// out of the returned receiver.
+    /// A hub over a scheduler for leases of `kind`, reading at most
+    /// `ingest_slots` results at once; accepted results come out of the
+    /// returned receiver.
     pub fn new(
         sched: Scheduler,
         secret: JoinSecret,
         job: JobInfo,
         kind: Arc<K>,
         run: RunStore,
+        ingest_slots: usize,
     ) -> (Self, mpsc::UnboundedReceiver<Delivery<AddendOf<K>>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let hub = Hub {
@@ -174,7 +173,7 @@ impl<K: LeaseKind> Hub<K> {
             unresolved: Mutex::new(Vec::new()),
             candidates: Mutex::new(BTreeMap::new()),
             deliveries: tx,
-            ingest: Arc::new(Semaphore::new(INGEST_SLOTS)),
+            ingest: Arc::new(Semaphore::new(ingest_slots.max(1))),
             all_stored: AtomicBool::new(false),
         };
         (hub, rx)

@@ -202,7 +202,8 @@ async fn serve_units<K: LeaseKind>(
         tracing::info!("no join secret configured: only local workers can join");
     }
     let layout = kind.layout();
-    let (hub, deliveries) = Hub::new(sched, secret.clone(), job, kind, store.clone());
+    let slots = run.ingest_slots as usize;
+    let (hub, deliveries) = Hub::new(sched, secret.clone(), job, kind, store.clone(), slots);
     let hub = Arc::new(hub);
     let (server, listening) = listen(
         cluster,
