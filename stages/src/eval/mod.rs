@@ -250,7 +250,11 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
         );
     }
     let slots = match table::slot_tables(store).await {
-        Ok(t) => t,
+        Ok(Ok(t)) => t,
+        Ok(Err(why)) => {
+            println!("  (no slot replacement column: {why})");
+            Vec::new()
+        }
         Err(e) => {
             println!(
                 "  (no slot replacement column: {})",

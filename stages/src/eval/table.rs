@@ -4,7 +4,7 @@
 //! were evaluated, the KL of each candidate per modality. `coordinator
 //! eval` prints it and the report shows it.
 
-use crate::score::tables::MapTable;
+use crate::score::{self, tables::MapTable};
 use crate::StagesError;
 use common::eval::{EvalSummary, Figures};
 use common::peer_text::table_cell;
@@ -12,15 +12,14 @@ use common::store::RunStore;
 use std::fmt::Write;
 
 /// `score`'s per-(method, K) tables from `score/score.json`, for the slot
-/// replacement column; none when scoring has not run (the column reads `-`).
-pub async fn slot_tables(store: &RunStore) -> Result<Vec<MapTable>, StagesError> {
-    let name = crate::score::outputs::REPORT_JSON;
-    let Some(bytes) = store.get_opt(name).await? else {
-        return Ok(Vec::new());
-    };
-    let r: crate::score::ScoreReport =
-        StagesError::parse_json(&bytes, || store.url_of(name), "a score report")?;
-    Ok(r.tables)
+/// replacement column: none when scoring has not run (the column reads `-`),
+/// why not when the stored tables were scored from another saliency.
+pub async fn slot_tables(store: &RunStore) -> Result<Result<Vec<MapTable>, String>, StagesError> {
+    if !store.exists(score::outputs::REPORT_JSON).await? {
+        return Ok(Ok(Vec::new()));
+    }
+    let (_, sha) = score::load_saliency(store).await?;
+    Ok(score::stored_report(store, &sha).await?.map(|r| r.tables))
 }
 
 fn kl(f: Option<&Figures>) -> String {

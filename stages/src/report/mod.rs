@@ -48,30 +48,6 @@ pub struct ReportOutput {
     pub missing: Vec<String>,
 }
 
-/// The stored score results, when `score/score.json` exists and was computed
-/// from the current saliency; otherwise why not (the report never scores: a
-/// stage writes only its own outputs, and `keep_maps/` belong to `score`).
-async fn score_results(
-    store: &RunStore,
-    sha: &str,
-) -> Result<Result<ScoreReport, String>, StagesError> {
-    let url = store.url_of(score::outputs::REPORT_JSON);
-    let Some(bytes) = store.get_opt(score::outputs::REPORT_JSON).await? else {
-        return Ok(Err(format!(
-            "{url} is missing: run `coordinator score` for the keep maps and their tables"
-        )));
-    };
-    let stored: ScoreReport = StagesError::parse_json(&bytes, || url.clone(), "a score report")?;
-    if stored.saliency_sha256 != sha {
-        return Ok(Err(format!(
-            "{url} was computed from another saliency.json (SHA-256 {}, now {sha}): \
-             run `coordinator score` again",
-            stored.saliency_sha256
-        )));
-    }
-    Ok(Ok(stored))
-}
-
 /// `replay/results.json`, when `replay` has run.
 async fn replay_results(store: &RunStore) -> Result<Option<ReplayReport>, StagesError> {
     let Some(bytes) = store.get_opt(names::REPLAY_RESULTS_JSON).await? else {
@@ -104,7 +80,7 @@ fn slot_series(r: &ScoreReport, k: u32) -> Vec<Series> {
 pub async fn report(store: &RunStore) -> Result<ReportOutput, StagesError> {
     let verified = verify::verify(store).await?;
     let (s, sha) = score::load_saliency(store).await?;
-    let scored = score_results(store, &sha).await?;
+    let scored = score::stored_report(store, &sha).await?;
     let mut out = ReportOutput {
         markdown: names::REPORT_MD.to_string(),
         plots: Vec::new(),

@@ -157,14 +157,25 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
         .await
         .unwrap());
 
-    // Scores of an older saliency.json are named stale, not redone.
+    // No scores: the evaluation table's slot column reads `-`, silently.
+    let slots = || crate::eval::table::slot_tables(&store);
+    assert_eq!(slots().await.unwrap(), Ok(Vec::new()));
+
+    // Scores of an older saliency.json are named stale, not redone, by the
+    // report and by the evaluation table alike.
     crate::score::score(&store, &crate::score::ScoreOptions::default())
         .await
         .unwrap();
+    assert!(!slots().await.unwrap().unwrap().is_empty());
     let maps = store.list(names::KEEP_MAPS_DIR).await.unwrap();
     let before: Vec<_> = read_all(&store, &maps).await;
     let changed = saliency(2, vec![audit_layer(1), audit_layer(5)]);
     report_over(&store, &changed, &["computed from another saliency.json"]).await;
+    let stale = slots().await.unwrap().unwrap_err();
+    assert!(
+        stale.contains("computed from another saliency.json"),
+        "{stale}"
+    );
     assert_eq!(read_all(&store, &maps).await, before);
     assert_eq!(store.list(names::KEEP_MAPS_DIR).await.unwrap(), maps);
 }

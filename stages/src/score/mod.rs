@@ -211,6 +211,31 @@ pub struct ScoreReport {
     pub routing_note: Option<String>,
 }
 
+/// The stored score results, when `score/score.json` exists and was computed
+/// from the saliency of SHA-256 `sha`; otherwise why not, naming the object
+/// and what to run (the later stages never score: a stage writes only its
+/// own outputs, and `keep_maps/` belong to `score`).
+pub async fn stored_report(
+    store: &RunStore,
+    sha: &str,
+) -> Result<Result<ScoreReport, String>, StagesError> {
+    let url = store.url_of(outputs::REPORT_JSON);
+    let Some(bytes) = store.get_opt(outputs::REPORT_JSON).await? else {
+        return Ok(Err(format!(
+            "{url} is missing: run `coordinator score` for the keep maps and their tables"
+        )));
+    };
+    let stored: ScoreReport = StagesError::parse_json(&bytes, || url.clone(), "a score report")?;
+    if stored.saliency_sha256 != sha {
+        return Ok(Err(format!(
+            "{url} was computed from another saliency.json (SHA-256 {}, now {sha}): \
+             run `coordinator score` again",
+            stored.saliency_sha256
+        )));
+    }
+    Ok(Ok(stored))
+}
+
 /// Reads and parses `saliency.json`, returning its bytes' SHA-256 too.
 pub async fn load_saliency(store: &RunStore) -> Result<(Saliency, String), StagesError> {
     let bytes = store.get(names::SALIENCY_JSON).await?;
