@@ -1,6 +1,6 @@
 //! Bad input is refused with an error naming the input and the problem, and
 //! nothing is written or replaced: an empty micro-batch (in the run config
-//! and on `worker collect`), decode traces without a prompt, a corrupt
+//! and on `worker collect` and `worker eval`), decode traces without a prompt, a corrupt
 //! `manifest.json`, `[eval]` keep-map sizes that do not parse or that the
 //! model cannot run.
 
@@ -39,6 +39,17 @@ fn worker_collect_refuses_an_empty_micro_batch_and_an_empty_decode_prompt() {
     assert_refused(&out, &["--decode-prompt", "'0'"]);
     assert!(!dir.path().join("run/saliency.json").exists());
     assert!(!dir.path().join("run/partials").exists());
+}
+
+#[test]
+fn worker_eval_refuses_an_empty_micro_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixtures::model(dir.path(), Preset::Tiny);
+    let run = fixtures::corpus_dir(dir.path(), "run", 2, N_CTX);
+    let candidate = ["--candidate", model.to_str().unwrap(), "--n-ubatch", "0"];
+    let args = fixtures::worker_args("eval", &model, &run, "0..2", &run, &candidate);
+    assert_refused(&fixtures::run("worker", &args), &["--n-ubatch", "'0'"]);
+    assert!(!dir.path().join("run/eval").exists());
 }
 
 /// `coordinator COMMAND CONFIG --out OUT` (`run`, `corpus`).

@@ -1,39 +1,18 @@
 //! `worker collect`: one process, no network: measure a chunk range of a
 //! tokenized corpus and write its partial, trace part and results.
 
-use super::corpus::load_chunks;
+use super::chunk_job::{ChunkJob, ChunkJobArgs};
 use crate::collect::device::Reduce;
 use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 use crate::error::WorkerError;
 use common::store::RunStore;
-use common::ChunkRange;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
 
 /// Arguments of `worker collect`.
 #[derive(clap::Args, Debug)]
 pub struct CollectArgs {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
-    /// Tokenized corpus: a run location or its `corpus/` (path or URL).
-    #[arg(long)]
-    corpus: String,
-    /// Chunk ids to measure, `A..B` (half-open) or `A..=B`.
-    #[arg(long)]
-    chunks: String,
-    /// Output location (path or URL) for partials/, trace/ and the results.
-    #[arg(long)]
-    out: String,
-    /// Tokens per micro-batch (at least 1).
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
-    n_ubatch: u32,
-    /// Layers offloaded to the GPU (`-ngl`).
-    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
-    n_gpu_layers: u32,
-    /// CPU threads (default: all cores).
-    #[arg(long)]
-    threads: Option<u32>,
+    #[command(flatten)]
+    job: ChunkJobArgs,
     /// Trace every n-th chunk (0: no trace); with `--trace-every-heldout`,
     /// fit tokens only.
     #[arg(long, default_value_t = 1)]
@@ -51,12 +30,6 @@ pub struct CollectArgs {
     /// Decode traces: prompt length taken from each held-out span (at least 1).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
     decode_prompt: u64,
-    /// f32 KV cache (tight oracle comparisons).
-    #[arg(long)]
-    f32_kv: bool,
-    /// Enable flash attention.
-    #[arg(long)]
-    flash_attn: bool,
     /// Where observed tensors are reduced: `device` (on their backend; only
     /// results are copied to the host), `host` (the reference path), or
     /// `auto` (device when layers are offloaded to a GPU). Default:
@@ -67,20 +40,20 @@ pub struct CollectArgs {
 
 /// Entry point of `worker collect`.
 pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
-    let range = ChunkRange::parse(&a.chunks).map_err(|reason| WorkerError::Arg {
-        flag: "--chunks",
-        reason,
-    })?;
-    let rt = tokio::runtime::Runtime::new().map_err(WorkerError::Runtime)?;
-    let (index, chunks) = rt.block_on(load_chunks(&a.corpus, range))?;
+    let ChunkJob {
+        rt,
+        range,
+        index,
+        chunks,
+    } = a.job.open()?;
     let mut opts = CollectOptions {
-        n_ubatch: a.n_ubatch,
-        n_gpu_layers: a.n_gpu_layers,
+        n_ubatch: a.job.n_ubatch,
+        n_gpu_layers: a.job.n_gpu_layers,
         trace_every: a.trace_every,
         trace_every_heldout: a.trace_every_heldout,
         trace_top_n: a.trace_top_n,
-        f32_kv: a.f32_kv,
-        flash_attn: a.flash_attn,
+        f32_kv: a.job.f32_kv,
+        flash_attn: a.job.flash_attn,
         decode_tokens: a.decode_tokens,
         decode_prompt: usize::try_from(a.decode_prompt).map_err(|e| WorkerError::Arg {
             flag: "--decode-prompt",
@@ -89,10 +62,10 @@ pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
         reduce: Reduce::from_flag_or_env(a.reduce)?,
         ..Default::default()
     };
-    if let Some(t) = a.threads {
+    if let Some(t) = a.job.threads {
         opts.threads = t;
     }
-    let mut collector = Collector::load(&a.model, opts)?;
+    let mut collector = Collector::load(&a.job.model, opts)?;
     let total: usize = chunks.iter().map(|c| c.tokens.len()).sum();
     let bar = ProgressBar::new(total as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} tokens {per_sec} eta {eta} {msg}")
@@ -108,7 +81,7 @@ pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
         bar.inc(n as u64);
     })?;
     bar.finish_and_clear();
-    let out = RunStore::open(&a.out)?;
+    let out = RunStore::open(&a.job.out)?;
     rt.block_on(async {
         let k = collector.shape().n_expert_used as usize;
         let n = a.trace_top_n.min(collector.shape().n_expert as usize);

@@ -2,32 +2,21 @@
 //! against the base model on a chunk range and write the eval partial and
 //! `eval/summary.json`.
 
-use super::corpus::load_chunks;
+use super::chunk_job::{ChunkJob, ChunkJobArgs};
 use crate::error::WorkerError;
 use crate::eval::{candidates, Compare, EvalOptions, Evaluator};
 use common::eval::{names, EvalSummary};
 use common::store::RunStore;
-use common::ChunkRange;
 use std::path::PathBuf;
 
 /// Arguments of `worker eval`.
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
-    /// The base GGUF model.
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    job: ChunkJobArgs,
     /// A pruned candidate GGUF, named after its file stem (repeatable).
     #[arg(long = "candidate", required = true)]
     candidates: Vec<PathBuf>,
-    /// Tokenized corpus: a run location or its `corpus/` (path or URL).
-    #[arg(long)]
-    corpus: String,
-    /// Chunk ids to evaluate, `A..B` (half-open) or `A..=B`.
-    #[arg(long)]
-    chunks: String,
-    /// Output location (path or URL) for `eval/`.
-    #[arg(long)]
-    out: String,
     /// Splits scored: fit, heldout or both.
     #[arg(long, default_value = "both")]
     split: String,
@@ -35,21 +24,6 @@ pub struct EvalArgs {
     /// second half of each chunk, like llama-perplexity).
     #[arg(long, default_value_t = 0)]
     skip_first: u32,
-    /// Tokens per micro-batch.
-    #[arg(long, default_value_t = 512)]
-    n_ubatch: u32,
-    /// Layers offloaded to the GPU (`-ngl`).
-    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
-    n_gpu_layers: u32,
-    /// CPU threads (default: all cores).
-    #[arg(long)]
-    threads: Option<u32>,
-    /// f32 KV cache (tight oracle comparisons).
-    #[arg(long)]
-    f32_kv: bool,
-    /// Enable flash attention.
-    #[arg(long)]
-    flash_attn: bool,
     /// Where logits are compared: `device` (on the backend that holds
     /// them, f32; only per-position figures are copied to the host),
     /// `host` (f64 after llama.cpp copies every row: the reference), or
@@ -64,34 +38,34 @@ pub struct EvalArgs {
 
 /// Entry point of `worker eval`.
 pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
-    let range = ChunkRange::parse(&a.chunks).map_err(|reason| WorkerError::Arg {
-        flag: "--chunks",
-        reason,
-    })?;
     let splits =
         common::eval::summary::parse_splits(&a.split).ok_or_else(|| WorkerError::ArgValue {
             flag: "--split",
             value: a.split.clone(),
             expected: "fit, heldout or both",
         })?;
-    let rt = tokio::runtime::Runtime::new().map_err(WorkerError::Runtime)?;
-    let (index, chunks) = rt.block_on(load_chunks(&a.corpus, range))?;
+    let ChunkJob {
+        rt,
+        range,
+        index,
+        chunks,
+    } = a.job.open()?;
     let mut opts = EvalOptions {
-        n_ubatch: a.n_ubatch,
-        n_gpu_layers: a.n_gpu_layers,
-        f32_kv: a.f32_kv,
-        flash_attn: a.flash_attn,
+        n_ubatch: a.job.n_ubatch,
+        n_gpu_layers: a.job.n_gpu_layers,
+        f32_kv: a.job.f32_kv,
+        flash_attn: a.job.flash_attn,
         skip_first: a.skip_first,
         splits,
         dump_logits: a.dump_logits.is_some(),
         compare: a.compare,
         ..EvalOptions::default()
     };
-    if let Some(t) = a.threads {
+    if let Some(t) = a.job.threads {
         opts.threads = t;
     }
     let cands = candidates::from_files(&a.candidates)?;
-    let mut evaluator = Evaluator::load(&a.model, &cands, opts)?;
+    let mut evaluator = Evaluator::load(&a.job.model, &cands, opts)?;
     let evaluated = evaluator.run(&index, &chunks, &mut |_, _| {})?;
     if let Some(dir) = &a.dump_logits {
         std::fs::create_dir_all(dir).map_err(|source| WorkerError::ArgDir {
@@ -109,7 +83,7 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
         }
     }
     let partial = evaluated.partial;
-    let out = RunStore::open(&a.out)?;
+    let out = RunStore::open(&a.job.out)?;
     let summary = EvalSummary::of(&partial, &index.domains);
     rt.block_on(async {
         out.put(

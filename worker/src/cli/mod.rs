@@ -5,6 +5,7 @@ use crate::error::WorkerError;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod chunk_job;
 mod collect;
 pub mod corpus;
 mod eval;

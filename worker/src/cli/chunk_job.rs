@@ -1,0 +1,74 @@
+//! What the one-process commands (`worker collect`, `worker eval`) share:
+//! their flags for the model, the corpus, the chunk range, the output and
+//! how llama.cpp runs, and opening the range they name.
+
+use super::corpus::load_chunks;
+use crate::error::WorkerError;
+use common::corpus::{Chunk, CorpusIndex};
+use common::ChunkRange;
+use std::path::PathBuf;
+use tokio::runtime::Runtime;
+
+/// The flags of one chunk range run in this process.
+#[derive(clap::Args, Debug)]
+pub struct ChunkJobArgs {
+    /// GGUF model file (for `eval`, the base model).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Tokenized corpus: a run location or its `corpus/` (path or URL).
+    #[arg(long)]
+    pub corpus: String,
+    /// Chunk ids, `A..B` (half-open) or `A..=B`.
+    #[arg(long)]
+    pub chunks: String,
+    /// Output location (path or URL): `partials/`, `trace/` and the
+    /// results for `collect`, `eval/` for `eval`.
+    #[arg(long)]
+    pub out: String,
+    /// Tokens per micro-batch (at least 1).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub n_ubatch: u32,
+    /// Layers offloaded to the GPU (`-ngl`).
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
+    pub n_gpu_layers: u32,
+    /// CPU threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<u32>,
+    /// f32 KV cache (tight oracle comparisons).
+    #[arg(long)]
+    pub f32_kv: bool,
+    /// Enable flash attention.
+    #[arg(long)]
+    pub flash_attn: bool,
+}
+
+/// A chunk range opened: the async runtime for the store, the range, the
+/// corpus index and the range's chunks.
+pub struct ChunkJob {
+    /// Runs the store's requests.
+    pub rt: Runtime,
+    /// `--chunks`.
+    pub range: ChunkRange,
+    /// The corpus's index.
+    pub index: CorpusIndex,
+    /// The chunks of `range`, checked against the index.
+    pub chunks: Vec<Chunk>,
+}
+
+impl ChunkJobArgs {
+    /// Parses `--chunks` and reads its chunks from `--corpus`.
+    pub fn open(&self) -> Result<ChunkJob, WorkerError> {
+        let range = ChunkRange::parse(&self.chunks).map_err(|reason| WorkerError::Arg {
+            flag: "--chunks",
+            reason,
+        })?;
+        let rt = Runtime::new().map_err(WorkerError::Runtime)?;
+        let (index, chunks) = rt.block_on(load_chunks(&self.corpus, range))?;
+        Ok(ChunkJob {
+            rt,
+            range,
+            index,
+            chunks,
+        })
+    }
+}
