@@ -20,7 +20,8 @@ pub struct MoeFacts {
 /// is an error naming the file and the key.
 pub fn moe_facts(path: &Path) -> Result<MoeFacts, String> {
     let shown = path.display();
-    let r = GgufReader::open(path).map_err(|e| format!("model {shown}: {e}"))?;
+    // The reader's errors name the file.
+    let r = GgufReader::open(path).map_err(|e| format!("model {e}"))?;
     let arch = r
         .header
         .get("general.architecture")
@@ -78,5 +79,10 @@ mod tests {
         assert!(e.contains("m0-2.gguf"), "{e}");
         let e = moe_facts(&write(d.path(), 8, 9)).unwrap_err();
         assert!(e.contains("expert_used_count"), "{e}");
+        let missing = d.path().join("missing.gguf");
+        let e = moe_facts(&missing).unwrap_err();
+        let shown = missing.display().to_string();
+        assert!(e.starts_with(&format!("model {shown}: ")), "{e}");
+        assert_eq!(e.matches(&shown).count(), 1, "the file named once: {e}");
     }
 }

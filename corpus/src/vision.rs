@@ -144,7 +144,8 @@ impl Vision {
 /// other projector types are checked by mtmd when a worker loads the full
 /// model.
 pub fn check_width(model: &Path, mmproj: &Path) -> Result<(), String> {
-    let open = |p: &Path| GgufReader::open(p).map_err(|e| format!("{}: {e}", p.display()));
+    // The reader's errors name the file.
+    let open = |p: &Path| GgufReader::open(p).map_err(|e| e.to_string());
     let text = open(model)?;
     let arch = text
         .header

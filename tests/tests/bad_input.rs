@@ -1,8 +1,9 @@
 //! Bad input is refused with an error naming the input and the problem, and
-//! nothing is written or replaced: an empty micro-batch (in the run config
-//! and on `worker collect` and `worker eval`), decode traces without a prompt, a corrupt
-//! `manifest.json`, `[eval]` keep-map sizes that do not parse or that the
-//! model cannot run.
+//! nothing is written or replaced: an empty micro-batch (in the run config,
+//! on `worker collect` and on `worker eval`), decode traces without a
+//! prompt, a corrupt `manifest.json`, `[eval]` keep-map sizes that do not
+//! parse or that the model cannot run, a model or importance matrix that is
+//! not a GGUF.
 
 use std::path::Path;
 use std::process::Output;
@@ -117,4 +118,32 @@ fn eval_sizes_that_do_not_parse_or_cannot_run_are_refused_before_any_corpus_work
         assert_refused(&out, needles);
         assert!(!run.exists(), "a refused [eval] left a run behind");
     }
+}
+
+/// `worker quantize` given a file that is not a GGUF, as the model or as
+/// the importance matrix: the error says which and names the file once, and
+/// nothing is written.
+#[test]
+fn worker_quantize_names_a_file_that_is_not_a_gguf_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.gguf");
+    std::fs::write(&garbage, b"not a model at all, nor an imatrix").unwrap();
+    let model = fixtures::model(dir.path(), Preset::Tiny);
+    let out = dir.path().join("q.gguf");
+    let quantize = |model: &Path, extra: &[&str]| {
+        let mut args = vec!["quantize", "--model", model.to_str().unwrap()];
+        args.extend(["--type", "Q8_0", "--out", out.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        fixtures::run("worker", &args)
+    };
+    let shown = garbage.to_str().unwrap();
+    for (o, role) in [
+        (quantize(&garbage, &[]), "model"),
+        (quantize(&model, &["--imatrix", shown]), "imatrix"),
+    ] {
+        assert_refused(&o, &[&format!("{role} {shown}: "), "not a GGUF file"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.matches(shown).count(), 1, "the file named once: {err}");
+    }
+    assert!(!out.exists());
 }

@@ -132,6 +132,15 @@ pub enum WorkerError {
     /// A GGUF file could not be read.
     #[error(transparent)]
     Gguf(#[from] common::gguf_read::GgufReadError),
+    /// A GGUF file of a given role (`model`, `imatrix`) could not be read
+    /// (the reader's error names the file).
+    #[error("{role} {source}")]
+    GgufFile {
+        /// What the file is to the command.
+        role: &'static str,
+        /// The reader's error.
+        source: common::gguf_read::GgufReadError,
+    },
     /// A GGUF file lacks a metadata key it needs.
     #[error("{path}: no {key}")]
     MissingKey {

@@ -47,7 +47,10 @@ pub fn imatrix_weights(path: &Path) -> Result<BTreeMap<String, Vec<f32>>, Worker
         path: path.display().to_string(),
         reason,
     };
-    let mut r = GgufReader::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut r = GgufReader::open(path).map_err(|source| WorkerError::GgufFile {
+        role: "imatrix",
+        source,
+    })?;
     let names: Vec<String> = r
         .header
         .tensors
@@ -107,7 +110,10 @@ pub fn quantize_file(
         move |source| WorkerError::Io { path, source }
     };
     let header = GgufReader::open(base)
-        .map_err(|e| model_err(e.to_string()))?
+        .map_err(|source| WorkerError::GgufFile {
+            role: "model",
+            source,
+        })?
         .header;
     check_requantize(&header, "the model", opts.quant, opts.allow_requantize).map_err(model_err)?;
     if out.exists() {
