@@ -321,11 +321,71 @@ struct Seen {
 
 /// Unpacks `out.len()` values of `bits` bits each from `src` (which holds
 /// 17 bytes past the last value's first byte), shifted left by `shift`;
-/// values of at most 57 bits are read as u64 words, wider ones as u128.
+/// values of at most 64 bits (sign included) are unpacked as u64, wider
+/// ones as u128.
 #[inline]
 fn unpack(src: &[u8], bits: u32, shift: u32, signed: bool, out: &mut [ExactSum]) -> Seen {
+    match (bits <= 64, signed) {
+        (true, false) => unpack_narrow::<false>(src, bits, shift, out),
+        (true, true) => unpack_narrow::<true>(src, bits, shift, out),
+        (false, _) => unpack_wide(src, bits, shift, signed, out),
+    }
+}
+
+/// [`unpack`] for values of at most 64 bits (the f64-born sums of up to a
+/// few thousand chunks: about 53 + log2(chunks) significant bits, a few
+/// more for a block's shared width): magnitudes stay u64 until they are
+/// shifted into place, and signs are applied without branches (they are
+/// random).
+#[inline]
+fn unpack_narrow<const SIGNED: bool>(
+    src: &[u8],
+    bits: u32,
+    shift: u32,
+    out: &mut [ExactSum],
+) -> Seen {
+    let mask = u64::MAX >> (64 - bits);
+    let (mut any, mut odd, mut zero, mut negative_zero) = (0u64, 0u64, false, false);
+    for (i, slot) in out.iter_mut().enumerate() {
+        let p = i * bits as usize;
+        let b = p >> 3;
+        // A value starts within its first byte and spans at most 9 bytes.
+        let word = u128::from_le_bytes(src[b..b + 16].try_into().expect("16 bytes"));
+        let raw = (word >> (p & 7)) as u64 & mask;
+        let (m, negative) = if SIGNED {
+            (raw >> 1, raw & 1)
+        } else {
+            (raw, 0)
+        };
+        any |= m;
+        odd |= m & 1;
+        zero |= m == 0;
+        negative_zero |= (negative == 1) & (m == 0);
+        // -v when negative (sign all ones), else v: (v ^ sign) - sign.
+        let sign = (negative as i128).wrapping_neg();
+        let v = (u128::from(m) << shift) as i128;
+        *slot = ExactSum((v ^ sign) - sign);
+    }
+    Seen {
+        any: u128::from(any),
+        odd: u128::from(odd),
+        zero,
+        negative_zero,
+    }
+}
+
+/// [`unpack`] for values of 65 bits or more, read as u128 words.
+fn unpack_wide(src: &[u8], bits: u32, shift: u32, signed: bool, out: &mut [ExactSum]) -> Seen {
     let mut seen = Seen::default();
-    let mut put = |slot: &mut ExactSum, raw: u128| {
+    let mask = u128::MAX >> (128 - bits);
+    for (i, slot) in out.iter_mut().enumerate() {
+        let p = i * bits as usize;
+        let (b, s) = (p >> 3, (p & 7) as u32);
+        let mut x = u128::from_le_bytes(src[b..b + 16].try_into().expect("16 bytes")) >> s;
+        if s + bits > 128 {
+            x |= u128::from(src[b + 16]) << (128 - s);
+        }
+        let raw = x & mask;
         let (m, negative) = if signed {
             (raw >> 1, raw & 1 == 1)
         } else {
@@ -337,26 +397,6 @@ fn unpack(src: &[u8], bits: u32, shift: u32, signed: bool, out: &mut [ExactSum])
         seen.negative_zero |= negative && m == 0;
         let v = (m << shift) as i128;
         *slot = ExactSum(if negative { -v } else { v });
-    };
-    if bits <= 57 {
-        let mask = u64::MAX >> (64 - bits);
-        for (i, slot) in out.iter_mut().enumerate() {
-            let p = i * bits as usize;
-            let b = p >> 3;
-            let word = u64::from_le_bytes(src[b..b + 8].try_into().expect("8 bytes"));
-            put(slot, u128::from(word >> (p & 7) & mask));
-        }
-    } else {
-        let mask = u128::MAX >> (128 - bits);
-        for (i, slot) in out.iter_mut().enumerate() {
-            let p = i * bits as usize;
-            let (b, s) = (p >> 3, (p & 7) as u32);
-            let mut x = u128::from_le_bytes(src[b..b + 16].try_into().expect("16 bytes")) >> s;
-            if s + bits > 128 {
-                x |= u128::from(src[b + 16]) << (128 - s);
-            }
-            put(slot, x & mask);
-        }
     }
     seen
 }
@@ -424,12 +464,16 @@ mod tests {
         }
         round_trip(&vec![ExactSum::ZERO; 100]);
         round_trip(&[ExactSum(limit); 16]);
-        // Widths on both sides of the unpacker's u64 / u128 switch (57 bits).
-        for bits in [55, 56, 57, 58, 59, 64, 100] {
-            let v: Vec<ExactSum> = (0..40i128)
-                .map(|i| ExactSum(((1i128 << (bits - 1)) | (i * 7919 + 1)) * (1 - 2 * (i % 2))))
+        // Widths on both sides of the unpacker's u64 / u128 switch (64 bits,
+        // a signed block's sign bit included), signed and not.
+        for bits in [55, 56, 57, 58, 59, 62, 63, 64, 65, 66, 100] {
+            let magnitude = |i: i128| (1i128 << (bits - 1)) | (i * 7919 + 1);
+            let signed: Vec<ExactSum> = (0..40i128)
+                .map(|i| ExactSum(magnitude(i) * (1 - 2 * (i % 2))))
                 .collect();
-            round_trip(&v);
+            round_trip(&signed);
+            let unsigned: Vec<ExactSum> = (0..40i128).map(|i| ExactSum(magnitude(i))).collect();
+            round_trip(&unsigned);
         }
         // Adding past the range is an error naming the sum.
         let mut bytes = Vec::new();
