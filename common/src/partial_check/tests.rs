@@ -135,6 +135,42 @@ fn importance_matrix_entries_are_well_formed() {
     assert!(refused(&p).contains("counts 18446744073709551615 rows"));
 }
 
+/// Blocks of 16 sums cross matrices of 3 columns: each sum is checked
+/// against its own matrix's count and named by its matrix and column.
+#[test]
+fn importance_matrix_sums_are_named_by_matrix_and_column_across_blocks() {
+    let s = |v: f64| ExactSum::from_f64(v).unwrap();
+    let with = |counts: Vec<u64>, poison: fn(&mut [ExactSum])| {
+        let mut p = honest();
+        let mut e = ImatrixEntry::new(3, 7);
+        let mut sums = vec![s(1.0); 21];
+        for m in (0..7).filter(|&m| counts[m] == 0) {
+            sums[3 * m..3 * m + 3].fill(ExactSum::ZERO);
+        }
+        e.counts = counts;
+        e.in_sum = sums.clone().into();
+        poison(&mut sums);
+        e.in_sum2 = sums.into();
+        p.imatrix
+            .entries
+            .insert("blk.1.ffn_up_exps.weight".into(), e);
+        p
+    };
+    let counts = vec![2, 2, 0, 2, 2, 0, 2];
+    check_values(&with(counts.clone(), |_| ()), &Budget::for_corpus(1000)).unwrap();
+    // Sum 17, matrix 5 (no rows) column 2: in the second block of 16.
+    let e = refused(&with(counts.clone(), |x| x[17] = ExactSum(1)));
+    assert!(e.contains("matrix 5 column 2: sum of squares"), "{e}");
+    // Sum 13, matrix 4 column 1: the first block's last matrix, cut by it.
+    let e = refused(&with(counts.clone(), |x| x[13] = ExactSum(-1)));
+    assert!(e.contains("matrix 4 column 1: sum of squares"), "{e}");
+    // Of two failing sums in one block, the first is named.
+    let e = refused(&with(counts, |x| {
+        (x[4], x[8]) = (ExactSum(-1), ExactSum(1))
+    }));
+    assert!(e.contains("matrix 1 column 1: sum of squares"), "{e}");
+}
+
 #[test]
 fn names_counters_and_trace_figures_are_bounded() {
     let mut p = honest();
