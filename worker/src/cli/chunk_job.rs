@@ -42,33 +42,17 @@ pub struct ChunkJobArgs {
     pub flash_attn: bool,
 }
 
-/// A chunk range opened: the async runtime for the store, the range, the
-/// corpus index and the range's chunks.
-pub struct ChunkJob {
-    /// Runs the store's requests.
-    pub rt: Runtime,
-    /// `--chunks`.
-    pub range: ChunkRange,
-    /// The corpus's index.
-    pub index: CorpusIndex,
-    /// The chunks of `range`, checked against the index.
-    pub chunks: Vec<Chunk>,
-}
-
 impl ChunkJobArgs {
-    /// Parses `--chunks` and reads its chunks from `--corpus`.
-    pub fn open(&self) -> Result<ChunkJob, WorkerError> {
+    /// Parses `--chunks` and reads its chunks from `--corpus`: the async
+    /// runtime that reads the store, the range, the corpus index and the
+    /// range's chunks (checked against the index).
+    pub fn open(&self) -> Result<(Runtime, ChunkRange, CorpusIndex, Vec<Chunk>), WorkerError> {
         let range = ChunkRange::parse(&self.chunks).map_err(|reason| WorkerError::Arg {
             flag: "--chunks",
             reason,
         })?;
         let rt = Runtime::new().map_err(WorkerError::Runtime)?;
         let (index, chunks) = rt.block_on(load_chunks(&self.corpus, range))?;
-        Ok(ChunkJob {
-            rt,
-            range,
-            index,
-            chunks,
-        })
+        Ok((rt, range, index, chunks))
     }
 }

@@ -1,7 +1,7 @@
 //! `worker collect`: one process, no network: measure a chunk range of a
 //! tokenized corpus and write its partial, trace part and results.
 
-use super::chunk_job::{ChunkJob, ChunkJobArgs};
+use super::chunk_job::ChunkJobArgs;
 use crate::collect::device::Reduce;
 use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 use crate::error::WorkerError;
@@ -40,12 +40,7 @@ pub struct CollectArgs {
 
 /// Entry point of `worker collect`.
 pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
-    let ChunkJob {
-        rt,
-        range,
-        index,
-        chunks,
-    } = a.job.open()?;
+    let (rt, range, index, chunks) = a.job.open()?;
     let mut opts = CollectOptions {
         n_ubatch: a.job.n_ubatch,
         n_gpu_layers: a.job.n_gpu_layers,

@@ -2,7 +2,7 @@
 //! against the base model on a chunk range and write the eval partial and
 //! `eval/summary.json`.
 
-use super::chunk_job::{ChunkJob, ChunkJobArgs};
+use super::chunk_job::ChunkJobArgs;
 use crate::error::WorkerError;
 use crate::eval::{candidates, Compare, EvalOptions, Evaluator};
 use common::eval::{names, EvalSummary};
@@ -44,12 +44,7 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
             value: a.split.clone(),
             expected: "fit, heldout or both",
         })?;
-    let ChunkJob {
-        rt,
-        range,
-        index,
-        chunks,
-    } = a.job.open()?;
+    let (rt, range, index, chunks) = a.job.open()?;
     let mut opts = EvalOptions {
         n_ubatch: a.job.n_ubatch,
         n_gpu_layers: a.job.n_gpu_layers,
