@@ -184,6 +184,26 @@ impl StagesError {
         })
     }
 
+    /// `value` as pretty JSON; on failure the error names what was being
+    /// encoded (`what`: the object or file it is for).
+    pub fn encode_json(what: &str, value: &impl serde::Serialize) -> Result<Vec<u8>, StagesError> {
+        serde_json::to_vec_pretty(value).map_err(|e| StagesError::Encode {
+            what: what.to_string(),
+            source: e.into(),
+        })
+    }
+
+    /// The [`StagesError::Io`] of `action` ("writing", ...) on `path`, for
+    /// `map_err`.
+    pub fn io(action: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.to_path_buf();
+        move |source| StagesError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+
     /// Wraps `self` with what the stage was doing when it failed, so the
     /// user reads "doing: cause".
     pub fn during(self, doing: impl Into<String>) -> StagesError {

@@ -125,18 +125,14 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
         .prefix(".run-imatrix")
         .suffix(".gguf")
         .tempfile_in(out_dir)
-        .map_err(|source| StagesError::Io {
-            action: "creating a temporary file for the run's importance matrix in",
-            path: out_dir.to_path_buf(),
-            source,
-        })?;
-    std::io::Write::write_all(&mut run_imatrix, &imatrix_bytes).map_err(|source| {
-        StagesError::Io {
-            action: "writing the run's importance matrix to",
-            path: run_imatrix.path().to_path_buf(),
-            source,
-        }
-    })?;
+        .map_err(StagesError::io(
+            "creating a temporary file for the run's importance matrix in",
+            out_dir,
+        ))?;
+    std::io::Write::write_all(&mut run_imatrix, &imatrix_bytes).map_err(StagesError::io(
+        "writing the run's importance matrix to",
+        run_imatrix.path(),
+    ))?;
     let started = Instant::now();
     let sliced_imatrix =
         slice_imatrix(run_imatrix.path(), &keep, &out_imatrix).map_err(|source| {

@@ -249,20 +249,14 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
             store.url_of(name)
         );
     }
-    let slots = match table::slot_tables(store).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(why)) => {
-            println!("  (no slot replacement column: {why})");
-            Vec::new()
-        }
-        Err(e) => {
-            println!(
-                "  (no slot replacement column: {})",
-                common::error_text::with_causes(&e)
-            );
-            Vec::new()
-        }
-    };
+    let slots = table::slot_tables(store)
+        .await
+        .map_err(|e| common::error_text::with_causes(&e))
+        .and_then(|stale| stale);
+    let slots = slots.unwrap_or_else(|why| {
+        println!("  (no slot replacement column: {why})");
+        Vec::new()
+    });
     print!("{}", table::table(&o.summary, &slots));
     println!("results: {}", store.url_of(o.out.summary_json));
 }

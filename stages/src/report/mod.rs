@@ -227,10 +227,7 @@ async fn replay_section(
         );
         out.plots.push(name);
     }
-    let json = serde_json::to_vec_pretty(&rates).map_err(|e| StagesError::Encode {
-        what: names::REPORT_MISS_RATES_JSON.to_string(),
-        source: e.into(),
-    })?;
+    let json = StagesError::encode_json(names::REPORT_MISS_RATES_JSON, &rates)?;
     store.put(names::REPORT_MISS_RATES_JSON, json).await?;
     Ok(())
 }

@@ -277,7 +277,7 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> Result<ScoreReport,
         for &k in &ks {
             let map = keep_map(*m, k, &p, &sha, r)?;
             let name = KeepMap::file_name(m.as_str(), k);
-            let mut bytes = to_json(&name, &map)?;
+            let mut bytes = StagesError::encode_json(&name, &map)?;
             bytes.push(b'\n');
             store.put(&name, bytes).await?;
             report_tables.push(tables::map_table(m.as_str(), k, &layers, r));
@@ -309,7 +309,7 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> Result<ScoreReport,
         stability_note,
         routing_note: routing_note(&s),
     };
-    let mut json = to_json(outputs::REPORT_JSON, &report)?;
+    let mut json = StagesError::encode_json(outputs::REPORT_JSON, &report)?;
     json.push(b'\n');
     store.put(outputs::REPORT_JSON, json).await?;
     store
@@ -319,14 +319,6 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> Result<ScoreReport,
         .put(outputs::TABLES_PARQUET, render::parquet(&report)?)
         .await?;
     Ok(report)
-}
-
-/// `value` as pretty JSON, to be written as the object `name`.
-fn to_json(name: &str, value: &impl Serialize) -> Result<Vec<u8>, StagesError> {
-    serde_json::to_vec_pretty(value).map_err(|e| StagesError::Encode {
-        what: name.to_string(),
-        source: e.into(),
-    })
 }
 
 async fn run_screen(

@@ -251,7 +251,7 @@ fn make<'a>(
 ) -> Result<(Ship<'a>, Vec<ModelFile>, Vec<Shipped>), StagesError> {
     let quants = &request.quants;
     let header = GgufReader::open(base)
-        .during_with(|| format!("reading base model {}", base.display()))?
+        .during("reading the base model")?
         .header;
     for &q in quants {
         check_requantize(
@@ -272,11 +272,8 @@ fn make<'a>(
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned(),
-        sha256: common::hash::sha256_file(base).map_err(|source| StagesError::Io {
-            action: "hashing base model",
-            path: base.to_path_buf(),
-            source,
-        })?,
+        sha256: common::hash::sha256_file(base)
+            .map_err(StagesError::io("hashing base model", base))?,
     };
     let stem = base_ref
         .file
@@ -293,11 +290,7 @@ fn make<'a>(
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
     };
     let run_imatrix = ship.out.scratch("run.imatrix.gguf");
-    std::fs::write(&run_imatrix, imatrix).map_err(|source| StagesError::Io {
-        action: "writing",
-        path: run_imatrix.clone(),
-        source,
-    })?;
+    std::fs::write(&run_imatrix, imatrix).map_err(StagesError::io("writing", &run_imatrix))?;
     let run_imatrix_ref = card::FileRef {
         file: names::IMATRIX_GGUF.to_string(),
         sha256: common::hash::sha256_hex(imatrix),
@@ -487,17 +480,9 @@ fn write_sums(out: &OutDir, shipped: &[Shipped]) -> Result<(), StagesError> {
         .collect();
     lines.sort();
     let tmp = out.scratch(SHA256SUMS);
-    std::fs::write(&tmp, lines.concat()).map_err(|source| StagesError::Io {
-        action: "writing",
-        path: tmp.clone(),
-        source,
-    })?;
+    std::fs::write(&tmp, lines.concat()).map_err(StagesError::io("writing", &tmp))?;
     let path = out.path(SHA256SUMS);
-    std::fs::rename(&tmp, &path).map_err(|source| StagesError::Io {
-        action: "writing",
-        path,
-        source,
-    })
+    std::fs::rename(&tmp, &path).map_err(StagesError::io("writing", &path))
 }
 
 /// Prints one line per file: name, size, SHA-256, made or reused.

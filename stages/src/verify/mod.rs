@@ -363,15 +363,8 @@ pub fn run(args: VerifyArgs) -> Result<ExitCode, StagesError> {
     let report = verify_run(&args.run)?;
     print!("{report}");
     if let Some(path) = &args.json {
-        let json = serde_json::to_vec_pretty(&report).map_err(|e| StagesError::Encode {
-            what: "the verify report".into(),
-            source: e.into(),
-        })?;
-        std::fs::write(path, json).map_err(|source| StagesError::Io {
-            action: "writing",
-            path: path.clone(),
-            source,
-        })?;
+        let json = StagesError::encode_json("the verify report", &report)?;
+        std::fs::write(path, json).map_err(StagesError::io("writing", path))?;
     }
     Ok(if report.ok() {
         ExitCode::SUCCESS
