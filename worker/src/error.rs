@@ -1,6 +1,7 @@
 //! The worker's error type: every variant names the input at fault.
 
 use crate::llama::LlamaError;
+use std::path::Path;
 
 /// Errors of the worker library.
 #[derive(Debug, thiserror::Error)]
@@ -214,4 +215,24 @@ pub enum WorkerError {
     /// A result could not be encoded as JSON.
     #[error(transparent)]
     Json(serde_json::Error),
+}
+
+impl WorkerError {
+    /// The [`WorkerError::Create`] of `path`, for `map_err`.
+    pub fn creating(path: &Path) -> impl FnOnce(std::io::Error) -> WorkerError {
+        let path = path.display().to_string();
+        move |source| WorkerError::Create { path, source }
+    }
+
+    /// The [`WorkerError::WriteFile`] of `path`, for `map_err`.
+    pub fn writing(path: &Path) -> impl FnOnce(std::io::Error) -> WorkerError {
+        let path = path.display().to_string();
+        move |source| WorkerError::WriteFile { path, source }
+    }
+
+    /// The [`WorkerError::Rename`] to `path`, for `map_err`.
+    pub fn renaming_to(path: &Path) -> impl FnOnce(std::io::Error) -> WorkerError {
+        let path = path.display().to_string();
+        move |source| WorkerError::Rename { path, source }
+    }
 }

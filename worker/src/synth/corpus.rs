@@ -48,38 +48,25 @@ const TASKS: &[&str] = &[
 
 /// Writes the three domain files into `dir`, each about `chars` characters.
 pub fn write_corpus(dir: &Path, chars: usize, seed: u64) -> Result<(), WorkerError> {
-    std::fs::create_dir_all(dir).map_err(|source| WorkerError::Create {
-        path: dir.display().to_string(),
-        source,
-    })?;
+    std::fs::create_dir_all(dir).map_err(WorkerError::creating(dir))?;
     let writers: [fn(&mut Rng, usize) -> String; 3] = [prose_doc, code_doc, chat_doc];
     for (name, doc) in FILES.iter().zip(writers) {
         let path = dir.join(name);
         let tmp = path.with_extension("partial");
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(|source| {
-            WorkerError::Create {
-                path: tmp.display().to_string(),
-                source,
-            }
-        })?);
-        let writing = |source| WorkerError::WriteFile {
-            path: tmp.display().to_string(),
-            source,
-        };
+        let file = std::fs::File::create(&tmp).map_err(WorkerError::creating(&tmp))?;
+        let mut out = std::io::BufWriter::new(file);
         let mut rng = Rng::for_stream(seed, name);
         let (mut written, mut i) = (0, 0);
         while written < chars {
             let text = doc(&mut rng, i);
             written += text.len();
-            out.write_all(text.as_bytes()).map_err(writing)?;
+            out.write_all(text.as_bytes())
+                .map_err(WorkerError::writing(&tmp))?;
             i += 1;
         }
-        out.flush().map_err(writing)?;
+        out.flush().map_err(WorkerError::writing(&tmp))?;
         drop(out);
-        std::fs::rename(&tmp, &path).map_err(|source| WorkerError::Rename {
-            path: path.display().to_string(),
-            source,
-        })?;
+        std::fs::rename(&tmp, &path).map_err(WorkerError::renaming_to(&path))?;
     }
     Ok(())
 }

@@ -116,16 +116,10 @@ fn records() -> String {
 /// Writes `DIR/*.png` and `RECORDS` into `dir`.
 pub fn write_images(dir: &Path) -> Result<(), WorkerError> {
     let images = dir.join(DIR);
-    std::fs::create_dir_all(&images).map_err(|source| WorkerError::Create {
-        path: images.display().to_string(),
-        source,
-    })?;
+    std::fs::create_dir_all(&images).map_err(WorkerError::creating(&images))?;
     for (name, bytes) in files()? {
         let path = dir.join(name);
-        std::fs::write(&path, bytes).map_err(|source| WorkerError::WriteFile {
-            path: path.display().to_string(),
-            source,
-        })?;
+        std::fs::write(&path, bytes).map_err(WorkerError::writing(&path))?;
     }
     Ok(())
 }

@@ -448,10 +448,7 @@ pub fn write_model_with(
 /// never copied whole into one buffer.
 fn write_gguf(g: &GgufWriter, path: &Path) -> Result<(), WorkerError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| WorkerError::Create {
-            path: dir.display().to_string(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(WorkerError::creating(dir))?;
     }
     let tmp = path.with_extension("gguf.partial");
     let written = std::fs::File::create(&tmp).and_then(|f| {
@@ -459,14 +456,8 @@ fn write_gguf(g: &GgufWriter, path: &Path) -> Result<(), WorkerError> {
         g.write(&mut w)?;
         w.into_inner().map_err(|e| e.into_error())?.sync_all()
     });
-    written.map_err(|source| WorkerError::WriteFile {
-        path: tmp.display().to_string(),
-        source,
-    })?;
-    std::fs::rename(&tmp, path).map_err(|source| WorkerError::Rename {
-        path: path.display().to_string(),
-        source,
-    })?;
+    written.map_err(WorkerError::writing(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(WorkerError::renaming_to(path))?;
     Ok(())
 }
 
