@@ -273,13 +273,10 @@ pub enum ReplayError {
         url: String,
     },
 
-    /// The model GGUF could not be read.
-    #[error("reading model {}", model.display())]
+    /// The model GGUF could not be read (the reader's error names the file).
+    #[error("model {source}")]
     ModelRead {
-        /// The GGUF file.
-        model: PathBuf,
         /// The reader's error.
-        #[source]
         source: GgufReadError,
     },
     /// An expert tensor's name has no block number (`blk.N.`).

@@ -1,8 +1,9 @@
-//! Error messages as the coordinator prints them (`{:#}` of an
-//! `anyhow::Error`: the error, then each source): users and scripts read
-//! these, so they are pinned here word for word.
+//! Error messages as the coordinator prints them
+//! (`common::error_text::with_causes`: the error, then each cause it does
+//! not already say): users and scripts read these, so they are pinned here
+//! word for word.
 
-use super::{replay_run, ReplayArgs, ReplayReport};
+use super::{replay_run, ReplayArgs, ReplayError, ReplayReport};
 use clap::Parser;
 use common::store::RunStore;
 use common::trace::{write_part, TraceRow};
@@ -16,8 +17,8 @@ struct Wrap {
 }
 
 /// What `coordinator` prints for an error.
-fn printed(e: impl Into<anyhow::Error>) -> String {
-    format!("{:#}", e.into())
+fn printed(e: ReplayError) -> String {
+    common::error_text::with_causes(&e)
 }
 
 /// The message of a replay of `dir` with extra flags.
@@ -116,10 +117,7 @@ fn run_inputs_at_fault_are_named() {
     let model = missing.to_str().unwrap();
     assert_eq!(
         replay_error(run, &["--model", model]),
-        format!(
-            "reading model {model}: {model}: No such file or directory (os error 2): \
-             No such file or directory (os error 2)"
-        )
+        format!("model {model}: No such file or directory (os error 2)")
     );
 }
 

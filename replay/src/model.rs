@@ -63,8 +63,5 @@ pub fn expert_count(model: &Path) -> Result<Option<u64>, ReplayError> {
 
 /// Reads the model's header.
 fn open(model: &Path) -> Result<GgufReader<BufReader<File>>, ReplayError> {
-    GgufReader::open(model).map_err(|source| ReplayError::ModelRead {
-        model: model.to_path_buf(),
-        source,
-    })
+    GgufReader::open(model).map_err(|source| ReplayError::ModelRead { source })
 }
