@@ -68,6 +68,7 @@ impl Config {
         config
             .run
             .validate()
+            .and_then(|()| config.cluster.validate())
             .and_then(|()| config.eval.validate())
             .and_then(|()| config.ship.as_ref().map_or(Ok(()), |s| s.validate()))
             .map_err(|message| ConfigError::Parse {

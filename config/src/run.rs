@@ -195,6 +195,11 @@ pub struct ClusterSettings {
     pub login_timeout_ms: u64,
     /// Largest frame a worker may send, MiB (larger partials go through storage).
     pub max_frame_mib: u32,
+    /// Largest result a worker may stage in storage, MiB: the coordinator
+    /// reads a staged result whole (`[run] ingest_slots` of them at once),
+    /// so a larger one is refused by its size, unread. At 48 MoE layers x
+    /// 512 experts a partial is about 1 GB.
+    pub max_staged_mib: u64,
     /// MiB that all joined workers' frames may hold at once while they
     /// arrive; a frame that would go past it waits (its sender held back
     /// by flow control) until others are handled.
@@ -212,6 +217,16 @@ pub struct ClusterSettings {
 }
 
 impl ClusterSettings {
+    /// Refuses settings no run can work with, naming the `[cluster]` field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_staged_mib == 0 {
+            return Err("[cluster] max_staged_mib = 0: every result too large to \
+                 travel inline would be refused"
+                .into());
+        }
+        Ok(())
+    }
+
     /// `max_pending_per_address`, capped at half of `max_connections` (at least 1).
     pub fn pending_per_address(&self) -> usize {
         self.max_pending_per_address
@@ -231,6 +246,7 @@ impl Default for ClusterSettings {
             max_pending_per_address: 8,
             login_timeout_ms: 5000,
             max_frame_mib: 64,
+            max_staged_mib: 8192,
             max_buffered_mib: 256,
             connect_file: None,
             identity_dir: None,
@@ -296,6 +312,12 @@ mod tests {
                     .into()
             )
         );
+        let no_staging: ClusterSettings = toml::from_str("max_staged_mib = 0").unwrap();
+        assert_eq!(
+            no_staging.validate(),
+            Err("[cluster] max_staged_mib = 0: every result too large to travel inline would be refused".into())
+        );
+        assert_eq!(ClusterSettings::default().validate(), Ok(()));
         let device: RunSettings = toml::from_str("local_worker_reduce = \"device\"").unwrap();
         assert_eq!(device.validate(), Ok(()));
         let gpu: RunSettings = toml::from_str("local_worker_reduce = \"gpu\"").unwrap();

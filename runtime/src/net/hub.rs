@@ -20,7 +20,7 @@ use common::hash::sha256_hex;
 use common::lease::{Addend, LeaseOutput};
 use common::peer_text::peer_text;
 use common::secret::JoinSecret;
-use common::store::RunStore;
+use common::store::{RunStore, StoreError};
 use common::wire::{JobInfo, LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
 use common::ChunkRange;
 use sched::{Completion, Event, Identity, Scheduler, Verdict};
@@ -138,6 +138,8 @@ pub struct Hub<K: LeaseKind> {
     deliveries: mpsc::UnboundedSender<Delivery<AddendOf<K>>>,
     /// The ingest slots ([`IngestSlot`]).
     ingest: Arc<Semaphore>,
+    /// Largest staged result read, bytes (`[cluster] max_staged_mib`).
+    max_staged: u64,
     /// Set once every accepted result is stored: only then may a worker
     /// be told the run is finished and leave.
     all_stored: AtomicBool,
@@ -150,8 +152,8 @@ const fn labels<K: LeaseKind>() -> common::lease::Labels {
 
 impl<K: LeaseKind> Hub<K> {
     /// A hub over a scheduler for leases of `kind`, reading at most
-    /// `ingest_slots` results at once; accepted results come out of the
-    /// returned receiver.
+    /// `ingest_slots` results at once, none staged larger than `max_staged`
+    /// bytes; accepted results come out of the returned receiver.
     pub fn new(
         sched: Scheduler,
         secret: JoinSecret,
@@ -159,6 +161,7 @@ impl<K: LeaseKind> Hub<K> {
         kind: Arc<K>,
         run: RunStore,
         ingest_slots: usize,
+        max_staged: u64,
     ) -> (Self, mpsc::UnboundedReceiver<Delivery<AddendOf<K>>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let hub = Hub {
@@ -174,6 +177,7 @@ impl<K: LeaseKind> Hub<K> {
             candidates: Mutex::new(BTreeMap::new()),
             deliveries: tx,
             ingest: Arc::new(Semaphore::new(ingest_slots.max(1))),
+            max_staged,
             all_stored: AtomicBool::new(false),
         };
         (hub, rx)
@@ -561,8 +565,9 @@ impl<K: LeaseKind> Hub<K> {
     }
 
     /// The bytes of a reported result: inline, or read from the staging
-    /// name of its claimed hash (any other name is refused); with that
-    /// staging name.
+    /// name of its claimed hash (any other name, or an object larger than
+    /// `[cluster] max_staged_mib`, is refused unread); with that staging
+    /// name.
     async fn fetch(
         &self,
         partial: PartialRef,
@@ -578,7 +583,17 @@ impl<K: LeaseKind> Hub<K> {
                         peer_text(&name)
                     ));
                 }
-                let bytes = self.run.get(&name).await.map_err(|e| e.to_string())?;
+                let bytes = match self.run.get_limited(&name, self.max_staged).await {
+                    Ok(bytes) => bytes,
+                    Err(StoreError::TooLarge { url, size, .. }) => {
+                        return Err(format!(
+                            "staged {} {url} is {size} bytes, over [cluster] max_staged_mib = {}",
+                            labels::<K>().output,
+                            self.max_staged >> 20
+                        ))
+                    }
+                    Err(e) => return Err(e.to_string()),
+                };
                 Ok((bytes, Some(name)))
             }
         }

@@ -202,8 +202,15 @@ async fn serve_units<K: LeaseKind>(
         tracing::info!("no join secret configured: only local workers can join");
     }
     let layout = kind.layout();
-    let slots = run.ingest_slots as usize;
-    let (hub, deliveries) = Hub::new(sched, secret.clone(), job, kind, store.clone(), slots);
+    let (hub, deliveries) = Hub::new(
+        sched,
+        secret.clone(),
+        job,
+        kind,
+        store.clone(),
+        run.ingest_slots as usize,
+        cluster.max_staged_mib.saturating_mul(1 << 20),
+    );
     let hub = Arc::new(hub);
     let (server, listening) = listen(
         cluster,

@@ -1,0 +1,109 @@
+//! Results too large to travel inline (every partial at a real model's
+//! shape: about 1 GB against a 64 MiB frame) are staged by the worker in
+//! the run's storage and named in `Done`; the coordinator reads them from
+//! there. Over real loopback QUIC with scripted peers that share the run's
+//! directory, as workers share a bucket.
+
+use common::layout::{staged, STAGING_DIR};
+use common::wire::{LeaseGrant, PartialRef, ToCoordinator, ToWorker};
+use fixtures::log::log_text;
+use fixtures::loopback::{
+    self, artifacts, assert_quarantined_and_honest, fake_reference, fake_setup,
+    run_beside_fake_workers,
+};
+use fixtures::peer::{honest_partial, Peer};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Writes `bytes` where a worker stages the result of SHA-256 `sha256`
+/// under the run directory `run`; the `Done` naming it for `lease`.
+fn staged_done(
+    run: &Path,
+    lease: &LeaseGrant,
+    sha256: String,
+    write: impl FnOnce(&Path),
+) -> ToCoordinator {
+    let name = staged(&sha256).expect("a SHA-256 in hex");
+    let path = run.join(&name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    write(&path);
+    ToCoordinator::Done {
+        lease_id: lease.lease_id,
+        partial: PartialRef::Stored(name),
+        sha256,
+        elapsed_ms: 1,
+    }
+}
+
+/// The files left in the run's staging directory.
+fn staging_files(run: &Path) -> Vec<PathBuf> {
+    match std::fs::read_dir(run.join(STAGING_DIR)) {
+        Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_partials_are_read_from_storage_merged_and_cleared() {
+    let d = tempfile::tempdir().unwrap();
+    let s = fake_setup(d.path(), 18);
+    let (run, index) = (d.path().to_path_buf(), s.index.clone());
+    let (summary, mut workers) = loopback::run_logged(&s, |l| {
+        let l = l.clone();
+        vec![tokio::spawn(async move {
+            let (mut p, _) = Peer::joined(&l, "stager").await;
+            let (end, answered) = p
+                .answer_leases(|lease| {
+                    let bytes = honest_partial(&index, lease).to_bytes();
+                    let sha256 = common::hash::sha256_hex(&bytes);
+                    staged_done(&run, lease, sha256, |path| {
+                        std::fs::write(path, &bytes).unwrap()
+                    })
+                })
+                .await;
+            assert_eq!(answered, 6, "every lease went through storage ({end:?})");
+            Ok(worker::join::JoinSummary::default())
+        })]
+    })
+    .await;
+    workers.pop().unwrap().await.unwrap().unwrap();
+    assert_eq!(summary.leases.computed, 6);
+    assert_eq!(summary.leases.worker("stager").unwrap().leases, 6);
+    assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
+    assert_eq!(staging_files(d.path()), Vec::<PathBuf>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_object_larger_than_max_staged_mib_is_refused_unread() {
+    let d = tempfile::tempdir().unwrap();
+    let s = fake_setup(d.path(), 18);
+    let run = d.path().to_path_buf();
+    // 64 GiB, sparse: reading it whole would take the machine's memory.
+    let huge = 64u64 << 30;
+    let (summary, end) =
+        run_beside_fake_workers(&s, 1, Duration::from_millis(40), |l| async move {
+            let (mut p, _) = Peer::joined(&l, "hoarder").await;
+            let mut n = 0u8;
+            let (end, _) = p
+                .answer_leases(|lease| {
+                    n += 1;
+                    let sha256 = common::hash::sha256_hex(&[n]);
+                    staged_done(&run, lease, sha256, |path| {
+                        std::fs::File::create(path).unwrap().set_len(huge).unwrap()
+                    })
+                })
+                .await;
+            end
+        })
+        .await;
+    assert_quarantined_and_honest(&s, &summary, "hoarder", &end, 6).await;
+    let log = log_text();
+    assert!(
+        log.contains(&format!(
+            "is {huge} bytes, over [cluster] max_staged_mib = 8192"
+        )),
+        "the refusal names the size and the limit:\n{log}"
+    );
+    assert_eq!(staging_files(d.path()), Vec::<PathBuf>::new());
+    assert!(matches!(end, Some(ToWorker::Refused(_))));
+}
