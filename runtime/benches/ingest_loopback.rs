@@ -1,0 +1,273 @@
+//! The coordinator's ingest of real-size partials on the path a cluster run
+//! takes (`cargo bench -p moe-census-runtime --bench ingest_loopback`): a
+//! real run (`runtime::run::execute`) listening on loopback QUIC, fed by a
+//! real `join` client in a child process whose engine returns partials at
+//! the real shape ([`realistic`]: 48 MoE layers x 512 experts, hidden
+//! 2,048, 0.98 GB encoded). Too large for a frame, each is staged by the
+//! worker in the run's storage (a local directory) and named in `Done`; the
+//! coordinator reads it back, hashes, checks and merges it, stores it under
+//! its final name and records it in the manifest.
+//!
+//! The coordinator process's CPU seconds (all threads, user + system) are
+//! read at every "lease merged" log event: the CPU between two merges is
+//! one partial's whole ingest (the worker, in its own process, builds the
+//! next partial meanwhile). The first partial becomes the running total
+//! (decoded, not added), so partials 2.. are the figure.
+//!
+//! `BENCH_LEASES` (default 5) sets the number of leases of 8 chunks; each
+//! needs 2 GB of disk under `BENCH_DIR` (default the system's temporary
+//! directory) while the run lasts.
+
+use common::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
+use common::procstat::process_cpu_seconds;
+use common::secret::{JoinSecret, WorkerKey};
+use common::store::RunStore;
+use common::trace::TraceRow;
+use common::wire::JobInfo;
+use common::{ChunkId, ChunkRange, Split};
+use config::run::{ClusterSettings, RunSettings};
+use realistic::CHUNK_TOKENS;
+use runtime::run::{execute, Listening, RunSetup};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing_subscriber::layer::SubscriberExt;
+use worker::join::engine::{Engine, EngineLoader};
+use worker::join::tls::Trust;
+use worker::join::{join, ClientOptions, Reconnect};
+
+mod realistic;
+
+/// Chunks per lease (of [`CHUNK_TOKENS`] tokens: a lease of 16,384 tokens).
+const LEASE_CHUNKS: u32 = 8;
+
+/// Tokens per (split, domain) per chunk: a quarter of each chunk.
+const SPAN: u32 = CHUNK_TOKENS / 4;
+
+/// The model hash the run and the worker's engine agree on.
+const MODEL: &str = "bench-model";
+
+/// The environment variable that makes this binary the worker.
+const PEER: &str = "BENCH_INGEST_PEER";
+
+/// Chunks of [`CHUNK_TOKENS`] tokens, [`SPAN`] per (split, domain), as the
+/// realistic partials claim.
+fn chunks(n_chunks: u32) -> Vec<Chunk> {
+    let span = |start: u32, split: Split, domain: u16| Span {
+        start,
+        len: SPAN,
+        split,
+        domain,
+    };
+    (0..n_chunks)
+        .map(|id| Chunk {
+            id: ChunkId(id),
+            tokens: vec![0; CHUNK_TOKENS as usize],
+            spans: vec![
+                span(0, Split::Fit, 0),
+                span(SPAN, Split::Fit, 1),
+                span(2 * SPAN, Split::Heldout, 0),
+                span(3 * SPAN, Split::Heldout, 1),
+            ],
+            images: Vec::new(),
+        })
+        .collect()
+}
+
+/// Writes the corpus of `n_chunks` chunks under the run directory `dir`.
+fn write_corpus(dir: &std::path::Path, n_chunks: u32) -> CorpusIndex {
+    let corpus = dir.join("corpus");
+    std::fs::create_dir_all(&corpus).unwrap();
+    let bytes = write_chunks(&chunks(n_chunks)).unwrap();
+    let index = CorpusIndex {
+        n_chunks,
+        n_ctx: CHUNK_TOKENS,
+        domains: vec!["code".into(), "chat".into()],
+        n_tokens: u64::from(n_chunks) * u64::from(CHUNK_TOKENS),
+        chunks_sha256: common::hash::sha256_hex(&bytes),
+    };
+    std::fs::write(corpus.join(CHUNKS_FILE), bytes).unwrap();
+    std::fs::write(corpus.join(INDEX_FILE), serde_json::to_vec(&index).unwrap()).unwrap();
+    index
+}
+
+/// An engine whose partials are [`realistic`] ones of the chunks asked for.
+#[derive(Clone)]
+struct Realistic;
+
+impl Engine for Realistic {
+    fn model_sha256(&self) -> String {
+        MODEL.into()
+    }
+
+    fn trace_shape(&self) -> (usize, usize) {
+        (realistic::TOP_K as usize, realistic::EXPERTS as usize)
+    }
+
+    fn measure(
+        &mut self,
+        index: &CorpusIndex,
+        chunks: &[Chunk],
+        _images: &worker::images::ImageBytes,
+    ) -> Result<(common::partial::Partial, Vec<TraceRow>), String> {
+        let (start, n) = (chunks[0].id.0, chunks.len() as u32);
+        let seed = 0x9e37_79b9_7f4a_7c15 ^ u64::from(start);
+        let experts = realistic::experts(seed, u64::from(SPAN * n), n);
+        let imatrix = realistic::imatrix(seed, n, &experts);
+        let range = ChunkRange {
+            start,
+            end: start + n,
+        };
+        let mut p = realistic::partial(experts, imatrix, vec![range]);
+        p.model_sha256 = MODEL.into();
+        p.corpus_sha256 = index.chunks_sha256.clone();
+        Ok((p, Vec::new()))
+    }
+}
+
+impl EngineLoader for Realistic {
+    type Engine = Realistic;
+
+    fn backend(&self) -> String {
+        "cuda:bench".into()
+    }
+
+    fn load(self, _job: &JobInfo) -> Result<Realistic, String> {
+        Ok(self)
+    }
+}
+
+/// The worker: joins the coordinator at `peer` (`ADDR PIN SECRET-HEX`) and
+/// measures until the run ends.
+fn worker_main(peer: &str) {
+    let [addr, pin, secret] = peer.split(' ').collect::<Vec<_>>()[..] else {
+        panic!("{PEER}: expected ADDR PIN SECRET");
+    };
+    let secret = JoinSecret::new(&hex::decode(secret).unwrap(), PEER).unwrap();
+    let opts = ClientOptions {
+        addr: addr.parse().unwrap(),
+        server_name: "localhost".into(),
+        trust: Trust::Pin(pin.into()),
+        key: WorkerKey::derive(&secret, "bench-worker"),
+        name: "bench-worker".into(),
+        reconnect: Reconnect::giving_up_after(Duration::from_secs(30)),
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(join(&opts, Realistic)).unwrap();
+}
+
+/// The coordinator's CPU seconds and the time at each "lease merged" event.
+#[derive(Clone, Default)]
+struct Merges(Arc<Mutex<Vec<(f64, Instant)>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Merges {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    self.0 |= format!("{v:?}").ends_with("merged");
+                }
+            }
+        }
+        let mut m = Message(false);
+        event.record(&mut m);
+        if m.0 {
+            let cpu = process_cpu_seconds().unwrap();
+            self.0.lock().unwrap().push((cpu, Instant::now()));
+        }
+    }
+}
+
+fn main() {
+    if let Ok(peer) = std::env::var(PEER) {
+        return worker_main(&peer);
+    }
+    let leases: u32 = std::env::var("BENCH_LEASES")
+        .map(|v| v.parse().expect("BENCH_LEASES: a number"))
+        .unwrap_or(5);
+    assert!(
+        leases >= 3,
+        "BENCH_LEASES: at least 3 (the first partial is not added)"
+    );
+    let base =
+        std::env::var("BENCH_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let index = write_corpus(dir.path(), leases * LEASE_CHUNKS);
+    let setup = RunSetup {
+        store: RunStore::open(dir.path().to_str().unwrap()).unwrap(),
+        index,
+        model_sha256: MODEL.into(),
+        model_path: dir.path().join("absent.gguf"),
+        mmproj: None,
+        run: RunSettings {
+            lease_chunks: LEASE_CHUNKS,
+            checkpoint_leases: 1,
+            trace_tokens_per_split: 0,
+            lease_timeout_s: 3600,
+            heartbeat_timeout_s: 120,
+            ..RunSettings::default()
+        },
+        cluster: ClusterSettings::default(),
+    };
+    let merges = Merges::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(merges.clone()))
+        .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (cpu0, t0) = (process_cpu_seconds().unwrap(), Instant::now());
+    let summary = rt
+        .block_on(execute(&setup, |l: &Listening| {
+            let peer = format!("{} {} {}", l.addr, l.pin, hex::encode(l.secret.expose()));
+            let child = tokio::process::Command::new(&exe)
+                .env(PEER, peer)
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| runtime::run::RunError::Setup(format!("the bench worker: {e}")))?;
+            Ok(vec![child])
+        }))
+        .unwrap();
+    let (cpu_end, wall_end) = (process_cpu_seconds().unwrap() - cpu0, t0.elapsed());
+    assert_eq!(summary.leases.computed, leases as usize);
+    let merged = merges.0.lock().unwrap().clone();
+    assert_eq!(merged.len(), leases as usize, "one merge per lease");
+    let stored = std::fs::metadata(dir.path().join("partials"))
+        .map(|_| du(&dir.path().join("partials")))
+        .unwrap_or(0);
+    println!(
+        "{leases} real-size partials staged by a join client and ingested by a real run over loopback QUIC ({} cores)",
+        std::thread::available_parallelism().unwrap()
+    );
+    let per: Vec<f64> = merged.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    for (i, cpu) in per.iter().enumerate() {
+        println!(
+            "  partial {}: {cpu:.2} CPU s from the previous merge to its own",
+            i + 2
+        );
+    }
+    let mean = per.iter().sum::<f64>() / per.len() as f64;
+    println!(
+        "coordinator ingest per added partial (read from storage, hash, check, add, store, record): {mean:.2} CPU s (mean of {})",
+        per.len()
+    );
+    println!(
+        "whole run: {cpu_end:.1} CPU s, {:.1} s wall (first partial decoded into the total: {:.2} CPU s from the start; after the last merge: {:.1} CPU s writing the results); partials stored: {stored} bytes",
+        wall_end.as_secs_f64(),
+        merged[0].0 - cpu0,
+        cpu_end - (merged[merged.len() - 1].0 - cpu0),
+    );
+}
+
+/// Bytes of the files under `dir`.
+fn du(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                du(&e.path())
+            } else {
+                e.metadata().unwrap().len()
+            }
+        })
+        .sum()
+}
