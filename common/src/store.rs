@@ -222,6 +222,23 @@ impl RunStore {
         Ok(())
     }
 
+    /// Moves `from` to `to` unless an object is at `to` (create-only, as
+    /// [`RunStore::put_new`]), without the bytes crossing this process:
+    /// true once moved; false, both left as they were, where the backend
+    /// cannot move create-only (S3 without `AWS_COPY_IF_NOT_EXISTS`) or
+    /// `from` is gone, so the caller writes the bytes itself.
+    pub async fn rename_new(&self, from: &str, to: &str) -> Result<bool, StoreError> {
+        self.admit(to).await?;
+        let (source, target) = (self.path(from), self.path(to));
+        match self.store.rename_if_not_exists(&source, &target).await {
+            Ok(()) => Ok(true),
+            Err(
+                object_store::Error::NotSupported { .. } | object_store::Error::NotFound { .. },
+            ) => Ok(false),
+            Err(e) => Err(self.backend(to)(e)),
+        }
+    }
+
     /// Reads a whole object.
     pub async fn get(&self, name: &str) -> Result<Bytes, StoreError> {
         let r = self

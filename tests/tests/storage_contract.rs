@@ -2,9 +2,10 @@
 //! files (a path and a `file://` URL), `memory://` and S3 (the moto server
 //! of `.ci/s3-server`; without it the S3 case fails unless
 //! `MOE_CENSUS_SKIP_S3=1`). Each backend must round-trip bytes, refuse a
-//! create-only overwrite, refuse an object over a reader's limit before
-//! reading it, report a missing object by its URL, list names sorted and
-//! below their prefix only, and treat a child location as the same store.
+//! create-only overwrite, move an object create-only whole or not at all,
+//! refuse an object over a reader's limit before reading it, report a
+//! missing object by its URL, list names sorted and below their prefix
+//! only, and treat a child location as the same store.
 
 use bytes::Bytes;
 use common::store::{RunStore, StoreError};
@@ -25,6 +26,23 @@ async fn contract(s: RunStore) {
         "{url}: {refused:?}"
     );
     assert_eq!(s.get("a/c.json").await.unwrap(), Bytes::from_static(b"2"));
+    // A create-only move either happens whole or leaves both objects be.
+    s.put("staged.bin", b"4".to_vec()).await.unwrap();
+    assert!(matches!(
+        s.rename_new("staged.bin", "a/c.json").await,
+        Ok(false) | Err(StoreError::AlreadyExists { .. })
+    ));
+    assert_eq!(s.get("a/c.json").await.unwrap(), Bytes::from_static(b"2"));
+    assert_eq!(s.get("staged.bin").await.unwrap(), Bytes::from_static(b"4"));
+    if s.rename_new("staged.bin", "moved.bin").await.unwrap() {
+        assert!(!s.exists("staged.bin").await.unwrap());
+    } else {
+        assert!(!s.exists("moved.bin").await.unwrap());
+        s.put_new("moved.bin", b"4".to_vec()).await.unwrap();
+        s.delete("staged.bin").await.unwrap();
+    }
+    assert_eq!(s.get("moved.bin").await.unwrap(), Bytes::from_static(b"4"));
+    assert!(!s.rename_new("gone.bin", "a/f.json").await.unwrap());
     // Limits are checked before the body is read.
     assert_eq!(
         s.get_limited("a/b.json", 2).await.unwrap(),

@@ -100,20 +100,32 @@ impl Recorder {
     }
 
     /// Records the hash of accepted bytes, then stores them under their
-    /// final `name` with a create-only write, so bytes once stored are never
-    /// replaced (a late or differing duplicate cannot overwrite them). The
-    /// record goes first: every final object has its record whenever the
-    /// process stops. Finding the very same bytes there already is fine;
-    /// finding others is an error: another process writes into this run.
+    /// final `name` create-only, so bytes once stored are never replaced (a
+    /// late or differing duplicate cannot overwrite them): bytes a worker
+    /// `staged` are moved there by the store (a gigabyte not written again),
+    /// others written. The record goes first: every final object has its
+    /// record whenever the process stops. Finding the very same bytes there
+    /// already is fine; finding others is an error: another process writes
+    /// into this run.
     pub async fn accept(
         &mut self,
         name: &str,
         bytes: &bytes::Bytes,
+        staged: Option<&str>,
         rec: PartialRecord,
     ) -> Result<(), RecordError> {
         let sha = rec.sha256.clone();
         self.set(name, Some(rec)).await?;
-        match self.store.put_new(name, bytes.clone()).await {
+        let moved = match staged {
+            Some(from) => self.store.rename_new(from, name).await,
+            None => Ok(false),
+        };
+        let stored = match moved {
+            Ok(true) => Ok(()),
+            Ok(false) => self.store.put_new(name, bytes.clone()).await,
+            Err(e) => Err(e),
+        };
+        match stored {
             Ok(()) => Ok(()),
             Err(StoreError::AlreadyExists { url }) => {
                 let there = self.store.get(name).await?;
@@ -174,12 +186,29 @@ mod tests {
             bytes::Bytes::from_static(b"first"),
             bytes::Bytes::from_static(b"other"),
         );
-        r.accept("partials/x.bin", &a, rec(&a)).await.unwrap();
+        r.accept("partials/x.bin", &a, None, rec(&a)).await.unwrap();
         // The same bytes again (a restart between write and record): fine.
-        r.accept("partials/x.bin", &a, rec(&a)).await.unwrap();
-        let e = r.accept("partials/x.bin", &b, rec(&b)).await.unwrap_err();
+        r.accept("partials/x.bin", &a, None, rec(&a)).await.unwrap();
+        let e = r
+            .accept("partials/x.bin", &b, None, rec(&b))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RecordError::Foreign { .. }), "{e}");
+        // Staged bytes: never over stored ones either.
+        store.put("staging/b.bin", b.clone()).await.unwrap();
+        let staged = Some("staging/b.bin");
+        let e = r
+            .accept("partials/x.bin", &b, staged, rec(&b))
+            .await
+            .unwrap_err();
         assert!(matches!(e, RecordError::Foreign { .. }), "{e}");
         assert_eq!(store.get("partials/x.bin").await.unwrap(), a);
+        // Staged bytes are moved to their final name, not written again.
+        r.accept("partials/y.bin", &b, staged, rec(&b))
+            .await
+            .unwrap();
+        assert_eq!(store.get("partials/y.bin").await.unwrap(), b);
+        assert!(!store.exists("staging/b.bin").await.unwrap());
         // The manifest keeps its other fields and holds the record.
         let mut again = Recorder::open(&store).await.unwrap();
         let m = manifest::read(&store).await.unwrap().unwrap();

@@ -238,7 +238,8 @@ async fn serve_units<K: LeaseKind>(
                     Vec::new()
                 },
             };
-            from.recorder.accept(&name, &d.bytes, rec).await?;
+            let staged = d.staged.as_deref();
+            from.recorder.accept(&name, &d.bytes, staged, rec).await?;
             if let Some(staged) = &d.staged {
                 store.delete(staged).await?;
             }
