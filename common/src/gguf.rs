@@ -107,6 +107,15 @@ impl GgufWriter {
 
     /// Writes the whole file.
     pub fn write(&self, w: &mut impl Write) -> io::Result<()> {
+        self.write_header(w)?;
+        for t in &self.tensors {
+            write_data(w, &t.data)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the key-values and tensor infos, padded to the data's alignment.
+    fn write_header(&self, w: &mut impl Write) -> io::Result<()> {
         w.write_all(b"GGUF")?;
         w.write_all(&3u32.to_le_bytes())?;
         w.write_all(&(self.tensors.len() as u64).to_le_bytes())?;
@@ -116,7 +125,6 @@ impl GgufWriter {
             write_value(w, value)?;
         }
         let mut offset = 0u64;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
         for t in &self.tensors {
             put_str(w, &t.name)?;
             w.write_all(&(t.dims.len() as u32).to_le_bytes())?;
@@ -125,24 +133,41 @@ impl GgufWriter {
             }
             w.write_all(&(t.ty as u32).to_le_bytes())?;
             w.write_all(&offset.to_le_bytes())?;
-            offsets.push(offset);
             offset += t.data.len().next_multiple_of(ALIGNMENT) as u64;
         }
         let header = self.header_len();
-        w.write_all(&vec![0u8; header.next_multiple_of(ALIGNMENT) - header])?;
-        for t in &self.tensors {
-            w.write_all(&t.data)?;
-            let pad = t.data.len().next_multiple_of(ALIGNMENT) - t.data.len();
-            w.write_all(&vec![0u8; pad])?;
-        }
-        Ok(())
+        w.write_all(&vec![0u8; header.next_multiple_of(ALIGNMENT) - header])
     }
 
     /// The file as bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.file_len());
         self.write(&mut out).expect("writing to a Vec cannot fail");
         out
+    }
+
+    /// [`GgufWriter::to_bytes`], each tensor's data freed once copied, so
+    /// the data is not held twice (an importance matrix of 0.9 GB at the
+    /// real shape).
+    pub fn into_bytes(mut self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.file_len());
+        self.write_header(&mut out)
+            .expect("writing to a Vec cannot fail");
+        for t in &mut self.tensors {
+            write_data(&mut out, &std::mem::take(&mut t.data))
+                .expect("writing to a Vec cannot fail");
+        }
+        out
+    }
+
+    /// Bytes of the whole file.
+    fn file_len(&self) -> usize {
+        let data: usize = self
+            .tensors
+            .iter()
+            .map(|t| t.data.len().next_multiple_of(ALIGNMENT))
+            .sum();
+        self.header_len().next_multiple_of(ALIGNMENT) + data
     }
 
     fn header_len(&self) -> usize {
@@ -155,6 +180,13 @@ impl GgufWriter {
         }
         n
     }
+}
+
+/// Writes one tensor's data, padded to the alignment.
+fn write_data(w: &mut impl Write, data: &[u8]) -> io::Result<()> {
+    w.write_all(data)?;
+    let pad = data.len().next_multiple_of(ALIGNMENT) - data.len();
+    w.write_all(&vec![0u8; pad])
 }
 
 fn value_len(v: &Value) -> usize {
@@ -235,5 +267,7 @@ mod tests {
             &bytes[data_start + 32..data_start + 36],
             &4.0f32.to_le_bytes()
         );
+        assert_eq!(bytes.len(), g.file_len());
+        assert_eq!(g.into_bytes(), bytes);
     }
 }

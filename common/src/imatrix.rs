@@ -286,7 +286,7 @@ impl Imatrix {
             g.tensor_f32(&format!("{name}.counts"), &[1, e.n_mat as u64], &counts);
             g.tensor_f32(&format!("{name}.in_sum"), &shape, &f32s(&e.in_sum));
         }
-        g.to_bytes()
+        g.into_bytes()
     }
 }
 

@@ -155,9 +155,10 @@ fn worker_main(peer: &str) {
     rt.block_on(join(&opts, Realistic)).unwrap();
 }
 
-/// The coordinator's CPU seconds and the time at each "lease merged" event.
+/// The coordinator's CPU seconds, the time and its peak RSS (GB) at each
+/// "lease merged" event.
 #[derive(Clone, Default)]
-struct Merges(Arc<Mutex<Vec<(f64, Instant)>>>);
+struct Merges(Arc<Mutex<Vec<(f64, Instant, f64)>>>);
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Merges {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
@@ -173,7 +174,8 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Merges {
         event.record(&mut m);
         if m.0 {
             let cpu = process_cpu_seconds().unwrap();
-            self.0.lock().unwrap().push((cpu, Instant::now()));
+            let peak = common::procstat::peak_rss_kib().unwrap_or(0) as f64 * 1024.0 / 1e9;
+            self.0.lock().unwrap().push((cpu, Instant::now(), peak));
         }
     }
 }
@@ -240,8 +242,9 @@ fn main() {
     let per: Vec<f64> = merged.windows(2).map(|w| w[1].0 - w[0].0).collect();
     for (i, cpu) in per.iter().enumerate() {
         println!(
-            "  partial {}: {cpu:.2} CPU s from the previous merge to its own",
-            i + 2
+            "  partial {}: {cpu:.2} CPU s from the previous merge to its own (peak RSS so far {:.2} GB)",
+            i + 2,
+            merged[i + 1].2
         );
     }
     let mean = per.iter().sum::<f64>() / per.len() as f64;
@@ -250,10 +253,11 @@ fn main() {
         per.len()
     );
     println!(
-        "whole run: {cpu_end:.1} CPU s, {:.1} s wall (first partial decoded into the total: {:.2} CPU s from the start; after the last merge: {:.1} CPU s writing the results); partials stored: {stored} bytes",
+        "whole run: {cpu_end:.1} CPU s, {:.1} s wall (first partial decoded into the total: {:.2} CPU s from the start; after the last merge: {:.1} CPU s writing the results); partials stored: {stored} bytes; coordinator peak RSS {:.2} GB",
         wall_end.as_secs_f64(),
         merged[0].0 - cpu0,
         cpu_end - (merged[merged.len() - 1].0 - cpu0),
+        common::procstat::peak_rss_kib().unwrap_or(0) as f64 * 1024.0 / 1e9,
     );
 }
 

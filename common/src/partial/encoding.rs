@@ -56,12 +56,14 @@ pub(super) fn encode(p: &Partial) -> Vec<u8> {
         })
         .collect();
     out.reserve(packed.iter().flatten().map(|b| b.len() + 9).sum());
-    for (bytes, source) in packed.iter().zip(&sources) {
+    // Each packed column is freed once copied: the encoding and the
+    // columns are not held whole at once (1 GB each at the real shape).
+    for (bytes, source) in packed.into_iter().zip(&sources) {
         match (bytes, source) {
             (Some(b), _) => {
                 out.push(PACKED);
                 out.extend_from_slice(&(b.len() as u64).to_le_bytes());
-                out.extend_from_slice(b);
+                out.extend_from_slice(&b);
             }
             (None, Some(j)) => {
                 out.push(COPY);
