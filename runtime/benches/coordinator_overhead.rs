@@ -35,15 +35,14 @@
 //!    reported against the running total's and the partials' sizes.
 
 use bytes::Bytes;
-use common::corpus::{Chunk, CorpusIndex, Span};
+use common::corpus::CorpusIndex;
 use common::exact::ExactSum;
 use common::hash::sha256_hex;
 use common::model_check::MoeFacts;
 use common::partial::{PackedPartial, Partial};
 use common::wire::WorkerId;
-use common::ChunkId;
-use common::{ChunkRange, Split};
-use realistic::{CHUNK_TOKENS, EXPERTS, LAYERS};
+use common::ChunkRange;
+use realistic::{CHUNK_TOKENS, EXPERTS, LAYERS, SPAN};
 use runtime::run::accept::Acceptance;
 use sched::{plan, Completion, Grant, Identity, SchedConfig, Scheduler};
 use std::collections::BTreeMap;
@@ -53,9 +52,6 @@ mod realistic;
 
 /// Chunks per lease (of [`CHUNK_TOKENS`] tokens: a lease of 16,384 tokens).
 const LEASE_CHUNKS: u32 = 8;
-
-/// Tokens per (split, domain) per chunk: a quarter of each chunk.
-const SPAN: u32 = CHUNK_TOKENS / 4;
 
 fn realistic_partial(lease: u32) -> Partial {
     let seed = 0x9e37_79b9_7f4a_7c15 ^ u64::from(lease);
@@ -77,25 +73,7 @@ fn realistic_partial(lease: u32) -> Partial {
 /// [`realistic_partial`] claims.
 fn acceptance(leases: u32, chunks_per_lease: u32) -> Acceptance {
     let n_chunks = leases * chunks_per_lease;
-    let span = |start: u32, split: Split, domain: u16| Span {
-        start,
-        len: SPAN,
-        split,
-        domain,
-    };
-    let chunks: Vec<Chunk> = (0..n_chunks)
-        .map(|id| Chunk {
-            id: ChunkId(id),
-            tokens: vec![0; CHUNK_TOKENS as usize],
-            spans: vec![
-                span(0, Split::Fit, 0),
-                span(SPAN, Split::Fit, 1),
-                span(2 * SPAN, Split::Heldout, 0),
-                span(3 * SPAN, Split::Heldout, 1),
-            ],
-            images: Vec::new(),
-        })
-        .collect();
+    let chunks = realistic::chunks(n_chunks);
     let index = CorpusIndex {
         n_chunks,
         n_ctx: CHUNK_TOKENS,

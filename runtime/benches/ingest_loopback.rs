@@ -18,15 +18,15 @@
 //! needs 2 GB of disk under `BENCH_DIR` (default the system's temporary
 //! directory) while the run lasts.
 
-use common::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
+use common::corpus::{write_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::procstat::process_cpu_seconds;
 use common::secret::{JoinSecret, WorkerKey};
 use common::store::RunStore;
 use common::trace::TraceRow;
 use common::wire::JobInfo;
-use common::{ChunkId, ChunkRange, Split};
+use common::ChunkRange;
 use config::run::{ClusterSettings, RunSettings};
-use realistic::CHUNK_TOKENS;
+use realistic::{CHUNK_TOKENS, SPAN};
 use runtime::run::{execute, Listening, RunSetup};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,44 +40,17 @@ mod realistic;
 /// Chunks per lease (of [`CHUNK_TOKENS`] tokens: a lease of 16,384 tokens).
 const LEASE_CHUNKS: u32 = 8;
 
-/// Tokens per (split, domain) per chunk: a quarter of each chunk.
-const SPAN: u32 = CHUNK_TOKENS / 4;
-
 /// The model hash the run and the worker's engine agree on.
 const MODEL: &str = "bench-model";
 
 /// The environment variable that makes this binary the worker.
 const PEER: &str = "BENCH_INGEST_PEER";
 
-/// Chunks of [`CHUNK_TOKENS`] tokens, [`SPAN`] per (split, domain), as the
-/// realistic partials claim.
-fn chunks(n_chunks: u32) -> Vec<Chunk> {
-    let span = |start: u32, split: Split, domain: u16| Span {
-        start,
-        len: SPAN,
-        split,
-        domain,
-    };
-    (0..n_chunks)
-        .map(|id| Chunk {
-            id: ChunkId(id),
-            tokens: vec![0; CHUNK_TOKENS as usize],
-            spans: vec![
-                span(0, Split::Fit, 0),
-                span(SPAN, Split::Fit, 1),
-                span(2 * SPAN, Split::Heldout, 0),
-                span(3 * SPAN, Split::Heldout, 1),
-            ],
-            images: Vec::new(),
-        })
-        .collect()
-}
-
 /// Writes the corpus of `n_chunks` chunks under the run directory `dir`.
 fn write_corpus(dir: &std::path::Path, n_chunks: u32) -> CorpusIndex {
     let corpus = dir.join("corpus");
     std::fs::create_dir_all(&corpus).unwrap();
-    let bytes = write_chunks(&chunks(n_chunks)).unwrap();
+    let bytes = write_chunks(&realistic::chunks(n_chunks)).unwrap();
     let index = CorpusIndex {
         n_chunks,
         n_ctx: CHUNK_TOKENS,

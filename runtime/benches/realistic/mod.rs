@@ -10,12 +10,13 @@
 //! sums, as on a worker (`ffn_gate_exps` and `ffn_up_exps`; `attn_q`,
 //! `attn_k`, `attn_v`).
 
+use common::corpus::{Chunk, Span};
 use common::exact::ExactSum;
 use common::imatrix::{Imatrix, ImatrixEntry};
 use common::partial::Partial;
 use common::splitmix::SplitMix64;
 use common::stats::{ExpertAccum, MoeShape};
-use common::{ChunkRange, Gating, Split};
+use common::{ChunkId, ChunkRange, Gating, Split};
 use rayon::prelude::*;
 
 /// MoE layers.
@@ -37,6 +38,30 @@ pub const GROUPS: [(Split, &str); 4] = [
     (Split::Heldout, "code"),
     (Split::Heldout, "chat"),
 ];
+
+/// Tokens per (split, domain) per chunk: a quarter of each chunk.
+pub const SPAN: u32 = CHUNK_TOKENS / 4;
+
+/// The benches' corpus: `n_chunks` chunks of [`CHUNK_TOKENS`] tokens,
+/// [`SPAN`] for each group of [`GROUPS`] (domain 0 `code`, 1 `chat`), as
+/// every realistic partial claims.
+pub fn chunks(n_chunks: u32) -> Vec<Chunk> {
+    (0..n_chunks)
+        .map(|id| Chunk {
+            id: ChunkId(id),
+            tokens: vec![0; CHUNK_TOKENS as usize],
+            spans: (0..4u32)
+                .map(|g| Span {
+                    start: g * SPAN,
+                    len: SPAN,
+                    split: GROUPS[g as usize].0,
+                    domain: (g % 2) as u16,
+                })
+                .collect(),
+            images: Vec::new(),
+        })
+        .collect()
+}
 
 /// An exact sum of `chunks` per-chunk f64 values around `mean`.
 fn sum_of_chunks(rng: &mut SplitMix64, mean: f64, chunks: u32) -> ExactSum {
