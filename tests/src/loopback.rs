@@ -239,8 +239,13 @@ pub async fn assert_quarantined_and_honest(
 /// The artifacts of the fake engine over all chunks of `s` in one call:
 /// what an honest run must produce, computed without the coordinator.
 pub async fn fake_reference(s: &RunSetup) -> Vec<(String, Vec<u8>)> {
+    fake_reference_of(s, &FakeEngine::new(FAKE_MODEL)).await
+}
+
+/// [`fake_reference`] for a fake engine of another shape.
+pub async fn fake_reference_of(s: &RunSetup, engine: &FakeEngine) -> Vec<(String, Vec<u8>)> {
     let all = crate::chunks(s.index.n_chunks, FAKE_N_CTX);
-    let partial = FakeEngine::new(FAKE_MODEL).partial(&s.index, &all).unwrap();
+    let partial = engine.partial(&s.index, &all).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
     common::artifacts::write_results(&store, &partial)

@@ -8,8 +8,8 @@ use common::layout::{staged, STAGING_DIR};
 use common::wire::{LeaseGrant, PartialRef, ToCoordinator, ToWorker};
 use fixtures::log::log_text;
 use fixtures::loopback::{
-    self, artifacts, assert_quarantined_and_honest, fake_reference, fake_setup,
-    run_beside_fake_workers,
+    self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_reference_of,
+    fake_setup, run_beside_fake_workers, FAKE_MODEL,
 };
 use fixtures::peer::{honest_partial, Peer};
 use std::path::{Path, PathBuf};
@@ -106,4 +106,42 @@ async fn a_staged_object_larger_than_max_staged_mib_is_refused_unread() {
     );
     assert_eq!(staging_files(d.path()), Vec::<PathBuf>::new());
     assert!(matches!(end, Some(ToWorker::Refused(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_clients_stage_partials_larger_than_a_frame_and_the_run_is_unchanged() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = fake_setup(d.path(), 18);
+    // Frames of 1 MiB; the partials of 16 layers x 16,384 experts (every
+    // expert's prob_sum is non-zero) are larger, so the workers stage them.
+    s.cluster.max_frame_mib = 1;
+    let mut engine = worker::join::fake::FakeEngine::new(FAKE_MODEL);
+    (engine.n_expert, engine.layers) = (16384, (0..16).collect());
+    let (summary, workers) = loopback::run_with(&s, |l| {
+        (0..2)
+            .map(|i| {
+                let (opts, engine) = (client(l, &format!("stager-{i}")), engine.clone());
+                tokio::spawn(async move { worker::join::join(&opts, engine).await })
+            })
+            .collect()
+    })
+    .await;
+    for w in workers {
+        w.await.unwrap().unwrap();
+    }
+    assert_eq!(summary.leases.computed, 6);
+    let partials = d.path().join(common::layout::PARTIALS.dir);
+    let sizes: Vec<u64> = std::fs::read_dir(&partials)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    assert!(
+        sizes.len() >= 6 && sizes.iter().all(|&n| n > 1 << 20),
+        "every partial was too large for a frame: {sizes:?}"
+    );
+    assert_eq!(
+        artifacts(&s.store, false).await,
+        fake_reference_of(&s, &engine).await
+    );
+    assert_eq!(staging_files(d.path()), Vec::<PathBuf>::new());
 }
