@@ -4,7 +4,7 @@
 //! there. Over real loopback QUIC with scripted peers that share the run's
 //! directory, as workers share a bucket.
 
-use common::layout::{staged, STAGING_DIR};
+use common::layout::{staged, PARTIALS, STAGING_DIR};
 use common::wire::{LeaseGrant, PartialRef, ToCoordinator, ToWorker};
 use fixtures::log::log_text;
 use fixtures::loopback::{
@@ -12,6 +12,7 @@ use fixtures::loopback::{
     fake_setup, run_beside_fake_workers, FAKE_MODEL,
 };
 use fixtures::peer::{honest_partial, Peer};
+use runtime::run::RunSetup;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -108,12 +109,11 @@ async fn a_staged_object_larger_than_max_staged_mib_is_refused_unread() {
     assert!(matches!(end, Some(ToWorker::Refused(_))));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn join_clients_stage_partials_larger_than_a_frame_and_the_run_is_unchanged() {
-    let d = tempfile::tempdir().unwrap();
-    let mut s = fake_setup(d.path(), 18);
-    // Frames of 1 MiB; the partials of 16 layers x 16,384 experts (every
-    // expert's prob_sum is non-zero) are larger, so the workers stage them.
+/// A run of `s` (18 chunks of the fake setup) by two real join clients
+/// whose partials are larger than a frame of 1 MiB (16 layers x 16,384
+/// experts: every expert's prob_sum is non-zero), so they stage every one;
+/// it must end as the engine's one-call reference, its staging emptied.
+async fn run_staging_every_partial(mut s: RunSetup) {
     s.cluster.max_frame_mib = 1;
     let mut engine = worker::join::fake::FakeEngine::new(FAKE_MODEL);
     (engine.n_expert, engine.layers) = (16384, (0..16).collect());
@@ -130,18 +130,36 @@ async fn join_clients_stage_partials_larger_than_a_frame_and_the_run_is_unchange
         w.await.unwrap().unwrap();
     }
     assert_eq!(summary.leases.computed, 6);
-    let partials = d.path().join(common::layout::PARTIALS.dir);
-    let sizes: Vec<u64> = std::fs::read_dir(&partials)
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .collect();
+    let mut sizes = Vec::new();
+    for name in s.store.list(PARTIALS.dir).await.unwrap() {
+        sizes.push(s.store.size(&name).await.unwrap());
+    }
     assert!(
-        sizes.len() >= 6 && sizes.iter().all(|&n| n > 1 << 20),
-        "every partial was too large for a frame: {sizes:?}"
+        sizes.len() == 7 && sizes.iter().all(|&n| n > 1 << 20),
+        "6 partials and merged.bin, each too large for a frame: {sizes:?}"
     );
     assert_eq!(
         artifacts(&s.store, false).await,
         fake_reference_of(&s, &engine).await
     );
-    assert_eq!(staging_files(d.path()), Vec::<PathBuf>::new());
+    assert!(s.store.list(STAGING_DIR).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_clients_stage_partials_larger_than_a_frame_and_the_run_is_unchanged() {
+    let d = tempfile::tempdir().unwrap();
+    run_staging_every_partial(fake_setup(d.path(), 18)).await;
+}
+
+/// On S3 the staged partials are moved by a conditional copy where the
+/// store allows it (`AWS_COPY_IF_NOT_EXISTS`), else written again: either
+/// way the same run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partials_staged_on_s3_make_the_same_run() {
+    let Some(bucket) = fixtures::s3_bucket() else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let local = fake_setup(d.path(), 18);
+    run_staging_every_partial(loopback::on_s3(&bucket, "staged", &local).await).await;
 }
