@@ -146,6 +146,35 @@ fn scale_to_grid(v: f64) -> i128 {
     }
 }
 
+/// Adds `values` into `totals` element by element, as [`ExactSum::add`]
+/// does one (the merge's inner loop, in one branch-free pass). All or
+/// nothing: when a sum would leave the exact range, `totals` is left as it
+/// was and the error gives the first such sum's index and about its value.
+pub fn add_all(totals: &mut [ExactSum], values: &[ExactSum]) -> Result<(), (usize, f64)> {
+    let mut outside = false;
+    for (t, v) in totals.iter_mut().zip(values) {
+        let (sum, wrapped) = t.0.overflowing_add(v.0);
+        outside |= wrapped | (sum.unsigned_abs() >= LIMIT);
+        t.0 = sum;
+    }
+    if !outside {
+        return Ok(());
+    }
+    // Undo every add (wrapping arithmetic is exact both ways), naming the
+    // first sum that left the range.
+    let mut first = None;
+    for (i, (t, v)) in totals.iter_mut().zip(values).enumerate() {
+        t.0 = t.0.wrapping_sub(v.0);
+        let outside =
+            t.0.checked_add(v.0)
+                .is_none_or(|s| s.unsigned_abs() >= LIMIT);
+        if outside && first.is_none() {
+            first = Some((i, t.to_f64() + v.to_f64()));
+        }
+    }
+    Err(first.expect("a sum left the range"))
+}
+
 /// Sums a slice exactly; used by checks and oracles.
 pub fn exact_total(values: &[ExactSum]) -> Result<ExactSum, ExactError> {
     let mut total = ExactSum::ZERO;
@@ -158,6 +187,32 @@ pub fn exact_total(values: &[ExactSum]) -> Result<ExactSum, ExactError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn add_all_adds_as_add_does_and_leaves_the_totals_on_overflow() {
+        let top = (LIMIT - 1) as i128;
+        let totals = vec![ExactSum(5), ExactSum(-top), ExactSum(top - 1), ExactSum(0)];
+        let fine = [ExactSum(-7), ExactSum(top), ExactSum(1), ExactSum(-top)];
+        let mut by_one = totals.clone();
+        for (t, v) in by_one.iter_mut().zip(&fine) {
+            t.add(*v).unwrap();
+        }
+        let mut all = totals.clone();
+        add_all(&mut all, &fine).unwrap();
+        assert_eq!(all, by_one);
+        // The third sum reaches the limit: nothing is added, it is named.
+        let over = [ExactSum(1), ExactSum(1), ExactSum(2), ExactSum(top)];
+        let mut all = totals.clone();
+        let (index, value) = add_all(&mut all, &over).unwrap_err();
+        assert_eq!((all, index), (totals.clone(), 2));
+        assert_eq!(value, ExactSum(top).to_f64());
+        let mut third = totals[2];
+        assert!(third.add(over[2]).is_err());
+        // Past i128 itself (values no decoder makes): refused the same way.
+        let mut wide = vec![ExactSum(i128::MAX)];
+        assert_eq!(add_all(&mut wide, &[ExactSum(1)]).unwrap_err().0, 0);
+        assert_eq!(wide, vec![ExactSum(i128::MAX)]);
+    }
 
     #[test]
     fn grouping_does_not_change_the_sum() {

@@ -2,7 +2,7 @@
 //! of each input column (per expert for stacked expert weights) and token
 //! counts, with an exact merge and llama.cpp's GGUF imatrix output format.
 
-use crate::exact::ExactSum;
+use crate::exact::{add_all, ExactError, ExactSum};
 use crate::gguf::{GgufWriter, Value};
 use crate::stats::MergeError;
 use rayon::prelude::*;
@@ -253,9 +253,7 @@ impl Imatrix {
             .collect();
         add_columns(into, &source_of, |src, outs| {
             for out in outs.iter_mut() {
-                for (a, b) in out.iter_mut().zip(from[src].iter()) {
-                    a.add(*b)?;
-                }
+                add_all(out, from[src]).map_err(|(_, v)| ExactError::Overflow(v))?;
             }
             Ok::<(), MergeError>(())
         })?;

@@ -172,13 +172,10 @@ pub fn decode_add(
     decode_blocks(bytes, n, blocks, |block, values| {
         for out in outs.iter_mut() {
             let slots = &mut out[block * BLOCK..][..values.len()];
-            for (i, (a, b)) in slots.iter_mut().zip(values).enumerate() {
-                let before = *a;
-                a.add(*b).map_err(|_| PackedError::Overflow {
-                    index: block * BLOCK + i,
-                    value: before.to_f64() + b.to_f64(),
-                })?;
-            }
+            crate::exact::add_all(slots, values).map_err(|(i, value)| PackedError::Overflow {
+                index: block * BLOCK + i,
+                value,
+            })?;
         }
         Ok(())
     })

@@ -61,9 +61,7 @@ impl LayerAccum {
             *a = a.checked_add(*b).ok_or(MergeError::CountOverflow)?;
         }
         for (dst, src) in self.sums_mut().into_iter().zip(other.sums()) {
-            for (a, b) in dst.iter_mut().zip(src) {
-                a.add(*b)?;
-            }
+            crate::exact::add_all(dst, src).map_err(|(_, v)| ExactError::Overflow(v))?;
         }
         Ok(())
     }
