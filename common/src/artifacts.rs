@@ -101,7 +101,7 @@ pub async fn write_results(store: &RunStore, p: &Partial) -> Result<Saliency, Ar
     let saliency = p.saliency()?;
     let datasets = [format!("moe-census corpus {}", p.corpus_sha256)];
     store
-        .put(names::IMATRIX_GGUF, p.imatrix.to_gguf(&datasets))
+        .put_parts(names::IMATRIX_GGUF, p.imatrix.to_gguf_parts(&datasets))
         .await?;
     store
         .put(

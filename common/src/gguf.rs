@@ -146,18 +146,21 @@ impl GgufWriter {
         out
     }
 
-    /// [`GgufWriter::to_bytes`], each tensor's data freed once copied, so
-    /// the data is not held twice (an importance matrix of 0.9 GB at the
+    /// [`GgufWriter::to_bytes`] in pieces (the header, then each tensor's
+    /// data and padding), the data moved, not copied: for a store to write
+    /// without one contiguous copy (an importance matrix of 0.9 GB at the
     /// real shape).
-    pub fn into_bytes(mut self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.file_len());
-        self.write_header(&mut out)
+    pub fn into_parts(self) -> Vec<bytes::Bytes> {
+        let mut header = Vec::with_capacity(self.header_len().next_multiple_of(ALIGNMENT));
+        self.write_header(&mut header)
             .expect("writing to a Vec cannot fail");
-        for t in &mut self.tensors {
-            write_data(&mut out, &std::mem::take(&mut t.data))
-                .expect("writing to a Vec cannot fail");
+        let mut parts = vec![bytes::Bytes::from(header)];
+        for t in self.tensors {
+            let pad = t.data.len().next_multiple_of(ALIGNMENT) - t.data.len();
+            parts.push(bytes::Bytes::from(t.data));
+            parts.push(bytes::Bytes::from(vec![0u8; pad]));
         }
-        out
+        parts
     }
 
     /// Bytes of the whole file.
@@ -268,6 +271,6 @@ mod tests {
             &4.0f32.to_le_bytes()
         );
         assert_eq!(bytes.len(), g.file_len());
-        assert_eq!(g.into_bytes(), bytes);
+        assert_eq!(g.into_parts().concat(), bytes);
     }
 }

@@ -270,6 +270,16 @@ impl Imatrix {
     /// `<name>.in_sum` `[n_in, n_mat]` (f32, in llama-imatrix's order),
     /// `imatrix.datasets`, `imatrix.chunk_count`, `imatrix.chunk_size`.
     pub fn to_gguf(&self, datasets: &[String]) -> Vec<u8> {
+        self.gguf(datasets).to_bytes()
+    }
+
+    /// [`Imatrix::to_gguf`] in pieces ([`GgufWriter::into_parts`]), for a
+    /// store to write without joining them.
+    pub fn to_gguf_parts(&self, datasets: &[String]) -> Vec<bytes::Bytes> {
+        self.gguf(datasets).into_parts()
+    }
+
+    fn gguf(&self, datasets: &[String]) -> GgufWriter {
         let mut g = GgufWriter::new();
         g.kv("general.type", Value::Str("imatrix".into()))
             .kv("imatrix.datasets", Value::StrArray(datasets.to_vec()))
@@ -284,7 +294,7 @@ impl Imatrix {
             g.tensor_f32(&format!("{name}.counts"), &[1, e.n_mat as u64], &counts);
             g.tensor_f32(&format!("{name}.in_sum"), &shape, &f32s(&e.in_sum));
         }
-        g.into_bytes()
+        g
     }
 }
 

@@ -208,6 +208,17 @@ impl RunStore {
         Ok(())
     }
 
+    /// [`RunStore::put`] of the concatenation of `parts`, which are written
+    /// as they are (never joined in memory).
+    pub async fn put_parts(&self, name: &str, parts: Vec<Bytes>) -> Result<(), StoreError> {
+        self.admit(name).await?;
+        self.store
+            .put(&self.path(name), PutPayload::from_iter(parts))
+            .await
+            .map_err(self.backend(name))?;
+        Ok(())
+    }
+
     /// Writes an object only if it does not exist yet.
     pub async fn put_new(&self, name: &str, bytes: impl Into<Bytes>) -> Result<(), StoreError> {
         self.admit(name).await?;

@@ -60,7 +60,9 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
         let Some(merged) = merged else {
             bail!("no partials to merge");
         };
-        store.put(names::MERGED_PARTIAL, merged.to_bytes()).await?;
+        store
+            .put_parts(names::MERGED_PARTIAL, merged.to_parts())
+            .await?;
         let saliency = write_results(&store, &merged).await?;
         println!(
             "merged {} partials: {} chunks, {} fit tokens -> {}",

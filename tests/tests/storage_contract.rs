@@ -2,10 +2,11 @@
 //! files (a path and a `file://` URL), `memory://` and S3 (the moto server
 //! of `.ci/s3-server`; without it the S3 case fails unless
 //! `MOE_CENSUS_SKIP_S3=1`). Each backend must round-trip bytes, refuse a
-//! create-only overwrite, move an object create-only whole or not at all,
-//! refuse an object over a reader's limit before reading it, report a
-//! missing object by its URL, list names sorted and below their prefix
-//! only, and treat a child location as the same store.
+//! create-only overwrite, write an object from pieces, move an object
+//! create-only whole or not at all, refuse an object over a reader's limit
+//! before reading it, report a missing object by its URL, list names sorted
+//! and below their prefix only, and treat a child location as the same
+//! store.
 
 use bytes::Bytes;
 use common::store::{RunStore, StoreError};
@@ -26,6 +27,13 @@ async fn contract(s: RunStore) {
         "{url}: {refused:?}"
     );
     assert_eq!(s.get("a/c.json").await.unwrap(), Bytes::from_static(b"2"));
+    // An object written in pieces is their concatenation.
+    let parts = ["ab", "", "c"].map(|p| Bytes::from_static(p.as_bytes()));
+    s.put_parts("parts.bin", parts.to_vec()).await.unwrap();
+    assert_eq!(
+        s.get("parts.bin").await.unwrap(),
+        Bytes::from_static(b"abc")
+    );
     // A create-only move either happens whole or leaves both objects be.
     s.put("staged.bin", b"4".to_vec()).await.unwrap();
     assert!(matches!(

@@ -40,7 +40,18 @@ const COPY: u8 = 1;
 
 /// The encoding of `p` (format [`PARTIAL_FORMAT_VERSION`]).
 pub(super) fn encode(p: &Partial) -> Vec<u8> {
-    let mut out = bincode::serde::encode_to_vec(header(p), bincode::config::standard())
+    let parts = encode_parts(p);
+    let mut out = Vec::with_capacity(parts.iter().map(Bytes::len).sum());
+    for part in parts {
+        out.extend_from_slice(&part);
+    }
+    out
+}
+
+/// [`encode`] in pieces, in order: the header, then per column its tag and
+/// length, and its packed bytes (or the index of the column it copies).
+pub(super) fn encode_parts(p: &Partial) -> Vec<Bytes> {
+    let header = bincode::serde::encode_to_vec(header(p), bincode::config::standard())
         .expect("partial header encodes");
     let columns = columns(p);
     let sources = first_equal(&columns, stats_columns(p));
@@ -55,24 +66,23 @@ pub(super) fn encode(p: &Partial) -> Vec<u8> {
             })
         })
         .collect();
-    out.reserve(packed.iter().flatten().map(|b| b.len() + 9).sum());
-    // Each packed column is freed once copied: the encoding and the
-    // columns are not held whole at once (1 GB each at the real shape).
+    let mut parts = vec![Bytes::from(header)];
     for (bytes, source) in packed.into_iter().zip(&sources) {
         match (bytes, source) {
             (Some(b), _) => {
-                out.push(PACKED);
-                out.extend_from_slice(&(b.len() as u64).to_le_bytes());
-                out.extend_from_slice(&b);
+                let mut tag = vec![PACKED];
+                tag.extend_from_slice(&(b.len() as u64).to_le_bytes());
+                parts.extend([Bytes::from(tag), Bytes::from(b)]);
             }
             (None, Some(j)) => {
-                out.push(COPY);
-                out.extend_from_slice(&(*j as u32).to_le_bytes());
+                let mut tag = vec![COPY];
+                tag.extend_from_slice(&(*j as u32).to_le_bytes());
+                parts.push(Bytes::from(tag));
             }
             (None, None) => unreachable!("a column is packed or a copy"),
         }
     }
-    out
+    parts
 }
 
 /// Decodes the format (its block layout `blocks`) from the whole of `bytes`.
@@ -789,6 +799,7 @@ mod tests {
         let bytes = p.to_bytes();
         assert_eq!(Partial::from_bytes(&bytes).unwrap(), p);
         assert_eq!(p.to_bytes(), bytes, "the same partial gives the same bytes");
+        assert_eq!(p.to_parts().concat(), bytes, "its pieces are its bytes");
         // 20 statistics columns, then in_sum2 and in_sum of down, gate, up:
         // up's are copies of gate's.
         for (column, source) in [(24, 22), (25, 23)] {

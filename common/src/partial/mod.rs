@@ -195,6 +195,13 @@ impl Partial {
         encoding::encode(self)
     }
 
+    /// [`Partial::to_bytes`] in pieces (the header, each column's tag and
+    /// packed bytes), for a store to write without one contiguous copy: at
+    /// the real shape the encoding is 1 GB beside the partial's 2 GB.
+    pub fn to_parts(&self) -> Vec<bytes::Bytes> {
+        encoding::encode_parts(self)
+    }
+
     /// Decodes a partial: the format version is read first (another version
     /// is refused before the rest is decoded), then the whole value under
     /// limits sized from `bytes.len()` ([`crate::bounded`], `encoding`);

@@ -235,7 +235,9 @@ pub async fn execute_locked(
     let merged = leased
         .merged
         .ok_or_else(|| RunError::Setup("the corpus has no chunks".into()))?;
-    store.put(names::MERGED_PARTIAL, merged.to_bytes()).await?;
+    store
+        .put_parts(names::MERGED_PARTIAL, merged.to_parts())
+        .await?;
     let saliency = write_results(store, &merged).await?;
     summary.fit_tokens = saliency.split(common::Split::Fit).map_or(0, |s| s.n_tokens);
     summary.trace = Some(
