@@ -135,8 +135,7 @@ impl GgufWriter {
             w.write_all(&offset.to_le_bytes())?;
             offset += t.data.len().next_multiple_of(ALIGNMENT) as u64;
         }
-        let header = self.header_len();
-        w.write_all(&vec![0u8; header.next_multiple_of(ALIGNMENT) - header])
+        w.write_all(&vec![0u8; padding(self.header_len())])
     }
 
     /// The file as bytes.
@@ -156,7 +155,7 @@ impl GgufWriter {
             .expect("writing to a Vec cannot fail");
         let mut parts = vec![bytes::Bytes::from(header)];
         for t in self.tensors {
-            let pad = t.data.len().next_multiple_of(ALIGNMENT) - t.data.len();
+            let pad = padding(t.data.len());
             parts.push(bytes::Bytes::from(t.data));
             parts.push(bytes::Bytes::from(vec![0u8; pad]));
         }
@@ -188,8 +187,12 @@ impl GgufWriter {
 /// Writes one tensor's data, padded to the alignment.
 fn write_data(w: &mut impl Write, data: &[u8]) -> io::Result<()> {
     w.write_all(data)?;
-    let pad = data.len().next_multiple_of(ALIGNMENT) - data.len();
-    w.write_all(&vec![0u8; pad])
+    w.write_all(&vec![0u8; padding(data.len())])
+}
+
+/// Zero bytes after `len` bytes of data up to the alignment.
+fn padding(len: usize) -> usize {
+    len.next_multiple_of(ALIGNMENT) - len
 }
 
 fn value_len(v: &Value) -> usize {

@@ -200,34 +200,42 @@ impl RunStore {
 
     /// Writes (or replaces) an object atomically.
     pub async fn put(&self, name: &str, bytes: impl Into<Bytes>) -> Result<(), StoreError> {
-        self.admit(name).await?;
-        self.store
-            .put(&self.path(name), PutPayload::from_bytes(bytes.into()))
-            .await
-            .map_err(self.backend(name))?;
-        Ok(())
+        self.write(
+            name,
+            PutPayload::from_bytes(bytes.into()),
+            PutMode::Overwrite,
+        )
+        .await
     }
 
     /// [`RunStore::put`] of the concatenation of `parts`, which are written
     /// as they are (never joined in memory).
     pub async fn put_parts(&self, name: &str, parts: Vec<Bytes>) -> Result<(), StoreError> {
-        self.admit(name).await?;
-        self.store
-            .put(&self.path(name), PutPayload::from_iter(parts))
+        self.write(name, PutPayload::from_iter(parts), PutMode::Overwrite)
             .await
-            .map_err(self.backend(name))?;
-        Ok(())
     }
 
     /// Writes an object only if it does not exist yet.
     pub async fn put_new(&self, name: &str, bytes: impl Into<Bytes>) -> Result<(), StoreError> {
+        self.write(name, PutPayload::from_bytes(bytes.into()), PutMode::Create)
+            .await
+    }
+
+    /// The one write every `put` goes through: the fence first, then the
+    /// backend's write in `mode`.
+    async fn write(
+        &self,
+        name: &str,
+        payload: PutPayload,
+        mode: PutMode,
+    ) -> Result<(), StoreError> {
         self.admit(name).await?;
         let opts = PutOptions {
-            mode: PutMode::Create,
+            mode,
             ..Default::default()
         };
         self.store
-            .put_opts(&self.path(name), PutPayload::from_bytes(bytes.into()), opts)
+            .put_opts(&self.path(name), payload, opts)
             .await
             .map_err(self.backend(name))?;
         Ok(())

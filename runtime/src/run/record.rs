@@ -103,10 +103,10 @@ impl Recorder {
     /// final `name` create-only, so bytes once stored are never replaced (a
     /// late or differing duplicate cannot overwrite them): bytes a worker
     /// `staged` are moved there by the store (a gigabyte not written again),
-    /// others written. The record goes first: every final object has its
-    /// record whenever the process stops. Finding the very same bytes there
-    /// already is fine; finding others is an error: another process writes
-    /// into this run.
+    /// others written, and a staged copy that was not moved is removed. The
+    /// record goes first: every final object has its record whenever the
+    /// process stops. Finding the very same bytes there already is fine;
+    /// finding others is an error: another process writes into this run.
     pub async fn accept(
         &mut self,
         name: &str,
@@ -121,22 +121,24 @@ impl Recorder {
             None => Ok(false),
         };
         let stored = match moved {
-            Ok(true) => Ok(()),
+            Ok(true) => return Ok(()),
             Ok(false) => self.store.put_new(name, bytes.clone()).await,
             Err(e) => Err(e),
         };
         match stored {
-            Ok(()) => Ok(()),
+            Ok(()) => {}
             Err(StoreError::AlreadyExists { url }) => {
                 let there = self.store.get(name).await?;
-                if sha256_hex(&there) == sha {
-                    Ok(())
-                } else {
-                    Err(RecordError::Foreign { url })
+                if sha256_hex(&there) != sha {
+                    return Err(RecordError::Foreign { url });
                 }
             }
-            Err(e) => Err(e.into()),
+            Err(e) => return Err(e.into()),
         }
+        if let Some(from) = staged {
+            self.store.delete(from).await?;
+        }
+        Ok(())
     }
 
     /// Removes the entry of `name` (its bytes were set aside) and writes the manifest.
@@ -203,6 +205,12 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, RecordError::Foreign { .. }), "{e}");
         assert_eq!(store.get("partials/x.bin").await.unwrap(), a);
+        // Staged bytes equal to the stored ones: fine, the staged copy goes.
+        store.put("staging/a.bin", a.clone()).await.unwrap();
+        r.accept("partials/x.bin", &a, Some("staging/a.bin"), rec(&a))
+            .await
+            .unwrap();
+        assert!(!store.exists("staging/a.bin").await.unwrap());
         // Staged bytes are moved to their final name, not written again.
         r.accept("partials/y.bin", &b, staged, rec(&b))
             .await

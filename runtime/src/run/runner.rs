@@ -240,9 +240,6 @@ async fn serve_units<K: LeaseKind>(
             };
             let staged = d.staged.as_deref();
             from.recorder.accept(&name, &d.bytes, staged, rec).await?;
-            if let Some(staged) = &d.staged {
-                store.delete(staged).await?;
-            }
             if let Some(bar) = &bar {
                 bar.advance(d.output.measured(), &hub.workers());
             }
