@@ -29,6 +29,7 @@
 
 pub mod artifacts;
 pub mod bounded;
+pub mod buffers;
 pub mod compare;
 pub mod corpus;
 pub mod error_text;

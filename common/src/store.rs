@@ -7,7 +7,9 @@
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{
+    GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
 use std::sync::Arc;
 
 /// Errors of the artifact store, naming the object involved.
@@ -271,6 +273,22 @@ impl RunStore {
     /// Reads a whole object of at most `limit` bytes; a larger one is
     /// refused before its body is read.
     pub async fn get_limited(&self, name: &str, limit: u64) -> Result<Bytes, StoreError> {
+        self.get_limited_into(name, limit, Vec::new())
+            .await
+            .map(Bytes::from)
+    }
+
+    /// [`RunStore::get_limited`] into `buf` (cleared first): a buffer kept
+    /// from an earlier read is filled without faulting in fresh memory
+    /// ([`crate::buffers`]). An object that yields more or fewer bytes than
+    /// its size is refused, so `limit` bounds the memory whatever the
+    /// backend streams.
+    pub async fn get_limited_into(
+        &self,
+        name: &str,
+        limit: u64,
+        mut buf: Vec<u8>,
+    ) -> Result<Vec<u8>, StoreError> {
         let r = self
             .store
             .get(&self.path(name))
@@ -283,7 +301,42 @@ impl RunStore {
                 limit,
             });
         }
-        r.bytes().await.map_err(self.backend(name))
+        let len = r.range.end - r.range.start;
+        let size_error = |got: u64| {
+            self.backend(name)(object_store::Error::Generic {
+                store: "RunStore",
+                source: format!("{got} bytes read of an object of {len} bytes").into(),
+            })
+        };
+        buf.clear();
+        buf.reserve_exact(usize::try_from(len).map_err(|_| size_error(len))?);
+        match r.payload {
+            GetResultPayload::File(file, _) => {
+                let start = r.range.start;
+                buf = tokio::task::spawn_blocking(move || read_file(file, start, len, buf))
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|read| read)
+                    .map_err(|e| {
+                        self.backend(name)(object_store::Error::Generic {
+                            store: "LocalFileSystem",
+                            source: Box::new(e),
+                        })
+                    })?;
+            }
+            GetResultPayload::Stream(mut chunks) => {
+                while let Some(chunk) = chunks.try_next().await.map_err(self.backend(name))? {
+                    if (buf.len() + chunk.len()) as u64 > len {
+                        return Err(size_error((buf.len() + chunk.len()) as u64));
+                    }
+                    buf.extend_from_slice(&chunk);
+                }
+            }
+        }
+        if buf.len() as u64 != len {
+            return Err(size_error(buf.len() as u64));
+        }
+        Ok(buf)
     }
 
     /// [`RunStore::get_limited`], `None` if the object does not exist.
@@ -360,6 +413,20 @@ impl RunStore {
         names.sort();
         Ok(names)
     }
+}
+
+/// Appends at most `len` bytes of `file` from `start` to `buf` (with room
+/// for them: read into its spare capacity, never zeroed first).
+fn read_file(
+    mut file: std::fs::File,
+    start: u64,
+    len: u64,
+    mut buf: Vec<u8>,
+) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    file.seek(SeekFrom::Start(start))?;
+    file.take(len).read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! `MOE_CENSUS_SKIP_S3=1`). Each backend must round-trip bytes, refuse a
 //! create-only overwrite, write an object from pieces, move an object
 //! create-only whole or not at all, refuse an object over a reader's limit
-//! before reading it, report a missing object by its URL, list names sorted
+//! before reading it, read into a kept buffer without a new one, report a missing object by its URL, list names sorted
 //! and below their prefix only, and treat a child location as the same
 //! store.
 
@@ -62,6 +62,20 @@ async fn contract(s: RunStore) {
         format!("{url}/a/b.json is 2 bytes, more than the 1 bytes accepted for it")
     );
     assert!(s.get_opt_limited("none", 1).await.unwrap().is_none());
+    // A read into a kept buffer replaces its contents and keeps its memory.
+    let body: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    s.put("big.bin", body.clone()).await.unwrap();
+    let mut kept = Vec::with_capacity(200_000);
+    kept.extend_from_slice(b"left over");
+    let at = kept.as_ptr();
+    let read = s.get_limited_into("big.bin", 100_000, kept).await.unwrap();
+    assert_eq!((read.as_ptr(), read.capacity()), (at, 200_000), "{url}");
+    assert!(read == body, "{url}: bytes read into a kept buffer differ");
+    let refused = s.get_limited_into("big.bin", 99_999, read).await;
+    assert!(
+        matches!(&refused, Err(StoreError::TooLarge { size: 100_000, .. })),
+        "{url}: {refused:?}"
+    );
     // A missing object is named by its URL.
     assert_eq!(
         s.get("missing").await.unwrap_err().to_string(),

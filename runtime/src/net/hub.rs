@@ -16,6 +16,7 @@
 
 use crate::lease::{AddendOf, LeaseKind};
 use bytes::Bytes;
+use common::buffers::BufferPool;
 use common::hash::sha256_hex;
 use common::lease::{Addend, LeaseOutput};
 use common::peer_text::peer_text;
@@ -140,6 +141,9 @@ pub struct Hub<K: LeaseKind> {
     ingest: Arc<Semaphore>,
     /// Largest staged result read, bytes (`[cluster] max_staged_mib`).
     max_staged: u64,
+    /// Buffers staged results are read into, one per ingest slot, kept
+    /// from one result to the next until every result is stored.
+    buffers: Arc<BufferPool>,
     /// Set once every accepted result is stored: only then may a worker
     /// be told the run is finished and leave.
     all_stored: AtomicBool,
@@ -178,14 +182,17 @@ impl<K: LeaseKind> Hub<K> {
             deliveries: tx,
             ingest: Arc::new(Semaphore::new(ingest_slots.max(1))),
             max_staged,
+            buffers: BufferPool::new(ingest_slots.max(1)),
             all_stored: AtomicBool::new(false),
         };
         (hub, rx)
     }
 
-    /// Records that every accepted result is stored (called by the merger).
+    /// Records that every accepted result is stored (called by the merger),
+    /// and frees the read buffers: no large read is to come.
     pub fn set_all_stored(&self) {
         self.all_stored.store(true, Ordering::SeqCst);
+        self.buffers.close();
     }
 
     /// Whether every accepted result is stored; until then a worker asking
@@ -583,8 +590,9 @@ impl<K: LeaseKind> Hub<K> {
                         peer_text(&name)
                     ));
                 }
-                let bytes = match self.run.get_limited(&name, self.max_staged).await {
-                    Ok(bytes) => bytes,
+                let buf = self.buffers.take();
+                let bytes = match self.run.get_limited_into(&name, self.max_staged, buf).await {
+                    Ok(buf) => self.buffers.lend(buf),
                     Err(StoreError::TooLarge { url, size, .. }) => {
                         return Err(format!(
                             "staged {} {url} is {size} bytes, over [cluster] max_staged_mib = {}",
