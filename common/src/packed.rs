@@ -31,6 +31,17 @@ use crate::exact::ExactSum;
 /// Sums per block.
 pub const BLOCK: usize = 16;
 
+/// What a block's header says of every sum in it: no magnitude is above
+/// `max_magnitude`, and none is negative unless `signed`; a reader checks
+/// a rule on a whole block by these before looking at its sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockBounds {
+    /// `(2^width - 1) << shift`: 0 for a block of zeros.
+    pub max_magnitude: u128,
+    /// The sign flag: each sum carries a sign (some may be negative).
+    pub signed: bool,
+}
+
 /// The block layouts a decoder reads: partial format 5's (a zero among
 /// non-zero sums is packed in place) and format 6's (zeros marked by a mask).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,7 +162,7 @@ pub fn decode_vec(bytes: &[u8], blocks: Blocks, n: usize) -> Result<Vec<ExactSum
         return Err(PackedError::Truncated(bytes.len() / 2));
     }
     let mut out = Vec::with_capacity(n);
-    decode_blocks(bytes, n, blocks, |_, values| {
+    decode_blocks(bytes, n, blocks, |_, values, _| {
         out.extend_from_slice(values);
         Ok(())
     })?;
@@ -169,7 +180,7 @@ pub fn decode_add(
 ) -> Result<(), PackedError> {
     let n = outs.first().map_or(0, |o| o.len());
     assert!(outs.iter().all(|o| o.len() == n), "totals of one length");
-    decode_blocks(bytes, n, blocks, |block, values| {
+    decode_blocks(bytes, n, blocks, |block, values, _| {
         for out in outs.iter_mut() {
             let slots = &mut out[block * BLOCK..][..values.len()];
             crate::exact::add_all(slots, values).map_err(|(i, value)| PackedError::Overflow {
@@ -183,18 +194,18 @@ pub fn decode_add(
 
 /// Checks that `bytes` are exactly `n` packed sums, without keeping them.
 pub fn check(bytes: &[u8], blocks: Blocks, n: usize) -> Result<(), PackedError> {
-    visit(bytes, blocks, n, |_, _| Ok(()))
+    visit(bytes, blocks, n, |_, _, _| Ok(()))
 }
 
 /// Checks that `bytes` are exactly `n` packed sums and hands each block to
-/// `each` (block index, its sums) as it is unpacked, keeping nothing: a
-/// caller checks values without materialising the column. The first error
-/// (of the bytes, or of `each`) stops the walk.
+/// `each` (block index, its sums, its header's bounds) as it is unpacked,
+/// keeping nothing: a caller checks values without materialising the
+/// column. The first error (of the bytes, or of `each`) stops the walk.
 pub fn visit<E: From<PackedError>>(
     bytes: &[u8],
     blocks: Blocks,
     n: usize,
-    each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
+    each: impl FnMut(usize, &[ExactSum], BlockBounds) -> Result<(), E>,
 ) -> Result<(), E> {
     decode_blocks(bytes, n, blocks, each)
 }
@@ -202,12 +213,12 @@ pub fn visit<E: From<PackedError>>(
 const ZEROS: [ExactSum; BLOCK] = [ExactSum::ZERO; BLOCK];
 
 /// The decoder loop: `n` sums from the whole of `bytes`, handed to `each`
-/// a block at a time (block index, its sums).
+/// a block at a time (block index, its sums, its header's bounds).
 fn decode_blocks<E: From<PackedError>>(
     bytes: &[u8],
     n: usize,
     blocks: Blocks,
-    mut each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
+    mut each: impl FnMut(usize, &[ExactSum], BlockBounds) -> Result<(), E>,
 ) -> Result<(), E> {
     let mut at = 0usize;
     let mut tail = [0u8; BUF];
@@ -233,7 +244,11 @@ fn decode_blocks<E: From<PackedError>>(
             if shift != 0 || signed || masked {
                 return Err(bad("is not how zeros are written").into());
             }
-            each(block, &ZEROS[..count])?;
+            let zeros = BlockBounds {
+                max_magnitude: 0,
+                signed: false,
+            };
+            each(block, &ZEROS[..count], zeros)?;
             continue;
         }
         if width + shift > MAX_BITS {
@@ -297,7 +312,11 @@ fn decode_blocks<E: From<PackedError>>(
                 };
             }
         }
-        each(block, &values[..count])?;
+        let bounds = BlockBounds {
+            max_magnitude: (u128::MAX >> (128 - width)) << shift,
+            signed,
+        };
+        each(block, &values[..count], bounds)?;
     }
     if at != bytes.len() {
         return Err(PackedError::Trailing(bytes.len() - at).into());

@@ -18,6 +18,7 @@
 //! corpus's size.
 
 use crate::exact::{per_token_limit, ExactSum, FRACTION_BITS};
+use crate::packed::BlockBounds;
 use crate::partial::{ImatrixColumn, Partial, SumsCheck};
 use crate::peer_text::peer_text;
 use crate::stats::{ExpertAccum, LayerAccum};
@@ -159,7 +160,7 @@ impl ImatrixSums {
                         squares,
                     };
                     for (b, values) in column.chunks(crate::packed::BLOCK).enumerate() {
-                        self.block(of, b * crate::packed::BLOCK, values)?;
+                        self.block(of, b * crate::packed::BLOCK, values, None)?;
                     }
                 }
                 Ok(())
@@ -169,8 +170,44 @@ impl ImatrixSums {
     }
 }
 
+impl ImatrixSums {
+    /// Whether a packed block's header alone shows its `len` sums from
+    /// `start` pass: none above the bound, none negative in a column of
+    /// squares, and each matrix it touches saw rows (or the block is zeros).
+    fn block_passes(
+        &self,
+        c: ImatrixColumn<'_>,
+        start: usize,
+        len: usize,
+        bounds: BlockBounds,
+    ) -> bool {
+        if bounds.max_magnitude == 0 {
+            return true;
+        }
+        let n_in = c.entry.n_in.max(1) as usize;
+        let touched = start / n_in..=(start + len.max(1) - 1) / n_in;
+        bounds.max_magnitude <= self.bound
+            && !(c.squares && bounds.signed)
+            && c.entry
+                .counts
+                .get(touched)
+                .is_some_and(|counts| counts.iter().all(|&n| n != 0))
+    }
+}
+
 impl SumsCheck for ImatrixSums {
-    fn block(&self, c: ImatrixColumn<'_>, start: usize, values: &[ExactSum]) -> Result<(), String> {
+    /// A block its header shows passing is not walked; any other is, sum by
+    /// sum (naming the first failing one).
+    fn block(
+        &self,
+        c: ImatrixColumn<'_>,
+        start: usize,
+        values: &[ExactSum],
+        bounds: Option<BlockBounds>,
+    ) -> Result<(), String> {
+        if bounds.is_some_and(|b| self.block_passes(c, start, values.len(), b)) {
+            return Ok(());
+        }
         let e = c.entry;
         let n_in = e.n_in.max(1) as usize;
         let (mut m, mut col) = (start / n_in, start % n_in);

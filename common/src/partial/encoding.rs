@@ -338,12 +338,14 @@ pub struct ImatrixColumn<'a> {
 /// unpacked ([`PackedPartial::parse_checked`]), so that the sums are checked
 /// without being materialised.
 pub trait SumsCheck: Sync {
-    /// Checks `values`, the sums of `column` from sum `start` on.
+    /// Checks `values`, the sums of `column` from sum `start` on (with
+    /// their block header's `bounds`, when packed).
     fn block(
         &self,
         column: ImatrixColumn<'_>,
         start: usize,
         values: &[ExactSum],
+        bounds: Option<packed::BlockBounds>,
     ) -> Result<(), String>;
 
     /// Whether `copy`, a column stored as a copy of `source`, passes exactly
@@ -353,7 +355,13 @@ pub trait SumsCheck: Sync {
 
 /// No value checks: the format's own only.
 impl SumsCheck for () {
-    fn block(&self, _: ImatrixColumn<'_>, _: usize, _: &[ExactSum]) -> Result<(), String> {
+    fn block(
+        &self,
+        _: ImatrixColumn<'_>,
+        _: usize,
+        _: &[ExactSum],
+        _: Option<packed::BlockBounds>,
+    ) -> Result<(), String> {
         Ok(())
     }
 
@@ -433,8 +441,8 @@ impl PackedPartial {
                 };
                 let at = packed_range(&imatrix, &imatrix[source]);
                 let n = lengths[n_stats + i];
-                packed::visit(&bytes[at.clone()], blocks, n, |block, values| {
-                    sums.block(described[i], block * packed::BLOCK, values)
+                packed::visit(&bytes[at.clone()], blocks, n, |block, values, bounds| {
+                    sums.block(described[i], block * packed::BLOCK, values, Some(bounds))
                         .map_err(Walk::Value)
                 })
                 .map_err(|e| match e {

@@ -238,3 +238,60 @@ fn packed_sums_are_refused_as_decoded_ones() {
         refused(&copy)
     );
 }
+
+/// A packed block passes on its header alone only where its sums pass: on
+/// sums around each rule's edge (the bound, a negative sum of squares, a
+/// non-zero sum of a matrix that saw no row; blocks across two matrices),
+/// the packed check accepts and refuses as the decoded one, in its words.
+#[test]
+fn block_headers_pass_only_what_the_sums_pass() {
+    let budget = Budget::for_corpus(1000);
+    let bound = check_header_values(&honest(), &budget).unwrap().bound as i128;
+    let packed = |p: &Partial| {
+        crate::partial::PackedPartial::parse_checked(p.to_bytes().into(), |h| {
+            check_header_values(h, &budget)
+        })
+        .map(|_| ())
+    };
+    let decoded = |p: &Partial| check_values(p, &budget);
+    let mut rng = crate::splitmix::SplitMix64::new(23);
+    let (mut refusals, mut passes) = (0, 0);
+    for _ in 0..400 {
+        // Matrices of 20 columns: blocks of 16 sums straddle two of them.
+        let mut p = honest();
+        let mut e = ImatrixEntry::new(20, 3);
+        e.counts = (0..3).map(|_| [0, 2, 2][rng.below(3)]).collect();
+        let mut sum = |count: u64, squares: bool| {
+            let edge = [bound, bound + 1, bound >> 1, 1 << rng.below(60), 3];
+            let v = match (count, rng.below(200)) {
+                (0, 0) => edge[rng.below(5)],
+                (0, _) => 0,
+                (_, 0) => edge[rng.below(5)],
+                (_, 1) if squares => -edge[rng.below(5)],
+                (_, 2) => 0,
+                _ => (rng.next_u64() >> rng.below(64)) as i128,
+            };
+            ExactSum(if squares || rng.below(2) == 0 { v } else { -v })
+        };
+        for squares in [true, false] {
+            let column: Vec<ExactSum> = (0..60).map(|i| sum(e.counts[i / 20], squares)).collect();
+            if squares {
+                e.in_sum2 = column.into();
+            } else {
+                e.in_sum = column.into();
+            }
+        }
+        p.imatrix.entries = BTreeMap::from([("blk.1.ffn_gate_inp.weight".to_string(), e)]);
+        let verdict = decoded(&p);
+        assert_eq!(packed(&p), verdict);
+        if verdict.is_ok() {
+            passes += 1;
+        } else {
+            refusals += 1;
+        }
+    }
+    assert!(
+        refusals > 50 && passes > 50,
+        "{refusals} refused, {passes} passed"
+    );
+}
