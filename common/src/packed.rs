@@ -162,10 +162,16 @@ pub fn decode_vec(bytes: &[u8], blocks: Blocks, n: usize) -> Result<Vec<ExactSum
         return Err(PackedError::Truncated(bytes.len() / 2));
     }
     let mut out = Vec::with_capacity(n);
-    decode_blocks(bytes, n, blocks, |_, values, _| {
-        out.extend_from_slice(values);
-        Ok(())
-    })?;
+    decode_blocks(
+        bytes,
+        n,
+        blocks,
+        |_, _| true,
+        |_, values| {
+            out.extend_from_slice(values);
+            Ok(())
+        },
+    )?;
     Ok(out)
 }
 
@@ -180,45 +186,58 @@ pub fn decode_add(
 ) -> Result<(), PackedError> {
     let n = outs.first().map_or(0, |o| o.len());
     assert!(outs.iter().all(|o| o.len() == n), "totals of one length");
-    decode_blocks(bytes, n, blocks, |block, values, _| {
-        for out in outs.iter_mut() {
-            let slots = &mut out[block * BLOCK..][..values.len()];
-            crate::exact::add_all(slots, values).map_err(|(i, value)| PackedError::Overflow {
-                index: block * BLOCK + i,
-                value,
-            })?;
-        }
-        Ok(())
-    })
+    decode_blocks(
+        bytes,
+        n,
+        blocks,
+        |_, _| true,
+        |block, values| {
+            for out in outs.iter_mut() {
+                let slots = &mut out[block * BLOCK..][..values.len()];
+                crate::exact::add_all(slots, values).map_err(|(i, value)| {
+                    PackedError::Overflow {
+                        index: block * BLOCK + i,
+                        value,
+                    }
+                })?;
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Checks that `bytes` are exactly `n` packed sums, without keeping them.
 pub fn check(bytes: &[u8], blocks: Blocks, n: usize) -> Result<(), PackedError> {
-    visit(bytes, blocks, n, |_, _, _| Ok(()))
+    visit(bytes, blocks, n, |_, _| false, |_, _| Ok(()))
 }
 
-/// Checks that `bytes` are exactly `n` packed sums and hands each block to
-/// `each` (block index, its sums, its header's bounds) as it is unpacked,
-/// keeping nothing: a caller checks values without materialising the
-/// column. The first error (of the bytes, or of `each`) stops the walk.
+/// Checks that `bytes` are exactly `n` packed sums and hands each block
+/// that `needs` (block index, its header's bounds) to `each` (block index,
+/// its sums) as it is unpacked, keeping nothing: a caller
+/// checks values without materialising the column, and the sums of a block
+/// it does not need are scanned for the format's checks, never built. The
+/// first error (of the bytes, or of `each`) stops the walk.
 pub fn visit<E: From<PackedError>>(
     bytes: &[u8],
     blocks: Blocks,
     n: usize,
-    each: impl FnMut(usize, &[ExactSum], BlockBounds) -> Result<(), E>,
+    needs: impl FnMut(usize, BlockBounds) -> bool,
+    each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
 ) -> Result<(), E> {
-    decode_blocks(bytes, n, blocks, each)
+    decode_blocks(bytes, n, blocks, needs, each)
 }
 
 const ZEROS: [ExactSum; BLOCK] = [ExactSum::ZERO; BLOCK];
 
 /// The decoder loop: `n` sums from the whole of `bytes`, handed to `each`
-/// a block at a time (block index, its sums, its header's bounds).
+/// a block at a time (block index, its sums) where `needs` (block index,
+/// the header's bounds) wants them; the others are only scanned.
 fn decode_blocks<E: From<PackedError>>(
     bytes: &[u8],
     n: usize,
     blocks: Blocks,
-    mut each: impl FnMut(usize, &[ExactSum], BlockBounds) -> Result<(), E>,
+    mut needs: impl FnMut(usize, BlockBounds) -> bool,
+    mut each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
 ) -> Result<(), E> {
     let mut at = 0usize;
     let mut tail = [0u8; BUF];
@@ -248,7 +267,9 @@ fn decode_blocks<E: From<PackedError>>(
                 max_magnitude: 0,
                 signed: false,
             };
-            each(block, &ZEROS[..count], zeros)?;
+            if needs(block, zeros) {
+                each(block, &ZEROS[..count])?;
+            }
             continue;
         }
         if width + shift > MAX_BITS {
@@ -287,12 +308,17 @@ fn decode_blocks<E: From<PackedError>>(
                 &tail[..len + 17]
             }
         };
+        let bounds = BlockBounds {
+            max_magnitude: (u128::MAX >> (128 - width)) << shift,
+            signed,
+        };
+        let wanted = needs(block, bounds);
         let out = if masked {
             &mut packed[..nonzero]
         } else {
             &mut values[..count]
         };
-        let seen = unpack(src, bits, shift, signed, out);
+        let seen = unpack(src, bits, shift, signed, out, wanted);
         if seen.any >> (width - 1) != 1 || seen.odd != 1 {
             return Err(bad("is not the block's own (too wide or shifted too little)").into());
         }
@@ -301,6 +327,9 @@ fn decode_blocks<E: From<PackedError>>(
         }
         if seen.zero && blocks == Blocks::Masked {
             return Err(bad("holds a zero outside its mask").into());
+        }
+        if !wanted {
+            continue;
         }
         if masked {
             let mut next = packed.iter();
@@ -312,11 +341,7 @@ fn decode_blocks<E: From<PackedError>>(
                 };
             }
         }
-        let bounds = BlockBounds {
-            max_magnitude: (u128::MAX >> (128 - width)) << shift,
-            signed,
-        };
-        each(block, &values[..count], bounds)?;
+        each(block, &values[..count])?;
     }
     if at != bytes.len() {
         return Err(PackedError::Trailing(bytes.len() - at).into());
@@ -336,15 +361,25 @@ struct Seen {
 }
 
 /// Unpacks `out.len()` values of `bits` bits each from `src` (which holds
-/// 17 bytes past the last value's first byte), shifted left by `shift`;
+/// 17 bytes past the last value's first byte), shifted left by `shift`
+/// into `out` (when `write`; else only what [`Seen`] records is taken);
 /// values of at most 64 bits (sign included) are unpacked as u64, wider
 /// ones as u128.
 #[inline]
-fn unpack(src: &[u8], bits: u32, shift: u32, signed: bool, out: &mut [ExactSum]) -> Seen {
-    match (bits <= 64, signed) {
-        (true, false) => unpack_narrow::<false>(src, bits, shift, out),
-        (true, true) => unpack_narrow::<true>(src, bits, shift, out),
-        (false, _) => unpack_wide(src, bits, shift, signed, out),
+fn unpack(
+    src: &[u8],
+    bits: u32,
+    shift: u32,
+    signed: bool,
+    out: &mut [ExactSum],
+    write: bool,
+) -> Seen {
+    match (bits <= 64, signed, write) {
+        (true, false, true) => unpack_narrow::<false, true>(src, bits, shift, out),
+        (true, true, true) => unpack_narrow::<true, true>(src, bits, shift, out),
+        (true, false, false) => unpack_narrow::<false, false>(src, bits, shift, out),
+        (true, true, false) => unpack_narrow::<true, false>(src, bits, shift, out),
+        (false, _, _) => unpack_wide(src, bits, shift, signed, out),
     }
 }
 
@@ -352,9 +387,9 @@ fn unpack(src: &[u8], bits: u32, shift: u32, signed: bool, out: &mut [ExactSum])
 /// few thousand chunks: about 53 + log2(chunks) significant bits, a few
 /// more for a block's shared width): magnitudes stay u64 until they are
 /// shifted into place, and signs are applied without branches (they are
-/// random).
+/// random); `WRITE` false scans them for [`Seen`] alone.
 #[inline]
-fn unpack_narrow<const SIGNED: bool>(
+fn unpack_narrow<const SIGNED: bool, const WRITE: bool>(
     src: &[u8],
     bits: u32,
     shift: u32,
@@ -377,10 +412,12 @@ fn unpack_narrow<const SIGNED: bool>(
         odd |= m & 1;
         zero |= m == 0;
         negative_zero |= (negative == 1) & (m == 0);
-        // -v when negative (sign all ones), else v: (v ^ sign) - sign.
-        let sign = (negative as i128).wrapping_neg();
-        let v = (u128::from(m) << shift) as i128;
-        *slot = ExactSum((v ^ sign) - sign);
+        if WRITE {
+            // -v when negative (sign all ones), else v: (v ^ sign) - sign.
+            let sign = (negative as i128).wrapping_neg();
+            let v = (u128::from(m) << shift) as i128;
+            *slot = ExactSum((v ^ sign) - sign);
+        }
     }
     Seen {
         any: u128::from(any),
@@ -421,6 +458,17 @@ fn unpack_wide(src: &[u8], bits: u32, shift: u32, signed: bool, out: &mut [Exact
 mod tests {
     use super::*;
     use crate::exact::FRACTION_BITS;
+
+    /// [`decode_vec`], asserting that the scan of [`check`] (which builds
+    /// no sums) accepts and refuses the same bytes alike.
+    fn decoded(bytes: &[u8], blocks: Blocks, n: usize) -> Result<Vec<ExactSum>, PackedError> {
+        let out = decode_vec(bytes, blocks, n);
+        assert_eq!(
+            check(bytes, blocks, n),
+            out.as_ref().map(|_| ()).map_err(Clone::clone)
+        );
+        out
+    }
 
     fn round_trip(values: &[ExactSum]) -> Vec<u8> {
         let mut bytes = Vec::new();
@@ -533,22 +581,22 @@ mod tests {
         // Format 5 packed the zeros in place: the same sums decode from its
         // bytes, which format 6 refuses (a zero outside a mask).
         let five = [0, 3, 0b1100_0101, 0b0000_0001];
-        let old = decode_vec(&five, Blocks::Unmasked, 3).unwrap();
+        let old = decoded(&five, Blocks::Unmasked, 3).unwrap();
         assert_eq!(old, [ExactSum(5), ExactSum(0), ExactSum(7)]);
-        let e = decode_vec(&five, Blocks::Masked, 3).unwrap_err();
+        let e = decoded(&five, Blocks::Masked, 3).unwrap_err();
         assert!(e.to_string().contains("zero outside its mask"), "{e}");
         let mut six = Vec::new();
         encode(&old, &mut six);
         assert_eq!(six, [0, 0x83, 0b101, 0, 0b11_1101]);
-        assert_eq!(decode_vec(&six, Blocks::Masked, 3).unwrap(), old);
+        assert_eq!(decoded(&six, Blocks::Masked, 3).unwrap(), old);
         // Format 5 has no masks: the flag makes a width it refuses.
-        assert!(decode_vec(&six, Blocks::Unmasked, 3).is_err());
+        assert!(decoded(&six, Blocks::Unmasked, 3).is_err());
         // A mask no encoder writes: empty, full, or past the block's end.
         for mask in [0u16, 0b111, 0b1001] {
             let mut bad = vec![0, 0x83];
             bad.extend_from_slice(&mask.to_le_bytes());
             bad.push(0b11_1101);
-            let e = decode_vec(&bad, Blocks::Masked, 3).unwrap_err();
+            let e = decoded(&bad, Blocks::Masked, 3).unwrap_err();
             assert!(
                 e.to_string().contains("mask no encoder writes"),
                 "{mask:b}: {e}"
@@ -562,37 +610,40 @@ mod tests {
         let mut bytes = Vec::new();
         encode(&values, &mut bytes);
         assert_eq!(
-            decode_vec(&bytes[..bytes.len() - 1], Blocks::Masked, 40),
+            decoded(&bytes[..bytes.len() - 1], Blocks::Masked, 40),
             Err(PackedError::Truncated(2))
         );
         let mut long = bytes.clone();
         long.push(0);
         assert_eq!(
-            decode_vec(&long, Blocks::Masked, 40),
+            decoded(&long, Blocks::Masked, 40),
             Err(PackedError::Trailing(1))
         );
         assert!(matches!(
-            decode_vec(&bytes, Blocks::Masked, 16),
+            decoded(&bytes, Blocks::Masked, 16),
             Err(PackedError::Trailing(_))
         ));
         // A claimed length the bytes cannot hold is refused before allocating.
         assert_eq!(
-            decode_vec(&[0, 0], Blocks::Masked, 1 << 40),
+            decoded(&[0, 0], Blocks::Masked, 1 << 40),
             Err(PackedError::Truncated(1))
         );
         for blocks in [Blocks::Unmasked, Blocks::Masked] {
             // Out of range: width 100 at shift 30.
-            let e = decode_vec(&[30, 100], blocks, 1).unwrap_err();
+            let e = decoded(&[30, 100], blocks, 1).unwrap_err();
             assert!(e.to_string().contains("outside the exact range"), "{e}");
             // A zero block with a shift, and a block wider than its values.
-            let e = decode_vec(&[3, 0], blocks, 16).unwrap_err();
+            let e = decoded(&[3, 0], blocks, 16).unwrap_err();
             assert!(e.to_string().contains("how zeros are written"), "{e}");
             // One value of width 3 in a short block: 3 bits used, 5 padding.
-            assert!(decode_vec(&[0, 3, 0b101], blocks, 1).is_ok());
-            let e = decode_vec(&[0, 3, 0b1101], blocks, 1).unwrap_err();
+            assert!(decoded(&[0, 3, 0b101], blocks, 1).is_ok());
+            let e = decoded(&[0, 3, 0b1101], blocks, 1).unwrap_err();
             assert!(e.to_string().contains("padding"), "{e}");
+            // Signed, width 1: 1, then a zero carrying a sign.
+            let e = decoded(&[0x80, 1, 0b0110], blocks, 2).unwrap_err();
+            assert!(e.to_string().contains("negative zero"), "{e}");
         }
-        let e = decode_vec(&[0, 2, 1, 0, 0, 0], Blocks::Unmasked, 16).unwrap_err();
+        let e = decoded(&[0, 2, 1, 0, 0, 0], Blocks::Unmasked, 16).unwrap_err();
         assert!(e.to_string().contains("not the block's own"), "{e}");
         assert_eq!(min_bytes(17), 4);
     }

@@ -160,7 +160,7 @@ impl ImatrixSums {
                         squares,
                     };
                     for (b, values) in column.chunks(crate::packed::BLOCK).enumerate() {
-                        self.block(of, b * crate::packed::BLOCK, values, None)?;
+                        self.block(of, b * crate::packed::BLOCK, values)?;
                     }
                 }
                 Ok(())
@@ -170,44 +170,27 @@ impl ImatrixSums {
     }
 }
 
-impl ImatrixSums {
-    /// Whether a packed block's header alone shows its `len` sums from
-    /// `start` pass: none above the bound, none negative in a column of
-    /// squares, and each matrix it touches saw rows (or the block is zeros).
-    fn block_passes(
-        &self,
-        c: ImatrixColumn<'_>,
-        start: usize,
-        len: usize,
-        bounds: BlockBounds,
-    ) -> bool {
+impl SumsCheck for ImatrixSums {
+    /// A block needs its sums checked unless its header shows they pass:
+    /// none above the bound, none negative in a column of squares, and
+    /// each matrix it touches saw rows (or the block is zeros).
+    fn needs_values(&self, c: ImatrixColumn<'_>, start: usize, bounds: BlockBounds) -> bool {
         if bounds.max_magnitude == 0 {
-            return true;
+            return false;
         }
         let n_in = c.entry.n_in.max(1) as usize;
-        let touched = start / n_in..=(start + len.max(1) - 1) / n_in;
-        bounds.max_magnitude <= self.bound
+        let end = (start + crate::packed::BLOCK).min(c.entry.counts.len() * n_in);
+        let touched = start / n_in..end.max(start + 1).div_ceil(n_in);
+        let passes = bounds.max_magnitude <= self.bound
             && !(c.squares && bounds.signed)
             && c.entry
                 .counts
                 .get(touched)
-                .is_some_and(|counts| counts.iter().all(|&n| n != 0))
+                .is_some_and(|counts| counts.iter().all(|&n| n != 0));
+        !passes
     }
-}
 
-impl SumsCheck for ImatrixSums {
-    /// A block its header shows passing is not walked; any other is, sum by
-    /// sum (naming the first failing one).
-    fn block(
-        &self,
-        c: ImatrixColumn<'_>,
-        start: usize,
-        values: &[ExactSum],
-        bounds: Option<BlockBounds>,
-    ) -> Result<(), String> {
-        if bounds.is_some_and(|b| self.block_passes(c, start, values.len(), b)) {
-            return Ok(());
-        }
+    fn block(&self, c: ImatrixColumn<'_>, start: usize, values: &[ExactSum]) -> Result<(), String> {
         let e = c.entry;
         let n_in = e.n_in.max(1) as usize;
         let (mut m, mut col) = (start / n_in, start % n_in);

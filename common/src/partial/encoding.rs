@@ -338,14 +338,22 @@ pub struct ImatrixColumn<'a> {
 /// unpacked ([`PackedPartial::parse_checked`]), so that the sums are checked
 /// without being materialised.
 pub trait SumsCheck: Sync {
-    /// Checks `values`, the sums of `column` from sum `start` on (with
-    /// their block header's `bounds`, when packed).
+    /// Whether the packed block of `column` from sum `start` on, whose
+    /// header says `bounds`, needs its sums checked (false: the header
+    /// shows they pass, and they are not built).
+    fn needs_values(
+        &self,
+        column: ImatrixColumn<'_>,
+        start: usize,
+        bounds: packed::BlockBounds,
+    ) -> bool;
+
+    /// Checks `values`, the sums of `column` from sum `start` on.
     fn block(
         &self,
         column: ImatrixColumn<'_>,
         start: usize,
         values: &[ExactSum],
-        bounds: Option<packed::BlockBounds>,
     ) -> Result<(), String>;
 
     /// Whether `copy`, a column stored as a copy of `source`, passes exactly
@@ -355,13 +363,11 @@ pub trait SumsCheck: Sync {
 
 /// No value checks: the format's own only.
 impl SumsCheck for () {
-    fn block(
-        &self,
-        _: ImatrixColumn<'_>,
-        _: usize,
-        _: &[ExactSum],
-        _: Option<packed::BlockBounds>,
-    ) -> Result<(), String> {
+    fn needs_values(&self, _: ImatrixColumn<'_>, _: usize, _: packed::BlockBounds) -> bool {
+        false
+    }
+
+    fn block(&self, _: ImatrixColumn<'_>, _: usize, _: &[ExactSum]) -> Result<(), String> {
         Ok(())
     }
 
@@ -441,8 +447,10 @@ impl PackedPartial {
                 };
                 let at = packed_range(&imatrix, &imatrix[source]);
                 let n = lengths[n_stats + i];
-                packed::visit(&bytes[at.clone()], blocks, n, |block, values, bounds| {
-                    sums.block(described[i], block * packed::BLOCK, values, Some(bounds))
+                let needs =
+                    |block, bounds| sums.needs_values(described[i], block * packed::BLOCK, bounds);
+                packed::visit(&bytes[at.clone()], blocks, n, needs, |block, values| {
+                    sums.block(described[i], block * packed::BLOCK, values)
                         .map_err(Walk::Value)
                 })
                 .map_err(|e| match e {
