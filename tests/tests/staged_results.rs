@@ -5,7 +5,7 @@
 //! directory, as workers share a bucket.
 
 use common::layout::{staged, PARTIALS, STAGING_DIR};
-use common::wire::{LeaseGrant, PartialRef, ToCoordinator};
+use common::wire::{LeaseGrant, PartialRef, ToCoordinator, ToWorker};
 use fixtures::log::log_text;
 use fixtures::loopback::{
     self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_reference_of,
@@ -98,6 +98,59 @@ async fn a_staged_object_larger_than_max_staged_mib_is_refused_unread() {
         "the refusal names the size and the limit:\n{log}"
     );
     assert!(s.store.list(STAGING_DIR).await.unwrap().is_empty());
+}
+
+/// A staged result does not hold its worker: the coordinator answers `Done`
+/// and grants the next lease while it is still reading the staged object
+/// (a FIFO nobody writes to yet, so that read cannot end before the
+/// worker's next lease is in hand). The FIFO is then refused as unreadable
+/// (it cannot be read from an offset), its lease computed again, the run
+/// honest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_computes_on_while_its_staged_result_waits_to_be_read() {
+    let d = tempfile::tempdir().unwrap();
+    let s = fake_setup(d.path(), 18);
+    let run = d.path().to_path_buf();
+    let (_, replies) = run_beside_fake_workers(&s, 1, Duration::from_millis(300), |l| async move {
+        let (mut p, _) = Peer::joined(&l, "streamer").await;
+        let Some(ToWorker::Lease(lease)) = p.poll_idle().await else {
+            panic!("no lease for the streamer")
+        };
+        let sha256 = common::hash::sha256_hex(b"never written");
+        let fifo = run.join(staged(&sha256).unwrap());
+        let done = staged_done(&run, &lease, sha256, |path| {
+            let made = std::process::Command::new("mkfifo").arg(path).status();
+            assert!(made.unwrap().success(), "mkfifo {}", path.display());
+        });
+        let wait = Duration::from_secs(60);
+        let answered = tokio::time::timeout(wait, p.ask(&done)).await;
+        let next = tokio::time::timeout(wait, p.poll_idle()).await;
+        // A writer that writes nothing ends the coordinator's read (opening
+        // the FIFO waits for that reader).
+        tokio::task::spawn_blocking(move || {
+            drop(std::fs::OpenOptions::new().write(true).open(fifo).unwrap())
+        })
+        .await
+        .unwrap();
+        (answered, next)
+    })
+    .await;
+    let (answered, next) = replies;
+    assert!(
+        matches!(answered, Ok(Some(ToWorker::Ack))),
+        "Done answered before the staged object was read: {answered:?}"
+    );
+    assert!(
+        matches!(next, Ok(Some(ToWorker::Lease(_)))),
+        "the next lease granted meanwhile: {next:?}"
+    );
+    let log = log_text();
+    assert!(
+        log.contains("bad result")
+            && log.contains(&staged(&common::hash::sha256_hex(b"never written")).unwrap()),
+        "the unreadable object is refused, named:\n{log}"
+    );
+    assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
 }
 
 /// A run of `s` (18 chunks of the fake setup) by two real join clients

@@ -25,7 +25,7 @@ use common::store::{RunStore, StoreError};
 use common::wire::{JobInfo, LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
 use common::ChunkRange;
 use sched::{Completion, Event, Identity, Scheduler, Verdict};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -141,6 +141,8 @@ pub struct Hub<K: LeaseKind> {
     ingest: Arc<Semaphore>,
     /// Largest staged result read, bytes (`[cluster] max_staged_mib`).
     max_staged: u64,
+    /// Leases whose staged result is being delivered in the background.
+    on_way: Mutex<BTreeSet<LeaseId>>,
     /// Buffers staged results are read into, one per ingest slot, kept
     /// from one result to the next until every result is stored.
     buffers: Arc<BufferPool>,
@@ -182,6 +184,7 @@ impl<K: LeaseKind> Hub<K> {
             deliveries: tx,
             ingest: Arc::new(Semaphore::new(ingest_slots.max(1))),
             max_staged,
+            on_way: Mutex::new(BTreeSet::new()),
             buffers: BufferPool::new(ingest_slots.max(1)),
             all_stored: AtomicBool::new(false),
         };
@@ -385,6 +388,55 @@ impl<K: LeaseKind> Hub<K> {
             w.connected = connected;
             w.quarantined |= quarantined;
         }
+    }
+
+    /// [`Hub::deliver`] of a staged result, without making its worker wait:
+    /// the worker's current lease among `leases` is held for the result (as
+    /// a checkpoint's computed leases are), so its next poll takes new work,
+    /// and the result is fetched, checked and handed on by a task of its
+    /// own; staged results wait for an ingest slot in storage, not in
+    /// memory. A result naming a lease the worker does not hold, or one
+    /// already on its way, is handled in line (and dropped there), so a
+    /// worker has at most one task per lease it was granted.
+    pub async fn deliver_staged(
+        self: &Arc<Self>,
+        worker: WorkerId,
+        leases: Vec<LeaseId>,
+        partial: PartialRef,
+        sha256: String,
+        elapsed_ms: u64,
+    ) {
+        let held = self.sched().lease_ranges(&leases, worker).is_some();
+        let fresh = held && {
+            let mut on_way = self.on_way();
+            let fresh = !leases.iter().any(|l| on_way.contains(l));
+            if fresh {
+                on_way.extend(leases.iter().copied());
+            }
+            fresh
+        };
+        if !fresh {
+            return self
+                .deliver(worker, &leases, partial, sha256, elapsed_ms)
+                .await;
+        }
+        {
+            let now = self.now();
+            let mut sched = self.sched();
+            for &lease in &leases {
+                sched.computed(lease, worker, now);
+            }
+        }
+        let hub = Arc::clone(self);
+        tokio::spawn(async move {
+            hub.deliver(worker, &leases, partial, sha256, elapsed_ms)
+                .await;
+            hub.on_way().retain(|l| !leases.contains(l));
+        });
+    }
+
+    fn on_way(&self) -> MutexGuard<'_, BTreeSet<LeaseId>> {
+        self.on_way.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Handles a finished lease, or a checkpoint's result covering several

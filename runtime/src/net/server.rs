@@ -17,8 +17,9 @@ use super::NetError;
 use crate::lease::LeaseKind;
 use common::peer_text::peer_text;
 use common::wire::{
-    check_proof, random_bytes, read_msg, write_msg, Refusal, ToCoordinator, ToWorker, WireError,
-    WorkerId, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION, RUN_FINISHED,
+    check_proof, random_bytes, read_msg, write_msg, LeaseId, PartialRef, Refusal, ToCoordinator,
+    ToWorker, WireError, WorkerId, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION,
+    RUN_FINISHED,
 };
 use sched::{Grant, SchedError};
 use std::net::SocketAddr;
@@ -245,7 +246,7 @@ impl Stream {
 async fn handle_connection<K: LeaseKind>(
     incoming: quinn::Incoming,
     mut slot: Slot,
-    hub: &Hub<K>,
+    hub: &Arc<Hub<K>>,
     opts: &ServerOptions,
     budget: &FrameBudget,
 ) {
@@ -345,7 +346,7 @@ async fn login<K: LeaseKind>(s: &mut Stream, hub: &Hub<K>) -> Result<WorkerId, E
 /// The work loop of a joined worker; returns why the connection ended.
 async fn work<K: LeaseKind>(
     s: &mut Stream,
-    hub: &Hub<K>,
+    hub: &Arc<Hub<K>>,
     opts: &ServerOptions,
     budget: &FrameBudget,
     id: WorkerId,
@@ -391,8 +392,7 @@ async fn work<K: LeaseKind>(
                 sha256,
                 elapsed_ms,
             } => {
-                hub.deliver(id, &[lease_id], partial, sha256, elapsed_ms)
-                    .await;
+                deliver(hub, id, vec![lease_id], partial, sha256, elapsed_ms).await;
                 quarantine_refusal(hub, id)
             }
             ToCoordinator::Checkpoint {
@@ -401,7 +401,7 @@ async fn work<K: LeaseKind>(
                 sha256,
                 elapsed_ms,
             } => {
-                hub.deliver(id, &leases, partial, sha256, elapsed_ms).await;
+                deliver(hub, id, leases, partial, sha256, elapsed_ms).await;
                 quarantine_refusal(hub, id)
             }
             ToCoordinator::Computed { lease_id } => {
@@ -442,6 +442,27 @@ async fn work<K: LeaseKind>(
 
 /// The reply to a report: a refusal when the worker is quarantined now,
 /// else an Ack.
+/// Hands a worker's result to the hub: an inline one (its bytes held in the
+/// frame budget) before the worker's reply; a staged one in the background
+/// ([`Hub::deliver_staged`]), so the worker goes on computing while it waits
+/// for an ingest slot and its check.
+async fn deliver<K: LeaseKind>(
+    hub: &Arc<Hub<K>>,
+    id: WorkerId,
+    leases: Vec<LeaseId>,
+    partial: PartialRef,
+    sha256: String,
+    elapsed_ms: u64,
+) {
+    match partial {
+        PartialRef::Stored(_) => {
+            hub.deliver_staged(id, leases, partial, sha256, elapsed_ms)
+                .await
+        }
+        PartialRef::Inline(_) => hub.deliver(id, &leases, partial, sha256, elapsed_ms).await,
+    }
+}
+
 fn quarantine_refusal<K: LeaseKind>(hub: &Hub<K>, id: WorkerId) -> ToWorker {
     hub.quarantine_refusal(id)
         .map_or(ToWorker::Ack, ToWorker::Refused)
