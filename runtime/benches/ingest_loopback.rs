@@ -16,7 +16,11 @@
 //!
 //! `BENCH_LEASES` (default 5) sets the number of leases of 8 chunks; each
 //! needs 2 GB of disk under `BENCH_DIR` (default the system's temporary
-//! directory) while the run lasts.
+//! directory) while the run lasts. `BENCH_WORKERS` (default 1) sets the
+//! number of join clients (each holds a partial of about 3 GB while it
+//! builds and stages it); each prints its gaps between leases at its end:
+//! the time a worker spends not computing, the coordinator's answer to its
+//! staged result included.
 
 use common::corpus::{write_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::procstat::process_cpu_seconds;
@@ -63,9 +67,13 @@ fn write_corpus(dir: &std::path::Path, n_chunks: u32) -> CorpusIndex {
     index
 }
 
-/// An engine whose partials are [`realistic`] ones of the chunks asked for.
-#[derive(Clone)]
-struct Realistic;
+/// An engine whose partials are [`realistic`] ones of the chunks asked for;
+/// it keeps the gaps between one lease's end and the next one's start
+/// (staging the result, the coordinator's answer, the next lease).
+#[derive(Clone, Default)]
+struct Realistic {
+    gaps: Arc<Mutex<(Option<Instant>, Vec<f64>)>>,
+}
 
 impl Engine for Realistic {
     fn model_sha256(&self) -> String {
@@ -82,6 +90,9 @@ impl Engine for Realistic {
         chunks: &[Chunk],
         _images: &worker::images::ImageBytes,
     ) -> Result<(common::partial::Partial, Vec<TraceRow>), String> {
+        if let (Some(end), gaps) = &mut *self.gaps.lock().unwrap() {
+            gaps.push(end.elapsed().as_secs_f64());
+        }
         let (start, n) = (chunks[0].id.0, chunks.len() as u32);
         let seed = 0x9e37_79b9_7f4a_7c15 ^ u64::from(start);
         let experts = realistic::experts(seed, u64::from(SPAN * n), n);
@@ -93,6 +104,7 @@ impl Engine for Realistic {
         let mut p = realistic::partial(experts, imatrix, vec![range]);
         p.model_sha256 = MODEL.into();
         p.corpus_sha256 = index.chunks_sha256.clone();
+        self.gaps.lock().unwrap().0 = Some(Instant::now());
         Ok((p, Vec::new()))
     }
 }
@@ -109,23 +121,33 @@ impl EngineLoader for Realistic {
     }
 }
 
-/// The worker: joins the coordinator at `peer` (`ADDR PIN SECRET-HEX`) and
-/// measures until the run ends.
+/// The worker: joins the coordinator at `peer` (`ADDR PIN SECRET-HEX
+/// NAME`), measures until the run ends, and prints its gaps between leases.
 fn worker_main(peer: &str) {
-    let [addr, pin, secret] = peer.split(' ').collect::<Vec<_>>()[..] else {
-        panic!("{PEER}: expected ADDR PIN SECRET");
+    let [addr, pin, secret, name] = peer.split(' ').collect::<Vec<_>>()[..] else {
+        panic!("{PEER}: expected ADDR PIN SECRET NAME");
     };
     let secret = JoinSecret::new(&hex::decode(secret).unwrap(), PEER).unwrap();
     let opts = ClientOptions {
         addr: addr.parse().unwrap(),
         server_name: "localhost".into(),
         trust: Trust::Pin(pin.into()),
-        key: WorkerKey::derive(&secret, "bench-worker"),
-        name: "bench-worker".into(),
+        key: WorkerKey::derive(&secret, name),
+        name: name.into(),
         reconnect: Reconnect::giving_up_after(Duration::from_secs(30)),
     };
+    let engine = Realistic::default();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(join(&opts, Realistic)).unwrap();
+    rt.block_on(join(&opts, engine.clone())).unwrap();
+    let gaps = engine.gaps.lock().unwrap().1.clone();
+    if !gaps.is_empty() {
+        println!(
+            "  {name}: {} leases after its first; between a lease's end and the next one's start (staging, the coordinator's answer, the next lease): mean {:.2} s, max {:.2} s",
+            gaps.len(),
+            gaps.iter().sum::<f64>() / gaps.len() as f64,
+            gaps.iter().copied().fold(0.0, f64::max)
+        );
+    }
 }
 
 /// The coordinator's CPU seconds, the time and its peak RSS (GB) at each
@@ -160,6 +182,9 @@ fn main() {
     let leases: u32 = std::env::var("BENCH_LEASES")
         .map(|v| v.parse().expect("BENCH_LEASES: a number"))
         .unwrap_or(5);
+    let workers: u32 = std::env::var("BENCH_WORKERS")
+        .map(|v| v.parse().expect("BENCH_WORKERS: a number"))
+        .unwrap_or(1);
     assert!(
         leases >= 3,
         "BENCH_LEASES: at least 3 (the first partial is not added)"
@@ -192,13 +217,19 @@ fn main() {
     let (cpu0, t0) = (process_cpu_seconds().unwrap(), Instant::now());
     let summary = rt
         .block_on(execute(&setup, |l: &Listening| {
-            let peer = format!("{} {} {}", l.addr, l.pin, hex::encode(l.secret.expose()));
-            let child = tokio::process::Command::new(&exe)
-                .env(PEER, peer)
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| runtime::run::RunError::Setup(format!("the bench worker: {e}")))?;
-            Ok(vec![child])
+            let secret = hex::encode(l.secret.expose());
+            (0..workers)
+                .map(|i| {
+                    let peer = format!("{} {} {secret} bench-worker-{i}", l.addr, l.pin);
+                    tokio::process::Command::new(&exe)
+                        .env(PEER, peer)
+                        .kill_on_drop(true)
+                        .spawn()
+                        .map_err(|e| {
+                            runtime::run::RunError::Setup(format!("the bench worker: {e}"))
+                        })
+                })
+                .collect()
         }))
         .unwrap();
     let (cpu_end, wall_end) = (process_cpu_seconds().unwrap() - cpu0, t0.elapsed());
@@ -209,7 +240,7 @@ fn main() {
         .map(|_| du(&dir.path().join("partials")))
         .unwrap_or(0);
     println!(
-        "{leases} real-size partials staged by a join client and ingested by a real run over loopback QUIC ({} cores)",
+        "{leases} real-size partials staged by {workers} join client(s) and ingested by a real run over loopback QUIC ({} cores)",
         std::thread::available_parallelism().unwrap()
     );
     let per: Vec<f64> = merged.windows(2).map(|w| w[1].0 - w[0].0).collect();
