@@ -111,7 +111,7 @@ async fn a_worker_computes_on_while_its_staged_result_waits_to_be_read() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 18);
     let run = d.path().to_path_buf();
-    let (_, replies) = run_beside_fake_workers(&s, 1, Duration::from_millis(300), |l| async move {
+    let (_, replies) = run_beside_fake_workers(&s, 1, Duration::from_secs(1), |l| async move {
         let (mut p, _) = Peer::joined(&l, "streamer").await;
         let Some(ToWorker::Lease(lease)) = p.poll_idle().await else {
             panic!("no lease for the streamer")
