@@ -54,7 +54,8 @@ impl BufferPool {
     }
 
     /// How many buffers are idle, and their bytes of capacity.
-    pub fn idle_figures(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn idle_figures(&self) -> (usize, usize) {
         let idle = self.idle();
         (idle.len(), idle.iter().map(Vec::capacity).sum())
     }

@@ -166,7 +166,7 @@ pub fn decode_vec(bytes: &[u8], blocks: Blocks, n: usize) -> Result<Vec<ExactSum
         bytes,
         n,
         blocks,
-        |_, _| true,
+        |_, _, _| true,
         |_, values| {
             out.extend_from_slice(values);
             Ok(())
@@ -190,7 +190,7 @@ pub fn decode_add(
         bytes,
         n,
         blocks,
-        |_, _| true,
+        |_, _, _| true,
         |block, values| {
             for out in outs.iter_mut() {
                 let slots = &mut out[block * BLOCK..][..values.len()];
@@ -208,11 +208,12 @@ pub fn decode_add(
 
 /// Checks that `bytes` are exactly `n` packed sums, without keeping them.
 pub fn check(bytes: &[u8], blocks: Blocks, n: usize) -> Result<(), PackedError> {
-    visit(bytes, blocks, n, |_, _| false, |_, _| Ok(()))
+    visit(bytes, blocks, n, |_, _, _| false, |_, _| Ok(()))
 }
 
 /// Checks that `bytes` are exactly `n` packed sums and hands each block
-/// that `needs` (block index, its header's bounds) to `each` (block index,
+/// that `needs` (block index, its number of sums, its header's bounds) to
+/// `each` (block index,
 /// its sums) as it is unpacked, keeping nothing: a caller
 /// checks values without materialising the column, and the sums of a block
 /// it does not need are scanned for the format's checks, never built. The
@@ -221,7 +222,7 @@ pub fn visit<E: From<PackedError>>(
     bytes: &[u8],
     blocks: Blocks,
     n: usize,
-    needs: impl FnMut(usize, BlockBounds) -> bool,
+    needs: impl FnMut(usize, usize, BlockBounds) -> bool,
     each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
 ) -> Result<(), E> {
     decode_blocks(bytes, n, blocks, needs, each)
@@ -231,12 +232,13 @@ const ZEROS: [ExactSum; BLOCK] = [ExactSum::ZERO; BLOCK];
 
 /// The decoder loop: `n` sums from the whole of `bytes`, handed to `each`
 /// a block at a time (block index, its sums) where `needs` (block index,
-/// the header's bounds) wants them; the others are only scanned.
+/// its number of sums, the header's bounds) wants them; the others are
+/// only scanned.
 fn decode_blocks<E: From<PackedError>>(
     bytes: &[u8],
     n: usize,
     blocks: Blocks,
-    mut needs: impl FnMut(usize, BlockBounds) -> bool,
+    mut needs: impl FnMut(usize, usize, BlockBounds) -> bool,
     mut each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
 ) -> Result<(), E> {
     let mut at = 0usize;
@@ -267,7 +269,7 @@ fn decode_blocks<E: From<PackedError>>(
                 max_magnitude: 0,
                 signed: false,
             };
-            if needs(block, zeros) {
+            if needs(block, count, zeros) {
                 each(block, &ZEROS[..count])?;
             }
             continue;
@@ -312,7 +314,7 @@ fn decode_blocks<E: From<PackedError>>(
             max_magnitude: (u128::MAX >> (128 - width)) << shift,
             signed,
         };
-        let wanted = needs(block, bounds);
+        let wanted = needs(block, count, bounds);
         let out = if masked {
             &mut packed[..nonzero]
         } else {

@@ -174,13 +174,18 @@ impl SumsCheck for ImatrixSums {
     /// A block needs its sums checked unless its header shows they pass:
     /// none above the bound, none negative in a column of squares, and
     /// each matrix it touches saw rows (or the block is zeros).
-    fn needs_values(&self, c: ImatrixColumn<'_>, start: usize, bounds: BlockBounds) -> bool {
+    fn needs_values(
+        &self,
+        c: ImatrixColumn<'_>,
+        start: usize,
+        len: usize,
+        bounds: BlockBounds,
+    ) -> bool {
         if bounds.max_magnitude == 0 {
             return false;
         }
         let n_in = c.entry.n_in.max(1) as usize;
-        let end = (start + crate::packed::BLOCK).min(c.entry.counts.len() * n_in);
-        let touched = start / n_in..end.max(start + 1).div_ceil(n_in);
+        let touched = start / n_in..=(start + len.max(1) - 1) / n_in;
         let passes = bounds.max_magnitude <= self.bound
             && !(c.squares && bounds.signed)
             && c.entry

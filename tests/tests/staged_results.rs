@@ -111,13 +111,14 @@ async fn a_worker_computes_on_while_its_staged_result_waits_to_be_read() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 18);
     let run = d.path().to_path_buf();
+    let sha256 = common::hash::sha256_hex(b"never written");
+    let name = staged(&sha256).unwrap();
+    let fifo = run.join(&name);
     let (_, replies) = run_beside_fake_workers(&s, 1, Duration::from_secs(1), |l| async move {
         let (mut p, _) = Peer::joined(&l, "streamer").await;
         let Some(ToWorker::Lease(lease)) = p.poll_idle().await else {
             panic!("no lease for the streamer")
         };
-        let sha256 = common::hash::sha256_hex(b"never written");
-        let fifo = run.join(staged(&sha256).unwrap());
         let done = staged_done(&run, &lease, sha256, |path| {
             let made = std::process::Command::new("mkfifo").arg(path).status();
             assert!(made.unwrap().success(), "mkfifo {}", path.display());
@@ -146,8 +147,7 @@ async fn a_worker_computes_on_while_its_staged_result_waits_to_be_read() {
     );
     let log = log_text();
     assert!(
-        log.contains("bad result")
-            && log.contains(&staged(&common::hash::sha256_hex(b"never written")).unwrap()),
+        log.contains("bad result") && log.contains(&name),
         "the unreadable object is refused, named:\n{log}"
     );
     assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);

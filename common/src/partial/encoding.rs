@@ -338,13 +338,14 @@ pub struct ImatrixColumn<'a> {
 /// unpacked ([`PackedPartial::parse_checked`]), so that the sums are checked
 /// without being materialised.
 pub trait SumsCheck: Sync {
-    /// Whether the packed block of `column` from sum `start` on, whose
-    /// header says `bounds`, needs its sums checked (false: the header
-    /// shows they pass, and they are not built).
+    /// Whether the packed block of `len` sums of `column` from sum `start`
+    /// on, whose header says `bounds`, needs its sums checked (false: the
+    /// header shows they pass, and they are not built).
     fn needs_values(
         &self,
         column: ImatrixColumn<'_>,
         start: usize,
+        len: usize,
         bounds: packed::BlockBounds,
     ) -> bool;
 
@@ -363,7 +364,13 @@ pub trait SumsCheck: Sync {
 
 /// No value checks: the format's own only.
 impl SumsCheck for () {
-    fn needs_values(&self, _: ImatrixColumn<'_>, _: usize, _: packed::BlockBounds) -> bool {
+    fn needs_values(
+        &self,
+        _: ImatrixColumn<'_>,
+        _: usize,
+        _: usize,
+        _: packed::BlockBounds,
+    ) -> bool {
         false
     }
 
@@ -447,8 +454,9 @@ impl PackedPartial {
                 };
                 let at = packed_range(&imatrix, &imatrix[source]);
                 let n = lengths[n_stats + i];
-                let needs =
-                    |block, bounds| sums.needs_values(described[i], block * packed::BLOCK, bounds);
+                let needs = |block, len, bounds| {
+                    sums.needs_values(described[i], block * packed::BLOCK, len, bounds)
+                };
                 packed::visit(&bytes[at.clone()], blocks, n, needs, |block, values| {
                     sums.block(described[i], block * packed::BLOCK, values)
                         .map_err(Walk::Value)

@@ -390,15 +390,17 @@ impl<K: LeaseKind> Hub<K> {
         }
     }
 
-    /// [`Hub::deliver`] of a staged result, without making its worker wait:
-    /// the worker's current lease among `leases` is held for the result (as
-    /// a checkpoint's computed leases are), so its next poll takes new work,
-    /// and the result is fetched, checked and handed on by a task of its
-    /// own; staged results wait for an ingest slot in storage, not in
-    /// memory. A result naming a lease the worker does not hold, or one
-    /// already on its way, is handled in line (and dropped there), so a
+    /// Takes a finished lease, or a checkpoint's result covering several
+    /// `leases`. An inline result is checked before this returns (its bytes
+    /// are held in the frame budget meanwhile). A staged one does not make
+    /// its worker wait: the worker's current lease among `leases` is held
+    /// for the result (as a checkpoint's computed leases are), so its next
+    /// poll takes new work, and the result is fetched, checked and handed on
+    /// by a task of its own, waiting for an ingest slot in storage, not in
+    /// memory. A staged result naming a lease the worker does not hold, or
+    /// one already on its way, is handled in line (and dropped there), so a
     /// worker has at most one task per lease it was granted.
-    pub async fn deliver_staged(
+    pub async fn deliver(
         self: &Arc<Self>,
         worker: WorkerId,
         leases: Vec<LeaseId>,
@@ -406,8 +408,8 @@ impl<K: LeaseKind> Hub<K> {
         sha256: String,
         elapsed_ms: u64,
     ) {
-        let held = self.sched().lease_ranges(&leases, worker).is_some();
-        let fresh = held && {
+        let staged = matches!(partial, PartialRef::Stored(_));
+        let fresh = staged && self.sched().lease_ranges(&leases, worker).is_some() && {
             let mut on_way = self.on_way();
             let fresh = !leases.iter().any(|l| on_way.contains(l));
             if fresh {
@@ -417,7 +419,7 @@ impl<K: LeaseKind> Hub<K> {
         };
         if !fresh {
             return self
-                .deliver(worker, &leases, partial, sha256, elapsed_ms)
+                .settle(worker, &leases, partial, sha256, elapsed_ms)
                 .await;
         }
         {
@@ -429,7 +431,7 @@ impl<K: LeaseKind> Hub<K> {
         }
         let hub = Arc::clone(self);
         tokio::spawn(async move {
-            hub.deliver(worker, &leases, partial, sha256, elapsed_ms)
+            hub.settle(worker, &leases, partial, sha256, elapsed_ms)
                 .await;
             hub.on_way().retain(|l| !leases.contains(l));
         });
@@ -439,11 +441,11 @@ impl<K: LeaseKind> Hub<K> {
         self.on_way.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Handles a finished lease, or a checkpoint's result covering several
+    /// Settles a finished lease, or a checkpoint's result covering several
     /// `leases`: fetches and checks the result, then lets the scheduler
     /// decide. A result that fails a check sends its leases back to the
     /// queue (one attempt used).
-    pub async fn deliver(
+    async fn settle(
         &self,
         worker: WorkerId,
         leases: &[LeaseId],

@@ -17,9 +17,8 @@ use super::NetError;
 use crate::lease::LeaseKind;
 use common::peer_text::peer_text;
 use common::wire::{
-    check_proof, random_bytes, read_msg, write_msg, LeaseId, PartialRef, Refusal, ToCoordinator,
-    ToWorker, WireError, WorkerId, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION,
-    RUN_FINISHED,
+    check_proof, random_bytes, read_msg, write_msg, Refusal, ToCoordinator, ToWorker, WireError,
+    WorkerId, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION, RUN_FINISHED,
 };
 use sched::{Grant, SchedError};
 use std::net::SocketAddr;
@@ -392,7 +391,8 @@ async fn work<K: LeaseKind>(
                 sha256,
                 elapsed_ms,
             } => {
-                deliver(hub, id, vec![lease_id], partial, sha256, elapsed_ms).await;
+                hub.deliver(id, vec![lease_id], partial, sha256, elapsed_ms)
+                    .await;
                 quarantine_refusal(hub, id)
             }
             ToCoordinator::Checkpoint {
@@ -401,7 +401,7 @@ async fn work<K: LeaseKind>(
                 sha256,
                 elapsed_ms,
             } => {
-                deliver(hub, id, leases, partial, sha256, elapsed_ms).await;
+                hub.deliver(id, leases, partial, sha256, elapsed_ms).await;
                 quarantine_refusal(hub, id)
             }
             ToCoordinator::Computed { lease_id } => {
@@ -442,27 +442,6 @@ async fn work<K: LeaseKind>(
 
 /// The reply to a report: a refusal when the worker is quarantined now,
 /// else an Ack.
-/// Hands a worker's result to the hub: an inline one (its bytes held in the
-/// frame budget) before the worker's reply; a staged one in the background
-/// ([`Hub::deliver_staged`]), so the worker goes on computing while it waits
-/// for an ingest slot and its check.
-async fn deliver<K: LeaseKind>(
-    hub: &Arc<Hub<K>>,
-    id: WorkerId,
-    leases: Vec<LeaseId>,
-    partial: PartialRef,
-    sha256: String,
-    elapsed_ms: u64,
-) {
-    match partial {
-        PartialRef::Stored(_) => {
-            hub.deliver_staged(id, leases, partial, sha256, elapsed_ms)
-                .await
-        }
-        PartialRef::Inline(_) => hub.deliver(id, &leases, partial, sha256, elapsed_ms).await,
-    }
-}
-
 fn quarantine_refusal<K: LeaseKind>(hub: &Hub<K>, id: WorkerId) -> ToWorker {
     hub.quarantine_refusal(id)
         .map_or(ToWorker::Ack, ToWorker::Refused)
