@@ -61,5 +61,10 @@ pub mod store;
 pub mod trace;
 pub mod wire;
 
+/// The most blocks whose routed experts `--n-cpu-moe` (and `[run]
+/// local_worker_n_cpu_moe`) may keep in host memory: one llama.cpp tensor
+/// buffer-type override a block, and llama.cpp takes at most 4,096.
+pub const MAX_CPU_MOE_LAYERS: u32 = 4096;
+
 pub use exact::ExactSum;
 pub use split::{ChunkId, ChunkRange, Gating, LayerId, Modality, Split};

@@ -365,7 +365,7 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
         honest: CollectorLoader {
             model: Some(model.clone()),
             mmproj: None,
-            n_gpu_layers: 0,
+            offload: worker::offload::Offload::default(),
             threads: Some(1),
             reduce: Reduce::Host,
             compare: Compare::Device,

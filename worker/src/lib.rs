@@ -13,6 +13,7 @@
 //! - [`join`]: `worker join`, the QUIC client that measures leases for a coordinator.
 //! - [`quantize`]: `worker quantize`, llama.cpp's quantiser with an
 //!   importance matrix, written create-only and hashed.
+//! - [`offload`]: where a model's weights live (`--ngl`, `--cpu-moe`).
 //! - [`llama`]: the only unsafe code, wrapping llama.cpp (every other
 //!   module forbids it).
 #![deny(missing_docs)]
@@ -32,6 +33,8 @@ pub mod images;
 #[forbid(unsafe_code)]
 pub mod join;
 pub mod llama;
+#[forbid(unsafe_code)]
+pub mod offload;
 #[forbid(unsafe_code)]
 pub mod quantize;
 #[forbid(unsafe_code)]

@@ -30,6 +30,7 @@ use std::time::Instant;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collector};
 use worker::llama::{Context, ContextParams, GraphObserver, Logits, Model, TensorRef};
+use worker::offload::Offload;
 use worker::synth::Preset;
 
 #[derive(Parser)]
@@ -98,7 +99,7 @@ fn main() -> anyhow::Result<()> {
             path
         }
     };
-    let n_vocab = Model::load(&path, a.ngl)?.n_vocab();
+    let n_vocab = Model::load(&path, &Offload::layers(a.ngl))?.n_vocab();
     let (index, chunks) = worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx, n_vocab);
     let tokens = (a.chunks * a.n_ctx) as f64;
     let params = ContextParams {
@@ -111,7 +112,7 @@ fn main() -> anyhow::Result<()> {
     };
     match a.only.as_deref() {
         Some("forward") => {
-            let model = Model::load(&path, a.ngl)?;
+            let model = Model::load(&path, &Offload::layers(a.ngl))?;
             let mut ctx = Context::new(&model, &params, NoTensors)?;
             for c in &chunks {
                 ctx.clear();
@@ -124,7 +125,7 @@ fn main() -> anyhow::Result<()> {
         Some("collect") => {
             let opts = CollectOptions {
                 n_ubatch: a.n_ubatch,
-                n_gpu_layers: a.ngl,
+                offload: Offload::layers(a.ngl),
                 threads: a.threads,
                 trace_every: 0,
                 reduce: a.reduce,
@@ -137,7 +138,7 @@ fn main() -> anyhow::Result<()> {
             let run = |reduce| {
                 let opts = CollectOptions {
                     n_ubatch: a.n_ubatch,
-                    n_gpu_layers: a.ngl,
+                    offload: Offload::layers(a.ngl),
                     threads: a.threads,
                     trace_every: 0,
                     reduce,
@@ -149,14 +150,17 @@ fn main() -> anyhow::Result<()> {
                     .map_err(anyhow::Error::from)
             };
             let (host, device) = (run(Reduce::Host)?, run(Reduce::Device)?);
-            println!("backend: {}", worker::llama::backend_description());
+            println!(
+                "backend: {}",
+                worker::llama::backend_description(&Offload::layers(a.ngl))
+            );
             println!("{}", compare_reductions(&host, &device));
             return Ok(());
         }
         Some(other) => anyhow::bail!("--only {other}: expected forward, collect or reductions"),
         None => {}
     }
-    let model = Model::load(&path, a.ngl)?;
+    let model = Model::load(&path, &Offload::layers(a.ngl))?;
     let mut best = [f64::MAX; MODES.len()];
     let mut best_cpu = [f64::MAX; MODES.len()];
     let cpu = || process_cpu_seconds().unwrap_or(f64::NAN);
@@ -200,7 +204,7 @@ fn main() -> anyhow::Result<()> {
         {
             let opts = CollectOptions {
                 n_ubatch: a.n_ubatch,
-                n_gpu_layers: a.ngl,
+                offload: Offload::layers(a.ngl),
                 threads: a.threads,
                 trace_every,
                 reduce: a.reduce,
@@ -225,7 +229,10 @@ fn main() -> anyhow::Result<()> {
             shape = Some(collector.shape().clone());
         }
     }
-    println!("backend: {}", worker::llama::backend_description());
+    println!(
+        "backend: {}",
+        worker::llama::backend_description(&Offload::layers(a.ngl))
+    );
     let model_name = match &a.model {
         Some(p) => p.display().to_string(),
         None => format!("{:?} preset", a.preset),

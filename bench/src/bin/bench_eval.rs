@@ -26,6 +26,7 @@ use std::time::Instant;
 use worker::eval::rows::{compare_rows, ScoredRow};
 use worker::eval::{candidates, Compare, EvalCost, EvalOptions, Evaluator};
 use worker::llama::{Context, ContextParams, Logits, Model, NoGraph};
+use worker::offload::Offload;
 use worker::synth::Preset;
 
 #[derive(Parser)]
@@ -236,7 +237,7 @@ fn main() -> anyhow::Result<()> {
         flash_attn: false,
         logits: Logits::Host,
     };
-    let model = Model::load(&base, a.ngl)?;
+    let model = Model::load(&base, &Offload::layers(a.ngl))?;
     let n_vocab = model.n_vocab();
     let mut ctx = Context::new(&model, &params, NoGraph)?;
     let mut forward_pass = || -> anyhow::Result<f64> {
@@ -271,7 +272,7 @@ fn main() -> anyhow::Result<()> {
         for n in [1usize, 3] {
             let opts = EvalOptions {
                 n_ubatch: a.n_ubatch,
-                n_gpu_layers: a.ngl,
+                offload: Offload::layers(a.ngl),
                 threads: a.threads,
                 skip_first: a.skip_first,
                 compare,
@@ -316,7 +317,10 @@ fn main() -> anyhow::Result<()> {
     }
     let best = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
     let forward = best(&forwards);
-    println!("backend: {}", worker::llama::backend_description());
+    println!(
+        "backend: {}",
+        worker::llama::backend_description(&Offload::layers(a.ngl))
+    );
     println!(
         "model: {}, vocabulary {n_vocab}, candidates are copies of it; {} chunks of up to {n_ctx} tokens ({tokens} tokens), skip_first {}, n_ubatch {}, {} threads, ngl {}; {} timed rounds, each evaluation between two forward passes",
         a.model.as_ref().map_or_else(|| format!("{:?} preset", a.preset), |m| m.display().to_string()),

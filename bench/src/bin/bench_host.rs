@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use worker::collect::{CollectOptions, Collector};
 use worker::llama::{Context, ContextParams, Logits, Model, NoGraph};
+use worker::offload::Offload;
 use worker::synth::chunks::token_chunks;
 use worker::synth::Preset;
 
@@ -184,7 +185,7 @@ fn main() -> anyhow::Result<()> {
             p
         }
     };
-    let model = Model::load(&path, 0)?;
+    let model = Model::load(&path, &Offload::default())?;
     let (index, chunks) = token_chunks(a.chunks, a.n_ctx, model.n_vocab() as u64);
     let warm = a.warm_chunks.max(2) as usize;
     let tokens = f64::from(a.chunks * a.n_ctx);
@@ -218,7 +219,10 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    println!("backend: {}", worker::llama::backend_description());
+    println!(
+        "backend: {}",
+        worker::llama::backend_description(&Offload::default())
+    );
     println!(
         "model: wide preset (qwen3moe, 48 MoE layers x 512 experts, top-10, hidden 64, f16); \
          {} chunks x {} tokens, n_ubatch {}, least wall and least CPU time of {} rounds each; \

@@ -4,6 +4,7 @@
 
 use super::corpus::load_chunks;
 use crate::error::WorkerError;
+use crate::offload::OffloadArgs;
 use common::corpus::{Chunk, CorpusIndex};
 use common::ChunkRange;
 use std::path::PathBuf;
@@ -28,9 +29,9 @@ pub struct ChunkJobArgs {
     /// Tokens per micro-batch (at least 1).
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub n_ubatch: u32,
-    /// Layers offloaded to the GPU (`-ngl`).
-    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
-    pub n_gpu_layers: u32,
+    /// Where the model's weights live (`--ngl`, `--cpu-moe`, `--n-cpu-moe`).
+    #[command(flatten)]
+    pub offload: OffloadArgs,
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<u32>,

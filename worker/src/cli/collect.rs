@@ -43,7 +43,7 @@ pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
     let (rt, range, index, chunks) = a.job.open()?;
     let mut opts = CollectOptions {
         n_ubatch: a.job.n_ubatch,
-        n_gpu_layers: a.job.n_gpu_layers,
+        offload: a.job.offload.offload(),
         trace_every: a.trace_every,
         trace_every_heldout: a.trace_every_heldout,
         trace_top_n: a.trace_top_n,

@@ -47,7 +47,7 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
     let (rt, range, index, chunks) = a.job.open()?;
     let mut opts = EvalOptions {
         n_ubatch: a.job.n_ubatch,
-        n_gpu_layers: a.job.n_gpu_layers,
+        offload: a.job.offload.offload(),
         f32_kv: a.job.f32_kv,
         flash_attn: a.job.flash_attn,
         skip_first: a.skip_first,

@@ -23,6 +23,7 @@ mod strata;
 use crate::error::WorkerError;
 use crate::images::{self, ImageBytes};
 use crate::llama::{self, Context, ContextParams, ImageEmbedding, Input, Logits, Model, Vision};
+use crate::offload::Offload;
 use common::corpus::{Chunk, CorpusIndex};
 use common::imatrix::Imatrix;
 use common::partial::{BackendToHost, Partial};
@@ -45,8 +46,8 @@ pub use shape::{expert_counts, moe_shape};
 pub struct CollectOptions {
     /// Tokens per decode call and micro-batch (llama-imatrix's default is 512).
     pub n_ubatch: u32,
-    /// Layers offloaded to the GPU (0 on CPU builds).
-    pub n_gpu_layers: u32,
+    /// Where the weights live: layers on the GPU, experts kept on the host.
+    pub offload: Offload,
     /// CPU threads.
     pub threads: u32,
     /// Trace every n-th chunk (by chunk id); 0 disables tracing. With
@@ -82,7 +83,7 @@ impl Default for CollectOptions {
     fn default() -> Self {
         CollectOptions {
             n_ubatch: 512,
-            n_gpu_layers: 0,
+            offload: Offload::default(),
             threads: std::thread::available_parallelism().map_or(4, |n| n.get() as u32),
             trace_every: 1,
             trace_every_heldout: None,
@@ -152,20 +153,22 @@ impl Collector {
             path: path.display().to_string(),
             reason,
         })?;
-        let model = Model::load(path, opts.n_gpu_layers)?;
+        let model = Model::load(path, &opts.offload)?;
         let shape = moe_shape(&model, opts.threads).map_err(|reason| WorkerError::Model {
             path: path.display().to_string(),
             reason,
         })?;
-        let on_device = opts.reduce.on_device(opts.n_gpu_layers, llama::has_gpu());
+        let on_device = opts
+            .reduce
+            .on_device(opts.offload.n_gpu_layers, llama::has_gpu());
         Ok(Collector {
             vision: None,
             model: Arc::new(model),
             path: path.to_path_buf(),
             sha256,
             shape,
+            backend: device::backend_label(on_device, &opts.offload),
             opts,
-            backend: device::backend_label(on_device),
             on_device,
             context: None,
         })

@@ -46,6 +46,7 @@ use crate::images::{self, ImageBytes};
 use crate::llama::{
     self, Context, ContextParams, Logits, LogitsCompare, Model, NoGraph, ThreadPool, Vision,
 };
+use crate::offload::Offload;
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::{CandidateResult, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION};
 use common::exact::ExactSum;
@@ -61,8 +62,8 @@ pub use positions::scored_positions;
 pub struct EvalOptions {
     /// Tokens per decode call and micro-batch.
     pub n_ubatch: u32,
-    /// Layers offloaded to the GPU (0 on CPU builds).
-    pub n_gpu_layers: u32,
+    /// Where the weights of every model live (base and candidates alike).
+    pub offload: Offload,
     /// CPU threads.
     pub threads: u32,
     /// f32 KV cache (tight comparisons; production keeps f16).
@@ -124,7 +125,7 @@ impl Default for EvalOptions {
     fn default() -> Self {
         EvalOptions {
             n_ubatch: 512,
-            n_gpu_layers: 0,
+            offload: Offload::default(),
             threads: std::thread::available_parallelism().map_or(4, |n| n.get() as u32),
             f32_kv: false,
             flash_attn: false,
@@ -242,10 +243,10 @@ impl Evaluator {
         opts: EvalOptions,
     ) -> Result<Evaluator, WorkerError> {
         let base_sha256 = sha256_file(base)?;
-        let base_model = Model::load(base, opts.n_gpu_layers)?;
+        let base_model = Model::load(base, &opts.offload)?;
         let mut loaded = Vec::with_capacity(candidates.len());
         for c in candidates {
-            let model = Model::load(&c.path, opts.n_gpu_layers)?;
+            let model = Model::load(&c.path, &opts.offload)?;
             let model_err = |reason: String| WorkerError::Model {
                 path: c.path.display().to_string(),
                 reason,
@@ -266,7 +267,9 @@ impl Evaluator {
                 model: Arc::new(model),
             });
         }
-        let on_device = opts.compare.on_device(opts.n_gpu_layers, llama::has_gpu());
+        let on_device = opts
+            .compare
+            .on_device(opts.offload.n_gpu_layers, llama::has_gpu());
         Ok(Evaluator {
             vision: None,
             base: Arc::new(base_model),
@@ -274,7 +277,7 @@ impl Evaluator {
             on_device,
             backend: format!(
                 "{}, {}",
-                llama::backend_description(),
+                llama::backend_description(&opts.offload),
                 Compare::label(on_device)
             ),
             candidates: loaded,

@@ -11,6 +11,7 @@ use crate::error::WorkerError;
 use crate::eval::candidates::Inputs;
 use crate::eval::{Compare, EvalOptions};
 use crate::images::ImageBytes;
+use crate::offload::Offload;
 use common::corpus::{Chunk, CorpusIndex};
 use common::partial::Partial;
 use common::trace::TraceRow;
@@ -65,8 +66,8 @@ pub struct CollectorLoader {
     /// The model's mmproj, for jobs whose corpus has images; `None` uses
     /// the path the coordinator sends.
     pub mmproj: Option<PathBuf>,
-    /// Layers offloaded to the GPU.
-    pub n_gpu_layers: u32,
+    /// Where the model's weights live.
+    pub offload: Offload,
     /// CPU threads (`None`: all cores).
     pub threads: Option<u32>,
     /// Where observed tensors are reduced.
@@ -87,15 +88,15 @@ impl EngineLoader for CollectorLoader {
     fn backend(&self) -> String {
         let on_device = self
             .reduce
-            .on_device(self.n_gpu_layers, crate::llama::has_gpu());
-        crate::collect::device::backend_label(on_device)
+            .on_device(self.offload.n_gpu_layers, crate::llama::has_gpu());
+        crate::collect::device::backend_label(on_device, &self.offload)
     }
 
     fn load(self, job: &JobInfo) -> Result<CollectorEngine, String> {
         let o = &job.options;
         let mut opts = CollectOptions {
             n_ubatch: o.n_ubatch,
-            n_gpu_layers: self.n_gpu_layers,
+            offload: self.offload,
             trace_every: o.trace_every.fit,
             trace_every_heldout: Some(o.trace_every.heldout),
             trace_top_n: o.trace_top_n as usize,
@@ -125,7 +126,7 @@ impl EngineLoader for CollectorLoader {
         let o = &job.options;
         let mut opts = EvalOptions {
             n_ubatch: o.n_ubatch,
-            n_gpu_layers: self.n_gpu_layers,
+            offload: self.offload,
             f32_kv: o.f32_kv,
             flash_attn: o.flash_attn,
             skip_first: eval.skip_first,

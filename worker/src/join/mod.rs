@@ -20,6 +20,7 @@ mod work;
 
 use crate::collect::device::Reduce;
 use crate::eval::Compare;
+use crate::offload::OffloadArgs;
 use common::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use common::peer_text::peer_text;
 use common::secret::{JoinSecret, WorkerKey};
@@ -72,9 +73,9 @@ pub struct JoinArgs {
     /// path the coordinator sends).
     #[arg(long)]
     pub mmproj: Option<PathBuf>,
-    /// Layers offloaded to the GPU (`-ngl`).
-    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
-    pub n_gpu_layers: u32,
+    /// Where the model's weights live (`--ngl`, `--cpu-moe`, `--n-cpu-moe`).
+    #[command(flatten)]
+    pub offload: OffloadArgs,
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<u32>,
@@ -308,7 +309,7 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
     let loader = engine::CollectorLoader {
         model: args.model.clone(),
         mmproj: args.mmproj.clone(),
-        n_gpu_layers: args.n_gpu_layers,
+        offload: args.offload.offload(),
         threads: args.threads,
         reduce: Reduce::from_flag_or_env(args.reduce)
             .map_err(|e| JoinError::Setup(e.to_string()))?,

@@ -35,6 +35,7 @@ pub use tensor::{as_f32s, f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 pub use thread::yield_to_compute_threads;
 pub use vision::{ImageEmbedding, Vision};
 
+use crate::offload::Offload;
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::marker::PhantomData;
@@ -141,18 +142,39 @@ unsafe impl Send for Model {}
 unsafe impl Sync for Model {}
 
 impl Model {
-    /// Loads a GGUF file with `n_gpu_layers` layers offloaded (0 on CPU builds).
-    pub fn load(path: &Path, n_gpu_layers: u32) -> Result<Model, LlamaError> {
+    /// Loads a GGUF file placed as `offload` says (layers on the GPU,
+    /// routed experts kept in host memory; no GPU on CPU builds).
+    pub fn load(path: &Path, offload: &Offload) -> Result<Model, LlamaError> {
         init_backend();
         let err = || LlamaError::ModelLoad {
             path: path.display().to_string(),
         };
         let c_path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| err())?;
-        // SAFETY: default params are plain data; the path is a valid C string
-        // that outlives the call.
+        let patterns = offload.cpu_patterns();
+        // SAFETY: the CPU buffer type is a static of ggml's CPU backend.
+        let cpu = unsafe { sys::ggml_backend_cpu_buffer_type() };
+        // The C array llama.cpp's loader walks until an entry with a null
+        // pattern; each pattern sends the tensors it matches to host memory.
+        let overrides: Vec<sys::llama_model_tensor_buft_override> = patterns
+            .iter()
+            .map(|p| sys::llama_model_tensor_buft_override {
+                pattern: p.as_ptr(),
+                buft: cpu,
+            })
+            .chain(std::iter::once(sys::llama_model_tensor_buft_override {
+                pattern: std::ptr::null(),
+                buft: std::ptr::null_mut(),
+            }))
+            .collect();
+        // SAFETY: default params are plain data; the path, the patterns and
+        // the override array that points at them (ended by a null pattern)
+        // outlive the call, which reads them only while loading.
         let raw = unsafe {
             let mut params = sys::llama_model_default_params();
-            params.n_gpu_layers = n_gpu_layers as i32;
+            params.n_gpu_layers = offload.n_gpu_layers.min(i32::MAX as u32) as i32;
+            if !patterns.is_empty() {
+                params.tensor_buft_overrides = overrides.as_ptr();
+            }
             sys::llama_model_load_from_file(c_path.as_ptr(), params)
         };
         NonNull::new(raw).map(|ptr| Model { ptr }).ok_or_else(err)
@@ -883,9 +905,11 @@ pub fn has_gpu() -> bool {
     }
 }
 
-/// Describes the compute backends of this build (`cpu` or GPU names), so
-/// partials record where their numbers came from.
-pub fn backend_description() -> String {
+/// Describes the compute backends of this build (`cpu` or GPU names) and,
+/// with a GPU, where `offload` places the weights (layers and experts
+/// computed on the GPU or the CPU round differently), so partials record
+/// where their numbers came from.
+pub fn backend_description(offload: &Offload) -> String {
     init_backend();
     let mut gpus = Vec::new();
     // SAFETY: device enumeration returns static registry entries.
@@ -903,7 +927,7 @@ pub fn backend_description() -> String {
         let avx2 = unsafe { sys::ggml_cpu_has_avx2() } != 0;
         format!("cpu (avx2 {})", if avx2 { "on" } else { "off" })
     } else {
-        format!("gpu ({})", gpus.join(", "))
+        format!("gpu ({}){}", gpus.join(", "), offload.describe())
     }
 }
 
@@ -939,7 +963,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
         crate::synth::write_model(crate::synth::Preset::Tiny, 3, &path).unwrap();
-        let model = Model::load(&path, 0).unwrap();
+        let model = Model::load(&path, &Offload::default()).unwrap();
         let tokens: Vec<i32> = (0..16).map(|i| (i * 37) % 500).collect();
 
         let mut host = Context::new(&model, &params(Logits::Host), NoGraph).unwrap();

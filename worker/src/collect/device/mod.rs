@@ -16,15 +16,17 @@ pub use options::Reduce;
 
 use super::scratch::ChunkScratch;
 use crate::llama::{ChunkSquares, ExpertIds, Op, ReduceError, Reducer, TensorRef};
+use crate::offload::Offload;
 use common::Split;
 use std::collections::BTreeMap;
 
 /// The backend description partials and the join `Hello` carry: llama.cpp's
-/// own, plus `, device reductions` on the device path, whose sums round
+/// own with the weights' placement ([`crate::llama::backend_description`]),
+/// plus `, device reductions` on the device path, whose sums round
 /// differently from the host's (so redundancy checks compare such partials
 /// within tolerance, not bitwise).
-pub fn backend_label(on_device: bool) -> String {
-    let mut backend = crate::llama::backend_description();
+pub fn backend_label(on_device: bool, offload: &Offload) -> String {
+    let mut backend = crate::llama::backend_description(offload);
     if on_device {
         backend.push_str(", device reductions");
     }
