@@ -1,5 +1,6 @@
 //! The `[run]`, `[cluster]` and `[storage]` sections of the run config.
 
+use common::MAX_CPU_MOE_LAYERS;
 use sched::SchedConfig;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -72,6 +73,21 @@ pub struct RunSettings {
     /// are offloaded to a GPU), `host` or `device`; default: the worker's
     /// own (`auto`).
     pub local_worker_reduce: Option<String>,
+    /// Layers each local worker offloads to its GPU (`worker join --ngl`;
+    /// 0: none, the CPU computes everything).
+    pub local_worker_gpu_layers: u32,
+    /// The GPUs local workers use, an entry each in turn: worker i sees
+    /// `local_worker_gpus[i % len]` as its `CUDA_VISIBLE_DEVICES` (`"0"`,
+    /// `"2,3"` for a worker on two, a GPU UUID). Empty: every local worker
+    /// sees every GPU.
+    pub local_worker_gpus: Vec<String>,
+    /// Local workers keep every routed expert's weights in host memory,
+    /// computed by the CPU (`worker join --cpu-moe`): a MoE model larger
+    /// than one GPU, with attention and the shared weights on the GPU.
+    pub local_worker_cpu_moe: bool,
+    /// Local workers keep the routed experts of the first N blocks in host
+    /// memory (`worker join --n-cpu-moe N`; 0: none).
+    pub local_worker_n_cpu_moe: u32,
     /// Seconds after which the run location's lock, if its holder stopped
     /// refreshing it, may be taken over (0: take over any lock).
     pub lock_stale_s: u64,
@@ -122,6 +138,10 @@ impl Default for RunSettings {
             flash_attn: false,
             local_worker_threads: None,
             local_worker_reduce: None,
+            local_worker_gpu_layers: 0,
+            local_worker_gpus: Vec::new(),
+            local_worker_cpu_moe: false,
+            local_worker_n_cpu_moe: 0,
             lock_stale_s: 120,
         }
     }
@@ -161,12 +181,64 @@ impl RunSettings {
             return Err(format!("[run] {field} = 0: {why}"));
         }
         match self.local_worker_reduce.as_deref() {
-            None | Some("auto" | "host" | "device") => Ok(()),
-            Some(other) => Err(format!(
+            None | Some("auto" | "host" | "device") => {}
+            Some(other) => {
+                return Err(format!(
                 "[run] local_worker_reduce = {other:?}: expected \"auto\", \"host\" or \"device\""
+            ))
+            }
+        }
+        self.validate_gpus()
+    }
+
+    /// Refuses local-worker GPU settings that contradict each other or
+    /// that would leave the GPUs idle.
+    fn validate_gpus(&self) -> Result<(), String> {
+        if self.local_worker_cpu_moe && self.local_worker_n_cpu_moe > 0 {
+            return Err(format!(
+                "[run] local_worker_cpu_moe = true and local_worker_n_cpu_moe = {}: set one \
+                 (every block's experts, or the first N blocks')",
+                self.local_worker_n_cpu_moe
+            ));
+        }
+        if self.local_worker_n_cpu_moe > MAX_CPU_MOE_LAYERS {
+            return Err(format!(
+                "[run] local_worker_n_cpu_moe = {}: at most {MAX_CPU_MOE_LAYERS} blocks \
+                 (use local_worker_cpu_moe = true for all)",
+                self.local_worker_n_cpu_moe
+            ));
+        }
+        if let Some(bad) = self
+            .local_worker_gpus
+            .iter()
+            .find(|g| g.is_empty() || g.split(',').any(|d| !is_device_name(d)))
+        {
+            return Err(format!(
+                "[run] local_worker_gpus holds {bad:?}: expected GPU indices or UUIDs \
+                 (\"0\", \"2,3\", \"GPU-<uuid>\"), one entry per worker"
+            ));
+        }
+        let needs_gpu = [
+            ("local_worker_gpus", !self.local_worker_gpus.is_empty()),
+            ("local_worker_cpu_moe", self.local_worker_cpu_moe),
+            ("local_worker_n_cpu_moe", self.local_worker_n_cpu_moe > 0),
+        ];
+        match needs_gpu.iter().find(|(_, set)| *set) {
+            Some((field, _)) if self.local_worker_gpu_layers == 0 => Err(format!(
+                "[run] {field} is set but local_worker_gpu_layers = 0 puts no layer on a GPU \
+                 (999 offloads all)"
             )),
+            _ => Ok(()),
         }
     }
+}
+
+/// Whether `d` can name one GPU in `CUDA_VISIBLE_DEVICES`: an index, a
+/// `GPU-`/`MIG-` UUID.
+fn is_device_name(d: &str) -> bool {
+    !d.is_empty()
+        && d.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '/')
 }
 
 /// `[cluster]`: the QUIC endpoint and who may join.
@@ -328,5 +400,46 @@ mod tests {
                     .into()
             )
         );
+    }
+
+    #[test]
+    fn local_worker_gpu_settings_are_checked() {
+        let check = |text: &str| toml::from_str::<RunSettings>(text).unwrap().validate();
+        let ok =
+            "local_worker_gpu_layers = 999\nlocal_worker_gpus = [\"0\", \"1,2\", \"GPU-8a1b\"]\n\
+                  local_worker_n_cpu_moe = 12";
+        assert_eq!(check(ok), Ok(()));
+        assert_eq!(
+            check("local_worker_gpu_layers = 999\nlocal_worker_cpu_moe = true"),
+            Ok(())
+        );
+        for (text, why) in [
+            (
+                "local_worker_gpus = [\"0\"]",
+                "[run] local_worker_gpus is set but local_worker_gpu_layers = 0 puts no layer on a GPU (999 offloads all)",
+            ),
+            (
+                "local_worker_cpu_moe = true",
+                "[run] local_worker_cpu_moe is set but local_worker_gpu_layers = 0 puts no layer on a GPU (999 offloads all)",
+            ),
+            (
+                "local_worker_gpu_layers = 1\nlocal_worker_cpu_moe = true\nlocal_worker_n_cpu_moe = 3",
+                "[run] local_worker_cpu_moe = true and local_worker_n_cpu_moe = 3: set one (every block's experts, or the first N blocks')",
+            ),
+            (
+                "local_worker_gpu_layers = 1\nlocal_worker_n_cpu_moe = 4097",
+                "[run] local_worker_n_cpu_moe = 4097: at most 4096 blocks (use local_worker_cpu_moe = true for all)",
+            ),
+            (
+                "local_worker_gpu_layers = 1\nlocal_worker_gpus = [\"0\", \"1; rm\"]",
+                "[run] local_worker_gpus holds \"1; rm\": expected GPU indices or UUIDs (\"0\", \"2,3\", \"GPU-<uuid>\"), one entry per worker",
+            ),
+            (
+                "local_worker_gpu_layers = 1\nlocal_worker_gpus = [\"0,\"]",
+                "[run] local_worker_gpus holds \"0,\": expected GPU indices or UUIDs (\"0\", \"2,3\", \"GPU-<uuid>\"), one entry per worker",
+            ),
+        ] {
+            assert_eq!(check(text), Err(why.to_string()), "{text}");
+        }
     }
 }

@@ -143,22 +143,13 @@ async fn stages(
         cluster: config.cluster.clone(),
     };
     let local = if args.local_workers > 0 {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-        Some(LocalWorkers {
-            binary: local::worker_binary()?,
-            count: args.local_workers,
-            model: model_path,
-            threads: config
-                .run
-                .local_worker_threads
-                .unwrap_or((cores / args.local_workers).max(1)),
-            env: config
-                .storage
-                .env()
-                .into_iter()
-                .chain((config.run.local_worker_reduce.clone()).map(|r| (local::REDUCE_ENV, r)))
-                .collect(),
-        })
+        Some(LocalWorkers::new(
+            local::worker_binary()?,
+            &config.run,
+            config.storage.env(),
+            model_path,
+            args.local_workers,
+        ))
     } else {
         None
     };

@@ -77,13 +77,17 @@ pub fn real_setup(
 /// `count` local `worker join` processes of this build on `model`, one
 /// thread each.
 pub fn local_workers(count: u32, model: &Path) -> LocalWorkers {
-    LocalWorkers {
-        binary: crate::bin("worker"),
+    let run = RunSettings {
+        local_worker_threads: Some(1),
+        ..RunSettings::default()
+    };
+    LocalWorkers::new(
+        crate::bin("worker"),
+        &run,
+        Vec::new(),
+        model.to_path_buf(),
         count,
-        model: model.to_path_buf(),
-        threads: 1,
-        env: Vec::new(),
-    }
+    )
 }
 
 /// Starts `w` for the listening coordinator `l` and adds their pids to

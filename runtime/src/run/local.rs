@@ -3,6 +3,7 @@
 //! like a remote worker.
 
 use super::RunError;
+use config::run::RunSettings;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use tokio::process::{Child, Command};
@@ -47,11 +48,55 @@ pub struct LocalWorkers {
     pub model: PathBuf,
     /// CPU threads each.
     pub threads: u32,
-    /// Extra environment (storage settings).
+    /// Extra environment (storage settings, `[run] local_worker_reduce`).
     pub env: Vec<(&'static str, String)>,
+    /// `worker join` flags that place the model's weights: `--ngl N`, then
+    /// `--cpu-moe` or `--n-cpu-moe N` (`[run] local_worker_gpu_layers`,
+    /// `local_worker_cpu_moe`, `local_worker_n_cpu_moe`).
+    pub placement: Vec<String>,
+    /// The GPUs each worker sees in turn (`CUDA_VISIBLE_DEVICES` of worker
+    /// i is `gpus[i % len]`); empty: the variable is left as it is.
+    pub gpus: Vec<String>,
 }
 
+/// The variable through which the CUDA runtime shows a process only some
+/// of the machine's GPUs.
+pub const VISIBLE_GPUS_ENV: &str = "CUDA_VISIBLE_DEVICES";
+
 impl LocalWorkers {
+    /// `count` workers of `binary` on `model`, as `[run]` says (threads,
+    /// reductions, GPUs and placement), with the storage settings `storage`.
+    pub fn new(
+        binary: PathBuf,
+        run: &RunSettings,
+        storage: Vec<(&'static str, String)>,
+        model: PathBuf,
+        count: u32,
+    ) -> LocalWorkers {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        let mut placement = vec![
+            "--n-gpu-layers".to_string(),
+            run.local_worker_gpu_layers.to_string(),
+        ];
+        if run.local_worker_cpu_moe {
+            placement.push("--cpu-moe".into());
+        } else if run.local_worker_n_cpu_moe > 0 {
+            placement.extend(["--n-cpu-moe".into(), run.local_worker_n_cpu_moe.to_string()]);
+        }
+        let reduce = run.local_worker_reduce.clone().map(|r| (REDUCE_ENV, r));
+        LocalWorkers {
+            binary,
+            count,
+            model,
+            threads: run
+                .local_worker_threads
+                .unwrap_or((cores / count.max(1)).max(1)),
+            env: storage.into_iter().chain(reduce).collect(),
+            placement,
+            gpus: run.local_worker_gpus.clone(),
+        }
+    }
+
     /// Starts the processes; they are killed if the handles are dropped.
     pub fn spawn(
         &self,
@@ -76,14 +121,105 @@ impl LocalWorkers {
                     .arg(&self.model)
                     .arg("--threads")
                     .arg(self.threads.to_string())
+                    .args(&self.placement)
                     .env(SECRET_ENV, &secret)
                     .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
                     .stdin(std::process::Stdio::null())
                     .kill_on_drop(true);
+                if !self.gpus.is_empty() {
+                    cmd.env(VISIBLE_GPUS_ENV, &self.gpus[i as usize % self.gpus.len()]);
+                }
                 cmd.spawn().map_err(|e| {
                     RunError::Setup(format!("cannot start {}: {e}", self.binary.display()))
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A stand-in worker binary that writes its arguments and the GPUs it
+    /// was shown to `<dir>/<name>.args`, then exits.
+    fn recording_worker(dir: &Path) -> PathBuf {
+        let bin = dir.join("worker");
+        let script = format!(
+            "#!/bin/sh\n\
+             while [ \"$1\" != --name ]; do shift; done\n\
+             name=$2\n\
+             {{ echo \"$*\"; echo \"gpus=${{{VISIBLE_GPUS_ENV}-unset}}\"; }} > {}/$name.args\n",
+            dir.display()
+        );
+        std::fs::write(&bin, script).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        bin
+    }
+
+    /// Spawns `count` recording workers configured by `run` and returns
+    /// what each was given, in worker order.
+    async fn spawned(run: RunSettings, count: u32) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        run.validate().unwrap();
+        let workers = LocalWorkers::new(
+            recording_worker(dir.path()),
+            &run,
+            Vec::new(),
+            dir.path().join("m.gguf"),
+            count,
+        );
+        let secret = common::secret::JoinSecret::generate();
+        let children = workers
+            .spawn("127.0.0.1:7000".parse().unwrap(), "PIN", &secret)
+            .unwrap();
+        for mut child in children {
+            assert!(child.wait().await.unwrap().success());
+        }
+        (0..count)
+            .map(|i| std::fs::read_to_string(dir.path().join(format!("local-{i}.args"))).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn local_workers_get_the_gpus_and_placement_of_the_config() {
+        let run = RunSettings {
+            local_worker_gpu_layers: 999,
+            local_worker_gpus: vec!["0".into(), "2,3".into()],
+            local_worker_n_cpu_moe: 12,
+            local_worker_threads: Some(4),
+            ..RunSettings::default()
+        };
+        let got = spawned(run, 3).await;
+        let flags = "--threads 4 --n-gpu-layers 999 --n-cpu-moe 12";
+        for (i, gpus) in ["0", "2,3", "0"].iter().enumerate() {
+            let (args, seen) = got[i].trim_end().split_once('\n').unwrap();
+            assert!(args.contains(flags), "worker {i}: {args}");
+            assert_eq!(seen, format!("gpus={gpus}"), "worker {i}");
+        }
+        let run = RunSettings {
+            local_worker_gpu_layers: 20,
+            local_worker_cpu_moe: true,
+            ..RunSettings::default()
+        };
+        let all = spawned(run, 1).await;
+        assert!(
+            all[0].contains("--n-gpu-layers 20 --cpu-moe\n"),
+            "{}",
+            all[0]
+        );
+    }
+
+    #[tokio::test]
+    async fn by_default_local_workers_run_on_the_cpu_and_see_every_gpu() {
+        // What the caller's environment says about GPUs passes through.
+        let got = spawned(RunSettings::default(), 2).await;
+        for args in got {
+            assert!(args.contains("--n-gpu-layers 0\n"), "{args}");
+            assert!(!args.contains("cpu-moe"), "{args}");
+            let inherited = std::env::var(VISIBLE_GPUS_ENV).unwrap_or_else(|_| "unset".into());
+            assert!(args.ends_with(&format!("gpus={inherited}\n")), "{args}");
+        }
     }
 }

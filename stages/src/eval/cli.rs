@@ -181,17 +181,13 @@ pub fn local_workers(
     model: &std::path::Path,
     count: u32,
 ) -> Result<LocalWorkers, StagesError> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    Ok(LocalWorkers {
-        binary: worker_binary()?,
+    Ok(LocalWorkers::new(
+        worker_binary()?,
+        &config.run,
+        config.storage.env(),
+        model.to_path_buf(),
         count,
-        model: model.to_path_buf(),
-        threads: config
-            .run
-            .local_worker_threads
-            .unwrap_or((cores / count).max(1)),
-        env: config.storage.env(),
-    })
+    ))
 }
 
 /// Starts the local workers, or prints how remote workers join.
