@@ -33,6 +33,8 @@ impl TensorType {
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
+    /// `GGUF_TYPE_UINT16` (`split.no`, `split.count`).
+    U16(u16),
     /// `GGUF_TYPE_UINT32`.
     U32(u32),
     /// `GGUF_TYPE_INT32`.
@@ -162,6 +164,38 @@ impl GgufWriter {
         parts
     }
 
+    /// The model as `count` files the way llama.cpp's `gguf-split` lays
+    /// them out: the tensors in order, spread evenly; the first file holds
+    /// every metadata key, and each file `split.no`, `split.count` and
+    /// `split.tensors.count` ([`crate::gguf_split`] names the files).
+    pub fn into_shards(self, count: u16) -> Vec<GgufWriter> {
+        let count = count.max(1);
+        let total = self.tensors.len();
+        let per = total.div_ceil(usize::from(count)).max(1);
+        let mut tensors = self.tensors.into_iter();
+        let mut first_kv = Some(self.kv);
+        (0..count)
+            .map(|no| {
+                let mut kv = first_kv.take().unwrap_or_default();
+                kv.extend([
+                    (crate::gguf_split::SPLIT_NO.to_string(), Value::U16(no)),
+                    (
+                        crate::gguf_split::SPLIT_COUNT.to_string(),
+                        Value::U16(count),
+                    ),
+                    (
+                        crate::gguf_split::SPLIT_TENSORS_COUNT.to_string(),
+                        Value::I32(i32::try_from(total).expect("fewer than 2^31 tensors")),
+                    ),
+                ]);
+                GgufWriter {
+                    kv,
+                    tensors: tensors.by_ref().take(per).collect(),
+                }
+            })
+            .collect()
+    }
+
     /// Bytes of the whole file.
     fn file_len(&self) -> usize {
         let data: usize = self
@@ -197,6 +231,7 @@ fn padding(len: usize) -> usize {
 
 fn value_len(v: &Value) -> usize {
     4 + match v {
+        Value::U16(_) => 2,
         Value::U32(_) | Value::I32(_) | Value::F32(_) => 4,
         Value::Bool(_) => 1,
         Value::Str(s) => 8 + s.len(),
@@ -207,6 +242,7 @@ fn value_len(v: &Value) -> usize {
 }
 
 fn write_value(w: &mut impl Write, v: &Value) -> io::Result<()> {
+    const U16: u32 = 2;
     const U32: u32 = 4;
     const I32: u32 = 5;
     const F32: u32 = 6;
@@ -219,6 +255,10 @@ fn write_value(w: &mut impl Write, v: &Value) -> io::Result<()> {
         w.write_all(&(n as u64).to_le_bytes())
     };
     match v {
+        Value::U16(x) => {
+            w.write_all(&U16.to_le_bytes())?;
+            w.write_all(&x.to_le_bytes())
+        }
         Value::U32(x) => {
             w.write_all(&U32.to_le_bytes())?;
             w.write_all(&x.to_le_bytes())

@@ -11,17 +11,35 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// SHA-256 of a file, streamed in 1 MiB blocks, lowercase hex.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
     let mut h = Sha256::new();
+    hash_file_into(&mut h, path)?;
+    Ok(hex::encode(h.finalize()))
+}
+
+/// SHA-256 of a model, lowercase hex: of its file, or of the bytes of its
+/// split files one after the other ([`crate::gguf_split::model_files`]:
+/// `path` is the first), so that the hash names every weight.
+pub fn model_sha256(path: &Path) -> std::io::Result<String> {
+    let files = crate::gguf_split::model_files(path)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let mut h = Sha256::new();
+    for f in &files {
+        hash_file_into(&mut h, f)?;
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Feeds the bytes of the file at `path` into `h`, 1 MiB at a time.
+fn hash_file_into(h: &mut Sha256, path: &Path) -> std::io::Result<()> {
+    let mut f = std::fs::File::open(path)?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {
-            break;
+            return Ok(());
         }
         h.update(&buf[..n]);
     }
-    Ok(hex::encode(h.finalize()))
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ pub mod eval;
 pub mod exact;
 pub mod gguf;
 pub mod gguf_read;
+pub mod gguf_split;
 pub mod hash;
 pub mod imatrix;
 pub mod keepmap;

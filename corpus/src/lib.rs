@@ -119,7 +119,10 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     if config.model.path.as_os_str().is_empty() {
         return Err(CorpusError::Config("[model] path is not set".into()));
     }
-    let model_sha = sha256_file(&model)?;
+    let model_sha = common::hash::model_sha256(&model).map_err(|source| CorpusError::Io {
+        path: model.clone(),
+        source,
+    })?;
     let hashes = prepare::all_sources(&config.corpus)
         .map(|s| source::hash_file(&config.resolve(&s.path)))
         .collect::<Result<Vec<_>, _>>()?;

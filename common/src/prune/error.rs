@@ -29,6 +29,15 @@ pub enum PruneError {
         /// What is missing.
         reason: String,
     },
+    /// The model is split across files (llama.cpp's `gguf-split`): the
+    /// slicer reads and writes one file.
+    #[error("{path} is the first of {count} split files (split.count); merge them into one first: llama-gguf-split --merge {path} MERGED.gguf")]
+    Split {
+        /// The first file.
+        path: String,
+        /// How many files the model is split into.
+        count: u64,
+    },
     /// The keep map is malformed on its own (unsorted ids, K differing per
     /// layer, a `k` field that disagrees with the lists).
     #[error("keep map {map}: {reason}")]

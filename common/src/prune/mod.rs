@@ -56,6 +56,10 @@ pub fn make_model(
 ) -> Result<Sliced, PruneError> {
     let header = GgufReader::open(base)?.header;
     let path = base.display().to_string();
+    let count = crate::gguf_split::split_count(&header);
+    if count > 1 {
+        return Err(PruneError::Split { path, count });
+    }
     let mut plan = match keep {
         Some(keep) => plan::model(&header, keep, &path)?,
         None => plan::whole(&header, &path)?,

@@ -132,7 +132,7 @@ pub async fn job(
 /// Checks the base model against the run's manifest (the model the run was
 /// measured with); returns its SHA-256.
 pub async fn check_base(store: &RunStore, base: &Path) -> Result<String, EvalRunError> {
-    let base_sha256 = common::hash::sha256_file(base)
+    let base_sha256 = common::hash::model_sha256(base)
         .map_err(|e| EvalRunError::Setup(format!("base model {}: {e}", base.display())))?;
     let manifest = corpus::manifest::read_or_default(store)
         .await

@@ -272,7 +272,7 @@ fn make<'a>(
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned(),
-        sha256: common::hash::sha256_file(base)
+        sha256: common::hash::model_sha256(base)
             .map_err(StagesError::io("hashing base model", base))?,
     };
     let stem = base_ref

@@ -67,6 +67,10 @@ struct SynthArgs {
     /// only (pair the model with `worker synth-mmproj`, which finds them).
     #[arg(long)]
     vision_experts: Option<usize>,
+    /// Write the model as N split files, as llama.cpp's `gguf-split` does
+    /// (`OUT` minus `.gguf`, then `-00001-of-0000N.gguf`, ...).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(2..))]
+    split: Option<u16>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -133,12 +137,17 @@ pub fn main() -> ExitCode {
                 n_vocab: a.n_vocab,
                 vision_experts: a.vision_experts,
             };
-            crate::synth::write_model_with(a.preset, a.seed, o, &a.out).map(|()| {
+            let written = match a.split {
+                None => crate::synth::write_model_with(a.preset, a.seed, o, &a.out)
+                    .map(|()| a.out.clone()),
+                Some(n) => crate::synth::write_model_split(a.preset, a.seed, o, &a.out, n),
+            };
+            written.map(|first| {
                 println!(
                     "wrote {:?} model (seed {}) to {}",
                     a.preset,
                     a.seed,
-                    a.out.display()
+                    first.display()
                 );
             })
         }

@@ -146,7 +146,7 @@ impl Collector {
     /// (routing semantics from a probe decode of one token).
     pub fn load(path: &Path, opts: CollectOptions) -> Result<Collector, WorkerError> {
         opts.validate()?;
-        let sha256 = sha256_file(path)?;
+        let sha256 = model_sha256(path)?;
         // llama.cpp aborts (GGML_ASSERT) on a model without experts: check
         // the header before it loads the file.
         common::model_check::moe_facts(path).map_err(|reason| WorkerError::Model {
@@ -591,7 +591,16 @@ pub(crate) fn ranges_of(chunks: &[Chunk]) -> Vec<ChunkRange> {
     out
 }
 
-/// SHA-256 of the model file.
+/// SHA-256 of a model: of its file, or of all its split files
+/// ([`common::hash::model_sha256`]).
+pub fn model_sha256(path: &Path) -> Result<String, WorkerError> {
+    common::hash::model_sha256(path).map_err(|source| WorkerError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// SHA-256 of a file (an mmproj, a pruned candidate).
 pub fn sha256_file(path: &Path) -> Result<String, WorkerError> {
     common::hash::sha256_file(path).map_err(|source| WorkerError::Io {
         path: path.display().to_string(),

@@ -39,7 +39,7 @@ mod positions;
 pub mod rows;
 
 use crate::collect::{
-    check_chunks, chunk_context, corpus_error, expert_counts, ranges_of, sha256_file,
+    check_chunks, chunk_context, corpus_error, expert_counts, model_sha256, ranges_of, sha256_file,
 };
 use crate::error::WorkerError;
 use crate::images::{self, ImageBytes};
@@ -242,7 +242,7 @@ impl Evaluator {
         candidates: &[Candidate],
         opts: EvalOptions,
     ) -> Result<Evaluator, WorkerError> {
-        let base_sha256 = sha256_file(base)?;
+        let base_sha256 = model_sha256(base)?;
         let base_model = Model::load(base, &opts.offload)?;
         let mut loaded = Vec::with_capacity(candidates.len());
         for c in candidates {

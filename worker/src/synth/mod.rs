@@ -45,7 +45,7 @@ mod weights;
 use crate::error::WorkerError;
 use builder::Builder;
 use common::gguf::{GgufWriter, TensorType, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use vocab::{byte_to_unicode, CHAT_TEMPLATE, SPECIAL_TOKENS};
 
@@ -429,6 +429,34 @@ pub fn write_model_with(
     o: Overrides,
     path: &Path,
 ) -> Result<(), WorkerError> {
+    write_gguf(&checked_model(preset, seed, o)?, path)
+}
+
+/// [`write_model_with`] as `count` split files in llama.cpp's `gguf-split`
+/// layout, named after `path` (`m.gguf`: `m-00001-of-00003.gguf`, ...),
+/// the way large models are published; returns the first file's path, the
+/// one llama.cpp (and every command here) is given.
+pub fn write_model_split(
+    preset: Preset,
+    seed: u64,
+    o: Overrides,
+    path: &Path,
+    count: u16,
+) -> Result<PathBuf, WorkerError> {
+    let prefix = path.with_extension("");
+    let prefix = prefix.to_string_lossy();
+    let shards = checked_model(preset, seed, o)?.into_shards(count);
+    let mut first = None;
+    for (i, shard) in shards.iter().enumerate() {
+        let name = common::gguf_split::shard_name(&prefix, i as u16, count);
+        write_gguf(shard, Path::new(&name))?;
+        first.get_or_insert(PathBuf::from(name));
+    }
+    Ok(first.expect("at least one split file"))
+}
+
+/// The preset's model changed by `o`, refusing overrides it cannot take.
+fn checked_model(preset: Preset, seed: u64, o: Overrides) -> Result<GgufWriter, WorkerError> {
     let spec = preset.spec();
     if let Some(n) = o.vision_experts {
         if n + spec.n_expert_used > spec.n_expert || spec.n_embd <= 2 {
@@ -440,7 +468,7 @@ pub fn write_model_with(
             });
         }
     }
-    write_gguf(&build_model(preset, seed, o), path)
+    Ok(build_model(preset, seed, o))
 }
 
 /// Writes `g` to `path` atomically (a temporary file renamed), creating

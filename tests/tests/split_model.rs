@@ -1,0 +1,151 @@
+//! Models split across files as llama.cpp's `gguf-split` writes them (how
+//! large MoE models are published): a worker measures one from its first
+//! file exactly as it measures the same model in one file, the model's hash
+//! covers every file, a missing file is named, and the slicer, which reads
+//! one file, refuses a split model and says how to merge it.
+
+use common::partial::Partial;
+use std::path::Path;
+use worker::synth::{Overrides, Preset};
+
+const N_CTX: u32 = 48;
+
+fn collect(model: &Path, corpus: &Path, out: &Path) -> std::process::Output {
+    let extra = ["--threads", "2", "--n-ubatch", "32", "--reduce", "host"];
+    fixtures::run(
+        "worker",
+        &fixtures::worker_args("collect", model, corpus, "0..4", out, &extra),
+    )
+}
+
+fn partial(out: &Path) -> Partial {
+    Partial::from_bytes(&std::fs::read(out.join("partials/part-00000000-00000004.bin")).unwrap())
+        .unwrap()
+}
+
+#[test]
+fn a_split_model_is_measured_as_the_same_model_in_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = fixtures::model(dir.path(), Preset::Tiny);
+    let first = worker::synth::write_model_split(
+        Preset::Tiny,
+        7,
+        Overrides::default(),
+        &dir.path().join("split/tiny.gguf"),
+        3,
+    )
+    .unwrap();
+    assert!(first.ends_with("split/tiny-00001-of-00003.gguf"));
+    let corpus = fixtures::corpus_dir(dir.path(), "corpus-run", 4, N_CTX);
+
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for (model, out) in [(&whole, &a), (&first, &b)] {
+        let o = collect(model, &corpus, out);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (pa, mut pb) = (partial(&a), partial(&b));
+    // The split model's hash is of its three files' bytes in order.
+    let mut bytes = Vec::new();
+    for i in 1..=3 {
+        let shard = dir.path().join(format!("split/tiny-0000{i}-of-00003.gguf"));
+        bytes.extend(std::fs::read(shard).unwrap());
+    }
+    assert_eq!(pb.model_sha256, common::hash::sha256_hex(&bytes));
+    assert_eq!(
+        pa.model_sha256,
+        common::hash::sha256_hex(&std::fs::read(&whole).unwrap())
+    );
+    // Everything else is the same measurement.
+    pb.model_sha256.clone_from(&pa.model_sha256);
+    assert!(pa == pb, "the split model measured differently");
+
+    // A missing file is named before llama.cpp is asked to load.
+    std::fs::remove_file(dir.path().join("split/tiny-00003-of-00003.gguf")).unwrap();
+    let o = collect(&first, &corpus, &dir.path().join("c"));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("is split into 3 files, but")
+            && err.contains("tiny-00003-of-00003.gguf is missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_slicer_refuses_a_split_model_and_says_how_to_merge_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = worker::synth::write_model_split(
+        Preset::Tiny,
+        7,
+        Overrides::default(),
+        &dir.path().join("tiny.gguf"),
+        2,
+    )
+    .unwrap();
+    let out = dir.path().join("pruned.gguf");
+    let err = common::prune::make_model(&first, None, None, &out)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{0} is the first of 2 split files (split.count); merge them into one first: \
+             llama-gguf-split --merge {0} MERGED.gguf",
+            first.display()
+        )
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_whole_run_on_a_split_model_matches_the_run_on_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole_config = fixtures::text_config(dir.path(), "");
+    let first = worker::synth::write_model_split(
+        Preset::Tiny,
+        7,
+        Overrides::default(),
+        &dir.path().join("tiny.gguf"),
+        2,
+    )
+    .unwrap();
+    let split_config = dir.path().join("split.toml");
+    let text = std::fs::read_to_string(&whole_config).unwrap();
+    std::fs::write(
+        &split_config,
+        text.replace("\"tiny.gguf\"", "\"tiny-00001-of-00002.gguf\""),
+    )
+    .unwrap();
+    let (whole_run, split_run) = (dir.path().join("whole"), dir.path().join("split"));
+    fixtures::coordinator_run(&whole_config, 2, &whole_run);
+    fixtures::coordinator_run(&split_config, 2, &split_run);
+
+    let hash_of = |files: &[&Path]| {
+        let bytes: Vec<u8> = files
+            .iter()
+            .flat_map(|f| std::fs::read(f).unwrap())
+            .collect();
+        common::hash::sha256_hex(&bytes)
+    };
+    let whole_sha = hash_of(&[&dir.path().join("tiny.gguf")]);
+    let split_sha = hash_of(&[&first, &dir.path().join("tiny-00002-of-00002.gguf")]);
+    let manifest_sha = |run: &Path| {
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+        m["model_sha256"].as_str().unwrap().to_string()
+    };
+    assert_eq!(manifest_sha(&whole_run), whole_sha);
+    assert_eq!(
+        manifest_sha(&split_run),
+        split_sha,
+        "the run names the split model's hash"
+    );
+    for name in ["saliency.json", "imatrix.gguf"] {
+        assert!(
+            std::fs::read(whole_run.join(name)).unwrap()
+                == std::fs::read(split_run.join(name)).unwrap(),
+            "{name} of the split model differs from the one-file model's"
+        );
+    }
+    assert!(first.exists());
+}
