@@ -18,6 +18,12 @@ fn collect(model: &Path, corpus: &Path, out: &Path) -> std::process::Output {
     )
 }
 
+/// The `tiny` preset (seed 7, as [`fixtures::model`] writes it) as `count`
+/// split files named after `path`; the first file's path.
+fn split_tiny(path: &Path, count: u16) -> std::path::PathBuf {
+    worker::synth::write_model_split(Preset::Tiny, 7, Overrides::default(), path, count).unwrap()
+}
+
 fn partial(out: &Path) -> Partial {
     Partial::from_bytes(&std::fs::read(out.join("partials/part-00000000-00000004.bin")).unwrap())
         .unwrap()
@@ -27,14 +33,7 @@ fn partial(out: &Path) -> Partial {
 fn a_split_model_is_measured_as_the_same_model_in_one_file() {
     let dir = tempfile::tempdir().unwrap();
     let whole = fixtures::model(dir.path(), Preset::Tiny);
-    let first = worker::synth::write_model_split(
-        Preset::Tiny,
-        7,
-        Overrides::default(),
-        &dir.path().join("split/tiny.gguf"),
-        3,
-    )
-    .unwrap();
+    let first = split_tiny(&dir.path().join("split/tiny.gguf"), 3);
     assert!(first.ends_with("split/tiny-00001-of-00003.gguf"));
     let corpus = fixtures::corpus_dir(dir.path(), "corpus-run", 4, N_CTX);
 
@@ -74,14 +73,7 @@ fn a_split_model_is_measured_as_the_same_model_in_one_file() {
 #[test]
 fn the_slicer_refuses_a_split_model_and_says_how_to_merge_it() {
     let dir = tempfile::tempdir().unwrap();
-    let first = worker::synth::write_model_split(
-        Preset::Tiny,
-        7,
-        Overrides::default(),
-        &dir.path().join("tiny.gguf"),
-        2,
-    )
-    .unwrap();
+    let first = split_tiny(&dir.path().join("tiny.gguf"), 2);
     let out = dir.path().join("pruned.gguf");
     let err = common::prune::make_model(&first, None, None, &out)
         .unwrap_err()
@@ -101,14 +93,7 @@ fn the_slicer_refuses_a_split_model_and_says_how_to_merge_it() {
 fn a_whole_run_on_a_split_model_matches_the_run_on_one_file() {
     let dir = tempfile::tempdir().unwrap();
     let whole_config = fixtures::text_config(dir.path(), "");
-    let first = worker::synth::write_model_split(
-        Preset::Tiny,
-        7,
-        Overrides::default(),
-        &dir.path().join("tiny.gguf"),
-        2,
-    )
-    .unwrap();
+    let first = split_tiny(&dir.path().join("tiny.gguf"), 2);
     let split_config = dir.path().join("split.toml");
     let text = std::fs::read_to_string(&whole_config).unwrap();
     std::fs::write(
