@@ -70,6 +70,28 @@ pub fn default_out(config: &Path) -> String {
     format!("runs/{stem}")
 }
 
+/// SHA-256 of the model (every file of a split one), with a progress bar
+/// on stderr: a model of hundreds of GB takes minutes.
+fn model_sha256(model: &Path) -> Result<String, CorpusError> {
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "hashing the model {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let sha = common::hash::model_sha256_with(model, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    sha.map_err(|source| CorpusError::Io {
+        path: model.to_path_buf(),
+        source,
+    })
+}
+
 /// SHA-256 of a file, streamed.
 pub fn sha256_file(path: &Path) -> Result<String, CorpusError> {
     common::hash::sha256_file(path).map_err(|source| CorpusError::Io {
@@ -119,10 +141,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     if config.model.path.as_os_str().is_empty() {
         return Err(CorpusError::Config("[model] path is not set".into()));
     }
-    let model_sha = common::hash::model_sha256(&model).map_err(|source| CorpusError::Io {
-        path: model.clone(),
-        source,
-    })?;
+    let model_sha = model_sha256(&model)?;
     let hashes = prepare::all_sources(&config.corpus)
         .map(|s| source::hash_file(&config.resolve(&s.path)))
         .collect::<Result<Vec<_>, _>>()?;

@@ -592,9 +592,25 @@ pub(crate) fn ranges_of(chunks: &[Chunk]) -> Vec<ChunkRange> {
 }
 
 /// SHA-256 of a model: of its file, or of all its split files
-/// ([`common::hash::model_sha256`]).
+/// ([`common::hash::model_sha256`]), logging its progress every 10 s (a
+/// model of hundreds of GB takes minutes, before any lease is measured).
 pub fn model_sha256(path: &Path) -> Result<String, WorkerError> {
-    common::hash::model_sha256(path).map_err(|source| WorkerError::Io {
+    let started = std::time::Instant::now();
+    let mut logged = started;
+    let mut progress = |done: u64, total: u64| {
+        if logged.elapsed() >= std::time::Duration::from_secs(10) {
+            logged = std::time::Instant::now();
+            let gb = |b: u64| b as f64 / 1e9;
+            tracing::info!(
+                "hashing model {}: {:.1} of {:.1} GB ({:.2} GB/s)",
+                path.display(),
+                gb(done),
+                gb(total),
+                gb(done) / started.elapsed().as_secs_f64()
+            );
+        }
+    };
+    common::hash::model_sha256_with(path, &mut progress).map_err(|source| WorkerError::Io {
         path: path.display().to_string(),
         source,
     })
