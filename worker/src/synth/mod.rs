@@ -443,16 +443,13 @@ pub fn write_model_split(
     path: &Path,
     count: u16,
 ) -> Result<PathBuf, WorkerError> {
-    let prefix = path.with_extension("");
-    let prefix = prefix.to_string_lossy();
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let file = |i: u16| path.with_file_name(common::gguf_split::shard_name(&stem, i, count));
     let shards = checked_model(preset, seed, o)?.into_shards(count);
-    let mut first = None;
-    for (i, shard) in shards.iter().enumerate() {
-        let name = common::gguf_split::shard_name(&prefix, i as u16, count);
-        write_gguf(shard, Path::new(&name))?;
-        first.get_or_insert(PathBuf::from(name));
+    for (i, shard) in (0..).zip(&shards) {
+        write_gguf(shard, &file(i))?;
     }
-    Ok(first.expect("at least one split file"))
+    Ok(file(0))
 }
 
 /// The preset's model changed by `o`, refusing overrides it cannot take.
