@@ -138,6 +138,10 @@ pub enum StagesError {
     /// names the file.
     #[error(transparent)]
     Gguf(#[from] common::gguf_read::GgufReadError),
+    /// A split model's files (llama.cpp's `gguf-split`) do not make one
+    /// model: one missing, misnamed or out of place.
+    #[error(transparent)]
+    SplitModel(#[from] common::gguf_split::SplitError),
     /// A model or importance matrix could not be sliced to a keep map.
     #[error("slicing {input}")]
     Slice {

@@ -75,7 +75,7 @@ pub(crate) async fn base_model(
 
 /// Tensors whose shape differs between the base and the pruned file.
 fn tensors_sliced(base: &Path, pruned: &Path) -> Result<usize, StagesError> {
-    let base = GgufReader::open(base)?.header;
+    let base = common::gguf_split::open_joined(base)?.header;
     let pruned = GgufReader::open(pruned)?.header;
     Ok(base
         .tensors

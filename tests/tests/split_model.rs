@@ -1,8 +1,8 @@
 //! Models split across files as llama.cpp's `gguf-split` writes them (how
 //! large MoE models are published): a worker measures one from its first
 //! file exactly as it measures the same model in one file, the model's hash
-//! covers every file, a missing file is named, and the slicer, which reads
-//! one file, refuses a split model and says how to merge it.
+//! covers every file, a missing file is named, and the slicer reads all the
+//! files as one model: what it writes is what the one-file model gives.
 
 use common::partial::Partial;
 use std::path::Path;
@@ -71,28 +71,53 @@ fn a_split_model_is_measured_as_the_same_model_in_one_file() {
 }
 
 #[test]
-fn the_slicer_refuses_a_split_model_and_says_how_to_merge_it() {
+fn the_slicer_reads_a_split_model_as_the_same_model_in_one_file() {
     let dir = tempfile::tempdir().unwrap();
-    let first = split_tiny(&dir.path().join("tiny.gguf"), 2);
-    let out = dir.path().join("pruned.gguf");
-    let err = common::prune::make_model(&first, None, None, &out)
+    let whole = fixtures::model(dir.path(), Preset::Tiny);
+    let first = split_tiny(&dir.path().join("split/tiny.gguf"), 3);
+    let out = |name: &str| dir.path().join(name);
+    let bytes = |p: &Path| std::fs::read(p).unwrap();
+
+    // Copied whole, the three files are the one-file model byte for byte:
+    // every file's tensors in order, the split keys left out.
+    let joined = common::prune::make_model(&first, None, None, &out("joined.gguf")).unwrap();
+    assert!(bytes(&out("joined.gguf")) == bytes(&whole));
+    assert_eq!(joined.sha256, common::hash::sha256_file(&whole).unwrap());
+
+    // Sliced to a keep map and fewer experts per token, and sliced alone:
+    // the bytes the one-file model gives.
+    let keep = fixtures::keep_map(8, &[0, 1, 2], 16);
+    for used in [Some(1), None] {
+        let a = common::prune::make_model(&whole, Some(&keep), used, &out("a.gguf")).unwrap();
+        let b = common::prune::make_model(&first, Some(&keep), used, &out("b.gguf")).unwrap();
+        assert_eq!(a, b, "experts used {used:?}");
+        assert!(bytes(&out("a.gguf")) == bytes(&out("b.gguf")));
+        std::fs::remove_file(out("a.gguf")).unwrap();
+        std::fs::remove_file(out("b.gguf")).unwrap();
+    }
+
+    // A missing file is named, and nothing is written.
+    std::fs::remove_file(dir.path().join("split/tiny-00002-of-00003.gguf")).unwrap();
+    let err = common::prune::slice_model(&first, &keep, &out("c.gguf"))
         .unwrap_err()
         .to_string();
     assert_eq!(
         err,
         format!(
-            "{0} is the first of 2 split files (split.count); merge them into one first: \
-             llama-gguf-split --merge {0} MERGED.gguf",
-            first.display()
+            "model {} is split into 3 files, but {} is missing",
+            first.display(),
+            dir.path().join("split/tiny-00002-of-00003.gguf").display()
         )
     );
-    assert!(!out.exists());
+    assert!(!out("c.gguf").exists());
 }
 
 #[test]
 fn a_whole_run_on_a_split_model_matches_the_run_on_one_file() {
     let dir = tempfile::tempdir().unwrap();
-    let whole_config = fixtures::text_config(dir.path(), "");
+    // The candidates of `[eval]` are sliced from the split model.
+    let eval = "[eval]\nmethods = [\"frequency\"]\nk = [\"50%\"]\n";
+    let whole_config = fixtures::text_config(dir.path(), eval);
     let first = split_tiny(&dir.path().join("tiny.gguf"), 2);
     let split_config = dir.path().join("split.toml");
     let text = std::fs::read_to_string(&whole_config).unwrap();
@@ -132,5 +157,14 @@ fn a_whole_run_on_a_split_model_matches_the_run_on_one_file() {
             "{name} of the split model differs from the one-file model's"
         );
     }
-    assert!(first.exists());
+    // Its candidates, sliced from the two files, evaluate as the one-file
+    // model's do.
+    let summary = |run: &Path| -> common::eval::EvalSummary {
+        serde_json::from_slice(&std::fs::read(run.join("eval/summary.json")).unwrap()).unwrap()
+    };
+    let (whole_eval, mut split_eval) = (summary(&whole_run), summary(&split_run));
+    assert_eq!(split_eval.base_sha256, split_sha);
+    assert_eq!(whole_eval.candidates.len(), 1);
+    split_eval.base_sha256.clone_from(&whole_eval.base_sha256);
+    assert_eq!(whole_eval, split_eval);
 }

@@ -142,6 +142,10 @@ pub enum WorkerError {
         /// The reader's error.
         source: common::gguf_read::GgufReadError,
     },
+    /// A split model's files (llama.cpp's `gguf-split`) do not make one
+    /// model: one missing, misnamed or out of place.
+    #[error(transparent)]
+    SplitModel(#[from] common::gguf_split::SplitError),
     /// A GGUF file lacks a metadata key it needs.
     #[error("{path}: no {key}")]
     MissingKey {

@@ -109,12 +109,8 @@ pub fn quantize_file(
         let path = path.display().to_string();
         move |source| WorkerError::Io { path, source }
     };
-    let header = GgufReader::open(base)
-        .map_err(|source| WorkerError::GgufFile {
-            role: "model",
-            source,
-        })?
-        .header;
+    // A split base is one model to llama.cpp: check all its tensors.
+    let header = common::gguf_split::open_joined(base)?.header;
     check_requantize(&header, "the model", opts.quant, opts.allow_requantize).map_err(model_err)?;
     if out.exists() {
         return Err(WorkerError::Io {

@@ -1,6 +1,7 @@
 //! Why a slice was refused or failed.
 
 use crate::gguf_read::GgufReadError;
+use crate::gguf_split::SplitError;
 use std::io;
 
 /// Errors of [`super::slice_model`], [`super::make_model`] and [`super::slice_imatrix`]. Refusals
@@ -29,15 +30,10 @@ pub enum PruneError {
         /// What is missing.
         reason: String,
     },
-    /// The model is split across files (llama.cpp's `gguf-split`): the
-    /// slicer reads and writes one file.
-    #[error("{path} is the first of {count} split files (split.count); merge them into one first: llama-gguf-split --merge {path} MERGED.gguf")]
-    Split {
-        /// The first file.
-        path: String,
-        /// How many files the model is split into.
-        count: u64,
-    },
+    /// The model's split files (llama.cpp's `gguf-split`) do not make one
+    /// model: one missing, misnamed, or out of place.
+    #[error(transparent)]
+    Split(#[from] SplitError),
     /// The keep map is malformed on its own (unsorted ids, K differing per
     /// layer, a `k` field that disagrees with the lists).
     #[error("keep map {map}: {reason}")]

@@ -8,7 +8,10 @@
 //! ranges in keep-map order (file to file, in the kernel where the OS can),
 //! and hashed through a bounded buffer. The output is written
 //! under a temporary name and renamed to `out` only when complete, so an
-//! error never leaves a file at `out`.
+//! error never leaves a file at `out`. A model split across files
+//! (llama.cpp's `gguf-split`, how large models are published) is read from
+//! all its files as one model and written as one file without the
+//! `split.*` keys, as `llama-gguf-split --merge` and a slice would make it.
 
 mod error;
 mod kv;
@@ -17,7 +20,7 @@ mod write;
 
 pub use error::PruneError;
 
-use crate::gguf_read::GgufReader;
+use crate::gguf_split::open_joined;
 use crate::keepmap::KeepMap;
 use std::path::Path;
 
@@ -54,20 +57,16 @@ pub fn make_model(
     experts_used: Option<u32>,
     out: &Path,
 ) -> Result<Sliced, PruneError> {
-    let header = GgufReader::open(base)?.header;
-    let path = base.display().to_string();
-    let count = crate::gguf_split::split_count(&header);
-    if count > 1 {
-        return Err(PruneError::Split { path, count });
-    }
+    let model = open_joined(base)?;
+    let (header, path) = (&model.header, base.display().to_string());
     let mut plan = match keep {
-        Some(keep) => plan::model(&header, keep, &path)?,
-        None => plan::whole(&header, &path)?,
+        Some(keep) => plan::model(header, keep, &path)?,
+        None => plan::whole(header, &path)?,
     };
     if let Some(used) = experts_used {
-        plan::experts_used(&header, &mut plan, used, &path)?;
+        plan::experts_used(header, &mut plan, used, &path)?;
     }
-    write::sliced(base, &header, &plan, out)
+    write::sliced(&model, &plan, out)
 }
 
 /// Writes to `out` llama.cpp's importance matrix `imatrix` (`<tensor>.in_sum2`
@@ -75,9 +74,9 @@ pub fn make_model(
 /// weights' entries cut to the experts `keep` keeps, so a pruned model can be
 /// re-quantised with it.
 pub fn slice_imatrix(imatrix: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, PruneError> {
-    let header = GgufReader::open(imatrix)?.header;
-    let plan = plan::imatrix(&header, keep, &imatrix.display().to_string())?;
-    write::sliced(imatrix, &header, &plan, out)
+    let matrix = open_joined(imatrix)?;
+    let plan = plan::imatrix(&matrix.header, keep, &imatrix.display().to_string())?;
+    write::sliced(&matrix, &plan, out)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Streams a sliced GGUF: the header rewritten, tensor data copied range by
-//! range inside the kernel (`copy_file_range` with an explicit source
+//! range (from whichever of a split model's files holds it) inside the kernel (`copy_file_range` with an explicit source
 //! offset on Linux: one system call per range; `std::io::copy` elsewhere or
 //! when the kernel refuses), adjacent ranges merged into one, while a second
 //! thread hashes the same ranges, handed over in batches of a few MiB so
@@ -8,7 +8,7 @@
 
 use super::plan::{Cut, Plan};
 use super::{PruneError, Sliced};
-use crate::gguf_read::GgufHeader;
+use crate::gguf_split::{Joined, TensorPlace};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -31,21 +31,21 @@ const HASH_BATCH: u64 = 2 << 20;
 enum Piece {
     /// Bytes built in memory (header, padding).
     Bytes(Vec<u8>),
-    /// A range of the source file, copied to the output by the kernel.
-    Range { offset: u64, len: u64 },
+    /// A range of a source file, copied to the output by the kernel.
+    Range { file: usize, offset: u64, len: u64 },
 }
 
 /// SHA-256 of the output, computed on its own thread from the pieces the
 /// copy writes, so hashing overlaps the copy instead of following it.
 struct Hasher {
     feed: mpsc::SyncSender<Vec<Piece>>,
-    thread: JoinHandle<io::Result<Sha256>>,
+    thread: JoinHandle<Result<Sha256, Side>>,
 }
 
 impl Hasher {
-    /// Starts the thread; it reads ranges from `src` by position, so the
-    /// copy's own file offset is never disturbed.
-    fn start(src: File) -> Hasher {
+    /// Starts the thread; it reads ranges from the source files `src` by
+    /// position, so the copy's own file offsets are never disturbed.
+    fn start(src: Vec<File>) -> Hasher {
         let (feed, batches) = mpsc::sync_channel::<Vec<Piece>>(HASH_QUEUE);
         let thread = std::thread::spawn(move || {
             let mut hash = Sha256::new();
@@ -53,11 +53,13 @@ impl Hasher {
             for piece in batches.into_iter().flatten() {
                 match piece {
                     Piece::Bytes(b) => hash.update(&b),
-                    Piece::Range { offset, len } => {
+                    Piece::Range { file, offset, len } => {
                         let mut at = offset;
                         while at < offset + len {
                             let n = (offset + len - at).min(buf.len() as u64) as usize;
-                            src.read_exact_at(&mut buf[..n], at)?;
+                            src[file]
+                                .read_exact_at(&mut buf[..n], at)
+                                .map_err(|e| Side::Read(file, e))?;
                             hash.update(&buf[..n]);
                             at += n as u64;
                         }
@@ -76,11 +78,14 @@ impl Hasher {
     }
 
     /// Waits for the thread and returns the hash of everything pushed.
-    fn finish(self) -> io::Result<Sha256> {
+    fn finish(self) -> Result<Sha256, Side> {
         drop(self.feed);
-        self.thread
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("the hashing thread panicked")))
+        self.thread.join().unwrap_or_else(|_| {
+            Err(Side::Read(
+                0,
+                io::Error::other("the hashing thread panicked"),
+            ))
+        })
     }
 }
 
@@ -117,18 +122,21 @@ impl Out {
         Ok(())
     }
 
-    /// Appends `len` bytes at `offset` of `src`, copied file to file in the
-    /// kernel and hashed on the side.
-    fn copy(&mut self, src: &File, offset: u64, len: u64) -> Result<(), Side> {
+    /// Appends the `len` bytes at `at` of the source files `src`, copied
+    /// file to file in the kernel and hashed on the side.
+    fn copy(&mut self, src: &[File], at: TensorPlace, len: u64) -> Result<(), Side> {
+        let (file, offset) = (at.file, at.offset);
         let done = if self.kernel_copy_refused {
             0
         } else {
-            self.kernel_copy(src, offset, len)?
+            self.kernel_copy(&src[file], offset, len)
+                .map_err(|e| e.in_file(file))?
         };
         if done < len {
-            self.std_copy(src, offset + done, len - done)?;
+            self.std_copy(&src[file], offset + done, len - done)
+                .map_err(|e| e.in_file(file))?;
         }
-        self.queue(Piece::Range { offset, len })?;
+        self.queue(Piece::Range { file, offset, len })?;
         self.bytes += len;
         Ok(())
     }
@@ -168,7 +176,9 @@ impl Out {
     /// picks the best way the platform has).
     fn std_copy(&mut self, src: &File, offset: u64, len: u64) -> Result<(), Side> {
         let mut reader = src;
-        reader.seek(SeekFrom::Start(offset)).map_err(Side::Read)?;
+        reader
+            .seek(SeekFrom::Start(offset))
+            .map_err(|e| Side::Read(0, e))?;
         let copied = io::copy(&mut reader.take(len), &mut self.file).map_err(Side::Write)?;
         if copied != len {
             return Err(past_the_end(offset, len));
@@ -185,11 +195,18 @@ impl Out {
             Piece::Range { len, .. } => *len,
         };
         match (self.batch.last_mut(), piece) {
-            (Some(Piece::Range { offset, len: last }), Piece::Range { offset: next, len })
-                if *offset + *last == next =>
-            {
-                *last += len
-            }
+            (
+                Some(Piece::Range {
+                    file,
+                    offset,
+                    len: last,
+                }),
+                Piece::Range {
+                    file: next_file,
+                    offset: next,
+                    len,
+                },
+            ) if *file == next_file && *offset + *last == next => *last += len,
             (_, piece) => self.batch.push(piece),
         }
         self.batch_bytes += len;
@@ -206,19 +223,23 @@ impl Out {
         if self.batch.is_empty() || self.hasher.push(std::mem::take(&mut self.batch)) {
             Ok(())
         } else {
-            Err(Side::Read(io::Error::other(
-                "the hashing thread stopped on a read error",
-            )))
+            Err(Side::Read(
+                0,
+                io::Error::other("the hashing thread stopped on a read error"),
+            ))
         }
     }
 }
 
 /// The error of a range that runs past the end of the source.
 fn past_the_end(offset: u64, len: u64) -> Side {
-    Side::Read(io::Error::new(
-        io::ErrorKind::UnexpectedEof,
-        format!("{len} bytes at offset {offset} run past the end of the file"),
-    ))
+    Side::Read(
+        0,
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("{len} bytes at offset {offset} run past the end of the file"),
+        ),
+    )
 }
 
 /// The temporary output; removed on drop unless it was renamed into place.
@@ -235,14 +256,8 @@ impl Drop for Partial {
     }
 }
 
-/// Writes the slice of `src` (whose parsed header is `header`) that `plan`
-/// describes to `out`.
-pub(super) fn sliced(
-    src_path: &Path,
-    header: &GgufHeader,
-    plan: &Plan,
-    out: &Path,
-) -> Result<Sliced, PruneError> {
+/// Writes the slice of the model `src` that `plan` describes to `out`.
+pub(super) fn sliced(src: &Joined, plan: &Plan, out: &Path) -> Result<Sliced, PruneError> {
     let io_err = |path: &Path| {
         let path = path.display().to_string();
         move |source| PruneError::Io {
@@ -250,8 +265,10 @@ pub(super) fn sliced(
             source,
         }
     };
-    let mut src = File::open(src_path).map_err(io_err(src_path))?;
-    let hasher = Hasher::start(src.try_clone().map_err(io_err(src_path))?);
+    let open = |p: &PathBuf| File::open(p).map_err(io_err(p));
+    let files = src.files.iter().map(open).collect::<Result<Vec<_>, _>>()?;
+    let for_hasher = src.files.iter().map(open).collect::<Result<Vec<_>, _>>()?;
+    let hasher = Hasher::start(for_hasher);
     let mut name = out.file_name().unwrap_or_default().to_os_string();
     name.push(".partial");
     let partial = Partial {
@@ -260,7 +277,7 @@ pub(super) fn sliced(
     };
     let file = File::create(&partial.path).map_err(io_err(&partial.path))?;
     let mut w = Out::new(file, hasher);
-    let result = write_all(&mut src, header, plan, &mut w).and_then(|()| w.flush());
+    let result = write_all(&files, src, plan, &mut w).and_then(|()| w.flush());
     let Out {
         file,
         hasher,
@@ -272,12 +289,11 @@ pub(super) fn sliced(
     let hash = hasher.finish();
     let result = match (result, hash) {
         (Ok(()), Ok(hash)) => Ok(hash),
-        (_, Err(e)) => Err(Side::Read(e)),
-        (Err(e), Ok(_)) => Err(e),
+        (_, Err(e)) | (Err(e), Ok(_)) => Err(e),
     };
     let hash = result.map_err(|e| match e {
-        Side::Read(source) => PruneError::Io {
-            path: src_path.display().to_string(),
+        Side::Read(file, source) => PruneError::Io {
+            path: src.files[file].display().to_string(),
             source,
         },
         Side::Write(source) => PruneError::Io {
@@ -297,13 +313,25 @@ pub(super) fn sliced(
     })
 }
 
-/// Which file an I/O error came from.
+/// Which file an I/O error came from: a source file (by its index in
+/// [`Joined::files`]) or the output.
 enum Side {
-    Read(io::Error),
+    Read(usize, io::Error),
     Write(io::Error),
 }
 
-fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> Result<(), Side> {
+impl Side {
+    /// The error with a read blamed on source file `file`.
+    fn in_file(self, file: usize) -> Side {
+        match self {
+            Side::Read(_, e) => Side::Read(file, e),
+            write => write,
+        }
+    }
+}
+
+fn write_all(files: &[File], src: &Joined, plan: &Plan, w: &mut Out) -> Result<(), Side> {
+    let header = &src.header;
     let align = header.alignment;
     // The header is built in memory (the reader bounded its size), then the
     // data is streamed.
@@ -319,9 +347,9 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
             None => {
                 let at = head.len();
                 head.resize(at + (range.end - range.start) as usize, 0);
-                src.seek(SeekFrom::Start(range.start))
-                    .and_then(|_| src.read_exact(&mut head[at..]))
-                    .map_err(Side::Read)?;
+                files[0]
+                    .read_exact_at(&mut head[at..], range.start)
+                    .map_err(|e| Side::Read(0, e))?;
             }
         }
     }
@@ -356,18 +384,21 @@ fn write_all(src: &mut File, header: &GgufHeader, plan: &Plan, w: &mut Out) -> R
     head.resize(head.len().next_multiple_of(align as usize), 0);
     w.put(&head)?;
     let zeros = vec![0u8; align as usize];
-    for (t, cut) in header.tensors.iter().zip(&plan.cuts) {
-        let start = header.data_offset + t.offset;
+    for ((t, cut), &start) in header.tensors.iter().zip(&plan.cuts).zip(&src.places) {
         let written = match cut {
             Cut::Drop => continue,
             Cut::Whole => {
-                w.copy(src, start, t.n_bytes)?;
+                w.copy(files, start, t.n_bytes)?;
                 t.n_bytes
             }
             Cut::Experts(ids) => {
                 let per_expert = t.n_bytes / t.dims.last().expect("checked");
                 for (first, n) in runs(ids) {
-                    w.copy(src, start + first * per_expert, n * per_expert)?;
+                    let at = TensorPlace {
+                        offset: start.offset + first * per_expert,
+                        ..start
+                    };
+                    w.copy(files, at, n * per_expert)?;
                 }
                 per_expert * ids.len() as u64
             }

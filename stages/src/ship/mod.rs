@@ -250,7 +250,8 @@ fn make<'a>(
     imatrix: &[u8],
 ) -> Result<(Ship<'a>, Vec<ModelFile>, Vec<Shipped>), StagesError> {
     let quants = &request.quants;
-    let header = GgufReader::open(base)
+    // A split base is one model: every file's tensors are checked.
+    let header = common::gguf_split::open_joined(base)
         .during("reading the base model")?
         .header;
     for &q in quants {
