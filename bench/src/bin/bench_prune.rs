@@ -3,6 +3,8 @@
 //!
 //! `worker synth-model --preset bench --out bench.gguf`, then
 //! `cargo run --release -p moe-census-bench --bin bench_prune -- --model bench.gguf`
+//! (or the first file of a split model: `worker synth-model --preset bench
+//! --split 4`; the copies then copy every file, and the slice reads them all)
 //!
 //! Each figure is the median of `--runs` runs with the base file in the page
 //! cache. Copies are timed with the same `fsync` before completion that the
@@ -12,7 +14,6 @@
 
 use anyhow::Context;
 use clap::Parser;
-use common::gguf_read::GgufReader;
 use common::keepmap::KeepMap;
 use common::procstat::peak_rss_kib;
 use common::prune::slice_model;
@@ -39,7 +40,7 @@ struct Args {
 
 /// A map keeping `k` evenly spread experts of every MoE layer.
 fn keep_map(model: &Path, k: u32) -> anyhow::Result<(KeepMap, u32)> {
-    let h = GgufReader::open(model)?.header;
+    let h = common::gguf_split::open_joined(model)?.header;
     let arch = h
         .get("general.architecture")
         .and_then(|v| v.as_str())
@@ -84,19 +85,36 @@ fn timed(runs: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Resu
     Ok(median(secs))
 }
 
-/// A copy through a 4 MiB user-space buffer (what the slicer does), fsynced.
-fn buffered_copy(from: &Path, to: &Path) -> anyhow::Result<()> {
-    let mut r = std::fs::File::open(from)?;
+/// A copy of the files `from` into one file `to` through a 4 MiB
+/// user-space buffer (what the slicer's hash does), fsynced.
+fn buffered_copy(from: &[PathBuf], to: &Path) -> anyhow::Result<()> {
     let mut w = std::fs::File::create(to)?;
     let mut buf = vec![0u8; 4 << 20];
-    loop {
-        let n = r.read(&mut buf)?;
-        if n == 0 {
-            break;
+    for file in from {
+        let mut r = std::fs::File::open(file)?;
+        loop {
+            let n = r.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            w.write_all(&buf[..n])?;
         }
-        w.write_all(&buf[..n])?;
     }
     w.sync_all()?;
+    Ok(())
+}
+
+/// Plain copies of the files `from`, fsynced: file `i` to `to` with `-i`
+/// appended to its stem (one file: to `to`).
+fn plain_copy(from: &[PathBuf], to: &Path) -> anyhow::Result<()> {
+    for (i, file) in from.iter().enumerate() {
+        let dest = match i {
+            0 => to.to_path_buf(),
+            _ => to.with_extension(format!("{i}.gguf")),
+        };
+        std::fs::copy(file, &dest)?;
+        std::fs::File::open(&dest)?.sync_all()?;
+    }
     Ok(())
 }
 
@@ -112,35 +130,36 @@ fn main() -> anyhow::Result<()> {
         .dir
         .clone()
         .unwrap_or_else(|| args.model.parent().unwrap_or(Path::new(".")).to_path_buf());
-    let size = std::fs::metadata(&args.model)?.len();
-    std::io::copy(&mut std::fs::File::open(&args.model)?, &mut std::io::sink())?;
+    let files = common::gguf_split::model_files(&args.model)?;
+    let mut size = 0;
+    for file in &files {
+        size += std::fs::metadata(file)?.len();
+        std::io::copy(&mut std::fs::File::open(file)?, &mut std::io::sink())?;
+    }
     let out = dir.join("bench-prune-out.gguf");
     let gb = |bytes: u64, s: f64| bytes as f64 / s / 1e9;
     println!(
-        "base {}: {:.1} MB; median of {} runs\n",
+        "base {} ({} file(s)): {:.1} MB; median of {} runs\n",
         args.model.display(),
+        files.len(),
         size as f64 / 1e6,
         args.runs
     );
     println!("| what | bytes written | seconds | GB/s | vs plain copy |");
     println!("|---|---:|---:|---:|---:|");
-    let copy = timed(args.runs, || {
-        std::fs::copy(&args.model, &out)?;
-        std::fs::File::open(&out)?.sync_all()?;
-        Ok(())
-    })?;
+    let copy = timed(args.runs, || plain_copy(&files, &out))?;
     println!(
         "| plain copy (std::fs::copy + fsync) | {size} | {copy:.3} | {:.2} | 1.00x |",
         gb(size, copy)
     );
-    let buffered = timed(args.runs, || buffered_copy(&args.model, &out))?;
+    let buffered = timed(args.runs, || buffered_copy(&files, &out))?;
     println!(
         "| copy through a 4 MiB buffer + fsync | {size} | {buffered:.3} | {:.2} | {:.2}x |",
         gb(size, buffered),
         buffered / copy
     );
     let sha = timed(args.runs, || {
-        common::hash::sha256_file(&args.model)?;
+        common::hash::model_sha256(&args.model)?;
         Ok(())
     })?;
     println!(
@@ -159,11 +178,7 @@ fn main() -> anyhow::Result<()> {
         // The same fixed costs (open, fsync, rename over the last output) at
         // the slice's size: a plain copy of the slice itself.
         let same = dir.join("bench-prune-same-size.gguf");
-        let copy_same = timed(args.runs, || {
-            std::fs::copy(&out, &same)?;
-            std::fs::File::open(&same)?.sync_all()?;
-            Ok(())
-        })?;
+        let copy_same = timed(args.runs, || plain_copy(std::slice::from_ref(&out), &same))?;
         std::fs::remove_file(&same).ok();
         println!(
             "| prune K={k} of {n_expert} (slice + SHA-256 + fsync) | {bytes} | {s:.3} | {:.2} | {:.2}x (plain copy of a file this size: {copy_same:.3} s, {:.2}x) |",
@@ -187,6 +202,9 @@ fn main() -> anyhow::Result<()> {
         memory.push((k, String::from_utf8(child.stdout)?.trim().to_string()));
     }
     std::fs::remove_file(&out).ok();
+    for i in 1..files.len() {
+        std::fs::remove_file(out.with_extension(format!("{i}.gguf"))).ok();
+    }
     println!(
         "\nvs plain copy: time per byte written relative to the plain copy's of the whole base (lower is better); in brackets, against a plain copy of a file of the slice's own size (the slice output copied, with the same fsync)."
     );
