@@ -58,9 +58,23 @@ fn a_split_model_is_measured_as_the_same_model_in_one_file() {
     pb.model_sha256.clone_from(&pa.model_sha256);
     assert!(pa == pb, "the split model measured differently");
 
+    // The slicer's own split files (a third of the model each at most)
+    // load in llama.cpp as the model.
+    let third = std::fs::metadata(&whole).unwrap().len() / 3;
+    let ours = dir.path().join("ours/tiny.gguf");
+    std::fs::create_dir(ours.parent().unwrap()).unwrap();
+    let parts = common::prune::make_model_split(&whole, None, None, &ours, third).unwrap();
+    assert!(parts.len() >= 3, "{} files", parts.len());
+    let c = dir.path().join("c");
+    let o = collect(&parts[0].0, &corpus, &c);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut pc = partial(&c);
+    pc.model_sha256.clone_from(&pa.model_sha256);
+    assert!(pa == pc, "the slicer's split files measured differently");
+
     // A missing file is named before llama.cpp is asked to load.
     std::fs::remove_file(dir.path().join("split/tiny-00003-of-00003.gguf")).unwrap();
-    let o = collect(&first, &corpus, &dir.path().join("c"));
+    let o = collect(&first, &corpus, &dir.path().join("d"));
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

@@ -34,6 +34,15 @@ pub enum PruneError {
     /// model: one missing, misnamed, or out of place.
     #[error(transparent)]
     Split(#[from] SplitError),
+    /// A split output's size per file cannot be kept: a tensor is larger,
+    /// or it makes more files than `gguf-split` numbers (65,535).
+    #[error("files of at most {max_bytes} bytes: {reason}")]
+    SplitSize {
+        /// The size asked for.
+        max_bytes: u64,
+        /// Why it cannot be kept.
+        reason: String,
+    },
     /// The keep map is malformed on its own (unsorted ids, K differing per
     /// layer, a `k` field that disagrees with the lists).
     #[error("keep map {map}: {reason}")]

@@ -20,9 +20,9 @@ mod write;
 
 pub use error::PruneError;
 
-use crate::gguf_split::open_joined;
+use crate::gguf_split::{open_joined, Joined};
 use crate::keepmap::KeepMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What a slice wrote: the output's SHA-256 (compared across workers that
 /// slice the same candidate), its size and the experts kept per layer.
@@ -57,6 +57,16 @@ pub fn make_model(
     experts_used: Option<u32>,
     out: &Path,
 ) -> Result<Sliced, PruneError> {
+    let (model, plan) = plan_model(base, keep, experts_used)?;
+    write::sliced(&model, &plan, out)
+}
+
+/// The model `base` read whole, and its plan for [`make_model`].
+fn plan_model(
+    base: &Path,
+    keep: Option<&KeepMap>,
+    experts_used: Option<u32>,
+) -> Result<(Joined, plan::Plan), PruneError> {
     let model = open_joined(base)?;
     let (header, path) = (&model.header, base.display().to_string());
     let mut plan = match keep {
@@ -66,7 +76,28 @@ pub fn make_model(
     if let Some(used) = experts_used {
         plan::experts_used(header, &mut plan, used, &path)?;
     }
-    write::sliced(&model, &plan, out)
+    Ok((model, plan))
+}
+
+/// [`make_model`] written as llama.cpp's `gguf-split` writes a model, for
+/// hosts that cap a file's size (Hugging Face: 50 GB): files of at most
+/// `max_bytes` of tensor data, the first holding the metadata, named from
+/// `out` (`DIR/NAME.gguf`) as `DIR/NAME-00001-of-0000N.gguf`, ...; a model
+/// that fits is one file at `out`. Returns each file and what it holds.
+pub fn make_model_split(
+    base: &Path,
+    keep: Option<&KeepMap>,
+    experts_used: Option<u32>,
+    out: &Path,
+    max_bytes: u64,
+) -> Result<Vec<(PathBuf, Sliced)>, PruneError> {
+    let (model, plan) = plan_model(base, keep, experts_used)?;
+    let stem = out.file_stem().unwrap_or_default().to_string_lossy();
+    let name = |no: u16, count: u16| match count {
+        1 => out.to_path_buf(),
+        _ => out.with_file_name(crate::gguf_split::shard_name(&stem, no, count)),
+    };
+    write::split(&model, &plan, max_bytes, &name)
 }
 
 /// Writes to `out` llama.cpp's importance matrix `imatrix` (`<tensor>.in_sum2`

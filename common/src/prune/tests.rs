@@ -6,7 +6,7 @@ use crate::gguf::{GgufWriter, TensorType, Value};
 use crate::gguf_read::{GgufReader, GgufValue};
 use crate::imatrix::{Imatrix, ImatrixEntry};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 const N_EXPERT: u64 = 4;
 
@@ -518,4 +518,80 @@ fn a_top_k_candidate_changes_the_experts_per_token_and_nothing_else() {
         );
         assert!(!f.out.exists());
     }
+}
+
+/// Tensor data bytes of a file as `gguf-split` counts them (each padded to
+/// 32 bytes), in order.
+fn padded_sizes(path: &Path) -> Vec<u64> {
+    let h = GgufReader::open(path).unwrap().header;
+    h.tensors
+        .iter()
+        .map(|t| t.n_bytes.next_multiple_of(32))
+        .collect()
+}
+
+#[test]
+fn a_split_slice_is_the_slice_in_files_of_at_most_the_size_asked() {
+    let f = files(&model());
+    let map = keep(&[(1, &[0, 3]), (2, &[1, 2])]);
+    let one = slice_model(&f.base, &map, &f.out).unwrap();
+    let sizes = padded_sizes(&f.out);
+    let total: u64 = sizes.iter().sum();
+    let largest = *sizes.iter().max().unwrap();
+    let dir = f.out.parent().unwrap().join("split");
+    std::fs::create_dir(&dir).unwrap();
+    let out = dir.join("pruned.gguf");
+
+    let max = largest.max(total / 3);
+    let parts = make_model_split(&f.base, Some(&map), None, &out, max).unwrap();
+    let count = parts.len();
+    assert!(count >= 3, "{count} files for {total} bytes at {max}");
+    let mut tensors = 0;
+    for (i, (path, sliced)) in parts.iter().enumerate() {
+        let name = crate::gguf_split::shard_name("pruned", i as u16, count as u16);
+        assert_eq!(path, &dir.join(name));
+        assert_eq!(sliced.sha256, crate::hash::sha256_file(path).unwrap());
+        let h = GgufReader::open(path).unwrap().header;
+        let key = |k: &str| h.get(k).and_then(GgufValue::as_u64);
+        assert_eq!(key("split.no"), Some(i as u64));
+        assert_eq!(key("split.count"), Some(count as u64));
+        assert_eq!(key("split.tensors.count"), Some(sizes.len() as u64));
+        assert_eq!(h.get("general.architecture").is_some(), i == 0);
+        // At most `max` bytes, and only a file the next tensor would have
+        // overfilled ends early.
+        let mine = padded_sizes(path);
+        let bytes: u64 = mine.iter().sum();
+        assert!(bytes <= max, "file {i}: {bytes} > {max}");
+        if i + 1 < count {
+            assert!(
+                bytes + sizes[tensors + mine.len()] > max,
+                "file {i} ends early"
+            );
+        }
+        tensors += mine.len();
+    }
+    assert_eq!(tensors, sizes.len());
+    // Joined again, the files are the one-file slice byte for byte.
+    let joined = f.out.with_file_name("joined.gguf");
+    let again = make_model(&parts[0].0, None, None, &joined).unwrap();
+    assert_eq!(again.sha256, one.sha256);
+
+    // A size that holds the whole slice: one file, as the slice.
+    let whole = make_model_split(&f.base, Some(&map), None, &out, total).unwrap();
+    assert_eq!(whole.len(), 1);
+    assert_eq!(whole[0], (out.clone(), one));
+
+    // Below the largest tensor: refused, naming it, with nothing written.
+    std::fs::remove_file(&out).unwrap();
+    for (path, _) in &parts {
+        std::fs::remove_file(path).unwrap();
+    }
+    let e = make_model_split(&f.base, Some(&map), None, &out, largest - 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("files of at most {} bytes: tensor", largest - 1)),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }

@@ -8,7 +8,8 @@
 
 use super::plan::{Cut, Plan};
 use super::{PruneError, Sliced};
-use crate::gguf_split::{Joined, TensorPlace};
+use crate::gguf_read::{GgufValue, TensorInfo};
+use crate::gguf_split::{Joined, TensorPlace, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -256,8 +257,127 @@ impl Drop for Partial {
     }
 }
 
+/// What one output file holds of a plan's slice.
+struct Part {
+    /// Whether the source's metadata (with the plan's replacements) comes
+    /// first: only the first file of a split model has it.
+    source_kv: bool,
+    /// Encoded entries after it (a split file's `split.*` keys).
+    extra_kv: Vec<Vec<u8>>,
+    /// Indices of the source's tensors it holds, in order (none dropped).
+    tensors: Vec<usize>,
+}
+
 /// Writes the slice of the model `src` that `plan` describes to `out`.
 pub(super) fn sliced(src: &Joined, plan: &Plan, out: &Path) -> Result<Sliced, PruneError> {
+    let part = Part {
+        source_kv: true,
+        extra_kv: Vec::new(),
+        tensors: kept(plan),
+    };
+    write_part(src, plan, &part, out)
+}
+
+/// Indices of the tensors the plan does not drop.
+fn kept(plan: &Plan) -> Vec<usize> {
+    (0..plan.cuts.len())
+        .filter(|&i| plan.cuts[i] != Cut::Drop)
+        .collect()
+}
+
+/// Bytes tensor `t` takes in the output under `cut`, before padding.
+fn cut_bytes(t: &TensorInfo, cut: &Cut) -> u64 {
+    match cut {
+        Cut::Drop => 0,
+        Cut::Whole => t.n_bytes,
+        Cut::Experts(ids) => {
+            t.n_bytes / t.dims.last().expect("an expert tensor has dimensions") * ids.len() as u64
+        }
+    }
+}
+
+/// Writes the slice of `src` that `plan` describes as llama.cpp's
+/// `gguf-split` lays a model out: files of at most `max_bytes` of tensor
+/// data (each tensor padded to 32 bytes, as `gguf-split` counts), tensors
+/// in order, the first file with all the metadata, every file with
+/// `split.no`, `split.count` and `split.tensors.count`; file `i` of `n` at
+/// `path(i, n)`. A model that fits is one file at `path(0, 1)` without
+/// split keys. A tensor larger than `max_bytes` is refused before anything
+/// is written; on an error the files already written are removed.
+pub(super) fn split(
+    src: &Joined,
+    plan: &Plan,
+    max_bytes: u64,
+    path: &dyn Fn(u16, u16) -> PathBuf,
+) -> Result<Vec<(PathBuf, Sliced)>, PruneError> {
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for i in kept(plan) {
+        let t = &src.header.tensors[i];
+        let n = cut_bytes(t, &plan.cuts[i]).next_multiple_of(SPLIT_ALIGNMENT);
+        if n > max_bytes {
+            return Err(PruneError::SplitSize {
+                max_bytes,
+                reason: format!(
+                    "tensor {} takes {n} bytes (padded to {SPLIT_ALIGNMENT}), more than a file may hold",
+                    t.name
+                ),
+            });
+        }
+        let group = groups.last_mut().expect("one group at least");
+        if size + n > max_bytes && !group.is_empty() {
+            groups.push(vec![i]);
+            size = n;
+        } else {
+            group.push(i);
+            size += n;
+        }
+    }
+    let count = u16::try_from(groups.len()).map_err(|_| PruneError::SplitSize {
+        max_bytes,
+        reason: format!("{} files, over the 65,535 gguf-split numbers", groups.len()),
+    })?;
+    let total = groups.iter().map(Vec::len).sum::<usize>();
+    let mut written: Vec<(PathBuf, Sliced)> = Vec::new();
+    for (no, tensors) in (0..).zip(groups) {
+        let extra_kv = match count {
+            1 => Vec::new(),
+            _ => vec![
+                super::kv::entry(SPLIT_NO, &GgufValue::U16(no)),
+                super::kv::entry(SPLIT_COUNT, &GgufValue::U16(count)),
+                super::kv::entry(
+                    SPLIT_TENSORS_COUNT,
+                    &GgufValue::I32(i32::try_from(total).unwrap_or(i32::MAX)),
+                ),
+            ],
+        };
+        let part = Part {
+            source_kv: no == 0,
+            extra_kv,
+            tensors,
+        };
+        let out = path(no, count);
+        match write_part(src, plan, &part, &out) {
+            Ok(sliced) => written.push((out, sliced)),
+            Err(e) => {
+                for (done, _) in &written {
+                    let _ = std::fs::remove_file(done);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(written)
+}
+
+/// The alignment of a split file without the source's metadata (no
+/// `general.alignment`: GGUF's default), and the padding `gguf-split`
+/// counts sizes in.
+const SPLIT_ALIGNMENT: u64 = 32;
+
+/// Writes the part `part` of the slice of `src` that `plan` describes to
+/// `out`.
+fn write_part(src: &Joined, plan: &Plan, part: &Part, out: &Path) -> Result<Sliced, PruneError> {
     let io_err = |path: &Path| {
         let path = path.display().to_string();
         move |source| PruneError::Io {
@@ -277,7 +397,7 @@ pub(super) fn sliced(src: &Joined, plan: &Plan, out: &Path) -> Result<Sliced, Pr
     };
     let file = File::create(&partial.path).map_err(io_err(&partial.path))?;
     let mut w = Out::new(file, hasher);
-    let result = write_all(&files, src, plan, &mut w).and_then(|()| w.flush());
+    let result = write_all(&files, src, plan, part, &mut w).and_then(|()| w.flush());
     let Out {
         file,
         hasher,
@@ -330,41 +450,52 @@ impl Side {
     }
 }
 
-fn write_all(files: &[File], src: &Joined, plan: &Plan, w: &mut Out) -> Result<(), Side> {
+fn write_all(
+    files: &[File],
+    src: &Joined,
+    plan: &Plan,
+    part: &Part,
+    w: &mut Out,
+) -> Result<(), Side> {
     let header = &src.header;
-    let align = header.alignment;
+    let align = match part.source_kv {
+        true => header.alignment,
+        false => SPLIT_ALIGNMENT,
+    };
     // The header is built in memory (the reader bounded its size), then the
     // data is streamed.
     let mut head = Vec::new();
     head.extend(b"GGUF");
     head.extend(header.version.to_le_bytes());
-    let kept = plan.cuts.iter().filter(|c| **c != Cut::Drop).count();
-    head.extend((kept as u64).to_le_bytes());
-    head.extend((header.kv.len() as u64).to_le_bytes());
-    for (i, range) in header.kv_ranges.iter().enumerate() {
-        match plan.kv_overrides.iter().find(|(j, _)| *j == i) {
-            Some((_, bytes)) => head.extend(bytes),
-            None => {
-                let at = head.len();
-                head.resize(at + (range.end - range.start) as usize, 0);
-                files[0]
-                    .read_exact_at(&mut head[at..], range.start)
-                    .map_err(|e| Side::Read(0, e))?;
+    head.extend((part.tensors.len() as u64).to_le_bytes());
+    let n_kv = match part.source_kv {
+        true => header.kv.len(),
+        false => 0,
+    } + part.extra_kv.len();
+    head.extend((n_kv as u64).to_le_bytes());
+    if part.source_kv {
+        for (i, range) in header.kv_ranges.iter().enumerate() {
+            match plan.kv_overrides.iter().find(|(j, _)| *j == i) {
+                Some((_, bytes)) => head.extend(bytes),
+                None => {
+                    let at = head.len();
+                    head.resize(at + (range.end - range.start) as usize, 0);
+                    files[0]
+                        .read_exact_at(&mut head[at..], range.start)
+                        .map_err(|e| Side::Read(0, e))?;
+                }
             }
         }
     }
+    for entry in &part.extra_kv {
+        head.extend(entry);
+    }
     let mut offset = 0u64;
-    for (t, cut) in header.tensors.iter().zip(&plan.cuts) {
-        let (last, n_bytes) = match cut {
-            Cut::Drop => continue,
-            Cut::Whole => (None, t.n_bytes),
-            Cut::Experts(ids) => {
-                let n_expert = *t.dims.last().expect("an expert tensor has dimensions");
-                (
-                    Some(ids.len() as u64),
-                    t.n_bytes / n_expert * ids.len() as u64,
-                )
-            }
+    for &i in &part.tensors {
+        let (t, cut) = (&header.tensors[i], &plan.cuts[i]);
+        let last = match cut {
+            Cut::Experts(ids) => Some(ids.len() as u64),
+            _ => None,
         };
         head.extend((t.name.len() as u64).to_le_bytes());
         head.extend(t.name.as_bytes());
@@ -379,18 +510,16 @@ fn write_all(files: &[File], src: &Joined, plan: &Plan, w: &mut Out) -> Result<(
         }
         head.extend(t.ggml_type.to_le_bytes());
         head.extend(offset.to_le_bytes());
-        offset += n_bytes.next_multiple_of(align);
+        offset += cut_bytes(t, cut).next_multiple_of(align);
     }
     head.resize(head.len().next_multiple_of(align as usize), 0);
     w.put(&head)?;
     let zeros = vec![0u8; align as usize];
-    for ((t, cut), &start) in header.tensors.iter().zip(&plan.cuts).zip(&src.places) {
-        let written = match cut {
+    for &i in &part.tensors {
+        let (t, cut, start) = (&header.tensors[i], &plan.cuts[i], src.places[i]);
+        match cut {
             Cut::Drop => continue,
-            Cut::Whole => {
-                w.copy(files, start, t.n_bytes)?;
-                t.n_bytes
-            }
+            Cut::Whole => w.copy(files, start, t.n_bytes)?,
             Cut::Experts(ids) => {
                 let per_expert = t.n_bytes / t.dims.last().expect("checked");
                 for (first, n) in runs(ids) {
@@ -400,9 +529,9 @@ fn write_all(files: &[File], src: &Joined, plan: &Plan, w: &mut Out) -> Result<(
                     };
                     w.copy(files, at, n * per_expert)?;
                 }
-                per_expert * ids.len() as u64
             }
-        };
+        }
+        let written = cut_bytes(t, cut);
         let pad = (written.next_multiple_of(align) - written) as usize;
         w.put(&zeros[..pad])?;
     }
