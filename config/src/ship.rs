@@ -9,7 +9,6 @@
 use super::candidate;
 use super::eval::KeepShape;
 use super::method::Method;
-use common::gguf_read::GgufReader;
 use common::quant::{check_requantize, QuantType};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -38,6 +37,12 @@ pub struct ShipSettings {
     /// local path.
     #[serde(default)]
     pub out: Option<PathBuf>,
+    /// Ship each model file larger than this as llama.cpp's `gguf-split`
+    /// files of at most this much tensor data (`48G`, `500M`, `800K`:
+    /// decimal units, as `llama-gguf-split --split-max-size`); for hosts
+    /// that cap a file's size (Hugging Face: 50 GB). Absent: one file each.
+    #[serde(default)]
+    pub split_max_size: Option<String>,
 }
 
 fn evaluate_by_default() -> bool {
@@ -56,6 +61,16 @@ impl ShipSettings {
             .collect()
     }
 
+    /// `split_max_size` as written and in bytes; a malformed size is
+    /// refused naming the key.
+    pub fn split_max(&self) -> Result<Option<(String, u64)>, String> {
+        let Some(text) = &self.split_max_size else {
+            return Ok(None);
+        };
+        let bytes = parse_split_size(text).map_err(|e| format!("[ship] split_max_size: {e}"))?;
+        Ok(Some((text.clone(), bytes)))
+    }
+
     /// The candidates taken apart; names refused name the key.
     fn named(&self) -> Result<Vec<candidate::Named>, String> {
         candidate::parse(&self.candidates).map_err(|e| format!("[ship] candidates: {e:#}"))
@@ -70,6 +85,7 @@ impl ShipSettings {
             return Err("[ship] candidates: give at least one (a keep map such as \"frequency_K8\", or \"base\")".into());
         }
         let quants = self.quants()?;
+        self.split_max()?;
         for c in self.named()? {
             match &c.keep_map {
                 None if c.experts_used.is_none() && quants.is_empty() => {
@@ -119,7 +135,7 @@ impl ShipSettings {
         }
         let quants = self.quants()?;
         if !quants.is_empty() {
-            let header = GgufReader::open(model)
+            let header = common::gguf_split::open_joined(model)
                 .map_err(|e| format!("reading model {}: {e}", model.display()))?
                 .header;
             for q in quants {
@@ -150,6 +166,30 @@ impl ShipSettings {
     }
 }
 
+/// A file size as `llama-gguf-split --split-max-size` takes it: a whole
+/// number followed by `K`, `M` or `G` (10^3, 10^6, 10^9 bytes).
+pub fn parse_split_size(text: &str) -> Result<u64, String> {
+    let bad = || {
+        format!("{text:?} is not a size: expected a whole number and K, M or G (\"48G\", \"500M\")")
+    };
+    let (digits, unit) = text.split_at(text.len().saturating_sub(1));
+    let scale: u64 = match unit {
+        "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => return Err(bad()),
+    };
+    let n: u64 = match digits.bytes().all(|b| b.is_ascii_digit()) {
+        true => digits.parse().map_err(|_| bad())?,
+        false => return Err(bad()),
+    };
+    match n.checked_mul(scale) {
+        Some(0) => Err(format!("{text:?}: a file must hold at least one byte")),
+        Some(bytes) => Ok(bytes),
+        None => Err(format!("{text:?} is over 2^64 bytes")),
+    }
+}
+
 /// The size of a keep map `score` writes, `<method>_K<k>`; another name is
 /// refused with what is expected.
 fn map_size(name: &str) -> Result<u32, String> {
@@ -177,6 +217,7 @@ mod tests {
             allow_requantize: false,
             eval: true,
             out: None,
+            split_max_size: None,
         }
     }
 
@@ -242,6 +283,32 @@ mod tests {
             e.contains("\"base_top5\"") && e.contains("the 4 the model routes"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn split_sizes_read_as_llama_gguf_split_reads_them() {
+        assert_eq!(parse_split_size("48G"), Ok(48_000_000_000));
+        assert_eq!(parse_split_size("500M"), Ok(500_000_000));
+        assert_eq!(parse_split_size("800K"), Ok(800_000));
+        for bad in ["48", "G", "4.5G", "-1G", "48GB", "48g", ""] {
+            let e = parse_split_size(bad).unwrap_err();
+            assert!(
+                e.contains("expected a whole number and K, M or G"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(parse_split_size("0M")
+            .unwrap_err()
+            .contains("at least one byte"));
+        assert!(parse_split_size("99999999999999G")
+            .unwrap_err()
+            .contains("2^64"));
+        let mut s = ship(&["frequency_K8"], &[]);
+        assert_eq!(s.split_max(), Ok(None));
+        s.split_max_size = Some("48G".into());
+        assert_eq!(s.split_max(), Ok(Some(("48G".into(), 48_000_000_000))));
+        s.split_max_size = Some("48 G".into());
+        assert!(refused(s).starts_with("[ship] split_max_size: \"48 G\""));
     }
 
     #[test]

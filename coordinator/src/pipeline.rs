@@ -291,6 +291,7 @@ fn ship_request(
         allow_requantize: ship.allow_requantize,
         model: Some(std::path::absolute(model).map_err(|e| format!("model path: {e}"))?),
         threads: None,
+        split_max_size: ship.split_max()?,
     })
 }
 

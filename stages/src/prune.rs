@@ -4,9 +4,8 @@
 use crate::{During, StagesError};
 use clap::Args;
 use common::artifacts::names;
-use common::gguf_read::GgufReader;
 use common::keepmap::KeepMap;
-use common::prune::{slice_imatrix, slice_model, Sliced};
+use common::prune::{make_model_split, slice_imatrix, slice_model, Sliced};
 use common::store::RunStore;
 use corpus::manifest::MANIFEST_FILE;
 use std::path::{Path, PathBuf};
@@ -28,6 +27,11 @@ pub struct PruneArgs {
     /// `<stem>.imatrix.gguf`.
     #[arg(long)]
     pub out: PathBuf,
+    /// Write the model, when larger, as llama.cpp's `gguf-split` files of
+    /// at most this much tensor data (`48G`, `500M`: decimal, as
+    /// `llama-gguf-split --split-max-size`): `<stem>-00001-of-0000N.gguf`, ...
+    #[arg(long, value_name = "SIZE")]
+    pub split_max_size: Option<String>,
 }
 
 /// `x/pruned.gguf` -> `x/pruned.imatrix.gguf`.
@@ -73,10 +77,11 @@ pub(crate) async fn base_model(
     Ok(path)
 }
 
-/// Tensors whose shape differs between the base and the pruned file.
+/// Tensors whose shape differs between the base and the pruned model
+/// (each given by its first file).
 fn tensors_sliced(base: &Path, pruned: &Path) -> Result<usize, StagesError> {
     let base = common::gguf_split::open_joined(base)?.header;
-    let pruned = GgufReader::open(pruned)?.header;
+    let pruned = common::gguf_split::open_joined(pruned)?.header;
     Ok(base
         .tensors
         .iter()
@@ -115,6 +120,15 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
     })?;
     let keep: KeepMap =
         StagesError::parse_json(&map_bytes, || store.url_of(&map_object), "a keep map")?;
+    let split = args
+        .split_max_size
+        .as_deref()
+        .map(config::ship::parse_split_size)
+        .transpose()
+        .map_err(|problem| StagesError::Argument {
+            argument: "--split-max-size".into(),
+            problem,
+        })?;
 
     let out_imatrix = imatrix_path(&args.out);
     let out_dir = out_imatrix
@@ -143,8 +157,12 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
         })?;
     let imatrix_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let sliced = match slice_model(&base, &keep, &args.out) {
-        Ok(s) => s,
+    let written = match split {
+        None => slice_model(&base, &keep, &args.out).map(|s| vec![(args.out.clone(), s)]),
+        Some(max) => make_model_split(&base, Some(&keep), None, &args.out, max),
+    };
+    let files = match written {
+        Ok(files) => files,
         Err(e) => {
             // The pair is written together or not at all.
             let _ = std::fs::remove_file(&out_imatrix);
@@ -155,14 +173,16 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
         }
     };
     let seconds = started.elapsed().as_secs_f64();
-    let n_sliced = tensors_sliced(&base, &args.out)?;
+    let n_sliced = tensors_sliced(&base, &files[0].0)?;
     println!(
         "pruned {} with keep map {name} ({} of each MoE layer's experts kept, {} layers): {n_sliced} tensors sliced",
         base.display(),
-        sliced.k,
+        files[0].1.k,
         keep.layers.len()
     );
-    println!("{}", describe("model", &args.out, &sliced, seconds));
+    for (path, sliced) in &files {
+        println!("{}", describe("model", path, sliced, seconds));
+    }
     println!(
         "{}",
         describe("imatrix", &out_imatrix, &sliced_imatrix, imatrix_seconds)

@@ -143,6 +143,41 @@ async fn prunes_a_local_run_with_the_manifest_model() {
     std::fs::create_dir_all(&out_dir).unwrap();
     prune_and_check(run_dir.to_str().unwrap(), &out_dir, None);
     refused_leaves_nothing(run_dir.to_str().unwrap(), &out_dir, None);
+
+    // Split into files of at most 300 kB of tensor data: the same model
+    // (joined again, byte for byte), each file printed.
+    let split_dir = d.path().join("split");
+    std::fs::create_dir_all(&split_dir).unwrap();
+    let out = split_dir.join("pruned.gguf");
+    let mut args = prune_args(run_dir.to_str().unwrap(), "test_K8", &out, None);
+    args.extend(["--split-max-size", "300K"]);
+    let stdout = String::from_utf8(fixtures::run_ok("coordinator", &args).stdout).unwrap();
+    assert!(stdout.contains("12 tensors sliced"), "{stdout}");
+    let mut names: Vec<String> = std::fs::read_dir(&split_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let parts = &names[..names.len() - 1];
+    assert_eq!(names.last().unwrap(), "pruned.imatrix.gguf");
+    assert!(parts.len() >= 3, "{names:?}");
+    for (i, part) in parts.iter().enumerate() {
+        assert_eq!(
+            part,
+            &format!("pruned-{:05}-of-{:05}.gguf", i + 1, parts.len())
+        );
+        let sha = common::hash::sha256_file(&split_dir.join(part)).unwrap();
+        assert!(
+            stdout.contains(&format!("{part}: ")) && stdout.contains(&sha),
+            "{stdout}"
+        );
+    }
+    let joined = split_dir.join("joined.gguf");
+    let again = common::prune::make_model(&split_dir.join(&parts[0]), None, None, &joined).unwrap();
+    assert_eq!(
+        again.sha256,
+        common::hash::sha256_file(&out_dir.join("pruned.gguf")).unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -416,6 +416,11 @@ fn a_ship_section_ships_q4_k_m_files_measured_with_the_runs_importance_matrix() 
             "[ship] candidates",
             "\"frequncy_K8\"",
         ),
+        (
+            "[ship]\ncandidates = [\"frequency_K8\"]\nsplit_max_size = \"48GB\"\n",
+            "[ship] split_max_size",
+            "\"48GB\"",
+        ),
         // Only the model knows it has 16 experts per layer and routes 4.
         (
             "[ship]\ncandidates = [\"frequency_K17\"]\n",
@@ -553,5 +558,136 @@ fn a_ship_section_ships_q4_k_m_files_measured_with_the_runs_importance_matrix() 
         "held-out KL with the importance matrix {} > without {}",
         kl(0),
         kl(1)
+    );
+}
+
+/// Files of `dir` whose names start with `prefix`, sorted.
+fn named(dir: &Path, prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_split_ship_ships_each_large_model_file_as_gguf_split_files_holding_it() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let k8 = fixtures::keep_map(8, &[0, 1, 2], 16);
+    let m = imatrix(&model);
+    let run = run_dir(d.path(), &model, &[("test_K8", &k8)], &m);
+    let (whole, split) = (d.path().join("whole"), d.path().join("split"));
+    assert!(ship(&run, &whole, "test_K8", "Q8_0", &[]).status.success());
+    // A third of the slice's bytes: its files split, its Q8_0 (smaller) not.
+    let sha = |p: &Path| common::hash::sha256_file(p).unwrap();
+    let slice_bytes = std::fs::metadata(whole.join("test_K8.gguf")).unwrap().len();
+    let q8_bytes = std::fs::metadata(whole.join("test_K8.Q8_0.gguf"))
+        .unwrap()
+        .len();
+    let max_k = slice_bytes / 3 / 1000;
+    assert!(max_k * 1000 > q8_bytes, "{max_k}K against {q8_bytes} bytes");
+    let size = format!("{max_k}K");
+    let args = ["--split-max-size", size.as_str()];
+    let o = ship(&run, &split, "test_K8", "Q8_0", &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    listed(&split);
+
+    let parts = named(&split, "test_K8-");
+    assert!(parts.len() >= 3, "{parts:?}");
+    assert!(!split.join("test_K8.gguf").exists());
+    let mut tensors = 0;
+    for (i, part) in parts.iter().enumerate() {
+        assert_eq!(
+            part,
+            &format!("test_K8-{:05}-of-{:05}.gguf", i + 1, parts.len())
+        );
+        let h = GgufReader::open(split.join(part)).unwrap().header;
+        let data: u64 = h
+            .tensors
+            .iter()
+            .map(|t| t.n_bytes.next_multiple_of(32))
+            .sum();
+        assert!(data <= max_k * 1000, "{part}: {data} bytes of tensors");
+        tensors += h.tensors.len();
+    }
+    let whole_tensors = GgufReader::open(whole.join("test_K8.gguf")).unwrap().header;
+    assert_eq!(tensors, whole_tensors.tensors.len());
+    // The files hold the whole ship's file, byte for byte, and llama.cpp
+    // runs them.
+    let joined = d.path().join("joined.gguf");
+    let again = common::prune::make_model(&split.join(&parts[0]), None, None, &joined).unwrap();
+    assert_eq!(again.sha256, sha(&whole.join("test_K8.gguf")));
+    runs_in_llama_cpp(&split.join(&parts[0]));
+    // The smaller files are as the whole ship's.
+    for name in ["test_K8.Q8_0.gguf", "test_K8.imatrix.gguf"] {
+        assert_eq!(sha(&split.join(name)), sha(&whole.join(name)), "{name}");
+    }
+
+    // The card describes the model as one file and lists its files.
+    let card: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(split.join("test_K8.json")).unwrap()).unwrap();
+    assert_eq!(card["file"]["file"], "test_K8.gguf");
+    assert_eq!(
+        card["file"]["sha256"],
+        sha(&whole.join("test_K8.gguf")).as_str()
+    );
+    let listed_parts: Vec<(String, String)> = card["split_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["file"].as_str().unwrap().to_string(),
+                f["sha256"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let on_disk: Vec<(String, String)> = parts
+        .iter()
+        .map(|p| (p.clone(), sha(&split.join(p))))
+        .collect();
+    assert_eq!(listed_parts, on_disk);
+    let q8_card: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(split.join("test_K8.Q8_0.json")).unwrap()).unwrap();
+    assert!(q8_card.get("split_files").is_none(), "{q8_card}");
+    let md = std::fs::read_to_string(split.join("test_K8.md")).unwrap();
+    assert!(
+        md.contains(&format!("{} llama.cpp `gguf-split` files", parts.len()))
+            && md.contains(&format!("--split-max-size {size}")),
+        "{md}"
+    );
+
+    // Again: every file is reused.
+    let o = ship(&run, &split, "test_K8", "Q8_0", &args);
+    assert!(o.status.success());
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let n = listed(&split).len() - 1;
+    assert!(stdout.contains(&format!("(0 made, {n} reused")), "{stdout}");
+
+    // A size below the largest tensor is refused, naming it; so is a size
+    // that is not one.
+    let refused = |dir: &str, size: &str| {
+        let o = ship(
+            &run,
+            &d.path().join(dir),
+            "test_K8",
+            "Q8_0",
+            &["--split-max-size", size],
+        );
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let stderr = refused("tiny", "1K");
+    assert!(
+        stderr.contains("tiny/test_K8.gguf: splitting: files of at most 1000 bytes: tensor"),
+        "{stderr}"
+    );
+    let stderr = refused("bad", "1.5G");
+    assert!(
+        stderr.contains("--split-max-size") && stderr.contains("\"1.5G\""),
+        "{stderr}"
     );
 }

@@ -25,6 +25,28 @@ pub struct FileRef {
     pub sha256: String,
 }
 
+/// One of the files a model is shipped split into.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SplitFile {
+    /// File name in the output directory.
+    pub file: String,
+    /// SHA-256 of its bytes.
+    pub sha256: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+impl SplitFile {
+    /// The shipped file `s`.
+    pub(super) fn of(s: &super::Shipped) -> SplitFile {
+        SplitFile {
+            file: s.name.clone(),
+            sha256: s.placed.sha256.clone(),
+            bytes: s.placed.bytes,
+        }
+    }
+}
+
 /// The base model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Base {
@@ -105,6 +127,12 @@ pub struct ModelCard {
     pub file: FileRef,
     /// Its size in bytes.
     pub bytes: u64,
+    /// The llama.cpp `gguf-split` files it is shipped as, in order (the
+    /// first is the one to give llama.cpp); empty: shipped as one file.
+    /// `file` and `bytes` then describe the model as one file, which is
+    /// what was evaluated.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub split_files: Vec<SplitFile>,
     /// The base model.
     pub base: Base,
     /// The keep map it is sliced to; `None`: every expert kept.
@@ -173,13 +201,37 @@ impl ModelCard {
         let mut s = String::new();
         let _ = writeln!(s, "# {}\n", md(&self.file.file));
         let _ = writeln!(s, "| | |\n|---|---|");
+        let what = match self.split_files.is_empty() {
+            true => "File",
+            false => "Model as one file (what was evaluated)",
+        };
         let _ = writeln!(
             s,
-            "| File | `{}`, {} bytes, SHA-256 `{}` |",
+            "| {what} | `{}`, {} bytes, SHA-256 `{}` |",
             md(&self.file.file),
             self.bytes,
             self.file.sha256
         );
+        if !self.split_files.is_empty() {
+            let files: Vec<String> = self
+                .split_files
+                .iter()
+                .map(|f| {
+                    format!(
+                        "`{}` ({} bytes, SHA-256 `{}`)",
+                        md(&f.file),
+                        f.bytes,
+                        f.sha256
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "| Shipped as | {} llama.cpp `gguf-split` files, of which llama.cpp is given the first; they hold the file above: {} |",
+                files.len(),
+                files.join(", ")
+            );
+        }
         let _ = writeln!(
             s,
             "| Base model | {} (`{}`, {}, {} experts per MoE layer, {} per token), SHA-256 `{}` |",

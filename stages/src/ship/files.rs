@@ -10,6 +10,7 @@
 
 use super::ShipError;
 use common::hash::sha256_file;
+use common::prune::make_model_split;
 use std::path::{Path, PathBuf};
 
 /// A file at its final name.
@@ -70,32 +71,98 @@ impl OutDir {
         name: &str,
         make: impl FnOnce(&Path) -> Result<(), ShipError>,
     ) -> Result<Placed, ShipError> {
-        let target = self.path(name);
         let made = self.scratch(name);
         make(&made)?;
-        let sha256 = sha256_file(&made).map_err(io_err(&made))?;
-        let bytes = std::fs::metadata(&made).map_err(io_err(&made))?.len();
-        let linked = std::fs::hard_link(&made, &target);
+        let placed = self.link(name, &made);
         std::fs::remove_file(&made).map_err(io_err(&made))?;
-        match linked {
-            Ok(()) => Ok(Placed {
-                sha256,
-                bytes,
-                reused: false,
-            }),
+        placed
+    }
+
+    /// Places the model file `name` as [`OutDir::place`] does, or, with
+    /// `split_max_bytes`, when it is larger, as llama.cpp's `gguf-split`
+    /// files of at most that much tensor data (`<stem>-00001-of-0000N.gguf`,
+    /// ...). The model as one file stays in the scratch directory while the
+    /// ship lasts (the source of its quantisations).
+    pub fn place_model(
+        &self,
+        name: &str,
+        split_max_bytes: Option<u64>,
+        make: impl FnOnce(&Path) -> Result<(), ShipError>,
+    ) -> Result<PlacedModel, ShipError> {
+        let made = self.scratch(name);
+        make(&made)?;
+        let whole = self.hashed(&made)?;
+        let parts: Vec<PathBuf> = match split_max_bytes {
+            Some(max) if whole.bytes > max => {
+                let dir = self.scratch(&format!("{name}.split"));
+                std::fs::create_dir(&dir).map_err(io_err(&dir))?;
+                let split = make_model_split(&made, None, None, &dir.join(name), max);
+                split
+                    .map_err(|e| ShipError::File {
+                        path: self.path(name),
+                        reason: format!("splitting: {e}"),
+                    })?
+                    .into_iter()
+                    .map(|(path, _)| path)
+                    .collect()
+            }
+            _ => vec![made.clone()],
+        };
+        let mut files = Vec::with_capacity(parts.len());
+        for path in parts {
+            let part = path.file_name().unwrap_or_default().to_string_lossy();
+            let placed = self.link(&part, &path)?;
+            if path != made {
+                std::fs::remove_file(&path).map_err(io_err(&path))?;
+            }
+            files.push((part.into_owned(), placed));
+        }
+        Ok(PlacedModel {
+            whole: Placed {
+                reused: files.iter().all(|(_, p)| p.reused),
+                ..whole
+            },
+            files,
+            path: made,
+        })
+    }
+
+    /// Removes a scratch file no longer needed (a model's one-file copy
+    /// once its files are placed and its quantisations made).
+    pub fn forget(&self, path: &Path) -> Result<(), ShipError> {
+        std::fs::remove_file(path).map_err(io_err(path))
+    }
+
+    /// SHA-256 and size of the file at `path`.
+    fn hashed(&self, path: &Path) -> Result<Placed, ShipError> {
+        Ok(Placed {
+            sha256: sha256_file(path).map_err(io_err(path))?,
+            bytes: std::fs::metadata(path).map_err(io_err(path))?.len(),
+            reused: false,
+        })
+    }
+
+    /// Links the finished file `made` to the final name `name`, or, when a
+    /// file is there already, compares it with it: the same bytes are
+    /// reused, other bytes are an error.
+    fn link(&self, name: &str, made: &Path) -> Result<Placed, ShipError> {
+        let target = self.path(name);
+        let placed = self.hashed(made)?;
+        match std::fs::hard_link(made, &target) {
+            Ok(()) => Ok(placed),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let theirs = sha256_file(&target).map_err(io_err(&target))?;
-                if theirs == sha256 {
+                if theirs == placed.sha256 {
                     Ok(Placed {
-                        sha256,
-                        bytes,
                         reused: true,
+                        ..placed
                     })
                 } else {
                     Err(ShipError::File {
                         path: target,
                         reason: format!(
-                            "exists with SHA-256 {theirs}, but these inputs make {sha256}: remove it or ship to another --out (a shipped file is never replaced)"
+                            "exists with SHA-256 {theirs}, but these inputs make {}: remove it or ship to another --out (a shipped file is never replaced)",
+                            placed.sha256
                         ),
                     })
                 }
@@ -103,6 +170,19 @@ impl OutDir {
             Err(e) => Err(io_err(&target)(e)),
         }
     }
+}
+
+/// A model file at its final name, or split into files there.
+#[derive(Clone, Debug)]
+pub struct PlacedModel {
+    /// The model as one file (what workers make from its recipe and
+    /// evaluate); reused when every file was.
+    pub whole: Placed,
+    /// The files at their final names, in order: the model's own name, or
+    /// its split files.
+    pub files: Vec<(String, Placed)>,
+    /// The model as one file in the scratch directory.
+    pub path: PathBuf,
 }
 
 /// Runs `worker quantize` (llama.cpp's quantiser) on `model` into `out`.

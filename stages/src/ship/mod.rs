@@ -10,7 +10,11 @@
 //! evaluation pipeline ([`measure`], results under `ship/eval/`), and
 //! beside it goes its card ([`card`]: `<A>.<Q>.json`, `<A>.<Q>.md`) with
 //! those figures. Files are created, never replaced ([`files`]);
-//! `SHA256SUMS` records every file's SHA-256 (`sha256sum -c` checks it). A
+//! `SHA256SUMS` records every file's SHA-256 (`sha256sum -c` checks it).
+//! With `--split-max-size`, a model file larger than that is shipped as
+//! llama.cpp's `gguf-split` files instead (`<A>.<Q>-00001-of-0000N.gguf`,
+//! ...), for hosts that cap a file's size; its card describes the model
+//! as one file (what was evaluated) and lists the files. A
 //! base model that is already quantised is refused before anything is
 //! written, unless `--allow-requantize`. `coordinator run` ships the same
 //! way at its end when its config has a `[ship]` section ([`config::ship`],
@@ -25,7 +29,7 @@ use crate::{During, StagesError};
 use card::ModelCard;
 use clap::Args;
 use common::artifacts::names;
-use common::gguf_read::GgufReader;
+use common::gguf_split::open_joined;
 use common::prune::{make_model, slice_imatrix};
 use common::quant::{check_requantize, QuantType};
 use common::store::RunStore;
@@ -105,6 +109,12 @@ pub struct ShipArgs {
     /// Ship without evaluating the files (their cards carry no figures).
     #[arg(long)]
     pub no_eval: bool,
+    /// Ship each model file larger than this as llama.cpp's `gguf-split`
+    /// files of at most this much tensor data (`48G`, `500M`: decimal, as
+    /// `llama-gguf-split --split-max-size`; Hugging Face caps a file at
+    /// 50 GB).
+    #[arg(long, value_name = "SIZE")]
+    pub split_max_size: Option<String>,
 }
 
 /// What one ship makes: from `coordinator ship`'s flags, or from `[ship]`
@@ -125,6 +135,9 @@ pub struct ShipRequest {
     pub model: Option<PathBuf>,
     /// CPU threads of the quantiser; `None`: all cores.
     pub threads: Option<u32>,
+    /// Model files larger than this are shipped split, as it was given
+    /// (`48G`) and in bytes; `None`: one file each.
+    pub split_max_size: Option<(String, u64)>,
 }
 
 impl ShipArgs {
@@ -140,6 +153,16 @@ impl ShipArgs {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let split_max_size = match &self.split_max_size {
+            None => None,
+            Some(text) => Some((
+                text.clone(),
+                config::ship::parse_split_size(text).map_err(|problem| StagesError::Argument {
+                    argument: "--split-max-size".into(),
+                    problem,
+                })?,
+            )),
+        };
         Ok(ShipRequest {
             run: self.run.clone(),
             candidates: self.candidates.clone(),
@@ -148,6 +171,7 @@ impl ShipArgs {
             allow_requantize: self.allow_requantize,
             model: self.model.clone(),
             threads: self.threads,
+            split_max_size,
         })
     }
 }
@@ -160,9 +184,36 @@ struct Shipped {
 
 /// A shipped model file: which candidate, how quantised.
 struct ModelFile {
+    /// The model as one file, under its name (`<A>.<Q>.gguf`).
     file: Shipped,
+    /// The files it is shipped as: itself, or its split files in order.
+    parts: Vec<Shipped>,
     candidate: usize,
     quantisation: Option<card::Quantisation>,
+}
+
+impl ModelFile {
+    /// The model file `name` of candidate `candidate`, as placed.
+    fn of(
+        name: String,
+        placed: files::PlacedModel,
+        candidate: usize,
+        quantisation: Option<card::Quantisation>,
+    ) -> ModelFile {
+        ModelFile {
+            file: Shipped {
+                name,
+                placed: placed.whole,
+            },
+            parts: placed
+                .files
+                .into_iter()
+                .map(|(name, placed)| Shipped { name, placed })
+                .collect(),
+            candidate,
+            quantisation,
+        }
+    }
 }
 
 /// Entry point of `coordinator ship`.
@@ -228,7 +279,7 @@ pub async fn ship(
         .iter()
         .map(|m| (m.file.name.clone(), m.file.placed.bytes))
         .collect();
-    shipped.extend(models.into_iter().map(|m| m.file));
+    shipped.extend(models.into_iter().flat_map(|m| m.parts));
     shipped.sort_by(|a, b| a.name.cmp(&b.name));
     write_sums(&ship.out, &shipped)?;
     print(&base, &request.out, &shipped);
@@ -298,11 +349,13 @@ fn make<'a>(
     };
     let mut shipped = Vec::new();
     let mut models: Vec<ModelFile> = Vec::new();
+    let split = request.split_max_size.as_ref().map(|(_, bytes)| *bytes);
     for (ci, c) in candidates.iter().enumerate() {
         let model = format!("{}.gguf", c.name);
-        let mut source = base.to_path_buf();
+        // The candidate as one file while its quantisations are made.
+        let mut made = None;
         if !c.is_base() {
-            let placed = ship.out.place(&model, |p| {
+            let placed = ship.out.place_model(&model, split, |p| {
                 make_model(base, c.keep.as_ref().map(|k| &k.map), c.experts_used, p)
                     .map(drop)
                     .map_err(|e| ShipError::File {
@@ -310,16 +363,10 @@ fn make<'a>(
                         reason: e.to_string(),
                     })
             })?;
-            models.push(ModelFile {
-                file: Shipped {
-                    name: model.clone(),
-                    placed,
-                },
-                candidate: ci,
-                quantisation: None,
-            });
-            source = ship.out.path(&model);
+            made = Some(placed.path.clone());
+            models.push(ModelFile::of(model.clone(), placed, ci, None));
         }
+        let source = made.as_deref().unwrap_or(base);
         let (im_path, im_ref) = match &c.keep {
             Some(k) => {
                 let im = format!("{}.imatrix.gguf", c.name);
@@ -343,13 +390,13 @@ fn make<'a>(
             }
             None => (run_imatrix.clone(), run_imatrix_ref.clone()),
         };
-        let Some(worker) = &worker else { continue };
         for &q in quants {
+            let Some(worker) = &worker else { break };
             let file = format!("{}.{q}.gguf", c.name);
-            let placed = ship.out.place(&file, |p| {
+            let placed = ship.out.place_model(&file, split, |p| {
                 files::quantize(
                     worker,
-                    &source,
+                    source,
                     &im_path,
                     q,
                     p,
@@ -357,14 +404,15 @@ fn make<'a>(
                     request.allow_requantize,
                 )
             })?;
-            models.push(ModelFile {
-                file: Shipped { name: file, placed },
-                candidate: ci,
-                quantisation: Some(card::Quantisation {
-                    quant: q,
-                    imatrix: im_ref.clone(),
-                }),
-            });
+            ship.out.forget(&placed.path)?;
+            let quantisation = card::Quantisation {
+                quant: q,
+                imatrix: im_ref.clone(),
+            };
+            models.push(ModelFile::of(file, placed, ci, Some(quantisation)));
+        }
+        if let Some(made) = &made {
+            ship.out.forget(made)?;
         }
     }
     Ok((ship, models, shipped))
@@ -389,7 +437,8 @@ impl Ship<'_> {
         measured: Option<card::Measured>,
     ) -> Result<Vec<Shipped>, StagesError> {
         let file = &m.file;
-        let header = GgufReader::open(self.out.path(&file.name))?.header;
+        // A split file's tensors are in all its files.
+        let header = open_joined(&self.out.path(&m.parts[0].name))?.header;
         let quant = m.quantisation.as_ref().map(|q| q.quant);
         let card = ModelCard {
             file: card::FileRef {
@@ -397,6 +446,10 @@ impl Ship<'_> {
                 sha256: file.placed.sha256.clone(),
             },
             bytes: file.placed.bytes,
+            split_files: match m.parts.len() {
+                1 => Vec::new(),
+                _ => m.parts.iter().map(card::SplitFile::of).collect(),
+            },
             base: self.base_card.clone(),
             keep_map: c.keep.as_ref().map(|k| card::KeepMapRef {
                 name: k.name.clone(),
@@ -454,8 +507,14 @@ impl Ship<'_> {
             ""
         };
         let q = quant.map_or(String::new(), |q| format!(" --quant {q}"));
+        let split = a
+            .split_max_size
+            .as_ref()
+            .map_or(String::new(), |(text, _)| {
+                format!(" --split-max-size {text}")
+            });
         let mut cmds = vec![format!(
-            "coordinator ship {run} --candidates {name}{q}{allow} --model {base} --out {out}"
+            "coordinator ship {run} --candidates {name}{q}{allow}{split} --model {base} --out {out}"
         )];
         if c.keep.is_none() || c.experts_used.is_some() {
             return cmds;
@@ -467,6 +526,13 @@ impl Ship<'_> {
         if let Some(q) = quant {
             cmds.push(format!("worker quantize --model {name}.gguf --imatrix {name}.imatrix.gguf --type {q} --out {name}.{q}.gguf{allow}"));
             cmds.push(format!("# the same quantisation with llama.cpp's tool: llama-quantize{allow} --imatrix {name}.imatrix.gguf {name}.gguf {name}.{q}.gguf {q}"));
+        }
+        if let Some((size, _)) = &a.split_max_size {
+            let stem = match quant {
+                Some(q) => format!("{name}.{q}"),
+                None => name.clone(),
+            };
+            cmds.push(format!("# split as shipped (the same layout; ship's files are its own): llama-gguf-split --split --split-max-size {size} {stem}.gguf {stem}"));
         }
         cmds
     }
