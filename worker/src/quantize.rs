@@ -5,6 +5,7 @@
 use crate::error::WorkerError;
 use crate::llama::{f32s, quantize_model, QuantizeParams};
 use common::gguf_read::GgufReader;
+use common::gguf_split::SplitError;
 use common::quant::{check_requantize, QuantType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -110,7 +111,16 @@ pub fn quantize_file(
         move |source| WorkerError::Io { path, source }
     };
     // A split base is one model to llama.cpp: check all its tensors.
-    let header = common::gguf_split::open_joined(base)?.header;
+    let header = match common::gguf_split::open_joined(base) {
+        Ok(joined) => joined.header,
+        Err(SplitError::Read(source)) => {
+            return Err(WorkerError::GgufFile {
+                role: "model",
+                source,
+            })
+        }
+        Err(e) => return Err(e.into()),
+    };
     check_requantize(&header, "the model", opts.quant, opts.allow_requantize).map_err(model_err)?;
     if out.exists() {
         return Err(WorkerError::Io {

@@ -595,3 +595,39 @@ fn a_split_slice_is_the_slice_in_files_of_at_most_the_size_asked() {
     );
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }
+
+/// A file merged by `llama-gguf-split --merge` keeps `split.no = 0`,
+/// `split.count = 0` and `split.tensors.count`: split again, its first
+/// file holds each split key once, with the new values.
+#[test]
+fn a_merged_model_split_again_has_each_split_key_once() {
+    let merged = model_with(
+        &[
+            ("split.no", Value::U16(0)),
+            ("split.count", Value::U16(0)),
+            ("split.tensors.count", Value::I32(12)),
+        ],
+        |_| {},
+    );
+    let f = files(&merged);
+    let h = GgufReader::open(&f.base).unwrap().header;
+    let largest = h.tensors.iter().map(|t| t.n_bytes).max().unwrap();
+    let parts =
+        make_model_split(&f.base, None, None, &f.out, largest.next_multiple_of(32)).unwrap();
+    assert!(parts.len() >= 2);
+    let first = GgufReader::open(&parts[0].0).unwrap().header;
+    let count = |key: &str| first.kv.iter().filter(|(k, _)| k == key).count();
+    for key in ["split.no", "split.count", "split.tensors.count"] {
+        assert_eq!(count(key), 1, "{key}");
+    }
+    let value = |key: &str| first.get(key).and_then(GgufValue::as_u64);
+    assert_eq!(value("split.count"), Some(parts.len() as u64));
+    assert_eq!(value("split.tensors.count"), Some(h.tensors.len() as u64));
+    let joined = crate::gguf_split::open_joined(&parts[0].0).unwrap().header;
+    let without_split: Vec<_> =
+        h.kv.iter()
+            .filter(|(k, _)| !k.starts_with("split."))
+            .cloned()
+            .collect();
+    assert_eq!(joined.kv, without_split);
+}

@@ -259,9 +259,11 @@ impl Drop for Partial {
 
 /// What one output file holds of a plan's slice.
 struct Part {
-    /// Whether the source's metadata (with the plan's replacements) comes
-    /// first: only the first file of a split model has it.
-    source_kv: bool,
+    /// The source's metadata entries (indices) it copies first, with the
+    /// plan's replacements: all of them in one file; in a split model's
+    /// first file all but `split.*` (a file merged by `llama-gguf-split`
+    /// keeps them, with a count of 0); none in its other files.
+    source_kv: Vec<usize>,
     /// Encoded entries after it (a split file's `split.*` keys).
     extra_kv: Vec<Vec<u8>>,
     /// Indices of the source's tensors it holds, in order (none dropped).
@@ -271,7 +273,7 @@ struct Part {
 /// Writes the slice of the model `src` that `plan` describes to `out`.
 pub(super) fn sliced(src: &Joined, plan: &Plan, out: &Path) -> Result<Sliced, PruneError> {
     let part = Part {
-        source_kv: true,
+        source_kv: (0..src.header.kv.len()).collect(),
         extra_kv: Vec::new(),
         tensors: kept(plan),
     };
@@ -338,6 +340,12 @@ pub(super) fn split(
         reason: format!("{} files, over the 65,535 gguf-split numbers", groups.len()),
     })?;
     let total = groups.iter().map(Vec::len).sum::<usize>();
+    let source_kv: Vec<usize> = (0..src.header.kv.len())
+        .filter(|&i| {
+            let key = src.header.kv[i].0.as_str();
+            count == 1 || ![SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT].contains(&key)
+        })
+        .collect();
     let mut written: Vec<(PathBuf, Sliced)> = Vec::new();
     for (no, tensors) in (0..).zip(groups) {
         let extra_kv = match count {
@@ -352,7 +360,10 @@ pub(super) fn split(
             ],
         };
         let part = Part {
-            source_kv: no == 0,
+            source_kv: match no {
+                0 => source_kv.clone(),
+                _ => Vec::new(),
+            },
             extra_kv,
             tensors,
         };
@@ -458,9 +469,9 @@ fn write_all(
     w: &mut Out,
 ) -> Result<(), Side> {
     let header = &src.header;
-    let align = match part.source_kv {
-        true => header.alignment,
-        false => SPLIT_ALIGNMENT,
+    let align = match part.source_kv.is_empty() {
+        false => header.alignment,
+        true => SPLIT_ALIGNMENT,
     };
     // The header is built in memory (the reader bounded its size), then the
     // data is streamed.
@@ -468,22 +479,18 @@ fn write_all(
     head.extend(b"GGUF");
     head.extend(header.version.to_le_bytes());
     head.extend((part.tensors.len() as u64).to_le_bytes());
-    let n_kv = match part.source_kv {
-        true => header.kv.len(),
-        false => 0,
-    } + part.extra_kv.len();
+    let n_kv = part.source_kv.len() + part.extra_kv.len();
     head.extend((n_kv as u64).to_le_bytes());
-    if part.source_kv {
-        for (i, range) in header.kv_ranges.iter().enumerate() {
-            match plan.kv_overrides.iter().find(|(j, _)| *j == i) {
-                Some((_, bytes)) => head.extend(bytes),
-                None => {
-                    let at = head.len();
-                    head.resize(at + (range.end - range.start) as usize, 0);
-                    files[0]
-                        .read_exact_at(&mut head[at..], range.start)
-                        .map_err(|e| Side::Read(0, e))?;
-                }
+    for &i in &part.source_kv {
+        match plan.kv_overrides.iter().find(|(j, _)| *j == i) {
+            Some((_, bytes)) => head.extend(bytes),
+            None => {
+                let range = &header.kv_ranges[i];
+                let at = head.len();
+                head.resize(at + (range.end - range.start) as usize, 0);
+                files[0]
+                    .read_exact_at(&mut head[at..], range.start)
+                    .map_err(|e| Side::Read(0, e))?;
             }
         }
     }
