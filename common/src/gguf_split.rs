@@ -168,24 +168,23 @@ pub fn open_joined(path: &Path) -> Result<Joined, SplitError> {
             header.tensors.len()
         )));
     }
-    let kept: Vec<bool> = header
-        .kv
-        .iter()
-        .map(|(k, _)| ![SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT].contains(&k.as_str()))
-        .collect();
-    let mut keep = kept.iter();
-    header
-        .kv
-        .retain(|_| *keep.next().expect("one flag per entry"));
-    let mut keep = kept.iter();
-    header
-        .kv_ranges
-        .retain(|_| *keep.next().expect("one flag per entry"));
+    let kv = std::mem::take(&mut header.kv);
+    let ranges = std::mem::take(&mut header.kv_ranges);
+    (header.kv, header.kv_ranges) = kv
+        .into_iter()
+        .zip(ranges)
+        .filter(|((key, _), _)| !is_split_key(key))
+        .unzip();
     Ok(Joined {
         files,
         header,
         places,
     })
+}
+
+/// Whether `key` is one of the keys `gguf-split` adds to each file.
+pub fn is_split_key(key: &str) -> bool {
+    [SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT].contains(&key)
 }
 
 /// `split.count` of a header: 1 for a model in one file.

@@ -9,7 +9,9 @@
 use super::plan::{Cut, Plan};
 use super::{PruneError, Sliced};
 use crate::gguf_read::{GgufValue, TensorInfo};
-use crate::gguf_split::{Joined, TensorPlace, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT};
+use crate::gguf_split::{
+    is_split_key, Joined, TensorPlace, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT,
+};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -341,10 +343,7 @@ pub(super) fn split(
     })?;
     let total = groups.iter().map(Vec::len).sum::<usize>();
     let source_kv: Vec<usize> = (0..src.header.kv.len())
-        .filter(|&i| {
-            let key = src.header.kv[i].0.as_str();
-            count == 1 || ![SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT].contains(&key)
-        })
+        .filter(|&i| count == 1 || !is_split_key(&src.header.kv[i].0))
         .collect();
     let mut written: Vec<(PathBuf, Sliced)> = Vec::new();
     for (no, tensors) in (0..).zip(groups) {

@@ -52,7 +52,8 @@ impl SplitFile {
 pub struct Base {
     /// `general.name`, else the file's stem.
     pub name: String,
-    /// The file.
+    /// The file; of a split model, its first file, with the SHA-256 of
+    /// all its files' bytes in order (the run's `model_sha256`).
     pub file: FileRef,
     /// `general.architecture`.
     pub architecture: String,

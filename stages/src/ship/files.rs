@@ -73,7 +73,7 @@ impl OutDir {
     ) -> Result<Placed, ShipError> {
         let made = self.scratch(name);
         make(&made)?;
-        let placed = self.link(name, &made);
+        let placed = self.hashed(&made).and_then(|p| self.link(name, &made, p));
         std::fs::remove_file(&made).map_err(io_err(&made))?;
         placed
     }
@@ -92,7 +92,7 @@ impl OutDir {
         let made = self.scratch(name);
         make(&made)?;
         let whole = self.hashed(&made)?;
-        let parts: Vec<PathBuf> = match split_max_bytes {
+        let parts: Vec<(PathBuf, Placed)> = match split_max_bytes {
             Some(max) if whole.bytes > max => {
                 let dir = self.scratch(&format!("{name}.split"));
                 std::fs::create_dir(&dir).map_err(io_err(&dir))?;
@@ -103,15 +103,22 @@ impl OutDir {
                         reason: format!("splitting: {e}"),
                     })?
                     .into_iter()
-                    .map(|(path, _)| path)
+                    .map(|(path, sliced)| {
+                        let placed = Placed {
+                            sha256: sliced.sha256,
+                            bytes: sliced.bytes,
+                            reused: false,
+                        };
+                        (path, placed)
+                    })
                     .collect()
             }
-            _ => vec![made.clone()],
+            _ => vec![(made.clone(), whole.clone())],
         };
         let mut files = Vec::with_capacity(parts.len());
-        for path in parts {
+        for (path, placed) in parts {
             let part = path.file_name().unwrap_or_default().to_string_lossy();
-            let placed = self.link(&part, &path)?;
+            let placed = self.link(&part, &path, placed)?;
             if path != made {
                 std::fs::remove_file(&path).map_err(io_err(&path))?;
             }
@@ -142,12 +149,11 @@ impl OutDir {
         })
     }
 
-    /// Links the finished file `made` to the final name `name`, or, when a
-    /// file is there already, compares it with it: the same bytes are
-    /// reused, other bytes are an error.
-    fn link(&self, name: &str, made: &Path) -> Result<Placed, ShipError> {
+    /// Links the finished file `made` (of SHA-256 and size `placed`) to
+    /// the final name `name`, or, when a file is there already, compares it
+    /// with it: the same bytes are reused, other bytes are an error.
+    fn link(&self, name: &str, made: &Path, placed: Placed) -> Result<Placed, ShipError> {
         let target = self.path(name);
-        let placed = self.hashed(made)?;
         match std::fs::hard_link(made, &target) {
             Ok(()) => Ok(placed),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {

@@ -302,9 +302,7 @@ fn make<'a>(
 ) -> Result<(Ship<'a>, Vec<ModelFile>, Vec<Shipped>), StagesError> {
     let quants = &request.quants;
     // A split base is one model: every file's tensors are checked.
-    let header = common::gguf_split::open_joined(base)
-        .during("reading the base model")?
-        .header;
+    let header = open_joined(base).during("reading the base model")?.header;
     for &q in quants {
         check_requantize(
             &header,
