@@ -279,6 +279,13 @@ pub enum ReplayError {
         /// The reader's error.
         source: GgufReadError,
     },
+    /// The model's split files do not make one model (one missing,
+    /// misnamed or out of place).
+    #[error(transparent)]
+    ModelFiles {
+        /// What is wrong, naming the file.
+        source: common::gguf_split::SplitError,
+    },
     /// An expert tensor's name has no block number (`blk.N.`).
     #[error("model {}: tensor {tensor} has no block number", model.display())]
     TensorBlock {

@@ -1,10 +1,9 @@
 //! Bytes moved per expert load, from the model's expert tensors.
 
 use crate::ReplayError;
-use common::gguf_read::GgufReader;
+use common::gguf_read::GgufHeader;
+use common::gguf_split::{open_joined, SplitError};
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::BufReader;
 use std::path::Path;
 
 /// Bytes of one expert of each MoE layer: the sizes of
@@ -12,7 +11,7 @@ use std::path::Path;
 pub fn expert_bytes(model: &Path) -> Result<BTreeMap<u32, u64>, ReplayError> {
     let r = open(model)?;
     let mut per_layer: BTreeMap<u32, u64> = BTreeMap::new();
-    for t in &r.header.tensors {
+    for t in &r.tensors {
         let Some(rest) = t.name.strip_prefix("blk.") else {
             continue;
         };
@@ -52,16 +51,19 @@ pub fn expert_bytes(model: &Path) -> Result<BTreeMap<u32, u64>, ReplayError> {
 pub fn expert_count(model: &Path) -> Result<Option<u64>, ReplayError> {
     let r = open(model)?;
     let arch = r
-        .header
         .get("general.architecture")
         .and_then(|v| v.as_str())
         .unwrap_or("");
-    Ok(r.header
-        .get(&format!("{arch}.expert_count"))
+    Ok(r.get(&format!("{arch}.expert_count"))
         .and_then(|v| v.as_u64()))
 }
 
-/// Reads the model's header.
-fn open(model: &Path) -> Result<GgufReader<BufReader<File>>, ReplayError> {
-    GgufReader::open(model).map_err(|source| ReplayError::ModelRead { source })
+/// Reads the model's header: of all its files when it is split, whose
+/// expert tensors may be in any of them.
+fn open(model: &Path) -> Result<GgufHeader, ReplayError> {
+    match open_joined(model) {
+        Ok(joined) => Ok(joined.header),
+        Err(SplitError::Read(source)) => Err(ReplayError::ModelRead { source }),
+        Err(source) => Err(ReplayError::ModelFiles { source }),
+    }
 }

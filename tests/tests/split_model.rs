@@ -164,7 +164,20 @@ fn a_whole_run_on_a_split_model_matches_the_run_on_one_file() {
         split_sha,
         "the run names the split model's hash"
     );
-    for name in ["saliency.json", "imatrix.gguf"] {
+    // Cache replay weighs expert loads by the expert tensors' bytes, which
+    // are in both files of the split model.
+    let replay = |run: &Path| std::fs::read_to_string(run.join("replay/results.json")).unwrap();
+    let whole_model = dir.path().join("tiny.gguf").display().to_string();
+    let whole_replay = replay(&whole_run);
+    assert!(
+        whole_replay.contains("\"bytes_moved\":") && !whole_replay.contains("\"bytes_moved\":null"),
+        "{whole_replay}"
+    );
+    assert_eq!(
+        replay(&split_run).replace(&first.display().to_string(), &whole_model),
+        whole_replay
+    );
+    for name in ["saliency.json", "imatrix.gguf", "replay/report.md"] {
         assert!(
             std::fs::read(whole_run.join(name)).unwrap()
                 == std::fs::read(split_run.join(name)).unwrap(),
