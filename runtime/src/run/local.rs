@@ -155,7 +155,25 @@ mod tests {
         );
         std::fs::write(&bin, script).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        bin
+        // A process another test forks while the script is open for writing
+        // holds that descriptor until it execs, and meanwhile the script
+        // cannot be run (ETXTBSY). Once one run starts, no writer is left
+        // (ours is closed, so no later fork inherits it): probe until then.
+        for _ in 0..500 {
+            match std::process::Command::new(&bin)
+                .args(["--name", "probe"])
+                .status()
+            {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                status => {
+                    assert!(status.unwrap().success());
+                    return bin;
+                }
+            }
+        }
+        panic!("{} stayed busy (ETXTBSY) for 5 s", bin.display());
     }
 
     /// Spawns `count` recording workers configured by `run` and returns
