@@ -27,11 +27,36 @@ pub struct PruneArgs {
     /// `<stem>.imatrix.gguf`.
     #[arg(long)]
     pub out: PathBuf,
-    /// Write the model, when larger, as llama.cpp's `gguf-split` files of
-    /// at most this much tensor data (`48G`, `500M`: decimal, as
-    /// `llama-gguf-split --split-max-size`): `<stem>-00001-of-0000N.gguf`, ...
-    #[arg(long, value_name = "SIZE")]
-    pub split_max_size: Option<String>,
+    /// Splits a large model (`--split-max-size`).
+    #[command(flatten)]
+    pub split: SplitMaxSize,
+}
+
+/// `--split-max-size`, which `prune` and `ship` share.
+#[derive(Args, Clone, Debug, Default)]
+pub struct SplitMaxSize {
+    /// Write each model file larger than this as llama.cpp's `gguf-split`
+    /// files of at most this much tensor data (`48G`, `500M`: decimal, as
+    /// `llama-gguf-split --split-max-size`; Hugging Face caps a file at
+    /// 50 GB): `<stem>-00001-of-0000N.gguf`, ...
+    #[arg(long = "split-max-size", value_name = "SIZE")]
+    pub text: Option<String>,
+}
+
+impl SplitMaxSize {
+    /// The size as given and in bytes; `None` when not given. A malformed
+    /// size is refused naming the flag.
+    pub fn parsed(&self) -> Result<Option<(String, u64)>, StagesError> {
+        let Some(text) = &self.text else {
+            return Ok(None);
+        };
+        let bytes =
+            config::ship::parse_split_size(text).map_err(|problem| StagesError::Argument {
+                argument: "--split-max-size".into(),
+                problem,
+            })?;
+        Ok(Some((text.clone(), bytes)))
+    }
 }
 
 /// `x/pruned.gguf` -> `x/pruned.imatrix.gguf`.
@@ -120,15 +145,7 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
     })?;
     let keep: KeepMap =
         StagesError::parse_json(&map_bytes, || store.url_of(&map_object), "a keep map")?;
-    let split = args
-        .split_max_size
-        .as_deref()
-        .map(config::ship::parse_split_size)
-        .transpose()
-        .map_err(|problem| StagesError::Argument {
-            argument: "--split-max-size".into(),
-            problem,
-        })?;
+    let split = args.split.parsed()?.map(|(_, bytes)| bytes);
 
     let out_imatrix = imatrix_path(&args.out);
     let out_dir = out_imatrix

@@ -109,12 +109,9 @@ pub struct ShipArgs {
     /// Ship without evaluating the files (their cards carry no figures).
     #[arg(long)]
     pub no_eval: bool,
-    /// Ship each model file larger than this as llama.cpp's `gguf-split`
-    /// files of at most this much tensor data (`48G`, `500M`: decimal, as
-    /// `llama-gguf-split --split-max-size`; Hugging Face caps a file at
-    /// 50 GB).
-    #[arg(long, value_name = "SIZE")]
-    pub split_max_size: Option<String>,
+    /// Ships large model files split (`--split-max-size`).
+    #[command(flatten)]
+    pub split: crate::prune::SplitMaxSize,
 }
 
 /// What one ship makes: from `coordinator ship`'s flags, or from `[ship]`
@@ -153,16 +150,7 @@ impl ShipArgs {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let split_max_size = match &self.split_max_size {
-            None => None,
-            Some(text) => Some((
-                text.clone(),
-                config::ship::parse_split_size(text).map_err(|problem| StagesError::Argument {
-                    argument: "--split-max-size".into(),
-                    problem,
-                })?,
-            )),
-        };
+        let split_max_size = self.split.parsed()?;
         Ok(ShipRequest {
             run: self.run.clone(),
             candidates: self.candidates.clone(),
