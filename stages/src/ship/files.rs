@@ -82,16 +82,24 @@ impl OutDir {
     /// `split_max_bytes`, when it is larger, as llama.cpp's `gguf-split`
     /// files of at most that much tensor data (`<stem>-00001-of-0000N.gguf`,
     /// ...). The model as one file stays in the scratch directory while the
-    /// ship lasts (the source of its quantisations).
+    /// ship lasts (the source of its quantisations). `make` returns the
+    /// file's SHA-256 when it computed it while writing (the slicer does),
+    /// so the file is not read again for it.
     pub fn place_model(
         &self,
         name: &str,
         split_max_bytes: Option<u64>,
-        make: impl FnOnce(&Path) -> Result<(), ShipError>,
+        make: impl FnOnce(&Path) -> Result<Option<String>, ShipError>,
     ) -> Result<PlacedModel, ShipError> {
         let made = self.scratch(name);
-        make(&made)?;
-        let whole = self.hashed(&made)?;
+        let whole = match make(&made)? {
+            Some(sha256) => Placed {
+                sha256,
+                bytes: std::fs::metadata(&made).map_err(io_err(&made))?.len(),
+                reused: false,
+            },
+            None => self.hashed(&made)?,
+        };
         let parts: Vec<(PathBuf, Placed)> = match split_max_bytes {
             Some(max) if whole.bytes > max => {
                 let dir = self.scratch(&format!("{name}.split"));

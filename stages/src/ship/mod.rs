@@ -343,7 +343,7 @@ fn make<'a>(
         if !c.is_base() {
             let placed = ship.out.place_model(&model, split, |p| {
                 make_model(base, c.keep.as_ref().map(|k| &k.map), c.experts_used, p)
-                    .map(drop)
+                    .map(|sliced| Some(sliced.sha256))
                     .map_err(|e| ShipError::File {
                         path: base.to_path_buf(),
                         reason: e.to_string(),
@@ -389,6 +389,7 @@ fn make<'a>(
                     ship.threads,
                     request.allow_requantize,
                 )
+                .map(|()| None)
             })?;
             ship.out.forget(&placed.path)?;
             let quantisation = card::Quantisation {
