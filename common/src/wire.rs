@@ -12,9 +12,9 @@
 //! Hello{version, name, backend}     ->
 //!                                   <-    Challenge{nonce}
 //! Proof{hmac(key(name), nonce, name)} ->
-//!                                   <-    Welcome{job, task} (only after a valid proof)
+//!                                   <-    Welcome{job, task} | Wait (only after a valid proof)
 //! Poll{version, busy}               ->                       (the poll is the heartbeat)
-//!                                   <-    Lease | Wait | Ack | Finished
+//!                                   <-    Lease | Wait | Ack | Welcome | Finished
 //! Computed{lease}                   ->                       (folded into the worker's running result)
 //!                                   <-    Ack
 //! Done{lease, result, sha256}       ->                       (a partial or an eval partial, by task)
@@ -29,6 +29,14 @@
 //! and held for the next checkpoint, which then names every lease it
 //! covers. Until that result is accepted the leases are not done; a worker
 //! lost before its checkpoint loses them to the queue.
+//!
+//! One connection serves every phase of a run (collection, evaluation,
+//! shipping's evaluation), each with its own job and task: the proof is
+//! answered with the current phase's `Welcome`, or `Wait` between phases;
+//! an idle worker's poll is answered with the next phase's `Welcome` once
+//! its phase is over, `Wait` until that phase begins, and `Finished` when
+//! the run is (the coordinator also closes the connection saying
+//! [`RUN_FINISHED`]).
 //!
 //! A worker learns nothing about the job (run location, corpus, model hash)
 //! before its proof checks out. The proof is keyed by the worker's own key
@@ -54,7 +62,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// per token, quantisation), so shipped files are evaluated like slices.
 /// 7: the job names the model's mmproj ([`MmprojFile`]) when the corpus
 /// has images, which workers measure.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 8: one connection serves every phase of a run: `Wait` may answer the
+/// proof, and `Welcome` an idle poll (the next phase's job and task).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -399,7 +409,8 @@ pub enum ToWorker {
         #[serde(with = "serde_bytes")]
         nonce: Vec<u8>,
     },
-    /// The proof holds: the job, and what each lease asks for.
+    /// The proof holds, or the worker's phase is over: the current
+    /// phase's job, and what each lease asks for.
     Welcome {
         /// Id assigned to this worker.
         worker_id: WorkerId,
@@ -411,14 +422,15 @@ pub enum ToWorker {
     },
     /// Measure these chunks.
     Lease(LeaseGrant),
-    /// No work right now; poll again after this long.
+    /// No work right now (or no phase being served); poll again after
+    /// this long.
     Wait {
         /// Milliseconds to wait.
         retry_ms: u64,
     },
     /// Heartbeat or result received.
     Ack,
-    /// The run needs nothing more from this worker: disconnect.
+    /// The run is finished: no phase is to come; disconnect.
     Finished,
     /// The coordinator refuses; the connection closes after this.
     Refused(Refusal),

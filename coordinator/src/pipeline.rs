@@ -6,7 +6,10 @@
 //! ship never loses the verify table, the report or the manifest's record
 //! of the collection; an unverified run is neither evaluated nor shipped. Each stage
 //! is its own module; this one only calls them in order, so no stage
-//! depends on a later one.
+//! depends on a later one. One crew of workers serves every phase that
+//! needs them (collection, evaluation, shipping's evaluation) and is let go
+//! after the last ([`runtime::run::crew`]): a `worker join` started once
+//! serves the whole run.
 
 use common::artifacts::names;
 use common::error_text::with_causes;
@@ -14,6 +17,7 @@ use common::store::RunStore;
 use config::eval::KeepShape;
 use config::ship::ShipSettings;
 use config::Config;
+use runtime::run::crew::Crew;
 use runtime::run::local::{self, LocalWorkers};
 use runtime::run::lock::RunLock;
 use runtime::run::{
@@ -34,6 +38,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(f) = &args.connect_file {
         config.cluster.connect_file = Some(f.clone());
+    }
+    if let Some(name) = &args.server_name {
+        config.cluster.server_names.insert(0, name.clone());
     }
     if args.take_over_lock {
         config.run.lock_stale_s = 0;
@@ -89,26 +96,41 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     // A weak or missing secret file is refused before anything is written.
     runtime::run::check_secret(&config.cluster)?;
+    let local = if args.local_workers > 0 {
+        Some(LocalWorkers::new(
+            local::worker_binary()?,
+            &config.run,
+            config.storage.env(),
+            std::path::absolute(config.model_path()).context("model path")?,
+            args.local_workers,
+        ))
+    } else {
+        None
+    };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let store = RunStore::open(&out)?;
         // Every stage writes through the lock's fenced store, and the run
         // is marked complete only while the lock is still ours.
         let lock = RunLock::acquire(&store, config.run.lock_stale()).await?;
-        let outcome = stages(&config, &args, ship.as_ref(), lock.store(), &lock).await;
+        let mut crew = Crew::new(move |l| stages::eval::cli::start_workers(local.as_ref(), l));
+        let outcome = stages(&config, ship.as_ref(), lock.store(), &lock, &mut crew).await;
+        // The run is finished (verified or not) or failed: the workers go.
+        let ended = outcome.as_ref().map(|_| ()).map_err(|e| with_causes(e.as_ref()));
+        crew.close(&ended).await;
         lock.release().await?;
         outcome
     })
 }
 
 /// Every stage of `coordinator run` after the lock is taken, writing through
-/// `store` (the lock's).
+/// `store` (the lock's), with the run's workers, `crew`.
 async fn stages(
     config: &Config,
-    args: &RunArgs,
     ship: Option<&(ShipRequest, bool)>,
     store: RunStore,
     lock: &RunLock,
+    crew: &mut Crew<'static>,
 ) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
     let outcome = corpus::prepare_run(config, &store, false).await?;
@@ -137,30 +159,19 @@ async fn stages(
         store: store.clone(),
         index,
         model_sha256: outcome.manifest.model_sha256.clone(),
-        model_path: model_path.clone(),
+        model_path,
         mmproj,
         run: config.run.clone(),
         cluster: config.cluster.clone(),
     };
-    let local = if args.local_workers > 0 {
-        Some(LocalWorkers::new(
-            local::worker_binary()?,
-            &config.run,
-            config.storage.env(),
-            model_path,
-            args.local_workers,
-        ))
-    } else {
-        None
-    };
-    let summary = execute_locked(&setup, |l| match &local {
-        Some(w) => w.spawn(l.addr, &l.pin, &l.secret),
-        None => {
-            println!("waiting for workers: {}", l.hint.join);
-            Ok(Vec::new())
-        }
-    })
-    .await?;
+    // The phases after collection that need workers: the crew is let go
+    // after the last.
+    let ship_eval = ship.is_some_and(|(_, eval)| *eval);
+    let evaluating = config.eval.is_configured();
+    let summary = execute_locked(&setup, crew).await?;
+    if !evaluating && !ship_eval {
+        crew.close(&FINISHED).await;
+    }
     print_summary(&store, &summary);
     let options = score_options(&store, config).await?;
     let scored = stages::score::score(&store, &options).await?;
@@ -198,8 +209,12 @@ async fn stages(
         );
         return Ok(ExitCode::FAILURE);
     }
-    if config.eval.is_configured() {
-        if let Err(e) = evaluate_configured(config, &setup, local.as_ref()).await {
+    if evaluating {
+        let evaluated = evaluate_configured(config, &setup, crew).await;
+        if !ship_eval {
+            crew.close(&FINISHED).await;
+        }
+        if let Err(e) = evaluated {
             eprintln!(
                 "[eval] failed: {}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
                 with_causes(e.as_ref()),
@@ -213,7 +228,7 @@ async fn stages(
     if let Some((request, eval)) = ship {
         let evaluator = eval.then_some(stages::ship::measure::Evaluator::Locked {
             setup: &setup,
-            local: local.as_ref(),
+            crew,
         });
         if let Err(e) = stages::ship::ship(&store, request, evaluator).await {
             eprintln!(
@@ -227,6 +242,9 @@ async fn stages(
     println!("run complete: {}", store.url());
     Ok(ExitCode::SUCCESS)
 }
+
+/// The outcome that lets a crew go as finished.
+const FINISHED: Result<(), String> = Ok(());
 
 /// Where a run's coordinator keeps its identity when `[cluster]
 /// identity_dir` is unset: `.moe-census/coordinator-<hash of the run
@@ -296,12 +314,11 @@ fn ship_request(
 }
 
 /// Evaluates the keep maps of `[eval]` against the run's model (DESIGN
-/// section 12), with the run's local workers when it has some, and prints
-/// the table.
+/// section 12) with the run's workers, and prints the table.
 async fn evaluate_configured(
     config: &Config,
     setup: &RunSetup,
-    local: Option<&LocalWorkers>,
+    crew: &mut Crew<'static>,
 ) -> anyhow::Result<()> {
     let (sha256, job) = stages::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
     let base = stages::eval::cli::Base {
@@ -309,7 +326,7 @@ async fn evaluate_configured(
         sha256,
     };
     let out = common::layout::EVAL;
-    stages::eval::cli::evaluate_held(setup, base, job, out, local).await?;
+    stages::eval::cli::evaluate_held(setup, base, job, out, crew).await?;
     Ok(())
 }
 

@@ -15,6 +15,7 @@ pub mod mtmd_record;
 pub mod mutate;
 pub mod oracle;
 pub mod peer;
+pub mod proc;
 
 use common::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
 use common::{ChunkId, Split};

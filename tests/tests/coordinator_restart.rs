@@ -7,6 +7,7 @@
 //! declare a 64 MiB frame keep it under 1 GiB (failure 9).
 
 use fixtures::peer::Peer;
+use fixtures::proc::Proc;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -17,109 +18,9 @@ use std::time::{Duration, Instant};
 /// Generous bound on anything a test waits for (a loaded 2-core machine).
 const DEADLINE: Duration = Duration::from_secs(300);
 
-/// A process this test started, killed when the test ends however it ends,
-/// with its stderr lines (and when each arrived) and its stdout.
-struct Proc {
-    child: Child,
-    stderr: Arc<Mutex<Vec<(Instant, String)>>>,
-    stdout: Arc<Mutex<String>>,
-}
-
-impl Proc {
-    fn spawn(mut cmd: std::process::Command) -> Proc {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
-        let stdout: Arc<Mutex<String>> = Arc::default();
-        let (err, out) = (stderr.clone(), stdout.clone());
-        let pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                err.lock().unwrap().push((Instant::now(), line));
-            }
-        });
-        let mut pipe = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                out.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Proc {
-            child,
-            stderr,
-            stdout,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &self.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {}", self.pid());
-    }
-
-    /// Times at which a stderr line containing `what` arrived.
-    fn logged(&self, what: &str) -> Vec<Instant> {
-        let lines = self.stderr.lock().unwrap();
-        lines
-            .iter()
-            .filter(|(_, l)| l.contains(what))
-            .map(|(t, _)| *t)
-            .collect()
-    }
-
-    fn log(&self) -> String {
-        let lines = self.stderr.lock().unwrap();
-        lines
-            .iter()
-            .map(|(_, l)| l.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    /// Waits for the exit; its status.
-    fn wait(&mut self, within: Duration) -> std::process::ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(start.elapsed() < within, "still running:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Waits until `ready` holds, checking every 20 ms.
-fn until(what: &str, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        assert!(start.elapsed() < DEADLINE, "never: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn until(what: &str, ready: impl FnMut() -> bool) {
+    fixtures::proc::until(what, DEADLINE, ready)
 }
 
 /// A run config in `dir` over `docs` short documents (64-token chunks, two

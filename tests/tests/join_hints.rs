@@ -1,8 +1,9 @@
 //! What a coordinator tells workers elsewhere is what they need: the
 //! "waiting for workers" line is a `worker join` command that joins as
 //! printed (with `--ca` and the configured server name when a cluster CA is
-//! set, `--pin` otherwise), and `connect_file` says the same, with the
-//! server name from `[cluster] server_names`.
+//! set, `--pin` otherwise, and placeholders for the secret file and the
+//! model that appended flags replace), and `connect_file` says the same,
+//! with the server name from `[cluster] server_names`.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -23,8 +24,9 @@ impl Drop for Reaped {
 }
 
 /// Runs the coordinator without local workers, joins one worker with the
-/// printed command (plus its secret), and returns (the command, connect.json)
-/// once the run has finished successfully.
+/// printed command (plus its secret file and model in place of the
+/// command's placeholders), and returns (the command, connect.json) once
+/// the run has finished successfully.
 fn run_and_join(dir: &Path, cluster: &str) -> (String, serde_json::Value) {
     let secret = dir.join("secret");
     std::fs::write(&secret, "a shared join secret of at least 32 bytes").unwrap();
@@ -68,10 +70,13 @@ fn run_and_join(dir: &Path, cluster: &str) -> (String, serde_json::Value) {
     };
     let args: Vec<&str> = hint.split_whitespace().collect();
     assert_eq!(args[..2], ["worker", "join"], "{hint}");
+    // The placeholders are replaced by flags appended to the command.
     let _worker = Reaped(
         fixtures::command("worker")
             .args(&args[1..])
             .args(["--secret-file", secret.to_str().unwrap()])
+            .arg("--model")
+            .arg(dir.join("tiny.gguf"))
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
@@ -108,6 +113,13 @@ fn a_pinned_coordinator_prints_a_pin_command_that_joins() {
     assert_eq!(info["server_name"], "localhost", "{info}");
     assert_eq!(info["join"], hint.as_str(), "{info}");
     assert!(info.get("ca").is_none(), "{info}");
+    assert!(
+        hint.ends_with(" --secret-file SECRET_FILE --model MODEL.gguf")
+            && info["placeholders"]["SECRET_FILE"]
+                .as_str()
+                .is_some_and(|s| s.contains("--key-file")),
+        "{info}"
+    );
 }
 
 #[test]

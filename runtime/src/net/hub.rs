@@ -1,6 +1,8 @@
-//! State shared by the connection tasks: the scheduler, the join secret, the
-//! job, per-worker figures, and the channel that hands accepted results to
-//! the merger. One hub serves every kind of lease ([`LeaseKind`]): results
+//! The state of one phase of a run (collection, an evaluation) that the
+//! connection tasks share: the scheduler, the job, per-worker figures, and
+//! the channel that hands accepted results to the merger; the connections
+//! reach it through the run's [`super::lobby`], which serves one phase at a
+//! time. One hub serves every kind of lease ([`LeaseKind`]): results
 //! are checked here (hash, then the kind's checks) before the scheduler
 //! accepts them, so a bad result only costs a retry. Results of units
 //! sampled for redundancy are held here until a second (or third)
@@ -20,7 +22,6 @@ use common::buffers::BufferPool;
 use common::hash::sha256_hex;
 use common::lease::{Addend, LeaseOutput};
 use common::peer_text::peer_text;
-use common::secret::JoinSecret;
 use common::store::{RunStore, StoreError};
 use common::wire::{JobInfo, LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
 use common::ChunkRange;
@@ -125,7 +126,6 @@ impl<T> Candidate<T> {
 #[derive(Debug)]
 pub struct Hub<K: LeaseKind> {
     sched: Mutex<Scheduler>,
-    secret: JoinSecret,
     job: JobInfo,
     kind: Arc<K>,
     run: RunStore,
@@ -162,7 +162,6 @@ impl<K: LeaseKind> Hub<K> {
     /// bytes; accepted results come out of the returned receiver.
     pub fn new(
         sched: Scheduler,
-        secret: JoinSecret,
         job: JobInfo,
         kind: Arc<K>,
         run: RunStore,
@@ -172,7 +171,6 @@ impl<K: LeaseKind> Hub<K> {
         let (tx, rx) = mpsc::unbounded_channel();
         let hub = Hub {
             sched: Mutex::new(sched),
-            secret,
             job,
             kind,
             run,
@@ -235,11 +233,6 @@ impl<K: LeaseKind> Hub<K> {
     /// The run location (fenced by the run's lock when the caller holds it).
     pub fn store(&self) -> &RunStore {
         &self.run
-    }
-
-    /// The join secret.
-    pub fn secret(&self) -> &[u8] {
-        self.secret.expose()
     }
 
     /// The job every worker receives after its proof.

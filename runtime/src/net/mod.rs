@@ -2,11 +2,12 @@
 //! survives a restart ([`persist`]), the accept loop and
 //! one task per worker connection ([`server`]), connection limits
 //! ([`slots`]), frames read under a shared memory budget ([`frames`]), and
-//! the state those tasks share ([`hub`]): the scheduler, the join secret and
-//! the job.
+//! the state those tasks share: the run's join secret and the phase being
+//! served ([`lobby`]), and each phase's scheduler and job ([`hub`]).
 
 pub mod frames;
 pub mod hub;
+pub mod lobby;
 pub mod persist;
 pub mod server;
 pub mod slots;

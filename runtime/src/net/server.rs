@@ -1,6 +1,8 @@
 //! The QUIC server: an accept loop that applies a policy table to each
 //! incoming connection ([`super::slots`]), then one task per connection that
-//! runs the protocol of [`common::wire`] on the connection's single stream.
+//! runs the protocol of [`common::wire`] on the connection's single stream,
+//! in whichever phase of the run the [`Lobby`] serves: a connection lives
+//! for the whole run, moving from one phase to the next.
 //! A malformed or oversized frame, a timeout or a failed proof closes that
 //! connection only.
 //!
@@ -10,17 +12,15 @@
 //! through [`peer_text`].
 
 use super::frames::{read_frame, FrameBudget, ReadLimits};
-use super::hub::Hub;
+use super::lobby::{Lobby, Seat, IDLE_POLL};
 use super::slots::{Admission, Slot, Slots};
 use super::tls::Identity;
 use super::NetError;
-use crate::lease::LeaseKind;
 use common::peer_text::peer_text;
 use common::wire::{
     check_proof, random_bytes, read_msg, write_msg, Refusal, ToCoordinator, ToWorker, WireError,
-    WorkerId, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION, RUN_FINISHED,
+    WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION, RUN_FINISHED,
 };
-use sched::{Grant, SchedError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,9 +38,6 @@ mod code {
     /// worker keeps reconnecting, for a restarted coordinator to resume.
     pub const STOPPED: u32 = 3;
 }
-
-/// How long a worker waits when every unit is done but not yet stored.
-const IDLE_UNTIL_STORED: Duration = Duration::from_millis(200);
 
 /// The longest close reason sent: a CONNECTION_CLOSE frame fits one packet.
 const MAX_CLOSE_REASON: usize = 512;
@@ -79,14 +76,16 @@ pub struct ServerOptions {
 pub struct Server {
     endpoint: quinn::Endpoint,
     addr: SocketAddr,
+    lobby: Arc<Lobby>,
 }
 
 impl Server {
-    /// Binds and starts the accept loop.
-    pub fn spawn<K: LeaseKind>(
+    /// Binds and starts the accept loop; joined workers serve the phases
+    /// of `lobby`.
+    pub fn spawn(
         identity: &Identity,
         opts: ServerOptions,
-        hub: Arc<Hub<K>>,
+        lobby: Arc<Lobby>,
     ) -> Result<Server, NetError> {
         let mut transport = quinn::TransportConfig::default();
         transport
@@ -119,8 +118,12 @@ impl Server {
         let endpoint = quinn::Endpoint::new(endpoint_config, Some(config), socket, runtime)
             .map_err(bind_err)?;
         let addr = endpoint.local_addr().map_err(bind_err)?;
-        tokio::spawn(accept_loop(endpoint.clone(), opts, hub));
-        Ok(Server { endpoint, addr })
+        tokio::spawn(accept_loop(endpoint.clone(), opts, lobby.clone()));
+        Ok(Server {
+            endpoint,
+            addr,
+            lobby,
+        })
     }
 
     /// The bound address.
@@ -134,7 +137,13 @@ impl Server {
     /// until the peers know.
     pub async fn shutdown<E: std::fmt::Display>(&self, outcome: &Result<(), E>) {
         match outcome {
-            Ok(()) => self.endpoint.close(code::DONE.into(), RUN_FINISHED),
+            Ok(()) => {
+                // Idle workers poll every IDLE_POLL: they learn the run is
+                // finished in-band and leave before the endpoint closes.
+                self.lobby.finish();
+                tokio::time::sleep(2 * IDLE_POLL).await;
+                self.endpoint.close(code::DONE.into(), RUN_FINISHED)
+            }
             Err(e) => {
                 let why = format!("coordinator stopped: {e}");
                 let end = why.floor_char_boundary(MAX_CLOSE_REASON);
@@ -157,11 +166,7 @@ fn bind(listen: SocketAddr, preferred: Option<SocketAddr>) -> std::io::Result<st
     std::net::UdpSocket::bind(listen)
 }
 
-async fn accept_loop<K: LeaseKind>(
-    endpoint: quinn::Endpoint,
-    opts: ServerOptions,
-    hub: Arc<Hub<K>>,
-) {
+async fn accept_loop(endpoint: quinn::Endpoint, opts: ServerOptions, lobby: Arc<Lobby>) {
     let slots = Slots::new(opts.max_connections, opts.max_pending_per_address);
     let budget = FrameBudget::new(opts.frame_budget);
     while let Some(incoming) = endpoint.accept().await {
@@ -177,10 +182,10 @@ async fn accept_loop<K: LeaseKind>(
                 incoming.refuse();
             }
             Ok(slot) => {
-                let (hub, opts, budget) = (hub.clone(), opts.clone(), budget.clone());
+                let (lobby, opts, budget) = (lobby.clone(), opts.clone(), budget.clone());
                 let span = tracing::info_span!("conn", %remote);
                 tokio::spawn(
-                    async move { handle_connection(incoming, slot, &hub, &opts, &budget).await }
+                    async move { handle_connection(incoming, slot, &lobby, &opts, &budget).await }
                         .instrument(span),
                 );
             }
@@ -242,10 +247,10 @@ impl Stream {
     }
 }
 
-async fn handle_connection<K: LeaseKind>(
+async fn handle_connection(
     incoming: quinn::Incoming,
     mut slot: Slot,
-    hub: &Arc<Hub<K>>,
+    lobby: &Lobby,
     opts: &ServerOptions,
     budget: &FrameBudget,
 ) {
@@ -266,8 +271,8 @@ async fn handle_connection<K: LeaseKind>(
             Ended::new(code::DONE, format!("connection ended before a stream: {e}"))
         })?;
         let mut stream = Stream { send, recv };
-        let id = login(&mut stream, hub).await?;
-        Ok::<_, Ended>((stream, id))
+        let member = login(&mut stream, lobby).await?;
+        Ok::<_, Ended>((stream, member))
     };
     let ended = match tokio::time::timeout_at(deadline, joining).await {
         Err(_) => Ended::new(
@@ -275,10 +280,13 @@ async fn handle_connection<K: LeaseKind>(
             format!("not logged in within {:?}", opts.login_timeout),
         ),
         Ok(Err(ended)) => ended,
-        Ok(Ok((mut stream, id))) => {
+        Ok(Ok((mut stream, mut member))) => {
             slot.logged_in();
-            let ended = work(&mut stream, hub, opts, budget, id).await;
-            hub.disconnect(id, &format!("connection ended: {}", ended.reason));
+            let ended = work(&mut stream, lobby, opts, budget, &mut member).await;
+            if let Some(seat) = &member.seat {
+                let reason = format!("connection ended: {}", ended.reason);
+                seat.phase.disconnect(seat.id, &reason);
+            }
             ended
         }
     };
@@ -293,9 +301,29 @@ async fn handle_connection<K: LeaseKind>(
     drop(slot);
 }
 
-/// The join exchange: `Hello`, a challenge, a valid proof; then the worker is
-/// registered and receives the job.
-async fn login<K: LeaseKind>(s: &mut Stream, hub: &Hub<K>) -> Result<WorkerId, Ended> {
+/// A joined worker: its name and backend (as it sent them), and its place
+/// in the phase it serves, if any.
+struct Member {
+    name: String,
+    backend: String,
+    seat: Option<Seat>,
+}
+
+impl Member {
+    /// The reply when this worker is idle and its phase (if any) needs
+    /// nothing more of it: the current phase's welcome, or a wait.
+    fn next_phase(&mut self, lobby: &Lobby) -> ToWorker {
+        let reply = lobby.next_phase(&mut self.seat, &self.name, &self.backend);
+        if let ToWorker::Refused(refusal) = &reply {
+            tracing::warn!(worker = %peer_text(&self.name), "{refusal}");
+        }
+        reply
+    }
+}
+
+/// The join exchange: `Hello`, a challenge, a valid proof; then the worker
+/// is welcomed into the phase being served, or told to wait for one.
+async fn login(s: &mut Stream, lobby: &Lobby) -> Result<Member, Ended> {
     let (name, backend) = match s.read_login().await? {
         Some(ToCoordinator::Hello {
             protocol_version,
@@ -319,7 +347,7 @@ async fn login<K: LeaseKind>(s: &mut Stream, hub: &Hub<K>) -> Result<WorkerId, E
     })
     .await?;
     match s.read_login().await? {
-        Some(ToCoordinator::Proof { mac }) if check_proof(hub.secret(), &nonce, &name, &mac) => {}
+        Some(ToCoordinator::Proof { mac }) if check_proof(lobby.secret(), &nonce, &name, &mac) => {}
         Some(ToCoordinator::Proof { .. }) => {
             tracing::warn!(worker = %peer_text(&name), "join secret refused");
             return Err(s.refuse(Refusal::BadProof).await);
@@ -330,25 +358,29 @@ async fn login<K: LeaseKind>(s: &mut Stream, hub: &Hub<K>) -> Result<WorkerId, E
         }
         None => return Err(Ended::new(code::PROTOCOL, "stream ended before Proof")),
     }
-    let (id, identity) = match hub.register(&name, &backend) {
-        Ok(ids) => ids,
-        Err(refusal) => {
-            tracing::warn!(worker = %peer_text(&name), "{refusal}");
-            return Err(s.refuse(refusal).await);
-        }
+    let mut member = Member {
+        name,
+        backend,
+        seat: None,
     };
-    tracing::info!(worker = %peer_text(&name), backend = %peer_text(&backend), %id, %identity, "worker joined");
-    s.send(&hub.welcome(id)).await?;
-    Ok(id)
+    match member.next_phase(lobby) {
+        ToWorker::Refused(refusal) => Err(s.refuse(refusal).await),
+        reply => {
+            tracing::info!(worker = %peer_text(&member.name), backend = %peer_text(&member.backend), "worker joined");
+            s.send(&reply).await?;
+            Ok(member)
+        }
+    }
 }
 
-/// The work loop of a joined worker; returns why the connection ended.
-async fn work<K: LeaseKind>(
+/// The work loop of a joined worker, in one phase after another; returns
+/// why the connection ended.
+async fn work(
     s: &mut Stream,
-    hub: &Arc<Hub<K>>,
+    lobby: &Lobby,
     opts: &ServerOptions,
     budget: &FrameBudget,
-    id: WorkerId,
+    member: &mut Member,
 ) -> Ended {
     let limits = ReadLimits {
         max: opts.max_frame,
@@ -360,11 +392,13 @@ async fn work<K: LeaseKind>(
         // waits for the frame budget, counts as a heartbeat, at most once a
         // second.
         let mut beat = Instant::now();
+        let seat = &member.seat;
         let read = read_frame(&mut s.recv, limits, budget, || {
             if beat.elapsed() >= Duration::from_secs(1) {
                 beat = Instant::now();
-                let now = hub.now();
-                let _ = hub.sched().heartbeat(id, now);
+                if let Some(seat) = seat {
+                    seat.phase.heartbeat(seat.id);
+                }
             }
         })
         .await;
@@ -375,57 +409,83 @@ async fn work<K: LeaseKind>(
             Ok(None) => return Ended::new(code::DONE, "the worker closed its stream"),
             Err(e) => return e.into(),
         };
-        let reply = match msg {
-            ToCoordinator::Poll {
-                protocol_version,
-                state,
-            } => {
+        let reply = match (msg, &member.seat) {
+            (
+                ToCoordinator::Poll {
+                    protocol_version,
+                    state,
+                },
+                seat,
+            ) => {
                 if let Some(r) = version_refusal(protocol_version) {
                     return s.refuse(r).await;
                 }
-                poll_reply(hub, id, state != WorkerState::Idle)
-            }
-            ToCoordinator::Done {
-                lease_id,
-                partial,
-                sha256,
-                elapsed_ms,
-            } => {
-                hub.deliver(id, vec![lease_id], partial, sha256, elapsed_ms)
-                    .await;
-                quarantine_refusal(hub, id)
-            }
-            ToCoordinator::Checkpoint {
-                leases,
-                partial,
-                sha256,
-                elapsed_ms,
-            } => {
-                hub.deliver(id, leases, partial, sha256, elapsed_ms).await;
-                quarantine_refusal(hub, id)
-            }
-            ToCoordinator::Computed { lease_id } => {
-                if hub.computed(id, lease_id) {
-                    tracing::debug!(%id, lease = %lease_id, "lease computed, held until its checkpoint");
+                let busy = state != WorkerState::Idle;
+                match seat {
+                    Some(seat) => seat.phase.poll(seat.id, busy),
+                    // Nothing to heartbeat outside a phase.
+                    None if busy => Some(ToWorker::Ack),
+                    None => None,
                 }
-                quarantine_refusal(hub, id)
+                .unwrap_or_else(|| member.next_phase(lobby))
             }
-            ToCoordinator::Failed { lease_id, reason } => {
-                let reason = peer_text(&reason);
-                tracing::warn!(%id, %lease_id, "worker failed a lease: {reason}");
-                hub.fail(id, lease_id, &reason);
-                quarantine_refusal(hub, id)
+            (
+                ToCoordinator::Done {
+                    lease_id,
+                    partial,
+                    sha256,
+                    elapsed_ms,
+                },
+                Some(seat),
+            ) => {
+                let phase = Arc::clone(&seat.phase);
+                phase
+                    .deliver(seat.id, vec![lease_id], partial, sha256, elapsed_ms)
+                    .await;
+                quarantine_refusal(seat)
             }
-            ToCoordinator::Refuse { reason } => {
+            (
+                ToCoordinator::Checkpoint {
+                    leases,
+                    partial,
+                    sha256,
+                    elapsed_ms,
+                },
+                Some(seat),
+            ) => {
+                let phase = Arc::clone(&seat.phase);
+                phase
+                    .deliver(seat.id, leases, partial, sha256, elapsed_ms)
+                    .await;
+                quarantine_refusal(seat)
+            }
+            (ToCoordinator::Computed { lease_id }, Some(seat)) => {
+                if seat.phase.computed(seat.id, lease_id) {
+                    tracing::debug!(id = %seat.id, lease = %lease_id, "lease computed, held until its checkpoint");
+                }
+                quarantine_refusal(seat)
+            }
+            (ToCoordinator::Failed { lease_id, reason }, Some(seat)) => {
                 let reason = peer_text(&reason);
-                tracing::error!(%id, "worker refused the job: {reason}");
+                tracing::warn!(id = %seat.id, %lease_id, "worker failed a lease: {reason}");
+                seat.phase.fail(seat.id, lease_id, &reason);
+                quarantine_refusal(seat)
+            }
+            (ToCoordinator::Refuse { reason }, _) => {
+                let reason = peer_text(&reason);
+                tracing::error!(worker = %peer_text(&member.name), "worker refused the job: {reason}");
                 return Ended::new(
                     code::REFUSED,
                     format!("the worker refused the job: {reason}"),
                 );
             }
-            other @ (ToCoordinator::Hello { .. } | ToCoordinator::Proof { .. }) => {
+            (other @ (ToCoordinator::Hello { .. } | ToCoordinator::Proof { .. }), _) => {
                 let why = format!("{} after joining", other.kind());
+                return s.refuse(Refusal::Unexpected(why)).await;
+            }
+            // A report about a lease from a worker in no phase.
+            (other, None) => {
+                let why = format!("{} outside a phase", other.kind());
                 return s.refuse(Refusal::Unexpected(why)).await;
             }
         };
@@ -442,41 +502,10 @@ async fn work<K: LeaseKind>(
 
 /// The reply to a report: a refusal when the worker is quarantined now,
 /// else an Ack.
-fn quarantine_refusal<K: LeaseKind>(hub: &Hub<K>, id: WorkerId) -> ToWorker {
-    hub.quarantine_refusal(id)
+fn quarantine_refusal(seat: &Seat) -> ToWorker {
+    seat.phase
+        .quarantine_refusal(seat.id)
         .map_or(ToWorker::Ack, ToWorker::Refused)
-}
-
-fn poll_reply<K: LeaseKind>(hub: &Hub<K>, id: WorkerId, busy: bool) -> ToWorker {
-    let now = hub.now();
-    let mut sched = hub.sched();
-    if busy {
-        return match sched.heartbeat(id, now) {
-            Ok(()) => ToWorker::Ack,
-            Err(e) => ToWorker::Refused(sched_refusal(e)),
-        };
-    }
-    match sched.request(id, now) {
-        Grant::Lease(l) => {
-            tracing::debug!(%id, lease = %l.lease_id, range = %l.range, "lease granted");
-            ToWorker::Lease(l)
-        }
-        Grant::Wait(d) => ToWorker::Wait {
-            retry_ms: d.as_millis() as u64,
-        },
-        Grant::Finished if hub.all_stored() => ToWorker::Finished,
-        Grant::Finished => ToWorker::Wait {
-            retry_ms: IDLE_UNTIL_STORED.as_millis() as u64,
-        },
-        Grant::Failed(e) => ToWorker::Refused(sched_refusal(e)),
-    }
-}
-
-fn sched_refusal(e: SchedError) -> Refusal {
-    match e {
-        SchedError::Quarantined { why, .. } => Refusal::Quarantined(why),
-        other => Refusal::RunFailed(other.to_string()),
-    }
 }
 
 /// The refusal for a worker speaking another protocol version, checked at

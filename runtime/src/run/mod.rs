@@ -9,6 +9,7 @@
 //! - [`runner`]: the lease runner every kind of lease shares (collection
 //!   here, evaluation in `eval`); [`serve`]: its lease loop.
 //! - [`lock`]: one coordinator writes to a run location at a time.
+//! - [`crew`]: one server and the local workers for every phase of a run.
 //! - [`local`]: `--local-workers N` worker processes.
 //! - [`progress`]: the progress bar.
 //! - [`trace_plan`]: the per-split trace budget as a chunk stride.
@@ -17,6 +18,7 @@
 //!   and the later stages.
 
 pub mod accept;
+pub mod crew;
 pub mod join_hint;
 pub mod local;
 pub mod lock;
@@ -27,8 +29,7 @@ pub mod runner;
 pub mod serve;
 pub mod trace_plan;
 
-use crate::lease::LeaseKind;
-use crate::net::hub::Hub;
+use crate::net::lobby::Lobby;
 use crate::net::persist::Kept;
 use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{server_names, Identity};
@@ -39,6 +40,7 @@ use common::corpus::{CorpusIndex, INDEX_FILE};
 use common::secret::JoinSecret;
 use common::store::{RunStore, StoreError};
 use config::run::{ClusterSettings, RunSettings};
+use crew::Crew;
 use join_hint::JoinHint;
 use local::SECRET_ENV;
 use runner::{lease_all, locked, LeaseFigures, Leasing, OnListen};
@@ -105,6 +107,11 @@ pub struct RunArgs {
     /// Write `{addr, pin, server_name}` here once listening; overrides `[cluster] connect_file`.
     #[arg(long)]
     pub connect_file: Option<PathBuf>,
+    /// The name workers dial (and check the certificate against), put
+    /// first in `[cluster] server_names`: a batch job's node, known only
+    /// when it starts.
+    #[arg(long)]
+    pub server_name: Option<String>,
     /// Take the run location's lock over even when its holder's heartbeat is
     /// fresh (when that coordinator is known to be gone).
     #[arg(long)]
@@ -198,23 +205,25 @@ pub fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError>
 /// Collects every unit of the lease plan not already stored, merges
 /// exactly, writes the merged partial and the artifacts. `on_listen` is
 /// called once the server accepts workers (to start local ones); it is not
-/// called when everything was already stored.
+/// called when everything was already stored. The workers leave when it
+/// returns.
 /// The run location is locked for the whole call ([`lock`]): a second
 /// coordinator on the same location fails instead of writing beside it, and
 /// this one writes only while it holds the lock.
 pub async fn execute(setup: &RunSetup, on_listen: impl OnListen) -> Result<RunSummary, RunError> {
     locked(setup, |fenced| async move {
-        execute_locked(&fenced, on_listen).await
+        let mut crew = Crew::new(on_listen);
+        let outcome = execute_locked(&fenced, &mut crew).await;
+        crew.close(&outcome.as_ref().map(|_| ())).await;
+        outcome
     })
     .await
 }
 
-/// [`execute`] for a caller that holds the run's lock: `setup.store` must be
-/// the lock's fenced store ([`lock::RunLock::store`]).
-pub async fn execute_locked(
-    setup: &RunSetup,
-    on_listen: impl OnListen,
-) -> Result<RunSummary, RunError> {
+/// [`execute`] for a caller that holds the run's lock (`setup.store` must be
+/// the lock's fenced store, [`lock::RunLock::store`]), with the run's
+/// `crew`, which stays for the caller's later phases.
+pub async fn execute_locked(setup: &RunSetup, crew: &mut Crew<'_>) -> Result<RunSummary, RunError> {
     let store = &setup.store;
     record_model_path(setup).await?;
     let units = plan(setup.index.n_chunks, setup.run.lease_chunks);
@@ -227,7 +236,7 @@ pub async fn execute_locked(
         progress: true,
     };
     let acceptance = Arc::new(acceptance(setup, &units).await?);
-    let leased = lease_all(&leasing, units, acceptance, on_listen).await?;
+    let leased = lease_all(&leasing, units, acceptance, crew).await?;
     let mut summary = RunSummary {
         leases: leased.leases,
         ..RunSummary::default()
@@ -306,14 +315,14 @@ pub(crate) fn kept_identity(cluster: &ClusterSettings) -> Result<Option<Kept>, R
     })
 }
 
-/// Starts the QUIC server for `hub` with the `[cluster]` settings and the
+/// Starts the QUIC server for `lobby` with the `[cluster]` settings and the
 /// `kept` identity (saved with the address now used), writes the join hint
 /// to `[cluster] connect_file` when one is set, and returns the server with
 /// what workers need to join.
-pub(crate) fn listen<K: LeaseKind>(
+pub(crate) fn listen(
     cluster: &ClusterSettings,
     mut kept: Option<Kept>,
-    hub: Arc<Hub<K>>,
+    lobby: Arc<Lobby>,
     secret: JoinSecret,
     max_frame: u32,
     heartbeat_timeout: Duration,
@@ -341,7 +350,7 @@ pub(crate) fn listen<K: LeaseKind>(
             login_timeout: Duration::from_millis(cluster.login_timeout_ms.max(100)),
             heartbeat_timeout,
         },
-        hub,
+        lobby,
     )?;
     let (addr, pin) = (server.addr(), identity.fingerprint());
     if let Some(k) = &mut kept {

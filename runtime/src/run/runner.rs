@@ -7,9 +7,10 @@
 //! (`eval::evaluate`) are this runner with their own kind, run
 //! under the run location's lock ([`locked`]).
 
+use super::crew::Crew;
 use super::record::{PartialRecord, Recorder};
 use super::resume::{self, add_into, merge_into};
-use super::{kept_identity, listen, progress, secret, serve, RunError, RunSetup};
+use super::{kept_identity, progress, serve, RunError, RunSetup};
 use crate::lease::LeaseKind;
 use crate::net::hub::{Hub, WorkerInfo};
 use common::lease::{Addend, LeaseOutput};
@@ -110,13 +111,13 @@ where
     outcome
 }
 
-/// Resumes what is stored of `units`, leases the rest to workers and
-/// returns the merge of them all.
+/// Resumes what is stored of `units`, leases the rest to the `crew`'s
+/// workers and returns the merge of them all.
 pub async fn lease_all<K: LeaseKind>(
     l: &Leasing<'_>,
     units: Vec<ChunkRange>,
     kind: Arc<K>,
-    on_listen: impl OnListen,
+    crew: &mut Crew<'_>,
 ) -> Result<Leased<K::Output>, RunError> {
     let store = &l.setup.store;
     let what = K::Output::LABELS.output;
@@ -148,7 +149,7 @@ pub async fn lease_all<K: LeaseKind>(
             recorder,
             resumed_measured,
         };
-        let (more, hub) = serve_units(l, units, kind, serving, on_listen).await?;
+        let (more, hub) = serve_units(l, units, kind, serving, crew).await?;
         if let Some(p) = more {
             merge_into(&mut out.merged, p, || format!("this process's {what}s"))?;
         }
@@ -169,14 +170,29 @@ struct Served<'a> {
     resumed_measured: u64,
 }
 
-/// Serves leases until every unit is done; returns the merge of the
-/// accepted results and the hub (for its figures).
+/// Serves leases to the `crew` as a phase of its own until every unit is
+/// done; returns the merge of the accepted results and the hub (for its
+/// figures). On an error the crew is let go, told the coordinator stopped.
 async fn serve_units<K: LeaseKind>(
     l: &Leasing<'_>,
     units: Vec<ChunkRange>,
     kind: Arc<K>,
+    from: Served<'_>,
+    crew: &mut Crew<'_>,
+) -> Result<(Option<K::Output>, Arc<Hub<K>>), RunError> {
+    let outcome = serve_phase(l, units, kind, from, crew).await;
+    if let Err(e) = &outcome {
+        crew.close(&Err::<(), _>(e)).await;
+    }
+    outcome
+}
+
+async fn serve_phase<K: LeaseKind>(
+    l: &Leasing<'_>,
+    units: Vec<ChunkRange>,
+    kind: Arc<K>,
     mut from: Served<'_>,
-    on_listen: impl OnListen,
+    crew: &mut Crew<'_>,
 ) -> Result<(Option<K::Output>, Arc<Hub<K>>), RunError> {
     let (run, cluster, store) = (&l.setup.run, &l.setup.cluster, &l.setup.store);
     if !(0.0..=1.0).contains(&l.verify_fraction) {
@@ -185,7 +201,9 @@ async fn serve_units<K: LeaseKind>(
             l.verify_fraction
         )));
     }
-    // The kept identity holds the sample's salt: a restart samples the same units.
+    let open = crew.open(l.setup)?;
+    // The kept identity holds the sample's salt: a restart samples the same
+    // units. (Read after the crew saved the address it listens on.)
     let mut kept = kept_identity(cluster)?;
     let salt = match &mut kept {
         Some(k) => k.sample_salt()?,
@@ -197,14 +215,9 @@ async fn serve_units<K: LeaseKind>(
         from.done,
     );
     let job = serve::job_info(l.setup, l.options.clone(), l.verify_fraction > 0.0);
-    let (secret, shared) = secret(cluster)?;
-    if !shared {
-        tracing::info!("no join secret configured: only local workers can join");
-    }
     let layout = kind.layout();
     let (hub, deliveries) = Hub::new(
         sched,
-        secret.clone(),
         job,
         kind,
         store.clone(),
@@ -212,20 +225,12 @@ async fn serve_units<K: LeaseKind>(
         cluster.max_staged_mib.saturating_mul(1 << 20),
     );
     let hub = Arc::new(hub);
-    let (server, listening) = listen(
-        cluster,
-        kept,
-        hub.clone(),
-        secret,
-        serve::max_frame(cluster),
-        serve::heartbeat_timeout(run),
-    )?;
-    let mut children = on_listen(&listening)?;
+    open.lobby.begin(hub.clone());
     let bar = l
         .progress
         .then(|| progress::Progress::new(l.setup.index.n_tokens, from.resumed_measured));
     let mut running: Option<K::Output> = None;
-    let mut serving = serve::Serving::new(&hub, deliveries, &mut children);
+    let mut serving = serve::Serving::new(&hub, deliveries, &mut open.children);
     let outcome: Result<(), RunError> = async {
         while let Some(d) = serving.next().await? {
             let name = layout.object(crate::lease::span(&d.units));
@@ -255,6 +260,8 @@ async fn serve_units<K: LeaseKind>(
     if let Some(bar) = bar {
         bar.finish();
     }
-    serve::wind_down(&server, &mut children, store, outcome).await?;
+    open.lobby.end();
+    outcome?;
+    serve::clear_staging(store).await?;
     Ok((running, hub))
 }

@@ -5,7 +5,6 @@
 use super::{RunError, RunSetup};
 use crate::lease::{AddendOf, LeaseKind};
 use crate::net::hub::{Delivery, Hub};
-use crate::net::server::Server;
 use common::artifacts::names::CORPUS_DIR;
 use common::layout::STAGING_DIR;
 use common::store::{RunStore, StoreError};
@@ -142,25 +141,9 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
     }
 }
 
-/// Ends serving with `outcome` (the lease loop's): closes every connection
-/// (as finished, or as stopped naming the error), waits for the local
-/// workers, then, on success, clears the staging area.
-pub(crate) async fn wind_down(
-    server: &Server,
-    children: &mut [Child],
-    store: &RunStore,
-    outcome: Result<(), RunError>,
-) -> Result<(), RunError> {
-    server.shutdown(&outcome).await;
-    stop_children(children).await;
-    outcome?;
-    clear_staging(store).await?;
-    Ok(())
-}
-
 /// Removes the staged copies of late or duplicate results, which were
 /// never promoted to a final name.
-async fn clear_staging(store: &RunStore) -> Result<(), StoreError> {
+pub(crate) async fn clear_staging(store: &RunStore) -> Result<(), StoreError> {
     for name in store.list(STAGING_DIR).await? {
         store.delete(&name).await?;
     }
@@ -172,16 +155,4 @@ pub(crate) fn all_exited(children: &mut [Child]) -> bool {
     children
         .iter_mut()
         .all(|c| matches!(c.try_wait(), Ok(Some(_))))
-}
-
-/// Waits up to 5 s for each local worker to exit, then kills it.
-async fn stop_children(children: &mut [Child]) {
-    for c in children.iter_mut() {
-        if tokio::time::timeout(Duration::from_secs(5), c.wait())
-            .await
-            .is_err()
-        {
-            let _ = c.kill().await;
-        }
-    }
 }

@@ -9,6 +9,7 @@ use common::store::RunStore;
 use common::wire::EvalJob;
 use config::Config;
 use corpus::manifest::RunManifest;
+use runtime::run::crew::Crew;
 use runtime::run::local::{worker_binary, LocalWorkers};
 use runtime::run::{read_index, RunSetup};
 use std::path::{Path, PathBuf};
@@ -152,14 +153,14 @@ pub(crate) async fn evaluate_recorded(
 
 /// Evaluates `job` on the base model `base` for a caller that holds the
 /// run's lock (`setup.store` is the lock's: `coordinator run`), its objects
-/// under `out`, with the caller's local workers if it has some; prints the
-/// evaluation's table.
+/// under `out`, with the caller's `crew` (the workers of its earlier
+/// phases stay for this one); prints the evaluation's table.
 pub async fn evaluate_held(
     setup: &RunSetup,
     base: Base<'_>,
     job: EvalJob,
     out: EvalLayout,
-    local: Option<&LocalWorkers>,
+    crew: &mut Crew<'_>,
 ) -> Result<EvalOutcome, StagesError> {
     let eval = EvalSetup {
         base: RunSetup {
@@ -170,7 +171,7 @@ pub async fn evaluate_held(
         job,
         out,
     };
-    let outcome = super::evaluate_locked(&eval, |l| start_workers(local, l)).await?;
+    let outcome = super::evaluate_locked(&eval, crew).await?;
     print_outcome(&setup.store, &outcome).await;
     Ok(outcome)
 }

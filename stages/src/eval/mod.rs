@@ -24,6 +24,7 @@ use common::hash::sha256_hex;
 use common::layout::EvalLayout;
 use common::store::{RunStore, StoreError};
 use common::wire::EvalJob;
+use runtime::run::crew::Crew;
 use runtime::run::record::{settings_key, RecordError};
 use runtime::run::runner::{lease_all, locked, LeaseFigures, Leasing, OnListen};
 use runtime::run::{RunError, RunSetup};
@@ -172,7 +173,8 @@ pub fn eval_settings_key(setup: &EvalSetup) -> String {
 /// Evaluates every unit of the lease plan not already stored, merges
 /// exactly and writes the results under `eval/`. `on_listen` starts local
 /// workers once the server listens; it is not called when everything was
-/// already stored. The run location is locked for the whole call.
+/// already stored. The workers leave when it returns. The run location is
+/// locked for the whole call.
 pub async fn evaluate(
     setup: &EvalSetup,
     on_listen: impl OnListen,
@@ -183,16 +185,20 @@ pub async fn evaluate(
             job: setup.job.clone(),
             out: setup.out,
         };
-        evaluate_locked(&fenced, on_listen).await
+        let mut crew = Crew::new(on_listen);
+        let outcome = evaluate_locked(&fenced, &mut crew).await;
+        crew.close(&outcome.as_ref().map(|_| ())).await;
+        outcome
     })
     .await
 }
 
-/// [`evaluate`] for a caller that holds the run's lock: `setup.base.store`
-/// must be the lock's fenced store.
+/// [`evaluate`] for a caller that holds the run's lock (`setup.base.store`
+/// must be the lock's fenced store), with the run's `crew`, which stays for
+/// the caller's later phases.
 pub async fn evaluate_locked(
     setup: &EvalSetup,
-    on_listen: impl OnListen,
+    crew: &mut Crew<'_>,
 ) -> Result<EvalOutcome, EvalRunError> {
     let base = &setup.base;
     let (store, index) = (&base.store, &base.index);
@@ -212,7 +218,7 @@ pub async fn evaluate_locked(
         corpus_sha256: index.chunks_sha256.clone(),
         job: setup.job.clone(),
     });
-    let leased = lease_all(&leasing, units, kind, on_listen).await?;
+    let leased = lease_all(&leasing, units, kind, crew).await?;
     let merged = leased
         .merged
         .ok_or_else(|| EvalRunError::Setup("the corpus has no chunks".into()))?;

@@ -15,7 +15,7 @@ use common::eval::EvalSummary;
 use common::quant::QuantType;
 use common::store::RunStore;
 use common::wire::{EvalCandidate, EvalJob};
-use runtime::run::local::LocalWorkers;
+use runtime::run::crew::Crew;
 use runtime::run::RunSetup;
 use std::fmt::Write;
 use std::path::Path;
@@ -46,12 +46,12 @@ pub enum Evaluator<'a> {
         local_workers: u32,
     },
     /// `coordinator run` with `[ship]`: it holds the lock (`setup.store` is
-    /// the lock's) and starts its own local workers, if it has any.
+    /// the lock's) and has its workers (those of its earlier phases).
     Locked {
         /// The run being shipped from.
         setup: &'a RunSetup,
-        /// Its local workers.
-        local: Option<&'a LocalWorkers>,
+        /// Its workers.
+        crew: &'a mut Crew<'static>,
     },
 }
 
@@ -83,7 +83,7 @@ pub async fn measure(
         Evaluator::Own { local_workers } => {
             evaluate_recorded(store, &config, base, job, out, local_workers).await?
         }
-        Evaluator::Locked { setup, local } => evaluate_held(setup, base, job, out, local).await?,
+        Evaluator::Locked { setup, crew } => evaluate_held(setup, base, job, out, crew).await?,
     };
     Ok(outcome.summary)
 }

@@ -39,7 +39,12 @@ enum Command {
     Collect(collect::CollectArgs),
     /// Evaluate pruned candidates against the base model on a chunk range (no network).
     Eval(eval::EvalArgs),
-    /// Join a run: prove the join secret, then measure leased chunk ranges.
+    /// Join a run: prove the join secret, then serve every phase of the run
+    /// (collection, evaluation, shipping's evaluation) until it is finished.
+    /// A flag given again overrides the earlier one (and `--secret-file` and
+    /// `--key-file` override each other), so the placeholders of the
+    /// coordinator's printed command are replaced by appending flags.
+    #[command(args_override_self = true)]
     Join(crate::join::JoinArgs),
     /// Quantise a GGUF with llama.cpp's quantiser and an importance matrix.
     Quantize(quantize::QuantizeArgs),

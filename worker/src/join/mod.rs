@@ -1,5 +1,7 @@
 //! `worker join`: connect to a coordinator over QUIC, prove the join secret,
-//! then measure leases until the run needs nothing more. A lost connection
+//! then serve every phase of the run (collection, evaluation, shipping's
+//! evaluation), waiting between them, until the coordinator says the run is
+//! finished. A lost connection
 //! (the coordinator restarted, the network dropped, a full server refused
 //! it) is retried with exponential backoff until [`Reconnect::give_up`]
 //! passes without a session; the loaded work is kept across sessions of the
@@ -55,12 +57,14 @@ pub struct JoinArgs {
     /// Name to check in the coordinator's certificate (default: the host of --coordinator).
     #[arg(long)]
     pub server_name: Option<String>,
-    /// File holding the join secret (default: the MOE_CENSUS_JOIN_SECRET variable).
-    #[arg(long, conflicts_with = "key_file")]
+    /// File holding the join secret (default: the MOE_CENSUS_JOIN_SECRET
+    /// variable); a later `--key-file` replaces it.
+    #[arg(long, overrides_with = "key_file")]
     pub secret_file: Option<PathBuf>,
     /// This worker's own key file (`coordinator worker-key`), instead of the
-    /// join secret: it names the worker and proves that name only.
-    #[arg(long, conflicts_with = "name")]
+    /// join secret: it names the worker and proves that name only; a later
+    /// `--secret-file` replaces it.
+    #[arg(long, conflicts_with = "name", overrides_with = "secret_file")]
     pub key_file: Option<PathBuf>,
     /// This worker's name in logs and progress, and its identity for the
     /// coordinator across reconnects (default: host name and process id).
@@ -495,6 +499,9 @@ fn coordinator_close(conn: &quinn::Connection) -> Option<quinn::ApplicationClose
     }
 }
 
+/// One session's protocol: join, then serve each phase the coordinator
+/// welcomes this worker into, waiting between phases, until the run is
+/// finished.
 async fn work<L: EngineLoader>(
     c: &mut Conn,
     opts: &ClientOptions,
@@ -519,33 +526,63 @@ async fn work<L: EngineLoader>(
         }
     };
     let mac = join_proof(opts.key.expose(), &nonce, &opts.name);
-    let (job, task) = match c.ask(&ToCoordinator::Proof { mac }).await? {
-        ToWorker::Welcome {
-            job,
-            worker_id,
-            task,
-        } => {
-            match &task {
-                Task::Collect => tracing::info!(%worker_id, run = %job.run_url, "joined"),
-                Task::Evaluate(eval) => {
-                    tracing::info!(%worker_id, run = %job.run_url, candidates = eval.candidates.len(), "joined an evaluation")
+    let mut reply = c.ask(&ToCoordinator::Proof { mac }).await?;
+    loop {
+        reply = match reply {
+            ToWorker::Welcome {
+                job,
+                worker_id,
+                task,
+            } => {
+                *joined = true;
+                match &task {
+                    Task::Collect => {
+                        tracing::info!(%worker_id, run = %job.run_url, "joined a collection")
+                    }
+                    Task::Evaluate(eval) => {
+                        tracing::info!(%worker_id, run = %job.run_url, candidates = eval.candidates.len(), "joined an evaluation")
+                    }
                 }
+                serve_phase(c, loader, loaded, summary, *job, task).await?
             }
-            (*job, task)
-        }
-        other => {
-            return Err(JoinError::Protocol(format!(
-                "expected Welcome, got {other:?}"
-            )))
-        }
-    };
-    *joined = true;
+            // Joined between phases: the next one has not begun.
+            ToWorker::Wait { retry_ms } => {
+                if !*joined {
+                    tracing::info!("joined; waiting for the coordinator's next phase");
+                }
+                *joined = true;
+                tokio::time::sleep(Duration::from_millis(retry_ms)).await;
+                c.poll(WorkerState::Idle).await?
+            }
+            ToWorker::Finished => return Ok(()),
+            other => {
+                return Err(JoinError::Protocol(format!(
+                    "expected Welcome or Wait, got {other:?}"
+                )))
+            }
+        };
+    }
+}
+
+/// Serves one phase of the run (its `job` and `task`): loads the work
+/// (unless the last phase's is the same), then computes leases until the
+/// coordinator welcomes this worker into the next phase or says the run is
+/// finished; returns that reply.
+async fn serve_phase<L: EngineLoader>(
+    c: &mut Conn,
+    loader: &L,
+    loaded: &mut Option<Loaded>,
+    summary: &mut JoinSummary,
+    job: JobInfo,
+    task: Task,
+) -> Result<ToWorker, JoinError> {
     let heartbeat = Duration::from_millis(job.heartbeat_ms.max(50));
     let run = RunStore::open(&job.run_url)?;
     if loaded
         .as_ref()
         .is_none_or(|l| (&l.job, &l.task) != (&job, &task))
     {
+        // The last phase's engine goes before the next one loads.
         *loaded = None;
         let loading = work::load(loader.clone(), &job, &task, &run);
         let work = match polling_while(c, WorkerState::Loading, heartbeat, loading).await? {
@@ -603,7 +640,9 @@ async fn work<L: EngineLoader>(
             ToWorker::Wait { retry_ms } => {
                 tokio::time::sleep(Duration::from_millis(retry_ms)).await
             }
-            ToWorker::Finished => return Ok(()),
+            // The phase is over (every lease of it stored, so nothing held
+            // here is needed).
+            next @ (ToWorker::Welcome { .. } | ToWorker::Finished) => return Ok(next),
             other => {
                 return Err(JoinError::Protocol(format!(
                     "unexpected reply to a poll: {other:?}"
@@ -668,7 +707,7 @@ fn expect_ack(reply: ToWorker) -> Result<(), JoinError> {
 }
 
 /// Tells the coordinator this worker refuses the job, and why.
-async fn refuse(c: &mut Conn, err: JoinError) -> Result<(), JoinError> {
+async fn refuse<T>(c: &mut Conn, err: JoinError) -> Result<T, JoinError> {
     write_msg(
         &mut c.send,
         &ToCoordinator::Refuse {

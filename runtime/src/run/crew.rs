@@ -1,0 +1,98 @@
+//! The workers of one coordinator command across its phases: one QUIC
+//! server ([`super::listen`]), opened when the first phase needs workers
+//! and serving every later phase through its [`Lobby`], and the local
+//! worker processes started then. Workers joined for collection stay for
+//! the evaluation and shipping's evaluation, and leave when the crew is
+//! closed: told the run is finished, or that it stopped (then they keep
+//! reconnecting, for a restarted coordinator to resume).
+
+use super::runner::OnListen;
+use super::serve::{heartbeat_timeout, max_frame};
+use super::{kept_identity, listen, secret, Listening, RunError, RunSetup};
+use crate::net::lobby::Lobby;
+use crate::net::server::Server;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::process::Child;
+
+/// Starts local workers once the server listens (and prints how others
+/// join): called once, when the first phase needs workers.
+pub type StartWorkers<'a> = Box<dyn FnOnce(&Listening) -> Result<Vec<Child>, RunError> + 'a>;
+
+/// A command's workers, across its phases.
+pub struct Crew<'a> {
+    start: Option<StartWorkers<'a>>,
+    open: Option<Open>,
+}
+
+/// A listening crew.
+pub(crate) struct Open {
+    server: Server,
+    /// The phase being served, for the connections.
+    pub(crate) lobby: Arc<Lobby>,
+    /// The local worker processes.
+    pub(crate) children: Vec<Child>,
+}
+
+impl<'a> Crew<'a> {
+    /// A crew that starts its workers with `start` once it listens.
+    pub fn new(start: impl OnListen + 'a) -> Crew<'a> {
+        Crew {
+            start: Some(Box::new(start)),
+            open: None,
+        }
+    }
+
+    /// The listening crew: the server is started with `setup`'s `[cluster]`
+    /// and `[run]` settings at the first call, and the workers with it.
+    pub(crate) fn open(&mut self, setup: &RunSetup) -> Result<&mut Open, RunError> {
+        if self.open.is_none() {
+            let Some(start) = self.start.take() else {
+                return Err(RunError::Setup(
+                    "the run's workers were already let go".into(),
+                ));
+            };
+            let cluster = &setup.cluster;
+            let (secret, shared) = secret(cluster)?;
+            if !shared {
+                tracing::info!("no join secret configured: only local workers can join");
+            }
+            let lobby = Arc::new(Lobby::new(secret.clone()));
+            let (server, listening) = listen(
+                cluster,
+                kept_identity(cluster)?,
+                lobby.clone(),
+                secret,
+                max_frame(cluster),
+                heartbeat_timeout(&setup.run),
+            )?;
+            let children = start(&listening)?;
+            self.open = Some(Open {
+                server,
+                lobby,
+                children,
+            });
+        }
+        Ok(self.open.as_mut().expect("opened above"))
+    }
+
+    /// Lets the workers go: told the run is finished when `outcome` is
+    /// `Ok`, else that the coordinator stopped, naming the error; then
+    /// waits up to 5 s for each local worker, and kills it. Nothing is left
+    /// to serve afterwards.
+    pub async fn close<E: std::fmt::Display>(&mut self, outcome: &Result<(), E>) {
+        self.start = None;
+        let Some(mut open) = self.open.take() else {
+            return;
+        };
+        open.server.shutdown(outcome).await;
+        for c in open.children.iter_mut() {
+            if tokio::time::timeout(Duration::from_secs(5), c.wait())
+                .await
+                .is_err()
+            {
+                let _ = c.kill().await;
+            }
+        }
+    }
+}
