@@ -141,6 +141,13 @@ pub mod env {
     pub const WORKER_BIN: &str = "MOE_CENSUS_WORKER_BIN";
     /// Where a worker reduces observed tensors when `--reduce` is not given.
     pub const REDUCE: &str = "MOE_CENSUS_REDUCE";
+
+    /// Whether the binaries' logs are coloured: only on a terminal, and
+    /// not when `NO_COLOR` is set (a log file or a pipe gets plain text).
+    pub fn log_colour() -> bool {
+        use std::io::IsTerminal;
+        std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+    }
 }
 
 /// Where one kind of lease result lives under a run:

@@ -91,6 +91,11 @@ pub struct RunSettings {
     /// Seconds after which the run location's lock, if its holder stopped
     /// refreshing it, may be taken over (0: take over any lock).
     pub lock_stale_s: u64,
+    /// Seconds between the progress lines a phase logs (leases and tokens
+    /// done of the total, rate, ETA, workers): what a Slurm log or
+    /// `kubectl logs` shows of a long run. On a terminal the collection
+    /// draws a bar instead.
+    pub progress_interval_s: u64,
 }
 
 impl RunSettings {
@@ -143,6 +148,7 @@ impl Default for RunSettings {
             local_worker_cpu_moe: false,
             local_worker_n_cpu_moe: 0,
             lock_stale_s: 120,
+            progress_interval_s: 10,
         }
     }
 }
@@ -165,6 +171,11 @@ impl RunSettings {
                 "max_attempts",
                 u64::from(self.max_attempts),
                 "a lease needs at least one attempt",
+            ),
+            (
+                "progress_interval_s",
+                self.progress_interval_s,
+                "progress lines need at least a second between them",
             ),
             (
                 "checkpoint_leases",

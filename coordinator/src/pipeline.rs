@@ -108,19 +108,38 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         None
     };
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async {
+    let code = rt.block_on(async {
         let store = RunStore::open(&out)?;
         // Every stage writes through the lock's fenced store, and the run
         // is marked complete only while the lock is still ours.
         let lock = RunLock::acquire(&store, config.run.lock_stale()).await?;
         let mut crew = Crew::new(move |l| stages::eval::cli::start_workers(local.as_ref(), l));
-        let outcome = stages(&config, ship.as_ref(), lock.store(), &lock, &mut crew).await;
+        let run = stages(&config, ship.as_ref(), lock.store(), &lock, &mut crew);
+        let outcome = tokio::select! {
+            outcome = run => Ok(outcome),
+            stopped = stop_signal() => Err(stopped),
+        };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err((signal, code)) => {
+                eprintln!(
+                    "{signal}: stopping the run; what it stored is kept, and the same command resumes it"
+                );
+                crew.close(&Err::<(), _>(format!("stopped by {signal}"))).await;
+                lock.release().await?;
+                eprintln!("stopped: workers let go, the lock on {} released", store.url());
+                return Ok(ExitCode::from(code));
+            }
+        };
         // The run is finished (verified or not) or failed: the workers go.
         let ended = outcome.as_ref().map(|_| ()).map_err(|e| with_causes(e.as_ref()));
         crew.close(&ended).await;
         lock.release().await?;
         outcome
-    })
+    });
+    // Blocking work a signal interrupted is not waited for.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
 /// Every stage of `coordinator run` after the lock is taken, writing through
@@ -241,6 +260,22 @@ async fn stages(
     }
     println!("run complete: {}", store.url());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The first SIGTERM or SIGINT (Ctrl-C), with its exit status; never,
+/// when the signals cannot be watched.
+async fn stop_signal() -> (&'static str, u8) {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => ("SIGTERM", 143),
+            _ = int.recv() => ("SIGINT", 130),
+        },
+        _ => std::future::pending().await,
+    }
 }
 
 /// The outcome that lets a crew go as finished.

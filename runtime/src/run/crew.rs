@@ -77,14 +77,21 @@ impl<'a> Crew<'a> {
     }
 
     /// Lets the workers go: told the run is finished when `outcome` is
-    /// `Ok`, else that the coordinator stopped, naming the error; then
-    /// waits up to 5 s for each local worker, and kills it. Nothing is left
-    /// to serve afterwards.
+    /// `Ok` (the local workers leave by themselves, or are killed after
+    /// 5 s), else that the coordinator stopped, naming the error (workers
+    /// elsewhere keep reconnecting for a restarted coordinator; the local
+    /// ones are killed at once). Nothing is left to serve afterwards.
     pub async fn close<E: std::fmt::Display>(&mut self, outcome: &Result<(), E>) {
         self.start = None;
         let Some(mut open) = self.open.take() else {
             return;
         };
+        if outcome.is_err() && !open.children.is_empty() {
+            tracing::info!("stopping {} local workers", open.children.len());
+            for c in open.children.iter_mut() {
+                let _ = c.start_kill();
+            }
+        }
         open.server.shutdown(outcome).await;
         for c in open.children.iter_mut() {
             if tokio::time::timeout(Duration::from_secs(5), c.wait())

@@ -234,6 +234,7 @@ pub async fn execute_locked(setup: &RunSetup, crew: &mut Crew<'_>) -> Result<Run
         options,
         verify_fraction: setup.run.verify_fraction,
         progress: true,
+        phase: "collection",
     };
     let acceptance = Arc::new(acceptance(setup, &units).await?);
     let leased = lease_all(&leasing, units, acceptance, crew).await?;

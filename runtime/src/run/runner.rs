@@ -45,8 +45,10 @@ pub struct Leasing<'a> {
     pub settings: String,
     /// Fraction of units also computed by a second worker and compared.
     pub verify_fraction: f64,
-    /// Show a progress bar over the corpus's tokens.
+    /// Show a progress bar over the corpus's tokens (on a terminal).
     pub progress: bool,
+    /// The phase's name in progress lines (`collection`, `evaluation`).
+    pub phase: &'static str,
 }
 
 /// What the runner did with a kind's leases, in figures: collection's
@@ -226,11 +228,27 @@ async fn serve_phase<K: LeaseKind>(
     );
     let hub = Arc::new(hub);
     open.lobby.begin(hub.clone());
-    let bar = l
-        .progress
+    let bar = (l.progress && progress::on_terminal())
         .then(|| progress::Progress::new(l.setup.index.n_tokens, from.resumed_measured));
+    let report = bar.is_none().then(|| {
+        let p = hub.sched().progress();
+        let report = progress::Report::new(
+            l.phase,
+            p.units,
+            l.progress.then_some(l.setup.index.n_tokens),
+            (p.done, from.resumed_measured),
+            std::time::Duration::from_secs(run.progress_interval_s.max(1)),
+        );
+        (report, from.resumed_measured)
+    });
+    tracing::info!(
+        phase = l.phase,
+        units = hub.sched().progress().units,
+        resumed = from.done.len(),
+        "serving the phase's leases to the run's workers"
+    );
     let mut running: Option<K::Output> = None;
-    let mut serving = serve::Serving::new(&hub, deliveries, &mut open.children);
+    let mut serving = serve::Serving::new(&hub, deliveries, &mut open.children, report);
     let outcome: Result<(), RunError> = async {
         while let Some(d) = serving.next().await? {
             let name = layout.object(crate::lease::span(&d.units));

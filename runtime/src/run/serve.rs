@@ -2,6 +2,7 @@
 //! configuration and the job every worker is sent, serving leases until
 //! every unit is accepted and merged, and the clean-up after it.
 
+use super::progress::Report;
 use super::{RunError, RunSetup};
 use crate::lease::{AddendOf, LeaseKind};
 use crate::net::hub::{Delivery, Hub};
@@ -81,15 +82,20 @@ pub(crate) struct Serving<'a, K: LeaseKind> {
     children: &'a mut [Child],
     tick: tokio::time::Interval,
     handed_out: usize,
+    /// The progress lines, with the tokens resumed from storage (`None`:
+    /// a bar shows the progress).
+    report: Option<(Report, u64)>,
 }
 
 impl<'a, K: LeaseKind> Serving<'a, K> {
-    /// Serves `hub`'s leases; accepted results come from `deliveries`, and
-    /// `children` are the local worker processes.
+    /// Serves `hub`'s leases; accepted results come from `deliveries`,
+    /// `children` are the local worker processes, and `report` logs the
+    /// progress (with the tokens resumed from storage).
     pub(crate) fn new(
         hub: &'a Hub<K>,
         deliveries: mpsc::UnboundedReceiver<Delivery<AddendOf<K>>>,
         children: &'a mut [Child],
+        report: Option<(Report, u64)>,
     ) -> Self {
         Serving {
             hub,
@@ -97,6 +103,7 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
             children,
             tick: tokio::time::interval(Duration::from_millis(250)),
             handed_out: 0,
+            report,
         }
     }
 
@@ -123,6 +130,12 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
                         return Err(e.into());
                     }
                     let p = hub.sched().progress();
+                    if let Some((report, resumed_tokens)) = &mut self.report {
+                        let workers = hub.workers();
+                        let tokens = workers.values().map(|w| w.tokens).sum::<u64>();
+                        let connected = workers.values().filter(|w| w.connected).count();
+                        report.tick(p.done, *resumed_tokens + tokens, connected);
+                    }
                     if p.done == p.units && p.accepted == self.handed_out {
                         // The caller stored each result before asking again.
                         hub.set_all_stored();

@@ -211,6 +211,7 @@ pub async fn evaluate_locked(
         // no unit is sent to a second worker.
         verify_fraction: 0.0,
         progress: false,
+        phase: "evaluation",
     };
     let kind = Arc::new(accept::EvalAcceptance {
         partials: setup.out.partials,

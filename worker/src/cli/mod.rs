@@ -133,6 +133,7 @@ pub fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(common::layout::env::log_colour())
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -8,6 +8,7 @@
 //! same job.
 //!
 //! - [`tls`]: how the coordinator's certificate is trusted (pin or CA).
+//! - [`stop`]: a signal stops the worker after its current lease.
 //! - [`engine`]: the engines on their own threads; [`eval_engine`] the
 //!   evaluating one; [`fake`] a deterministic stand-in for tests.
 //! - `work`: what each lease computes, by the welcome's task (collection or
@@ -17,6 +18,7 @@
 pub mod engine;
 pub mod eval_engine;
 pub mod fake;
+pub mod stop;
 pub mod tls;
 mod work;
 
@@ -320,7 +322,10 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
         compare: args.compare,
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| JoinError::Setup(e.to_string()))?;
-    let summary = rt.block_on(join(&opts, loader))?;
+    let summary = rt.block_on(async {
+        stop::watch().map_err(|e| JoinError::Setup(format!("watching for signals: {e}")))?;
+        join(&opts, loader).await
+    })?;
     tracing::info!(
         "leaving: {} leases, {} chunks measured",
         summary.leases,
@@ -409,6 +414,10 @@ pub async fn join<L: EngineLoader>(
         }
         if !error.is_retryable() {
             break Err(error);
+        }
+        if stop::requested() {
+            tracing::info!("stopped by a signal: not reconnecting ({error})");
+            break Ok(summary);
         }
         let since = *failing_since.get_or_insert_with(Instant::now);
         if since.elapsed() + delay > opts.reconnect.give_up {
@@ -545,6 +554,7 @@ async fn work<L: EngineLoader>(
                 }
                 serve_phase(c, loader, loaded, summary, *job, task).await?
             }
+            ToWorker::Wait { .. } if stop::requested() => return Ok(()),
             // Joined between phases: the next one has not begun.
             ToWorker::Wait { retry_ms } => {
                 if !*joined {
@@ -616,6 +626,12 @@ async fn serve_phase<L: EngineLoader>(
     // (the coordinator gives them to others when the connection ends).
     let mut batch = Batch::default();
     loop {
+        if stop::requested() {
+            // What it holds ships first: the coordinator needs no redo.
+            lease.ship(c, &mut batch, summary).await?;
+            tracing::info!("stopped by a signal after its current lease");
+            return Ok(ToWorker::Finished);
+        }
         match c.poll(WorkerState::Idle).await? {
             ToWorker::Lease(grant) => {
                 let Some((output, elapsed)) = lease.compute(c, &grant).await? else {
@@ -822,7 +838,12 @@ impl Leasing<'_> {
             .await
             .and_then(|r| r);
         match result {
-            Ok(output) => Ok(Some((output, start.elapsed()))),
+            Ok(output) => {
+                let what = self.work.labels().lease;
+                let took = start.elapsed();
+                tracing::info!(range = %lease.range, "{what} computed in {:.1} s", took.as_secs_f64());
+                Ok(Some((output, took)))
+            }
             Err(reason) => {
                 let what = self.work.labels().lease;
                 tracing::warn!(lease = %lease.lease_id, range = %lease.range, "{what} failed: {reason}");
@@ -913,6 +934,12 @@ impl Leasing<'_> {
             .iter()
             .map(|l| u64::from(l.range.len()))
             .sum::<u64>();
+        tracing::info!(
+            "shipped {} leases' result; {} leases ({} chunks) done by this worker",
+            b.leases.len(),
+            summary.leases,
+            summary.chunks
+        );
         Ok(())
     }
 }
