@@ -993,7 +993,11 @@ impl Scheduler {
             .collect();
         // Newest first: each goes to the queue's front, so the oldest is retried first.
         for lease in expired.into_iter().rev() {
-            let l = &self.leases[&lease];
+            // An earlier expiry of this loop may have quarantined the
+            // lease's worker, which retired its other leases already.
+            let Some(l) = self.leases.get(&lease) else {
+                continue;
+            };
             events.push(Event::LeaseExpired {
                 lease,
                 range: self.units[l.unit].range,

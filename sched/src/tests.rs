@@ -758,3 +758,44 @@ fn a_checkpoint_holding_a_sampled_unit_is_refused() {
     ));
     assert_eq!(s.progress().done, 0);
 }
+
+#[test]
+fn a_worker_hoarding_four_computed_leases_is_quarantined_without_a_panic() {
+    // W1 reports `Computed` for four leases and never ships them: all four
+    // expire in one tick, the third expiry quarantines W1, which retires the
+    // fourth while the expiry loop still had it listed.
+    let mut s = started(cfg(), plan(12, 2), &[W1, W2]);
+    let hoarded: Vec<LeaseGrant> = (0..4).map(|_| hold(&mut s, W1, secs(0))).collect();
+    s.heartbeat(W2, secs(10)).unwrap();
+    let events = s.tick(secs(10));
+    let expired = events
+        .iter()
+        .filter(|e| matches!(e, Event::LeaseExpired { .. }))
+        .count();
+    assert_eq!(
+        expired, 3,
+        "the fourth was retired by the quarantine: {events:?}"
+    );
+    assert!(s.quarantine_reason(id(W1)).is_some(), "{events:?}");
+    assert_eq!(s.progress().retries, 4);
+    assert_eq!(s.progress().leased, 0);
+    // W2 finishes every unit, the hoarded ones included.
+    let mut done = BTreeSet::new();
+    for t in 11..30 {
+        match s.request(W2, secs(t)) {
+            Grant::Lease(l) => {
+                assert_eq!(
+                    s.complete(l.lease_id, W2, &sha(l.range), secs(t)),
+                    Completion::Accepted(l.range)
+                );
+                done.insert(l.range);
+            }
+            Grant::Finished => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(s.is_finished());
+    assert!(hoarded.iter().all(|l| done.contains(&l.range)));
+}
+
+mod interleavings;
