@@ -302,7 +302,8 @@ pub struct WorkerRecord {
     pub leases: u64,
     /// Tokens in accepted results.
     pub tokens: u64,
-    /// Tokens per second of worker-side busy time.
+    /// Tokens per second of busy time on the coordinator's clock (from
+    /// each lease's grant to its result's arrival), never the worker's word.
     pub tokens_per_s: f64,
 }
 

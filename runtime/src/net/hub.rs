@@ -75,8 +75,13 @@ pub struct WorkerInfo {
     pub backend: String,
     /// Tokens in accepted results.
     pub tokens: u64,
-    /// Worker-side milliseconds spent on accepted results.
+    /// Milliseconds on the coordinator's clock spent on accepted results:
+    /// the union of the spans from each result's first lease grant to its
+    /// arrival (a worker's own figure is only its word).
     pub busy_ms: u64,
+    /// End of the latest span counted in `busy_ms`, so that overlapping
+    /// spans (a checkpoint's leases, two connections) count once.
+    pub busy_until: Duration,
     /// Leases accepted.
     pub leases: u64,
     /// Connected now (by at least one connection).
@@ -106,7 +111,9 @@ struct Candidate<T> {
     bytes: Bytes,
     sha256: String,
     staged: Option<String>,
-    elapsed_ms: u64,
+    /// When the coordinator granted the result's first lease and when the
+    /// result arrived, on its clock ([`Hub::now`]).
+    span: (Duration, Duration),
     slot: IngestSlot,
 }
 
@@ -143,6 +150,9 @@ pub struct Hub<K: LeaseKind> {
     max_staged: u64,
     /// Leases whose staged result is being delivered in the background.
     on_way: Mutex<BTreeSet<LeaseId>>,
+    /// When each live lease was granted ([`Hub::note_grant`]), until its
+    /// result arrives.
+    granted: Mutex<BTreeMap<LeaseId, Duration>>,
     /// Buffers staged results are read into, one per ingest slot, kept
     /// from one result to the next until every result is stored.
     buffers: Arc<BufferPool>,
@@ -183,6 +193,7 @@ impl<K: LeaseKind> Hub<K> {
             ingest: Arc::new(Semaphore::new(ingest_slots.max(1))),
             max_staged,
             on_way: Mutex::new(BTreeSet::new()),
+            granted: Mutex::new(BTreeMap::new()),
             buffers: BufferPool::new(ingest_slots.max(1)),
             all_stored: AtomicBool::new(false),
         };
@@ -399,8 +410,8 @@ impl<K: LeaseKind> Hub<K> {
         leases: Vec<LeaseId>,
         partial: PartialRef,
         sha256: String,
-        elapsed_ms: u64,
     ) {
+        let span = self.span_of(&leases);
         let staged = matches!(partial, PartialRef::Stored(_));
         let fresh = staged && self.sched().lease_ranges(&leases, worker).is_some() && {
             let mut on_way = self.on_way();
@@ -411,9 +422,7 @@ impl<K: LeaseKind> Hub<K> {
             fresh
         };
         if !fresh {
-            return self
-                .settle(worker, &leases, partial, sha256, elapsed_ms)
-                .await;
+            return self.settle(worker, &leases, partial, sha256, span).await;
         }
         {
             let now = self.now();
@@ -424,14 +433,34 @@ impl<K: LeaseKind> Hub<K> {
         }
         let hub = Arc::clone(self);
         tokio::spawn(async move {
-            hub.settle(worker, &leases, partial, sha256, elapsed_ms)
-                .await;
+            hub.settle(worker, &leases, partial, sha256, span).await;
             hub.on_way().retain(|l| !leases.contains(l));
         });
     }
 
     fn on_way(&self) -> MutexGuard<'_, BTreeSet<LeaseId>> {
         self.on_way.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn granted(&self) -> MutexGuard<'_, BTreeMap<LeaseId, Duration>> {
+        self.granted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes that `lease` was granted now: the start of the span its result
+    /// is credited with ([`WorkerInfo::busy_ms`]).
+    pub fn note_grant(&self, lease: LeaseId) {
+        let now = self.now();
+        self.granted().insert(lease, now);
+    }
+
+    /// The span of a result of `leases` arriving now: from the first grant
+    /// among them (now, for leases with no grant noted) to now. Their grant
+    /// times are forgotten: a lease's result arrives once.
+    fn span_of(&self, leases: &[LeaseId]) -> (Duration, Duration) {
+        let now = self.now();
+        let mut granted = self.granted();
+        let first = leases.iter().filter_map(|l| granted.remove(l)).min();
+        (first.unwrap_or(now).min(now), now)
     }
 
     /// Settles a finished lease, or a checkpoint's result covering several
@@ -444,7 +473,7 @@ impl<K: LeaseKind> Hub<K> {
         leases: &[LeaseId],
         partial: PartialRef,
         sha256: String,
-        elapsed_ms: u64,
+        span: (Duration, Duration),
     ) {
         let what = labels::<K>().result;
         let slot = self.ingest_slot(worker).await;
@@ -468,7 +497,7 @@ impl<K: LeaseKind> Hub<K> {
             bytes,
             sha256,
             staged,
-            elapsed_ms,
+            span,
             slot,
         };
         match completion {
@@ -549,7 +578,7 @@ impl<K: LeaseKind> Hub<K> {
     /// Counts an accepted result of `units` and hands it to the merger,
     /// which stores its bytes under the final name (create-only).
     fn accept(&self, units: Vec<ChunkRange>, r: Candidate<AddendOf<K>>) {
-        self.credit(r.identity, r.output.measured(), r.elapsed_ms, units.len());
+        self.credit(r.identity, r.output.measured(), r.span, units.len());
         let _ = self.deliveries.send(Delivery {
             worker: r.worker,
             units,
@@ -589,11 +618,14 @@ impl<K: LeaseKind> Hub<K> {
     }
 
     /// Counts an accepted result of `leases` leases and `tokens` tokens (or
-    /// scored positions) that took the worker `elapsed_ms`.
-    fn credit(&self, identity: Identity, tokens: u64, elapsed_ms: u64, leases: usize) {
+    /// scored positions) that the coordinator saw take `span` (grant to
+    /// arrival); the part of it already counted is not counted again.
+    fn credit(&self, identity: Identity, tokens: u64, span: (Duration, Duration), leases: usize) {
         if let Some(w) = self.roster().info.get_mut(&identity) {
+            let (from, to) = (span.0.max(w.busy_until), span.1);
             w.tokens += tokens;
-            w.busy_ms += elapsed_ms;
+            w.busy_ms += to.saturating_sub(from).as_millis() as u64;
+            w.busy_until = w.busy_until.max(to);
             w.leases += leases as u64;
         }
     }

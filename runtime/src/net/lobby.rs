@@ -86,6 +86,7 @@ impl<K: LeaseKind> Phase for Hub<K> {
         Some(match sched.request(id, now) {
             Grant::Lease(l) => {
                 tracing::debug!(%id, lease = %l.lease_id, range = %l.range, "lease granted");
+                self.note_grant(l.lease_id);
                 ToWorker::Lease(l)
             }
             Grant::Wait(d) => ToWorker::Wait {
@@ -105,10 +106,12 @@ impl<K: LeaseKind> Phase for Hub<K> {
         leases: Vec<LeaseId>,
         partial: PartialRef,
         sha256: String,
-        elapsed_ms: u64,
+        // The worker's own figure: throughput is timed on the coordinator's
+        // clock ([`Hub::note_grant`]).
+        _elapsed_ms: u64,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
-            Hub::deliver(&self, id, leases, partial, sha256, elapsed_ms).await;
+            Hub::deliver(&self, id, leases, partial, sha256).await;
         })
     }
 

@@ -40,7 +40,7 @@ impl Progress {
     }
 }
 
-/// `name 1234 tok/s` per worker, from worker-side busy time.
+/// `name 1234 tok/s` per worker, from busy time on the coordinator's clock.
 pub fn worker_line(workers: &BTreeMap<Identity, WorkerInfo>) -> String {
     workers
         .values()
