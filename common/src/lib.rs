@@ -24,6 +24,7 @@
 //! - [`routing`]: how a model routes tokens (gating aside), as llama.cpp's
 //!   graph computes it, and the selection rule of a pruned model.
 //! - [`model_check`]: a model's MoE facts from its GGUF header, before llama.cpp loads it.
+//!   [`model_weights`]: the importance-matrix entries a model defines.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -44,6 +45,7 @@ pub mod keepmap;
 pub mod layout;
 pub mod lease;
 pub mod model_check;
+pub mod model_weights;
 pub mod packed;
 pub mod parquet_out;
 pub mod partial;

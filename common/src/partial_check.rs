@@ -9,8 +9,15 @@
 //!   not negative, nothing routed to an expert that was never selected and
 //!   something routed to one that was, Cauchy-Schwarz per expert;
 //! - importance-matrix entries of consistent lengths, squares not negative,
-//!   no sum (of squares or of values) for a matrix that saw no row;
-//! - tensor and backend names short and printable, in bounded numbers.
+//!   no sum (of squares or of values) for a matrix that saw no row, and
+//!   each sum within what its rows allow: every matmul input value is at
+//!   most [`MAX_ACTIVATION`] in magnitude, so a column's sum of squares is
+//!   at most `count * MAX_ACTIVATION^2` and its sum at most
+//!   `count * MAX_ACTIVATION` (which also keeps every value of the f32
+//!   imatrix file finite);
+//! - tensor and backend names short and printable, in bounded numbers;
+//!   importance-matrix names short enough for llama.cpp's loader
+//!   ([`crate::model_weights::MAX_ENTRY_NAME`]).
 //!
 //! What a partial must *equal* (its chunks, tokens per group, shape, the
 //! importance matrix's token counts) depends on the corpus and is checked by
@@ -40,6 +47,25 @@ pub const MAX_ENTRIES: usize = 1 << 16;
 
 /// Most backends a partial may name.
 pub const MAX_BACKENDS: usize = 16;
+
+/// Largest magnitude of one matmul input value an importance matrix may
+/// have summed: 2^16, just above f16's largest finite value (65,504).
+/// llama.cpp's GPU backends multiply with f16 activations (and its
+/// quantised CPU paths scale them by f16 factors), where a larger value is
+/// already infinite, so no honest measurement holds one (honest values are
+/// near 1); a sum of squares of 7.2e16 over a few thousand rows is refused.
+pub const MAX_ACTIVATION: u64 = 1 << 16;
+
+/// The largest magnitude, on the exact grid, of a sum of `count` values
+/// each at most [`MAX_ACTIVATION`] (`squares`: of their squares).
+pub fn imatrix_sum_limit(count: u64, squares: bool) -> u128 {
+    let per_row = if squares {
+        u128::from(MAX_ACTIVATION * MAX_ACTIVATION)
+    } else {
+        u128::from(MAX_ACTIVATION)
+    };
+    (per_row * u128::from(count)).saturating_mul(1u128 << FRACTION_BITS)
+}
 
 /// `(sq - sum^2 / count) / slack` for an expert with `count > 0`: how far
 /// `reap_l2_sq_sum` lies above the Cauchy-Schwarz bound, in units of the
@@ -188,10 +214,11 @@ impl SumsCheck for ImatrixSums {
         let touched = start / n_in..=(start + len.max(1) - 1) / n_in;
         let passes = bounds.max_magnitude <= self.bound
             && !(c.squares && bounds.signed)
-            && c.entry
-                .counts
-                .get(touched)
-                .is_some_and(|counts| counts.iter().all(|&n| n != 0));
+            && c.entry.counts.get(touched).is_some_and(|counts| {
+                counts
+                    .iter()
+                    .all(|&n| n != 0 && bounds.max_magnitude <= imatrix_sum_limit(n, c.squares))
+            });
         !passes
     }
 
@@ -201,13 +228,15 @@ impl SumsCheck for ImatrixSums {
         let (mut m, mut col) = (start / n_in, start % n_in);
         for v in values {
             let count = e.counts[m];
-            let ok = v.0.unsigned_abs() <= self.bound
+            let magnitude = v.0.unsigned_abs();
+            let ok = magnitude <= self.bound
+                && magnitude <= imatrix_sum_limit(count, c.squares)
                 && (count != 0 || v.is_zero())
                 && (!c.squares || non_negative(*v));
             if !ok {
                 let what = if c.squares { "sum of squares" } else { "sum" };
                 return Err(format!(
-                    "importance matrix {}: matrix {m} column {col}: {what} {} over {count} rows of {} tokens",
+                    "importance matrix {}: matrix {m} column {col}: {what} {} over {count} rows of {} tokens (each input at most {MAX_ACTIVATION} in magnitude)",
                     peer_text(c.name),
                     v.to_f64(),
                     self.tokens
@@ -425,6 +454,19 @@ fn labels(p: &Partial) -> Result<(), String> {
                 .keys()
                 .map(|n| ("non-finite drop tensor", n)),
         );
+    if let Some(name) = p
+        .imatrix
+        .entries
+        .keys()
+        .find(|n| n.len() > crate::model_weights::MAX_ENTRY_NAME)
+    {
+        return Err(format!(
+            "importance-matrix tensor name \"{}\" has {} characters; llama.cpp reads at most {} in an imatrix file",
+            peer_text(name),
+            name.len(),
+            crate::model_weights::MAX_ENTRY_NAME
+        ));
+    }
     for (what, name) in names {
         if !label_ok(name) {
             return Err(format!(

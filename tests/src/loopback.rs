@@ -42,6 +42,19 @@ pub fn fake_setup(dir: &Path, n_chunks: u32) -> RunSetup {
     }
 }
 
+/// [`fake_setup`] whose model file is the fake engine's
+/// ([`FakeEngine::model_gguf`], written as `dir/fake-model.gguf`): the
+/// coordinator reads its header and checks every partial against the
+/// model's expert facts and importance-matrix entries, as a real run does.
+pub fn fake_setup_with_model(dir: &Path, n_chunks: u32) -> RunSetup {
+    let model = dir.join("fake-model.gguf");
+    std::fs::write(&model, FakeEngine::new(FAKE_MODEL).model_gguf()).unwrap();
+    RunSetup {
+        model_path: model,
+        ..fake_setup(dir, n_chunks)
+    }
+}
+
 /// A run for real llama.cpp workers on `model` over `n_chunks` chunks of
 /// `n_ctx` tokens written under `dir/run`: two chunks a lease, one
 /// micro-batch a chunk, half of the tokens traced (top 8).

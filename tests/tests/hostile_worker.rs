@@ -6,13 +6,16 @@
 //! an honest one would, byte for byte.
 
 use common::exact::ExactSum;
+use common::imatrix::ImatrixEntry;
 use common::layout::PARTIALS;
 use common::partial::Partial;
 use common::stats::{GroupAccum, GroupKey};
 use common::wire::ToWorker;
 use common::{ChunkRange, Split};
 use fixtures::log::log_text;
-use fixtures::loopback::{self, artifacts, fake_reference, fake_setup, fake_workers};
+use fixtures::loopback::{
+    self, artifacts, fake_reference, fake_setup, fake_setup_with_model, fake_workers,
+};
 use fixtures::peer::{honest_partial, Peer};
 use runtime::run::{Listening, RunSetup};
 use std::path::Path;
@@ -56,7 +59,11 @@ fn poisoner(
 /// quarantined, having reported at least one lease, and all 6 leases are
 /// computed. Returns the run.
 async fn poisoned_run(dir: &Path, poison: fn(&mut Partial)) -> RunSetup {
-    let s = fake_setup(dir, 18);
+    poisoned(fake_setup(dir, 18), poison).await
+}
+
+/// [`poisoned_run`] of the run `s`.
+async fn poisoned(s: RunSetup, poison: fn(&mut Partial)) -> RunSetup {
     let index = s.index.clone();
     let mut rx = None;
     let (summary, _) = loopback::run_logged(&s, |l| {
@@ -210,4 +217,226 @@ async fn a_partial_listing_200000_ranges_makes_no_long_log_line() {
     );
     let longest = log.lines().map(str::len).max().unwrap_or(0);
     assert!(longest < 4096, "a log line of {longest} bytes");
+}
+
+// Issue 42: one worker key, one crafted partial. The coordinator reads the
+// fake engine's model header (`fake_setup_with_model`), as `coordinator run`
+// reads the real model's.
+
+/// The run's artifacts equal an honest run's, `verify` passes every
+/// invariant (the importance-matrix ones against the model), and the log
+/// refused the poisoned partial saying `needle`.
+async fn assert_refused_and_clean(s: &RunSetup, needle: &str) {
+    assert_eq!(artifacts(&s.store, false).await, fake_reference(s).await);
+    let log = log_text();
+    assert!(
+        log.contains("bad result") && log.contains(needle),
+        "the refusal says {needle:?}:\n{log}"
+    );
+    // `verify` reads the model the manifest records.
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&s.store.get("manifest.json").await.unwrap()).unwrap();
+    manifest["model_path"] = s.model_path.to_str().unwrap().into();
+    let bytes = serde_json::to_vec(&manifest).unwrap();
+    s.store.put("manifest.json", bytes).await.unwrap();
+    let report = stages::verify::verify(&s.store).await.unwrap();
+    assert!(report.ok(), "{report}");
+    for name in [
+        stages::verify::names::IMATRIX_ENTRIES,
+        stages::verify::names::IMATRIX_SHAPES,
+        stages::verify::names::IMATRIX_COUNTS,
+        stages::verify::names::IMATRIX_VALUES,
+    ] {
+        let check = report.check(name).unwrap();
+        assert_eq!(check.status, stages::verify::Status::Pass, "{report}");
+    }
+}
+
+/// Finding 1: an entry under a name the model lacks, of any size (here
+/// 2^20 sums a column), was added into the running total. It is refused on
+/// the partial's header, before any sum is unpacked.
+fn foreign_entry(p: &mut Partial) {
+    let e = ImatrixEntry::new(1 << 12, 1 << 8);
+    p.imatrix.entries.insert("blk.0.ffn_hoard.weight".into(), e);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_the_model_lacks_is_refused_before_it_is_added() {
+    let d = tempfile::tempdir().unwrap();
+    let s = poisoned(fake_setup_with_model(d.path(), 18), foreign_entry).await;
+    assert_refused_and_clean(&s, "blk.0.ffn_hoard.weight is not a weight of the model").await;
+}
+
+/// Finding 1: a model weight under another shape than the model's.
+fn reshaped_entry(p: &mut Partial) {
+    let e = ImatrixEntry::new(1 << 12, 1);
+    p.imatrix
+        .entries
+        .insert("blk.0.ffn_gate_inp.weight".into(), e);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_weight_of_another_shape_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let s = poisoned(fake_setup_with_model(d.path(), 18), reshaped_entry).await;
+    assert_refused_and_clean(&s, "is [4096, 1], the model's weight is [4, 1]").await;
+}
+
+/// Finding 3: `in_sum2` of 7.2e16 where honest values are near 1 per row.
+fn huge_square(p: &mut Partial) {
+    let e = p.imatrix.entries.values_mut().next().unwrap();
+    e.in_sum2[0] = ExactSum::from_f64(7.2e16).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_importance_sum_beyond_what_its_rows_allow_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let s = poisoned(fake_setup_with_model(d.path(), 18), huge_square).await;
+    assert_refused_and_clean(&s, "sum of squares 72000000000000000").await;
+}
+
+/// Finding 3: a partial without one of the entries every MoE layer has.
+fn missing_entry(p: &mut Partial) {
+    p.imatrix.entries.remove("blk.1.ffn_gate_inp.weight");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_missing_an_entry_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let s = poisoned(fake_setup_with_model(d.path(), 18), missing_entry).await;
+    assert_refused_and_clean(&s, "importance matrix lacks blk.1.ffn_gate_inp.weight").await;
+}
+
+/// Finding 3: a 126-character tensor name, which llama.cpp's imatrix
+/// loader refuses (its names stop at 64 bytes with the NUL).
+fn long_name(p: &mut Partial) {
+    let e = p.imatrix.entries.values().next().unwrap().clone();
+    let name = format!("blk.0.{}.weight", "x".repeat(113));
+    p.imatrix.entries.insert(name, e);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_llama_cpp_cannot_read_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let s = poisoned(fake_setup_with_model(d.path(), 18), long_name).await;
+    assert_refused_and_clean(&s, "has 126 characters").await;
+}
+
+/// Finding 2: a worker that reports `Computed` for four leases and never
+/// ships them. They expire in one tick; the third expiry quarantines it,
+/// which retired the fourth while the expiry loop still listed it: the
+/// coordinator panicked. Now the hoarder is quarantined, an honest worker
+/// computes everything, and the results are an honest run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_hoarding_computed_leases_is_quarantined_and_the_run_completes() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = fake_setup_with_model(d.path(), 18);
+    (s.run.lease_timeout_s, s.run.heartbeat_timeout_s) = (2, 30);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (summary, _) = loopback::run_logged(&s, |l| {
+        let (l2, honest_joins) = (l.clone(), std::sync::Arc::new(tokio::sync::Notify::new()));
+        let go = honest_joins.clone();
+        let hoarder = tokio::spawn(async move {
+            let (mut p, _) = Peer::joined(&l2, "hoarder").await;
+            let mut held = Vec::new();
+            while held.len() < 4 {
+                match p.poll_idle().await {
+                    Some(ToWorker::Lease(lease)) => {
+                        let computed = common::wire::ToCoordinator::Computed {
+                            lease_id: lease.lease_id,
+                        };
+                        assert_eq!(p.ask(&computed).await, Some(ToWorker::Ack));
+                        held.push(lease.lease_id);
+                    }
+                    other => panic!("a lease for the hoarder: {other:?}"),
+                }
+            }
+            go.notify_one();
+            // Heartbeats only, until the coordinator refuses it.
+            let end = loop {
+                let busy = common::wire::ToCoordinator::Poll {
+                    protocol_version: common::wire::PROTOCOL_VERSION,
+                    state: common::wire::WorkerState::Busy(held[3]),
+                };
+                match p.ask(&busy).await {
+                    Some(ToWorker::Ack) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    other => break other,
+                }
+            };
+            let _ = tx.send(end);
+            Ok(worker::join::JoinSummary::default())
+        });
+        let l3 = l.clone();
+        let honest = tokio::spawn(async move {
+            honest_joins.notified().await;
+            let mut hs = fake_workers(&l3, 1, Duration::ZERO);
+            hs.pop().unwrap().await.unwrap()
+        });
+        vec![hoarder, honest]
+    })
+    .await;
+    let end = rx.await.unwrap();
+    assert!(
+        matches!(
+            end,
+            Some(ToWorker::Refused(common::wire::Refusal::Quarantined(_)))
+        ),
+        "{end:?}"
+    );
+    let hoarder = summary.leases.worker("hoarder").unwrap();
+    assert!(hoarder.quarantined && hoarder.leases == 0, "{hoarder:?}");
+    assert_eq!(summary.leases.computed, 6);
+    assert_eq!(artifacts(&s.store, false).await, fake_reference(&s).await);
+}
+
+/// Finding 8: `tokens_per_s` in manifest.json came from the worker's own
+/// `elapsed_ms` (a fake worker showed 1,024,000 tokens/s). A worker that
+/// takes 600 ms a lease and claims 1 ms is credited with what the
+/// coordinator's clock saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throughput_comes_from_the_coordinators_clock_not_the_workers_word() {
+    let d = tempfile::tempdir().unwrap();
+    let s = fake_setup_with_model(d.path(), 9);
+    let index = s.index.clone();
+    let (summary, _) = loopback::run_logged(&s, |l| {
+        let l = l.clone();
+        vec![tokio::spawn(async move {
+            let (mut p, _) = Peer::joined(&l, "boaster").await;
+            loop {
+                match p.poll_idle().await {
+                    Some(ToWorker::Lease(lease)) => {
+                        tokio::time::sleep(Duration::from_millis(600)).await;
+                        let bytes = honest_partial(&index, &lease).to_bytes();
+                        // `done_msg` claims 1 ms of work.
+                        let done = Peer::done_msg(&lease, bytes);
+                        assert_eq!(p.ask(&done).await, Some(ToWorker::Ack));
+                    }
+                    Some(ToWorker::Wait { retry_ms }) => {
+                        tokio::time::sleep(Duration::from_millis(retry_ms)).await
+                    }
+                    _ => break,
+                }
+            }
+            Ok(worker::join::JoinSummary::default())
+        })]
+    })
+    .await;
+    assert_eq!(summary.leases.computed, 3);
+    runtime::run::mark_finished(&s.store, &summary, true)
+        .await
+        .unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&s.store.get("manifest.json").await.unwrap()).unwrap();
+    let w = &manifest["run"]["workers"][0];
+    assert_eq!(w["name"], "boaster", "{manifest}");
+    let (tokens, rate) = (
+        w["tokens"].as_f64().unwrap(),
+        w["tokens_per_s"].as_f64().unwrap(),
+    );
+    assert!(tokens > 0.0, "{w}");
+    // Three leases of at least 600 ms each on the coordinator's clock.
+    assert!(
+        rate > 0.0 && rate <= tokens / 1.8,
+        "{rate} tokens/s for {tokens} tokens: {w}"
+    );
 }

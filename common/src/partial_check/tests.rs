@@ -171,6 +171,52 @@ fn importance_matrix_sums_are_named_by_matrix_and_column_across_blocks() {
     assert!(e.contains("matrix 1 column 1: sum of squares"), "{e}");
 }
 
+/// Issue 42, finding 3: an `in_sum2` of 7.2e16 (honest values are near
+/// 12,785) passed; each sum is now bounded by its rows times the largest
+/// input value ([`MAX_ACTIVATION`]), and names by llama.cpp's limit.
+#[test]
+fn importance_matrix_sums_are_bounded_by_their_rows_and_names_by_llama_cpp() {
+    let s = |v: f64| ExactSum::from_f64(v).unwrap();
+    let entry = |p: &mut Partial| p.imatrix.entries.values_mut().next().unwrap().clone();
+    let mut p = honest();
+    let mut e = entry(&mut p);
+    let limit = (MAX_ACTIVATION * MAX_ACTIVATION) as f64 * 2.0;
+    e.in_sum2[0] = s(limit);
+    p.imatrix
+        .entries
+        .insert("blk.1.ffn_gate_inp.weight".into(), e.clone());
+    check_values(&p, &Budget::for_corpus(1000)).unwrap();
+    e.in_sum2[0] = s(7.2e16);
+    p.imatrix
+        .entries
+        .insert("blk.1.ffn_gate_inp.weight".into(), e.clone());
+    let why = refused(&p);
+    assert!(
+        why.contains("matrix 0 column 0: sum of squares 72000000000000000 over 2 rows")
+            && why.contains("at most 65536"),
+        "{why}"
+    );
+    e.in_sum2[0] = s(1.0);
+    e.in_sum[1] = s(-2.0 * MAX_ACTIVATION as f64 - 1.0);
+    p.imatrix
+        .entries
+        .insert("blk.1.ffn_gate_inp.weight".into(), e.clone());
+    assert!(refused(&p).contains("matrix 0 column 1: sum -131073 over 2 rows"));
+    let mut p = honest();
+    let e = entry(&mut p);
+    let long = format!("blk.1.{}.weight", "x".repeat(126 - 13));
+    assert_eq!(long.len(), 126);
+    p.imatrix.entries = BTreeMap::from([(long, e.clone())]);
+    let why = refused(&p);
+    assert!(
+        why.contains("has 126 characters") && why.contains("at most 55"),
+        "{why}"
+    );
+    let fits = format!("blk.1.{}.weight", "x".repeat(55 - 13));
+    p.imatrix.entries = BTreeMap::from([(fits, e)]);
+    check_values(&p, &Budget::for_corpus(1000)).unwrap();
+}
+
 #[test]
 fn names_counters_and_trace_figures_are_bounded() {
     let mut p = honest();
@@ -262,13 +308,22 @@ fn block_headers_pass_only_what_the_sums_pass() {
         let mut e = ImatrixEntry::new(20, 3);
         e.counts = (0..3).map(|_| [0, 2, 2][rng.below(3)]).collect();
         let mut sum = |count: u64, squares: bool| {
-            let edge = [bound, bound + 1, bound >> 1, 1 << rng.below(60), 3];
+            let limit = imatrix_sum_limit(count, squares) as i128;
+            let edge = [
+                bound,
+                bound + 1,
+                bound >> 1,
+                1 << rng.below(60),
+                3,
+                limit,
+                limit + 1,
+            ];
             let v = match (count, rng.below(200)) {
-                (0, 0) => edge[rng.below(5)],
+                (0, 0) => edge[rng.below(7)],
                 (0, _) => 0,
-                (_, 0) => edge[rng.below(5)],
-                (_, 1) if squares => -edge[rng.below(5)],
-                (_, 2) => 0,
+                (_, 0..=1) => edge[rng.below(7)],
+                (_, 2) if squares => -edge[rng.below(7)],
+                (_, 3) => 0,
                 _ => (rng.next_u64() >> rng.below(64)) as i128,
             };
             ExactSum(if squares || rng.below(2) == 0 { v } else { -v })

@@ -15,9 +15,17 @@
 //! - every value is one an honest worker can produce and any merge can hold
 //!   ([`common::partial_check`]);
 //! - its importance matrix covers the unit's chunks at the corpus's chunk
-//!   size; a dense weight's token count is the unit's fit tokens, a stacked
-//!   expert weight's count per expert is the fit split's `count` of its
-//!   layer, and each tensor has the shape the first accepted partial gave it;
+//!   size; a dense weight's token count (per matrix) is the unit's fit
+//!   tokens, a stacked expert weight's count per expert is the fit split's
+//!   `count` of its layer (each token's row counts once for each of the k
+//!   experts it selected, as llama.cpp's `MUL_MAT_ID` imatrix counts);
+//! - with the model's headers ([`Acceptance::with_weights`]: the coordinator
+//!   reads them): every entry is one of the model's weights with the model's
+//!   shape ([`common::model_weights`]), every MoE layer is one the model
+//!   routes in, and the router and stacked expert weights of each MoE layer
+//!   are there; all of it is checked on the partial's header, before any
+//!   sum is unpacked or the running total grows. Without them (test
+//!   harnesses), each tensor has the shape the first accepted partial gave it;
 //! - its per-chunk statistics, when it has them, are one per chunk of the
 //!   unit with that chunk's fit tokens; its trace parts are the unit's.
 //!
@@ -30,6 +38,7 @@ use bytes::Bytes;
 use common::artifacts::names::trace_part;
 use common::corpus::{Chunk, CorpusIndex};
 use common::model_check::MoeFacts;
+use common::model_weights::{expert_stack_layer, ModelWeights};
 use common::partial::{PackedPartial, Partial};
 use common::partial_check::{check_header_values, Budget, ImatrixSums};
 use common::peer_text::{peer_text, summarise};
@@ -56,6 +65,9 @@ pub struct Acceptance {
     corpus_sha256: String,
     n_ctx: u32,
     model: Option<MoeFacts>,
+    /// The importance-matrix entries the model defines, when its headers
+    /// were read.
+    weights: Option<ModelWeights>,
     expected: BTreeMap<ChunkRange, GroupTokens>,
     /// Fit tokens per chunk id.
     chunk_fit: Vec<u32>,
@@ -120,11 +132,19 @@ impl Acceptance {
             corpus_sha256: index.chunks_sha256.clone(),
             n_ctx: index.n_ctx,
             model,
+            weights: None,
             expected,
             chunk_fit,
             budget: Budget::for_corpus(index.n_tokens),
             pinned: Mutex::new(Pinned::default()),
         })
+    }
+
+    /// These expectations, with every importance-matrix entry checked
+    /// against `weights`, the entries of the run's model.
+    pub fn with_weights(mut self, weights: ModelWeights) -> Acceptance {
+        self.weights = Some(weights);
+        self
     }
 
     fn pinned(&self) -> std::sync::MutexGuard<'_, Pinned> {
@@ -256,6 +276,9 @@ impl Acceptance {
                 im.chunk_count, im.chunk_size, self.n_ctx
             ));
         }
+        if let Some(weights) = &self.weights {
+            check_model_entries(weights, p)?;
+        }
         let pinned = self.pinned();
         for (name, e) in &im.entries {
             let shown = || peer_text(name);
@@ -271,7 +294,7 @@ impl Acceptance {
             }
             let expected = match expert_layer(name, e.n_mat, &p.experts.shape) {
                 Some(layer) => fit_counts(p, layer),
-                None if e.n_mat == 1 => vec![fit],
+                None if e.n_mat == 1 || self.weights.is_some() => vec![fit; e.n_mat as usize],
                 None => continue,
             };
             if e.counts != expected {
@@ -315,18 +338,50 @@ impl Acceptance {
 /// with one matrix per expert) of a MoE layer, whose counts per expert are
 /// the tokens routed to that expert.
 fn expert_layer(name: &str, n_mat: u32, shape: &MoeShape) -> Option<u32> {
-    let rest = name.strip_prefix("blk.")?;
-    let (layer, tensor) = rest.split_once('.')?;
-    let layer: u32 = layer.parse().ok()?;
-    let stacked = [
-        "ffn_gate_exps",
-        "ffn_up_exps",
-        "ffn_down_exps",
-        "ffn_gate_up_exps",
-    ]
-    .iter()
-    .any(|t| tensor == format!("{t}.weight"));
-    (stacked && n_mat == shape.n_expert && shape.moe_layers.contains(&layer)).then_some(layer)
+    expert_stack_layer(name)
+        .filter(|layer| n_mat == shape.n_expert && shape.moe_layers.contains(layer))
+}
+
+/// The importance matrix's entries against the model's: each one of its
+/// weights with its shape, each MoE layer one the model routes in, and
+/// every entry an honest worker surely measures there.
+fn check_model_entries(weights: &ModelWeights, p: &Partial) -> Result<(), String> {
+    let shape = &p.experts.shape;
+    if let Some(l) = shape.moe_layers.iter().find(|&&l| !weights.has_router(l)) {
+        return Err(format!(
+            "partial claims MoE layer {l}; the model has no router (blk.{l}.ffn_gate_inp.weight) there"
+        ));
+    }
+    for (name, e) in &p.imatrix.entries {
+        let Some(want) = weights.shape(name) else {
+            return Err(format!(
+                "importance matrix {} is not a weight of the model",
+                peer_text(name)
+            ));
+        };
+        if (want.n_in, want.n_mat) != (e.n_in, e.n_mat) {
+            return Err(format!(
+                "importance matrix {} is [{}, {}], the model's weight is [{}, {}]",
+                peer_text(name),
+                e.n_in,
+                e.n_mat,
+                want.n_in,
+                want.n_mat
+            ));
+        }
+    }
+    let missing: Vec<String> = weights
+        .required(&shape.moe_layers)
+        .into_iter()
+        .filter(|n| !p.imatrix.entries.contains_key(n))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "importance matrix lacks {}, which every MoE layer measures",
+            summarise(&missing)
+        ));
+    }
+    Ok(())
 }
 
 /// Tokens of the fit split routed to each expert of block `layer`.

@@ -283,7 +283,8 @@ async fn record_model_path(setup: &RunSetup) -> Result<(), RunError> {
 }
 
 /// The acceptance checks of a run, read from its corpus: the chunk table's
-/// spans and, when the model file is there, the GGUF header's expert facts.
+/// spans and, when the model file is there, the GGUF headers' expert facts
+/// and importance-matrix entries (the coordinator binary always has it).
 pub(crate) async fn acceptance(
     setup: &RunSetup,
     units: &[common::ChunkRange],
@@ -293,15 +294,23 @@ pub(crate) async fn acceptance(
     let what = corpus.url_of(common::corpus::CHUNKS_FILE);
     let index = setup.index.clone();
     let units = units.to_vec();
-    let model = if setup.model_path.exists() {
-        Some(common::model_check::moe_facts(&setup.model_path).map_err(RunError::Setup)?)
+    let (model, weights) = if setup.model_path.exists() {
+        let path = &setup.model_path;
+        (
+            Some(common::model_check::moe_facts(path).map_err(RunError::Setup)?),
+            Some(common::model_weights::ModelWeights::read(path).map_err(RunError::Setup)?),
+        )
     } else {
-        None
+        (None, None)
     };
     let model_sha = setup.model_sha256.clone();
     tokio::task::spawn_blocking(move || {
         let chunks = common::corpus::read_chunks(table, None)?;
-        accept::Acceptance::new(&model_sha, &index, &chunks, &units, model)
+        let a = accept::Acceptance::new(&model_sha, &index, &chunks, &units, model)?;
+        Ok::<_, String>(match weights {
+            Some(w) => a.with_weights(w),
+            None => a,
+        })
     })
     .await
     .map_err(|e| RunError::Setup(format!("reading {what} panicked: {e}")))?

@@ -2,8 +2,10 @@
 //! with its figure (worst layer, worst deviation); exit 0 only if all hold.
 //!
 //! - [`stats`]: the statistics invariants.
+//! - [`imatrix`]: the importance-matrix invariants.
 //! - [`maps`]: the keep-map invariants.
 
+pub mod imatrix;
 pub mod maps;
 pub mod stats;
 
@@ -41,6 +43,17 @@ pub mod names {
     pub const CAUCHY_SCHWARZ: &str = "Cauchy-Schwarz: reap_l2_sq_sum >= reap_l2_sum^2 / count";
     /// No non-finite value dropped during measurement.
     pub const DROPS: &str = "no non-finite values dropped during measurement";
+    /// The importance matrix's entries are the model's weights, with every
+    /// MoE layer's router and expert weights.
+    pub const IMATRIX_ENTRIES: &str = "importance matrix: entries are weights of the model, every MoE layer's router and expert weights present";
+    /// Its shapes are the model's.
+    pub const IMATRIX_SHAPES: &str =
+        "importance matrix: shapes [n_in, n_mat] as the model's weights, counts [1, n_mat]";
+    /// Its counts are the fit tokens (per expert: those routed to it).
+    pub const IMATRIX_COUNTS: &str =
+        "importance matrix: counts == fit tokens (stacked experts: fit tokens routed to each)";
+    /// Every value finite and bounded, and Cauchy-Schwarz per column.
+    pub const IMATRIX_VALUES: &str = "importance matrix: values finite, in_sum2 <= count x 2^32, Cauchy-Schwarz in_sum^2 <= count x in_sum2";
     /// Trace rows written == tokens traced x layers.
     pub const TRACE_ROWS: &str = "trace rows written == tokens traced x layers";
     /// Keep maps sorted, unique, exactly K per layer.
@@ -319,6 +332,31 @@ async fn partials_checks(
     Ok([hashes, bitwise])
 }
 
+/// The importance-matrix checks of the run's `imatrix.gguf`, against its
+/// model (the manifest's `model_path`) when that file is readable here.
+async fn imatrix_checks(store: &RunStore, s: &Saliency) -> Result<Vec<Check>, StagesError> {
+    let bytes = store.get_opt(artifacts::IMATRIX_GGUF).await?;
+    let model = corpus::manifest::read_or_default(store).await?.model_path;
+    let (weights, note) = match &model {
+        None => (
+            None,
+            "no model recorded: names not checked against it".to_string(),
+        ),
+        Some(path) => match common::model_weights::ModelWeights::read(path) {
+            Ok(w) => (Some(w), String::new()),
+            Err(e) => (None, format!("names not checked against the model: {e}")),
+        },
+    };
+    let url = store.url_of(artifacts::IMATRIX_GGUF);
+    Ok(imatrix::check_imatrix(
+        bytes.as_deref(),
+        &url,
+        s,
+        weights.as_ref(),
+        &note,
+    ))
+}
+
 /// Runs every check on a run's stored artifacts.
 pub async fn verify(store: &RunStore) -> Result<VerifyReport, StagesError> {
     let bytes = store.get(artifacts::SALIENCY_JSON).await?;
@@ -326,6 +364,7 @@ pub async fn verify(store: &RunStore) -> Result<VerifyReport, StagesError> {
     let s = &parsed.saliency;
     let sha = common::hash::sha256_hex(&bytes);
     let mut checks = stats::check_saliency(s, &parsed.nonfinite);
+    checks.extend(imatrix_checks(store, s).await?);
     let (rows, parts) = trace_rows(store).await?;
     checks.push(trace_check(s, rows, parts));
     checks.extend(maps::check_keep_maps(

@@ -270,3 +270,156 @@ async fn reverse_order_re_merge_of_partials_is_compared_bitwise() {
     let r = verify(&store).await.unwrap();
     assert_eq!(failed(&r), vec![names::BITWISE], "{r}");
 }
+
+/// A run of [`good`] (16 experts, MoE layers 1 and 5) with an
+/// `imatrix.gguf` as a worker would measure it, and a model file with its
+/// weights recorded in the manifest: `poison` changes the importance matrix
+/// before it is written, `model_extra` adds weights to the model.
+async fn imatrix_run(
+    poison: impl FnOnce(&mut common::imatrix::Imatrix),
+) -> (tempfile::TempDir, RunStore) {
+    use common::gguf::{GgufWriter, Value};
+    use common::imatrix::{Imatrix, ImatrixEntry};
+    let s = good();
+    let (dir, store) = run_with(s.to_json_bytes()).await;
+    let fit = s.split(Split::Fit).unwrap();
+    let x = |v: f64| common::exact::ExactSum::from_f64(v).unwrap();
+    let mut im = Imatrix {
+        chunk_count: 1,
+        chunk_size: 8,
+        ..Imatrix::default()
+    };
+    let mut model = GgufWriter::new();
+    model.kv("general.architecture", Value::Str("qwen3moe".into()));
+    for l in &fit.layers {
+        let mut router = ImatrixEntry::new(2, 1);
+        router.counts = vec![fit.n_tokens];
+        // Column 0: every input 1; column 1: inputs of 0 and 2 alike.
+        let n = fit.n_tokens as f64;
+        router.in_sum2 = vec![x(n), x(2.0 * n)].into();
+        router.in_sum = vec![x(n), x(n)].into();
+        let mut stack = ImatrixEntry::new(2, 16);
+        stack.counts = l.count.clone();
+        let per = |c: u64, f: f64| x(c as f64 * f);
+        stack.in_sum2 = l
+            .count
+            .iter()
+            .flat_map(|&c| [per(c, 1.0), per(c, 4.0)])
+            .collect();
+        stack.in_sum = l
+            .count
+            .iter()
+            .flat_map(|&c| [per(c, -1.0), per(c, 0.5)])
+            .collect();
+        im.entries
+            .insert(format!("blk.{}.ffn_gate_inp.weight", l.layer), router);
+        im.entries
+            .insert(format!("blk.{}.ffn_up_exps.weight", l.layer), stack);
+        let z = vec![0.0f32; 2 * 16 * 3];
+        model.tensor_f32(
+            &format!("blk.{}.ffn_gate_inp.weight", l.layer),
+            &[2, 16],
+            &z[..32],
+        );
+        model.tensor_f32(
+            &format!("blk.{}.ffn_up_exps.weight", l.layer),
+            &[2, 3, 16],
+            &z,
+        );
+    }
+    model.tensor_f32("blk.1.attn_norm.weight", &[2], &[0.0, 0.0]);
+    poison(&mut im);
+    let model_path = dir.path().join("model.gguf");
+    std::fs::write(&model_path, model.to_bytes()).unwrap();
+    let manifest = serde_json::json!({ "model_path": model_path });
+    store
+        .put("manifest.json", serde_json::to_vec(&manifest).unwrap())
+        .await
+        .unwrap();
+    store
+        .put(artifacts::IMATRIX_GGUF, im.to_gguf(&["d".into()]))
+        .await
+        .unwrap();
+    (dir, store)
+}
+
+#[tokio::test]
+async fn the_importance_matrix_is_checked_against_the_model_and_the_counts() {
+    let imatrix_checks = [
+        names::IMATRIX_ENTRIES,
+        names::IMATRIX_SHAPES,
+        names::IMATRIX_COUNTS,
+        names::IMATRIX_VALUES,
+    ];
+    let (_d, store) = imatrix_run(|_| ()).await;
+    let r = verify(&store).await.unwrap();
+    assert!(r.ok(), "{r}");
+    for name in imatrix_checks {
+        assert_eq!(r.check(name).unwrap().status, Status::Pass, "{name}: {r}");
+    }
+    let printed = r.to_string();
+    assert!(
+        printed.contains("PASS  importance matrix: values finite")
+            && printed.contains("largest in_sum^2 / (count x in_sum2) 1.000000"),
+        "{printed}"
+    );
+
+    let entry =
+        |im: &mut common::imatrix::Imatrix, name: &str| im.entries.get_mut(name).unwrap().clone();
+    // An entry the model lacks, and one it requires missing.
+    let (_d, store) = imatrix_run(|im| {
+        let e = entry(im, "blk.1.ffn_gate_inp.weight");
+        im.entries.insert("blk.1.ffn_hoard.weight".into(), e);
+        im.entries.remove("blk.5.ffn_up_exps.weight");
+    })
+    .await;
+    let r = verify(&store).await.unwrap();
+    assert_fails_only(
+        &r,
+        names::IMATRIX_ENTRIES,
+        "blk.1.ffn_hoard.weight\" (not a weight",
+    );
+    assert!(
+        r.to_string().contains("blk.5.ffn_up_exps.weight (missing)"),
+        "{r}"
+    );
+    // A shape other than the model's.
+    let (_d, store) = imatrix_run(|im| {
+        let mut e = common::imatrix::ImatrixEntry::new(3, 1);
+        e.counts = entry(im, "blk.1.ffn_gate_inp.weight").counts;
+        im.entries.insert("blk.1.attn_norm.weight".into(), e);
+    })
+    .await;
+    let r = verify(&store).await.unwrap();
+    assert_fails_only(&r, names::IMATRIX_SHAPES, "[3, 1], the model's [2, 1]");
+    // A dense count short of the fit tokens; an expert's off by one.
+    let (_d, store) = imatrix_run(|im| {
+        im.entries
+            .get_mut("blk.1.ffn_gate_inp.weight")
+            .unwrap()
+            .counts[0] += 1;
+        im.entries
+            .get_mut("blk.5.ffn_up_exps.weight")
+            .unwrap()
+            .counts[2] += 1;
+    })
+    .await;
+    let r = verify(&store).await.unwrap();
+    assert_fails_only(&r, names::IMATRIX_COUNTS, "2 bad");
+    // Cauchy-Schwarz: a sum too large for its sum of squares; and a sum of
+    // squares beyond what its rows allow.
+    for (poison, needle) in [(2.0, "above count x in_sum2"), (-1.0, "in_sum2")] {
+        let (_d, store) = imatrix_run(|im| {
+            let e = im.entries.get_mut("blk.5.ffn_gate_inp.weight").unwrap();
+            let n = e.counts[0] as f64;
+            if poison > 0.0 {
+                e.in_sum[1] = common::exact::ExactSum::from_f64(poison * n).unwrap();
+            } else {
+                e.in_sum2[0] = common::exact::ExactSum::from_f64(n * 2f64.powi(33)).unwrap();
+            }
+        })
+        .await;
+        let r = verify(&store).await.unwrap();
+        assert_fails_only(&r, names::IMATRIX_VALUES, needle);
+    }
+}

@@ -1,18 +1,20 @@
 //! A deterministic stand-in engine for protocol and scheduling tests: it
 //! derives statistics from the token ids alone (k distinct experts per token,
 //! uniform router probabilities), so any grouping of chunks merges to the
-//! same bytes and every `verify` invariant holds.
+//! same bytes and every `verify` invariant holds. Its importance matrix
+//! holds each MoE layer's router (`ffn_gate_inp`, 4 input columns), the
+//! weights of the model [`FakeEngine::model_gguf`] describes.
 
 use super::engine::{Engine, EngineLoader};
 use crate::images::ImageBytes;
 use common::corpus::{Chunk, CorpusIndex};
+use common::gguf::{GgufWriter, Value};
 use common::imatrix::{Imatrix, ImatrixEntry};
 use common::partial::Partial;
 use common::stats::{ExpertAccum, MoeShape};
 use common::trace::TraceRow;
 use common::wire::JobInfo;
 use common::{ChunkRange, ExactSum, Gating, Split};
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Settings of the fake engine.
@@ -106,8 +108,14 @@ impl FakeEngine {
                 }),
             }
         }
+        // Every router reads the same input here: one entry, shared.
+        let entries = self
+            .layers
+            .iter()
+            .map(|l| (format!("blk.{l}.ffn_gate_inp.weight"), im.clone()))
+            .collect();
         let imatrix = Imatrix {
-            entries: BTreeMap::from([("blk.0.ffn_gate_inp.weight".to_string(), im)]),
+            entries,
             chunk_count: chunks.len() as u64,
             chunk_size: index.n_ctx,
         };
@@ -119,6 +127,27 @@ impl FakeEngine {
             experts,
             imatrix,
         ))
+    }
+}
+
+impl FakeEngine {
+    /// A GGUF header (and zero weights) of the model this engine pretends
+    /// to run: its expert count and k, and a router `[4, n_expert]` per MoE
+    /// layer, so a coordinator reads the same facts and importance-matrix
+    /// entries from it as from a real model.
+    pub fn model_gguf(&self) -> Vec<u8> {
+        let mut g = GgufWriter::new();
+        let blocks = self.layers.iter().max().map_or(0, |l| l + 1);
+        g.kv("general.architecture", Value::Str("qwen3moe".into()))
+            .kv("qwen3moe.block_count", Value::U32(blocks))
+            .kv("qwen3moe.expert_count", Value::U32(self.n_expert))
+            .kv("qwen3moe.expert_used_count", Value::U32(self.k));
+        let zeros = vec![0.0f32; 4 * self.n_expert as usize];
+        for l in &self.layers {
+            let dims = [4, u64::from(self.n_expert)];
+            g.tensor_f32(&format!("blk.{l}.ffn_gate_inp.weight"), &dims, &zeros);
+        }
+        g.to_bytes()
     }
 }
 

@@ -233,3 +233,70 @@ fn importance_matrix_sums_are_checked_in_their_packed_bytes_and_a_refused_partia
         .unwrap_err();
     assert!(e.contains("earlier partials had"), "{e}");
 }
+
+/// Issue 42, finding 1: with the model's headers, every entry is one of the
+/// model's weights with its shape, and each MoE layer's router is there;
+/// the refusal comes from the partial's header, before any sum is unpacked.
+#[test]
+fn importance_matrix_entries_are_the_models_weights() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("fake.gguf");
+    std::fs::write(&path, FakeEngine::new(MODEL).model_gguf()).unwrap();
+    let weights = ModelWeights::read(&path).unwrap();
+    let facts = common::model_check::moe_facts(&path).unwrap();
+    let (index, chunks) = corpus();
+    let a = Acceptance::new(MODEL, &index, &chunks, &units(), Some(facts))
+        .unwrap()
+        .with_weights(weights);
+    let unit = r(0, 3);
+    let honest_one = honest(&index, &chunks, unit);
+    a.decode_and_check(&[unit], honest_one.to_bytes().into())
+        .unwrap();
+    let refused = |poison: &dyn Fn(&mut Partial)| {
+        let mut p = honest(&index, &chunks, unit);
+        poison(&mut p);
+        let e = a
+            .decode_and_check(&[unit], p.to_bytes().into())
+            .unwrap_err();
+        assert_eq!(e, a.check(&[unit], &p).unwrap_err());
+        e
+    };
+    let e = refused(&|p| {
+        let mut big = common::imatrix::ImatrixEntry::new(1 << 10, 1 << 6);
+        big.counts = vec![0; 1 << 6];
+        p.imatrix
+            .entries
+            .insert("blk.0.ffn_hoard.weight".into(), big);
+    });
+    assert!(
+        e.contains("blk.0.ffn_hoard.weight is not a weight of the model"),
+        "{e}"
+    );
+    let e = refused(&|p| {
+        let e = p
+            .imatrix
+            .entries
+            .get_mut("blk.1.ffn_gate_inp.weight")
+            .unwrap();
+        let mut wide = common::imatrix::ImatrixEntry::new(8, 1);
+        wide.counts = e.counts.clone();
+        *e = wide;
+    });
+    assert!(e.contains("is [8, 1], the model's weight is [4, 1]"), "{e}");
+    let e = refused(&|p| {
+        p.imatrix.entries.remove("blk.0.ffn_gate_inp.weight");
+    });
+    assert!(
+        e.contains("importance matrix lacks blk.0.ffn_gate_inp.weight"),
+        "{e}"
+    );
+    // Counts are checked as before: a router's count is the fit tokens.
+    let e = refused(&|p| {
+        p.imatrix
+            .entries
+            .get_mut("blk.1.ffn_gate_inp.weight")
+            .unwrap()
+            .counts[0] += 1;
+    });
+    assert!(e.contains("the lease's fit split has"), "{e}");
+}
