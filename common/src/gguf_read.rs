@@ -208,11 +208,30 @@ impl GgufHeader {
     }
 }
 
-/// Most memory the parsed metadata may take. Values are held as
-/// [`GgufValue`]s, larger than their bytes in the file (a u8 array element
-/// takes a whole enum), so the bytes present do not bound memory alone; real
-/// headers (a 262k-token vocabulary with its merges) take tens of MiB.
+/// Most memory the parsed header (metadata and tensor descriptions) may
+/// take. Values are held as [`GgufValue`]s, larger than their bytes in the
+/// file (a u8 array element takes a whole enum), so the bytes present do not
+/// bound memory alone (a sparse file claims any length at no cost on disk);
+/// real headers (a 262k-token vocabulary with its merges) take tens of MiB.
 pub const MAX_METADATA_MEMORY: u64 = 256 << 20;
+
+/// Memory charged per metadata entry before its slot is reserved: the
+/// `(key, value)` pair, its byte range and its place in the duplicate-key
+/// set (a key's own bytes are charged twice where they are read, once for
+/// the set's copy).
+const KV_SLOT_BYTES: u64 = (std::mem::size_of::<(String, GgufValue)>()
+    + std::mem::size_of::<std::ops::Range<u64>>()
+    + 2 * std::mem::size_of::<String>()
+    + 8) as u64;
+
+/// Memory charged per tensor description before its slot is reserved: the
+/// [`TensorInfo`], its dimensions, its place in the duplicate-name set and
+/// its entry in the data-range check.
+const TENSOR_SLOT_BYTES: u64 = (std::mem::size_of::<TensorInfo>()
+    + MAX_DIMS as usize * 8
+    + 2 * std::mem::size_of::<String>()
+    + 8
+    + 3 * 8) as u64;
 
 /// Deepest nesting of arrays of arrays accepted.
 const MAX_ARRAY_DEPTH: u32 = 4;
@@ -274,9 +293,16 @@ impl<R: Read> Cursor<'_, R> {
         Ok(u64::from_le_bytes(self.bytes()?))
     }
 
-    /// A count of items of at least `item_bytes` bytes each, checked against
-    /// the bytes left in the input.
-    fn count(&mut self, what: &str, item_bytes: u64) -> Result<u64, GgufReadError> {
+    /// A count of items of at least `item_bytes` bytes each in the file and
+    /// `slot_bytes` each in memory: checked against the bytes left in the
+    /// input, then charged to the budget, so the caller may reserve room for
+    /// `n` items.
+    fn count(
+        &mut self,
+        what: &str,
+        item_bytes: u64,
+        slot_bytes: u64,
+    ) -> Result<u64, GgufReadError> {
         let n = self.u64()?;
         let left = self.end - self.pos;
         if n.checked_mul(item_bytes).is_none_or(|need| need > left) {
@@ -285,6 +311,16 @@ impl<R: Read> Cursor<'_, R> {
                 self.pos - 8
             )));
         }
+        let need = n.saturating_mul(slot_bytes);
+        if need > self.budget {
+            return Err(self.bad(format!(
+                "{what} {n} at byte {} would take {} MiB of memory, more than is left of the {} MiB a GGUF header may take",
+                self.pos - 8,
+                need.div_ceil(1 << 20),
+                MAX_METADATA_MEMORY >> 20
+            )));
+        }
+        self.budget -= need;
         Ok(n)
     }
 
@@ -300,8 +336,7 @@ impl<R: Read> Cursor<'_, R> {
     }
 
     fn string(&mut self) -> Result<String, GgufReadError> {
-        let n = self.count("string length", 1)?;
-        self.charge(n)?;
+        let n = self.count("string length", 1, 1)?;
         let mut b = vec![0u8; n as usize];
         self.r
             .read_exact(&mut b)
@@ -314,8 +349,8 @@ impl<R: Read> Cursor<'_, R> {
             .map_err(|_| self.bad(format!("string before byte {} is not UTF-8", self.pos)))
     }
 
+    /// One value of type `ty`; the caller has charged its slot.
     fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<GgufValue, GgufReadError> {
-        self.charge(std::mem::size_of::<GgufValue>() as u64)?;
         Ok(match ty {
             0 => GgufValue::U8(u8::from_le_bytes(self.bytes()?)),
             1 => GgufValue::I8(i8::from_le_bytes(self.bytes()?)),
@@ -340,7 +375,8 @@ impl<R: Read> Cursor<'_, R> {
                 if item > 12 {
                     return Err(self.bad(format!("key {key:?}: array of unknown type {item}")));
                 }
-                let n = self.count("array length", min_value_bytes(item))?;
+                let slot = std::mem::size_of::<GgufValue>() as u64;
+                let n = self.count("array length", min_value_bytes(item), slot)?;
                 let mut items = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     items.push(self.value(item, key, depth + 1)?);
@@ -463,16 +499,19 @@ pub fn read_header(
     if !(2..=3).contains(&version) {
         return Err(c.bad(format!("GGUF version {version} is not supported (2 or 3)")));
     }
-    // Smallest tensor description: empty name, no dims, type, offset.
-    let n_tensors = c.count("tensor count", 8 + 4 + 4 + 8)?;
+    // Smallest tensor description: empty name, no dims, type, offset. Both
+    // counts are charged before anything is reserved for them.
+    let n_tensors = c.count("tensor count", 8 + 4 + 4 + 8, TENSOR_SLOT_BYTES)?;
     // Smallest metadata entry: empty key, type, one byte.
-    let n_kv = c.count("metadata count", 8 + 4 + 1)?;
+    let n_kv = c.count("metadata count", 8 + 4 + 1, KV_SLOT_BYTES)?;
     let mut kv = Vec::with_capacity(n_kv as usize);
     let mut kv_ranges = Vec::with_capacity(n_kv as usize);
     let mut keys = std::collections::HashSet::with_capacity(n_kv as usize);
     for _ in 0..n_kv {
         let start = c.pos;
         let key = c.string()?;
+        // The duplicate-key set's copy.
+        c.charge(key.len() as u64)?;
         let ty = c.u32()?;
         let value = c.value(ty, &key, 0)?;
         if !keys.insert(key.clone()) {
@@ -485,6 +524,8 @@ pub fn read_header(
     let mut names = std::collections::HashSet::with_capacity(n_tensors as usize);
     for _ in 0..n_tensors {
         let t = c.tensor_info()?;
+        // The duplicate-name set's copy.
+        c.charge(t.name.len() as u64)?;
         if !names.insert(t.name.clone()) {
             return Err(c.bad(format!("tensor {:?} appears twice", t.name)));
         }
@@ -807,6 +848,55 @@ mod tests {
         assert!(msg.contains("tensor \"a\" appears twice"), "{msg}");
         let msg = refusal(with_offsets(&["a"], &[u64::MAX - 31], 64));
         assert!(msg.contains("run past the end"), "{msg}");
+    }
+
+    /// A 64 GiB sparse file (a few KiB on disk) whose header claims an
+    /// array as long as the file, or two billion tensors or entries: each
+    /// count fits the bytes present, so only the memory budget, charged
+    /// before anything is reserved, refuses it (reserving first asked for
+    /// terabytes and aborted).
+    #[test]
+    fn a_sparse_file_claiming_huge_counts_is_refused_before_reserving() {
+        use std::io::Write;
+        let d = tempfile::tempdir().unwrap();
+        let start = |n_tensors: u64, n_kv: u64| {
+            let mut h = b"GGUF".to_vec();
+            h.extend(3u32.to_le_bytes());
+            h.extend(n_tensors.to_le_bytes());
+            h.extend(n_kv.to_le_bytes());
+            h
+        };
+        let mut array = start(0, 1);
+        array.extend(1u64.to_le_bytes());
+        array.extend(b"k");
+        array.extend(9u32.to_le_bytes());
+        array.extend(0u32.to_le_bytes());
+        array.extend((1u64 << 35).to_le_bytes());
+        for (name, header, want) in [
+            (
+                "array",
+                array,
+                "array length 34359738368 at byte 41 would take 1048576 MiB",
+            ),
+            (
+                "tensors",
+                start(1 << 31, 0),
+                "tensor count 2147483648 at byte 8 would take",
+            ),
+            (
+                "kv",
+                start(0, 1 << 31),
+                "metadata count 2147483648 at byte 16 would take",
+            ),
+        ] {
+            let path = d.path().join(format!("{name}.gguf"));
+            let mut f = File::create(&path).unwrap();
+            f.write_all(&header).unwrap();
+            f.set_len(64 << 30).unwrap();
+            let e = GgufReader::open(&path).err().expect("refused").to_string();
+            assert!(e.starts_with(&format!("{}: {want}", path.display())), "{e}");
+            assert!(e.ends_with("of the 256 MiB a GGUF header may take"), "{e}");
+        }
     }
 
     #[test]
