@@ -23,7 +23,8 @@
 //! - [`bounded`]: bincode decoding with a limit sized from the input.
 //! - [`routing`]: how a model routes tokens (gating aside), as llama.cpp's
 //!   graph computes it, and the selection rule of a pruned model.
-//! - [`model_check`]: a model's MoE facts from its GGUF header, before llama.cpp loads it.
+//! - [`model_check`]: a model's MoE facts from its GGUF header, before llama.cpp loads it;
+//!   [`vocab_check`]: its vocabulary, which llama.cpp would abort on;
 //!   [`model_weights`]: the importance-matrix entries a model defines.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -62,6 +63,7 @@ pub mod splitmix;
 pub mod stats;
 pub mod store;
 pub mod trace;
+pub mod vocab_check;
 pub mod wire;
 
 /// The most blocks whose routed experts `--n-cpu-moe` (and `[run]
