@@ -51,6 +51,10 @@ pub enum CorpusError {
         /// What failed.
         message: String,
     },
+    /// The model's vocabulary would abort llama.cpp's loader (the error
+    /// names the model and the token).
+    #[error(transparent)]
+    Vocab(#[from] common::vocab_check::VocabError),
     /// Some domain's token share misses its target by more than the tolerance.
     #[error("token shares miss their targets by more than the tolerance {tolerance} for {}:\n{table}", domains.join(", "))]
     ShareMiss {

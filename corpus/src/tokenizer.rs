@@ -110,6 +110,9 @@ impl LlamaTokenizer {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "model file not found"),
             });
         }
+        // llama.cpp aborts the process on a repeated token string: refuse
+        // such a vocabulary by name before it sees the file.
+        common::vocab_check::check_file(path)?;
         let backend = backend().map_err(&fail)?;
         let params = LlamaModelParams::default().with_vocab_only(true);
         let model = LlamaModel::load_from_file(backend, path, &params)

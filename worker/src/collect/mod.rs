@@ -146,13 +146,14 @@ impl Collector {
     /// (routing semantics from a probe decode of one token).
     pub fn load(path: &Path, opts: CollectOptions) -> Result<Collector, WorkerError> {
         opts.validate()?;
-        let sha256 = model_sha256(path)?;
         // llama.cpp aborts (GGML_ASSERT) on a model without experts: check
-        // the header before it loads the file.
+        // the header before it loads the file (and before hashing it, so a
+        // malformed header is refused at once).
         common::model_check::moe_facts(path).map_err(|reason| WorkerError::Model {
             path: path.display().to_string(),
             reason,
         })?;
+        let sha256 = model_sha256(path)?;
         let model = Model::load(path, &opts.offload)?;
         let shape = moe_shape(&model, opts.threads).map_err(|reason| WorkerError::Model {
             path: path.display().to_string(),

@@ -52,6 +52,10 @@ pub enum LlamaError {
         /// The file.
         path: String,
     },
+    /// The model's vocabulary would abort llama.cpp's loader (checked in
+    /// Rust first; the error names the model and the token).
+    #[error(transparent)]
+    Vocab(#[from] common::vocab_check::VocabError),
     /// Context creation failed.
     #[error("llama.cpp could not create a context (n_ctx {n_ctx}, n_ubatch {n_ubatch})")]
     ContextInit {
@@ -145,6 +149,9 @@ impl Model {
     /// Loads a GGUF file placed as `offload` says (layers on the GPU,
     /// routed experts kept in host memory; no GPU on CPU builds).
     pub fn load(path: &Path, offload: &Offload) -> Result<Model, LlamaError> {
+        // llama.cpp aborts the process on a repeated token string: refuse
+        // such a vocabulary by name before it sees the file.
+        common::vocab_check::check_file(path)?;
         init_backend();
         let err = || LlamaError::ModelLoad {
             path: path.display().to_string(),
