@@ -2,7 +2,7 @@
 //! split, deduplicated, balanced and packed corpus that workers read.
 //!
 //! - [`source`] reads JSONL / Parquet / text records ([`chat`] messages
-//!   and images among them); [`tokenizer`] applies the model's chat
+//!   and images among them, each checked by [`image_file`]); [`tokenizer`] applies the model's chat
 //!   template and tokenizes in parallel, images through [`vision`] (mtmd).
 //! - [`heldout`] splits by document group; [`dedup`] drops near-duplicates.
 //! - [`shares`] measures and checks token shares; [`schedule`] orders and
@@ -17,6 +17,7 @@ pub mod dedup;
 pub mod doc;
 pub mod error;
 pub mod heldout;
+pub mod image_file;
 pub mod manifest;
 pub mod media;
 pub mod pack;
@@ -220,9 +221,9 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
 /// The bytes of an image the chunks carry, checked against the hash they
 /// were tokenized with (a file changed since is an error, not a stale object).
 fn image_bytes(image: &media::ImageRef) -> Result<Vec<u8>, CorpusError> {
-    let bytes = std::fs::read(&image.path).map_err(|source| CorpusError::Io {
+    let bytes = image_file::read_bounded(&image.path).map_err(|message| CorpusError::Source {
         path: image.path.clone(),
-        source,
+        message,
     })?;
     if hex::encode(Sha256::digest(&bytes)) != image.sha256 {
         return Err(CorpusError::Source {

@@ -126,7 +126,7 @@ impl Vision {
     fn bitmap(&self, im: &ImageRef) -> Result<MtmdBitmap, String> {
         let shown = || format!("image {:?} ({})", im.name, im.path.display());
         let bytes =
-            std::fs::read(&im.path).map_err(|e| format!("{}: cannot read ({e})", shown()))?;
+            super::image_file::read_bounded(&im.path).map_err(|e| format!("{}: {e}", shown()))?;
         if hex::encode(Sha256::digest(&bytes)) != im.sha256 {
             return Err(format!(
                 "{}: changed while the corpus was prepared",
