@@ -24,7 +24,8 @@ pub struct PruneArgs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// The pruned model to write; its importance matrix goes next to it as
-    /// `<stem>.imatrix.gguf`.
+    /// `<stem>.imatrix.gguf`. Both are new files: an existing one is
+    /// refused, never replaced.
     #[arg(long)]
     pub out: PathBuf,
     /// Splits a large model (`--split-max-size`).
@@ -125,8 +126,44 @@ fn describe(what: &str, path: &Path, s: &Sliced, seconds: f64) -> String {
     )
 }
 
+/// Links each file of `finals` from its scratch path (`in_scratch`) to its
+/// final name, never over an existing file: the first that exists is
+/// refused by name, and the ones linked before it are removed.
+fn place(finals: &[&Path], in_scratch: &dyn Fn(&Path) -> PathBuf) -> Result<(), StagesError> {
+    for (i, path) in finals.iter().enumerate() {
+        if let Err(e) = std::fs::hard_link(in_scratch(path), path) {
+            for placed in &finals[..i] {
+                let _ = std::fs::remove_file(placed);
+            }
+            return Err(match e.kind() {
+                std::io::ErrorKind::AlreadyExists => exists(path),
+                _ => StagesError::io("linking", path)(e),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of an output that exists.
+fn exists(path: &Path) -> StagesError {
+    StagesError::Argument {
+        argument: "--out".into(),
+        problem: format!(
+            "{} exists; prune never replaces a file (remove it or choose another --out)",
+            path.display()
+        ),
+    }
+}
+
 /// Entry point of `coordinator prune`.
 pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
+    let out_imatrix = imatrix_path(&args.out);
+    // Create-only: refused before any work (and again when placed).
+    for path in [&args.out, &out_imatrix] {
+        if path.symlink_metadata().is_ok() {
+            return Err(exists(path));
+        }
+    }
     let rt = crate::async_runtime()?;
     let store = RunStore::open(&args.run)?;
     let name = common::layout::keep_map_name(&args.keep_map).to_string();
@@ -147,26 +184,26 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
         StagesError::parse_json(&map_bytes, || store.url_of(&map_object), "a keep map")?;
     let split = args.split.parsed()?.map(|(_, bytes)| bytes);
 
-    let out_imatrix = imatrix_path(&args.out);
     let out_dir = out_imatrix
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let mut run_imatrix = tempfile::Builder::new()
-        .prefix(".run-imatrix")
-        .suffix(".gguf")
-        .tempfile_in(out_dir)
-        .map_err(StagesError::io(
-            "creating a temporary file for the run's importance matrix in",
-            out_dir,
-        ))?;
-    std::io::Write::write_all(&mut run_imatrix, &imatrix_bytes).map_err(StagesError::io(
+    // Everything is written in a scratch directory beside the outputs, then
+    // linked to its final name: create-only, and the pair appears together
+    // or not at all.
+    let scratch = tempfile::Builder::new()
+        .prefix(".prune-scratch-")
+        .tempdir_in(out_dir)
+        .map_err(StagesError::io("creating a scratch directory in", out_dir))?;
+    let in_scratch = |p: &Path| scratch.path().join(p.file_name().unwrap_or_default());
+    let run_imatrix = scratch.path().join("run.imatrix.gguf");
+    std::fs::write(&run_imatrix, &imatrix_bytes).map_err(StagesError::io(
         "writing the run's importance matrix to",
-        run_imatrix.path(),
+        &run_imatrix,
     ))?;
     let started = Instant::now();
     let sliced_imatrix =
-        slice_imatrix(run_imatrix.path(), &keep, &out_imatrix).map_err(|source| {
+        slice_imatrix(&run_imatrix, &keep, &in_scratch(&out_imatrix)).map_err(|source| {
             StagesError::Slice {
                 input: store.url_of(names::IMATRIX_GGUF),
                 source,
@@ -174,21 +211,25 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
         })?;
     let imatrix_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
+    let model_out = in_scratch(&args.out);
     let written = match split {
-        None => slice_model(&base, &keep, &args.out).map(|s| vec![(args.out.clone(), s)]),
-        Some(max) => make_model_split(&base, Some(&keep), None, &args.out, max),
-    };
-    let files = match written {
-        Ok(files) => files,
-        Err(e) => {
-            // The pair is written together or not at all.
-            let _ = std::fs::remove_file(&out_imatrix);
-            return Err(StagesError::Slice {
-                input: base.display().to_string(),
-                source: e,
-            });
-        }
-    };
+        None => slice_model(&base, &keep, &model_out).map(|s| vec![(model_out.clone(), s)]),
+        Some(max) => make_model_split(&base, Some(&keep), None, &model_out, max),
+    }
+    .map_err(|e| StagesError::Slice {
+        input: base.display().to_string(),
+        source: e,
+    })?;
+    let files: Vec<(PathBuf, Sliced)> = written
+        .into_iter()
+        .map(|(p, s)| (out_dir.join(p.file_name().unwrap_or_default()), s))
+        .collect();
+    let finals: Vec<&Path> = files
+        .iter()
+        .map(|(p, _)| p.as_path())
+        .chain([out_imatrix.as_path()])
+        .collect();
+    place(&finals, &in_scratch)?;
     let seconds = started.elapsed().as_secs_f64();
     let n_sliced = tensors_sliced(&base, &files[0].0)?;
     println!(

@@ -24,6 +24,7 @@ pub mod card;
 pub mod files;
 pub mod measure;
 pub mod spec;
+pub mod sums;
 
 use crate::{During, StagesError};
 use card::ModelCard;
@@ -525,17 +526,23 @@ impl Ship<'_> {
     }
 }
 
-/// Writes `SHA256SUMS` (`sha256sum`'s format, sorted by name); a changed
-/// list replaces the old one only once complete.
+/// Writes `SHA256SUMS` (`sha256sum`'s format, sorted by name), merged by
+/// name with the one already there ([`sums::merge`]: other files' lines are
+/// kept); the merged list replaces the old one only once complete.
 fn write_sums(out: &OutDir, shipped: &[Shipped]) -> Result<(), StagesError> {
-    let mut lines: Vec<String> = shipped
-        .iter()
-        .map(|s| format!("{}  {}\n", s.placed.sha256, s.name))
-        .collect();
-    lines.sort();
-    let tmp = out.scratch(SHA256SUMS);
-    std::fs::write(&tmp, lines.concat()).map_err(StagesError::io("writing", &tmp))?;
     let path = out.path(SHA256SUMS);
+    let existing = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(StagesError::io("reading", &path)(e)),
+    };
+    let ours: Vec<(String, String)> = shipped
+        .iter()
+        .map(|s| (s.placed.sha256.clone(), s.name.clone()))
+        .collect();
+    let tmp = out.scratch(SHA256SUMS);
+    std::fs::write(&tmp, sums::merge(&existing, &ours))
+        .map_err(StagesError::io("writing", &tmp))?;
     std::fs::rename(&tmp, &path).map_err(StagesError::io("writing", &path))
 }
 
