@@ -133,6 +133,38 @@ fn refused_leaves_nothing(run: &str, dir: &Path, model_flag: Option<&Path>) {
         .starts_with("bad")));
 }
 
+/// A prune to an `--out` whose model or importance matrix exists is refused
+/// naming that file, and both files are left as they were (finding 7 of
+/// issue 42: `--out` silently replaced them).
+fn never_replaces(run: &str, dir: &Path) {
+    let out = dir.join("pruned.gguf");
+    let imatrix = dir.join("pruned.imatrix.gguf");
+    let before = [
+        std::fs::read(&out).unwrap(),
+        std::fs::read(&imatrix).unwrap(),
+    ];
+    let refused = |shown: &Path| {
+        let output = fixtures::run("coordinator", &prune_args(run, "test_K8", &out, None));
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("{} exists", shown.display()))
+                && stderr.contains("never replaces"),
+            "{stderr}"
+        );
+    };
+    refused(&out);
+    assert_eq!(std::fs::read(&out).unwrap(), before[0]);
+    assert_eq!(std::fs::read(&imatrix).unwrap(), before[1]);
+    // The importance matrix alone there: refused too, no model written.
+    let moved = dir.join("moved.gguf");
+    std::fs::rename(&out, &moved).unwrap();
+    refused(&imatrix);
+    assert!(!out.exists());
+    assert_eq!(std::fs::read(&imatrix).unwrap(), before[1]);
+    std::fs::rename(&moved, &out).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prunes_a_local_run_with_the_manifest_model() {
     let d = tempfile::tempdir().unwrap();
@@ -142,6 +174,7 @@ async fn prunes_a_local_run_with_the_manifest_model() {
     let out_dir = d.path().join("out");
     std::fs::create_dir_all(&out_dir).unwrap();
     prune_and_check(run_dir.to_str().unwrap(), &out_dir, None);
+    never_replaces(run_dir.to_str().unwrap(), &out_dir);
     refused_leaves_nothing(run_dir.to_str().unwrap(), &out_dir, None);
 
     // Split into files of at most 300 kB of tensor data: the same model

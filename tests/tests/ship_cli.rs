@@ -302,6 +302,46 @@ fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
     runs_in_llama_cpp(&out.join("test_K8.Q8_0.gguf"));
 }
 
+/// Two ships to one directory holding a file a person listed in
+/// `SHA256SUMS`: the checksums are merged by name, every line that was
+/// there is kept (finding 7 of issue 42: a ship rewrote the file with only
+/// its own files).
+#[test]
+fn a_second_ship_to_the_same_directory_keeps_the_checksums_there() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::Tiny);
+    let layers = [0, 1, 2];
+    let (k8, k4) = (
+        fixtures::keep_map(8, &layers, 16),
+        fixtures::keep_map(4, &layers, 16),
+    );
+    let run = run_dir(
+        d.path(),
+        &model,
+        &[("test_K8", &k8), ("test_K4", &k4)],
+        &imatrix(&model),
+    );
+    let out = d.path().join("ship");
+    std::fs::create_dir_all(&out).unwrap();
+    let notes = out.join("notes.txt");
+    std::fs::write(&notes, "written by hand\n").unwrap();
+    let line = format!(
+        "{}  notes.txt\n",
+        common::hash::sha256_file(&notes).unwrap()
+    );
+    std::fs::write(out.join("SHA256SUMS"), &line).unwrap();
+    for candidate in ["test_K8", "test_K4"] {
+        assert!(ship(&run, &out, candidate, "Q8_0", &[]).status.success());
+    }
+    // Every file there is listed with its checksum, and nothing else.
+    let names = listed(&out);
+    for name in ["notes.txt", "test_K8.Q8_0.gguf", "test_K4.Q8_0.gguf"] {
+        assert!(names.iter().any(|n| n == name), "{name}: {names:?}");
+    }
+    let sums = std::fs::read_to_string(out.join("SHA256SUMS")).unwrap();
+    assert!(sums.contains(&line), "{sums}");
+}
+
 #[test]
 fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
     let d = tempfile::tempdir().unwrap();
