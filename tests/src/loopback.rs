@@ -152,7 +152,7 @@ pub type Workers = Vec<JoinHandle<Result<JoinSummary, JoinError>>>;
 /// run must succeed within a minute.
 pub async fn run_with(
     setup: &RunSetup,
-    make: impl FnOnce(&Listening) -> Workers,
+    make: impl FnOnce(&Listening) -> Workers + Send,
 ) -> (RunSummary, Workers) {
     let mut handles = Vec::new();
     let summary = tokio::time::timeout(
@@ -172,7 +172,7 @@ pub async fn run_with(
 /// ([`crate::log::log_text`]).
 pub async fn run_logged(
     setup: &RunSetup,
-    make: impl FnOnce(&Listening) -> Workers,
+    make: impl FnOnce(&Listening) -> Workers + Send,
 ) -> (RunSummary, Workers) {
     crate::log::captured_log();
     run_with(setup, make).await
@@ -210,7 +210,7 @@ pub async fn run_beside_fake_workers<T, F>(
     setup: &RunSetup,
     n: usize,
     delay: Duration,
-    script: impl FnOnce(Listening) -> F,
+    script: impl FnOnce(Listening) -> F + Send,
 ) -> (RunSummary, T)
 where
     F: std::future::Future<Output = T> + Send + 'static,

@@ -9,10 +9,8 @@
 use fixtures::peer::Peer;
 use fixtures::proc::Proc;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Generous bound on anything a test waits for (a loaded 2-core machine).

@@ -17,7 +17,7 @@ use tokio::process::Child;
 
 /// Starts local workers once the server listens (and prints how others
 /// join): called once, when the first phase needs workers.
-pub type StartWorkers<'a> = Box<dyn FnOnce(&Listening) -> Result<Vec<Child>, RunError> + 'a>;
+pub type StartWorkers<'a> = Box<dyn FnOnce(&Listening) -> Result<Vec<Child>, RunError> + Send + 'a>;
 
 /// A command's workers, across its phases.
 pub struct Crew<'a> {

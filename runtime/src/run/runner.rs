@@ -22,14 +22,14 @@ use std::future::Future;
 use std::sync::Arc;
 
 /// Starts local workers once the server listens (the runner does not call
-/// it when every unit was already stored).
+/// it when every unit was already stored); `Send`, so a run may be spawned.
 pub trait OnListen:
-    FnOnce(&super::Listening) -> Result<Vec<tokio::process::Child>, RunError>
+    FnOnce(&super::Listening) -> Result<Vec<tokio::process::Child>, RunError> + Send
 {
 }
 
 impl<F> OnListen for F where
-    F: FnOnce(&super::Listening) -> Result<Vec<tokio::process::Child>, RunError>
+    F: FnOnce(&super::Listening) -> Result<Vec<tokio::process::Child>, RunError> + Send
 {
 }
 
