@@ -1,5 +1,6 @@
 //! Scoring methods (DESIGN section 6) and the per-layer expert ranking they
-//! induce: best first, dead experts after live ones, ties by expert id.
+//! induce: best first in three tiers (experts at or above the keep floor
+//! `c_min`, then live experts below it, then dead experts), ties by expert id.
 
 use super::source::{LayerInput, Source};
 use config::method::Method;
@@ -16,6 +17,11 @@ pub enum Prior {
     Lcb,
 }
 
+/// Default keep floor, in hits: below ten the standard error of an expert's
+/// mean is over a third of the spread of its routed values (`1/sqrt(10)`),
+/// so a 3-hit expert never outranks a 300-hit one on a lucky mean.
+pub const DEFAULT_C_MIN: u64 = 10;
+
 /// Everything a ranking depends on besides the statistics; written as a keep
 /// map's `params` so the map can be recomputed from `saliency.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -28,9 +34,13 @@ pub struct ScoreParams {
     pub m: f64,
     /// Width of the lower confidence bound (`prior = lcb`).
     pub z: f64,
-    /// Only experts with `count >= c_min` inform the prior (at least 1: live).
+    /// The keep floor: an expert with `count < c_min` ranks after every
+    /// expert at or above it under every method (its mean is noise), and
+    /// only experts at or above it inform the prior. At least 1 (1: no floor
+    /// beyond the dead rule).
     pub c_min: u64,
-    /// Let dead experts (`count == 0`) compete with live ones on score.
+    /// Let dead experts (`count == 0`) and experts below the keep floor
+    /// compete with the others on score alone.
     pub allow_dead: bool,
 }
 
@@ -41,7 +51,7 @@ impl Default for ScoreParams {
             prior: Prior::Median,
             m: 10.0,
             z: 1.0,
-            c_min: 1,
+            c_min: DEFAULT_C_MIN,
             allow_dead: false,
         }
     }
@@ -51,7 +61,7 @@ impl Default for ScoreParams {
 pub fn ranking(method: Method, p: &ScoreParams, l: &LayerInput) -> Vec<u32> {
     match method {
         Method::ReapHybrid => hybrid(p, l),
-        _ => order(&scores(method, p, l), l, p.allow_dead),
+        _ => order(&scores(method, p, l), l, p),
     }
 }
 
@@ -109,22 +119,33 @@ pub fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
-/// Sorts experts by score (higher first), dead after live unless allowed,
-/// ties by expert id.
-fn order(scores: &[f64], l: &LayerInput, allow_dead: bool) -> Vec<u32> {
-    order_by(l, allow_dead, |a, b| scores[b].total_cmp(&scores[a]))
+/// Sorts experts by score (higher first) within their tier, ties by expert id.
+fn order(scores: &[f64], l: &LayerInput, p: &ScoreParams) -> Vec<u32> {
+    order_by(l, p, |a, b| scores[b].total_cmp(&scores[a]))
+}
+
+/// An expert's tier: 0 at or above the keep floor, 1 live below it, 2 dead.
+/// Lower tiers rank first. With `allow_dead` every expert is in tier 0:
+/// the user asked for scores alone, with neither the dead rule nor the floor.
+fn tier(p: &ScoreParams, count: f64) -> u8 {
+    if p.allow_dead || count >= p.c_min.max(1) as f64 {
+        0
+    } else if count > 0.0 {
+        1
+    } else {
+        2
+    }
 }
 
 fn order_by(
     l: &LayerInput,
-    allow_dead: bool,
+    p: &ScoreParams,
     better: impl Fn(usize, usize) -> Ordering,
 ) -> Vec<u32> {
-    let dead = |e: usize| !allow_dead && l.count[e] <= 0.0;
     let mut ids: Vec<usize> = (0..l.n_expert()).collect();
     ids.sort_by(|&a, &b| {
-        dead(a)
-            .cmp(&dead(b))
+        tier(p, l.count[a])
+            .cmp(&tier(p, l.count[b]))
             .then_with(|| better(a, b))
             .then(a.cmp(&b))
     });
@@ -141,7 +162,7 @@ fn hybrid(p: &ScoreParams, l: &LayerInput) -> Vec<u32> {
             rank_sum[e as usize] += r;
         }
     }
-    order_by(l, p.allow_dead, |a, b| rank_sum[a].cmp(&rank_sum[b]))
+    order_by(l, p, |a, b| rank_sum[a].cmp(&rank_sum[b]))
 }
 
 #[cfg(test)]

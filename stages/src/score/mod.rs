@@ -62,10 +62,12 @@ pub struct ScoreOptions {
     /// Width of the LCB prior, in standard errors.
     #[arg(long, default_value_t = 1.0)]
     pub z: f64,
-    /// Only experts with at least this many hits inform the prior.
-    #[arg(long, default_value_t = 1)]
+    /// Keep floor: an expert with fewer hits ranks after every expert with
+    /// at least this many, under every method, and only experts at or above
+    /// it inform the prior (1: no floor beyond the dead rule).
+    #[arg(long, default_value_t = method::DEFAULT_C_MIN)]
     pub c_min: u64,
-    /// Let dead experts compete with live ones on score.
+    /// Let dead experts and experts below the floor compete on score alone.
     #[arg(long)]
     pub allow_dead: bool,
     /// Bootstrap resamples for keep-map stability (0: skip).

@@ -457,3 +457,65 @@ async fn grouped_keep_maps_equal_a_brute_force_reference_for_every_method_and_k(
         assert!(e.contains(&format!("--k {k}")) && e.contains(why), "{e}");
     }
 }
+
+/// A 3-hit expert whose mean is a little above a 300-hit expert's, in a
+/// layer whose other experts are well measured and score higher still.
+fn near_dead_layer() -> LayerInput {
+    // (count, mean): expert 0 has 3 hits, expert 1 has 300.
+    let cm: [(f64, f64); 8] = [
+        (3.0, 1.0),
+        (300.0, 0.95),
+        (5000.0, 2.0),
+        (4000.0, 2.2),
+        (3000.0, 1.8),
+        (2000.0, 2.5),
+        (1000.0, 1.6),
+        (800.0, 3.0),
+    ];
+    LayerInput {
+        layer: 0,
+        count: cm.iter().map(|x| x.0).collect(),
+        reap_l2_sum: cm.iter().map(|x| x.0 * x.1).collect(),
+        reap_l2_sq_sum: cm.iter().map(|x| x.0 * x.1 * x.1 * 1.1).collect(),
+    }
+}
+
+#[test]
+fn a_three_hit_expert_is_never_kept_over_a_300_hit_one_at_default_settings() {
+    let l = near_dead_layer();
+    let position = |order: &[u32], e: u32| order.iter().position(|&x| x == e).unwrap();
+    for prior in [Prior::Median, Prior::Lcb] {
+        let p = ScoreParams {
+            prior,
+            ..Default::default()
+        };
+        for method in Method::ALL {
+            let order = ranking(method, &p, &l);
+            assert!(
+                position(&order, 1) < position(&order, 0),
+                "{method:?} {prior:?}: {order:?}"
+            );
+            for k in 1..=8 {
+                let kept = top_k(&order, k);
+                assert!(
+                    !kept.contains(&0) || kept.contains(&1),
+                    "{method:?} {prior:?} K={k}: {kept:?}"
+                );
+            }
+        }
+    }
+    // Without the floor (c_min = 1) the near-dead expert wins on its mean
+    // and on the prior: the floor is what keeps it out.
+    let no_floor = ScoreParams {
+        c_min: 1,
+        ..Default::default()
+    };
+    for method in [Method::ReapMean, Method::ReapShrink, Method::ReapHybrid] {
+        let order = ranking(method, &no_floor, &l);
+        assert!(
+            position(&order, 0) < position(&order, 1),
+            "{method:?} without a floor: {order:?}"
+        );
+    }
+    assert_eq!(ScoreParams::default().c_min, method::DEFAULT_C_MIN);
+}
