@@ -65,6 +65,31 @@ pub enum CorpusError {
         /// The full share table.
         table: String,
     },
+    /// No document group of a domain fits its held-out fraction, and holding
+    /// out the smallest would take more than the bound.
+    #[error(
+        "domain {domain:?}: no document group fits heldout_fraction {fraction}, and the smallest \
+         holds {:.2}% of the domain's {total} tokens, more than the bound of {:.2}% (twice the \
+         fraction); group sizes in tokens, largest first: {groups}. Split the large groups \
+         (another group_key), raise heldout_fraction to at least half the smallest group's \
+         share, or set it to 0 for this domain",
+        100.0 * smallest,
+        100.0 * bound
+    )]
+    HeldoutGroups {
+        /// The domain.
+        domain: String,
+        /// Its configured held-out fraction.
+        fraction: f64,
+        /// The most of the domain a held-out split may take.
+        bound: f64,
+        /// The smallest group's share of the domain's tokens.
+        smallest: f64,
+        /// The domain's tokens.
+        total: u64,
+        /// Group names and token counts, largest first.
+        groups: String,
+    },
     /// The run already holds a corpus prepared from other inputs.
     #[error(
         "{url} already holds a corpus prepared from other inputs (inputs sha256 {stored}, now {now}); \

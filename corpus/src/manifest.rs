@@ -99,6 +99,12 @@ pub struct DomainInfo {
     pub sources: Vec<SourceInfo>,
     /// Configured held-out fraction.
     pub heldout_fraction: f64,
+    /// Held-out share of the domain's kept tokens (at most twice the
+    /// fraction, [`crate::heldout::HELDOUT_BOUND_FACTOR`]).
+    pub heldout_share: f64,
+    /// The domain's share of the fit split's tokens, checked against its
+    /// target share like the corpus share.
+    pub fit_share: f64,
     /// Group key field, if any.
     pub group_key: Option<String>,
     /// Tokens in the fit split.

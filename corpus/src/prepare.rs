@@ -318,7 +318,7 @@ pub fn prepare(
         .iter()
         .map(|d| d.heldout_fraction.unwrap_or(c.heldout_fraction))
         .collect();
-    heldout::assign(&mut docs, &fractions, c.seed);
+    heldout::assign(&mut docs, &names, &fractions, c.seed)?;
     let drops = near_duplicates(c, &names, &docs, &evals, &eval_of, &eval_infos);
     let documents: Vec<DocRecord> = docs
         .iter()
@@ -343,14 +343,19 @@ pub fn prepare(
         None => true,
     });
 
-    // Shares of what is kept.
-    let mut totals = vec![(0u64, 0u64, 0u64); names.len()];
-    for d in &docs {
-        let t = &mut totals[d.domain as usize];
-        t.0 += 1;
-        t.1 += d.chars;
-        t.2 += d.tokens.len() as u64;
-    }
+    // Shares of what is kept, over both splits and over the fit split alone
+    // (what the statistics are fitted on): both are checked.
+    let totals_of = |fit_only: bool| {
+        let mut totals = vec![(0u64, 0u64, 0u64); names.len()];
+        for d in docs.iter().filter(|d| !fit_only || d.split == Split::Fit) {
+            let t = &mut totals[d.domain as usize];
+            t.0 += 1;
+            t.1 += d.chars;
+            t.2 += d.tokens.len() as u64;
+        }
+        totals
+    };
+    let totals = totals_of(false);
     for (i, t) in totals.iter().enumerate() {
         if t.2 == 0 {
             return Err(CorpusError::EmptyDomain {
@@ -371,6 +376,22 @@ pub fn prepare(
             domains: missed,
             tolerance: c.tolerance,
             table: shares::render(&rows, c.tolerance),
+        });
+    }
+    let fit_rows = shares::measure(&names, &targets, &totals_of(true));
+    let fit_missed: Vec<String> = fit_rows
+        .iter()
+        .filter(|r| !r.within(c.tolerance))
+        .map(|r| format!("{} (fit split)", r.domain))
+        .collect();
+    if !fit_missed.is_empty() {
+        return Err(CorpusError::ShareMiss {
+            domains: fit_missed,
+            tolerance: c.tolerance,
+            table: format!(
+                "fit split (the held-out split takes the rest):\n{}",
+                shares::render(&fit_rows, c.tolerance)
+            ),
         });
     }
 
@@ -419,7 +440,7 @@ pub fn prepare(
         n_tokens,
         chunks_sha256: hex::encode(Sha256::digest(&chunks_parquet)),
     };
-    let domains = domain_infos(c, rows, domain_sources, &docs, &dropped);
+    let domains = domain_infos(c, rows, &fit_rows, domain_sources, &docs, &dropped);
     let in_chunks: BTreeSet<&str> = chunks
         .iter()
         .flat_map(|ch| ch.images.iter().map(|im| im.sha256.as_str()))
@@ -604,6 +625,7 @@ fn schedule_and_pack(c: &CorpusConfig, names: &[String], docs: &[Doc]) -> Vec<Ch
 fn domain_infos(
     c: &CorpusConfig,
     rows: Vec<ShareRow>,
+    fit_rows: &[ShareRow],
     sources: Vec<Vec<SourceInfo>>,
     docs: &[Doc],
     dropped: &[Dropped],
@@ -618,7 +640,7 @@ fn domain_infos(
                 mine()
                     .filter(|doc| doc.split == s)
                     .map(|doc| doc.tokens.len() as u64)
-                    .sum()
+                    .sum::<u64>()
             };
             let groups = |s: Split| {
                 mine()
@@ -633,13 +655,16 @@ fn domain_infos(
                     .filter(|x| x.domain == d.name && x.rule == rule)
                     .count() as u64
             };
+            let (fit_tokens, heldout_tokens) = (tokens(Split::Fit), tokens(Split::Heldout));
             DomainInfo {
                 shares,
+                fit_share: fit_rows[i].token_share,
+                heldout_share: heldout_tokens as f64 / (fit_tokens + heldout_tokens).max(1) as f64,
                 sources,
                 heldout_fraction: d.heldout_fraction.unwrap_or(c.heldout_fraction),
                 group_key: d.group_key.clone().or(c.group_key.clone()),
-                fit_tokens: tokens(Split::Fit),
-                heldout_tokens: tokens(Split::Heldout),
+                fit_tokens,
+                heldout_tokens,
                 fit_groups: groups(Split::Fit),
                 heldout_groups: groups(Split::Heldout),
                 dropped_near_heldout: drops("near_duplicate_of_heldout"),
