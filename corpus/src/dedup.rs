@@ -1,10 +1,36 @@
-//! Near-duplicate detection by token shingles: a document is a near-duplicate
-//! of another when enough of the smaller one's `w`-token shingles occur in
-//! the other (the overlap coefficient), which also catches a document that
-//! contains another.
+//! Duplicate detection. Exact copies by a hash of the token sequence
+//! ([`exact_key`]); near-duplicates by token shingles: a document is a
+//! near-duplicate of another when enough of the smaller one's `w`-token
+//! shingles occur in the other (the overlap coefficient), which also catches
+//! a document that contains another.
+//!
+//! Shingles found in many documents are boilerplate (a shared system prompt,
+//! chat markup) and are left out of the comparison ([`strip_boilerplate`]),
+//! except for documents that are mostly such shingles: those are compared
+//! on all their shingles in a family pass ([`FAMILY_OVERLAP`]), so removing
+//! boilerplate never empties a document nor hides a family of near copies
+//! (whose shared text is common only because the family is large).
 
 use rayon::prelude::*;
+use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
+
+/// The overlap coefficient at which two documents that are mostly
+/// boilerplate-frequency shingles count as near copies of each other (the
+/// family pass): high enough that documents sharing only a template with a
+/// substantial variable part are not matched on the template.
+pub const FAMILY_OVERLAP: f64 = 0.8;
+
+/// The identity of a token sequence for the exact-duplicate pass: SHA-256
+/// of its length and tokens (little-endian).
+pub fn exact_key(tokens: &[i32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update((tokens.len() as u64).to_le_bytes());
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    h.finalize().into()
+}
 
 /// The sorted, distinct hashes of every `w`-token window (none if shorter).
 pub fn shingles(tokens: &[i32], w: usize) -> Vec<u64> {
@@ -26,11 +52,23 @@ fn hash(window: &[i32]) -> u64 {
     h
 }
 
-/// Removes shingles found in more than `max_df` of the given sets
-/// (boilerplate such as chat markup or a shared system prompt).
-pub fn drop_boilerplate(sets: &mut [Vec<u64>], max_df: usize) {
+/// Boilerplate-free shingle sets: each set without the shingles found in
+/// more than `max_df` of the sets, and whether a set is mostly such shingles
+/// (at least [`FAMILY_OVERLAP`] of it, an emptied set included): those are
+/// compared on their whole sets in the family pass instead.
+pub struct Stripped {
+    /// The sets without boilerplate shingles.
+    pub sets: Vec<Vec<u64>>,
+    /// Whether each set is mostly boilerplate-frequency shingles.
+    pub mostly_common: Vec<bool>,
+}
+
+/// Strips the shingles found in more than `max_df` of `sets` (boilerplate
+/// such as chat markup or a shared system prompt), and marks the sets that
+/// are mostly such shingles.
+pub fn strip_boilerplate(sets: &[Vec<u64>], max_df: usize) -> Stripped {
     let mut df: HashMap<u64, usize> = HashMap::new();
-    for s in sets.iter() {
+    for s in sets {
         for &h in s {
             *df.entry(h).or_default() += 1;
         }
@@ -40,10 +78,18 @@ pub fn drop_boilerplate(sets: &mut [Vec<u64>], max_df: usize) {
         .filter(|(_, n)| *n > max_df)
         .map(|(h, _)| h)
         .collect();
-    if !common.is_empty() {
-        for s in sets.iter_mut() {
-            s.retain(|h| !common.contains(h));
-        }
+    let (sets, mostly_common) = sets
+        .par_iter()
+        .map(|s| {
+            let kept: Vec<u64> = s.iter().copied().filter(|h| !common.contains(h)).collect();
+            let common_share = 1.0 - kept.len() as f64 / s.len().max(1) as f64;
+            let mostly = !s.is_empty() && common_share >= FAMILY_OVERLAP;
+            (kept, mostly)
+        })
+        .unzip();
+    Stripped {
+        sets,
+        mostly_common,
     }
 }
 
@@ -103,6 +149,31 @@ pub fn near_dups(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_family_of_near_copies_is_mostly_common_and_matches_on_whole_sets() {
+        let base: Vec<i32> = (0..120).collect();
+        // 30 copies, each with two tokens changed in its own places.
+        let sets: Vec<Vec<u64>> = (0..30)
+            .map(|i| {
+                let mut t = base.clone();
+                t[(i * 4) % 120] = 1000 + i as i32;
+                t[(i * 7 + 3) % 120] = 2000 + i as i32;
+                shingles(&t, 8)
+            })
+            .collect();
+        let stripped = strip_boilerplate(&sets, 16);
+        assert!(stripped.mostly_common.iter().all(|&m| m));
+        // Stripped sets lost the family: no stripped match at the threshold.
+        let refs: Vec<&[u64]> = stripped.sets[1..].iter().map(Vec::as_slice).collect();
+        assert!(near_dups(&[&stripped.sets[0]], &refs, 0.5)[0].is_none());
+        // Whole sets find it at the family overlap.
+        let whole: Vec<&[u64]> = sets[1..].iter().map(Vec::as_slice).collect();
+        let m = near_dups(&[&sets[0]], &whole, FAMILY_OVERLAP)[0].unwrap();
+        assert!(m.overlap >= FAMILY_OVERLAP, "{m:?}");
+        assert_ne!(exact_key(&base), exact_key(&base[1..]));
+        assert_eq!(exact_key(&base), exact_key(&base.clone()));
+    }
+
     fn toks(s: &str) -> Vec<i32> {
         s.split_whitespace()
             .map(|w| w.bytes().map(i32::from).sum::<i32>() * 31 + w.len() as i32)
@@ -133,16 +204,17 @@ mod tests {
         assert_eq!(found[0].unwrap().overlap, 1.0);
 
         let prompt = toks("you are a helpful assistant answer briefly");
-        let mut sets: Vec<Vec<u64>> = (0..5)
+        let sets: Vec<Vec<u64>> = (0..5)
             .map(|i| {
                 let mut t = prompt.clone();
                 t.extend(toks(&format!("question number {i} is about topic {i}")));
                 shingles(&t, 3)
             })
             .collect();
-        drop_boilerplate(&mut sets, 2);
-        let refs: Vec<&[u64]> = sets[1..].iter().map(Vec::as_slice).collect();
-        assert!(near_dups(&[&sets[0]], &refs, 0.5)[0].is_none());
+        let stripped = strip_boilerplate(&sets, 2);
+        let refs: Vec<&[u64]> = stripped.sets[1..].iter().map(Vec::as_slice).collect();
+        assert!(near_dups(&[&stripped.sets[0]], &refs, 0.5)[0].is_none());
+        assert_eq!(stripped.mostly_common, vec![false; 5]);
         assert!(shingles(&[1, 2], 3).is_empty());
     }
 }

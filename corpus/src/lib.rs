@@ -4,7 +4,8 @@
 //! - [`source`] reads JSONL / Parquet / text records ([`chat`] messages
 //!   and images among them, each checked by [`image_file`]); [`tokenizer`] applies the model's chat
 //!   template and tokenizes in parallel, images through [`vision`] (mtmd).
-//! - [`heldout`] splits by document group; [`dedup`] drops near-duplicates.
+//! - [`heldout`] splits by document group; [`dedup`] drops exact copies and
+//!   near-duplicates.
 //! - [`shares`] measures and checks token shares; [`schedule`] orders and
 //!   [`pack`] cuts the chunks; [`prepare`] runs all of it without storage.
 //! - [`manifest`] is `manifest.json`; [`prepare_run`] stores the corpus
@@ -259,15 +260,29 @@ pub fn summary(m: &Manifest) -> String {
         );
     }
     for d in &m.domains {
+        let target = d
+            .shares
+            .target
+            .map_or(String::new(), |t| format!(" (target {:.2}%)", 100.0 * t));
         s += &format!(
-            "{}: fit {} tokens in {} groups, held-out {} tokens in {} groups; dropped {} near-duplicates of held-out, {} of eval sets\n",
+            "{}: fit {} tokens in {} groups ({:.2}% of the fit split{target}), held-out {} tokens in {} groups ({:.2}% of the domain, fraction {:.2}%)\n",
             d.shares.domain,
             d.fit_tokens,
             d.fit_groups,
+            100.0 * d.fit_share,
             d.heldout_tokens,
             d.heldout_groups,
+            100.0 * d.heldout_share,
+            100.0 * d.heldout_fraction,
+        );
+        s += &format!(
+            "{}: dropped {} exact copies and {} near-duplicates of held-out, {} exact copies and {} near-duplicates of eval sets, {} repeated exact copies within a split\n",
+            d.shares.domain,
+            d.dropped_exact_heldout,
             d.dropped_near_heldout,
-            d.dropped_near_eval
+            d.dropped_exact_eval,
+            d.dropped_near_eval,
+            d.dropped_exact_within,
         );
     }
     s

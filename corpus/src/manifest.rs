@@ -25,8 +25,9 @@ pub use common::layout::MANIFEST_JSON as MANIFEST_FILE;
 /// Object name of the per-document table under `corpus/`.
 pub use common::layout::corpus::DOCUMENTS_FILE;
 
-/// Version of the corpus format; part of the inputs fingerprint.
-pub const CORPUS_FORMAT: u32 = 1;
+/// Version of the corpus format; part of the inputs fingerprint (2: exact
+/// duplicates dropped and the held-out share bounded).
+pub const CORPUS_FORMAT: u32 = 2;
 
 /// The corpus section of the run's manifest.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -119,6 +120,13 @@ pub struct DomainInfo {
     pub dropped_near_heldout: u64,
     /// Documents dropped as near-duplicates of evaluation-set documents.
     pub dropped_near_eval: u64,
+    /// Fit documents dropped as exact copies of held-out documents.
+    pub dropped_exact_heldout: u64,
+    /// Documents dropped as exact copies of evaluation-set documents.
+    pub dropped_exact_eval: u64,
+    /// Documents dropped as later exact copies of a document of their own
+    /// split (the first copy in read order is kept).
+    pub dropped_exact_within: u64,
 }
 
 /// An evaluation set as checked.
@@ -143,11 +151,13 @@ pub struct Dropped {
     pub at: String,
     /// Its domain.
     pub domain: String,
-    /// The rule: `near_duplicate_of_heldout` or `near_duplicate_of_eval`.
+    /// The rule: `exact_duplicate_of_eval`, `exact_duplicate_of_heldout`,
+    /// `exact_duplicate_within_split`, `near_duplicate_of_eval` or
+    /// `near_duplicate_of_heldout`.
     pub rule: String,
     /// The document it duplicates (prefixed with the eval set's name for eval sets).
     pub duplicate_of: String,
-    /// Overlap coefficient of their shingle sets.
+    /// Overlap coefficient of their shingle sets (1 for exact copies).
     pub overlap: f64,
 }
 

@@ -16,7 +16,7 @@ use common::Split;
 use config::{Config, CorpusConfig, SourceConfig};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 /// A prepared corpus, ready to store.
@@ -312,14 +312,14 @@ pub fn prepare(
         }
     }
 
-    // Held-out split by group, then near-duplicate removal.
+    // Held-out split by group, then duplicate removal.
     let fractions: Vec<f64> = c
         .domains
         .iter()
         .map(|d| d.heldout_fraction.unwrap_or(c.heldout_fraction))
         .collect();
     heldout::assign(&mut docs, &names, &fractions, c.seed)?;
-    let drops = near_duplicates(c, &names, &docs, &evals, &eval_of, &eval_infos);
+    let drops = duplicates(c, &names, &docs, &evals, &eval_of, &eval_infos);
     let documents: Vec<DocRecord> = docs
         .iter()
         .zip(&drops)
@@ -360,7 +360,7 @@ pub fn prepare(
         if t.2 == 0 {
             return Err(CorpusError::EmptyDomain {
                 domain: names[i].clone(),
-                reason: "every document was dropped as a near-duplicate".into(),
+                reason: "every document was dropped as a duplicate".into(),
             });
         }
     }
@@ -526,9 +526,20 @@ pub fn index_json(index: &CorpusIndex) -> String {
     serde_json::to_string_pretty(index).unwrap_or_default()
 }
 
-/// Finds corpus documents that near-duplicate an eval-set document, then fit
-/// documents that near-duplicate a held-out one: one entry per document.
-fn near_duplicates(
+/// Finds the documents to drop, one entry per document, in passes:
+///
+/// 1. Exact copies, by [`dedup::exact_key`]: every copy of an eval-set
+///    document (`exact_duplicate_of_eval`); every fit copy of a held-out
+///    document (`exact_duplicate_of_heldout`); and within one split, every
+///    copy after the first in read order (`exact_duplicate_within_split`),
+///    so a repeated document weighs once in the statistics and in held-out
+///    figures.
+/// 2. Near-duplicates of eval-set documents, then fit documents that
+///    near-duplicate a held-out one (`near_duplicate_of_eval`,
+///    `near_duplicate_of_heldout`): on boilerplate-free shingles at the
+///    configured threshold, and for documents that are mostly boilerplate
+///    shingles on whole shingle sets at [`dedup::FAMILY_OVERLAP`].
+fn duplicates(
     c: &CorpusConfig,
     names: &[String],
     docs: &[Doc],
@@ -536,61 +547,107 @@ fn near_duplicates(
     eval_of: &[usize],
     eval_infos: &[EvalSetInfo],
 ) -> Vec<Option<Dropped>> {
-    let w = c.dedup.shingle;
-    let mut sets: Vec<Vec<u64>> = docs
+    let mut drop: Vec<Option<Dropped>> = vec![None; docs.len()];
+    let dropped = |i: usize, rule: &str, of: String, overlap: f64| Dropped {
+        at: docs[i].at.clone(),
+        domain: names[docs[i].domain as usize].clone(),
+        rule: rule.into(),
+        duplicate_of: of,
+        overlap,
+    };
+    let eval_name = |r: usize| format!("{}: {}", eval_infos[eval_of[r]].name, evals[r].0);
+
+    // Exact copies.
+    let keys: Vec<[u8; 32]> = docs
         .par_iter()
-        .map(|d| d.tokens.as_slice())
+        .map(|d| dedup::exact_key(&d.tokens))
+        .collect();
+    let mut eval_keys: HashMap<[u8; 32], usize> = HashMap::new();
+    for (r, (_, t)) in evals.iter().enumerate() {
+        if !t.is_empty() {
+            eval_keys.entry(dedup::exact_key(t)).or_insert(r);
+        }
+    }
+    let mut first: HashMap<(Split, [u8; 32]), usize> = HashMap::new();
+    for split in [Split::Heldout, Split::Fit] {
+        for i in (0..docs.len()).filter(|&i| docs[i].split == split && !docs[i].tokens.is_empty()) {
+            if let Some(&r) = eval_keys.get(&keys[i]) {
+                drop[i] = Some(dropped(i, "exact_duplicate_of_eval", eval_name(r), 1.0));
+            } else if let (Split::Fit, Some(&h)) = (split, first.get(&(Split::Heldout, keys[i]))) {
+                let of = docs[h].at.clone();
+                drop[i] = Some(dropped(i, "exact_duplicate_of_heldout", of, 1.0));
+            } else if let Some(&j) = first.get(&(split, keys[i])) {
+                let of = docs[j].at.clone();
+                drop[i] = Some(dropped(i, "exact_duplicate_within_split", of, 1.0));
+            } else {
+                first.insert((split, keys[i]), i);
+            }
+        }
+    }
+
+    // Near-duplicates among what is left.
+    let w = c.dedup.shingle;
+    let live: Vec<usize> = (0..docs.len()).filter(|&i| drop[i].is_none()).collect();
+    let whole: Vec<Vec<u64>> = live
+        .par_iter()
+        .map(|&i| docs[i].tokens.as_slice())
         .chain(evals.par_iter().map(|(_, t)| t.as_slice()))
         .map(|t| dedup::shingles(t, w))
         .collect();
-    dedup::drop_boilerplate(&mut sets, c.dedup.max_doc_freq);
-    let (doc_sets, eval_sets) = sets.split_at(docs.len());
-    let mut drop: Vec<Option<Dropped>> = vec![None; docs.len()];
-
-    let eval_refs: Vec<&[u64]> = eval_sets.iter().map(Vec::as_slice).collect();
-    let all: Vec<&[u64]> = doc_sets.iter().map(Vec::as_slice).collect();
-    for (i, m) in dedup::near_dups(&all, &eval_refs, c.dedup.threshold)
+    let stripped = dedup::strip_boilerplate(&whole, c.dedup.max_doc_freq);
+    let n = live.len();
+    // (candidate positions in `live`, reference positions in `whole`, rule).
+    let find =
+        |drop: &mut Vec<Option<Dropped>>, cands: Vec<usize>, refs: Vec<usize>, rule: &str| {
+            for (sets, threshold, family) in [
+                (&stripped.sets, c.dedup.threshold, false),
+                (&whole, dedup::FAMILY_OVERLAP, true),
+            ] {
+                let pick = |v: &[usize]| -> Vec<usize> {
+                    v.iter()
+                        .copied()
+                        .filter(|&x| !family || stripped.mostly_common[x])
+                        .collect()
+                };
+                let cands: Vec<usize> = pick(&cands)
+                    .into_iter()
+                    .filter(|&x| drop[live[x]].is_none())
+                    .collect();
+                let refs = pick(&refs);
+                if cands.is_empty() || refs.is_empty() {
+                    continue;
+                }
+                let cs: Vec<&[u64]> = cands.iter().map(|&x| sets[x].as_slice()).collect();
+                let rs: Vec<&[u64]> = refs.iter().map(|&x| sets[x].as_slice()).collect();
+                for (k, m) in dedup::near_dups(&cs, &rs, threshold)
+                    .into_iter()
+                    .enumerate()
+                {
+                    if let Some(m) = m {
+                        let i = live[cands[k]];
+                        let r = refs[m.reference];
+                        let of = if r >= n {
+                            eval_name(r - n)
+                        } else {
+                            docs[live[r]].at.clone()
+                        };
+                        drop[i] = Some(dropped(i, rule, of, m.overlap));
+                    }
+                }
+            }
+        };
+    find(
+        &mut drop,
+        (0..n).collect(),
+        (n..whole.len()).collect(),
+        "near_duplicate_of_eval",
+    );
+    let on = |s: Split| -> Vec<usize> { (0..n).filter(|&x| docs[live[x]].split == s).collect() };
+    let held: Vec<usize> = on(Split::Heldout)
         .into_iter()
-        .enumerate()
-    {
-        if let Some(m) = m {
-            drop[i] = Some(Dropped {
-                at: docs[i].at.clone(),
-                domain: names[docs[i].domain as usize].clone(),
-                rule: "near_duplicate_of_eval".into(),
-                duplicate_of: format!(
-                    "{}: {}",
-                    eval_infos[eval_of[m.reference]].name, evals[m.reference].0
-                ),
-                overlap: m.overlap,
-            });
-        }
-    }
-
-    let kept = |s: Split| -> Vec<usize> {
-        (0..docs.len())
-            .filter(|&i| drop[i].is_none() && docs[i].split == s)
-            .collect()
-    };
-    let (fit, held) = (kept(Split::Fit), kept(Split::Heldout));
-    let fit_sets: Vec<&[u64]> = fit.iter().map(|&i| doc_sets[i].as_slice()).collect();
-    let held_sets: Vec<&[u64]> = held.iter().map(|&i| doc_sets[i].as_slice()).collect();
-    for (k, m) in dedup::near_dups(&fit_sets, &held_sets, c.dedup.threshold)
-        .into_iter()
-        .enumerate()
-    {
-        if let Some(m) = m {
-            let i = fit[k];
-            drop[i] = Some(Dropped {
-                at: docs[i].at.clone(),
-                domain: names[docs[i].domain as usize].clone(),
-                rule: "near_duplicate_of_heldout".into(),
-                duplicate_of: docs[held[m.reference]].at.clone(),
-                overlap: m.overlap,
-            });
-        }
-    }
-
+        .filter(|&x| drop[live[x]].is_none())
+        .collect();
+    find(&mut drop, on(Split::Fit), held, "near_duplicate_of_heldout");
     drop
 }
 
@@ -669,6 +726,9 @@ fn domain_infos(
                 heldout_groups: groups(Split::Heldout),
                 dropped_near_heldout: drops("near_duplicate_of_heldout"),
                 dropped_near_eval: drops("near_duplicate_of_eval"),
+                dropped_exact_heldout: drops("exact_duplicate_of_heldout"),
+                dropped_exact_eval: drops("exact_duplicate_of_eval"),
+                dropped_exact_within: drops("exact_duplicate_within_split"),
             }
         })
         .collect()

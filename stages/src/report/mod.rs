@@ -7,6 +7,7 @@
 //! - [`panels`]: small multiples, a grid of panels with one legend.
 //! - [`replay`]: miss-rate figures from `replay/results.json`, one per keep
 //!   map, and `report/miss_rate.json`, the data they are drawn from.
+//! - [`corpus`]: split shares and duplicates dropped, from `manifest.json`.
 //! - [`eval`]: pruned candidates against the base model, from `eval/summary.json`.
 //! - [`vision`]: experts rare on text and live on images, when the run
 //!   measured images.
@@ -15,6 +16,7 @@
 //! stage that has not run (or ran on another `saliency.json`) is named as
 //! missing, never run from here.
 
+pub mod corpus;
 pub mod eval;
 pub mod panels;
 pub mod plots;
@@ -88,6 +90,7 @@ pub async fn report(store: &RunStore) -> Result<ReportOutput, StagesError> {
         missing: Vec::new(),
     };
     let mut md = header(store, &s, &sha);
+    corpus::section(store, &mut md).await?;
     verification_section(&mut md, &verified);
     md.push_str("\n## Slot replacement per layer\n\nShare of top-k routing slots whose expert a keep map prunes (`1 - kept count share`), per layer.\n\n");
     match &scored {

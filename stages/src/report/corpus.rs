@@ -1,0 +1,89 @@
+//! The corpus section of the report, from `manifest.json`: per domain, the
+//! fit and held-out shares against their targets and the documents dropped
+//! as exact copies and near-duplicates of held-out and eval-set documents.
+
+use crate::StagesError;
+use ::corpus::manifest::Manifest;
+use common::peer_text::table_cell;
+use common::store::RunStore;
+use std::fmt::Write;
+
+/// Appends the corpus section to `md`; nothing when the run has no
+/// manifest or its manifest lists no domain.
+pub async fn section(store: &RunStore, md: &mut String) -> Result<(), StagesError> {
+    let Some(m) = ::corpus::manifest::read(store).await? else {
+        return Ok(());
+    };
+    md.push_str(&markdown(&m.corpus));
+    Ok(())
+}
+
+/// The section's Markdown.
+pub fn markdown(m: &Manifest) -> String {
+    if m.domains.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n## Corpus\n\nPer domain: its share of the fit split against the target, the held-out \
+         share of its tokens against the configured fraction (never more than twice it), and \
+         the documents dropped: exact copies (same token sequence) and near-duplicates \
+         (shingle overlap) of held-out and eval-set documents, and repeated exact copies within \
+         a split (the first copy is kept).\n\n\
+         | domain | fit tokens | fit share | target | held-out tokens | held-out share | fraction | \
+         exact of held-out | near of held-out | exact of eval | near of eval | repeats within split |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let pct = |x: f64| format!("{:.2}%", 100.0 * x);
+    for d in &m.domains {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            table_cell(&d.shares.domain),
+            d.fit_tokens,
+            pct(d.fit_share),
+            d.shares.target.map_or("-".into(), pct),
+            d.heldout_tokens,
+            pct(d.heldout_share),
+            pct(d.heldout_fraction),
+            d.dropped_exact_heldout,
+            d.dropped_near_heldout,
+            d.dropped_exact_eval,
+            d.dropped_near_eval,
+            d.dropped_exact_within,
+        );
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::corpus::manifest::DomainInfo;
+
+    #[test]
+    fn the_table_carries_shares_and_every_drop_count() {
+        let mut d = DomainInfo::default();
+        d.shares.domain = "web".into();
+        d.shares.target = Some(0.5);
+        (d.fit_tokens, d.fit_share, d.heldout_tokens, d.heldout_share) = (900, 0.48, 100, 0.1);
+        d.heldout_fraction = 0.1;
+        (d.dropped_exact_heldout, d.dropped_near_heldout) = (35, 19);
+        (
+            d.dropped_exact_eval,
+            d.dropped_near_eval,
+            d.dropped_exact_within,
+        ) = (20, 1, 4);
+        let m = Manifest {
+            domains: vec![d],
+            ..Manifest::default()
+        };
+        let md = markdown(&m);
+        assert!(
+            md.contains(
+                "| web | 900 | 48.00% | 50.00% | 100 | 10.00% | 10.00% | 35 | 19 | 20 | 1 | 4 |"
+            ),
+            "{md}"
+        );
+        assert_eq!(markdown(&Manifest::default()), "");
+    }
+}
