@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Bytes of one expert of each MoE layer: the sizes of
-/// `blk.L.ffn_{gate,up,down}_exps.weight` divided by `n_expert`.
+/// `blk.L.ffn_{gate,up,down}_exps.weight` and of a fused
+/// `blk.L.ffn_gate_up_exps.weight` divided by `n_expert`.
 pub fn expert_bytes(model: &Path) -> Result<BTreeMap<u32, u64>, ReplayError> {
     let r = open(model)?;
     let mut per_layer: BTreeMap<u32, u64> = BTreeMap::new();
@@ -20,7 +21,10 @@ pub fn expert_bytes(model: &Path) -> Result<BTreeMap<u32, u64>, ReplayError> {
         };
         if !matches!(
             kind,
-            "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight"
+            "ffn_gate_exps.weight"
+                | "ffn_up_exps.weight"
+                | "ffn_gate_up_exps.weight"
+                | "ffn_down_exps.weight"
         ) {
             continue;
         }

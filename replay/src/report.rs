@@ -137,6 +137,12 @@ fn row(setup: Setup<'_>, inputs: &Inputs, key: RowKey, cells: &[Cell]) -> Result
             .map(|c| b.get(&c.layer).map(|&x| x * (c.counts.misses + c.forced)))
             .sum::<Option<u64>>()
     });
+    let resident_bytes = inputs.expert_bytes.as_ref().and_then(|b| {
+        cells
+            .iter()
+            .map(|c| b.get(&c.layer).map(|&x| x * c.capacity as u64))
+            .sum::<Option<u64>>()
+    });
     let ratio = |a: f64, b: u64| if b == 0 { 0.0 } else { a / b as f64 };
     ResultRow {
         split: key.split,
@@ -150,6 +156,7 @@ fn row(setup: Setup<'_>, inputs: &Inputs, key: RowKey, cells: &[Cell]) -> Result
         policy: key.policy,
         capacity_spec: setup.capacities[key.capacity].to_string(),
         capacity: cells.iter().map(|c| c.capacity as f64).sum::<f64>() / cells.len().max(1) as f64,
+        resident_bytes,
         keep_map: inputs.keep[key.keep].label.clone(),
         tokens,
         layers: cells.len(),
@@ -182,17 +189,19 @@ pub fn markdown(r: &ReplayReport) -> String {
     let _ = writeln!(
         out,
         "## Cache replay\n\n{} experts per layer, ubatch {}, EMA decay {}, near picks {} (credit {}); \
-         misses/token counts every layer and includes forced misses.\n",
+         misses/token counts every layer and includes forced misses. A capacity is resolved \
+         per keep map: `resident` gives the experts per layer it became and their bytes over \
+         all layers (the memory compared).\n",
         r.n_expert, r.ubatch, r.params.ema_decay, r.params.near_pick_n, r.params.near_pick_credit
     );
     let _ = writeln!(
         out,
-        "| keep map | trace | mode | policy | capacity | fit misses/token | fit hit rate | fit forced/token | \
+        "| keep map | trace | mode | policy | capacity | resident | fit misses/token | fit hit rate | fit forced/token | \
          heldout misses/token | heldout hit rate | heldout forced/token | fit MB/token | heldout MB/token |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     type Line = (String, TraceKind, Mode, Policy, String);
     let mut lines: BTreeMap<Line, [Option<&ResultRow>; 2]> = BTreeMap::new();
@@ -224,14 +233,16 @@ pub fn markdown(r: &ReplayReport) -> String {
             r.bytes_per_token
                 .map_or("-".into(), |b| format!("{:.3}", b / 1e6))
         };
+        let resident = fit.or(held).map_or("-".to_string(), resident);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             k.0,
             k.1,
             k.2,
             k.3,
             k.4,
+            resident,
             f(fit, &mpt),
             f(fit, &hit),
             f(fit, &forced),
@@ -243,4 +254,18 @@ pub fn markdown(r: &ReplayReport) -> String {
         );
     }
     out
+}
+
+/// A row's resident experts per layer and their bytes: `4 experts, 12.58 MB`
+/// (`4 experts` without expert sizes).
+pub fn resident(r: &ResultRow) -> String {
+    let experts = if r.capacity.fract() == 0.0 {
+        format!("{}", r.capacity)
+    } else {
+        format!("{:.2}", r.capacity)
+    };
+    match r.resident_bytes {
+        Some(b) => format!("{experts} experts, {:.2} MB", b as f64 / 1e6),
+        None => format!("{experts} experts"),
+    }
 }

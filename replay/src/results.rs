@@ -91,6 +91,11 @@ pub struct ResultRow {
     pub capacity_spec: String,
     /// Resident experts per layer (the mean over layers, if they differ).
     pub capacity: f64,
+    /// Bytes of the resident experts over all layers (experts per layer
+    /// times the layer's expert size), when the model is known: the memory
+    /// this capacity is under this keep map.
+    #[serde(default)]
+    pub resident_bytes: Option<u64>,
     /// Keep map label (`none` or the map's name).
     pub keep_map: String,
     /// Tokens of the split (per layer).

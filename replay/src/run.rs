@@ -50,7 +50,9 @@ pub struct ReplayArgs {
         default_value = "lru,lfu,ema,near_pick_ema,router_ema,inverse_router_ema,belady"
     )]
     pub policies: Vec<Policy>,
-    /// Per-layer capacities: experts (`64`) or fractions of the layer's experts (`0.25`, `25%`).
+    /// Per-layer capacities: experts (`64`), fractions of the layer's
+    /// (kept) experts (`0.25`, `25%`), or bytes of expert weights (`512MiB`,
+    /// `2GB`: the experts that fit, so keep maps compare at equal memory).
     #[arg(long, value_delimiter = ',', value_parser = Capacity::parse, default_value = "0.125,0.25,0.5")]
     pub capacity: Vec<Capacity>,
     /// Keep maps: `none`, a name under `keep_maps/` (`frequency_K8`) or a JSON path.
@@ -240,7 +242,20 @@ fn replay_layer(
                 };
                 for &policy in &args.policies {
                     for (cap_idx, cap) in args.capacity.iter().enumerate() {
-                        let capacity = cap.resolve(experts);
+                        let size = inputs.expert_bytes.as_ref().and_then(|b| b.get(&layer));
+                        let capacity = cap.resolve(experts, size.copied()).ok_or_else(|| {
+                            ReplayError::Flag {
+                                flag: "--capacity",
+                                value: Some(match size {
+                                    Some(b) => {
+                                        format!("{cap} (an expert of layer {layer} is {b} bytes)")
+                                    }
+                                    None => format!("{cap} (no expert size for layer {layer})"),
+                                }),
+                                reason: "a size in bytes needs the model's expert sizes (--model) \
+                                         and must hold at least one expert of every layer",
+                            }
+                        })?;
                         cells.push(Cell {
                             key: key(policy, cap_idx),
                             layer,

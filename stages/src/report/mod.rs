@@ -225,8 +225,11 @@ async fn replay_section(
         store.put(&name, replay::draw(figure)?).await?;
         let _ = writeln!(
             md,
-            "### Keep map `{}`\n\n![miss rate, keep map {}]({})\n",
-            figure.keep_map, figure.keep_map, figure.png
+            "### Keep map `{}`\n\n![miss rate, keep map {}]({})\n\nResident under this keep map: {}.\n",
+            figure.keep_map,
+            figure.keep_map,
+            figure.png,
+            replay::resident_line(figure)
         );
         out.plots.push(name);
     }

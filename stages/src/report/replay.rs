@@ -35,6 +35,21 @@ pub struct Figure {
     pub capacities: Vec<f64>,
     /// Panels, row by row: rows are (trace, mode), columns are splits.
     pub panels: Vec<Panel>,
+    /// Each replayed capacity as given, with the experts per layer and the
+    /// bytes (over all layers) it resolved to under this keep map.
+    #[serde(default)]
+    pub resident: Vec<Resident>,
+}
+
+/// What one capacity became under one keep map.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Resident {
+    /// The capacity as given (`0.25`, `64`, `512MiB`).
+    pub capacity_spec: String,
+    /// Resident experts per layer (the mean over layers).
+    pub experts: f64,
+    /// Their bytes over all layers, when the model was known.
+    pub bytes: Option<u64>,
 }
 
 /// One panel: a split, trace and step mode, every policy's curve over capacity.
@@ -80,8 +95,17 @@ pub fn miss_rates(r: &ReplayReport) -> MissRates {
     let mut keep_maps: Vec<&str> = Vec::new();
     let mut rows: BTreeMap<PanelKey, BTreeMap<Policy, Vec<(f64, f64)>>> = BTreeMap::new();
     let mut forced: BTreeMap<PanelKey, u64> = BTreeMap::new();
+    let mut resident: BTreeMap<usize, Vec<Resident>> = BTreeMap::new();
     for row in &r.rows {
         let keep = index_of(&row.keep_map, &mut keep_maps);
+        let seen = resident.entry(keep).or_default();
+        if !seen.iter().any(|x| x.capacity_spec == row.capacity_spec) {
+            seen.push(Resident {
+                capacity_spec: row.capacity_spec.clone(),
+                experts: row.capacity,
+                bytes: row.resident_bytes,
+            });
+        }
         let key = (keep, (row.trace_mode, row.mode), row.split);
         let points = rows.entry(key).or_default().entry(row.policy).or_default();
         points.push((row.capacity, 1.0 - row.hit_rate));
@@ -149,6 +173,7 @@ pub fn miss_rates(r: &ReplayReport) -> MissRates {
             legend,
             capacities,
             panels,
+            resident: resident.remove(&keep).unwrap_or_default(),
         });
     }
     MissRates { figures }
@@ -286,4 +311,23 @@ pub fn draw(figure: &Figure) -> Result<Vec<u8>, StagesError> {
         markers_at: &figure.capacities,
     };
     small_multiples(&frame, &panels)
+}
+
+/// One line naming what each capacity of a figure became: `capacity 0.25:
+/// 4 experts per layer, 12.58 MB; ...`.
+pub fn resident_line(f: &Figure) -> String {
+    let parts: Vec<String> = f
+        .resident
+        .iter()
+        .map(|r| {
+            let bytes = r
+                .bytes
+                .map_or(String::new(), |b| format!(", {:.2} MB", b as f64 / 1e6));
+            format!(
+                "capacity {}: {} experts per layer{bytes}",
+                r.capacity_spec, r.experts
+            )
+        })
+        .collect();
+    parts.join("; ")
 }

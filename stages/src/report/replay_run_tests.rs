@@ -238,3 +238,105 @@ fn replay_run_names_a_missing_keep_map() {
         "{err}"
     );
 }
+
+/// The model of [`write_run`] with each layer's gate and up projections
+/// fused into one `ffn_gate_up_exps` tensor (2x4 per expert): the same 48
+/// bytes per expert.
+fn write_fused_twin(path: &std::path::Path) {
+    let mut g = GgufWriter::new();
+    for layer in [0, 3] {
+        g.tensor_f32(
+            &format!("blk.{layer}.ffn_gate_up_exps.weight"),
+            &[2, 4, 4],
+            &[0.0; 32],
+        );
+        g.tensor_f32(
+            &format!("blk.{layer}.ffn_down_exps.weight"),
+            &[2, 2, 4],
+            &[0.0; 16],
+        );
+    }
+    std::fs::write(path, g.to_bytes()).unwrap();
+}
+
+#[test]
+fn a_fused_gate_up_model_moves_the_bytes_of_its_unfused_twin_and_bytes_capacities_match() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path());
+    let run = dir.path().to_str().unwrap();
+    let fused = dir.path().join("fused.gguf");
+    write_fused_twin(&fused);
+    let replay = |model: &std::path::Path| {
+        let args = Wrap::try_parse_from([
+            "replay",
+            run,
+            "--model",
+            model.to_str().unwrap(),
+            "--policies",
+            "lru,belady",
+            "--capacity",
+            "2,96B,1KiB",
+            "--keep-map",
+            "none,frequency_K2",
+        ])
+        .unwrap()
+        .args;
+        replay_run(&args).unwrap()
+    };
+    let plain = replay(&dir.path().join("model.gguf"));
+    let twin = replay(&fused);
+    assert_eq!(plain.rows, twin.rows);
+    let row = |r: &ReplayReport, cap: &str, keep: &str| {
+        r.row(
+            Split::Fit,
+            TraceKind::Prefill,
+            Mode::Token,
+            Policy::Lru,
+            cap,
+            keep,
+        )
+        .unwrap()
+        .clone()
+    };
+    let lru = row(&twin, "2", "none");
+    assert_eq!(lru.bytes_moved, Some(14 * 48));
+    // Two experts of 48 bytes in each of the two layers.
+    assert_eq!(lru.resident_bytes, Some(2 * 2 * 48));
+    // 96 bytes hold the same two experts per layer: the same misses.
+    let by_bytes = row(&twin, "96B", "none");
+    assert_eq!((by_bytes.capacity, by_bytes.misses), (2.0, lru.misses));
+    assert_eq!(by_bytes.resident_bytes, lru.resident_bytes);
+    // 1 KiB holds every expert: 4 without a keep map, the 2 kept with one,
+    // and the table says so in experts and bytes.
+    assert_eq!(row(&twin, "1024B", "none").resident_bytes, Some(2 * 4 * 48));
+    let kept = row(&twin, "1024B", "frequency_K2");
+    assert_eq!(
+        (kept.capacity, kept.resident_bytes),
+        (2.0, Some(2 * 2 * 48))
+    );
+    assert!(
+        twin.markdown
+            .contains("| frequency_K2 | prefill | token | lru | 1024B | 2 experts, 0.00 MB |"),
+        "{}",
+        twin.markdown
+    );
+    let rates = super::replay::miss_rates(&twin);
+    let line = super::replay::resident_line(&rates.figures[0]);
+    assert!(
+        line.contains("capacity 1024B: 4 experts per layer"),
+        "{line}"
+    );
+    // A size in bytes smaller than one expert is refused, naming the size.
+    let args = Wrap::try_parse_from([
+        "replay",
+        run,
+        "--model",
+        fused.to_str().unwrap(),
+        "--capacity",
+        "40B",
+    ])
+    .unwrap()
+    .args;
+    let err = replay_run(&args).unwrap_err().to_string();
+    assert!(err.contains("40B") && err.contains("48 bytes"), "{err}");
+}

@@ -35,6 +35,7 @@ fn replay_results(points: &[(usize, f64)]) -> ReplayReport {
             policy: Policy::Lru,
             capacity_spec: capacity.to_string(),
             capacity: capacity as f64,
+            resident_bytes: None,
             keep_map: "none".into(),
             tokens: 100,
             layers: 3,
