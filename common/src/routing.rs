@@ -6,8 +6,19 @@
 //! substitution screen and replay pick a pruned model's experts with
 //! [`Routing::select_kept`], the rule llama.cpp applies.
 
+use crate::split::Gating;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// One traced token's router candidates: expert ids in the full model's
+/// selection order and their router probabilities.
+#[derive(Clone, Copy, Debug)]
+pub struct Candidates<'a> {
+    /// Expert ids, best first (as traced).
+    pub id: &'a [u16],
+    /// Their probabilities under the full model's router.
+    pub prob: &'a [f32],
+}
 
 /// What the gate weight multiplies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,35 +92,59 @@ impl Routing {
 
     /// The experts (at most `k`, in selection order) that a model keeping
     /// only the experts `kept` selects for one token, from the router's
-    /// candidates `topn_id` (in selection order, as traced) with their
-    /// probabilities `topn_prob`. Without groups these are the first `k`
-    /// kept candidates; with groups, only candidates of the `n_group_used`
-    /// groups whose two best kept candidates score highest. Exact when the
-    /// candidates cover every expert; experts beyond a shorter top-N count
-    /// as unavailable (fewer than `k` returned: forced misses).
+    /// candidates (in the full model's selection order, as traced). Without
+    /// groups these are the best `k` kept candidates; with groups, only
+    /// candidates of the `n_group_used` groups whose two best kept
+    /// candidates score highest. Exact when the candidates cover every
+    /// expert; experts beyond a shorter top-N count as unavailable (fewer
+    /// than `k` returned: forced misses).
+    ///
+    /// Under softmax gating the pruned model's softmax runs over the kept
+    /// experts only, so their probabilities are the full model's divided by
+    /// the kept mass `Z`. Without a selection bias that keeps their order;
+    /// with one, `p / Z + bias` can order them differently from `p + bias`,
+    /// so the kept candidates are re-ranked on it ([`Routing::kept_mass`]
+    /// gives `Z`). Sigmoid-like gating is per expert: nothing changes.
     pub fn select_kept(
         &self,
+        gating: Gating,
         layer: u32,
         n_expert: usize,
-        topn_id: &[u16],
-        topn_prob: &[f32],
+        top: Candidates<'_>,
         kept: &dyn Fn(u16) -> bool,
         k: usize,
     ) -> Vec<u16> {
-        let candidates = topn_id.iter().zip(topn_prob).filter(|(&e, _)| kept(e));
+        let renormalise = gating == Gating::Softmax && self.selection_bias.contains_key(&layer);
+        let z = if renormalise {
+            Self::kept_mass(n_expert, top, kept)
+        } else {
+            1.0
+        };
+        let score = |e: u16, p: f32| self.selection_score(layer, e as usize, p / z);
+        let mut candidates: Vec<(u16, f32)> = top
+            .id
+            .iter()
+            .zip(top.prob)
+            .filter(|(&e, _)| kept(e))
+            .map(|(&e, &p)| (e, p))
+            .collect();
+        if renormalise {
+            // Stable: equal scores keep the traced order.
+            candidates.sort_by(|a, b| score(b.0, b.1).total_cmp(&score(a.0, a.1)));
+        }
         let Some(groups) = self.groups.filter(|g| g.n_group > 1) else {
-            return candidates.map(|(&e, _)| e).take(k).collect();
+            return candidates.into_iter().map(|(e, _)| e).take(k).collect();
         };
         let per_group = (n_expert / groups.n_group as usize).max(1);
         let group_of = |e: u16| e as usize / per_group;
         // The candidates come best first, so a group's first two are its top 2.
         let mut best: Vec<(f32, u8)> = vec![(0.0, 0); groups.n_group as usize];
-        for (&e, &p) in candidates.clone() {
+        for &(e, p) in &candidates {
             let Some(slot) = best.get_mut(group_of(e)) else {
                 continue;
             };
             if slot.1 < 2 {
-                slot.0 += self.selection_score(layer, e as usize, p);
+                slot.0 += score(e, p);
                 slot.1 += 1;
             }
         }
@@ -117,10 +152,42 @@ impl Routing {
         order.sort_by(|&a, &b| best[b].0.total_cmp(&best[a].0).then(a.cmp(&b)));
         order.truncate(groups.n_group_used as usize);
         candidates
-            .filter(|(&e, _)| order.contains(&group_of(e)))
-            .map(|(&e, _)| e)
+            .into_iter()
+            .filter(|&(e, _)| order.contains(&group_of(e)))
+            .map(|(e, _)| e)
             .take(k)
             .collect()
+    }
+
+    /// The full model's softmax mass on the kept experts: the divisor that
+    /// turns its probabilities into the pruned model's. Exact when the
+    /// candidates cover every expert; otherwise the mass outside them
+    /// (`1 - their sum`) is shared among the experts outside them evenly,
+    /// and the kept ones' share is added.
+    pub fn kept_mass(n_expert: usize, top: Candidates<'_>, kept: &dyn Fn(u16) -> bool) -> f32 {
+        let mut inside = 0f32;
+        let mut listed = 0f32;
+        let mut kept_listed = 0usize;
+        for (&e, &p) in top.id.iter().zip(top.prob) {
+            listed += p;
+            if kept(e) {
+                inside += p;
+                kept_listed += 1;
+            }
+        }
+        let outside = n_expert.saturating_sub(top.id.len());
+        if outside > 0 {
+            let kept_outside = (0..n_expert as u16)
+                .filter(|&e| kept(e))
+                .count()
+                .saturating_sub(kept_listed);
+            inside += (1.0 - listed).max(0.0) * kept_outside as f32 / outside as f32;
+        }
+        if inside > 0.0 {
+            inside
+        } else {
+            1.0
+        }
     }
 }
 
@@ -194,6 +261,10 @@ pub fn balanced_order(ranking: &[u32], groups: Option<ExpertGroups>, n_expert: u
 mod tests {
     use super::*;
 
+    fn c<'a>(id: &'a [u16], prob: &'a [f32]) -> Candidates<'a> {
+        Candidates { id, prob }
+    }
+
     fn grouped(n_group: u32, n_group_used: u32) -> Routing {
         Routing {
             groups: Some(ExpertGroups {
@@ -210,8 +281,15 @@ mod tests {
         let ids = [5, 1, 7, 0, 2];
         let probs = [0.5, 0.2, 0.1, 0.1, 0.05];
         let kept = |e: u16| e != 1;
-        assert_eq!(r.select_kept(0, 8, &ids, &probs, &kept, 2), vec![5, 7]);
-        assert_eq!(r.select_kept(0, 8, &ids, &probs, &kept, 9).len(), 4);
+        assert_eq!(
+            r.select_kept(Gating::Softmax, 0, 8, c(&ids, &probs), &kept, 2),
+            vec![5, 7]
+        );
+        assert_eq!(
+            r.select_kept(Gating::Softmax, 0, 8, c(&ids, &probs), &kept, 9)
+                .len(),
+            4
+        );
     }
 
     #[test]
@@ -222,17 +300,65 @@ mod tests {
         let probs = [0.9, 0.8, 0.7, 0.1, 0.5, 0.45, 0.2, 0.1];
         let all = |_: u16| true;
         // Group {0,1} sums 1.5, group {6,7} 1.0: the token routes to 0 and 1.
-        assert_eq!(r.select_kept(0, 8, &ids, &probs, &all, 2), vec![0, 1]);
+        assert_eq!(
+            r.select_kept(Gating::Sigmoid, 0, 8, c(&ids, &probs), &all, 2),
+            vec![0, 1]
+        );
         // Without expert 1, group {0,..} has 0.8 alone, {2,3} 0.95, {6,7} 1.0.
         let no_one = |e: u16| e != 1;
-        assert_eq!(r.select_kept(0, 8, &ids, &probs, &no_one, 2), vec![6, 7]);
+        assert_eq!(
+            r.select_kept(Gating::Sigmoid, 0, 8, c(&ids, &probs), &no_one, 2),
+            vec![6, 7]
+        );
         // A selection bias moves group sums too.
         let mut biased = grouped(4, 1);
         biased
             .selection_bias
             .insert(0, vec![0.0, 0.0, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0]);
         assert_eq!(biased.selection_score(0, 2, 0.5), 1.1);
-        assert_eq!(biased.select_kept(0, 8, &ids, &probs, &all, 2), vec![2, 3]);
+        assert_eq!(
+            biased.select_kept(Gating::Sigmoid, 0, 8, c(&ids, &probs), &all, 2),
+            vec![2, 3]
+        );
+    }
+
+    /// A worked example: softmax over 4 experts with probabilities
+    /// 0.4, 0.3, 0.2, 0.1 and a selection bias of 0, 0, 0.15, 0.25. The full
+    /// model selects on `p + b`: 0.4, 0.3, 0.35, 0.35. Pruning expert 0
+    /// leaves a kept mass of 0.6: the pruned model's probabilities are 0.5,
+    /// 0.333, 0.167 and its scores `p / 0.6 + b` are 0.5, 0.483, 0.417. Its
+    /// top-2 is {1, 2}; the unrenormalised rule (traced order 2, 3, 1 after
+    /// dropping 0, ties by id) would say {2, 3}.
+    #[test]
+    fn softmax_with_a_bias_re_ranks_kept_experts_on_renormalised_probabilities() {
+        let mut r = Routing::default();
+        r.selection_bias.insert(0, vec![0.0, 0.0, 0.15, 0.25]);
+        // Traced (full-model) selection order: 0 (0.4), 2 (0.35), 3 (0.35), 1 (0.3).
+        let ids = [0, 2, 3, 1];
+        let probs = [0.4, 0.2, 0.1, 0.3];
+        let no_zero = |e: u16| e != 0;
+        let z = Routing::kept_mass(4, c(&ids, &probs), &no_zero);
+        assert!((z - 0.6).abs() < 1e-6, "{z}");
+        assert_eq!(
+            r.select_kept(Gating::Softmax, 0, 4, c(&ids, &probs), &no_zero, 2),
+            vec![1, 2]
+        );
+        // Sigmoid gating is per expert: the traced order stands.
+        assert_eq!(
+            r.select_kept(Gating::Sigmoid, 0, 4, c(&ids, &probs), &no_zero, 2),
+            vec![2, 3]
+        );
+        // Without a bias renormalising changes no order.
+        let plain = Routing::default();
+        assert_eq!(
+            plain.select_kept(Gating::Softmax, 0, 4, c(&ids, &probs), &no_zero, 2),
+            vec![2, 3]
+        );
+        // A top-N that misses experts 1 and 3: their mass (1 - 0.6 listed)
+        // is shared evenly, and keeping 1 but not 3 adds half of it.
+        let one_two = |e: u16| e == 1 || e == 2;
+        let z = Routing::kept_mass(4, c(&[0, 2], &[0.4, 0.2]), &one_two);
+        assert!((z - (0.2 + 0.4 * 0.5)).abs() < 1e-6, "{z}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use common::artifacts::names;
 use common::keepmap::KeepMap;
 use common::routing::Routing;
 use common::store::RunStore;
+use common::Gating;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,12 @@ struct SaliencyHead {
     n_expert: u32,
     #[serde(default)]
     routing: Routing,
+    #[serde(default = "softmax")]
+    gating: Gating,
+}
+
+fn softmax() -> Gating {
+    Gating::Softmax
 }
 
 /// Everything replay reads from the run, before touching a trace layer.
@@ -34,6 +41,8 @@ pub struct Inputs {
     pub n_expert: usize,
     /// The model's routing, from `saliency.json` (plain top-k without it).
     pub routing: Routing,
+    /// The model's gating function, from `saliency.json` (softmax without it).
+    pub gating: Gating,
     /// Bytes per expert load, per layer, when the model is known.
     pub expert_bytes: Option<BTreeMap<u32, u64>>,
     /// Where the expert sizes came from.
@@ -66,6 +75,7 @@ pub async fn load_inputs(
         None => None,
     };
     let routing = head.as_ref().map(|h| h.routing.clone()).unwrap_or_default();
+    let gating = head.as_ref().map_or(Gating::Softmax, |h| h.gating);
     let n_expert = match &head {
         Some(h) => u64::from(h.n_expert),
         None => match model.as_deref() {
@@ -103,6 +113,7 @@ pub async fn load_inputs(
     Ok(Inputs {
         n_expert,
         routing,
+        gating,
         expert_bytes,
         model,
         keep,

@@ -3,14 +3,16 @@
 //! Without a keep map a token requests its selected experts. Under a keep map
 //! it requests what the pruned model selects: the first `k` kept experts of
 //! its router top-N (which the trace lists in llama.cpp's selection order,
-//! selection bias included), within the allowed groups under grouped routing
-//! ([`Routing::select_kept`]); when fewer than `k` survive, the empty slots
+//! selection bias included, re-ranked on renormalised probabilities under
+//! softmax gating with a bias), within the allowed groups under grouped
+//! routing ([`Routing::select_kept`]); when fewer than `k` survive, the empty slots
 //! are forced misses. Near picks are the next `n_near` candidates (kept
 //! ones, under a keep map) after the requested ones.
 
 use super::steps::{TokenReqs, NONE};
 use super::trace_io::RawLayer;
-use common::routing::Routing;
+use common::routing::{Candidates, Routing};
+use common::Gating;
 
 /// One layer of a keep map, as replay applies it.
 #[derive(Clone, Copy)]
@@ -21,6 +23,19 @@ pub struct KeptLayer<'a> {
     pub layer: u32,
     /// The model's routing (groups limit what a pruned model selects).
     pub routing: &'a Routing,
+    /// The model's gating function (softmax renormalises over kept experts).
+    pub gating: Gating,
+}
+
+impl KeptLayer<'_> {
+    /// Whether the pruned model's choice needs [`Routing::select_kept`]
+    /// rather than the first `k` kept candidates: under grouped routing, or
+    /// under softmax gating with a selection bias.
+    fn needs_rule(&self) -> bool {
+        self.routing.groups.is_some()
+            || (self.gating == Gating::Softmax
+                && self.routing.selection_bias.contains_key(&self.layer))
+    }
 }
 
 /// Requests of one layer's tokens under `kept` (`None`: no keep map).
@@ -77,12 +92,21 @@ pub fn requests(
                         .take(n_near),
                 );
             }
-            Some(rule) if rule.routing.groups.is_some() => {
+            Some(rule) if rule.needs_rule() => {
                 let kept = rule.kept;
                 let is_kept = |e: u16| kept[e as usize];
-                let sel = rule
-                    .routing
-                    .select_kept(rule.layer, n_expert, top, top_prob, &is_kept, k);
+                let candidates = Candidates {
+                    id: top,
+                    prob: top_prob,
+                };
+                let sel = rule.routing.select_kept(
+                    rule.gating,
+                    rule.layer,
+                    n_expert,
+                    candidates,
+                    &is_kept,
+                    k,
+                );
                 for &e in &sel {
                     let r = top.iter().position(|&x| x == e).expect("selected from top");
                     out.expert.push(e);

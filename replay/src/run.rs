@@ -221,6 +221,7 @@ fn replay_layer(
                         .as_slice(),
                     layer,
                     routing: &inputs.routing,
+                    gating: inputs.gating,
                 }),
             };
             let experts = kept.map_or(inputs.n_expert, |k| k.kept.iter().filter(|&&b| b).count());

@@ -189,6 +189,7 @@ fn keep_map_with_too_few_survivors_forces_misses() {
         kept: &kept,
         layer: 0,
         routing: &routing,
+        gating: common::Gating::Softmax,
     };
     let t = requests(&raw, 6, Some(rule), 1);
     assert_eq!(t.expert, vec![1, NONE, 5, 1, NONE, NONE]);
@@ -237,6 +238,7 @@ fn random_steps(seed: u64, n_expert: usize, k: usize, tokens: usize, ubatch: usi
         kept: &kept,
         layer: 0,
         routing: &routing,
+        gating: common::Gating::Softmax,
     });
     Steps::build(&requests(&raw, n_expert, keep, 3), ubatch)
 }

@@ -522,9 +522,31 @@ fn balanced_keep_map(layers: &[u32], n_expert: u32, n_group: u32, k: u32) -> Kee
 /// both models see the same router input there.
 #[test]
 fn screen_predicts_the_pruned_grouped_biased_routing_at_the_first_moe_layer() {
+    screen_predicts_llama_cpp(Preset::Deepseek2);
+}
+
+/// The same with softmax gating and a selection bias: the pruned model's
+/// softmax runs over the kept experts, and the screen re-ranks them on the
+/// renormalised probabilities plus the bias. The unrenormalised rule (the
+/// traced order, as sigmoid gating keeps it) mispredicts some tokens.
+#[test]
+fn screen_predicts_the_pruned_softmax_biased_routing_renormalised() {
+    let (tokens, unrenormalised) = screen_predicts_llama_cpp(Preset::Deepseek2Softmax);
+    println!("unrenormalised rule: {unrenormalised} of {tokens} tokens as llama.cpp routes them");
+    assert!(
+        unrenormalised < tokens,
+        "the renormalisation must matter on this model: {unrenormalised} of {tokens}"
+    );
+}
+
+/// Checks the screen's prediction against llama.cpp's routing of pruned
+/// slices of `preset` at K = 8 and 16; returns the tokens compared and how
+/// many of them the unrenormalised rule (the traced order) also predicts.
+fn screen_predicts_llama_cpp(preset: Preset) -> (usize, usize) {
+    use common::Gating;
     use stages::score::screen::KeepMask;
     let dir = tempfile::tempdir().unwrap();
-    let base = fixtures::model(dir.path(), Preset::Deepseek2);
+    let base = fixtures::model(dir.path(), preset);
     let chunks = fixtures::chunks(2, N_CTX)[..1].to_vec();
     let index = fixtures::write_corpus(dir.path(), &chunks, N_CTX);
     let opts = CollectOptions {
@@ -547,29 +569,43 @@ fn screen_predicts_the_pruned_grouped_biased_routing_at_the_first_moe_layer() {
     let first = shape.moe_layers[0];
     let rows: Vec<_> = trace.iter().filter(|r| r.layer == first).collect();
     assert_eq!(rows.len(), N_CTX as usize);
+    let (mut compared, mut plain_right) = (0, 0);
     for k in [8, 16] {
         let map = balanced_keep_map(&shape.moe_layers, shape.n_expert, groups.n_group, k);
         let pruned = slice(&base, &map, dir.path(), &format!("pruned-{k}.gguf"));
         let sub = dir.path().join(format!("routing-{k}"));
         std::fs::create_dir_all(&sub).unwrap();
         let real = to_base_ids(routing(&pruned, &sub), &layers_of(&map));
-        let mask = KeepMask::new(&map, shape.n_expert as usize, &shape.routing);
+        let mask = KeepMask::new(&map, shape.n_expert as usize, &shape.routing, shape.gating);
+        // The traced order with no renormalisation (what sigmoid gating keeps).
+        let traced = KeepMask::new(
+            &map,
+            shape.n_expert as usize,
+            &shape.routing,
+            Gating::Sigmoid,
+        );
         let kept = &layers_of(&map)[&first];
         let (mut substituted, mut rule_matters) = (0, 0);
         for row in &rows {
-            let mut predicted: Vec<u32> = mask
-                .predicted(row)
-                .unwrap()
-                .iter()
-                .map(|&e| e as u32)
-                .collect();
-            predicted.sort();
+            let sorted = |m: &KeepMask| {
+                let mut v: Vec<u32> = m
+                    .predicted(row)
+                    .unwrap()
+                    .iter()
+                    .map(|&e| e as u32)
+                    .collect();
+                v.sort();
+                v
+            };
+            let predicted = sorted(&mask);
             let pos = row.pos as usize;
             assert_eq!(
                 Some(&predicted),
                 real.get(&(first, pos)),
-                "K={k} pos {pos}: screen vs llama.cpp"
+                "{preset:?} K={k} pos {pos}: screen vs llama.cpp"
             );
+            compared += 1;
+            plain_right += usize::from(Some(&sorted(&traced)) == real.get(&(first, pos)));
             let mut base_sel: Vec<u32> = row.selected.iter().map(|&e| e as u32).collect();
             base_sel.sort();
             substituted += usize::from(base_sel != predicted);
@@ -599,4 +635,5 @@ fn screen_predicts_the_pruned_grouped_biased_routing_at_the_first_moe_layer() {
             "K={k}: bias and groups must change some token's routing"
         );
     }
+    (compared, plain_right)
 }

@@ -339,7 +339,7 @@ async fn run_screen(
     }
     let masks: Vec<screen::KeepMask> = maps
         .iter()
-        .map(|(_, m)| screen::KeepMask::new(m, s.n_expert as usize, &s.routing))
+        .map(|(_, m)| screen::KeepMask::new(m, s.n_expert as usize, &s.routing, s.gating))
         .collect();
     let mut acc = BTreeMap::new();
     let mut read = 0u64;

@@ -127,12 +127,13 @@ pub fn markdown(r: &ScoreReport) -> String {
         let _ = writeln!(o, "{verb}: {note}.\n");
     }
     if !r.screen.is_empty() {
-        o.push_str("| method | K | split | rows | rows changed | mean mass lost | max mass lost | substitutes | mean substitute rank | rank k+1 / <=2k / <=4k / beyond | forced misses |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+        o.push_str("Mass lost: router probability of pruned selected experts per row (a share of the router mass under softmax gating, a sum of independent probabilities under sigmoid). Weight share lost: the pruned experts' share of the row's gate weight, comparable across gating functions.\n\n");
+        o.push_str("| method | K | split | rows | rows changed | mean mass lost | max mass lost | weight share lost | substitutes | mean substitute rank | rank k+1 / <=2k / <=4k / beyond | forced misses |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for s in &r.screen {
             let b = s.substitute_rank_buckets;
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {} | {} | {:.4} | {:.4} | {} | {:.2} | {} / {} / {} / {} | {} |",
+                "| {} | {} | {} | {} | {} | {:.4} | {:.4} | {} | {} | {:.2} | {} / {} / {} / {} | {} |",
                 s.method,
                 s.k,
                 s.split,
@@ -140,6 +141,7 @@ pub fn markdown(r: &ScoreReport) -> String {
                 pct(s.rows_changed_share),
                 s.mean_mass_lost,
                 s.max_mass_lost,
+                pct(s.mean_weight_share_lost),
                 s.substitutes,
                 s.mean_substitute_rank,
                 b[0],

@@ -1,13 +1,25 @@
 //! Substitution screen: replays traced routing under a keep map. A token's
 //! experts become what the pruned model selects ([`KeepMask::predicted`]:
 //! llama.cpp's rule, the router's top-N in selection order with the
-//! selection bias, within the allowed groups under grouped routing); the
-//! screen measures the router mass of pruned selections and how far down
-//! the ranking the substitutes came from, per split.
+//! selection bias, re-ranked on renormalised probabilities under softmax
+//! gating with a bias, within the allowed groups under grouped routing);
+//! the screen measures the mass of pruned selections and how far down the
+//! ranking the substitutes came from, per split.
+//!
+//! Two mass figures: `mean_mass_lost` sums the router probabilities of the
+//! pruned selected experts, which under softmax is a share of the token's
+//! whole router mass but under sigmoid gating a sum of independent
+//! per-expert probabilities (up to k, not a share of anything), so it does
+//! not compare across gating functions. `mean_weight_share_lost` divides
+//! the gate weights of the pruned selected experts by those of all its
+//! selected experts: the share of the layer's expert mix the pruned experts
+//! carried, in [0, 1] under every gating function, and what to compare
+//! across models.
 
 use common::keepmap::KeepMap;
-use common::routing::Routing;
+use common::routing::{Candidates, Routing};
 use common::trace::TraceRow;
+use common::Gating;
 use common::Split;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -25,8 +37,13 @@ pub struct ScreenRow {
     pub rows: u64,
     /// Rows where at least one selected expert was pruned.
     pub rows_changed_share: f64,
-    /// Mean router probability mass of pruned selected experts per row.
+    /// Mean router probability mass of pruned selected experts per row
+    /// (a share of the router mass under softmax only; see the module docs).
     pub mean_mass_lost: f64,
+    /// Mean share of a row's gate weight (over its selected experts) that
+    /// went to pruned experts: comparable across gating functions.
+    #[serde(default)]
+    pub mean_weight_share_lost: f64,
     /// Largest such mass in one row.
     pub max_mass_lost: f64,
     /// Substitutes taken from the router top-N.
@@ -45,6 +62,7 @@ pub struct ScreenAccum {
     rows: u64,
     changed: u64,
     mass_lost: f64,
+    weight_share_lost: f64,
     max_mass_lost: f64,
     substitutes: u64,
     rank_sum: u64,
@@ -62,11 +80,13 @@ pub struct KeepMask {
     layers: BTreeMap<u32, Vec<bool>>,
     n_expert: usize,
     routing: Routing,
+    gating: Gating,
 }
 
 impl KeepMask {
-    /// The mask of a keep map for layers of `n_expert` experts routed by `routing`.
-    pub fn new(map: &KeepMap, n_expert: usize, routing: &Routing) -> KeepMask {
+    /// The mask of a keep map for layers of `n_expert` experts routed by
+    /// `routing` with the gating function `gating`.
+    pub fn new(map: &KeepMap, n_expert: usize, routing: &Routing, gating: Gating) -> KeepMask {
         let layers = map
             .layers
             .iter()
@@ -84,6 +104,7 @@ impl KeepMask {
             layers,
             n_expert,
             routing: routing.clone(),
+            gating,
         }
     }
 
@@ -94,10 +115,13 @@ impl KeepMask {
         let kept = self.layers.get(&row.layer)?;
         let is_kept = |e: u16| kept.get(e as usize).copied().unwrap_or(false);
         Some(self.routing.select_kept(
+            self.gating,
             row.layer,
             self.n_expert,
-            &row.topn_id,
-            &row.topn_prob,
+            Candidates {
+                id: &row.topn_id,
+                prob: &row.topn_prob,
+            },
             &is_kept,
             row.selected.len(),
         ))
@@ -126,6 +150,19 @@ impl ScreenAccum {
             .sum();
         if row.selected.iter().any(|&e| !is_kept(e)) {
             self.changed += 1;
+        }
+        // Gate weight of the row's selected experts: all, or the pruned ones.
+        let weight = |all: bool| -> f64 {
+            row.selected
+                .iter()
+                .zip(&row.selected_weight)
+                .filter(|(&e, _)| all || !is_kept(e))
+                .map(|(_, &w)| f64::from(w))
+                .sum()
+        };
+        let all = weight(true);
+        if all > 0.0 {
+            self.weight_share_lost += weight(false) / all;
         }
         self.mass_lost += lost;
         self.max_mass_lost = self.max_mass_lost.max(lost);
@@ -162,6 +199,7 @@ impl ScreenAccum {
             rows: self.rows,
             rows_changed_share: per(self.changed as f64, self.rows),
             mean_mass_lost: per(self.mass_lost, self.rows),
+            mean_weight_share_lost: per(self.weight_share_lost, self.rows),
             max_mass_lost: self.max_mass_lost,
             substitutes: self.substitutes,
             mean_substitute_rank: per(self.rank_sum as f64, self.substitutes),
@@ -211,7 +249,7 @@ mod tests {
             saliency_sha256: String::new(),
             layers: [("4".to_string(), kept.to_vec())].into(),
         };
-        KeepMask::new(&map, 8, &Routing::default())
+        KeepMask::new(&map, 8, &Routing::default(), Gating::Softmax)
     }
 
     #[test]
@@ -225,6 +263,8 @@ mod tests {
         let out = acc.finish("m", 3, Split::Heldout);
         assert_eq!(out.rows, 2);
         assert!((out.mean_mass_lost - 0.2).abs() < 1e-7);
+        // Equal weights 0.5, 0.5: one of two pruned in each row.
+        assert!((out.mean_weight_share_lost - 0.5).abs() < 1e-12);
         assert_eq!(out.substitutes, 1);
         assert_eq!(out.mean_substitute_rank, 4.0);
         assert_eq!(out.substitute_rank_buckets, [0, 1, 0, 0]);

@@ -279,7 +279,7 @@ fn ffn(b: &mut Builder<'_>, i: usize) {
             b.small_f32(&t("ffn_gate_inp_shexp"), &[e], 0.3);
         }
     }
-    if a == "glm4moe" || (a == "deepseek2" && s.gating_key == Some(2)) || a == "minimax-m2" {
+    if a == "glm4moe" || (a == "deepseek2" && s.gating_key.is_some()) || a == "minimax-m2" {
         b.small_f32(&format!("blk.{i}.exp_probs_b.bias"), &[n], 0.05);
     }
 }

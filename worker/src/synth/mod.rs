@@ -84,6 +84,10 @@ pub enum Preset {
     /// deepseek2 as DeepSeek-V2: MLA, no `expert_gating_func` key (llama.cpp
     /// runs softmax), unnormalised weights, 16 experts, top-4.
     Deepseek2V2,
+    /// `deepseek2` with softmax gating (`expert_gating_func = 1`) and its
+    /// selection bias: a pruned model's softmax runs over the kept experts,
+    /// which can reorder them against the bias.
+    Deepseek2Softmax,
     /// glm4moe with an MTP (NextN) block: 1 dense + 2 MoE layers and block 3
     /// as NextN, 16 experts, top-4.
     Glm4moeMtp,
@@ -327,6 +331,10 @@ impl Preset {
                 groups: (4, 2),
                 gating_key: Some(2),
                 ..tiny
+            },
+            Preset::Deepseek2Softmax => Spec {
+                gating_key: Some(1),
+                ..Preset::Deepseek2.spec()
             },
             Preset::Deepseek2V2 => Spec {
                 n_expert: 16,
