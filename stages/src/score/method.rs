@@ -185,7 +185,11 @@ mod tests {
     #[test]
     fn simple_methods_rank_by_their_score_with_ties_by_id() {
         let l = input(&[5.0, 10.0, 10.0, 0.0], &[10.0, 10.0, 30.0, 0.0]);
-        let p = ScoreParams::default();
+        // No floor: the scores alone (expert 0's 5 hits are below the default).
+        let p = ScoreParams {
+            c_min: 1,
+            ..Default::default()
+        };
         assert_eq!(ranking(Method::Frequency, &p, &l), vec![1, 2, 0, 3]);
         assert_eq!(ranking(Method::ReapMean, &p, &l), vec![2, 0, 1, 3]);
         assert_eq!(ranking(Method::ReapL2Sum, &p, &l), vec![2, 0, 1, 3]);
