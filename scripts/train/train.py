@@ -30,7 +30,7 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
 CONFIG = dict(
     vocab_size=8192, hidden=128, n_layer=4, n_head=4, n_kv_head=2, head_dim=32,
     n_expert=32, top_k=4, expert_ff=96, rope_base=10000.0, rms_eps=1e-6,
-    seq_len=256, batch=8, lr=2.5e-3, warmup=40, weight_decay=0.05,
+    seq_len=256, batch=4, lr=2.5e-3, warmup=40, weight_decay=0.05,
     aux_coef=0.01,
 )
 
@@ -257,7 +257,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("data")
     ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=650)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-windows", type=int, default=24)
