@@ -1,12 +1,13 @@
 //! `coordinator corpus` as a user runs it: the quickstart's sample corpus on
-//! the generated `tiny` model; a share miss is a non-zero exit with the table.
+//! the committed quickstart model; a share miss is a non-zero exit with the
+//! table.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The quickstart config with absolute sample paths, the given targets and a
-/// generated model beside it.
-fn config(dir: &Path, targets: [f64; 3]) -> PathBuf {
+/// The quickstart config with absolute sample paths, the given targets
+/// (english, japanese, code, chat) and a copy of the model beside it.
+fn config(dir: &Path, targets: [f64; 4]) -> PathBuf {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/quickstart.toml");
     let base = sample.parent().unwrap().canonicalize().unwrap();
     let text = std::fs::read_to_string(&sample)
@@ -16,23 +17,27 @@ fn config(dir: &Path, targets: [f64; 3]) -> PathBuf {
             &format!("\"{}/sample_corpus/", base.display()),
         )
         .replace(
-            "target_share = 0.40",
+            "target_share = 0.36",
             &format!("target_share = {}", targets[0]),
         )
         .replace(
-            "target_share = 0.21",
+            "target_share = 0.18",
             &format!("target_share = {}", targets[1]),
         )
         .replace(
-            "target_share = 0.39",
+            "target_share = 0.22",
             &format!("target_share = {}", targets[2]),
+        )
+        .replace(
+            "target_share = 0.24",
+            &format!("target_share = {}", targets[3]),
         );
     let path = dir.join("quickstart.toml");
     std::fs::write(&path, text).unwrap();
-    worker::synth::write_model(
-        worker::synth::Preset::Tiny,
-        0,
-        &dir.join("models/tiny.gguf"),
+    std::fs::create_dir_all(dir.join("models")).unwrap();
+    std::fs::copy(
+        sample.parent().unwrap().join("models/quickstart-moe.gguf"),
+        dir.join("models/quickstart-moe.gguf"),
     )
     .unwrap();
     path
@@ -53,7 +58,7 @@ fn corpus(config: &Path, out: &Path) -> Output {
 #[test]
 fn quickstart_corpus_is_prepared_then_reused() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), [0.40, 0.21, 0.39]);
+    let cfg = config(dir.path(), [0.36, 0.18, 0.22, 0.24]);
     let out = dir.path().join("run");
     let first = corpus(&cfg, &out);
     let stdout = String::from_utf8_lossy(&first.stdout);
@@ -75,7 +80,7 @@ fn quickstart_corpus_is_prepared_then_reused() {
 #[test]
 fn off_targets_exit_non_zero_with_the_table_and_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), [0.2, 0.6, 0.2]);
+    let cfg = config(dir.path(), [0.2, 0.5, 0.1, 0.2]);
     let out = dir.path().join("run");
     let o = corpus(&cfg, &out);
     let stderr = String::from_utf8_lossy(&o.stderr);

@@ -77,7 +77,14 @@ def main():
 
     write_jsonl("english.jsonl", [{"topic": r["group"], "source": r["source"], "text": cut(r["text"])}
                                   for r in english])
-    write_jsonl("eval.jsonl", [{"source": r["source"], "text": cut(r["text"])} for r in evals])
+    # The evaluation set also holds the first English document less its last
+    # line: the corpus stage's near-duplicate rule then drops that document
+    # from the calibration data, as a run should show.
+    first = cut(english[0]["text"])
+    evals_out = [{"source": r["source"], "text": cut(r["text"])} for r in evals]
+    evals_out.append({"source": english[0]["source"] + " (less its last line)",
+                      "text": first[:first.rfind("\n")].strip()})
+    write_jsonl("eval.jsonl", evals_out)
     write_jsonl("code.jsonl", [{"module": r["group"], "source": r["source"], "text": cut(r["text"])}
                                for r in code])
     write_jsonl("chat.jsonl", [{"task": r["group"], "source": r["source"],

@@ -16,8 +16,8 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// A private copy of configs/ in `dir` with the quickstart config edited by
-/// `edit`: the run generates its model next to the config, and the
+/// A private copy of configs/ in `dir` (the sample corpus and the committed
+/// quickstart model) with the quickstart config edited by `edit`: the
 /// repository's own copy must stay untouched. Returns the config's path.
 fn quickstart_copy(dir: &Path, edit: impl Fn(String) -> String) -> std::path::PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
@@ -26,6 +26,12 @@ fn quickstart_copy(dir: &Path, edit: impl Fn(String) -> String) -> std::path::Pa
         &repo.join("configs/sample_corpus"),
         &configs.join("sample_corpus"),
     );
+    std::fs::create_dir_all(configs.join("models")).unwrap();
+    std::fs::copy(
+        repo.join("configs/models/quickstart-moe.gguf"),
+        configs.join("models/quickstart-moe.gguf"),
+    )
+    .unwrap();
     let text = std::fs::read_to_string(repo.join("configs/quickstart.toml")).unwrap();
     let config = configs.join("quickstart.toml");
     std::fs::write(&config, edit(text)).unwrap();
@@ -95,7 +101,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
     assert!(
         report.contains("## Pruned candidates against the base model")
-            && report.contains("| reap_hybrid_K8 |")
+            && report.contains("| reap_hybrid_K16 |")
             && out.join("report/eval_kl_vs_k.png").is_file(),
         "{report}"
     );
@@ -118,7 +124,7 @@ fn cards(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
 }
 
 /// `coordinator ship` on the quickstart run: a keep map and a top-k
-/// candidate (all 16 experts, 2 of the 4 per token), unquantised, Q8_0 and
+/// candidate (all 32 experts, 2 of the 4 per token), unquantised, Q8_0 and
 /// Q4_0, each evaluated against the base model with its figures in its
 /// card and the ship table; a second ship reuses every file and eval
 /// partial and writes byte-identical cards; the top-k candidate evaluates,
@@ -134,7 +140,7 @@ fn ship_the_quickstart(run: &Path, dir: &Path) {
         "ship",
         run.to_str().unwrap(),
         "--candidates",
-        "frequency_K8,base_top2",
+        "frequency_K16,base_top2",
         "--quant",
         "Q8_0,Q4_0",
         "--out",
@@ -149,7 +155,7 @@ fn ship_the_quickstart(run: &Path, dir: &Path) {
     assert!(stdout.contains("shipped 19 files"), "{stdout}");
     assert!(stdout.contains("| file | bytes | KL mean"), "{stdout}");
     let mut models = Vec::new();
-    for c in ["frequency_K8", "base_top2"] {
+    for c in ["frequency_K16", "base_top2"] {
         models.extend([c.to_string(), format!("{c}.Q8_0"), format!("{c}.Q4_0")]);
     }
     for m in &models {
@@ -214,20 +220,20 @@ fn ship_the_quickstart(run: &Path, dir: &Path) {
     // Q4_0 weighs its rounding by the importance matrix (Q8_0 does not):
     // the same slice quantised without it is another file, and no closer
     // to the base model on held-out text.
-    let without = dir.join("frequency_K8.Q4_0.without.gguf");
+    let without = dir.join("frequency_K16.Q4_0.without.gguf");
     fixtures::run_ok(
         "worker",
         &[
             "quantize",
             "--model",
-            ship_dir.join("frequency_K8.gguf").to_str().unwrap(),
+            ship_dir.join("frequency_K16.gguf").to_str().unwrap(),
             "--type",
             "Q4_0",
             "--out",
             without.to_str().unwrap(),
         ],
     );
-    let with = ship_dir.join("frequency_K8.Q4_0.gguf");
+    let with = ship_dir.join("frequency_K16.Q4_0.gguf");
     assert_ne!(
         std::fs::read(&with).unwrap(),
         std::fs::read(&without).unwrap()

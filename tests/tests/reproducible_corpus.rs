@@ -5,10 +5,9 @@
 //! `saliency.json`.
 
 use std::path::{Path, PathBuf};
-use worker::synth::Preset;
 
 /// Copies the quickstart config and its sample corpus to `to/configs`, with
-/// the tiny model at `models/tiny.gguf` beside it; returns the config path.
+/// `model` at `models/quickstart-moe.gguf` beside it; returns the config path.
 fn copy_configs(to: &Path, model: &Path) -> PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let configs = to.join("configs");
@@ -22,7 +21,7 @@ fn copy_configs(to: &Path, model: &Path) -> PathBuf {
         )
         .unwrap();
     }
-    std::fs::copy(model, configs.join("models/tiny.gguf")).unwrap();
+    std::fs::copy(model, configs.join("models/quickstart-moe.gguf")).unwrap();
     let config = configs.join("quickstart.toml");
     std::fs::copy(repo.join("configs/quickstart.toml"), &config).unwrap();
     config
@@ -59,7 +58,8 @@ fn collect(model: &Path, run: &Path, chunks: &str) -> Vec<u8> {
 fn corpus_and_saliency_do_not_depend_on_the_working_directory_or_config_location() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let model = fixtures::model(root, Preset::Tiny);
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let model = repo.join("configs/models/quickstart-moe.gguf");
     let here = copy_configs(&root.join("one"), &model);
     let there = copy_configs(&root.join("two/deeper/elsewhere"), &model);
     let configs = here.parent().unwrap();
