@@ -17,6 +17,7 @@
 //! missing, never run from here.
 
 pub mod corpus;
+pub mod domains;
 pub mod eval;
 pub mod panels;
 pub mod plots;
@@ -154,6 +155,16 @@ pub async fn report(store: &RunStore) -> Result<ReportOutput, StagesError> {
         }
     } else {
         md.push_str("No fit split in saliency.json.\n\n");
+    }
+    let by_domain = s
+        .split(Split::Fit)
+        .and_then(|fit| domains::layer_domains(fit, s.n_expert_used, s.n_expert));
+    if let Some(layers) = by_domain {
+        md.push_str(
+            "## Domains and rare experts\n\nPer layer, each domain's most concentrated expert on the fit split: the share of the expert's tokens that come from the domain, against the domain's share of all routed tokens (1x: no specialisation).\n\n",
+        );
+        md.push_str(&domains::markdown(&layers));
+        md.push('\n');
     }
     let vision = s
         .split(Split::Fit)
