@@ -7,7 +7,8 @@
 //! replays those steps for every capacity: LRU on an intrusive list with a
 //! one-pass miss curve ([`lru`]), the scored policies on flat per-slot key
 //! arrays (a tournament tree of slots, [`tree`], for large caches; [`scored`])
-//! with lazy EMA scores ([`ema`]) and Belady's next-use index. [`run`] streams
+//! with lazy EMA scores ([`ema`]) and Belady's next-use index; `static` pins
+//! the experts with the most fit-split traffic ([`pinned`]). [`run`] streams
 //! the trace one layer at a time ([`trace_io`]) across threads, after
 //! [`inputs`] read the run; [`report`] sums the layers into the rows of
 //! [`results`], the schema of `replay/results.json`. Every failure is a
@@ -23,6 +24,7 @@ pub mod inputs;
 pub mod keep;
 pub mod lru;
 pub mod model;
+pub mod pinned;
 pub mod policy;
 pub mod remote;
 pub mod report;

@@ -4,7 +4,7 @@
 use super::ema::{Credit, LazyEma};
 use super::scored::{self, Belady, Lfu};
 use super::steps::Steps;
-use super::{lru, Counts};
+use super::{lru, pinned, Counts};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -26,11 +26,13 @@ pub enum Policy {
     InverseRouterEma,
     /// Evict the expert whose next use is farthest (needs the future).
     Belady,
+    /// Pin the experts with the most fit-split traffic; evict nothing.
+    Static,
 }
 
 impl Policy {
     /// Every policy, in report order.
-    pub const ALL: [Policy; 7] = [
+    pub const ALL: [Policy; 8] = [
         Policy::Lru,
         Policy::Lfu,
         Policy::Ema,
@@ -38,6 +40,7 @@ impl Policy {
         Policy::RouterEma,
         Policy::InverseRouterEma,
         Policy::Belady,
+        Policy::Static,
     ];
 
     /// The command-line and file name.
@@ -50,6 +53,7 @@ impl Policy {
             Policy::RouterEma => "router_ema",
             Policy::InverseRouterEma => "inverse_router_ema",
             Policy::Belady => "belady",
+            Policy::Static => "static",
         }
     }
 
@@ -95,8 +99,16 @@ impl Default for PolicyParams {
     }
 }
 
-/// Replays one layer's steps through `policy` with `capacity` resident experts.
-pub fn simulate(policy: Policy, steps: &Steps, capacity: usize, params: &PolicyParams) -> Counts {
+/// Replays one layer's steps through `policy` with `capacity` resident
+/// experts; `fit` is the layer's requests per expert on the fit split, which
+/// only `static` reads (empty: it pins the lowest ids).
+pub fn simulate(
+    policy: Policy,
+    steps: &Steps,
+    capacity: usize,
+    params: &PolicyParams,
+    fit: &[u64],
+) -> Counts {
     if capacity == 0 {
         return Counts {
             requests: steps.requests(),
@@ -121,5 +133,6 @@ pub fn simulate(policy: Policy, steps: &Steps, capacity: usize, params: &PolicyP
             scored::simulate(steps, capacity, &mut ema(Credit::InverseRank, 0.0))
         }
         Policy::Belady => scored::simulate(steps, capacity, &mut Belady::new(steps)),
+        Policy::Static => pinned::simulate(steps, capacity, fit),
     }
 }

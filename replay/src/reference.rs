@@ -9,6 +9,9 @@ use super::Counts;
 use std::cmp::Ordering;
 
 pub fn eager(policy: Policy, steps: &Steps, capacity: usize, params: &PolicyParams) -> Counts {
+    if policy == Policy::Static {
+        return eager_static(steps, capacity, &[]);
+    }
     let n = steps.n_expert;
     let len = steps.len();
     let mut score = vec![0f64; n];
@@ -80,6 +83,38 @@ pub fn eager(policy: Policy, steps: &Steps, capacity: usize, params: &PolicyPara
         });
         union.truncate(capacity);
         resident = union;
+    }
+    counts
+}
+
+/// `static` the slow way: pick the pinned experts one at a time (the most
+/// fit traffic left, the lowest id on a tie; no traffic past `fit`'s end),
+/// then every request of a step outside them is a miss.
+pub fn eager_static(steps: &Steps, capacity: usize, fit: &[u64]) -> Counts {
+    let mut pinned: Vec<usize> = Vec::new();
+    while pinned.len() < capacity.min(steps.n_expert) {
+        let mut best: Option<usize> = None;
+        for e in 0..steps.n_expert {
+            let t = |e: usize| if e < fit.len() { fit[e] } else { 0 };
+            if !pinned.contains(&e) && best.is_none_or(|b| t(e) > t(b)) {
+                best = Some(e);
+            }
+        }
+        pinned.push(best.unwrap());
+    }
+    let mut counts = Counts {
+        requests: steps.requests(),
+        ..Counts::default()
+    };
+    for s in 0..steps.len() {
+        let d = &steps.expert[steps.range(s)];
+        counts.misses += d
+            .iter()
+            .filter(|&&e| !pinned.contains(&(e as usize)))
+            .count() as u64;
+        if d.len() > capacity {
+            counts.overflow_steps += 1;
+        }
     }
     counts
 }

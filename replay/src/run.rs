@@ -4,6 +4,7 @@ use super::capacity::Capacity;
 use super::inputs::{load_inputs, Inputs};
 use super::keep::{requests, KeptLayer};
 use super::lru::miss_curve;
+use super::pinned;
 use super::policy::{simulate, Policy, PolicyParams};
 use super::report::{self, Cell, CurveCell, RowKey, Setup};
 use super::results::{Mode, ReplayReport, TraceKind};
@@ -47,7 +48,7 @@ pub struct ReplayArgs {
         long,
         value_delimiter = ',',
         value_parser = Policy::parse,
-        default_value = "lru,lfu,ema,near_pick_ema,router_ema,inverse_router_ema,belady"
+        default_value = "lru,lfu,ema,near_pick_ema,router_ema,inverse_router_ema,belady,static"
     )]
     pub policies: Vec<Policy>,
     /// Per-layer capacities: experts (`64`), fractions of the layer's
@@ -188,6 +189,29 @@ pub fn replay_in(args: &ReplayArgs, store: RunStore) -> Result<ReplayReport, Rep
 
 type LayerOut = (Vec<Cell>, Vec<CurveCell>);
 
+/// The kept experts of `keep` at `layer` (`None`: the keep-all map).
+fn kept_layer<'a>(
+    keep: &'a super::inputs::KeepInput,
+    layer: u32,
+    inputs: &'a Inputs,
+) -> Result<Option<KeptLayer<'a>>, ReplayError> {
+    Ok(match &keep.kept {
+        None => None,
+        Some(m) => Some(KeptLayer {
+            kept: m
+                .get(&layer)
+                .ok_or_else(|| ReplayError::KeepMapLayer {
+                    keep_map: keep.label.clone(),
+                    layer,
+                })?
+                .as_slice(),
+            layer,
+            routing: &inputs.routing,
+            gating: inputs.gating,
+        }),
+    })
+}
+
 fn replay_layer(
     set: &TraceSet,
     kind: TraceKind,
@@ -202,6 +226,25 @@ fn replay_layer(
     } else {
         0
     };
+    // The fit split's requests per expert under each keep map: what `static` pins by.
+    let fit_traffic = inputs
+        .keep
+        .iter()
+        .map(|keep| {
+            Ok(match args.policies.contains(&Policy::Static) {
+                true => pinned::traffic(&Steps::build(
+                    &requests(
+                        &raw[0], /* Split::ALL[0]: fit */
+                        inputs.n_expert,
+                        kept_layer(keep, layer, inputs)?,
+                        0,
+                    ),
+                    1,
+                )),
+                false => Vec::new(),
+            })
+        })
+        .collect::<Result<Vec<_>, ReplayError>>()?;
     let mut cells = Vec::new();
     let mut curves = Vec::new();
     for (split, raw) in Split::ALL.into_iter().zip(&raw) {
@@ -209,21 +252,7 @@ fn replay_layer(
             continue;
         }
         for (keep_idx, keep) in inputs.keep.iter().enumerate() {
-            let kept = match &keep.kept {
-                None => None,
-                Some(m) => Some(KeptLayer {
-                    kept: m
-                        .get(&layer)
-                        .ok_or_else(|| ReplayError::KeepMapLayer {
-                            keep_map: keep.label.clone(),
-                            layer,
-                        })?
-                        .as_slice(),
-                    layer,
-                    routing: &inputs.routing,
-                    gating: inputs.gating,
-                }),
-            };
+            let kept = kept_layer(keep, layer, inputs)?;
             let experts = kept.map_or(inputs.n_expert, |k| k.kept.iter().filter(|&&b| b).count());
             let reqs = requests(raw, inputs.n_expert, kept, n_near);
             for &mode in &args.mode {
@@ -264,7 +293,13 @@ fn replay_layer(
                             tokens: steps.tokens,
                             steps: steps.len() as u64,
                             forced: steps.forced,
-                            counts: simulate(policy, &steps, capacity, &params),
+                            counts: simulate(
+                                policy,
+                                &steps,
+                                capacity,
+                                &params,
+                                &fit_traffic[keep_idx],
+                            ),
                         });
                     }
                 }

@@ -4,7 +4,9 @@
 use super::ema::{Credit, LazyEma};
 use super::keep::{requests, KeptLayer};
 use super::lru;
+use super::pinned;
 use super::policy::{simulate, Policy, PolicyParams};
+use super::reference;
 use super::reference::{eager, optimum};
 use super::scored;
 use super::steps::{Steps, TokenReqs, NONE};
@@ -54,7 +56,7 @@ fn misses(policy: Policy, steps: &Steps, capacity: usize, decay: f64) -> u64 {
         near_pick_n: 1,
         near_pick_credit: 0.5,
     };
-    simulate(policy, steps, capacity, &params).misses
+    simulate(policy, steps, capacity, &params, &[]).misses
 }
 
 // --- hand-computed answers (worked out step by step in the comments) ---
@@ -160,7 +162,7 @@ fn overflowing_step_counts_every_miss() {
     let t = reqs(4, &[&[0, 1, 2], &[2, 3, 0]], &[], &[]);
     let s = Steps::build(&t, 1);
     for p in Policy::ALL {
-        let c = simulate(p, &s, 2, &params(0.9));
+        let c = simulate(p, &s, 2, &params(0.9), &[]);
         assert_eq!(c.overflow_steps, 2, "{p}");
         assert_eq!(c, eager(p, &s, 2, &params(0.9)), "{p}");
     }
@@ -252,7 +254,7 @@ fn every_policy_equals_the_eager_reference_on_random_traces() {
             for p in Policy::ALL {
                 let decay = [0.5, 0.9, 0.99][seed as usize % 3];
                 assert_eq!(
-                    simulate(p, &s, capacity, &params(decay)),
+                    simulate(p, &s, capacity, &params(decay), &[]),
                     eager(p, &s, capacity, &params(decay)),
                     "{p} seed {seed} capacity {capacity} ubatch {ubatch}"
                 );
@@ -306,7 +308,9 @@ fn belady_is_never_worse_than_any_policy_on_random_traces() {
         let widest = (0..s.len()).map(|i| s.range(i).len()).max().unwrap();
         for capacity in [widest, widest + 3, 20] {
             let b = misses(Policy::Belady, &s, capacity, 0.9);
-            for p in Policy::ALL {
+            // `static` is no demand cache: it starts with its experts
+            // resident and never loads one, so it can beat Belady.
+            for p in Policy::ALL.into_iter().filter(|&p| p != Policy::Static) {
                 let m = misses(p, &s, capacity, 0.9);
                 assert!(
                     b <= m,
@@ -410,6 +414,34 @@ fn flat_and_tree_engines_equal_the_eager_reference() {
                     "tree {policy} seed {seed} capacity {capacity}"
                 );
             }
+        }
+    }
+}
+
+/// `static` pins the experts with the most fit traffic: fit traffic
+/// [1, 9, 9, 4] at capacity 2 pins 1 and 2 (a tie goes to the lower id at
+/// capacity 1). Trace 0 1 | 2 3 | 1 2 per ubatch of 2: 0 and 3 miss.
+#[test]
+fn static_pins_the_experts_with_the_most_fit_traffic() {
+    let one = single(&[0, 1, 2, 3, 1, 2]);
+    let refs: Vec<&[u16]> = one.iter().map(|t| t.as_slice()).collect();
+    let s = Steps::build(&reqs(4, &refs, &[], &[]), 2);
+    let fit = [1, 9, 9, 4];
+    assert_eq!(pinned::pinned(&fit, 4, 2), vec![false, true, true, false]);
+    assert_eq!(pinned::pinned(&fit, 4, 1), vec![false, true, false, false]);
+    let c = simulate(Policy::Static, &s, 2, &params(0.9), &fit);
+    assert_eq!((c.requests, c.misses, c.overflow_steps), (6, 2, 0));
+    assert_eq!(c, reference::eager_static(&s, 2, &fit));
+    assert_eq!(pinned::traffic(&s), vec![1, 2, 2, 1]);
+    for seed in 0..6 {
+        let s = random_steps(seed, 16, 3, 200, [1, 4][seed as usize % 2]);
+        let fit = pinned::traffic(&random_steps(seed + 50, 16, 3, 200, 1));
+        for capacity in [0, 1, 5, 16] {
+            assert_eq!(
+                simulate(Policy::Static, &s, capacity, &params(0.9), &fit),
+                reference::eager_static(&s, capacity, &fit),
+                "seed {seed} capacity {capacity}"
+            );
         }
     }
 }

@@ -91,7 +91,7 @@ fn main() {
         for (i, &policy) in policies.iter().enumerate() {
             for (j, &capacity) in caps.iter().enumerate() {
                 let (t, c0) = (Instant::now(), on_cpu());
-                let c = simulate(policy, &steps, capacity, &params);
+                let c = simulate(policy, &steps, capacity, &params, &[]);
                 time[i][j] += t.elapsed();
                 cpu[i][j] += on_cpu() - c0;
                 misses[i][j] += c.misses;
@@ -172,7 +172,7 @@ fn main() {
             let total: u64 = pool.install(|| {
                 layers
                     .par_iter()
-                    .map(|s| simulate(policy, s, caps[0], &params).misses)
+                    .map(|s| simulate(policy, s, caps[0], &params, &[]).misses)
                     .sum()
             });
             rate[i] = reqs as f64 / t.elapsed().as_secs_f64() / 1e6;

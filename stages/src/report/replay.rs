@@ -262,7 +262,7 @@ fn png_name(label: &str, taken: &mut Vec<String>) -> String {
 }
 
 /// The colour of `policy` in every miss-rate figure (Okabe-Ito, without
-/// its yellow, which is unreadable on white).
+/// its yellow, which is unreadable on white; grey for `static`).
 pub fn colour(policy: Policy) -> RGBColor {
     match policy {
         Policy::Lru => RGBColor(0, 114, 178),
@@ -272,6 +272,7 @@ pub fn colour(policy: Policy) -> RGBColor {
         Policy::RouterEma => RGBColor(213, 94, 0),
         Policy::InverseRouterEma => RGBColor(204, 121, 167),
         Policy::Belady => RGBColor(0, 0, 0),
+        Policy::Static => RGBColor(128, 128, 128),
     }
 }
 
