@@ -209,7 +209,7 @@ mod tests {
         assert!((l.specialists[1].lift() - (37.0 / 55.0) / 0.4).abs() < 1e-12);
         // Expert 2 has 3 tokens, above the rare line (2.5): only 3 is rare.
         assert_eq!(l.rare, vec![(3, 0, None)]);
-        let md = markdown(&[l.clone()]);
+        let md = markdown(std::slice::from_ref(l));
         assert!(
             md.contains("| 2 | expert 0: 95% of its 42 tokens (1.6x the domain's 60%) |"),
             "{md}"
