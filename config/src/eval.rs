@@ -7,11 +7,12 @@
 use super::method::Method;
 use common::routing::{check_group_keep, ExpertGroups};
 use common::saliency::Saliency;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// `[eval]`: the keep maps `coordinator run` evaluates after scoring (none:
 /// no evaluation), and how.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct EvalSettings {
     /// Keep maps by name, `<method>_K<k>`; K may be a share (`_K50%`).
@@ -96,7 +97,36 @@ impl KeepShape {
     /// ([`check_group_keep`]), is refused with why.
     pub fn resolve(&self, spec: &str) -> Result<u32, String> {
         let n = self.n_expert;
-        let (k, from) = match parse_size(spec)? {
+        let (k, from) = self.sized(spec)?;
+        if k > n {
+            return Err(format!(
+                "{from}{k} experts is more than the model's {n} per layer"
+            ));
+        }
+        if k < self.n_expert_used {
+            return Err(format!(
+                "{from}keeping {k} experts is fewer than the {} the model routes each token to (llama.cpp cannot run it)",
+                self.n_expert_used
+            ));
+        }
+        check_group_keep(self.groups, n, self.n_expert_used, k)
+            .map_err(|e| format!("{from}{e}"))?;
+        Ok(k)
+    }
+
+    /// The number of experts a size names (`"12"`, or `"50%"` of the
+    /// experts rounded down as [`KeepShape::resolve`] rounds it), without
+    /// checking that the model can run it: `score`'s `--k`, whose own
+    /// check allows maps `eval` cannot run.
+    pub fn count(&self, spec: &str) -> Result<u32, String> {
+        self.sized(spec).map(|(k, _)| k)
+    }
+
+    /// A size's number of experts and, for a share, how it was computed
+    /// (a prefix for messages).
+    fn sized(&self, spec: &str) -> Result<(u32, String), String> {
+        let n = self.n_expert;
+        Ok(match parse_size(spec)? {
             Size::Experts(k) => (k, String::new()),
             Size::Percent(pct) => {
                 let step = self.groups.map_or(1, |g| g.n_group.max(1));
@@ -112,21 +142,7 @@ impl KeepShape {
                     format!("{pct}% of the model's {n} experts is {k}{rounding}; "),
                 )
             }
-        };
-        if k > n {
-            return Err(format!(
-                "{from}{k} experts is more than the model's {n} per layer"
-            ));
-        }
-        if k < self.n_expert_used {
-            return Err(format!(
-                "{from}keeping {k} experts is fewer than the {} the model routes each token to (llama.cpp cannot run it)",
-                self.n_expert_used
-            ));
-        }
-        check_group_keep(self.groups, n, self.n_expert_used, k)
-            .map_err(|e| format!("{from}{e}"))?;
-        Ok(k)
+        })
     }
 }
 

@@ -15,14 +15,18 @@
 pub mod candidate;
 pub mod eval;
 pub mod method;
+pub mod reference;
 pub mod run;
 pub mod ship;
+pub mod strict;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The whole `CONFIG.toml`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// `[model]`: the GGUF model whose tokenizer and experts are measured.
     #[serde(default)]
@@ -116,12 +120,17 @@ impl Config {
         }
     }
 
-    /// Parses config text; relative paths resolve against the current directory.
+    /// Parses config text; relative paths resolve against the current
+    /// directory. An unknown section or key is refused with the nearest
+    /// valid name ([`strict`]).
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let invalid = |message: String| ConfigError::Parse {
             path: PathBuf::from("<config>"),
-            message: e.to_string(),
-        })
+            message,
+        };
+        let doc: toml::Table = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        strict::check(&doc).map_err(invalid)?;
+        toml::from_str(text).map_err(|e| invalid(e.to_string()))
     }
 
     /// Resolves a path from the config file against the config's directory.
@@ -166,7 +175,7 @@ pub enum ConfigError {
 }
 
 /// `[model]`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// Path of the GGUF file (relative to the config file's directory).
@@ -181,7 +190,7 @@ pub struct ModelConfig {
 }
 
 /// `[corpus]`: how the calibration corpus is built.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CorpusConfig {
     /// Tokens per chunk (the context each chunk is evaluated in).
@@ -237,7 +246,7 @@ impl Default for CorpusConfig {
 }
 
 /// `[corpus.dedup]`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DedupConfig {
     /// Tokens per shingle.
@@ -276,7 +285,7 @@ impl Default for DedupConfig {
 }
 
 /// One `[[corpus.domains]]` entry.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DomainConfig {
     /// Domain name, as used in reports and per-domain statistics.
@@ -295,7 +304,7 @@ pub struct DomainConfig {
 }
 
 /// One `[[corpus.eval_sets]]` entry.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvalSetConfig {
     /// Name used in the drop report.
@@ -304,26 +313,84 @@ pub struct EvalSetConfig {
     pub sources: Vec<SourceConfig>,
 }
 
-/// One source file of a domain or evaluation set.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One source of a domain or evaluation set: a file, a directory (every
+/// file under it) or a glob (`code/**/*.rs`). Each file's format is
+/// `format`, else told from its name: `.jsonl`/`.ndjson` (JSON lines),
+/// `.json` (a JSON array of records), `.parquet`, `.txt`/`.text`/`.md`/
+/// `.raw` (text), each but Parquet also compressed (`.gz`, `.zst`); a file
+/// whose format its name does not tell is refused. Records hold text in
+/// `text_field` (default `text`, else `content`) or chat in
+/// `messages_field` (default `messages`, else ShareGPT's `conversations`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
-    /// File path (relative to the config file's directory).
+    /// File, directory or glob (relative to the config file's directory).
+    /// A directory is walked in name order, hidden entries and symbolic
+    /// links skipped; in a glob, `*` stays within a directory, `**/`
+    /// spans any depth.
     pub path: PathBuf,
-    /// File format; default: from the extension (`.jsonl`, `.parquet`, else text).
+    /// Format of every file of the source; default: each file's told from
+    /// its name (`.jsonl`, `.json`, `.parquet`, `.txt`, compressed `.gz` /
+    /// `.zst`), refused when its name does not tell.
     #[serde(default)]
     pub format: Option<SourceFormat>,
-    /// Field (JSONL) or column (Parquet) holding plain text.
+    /// Field (JSON) or column (Parquet) holding plain text; with the
+    /// default, `text`, a record without one is read from `content`.
     #[serde(default = "default_text_field")]
     pub text_field: String,
-    /// Field or column holding chat messages `[{role, content}]`.
+    /// Field or column holding chat messages: OpenAI's `[{role, content,
+    /// tool_calls}]` or ShareGPT's `[{from, value}]`; with the default,
+    /// `messages`, a record without one is read from `conversations`.
     #[serde(default = "default_messages_field")]
     pub messages_field: String,
+    /// Field of a chat message naming its author; default: `role`, else
+    /// `from` (ShareGPT). Author names: `system`, `developer`, `user`,
+    /// `assistant`, `tool`, and ShareGPT's `human`, `gpt`, `observation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role_field: Option<String>,
+    /// Field of a chat message holding its text; default: `content`, else
+    /// `value` (ShareGPT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_field: Option<String>,
     /// Plain text only: split the file into documents at this string
     /// (e.g. `"\n\n"`); default: the whole file is one document.
     #[serde(default)]
     pub separator: Option<String>,
+    /// Directory and glob sources: only files whose path relative to the
+    /// directory (or the glob's fixed prefix) matches one of these globs;
+    /// a pattern without `/` matches the file name (`*.rs`). Empty: all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    /// Directory and glob sources: files and directories matching any of
+    /// these globs are skipped (`target`, `tests/**`, `*.lock`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// Directory and glob sources: files larger than this many bytes are
+    /// skipped and counted (default 1048576); so are binary files (a NUL
+    /// byte or invalid UTF-8) of a text source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_file_bytes: Option<u64>,
 }
+
+impl Default for SourceConfig {
+    fn default() -> Self {
+        SourceConfig {
+            path: PathBuf::new(),
+            format: None,
+            text_field: default_text_field(),
+            messages_field: default_messages_field(),
+            role_field: None,
+            content_field: None,
+            separator: None,
+            include: Vec::new(),
+            exclude: Vec::new(),
+            max_file_bytes: None,
+        }
+    }
+}
+
+/// The default of [`SourceConfig::max_file_bytes`]: 1 MiB.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 1 << 20;
 
 fn default_text_field() -> String {
     "text".into()
@@ -334,27 +401,17 @@ fn default_messages_field() -> String {
 }
 
 /// Source file formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceFormat {
     /// One JSON object per line.
     Jsonl,
+    /// A JSON array of objects, one record each.
+    Json,
     /// A Parquet table, one record per row.
     Parquet,
     /// UTF-8 text.
     Text,
-}
-
-impl SourceConfig {
-    /// The format, given or inferred from the file extension.
-    pub fn format(&self) -> SourceFormat {
-        self.format
-            .unwrap_or_else(|| match self.path.extension().and_then(|e| e.to_str()) {
-                Some("jsonl") | Some("ndjson") => SourceFormat::Jsonl,
-                Some("parquet") => SourceFormat::Parquet,
-                _ => SourceFormat::Text,
-            })
-    }
 }
 
 #[cfg(test)]
@@ -380,8 +437,7 @@ mod tests {
         assert_eq!(c.corpus.tolerance, 0.05);
         assert_eq!(c.corpus.dedup, DedupConfig::default());
         let d = &c.corpus.domains[0];
-        assert_eq!(d.sources[0].format(), SourceFormat::Jsonl);
-        assert_eq!(d.sources[1].format(), SourceFormat::Text);
+        assert_eq!(d.sources[1].separator.as_deref(), Some("\n\n"));
         assert_eq!(d.sources[0].text_field, "text");
     }
 

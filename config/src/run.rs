@@ -2,11 +2,12 @@
 
 use common::MAX_CPU_MOE_LAYERS;
 use sched::SchedConfig;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// `[run]`: how the chunks are leased and evaluated.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RunSettings {
     /// Run location (path or URL); `--out` overrides; default `runs/<config stem>`.
@@ -253,7 +254,7 @@ fn is_device_name(d: &str) -> bool {
 }
 
 /// `[cluster]`: the QUIC endpoint and who may join.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterSettings {
     /// Address to listen on; `127.0.0.1:0` (loopback, any port) serves local workers only.
@@ -339,7 +340,7 @@ impl Default for ClusterSettings {
 
 /// `[storage]`: S3-compatible endpoint settings for `s3://` run locations
 /// (credentials stay in `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorageSettings {
     /// Endpoint URL (`http://127.0.0.1:9000`); sets `AWS_ENDPOINT`.

@@ -10,11 +10,12 @@ use super::candidate;
 use super::eval::KeepShape;
 use super::method::Method;
 use common::quant::{check_requantize, QuantType};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// `[ship]`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShipSettings {
     /// Candidates, as `coordinator ship --candidates`: keep maps the run
