@@ -17,8 +17,10 @@ pub mod chat;
 pub mod dedup;
 pub mod doc;
 pub mod error;
+pub mod files;
 pub mod heldout;
 pub mod image_file;
+pub mod json_array;
 pub mod manifest;
 pub mod media;
 pub mod pack;
@@ -145,7 +147,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     }
     let model_sha = model_sha256(&model)?;
     let hashes = prepare::all_sources(&config.corpus)
-        .map(|s| source::hash_file(&config.resolve(&s.path)))
+        .map(|s| source::hash_source(s, &config.resolve(&s.path)))
         .collect::<Result<Vec<_>, _>>()?;
     // With an mmproj, the images enter the fingerprint: the sources are
     // read for their images' hashes, so a changed image is a changed input.
@@ -284,6 +286,16 @@ pub fn summary(m: &Manifest) -> String {
             d.dropped_near_eval,
             d.dropped_exact_within,
         );
+        for src in d.sources.iter().filter(|src| src.files.is_some()) {
+            s += &format!(
+                "  {}: {} files read ({} records), {} binary and {} over max_file_bytes skipped\n",
+                src.path,
+                src.files.unwrap_or(0),
+                src.records,
+                src.skipped_binary,
+                src.skipped_large
+            );
+        }
     }
     s
 }

@@ -88,6 +88,20 @@ pub struct SourceInfo {
     pub bytes: u64,
     /// Records read from it.
     pub records: u64,
+    /// Files read, for a directory or glob source (absent for one file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
+    /// Files of a directory or glob skipped as binary.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub skipped_binary: u64,
+    /// Files of a directory or glob skipped for their size
+    /// (`max_file_bytes`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub skipped_large: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One domain's line of the manifest.

@@ -178,12 +178,19 @@ fn read_all(
             sha256,
             bytes,
             records,
+            files,
+            skipped_binary,
+            skipped_large,
         } = read_source(s, &config.resolve(&s.path), group_key)?;
+        let many = files != 1 || skipped_binary + skipped_large > 0;
         out.sources.push(SourceInfo {
             path: s.path.display().to_string(),
             sha256: sha256.clone(),
             bytes,
             records: records.len() as u64,
+            files: many.then_some(files),
+            skipped_binary,
+            skipped_large,
         });
         out.hashes.push(sha256);
         out.records.extend(records);

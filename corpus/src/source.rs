@@ -1,13 +1,18 @@
-//! Reading source files (JSONL, Parquet, plain text) into records: plain text
-//! or chat messages, each with its location and optional group key.
+//! Reading sources (files, directories, globs of JSONL, JSON arrays,
+//! Parquet, plain text; [`files`] lists them and tells their formats) into
+//! records: plain text or chat messages ([`chat`]), each with its location
+//! and optional group key.
 
-use super::chat::{Message, Role};
+use super::chat::{self, Message, Role};
 use super::error::CorpusError;
+use super::files::{self, Compression, Listing, SourceFile};
+use super::json_array;
 use arrow::array::{Array, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::DataType;
 use config::{SourceConfig, SourceFormat};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 /// What a record holds.
@@ -61,47 +66,119 @@ impl Content {
     }
 }
 
-/// A source file read whole.
+/// A source read: its files' records and what was skipped.
 #[derive(Clone, Debug)]
 pub struct SourceData {
-    /// SHA-256 of the file's bytes.
+    /// SHA-256 of the file's bytes; of a directory or glob source, of its
+    /// files' paths and hashes ([`combined_sha256`]).
     pub sha256: String,
-    /// File size in bytes.
+    /// Size in bytes (of every file read).
     pub bytes: u64,
     /// Its records, in file order.
     pub records: Vec<Record>,
+    /// Files read (1 for a file source).
+    pub files: u64,
+    /// Files of a directory or glob skipped as binary (a NUL byte or
+    /// invalid UTF-8 in a text source).
+    pub skipped_binary: u64,
+    /// Files of a directory or glob skipped for their size.
+    pub skipped_large: u64,
 }
 
-/// Hashes a source file without parsing it (for the inputs fingerprint).
-pub fn hash_file(path: &Path) -> Result<String, CorpusError> {
-    let bytes = read(path)?;
-    Ok(hex::encode(Sha256::digest(&bytes)))
+/// Hashes a source without parsing it (for the inputs fingerprint): the
+/// file's SHA-256, or a directory's or glob's [`combined_sha256`].
+pub fn hash_source(cfg: &SourceConfig, path: &Path) -> Result<String, CorpusError> {
+    let listing = list(cfg, path)?;
+    let hashes = listing
+        .files
+        .iter()
+        .map(|f| Ok((f, hash_file(&f.path)?)))
+        .collect::<Result<Vec<_>, CorpusError>>()?;
+    Ok(combined_sha256(&listing, &hashes))
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, CorpusError> {
-    std::fs::read(path).map_err(|source| CorpusError::Io {
+/// The SHA-256 of a source: its one file's, or, for a directory or glob,
+/// that of a line `PATH\tSHA256` per file (so adding, removing or renaming
+/// a file changes it).
+fn combined_sha256(listing: &Listing, hashes: &[(&SourceFile, String)]) -> String {
+    match (listing.many, hashes) {
+        (false, [(_, sha)]) => sha.clone(),
+        _ => {
+            let mut h = Sha256::new();
+            for (f, sha) in hashes {
+                h.update(format!("{}\t{sha}\n", f.shown.display()).as_bytes());
+            }
+            hex::encode(h.finalize())
+        }
+    }
+}
+
+fn hash_file(path: &Path) -> Result<String, CorpusError> {
+    common::hash::sha256_file(path).map_err(|source| CorpusError::Io {
         path: path.to_path_buf(),
         source,
     })
 }
 
-/// Reads a source at `path` (already resolved) as `cfg` describes. Records
-/// are located by `cfg.path` (the config's own spelling); errors name the
-/// resolved `path`, which a user can open from where they ran the command.
+fn list(cfg: &SourceConfig, path: &Path) -> Result<Listing, CorpusError> {
+    files::list(cfg, path).map_err(|message| CorpusError::Source {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
+/// Reads a source at `path` (already resolved) as `cfg` describes: its
+/// file, or every file of its directory or glob, streamed. Records are
+/// located by the config's own spelling of their file; errors name the
+/// resolved file, which a user can open from where they ran the command.
 pub fn read_source(
     cfg: &SourceConfig,
     path: &Path,
     group_key: Option<&str>,
 ) -> Result<SourceData, CorpusError> {
-    let bytes = read(path)?;
-    let sha256 = hex::encode(Sha256::digest(&bytes));
-    let size = bytes.len() as u64;
-    let records = match cfg.format() {
-        SourceFormat::Jsonl => read_jsonl(cfg, path, &bytes, group_key)?,
-        SourceFormat::Parquet => read_parquet(cfg, path, bytes, group_key)?,
-        SourceFormat::Text => read_text(cfg, path, &bytes)?,
+    let listing = list(cfg, path)?;
+    let mut hashes = Vec::new();
+    let mut data = SourceData {
+        sha256: String::new(),
+        bytes: 0,
+        records: Vec::new(),
+        files: 0,
+        skipped_binary: 0,
+        skipped_large: listing.skipped_large,
     };
-    if let Some(r) = records
+    for f in &listing.files {
+        let (format, compression) =
+            files::detect(cfg, &f.path).map_err(|message| CorpusError::Source {
+                path: f.path.clone(),
+                message,
+            })?;
+        let sha = hash_file(&f.path)?;
+        data.bytes += std::fs::metadata(&f.path)
+            .map_err(|source| CorpusError::Io {
+                path: f.path.clone(),
+                source,
+            })?
+            .len();
+        let records = match format {
+            SourceFormat::Jsonl => read_jsonl(cfg, f, compression, group_key)?,
+            SourceFormat::Json => read_json_array(cfg, f, compression, group_key)?,
+            SourceFormat::Parquet => read_parquet(cfg, f, group_key)?,
+            SourceFormat::Text => match read_text(cfg, f, compression, listing.many)? {
+                Some(r) => r,
+                None => {
+                    data.skipped_binary += 1;
+                    hashes.push((f, sha));
+                    continue;
+                }
+            },
+        };
+        data.files += 1;
+        data.records.extend(records);
+        hashes.push((f, sha));
+    }
+    data.sha256 = combined_sha256(&listing, &hashes);
+    if let Some(r) = data
+        .records
         .iter()
         .find(|r| r.content.text_bytes() > MAX_DOCUMENT_BYTES)
     {
@@ -114,109 +191,218 @@ pub fn read_source(
             ),
         });
     }
-    Ok(SourceData {
-        sha256,
-        bytes: size,
-        records,
+    Ok(data)
+}
+
+/// Opens a file of a source, decompressed, naming it when that fails.
+fn open(f: &SourceFile, compression: Compression) -> Result<Box<dyn Read>, CorpusError> {
+    files::open(&f.path, compression).map_err(|source| CorpusError::Io {
+        path: f.path.clone(),
+        source,
     })
 }
 
-fn read_text(cfg: &SourceConfig, path: &Path, bytes: &[u8]) -> Result<Vec<Record>, CorpusError> {
-    let text = std::str::from_utf8(bytes).map_err(|e| CorpusError::Source {
-        path: path.to_path_buf(),
+/// A text file's documents; `None` for a binary file of a directory or
+/// glob (skipped), which a file named alone is refused for.
+fn read_text(
+    cfg: &SourceConfig,
+    f: &SourceFile,
+    compression: Compression,
+    many: bool,
+) -> Result<Option<Vec<Record>>, CorpusError> {
+    let mut bytes = Vec::new();
+    open(f, compression)?
+        .read_to_end(&mut bytes)
+        .map_err(|source| CorpusError::Io {
+            path: f.path.clone(),
+            source,
+        })?;
+    if many && files::is_binary(&bytes) {
+        return Ok(None);
+    }
+    let text = std::str::from_utf8(&bytes).map_err(|e| CorpusError::Source {
+        path: f.path.clone(),
         message: format!("not UTF-8 text ({e})"),
     })?;
     let pieces: Vec<&str> = match &cfg.separator {
         Some(sep) if !sep.is_empty() => text.split(sep.as_str()).collect(),
         _ => vec![text],
     };
-    Ok(pieces
-        .into_iter()
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .enumerate()
-        .map(|(i, p)| Record {
-            at: format!("{} (document {})", cfg.path.display(), i + 1),
-            content: Content::Text(p.to_string()),
-            group: None,
-            images: Vec::new(),
-        })
-        .collect())
+    Ok(Some(
+        pieces
+            .into_iter()
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .enumerate()
+            .map(|(i, p)| Record {
+                at: format!("{} (document {})", f.shown.display(), i + 1),
+                content: Content::Text(p.to_string()),
+                group: None,
+                images: Vec::new(),
+            })
+            .collect(),
+    ))
 }
 
+/// JSON lines, streamed line by line.
 fn read_jsonl(
     cfg: &SourceConfig,
-    path: &Path,
-    bytes: &[u8],
+    f: &SourceFile,
+    compression: Compression,
     group_key: Option<&str>,
 ) -> Result<Vec<Record>, CorpusError> {
-    let text = std::str::from_utf8(bytes).map_err(|e| CorpusError::Source {
-        path: path.to_path_buf(),
-        message: format!("not UTF-8 text ({e})"),
-    })?;
+    let mut reader = std::io::BufReader::new(open(f, compression)?);
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
+    let mut line = Vec::new();
+    for i in 0.. {
+        line.clear();
+        // At most one byte past the limit (and its newline) is read, so a
+        // huge line is refused without being held.
+        let n = (&mut reader)
+            .take(MAX_LINE_BYTES as u64 + 2)
+            .read_until(b'\n', &mut line)
+            .map_err(|source| CorpusError::Io {
+                path: f.path.clone(),
+                source,
+            })?;
+        if n == 0 {
+            break;
         }
-        let at = format!("{}:{}", cfg.path.display(), i + 1);
         let bad = |message: String| CorpusError::Record {
-            at: format!("{}:{}", path.display(), i + 1),
+            at: format!("{}:{}", f.path.display(), i + 1),
             message,
         };
-        if line.len() > MAX_LINE_BYTES {
+        if line.strip_suffix(b"\n").unwrap_or(&line).len() > MAX_LINE_BYTES {
             return Err(bad(format!(
-                "line of {} bytes exceeds the per-line limit of {MAX_LINE_BYTES} bytes \
-                 (split the document into smaller ones)",
-                line.len()
+                "line of more than {MAX_LINE_BYTES} bytes exceeds the per-line limit \
+                 (split the document into smaller ones)"
             )));
+        }
+        let text = std::str::from_utf8(&line).map_err(|e| bad(format!("not UTF-8 text ({e})")))?;
+        if text.trim().is_empty() {
+            continue;
         }
         let value: Value =
-            serde_json::from_str(line).map_err(|e| bad(format!("malformed JSON: {e}")))?;
-        let obj = value
-            .as_object()
-            .ok_or_else(|| bad("record is not a JSON object".into()))?;
-        let mut names = Vec::new();
-        let content = if let Some(t) = obj.get(&cfg.text_field) {
-            let t = t
-                .as_str()
-                .ok_or_else(|| bad(format!("field {:?} is not a string", cfg.text_field)))?;
-            match obj.get(IMAGE_FIELD) {
-                Some(v) => {
-                    names = image_names(v).map_err(bad)?;
-                    Content::Text(captioned(names.len(), t))
-                }
-                None => Content::Text(t.to_string()),
-            }
-        } else if let Some(m) = obj.get(&cfg.messages_field) {
-            Content::Chat(messages_from_json(m, &mut names).map_err(bad)?)
-        } else {
-            return Err(bad(format!(
-                "record has neither a {:?} nor a {:?} field",
-                cfg.text_field, cfg.messages_field
-            )));
-        };
-        if !names.is_empty() {
-            check_markers(&content, names.len()).map_err(bad)?;
-        }
-        let images = names
-            .iter()
-            .map(|n| super::image_file::image_ref(path, n))
-            .collect::<Result<_, _>>()
-            .map_err(bad)?;
-        let group = group_key.and_then(|k| obj.get(k)).and_then(|g| match g {
-            Value::String(s) => Some(s.clone()),
-            Value::Null => None,
-            other => Some(other.to_string()),
-        });
-        out.push(Record {
-            at,
-            content,
-            group,
-            images,
-        });
+            serde_json::from_str(text).map_err(|e| bad(format!("malformed JSON: {e}")))?;
+        let at = format!("{}:{}", f.shown.display(), i + 1);
+        out.push(json_record(cfg, &f.path, &value, at, group_key).map_err(bad)?);
     }
     Ok(out)
+}
+
+/// A JSON array of records, streamed element by element.
+fn read_json_array(
+    cfg: &SourceConfig,
+    f: &SourceFile,
+    compression: Compression,
+    group_key: Option<&str>,
+) -> Result<Vec<Record>, CorpusError> {
+    let mut out = Vec::new();
+    let mut failed_at = None;
+    let read = json_array::for_each(open(f, compression)?, &mut |i, value| {
+        let at = format!("{} (record {})", f.shown.display(), i + 1);
+        failed_at = Some(i + 1);
+        out.push(json_record(cfg, &f.path, &value, at, group_key)?);
+        failed_at = None;
+        Ok(())
+    });
+    read.map_err(|message| match failed_at {
+        Some(n) => CorpusError::Record {
+            at: format!("{} (record {n})", f.path.display()),
+            message,
+        },
+        None => CorpusError::Source {
+            path: f.path.clone(),
+            message,
+        },
+    })?;
+    Ok(out)
+}
+
+/// The text field a record or table has: `text_field`, or with the
+/// default (`text`) `content` when it lacks `text`.
+fn text_field_of<'a>(cfg: &'a SourceConfig, has: impl Fn(&str) -> bool) -> Option<&'a str> {
+    if has(&cfg.text_field) {
+        Some(&cfg.text_field)
+    } else if cfg.text_field == "text" && has("content") {
+        Some("content")
+    } else {
+        None
+    }
+}
+
+/// The messages field a record or table has: `messages_field`, or with
+/// the default (`messages`) ShareGPT's `conversations`.
+fn messages_field_of<'a>(cfg: &'a SourceConfig, has: impl Fn(&str) -> bool) -> Option<&'a str> {
+    if has(&cfg.messages_field) {
+        Some(&cfg.messages_field)
+    } else if cfg.messages_field == "messages" && has("conversations") {
+        Some("conversations")
+    } else {
+        None
+    }
+}
+
+/// The chat field mapping of `cfg`.
+fn chat_fields(cfg: &SourceConfig) -> chat::Fields<'_> {
+    chat::Fields {
+        role: cfg.role_field.as_deref(),
+        content: cfg.content_field.as_deref(),
+    }
+}
+
+/// One JSON record (a JSONL line, an element of a JSON array) of the file
+/// `file`, located at `at`: text (captioned images) or chat.
+fn json_record(
+    cfg: &SourceConfig,
+    file: &Path,
+    value: &Value,
+    at: String,
+    group_key: Option<&str>,
+) -> Result<Record, String> {
+    let obj = value.as_object().ok_or("record is not a JSON object")?;
+    let mut names = Vec::new();
+    let content = if let Some(field) = text_field_of(cfg, |k| obj.contains_key(k)) {
+        let t = obj[field]
+            .as_str()
+            .ok_or_else(|| format!("field {field:?} is not a string"))?;
+        match obj.get(IMAGE_FIELD) {
+            Some(v) => {
+                names = image_names(v)?;
+                Content::Text(captioned(names.len(), t))
+            }
+            None => Content::Text(t.to_string()),
+        }
+    } else if let Some(field) = messages_field_of(cfg, |k| obj.contains_key(k)) {
+        Content::Chat(chat::messages_from_json(
+            &obj[field],
+            chat_fields(cfg),
+            &mut |parts| content_parts(parts, &mut names),
+        )?)
+    } else {
+        return Err(format!(
+            "record has neither a {:?} nor a {:?} field",
+            cfg.text_field, cfg.messages_field
+        ));
+    };
+    if !names.is_empty() {
+        check_markers(&content, names.len())?;
+    }
+    let images = names
+        .iter()
+        .map(|n| super::image_file::image_ref(file, n))
+        .collect::<Result<_, _>>()?;
+    let group = group_key.and_then(|k| obj.get(k)).and_then(|g| match g {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    });
+    Ok(Record {
+        at,
+        content,
+        group,
+        images,
+    })
 }
 
 /// JSONL field naming a record's image (a path, or an array of paths) in
@@ -259,37 +445,6 @@ fn check_markers(content: &Content, n_images: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Chat messages `[{role, content}]`; a content is a string or an array of
-/// parts `{"type": "text", "text": ...}` and `{"type": "image", "image":
-/// PATH}`, an image part becoming a [`MEDIA_MARKER`] whose path is pushed to
-/// `images`.
-fn messages_from_json(value: &Value, images: &mut Vec<String>) -> Result<Vec<Message>, String> {
-    let items = value
-        .as_array()
-        .ok_or("messages are not a JSON array of {role, content}")?;
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let at = |e: String| format!("message {}: {e}", i + 1);
-            let role = m.get("role").and_then(Value::as_str);
-            let content = match m.get("content") {
-                Some(Value::String(c)) => Some(c.clone()),
-                Some(Value::Array(parts)) => Some(content_parts(parts, images).map_err(at)?),
-                _ => None,
-            };
-            match (role, content) {
-                (Some(r), Some(c)) => Ok(Message {
-                    role: Role::parse(r).map_err(at)?,
-                    content: c,
-                }),
-                _ => Err(format!(
-                    "message {} lacks a string \"role\" or \"content\"",
-                    i + 1
-                )),
-            }
-        })
-        .collect()
 }
 
 /// The text of a message's content parts, images as markers.
@@ -315,22 +470,30 @@ fn content_parts(parts: &[Value], images: &mut Vec<String>) -> Result<String, St
     Ok(text)
 }
 
+/// A Parquet table (any codec the workspace builds: zstd, lz4, brotli,
+/// snappy, gzip), read batch by batch from the file.
 fn read_parquet(
     cfg: &SourceConfig,
-    path: &Path,
-    bytes: Vec<u8>,
+    f: &SourceFile,
     group_key: Option<&str>,
 ) -> Result<Vec<Record>, CorpusError> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let path = f.path.as_path();
     let fail = |message: String| CorpusError::Source {
         path: path.to_path_buf(),
         message,
     };
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
+    let file = std::fs::File::open(path).map_err(|source| CorpusError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| fail(format!("not a readable Parquet file ({e})")))?;
     let schema = builder.schema().clone();
     let has = |name: &str| schema.column_with_name(name).is_some();
-    if !has(&cfg.text_field) && !has(&cfg.messages_field) {
+    let text_field = text_field_of(cfg, has);
+    let messages_field = messages_field_of(cfg, has);
+    if text_field.is_none() && messages_field.is_none() {
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         return Err(fail(format!(
             "Parquet file has no text column {:?} (nor a messages column {:?}); its columns are: {}",
@@ -346,7 +509,7 @@ fn read_parquet(
         let base = out.len();
         let row_of =
             |source: &Path, row: usize| format!("{} (row {})", source.display(), base + row + 1);
-        let at = |row: usize| row_of(&cfg.path, row);
+        let at = |row: usize| row_of(&f.shown, row);
         let shown = |row: usize| row_of(path, row);
         let groups = match group_key.filter(|k| has(k)) {
             Some(k) => Some(string_column(&batch, k).map_err(&fail)?),
@@ -358,13 +521,13 @@ fn read_parquet(
                 .filter(|g| g.is_valid(row))
                 .map(|g| g.value(row).to_string())
         };
-        if has(&cfg.text_field) {
-            let text = string_column(&batch, &cfg.text_field).map_err(&fail)?;
+        if let Some(text_field) = text_field {
+            let text = string_column(&batch, text_field).map_err(&fail)?;
             for row in 0..batch.num_rows() {
                 if text.is_null(row) {
                     return Err(CorpusError::Record {
                         at: shown(row),
-                        message: format!("column {:?} is null", cfg.text_field),
+                        message: format!("column {text_field:?} is null"),
                     });
                 }
                 out.push(Record {
@@ -374,8 +537,9 @@ fn read_parquet(
                     images: Vec::new(),
                 });
             }
-        } else {
-            let messages = messages_column(&batch, &cfg.messages_field).map_err(&fail)?;
+        } else if let Some(messages_field) = messages_field {
+            let messages =
+                messages_column(&batch, messages_field, chat_fields(cfg)).map_err(&fail)?;
             for (row, m) in messages.into_iter().enumerate() {
                 let m = m.map_err(|message| CorpusError::Record {
                     at: shown(row),
@@ -410,6 +574,7 @@ fn string_column(batch: &RecordBatch, name: &str) -> Result<StringArray, String>
 fn messages_column(
     batch: &RecordBatch,
     name: &str,
+    fields: chat::Fields<'_>,
 ) -> Result<Vec<Result<Vec<Message>, String>>, String> {
     let col = batch
         .column_by_name(name)
@@ -434,7 +599,13 @@ fn messages_column(
                             arrow::compute::cast(c, &DataType::Utf8).map_err(|e| e.to_string())?;
                         Ok(c.as_string::<i32>().clone())
                     };
-                    let (roles, contents) = (field("role")?, field("content")?);
+                    let pick = |given: Option<&str>, a: &str, b: &str| match given {
+                        Some(g) => field(g),
+                        None if items.column_by_name(a).is_some() => field(a),
+                        None => field(b),
+                    };
+                    let roles = pick(fields.role, "role", "from")?;
+                    let contents = pick(fields.content, "content", "value")?;
                     (0..items.len())
                         .map(|i| {
                             Ok(Message {
@@ -454,7 +625,9 @@ fn messages_column(
                     let v: Value = serde_json::from_str(text.value(row))
                         .map_err(|e| format!("column {name:?} is not JSON messages ({e})"))?;
                     let mut images = Vec::new();
-                    let m = messages_from_json(&v, &mut images)?;
+                    let m = chat::messages_from_json(&v, fields, &mut |parts| {
+                        content_parts(parts, &mut images)
+                    })?;
                     match images.is_empty() {
                         true => Ok(m),
                         false => Err(format!(
@@ -483,10 +656,7 @@ mod tests {
     fn src(path: &Path) -> SourceConfig {
         SourceConfig {
             path: path.to_path_buf(),
-            format: None,
-            text_field: "text".into(),
-            messages_field: "messages".into(),
-            separator: None,
+            ..SourceConfig::default()
         }
     }
 

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 mod dups;
+mod fixtures;
 mod images;
 mod llama;
 

@@ -186,7 +186,7 @@ impl Tokenizer for LlamaTokenizer {
             .ok_or("the model has no chat template (tokenizer.chat_template), so chat records cannot be rendered")?;
         let chat = messages
             .iter()
-            .map(|m| LlamaChatMessage::new(m.role.as_str().to_string(), m.content.clone()))
+            .map(|m| LlamaChatMessage::new(m.role.template_name().to_string(), m.content.clone()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("message cannot be passed to llama.cpp ({e})"))?;
         self.model

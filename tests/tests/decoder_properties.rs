@@ -93,10 +93,8 @@ fn corpus_readers_refuse_or_read_every_mutated_source() {
         let path = d.path().join(name);
         let cfg = SourceConfig {
             path: path.clone(),
-            format: None,
-            text_field: "text".into(),
-            messages_field: "messages".into(),
             separator: name.ends_with(".txt").then(|| "\n\n".to_string()),
+            ..Default::default()
         };
         let target = format!("corpus reader ({name})");
         property(&target, &[seed], n, |b| {

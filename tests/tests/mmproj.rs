@@ -169,10 +169,7 @@ fn every_bundled_image_decodes_through_mtmd_into_the_geometry_positions() {
     let path = sample_dir().join(worker::synth::images::RECORDS);
     let cfg = SourceConfig {
         path: path.clone(),
-        format: None,
-        text_field: "text".into(),
-        messages_field: "messages".into(),
-        separator: None,
+        ..Default::default()
     };
     let records = read_source(&cfg, &path, Some("topic")).unwrap().records;
     assert_eq!(records.len(), 7);

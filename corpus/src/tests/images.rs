@@ -84,10 +84,7 @@ fn image_records(f: &Fixture) -> Vec<Record> {
     let path = f.dir.path().join(IMAGES);
     let cfg = config::SourceConfig {
         path: IMAGES.into(),
-        format: None,
-        text_field: "text".into(),
-        messages_field: "messages".into(),
-        separator: None,
+        ..Default::default()
     };
     read_source(&cfg, &path, Some("topic")).unwrap().records
 }
