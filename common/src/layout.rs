@@ -52,6 +52,26 @@ pub fn keep_map_name(object: &str) -> &str {
     name.strip_suffix(".json").unwrap_or(name)
 }
 
+/// Prefix of exploratory outputs: `score`, `eval` and `replay` with
+/// `--out NAME` write under `explore/NAME/` (their usual layout there),
+/// never over the run's own results.
+pub const EXPLORE_DIR: &str = "explore";
+
+/// What an exploratory output's name must be (errors quote it).
+pub const EXPLORE_NAME_RULE: &str =
+    "must be a name of letters, digits, '_', '-' and '.', not starting with '.'";
+
+/// The prefix `explore/NAME` of the exploratory output `name`; `None`
+/// when the name breaks [`EXPLORE_NAME_RULE`].
+pub fn explore(name: &str) -> Option<String> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    ok.then(|| format!("{EXPLORE_DIR}/{name}"))
+}
+
 /// Object name of a trace part of `range`; decode parts go to
 /// [`DECODE_TRACE_DIR`].
 pub fn trace_part(range: ChunkRange, decode: bool) -> String {
@@ -122,6 +142,24 @@ pub const EVAL: EvalLayout = EvalLayout {
     summary_json: eval::SUMMARY_JSON,
     summary_parquet: eval::SUMMARY_PARQUET,
 };
+
+impl EvalLayout {
+    /// [`EVAL`]'s objects under `prefix` (`explore/NAME` for `coordinator
+    /// eval --out NAME`). The names are leaked to be `'static` like the
+    /// constant layouts': a command makes one, for its whole life.
+    pub fn under(prefix: &str) -> EvalLayout {
+        let leak =
+            |name: &str| -> &'static str { Box::leak(format!("{prefix}/{name}").into_boxed_str()) };
+        EvalLayout {
+            partials: LeaseLayout {
+                dir: leak(EVAL.partials.dir),
+            },
+            merged: leak(EVAL.merged),
+            summary_json: leak(EVAL.summary_json),
+            summary_parquet: leak(EVAL.summary_parquet),
+        }
+    }
+}
 
 /// The evaluation of shipped files by `coordinator ship`, under `ship/eval/`.
 pub const SHIP_EVAL: EvalLayout = EvalLayout {
@@ -212,6 +250,15 @@ pub fn rejected(name: &str, sha256: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exploratory_outputs_are_named_under_explore() {
+        assert_eq!(explore("scratch").as_deref(), Some("explore/scratch"));
+        assert_eq!(explore("k-25.v2").as_deref(), Some("explore/k-25.v2"));
+        for bad in ["", ".", "..", "../x", "a/b", "a b", ".hidden"] {
+            assert_eq!(explore(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn only_names_of_their_own_kind_parse() {

@@ -176,7 +176,7 @@ fn keep_maps_at_fault_are_named() {
     assert_eq!(
         replay_error(run, &["--keep-map", broken]),
         format!(
-            "parsing keep map {broken}: invalid length 0, \
+            "parsing keep map {broken}: invalid length 4, \
              expected struct KeepMap with 5 elements at line 1 column 2"
         )
     );

@@ -88,6 +88,10 @@ pub struct ReplayArgs {
     /// Worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Write this replay (`replay/`) to `explore/NAME/` in the run, leaving
+    /// the run's own results as they are.
+    #[arg(long, value_name = "NAME")]
+    pub out: Option<String>,
 }
 
 impl ReplayArgs {
@@ -125,6 +129,17 @@ impl ReplayArgs {
         }
         if self.mode.is_empty() {
             return refuse("--mode", None, "names no mode");
+        }
+        if let Some(name) = self
+            .out
+            .as_ref()
+            .filter(|n| common::layout::explore(n).is_none())
+        {
+            return refuse(
+                "--out",
+                Some(name.clone()),
+                common::layout::EXPLORE_NAME_RULE,
+            );
         }
         Ok(())
     }
@@ -173,16 +188,26 @@ pub fn replay_in(args: &ReplayArgs, store: RunStore) -> Result<ReplayReport, Rep
         capacities: &args.capacity,
     };
     let report = report::build(setup, &inputs, cells, curves);
-    rt.block_on(async {
-        store
-            .put(names::REPLAY_RESULTS_JSON, report.json_bytes())
-            .await?;
-        store
-            .put(
-                names::REPLAY_REPORT_MD,
-                report.markdown.clone().into_bytes(),
+    let out = match &args.out {
+        None => store,
+        Some(name) => {
+            store.child(
+                &common::layout::explore(name).ok_or_else(|| ReplayError::Flag {
+                    flag: "--out",
+                    value: Some(name.clone()),
+                    reason: common::layout::EXPLORE_NAME_RULE,
+                })?,
             )
-            .await
+        }
+    };
+    rt.block_on(async {
+        out.put(names::REPLAY_RESULTS_JSON, report.json_bytes())
+            .await?;
+        out.put(
+            names::REPLAY_REPORT_MD,
+            report.markdown.clone().into_bytes(),
+        )
+        .await
     })?;
     Ok(report)
 }

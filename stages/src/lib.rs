@@ -23,3 +23,19 @@ pub use error::{During, StagesError};
 fn async_runtime() -> Result<tokio::runtime::Runtime, StagesError> {
     tokio::runtime::Runtime::new().map_err(|source| StagesError::Runtime { source })
 }
+
+/// Where a stage run with `--out NAME` writes: `explore/NAME/` in the run
+/// (`None`: the run itself); a name that is not one is refused.
+fn explore_output(
+    store: &common::store::RunStore,
+    name: Option<&str>,
+) -> Result<common::store::RunStore, StagesError> {
+    let Some(name) = name else {
+        return Ok(store.clone());
+    };
+    let prefix = common::layout::explore(name).ok_or_else(|| StagesError::Argument {
+        argument: format!("--out {name}"),
+        problem: common::layout::EXPLORE_NAME_RULE.into(),
+    })?;
+    Ok(store.child(&prefix))
+}

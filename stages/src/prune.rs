@@ -4,7 +4,7 @@
 use crate::{During, StagesError};
 use clap::Args;
 use common::artifacts::names;
-use common::keepmap::KeepMap;
+use common::keepmap::{KeepMap, KeepMapRef};
 use common::prune::{make_model_split, slice_imatrix, slice_model, Sliced};
 use common::store::RunStore;
 use corpus::manifest::MANIFEST_FILE;
@@ -17,7 +17,10 @@ use std::time::Instant;
 pub struct PruneArgs {
     /// Run location holding `keep_maps/NAME.json` and `imatrix.gguf`.
     pub run: String,
-    /// Keep map name under the run's `keep_maps/` (`reap_l2_sum_K8`).
+    /// Keep map: a name under the run's `keep_maps/` (`reap_l2_sum_K8`),
+    /// or the path of a JSON file, e.g. written by hand as `{"layers":
+    /// {"0": [expert ids], "1": [...], ...}}` (the same number of ids in
+    /// every MoE block), checked against the run's model.
     #[arg(long = "keep-map")]
     pub keep_map: String,
     /// Base model; default: the model named by the run's manifest.
@@ -155,6 +158,38 @@ fn exists(path: &Path) -> StagesError {
     }
 }
 
+/// The keep map a `--keep-map` argument names ([`KeepMapRef`]): one of
+/// the run's (which `verify` checks), or a file (written by hand:
+/// `{"layers": {"0": [ids], ...}}`), checked against the run's model
+/// ([`KeepMap::check_fits`]); with the name it is reported by (the run's
+/// map name, or the file's path).
+pub async fn read_keep_map(store: &RunStore, arg: &str) -> Result<(String, KeepMap), StagesError> {
+    let (name, url, bytes, file) = match KeepMapRef::parse(arg) {
+        KeepMapRef::Run(name) => {
+            let object = KeepMap::object_name(&name);
+            let bytes = store.get(&object).await.during("reading the keep map")?;
+            (name, store.url_of(&object), bytes.to_vec(), false)
+        }
+        KeepMapRef::File(path) => {
+            let bytes =
+                std::fs::read(&path).map_err(StagesError::io("reading the keep map", &path))?;
+            let shown = path.display().to_string();
+            (shown.clone(), shown, bytes, true)
+        }
+    };
+    let bad = |problem: String| StagesError::Artifact {
+        url: url.clone(),
+        problem,
+    };
+    let keep = KeepMap::parse(&bytes).map_err(bad)?;
+    if file {
+        let (s, _) = crate::score::load_saliency(store).await?;
+        keep.check_fits(&s)
+            .map_err(|e| bad(format!("does not fit the run's model: {e}")))?;
+    }
+    Ok((name, keep))
+}
+
 /// Entry point of `coordinator prune`.
 pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
     let out_imatrix = imatrix_path(&args.out);
@@ -166,22 +201,15 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
     }
     let rt = crate::async_runtime()?;
     let store = RunStore::open(&args.run)?;
-    let name = common::layout::keep_map_name(&args.keep_map).to_string();
-    let map_object = KeepMap::object_name(&name);
-    let (map_bytes, imatrix_bytes, base) = rt.block_on(async {
-        let map = store
-            .get(&map_object)
-            .await
-            .during("reading the keep map")?;
+    let (name, keep, imatrix_bytes, base) = rt.block_on(async {
+        let (name, keep) = read_keep_map(&store, &args.keep_map).await?;
         let imatrix = store
             .get(names::IMATRIX_GGUF)
             .await
             .during("reading the run's importance matrix")?;
         let base = base_model(&store, args.model.as_deref()).await?;
-        Ok::<_, StagesError>((map, imatrix, base))
+        Ok::<_, StagesError>((name, keep, imatrix, base))
     })?;
-    let keep: KeepMap =
-        StagesError::parse_json(&map_bytes, || store.url_of(&map_object), "a keep map")?;
     let split = args.split.parsed()?.map(|(_, bytes)| bytes);
 
     let out_dir = out_imatrix

@@ -3,10 +3,57 @@
 //! every worker's slice must have.
 
 use super::EvalRunError;
-use common::keepmap::KeepMap;
+use crate::StagesError;
+use common::keepmap::{KeepMap, KeepMapRef};
 use common::store::RunStore;
 use common::wire::EvalCandidate;
 use std::path::Path;
+
+/// Brings the keep maps given as files (written by hand, `{"layers":
+/// {"0": [ids], ...}}`) into the run: each is checked against the run's
+/// model and stored as `keep_maps/<file stem>.json`, where workers read
+/// it and `verify` checks it as it checks the run's own; the names of the
+/// run's maps pass as they are. A stem already holding another map is
+/// refused, never replaced.
+pub async fn import(store: &RunStore, names: &[String]) -> Result<Vec<String>, StagesError> {
+    let mut out = Vec::with_capacity(names.len());
+    for given in names {
+        let KeepMapRef::File(path) = KeepMapRef::parse(given) else {
+            out.push(given.clone());
+            continue;
+        };
+        let bad = |reason: String| EvalRunError::KeepMap {
+            name: given.clone(),
+            reason,
+        };
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let named = config::candidate::parse(std::slice::from_ref(&stem))
+            .map_err(|e| bad(format!("its file name does not make a keep map name: {e}")))?;
+        if named[0].keep_map.is_none() {
+            return Err(bad("\"base\" names the base model; rename the file".into()).into());
+        }
+        let (_, keep) = crate::prune::read_keep_map(store, given).await?;
+        let object = KeepMap::object_name(&stem);
+        let mut bytes = StagesError::encode_json(&object, &keep)?;
+        bytes.push(b'\n');
+        match store.get_opt(&object).await? {
+            Some(stored) if stored != bytes => {
+                return Err(bad(format!(
+                    "{} already holds another keep map; rename the file",
+                    store.url_of(&object)
+                ))
+                .into())
+            }
+            Some(_) => {}
+            None => store.put(&object, bytes).await?,
+        }
+        out.push(stem);
+    }
+    Ok(out)
+}
 
 /// Reads each named keep map (`<method>_K<k>`) from the run and slices it
 /// from `base` in a scratch directory (removed afterwards); returns the
@@ -42,7 +89,7 @@ pub async fn prepare(
         })?;
         let keep: KeepMap = serde_json::from_slice(&bytes)
             .map_err(|e| bad(format!("{} is not a keep map: {e}", store.url_of(&object))))?;
-        if KeepMap::file_name(&keep.method, keep.k) != object {
+        if !keep.is_custom() && KeepMap::file_name(&keep.method, keep.k) != object {
             return Err(bad(format!(
                 "{} holds the map of {} at K={}",
                 store.url_of(&object),

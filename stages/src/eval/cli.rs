@@ -40,6 +40,10 @@ pub struct EvalArgs {
     /// path of the run's config when it is absolute.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Write this evaluation to `explore/NAME/eval/` in the run, leaving
+    /// the run's own `eval/` as it is.
+    #[arg(long, value_name = "NAME")]
+    pub out: Option<String>,
 }
 
 /// A run's manifest and the config recorded in it.
@@ -104,7 +108,17 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
             path: &model,
             sha256: model_sha256,
         };
-        let out = common::layout::EVAL;
+        let out = match &args.out {
+            None => common::layout::EVAL,
+            Some(name) => {
+                let prefix =
+                    common::layout::explore(name).ok_or_else(|| StagesError::Argument {
+                        argument: format!("--out {name}"),
+                        problem: common::layout::EXPLORE_NAME_RULE.into(),
+                    })?;
+                EvalLayout::under(&prefix)
+            }
+        };
         evaluate_recorded(&store, &config, base, job, out, args.local_workers).await?;
         Ok::<_, StagesError>(ExitCode::SUCCESS)
     })

@@ -119,6 +119,7 @@ pub async fn job(
     } else {
         settings.keep_maps.clone()
     };
+    let names = candidates::import(store, &names).await?;
     let candidates = candidates::prepare(store, &names, base).await?;
     Ok((
         base_sha256,

@@ -43,9 +43,10 @@ pub struct ScoreOptions {
     /// Methods to score, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Method::ALL.to_vec())]
     pub methods: Vec<Method>,
-    /// Keep-map sizes, comma-separated (default: a quarter, half and three
-    /// quarters of the experts).
-    #[arg(long, value_delimiter = ',')]
+    /// Keep-map sizes in experts (default: a quarter, half and three
+    /// quarters of the experts); the command line's `--k` takes shares too
+    /// ([`ScoreArgs::k`]).
+    #[arg(skip)]
     pub k: Vec<u32>,
     /// Score one domain of the fit split.
     #[arg(long)]
@@ -176,9 +177,19 @@ pub fn routing_note(s: &Saliency) -> Option<String> {
 pub struct ScoreArgs {
     /// Run location (path or URL) holding saliency.json.
     pub run: String,
+    /// Keep-map sizes, comma-separated: numbers of experts (`8`) or shares
+    /// of the model's experts (`50%`, rounded down as `eval` rounds it);
+    /// default: a quarter, half and three quarters of the experts.
+    #[arg(long, value_delimiter = ',')]
+    pub k: Vec<String>,
     /// Scoring options.
     #[command(flatten)]
     pub options: ScoreOptions,
+    /// Write this score (score/, keep_maps/) to `explore/NAME/` in the run,
+    /// leaving the run's own score and keep maps as they are (exploring
+    /// other methods or sizes).
+    #[arg(long, value_name = "NAME")]
+    pub out: Option<String>,
 }
 
 /// Everything `score` computed; written as `score/score.json`.
@@ -265,6 +276,16 @@ pub fn rank_all(
 
 /// Scores a run and writes keep maps and tables under it.
 pub async fn score(store: &RunStore, opts: &ScoreOptions) -> Result<ScoreReport, StagesError> {
+    score_into(store, store, opts).await
+}
+
+/// Scores the run `store` and writes keep maps and tables under `out` (the
+/// run itself, or an exploratory output `explore/NAME/` in it).
+pub async fn score_into(
+    store: &RunStore,
+    out: &RunStore,
+    opts: &ScoreOptions,
+) -> Result<ScoreReport, StagesError> {
     let (s, sha) = load_saliency(store).await?;
     let p = opts.params()?;
     let ks = opts.ks(&s)?;
@@ -281,7 +302,7 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> Result<ScoreReport,
             let name = KeepMap::file_name(m.as_str(), k);
             let mut bytes = StagesError::encode_json(&name, &map)?;
             bytes.push(b'\n');
-            store.put(&name, bytes).await?;
+            out.put(&name, bytes).await?;
             report_tables.push(tables::map_table(m.as_str(), k, &layers, r));
             maps.push((name, map));
         }
@@ -313,12 +334,10 @@ pub async fn score(store: &RunStore, opts: &ScoreOptions) -> Result<ScoreReport,
     };
     let mut json = StagesError::encode_json(outputs::REPORT_JSON, &report)?;
     json.push(b'\n');
-    store.put(outputs::REPORT_JSON, json).await?;
-    store
-        .put(outputs::TABLES_MD, render::markdown(&report))
+    out.put(outputs::REPORT_JSON, json).await?;
+    out.put(outputs::TABLES_MD, render::markdown(&report))
         .await?;
-    store
-        .put(outputs::TABLES_PARQUET, render::parquet(&report)?)
+    out.put(outputs::TABLES_PARQUET, render::parquet(&report)?)
         .await?;
     Ok(report)
 }
@@ -454,10 +473,31 @@ pub fn score_run(run: &str, opts: &ScoreOptions) -> Result<ScoreReport, StagesEr
     crate::async_runtime()?.block_on(score(&store, opts))
 }
 
-/// Entry point of `coordinator score`.
-pub fn run(args: ScoreArgs) -> Result<ExitCode, StagesError> {
-    let report = score_run(&args.run, &args.options)?;
+/// Entry point of `coordinator score`: writes to the run, or with `--out
+/// NAME` to `explore/NAME/` in it, leaving the run's own results as they are.
+pub fn run(mut args: ScoreArgs) -> Result<ExitCode, StagesError> {
+    let store = RunStore::open(&args.run)?;
+    let out = crate::explore_output(&store, args.out.as_deref())?;
+    let rt = crate::async_runtime()?;
+    if !args.k.is_empty() {
+        let (s, _) = rt.block_on(load_saliency(&store))?;
+        let shape = config::eval::KeepShape::of(&s);
+        args.options.k = args
+            .k
+            .iter()
+            .map(|spec| {
+                shape.count(spec).map_err(|problem| StagesError::Argument {
+                    argument: format!("--k {spec}"),
+                    problem,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    let report = rt.block_on(score_into(&store, &out, &args.options))?;
     print!("{}", render::summary(&report));
+    if args.out.is_some() {
+        println!("wrote {}", out.url());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

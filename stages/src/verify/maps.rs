@@ -1,5 +1,6 @@
 //! Keep-map invariants: sorted, unique, exactly K per layer, nested across K,
-//! and equal to a fresh recomputation from `saliency.json`.
+//! and equal to a fresh recomputation from `saliency.json`; a map made by
+//! hand ([`common::keepmap::CUSTOM`]) is checked for its shape only.
 
 use super::{names as inv, Check};
 use crate::score::keep::{keep_map, map_recipe};
@@ -19,7 +20,22 @@ pub fn check_keep_maps(s: &Saliency, sha: &str, maps: &[(String, KeepMap)]) -> V
             Check::info(inv::MAP_RECOMPUTE, none),
         ];
     }
-    vec![shape(s, maps), nested(maps), recompute(s, sha, maps)]
+    // Maps made by hand have no recipe: their shape is checked like the
+    // others', but they neither nest with nor recompute as `score`'s.
+    let scored: Vec<(String, KeepMap)> = maps
+        .iter()
+        .filter(|(_, m)| !m.is_custom())
+        .cloned()
+        .collect();
+    let mut recomputed = recompute(s, sha, &scored);
+    let custom = maps.len() - scored.len();
+    if custom > 0 {
+        recomputed.figure = format!(
+            "{} ({custom} made by hand, not recomputed)",
+            recomputed.figure
+        );
+    }
+    vec![shape(s, maps), nested(&scored), recomputed]
 }
 
 fn shape(s: &Saliency, maps: &[(String, KeepMap)]) -> Check {
