@@ -5,14 +5,21 @@
 //!   merge and a bounded decoder.
 //! - [`summary`]: [`EvalSummary`], the float view written as
 //!   `eval/summary.json` and read by the report.
+//! - [`stats`]: intervals by chunk clusters and llama-perplexity's
+//!   percentiles.
+//! - [`choice`]: K from a KL budget, and the size-versus-KL Pareto front.
 
+pub mod choice;
 pub mod partial;
+pub mod stats;
 pub mod summary;
 
 pub use partial::{
-    BaseSums, CandidateResult, CandidateSums, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION,
+    BaseSums, CandidateResult, CandidateSums, ChunkSums, EvalPartial, Group, TokenKl,
+    EVAL_FORMAT_VERSION,
 };
-pub use summary::{EvalSummary, Figures, KlFigures};
+pub use stats::Interval;
+pub use summary::{EvalSummary, Figures, KlFigures, Paired};
 
 /// Object names under a run's `eval/`, from the run layout.
 pub use crate::layout::eval as names;

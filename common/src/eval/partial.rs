@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the eval partial encoding; bumped on any layout change
-/// (2: groups carry their modality).
-pub const EVAL_FORMAT_VERSION: u32 = 2;
+/// (2: groups carry their modality; 3: per-chunk sums).
+pub const EVAL_FORMAT_VERSION: u32 = 3;
 
 /// Largest encoded eval partial the decoder accepts (1 GiB).
 pub const MAX_EVAL_PARTIAL_BYTES: usize = 1 << 30;
@@ -64,6 +64,64 @@ pub struct CandidateSums {
     pub dprob: ExactSum,
 }
 
+/// One candidate's sums over the scored positions of one chunk in one
+/// group: the clusters of the summary's intervals and paired comparisons
+/// (positions of one chunk share their context, so they are not
+/// independent; chunks are decoded alone, so chunks are).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkSums {
+    /// Scored positions.
+    pub n: u64,
+    /// Sum of KL(p || q).
+    pub kl: ExactSum,
+    /// Sum of the base model's negative log likelihood of the next token.
+    pub nll_base: ExactSum,
+    /// Sum of the candidate's.
+    pub nll: ExactSum,
+    /// Positions where both models pick the same top-1 token.
+    pub top1_same: u64,
+    /// Sum of q(next) - p(next).
+    pub dprob: ExactSum,
+    /// Sum of (q(next) - p(next))^2 (llama-perplexity's RMS Δp).
+    pub dprob_sq: ExactSum,
+}
+
+impl ChunkSums {
+    /// Adds one scored position's figures.
+    pub fn add(
+        &mut self,
+        kl: f64,
+        nll_base: f64,
+        nll: f64,
+        top1_same: bool,
+        dprob: f64,
+    ) -> Result<(), crate::exact::ExactError> {
+        self.n += 1;
+        self.top1_same += u64::from(top1_same);
+        self.kl.add_f64(kl)?;
+        self.nll_base.add_f64(nll_base)?;
+        self.nll.add_f64(nll)?;
+        self.dprob.add_f64(dprob)?;
+        self.dprob_sq.add_f64(dprob * dprob)
+    }
+
+    /// Adds another chunk's or group's sums.
+    pub fn merge(&mut self, o: &ChunkSums) -> Result<(), crate::exact::ExactError> {
+        self.n += o.n;
+        self.top1_same += o.top1_same;
+        for (a, b) in [
+            (&mut self.kl, o.kl),
+            (&mut self.nll_base, o.nll_base),
+            (&mut self.nll, o.nll),
+            (&mut self.dprob, o.dprob),
+            (&mut self.dprob_sq, o.dprob_sq),
+        ] {
+            a.add(b)?;
+        }
+        Ok(())
+    }
+}
+
 /// KL of one scored position, kept so percentiles are exact after a merge.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenKl {
@@ -88,8 +146,52 @@ pub struct CandidateResult {
     pub k: u32,
     /// Sums per group.
     pub groups: BTreeMap<Group, CandidateSums>,
+    /// Sums per (chunk, group).
+    pub chunks: BTreeMap<(u32, Group), ChunkSums>,
     /// Per-position KL, sorted by (chunk, pos).
     pub tokens: Vec<TokenKl>,
+}
+
+impl CandidateResult {
+    /// Whether the per-chunk sums agree exactly with the group sums and
+    /// the base model's (the same positions, KL, NLL, top-1 and probability
+    /// change) and name only chunks of `chunks`; why not otherwise.
+    pub fn check_chunk_sums(
+        &self,
+        base: &BTreeMap<Group, BaseSums>,
+        chunks: &[ChunkRange],
+    ) -> Result<(), String> {
+        let mut by_group: BTreeMap<Group, ChunkSums> = BTreeMap::new();
+        for ((chunk, g), s) in &self.chunks {
+            if !chunks.iter().any(|r| (r.start..r.end).contains(chunk)) {
+                return Err(format!(
+                    "per-chunk sums of chunk {chunk}, outside the partial"
+                ));
+            }
+            by_group
+                .entry(*g)
+                .or_default()
+                .merge(s)
+                .map_err(|e| format!("per-chunk sums: {e}"))?;
+        }
+        let empty = ChunkSums::default();
+        for g in self.groups.keys().chain(by_group.keys()) {
+            let (s, c) = (
+                self.groups.get(g).cloned().unwrap_or_default(),
+                by_group.get(g).unwrap_or(&empty),
+            );
+            let b = base.get(g).cloned().unwrap_or_default();
+            let agree = (s.n, s.kl, s.nll, s.top1_same, s.dprob)
+                == (c.n, c.kl, c.nll, c.top1_same, c.dprob)
+                && b.nll == c.nll_base;
+            if !agree {
+                return Err(format!(
+                    "per-chunk sums of {g:?} disagree with its group sums"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Accumulators of an evaluation for a disjoint set of chunks.
@@ -179,6 +281,14 @@ impl EvalPartial {
                 add(&mut m.kl_sq, s.kl_sq)?;
                 add(&mut m.nll, s.nll)?;
                 add(&mut m.dprob, s.dprob)?;
+            }
+            for (key, s) in &theirs.chunks {
+                if mine.chunks.insert(*key, s.clone()).is_some() {
+                    return Err(EvalError::Mismatch(format!(
+                        "chunk {} is covered twice",
+                        key.0
+                    )));
+                }
             }
             mine.tokens.extend_from_slice(&theirs.tokens);
             mine.tokens.sort_by_key(|t| (t.chunk, t.pos));

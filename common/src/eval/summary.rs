@@ -2,49 +2,105 @@
 //! schema shared by the coordinator that writes it and the report that
 //! reads it.
 
-use super::partial::{BaseSums, CandidateResult, CandidateSums, EvalPartial, Group};
+use super::partial::{CandidateResult, ChunkSums, EvalPartial, Group};
+use super::stats::{estimate, percentile, Cluster, Interval};
+use crate::exact::ExactSum;
 use crate::split::{Modality, Split};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// KL(p || q) figures over a set of scored positions.
+/// KL(p || q) figures over a set of scored positions: llama-perplexity's
+/// KL block (its percentiles interpolate linearly, [`percentile`]) with a
+/// cluster-robust interval of the mean.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct KlFigures {
-    /// Mean.
+    /// Mean (llama-perplexity's `Mean KLD` over the same positions).
     pub mean: f64,
-    /// Standard error of the mean (0 below two positions).
+    /// Standard error of the mean by chunk clusters ([`super::stats`]).
     pub se: f64,
-    /// Median (nearest rank).
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 95th percentile.
-    pub p95: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// 99.9th percentile.
-    pub p999: f64,
+    /// Lower end of the mean's 95% interval (chunk clusters).
+    pub lo: f64,
+    /// Upper end of the mean's 95% interval (chunk clusters).
+    pub hi: f64,
+    /// Standard error with positions taken as independent (the error
+    /// llama-perplexity prints after `Mean KLD`); smaller than `se`
+    /// whenever positions of a chunk are correlated.
+    pub se_positions: f64,
     /// Largest value.
     pub max: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// Median.
+    pub p50: f64,
+    /// 10th percentile.
+    pub p10: f64,
+    /// 5th percentile.
+    pub p5: f64,
+    /// 1st percentile.
+    pub p1: f64,
+    /// 0.1th percentile.
+    pub p01: f64,
+    /// Smallest value.
+    pub min: f64,
 }
 
-/// Figures of one candidate over one split or one (split, domain).
+/// Figures of one candidate over one split or one (split, domain), each
+/// with its 95% interval by chunk clusters (`*_ci`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Figures {
     /// Scored positions.
     pub n: u64,
+    /// Chunks with scored positions: the clusters of the intervals.
+    pub chunks: u64,
     /// KL(p || q).
     pub kl: KlFigures,
-    /// Share of positions where both models pick the same top-1 token.
+    /// Share of positions where both models pick the same top-1 token
+    /// (llama-perplexity's `Same top p`).
     pub top1_same: f64,
+    /// Its interval.
+    pub top1_same_ci: Interval,
     /// Perplexity of the base model on the actual next tokens.
     pub ppl_base: f64,
+    /// Its interval (from the interval of the mean NLL).
+    pub ppl_base_ci: Interval,
     /// Perplexity of the candidate.
     pub ppl_candidate: f64,
-    /// `ppl_candidate / ppl_base`.
+    /// Its interval.
+    pub ppl_candidate_ci: Interval,
+    /// `ppl_candidate / ppl_base` (llama-perplexity's `Mean
+    /// PPL(Q)/PPL(base)`).
     pub ppl_ratio: f64,
+    /// Its interval, paired: from the per-chunk sums of the NLL difference.
+    pub ppl_ratio_ci: Interval,
     /// Mean of q(next) - p(next).
     pub dprob_mean: f64,
+    /// Its interval.
+    pub dprob_mean_ci: Interval,
+    /// Root mean square of q(next) - p(next) (llama-perplexity's `RMS Δp`).
+    pub dprob_rms: f64,
+    /// Its interval (from the interval of the mean square).
+    pub dprob_rms_ci: Interval,
+}
+
+/// A candidate against the best one (lowest mean KL of the split) over the
+/// same positions: the mean of the per-position KL difference, with its
+/// interval by chunk clusters (per-chunk sums of the difference).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Paired {
+    /// The best candidate's name.
+    pub against: String,
+    /// Mean of KL(candidate) - KL(best) per position (0 for the best).
+    pub diff: f64,
+    /// Its interval.
+    pub ci: Interval,
 }
 
 /// Figures of one split, whole, per domain and per modality.
@@ -59,6 +115,10 @@ pub struct SplitFigures {
     /// text run's summary is what it always was.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub modalities: BTreeMap<String, Figures>,
+    /// The whole split's KL against the best candidate's, when the
+    /// evaluation had more than one candidate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paired: Option<Paired>,
 }
 
 /// One pruned candidate.
@@ -74,6 +134,10 @@ pub struct CandidateSummary {
     pub sha256: String,
     /// Per split name (`fit`, `heldout`).
     pub splits: BTreeMap<String, SplitFigures>,
+    /// Size of the candidate's model file in bytes, when the evaluation
+    /// knew it (the coordinator's slice, or a shipped file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// `eval/summary.json`.
@@ -89,9 +153,19 @@ pub struct EvalSummary {
     pub n_chunks: u64,
     /// Backends that computed them.
     pub backends: Vec<String>,
+    /// How intervals are computed ([`UNCERTAINTY`]).
+    #[serde(default)]
+    pub uncertainty: String,
     /// One entry per candidate, in the job's order.
     pub candidates: Vec<CandidateSummary>,
+    /// Per method, the smallest evaluated K within a KL budget, when one
+    /// was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<super::choice::BudgetPicks>,
 }
+
+/// What [`EvalSummary::uncertainty`] says.
+pub const UNCERTAINTY: &str = "cluster-robust (CR1) standard errors over chunk clusters (each chunk is decoded alone; its positions share their context), 95% intervals with Student's t at (chunks - 1) degrees of freedom; paired differences from per-chunk sums of the per-position difference";
 
 impl EvalSummary {
     /// The figures of a merged partial; `domains` names the corpus's domain
@@ -108,8 +182,60 @@ impl EvalSummary {
             skip_first: p.skip_first,
             n_chunks: p.n_chunks(),
             backends: p.backends.clone(),
+            uncertainty: UNCERTAINTY.to_string(),
             candidates,
+            budget: None,
         }
+        .paired(p)
+    }
+
+    /// Fills each split's paired comparison against its best candidate
+    /// (the lowest mean KL over the whole split; the first on a tie).
+    fn paired(mut self, p: &EvalPartial) -> EvalSummary {
+        if p.candidates.len() < 2 {
+            return self;
+        }
+        for split in &p.splits {
+            let name = split.as_str();
+            let mean = |c: &CandidateSummary| c.splits.get(name).map_or(0.0, |f| f.all.kl.mean);
+            let Some(best) = (0..self.candidates.len())
+                .min_by(|&a, &b| mean(&self.candidates[a]).total_cmp(&mean(&self.candidates[b])))
+            else {
+                continue;
+            };
+            let in_split = |g: &Group| g.split == *split;
+            let best_kl = chunk_kl(&p.candidates[best], &in_split);
+            let against = self.candidates[best].name.clone();
+            for (c, result) in self.candidates.iter_mut().zip(&p.candidates) {
+                let Some(f) = c.splits.get_mut(name) else {
+                    continue;
+                };
+                let mine = chunk_kl(result, &in_split);
+                let clusters: Vec<Cluster> = mine
+                    .iter()
+                    .map(|(chunk, &(n, kl))| {
+                        // The difference of exact sums is exact.
+                        let best = best_kl.get(chunk).map_or(0, |b| b.1 .0);
+                        (n, ExactSum(kl.0.saturating_sub(best)).to_f64())
+                    })
+                    .collect();
+                let (diff, ci) = estimate(&clusters);
+                f.paired = Some(Paired {
+                    against: against.clone(),
+                    diff,
+                    ci,
+                });
+            }
+        }
+        self
+    }
+
+    /// Records each candidate's model file size, by name (`bytes`).
+    pub fn with_sizes(mut self, sizes: &BTreeMap<String, u64>) -> EvalSummary {
+        for c in &mut self.candidates {
+            c.bytes = sizes.get(&c.name).copied();
+        }
+        self
     }
 
     /// Pretty JSON with shortest round-trip floats.
@@ -128,11 +254,11 @@ fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> Candid
     let mut splits = BTreeMap::new();
     for split in &p.splits {
         let in_split = |g: &Group| g.split == *split;
-        let all = figures(p, c, &in_split);
+        let all = figures(c, &in_split);
         let mut by_domain = BTreeMap::new();
         for (d, name) in domains.iter().enumerate() {
             let one = |g: &Group| g.split == *split && g.domain as usize == d;
-            let f = figures(p, c, &one);
+            let f = figures(c, &one);
             if f.n > 0 {
                 by_domain.insert(name.clone(), f);
             }
@@ -140,7 +266,7 @@ fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> Candid
         let mut modalities = BTreeMap::new();
         for m in Modality::ALL.into_iter().filter(|_| with_images) {
             let one = |g: &Group| g.split == *split && g.modality == m;
-            modalities.insert(m.as_str().to_string(), figures(p, c, &one));
+            modalities.insert(m.as_str().to_string(), figures(c, &one));
         }
         splits.insert(
             split.as_str().to_string(),
@@ -148,6 +274,7 @@ fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> Candid
                 all,
                 domains: by_domain,
                 modalities,
+                paired: None,
             },
         );
     }
@@ -157,28 +284,70 @@ fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> Candid
         k: c.k,
         sha256: c.sha256.clone(),
         splits,
+        bytes: None,
     }
 }
 
-fn figures(p: &EvalPartial, c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> Figures {
-    let mut base = BaseSums::default();
-    for (_, b) in p.base.iter().filter(|(g, _)| keep(g)) {
-        base.n += b.n;
-        base.nll.0 = base.nll.0.saturating_add(b.nll.0);
+/// Per chunk, (positions, exact KL sum) of a candidate's positions in
+/// groups `keep` selects.
+fn chunk_kl(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> BTreeMap<u32, (u64, ExactSum)> {
+    chunk_sums(c, keep)
+        .into_iter()
+        .map(|(chunk, s)| (chunk, (s.n, s.kl)))
+        .collect()
+}
+
+/// Per chunk, a candidate's sums over the groups `keep` selects.
+fn chunk_sums(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> BTreeMap<u32, ChunkSums> {
+    let mut out: BTreeMap<u32, ChunkSums> = BTreeMap::new();
+    for ((chunk, _), s) in c.chunks.iter().filter(|((_, g), _)| keep(g)) {
+        // Sums of one chunk stay far inside the accumulator's range.
+        let _ = out.entry(*chunk).or_default().merge(s);
     }
-    let mut s = CandidateSums::default();
-    for (_, x) in c.groups.iter().filter(|(g, _)| keep(g)) {
-        s.n += x.n;
-        s.top1_same += x.top1_same;
-        for (a, b) in [
-            (&mut s.kl, x.kl),
-            (&mut s.kl_sq, x.kl_sq),
-            (&mut s.nll, x.nll),
-            (&mut s.dprob, x.dprob),
-        ] {
-            a.0 = a.0.saturating_add(b.0);
-        }
+    out
+}
+
+fn figures(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> Figures {
+    let chunks: Vec<ChunkSums> = chunk_sums(c, keep).into_values().collect();
+    let n: u64 = chunks.iter().map(|s| s.n).sum();
+    if n == 0 {
+        return Figures::default();
     }
+    let of = |f: &dyn Fn(&ChunkSums) -> f64| -> (f64, Interval) {
+        let clusters: Vec<Cluster> = chunks.iter().map(|s| (s.n, f(s))).collect();
+        estimate(&clusters)
+    };
+    let (kl_mean, kl_ci) = of(&|s| s.kl.to_f64());
+    let (top1_same, top1_same_ci) = of(&|s| s.top1_same as f64);
+    let (nll_base, nll_base_ci) = of(&|s| s.nll_base.to_f64());
+    let (nll, nll_ci) = of(&|s| s.nll.to_f64());
+    let (log_ratio, log_ratio_ci) = of(&|s| s.nll.to_f64() - s.nll_base.to_f64());
+    let (dprob_mean, dprob_mean_ci) = of(&|s| s.dprob.to_f64());
+    let (mse, mse_ci) = of(&|s| s.dprob_sq.to_f64());
+    let exp = |m: f64, ci: Interval| (m.exp(), ci.map(f64::exp, m.exp()));
+    let (ppl_base, ppl_base_ci) = exp(nll_base, nll_base_ci);
+    let (ppl_candidate, ppl_candidate_ci) = exp(nll, nll_ci);
+    let (ppl_ratio, ppl_ratio_ci) = exp(log_ratio, log_ratio_ci);
+    let dprob_rms = mse.max(0.0).sqrt();
+    let dprob_rms_ci = mse_ci.map(
+        |v| v.max(0.0).sqrt(),
+        if dprob_rms > 0.0 {
+            0.5 / dprob_rms
+        } else {
+            0.0
+        },
+    );
+    let mut kl_sq = ExactSum::default();
+    for (_, s) in c.groups.iter().filter(|(g, _)| keep(g)) {
+        kl_sq.0 = kl_sq.0.saturating_add(s.kl_sq.0);
+    }
+    let total = n as f64;
+    let se_positions = if n > 1 {
+        let var = (kl_sq.to_f64() - kl_mean * kl_mean * total) / (total - 1.0);
+        (var.max(0.0) / total).sqrt()
+    } else {
+        0.0
+    };
     let mut kl: Vec<f64> = c
         .tokens
         .iter()
@@ -186,47 +355,41 @@ fn figures(p: &EvalPartial, c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) 
         .map(|t| t.kl)
         .collect();
     kl.sort_by(f64::total_cmp);
-    let n = s.n as f64;
-    if s.n == 0 {
-        return Figures::default();
-    }
-    let mean = s.kl.to_f64() / n;
-    let se = if s.n > 1 {
-        let var = (s.kl_sq.to_f64() - s.kl.to_f64() * mean) / (n - 1.0);
-        (var.max(0.0) / n).sqrt()
-    } else {
-        0.0
-    };
-    let ppl_base = (base.nll.to_f64() / base.n.max(1) as f64).exp();
-    let ppl_candidate = (s.nll.to_f64() / n).exp();
+    let at = |q: f64| percentile(&kl, q);
     Figures {
-        n: s.n,
+        n,
+        chunks: chunks.iter().filter(|s| s.n > 0).count() as u64,
         kl: KlFigures {
-            mean,
-            se,
-            p50: nearest_rank(&kl, 0.5),
-            p90: nearest_rank(&kl, 0.9),
-            p95: nearest_rank(&kl, 0.95),
-            p99: nearest_rank(&kl, 0.99),
-            p999: nearest_rank(&kl, 0.999),
+            mean: kl_mean,
+            se: kl_ci.se,
+            lo: kl_ci.lo,
+            hi: kl_ci.hi,
+            se_positions,
             max: kl.last().copied().unwrap_or(0.0),
+            p999: at(0.999),
+            p99: at(0.99),
+            p95: at(0.95),
+            p90: at(0.9),
+            p50: at(0.5),
+            p10: at(0.1),
+            p5: at(0.05),
+            p1: at(0.01),
+            p01: at(0.001),
+            min: kl.first().copied().unwrap_or(0.0),
         },
-        top1_same: s.top1_same as f64 / n,
+        top1_same,
+        top1_same_ci,
         ppl_base,
+        ppl_base_ci,
         ppl_candidate,
-        ppl_ratio: ppl_candidate / ppl_base,
-        dprob_mean: s.dprob.to_f64() / n,
+        ppl_candidate_ci,
+        ppl_ratio,
+        ppl_ratio_ci,
+        dprob_mean,
+        dprob_mean_ci,
+        dprob_rms,
+        dprob_rms_ci,
     }
-}
-
-/// The nearest-rank percentile of sorted values: the smallest value with at
-/// least a share `q` of the values at or below it.
-pub fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// Parses `fit`, `heldout` or `both` into the splits to score.

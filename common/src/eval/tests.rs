@@ -12,6 +12,7 @@ fn partial_of(chunk: u32, kls: &[f64]) -> EvalPartial {
     let mut base = BTreeMap::new();
     let mut sums = BTreeMap::new();
     let mut tokens = Vec::new();
+    let mut per_chunk = BTreeMap::new();
     for (pos, &kl) in kls.iter().enumerate() {
         let g = if pos % 3 == 0 {
             group(Split::Fit, 1)
@@ -28,6 +29,9 @@ fn partial_of(chunk: u32, kls: &[f64]) -> EvalPartial {
         s.nll.add_f64(1.0 + 2.0 * kl).unwrap();
         s.top1_same += u64::from(kl < 0.5);
         s.dprob.add_f64(-kl / 10.0).unwrap();
+        let c: &mut ChunkSums = per_chunk.entry((chunk, g)).or_default();
+        c.add(kl, 1.0 + kl, 1.0 + 2.0 * kl, kl < 0.5, -kl / 10.0)
+            .unwrap();
         tokens.push(TokenKl {
             chunk,
             pos: pos as u32,
@@ -52,6 +56,7 @@ fn partial_of(chunk: u32, kls: &[f64]) -> EvalPartial {
             sha256: "cand".into(),
             k: 4,
             groups: sums,
+            chunks: per_chunk,
             tokens,
         }],
     }
@@ -110,55 +115,130 @@ fn decoder_is_bounded_and_rejects_trailing_bytes() {
     assert!(err.contains("format version 0"), "{err}");
 }
 
+/// The cluster-robust (CR1) standard error of the mean of per-chunk
+/// values, written out: clusters `(n_g, S_g)`.
+fn cr1(clusters: &[(f64, f64)]) -> (f64, f64) {
+    let n: f64 = clusters.iter().map(|c| c.0).sum();
+    let mean = clusters.iter().map(|c| c.1).sum::<f64>() / n;
+    let g = clusters.len() as f64;
+    let ss: f64 = clusters.iter().map(|(ng, s)| (s - mean * ng).powi(2)).sum();
+    (mean, (g / (g - 1.0) * ss / (n * n)).sqrt())
+}
+
 #[test]
 fn summary_figures_match_a_direct_computation() {
     let mut p = partial_of(0, &values(0));
-    p.merge(&partial_of(1, &values(1))).unwrap();
+    for chunk in 1..4 {
+        p.merge(&partial_of(chunk, &values(chunk))).unwrap();
+    }
     let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
     let c = &s.candidates[0];
     assert_eq!((c.method.as_str(), c.k), ("reap_l2_sum", 4));
-    // Held-out positions are those with pos % 3 != 0, in both chunks.
-    let mut kl: Vec<f64> = (0..2)
-        .flat_map(|ch| {
-            values(ch)
-                .into_iter()
-                .enumerate()
-                .filter(|(i, _)| i % 3 != 0)
-                .map(|(_, v)| v)
-        })
-        .collect();
+    // Held-out positions are those with pos % 3 != 0, in every chunk.
+    let held = |ch: u32| -> Vec<f64> {
+        values(ch)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % 3 != 0)
+            .map(|(_, v)| v)
+            .collect()
+    };
+    let mut kl: Vec<f64> = (0..4).flat_map(held).collect();
     kl.sort_by(f64::total_cmp);
     let n = kl.len() as f64;
     let mean = kl.iter().sum::<f64>() / n;
     let var = kl.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
     let h = &c.splits["heldout"].all;
-    assert_eq!(h.n, kl.len() as u64);
+    assert_eq!((h.n, h.chunks), (kl.len() as u64, 4));
     assert!((h.kl.mean - mean).abs() < 1e-12);
-    assert!((h.kl.se - (var / n).sqrt()).abs() < 1e-12);
-    // Nearest rank: 26 values, the median is the 13th, p90 the 24th.
-    assert_eq!(h.kl.p50, kl[12]);
-    assert_eq!(h.kl.p90, kl[23]);
-    assert_eq!(h.kl.max, kl[25]);
+    assert!((h.kl.se_positions - (var / n).sqrt()).abs() < 1e-12);
+    // Chunk clusters: each chunk's sum.
+    let sums = |f: &dyn Fn(f64) -> f64| -> Vec<(f64, f64)> {
+        (0..4)
+            .map(|ch| (held(ch).len() as f64, held(ch).into_iter().map(f).sum()))
+            .collect()
+    };
+    let (m, se) = cr1(&sums(&|v| v));
+    assert!((m - mean).abs() < 1e-12);
+    assert!((h.kl.se - se).abs() < 1e-12, "{} vs {se}", h.kl.se);
+    // t(0.975, 3) = 3.1824.
+    assert!((h.kl.hi - (mean + 3.1824 * se)).abs() < 1e-9);
+    assert!((h.kl.lo - (mean - 3.1824 * se)).abs() < 1e-9);
+    // llama-perplexity's percentiles: 52 values, rank q * 51 interpolated.
+    assert_eq!(kl.len(), 52);
+    assert_eq!(h.kl.p50, (kl[25] + kl[26]) / 2.0);
+    let p90 = kl[45] + 0.9 * (kl[46] - kl[45]);
+    assert!((h.kl.p90 - p90).abs() < 1e-12);
+    assert_eq!((h.kl.max, h.kl.min), (kl[51], kl[0]));
     let ppl_ratio = ((kl.iter().map(|v| 1.0 + 2.0 * v).sum::<f64>()
         - kl.iter().map(|v| 1.0 + v).sum::<f64>())
         / n)
         .exp();
     assert!((h.ppl_ratio - ppl_ratio).abs() < 1e-9 * ppl_ratio);
+    // The ratio's interval: exp of the log ratio's (per chunk: sum of kl).
+    let (_, se_log) = cr1(&sums(&|v| v));
+    assert!((h.ppl_ratio_ci.hi - (ppl_ratio.ln() + 3.1824 * se_log).exp()).abs() < 1e-9);
     let top1 = kl.iter().filter(|v| **v < 0.5).count() as f64 / n;
     assert_eq!(h.top1_same, top1);
+    let (_, se_top1) = cr1(&sums(&|v| f64::from(u8::from(v < 0.5))));
+    assert!((h.top1_same_ci.se - se_top1).abs() < 1e-12);
+    let rms = (kl.iter().map(|v| (v / 10.0).powi(2)).sum::<f64>() / n).sqrt();
+    assert!((h.dprob_rms - rms).abs() < 1e-12);
+    let (_, se_mse) = cr1(&sums(&|v| (v / 10.0).powi(2)));
+    assert!((h.dprob_rms_ci.se - 0.5 / rms * se_mse).abs() < 1e-12);
     assert_eq!(
         c.splits["heldout"].domains.keys().collect::<Vec<_>>(),
         ["english"]
     );
     assert_eq!(c.splits["fit"].domains.keys().collect::<Vec<_>>(), ["code"]);
+    // One candidate: nothing to pair with.
+    assert!(c.splits["heldout"].paired.is_none());
 }
 
 #[test]
-fn nearest_rank_and_split_names() {
-    let v = [1.0, 2.0, 3.0, 4.0];
-    assert_eq!(summary::nearest_rank(&v, 0.5), 2.0);
-    assert_eq!(summary::nearest_rank(&v, 0.999), 4.0);
-    assert_eq!(summary::nearest_rank(&[], 0.5), 0.0);
+fn candidates_are_paired_against_the_best_by_chunk_sums_of_differences() {
+    // A second candidate whose KL is the first's plus 0.1 * (chunk + 1) at
+    // every position: the difference is constant within a chunk.
+    let mut p = partial_of(0, &values(0));
+    for chunk in 1..4 {
+        p.merge(&partial_of(chunk, &values(chunk))).unwrap();
+    }
+    let shifted: Vec<EvalPartial> = (0..4)
+        .map(|ch| {
+            let v: Vec<f64> = values(ch)
+                .iter()
+                .map(|x| x + 0.1 * f64::from(ch + 1))
+                .collect();
+            partial_of(ch, &v)
+        })
+        .collect();
+    let mut worse = shifted[0].clone();
+    for s in &shifted[1..] {
+        worse.merge(s).unwrap();
+    }
+    let mut second = worse.candidates.remove(0);
+    second.name = "frequency_K4".into();
+    p.candidates.insert(0, second);
+    let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
+    let (first, best) = (&s.candidates[0], &s.candidates[1]);
+    let pair = first.splits["heldout"].paired.as_ref().unwrap();
+    assert_eq!(pair.against, "reap_l2_sum_K4");
+    let mine = best.splits["heldout"].paired.as_ref().unwrap();
+    assert_eq!((mine.diff, mine.ci.se), (0.0, 0.0));
+    // Held-out positions per chunk: 13; the difference's clusters.
+    let clusters: Vec<(f64, f64)> = (0..4)
+        .map(|ch| (13.0, 13.0 * 0.1 * f64::from(ch + 1)))
+        .collect();
+    let (diff, se) = cr1(&clusters);
+    assert!((pair.diff - diff).abs() < 1e-9, "{} vs {diff}", pair.diff);
+    assert!((pair.ci.se - se).abs() < 1e-9, "{} vs {se}", pair.ci.se);
+    // Unpaired, the two means' errors are far wider than the paired one.
+    let h = |c: &summary::CandidateSummary| c.splits["heldout"].all.kl.se;
+    assert!(pair.ci.se < 0.5 * (h(first).powi(2) + h(best).powi(2)).sqrt());
+}
+
+#[test]
+fn split_names() {
     assert_eq!(summary::parse_splits("both"), Some(Split::ALL.to_vec()));
     assert_eq!(summary::parse_splits("heldout"), Some(vec![Split::Heldout]));
     assert_eq!(summary::parse_splits("all"), None);
@@ -189,7 +269,7 @@ fn modalities_appear_only_when_image_conditioned_positions_were_scored() {
     {
         t.group = image(t.group);
     }
-    let (mut base, mut sums) = (BTreeMap::new(), BTreeMap::new());
+    let (mut base, mut sums, mut per_chunk) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for (t, v) in c.tokens.iter().zip(values(0)) {
         let b: &mut BaseSums = base.entry(t.group).or_default();
         b.n += 1;
@@ -201,8 +281,11 @@ fn modalities_appear_only_when_image_conditioned_positions_were_scored() {
         s.nll.add_f64(1.0 + 2.0 * v).unwrap();
         s.top1_same += u64::from(v < 0.5);
         s.dprob.add_f64(-v / 10.0).unwrap();
+        let k: &mut ChunkSums = per_chunk.entry((t.chunk, t.group)).or_default();
+        k.add(v, 1.0 + v, 1.0 + 2.0 * v, v < 0.5, -v / 10.0)
+            .unwrap();
     }
-    (p.base, c.groups) = (base, sums);
+    (p.base, c.groups, c.chunks) = (base, sums, per_chunk);
     let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
     let held = &s.candidates[0].splits["heldout"];
     let kl_of = |keep: &dyn Fn(usize) -> bool| -> Vec<f64> {

@@ -125,6 +125,8 @@ pub fn check_against_job(
                 want.name
             ));
         }
+        got.check_chunk_sums(&p.base, &p.chunks)
+            .map_err(|e| format!("candidate {}: {e}", want.name))?;
         if got.tokens.len() as u64 != p.n_scored() {
             return Err(format!(
                 "candidate {}: {} per-position KL values for {} scored positions",
@@ -196,6 +198,13 @@ mod tests {
                         ..CandidateSums::default()
                     },
                 )]),
+                chunks: BTreeMap::from([(
+                    (2, group),
+                    common::eval::ChunkSums {
+                        n: 2,
+                        ..Default::default()
+                    },
+                )]),
                 tokens: vec![token(0), token(1)],
             }],
         }
@@ -226,7 +235,7 @@ mod tests {
 
     #[test]
     fn partials_of_another_lease_model_corpus_or_setting_are_refused() {
-        let cases: [(&str, Change); 6] = [
+        let cases: [(&str, Change); 8] = [
             ("covers", |p| {
                 p.chunks = vec![ChunkRange { start: 2, end: 3 }]
             }),
@@ -238,6 +247,17 @@ mod tests {
             }),
             ("per-position KL values", |p| {
                 p.candidates[0].tokens.pop();
+            }),
+            ("disagree with its group sums", |p| {
+                p.candidates[0]
+                    .chunks
+                    .values_mut()
+                    .for_each(|s| s.top1_same = 1)
+            }),
+            ("outside the partial", |p| {
+                let c = &mut p.candidates[0].chunks;
+                let (key, s) = c.pop_first().unwrap();
+                c.insert((9, key.1), s);
             }),
         ];
         for (what, change) in cases {

@@ -511,6 +511,7 @@ impl Accum {
                 sha256: c.sha256.clone(),
                 k: c.k,
                 groups: BTreeMap::new(),
+                chunks: BTreeMap::new(),
                 tokens: Vec::new(),
             })
             .collect();
@@ -549,6 +550,12 @@ impl Accum {
         add(&mut s.kl_sq, c.kl * c.kl, at, "KL squared")?;
         add(&mut s.nll, c.nll_candidate, at, "candidate NLL")?;
         add(&mut s.dprob, c.dprob, at, "probability change")?;
+        let k = cand.chunks.entry((at.chunk, at.group)).or_default();
+        k.add(c.kl, c.nll_base, c.nll_candidate, c.top1_same, c.dprob)
+            .map_err(|e| WorkerError::Graph {
+                chunk: at.chunk,
+                reason: format!("per-chunk sums at position {}: {e}", at.pos),
+            })?;
         cand.tokens.push(TokenKl {
             chunk: at.chunk,
             pos: at.pos,
