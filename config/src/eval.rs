@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// `[eval]`: the keep maps `coordinator run` evaluates after scoring (none:
 /// no evaluation), and how.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct EvalSettings {
     /// Keep maps by name, `<method>_K<k>`; K may be a share (`_K50%`).
@@ -25,8 +25,14 @@ pub struct EvalSettings {
     pub k: Vec<String>,
     /// Splits scored: `fit`, `heldout` or `both`.
     pub split: String,
-    /// Positions skipped at the start of every chunk.
-    pub skip_first: u32,
+    /// Positions skipped at the start of every chunk; absent: half the
+    /// chunk (`n_ctx / 2`), the positions llama-perplexity scores, so
+    /// figures compare with its; 0 scores every position.
+    pub skip_first: Option<u32>,
+    /// A KL budget (mean KL(base || candidate) in nats): per method, the
+    /// smallest evaluated K whose held-out KL interval's upper end is
+    /// within it is picked (in `eval/summary.json` and the report).
+    pub kl_budget: Option<f64>,
 }
 
 impl Default for EvalSettings {
@@ -36,7 +42,8 @@ impl Default for EvalSettings {
             methods: Vec::new(),
             k: Vec::new(),
             split: "both".into(),
-            skip_first: 0,
+            skip_first: None,
+            kl_budget: None,
         }
     }
 }
@@ -146,6 +153,17 @@ impl KeepShape {
     }
 }
 
+/// Refuses a KL budget that is not a positive finite number.
+pub fn check_kl_budget(budget: f64) -> Result<(), String> {
+    if budget.is_finite() && budget > 0.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{budget} is not a positive number of nats (a mean KL such as 0.05)"
+        ))
+    }
+}
+
 /// The size part of a keep-map name `<method>_K<size>` whose size is a
 /// share (ends with `%`), if it is one.
 fn share_spec(name: &str) -> Option<Result<(&str, &str), String>> {
@@ -170,10 +188,19 @@ impl EvalSettings {
             || self.keep_maps.iter().any(|n| share_spec(n).is_some())
     }
 
+    /// Positions skipped at the start of every chunk of `n_ctx` tokens:
+    /// `skip_first`, else half the chunk (llama-perplexity's).
+    pub fn skip_first_of(&self, n_ctx: u32) -> u32 {
+        self.skip_first.unwrap_or(n_ctx / 2)
+    }
+
     /// Checks what can be checked without the model: `methods` and `k`
-    /// given together, known methods, sizes that parse. Errors name the
-    /// entry.
+    /// given together, known methods, sizes that parse, a positive KL
+    /// budget. Errors name the entry.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(b) = self.kl_budget {
+            check_kl_budget(b).map_err(|e| format!("[eval] kl_budget: {e}"))?;
+        }
         if self.methods.is_empty() != self.k.is_empty() {
             return Err("[eval] methods and k go together: give both or neither".into());
         }
@@ -334,6 +361,20 @@ mod tests {
     }
 
     #[test]
+    fn positions_default_to_llama_perplexitys_second_half() {
+        let s = EvalSettings::default();
+        assert_eq!(s.skip_first_of(256), 128);
+        assert_eq!(s.skip_first_of(512), 256);
+        let all = EvalSettings {
+            skip_first: Some(0),
+            ..EvalSettings::default()
+        };
+        assert_eq!(all.skip_first_of(256), 0);
+        let parsed: EvalSettings = toml::from_str("kl_budget = 0.05\nskip_first = 3").unwrap();
+        assert_eq!((parsed.skip_first, parsed.kl_budget), (Some(3), Some(0.05)));
+    }
+
+    #[test]
     fn settings_are_checked_before_any_model_is_known() {
         let literal = EvalSettings {
             keep_maps: vec!["frequency_K8".into()],
@@ -365,6 +406,14 @@ mod tests {
             .validate()
             .unwrap_err()
             .starts_with("[eval] k \"5O%\""));
+        let no_budget = EvalSettings {
+            kl_budget: Some(-0.1),
+            ..EvalSettings::default()
+        };
+        assert!(no_budget
+            .validate()
+            .unwrap_err()
+            .starts_with("[eval] kl_budget: -0.1 is not a positive"));
         let bad_name = EvalSettings {
             keep_maps: vec!["frequency50%".into()],
             ..EvalSettings::default()

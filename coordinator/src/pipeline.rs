@@ -355,13 +355,17 @@ async fn evaluate_configured(
     setup: &RunSetup,
     crew: &mut Crew<'static>,
 ) -> anyhow::Result<()> {
-    let (sha256, job) = stages::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
+    let prepared = stages::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
     let base = stages::eval::cli::Base {
         path: &setup.model_path,
-        sha256,
+        sha256: prepared.base_sha256,
     };
     let out = common::layout::EVAL;
-    stages::eval::cli::evaluate_held(setup, base, job, out, crew).await?;
+    let choice = stages::eval::Choice {
+        sizes: prepared.sizes,
+        kl_budget: config.eval.kl_budget,
+    };
+    stages::eval::cli::evaluate_held(setup, base, prepared.job, out, choice, crew).await?;
     Ok(())
 }
 

@@ -68,12 +68,12 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
         keep_maps: CANDIDATES.iter().map(|s| s.to_string()).collect(),
         ..EvalSettings::default()
     };
-    let (model_sha256, job) = stages::eval::job(&store, model, &settings).await.unwrap();
+    let prepared = stages::eval::job(&store, model, &settings).await.unwrap();
     EvalSetup {
         base: RunSetup {
             index: read_index(&store).await.unwrap(),
             store,
-            model_sha256,
+            model_sha256: prepared.base_sha256,
             model_path: model.to_path_buf(),
             mmproj: None,
             run: RunSettings {
@@ -85,8 +85,12 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
             },
             cluster: ClusterSettings::default(),
         },
-        job,
+        job: prepared.job,
         out: common::layout::EVAL,
+        choice: stages::eval::Choice {
+            sizes: prepared.sizes,
+            kl_budget: Some(1.0),
+        },
     }
 }
 
@@ -166,6 +170,30 @@ async fn one_and_three_workers_give_byte_identical_results_and_keep_all_costs_no
     }
     let merged = EvalPartial::from_bytes(&r1[names::MERGED]).unwrap();
     assert_eq!(merged.n_chunks(), u64::from(N_CHUNKS));
+    // Positions: the second half of each chunk by default (llama-perplexity's).
+    assert_eq!(s.skip_first, N_CTX / 2);
+    assert!(merged.candidates[1]
+        .tokens
+        .iter()
+        .all(|t| t.pos >= N_CTX / 2));
+    // The keep-all candidate is the best; the pruned one is paired with it,
+    // and with KL exactly 0 on one side the paired difference is its mean.
+    let held = &pruned.splits["heldout"];
+    let pair = held.paired.as_ref().unwrap();
+    assert_eq!(pair.against, "frequency_K16");
+    assert!((pair.diff - held.all.kl.mean).abs() < 1e-12, "{pair:?}");
+    assert!(pair.ci.lo <= pair.diff && pair.diff <= pair.ci.hi);
+    assert!(held.all.chunks >= 2 && held.all.kl.hi > held.all.kl.mean);
+    // Sizes come from the coordinator's slices; the budget picks per method.
+    let bytes = |c: &common::eval::summary::CandidateSummary| c.bytes.unwrap();
+    assert!(bytes(pruned) < bytes(keep_all));
+    let budget = s.budget.as_ref().unwrap();
+    let want = if held.all.kl.hi <= 1.0 {
+        "frequency_K8"
+    } else {
+        "frequency_K16"
+    };
+    assert_eq!(budget.picks["frequency"].as_deref(), Some(want));
 }
 
 /// Worker-side aggregation changes no bit of an evaluation: with

@@ -42,7 +42,7 @@ fn a_keep_all_candidate_has_zero_kl_and_the_same_top1_everywhere() {
     std::fs::copy(&model, &same).unwrap();
     let corpus = fixtures::corpus_dir(dir.path(), "run", 3, N_CTX);
     let out = dir.path().join("out");
-    eval(&model, &[&same], &corpus, &out, &[]);
+    eval(&model, &[&same], &corpus, &out, &["--skip-first", "0"]);
     let s = summary(&out);
     let c = &s.candidates[0];
     assert_eq!((c.name.as_str(), c.k), ("keep_all_K16", 16));
@@ -120,6 +120,8 @@ fn worker_figures_equal_an_f64_recomputation_from_dumped_logits() {
         &[
             "--compare",
             "host",
+            "--skip-first",
+            "0",
             "--dump-logits",
             dumps.to_str().unwrap(),
         ],
@@ -186,6 +188,118 @@ fn worker_figures_equal_an_f64_recomputation_from_dumped_logits() {
         assert!(close(s.nll.to_f64(), *nll_cand), "{g:?} candidate NLL");
     }
     assert!(expected.keys().any(|g| g.split == Split::Heldout));
+}
+
+/// llama-perplexity's percentile: linear interpolation at rank q (n - 1)
+/// (its median, the mean of the two middle values, is the same).
+fn llama_percentile(sorted: &[f64], q: f64) -> f64 {
+    let at = q * (sorted.len() - 1) as f64;
+    let i = at as usize;
+    let frac = at - i as f64;
+    (1.0 - frac) * sorted[i] + frac * sorted[(i + 1).min(sorted.len() - 1)]
+}
+
+/// llama-perplexity's setup: chunks of `n_ctx` tokens of one document
+/// each, `--kl-divergence` scoring positions `n_ctx / 2 ..= n_ctx - 2` of
+/// every chunk. With its default positions, `worker eval`'s figures are
+/// llama-perplexity's KL block recomputed in f64 from the dumped logits:
+/// `Mean KLD` with its error, the percentiles, RMS Δp, same top p with its
+/// error and the perplexity ratio.
+#[test]
+fn default_positions_and_kl_block_are_llama_perplexitys() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixtures::model(dir.path(), Preset::Tiny);
+    let other = dir.path().join("other_K16.gguf");
+    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    let corpus = dir.path().join("run");
+    let chunks: Vec<Chunk> = fixtures::chunks(3, N_CTX)
+        .into_iter()
+        .map(|mut c| {
+            c.tokens.resize(N_CTX as usize, 7);
+            c.spans = vec![common::corpus::Span {
+                start: 0,
+                len: N_CTX,
+                split: Split::Heldout,
+                domain: 0,
+            }];
+            c
+        })
+        .collect();
+    fixtures::write_corpus(&corpus, &chunks, N_CTX);
+    let (out, dumps) = (dir.path().join("out"), dir.path().join("dumps"));
+    let dump = [
+        "--compare",
+        "host",
+        "--dump-logits",
+        dumps.to_str().unwrap(),
+    ];
+    eval(&model, &[&other], &corpus, &out, &dump);
+    let (mut kld, mut dp2, mut same) = (Vec::new(), Vec::new(), 0usize);
+    let (mut nll, mut nll_base) = (0.0, 0.0);
+    for chunk in &chunks {
+        let base = read_f32(&dumps.join(format!("chunk-{}-model-0.f32", chunk.id.0)));
+        let cand = read_f32(&dumps.join(format!("chunk-{}-model-1.f32", chunk.id.0)));
+        let n_vocab = base.len() / N_CTX as usize;
+        let first = (N_CTX / 2) as usize;
+        for j in first..N_CTX as usize - 1 {
+            let row = |l: &[f32]| l[j * n_vocab..(j + 1) * n_vocab].to_vec();
+            let (a, b) = (row(&base), row(&cand));
+            let (lp, lq) = (fixtures::log_softmax(&a), fixtures::log_softmax(&b));
+            kld.push(
+                lp.iter()
+                    .zip(&lq)
+                    .map(|(p, q)| p.exp() * (p - q))
+                    .sum::<f64>(),
+            );
+            let next = chunk.tokens[j + 1] as usize;
+            dp2.push((lq[next].exp() - lp[next].exp()).powi(2));
+            same += usize::from(argmax(&a) == argmax(&b));
+            (nll, nll_base) = (nll - lq[next], nll_base - lp[next]);
+        }
+    }
+    let count = kld.len() as f64;
+    assert_eq!(kld.len(), 3 * (N_CTX as usize - 1 - N_CTX as usize / 2));
+    let f = summary(&out).candidates[0].splits["heldout"].all.clone();
+    assert_eq!(f.n, kld.len() as u64);
+    let mean = kld.iter().sum::<f64>() / count;
+    // llama-perplexity's mean_and_uncertainty.
+    let sum2 = kld.iter().map(|v| v * v).sum::<f64>();
+    let err = ((sum2 / count - mean * mean) / (count - 1.0)).sqrt();
+    assert!(close(f.kl.mean, mean), "Mean KLD {} vs {mean}", f.kl.mean);
+    assert!(
+        (f.kl.se_positions - err).abs() < 1e-9 * err,
+        "{} vs {err}",
+        f.kl.se_positions
+    );
+    kld.sort_by(f64::total_cmp);
+    for (q, got) in [
+        (0.999, f.kl.p999),
+        (0.99, f.kl.p99),
+        (0.95, f.kl.p95),
+        (0.9, f.kl.p90),
+        (0.5, f.kl.p50),
+        (0.1, f.kl.p10),
+        (0.05, f.kl.p5),
+        (0.01, f.kl.p1),
+        (0.001, f.kl.p01),
+    ] {
+        let want = llama_percentile(&kld, q);
+        assert!(
+            (got - want).abs() <= 1e-9 * want.abs() + 1e-15,
+            "{q}: {got} vs {want}"
+        );
+    }
+    assert!(close(f.kl.max, kld[kld.len() - 1]) && close(f.kl.min, kld[0]));
+    let rms = (dp2.iter().sum::<f64>() / count).sqrt();
+    assert!(close(f.dprob_rms, rms), "RMS Δp {} vs {rms}", f.dprob_rms);
+    let top = same as f64 / count;
+    assert_eq!(f.top1_same, top);
+    assert!(top > 0.0 && top < 1.0, "same top p {top}");
+    let ratio = ((nll - nll_base) / count).exp();
+    assert!(close(f.ppl_ratio, ratio), "{} vs {ratio}", f.ppl_ratio);
+    // The interval is by chunk clusters: three chunks, t(0.975, 2).
+    assert_eq!(f.chunks, 3);
+    assert!((f.kl.hi - f.kl.mean - 4.3027 * f.kl.se).abs() < 1e-12);
 }
 
 #[test]

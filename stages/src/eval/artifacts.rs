@@ -1,7 +1,8 @@
 //! Writing an evaluation's results (under `eval/`, or `ship/eval/` for
 //! shipped files): the merged partial, the
 //! summary as JSON and as a Parquet table (one row per candidate, split and
-//! domain; domain `*` is the whole split). `summary.json` is removed first
+//! domain; domain `*` is the whole split; each figure with its 95% interval's
+//! ends, `_lo` and `_hi`). `summary.json` is removed first
 //! and written last: its presence marks the set complete.
 
 use super::EvalRunError;
@@ -14,14 +15,18 @@ use std::sync::Arc;
 
 /// Writes the merged partial, the Parquet table and the summary where
 /// `out` says (`eval/merged.bin`, `eval/summary.parquet`,
-/// `eval/summary.json` for `coordinator eval`).
+/// `eval/summary.json` for `coordinator eval`); the summary carries the
+/// candidates' sizes and what `choice`'s KL budget picks.
 pub async fn write(
     store: &RunStore,
     out: &EvalLayout,
     merged: &EvalPartial,
     domains: &[String],
+    choice: &super::Choice,
 ) -> Result<EvalSummary, EvalRunError> {
-    let summary = EvalSummary::of(merged, domains);
+    let summary = EvalSummary::of(merged, domains)
+        .with_sizes(&choice.sizes)
+        .with_budget(choice.kl_budget);
     if store.get_opt(out.summary_json).await?.is_some() {
         store.delete(out.summary_json).await?;
     }
@@ -59,20 +64,41 @@ pub fn parquet_table(s: &EvalSummary) -> Result<Vec<u8>, String> {
             rows.iter().map(|r| f(r.5)).collect::<Vec<_>>(),
         ))
     };
-    let floats: [(&str, &Field64); 13] = [
+    let floats: [(&str, &Field64); 34] = [
         ("kl_mean", &|f| f.kl.mean),
         ("kl_se", &|f| f.kl.se),
-        ("kl_p50", &|f| f.kl.p50),
-        ("kl_p90", &|f| f.kl.p90),
-        ("kl_p95", &|f| f.kl.p95),
-        ("kl_p99", &|f| f.kl.p99),
-        ("kl_p999", &|f| f.kl.p999),
+        ("kl_lo", &|f| f.kl.lo),
+        ("kl_hi", &|f| f.kl.hi),
+        ("kl_se_positions", &|f| f.kl.se_positions),
         ("kl_max", &|f| f.kl.max),
+        ("kl_p999", &|f| f.kl.p999),
+        ("kl_p99", &|f| f.kl.p99),
+        ("kl_p95", &|f| f.kl.p95),
+        ("kl_p90", &|f| f.kl.p90),
+        ("kl_p50", &|f| f.kl.p50),
+        ("kl_p10", &|f| f.kl.p10),
+        ("kl_p5", &|f| f.kl.p5),
+        ("kl_p1", &|f| f.kl.p1),
+        ("kl_p01", &|f| f.kl.p01),
+        ("kl_min", &|f| f.kl.min),
         ("top1_same", &|f| f.top1_same),
+        ("top1_same_lo", &|f| f.top1_same_ci.lo),
+        ("top1_same_hi", &|f| f.top1_same_ci.hi),
         ("ppl_base", &|f| f.ppl_base),
+        ("ppl_base_lo", &|f| f.ppl_base_ci.lo),
+        ("ppl_base_hi", &|f| f.ppl_base_ci.hi),
         ("ppl_candidate", &|f| f.ppl_candidate),
+        ("ppl_candidate_lo", &|f| f.ppl_candidate_ci.lo),
+        ("ppl_candidate_hi", &|f| f.ppl_candidate_ci.hi),
         ("ppl_ratio", &|f| f.ppl_ratio),
+        ("ppl_ratio_lo", &|f| f.ppl_ratio_ci.lo),
+        ("ppl_ratio_hi", &|f| f.ppl_ratio_ci.hi),
         ("dprob_mean", &|f| f.dprob_mean),
+        ("dprob_mean_lo", &|f| f.dprob_mean_ci.lo),
+        ("dprob_mean_hi", &|f| f.dprob_mean_ci.hi),
+        ("dprob_rms", &|f| f.dprob_rms),
+        ("dprob_rms_lo", &|f| f.dprob_rms_ci.lo),
+        ("dprob_rms_hi", &|f| f.dprob_rms_ci.hi),
     ];
     let mut fields = vec![
         Field::new("candidate", DataType::Utf8, false),

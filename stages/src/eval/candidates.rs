@@ -7,6 +7,7 @@ use crate::StagesError;
 use common::keepmap::{KeepMap, KeepMapRef};
 use common::store::RunStore;
 use common::wire::EvalCandidate;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Brings the keep maps given as files (written by hand, `{"layers":
@@ -57,12 +58,13 @@ pub async fn import(store: &RunStore, names: &[String]) -> Result<Vec<String>, S
 
 /// Reads each named keep map (`<method>_K<k>`) from the run and slices it
 /// from `base` in a scratch directory (removed afterwards); returns the
-/// job's candidates with the SHA-256 of each slice.
+/// job's candidates with the SHA-256 of each slice, and each slice's size
+/// in bytes by name.
 pub async fn prepare(
     store: &RunStore,
     names: &[String],
     base: &Path,
-) -> Result<Vec<EvalCandidate>, EvalRunError> {
+) -> Result<(Vec<EvalCandidate>, BTreeMap<String, u64>), EvalRunError> {
     if names.is_empty() {
         return Err(EvalRunError::Setup(
             "no keep maps to evaluate (give --keep-maps, or [eval] keep_maps or methods and k)"
@@ -72,6 +74,7 @@ pub async fn prepare(
     let scratch = tempfile::tempdir()
         .map_err(|e| EvalRunError::Setup(format!("cannot create a scratch directory: {e}")))?;
     let mut out: Vec<EvalCandidate> = Vec::with_capacity(names.len());
+    let mut sizes = BTreeMap::new();
     for name in names {
         let bad = |reason: String| EvalRunError::KeepMap {
             name: name.clone(),
@@ -100,7 +103,11 @@ pub async fn prepare(
         let path = scratch.path().join(format!("{name}.gguf"));
         let sliced = common::prune::slice_model(base, &keep, &path)
             .map_err(|e| bad(format!("slicing {}: {e}", base.display())))?;
+        let bytes = std::fs::metadata(&path)
+            .map_err(|e| bad(format!("{}: {e}", path.display())))?
+            .len();
         std::fs::remove_file(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+        sizes.insert(name.clone(), bytes);
         out.push(EvalCandidate {
             name: name.clone(),
             keep_map: Some(object),
@@ -109,5 +116,5 @@ pub async fn prepare(
             quant: None,
         });
     }
-    Ok(out)
+    Ok((out, sizes))
 }

@@ -1,7 +1,9 @@
 //! `coordinator eval RUN --keep-maps A,B,...`: the run's settings and model
 //! from its manifest, local or joined workers, then [`super::evaluate`].
 
-use super::{evaluate, job, print_outcome, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
+use super::{
+    evaluate, job, print_outcome, Choice, EvalOutcome, EvalRunError, EvalSettings, EvalSetup,
+};
 use crate::StagesError;
 use clap::Args;
 use common::layout::EvalLayout;
@@ -31,10 +33,16 @@ pub struct EvalArgs {
     /// Splits scored: fit, heldout or both.
     #[arg(long, default_value = "both")]
     pub split: String,
-    /// Positions skipped at the start of every chunk (`n_ctx / 2` scores the
-    /// second half of each chunk, like llama-perplexity).
-    #[arg(long, default_value_t = 0)]
-    pub skip_first: u32,
+    /// Positions skipped at the start of every chunk; default: half the
+    /// chunk (`n_ctx / 2`: the second half is scored, like
+    /// llama-perplexity); 0 scores every position.
+    #[arg(long)]
+    pub skip_first: Option<u32>,
+    /// KL budget (mean KL in nats): per method, the smallest evaluated K
+    /// whose held-out KL interval's upper end is within it is picked;
+    /// default: the run config's `[eval] kl_budget`.
+    #[arg(long, value_parser = parse_kl_budget)]
+    pub kl_budget: Option<f64>,
     /// The base GGUF model (the run's; checked by SHA-256). Default: the
     /// model collection ran with, recorded in the manifest, else the model
     /// path of the run's config when it is absolute.
@@ -44,6 +52,16 @@ pub struct EvalArgs {
     /// the run's own `eval/` as it is.
     #[arg(long, value_name = "NAME")]
     pub out: Option<String>,
+}
+
+/// Parses `--kl-budget`: a positive number of nats.
+fn parse_kl_budget(text: &str) -> Result<f64, String> {
+    let b: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of nats (a mean KL such as 0.05)"))?;
+    config::eval::check_kl_budget(b)?;
+    Ok(b)
 }
 
 /// A run's manifest and the config recorded in it.
@@ -101,12 +119,13 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
             keep_maps: args.keep_maps.clone(),
             split: args.split.clone(),
             skip_first: args.skip_first,
+            kl_budget: args.kl_budget.or(config.eval.kl_budget),
             ..EvalSettings::default()
         };
-        let (model_sha256, job) = job(&store, &model, &settings).await?;
+        let prepared = job(&store, &model, &settings).await?;
         let base = Base {
             path: &model,
-            sha256: model_sha256,
+            sha256: prepared.base_sha256,
         };
         let out = match &args.out {
             None => common::layout::EVAL,
@@ -119,7 +138,12 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
                 EvalLayout::under(&prefix)
             }
         };
-        evaluate_recorded(&store, &config, base, job, out, args.local_workers).await?;
+        let choice = Choice {
+            sizes: prepared.sizes,
+            kl_budget: settings.kl_budget,
+        };
+        let job = prepared.job;
+        evaluate_recorded(&store, &config, base, job, out, choice, args.local_workers).await?;
         Ok::<_, StagesError>(ExitCode::SUCCESS)
     })
 }
@@ -142,6 +166,7 @@ pub(crate) async fn evaluate_recorded(
     base: Base<'_>,
     job: EvalJob,
     out: EvalLayout,
+    choice: Choice,
     local_count: u32,
 ) -> Result<EvalOutcome, StagesError> {
     let setup = EvalSetup {
@@ -156,6 +181,7 @@ pub(crate) async fn evaluate_recorded(
         },
         job,
         out,
+        choice,
     };
     let local = (local_count > 0)
         .then(|| local_workers(config, base.path, local_count))
@@ -174,6 +200,7 @@ pub async fn evaluate_held(
     base: Base<'_>,
     job: EvalJob,
     out: EvalLayout,
+    choice: Choice,
     crew: &mut Crew<'_>,
 ) -> Result<EvalOutcome, StagesError> {
     let eval = EvalSetup {
@@ -184,6 +211,7 @@ pub async fn evaluate_held(
         },
         job,
         out,
+        choice,
     };
     let outcome = super::evaluate_locked(&eval, crew).await?;
     print_outcome(&setup.store, &outcome).await;

@@ -29,6 +29,7 @@ use runtime::run::record::{settings_key, RecordError};
 use runtime::run::runner::{lease_all, locked, LeaseFigures, Leasing, OnListen};
 use runtime::run::{RunError, RunSetup};
 use sched::plan;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -79,6 +80,31 @@ pub struct EvalSetup {
     /// Where its objects go: [`common::layout::EVAL`] (`coordinator eval`)
     /// or [`common::layout::SHIP_EVAL`] (`coordinator ship`).
     pub out: EvalLayout,
+    /// What the summary adds to the figures for choosing a candidate.
+    pub choice: Choice,
+}
+
+/// What an evaluation's summary adds to the measured figures: each
+/// candidate's model file size (the size-versus-KL table and its Pareto
+/// front) and a KL budget (K per method, [`common::eval::choice`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Choice {
+    /// Bytes of each candidate's model file, by candidate name.
+    pub sizes: BTreeMap<String, u64>,
+    /// Mean KL budget in nats, if one was given.
+    pub kl_budget: Option<f64>,
+}
+
+/// The job of an evaluation ([`job`]): the base model's SHA-256, what
+/// workers compute, and each candidate's file size.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    /// SHA-256 of the base model.
+    pub base_sha256: String,
+    /// The workers' job.
+    pub job: EvalJob,
+    /// Bytes of each candidate's sliced model file, by name.
+    pub sizes: BTreeMap<String, u64>,
 }
 
 /// What an evaluation did.
@@ -95,13 +121,13 @@ pub struct EvalOutcome {
 
 /// The job of an evaluation: checks the base model against the run's
 /// manifest, resolves the candidates' names (K given as a share of the
-/// experts resolves against `saliency.json`) and slices their keep maps.
-/// Returns the base model's SHA-256 and the job.
+/// experts resolves against `saliency.json`) and slices their keep maps;
+/// positions skip half of each chunk unless `skip_first` says otherwise.
 pub async fn job(
     store: &RunStore,
     base: &Path,
     settings: &EvalSettings,
-) -> Result<(String, EvalJob), StagesError> {
+) -> Result<Prepared, StagesError> {
     let splits = parse_splits(&settings.split).ok_or_else(|| {
         EvalRunError::Setup(format!(
             "split {:?}: expected fit, heldout or both",
@@ -120,15 +146,17 @@ pub async fn job(
         settings.keep_maps.clone()
     };
     let names = candidates::import(store, &names).await?;
-    let candidates = candidates::prepare(store, &names, base).await?;
-    Ok((
+    let (candidates, sizes) = candidates::prepare(store, &names, base).await?;
+    let n_ctx = runtime::run::read_index(store).await?.n_ctx;
+    Ok(Prepared {
         base_sha256,
-        EvalJob {
+        job: EvalJob {
             candidates,
-            skip_first: settings.skip_first,
+            skip_first: settings.skip_first_of(n_ctx),
             splits,
         },
-    ))
+        sizes,
+    })
 }
 
 /// Checks the base model against the run's manifest (the model the run was
@@ -185,6 +213,7 @@ pub async fn evaluate(
             base,
             job: setup.job.clone(),
             out: setup.out,
+            choice: setup.choice.clone(),
         };
         let mut crew = Crew::new(on_listen);
         let outcome = evaluate_locked(&fenced, &mut crew).await;
@@ -231,7 +260,8 @@ pub async fn evaluate_locked(
             index.n_chunks
         )));
     }
-    let summary = artifacts::write(store, &setup.out, &merged, &index.domains).await?;
+    let summary =
+        artifacts::write(store, &setup.out, &merged, &index.domains, &setup.choice).await?;
     Ok(EvalOutcome {
         summary,
         leases: leased.leases,

@@ -1,12 +1,16 @@
 //! The table of an evaluation: one row per pruned candidate (held-out and
-//! fit KL, same top-1, perplexities, per-domain held-out KL, the
-//! candidate's slot replacement from `score`), and after it, when images
-//! were evaluated, the KL of each candidate per modality. `coordinator
-//! eval` prints it and the report shows it.
+//! fit KL, the paired difference against the best candidate, same top-1,
+//! perplexities, per-domain held-out KL, the candidate's slot replacement
+//! from `score`), each figure with its 95% interval by chunk clusters;
+//! after it, when images were evaluated, the KL of each candidate per
+//! modality, llama-perplexity's KL block, and what a KL budget picked.
+//! `coordinator eval` prints it and the report shows it, with the
+//! size-versus-KL table ([`size_table`]).
 
 use crate::score::{self, tables::MapTable};
 use crate::StagesError;
-use common::eval::{EvalSummary, Figures};
+use common::eval::choice::{self, pareto_front};
+use common::eval::{EvalSummary, Figures, Interval, Paired};
 use common::peer_text::table_cell;
 use common::store::RunStore;
 use std::fmt::Write;
@@ -25,29 +29,49 @@ pub async fn slot_tables(store: &RunStore) -> Result<Result<Vec<MapTable>, Strin
 fn kl(f: Option<&Figures>) -> String {
     f.map_or("-".into(), |f| {
         format!(
-            "{:.4} ± {:.4} (p50 {:.4}, p90 {:.4}, p99 {:.4}, p99.9 {:.4}, max {:.4})",
-            f.kl.mean, f.kl.se, f.kl.p50, f.kl.p90, f.kl.p99, f.kl.p999, f.kl.max
+            "{:.4} [{:.4}, {:.4}] (p50 {:.4}, p90 {:.4}, p99 {:.4}, p99.9 {:.4}, max {:.4})",
+            f.kl.mean, f.kl.lo, f.kl.hi, f.kl.p50, f.kl.p90, f.kl.p99, f.kl.p999, f.kl.max
         )
     })
 }
 
+/// `value [lo, hi]` with `digits` decimals, scaled by `scale` (100 for %).
+fn ci(value: f64, iv: &Interval, digits: usize, scale: f64) -> String {
+    format!(
+        "{:.digits$} [{:.digits$}, {:.digits$}]",
+        scale * value,
+        scale * iv.lo,
+        scale * iv.hi
+    )
+}
+
+/// The paired difference of a candidate's KL against the best one's.
+fn paired(p: Option<&Paired>, name: &str) -> String {
+    match p {
+        None => "-".into(),
+        Some(p) if p.against == name => "best".into(),
+        Some(p) => format!(
+            "{:+.4} [{:+.4}, {:+.4}] vs {}",
+            p.diff, p.ci.lo, p.ci.hi, p.against
+        ),
+    }
+}
+
 /// The Markdown table of an evaluation; `slots` are `score`'s tables (the
-/// slot replacement column reads `-` for a candidate without one).
+/// slot replacement column reads `-` for a candidate without one). Every
+/// interval is a 95% interval by chunk clusters; after it, the
+/// llama-perplexity KL block of each candidate and what a KL budget picked.
 pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
     // Same top-1 and perplexity come from the held-out split, or from the
     // fit split in a run without one (and say so).
     let scored = |f: &&Figures| f.n > 0;
-    let (basis, basis_label) = if s
-        .candidates
-        .iter()
-        .any(|c| c.splits.get("heldout").is_some_and(|h| h.all.n > 0))
-    {
-        ("heldout", "held-out")
-    } else {
-        ("fit", "fit: no held-out split")
+    let basis = choice::basis(s);
+    let basis_label = match basis {
+        "heldout" => "held-out",
+        _ => "fit: no held-out split",
     };
     let mut md = format!(
-        "| candidate | K | held-out KL mean ± se (percentiles) | fit KL mean ± se (percentiles) | same top-1 ({basis_label}) | ppl base / candidate / ratio ({basis_label}) | held-out KL per domain | slot replacement |\n|---|---|---|---|---|---|---|---|\n",
+        "| candidate | K | held-out KL mean [95% interval] (percentiles) | held-out KL against the best (paired) | fit KL mean [95% interval] (percentiles) | same top-1 ({basis_label}) | ppl base / candidate / ratio [95% interval] ({basis_label}) | held-out KL per domain | slot replacement |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for c in &s.candidates {
         let held = c.splits.get("heldout").map(|x| &x.all).filter(scored);
@@ -59,7 +83,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             .map(|x| {
                 x.domains
                     .iter()
-                    .map(|(d, f)| format!("{} {:.4}", table_cell(d), f.kl.mean))
+                    .map(|(d, f)| format!("{} {}", table_cell(d), ci(f.kl.mean, &kl_ci(f), 4, 1.0)))
                     .collect()
             })
             .unwrap_or_default();
@@ -69,17 +93,28 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             .map_or("-".into(), |t| {
                 format!("{:.1}%", 100.0 * t.slot_replacement_mean)
             });
+        let pair = c
+            .splits
+            .get("heldout")
+            .filter(|x| x.all.n > 0)
+            .and_then(|x| x.paired.as_ref());
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.name,
             c.k,
             kl(held),
+            paired(pair, &c.name),
             kl(fit),
-            main.map_or("-".into(), |f| format!("{:.2}%", 100.0 * f.top1_same)),
             main.map_or("-".into(), |f| format!(
-                "{:.3} / {:.3} / {:.4}",
-                f.ppl_base, f.ppl_candidate, f.ppl_ratio
+                "{}%",
+                ci(f.top1_same, &f.top1_same_ci, 2, 100.0)
+            )),
+            main.map_or("-".into(), |f| format!(
+                "{:.3} / {:.3} / {}",
+                f.ppl_base,
+                f.ppl_candidate,
+                ci(f.ppl_ratio, &f.ppl_ratio_ci, 4, 1.0)
             )),
             if domains.is_empty() {
                 "-".into()
@@ -90,6 +125,142 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
         );
     }
     md.push_str(&modality_table(s));
+    md.push_str(&perplexity_block(s));
+    md.push_str(&budget_lines(s));
+    md
+}
+
+/// The interval of a figure's mean KL.
+fn kl_ci(f: &Figures) -> Interval {
+    Interval {
+        se: f.kl.se,
+        lo: f.kl.lo,
+        hi: f.kl.hi,
+    }
+}
+
+/// llama-perplexity's KL block per candidate over the basis split: mean
+/// KL with llama-perplexity's error (positions independent) and the chunk
+/// clusters', its percentiles down to 0.1% and the extremes, RMS Δp, same
+/// top p and the perplexity ratio, each with its interval.
+fn perplexity_block(s: &EvalSummary) -> String {
+    let basis = choice::basis(s);
+    let rows: Vec<_> = s
+        .candidates
+        .iter()
+        .filter_map(|c| Some((c, choice::figures_in(c, basis)?)))
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut md = format!(
+        "\nllama-perplexity's KL block ({basis}; percentiles interpolate as llama-perplexity's; ± is llama-perplexity's error with positions independent, [ ] the 95% interval by chunk clusters):\n\n| candidate | Mean KLD | Maximum | 99.9% | 99.0% | 95.0% | 90.0% | Median | 10.0% | 5.0% | 1.0% | 0.1% | Minimum | RMS Δp | Same top p | PPL(Q)/PPL(base) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    for (c, f) in rows {
+        let k = &f.kl;
+        let _ = writeln!(
+            md,
+            "| {} | {:.6} ± {:.6} [{:.6}, {:.6}] | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {} % | {} % | {} |",
+            c.name,
+            k.mean,
+            k.se_positions,
+            k.lo,
+            k.hi,
+            k.max,
+            k.p999,
+            k.p99,
+            k.p95,
+            k.p90,
+            k.p50,
+            k.p10,
+            k.p5,
+            k.p1,
+            k.p01,
+            k.min,
+            ci(f.dprob_rms, &f.dprob_rms_ci, 3, 100.0),
+            ci(f.top1_same, &f.top1_same_ci, 3, 100.0),
+            ci(f.ppl_ratio, &f.ppl_ratio_ci, 6, 1.0),
+        );
+    }
+    md
+}
+
+/// What the KL budget picked per method, when one was given.
+fn budget_lines(s: &EvalSummary) -> String {
+    let Some(b) = &s.budget else {
+        return String::new();
+    };
+    let mut md = format!(
+        "\nK within a KL budget of {} ({} KL, upper end of the 95% interval):\n\n",
+        b.kl_budget, b.split
+    );
+    for (method, pick) in &b.picks {
+        let _ = match pick {
+            Some(name) => writeln!(md, "- {method}: {name}"),
+            None => writeln!(md, "- {method}: no evaluated K fits"),
+        };
+    }
+    md
+}
+
+/// A point of the size-versus-KL table: a model file and its KL.
+pub struct SizePoint<'a> {
+    /// Candidate or file name.
+    pub name: &'a str,
+    /// Where its figures come from (`eval`, or `ship` for shipped files).
+    pub source: &'a str,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// Its whole-split figures.
+    pub figures: &'a Figures,
+}
+
+/// The size points of an evaluation's candidates with a known size, from
+/// the `split` figures.
+pub fn size_points<'a>(s: &'a EvalSummary, source: &'a str, split: &str) -> Vec<SizePoint<'a>> {
+    s.candidates
+        .iter()
+        .filter_map(|c| {
+            Some(SizePoint {
+                name: &c.name,
+                source,
+                bytes: c.bytes?,
+                figures: choice::figures_in(c, split)?,
+            })
+        })
+        .collect()
+}
+
+/// The size-versus-KL table of `points`, smallest first, with the Pareto
+/// front marked (no other file is both smaller and closer to the base
+/// model, by mean KL); empty without points.
+pub fn size_table(points: &[SizePoint<'_>], split: &str) -> String {
+    if points.is_empty() {
+        return String::new();
+    }
+    let front = pareto_front(
+        &points
+            .iter()
+            .map(|p| (p.bytes, p.figures.kl.mean))
+            .collect::<Vec<_>>(),
+    );
+    let mut order: Vec<usize> = (0..points.len()).collect();
+    order.sort_by_key(|&i| (points[i].bytes, points[i].name));
+    let mut md = format!(
+        "| file | from | bytes | {split} KL mean [95% interval] | Pareto front |\n|---|---|---|---|---|\n"
+    );
+    for i in order {
+        let p = &points[i];
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            p.name,
+            p.source,
+            p.bytes,
+            ci(p.figures.kl.mean, &kl_ci(p.figures), 6, 1.0),
+            if front[i] { "yes" } else { "" }
+        );
+    }
     md
 }
 
@@ -107,7 +278,7 @@ fn modality_table(s: &EvalSummary) -> String {
         return String::new();
     }
     let mut md = String::from(
-        "\nKL per modality (image: positions whose context holds an image, the text after it included):\n\n| candidate | K | split | text KL mean ± se (percentiles) | text positions | image KL mean ± se (percentiles) | image positions |\n|---|---|---|---|---|---|---|\n",
+        "\nKL per modality (image: positions whose context holds an image, the text after it included):\n\n| candidate | K | split | text KL mean [95% interval] (percentiles) | text positions | image KL mean [95% interval] (percentiles) | image positions |\n|---|---|---|---|---|---|---|\n",
     );
     for (c, split, f) in rows {
         let (text, image) = (f.modalities.get("text"), f.modalities.get("image"));
@@ -148,6 +319,8 @@ mod tests {
             skip_first: 0,
             n_chunks: 1,
             backends: Vec::new(),
+            uncertainty: String::new(),
+            budget: None,
             candidates: vec![CandidateSummary {
                 name: "frequency_K2".into(),
                 method: "frequency".into(),
@@ -157,6 +330,7 @@ mod tests {
                     .iter()
                     .map(|&(s, top1)| (s.to_string(), figures(top1)))
                     .collect(),
+                bytes: None,
             }],
         }
     }
@@ -165,20 +339,26 @@ mod tests {
     fn same_top1_and_perplexity_name_the_split_they_come_from() {
         let both = table(&summary(&[("fit", 0.25), ("heldout", 0.5)]), &[]);
         assert!(both.contains("same top-1 (held-out)"), "{both}");
-        assert!(both.contains("| 50.00% |"), "held-out figure: {both}");
+        assert!(
+            both.contains("| 50.00 [0.00, 0.00]% |"),
+            "held-out figure: {both}"
+        );
         let fit_only = table(&summary(&[("fit", 0.25)]), &[]);
         assert!(!fit_only.contains("(held-out)"), "{fit_only}");
         assert!(
             fit_only.contains("same top-1 (fit: no held-out split)"),
             "{fit_only}"
         );
-        assert!(fit_only.contains("| 25.00% |"), "fit figure: {fit_only}");
+        assert!(
+            fit_only.contains("| 25.00 [0.00, 0.00]% |"),
+            "fit figure: {fit_only}"
+        );
         // A held-out split without scored positions is no basis either.
         let mut empty = summary(&[("fit", 0.25), ("heldout", 0.5)]);
         empty.candidates[0].splits.get_mut("heldout").unwrap().all.n = 0;
         let md = table(&empty, &[]);
         assert!(md.contains("same top-1 (fit: no held-out split)"), "{md}");
-        assert!(md.contains("| 25.00% |"), "{md}");
+        assert!(md.contains("| 25.00 [0.00, 0.00]% |"), "{md}");
     }
 
     #[test]
@@ -199,7 +379,7 @@ mod tests {
         let md = table(&s, &[]);
         assert!(md.contains("KL per modality"), "{md}");
         assert!(
-            md.contains("| frequency_K2 | 2 | fit | 0.1250 ± 0.0000 (p50 0.0000, p90 0.0000, p99 0.0000, p99.9 0.0000, max 0.0000) | 6 | 0.5000 ± 0.0000"),
+            md.contains("| frequency_K2 | 2 | fit | 0.1250 [0.0000, 0.0000] (p50 0.0000, p90 0.0000, p99 0.0000, p99.9 0.0000, max 0.0000) | 6 | 0.5000 [0.0000, 0.0000]"),
             "{md}"
         );
         assert!(md.contains("| 4 |"), "{md}");

@@ -3,13 +3,17 @@
 //! one line per method. Reads `eval/summary.json` and `score/score.json`.
 
 use super::plots::{self, Series};
-pub use crate::eval::table::{slot_tables, table};
+pub use crate::eval::table::{size_points, size_table, slot_tables, table};
 use crate::score::tables::MapTable;
 use crate::StagesError;
+use common::eval::choice;
 use common::eval::{names, EvalSummary};
 use common::store::RunStore;
 use std::collections::BTreeMap;
 use std::fmt::Write;
+
+/// `ship/eval/summary.json`: the figures of the shipped files.
+const SHIP_SUMMARY: &str = common::layout::SHIP_EVAL.summary_json;
 
 /// Object name of the plot of held-out KL against K.
 pub use common::layout::eval::KL_PLOT;
@@ -25,6 +29,32 @@ pub async fn load(store: &RunStore) -> Result<Option<EvalSummary>, StagesError> 
         "an eval summary",
     )?;
     Ok(Some(s))
+}
+
+/// The size-versus-KL section: the evaluated candidates' sliced files and,
+/// when `coordinator ship` evaluated its files (`ship/eval/summary.json`),
+/// the shipped files (quantised ones among them), on one Pareto front.
+async fn sizes(store: &RunStore, s: &EvalSummary) -> Result<String, StagesError> {
+    let shipped: Option<EvalSummary> = match store.get_opt(SHIP_SUMMARY).await? {
+        None => None,
+        Some(bytes) => Some(StagesError::parse_json(
+            &bytes,
+            || store.url_of(SHIP_SUMMARY),
+            "an eval summary",
+        )?),
+    };
+    let split = choice::basis(s);
+    let mut points = size_points(s, "eval", split);
+    if let Some(ship) = &shipped {
+        points.extend(size_points(ship, "ship", split));
+    }
+    if points.is_empty() {
+        return Ok(String::new());
+    }
+    Ok(format!(
+        "### Size against KL\n\nModel file bytes against {split} KL; the Pareto front holds the files no other file beats on both (`coordinator ship RUN --candidates pareto` ships the evaluated candidates on it).\n\n{}\n",
+        size_table(&points, split)
+    ))
 }
 
 /// Held-out mean KL against K, one series per method (methods with a
@@ -66,11 +96,12 @@ pub async fn section(
     };
     let _ = writeln!(
         md,
-        "KL(base ‖ candidate) per scored position over the whole vocabulary, {} chunks, first {} positions of each chunk skipped; percentiles are exact (nearest rank). Figures: [eval/summary.json](../eval/summary.json).\n",
-        s.n_chunks, s.skip_first
+        "KL(base ‖ candidate) per scored position over the whole vocabulary, {} chunks, first {} positions of each chunk skipped; percentiles are exact, interpolated as llama-perplexity's. Intervals: {}. Figures: [eval/summary.json](../eval/summary.json).\n",
+        s.n_chunks, s.skip_first, s.uncertainty
     );
     md.push_str(&table(&s, slots));
     md.push('\n');
+    md.push_str(&sizes(store, &s).await?);
     let series = kl_series(&s);
     if series.is_empty() {
         return Ok(Vec::new());

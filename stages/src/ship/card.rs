@@ -303,7 +303,7 @@ impl Measured {
         );
         let _ = writeln!(
             s,
-            "| split | domain | positions | KL mean ± se | KL p50 / p90 / p95 / p99 / p99.9 / max | same top-1 | ppl base / file / ratio | mean change of p(next) |\n|---|---|---|---|---|---|---|---|"
+            "| split | domain | positions | KL mean ± se [95% interval] (chunk clusters) | KL p50 / p90 / p95 / p99 / p99.9 / max | same top-1 | ppl base / file / ratio | mean change of p(next) |\n|---|---|---|---|---|---|---|---|"
         );
         for (split, f) in &self.splits {
             let rows = std::iter::once(("all", &f.all))
@@ -312,11 +312,13 @@ impl Measured {
                 let k = &f.kl;
                 let _ = writeln!(
                     s,
-                    "| {split} | {} | {} | {:.6} ± {:.6} | {:.6} / {:.6} / {:.6} / {:.6} / {:.6} / {:.6} | {:.2}% | {:.4} / {:.4} / {:.6} | {:+.6} |",
+                    "| {split} | {} | {} | {:.6} ± {:.6} [{:.6}, {:.6}] | {:.6} / {:.6} / {:.6} / {:.6} / {:.6} / {:.6} | {:.2}% | {:.4} / {:.4} / {:.6} | {:+.6} |",
                     md(domain),
                     f.n,
                     k.mean,
                     k.se,
+                    k.lo,
+                    k.hi,
                     k.p50,
                     k.p90,
                     k.p95,

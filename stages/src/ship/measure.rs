@@ -8,8 +8,9 @@
 
 use super::spec::Candidate;
 use crate::eval::cli::{evaluate_held, evaluate_recorded, recorded, Base};
-use crate::eval::{check_base, EvalRunError};
+use crate::eval::{check_base, Choice, EvalRunError};
 use crate::StagesError;
+use common::eval::choice::pareto_front;
 use common::eval::summary::parse_splits;
 use common::eval::EvalSummary;
 use common::quant::QuantType;
@@ -17,6 +18,7 @@ use common::store::RunStore;
 use common::wire::{EvalCandidate, EvalJob};
 use runtime::run::crew::Crew;
 use runtime::run::RunSetup;
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -57,11 +59,13 @@ pub enum Evaluator<'a> {
 
 /// Evaluates `candidates` against `base` on the run's corpus with the
 /// splits and skipped positions of the run's `[eval]`, by `how`; prints
-/// the evaluation's table and returns its figures.
+/// the evaluation's table and returns its figures (with each file's size
+/// from `sizes`, by candidate name).
 pub async fn measure(
     store: &RunStore,
     base: &Path,
     candidates: Vec<EvalCandidate>,
+    sizes: BTreeMap<String, u64>,
     how: Evaluator<'_>,
 ) -> Result<EvalSummary, StagesError> {
     let (_, config) = recorded(store).await?;
@@ -72,47 +76,72 @@ pub async fn measure(
         ))
     })?;
     let sha256 = check_base(store, base).await?;
+    let n_ctx = runtime::run::read_index(store).await?.n_ctx;
     let job = EvalJob {
         candidates,
-        skip_first: config.eval.skip_first,
+        skip_first: config.eval.skip_first_of(n_ctx),
         splits,
     };
     let out = common::layout::SHIP_EVAL;
     let base = Base { path: base, sha256 };
+    let choice = Choice {
+        sizes,
+        kl_budget: None,
+    };
     let outcome = match how {
         Evaluator::Own { local_workers } => {
-            evaluate_recorded(store, &config, base, job, out, local_workers).await?
+            evaluate_recorded(store, &config, base, job, out, choice, local_workers).await?
         }
-        Evaluator::Locked { setup, crew } => evaluate_held(setup, base, job, out, crew).await?,
+        Evaluator::Locked { setup, crew } => {
+            evaluate_held(setup, base, job, out, choice, crew).await?
+        }
     };
     Ok(outcome.summary)
 }
 
 /// The ship table: one row per shipped model file (`(file, bytes)`), with
-/// its held-out figures (fit where no held-out positions were scored).
+/// its held-out figures (fit where no held-out positions were scored), KL
+/// with its 95% interval by chunk clusters, and whether the file is on the
+/// size-versus-KL Pareto front (no other shipped file is both smaller and
+/// closer to the base model).
 pub fn table(files: &[(String, u64)], s: &EvalSummary) -> String {
     let mut md = String::from(
-        "| file | bytes | KL mean ± se | KL p99 | same top-1 | ppl ratio | split |\n|---|---|---|---|---|---|---|\n",
+        "| file | bytes | KL mean [95% interval] | KL p99 | same top-1 | ppl ratio [95% interval] | split | Pareto front |\n|---|---|---|---|---|---|---|---|\n",
     );
-    for (file, bytes) in files {
-        let stem = file.strip_suffix(".gguf").unwrap_or(file);
-        let figures = s.candidates.iter().find(|c| c.name == stem).and_then(|c| {
-            ["heldout", "fit"]
-                .into_iter()
-                .find_map(|split| c.splits.get(split).map(|f| (split, &f.all)))
-                .filter(|(_, f)| f.n > 0)
-        });
+    let rows: Vec<_> = files
+        .iter()
+        .map(|(file, bytes)| {
+            let stem = file.strip_suffix(".gguf").unwrap_or(file);
+            let figures = s.candidates.iter().find(|c| c.name == stem).and_then(|c| {
+                ["heldout", "fit"]
+                    .into_iter()
+                    .find_map(|split| c.splits.get(split).map(|f| (split, &f.all)))
+                    .filter(|(_, f)| f.n > 0)
+            });
+            (file, *bytes, figures)
+        })
+        .collect();
+    let measured: Vec<(u64, f64)> = rows
+        .iter()
+        .filter_map(|(_, b, f)| f.map(|(_, f)| (*b, f.kl.mean)))
+        .collect();
+    let mut front = pareto_front(&measured).into_iter();
+    for (file, bytes, figures) in rows {
         let _ = match figures {
             Some((split, f)) => writeln!(
                 md,
-                "| {file} | {bytes} | {:.6} ± {:.6} | {:.6} | {:.2}% | {:.4} | {split} |",
+                "| {file} | {bytes} | {:.6} [{:.6}, {:.6}] | {:.6} | {:.2}% | {:.4} [{:.4}, {:.4}] | {split} | {} |",
                 f.kl.mean,
-                f.kl.se,
+                f.kl.lo,
+                f.kl.hi,
                 f.kl.p99,
                 100.0 * f.top1_same,
-                f.ppl_ratio
+                f.ppl_ratio,
+                f.ppl_ratio_ci.lo,
+                f.ppl_ratio_ci.hi,
+                if front.next().unwrap_or(false) { "yes" } else { "" }
             ),
-            None => writeln!(md, "| {file} | {bytes} | - | - | - | - | - |"),
+            None => writeln!(md, "| {file} | {bytes} | - | - | - | - | - | - |"),
         };
     }
     md

@@ -84,7 +84,9 @@ pub struct ShipArgs {
     pub run: String,
     /// Candidates, comma-separated: keep map names under the run's
     /// `keep_maps/`, or `base` (every expert); `_top<N>` after either
-    /// routes each token to N experts (`base_top2`).
+    /// routes each token to N experts (`base_top2`); or `pareto` alone:
+    /// the candidates on the size-versus-KL Pareto front of the run's
+    /// evaluation (`eval/summary.json`).
     #[arg(long, value_delimiter = ',', required = true)]
     pub candidates: Vec<String>,
     /// Quantisation types, comma-separated (llama-quantize's names: Q8_0,
@@ -227,7 +229,8 @@ pub async fn ship(
     evaluator: Option<measure::Evaluator<'_>>,
 ) -> Result<(), StagesError> {
     let quants = &request.quants;
-    let candidates = spec::read(store, &request.candidates).await?;
+    let names = spec::resolve_pareto(store, &request.candidates).await?;
+    let candidates = spec::read(store, &names).await?;
     if candidates.iter().any(Candidate::is_base) && quants.is_empty() {
         return Err(ShipError::BaseUnquantised.into());
     }
@@ -253,7 +256,14 @@ pub async fn ship(
                     )
                 })
                 .collect();
-            Some(measure::measure(store, &base, job, how).await?)
+            let sizes = models
+                .iter()
+                .map(|m| {
+                    let stem = m.file.name.strip_suffix(".gguf").unwrap_or(&m.file.name);
+                    (stem.to_string(), m.file.placed.bytes)
+                })
+                .collect();
+            Some(measure::measure(store, &base, job, sizes, how).await?)
         }
     };
     for m in &models {

@@ -43,6 +43,47 @@ impl Candidate {
     }
 }
 
+/// The candidate list that ships only the Pareto front of the run's
+/// evaluation.
+pub const PARETO: &str = "pareto";
+
+/// `names` as given, or, for [`PARETO`] alone, the candidates on the
+/// size-versus-KL Pareto front of the run's `eval/summary.json`
+/// ([`common::eval::choice::front_names`]). `pareto` beside other names,
+/// or without an evaluation that knew the candidates' sizes, is refused.
+pub async fn resolve_pareto(
+    store: &RunStore,
+    names: &[String],
+) -> Result<Vec<String>, StagesError> {
+    if !names.iter().any(|n| n == PARETO) {
+        return Ok(names.to_vec());
+    }
+    let refuse = |problem: String| StagesError::Argument {
+        argument: "--candidates".into(),
+        problem,
+    };
+    if names.len() > 1 {
+        return Err(refuse(format!(
+            "{PARETO} stands alone (it names the candidates itself), not beside {:?}",
+            names.iter().filter(|n| *n != PARETO).collect::<Vec<_>>()
+        )));
+    }
+    let summary = crate::report::eval::load(store).await?.ok_or_else(|| {
+        refuse(format!(
+            "{PARETO} ships the Pareto front of the run's evaluation, and {} does not exist (run `coordinator eval` first)",
+            store.url_of(common::eval::names::SUMMARY_JSON)
+        ))
+    })?;
+    let front = common::eval::choice::front_names(&summary);
+    if front.is_empty() {
+        return Err(refuse(format!(
+            "{} has no candidate with a file size and a KL figure (evaluate again with this version)",
+            store.url_of(common::eval::names::SUMMARY_JSON)
+        )));
+    }
+    Ok(front)
+}
+
 /// Reads the candidates `names` from the run; errors name the candidate.
 pub async fn read(store: &RunStore, names: &[String]) -> Result<Vec<Candidate>, StagesError> {
     let mut out: Vec<Candidate> = Vec::with_capacity(names.len());

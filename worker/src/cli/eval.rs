@@ -20,10 +20,11 @@ pub struct EvalArgs {
     /// Splits scored: fit, heldout or both.
     #[arg(long, default_value = "both")]
     split: String,
-    /// Positions skipped at the start of every chunk (`n_ctx / 2` scores the
-    /// second half of each chunk, like llama-perplexity).
-    #[arg(long, default_value_t = 0)]
-    skip_first: u32,
+    /// Positions skipped at the start of every chunk; default: half the
+    /// chunk (`n_ctx / 2`: the second half is scored, like
+    /// llama-perplexity); 0 scores every position.
+    #[arg(long)]
+    skip_first: Option<u32>,
     /// Where logits are compared: `device` (on the backend that holds
     /// them, f32; only per-position figures are copied to the host),
     /// `host` (f64 after llama.cpp copies every row: the reference), or
@@ -50,7 +51,7 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
         offload: a.job.offload.offload(),
         f32_kv: a.job.f32_kv,
         flash_attn: a.job.flash_attn,
-        skip_first: a.skip_first,
+        skip_first: a.skip_first.unwrap_or(index.n_ctx / 2),
         splits,
         dump_logits: a.dump_logits.is_some(),
         compare: a.compare,
@@ -99,10 +100,11 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
     for c in &summary.candidates {
         for (split, f) in &c.splits {
             println!(
-                "  {} {split}: KL {:.6} +- {:.6}, same top-1 {:.2}%, ppl ratio {:.4}",
+                "  {} {split}: KL {:.6} [{:.6}, {:.6}], same top-1 {:.2}%, ppl ratio {:.4}",
                 c.name,
                 f.all.kl.mean,
-                f.all.kl.se,
+                f.all.kl.lo,
+                f.all.kl.hi,
                 100.0 * f.all.top1_same,
                 f.all.ppl_ratio
             );
