@@ -312,6 +312,7 @@ mod tests {
             },
             domains: BTreeMap::new(),
             modalities: BTreeMap::new(),
+            paired: None,
         };
         EvalSummary {
             base_sha256: String::new(),
