@@ -23,6 +23,7 @@
 //! - [`bounded`]: bincode decoding with a limit sized from the input.
 //! - [`routing`]: how a model routes tokens (gating aside), as llama.cpp's
 //!   graph computes it, and the selection rule of a pruned model.
+//! - [`room`]: free disk space and available memory, checked before large writes.
 //! - [`model_check`]: a model's MoE facts from its GGUF header, before llama.cpp loads it;
 //!   [`vocab_check`]: its vocabulary, which llama.cpp would abort on;
 //!   [`model_weights`]: the importance-matrix entries a model defines.
@@ -55,6 +56,7 @@ pub mod peer_text;
 pub mod procstat;
 pub mod prune;
 pub mod quant;
+pub mod room;
 pub mod routing;
 pub mod saliency;
 pub mod secret;

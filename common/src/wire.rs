@@ -200,6 +200,13 @@ pub struct EvalJob {
     pub skip_first: u32,
     /// Splits whose positions are scored.
     pub splits: Vec<crate::split::Split>,
+    /// Models a worker holds in memory at once (`[eval] models_in_memory`;
+    /// a worker's `--models-in-memory` overrides it).
+    pub models_in_memory: crate::eval::ModelsInMemory,
+    /// Where a worker writes sliced candidates and a lease's base logits
+    /// (`[eval] scratch_dir`, a path on each worker's machine; `None`: its
+    /// `$TMPDIR`; a worker's `--scratch-dir` overrides it).
+    pub scratch_dir: Option<String>,
 }
 
 /// A candidate of an [`EvalJob`]: how a worker makes it from its base
@@ -698,6 +705,8 @@ mod tests {
             }],
             skip_first: 0,
             splits: crate::split::Split::ALL.to_vec(),
+            models_in_memory: crate::eval::ModelsInMemory::Count(2),
+            scratch_dir: Some("/scratch".into()),
         };
         for task in [Task::Collect, Task::Evaluate(eval)] {
             let welcome = ToWorker::Welcome {

@@ -5,6 +5,7 @@
 //! against the run's `saliency.json` ([`KeepShape`]).
 
 use super::method::Method;
+use common::eval::ModelsInMemory;
 use common::routing::{check_group_keep, ExpertGroups};
 use common::saliency::Saliency;
 use schemars::JsonSchema;
@@ -33,6 +34,17 @@ pub struct EvalSettings {
     /// smallest evaluated K whose held-out KL interval's upper end is
     /// within it is picked (in `eval/summary.json` and the report).
     pub kl_budget: Option<f64>,
+    /// Models each worker holds in memory at once: `"auto"` (every model
+    /// when they fit in the free memory where the weights go, else the base
+    /// and one candidate, else one), `"all"`, or a number: 2 is the base and
+    /// one candidate, 1 one model at a time. Fewer than 1 + n run the
+    /// candidates in turn against the base model's kept logits, with the
+    /// same figures and forward passes.
+    #[schemars(with = "String")]
+    pub models_in_memory: ModelsInMemory,
+    /// Where workers write sliced candidates and a lease's base logits (a
+    /// path on each worker's machine; unset: its `$TMPDIR`).
+    pub scratch_dir: Option<String>,
 }
 
 impl Default for EvalSettings {
@@ -44,6 +56,8 @@ impl Default for EvalSettings {
             split: "both".into(),
             skip_first: None,
             kl_budget: None,
+            models_in_memory: ModelsInMemory::Auto,
+            scratch_dir: None,
         }
     }
 }

@@ -397,6 +397,8 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
             threads: Some(1),
             reduce: Reduce::Host,
             compare: Compare::Device,
+            models_in_memory: None,
+            scratch_dir: None,
         },
         lies: Arc::default(),
         lied: Arc::default(),

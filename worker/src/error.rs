@@ -201,6 +201,15 @@ pub enum WorkerError {
         #[source]
         source: std::io::Error,
     },
+    /// The scratch directory (sliced candidates, a lease's base logits)
+    /// cannot take what is about to be written.
+    #[error("{reason}")]
+    Scratch {
+        /// The directory.
+        path: String,
+        /// What does not fit, with the sizes.
+        reason: String,
+    },
     /// Writing a raw logits dump file (`--dump-logits`) failed.
     #[error("{path}")]
     LogitsDump {

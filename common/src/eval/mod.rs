@@ -3,6 +3,7 @@
 //! - [`partial`]: [`EvalPartial`], the exact per-(split, domain) sums and
 //!   per-position KL values a worker returns for an eval lease, their exact
 //!   merge and a bounded decoder.
+//! - [`memory`]: [`ModelsInMemory`], how many models a worker holds at once.
 //! - [`summary`]: [`EvalSummary`], the float view written as
 //!   `eval/summary.json` and read by the report.
 //! - [`stats`]: intervals by chunk clusters and llama-perplexity's
@@ -10,10 +11,12 @@
 //! - [`choice`]: K from a KL budget, and the size-versus-KL Pareto front.
 
 pub mod choice;
+pub mod memory;
 pub mod partial;
 pub mod stats;
 pub mod summary;
 
+pub use memory::ModelsInMemory;
 pub use partial::{
     BaseSums, CandidateResult, CandidateSums, ChunkSums, EvalPartial, Group, TokenKl,
     EVAL_FORMAT_VERSION,

@@ -61,6 +61,18 @@ pub fn make_model(
     write::sliced(&model, &plan, out)
 }
 
+/// About the bytes [`make_model`] writes for the same arguments, from the
+/// headers alone (within the size of a few metadata entries): what a
+/// scratch directory needs free before a candidate is made.
+pub fn model_bytes(
+    base: &Path,
+    keep: Option<&KeepMap>,
+    experts_used: Option<u32>,
+) -> Result<u64, PruneError> {
+    let (model, plan) = plan_model(base, keep, experts_used)?;
+    Ok(write::planned_bytes(&model, &plan))
+}
+
 /// The model `base` read whole, and its plan for [`make_model`].
 fn plan_model(
     base: &Path,

@@ -120,10 +120,19 @@ fn files(bytes: &[u8]) -> Files {
 fn keeps_the_kept_experts_bytes_in_keep_map_order() {
     let f = files(&model());
     let map = keep(&[(1, &[0, 3]), (2, &[1, 2])]);
+    let planned = model_bytes(&f.base, Some(&map), None).unwrap();
     let sliced = slice_model(&f.base, &map, &f.out).unwrap();
     assert_eq!(sliced.k, 2);
     let bytes = std::fs::read(&f.out).unwrap();
     assert_eq!(sliced.bytes, bytes.len() as u64);
+    // The size planned from the header: within a few metadata bytes (the
+    // new expert count) of what was written.
+    assert!(
+        planned.abs_diff(sliced.bytes) <= 64,
+        "planned {planned}, wrote {}",
+        sliced.bytes
+    );
+    assert!(planned < std::fs::metadata(&f.base).unwrap().len());
     assert_eq!(sliced.sha256, crate::hash::sha256_hex(&bytes));
     let mut r = GgufReader::open(&f.out).unwrap();
     assert_eq!(

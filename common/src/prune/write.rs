@@ -282,6 +282,18 @@ pub(super) fn sliced(src: &Joined, plan: &Plan, out: &Path) -> Result<Sliced, Pr
     write_part(src, plan, &part, out)
 }
 
+/// Bytes the slice `plan` of `src` takes as one file: the source's metadata
+/// and tensor infos (the output's differ by a few bytes), then each kept
+/// tensor's data padded to the alignment.
+pub(super) fn planned_bytes(src: &Joined, plan: &Plan) -> u64 {
+    let align = src.header.alignment.max(1);
+    let data: u64 = kept(plan)
+        .into_iter()
+        .map(|i| cut_bytes(&src.header.tensors[i], &plan.cuts[i]).div_ceil(align) * align)
+        .sum();
+    src.header.data_offset + data
+}
+
 /// Indices of the tensors the plan does not drop.
 fn kept(plan: &Plan) -> Vec<usize> {
     (0..plan.cuts.len())

@@ -160,6 +160,8 @@ mod tests {
             }],
             skip_first: 0,
             splits: vec![Split::Fit],
+            models_in_memory: Default::default(),
+            scratch_dir: None,
         }
     }
 

@@ -43,6 +43,11 @@ pub struct EvalArgs {
     /// default: the run config's `[eval] kl_budget`.
     #[arg(long, value_parser = parse_kl_budget)]
     pub kl_budget: Option<f64>,
+    /// Models each worker holds in memory at once: `auto`, `all` or a
+    /// number (2: the base and one candidate; 1: one at a time). Default:
+    /// the run config's `[eval] models_in_memory`.
+    #[arg(long)]
+    pub models_in_memory: Option<common::eval::ModelsInMemory>,
     /// The base GGUF model (the run's; checked by SHA-256). Default: the
     /// model collection ran with, recorded in the manifest, else the model
     /// path of the run's config when it is absolute.
@@ -120,6 +125,10 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
             split: args.split.clone(),
             skip_first: args.skip_first,
             kl_budget: args.kl_budget.or(config.eval.kl_budget),
+            models_in_memory: args
+                .models_in_memory
+                .unwrap_or(config.eval.models_in_memory),
+            scratch_dir: config.eval.scratch_dir.clone(),
             ..EvalSettings::default()
         };
         let prepared = job(&store, &model, &settings).await?;

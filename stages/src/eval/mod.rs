@@ -154,6 +154,8 @@ pub async fn job(
             candidates,
             skip_first: settings.skip_first_of(n_ctx),
             splits,
+            models_in_memory: settings.models_in_memory,
+            scratch_dir: settings.scratch_dir.clone(),
         },
         sizes,
     })
@@ -187,7 +189,7 @@ pub async fn check_base(store: &RunStore, base: &Path) -> Result<String, EvalRun
 
 /// Fingerprint of everything that changes an eval partial's numbers: the
 /// base model, the corpus, how chunks are evaluated and the job (candidates
-/// with their SHA-256, scored positions).
+/// with their SHA-256, scored positions; not the workers' memory settings).
 pub fn eval_settings_key(setup: &EvalSetup) -> String {
     let b = &setup.base;
     let collection = settings_key(
@@ -195,7 +197,15 @@ pub fn eval_settings_key(setup: &EvalSetup) -> String {
         &b.index.chunks_sha256,
         &b.run.job_options(common::wire::TraceStrides::both(0)),
     );
-    let canonical = serde_json::json!({ "evaluation_of": collection, "job": setup.job });
+    // How many models a worker holds and where it writes scratch files
+    // change no number (the figures are the same bit for bit): left out,
+    // so partials stay reusable whatever they are.
+    let mut job = serde_json::json!(setup.job);
+    if let Some(fields) = job.as_object_mut() {
+        fields.remove("models_in_memory");
+        fields.remove("scratch_dir");
+    }
+    let canonical = serde_json::json!({ "evaluation_of": collection, "job": job });
     sha256_hex(canonical.to_string().as_bytes())
 }
 

@@ -81,6 +81,8 @@ pub async fn measure(
         candidates,
         skip_first: config.eval.skip_first_of(n_ctx),
         splits,
+        models_in_memory: config.eval.models_in_memory,
+        scratch_dir: config.eval.scratch_dir.clone(),
     };
     let out = common::layout::SHIP_EVAL;
     let base = Base { path: base, sha256 };

@@ -4,8 +4,8 @@
 
 use super::chunk_job::ChunkJobArgs;
 use crate::error::WorkerError;
-use crate::eval::{candidates, Compare, EvalOptions, Evaluator};
-use common::eval::{names, EvalSummary};
+use crate::eval::{candidates, Compare, EvalOptions, Evaluator, KEPT_ROWS_MEMORY};
+use common::eval::{names, EvalSummary, ModelsInMemory};
 use common::store::RunStore;
 use std::path::PathBuf;
 
@@ -31,6 +31,20 @@ pub struct EvalArgs {
     /// `auto`: device with layers offloaded to a GPU, else host.
     #[arg(long, value_enum, default_value = "auto")]
     compare: Compare,
+    /// Models held in memory at once: `auto` (every model when they fit in
+    /// the free memory where the weights go, else the base and one
+    /// candidate, else one), `all`, or a number (2: the base and one
+    /// candidate, 1: one model at a time). Fewer than 1 + n run the models
+    /// in turn with the same figures.
+    #[arg(long, default_value = "auto")]
+    models_in_memory: ModelsInMemory,
+    /// MiB of a lease's base logits kept in host memory when models run in
+    /// turn; a lease with more keeps them in a file in `--scratch-dir`.
+    #[arg(long, default_value_t = KEPT_ROWS_MEMORY >> 20)]
+    kept_rows_memory_mib: u64,
+    /// Scratch directory for a lease's base logits (default: `$TMPDIR`).
+    #[arg(long)]
+    scratch_dir: Option<PathBuf>,
     /// Debugging and oracle tests: write every model's raw logits per chunk
     /// (`chunk-<id>-model-<m>.f32`, little-endian, model 0 the base) here.
     #[arg(long)]
@@ -55,8 +69,13 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
         splits,
         dump_logits: a.dump_logits.is_some(),
         compare: a.compare,
+        models_in_memory: a.models_in_memory,
+        kept_rows_memory: a.kept_rows_memory_mib << 20,
         ..EvalOptions::default()
     };
+    if let Some(dir) = a.scratch_dir {
+        opts.scratch_dir = dir;
+    }
     if let Some(t) = a.job.threads {
         opts.threads = t;
     }

@@ -48,6 +48,43 @@ pub struct Inputs {
     pub imatrix: Option<Vec<u8>>,
 }
 
+/// Refuses to make the candidates of `job` in `dir` unless its file system
+/// has room for them all: each slice's size planned from the base model's
+/// header (an upper bound of its quantised form), plus the largest
+/// quantised candidate's slice, which exists beside its quantised file
+/// until that is written.
+fn check_room(
+    base: &Path,
+    job: &[EvalCandidate],
+    inputs: &Inputs,
+    dir: &Path,
+) -> Result<(), WorkerError> {
+    let (mut total, mut largest_quantised) = (0u64, 0u64);
+    for (c, keep) in job.iter().zip(&inputs.maps) {
+        if keep.is_none() && c.expert_used.is_none() && c.quant.is_none() {
+            continue; // the base file itself
+        }
+        let bytes =
+            common::prune::model_bytes(base, keep.as_ref(), c.expert_used).map_err(|e| {
+                WorkerError::Model {
+                    path: base.display().to_string(),
+                    reason: format!("planning candidate {}: {e}", c.name),
+                }
+            })?;
+        total += bytes;
+        if c.quant.is_some() {
+            largest_quantised = largest_quantised.max(bytes);
+        }
+    }
+    let needed =
+        total + largest_quantised + inputs.imatrix.as_ref().map_or(0, |b| 2 * b.len() as u64);
+    let what = format!("making {} candidates from {}", job.len(), base.display());
+    common::room::check_room(dir, needed, &what).map_err(|reason| WorkerError::Scratch {
+        path: dir.display().to_string(),
+        reason,
+    })
+}
+
 /// Makes each candidate of a job from `base` in `dir` as its recipe says
 /// ([`EvalCandidate`]: sliced or whole, experts per token, quantised with
 /// the run's importance matrix sliced the same way). Every step is
@@ -75,6 +112,7 @@ pub fn make(
             ),
         ));
     }
+    check_room(base, job, inputs, dir)?;
     let run_imatrix = dir.join("run.imatrix.gguf");
     if let Some(bytes) = &inputs.imatrix {
         std::fs::write(&run_imatrix, bytes).map_err(|source| WorkerError::Io {

@@ -12,7 +12,7 @@ use super::rows::RowResult;
 use super::Dumps;
 use crate::error::WorkerError;
 use crate::images::Embeddings;
-use crate::llama::{f32s, Context, LogitsCompare, NoGraph, Outputs, ReduceError};
+use crate::llama::{f32s, CandidateFigures, Context, LogitsCompare, NoGraph, Outputs, ReduceError};
 
 /// Decodes `b` in the base model and every candidate (clearing their KV
 /// caches at the start of a chunk) and compares their scored rows on the
@@ -45,12 +45,10 @@ pub(super) fn compare_batch(
     }
     // Outputs on the scored tokens only: the head (and the last block's
     // feed-forward part) skip the others. A dump wants every row.
-    let mut flags = vec![false; b.tokens.len()];
-    b.rows.iter().for_each(|r| flags[r.row] = true);
-    let (outputs, rows): (Outputs<'_>, Vec<i32>) = if dump.is_some() {
-        (Outputs::All, b.rows.iter().map(|r| r.row as i32).collect())
-    } else {
-        (Outputs::Rows(&flags), (0..b.rows.len() as i32).collect())
+    let (flags, rows) = outputs_of(b, dump.is_some());
+    let outputs = match dump.is_some() {
+        true => Outputs::All,
+        false => Outputs::Rows(&flags),
     };
     let next: Vec<i32> = b.rows.iter().map(|r| r.next as i32).collect();
     let scored = !rows.is_empty();
@@ -91,25 +89,43 @@ pub(super) fn compare_batch(
             .unwrap_or_else(|| Err(unseen()))
             .map_err(|e| graph_error(b, e))?;
         for (j, r) in results.iter_mut().enumerate() {
-            r.candidates.push(Compared {
-                kl: f64::from(f.kl[j]),
-                nll_base: r.nll_base,
-                nll_candidate: f64::from(f.nll[j]),
-                top1_same: f.top1_same[j],
-                dprob: f64::from(f.dprob[j]),
-            });
+            r.candidates.push(compared(&f, j, r.nll_base));
         }
     }
     Ok(results)
 }
 
+/// Row `j` of a candidate's figures as the host folds them.
+pub(super) fn compared(f: &CandidateFigures, j: usize, nll_base: f64) -> Compared {
+    Compared {
+        kl: f64::from(f.kl[j]),
+        nll_base,
+        nll_candidate: f64::from(f.nll[j]),
+        top1_same: f.top1_same[j],
+        dprob: f64::from(f.dprob[j]),
+    }
+}
+
+/// The outputs a micro-batch decodes with on the device and the rows of
+/// them that are compared: the scored tokens alone, or every token when
+/// whole logits are dumped (`dump`).
+pub(super) fn outputs_of(b: &Ubatch<'_>, dump: bool) -> (Vec<bool>, Vec<i32>) {
+    let mut flags = vec![false; b.tokens.len()];
+    b.rows.iter().for_each(|r| flags[r.row] = true);
+    let rows = match dump {
+        true => b.rows.iter().map(|r| r.row as i32).collect(),
+        false => (0..b.rows.len() as i32).collect(),
+    };
+    (flags, rows)
+}
+
 /// A decode that never showed its logits (a graph without a node named
 /// `result_output`).
-fn unseen() -> ReduceError {
+pub(super) fn unseen() -> ReduceError {
     ReduceError::Shape("the graph has no logits node named result_output".into())
 }
 
-fn graph_error(b: &Ubatch<'_>, e: ReduceError) -> WorkerError {
+pub(super) fn graph_error(b: &Ubatch<'_>, e: ReduceError) -> WorkerError {
     WorkerError::Graph {
         chunk: b.chunk.id.0,
         reason: format!(

@@ -24,6 +24,14 @@
 //! in position order, and no whole-vocabulary file is ever written. See
 //! [`metrics`] for the figures.
 //!
+//! With fewer models in memory than the base and every candidate
+//! ([`EvalOptions::models_in_memory`]), the models run one after another
+//! ([`turns`]): the base model decodes a lease once and its scored logits
+//! rows are kept ([`kept`]: host memory up to a bound, else a scratch file);
+//! then each candidate is loaded, decodes the lease and is compared with
+//! them. The forward passes stay 1 + n per lease and the figures are the
+//! all-at-once path's bit for bit, on either comparison path.
+//!
 //! An image chunk's images are encoded once through the base model's mmproj
 //! and their embeddings decoded by every model, in micro-batches cut at the
 //! images' edges ([`crate::images`]); positions whose context holds an image
@@ -33,10 +41,13 @@ pub mod candidates;
 mod device;
 mod exp;
 mod host;
+mod kept;
+pub mod memory;
 pub mod metrics;
 mod plan;
 mod positions;
 pub mod rows;
+mod turns;
 
 use crate::collect::{
     check_chunks, chunk_context, corpus_error, expert_counts, model_sha256, ranges_of, sha256_file,
@@ -48,7 +59,9 @@ use crate::llama::{
 };
 use crate::offload::Offload;
 use common::corpus::{Chunk, CorpusIndex};
-use common::eval::{CandidateResult, EvalPartial, Group, TokenKl, EVAL_FORMAT_VERSION};
+use common::eval::{
+    CandidateResult, EvalPartial, Group, ModelsInMemory, TokenKl, EVAL_FORMAT_VERSION,
+};
 use common::exact::ExactSum;
 use common::Split;
 use std::collections::BTreeMap;
@@ -80,7 +93,20 @@ pub struct EvalOptions {
     pub dump_logits: bool,
     /// Where logits are compared.
     pub compare: Compare,
+    /// Models held in memory at once: fewer than the base and every
+    /// candidate runs them in turn ([`turns`]).
+    pub models_in_memory: ModelsInMemory,
+    /// Bytes of a lease's base logits rows kept in host memory when models
+    /// run in turn; a lease with more keeps them in a file in `scratch_dir`.
+    pub kept_rows_memory: u64,
+    /// Where a lease's base logits rows go when they exceed
+    /// `kept_rows_memory` (and sliced candidates, in `worker join`).
+    pub scratch_dir: PathBuf,
 }
+
+/// Default of [`EvalOptions::kept_rows_memory`]: 1 GiB (about 1,700
+/// positions at a 151,936-token vocabulary).
+pub const KEPT_ROWS_MEMORY: u64 = 1 << 30;
 
 /// Where base and candidate logits are compared.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -133,6 +159,9 @@ impl Default for EvalOptions {
             splits: Split::ALL.to_vec(),
             dump_logits: false,
             compare: Compare::Auto,
+            models_in_memory: ModelsInMemory::Auto,
+            kept_rows_memory: KEPT_ROWS_MEMORY,
+            scratch_dir: std::env::temp_dir(),
         }
     }
 }
@@ -151,8 +180,11 @@ pub struct Candidate {
 struct Loaded {
     name: String,
     sha256: String,
+    path: PathBuf,
     k: u32,
-    model: Arc<Model>,
+    /// Loaded for the job when every model is in memory; loaded per lease
+    /// in turn otherwise.
+    model: Option<Arc<Model>>,
 }
 
 /// The base model and its candidates, loaded and ready to evaluate chunks.
@@ -160,9 +192,16 @@ pub struct Evaluator {
     /// The base model's image encoder, when it evaluates images (dropped
     /// before the model it was loaded beside).
     vision: Option<Vision>,
-    base: Arc<Model>,
+    /// The base model, unless models run one at a time (then loaded per
+    /// lease).
+    base: Option<Arc<Model>>,
+    base_path: PathBuf,
     base_sha256: String,
     candidates: Vec<Loaded>,
+    /// Models held in memory at once, resolved: `1 + candidates` for all.
+    in_memory: usize,
+    /// The base model's vocabulary (every candidate's).
+    n_vocab: usize,
     opts: EvalOptions,
     /// Where logits are compared ([`Compare::on_device`]).
     on_device: bool,
@@ -182,6 +221,9 @@ struct Shared {
     /// llama.cpp's buffers (output rows of the whole vocabulary per token
     /// among them) are allocated once per job, not once per lease.
     contexts: Option<Contexts>,
+    /// The contexts of models run in turn that stay loaded from one lease
+    /// to the next.
+    turns: turns::Held,
 }
 
 /// A context for the base model and one per candidate, made with `params`.
@@ -198,6 +240,7 @@ impl Shared {
             cmp: LogitsCompare::new(pool.clone(), threads),
             pool,
             contexts: None,
+            turns: turns::Held::default(),
         }
     }
 }
@@ -235,36 +278,39 @@ pub struct EvalCost {
 }
 
 impl Evaluator {
-    /// Loads and hashes the base model and every candidate; a candidate with
-    /// another vocabulary is refused.
+    /// Loads and hashes the base model and every candidate (or, with
+    /// fewer models in memory, checks each in turn and keeps what stays
+    /// loaded); a candidate with another vocabulary is refused.
     pub fn load(
         base: &Path,
         candidates: &[Candidate],
         opts: EvalOptions,
     ) -> Result<Evaluator, WorkerError> {
         let base_sha256 = model_sha256(base)?;
-        let base_model = Model::load(base, &opts.offload)?;
+        let paths: Vec<&Path> = candidates.iter().map(|c| c.path.as_path()).collect();
+        let in_memory = memory::resolve(opts.models_in_memory, base, &paths, &opts.offload)?;
+        let all = in_memory > candidates.len();
+        if !all {
+            tracing::info!(
+                models_in_memory = in_memory,
+                candidates = candidates.len(),
+                "the base model and its candidates run in turn"
+            );
+        }
+        let base_model = Arc::new(Model::load(base, &opts.offload)?);
+        let n_vocab = base_model.n_vocab();
+        // One model at a time: the base model is loaded again per lease.
+        let base_model = (in_memory >= 2).then_some(base_model);
         let mut loaded = Vec::with_capacity(candidates.len());
         for c in candidates {
             let model = Model::load(&c.path, &opts.offload)?;
-            let model_err = |reason: String| WorkerError::Model {
-                path: c.path.display().to_string(),
-                reason,
-            };
-            let (n_expert, _) = expert_counts(&model).map_err(model_err)?;
-            if model.n_vocab() != base_model.n_vocab() {
-                return Err(model_err(format!(
-                    "candidate {} has {} tokens in its vocabulary, the base model {}",
-                    c.name,
-                    model.n_vocab(),
-                    base_model.n_vocab()
-                )));
-            }
+            let k = check_candidate(&c.name, &c.path, &model, n_vocab)?;
             loaded.push(Loaded {
                 name: c.name.clone(),
                 sha256: c.sha256.clone(),
-                k: n_expert,
-                model: Arc::new(model),
+                path: c.path.clone(),
+                k,
+                model: all.then(|| Arc::new(model)),
             });
         }
         let on_device = opts
@@ -272,8 +318,11 @@ impl Evaluator {
             .on_device(opts.offload.n_gpu_layers, llama::has_gpu());
         Ok(Evaluator {
             vision: None,
-            base: Arc::new(base_model),
+            base: base_model,
+            base_path: base.to_path_buf(),
             base_sha256,
+            in_memory,
+            n_vocab,
             on_device,
             backend: format!(
                 "{}, {}",
@@ -284,6 +333,16 @@ impl Evaluator {
             opts,
             shared: None,
         })
+    }
+
+    /// Models held in memory at once (`1 + candidates`: every model).
+    pub fn models_in_memory(&self) -> usize {
+        self.in_memory
+    }
+
+    /// Whether the base model and its candidates run in turn.
+    fn in_turn(&self) -> bool {
+        self.in_memory <= self.candidates.len()
     }
 
     /// SHA-256 of the base model file.
@@ -297,7 +356,15 @@ impl Evaluator {
     /// width.
     pub fn load_mmproj(&mut self, mmproj: &Path) -> Result<String, WorkerError> {
         let sha256 = sha256_file(mmproj)?;
-        self.vision = Some(Vision::load(mmproj, &self.base, self.opts.threads)?);
+        let Some(base) = &self.base else {
+            return Err(WorkerError::Model {
+                path: mmproj.display().to_string(),
+                reason: "evaluating images needs the base model in memory beside its image \
+                         encoder: models in memory must be at least 2"
+                    .into(),
+            });
+        };
+        self.vision = Some(Vision::load(mmproj, base, self.opts.threads)?);
         Ok(sha256)
     }
 
@@ -327,7 +394,10 @@ impl Evaluator {
             .shared
             .take()
             .unwrap_or_else(|| Shared::new(self.opts.threads));
-        let evaluated = self.run_on(&mut shared, index, chunks, &embeddings, progress);
+        let evaluated = match self.in_turn() {
+            true => turns::run(self, &mut shared, index, chunks, &embeddings, progress),
+            false => self.run_on(&mut shared, index, chunks, &embeddings, progress),
+        };
         self.shared = Some(shared);
         evaluated
     }
@@ -341,18 +411,7 @@ impl Evaluator {
         progress: &mut dyn FnMut(u32, usize),
     ) -> Result<Evaluated, WorkerError> {
         let on_device = self.on_device;
-        let params = chunk_context(
-            index,
-            self.opts.n_ubatch,
-            self.opts.threads,
-            self.opts.f32_kv,
-            self.opts.flash_attn,
-            if on_device {
-                Logits::Backend
-            } else {
-                Logits::Host
-            },
-        );
+        let params = self.context_params(index);
         // One thread pool for every model: they decode in turn, and one
         // set of warm threads beats waking another pool for each decode;
         // the device comparisons compute on it too.
@@ -367,8 +426,10 @@ impl Evaluator {
             Some(kept) if kept.params == params => kept,
             stale => {
                 drop(stale);
-                let owning =
-                    |m: &Arc<Model>| Context::owning(m.clone(), &params, NoGraph, pool.clone());
+                let owning = |m: &Option<Arc<Model>>| {
+                    let m = m.clone().expect("every model is loaded");
+                    Context::owning(m, &params, NoGraph, pool.clone())
+                };
                 Contexts {
                     base: owning(&self.base)?,
                     cands: self
@@ -392,23 +453,7 @@ impl Evaluator {
         let mut dumps = BTreeMap::new();
         let n_vocab = base.n_vocab();
         let threads = self.opts.threads.max(1) as usize;
-        let outside = |chunk: &Chunk, pos: usize| {
-            corpus_error(
-                index,
-                format!(
-                    "chunk {} token {} at position {pos} is outside the vocabulary of {n_vocab}",
-                    chunk.id, chunk.tokens[pos]
-                ),
-            )
-        };
-        let ubatches = plan::ubatches(
-            chunks,
-            params.n_ubatch as usize,
-            self.opts.skip_first,
-            &self.opts.splits,
-            n_vocab,
-            outside,
-        )?;
+        let ubatches = self.ubatches(index, chunks, &params, n_vocab)?;
         // The device path keeps one micro-batch's base rows on the backend;
         // the host path decodes a group of them model by model.
         let max_rows = match on_device {
@@ -487,6 +532,74 @@ impl Evaluator {
             cost,
         })
     }
+}
+
+impl Evaluator {
+    /// The context settings of a run on `index`'s chunks.
+    fn context_params(&self, index: &CorpusIndex) -> ContextParams {
+        chunk_context(
+            index,
+            self.opts.n_ubatch,
+            self.opts.threads,
+            self.opts.f32_kv,
+            self.opts.flash_attn,
+            if self.on_device {
+                Logits::Backend
+            } else {
+                Logits::Host
+            },
+        )
+    }
+
+    /// The micro-batches of a run; a scored position whose next token is
+    /// outside the vocabulary is refused, naming the chunk.
+    fn ubatches<'c>(
+        &self,
+        index: &CorpusIndex,
+        chunks: &'c [Chunk],
+        params: &ContextParams,
+        n_vocab: usize,
+    ) -> Result<Vec<plan::Ubatch<'c>>, WorkerError> {
+        let outside = |chunk: &Chunk, pos: usize| {
+            corpus_error(
+                index,
+                format!(
+                    "chunk {} token {} at position {pos} is outside the vocabulary of {n_vocab}",
+                    chunk.id, chunk.tokens[pos]
+                ),
+            )
+        };
+        plan::ubatches(
+            chunks,
+            params.n_ubatch as usize,
+            self.opts.skip_first,
+            &self.opts.splits,
+            n_vocab,
+            outside,
+        )
+    }
+}
+
+/// Checks a loaded candidate against the base model's vocabulary and
+/// returns its experts per layer.
+fn check_candidate(
+    name: &str,
+    path: &Path,
+    model: &Model,
+    n_vocab: usize,
+) -> Result<u32, WorkerError> {
+    let model_err = |reason: String| WorkerError::Model {
+        path: path.display().to_string(),
+        reason,
+    };
+    let (n_expert, _) = expert_counts(model).map_err(model_err)?;
+    if model.n_vocab() != n_vocab {
+        return Err(model_err(format!(
+            "candidate {name} has {} tokens in its vocabulary, the base model {n_vocab}",
+            model.n_vocab(),
+        )));
+    }
+    Ok(n_expert)
 }
 
 #[derive(Clone, Copy)]

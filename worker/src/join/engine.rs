@@ -13,6 +13,7 @@ use crate::eval::{Compare, EvalOptions};
 use crate::images::ImageBytes;
 use crate::offload::Offload;
 use common::corpus::{Chunk, CorpusIndex};
+use common::eval::ModelsInMemory;
 use common::partial::Partial;
 use common::trace::TraceRow;
 use common::wire::{EvalJob, JobInfo};
@@ -74,6 +75,10 @@ pub struct CollectorLoader {
     pub reduce: Reduce,
     /// Where evaluations compare logits.
     pub compare: Compare,
+    /// Models an evaluation holds at once (`None`: the job's).
+    pub models_in_memory: Option<ModelsInMemory>,
+    /// Scratch directory of evaluations (`None`: the job's, else `$TMPDIR`).
+    pub scratch_dir: Option<PathBuf>,
 }
 
 /// [`Collector`] with the trace width of its job.
@@ -132,8 +137,15 @@ impl EngineLoader for CollectorLoader {
             skip_first: eval.skip_first,
             splits: eval.splits.clone(),
             compare: self.compare,
+            models_in_memory: self.models_in_memory.unwrap_or(eval.models_in_memory),
             ..EvalOptions::default()
         };
+        if let Some(dir) = self
+            .scratch_dir
+            .or_else(|| eval.scratch_dir.as_ref().map(PathBuf::from))
+        {
+            opts.scratch_dir = dir;
+        }
         if let Some(t) = self.threads {
             opts.threads = t;
         }

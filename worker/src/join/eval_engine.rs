@@ -24,7 +24,8 @@ pub trait EvalEngine {
     ) -> Result<EvalPartial, String>;
 }
 
-/// The real evaluator with the scratch directory of its slices (removed
+/// The real evaluator with the scratch directory of its slices (under
+/// [`EvalOptions::scratch_dir`], checked for room before writing; removed
 /// when the engine is dropped).
 pub struct SlicedEvaluator {
     evaluator: Evaluator,
@@ -41,7 +42,8 @@ impl SlicedEvaluator {
         eval: &EvalJob,
         opts: EvalOptions,
     ) -> Result<SlicedEvaluator, String> {
-        let scratch = tempfile::tempdir().map_err(|e| format!("scratch directory: {e}"))?;
+        let scratch = tempfile::tempdir_in(&opts.scratch_dir)
+            .map_err(|e| format!("scratch directory {}: {e}", opts.scratch_dir.display()))?;
         let cands: Vec<Candidate> =
             candidates::make(base, &eval.candidates, inputs, scratch.path(), opts.threads)
                 .map_err(|e| e.to_string())?;

@@ -98,6 +98,15 @@ pub struct JoinArgs {
     /// offloaded to a GPU, else host.
     #[arg(long, value_enum, default_value = "auto")]
     pub compare: Compare,
+    /// Models an evaluation holds in memory at once (`auto`, `all`, or a
+    /// number: 2 is the base and one candidate, 1 one model at a time).
+    /// Default: the run's `[eval] models_in_memory`.
+    #[arg(long)]
+    pub models_in_memory: Option<common::eval::ModelsInMemory>,
+    /// Scratch directory for sliced candidates and a lease's base logits.
+    /// Default: the run's `[eval] scratch_dir`, else `$TMPDIR`.
+    #[arg(long)]
+    pub scratch_dir: Option<PathBuf>,
     /// Seconds to keep reconnecting (with backoff) without reaching the
     /// coordinator before giving up.
     #[arg(long, default_value_t = 300)]
@@ -320,6 +329,8 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
         reduce: Reduce::from_flag_or_env(args.reduce)
             .map_err(|e| JoinError::Setup(e.to_string()))?,
         compare: args.compare,
+        models_in_memory: args.models_in_memory,
+        scratch_dir: args.scratch_dir.clone(),
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| JoinError::Setup(e.to_string()))?;
     let summary = rt.block_on(async {

@@ -157,12 +157,72 @@ impl LogitsCompare {
         assert_eq!(rows.len(), next.len(), "one next token per row");
         let (n_vocab, n_rows) = check_logits(logits, rows, next)?;
         let d = self.devices.of(logits)?;
+        let nll = self.keep_rows(d, n_vocab, n_rows, next, |g| selected(g, logits, rows))?;
+        self.rows = rows.to_vec();
+        self.next = next.to_vec();
+        Ok(nll)
+    }
+
+    /// [`keep_base`](LogitsCompare::keep_base) from base rows kept on the
+    /// host (`kept`: `n_vocab` values per scored row, in the order of
+    /// `rows`), uploaded to the device of `like`, a candidate's logits
+    /// tensor whose rows `rows` are compared next. The base rows go through
+    /// the same graph as in place, so the figures are the same bit for bit
+    /// (the base model and its candidates in turn, DESIGN section 12
+    /// "Memory").
+    pub fn restore_base(
+        &mut self,
+        like: &TensorRef<'_>,
+        rows: &[i32],
+        kept: &[f32],
+        next: &[i32],
+    ) -> Result<BaseFigures, ReduceError> {
+        let started = std::time::Instant::now();
+        let restored = self.restore_base_rows(like, rows, kept, next);
+        self.call_s += started.elapsed().as_secs_f64();
+        restored
+    }
+
+    fn restore_base_rows(
+        &mut self,
+        like: &TensorRef<'_>,
+        rows: &[i32],
+        kept: &[f32],
+        next: &[i32],
+    ) -> Result<BaseFigures, ReduceError> {
+        assert_eq!(rows.len(), next.len(), "one next token per row");
+        let (n_vocab, n_rows) = check_logits(like, rows, next)?;
+        if kept.len() != n_vocab * n_rows {
+            return Err(ReduceError::Shape(format!(
+                "{} kept base logits for {n_rows} rows of {n_vocab}",
+                kept.len()
+            )));
+        }
+        let d = self.devices.of(like)?;
+        let shape = [n_vocab as i64, n_rows as i64, 1];
+        let nll = self.keep_rows(d, n_vocab, n_rows, next, |g| g.input(shape, kept))?;
+        self.rows = rows.to_vec();
+        self.next = next.to_vec();
+        Ok(nll)
+    }
+
+    /// Computes the base figures of `n_rows` rows of `n_vocab` logits on
+    /// device `d`, the rows being what `source` puts in the graph, and keeps
+    /// them there for [`compare`](LogitsCompare::compare).
+    fn keep_rows(
+        &mut self,
+        d: usize,
+        n_vocab: usize,
+        n_rows: usize,
+        next: &[i32],
+        source: impl FnOnce(&mut Graph) -> *mut sys::ggml_tensor,
+    ) -> Result<BaseFigures, ReduceError> {
         let base = self.base_rows(d, n_vocab, n_rows)?;
         let (b_logits, b_probs, b_lse, b_pnext, b_argmax) =
             (base.logits, base.probs, base.lse, base.p_next, base.argmax);
         let mut g = Graph::new()?;
         let r = n_rows as i64;
-        let x = selected(&mut g, logits, rows);
+        let x = source(&mut g);
         let idx_next = g.input_i32([1, r, 1], next);
         // SAFETY: ops on tensors of our graph and views of the base rows'
         // own tensors (allocated for `cap >= n_rows` rows of n_vocab).
@@ -184,8 +244,6 @@ impl LogitsCompare {
         let mut outputs = copies.to_vec();
         outputs.push(nll);
         self.devices.compute(d, &g, &outputs)?;
-        self.rows = rows.to_vec();
-        self.next = next.to_vec();
         Ok(BaseFigures {
             nll: self.devices.read_f32(nll),
         })

@@ -912,6 +912,26 @@ pub fn has_gpu() -> bool {
     }
 }
 
+/// Free memory of this build's GPU devices together, in bytes; `None`
+/// without a GPU.
+pub fn gpu_free_memory() -> Option<u64> {
+    init_backend();
+    let mut total = None;
+    // SAFETY: device enumeration returns static registry entries; the
+    // memory query writes two integers.
+    unsafe {
+        for i in 0..sys::ggml_backend_dev_count() {
+            let dev = sys::ggml_backend_dev_get(i);
+            if sys::ggml_backend_dev_type(dev) == sys::GGML_BACKEND_DEVICE_TYPE_GPU {
+                let (mut free, mut all) = (0usize, 0usize);
+                sys::ggml_backend_dev_memory(dev, &mut free, &mut all);
+                total = Some(total.unwrap_or(0) + free as u64);
+            }
+        }
+    }
+    total
+}
+
 /// Describes the compute backends of this build (`cpu` or GPU names) and,
 /// with a GPU, where `offload` places the weights (layers and experts
 /// computed on the GPU or the CPU round differently), so partials record

@@ -1,0 +1,112 @@
+//! Evaluation within a memory budget (DESIGN section 12, "Memory"): a
+//! worker holding one model at a time, or the base and one candidate,
+//! writes the eval partial and `eval/summary.json` of the all-at-once path
+//! byte for byte, on the f64 host comparison and on the device comparison
+//! (CPU backend), with the base model's logits kept in memory or in a
+//! scratch file that is gone afterwards.
+
+use std::path::{Path, PathBuf};
+use worker::synth::Preset;
+
+const N_CTX: u32 = 40;
+
+/// The bytes of the eval partial and the summary of one `worker eval`.
+fn eval(
+    model: &Path,
+    cands: &[PathBuf],
+    corpus: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> [Vec<u8>; 2] {
+    let flags = ["--threads", "2", "--n-ubatch", "16", "--skip-first", "5"];
+    let mut args = fixtures::worker_args("eval", model, corpus, "0..4", out, &flags);
+    for c in cands {
+        args.extend(["--candidate", c.to_str().unwrap()]);
+    }
+    args.extend_from_slice(extra);
+    fixtures::run_ok("worker", &args);
+    let read = |p: &str| std::fs::read(out.join(p)).unwrap();
+    [
+        read("eval/partials/part-00000000-00000004.bin"),
+        read("eval/summary.json"),
+    ]
+}
+
+#[test]
+fn one_or_two_models_in_memory_give_the_all_at_once_results_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::model(dir.path(), Preset::Tiny);
+    // Two slices of the base (8 and 12 of 16 experts) and a model with
+    // other weights, so every candidate's figures differ.
+    let layers = [0, 1, 2];
+    let mut cands = Vec::new();
+    for k in [8, 12] {
+        let path = dir.path().join(format!("test_K{k}.gguf"));
+        common::prune::slice_model(&base, &fixtures::keep_map(k, &layers, 16), &path).unwrap();
+        cands.push(path);
+    }
+    let other = dir.path().join("other_K16.gguf");
+    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    cands.push(other);
+    let corpus = fixtures::corpus_dir(dir.path(), "run", 4, N_CTX);
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let mut runs = 0;
+    let mut run = |extra: &[&str]| {
+        runs += 1;
+        let out = dir.path().join(format!("out{runs}"));
+        eval(&base, &cands, &corpus, &out, extra)
+    };
+    for compare in ["host", "device"] {
+        let all = run(&["--compare", compare, "--models-in-memory", "all"]);
+        let summary: common::eval::EvalSummary = serde_json::from_slice(&all[1]).unwrap();
+        assert_eq!(summary.candidates.len(), 3);
+        let kl = |i: usize| summary.candidates[i].splits["fit"].all.kl.mean;
+        assert!(kl(0) > 0.0 && kl(1) > 0.0 && kl(2) > 0.0, "{compare}");
+        for (models, in_memory_mib) in [("1", "1024"), ("2", "1024"), ("2", "0"), ("1", "0")] {
+            let got = run(&[
+                "--compare",
+                compare,
+                "--models-in-memory",
+                models,
+                "--kept-rows-memory-mib",
+                in_memory_mib,
+                "--scratch-dir",
+                scratch.to_str().unwrap(),
+            ]);
+            let what =
+                format!("{compare}, {models} in memory, {in_memory_mib} MiB of rows in memory");
+            assert!(got[0] == all[0], "eval partial differs: {what}");
+            assert!(got[1] == all[1], "summary differs: {what}");
+        }
+    }
+    // The kept rows' scratch files are gone with their worker.
+    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+}
+
+#[test]
+fn a_scratch_directory_that_does_not_exist_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::model(dir.path(), Preset::Tiny);
+    let other = dir.path().join("other_K16.gguf");
+    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    let corpus = fixtures::corpus_dir(dir.path(), "run", 2, N_CTX);
+    let missing = dir.path().join("no-such-dir");
+    let out = dir.path().join("out");
+    let mut args = fixtures::worker_args("eval", &base, &corpus, "0..2", &out, &[]);
+    args.extend([
+        "--candidate",
+        other.to_str().unwrap(),
+        "--models-in-memory",
+        "1",
+        "--kept-rows-memory-mib",
+        "0",
+        "--scratch-dir",
+        missing.to_str().unwrap(),
+    ]);
+    let o = fixtures::run("worker", &args);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no-such-dir"), "{err}");
+    assert!(!out.join("eval/summary.json").exists());
+}
