@@ -445,8 +445,6 @@ fn check_markers(content: &Content, n_images: usize) -> Result<(), String> {
     Ok(())
 }
 
-}
-
 /// The text of a message's content parts, images as markers.
 fn content_parts(parts: &[Value], images: &mut Vec<String>) -> Result<String, String> {
     let mut text = String::new();
