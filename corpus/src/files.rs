@@ -212,11 +212,10 @@ pub fn detect(cfg: &SourceConfig, file: &Path) -> Result<(SourceFormat, Compress
         _ => None,
     };
     let format = cfg.format.or(told).ok_or_else(|| {
-        format!(
-            "its name does not tell its format (.jsonl, .json, .parquet, .txt, each .gz or \
+        "its name does not tell its format (.jsonl, .json, .parquet, .txt, each .gz or \
              .zst compressed but Parquet): set format = \"text\", \"jsonl\", \"json\" or \
              \"parquet\" in the source"
-        )
+            .to_string()
     })?;
     if format == SourceFormat::Parquet && compression != Compression::None {
         return Err(

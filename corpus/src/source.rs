@@ -321,7 +321,7 @@ fn read_json_array(
 
 /// The text field a record or table has: `text_field`, or with the
 /// default (`text`) `content` when it lacks `text`.
-fn text_field_of<'a>(cfg: &'a SourceConfig, has: impl Fn(&str) -> bool) -> Option<&'a str> {
+fn text_field_of(cfg: &SourceConfig, has: impl Fn(&str) -> bool) -> Option<&str> {
     if has(&cfg.text_field) {
         Some(&cfg.text_field)
     } else if cfg.text_field == "text" && has("content") {
@@ -333,7 +333,7 @@ fn text_field_of<'a>(cfg: &'a SourceConfig, has: impl Fn(&str) -> bool) -> Optio
 
 /// The messages field a record or table has: `messages_field`, or with
 /// the default (`messages`) ShareGPT's `conversations`.
-fn messages_field_of<'a>(cfg: &'a SourceConfig, has: impl Fn(&str) -> bool) -> Option<&'a str> {
+fn messages_field_of(cfg: &SourceConfig, has: impl Fn(&str) -> bool) -> Option<&str> {
     if has(&cfg.messages_field) {
         Some(&cfg.messages_field)
     } else if cfg.messages_field == "messages" && has("conversations") {

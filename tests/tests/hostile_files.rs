@@ -28,6 +28,8 @@ const PEAK_LIMIT_KIB: u64 = 100_000;
 /// Runs a workspace binary to its end and returns its output with its peak
 /// resident memory in KiB, from `wait4` (the kernel's accounting of that
 /// child alone, whatever else the test process runs).
+// The child is reaped by `wait4` below, not by std's `wait`.
+#[allow(clippy::zombie_processes)]
 fn run_measured(bin: &str, args: &[&str]) -> (Output, u64) {
     let mut child = fixtures::command(bin)
         .args(args)
