@@ -84,7 +84,10 @@ mod tests {
         check_room(dir.path(), 1, "a test file").unwrap();
         let err = check_room(dir.path(), u64::MAX, "the base logits").unwrap_err();
         assert!(err.contains(&dir.path().display().to_string()), "{err}");
-        assert!(err.contains("the base logits needs 16384.0 TiB"), "{err}");
+        assert!(
+            err.contains("the base logits needs 16777216.0 TiB"),
+            "{err}"
+        );
         let missing = dir.path().join("nope");
         assert!(check_room(&missing, 1, "x").unwrap_err().contains("nope"));
         assert_eq!(human(1536 << 20), "1.5 GiB");

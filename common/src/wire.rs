@@ -64,7 +64,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// has images, which workers measure.
 /// 8: one connection serves every phase of a run: `Wait` may answer the
 /// proof, and `Welcome` an idle poll (the next phase's job and task).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// 9: an eval job carries `models_in_memory` and `scratch_dir`.
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -665,12 +666,12 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 7 (as of 3, with `Computed` and
+        // protocol of PROTOCOL_VERSION 9 (as of 3, with `Computed` and
         // `Checkpoint` appended in 5; 6 changed the fields of an eval
-        // candidate and 7 those of the job, not a tag); moving one needs a
-        // new version.
+        // candidate, 7 those of the job, 8 which replies answer what and 9
+        // the eval job's fields, not a tag); moving one needs a new version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 7);
+        assert_eq!(PROTOCOL_VERSION, 9);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };

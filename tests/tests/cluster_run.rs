@@ -10,12 +10,11 @@
 use fixtures::proc::{until, Proc};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use worker::synth::Preset;
 
 /// Generous bound on anything a test waits for (a loaded 2-core machine).
 const DEADLINE: Duration = Duration::from_secs(600);
 
-/// The quickstart config in `dir` (its model generated there, the bundled
+/// The quickstart config in `dir` (its committed model and the bundled
 /// sample corpus linked) with a `[ship]` section and a `[cluster]` section
 /// naming a fresh secret file and `connect.json` in `dir`; returns (config,
 /// model, secret file).
@@ -23,8 +22,8 @@ fn quickstart_cluster(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
     std::os::unix::fs::symlink(configs.join("sample_corpus"), dir.join("sample_corpus")).unwrap();
     std::fs::create_dir(dir.join("models")).unwrap();
-    let model = fixtures::model(&dir.join("models"), Preset::Tiny);
-    assert_eq!(model, dir.join("models/tiny.gguf"));
+    let model = dir.join("models/quickstart-moe.gguf");
+    std::os::unix::fs::symlink(configs.join("models/quickstart-moe.gguf"), &model).unwrap();
     let secret = dir.join("join.secret");
     std::fs::write(&secret, common::secret::JoinSecret::generate().expose()).unwrap();
     let quickstart = std::fs::read_to_string(configs.join("quickstart.toml")).unwrap();
@@ -36,7 +35,7 @@ fn quickstart_cluster(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::write(
         &config,
         format!(
-            "{quickstart}\n[ship]\ncandidates = [\"frequency_K8\"]\nquant = [\"Q8_0\"]\n\n\
+            "{quickstart}\n[ship]\ncandidates = [\"frequency_K16\"]\nquant = [\"Q8_0\"]\n\n\
              [cluster]\nsecret_file = \"join.secret\"\nconnect_file = \"connect.json\"\n"
         ),
     )
@@ -110,7 +109,7 @@ fn workers_started_once_serve_collection_evaluation_and_shipping() {
         .filter(|n| n.starts_with("shipped/"))
         .collect();
     assert!(
-        shipped.contains(&"shipped/frequency_K8.Q8_0.gguf"),
+        shipped.contains(&"shipped/frequency_K16.Q8_0.gguf"),
         "{shipped:?}"
     );
 

@@ -262,7 +262,8 @@ fn png_name(label: &str, taken: &mut Vec<String>) -> String {
 }
 
 /// The colour of `policy` in every miss-rate figure (Okabe-Ito, without
-/// its yellow, which is unreadable on white; grey for `static`).
+/// its yellow, which is unreadable on white; wine for `static`, a colour no
+/// other line or its anti-aliasing against white or black makes).
 pub fn colour(policy: Policy) -> RGBColor {
     match policy {
         Policy::Lru => RGBColor(0, 114, 178),
@@ -272,7 +273,7 @@ pub fn colour(policy: Policy) -> RGBColor {
         Policy::RouterEma => RGBColor(213, 94, 0),
         Policy::InverseRouterEma => RGBColor(204, 121, 167),
         Policy::Belady => RGBColor(0, 0, 0),
-        Policy::Static => RGBColor(128, 128, 128),
+        Policy::Static => RGBColor(136, 34, 85),
     }
 }
 
