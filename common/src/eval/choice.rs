@@ -4,7 +4,6 @@
 //! front (no other file is both smaller and closer to the base model).
 
 use super::summary::{CandidateSummary, EvalSummary, Figures};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The split whose KL the choices read: held-out when it was scored,
@@ -27,18 +26,7 @@ pub fn figures_in<'a>(c: &'a CandidateSummary, split: &str) -> Option<&'a Figure
     c.splits.get(split).map(|f| &f.all).filter(|f| f.n > 0)
 }
 
-/// What a KL budget chose.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct BudgetPicks {
-    /// The budget: a mean KL in nats.
-    pub kl_budget: f64,
-    /// The split whose KL was compared (`heldout`, or `fit` in a run
-    /// without held-out positions).
-    pub split: String,
-    /// Per method, the candidate with the smallest K whose KL interval's
-    /// upper end is within the budget; `None` when no evaluated K fits.
-    pub picks: BTreeMap<String, Option<String>>,
-}
+pub use super::summary::BudgetPicks;
 
 impl BudgetPicks {
     /// Picks, per method of `s`, the smallest evaluated K whose upper end

@@ -161,7 +161,7 @@ pub struct EvalSummary {
     /// Per method, the smallest evaluated K within a KL budget, when one
     /// was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<super::choice::BudgetPicks>,
+    pub budget: Option<BudgetPicks>,
 }
 
 /// What [`EvalSummary::uncertainty`] says.
@@ -398,4 +398,17 @@ pub fn parse_splits(s: &str) -> Option<Vec<Split>> {
         "both" => Some(Split::ALL.to_vec()),
         other => Split::parse(other).map(|x| vec![x]),
     }
+}
+
+/// What a KL budget chose.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetPicks {
+    /// The budget: a mean KL in nats.
+    pub kl_budget: f64,
+    /// The split whose KL was compared (`heldout`, or `fit` in a run
+    /// without held-out positions).
+    pub split: String,
+    /// Per method, the candidate with the smallest K whose KL interval's
+    /// upper end is within the budget; `None` when no evaluated K fits.
+    pub picks: BTreeMap<String, Option<String>>,
 }

@@ -1,7 +1,7 @@
 //! The state of one phase of a run (collection, an evaluation) that the
 //! connection tasks share: the scheduler, the job, per-worker figures, and
 //! the channel that hands accepted results to the merger; the connections
-//! reach it through the run's [`super::lobby`], which serves one phase at a
+//! reach it through the run's lobby (`Lobby`), which serves one phase at a
 //! time. One hub serves every kind of lease ([`LeaseKind`]): results
 //! are checked here (hash, then the kind's checks) before the scheduler
 //! accepts them, so a bad result only costs a retry. Results of units

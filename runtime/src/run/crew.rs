@@ -6,7 +6,6 @@
 //! closed: told the run is finished, or that it stopped (then they keep
 //! reconnecting, for a restarted coordinator to resume).
 
-use super::runner::OnListen;
 use super::serve::{heartbeat_timeout, max_frame};
 use super::{kept_identity, listen, secret, Listening, RunError, RunSetup};
 use crate::net::lobby::Lobby;
@@ -14,6 +13,18 @@ use crate::net::server::Server;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::process::Child;
+
+/// Starts local workers once the server listens (the runner does not call
+/// it when every unit was already stored); `Send`, so a run may be spawned.
+pub trait OnListen:
+    FnOnce(&super::Listening) -> Result<Vec<tokio::process::Child>, RunError> + Send
+{
+}
+
+impl<F> OnListen for F where
+    F: FnOnce(&super::Listening) -> Result<Vec<tokio::process::Child>, RunError> + Send
+{
+}
 
 /// Starts local workers once the server listens (and prints how others
 /// join): called once, when the first phase needs workers.

@@ -21,18 +21,6 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-/// Starts local workers once the server listens (the runner does not call
-/// it when every unit was already stored); `Send`, so a run may be spawned.
-pub trait OnListen:
-    FnOnce(&super::Listening) -> Result<Vec<tokio::process::Child>, RunError> + Send
-{
-}
-
-impl<F> OnListen for F where
-    F: FnOnce(&super::Listening) -> Result<Vec<tokio::process::Child>, RunError> + Send
-{
-}
-
 /// How one kind's leases are run.
 #[derive(Clone, Debug)]
 pub struct Leasing<'a> {
