@@ -347,6 +347,6 @@ fn a_jsonl_line_over_the_limit_is_refused_before_it_is_parsed() {
     assert_refused(
         "33 MiB JSONL line, coordinator corpus",
         coordinator("corpus", &config, &d.path().join("run")),
-        &["docs.jsonl:2: line of 34603020 bytes exceeds the per-line limit of 33554432 bytes"],
+        &["docs.jsonl:2: line of more than 33554432 bytes exceeds the per-line limit"],
     );
 }
