@@ -366,7 +366,13 @@ async fn login(s: &mut Stream, lobby: &Lobby) -> Result<Member, Ended> {
     match member.next_phase(lobby) {
         ToWorker::Refused(refusal) => Err(s.refuse(refusal).await),
         reply => {
-            tracing::info!(worker = %peer_text(&member.name), backend = %peer_text(&member.backend), "worker joined");
+            let (worker, backend) = (peer_text(&member.name), peer_text(&member.backend));
+            // The connection's id in the phase it joined (none while it
+            // waits for one), as the logs of its leases name it.
+            match member.seat.as_ref().map(|seat| seat.id) {
+                Some(id) => tracing::info!(%worker, %backend, %id, "worker joined"),
+                None => tracing::info!(%worker, %backend, "worker joined"),
+            }
             s.send(&reply).await?;
             Ok(member)
         }
