@@ -20,7 +20,9 @@ fn log() -> &'static Arc<Log> {
         let log: Arc<Log> = Arc::default();
         let sink = log.clone();
         // INFO and above, and the server's lease grants (DEBUG).
-        let filter = tracing_subscriber::EnvFilter::new("info,runtime::net::server=debug");
+        let filter = tracing_subscriber::EnvFilter::new(
+            "info,runtime::net::server=debug,runtime::net::lobby=debug",
+        );
         tracing_subscriber::fmt()
             .with_ansi(false)
             .with_env_filter(filter)
