@@ -448,7 +448,13 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
     let log = fixtures::log::log_text();
     let joined = log
         .lines()
-        .find(|l| l.contains("worker joined") && l.contains("worker=liar"))
+        // Its id in the evaluation: on its join line when it joined into
+        // the phase, else on the line that welcomed it into it.
+        .find(|l| {
+            (l.contains("worker joined") || l.contains("worker welcomed into the phase"))
+                && l.contains("worker=liar ")
+                && l.contains(" id=")
+        })
         .unwrap_or_else(|| panic!("no join line of the liar:\n{log}"));
     let id = joined
         .split_whitespace()

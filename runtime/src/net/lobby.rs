@@ -10,6 +10,7 @@
 
 use super::hub::Hub;
 use crate::lease::LeaseKind;
+use common::peer_text::peer_text;
 use common::secret::JoinSecret;
 use common::wire::{LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
 use sched::{Grant, Identity, SchedError};
@@ -244,7 +245,7 @@ impl Lobby {
         };
         match phase.register(name, backend) {
             Ok((id, identity)) => {
-                tracing::debug!(%id, %identity, "worker welcomed into the phase");
+                tracing::info!(worker = %peer_text(name), %id, %identity, "worker welcomed into the phase");
                 let welcome = phase.welcome(id);
                 *seat = Some(Seat {
                     phase,
