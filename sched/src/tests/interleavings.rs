@@ -207,7 +207,7 @@ fn run_seed(seed: u64) -> (Driver, usize, bool) {
     let identities = 2 + rng.below(10) as usize;
     let units = plan(10 + rng.below(60) as u32, 1 + rng.below(3) as u32);
     let n_units = units.len();
-    let verify = if seed % 3 == 0 { 0.3 } else { 0.0 };
+    let verify = if seed.is_multiple_of(3) { 0.3 } else { 0.0 };
     let mut d = Driver::new(identities, units, verify);
     let steps = 200 + rng.below(800);
     for _ in 0..steps {
