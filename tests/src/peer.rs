@@ -104,12 +104,22 @@ impl Peer {
         Peer::login_at(l.addr, &l.pin, name, secret).await.unwrap()
     }
 
-    /// Logs in with the run's secret and expects the job.
+    /// Logs in with the run's secret and expects the job: at once, or
+    /// (protocol 8: told to wait while no phase is open to it) on one of
+    /// its idle polls, within a minute.
     pub async fn joined(l: &Listening, name: &str) -> (Peer, JobInfo) {
-        match Peer::login(l, name, l.secret.expose()).await {
-            (p, ToWorker::Welcome { job, .. }) => (p, *job),
-            (_, other) => panic!("not welcomed: {other:?}"),
+        let (mut p, mut answer) = Peer::login(l, name, l.secret.expose()).await;
+        for _ in 0..600 {
+            match answer {
+                ToWorker::Welcome { job, .. } => return (p, *job),
+                ToWorker::Wait { retry_ms } => {
+                    tokio::time::sleep(std::time::Duration::from_millis(retry_ms.min(100))).await;
+                    answer = p.poll_idle().await.expect("an answer to an idle poll");
+                }
+                other => panic!("not welcomed: {other:?}"),
+            }
         }
+        panic!("not welcomed within a minute: {answer:?}")
     }
 
     /// An idle poll (asks for a lease).
