@@ -41,6 +41,22 @@ pub fn keep_map(k: u32, layers: &[u32], n_expert: u32) -> common::keepmap::KeepM
     }
 }
 
+/// Writes `docs` short numbered documents, blank-line separated, to
+/// `dir/docs.txt` (the corpus of the run-level tests' small configs).
+pub fn numbered_docs(dir: &Path, docs: usize) {
+    let text: Vec<String> = (0..docs)
+        .map(|i| {
+            format!(
+                "Document {i} reports that {} and {} differ by {}.",
+                i * 7,
+                i * 3,
+                i * 4
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("docs.txt"), text.join("\n\n")).unwrap();
+}
+
 /// Writes a preset model into `dir` and returns its path.
 pub fn model(dir: &Path, preset: Preset) -> PathBuf {
     let path = dir.join(format!("{preset:?}.gguf").to_lowercase());

@@ -26,17 +26,7 @@ fn until(what: &str, ready: impl FnMut() -> bool) {
 /// and `extra` appended; returns (config, secret file).
 fn cluster_config(dir: &Path, docs: usize, extra: &str) -> (PathBuf, PathBuf) {
     fixtures::model(dir, worker::synth::Preset::Tiny);
-    let text: Vec<String> = (0..docs)
-        .map(|i| {
-            format!(
-                "Document {i} reports that {} and {} differ by {}.",
-                i * 7,
-                i * 3,
-                i * 4
-            )
-        })
-        .collect();
-    std::fs::write(dir.join("docs.txt"), text.join("\n\n")).unwrap();
+    fixtures::numbered_docs(dir, docs);
     let secret = dir.join("join.secret");
     std::fs::write(&secret, common::secret::JoinSecret::generate().expose()).unwrap();
     let config = dir.join("cluster.toml");

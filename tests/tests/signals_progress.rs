@@ -16,17 +16,7 @@ const DEADLINE: Duration = Duration::from_secs(300);
 /// a lease) with the tiny model and a progress line every second.
 fn config(dir: &Path, docs: usize) -> std::path::PathBuf {
     fixtures::model(dir, worker::synth::Preset::Tiny);
-    let text: Vec<String> = (0..docs)
-        .map(|i| {
-            format!(
-                "Document {i} reports that {} and {} differ by {}.",
-                i * 7,
-                i * 3,
-                i * 4
-            )
-        })
-        .collect();
-    std::fs::write(dir.join("docs.txt"), text.join("\n\n")).unwrap();
+    fixtures::numbered_docs(dir, docs);
     let config = dir.join("batch.toml");
     std::fs::write(
         &config,
