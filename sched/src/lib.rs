@@ -599,7 +599,9 @@ impl Scheduler {
 
     /// The first queued unit `worker` may take: one its identity has not
     /// failed nor given its result for, or a failed one that no other
-    /// healthy identity could take either.
+    /// healthy identity could take either (an identity that gave its result
+    /// for the unit cannot: without that, a sampled unit whose one result
+    /// came from A and which failed on every other identity waited forever).
     fn next_unit_for(&mut self, worker: WorkerId) -> Option<usize> {
         let me = self.workers.get(&worker)?.identity;
         let healthy: BTreeSet<Identity> = self.healthy().collect();
@@ -607,9 +609,13 @@ impl Scheduler {
         let pos = self.queue.iter().position(|&u| {
             let unit = &self.units[u];
             let failed = &unit.failed_on;
+            let gave = |i: &Identity| unit.opinions.iter().any(|(o, _)| o == i);
             unit.state == UnitState::Pending
-                && unit.opinions.iter().all(|(i, _)| *i != me)
-                && (!failed.contains(&me) || healthy.iter().all(|i| *i == me || failed.contains(i)))
+                && !gave(&me)
+                && (!failed.contains(&me)
+                    || healthy
+                        .iter()
+                        .all(|i| *i == me || failed.contains(i) || gave(i)))
         })?;
         self.queue.remove(pos)
     }

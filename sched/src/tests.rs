@@ -553,6 +553,29 @@ fn sampled_units_need_results_from_two_workers() {
     assert_eq!((s.progress().verified, s.progress().accepted), (1, 1));
 }
 
+/// The second opinion of a sampled unit falls to the identity that failed
+/// it when the only other healthy identity already gave the first: it used
+/// to wait for an identity that could never take it (found by the random
+/// interleavings).
+#[test]
+fn a_second_opinion_goes_to_a_worker_that_failed_the_unit_when_no_other_can_give_it() {
+    let mut s = started(verifying(), plan(2, 2), &[W1, W2]);
+    let failed = lease(s.request(W2, secs(0)));
+    s.fail(failed.lease_id, W2, "CUDA error", secs(0));
+    let first = lease(s.request(W1, secs(1)));
+    assert!(matches!(
+        s.complete(first.lease_id, W1, "h", secs(2)),
+        Completion::Opinion { have: 1, .. }
+    ));
+    assert!(matches!(s.request(W1, secs(2)), Grant::Wait(_)));
+    let second = lease(s.request(W2, secs(2)));
+    assert_eq!(second.range, first.range);
+    assert_eq!(
+        s.complete(second.lease_id, W2, "h", secs(3)),
+        Completion::Decide(first.range)
+    );
+}
+
 #[test]
 fn a_disagreement_asks_a_third_worker_and_quarantines_the_odd_one() {
     let mut s = started(verifying(), plan(2, 2), &[W1, W2, W3]);
