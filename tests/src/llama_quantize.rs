@@ -23,18 +23,28 @@ pub fn quantize(
     ftype: sys::llama_ftype,
     threads: i32,
 ) -> Result<(), String> {
-    quantize_with(input, output, ftype, threads, None)
+    quantize_with(input, output, ftype, threads, None, &[])
+}
+
+/// A metadata entry llama-quantize adds to the file it writes.
+pub enum Kv<'a> {
+    /// A string (llama-quantize copies at most 127 bytes).
+    Str(&'a str),
+    /// An integer (llama.cpp writes it as u32).
+    Int(i64),
 }
 
 /// [`quantize`] with per-tensor importance weights (`[n_mat][n_in]`, what
 /// llama-quantize derives from an imatrix file) handed to llama.cpp as they
-/// are.
+/// are, and `metadata` as llama-quantize hands its `quantize.imatrix.*`
+/// keys over: a `llama_model_kv_override` each, ended by an empty key.
 pub fn quantize_with(
     input: &Path,
     output: &Path,
     ftype: sys::llama_ftype,
     threads: i32,
     imatrix: Option<&BTreeMap<String, Vec<f32>>>,
+    metadata: &[(&str, Kv<'_>)],
 ) -> Result<(), String> {
     crate::llama_logits::init_backend();
     let inp = CString::new(input.to_str().unwrap()).unwrap();
@@ -57,15 +67,50 @@ pub fn quantize_with(
         data: std::ptr::null(),
         size: 0,
     });
+    let text = |t: &str| {
+        let mut a = [0 as std::os::raw::c_char; 128];
+        for (o, b) in a.iter_mut().zip(t.bytes().take(127)) {
+            *o = b as std::os::raw::c_char;
+        }
+        a
+    };
+    let mut overrides: Vec<sys::llama_model_kv_override> = metadata
+        .iter()
+        .map(|(key, value)| {
+            let (tag, val) = match value {
+                Kv::Str(v) => (
+                    sys::LLAMA_KV_OVERRIDE_TYPE_STR,
+                    sys::llama_model_kv_override__bindgen_ty_1 { val_str: text(v) },
+                ),
+                Kv::Int(v) => (
+                    sys::LLAMA_KV_OVERRIDE_TYPE_INT,
+                    sys::llama_model_kv_override__bindgen_ty_1 { val_i64: *v },
+                ),
+            };
+            sys::llama_model_kv_override {
+                tag,
+                key: text(key),
+                __bindgen_anon_1: val,
+            }
+        })
+        .collect();
+    overrides.push(sys::llama_model_kv_override {
+        tag: sys::LLAMA_KV_OVERRIDE_TYPE_INT,
+        key: [0; 128],
+        __bindgen_anon_1: sys::llama_model_kv_override__bindgen_ty_1 { val_i64: 0 },
+    });
     // SAFETY: plain parameter struct from llama.cpp's defaults; both paths,
-    // the names and values `entries` points to (ended by a null name)
-    // outlive the call.
+    // the names and values `entries` points to (ended by a null name) and
+    // the overrides (ended by an empty key) outlive the call.
     let code = unsafe {
         let mut params = sys::llama_model_quantize_default_params();
         params.nthread = threads;
         params.ftype = ftype;
         if imatrix.is_some() {
             params.imatrix = entries.as_ptr();
+        }
+        if !metadata.is_empty() {
+            params.kv_overrides = overrides.as_ptr();
         }
         sys::llama_model_quantize(inp.as_ptr(), out.as_ptr(), &params)
     };

@@ -11,7 +11,7 @@ use common::gguf_read::GgufReader;
 use common::imatrix::{Imatrix, ImatrixEntry};
 use common::keepmap::KeepMap;
 use fixtures::llama_gguf::LlamaGguf;
-use fixtures::llama_quantize::{quantize, quantize_with, Q4_K_M, Q8_0};
+use fixtures::llama_quantize::{quantize, quantize_with, Kv, Q4_K_M, Q8_0};
 use llama_cpp_sys_2 as sys;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -73,6 +73,24 @@ fn sliced_weights(m: &Imatrix, keep: &KeepMap, n_expert: u32) -> BTreeMap<String
             (name.clone(), w)
         })
         .collect()
+}
+
+/// The keys llama-quantize writes into a file it quantises with `--imatrix
+/// file` holding `m` (written by [`run_dir`] with the one dataset "test"):
+/// the file as given, the first dataset, the entries, the chunks.
+fn llama_quantize_keys<'a>(file: &'a str, m: &Imatrix) -> Vec<(&'static str, Kv<'a>)> {
+    vec![
+        ("quantize.imatrix.file", Kv::Str(file)),
+        ("quantize.imatrix.dataset", Kv::Str("test")),
+        (
+            "quantize.imatrix.entries_count",
+            Kv::Int(m.entries.len() as i64),
+        ),
+        (
+            "quantize.imatrix.chunks_count",
+            Kv::Int(m.chunk_count as i64),
+        ),
+    ]
 }
 
 /// A run directory with `maps`, the importance matrix `m` and a manifest
@@ -185,6 +203,13 @@ fn card_says(out: &Path, name: &str, k: u32, model: &Path) {
         "{card}"
     );
     let md = std::fs::read_to_string(out.join(format!("{name}.Q8_0.md"))).unwrap();
+    // Hugging Face's metadata block first (its YAML is checked by the
+    // `stages` unit test of the card).
+    assert!(
+        md.starts_with("---\nlibrary_name: gguf\ntags:\n- gguf\n"),
+        "{md}"
+    );
+    assert!(md.contains("\n---\n\n# "), "{md}");
     assert!(
         md.contains("Q8_0 by llama.cpp's quantiser") && md.contains(&sha(&out.join(&file))),
         "{md}"
@@ -250,9 +275,21 @@ fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
                 );
             }
         }
-        // llama.cpp's own quantiser on the slice makes the same bytes.
+        // llama.cpp's own quantiser on the slice makes the same bytes, with
+        // the keys llama-quantize adds for the sliced matrix (Q8_0 weighs
+        // no error by it).
         let want = d.path().join(format!("{name}.want.gguf"));
-        quantize(&out.join(format!("{name}.gguf")), &want, Q8_0, 1).unwrap();
+        let im = format!("{name}.imatrix.gguf");
+        let keys = llama_quantize_keys(&im, &m);
+        quantize_with(
+            &out.join(format!("{name}.gguf")),
+            &want,
+            Q8_0,
+            1,
+            None,
+            &keys,
+        )
+        .unwrap();
         assert_eq!(
             std::fs::read(&q).unwrap(),
             std::fs::read(&want).unwrap(),
@@ -371,9 +408,32 @@ fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
     assert!(types.contains(&sys::GGML_TYPE_Q4_K), "{types:?}");
     runs_in_llama_cpp(&shipped);
 
-    // The importance weights of the slice, computed here, handed to
-    // llama.cpp directly: the same bytes; without them, other bytes.
+    // The keys llama-quantize writes when run beside the files as the card
+    // says (`llama-quantize --imatrix test_K8.imatrix.gguf ...`): the file
+    // as named, the first dataset, the entries, the chunks; integers as
+    // u32; the model's name copied.
+    assert_eq!(
+        g.str("quantize.imatrix.file").as_deref(),
+        Some("test_K8.imatrix.gguf")
+    );
+    assert_eq!(g.str("quantize.imatrix.dataset").as_deref(), Some("test"));
+    assert_eq!(
+        g.u32("quantize.imatrix.entries_count"),
+        Some(m.entries.len() as u32)
+    );
+    assert_eq!(g.u32("quantize.imatrix.chunks_count"), Some(2));
     let slice = out.join("test_K8.gguf");
+    assert_eq!(
+        g.str("general.name"),
+        LlamaGguf::open(&slice).unwrap().str("general.name")
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&shipped).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o644, "{mode:o}");
+
+    // The importance weights of the slice, computed here, handed to
+    // llama.cpp directly with those keys: the same bytes; without them,
+    // other bytes.
     let with = d.path().join("with.gguf");
     quantize_with(
         &slice,
@@ -381,6 +441,7 @@ fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
         Q4_K_M,
         1,
         Some(&sliced_weights(&m, &keep, 16)),
+        &llama_quantize_keys("test_K8.imatrix.gguf", &m),
     )
     .unwrap();
     let shipped_bytes = std::fs::read(&shipped).unwrap();

@@ -1,14 +1,16 @@
 //! `worker quantize`: a GGUF quantised by llama.cpp's own quantiser, with
 //! the per-column weights llama-quantize derives from an importance matrix
-//! (llama.cpp's GGUF imatrix format), written create-only and hashed.
+//! (llama.cpp's GGUF imatrix format) and the `quantize.imatrix.*` keys it
+//! records, written create-only, readable by all (0644) and hashed.
 
 use crate::error::WorkerError;
-use crate::llama::{f32s, quantize_model, QuantizeParams};
+use crate::llama::{f32s, quantize_model, MetaValue, QuantizeParams};
 use common::gguf_read::GgufReader;
 use common::gguf_split::SplitError;
 use common::quant::{check_requantize, QuantType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// How a model is quantised.
@@ -38,12 +40,83 @@ pub struct Quantized {
 const SUM2: &str = ".in_sum2";
 const COUNTS: &str = ".counts";
 
+/// An importance-matrix file as llama-quantize loads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImatrixFile {
+    /// Per weight tensor, the values passed to llama.cpp: `in_sum2 /
+    /// count` column by column, 1 where a matrix saw no input.
+    pub weights: BTreeMap<String, Vec<f32>>,
+    /// Its `imatrix.datasets`.
+    pub datasets: Vec<String>,
+    /// Its `imatrix.chunk_count`.
+    pub chunk_count: u64,
+}
+
+impl ImatrixFile {
+    /// The `quantize.imatrix.*` entries llama-quantize writes into a file
+    /// it quantises with this matrix, read from `path` as given: the file
+    /// (here its name without the directory, so a published file holds no
+    /// local path; llama-quantize run beside it, as the model card's
+    /// command does, writes the same), the first dataset when there is
+    /// one, the entries, and the chunks when there are any.
+    pub fn quantize_metadata(&self, path: &Path) -> Vec<(String, MetaValue)> {
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let mut out = vec![("quantize.imatrix.file".to_string(), MetaValue::Str(name))];
+        if let Some(first) = self.datasets.first() {
+            out.push((
+                "quantize.imatrix.dataset".into(),
+                MetaValue::Str(first.clone()),
+            ));
+        }
+        let count = |n: u64| MetaValue::Int(n.min(u64::from(u32::MAX)) as u32);
+        out.push((
+            "quantize.imatrix.entries_count".into(),
+            count(self.weights.len() as u64),
+        ));
+        if self.chunk_count > 0 {
+            out.push((
+                "quantize.imatrix.chunks_count".into(),
+                count(self.chunk_count),
+            ));
+        }
+        out
+    }
+}
+
+/// The importance matrix of `path`, as llama-quantize loads it.
+pub fn read_imatrix(path: &Path) -> Result<ImatrixFile, WorkerError> {
+    let (weights, header) = read_weights(path)?;
+    let datasets = header
+        .get("imatrix.datasets")
+        .and_then(|v| v.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let chunk_count = header
+        .get("imatrix.chunk_count")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    Ok(ImatrixFile {
+        weights,
+        datasets,
+        chunk_count,
+    })
+}
+
 /// The weights llama-quantize passes to llama.cpp for each weight tensor of
 /// the imatrix file `path`: per matrix, `in_sum2 / count` column by column
-/// (f32 division), and 1 for every column of a matrix that saw no input.
-/// `Err` names the file and the entry that is not `in_sum2 [n_in, n_mat]`
-/// with `counts [1, n_mat]` in F32.
-pub fn imatrix_weights(path: &Path) -> Result<BTreeMap<String, Vec<f32>>, WorkerError> {
+/// (f32 division), and 1 for every column of a matrix that saw no input;
+/// with the file's header. `Err` names the file and the entry that is not
+/// `in_sum2 [n_in, n_mat]` with `counts [1, n_mat]` in F32.
+fn read_weights(
+    path: &Path,
+) -> Result<(BTreeMap<String, Vec<f32>>, common::gguf_read::GgufHeader), WorkerError> {
     let bad = |reason: String| WorkerError::Model {
         path: path.display().to_string(),
         reason,
@@ -89,7 +162,7 @@ pub fn imatrix_weights(path: &Path) -> Result<BTreeMap<String, Vec<f32>>, Worker
         }
         out.insert(name, w);
     }
-    Ok(out)
+    Ok((out, r.header))
 }
 
 /// Quantises `base` into `out` (created: an existing file is never
@@ -131,14 +204,18 @@ pub fn quantize_file(
             ),
         });
     }
-    let weights = opts.imatrix.as_deref().map(imatrix_weights).transpose()?;
-    let imatrix_tensors = weights.as_ref().map_or(0, |w| {
+    let imatrix = opts.imatrix.as_deref().map(read_imatrix).transpose()?;
+    let imatrix_tensors = imatrix.as_ref().map_or(0, |m| {
         header
             .tensors
             .iter()
-            .filter(|t| w.contains_key(&t.name))
+            .filter(|t| m.weights.contains_key(&t.name))
             .count()
     });
+    let metadata = match (&imatrix, &opts.imatrix) {
+        (Some(m), Some(path)) => m.quantize_metadata(path),
+        _ => Vec::new(),
+    };
     let dir = out
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -152,9 +229,14 @@ pub fn quantize_file(
         quant: opts.quant,
         threads: opts.threads.clamp(1, i32::MAX as u32) as i32,
         allow_requantize: opts.allow_requantize,
-        imatrix: weights.as_ref(),
+        imatrix: imatrix.as_ref().map(|m| &m.weights),
+        metadata: &metadata,
     };
     quantize_model(base, tmp.path(), &params)?;
+    // A published file: readable by all, as llama-quantize's (the
+    // temporary file was made 0600).
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))
+        .map_err(io(tmp.path()))?;
     let sha256 = common::hash::sha256_file(tmp.path()).map_err(io(tmp.path()))?;
     let bytes = std::fs::metadata(tmp.path()).map_err(io(tmp.path()))?.len();
     tmp.persist_noclobber(out).map_err(|e| WorkerError::Io {

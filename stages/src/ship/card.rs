@@ -61,6 +61,13 @@ pub struct Base {
     pub n_expert: u32,
     /// Experts routed per token (`{arch}.expert_used_count`).
     pub n_expert_used: u32,
+    /// `general.license`, when the base names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub license: Option<String>,
+    /// `general.source.huggingface.repository`: the Hugging Face repository
+    /// the base was converted from, when it names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
 }
 
 impl Base {
@@ -78,6 +85,8 @@ impl Base {
             name: text("general.name").unwrap_or_else(|| stem.to_string()),
             n_expert: number("expert_count"),
             n_expert_used: number("expert_used_count"),
+            license: text("general.license"),
+            repository: text("general.source.huggingface.repository"),
             architecture,
             file,
         }
@@ -196,10 +205,30 @@ impl ModelCard {
         out
     }
 
-    /// The card as Markdown.
+    /// Hugging Face's model card metadata, a YAML block between `---`
+    /// lines: the library and tags that list the file among GGUF models,
+    /// and the base's licence and repository when its GGUF names them.
+    /// Values are JSON strings, which YAML reads as double-quoted scalars.
+    fn front_matter(base: &Base) -> String {
+        let quoted = |v: &str| serde_json::to_string(v).expect("a string serialises");
+        let mut s = String::from("---\nlibrary_name: gguf\ntags:\n");
+        for tag in ["gguf", "mixture-of-experts", "expert-pruning", "moe-census"] {
+            let _ = writeln!(s, "- {tag}");
+        }
+        if let Some(license) = &base.license {
+            let _ = writeln!(s, "license: {}", quoted(license));
+        }
+        if let Some(repository) = &base.repository {
+            let _ = writeln!(s, "base_model: {}", quoted(repository));
+        }
+        s.push_str("---\n\n");
+        s
+    }
+
+    /// The card as Markdown, after its Hugging Face metadata.
     pub fn to_markdown(&self) -> String {
         let (b, k) = (&self.base, self.keep_map.as_ref());
-        let mut s = String::new();
+        let mut s = Self::front_matter(b);
         let _ = writeln!(s, "# {}\n", md(&self.file.file));
         let _ = writeln!(s, "| | |\n|---|---|");
         let what = match self.split_files.is_empty() {
@@ -333,5 +362,61 @@ impl Measured {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yaml_rust2::YamlLoader;
+
+    /// The front matter parses as YAML (yaml-rust2, a YAML 1.2 parser) to
+    /// the values given, whatever characters the base's metadata holds.
+    #[test]
+    fn the_front_matter_is_yaml_holding_the_bases_licence_and_repository() {
+        let odd = "a: \"b\" # c\n- d\\ \u{7} é";
+        let base = Base {
+            name: "m".into(),
+            file: FileRef {
+                file: "m.gguf".into(),
+                sha256: "0".into(),
+            },
+            architecture: "qwen3moe".into(),
+            n_expert: 4,
+            n_expert_used: 2,
+            license: Some(odd.into()),
+            repository: Some("org/Model-30B-A3B".into()),
+        };
+        let text = ModelCard::front_matter(&base);
+        let yaml = text
+            .strip_prefix("---\n")
+            .and_then(|t| t.strip_suffix("---\n\n"))
+            .unwrap_or_else(|| panic!("{text}"));
+        let doc = &YamlLoader::load_from_str(yaml).unwrap()[0];
+        assert_eq!(doc["library_name"].as_str(), Some("gguf"));
+        assert_eq!(doc["license"].as_str(), Some(odd));
+        assert_eq!(doc["base_model"].as_str(), Some("org/Model-30B-A3B"));
+        let tags: Vec<&str> = doc["tags"]
+            .as_vec()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t.as_str())
+            .collect();
+        assert!(
+            tags.contains(&"gguf") && tags.contains(&"moe-census"),
+            "{tags:?}"
+        );
+
+        let plain = ModelCard::front_matter(&Base {
+            license: None,
+            repository: None,
+            ..base
+        });
+        let doc =
+            &YamlLoader::load_from_str(plain.trim_matches(|c| c == '-' || c == '\n')).unwrap()[0];
+        assert!(
+            doc["license"].is_badvalue() && doc["base_model"].is_badvalue(),
+            "{plain}"
+        );
     }
 }

@@ -338,8 +338,12 @@ fn make<'a>(
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
     };
-    let run_imatrix = ship.out.scratch("run.imatrix.gguf");
-    std::fs::write(&run_imatrix, imatrix).map_err(StagesError::io("writing", &run_imatrix))?;
+    // Under its own name (which a quantised file records, as eval's
+    // workers do), in a folder clear of the candidates' files.
+    let run_imatrix = ship.out.scratch("run").join(names::IMATRIX_GGUF);
+    std::fs::create_dir_all(ship.out.scratch("run"))
+        .and_then(|()| std::fs::write(&run_imatrix, imatrix))
+        .map_err(StagesError::io("writing", &run_imatrix))?;
     let run_imatrix_ref = card::FileRef {
         file: names::IMATRIX_GGUF.to_string(),
         sha256: common::hash::sha256_hex(imatrix),

@@ -113,9 +113,14 @@ pub fn make(
         ));
     }
     check_room(base, job, inputs, dir)?;
-    let run_imatrix = dir.join("run.imatrix.gguf");
+    // Under the run's own name, which a quantised file records
+    // (`quantize.imatrix.file`) as `coordinator ship` does; in a folder of
+    // its own, clear of the candidates' files.
+    let run_imatrix = dir.join("run").join("imatrix.gguf");
     if let Some(bytes) = &inputs.imatrix {
-        std::fs::write(&run_imatrix, bytes).map_err(|source| WorkerError::Io {
+        let write = std::fs::create_dir_all(dir.join("run"))
+            .and_then(|()| std::fs::write(&run_imatrix, bytes));
+        write.map_err(|source| WorkerError::Io {
             path: run_imatrix.display().to_string(),
             source,
         })?;
@@ -138,7 +143,19 @@ pub fn make(
             }
             let imatrix = match keep {
                 Some(keep) => {
-                    let sliced = dir.join(format!("{name}.imatrix.gguf"));
+                    // Named after its keep map, as `coordinator ship` names
+                    // it (a quantised file records the name), in a folder
+                    // of this candidate's own.
+                    let map = c.keep_map.as_deref().map(Path::new);
+                    let stem = map
+                        .and_then(Path::file_stem)
+                        .unwrap_or(std::ffi::OsStr::new(name));
+                    let folder = dir.join(name);
+                    let sliced = folder.join(format!("{}.imatrix.gguf", stem.to_string_lossy()));
+                    std::fs::create_dir_all(&folder).map_err(|source| WorkerError::Io {
+                        path: folder.display().to_string(),
+                        source,
+                    })?;
                     common::prune::slice_imatrix(&run_imatrix, keep, &sliced)
                         .map_err(|e| failed(name, e.to_string()))?;
                     sliced

@@ -29,7 +29,7 @@ mod vision;
 
 pub use backend::ReduceError;
 pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
-pub use quantize::{quantize_model, QuantizeParams};
+pub use quantize::{quantize_model, MetaValue, QuantizeParams};
 pub use reduce::{ChunkSquares, ExpertIds, Reducer};
 pub use tensor::{as_f32s, f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 pub use thread::yield_to_compute_threads;

@@ -1,6 +1,8 @@
 //! llama.cpp's quantiser (`llama_model_quantize`, what `llama-quantize`
 //! runs), with an importance matrix passed as its C array of
-//! `llama_model_imatrix_data`.
+//! `llama_model_imatrix_data` and metadata as its C array of
+//! `llama_model_kv_override` (what llama-quantize's `--override-kv` and
+//! its `quantize.imatrix.*` keys go through).
 
 use super::{init_backend, LlamaError};
 use common::quant::QuantType;
@@ -22,6 +24,76 @@ pub struct QuantizeParams<'a> {
     /// quantisation error by (`[n_mat][n_in]`, as llama-quantize derives
     /// them from an imatrix file).
     pub imatrix: Option<&'a BTreeMap<String, Vec<f32>>>,
+    /// Metadata written into the quantised file, as llama-quantize writes
+    /// its overrides (integers as u32).
+    pub metadata: &'a [(String, MetaValue)],
+}
+
+/// The value of a metadata entry of [`QuantizeParams::metadata`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetaValue {
+    /// A string (at most 127 bytes, as llama-quantize copies it: longer
+    /// ones are cut at a character boundary).
+    Str(String),
+    /// An integer (llama.cpp writes it as u32).
+    Int(u32),
+}
+
+/// Bytes a key or string value of a `llama_model_kv_override` holds, less
+/// its terminating NUL.
+const KV_TEXT_MAX: usize = 127;
+
+/// `text` as a NUL-terminated C array of 128, cut at a character boundary
+/// within [`KV_TEXT_MAX`] bytes.
+fn kv_text(text: &str) -> [std::os::raw::c_char; 128] {
+    let mut end = text.len().min(KV_TEXT_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = [0; 128];
+    for (o, b) in out.iter_mut().zip(&text.as_bytes()[..end]) {
+        *o = *b as std::os::raw::c_char;
+    }
+    out
+}
+
+/// The C array llama.cpp walks until an entry whose key is empty.
+fn kv_overrides(
+    metadata: &[(String, MetaValue)],
+) -> Result<Vec<sys::llama_model_kv_override>, String> {
+    let mut out = Vec::with_capacity(metadata.len() + 1);
+    for (key, value) in metadata {
+        if key.is_empty() || key.len() > KV_TEXT_MAX || key.contains('\0') {
+            return Err(format!(
+                "metadata key {key:?} is not 1 to {KV_TEXT_MAX} bytes without NUL"
+            ));
+        }
+        let (tag, val) = match value {
+            MetaValue::Str(v) => (
+                sys::LLAMA_KV_OVERRIDE_TYPE_STR,
+                sys::llama_model_kv_override__bindgen_ty_1 {
+                    val_str: kv_text(v),
+                },
+            ),
+            MetaValue::Int(v) => (
+                sys::LLAMA_KV_OVERRIDE_TYPE_INT,
+                sys::llama_model_kv_override__bindgen_ty_1 {
+                    val_i64: i64::from(*v),
+                },
+            ),
+        };
+        out.push(sys::llama_model_kv_override {
+            tag,
+            key: kv_text(key),
+            __bindgen_anon_1: val,
+        });
+    }
+    out.push(sys::llama_model_kv_override {
+        tag: sys::LLAMA_KV_OVERRIDE_TYPE_INT,
+        key: [0; 128],
+        __bindgen_anon_1: sys::llama_model_kv_override__bindgen_ty_1 { val_i64: 0 },
+    });
+    Ok(out)
 }
 
 /// Quantises the GGUF `input` into `output`. llama.cpp streams tensor by
@@ -69,9 +141,11 @@ pub fn quantize_model(
         data: std::ptr::null(),
         size: 0,
     });
+    let overrides = kv_overrides(params.metadata).map_err(failed)?;
     // SAFETY: llama.cpp's default parameters are plain data; the paths, the
     // imatrix names and values (borrowed by `entries`, terminated by a null
-    // name) all outlive the call, which copies what it keeps. llama.cpp
+    // name) and the metadata (`overrides`, terminated by an empty key) all
+    // outlive the call, which copies what it keeps. llama.cpp
     // catches its own exceptions and returns non-zero.
     let code = unsafe {
         let mut p = sys::llama_model_quantize_default_params();
@@ -80,6 +154,9 @@ pub fn quantize_model(
         p.allow_requantize = params.allow_requantize;
         if params.imatrix.is_some() {
             p.imatrix = entries.as_ptr();
+        }
+        if !params.metadata.is_empty() {
+            p.kv_overrides = overrides.as_ptr();
         }
         sys::llama_model_quantize(inp.as_ptr(), out.as_ptr(), &p)
     };
