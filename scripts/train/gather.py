@@ -9,7 +9,10 @@ chat, {"group", "source", "messages"}):
              project) and the docstrings of Python's standard library
   japanese - Japanese manual pages (Debian `manpages-ja`, JM project)
   code     - Python standard library sources and the Rust sources of the
-             crates this workspace's Cargo.lock pins (cargo registry)
+             crates listed in scripts/train/data_manifest.json (those the
+             workspace's Cargo.lock pinned when the model was trained), read
+             from the cargo registry: its unpacked sources, else the .crate
+             archive `cargo fetch` downloads; a crate in neither is an error
   chat     - conversations built from the same real text: a templated
              question about a command, function or crate, answered with the
              page's or docstring's own text (English and Japanese)
@@ -18,7 +21,7 @@ The held-out split is by group (a manual page name, a Python module, a
 crate): sha256("heldout:" + group) mod 10 == 0, so a page's English and
 Japanese text and the chats about it land on the same side.
 
-Usage: gather.py OUT_DIR [--repo REPO_ROOT]
+Usage: gather.py OUT_DIR [--crates MANIFEST]
 Writes OUT_DIR/{english,japanese,code,chat}.{train,heldout}.jsonl and
 OUT_DIR/manifest.json (sources, licences, package versions, counts, hashes).
 """
@@ -33,7 +36,8 @@ import re
 import subprocess
 import sys
 import sysconfig
-from pathlib import Path
+import tarfile
+from pathlib import Path, PurePosixPath
 
 MAX_DOC = 6000  # characters kept of one document (its beginning)
 HELDOUT_MOD = 10
@@ -188,35 +192,76 @@ def docstrings(path):
     return out
 
 
-def cargo_lock_crates(repo):
-    lock = (repo / "Cargo.lock").read_text()
-    crates = re.findall(
-        r'\[\[package\]\]\nname = "([^"]+)"\nversion = "([^"]+)"\nsource = "registry', lock)
-    return sorted(set(crates))
+def pinned_crates(manifest):
+    """(name, version) of each crate the manifest of the committed model
+    lists ("name-version (licence)"), in its order."""
+    listed = []
+    for src in json.loads(Path(manifest).read_text())["sources"]:
+        for entry in src.get("crates", []):
+            m = re.match(r"^(.+?)-(\d+\.\d+\.\d+\S*) \(", entry)
+            if m is None:
+                sys.exit(f"gather: {manifest}: crate entry {entry!r} is not 'name-version (licence)'")
+            listed.append((m.group(1), m.group(2)))
+    return listed
 
 
-def registry_dir(name, version):
-    home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
-    for reg in sorted((home / "registry" / "src").glob("*")):
-        d = reg / f"{name}-{version}"
-        if d.is_dir():
-            return d
-    return None
+class CrateFiles:
+    """The files of one crate version from the cargo registry: its unpacked
+    sources when cargo unpacked them, else its .crate archive (what `cargo
+    fetch` downloads), read the same way."""
+
+    def __init__(self, name, version):
+        home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
+        self.dir, self.archive = None, None
+        for reg in sorted((home / "registry" / "src").glob("*")):
+            if (reg / f"{name}-{version}").is_dir():
+                self.dir = reg / f"{name}-{version}"
+                return
+        for reg in sorted((home / "registry" / "cache").glob("*")):
+            if (reg / f"{name}-{version}.crate").is_file():
+                self.archive = tarfile.open(reg / f"{name}-{version}.crate", "r:gz")
+                self.prefix = f"{name}-{version}/"
+                return
+        sys.exit(f"gather: crate {name}-{version} is in neither the cargo registry's "
+                 f"sources nor its cache; run `cargo fetch` in the repository")
+
+    def read(self, rel):
+        """Text of the file at `rel` (a PurePosixPath), or None."""
+        if self.dir is not None:
+            f = self.dir / rel
+            return f.read_text(encoding="utf-8", errors="replace") if f.is_file() else None
+        try:
+            member = self.archive.getmember(self.prefix + str(rel))
+        except KeyError:
+            return None
+        data = self.archive.extractfile(member) if member.isfile() else None
+        return data.read().decode("utf-8", errors="replace") if data else None
+
+    def rust_sources(self):
+        """Paths under src/ ending in .rs, relative, in pathlib's order."""
+        if self.dir is not None:
+            src = self.dir / "src"
+            if not src.is_dir():
+                return []
+            return [PurePosixPath(f.relative_to(self.dir).as_posix()) for f in sorted(src.rglob("*.rs"))]
+        names = [PurePosixPath(m.name[len(self.prefix):]) for m in self.archive.getmembers()
+                 if m.isfile() and m.name.startswith(self.prefix + "src/") and m.name.endswith(".rs")]
+        return sorted(names)
 
 
-def crate_licence(d):
-    m = re.search(r'^license\s*=\s*"([^"]+)"', (d / "Cargo.toml").read_text(errors="replace"), re.M)
+def crate_licence(files):
+    m = re.search(r'^license\s*=\s*"([^"]+)"', files.read(PurePosixPath("Cargo.toml")) or "", re.M)
     return m.group(1) if m else "see crate"
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--repo", default=str(Path(__file__).resolve().parents[2]))
+    ap.add_argument("--crates", default=str(Path(__file__).resolve().parent / "data_manifest.json"),
+                    help="the manifest whose crate list is gathered (default: the committed model's)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    repo = Path(args.repo)
     docs = {d: [] for d in ("english", "japanese", "code", "chat")}
     sources = []
 
@@ -277,26 +322,22 @@ def main():
     sources.append({"source": f"python {pyver} standard library ({stdlib})",
                     "files": len(files), "licence": "PSF-2.0"})
 
-    # Rust sources of the crates Cargo.lock pins.
-    crates = cargo_lock_crates(repo)
+    # Rust sources of the crates the committed model was trained on (the
+    # list is pinned: the workspace's Cargo.lock moves on, and cargo unpacks
+    # only the crates a build needed).
     used = []
-    for name, version in crates:
-        d = registry_dir(name, version)
-        if d is None:
-            continue
-        lic = crate_licence(d)
-        rs = sorted((d / "src").rglob("*.rs"))[:6] if (d / "src").is_dir() else []
-        for f in rs:
-            src = f.read_text(encoding="utf-8", errors="replace")
-            if len(src) > 300:
-                docs["code"].append({"group": f"crate:{name}", "source": f"crate:{name}-{version}/{f.relative_to(d)}",
+    for name, version in pinned_crates(args.crates):
+        files = CrateFiles(name, version)
+        lic = crate_licence(files)
+        for rel in files.rust_sources()[:6]:
+            src = files.read(rel)
+            if src is not None and len(src) > 300:
+                docs["code"].append({"group": f"crate:{name}", "source": f"crate:{name}-{version}/{rel}",
                                      "text": src[:MAX_DOC]})
-        readme = d / "README.md"
-        if readme.is_file():
-            t = readme.read_text(encoding="utf-8", errors="replace")
-            if len(t) > 300:
-                docs["english"].append({"group": f"crate:{name}", "source": f"crate:{name}-{version}/README.md",
-                                        "text": t[:MAX_DOC]})
+        t = files.read(PurePosixPath("README.md"))
+        if t is not None and len(t) > 300:
+            docs["english"].append({"group": f"crate:{name}", "source": f"crate:{name}-{version}/README.md",
+                                    "text": t[:MAX_DOC]})
         used.append(f"{name}-{version} ({lic})")
     sources.append({"source": "crates pinned by Cargo.lock (cargo registry)",
                     "crates": used, "licence": "each crate's own (listed)"})

@@ -184,6 +184,12 @@ fn random_experts(layer: &str, n: u32, k: u32) -> Vec<u32> {
     kept
 }
 
+/// At half the experts, every method's keep map has at most a third of a
+/// seeded random map's held-out KL, and less than its inverted ranking's.
+/// The margin is what learning gives: on the committed model the random
+/// map costs 3.5x (frequency) to 15.1x (reap_l2_sum) a method's KL; on
+/// random weights it costs 1.3x-1.5x (the same shape and vocabulary) and
+/// 1.8x-2.9x (the `tiny` preset), so this test fails on both.
 #[test]
 fn keep_maps_at_half_the_experts_beat_random_and_inverted_ones_on_held_out_kl() {
     let r = run();
@@ -198,8 +204,8 @@ fn keep_maps_at_half_the_experts_beat_random_and_inverted_ones_on_held_out_kl() 
             random / kl,
             inverted / kl
         );
-        // "Well below" a random map: at most half its KL.
-        if !(2.0 * kl < random && kl < inverted) {
+        // "Well below" a random map: at most a third of its KL.
+        if !(3.0 * kl < random && kl < inverted) {
             failures.push(format!(
                 "{m}: KL {kl:.4} against random {random:.4} and inverted {inverted:.4}"
             ));
