@@ -117,3 +117,38 @@ fn a_scratch_directory_that_does_not_exist_is_named_in_the_error() {
     assert!(err.contains("no-such-dir"), "{err}");
     assert!(!out.join("eval/summary.json").exists());
 }
+
+/// The base model alone (no candidates: what `bench_eval_memory` measures
+/// a context's buffers with) runs at every setting of models in memory;
+/// with one model it was dropped before its pass ("every model is loaded").
+#[test]
+fn the_base_model_alone_runs_with_any_number_of_models_in_memory() {
+    use common::eval::ModelsInMemory;
+    use worker::eval::{EvalOptions, Evaluator};
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::model(dir.path(), Preset::Tiny);
+    let (index, chunks) = worker::synth::chunks::bench_chunks(2, N_CTX, 600);
+    for mode in [
+        ModelsInMemory::Count(1),
+        ModelsInMemory::Count(2),
+        ModelsInMemory::All,
+    ] {
+        let opts = EvalOptions {
+            n_ubatch: N_CTX,
+            threads: 2,
+            skip_first: 5,
+            models_in_memory: mode,
+            scratch_dir: dir.path().to_path_buf(),
+            ..EvalOptions::default()
+        };
+        let mut e = Evaluator::load(&base, &[], opts).unwrap();
+        let evaluated = e.run(&index, &chunks, &mut |_, _| {}).unwrap();
+        // Per chunk, the positions after the skipped 5 that have a next token.
+        assert_eq!(
+            evaluated.partial.n_scored(),
+            2 * u64::from(N_CTX - 5 - 1),
+            "{mode:?}"
+        );
+        assert!(evaluated.partial.candidates.is_empty(), "{mode:?}");
+    }
+}

@@ -299,8 +299,9 @@ impl Evaluator {
         }
         let base_model = Arc::new(Model::load(base, &opts.offload)?);
         let n_vocab = base_model.n_vocab();
-        // One model at a time: the base model is loaded again per lease.
-        let base_model = (in_memory >= 2).then_some(base_model);
+        // One model at a time: the base model is loaded again per lease
+        // (unless it is the only model: then it is every model).
+        let base_model = (all || in_memory >= 2).then_some(base_model);
         let mut loaded = Vec::with_capacity(candidates.len());
         for c in candidates {
             let model = Model::load(&c.path, &opts.offload)?;
