@@ -31,6 +31,12 @@ pub struct PruneArgs {
     /// refused, never replaced.
     #[arg(long)]
     pub out: PathBuf,
+    /// An importance matrix to slice instead of the run's `imatrix.gguf`:
+    /// a file in llama-imatrix's GGUF format (`<name>.in_sum2` and
+    /// `<name>.counts` per weight), such as llama-imatrix itself writes;
+    /// the run then needs no `imatrix.gguf`.
+    #[arg(long)]
+    pub imatrix: Option<PathBuf>,
     /// Splits a large model (`--split-max-size`).
     #[command(flatten)]
     pub split: SplitMaxSize,
@@ -203,10 +209,15 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
     let store = RunStore::open(&args.run)?;
     let (name, keep, imatrix_bytes, base) = rt.block_on(async {
         let (name, keep) = read_keep_map(&store, &args.keep_map).await?;
-        let imatrix = store
-            .get(names::IMATRIX_GGUF)
-            .await
-            .during("reading the run's importance matrix")?;
+        let imatrix = match &args.imatrix {
+            Some(path) => std::fs::read(path)
+                .map_err(StagesError::io("reading the importance matrix", path))?,
+            None => store
+                .get(names::IMATRIX_GGUF)
+                .await
+                .during("reading the run's importance matrix")?
+                .to_vec(),
+        };
         let base = base_model(&store, args.model.as_deref()).await?;
         Ok::<_, StagesError>((name, keep, imatrix, base))
     })?;
@@ -233,7 +244,10 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
     let sliced_imatrix =
         slice_imatrix(&run_imatrix, &keep, &in_scratch(&out_imatrix)).map_err(|source| {
             StagesError::Slice {
-                input: store.url_of(names::IMATRIX_GGUF),
+                input: match &args.imatrix {
+                    Some(path) => path.display().to_string(),
+                    None => store.url_of(names::IMATRIX_GGUF),
+                },
                 source,
             }
         })?;

@@ -234,3 +234,90 @@ async fn prunes_a_run_in_s3() {
     prune_and_check(&prefix, &out_dir, Some(&model));
     refused_leaves_nothing(&prefix, &out_dir, Some(&model));
 }
+
+/// `--imatrix FILE` slices an importance matrix written by another tool
+/// instead of the run's: `tests/fixtures/imatrix/llama-imatrix.gguf`,
+/// written by gguf-py (`make.py` beside it) in llama-imatrix's layout for
+/// the committed quickstart model. Read back through llama.cpp's GGUF
+/// reader: each stacked expert weight keeps the kept experts' `in_sum2`
+/// rows and counts in the keep map's order, every other entry and the
+/// file's datasets and chunk count are as written; the run needs no
+/// `imatrix.gguf`.
+#[test]
+fn an_importance_matrix_written_by_another_tool_is_sliced_to_the_keep_map() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let model = repo.join("configs/models/quickstart-moe.gguf");
+    let fixture = repo.join("tests/fixtures/imatrix/llama-imatrix.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    // A run holding only a keep map, written by hand: per layer a
+    // different half of the 32 experts.
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("keep_maps")).unwrap();
+    let kept: Vec<Vec<u32>> = (0..4u32)
+        .map(|l| {
+            (0..32)
+                .filter(|e| (e + l) % 2 == 0 || e % 7 == l)
+                .take(16)
+                .collect()
+        })
+        .collect();
+    let layers: serde_json::Map<String, serde_json::Value> = kept
+        .iter()
+        .enumerate()
+        .map(|(l, ids)| (l.to_string(), serde_json::json!(ids)))
+        .collect();
+    let map = run.join(KeepMap::object_name("half_K16"));
+    std::fs::write(&map, serde_json::json!({ "layers": layers }).to_string()).unwrap();
+    let out = dir.path().join("half.gguf");
+    fixtures::run_ok(
+        "coordinator",
+        &[
+            "prune",
+            run.to_str().unwrap(),
+            "--keep-map",
+            "half_K16",
+            "--model",
+            model.to_str().unwrap(),
+            "--imatrix",
+            fixture.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let src = LlamaGguf::open(&fixture).unwrap();
+    let got = LlamaGguf::open(&dir.path().join("half.imatrix.gguf")).unwrap();
+    assert_eq!(
+        got.str_array("imatrix.datasets"),
+        src.str_array("imatrix.datasets")
+    );
+    assert_eq!(got.u32("imatrix.chunk_count"), Some(3));
+    let names = src.tensor_names();
+    assert_eq!(got.tensor_names().len(), names.len());
+    let mut sliced = 0;
+    for name in &names {
+        let (s, g) = (src.f32_tensor(name).unwrap(), got.f32_tensor(name).unwrap());
+        let layer: Option<usize> = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|l| l.parse().ok());
+        if name.contains("_exps.weight") {
+            let ids = &kept[layer.unwrap()];
+            let row = s.ne[0];
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&e| s.data[e as usize * row..][..row].iter().copied())
+                .collect();
+            assert_eq!(g.ne[..2], [row, ids.len()], "{name}");
+            assert_eq!(g.data, want, "{name}");
+            sliced += 1;
+        } else {
+            assert_eq!((g.ne, &g.data), (s.ne, &s.data), "{name}");
+        }
+    }
+    // gate, up and down of 4 layers, in_sum2 and counts each.
+    assert_eq!(sliced, 24);
+    assert_eq!(
+        LlamaGguf::open(&out).unwrap().u32("qwen3moe.expert_count"),
+        Some(16)
+    );
+}
