@@ -85,6 +85,7 @@ impl Config {
             .unwrap_or(Path::new("."))
             .to_path_buf();
         config.resolve_cluster_inputs();
+        config.resolve_image_dirs();
         Ok(config)
     }
 
@@ -117,6 +118,28 @@ impl Config {
             .map(|p| self.resolve(p));
         if let Some(ship) = &mut self.ship {
             ship.out = ship_out;
+        }
+    }
+
+    /// Resolves every source's `image_dir` against the config's directory,
+    /// as its `path` is.
+    fn resolve_image_dirs(&mut self) {
+        let base = self.base_dir.clone();
+        let corpus = &mut self.corpus;
+        let sources = corpus
+            .domains
+            .iter_mut()
+            .flat_map(|d| d.sources.iter_mut())
+            .chain(
+                corpus
+                    .eval_sets
+                    .iter_mut()
+                    .flat_map(|e| e.sources.iter_mut()),
+            );
+        for s in sources {
+            if let Some(dir) = s.image_dir.as_mut().filter(|d| d.is_relative()) {
+                *dir = base.join(&*dir);
+            }
         }
     }
 
@@ -370,6 +393,13 @@ pub struct SourceConfig {
     /// byte or invalid UTF-8) of a text source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_file_bytes: Option<u64>,
+    /// JSON sources with images: the directory their records' image paths
+    /// are relative to (relative to the config file's directory), for
+    /// datasets that keep images apart from their records; default: each
+    /// source file's own directory. Paths still stay under it: no `..`, not
+    /// absolute, no symbolic link leading out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_dir: Option<PathBuf>,
 }
 
 impl Default for SourceConfig {
@@ -385,6 +415,7 @@ impl Default for SourceConfig {
             include: Vec::new(),
             exclude: Vec::new(),
             max_file_bytes: None,
+            image_dir: None,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A record's image file, checked before anything reads it whole: the path
-//! stays under the source file's directory (no `..`, not absolute, no
-//! symbolic link leading out), the file is a regular file of at most
+//! stays under the source file's directory or the source's `image_dir` (no
+//! `..`, not absolute, no symbolic link leading out), the file is a
+//! regular file of at most
 //! [`MAX_IMAGE_BYTES`], and its pixels, from the PNG or JPEG header before
 //! any decoding, are at most [`MAX_IMAGE_PIXELS`]. Images are copied into
 //! the run for every worker to fetch, and decoded whole by mtmd, so a path
@@ -23,16 +24,22 @@ pub const MAX_IMAGE_PIXELS: u64 = 1 << 25;
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 const JPEG_SIGNATURE: &[u8] = &[0xff, 0xd8, 0xff];
 
-/// Reads and checks the image `name` of a record of the source at `source`:
-/// confined to the source's directory, a regular file within the byte
-/// limit, a PNG that decodes (row by row) or a JPEG (mtmd decodes it when
-/// tokenizing), within the pixel limit by its header. The error names the
-/// image; the caller adds the record.
-pub fn image_ref(source: &Path, name: &str) -> Result<ImageRef, String> {
-    let dir = match source.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
+/// The directory a source file's records name their images under: the
+/// source's `image_dir` when its config names one, else the file's own.
+pub fn image_dir<'a>(image_dir: Option<&'a Path>, source: &'a Path) -> &'a Path {
+    match (image_dir, source.parent()) {
+        (Some(d), _) => d,
+        (None, Some(d)) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
-    };
+    }
+}
+
+/// Reads and checks the image `name` of a record whose images lie under
+/// `dir` ([`image_dir`]): confined to `dir`, a regular file within the
+/// byte limit, a PNG that decodes (row by row) or a JPEG (mtmd decodes it
+/// when tokenizing), within the pixel limit by its header. The error names
+/// the image; the caller adds the record.
+pub fn image_ref(dir: &Path, name: &str) -> Result<ImageRef, String> {
     let path = confined(dir, name)?;
     let unreadable = |why: String| format!("image {name:?} ({}): {why}", path.display());
     let bytes = read_bounded(&path).map_err(unreadable)?;
@@ -57,7 +64,7 @@ pub fn image_ref(source: &Path, name: &str) -> Result<ImageRef, String> {
 fn confined(dir: &Path, name: &str) -> Result<PathBuf, String> {
     let outside = |why: &str| {
         format!(
-            "image {name:?}: {why}; images must be files under the source file's directory ({})",
+            "image {name:?}: {why}; images must be files under the source file's directory or its image_dir ({})",
             dir.display()
         )
     };

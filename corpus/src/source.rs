@@ -390,7 +390,10 @@ fn json_record(
     }
     let images = names
         .iter()
-        .map(|n| super::image_file::image_ref(file, n))
+        .map(|n| {
+            let dir = super::image_file::image_dir(cfg.image_dir.as_deref(), file);
+            super::image_file::image_ref(dir, n)
+        })
         .collect::<Result<_, _>>()?;
     let group = group_key.and_then(|k| obj.get(k)).and_then(|g| match g {
         Value::String(s) => Some(s.clone()),

@@ -325,6 +325,56 @@ fn images_outside_the_corpus_devices_and_bombs_are_refused_naming_the_record() {
     }
 }
 
+/// A source's `image_dir` names where its images lie (datasets keep them
+/// apart from their records): the records' names resolve under it and stay
+/// confined to it. Without it, the same records' images are looked for
+/// beside the records and not found.
+#[test]
+fn an_image_dir_holds_a_sources_images_and_confines_them() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let config = image_fixture(dir);
+    std::fs::create_dir(dir.join("pictures")).unwrap();
+    std::fs::rename(dir.join("corpus/ok.png"), dir.join("pictures/ok.png")).unwrap();
+    write_records(dir, "");
+    let run = dir.join("run");
+    assert_refused(
+        "images elsewhere, no image_dir, coordinator corpus",
+        coordinator("corpus", &config, &run),
+        &["records.jsonl:1: ", "image \"ok.png\"", "cannot read"],
+    );
+    let toml = std::fs::read_to_string(&config).unwrap().replace(
+        "{ path = \"corpus/records.jsonl\" }",
+        "{ path = \"corpus/records.jsonl\", image_dir = \"pictures\" }",
+    );
+    assert!(toml.contains("image_dir"), "{toml}");
+    std::fs::write(&config, toml).unwrap();
+    let (out, _) = coordinator("corpus", &config, &run);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_dir(run.join("corpus/images"))
+            .unwrap()
+            .count(),
+        1
+    );
+    std::fs::remove_dir_all(&run).unwrap();
+    write_records(dir, "{\"image\": \"../outside.png\", \"text\": \"x\"}\n");
+    assert_refused(
+        "`..` out of the image_dir, coordinator corpus",
+        coordinator("corpus", &config, &run),
+        &[
+            "records.jsonl:4: ",
+            "image \"../outside.png\"",
+            "a path with \"..\" is refused",
+        ],
+    );
+    assert!(!run.join("corpus/images").exists());
+}
+
 #[test]
 fn a_jsonl_line_over_the_limit_is_refused_before_it_is_parsed() {
     let d = tempfile::tempdir().unwrap();
