@@ -8,7 +8,8 @@ use common::saliency::SplitStats;
 use std::fmt::Write;
 
 /// Below this fraction of the uniform routing share (`k / n_expert` of the
-/// split's tokens), an expert is rare.
+/// split's tokens, or of its text tokens for the vision experts), an
+/// expert is rare.
 pub const RARE: f64 = 0.1;
 
 /// An expert must carry at least this fraction of the uniform share to be

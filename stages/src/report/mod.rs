@@ -173,7 +173,7 @@ pub async fn report(store: &RunStore) -> Result<ReportOutput, StagesError> {
         let _ = writeln!(
             md,
             "## Vision experts\n\nExperts of each layer that text routes to rarely (under {}% of the uniform share `k / n_expert`) and images at least at the uniform share, on the fit split: a text-only calibration would call them dead or rare.\n",
-            100.0 * vision::RARE_ON_TEXT
+            100.0 * domains::RARE
         );
         md.push_str(&vision::markdown(&layers, 8));
         md.push('\n');

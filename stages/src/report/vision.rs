@@ -6,10 +6,6 @@
 use common::saliency::{DomainStats, SplitStats};
 use std::fmt::Write;
 
-/// Below this fraction of the uniform routing share (`k / n_expert`) on
-/// text, an expert counts as rare on text.
-pub const RARE_ON_TEXT: f64 = 0.1;
-
 /// At least the uniform routing share on images: live on images.
 pub const LIVE_ON_IMAGES: f64 = 1.0;
 
@@ -47,7 +43,7 @@ pub fn vision_experts(split: &SplitStats, k: u32, n_expert: u32) -> Option<Vec<L
                 .enumerate()
                 .map(|(e, (&ct, &ci))| (e, share(ct, text), share(ci, image)))
                 .filter(|&(_, st, si)| {
-                    st < RARE_ON_TEXT * uniform && si >= LIVE_ON_IMAGES * uniform
+                    st < super::domains::RARE * uniform && si >= LIVE_ON_IMAGES * uniform
                 })
                 .collect(),
         })
