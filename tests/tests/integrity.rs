@@ -19,6 +19,8 @@ use fixtures::loopback::{
 };
 use runtime::run::{execute, RunSetup, RunSummary};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use worker::images::ImageBytes;
 use worker::join::engine::{Engine, EngineLoader};
@@ -200,9 +202,9 @@ async fn partials_made_under_other_settings_are_recomputed_not_merged() {
 
 /// A worker that adds one token (with its k selections, so every layer's
 /// `sum(count) == n_tokens * k` still holds) to the first group of each
-/// partial it returns.
+/// partial it returns; `measured` is set once it has measured a lease.
 #[derive(Clone)]
-struct Liar(FakeEngine);
+struct Liar(FakeEngine, Arc<AtomicBool>);
 
 impl Engine for Liar {
     fn model_sha256(&self) -> String {
@@ -220,6 +222,7 @@ impl Engine for Liar {
         images: &ImageBytes,
     ) -> Result<(Partial, Vec<TraceRow>), String> {
         let (mut p, rows) = self.0.measure(index, chunks, images)?;
+        self.1.store(true, Ordering::SeqCst);
         let k = p.experts.shape.n_expert_used as usize;
         let g = p.experts.groups.values_mut().next().expect("a group");
         g.n_tokens += 1;
@@ -263,7 +266,8 @@ async fn a_worker_fabricating_token_counts_is_refused_and_the_run_goes_on() {
             // liar that answers instantly could use up a unit's attempts.
             let mut fake = FakeEngine::new(FAKE_MODEL);
             fake.delay_per_chunk = Duration::from_millis(30);
-            let liar = Liar(fake);
+            let measured = Arc::new(AtomicBool::new(false));
+            let liar = Liar(fake, measured.clone());
             let liar_opts = opts("liar");
             handles.push(tokio::spawn(async move {
                 join(&liar_opts, liar).await.map(|_| ())
@@ -271,7 +275,13 @@ async fn a_worker_fabricating_token_counts_is_refused_and_the_run_goes_on() {
             let mut honest = FakeEngine::new(FAKE_MODEL);
             honest.delay_per_chunk = Duration::from_millis(30);
             let honest_opts = opts("honest");
+            // The honest worker joins once the liar has measured a lease:
+            // joining first, on two busy cores, it took every unit before
+            // the liar got one.
             handles.push(tokio::spawn(async move {
+                while !measured.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 join(&honest_opts, honest).await.map(|_| ())
             }));
             Ok(Vec::new())
