@@ -175,15 +175,6 @@ pub fn add_all(totals: &mut [ExactSum], values: &[ExactSum]) -> Result<(), (usiz
     Err(first.expect("a sum left the range"))
 }
 
-/// Sums a slice exactly; used by checks and oracles.
-pub fn exact_total(values: &[ExactSum]) -> Result<ExactSum, ExactError> {
-    let mut total = ExactSum::ZERO;
-    for v in values {
-        total.add(*v)?;
-    }
-    Ok(total)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

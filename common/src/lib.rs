@@ -74,4 +74,4 @@ pub mod wire;
 pub const MAX_CPU_MOE_LAYERS: u32 = 4096;
 
 pub use exact::ExactSum;
-pub use split::{ChunkId, ChunkRange, Gating, LayerId, Modality, Split};
+pub use split::{ChunkId, ChunkRange, Gating, Modality, Split};

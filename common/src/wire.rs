@@ -70,10 +70,6 @@ pub const PROTOCOL_VERSION: u32 = 9;
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
 
-/// Default limit on one frame (64 MiB): partials above it travel through the
-/// object store instead of inline.
-pub const DEFAULT_MAX_FRAME: u32 = 64 << 20;
-
 /// Limit on frames a coordinator sends (they are small).
 pub const MAX_CONTROL_FRAME: u32 = 1 << 20;
 

@@ -494,21 +494,6 @@ fn write_gguf(g: &GgufWriter, path: &Path) -> Result<(), WorkerError> {
     Ok(())
 }
 
-/// The GGUF bytes of a preset.
-pub fn model_bytes(preset: Preset, seed: u64) -> Vec<u8> {
-    model_bytes_as(preset, seed, None)
-}
-
-/// The GGUF bytes of a preset with its weight matrices in `weights` (the
-/// preset's own encoding when `None`).
-pub fn model_bytes_as(preset: Preset, seed: u64, weights: Option<WeightType>) -> Vec<u8> {
-    let o = Overrides {
-        weights,
-        ..Overrides::default()
-    };
-    build_model(preset, seed, o).to_bytes()
-}
-
 /// The metadata and tensors of a preset changed by `o`.
 fn build_model(preset: Preset, seed: u64, o: Overrides) -> GgufWriter {
     let mut spec = preset.spec();
