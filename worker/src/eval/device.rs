@@ -46,10 +46,7 @@ pub(super) fn compare_batch(
     // Outputs on the scored tokens only: the head (and the last block's
     // feed-forward part) skip the others. A dump wants every row.
     let (flags, rows) = outputs_of(b, dump.is_some());
-    let outputs = match dump.is_some() {
-        true => Outputs::All,
-        false => Outputs::Rows(&flags),
-    };
+    let outputs = outputs(&flags, dump.is_some());
     let next: Vec<i32> = b.rows.iter().map(|r| r.next as i32).collect();
     let scored = !rows.is_empty();
     let mut kept = None;
@@ -117,6 +114,16 @@ pub(super) fn outputs_of(b: &Ubatch<'_>, dump: bool) -> (Vec<bool>, Vec<i32>) {
         false => (0..b.rows.len() as i32).collect(),
     };
     (flags, rows)
+}
+
+/// What a micro-batch decodes with on the device, from [`outputs_of`]'s
+/// `flags`: every token when whole logits are dumped (`dump`), else the
+/// scored ones.
+pub(super) fn outputs(flags: &[bool], dump: bool) -> Outputs<'_> {
+    match dump {
+        true => Outputs::All,
+        false => Outputs::Rows(flags),
+    }
 }
 
 /// A decode that never showed its logits (a graph without a node named

@@ -13,14 +13,14 @@
 //! context from lease to lease, and so does the last candidate, which goes
 //! first at the next lease; with one, the base model is loaded per lease.
 
-use super::device::{compared, graph_error, outputs_of, unseen};
+use super::device::{compared, graph_error, outputs, outputs_of, unseen};
 use super::kept::KeptRows;
 use super::plan::Ubatch;
 use super::rows::{self, RowResult};
 use super::{check_candidate, Accum, Dumps, EvalCost, Evaluated, Evaluator, Position, Shared};
 use crate::error::WorkerError;
 use crate::images::Embeddings;
-use crate::llama::{f32s, Context, ContextParams, LogitsCompare, Model, NoGraph, Outputs};
+use crate::llama::{f32s, Context, ContextParams, LogitsCompare, Model, NoGraph};
 use common::corpus::{Chunk, CorpusIndex};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -206,15 +206,11 @@ impl Pass<'_, '_> {
             if u.pos0 == 0 {
                 ctx.clear();
             }
-            let dump = self.dumps.as_mut();
+            let dumping = self.dumps.is_some();
             if !self.e.on_device {
                 ctx.decode_input(input, pos0)?;
                 let logits = ctx.batch_logits();
-                if let Some(d) = dump {
-                    d.entry((0, u.chunk.id.0))
-                        .or_default()
-                        .extend_from_slice(logits);
-                }
+                dump_logits(self.dumps.as_mut(), 0, u, logits);
                 let started = Instant::now();
                 for r in &u.rows {
                     kept.push(&logits[r.row * n_vocab..(r.row + 1) * n_vocab])?;
@@ -222,27 +218,19 @@ impl Pass<'_, '_> {
                 self.cost.host_s += started.elapsed().as_secs_f64();
                 continue;
             }
-            if u.rows.is_empty() && dump.is_none() {
+            if u.rows.is_empty() && !dumping {
                 ctx.decode_input(input, pos0)?;
                 continue;
             }
-            let (flags, rows) = outputs_of(u, dump.is_some());
-            let outputs = match dump.is_some() {
-                true => Outputs::All,
-                false => Outputs::Rows(&flags),
-            };
+            let (flags, rows) = outputs_of(u, dumping);
             let mut logits = Vec::new();
-            ctx.decode_with_logits(input, pos0, outputs, &mut |t| {
+            ctx.decode_with_logits(input, pos0, outputs(&flags, dumping), &mut |t| {
                 logits = f32s(&t.bytes()).collect();
             })?;
             if logits.is_empty() {
                 return Err(graph_error(u, unseen()));
             }
-            if let Some(d) = dump {
-                d.entry((0, u.chunk.id.0))
-                    .or_default()
-                    .extend_from_slice(&logits);
-            }
+            dump_logits(self.dumps.as_mut(), 0, u, &logits);
             for &r in &rows {
                 let r = r as usize;
                 kept.push(&logits[r * n_vocab..(r + 1) * n_vocab])?;
@@ -269,37 +257,29 @@ impl Pass<'_, '_> {
             if u.pos0 == 0 {
                 ctx.clear();
             }
-            let dump = self.dumps.as_mut();
+            let dumping = self.dumps.is_some();
             if !self.e.on_device {
                 ctx.decode_input(input, pos0)?;
                 let logits = ctx.batch_logits();
-                if let Some(d) = dump {
-                    d.entry((m, u.chunk.id.0))
-                        .or_default()
-                        .extend_from_slice(logits);
-                }
+                dump_logits(self.dumps.as_mut(), m, u, logits);
                 let started = Instant::now();
                 let base = kept.next_rows(u.rows.len())?;
                 out.extend(rows::compare_kept(base, logits, &u.rows, n_vocab, threads));
                 self.cost.host_s += started.elapsed().as_secs_f64();
                 continue;
             }
-            if u.rows.is_empty() && dump.is_none() {
+            if u.rows.is_empty() && !dumping {
                 ctx.decode_input(input, pos0)?;
                 continue;
             }
-            let (flags, rows) = outputs_of(u, dump.is_some());
-            let outputs = match dump.is_some() {
-                true => Outputs::All,
-                false => Outputs::Rows(&flags),
-            };
+            let (flags, rows) = outputs_of(u, dumping);
             let next: Vec<i32> = u.rows.iter().map(|r| r.next as i32).collect();
             let scored = !rows.is_empty();
             let base = kept.next_rows(u.rows.len())?;
             let mut got = None;
             let mut whole = Vec::new();
-            ctx.decode_with_logits(input, pos0, outputs, &mut |t| {
-                if dump.is_some() {
+            ctx.decode_with_logits(input, pos0, outputs(&flags, dumping), &mut |t| {
+                if dumping {
                     whole = f32s(&t.bytes()).collect();
                 }
                 if scored {
@@ -309,9 +289,7 @@ impl Pass<'_, '_> {
                     );
                 }
             })?;
-            if let Some(d) = dump {
-                d.entry((m, u.chunk.id.0)).or_default().extend(whole);
-            }
+            dump_logits(self.dumps.as_mut(), m, u, &whole);
             if !scored {
                 continue;
             }
@@ -327,5 +305,15 @@ impl Pass<'_, '_> {
             }));
         }
         Ok(out)
+    }
+}
+
+/// Appends model `m`'s logits of micro-batch `u` to `dumps` (keyed by the
+/// model and `u`'s chunk), when logits are dumped.
+fn dump_logits(dumps: Option<&mut Dumps>, m: usize, u: &Ubatch<'_>, logits: &[f32]) {
+    if let Some(d) = dumps {
+        d.entry((m, u.chunk.id.0))
+            .or_default()
+            .extend_from_slice(logits);
     }
 }

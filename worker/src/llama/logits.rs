@@ -142,10 +142,15 @@ impl LogitsCompare {
         rows: &[i32],
         next: &[i32],
     ) -> Result<BaseFigures, ReduceError> {
+        self.timed(|c| c.keep_base_rows(logits, rows, next))
+    }
+
+    /// `f`'s result, its time added to the calls' time.
+    fn timed<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
         let started = std::time::Instant::now();
-        let kept = self.keep_base_rows(logits, rows, next);
+        let out = f(self);
         self.call_s += started.elapsed().as_secs_f64();
-        kept
+        out
     }
 
     fn keep_base_rows(
@@ -177,10 +182,7 @@ impl LogitsCompare {
         kept: &[f32],
         next: &[i32],
     ) -> Result<BaseFigures, ReduceError> {
-        let started = std::time::Instant::now();
-        let restored = self.restore_base_rows(like, rows, kept, next);
-        self.call_s += started.elapsed().as_secs_f64();
-        restored
+        self.timed(|c| c.restore_base_rows(like, rows, kept, next))
     }
 
     fn restore_base_rows(
@@ -254,15 +256,12 @@ impl LogitsCompare {
     ///
     /// [`keep_base`]: LogitsCompare::keep_base
     pub fn compare(&mut self, logits: &TensorRef<'_>) -> Result<CandidateFigures, ReduceError> {
-        let started = std::time::Instant::now();
-        let (rows, next) = (
-            std::mem::take(&mut self.rows),
-            std::mem::take(&mut self.next),
-        );
-        let result = self.compare_rows(logits, &rows, &next);
-        (self.rows, self.next) = (rows, next);
-        self.call_s += started.elapsed().as_secs_f64();
-        result
+        self.timed(|c| {
+            let (rows, next) = (std::mem::take(&mut c.rows), std::mem::take(&mut c.next));
+            let result = c.compare_rows(logits, &rows, &next);
+            (c.rows, c.next) = (rows, next);
+            result
+        })
     }
 
     fn compare_rows(
