@@ -169,19 +169,11 @@ pub fn markdown(layers: &[LayerDomains]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::test_stats::layer_with_counts;
     use common::saliency::{DomainStats, LayerStats};
 
     fn layer(count: Vec<u64>) -> LayerStats {
-        let n = count.len();
-        LayerStats {
-            layer: 2,
-            count,
-            prob_sum: vec![0.0; n],
-            weight_sum: vec![0.0; n],
-            ean_sum: vec![0.0; n],
-            reap_l2_sum: vec![0.0; n],
-            reap_l2_sq_sum: vec![0.0; n],
-        }
+        layer_with_counts(2, count)
     }
 
     #[test]

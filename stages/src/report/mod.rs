@@ -332,4 +332,6 @@ pub fn run(args: ReportArgs) -> Result<ExitCode, StagesError> {
 #[cfg(test)]
 mod replay_run_tests;
 #[cfg(test)]
+mod test_stats;
+#[cfg(test)]
 mod tests;

@@ -87,22 +87,13 @@ pub fn markdown(layers: &[LayerVision], shown: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::saliency::LayerStats;
+    use crate::report::test_stats::layer_with_counts;
     use std::collections::BTreeMap;
 
     fn stats(n_tokens: u64, count: Vec<u64>) -> DomainStats {
-        let n = count.len();
         DomainStats {
             n_tokens,
-            layers: vec![LayerStats {
-                layer: 3,
-                count,
-                prob_sum: vec![0.0; n],
-                weight_sum: vec![0.0; n],
-                ean_sum: vec![0.0; n],
-                reap_l2_sum: vec![0.0; n],
-                reap_l2_sq_sum: vec![0.0; n],
-            }],
+            layers: vec![layer_with_counts(3, count)],
         }
     }
 
