@@ -207,19 +207,10 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
     }
     let rt = crate::async_runtime()?;
     let store = RunStore::open(&args.run)?;
-    let (name, keep, imatrix_bytes, base) = rt.block_on(async {
+    let (name, keep, base) = rt.block_on(async {
         let (name, keep) = read_keep_map(&store, &args.keep_map).await?;
-        let imatrix = match &args.imatrix {
-            Some(path) => std::fs::read(path)
-                .map_err(StagesError::io("reading the importance matrix", path))?,
-            None => store
-                .get(names::IMATRIX_GGUF)
-                .await
-                .during("reading the run's importance matrix")?
-                .to_vec(),
-        };
         let base = base_model(&store, args.model.as_deref()).await?;
-        Ok::<_, StagesError>((name, keep, imatrix, base))
+        Ok::<_, StagesError>((name, keep, base))
     })?;
     let split = args.split.parsed()?.map(|(_, bytes)| bytes);
 
@@ -235,14 +226,29 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
         .tempdir_in(out_dir)
         .map_err(StagesError::io("creating a scratch directory in", out_dir))?;
     let in_scratch = |p: &Path| scratch.path().join(p.file_name().unwrap_or_default());
-    let run_imatrix = scratch.path().join("run.imatrix.gguf");
-    std::fs::write(&run_imatrix, &imatrix_bytes).map_err(StagesError::io(
-        "writing the run's importance matrix to",
-        &run_imatrix,
-    ))?;
+    // A given file is sliced where it is; the run's matrix (in any store)
+    // is copied to the scratch directory first.
+    let imatrix_in = match &args.imatrix {
+        Some(path) => {
+            std::fs::File::open(path)
+                .map_err(StagesError::io("reading the importance matrix", path))?;
+            path.clone()
+        }
+        None => {
+            let bytes = rt
+                .block_on(store.get(names::IMATRIX_GGUF))
+                .during("reading the run's importance matrix")?;
+            let copy = scratch.path().join("run.imatrix.gguf");
+            std::fs::write(&copy, &bytes).map_err(StagesError::io(
+                "writing the run's importance matrix to",
+                &copy,
+            ))?;
+            copy
+        }
+    };
     let started = Instant::now();
     let sliced_imatrix =
-        slice_imatrix(&run_imatrix, &keep, &in_scratch(&out_imatrix)).map_err(|source| {
+        slice_imatrix(&imatrix_in, &keep, &in_scratch(&out_imatrix)).map_err(|source| {
             StagesError::Slice {
                 input: match &args.imatrix {
                     Some(path) => path.display().to_string(),
