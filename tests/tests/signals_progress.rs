@@ -60,7 +60,9 @@ fn seconds_of(line: &str) -> f64 {
 #[test]
 fn a_logged_run_shows_progress_and_sigterm_stops_it_resumably() {
     let d = tempfile::tempdir().unwrap();
-    let config = config(d.path(), 1600);
+    // Long enough that collection outlasts three progress lines on an idle
+    // machine (1,600 documents were collected in under 3 s there).
+    let config = config(d.path(), 6400);
     let run = d.path().join("run");
     let log_path = d.path().join("coordinator.log");
     let args = fixtures::run_args(&config, 2, &run);
