@@ -440,7 +440,8 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
         ..ClusterSettings::default()
     };
     let procs: Arc<Mutex<Vec<std::process::Child>>> = Arc::default();
-    // First coordinator: killed once 2 leases are stored.
+    // First coordinator: killed once a lease is stored (at 2, on an idle
+    // machine, the workers had once stored all 6 before the kill landed).
     let first = runtime();
     let (s1, p1) = (s.clone(), procs.clone());
     let (ca1, sec1, model1, addr1) = (ca_pem.clone(), secret.clone(), model.clone(), addr.clone());
@@ -454,7 +455,7 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
         .await
     });
     let start = std::time::Instant::now();
-    while first.block_on(s.store.list("partials")).unwrap().len() < 2 {
+    while first.block_on(s.store.list("partials")).unwrap().is_empty() {
         assert!(
             !run1.is_finished(),
             "the first run ended before it was killed"
