@@ -65,7 +65,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// 8: one connection serves every phase of a run: `Wait` may answer the
 /// proof, and `Welcome` an idle poll (the next phase's job and task).
 /// 9: an eval job carries `models_in_memory` and `scratch_dir`.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// 10: an eval job carries the generation check's prompts.
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -204,6 +205,8 @@ pub struct EvalJob {
     /// (`[eval] scratch_dir`, a path on each worker's machine; `None`: its
     /// `$TMPDIR`; a worker's `--scratch-dir` overrides it).
     pub scratch_dir: Option<String>,
+    /// The generation check's prompts and lengths (none: no check).
+    pub generate: crate::eval::GenerateJob,
 }
 
 /// A candidate of an [`EvalJob`]: how a worker makes it from its base
@@ -662,12 +665,13 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 9 (as of 3, with `Computed` and
+        // protocol of PROTOCOL_VERSION 10 (as of 3, with `Computed` and
         // `Checkpoint` appended in 5; 6 changed the fields of an eval
-        // candidate, 7 those of the job, 8 which replies answer what and 9
-        // the eval job's fields, not a tag); moving one needs a new version.
+        // candidate, 7 those of the job, 8 which replies answer what, 9 and
+        // 10 the eval job's fields, not a tag); moving one needs a new
+        // version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 9);
+        assert_eq!(PROTOCOL_VERSION, 10);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
@@ -704,6 +708,11 @@ mod tests {
             splits: crate::split::Split::ALL.to_vec(),
             models_in_memory: crate::eval::ModelsInMemory::Count(2),
             scratch_dir: Some("/scratch".into()),
+            generate: crate::eval::GenerateJob {
+                prompts: [(3, 0), (40, 1)].into(),
+                prompt_tokens: 128,
+                new_tokens: 32,
+            },
         };
         for task in [Task::Collect, Task::Evaluate(eval)] {
             let welcome = ToWorker::Welcome {

@@ -45,6 +45,14 @@ pub struct EvalSettings {
     /// Where workers write sliced candidates and a lease's base logits (a
     /// path on each worker's machine; unset: its `$TMPDIR`).
     pub scratch_dir: Option<String>,
+    /// The generation check: held-out prompts per domain (the first
+    /// held-out chunks of each domain, their first half as the prompt)
+    /// that the base model and every candidate continue greedily; 0: no
+    /// check.
+    pub generate_prompts: u32,
+    /// Greedy tokens each model generates after a prompt (at most half
+    /// the chunk).
+    pub generate_tokens: u32,
 }
 
 impl Default for EvalSettings {
@@ -58,6 +66,8 @@ impl Default for EvalSettings {
             kl_budget: None,
             models_in_memory: ModelsInMemory::Auto,
             scratch_dir: None,
+            generate_prompts: 4,
+            generate_tokens: 32,
         }
     }
 }

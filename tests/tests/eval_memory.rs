@@ -152,3 +152,62 @@ fn the_base_model_alone_runs_with_any_number_of_models_in_memory() {
         assert!(evaluated.partial.candidates.is_empty(), "{mode:?}");
     }
 }
+
+/// The generation check: a candidate that is a copy of the base model
+/// continues every prompt exactly as it does; a model with other weights
+/// does not; and the generations are the same whether the models are all
+/// in memory or run in turn, on either comparison path.
+#[test]
+fn generations_match_a_copy_of_the_base_and_every_memory_mode() {
+    use common::eval::{GenerateJob, ModelsInMemory};
+    use worker::eval::{candidates, Compare, EvalOptions, Evaluator};
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::model(dir.path(), Preset::Tiny);
+    let copy = dir.path().join("copy_K16.gguf");
+    std::fs::copy(&base, &copy).unwrap();
+    let other = dir.path().join("other_K16.gguf");
+    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    let cands = candidates::from_files(&[copy, other]).unwrap();
+    let (index, chunks) = worker::synth::chunks::bench_chunks(4, N_CTX, 600);
+    let generate = GenerateJob {
+        prompts: [(0, 0), (2, 0), (3, 0)].into(),
+        prompt_tokens: 20,
+        new_tokens: 12,
+    };
+    let mut seen = Vec::new();
+    for compare in [Compare::Host, Compare::Device] {
+        for mode in [
+            ModelsInMemory::All,
+            ModelsInMemory::Count(2),
+            ModelsInMemory::Count(1),
+        ] {
+            let opts = EvalOptions {
+                n_ubatch: 16,
+                threads: 2,
+                skip_first: 5,
+                compare,
+                models_in_memory: mode,
+                scratch_dir: dir.path().to_path_buf(),
+                generate: generate.clone(),
+                ..EvalOptions::default()
+            };
+            let mut e = Evaluator::load(&base, &cands, opts).unwrap();
+            let p = e.run(&index, &chunks, &mut |_, _| {}).unwrap().partial;
+            assert_eq!(p.generate_tokens, (20, 12));
+            let gens: Vec<_> = p.candidates.iter().map(|c| c.generations.clone()).collect();
+            for g in &gens {
+                assert_eq!(g.keys().copied().collect::<Vec<_>>(), [0, 2, 3]);
+            }
+            // The copy of the base model generates what the base does.
+            assert!(gens[0]
+                .values()
+                .all(|g| (g.agreed, g.diverged_at) == (12, 12)));
+            // Other weights generate other tokens.
+            assert!(gens[1].values().any(|g| g.diverged_at < 12), "{gens:?}");
+            seen.push(((compare, mode), gens));
+        }
+    }
+    for (how, gens) in &seen[1..] {
+        assert_eq!(gens, &seen[0].1, "{how:?} against {:?}", seen[0].0);
+    }
+}

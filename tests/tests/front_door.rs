@@ -97,8 +97,27 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
             c.name
         );
     }
+    // The generation check: every candidate continued held-out prompts of
+    // every domain that has a whole held-out chunk (half a 256-token chunk,
+    // 32 new tokens), and no pruned candidate generates all of them as the
+    // base model does.
+    for c in &eval.candidates {
+        let g = c.generation.as_ref().expect("the quickstart generates");
+        assert_eq!((g.prompt_tokens, g.new_tokens), (128, 32), "{}", c.name);
+        assert!(
+            g.all.prompts >= 3 && g.domains.len() >= 3,
+            "{}: {g:?}",
+            c.name
+        );
+        assert!(
+            g.all.identical < g.all.prompts && (0.0..1.0).contains(&g.all.agreement),
+            "{}: {g:?}",
+            c.name
+        );
+    }
     assert!(stdout.contains("evaluated 4 candidates"), "{stdout}");
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
+    assert!(report.contains("Generation check"), "{report}");
     assert!(
         report.contains("## Pruned candidates against the base model")
             && report.contains("| reap_hybrid_K16 |")

@@ -124,6 +124,7 @@ mod tests {
                 },
             )]),
             bytes: Some(bytes),
+            generation: None,
         }
     }
 

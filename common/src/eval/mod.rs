@@ -9,13 +9,17 @@
 //! - [`stats`]: intervals by chunk clusters and llama-perplexity's
 //!   percentiles.
 //! - [`choice`]: K from a KL budget, and the size-versus-KL Pareto front.
+//! - [`generation`]: the generation check, greedy continuations of
+//!   held-out prompts by the base model and each candidate.
 
 pub mod choice;
+pub mod generation;
 pub mod memory;
 pub mod partial;
 pub mod stats;
 pub mod summary;
 
+pub use generation::{GenerateJob, Generation, GenerationSummary};
 pub use memory::ModelsInMemory;
 pub use partial::{
     BaseSums, CandidateResult, CandidateSums, ChunkSums, EvalPartial, Group, TokenKl,

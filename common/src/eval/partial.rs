@@ -1,6 +1,7 @@
 //! The eval partial: what a worker returns for the chunks of one eval lease,
 //! and the exact merge that combines partials into a run's result.
 
+use super::generation::Generation;
 use super::EvalError;
 use crate::exact::ExactSum;
 use crate::split::{ChunkRange, Modality, Split};
@@ -8,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the eval partial encoding; bumped on any layout change
-/// (2: groups carry their modality; 3: per-chunk sums).
-pub const EVAL_FORMAT_VERSION: u32 = 3;
+/// (2: groups carry their modality; 3: per-chunk sums; 4: generations).
+pub const EVAL_FORMAT_VERSION: u32 = 4;
 
 /// Largest encoded eval partial the decoder accepts (1 GiB).
 pub const MAX_EVAL_PARTIAL_BYTES: usize = 1 << 30;
@@ -150,6 +151,8 @@ pub struct CandidateResult {
     pub chunks: BTreeMap<(u32, Group), ChunkSums>,
     /// Per-position KL, sorted by (chunk, pos).
     pub tokens: Vec<TokenKl>,
+    /// The generation check, by prompt chunk ([`super::generation`]).
+    pub generations: BTreeMap<u32, Generation>,
 }
 
 impl CandidateResult {
@@ -207,6 +210,9 @@ pub struct EvalPartial {
     pub skip_first: u32,
     /// Splits scored.
     pub splits: Vec<Split>,
+    /// Tokens of each generation prompt and greedy tokens generated after
+    /// it ([`super::generation::GenerateJob`]; zero without generation).
+    pub generate_tokens: (u32, u32),
     /// Backends that computed the chunks.
     pub backends: Vec<String>,
     /// Chunks covered, sorted and disjoint.
@@ -245,6 +251,13 @@ impl EvalPartial {
                 "settings (skip_first, splits)",
                 &(self.skip_first, &self.splits),
                 &(other.skip_first, &other.splits),
+            ));
+        }
+        if self.generate_tokens != other.generate_tokens {
+            return Err(differ(
+                "generation (prompt tokens, new tokens)",
+                &self.generate_tokens,
+                &other.generate_tokens,
             ));
         }
         let ids = |p: &EvalPartial| -> Vec<(String, String, u32)> {
@@ -287,6 +300,13 @@ impl EvalPartial {
                     return Err(EvalError::Mismatch(format!(
                         "chunk {} is covered twice",
                         key.0
+                    )));
+                }
+            }
+            for (chunk, g) in &theirs.generations {
+                if mine.generations.insert(*chunk, *g).is_some() {
+                    return Err(EvalError::Mismatch(format!(
+                        "generation of chunk {chunk} is covered twice"
                     )));
                 }
             }

@@ -2,6 +2,7 @@
 //! schema shared by the coordinator that writes it and the report that
 //! reads it.
 
+use super::generation::GenerationSummary;
 use super::partial::{CandidateResult, ChunkSums, EvalPartial, Group};
 use super::stats::{estimate, percentile, Cluster, Interval};
 use crate::exact::ExactSum;
@@ -138,6 +139,10 @@ pub struct CandidateSummary {
     /// knew it (the coordinator's slice, or a shipped file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
+    /// The generation check: greedy continuations of held-out prompts
+    /// against the base model's, when the evaluation generated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<GenerationSummary>,
 }
 
 /// `eval/summary.json`.
@@ -285,6 +290,7 @@ fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> Candid
         sha256: c.sha256.clone(),
         splits,
         bytes: None,
+        generation: GenerationSummary::of(&c.generations, p.generate_tokens, domains),
     }
 }
 

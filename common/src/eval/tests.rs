@@ -45,6 +45,7 @@ fn partial_of(chunk: u32, kls: &[f64]) -> EvalPartial {
         corpus_sha256: "corpus".into(),
         skip_first: 0,
         splits: Split::ALL.to_vec(),
+        generate_tokens: (0, 0),
         backends: vec!["cpu".into()],
         chunks: vec![ChunkRange {
             start: chunk,
@@ -58,6 +59,7 @@ fn partial_of(chunk: u32, kls: &[f64]) -> EvalPartial {
             groups: sums,
             chunks: per_chunk,
             tokens,
+            generations: BTreeMap::new(),
         }],
     }
 }

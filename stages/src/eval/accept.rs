@@ -53,6 +53,38 @@ impl LeaseKind for EvalAcceptance {
     }
 }
 
+/// Whether a candidate's generations are exactly the job's prompts among
+/// `units`, each in its prompt's domain with possible figures.
+fn check_generations(
+    c: &common::eval::CandidateResult,
+    units: &[ChunkRange],
+    job: &common::eval::GenerateJob,
+) -> Result<(), String> {
+    let in_units = |chunk: &u32| units.iter().any(|r| (r.start..r.end).contains(chunk));
+    let want: Vec<(&u32, &u16)> = match job.is_empty() {
+        true => Vec::new(),
+        false => job.prompts.iter().filter(|(c, _)| in_units(c)).collect(),
+    };
+    if c.generations.len() != want.len() {
+        return Err(format!(
+            "{} generations for the lease's {} prompts",
+            c.generations.len(),
+            want.len()
+        ));
+    }
+    for ((chunk, domain), (got_chunk, g)) in want.into_iter().zip(&c.generations) {
+        if (chunk, *domain) != (got_chunk, g.domain) {
+            return Err(format!(
+                "a generation of chunk {got_chunk} in domain {}, the job's prompt is chunk {chunk} in domain {domain}",
+                g.domain
+            ));
+        }
+        g.check(job.new_tokens)
+            .map_err(|e| format!("chunk {chunk}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Whether an eval partial is the lease's: its chunks, the run's base model
 /// and corpus, the job's settings, every candidate with the name and the
 /// SHA-256 of the coordinator's slice, and sums that agree with themselves
@@ -85,6 +117,13 @@ pub fn check_against_job(
             common::peer_text::summarise(&p.splits),
             job.skip_first,
             common::peer_text::summarise(&job.splits)
+        ));
+    }
+    if p.generate_tokens != job.generate.tokens() {
+        return Err(format!(
+            "eval partial generated (prompt tokens, new tokens) {:?}, the job asked for {:?}",
+            p.generate_tokens,
+            job.generate.tokens()
         ));
     }
     if p.candidates.len() != job.candidates.len() {
@@ -127,6 +166,8 @@ pub fn check_against_job(
         }
         got.check_chunk_sums(&p.base, &p.chunks)
             .map_err(|e| format!("candidate {}: {e}", want.name))?;
+        check_generations(got, units, &job.generate)
+            .map_err(|e| format!("candidate {}: {e}", want.name))?;
         if got.tokens.len() as u64 != p.n_scored() {
             return Err(format!(
                 "candidate {}: {} per-position KL values for {} scored positions",
@@ -162,6 +203,11 @@ mod tests {
             splits: vec![Split::Fit],
             models_in_memory: Default::default(),
             scratch_dir: None,
+            generate: common::eval::GenerateJob {
+                prompts: [(3, 0), (7, 1)].into(),
+                prompt_tokens: 8,
+                new_tokens: 4,
+            },
         }
     }
 
@@ -180,6 +226,7 @@ mod tests {
             corpus_sha256: "k".into(),
             skip_first: 0,
             splits: vec![Split::Fit],
+            generate_tokens: (8, 4),
             backends: vec!["cpu".into()],
             chunks: vec![RANGE],
             base: BTreeMap::from([(
@@ -208,6 +255,11 @@ mod tests {
                     },
                 )]),
                 tokens: vec![token(0), token(1)],
+                generations: [(
+                    3,
+                    common::eval::Generation::of(0, &[1, 2, 3, 4], &[1, 2, 5, 6]),
+                )]
+                .into(),
             }],
         }
     }
@@ -237,7 +289,25 @@ mod tests {
 
     #[test]
     fn partials_of_another_lease_model_corpus_or_setting_are_refused() {
-        let cases: [(&str, Change); 8] = [
+        let cases: [(&str, Change); 12] = [
+            ("generated (prompt tokens, new tokens) (8, 3)", |p| {
+                p.generate_tokens = (8, 3)
+            }),
+            ("0 generations for the lease's 1 prompts", |p| {
+                p.candidates[0].generations.clear()
+            }),
+            ("the job's prompt is chunk 3 in domain 0", |p| {
+                p.candidates[0]
+                    .generations
+                    .values_mut()
+                    .for_each(|g| g.domain = 1)
+            }),
+            ("impossible for 4 new tokens", |p| {
+                p.candidates[0]
+                    .generations
+                    .values_mut()
+                    .for_each(|g| g.agreed = 9)
+            }),
             ("covers", |p| {
                 p.chunks = vec![ChunkRange { start: 2, end: 3 }]
             }),

@@ -8,6 +8,7 @@
 //!   the coordinator knows each candidate's SHA-256.
 //! - [`accept`]: the checks an eval partial passes (the eval lease kind).
 //! - [`artifacts`]: `eval/merged.bin`, `eval/summary.json`, `eval/summary.parquet`.
+//! - [`prompts`]: the generation check's held-out prompts.
 //! - [`cli`]: `coordinator eval`; its `[eval]` config section is
 //!   [`config::eval`].
 
@@ -15,6 +16,7 @@ pub mod accept;
 pub mod artifacts;
 pub mod candidates;
 pub mod cli;
+pub mod prompts;
 pub mod table;
 
 use crate::{During, StagesError};
@@ -157,6 +159,7 @@ pub async fn job(
             splits,
             models_in_memory: settings.models_in_memory,
             scratch_dir: settings.scratch_dir.clone(),
+            generate: prompts::job(store, settings, n_ctx).await?,
         },
         sizes,
     })

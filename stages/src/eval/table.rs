@@ -3,7 +3,8 @@
 //! perplexities, per-domain held-out KL, the candidate's slot replacement
 //! from `score`), each figure with its 95% interval by chunk clusters;
 //! after it, when images were evaluated, the KL of each candidate per
-//! modality, llama-perplexity's KL block, and what a KL budget picked.
+//! modality, llama-perplexity's KL block, the generation check and what a
+//! KL budget picked.
 //! `coordinator eval` prints it and the report shows it, with the
 //! size-versus-KL table ([`size_table`]).
 
@@ -126,6 +127,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
     }
     md.push_str(&modality_table(s));
     md.push_str(&perplexity_block(s));
+    md.push_str(&generation_table(s));
     md.push_str(&budget_lines(s));
     md
 }
@@ -180,6 +182,43 @@ fn perplexity_block(s: &EvalSummary) -> String {
             ci(f.dprob_rms, &f.dprob_rms_ci, 3, 100.0),
             ci(f.top1_same, &f.top1_same_ci, 3, 100.0),
             ci(f.ppl_ratio, &f.ppl_ratio_ci, 6, 1.0),
+        );
+    }
+    md
+}
+
+/// The generation check per candidate, when the evaluation generated:
+/// how much of its greedy continuations of held-out prompts agree with the
+/// base model's, overall and per domain.
+fn generation_table(s: &EvalSummary) -> String {
+    let rows: Vec<_> = s
+        .candidates
+        .iter()
+        .filter_map(|c| Some((c, c.generation.as_ref()?)))
+        .collect();
+    let Some((_, first)) = rows.first() else {
+        return String::new();
+    };
+    let mut md = format!(
+        "\nGeneration check (greedy continuations of held-out prompts of {} tokens, {} new tokens each, against the base model's; agreement is the share of positions with the same token):\n\n| candidate | prompts | token agreement | mean first divergence | identical | agreement per domain |\n|---|---|---|---|---|---|\n",
+        first.prompt_tokens, first.new_tokens
+    );
+    for (c, g) in rows {
+        let domains: Vec<String> = g
+            .domains
+            .iter()
+            .map(|(d, f)| format!("{} {:.1}%", table_cell(d), 100.0 * f.agreement))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1}% | {:.1} of {} | {} | {} |",
+            c.name,
+            g.all.prompts,
+            100.0 * g.all.agreement,
+            g.all.first_divergence_mean,
+            g.new_tokens,
+            g.all.identical,
+            domains.join(", ")
         );
     }
     md
@@ -332,8 +371,37 @@ mod tests {
                     .map(|&(s, top1)| (s.to_string(), figures(top1)))
                     .collect(),
                 bytes: None,
+                generation: None,
             }],
         }
+    }
+
+    #[test]
+    fn the_generation_check_has_its_own_table() {
+        let mut s = summary(&[("heldout", 0.5)]);
+        assert!(!table(&s, &[]).contains("Generation check"));
+        let gens = [
+            (
+                4,
+                common::eval::Generation::of(0, &[1, 2, 3, 4], &[1, 2, 9, 4]),
+            ),
+            (
+                8,
+                common::eval::Generation::of(1, &[1, 2, 3, 4], &[1, 2, 3, 4]),
+            ),
+        ]
+        .into();
+        let names = ["english".to_string(), "code".to_string()];
+        s.candidates[0].generation = common::eval::GenerationSummary::of(&gens, (64, 4), &names);
+        let md = table(&s, &[]);
+        assert!(
+            md.contains("prompts of 64 tokens, 4 new tokens each"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| frequency_K2 | 2 | 87.5% | 3.0 of 4 | 1 | code 100.0%, english 75.0% |"),
+            "{md}"
+        );
     }
 
     #[test]

@@ -83,6 +83,7 @@ pub async fn measure(
         splits,
         models_in_memory: config.eval.models_in_memory,
         scratch_dir: config.eval.scratch_dir.clone(),
+        generate: crate::eval::prompts::job(store, &config.eval, n_ctx).await?,
     };
     let out = common::layout::SHIP_EVAL;
     let base = Base { path: base, sha256 };

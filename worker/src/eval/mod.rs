@@ -40,6 +40,7 @@
 pub mod candidates;
 mod device;
 mod exp;
+mod generate;
 mod host;
 mod kept;
 pub mod memory;
@@ -60,7 +61,8 @@ use crate::llama::{
 use crate::offload::Offload;
 use common::corpus::{Chunk, CorpusIndex};
 use common::eval::{
-    CandidateResult, EvalPartial, Group, ModelsInMemory, TokenKl, EVAL_FORMAT_VERSION,
+    CandidateResult, EvalPartial, GenerateJob, Generation, Group, ModelsInMemory, TokenKl,
+    EVAL_FORMAT_VERSION,
 };
 use common::exact::ExactSum;
 use common::Split;
@@ -102,6 +104,8 @@ pub struct EvalOptions {
     /// Where a lease's base logits rows go when they exceed
     /// `kept_rows_memory` (and sliced candidates, in `worker join`).
     pub scratch_dir: PathBuf,
+    /// The generation check's prompts and lengths (none: no check).
+    pub generate: GenerateJob,
 }
 
 /// Default of [`EvalOptions::kept_rows_memory`]: 1 GiB (about 1,700
@@ -162,6 +166,7 @@ impl Default for EvalOptions {
             models_in_memory: ModelsInMemory::Auto,
             kept_rows_memory: KEPT_ROWS_MEMORY,
             scratch_dir: std::env::temp_dir(),
+            generate: GenerateJob::default(),
         }
     }
 }
@@ -522,6 +527,16 @@ impl Evaluator {
             ?cost,
             "evaluated"
         );
+        // After the comparison's cost: generation is not comparison work.
+        let prompts = generate::prompts(&self.opts.generate, chunks, params.n_ctx)?;
+        if !prompts.is_empty() {
+            let (new_tokens, n_ubatch) = (self.opts.generate.new_tokens, params.n_ubatch as usize);
+            let from_base = generate::continue_all(&mut base, &prompts, new_tokens, n_ubatch)?;
+            for (ci, ctx) in cands.iter_mut().enumerate() {
+                let got = generate::continue_all(ctx, &prompts, new_tokens, n_ubatch)?;
+                acc.add_generations(ci, &prompts, &from_base, &got);
+            }
+        }
         shared.contexts = Some(Contexts {
             params,
             base,
@@ -627,6 +642,7 @@ impl Accum {
                 groups: BTreeMap::new(),
                 chunks: BTreeMap::new(),
                 tokens: Vec::new(),
+                generations: BTreeMap::new(),
             })
             .collect();
         Accum {
@@ -636,11 +652,27 @@ impl Accum {
                 corpus_sha256: index.chunks_sha256.clone(),
                 skip_first: e.opts.skip_first,
                 splits: e.opts.splits.clone(),
+                generate_tokens: e.opts.generate.tokens(),
                 backends: vec![e.backend.clone()],
                 chunks: ranges_of(chunks),
                 base: BTreeMap::new(),
                 candidates,
             },
+        }
+    }
+
+    /// Records candidate `ci`'s continuations of `prompts` against the
+    /// base model's.
+    fn add_generations(
+        &mut self,
+        ci: usize,
+        prompts: &[generate::Prompt<'_>],
+        base: &[Vec<i32>],
+        candidate: &[Vec<i32>],
+    ) {
+        let gens = &mut self.partial.candidates[ci].generations;
+        for ((p, b), c) in prompts.iter().zip(base).zip(candidate) {
+            gens.insert(p.chunk, Generation::of(p.domain, b, c));
         }
     }
 

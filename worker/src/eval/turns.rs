@@ -14,6 +14,7 @@
 //! first at the next lease; with one, the base model is loaded per lease.
 
 use super::device::{compared, graph_error, outputs, outputs_of, unseen};
+use super::generate;
 use super::kept::KeptRows;
 use super::plan::Ubatch;
 use super::rows::{self, RowResult};
@@ -107,6 +108,9 @@ fn run_held(
     let before = base.bytes_read();
     pass.base(&mut base, &mut kept)?;
     pass.cost.bytes += base.bytes_read() - before;
+    let prompts = generate::prompts(&e.opts.generate, chunks, params.n_ctx)?;
+    let (new_tokens, n_ubatch) = (e.opts.generate.new_tokens, params.n_ubatch as usize);
+    let from_base = generate::continue_all(&mut base, &prompts, new_tokens, n_ubatch)?;
     if e.in_memory >= 2 {
         held.base = Some(base);
     } else {
@@ -124,6 +128,7 @@ fn run_held(
         .into_iter()
         .chain((0..n).filter(|&i| Some(i) != first));
     let mut results: Vec<Vec<RowResult>> = (0..n).map(|_| Vec::new()).collect();
+    let mut generated: Vec<Vec<Vec<i32>>> = vec![Vec::new(); n];
     for ci in order {
         let mut ctx = match held.cand.take() {
             Some((i, ctx)) if i == ci => ctx,
@@ -140,6 +145,7 @@ fn run_held(
         let before = ctx.bytes_read();
         results[ci] = pass.candidate(&mut ctx, &mut shared.cmp, &mut kept, ci + 1)?;
         pass.cost.bytes += ctx.bytes_read() - before;
+        generated[ci] = generate::continue_all(&mut ctx, &prompts, new_tokens, n_ubatch)?;
         held.cand = Some((ci, ctx));
     }
 
@@ -159,6 +165,9 @@ fn run_held(
         for (ci, r) in results.iter().enumerate() {
             acc.add_candidate(ci, at, &r[j].candidates[0])?;
         }
+    }
+    for (ci, got) in generated.iter().enumerate() {
+        acc.add_generations(ci, &prompts, &from_base, got);
     }
     let mut cost = pass.cost;
     cost.comparisons = (n_scored * n) as u64;

@@ -138,6 +138,7 @@ impl EngineLoader for CollectorLoader {
             splits: eval.splits.clone(),
             compare: self.compare,
             models_in_memory: self.models_in_memory.unwrap_or(eval.models_in_memory),
+            generate: eval.generate.clone(),
             ..EvalOptions::default()
         };
         if let Some(dir) = self
