@@ -33,7 +33,7 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
     let mut layer = Vec::new();
     let mut expert = Vec::new();
     let mut count = Vec::new();
-    let mut cols: [Vec<f64>; 5] = Default::default();
+    let mut cols: [Vec<f64>; 6] = Default::default();
     let mut push = |sp: &str, dom: &str, l: &LayerStats| {
         for e in 0..l.count.len() {
             split.push(sp.to_string());
@@ -47,8 +47,9 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
                 &l.ean_sum,
                 &l.reap_l2_sum,
                 &l.reap_l2_sq_sum,
+                &l.ean_max,
             ]) {
-                c.push(v[e]);
+                c.push(v.get(e).copied().unwrap_or(0.0));
             }
         }
     };
@@ -64,6 +65,7 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
         "ean_sum",
         "reap_l2_sum",
         "reap_l2_sq_sum",
+        "ean_max",
     ];
     let mut fields = vec![
         Field::new("split", DataType::Utf8, false),

@@ -45,6 +45,13 @@ pub fn agree(a: &Partial, b: &Partial) -> Result<(), String> {
             ] {
                 close(xa, xb, tolerance, &[], &format!("{at} {name}"))?;
             }
+            let exact = |v: &[f64]| -> Vec<ExactSum> {
+                v.iter()
+                    .map(|&x| ExactSum::from_f64(x).unwrap_or_default())
+                    .collect()
+            };
+            let (ma, mb) = (exact(&la.ean_max), exact(&lb.ean_max));
+            close(&ma, &mb, tolerance, &[], &format!("{at} ean_max"))?;
         }
     }
     let names_a: Vec<_> = a.imatrix.entries.keys().collect();

@@ -9,11 +9,11 @@
 //! tensor have similar magnitudes, so little is lost to the shared width.
 //! An expert no token of a chunk reached has zero sums, so small leases hold
 //! many zeros among non-zero sums: a block holding both lists which of its
-//! sums are non-zero and packs only those ([`Blocks::Masked`]).
+//! sums are non-zero and packs only those.
 //!
 //! Block layout: byte 0 is the shift (bits 0-6) and a sign flag (bit 7: each
 //! value carries a sign bit, lowest); byte 1 the magnitude width in bits
-//! (bits 0-6, 0..=126) and, in [`Blocks::Masked`], a mask flag (bit 7): then
+//! (bits 0-6, 0..=126) and a mask flag (bit 7): then
 //! a little-endian u16 whose bit `i` says sum `i` of the block is non-zero,
 //! and only those sums are packed; then the values, little-endian
 //! bit-packed at `width + sign` bits each, the last byte padded with zeros.
@@ -42,17 +42,6 @@ pub struct BlockBounds {
     pub signed: bool,
 }
 
-/// The block layouts a decoder reads: partial format 5's (a zero among
-/// non-zero sums is packed in place) and format 6's (zeros marked by a mask).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Blocks {
-    /// Format 5: no masks; a zero inside a non-zero block is packed.
-    Unmasked,
-    /// Format 6 (what [`encode`] writes): a block of zeros and non-zero
-    /// sums carries a mask, and packs only the non-zero ones.
-    Masked,
-}
-
 /// The fewest bytes `n` sums can take ([`BLOCK`]-sum blocks of 2 header
 /// bytes): what a decoder checks before allocating `n` sums.
 pub fn min_bytes(n: usize) -> usize {
@@ -62,7 +51,7 @@ pub fn min_bytes(n: usize) -> usize {
 /// Largest magnitude width (plus shift) a sum on the exact grid can need.
 const MAX_BITS: u32 = 126;
 
-/// Appends the encoding of `values` ([`Blocks::Masked`]) to `out`.
+/// Appends the encoding of `values` to `out`.
 pub fn encode(values: &[ExactSum], out: &mut Vec<u8>) {
     for block in values.chunks(BLOCK) {
         encode_block(block, out);
@@ -157,7 +146,7 @@ pub enum PackedError {
 /// Decodes `n` sums from the whole of `bytes`. `bytes` must be at least
 /// [`min_bytes`] of `n` (checked before anything is allocated), so the
 /// sums take at most 128 bytes per input byte.
-pub fn decode_vec(bytes: &[u8], blocks: Blocks, n: usize) -> Result<Vec<ExactSum>, PackedError> {
+pub fn decode_vec(bytes: &[u8], n: usize) -> Result<Vec<ExactSum>, PackedError> {
     if bytes.len() < min_bytes(n) {
         return Err(PackedError::Truncated(bytes.len() / 2));
     }
@@ -165,7 +154,6 @@ pub fn decode_vec(bytes: &[u8], blocks: Blocks, n: usize) -> Result<Vec<ExactSum
     decode_blocks(
         bytes,
         n,
-        blocks,
         |_, _, _| true,
         |_, values| {
             out.extend_from_slice(values);
@@ -179,17 +167,12 @@ pub fn decode_vec(bytes: &[u8], blocks: Blocks, n: usize) -> Result<Vec<ExactSum
 /// (all of one length, the number of sums; [`ExactSum::add`]: a sum leaving
 /// the exact range is an error), so a column is merged without being
 /// materialised, and decoded once for every total it goes into.
-pub fn decode_add(
-    bytes: &[u8],
-    blocks: Blocks,
-    outs: &mut [&mut [ExactSum]],
-) -> Result<(), PackedError> {
+pub fn decode_add(bytes: &[u8], outs: &mut [&mut [ExactSum]]) -> Result<(), PackedError> {
     let n = outs.first().map_or(0, |o| o.len());
     assert!(outs.iter().all(|o| o.len() == n), "totals of one length");
     decode_blocks(
         bytes,
         n,
-        blocks,
         |_, _, _| true,
         |block, values| {
             for out in outs.iter_mut() {
@@ -207,8 +190,8 @@ pub fn decode_add(
 }
 
 /// Checks that `bytes` are exactly `n` packed sums, without keeping them.
-pub fn check(bytes: &[u8], blocks: Blocks, n: usize) -> Result<(), PackedError> {
-    visit(bytes, blocks, n, |_, _, _| false, |_, _| Ok(()))
+pub fn check(bytes: &[u8], n: usize) -> Result<(), PackedError> {
+    visit(bytes, n, |_, _, _| false, |_, _| Ok(()))
 }
 
 /// Checks that `bytes` are exactly `n` packed sums and hands each block
@@ -220,12 +203,11 @@ pub fn check(bytes: &[u8], blocks: Blocks, n: usize) -> Result<(), PackedError> 
 /// first error (of the bytes, or of `each`) stops the walk.
 pub fn visit<E: From<PackedError>>(
     bytes: &[u8],
-    blocks: Blocks,
     n: usize,
     needs: impl FnMut(usize, usize, BlockBounds) -> bool,
     each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
 ) -> Result<(), E> {
-    decode_blocks(bytes, n, blocks, needs, each)
+    decode_blocks(bytes, n, needs, each)
 }
 
 const ZEROS: [ExactSum; BLOCK] = [ExactSum::ZERO; BLOCK];
@@ -237,7 +219,6 @@ const ZEROS: [ExactSum; BLOCK] = [ExactSum::ZERO; BLOCK];
 fn decode_blocks<E: From<PackedError>>(
     bytes: &[u8],
     n: usize,
-    blocks: Blocks,
     mut needs: impl FnMut(usize, usize, BlockBounds) -> bool,
     mut each: impl FnMut(usize, &[ExactSum]) -> Result<(), E>,
 ) -> Result<(), E> {
@@ -250,10 +231,7 @@ fn decode_blocks<E: From<PackedError>>(
         let header = bytes.get(at..at + 2).ok_or(PackedError::Truncated(block))?;
         at += 2;
         let (shift, signed) = (u32::from(header[0] & 0x7f), header[0] >> 7 == 1);
-        let (width, masked) = match blocks {
-            Blocks::Unmasked => (u32::from(header[1]), false),
-            Blocks::Masked => (u32::from(header[1] & 0x7f), header[1] >> 7 == 1),
-        };
+        let (width, masked) = (u32::from(header[1] & 0x7f), header[1] >> 7 == 1);
         let bad = |why| PackedError::Header {
             block,
             shift,
@@ -327,7 +305,7 @@ fn decode_blocks<E: From<PackedError>>(
         if seen.negative_zero {
             return Err(bad("holds a negative zero").into());
         }
-        if seen.zero && blocks == Blocks::Masked {
+        if seen.zero {
             return Err(bad("holds a zero outside its mask").into());
         }
         if !wanted {
@@ -463,10 +441,10 @@ mod tests {
 
     /// [`decode_vec`], asserting that the scan of [`check`] (which builds
     /// no sums) accepts and refuses the same bytes alike.
-    fn decoded(bytes: &[u8], blocks: Blocks, n: usize) -> Result<Vec<ExactSum>, PackedError> {
-        let out = decode_vec(bytes, blocks, n);
+    fn decoded(bytes: &[u8], n: usize) -> Result<Vec<ExactSum>, PackedError> {
+        let out = decode_vec(bytes, n);
         assert_eq!(
-            check(bytes, blocks, n),
+            check(bytes, n),
             out.as_ref().map(|_| ()).map_err(Clone::clone)
         );
         out
@@ -475,14 +453,14 @@ mod tests {
     fn round_trip(values: &[ExactSum]) -> Vec<u8> {
         let mut bytes = Vec::new();
         encode(values, &mut bytes);
-        let back = decode_vec(&bytes, Blocks::Masked, values.len()).unwrap();
+        let back = decode_vec(&bytes, values.len()).unwrap();
         assert_eq!(back, values);
-        check(&bytes, Blocks::Masked, values.len()).unwrap();
+        check(&bytes, values.len()).unwrap();
         let (mut a, mut b) = (
             vec![ExactSum::ZERO; values.len()],
             vec![ExactSum::ZERO; values.len()],
         );
-        decode_add(&bytes, Blocks::Masked, &mut [&mut a[..], &mut b[..]]).unwrap();
+        decode_add(&bytes, &mut [&mut a[..], &mut b[..]]).unwrap();
         assert_eq!((&a[..], &b[..]), (values, values));
         bytes
     }
@@ -545,7 +523,7 @@ mod tests {
         let mut bytes = Vec::new();
         encode(&[ExactSum(1), ExactSum(limit)], &mut bytes);
         let mut total = [ExactSum(5), ExactSum(1)];
-        let e = decode_add(&bytes, Blocks::Masked, &mut [&mut total[..]]).unwrap_err();
+        let e = decode_add(&bytes, &mut [&mut total[..]]).unwrap_err();
         assert!(matches!(e, PackedError::Overflow { index: 1, .. }), "{e}");
     }
 
@@ -580,25 +558,21 @@ mod tests {
             .collect();
         let bytes = round_trip(&values);
         assert!(bytes.len() <= 100 * 34, "{} bytes", bytes.len());
-        // Format 5 packed the zeros in place: the same sums decode from its
-        // bytes, which format 6 refuses (a zero outside a mask).
-        let five = [0, 3, 0b1100_0101, 0b0000_0001];
-        let old = decoded(&five, Blocks::Unmasked, 3).unwrap();
-        assert_eq!(old, [ExactSum(5), ExactSum(0), ExactSum(7)]);
-        let e = decoded(&five, Blocks::Masked, 3).unwrap_err();
+        // A zero packed in place (not under a mask) is refused.
+        let unmasked = [0, 3, 0b1100_0101, 0b0000_0001];
+        let e = decoded(&unmasked, 3).unwrap_err();
         assert!(e.to_string().contains("zero outside its mask"), "{e}");
-        let mut six = Vec::new();
-        encode(&old, &mut six);
-        assert_eq!(six, [0, 0x83, 0b101, 0, 0b11_1101]);
-        assert_eq!(decoded(&six, Blocks::Masked, 3).unwrap(), old);
-        // Format 5 has no masks: the flag makes a width it refuses.
-        assert!(decoded(&six, Blocks::Unmasked, 3).is_err());
+        let sums = [ExactSum(5), ExactSum(0), ExactSum(7)];
+        let mut masked = Vec::new();
+        encode(&sums, &mut masked);
+        assert_eq!(masked, [0, 0x83, 0b101, 0, 0b11_1101]);
+        assert_eq!(decoded(&masked, 3).unwrap(), sums);
         // A mask no encoder writes: empty, full, or past the block's end.
         for mask in [0u16, 0b111, 0b1001] {
             let mut bad = vec![0, 0x83];
             bad.extend_from_slice(&mask.to_le_bytes());
             bad.push(0b11_1101);
-            let e = decoded(&bad, Blocks::Masked, 3).unwrap_err();
+            let e = decoded(&bad, 3).unwrap_err();
             assert!(
                 e.to_string().contains("mask no encoder writes"),
                 "{mask:b}: {e}"
@@ -612,40 +586,33 @@ mod tests {
         let mut bytes = Vec::new();
         encode(&values, &mut bytes);
         assert_eq!(
-            decoded(&bytes[..bytes.len() - 1], Blocks::Masked, 40),
+            decoded(&bytes[..bytes.len() - 1], 40),
             Err(PackedError::Truncated(2))
         );
         let mut long = bytes.clone();
         long.push(0);
-        assert_eq!(
-            decoded(&long, Blocks::Masked, 40),
-            Err(PackedError::Trailing(1))
-        );
-        assert!(matches!(
-            decoded(&bytes, Blocks::Masked, 16),
-            Err(PackedError::Trailing(_))
-        ));
+        assert_eq!(decoded(&long, 40), Err(PackedError::Trailing(1)));
+        assert!(matches!(decoded(&bytes, 16), Err(PackedError::Trailing(_))));
         // A claimed length the bytes cannot hold is refused before allocating.
-        assert_eq!(
-            decoded(&[0, 0], Blocks::Masked, 1 << 40),
-            Err(PackedError::Truncated(1))
-        );
-        for blocks in [Blocks::Unmasked, Blocks::Masked] {
-            // Out of range: width 100 at shift 30.
-            let e = decoded(&[30, 100], blocks, 1).unwrap_err();
-            assert!(e.to_string().contains("outside the exact range"), "{e}");
-            // A zero block with a shift, and a block wider than its values.
-            let e = decoded(&[3, 0], blocks, 16).unwrap_err();
-            assert!(e.to_string().contains("how zeros are written"), "{e}");
-            // One value of width 3 in a short block: 3 bits used, 5 padding.
-            assert!(decoded(&[0, 3, 0b101], blocks, 1).is_ok());
-            let e = decoded(&[0, 3, 0b1101], blocks, 1).unwrap_err();
-            assert!(e.to_string().contains("padding"), "{e}");
-            // Signed, width 1: 1, then a zero carrying a sign.
-            let e = decoded(&[0x80, 1, 0b0110], blocks, 2).unwrap_err();
-            assert!(e.to_string().contains("negative zero"), "{e}");
-        }
-        let e = decoded(&[0, 2, 1, 0, 0, 0], Blocks::Unmasked, 16).unwrap_err();
+        assert_eq!(decoded(&[0, 0], 1 << 40), Err(PackedError::Truncated(1)));
+        // Out of range: width 100 at shift 30.
+        let e = decoded(&[30, 100], 1).unwrap_err();
+        assert!(e.to_string().contains("outside the exact range"), "{e}");
+        // A zero block with a shift, and a block wider than its values.
+        let e = decoded(&[3, 0], 16).unwrap_err();
+        assert!(e.to_string().contains("how zeros are written"), "{e}");
+        // One value of width 3 in a short block: 3 bits used, 5 padding.
+        assert!(decoded(&[0, 3, 0b101], 1).is_ok());
+        let e = decoded(&[0, 3, 0b1101], 1).unwrap_err();
+        assert!(e.to_string().contains("padding"), "{e}");
+        // Signed, width 1: 1, then a zero carrying a sign.
+        let e = decoded(&[0x80, 1, 0b0110], 2).unwrap_err();
+        assert!(e.to_string().contains("negative zero"), "{e}");
+        // Width 2 for values of at most 1 bit: wider than the block's own.
+        let mut wide = vec![0, 0x82];
+        wide.extend_from_slice(&1u16.to_le_bytes());
+        wide.push(1);
+        let e = decoded(&wide, 16).unwrap_err();
         assert!(e.to_string().contains("not the block's own"), "{e}");
         assert_eq!(min_bytes(17), 4);
     }

@@ -294,8 +294,16 @@ fn experts(e: &ExpertAccum, budget: &Budget, no_drops: bool) -> Result<(), Strin
                     _ => {}
                 }
             }
+            if l.ean_max.len() != l.count.len() {
+                return Err(in_layer(format!(
+                    "{} output maxima for {} experts",
+                    l.ean_max.len(),
+                    l.count.len()
+                )));
+            }
             for x in 0..l.count.len() {
                 expert(l, x, n, bounded_probs).map_err(|why| at(why, x))?;
+                output_max(l, x).map_err(|why| at(why, x))?;
             }
             if e.shape.gating.probabilities_sum_to_one() && no_drops {
                 prob_total(l, n).map_err(in_layer)?;
@@ -350,6 +358,32 @@ fn expert(l: &LayerAccum, x: usize, n: u64, bounded_probs: bool) -> Result<(), S
         return Err(format!(
             "reap_l2_sq_sum {sq} below reap_l2_sum^2 / count = {} (Cauchy-Schwarz)",
             sum * sum / c as f64
+        ));
+    }
+    Ok(())
+}
+
+/// An expert's largest output norm: a norm (finite, not negative), zero
+/// for an expert no token selected, and otherwise between the mean and the
+/// sum of the norms `ean_sum` adds up (within rounding).
+fn output_max(l: &LayerAccum, x: usize) -> Result<(), String> {
+    let (m, c, sum) = (l.ean_max[x], l.count[x], l.ean_sum[x].to_f64());
+    if !(m.is_finite() && m >= 0.0) {
+        return Err(format!("ean_max {m} is not a norm"));
+    }
+    if c == 0 && m != 0.0 {
+        return Err(format!("ean_max {m} for an expert no token selected"));
+    }
+    let slack = 1e-9 * sum.abs() + f64::MIN_POSITIVE;
+    if m > sum + slack {
+        return Err(format!(
+            "ean_max {m} above ean_sum {sum}, the sum of the norms"
+        ));
+    }
+    if m * c as f64 + slack < sum {
+        return Err(format!(
+            "ean_max {m} below ean_sum / count = {}, the mean of the norms",
+            sum / c as f64
         ));
     }
     Ok(())

@@ -29,6 +29,10 @@ pub struct LayerStats {
     pub reap_l2_sum: Vec<f64>,
     /// Sum of `(g * ||y||)^2` over routed tokens.
     pub reap_l2_sq_sum: Vec<f64>,
+    /// Largest `||y||` over routed tokens (REAP's max activation; empty
+    /// in a file written before it was measured).
+    #[serde(default)]
+    pub ean_max: Vec<f64>,
 }
 
 impl From<&LayerAccum> for LayerStats {
@@ -42,6 +46,7 @@ impl From<&LayerAccum> for LayerStats {
             ean_sum: f(&a.ean_sum),
             reap_l2_sum: f(&a.reap_l2_sum),
             reap_l2_sq_sum: f(&a.reap_l2_sq_sum),
+            ean_max: a.ean_max.clone(),
         }
     }
 }

@@ -13,7 +13,7 @@ use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 /// The statistics of one MoE layer, one entry per routed expert.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LayerAccum {
     /// Model block index of this MoE layer.
     pub layer: u32,
@@ -29,6 +29,10 @@ pub struct LayerAccum {
     pub reap_l2_sum: Vec<ExactSum>,
     /// `(g * ||y||)^2`, over routed tokens.
     pub reap_l2_sq_sum: Vec<ExactSum>,
+    /// Largest L2 norm of the expert's output over routed tokens (0 before
+    /// any): REAP's max-activation statistic, which finds super experts.
+    /// A maximum merges exactly.
+    pub ean_max: Vec<f64>,
 }
 
 impl LayerAccum {
@@ -43,6 +47,7 @@ impl LayerAccum {
             ean_sum: z.clone(),
             reap_l2_sum: z.clone(),
             reap_l2_sq_sum: z,
+            ean_max: vec![0.0; n_expert],
         }
     }
 
@@ -63,9 +68,26 @@ impl LayerAccum {
         for (dst, src) in self.sums_mut().into_iter().zip(other.sums()) {
             crate::exact::add_all(dst, src).map_err(|(_, v)| ExactError::Overflow(v))?;
         }
-        Ok(())
+        max_into(&mut self.ean_max, &other.ean_max)
     }
+}
 
+/// Raises each of `dst` to the matching value of `src` where that is larger.
+pub fn max_into(dst: &mut [f64], src: &[f64]) -> Result<(), MergeError> {
+    if dst.len() != src.len() {
+        return Err(MergeError::Shape(format!(
+            "{} maxima vs {}",
+            dst.len(),
+            src.len()
+        )));
+    }
+    for (a, b) in dst.iter_mut().zip(src) {
+        *a = a.max(*b);
+    }
+    Ok(())
+}
+
+impl LayerAccum {
     /// The five exact statistics in declaration order (`prob_sum` first):
     /// the order the merge and the partial encoding walk them in.
     pub fn sums(&self) -> [&Vec<ExactSum>; 5] {
@@ -91,7 +113,7 @@ impl LayerAccum {
 }
 
 /// Statistics of one (split, domain) group.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GroupAccum {
     /// Tokens of this group that went through the model.
     pub n_tokens: u64,

@@ -139,6 +139,7 @@ struct Expected {
     ean: Vec<f64>,
     l2: Vec<f64>,
     l2_sq: Vec<f64>,
+    ean_max: Vec<f64>,
 }
 
 impl Expected {
@@ -150,6 +151,7 @@ impl Expected {
             ean: vec![0.0; n],
             l2: vec![0.0; n],
             l2_sq: vec![0.0; n],
+            ean_max: vec![0.0; n],
         }
     }
 }
@@ -496,6 +498,7 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
                     e_acc.count[e] += 1;
                     e_acc.weight[e] += w;
                     e_acc.ean[e] += norm;
+                    e_acc.ean_max[e] = e_acc.ean_max[e].max(norm);
                     e_acc.l2[e] += reap;
                     e_acc.l2_sq[e] += reap * reap;
                     let slot = row.selected.iter().position(|&s| s as usize == e).unwrap();
@@ -556,6 +559,13 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
                     ws[e],
                 );
             }
+        }
+        for e in 0..n_expert {
+            let at = format!(
+                "{preset:?} {split}/{} layer #{li} expert {e} ean_max",
+                key.domain
+            );
+            assert_close(&at, got.ean_max[e], want.ean_max[e]);
         }
     }
 

@@ -1,7 +1,6 @@
-//! Format 6 of a partial: the bincode header (every field, with its exact
+//! Format 7 of a partial: the bincode header (every field, with its exact
 //! sums left out), then each [`ExactSum`] column [`packed`] (zeros marked
-//! by block masks, [`packed::Blocks::Masked`]; format 5, still read, packed
-//! them in place, [`packed::Blocks::Unmasked`]), in a fixed
+//! by block masks), in a fixed
 //! order: per (split, domain) group and MoE layer the five statistics, then
 //! each importance-matrix tensor's `in_sum2` and `in_sum`. A column equal to
 //! an earlier one (`ffn_gate_exps` and `ffn_up_exps` read the same input, so
@@ -85,8 +84,8 @@ pub(super) fn encode_parts(p: &Partial) -> Vec<Bytes> {
     parts
 }
 
-/// Decodes the format (its block layout `blocks`) from the whole of `bytes`.
-pub(super) fn decode(bytes: &[u8], blocks: packed::Blocks) -> Result<Partial, String> {
+/// Decodes the format from the whole of `bytes`.
+pub(super) fn decode(bytes: &[u8]) -> Result<Partial, String> {
     let Layout {
         mut header,
         lengths,
@@ -94,15 +93,9 @@ pub(super) fn decode(bytes: &[u8], blocks: packed::Blocks) -> Result<Partial, St
         n_stats,
     } = layout(bytes)?;
     let mut slots = stats_columns_mut(&mut header);
-    fill(
-        bytes,
-        blocks,
-        &mut slots,
-        &lengths[..n_stats],
-        &columns[..n_stats],
-    )?;
+    fill(bytes, &mut slots, &lengths[..n_stats], &columns[..n_stats])?;
     let imatrix = imatrix_columns(&columns[n_stats..], n_stats);
-    fill_imatrix(bytes, blocks, &mut header, &imatrix, n_stats)?;
+    fill_imatrix(bytes, &mut header, &imatrix, n_stats)?;
     Ok(header)
 }
 
@@ -125,7 +118,6 @@ fn imatrix_columns(columns: &[Column], n_stats: usize) -> Vec<Column> {
 /// column in the whole partial (for errors).
 fn fill_imatrix(
     bytes: &[u8],
-    blocks: packed::Blocks,
     p: &mut Partial,
     columns: &[Column],
     first: usize,
@@ -144,7 +136,7 @@ fn fill_imatrix(
         .enumerate()
         .try_for_each(|(i, ((slot, &n), column))| {
             if let Column::Packed(at) = column {
-                **slot = packed::decode_vec(&bytes[at.clone()], blocks, n)
+                **slot = packed::decode_vec(&bytes[at.clone()], n)
                     .map_err(|e| bad_column(first + i, e))?
                     .into();
             }
@@ -164,7 +156,6 @@ fn fill_imatrix(
 /// core).
 fn fill(
     bytes: &[u8],
-    blocks: packed::Blocks,
     slots: &mut [&mut Vec<ExactSum>],
     lengths: &[usize],
     columns: &[Column],
@@ -176,8 +167,7 @@ fn fill(
         .enumerate()
         .try_for_each(|(i, ((slot, &n), column))| {
             let at = packed_range(columns, column);
-            **slot =
-                packed::decode_vec(&bytes[at.clone()], blocks, n).map_err(|e| bad_column(i, e))?;
+            **slot = packed::decode_vec(&bytes[at.clone()], n).map_err(|e| bad_column(i, e))?;
             Ok(())
         })
 }
@@ -313,8 +303,6 @@ fn take<const N: usize>(bytes: &[u8]) -> Option<([u8; N], &[u8])> {
 pub struct PackedPartial {
     header: Partial,
     bytes: Bytes,
-    /// The block layout of the partial's format version.
-    blocks: packed::Blocks,
     /// Per importance-matrix column (each tensor's `in_sum2` and `in_sum`,
     /// in order): its packed bytes, or the index (among these) of the
     /// column it equals.
@@ -412,7 +400,7 @@ impl PackedPartial {
         bytes: Bytes,
         check: impl FnOnce(&Partial) -> Result<C, String>,
     ) -> Result<PackedPartial, String> {
-        let blocks = super::check_version(&bytes)?;
+        super::check_version(&bytes)?;
         let Layout {
             mut header,
             lengths,
@@ -420,13 +408,7 @@ impl PackedPartial {
             n_stats,
         } = layout(&bytes)?;
         let mut slots = stats_columns_mut(&mut header);
-        fill(
-            &bytes,
-            blocks,
-            &mut slots,
-            &lengths[..n_stats],
-            &columns[..n_stats],
-        )?;
+        fill(&bytes, &mut slots, &lengths[..n_stats], &columns[..n_stats])?;
         let sums = check(&header)?;
         let imatrix = imatrix_columns(&columns[n_stats..], n_stats);
         let described: Vec<ImatrixColumn> = header
@@ -457,7 +439,7 @@ impl PackedPartial {
                 let needs = |block, len, bounds| {
                     sums.needs_values(described[i], block * packed::BLOCK, len, bounds)
                 };
-                packed::visit(&bytes[at.clone()], blocks, n, needs, |block, values| {
+                packed::visit(&bytes[at.clone()], n, needs, |block, values| {
                     sums.block(described[i], block * packed::BLOCK, values)
                         .map_err(Walk::Value)
                 })
@@ -472,7 +454,6 @@ impl PackedPartial {
         Ok(PackedPartial {
             header,
             bytes,
-            blocks,
             imatrix,
         })
     }
@@ -503,7 +484,7 @@ impl PackedPartial {
     pub fn decode(&self) -> Partial {
         let mut p = self.header.clone();
         let n_stats = stats_columns(&p);
-        fill_imatrix(&self.bytes, self.blocks, &mut p, &self.imatrix, n_stats)
+        fill_imatrix(&self.bytes, &mut p, &self.imatrix, n_stats)
             .expect("columns checked at parse");
         p
     }
@@ -543,7 +524,7 @@ impl PackedPartial {
             let Column::Packed(at) = &self.imatrix[src] else {
                 unreachable!("a source is a packed column")
             };
-            packed::decode_add(&self.bytes[at.clone()], self.blocks, outs).map_err(|e| match e {
+            packed::decode_add(&self.bytes[at.clone()], outs).map_err(|e| match e {
                 packed::PackedError::Overflow { value, .. } => {
                     MergeError::Exact(crate::exact::ExactError::Overflow(value))
                 }
@@ -678,6 +659,7 @@ fn header(p: &Partial) -> Partial {
     let layer = |l: &LayerAccum| LayerAccum {
         layer: l.layer,
         count: l.count.clone(),
+        ean_max: l.ean_max.clone(),
         ..LayerAccum::new(l.layer, 0)
     };
     Partial {
@@ -755,6 +737,7 @@ mod tests {
             g.n_tokens = 9;
             for l in &mut g.layers {
                 l.count = vec![3, 3, 3, 3, 3, 3];
+                l.ean_max = (0..6).map(|_| next() * 40.0).collect();
                 for v in l.sums_mut() {
                     v.iter_mut()
                         .for_each(|s| *s = ExactSum::from_f64(next() * 40.0 - 3.0).unwrap());
@@ -845,32 +828,16 @@ mod tests {
     }
 
     #[test]
-    fn format_5_partials_are_still_read() {
-        // Without a zero among non-zero sums, format 5's bytes are format
-        // 6's under the earlier version number.
+    fn partials_of_another_format_are_refused_with_the_version_named() {
         let p = sample();
         let mut bytes = p.to_bytes();
-        assert_eq!(bytes[0], 6);
-        bytes[0] = 5;
-        let old = Partial::from_bytes(&bytes).unwrap();
-        let expected = Partial {
-            format_version: 5,
-            ..p.clone()
-        };
-        assert_eq!(old, expected);
-        assert_eq!(PackedPartial::parse(bytes.into()).unwrap().decode(), old);
-        // A zero among them is masked in format 6, which format 5 never
-        // wrote: read as format 5 the block is refused, not misread.
-        let mut p = sample();
-        p.experts.groups.values_mut().next().unwrap().layers[0].prob_sum[2] = ExactSum::ZERO;
-        let mut bytes = p.to_bytes();
+        assert_eq!(bytes[0], 7);
         assert_eq!(Partial::from_bytes(&bytes).unwrap(), p);
-        bytes[0] = 5;
+        // Format 6 had no expert output maxima: refused, not misread.
+        bytes[0] = 6;
         let e = Partial::from_bytes(&bytes).unwrap_err();
-        assert!(
-            e.contains("column 0: block 0") && e.contains("outside the exact range"),
-            "{e}"
-        );
+        assert!(e.contains("format version 6 (this build reads 7)"), "{e}");
+        assert!(PackedPartial::parse(bytes.into()).is_err());
     }
 
     #[test]

@@ -17,13 +17,10 @@ use std::collections::BTreeMap;
 /// the MoE shape, [`crate::routing::Routing`]; 4: exact sums packed in
 /// columns apart from the bincode header, [`crate::packed`]; 5: each
 /// importance-matrix tensor's `in_sum` column after its `in_sum2`; 6: zero
-/// masks in the packed blocks, [`crate::packed::Blocks`]). Format 5 is
-/// still read (an earlier run's partials resume); partials of any other
-/// version are refused with their version named.
-pub const PARTIAL_FORMAT_VERSION: u32 = 6;
-
-/// The earlier format this build still reads: 6 without zero masks.
-const FORMAT_WITHOUT_MASKS: u32 = 5;
+/// masks in the packed blocks, [`crate::packed`]; 7: each layer's
+/// largest expert output norm, [`crate::stats::LayerAccum::ean_max`]).
+/// Partials of any other version are refused with their version named.
+pub const PARTIAL_FORMAT_VERSION: u32 = 7;
 
 /// Accumulators for a disjoint set of chunks of one model and corpus.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -208,22 +205,20 @@ impl Partial {
     /// trailing bytes are refused, and every sum column must have the length
     /// its header gives it.
     pub fn from_bytes(bytes: &[u8]) -> Result<Partial, String> {
-        let blocks = check_version(bytes)?;
-        encoding::decode(bytes, blocks)
+        check_version(bytes)?;
+        encoding::decode(bytes)
     }
 }
 
 /// Reads the format version that leads a partial's bytes and refuses any
-/// but [`PARTIAL_FORMAT_VERSION`] and format 5, before the rest is decoded:
-/// the block layout of the sums that follow.
-fn check_version(bytes: &[u8]) -> Result<crate::packed::Blocks, String> {
+/// but [`PARTIAL_FORMAT_VERSION`], before the rest is decoded.
+fn check_version(bytes: &[u8]) -> Result<(), String> {
     let (version, _) = crate::bounded::decode_prefix::<u32>(bytes)
         .map_err(|e| format!("not a moe-census partial: {e}"))?;
     match version {
-        PARTIAL_FORMAT_VERSION => Ok(crate::packed::Blocks::Masked),
-        FORMAT_WITHOUT_MASKS => Ok(crate::packed::Blocks::Unmasked),
+        PARTIAL_FORMAT_VERSION => Ok(()),
         _ => Err(format!(
-            "partial format version {version} (this build reads {PARTIAL_FORMAT_VERSION} and {FORMAT_WITHOUT_MASKS})"
+            "partial format version {version} (this build reads {PARTIAL_FORMAT_VERSION})"
         )),
     }
 }
@@ -286,7 +281,7 @@ mod tests {
         // Version 1 (before the backend-to-host figure) followed by bytes
         // that are no partial at all.
         let e = Partial::from_bytes(&[1, 0xff, 0xff, 0xff]).unwrap_err();
-        assert_eq!(e, "partial format version 1 (this build reads 6 and 5)");
+        assert_eq!(e, "partial format version 1 (this build reads 7)");
     }
 
     #[test]

@@ -27,6 +27,7 @@ fn honest() -> Partial {
     l.ean_sum = vec![s(2.0), s(3.0), s(1.0), s(0.0)];
     l.reap_l2_sum = vec![s(1.0), s(1.5), s(0.5), s(0.0)];
     l.reap_l2_sq_sum = vec![s(1.0), s(1.25), s(0.25), s(0.0)];
+    l.ean_max = vec![2.0, 2.0, 1.0, 0.0];
     let mut im = ImatrixEntry::new(3, 1);
     im.in_sum2 = vec![s(1.0), s(0.0), s(4.0)].into();
     im.in_sum = vec![s(0.0), s(0.0), s(-2.0)].into();
@@ -100,6 +101,23 @@ fn the_bounds_counts_imply_are_enforced() {
             |l| l.prob_sum[0] = ExactSum::from_f64(0.25).unwrap(),
             "sum(prob_sum) = 1.75 for 2 tokens",
         ),
+        // The largest output norm must be a norm, zero for an unselected
+        // expert, and between the mean and the sum of the norms.
+        (
+            |l| l.ean_max[0] = f64::NAN,
+            "expert 0: ean_max NaN is not a norm",
+        ),
+        (|l| l.ean_max[0] = -1.0, "ean_max -1 is not a norm"),
+        (
+            |l| l.ean_max[3] = 0.5,
+            "expert 3: ean_max 0.5 for an expert no token",
+        ),
+        (|l| l.ean_max[1] = 3.5, "ean_max 3.5 above ean_sum 3"),
+        (
+            |l| l.ean_max[1] = 1.0,
+            "ean_max 1 below ean_sum / count = 1.5",
+        ),
+        (|l| l.ean_max.truncate(3), "3 output maxima for 4 experts"),
     ];
     for (poison, expected) in cases {
         let mut p = honest();

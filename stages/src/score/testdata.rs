@@ -19,6 +19,19 @@ pub fn layer(index: u32, count: &[u64], reap: &[f64]) -> LayerStats {
             .zip(reap)
             .map(|(&c, r)| if c > 0 { r * r / c as f64 * 1.5 } else { 0.0 })
             .collect(),
+        // The largest of `count` norms summing to `ean_sum`: twice their
+        // mean, at most their sum.
+        ean_max: count
+            .iter()
+            .zip(reap)
+            .map(|(&c, r)| {
+                if c > 0 {
+                    r * 2.0 * (2.0 / c as f64).min(1.0)
+                } else {
+                    0.0
+                }
+            })
+            .collect(),
     }
 }
 
@@ -35,6 +48,7 @@ pub fn saliency_with_domains(domains: &[(&str, u64, LayerStats)]) -> Saliency {
         ean_sum: vec![0.0; n_expert],
         reap_l2_sum: vec![0.0; n_expert],
         reap_l2_sq_sum: vec![0.0; n_expert],
+        ean_max: vec![0.0; n_expert],
     };
     for (_, _, l) in domains {
         for e in 0..n_expert {
@@ -44,6 +58,7 @@ pub fn saliency_with_domains(domains: &[(&str, u64, LayerStats)]) -> Saliency {
             total.ean_sum[e] += l.ean_sum[e];
             total.reap_l2_sum[e] += l.reap_l2_sum[e];
             total.reap_l2_sq_sum[e] += l.reap_l2_sq_sum[e];
+            total.ean_max[e] = total.ean_max[e].max(l.ean_max[e]);
         }
     }
     let domains = domains

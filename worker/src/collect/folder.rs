@@ -193,6 +193,7 @@ mod tests {
                     l.prob[e] += v;
                     l.weight[e] += v / 3.0;
                     l.ean[e] += v * 1.5;
+                    l.ean_max[e] = l.ean_max[e].max(v * 1.5);
                     l.l2[e] += v * v;
                     l.l2_sq[e] += v * v * v;
                 }

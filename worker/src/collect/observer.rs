@@ -420,6 +420,7 @@ impl Observer {
                 let r = if self.gate_on_input { n } else { g * n };
                 l.weight[e] += g;
                 l.ean[e] += n;
+                l.ean_max[e] = l.ean_max[e].max(n);
                 l.l2[e] += r;
                 l.l2_sq[e] += r * r;
             }

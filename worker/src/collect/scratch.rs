@@ -21,6 +21,8 @@ pub struct LayerScratch {
     pub ean: Vec<f64>,
     pub l2: Vec<f64>,
     pub l2_sq: Vec<f64>,
+    /// Largest expert output norm.
+    pub ean_max: Vec<f64>,
 }
 
 impl LayerScratch {
@@ -32,6 +34,7 @@ impl LayerScratch {
             ean: vec![0.0; n],
             l2: vec![0.0; n],
             l2_sq: vec![0.0; n],
+            ean_max: vec![0.0; n],
         }
     }
 }
@@ -160,6 +163,7 @@ impl ChunkScratch {
                 for (d, s) in pairs {
                     add_exact(d, s)?;
                 }
+                common::stats::max_into(&mut dst.ean_max, &src.ean_max)?;
             }
         }
         for (name, s) in &mut self.imatrix {

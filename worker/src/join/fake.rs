@@ -83,6 +83,7 @@ impl FakeEngine {
                         layer.count[e] += 1;
                         add(&mut layer.weight_sum[e], g)?;
                         add(&mut layer.ean_sum[e], y)?;
+                        layer.ean_max[e] = layer.ean_max[e].max(y);
                         add(&mut layer.reap_l2_sum[e], g * y)?;
                         add(&mut layer.reap_l2_sq_sum[e], (g * y) * (g * y))?;
                     }
