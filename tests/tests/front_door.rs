@@ -126,6 +126,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
     );
 
     replay_without_model_finds_the_recorded_model(&out);
+    super_expert_guard_keeps_its_experts(&out);
     ship_the_quickstart(&out, dir.path());
 }
 
@@ -188,6 +189,13 @@ fn ship_the_quickstart(run: &Path, dir: &Path) {
         assert!(kl > 0.0 && kl.is_finite(), "{m}: {card}");
         let md = std::fs::read_to_string(ship_dir.join(format!("{m}.md"))).unwrap();
         assert!(md.contains("## Measured against the base model"), "{md}");
+        // The generation check of each shipped file, in its card.
+        let g = &card["measured"]["generation"];
+        assert!(g["all"]["prompts"].as_u64().unwrap() >= 3, "{m}: {card}");
+        assert!(
+            md.contains("held-out prompts (128 tokens each, 32 new tokens)"),
+            "{md}"
+        );
     }
     let top = |name: &str| -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(ship_dir.join(name)).unwrap()).unwrap()
@@ -304,6 +312,88 @@ fn replay_without_model_finds_the_recorded_model(out: &Path) {
         let moved = r["bytes_moved"].as_u64();
         assert!(moved.is_some_and(|b| b > 0), "no bytes moved: {r}");
     }
+}
+
+/// `coordinator score --guard-super-experts` into an exploratory output:
+/// the experts it lists are REAP's rule recomputed here from
+/// `saliency.json`'s largest output norms (99.5th percentile by linear
+/// interpolation and a tenth of the largest, first 75% of MoE layers), and
+/// every keep map keeps them.
+fn super_expert_guard_keeps_its_experts(out: &Path) {
+    let saliency: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("saliency.json")).unwrap()).unwrap();
+    let layers = saliency["splits"]["fit"]["layers"].as_array().unwrap();
+    let floats = |v: &serde_json::Value| -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    let maxima: Vec<(u64, Vec<f64>, Vec<f64>)> = layers
+        .iter()
+        .map(|l| {
+            (
+                l["layer"].as_u64().unwrap(),
+                floats(&l["ean_max"]),
+                floats(&l["count"]),
+            )
+        })
+        .collect();
+    for (layer, m, count) in &maxima {
+        for (e, (&v, &c)) in m.iter().zip(count).enumerate() {
+            assert_eq!(
+                v > 0.0,
+                c > 0.0,
+                "layer {layer} expert {e}: ean_max {v}, count {c}"
+            );
+        }
+    }
+    let mut all: Vec<f64> = maxima.iter().flat_map(|(_, m, _)| m.clone()).collect();
+    all.sort_by(f64::total_cmp);
+    let at = 0.995 * (all.len() - 1) as f64;
+    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+    let threshold =
+        (all[lo] + (all[hi] - all[lo]) * (at - lo as f64)).max(all[all.len() - 1] / 10.0);
+    let first = maxima.len() * 3 / 4;
+    let want: std::collections::BTreeMap<String, Vec<u64>> = maxima[..first]
+        .iter()
+        .map(|(layer, m, _)| {
+            let ids = (0..m.len() as u64).filter(|&e| m[e as usize] > threshold);
+            (layer.to_string(), ids.collect::<Vec<u64>>())
+        })
+        .filter(|(_, ids)| !ids.is_empty())
+        .collect();
+    fixtures::run_ok(
+        "coordinator",
+        &[
+            "score",
+            out.to_str().unwrap(),
+            "--guard-super-experts",
+            "--out",
+            "guard",
+        ],
+    );
+    let guard = out.join("explore/guard");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(guard.join("score/score.json")).unwrap()).unwrap();
+    let got: std::collections::BTreeMap<String, Vec<u64>> =
+        serde_json::from_value(report["super_experts"].clone()).unwrap_or_default();
+    assert_eq!(got, want, "threshold {threshold}");
+    let mut maps = 0;
+    for entry in std::fs::read_dir(guard.join("keep_maps")).unwrap() {
+        let map: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(entry.unwrap().path()).unwrap()).unwrap();
+        for (layer, ids) in &want {
+            let kept: Vec<u64> = serde_json::from_value(map["layers"][layer].clone()).unwrap();
+            assert!(
+                ids.iter().all(|e| kept.contains(e)),
+                "{layer}: {ids:?} not in {kept:?}"
+            );
+        }
+        maps += 1;
+    }
+    assert!(maps > 0);
 }
 
 /// A grouped model (the deepseek2 preset: MLA, 32 experts in 4 routing

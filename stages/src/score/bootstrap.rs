@@ -56,6 +56,7 @@ pub fn resample_layers(
                 count: count[r.clone()].to_vec(),
                 reap_l2_sum: sum[r.clone()].to_vec(),
                 reap_l2_sq_sum: sq[r].to_vec(),
+                guarded: Vec::new(),
             }
         })
         .collect()
@@ -79,6 +80,9 @@ pub struct Reference<'a> {
     pub ks: &'a [u32],
     /// Routing groups the resampled rankings are balanced over.
     pub groups: Option<common::routing::ExpertGroups>,
+    /// Per layer, the experts the super-expert guard keeps first (from the
+    /// whole fit split, as the full-data rankings had them).
+    pub guarded: &'a [Vec<bool>],
 }
 
 /// Runs `n` seeded resamples; one row per (method, K).
@@ -112,7 +116,8 @@ pub fn stability(
         let pick: Vec<usize> = (0..chunks.len())
             .map(|_| rng.random_range(0..chunks.len()))
             .collect();
-        let sample = resample_layers(chunks, &pick, layers, n_expert);
+        let mut sample = resample_layers(chunks, &pick, layers, n_expert);
+        super::super_experts::mark(&mut sample, reference.guarded);
         for (mi, (method, full)) in reference.methods.iter().enumerate() {
             let boot = rank_layers(*method, p, &sample, reference.groups);
             for (ki, &k) in reference.ks.iter().enumerate() {
@@ -172,6 +177,7 @@ mod tests {
             methods: vec![(Method::Frequency, full)],
             ks: &[2],
             groups: None,
+            guarded: &[],
         }
     }
 

@@ -42,6 +42,10 @@ pub struct ScoreParams {
     /// Let dead experts (`count == 0`) and experts below the keep floor
     /// compete with the others on score alone.
     pub allow_dead: bool,
+    /// Keep super experts first ([`super::super_experts`]); absent in the
+    /// params of maps scored before the guard existed.
+    #[serde(default)]
+    pub guard_super_experts: bool,
 }
 
 impl Default for ScoreParams {
@@ -53,6 +57,7 @@ impl Default for ScoreParams {
             z: 1.0,
             c_min: DEFAULT_C_MIN,
             allow_dead: false,
+            guard_super_experts: false,
         }
     }
 }
@@ -124,16 +129,20 @@ fn order(scores: &[f64], l: &LayerInput, p: &ScoreParams) -> Vec<u32> {
     order_by(l, p, |a, b| scores[b].total_cmp(&scores[a]))
 }
 
-/// An expert's tier: 0 at or above the keep floor, 1 live below it, 2 dead.
-/// Lower tiers rank first. With `allow_dead` every expert is in tier 0:
-/// the user asked for scores alone, with neither the dead rule nor the floor.
-fn tier(p: &ScoreParams, count: f64) -> u8 {
-    if p.allow_dead || count >= p.c_min.max(1) as f64 {
+/// An expert's tier: 0 guarded as a super expert, 1 at or above the keep
+/// floor, 2 live below it, 3 dead. Lower tiers rank first. With
+/// `allow_dead` every unguarded expert is in tier 1: the user asked for
+/// scores alone, with neither the dead rule nor the floor.
+fn tier(p: &ScoreParams, l: &LayerInput, e: usize) -> u8 {
+    let count = l.count[e];
+    if l.guarded.get(e) == Some(&true) {
         0
-    } else if count > 0.0 {
+    } else if p.allow_dead || count >= p.c_min.max(1) as f64 {
         1
-    } else {
+    } else if count > 0.0 {
         2
+    } else {
+        3
     }
 }
 
@@ -144,8 +153,8 @@ fn order_by(
 ) -> Vec<u32> {
     let mut ids: Vec<usize> = (0..l.n_expert()).collect();
     ids.sort_by(|&a, &b| {
-        tier(p, l.count[a])
-            .cmp(&tier(p, l.count[b]))
+        tier(p, l, a)
+            .cmp(&tier(p, l, b))
             .then_with(|| better(a, b))
             .then(a.cmp(&b))
     });
@@ -179,6 +188,7 @@ mod tests {
                 .zip(sum)
                 .map(|(c, s)| if *c > 0.0 { s * s / c } else { 0.0 })
                 .collect(),
+            guarded: Vec::new(),
         }
     }
 

@@ -14,6 +14,7 @@ pub mod method;
 pub mod render;
 pub mod screen;
 pub mod source;
+pub mod super_experts;
 pub mod tables;
 #[cfg(test)]
 pub(crate) mod testdata;
@@ -30,7 +31,7 @@ use config::method::Method;
 use keep::{keep_map, rank_layers, LayerRanking};
 use method::{Prior, ScoreParams};
 use serde::{Deserialize, Serialize};
-use source::Source;
+use source::{LayerInput, Source};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
@@ -71,6 +72,10 @@ pub struct ScoreOptions {
     /// Let dead experts and experts below the floor compete on score alone.
     #[arg(long)]
     pub allow_dead: bool,
+    /// Keep super experts first under every method (REAP's rule on the
+    /// largest output norm per expert: see `super_experts`).
+    #[arg(long)]
+    pub guard_super_experts: bool,
     /// Bootstrap resamples for keep-map stability (0: skip).
     #[arg(long, default_value_t = 20)]
     pub bootstrap: u32,
@@ -105,6 +110,7 @@ impl ScoreOptions {
             z: self.z,
             c_min: self.c_min.max(1),
             allow_dead: self.allow_dead,
+            guard_super_experts: self.guard_super_experts,
         })
     }
 
@@ -222,6 +228,10 @@ pub struct ScoreReport {
     /// How grouped routing shaped the keep maps, for a grouped model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing_note: Option<String>,
+    /// The experts the super-expert guard kept first, per layer (block
+    /// index), when it was on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub super_experts: BTreeMap<u32, Vec<u32>>,
 }
 
 /// The stored score results, when `score/score.json` exists and was computed
@@ -260,6 +270,16 @@ pub async fn load_saliency(store: &RunStore) -> Result<(Saliency, String), Stage
     Ok((s, common::hash::sha256_hex(&bytes)))
 }
 
+/// The source's layers of `s` under `p`, with the super experts marked
+/// when the guard is on.
+pub fn scored_layers(s: &Saliency, p: &ScoreParams) -> Result<Vec<LayerInput>, StagesError> {
+    let mut layers = p.source.layers(s)?;
+    if p.guard_super_experts {
+        super_experts::mark(&mut layers, &super_experts::guarded(s)?);
+    }
+    Ok(layers)
+}
+
 /// Rankings per method for `s` under `p` (group-balanced under grouped
 /// routing).
 pub fn rank_all(
@@ -267,7 +287,7 @@ pub fn rank_all(
     methods: &[Method],
     p: &ScoreParams,
 ) -> Result<Vec<(Method, Vec<LayerRanking>)>, StagesError> {
-    let layers = p.source.layers(s)?;
+    let layers = scored_layers(s, p)?;
     Ok(methods
         .iter()
         .map(|&m| (m, rank_layers(m, p, &layers, s.routing.groups)))
@@ -292,7 +312,7 @@ pub async fn score_into(
     let mut methods = opts.methods.clone();
     methods.sort();
     methods.dedup();
-    let layers = p.source.layers(&s)?;
+    let layers = scored_layers(&s, &p)?;
     let ranked = rank_all(&s, &methods, &p)?;
     let mut maps = Vec::new();
     let mut report_tables = Vec::new();
@@ -316,7 +336,12 @@ pub async fn score_into(
         }
     }
     let (screen, screen_note) = run_screen(store, &s, &maps, opts.screen_rows).await?;
-    let (stability, stability_note) = run_bootstrap(store, &s, &p, &ranked, &ks, opts).await?;
+    let guarded: Vec<Vec<bool>> = layers.iter().map(|l| l.guarded.clone()).collect();
+    let full = Full {
+        ranked: &ranked,
+        guarded: &guarded,
+    };
+    let (stability, stability_note) = run_bootstrap(store, &s, &p, full, &ks, opts).await?;
     let report = ScoreReport {
         saliency_sha256: sha,
         params: p,
@@ -331,6 +356,14 @@ pub async fn score_into(
         stability,
         stability_note,
         routing_note: routing_note(&s),
+        super_experts: layers
+            .iter()
+            .map(|l| {
+                let ids = (0..l.guarded.len() as u32).filter(|&e| l.guarded[e as usize]);
+                (l.layer, ids.collect::<Vec<u32>>())
+            })
+            .filter(|(_, ids)| !ids.is_empty())
+            .collect(),
     };
     let mut json = StagesError::encode_json(outputs::REPORT_JSON, &report)?;
     json.push(b'\n');
@@ -414,11 +447,18 @@ pub async fn load_chunk_stats(store: &RunStore) -> Result<Vec<ChunkStats>, Stage
     Ok(by_chunk.into_values().collect())
 }
 
+/// The full-data rankings the bootstrap compares resamples with, and the
+/// super experts they kept first.
+struct Full<'a> {
+    ranked: &'a [(Method, Vec<LayerRanking>)],
+    guarded: &'a [Vec<bool>],
+}
+
 async fn run_bootstrap(
     store: &RunStore,
     s: &Saliency,
     p: &ScoreParams,
-    ranked: &[(Method, Vec<LayerRanking>)],
+    full: Full<'_>,
     ks: &[u32],
     opts: &ScoreOptions,
 ) -> Result<(Vec<bootstrap::StabilityRow>, Option<String>), StagesError> {
@@ -449,9 +489,14 @@ async fn run_bootstrap(
         .map(|f| f.layers.iter().map(|l| l.layer).collect())
         .unwrap_or_default();
     let reference = bootstrap::Reference {
-        methods: ranked.iter().map(|(m, r)| (*m, r.as_slice())).collect(),
+        methods: full
+            .ranked
+            .iter()
+            .map(|(m, r)| (*m, r.as_slice()))
+            .collect(),
         ks,
         groups: s.routing.groups,
+        guarded: full.guarded,
     };
     let rows = bootstrap::stability(
         &chunks,

@@ -55,6 +55,19 @@ pub fn markdown(r: &ScoreReport) -> String {
     if let Some(note) = &r.routing_note {
         let _ = writeln!(o, "Keep maps follow the model's {note}.\n");
     }
+    if r.params.guard_super_experts {
+        let kept: Vec<String> = r
+            .super_experts
+            .iter()
+            .map(|(layer, ids)| format!("layer {layer}: {ids:?}"))
+            .collect();
+        let _ = writeln!(
+            o,
+            "Super experts kept first in every map ({} of the first 75% of MoE layers, largest output norm above the 99.5th percentile and a tenth of the largest): {}.\n",
+            r.super_experts.values().map(Vec::len).sum::<usize>(),
+            if kept.is_empty() { "none".to_string() } else { kept.join("; ") }
+        );
+    }
     o.push_str("### Whole model\n\n| method | K | slot replacement (mean) | worst layer | slot replacement (worst) | dead kept | kept < 100 hits |\n|---|---|---|---|---|---|---|\n");
     for t in &r.tables {
         let _ = writeln!(

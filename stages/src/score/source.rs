@@ -37,6 +37,9 @@ pub struct LayerInput {
     pub reap_l2_sum: Vec<f64>,
     /// `sum (g * ||y||)^2` per expert.
     pub reap_l2_sq_sum: Vec<f64>,
+    /// Experts the super-expert guard keeps first (`score::super_experts`);
+    /// empty without the guard.
+    pub guarded: Vec<bool>,
 }
 
 impl LayerInput {
@@ -47,6 +50,7 @@ impl LayerInput {
             count: l.count.iter().map(|&c| c as f64 * w).collect(),
             reap_l2_sum: l.reap_l2_sum.iter().map(|v| v * w).collect(),
             reap_l2_sq_sum: l.reap_l2_sq_sum.iter().map(|v| v * w).collect(),
+            guarded: Vec::new(),
         }
     }
 

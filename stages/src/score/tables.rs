@@ -192,6 +192,7 @@ mod tests {
             count: count.to_vec(),
             reap_l2_sum: sum.to_vec(),
             reap_l2_sq_sum: vec![0.0; count.len()],
+            guarded: Vec::new(),
         }
     }
 

@@ -95,6 +95,7 @@ fn outlier_layer() -> LayerInput {
         count: cm.iter().map(|x| x.0).collect(),
         reap_l2_sum: cm.iter().map(|x| x.0 * x.1).collect(),
         reap_l2_sq_sum: cm.iter().map(|x| x.0 * x.1 * x.1 * 1.2).collect(),
+        guarded: Vec::new(),
     }
 }
 
@@ -477,6 +478,7 @@ fn near_dead_layer() -> LayerInput {
         count: cm.iter().map(|x| x.0).collect(),
         reap_l2_sum: cm.iter().map(|x| x.0 * x.1).collect(),
         reap_l2_sq_sum: cm.iter().map(|x| x.0 * x.1 * x.1 * 1.1).collect(),
+        guarded: Vec::new(),
     }
 }
 
@@ -518,4 +520,47 @@ fn a_three_hit_expert_is_never_kept_over_a_300_hit_one_at_default_settings() {
         );
     }
     assert_eq!(ScoreParams::default().c_min, method::DEFAULT_C_MIN);
+}
+
+/// The super-expert guard: an expert with few hits and a low mean but an
+/// extreme largest output norm is pruned at K = 4 of 8 under every method
+/// without the guard, and kept first with it; the rest of each map is the
+/// method's own order.
+#[test]
+fn a_guarded_super_expert_is_kept_under_every_method() {
+    let mut l = near_dead_layer();
+    // Expert 1 (300 hits, a low mean) is the layer's super expert.
+    let mut maxima = vec![1.0; 8];
+    maxima[1] = 400.0;
+    let layers: Vec<Vec<f64>> = (0..4)
+        .map(|i| match i {
+            0 => maxima.clone(),
+            _ => vec![1.0; 8],
+        })
+        .collect();
+    let views: Vec<&[f64]> = layers.iter().map(Vec::as_slice).collect();
+    let guard = super::super_experts::rule(&views);
+    assert_eq!(
+        guard[0],
+        [false, true, false, false, false, false, false, false]
+    );
+    let p = ScoreParams::default();
+    for method in Method::ALL {
+        let plain = ranking(method, &p, &l);
+        assert!(!top_k(&plain, 4).contains(&1), "{method:?}: {plain:?}");
+    }
+    l.guarded = guard[0].clone();
+    let guarded = ScoreParams {
+        guard_super_experts: true,
+        ..Default::default()
+    };
+    for method in Method::ALL {
+        let order = ranking(method, &guarded, &l);
+        let plain: Vec<u32> = ranking(method, &p, &near_dead_layer())
+            .into_iter()
+            .filter(|&e| e != 1)
+            .collect();
+        assert_eq!(order[0], 1, "{method:?}: {order:?}");
+        assert_eq!(order[1..], plain[..], "{method:?}");
+    }
 }
