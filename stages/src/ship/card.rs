@@ -8,7 +8,7 @@
 
 use super::ShipError;
 use common::eval::summary::SplitFigures;
-use common::eval::EvalSummary;
+use common::eval::{EvalSummary, GenerationSummary};
 use common::gguf_read::GgufHeader;
 use common::peer_text::peer_text;
 use common::quant::{ggml_type_name, QuantType};
@@ -128,6 +128,10 @@ pub struct Measured {
     pub skip_first: u32,
     /// Per split (`fit`, `heldout`): the whole split and each domain.
     pub splits: BTreeMap<String, SplitFigures>,
+    /// The generation check: its greedy continuations of held-out prompts
+    /// against the base model's, when the evaluation generated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<GenerationSummary>,
 }
 
 /// The model card of one shipped GGUF.
@@ -178,6 +182,7 @@ pub fn measured(s: &EvalSummary, file: &str) -> Result<Measured, ShipError> {
         n_chunks: s.n_chunks,
         skip_first: s.skip_first,
         splits: c.splits.clone(),
+        generation: c.generation.clone(),
     })
 }
 
@@ -361,6 +366,18 @@ impl Measured {
                     f.dprob_mean
                 );
             }
+        }
+        if let Some(g) = &self.generation {
+            let _ = writeln!(
+                s,
+                "\nGreedy continuations of {} held-out prompts ({} tokens each, {} new tokens) against the base model's: {:.1}% of the tokens agree, the first difference comes after {:.1} tokens on average, {} continuations are identical.",
+                g.all.prompts,
+                g.prompt_tokens,
+                g.new_tokens,
+                100.0 * g.all.agreement,
+                g.all.first_divergence_mean,
+                g.all.identical
+            );
         }
     }
 }
