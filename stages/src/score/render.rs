@@ -63,7 +63,7 @@ pub fn markdown(r: &ScoreReport) -> String {
             .collect();
         let _ = writeln!(
             o,
-            "Super experts kept first in every map ({} of the first 75% of MoE layers, largest output norm above the 99.5th percentile and a tenth of the largest): {}.\n",
+            "Super experts kept first in every map ({} found in the first 75% of MoE layers: largest output norm above the 99.5th percentile of all experts' and a tenth of the largest): {}.\n",
             r.super_experts.values().map(Vec::len).sum::<usize>(),
             if kept.is_empty() { "none".to_string() } else { kept.join("; ") }
         );
