@@ -127,6 +127,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
 
     replay_without_model_finds_the_recorded_model(&out);
     super_expert_guard_keeps_its_experts(&out);
+    ship_pareto_ships_exactly_the_front(&out, dir.path());
     ship_the_quickstart(&out, dir.path());
 }
 
@@ -312,6 +313,58 @@ fn replay_without_model_finds_the_recorded_model(out: &Path) {
         let moved = r["bytes_moved"].as_u64();
         assert!(moved.is_some_and(|b| b > 0), "no bytes moved: {r}");
     }
+}
+
+/// `coordinator ship --candidates pareto` ships exactly the candidates on
+/// the size-versus-KL front of `eval/summary.json`, computed here: no
+/// other candidate is both no larger and no further from the base model
+/// (held-out mean KL), and better in one.
+fn ship_pareto_ships_exactly_the_front(run: &Path, dir: &Path) {
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("eval/summary.json")).unwrap()).unwrap();
+    let points: Vec<(String, u64, f64)> = summary["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let kl = c["splits"]["heldout"]["all"]["kl"]["mean"]
+                .as_f64()
+                .unwrap();
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["bytes"].as_u64().unwrap(),
+                kl,
+            )
+        })
+        .collect();
+    let want: std::collections::BTreeSet<String> = points
+        .iter()
+        .filter(|(_, b, kl)| {
+            !points
+                .iter()
+                .any(|(_, b2, kl2)| b2 <= b && kl2 <= kl && (b2 < b || kl2 < kl))
+        })
+        .map(|(n, _, _)| format!("{n}.gguf"))
+        .collect();
+    assert!(!want.is_empty() && want.len() < points.len(), "{points:?}");
+    let out = dir.join("pareto");
+    let args = [
+        "ship",
+        run.to_str().unwrap(),
+        "--candidates",
+        "pareto",
+        "--no-eval",
+        "--out",
+    ];
+    let mut args: Vec<&str> = args.to_vec();
+    args.push(out.to_str().unwrap());
+    fixtures::run_ok("coordinator", &args);
+    let shipped: std::collections::BTreeSet<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".gguf") && !n.ends_with(".imatrix.gguf"))
+        .collect();
+    assert_eq!(shipped, want, "{points:?}");
 }
 
 /// `coordinator score --guard-super-experts` into an exploratory output:
