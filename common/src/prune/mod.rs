@@ -14,6 +14,7 @@
 //! `split.*` keys, as `llama-gguf-split --merge` and a slice would make it.
 
 mod error;
+mod general;
 mod kv;
 mod plan;
 mod write;

@@ -38,6 +38,10 @@ pub(super) struct Plan {
     /// Metadata entries (indices into the header's `kv`) replaced by new
     /// encoded bytes (key, type and value).
     pub kv_overrides: Vec<(usize, Vec<u8>)>,
+    /// Metadata entries (indices) left out.
+    pub kv_dropped: Vec<usize>,
+    /// Encoded metadata entries appended after the header's own.
+    pub kv_added: Vec<Vec<u8>>,
 }
 
 /// The keep map's layers, checked on their own: numeric keys, sorted unique
@@ -210,10 +214,18 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
         kv::entry(&count_key, &kv::same_int_type(count, u64::from(k))),
     )];
     kv_overrides.extend(nextn.kv_overrides(header, arch));
+    // A map that keeps every expert prunes nothing: the file stays its base.
+    let general = match u64::from(k) < n_expert {
+        true => super::general::pruned(header, &cuts, k, n_expert),
+        false => super::general::GeneralKv::default(),
+    };
+    kv_overrides.extend(general.overrides);
     Ok(Plan {
         k,
         cuts,
         kv_overrides,
+        kv_dropped: general.dropped,
+        kv_added: general.added,
     })
 }
 
@@ -229,6 +241,8 @@ pub(super) fn whole(header: &GgufHeader, path: &str) -> Result<Plan, PruneError>
         })?,
         cuts: vec![Cut::Whole; header.tensors.len()],
         kv_overrides: Vec::new(),
+        kv_dropped: Vec::new(),
+        kv_added: Vec::new(),
     })
 }
 
@@ -477,5 +491,7 @@ pub(super) fn imatrix(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result
         k,
         cuts,
         kv_overrides: Vec::new(),
+        kv_dropped: Vec::new(),
+        kv_added: Vec::new(),
     })
 }

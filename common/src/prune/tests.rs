@@ -143,7 +143,9 @@ fn keeps_the_kept_experts_bytes_in_keep_map_order() {
         r.header.get("glm4moe.expert_used_count"),
         Some(&GgufValue::U32(2))
     );
-    assert_eq!(r.header.kv.len(), 4, "every metadata entry is kept");
+    // Every metadata entry is kept; a size label and the base model's
+    // count are added.
+    assert_eq!(r.header.kv.len(), 6);
     for (layer, kept) in [(1u32, [0u64, 3]), (2, [1, 2])] {
         for (i, (name, dims, _, per)) in expert_tensors(layer).into_iter().enumerate() {
             let seed = (layer * 10 + i as u32) as u8;
@@ -639,4 +641,71 @@ fn a_merged_model_split_again_has_each_split_key_once() {
             .cloned()
             .collect();
     assert_eq!(joined.kv, without_split);
+}
+
+/// `general.*` of a slice: the name says what was pruned, the size label
+/// is gguf-py's for the sliced tensors, and `general.base_model.*` names
+/// the base (its name, organisation and repository), replacing the base's
+/// own ancestry; every other entry is as it was.
+#[test]
+fn a_slice_names_its_base_and_its_size() {
+    let extra = [
+        ("general.name", Value::Str("Tiny GLM".into())),
+        ("general.organization", Value::Str("Example".into())),
+        (
+            "general.repo_url",
+            Value::Str("https://example.org/tiny".into()),
+        ),
+        ("general.size_label", Value::Str("8x1K".into())),
+        ("general.base_model.count", Value::U32(1)),
+        (
+            "general.base_model.0.name",
+            Value::Str("Tiny GLM Base".into()),
+        ),
+    ];
+    let f = files(&model_with(&extra, |_| {}));
+    let map = keep(&[(1, &[0, 3]), (2, &[1, 2])]);
+    slice_model(&f.base, &map, &f.out).unwrap();
+    let base = GgufReader::open(&f.base).unwrap().header;
+    let r = GgufReader::open(&f.out).unwrap().header;
+    let text = |k: &str| r.get(k).and_then(GgufValue::as_str).map(str::to_string);
+    assert_eq!(
+        text("general.name").as_deref(),
+        Some(format!("Tiny GLM (pruned to 2 of {N_EXPERT} experts)").as_str())
+    );
+    assert_eq!(
+        text("general.base_model.0.name").as_deref(),
+        Some("Tiny GLM")
+    );
+    assert_eq!(
+        text("general.base_model.0.organization").as_deref(),
+        Some("Example")
+    );
+    assert_eq!(
+        text("general.base_model.0.repo_url").as_deref(),
+        Some("https://example.org/tiny")
+    );
+    assert_eq!(r.get("general.base_model.count"), Some(&GgufValue::U32(1)));
+    // The size label, by gguf-py's rule over the slice's tensors: experts
+    // per layer x (shared parameters + one expert's).
+    let (mut shared, mut expert) = (0u64, 0u64);
+    for t in &r.tensors {
+        let n: u64 = t.dims.iter().product();
+        if t.name.contains("_exps.") && t.dims.len() >= 3 {
+            expert += n / t.dims[2];
+        } else {
+            shared += n;
+        }
+    }
+    let want = format!("2x{:.2}K", (shared + expert) as f64 * 1e-3);
+    assert_eq!(text("general.size_label"), Some(want));
+    // Each key once, and the rest as the base had it.
+    let keys: Vec<&String> = r.kv.iter().map(|(k, _)| k).collect();
+    let unique: std::collections::BTreeSet<&&String> = keys.iter().collect();
+    assert_eq!(keys.len(), unique.len(), "{keys:?}");
+    for (k, v) in &base.kv {
+        if !k.starts_with("general.") && k != "glm4moe.expert_count" {
+            assert_eq!(r.get(k), Some(v), "{k}");
+        }
+    }
 }

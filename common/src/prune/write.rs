@@ -266,7 +266,8 @@ struct Part {
     /// first file all but `split.*` (a file merged by `llama-gguf-split`
     /// keeps them, with a count of 0); none in its other files.
     source_kv: Vec<usize>,
-    /// Encoded entries after it (a split file's `split.*` keys).
+    /// Encoded entries after it: the plan's added metadata (in the first
+    /// file), then a split file's `split.*` keys.
     extra_kv: Vec<Vec<u8>>,
     /// Indices of the source's tensors it holds, in order (none dropped).
     tensors: Vec<usize>,
@@ -275,15 +276,18 @@ struct Part {
 /// Writes the slice of the model `src` that `plan` describes to `out`.
 pub(super) fn sliced(src: &Joined, plan: &Plan, out: &Path) -> Result<Sliced, PruneError> {
     let part = Part {
-        source_kv: (0..src.header.kv.len()).collect(),
-        extra_kv: Vec::new(),
+        source_kv: (0..src.header.kv.len())
+            .filter(|i| !plan.kv_dropped.contains(i))
+            .collect(),
+        extra_kv: plan.kv_added.clone(),
         tensors: kept(plan),
     };
     write_part(src, plan, &part, out)
 }
 
 /// Bytes the slice `plan` of `src` takes as one file: the source's metadata
-/// and tensor infos (the output's differ by a few bytes), then each kept
+/// and tensor infos with the plan's added entries (the output's differ by a
+/// few bytes), then each kept
 /// tensor's data padded to the alignment.
 pub(super) fn planned_bytes(src: &Joined, plan: &Plan) -> u64 {
     let align = src.header.alignment.max(1);
@@ -291,7 +295,8 @@ pub(super) fn planned_bytes(src: &Joined, plan: &Plan) -> u64 {
         .into_iter()
         .map(|i| cut_bytes(&src.header.tensors[i], &plan.cuts[i]).div_ceil(align) * align)
         .sum();
-    src.header.data_offset + data
+    let added: u64 = plan.kv_added.iter().map(|e| e.len() as u64).sum();
+    src.header.data_offset + added + data
 }
 
 /// Indices of the tensors the plan does not drop.
@@ -356,19 +361,28 @@ pub(super) fn split(
     let total = groups.iter().map(Vec::len).sum::<usize>();
     let source_kv: Vec<usize> = (0..src.header.kv.len())
         .filter(|&i| count == 1 || !is_split_key(&src.header.kv[i].0))
+        .filter(|i| !plan.kv_dropped.contains(i))
         .collect();
     let mut written: Vec<(PathBuf, Sliced)> = Vec::new();
     for (no, tensors) in (0..).zip(groups) {
+        let added = match no {
+            0 => plan.kv_added.clone(),
+            _ => Vec::new(),
+        };
         let extra_kv = match count {
-            1 => Vec::new(),
-            _ => vec![
-                super::kv::entry(SPLIT_NO, &GgufValue::U16(no)),
-                super::kv::entry(SPLIT_COUNT, &GgufValue::U16(count)),
-                super::kv::entry(
-                    SPLIT_TENSORS_COUNT,
-                    &GgufValue::I32(i32::try_from(total).unwrap_or(i32::MAX)),
-                ),
-            ],
+            1 => added,
+            _ => [
+                added,
+                vec![
+                    super::kv::entry(SPLIT_NO, &GgufValue::U16(no)),
+                    super::kv::entry(SPLIT_COUNT, &GgufValue::U16(count)),
+                    super::kv::entry(
+                        SPLIT_TENSORS_COUNT,
+                        &GgufValue::I32(i32::try_from(total).unwrap_or(i32::MAX)),
+                    ),
+                ],
+            ]
+            .concat(),
         };
         let part = Part {
             source_kv: match no {
