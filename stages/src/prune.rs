@@ -24,7 +24,7 @@ pub struct PruneArgs {
     #[arg(long = "keep-map")]
     pub keep_map: String,
     /// Base model; default: the model named by the run's manifest.
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// The pruned model to write; its importance matrix goes next to it as
     /// `<stem>.imatrix.gguf`. Both are new files: an existing one is

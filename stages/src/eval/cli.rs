@@ -51,7 +51,7 @@ pub struct EvalArgs {
     /// The base GGUF model (the run's; checked by SHA-256). Default: the
     /// model collection ran with, recorded in the manifest, else the model
     /// path of the run's config when it is absolute.
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// Write this evaluation to `explore/NAME/eval/` in the run, leaving
     /// the run's own `eval/` as it is.

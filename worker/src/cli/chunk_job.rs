@@ -14,7 +14,7 @@ use tokio::runtime::Runtime;
 #[derive(clap::Args, Debug)]
 pub struct ChunkJobArgs {
     /// GGUF model file (for `eval`, the base model).
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     pub model: PathBuf,
     /// Tokenized corpus: a run location or its `corpus/` (path or URL).
     #[arg(long)]
@@ -33,7 +33,7 @@ pub struct ChunkJobArgs {
     #[command(flatten)]
     pub offload: OffloadArgs,
     /// CPU threads (default: all cores).
-    #[arg(long)]
+    #[arg(short = 't', long)]
     pub threads: Option<u32>,
     /// f32 KV cache (tight oracle comparisons).
     #[arg(long)]

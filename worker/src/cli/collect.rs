@@ -106,3 +106,45 @@ pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{llama_flags, Cli, Command};
+    use clap::Parser;
+
+    /// llama.cpp's short flags mean what they mean there: `-m` the model,
+    /// `-t` the threads, `-ngl` the layers on the GPU.
+    #[test]
+    fn llama_cpp_short_flags_are_understood() {
+        let args = [
+            "worker", "collect", "-m", "m.gguf", "-t", "3", "-ngl", "7", "--corpus", "c",
+            "--chunks", "0..1", "--out", "o",
+        ];
+        let cli = Cli::try_parse_from(llama_flags(args.iter().map(Into::into))).unwrap();
+        let Command::Collect(a) = cli.command else {
+            panic!("not collect");
+        };
+        assert_eq!(a.job.model, std::path::PathBuf::from("m.gguf"));
+        assert_eq!(a.job.threads, Some(3));
+        assert_eq!(a.job.offload.n_gpu_layers, 7);
+        let join = [
+            "worker",
+            "join",
+            "--coordinator",
+            "h:1",
+            "--pin",
+            "p",
+            "-ngl=2",
+            "-m",
+            "x.gguf",
+        ];
+        let cli = Cli::try_parse_from(llama_flags(join.iter().map(Into::into))).unwrap();
+        let Command::Join(j) = cli.command else {
+            panic!("not join");
+        };
+        assert_eq!(
+            (j.offload.n_gpu_layers, j.model),
+            (2, Some("x.gguf".into()))
+        );
+    }
+}

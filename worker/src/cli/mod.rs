@@ -126,6 +126,17 @@ fn synth_mmproj(a: &SynthMmprojArgs) -> Result<(), WorkerError> {
     Ok(())
 }
 
+/// llama.cpp's multi-letter short flag `-ngl N` (or `-ngl=N`), which clap
+/// cannot declare, spelled `--n-gpu-layers`; `-m` and `-t` are declared.
+fn llama_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-ngl") => "--n-gpu-layers".into(),
+        Some(s) if s.starts_with("-ngl=") => format!("--n-gpu-layers={}", &s[5..]).into(),
+        _ => a,
+    })
+    .collect()
+}
+
 /// Parses the command line, runs the subcommand and maps errors to the exit code.
 pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -135,7 +146,7 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(common::layout::env::log_colour())
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_flags(std::env::args_os()));
     let result = match cli.command {
         Command::SynthModel(a) => {
             let o = crate::synth::Overrides {

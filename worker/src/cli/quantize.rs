@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 pub struct QuantizeArgs {
     /// The GGUF model to quantise.
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: PathBuf,
     /// Quantisation type, llama-quantize's name (Q8_0, Q4_K_M, ...).
     #[arg(long = "type", value_parser = QuantType::parse)]
@@ -27,7 +27,7 @@ pub struct QuantizeArgs {
     #[arg(long)]
     allow_requantize: bool,
     /// CPU threads (default: all cores).
-    #[arg(long)]
+    #[arg(short = 't', long)]
     threads: Option<u32>,
 }
 

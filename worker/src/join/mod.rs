@@ -73,7 +73,7 @@ pub struct JoinArgs {
     #[arg(long)]
     pub name: Option<String>,
     /// GGUF model file (default: the path the coordinator sends).
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// The model's mmproj GGUF, for a corpus with images (default: the
     /// path the coordinator sends).
@@ -83,7 +83,7 @@ pub struct JoinArgs {
     #[command(flatten)]
     pub offload: OffloadArgs,
     /// CPU threads (default: all cores).
-    #[arg(long)]
+    #[arg(short = 't', long)]
     pub threads: Option<u32>,
     /// Where observed tensors are reduced: `device` (on their backend; only
     /// results are copied to the host), `host` (the reference path), or
