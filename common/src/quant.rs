@@ -36,11 +36,51 @@ pub enum QuantType {
     Q2_K,
     /// 4.25-bit i-quant.
     IQ4_XS,
+    /// 32-bit floats (llama-quantize's `F32`).
+    F32,
+    /// 4-bit blocks of 32 with a minimum.
+    Q4_1,
+    /// 5-bit blocks of 32 with a minimum.
+    Q5_1,
+    /// 3-bit k-quant, small.
+    Q3_K_S,
+    /// 3-bit k-quant, large.
+    Q3_K_L,
+    /// 2-bit k-quant, small (needs an importance matrix).
+    Q2_K_S,
+    /// 4.5-bit i-quant, non-linear.
+    IQ4_NL,
+    /// 3.66-bit i-quant, mixed.
+    IQ3_M,
+    /// 3.44-bit i-quant.
+    IQ3_S,
+    /// 3.3-bit i-quant.
+    IQ3_XS,
+    /// 3.06-bit i-quant.
+    IQ3_XXS,
+    /// 2.7-bit i-quant, mixed.
+    IQ2_M,
+    /// 2.5-bit i-quant (needs an importance matrix).
+    IQ2_S,
+    /// 2.31-bit i-quant (needs an importance matrix).
+    IQ2_XS,
+    /// 2.06-bit i-quant (needs an importance matrix).
+    IQ2_XXS,
+    /// 1.75-bit i-quant (needs an importance matrix).
+    IQ1_M,
+    /// 1.56-bit i-quant (needs an importance matrix).
+    IQ1_S,
+    /// 2.06-bit ternary.
+    TQ2_0,
+    /// 1.69-bit ternary.
+    TQ1_0,
+    /// MXFP4 experts, the rest as llama.cpp picks (gpt-oss's format).
+    MXFP4_MOE,
 }
 
 impl QuantType {
     /// Every type, in the order above.
-    pub const ALL: [QuantType; 13] = [
+    pub const ALL: [QuantType; 33] = [
         QuantType::F16,
         QuantType::BF16,
         QuantType::Q8_0,
@@ -54,6 +94,26 @@ impl QuantType {
         QuantType::Q3_K_M,
         QuantType::Q2_K,
         QuantType::IQ4_XS,
+        QuantType::F32,
+        QuantType::Q4_1,
+        QuantType::Q5_1,
+        QuantType::Q3_K_S,
+        QuantType::Q3_K_L,
+        QuantType::Q2_K_S,
+        QuantType::IQ4_NL,
+        QuantType::IQ3_M,
+        QuantType::IQ3_S,
+        QuantType::IQ3_XS,
+        QuantType::IQ3_XXS,
+        QuantType::IQ2_M,
+        QuantType::IQ2_S,
+        QuantType::IQ2_XS,
+        QuantType::IQ2_XXS,
+        QuantType::IQ1_M,
+        QuantType::IQ1_S,
+        QuantType::TQ2_0,
+        QuantType::TQ1_0,
+        QuantType::MXFP4_MOE,
     ];
 
     /// llama-quantize's name (`Q4_K_M`).
@@ -72,14 +132,60 @@ impl QuantType {
             QuantType::Q3_K_M => "Q3_K_M",
             QuantType::Q2_K => "Q2_K",
             QuantType::IQ4_XS => "IQ4_XS",
+            QuantType::F32 => "F32",
+            QuantType::Q4_1 => "Q4_1",
+            QuantType::Q5_1 => "Q5_1",
+            QuantType::Q3_K_S => "Q3_K_S",
+            QuantType::Q3_K_L => "Q3_K_L",
+            QuantType::Q2_K_S => "Q2_K_S",
+            QuantType::IQ4_NL => "IQ4_NL",
+            QuantType::IQ3_M => "IQ3_M",
+            QuantType::IQ3_S => "IQ3_S",
+            QuantType::IQ3_XS => "IQ3_XS",
+            QuantType::IQ3_XXS => "IQ3_XXS",
+            QuantType::IQ2_M => "IQ2_M",
+            QuantType::IQ2_S => "IQ2_S",
+            QuantType::IQ2_XS => "IQ2_XS",
+            QuantType::IQ2_XXS => "IQ2_XXS",
+            QuantType::IQ1_M => "IQ1_M",
+            QuantType::IQ1_S => "IQ1_S",
+            QuantType::TQ2_0 => "TQ2_0",
+            QuantType::TQ1_0 => "TQ1_0",
+            QuantType::MXFP4_MOE => "MXFP4_MOE",
         }
     }
 
-    /// The type named `name` (case-insensitive); the error lists the names.
+    /// Whether llama-quantize refuses the type without an importance
+    /// matrix (its 1- and 2-bit types: without one they are unusable).
+    pub fn needs_imatrix(self) -> bool {
+        matches!(
+            self,
+            QuantType::IQ1_S
+                | QuantType::IQ1_M
+                | QuantType::IQ2_XXS
+                | QuantType::IQ2_XS
+                | QuantType::IQ2_S
+                | QuantType::Q2_K_S
+        )
+    }
+
+    /// The type named `name` (case-insensitive; llama-quantize's aliases
+    /// `Q3_K`, `Q4_K` and `Q5_K` are the `_M` types); the error lists the
+    /// names.
     pub fn parse(name: &str) -> Result<QuantType, String> {
+        let name = name.trim();
+        let alias = match name.to_ascii_uppercase().as_str() {
+            "Q3_K" => Some(QuantType::Q3_K_M),
+            "Q4_K" => Some(QuantType::Q4_K_M),
+            "Q5_K" => Some(QuantType::Q5_K_M),
+            _ => None,
+        };
+        if let Some(t) = alias {
+            return Ok(t);
+        }
         QuantType::ALL
             .into_iter()
-            .find(|t| t.name().eq_ignore_ascii_case(name.trim()))
+            .find(|t| t.name().eq_ignore_ascii_case(name))
             .ok_or_else(|| {
                 let names: Vec<&str> = QuantType::ALL.iter().map(|t| t.name()).collect();
                 format!(
@@ -177,6 +283,8 @@ mod tests {
             assert_eq!(QuantType::parse(t.name()), Ok(t));
         }
         assert_eq!(QuantType::parse("q4_k_m"), Ok(QuantType::Q4_K_M));
+        assert_eq!(QuantType::parse("Q4_K"), Ok(QuantType::Q4_K_M));
+        assert_eq!(QuantType::parse("iq2_xxs"), Ok(QuantType::IQ2_XXS));
         let e = QuantType::parse("Q4_K_Z").unwrap_err();
         assert!(e.contains("\"Q4_K_Z\"") && e.contains("Q8_0, Q6_K"), "{e}");
     }

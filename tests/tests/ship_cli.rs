@@ -10,6 +10,7 @@ use common::exact::ExactSum;
 use common::gguf_read::GgufReader;
 use common::imatrix::{Imatrix, ImatrixEntry};
 use common::keepmap::KeepMap;
+use common::quant::QuantType;
 use fixtures::llama_gguf::LlamaGguf;
 use fixtures::llama_quantize::{quantize, quantize_with, Kv, Q4_K_M, Q8_0};
 use llama_cpp_sys_2 as sys;
@@ -455,6 +456,48 @@ fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
         shipped_bytes != std::fs::read(&without).unwrap(),
         "the importance matrix changed the quantisation"
     );
+}
+
+/// Every quantisation type llama-quantize offers (and the vendored llama.cpp
+/// has) ships with the sliced importance matrix and runs in llama.cpp; the
+/// 1- and 2-bit types llama-quantize refuses without an importance matrix
+/// are refused without one here too, naming it, with nothing written.
+#[test]
+fn every_llama_quantize_type_ships_and_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model(d.path(), Preset::TinyAltQk);
+    let keep = fixtures::keep_map(8, &[1, 2], 16);
+    let m = imatrix(&model);
+    let run = run_dir(d.path(), &model, &[("test_K8", &keep)], &m);
+    let out = d.path().join("ship");
+    let all: Vec<&str> = QuantType::ALL.iter().map(|t| t.name()).collect();
+    let o = ship(&run, &out, "test_K8", &all.join(","), &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    listed(&out);
+    for t in QuantType::ALL {
+        let file = out.join(format!("test_K8.{}.gguf", t.name()));
+        assert!(file.is_file(), "{}", file.display());
+        runs_in_llama_cpp(&file);
+    }
+    let bare = d.path().join("bare.gguf");
+    let o = fixtures::run(
+        "worker",
+        &[
+            "quantize",
+            "-m",
+            out.join("test_K8.gguf").to_str().unwrap(),
+            "--type",
+            "IQ2_XXS",
+            "--out",
+            bare.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("IQ2_XXS needs an importance matrix"),
+        "{err}"
+    );
+    assert!(!bare.exists());
 }
 
 /// A run config on `model` over two domains of the sample corpus with the

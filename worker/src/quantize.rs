@@ -195,6 +195,12 @@ pub fn quantize_file(
         Err(e) => return Err(e.into()),
     };
     check_requantize(&header, "the model", opts.quant, opts.allow_requantize).map_err(model_err)?;
+    if opts.quant.needs_imatrix() && opts.imatrix.is_none() {
+        return Err(model_err(format!(
+            "{} needs an importance matrix (llama-quantize refuses it without one): pass --imatrix",
+            opts.quant
+        )));
+    }
     if out.exists() {
         return Err(WorkerError::Io {
             path: out.display().to_string(),

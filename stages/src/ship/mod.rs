@@ -100,10 +100,10 @@ pub struct ShipArgs {
     #[arg(long)]
     pub allow_requantize: bool,
     /// Base model; default: the model named by the run's manifest.
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// CPU threads of the quantiser (default: all cores).
-    #[arg(long)]
+    #[arg(short = 't', long)]
     pub threads: Option<u32>,
     /// Evaluate the shipped files with this many local worker processes
     /// (loopback QUIC); 0 waits for workers to join.
