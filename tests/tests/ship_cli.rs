@@ -179,9 +179,10 @@ fn runs_in_llama_cpp(model: &Path) {
 }
 
 /// The card of `<name>.Q8_0.gguf` names the file, the base model, the keep
-/// map and the sliced importance matrix by SHA-256, and its commands make
-/// the same bytes again.
-fn card_says(out: &Path, name: &str, k: u32, model: &Path) {
+/// map and the sliced importance matrix by SHA-256, and its commands, which
+/// name no local path (`RUN`, `OUT`, the base model's file name), make the
+/// same bytes again once `RUN` is `run` and the base model is at hand.
+fn card_says(out: &Path, name: &str, k: u32, model: &Path, run: &Path) {
     let file = format!("{name}.Q8_0.gguf");
     let sha = |p: &Path| common::hash::sha256_file(p).unwrap();
     let card: serde_json::Value =
@@ -215,10 +216,22 @@ fn card_says(out: &Path, name: &str, k: u32, model: &Path) {
         md.contains("Q8_0 by llama.cpp's quantiser") && md.contains(&sha(&out.join(&file))),
         "{md}"
     );
-    // The step-by-step commands, run in an empty directory.
+    // The step-by-step commands, run in a directory holding the base model.
+    let commands = card["commands"].as_array().unwrap();
+    assert!(
+        commands.iter().all(|c| !c.as_str().unwrap().contains('/')),
+        "{commands:?}"
+    );
     let again = tempfile::tempdir().unwrap();
-    for c in card["commands"].as_array().unwrap().iter().skip(2) {
-        let words: Vec<&str> = c.as_str().unwrap().split_whitespace().collect();
+    std::os::unix::fs::symlink(model, again.path().join(model.file_name().unwrap())).unwrap();
+    let run = run.to_str().unwrap();
+    for c in commands.iter().skip(2) {
+        let words: Vec<&str> = c
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .map(|w| if w == "RUN" { run } else { w })
+            .collect();
         if words[0] == "#" {
             continue;
         }
@@ -297,7 +310,7 @@ fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
             "{name}"
         );
         runs_in_llama_cpp(&q);
-        card_says(&out, name, k, &model);
+        card_says(&out, name, k, &model, &run);
     }
 
     // The same inputs again: every file is reused, none touched.

@@ -491,18 +491,18 @@ impl Ship<'_> {
     }
 
     /// The commands that make candidate `c` (quantised to `quant`) again:
-    /// this ship of it alone, and, for a keep map's slice, the same steps by hand.
+    /// this ship of it alone, and, for a keep map's slice, the same steps by
+    /// hand. A card is published, so they name no local path: `RUN` is the
+    /// run's location, `OUT` the output directory, and the base model is
+    /// named by its file name (the card gives its SHA-256).
     fn commands(&self, c: &Candidate, quant: Option<QuantType>) -> Vec<String> {
         let a = self.request;
         let name = &c.name;
-        // Absolute, so the commands work from any directory.
-        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-        let run = match a.run.contains("://") {
-            true => a.run.clone(),
-            false => absolute(Path::new(&a.run)).display().to_string(),
-        };
-        let (base, out) = (absolute(self.base), absolute(&a.out));
-        let (base, out) = (base.display(), out.display());
+        let base = self.base.file_name().map_or_else(
+            || "BASE.gguf".to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        );
+        let (run, out) = ("RUN", "OUT");
         let allow = if a.allow_requantize {
             " --allow-requantize"
         } else {
@@ -515,9 +515,12 @@ impl Ship<'_> {
             .map_or(String::new(), |(text, _)| {
                 format!(" --split-max-size {text}")
             });
-        let mut cmds = vec![format!(
-            "coordinator ship {run} --candidates {name}{q}{allow}{split} --model {base} --out {out}"
-        )];
+        let mut cmds = vec![
+            format!("# RUN: the run's location; OUT: an output directory; {base}: the base model above"),
+            format!(
+                "coordinator ship {run} --candidates {name}{q}{allow}{split} --model {base} --out {out}"
+            ),
+        ];
         if c.keep.is_none() || c.experts_used.is_some() {
             return cmds;
         }
