@@ -5,8 +5,7 @@
 //! model (its name, organisation, version and repository), replacing the
 //! base's own ancestry.
 
-use super::plan::Cut;
-use crate::gguf_read::{GgufHeader, GgufValue, TensorInfo};
+use crate::gguf_read::{GgufHeader, GgufValue};
 
 /// Changes to the header's metadata: entries replaced, dropped and added.
 #[derive(Default)]
@@ -22,8 +21,14 @@ pub(super) struct GeneralKv {
 const BASE_MODEL: &str = "general.base_model.";
 
 /// The `general.*` changes for a slice of `header` to `k` of `n_expert`
-/// experts per layer, the tensors cut by `cuts`.
-pub(super) fn pruned(header: &GgufHeader, cuts: &[Cut], k: u32, n_expert: u64) -> GeneralKv {
+/// experts per layer whose tensors are `sliced` (name and ggml dims of each
+/// kept tensor after its cut).
+pub(super) fn pruned(
+    header: &GgufHeader,
+    sliced: &[(String, Vec<u64>)],
+    k: u32,
+    n_expert: u64,
+) -> GeneralKv {
     let mut out = GeneralKv::default();
     let index = |key: &str| header.kv.iter().position(|(k, _)| k == key);
     let text = |key: &str| header.get(key).and_then(GgufValue::as_str);
@@ -38,7 +43,7 @@ pub(super) fn pruned(header: &GgufHeader, cuts: &[Cut], k: u32, n_expert: u64) -
         let pruned = format!("{name} (pruned to {k} of {n_expert} experts)");
         set("general.name", GgufValue::Str(pruned), &mut out);
     }
-    let label = size_label(&sliced_shapes(&header.tensors, cuts));
+    let label = size_label(sliced);
     set("general.size_label", GgufValue::Str(label), &mut out);
     out.dropped = (0..header.kv.len())
         .filter(|&i| header.kv[i].0.starts_with(BASE_MODEL))
@@ -60,27 +65,6 @@ pub(super) fn pruned(header: &GgufHeader, cuts: &[Cut], k: u32, n_expert: u64) -
         }
     }
     out
-}
-
-/// Each kept tensor's name and ggml dims after its cut.
-fn sliced_shapes(tensors: &[TensorInfo], cuts: &[Cut]) -> Vec<(String, Vec<u64>)> {
-    tensors
-        .iter()
-        .zip(cuts)
-        .filter_map(|(t, cut)| {
-            let mut dims = t.dims.clone();
-            match cut {
-                Cut::Drop => return None,
-                Cut::Whole => {}
-                Cut::Experts(ids) => {
-                    if let Some(last) = dims.last_mut() {
-                        *last = ids.len() as u64;
-                    }
-                }
-            }
-            Some((t.name.clone(), dims))
-        })
-        .collect()
 }
 
 /// gguf-py's `size_label` of tensors (name, ggml dims): with expert

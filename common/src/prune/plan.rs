@@ -216,7 +216,7 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
     kv_overrides.extend(nextn.kv_overrides(header, arch));
     // A map that keeps every expert prunes nothing: the file stays its base.
     let general = match u64::from(k) < n_expert {
-        true => super::general::pruned(header, &cuts, k, n_expert),
+        true => super::general::pruned(header, &sliced_shapes(&header.tensors, &cuts), k, n_expert),
         false => super::general::GeneralKv::default(),
     };
     kv_overrides.extend(general.overrides);
@@ -227,6 +227,27 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
         kv_dropped: general.dropped,
         kv_added: general.added,
     })
+}
+
+/// Each kept tensor's name and ggml dims after its cut.
+fn sliced_shapes(tensors: &[TensorInfo], cuts: &[Cut]) -> Vec<(String, Vec<u64>)> {
+    tensors
+        .iter()
+        .zip(cuts)
+        .filter_map(|(t, cut)| {
+            let mut dims = t.dims.clone();
+            match cut {
+                Cut::Drop => return None,
+                Cut::Whole => {}
+                Cut::Experts(ids) => {
+                    if let Some(last) = dims.last_mut() {
+                        *last = ids.len() as u64;
+                    }
+                }
+            }
+            Some((t.name.clone(), dims))
+        })
+        .collect()
 }
 
 /// A plan that copies every tensor as it is (a candidate that keeps every
