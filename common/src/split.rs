@@ -157,6 +157,11 @@ pub struct ChunkRange {
 }
 
 impl ChunkRange {
+    /// Whether chunk `id` is in the range.
+    pub fn contains(&self, id: u32) -> bool {
+        (self.start..self.end).contains(&id)
+    }
+
     /// Parses `A..B` (half-open) or `A..=B` (inclusive).
     pub fn parse(s: &str) -> Result<ChunkRange, String> {
         let bad = || format!("chunk range {s:?} is not of the form A..B or A..=B");

@@ -337,7 +337,6 @@ fn ship_request(
 ) -> Result<ShipRequest, String> {
     ship.check_model(model, shape)?;
     Ok(ShipRequest {
-        run: out.to_string(),
         candidates: ship.candidates.clone(),
         quants: ship.quants()?,
         out: ship.out_dir(out)?,

@@ -166,7 +166,7 @@ impl CandidateResult {
     ) -> Result<(), String> {
         let mut by_group: BTreeMap<Group, ChunkSums> = BTreeMap::new();
         for ((chunk, g), s) in &self.chunks {
-            if !chunks.iter().any(|r| (r.start..r.end).contains(chunk)) {
+            if !chunks.iter().any(|r| r.contains(*chunk)) {
                 return Err(format!(
                     "per-chunk sums of chunk {chunk}, outside the partial"
                 ));

@@ -60,7 +60,7 @@ fn check_generations(
     units: &[ChunkRange],
     job: &common::eval::GenerateJob,
 ) -> Result<(), String> {
-    let in_units = |chunk: &u32| units.iter().any(|r| (r.start..r.end).contains(chunk));
+    let in_units = |chunk: &u32| units.iter().any(|r| r.contains(*chunk));
     let want: Vec<(&u32, &u16)> = match job.is_empty() {
         true => Vec::new(),
         false => job.prompts.iter().filter(|(c, _)| in_units(c)).collect(),

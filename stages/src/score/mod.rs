@@ -287,11 +287,25 @@ pub fn rank_all(
     methods: &[Method],
     p: &ScoreParams,
 ) -> Result<Vec<(Method, Vec<LayerRanking>)>, StagesError> {
-    let layers = scored_layers(s, p)?;
-    Ok(methods
+    Ok(rank_each(
+        &scored_layers(s, p)?,
+        methods,
+        p,
+        s.routing.groups,
+    ))
+}
+
+/// Rankings per method of `layers`, group-balanced under `groups`.
+fn rank_each(
+    layers: &[LayerInput],
+    methods: &[Method],
+    p: &ScoreParams,
+    groups: Option<common::routing::ExpertGroups>,
+) -> Vec<(Method, Vec<LayerRanking>)> {
+    methods
         .iter()
-        .map(|&m| (m, rank_layers(m, p, &layers, s.routing.groups)))
-        .collect())
+        .map(|&m| (m, rank_layers(m, p, layers, groups)))
+        .collect()
 }
 
 /// Scores a run and writes keep maps and tables under it.
@@ -313,7 +327,7 @@ pub async fn score_into(
     methods.sort();
     methods.dedup();
     let layers = scored_layers(&s, &p)?;
-    let ranked = rank_all(&s, &methods, &p)?;
+    let ranked = rank_each(&layers, &methods, &p, s.routing.groups);
     let mut maps = Vec::new();
     let mut report_tables = Vec::new();
     for (m, r) in &ranked {

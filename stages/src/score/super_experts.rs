@@ -8,13 +8,15 @@
 //! The rule is REAP's: over every (MoE layer, expert) of the first 75% of
 //! MoE layers, an expert is guarded when its largest output norm exceeds
 //! both the 99.5th percentile of all experts' (every layer's; linear
-//! interpolation, as `torch.quantile`) and a tenth of the largest. Guarded
+//! interpolation at rank q (n - 1), as `torch.quantile` and llama-perplexity
+//! interpolate) and a tenth of the largest. Guarded
 //! experts rank before every other expert of their layer under every
 //! method, so every keep map keeps them (in the method's order, if a layer
 //! has more than K).
 
 use super::source::LayerInput;
 use crate::StagesError;
+use common::eval::stats::percentile;
 use common::saliency::Saliency;
 use common::split::Split;
 
@@ -59,7 +61,7 @@ pub fn rule(maxima: &[&[f64]]) -> Vec<Vec<bool>> {
     let Some(&largest) = all.last() else {
         return none();
     };
-    let threshold = quantile(&all, PERCENTILE / 100.0).max(largest * SHARE_OF_MAX);
+    let threshold = percentile(&all, PERCENTILE / 100.0).max(largest * SHARE_OF_MAX);
     let guarded_layers = (maxima.len() as f64 * LAYER_SHARE) as usize;
     maxima
         .iter()
@@ -70,14 +72,6 @@ pub fn rule(maxima: &[&[f64]]) -> Vec<Vec<bool>> {
                 .collect()
         })
         .collect()
-}
-
-/// The `q` quantile of sorted `v` by linear interpolation between the
-/// closest ranks (`torch.quantile`'s default).
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let at = q * (v.len() - 1) as f64;
-    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
-    v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
 }
 
 /// Marks the guarded experts of `layers` (the source's layers, in the
@@ -119,11 +113,11 @@ mod tests {
     }
 
     #[test]
-    fn the_quantile_interpolates_like_torch() {
+    fn the_percentile_interpolates_like_torch() {
         let v = [1.0, 2.0, 3.0, 4.0];
-        assert_eq!(quantile(&v, 0.5), 2.5);
-        assert_eq!(quantile(&v, 1.0), 4.0);
-        assert!((quantile(&v, 0.995) - 3.985).abs() < 1e-12);
+        assert_eq!(percentile(&v, 0.5), 2.5);
+        assert_eq!(percentile(&v, 1.0), 4.0);
+        assert!((percentile(&v, 0.995) - 3.985).abs() < 1e-12);
         assert!(rule(&[]).is_empty());
     }
 }

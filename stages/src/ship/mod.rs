@@ -121,8 +121,6 @@ pub struct ShipArgs {
 /// of the run config at the end of `coordinator run`.
 #[derive(Clone, Debug)]
 pub struct ShipRequest {
-    /// The run location as given (the cards' commands name it).
-    pub run: String,
     /// Candidate names ([`spec`]).
     pub candidates: Vec<String>,
     /// Quantisation types; none ships the unquantised files only.
@@ -155,7 +153,6 @@ impl ShipArgs {
             .collect::<Result<Vec<_>, _>>()?;
         let split_max_size = self.split.parsed()?;
         Ok(ShipRequest {
-            run: self.run.clone(),
             candidates: self.candidates.clone(),
             quants,
             out: self.out.clone(),

@@ -16,9 +16,10 @@ pub(super) struct Prompt<'c> {
     pub tokens: &'c [i32],
 }
 
-/// The prompts of `chunks` that `job` names, in chunk order. A prompt and its continuation must fit the
-/// context of `n_ctx`; a chunk shorter than the prompt, or one with
-/// images, is refused: the coordinator picks whole text chunks.
+/// The prompts of `chunks` that `job` names, in chunk order. A prompt and
+/// its continuation must fit the context of `n_ctx`; a chunk shorter than
+/// the prompt, or one with images, is refused: the coordinator picks whole
+/// text chunks.
 pub(super) fn prompts<'c>(
     job: &GenerateJob,
     chunks: &'c [Chunk],
@@ -27,8 +28,7 @@ pub(super) fn prompts<'c>(
     if job.is_empty() {
         return Ok(Vec::new());
     }
-    let mut out = Vec::new();
-    for c in chunks {
+    if let Some(c) = chunks.first() {
         if u64::from(job.prompt_tokens) + u64::from(job.new_tokens) > u64::from(n_ctx) {
             return Err(WorkerError::Graph {
                 chunk: c.id.0,
@@ -38,6 +38,9 @@ pub(super) fn prompts<'c>(
                 ),
             });
         }
+    }
+    let mut out = Vec::new();
+    for c in chunks {
         let Some(&domain) = job.prompts.get(&c.id.0) else {
             continue;
         };
