@@ -22,6 +22,7 @@ pub mod strict;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The whole `CONFIG.toml`.
@@ -243,6 +244,12 @@ pub struct CorpusConfig {
     /// near-duplicate them are dropped.
     #[serde(default)]
     pub eval_sets: Vec<EvalSetConfig>,
+    /// Variables every chat record's template rendering gets besides the
+    /// conversation, as llama-server's `--chat-template-kwargs`
+    /// (`{ enable_thinking = false }`, `{ reasoning_effort = "high" }`), so
+    /// calibration sees the prompts the model is served with.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub chat_template_kwargs: BTreeMap<String, serde_json::Value>,
 }
 
 fn default_n_ctx() -> u32 {
@@ -264,6 +271,7 @@ impl Default for CorpusConfig {
             dedup: DedupConfig::default(),
             domains: Vec::new(),
             eval_sets: Vec::new(),
+            chat_template_kwargs: BTreeMap::new(),
         }
     }
 }
@@ -375,6 +383,11 @@ pub struct SourceConfig {
     /// `value` (ShareGPT).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_field: Option<String>,
+    /// Field or column of a chat record holding its tool definitions
+    /// (OpenAI's `[{type: function, function: {...}}]`, or JSON text of
+    /// them), which the model's chat template writes; default: `tools`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools_field: Option<String>,
     /// Plain text only: split the file into documents at this string
     /// (e.g. `"\n\n"`); default: the whole file is one document.
     #[serde(default)]
@@ -411,6 +424,7 @@ impl Default for SourceConfig {
             messages_field: default_messages_field(),
             role_field: None,
             content_field: None,
+            tools_field: None,
             separator: None,
             include: Vec::new(),
             exclude: Vec::new(),

@@ -26,7 +26,8 @@ fn main() -> anyhow::Result<()> {
     for d in &config.corpus.domains {
         for s in &d.sources {
             for r in read_source(s, &config.resolve(&s.path), None)?.records {
-                let (text, special) = render(&tokenizer, &r.content).map_err(anyhow::Error::msg)?;
+                let (text, special) = render(&tokenizer, &r.content, &Default::default())
+                    .map_err(anyhow::Error::msg)?;
                 docs.push((d.name.clone(), text, special));
             }
         }

@@ -1,23 +1,18 @@
 //! Chat records: roles and messages, as sources read them and the model's
 //! chat template takes them. Messages come in OpenAI's form (`{role,
 //! content}`, an assistant turn's `tool_calls` with `content: null`, the
-//! `developer` and `tool` roles, content parts) or ShareGPT's (`{from,
-//! value}`), or through a field mapping (`role_field`, `content_field`).
+//! `developer` and `tool` roles, content parts, `reasoning_content`) or
+//! ShareGPT's (`{from, value}`), or through a field mapping (`role_field`,
+//! `content_field`); a record's `tools` (OpenAI's tool definitions) go with
+//! its messages.
 //!
-//! The chat template path (llama.cpp's `llama_chat_apply_template`) takes
-//! each message as a role and a text only, so two things are rendered here,
-//! before the template sees them:
-//! - an assistant turn's tool calls are appended to its content, one block
-//!   each, as Qwen's and Hermes' templates write them:
-//!   `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>` (ARGS
-//!   as the record gives them: the JSON text of an OpenAI `arguments`
-//!   string, else the JSON value);
-//! - the `developer` role goes to the template as `system`, the role the
-//!   built-in templates know for instructions.
-//!
-//! A tool's answer keeps the `tool` role, which the built-in templates
-//! render as their own turn. Models whose Jinja template renders tools
-//! differently see these tokens, not their server's.
+//! The model's Jinja template (the `template` module) gets every field. The
+//! fallback path (llama.cpp's `llama_chat_apply_template`, for a template
+//! the Jinja engine cannot compile) takes each message as a role and a text
+//! only, so there an assistant turn's tool calls are appended to its
+//! content, one block each, as Qwen's and Hermes' templates write them:
+//! `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`
+//! ([`Message::legacy_content`]), and `developer` is sent as `system`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -82,8 +77,123 @@ impl Role {
 pub struct Message {
     /// Who wrote it.
     pub role: Role,
-    /// What they wrote (an assistant turn's tool calls rendered in).
+    /// What they wrote (content parts joined; empty for `null`).
     pub content: String,
+    /// The model's reasoning before its answer (`reasoning_content`).
+    pub reasoning_content: Option<String>,
+    /// A tool answer's tool name (`name`).
+    pub name: Option<String>,
+    /// The call a tool answer answers (`tool_call_id`).
+    pub tool_call_id: Option<String>,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// One tool call of an assistant turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The function called.
+    pub name: String,
+    /// Its arguments as JSON text (OpenAI's string as given, an object
+    /// written compactly in its own key order).
+    pub arguments: String,
+    /// The call's id, when the record gives one.
+    pub id: Option<String>,
+}
+
+/// Variables a chat template gets besides the conversation
+/// (`[corpus] chat_template_kwargs`).
+pub type ChatKwargs = std::collections::BTreeMap<String, Value>;
+
+/// A conversation: its messages and the tools offered to the model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chat {
+    /// The turns, in order.
+    pub messages: Vec<Message>,
+    /// OpenAI's tool definitions (`[{type: function, function: {name,
+    /// description, parameters}}]`), when the record has them.
+    pub tools: Option<Value>,
+}
+
+impl Message {
+    /// A message of text only.
+    pub fn text(role: Role, content: impl Into<String>) -> Message {
+        Message {
+            role,
+            content: content.into(),
+            reasoning_content: None,
+            name: None,
+            tool_call_id: None,
+            tool_calls: Vec::new(),
+        }
+    }
+
+    /// The content with each tool call appended as a `<tool_call>` block:
+    /// the text a template that does not write tool calls gets.
+    pub fn legacy_content(&self) -> String {
+        let mut text = self.content.clone();
+        for call in &self.tool_calls {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            let args = match serde_json::from_str::<Value>(&call.arguments) {
+                Ok(_) => call.arguments.trim().to_string(),
+                Err(_) => Value::String(call.arguments.clone()).to_string(),
+            };
+            text.push_str(&format!(
+                "<tool_call>\n{{\"name\": {}, \"arguments\": {args}}}\n</tool_call>",
+                Value::String(call.name.clone())
+            ));
+        }
+        text
+    }
+
+    /// Bytes of text the message holds (content, reasoning, tool calls).
+    pub fn text_bytes(&self) -> usize {
+        self.content.len()
+            + self.reasoning_content.as_ref().map_or(0, String::len)
+            + self
+                .tool_calls
+                .iter()
+                .map(|c| c.name.len() + c.arguments.len())
+                .sum::<usize>()
+    }
+}
+
+impl Chat {
+    /// A conversation without tools.
+    pub fn new(messages: Vec<Message>) -> Chat {
+        Chat {
+            messages,
+            tools: None,
+        }
+    }
+
+    /// Bytes of text the conversation holds, tool definitions included.
+    pub fn text_bytes(&self) -> usize {
+        self.messages.iter().map(Message::text_bytes).sum::<usize>()
+            + self.tools.as_ref().map_or(0, |t| t.to_string().len())
+    }
+}
+
+/// A record's tool definitions: an array, or JSON text of one (as some
+/// datasets store them); `null` is none.
+pub fn tools_from_json(value: &Value) -> Result<Option<Value>, String> {
+    let parsed;
+    let tools = match value {
+        Value::Null => return Ok(None),
+        Value::String(s) => {
+            parsed = serde_json::from_str::<Value>(s)
+                .map_err(|e| format!("\"tools\" is text but not JSON ({e})"))?;
+            &parsed
+        }
+        v => v,
+    };
+    match tools {
+        Value::Array(a) if a.is_empty() => Ok(None),
+        Value::Array(_) => Ok(Some(tools.clone())),
+        _ => Err("\"tools\" is not an array of tool definitions".into()),
+    }
 }
 
 /// Which fields of a message hold its author and text (`None`: `role` else
@@ -131,7 +241,7 @@ fn message(
         .ok_or_else(|| format!("lacks a string \"{role_key}\""))?;
     let role = Role::parse(role)?;
     let (content, content_key) = pick(fields.content, "content", "value");
-    let mut text = match content {
+    let text = match content {
         Some(Value::String(c)) => c.clone(),
         Some(Value::Array(p)) => parts(p)?,
         Some(Value::Null) | None => String::new(),
@@ -153,22 +263,26 @@ fn message(
             role.as_str()
         ));
     }
-    for call in calls {
-        if !text.is_empty() {
-            text.push('\n');
+    let text_field = |k: &str| -> Result<Option<String>, String> {
+        match m.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(format!("\"{k}\" is not a string")),
         }
-        text.push_str(&call);
-    }
+    };
     Ok(Message {
         role,
         content: text,
+        reasoning_content: text_field("reasoning_content")?,
+        name: text_field("name")?,
+        tool_call_id: text_field("tool_call_id")?,
+        tool_calls: calls,
     })
 }
 
-/// A message's tool calls (`tool_calls: [{function: {name, arguments}}]`,
-/// or the older `function_call: {name, arguments}`), each rendered as a
-/// `<tool_call>` block.
-fn tool_calls(m: &Value) -> Result<Vec<String>, String> {
+/// A message's tool calls (`tool_calls: [{id, function: {name,
+/// arguments}}]`, or the older `function_call: {name, arguments}`).
+fn tool_calls(m: &Value) -> Result<Vec<ToolCall>, String> {
     let calls: Vec<&Value> = match (m.get("tool_calls"), m.get("function_call")) {
         (Some(Value::Array(c)), _) => c.iter().collect(),
         (Some(Value::Null) | None, Some(Value::Null) | None) => Vec::new(),
@@ -184,18 +298,20 @@ fn tool_calls(m: &Value) -> Result<Vec<String>, String> {
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| format!("tool call {}: lacks a string function \"name\"", j + 1))?;
-            let args = match f.get("arguments") {
-                Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
-                    Ok(_) => s.trim().to_string(),
-                    Err(_) => Value::String(s.clone()).to_string(),
-                },
+            let arguments = match f.get("arguments") {
+                Some(Value::String(s)) => s.clone(),
                 Some(v) => v.to_string(),
                 None => "{}".into(),
             };
-            Ok(format!(
-                "<tool_call>\n{{\"name\": {}, \"arguments\": {args}}}\n</tool_call>",
-                Value::String(name.into())
-            ))
+            let id = match c.get("id") {
+                Some(Value::String(s)) => Some(s.clone()),
+                _ => None,
+            };
+            Ok(ToolCall {
+                name: name.to_string(),
+                arguments,
+                id,
+            })
         })
         .collect()
 }
@@ -222,8 +338,10 @@ mod tests {
         .unwrap();
         assert_eq!(m[0].role, Role::Developer);
         assert_eq!(m[0].role.template_name(), "system");
+        assert_eq!(m[2].content, "");
+        assert_eq!(m[2].tool_calls[0].id.as_deref(), Some("c1"));
         assert_eq!(
-            m[2].content,
+            m[2].legacy_content(),
             "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
         );
         assert_eq!(m[3].role, Role::Tool);

@@ -28,6 +28,7 @@ pub mod prepare;
 pub mod schedule;
 pub mod shares;
 pub mod source;
+pub mod template;
 pub mod tokenizer;
 pub mod vision;
 

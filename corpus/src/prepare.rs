@@ -1,6 +1,7 @@
 //! The corpus pipeline without storage: read, template, tokenize, split,
 //! deduplicate, measure shares, schedule and pack.
 
+use super::chat::ChatKwargs;
 use super::doc::Doc;
 use super::error::CorpusError;
 use super::manifest::{
@@ -255,7 +256,7 @@ pub fn prepare(
                     ),
                 });
             }
-            render(tokenizer, &rec.content)
+            render(tokenizer, &rec.content, &c.chat_template_kwargs)
                 .map(|(text, special)| (text, special, rec.images.as_slice()))
                 .map_err(|message| CorpusError::Record {
                     at: at_of(rec),
@@ -514,10 +515,14 @@ fn check_image_lengths(
 /// parsed as special tokens (only for templated chat: the template's markers
 /// must become control tokens, while plain text that happens to contain
 /// `<|im_end|>` must not).
-pub fn render(tokenizer: &dyn Tokenizer, content: &Content) -> Result<(String, bool), String> {
+pub fn render(
+    tokenizer: &dyn Tokenizer,
+    content: &Content,
+    kwargs: &ChatKwargs,
+) -> Result<(String, bool), String> {
     match content {
         Content::Text(t) => Ok((t.clone(), false)),
-        Content::Chat(messages) => Ok((tokenizer.apply_chat_template(messages)?, true)),
+        Content::Chat(chat) => Ok((tokenizer.apply_chat_template(chat, kwargs)?, true)),
     }
 }
 

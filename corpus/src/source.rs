@@ -3,7 +3,7 @@
 //! records: plain text or chat messages ([`chat`]), each with its location
 //! and optional group key.
 
-use super::chat::{self, Message, Role};
+use super::chat::{self, Chat, Message, Role};
 use super::error::CorpusError;
 use super::files::{self, Compression, Listing, SourceFile};
 use super::json_array;
@@ -21,7 +21,7 @@ pub enum Content {
     /// Plain text, tokenized as is.
     Text(String),
     /// A conversation, rendered with the model's chat template.
-    Chat(Vec<Message>),
+    Chat(Chat),
 }
 
 pub use super::media::{ImageRef, MEDIA_MARKER};
@@ -61,7 +61,7 @@ impl Content {
     pub fn text_bytes(&self) -> usize {
         match self {
             Content::Text(t) => t.len(),
-            Content::Chat(m) => m.iter().map(|m| m.content.len()).sum(),
+            Content::Chat(c) => c.text_bytes(),
         }
     }
 }
@@ -343,6 +343,12 @@ fn messages_field_of(cfg: &SourceConfig, has: impl Fn(&str) -> bool) -> Option<&
     }
 }
 
+/// The field holding a chat record's tool definitions: `tools_field`,
+/// default `tools`.
+fn tools_field(cfg: &SourceConfig) -> &str {
+    cfg.tools_field.as_deref().unwrap_or("tools")
+}
+
 /// The chat field mapping of `cfg`.
 fn chat_fields(cfg: &SourceConfig) -> chat::Fields<'_> {
     chat::Fields {
@@ -374,11 +380,14 @@ fn json_record(
             None => Content::Text(t.to_string()),
         }
     } else if let Some(field) = messages_field_of(cfg, |k| obj.contains_key(k)) {
-        Content::Chat(chat::messages_from_json(
-            &obj[field],
-            chat_fields(cfg),
-            &mut |parts| content_parts(parts, &mut names),
-        )?)
+        let messages = chat::messages_from_json(&obj[field], chat_fields(cfg), &mut |parts| {
+            content_parts(parts, &mut names)
+        })?;
+        let tools = match obj.get(tools_field(cfg)) {
+            Some(t) => chat::tools_from_json(t)?,
+            None => None,
+        };
+        Content::Chat(Chat { messages, tools })
     } else {
         return Err(format!(
             "record has neither a {:?} nor a {:?} field",
@@ -435,7 +444,8 @@ fn captioned(n_images: usize, caption: &str) -> String {
 fn check_markers(content: &Content, n_images: usize) -> Result<(), String> {
     let markers = match content {
         Content::Text(t) => t.matches(MEDIA_MARKER).count(),
-        Content::Chat(m) => m
+        Content::Chat(c) => c
+            .messages
             .iter()
             .map(|m| m.content.matches(MEDIA_MARKER).count())
             .sum(),
@@ -541,14 +551,24 @@ fn read_parquet(
         } else if let Some(messages_field) = messages_field {
             let messages =
                 messages_column(&batch, messages_field, chat_fields(cfg)).map_err(&fail)?;
+            let tools = match has(tools_field(cfg)) {
+                true => Some(string_column(&batch, tools_field(cfg)).map_err(&fail)?),
+                false => None,
+            };
             for (row, m) in messages.into_iter().enumerate() {
-                let m = m.map_err(|message| CorpusError::Record {
+                let record_error = |message| CorpusError::Record {
                     at: shown(row),
                     message,
-                })?;
+                };
+                let messages = m.map_err(record_error)?;
+                let tools = match tools.as_ref().filter(|t| t.is_valid(row)) {
+                    Some(t) => chat::tools_from_json(&Value::String(t.value(row).into()))
+                        .map_err(record_error)?,
+                    None => None,
+                };
                 out.push(Record {
                     at: at(row),
-                    content: Content::Chat(m),
+                    content: Content::Chat(Chat { messages, tools }),
                     group: group(row),
                     images: Vec::new(),
                 });
@@ -609,11 +629,11 @@ fn messages_column(
                     let contents = pick(fields.content, "content", "value")?;
                     (0..items.len())
                         .map(|i| {
-                            Ok(Message {
-                                role: Role::parse(roles.value(i))
+                            Ok(Message::text(
+                                Role::parse(roles.value(i))
                                     .map_err(|e| format!("message {}: {e}", i + 1))?,
-                                content: contents.value(i).to_string(),
-                            })
+                                contents.value(i),
+                            ))
                         })
                         .collect()
                 })
@@ -685,10 +705,7 @@ mod tests {
         assert!(d.records[1].at.ends_with("a.jsonl:3"));
         assert_eq!(
             d.records[1].content,
-            Content::Chat(vec![Message {
-                role: Role::User,
-                content: "hi".into()
-            }])
+            Content::Chat(Chat::new(vec![Message::text(Role::User, "hi")]))
         );
     }
 
@@ -750,7 +767,7 @@ mod tests {
         assert_eq!(r[0].content, Content::Text(format!("{MEDIA_MARKER}\ngrey")));
         assert_eq!(r[0].images.len(), 1);
         assert_eq!(r[0].images[0].path, dir.path().join("pics/a.png"));
-        let Content::Chat(m) = &r[1].content else {
+        let Content::Chat(Chat { messages: m, .. }) = &r[1].content else {
             panic!("not chat")
         };
         assert_eq!(
@@ -875,7 +892,7 @@ mod tests {
             vec![("messages", Arc::new(StringArray::from(vec![m])) as ArrayRef)],
         );
         let d = read_source(&src(&p), &p, None).unwrap();
-        let Content::Chat(msgs) = &d.records[0].content else {
+        let Content::Chat(Chat { messages: msgs, .. }) = &d.records[0].content else {
             panic!("not chat")
         };
         assert_eq!(msgs[1].role, Role::Assistant);

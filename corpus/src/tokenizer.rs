@@ -3,9 +3,10 @@
 //! run in parallel with rayon behind a [`Tokenizer`] trait so the corpus
 //! logic can be tested without a model.
 
-use super::chat::Message;
+use super::chat::{Chat, ChatKwargs};
 use super::error::CorpusError;
 use super::media::ImageRef;
+use super::template::ChatTemplate;
 use super::vision::{ImageTokens, Vision};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -64,8 +65,9 @@ pub trait Tokenizer: Sync {
                 .into(),
         )
     }
-    /// Renders a conversation with the model's chat template.
-    fn apply_chat_template(&self, messages: &[Message]) -> Result<String, String>;
+    /// Renders a conversation with the model's chat template, `kwargs` in
+    /// the template's context.
+    fn apply_chat_template(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, String>;
     /// Description for the manifest.
     fn info(&self) -> TokenizerInfo;
 }
@@ -94,6 +96,10 @@ pub struct LlamaTokenizer {
     vision: Option<(Vision, String)>,
     model: LlamaModel,
     template: Option<LlamaChatTemplate>,
+    /// The template compiled as Jinja; `None` (with a warning at load) where
+    /// the Jinja engine cannot compile it and llama.cpp's built-in
+    /// renderer stands in.
+    jinja: Option<ChatTemplate>,
 }
 
 impl LlamaTokenizer {
@@ -118,6 +124,7 @@ impl LlamaTokenizer {
         let model = LlamaModel::load_from_file(backend, path, &params)
             .map_err(|e| fail(format!("llama.cpp cannot load its vocabulary ({e})")))?;
         let template = model.chat_template(None).ok();
+        let jinja = template.as_ref().and_then(|t| jinja_template(&model, t));
         let vision = match mmproj {
             Some(m) => {
                 let sha = super::sha256_file(m)?;
@@ -134,6 +141,7 @@ impl LlamaTokenizer {
             vision,
             model,
             template,
+            jinja,
         })
     }
 
@@ -179,14 +187,18 @@ impl Tokenizer for LlamaTokenizer {
         Ok((ids, spans))
     }
 
-    fn apply_chat_template(&self, messages: &[Message]) -> Result<String, String> {
+    fn apply_chat_template(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, String> {
         let template = self
             .template
             .as_ref()
             .ok_or("the model has no chat template (tokenizer.chat_template), so chat records cannot be rendered")?;
-        let chat = messages
+        if let Some(jinja) = &self.jinja {
+            return jinja.render(chat, kwargs);
+        }
+        let chat = chat
+            .messages
             .iter()
-            .map(|m| LlamaChatMessage::new(m.role.template_name().to_string(), m.content.clone()))
+            .map(|m| LlamaChatMessage::new(m.role.template_name().to_string(), m.legacy_content()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("message cannot be passed to llama.cpp ({e})"))?;
         self.model
@@ -209,6 +221,31 @@ impl Tokenizer for LlamaTokenizer {
                 .as_ref()
                 .map(|t| hex::encode(Sha256::digest(t.as_c_str().to_bytes()))),
             mmproj_sha256: self.vision.as_ref().map(|(_, sha)| sha.clone()),
+        }
+    }
+}
+
+/// The model's chat template compiled as Jinja, with the vocabulary's BOS
+/// and EOS texts and today's date; `None`, with a warning, when the engine
+/// cannot compile it (llama.cpp's built-in renderer then stands in, as
+/// llama-server without `--jinja`).
+fn jinja_template(model: &LlamaModel, template: &LlamaChatTemplate) -> Option<ChatTemplate> {
+    let vocab = model.vocab();
+    let piece = |t| String::from_utf8_lossy(&vocab.token_to_piece(t, true, None)).into_owned();
+    let source = template.as_c_str().to_string_lossy();
+    match ChatTemplate::new(
+        &source,
+        &piece(vocab.bos()),
+        &piece(vocab.eos()),
+        chrono::Utc::now(),
+    ) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(
+                "{e}: chat records are rendered by llama.cpp's built-in templates instead, \
+                 which may differ from what llama-server --jinja serves"
+            );
+            None
         }
     }
 }
@@ -260,8 +297,9 @@ impl Tokenizer for ByteTokenizer {
         text.bytes().map(i32::from).collect()
     }
 
-    fn apply_chat_template(&self, messages: &[Message]) -> Result<String, String> {
-        Ok(messages
+    fn apply_chat_template(&self, chat: &Chat, _kwargs: &ChatKwargs) -> Result<String, String> {
+        Ok(chat
+            .messages
             .iter()
             .map(|m| format!("<{}>{}\n", m.role.as_str(), m.content))
             .collect())

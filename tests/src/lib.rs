@@ -6,6 +6,7 @@
 //! the worker protocol.
 #![deny(missing_docs)]
 
+pub mod chat_template_swap;
 pub mod llama_gguf;
 pub mod llama_logits;
 pub mod llama_quantize;

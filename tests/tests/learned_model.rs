@@ -17,7 +17,7 @@
 
 use common::keepmap::KeepMap;
 use common::splitmix::SplitMix64;
-use corpus::chat::{Message, Role};
+use corpus::chat::{Chat, Message, Role};
 use corpus::tokenizer::{LlamaTokenizer, Tokenizer};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -379,12 +379,18 @@ fn llama_cpp_tokenizes_the_sample_corpus_as_the_trained_tokenizer() {
                         .as_array()
                         .unwrap()
                         .iter()
-                        .map(|m| Message {
-                            role: Role::parse(m["role"].as_str().unwrap()).unwrap(),
-                            content: m["content"].as_str().unwrap().to_string(),
+                        .map(|m| {
+                            Message::text(
+                                Role::parse(m["role"].as_str().unwrap()).unwrap(),
+                                m["content"].as_str().unwrap(),
+                            )
                         })
                         .collect();
-                    tok.tokenize(&tok.apply_chat_template(&messages).unwrap(), true)
+                    tok.tokenize(
+                        &tok.apply_chat_template(&Chat::new(messages), &Default::default())
+                            .unwrap(),
+                        true,
+                    )
                 }
                 None => tok.tokenize(rec["text"].as_str().unwrap(), false),
             };

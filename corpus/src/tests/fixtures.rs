@@ -97,15 +97,23 @@ fn parquet_reads_every_common_codec() {
 fn openai_tool_call_chats_with_the_developer_role() {
     let d = read(source("tools.jsonl"), Some("task"));
     assert_eq!(d.records.len(), 10);
-    let Content::Chat(m) = &d.records[1].content else {
+    let Content::Chat(crate::chat::Chat { messages: m, .. }) = &d.records[1].content else {
         panic!("not chat")
     };
     let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
     use Role::*;
     assert_eq!(roles, [Developer, User, Assistant, Tool, Assistant]);
     assert_eq!(m[1].content, "What is the weather in Osaka?");
+    assert_eq!(m[2].content, "");
     assert_eq!(
-        m[2].content,
+        (
+            m[2].tool_calls[0].name.as_str(),
+            m[2].tool_calls[0].arguments.as_str()
+        ),
+        ("get_weather", "{\"city\": \"Osaka\", \"unit\": \"C\"}")
+    );
+    assert_eq!(
+        m[2].legacy_content(),
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Osaka\", \"unit\": \"C\"}}\n</tool_call>"
     );
     assert_eq!(m[3].content, "{\"temp\": 11}");
@@ -115,7 +123,7 @@ fn openai_tool_call_chats_with_the_developer_role() {
 #[test]
 fn sharegpt_conversations() {
     let d = read(source("sharegpt.jsonl"), None);
-    let Content::Chat(m) = &d.records[3].content else {
+    let Content::Chat(crate::chat::Chat { messages: m, .. }) = &d.records[3].content else {
         panic!("not chat")
     };
     assert_eq!(

@@ -122,7 +122,7 @@ fn oracle(f: &Fixture, records: &[Record]) -> Oracle {
             .collect();
         let (text, special) = match &r.content {
             crate::source::Content::Text(t) => (t.clone(), false),
-            crate::source::Content::Chat(m) => {
+            crate::source::Content::Chat(crate::chat::Chat { messages: m, .. }) => {
                 let chat: Vec<LlamaChatMessage> = m
                     .iter()
                     .map(|m| {
