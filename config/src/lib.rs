@@ -240,7 +240,9 @@ pub struct CorpusConfig {
     /// The calibration domains.
     #[serde(default)]
     pub domains: Vec<DomainConfig>,
-    /// Evaluation sets: never packed, but calibration documents that
+    /// Evaluation sets: held out whole, each a domain of its own packed
+    /// after the calibration chunks; evaluated as their own rows, never
+    /// fitted on, outside the shares; calibration documents that copy or
     /// near-duplicate them are dropped.
     #[serde(default)]
     pub eval_sets: Vec<EvalSetConfig>,
@@ -338,7 +340,8 @@ pub struct DomainConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvalSetConfig {
-    /// Name used in the drop report.
+    /// Its name: a domain name of its own in the statistics, the drop
+    /// report and the eval table (not a calibration domain's).
     pub name: String,
     /// Files of the evaluation set.
     pub sources: Vec<SourceConfig>,

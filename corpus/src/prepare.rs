@@ -87,6 +87,22 @@ pub fn validate(c: &CorpusConfig) -> Result<(), CorpusError> {
             }
         }
     }
+    for e in &c.eval_sets {
+        if !names.insert(e.name.as_str()) {
+            return bad(format!(
+                "eval set {:?} is named as a domain or another eval set: it gets its own rows in \
+                 the statistics and the eval table, so its name must be its own",
+                e.name
+            ));
+        }
+    }
+    if c.domains.len() + c.eval_sets.len() > usize::from(u16::MAX) {
+        return bad(format!(
+            "{} domains and eval sets is more than {}",
+            c.domains.len() + c.eval_sets.len(),
+            u16::MAX
+        ));
+    }
     let with_target = c
         .domains
         .iter()
@@ -288,8 +304,12 @@ pub fn prepare(
         .map(|im| (im.sha256.clone(), im.clone()))
         .collect();
 
+    // Eval sets' documents are held out whole, each set a domain of its own
+    // after the calibration domains (`all_names`): evaluated, never fitted
+    // on, outside the shares, never dropped as duplicates.
     let mut docs = Vec::new();
     let mut evals = Vec::new();
+    let mut eval_docs = Vec::new();
     for (((domain, rec), chars), (tokens, images)) in records.into_iter().zip(chars).zip(tokens) {
         match domain {
             Some(domain) => docs.push(Doc {
@@ -301,9 +321,25 @@ pub fn prepare(
                 images,
                 split: Split::Fit,
             }),
-            None => evals.push((rec.at, tokens)),
+            None => {
+                eval_docs.push(Doc {
+                    domain: (names.len() + eval_of[evals.len()]) as u16,
+                    group: format!("eval:{}", rec.at),
+                    at: rec.at.clone(),
+                    chars,
+                    tokens: tokens.clone(),
+                    images,
+                    split: Split::Heldout,
+                });
+                evals.push((rec.at, tokens));
+            }
         }
     }
+    let all_names: Vec<String> = names
+        .iter()
+        .cloned()
+        .chain(c.eval_sets.iter().map(|e| e.name.clone()))
+        .collect();
     for ((_, t), &e) in evals.iter().zip(&eval_of) {
         eval_infos[e].docs += 1;
         eval_infos[e].tokens += t.len() as u64;
@@ -350,6 +386,18 @@ pub fn prepare(
         }
         None => true,
     });
+    let documents: Vec<DocRecord> = documents
+        .into_iter()
+        .chain(eval_docs.iter().map(|d| DocRecord {
+            at: d.at.clone(),
+            domain: all_names[d.domain as usize].clone(),
+            group: d.group.clone(),
+            split: d.split,
+            tokens: d.tokens.len() as u64,
+            chars: d.chars,
+            dropped: None,
+        }))
+        .collect();
 
     // Shares of what is kept, over both splits and over the fit split alone
     // (what the statistics are fitted on): both are checked.
@@ -404,9 +452,14 @@ pub fn prepare(
     }
 
     // Schedule and pack.
-    let chunks = schedule_and_pack(c, &names, &docs);
+    // The calibration chunks, then each eval set's (never sharing a chunk
+    // with calibration text, so adding an eval set leaves the calibration
+    // chunks as they were).
+    let mut chunks = schedule_and_pack(c, &names, &docs);
     let mix: Vec<f64> = rows.iter().map(|r| r.token_share).collect();
     let deviations = schedule::prefix_deviations(&chunks, &mix);
+    let calibration_tokens: u64 = chunks.iter().map(|ch| ch.tokens.len() as u64).sum();
+    pack_eval_sets(&mut chunks, &eval_docs, c.n_ctx);
     let n_tokens: u64 = chunks.iter().map(|ch| ch.tokens.len() as u64).sum();
     let split_tokens = |s: Split| {
         docs.iter()
@@ -420,7 +473,7 @@ pub fn prepare(
         .zip(&deviations)
         .filter(|(ch, _)| {
             seen += ch.tokens.len() as u64;
-            seen * 10 >= n_tokens
+            seen * 10 >= calibration_tokens
         })
         .map(|(_, d)| *d)
         .fold(0.0, f64::max);
@@ -444,7 +497,7 @@ pub fn prepare(
     let index = CorpusIndex {
         n_chunks: chunks.len() as u32,
         n_ctx: c.n_ctx,
-        domains: names.clone(),
+        domains: all_names.clone(),
         n_tokens,
         chunks_sha256: hex::encode(Sha256::digest(&chunks_parquet)),
     };
@@ -661,6 +714,27 @@ fn duplicates(
         .collect();
     find(&mut drop, on(Split::Fit), held, "near_duplicate_of_heldout");
     drop
+}
+
+/// Appends the eval sets' chunks after `chunks`: each set's documents in
+/// file order, packed alone, numbered on from the last chunk.
+fn pack_eval_sets(chunks: &mut Vec<Chunk>, eval_docs: &[Doc], n_ctx: u32) {
+    let mut sets: Vec<u16> = eval_docs.iter().map(|d| d.domain).collect();
+    sets.dedup();
+    for set in sets {
+        let first = chunks.len() as u32;
+        let packed = pack::pack(
+            eval_docs
+                .iter()
+                .filter(|d| d.domain == set && !d.tokens.is_empty())
+                .map(|d| (d.tokens.as_slice(), d.split, d.domain, d.images.as_slice())),
+            n_ctx as usize,
+        );
+        chunks.extend(packed.into_iter().map(|mut ch| {
+            ch.id = common::ChunkId(first + ch.id.0);
+            ch
+        }));
+    }
 }
 
 /// Orders documents per (split, domain) stream, interleaves the streams and packs.

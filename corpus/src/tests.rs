@@ -158,7 +158,18 @@ fn load_bytes(_: &Path, _: Option<&Path>) -> Result<ByteTokenizer, CorpusError> 
 /// Checks every structural invariant of a prepared corpus.
 pub(super) fn check_invariants(p: &prepare::Prepared) {
     let plan = &p.manifest.chunk_plan;
-    let total: u64 = p.manifest.domains.iter().map(|d| d.shares.tokens).sum();
+    // Calibration domains, then eval sets (held out whole, packed after
+    // the calibration chunks), as the index names them.
+    let n_domains = p.manifest.domains.len();
+    let tokens: Vec<u64> = p
+        .manifest
+        .domains
+        .iter()
+        .map(|d| d.shares.tokens)
+        .chain(p.manifest.eval_sets.iter().map(|e| e.tokens))
+        .collect();
+    assert_eq!(tokens.len(), p.index.domains.len());
+    let total: u64 = tokens.iter().sum();
     assert_eq!(
         plan.n_tokens, total,
         "tokens in chunks == tokens of the corpus"
@@ -167,21 +178,39 @@ pub(super) fn check_invariants(p: &prepare::Prepared) {
         p.chunks.iter().map(|c| c.tokens.len() as u64).sum::<u64>(),
         total
     );
+    // The stream a chunk belongs to: calibration, or one eval set.
+    let stream = |c: &common::corpus::Chunk| {
+        let d = usize::from(c.spans[0].domain);
+        assert!(c
+            .spans
+            .iter()
+            .all(|s| (usize::from(s.domain) < n_domains) == (d < n_domains)));
+        (d >= n_domains).then_some(d)
+    };
     for (i, c) in p.chunks.iter().enumerate() {
+        assert_eq!(c.id.0 as usize, i);
         c.validate(p.index.domains.len()).unwrap();
-        // Short only when last, or when the next image did not fit.
-        let next_image = p.chunks.get(i + 1).and_then(|n| n.images.first());
-        if i + 1 < p.chunks.len() && next_image.is_none_or(|im| im.start != 0) {
+        // Short only when last of its stream, or when the next image did not fit.
+        let next = p.chunks.get(i + 1);
+        let next_image = next.and_then(|n| n.images.first());
+        if next.is_some_and(|n| stream(n) == stream(c)) && next_image.is_none_or(|im| im.start != 0)
+        {
             assert_eq!(c.tokens.len(), plan.n_ctx as usize);
         }
     }
+    let calibration: Vec<_> = p
+        .chunks
+        .iter()
+        .take_while(|c| stream(c).is_none())
+        .cloned()
+        .collect();
     let mix: Vec<f64> = p
         .manifest
         .domains
         .iter()
         .map(|d| d.shares.token_share)
         .collect();
-    let dev = prefix_deviations(&p.chunks, &mix);
+    let dev = prefix_deviations(&calibration, &mix);
     assert!(
         dev.iter().all(|&d| d <= plan.worst_prefix_deviation),
         "every prefix within the reported deviation"
@@ -334,6 +363,55 @@ fn eval_set_near_duplicates_are_dropped_from_the_corpus() {
         d[0]
     );
     assert_eq!(p.manifest.eval_sets[0].docs, 1);
+    // The eval set is a domain of its own after the calibration domains,
+    // held out whole: evaluated, never fitted on, outside the shares.
+    check_invariants(&p);
+    let n = p.manifest.domains.len();
+    assert_eq!(p.index.domains[n], "bench");
+    let spans: Vec<_> = p
+        .chunks
+        .iter()
+        .flat_map(|c| &c.spans)
+        .filter(|s| usize::from(s.domain) == n)
+        .collect();
+    assert_eq!(
+        spans.iter().map(|s| u64::from(s.len)).sum::<u64>(),
+        p.manifest.eval_sets[0].tokens
+    );
+    assert!(spans.iter().all(|s| s.split == Split::Heldout));
+    let doc = p.documents.iter().find(|d| d.domain == "bench").unwrap();
+    assert_eq!((doc.split, doc.dropped.as_ref()), (Split::Heldout, None));
+    let share_sum: f64 = p
+        .manifest
+        .domains
+        .iter()
+        .map(|d| d.shares.token_share)
+        .sum();
+    assert!(
+        (share_sum - 1.0).abs() < 1e-9,
+        "shares are the calibration domains'"
+    );
+}
+
+#[test]
+fn an_eval_set_named_as_a_domain_is_refused() {
+    let f = Fixture::new();
+    let mut text = f.config_text("model.gguf", [0.0; 3]);
+    std::fs::write(f.dir.path().join("eval.jsonl"), "{\"text\": \"x\"}\n").unwrap();
+    let domain = text
+        .lines()
+        .find_map(|l| l.strip_prefix("name = "))
+        .unwrap()
+        .to_string();
+    text += &format!(
+        "\n[[corpus.eval_sets]]\nname = {domain}\nsources = [{{ path = \"eval.jsonl\" }}]\n"
+    );
+    let path = f.dir.path().join("clash.toml");
+    std::fs::write(&path, text).unwrap();
+    let err = prepare(&Config::load(&path).unwrap(), &ByteTokenizer, "m")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is named as a domain"), "{err}");
 }
 
 async fn manifest_absent(store: &RunStore) -> bool {

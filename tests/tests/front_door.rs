@@ -115,9 +115,36 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
             c.name
         );
     }
+    // The eval set (`sample_eval`): held out whole, a domain of its own
+    // whose figures are its own row per candidate, outside the held-out
+    // whole (whose positions are the calibration domains' alone) and
+    // giving no generation prompt.
+    assert_eq!(eval.eval_sets, ["sample_eval"]);
+    for c in &eval.candidates {
+        let held = &c.splits["heldout"];
+        let set = &held.domains["sample_eval"];
+        assert!(set.n > 0 && set.kl.mean > 0.0, "{}: {set:?}", c.name);
+        let calibration: u64 = held
+            .domains
+            .iter()
+            .filter(|(d, _)| *d != "sample_eval")
+            .map(|(_, f)| f.n)
+            .sum();
+        assert_eq!(held.all.n, calibration, "{}", c.name);
+        assert!(!c.splits["fit"].domains.contains_key("sample_eval"));
+        let g = c.generation.as_ref().unwrap();
+        assert!(!g.domains.contains_key("sample_eval"), "{}", c.name);
+    }
     assert!(stdout.contains("evaluated 4 candidates"), "{stdout}");
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
     assert!(report.contains("Generation check"), "{report}");
+    for c in &eval.candidates {
+        let row = format!(
+            "| {} | sample_eval | {} | ",
+            c.name, c.splits["heldout"].domains["sample_eval"].n
+        );
+        assert!(report.contains(&row), "{row} in {report}");
+    }
     assert!(
         report.contains("## Pruned candidates against the base model")
             && report.contains("| reap_hybrid_K16 |")

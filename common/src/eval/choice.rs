@@ -138,6 +138,7 @@ mod tests {
             uncertainty: String::new(),
             candidates,
             budget: None,
+            eval_sets: Vec::new(),
         }
     }
 

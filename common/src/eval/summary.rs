@@ -8,7 +8,7 @@ use super::stats::{estimate, percentile, Cluster, Interval};
 use crate::exact::ExactSum;
 use crate::split::{Modality, Split};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// KL(p || q) figures over a set of scored positions: llama-perplexity's
 /// KL block (its percentiles interpolate linearly, [`percentile`]) with a
@@ -167,6 +167,10 @@ pub struct EvalSummary {
     /// was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetPicks>,
+    /// The corpus's eval sets (`[[corpus.eval_sets]]`): domains of their own,
+    /// held out whole, whose figures the eval table lists apart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub eval_sets: Vec<String>,
 }
 
 /// What [`EvalSummary::uncertainty`] says.
@@ -176,10 +180,21 @@ impl EvalSummary {
     /// The figures of a merged partial; `domains` names the corpus's domain
     /// indices.
     pub fn of(p: &EvalPartial, domains: &[String]) -> EvalSummary {
+        EvalSummary::of_run(p, domains, &[])
+    }
+
+    /// [`EvalSummary::of`] for a corpus whose domains named in `eval_sets`
+    /// are its eval sets: their figures are their own (per domain), kept
+    /// out of each split's whole and of the paired comparisons.
+    pub fn of_run(p: &EvalPartial, domains: &[String], eval_sets: &[String]) -> EvalSummary {
+        let apart: BTreeSet<u16> = (0..domains.len())
+            .filter(|&d| eval_sets.contains(&domains[d]))
+            .map(|d| d as u16)
+            .collect();
         let candidates = p
             .candidates
             .iter()
-            .map(|c| candidate(p, c, domains))
+            .map(|c| candidate(p, c, domains, &apart))
             .collect();
         EvalSummary {
             base_sha256: p.base_sha256.clone(),
@@ -190,13 +205,14 @@ impl EvalSummary {
             uncertainty: UNCERTAINTY.to_string(),
             candidates,
             budget: None,
+            eval_sets: eval_sets.to_vec(),
         }
-        .paired(p)
+        .paired(p, &apart)
     }
 
     /// Fills each split's paired comparison against its best candidate
     /// (the lowest mean KL over the whole split; the first on a tie).
-    fn paired(mut self, p: &EvalPartial) -> EvalSummary {
+    fn paired(mut self, p: &EvalPartial, apart: &BTreeSet<u16>) -> EvalSummary {
         if p.candidates.len() < 2 {
             return self;
         }
@@ -208,7 +224,7 @@ impl EvalSummary {
             else {
                 continue;
             };
-            let in_split = |g: &Group| g.split == *split;
+            let in_split = |g: &Group| g.split == *split && !apart.contains(&g.domain);
             let best_kl = chunk_kl(&p.candidates[best], &in_split);
             let against = self.candidates[best].name.clone();
             for (c, result) in self.candidates.iter_mut().zip(&p.candidates) {
@@ -254,11 +270,16 @@ pub fn method_of(name: &str) -> &str {
     name.rsplit_once("_K").map_or(name, |(m, _)| m)
 }
 
-fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> CandidateSummary {
+fn candidate(
+    p: &EvalPartial,
+    c: &CandidateResult,
+    domains: &[String],
+    apart: &BTreeSet<u16>,
+) -> CandidateSummary {
     let with_images = p.base.keys().any(|g| g.modality == Modality::Image);
     let mut splits = BTreeMap::new();
     for split in &p.splits {
-        let in_split = |g: &Group| g.split == *split;
+        let in_split = |g: &Group| g.split == *split && !apart.contains(&g.domain);
         let all = figures(c, &in_split);
         let mut by_domain = BTreeMap::new();
         for (d, name) in domains.iter().enumerate() {
@@ -270,7 +291,8 @@ fn candidate(p: &EvalPartial, c: &CandidateResult, domains: &[String]) -> Candid
         }
         let mut modalities = BTreeMap::new();
         for m in Modality::ALL.into_iter().filter(|_| with_images) {
-            let one = |g: &Group| g.split == *split && g.modality == m;
+            let one =
+                |g: &Group| g.split == *split && g.modality == m && !apart.contains(&g.domain);
             modalities.insert(m.as_str().to_string(), figures(c, &one));
         }
         splits.insert(

@@ -315,3 +315,23 @@ fn modalities_appear_only_when_image_conditioned_positions_were_scored() {
     let json = String::from_utf8(s.to_json_bytes()).unwrap();
     assert!(json.contains("\"modalities\""), "{json}");
 }
+
+#[test]
+fn an_eval_sets_positions_are_its_own_and_outside_the_splits_whole() {
+    let mut p = partial_of(0, &values(0));
+    p.merge(&partial_of(1, &values(1))).unwrap();
+    let names = ["english".to_string(), "code".to_string()];
+    let whole = EvalSummary::of(&p, &names);
+    // Held-out positions are all domain 0's: named an eval set, it leaves
+    // the held-out whole and keeps its own figures, equal to before.
+    let apart = EvalSummary::of_run(&p, &names, &["english".into()]);
+    assert_eq!(apart.eval_sets, ["english"]);
+    let (w, a) = (&whole.candidates[0].splits, &apart.candidates[0].splits);
+    assert!(w["heldout"].all.n > 0);
+    assert_eq!(a["heldout"].all.n, 0);
+    assert_eq!(
+        a["heldout"].domains["english"],
+        w["heldout"].domains["english"]
+    );
+    assert_eq!(a["fit"].all, w["fit"].all);
+}

@@ -85,7 +85,15 @@ fn every_copy_of_a_heldout_or_eval_document_leaves_fit_and_the_summary_counts_th
         })
         .collect();
     assert_eq!(texts.len(), 200 + 40 + 20 + 20);
-    assert_eq!(p.documents.len(), texts.len());
+    // The web domain's documents, in file order, then the eval set's
+    // (held out whole as a domain of its own).
+    assert_eq!(
+        p.documents.iter().filter(|d| d.domain == "web").count(),
+        texts.len()
+    );
+    assert!(p.documents[texts.len()..]
+        .iter()
+        .all(|d| d.domain == "bench" && d.split == Split::Heldout && d.dropped.is_none()));
     let family = |of: &str| -> Vec<usize> {
         (0..texts.len())
             .filter(|&i| match of {

@@ -24,7 +24,8 @@ pub async fn write(
     domains: &[String],
     choice: &super::Choice,
 ) -> Result<EvalSummary, EvalRunError> {
-    let summary = EvalSummary::of(merged, domains)
+    let eval_sets = eval_set_names(store).await?;
+    let summary = EvalSummary::of_run(merged, domains, &eval_sets)
         .with_sizes(&choice.sizes)
         .with_budget(choice.kl_budget);
     if store.get_opt(out.summary_json).await?.is_some() {
@@ -36,6 +37,19 @@ pub async fn write(
     store.put(out.summary_parquet, table).await?;
     store.put(out.summary_json, summary.to_json_bytes()).await?;
     Ok(summary)
+}
+
+/// The names of the run's eval sets (`[[corpus.eval_sets]]`), which its
+/// corpus index lists as domains after the calibration domains.
+pub async fn eval_set_names(store: &RunStore) -> Result<Vec<String>, EvalRunError> {
+    Ok(corpus::manifest::read_or_default(store)
+        .await
+        .map_err(|e| EvalRunError::Setup(format!("reading the run's eval sets: {e}")))?
+        .corpus
+        .eval_sets
+        .into_iter()
+        .map(|e| e.name)
+        .collect())
 }
 
 /// Reads one float column's value from a row's figures.

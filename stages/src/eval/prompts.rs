@@ -21,12 +21,18 @@ pub async fn job(
     if settings.generate_prompts == 0 || settings.generate_tokens == 0 {
         return Ok(GenerateJob::default());
     }
+    // Eval sets are domains after the calibration domains; their chunks,
+    // after the calibration chunks, give no prompts.
+    let n_eval_sets = super::artifacts::eval_set_names(store).await?.len();
+    let n_domains = runtime::run::read_index(store).await?.domains.len();
+    let calibration = n_domains.saturating_sub(n_eval_sets);
     let corpus = store.child("corpus");
     let table = corpus.get(CHUNKS_FILE).await?;
     let what = corpus.url_of(CHUNKS_FILE);
     let (per_domain, new_tokens) = (settings.generate_prompts, settings.generate_tokens);
     let picked = tokio::task::spawn_blocking(move || {
-        let chunks = common::corpus::read_chunks(table, None)?;
+        let mut chunks = common::corpus::read_chunks(table, None)?;
+        chunks.retain(|c| c.spans.iter().all(|s| usize::from(s.domain) < calibration));
         Ok::<_, String>(pick(&chunks, per_domain, n_ctx, new_tokens))
     })
     .await

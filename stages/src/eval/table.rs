@@ -84,6 +84,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             .map(|x| {
                 x.domains
                     .iter()
+                    .filter(|(d, _)| !s.eval_sets.contains(d))
                     .map(|(d, f)| format!("{} {}", table_cell(d), ci(f.kl.mean, &kl_ci(f), 4, 1.0)))
                     .collect()
             })
@@ -125,6 +126,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             slot
         );
     }
+    md.push_str(&eval_sets_table(s));
     md.push_str(&modality_table(s));
     md.push_str(&perplexity_block(s));
     md.push_str(&generation_table(s));
@@ -183,6 +185,45 @@ fn perplexity_block(s: &EvalSummary) -> String {
             ci(f.top1_same, &f.top1_same_ci, 3, 100.0),
             ci(f.ppl_ratio, &f.ppl_ratio_ci, 6, 1.0),
         );
+    }
+    md
+}
+
+/// One row per candidate and eval set (`[[corpus.eval_sets]]`, held out
+/// whole, never calibrated on): the figures on the user's own test text.
+fn eval_sets_table(s: &EvalSummary) -> String {
+    if s.eval_sets.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\nEval sets (held out whole, never calibrated on):\n\n| candidate | eval set | positions | KL mean [95% interval] (percentiles) | same top-1 | ppl base / candidate / ratio [95% interval] |\n|---|---|---|---|---|---|\n",
+    );
+    for c in &s.candidates {
+        for name in &s.eval_sets {
+            let f = c
+                .splits
+                .get("heldout")
+                .and_then(|x| x.domains.get(name))
+                .filter(|f| f.n > 0);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                c.name,
+                table_cell(name),
+                f.map_or(0, |f| f.n),
+                kl(f),
+                f.map_or("-".into(), |f| format!(
+                    "{}%",
+                    ci(f.top1_same, &f.top1_same_ci, 2, 100.0)
+                )),
+                f.map_or("-".into(), |f| format!(
+                    "{:.3} / {:.3} / {}",
+                    f.ppl_base,
+                    f.ppl_candidate,
+                    ci(f.ppl_ratio, &f.ppl_ratio_ci, 4, 1.0)
+                )),
+            );
+        }
     }
     md
 }
@@ -361,6 +402,7 @@ mod tests {
             backends: Vec::new(),
             uncertainty: String::new(),
             budget: None,
+            eval_sets: Vec::new(),
             candidates: vec![CandidateSummary {
                 name: "frequency_K2".into(),
                 method: "frequency".into(),
@@ -400,6 +442,31 @@ mod tests {
         );
         assert!(
             md.contains("| frequency_K2 | 2 | 87.5% | 3.0 of 4 | 1 | code 100.0%, english 75.0% |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn each_eval_set_is_a_row_of_its_own() {
+        let mut s = summary(&[("heldout", 0.5)]);
+        assert!(!table(&s, &[]).contains("Eval sets"));
+        let wiki = Figures {
+            n: 7,
+            top1_same: 0.75,
+            ..Figures::default()
+        };
+        let held = s.candidates[0].splits.get_mut("heldout").unwrap();
+        held.domains.insert("wiki_test".into(), wiki);
+        s.eval_sets = vec!["wiki_test".into(), "empty_set".into()];
+        let md = table(&s, &[]);
+        assert!(md.contains("Eval sets (held out whole"), "{md}");
+        assert!(
+            md.contains("| frequency_K2 | wiki_test | 7 | 0.0000 [0.0000, 0.0000]"),
+            "{md}"
+        );
+        assert!(md.contains("| 75.00 [0.00, 0.00]% |"), "{md}");
+        assert!(
+            md.contains("| frequency_K2 | empty_set | 0 | - | - | - |"),
             "{md}"
         );
     }
