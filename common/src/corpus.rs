@@ -200,6 +200,10 @@ pub struct CorpusIndex {
     pub n_tokens: u64,
     /// SHA-256 of the chunk table's bytes.
     pub chunks_sha256: String,
+    /// The domains (the last ones) that are eval sets
+    /// (`[[corpus.eval_sets]]`): held out whole, evaluated apart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub eval_sets: Vec<String>,
 }
 
 impl CorpusIndex {

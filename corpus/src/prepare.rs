@@ -500,6 +500,7 @@ pub fn prepare(
         domains: all_names.clone(),
         n_tokens,
         chunks_sha256: hex::encode(Sha256::digest(&chunks_parquet)),
+        eval_sets: c.eval_sets.iter().map(|e| e.name.clone()).collect(),
     };
     let domains = domain_infos(c, rows, &fit_rows, domain_sources, &docs, &dropped);
     let in_chunks: BTreeSet<&str> = chunks

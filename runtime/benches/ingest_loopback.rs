@@ -61,6 +61,7 @@ fn write_corpus(dir: &std::path::Path, n_chunks: u32) -> CorpusIndex {
         domains: vec!["code".into(), "chat".into()],
         n_tokens: u64::from(n_chunks) * u64::from(CHUNK_TOKENS),
         chunks_sha256: common::hash::sha256_hex(&bytes),
+        eval_sets: Vec::new(),
     };
     std::fs::write(corpus.join(CHUNKS_FILE), bytes).unwrap();
     std::fs::write(corpus.join(INDEX_FILE), serde_json::to_vec(&index).unwrap()).unwrap();

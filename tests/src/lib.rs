@@ -133,6 +133,7 @@ pub fn write_corpus(dir: &Path, chunks: &[Chunk], n_ctx: u32) -> CorpusIndex {
         domains: vec!["en".into(), "ja".into()],
         n_tokens: chunks.iter().map(|c| c.tokens.len() as u64).sum(),
         chunks_sha256: common::hash::sha256_hex(&bytes),
+        eval_sets: Vec::new(),
     };
     std::fs::write(corpus.join(CHUNKS_FILE), bytes).unwrap();
     std::fs::write(corpus.join(INDEX_FILE), serde_json::to_vec(&index).unwrap()).unwrap();

@@ -8,6 +8,7 @@
 use super::EvalRunError;
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
+use common::corpus::CorpusIndex;
 use common::eval::{EvalPartial, EvalSummary, Figures};
 use common::layout::EvalLayout;
 use common::store::RunStore;
@@ -21,11 +22,10 @@ pub async fn write(
     store: &RunStore,
     out: &EvalLayout,
     merged: &EvalPartial,
-    domains: &[String],
+    index: &CorpusIndex,
     choice: &super::Choice,
 ) -> Result<EvalSummary, EvalRunError> {
-    let eval_sets = eval_set_names(store).await?;
-    let summary = EvalSummary::of_run(merged, domains, &eval_sets)
+    let summary = EvalSummary::of_run(merged, &index.domains, &index.eval_sets)
         .with_sizes(&choice.sizes)
         .with_budget(choice.kl_budget);
     if store.get_opt(out.summary_json).await?.is_some() {
@@ -37,19 +37,6 @@ pub async fn write(
     store.put(out.summary_parquet, table).await?;
     store.put(out.summary_json, summary.to_json_bytes()).await?;
     Ok(summary)
-}
-
-/// The names of the run's eval sets (`[[corpus.eval_sets]]`), which its
-/// corpus index lists as domains after the calibration domains.
-pub async fn eval_set_names(store: &RunStore) -> Result<Vec<String>, EvalRunError> {
-    Ok(corpus::manifest::read_or_default(store)
-        .await
-        .map_err(|e| EvalRunError::Setup(format!("reading the run's eval sets: {e}")))?
-        .corpus
-        .eval_sets
-        .into_iter()
-        .map(|e| e.name)
-        .collect())
 }
 
 /// Reads one float column's value from a row's figures.

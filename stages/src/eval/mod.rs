@@ -274,8 +274,7 @@ pub async fn evaluate_locked(
             index.n_chunks
         )));
     }
-    let summary =
-        artifacts::write(store, &setup.out, &merged, &index.domains, &setup.choice).await?;
+    let summary = artifacts::write(store, &setup.out, &merged, index, &setup.choice).await?;
     Ok(EvalOutcome {
         summary,
         leases: leased.leases,

@@ -23,9 +23,8 @@ pub async fn job(
     }
     // Eval sets are domains after the calibration domains; their chunks,
     // after the calibration chunks, give no prompts.
-    let n_eval_sets = super::artifacts::eval_set_names(store).await?.len();
-    let n_domains = runtime::run::read_index(store).await?.domains.len();
-    let calibration = n_domains.saturating_sub(n_eval_sets);
+    let index = runtime::run::read_index(store).await?;
+    let calibration = index.domains.len().saturating_sub(index.eval_sets.len());
     let corpus = store.child("corpus");
     let table = corpus.get(CHUNKS_FILE).await?;
     let what = corpus.url_of(CHUNKS_FILE);

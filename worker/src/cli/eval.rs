@@ -99,7 +99,7 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
     }
     let partial = evaluated.partial;
     let out = RunStore::open(&a.job.out)?;
-    let summary = EvalSummary::of(&partial, &index.domains);
+    let summary = EvalSummary::of_run(&partial, &index.domains, &index.eval_sets);
     rt.block_on(async {
         out.put(
             &common::layout::EVAL_PARTIALS.object(range),

@@ -37,6 +37,7 @@ pub fn token_chunks(n: u32, n_ctx: u32, modulus: u64) -> (CorpusIndex, Vec<Chunk
         domains: vec!["bench".into()],
         n_tokens: u64::from(n) * u64::from(n_ctx),
         chunks_sha256: "bench".into(),
+        eval_sets: Vec::new(),
     };
     (index, chunks)
 }

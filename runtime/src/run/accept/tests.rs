@@ -36,6 +36,7 @@ fn corpus() -> (CorpusIndex, Vec<Chunk>) {
         domains: vec!["en".into(), "ja".into()],
         n_tokens: 60,
         chunks_sha256: "corpus-sha".into(),
+        eval_sets: Vec::new(),
     };
     (index, chunks)
 }
