@@ -567,8 +567,9 @@ impl Evaluator {
         )
     }
 
-    /// The micro-batches of a run; a scored position whose next token is
-    /// outside the vocabulary is refused, naming the chunk.
+    /// The micro-batches of a run, none after a chunk's last scored row
+    /// unless every model's logits are dumped; a scored position whose
+    /// next token is outside the vocabulary is refused, naming the chunk.
     fn ubatches<'c>(
         &self,
         index: &CorpusIndex,
@@ -585,14 +586,18 @@ impl Evaluator {
                 ),
             )
         };
-        plan::ubatches(
+        let all = plan::ubatches(
             chunks,
             params.n_ubatch as usize,
             self.opts.skip_first,
             &self.opts.splits,
             n_vocab,
             outside,
-        )
+        )?;
+        Ok(match self.opts.dump_logits {
+            true => all,
+            false => plan::without_unscored_tails(all),
+        })
     }
 }
 

@@ -97,6 +97,27 @@ pub(super) fn ubatches<'c, E>(
     Ok(out)
 }
 
+/// `ubatches` without each chunk's micro-batches after its last scored row
+/// (a chunk with none loses them all): a causal model's logits at a scored
+/// row do not depend on later positions, so the figures are the same and
+/// the forward passes nothing reads are not made (llama-perplexity decodes
+/// no chunk it does not score either).
+pub(super) fn without_unscored_tails(ubatches: Vec<Ubatch<'_>>) -> Vec<Ubatch<'_>> {
+    let mut keep = vec![false; ubatches.len()];
+    let mut live = None;
+    for (i, u) in ubatches.iter().enumerate().rev() {
+        if !u.rows.is_empty() {
+            live = Some(u.chunk_index);
+        }
+        keep[i] = live == Some(u.chunk_index);
+    }
+    ubatches
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(u, k)| k.then_some(u))
+        .collect()
+}
+
 /// Cuts `ubatches` into runs of consecutive micro-batches with at most
 /// `max_rows` scored rows in all; a micro-batch with more is a run alone.
 pub(super) fn groups(ubatches: &[Ubatch<'_>], max_rows: usize) -> Vec<Range<usize>> {
@@ -195,6 +216,49 @@ mod tests {
         );
         assert_eq!(u[2].groups[0].modality, common::Modality::Image);
         assert_eq!(u[0].groups[0].modality, common::Modality::Text);
+    }
+
+    #[test]
+    fn micro_batches_after_a_chunks_last_scored_row_are_not_decoded() {
+        let mut held = chunk(0, 8);
+        held.spans[0].split = Split::Heldout;
+        let mut mixed = chunk(1, 12);
+        mixed.spans = vec![
+            Span {
+                start: 0,
+                len: 6,
+                split: Split::Fit,
+                domain: 0,
+            },
+            Span {
+                start: 6,
+                len: 6,
+                split: Split::Heldout,
+                domain: 0,
+            },
+        ];
+        let chunks = [held, mixed, chunk(2, 4)];
+        let all = ubatches(&chunks, 4, 0, &[Split::Fit], 100, |_, p| p).unwrap();
+        let shape = |u: &[Ubatch<'_>]| -> Vec<(usize, usize, usize)> {
+            u.iter()
+                .map(|u| (u.chunk_index, u.pos0, u.rows.len()))
+                .collect()
+        };
+        assert_eq!(
+            shape(&all),
+            [
+                (0, 0, 0),
+                (0, 4, 0),
+                (1, 0, 4),
+                (1, 4, 1),
+                (1, 8, 0),
+                (2, 0, 3)
+            ]
+        );
+        // The held-out chunk goes whole, the mixed one after its fit rows;
+        // every scored row stays, each chunk still starts at position 0.
+        let kept = without_unscored_tails(all);
+        assert_eq!(shape(&kept), [(1, 0, 4), (1, 4, 1), (2, 0, 3)]);
     }
 
     #[test]
