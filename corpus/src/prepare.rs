@@ -364,18 +364,13 @@ pub fn prepare(
         .collect();
     heldout::assign(&mut docs, &names, &fractions, c.seed)?;
     let drops = duplicates(c, &names, &docs, &evals, &eval_of, &eval_infos);
+    // Every document's record: the calibration domains', then the eval
+    // sets' (never dropped).
     let documents: Vec<DocRecord> = docs
         .iter()
         .zip(&drops)
-        .map(|(d, x)| DocRecord {
-            at: d.at.clone(),
-            domain: names[d.domain as usize].clone(),
-            group: d.group.clone(),
-            split: d.split,
-            tokens: d.tokens.len() as u64,
-            chars: d.chars,
-            dropped: x.as_ref().map(|x| x.rule.clone()),
-        })
+        .map(|(d, x)| doc_record(d, &all_names, x.as_ref()))
+        .chain(eval_docs.iter().map(|d| doc_record(d, &all_names, None)))
         .collect();
     let mut drops = drops.into_iter();
     let mut dropped = Vec::new();
@@ -386,18 +381,6 @@ pub fn prepare(
         }
         None => true,
     });
-    let documents: Vec<DocRecord> = documents
-        .into_iter()
-        .chain(eval_docs.iter().map(|d| DocRecord {
-            at: d.at.clone(),
-            domain: all_names[d.domain as usize].clone(),
-            group: d.group.clone(),
-            split: d.split,
-            tokens: d.tokens.len() as u64,
-            chars: d.chars,
-            dropped: None,
-        }))
-        .collect();
 
     // Shares of what is kept, over both splits and over the fit split alone
     // (what the statistics are fitted on): both are checked.
@@ -715,6 +698,20 @@ fn duplicates(
         .collect();
     find(&mut drop, on(Split::Fit), held, "near_duplicate_of_heldout");
     drop
+}
+
+/// What `documents.jsonl` records of a document: `names` its domain's
+/// name, `dropped` the rule that dropped it.
+fn doc_record(d: &Doc, names: &[String], dropped: Option<&Dropped>) -> DocRecord {
+    DocRecord {
+        at: d.at.clone(),
+        domain: names[d.domain as usize].clone(),
+        group: d.group.clone(),
+        split: d.split,
+        tokens: d.tokens.len() as u64,
+        chars: d.chars,
+        dropped: dropped.map(|x| x.rule.clone()),
+    }
 }
 
 /// Appends the eval sets' chunks after `chunks`: each set's documents in

@@ -32,17 +32,8 @@ fn each_familys_template_in_the_gguf_renders_and_tokenizes_as_jinja2_does() {
         path: path.clone(),
         ..config::SourceConfig::default()
     };
-    let records = read_source(&cfg, &path, None).unwrap().records;
-    let names: Vec<String> = std::fs::read_to_string(&path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["name"]
-                .as_str()
-                .unwrap()
-                .into()
-        })
-        .collect();
+    // Each conversation's `name` read as its group key.
+    let records = read_source(&cfg, &path, Some("name")).unwrap().records;
     let dir = tempfile::tempdir().unwrap();
     let base = repo().join("configs/models/quickstart-moe.gguf");
     let families = expected["renders"].as_object().unwrap();
@@ -53,7 +44,8 @@ fn each_familys_template_in_the_gguf_renders_and_tokenizes_as_jinja2_does() {
         let model = dir.path().join(format!("{family}.gguf"));
         fixtures::chat_template_swap::with_chat_template(&base, &model, &template);
         let tok = LlamaTokenizer::load(&model, None).unwrap();
-        for (name, record) in names.iter().zip(&records) {
+        for record in &records {
+            let name = record.group.as_deref().unwrap();
             let kwargs: ChatKwargs =
                 serde_json::from_value(expected["kwargs"][name].clone()).unwrap();
             let (text, special) = corpus::prepare::render(&tok, &record.content, &kwargs).unwrap();

@@ -18,29 +18,20 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat")
 }
 
-/// The fixture conversations by name, read as a chat source.
+/// The fixture conversations by name (their `name` field read as the
+/// group key), read as a chat source.
 fn conversations() -> Vec<(String, Chat)> {
     let path = fixtures().join("conversations.jsonl");
     let cfg = SourceConfig {
         path: path.clone(),
         ..SourceConfig::default()
     };
-    let names: Vec<String> = std::fs::read_to_string(&path)
+    read_source(&cfg, &path, Some("name"))
         .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["name"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
-    let records = read_source(&cfg, &path, None).unwrap().records;
-    names
+        .records
         .into_iter()
-        .zip(records)
-        .map(|(name, r)| match r.content {
-            Content::Chat(c) => (name, c),
+        .map(|r| match r.content {
+            Content::Chat(c) => (r.group.unwrap(), c),
             Content::Text(_) => panic!("{} is not chat", r.at),
         })
         .collect()

@@ -36,6 +36,25 @@ fn kl(f: Option<&Figures>) -> String {
     })
 }
 
+/// The same-top-1 cell: a percentage with its interval, `-` without figures.
+fn top1(f: Option<&Figures>) -> String {
+    f.map_or("-".into(), |f| {
+        format!("{}%", ci(f.top1_same, &f.top1_same_ci, 2, 100.0))
+    })
+}
+
+/// The perplexity cell: base / candidate / ratio with its interval.
+fn perplexities(f: Option<&Figures>) -> String {
+    f.map_or("-".into(), |f| {
+        format!(
+            "{:.3} / {:.3} / {}",
+            f.ppl_base,
+            f.ppl_candidate,
+            ci(f.ppl_ratio, &f.ppl_ratio_ci, 4, 1.0)
+        )
+    })
+}
+
 /// `value [lo, hi]` with `digits` decimals, scaled by `scale` (100 for %).
 fn ci(value: f64, iv: &Interval, digits: usize, scale: f64) -> String {
     format!(
@@ -108,16 +127,8 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             kl(held),
             paired(pair, &c.name),
             kl(fit),
-            main.map_or("-".into(), |f| format!(
-                "{}%",
-                ci(f.top1_same, &f.top1_same_ci, 2, 100.0)
-            )),
-            main.map_or("-".into(), |f| format!(
-                "{:.3} / {:.3} / {}",
-                f.ppl_base,
-                f.ppl_candidate,
-                ci(f.ppl_ratio, &f.ppl_ratio_ci, 4, 1.0)
-            )),
+            top1(main),
+            perplexities(main),
             if domains.is_empty() {
                 "-".into()
             } else {
@@ -212,16 +223,8 @@ fn eval_sets_table(s: &EvalSummary) -> String {
                 table_cell(name),
                 f.map_or(0, |f| f.n),
                 kl(f),
-                f.map_or("-".into(), |f| format!(
-                    "{}%",
-                    ci(f.top1_same, &f.top1_same_ci, 2, 100.0)
-                )),
-                f.map_or("-".into(), |f| format!(
-                    "{:.3} / {:.3} / {}",
-                    f.ppl_base,
-                    f.ppl_candidate,
-                    ci(f.ppl_ratio, &f.ppl_ratio_ci, 4, 1.0)
-                )),
+                top1(f),
+                perplexities(f),
             );
         }
     }
