@@ -226,8 +226,15 @@ pub fn prepare(
     validate(c)?;
     let names: Vec<String> = c.domains.iter().map(|d| d.name.clone()).collect();
 
-    // Read every source; remember where each domain's and eval set's records start.
-    let mut records: Vec<(Option<u16>, Record)> = Vec::new();
+    // Eval sets are domains of their own after the calibration domains.
+    let all_names: Vec<String> = names
+        .iter()
+        .cloned()
+        .chain(c.eval_sets.iter().map(|e| e.name.clone()))
+        .collect();
+
+    // Read every source, each record with its domain's index in `all_names`.
+    let mut records: Vec<(u16, Record)> = Vec::new();
     let mut domain_sources = Vec::new();
     let mut hashes = Vec::new();
     for (i, d) in c.domains.iter().enumerate() {
@@ -241,10 +248,9 @@ pub fn prepare(
         }
         domain_sources.push(r.sources);
         hashes.extend(r.hashes);
-        records.extend(r.records.into_iter().map(|rec| (Some(i as u16), rec)));
+        records.extend(r.records.into_iter().map(|rec| (i as u16, rec)));
     }
     let mut eval_infos = Vec::new();
-    let mut eval_of = Vec::new();
     for (i, e) in c.eval_sets.iter().enumerate() {
         let r = read_all(config, &e.sources, None)?;
         eval_infos.push(EvalSetInfo {
@@ -253,8 +259,8 @@ pub fn prepare(
             ..EvalSetInfo::default()
         });
         hashes.extend(r.hashes);
-        eval_of.extend(std::iter::repeat_n(i, r.records.len()));
-        records.extend(r.records.into_iter().map(|rec| (None, rec)));
+        let domain = (names.len() + i) as u16;
+        records.extend(r.records.into_iter().map(|rec| (domain, rec)));
     }
 
     // Template and tokenize everything, images through the mmproj.
@@ -308,41 +314,31 @@ pub fn prepare(
     // after the calibration domains (`all_names`): evaluated, never fitted
     // on, outside the shares, never dropped as duplicates.
     let mut docs = Vec::new();
-    let mut evals = Vec::new();
     let mut eval_docs = Vec::new();
     for (((domain, rec), chars), (tokens, images)) in records.into_iter().zip(chars).zip(tokens) {
-        match domain {
-            Some(domain) => docs.push(Doc {
-                domain,
-                group: rec.group.unwrap_or_else(|| format!("doc:{}", rec.at)),
-                at: rec.at,
-                chars,
-                tokens,
-                images,
-                split: Split::Fit,
-            }),
-            None => {
-                eval_docs.push(Doc {
-                    domain: (names.len() + eval_of[evals.len()]) as u16,
-                    group: format!("eval:{}", rec.at),
-                    at: rec.at.clone(),
-                    chars,
-                    tokens: tokens.clone(),
-                    images,
-                    split: Split::Heldout,
-                });
-                evals.push((rec.at, tokens));
-            }
+        let eval = usize::from(domain) >= names.len();
+        let group = match eval {
+            true => format!("eval:{}", rec.at),
+            false => rec.group.unwrap_or_else(|| format!("doc:{}", rec.at)),
+        };
+        let doc = Doc {
+            domain,
+            group,
+            at: rec.at,
+            chars,
+            tokens,
+            images,
+            split: if eval { Split::Heldout } else { Split::Fit },
+        };
+        match eval {
+            true => eval_docs.push(doc),
+            false => docs.push(doc),
         }
     }
-    let all_names: Vec<String> = names
-        .iter()
-        .cloned()
-        .chain(c.eval_sets.iter().map(|e| e.name.clone()))
-        .collect();
-    for ((_, t), &e) in evals.iter().zip(&eval_of) {
-        eval_infos[e].docs += 1;
-        eval_infos[e].tokens += t.len() as u64;
+    for d in &eval_docs {
+        let info = &mut eval_infos[usize::from(d.domain) - names.len()];
+        info.docs += 1;
+        info.tokens += d.tokens.len() as u64;
     }
     for (i, name) in names.iter().enumerate() {
         if !docs
@@ -363,7 +359,7 @@ pub fn prepare(
         .map(|d| d.heldout_fraction.unwrap_or(c.heldout_fraction))
         .collect();
     heldout::assign(&mut docs, &names, &fractions, c.seed)?;
-    let drops = duplicates(c, &names, &docs, &evals, &eval_of, &eval_infos);
+    let drops = duplicates(c, &all_names, &docs, &eval_docs);
     // Every document's record: the calibration domains', then the eval
     // sets' (never dropped).
     let documents: Vec<DocRecord> = docs
@@ -528,7 +524,7 @@ pub fn prepare(
 /// Refuses an image that takes more positions than a chunk holds (it could
 /// not be packed without cutting it), naming the record and the image.
 fn check_image_lengths(
-    records: &[(Option<u16>, Record)],
+    records: &[(u16, Record)],
     tokens: &[super::vision::ImageTokens],
     n_ctx: u32,
     at_of: impl Fn(&Record) -> String,
@@ -592,9 +588,7 @@ fn duplicates(
     c: &CorpusConfig,
     names: &[String],
     docs: &[Doc],
-    evals: &[(String, Vec<i32>)],
-    eval_of: &[usize],
-    eval_infos: &[EvalSetInfo],
+    evals: &[Doc],
 ) -> Vec<Option<Dropped>> {
     let mut drop: Vec<Option<Dropped>> = vec![None; docs.len()];
     let dropped = |i: usize, rule: &str, of: String, overlap: f64| Dropped {
@@ -604,7 +598,7 @@ fn duplicates(
         duplicate_of: of,
         overlap,
     };
-    let eval_name = |r: usize| format!("{}: {}", eval_infos[eval_of[r]].name, evals[r].0);
+    let eval_name = |r: usize| format!("{}: {}", names[evals[r].domain as usize], evals[r].at);
 
     // Exact copies.
     let keys: Vec<[u8; 32]> = docs
@@ -612,9 +606,9 @@ fn duplicates(
         .map(|d| dedup::exact_key(&d.tokens))
         .collect();
     let mut eval_keys: HashMap<[u8; 32], usize> = HashMap::new();
-    for (r, (_, t)) in evals.iter().enumerate() {
-        if !t.is_empty() {
-            eval_keys.entry(dedup::exact_key(t)).or_insert(r);
+    for (r, e) in evals.iter().enumerate() {
+        if !e.tokens.is_empty() {
+            eval_keys.entry(dedup::exact_key(&e.tokens)).or_insert(r);
         }
     }
     let mut first: HashMap<(Split, [u8; 32]), usize> = HashMap::new();
@@ -640,7 +634,7 @@ fn duplicates(
     let whole: Vec<Vec<u64>> = live
         .par_iter()
         .map(|&i| docs[i].tokens.as_slice())
-        .chain(evals.par_iter().map(|(_, t)| t.as_slice()))
+        .chain(evals.par_iter().map(|e| e.tokens.as_slice()))
         .map(|t| dedup::shingles(t, w))
         .collect();
     let stripped = dedup::strip_boilerplate(&whole, c.dedup.max_doc_freq);
@@ -717,14 +711,12 @@ fn doc_record(d: &Doc, names: &[String], dropped: Option<&Dropped>) -> DocRecord
 /// Appends the eval sets' chunks after `chunks`: each set's documents in
 /// file order, packed alone, numbered on from the last chunk.
 fn pack_eval_sets(chunks: &mut Vec<Chunk>, eval_docs: &[Doc], n_ctx: u32) {
-    let mut sets: Vec<u16> = eval_docs.iter().map(|d| d.domain).collect();
-    sets.dedup();
-    for set in sets {
+    // The documents come set by set, in read order.
+    for set in eval_docs.chunk_by(|a, b| a.domain == b.domain) {
         let first = chunks.len() as u32;
         let packed = pack::pack(
-            eval_docs
-                .iter()
-                .filter(|d| d.domain == set && !d.tokens.is_empty())
+            set.iter()
+                .filter(|d| !d.tokens.is_empty())
                 .map(|d| (d.tokens.as_slice(), d.split, d.domain, d.images.as_slice())),
             n_ctx as usize,
         );

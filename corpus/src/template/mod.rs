@@ -36,9 +36,9 @@ use serde_json::{json, Map, Value as Json};
 /// The chat template a model carries, compiled, with what it supports.
 pub struct ChatTemplate {
     env: Environment<'static>,
-    bos_token: String,
-    eos_token: String,
-    now: DateTime<Utc>,
+    /// What every rendering's context holds besides the conversation:
+    /// `bos_token`, `eos_token`, `datetime`, `date_string`.
+    base_context: Map<String, Json>,
     caps: Caps,
 }
 
@@ -79,11 +79,18 @@ impl ChatTemplate {
         });
         env.add_template_owned(TEMPLATE, source.to_string())
             .map_err(|e| format!("the chat template does not parse as Jinja ({e:#})"))?;
+        let mut base_context = Map::new();
+        base_context.insert("bos_token".into(), bos_token.into());
+        base_context.insert("eos_token".into(), eos_token.into());
+        base_context.insert("datetime".into(), now.format("%b %d %Y").to_string().into());
+        base_context.insert(
+            "date_string".into(),
+            now.format("%d %b %Y").to_string().into(),
+        );
         let mut template = ChatTemplate {
             env,
-            bos_token: bos_token.to_string(),
-            eos_token: eos_token.to_string(),
-            now,
+            base_context,
+            // What llama-server assumes until the probes tell.
             caps: Caps {
                 system_role: true,
                 tool_calls: true,
@@ -91,7 +98,7 @@ impl ChatTemplate {
                 developer_role: source.contains("<|channel|>"),
             },
         };
-        template.caps = template.probe(source);
+        template.caps = template.probe();
         Ok(template)
     }
 
@@ -104,7 +111,7 @@ impl ChatTemplate {
     /// (`enable_thinking`, `reasoning_effort`, ...) in its context.
     pub fn render(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, String> {
         let messages = self.messages(&chat.messages)?;
-        self.render_json(&messages, chat.tools.as_ref(), kwargs)
+        self.render_json(messages, chat.tools.as_ref(), kwargs)
     }
 
     /// The messages as llama-server hands them to this template.
@@ -183,26 +190,19 @@ impl ChatTemplate {
 
     fn render_json(
         &self,
-        messages: &Json,
+        messages: Json,
         tools: Option<&Json>,
         kwargs: &ChatKwargs,
     ) -> Result<String, String> {
         let mut context = Map::new();
-        context.insert("messages".into(), messages.clone());
+        context.insert("messages".into(), messages);
         if let Some(t) = tools {
             context.insert("tools".into(), t.clone());
         }
         context.insert("add_generation_prompt".into(), false.into());
-        context.insert("bos_token".into(), self.bos_token.clone().into());
-        context.insert("eos_token".into(), self.eos_token.clone().into());
-        context.insert(
-            "datetime".into(),
-            self.now.format("%b %d %Y").to_string().into(),
-        );
-        context.insert(
-            "date_string".into(),
-            self.now.format("%d %b %Y").to_string().into(),
-        );
+        for (k, v) in &self.base_context {
+            context.insert(k.clone(), v.clone());
+        }
         for (k, v) in kwargs {
             context.insert(k.clone(), v.clone());
         }
@@ -214,10 +214,10 @@ impl ChatTemplate {
 
     /// Finds what the template supports by rendering llama.cpp's probe
     /// conversations and looking for their marked parts in the text.
-    fn probe(&self, source: &str) -> Caps {
+    fn probe(&self) -> Caps {
         let none = ChatKwargs::new();
         let render =
-            |messages: Json, tools: Option<&Json>| self.render_json(&messages, tools, &none).ok();
+            |messages: Json, tools: Option<&Json>| self.render_json(messages, tools, &none).ok();
         let system_role = render(
             json!([
                 {"role": "system", "content": "probe system 8c1f"},
@@ -268,7 +268,7 @@ impl ChatTemplate {
             system_role,
             tool_calls: calls(&as_object) || calls(&as_string),
             object_arguments,
-            developer_role: source.contains("<|channel|>"),
+            developer_role: self.caps.developer_role,
         }
     }
 }

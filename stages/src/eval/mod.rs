@@ -150,16 +150,16 @@ pub async fn job(
     };
     let names = candidates::import(store, &names).await?;
     let (candidates, sizes) = candidates::prepare(store, &names, base).await?;
-    let n_ctx = runtime::run::read_index(store).await?.n_ctx;
+    let index = runtime::run::read_index(store).await?;
     Ok(Prepared {
         base_sha256,
         job: EvalJob {
             candidates,
-            skip_first: settings.skip_first_of(n_ctx),
+            skip_first: settings.skip_first_of(index.n_ctx),
             splits,
             models_in_memory: settings.models_in_memory,
             scratch_dir: settings.scratch_dir.clone(),
-            generate: prompts::job(store, settings, n_ctx).await?,
+            generate: prompts::job(store, settings, &index).await?,
         },
         sizes,
     })

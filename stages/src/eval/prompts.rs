@@ -5,26 +5,26 @@
 
 use super::EvalRunError;
 use crate::StagesError;
-use common::corpus::{Chunk, CHUNKS_FILE};
+use common::corpus::{Chunk, CorpusIndex, CHUNKS_FILE};
 use common::eval::GenerateJob;
 use common::split::Split;
 use common::store::RunStore;
 use config::eval::EvalSettings;
 
-/// The generation job of an evaluation of the run in `store` (chunks of
-/// `n_ctx` tokens).
+/// The generation job of an evaluation of the run in `store`, whose corpus
+/// `index` says.
 pub async fn job(
     store: &RunStore,
     settings: &EvalSettings,
-    n_ctx: u32,
+    index: &CorpusIndex,
 ) -> Result<GenerateJob, StagesError> {
     if settings.generate_prompts == 0 || settings.generate_tokens == 0 {
         return Ok(GenerateJob::default());
     }
     // Eval sets are domains after the calibration domains; their chunks,
     // after the calibration chunks, give no prompts.
-    let index = runtime::run::read_index(store).await?;
     let calibration = index.domains.len().saturating_sub(index.eval_sets.len());
+    let n_ctx = index.n_ctx;
     let corpus = store.child("corpus");
     let table = corpus.get(CHUNKS_FILE).await?;
     let what = corpus.url_of(CHUNKS_FILE);

@@ -76,14 +76,14 @@ pub async fn measure(
         ))
     })?;
     let sha256 = check_base(store, base).await?;
-    let n_ctx = runtime::run::read_index(store).await?.n_ctx;
+    let index = runtime::run::read_index(store).await?;
     let job = EvalJob {
         candidates,
-        skip_first: config.eval.skip_first_of(n_ctx),
+        skip_first: config.eval.skip_first_of(index.n_ctx),
         splits,
         models_in_memory: config.eval.models_in_memory,
         scratch_dir: config.eval.scratch_dir.clone(),
-        generate: crate::eval::prompts::job(store, &config.eval, n_ctx).await?,
+        generate: crate::eval::prompts::job(store, &config.eval, &index).await?,
     };
     let out = common::layout::SHIP_EVAL;
     let base = Base { path: base, sha256 };
