@@ -75,7 +75,7 @@ pub struct Named {
 pub fn parse(names: &[String]) -> Result<Vec<Named>, CandidateError> {
     let mut out: Vec<Named> = Vec::with_capacity(names.len());
     for given in names {
-        let name = common::layout::keep_map_name(given.trim()).to_string();
+        let name = runfiles::layout::keep_map_name(given.trim()).to_string();
         check_name(&name)?;
         if out.iter().any(|c| c.name == name) {
             return Err(CandidateError::Twice { name });

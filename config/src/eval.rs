@@ -5,9 +5,9 @@
 //! against the run's `saliency.json` ([`KeepShape`]).
 
 use super::method::Method;
-use common::eval::ModelsInMemory;
-use common::routing::{check_group_keep, ExpertGroups};
-use common::saliency::Saliency;
+use numbers::eval::ModelsInMemory;
+use numbers::routing::{check_group_keep, ExpertGroups};
+use numbers::saliency::Saliency;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

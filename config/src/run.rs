@@ -1,6 +1,6 @@
 //! The `[run]`, `[cluster]` and `[storage]` sections of the run config.
 
-use common::MAX_CPU_MOE_LAYERS;
+use protocol::MAX_CPU_MOE_LAYERS;
 use sched::SchedConfig;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -107,8 +107,8 @@ impl RunSettings {
 
     /// The evaluation settings every worker of the run shares; `trace_every`
     /// holds the chunk strides that meet `trace_tokens_per_split` per split.
-    pub fn job_options(&self, trace_every: common::wire::TraceStrides) -> common::wire::JobOptions {
-        common::wire::JobOptions {
+    pub fn job_options(&self, trace_every: protocol::wire::TraceStrides) -> protocol::wire::JobOptions {
+        protocol::wire::JobOptions {
             n_ubatch: self.n_ubatch,
             trace_every,
             trace_top_n: self.trace_top_n,

@@ -9,7 +9,7 @@
 use super::candidate;
 use super::eval::KeepShape;
 use super::method::Method;
-use common::quant::{check_requantize, QuantType};
+use gguf::quant::{check_requantize, QuantType};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -136,7 +136,7 @@ impl ShipSettings {
         }
         let quants = self.quants()?;
         if !quants.is_empty() {
-            let header = common::gguf_split::open_joined(model)
+            let header = gguf::split::open_joined(model)
                 .map_err(|e| format!("reading model {}: {e}", model.display()))?
                 .header;
             for q in quants {

@@ -1,7 +1,7 @@
 //! Command-line contract (DESIGN section 10): one subcommand per stage.
 
 use clap::{Parser, Subcommand};
-use common::error_text::with_causes;
+use runfiles::error_text::with_causes;
 use std::process::ExitCode;
 
 /// moe-census coordinator.
@@ -72,7 +72,7 @@ fn corpus(args: corpus::CorpusArgs) -> anyhow::Result<ExitCode> {
         .out
         .clone()
         .unwrap_or_else(|| corpus::default_out(&args.config));
-    let store = common::store::RunStore::open(&out)?;
+    let store = runfiles::store::RunStore::open(&out)?;
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -102,13 +102,13 @@ fn corpus(args: corpus::CorpusArgs) -> anyhow::Result<ExitCode> {
 fn replay(mut args: replay::ReplayArgs) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
     if args.model.is_none() {
-        let store = common::store::RunStore::open(&args.run)?;
+        let store = runfiles::store::RunStore::open(&args.run)?;
         let manifest = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("starting the I/O runtime")?
-            .block_on(corpus::manifest::read(&store))
-            .with_context(|| format!("parsing {}", store.url_of(common::layout::MANIFEST_JSON)))?;
+            .block_on(runfiles::manifest::read(&store))
+            .with_context(|| format!("parsing {}", store.url_of(runfiles::layout::MANIFEST_JSON)))?;
         args.model = manifest.and_then(|m| m.model_path).filter(|p| p.exists());
     }
     let report = replay::replay_run(&args)?;
@@ -124,7 +124,7 @@ pub fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(common::layout::env::log_colour())
+        .with_ansi(runfiles::layout::env::log_colour())
         .init();
     match dispatch(Cli::parse()) {
         Ok(code) => code,

@@ -2,7 +2,7 @@
 //! written once by hand before a run.
 
 use clap::Args;
-use common::layout::env::JOIN_SECRET as SECRET_ENV;
+use runfiles::layout::env::JOIN_SECRET as SECRET_ENV;
 use config::run::ClusterSettings;
 use runtime::net::tls::{create_ca, write_private, CA_KEY_FILE};
 use std::path::PathBuf;
@@ -57,7 +57,7 @@ pub fn worker_key(args: WorkerKeyArgs) -> anyhow::Result<ExitCode> {
     if !shared {
         anyhow::bail!("no join secret: give --secret-file or set {SECRET_ENV}");
     }
-    let key = common::secret::WorkerKey::derive(&secret, &args.name);
+    let key = protocol::secret::WorkerKey::derive(&secret, &args.name);
     write_private(&args.out, key.file_text().as_bytes())
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.out.display()))?;
     println!(

@@ -4,9 +4,9 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
-use common::artifacts::{names, write_results};
-use common::partial::{PackedPartial, Partial};
-use common::store::RunStore;
+use runfiles::artifacts::{names, write_results};
+use numbers::partial::{PackedPartial, Partial};
+use runfiles::store::RunStore;
 use std::process::ExitCode;
 
 /// Arguments of `coordinator merge`.
@@ -38,7 +38,7 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
         let store = RunStore::open(&args.run)?;
         let locations = if args.partials.is_empty() {
             store
-                .list(common::artifacts::names::PARTIALS_DIR)
+                .list(runfiles::artifacts::names::PARTIALS_DIR)
                 .await?
                 .into_iter()
                 .filter(|n| n.ends_with(".bin") && n != names::MERGED_PARTIAL)
@@ -68,7 +68,7 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
             "merged {} partials: {} chunks, {} fit tokens -> {}",
             locations.len(),
             merged.n_chunks(),
-            saliency.split(common::Split::Fit).map_or(0, |s| s.n_tokens),
+            saliency.split(numbers::Split::Fit).map_or(0, |s| s.n_tokens),
             store.url()
         );
         Ok(ExitCode::SUCCESS)

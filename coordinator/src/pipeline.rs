@@ -11,9 +11,9 @@
 //! after the last ([`runtime::run::crew`]): a `worker join` started once
 //! serves the whole run.
 
-use common::artifacts::names;
-use common::error_text::with_causes;
-use common::store::RunStore;
+use runfiles::artifacts::names;
+use runfiles::error_text::with_causes;
+use runfiles::store::RunStore;
 use config::eval::KeepShape;
 use config::ship::ShipSettings;
 use config::Config;
@@ -65,7 +65,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     // before any corpus work or lease. The header knows no routing groups:
     // they round shares down further and are checked against saliency.json
     // once it exists, so this refuses only what that check would refuse.
-    let facts = common::model_check::moe_facts(&config.model_path()).map_err(anyhow::Error::msg)?;
+    let facts = gguf::model_check::moe_facts(&config.model_path()).map_err(anyhow::Error::msg)?;
     if config.eval.is_configured() {
         let header = KeepShape {
             n_expert: facts.n_expert,
@@ -160,7 +160,7 @@ async fn stages(
     let model_path = std::path::absolute(config.model_path()).context("model path")?;
     // Workers measure the corpus's images with the mmproj it was tokenized with.
     let mmproj = match (&outcome.manifest.images, config.mmproj_path()) {
-        (Some(im), Some(path)) => Some(common::wire::MmprojFile {
+        (Some(im), Some(path)) => Some(protocol::wire::MmprojFile {
             path: std::path::absolute(&path)
                 .context("mmproj path")?
                 .display()
@@ -215,7 +215,7 @@ async fn stages(
     println!("report: {}", store.url_of(names::REPORT_MD));
     lock.confirm().await?;
     mark_finished(&store, &summary, ok).await?;
-    let manifest = store.url_of(corpus::MANIFEST_FILE);
+    let manifest = store.url_of(runfiles::manifest::MANIFEST_FILE);
     if !ok {
         let skipped = match (config.eval.is_configured(), ship.is_some()) {
             (true, true) => "; [eval] and [ship] were not run on an unverified run",
@@ -291,7 +291,7 @@ fn default_identity_dir(config_dir: &std::path::Path, out: &str) -> std::path::P
     } else {
         std::path::absolute(out).map_or_else(|_| out.to_string(), |p| p.display().to_string())
     };
-    let key = &common::hash::sha256_hex(location.as_bytes())[..16];
+    let key = &gguf::hash::sha256_hex(location.as_bytes())[..16];
     config_dir
         .join(".moe-census")
         .join(format!("coordinator-{key}"))
@@ -359,7 +359,7 @@ async fn evaluate_configured(
         path: &setup.model_path,
         sha256: prepared.base_sha256,
     };
-    let out = common::layout::EVAL;
+    let out = runfiles::layout::EVAL;
     let choice = stages::eval::Choice {
         sizes: prepared.sizes,
         kl_budget: config.eval.kl_budget,

@@ -1,7 +1,7 @@
 //! A tokenized document: the unit that is split, deduplicated and packed.
 
-use common::corpus::ImageSpan;
-use common::Split;
+use runfiles::corpus::ImageSpan;
+use numbers::Split;
 
 /// One document after tokenization.
 #[derive(Clone, Debug, PartialEq)]

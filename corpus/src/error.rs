@@ -1,7 +1,7 @@
 //! The corpus stage's error type: every variant names the file, line or
 //! domain at fault, so a user can fix the input without reading code.
 
-use common::store::StoreError;
+use runfiles::store::StoreError;
 use std::path::PathBuf;
 
 /// Why a corpus could not be prepared. No manifest is written on any of them.
@@ -54,7 +54,7 @@ pub enum CorpusError {
     /// The model's vocabulary would abort llama.cpp's loader (the error
     /// names the model and the token).
     #[error(transparent)]
-    Vocab(#[from] common::vocab_check::VocabError),
+    Vocab(#[from] gguf::vocab_check::VocabError),
     /// Some domain's token share misses its target by more than the tolerance.
     #[error("token shares miss their targets by more than the tolerance {tolerance} for {}:\n{table}", domains.join(", "))]
     ShareMiss {

@@ -3,7 +3,7 @@
 
 use super::doc::Doc;
 use super::error::CorpusError;
-use common::Split;
+use numbers::Split;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 

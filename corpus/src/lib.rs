@@ -21,7 +21,6 @@ pub mod files;
 pub mod heldout;
 pub mod image_file;
 pub mod json_array;
-pub mod manifest;
 pub mod media;
 pub mod pack;
 pub mod prepare;
@@ -36,11 +35,11 @@ pub mod vision;
 mod tests;
 
 use clap::Args;
-use common::corpus::{CHUNKS_FILE, INDEX_FILE};
-use common::store::RunStore;
+use runfiles::corpus::{CHUNKS_FILE, INDEX_FILE};
+use runfiles::store::RunStore;
 use config::Config;
 pub use error::CorpusError;
-pub use manifest::{Manifest, MANIFEST_FILE};
+pub use runfiles::manifest::{self, Manifest, MANIFEST_FILE};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
@@ -86,7 +85,7 @@ fn model_sha256(model: &Path) -> Result<String, CorpusError> {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let sha = common::hash::model_sha256_with(model, &mut |done, total| {
+    let sha = gguf::hash::model_sha256_with(model, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });
@@ -99,7 +98,7 @@ fn model_sha256(model: &Path) -> Result<String, CorpusError> {
 
 /// SHA-256 of a file, streamed.
 pub fn sha256_file(path: &Path) -> Result<String, CorpusError> {
-    common::hash::sha256_file(path).map_err(|source| CorpusError::Io {
+    gguf::hash::sha256_file(path).map_err(|source| CorpusError::Io {
         path: path.to_path_buf(),
         source,
     })
@@ -107,8 +106,8 @@ pub fn sha256_file(path: &Path) -> Result<String, CorpusError> {
 
 /// Reads the corpus section of a run's `manifest.json`, if there is one.
 pub async fn read_manifest(store: &RunStore) -> Result<Option<Manifest>, CorpusError> {
-    use crate::manifest::ManifestError;
-    match crate::manifest::read(store).await {
+    use runfiles::manifest::ManifestError;
+    match runfiles::manifest::read(store).await {
         Ok(m) => Ok(m.map(|m| m.corpus)),
         Err(ManifestError::Store(e)) => Err(e.into()),
         Err(ManifestError::Corrupt { url, reason }) => Err(CorpusError::Stored {
@@ -160,7 +159,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
         None => None,
     };
     let inputs = prepare::fingerprint(&config.corpus, &model_sha, &hashes, images.as_ref());
-    let corpus = store.child(common::artifacts::names::CORPUS_DIR);
+    let corpus = store.child(runfiles::artifacts::names::CORPUS_DIR);
     let existing = read_manifest(store).await?;
     if let Some(m) = &existing {
         if m.inputs_sha256 == inputs {
@@ -200,14 +199,14 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     for image in &prepared.images {
         corpus
             .put(
-                &common::layout::corpus::image(&image.sha256),
+                &runfiles::layout::corpus::image(&image.sha256),
                 image_bytes(image)?,
             )
             .await?;
     }
     // A new corpus starts a new manifest: records of results computed from
     // another corpus are dropped with it.
-    let json = crate::manifest::encode(&crate::manifest::RunManifest {
+    let json = runfiles::manifest::encode(&runfiles::manifest::RunManifest {
         corpus: prepared.manifest.clone(),
         ..Default::default()
     });

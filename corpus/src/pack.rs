@@ -3,8 +3,8 @@
 //! that an image would overflow is closed early, so a chunk is short only
 //! when it is the last or the next one starts with an image.
 
-use common::corpus::{Chunk, ImageSpan, Span};
-use common::{ChunkId, Split};
+use runfiles::corpus::{Chunk, ImageSpan, Span};
+use numbers::{ChunkId, Split};
 
 /// Packs `(tokens, split, domain, images)` pieces in order; a document may
 /// continue into the next chunk, but never inside one of its images (each
@@ -119,7 +119,7 @@ mod tests {
     #[test]
     fn an_image_is_never_cut_and_closes_the_chunk_early() {
         let sha = |i: u64| format!("{:08x}{}", i + 1, "0".repeat(56));
-        let marker = |i| common::corpus::image_token(&sha(i));
+        let marker = |i| runfiles::corpus::image_token(&sha(i));
         // Documents of text with images of 6 positions at various offsets.
         let mut docs: Vec<(Vec<i32>, Vec<ImageSpan>)> = Vec::new();
         for d in 0..9u64 {

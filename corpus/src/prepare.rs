@@ -4,7 +4,7 @@
 use super::chat::ChatKwargs;
 use super::doc::Doc;
 use super::error::CorpusError;
-use super::manifest::{
+use runfiles::manifest::{
     ChunkPlan, DocRecord, DomainInfo, Dropped, EvalSetInfo, ImagesInfo, Manifest, SourceInfo,
     CORPUS_FORMAT,
 };
@@ -12,8 +12,8 @@ use super::shares::{self, ShareRow};
 use super::source::{read_source, Content, ImageRef, Record, SourceData};
 use super::tokenizer::{tokenize_all, Tokenizer};
 use super::{dedup, heldout, pack, schedule};
-use common::corpus::{write_chunks, Chunk, CorpusIndex};
-use common::Split;
+use runfiles::corpus::{write_chunks, Chunk, CorpusIndex};
+use numbers::Split;
 use config::{Config, CorpusConfig, SourceConfig};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
@@ -470,7 +470,7 @@ pub fn prepare(
     };
 
     let chunks_parquet = write_chunks(&chunks).map_err(|message| CorpusError::Stored {
-        url: common::corpus::CHUNKS_FILE.into(),
+        url: runfiles::corpus::CHUNKS_FILE.into(),
         message,
     })?;
     let index = CorpusIndex {
@@ -721,7 +721,7 @@ fn pack_eval_sets(chunks: &mut Vec<Chunk>, eval_docs: &[Doc], n_ctx: u32) {
             n_ctx as usize,
         );
         chunks.extend(packed.into_iter().map(|mut ch| {
-            ch.id = common::ChunkId(first + ch.id.0);
+            ch.id = numbers::ChunkId(first + ch.id.0);
             ch
         }));
     }

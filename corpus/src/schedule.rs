@@ -2,7 +2,7 @@
 //! the packed chunks keeps each domain's share of tokens close to its share
 //! of the whole corpus. Stopping a run early still gives a balanced sample.
 
-use common::corpus::Chunk;
+use runfiles::corpus::Chunk;
 use sha2::{Digest, Sha256};
 
 /// Sorts a stream's documents by a hash of (seed, key), so a prefix samples
@@ -71,7 +71,7 @@ pub fn prefix_deviations(chunks: &[Chunk], mix: &[f64]) -> Vec<f64> {
 mod tests {
     use super::*;
     use crate::pack::pack;
-    use common::Split;
+    use numbers::Split;
 
     #[test]
     fn interleaving_keeps_prefixes_near_the_mix() {

@@ -1,36 +1,8 @@
 //! Domain shares measured in tokens (and, for contrast, characters), checked
 //! against the configured targets.
 
-use serde::{Deserialize, Serialize};
+pub use runfiles::manifest::ShareRow;
 use std::fmt::Write;
-
-/// One domain's line of the share table.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ShareRow {
-    /// Domain name.
-    pub domain: String,
-    /// Configured target share of tokens, if any.
-    pub target: Option<f64>,
-    /// Documents kept.
-    pub docs: u64,
-    /// Characters kept.
-    pub chars: u64,
-    /// Tokens kept.
-    pub tokens: u64,
-    /// Share of the corpus's characters.
-    pub char_share: f64,
-    /// Share of the corpus's tokens: what is checked.
-    pub token_share: f64,
-}
-
-impl ShareRow {
-    /// Whether the measured token share is within `tolerance` of the target.
-    pub fn within(&self, tolerance: f64) -> bool {
-        self.target
-            .is_none_or(|t| (self.token_share - t).abs() <= tolerance)
-    }
-}
 
 /// Builds the rows from per-domain (docs, chars, tokens) totals.
 pub fn measure(

@@ -114,7 +114,7 @@ fn combined_sha256(listing: &Listing, hashes: &[(&SourceFile, String)]) -> Strin
 }
 
 fn hash_file(path: &Path) -> Result<String, CorpusError> {
-    common::hash::sha256_file(path).map_err(|source| CorpusError::Io {
+    gguf::hash::sha256_file(path).map_err(|source| CorpusError::Io {
         path: path.to_path_buf(),
         source,
     })

@@ -6,8 +6,8 @@ use super::prepare::prepare;
 use super::schedule::prefix_deviations;
 use super::tokenizer::{ByteTokenizer, Tokenizer};
 use super::*;
-use common::corpus::read_chunks;
-use common::Split;
+use runfiles::corpus::read_chunks;
+use numbers::Split;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -179,7 +179,7 @@ pub(super) fn check_invariants(p: &prepare::Prepared) {
         total
     );
     // The stream a chunk belongs to: calibration, or one eval set.
-    let stream = |c: &common::corpus::Chunk| {
+    let stream = |c: &runfiles::corpus::Chunk| {
         let d = usize::from(c.spans[0].domain);
         assert!(c
             .spans
@@ -512,7 +512,7 @@ async fn same_inputs_reuse_the_corpus_and_changed_inputs_refuse_to_overwrite() {
         .await
         .unwrap();
     assert!(!first.reused);
-    let index: common::corpus::CorpusIndex =
+    let index: runfiles::corpus::CorpusIndex =
         serde_json::from_slice(&store.get("corpus/index.json").await.unwrap()).unwrap();
     assert_eq!(index.n_tokens, first.manifest.chunk_plan.n_tokens);
     let again = prepare_run_with(&config, &store, false, load_bytes)

@@ -13,7 +13,6 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::sync::OnceLock;
@@ -21,30 +20,7 @@ use std::sync::OnceLock;
 /// Inputs larger than this (bytes) get a progress bar.
 const PROGRESS_MIN_BYTES: usize = 4 << 20;
 
-/// What the manifest records about the tokenizer.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct TokenizerInfo {
-    /// Implementation (`llama.cpp`).
-    pub kind: String,
-    /// Vocabulary type (`BPE`, `SPM`, ...).
-    pub vocab_type: String,
-    /// Number of tokens in the vocabulary.
-    pub n_vocab: u32,
-    /// Beginning-of-sequence token id.
-    pub bos: i32,
-    /// End-of-sequence token id.
-    pub eos: i32,
-    /// Whether the model's metadata asks for BOS at the start of a text.
-    pub add_bos: bool,
-    /// Whether the model's metadata asks for EOS at the end of a text.
-    pub add_eos: bool,
-    /// SHA-256 of the chat template, if the model has one.
-    pub chat_template_sha256: Option<String>,
-    /// SHA-256 of the mmproj GGUF that tokenized images, when one was loaded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mmproj_sha256: Option<String>,
-}
+pub use runfiles::manifest::TokenizerInfo;
 
 /// A tokenizer as the corpus stage uses it.
 pub trait Tokenizer: Sync {
@@ -118,7 +94,7 @@ impl LlamaTokenizer {
         }
         // llama.cpp aborts the process on a repeated token string: refuse
         // such a vocabulary by name before it sees the file.
-        common::vocab_check::check_file(path)?;
+        gguf::vocab_check::check_file(path)?;
         let backend = backend().map_err(&fail)?;
         let params = LlamaModelParams::default().with_vocab_only(true);
         let model = LlamaModel::load_from_file(backend, path, &params)

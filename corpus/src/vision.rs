@@ -5,8 +5,8 @@
 //! packing count it as tokens of its record.
 
 use super::media::{ImageRef, MEDIA_MARKER};
-use common::corpus::{image_token, ImageSpan};
-use common::gguf_read::GgufReader;
+use runfiles::corpus::{image_token, ImageSpan};
+use gguf::read::GgufReader;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::mtmd::{
     MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType, MtmdInputText,

@@ -2,8 +2,8 @@
 //! keep map at fault. A variant that wraps a cause keeps it as its source, so
 //! `{:#}` prints "what failed: why".
 
-use common::gguf_read::GgufReadError;
-use common::store::StoreError;
+use gguf::read::GgufReadError;
+use runfiles::store::StoreError;
 use std::path::PathBuf;
 
 /// Why a replay, or reading one of its inputs or results, failed.
@@ -284,7 +284,7 @@ pub enum ReplayError {
     #[error(transparent)]
     ModelFiles {
         /// What is wrong, naming the file.
-        source: common::gguf_split::SplitError,
+        source: gguf::split::SplitError,
     },
     /// An expert tensor's name has no block number (`blk.N.`).
     #[error("model {}: tensor {tensor} has no block number", model.display())]

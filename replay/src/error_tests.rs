@@ -1,13 +1,13 @@
 //! Error messages as the coordinator prints them
-//! (`common::error_text::with_causes`: the error, then each cause it does
+//! (`runfiles::error_text::with_causes`: the error, then each cause it does
 //! not already say): users and scripts read these, so they are pinned here
 //! word for word.
 
 use super::{replay_run, ReplayArgs, ReplayError, ReplayReport};
 use clap::Parser;
-use common::store::RunStore;
-use common::trace::{write_part, TraceRow};
-use common::Split;
+use runfiles::store::RunStore;
+use runfiles::trace::{write_part, TraceRow};
+use numbers::Split;
 use std::path::Path;
 
 #[derive(Parser)]
@@ -18,7 +18,7 @@ struct Wrap {
 
 /// What `coordinator` prints for an error.
 fn printed(e: ReplayError) -> String {
-    common::error_text::with_causes(&e)
+    runfiles::error_text::with_causes(&e)
 }
 
 /// The message of a replay of `dir` with extra flags.

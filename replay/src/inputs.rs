@@ -4,11 +4,11 @@
 use super::results::TraceKind;
 use super::trace_io::TraceSet;
 use crate::ReplayError;
-use common::artifacts::names;
-use common::keepmap::KeepMap;
-use common::routing::Routing;
-use common::store::RunStore;
-use common::Gating;
+use runfiles::artifacts::names;
+use runfiles::keepmap::KeepMap;
+use numbers::routing::Routing;
+use runfiles::store::RunStore;
+use numbers::Gating;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -98,7 +98,7 @@ pub async fn load_inputs(
     for spec in keep_maps {
         keep.push(load_keep_map(store, spec, n_expert).await?);
     }
-    let (prefill, decode) = common::trace::stored_parts(store).await?;
+    let (prefill, decode) = runfiles::trace::stored_parts(store).await?;
     let mut traces = Vec::new();
     for (kind, names) in [(TraceKind::Prefill, prefill), (TraceKind::Decode, decode)] {
         if let Some(set) = TraceSet::open(store, &names).await? {

@@ -11,8 +11,8 @@
 
 use super::steps::{TokenReqs, NONE};
 use super::trace_io::RawLayer;
-use common::routing::{Candidates, Routing};
-use common::Gating;
+use numbers::routing::{Candidates, Routing};
+use numbers::Gating;
 
 /// One layer of a keep map, as replay applies it.
 #[derive(Clone, Copy)]

@@ -1,8 +1,8 @@
 //! Bytes moved per expert load, from the model's expert tensors.
 
 use crate::ReplayError;
-use common::gguf_read::GgufHeader;
-use common::gguf_split::{open_joined, SplitError};
+use gguf::read::GgufHeader;
+use gguf::split::{open_joined, SplitError};
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -8,7 +8,7 @@ use super::inputs::Inputs;
 use super::policy::{Policy, PolicyParams};
 use super::results::{CurvePoint, LayerResult, LruCurve, Mode, ReplayReport, ResultRow, TraceKind};
 use super::Counts;
-use common::Split;
+use numbers::Split;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 

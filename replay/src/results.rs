@@ -5,7 +5,7 @@
 
 use super::policy::{Policy, PolicyParams};
 use crate::ReplayError;
-use common::Split;
+use numbers::Split;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

@@ -12,9 +12,9 @@ use super::steps::Steps;
 use super::trace_io::TraceSet;
 use crate::ReplayError;
 use clap::{Args, ValueEnum};
-use common::artifacts::names;
-use common::store::RunStore;
-use common::Split;
+use runfiles::artifacts::names;
+use runfiles::store::RunStore;
+use numbers::Split;
 use rayon::prelude::*;
 use std::path::PathBuf;
 
@@ -133,12 +133,12 @@ impl ReplayArgs {
         if let Some(name) = self
             .out
             .as_ref()
-            .filter(|n| common::layout::explore(n).is_none())
+            .filter(|n| runfiles::layout::explore(n).is_none())
         {
             return refuse(
                 "--out",
                 Some(name.clone()),
-                common::layout::EXPLORE_NAME_RULE,
+                runfiles::layout::EXPLORE_NAME_RULE,
             );
         }
         Ok(())
@@ -192,10 +192,10 @@ pub fn replay_in(args: &ReplayArgs, store: RunStore) -> Result<ReplayReport, Rep
         None => store,
         Some(name) => {
             store.child(
-                &common::layout::explore(name).ok_or_else(|| ReplayError::Flag {
+                &runfiles::layout::explore(name).ok_or_else(|| ReplayError::Flag {
                     flag: "--out",
                     value: Some(name.clone()),
-                    reason: common::layout::EXPLORE_NAME_RULE,
+                    reason: runfiles::layout::EXPLORE_NAME_RULE,
                 })?,
             )
         }

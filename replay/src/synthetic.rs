@@ -3,7 +3,7 @@
 //! and temporal locality (a slot often repeats the previous token's expert).
 
 use super::trace_io::RawLayer;
-use common::splitmix::SplitMix64;
+use numbers::splitmix::SplitMix64;
 
 /// The shape of a synthetic trace layer.
 #[derive(Clone, Copy, Debug)]

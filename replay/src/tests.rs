@@ -12,8 +12,8 @@ use super::scored;
 use super::steps::{Steps, TokenReqs, NONE};
 use super::synthetic::{raw_layer, Shape};
 use super::trace_io::RawLayer;
-use common::routing::Routing;
-use common::splitmix::SplitMix64;
+use numbers::routing::Routing;
+use numbers::splitmix::SplitMix64;
 
 /// Tokens of one chunk; token `t` requests `tokens[t]`, ranked in that order
 /// with router probabilities `probs[t]` (or 1/k each) and near picks `near[t]`.
@@ -191,7 +191,7 @@ fn keep_map_with_too_few_survivors_forces_misses() {
         kept: &kept,
         layer: 0,
         routing: &routing,
-        gating: common::Gating::Softmax,
+        gating: numbers::Gating::Softmax,
     };
     let t = requests(&raw, 6, Some(rule), 1);
     assert_eq!(t.expert, vec![1, NONE, 5, 1, NONE, NONE]);
@@ -240,7 +240,7 @@ fn random_steps(seed: u64, n_expert: usize, k: usize, tokens: usize, ubatch: usi
         kept: &kept,
         layer: 0,
         routing: &routing,
-        gating: common::Gating::Softmax,
+        gating: numbers::Gating::Softmax,
     });
     Steps::build(&requests(&raw, n_expert, keep, 3), ubatch)
 }

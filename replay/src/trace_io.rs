@@ -11,8 +11,8 @@ use super::remote::Remote;
 use crate::ReplayError;
 use arrow::array::{Array, FixedSizeListArray, RecordBatch, StringArray, UInt32Array};
 use bytes::Bytes;
-use common::store::RunStore;
-use common::Split;
+use runfiles::store::RunStore;
+use numbers::Split;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
@@ -428,7 +428,7 @@ fn append(
     let (sel_list, sel) = list::<UInt16Type>(b, "selected")?;
     let (top_list, top) = list::<UInt16Type>(b, "topn_id")?;
     let prob_list: &FixedSizeListArray = column(b, "topn_prob")?;
-    let prob = common::trace::float_values(prob_list.values().as_ref()).map_err(|reason| {
+    let prob = runfiles::trace::float_values(prob_list.values().as_ref()).map_err(|reason| {
         ReplayError::ColumnValues {
             column: "topn_prob".to_string(),
             reason,

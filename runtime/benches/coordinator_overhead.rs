@@ -35,13 +35,13 @@
 //!    reported against the running total's and the partials' sizes.
 
 use bytes::Bytes;
-use common::corpus::CorpusIndex;
-use common::exact::ExactSum;
-use common::hash::sha256_hex;
-use common::model_check::MoeFacts;
-use common::partial::{PackedPartial, Partial};
-use common::wire::WorkerId;
-use common::ChunkRange;
+use runfiles::corpus::CorpusIndex;
+use numbers::exact::ExactSum;
+use gguf::hash::sha256_hex;
+use gguf::model_check::MoeFacts;
+use numbers::partial::{PackedPartial, Partial};
+use protocol::wire::WorkerId;
+use numbers::ChunkRange;
 use realistic::{CHUNK_TOKENS, EXPERTS, LAYERS, SPAN};
 use runtime::run::accept::Acceptance;
 use sched::{plan, Completion, Grant, Identity, SchedConfig, Scheduler};
@@ -257,13 +257,13 @@ fn exact_sums(p: &Partial) -> usize {
 /// that copy), the columns `p`'s tensors share shared alike.
 fn deep_copy(p: &Partial) -> Partial {
     let mut copy = p.clone();
-    let mut done: Vec<(common::imatrix::Sums, common::imatrix::Sums)> = Vec::new();
+    let mut done: Vec<(numbers::imatrix::Sums, numbers::imatrix::Sums)> = Vec::new();
     for e in copy.imatrix.entries.values_mut() {
         for column in e.sums_mut() {
             let own = match done.iter().find(|(old, _)| old.is_shared_with(column)) {
                 Some((_, own)) => own.clone(),
                 None => {
-                    let own = common::imatrix::Sums::from(column.to_vec());
+                    let own = numbers::imatrix::Sums::from(column.to_vec());
                     done.push((column.clone(), own.clone()));
                     own
                 }
@@ -275,9 +275,9 @@ fn deep_copy(p: &Partial) -> Partial {
 }
 
 /// [`exact_sums`] as held in memory: a column that tensors share
-/// (`common::imatrix::Sums`) counts once.
+/// (`numbers::imatrix::Sums`) counts once.
 fn held_sums(p: &Partial) -> usize {
-    let columns: Vec<&common::imatrix::Sums> =
+    let columns: Vec<&numbers::imatrix::Sums> =
         p.imatrix.entries.values().flat_map(|e| e.sums()).collect();
     let mut held = 0;
     for (i, c) in columns.iter().enumerate() {
@@ -368,7 +368,7 @@ fn rss_child(dir: &std::path::Path, slots: usize) {
     let free = std::sync::Arc::new((std::sync::Mutex::new(slots), std::sync::Condvar::new()));
     let (tx, rx) = std::sync::mpsc::channel();
     let t = Instant::now();
-    let cpu = common::procstat::process_cpu_seconds().unwrap();
+    let cpu = runfiles::procstat::process_cpu_seconds().unwrap();
     for (lease, file) in files.into_iter().enumerate() {
         let (accept, free, tx) = (accept.clone(), free.clone(), tx.clone());
         std::thread::spawn(move || {
@@ -397,7 +397,7 @@ fn rss_child(dir: &std::path::Path, slots: usize) {
     }
     let total = total.expect("a total");
     let (sums, held) = (exact_sums(&total), held_sums(&total));
-    let peak = common::procstat::peak_rss_kib().unwrap() as f64 * 1024.0;
+    let peak = runfiles::procstat::peak_rss_kib().unwrap() as f64 * 1024.0;
     println!(
         "peak RSS {:.2} GB; the running total holds {:.1}M sums in {:.1}M held ({:.2} GB; tensors with equal sums share them); {} chunks merged in {:.1} s wall, {:.1} CPU s",
         peak / 1e9,
@@ -406,7 +406,7 @@ fn rss_child(dir: &std::path::Path, slots: usize) {
         (held * 16) as f64 / 1e9,
         total.n_chunks(),
         t.elapsed().as_secs_f64(),
-        common::procstat::process_cpu_seconds().unwrap() - cpu
+        runfiles::procstat::process_cpu_seconds().unwrap() - cpu
     );
 }
 
@@ -429,7 +429,7 @@ impl Cost {
             return;
         }
         let mut packed = Vec::new();
-        common::packed::encode(column, &mut packed);
+        numbers::packed::encode(column, &mut packed);
         self.bytes += packed.len() + 9;
         let signed = column.iter().any(|v| v.0 < 0);
         for v in column {
@@ -468,7 +468,7 @@ fn breakdown(p: &Partial, total: usize) {
     }
     // A tensor equal to an earlier one of its layer is stored as a copy,
     // as the encoder finds (gate/up, attn q/k/v).
-    let mut seen: Vec<&common::imatrix::ImatrixEntry> = Vec::new();
+    let mut seen: Vec<&numbers::imatrix::ImatrixEntry> = Vec::new();
     for (name, e) in &p.imatrix.entries {
         let kind = name.splitn(3, '.').nth(2).unwrap_or(name);
         let stored = !seen.contains(&e);
@@ -523,8 +523,8 @@ fn checkpoint_run(every: usize, seconds: u64) -> (usize, usize, f64) {
     );
     struct W {
         id: WorkerId,
-        computing: Option<(common::wire::LeaseId, Duration)>,
-        held: Vec<common::wire::LeaseId>,
+        computing: Option<(protocol::wire::LeaseId, Duration)>,
+        held: Vec<protocol::wire::LeaseId>,
         since: Duration,
         due_checkpoints: usize,
     }
@@ -651,13 +651,13 @@ struct Timings {
 
 /// `f`'s value, with its wall and CPU (this process, all threads) seconds.
 fn timed<T>(f: impl FnOnce() -> T) -> (T, (f64, f64)) {
-    let cpu = common::procstat::process_cpu_seconds().unwrap();
+    let cpu = runfiles::procstat::process_cpu_seconds().unwrap();
     let t = Instant::now();
     let v = f();
     let wall = t.elapsed().as_secs_f64();
     (
         v,
-        (wall, common::procstat::process_cpu_seconds().unwrap() - cpu),
+        (wall, runfiles::procstat::process_cpu_seconds().unwrap() - cpu),
     )
 }
 

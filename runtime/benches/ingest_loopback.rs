@@ -22,13 +22,13 @@
 //! the time a worker spends not computing, the coordinator's answer to its
 //! staged result included.
 
-use common::corpus::{write_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
-use common::procstat::process_cpu_seconds;
-use common::secret::{JoinSecret, WorkerKey};
-use common::store::RunStore;
-use common::trace::TraceRow;
-use common::wire::JobInfo;
-use common::ChunkRange;
+use runfiles::corpus::{write_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use runfiles::procstat::process_cpu_seconds;
+use protocol::secret::{JoinSecret, WorkerKey};
+use runfiles::store::RunStore;
+use runfiles::trace::TraceRow;
+use protocol::wire::JobInfo;
+use numbers::ChunkRange;
 use config::run::{ClusterSettings, RunSettings};
 use realistic::{CHUNK_TOKENS, SPAN};
 use runtime::run::{execute, Listening, RunSetup};
@@ -60,7 +60,7 @@ fn write_corpus(dir: &std::path::Path, n_chunks: u32) -> CorpusIndex {
         n_ctx: CHUNK_TOKENS,
         domains: vec!["code".into(), "chat".into()],
         n_tokens: u64::from(n_chunks) * u64::from(CHUNK_TOKENS),
-        chunks_sha256: common::hash::sha256_hex(&bytes),
+        chunks_sha256: gguf::hash::sha256_hex(&bytes),
         eval_sets: Vec::new(),
     };
     std::fs::write(corpus.join(CHUNKS_FILE), bytes).unwrap();
@@ -90,7 +90,7 @@ impl Engine for Realistic {
         index: &CorpusIndex,
         chunks: &[Chunk],
         _images: &worker::images::ImageBytes,
-    ) -> Result<(common::partial::Partial, Vec<TraceRow>), String> {
+    ) -> Result<(numbers::partial::Partial, Vec<TraceRow>), String> {
         if let (Some(end), gaps) = &mut *self.gaps.lock().unwrap() {
             gaps.push(end.elapsed().as_secs_f64());
         }
@@ -170,7 +170,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Merges {
         event.record(&mut m);
         if m.0 {
             let cpu = process_cpu_seconds().unwrap();
-            let peak = common::procstat::peak_rss_kib().unwrap_or(0) as f64 * 1024.0 / 1e9;
+            let peak = runfiles::procstat::peak_rss_kib().unwrap_or(0) as f64 * 1024.0 / 1e9;
             self.0.lock().unwrap().push((cpu, Instant::now(), peak));
         }
     }
@@ -262,7 +262,7 @@ fn main() {
         wall_end.as_secs_f64(),
         merged[0].0 - cpu0,
         cpu_end - (merged[merged.len() - 1].0 - cpu0),
-        common::procstat::peak_rss_kib().unwrap_or(0) as f64 * 1024.0 / 1e9,
+        runfiles::procstat::peak_rss_kib().unwrap_or(0) as f64 * 1024.0 / 1e9,
     );
 }
 

@@ -5,11 +5,11 @@
 //! [`LeaseKind`]; collection (`run::accept`) and evaluation (`eval::accept`)
 //! are its two implementations. This module imports no stage.
 
-use common::layout::LeaseLayout;
-use common::lease::LeaseOutput;
-use common::wire::Task;
-use common::ChunkRange;
-use corpus::manifest::{Records, RunManifest};
+use runfiles::layout::LeaseLayout;
+use runfiles::lease::LeaseOutput;
+use protocol::wire::Task;
+use numbers::ChunkRange;
+use runfiles::manifest::{Records, RunManifest};
 
 /// A kind of lease, as the coordinator of one run sees it.
 pub trait LeaseKind: Send + Sync + 'static {
@@ -47,7 +47,7 @@ pub type AddendOf<K> = <<K as LeaseKind>::Output as LeaseOutput>::Addend;
 /// Whether a result (`what`: a partial, an eval partial) covers exactly the
 /// chunks of `units`, as its sorted, coalesced `chunks` list.
 pub fn check_covers(what: &str, units: &[ChunkRange], chunks: &[ChunkRange]) -> Result<(), String> {
-    let want = common::split::coalesce(units)
+    let want = numbers::split::coalesce(units)
         .map_err(|c| format!("the leases of one {what} cover chunk {c} twice"))?;
     if chunks == want.as_slice() {
         Ok(())
@@ -59,8 +59,8 @@ pub fn check_covers(what: &str, units: &[ChunkRange], chunks: &[ChunkRange]) -> 
         };
         Err(format!(
             "{what} covers {}, {leases} {}",
-            common::peer_text::summarise(chunks),
-            common::peer_text::summarise(&want)
+            numbers::peer_text::summarise(chunks),
+            numbers::peer_text::summarise(&want)
         ))
     }
 }

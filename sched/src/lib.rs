@@ -49,8 +49,8 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-use common::wire::{LeaseGrant, LeaseId, WorkerId};
-use common::ChunkRange;
+use protocol::wire::{LeaseGrant, LeaseId, WorkerId};
+use numbers::ChunkRange;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
@@ -103,7 +103,7 @@ impl SampleSalt {
     /// A fresh random salt.
     pub fn random() -> SampleSalt {
         let mut b = [0u8; 32];
-        b.copy_from_slice(&common::wire::random_bytes(32));
+        b.copy_from_slice(&protocol::wire::random_bytes(32));
         SampleSalt(b)
     }
 }

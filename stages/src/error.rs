@@ -3,7 +3,7 @@
 //! fault; the module errors (`ShipError`, `EvalRunError`) and the earlier
 //! crates' errors convert into it at the crate boundary.
 
-use common::store::StoreError;
+use runfiles::store::StoreError;
 use std::path::PathBuf;
 
 /// Errors of the analysis stages (score, verify, prune, eval, report, ship).
@@ -88,13 +88,13 @@ pub enum StagesError {
     },
     /// The run's manifest could not be read.
     #[error(transparent)]
-    Manifest(#[from] corpus::manifest::ManifestError),
+    Manifest(#[from] runfiles::manifest::ManifestError),
     /// `saliency.json` could not be read, even leniently.
     #[error(transparent)]
-    Saliency(#[from] common::saliency::lenient::LenientError),
+    Saliency(#[from] numbers::saliency::lenient::LenientError),
     /// Stored statistics do not merge.
     #[error(transparent)]
-    Merge(#[from] common::stats::MergeError),
+    Merge(#[from] numbers::stats::MergeError),
     /// The statistics a scoring source selects are not in `saliency.json`.
     #[error("cannot score {scored}: {problem}")]
     Unscorable {
@@ -137,11 +137,11 @@ pub enum StagesError {
     /// A GGUF file (a base or shipped model) could not be read; the error
     /// names the file.
     #[error(transparent)]
-    Gguf(#[from] common::gguf_read::GgufReadError),
+    Gguf(#[from] gguf::read::GgufReadError),
     /// A split model's files (llama.cpp's `gguf-split`) do not make one
     /// model: one missing, misnamed or out of place.
     #[error(transparent)]
-    SplitModel(#[from] common::gguf_split::SplitError),
+    SplitModel(#[from] gguf::split::SplitError),
     /// A model or importance matrix could not be sliced to a keep map.
     #[error("slicing {input}")]
     Slice {
@@ -149,7 +149,7 @@ pub enum StagesError {
         input: String,
         /// Why.
         #[source]
-        source: common::prune::PruneError,
+        source: slicer::PruneError,
     },
     /// No base model was given and the run's manifest names no usable one.
     #[error("{manifest} {problem}: pass --model")]

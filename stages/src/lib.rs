@@ -27,15 +27,15 @@ fn async_runtime() -> Result<tokio::runtime::Runtime, StagesError> {
 /// Where a stage run with `--out NAME` writes: `explore/NAME/` in the run
 /// (`None`: the run itself); a name that is not one is refused.
 fn explore_output(
-    store: &common::store::RunStore,
+    store: &runfiles::store::RunStore,
     name: Option<&str>,
-) -> Result<common::store::RunStore, StagesError> {
+) -> Result<runfiles::store::RunStore, StagesError> {
     let Some(name) = name else {
         return Ok(store.clone());
     };
-    let prefix = common::layout::explore(name).ok_or_else(|| StagesError::Argument {
+    let prefix = runfiles::layout::explore(name).ok_or_else(|| StagesError::Argument {
         argument: format!("--out {name}"),
-        problem: common::layout::EXPLORE_NAME_RULE.into(),
+        problem: runfiles::layout::EXPLORE_NAME_RULE.into(),
     })?;
     Ok(store.child(&prefix))
 }

@@ -1,13 +1,13 @@
 //! `coordinator prune`: a pruned GGUF and its importance matrix from one of
-//! the run's keep maps (DESIGN section 12), sliced by [`common::prune`].
+//! the run's keep maps (DESIGN section 12), sliced by [`slicer`].
 
 use crate::{During, StagesError};
 use clap::Args;
-use common::artifacts::names;
-use common::keepmap::{KeepMap, KeepMapRef};
-use common::prune::{make_model_split, slice_imatrix, slice_model, Sliced};
-use common::store::RunStore;
-use corpus::manifest::MANIFEST_FILE;
+use runfiles::artifacts::names;
+use runfiles::keepmap::{KeepMap, KeepMapRef};
+use slicer::{make_model_split, slice_imatrix, slice_model, Sliced};
+use runfiles::store::RunStore;
+use runfiles::manifest::MANIFEST_FILE;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -90,7 +90,7 @@ pub(crate) async fn base_model(
         manifest: store.url_of(MANIFEST_FILE),
         problem,
     };
-    let manifest = corpus::manifest::read(store)
+    let manifest = runfiles::manifest::read(store)
         .await
         .during_with(|| format!("parsing {}", store.url_of(MANIFEST_FILE)))?
         .ok_or_else(|| no_model("is missing".into()))?;
@@ -98,7 +98,7 @@ pub(crate) async fn base_model(
         return Ok(recorded);
     }
     let path = manifest
-        .config()
+        .config::<config::Config>()
         .ok()
         .map(|c| c.model.path)
         .filter(|p| !p.as_os_str().is_empty())
@@ -115,8 +115,8 @@ pub(crate) async fn base_model(
 /// Tensors whose shape differs between the base and the pruned model
 /// (each given by its first file).
 fn tensors_sliced(base: &Path, pruned: &Path) -> Result<usize, StagesError> {
-    let base = common::gguf_split::open_joined(base)?.header;
-    let pruned = common::gguf_split::open_joined(pruned)?.header;
+    let base = gguf::split::open_joined(base)?.header;
+    let pruned = gguf::split::open_joined(pruned)?.header;
     Ok(base
         .tensors
         .iter()

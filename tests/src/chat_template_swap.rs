@@ -2,7 +2,7 @@
 //! every other byte of metadata, tensor descriptions and data kept: how the
 //! tests give the trained model each family's chat template.
 
-use common::gguf_read::GgufReader;
+use gguf::read::GgufReader;
 use std::io::Write;
 use std::path::Path;
 

@@ -18,15 +18,15 @@ pub mod oracle;
 pub mod peer;
 pub mod proc;
 
-use common::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
-use common::{ChunkId, Split};
+use runfiles::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
+use numbers::{ChunkId, Split};
 use std::path::{Path, PathBuf};
 use worker::synth::Preset;
 
 /// A keep map of method `test` keeping `k` experts in each of `layers`:
 /// experts `(2i + l) mod n_expert`, sorted.
-pub fn keep_map(k: u32, layers: &[u32], n_expert: u32) -> common::keepmap::KeepMap {
-    common::keepmap::KeepMap {
+pub fn keep_map(k: u32, layers: &[u32], n_expert: u32) -> runfiles::keepmap::KeepMap {
+    runfiles::keepmap::KeepMap {
         method: "test".into(),
         k,
         params: serde_json::Value::Null,
@@ -132,7 +132,7 @@ pub fn write_corpus(dir: &Path, chunks: &[Chunk], n_ctx: u32) -> CorpusIndex {
         n_ctx,
         domains: vec!["en".into(), "ja".into()],
         n_tokens: chunks.iter().map(|c| c.tokens.len() as u64).sum(),
-        chunks_sha256: common::hash::sha256_hex(&bytes),
+        chunks_sha256: gguf::hash::sha256_hex(&bytes),
         eval_sets: Vec::new(),
     };
     std::fs::write(corpus.join(CHUNKS_FILE), bytes).unwrap();
@@ -166,7 +166,7 @@ pub fn collect(
 
 /// Copies a tokenized corpus (`corpus/index.json`, `corpus/chunks.parquet`)
 /// from one run location to another, e.g. a local run to an S3 prefix.
-pub async fn copy_corpus(from: &common::store::RunStore, to: &common::store::RunStore) {
+pub async fn copy_corpus(from: &runfiles::store::RunStore, to: &runfiles::store::RunStore) {
     for name in ["corpus/index.json", "corpus/chunks.parquet"] {
         to.put(name, from.get(name).await.unwrap()).await.unwrap();
     }

@@ -2,9 +2,9 @@
 //! a written corpus, QUIC client options, fake join workers, and the
 //! artifacts that byte-identity tests compare.
 
-use common::artifacts::names;
-use common::store::RunStore;
-use common::wire::{Refusal, ToWorker};
+use runfiles::artifacts::names;
+use runfiles::store::RunStore;
+use protocol::wire::{Refusal, ToWorker};
 use config::run::{ClusterSettings, RunSettings};
 use runtime::run::local::LocalWorkers;
 use runtime::run::{execute, Listening, RunError, RunSetup, RunSummary};
@@ -122,7 +122,7 @@ pub fn spawn_noting_pids(
 pub async fn on_s3(bucket: &str, tag: &str, local: &RunSetup) -> RunSetup {
     let prefix = format!(
         "s3://{bucket}/{tag}-{}",
-        common::hash::sha256_hex(&common::wire::random_bytes(8))
+        gguf::hash::sha256_hex(&protocol::wire::random_bytes(8))
     );
     let s3 = RunStore::open(&prefix).unwrap();
     crate::copy_corpus(&local.store, &s3).await;
@@ -139,7 +139,7 @@ pub fn client(l: &Listening, name: &str) -> ClientOptions {
         addr: l.addr,
         server_name: "localhost".into(),
         trust: Trust::Pin(l.pin.clone()),
-        key: common::secret::WorkerKey::derive(&l.secret, name),
+        key: protocol::secret::WorkerKey::derive(&l.secret, name),
         name: name.into(),
         reconnect: Reconnect::giving_up_after(Duration::from_secs(8)),
     }
@@ -265,7 +265,7 @@ pub async fn fake_reference_of(s: &RunSetup, engine: &FakeEngine) -> Vec<(String
     let partial = engine.partial(&s.index, &all).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
-    common::artifacts::write_results(&store, &partial)
+    runfiles::artifacts::write_results(&store, &partial)
         .await
         .unwrap();
     artifacts(&store, false).await

@@ -3,8 +3,8 @@
 //! record's prompt (one media marker) tokenized with its image, and the
 //! pieces mtmd made of it. None of the worker's image code runs here.
 
-use common::corpus::{image_token, Chunk, ImageSpan, Span};
-use common::{ChunkId, Split};
+use runfiles::corpus::{image_token, Chunk, ImageSpan, Span};
+use numbers::{ChunkId, Split};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_void, CString};
 use std::path::Path;

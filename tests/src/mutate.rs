@@ -5,7 +5,7 @@
 //! seed, so a failure reproduces.
 
 /// The project's one seeded generator, here picking mutations.
-pub use common::splitmix::SplitMix64 as Rng;
+pub use numbers::splitmix::SplitMix64 as Rng;
 
 /// `n` random bytes from `rng`.
 pub fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {

@@ -1,12 +1,12 @@
 //! A scripted peer that speaks the coordinator-worker protocol of
-//! `common::wire` message by message (or only part of it): the hostile,
+//! `protocol::wire` message by message (or only part of it): the hostile,
 //! broken or slow worker of the integrity tests, next to real `join`
 //! clients with the deterministic fake engine.
 
 use crate::loopback::{FAKE_MODEL, FAKE_N_CTX};
-use common::corpus::CorpusIndex;
-use common::partial::Partial;
-use common::wire::{
+use runfiles::corpus::CorpusIndex;
+use numbers::partial::Partial;
+use protocol::wire::{
     join_proof, read_msg, worker_key, write_msg, JobInfo, LeaseGrant, PartialRef, ToCoordinator,
     ToWorker, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
 };
@@ -143,7 +143,7 @@ impl Peer {
     pub fn done_msg(lease: &LeaseGrant, bytes: Vec<u8>) -> ToCoordinator {
         ToCoordinator::Done {
             lease_id: lease.lease_id,
-            sha256: common::hash::sha256_hex(&bytes),
+            sha256: gguf::hash::sha256_hex(&bytes),
             partial: PartialRef::Inline(bytes),
             elapsed_ms: 1,
         }

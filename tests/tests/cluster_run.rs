@@ -25,7 +25,7 @@ fn quickstart_cluster(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let model = dir.join("models/quickstart-moe.gguf");
     std::os::unix::fs::symlink(configs.join("models/quickstart-moe.gguf"), &model).unwrap();
     let secret = dir.join("join.secret");
-    std::fs::write(&secret, common::secret::JoinSecret::generate().expose()).unwrap();
+    std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();
     let quickstart = std::fs::read_to_string(configs.join("quickstart.toml")).unwrap();
     assert!(
         quickstart.contains("\n[eval]\n"),

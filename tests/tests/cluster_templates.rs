@@ -85,7 +85,7 @@ fn the_slurm_template_runs_a_whole_run_with_eval_through_srun() {
     let dir = d.path();
     let model = fixtures::model(dir, Preset::Tiny);
     let secret = dir.join("join.secret");
-    std::fs::write(&secret, common::secret::JoinSecret::generate().expose()).unwrap();
+    std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();
     let config = dir.join("run.toml");
     let cluster = format!("secret_file = {:?}\n", secret.display().to_string());
     std::fs::write(&config, run_config(dir, &model, &cluster)).unwrap();
@@ -214,7 +214,7 @@ fn the_kubernetes_manifest_runs_a_whole_run_with_eval() {
     std::fs::create_dir_all(etc.join("join")).unwrap();
     std::fs::write(
         etc.join("join/secret"),
-        common::secret::JoinSecret::generate().expose(),
+        protocol::secret::JoinSecret::generate().expose(),
     )
     .unwrap();
     std::fs::create_dir_all(root.join("models")).unwrap();

@@ -28,7 +28,7 @@ fn cluster_config(dir: &Path, docs: usize, extra: &str) -> (PathBuf, PathBuf) {
     fixtures::model(dir, worker::synth::Preset::Tiny);
     fixtures::numbered_docs(dir, docs);
     let secret = dir.join("join.secret");
-    std::fs::write(&secret, common::secret::JoinSecret::generate().expose()).unwrap();
+    std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();
     let config = dir.join("cluster.toml");
     std::fs::write(
         &config,
@@ -256,7 +256,7 @@ fn logged_in_connections_declaring_64_mib_frames_keep_the_coordinator_under_1_gi
                     .unwrap();
                 drop(permit);
                 assert!(
-                    matches!(answer, common::wire::ToWorker::Welcome { .. }),
+                    matches!(answer, protocol::wire::ToWorker::Welcome { .. }),
                     "{answer:?}"
                 );
                 // A 64 MiB frame declared, 4 MiB of it sent (as far as flow

@@ -4,7 +4,7 @@
 //! allocate beyond the input's size (an abort ends the whole test binary).
 //! Each target prints its input count and time (see BENCHMARKS.md).
 
-use common::partial::Partial;
+use numbers::partial::Partial;
 use config::{Config, SourceConfig};
 use corpus::source::read_source;
 use fixtures::mutate::{mutate, random_bytes, Rng};

@@ -3,9 +3,9 @@
 //! ggml graphs a GPU would) give the host path's counts exactly and its
 //! sums within 1e-5 relative, with fewer bytes crossing to the host.
 
-use common::exact::ExactSum;
-use common::partial::Partial;
-use common::stats::LayerAccum;
+use numbers::exact::ExactSum;
+use numbers::partial::Partial;
+use numbers::stats::LayerAccum;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collected, Collector};
 use worker::synth::Preset;
@@ -227,7 +227,7 @@ fn device_path_one_call_and_two_merged_calls_are_identical() {
     };
     let mut collector = Collector::load(&model, opts).unwrap();
     let mut run =
-        |c: &[common::corpus::Chunk]| collector.run(&index, c, &mut |_, _| {}).unwrap().partial;
+        |c: &[runfiles::corpus::Chunk]| collector.run(&index, c, &mut |_, _| {}).unwrap().partial;
     let one = run(&chunks);
     let mut merged = run(&chunks[2..]);
     merged.merge(&run(&chunks[..2])).unwrap();

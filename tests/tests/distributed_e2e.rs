@@ -6,7 +6,7 @@
 //! same `worker join` processes reconnecting), and a whole run on the S3
 //! test server.
 
-use common::store::RunStore;
+use runfiles::store::RunStore;
 use config::run::ClusterSettings;
 use fixtures::loopback::{artifacts, local_workers, real_setup, spawn_noting_pids};
 use runtime::run::local::LocalWorkers;
@@ -93,10 +93,10 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts_with_device_re
         verify_ok(&s.store).await;
         let merged = s
             .store
-            .get(common::artifacts::names::MERGED_PARTIAL)
+            .get(runfiles::artifacts::names::MERGED_PARTIAL)
             .await
             .unwrap();
-        let partial = common::partial::Partial::from_bytes(&merged).unwrap();
+        let partial = numbers::partial::Partial::from_bytes(&merged).unwrap();
         assert_eq!(
             partial.backends.len(),
             1,
@@ -170,7 +170,7 @@ async fn run_killing_a_victim(s: &RunSetup, when: &'static str) -> RunSummary {
     let model = s.model_path.clone();
     let victim = format!(
         "victim-{}",
-        &common::hash::sha256_hex(&common::wire::random_bytes(8))[..12]
+        &gguf::hash::sha256_hex(&protocol::wire::random_bytes(8))[..12]
     );
     let pid: Arc<Mutex<Option<u32>>> = Arc::default();
     // Kill the victim with SIGKILL the moment its connection logs `when`:
@@ -254,14 +254,14 @@ fn image_setup(dir: &Path) -> RunSetup {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let index: common::corpus::CorpusIndex =
+    let index: runfiles::corpus::CorpusIndex =
         serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
     RunSetup {
         store: RunStore::open(run.to_str().unwrap()).unwrap(),
         index,
         model_sha256: worker::collect::sha256_file(&model).unwrap(),
         model_path: model,
-        mmproj: Some(common::wire::MmprojFile {
+        mmproj: Some(protocol::wire::MmprojFile {
             path: mmproj.display().to_string(),
             sha256: worker::collect::sha256_file(&mmproj).unwrap(),
         }),
@@ -301,7 +301,7 @@ async fn worker_killed_mid_lease_on_images_loses_nothing() {
 /// leases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpointed_runs_give_the_artifacts_of_per_lease_runs() {
-    use common::artifacts::names::{MERGED_PARTIAL, PARTIALS_DIR};
+    use runfiles::artifacts::names::{MERGED_PARTIAL, PARTIALS_DIR};
     let d = tempfile::tempdir().unwrap();
     let (model, per_lease) = reference(d.path()).await;
     for count in [1, 3] {
@@ -426,7 +426,7 @@ fn worker_processes_reconnect_to_a_restarted_coordinator_and_finish_the_run() {
     let ca_dir = d.path().join("ca");
     let ca_pem = runtime::net::tls::create_ca(&ca_dir).unwrap();
     let secret = d.path().join("secret");
-    std::fs::write(&secret, common::secret::JoinSecret::generate().expose()).unwrap();
+    std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();
     let port = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -2,7 +2,7 @@
 //! fake engine: exact merge whatever the worker count, resume, lease expiry,
 //! and the security checks (secret, pin, garbage and oversized frames).
 
-use common::store::RunStore;
+use runfiles::store::RunStore;
 use fixtures::loopback::{
     artifacts, client, fake_setup, fake_workers, run_with, Workers, FAKE_MODEL, FAKE_N_CTX,
 };
@@ -46,7 +46,7 @@ async fn one_and_three_fake_workers_give_byte_identical_artifacts() {
         .unwrap();
     let rd = tempfile::tempdir().unwrap();
     let rs = RunStore::open(rd.path().to_str().unwrap()).unwrap();
-    common::artifacts::write_results(&rs, &reference)
+    runfiles::artifacts::write_results(&rs, &reference)
         .await
         .unwrap();
     assert_eq!(
@@ -88,7 +88,7 @@ async fn wrong_secret_is_refused_and_receives_no_lease() {
     let (summary, handles) = run_with(&s, |l| {
         let mut bad = client(l, "intruder");
         bad.key =
-            common::secret::WorkerKey::derive(&common::secret::JoinSecret::generate(), "intruder");
+            protocol::secret::WorkerKey::derive(&protocol::secret::JoinSecret::generate(), "intruder");
         let intruder = tokio::spawn(async move { join(&bad, FakeEngine::new(FAKE_MODEL)).await });
         let mut hs = vec![intruder];
         hs.extend(fake_workers(l, 1, DELAY));
@@ -97,7 +97,7 @@ async fn wrong_secret_is_refused_and_receives_no_lease() {
     .await;
     let results = futures_join(handles).await;
     match &results[0] {
-        Err(JoinError::Refused(common::wire::Refusal::BadProof)) => {}
+        Err(JoinError::Refused(protocol::wire::Refusal::BadProof)) => {}
         other => panic!("the intruder was not refused: {other:?}"),
     }
     assert!(summary.leases.workers.iter().all(|w| w.name != "intruder"));

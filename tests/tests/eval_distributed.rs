@@ -6,12 +6,13 @@
 //! the coordinator refusing a worker (real join code and engine) that lies
 //! about a candidate's SHA-256, re-running its leases on an honest worker.
 
-use common::corpus::{Chunk, CorpusIndex};
-use common::eval::{names, EvalPartial};
-use common::keepmap::KeepMap;
-use common::store::RunStore;
-use common::wire::{EvalJob, JobInfo, Refusal};
-use common::ChunkRange;
+use runfiles::corpus::{Chunk, CorpusIndex};
+use runfiles::layout::eval as names;
+use numbers::eval::{EvalPartial};
+use runfiles::keepmap::KeepMap;
+use runfiles::store::RunStore;
+use protocol::wire::{EvalJob, JobInfo, Refusal};
+use numbers::ChunkRange;
 use config::run::{ClusterSettings, RunSettings};
 use fixtures::loopback::{local_workers, spawn_noting_pids};
 use runtime::run::{read_index, RunError, RunSetup};
@@ -86,7 +87,7 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
             cluster: ClusterSettings::default(),
         },
         job: prepared.job,
-        out: common::layout::EVAL,
+        out: runfiles::layout::EVAL,
         choice: stages::eval::Choice {
             sizes: prepared.sizes,
             kl_budget: Some(1.0),
@@ -149,7 +150,7 @@ async fn one_and_three_workers_give_byte_identical_results_and_keep_all_costs_no
     for (name, bytes) in r1.iter().filter(|(n, _)| n.starts_with("eval/partials/")) {
         assert_eq!(
             records[name]["sha256"].as_str(),
-            Some(common::hash::sha256_hex(bytes).as_str()),
+            Some(gguf::hash::sha256_hex(bytes).as_str()),
             "{name}"
         );
     }
@@ -185,7 +186,7 @@ async fn one_and_three_workers_give_byte_identical_results_and_keep_all_costs_no
     assert!(pair.ci.lo <= pair.diff && pair.diff <= pair.ci.hi);
     assert!(held.all.chunks >= 2 && held.all.kl.hi > held.all.kl.mean);
     // Sizes come from the coordinator's slices; the budget picks per method.
-    let bytes = |c: &common::eval::summary::CandidateSummary| c.bytes.unwrap();
+    let bytes = |c: &numbers::eval::summary::CandidateSummary| c.bytes.unwrap();
     assert!(bytes(pruned) < bytes(keep_all));
     let budget = s.budget.as_ref().unwrap();
     let want = if held.all.kl.hi <= 1.0 {
@@ -494,7 +495,7 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
     let got = results(&s.base.store).await;
     for range in &lies {
         assert!(
-            got.contains_key(&common::layout::EVAL_PARTIALS.object(*range)),
+            got.contains_key(&runfiles::layout::EVAL_PARTIALS.object(*range)),
             "{range} stored"
         );
     }

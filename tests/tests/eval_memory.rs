@@ -49,7 +49,7 @@ fn one_or_two_models_in_memory_give_the_all_at_once_results_byte_for_byte() {
                 .values_mut()
                 .for_each(|ids| *ids = (4..16).collect());
         }
-        common::prune::slice_model(&base, &map, &path).unwrap();
+        slicer::slice_model(&base, &map, &path).unwrap();
         cands.push(path);
     }
     let other = dir.path().join("other_K16.gguf");
@@ -66,7 +66,7 @@ fn one_or_two_models_in_memory_give_the_all_at_once_results_byte_for_byte() {
     };
     for compare in ["host", "device"] {
         let all = run(&["--compare", compare, "--models-in-memory", "all"]);
-        let summary: common::eval::EvalSummary = serde_json::from_slice(&all[1]).unwrap();
+        let summary: numbers::eval::EvalSummary = serde_json::from_slice(&all[1]).unwrap();
         assert_eq!(summary.candidates.len(), 3);
         let kl = |i: usize| summary.candidates[i].splits["fit"].all.kl.mean;
         assert!(kl(0) > 0.0 && kl(1) > 0.0 && kl(2) > 0.0, "{compare}");
@@ -123,7 +123,7 @@ fn a_scratch_directory_that_does_not_exist_is_named_in_the_error() {
 /// with one model it was dropped before its pass ("every model is loaded").
 #[test]
 fn the_base_model_alone_runs_with_any_number_of_models_in_memory() {
-    use common::eval::ModelsInMemory;
+    use numbers::eval::ModelsInMemory;
     use worker::eval::{EvalOptions, Evaluator};
     let dir = tempfile::tempdir().unwrap();
     let base = fixtures::model(dir.path(), Preset::Tiny);
@@ -159,7 +159,7 @@ fn the_base_model_alone_runs_with_any_number_of_models_in_memory() {
 /// in memory or run in turn, on either comparison path.
 #[test]
 fn generations_match_a_copy_of_the_base_and_every_memory_mode() {
-    use common::eval::{GenerateJob, ModelsInMemory};
+    use numbers::eval::{GenerateJob, ModelsInMemory};
     use worker::eval::{candidates, Compare, EvalOptions, Evaluator};
     let dir = tempfile::tempdir().unwrap();
     let base = fixtures::model(dir.path(), Preset::Tiny);

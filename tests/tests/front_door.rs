@@ -75,7 +75,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
     assert!(keep_maps > 0, "no keep maps written");
 
     // The evaluation of `[eval]`: two methods at two K each, with real KL.
-    let eval: common::eval::EvalSummary =
+    let eval: numbers::eval::EvalSummary =
         serde_json::from_slice(&std::fs::read(out.join("eval/summary.json")).unwrap()).unwrap();
     let cells: Vec<(String, u32)> = eval
         .candidates
@@ -540,20 +540,20 @@ fn grouped_model_keeps_verify_and_report_when_eval_fails_and_every_map_prunes() 
     let mut ks = std::collections::BTreeSet::new();
     let pruned = dir.path().join("pruned.gguf");
     for path in &maps {
-        let map: common::keepmap::KeepMap =
+        let map: runfiles::keepmap::KeepMap =
             serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         ks.insert(map.k);
-        common::prune::slice_model(&model, &map, &pruned)
+        slicer::slice_model(&model, &map, &pruned)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         std::fs::remove_file(&pruned).unwrap();
     }
     // 8, 16, 24 (the defaults, 16 also for "50%"), five methods each.
     assert_eq!(ks.into_iter().collect::<Vec<_>>(), vec![8, 16, 24]);
     assert_eq!(maps.len(), 15, "{maps:?}");
-    let smallest: common::keepmap::KeepMap =
+    let smallest: runfiles::keepmap::KeepMap =
         serde_json::from_slice(&std::fs::read(out.join("keep_maps/reap_hybrid_K8.json")).unwrap())
             .unwrap();
-    common::prune::slice_model(&model, &smallest, &pruned).unwrap();
+    slicer::slice_model(&model, &smallest, &pruned).unwrap();
     let logits = fixtures::llama_logits::logits(&pruned, &[1, 2, 3, 4], 1).unwrap();
     assert!(logits.iter().flatten().all(|v| v.is_finite()));
 }

@@ -5,13 +5,13 @@
 //! test reproduces one failure of issue 21 and checks that the run ends as
 //! an honest one would, byte for byte.
 
-use common::exact::ExactSum;
-use common::imatrix::ImatrixEntry;
-use common::layout::PARTIALS;
-use common::partial::Partial;
-use common::stats::{GroupAccum, GroupKey};
-use common::wire::ToWorker;
-use common::{ChunkRange, Split};
+use numbers::exact::ExactSum;
+use numbers::imatrix::ImatrixEntry;
+use runfiles::layout::PARTIALS;
+use numbers::partial::Partial;
+use numbers::stats::{GroupAccum, GroupKey};
+use protocol::wire::ToWorker;
+use numbers::{ChunkRange, Split};
 use fixtures::log::log_text;
 use fixtures::loopback::{
     self, artifacts, fake_reference, fake_setup, fake_setup_with_model, fake_workers,
@@ -31,7 +31,7 @@ type WorkerTask =
 /// number of leases it reported.
 fn poisoner(
     l: &Listening,
-    index: common::corpus::CorpusIndex,
+    index: runfiles::corpus::CorpusIndex,
     poison: fn(&mut Partial),
 ) -> (
     WorkerTask,
@@ -85,7 +85,7 @@ async fn poisoned(s: RunSetup, poison: fn(&mut Partial)) -> RunSetup {
     assert!(
         matches!(
             end,
-            Some(ToWorker::Refused(common::wire::Refusal::Quarantined(_)))
+            Some(ToWorker::Refused(protocol::wire::Refusal::Quarantined(_)))
         ),
         "three refused results in a row quarantine it: {end:?}"
     );
@@ -128,7 +128,7 @@ async fn a_poisoned_stored_partial_is_set_aside_on_resume_and_recomputed() {
     s.store.put(&name, poisoned.clone()).await.unwrap();
     let mut manifest: serde_json::Value =
         serde_json::from_slice(&s.store.get("manifest.json").await.unwrap()).unwrap();
-    manifest["partials"][&name]["sha256"] = common::hash::sha256_hex(&poisoned).into();
+    manifest["partials"][&name]["sha256"] = gguf::hash::sha256_hex(&poisoned).into();
     s.store
         .put("manifest.json", serde_json::to_vec(&manifest).unwrap())
         .await
@@ -159,7 +159,7 @@ fn forged_domain(p: &mut Partial) {
     let key = GroupKey {
         split: Split::Fit,
         domain: FORGED.into(),
-        modality: common::Modality::Text,
+        modality: numbers::Modality::Text,
     };
     let empty = GroupAccum::new(&shape.moe_layers, shape.n_expert as usize);
     p.experts.groups.insert(key, empty);
@@ -342,7 +342,7 @@ async fn a_worker_hoarding_computed_leases_is_quarantined_and_the_run_completes(
             while held.len() < 4 {
                 match p.poll_idle().await {
                     Some(ToWorker::Lease(lease)) => {
-                        let computed = common::wire::ToCoordinator::Computed {
+                        let computed = protocol::wire::ToCoordinator::Computed {
                             lease_id: lease.lease_id,
                         };
                         assert_eq!(p.ask(&computed).await, Some(ToWorker::Ack));
@@ -354,9 +354,9 @@ async fn a_worker_hoarding_computed_leases_is_quarantined_and_the_run_completes(
             go.notify_one();
             // Heartbeats only, until the coordinator refuses it.
             let end = loop {
-                let busy = common::wire::ToCoordinator::Poll {
-                    protocol_version: common::wire::PROTOCOL_VERSION,
-                    state: common::wire::WorkerState::Busy(held[3]),
+                let busy = protocol::wire::ToCoordinator::Poll {
+                    protocol_version: protocol::wire::PROTOCOL_VERSION,
+                    state: protocol::wire::WorkerState::Busy(held[3]),
                 };
                 match p.ask(&busy).await {
                     Some(ToWorker::Ack) => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -379,7 +379,7 @@ async fn a_worker_hoarding_computed_leases_is_quarantined_and_the_run_completes(
     assert!(
         matches!(
             end,
-            Some(ToWorker::Refused(common::wire::Refusal::Quarantined(_)))
+            Some(ToWorker::Refused(protocol::wire::Refusal::Quarantined(_)))
         ),
         "{end:?}"
     );

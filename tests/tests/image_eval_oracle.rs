@@ -9,9 +9,9 @@
 //! positions in the same modalities with the same KL. None of the worker's
 //! feeding, scoring or grouping code runs on the oracle's side.
 
-use common::eval::{EvalSummary, TokenKl};
-use common::keepmap::KeepMap;
-use common::Modality;
+use numbers::eval::{EvalSummary, TokenKl};
+use runfiles::keepmap::KeepMap;
+use numbers::Modality;
 use fixtures::mtmd_record::{as_chunk, MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
 use std::collections::BTreeMap;
@@ -105,7 +105,7 @@ fn sample_image() -> (Vec<u8>, String) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../configs/sample_images/images/red_square.png");
     let bytes = std::fs::read(path).unwrap();
-    let sha = common::hash::sha256_hex(&bytes);
+    let sha = gguf::hash::sha256_hex(&bytes);
     (bytes, sha)
 }
 
@@ -127,7 +127,7 @@ fn without_vision_experts(base: &Path, dir: &Path) -> Candidate {
         layers,
     };
     let path = dir.join(format!("text_only_K{k}.gguf"));
-    let sliced = common::prune::slice_model(base, &map, &path).unwrap();
+    let sliced = slicer::slice_model(base, &map, &path).unwrap();
     Candidate {
         name: format!("text_only_K{k}"),
         path,

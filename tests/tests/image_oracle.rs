@@ -8,8 +8,8 @@
 //! marker ids, its span where mtmd put it). Nothing of the collector's
 //! feeding code runs on the oracle's side.
 
-use common::stats::GroupKey;
-use common::{Modality, Split};
+use numbers::stats::GroupKey;
+use numbers::{Modality, Split};
 use fixtures::mtmd_record::{as_chunk, MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_void, CStr};
@@ -116,7 +116,7 @@ fn sample_image() -> (Vec<u8>, String) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../configs/sample_images/images/red_square.png");
     let bytes = std::fs::read(path).unwrap();
-    let sha = common::hash::sha256_hex(&bytes);
+    let sha = gguf::hash::sha256_hex(&bytes);
     (bytes, sha)
 }
 

@@ -5,15 +5,15 @@
 //! made under other settings are not merged; accepted bytes are never
 //! replaced.
 
-use common::artifacts::names;
-use common::corpus::{Chunk, CorpusIndex};
-use common::layout::PARTIALS;
-use common::partial::Partial;
-use common::stats::GroupKey;
-use common::store::RunStore;
-use common::trace::TraceRow;
-use common::wire::JobInfo;
-use common::{ChunkRange, Split};
+use runfiles::artifacts::names;
+use runfiles::corpus::{Chunk, CorpusIndex};
+use runfiles::layout::PARTIALS;
+use numbers::partial::Partial;
+use numbers::stats::GroupKey;
+use runfiles::store::RunStore;
+use runfiles::trace::TraceRow;
+use protocol::wire::JobInfo;
+use numbers::{ChunkRange, Split};
 use fixtures::loopback::{
     self, client, fake_setup, local_workers, real_setup, FAKE_MODEL, FAKE_N_CTX,
 };
@@ -123,7 +123,7 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
         .get_mut(&GroupKey {
             split: Split::Fit,
             domain: "en".into(),
-            modality: common::Modality::Text,
+            modality: numbers::Modality::Text,
         })
         .unwrap();
     g.n_tokens += 1;
@@ -137,7 +137,7 @@ async fn damaged_stored_partials_are_named_recomputed_and_give_identical_artifac
     let manifest_path = path_of(d.path(), "manifest.json");
     let mut manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
-    manifest["partials"][unit(2)]["sha256"] = common::hash::sha256_hex(&edited).into();
+    manifest["partials"][unit(2)]["sha256"] = gguf::hash::sha256_hex(&edited).into();
     std::fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
 
     let again = run(&s).await.unwrap();

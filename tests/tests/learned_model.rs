@@ -15,8 +15,8 @@
 //! `tokenizers`) did: `tests/fixtures/quickstart-moe.tokens.json` holds the
 //! ids `scripts/train/convert.py` wrote with it.
 
-use common::keepmap::KeepMap;
-use common::splitmix::SplitMix64;
+use runfiles::keepmap::KeepMap;
+use numbers::splitmix::SplitMix64;
 use corpus::chat::{Chat, Message, Role};
 use corpus::tokenizer::{LlamaTokenizer, Tokenizer};
 use serde_json::Value;

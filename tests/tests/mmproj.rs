@@ -6,7 +6,7 @@
 //! through mtmd into those positions. `coordinator run` measures an image
 //! corpus with its workers feeding the mmproj's embeddings.
 
-use common::gguf_read::GgufReader;
+use gguf::read::GgufReader;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
@@ -252,7 +252,7 @@ fn workers_measure_an_image_corpus_through_the_mmproj() {
     assert_eq!(manifest["images"]["positions"], 128, "{manifest}");
     let saliency = |run: &Path| std::fs::read(run.join("saliency.json")).unwrap();
     let parsed: serde_json::Value = serde_json::from_slice(&saliency(&one)).unwrap();
-    let chunks: Vec<common::corpus::Chunk> = common::corpus::read_chunks(
+    let chunks: Vec<runfiles::corpus::Chunk> = runfiles::corpus::read_chunks(
         std::fs::read(one.join("corpus/chunks.parquet"))
             .unwrap()
             .into(),
@@ -276,7 +276,7 @@ fn workers_measure_an_image_corpus_through_the_mmproj() {
     // Per modality: the image positions of each split are its image group,
     // and the report lists the experts rare on text and live on images.
     for (split, stats) in parsed["splits"].as_object().unwrap() {
-        let split = common::Split::parse(split).unwrap();
+        let split = numbers::Split::parse(split).unwrap();
         let of_split: u64 = chunks
             .iter()
             .flat_map(|c| {
@@ -306,7 +306,7 @@ fn workers_measure_an_image_corpus_through_the_mmproj() {
     }
     // Evaluation feeds the images too: both keep maps have KL per modality,
     // text and image-conditioned positions adding up to each split's.
-    let summary: common::eval::EvalSummary =
+    let summary: numbers::eval::EvalSummary =
         serde_json::from_slice(&std::fs::read(one.join("eval/summary.json")).unwrap()).unwrap();
     assert_eq!(summary.candidates.len(), 2);
     for c in &summary.candidates {

@@ -6,7 +6,7 @@
 //! the run, a slow upload losing its lease, short join secrets, and a
 //! coordinator stopped by an error sending its workers away as if finished.
 
-use common::wire::{encode_frame, read_msg, Refusal, ToCoordinator, ToWorker, MAX_CONTROL_FRAME};
+use protocol::wire::{encode_frame, read_msg, Refusal, ToCoordinator, ToWorker, MAX_CONTROL_FRAME};
 use fixtures::log::{captured_log, log_text};
 use fixtures::loopback::{
     self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_setup,
@@ -252,7 +252,7 @@ async fn a_coordinator_stopped_by_an_error_leaves_its_workers_reconnecting() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 6);
     captured_log();
-    let partials = d.path().join(common::artifacts::names::PARTIALS_DIR);
+    let partials = d.path().join(runfiles::artifacts::names::PARTIALS_DIR);
     let mut handles = Vec::new();
     let outcome = tokio::time::timeout(
         Duration::from_secs(60),

@@ -4,8 +4,8 @@
 //! decode does); the evaluation's device comparison agrees with the f64 host
 //! path within the tolerance it states.
 
-use common::eval::EvalPartial;
-use common::partial::Partial;
+use numbers::eval::EvalPartial;
+use numbers::partial::Partial;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collected};
 use worker::eval::{Candidate, Compare, EvalOptions, Evaluator};

@@ -2,9 +2,9 @@
 //! and its importance matrix are written, load in llama.cpp's GGUF reader,
 //! and what was done is printed; a refused keep map leaves no file behind.
 
-use common::imatrix::{Imatrix, ImatrixEntry};
-use common::keepmap::KeepMap;
-use common::store::RunStore;
+use numbers::imatrix::{Imatrix, ImatrixEntry};
+use runfiles::keepmap::KeepMap;
+use runfiles::store::RunStore;
 use fixtures::llama_gguf::LlamaGguf;
 use std::path::Path;
 use worker::synth::Preset;
@@ -82,13 +82,13 @@ fn prune_and_check(run: &str, dir: &Path, model_flag: Option<&Path>) {
     let args = prune_args(run, "test_K8", &out, model_flag);
     let stdout = String::from_utf8(fixtures::run_ok("coordinator", &args).stdout).unwrap();
     let imatrix = dir.join("pruned.imatrix.gguf");
-    let sha = common::hash::sha256_file(&out).unwrap();
+    let sha = gguf::hash::sha256_file(&out).unwrap();
     assert!(stdout.contains("12 tensors sliced"), "{stdout}");
     assert!(stdout.contains(&format!("sha256 {sha}")), "{stdout}");
     assert!(
         stdout.contains(&format!(
             "sha256 {}",
-            common::hash::sha256_file(&imatrix).unwrap()
+            gguf::hash::sha256_file(&imatrix).unwrap()
         )),
         "{stdout}"
     );
@@ -199,17 +199,17 @@ async fn prunes_a_local_run_with_the_manifest_model() {
             part,
             &format!("pruned-{:05}-of-{:05}.gguf", i + 1, parts.len())
         );
-        let sha = common::hash::sha256_file(&split_dir.join(part)).unwrap();
+        let sha = gguf::hash::sha256_file(&split_dir.join(part)).unwrap();
         assert!(
             stdout.contains(&format!("{part}: ")) && stdout.contains(&sha),
             "{stdout}"
         );
     }
     let joined = split_dir.join("joined.gguf");
-    let again = common::prune::make_model(&split_dir.join(&parts[0]), None, None, &joined).unwrap();
+    let again = slicer::make_model(&split_dir.join(&parts[0]), None, None, &joined).unwrap();
     assert_eq!(
         again.sha256,
-        common::hash::sha256_file(&out_dir.join("pruned.gguf")).unwrap()
+        gguf::hash::sha256_file(&out_dir.join("pruned.gguf")).unwrap()
     );
 }
 
@@ -222,7 +222,7 @@ async fn prunes_a_run_in_s3() {
     let model = fixtures::model(d.path(), Preset::Tiny);
     let prefix = format!(
         "s3://{bucket}/prune-{}",
-        common::hash::sha256_hex(&common::wire::random_bytes(8))
+        gguf::hash::sha256_hex(&protocol::wire::random_bytes(8))
     );
     populate(
         &RunStore::open(&prefix).unwrap(),

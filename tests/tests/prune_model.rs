@@ -11,8 +11,8 @@
 //! selection bias (deepseek2), the substitution screen's predicted routing
 //! of a pruned model is llama.cpp's, token for token, at the first MoE layer.
 
-use common::keepmap::KeepMap;
-use common::prune::slice_model;
+use runfiles::keepmap::KeepMap;
+use slicer::slice_model;
 use fixtures::llama_gguf::LlamaGguf;
 use fixtures::llama_logits::logits;
 use fixtures::oracle::Oracle;
@@ -134,7 +134,7 @@ fn slice(base: &Path, map: &KeepMap, dir: &Path, name: &str) -> PathBuf {
     let out = dir.join(name);
     let sliced = slice_model(base, map, &out).unwrap();
     assert_eq!(sliced.k, map.k);
-    assert_eq!(sliced.sha256, common::hash::sha256_file(&out).unwrap());
+    assert_eq!(sliced.sha256, gguf::hash::sha256_file(&out).unwrap());
     out
 }
 
@@ -336,14 +336,14 @@ fn expert_family(name: &str) -> bool {
 /// An importance matrix shaped like the stacked expert weights of
 /// `tiny-alt-qk`'s MoE blocks, each expert's counts = its id.
 fn qk_imatrix(layers: &[u32], n_in: u32, n_expert: u32) -> Vec<u8> {
-    let mut m = common::imatrix::Imatrix {
+    let mut m = numbers::imatrix::Imatrix {
         chunk_count: 1,
         chunk_size: N_CTX,
         ..Default::default()
     };
     for l in layers {
         for name in EXPERT_MATRICES {
-            let mut e = common::imatrix::ImatrixEntry::new(n_in, n_expert);
+            let mut e = numbers::imatrix::ImatrixEntry::new(n_in, n_expert);
             e.counts = (0..u64::from(n_expert)).collect();
             m.entries.insert(format!("blk.{l}.{name}.weight"), e);
         }
@@ -543,7 +543,7 @@ fn screen_predicts_the_pruned_softmax_biased_routing_renormalised() {
 /// slices of `preset` at K = 8 and 16; returns the tokens compared and how
 /// many of them the unrenormalised rule (the traced order) also predicts.
 fn screen_predicts_llama_cpp(preset: Preset) -> (usize, usize) {
-    use common::Gating;
+    use numbers::Gating;
     use stages::score::screen::KeepMask;
     let dir = tempfile::tempdir().unwrap();
     let base = fixtures::model(dir.path(), preset);

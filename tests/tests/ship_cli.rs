@@ -6,11 +6,11 @@
 //! importance weights computed here; a second ship reuses every file; a
 //! quantised base is refused unless `--allow-requantize`.
 
-use common::exact::ExactSum;
-use common::gguf_read::GgufReader;
-use common::imatrix::{Imatrix, ImatrixEntry};
-use common::keepmap::KeepMap;
-use common::quant::QuantType;
+use numbers::exact::ExactSum;
+use gguf::read::GgufReader;
+use numbers::imatrix::{Imatrix, ImatrixEntry};
+use runfiles::keepmap::KeepMap;
+use gguf::quant::QuantType;
 use fixtures::llama_gguf::LlamaGguf;
 use fixtures::llama_quantize::{quantize, quantize_with, Kv, Q4_K_M, Q8_0};
 use llama_cpp_sys_2 as sys;
@@ -153,7 +153,7 @@ fn listed(out: &Path) -> Vec<String> {
     for line in sums.lines() {
         let (sha, name) = line.split_once("  ").unwrap();
         assert_eq!(
-            common::hash::sha256_file(&out.join(name)).unwrap(),
+            gguf::hash::sha256_file(&out.join(name)).unwrap(),
             sha,
             "{name}"
         );
@@ -184,7 +184,7 @@ fn runs_in_llama_cpp(model: &Path) {
 /// same bytes again once `RUN` is `run` and the base model is at hand.
 fn card_says(out: &Path, name: &str, k: u32, model: &Path, run: &Path) {
     let file = format!("{name}.Q8_0.gguf");
-    let sha = |p: &Path| common::hash::sha256_file(p).unwrap();
+    let sha = |p: &Path| gguf::hash::sha256_file(p).unwrap();
     let card: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join(format!("{name}.Q8_0.json"))).unwrap())
             .unwrap();
@@ -378,7 +378,7 @@ fn a_second_ship_to_the_same_directory_keeps_the_checksums_there() {
     std::fs::write(&notes, "written by hand\n").unwrap();
     let line = format!(
         "{}  notes.txt\n",
-        common::hash::sha256_file(&notes).unwrap()
+        gguf::hash::sha256_file(&notes).unwrap()
     );
     std::fs::write(out.join("SHA256SUMS"), &line).unwrap();
     for candidate in ["test_K8", "test_K4"] {
@@ -739,7 +739,7 @@ fn a_split_ship_ships_each_large_model_file_as_gguf_split_files_holding_it() {
     let (whole, split) = (d.path().join("whole"), d.path().join("split"));
     assert!(ship(&run, &whole, "test_K8", "Q8_0", &[]).status.success());
     // A third of the slice's bytes: its files split, its Q8_0 (smaller) not.
-    let sha = |p: &Path| common::hash::sha256_file(p).unwrap();
+    let sha = |p: &Path| gguf::hash::sha256_file(p).unwrap();
     let slice_bytes = std::fs::metadata(whole.join("test_K8.gguf")).unwrap().len();
     let q8_bytes = std::fs::metadata(whole.join("test_K8.Q8_0.gguf"))
         .unwrap()
@@ -775,7 +775,7 @@ fn a_split_ship_ships_each_large_model_file_as_gguf_split_files_holding_it() {
     // The files hold the whole ship's file, byte for byte, and llama.cpp
     // runs them.
     let joined = d.path().join("joined.gguf");
-    let again = common::prune::make_model(&split.join(&parts[0]), None, None, &joined).unwrap();
+    let again = slicer::make_model(&split.join(&parts[0]), None, None, &joined).unwrap();
     assert_eq!(again.sha256, sha(&whole.join("test_K8.gguf")));
     runs_in_llama_cpp(&split.join(&parts[0]));
     // The smaller files are as the whole ship's.

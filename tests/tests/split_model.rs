@@ -4,7 +4,7 @@
 //! covers every file, a missing file is named, and the slicer reads all the
 //! files as one model: what it writes is what the one-file model gives.
 
-use common::partial::Partial;
+use numbers::partial::Partial;
 use std::path::Path;
 use worker::synth::{Overrides, Preset};
 
@@ -49,10 +49,10 @@ fn a_split_model_is_measured_as_the_same_model_in_one_file() {
         let shard = dir.path().join(format!("split/tiny-0000{i}-of-00003.gguf"));
         bytes.extend(std::fs::read(shard).unwrap());
     }
-    assert_eq!(pb.model_sha256, common::hash::sha256_hex(&bytes));
+    assert_eq!(pb.model_sha256, gguf::hash::sha256_hex(&bytes));
     assert_eq!(
         pa.model_sha256,
-        common::hash::sha256_hex(&std::fs::read(&whole).unwrap())
+        gguf::hash::sha256_hex(&std::fs::read(&whole).unwrap())
     );
     // Everything else is the same measurement.
     pb.model_sha256.clone_from(&pa.model_sha256);
@@ -63,7 +63,7 @@ fn a_split_model_is_measured_as_the_same_model_in_one_file() {
     let third = std::fs::metadata(&whole).unwrap().len() / 3;
     let ours = dir.path().join("ours/tiny.gguf");
     std::fs::create_dir(ours.parent().unwrap()).unwrap();
-    let parts = common::prune::make_model_split(&whole, None, None, &ours, third).unwrap();
+    let parts = slicer::make_model_split(&whole, None, None, &ours, third).unwrap();
     assert!(parts.len() >= 3, "{} files", parts.len());
     let c = dir.path().join("c");
     let o = collect(&parts[0].0, &corpus, &c);
@@ -94,16 +94,16 @@ fn the_slicer_reads_a_split_model_as_the_same_model_in_one_file() {
 
     // Copied whole, the three files are the one-file model byte for byte:
     // every file's tensors in order, the split keys left out.
-    let joined = common::prune::make_model(&first, None, None, &out("joined.gguf")).unwrap();
+    let joined = slicer::make_model(&first, None, None, &out("joined.gguf")).unwrap();
     assert!(bytes(&out("joined.gguf")) == bytes(&whole));
-    assert_eq!(joined.sha256, common::hash::sha256_file(&whole).unwrap());
+    assert_eq!(joined.sha256, gguf::hash::sha256_file(&whole).unwrap());
 
     // Sliced to a keep map and fewer experts per token, and sliced alone:
     // the bytes the one-file model gives.
     let keep = fixtures::keep_map(8, &[0, 1, 2], 16);
     for used in [Some(1), None] {
-        let a = common::prune::make_model(&whole, Some(&keep), used, &out("a.gguf")).unwrap();
-        let b = common::prune::make_model(&first, Some(&keep), used, &out("b.gguf")).unwrap();
+        let a = slicer::make_model(&whole, Some(&keep), used, &out("a.gguf")).unwrap();
+        let b = slicer::make_model(&first, Some(&keep), used, &out("b.gguf")).unwrap();
         assert_eq!(a, b, "experts used {used:?}");
         assert!(bytes(&out("a.gguf")) == bytes(&out("b.gguf")));
         std::fs::remove_file(out("a.gguf")).unwrap();
@@ -112,7 +112,7 @@ fn the_slicer_reads_a_split_model_as_the_same_model_in_one_file() {
 
     // A missing file is named, and nothing is written.
     std::fs::remove_file(dir.path().join("split/tiny-00002-of-00003.gguf")).unwrap();
-    let err = common::prune::slice_model(&first, &keep, &out("c.gguf"))
+    let err = slicer::slice_model(&first, &keep, &out("c.gguf"))
         .unwrap_err()
         .to_string();
     assert_eq!(
@@ -149,7 +149,7 @@ fn a_whole_run_on_a_split_model_matches_the_run_on_one_file() {
             .iter()
             .flat_map(|f| std::fs::read(f).unwrap())
             .collect();
-        common::hash::sha256_hex(&bytes)
+        gguf::hash::sha256_hex(&bytes)
     };
     let whole_sha = hash_of(&[&dir.path().join("tiny.gguf")]);
     let split_sha = hash_of(&[&first, &dir.path().join("tiny-00002-of-00002.gguf")]);
@@ -188,7 +188,7 @@ fn a_whole_run_on_a_split_model_matches_the_run_on_one_file() {
     }
     // Its candidates, sliced from the two files, evaluate as the one-file
     // model's do.
-    let summary = |run: &Path| -> common::eval::EvalSummary {
+    let summary = |run: &Path| -> numbers::eval::EvalSummary {
         serde_json::from_slice(&std::fs::read(run.join("eval/summary.json")).unwrap()).unwrap()
     };
     let (whole_eval, mut split_eval) = (summary(&whole_run), summary(&split_run));

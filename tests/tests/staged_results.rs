@@ -4,8 +4,8 @@
 //! there. Over real loopback QUIC with scripted peers that share the run's
 //! directory, as workers share a bucket.
 
-use common::layout::{staged, PARTIALS, STAGING_DIR};
-use common::wire::{LeaseGrant, PartialRef, ToCoordinator, ToWorker};
+use runfiles::layout::{staged, PARTIALS, STAGING_DIR};
+use protocol::wire::{LeaseGrant, PartialRef, ToCoordinator, ToWorker};
 use fixtures::log::log_text;
 use fixtures::loopback::{
     self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_reference_of,
@@ -48,7 +48,7 @@ async fn staged_partials_are_read_from_storage_merged_and_cleared() {
             let (end, answered) = p
                 .answer_leases(|lease| {
                     let bytes = honest_partial(&index, lease).to_bytes();
-                    let sha256 = common::hash::sha256_hex(&bytes);
+                    let sha256 = gguf::hash::sha256_hex(&bytes);
                     staged_done(&run, lease, sha256, |path| {
                         std::fs::write(path, &bytes).unwrap()
                     })
@@ -80,7 +80,7 @@ async fn a_staged_object_larger_than_max_staged_mib_is_refused_unread() {
             let (end, _) = p
                 .answer_leases(|lease| {
                     n += 1;
-                    let sha256 = common::hash::sha256_hex(&[n]);
+                    let sha256 = gguf::hash::sha256_hex(&[n]);
                     staged_done(&run, lease, sha256, |path| {
                         std::fs::File::create(path).unwrap().set_len(huge).unwrap()
                     })
@@ -111,7 +111,7 @@ async fn a_worker_computes_on_while_its_staged_result_waits_to_be_read() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 18);
     let run = d.path().to_path_buf();
-    let sha256 = common::hash::sha256_hex(b"never written");
+    let sha256 = gguf::hash::sha256_hex(b"never written");
     let name = staged(&sha256).unwrap();
     let fifo = run.join(&name);
     let (_, replies) = run_beside_fake_workers(&s, 1, Duration::from_secs(1), |l| async move {

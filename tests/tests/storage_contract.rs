@@ -9,7 +9,7 @@
 //! store.
 
 use bytes::Bytes;
-use common::store::{RunStore, StoreError};
+use runfiles::store::{RunStore, StoreError};
 
 /// The contract, on an empty run location.
 async fn contract(s: RunStore) {
@@ -126,6 +126,6 @@ async fn s3_keeps_the_contract() {
     let Some(bucket) = fixtures::s3_bucket() else {
         return;
     };
-    let run = common::hash::sha256_hex(&common::wire::random_bytes(8));
+    let run = gguf::hash::sha256_hex(&protocol::wire::random_bytes(8));
     contract(RunStore::open(&format!("s3://{bucket}/contract-{run}")).unwrap()).await;
 }

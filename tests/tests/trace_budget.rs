@@ -2,7 +2,7 @@
 //! held-out tokens of every m-th chunk are traced, nothing else, and the
 //! partial's traced-token count says exactly that.
 
-use common::Split;
+use numbers::Split;
 use std::collections::BTreeSet;
 use worker::collect::{CollectOptions, Collector};
 use worker::synth::Preset;

@@ -6,7 +6,7 @@
 //! vision experts in every layer and every keep map of the same size keeps
 //! them.
 
-use common::keepmap::KeepMap;
+use runfiles::keepmap::KeepMap;
 use std::path::{Path, PathBuf};
 use worker::synth::mmproj::{write_mmproj, MmprojSpec};
 use worker::synth::{Overrides, Preset};

@@ -2,8 +2,8 @@
 //! layers x 512 experts, top-10, traced by `worker collect` in the compact
 //! trace layout, and replay reading trace parts from S3 by range.
 
-use common::trace::{read_part, write_part_as, Encoding, TraceRow};
-use common::Split;
+use runfiles::trace::{read_part, write_part_as, Encoding, TraceRow};
+use numbers::Split;
 use fixtures::run_ok;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -152,17 +152,17 @@ async fn replay_from_s3_reads_parts_by_range_and_matches_local_replay() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let local = common::store::RunStore::open(dir.path().to_str().unwrap()).unwrap();
+    let local = runfiles::store::RunStore::open(dir.path().to_str().unwrap()).unwrap();
     let prefix = format!(
         "s3://{bucket}/replay-{}",
-        common::hash::sha256_hex(&common::wire::random_bytes(8))
+        gguf::hash::sha256_hex(&protocol::wire::random_bytes(8))
     );
-    let s3 = common::store::RunStore::open(&prefix).unwrap();
+    let s3 = runfiles::store::RunStore::open(&prefix).unwrap();
     let saliency = br#"{"n_expert": 128, "n_expert_used": 4}"#.to_vec();
     for store in [&local, &s3] {
         for p in 0..3u32 {
             let mut rows = synthetic_rows(6, 512, 2 * p);
-            let part = common::trace::write_part(&mut rows, 4, 16).unwrap();
+            let part = runfiles::trace::write_part(&mut rows, 4, 16).unwrap();
             store
                 .put(&format!("trace/part-{p}.parquet"), part)
                 .await

@@ -2,7 +2,7 @@
 //! (byte-identical artifacts however chunks are grouped), the imatrix read
 //! back by llama.cpp's own GGUF reader, and clear errors on bad input.
 
-use common::partial::Partial;
+use numbers::partial::Partial;
 use fixtures::llama_gguf::LlamaGguf;
 use fixtures::run;
 use std::path::Path;

@@ -3,9 +3,9 @@
 //! figures (on the f64 host path) equal an independent f64 recomputation
 //! from dumped logits.
 
-use common::corpus::Chunk;
-use common::eval::{EvalPartial, EvalSummary, Group};
-use common::Split;
+use runfiles::corpus::Chunk;
+use numbers::eval::{EvalPartial, EvalSummary, Group};
+use numbers::Split;
 use fixtures::run_ok;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -216,7 +216,7 @@ fn default_positions_and_kl_block_are_llama_perplexitys() {
         .into_iter()
         .map(|mut c| {
             c.tokens.resize(N_CTX as usize, 7);
-            c.spans = vec![common::corpus::Span {
+            c.spans = vec![runfiles::corpus::Span {
                 start: 0,
                 len: N_CTX,
                 split: Split::Heldout,

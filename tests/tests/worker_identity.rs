@@ -6,8 +6,8 @@
 //! worker is decided after a bounded wait, and a worker that fails first
 //! does not fail a run an honest worker joins in the grace period.
 
-use common::secret::WorkerKey;
-use common::wire::{Refusal, ToWorker};
+use protocol::secret::WorkerKey;
+use protocol::wire::{Refusal, ToWorker};
 use fixtures::log::log_text;
 use fixtures::loopback::{
     self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_setup,

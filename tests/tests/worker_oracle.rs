@@ -7,10 +7,10 @@
 //! `build_moe_ffn`): not from the collector's probe, whose findings are
 //! checked against the same table.
 
-use common::imatrix::Imatrix;
-use common::routing::GateSite;
-use common::stats::GroupKey;
-use common::{Gating, Split};
+use numbers::imatrix::Imatrix;
+use numbers::routing::GateSite;
+use numbers::stats::GroupKey;
+use numbers::{Gating, Split};
 use fixtures::llama_gguf::{F32Tensor, LlamaGguf};
 use fixtures::oracle::matvec;
 use std::collections::BTreeMap;
@@ -353,7 +353,7 @@ fn collect(
     threads: u32,
 ) -> (
     std::path::PathBuf,
-    Vec<common::corpus::Chunk>,
+    Vec<runfiles::corpus::Chunk>,
     Collected,
     Collector,
 ) {
@@ -534,7 +534,7 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
         let key = GroupKey {
             split: *split,
             domain: domains[*domain as usize].to_string(),
-            modality: common::Modality::Text,
+            modality: numbers::Modality::Text,
         };
         let got = &accum.groups[&key].layers[*li];
         assert_eq!(
@@ -619,7 +619,7 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
 
 /// MLA's per-head matmuls (`attn_k_b`, `attn_v_b`, inputs `[d, n_tokens,
 /// n_head]`) count fit tokens only, like every other weight.
-fn check_mla_counts(preset: Preset, got: &Imatrix, chunks: &[common::corpus::Chunk]) {
+fn check_mla_counts(preset: Preset, got: &Imatrix, chunks: &[runfiles::corpus::Chunk]) {
     let fit_tokens: u64 = chunks
         .iter()
         .flat_map(|c| c.token_labels())

@@ -35,10 +35,10 @@ pub enum WorkerError {
     },
     /// An accumulator overflowed or shapes disagreed.
     #[error(transparent)]
-    Merge(#[from] common::stats::MergeError),
+    Merge(#[from] numbers::stats::MergeError),
     /// Artifact storage failed.
     #[error(transparent)]
-    Store(#[from] common::store::StoreError),
+    Store(#[from] runfiles::store::StoreError),
     /// Local file I/O failed.
     #[error("{path}: {source}")]
     Io {
@@ -132,7 +132,7 @@ pub enum WorkerError {
     },
     /// A GGUF file could not be read.
     #[error(transparent)]
-    Gguf(#[from] common::gguf_read::GgufReadError),
+    Gguf(#[from] gguf::read::GgufReadError),
     /// A GGUF file of a given role (`model`, `imatrix`) could not be read
     /// (the reader's error names the file).
     #[error("{role} {source}")]
@@ -140,12 +140,12 @@ pub enum WorkerError {
         /// What the file is to the command.
         role: &'static str,
         /// The reader's error.
-        source: common::gguf_read::GgufReadError,
+        source: gguf::read::GgufReadError,
     },
     /// A split model's files (llama.cpp's `gguf-split`) do not make one
     /// model: one missing, misnamed or out of place.
     #[error(transparent)]
-    SplitModel(#[from] common::gguf_split::SplitError),
+    SplitModel(#[from] gguf::split::SplitError),
     /// A GGUF file lacks a metadata key it needs.
     #[error("{path}: no {key}")]
     MissingKey {
@@ -224,7 +224,7 @@ pub enum WorkerError {
     Runtime(std::io::Error),
     /// Writing a partial's results (`saliency.json`, `imatrix.gguf`) failed.
     #[error(transparent)]
-    Artifact(#[from] common::artifacts::ArtifactError),
+    Artifact(#[from] runfiles::artifacts::ArtifactError),
     /// A result could not be encoded as JSON.
     #[error(transparent)]
     Json(serde_json::Error),

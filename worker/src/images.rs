@@ -5,7 +5,7 @@
 
 use crate::error::WorkerError;
 use crate::llama::{ImageEmbedding, Input, Vision};
-use common::corpus::{Chunk, CorpusIndex, ImageSpan};
+use runfiles::corpus::{Chunk, CorpusIndex, ImageSpan};
 use std::collections::BTreeMap;
 
 /// The bytes of the images a lease's chunks carry, by SHA-256 (hex).
@@ -40,7 +40,7 @@ pub fn encode(
             let bytes = images
                 .get(&im.sha256)
                 .ok_or_else(|| fail("its bytes were not fetched".into()))?;
-            if common::hash::sha256_hex(bytes) != im.sha256 {
+            if gguf::hash::sha256_hex(bytes) != im.sha256 {
                 return Err(fail("its bytes have another SHA-256".into()));
             }
             out.insert(im.sha256.clone(), vision.encode(bytes)?);

@@ -5,7 +5,7 @@
 //! GPU). The placement changes where llama.cpp computes, never what a
 //! worker measures.
 
-use common::MAX_CPU_MOE_LAYERS;
+use protocol::MAX_CPU_MOE_LAYERS;
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 

@@ -5,9 +5,9 @@
 
 use crate::error::WorkerError;
 use crate::llama::{f32s, quantize_model, MetaValue, QuantizeParams};
-use common::gguf_read::GgufReader;
-use common::gguf_split::SplitError;
-use common::quant::{check_requantize, QuantType};
+use gguf::read::GgufReader;
+use gguf::split::SplitError;
+use gguf::quant::{check_requantize, QuantType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -116,7 +116,7 @@ pub fn read_imatrix(path: &Path) -> Result<ImatrixFile, WorkerError> {
 /// `in_sum2 [n_in, n_mat]` with `counts [1, n_mat]` in F32.
 fn read_weights(
     path: &Path,
-) -> Result<(BTreeMap<String, Vec<f32>>, common::gguf_read::GgufHeader), WorkerError> {
+) -> Result<(BTreeMap<String, Vec<f32>>, gguf::read::GgufHeader), WorkerError> {
     let bad = |reason: String| WorkerError::Model {
         path: path.display().to_string(),
         reason,
@@ -184,7 +184,7 @@ pub fn quantize_file(
         move |source| WorkerError::Io { path, source }
     };
     // A split base is one model to llama.cpp: check all its tensors.
-    let header = match common::gguf_split::open_joined(base) {
+    let header = match gguf::split::open_joined(base) {
         Ok(joined) => joined.header,
         Err(SplitError::Read(source)) => {
             return Err(WorkerError::GgufFile {
@@ -243,7 +243,7 @@ pub fn quantize_file(
     // temporary file was made 0600).
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))
         .map_err(io(tmp.path()))?;
-    let sha256 = common::hash::sha256_file(tmp.path()).map_err(io(tmp.path()))?;
+    let sha256 = gguf::hash::sha256_file(tmp.path()).map_err(io(tmp.path()))?;
     let bytes = std::fs::metadata(tmp.path()).map_err(io(tmp.path()))?.len();
     tmp.persist_noclobber(out).map_err(|e| WorkerError::Io {
         path: out.display().to_string(),

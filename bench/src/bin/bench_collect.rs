@@ -23,9 +23,9 @@
 //! depend on what else the machine runs).
 
 use clap::Parser;
-use common::corpus::Chunk;
-use common::partial::{BackendToHost, Partial};
-use common::procstat::process_cpu_seconds;
+use runfiles::corpus::Chunk;
+use numbers::partial::{BackendToHost, Partial};
+use runfiles::procstat::process_cpu_seconds;
 use std::time::Instant;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collector};

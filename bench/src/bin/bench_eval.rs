@@ -20,8 +20,8 @@
 //! which a best-of-rounds per mode cannot tell from a real difference.
 
 use clap::Parser;
-use common::eval::EvalPartial;
-use common::procstat::{peak_rss_kib, process_cpu_seconds};
+use numbers::eval::EvalPartial;
+use runfiles::procstat::{peak_rss_kib, process_cpu_seconds};
 use std::time::Instant;
 use worker::eval::rows::{compare_rows, ScoredRow};
 use worker::eval::{candidates, Compare, EvalCost, EvalOptions, Evaluator};
@@ -204,12 +204,12 @@ fn main() -> anyhow::Result<()> {
         Some(run) => {
             let range = match &a.range {
                 Some(r) => {
-                    common::ChunkRange::parse(r).map_err(|e| anyhow::anyhow!("--range: {e}"))?
+                    numbers::ChunkRange::parse(r).map_err(|e| anyhow::anyhow!("--range: {e}"))?
                 }
                 None => {
                     let rt = tokio::runtime::Runtime::new()?;
                     let (_, index) = rt.block_on(worker::cli::corpus::open_corpus(run))?;
-                    common::ChunkRange {
+                    numbers::ChunkRange {
                         start: 0,
                         end: index.n_chunks,
                     }

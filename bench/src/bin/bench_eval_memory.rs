@@ -19,8 +19,8 @@
 //! compute buffer and logits rows, and the process itself).
 
 use clap::Parser;
-use common::eval::{EvalPartial, EvalSummary, ModelsInMemory};
-use common::procstat::{peak_rss_kib, process_cpu_seconds};
+use numbers::eval::{EvalPartial, EvalSummary, ModelsInMemory};
+use runfiles::procstat::{peak_rss_kib, process_cpu_seconds};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -120,14 +120,14 @@ fn main() -> anyhow::Result<()> {
                 (l.to_string(), ids)
             })
             .collect();
-        let map = common::keepmap::KeepMap {
+        let map = runfiles::keepmap::KeepMap {
             method: format!("half{i}"),
             k,
             params: serde_json::Value::Null,
             saliency_sha256: String::new(),
             layers,
         };
-        common::prune::slice_model(&base, &map, &cand_path(&dir, i))?;
+        slicer::slice_model(&base, &map, &cand_path(&dir, i))?;
     }
     eprintln!(
         "generated the model and {} candidates in {:.1} s",

@@ -15,8 +15,8 @@
 //! the first time in its first two chunks; a million-token run pays that once).
 
 use clap::Parser;
-use common::corpus::{Chunk, CorpusIndex};
-use common::procstat::process_cpu_seconds;
+use runfiles::corpus::{Chunk, CorpusIndex};
+use runfiles::procstat::process_cpu_seconds;
 use std::path::PathBuf;
 use std::time::Instant;
 use worker::collect::{CollectOptions, Collector};

@@ -14,9 +14,9 @@
 
 use anyhow::Context;
 use clap::Parser;
-use common::keepmap::KeepMap;
-use common::procstat::peak_rss_kib;
-use common::prune::slice_model;
+use runfiles::keepmap::KeepMap;
+use runfiles::procstat::peak_rss_kib;
+use slicer::slice_model;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -40,7 +40,7 @@ struct Args {
 
 /// A map keeping `k` evenly spread experts of every MoE layer.
 fn keep_map(model: &Path, k: u32) -> anyhow::Result<(KeepMap, u32)> {
-    let h = common::gguf_split::open_joined(model)?.header;
+    let h = gguf::split::open_joined(model)?.header;
     let arch = h
         .get("general.architecture")
         .and_then(|v| v.as_str())
@@ -130,7 +130,7 @@ fn main() -> anyhow::Result<()> {
         .dir
         .clone()
         .unwrap_or_else(|| args.model.parent().unwrap_or(Path::new(".")).to_path_buf());
-    let files = common::gguf_split::model_files(&args.model)?;
+    let files = gguf::split::model_files(&args.model)?;
     let mut size = 0;
     for file in &files {
         size += std::fs::metadata(file)?.len();
@@ -159,7 +159,7 @@ fn main() -> anyhow::Result<()> {
         buffered / copy
     );
     let sha = timed(args.runs, || {
-        common::hash::model_sha256(&args.model)?;
+        gguf::hash::model_sha256(&args.model)?;
         Ok(())
     })?;
     println!(

@@ -12,7 +12,7 @@
 //! the first capacity), and the peak resident memory (VmHWM).
 
 use clap::Parser;
-use common::procstat::peak_rss_kib;
+use runfiles::procstat::peak_rss_kib;
 use rayon::prelude::*;
 use replay::keep::requests;
 use replay::synthetic::{raw_layer, Shape};

@@ -6,7 +6,7 @@ use super::super::prepare::{prepare, Prepared};
 use super::super::tokenizer::ByteTokenizer;
 use super::super::{summary, Config};
 use super::{check_invariants, prose};
-use common::Split;
+use numbers::Split;
 use std::fmt::Write as _;
 
 /// A document of about 150 words.

@@ -151,6 +151,6 @@ fn a_json_array_and_compressed_json_lines() {
     // The hash is the compressed file's (what the user has).
     assert_eq!(
         gz.sha256,
-        common::hash::sha256_file(&fixtures().join("notes.jsonl.gz")).unwrap()
+        gguf::hash::sha256_file(&fixtures().join("notes.jsonl.gz")).unwrap()
     );
 }

@@ -6,7 +6,7 @@
 use super::*;
 use crate::source::{read_source, Record};
 use crate::tokenizer::{backend, LlamaTokenizer};
-use common::corpus::CHUNKS_FILE;
+use runfiles::corpus::CHUNKS_FILE;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::mtmd::{
@@ -218,14 +218,14 @@ async fn image_spans_are_mtmd_positions_never_cut_and_count_as_tokens() {
         .await
         .unwrap();
     assert!(!first.reused);
-    let corpus = store.child(common::artifacts::names::CORPUS_DIR);
+    let corpus = store.child(runfiles::artifacts::names::CORPUS_DIR);
     let table = corpus.get(CHUNKS_FILE).await.unwrap();
     assert_eq!(read_chunks(table, None).unwrap(), p.chunks);
     for r in &records {
         for image in &r.images {
             if spans.iter().any(|s| s.sha256 == image.sha256) {
                 let stored = corpus
-                    .get(&common::layout::corpus::image(&image.sha256))
+                    .get(&runfiles::layout::corpus::image(&image.sha256))
                     .await
                     .unwrap();
                 assert_eq!(

@@ -10,13 +10,13 @@
 //! sums, as on a worker (`ffn_gate_exps` and `ffn_up_exps`; `attn_q`,
 //! `attn_k`, `attn_v`).
 
-use common::corpus::{Chunk, Span};
-use common::exact::ExactSum;
-use common::imatrix::{Imatrix, ImatrixEntry};
-use common::partial::Partial;
-use common::splitmix::SplitMix64;
-use common::stats::{ExpertAccum, MoeShape};
-use common::{ChunkId, ChunkRange, Gating, Split};
+use runfiles::corpus::{Chunk, Span};
+use numbers::exact::ExactSum;
+use numbers::imatrix::{Imatrix, ImatrixEntry};
+use numbers::partial::Partial;
+use numbers::splitmix::SplitMix64;
+use numbers::stats::{ExpertAccum, MoeShape};
+use numbers::{ChunkId, ChunkRange, Gating, Split};
 use rayon::prelude::*;
 
 /// MoE layers.
@@ -207,7 +207,7 @@ pub fn experts(seed: u64, tokens: u64, chunks: u32) -> ExpertAccum {
         n_expert_used: TOP_K,
         gating: Gating::Softmax,
         moe_layers: (0..LAYERS).collect(),
-        routing: common::routing::Routing::default(),
+        routing: numbers::routing::Routing::default(),
     });
     let per_expert = tokens * u64::from(TOP_K) / u64::from(EXPERTS);
     let chunk_tokens = tokens as f64 / f64::from(chunks);

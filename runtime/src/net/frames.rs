@@ -10,7 +10,7 @@
 //! then keep arriving at [`MIN_UPLOAD_BYTES_PER_S`], so no peer holds the
 //! budget by trickling.
 
-use common::wire::{decode, ToCoordinator, WireError};
+use protocol::wire::{decode, ToCoordinator, WireError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -150,7 +150,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::wire::{encode_frame, LeaseId, PartialRef};
+    use protocol::wire::{encode_frame, LeaseId, PartialRef};
     use tokio::io::AsyncWriteExt;
 
     fn done(len: usize) -> Vec<u8> {

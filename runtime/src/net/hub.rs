@@ -12,19 +12,19 @@
 //! or none (`sched`).
 //!
 //! A worker's [`Identity`] is the name its join proof is bound to (the
-//! proof is keyed by that name's worker key, `common::wire::worker_key`):
+//! proof is keyed by that name's worker key, `protocol::wire::worker_key`):
 //! every connection of one name is one identity, so reconnecting neither
 //! makes a second opinion nor clears a quarantine.
 
 use crate::lease::{AddendOf, LeaseKind};
 use bytes::Bytes;
-use common::buffers::BufferPool;
-use common::hash::sha256_hex;
-use common::lease::{Addend, LeaseOutput};
-use common::peer_text::peer_text;
-use common::store::{RunStore, StoreError};
-use common::wire::{JobInfo, LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
-use common::ChunkRange;
+use runfiles::buffers::BufferPool;
+use gguf::hash::sha256_hex;
+use runfiles::lease::{Addend, LeaseOutput};
+use numbers::peer_text::peer_text;
+use runfiles::store::{RunStore, StoreError};
+use protocol::wire::{JobInfo, LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
+use numbers::ChunkRange;
 use sched::{Completion, Event, Identity, Scheduler, Verdict};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -162,7 +162,7 @@ pub struct Hub<K: LeaseKind> {
 }
 
 /// The labels of a hub's results.
-const fn labels<K: LeaseKind>() -> common::lease::Labels {
+const fn labels<K: LeaseKind>() -> runfiles::lease::Labels {
     <K::Output as LeaseOutput>::LABELS
 }
 
@@ -662,7 +662,7 @@ impl<K: LeaseKind> Hub<K> {
         match partial {
             PartialRef::Inline(b) => Ok((Bytes::from(b), None)),
             PartialRef::Stored(name) => {
-                if common::layout::staged(sha256).as_deref() != Some(name.as_str()) {
+                if runfiles::layout::staged(sha256).as_deref() != Some(name.as_str()) {
                     return Err(format!(
                         "stored {} \"{}\" is not the staging name of its hash",
                         labels::<K>().output,

@@ -10,9 +10,9 @@
 
 use super::hub::Hub;
 use crate::lease::LeaseKind;
-use common::peer_text::peer_text;
-use common::secret::JoinSecret;
-use common::wire::{LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
+use numbers::peer_text::peer_text;
+use protocol::secret::JoinSecret;
+use protocol::wire::{LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
 use sched::{Grant, Identity, SchedError};
 use std::future::Future;
 use std::pin::Pin;

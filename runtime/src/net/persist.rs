@@ -74,7 +74,7 @@ impl Kept {
         let stored = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| bad(&path, e))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Stored {
-                reset_key: hex::encode(common::wire::random_bytes(RESET_KEY_LEN)),
+                reset_key: hex::encode(protocol::wire::random_bytes(RESET_KEY_LEN)),
                 ..Stored::default()
             },
             Err(e) => return Err(io(&path)(e)),
@@ -128,7 +128,7 @@ impl Kept {
         let hex_salt = self
             .stored
             .sample_salt
-            .get_or_insert_with(|| hex::encode(common::wire::random_bytes(32)));
+            .get_or_insert_with(|| hex::encode(protocol::wire::random_bytes(32)));
         let bytes: [u8; 32] = hex::decode(hex_salt.as_str())
             .ok()
             .and_then(|b| b.try_into().ok())

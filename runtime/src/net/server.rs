@@ -1,6 +1,6 @@
 //! The QUIC server: an accept loop that applies a policy table to each
 //! incoming connection ([`super::slots`]), then one task per connection that
-//! runs the protocol of [`common::wire`] on the connection's single stream,
+//! runs the protocol of [`protocol::wire`] on the connection's single stream,
 //! in whichever phase of the run the [`Lobby`] serves: a connection lives
 //! for the whole run, moving from one phase to the next.
 //! A malformed or oversized frame, a timeout or a failed proof closes that
@@ -16,8 +16,8 @@ use super::lobby::{Lobby, Seat, IDLE_POLL};
 use super::slots::{Admission, Slot, Slots};
 use super::tls::Identity;
 use super::NetError;
-use common::peer_text::peer_text;
-use common::wire::{
+use numbers::peer_text::peer_text;
+use protocol::wire::{
     check_proof, random_bytes, read_msg, write_msg, Refusal, ToCoordinator, ToWorker, WireError,
     WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION, RUN_FINISHED,
 };

@@ -4,8 +4,8 @@
 //! `coordinator ca` creates (workers trust the CA certificate).
 
 use super::NetError;
-use common::hash::sha256_hex;
-use common::wire::ALPN;
+use gguf::hash::sha256_hex;
+use protocol::wire::ALPN;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@
 //! - in every group and layer, `sum(count) == n_tokens * k` and each count is
 //!   at most `n_tokens`;
 //! - every value is one an honest worker can produce and any merge can hold
-//!   ([`common::partial_check`]);
+//!   ([`numbers::partial_check`]);
 //! - its importance matrix covers the unit's chunks at the corpus's chunk
 //!   size; a dense weight's token count (per matrix) is the unit's fit
 //!   tokens, a stacked expert weight's count per expert is the fit split's
@@ -21,7 +21,7 @@
 //!   experts it selected, as llama.cpp's `MUL_MAT_ID` imatrix counts);
 //! - with the model's headers ([`Acceptance::with_weights`]: the coordinator
 //!   reads them): every entry is one of the model's weights with the model's
-//!   shape ([`common::model_weights`]), every MoE layer is one the model
+//!   shape ([`gguf::model_weights`]), every MoE layer is one the model
 //!   routes in, and the router and stacked expert weights of each MoE layer
 //!   are there; all of it is checked on the partial's header, before any
 //!   sum is unpacked or the running total grows. Without them (test
@@ -35,15 +35,15 @@
 //! summarised.
 
 use bytes::Bytes;
-use common::artifacts::names::trace_part;
-use common::corpus::{Chunk, CorpusIndex};
-use common::model_check::MoeFacts;
-use common::model_weights::{expert_stack_layer, ModelWeights};
-use common::partial::{PackedPartial, Partial};
-use common::partial_check::{check_header_values, Budget, ImatrixSums};
-use common::peer_text::{peer_text, summarise};
-use common::stats::{GroupKey, MoeShape};
-use common::{ChunkRange, Modality, Split};
+use runfiles::artifacts::names::trace_part;
+use runfiles::corpus::{Chunk, CorpusIndex};
+use gguf::model_check::MoeFacts;
+use gguf::model_weights::{expert_stack_layer, ModelWeights};
+use numbers::partial::{PackedPartial, Partial};
+use numbers::partial_check::{check_header_values, Budget, ImatrixSums};
+use numbers::peer_text::{peer_text, summarise};
+use numbers::stats::{GroupKey, MoeShape};
+use numbers::{ChunkRange, Modality, Split};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -510,11 +510,11 @@ mod tests;
 impl crate::lease::LeaseKind for Acceptance {
     type Output = Partial;
 
-    fn task(&self) -> common::wire::Task {
-        common::wire::Task::Collect
+    fn task(&self) -> protocol::wire::Task {
+        protocol::wire::Task::Collect
     }
 
-    fn table(m: &mut corpus::manifest::RunManifest) -> &mut corpus::manifest::Records {
+    fn table(m: &mut runfiles::manifest::RunManifest) -> &mut runfiles::manifest::Records {
         &mut m.partials
     }
 

@@ -9,14 +9,14 @@ use std::path::{Path, PathBuf};
 use tokio::process::{Child, Command};
 
 /// Environment variable naming the worker binary explicitly.
-pub use common::layout::env::WORKER_BIN as WORKER_BIN_ENV;
+pub use runfiles::layout::env::WORKER_BIN as WORKER_BIN_ENV;
 
 /// Environment variable a worker reads the join secret from.
-pub use common::layout::env::JOIN_SECRET as SECRET_ENV;
+pub use runfiles::layout::env::JOIN_SECRET as SECRET_ENV;
 
 /// Variable through which local workers get `[run] local_worker_reduce`
 /// (the worker reads it when `--reduce` is not given).
-pub use common::layout::env::REDUCE as REDUCE_ENV;
+pub use runfiles::layout::env::REDUCE as REDUCE_ENV;
 
 /// The worker binary: `$MOE_CENSUS_WORKER_BIN`, else `worker` beside this
 /// executable (or one directory up, for test binaries in `target/*/deps`).
@@ -102,7 +102,7 @@ impl LocalWorkers {
         &self,
         addr: SocketAddr,
         pin: &str,
-        secret: &common::secret::JoinSecret,
+        secret: &protocol::secret::JoinSecret,
     ) -> Result<Vec<Child>, RunError> {
         let secret = String::from_utf8(secret.expose().to_vec()).map_err(|_| {
             RunError::Setup("the join secret must be UTF-8 text to pass to local workers".into())
@@ -188,7 +188,7 @@ mod tests {
             dir.path().join("m.gguf"),
             count,
         );
-        let secret = common::secret::JoinSecret::generate();
+        let secret = protocol::secret::JoinSecret::generate();
         let children = workers
             .spawn("127.0.0.1:7000".parse().unwrap(), "PIN", &secret)
             .unwrap();

@@ -11,7 +11,7 @@
 //! - the timeout is 0 (`coordinator run --take-over-lock`): any lock is.
 //!
 //! The holder writes only through [`RunLock::store`], a store fenced by the
-//! lock ([`common::store::Fence`]): a write is admitted while the lock was
+//! lock ([`runfiles::store::Fence`]): a write is admitted while the lock was
 //! confirmed as ours within half the stale timeout (the heartbeat does that
 //! every quarter); past that the write first reads the lock again, and once
 //! another holder has it every write fails. A coordinator paused past the
@@ -20,14 +20,14 @@
 //! [`RunLock::confirm`] reads the lock before a final write whatever the
 //! time.
 
-use common::store::{Fence, RunStore, StoreError};
+use runfiles::store::{Fence, RunStore, StoreError};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 /// Object name of the lock under the run.
-pub use common::layout::LOCK_FILE;
+pub use runfiles::layout::LOCK_FILE;
 
 /// Why the lock was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +114,7 @@ fn this_process() -> Option<HolderProcess> {
         boot_id,
         pid_ns,
         pid: std::process::id(),
-        start_ticks: common::procstat::own_start_ticks()?,
+        start_ticks: runfiles::procstat::own_start_ticks()?,
     })
 }
 
@@ -123,7 +123,7 @@ fn this_process() -> Option<HolderProcess> {
 fn holder_gone(h: &HolderProcess) -> bool {
     match machine() {
         Some((boot, ns)) if boot == h.boot_id && ns == h.pid_ns => {
-            common::procstat::start_ticks(h.pid) != Some(h.start_ticks)
+            runfiles::procstat::start_ticks(h.pid) != Some(h.start_ticks)
         }
         _ => false,
     }
@@ -185,7 +185,7 @@ impl LockFence {
             Ok(other) => {
                 let by = other.map_or_else(
                     || "nobody (it was removed)".to_string(),
-                    |b| common::peer_text::peer_text(&b.owner),
+                    |b| numbers::peer_text::peer_text(&b.owner),
                 );
                 let why = format!(
                     "{url} was taken over by {by}; this coordinator no longer holds the run \
@@ -219,7 +219,7 @@ impl RunLock {
     /// (with a warning naming its holder).
     pub async fn acquire(store: &RunStore, stale: Duration) -> Result<RunLock, LockError> {
         let store = store.unfenced();
-        let token = hex::encode(common::wire::random_bytes(16));
+        let token = hex::encode(protocol::wire::random_bytes(16));
         let body = LockBody {
             owner: owner(),
             token: token.clone(),
@@ -244,7 +244,7 @@ impl RunLock {
                 .map_or(u64::MAX, |h| now_ms().saturating_sub(h.heartbeat_ms));
             let shown = held.as_ref().map_or_else(
                 || "an unreadable lock".to_string(),
-                |h| common::peer_text::peer_text(&h.owner),
+                |h| numbers::peer_text::peer_text(&h.owner),
             );
             let gone = held
                 .as_ref()
@@ -375,7 +375,7 @@ mod tests {
         // A child process that has exited: its pid no longer names it.
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
-        let start = common::procstat::start_ticks(pid);
+        let start = runfiles::procstat::start_ticks(pid);
         child.wait().unwrap();
         let (boot_id, pid_ns) = machine().unwrap();
         let dead = LockBody {

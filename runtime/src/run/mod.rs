@@ -35,10 +35,10 @@ use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{server_names, Identity};
 use crate::net::NetError;
 use clap::Args;
-use common::artifacts::{names, write_results};
-use common::corpus::{CorpusIndex, INDEX_FILE};
-use common::secret::JoinSecret;
-use common::store::{RunStore, StoreError};
+use runfiles::artifacts::{names, write_results};
+use runfiles::corpus::{CorpusIndex, INDEX_FILE};
+use protocol::secret::JoinSecret;
+use runfiles::store::{RunStore, StoreError};
 use config::run::{ClusterSettings, RunSettings};
 use crew::Crew;
 use crew::OnListen;
@@ -76,7 +76,7 @@ pub enum RunError {
     Sched(#[from] sched::SchedError),
     /// Artifacts could not be written.
     #[error(transparent)]
-    Artifacts(#[from] common::artifacts::ArtifactError),
+    Artifacts(#[from] runfiles::artifacts::ArtifactError),
     /// Another coordinator holds the run location.
     #[error(transparent)]
     Lock(#[from] lock::LockError),
@@ -131,7 +131,7 @@ pub struct RunSetup {
     /// Model path sent to workers.
     pub model_path: PathBuf,
     /// The model's mmproj sent to workers, when the corpus has images.
-    pub mmproj: Option<common::wire::MmprojFile>,
+    pub mmproj: Option<protocol::wire::MmprojFile>,
     /// `[run]`.
     pub run: RunSettings,
     /// `[cluster]`.
@@ -142,10 +142,11 @@ impl RunSetup {
     /// The chunk strides that meet `[run] trace_tokens_per_split` for each
     /// split of the stored manifest's chunk plan (the whole corpus's size
     /// for both when the run has no manifest).
-    pub async fn trace_every(&self) -> Result<common::wire::TraceStrides, RunError> {
-        let manifest = corpus::read_manifest(&self.store)
+    pub async fn trace_every(&self) -> Result<protocol::wire::TraceStrides, RunError> {
+        let manifest = runfiles::manifest::read(&self.store)
             .await
-            .map_err(|e| RunError::Setup(e.to_string()))?;
+            .map_err(|e| RunError::Setup(e.to_string()))?
+            .map(|m| m.corpus);
         let (fit, heldout) = match manifest {
             Some(m) => (m.chunk_plan.fit_tokens, m.chunk_plan.heldout_tokens),
             None => (self.index.n_tokens, self.index.n_tokens),
@@ -179,7 +180,7 @@ pub struct RunSummary {
     /// Fit tokens in the merged result.
     pub fit_tokens: u64,
     /// The manifest's `trace` section (budget, stride, tokens, bytes).
-    pub trace: Option<corpus::manifest::TraceRecord>,
+    pub trace: Option<runfiles::manifest::TraceRecord>,
 }
 
 /// Refuses a configured join secret (file or variable) that is unreadable,
@@ -191,7 +192,7 @@ pub fn check_secret(cluster: &ClusterSettings) -> Result<(), RunError> {
 /// The join secret: `[cluster] secret_file`, else `MOE_CENSUS_JOIN_SECRET`,
 /// else a random one only local workers learn (`false`: not shared).
 pub fn secret(cluster: &ClusterSettings) -> Result<(JoinSecret, bool), RunError> {
-    let setup = |e: common::secret::SecretError| RunError::Setup(format!("[cluster] {e}"));
+    let setup = |e: protocol::secret::SecretError| RunError::Setup(format!("[cluster] {e}"));
     if let Some(path) = &cluster.secret_file {
         return Ok((JoinSecret::from_file(path).map_err(setup)?, true));
     }
@@ -250,7 +251,7 @@ pub async fn execute_locked(setup: &RunSetup, crew: &mut Crew<'_>) -> Result<Run
         .put_parts(names::MERGED_PARTIAL, merged.to_parts())
         .await?;
     let saliency = write_results(store, &merged).await?;
-    summary.fit_tokens = saliency.split(common::Split::Fit).map_or(0, |s| s.n_tokens);
+    summary.fit_tokens = saliency.split(numbers::Split::Fit).map_or(0, |s| s.n_tokens);
     summary.trace = Some(
         trace_plan::manifest_entry(
             store,
@@ -268,8 +269,8 @@ pub async fn execute_locked(setup: &RunSetup, crew: &mut Crew<'_>) -> Result<Run
 /// manifest, so later stages find it without `--model` (a run without a
 /// manifest gets none: only the corpus stage creates one).
 async fn record_model_path(setup: &RunSetup) -> Result<(), RunError> {
-    let setup_err = |e: corpus::manifest::ManifestError| RunError::Setup(e.to_string());
-    let Some(mut m) = corpus::manifest::read(&setup.store)
+    let setup_err = |e: runfiles::manifest::ManifestError| RunError::Setup(e.to_string());
+    let Some(mut m) = runfiles::manifest::read(&setup.store)
         .await
         .map_err(setup_err)?
     else {
@@ -278,7 +279,7 @@ async fn record_model_path(setup: &RunSetup) -> Result<(), RunError> {
     if (m.model_path.as_ref(), &m.mmproj) != (Some(&setup.model_path), &setup.mmproj) {
         m.model_path = Some(setup.model_path.clone());
         m.mmproj = setup.mmproj.clone();
-        corpus::manifest::write(&setup.store, &m).await?;
+        runfiles::manifest::write(&setup.store, &m).await?;
     }
     Ok(())
 }
@@ -288,25 +289,25 @@ async fn record_model_path(setup: &RunSetup) -> Result<(), RunError> {
 /// and importance-matrix entries (the coordinator binary always has it).
 pub(crate) async fn acceptance(
     setup: &RunSetup,
-    units: &[common::ChunkRange],
+    units: &[numbers::ChunkRange],
 ) -> Result<accept::Acceptance, RunError> {
     let corpus = setup.store.child("corpus");
-    let table = corpus.get(common::corpus::CHUNKS_FILE).await?;
-    let what = corpus.url_of(common::corpus::CHUNKS_FILE);
+    let table = corpus.get(runfiles::corpus::CHUNKS_FILE).await?;
+    let what = corpus.url_of(runfiles::corpus::CHUNKS_FILE);
     let index = setup.index.clone();
     let units = units.to_vec();
     let (model, weights) = if setup.model_path.exists() {
         let path = &setup.model_path;
         (
-            Some(common::model_check::moe_facts(path).map_err(RunError::Setup)?),
-            Some(common::model_weights::ModelWeights::read(path).map_err(RunError::Setup)?),
+            Some(gguf::model_check::moe_facts(path).map_err(RunError::Setup)?),
+            Some(gguf::model_weights::ModelWeights::read(path).map_err(RunError::Setup)?),
         )
     } else {
         (None, None)
     };
     let model_sha = setup.model_sha256.clone();
     tokio::task::spawn_blocking(move || {
-        let chunks = common::corpus::read_chunks(table, None)?;
+        let chunks = runfiles::corpus::read_chunks(table, None)?;
         let a = accept::Acceptance::new(&model_sha, &index, &chunks, &units, model)?;
         Ok::<_, String>(match weights {
             Some(w) => a.with_weights(w),
@@ -394,8 +395,8 @@ pub async fn mark_finished(
     s: &RunSummary,
     verified: bool,
 ) -> Result<(), RunError> {
-    use corpus::manifest::{ManifestError, RunRecord, WorkerRecord};
-    let mut manifest = corpus::manifest::read_or_default(store)
+    use runfiles::manifest::{ManifestError, RunRecord, WorkerRecord};
+    let mut manifest = runfiles::manifest::read_or_default(store)
         .await
         .map_err(|e| match e {
             ManifestError::Store(e) => RunError::Store(e),
@@ -428,7 +429,7 @@ pub async fn mark_finished(
     if s.trace.is_some() {
         manifest.trace = s.trace.clone();
     }
-    corpus::manifest::write(store, &manifest).await?;
+    runfiles::manifest::write(store, &manifest).await?;
     Ok(())
 }
 
@@ -452,7 +453,7 @@ mod tests {
     /// (`verified` as given) over it.
     async fn finish_over(store: &RunStore, manifest: &[u8], verified: bool) -> Result<(), String> {
         store
-            .put(corpus::MANIFEST_FILE, manifest.to_vec())
+            .put(runfiles::manifest::MANIFEST_FILE, manifest.to_vec())
             .await
             .unwrap();
         mark_finished(store, &RunSummary::default(), verified)
@@ -470,7 +471,7 @@ mod tests {
             err.contains("manifest.json is not JSON") && err.contains("left as it is"),
             "{err}"
         );
-        let kept = store.get(corpus::MANIFEST_FILE).await.unwrap();
+        let kept = store.get(runfiles::manifest::MANIFEST_FILE).await.unwrap();
         assert_eq!(kept.to_vec(), corrupt);
 
         let err = finish_over(&store, b"[1, 2]", true).await.unwrap_err();
@@ -479,7 +480,7 @@ mod tests {
         finish_over(&store, b"{\"model_sha256\": \"ab\"}", false)
             .await
             .unwrap();
-        let m = corpus::manifest::read(&store).await.unwrap().unwrap();
+        let m = runfiles::manifest::read(&store).await.unwrap().unwrap();
         assert_eq!(
             (m.corpus.model_sha256.as_str(), m.run.map(|r| r.complete)),
             ("ab", Some(false))

@@ -4,12 +4,12 @@
 //! lease kind's own table). Resume and `verify` re-hash what they read
 //! against it; only bytes with a record are ever reused.
 
-use common::hash::sha256_hex;
-use common::store::{RunStore, StoreError};
-use common::wire::JobOptions;
-use corpus::manifest::{self, ManifestError, RunManifest};
+use gguf::hash::sha256_hex;
+use runfiles::store::{RunStore, StoreError};
+use protocol::wire::JobOptions;
+use runfiles::manifest::{self, ManifestError, RunManifest};
 
-pub use corpus::manifest::{PartialRecord, Records};
+pub use runfiles::manifest::{PartialRecord, Records};
 
 /// Why the record could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -180,7 +180,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = RunStore::open(d.path().to_str().unwrap()).unwrap();
         store
-            .put(corpus::MANIFEST_FILE, br#"{"model_sha256": "m"}"#.to_vec())
+            .put(runfiles::manifest::MANIFEST_FILE, br#"{"model_sha256": "m"}"#.to_vec())
             .await
             .unwrap();
         let mut r = Recorder::open(&store).await.unwrap();
@@ -228,7 +228,7 @@ mod tests {
     fn the_settings_key_changes_with_every_evaluation_setting() {
         let base = JobOptions {
             n_ubatch: 512,
-            trace_every: common::wire::TraceStrides::both(1),
+            trace_every: protocol::wire::TraceStrides::both(1),
             trace_top_n: 64,
             f32_kv: false,
             flash_attn: false,
@@ -240,11 +240,11 @@ mod tests {
                 ..base.clone()
             },
             JobOptions {
-                trace_every: common::wire::TraceStrides::both(2),
+                trace_every: protocol::wire::TraceStrides::both(2),
                 ..base.clone()
             },
             JobOptions {
-                trace_every: common::wire::TraceStrides { fit: 1, heldout: 2 },
+                trace_every: protocol::wire::TraceStrides { fit: 1, heldout: 2 },
                 ..base.clone()
             },
             JobOptions {

@@ -15,10 +15,10 @@
 use super::record::{check_stored, Recorder, Records};
 use super::RunError;
 use crate::lease::LeaseKind;
-use common::hash::sha256_hex;
-use common::lease::{Addend, LeaseOutput};
-use common::store::RunStore;
-use common::ChunkRange;
+use gguf::hash::sha256_hex;
+use runfiles::lease::{Addend, LeaseOutput};
+use runfiles::store::RunStore;
+use numbers::ChunkRange;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What was found in storage.
@@ -169,7 +169,7 @@ pub(crate) fn add_into<T: LeaseOutput>(
 
 /// Moves stored bytes to `rejected/<sha256 prefix>-<file name>`.
 async fn set_aside(store: &RunStore, name: &str, bytes: &bytes::Bytes) -> Result<(), RunError> {
-    let aside = common::layout::rejected(name, &sha256_hex(bytes));
+    let aside = runfiles::layout::rejected(name, &sha256_hex(bytes));
     store.put(&aside, bytes.clone()).await?;
     store.delete(name).await?;
     Ok(())

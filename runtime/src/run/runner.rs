@@ -13,9 +13,9 @@ use super::resume::{self, add_into, merge_into};
 use super::{kept_identity, progress, serve, RunError, RunSetup};
 use crate::lease::LeaseKind;
 use crate::net::hub::{Hub, WorkerInfo};
-use common::lease::{Addend, LeaseOutput};
-use common::wire::JobOptions;
-use common::ChunkRange;
+use runfiles::lease::{Addend, LeaseOutput};
+use protocol::wire::JobOptions;
+use numbers::ChunkRange;
 use sched::{SampleSalt, Scheduler};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -120,7 +120,7 @@ pub async fn lease_all<K: LeaseKind>(
         tracing::warn!(
             "stored {what} {} REJECTED, recomputing it (moved under {}/): {why}",
             store.url_of(name),
-            common::layout::REJECTED_DIR
+            runfiles::layout::REJECTED_DIR
         );
     }
     let mut out = Leased {

@@ -3,8 +3,8 @@
 //! trace with, and what the written traces cost (the manifest's `trace`
 //! section).
 
-use common::store::{RunStore, StoreError};
-use common::wire::TraceStrides;
+use runfiles::store::{RunStore, StoreError};
+use protocol::wire::TraceStrides;
 
 /// The chunk stride that gives a split of `split_tokens` tokens at least
 /// `budget` traced tokens (chunks interleave the splits, so every n-th chunk
@@ -45,10 +45,10 @@ pub async fn manifest_entry(
     budget: u64,
     strides: TraceStrides,
     tokens: u64,
-) -> Result<corpus::manifest::TraceRecord, StoreError> {
-    let (parts, _decode) = common::trace::stored_parts(store).await?;
+) -> Result<runfiles::manifest::TraceRecord, StoreError> {
+    let (parts, _decode) = runfiles::trace::stored_parts(store).await?;
     let bytes = stored_bytes(store, &parts).await?;
-    Ok(corpus::manifest::TraceRecord {
+    Ok(runfiles::manifest::TraceRecord {
         tokens_per_split: budget,
         every_nth_chunk_fit: strides.fit,
         every_nth_chunk_heldout: strides.heldout,

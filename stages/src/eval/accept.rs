@@ -4,12 +4,12 @@
 //! same checks serve results from workers and eval partials read back on
 //! resume.
 
-use common::eval::EvalPartial;
-use common::layout::LeaseLayout;
-use common::peer_text::peer_text;
-use common::wire::{EvalJob, Task};
-use common::ChunkRange;
-use corpus::manifest::{Records, RunManifest};
+use numbers::eval::EvalPartial;
+use runfiles::layout::LeaseLayout;
+use numbers::peer_text::peer_text;
+use protocol::wire::{EvalJob, Task};
+use numbers::ChunkRange;
+use runfiles::manifest::{Records, RunManifest};
 use runtime::lease::LeaseKind;
 
 /// What an eval partial of this run must match.
@@ -43,7 +43,7 @@ impl LeaseKind for EvalAcceptance {
         units: &[ChunkRange],
         bytes: bytes::Bytes,
     ) -> Result<EvalPartial, String> {
-        let p = <EvalPartial as common::lease::LeaseOutput>::decode(&bytes)?;
+        let p = <EvalPartial as runfiles::lease::LeaseOutput>::decode(&bytes)?;
         check_against_job(&p, units, &self.base_sha256, &self.corpus_sha256, &self.job)?;
         Ok(p)
     }
@@ -56,9 +56,9 @@ impl LeaseKind for EvalAcceptance {
 /// Whether a candidate's generations are exactly the job's prompts among
 /// `units`, each in its prompt's domain with possible figures.
 fn check_generations(
-    c: &common::eval::CandidateResult,
+    c: &numbers::eval::CandidateResult,
     units: &[ChunkRange],
-    job: &common::eval::GenerateJob,
+    job: &numbers::eval::GenerateJob,
 ) -> Result<(), String> {
     let in_units = |chunk: &u32| units.iter().any(|r| r.contains(*chunk));
     let want: Vec<(&u32, &u16)> = match job.is_empty() {
@@ -114,9 +114,9 @@ pub fn check_against_job(
         return Err(format!(
             "eval partial scored (skip_first {}, splits [{}]), the job asked for ({}, [{}])",
             p.skip_first,
-            common::peer_text::summarise(&p.splits),
+            numbers::peer_text::summarise(&p.splits),
             job.skip_first,
-            common::peer_text::summarise(&job.splits)
+            numbers::peer_text::summarise(&job.splits)
         ));
     }
     if p.generate_tokens != job.generate.tokens() {
@@ -183,9 +183,9 @@ pub fn check_against_job(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::eval::{BaseSums, CandidateResult, CandidateSums, Group, TokenKl};
-    use common::wire::EvalCandidate;
-    use common::{ExactSum, Split};
+    use numbers::eval::{BaseSums, CandidateResult, CandidateSums, Group, TokenKl};
+    use protocol::wire::EvalCandidate;
+    use numbers::{ExactSum, Split};
     use std::collections::BTreeMap;
 
     const RANGE: ChunkRange = ChunkRange { start: 2, end: 4 };
@@ -203,7 +203,7 @@ mod tests {
             splits: vec![Split::Fit],
             models_in_memory: Default::default(),
             scratch_dir: None,
-            generate: common::eval::GenerateJob {
+            generate: numbers::eval::GenerateJob {
                 prompts: [(3, 0), (7, 1)].into(),
                 prompt_tokens: 8,
                 new_tokens: 4,
@@ -221,7 +221,7 @@ mod tests {
             kl: 0.5,
         };
         EvalPartial {
-            format_version: common::eval::EVAL_FORMAT_VERSION,
+            format_version: numbers::eval::EVAL_FORMAT_VERSION,
             base_sha256: "b".repeat(64),
             corpus_sha256: "k".into(),
             skip_first: 0,
@@ -249,7 +249,7 @@ mod tests {
                 )]),
                 chunks: BTreeMap::from([(
                     (2, group),
-                    common::eval::ChunkSums {
+                    numbers::eval::ChunkSums {
                         n: 2,
                         ..Default::default()
                     },
@@ -257,7 +257,7 @@ mod tests {
                 tokens: vec![token(0), token(1)],
                 generations: [(
                     3,
-                    common::eval::Generation::of(0, &[1, 2, 3, 4], &[1, 2, 5, 6]),
+                    numbers::eval::Generation::of(0, &[1, 2, 3, 4], &[1, 2, 5, 6]),
                 )]
                 .into(),
             }],

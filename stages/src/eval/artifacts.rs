@@ -8,10 +8,10 @@
 use super::EvalRunError;
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
-use common::corpus::CorpusIndex;
-use common::eval::{EvalPartial, EvalSummary, Figures};
-use common::layout::EvalLayout;
-use common::store::RunStore;
+use runfiles::corpus::CorpusIndex;
+use numbers::eval::{EvalPartial, EvalSummary, Figures};
+use runfiles::layout::EvalLayout;
+use runfiles::store::RunStore;
 use std::sync::Arc;
 
 /// Writes the merged partial, the Parquet table and the summary where
@@ -127,5 +127,5 @@ pub fn parquet_table(s: &EvalSummary) -> Result<Vec<u8>, String> {
     }
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
-    common::parquet_out::parquet_bytes(&batch)
+    runfiles::parquet_out::parquet_bytes(&batch)
 }

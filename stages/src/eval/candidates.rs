@@ -4,9 +4,9 @@
 
 use super::EvalRunError;
 use crate::StagesError;
-use common::keepmap::{KeepMap, KeepMapRef};
-use common::store::RunStore;
-use common::wire::EvalCandidate;
+use runfiles::keepmap::{KeepMap, KeepMapRef};
+use runfiles::store::RunStore;
+use protocol::wire::EvalCandidate;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -101,7 +101,7 @@ pub async fn prepare(
             )));
         }
         let path = scratch.path().join(format!("{name}.gguf"));
-        let sliced = common::prune::slice_model(base, &keep, &path)
+        let sliced = slicer::slice_model(base, &keep, &path)
             .map_err(|e| bad(format!("slicing {}: {e}", base.display())))?;
         let bytes = std::fs::metadata(&path)
             .map_err(|e| bad(format!("{}: {e}", path.display())))?

@@ -6,11 +6,11 @@ use super::{
 };
 use crate::StagesError;
 use clap::Args;
-use common::layout::EvalLayout;
-use common::store::RunStore;
-use common::wire::EvalJob;
+use runfiles::layout::EvalLayout;
+use runfiles::store::RunStore;
+use protocol::wire::EvalJob;
 use config::Config;
-use corpus::manifest::RunManifest;
+use runfiles::manifest::RunManifest;
 use runtime::run::crew::Crew;
 use runtime::run::local::{worker_binary, LocalWorkers};
 use runtime::run::{read_index, RunSetup};
@@ -47,7 +47,7 @@ pub struct EvalArgs {
     /// number (2: the base and one candidate; 1: one at a time). Default:
     /// the run config's `[eval] models_in_memory`.
     #[arg(long)]
-    pub models_in_memory: Option<common::eval::ModelsInMemory>,
+    pub models_in_memory: Option<numbers::eval::ModelsInMemory>,
     /// The base GGUF model (the run's; checked by SHA-256). Default: the
     /// model collection ran with, recorded in the manifest, else the model
     /// path of the run's config when it is absolute.
@@ -71,11 +71,11 @@ fn parse_kl_budget(text: &str) -> Result<f64, String> {
 
 /// A run's manifest and the config recorded in it.
 pub(crate) async fn recorded(store: &RunStore) -> Result<(RunManifest, Config), StagesError> {
-    let manifest = corpus::manifest::read_or_default(store).await?;
+    let manifest = runfiles::manifest::read_or_default(store).await?;
     let config = manifest
         .config()
         .map_err(|problem| EvalRunError::RecordedConfig {
-            manifest: store.url_of(corpus::MANIFEST_FILE),
+            manifest: store.url_of(runfiles::manifest::MANIFEST_FILE),
             problem,
         })?;
     Ok((manifest, config))
@@ -85,8 +85,8 @@ pub(crate) async fn recorded(store: &RunStore) -> Result<(RunManifest, Config), 
 /// feeds them with too; `None` for a text corpus.
 async fn recorded_mmproj(
     store: &RunStore,
-) -> Result<Option<common::wire::MmprojFile>, StagesError> {
-    let manifest = corpus::manifest::read_or_default(store).await?;
+) -> Result<Option<protocol::wire::MmprojFile>, StagesError> {
+    let manifest = runfiles::manifest::read_or_default(store).await?;
     match (&manifest.corpus.images, manifest.mmproj) {
         (None, _) => Ok(None),
         (Some(_), Some(mmproj)) => Ok(Some(mmproj)),
@@ -137,12 +137,12 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
             sha256: prepared.base_sha256,
         };
         let out = match &args.out {
-            None => common::layout::EVAL,
+            None => runfiles::layout::EVAL,
             Some(name) => {
                 let prefix =
-                    common::layout::explore(name).ok_or_else(|| StagesError::Argument {
+                    runfiles::layout::explore(name).ok_or_else(|| StagesError::Argument {
                         argument: format!("--out {name}"),
-                        problem: common::layout::EXPLORE_NAME_RULE.into(),
+                        problem: runfiles::layout::EXPLORE_NAME_RULE.into(),
                     })?;
                 EvalLayout::under(&prefix)
             }

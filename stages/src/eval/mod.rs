@@ -20,12 +20,12 @@ pub mod prompts;
 pub mod table;
 
 use crate::{During, StagesError};
-use common::eval::summary::parse_splits;
-use common::eval::EvalSummary;
-use common::hash::sha256_hex;
-use common::layout::EvalLayout;
-use common::store::{RunStore, StoreError};
-use common::wire::EvalJob;
+use numbers::eval::summary::parse_splits;
+use numbers::eval::EvalSummary;
+use gguf::hash::sha256_hex;
+use runfiles::layout::EvalLayout;
+use runfiles::store::{RunStore, StoreError};
+use protocol::wire::EvalJob;
 use runtime::run::crew::Crew;
 use runtime::run::crew::OnListen;
 use runtime::run::record::{settings_key, RecordError};
@@ -80,8 +80,8 @@ pub struct EvalSetup {
     pub base: RunSetup,
     /// The candidates and scored positions.
     pub job: EvalJob,
-    /// Where its objects go: [`common::layout::EVAL`] (`coordinator eval`)
-    /// or [`common::layout::SHIP_EVAL`] (`coordinator ship`).
+    /// Where its objects go: [`runfiles::layout::EVAL`] (`coordinator eval`)
+    /// or [`runfiles::layout::SHIP_EVAL`] (`coordinator ship`).
     pub out: EvalLayout,
     /// What the summary adds to the figures for choosing a candidate.
     pub choice: Choice,
@@ -89,7 +89,7 @@ pub struct EvalSetup {
 
 /// What an evaluation's summary adds to the measured figures: each
 /// candidate's model file size (the size-versus-KL table and its Pareto
-/// front) and a KL budget (K per method, [`common::eval::choice`]).
+/// front) and a KL budget (K per method, [`numbers::eval::choice`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Choice {
     /// Bytes of each candidate's model file, by candidate name.
@@ -168,9 +168,9 @@ pub async fn job(
 /// Checks the base model against the run's manifest (the model the run was
 /// measured with); returns its SHA-256.
 pub async fn check_base(store: &RunStore, base: &Path) -> Result<String, EvalRunError> {
-    let base_sha256 = common::hash::model_sha256(base)
+    let base_sha256 = gguf::hash::model_sha256(base)
         .map_err(|e| EvalRunError::Setup(format!("base model {}: {e}", base.display())))?;
-    let manifest = corpus::manifest::read_or_default(store)
+    let manifest = runfiles::manifest::read_or_default(store)
         .await
         .map_err(RecordError::from)?;
     match manifest.corpus.model_sha256.as_str() {
@@ -184,7 +184,7 @@ pub async fn check_base(store: &RunStore, base: &Path) -> Result<String, EvalRun
         _ => {
             return Err(EvalRunError::Setup(format!(
                 "{} names no model_sha256: not a run's manifest",
-                store.url_of(corpus::MANIFEST_FILE)
+                store.url_of(runfiles::manifest::MANIFEST_FILE)
             )))
         }
     }
@@ -199,7 +199,7 @@ pub fn eval_settings_key(setup: &EvalSetup) -> String {
     let collection = settings_key(
         &b.model_sha256,
         &b.index.chunks_sha256,
-        &b.run.job_options(common::wire::TraceStrides::both(0)),
+        &b.run.job_options(protocol::wire::TraceStrides::both(0)),
     );
     // How many models a worker holds and where it writes scratch files
     // change no number (the figures are the same bit for bit): left out,
@@ -249,7 +249,7 @@ pub async fn evaluate_locked(
     let units = plan(index.n_chunks, base.run.lease_chunks);
     let leasing = Leasing {
         setup: base,
-        options: base.run.job_options(common::wire::TraceStrides::both(0)),
+        options: base.run.job_options(protocol::wire::TraceStrides::both(0)),
         settings: eval_settings_key(setup),
         // Eval partials are checked against the coordinator's own slices;
         // no unit is sent to a second worker.
@@ -302,7 +302,7 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
     }
     let slots = table::slot_tables(store)
         .await
-        .map_err(|e| common::error_text::with_causes(&e))
+        .map_err(|e| runfiles::error_text::with_causes(&e))
         .and_then(|stale| stale);
     let slots = slots.unwrap_or_else(|why| {
         println!("  (no slot replacement column: {why})");

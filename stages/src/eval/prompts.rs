@@ -1,14 +1,14 @@
-//! The generation check's prompts ([`common::eval::generation`]): per
+//! The generation check's prompts ([`numbers::eval::generation`]): per
 //! domain, the first `[eval] generate_prompts` chunks (by id) that are
 //! wholly that domain's held-out text and full, each chunk's first half the
 //! prompt; `generate_tokens` new tokens after it, at most the other half.
 
 use super::EvalRunError;
 use crate::StagesError;
-use common::corpus::{Chunk, CorpusIndex, CHUNKS_FILE};
-use common::eval::GenerateJob;
-use common::split::Split;
-use common::store::RunStore;
+use runfiles::corpus::{Chunk, CorpusIndex, CHUNKS_FILE};
+use numbers::eval::GenerateJob;
+use numbers::split::Split;
+use runfiles::store::RunStore;
 use config::eval::EvalSettings;
 
 /// The generation job of an evaluation of the run in `store`, whose corpus
@@ -30,7 +30,7 @@ pub async fn job(
     let what = corpus.url_of(CHUNKS_FILE);
     let (per_domain, new_tokens) = (settings.generate_prompts, settings.generate_tokens);
     let picked = tokio::task::spawn_blocking(move || {
-        let mut chunks = common::corpus::read_chunks(table, None)?;
+        let mut chunks = runfiles::corpus::read_chunks(table, None)?;
         chunks.retain(|c| c.spans.iter().all(|s| usize::from(s.domain) < calibration));
         Ok::<_, String>(pick(&chunks, per_domain, n_ctx, new_tokens))
     })
@@ -74,9 +74,9 @@ pub fn pick(chunks: &[Chunk], per_domain: u32, n_ctx: u32, new_tokens: u32) -> G
 #[cfg(test)]
 mod tests {
     use super::pick;
-    use common::corpus::{Chunk, Span};
-    use common::split::ChunkId;
-    use common::split::Split;
+    use runfiles::corpus::{Chunk, Span};
+    use numbers::split::ChunkId;
+    use numbers::split::Split;
 
     fn chunk(id: u32, len: usize, spans: &[(u32, Split, u16)]) -> Chunk {
         Chunk {

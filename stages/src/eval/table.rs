@@ -10,10 +10,10 @@
 
 use crate::score::{self, tables::MapTable};
 use crate::StagesError;
-use common::eval::choice::{self, pareto_front};
-use common::eval::{EvalSummary, Figures, Interval, Paired};
-use common::peer_text::table_cell;
-use common::store::RunStore;
+use numbers::eval::choice::{self, pareto_front};
+use numbers::eval::{EvalSummary, Figures, Interval, Paired};
+use numbers::peer_text::table_cell;
+use runfiles::store::RunStore;
 use std::fmt::Write;
 
 /// `score`'s per-(method, K) tables from `score/score.json`, for the slot
@@ -383,7 +383,7 @@ fn modality_table(s: &EvalSummary) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::eval::summary::{CandidateSummary, SplitFigures};
+    use numbers::eval::summary::{CandidateSummary, SplitFigures};
     use std::collections::BTreeMap;
 
     fn summary(splits: &[(&str, f64)]) -> EvalSummary {
@@ -428,16 +428,16 @@ mod tests {
         let gens = [
             (
                 4,
-                common::eval::Generation::of(0, &[1, 2, 3, 4], &[1, 2, 9, 4]),
+                numbers::eval::Generation::of(0, &[1, 2, 3, 4], &[1, 2, 9, 4]),
             ),
             (
                 8,
-                common::eval::Generation::of(1, &[1, 2, 3, 4], &[1, 2, 3, 4]),
+                numbers::eval::Generation::of(1, &[1, 2, 3, 4], &[1, 2, 3, 4]),
             ),
         ]
         .into();
         let names = ["english".to_string(), "code".to_string()];
-        s.candidates[0].generation = common::eval::GenerationSummary::of(&gens, (64, 4), &names);
+        s.candidates[0].generation = numbers::eval::GenerationSummary::of(&gens, (64, 4), &names);
         let md = table(&s, &[]);
         assert!(
             md.contains("prompts of 64 tokens, 4 new tokens each"),
@@ -506,7 +506,7 @@ mod tests {
         assert!(!table(&s, &[]).contains("KL per modality"));
         let f = |n, mean| Figures {
             n,
-            kl: common::eval::KlFigures {
+            kl: numbers::eval::KlFigures {
                 mean,
                 ..Default::default()
             },

@@ -3,15 +3,15 @@
 //! as exact copies and near-duplicates of held-out and eval-set documents.
 
 use crate::StagesError;
-use ::corpus::manifest::Manifest;
-use common::peer_text::table_cell;
-use common::store::RunStore;
+use ::runfiles::manifest::Manifest;
+use numbers::peer_text::table_cell;
+use runfiles::store::RunStore;
 use std::fmt::Write;
 
 /// Appends the corpus section to `md`; nothing when the run has no
 /// manifest or its manifest lists no domain.
 pub async fn section(store: &RunStore, md: &mut String) -> Result<(), StagesError> {
-    let Some(m) = ::corpus::manifest::read(store).await? else {
+    let Some(m) = ::runfiles::manifest::read(store).await? else {
         return Ok(());
     };
     md.push_str(&markdown(&m.corpus));
@@ -58,7 +58,7 @@ pub fn markdown(m: &Manifest) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ::corpus::manifest::DomainInfo;
+    use ::runfiles::manifest::DomainInfo;
 
     #[test]
     fn the_table_carries_shares_and_every_drop_count() {

@@ -3,8 +3,8 @@
 //! experts hardly any token routes to (and which domain those few come from).
 //! On a trained model these are what a user reads a keep map against.
 
-use common::peer_text::table_cell;
-use common::saliency::SplitStats;
+use numbers::peer_text::table_cell;
+use numbers::saliency::SplitStats;
 use std::fmt::Write;
 
 /// Below this fraction of the uniform routing share (`k / n_expert` of the
@@ -170,7 +170,7 @@ pub fn markdown(layers: &[LayerDomains]) -> String {
 mod tests {
     use super::*;
     use crate::report::test_stats::layer_with_counts;
-    use common::saliency::{DomainStats, LayerStats};
+    use numbers::saliency::{DomainStats, LayerStats};
 
     fn layer(count: Vec<u64>) -> LayerStats {
         layer_with_counts(2, count)

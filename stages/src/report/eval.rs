@@ -6,17 +6,18 @@ use super::plots::{self, Series};
 pub use crate::eval::table::{size_points, size_table, slot_tables, table};
 use crate::score::tables::MapTable;
 use crate::StagesError;
-use common::eval::choice;
-use common::eval::{names, EvalSummary};
-use common::store::RunStore;
+use numbers::eval::choice;
+use runfiles::layout::eval as names;
+use numbers::eval::{EvalSummary};
+use runfiles::store::RunStore;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 /// `ship/eval/summary.json`: the figures of the shipped files.
-const SHIP_SUMMARY: &str = common::layout::SHIP_EVAL.summary_json;
+const SHIP_SUMMARY: &str = runfiles::layout::SHIP_EVAL.summary_json;
 
 /// Object name of the plot of held-out KL against K.
-pub use common::layout::eval::KL_PLOT;
+pub use runfiles::layout::eval::KL_PLOT;
 
 /// `eval/summary.json` of a run, if an evaluation finished there.
 pub async fn load(store: &RunStore) -> Result<Option<EvalSummary>, StagesError> {

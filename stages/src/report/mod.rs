@@ -29,10 +29,10 @@ use crate::verify::{self, VerifyReport};
 use crate::StagesError;
 use ::replay::ReplayReport;
 use clap::Args;
-use common::artifacts::names;
-use common::peer_text::table_cell;
-use common::store::RunStore;
-use common::Split;
+use runfiles::artifacts::names;
+use numbers::peer_text::table_cell;
+use runfiles::store::RunStore;
+use numbers::Split;
 use plots::Series;
 use std::fmt::Write;
 use std::process::ExitCode;
@@ -249,7 +249,7 @@ async fn replay_section(
     Ok(())
 }
 
-fn header(store: &RunStore, s: &common::saliency::Saliency, sha: &str) -> String {
+fn header(store: &RunStore, s: &numbers::saliency::Saliency, sha: &str) -> String {
     let mut md = format!(
         "# moe-census report\n\nRun `{}`; saliency.json SHA-256 `{sha}`.\n\n{} experts per layer, top-{} routing, {:?} gating, {} chunks.\n\n| split | tokens | domains |\n|---|---|---|\n",
         store.url(),

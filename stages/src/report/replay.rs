@@ -7,7 +7,7 @@
 
 use super::panels::{small_multiples, Frame, Line, PanelSpec};
 use crate::StagesError;
-use common::Split;
+use numbers::Split;
 use plotters::style::RGBColor;
 use replay::results::{LruCurve, Mode, ReplayReport, TraceKind};
 use replay::Policy;

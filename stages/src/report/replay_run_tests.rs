@@ -1,13 +1,13 @@
 //! `replay_run` on a synthetic run directory (real Parquet parts written with
-//! `common::trace::write_part`, a keep map and a model GGUF), and the run
+//! `runfiles::trace::write_part`, a keep map and a model GGUF), and the run
 //! report's miss-rate figures drawn from what it wrote.
 
 use ::replay::results::{Mode, TraceKind};
 use ::replay::{replay_run, Policy, ReplayArgs, ReplayReport};
 use clap::Parser;
-use common::gguf::GgufWriter;
-use common::trace::{write_part, TraceRow};
-use common::Split;
+use gguf::write::GgufWriter;
+use runfiles::trace::{write_part, TraceRow};
+use numbers::Split;
 
 #[derive(Parser)]
 struct Wrap {

@@ -1,6 +1,6 @@
 //! Statistics for the report's unit tests: routing counts and zeros.
 
-use common::saliency::LayerStats;
+use numbers::saliency::LayerStats;
 
 /// Layer `layer`'s statistics with `count` per expert and every sum zero.
 pub fn layer_with_counts(layer: u32, count: Vec<u64>) -> LayerStats {

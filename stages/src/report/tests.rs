@@ -185,7 +185,7 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
 /// of the things it names missing says every one of `needles`.
 async fn report_over(
     store: &RunStore,
-    s: &common::saliency::Saliency,
+    s: &numbers::saliency::Saliency,
     needles: &[&str],
 ) -> ReportOutput {
     store

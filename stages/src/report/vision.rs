@@ -3,7 +3,7 @@
 //! statistics. A text-only calibration would report them dead or rare and
 //! prune them first.
 
-use common::saliency::{DomainStats, SplitStats};
+use numbers::saliency::{DomainStats, SplitStats};
 use std::fmt::Write;
 
 /// At least the uniform routing share on images: live on images.

@@ -6,7 +6,7 @@ use super::keep::{rank_layers, top_k, LayerRanking};
 use super::method::ScoreParams;
 use super::source::LayerInput;
 use crate::StagesError;
-use common::partial::ChunkStats;
+use numbers::partial::ChunkStats;
 use config::method::Method;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -79,7 +79,7 @@ pub struct Reference<'a> {
     /// Sizes to compare.
     pub ks: &'a [u32],
     /// Routing groups the resampled rankings are balanced over.
-    pub groups: Option<common::routing::ExpertGroups>,
+    pub groups: Option<numbers::routing::ExpertGroups>,
     /// Per layer, the experts the super-expert guard keeps first (from the
     /// whole fit split, as the full-data rankings had them).
     pub guarded: &'a [Vec<bool>],

@@ -1,14 +1,14 @@
 //! Keep maps from rankings: the first K experts of each layer's ranking,
 //! sorted, so maps of one ranking are nested across K by construction.
 //! Under grouped routing the ranking is group-balanced first
-//! ([`common::routing::balanced_order`]), so the first K keep K / n_group
+//! ([`numbers::routing::balanced_order`]), so the first K keep K / n_group
 //! per group, as llama.cpp needs.
 
 use super::method::{ranking, ScoreParams};
 use super::source::LayerInput;
 use crate::StagesError;
-use common::keepmap::KeepMap;
-use common::routing::{balanced_order, ExpertGroups};
+use runfiles::keepmap::KeepMap;
+use numbers::routing::{balanced_order, ExpertGroups};
 use config::method::Method;
 use std::collections::BTreeMap;
 

@@ -21,12 +21,12 @@ pub(crate) mod testdata;
 
 use crate::StagesError;
 use clap::{Args, Parser};
-use common::artifacts::names;
-use common::keepmap::KeepMap;
-use common::partial::{ChunkStats, Partial};
-use common::saliency::Saliency;
-use common::store::RunStore;
-use common::Split;
+use runfiles::artifacts::names;
+use runfiles::keepmap::KeepMap;
+use numbers::partial::{ChunkStats, Partial};
+use numbers::saliency::Saliency;
+use runfiles::store::RunStore;
+use numbers::Split;
 use config::method::Method;
 use keep::{keep_map, rank_layers, LayerRanking};
 use method::{Prior, ScoreParams};
@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 /// Object names written by `score`, from the run layout.
-pub use common::layout::score as outputs;
+pub use runfiles::layout::score as outputs;
 
 /// Options of `coordinator score` (everything but the run).
 #[derive(Parser, Debug, Clone)]
@@ -118,7 +118,7 @@ impl ScoreOptions {
     /// quarter, half and three quarters of its experts, under grouped
     /// routing rounded down to sizes llama.cpp can run); sorted, unique. A
     /// requested size outside `1..=n_expert`, or one a grouped model cannot
-    /// be pruned to ([`common::routing::check_group_keep`]), is refused.
+    /// be pruned to ([`numbers::routing::check_group_keep`]), is refused.
     pub fn ks(&self, s: &Saliency) -> Result<Vec<u32>, StagesError> {
         let n_expert = s.n_expert;
         let groups = s.routing.groups;
@@ -154,7 +154,7 @@ impl ScoreOptions {
 
 /// Whether `score` can write a keep map of `k` experts per layer for the
 /// model of `s`: `k` in `1..=n_expert` and, under grouped routing, a size
-/// llama.cpp can run ([`common::routing::check_group_keep`]).
+/// llama.cpp can run ([`numbers::routing::check_group_keep`]).
 pub fn size_fits(s: &Saliency, k: u32) -> Result<(), String> {
     if k == 0 || k > s.n_expert {
         return Err(format!(
@@ -162,7 +162,7 @@ pub fn size_fits(s: &Saliency, k: u32) -> Result<(), String> {
             s.n_expert
         ));
     }
-    common::routing::check_group_keep(s.routing.groups, s.n_expert, s.n_expert_used, k)
+    numbers::routing::check_group_keep(s.routing.groups, s.n_expert, s.n_expert_used, k)
 }
 
 /// What the report says about grouped routing: how every keep map is built.
@@ -267,7 +267,7 @@ pub async fn load_saliency(store: &RunStore) -> Result<(Saliency, String), Stage
         expected: "a valid saliency file",
         source,
     })?;
-    Ok((s, common::hash::sha256_hex(&bytes)))
+    Ok((s, gguf::hash::sha256_hex(&bytes)))
 }
 
 /// The source's layers of `s` under `p`, with the super experts marked
@@ -300,7 +300,7 @@ fn rank_each(
     layers: &[LayerInput],
     methods: &[Method],
     p: &ScoreParams,
-    groups: Option<common::routing::ExpertGroups>,
+    groups: Option<numbers::routing::ExpertGroups>,
 ) -> Vec<(Method, Vec<LayerRanking>)> {
     methods
         .iter()
@@ -396,7 +396,7 @@ async fn run_screen(
     max_rows: u64,
 ) -> Result<(Vec<screen::ScreenRow>, Option<String>), StagesError> {
     // Decode traces (tokens the model generated itself) are not screened.
-    let (parts, _decode) = common::trace::stored_parts(store).await?;
+    let (parts, _decode) = runfiles::trace::stored_parts(store).await?;
     if parts.is_empty() {
         return Ok((Vec::new(), Some("no trace parts under trace/".into())));
     }
@@ -418,7 +418,7 @@ async fn run_screen(
             ));
             break;
         }
-        let rows = common::trace::read_part(store.get(part).await?).map_err(|problem| {
+        let rows = runfiles::trace::read_part(store.get(part).await?).map_err(|problem| {
             StagesError::Artifact {
                 url: store.url_of(part),
                 problem,

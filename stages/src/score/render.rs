@@ -225,5 +225,5 @@ pub fn parquet(r: &ScoreReport) -> Result<Vec<u8>, StagesError> {
     };
     let batch = RecordBatch::try_new(schema, columns.into_iter().map(|c| c.1).collect())
         .map_err(|e| encode(e.into()))?;
-    common::parquet_out::parquet_bytes(&batch).map_err(|e| encode(e.into()))
+    runfiles::parquet_out::parquet_bytes(&batch).map_err(|e| encode(e.into()))
 }

@@ -16,11 +16,11 @@
 //! carried, in [0, 1] under every gating function, and what to compare
 //! across models.
 
-use common::keepmap::KeepMap;
-use common::routing::{Candidates, Routing};
-use common::trace::TraceRow;
-use common::Gating;
-use common::Split;
+use runfiles::keepmap::KeepMap;
+use numbers::routing::{Candidates, Routing};
+use runfiles::trace::TraceRow;
+use numbers::Gating;
+use numbers::Split;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

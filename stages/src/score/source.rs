@@ -2,8 +2,8 @@
 //! domain-weighted mix, reduced to the three sums every method needs.
 
 use crate::StagesError;
-use common::saliency::{LayerStats, Saliency};
-use common::Split;
+use numbers::saliency::{LayerStats, Saliency};
+use numbers::Split;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

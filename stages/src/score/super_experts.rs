@@ -16,9 +16,9 @@
 
 use super::source::LayerInput;
 use crate::StagesError;
-use common::eval::stats::percentile;
-use common::saliency::Saliency;
-use common::split::Split;
+use numbers::eval::stats::percentile;
+use numbers::saliency::Saliency;
+use numbers::split::Split;
 
 /// Percentile of all experts' largest output norms an expert must exceed.
 pub const PERCENTILE: f64 = 99.5;

@@ -1,7 +1,7 @@
 //! Synthetic `saliency.json` documents for tests.
 
-use common::saliency::{DomainStats, LayerStats, Saliency, SplitStats};
-use common::Gating;
+use numbers::saliency::{DomainStats, LayerStats, Saliency, SplitStats};
+use numbers::Gating;
 use std::collections::BTreeMap;
 
 /// A layer with consistent statistics: `prob_sum` and `weight_sum` follow
@@ -77,7 +77,7 @@ pub fn saliency_with_domains(domains: &[(&str, u64, LayerStats)]) -> Saliency {
         n_expert: n_expert as u32,
         n_expert_used: 1,
         gating: Gating::Softmax,
-        routing: common::routing::Routing::default(),
+        routing: numbers::routing::Routing::default(),
         trace_tokens_written: 0,
         nonfinite_drops: 0,
         nonfinite_drops_by_tensor: BTreeMap::new(),
@@ -144,18 +144,18 @@ pub fn audit_layer(index: u32) -> LayerStats {
 }
 
 /// A partial with no statistics, to fill in per test.
-pub fn empty_partial() -> common::partial::Partial {
-    common::partial::Partial::new(
+pub fn empty_partial() -> numbers::partial::Partial {
+    numbers::partial::Partial::new(
         "model".into(),
         "corpus".into(),
         "cpu".into(),
         Vec::new(),
-        common::stats::ExpertAccum::new(common::stats::MoeShape {
+        numbers::stats::ExpertAccum::new(numbers::stats::MoeShape {
             n_expert: 4,
             n_expert_used: 1,
             gating: Gating::Softmax,
             moe_layers: vec![0],
-            routing: common::routing::Routing::default(),
+            routing: numbers::routing::Routing::default(),
         }),
         Default::default(),
     )

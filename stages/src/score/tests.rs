@@ -171,7 +171,7 @@ fn keep_maps_are_nested_across_k_and_cite_their_recipe() {
     }
 }
 
-async fn write_run(dir: &std::path::Path, s: &common::saliency::Saliency) -> RunStore {
+async fn write_run(dir: &std::path::Path, s: &numbers::saliency::Saliency) -> RunStore {
     let store = RunStore::open(dir.to_str().unwrap()).unwrap();
     store
         .put(names::SALIENCY_JSON, s.to_json_bytes())
@@ -204,7 +204,7 @@ async fn score_writes_maps_equal_to_recomputation_and_every_table() {
     assert_eq!(report.ks, vec![4, 8]);
     assert_eq!(report.keep_maps.len(), 10);
     assert_eq!(report.overlaps.len(), 20);
-    let sha = common::hash::sha256_hex(&s.to_json_bytes());
+    let sha = gguf::hash::sha256_hex(&s.to_json_bytes());
     for name in &report.keep_maps {
         let map: KeepMap = serde_json::from_slice(&store.get(name).await.unwrap()).unwrap();
         assert_eq!(map.saliency_sha256, sha);
@@ -245,8 +245,8 @@ async fn score_writes_maps_equal_to_recomputation_and_every_table() {
 
 #[tokio::test]
 async fn score_screens_traces_per_split_and_bootstraps_chunks() {
-    use common::partial::ChunkStats;
-    use common::trace::{write_part_as, Encoding, TraceRow};
+    use numbers::partial::ChunkStats;
+    use runfiles::trace::{write_part_as, Encoding, TraceRow};
     let dir = tempfile::tempdir().unwrap();
     let s = saliency(1, vec![layer(0, &[6, 3, 1, 0], &[6.0, 3.0, 1.0, 0.0])]);
     let store = write_run(dir.path(), &s).await;
@@ -279,7 +279,7 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
         reap_l2_sum: counts.iter().map(|&x| x as f32).collect(),
         reap_l2_sq_sum: counts.iter().map(|&x| x as f32).collect(),
     };
-    let partial = common::partial::Partial {
+    let partial = numbers::partial::Partial {
         chunk_stats: vec![chunk(0, [3, 2, 0, 0]), chunk(1, [3, 1, 1, 0])],
         ..testdata::empty_partial()
     };
@@ -390,7 +390,7 @@ async fn grouped_keep_maps_equal_a_brute_force_reference_for_every_method_and_k(
         4,
         vec![layer(1, &down, &reap(&down)), layer(3, &up, &reap(&up))],
     );
-    s.routing.groups = Some(common::routing::ExpertGroups {
+    s.routing.groups = Some(numbers::routing::ExpertGroups {
         n_group: 4,
         n_group_used: 2,
     });

@@ -9,8 +9,8 @@
 //! any other file under that name is an error naming it.
 
 use super::ShipError;
-use common::hash::sha256_file;
-use common::prune::make_model_split;
+use gguf::hash::sha256_file;
+use slicer::make_model_split;
 use std::path::{Path, PathBuf};
 
 /// A file at its final name.
@@ -204,7 +204,7 @@ pub fn quantize(
     worker: &Path,
     model: &Path,
     imatrix: &Path,
-    quant: common::quant::QuantType,
+    quant: gguf::quant::QuantType,
     out: &Path,
     threads: u32,
     allow_requantize: bool,

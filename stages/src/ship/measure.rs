@@ -10,12 +10,12 @@ use super::spec::Candidate;
 use crate::eval::cli::{evaluate_held, evaluate_recorded, recorded, Base};
 use crate::eval::{check_base, Choice, EvalRunError};
 use crate::StagesError;
-use common::eval::choice::pareto_front;
-use common::eval::summary::parse_splits;
-use common::eval::EvalSummary;
-use common::quant::QuantType;
-use common::store::RunStore;
-use common::wire::{EvalCandidate, EvalJob};
+use numbers::eval::choice::pareto_front;
+use numbers::eval::summary::parse_splits;
+use numbers::eval::EvalSummary;
+use gguf::quant::QuantType;
+use runfiles::store::RunStore;
+use protocol::wire::{EvalCandidate, EvalJob};
 use runtime::run::crew::Crew;
 use runtime::run::RunSetup;
 use std::collections::BTreeMap;
@@ -85,7 +85,7 @@ pub async fn measure(
         scratch_dir: config.eval.scratch_dir.clone(),
         generate: crate::eval::prompts::job(store, &config.eval, &index).await?,
     };
-    let out = common::layout::SHIP_EVAL;
+    let out = runfiles::layout::SHIP_EVAL;
     let base = Base { path: base, sha256 };
     let choice = Choice {
         sizes,

@@ -29,11 +29,11 @@ pub mod sums;
 use crate::{During, StagesError};
 use card::ModelCard;
 use clap::Args;
-use common::artifacts::names;
-use common::gguf_split::open_joined;
-use common::prune::{make_model, slice_imatrix};
-use common::quant::{check_requantize, QuantType};
-use common::store::RunStore;
+use runfiles::artifacts::names;
+use gguf::split::open_joined;
+use slicer::{make_model, slice_imatrix};
+use gguf::quant::{check_requantize, QuantType};
+use runfiles::store::RunStore;
 use files::{OutDir, Placed};
 use runtime::run::local::worker_binary;
 use spec::Candidate;
@@ -318,7 +318,7 @@ fn make<'a>(
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned(),
-        sha256: common::hash::model_sha256(base)
+        sha256: gguf::hash::model_sha256(base)
             .map_err(StagesError::io("hashing base model", base))?,
     };
     let stem = base_ref
@@ -343,7 +343,7 @@ fn make<'a>(
         .map_err(StagesError::io("writing", &run_imatrix))?;
     let run_imatrix_ref = card::FileRef {
         file: names::IMATRIX_GGUF.to_string(),
-        sha256: common::hash::sha256_hex(imatrix),
+        sha256: gguf::hash::sha256_hex(imatrix),
     };
     let mut shipped = Vec::new();
     let mut models: Vec<ModelFile> = Vec::new();

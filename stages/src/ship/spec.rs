@@ -6,8 +6,8 @@
 
 use super::ShipError;
 use crate::{During, StagesError};
-use common::keepmap::KeepMap;
-use common::store::RunStore;
+use runfiles::keepmap::KeepMap;
+use runfiles::store::RunStore;
 use config::candidate::{parse, Named};
 
 /// A candidate to ship.
@@ -49,7 +49,7 @@ pub const PARETO: &str = "pareto";
 
 /// `names` as given, or, for [`PARETO`] alone, the candidates on the
 /// size-versus-KL Pareto front of the run's `eval/summary.json`
-/// ([`common::eval::choice::front_names`]). `pareto` beside other names,
+/// ([`numbers::eval::choice::front_names`]). `pareto` beside other names,
 /// or without an evaluation that knew the candidates' sizes, is refused.
 pub async fn resolve_pareto(
     store: &RunStore,
@@ -71,14 +71,14 @@ pub async fn resolve_pareto(
     let summary = crate::report::eval::load(store).await?.ok_or_else(|| {
         refuse(format!(
             "{PARETO} ships the Pareto front of the run's evaluation, and {} does not exist (run `coordinator eval` first)",
-            store.url_of(common::eval::names::SUMMARY_JSON)
+            store.url_of(runfiles::layout::eval::SUMMARY_JSON)
         ))
     })?;
-    let front = common::eval::choice::front_names(&summary);
+    let front = numbers::eval::choice::front_names(&summary);
     if front.is_empty() {
         return Err(refuse(format!(
             "{} has no candidate with a file size and a KL figure (evaluate again with this version)",
-            store.url_of(common::eval::names::SUMMARY_JSON)
+            store.url_of(runfiles::layout::eval::SUMMARY_JSON)
         )));
     }
     Ok(front)
@@ -106,7 +106,7 @@ pub async fn read(store: &RunStore, names: &[String]) -> Result<Vec<Candidate>, 
                 Some(KeepMapOf {
                     name: map_name,
                     map,
-                    sha256: common::hash::sha256_hex(&bytes),
+                    sha256: gguf::hash::sha256_hex(&bytes),
                 })
             }
         };

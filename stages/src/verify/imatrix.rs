@@ -1,7 +1,7 @@
 //! The importance-matrix invariants, on the run's `imatrix.gguf` (what
 //! `llama-quantize` reads) against `saliency.json` and, when the run's
 //! model file is readable here, the model's weights
-//! ([`common::model_weights`]):
+//! ([`gguf::model_weights`]):
 //!
 //! - entries: each has its `in_sum2`, `in_sum` and `counts`, a name
 //!   llama.cpp can read, is a weight of the model, and the router and
@@ -16,12 +16,12 @@
 //!   rounding of the file aside).
 
 use super::{names, Check};
-use common::gguf_read::{GgufHeader, GgufReader};
-use common::model_weights::{expert_stack_layer, ModelWeights, MAX_ENTRY_NAME};
-use common::partial_check::MAX_ACTIVATION;
-use common::peer_text::peer_text;
-use common::saliency::Saliency;
-use common::Split;
+use gguf::read::{GgufHeader, GgufReader};
+use gguf::model_weights::{expert_stack_layer, ModelWeights, MAX_ENTRY_NAME};
+use numbers::partial_check::MAX_ACTIVATION;
+use numbers::peer_text::peer_text;
+use numbers::saliency::Saliency;
+use numbers::Split;
 use std::collections::BTreeMap;
 
 /// Relative slack of the Cauchy-Schwarz check: the file's sums are f32
@@ -127,7 +127,7 @@ fn read_entries(bytes: &[u8], url: &str) -> Result<BTreeMap<String, Entry>, Stri
 
 /// The first few of `bad`, and how many there are, for a figure.
 fn listed(bad: &[String]) -> String {
-    common::peer_text::summarise(bad)
+    numbers::peer_text::summarise(bad)
 }
 
 fn entries_check(

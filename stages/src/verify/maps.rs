@@ -1,13 +1,13 @@
 //! Keep-map invariants: sorted, unique, exactly K per layer, nested across K,
 //! and equal to a fresh recomputation from `saliency.json`; a map made by
-//! hand ([`common::keepmap::CUSTOM`]) is checked for its shape only.
+//! hand ([`runfiles::keepmap::CUSTOM`]) is checked for its shape only.
 
 use super::{names as inv, Check};
 use crate::score::keep::{keep_map, map_recipe};
 use crate::score::rank_all;
-use common::keepmap::KeepMap;
-use common::saliency::Saliency;
-use common::Split;
+use runfiles::keepmap::KeepMap;
+use numbers::saliency::Saliency;
+use numbers::Split;
 use std::collections::BTreeMap;
 
 /// Checks the maps (object name, map) against `s`, whose bytes hash to `sha`.
@@ -138,7 +138,7 @@ fn recompute(s: &Saliency, sha: &str, maps: &[(String, KeepMap)]) -> Check {
         match fresh {
             Err(e) => bad.push(format!(
                 "{name}: cannot recompute: {}",
-                common::error_text::with_causes(&e)
+                runfiles::error_text::with_causes(&e)
             )),
             Ok(f) => {
                 if let Some((layer, ids)) = m

@@ -11,12 +11,12 @@ pub mod stats;
 
 use crate::StagesError;
 use clap::Args;
-use common::artifacts::names as artifacts;
-use common::keepmap::KeepMap;
-use common::partial::Partial;
-use common::saliency::{lenient, Saliency};
-use common::store::RunStore;
-use common::Split;
+use runfiles::artifacts::names as artifacts;
+use runfiles::keepmap::KeepMap;
+use numbers::partial::Partial;
+use numbers::saliency::{lenient, Saliency};
+use runfiles::store::RunStore;
+use numbers::Split;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::process::ExitCode;
@@ -178,7 +178,7 @@ impl fmt::Display for VerifyReport {
 /// Rows of every trace part under `trace/`, from Parquet metadata alone.
 pub async fn trace_rows(store: &RunStore) -> Result<(u64, usize), StagesError> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
-    let (parts, _decode) = common::trace::stored_parts(store).await?;
+    let (parts, _decode) = runfiles::trace::stored_parts(store).await?;
     let mut rows = 0u64;
     for part in &parts {
         let reader = SerializedFileReader::new(store.get(part).await?).map_err(|e| {
@@ -214,7 +214,7 @@ fn trace_check(s: &Saliency, rows: u64, parts: usize) -> Check {
 pub async fn load_keep_maps(store: &RunStore) -> Result<Vec<(String, KeepMap)>, StagesError> {
     let mut out = Vec::new();
     for name in store
-        .list(common::artifacts::names::KEEP_MAPS_DIR)
+        .list(runfiles::artifacts::names::KEEP_MAPS_DIR)
         .await?
         .into_iter()
         .filter(|n| n.ends_with(".json"))
@@ -234,9 +234,9 @@ async fn partials_checks(
     store: &RunStore,
     saliency_bytes: &[u8],
 ) -> Result<[Check; 2], StagesError> {
-    let records = corpus::manifest::read_or_default(store).await?.partials;
+    let records = runfiles::manifest::read_or_default(store).await?.partials;
     let parts: Vec<String> = store
-        .list(common::artifacts::names::PARTIALS_DIR)
+        .list(runfiles::artifacts::names::PARTIALS_DIR)
         .await?
         .into_iter()
         .filter(|n| n.ends_with(".bin") && n != artifacts::MERGED_PARTIAL)
@@ -247,7 +247,7 @@ async fn partials_checks(
     let mut merge_note = None;
     for name in parts.iter().rev() {
         let bytes = store.get(name).await?;
-        let sha = common::hash::sha256_hex(&bytes);
+        let sha = gguf::hash::sha256_hex(&bytes);
         match records.get(name) {
             Some(r) if r.sha256 != sha => {
                 changed.push(format!("{name} (SHA-256 {sha}, recorded {})", r.sha256));
@@ -336,13 +336,13 @@ async fn partials_checks(
 /// model (the manifest's `model_path`) when that file is readable here.
 async fn imatrix_checks(store: &RunStore, s: &Saliency) -> Result<Vec<Check>, StagesError> {
     let bytes = store.get_opt(artifacts::IMATRIX_GGUF).await?;
-    let model = corpus::manifest::read_or_default(store).await?.model_path;
+    let model = runfiles::manifest::read_or_default(store).await?.model_path;
     let (weights, note) = match &model {
         None => (
             None,
             "no model recorded: names not checked against it".to_string(),
         ),
-        Some(path) => match common::model_weights::ModelWeights::read(path) {
+        Some(path) => match gguf::model_weights::ModelWeights::read(path) {
             Ok(w) => (Some(w), String::new()),
             Err(e) => (None, format!("names not checked against the model: {e}")),
         },
@@ -362,7 +362,7 @@ pub async fn verify(store: &RunStore) -> Result<VerifyReport, StagesError> {
     let bytes = store.get(artifacts::SALIENCY_JSON).await?;
     let parsed = lenient::parse(&bytes, &store.url_of(artifacts::SALIENCY_JSON))?;
     let s = &parsed.saliency;
-    let sha = common::hash::sha256_hex(&bytes);
+    let sha = gguf::hash::sha256_hex(&bytes);
     let mut checks = stats::check_saliency(s, &parsed.nonfinite);
     checks.extend(imatrix_checks(store, s).await?);
     let (rows, parts) = trace_rows(store).await?;

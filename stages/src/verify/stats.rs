@@ -2,8 +2,8 @@
 //! worst case.
 
 use super::{names as inv, Check};
-use common::partial_check::{cauchy_schwarz_margin, CAUCHY_SCHWARZ_RTOL, PROB_SUM_RTOL};
-use common::saliency::{LayerStats, Saliency};
+use numbers::partial_check::{cauchy_schwarz_margin, CAUCHY_SCHWARZ_RTOL, PROB_SUM_RTOL};
+use numbers::saliency::{LayerStats, Saliency};
 
 /// A statistics group: a split total, one domain of a split or, in a run
 /// that measured images, one modality of a split.
@@ -213,7 +213,7 @@ pub const WEIGHT_SUM_RTOL: f64 = 1e-5;
 
 fn weight_sum(s: &Saliency, groups: &[Group<'_>]) -> Check {
     let r = &s.routing;
-    let normalised = r.weights_norm || s.gating == common::Gating::SoftmaxWeight;
+    let normalised = r.weights_norm || s.gating == numbers::Gating::SoftmaxWeight;
     let scale = f64::from(r.weights_scale);
     let mut worst = (0.0f64, String::from("none"));
     for g in groups {

@@ -4,7 +4,7 @@
 use super::*;
 use crate::score::testdata::{audit_layer, empty_partial, saliency};
 use crate::score::{score, ScoreOptions};
-use common::trace::{write_part, TraceRow};
+use runfiles::trace::{write_part, TraceRow};
 
 fn good() -> Saliency {
     saliency(2, vec![audit_layer(1), audit_layer(5)])
@@ -46,7 +46,7 @@ fn assert_fails_only(r: &VerifyReport, invariant: &str, needle: &str) {
     );
 }
 
-fn fit_layer(s: &mut Saliency, i: usize) -> &mut common::saliency::LayerStats {
+fn fit_layer(s: &mut Saliency, i: usize) -> &mut numbers::saliency::LayerStats {
     &mut s.splits.get_mut("fit").unwrap().layers[i]
 }
 
@@ -234,7 +234,7 @@ async fn trace_rows_must_equal_tokens_times_layers() {
 async fn reverse_order_re_merge_of_partials_is_compared_bitwise() {
     let part = |chunk: u32, value: f64| {
         let mut p = empty_partial();
-        p.chunks = vec![common::ChunkRange {
+        p.chunks = vec![numbers::ChunkRange {
             start: chunk,
             end: chunk + 1,
         }];
@@ -276,14 +276,14 @@ async fn reverse_order_re_merge_of_partials_is_compared_bitwise() {
 /// weights recorded in the manifest: `poison` changes the importance matrix
 /// before it is written, `model_extra` adds weights to the model.
 async fn imatrix_run(
-    poison: impl FnOnce(&mut common::imatrix::Imatrix),
+    poison: impl FnOnce(&mut numbers::imatrix::Imatrix),
 ) -> (tempfile::TempDir, RunStore) {
-    use common::gguf::{GgufWriter, Value};
-    use common::imatrix::{Imatrix, ImatrixEntry};
+    use gguf::write::{GgufWriter, Value};
+    use numbers::imatrix::{Imatrix, ImatrixEntry};
     let s = good();
     let (dir, store) = run_with(s.to_json_bytes()).await;
     let fit = s.split(Split::Fit).unwrap();
-    let x = |v: f64| common::exact::ExactSum::from_f64(v).unwrap();
+    let x = |v: f64| numbers::exact::ExactSum::from_f64(v).unwrap();
     let mut im = Imatrix {
         chunk_count: 1,
         chunk_size: 8,
@@ -365,7 +365,7 @@ async fn the_importance_matrix_is_checked_against_the_model_and_the_counts() {
     );
 
     let entry =
-        |im: &mut common::imatrix::Imatrix, name: &str| im.entries.get_mut(name).unwrap().clone();
+        |im: &mut numbers::imatrix::Imatrix, name: &str| im.entries.get_mut(name).unwrap().clone();
     // An entry the model lacks, and one it requires missing.
     let (_d, store) = imatrix_run(|im| {
         let e = entry(im, "blk.1.ffn_gate_inp.weight");
@@ -385,7 +385,7 @@ async fn the_importance_matrix_is_checked_against_the_model_and_the_counts() {
     );
     // A shape other than the model's.
     let (_d, store) = imatrix_run(|im| {
-        let mut e = common::imatrix::ImatrixEntry::new(3, 1);
+        let mut e = numbers::imatrix::ImatrixEntry::new(3, 1);
         e.counts = entry(im, "blk.1.ffn_gate_inp.weight").counts;
         im.entries.insert("blk.1.attn_norm.weight".into(), e);
     })
@@ -413,9 +413,9 @@ async fn the_importance_matrix_is_checked_against_the_model_and_the_counts() {
             let e = im.entries.get_mut("blk.5.ffn_gate_inp.weight").unwrap();
             let n = e.counts[0] as f64;
             if poison > 0.0 {
-                e.in_sum[1] = common::exact::ExactSum::from_f64(poison * n).unwrap();
+                e.in_sum[1] = numbers::exact::ExactSum::from_f64(poison * n).unwrap();
             } else {
-                e.in_sum2[0] = common::exact::ExactSum::from_f64(n * 2f64.powi(33)).unwrap();
+                e.in_sum2[0] = numbers::exact::ExactSum::from_f64(n * 2f64.powi(33)).unwrap();
             }
         })
         .await;

@@ -5,7 +5,7 @@ use super::chunk_job::ChunkJobArgs;
 use crate::collect::device::Reduce;
 use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 use crate::error::WorkerError;
-use common::store::RunStore;
+use runfiles::store::RunStore;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Arguments of `worker collect`.
@@ -88,9 +88,9 @@ pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
                     .push(write_trace_part(&out, name, rows, k, n).await?);
             }
         }
-        let name = common::layout::PARTIALS.object(range);
+        let name = runfiles::layout::PARTIALS.object(range);
         out.put(&name, partial.to_bytes()).await?;
-        let saliency = common::artifacts::write_results(&out, &partial).await?;
+        let saliency = runfiles::artifacts::write_results(&out, &partial).await?;
         println!(
             "measured chunks {range} ({total} tokens, {} traced rows) with {} -> {}",
             partial.trace_rows,

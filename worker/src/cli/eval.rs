@@ -5,8 +5,9 @@
 use super::chunk_job::ChunkJobArgs;
 use crate::error::WorkerError;
 use crate::eval::{candidates, Compare, EvalOptions, Evaluator, KEPT_ROWS_MEMORY};
-use common::eval::{names, EvalSummary, ModelsInMemory};
-use common::store::RunStore;
+use runfiles::layout::eval as names;
+use numbers::eval::{EvalSummary, ModelsInMemory};
+use runfiles::store::RunStore;
 use std::path::PathBuf;
 
 /// Arguments of `worker eval`.
@@ -54,7 +55,7 @@ pub struct EvalArgs {
 /// Entry point of `worker eval`.
 pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
     let splits =
-        common::eval::summary::parse_splits(&a.split).ok_or_else(|| WorkerError::ArgValue {
+        numbers::eval::summary::parse_splits(&a.split).ok_or_else(|| WorkerError::ArgValue {
             flag: "--split",
             value: a.split.clone(),
             expected: "fit, heldout or both",
@@ -102,7 +103,7 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
     let summary = EvalSummary::of_run(&partial, &index.domains, &index.eval_sets);
     rt.block_on(async {
         out.put(
-            &common::layout::EVAL_PARTIALS.object(range),
+            &runfiles::layout::EVAL_PARTIALS.object(range),
             partial.to_bytes(),
         )
         .await?;

@@ -144,7 +144,7 @@ pub fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(common::layout::env::log_colour())
+        .with_ansi(runfiles::layout::env::log_colour())
         .init();
     let cli = Cli::parse_from(llama_flags(std::env::args_os()));
     let result = match cli.command {
@@ -199,7 +199,7 @@ fn exit_code<E: std::error::Error>(result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", common::error_text::with_causes(&e));
+            eprintln!("error: {}", runfiles::error_text::with_causes(&e));
             ExitCode::FAILURE
         }
     }

@@ -4,7 +4,7 @@
 
 use crate::error::WorkerError;
 use crate::quantize::{quantize_file, QuantizeOptions};
-use common::quant::QuantType;
+use gguf::quant::QuantType;
 use std::path::PathBuf;
 
 /// Arguments of `worker quantize`.

@@ -8,14 +8,14 @@
 //! so at most two exist. Chunks are folded in the order they are handed over,
 //! so the results are the ones an inline fold gives, bit for bit.
 //!
-//! [`ExactSum`]: common::exact::ExactSum
+//! [`ExactSum`]: numbers::exact::ExactSum
 
 use super::scratch::ChunkScratch;
 use super::strata::Strata;
 use crate::llama::yield_to_compute_threads;
-use common::imatrix::Imatrix;
-use common::partial::ChunkStats;
-use common::stats::{ExpertAccum, MergeError};
+use numbers::imatrix::Imatrix;
+use numbers::partial::ChunkStats;
+use numbers::stats::{ExpertAccum, MergeError};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
@@ -161,8 +161,8 @@ fn fold_all(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::stats::MoeShape;
-    use common::{Gating, Split};
+    use numbers::stats::MoeShape;
+    use numbers::{Gating, Split};
 
     const LAYERS: usize = 3;
     const EXPERTS: usize = 8;
@@ -173,7 +173,7 @@ mod tests {
             n_expert_used: 2,
             gating: Gating::Softmax,
             moe_layers: (0..LAYERS as u32).collect(),
-            routing: common::routing::Routing::default(),
+            routing: numbers::routing::Routing::default(),
         }
     }
 

@@ -24,13 +24,13 @@ use crate::error::WorkerError;
 use crate::images::{self, ImageBytes};
 use crate::llama::{self, Context, ContextParams, ImageEmbedding, Input, Logits, Model, Vision};
 use crate::offload::Offload;
-use common::corpus::{Chunk, CorpusIndex};
-use common::imatrix::Imatrix;
-use common::partial::{BackendToHost, Partial};
-use common::stats::ExpertAccum;
-use common::store::RunStore;
-use common::trace::TraceRow;
-use common::{ChunkRange, Modality, Split};
+use runfiles::corpus::{Chunk, CorpusIndex};
+use numbers::imatrix::Imatrix;
+use numbers::partial::{BackendToHost, Partial};
+use numbers::stats::ExpertAccum;
+use runfiles::store::RunStore;
+use runfiles::trace::TraceRow;
+use numbers::{ChunkRange, Modality, Split};
 use folder::{Folded, Folder};
 use observer::{Observer, UbatchInfo};
 use scratch::ChunkScratch;
@@ -130,7 +130,7 @@ pub struct Collector {
     model: Arc<Model>,
     path: PathBuf,
     sha256: String,
-    shape: common::stats::MoeShape,
+    shape: numbers::stats::MoeShape,
     opts: CollectOptions,
     backend: String,
     /// Whether observed tensors are reduced on their backend.
@@ -149,7 +149,7 @@ impl Collector {
         // llama.cpp aborts (GGML_ASSERT) on a model without experts: check
         // the header before it loads the file (and before hashing it, so a
         // malformed header is refused at once).
-        common::model_check::moe_facts(path).map_err(|reason| WorkerError::Model {
+        gguf::model_check::moe_facts(path).map_err(|reason| WorkerError::Model {
             path: path.display().to_string(),
             reason,
         })?;
@@ -189,7 +189,7 @@ impl Collector {
     }
 
     /// The model's MoE shape.
-    pub fn shape(&self) -> &common::stats::MoeShape {
+    pub fn shape(&self) -> &numbers::stats::MoeShape {
         &self.shape
     }
 
@@ -593,7 +593,7 @@ pub(crate) fn ranges_of(chunks: &[Chunk]) -> Vec<ChunkRange> {
 }
 
 /// SHA-256 of a model: of its file, or of all its split files
-/// ([`common::hash::model_sha256`]), logging its progress every 10 s (a
+/// ([`gguf::hash::model_sha256`]), logging its progress every 10 s (a
 /// model of hundreds of GB takes minutes, before any lease is measured).
 pub fn model_sha256(path: &Path) -> Result<String, WorkerError> {
     let started = std::time::Instant::now();
@@ -611,7 +611,7 @@ pub fn model_sha256(path: &Path) -> Result<String, WorkerError> {
             );
         }
     };
-    common::hash::model_sha256_with(path, &mut progress).map_err(|source| WorkerError::Io {
+    gguf::hash::model_sha256_with(path, &mut progress).map_err(|source| WorkerError::Io {
         path: path.display().to_string(),
         source,
     })
@@ -619,14 +619,14 @@ pub fn model_sha256(path: &Path) -> Result<String, WorkerError> {
 
 /// SHA-256 of a file (an mmproj, a pruned candidate).
 pub fn sha256_file(path: &Path) -> Result<String, WorkerError> {
-    common::hash::sha256_file(path).map_err(|source| WorkerError::Io {
+    gguf::hash::sha256_file(path).map_err(|source| WorkerError::Io {
         path: path.display().to_string(),
         source,
     })
 }
 
-/// Object name of the trace part of a chunk range (`common::artifacts`).
-pub use common::artifacts::names::trace_part as trace_part_name;
+/// Object name of the trace part of a chunk range (`runfiles::artifacts`).
+pub use runfiles::artifacts::names::trace_part as trace_part_name;
 
 /// Writes trace rows as the Parquet part `name` under the run; returns the name.
 pub async fn write_trace_part(
@@ -637,7 +637,7 @@ pub async fn write_trace_part(
     n: usize,
 ) -> Result<String, WorkerError> {
     let bytes =
-        common::trace::write_part(&mut rows, k, n).map_err(|reason| WorkerError::Trace {
+        runfiles::trace::write_part(&mut rows, k, n).map_err(|reason| WorkerError::Trace {
             name: name.clone(),
             reason,
         })?;

@@ -8,10 +8,10 @@ use super::names::{parse_moe_node, weight_name, MoeNode};
 use super::scratch::ChunkScratch;
 use super::strata::Strata;
 use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
-use common::routing::GateSite;
-use common::stats::MoeShape;
-use common::trace::TraceRow;
-use common::{Gating, Split};
+use numbers::routing::GateSite;
+use numbers::stats::MoeShape;
+use runfiles::trace::TraceRow;
+use numbers::{Gating, Split};
 use std::collections::BTreeMap;
 
 /// What the observer knows about the micro-batch being decoded.

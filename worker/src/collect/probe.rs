@@ -11,8 +11,8 @@
 
 use super::names::parse_layer_node;
 use crate::llama::{Context, ContextParams, ElemType, GraphObserver, Logits, Model, TensorRef};
-use common::routing::{ExpertGroups, GateSite, Routing};
-use common::Gating;
+use numbers::routing::{ExpertGroups, GateSite, Routing};
+use numbers::Gating;
 use std::collections::BTreeMap;
 
 /// One routing node of the probe decode.

@@ -5,11 +5,11 @@
 //! as [`ExactSum`]s makes the total independent of how chunks are grouped.
 
 use super::strata::Strata;
-use common::exact::ExactSum;
-use common::imatrix::{Imatrix, ImatrixEntry};
-use common::partial::ChunkStats;
-use common::stats::{ExpertAccum, MergeError};
-use common::Split;
+use numbers::exact::ExactSum;
+use numbers::imatrix::{Imatrix, ImatrixEntry};
+use numbers::partial::ChunkStats;
+use numbers::stats::{ExpertAccum, MergeError};
+use numbers::Split;
 use std::collections::{BTreeMap, HashMap};
 
 /// One layer's sums for one (split, domain) within a chunk.
@@ -163,7 +163,7 @@ impl ChunkScratch {
                 for (d, s) in pairs {
                     add_exact(d, s)?;
                 }
-                common::stats::max_into(&mut dst.ean_max, &src.ean_max)?;
+                numbers::stats::max_into(&mut dst.ean_max, &src.ean_max)?;
             }
         }
         for (name, s) in &mut self.imatrix {

@@ -6,8 +6,8 @@
 
 use super::probe::{probe, Probed};
 use crate::llama::Model;
-use common::stats::MoeShape;
-use common::Gating;
+use numbers::stats::MoeShape;
+use numbers::Gating;
 
 /// `(n_expert, k)` from `{arch}.expert_count` and `{arch}.expert_used_count`;
 /// a model without experts is refused with the missing key named.

@@ -4,8 +4,8 @@
 //! chunk scratch group by them); [`Strata`] alone maps them to the group
 //! keys of the statistics.
 
-use common::stats::GroupKey;
-use common::{Modality, Split};
+use numbers::stats::GroupKey;
+use numbers::{Modality, Split};
 
 /// The strata of a corpus's domains: stratum `d` is domain `d`'s text,
 /// stratum `n + d` its images (`n` domains).

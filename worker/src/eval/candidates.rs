@@ -5,8 +5,8 @@ use super::Candidate;
 use crate::collect::sha256_file;
 use crate::error::WorkerError;
 use crate::quantize::{quantize_file, QuantizeOptions};
-use common::keepmap::KeepMap;
-use common::wire::EvalCandidate;
+use runfiles::keepmap::KeepMap;
+use protocol::wire::EvalCandidate;
 use std::path::{Path, PathBuf};
 
 /// Candidates from GGUF paths; each is named after its file stem
@@ -65,7 +65,7 @@ fn check_room(
             continue; // the base file itself
         }
         let bytes =
-            common::prune::model_bytes(base, keep.as_ref(), c.expert_used).map_err(|e| {
+            slicer::model_bytes(base, keep.as_ref(), c.expert_used).map_err(|e| {
                 WorkerError::Model {
                     path: base.display().to_string(),
                     reason: format!("planning candidate {}: {e}", c.name),
@@ -79,7 +79,7 @@ fn check_room(
     let needed =
         total + largest_quantised + inputs.imatrix.as_ref().map_or(0, |b| 2 * b.len() as u64);
     let what = format!("making {} candidates from {}", job.len(), base.display());
-    common::room::check_room(dir, needed, &what).map_err(|reason| WorkerError::Scratch {
+    runfiles::room::check_room(dir, needed, &what).map_err(|reason| WorkerError::Scratch {
         path: dir.display().to_string(),
         reason,
     })
@@ -131,7 +131,7 @@ pub fn make(
         let mut path = base.to_path_buf();
         if keep.is_some() || c.expert_used.is_some() {
             path = dir.join(format!("{name}.source.gguf"));
-            common::prune::make_model(base, keep.as_ref(), c.expert_used, &path)
+            slicer::make_model(base, keep.as_ref(), c.expert_used, &path)
                 .map_err(|e| failed(name, e.to_string()))?;
         }
         if let Some(quant) = c.quant {
@@ -156,7 +156,7 @@ pub fn make(
                         path: folder.display().to_string(),
                         source,
                     })?;
-                    common::prune::slice_imatrix(&run_imatrix, keep, &sliced)
+                    slicer::slice_imatrix(&run_imatrix, keep, &sliced)
                         .map_err(|e| failed(name, e.to_string()))?;
                     sliced
                 }

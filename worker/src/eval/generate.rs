@@ -1,12 +1,12 @@
-//! The generation check's decoding ([`common::eval::generation`]): a
+//! The generation check's decoding ([`numbers::eval::generation`]): a
 //! model's greedy continuation of a prompt chunk, in its own context (the
 //! KV cache cleared before and after, so the teacher-forced passes never
 //! see it).
 
 use crate::error::WorkerError;
 use crate::llama::{Context, NoGraph};
-use common::corpus::Chunk;
-use common::eval::GenerateJob;
+use runfiles::corpus::Chunk;
+use numbers::eval::GenerateJob;
 
 /// A prompt of the generation check: its chunk, the chunk's domain and
 /// its tokens.

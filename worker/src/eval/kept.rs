@@ -55,7 +55,7 @@ impl KeptRows {
             let what = format!(
                 "the base model's logits of a lease ({n_rows} scored positions x {n_vocab} tokens x 4 bytes)"
             );
-            common::room::check_room(scratch, bytes, &what).map_err(|reason| {
+            runfiles::room::check_room(scratch, bytes, &what).map_err(|reason| {
                 WorkerError::Scratch {
                     path: scratch.display().to_string(),
                     reason,

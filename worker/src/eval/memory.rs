@@ -9,7 +9,7 @@
 use crate::error::WorkerError;
 use crate::llama;
 use crate::offload::Offload;
-use common::eval::ModelsInMemory;
+use numbers::eval::ModelsInMemory;
 use std::path::Path;
 
 /// Share of the free memory the models may take under `auto`; the rest is
@@ -42,13 +42,13 @@ pub fn resolve(
         .map(|p| size(p))
         .collect::<Result<Vec<_>, _>>()?;
     let free = match offload.n_gpu_layers > 0 {
-        true => llama::gpu_free_memory().or_else(common::room::available_memory),
-        false => common::room::available_memory(),
+        true => llama::gpu_free_memory().or_else(runfiles::room::available_memory),
+        false => runfiles::room::available_memory(),
     };
     let count = auto_count(base_bytes, &cand_bytes, free);
     tracing::info!(
-        free = ?free.map(common::room::human),
-        base = %common::room::human(base_bytes),
+        free = ?free.map(runfiles::room::human),
+        base = %runfiles::room::human(base_bytes),
         models_in_memory = count,
         "models in memory chosen from free memory"
     );

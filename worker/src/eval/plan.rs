@@ -5,9 +5,9 @@ use super::positions::scored_positions;
 use super::rows::ScoredRow;
 use crate::images::{self, Embeddings};
 use crate::llama::Input;
-use common::corpus::{Chunk, ImageSpan};
-use common::eval::Group;
-use common::Split;
+use runfiles::corpus::{Chunk, ImageSpan};
+use numbers::eval::Group;
+use numbers::Split;
 use std::ops::Range;
 
 /// One micro-batch of a chunk and the rows of it that are scored.
@@ -139,8 +139,8 @@ pub(super) fn groups(ubatches: &[Ubatch<'_>], max_rows: usize) -> Vec<Range<usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::corpus::Span;
-    use common::ChunkId;
+    use runfiles::corpus::Span;
+    use numbers::ChunkId;
 
     fn chunk(id: u32, len: u32) -> Chunk {
         Chunk {
@@ -214,8 +214,8 @@ mod tests {
                 (7, 3, false, 2)
             ]
         );
-        assert_eq!(u[2].groups[0].modality, common::Modality::Image);
-        assert_eq!(u[0].groups[0].modality, common::Modality::Text);
+        assert_eq!(u[2].groups[0].modality, numbers::Modality::Image);
+        assert_eq!(u[0].groups[0].modality, numbers::Modality::Text);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Which positions of a chunk are scored, and in which group.
 
-use common::corpus::Chunk;
-use common::eval::Group;
-use common::{Modality, Split};
+use runfiles::corpus::Chunk;
+use numbers::eval::Group;
+use numbers::{Modality, Split};
 
 /// Per position of `chunk`, the group it is scored in, or `None`: a
 /// position is scored when its next token lies in the same span (one split
@@ -47,8 +47,8 @@ pub fn scored_positions(chunk: &Chunk, skip_first: u32, splits: &[Split]) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::corpus::Span;
-    use common::ChunkId;
+    use runfiles::corpus::Span;
+    use numbers::ChunkId;
 
     fn chunk() -> Chunk {
         let span = |start, len, split, domain| Span {
@@ -88,7 +88,7 @@ mod tests {
     fn positions_after_an_image_are_image_conditioned_and_none_predicts_an_image() {
         let mut c = chunk();
         // Positions 6..8 of the last span are an image.
-        c.images.push(common::corpus::ImageSpan {
+        c.images.push(runfiles::corpus::ImageSpan {
             start: 6,
             len: 2,
             sha256: "ab".into(),

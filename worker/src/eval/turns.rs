@@ -22,7 +22,7 @@ use super::{check_candidate, Accum, Dumps, EvalCost, Evaluated, Evaluator, Posit
 use crate::error::WorkerError;
 use crate::images::Embeddings;
 use crate::llama::{f32s, Context, ContextParams, LogitsCompare, Model, NoGraph};
-use common::corpus::{Chunk, CorpusIndex};
+use runfiles::corpus::{Chunk, CorpusIndex};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;

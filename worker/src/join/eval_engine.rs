@@ -6,9 +6,9 @@ use crate::error::WorkerError;
 use crate::eval::candidates::{self, Inputs};
 use crate::eval::{Candidate, EvalOptions, Evaluator};
 use crate::images::ImageBytes;
-use common::corpus::{Chunk, CorpusIndex};
-use common::eval::EvalPartial;
-use common::wire::EvalJob;
+use runfiles::corpus::{Chunk, CorpusIndex};
+use numbers::eval::EvalPartial;
+use protocol::wire::EvalJob;
 use std::path::Path;
 
 /// Evaluates chunks of a corpus.

@@ -7,14 +7,14 @@
 
 use super::engine::{Engine, EngineLoader};
 use crate::images::ImageBytes;
-use common::corpus::{Chunk, CorpusIndex};
-use common::gguf::{GgufWriter, Value};
-use common::imatrix::{Imatrix, ImatrixEntry};
-use common::partial::Partial;
-use common::stats::{ExpertAccum, MoeShape};
-use common::trace::TraceRow;
-use common::wire::JobInfo;
-use common::{ChunkRange, ExactSum, Gating, Split};
+use runfiles::corpus::{Chunk, CorpusIndex};
+use gguf::write::{GgufWriter, Value};
+use numbers::imatrix::{Imatrix, ImatrixEntry};
+use numbers::partial::Partial;
+use numbers::stats::{ExpertAccum, MoeShape};
+use runfiles::trace::TraceRow;
+use protocol::wire::JobInfo;
+use numbers::{ChunkRange, ExactSum, Gating, Split};
 use std::time::Duration;
 
 /// Settings of the fake engine.
@@ -58,7 +58,7 @@ impl FakeEngine {
             n_expert_used: self.k,
             gating: Gating::Softmax,
             moe_layers: self.layers.clone(),
-            routing: common::routing::Routing::default(),
+            routing: numbers::routing::Routing::default(),
         };
         let mut experts = ExpertAccum::new(shape);
         let n_in = 4u32;
@@ -171,7 +171,7 @@ impl Engine for FakeEngine {
         chunks: &[Chunk],
         _images: &ImageBytes,
     ) -> Result<(Partial, Vec<TraceRow>), String> {
-        common::corpus::refuse_images(chunks, "the fake engine")?;
+        runfiles::corpus::refuse_images(chunks, "the fake engine")?;
         if let Some(n) = &self.measuring {
             n.notify_one();
         }

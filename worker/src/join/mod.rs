@@ -13,7 +13,7 @@
 //!   evaluating one; [`fake`] a deterministic stand-in for tests.
 //! - `work`: what each lease computes, by the welcome's task (collection or
 //!   evaluation), behind one trait, so one loop serves both.
-//! - [`join`] runs the protocol of [`common::wire`] with any engine.
+//! - [`join`] runs the protocol of [`protocol::wire`] with any engine.
 
 pub mod engine;
 pub mod eval_engine;
@@ -25,11 +25,11 @@ mod work;
 use crate::collect::device::Reduce;
 use crate::eval::Compare;
 use crate::offload::OffloadArgs;
-use common::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
-use common::peer_text::peer_text;
-use common::secret::{JoinSecret, WorkerKey};
-use common::store::RunStore;
-use common::wire::{
+use runfiles::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use numbers::peer_text::peer_text;
+use protocol::secret::{JoinSecret, WorkerKey};
+use runfiles::store::RunStore;
+use protocol::wire::{
     join_proof, parse_pin, read_msg, write_msg, Checkpoint, JobInfo, LeaseGrant, PartialRef,
     Refusal, Task, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME,
     PROTOCOL_VERSION, RUN_FINISHED,
@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use tls::Trust;
 
 /// Environment variable holding the join secret when no file is given.
-pub use common::layout::env::JOIN_SECRET as SECRET_ENV;
+pub use runfiles::layout::env::JOIN_SECRET as SECRET_ENV;
 
 /// Arguments of `worker join`.
 #[derive(clap::Args, Debug, Clone)]
@@ -102,7 +102,7 @@ pub struct JoinArgs {
     /// number: 2 is the base and one candidate, 1 one model at a time).
     /// Default: the run's `[eval] models_in_memory`.
     #[arg(long)]
-    pub models_in_memory: Option<common::eval::ModelsInMemory>,
+    pub models_in_memory: Option<numbers::eval::ModelsInMemory>,
     /// Scratch directory for sliced candidates and a lease's base logits.
     /// Default: the run's `[eval] scratch_dir`, else `$TMPDIR`.
     #[arg(long)]
@@ -158,7 +158,7 @@ pub enum JoinError {
     Engine(String),
     /// The corpus or the run's storage failed.
     #[error(transparent)]
-    Store(#[from] common::store::StoreError),
+    Store(#[from] runfiles::store::StoreError),
     /// The stream broke or carried something unexpected.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -768,7 +768,7 @@ async fn polling_while<T>(
 /// Runs `fut` while sending a `Busy` poll every `heartbeat`.
 async fn heartbeating<T>(
     c: &mut Conn,
-    lease: common::wire::LeaseId,
+    lease: protocol::wire::LeaseId,
     heartbeat: Duration,
     fut: impl std::future::Future<Output = T>,
 ) -> Result<T, String> {
@@ -805,7 +805,7 @@ impl Corpus {
     }
 
     /// The chunks of a lease (a range outside the corpus is refused).
-    fn chunks(&self, range: common::ChunkRange) -> Result<Vec<Chunk>, String> {
+    fn chunks(&self, range: numbers::ChunkRange) -> Result<Vec<Chunk>, String> {
         self.index.check_range(range)?;
         read_chunks(self.table.clone(), Some(range)).map_err(|e| format!("{}: {e}", self.url))
     }
@@ -816,7 +816,7 @@ impl Corpus {
         let mut out = crate::images::ImageBytes::new();
         for im in chunks.iter().flat_map(|c| &c.images) {
             if !out.contains_key(&im.sha256) {
-                let name = common::layout::corpus::image(&im.sha256);
+                let name = runfiles::layout::corpus::image(&im.sha256);
                 let bytes = self.store.get(&name).await.map_err(|e| e.to_string())?;
                 out.insert(im.sha256.clone(), bytes);
             }
@@ -868,7 +868,7 @@ impl Leasing<'_> {
     async fn report_failed(
         &self,
         c: &mut Conn,
-        leases: &[common::wire::LeaseId],
+        leases: &[protocol::wire::LeaseId],
         reason: String,
     ) -> Result<(), JoinError> {
         for &lease_id in leases {
@@ -885,11 +885,11 @@ impl Leasing<'_> {
     /// travel inline.
     async fn stage(&self, running: &work::Output) -> Result<(PartialRef, String), String> {
         let bytes = running.encode();
-        let sha256 = common::hash::sha256_hex(&bytes);
+        let sha256 = gguf::hash::sha256_hex(&bytes);
         let partial = if bytes.len() as u64 <= self.job.max_inline_bytes {
             PartialRef::Inline(bytes)
         } else {
-            let name = common::layout::staged(&sha256).expect("a SHA-256 in hex");
+            let name = runfiles::layout::staged(&sha256).expect("a SHA-256 in hex");
             self.run
                 .put(&name, bytes)
                 .await
@@ -912,7 +912,7 @@ impl Leasing<'_> {
         let (Some(running), Some(first)) = (b.running, b.leases.first()) else {
             return Ok(());
         };
-        let ids: Vec<common::wire::LeaseId> = b.leases.iter().map(|l| l.lease_id).collect();
+        let ids: Vec<protocol::wire::LeaseId> = b.leases.iter().map(|l| l.lease_id).collect();
         let staged = heartbeating(c, first.lease_id, self.heartbeat, self.stage(&running))
             .await
             .and_then(|r| r);

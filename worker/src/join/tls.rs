@@ -3,8 +3,8 @@
 //! handshake signature is still checked against that certificate's key), or
 //! the cluster CA certificate (standard WebPKI path validation and name check).
 
-use common::hash::sha256_hex;
-use common::wire::ALPN;
+use gguf::hash::sha256_hex;
+use protocol::wire::ALPN;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{
     verify_tls12_signature, verify_tls13_signature, CryptoProvider, WebPkiSupportedAlgorithms,

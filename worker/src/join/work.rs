@@ -10,14 +10,14 @@ use super::engine::{Engine, EngineLoader, EngineThread};
 use super::eval_engine::EvalEngine;
 use super::{Corpus, JoinError};
 use crate::eval::candidates::Inputs;
-use common::eval::EvalPartial;
-use common::keepmap::KeepMap;
-use common::lease::{Labels, LeaseOutput};
-use common::partial::Partial;
-use common::store::RunStore;
-use common::trace::TraceRow;
-use common::wire::{EvalJob, JobInfo, Task};
-use common::ChunkRange;
+use numbers::eval::EvalPartial;
+use runfiles::keepmap::KeepMap;
+use runfiles::lease::{Labels, LeaseOutput};
+use numbers::partial::Partial;
+use runfiles::store::RunStore;
+use runfiles::trace::TraceRow;
+use protocol::wire::{EvalJob, JobInfo, Task};
+use numbers::ChunkRange;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -215,7 +215,7 @@ async fn inputs(run: &RunStore, eval: &EvalJob) -> Result<Inputs, JoinError> {
         maps.push(Some(map));
     }
     let imatrix = match eval.candidates.iter().any(|c| c.quant.is_some()) {
-        true => Some(run.get(common::layout::IMATRIX_GGUF).await?.to_vec()),
+        true => Some(run.get(runfiles::layout::IMATRIX_GGUF).await?.to_vec()),
         false => None,
     };
     Ok(Inputs { maps, imatrix })

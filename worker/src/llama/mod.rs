@@ -55,7 +55,7 @@ pub enum LlamaError {
     /// The model's vocabulary would abort llama.cpp's loader (checked in
     /// Rust first; the error names the model and the token).
     #[error(transparent)]
-    Vocab(#[from] common::vocab_check::VocabError),
+    Vocab(#[from] gguf::vocab_check::VocabError),
     /// Context creation failed.
     #[error("llama.cpp could not create a context (n_ctx {n_ctx}, n_ubatch {n_ubatch})")]
     ContextInit {
@@ -151,7 +151,7 @@ impl Model {
     pub fn load(path: &Path, offload: &Offload) -> Result<Model, LlamaError> {
         // llama.cpp aborts the process on a repeated token string: refuse
         // such a vocabulary by name before it sees the file.
-        common::vocab_check::check_file(path)?;
+        gguf::vocab_check::check_file(path)?;
         init_backend();
         let err = || LlamaError::ModelLoad {
             path: path.display().to_string(),

@@ -5,7 +5,7 @@
 //! its `quantize.imatrix.*` keys go through).
 
 use super::{init_backend, LlamaError};
-use common::quant::QuantType;
+use gguf::quant::QuantType;
 use llama_cpp_sys_2 as sys;
 use std::collections::BTreeMap;
 use std::ffi::CString;

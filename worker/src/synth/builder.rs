@@ -4,7 +4,7 @@
 
 use super::weights::{encode_into, random_matrix, random_stream, random_vector};
 use super::Spec;
-use common::gguf::GgufWriter;
+use gguf::write::GgufWriter;
 
 /// Builds the tensors of one model; `seed` makes every weight reproducible.
 pub(super) struct Builder<'a> {

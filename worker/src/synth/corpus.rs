@@ -9,7 +9,7 @@
 //! - `chat.jsonl`: `{"task", "messages"}` conversations, grouped by task.
 
 use crate::error::WorkerError;
-use common::splitmix::SplitMix64 as Rng;
+use numbers::splitmix::SplitMix64 as Rng;
 use std::io::Write;
 use std::path::Path;
 

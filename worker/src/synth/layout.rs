@@ -6,7 +6,7 @@
 
 use super::builder::Builder;
 use super::Spec;
-use common::gguf::Value;
+use gguf::write::Value;
 
 /// MLA (deepseek2): rank of the query compression.
 const Q_LORA: usize = 32;

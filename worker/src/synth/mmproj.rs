@@ -13,8 +13,8 @@
 
 use super::weights::{random_matrix, random_vector};
 use crate::error::WorkerError;
-use common::gguf::{GgufWriter, TensorType, Value};
-use common::gguf_read::GgufReader;
+use gguf::write::{GgufWriter, TensorType, Value};
+use gguf::read::GgufReader;
 use std::path::Path;
 
 /// Shape of the generated vision encoder.
@@ -206,7 +206,7 @@ fn build(s: &MmprojSpec, seed: u64) -> GgufWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::gguf_read::GgufReader;
+    use gguf::read::GgufReader;
 
     #[test]
     fn same_seed_same_bytes_and_projector_matches_text_width() {

@@ -44,7 +44,7 @@ mod weights;
 
 use crate::error::WorkerError;
 use builder::Builder;
-use common::gguf::{GgufWriter, TensorType, Value};
+use gguf::write::{GgufWriter, TensorType, Value};
 use std::path::{Path, PathBuf};
 
 pub use vocab::{byte_to_unicode, CHAT_TEMPLATE, SPECIAL_TOKENS};
@@ -452,7 +452,7 @@ pub fn write_model_split(
     count: u16,
 ) -> Result<PathBuf, WorkerError> {
     let stem = path.file_stem().unwrap_or_default().to_string_lossy();
-    let file = |i: u16| path.with_file_name(common::gguf_split::shard_name(&stem, i, count));
+    let file = |i: u16| path.with_file_name(gguf::split::shard_name(&stem, i, count));
     let shards = checked_model(preset, seed, o)?.into_shards(count);
     for (i, shard) in (0..).zip(&shards) {
         write_gguf(shard, &file(i))?;

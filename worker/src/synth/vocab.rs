@@ -144,8 +144,8 @@ pub fn build(n_merges: usize) -> Vocab {
 
 /// Writes the vocabulary's tokenizer metadata: a GPT-2 BPE with Qwen2's
 /// pre-tokenizer, the special tokens and the chat template.
-pub fn write_tokenizer(g: &mut common::gguf::GgufWriter, vocab: &Vocab) {
-    use common::gguf::Value;
+pub fn write_tokenizer(g: &mut gguf::write::GgufWriter, vocab: &Vocab) {
+    use gguf::write::Value;
     g.kv("tokenizer.ggml.model", Value::Str("gpt2".into()))
         .kv("tokenizer.ggml.pre", Value::Str("qwen2".into()))
         .kv(

@@ -1,7 +1,7 @@
 //! Deterministic random weights and their GGUF encodings (f32, f16, Q8_0).
 
-use common::gguf::TensorType;
-use common::splitmix::SplitMix64;
+use gguf::write::TensorType;
+use numbers::splitmix::SplitMix64;
 
 /// The values of the stream of `(seed, name)`: uniform in `[-scale, scale)`,
 /// one after the other. Every generated tensor draws from it, so its values

@@ -1,7 +1,7 @@
 use super::*;
-use common::corpus::Span;
-use common::model_check::MoeFacts;
-use common::{ChunkId, Split};
+use runfiles::corpus::Span;
+use gguf::model_check::MoeFacts;
+use numbers::{ChunkId, Split};
 use worker::join::fake::FakeEngine;
 
 const MODEL: &str = "model-sha";
@@ -104,7 +104,7 @@ fn fabricated_token_counts_are_refused_even_when_counts_agree_with_them() {
     let key = GroupKey {
         split: Split::Fit,
         domain: "en".into(),
-        modality: common::Modality::Text,
+        modality: numbers::Modality::Text,
     };
     let g = p.experts.groups.get_mut(&key).unwrap();
     g.n_tokens += 1;
@@ -205,7 +205,7 @@ fn importance_matrix_sums_are_checked_in_their_packed_bytes_and_a_refused_partia
     let name = name.clone();
     let n_in = e.n_in;
     let m = e.counts.iter().position(|&c| c > 0).unwrap();
-    e.in_sum2[m * n_in as usize + 1] = common::exact::ExactSum(-3);
+    e.in_sum2[m * n_in as usize + 1] = numbers::exact::ExactSum(-3);
     let from_bytes = a
         .decode_and_check(&[r(0, 3)], p.to_bytes().into())
         .unwrap_err();
@@ -244,7 +244,7 @@ fn importance_matrix_entries_are_the_models_weights() {
     let path = d.path().join("fake.gguf");
     std::fs::write(&path, FakeEngine::new(MODEL).model_gguf()).unwrap();
     let weights = ModelWeights::read(&path).unwrap();
-    let facts = common::model_check::moe_facts(&path).unwrap();
+    let facts = gguf::model_check::moe_facts(&path).unwrap();
     let (index, chunks) = corpus();
     let a = Acceptance::new(MODEL, &index, &chunks, &units(), Some(facts))
         .unwrap()
@@ -263,7 +263,7 @@ fn importance_matrix_entries_are_the_models_weights() {
         e
     };
     let e = refused(&|p| {
-        let mut big = common::imatrix::ImatrixEntry::new(1 << 10, 1 << 6);
+        let mut big = numbers::imatrix::ImatrixEntry::new(1 << 10, 1 << 6);
         big.counts = vec![0; 1 << 6];
         p.imatrix
             .entries
@@ -279,7 +279,7 @@ fn importance_matrix_entries_are_the_models_weights() {
             .entries
             .get_mut("blk.1.ffn_gate_inp.weight")
             .unwrap();
-        let mut wide = common::imatrix::ImatrixEntry::new(8, 1);
+        let mut wide = numbers::imatrix::ImatrixEntry::new(8, 1);
         wide.counts = e.counts.clone();
         *e = wide;
     });

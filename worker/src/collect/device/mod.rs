@@ -17,7 +17,7 @@ pub use options::Reduce;
 use super::scratch::ChunkScratch;
 use crate::llama::{ChunkSquares, ExpertIds, Op, ReduceError, Reducer, TensorRef};
 use crate::offload::Offload;
-use common::Split;
+use numbers::Split;
 use std::collections::BTreeMap;
 
 /// The backend description partials and the join `Hello` carry: llama.cpp's

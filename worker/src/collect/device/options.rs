@@ -5,7 +5,7 @@ use std::fmt;
 
 /// Environment variable read when `--reduce` is not given (tests and
 /// launchers set it to run every worker on one path).
-pub use common::layout::env::REDUCE as REDUCE_ENV;
+pub use runfiles::layout::env::REDUCE as REDUCE_ENV;
 
 /// Where observed tensors are reduced.
 #[derive(

@@ -1,0 +1,43 @@
+//! Evaluation of pruned candidates against the base model (DESIGN section 12).
+//!
+//! - [`partial`]: [`EvalPartial`], the exact per-(split, domain) sums and
+//!   per-position KL values a worker returns for an eval lease, their exact
+//!   merge and a bounded decoder.
+//! - [`memory`]: [`ModelsInMemory`], how many models a worker holds at once.
+//! - [`summary`]: [`EvalSummary`], the float view written as
+//!   `eval/summary.json` and read by the report.
+//! - [`stats`]: intervals by chunk clusters and llama-perplexity's
+//!   percentiles.
+//! - [`choice`]: K from a KL budget, and the size-versus-KL Pareto front.
+//! - [`generation`]: the generation check, greedy continuations of
+//!   held-out prompts by the base model and each candidate.
+
+pub mod choice;
+pub mod generation;
+pub mod memory;
+pub mod partial;
+pub mod stats;
+pub mod summary;
+
+pub use generation::{GenerateJob, Generation, GenerationSummary};
+pub use memory::ModelsInMemory;
+pub use partial::{
+    BaseSums, CandidateResult, CandidateSums, ChunkSums, EvalPartial, Group, TokenKl,
+    EVAL_FORMAT_VERSION,
+};
+pub use stats::Interval;
+pub use summary::{EvalSummary, Figures, KlFigures, Paired};
+
+/// Why eval partials cannot be decoded or combined.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvalError {
+    /// The bytes are not an eval partial of this build.
+    #[error("{0}")]
+    Decode(String),
+    /// Two partials of different evaluations, or an overlap.
+    #[error("eval partials do not combine: {0}")]
+    Mismatch(String),
+}
+
+#[cfg(test)]
+mod tests;

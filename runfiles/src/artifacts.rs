@@ -1,0 +1,118 @@
+//! Writing a result's artifacts under a run: `saliency.json`,
+//! `saliency.parquet` and `imatrix.gguf`, all derived from one [`Partial`].
+
+use numbers::partial::Partial;
+use numbers::saliency::{LayerStats, Saliency};
+use crate::store::{RunStore, StoreError};
+use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use std::sync::Arc;
+
+/// Object names of a run's artifacts (DESIGN section 10), from the run
+/// layout.
+pub use crate::layout as names;
+
+/// Errors while deriving or writing artifacts.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    /// The accumulators could not be combined.
+    #[error(transparent)]
+    Merge(#[from] numbers::stats::MergeError),
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Parquet encoding failed.
+    #[error("saliency.parquet: {0}")]
+    Parquet(String),
+}
+
+/// One row per (split, domain, layer, expert); domain `*` is the split total.
+pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
+    let mut split = Vec::new();
+    let mut domain = Vec::new();
+    let mut layer = Vec::new();
+    let mut expert = Vec::new();
+    let mut count = Vec::new();
+    let mut cols: [Vec<f64>; 6] = Default::default();
+    let mut push = |sp: &str, dom: &str, l: &LayerStats| {
+        for e in 0..l.count.len() {
+            split.push(sp.to_string());
+            domain.push(dom.to_string());
+            layer.push(l.layer);
+            expert.push(e as u32);
+            count.push(l.count[e]);
+            for (c, v) in cols.iter_mut().zip([
+                &l.prob_sum,
+                &l.weight_sum,
+                &l.ean_sum,
+                &l.reap_l2_sum,
+                &l.reap_l2_sq_sum,
+                &l.ean_max,
+            ]) {
+                c.push(v.get(e).copied().unwrap_or(0.0));
+            }
+        }
+    };
+    for (sp, st) in &s.splits {
+        st.layers.iter().for_each(|l| push(sp, "*", l));
+        for (dom, ds) in &st.domains {
+            ds.layers.iter().for_each(|l| push(sp, dom, l));
+        }
+    }
+    let names = [
+        "prob_sum",
+        "weight_sum",
+        "ean_sum",
+        "reap_l2_sum",
+        "reap_l2_sq_sum",
+        "ean_max",
+    ];
+    let mut fields = vec![
+        Field::new("split", DataType::Utf8, false),
+        Field::new("domain", DataType::Utf8, false),
+        Field::new("layer", DataType::UInt32, false),
+        Field::new("expert", DataType::UInt32, false),
+        Field::new("count", DataType::UInt64, false),
+    ];
+    fields.extend(
+        names
+            .iter()
+            .map(|n| Field::new(*n, DataType::Float64, false)),
+    );
+    let mut arrays: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from(split)),
+        Arc::new(StringArray::from(domain)),
+        Arc::new(UInt32Array::from(layer)),
+        Arc::new(UInt32Array::from(expert)),
+        Arc::new(UInt64Array::from(count)),
+    ];
+    arrays.extend(
+        cols.into_iter()
+            .map(|c| Arc::new(Float64Array::from(c)) as ArrayRef),
+    );
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema, arrays).map_err(|e| e.to_string())?;
+    crate::parquet_out::parquet_bytes(&batch)
+}
+
+/// Writes `saliency.json`, `saliency.parquet` and `imatrix.gguf` for `p`.
+/// `saliency.json` is written last: its presence marks the set complete.
+/// The imatrix names its dataset by the corpus hash, so the bytes depend only
+/// on what was measured.
+pub async fn write_results(store: &RunStore, p: &Partial) -> Result<Saliency, ArtifactError> {
+    let saliency = p.saliency()?;
+    let datasets = [format!("moe-census corpus {}", p.corpus_sha256)];
+    store
+        .put_parts(names::IMATRIX_GGUF, p.imatrix.to_gguf_parts(&datasets))
+        .await?;
+    store
+        .put(
+            names::SALIENCY_PARQUET,
+            saliency_table(&saliency).map_err(ArtifactError::Parquet)?,
+        )
+        .await?;
+    store
+        .put(names::SALIENCY_JSON, saliency.to_json_bytes())
+        .await?;
+    Ok(saliency)
+}

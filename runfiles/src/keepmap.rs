@@ -1,0 +1,202 @@
+//! Keep maps: the experts kept per layer for a (method, K) (DESIGN section 10).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A keep map as written to `keep_maps/<method>_K<k>.json`, or by hand:
+/// only `layers` is needed (`{"layers": {"0": [1, 4, 7], "1": [0, 2, 5]}}`,
+/// the same number of expert ids for every MoE block); `method` is then
+/// [`CUSTOM`] and `k` the ids per block ([`KeepMap::parse`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeepMap {
+    /// Scoring method name (`frequency`, `reap_mean`, ...), or [`CUSTOM`].
+    #[serde(default = "custom")]
+    pub method: String,
+    /// Experts kept per layer.
+    #[serde(default)]
+    pub k: u32,
+    /// Method parameters, as given (prior, m, z, domain mix, ...).
+    #[serde(default)]
+    pub params: serde_json::Value,
+    /// SHA-256 of the `saliency.json` bytes the map was computed from
+    /// (empty for a map made by hand).
+    #[serde(default)]
+    pub saliency_sha256: String,
+    /// Block index (as a string key) to sorted, unique expert ids.
+    pub layers: BTreeMap<String, Vec<u32>>,
+}
+
+/// The method of a keep map made by hand, not by `score`: `verify` checks
+/// its shape but cannot recompute it.
+pub const CUSTOM: &str = "custom";
+
+fn custom() -> String {
+    CUSTOM.into()
+}
+
+/// Where a keep map named on a command line is: a file, or the run's
+/// `keep_maps/<name>.json`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeepMapRef {
+    /// A JSON file at this path (written by hand, or copied from a run).
+    File(std::path::PathBuf),
+    /// The run's keep map of this name (`frequency_K8`).
+    Run(String),
+}
+
+impl KeepMapRef {
+    /// Reads a `--keep-map` argument: an existing file, or an argument
+    /// with a `/` (but `keep_maps/NAME.json`), is a file; otherwise the
+    /// name of one of the run's maps (`frequency_K8`,
+    /// `keep_maps/frequency_K8.json`).
+    pub fn parse(arg: &str) -> KeepMapRef {
+        let path = std::path::Path::new(arg);
+        let run_object = arg.starts_with(&format!("{}/", crate::layout::KEEP_MAPS_DIR))
+            && !arg[crate::layout::KEEP_MAPS_DIR.len() + 1..].contains('/');
+        if path.is_file() || (!run_object && arg.contains('/')) {
+            KeepMapRef::File(path.to_path_buf())
+        } else {
+            KeepMapRef::Run(crate::layout::keep_map_name(arg).to_string())
+        }
+    }
+}
+
+impl KeepMap {
+    /// The object name of this map under the run: `keep_maps/<method>_K<k>.json`.
+    pub fn file_name(method: &str, k: u32) -> String {
+        crate::layout::keep_map(&format!("{method}_K{k}"))
+    }
+
+    /// The object name of the map called `name` (`<method>_K<k>`) under the
+    /// run: `keep_maps/<name>.json`.
+    pub fn object_name(name: &str) -> String {
+        crate::layout::keep_map(name)
+    }
+
+    /// Kept experts of block `layer`, if the map covers it.
+    pub fn kept(&self, layer: u32) -> Option<&[u32]> {
+        self.layers.get(&layer.to_string()).map(|v| v.as_slice())
+    }
+
+    /// Whether the map was made by hand ([`CUSTOM`]), not by `score`.
+    pub fn is_custom(&self) -> bool {
+        self.method == CUSTOM
+    }
+
+    /// Parses a keep map, `score`'s or one made by hand: blocks named by
+    /// their index, each with sorted, unique expert ids, the same number
+    /// in every block (`k`, filled in when absent). Errors say what is wrong.
+    pub fn parse(bytes: &[u8]) -> Result<KeepMap, String> {
+        let mut map: KeepMap = serde_json::from_slice(bytes).map_err(|e| {
+            format!("not a keep map ({e}); expected {{\"layers\": {{\"0\": [expert ids], ...}}}}")
+        })?;
+        let Some(first) = map.layers.values().next() else {
+            return Err("its \"layers\" name no block".into());
+        };
+        let k = first.len() as u32;
+        for (layer, ids) in &map.layers {
+            if layer.parse::<u32>().is_err() {
+                return Err(format!("layer {layer:?} is not a block index"));
+            }
+            if !ids.windows(2).all(|w| w[0] < w[1]) {
+                return Err(format!(
+                    "layer {layer}: expert ids {ids:?} are not sorted and unique"
+                ));
+            }
+            if ids.len() as u32 != k {
+                return Err(format!(
+                    "layer {layer} keeps {} experts, another {k}: llama.cpp needs the same number in every block",
+                    ids.len()
+                ));
+            }
+        }
+        if map.k != 0 && map.k != k {
+            return Err(format!("\"k\" is {} but every layer keeps {k}", map.k));
+        }
+        map.k = k;
+        Ok(map)
+    }
+
+    /// Checks the map against the model `s` describes: one entry per MoE
+    /// block of the model, ids below its expert count, and at least the
+    /// experts it routes each token to (fitting its routing groups).
+    pub fn check_fits(&self, s: &numbers::saliency::Saliency) -> Result<(), String> {
+        let blocks: Vec<String> = s
+            .split(numbers::Split::Fit)
+            .map(|f| f.layers.iter().map(|l| l.layer.to_string()).collect())
+            .unwrap_or_default();
+        let mut have: Vec<&String> = self.layers.keys().collect();
+        let mut want: Vec<&String> = blocks.iter().collect();
+        have.sort();
+        want.sort();
+        if have != want {
+            return Err(format!(
+                "it covers blocks {have:?}; the model's MoE blocks are {want:?}"
+            ));
+        }
+        if let Some((layer, e)) = self
+            .layers
+            .iter()
+            .find_map(|(l, ids)| ids.iter().find(|&&e| e >= s.n_expert).map(|e| (l, e)))
+        {
+            return Err(format!(
+                "layer {layer} keeps expert {e}; the model has {} per block",
+                s.n_expert
+            ));
+        }
+        if self.k < s.n_expert_used {
+            return Err(format!(
+                "it keeps {} experts per block, fewer than the {} the model routes each token to",
+                self.k, s.n_expert_used
+            ));
+        }
+        numbers::routing::check_group_keep(s.routing.groups, s.n_expert, s.n_expert_used, self.k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_map_written_by_hand_parses_and_is_checked() {
+        let m = KeepMap::parse(br#"{"layers": {"0": [1, 4, 7], "1": [0, 2, 5]}}"#).unwrap();
+        assert_eq!((m.method.as_str(), m.k, m.is_custom()), ("custom", 3, true));
+        assert_eq!(m.kept(1), Some(&[0, 2, 5][..]));
+        for (bad, why) in [
+            (r#"{"layers": {}}"#, "name no block"),
+            (r#"{"layers": {"0": [3, 1]}}"#, "not sorted and unique"),
+            (r#"{"layers": {"0": [1, 1]}}"#, "not sorted and unique"),
+            (
+                r#"{"layers": {"0": [1], "1": [1, 2]}}"#,
+                "same number in every block",
+            ),
+            (r#"{"layers": {"x": [1]}}"#, "not a block index"),
+            (r#"{"k": 2, "layers": {"0": [1]}}"#, "\"k\" is 2"),
+            (r#"{"0": [1]}"#, "expected {\"layers\""),
+        ] {
+            let e = KeepMap::parse(bad.as_bytes()).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn command_line_keep_maps_are_files_or_run_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("mine");
+        std::fs::write(&f, "{}").unwrap();
+        let file = |p: &str| KeepMapRef::File(p.into());
+        let run = |n: &str| KeepMapRef::Run(n.into());
+        assert_eq!(
+            KeepMapRef::parse(f.to_str().unwrap()),
+            file(f.to_str().unwrap())
+        );
+        assert_eq!(KeepMapRef::parse("maps/x.json"), file("maps/x.json"));
+        assert_eq!(KeepMapRef::parse("x.json"), run("x"));
+        assert_eq!(KeepMapRef::parse("frequency_K8"), run("frequency_K8"));
+        assert_eq!(
+            KeepMapRef::parse("keep_maps/frequency_K8.json"),
+            run("frequency_K8")
+        );
+    }
+}

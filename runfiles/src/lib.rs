@@ -1,0 +1,26 @@
+//! A run's location and every file in it: the object store ([`store`]),
+//! one layout of object names ([`layout`]), and the typed read and write of
+//! the run's files: `manifest.json` ([`manifest`]), the merged statistics
+//! ([`artifacts`]), keep maps ([`keepmap`]), routing traces ([`trace`]),
+//! the corpus index and chunk table ([`corpus`]), and where lease outputs
+//! go ([`lease`]). Also the host checks made before large writes ([`room`],
+//! [`procstat`]) and how errors are printed ([`error_text`]).
+//!
+//! It may depend on the numbers, the GGUF format and the protocol's message
+//! types; never on a stage, the tokenizer or llama.cpp.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod artifacts;
+pub mod buffers;
+pub mod corpus;
+pub mod error_text;
+pub mod keepmap;
+pub mod layout;
+pub mod lease;
+pub mod manifest;
+pub mod parquet_out;
+pub mod procstat;
+pub mod room;
+pub mod store;
+pub mod trace;
