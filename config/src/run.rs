@@ -107,7 +107,10 @@ impl RunSettings {
 
     /// The evaluation settings every worker of the run shares; `trace_every`
     /// holds the chunk strides that meet `trace_tokens_per_split` per split.
-    pub fn job_options(&self, trace_every: protocol::wire::TraceStrides) -> protocol::wire::JobOptions {
+    pub fn job_options(
+        &self,
+        trace_every: protocol::wire::TraceStrides,
+    ) -> protocol::wire::JobOptions {
         protocol::wire::JobOptions {
             n_ubatch: self.n_ubatch,
             trace_every,

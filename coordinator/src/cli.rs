@@ -108,7 +108,9 @@ fn replay(mut args: replay::ReplayArgs) -> anyhow::Result<ExitCode> {
             .build()
             .context("starting the I/O runtime")?
             .block_on(runfiles::manifest::read(&store))
-            .with_context(|| format!("parsing {}", store.url_of(runfiles::layout::MANIFEST_JSON)))?;
+            .with_context(|| {
+                format!("parsing {}", store.url_of(runfiles::layout::MANIFEST_JSON))
+            })?;
         args.model = manifest.and_then(|m| m.model_path).filter(|p| p.exists());
     }
     let report = replay::replay_run(&args)?;

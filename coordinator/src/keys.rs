@@ -2,8 +2,8 @@
 //! written once by hand before a run.
 
 use clap::Args;
-use runfiles::layout::env::JOIN_SECRET as SECRET_ENV;
 use config::run::ClusterSettings;
+use runfiles::layout::env::JOIN_SECRET as SECRET_ENV;
 use runtime::net::tls::{create_ca, write_private, CA_KEY_FILE};
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -4,8 +4,8 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
-use runfiles::artifacts::{names, write_results};
 use numbers::partial::{PackedPartial, Partial};
+use runfiles::artifacts::{names, write_results};
 use runfiles::store::RunStore;
 use std::process::ExitCode;
 
@@ -68,7 +68,9 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
             "merged {} partials: {} chunks, {} fit tokens -> {}",
             locations.len(),
             merged.n_chunks(),
-            saliency.split(numbers::Split::Fit).map_or(0, |s| s.n_tokens),
+            saliency
+                .split(numbers::Split::Fit)
+                .map_or(0, |s| s.n_tokens),
             store.url()
         );
         Ok(ExitCode::SUCCESS)

@@ -11,12 +11,12 @@
 //! after the last ([`runtime::run::crew`]): a `worker join` started once
 //! serves the whole run.
 
-use runfiles::artifacts::names;
-use runfiles::error_text::with_causes;
-use runfiles::store::RunStore;
 use config::eval::KeepShape;
 use config::ship::ShipSettings;
 use config::Config;
+use runfiles::artifacts::names;
+use runfiles::error_text::with_causes;
+use runfiles::store::RunStore;
 use runtime::run::crew::Crew;
 use runtime::run::local::{self, LocalWorkers};
 use runtime::run::lock::RunLock;

@@ -17,7 +17,7 @@ const TARGET_BYTES: usize = 4 << 20;
 fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let model = dir.path().join("tiny.gguf");
-    worker::synth::write_model(worker::synth::Preset::Tiny, 0, &model)?;
+    synth::write_model(synth::Preset::Tiny, 0, &model)?;
     let tokenizer = LlamaTokenizer::load(&model, None)?;
 
     let config_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/quickstart.toml");

@@ -1,7 +1,7 @@
 //! A tokenized document: the unit that is split, deduplicated and packed.
 
-use runfiles::corpus::ImageSpan;
 use numbers::Split;
+use runfiles::corpus::ImageSpan;
 
 /// One document after tokenization.
 #[derive(Clone, Debug, PartialEq)]

@@ -35,11 +35,11 @@ pub mod vision;
 mod tests;
 
 use clap::Args;
-use runfiles::corpus::{CHUNKS_FILE, INDEX_FILE};
-use runfiles::store::RunStore;
 use config::Config;
 pub use error::CorpusError;
+use runfiles::corpus::{CHUNKS_FILE, INDEX_FILE};
 pub use runfiles::manifest::{self, Manifest, MANIFEST_FILE};
+use runfiles::store::RunStore;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 

@@ -3,8 +3,8 @@
 //! that an image would overflow is closed early, so a chunk is short only
 //! when it is the last or the next one starts with an image.
 
-use runfiles::corpus::{Chunk, ImageSpan, Span};
 use numbers::{ChunkId, Split};
+use runfiles::corpus::{Chunk, ImageSpan, Span};
 
 /// Packs `(tokens, split, domain, images)` pieces in order; a document may
 /// continue into the next chunk, but never inside one of its images (each

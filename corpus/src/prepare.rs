@@ -4,18 +4,18 @@
 use super::chat::ChatKwargs;
 use super::doc::Doc;
 use super::error::CorpusError;
-use runfiles::manifest::{
-    ChunkPlan, DocRecord, DomainInfo, Dropped, EvalSetInfo, ImagesInfo, Manifest, SourceInfo,
-    CORPUS_FORMAT,
-};
 use super::shares::{self, ShareRow};
 use super::source::{read_source, Content, ImageRef, Record, SourceData};
 use super::tokenizer::{tokenize_all, Tokenizer};
 use super::{dedup, heldout, pack, schedule};
-use runfiles::corpus::{write_chunks, Chunk, CorpusIndex};
-use numbers::Split;
 use config::{Config, CorpusConfig, SourceConfig};
+use numbers::Split;
 use rayon::prelude::*;
+use runfiles::corpus::{write_chunks, Chunk, CorpusIndex};
+use runfiles::manifest::{
+    ChunkPlan, DocRecord, DomainInfo, Dropped, EvalSetInfo, ImagesInfo, Manifest, SourceInfo,
+    CORPUS_FORMAT,
+};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;

@@ -6,8 +6,8 @@ use super::prepare::prepare;
 use super::schedule::prefix_deviations;
 use super::tokenizer::{ByteTokenizer, Tokenizer};
 use super::*;
-use runfiles::corpus::read_chunks;
 use numbers::Split;
+use runfiles::corpus::read_chunks;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 

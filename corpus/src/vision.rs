@@ -5,12 +5,12 @@
 //! packing count it as tokens of its record.
 
 use super::media::{ImageRef, MEDIA_MARKER};
-use runfiles::corpus::{image_token, ImageSpan};
 use gguf::read::GgufReader;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::mtmd::{
     MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType, MtmdInputText,
 };
+use runfiles::corpus::{image_token, ImageSpan};
 use sha2::{Digest, Sha256};
 use std::ffi::CString;
 use std::path::Path;

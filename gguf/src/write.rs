@@ -179,10 +179,7 @@ impl GgufWriter {
                 let mut kv = first_kv.take().unwrap_or_default();
                 kv.extend([
                     (crate::split::SPLIT_NO.to_string(), Value::U16(no)),
-                    (
-                        crate::split::SPLIT_COUNT.to_string(),
-                        Value::U16(count),
-                    ),
+                    (crate::split::SPLIT_COUNT.to_string(), Value::U16(count)),
                     (
                         crate::split::SPLIT_TENSORS_COUNT.to_string(),
                         Value::I32(i32::try_from(total).expect("fewer than 2^31 tensors")),

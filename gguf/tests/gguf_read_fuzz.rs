@@ -3,8 +3,8 @@
 //! size. A counting global allocator measures the peak of every parse, which
 //! is why this file holds a single test (tests in one binary share it).
 
-use gguf::write::{GgufWriter, TensorType, Value};
 use gguf::read::GgufReader;
+use gguf::write::{GgufWriter, TensorType, Value};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 

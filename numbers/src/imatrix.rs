@@ -3,8 +3,8 @@
 //! counts, with an exact merge and llama.cpp's GGUF imatrix output format.
 
 use crate::exact::{add_all, ExactError, ExactSum};
-use gguf::write::{GgufWriter, Value};
 use crate::stats::MergeError;
+use gguf::write::{GgufWriter, Value};
 use rayon::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::hash_map::Entry;

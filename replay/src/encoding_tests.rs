@@ -6,8 +6,8 @@
 use super::results::{Mode, TraceKind};
 use super::{replay_run, Policy, ReplayArgs};
 use clap::Parser;
-use runfiles::trace::{write_part_as, Encoding, TraceRow};
 use numbers::Split;
+use runfiles::trace::{write_part_as, Encoding, TraceRow};
 
 #[derive(Parser)]
 struct Wrap {

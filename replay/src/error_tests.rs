@@ -5,9 +5,9 @@
 
 use super::{replay_run, ReplayArgs, ReplayError, ReplayReport};
 use clap::Parser;
+use numbers::Split;
 use runfiles::store::RunStore;
 use runfiles::trace::{write_part, TraceRow};
-use numbers::Split;
 use std::path::Path;
 
 #[derive(Parser)]

@@ -4,11 +4,11 @@
 use super::results::TraceKind;
 use super::trace_io::TraceSet;
 use crate::ReplayError;
+use numbers::routing::Routing;
+use numbers::Gating;
 use runfiles::artifacts::names;
 use runfiles::keepmap::KeepMap;
-use numbers::routing::Routing;
 use runfiles::store::RunStore;
-use numbers::Gating;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -12,10 +12,10 @@ use super::steps::Steps;
 use super::trace_io::TraceSet;
 use crate::ReplayError;
 use clap::{Args, ValueEnum};
-use runfiles::artifacts::names;
-use runfiles::store::RunStore;
 use numbers::Split;
 use rayon::prelude::*;
+use runfiles::artifacts::names;
+use runfiles::store::RunStore;
 use std::path::PathBuf;
 
 /// Which splits to replay.

@@ -11,7 +11,6 @@ use super::remote::Remote;
 use crate::ReplayError;
 use arrow::array::{Array, FixedSizeListArray, RecordBatch, StringArray, UInt32Array};
 use bytes::Bytes;
-use runfiles::store::RunStore;
 use numbers::Split;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
@@ -19,6 +18,7 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::ProjectionMask;
 use parquet::file::reader::ChunkReader;
 use parquet::file::statistics::Statistics;
+use runfiles::store::RunStore;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;

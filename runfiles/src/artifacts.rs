@@ -1,11 +1,11 @@
 //! Writing a result's artifacts under a run: `saliency.json`,
 //! `saliency.parquet` and `imatrix.gguf`, all derived from one [`Partial`].
 
-use numbers::partial::Partial;
-use numbers::saliency::{LayerStats, Saliency};
 use crate::store::{RunStore, StoreError};
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
+use numbers::partial::Partial;
+use numbers::saliency::{LayerStats, Saliency};
 use std::sync::Arc;
 
 /// Object names of a run's artifacts (DESIGN section 10), from the run

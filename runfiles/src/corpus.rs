@@ -7,12 +7,12 @@
 //! the image's marker token ([`image_token`]); the image's bytes are stored
 //! as `corpus/images/<sha256>` ([`crate::layout::corpus::image`]).
 
-use numbers::split::{ChunkId, ChunkRange, Split};
 use arrow::array::{
     Array, ArrayRef, Int32Builder, ListArray, ListBuilder, RecordBatch, StringBuilder,
     UInt16Builder, UInt32Array, UInt32Builder, UInt8Builder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use numbers::split::{ChunkId, ChunkRange, Split};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 

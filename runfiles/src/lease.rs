@@ -7,8 +7,8 @@
 //! bounded decoder, an encoder, an exact merge and a test of agreement
 //! between two workers' results of the same chunks.
 
-use numbers::eval::{EvalError, EvalPartial};
 use crate::layout::LeaseLayout;
+use numbers::eval::{EvalError, EvalPartial};
 use numbers::partial::{PackedPartial, Partial};
 use numbers::stats::MergeError;
 

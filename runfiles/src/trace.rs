@@ -11,13 +11,13 @@
 //! streams and gzipped. [`Encoding::Full`] keeps f32 values
 //! (the layout before the compact one); readers accept both.
 
-use numbers::split::Split;
 use arrow::array::{
     Array, ArrayRef, FixedSizeListArray, FixedSizeListBuilder, Float16Array, Float16Builder,
     Float32Array, Float32Builder, Int32Array, RecordBatch, StringArray, UInt16Array, UInt16Builder,
     UInt32Array,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use numbers::split::Split;
 use std::sync::Arc;
 
 /// One traced (token, layer).

@@ -5,10 +5,10 @@
 //! [`LeaseKind`]; collection (`run::accept`) and evaluation (`eval::accept`)
 //! are its two implementations. This module imports no stage.
 
+use numbers::ChunkRange;
+use protocol::wire::Task;
 use runfiles::layout::LeaseLayout;
 use runfiles::lease::LeaseOutput;
-use protocol::wire::Task;
-use numbers::ChunkRange;
 use runfiles::manifest::{Records, RunManifest};
 
 /// A kind of lease, as the coordinator of one run sees it.

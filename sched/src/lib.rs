@@ -49,8 +49,8 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-use protocol::wire::{LeaseGrant, LeaseId, WorkerId};
 use numbers::ChunkRange;
+use protocol::wire::{LeaseGrant, LeaseId, WorkerId};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;

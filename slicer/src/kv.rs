@@ -80,8 +80,8 @@ pub(super) fn same_int_type(old: &GgufValue, n: u64) -> GgufValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gguf::write::{GgufWriter, Value};
     use gguf::read::GgufReader;
+    use gguf::write::{GgufWriter, Value};
 
     /// Entries encoded here read back as the values they were made from.
     #[test]

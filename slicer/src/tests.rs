@@ -2,8 +2,8 @@
 //! and every refusal (with nothing left at the output).
 
 use super::*;
-use gguf::write::{GgufWriter, TensorType, Value};
 use gguf::read::{GgufReader, GgufValue};
+use gguf::write::{GgufWriter, TensorType, Value};
 use numbers::imatrix::{Imatrix, ImatrixEntry};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

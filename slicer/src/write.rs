@@ -9,9 +9,7 @@
 use super::plan::{Cut, Plan};
 use super::{PruneError, Sliced};
 use gguf::read::{GgufValue, TensorInfo};
-use gguf::split::{
-    is_split_key, Joined, TensorPlace, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT,
-};
+use gguf::split::{is_split_key, Joined, TensorPlace, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};

@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod chat_template_swap;
+pub mod fake_engine;
 pub mod llama_gguf;
 pub mod llama_logits;
 pub mod llama_quantize;
@@ -18,10 +19,10 @@ pub mod oracle;
 pub mod peer;
 pub mod proc;
 
-use runfiles::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
 use numbers::{ChunkId, Split};
+use runfiles::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
 use std::path::{Path, PathBuf};
-use worker::synth::Preset;
+use synth::Preset;
 
 /// A keep map of method `test` keeping `k` experts in each of `layers`:
 /// experts `(2i + l) mod n_expert`, sorted.
@@ -61,14 +62,14 @@ pub fn numbered_docs(dir: &Path, docs: usize) {
 /// Writes a preset model into `dir` and returns its path.
 pub fn model(dir: &Path, preset: Preset) -> PathBuf {
     let path = dir.join(format!("{preset:?}.gguf").to_lowercase());
-    worker::synth::write_model(preset, 7, &path).expect("model generates");
+    synth::write_model(preset, 7, &path).expect("model generates");
     path
 }
 
 /// Writes a preset model with its weight matrices in `weights` into `dir`.
-pub fn model_as(dir: &Path, preset: Preset, weights: worker::synth::WeightType) -> PathBuf {
+pub fn model_as(dir: &Path, preset: Preset, weights: synth::WeightType) -> PathBuf {
     let path = dir.join(format!("{preset:?}-{weights:?}.gguf").to_lowercase());
-    worker::synth::write_model_as(preset, 7, Some(weights), &path).expect("model generates");
+    synth::write_model_as(preset, 7, Some(weights), &path).expect("model generates");
     path
 }
 

@@ -2,16 +2,16 @@
 //! a written corpus, QUIC client options, fake join workers, and the
 //! artifacts that byte-identity tests compare.
 
+use crate::fake_engine::FakeEngine;
+use config::run::{ClusterSettings, RunSettings};
+use protocol::wire::{Refusal, ToWorker};
 use runfiles::artifacts::names;
 use runfiles::store::RunStore;
-use protocol::wire::{Refusal, ToWorker};
-use config::run::{ClusterSettings, RunSettings};
 use runtime::run::local::LocalWorkers;
 use runtime::run::{execute, Listening, RunError, RunSetup, RunSummary};
 use std::path::Path;
 use std::time::Duration;
 use tokio::task::JoinHandle;
-use worker::join::fake::FakeEngine;
 use worker::join::tls::Trust;
 use worker::join::{join, ClientOptions, JoinError, JoinSummary, Reconnect};
 

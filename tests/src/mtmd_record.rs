@@ -3,9 +3,9 @@
 //! record's prompt (one media marker) tokenized with its image, and the
 //! pieces mtmd made of it. None of the worker's image code runs here.
 
-use runfiles::corpus::{image_token, Chunk, ImageSpan, Span};
-use numbers::{ChunkId, Split};
 use llama_cpp_sys_2 as sys;
+use numbers::{ChunkId, Split};
+use runfiles::corpus::{image_token, Chunk, ImageSpan, Span};
 use std::ffi::{c_void, CString};
 use std::path::Path;
 

@@ -3,17 +3,17 @@
 //! broken or slow worker of the integrity tests, next to real `join`
 //! clients with the deterministic fake engine.
 
+use crate::fake_engine::FakeEngine;
 use crate::loopback::{FAKE_MODEL, FAKE_N_CTX};
-use runfiles::corpus::CorpusIndex;
 use numbers::partial::Partial;
 use protocol::wire::{
     join_proof, read_msg, worker_key, write_msg, JobInfo, LeaseGrant, PartialRef, ToCoordinator,
     ToWorker, WorkerState, MAX_CONTROL_FRAME, PROTOCOL_VERSION,
 };
+use runfiles::corpus::CorpusIndex;
 use runtime::run::Listening;
 use std::net::SocketAddr;
 use std::time::Duration;
-use worker::join::fake::FakeEngine;
 use worker::join::tls::{client_config, Trust};
 
 /// One pinned QUIC connection to a coordinator and its stream.

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use std::process::Output;
-use worker::synth::Preset;
+use synth::Preset;
 
 const N_CTX: u32 = 48;
 

@@ -9,7 +9,7 @@ use fixtures::proc::{until, Proc};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use worker::synth::Preset;
+use synth::Preset;
 
 /// Generous bound on anything a test waits for (a loaded 2-core machine).
 const DEADLINE: Duration = Duration::from_secs(400);

@@ -25,7 +25,7 @@ fn until(what: &str, ready: impl FnMut() -> bool) {
 /// a lease) with the tiny model, a random join secret file, `connect.json`
 /// and `extra` appended; returns (config, secret file).
 fn cluster_config(dir: &Path, docs: usize, extra: &str) -> (PathBuf, PathBuf) {
-    fixtures::model(dir, worker::synth::Preset::Tiny);
+    fixtures::model(dir, synth::Preset::Tiny);
     fixtures::numbered_docs(dir, docs);
     let secret = dir.join("join.secret");
     std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();

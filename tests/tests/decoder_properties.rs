@@ -4,14 +4,14 @@
 //! allocate beyond the input's size (an abort ends the whole test binary).
 //! Each target prints its input count and time (see BENCHMARKS.md).
 
-use numbers::partial::Partial;
 use config::{Config, SourceConfig};
 use corpus::source::read_source;
+use fixtures::fake_engine::FakeEngine;
 use fixtures::mutate::{mutate, random_bytes, Rng};
+use numbers::partial::Partial;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::time::Instant;
-use worker::join::fake::FakeEngine;
 
 /// Runs `check` on `n` inputs (mutations of `seeds`, every tenth one random
 /// bytes); a panic fails the test naming the input's index and seed.

@@ -6,9 +6,9 @@
 use numbers::exact::ExactSum;
 use numbers::partial::Partial;
 use numbers::stats::LayerAccum;
+use synth::Preset;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collected, Collector};
-use worker::synth::Preset;
 
 const N_CTX: u32 = 64;
 const N_CHUNKS: u32 = 4;

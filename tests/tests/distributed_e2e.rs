@@ -6,16 +6,16 @@
 //! same `worker join` processes reconnecting), and a whole run on the S3
 //! test server.
 
-use runfiles::store::RunStore;
 use config::run::ClusterSettings;
 use fixtures::loopback::{artifacts, local_workers, real_setup, spawn_noting_pids};
+use runfiles::store::RunStore;
 use runtime::run::local::LocalWorkers;
 use runtime::run::{execute, Listening, RunSetup, RunSummary};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use synth::Preset;
 use tokio::process::Child;
-use worker::synth::Preset;
 
 const N_CHUNKS: u32 = 12;
 const N_CTX: u32 = 64;
@@ -224,14 +224,14 @@ async fn run_killing_a_victim(s: &RunSetup, when: &'static str) -> RunSummary {
 /// generated mmproj, prepared by `coordinator corpus`) under `dir`, set up
 /// for leases of one chunk.
 fn image_setup(dir: &Path) -> RunSetup {
-    use worker::synth::mmproj::{write_mmproj, MmprojSpec};
+    use synth::mmproj::{write_mmproj, MmprojSpec};
     std::fs::create_dir_all(dir).unwrap();
     let model = fixtures::model(dir, Preset::Tiny);
     let mmproj = dir.join("mmproj.gguf");
     write_mmproj(&MmprojSpec::for_model(&model).unwrap(), 0, &mmproj).unwrap();
     let records = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../configs/sample_images")
-        .join(worker::synth::images::RECORDS);
+        .join(synth::images::RECORDS);
     let config = dir.join("images.toml");
     std::fs::write(
         &config,

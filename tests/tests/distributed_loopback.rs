@@ -2,13 +2,13 @@
 //! fake engine: exact merge whatever the worker count, resume, lease expiry,
 //! and the security checks (secret, pin, garbage and oversized frames).
 
-use runfiles::store::RunStore;
+use fixtures::fake_engine::FakeEngine;
 use fixtures::loopback::{
     artifacts, client, fake_setup, fake_workers, run_with, Workers, FAKE_MODEL, FAKE_N_CTX,
 };
+use runfiles::store::RunStore;
 use std::net::SocketAddr;
 use std::time::Duration;
-use worker::join::fake::FakeEngine;
 use worker::join::tls::{client_config, Trust};
 use worker::join::{join, JoinError, JoinSummary};
 
@@ -87,8 +87,10 @@ async fn wrong_secret_is_refused_and_receives_no_lease() {
     let s = fake_setup(d.path(), 4);
     let (summary, handles) = run_with(&s, |l| {
         let mut bad = client(l, "intruder");
-        bad.key =
-            protocol::secret::WorkerKey::derive(&protocol::secret::JoinSecret::generate(), "intruder");
+        bad.key = protocol::secret::WorkerKey::derive(
+            &protocol::secret::JoinSecret::generate(),
+            "intruder",
+        );
         let intruder = tokio::spawn(async move { join(&bad, FakeEngine::new(FAKE_MODEL)).await });
         let mut hs = vec![intruder];
         hs.extend(fake_workers(l, 1, DELAY));

@@ -6,21 +6,22 @@
 //! the coordinator refusing a worker (real join code and engine) that lies
 //! about a candidate's SHA-256, re-running its leases on an honest worker.
 
-use runfiles::corpus::{Chunk, CorpusIndex};
-use runfiles::layout::eval as names;
-use numbers::eval::{EvalPartial};
-use runfiles::keepmap::KeepMap;
-use runfiles::store::RunStore;
-use protocol::wire::{EvalJob, JobInfo, Refusal};
-use numbers::ChunkRange;
 use config::run::{ClusterSettings, RunSettings};
 use fixtures::loopback::{local_workers, spawn_noting_pids};
+use numbers::eval::EvalPartial;
+use numbers::ChunkRange;
+use protocol::wire::{EvalJob, JobInfo, Refusal};
+use runfiles::corpus::{Chunk, CorpusIndex};
+use runfiles::keepmap::KeepMap;
+use runfiles::layout::eval as names;
+use runfiles::store::RunStore;
 use runtime::run::{read_index, RunError, RunSetup};
 use stages::eval::{evaluate, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use synth::Preset;
 use tokio::process::Child;
 use worker::collect::device::Reduce;
 use worker::eval::candidates::Inputs;
@@ -29,7 +30,6 @@ use worker::images::ImageBytes;
 use worker::join::engine::{CollectorLoader, EngineLoader};
 use worker::join::eval_engine::EvalEngine;
 use worker::join::{join, JoinError};
-use worker::synth::Preset;
 
 const N_CHUNKS: u32 = 8;
 const N_CTX: u32 = 48;

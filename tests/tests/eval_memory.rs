@@ -6,7 +6,7 @@
 //! scratch file that is gone afterwards.
 
 use std::path::{Path, PathBuf};
-use worker::synth::Preset;
+use synth::Preset;
 
 const N_CTX: u32 = 40;
 
@@ -53,7 +53,7 @@ fn one_or_two_models_in_memory_give_the_all_at_once_results_byte_for_byte() {
         cands.push(path);
     }
     let other = dir.path().join("other_K16.gguf");
-    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    synth::write_model(Preset::Tiny, 8, &other).unwrap();
     cands.push(other);
     let corpus = fixtures::corpus_dir(dir.path(), "run", 4, N_CTX);
     let scratch = dir.path().join("scratch");
@@ -96,7 +96,7 @@ fn a_scratch_directory_that_does_not_exist_is_named_in_the_error() {
     let dir = tempfile::tempdir().unwrap();
     let base = fixtures::model(dir.path(), Preset::Tiny);
     let other = dir.path().join("other_K16.gguf");
-    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    synth::write_model(Preset::Tiny, 8, &other).unwrap();
     let corpus = fixtures::corpus_dir(dir.path(), "run", 2, N_CTX);
     let missing = dir.path().join("no-such-dir");
     let out = dir.path().join("out");
@@ -127,7 +127,7 @@ fn the_base_model_alone_runs_with_any_number_of_models_in_memory() {
     use worker::eval::{EvalOptions, Evaluator};
     let dir = tempfile::tempdir().unwrap();
     let base = fixtures::model(dir.path(), Preset::Tiny);
-    let (index, chunks) = worker::synth::chunks::bench_chunks(2, N_CTX, 600);
+    let (index, chunks) = synth::chunks::bench_chunks(2, N_CTX, 600);
     for mode in [
         ModelsInMemory::Count(1),
         ModelsInMemory::Count(2),
@@ -166,9 +166,9 @@ fn generations_match_a_copy_of_the_base_and_every_memory_mode() {
     let copy = dir.path().join("copy_K16.gguf");
     std::fs::copy(&base, &copy).unwrap();
     let other = dir.path().join("other_K16.gguf");
-    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    synth::write_model(Preset::Tiny, 8, &other).unwrap();
     let cands = candidates::from_files(&[copy, other]).unwrap();
-    let (index, chunks) = worker::synth::chunks::bench_chunks(4, N_CTX, 600);
+    let (index, chunks) = synth::chunks::bench_chunks(4, N_CTX, 600);
     let generate = GenerateJob {
         prompts: [(0, 0), (2, 0), (3, 0)].into(),
         prompt_tokens: 20,

@@ -5,7 +5,7 @@
 use fixtures::llama_gguf::LlamaGguf;
 use std::collections::BTreeSet;
 use std::path::Path;
-use worker::synth::Preset;
+use synth::Preset;
 
 const N_CTX: u32 = 48;
 

@@ -491,7 +491,7 @@ fn grouped_model_keeps_verify_and_report_when_eval_fails_and_every_map_prunes() 
         assert!(t.contains("k = [\"50%\", \"75%\"]"), "{t}");
         t.replace("k = [\"50%\", \"75%\"]", "k = [\"50%\", \"20%\"]")
     });
-    let model = fixtures::model(dir.path(), worker::synth::Preset::Deepseek2);
+    let model = fixtures::model(dir.path(), synth::Preset::Deepseek2);
     let out = dir.path().join("runs/grouped");
     let run = fixtures::run(
         "coordinator",

@@ -19,8 +19,8 @@ use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Output, Stdio};
-use worker::synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
-use worker::synth::Preset;
+use synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
+use synth::Preset;
 
 /// Most memory (peak RSS, KiB) a refusing command may take: 100 MB.
 const PEAK_LIMIT_KIB: u64 = 100_000;

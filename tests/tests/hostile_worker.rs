@@ -5,18 +5,18 @@
 //! test reproduces one failure of issue 21 and checks that the run ends as
 //! an honest one would, byte for byte.
 
-use numbers::exact::ExactSum;
-use numbers::imatrix::ImatrixEntry;
-use runfiles::layout::PARTIALS;
-use numbers::partial::Partial;
-use numbers::stats::{GroupAccum, GroupKey};
-use protocol::wire::ToWorker;
-use numbers::{ChunkRange, Split};
 use fixtures::log::log_text;
 use fixtures::loopback::{
     self, artifacts, fake_reference, fake_setup, fake_setup_with_model, fake_workers,
 };
 use fixtures::peer::{honest_partial, Peer};
+use numbers::exact::ExactSum;
+use numbers::imatrix::ImatrixEntry;
+use numbers::partial::Partial;
+use numbers::stats::{GroupAccum, GroupKey};
+use numbers::{ChunkRange, Split};
+use protocol::wire::ToWorker;
+use runfiles::layout::PARTIALS;
 use runtime::run::{Listening, RunSetup};
 use std::path::Path;
 use std::time::Duration;

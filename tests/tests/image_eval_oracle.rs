@@ -9,18 +9,18 @@
 //! positions in the same modalities with the same KL. None of the worker's
 //! feeding, scoring or grouping code runs on the oracle's side.
 
-use numbers::eval::{EvalSummary, TokenKl};
-use runfiles::keepmap::KeepMap;
-use numbers::Modality;
 use fixtures::mtmd_record::{as_chunk, MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
+use numbers::eval::{EvalSummary, TokenKl};
+use numbers::Modality;
+use runfiles::keepmap::KeepMap;
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
+use synth::mmproj::{write_mmproj, MmprojSpec};
+use synth::{Overrides, Preset};
 use worker::eval::{Candidate, Compare, EvalOptions, Evaluator};
 use worker::images::ImageBytes;
-use worker::synth::mmproj::{write_mmproj, MmprojSpec};
-use worker::synth::{Overrides, Preset};
 
 /// Context size of both sides.
 const N_CTX: u32 = 128;
@@ -143,7 +143,7 @@ fn image_conditioned_kl_equals_a_position_by_position_recomputation() {
         vision_experts: Some(N_VISION as usize),
         ..Overrides::default()
     };
-    worker::synth::write_model_with(Preset::Tiny, 0, o, &model).unwrap();
+    synth::write_model_with(Preset::Tiny, 0, o, &model).unwrap();
     let mmproj = dir.path().join("mmproj.gguf");
     write_mmproj(&MmprojSpec::for_model(&model).unwrap(), 0, &mmproj).unwrap();
     let candidate = without_vision_experts(&model, dir.path());

@@ -8,16 +8,16 @@
 //! marker ids, its span where mtmd put it). Nothing of the collector's
 //! feeding code runs on the oracle's side.
 
-use numbers::stats::GroupKey;
-use numbers::{Modality, Split};
 use fixtures::mtmd_record::{as_chunk, MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
+use numbers::stats::GroupKey;
+use numbers::{Modality, Split};
 use std::ffi::{c_void, CStr};
 use std::path::{Path, PathBuf};
+use synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
+use synth::Preset;
 use worker::collect::{CollectOptions, Collector};
 use worker::images::ImageBytes;
-use worker::synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
-use worker::synth::Preset;
 
 /// Context size and micro-batch of both sides: every piece of the record
 /// (text, image, text) is decoded in one batch by each.

@@ -48,7 +48,7 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn a_corpus_of_the_formats_people_have_prepares_and_runs() {
     let dir = tempfile::tempdir().unwrap();
-    fixtures::model(dir.path(), worker::synth::Preset::Tiny);
+    fixtures::model(dir.path(), synth::Preset::Tiny);
     copy_dir(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/inputs"),
         &dir.path().join("inputs"),

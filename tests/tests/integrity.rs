@@ -5,28 +5,28 @@
 //! made under other settings are not merged; accepted bytes are never
 //! replaced.
 
-use runfiles::artifacts::names;
-use runfiles::corpus::{Chunk, CorpusIndex};
-use runfiles::layout::PARTIALS;
-use numbers::partial::Partial;
-use numbers::stats::GroupKey;
-use runfiles::store::RunStore;
-use runfiles::trace::TraceRow;
-use protocol::wire::JobInfo;
-use numbers::{ChunkRange, Split};
+use fixtures::fake_engine::FakeEngine;
 use fixtures::loopback::{
     self, client, fake_setup, local_workers, real_setup, FAKE_MODEL, FAKE_N_CTX,
 };
+use numbers::partial::Partial;
+use numbers::stats::GroupKey;
+use numbers::{ChunkRange, Split};
+use protocol::wire::JobInfo;
+use runfiles::artifacts::names;
+use runfiles::corpus::{Chunk, CorpusIndex};
+use runfiles::layout::PARTIALS;
+use runfiles::store::RunStore;
+use runfiles::trace::TraceRow;
 use runtime::run::{execute, RunSetup, RunSummary};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use synth::Preset;
 use worker::images::ImageBytes;
 use worker::join::engine::{Engine, EngineLoader};
-use worker::join::fake::FakeEngine;
 use worker::join::join;
-use worker::synth::Preset;
 
 const N_CHUNKS: u32 = 8;
 const N_CTX: u32 = 64;

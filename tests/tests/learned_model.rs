@@ -15,10 +15,10 @@
 //! `tokenizers`) did: `tests/fixtures/quickstart-moe.tokens.json` holds the
 //! ids `scripts/train/convert.py` wrote with it.
 
-use runfiles::keepmap::KeepMap;
-use numbers::splitmix::SplitMix64;
 use corpus::chat::{Chat, Message, Role};
 use corpus::tokenizer::{LlamaTokenizer, Tokenizer};
+use numbers::splitmix::SplitMix64;
+use runfiles::keepmap::KeepMap;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -18,8 +18,8 @@ use llama_cpp_2::mtmd::{
 use std::ffi::CString;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use worker::synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
-use worker::synth::Preset;
+use synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
+use synth::Preset;
 
 /// llama.cpp's backend, shared by the tests (the coordinator's: llama.cpp
 /// and mtmd log lines go to `tracing`, shown only with `RUST_LOG`).
@@ -153,7 +153,7 @@ fn sample_dir() -> PathBuf {
 
 #[test]
 fn the_bundled_image_sample_is_the_generators_output() {
-    for (name, bytes) in worker::synth::images::files().unwrap() {
+    for (name, bytes) in synth::images::files().unwrap() {
         let committed = std::fs::read(sample_dir().join(&name)).unwrap();
         assert!(
             committed == bytes,
@@ -166,7 +166,7 @@ fn the_bundled_image_sample_is_the_generators_output() {
 fn every_bundled_image_decodes_through_mtmd_into_the_geometry_positions() {
     use config::SourceConfig;
     use corpus::source::{read_source, MEDIA_MARKER};
-    let path = sample_dir().join(worker::synth::images::RECORDS);
+    let path = sample_dir().join(synth::images::RECORDS);
     let cfg = SourceConfig {
         path: path.clone(),
         ..Default::default()
@@ -212,7 +212,7 @@ fn image_config(dir: &Path, seed: u64) -> PathBuf {
     let spec = MmprojSpec::tiny(text_hidden_size(&model).unwrap());
     let mmproj = dir.join(format!("mmproj-{seed}.gguf"));
     write_mmproj(&spec, seed, &mmproj).unwrap();
-    let records = sample_dir().join(worker::synth::images::RECORDS);
+    let records = sample_dir().join(synth::images::RECORDS);
     let config = dir.join(format!("images-{seed}.toml"));
     std::fs::write(
         &config,

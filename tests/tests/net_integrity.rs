@@ -6,16 +6,16 @@
 //! the run, a slow upload losing its lease, short join secrets, and a
 //! coordinator stopped by an error sending its workers away as if finished.
 
-use protocol::wire::{encode_frame, read_msg, Refusal, ToCoordinator, ToWorker, MAX_CONTROL_FRAME};
+use fixtures::fake_engine::FakeEngine;
 use fixtures::log::{captured_log, log_text};
 use fixtures::loopback::{
     self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_setup,
     fake_workers, run_beside_fake_workers, FAKE_MODEL,
 };
 use fixtures::peer::{honest_partial, inflated_partial, Peer};
+use protocol::wire::{encode_frame, read_msg, Refusal, ToCoordinator, ToWorker, MAX_CONTROL_FRAME};
 use runtime::run::{execute, RunError};
 use std::time::Duration;
-use worker::join::fake::FakeEngine;
 use worker::join::{join, JoinSummary};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

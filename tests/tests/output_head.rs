@@ -6,10 +6,10 @@
 
 use numbers::eval::EvalPartial;
 use numbers::partial::Partial;
+use synth::{Overrides, Preset};
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collected};
 use worker::eval::{Candidate, Compare, EvalOptions, Evaluator};
-use worker::synth::{Overrides, Preset};
 
 const N_CTX: u32 = 48;
 const N_CHUNKS: u32 = 3;
@@ -158,9 +158,9 @@ fn the_device_comparison_agrees_with_the_f64_host_path() {
     ] {
         let name = format!("{preset:?}-{}", o.n_vocab.unwrap_or(0));
         let base = dir.path().join(format!("{name}.gguf"));
-        worker::synth::write_model_with(preset, 7, o, &base).unwrap();
+        synth::write_model_with(preset, 7, o, &base).unwrap();
         let other = dir.path().join(format!("{name}-other_K16.gguf"));
-        worker::synth::write_model_with(preset, 8, o, &other).unwrap();
+        synth::write_model_with(preset, 8, o, &other).unwrap();
         let same = dir.path().join(format!("{name}-same_K16.gguf"));
         std::fs::copy(&base, &same).unwrap();
         let cands = worker::eval::candidates::from_files(&[other, same]).unwrap();
@@ -259,7 +259,7 @@ fn a_workers_next_lease_on_its_kept_context_equals_a_fresh_one() {
         assert_eq!(kept.decode_trace, fresh.decode_trace, "{reduce:?}");
     }
     let other = dir.path().join("other_K8.gguf");
-    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    synth::write_model(Preset::Tiny, 8, &other).unwrap();
     let cands = worker::eval::candidates::from_files(&[other]).unwrap();
     for compare in [Compare::Host, Compare::Device] {
         let opts = EvalOptions {

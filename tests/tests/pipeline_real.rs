@@ -5,7 +5,7 @@
 
 use fixtures::run_ok as run;
 use std::path::Path;
-use worker::synth::Preset;
+use synth::Preset;
 
 const N_CTX: u32 = 48;
 

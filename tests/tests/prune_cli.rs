@@ -2,12 +2,12 @@
 //! and its importance matrix are written, load in llama.cpp's GGUF reader,
 //! and what was done is printed; a refused keep map leaves no file behind.
 
+use fixtures::llama_gguf::LlamaGguf;
 use numbers::imatrix::{Imatrix, ImatrixEntry};
 use runfiles::keepmap::KeepMap;
 use runfiles::store::RunStore;
-use fixtures::llama_gguf::LlamaGguf;
 use std::path::Path;
-use worker::synth::Preset;
+use synth::Preset;
 
 const N_EXPERT: u32 = 16;
 const MOE_LAYERS: [u32; 3] = [0, 1, 2];

@@ -11,15 +11,15 @@
 //! selection bias (deepseek2), the substitution screen's predicted routing
 //! of a pruned model is llama.cpp's, token for token, at the first MoE layer.
 
-use runfiles::keepmap::KeepMap;
-use slicer::slice_model;
 use fixtures::llama_gguf::LlamaGguf;
 use fixtures::llama_logits::logits;
 use fixtures::oracle::Oracle;
+use runfiles::keepmap::KeepMap;
+use slicer::slice_model;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use synth::{Preset, WeightType};
 use worker::collect::CollectOptions;
-use worker::synth::{Preset, WeightType};
 
 const N_CTX: u32 = 48;
 /// Largest logit difference allowed, relative to the row's largest |logit|.

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::SystemTime;
-use worker::synth::Preset;
+use synth::Preset;
 
 const N_CTX: u32 = 48;
 

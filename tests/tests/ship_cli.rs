@@ -6,17 +6,17 @@
 //! importance weights computed here; a second ship reuses every file; a
 //! quantised base is refused unless `--allow-requantize`.
 
-use numbers::exact::ExactSum;
-use gguf::read::GgufReader;
-use numbers::imatrix::{Imatrix, ImatrixEntry};
-use runfiles::keepmap::KeepMap;
-use gguf::quant::QuantType;
 use fixtures::llama_gguf::LlamaGguf;
 use fixtures::llama_quantize::{quantize, quantize_with, Kv, Q4_K_M, Q8_0};
+use gguf::quant::QuantType;
+use gguf::read::GgufReader;
 use llama_cpp_sys_2 as sys;
+use numbers::exact::ExactSum;
+use numbers::imatrix::{Imatrix, ImatrixEntry};
+use runfiles::keepmap::KeepMap;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use worker::synth::{Preset, WeightType};
+use synth::{Preset, WeightType};
 
 /// An importance matrix for every weight matrix of `model` but the token
 /// embedding: `in_sum2` values `0.5 + j/64` (exact in f32), `counts` of
@@ -376,10 +376,7 @@ fn a_second_ship_to_the_same_directory_keeps_the_checksums_there() {
     std::fs::create_dir_all(&out).unwrap();
     let notes = out.join("notes.txt");
     std::fs::write(&notes, "written by hand\n").unwrap();
-    let line = format!(
-        "{}  notes.txt\n",
-        gguf::hash::sha256_file(&notes).unwrap()
-    );
+    let line = format!("{}  notes.txt\n", gguf::hash::sha256_file(&notes).unwrap());
     std::fs::write(out.join("SHA256SUMS"), &line).unwrap();
     for candidate in ["test_K8", "test_K4"] {
         assert!(ship(&run, &out, candidate, "Q8_0", &[]).status.success());

@@ -15,7 +15,7 @@ const DEADLINE: Duration = Duration::from_secs(300);
 /// A run config in `dir` over `docs` short documents (64-token chunks, two
 /// a lease) with the tiny model and a progress line every second.
 fn config(dir: &Path, docs: usize) -> std::path::PathBuf {
-    fixtures::model(dir, worker::synth::Preset::Tiny);
+    fixtures::model(dir, synth::Preset::Tiny);
     fixtures::numbered_docs(dir, docs);
     let config = dir.join("batch.toml");
     std::fs::write(

@@ -6,7 +6,7 @@
 
 use numbers::partial::Partial;
 use std::path::Path;
-use worker::synth::{Overrides, Preset};
+use synth::{Overrides, Preset};
 
 const N_CTX: u32 = 48;
 
@@ -21,7 +21,7 @@ fn collect(model: &Path, corpus: &Path, out: &Path) -> std::process::Output {
 /// The `tiny` preset (seed 7, as [`fixtures::model`] writes it) as `count`
 /// split files named after `path`; the first file's path.
 fn split_tiny(path: &Path, count: u16) -> std::path::PathBuf {
-    worker::synth::write_model_split(Preset::Tiny, 7, Overrides::default(), path, count).unwrap()
+    synth::write_model_split(Preset::Tiny, 7, Overrides::default(), path, count).unwrap()
 }
 
 fn partial(out: &Path) -> Partial {

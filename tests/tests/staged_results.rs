@@ -4,14 +4,14 @@
 //! there. Over real loopback QUIC with scripted peers that share the run's
 //! directory, as workers share a bucket.
 
-use runfiles::layout::{staged, PARTIALS, STAGING_DIR};
-use protocol::wire::{LeaseGrant, PartialRef, ToCoordinator, ToWorker};
 use fixtures::log::log_text;
 use fixtures::loopback::{
     self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_reference_of,
     fake_setup, run_beside_fake_workers, FAKE_MODEL,
 };
 use fixtures::peer::{honest_partial, Peer};
+use protocol::wire::{LeaseGrant, PartialRef, ToCoordinator, ToWorker};
+use runfiles::layout::{staged, PARTIALS, STAGING_DIR};
 use runtime::run::RunSetup;
 use std::path::Path;
 use std::time::Duration;
@@ -159,7 +159,7 @@ async fn a_worker_computes_on_while_its_staged_result_waits_to_be_read() {
 /// it must end as the engine's one-call reference, its staging emptied.
 async fn run_staging_every_partial(mut s: RunSetup) {
     s.cluster.max_frame_mib = 1;
-    let mut engine = worker::join::fake::FakeEngine::new(FAKE_MODEL);
+    let mut engine = fixtures::fake_engine::FakeEngine::new(FAKE_MODEL);
     (engine.n_expert, engine.layers) = (16384, (0..16).collect());
     let (summary, workers) = loopback::run_with(&s, |l| {
         (0..2)

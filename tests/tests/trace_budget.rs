@@ -4,8 +4,8 @@
 
 use numbers::Split;
 use std::collections::BTreeSet;
+use synth::Preset;
 use worker::collect::{CollectOptions, Collector};
-use worker::synth::Preset;
 
 const N_CTX: u32 = 48;
 const N_CHUNKS: u32 = 7;

@@ -8,8 +8,8 @@
 
 use runfiles::keepmap::KeepMap;
 use std::path::{Path, PathBuf};
-use worker::synth::mmproj::{write_mmproj, MmprojSpec};
-use worker::synth::{Overrides, Preset};
+use synth::mmproj::{write_mmproj, MmprojSpec};
+use synth::{Overrides, Preset};
 
 /// Experts per layer of the tiny preset, and how many serve images.
 const N_EXPERT: u32 = 16;
@@ -18,7 +18,7 @@ const N_VISION: u32 = 2;
 fn sample_records() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../configs/sample_images")
-        .join(worker::synth::images::RECORDS)
+        .join(synth::images::RECORDS)
 }
 
 /// A config of `model` (and `mmproj`) over one domain read from `records`.
@@ -84,7 +84,7 @@ fn image_calibration_finds_the_experts_text_calls_dead() {
         vision_experts: Some(N_VISION as usize),
         ..Overrides::default()
     };
-    worker::synth::write_model_with(Preset::Tiny, 7, o, &model).unwrap();
+    synth::write_model_with(Preset::Tiny, 7, o, &model).unwrap();
     let mmproj = dir.join("mmproj.gguf");
     let spec = MmprojSpec::for_model(&model).unwrap();
     assert!(

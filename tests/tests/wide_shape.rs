@@ -2,12 +2,12 @@
 //! layers x 512 experts, top-10, traced by `worker collect` in the compact
 //! trace layout, and replay reading trace parts from S3 by range.
 
-use runfiles::trace::{read_part, write_part_as, Encoding, TraceRow};
-use numbers::Split;
 use fixtures::run_ok;
+use numbers::Split;
+use runfiles::trace::{read_part, write_part_as, Encoding, TraceRow};
 use std::collections::BTreeSet;
 use std::path::Path;
-use worker::synth::Preset;
+use synth::Preset;
 
 const N_CTX: u32 = 1024;
 

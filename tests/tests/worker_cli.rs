@@ -2,12 +2,12 @@
 //! (byte-identical artifacts however chunks are grouped), the imatrix read
 //! back by llama.cpp's own GGUF reader, and clear errors on bad input.
 
-use numbers::partial::Partial;
 use fixtures::llama_gguf::LlamaGguf;
 use fixtures::run;
+use numbers::partial::Partial;
 use std::path::Path;
 use std::process::Output;
-use worker::synth::Preset;
+use synth::Preset;
 
 const N_CTX: u32 = 48;
 

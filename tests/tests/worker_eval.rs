@@ -3,13 +3,13 @@
 //! figures (on the f64 host path) equal an independent f64 recomputation
 //! from dumped logits.
 
-use runfiles::corpus::Chunk;
+use fixtures::run_ok;
 use numbers::eval::{EvalPartial, EvalSummary, Group};
 use numbers::Split;
-use fixtures::run_ok;
+use runfiles::corpus::Chunk;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use worker::synth::Preset;
+use synth::Preset;
 
 const N_CTX: u32 = 40;
 
@@ -97,7 +97,7 @@ fn close(a: f64, b: f64) -> bool {
 fn model_and_other(dir: &Path) -> (PathBuf, PathBuf, PathBuf, Vec<Chunk>) {
     let model = fixtures::model(dir, Preset::Tiny);
     let other = dir.join("other_K16.gguf");
-    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    synth::write_model(Preset::Tiny, 8, &other).unwrap();
     let corpus = dir.join("run");
     let chunks = fixtures::chunks(3, N_CTX);
     fixtures::write_corpus(&corpus, &chunks, N_CTX);
@@ -210,7 +210,7 @@ fn default_positions_and_kl_block_are_llama_perplexitys() {
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures::model(dir.path(), Preset::Tiny);
     let other = dir.path().join("other_K16.gguf");
-    worker::synth::write_model(Preset::Tiny, 8, &other).unwrap();
+    synth::write_model(Preset::Tiny, 8, &other).unwrap();
     let corpus = dir.path().join("run");
     let chunks: Vec<Chunk> = fixtures::chunks(3, N_CTX)
         .into_iter()

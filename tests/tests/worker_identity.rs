@@ -6,19 +6,19 @@
 //! worker is decided after a bounded wait, and a worker that fails first
 //! does not fail a run an honest worker joins in the grace period.
 
-use protocol::secret::WorkerKey;
-use protocol::wire::{Refusal, ToWorker};
+use fixtures::fake_engine::FakeEngine;
 use fixtures::log::log_text;
 use fixtures::loopback::{
     self, artifacts, assert_quarantined_and_honest, client, fake_reference, fake_setup,
     fake_workers, run_beside_fake_workers, FAKE_MODEL,
 };
 use fixtures::peer::{inflated_partial, Peer};
+use protocol::secret::WorkerKey;
+use protocol::wire::{Refusal, ToWorker};
 use runtime::run::Listening;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
-use worker::join::fake::FakeEngine;
 use worker::join::{join, JoinSummary};
 
 /// The key `coordinator worker-key` writes for `name` under the run's secret.

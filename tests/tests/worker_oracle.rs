@@ -7,16 +7,16 @@
 //! `build_moe_ffn`): not from the collector's probe, whose findings are
 //! checked against the same table.
 
+use fixtures::llama_gguf::{F32Tensor, LlamaGguf};
+use fixtures::oracle::matvec;
 use numbers::imatrix::Imatrix;
 use numbers::routing::GateSite;
 use numbers::stats::GroupKey;
 use numbers::{Gating, Split};
-use fixtures::llama_gguf::{F32Tensor, LlamaGguf};
-use fixtures::oracle::matvec;
 use std::collections::BTreeMap;
+use synth::Preset;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collected, Collector};
-use worker::synth::Preset;
 
 const N_CTX: u32 = 48;
 const N_CHUNKS: u32 = 4;

@@ -146,34 +146,9 @@ pub enum WorkerError {
     /// model: one missing, misnamed or out of place.
     #[error(transparent)]
     SplitModel(#[from] gguf::split::SplitError),
-    /// A GGUF file lacks a metadata key it needs.
-    #[error("{path}: no {key}")]
-    MissingKey {
-        /// The GGUF file.
-        path: String,
-        /// The key.
-        key: String,
-    },
-    /// More vision experts were asked of a generated model than it can
-    /// route to on image positions alone.
-    #[error(
-        "{requested} vision experts: a {preset} model has {n_expert} experts, {n_expert_used} \
-         per token, so at most {} can serve images alone",
-        .n_expert - .n_expert_used
-    )]
-    VisionExperts {
-        /// Vision experts asked for.
-        requested: usize,
-        /// The model preset's name (`Tiny`, `Wide`, ...).
-        preset: String,
-        /// Experts per MoE layer of the preset.
-        n_expert: usize,
-        /// Experts routed to per token.
-        n_expert_used: usize,
-    },
-    /// Encoding a generated picture as PNG failed.
+    /// A generated model, corpus or image sample could not be written.
     #[error(transparent)]
-    Png(#[from] png::EncodingError),
+    Synth(#[from] synth::SynthError),
     /// Creating a directory or file for generated output failed.
     #[error("creating {path}")]
     Create {

@@ -1,7 +1,7 @@
 //! The worker: measures a GGUF MoE model through llama.cpp.
 //!
-//! - [`cli`]: the command line (`worker synth-model`, `collect`, `join`).
-//! - [`synth`]: deterministic test models (`worker synth-model`).
+//! - [`cli`]: the command line (`collect`, `join`, and `synth-*`, the front of
+//!   the `synth` crate's test models and data).
 //! - [`collect`]: the [`collect::Collector`] that runs corpus chunks and
 //!   accumulates REAP statistics, the importance matrix and routing traces,
 //!   reading observed tensors on the host or reducing them on their own
@@ -37,7 +37,5 @@ pub mod llama;
 pub mod offload;
 #[forbid(unsafe_code)]
 pub mod quantize;
-#[forbid(unsafe_code)]
-pub mod synth;
 
 pub use error::WorkerError;

@@ -5,9 +5,9 @@
 
 use crate::error::WorkerError;
 use crate::llama::{f32s, quantize_model, MetaValue, QuantizeParams};
+use gguf::quant::{check_requantize, QuantType};
 use gguf::read::GgufReader;
 use gguf::split::SplitError;
-use gguf::quant::{check_requantize, QuantType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

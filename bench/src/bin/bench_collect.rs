@@ -23,15 +23,15 @@
 //! depend on what else the machine runs).
 
 use clap::Parser;
-use runfiles::corpus::Chunk;
 use numbers::partial::{BackendToHost, Partial};
+use runfiles::corpus::Chunk;
 use runfiles::procstat::process_cpu_seconds;
 use std::time::Instant;
+use synth::Preset;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collector};
 use worker::llama::{Context, ContextParams, GraphObserver, Logits, Model, TensorRef};
 use worker::offload::Offload;
-use worker::synth::Preset;
 
 #[derive(Parser)]
 struct Args {
@@ -91,16 +91,16 @@ fn main() -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => {
             let path = dir.join("bench.gguf");
-            let o = worker::synth::Overrides {
+            let o = synth::Overrides {
                 n_vocab: a.n_vocab,
                 ..Default::default()
             };
-            worker::synth::write_model_with(a.preset, 0, o, &path)?;
+            synth::write_model_with(a.preset, 0, o, &path)?;
             path
         }
     };
     let n_vocab = Model::load(&path, &Offload::layers(a.ngl))?.n_vocab();
-    let (index, chunks) = worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx, n_vocab);
+    let (index, chunks) = synth::chunks::bench_chunks(a.chunks, a.n_ctx, n_vocab);
     let tokens = (a.chunks * a.n_ctx) as f64;
     let params = ContextParams {
         n_ctx: a.n_ctx,

@@ -23,11 +23,11 @@ use clap::Parser;
 use numbers::eval::EvalPartial;
 use runfiles::procstat::{peak_rss_kib, process_cpu_seconds};
 use std::time::Instant;
+use synth::Preset;
 use worker::eval::rows::{compare_rows, ScoredRow};
 use worker::eval::{candidates, Compare, EvalCost, EvalOptions, Evaluator};
 use worker::llama::{Context, ContextParams, Logits, Model, NoGraph};
 use worker::offload::Offload;
-use worker::synth::Preset;
 
 #[derive(Parser)]
 struct Args {
@@ -193,11 +193,11 @@ fn main() -> anyhow::Result<()> {
             std::fs::copy(m, &base)?;
         }
         None => {
-            let o = worker::synth::Overrides {
+            let o = synth::Overrides {
                 n_vocab: a.n_vocab,
                 ..Default::default()
             };
-            worker::synth::write_model_with(a.preset, 0, o, &base)?;
+            synth::write_model_with(a.preset, 0, o, &base)?;
         }
     }
     let (index, chunks) = match &a.corpus {
@@ -218,7 +218,7 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Runtime::new()?
                 .block_on(worker::cli::corpus::load_chunks(run, range))?
         }
-        None => worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx, 600),
+        None => synth::chunks::bench_chunks(a.chunks, a.n_ctx, 600),
     };
     let n_ctx = index.n_ctx;
     let tokens = chunks.iter().map(|c| c.tokens.len() as f64).sum::<f64>();

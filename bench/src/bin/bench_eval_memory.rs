@@ -24,8 +24,8 @@ use runfiles::procstat::{peak_rss_kib, process_cpu_seconds};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+use synth::{Overrides, Preset, WeightType};
 use worker::eval::{candidates, Compare, EvalOptions, Evaluator};
-use worker::synth::{Overrides, Preset, WeightType};
 
 #[derive(Parser)]
 struct Args {
@@ -97,7 +97,7 @@ fn main() -> anyhow::Result<()> {
         weights: Some(a.weights),
         ..Default::default()
     };
-    worker::synth::write_model_with(a.preset, 0, o, &base)?;
+    synth::write_model_with(a.preset, 0, o, &base)?;
     let spec = a.preset.spec();
     let (n_expert, moe_layers) = (
         spec.n_expert as u32,
@@ -282,7 +282,7 @@ fn child(a: &Args, dir: &Path, mode: ModelsInMemory) -> anyhow::Result<()> {
         false => (0..a.candidates).map(|i| cand_path(dir, i)).collect(),
     };
     let cands = candidates::from_files(&paths)?;
-    let (index, chunks) = worker::synth::chunks::bench_chunks(a.chunks, a.n_ctx, 600);
+    let (index, chunks) = synth::chunks::bench_chunks(a.chunks, a.n_ctx, 600);
     let opts = EvalOptions {
         n_ubatch: a.n_ctx,
         threads: a.threads,

@@ -19,11 +19,11 @@ use runfiles::corpus::{Chunk, CorpusIndex};
 use runfiles::procstat::process_cpu_seconds;
 use std::path::PathBuf;
 use std::time::Instant;
+use synth::chunks::token_chunks;
+use synth::Preset;
 use worker::collect::{CollectOptions, Collector};
 use worker::llama::{Context, ContextParams, Logits, Model, NoGraph};
 use worker::offload::Offload;
-use worker::synth::chunks::token_chunks;
-use worker::synth::Preset;
 
 #[derive(Parser)]
 struct Args {
@@ -181,7 +181,7 @@ fn main() -> anyhow::Result<()> {
         None => {
             std::fs::create_dir_all(&dir)?;
             let p = dir.join("wide.gguf");
-            worker::synth::write_model(Preset::Wide, 0, &p)?;
+            synth::write_model(Preset::Wide, 0, &p)?;
             p
         }
     };

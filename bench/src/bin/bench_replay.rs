@@ -12,11 +12,11 @@
 //! the first capacity), and the peak resident memory (VmHWM).
 
 use clap::Parser;
-use runfiles::procstat::peak_rss_kib;
 use rayon::prelude::*;
 use replay::keep::requests;
 use replay::synthetic::{raw_layer, Shape};
 use replay::{simulate, Policy, PolicyParams, Steps};
+use runfiles::procstat::peak_rss_kib;
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]

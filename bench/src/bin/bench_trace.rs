@@ -8,11 +8,11 @@
 //! them, like the parts workers write. Prints bytes per traced token.
 
 use clap::Parser;
+use numbers::Split;
+use replay::synthetic::{raw_layer, Shape};
 use runfiles::procstat::process_cpu_seconds;
 use runfiles::store::RunStore;
 use runfiles::trace::{write_part_as, Encoding, TraceRow};
-use numbers::Split;
-use replay::synthetic::{raw_layer, Shape};
 use std::time::Instant;
 
 #[derive(Parser)]

@@ -6,15 +6,15 @@
 use super::*;
 use crate::source::{read_source, Record};
 use crate::tokenizer::{backend, LlamaTokenizer};
-use runfiles::corpus::CHUNKS_FILE;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::mtmd::{
     MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType, MtmdInputText,
 };
+use runfiles::corpus::CHUNKS_FILE;
 use std::collections::BTreeMap;
-use worker::synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
-use worker::synth::{write_model, Preset};
+use synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
+use synth::{write_model, Preset};
 
 /// The image sample's records file, relative to the fixture's directory.
 const IMAGES: &str = "sample_images/images.jsonl";

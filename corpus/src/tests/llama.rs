@@ -7,7 +7,7 @@ use crate::tokenizer::{backend, LlamaTokenizer};
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use std::collections::HashMap;
-use worker::synth::{write_model, Preset};
+use synth::{write_model, Preset};
 
 /// A fixture whose `model.gguf` is the generated tiny model.
 fn tiny_fixture() -> (Fixture, LlamaTokenizer) {

@@ -18,13 +18,13 @@
 
 use crate::lease::{AddendOf, LeaseKind};
 use bytes::Bytes;
-use runfiles::buffers::BufferPool;
 use gguf::hash::sha256_hex;
-use runfiles::lease::{Addend, LeaseOutput};
 use numbers::peer_text::peer_text;
-use runfiles::store::{RunStore, StoreError};
-use protocol::wire::{JobInfo, LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
 use numbers::ChunkRange;
+use protocol::wire::{JobInfo, LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
+use runfiles::buffers::BufferPool;
+use runfiles::lease::{Addend, LeaseOutput};
+use runfiles::store::{RunStore, StoreError};
 use sched::{Completion, Event, Identity, Scheduler, Verdict};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

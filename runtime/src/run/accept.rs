@@ -35,8 +35,6 @@
 //! summarised.
 
 use bytes::Bytes;
-use runfiles::artifacts::names::trace_part;
-use runfiles::corpus::{Chunk, CorpusIndex};
 use gguf::model_check::MoeFacts;
 use gguf::model_weights::{expert_stack_layer, ModelWeights};
 use numbers::partial::{PackedPartial, Partial};
@@ -44,6 +42,8 @@ use numbers::partial_check::{check_header_values, Budget, ImatrixSums};
 use numbers::peer_text::{peer_text, summarise};
 use numbers::stats::{GroupKey, MoeShape};
 use numbers::{ChunkRange, Modality, Split};
+use runfiles::artifacts::names::trace_part;
+use runfiles::corpus::{Chunk, CorpusIndex};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 

@@ -35,15 +35,15 @@ use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{server_names, Identity};
 use crate::net::NetError;
 use clap::Args;
-use runfiles::artifacts::{names, write_results};
-use runfiles::corpus::{CorpusIndex, INDEX_FILE};
-use protocol::secret::JoinSecret;
-use runfiles::store::{RunStore, StoreError};
 use config::run::{ClusterSettings, RunSettings};
 use crew::Crew;
 use crew::OnListen;
 use join_hint::JoinHint;
 use local::SECRET_ENV;
+use protocol::secret::JoinSecret;
+use runfiles::artifacts::{names, write_results};
+use runfiles::corpus::{CorpusIndex, INDEX_FILE};
+use runfiles::store::{RunStore, StoreError};
 use runner::{lease_all, locked, LeaseFigures, Leasing};
 use sched::plan;
 use std::net::SocketAddr;
@@ -251,7 +251,9 @@ pub async fn execute_locked(setup: &RunSetup, crew: &mut Crew<'_>) -> Result<Run
         .put_parts(names::MERGED_PARTIAL, merged.to_parts())
         .await?;
     let saliency = write_results(store, &merged).await?;
-    summary.fit_tokens = saliency.split(numbers::Split::Fit).map_or(0, |s| s.n_tokens);
+    summary.fit_tokens = saliency
+        .split(numbers::Split::Fit)
+        .map_or(0, |s| s.n_tokens);
     summary.trace = Some(
         trace_plan::manifest_entry(
             store,

@@ -5,9 +5,9 @@
 //! against it; only bytes with a record are ever reused.
 
 use gguf::hash::sha256_hex;
-use runfiles::store::{RunStore, StoreError};
 use protocol::wire::JobOptions;
 use runfiles::manifest::{self, ManifestError, RunManifest};
+use runfiles::store::{RunStore, StoreError};
 
 pub use runfiles::manifest::{PartialRecord, Records};
 
@@ -180,7 +180,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = RunStore::open(d.path().to_str().unwrap()).unwrap();
         store
-            .put(runfiles::manifest::MANIFEST_FILE, br#"{"model_sha256": "m"}"#.to_vec())
+            .put(
+                runfiles::manifest::MANIFEST_FILE,
+                br#"{"model_sha256": "m"}"#.to_vec(),
+            )
             .await
             .unwrap();
         let mut r = Recorder::open(&store).await.unwrap();

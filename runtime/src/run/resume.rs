@@ -16,9 +16,9 @@ use super::record::{check_stored, Recorder, Records};
 use super::RunError;
 use crate::lease::LeaseKind;
 use gguf::hash::sha256_hex;
+use numbers::ChunkRange;
 use runfiles::lease::{Addend, LeaseOutput};
 use runfiles::store::RunStore;
-use numbers::ChunkRange;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What was found in storage.

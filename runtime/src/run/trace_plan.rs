@@ -3,8 +3,8 @@
 //! trace with, and what the written traces cost (the manifest's `trace`
 //! section).
 
-use runfiles::store::{RunStore, StoreError};
 use protocol::wire::TraceStrides;
+use runfiles::store::{RunStore, StoreError};
 
 /// The chunk stride that gives a split of `split_tokens` tokens at least
 /// `budget` traced tokens (chunks interleave the splits, so every n-th chunk

@@ -5,10 +5,10 @@
 //! resume.
 
 use numbers::eval::EvalPartial;
-use runfiles::layout::LeaseLayout;
 use numbers::peer_text::peer_text;
-use protocol::wire::{EvalJob, Task};
 use numbers::ChunkRange;
+use protocol::wire::{EvalJob, Task};
+use runfiles::layout::LeaseLayout;
 use runfiles::manifest::{Records, RunManifest};
 use runtime::lease::LeaseKind;
 
@@ -184,8 +184,8 @@ pub fn check_against_job(
 mod tests {
     use super::*;
     use numbers::eval::{BaseSums, CandidateResult, CandidateSums, Group, TokenKl};
-    use protocol::wire::EvalCandidate;
     use numbers::{ExactSum, Split};
+    use protocol::wire::EvalCandidate;
     use std::collections::BTreeMap;
 
     const RANGE: ChunkRange = ChunkRange { start: 2, end: 4 };

@@ -8,8 +8,8 @@
 use super::EvalRunError;
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
-use runfiles::corpus::CorpusIndex;
 use numbers::eval::{EvalPartial, EvalSummary, Figures};
+use runfiles::corpus::CorpusIndex;
 use runfiles::layout::EvalLayout;
 use runfiles::store::RunStore;
 use std::sync::Arc;

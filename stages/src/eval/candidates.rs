@@ -4,9 +4,9 @@
 
 use super::EvalRunError;
 use crate::StagesError;
+use protocol::wire::EvalCandidate;
 use runfiles::keepmap::{KeepMap, KeepMapRef};
 use runfiles::store::RunStore;
-use protocol::wire::EvalCandidate;
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -6,11 +6,11 @@ use super::{
 };
 use crate::StagesError;
 use clap::Args;
-use runfiles::layout::EvalLayout;
-use runfiles::store::RunStore;
-use protocol::wire::EvalJob;
 use config::Config;
+use protocol::wire::EvalJob;
+use runfiles::layout::EvalLayout;
 use runfiles::manifest::RunManifest;
+use runfiles::store::RunStore;
 use runtime::run::crew::Crew;
 use runtime::run::local::{worker_binary, LocalWorkers};
 use runtime::run::{read_index, RunSetup};

@@ -20,12 +20,12 @@ pub mod prompts;
 pub mod table;
 
 use crate::{During, StagesError};
+use gguf::hash::sha256_hex;
 use numbers::eval::summary::parse_splits;
 use numbers::eval::EvalSummary;
-use gguf::hash::sha256_hex;
+use protocol::wire::EvalJob;
 use runfiles::layout::EvalLayout;
 use runfiles::store::{RunStore, StoreError};
-use protocol::wire::EvalJob;
 use runtime::run::crew::Crew;
 use runtime::run::crew::OnListen;
 use runtime::run::record::{settings_key, RecordError};

@@ -5,11 +5,11 @@
 
 use super::EvalRunError;
 use crate::StagesError;
-use runfiles::corpus::{Chunk, CorpusIndex, CHUNKS_FILE};
+use config::eval::EvalSettings;
 use numbers::eval::GenerateJob;
 use numbers::split::Split;
+use runfiles::corpus::{Chunk, CorpusIndex, CHUNKS_FILE};
 use runfiles::store::RunStore;
-use config::eval::EvalSettings;
 
 /// The generation job of an evaluation of the run in `store`, whose corpus
 /// `index` says.
@@ -74,9 +74,9 @@ pub fn pick(chunks: &[Chunk], per_domain: u32, n_ctx: u32, new_tokens: u32) -> G
 #[cfg(test)]
 mod tests {
     use super::pick;
-    use runfiles::corpus::{Chunk, Span};
     use numbers::split::ChunkId;
     use numbers::split::Split;
+    use runfiles::corpus::{Chunk, Span};
 
     fn chunk(id: u32, len: usize, spans: &[(u32, Split, u16)]) -> Chunk {
         Chunk {

@@ -29,11 +29,11 @@ use crate::verify::{self, VerifyReport};
 use crate::StagesError;
 use ::replay::ReplayReport;
 use clap::Args;
-use runfiles::artifacts::names;
 use numbers::peer_text::table_cell;
-use runfiles::store::RunStore;
 use numbers::Split;
 use plots::Series;
+use runfiles::artifacts::names;
+use runfiles::store::RunStore;
 use std::fmt::Write;
 use std::process::ExitCode;
 

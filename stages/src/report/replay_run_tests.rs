@@ -6,8 +6,8 @@ use ::replay::results::{Mode, TraceKind};
 use ::replay::{replay_run, Policy, ReplayArgs, ReplayReport};
 use clap::Parser;
 use gguf::write::GgufWriter;
-use runfiles::trace::{write_part, TraceRow};
 use numbers::Split;
+use runfiles::trace::{write_part, TraceRow};
 
 #[derive(Parser)]
 struct Wrap {

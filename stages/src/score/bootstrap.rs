@@ -6,8 +6,8 @@ use super::keep::{rank_layers, top_k, LayerRanking};
 use super::method::ScoreParams;
 use super::source::LayerInput;
 use crate::StagesError;
-use numbers::partial::ChunkStats;
 use config::method::Method;
+use numbers::partial::ChunkStats;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 

@@ -7,9 +7,9 @@
 use super::method::{ranking, ScoreParams};
 use super::source::LayerInput;
 use crate::StagesError;
-use runfiles::keepmap::KeepMap;
-use numbers::routing::{balanced_order, ExpertGroups};
 use config::method::Method;
+use numbers::routing::{balanced_order, ExpertGroups};
+use runfiles::keepmap::KeepMap;
 use std::collections::BTreeMap;
 
 /// One layer's full ranking, best first.

@@ -16,11 +16,11 @@
 //! carried, in [0, 1] under every gating function, and what to compare
 //! across models.
 
-use runfiles::keepmap::KeepMap;
 use numbers::routing::{Candidates, Routing};
-use runfiles::trace::TraceRow;
 use numbers::Gating;
 use numbers::Split;
+use runfiles::keepmap::KeepMap;
+use runfiles::trace::TraceRow;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

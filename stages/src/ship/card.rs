@@ -7,11 +7,11 @@
 //! same inputs give byte-identical cards.
 
 use super::ShipError;
+use gguf::quant::{ggml_type_name, QuantType};
+use gguf::read::GgufHeader;
 use numbers::eval::summary::SplitFigures;
 use numbers::eval::{EvalSummary, GenerationSummary};
-use gguf::read::GgufHeader;
 use numbers::peer_text::peer_text;
-use gguf::quant::{ggml_type_name, QuantType};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;

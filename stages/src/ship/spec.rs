@@ -6,9 +6,9 @@
 
 use super::ShipError;
 use crate::{During, StagesError};
+use config::candidate::{parse, Named};
 use runfiles::keepmap::KeepMap;
 use runfiles::store::RunStore;
-use config::candidate::{parse, Named};
 
 /// A candidate to ship.
 pub struct Candidate {

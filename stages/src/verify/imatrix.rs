@@ -16,8 +16,8 @@
 //!   rounding of the file aside).
 
 use super::{names, Check};
-use gguf::read::{GgufHeader, GgufReader};
 use gguf::model_weights::{expert_stack_layer, ModelWeights, MAX_ENTRY_NAME};
+use gguf::read::{GgufHeader, GgufReader};
 use numbers::partial_check::MAX_ACTIVATION;
 use numbers::peer_text::peer_text;
 use numbers::saliency::Saliency;

@@ -5,9 +5,9 @@
 use super::{names as inv, Check};
 use crate::score::keep::{keep_map, map_recipe};
 use crate::score::rank_all;
-use runfiles::keepmap::KeepMap;
 use numbers::saliency::Saliency;
 use numbers::Split;
+use runfiles::keepmap::KeepMap;
 use std::collections::BTreeMap;
 
 /// Checks the maps (object name, map) against `s`, whose bytes hash to `sha`.

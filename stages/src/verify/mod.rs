@@ -11,12 +11,12 @@ pub mod stats;
 
 use crate::StagesError;
 use clap::Args;
-use runfiles::artifacts::names as artifacts;
-use runfiles::keepmap::KeepMap;
 use numbers::partial::Partial;
 use numbers::saliency::{lenient, Saliency};
-use runfiles::store::RunStore;
 use numbers::Split;
+use runfiles::artifacts::names as artifacts;
+use runfiles::keepmap::KeepMap;
+use runfiles::store::RunStore;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::process::ExitCode;

@@ -5,8 +5,8 @@
 use super::corpus::load_chunks;
 use crate::error::WorkerError;
 use crate::offload::OffloadArgs;
-use runfiles::corpus::{Chunk, CorpusIndex};
 use numbers::ChunkRange;
+use runfiles::corpus::{Chunk, CorpusIndex};
 use std::path::PathBuf;
 use tokio::runtime::Runtime;
 

@@ -5,8 +5,8 @@ use super::chunk_job::ChunkJobArgs;
 use crate::collect::device::Reduce;
 use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
 use crate::error::WorkerError;
-use runfiles::store::RunStore;
 use indicatif::{ProgressBar, ProgressStyle};
+use runfiles::store::RunStore;
 
 /// Arguments of `worker collect`.
 #[derive(clap::Args, Debug)]

@@ -3,9 +3,9 @@
 //! location and the range.
 
 use crate::error::WorkerError;
+use numbers::ChunkRange;
 use runfiles::corpus::{read_chunks, refuse_images, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use runfiles::store::RunStore;
-use numbers::ChunkRange;
 
 /// Finds the corpus: `LOCATION/index.json` or `LOCATION/corpus/index.json`.
 pub async fn open_corpus(location: &str) -> Result<(RunStore, CorpusIndex), WorkerError> {

@@ -5,8 +5,8 @@
 use super::chunk_job::ChunkJobArgs;
 use crate::error::WorkerError;
 use crate::eval::{candidates, Compare, EvalOptions, Evaluator, KEPT_ROWS_MEMORY};
-use runfiles::layout::eval as names;
 use numbers::eval::{EvalSummary, ModelsInMemory};
+use runfiles::layout::eval as names;
 use runfiles::store::RunStore;
 use std::path::PathBuf;
 

@@ -54,7 +54,7 @@ enum Command {
 struct SynthArgs {
     /// Model preset.
     #[arg(long, value_enum)]
-    preset: crate::synth::Preset,
+    preset: synth::Preset,
     /// Output GGUF path.
     #[arg(long)]
     out: std::path::PathBuf,
@@ -63,7 +63,7 @@ struct SynthArgs {
     seed: u64,
     /// Encoding of the weight matrices (default: the preset's own).
     #[arg(long, value_enum)]
-    weight_type: Option<crate::synth::WeightType>,
+    weight_type: Option<synth::WeightType>,
     /// Tokens in the vocabulary, padded with unused tokens (default: the
     /// preset's own; `vocab-152k` and `vocab-248k` have the real sizes).
     #[arg(long)]
@@ -113,7 +113,7 @@ struct SynthCorpusArgs {
 }
 
 fn synth_mmproj(a: &SynthMmprojArgs) -> Result<(), WorkerError> {
-    use crate::synth::mmproj;
+    use synth::mmproj;
     let spec = mmproj::MmprojSpec::for_model(&a.model)?;
     mmproj::write_mmproj(&spec, a.seed, &a.out)?;
     println!(
@@ -149,43 +149,48 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse_from(llama_flags(std::env::args_os()));
     let result = match cli.command {
         Command::SynthModel(a) => {
-            let o = crate::synth::Overrides {
+            let o = synth::Overrides {
                 weights: a.weight_type,
                 n_vocab: a.n_vocab,
                 vision_experts: a.vision_experts,
             };
             let written = match a.split {
-                None => crate::synth::write_model_with(a.preset, a.seed, o, &a.out)
-                    .map(|()| a.out.clone()),
-                Some(n) => crate::synth::write_model_split(a.preset, a.seed, o, &a.out, n),
+                None => {
+                    synth::write_model_with(a.preset, a.seed, o, &a.out).map(|()| a.out.clone())
+                }
+                Some(n) => synth::write_model_split(a.preset, a.seed, o, &a.out, n),
             };
-            written.map(|first| {
-                println!(
-                    "wrote {:?} model (seed {}) to {}",
-                    a.preset,
-                    a.seed,
-                    first.display()
-                );
-            })
+            written
+                .map(|first| {
+                    println!(
+                        "wrote {:?} model (seed {}) to {}",
+                        a.preset,
+                        a.seed,
+                        first.display()
+                    );
+                })
+                .map_err(WorkerError::from)
         }
         Command::SynthMmproj(a) => synth_mmproj(&a),
-        Command::SynthCorpus(a) => {
-            crate::synth::corpus::write_corpus(&a.out, a.chars, a.seed).map(|()| {
+        Command::SynthCorpus(a) => synth::corpus::write_corpus(&a.out, a.chars, a.seed)
+            .map(|()| {
                 println!(
                     "wrote {} to {}",
-                    crate::synth::corpus::FILES.join(", "),
+                    synth::corpus::FILES.join(", "),
                     a.out.display()
                 )
             })
-        }
-        Command::SynthImages(a) => crate::synth::images::write_images(&a.out).map(|()| {
-            println!(
-                "wrote {} and {}/ to {}",
-                crate::synth::images::RECORDS,
-                crate::synth::images::DIR,
-                a.out.display()
-            )
-        }),
+            .map_err(WorkerError::from),
+        Command::SynthImages(a) => synth::images::write_images(&a.out)
+            .map(|()| {
+                println!(
+                    "wrote {} and {}/ to {}",
+                    synth::images::RECORDS,
+                    synth::images::DIR,
+                    a.out.display()
+                )
+            })
+            .map_err(WorkerError::from),
         Command::Collect(a) => collect::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Quantize(a) => quantize::run(a),

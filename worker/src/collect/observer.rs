@@ -10,8 +10,8 @@ use super::strata::Strata;
 use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
 use numbers::routing::GateSite;
 use numbers::stats::MoeShape;
-use runfiles::trace::TraceRow;
 use numbers::{Gating, Split};
+use runfiles::trace::TraceRow;
 use std::collections::BTreeMap;
 
 /// What the observer knows about the micro-batch being decoded.

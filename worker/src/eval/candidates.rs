@@ -5,8 +5,8 @@ use super::Candidate;
 use crate::collect::sha256_file;
 use crate::error::WorkerError;
 use crate::quantize::{quantize_file, QuantizeOptions};
-use runfiles::keepmap::KeepMap;
 use protocol::wire::EvalCandidate;
+use runfiles::keepmap::KeepMap;
 use std::path::{Path, PathBuf};
 
 /// Candidates from GGUF paths; each is named after its file stem
@@ -64,13 +64,12 @@ fn check_room(
         if keep.is_none() && c.expert_used.is_none() && c.quant.is_none() {
             continue; // the base file itself
         }
-        let bytes =
-            slicer::model_bytes(base, keep.as_ref(), c.expert_used).map_err(|e| {
-                WorkerError::Model {
-                    path: base.display().to_string(),
-                    reason: format!("planning candidate {}: {e}", c.name),
-                }
-            })?;
+        let bytes = slicer::model_bytes(base, keep.as_ref(), c.expert_used).map_err(|e| {
+            WorkerError::Model {
+                path: base.display().to_string(),
+                reason: format!("planning candidate {}: {e}", c.name),
+            }
+        })?;
         total += bytes;
         if c.quant.is_some() {
             largest_quantised = largest_quantised.max(bytes);

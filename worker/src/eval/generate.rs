@@ -5,8 +5,8 @@
 
 use crate::error::WorkerError;
 use crate::llama::{Context, NoGraph};
-use runfiles::corpus::Chunk;
 use numbers::eval::GenerateJob;
+use runfiles::corpus::Chunk;
 
 /// A prompt of the generation check: its chunk, the chunk's domain and
 /// its tokens.

@@ -59,13 +59,13 @@ use crate::llama::{
     self, Context, ContextParams, Logits, LogitsCompare, Model, NoGraph, ThreadPool, Vision,
 };
 use crate::offload::Offload;
-use runfiles::corpus::{Chunk, CorpusIndex};
 use numbers::eval::{
     CandidateResult, EvalPartial, GenerateJob, Generation, Group, ModelsInMemory, TokenKl,
     EVAL_FORMAT_VERSION,
 };
 use numbers::exact::ExactSum;
 use numbers::Split;
+use runfiles::corpus::{Chunk, CorpusIndex};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

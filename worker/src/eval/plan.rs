@@ -5,9 +5,9 @@ use super::positions::scored_positions;
 use super::rows::ScoredRow;
 use crate::images::{self, Embeddings};
 use crate::llama::Input;
-use runfiles::corpus::{Chunk, ImageSpan};
 use numbers::eval::Group;
 use numbers::Split;
+use runfiles::corpus::{Chunk, ImageSpan};
 use std::ops::Range;
 
 /// One micro-batch of a chunk and the rows of it that are scored.
@@ -139,8 +139,8 @@ pub(super) fn groups(ubatches: &[Ubatch<'_>], max_rows: usize) -> Vec<Range<usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runfiles::corpus::Span;
     use numbers::ChunkId;
+    use runfiles::corpus::Span;
 
     fn chunk(id: u32, len: u32) -> Chunk {
         Chunk {

@@ -1,8 +1,8 @@
 //! Which positions of a chunk are scored, and in which group.
 
-use runfiles::corpus::Chunk;
 use numbers::eval::Group;
 use numbers::{Modality, Split};
+use runfiles::corpus::Chunk;
 
 /// Per position of `chunk`, the group it is scored in, or `None`: a
 /// position is scored when its next token lies in the same span (one split
@@ -47,8 +47,8 @@ pub fn scored_positions(chunk: &Chunk, skip_first: u32, splits: &[Split]) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runfiles::corpus::Span;
     use numbers::ChunkId;
+    use runfiles::corpus::Span;
 
     fn chunk() -> Chunk {
         let span = |start, len, split, domain| Span {

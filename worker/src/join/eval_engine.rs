@@ -6,9 +6,9 @@ use crate::error::WorkerError;
 use crate::eval::candidates::{self, Inputs};
 use crate::eval::{Candidate, EvalOptions, Evaluator};
 use crate::images::ImageBytes;
-use runfiles::corpus::{Chunk, CorpusIndex};
 use numbers::eval::EvalPartial;
 use protocol::wire::EvalJob;
+use runfiles::corpus::{Chunk, CorpusIndex};
 use std::path::Path;
 
 /// Evaluates chunks of a corpus.

@@ -10,14 +10,13 @@
 //! - [`tls`]: how the coordinator's certificate is trusted (pin or CA).
 //! - [`stop`]: a signal stops the worker after its current lease.
 //! - [`engine`]: the engines on their own threads; [`eval_engine`] the
-//!   evaluating one; [`fake`] a deterministic stand-in for tests.
+//!   evaluating one.
 //! - `work`: what each lease computes, by the welcome's task (collection or
 //!   evaluation), behind one trait, so one loop serves both.
 //! - [`join`] runs the protocol of [`protocol::wire`] with any engine.
 
 pub mod engine;
 pub mod eval_engine;
-pub mod fake;
 pub mod stop;
 pub mod tls;
 mod work;
@@ -25,16 +24,16 @@ mod work;
 use crate::collect::device::Reduce;
 use crate::eval::Compare;
 use crate::offload::OffloadArgs;
-use runfiles::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use engine::EngineLoader;
 use numbers::peer_text::peer_text;
 use protocol::secret::{JoinSecret, WorkerKey};
-use runfiles::store::RunStore;
 use protocol::wire::{
     join_proof, parse_pin, read_msg, write_msg, Checkpoint, JobInfo, LeaseGrant, PartialRef,
     Refusal, Task, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME,
     PROTOCOL_VERSION, RUN_FINISHED,
 };
-use engine::EngineLoader;
+use runfiles::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use runfiles::store::RunStore;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

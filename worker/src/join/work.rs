@@ -11,13 +11,13 @@ use super::eval_engine::EvalEngine;
 use super::{Corpus, JoinError};
 use crate::eval::candidates::Inputs;
 use numbers::eval::EvalPartial;
+use numbers::partial::Partial;
+use numbers::ChunkRange;
+use protocol::wire::{EvalJob, JobInfo, Task};
 use runfiles::keepmap::KeepMap;
 use runfiles::lease::{Labels, LeaseOutput};
-use numbers::partial::Partial;
 use runfiles::store::RunStore;
 use runfiles::trace::TraceRow;
-use protocol::wire::{EvalJob, JobInfo, Task};
-use numbers::ChunkRange;
 use std::future::Future;
 use std::pin::Pin;
 

@@ -989,7 +989,7 @@ mod tests {
     fn a_backend_context_never_lets_llama_cpp_copy_logits() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
-        crate::synth::write_model(crate::synth::Preset::Tiny, 3, &path).unwrap();
+        synth::write_model(synth::Preset::Tiny, 3, &path).unwrap();
         let model = Model::load(&path, &Offload::default()).unwrap();
         let tokens: Vec<i32> = (0..16).map(|i| (i * 37) % 500).collect();
 

@@ -1,8 +1,8 @@
 use super::*;
-use runfiles::corpus::Span;
 use gguf::model_check::MoeFacts;
 use numbers::{ChunkId, Split};
-use worker::join::fake::FakeEngine;
+use runfiles::corpus::Span;
+use synth::fake::FakeModel;
 
 const MODEL: &str = "model-sha";
 
@@ -56,7 +56,7 @@ fn acceptance(model: Option<MoeFacts>) -> (Acceptance, Vec<Chunk>, CorpusIndex) 
 }
 
 fn honest(index: &CorpusIndex, chunks: &[Chunk], unit: ChunkRange) -> Partial {
-    FakeEngine::new(MODEL)
+    FakeModel::new(MODEL)
         .partial(index, &chunks[unit.start as usize..unit.end as usize])
         .unwrap()
 }
@@ -156,7 +156,7 @@ fn shapes_are_checked_against_the_model_and_the_first_accepted_partial() {
     let (a, chunks, index) = acceptance(None);
     a.check(&[r(0, 3)], &honest(&index, &chunks, r(0, 3)))
         .unwrap();
-    let mut fake = FakeEngine::new(MODEL);
+    let mut fake = FakeModel::new(MODEL);
     fake.layers = vec![0, 1, 2];
     let other = fake.partial(&index, &chunks[3..6]).unwrap();
     let e = a.check(&[r(3, 6)], &other).unwrap_err();
@@ -242,7 +242,7 @@ fn importance_matrix_sums_are_checked_in_their_packed_bytes_and_a_refused_partia
 fn importance_matrix_entries_are_the_models_weights() {
     let d = tempfile::tempdir().unwrap();
     let path = d.path().join("fake.gguf");
-    std::fs::write(&path, FakeEngine::new(MODEL).model_gguf()).unwrap();
+    std::fs::write(&path, FakeModel::new(MODEL).model_gguf()).unwrap();
     let weights = ModelWeights::read(&path).unwrap();
     let facts = gguf::model_check::moe_facts(&path).unwrap();
     let (index, chunks) = corpus();

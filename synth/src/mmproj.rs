@@ -12,9 +12,9 @@
 //! second-to-last feature layer).
 
 use super::weights::{random_matrix, random_vector};
-use crate::error::WorkerError;
-use gguf::write::{GgufWriter, TensorType, Value};
+use crate::error::SynthError;
 use gguf::read::GgufReader;
+use gguf::write::{GgufWriter, TensorType, Value};
 use std::path::Path;
 
 /// Shape of the generated vision encoder.
@@ -58,7 +58,7 @@ impl MmprojSpec {
 
     /// [`MmprojSpec::tiny`] for the text model GGUF `model`: its hidden
     /// size, and its image channel when it has vision experts.
-    pub fn for_model(model: &Path) -> Result<MmprojSpec, WorkerError> {
+    pub fn for_model(model: &Path) -> Result<MmprojSpec, SynthError> {
         let r = GgufReader::open(model)?;
         let channel = r
             .header
@@ -78,10 +78,10 @@ impl MmprojSpec {
 }
 
 /// The hidden size of a text model GGUF (`{general.architecture}.embedding_length`).
-pub fn text_hidden_size(model: &Path) -> Result<usize, WorkerError> {
+pub fn text_hidden_size(model: &Path) -> Result<usize, SynthError> {
     let r = GgufReader::open(model)?;
     let h = &r.header;
-    let missing = |key: String| WorkerError::MissingKey {
+    let missing = |key: String| SynthError::MissingKey {
         path: model.display().to_string(),
         key,
     };
@@ -98,7 +98,7 @@ pub fn text_hidden_size(model: &Path) -> Result<usize, WorkerError> {
 }
 
 /// Writes the mmproj of `spec` to `path` (atomically), weights from `seed`.
-pub fn write_mmproj(spec: &MmprojSpec, seed: u64, path: &Path) -> Result<(), WorkerError> {
+pub fn write_mmproj(spec: &MmprojSpec, seed: u64, path: &Path) -> Result<(), SynthError> {
     super::write_gguf(&build(spec, seed), path)
 }
 

@@ -1,34 +1,22 @@
-//! A deterministic stand-in engine for protocol and scheduling tests: it
-//! derives statistics from the token ids alone (k distinct experts per token,
-//! uniform router probabilities), so any grouping of chunks merges to the
-//! same bytes and every `verify` invariant holds. Its importance matrix
-//! holds each MoE layer's router (`ffn_gate_inp`, 4 input columns), the
-//! weights of the model [`FakeEngine::model_gguf`] describes.
+//! The partials of a deterministic stand-in engine for protocol and
+//! scheduling tests: statistics derived from the token ids alone (k distinct
+//! experts per token, uniform router probabilities), so any grouping of
+//! chunks merges to the same bytes and every `verify` invariant holds. Its
+//! importance matrix holds each MoE layer's router (`ffn_gate_inp`, 4 input
+//! columns), the weights of the model [`FakeModel::model_gguf`] describes.
 
-use super::engine::{Engine, EngineLoader};
-use crate::images::ImageBytes;
-use runfiles::corpus::{Chunk, CorpusIndex};
 use gguf::write::{GgufWriter, Value};
 use numbers::imatrix::{Imatrix, ImatrixEntry};
 use numbers::partial::Partial;
 use numbers::stats::{ExpertAccum, MoeShape};
-use runfiles::trace::TraceRow;
-use protocol::wire::JobInfo;
 use numbers::{ChunkRange, ExactSum, Gating, Split};
-use std::time::Duration;
+use runfiles::corpus::{Chunk, CorpusIndex};
 
-/// Settings of the fake engine.
+/// The model a fake engine pretends to run.
 #[derive(Clone, Debug)]
-pub struct FakeEngine {
+pub struct FakeModel {
     /// Model hash it claims (a mismatch with the job makes the worker refuse).
     pub model_sha256: String,
-    /// Sleep per chunk, to keep leases in flight.
-    pub delay_per_chunk: Duration,
-    /// Never return from `measure` (a worker that stops answering).
-    pub hang: bool,
-    /// Told each time `measure` starts (a test waits on it instead of
-    /// sleeping until the worker holds a lease).
-    pub measuring: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// Routed experts per layer.
     pub n_expert: u32,
     /// Experts per token.
@@ -37,14 +25,11 @@ pub struct FakeEngine {
     pub layers: Vec<u32>,
 }
 
-impl FakeEngine {
+impl FakeModel {
     /// A fake of `n_expert` experts, top-`k`, over `layers`, claiming `model_sha256`.
-    pub fn new(model_sha256: &str) -> FakeEngine {
-        FakeEngine {
+    pub fn new(model_sha256: &str) -> FakeModel {
+        FakeModel {
             model_sha256: model_sha256.to_string(),
-            delay_per_chunk: Duration::ZERO,
-            hang: false,
-            measuring: None,
             n_expert: 8,
             k: 2,
             layers: vec![0, 1],
@@ -131,7 +116,7 @@ impl FakeEngine {
     }
 }
 
-impl FakeEngine {
+impl FakeModel {
     /// A GGUF header (and zero weights) of the model this engine pretends
     /// to run: its expert count and k, and a router `[4, n_expert]` per MoE
     /// layer, so a coordinator reads the same facts and importance-matrix
@@ -154,45 +139,4 @@ impl FakeEngine {
 
 fn add(sum: &mut ExactSum, v: f64) -> Result<(), String> {
     sum.add_f64(v).map_err(|e| e.to_string())
-}
-
-impl Engine for FakeEngine {
-    fn model_sha256(&self) -> String {
-        self.model_sha256.clone()
-    }
-
-    fn trace_shape(&self) -> (usize, usize) {
-        (self.k as usize, self.n_expert as usize)
-    }
-
-    fn measure(
-        &mut self,
-        index: &CorpusIndex,
-        chunks: &[Chunk],
-        _images: &ImageBytes,
-    ) -> Result<(Partial, Vec<TraceRow>), String> {
-        runfiles::corpus::refuse_images(chunks, "the fake engine")?;
-        if let Some(n) = &self.measuring {
-            n.notify_one();
-        }
-        if self.hang {
-            loop {
-                std::thread::park();
-            }
-        }
-        std::thread::sleep(self.delay_per_chunk * chunks.len() as u32);
-        Ok((self.partial(index, chunks)?, Vec::new()))
-    }
-}
-
-impl EngineLoader for FakeEngine {
-    type Engine = FakeEngine;
-
-    fn backend(&self) -> String {
-        "fake".to_string()
-    }
-
-    fn load(self, _job: &JobInfo) -> Result<FakeEngine, String> {
-        Ok(self)
-    }
 }

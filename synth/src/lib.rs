@@ -1,4 +1,6 @@
-//! `worker synth-model`: deterministic, small but real MoE GGUF models, one
+//! Test models and data, generated here without llama.cpp (the `worker
+//! synth-*` commands are a thin front over it; the product's crates never
+//! depend on it). Models: deterministic, small but real MoE GGUF models, one
 //! preset per MoE family llama.cpp runs, with that family's tensor layout
 //! (DESIGN section 3's routing variants). [`layout`] knows each family's
 //! metadata and tensors; [`builder`] makes the random weights.
@@ -28,13 +30,16 @@
 //!   size (2,048) and routing (512 experts, top-10) in 3 MoE layers, Q8_0,
 //!   so the output head and logits rows have their real size (benchmarks).
 //!
-//! [`chunks`] makes synthetic token chunks for the benchmarks; [`corpus`]
+//! [`chunks`] makes synthetic token chunks for the benchmarks; [`fake`] the
+//! partials of a stand-in engine for protocol tests; [`corpus`]
 //! a synthetic text corpus; [`images`] the bundled image sample; [`mmproj`] a vision encoder and projector that
 //! mtmd loads beside a generated model.
 
 mod builder;
 pub mod chunks;
 pub mod corpus;
+mod error;
+pub mod fake;
 pub mod images;
 mod layout;
 pub mod mmproj;
@@ -42,8 +47,8 @@ pub mod vision;
 mod vocab;
 mod weights;
 
-use crate::error::WorkerError;
 use builder::Builder;
+pub use error::SynthError;
 use gguf::write::{GgufWriter, TensorType, Value};
 use std::path::{Path, PathBuf};
 
@@ -410,7 +415,7 @@ pub struct Overrides {
 }
 
 /// Writes the preset's model to `path` (atomically: a temporary file renamed).
-pub fn write_model(preset: Preset, seed: u64, path: &Path) -> Result<(), WorkerError> {
+pub fn write_model(preset: Preset, seed: u64, path: &Path) -> Result<(), SynthError> {
     write_model_with(preset, seed, Overrides::default(), path)
 }
 
@@ -421,7 +426,7 @@ pub fn write_model_as(
     seed: u64,
     weights: Option<WeightType>,
     path: &Path,
-) -> Result<(), WorkerError> {
+) -> Result<(), SynthError> {
     let o = Overrides {
         weights,
         ..Overrides::default()
@@ -436,7 +441,7 @@ pub fn write_model_with(
     seed: u64,
     o: Overrides,
     path: &Path,
-) -> Result<(), WorkerError> {
+) -> Result<(), SynthError> {
     write_gguf(&checked_model(preset, seed, o)?, path)
 }
 
@@ -450,7 +455,7 @@ pub fn write_model_split(
     o: Overrides,
     path: &Path,
     count: u16,
-) -> Result<PathBuf, WorkerError> {
+) -> Result<PathBuf, SynthError> {
     let stem = path.file_stem().unwrap_or_default().to_string_lossy();
     let file = |i: u16| path.with_file_name(gguf::split::shard_name(&stem, i, count));
     let shards = checked_model(preset, seed, o)?.into_shards(count);
@@ -461,11 +466,11 @@ pub fn write_model_split(
 }
 
 /// The preset's model changed by `o`, refusing overrides it cannot take.
-fn checked_model(preset: Preset, seed: u64, o: Overrides) -> Result<GgufWriter, WorkerError> {
+fn checked_model(preset: Preset, seed: u64, o: Overrides) -> Result<GgufWriter, SynthError> {
     let spec = preset.spec();
     if let Some(n) = o.vision_experts {
         if n + spec.n_expert_used > spec.n_expert || spec.n_embd <= 2 {
-            return Err(WorkerError::VisionExperts {
+            return Err(SynthError::VisionExperts {
                 requested: n,
                 preset: format!("{preset:?}"),
                 n_expert: spec.n_expert,
@@ -479,9 +484,9 @@ fn checked_model(preset: Preset, seed: u64, o: Overrides) -> Result<GgufWriter, 
 /// Writes `g` to `path` atomically (a temporary file renamed), creating
 /// the parent directory; the file is written from the encoded tensors,
 /// never copied whole into one buffer.
-fn write_gguf(g: &GgufWriter, path: &Path) -> Result<(), WorkerError> {
+fn write_gguf(g: &GgufWriter, path: &Path) -> Result<(), SynthError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(WorkerError::creating(dir))?;
+        std::fs::create_dir_all(dir).map_err(SynthError::creating(dir))?;
     }
     let tmp = path.with_extension("gguf.partial");
     let written = std::fs::File::create(&tmp).and_then(|f| {
@@ -489,8 +494,8 @@ fn write_gguf(g: &GgufWriter, path: &Path) -> Result<(), WorkerError> {
         g.write(&mut w)?;
         w.into_inner().map_err(|e| e.into_error())?.sync_all()
     });
-    written.map_err(WorkerError::writing(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(WorkerError::renaming_to(path))?;
+    written.map_err(SynthError::writing(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(SynthError::renaming_to(path))?;
     Ok(())
 }
 

@@ -10,7 +10,6 @@
 //! sums, as on a worker (`ffn_gate_exps` and `ffn_up_exps`; `attn_q`,
 //! `attn_k`, `attn_v`).
 
-use runfiles::corpus::{Chunk, Span};
 use numbers::exact::ExactSum;
 use numbers::imatrix::{Imatrix, ImatrixEntry};
 use numbers::partial::Partial;
@@ -18,6 +17,7 @@ use numbers::splitmix::SplitMix64;
 use numbers::stats::{ExpertAccum, MoeShape};
 use numbers::{ChunkId, ChunkRange, Gating, Split};
 use rayon::prelude::*;
+use runfiles::corpus::{Chunk, Span};
 
 /// MoE layers.
 pub const LAYERS: u32 = 48;

@@ -4,7 +4,7 @@
 //! "text"}` and chat records with image parts, so an image domain needs no
 //! downloaded data. The same call always writes the same bytes.
 
-use crate::error::WorkerError;
+use crate::error::SynthError;
 use std::path::Path;
 
 /// Directory of the pictures, relative to `images.jsonl`.
@@ -76,7 +76,7 @@ const PICTURES: [Picture; 5] = [
 ];
 
 /// The PNG bytes of one picture (8-bit RGB).
-fn png_bytes(p: &Picture) -> Result<Vec<u8>, WorkerError> {
+fn png_bytes(p: &Picture) -> Result<Vec<u8>, SynthError> {
     let (w, h) = p.size;
     let rgb: Vec<u8> = (0..h)
         .flat_map(|y| (0..w).flat_map(move |x| (p.pixel)(x, y)))
@@ -114,22 +114,22 @@ fn records() -> String {
 }
 
 /// Writes `DIR/*.png` and `RECORDS` into `dir`.
-pub fn write_images(dir: &Path) -> Result<(), WorkerError> {
+pub fn write_images(dir: &Path) -> Result<(), SynthError> {
     let images = dir.join(DIR);
-    std::fs::create_dir_all(&images).map_err(WorkerError::creating(&images))?;
+    std::fs::create_dir_all(&images).map_err(SynthError::creating(&images))?;
     for (name, bytes) in files()? {
         let path = dir.join(name);
-        std::fs::write(&path, bytes).map_err(WorkerError::writing(&path))?;
+        std::fs::write(&path, bytes).map_err(SynthError::writing(&path))?;
     }
     Ok(())
 }
 
 /// Every file [`write_images`] writes, relative to its directory, with its bytes.
-pub fn files() -> Result<Vec<(String, Vec<u8>)>, WorkerError> {
+pub fn files() -> Result<Vec<(String, Vec<u8>)>, SynthError> {
     let mut out: Vec<(String, Vec<u8>)> = PICTURES
         .iter()
         .map(|p| Ok((format!("{DIR}/{}", p.file), png_bytes(p)?)))
-        .collect::<Result<_, WorkerError>>()?;
+        .collect::<Result<_, SynthError>>()?;
     out.push((RECORDS.to_string(), records().into_bytes()));
     Ok(out)
 }

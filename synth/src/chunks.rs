@@ -3,8 +3,8 @@
 //! every preset's vocabulary), under a smaller model's vocabulary, or over a
 //! whole vocabulary; one fit span per chunk, one domain.
 
-use runfiles::corpus::{Chunk, CorpusIndex, Span};
 use numbers::{ChunkId, Split};
+use runfiles::corpus::{Chunk, CorpusIndex, Span};
 
 /// `n` chunks of `n_ctx` token ids below `n_vocab.min(600)` and their index
 /// (600: the generated models' vocabulary, so figures stay comparable).

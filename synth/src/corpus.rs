@@ -8,7 +8,7 @@
 //! - `code.txt`: plain-text code-like documents separated by a blank line;
 //! - `chat.jsonl`: `{"task", "messages"}` conversations, grouped by task.
 
-use crate::error::WorkerError;
+use crate::error::SynthError;
 use numbers::splitmix::SplitMix64 as Rng;
 use std::io::Write;
 use std::path::Path;
@@ -47,13 +47,13 @@ const TASKS: &[&str] = &[
 ];
 
 /// Writes the three domain files into `dir`, each about `chars` characters.
-pub fn write_corpus(dir: &Path, chars: usize, seed: u64) -> Result<(), WorkerError> {
-    std::fs::create_dir_all(dir).map_err(WorkerError::creating(dir))?;
+pub fn write_corpus(dir: &Path, chars: usize, seed: u64) -> Result<(), SynthError> {
+    std::fs::create_dir_all(dir).map_err(SynthError::creating(dir))?;
     let writers: [fn(&mut Rng, usize) -> String; 3] = [prose_doc, code_doc, chat_doc];
     for (name, doc) in FILES.iter().zip(writers) {
         let path = dir.join(name);
         let tmp = path.with_extension("partial");
-        let file = std::fs::File::create(&tmp).map_err(WorkerError::creating(&tmp))?;
+        let file = std::fs::File::create(&tmp).map_err(SynthError::creating(&tmp))?;
         let mut out = std::io::BufWriter::new(file);
         let mut rng = Rng::for_stream(seed, name);
         let (mut written, mut i) = (0, 0);
@@ -61,12 +61,12 @@ pub fn write_corpus(dir: &Path, chars: usize, seed: u64) -> Result<(), WorkerErr
             let text = doc(&mut rng, i);
             written += text.len();
             out.write_all(text.as_bytes())
-                .map_err(WorkerError::writing(&tmp))?;
+                .map_err(SynthError::writing(&tmp))?;
             i += 1;
         }
-        out.flush().map_err(WorkerError::writing(&tmp))?;
+        out.flush().map_err(SynthError::writing(&tmp))?;
         drop(out);
-        std::fs::rename(&tmp, &path).map_err(WorkerError::renaming_to(&path))?;
+        std::fs::rename(&tmp, &path).map_err(SynthError::renaming_to(&path))?;
     }
     Ok(())
 }

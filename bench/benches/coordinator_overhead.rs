@@ -35,14 +35,14 @@
 //!    reported against the running total's and the partials' sizes.
 
 use bytes::Bytes;
-use runfiles::corpus::CorpusIndex;
-use numbers::exact::ExactSum;
 use gguf::hash::sha256_hex;
 use gguf::model_check::MoeFacts;
+use numbers::exact::ExactSum;
 use numbers::partial::{PackedPartial, Partial};
-use protocol::wire::WorkerId;
 use numbers::ChunkRange;
+use protocol::wire::WorkerId;
 use realistic::{CHUNK_TOKENS, EXPERTS, LAYERS, SPAN};
+use runfiles::corpus::CorpusIndex;
 use runtime::run::accept::Acceptance;
 use sched::{plan, Completion, Grant, Identity, SchedConfig, Scheduler};
 use std::collections::BTreeMap;
@@ -657,7 +657,10 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, (f64, f64)) {
     let wall = t.elapsed().as_secs_f64();
     (
         v,
-        (wall, runfiles::procstat::process_cpu_seconds().unwrap() - cpu),
+        (
+            wall,
+            runfiles::procstat::process_cpu_seconds().unwrap() - cpu,
+        ),
     )
 }
 

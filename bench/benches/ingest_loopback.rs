@@ -22,15 +22,15 @@
 //! the time a worker spends not computing, the coordinator's answer to its
 //! staged result included.
 
+use config::run::{ClusterSettings, RunSettings};
+use numbers::ChunkRange;
+use protocol::secret::{JoinSecret, WorkerKey};
+use protocol::wire::JobInfo;
+use realistic::{CHUNK_TOKENS, SPAN};
 use runfiles::corpus::{write_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
 use runfiles::procstat::process_cpu_seconds;
-use protocol::secret::{JoinSecret, WorkerKey};
 use runfiles::store::RunStore;
 use runfiles::trace::TraceRow;
-use protocol::wire::JobInfo;
-use numbers::ChunkRange;
-use config::run::{ClusterSettings, RunSettings};
-use realistic::{CHUNK_TOKENS, SPAN};
 use runtime::run::{execute, Listening, RunSetup};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
