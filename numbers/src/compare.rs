@@ -6,6 +6,7 @@
 
 use crate::exact::ExactSum;
 use crate::partial::Partial;
+use crate::stats::SUM_NAMES;
 
 /// Relative tolerance of sums between partials from different backends.
 pub const MIXED_BACKEND_TOLERANCE: f64 = 1e-3;
@@ -36,13 +37,7 @@ pub fn agree(a: &Partial, b: &Partial) -> Result<(), String> {
         for (la, lb) in ga.layers.iter().zip(&gb.layers) {
             let at = format!("{at} layer {}", la.layer);
             same(&la.count, &lb.count, &format!("{at} count"))?;
-            for (name, xa, xb) in [
-                ("prob_sum", &la.prob_sum, &lb.prob_sum),
-                ("weight_sum", &la.weight_sum, &lb.weight_sum),
-                ("ean_sum", &la.ean_sum, &lb.ean_sum),
-                ("reap_l2_sum", &la.reap_l2_sum, &lb.reap_l2_sum),
-                ("reap_l2_sq_sum", &la.reap_l2_sq_sum, &lb.reap_l2_sq_sum),
-            ] {
+            for ((name, xa), xb) in SUM_NAMES.iter().zip(la.sums()).zip(lb.sums()) {
                 close(xa, xb, tolerance, &[], &format!("{at} {name}"))?;
             }
             let exact = |v: &[f64]| -> Vec<ExactSum> {

@@ -28,7 +28,7 @@ use crate::exact::{per_token_limit, ExactSum, FRACTION_BITS};
 use crate::packed::BlockBounds;
 use crate::partial::{ImatrixColumn, Partial, SumsCheck};
 use crate::peer_text::peer_text;
-use crate::stats::{ExpertAccum, LayerAccum};
+use crate::stats::{ExpertAccum, LayerAccum, SUM_NAMES};
 use rayon::prelude::*;
 
 /// Relative slack of the Cauchy-Schwarz bound: sums are exact, but each
@@ -313,14 +313,8 @@ fn experts(e: &ExpertAccum, budget: &Budget, no_drops: bool) -> Result<(), Strin
     Ok(())
 }
 
-fn sums(l: &LayerAccum) -> [(&'static str, &[ExactSum]); 5] {
-    [
-        ("prob_sum", &l.prob_sum),
-        ("weight_sum", &l.weight_sum),
-        ("ean_sum", &l.ean_sum),
-        ("reap_l2_sum", &l.reap_l2_sum),
-        ("reap_l2_sq_sum", &l.reap_l2_sq_sum),
-    ]
+fn sums(l: &LayerAccum) -> impl Iterator<Item = (&'static str, &[ExactSum])> {
+    SUM_NAMES.into_iter().zip(l.sums().map(Vec::as_slice))
 }
 
 /// The bounds one expert's counts imply.
@@ -334,14 +328,13 @@ fn expert(l: &LayerAccum, x: usize, n: u64, bounded_probs: bool) -> Result<(), S
             ));
         }
     }
-    let routed = [
-        ("weight_sum", l.weight_sum[x]),
-        ("ean_sum", l.ean_sum[x]),
-        ("reap_l2_sum", l.reap_l2_sum[x]),
-        ("reap_l2_sq_sum", l.reap_l2_sq_sum[x]),
-    ];
     if c == 0 {
-        if let Some((name, v)) = routed.iter().find(|(_, v)| !v.is_zero()) {
+        // Every sum after `prob_sum` adds over routed tokens only.
+        if let Some((name, v)) = sums(l)
+            .skip(1)
+            .map(|(k, v)| (k, v[x]))
+            .find(|(_, v)| !v.is_zero())
+        {
             return Err(format!(
                 "{name} {} for an expert no token selected",
                 v.to_f64()

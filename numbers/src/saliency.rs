@@ -8,7 +8,7 @@ pub mod lenient;
 
 use crate::routing::Routing;
 use crate::split::{Gating, Split};
-use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};
+use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError, N_SUMS};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -48,6 +48,35 @@ impl From<&LayerAccum> for LayerStats {
             reap_l2_sq_sum: f(&a.reap_l2_sq_sum),
             ean_max: a.ean_max.clone(),
         }
+    }
+}
+
+impl LayerStats {
+    /// The check that `reap_l2_sq_sum` is at least `reap_l2_sum^2 / count`.
+    pub const CAUCHY_SCHWARZ: &str = "Cauchy-Schwarz: reap_l2_sq_sum >= reap_l2_sum^2 / count";
+
+    /// The sums in [`crate::stats::SUM_NAMES`] order.
+    pub fn sums(&self) -> [&Vec<f64>; N_SUMS] {
+        [
+            &self.prob_sum,
+            &self.weight_sum,
+            &self.ean_sum,
+            &self.reap_l2_sum,
+            &self.reap_l2_sq_sum,
+        ]
+    }
+
+    /// Expert `e`'s [`Self::CAUCHY_SCHWARZ`] figures: the margin in units of
+    /// the allowed slack ([`crate::partial_check::cauchy_schwarz_margin`],
+    /// below -1 fails), its `reap_l2_sq_sum` and the bound; `None` for an
+    /// expert no token selected.
+    pub fn cauchy_schwarz(&self, e: usize) -> Option<(f64, f64, f64)> {
+        let c = self.count[e];
+        let (sum, sq) = (self.reap_l2_sum[e], self.reap_l2_sq_sum[e]);
+        (c > 0).then(|| {
+            let margin = crate::partial_check::cauchy_schwarz_margin(sum, sq, c);
+            (margin, sq, sum * sum / c as f64)
+        })
     }
 }
 
@@ -109,7 +138,7 @@ pub struct Saliency {
     #[serde(default)]
     pub n_chunks: u64,
     /// `fit` and `heldout`.
-    pub splits: BTreeMap<String, SplitStats>,
+    pub splits: BTreeMap<Split, SplitStats>,
 }
 
 impl Saliency {
@@ -135,7 +164,7 @@ impl Saliency {
                 false => BTreeMap::new(),
             };
             splits.insert(
-                split.as_str().to_string(),
+                split,
                 SplitStats {
                     n_tokens: total.n_tokens,
                     layers: total.layers.iter().map(LayerStats::from).collect(),
@@ -171,6 +200,6 @@ impl Saliency {
 
     /// The split's statistics, if the run has that split.
     pub fn split(&self, split: Split) -> Option<&SplitStats> {
-        self.splits.get(split.as_str())
+        self.splits.get(&split)
     }
 }

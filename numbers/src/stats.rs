@@ -87,10 +87,95 @@ pub fn max_into(dst: &mut [f64], src: &[f64]) -> Result<(), MergeError> {
     Ok(())
 }
 
+/// The names of the exact per-expert sums, in the order of
+/// [`LayerAccum::sums`]: the one list every stage (merge, encoding, checks,
+/// `saliency.json` and `saliency.parquet`, verify) walks the sums in.
+pub const SUM_NAMES: [&str; N_SUMS] = [
+    "prob_sum",
+    "weight_sum",
+    "ean_sum",
+    "reap_l2_sum",
+    "reap_l2_sq_sum",
+];
+
+/// How many exact sums an expert has.
+pub const N_SUMS: usize = 5;
+
+/// What a token routed to an expert adds to the sums after `prob_sum`
+/// (those of [`SUM_NAMES`]`[1..]`): gate weight `g`, output norm `n` and
+/// REAP's `r` (`g * n`, or `n` where the gate is inside the expert).
+pub fn routed_terms(g: f64, n: f64, r: f64) -> [f64; N_SUMS - 1] {
+    [g, n, r, r * r]
+}
+
+/// Compact per-chunk statistics of the fit split (bootstrap resampling of
+/// keep maps needs them; floats need not be exact here).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChunkStats {
+    /// Chunk id.
+    pub chunk: u32,
+    /// Fit tokens in the chunk.
+    pub n_tokens: u32,
+    /// `count` per (MoE layer, expert), row-major `[layer][expert]`.
+    pub count: Vec<u32>,
+    /// `reap_l2_sum` per (MoE layer, expert), same layout.
+    pub reap_l2_sum: Vec<f32>,
+    /// `reap_l2_sq_sum` per (MoE layer, expert), same layout.
+    pub reap_l2_sq_sum: Vec<f32>,
+}
+
+impl ChunkStats {
+    /// A chunk's statistics from its per-cell counts and f64 sums in
+    /// [`SUM_NAMES`] order (each `cells` long), rounded to f32.
+    pub fn from_sums(
+        chunk: u32,
+        n_tokens: u32,
+        count: Vec<u32>,
+        sums: &[Vec<f64>; N_SUMS],
+    ) -> Self {
+        let f32s = |v: &[f64]| v.iter().map(|x| *x as f32).collect();
+        ChunkStats {
+            chunk,
+            n_tokens,
+            count,
+            reap_l2_sum: f32s(&sums[3]),
+            reap_l2_sq_sum: f32s(&sums[4]),
+        }
+    }
+
+    /// Cells (MoE layers x experts) when every per-cell vector has that
+    /// length, `None` when they disagree.
+    pub fn cells(&self) -> Option<usize> {
+        let n = self.count.len();
+        (self.reap_l2_sum.len() == n && self.reap_l2_sq_sum.len() == n).then_some(n)
+    }
+
+    /// The totals over the chunks `pick` (repeats count again) of count,
+    /// `reap_l2_sum` and `reap_l2_sq_sum`, per cell, in f64.
+    pub fn totals(chunks: &[ChunkStats], pick: &[usize], cells: usize) -> [Vec<f64>; 3] {
+        let [mut count, mut sum, mut sq] = [0, 1, 2].map(|_| vec![0f64; cells]);
+        let add = |total: &mut [f64], v: &[f32]| {
+            total
+                .iter_mut()
+                .zip(v)
+                .for_each(|(t, x)| *t += f64::from(*x));
+        };
+        for c in pick.iter().map(|&i| &chunks[i]) {
+            count
+                .iter_mut()
+                .zip(&c.count)
+                .for_each(|(t, x)| *t += f64::from(*x));
+            add(&mut sum, &c.reap_l2_sum);
+            add(&mut sq, &c.reap_l2_sq_sum);
+        }
+        [count, sum, sq]
+    }
+}
+
 impl LayerAccum {
     /// The five exact statistics in declaration order (`prob_sum` first):
     /// the order the merge and the partial encoding walk them in.
-    pub fn sums(&self) -> [&Vec<ExactSum>; 5] {
+    pub fn sums(&self) -> [&Vec<ExactSum>; N_SUMS] {
         [
             &self.prob_sum,
             &self.weight_sum,
@@ -101,7 +186,7 @@ impl LayerAccum {
     }
 
     /// [`LayerAccum::sums`], writable.
-    pub fn sums_mut(&mut self) -> [&mut Vec<ExactSum>; 5] {
+    pub fn sums_mut(&mut self) -> [&mut Vec<ExactSum>; N_SUMS] {
         [
             &mut self.prob_sum,
             &mut self.weight_sum,

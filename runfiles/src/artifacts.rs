@@ -6,6 +6,7 @@ use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array
 use arrow::datatypes::{DataType, Field, Schema};
 use numbers::partial::Partial;
 use numbers::saliency::{LayerStats, Saliency};
+use numbers::stats::{N_SUMS, SUM_NAMES};
 use std::sync::Arc;
 
 /// Object names of a run's artifacts (DESIGN section 10), from the run
@@ -33,7 +34,7 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
     let mut layer = Vec::new();
     let mut expert = Vec::new();
     let mut count = Vec::new();
-    let mut cols: [Vec<f64>; 6] = Default::default();
+    let mut cols: [Vec<f64>; N_SUMS + 1] = Default::default();
     let mut push = |sp: &str, dom: &str, l: &LayerStats| {
         for e in 0..l.count.len() {
             split.push(sp.to_string());
@@ -41,32 +42,20 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
             layer.push(l.layer);
             expert.push(e as u32);
             count.push(l.count[e]);
-            for (c, v) in cols.iter_mut().zip([
-                &l.prob_sum,
-                &l.weight_sum,
-                &l.ean_sum,
-                &l.reap_l2_sum,
-                &l.reap_l2_sq_sum,
-                &l.ean_max,
-            ]) {
+            for (c, v) in cols
+                .iter_mut()
+                .zip(l.sums().into_iter().chain([&l.ean_max]))
+            {
                 c.push(v.get(e).copied().unwrap_or(0.0));
             }
         }
     };
     for (sp, st) in &s.splits {
-        st.layers.iter().for_each(|l| push(sp, "*", l));
+        st.layers.iter().for_each(|l| push(sp.as_str(), "*", l));
         for (dom, ds) in &st.domains {
-            ds.layers.iter().for_each(|l| push(sp, dom, l));
+            ds.layers.iter().for_each(|l| push(sp.as_str(), dom, l));
         }
     }
-    let names = [
-        "prob_sum",
-        "weight_sum",
-        "ean_sum",
-        "reap_l2_sum",
-        "reap_l2_sq_sum",
-        "ean_max",
-    ];
     let mut fields = vec![
         Field::new("split", DataType::Utf8, false),
         Field::new("domain", DataType::Utf8, false),
@@ -75,8 +64,9 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
         Field::new("count", DataType::UInt64, false),
     ];
     fields.extend(
-        names
+        SUM_NAMES
             .iter()
+            .chain(&["ean_max"])
             .map(|n| Field::new(*n, DataType::Float64, false)),
     );
     let mut arrays: Vec<ArrayRef> = vec![

@@ -10,6 +10,7 @@ use config::run::{ClusterSettings, RunSettings};
 use fixtures::loopback::{local_workers, spawn_noting_pids};
 use numbers::eval::EvalPartial;
 use numbers::ChunkRange;
+use numbers::Split;
 use protocol::wire::{EvalJob, JobInfo, Refusal};
 use runfiles::corpus::{Chunk, CorpusIndex};
 use runfiles::keepmap::KeepMap;
@@ -157,7 +158,7 @@ async fn one_and_three_workers_give_byte_identical_results_and_keep_all_costs_no
     let s = &o1.summary;
     let (keep_all, pruned) = (&s.candidates[0], &s.candidates[1]);
     assert_eq!((keep_all.k, pruned.k), (16, 8));
-    for split in ["fit", "heldout"] {
+    for split in &Split::ALL {
         let a = &keep_all.splits[split].all;
         assert_eq!(
             (a.kl.mean, a.kl.max, a.top1_same),
@@ -179,7 +180,7 @@ async fn one_and_three_workers_give_byte_identical_results_and_keep_all_costs_no
         .all(|t| t.pos >= N_CTX / 2));
     // The keep-all candidate is the best; the pruned one is paired with it,
     // and with KL exactly 0 on one side the paired difference is its mean.
-    let held = &pruned.splits["heldout"];
+    let held = &pruned.splits[&Split::Heldout];
     let pair = held.paired.as_ref().unwrap();
     assert_eq!(pair.against, "frequency_K16");
     assert!((pair.diff - held.all.kl.mean).abs() < 1e-12, "{pair:?}");

@@ -5,6 +5,7 @@
 //! (CPU backend), with the base model's logits kept in memory or in a
 //! scratch file that is gone afterwards.
 
+use numbers::Split;
 use std::path::{Path, PathBuf};
 use synth::Preset;
 
@@ -68,7 +69,7 @@ fn one_or_two_models_in_memory_give_the_all_at_once_results_byte_for_byte() {
         let all = run(&["--compare", compare, "--models-in-memory", "all"]);
         let summary: numbers::eval::EvalSummary = serde_json::from_slice(&all[1]).unwrap();
         assert_eq!(summary.candidates.len(), 3);
-        let kl = |i: usize| summary.candidates[i].splits["fit"].all.kl.mean;
+        let kl = |i: usize| summary.candidates[i].splits[&Split::Fit].all.kl.mean;
         assert!(kl(0) > 0.0 && kl(1) > 0.0 && kl(2) > 0.0, "{compare}");
         for (models, in_memory_mib) in [("1", "1024"), ("2", "1024"), ("2", "0"), ("1", "0")] {
             let got = run(&[

@@ -6,6 +6,7 @@
 //! and describes files of it; on a grouped model, an `[eval]` failure
 //! keeps what verification wrote.
 
+use numbers::Split;
 use std::path::Path;
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -85,7 +86,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
     let methods: std::collections::BTreeSet<&String> = cells.iter().map(|(m, _)| m).collect();
     assert!(methods.len() >= 2 && cells.len() >= 4, "{cells:?}");
     for c in &eval.candidates {
-        let h = &c.splits["heldout"].all;
+        let h = &c.splits[&Split::Heldout].all;
         assert!(
             h.n > 0 && h.kl.mean > 0.0 && h.kl.mean.is_finite(),
             "{}: {h:?}",
@@ -121,7 +122,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
     // giving no generation prompt.
     assert_eq!(eval.eval_sets, ["sample_eval"]);
     for c in &eval.candidates {
-        let held = &c.splits["heldout"];
+        let held = &c.splits[&Split::Heldout];
         let set = &held.domains["sample_eval"];
         assert!(set.n > 0 && set.kl.mean > 0.0, "{}: {set:?}", c.name);
         let calibration: u64 = held
@@ -131,7 +132,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
             .map(|(_, f)| f.n)
             .sum();
         assert_eq!(held.all.n, calibration, "{}", c.name);
-        assert!(!c.splits["fit"].domains.contains_key("sample_eval"));
+        assert!(!c.splits[&Split::Fit].domains.contains_key("sample_eval"));
         let g = c.generation.as_ref().unwrap();
         assert!(!g.domains.contains_key("sample_eval"), "{}", c.name);
     }
@@ -141,7 +142,8 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
     for c in &eval.candidates {
         let row = format!(
             "| {} | sample_eval | {} | ",
-            c.name, c.splits["heldout"].domains["sample_eval"].n
+            c.name,
+            c.splits[&Split::Heldout].domains["sample_eval"].n
         );
         assert!(report.contains(&row), "{row} in {report}");
     }

@@ -13,6 +13,7 @@ use fixtures::mtmd_record::{as_chunk, MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
 use numbers::eval::{EvalSummary, TokenKl};
 use numbers::Modality;
+use numbers::Split;
 use runfiles::keepmap::KeepMap;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -214,7 +215,7 @@ fn image_conditioned_kl_equals_a_position_by_position_recomputation() {
     // Per modality in the summary: the oracle's counts and means; dropping
     // the vision experts costs the image-conditioned positions more.
     let s = EvalSummary::of(&evaluated.partial, &["en".into()]);
-    let fit = &s.candidates[0].splits["fit"];
+    let fit = &s.candidates[0].splits[&Split::Fit];
     let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for &(_, m, kl) in &oracle {
         by.entry(m.as_str()).or_default().push(kl);

@@ -46,8 +46,8 @@ fn a_keep_all_candidate_has_zero_kl_and_the_same_top1_everywhere() {
     let s = summary(&out);
     let c = &s.candidates[0];
     assert_eq!((c.name.as_str(), c.k), ("keep_all_K16", 16));
-    for split in ["fit", "heldout"] {
-        let f = &c.splits[split].all;
+    for split in Split::ALL {
+        let f = &c.splits[&split].all;
         assert!(f.n > 20, "{split}: {} positions", f.n);
         assert_eq!(f.kl.mean, 0.0, "{split}");
         assert_eq!(f.kl.max, 0.0, "{split}");
@@ -259,7 +259,9 @@ fn default_positions_and_kl_block_are_llama_perplexitys() {
     }
     let count = kld.len() as f64;
     assert_eq!(kld.len(), 3 * (N_CTX as usize - 1 - N_CTX as usize / 2));
-    let f = summary(&out).candidates[0].splits["heldout"].all.clone();
+    let f = summary(&out).candidates[0].splits[&Split::Heldout]
+        .all
+        .clone();
     assert_eq!(f.n, kld.len() as u64);
     let mean = kld.iter().sum::<f64>() / count;
     // llama-perplexity's mean_and_uncertainty.
@@ -328,7 +330,7 @@ fn skip_first_and_split_limit_the_scored_positions() {
             .splits
             .keys()
             .collect::<Vec<_>>(),
-        ["heldout"]
+        [&Split::Heldout]
     );
 }
 

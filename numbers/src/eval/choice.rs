@@ -4,26 +4,27 @@
 //! front (no other file is both smaller and closer to the base model).
 
 use super::summary::{CandidateSummary, EvalSummary, Figures};
+use crate::split::Split;
 use std::collections::BTreeMap;
 
 /// The split whose KL the choices read: held-out when it was scored,
 /// else fit.
-pub fn basis(s: &EvalSummary) -> &'static str {
+pub fn basis(s: &EvalSummary) -> Split {
     let held = s
         .candidates
         .iter()
-        .any(|c| c.splits.get("heldout").is_some_and(|f| f.all.n > 0));
+        .any(|c| c.splits.get(&Split::Heldout).is_some_and(|f| f.all.n > 0));
     if held {
-        "heldout"
+        Split::Heldout
     } else {
-        "fit"
+        Split::Fit
     }
 }
 
 /// A candidate's whole-split figures in `split`, when it scored positions
 /// there.
-pub fn figures_in<'a>(c: &'a CandidateSummary, split: &str) -> Option<&'a Figures> {
-    c.splits.get(split).map(|f| &f.all).filter(|f| f.n > 0)
+pub fn figures_in(c: &CandidateSummary, split: Split) -> Option<&Figures> {
+    c.splits.get(&split).map(|f| &f.all).filter(|f| f.n > 0)
 }
 
 pub use super::summary::BudgetPicks;
@@ -44,7 +45,7 @@ impl BudgetPicks {
         }
         BudgetPicks {
             kl_budget,
-            split: split.to_string(),
+            split,
             picks: picks
                 .into_iter()
                 .map(|(m, p)| (m, p.map(|(_, name)| name)))
@@ -117,7 +118,7 @@ mod tests {
             k,
             sha256: String::new(),
             splits: BTreeMap::from([(
-                "heldout".to_string(),
+                Split::Heldout,
                 SplitFigures {
                     all,
                     ..SplitFigures::default()
@@ -154,7 +155,7 @@ mod tests {
         ])
         .with_budget(Some(0.1));
         let b = s.budget.unwrap();
-        assert_eq!(b.split, "heldout");
+        assert_eq!(b.split, Split::Heldout);
         // frequency_K4's mean fits but its upper bound does not.
         assert_eq!(b.picks["frequency"].as_deref(), Some("frequency_K8"));
         assert_eq!(b.picks["reap_hybrid"].as_deref(), Some("reap_hybrid_K4"));
@@ -164,7 +165,7 @@ mod tests {
     #[test]
     fn a_figure_of_one_chunk_never_fits_a_budget() {
         let mut c = candidate("frequency_K4", 4, 40, 0.0, 0.0);
-        c.splits.get_mut("heldout").unwrap().all.chunks = 1;
+        c.splits.get_mut(&Split::Heldout).unwrap().all.chunks = 1;
         let b = summary(vec![c]).with_budget(Some(1.0)).budget.unwrap();
         assert_eq!(b.picks["frequency"], None);
     }

@@ -133,8 +133,8 @@ pub struct CandidateSummary {
     pub k: u32,
     /// SHA-256 of the pruned GGUF.
     pub sha256: String,
-    /// Per split name (`fit`, `heldout`).
-    pub splits: BTreeMap<String, SplitFigures>,
+    /// Per split (`fit`, `heldout` in the file).
+    pub splits: BTreeMap<Split, SplitFigures>,
     /// Size of the candidate's model file in bytes, when the evaluation
     /// knew it (the coordinator's slice, or a shipped file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -217,8 +217,7 @@ impl EvalSummary {
             return self;
         }
         for split in &p.splits {
-            let name = split.as_str();
-            let mean = |c: &CandidateSummary| c.splits.get(name).map_or(0.0, |f| f.all.kl.mean);
+            let mean = |c: &CandidateSummary| c.splits.get(split).map_or(0.0, |f| f.all.kl.mean);
             let Some(best) = (0..self.candidates.len())
                 .min_by(|&a, &b| mean(&self.candidates[a]).total_cmp(&mean(&self.candidates[b])))
             else {
@@ -228,7 +227,7 @@ impl EvalSummary {
             let best_kl = chunk_kl(&p.candidates[best], &in_split);
             let against = self.candidates[best].name.clone();
             for (c, result) in self.candidates.iter_mut().zip(&p.candidates) {
-                let Some(f) = c.splits.get_mut(name) else {
+                let Some(f) = c.splits.get_mut(split) else {
                     continue;
                 };
                 let mine = chunk_kl(result, &in_split);
@@ -296,7 +295,7 @@ fn candidate(
             modalities.insert(m.as_str().to_string(), figures(c, &one));
         }
         splits.insert(
-            split.as_str().to_string(),
+            *split,
             SplitFigures {
                 all,
                 domains: by_domain,
@@ -435,7 +434,7 @@ pub struct BudgetPicks {
     pub kl_budget: f64,
     /// The split whose KL was compared (`heldout`, or `fit` in a run
     /// without held-out positions).
-    pub split: String,
+    pub split: Split,
     /// Per method, the candidate with the smallest K whose KL interval's
     /// upper end is within the budget; `None` when no evaluated K fits.
     pub picks: BTreeMap<String, Option<String>>,

@@ -150,7 +150,7 @@ fn summary_figures_match_a_direct_computation() {
     let n = kl.len() as f64;
     let mean = kl.iter().sum::<f64>() / n;
     let var = kl.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    let h = &c.splits["heldout"].all;
+    let h = &c.splits[&Split::Heldout].all;
     assert_eq!((h.n, h.chunks), (kl.len() as u64, 4));
     assert!((h.kl.mean - mean).abs() < 1e-12);
     assert!((h.kl.se_positions - (var / n).sqrt()).abs() < 1e-12);
@@ -189,12 +189,15 @@ fn summary_figures_match_a_direct_computation() {
     let (_, se_mse) = cr1(&sums(&|v| (v / 10.0).powi(2)));
     assert!((h.dprob_rms_ci.se - 0.5 / rms * se_mse).abs() < 1e-12);
     assert_eq!(
-        c.splits["heldout"].domains.keys().collect::<Vec<_>>(),
+        c.splits[&Split::Heldout].domains.keys().collect::<Vec<_>>(),
         ["english"]
     );
-    assert_eq!(c.splits["fit"].domains.keys().collect::<Vec<_>>(), ["code"]);
+    assert_eq!(
+        c.splits[&Split::Fit].domains.keys().collect::<Vec<_>>(),
+        ["code"]
+    );
     // One candidate: nothing to pair with.
-    assert!(c.splits["heldout"].paired.is_none());
+    assert!(c.splits[&Split::Heldout].paired.is_none());
 }
 
 #[test]
@@ -223,9 +226,9 @@ fn candidates_are_paired_against_the_best_by_chunk_sums_of_differences() {
     p.candidates.insert(0, second);
     let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
     let (first, best) = (&s.candidates[0], &s.candidates[1]);
-    let pair = first.splits["heldout"].paired.as_ref().unwrap();
+    let pair = first.splits[&Split::Heldout].paired.as_ref().unwrap();
     assert_eq!(pair.against, "reap_l2_sum_K4");
-    let mine = best.splits["heldout"].paired.as_ref().unwrap();
+    let mine = best.splits[&Split::Heldout].paired.as_ref().unwrap();
     assert_eq!((mine.diff, mine.ci.se), (0.0, 0.0));
     // Held-out positions per chunk: 13; the difference's clusters.
     let clusters: Vec<(f64, f64)> = (0..4)
@@ -290,7 +293,7 @@ fn modalities_appear_only_when_image_conditioned_positions_were_scored() {
     }
     (p.base, c.groups, c.chunks) = (base, sums, per_chunk);
     let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
-    let held = &s.candidates[0].splits["heldout"];
+    let held = &s.candidates[0].splits[&Split::Heldout];
     let kl_of = |keep: &dyn Fn(usize) -> bool| -> Vec<f64> {
         values(0)
             .into_iter()
@@ -311,7 +314,7 @@ fn modalities_appear_only_when_image_conditioned_positions_were_scored() {
         held.all.n
     );
     // The fit split had no image-conditioned position: its image row is empty.
-    assert_eq!(s.candidates[0].splits["fit"].modalities["image"].n, 0);
+    assert_eq!(s.candidates[0].splits[&Split::Fit].modalities["image"].n, 0);
     let json = String::from_utf8(s.to_json_bytes()).unwrap();
     assert!(json.contains("\"modalities\""), "{json}");
 }
@@ -327,11 +330,11 @@ fn an_eval_sets_positions_are_its_own_and_outside_the_splits_whole() {
     let apart = EvalSummary::of_run(&p, &names, &["english".into()]);
     assert_eq!(apart.eval_sets, ["english"]);
     let (w, a) = (&whole.candidates[0].splits, &apart.candidates[0].splits);
-    assert!(w["heldout"].all.n > 0);
-    assert_eq!(a["heldout"].all.n, 0);
+    assert!(w[&Split::Heldout].all.n > 0);
+    assert_eq!(a[&Split::Heldout].all.n, 0);
     assert_eq!(
-        a["heldout"].domains["english"],
-        w["heldout"].domains["english"]
+        a[&Split::Heldout].domains["english"],
+        w[&Split::Heldout].domains["english"]
     );
-    assert_eq!(a["fit"].all, w["fit"].all);
+    assert_eq!(a[&Split::Fit].all, w[&Split::Fit].all);
 }

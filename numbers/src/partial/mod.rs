@@ -8,7 +8,7 @@ pub use encoding::{ImatrixColumn, PackedPartial, SumsCheck};
 use crate::imatrix::Imatrix;
 use crate::saliency::Saliency;
 use crate::split::ChunkRange;
-use crate::stats::{ExpertAccum, MergeError};
+use crate::stats::{ChunkStats, ExpertAccum, MergeError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -81,22 +81,6 @@ impl BackendToHost {
         self.tokens += other.tokens;
         self.bytes += other.bytes;
     }
-}
-
-/// Compact per-chunk statistics of the fit split (bootstrap resampling of
-/// keep maps needs them; floats need not be exact here).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ChunkStats {
-    /// Chunk id.
-    pub chunk: u32,
-    /// Fit tokens in the chunk.
-    pub n_tokens: u32,
-    /// `count` per (MoE layer, expert), row-major `[layer][expert]`.
-    pub count: Vec<u32>,
-    /// `reap_l2_sum` per (MoE layer, expert), same layout.
-    pub reap_l2_sum: Vec<f32>,
-    /// `reap_l2_sq_sum` per (MoE layer, expert), same layout.
-    pub reap_l2_sq_sum: Vec<f32>,
 }
 
 impl Partial {

@@ -464,14 +464,9 @@ fn check_counts(p: &Partial) -> Result<(), String> {
             ));
         }
         for l in &g.layers {
-            let lens = [
-                l.count.len(),
-                l.prob_sum.len(),
-                l.weight_sum.len(),
-                l.ean_sum.len(),
-                l.reap_l2_sum.len(),
-                l.reap_l2_sq_sum.len(),
-            ];
+            let lens: Vec<usize> = std::iter::once(l.count.len())
+                .chain(l.sums().map(Vec::len))
+                .collect();
             if lens.iter().any(|&x| x != n) {
                 return Err(format!(
                     "group {} layer {}: statistics of lengths {lens:?}, expected {n}",

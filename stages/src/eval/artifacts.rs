@@ -47,9 +47,9 @@ pub fn parquet_table(s: &EvalSummary) -> Result<Vec<u8>, String> {
     let mut rows: Vec<(&str, &str, u32, &str, &str, &Figures)> = Vec::new();
     for c in &s.candidates {
         for (split, f) in &c.splits {
-            rows.push((&c.name, &c.method, c.k, split, "*", &f.all));
+            rows.push((&c.name, &c.method, c.k, split.as_str(), "*", &f.all));
             for (d, fd) in &f.domains {
-                rows.push((&c.name, &c.method, c.k, split, d, fd));
+                rows.push((&c.name, &c.method, c.k, split.as_str(), d, fd));
             }
         }
     }

@@ -13,6 +13,7 @@ use crate::StagesError;
 use numbers::eval::choice::{self, pareto_front};
 use numbers::eval::{EvalSummary, Figures, Interval, Paired};
 use numbers::peer_text::table_cell;
+use numbers::Split;
 use runfiles::store::RunStore;
 use std::fmt::Write;
 
@@ -87,19 +88,19 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
     let scored = |f: &&Figures| f.n > 0;
     let basis = choice::basis(s);
     let basis_label = match basis {
-        "heldout" => "held-out",
-        _ => "fit: no held-out split",
+        Split::Heldout => "held-out",
+        Split::Fit => "fit: no held-out split",
     };
     let mut md = format!(
         "| candidate | K | held-out KL mean [95% interval] (percentiles) | held-out KL against the best (paired) | fit KL mean [95% interval] (percentiles) | same top-1 ({basis_label}) | ppl base / candidate / ratio [95% interval] ({basis_label}) | held-out KL per domain | slot replacement |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for c in &s.candidates {
-        let held = c.splits.get("heldout").map(|x| &x.all).filter(scored);
-        let fit = c.splits.get("fit").map(|x| &x.all).filter(scored);
-        let main = c.splits.get(basis).map(|x| &x.all).filter(scored);
+        let held = c.splits.get(&Split::Heldout).map(|x| &x.all).filter(scored);
+        let fit = c.splits.get(&Split::Fit).map(|x| &x.all).filter(scored);
+        let main = c.splits.get(&basis).map(|x| &x.all).filter(scored);
         let domains: Vec<String> = c
             .splits
-            .get("heldout")
+            .get(&Split::Heldout)
             .map(|x| {
                 x.domains
                     .iter()
@@ -116,7 +117,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             });
         let pair = c
             .splits
-            .get("heldout")
+            .get(&Split::Heldout)
             .filter(|x| x.all.n > 0)
             .and_then(|x| x.paired.as_ref());
         let _ = writeln!(
@@ -213,7 +214,7 @@ fn eval_sets_table(s: &EvalSummary) -> String {
         for name in &s.eval_sets {
             let f = c
                 .splits
-                .get("heldout")
+                .get(&Split::Heldout)
                 .and_then(|x| x.domains.get(name))
                 .filter(|f| f.n > 0);
             let _ = writeln!(
@@ -300,7 +301,7 @@ pub struct SizePoint<'a> {
 
 /// The size points of an evaluation's candidates with a known size, from
 /// the `split` figures.
-pub fn size_points<'a>(s: &'a EvalSummary, source: &'a str, split: &str) -> Vec<SizePoint<'a>> {
+pub fn size_points<'a>(s: &'a EvalSummary, source: &'a str, split: Split) -> Vec<SizePoint<'a>> {
     s.candidates
         .iter()
         .filter_map(|c| {
@@ -317,7 +318,7 @@ pub fn size_points<'a>(s: &'a EvalSummary, source: &'a str, split: &str) -> Vec<
 /// The size-versus-KL table of `points`, smallest first, with the Pareto
 /// front marked (no other file is both smaller and closer to the base
 /// model, by mean KL); empty without points.
-pub fn size_table(points: &[SizePoint<'_>], split: &str) -> String {
+pub fn size_table(points: &[SizePoint<'_>], split: Split) -> String {
     if points.is_empty() {
         return String::new();
     }
@@ -413,7 +414,7 @@ mod tests {
                 sha256: String::new(),
                 splits: splits
                     .iter()
-                    .map(|&(s, top1)| (s.to_string(), figures(top1)))
+                    .map(|&(s, top1)| (Split::parse(s).unwrap(), figures(top1)))
                     .collect(),
                 bytes: None,
                 generation: None,
@@ -458,7 +459,7 @@ mod tests {
             top1_same: 0.75,
             ..Figures::default()
         };
-        let held = s.candidates[0].splits.get_mut("heldout").unwrap();
+        let held = s.candidates[0].splits.get_mut(&Split::Heldout).unwrap();
         held.domains.insert("wiki_test".into(), wiki);
         s.eval_sets = vec!["wiki_test".into(), "empty_set".into()];
         let md = table(&s, &[]);
@@ -494,7 +495,12 @@ mod tests {
         );
         // A held-out split without scored positions is no basis either.
         let mut empty = summary(&[("fit", 0.25), ("heldout", 0.5)]);
-        empty.candidates[0].splits.get_mut("heldout").unwrap().all.n = 0;
+        empty.candidates[0]
+            .splits
+            .get_mut(&Split::Heldout)
+            .unwrap()
+            .all
+            .n = 0;
         let md = table(&empty, &[]);
         assert!(md.contains("same top-1 (fit: no held-out split)"), "{md}");
         assert!(md.contains("| 25.00 [0.00, 0.00]% |"), "{md}");
@@ -512,7 +518,7 @@ mod tests {
             },
             ..Figures::default()
         };
-        let fit = s.candidates[0].splits.get_mut("fit").unwrap();
+        let fit = s.candidates[0].splits.get_mut(&Split::Fit).unwrap();
         fit.modalities =
             BTreeMap::from([("text".into(), f(6, 0.125)), ("image".into(), f(4, 0.5))]);
         let md = table(&s, &[]);

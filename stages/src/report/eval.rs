@@ -8,6 +8,7 @@ use crate::score::tables::MapTable;
 use crate::StagesError;
 use numbers::eval::choice;
 use numbers::eval::EvalSummary;
+use numbers::Split;
 use runfiles::layout::eval as names;
 use runfiles::store::RunStore;
 use std::collections::BTreeMap;
@@ -63,7 +64,7 @@ async fn sizes(store: &RunStore, s: &EvalSummary) -> Result<String, StagesError>
 pub fn kl_series(s: &EvalSummary) -> Vec<Series> {
     let mut by_method: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
     for c in &s.candidates {
-        if let Some(h) = c.splits.get("heldout") {
+        if let Some(h) = c.splits.get(&Split::Heldout) {
             by_method
                 .entry(&c.method)
                 .or_default()

@@ -267,7 +267,7 @@ fn header(store: &RunStore, s: &numbers::saliency::Saliency, sha: &str) -> Strin
         let _ = writeln!(
             md,
             "| {} | {} | {} |",
-            table_cell(name),
+            name,
             st.n_tokens,
             domains.join(", ")
         );

@@ -7,7 +7,7 @@ use super::method::ScoreParams;
 use super::source::LayerInput;
 use crate::StagesError;
 use config::method::Method;
-use numbers::partial::ChunkStats;
+use numbers::stats::ChunkStats;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
@@ -34,30 +34,13 @@ pub fn resample_layers(
     layers: &[u32],
     n_expert: usize,
 ) -> Vec<LayerInput> {
-    let cells = layers.len() * n_expert;
-    let mut count = vec![0f64; cells];
-    let mut sum = vec![0f64; cells];
-    let mut sq = vec![0f64; cells];
-    for &i in pick {
-        let c = &chunks[i];
-        for j in 0..cells {
-            count[j] += c.count[j] as f64;
-            sum[j] += c.reap_l2_sum[j] as f64;
-            sq[j] += c.reap_l2_sq_sum[j] as f64;
-        }
-    }
+    let totals = ChunkStats::totals(chunks, pick, layers.len() * n_expert);
     layers
         .iter()
         .enumerate()
         .map(|(i, &layer)| {
             let r = i * n_expert..(i + 1) * n_expert;
-            LayerInput {
-                layer,
-                count: count[r.clone()].to_vec(),
-                reap_l2_sum: sum[r.clone()].to_vec(),
-                reap_l2_sq_sum: sq[r].to_vec(),
-                guarded: Vec::new(),
-            }
+            LayerInput::from_cells(layer, totals.each_ref().map(|t| &t[r.clone()]))
         })
         .collect()
 }
@@ -96,9 +79,7 @@ pub fn stability(
     seed: u64,
 ) -> Result<Vec<StabilityRow>, StagesError> {
     let cells = layers.len() * n_expert;
-    if let Some(bad) = chunks.iter().find(|c| {
-        c.count.len() != cells || c.reap_l2_sum.len() != cells || c.reap_l2_sq_sum.len() != cells
-    }) {
+    if let Some(bad) = chunks.iter().find(|c| c.cells() != Some(cells)) {
         return Err(StagesError::ChunkShape {
             chunk: bad.chunk,
             cells: bad.count.len(),

@@ -54,6 +54,18 @@ impl LayerInput {
         }
     }
 
+    /// Block `layer`'s input from per-expert count, `reap_l2_sum` and
+    /// `reap_l2_sq_sum` ([`numbers::stats::ChunkStats::totals`]).
+    pub fn from_cells(layer: u32, [count, sum, sq]: [&[f64]; 3]) -> LayerInput {
+        LayerInput {
+            layer,
+            count: count.to_vec(),
+            reap_l2_sum: sum.to_vec(),
+            reap_l2_sq_sum: sq.to_vec(),
+            guarded: Vec::new(),
+        }
+    }
+
     /// Experts in the layer.
     pub fn n_expert(&self) -> usize {
         self.count.len()

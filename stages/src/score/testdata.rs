@@ -1,7 +1,7 @@
 //! Synthetic `saliency.json` documents for tests.
 
 use numbers::saliency::{DomainStats, LayerStats, Saliency, SplitStats};
-use numbers::Gating;
+use numbers::{Gating, Split};
 use std::collections::BTreeMap;
 
 /// A layer with consistent statistics: `prob_sum` and `weight_sum` follow
@@ -85,7 +85,7 @@ pub fn saliency_with_domains(domains: &[(&str, u64, LayerStats)]) -> Saliency {
         splits: BTreeMap::new(),
     };
     s.splits.insert(
-        "fit".into(),
+        Split::Fit,
         SplitStats {
             n_tokens,
             layers: vec![total],
@@ -116,7 +116,7 @@ pub fn saliency(k: u32, layers: Vec<LayerStats>) -> Saliency {
         .collect();
     let mut s = saliency_with_domains(&[("all", n_tokens, layers[0].clone())]);
     s.n_expert_used = k;
-    let fit = s.splits.get_mut("fit").unwrap();
+    let fit = s.splits.get_mut(&Split::Fit).unwrap();
     fit.layers = layers.clone();
     fit.domains.get_mut("all").unwrap().layers = layers;
     s

@@ -245,7 +245,7 @@ async fn score_writes_maps_equal_to_recomputation_and_every_table() {
 
 #[tokio::test]
 async fn score_screens_traces_per_split_and_bootstraps_chunks() {
-    use numbers::partial::ChunkStats;
+    use numbers::stats::ChunkStats;
     use runfiles::trace::{write_part_as, Encoding, TraceRow};
     let dir = tempfile::tempdir().unwrap();
     let s = saliency(1, vec![layer(0, &[6, 3, 1, 0], &[6.0, 3.0, 1.0, 0.0])]);

@@ -12,6 +12,7 @@ use gguf::read::GgufHeader;
 use numbers::eval::summary::SplitFigures;
 use numbers::eval::{EvalSummary, GenerationSummary};
 use numbers::peer_text::peer_text;
+use numbers::Split;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -127,7 +128,7 @@ pub struct Measured {
     /// Positions skipped at the start of every chunk.
     pub skip_first: u32,
     /// Per split (`fit`, `heldout`): the whole split and each domain.
-    pub splits: BTreeMap<String, SplitFigures>,
+    pub splits: BTreeMap<Split, SplitFigures>,
     /// The generation check: its greedy continuations of held-out prompts
     /// against the base model's, when the evaluation generated.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -14,6 +14,7 @@ use gguf::quant::QuantType;
 use numbers::eval::choice::pareto_front;
 use numbers::eval::summary::parse_splits;
 use numbers::eval::EvalSummary;
+use numbers::Split;
 use protocol::wire::{EvalCandidate, EvalJob};
 use runfiles::store::RunStore;
 use runtime::run::crew::Crew;
@@ -116,9 +117,9 @@ pub fn table(files: &[(String, u64)], s: &EvalSummary) -> String {
         .map(|(file, bytes)| {
             let stem = file.strip_suffix(".gguf").unwrap_or(file);
             let figures = s.candidates.iter().find(|c| c.name == stem).and_then(|c| {
-                ["heldout", "fit"]
+                [Split::Heldout, Split::Fit]
                     .into_iter()
-                    .find_map(|split| c.splits.get(split).map(|f| (split, &f.all)))
+                    .find_map(|split| c.splits.get(&split).map(|f| (split, &f.all)))
                     .filter(|(_, f)| f.n > 0)
             });
             (file, *bytes, figures)

@@ -39,8 +39,8 @@ pub mod names {
     pub const DEAD_IFF_ZERO: &str = "count == 0 exactly when reap_l2_sum == 0";
     /// Every value finite.
     pub const FINITE: &str = "every value finite";
-    /// `reap_l2_sq_sum >= reap_l2_sum^2 / count`.
-    pub const CAUCHY_SCHWARZ: &str = "Cauchy-Schwarz: reap_l2_sq_sum >= reap_l2_sum^2 / count";
+    /// The sums of squares are at least their bound (Cauchy-Schwarz).
+    pub const CAUCHY_SCHWARZ: &str = numbers::saliency::LayerStats::CAUCHY_SCHWARZ;
     /// No non-finite value dropped during measurement.
     pub const DROPS: &str = "no non-finite values dropped during measurement";
     /// The importance matrix's entries are the model's weights, with every

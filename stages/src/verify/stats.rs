@@ -2,8 +2,9 @@
 //! worst case.
 
 use super::{names as inv, Check};
-use numbers::partial_check::{cauchy_schwarz_margin, CAUCHY_SCHWARZ_RTOL, PROB_SUM_RTOL};
+use numbers::partial_check::{CAUCHY_SCHWARZ_RTOL, PROB_SUM_RTOL};
 use numbers::saliency::{LayerStats, Saliency};
+use numbers::stats::SUM_NAMES;
 
 /// A statistics group: a split total, one domain of a split or, in a run
 /// that measured images, one modality of a split.
@@ -17,7 +18,7 @@ fn groups(s: &Saliency) -> Vec<Group<'_>> {
     let mut out = Vec::new();
     for (split, st) in &s.splits {
         out.push(Group {
-            name: split.clone(),
+            name: split.to_string(),
             n_tokens: st.n_tokens,
             layers: &st.layers,
         });
@@ -39,14 +40,8 @@ fn groups(s: &Saliency) -> Vec<Group<'_>> {
     out
 }
 
-fn stat_vectors(l: &LayerStats) -> [(&'static str, &[f64]); 5] {
-    [
-        ("prob_sum", &l.prob_sum),
-        ("weight_sum", &l.weight_sum),
-        ("ean_sum", &l.ean_sum),
-        ("reap_l2_sum", &l.reap_l2_sum),
-        ("reap_l2_sq_sum", &l.reap_l2_sq_sum),
-    ]
+fn stat_vectors(l: &LayerStats) -> impl Iterator<Item = (&'static str, &[f64])> {
+    SUM_NAMES.into_iter().zip(l.sums().map(Vec::as_slice))
 }
 
 /// Every statistics check, in DESIGN order; `nonfinite` are JSON paths of
@@ -293,15 +288,16 @@ fn cauchy_schwarz(groups: &[Group<'_>]) -> Check {
     let mut worst: Option<(f64, String)> = None;
     for g in groups {
         for l in g.layers {
-            for (e, &c) in l.count.iter().enumerate().filter(|x| *x.1 > 0) {
-                let bound = l.reap_l2_sum[e] * l.reap_l2_sum[e] / c as f64;
-                let margin = cauchy_schwarz_margin(l.reap_l2_sum[e], l.reap_l2_sq_sum[e], c);
+            for e in 0..l.count.len() {
+                let Some((margin, sq, bound)) = l.cauchy_schwarz(e) else {
+                    continue;
+                };
                 if worst.as_ref().is_none_or(|w| margin < w.0) {
                     worst = Some((
                         margin,
                         format!(
-                            "{} layer {} expert {e}: sq {} vs bound {bound}",
-                            g.name, l.layer, l.reap_l2_sq_sum[e]
+                            "{} layer {} expert {e}: sq {sq} vs bound {bound}",
+                            g.name, l.layer
                         ),
                     ));
                 }

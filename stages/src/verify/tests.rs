@@ -47,7 +47,7 @@ fn assert_fails_only(r: &VerifyReport, invariant: &str, needle: &str) {
 }
 
 fn fit_layer(s: &mut Saliency, i: usize) -> &mut numbers::saliency::LayerStats {
-    &mut s.splits.get_mut("fit").unwrap().layers[i]
+    &mut s.splits.get_mut(&Split::Fit).unwrap().layers[i]
 }
 
 #[tokio::test]

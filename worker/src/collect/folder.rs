@@ -14,7 +14,7 @@ use super::scratch::ChunkScratch;
 use super::strata::Strata;
 use crate::llama::yield_to_compute_threads;
 use numbers::imatrix::Imatrix;
-use numbers::partial::ChunkStats;
+use numbers::stats::ChunkStats;
 use numbers::stats::{ExpertAccum, MergeError};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
@@ -191,11 +191,14 @@ mod tests {
                     let v = (chunk as f64 + 1.0) * 0.1 + (li * EXPERTS + e + i) as f64 / 7.0;
                     l.count[e] += 1 + e as u64;
                     l.prob[e] += v;
-                    l.weight[e] += v / 3.0;
-                    l.ean[e] += v * 1.5;
+                    for (sum, x) in l
+                        .routed
+                        .iter_mut()
+                        .zip([v / 3.0, v * 1.5, v * v, v * v * v])
+                    {
+                        sum[e] += x;
+                    }
                     l.ean_max[e] = l.ean_max[e].max(v * 1.5);
-                    l.l2[e] += v * v;
-                    l.l2_sq[e] += v * v * v;
                 }
             }
         }

@@ -9,7 +9,7 @@ use super::scratch::ChunkScratch;
 use super::strata::Strata;
 use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
 use numbers::routing::GateSite;
-use numbers::stats::MoeShape;
+use numbers::stats::{routed_terms, MoeShape};
 use numbers::{Gating, Split};
 use runfiles::trace::TraceRow;
 use std::collections::BTreeMap;
@@ -418,11 +418,10 @@ impl Observer {
                 // With the gate on the input, `n` is the norm of E(g x),
                 // the expert's whole contribution: the gate is inside it.
                 let r = if self.gate_on_input { n } else { g * n };
-                l.weight[e] += g;
-                l.ean[e] += n;
+                for (sum, v) in l.routed.iter_mut().zip(routed_terms(g, n, r)) {
+                    sum[e] += v;
+                }
                 l.ean_max[e] = l.ean_max[e].max(n);
-                l.l2[e] += r;
-                l.l2_sq[e] += r * r;
             }
         }
         Ok(())

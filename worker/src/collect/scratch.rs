@@ -7,7 +7,7 @@
 use super::strata::Strata;
 use numbers::exact::ExactSum;
 use numbers::imatrix::{Imatrix, ImatrixEntry};
-use numbers::partial::ChunkStats;
+use numbers::stats::{ChunkStats, N_SUMS};
 use numbers::stats::{ExpertAccum, MergeError};
 use numbers::Split;
 use std::collections::{BTreeMap, HashMap};
@@ -16,11 +16,11 @@ use std::collections::{BTreeMap, HashMap};
 #[derive(Clone)]
 pub struct LayerScratch {
     pub count: Vec<u64>,
+    /// Router probabilities, over every token.
     pub prob: Vec<f64>,
-    pub weight: Vec<f64>,
-    pub ean: Vec<f64>,
-    pub l2: Vec<f64>,
-    pub l2_sq: Vec<f64>,
+    /// The sums after `prob_sum` in [`numbers::stats::SUM_NAMES`] order, over routed
+    /// tokens ([`numbers::stats::routed_terms`]).
+    pub routed: [Vec<f64>; N_SUMS - 1],
     /// Largest expert output norm.
     pub ean_max: Vec<f64>,
 }
@@ -30,12 +30,14 @@ impl LayerScratch {
         LayerScratch {
             count: vec![0; n],
             prob: vec![0.0; n],
-            weight: vec![0.0; n],
-            ean: vec![0.0; n],
-            l2: vec![0.0; n],
-            l2_sq: vec![0.0; n],
+            routed: std::array::from_fn(|_| vec![0.0; n]),
             ean_max: vec![0.0; n],
         }
+    }
+
+    /// Every sum in [`numbers::stats::SUM_NAMES`] order.
+    fn sums(&self) -> impl Iterator<Item = &Vec<f64>> {
+        std::iter::once(&self.prob).chain(&self.routed)
     }
 }
 
@@ -109,32 +111,26 @@ impl ChunkScratch {
     /// Compact fit-split statistics of this chunk, for bootstrap resampling.
     pub fn chunk_stats(&self, chunk: u32) -> ChunkStats {
         let n = self.n_layers * self.n_expert;
-        let mut s = ChunkStats {
-            chunk,
-            n_tokens: 0,
-            count: vec![0; n],
-            reap_l2_sum: vec![0.0; n],
-            reap_l2_sq_sum: vec![0.0; n],
-        };
-        let mut l2 = vec![0f64; n];
-        let mut l2_sq = vec![0f64; n];
+        let (mut n_tokens, mut count) = (0, vec![0u32; n]);
+        let mut sums: [Vec<f64>; N_SUMS] = std::array::from_fn(|_| vec![0.0; n]);
         for ((split, _), g) in &self.groups {
             if *split != Split::Fit {
                 continue;
             }
-            s.n_tokens += g.n_tokens as u32;
+            n_tokens += g.n_tokens as u32;
             for (li, layer) in g.layers.iter().enumerate() {
-                for e in 0..self.n_expert {
-                    let i = li * self.n_expert + e;
-                    s.count[i] += layer.count[e] as u32;
-                    l2[i] += layer.l2[e];
-                    l2_sq[i] += layer.l2_sq[e];
+                let cells = li * self.n_expert..(li + 1) * self.n_expert;
+                for (c, &k) in count[cells.clone()].iter_mut().zip(&layer.count) {
+                    *c += k as u32;
+                }
+                for (total, sum) in sums.iter_mut().zip(layer.sums()) {
+                    for (t, v) in total[cells.clone()].iter_mut().zip(sum) {
+                        *t += v;
+                    }
                 }
             }
         }
-        s.reap_l2_sum = l2.iter().map(|v| *v as f32).collect();
-        s.reap_l2_sq_sum = l2_sq.iter().map(|v| *v as f32).collect();
-        s
+        ChunkStats::from_sums(chunk, n_tokens, count, &sums)
     }
 
     /// Adds this chunk's sums exactly into the run accumulators and empties
@@ -153,14 +149,7 @@ impl ChunkScratch {
                 for (a, b) in dst.count.iter_mut().zip(&src.count) {
                     *a += b;
                 }
-                let pairs = [
-                    (&mut dst.prob_sum, &src.prob),
-                    (&mut dst.weight_sum, &src.weight),
-                    (&mut dst.ean_sum, &src.ean),
-                    (&mut dst.reap_l2_sum, &src.l2),
-                    (&mut dst.reap_l2_sq_sum, &src.l2_sq),
-                ];
-                for (d, s) in pairs {
+                for (d, s) in dst.sums_mut().into_iter().zip(src.sums()) {
                     add_exact(d, s)?;
                 }
                 numbers::stats::max_into(&mut dst.ean_max, &src.ean_max)?;
