@@ -6,6 +6,7 @@
 
 use super::method::Method;
 use numbers::eval::ModelsInMemory;
+use numbers::keep_name::{self, KeepMapName};
 use numbers::routing::{check_group_keep, ExpertGroups};
 use numbers::saliency::Saliency;
 use schemars::JsonSchema;
@@ -192,7 +193,7 @@ pub fn check_kl_budget(budget: f64) -> Result<(), String> {
 /// share (ends with `%`), if it is one.
 fn share_spec(name: &str) -> Option<Result<(&str, &str), String>> {
     name.ends_with('%').then(|| {
-        name.rsplit_once("_K")
+        keep_name::split(name)
             .ok_or_else(|| format!("keep map {name:?}: a share needs the form <method>_K<share>%"))
     })
 }
@@ -256,7 +257,7 @@ impl EvalSettings {
                     let k = shape
                         .resolve(spec)
                         .map_err(|e| format!("keep map {name:?}: {e}"))?;
-                    format!("{method}_K{k}")
+                    KeepMapName::new(method, k).to_string()
                 }
                 None => name.clone(),
             };
@@ -267,7 +268,7 @@ impl EvalSettings {
                 let k = shape
                     .resolve(spec)
                     .map_err(|e| format!("[eval] k {spec:?}: {e}"))?;
-                names.push(format!("{m}_K{k}"));
+                names.push(KeepMapName::new(m, k).to_string());
             }
         }
         let mut seen = std::collections::BTreeSet::new();
@@ -280,7 +281,7 @@ impl EvalSettings {
         let mut ks: Vec<u32> = self
             .candidate_names(shape)?
             .iter()
-            .filter_map(|n| n.rsplit_once("_K")?.1.parse().ok())
+            .filter_map(|n| Some(KeepMapName::parse(n)?.k))
             .collect();
         ks.sort_unstable();
         ks.dedup();

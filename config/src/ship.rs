@@ -194,7 +194,7 @@ pub fn parse_split_size(text: &str) -> Result<u64, String> {
 /// The size of a keep map `score` writes, `<method>_K<k>`; another name is
 /// refused with what is expected.
 fn map_size(name: &str) -> Result<u32, String> {
-    let (method, k) = name.rsplit_once("_K").ok_or_else(|| {
+    let (method, k) = numbers::keep_name::split(name).ok_or_else(|| {
         format!(
             "expected a keep map <method>_K<k> that the run scores ({}), or \"base\"",
             Method::names()

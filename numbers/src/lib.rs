@@ -4,7 +4,8 @@
 //! encoding ([`partial`], [`packed`], [`bounded`]), the checks a partial
 //! passes before it is accepted ([`partial_check`], [`compare`]), the merged
 //! view ([`saliency`]), eval partials and summaries ([`eval`]), how a model
-//! routes tokens ([`routing`]), chunk ids and splits ([`split`]).
+//! routes tokens ([`routing`]), chunk ids and splits ([`split`]), the names
+//! of keep maps ([`keep_name`]).
 //!
 //! No I/O and no runtime: it may depend on the GGUF format crate only (the
 //! importance matrix is written as GGUF), never on storage or the network.
@@ -16,6 +17,7 @@ pub mod compare;
 pub mod eval;
 pub mod exact;
 pub mod imatrix;
+pub mod keep_name;
 pub mod packed;
 pub mod partial;
 pub mod partial_check;

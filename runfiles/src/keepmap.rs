@@ -1,5 +1,6 @@
 //! Keep maps: the experts kept per layer for a (method, K) (DESIGN section 10).
 
+use numbers::keep_name::KeepMapName;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -64,7 +65,7 @@ impl KeepMapRef {
 impl KeepMap {
     /// The object name of this map under the run: `keep_maps/<method>_K<k>.json`.
     pub fn file_name(method: &str, k: u32) -> String {
-        crate::layout::keep_map(&format!("{method}_K{k}"))
+        crate::layout::keep_map(&KeepMapName::new(method, k).to_string())
     }
 
     /// The object name of the map called `name` (`<method>_K<k>`) under the

@@ -90,7 +90,7 @@ fn map_layers(keep: &KeepMap) -> Result<(BTreeMap<u32, Vec<u32>>, u32), PruneErr
 
 /// `<method>_K<k>`, the name a keep map goes by in messages.
 pub(super) fn map_name(keep: &KeepMap) -> String {
-    format!("{}_K{}", keep.method, keep.k)
+    numbers::keep_name::KeepMapName::new(&keep.method, keep.k).to_string()
 }
 
 /// `(block, base name)` of `blk.N.<base>.{weight,bias,scale}` when the base

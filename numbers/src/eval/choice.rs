@@ -114,7 +114,7 @@ mod tests {
         };
         CandidateSummary {
             name: name.into(),
-            method: super::super::summary::method_of(name).into(),
+            method: crate::keep_name::method_of(name).into(),
             k,
             sha256: String::new(),
             splits: BTreeMap::from([(

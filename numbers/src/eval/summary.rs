@@ -264,11 +264,6 @@ impl EvalSummary {
     }
 }
 
-/// Splits a candidate name `<method>_K<k>` into its method.
-pub fn method_of(name: &str) -> &str {
-    name.rsplit_once("_K").map_or(name, |(m, _)| m)
-}
-
 fn candidate(
     p: &EvalPartial,
     c: &CandidateResult,
@@ -306,7 +301,7 @@ fn candidate(
     }
     CandidateSummary {
         name: c.name.clone(),
-        method: method_of(&c.name).to_string(),
+        method: crate::keep_name::method_of(&c.name).to_string(),
         k: c.k,
         sha256: c.sha256.clone(),
         splits,
