@@ -9,6 +9,8 @@
 //! The config comes first in the data flow: every stage reads its own
 //! section from here ([`run`], [`eval`], [`ship`]) and nothing here imports
 //! a stage; [`method`] and [`candidate`] are the names those sections use.
+//! It may depend on the numbers, the GGUF format, the protocol and the run
+//! location's names; never on a stage, the tokenizer or llama.cpp.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -5,21 +5,10 @@
 use serde::{Deserialize, Serialize};
 
 /// A scoring method.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
+#[cfg_attr(feature = "cli", value(rename_all = "snake_case"))]
 pub enum Method {
     /// `count`.
     Frequency,

@@ -14,6 +14,7 @@
 use config::eval::KeepShape;
 use config::ship::ShipSettings;
 use config::Config;
+use numbers::keep_name::KeepMapName;
 use runfiles::artifacts::names;
 use runfiles::error_text::with_causes;
 use runfiles::store::RunStore;
@@ -211,7 +212,7 @@ async fn stages(
     let report = stages::verify::verify(&store).await?;
     print!("{report}");
     let ok = report.ok();
-    stages::report::report(&store).await?;
+    stages::report::report_verified(&store, &report).await?;
     println!("report: {}", store.url_of(names::REPORT_MD));
     lock.confirm().await?;
     mark_finished(&store, &summary, ok).await?;
@@ -241,8 +242,9 @@ async fn stages(
             );
             return Ok(ExitCode::FAILURE);
         }
-        // Again, now with the candidates' section.
-        stages::report::report(&store).await?;
+        // Again, now with the candidates' section (evaluation writes
+        // nothing verify reads).
+        stages::report::report_verified(&store, &report).await?;
     }
     if let Some((request, eval)) = ship {
         let evaluator = eval.then_some(stages::ship::measure::Evaluator::Locked {
@@ -376,18 +378,12 @@ fn replay_defaults(
     model: &std::path::Path,
     ks: &[u32],
 ) -> anyhow::Result<replay::ReplayReport> {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Defaults {
-        #[command(flatten)]
-        args: replay::ReplayArgs,
+    let mut args = replay::ReplayArgs::for_run(store.url());
+    args.model = Some(model.to_path_buf());
+    if let Some(&k) = ks.get(ks.len() / 2) {
+        args.keep_map
+            .push(KeepMapName::new("reap_hybrid", k).to_string());
     }
-    let mut argv = vec!["replay".to_string(), store.url().to_string()];
-    argv.extend(["--model".to_string(), model.display().to_string()]);
-    if let Some(k) = ks.get(ks.len() / 2) {
-        argv.extend(["--keep-map".to_string(), format!("none,reap_hybrid_K{k}")]);
-    }
-    let args = Defaults::try_parse_from(argv)?.args;
     let store = store.clone();
     Ok(std::thread::spawn(move || replay::replay_in(&args, store))
         .join()

@@ -8,8 +8,12 @@
 //!   near-duplicates.
 //! - [`shares`] measures and checks token shares; [`schedule`] orders and
 //!   [`pack`] cuts the chunks; [`prepare`] runs all of it without storage.
-//! - [`manifest`] is `manifest.json`; [`prepare_run`] stores the corpus
-//!   under a run, reusing it when the inputs are unchanged.
+//! - [`prepare_run`] stores the corpus under a run (its section of
+//!   `manifest.json`, whose schema the run location owns), reusing it when
+//!   the inputs are unchanged.
+//!
+//! The only crate besides the worker that links llama.cpp (for the model's
+//! tokenizer and mtmd); nothing after it in the data flow depends on it.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -34,7 +38,6 @@ pub mod vision;
 #[cfg(test)]
 mod tests;
 
-use clap::Args;
 use config::Config;
 pub use error::CorpusError;
 use runfiles::corpus::{CHUNKS_FILE, INDEX_FILE};
@@ -44,18 +47,19 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 /// Arguments of `coordinator corpus`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct CorpusArgs {
     /// The run config (TOML); relative paths in it are resolved against its directory.
     pub config: PathBuf,
     /// Run location (path or URL); default `runs/<config file stem>`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub out: Option<String>,
     /// Replace a corpus prepared from other inputs.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub force: bool,
     /// Tokenizer threads (default: all cores).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub threads: Option<usize>,
 }
 

@@ -28,12 +28,8 @@ use crate::exact::{per_token_limit, ExactSum, FRACTION_BITS};
 use crate::packed::BlockBounds;
 use crate::partial::{ImatrixColumn, Partial, SumsCheck};
 use crate::peer_text::peer_text;
-use crate::stats::{ExpertAccum, LayerAccum, SUM_NAMES};
+use crate::stats::{cauchy_schwarz_margin, ExpertAccum, LayerAccum, SUM_NAMES};
 use rayon::prelude::*;
-
-/// Relative slack of the Cauchy-Schwarz bound: sums are exact, but each
-/// `(g * ||y||)^2` term was rounded before it was added.
-pub const CAUCHY_SCHWARZ_RTOL: f64 = 1e-6;
 
 /// Relative tolerance of `sum(prob_sum) == n_tokens` under softmax gating.
 pub const PROB_SUM_RTOL: f64 = 1e-6;
@@ -65,17 +61,6 @@ pub fn imatrix_sum_limit(count: u64, squares: bool) -> u128 {
         u128::from(MAX_ACTIVATION)
     };
     (per_row * u128::from(count)).saturating_mul(1u128 << FRACTION_BITS)
-}
-
-/// `(sq - sum^2 / count) / slack` for an expert with `count > 0`: how far
-/// `reap_l2_sq_sum` lies above the Cauchy-Schwarz bound, in units of the
-/// rounding slack ([`CAUCHY_SCHWARZ_RTOL`] relative, plus 2^-64 per routed
-/// token: a term whose square is below the grid adds 0). Below -1 the
-/// statistics are impossible.
-pub fn cauchy_schwarz_margin(sum: f64, sq: f64, count: u64) -> f64 {
-    let bound = sum * sum / count as f64;
-    let slack = CAUCHY_SCHWARZ_RTOL * bound + count as f64 * (-f64::from(FRACTION_BITS)).exp2();
-    (sq - bound) / slack
 }
 
 /// How large a partial's sums and counters may be, per token it measured,

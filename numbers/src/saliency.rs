@@ -67,14 +67,14 @@ impl LayerStats {
     }
 
     /// Expert `e`'s [`Self::CAUCHY_SCHWARZ`] figures: the margin in units of
-    /// the allowed slack ([`crate::partial_check::cauchy_schwarz_margin`],
+    /// the allowed slack ([`crate::stats::cauchy_schwarz_margin`],
     /// below -1 fails), its `reap_l2_sq_sum` and the bound; `None` for an
     /// expert no token selected.
     pub fn cauchy_schwarz(&self, e: usize) -> Option<(f64, f64, f64)> {
         let c = self.count[e];
         let (sum, sq) = (self.reap_l2_sum[e], self.reap_l2_sq_sum[e]);
         (c > 0).then(|| {
-            let margin = crate::partial_check::cauchy_schwarz_margin(sum, sq, c);
+            let margin = crate::stats::cauchy_schwarz_margin(sum, sq, c);
             (margin, sq, sum * sum / c as f64)
         })
     }

@@ -5,7 +5,7 @@
 //! one [`LayerAccum`] per MoE layer. Integer counts and [`ExactSum`] floats
 //! make `merge` associative and commutative, bit for bit.
 
-use crate::exact::{ExactError, ExactSum};
+use crate::exact::{ExactError, ExactSum, FRACTION_BITS};
 use crate::routing::Routing;
 use crate::split::{Gating, Modality, Split};
 use serde::{Deserialize, Serialize};
@@ -106,6 +106,21 @@ pub const N_SUMS: usize = 5;
 /// REAP's `r` (`g * n`, or `n` where the gate is inside the expert).
 pub fn routed_terms(g: f64, n: f64, r: f64) -> [f64; N_SUMS - 1] {
     [g, n, r, r * r]
+}
+
+/// Relative slack of the Cauchy-Schwarz bound: sums are exact, but each
+/// `(g * ||y||)^2` term was rounded before it was added.
+pub const CAUCHY_SCHWARZ_RTOL: f64 = 1e-6;
+
+/// `(sq - sum^2 / count) / slack` for an expert with `count > 0`: how far
+/// `reap_l2_sq_sum` lies above the Cauchy-Schwarz bound, in units of the
+/// rounding slack ([`CAUCHY_SCHWARZ_RTOL`] relative, plus 2^-64 per routed
+/// token: a term whose square is below the grid adds 0). Below -1 the
+/// statistics are impossible.
+pub fn cauchy_schwarz_margin(sum: f64, sq: f64, count: u64) -> f64 {
+    let bound = sum * sum / count as f64;
+    let slack = CAUCHY_SCHWARZ_RTOL * bound + count as f64 * (-f64::from(FRACTION_BITS)).exp2();
+    (sq - bound) / slack
 }
 
 /// Compact per-chunk statistics of the fit split (bootstrap resampling of

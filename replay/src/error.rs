@@ -38,62 +38,6 @@ pub enum ReplayError {
     /// Reading or writing the run's objects failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-
-    /// The run location is not a URL.
-    #[error("parsing {url}")]
-    BadUrl {
-        /// The run location.
-        url: String,
-        /// The parser's error.
-        #[source]
-        source: url::ParseError,
-    },
-    /// An `s3://` run location names no bucket.
-    #[error("{url}: s3 URL without a bucket")]
-    NoBucket {
-        /// The run location.
-        url: String,
-    },
-    /// The path of a remote run location is not an object-store path.
-    #[error("{url}: bad path")]
-    RemotePath {
-        /// The run location.
-        url: String,
-        /// Why the path was refused.
-        #[source]
-        source: object_store::path::Error,
-    },
-    /// The remote object store of a run location could not be opened.
-    #[error("opening {url}")]
-    RemoteOpen {
-        /// The run location.
-        url: String,
-        /// The object store's error.
-        #[source]
-        source: object_store::Error,
-    },
-    /// The size of a remote object could not be read.
-    #[error("reading the size of {path}")]
-    RemoteSize {
-        /// The object's path in its store.
-        path: String,
-        /// The object store's error.
-        #[source]
-        source: object_store::Error,
-    },
-    /// A byte range of a remote object could not be read.
-    #[error("reading bytes {start}..{end} of {path}")]
-    RemoteRange {
-        /// The object's path in its store.
-        path: String,
-        /// First byte asked for.
-        start: u64,
-        /// End of the range (exclusive).
-        end: u64,
-        /// The object store's error.
-        #[source]
-        source: object_store::Error,
-    },
     /// A remote object is shorter than a Parquet footer.
     #[error("{name} is too short for a Parquet file")]
     FooterTooShort {

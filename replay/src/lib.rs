@@ -1,4 +1,7 @@
 //! `coordinator replay`: expert-cache replay of routing traces (DESIGN section 7).
+//! It reads a run's files (traces, keep maps, the model's header) through the
+//! run location and the GGUF format; it may not depend on the tokenizer,
+//! llama.cpp, the runtime or a later stage.
 //!
 //! A layer's trace is turned into flat request arrays ([`steps`]): one step
 //! per token (decode-like) or per ubatch (prefill-like, where the union of the

@@ -5,18 +5,16 @@
 
 use crate::ReplayError;
 use bytes::Bytes;
-use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::reader::{ChunkReader, Length};
-use std::sync::Arc;
+use runfiles::store::RunStore;
 
 /// Bytes fetched per footer read; a larger footer takes a second request.
 const FOOTER_GUESS: u64 = 256 * 1024;
 
-/// A remote run location with its own I/O runtime, usable from any thread.
+/// A remote run location (the run's own store) with an I/O runtime of its
+/// own, usable from any thread.
 pub struct Remote {
-    store: Arc<dyn ObjectStore>,
-    prefix: Path,
+    store: RunStore,
     /// Always `Some` until dropped.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -32,43 +30,12 @@ impl Drop for Remote {
 }
 
 impl Remote {
-    /// Opens `url` when it names a remote store; `None` for local files and
-    /// in-process stores (`file://`, `memory://`), which are read otherwise.
-    /// S3 settings come from the environment (`AWS_ENDPOINT`, ...), as for
-    /// the run's own store.
-    pub fn open(url: &str) -> Result<Option<Remote>, ReplayError> {
-        let parsed = url::Url::parse(url).map_err(|source| ReplayError::BadUrl {
-            url: url.to_string(),
-            source,
-        })?;
-        let opening = |source| ReplayError::RemoteOpen {
-            url: url.to_string(),
-            source,
-        };
-        let (store, prefix): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
-            "file" | "memory" => return Ok(None),
-            "s3" => {
-                let bucket = parsed.host_str().ok_or_else(|| ReplayError::NoBucket {
-                    url: url.to_string(),
-                })?;
-                let store = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .build()
-                    .map_err(opening)?;
-                let prefix =
-                    Path::parse(parsed.path().trim_start_matches('/')).map_err(|source| {
-                        ReplayError::RemotePath {
-                            url: url.to_string(),
-                            source,
-                        }
-                    })?;
-                (Arc::new(store), prefix)
-            }
-            _ => {
-                let (store, prefix) = object_store::parse_url(&parsed).map_err(opening)?;
-                (Arc::from(store), prefix)
-            }
-        };
+    /// The run's store when it is remote ([`RunStore::is_remote`]); `None`
+    /// for local files and in-process stores, which are read otherwise.
+    pub fn open(store: &RunStore) -> Result<Option<Remote>, ReplayError> {
+        if !store.is_remote() {
+            return Ok(None);
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -78,8 +45,7 @@ impl Remote {
                 source,
             })?;
         Ok(Some(Remote {
-            store,
-            prefix,
+            store: store.clone(),
             runtime: Some(runtime),
         }))
     }
@@ -92,22 +58,9 @@ impl Remote {
             .block_on(f)
     }
 
-    fn path(&self, name: &str) -> Path {
-        name.split('/')
-            .filter(|p| !p.is_empty())
-            .fold(self.prefix.clone(), |p, part| p.clone().join(part))
-    }
-
     /// Size of object `name` (relative to the run).
     pub fn size(&self, name: &str) -> Result<u64, ReplayError> {
-        let path = self.path(name);
-        let meta =
-            self.block_on(self.store.head(&path))
-                .map_err(|source| ReplayError::RemoteSize {
-                    path: path.to_string(),
-                    source,
-                })?;
-        Ok(meta.size)
+        Ok(self.block_on(self.store.size(name))?)
     }
 
     /// Bytes `start..end` of object `name`, wrapped so a Parquet reader sees
@@ -119,15 +72,7 @@ impl Remote {
         end: u64,
         size: u64,
     ) -> Result<Window, ReplayError> {
-        let path = self.path(name);
-        let bytes = self
-            .block_on(self.store.get_range(&path, start..end))
-            .map_err(|source| ReplayError::RemoteRange {
-                path: path.to_string(),
-                start,
-                end,
-                source,
-            })?;
+        let bytes = self.block_on(self.store.get_range(name, start..end))?;
         Ok(Window {
             base: start,
             bytes,

@@ -11,7 +11,6 @@ use super::results::{Mode, ReplayReport, TraceKind};
 use super::steps::Steps;
 use super::trace_io::TraceSet;
 use crate::ReplayError;
-use clap::{Args, ValueEnum};
 use numbers::Split;
 use rayon::prelude::*;
 use runfiles::artifacts::names;
@@ -19,7 +18,8 @@ use runfiles::store::RunStore;
 use std::path::PathBuf;
 
 /// Which splits to replay.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum SplitArg {
     /// In-sample: the tokens the keep maps were fitted on.
     Fit,
@@ -39,62 +39,89 @@ impl SplitArg {
 }
 
 /// Arguments of `coordinator replay`.
-#[derive(Args, Clone, Debug)]
+#[derive(Clone, Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ReplayArgs {
     /// Run location (path or object-store URL) with `trace/*.parquet`.
     pub run: String,
     /// Policies to replay, comma-separated.
-    #[arg(
+    #[cfg_attr(feature = "cli", arg(
         long,
         value_delimiter = ',',
         value_parser = Policy::parse,
-        default_value = "lru,lfu,ema,near_pick_ema,router_ema,inverse_router_ema,belady,static"
-    )]
+        default_values_t = ReplayArgs::for_run("").policies
+    ))]
     pub policies: Vec<Policy>,
     /// Per-layer capacities: experts (`64`), fractions of the layer's
     /// (kept) experts (`0.25`, `25%`), or bytes of expert weights (`512MiB`,
     /// `2GB`: the experts that fit, so keep maps compare at equal memory).
-    #[arg(long, value_delimiter = ',', value_parser = Capacity::parse, default_value = "0.125,0.25,0.5")]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', value_parser = Capacity::parse, default_values_t = ReplayArgs::for_run("").capacity))]
     pub capacity: Vec<Capacity>,
     /// Keep maps: `none`, a name under `keep_maps/` (`frequency_K8`) or a JSON path.
-    #[arg(long = "keep-map", value_delimiter = ',', default_value = "none")]
+    #[cfg_attr(feature = "cli", arg(long = "keep-map", value_delimiter = ',', default_values_t = ReplayArgs::for_run("").keep_map))]
     pub keep_map: Vec<String>,
     /// Splits to replay.
-    #[arg(long, value_enum, default_value = "both")]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ReplayArgs::for_run("").split))]
     pub split: SplitArg,
     /// Step modes, comma-separated (decode traces are replayed per token only).
-    #[arg(
+    #[cfg_attr(feature = "cli", arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "token,ubatch"
-    )]
+        default_values_t = ReplayArgs::for_run("").mode
+    ))]
     pub mode: Vec<Mode>,
     /// Tokens per ubatch in ubatch mode (llama.cpp's `n_ubatch`).
-    #[arg(long, default_value_t = 512)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").ubatch))]
     pub ubatch: usize,
     /// EMA decay per step, in (0, 1).
-    #[arg(long, default_value_t = 0.99)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").ema_decay))]
     pub ema_decay: f64,
     /// Near picks per token for `near_pick_ema`.
-    #[arg(long, default_value_t = 4)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").near_pick_n))]
     pub near_pick_n: usize,
     /// Credit of one near pick (a use earns 1).
-    #[arg(long, default_value_t = 0.5)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").near_pick_credit))]
     pub near_pick_credit: f64,
     /// Model GGUF for expert sizes; default: `model_path` of the run's manifest.json.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub model: Option<PathBuf>,
     /// Worker threads (0: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").threads))]
     pub threads: usize,
     /// Write this replay (`replay/`) to `explore/NAME/` in the run, leaving
     /// the run's own results as they are.
-    #[arg(long, value_name = "NAME")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "NAME"))]
     pub out: Option<String>,
 }
 
 impl ReplayArgs {
+    /// `coordinator replay RUN` with every default (the command line's and
+    /// every caller's): each policy, capacities of an eighth, a quarter and
+    /// a half of the layer's experts, no keep map, both splits, token and
+    /// ubatch steps of 512 tokens.
+    pub fn for_run(run: &str) -> ReplayArgs {
+        let policies = "lru,lfu,ema,near_pick_ema,router_ema,inverse_router_ema,belady,static";
+        ReplayArgs {
+            run: run.to_string(),
+            policies: policies
+                .split(',')
+                .map(|p| Policy::parse(p).expect("a known policy"))
+                .collect(),
+            capacity: [0.125, 0.25, 0.5].map(Capacity::Fraction).to_vec(),
+            keep_map: vec!["none".into()],
+            split: SplitArg::Both,
+            mode: vec![Mode::Token, Mode::Ubatch],
+            ubatch: 512,
+            ema_decay: 0.99,
+            near_pick_n: 4,
+            near_pick_credit: 0.5,
+            model: None,
+            threads: 0,
+            out: None,
+        }
+    }
+
     fn params(&self) -> PolicyParams {
         PolicyParams {
             ema_decay: self.ema_decay,

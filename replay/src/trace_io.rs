@@ -93,7 +93,7 @@ impl TraceSet {
             .and_then(|u| u.to_file_path().ok());
         let remote = match &local {
             Some(_) => None,
-            None => Remote::open(store.url())?.map(Arc::new),
+            None => Remote::open(store)?.map(Arc::new),
         };
         let mut parts = Vec::new();
         let mut shape: Option<(usize, usize)> = None;

@@ -74,6 +74,18 @@ impl KeepMap {
         crate::layout::keep_map(name)
     }
 
+    /// The `params` object of a map computed with `params` (the scoring
+    /// stage's parameter type, which comes after this crate).
+    pub fn params_of<P: Serialize>(params: &P) -> serde_json::Value {
+        serde_json::to_value(params).expect("parameters serialise")
+    }
+
+    /// The map's `params` read as `P`, the type [`KeepMap::params_of`]
+    /// wrote; an error for a map whose params are not a `P`.
+    pub fn params_as<P: serde::de::DeserializeOwned>(&self) -> Result<P, serde_json::Error> {
+        P::deserialize(&self.params)
+    }
+
     /// Kept experts of block `layer`, if the map covers it.
     pub fn kept(&self, layer: u32) -> Option<&[u32]> {
         self.layers.get(&layer.to_string()).map(|v| v.as_slice())

@@ -371,6 +371,26 @@ impl RunStore {
         Ok(meta.size)
     }
 
+    /// Bytes `range` of object `name` (one ranged GET on remote stores), so
+    /// a reader fetches a large file's footer and the parts it needs only
+    /// (replay reads trace parts in a bucket this way).
+    pub async fn get_range(
+        &self,
+        name: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, StoreError> {
+        self.store
+            .get_range(&self.path(name), range)
+            .await
+            .map_err(self.backend(name))
+    }
+
+    /// Whether objects live in a remote store (not a local directory or
+    /// memory): readers then fetch ranges instead of mapping files.
+    pub fn is_remote(&self) -> bool {
+        !["file:", "memory:"].iter().any(|s| self.url.starts_with(s))
+    }
+
     /// Whether an object exists.
     pub async fn exists(&self, name: &str) -> Result<bool, StoreError> {
         match self.store.head(&self.path(name)).await {

@@ -3,7 +3,8 @@
 //! a run's lock, plan, resume, acceptance and running merge ([`run`]).
 //!
 //! It comes after the corpus in the data flow and before every analysis
-//! stage: nothing here imports scoring, evaluation or the report.
+//! stage: nothing here imports scoring, evaluation or the report. It may not
+//! depend on the corpus crate or llama.cpp: the corpus reaches it as files.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

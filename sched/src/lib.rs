@@ -1,6 +1,7 @@
 //! The lease state machine: which chunk ranges are pending, leased, done or
 //! failed, and which workers are alive. No sockets and no clock: every call
-//! takes the current time, so tests drive it in simulated time.
+//! takes the current time, so tests drive it in simulated time. It depends
+//! on the numbers and the protocol's ids only: no storage, no tokio.
 //!
 //! The work is a fixed list of *units* (chunk ranges of the lease plan). A
 //! unit is granted as a lease with a deadline; a lease that fails, expires,

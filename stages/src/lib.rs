@@ -3,7 +3,9 @@
 //! [`prune`] slices a model to a keep map, [`eval`] measures pruned candidates
 //! against the base through the runtime's lease pipeline, [`report`] renders
 //! what the earlier stages wrote, and [`ship`] quantises and measures the
-//! files users deploy. Each stage reads only what earlier ones wrote.
+//! files users deploy. Each stage reads only what earlier ones wrote, as
+//! typed files of the run location; none depends on the corpus crate,
+//! the worker or llama.cpp (workers do the model's work, over the runtime).
 //!
 //! Every stage reports through one error type, [`StagesError`].
 #![deny(missing_docs)]

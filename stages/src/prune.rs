@@ -2,7 +2,6 @@
 //! the run's keep maps (DESIGN section 12), sliced by [`slicer`].
 
 use crate::{During, StagesError};
-use clap::Args;
 use runfiles::artifacts::names;
 use runfiles::keepmap::{KeepMap, KeepMapRef};
 use runfiles::manifest::MANIFEST_FILE;
@@ -13,7 +12,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 /// Arguments of `coordinator prune`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct PruneArgs {
     /// Run location holding `keep_maps/NAME.json` and `imatrix.gguf`.
     pub run: String,
@@ -21,35 +21,36 @@ pub struct PruneArgs {
     /// or the path of a JSON file, e.g. written by hand as `{"layers":
     /// {"0": [expert ids], "1": [...], ...}}` (the same number of ids in
     /// every MoE block), checked against the run's model.
-    #[arg(long = "keep-map")]
+    #[cfg_attr(feature = "cli", arg(long = "keep-map"))]
     pub keep_map: String,
     /// Base model; default: the model named by the run's manifest.
-    #[arg(short = 'm', long)]
+    #[cfg_attr(feature = "cli", arg(short = 'm', long))]
     pub model: Option<PathBuf>,
     /// The pruned model to write; its importance matrix goes next to it as
     /// `<stem>.imatrix.gguf`. Both are new files: an existing one is
     /// refused, never replaced.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub out: PathBuf,
     /// An importance matrix to slice instead of the run's `imatrix.gguf`:
     /// a file in llama-imatrix's GGUF format (`<name>.in_sum2` and
     /// `<name>.counts` per weight), such as llama-imatrix itself writes;
     /// the run then needs no `imatrix.gguf`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub imatrix: Option<PathBuf>,
     /// Splits a large model (`--split-max-size`).
-    #[command(flatten)]
+    #[cfg_attr(feature = "cli", command(flatten))]
     pub split: SplitMaxSize,
 }
 
 /// `--split-max-size`, which `prune` and `ship` share.
-#[derive(Args, Clone, Debug, Default)]
+#[derive(Clone, Debug, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct SplitMaxSize {
     /// Write each model file larger than this as llama.cpp's `gguf-split`
     /// files of at most this much tensor data (`48G`, `500M`: decimal, as
     /// `llama-gguf-split --split-max-size`; Hugging Face caps a file at
     /// 50 GB): `<stem>-00001-of-0000N.gguf`, ...
-    #[arg(long = "split-max-size", value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long = "split-max-size", value_name = "SIZE"))]
     pub text: Option<String>,
 }
 

@@ -36,28 +36,12 @@ pub enum SynthError {
     /// Encoding a generated picture as PNG failed.
     #[error(transparent)]
     Png(#[from] png::EncodingError),
-    /// Creating a directory or file for generated output failed.
-    #[error("creating {path}")]
-    Create {
+    /// Creating, writing or renaming a generated file failed.
+    #[error("{action} {path}")]
+    File {
+        /// What was done: `creating`, `writing` or `renaming to`.
+        action: &'static str,
         /// The directory or file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Writing a generated file failed.
-    #[error("writing {path}")]
-    WriteFile {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Renaming a finished temporary file into place failed.
-    #[error("renaming to {path}")]
-    Rename {
-        /// The destination.
         path: String,
         /// The I/O error.
         #[source]
@@ -66,21 +50,28 @@ pub enum SynthError {
 }
 
 impl SynthError {
-    /// The [`SynthError::Create`] of `path`, for `map_err`.
+    /// The [`SynthError::File`] of `action` on `path`, for `map_err`.
+    fn file(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SynthError {
+        let path = path.display().to_string();
+        move |source| SynthError::File {
+            action,
+            path,
+            source,
+        }
+    }
+
+    /// Creating the directory or file `path` failed.
     pub fn creating(path: &Path) -> impl FnOnce(std::io::Error) -> SynthError {
-        let path = path.display().to_string();
-        move |source| SynthError::Create { path, source }
+        SynthError::file("creating", path)
     }
 
-    /// The [`SynthError::WriteFile`] of `path`, for `map_err`.
+    /// Writing the file `path` failed.
     pub fn writing(path: &Path) -> impl FnOnce(std::io::Error) -> SynthError {
-        let path = path.display().to_string();
-        move |source| SynthError::WriteFile { path, source }
+        SynthError::file("writing", path)
     }
 
-    /// The [`SynthError::Rename`] to `path`, for `map_err`.
+    /// Renaming a finished temporary file to `path` failed.
     pub fn renaming_to(path: &Path) -> impl FnOnce(std::io::Error) -> SynthError {
-        let path = path.display().to_string();
-        move |source| SynthError::Rename { path, source }
+        SynthError::file("renaming to", path)
     }
 }

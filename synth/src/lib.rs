@@ -1,6 +1,6 @@
 //! Test models and data, generated here without llama.cpp (the `worker
-//! synth-*` commands are a thin front over it; the product's crates never
-//! depend on it). Models: deterministic, small but real MoE GGUF models, one
+//! synth-*` commands are a thin front over it; no other product crate
+//! depends on it). Models: deterministic, small but real MoE GGUF models, one
 //! preset per MoE family llama.cpp runs, with that family's tensor layout
 //! (DESIGN section 3's routing variants). [`layout`] knows each family's
 //! metadata and tensors; [`builder`] makes the random weights.
@@ -55,7 +55,8 @@ use std::path::{Path, PathBuf};
 pub use vocab::{byte_to_unicode, CHAT_TEMPLATE, SPECIAL_TOKENS};
 
 /// Which model to generate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Preset {
     /// qwen3moe, 3 MoE layers, 16 experts, top-4, f32.
     Tiny,
@@ -117,23 +118,24 @@ pub enum Preset {
     MinimaxM2,
     /// qwen3moe with Qwen3's vocabulary size (151,936), hidden 2048, 3 MoE
     /// layers, 512 experts, top-10, expert width 32, Q8_0, tied embeddings.
-    #[value(name = "vocab-152k")]
+    #[cfg_attr(feature = "cli", value(name = "vocab-152k"))]
     Vocab152k,
     /// `vocab-152k` with Qwen3.5's vocabulary size (248,320).
-    #[value(name = "vocab-248k")]
+    #[cfg_attr(feature = "cli", value(name = "vocab-248k"))]
     Vocab248k,
 }
 
 /// Encoding of a generated model's weight matrices (norms and routers stay
 /// f32), to test that slicing and loading work for more than f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum WeightType {
     /// 32-bit float.
     F32,
     /// 16-bit float.
     F16,
     /// 8-bit blocks of 32 with an f16 scale.
-    #[value(name = "q8_0")]
+    #[cfg_attr(feature = "cli", value(name = "q8_0"))]
     Q8_0,
 }
 

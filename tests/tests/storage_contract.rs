@@ -4,7 +4,9 @@
 //! `MOE_CENSUS_SKIP_S3=1`). Each backend must round-trip bytes, refuse a
 //! create-only overwrite, write an object from pieces, move an object
 //! create-only whole or not at all, refuse an object over a reader's limit
-//! before reading it, read into a kept buffer without a new one, report a missing object by its URL, list names sorted
+//! before reading it, read into a kept buffer without a new one, read a
+//! byte range (replay reads trace parts in a bucket this way), say whether
+//! it is remote, report a missing object by its URL, list names sorted
 //! and below their prefix only, and treat a child location as the same
 //! store.
 
@@ -76,6 +78,14 @@ async fn contract(s: RunStore) {
         matches!(&refused, Err(StoreError::TooLarge { size: 100_000, .. })),
         "{url}: {refused:?}"
     );
+    // A byte range is those bytes; a range of a missing object names it.
+    assert!(s.get_range("big.bin", 99_990..100_000).await.unwrap() == body[99_990..]);
+    assert!(s.get_range("big.bin", 7..8).await.unwrap() == body[7..8]);
+    assert!(matches!(
+        s.get_range("missing", 0..1).await,
+        Err(StoreError::NotFound { url: u }) if u == format!("{url}/missing")
+    ));
+    assert_eq!(s.is_remote(), url.starts_with("s3:"), "{url}");
     // A missing object is named by its URL.
     assert_eq!(
         s.get("missing").await.unwrap_err().to_string(),

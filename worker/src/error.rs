@@ -149,7 +149,7 @@ pub enum WorkerError {
     /// A generated model, corpus or image sample could not be written.
     #[error(transparent)]
     Synth(#[from] synth::SynthError),
-    /// Creating a directory or file for generated output failed.
+    /// Creating a scratch file or directory failed.
     #[error("creating {path}")]
     Create {
         /// The directory or file.
@@ -158,19 +158,10 @@ pub enum WorkerError {
         #[source]
         source: std::io::Error,
     },
-    /// Writing a generated file failed.
+    /// Writing a scratch file failed.
     #[error("writing {path}")]
     WriteFile {
         /// The file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Renaming a finished temporary file into place failed.
-    #[error("renaming to {path}")]
-    Rename {
-        /// The destination.
         path: String,
         /// The I/O error.
         #[source]
@@ -216,11 +207,5 @@ impl WorkerError {
     pub fn writing(path: &Path) -> impl FnOnce(std::io::Error) -> WorkerError {
         let path = path.display().to_string();
         move |source| WorkerError::WriteFile { path, source }
-    }
-
-    /// The [`WorkerError::Rename`] to `path`, for `map_err`.
-    pub fn renaming_to(path: &Path) -> impl FnOnce(std::io::Error) -> WorkerError {
-        let path = path.display().to_string();
-        move |source| WorkerError::Rename { path, source }
     }
 }

@@ -1,4 +1,7 @@
-//! The worker: measures a GGUF MoE model through llama.cpp.
+//! The worker: measures a GGUF MoE model through llama.cpp. A binary with a
+//! library for tests and benchmarks; it reads the run's files and speaks the
+//! protocol, and may not depend on the coordinator's crates (corpus,
+//! runtime, stages).
 //!
 //! - [`cli`]: the command line (`collect`, `join`, and `synth-*`, the front of
 //!   the `synth` crate's test models and data).

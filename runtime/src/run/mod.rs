@@ -34,7 +34,6 @@ use crate::net::persist::Kept;
 use crate::net::server::{Server, ServerOptions};
 use crate::net::tls::{server_names, Identity};
 use crate::net::NetError;
-use clap::Args;
 use config::run::{ClusterSettings, RunSettings};
 use crew::Crew;
 use crew::OnListen;
@@ -89,33 +88,34 @@ pub enum RunError {
 }
 
 /// Arguments of `coordinator run`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct RunArgs {
     /// The run config (TOML).
     pub config: PathBuf,
     /// Start this many local worker processes (loopback QUIC).
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub local_workers: u32,
     /// Run location (path or URL); overrides `[run] out`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub out: Option<String>,
     /// Model file; overrides `[model] path`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub model: Option<PathBuf>,
     /// Address to listen on; overrides `[cluster] listen`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub listen: Option<String>,
     /// Write `{addr, pin, server_name}` here once listening; overrides `[cluster] connect_file`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub connect_file: Option<PathBuf>,
     /// The name workers dial (and check the certificate against), put
     /// first in `[cluster] server_names`: a batch job's node, known only
     /// when it starts.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub server_name: Option<String>,
     /// Take the run location's lock over even when its holder's heartbeat is
     /// fresh (when that coordinator is known to be gone).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub take_over_lock: bool,
 }
 

@@ -5,7 +5,6 @@ use super::{
     evaluate, job, print_outcome, Choice, EvalOutcome, EvalRunError, EvalSettings, EvalSetup,
 };
 use crate::StagesError;
-use clap::Args;
 use config::Config;
 use protocol::wire::EvalJob;
 use runfiles::layout::EvalLayout;
@@ -18,48 +17,50 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Arguments of `coordinator eval`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct EvalArgs {
     /// Run location (path or URL) with `corpus/` and `keep_maps/`.
     pub run: String,
     /// Keep maps to evaluate, comma-separated names `<method>_K<k>`; K may
     /// be a share of the model's experts (`frequency_K50%`).
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', required = true))]
     pub keep_maps: Vec<String>,
     /// Start this many local worker processes (loopback QUIC); 0 waits for
     /// workers to join.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub local_workers: u32,
     /// Splits scored: fit, heldout or both.
-    #[arg(long, default_value = "both")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "both"))]
     pub split: String,
     /// Positions skipped at the start of every chunk; default: half the
     /// chunk (`n_ctx / 2`: the second half is scored, like
     /// llama-perplexity); 0 scores every position.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub skip_first: Option<u32>,
     /// KL budget (mean KL in nats): per method, the smallest evaluated K
     /// whose held-out KL interval's upper end is within it is picked;
     /// default: the run config's `[eval] kl_budget`.
-    #[arg(long, value_parser = parse_kl_budget)]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = parse_kl_budget))]
     pub kl_budget: Option<f64>,
     /// Models each worker holds in memory at once: `auto`, `all` or a
     /// number (2: the base and one candidate; 1: one at a time). Default:
     /// the run config's `[eval] models_in_memory`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub models_in_memory: Option<numbers::eval::ModelsInMemory>,
     /// The base GGUF model (the run's; checked by SHA-256). Default: the
     /// model collection ran with, recorded in the manifest, else the model
     /// path of the run's config when it is absolute.
-    #[arg(short = 'm', long)]
+    #[cfg_attr(feature = "cli", arg(short = 'm', long))]
     pub model: Option<PathBuf>,
     /// Write this evaluation to `explore/NAME/eval/` in the run, leaving
     /// the run's own `eval/` as it is.
-    #[arg(long, value_name = "NAME")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "NAME"))]
     pub out: Option<String>,
 }
 
 /// Parses `--kl-budget`: a positive number of nats.
+#[cfg(feature = "cli")]
 fn parse_kl_budget(text: &str) -> Result<f64, String> {
     let b: f64 = text
         .trim()

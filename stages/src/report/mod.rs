@@ -28,7 +28,6 @@ use crate::score::{self, ScoreReport};
 use crate::verify::{self, VerifyReport};
 use crate::StagesError;
 use ::replay::ReplayReport;
-use clap::Args;
 use numbers::peer_text::table_cell;
 use numbers::Split;
 use plots::Series;
@@ -79,9 +78,18 @@ fn slot_series(r: &ScoreReport, k: u32) -> Vec<Series> {
 
 /// Builds the report of a run from what its stages stored and writes it
 /// under `report/`; it writes nothing else. What is missing is named in the
-/// report and in [`ReportOutput::missing`].
+/// report and in [`ReportOutput::missing`]. Verifies the run for its
+/// verification section ([`report_verified`] takes a verification made).
 pub async fn report(store: &RunStore) -> Result<ReportOutput, StagesError> {
-    let verified = verify::verify(store).await?;
+    report_verified(store, &verify::verify(store).await?).await
+}
+
+/// [`report`] with the run's verification already made (by the pipeline,
+/// which prints it), so a run is verified once.
+pub async fn report_verified(
+    store: &RunStore,
+    verified: &VerifyReport,
+) -> Result<ReportOutput, StagesError> {
     let (s, sha) = score::load_saliency(store).await?;
     let scored = score::stored_report(store, &sha).await?;
     let mut out = ReportOutput {
@@ -92,7 +100,7 @@ pub async fn report(store: &RunStore) -> Result<ReportOutput, StagesError> {
     };
     let mut md = header(store, &s, &sha);
     corpus::section(store, &mut md).await?;
-    verification_section(&mut md, &verified);
+    verification_section(&mut md, verified);
     md.push_str("\n## Slot replacement per layer\n\nShare of top-k routing slots whose expert a keep map prunes (`1 - kept count share`), per layer.\n\n");
     match &scored {
         Ok(scored) => {
@@ -305,7 +313,8 @@ pub fn report_run(run: &str) -> Result<ReportOutput, StagesError> {
 }
 
 /// Arguments of `coordinator report`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ReportArgs {
     /// Run location (path or URL).
     pub run: String,

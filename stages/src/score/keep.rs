@@ -67,7 +67,7 @@ pub fn keep_map(
     Ok(KeepMap {
         method: method.as_str().to_string(),
         k,
-        params: serde_json::to_value(p).expect("params serialise"),
+        params: KeepMap::params_of(p),
         saliency_sha256: saliency_sha256.to_string(),
         layers,
     })
@@ -78,12 +78,11 @@ pub fn map_recipe(map: &KeepMap) -> Result<(Method, ScoreParams), StagesError> {
     let method = Method::parse(&map.method).ok_or_else(|| StagesError::UnknownMethod {
         method: map.method.clone(),
     })?;
-    let params: ScoreParams =
-        serde_json::from_value(map.params.clone()).map_err(|source| StagesError::Json {
-            what: format!("the {} keep map's params object", map.method),
-            expected: "moe-census score parameters",
-            source,
-        })?;
+    let params: ScoreParams = map.params_as().map_err(|source| StagesError::Json {
+        what: format!("the {} keep map's params object", map.method),
+        expected: "moe-census score parameters",
+        source,
+    })?;
     Ok((method, params))
 }
 

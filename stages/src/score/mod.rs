@@ -20,7 +20,6 @@ pub mod tables;
 pub(crate) mod testdata;
 
 use crate::StagesError;
-use clap::{Args, Parser};
 use config::method::Method;
 use keep::{keep_map, rank_layers, LayerRanking};
 use method::{Prior, ScoreParams};
@@ -40,58 +39,74 @@ use std::process::ExitCode;
 pub use runfiles::layout::score as outputs;
 
 /// Options of `coordinator score` (everything but the run).
-#[derive(Parser, Debug, Clone)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Parser))]
 pub struct ScoreOptions {
     /// Methods to score, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Method::ALL.to_vec())]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, value_delimiter = ',', default_values_t = ScoreOptions::default().methods))]
     pub methods: Vec<Method>,
     /// Keep-map sizes in experts (default: a quarter, half and three
     /// quarters of the experts); the command line's `--k` takes shares too
     /// ([`ScoreArgs::k`]).
-    #[arg(skip)]
+    #[cfg_attr(feature = "cli", arg(skip))]
     pub k: Vec<u32>,
     /// Score one domain of the fit split.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub domain: Option<String>,
     /// Score a weighted mix of fit domains: `a=0.5,b=0.5`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub mix: Option<String>,
     /// Prior of `reap_shrink`: median of live experts' means, or of their LCBs.
-    #[arg(long, value_enum, default_value_t = Prior::Median)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ScoreOptions::default().prior))]
     pub prior: Prior,
     /// Prior strength of `reap_shrink`, in pseudo-tokens.
-    #[arg(long, default_value_t = 10.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().m))]
     pub m: f64,
     /// Width of the LCB prior, in standard errors.
-    #[arg(long, default_value_t = 1.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().z))]
     pub z: f64,
     /// Keep floor: an expert with fewer hits ranks after every expert with
     /// at least this many, under every method, and only experts at or above
     /// it inform the prior (1: no floor beyond the dead rule).
-    #[arg(long, default_value_t = method::DEFAULT_C_MIN)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().c_min))]
     pub c_min: u64,
     /// Let dead experts and experts below the floor compete on score alone.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub allow_dead: bool,
     /// Keep super experts first under every method (REAP's rule on the
     /// largest output norm per expert: see `super_experts`).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub guard_super_experts: bool,
     /// Bootstrap resamples for keep-map stability (0: skip).
-    #[arg(long, default_value_t = 20)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().bootstrap))]
     pub bootstrap: u32,
     /// Seed of the bootstrap.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().seed))]
     pub seed: u64,
     /// Trace rows (token x layer) the substitution screen reads at most,
     /// whole parts at a time in name order (0: skip the screen).
-    #[arg(long, default_value_t = 2_000_000)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().screen_rows))]
     pub screen_rows: u64,
 }
 
+/// The defaults of `coordinator score`: the command line's and every caller's.
 impl Default for ScoreOptions {
     fn default() -> Self {
-        ScoreOptions::parse_from(["score"])
+        ScoreOptions {
+            methods: Method::ALL.to_vec(),
+            k: Vec::new(),
+            domain: None,
+            mix: None,
+            prior: Prior::Median,
+            m: 10.0,
+            z: 1.0,
+            c_min: method::DEFAULT_C_MIN,
+            allow_dead: false,
+            guard_super_experts: false,
+            bootstrap: 20,
+            seed: 0,
+            screen_rows: 2_000_000,
+        }
     }
 }
 
@@ -180,22 +195,23 @@ pub fn routing_note(s: &Saliency) -> Option<String> {
 }
 
 /// Arguments of `coordinator score`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ScoreArgs {
     /// Run location (path or URL) holding saliency.json.
     pub run: String,
     /// Keep-map sizes, comma-separated: numbers of experts (`8`) or shares
     /// of the model's experts (`50%`, rounded down as `eval` rounds it);
     /// default: a quarter, half and three quarters of the experts.
-    #[arg(long, value_delimiter = ',')]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ','))]
     pub k: Vec<String>,
     /// Scoring options.
-    #[command(flatten)]
+    #[cfg_attr(feature = "cli", command(flatten))]
     pub options: ScoreOptions,
     /// Write this score (score/, keep_maps/) to `explore/NAME/` in the run,
     /// leaving the run's own score and keep maps as they are (exploring
     /// other methods or sizes).
-    #[arg(long, value_name = "NAME")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "NAME"))]
     pub out: Option<String>,
 }
 

@@ -28,7 +28,6 @@ pub mod sums;
 
 use crate::{During, StagesError};
 use card::ModelCard;
-use clap::Args;
 use files::{OutDir, Placed};
 use gguf::quant::{check_requantize, QuantType};
 use gguf::split::open_joined;
@@ -78,7 +77,8 @@ pub enum ShipError {
 }
 
 /// Arguments of `coordinator ship`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ShipArgs {
     /// Run location (path or URL) holding `keep_maps/` and `imatrix.gguf`.
     pub run: String,
@@ -87,33 +87,33 @@ pub struct ShipArgs {
     /// routes each token to N experts (`base_top2`); or `pareto` alone:
     /// the candidates on the size-versus-KL Pareto front of the run's
     /// evaluation (`eval/summary.json`).
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', required = true))]
     pub candidates: Vec<String>,
     /// Quantisation types, comma-separated (llama-quantize's names: Q8_0,
     /// Q4_K_M, ...); none ships the unquantised files only.
-    #[arg(long, value_delimiter = ',')]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ','))]
     pub quant: Vec<String>,
     /// Output directory (local) for the files and `SHA256SUMS`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub out: PathBuf,
     /// Quantise a base model that is already quantised.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub allow_requantize: bool,
     /// Base model; default: the model named by the run's manifest.
-    #[arg(short = 'm', long)]
+    #[cfg_attr(feature = "cli", arg(short = 'm', long))]
     pub model: Option<PathBuf>,
     /// CPU threads of the quantiser (default: all cores).
-    #[arg(short = 't', long)]
+    #[cfg_attr(feature = "cli", arg(short = 't', long))]
     pub threads: Option<u32>,
     /// Evaluate the shipped files with this many local worker processes
     /// (loopback QUIC); 0 waits for workers to join.
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub local_workers: u32,
     /// Ship without evaluating the files (their cards carry no figures).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub no_eval: bool,
     /// Ships large model files split (`--split-max-size`).
-    #[command(flatten)]
+    #[cfg_attr(feature = "cli", command(flatten))]
     pub split: crate::prune::SplitMaxSize,
 }
 

@@ -10,7 +10,6 @@ pub mod maps;
 pub mod stats;
 
 use crate::StagesError;
-use clap::Args;
 use numbers::partial::Partial;
 use numbers::saliency::{lenient, Saliency};
 use numbers::Split;
@@ -388,12 +387,13 @@ pub fn verify_run(run: &str) -> Result<VerifyReport, StagesError> {
 }
 
 /// Arguments of `coordinator verify`.
-#[derive(Args, Debug)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct VerifyArgs {
     /// Run location (path or URL).
     pub run: String,
     /// Also write the report as JSON to this file.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub json: Option<std::path::PathBuf>,
 }
 

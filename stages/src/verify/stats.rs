@@ -2,8 +2,9 @@
 //! worst case.
 
 use super::{names as inv, Check};
-use numbers::partial_check::{CAUCHY_SCHWARZ_RTOL, PROB_SUM_RTOL};
+use numbers::partial_check::PROB_SUM_RTOL;
 use numbers::saliency::{LayerStats, Saliency};
+use numbers::stats::CAUCHY_SCHWARZ_RTOL;
 use numbers::stats::SUM_NAMES;
 
 /// A statistics group: a split total, one domain of a split or, in a run
