@@ -258,6 +258,36 @@ pub enum Verdict {
     NoAgreement(String),
 }
 
+impl Verdict {
+    /// The verdict on the results of one sampled unit, made by `workers`
+    /// (connection and identity, in arrival order), where `agree(i, j)`
+    /// says whether results `i` and `j` agree: two that agree settle it (the
+    /// first is kept), two that disagree ask a third; of three, the one that
+    /// agrees with neither other is the odd one (and with no agreeing pair
+    /// the run fails).
+    pub fn of(
+        workers: &[(WorkerId, Identity)],
+        mut agree: impl FnMut(usize, usize) -> bool,
+    ) -> Verdict {
+        match workers {
+            [(_, a), _] => match agree(0, 1) {
+                true => Verdict::Agree { keep: *a },
+                false => Verdict::Disagree,
+            },
+            [(wa, a), (wb, b), (wc, _)] => {
+                if agree(0, 2) {
+                    Verdict::Odd { keep: *a, odd: *b }
+                } else if agree(1, 2) {
+                    Verdict::Odd { keep: *b, odd: *a }
+                } else {
+                    Verdict::NoAgreement(format!("{wa}, {wb} and {wc} all differ"))
+                }
+            }
+            _ => Verdict::NoAgreement(format!("{} results", workers.len())),
+        }
+    }
+}
+
 /// Something the scheduler did on its own, for logs and counters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {

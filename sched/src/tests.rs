@@ -822,3 +822,39 @@ fn a_worker_hoarding_four_computed_leases_is_quarantined_without_a_panic() {
 }
 
 mod interleavings;
+
+#[test]
+fn a_sampled_units_verdict_keeps_an_agreeing_result_and_names_the_odd_one() {
+    let w = |i: u64| (WorkerId(i), Identity(10 + i));
+    let same = |groups: [u8; 3]| move |i: usize, j: usize| groups[i] == groups[j];
+    assert_eq!(
+        Verdict::of(&[w(1), w(2)], same([0, 0, 9])),
+        Verdict::Agree { keep: Identity(11) }
+    );
+    assert_eq!(
+        Verdict::of(&[w(1), w(2)], same([0, 1, 9])),
+        Verdict::Disagree
+    );
+    assert_eq!(
+        Verdict::of(&[w(1), w(2), w(3)], same([0, 1, 0])),
+        Verdict::Odd {
+            keep: Identity(11),
+            odd: Identity(12)
+        }
+    );
+    assert_eq!(
+        Verdict::of(&[w(1), w(2), w(3)], same([0, 1, 1])),
+        Verdict::Odd {
+            keep: Identity(12),
+            odd: Identity(11)
+        }
+    );
+    assert!(matches!(
+        Verdict::of(&[w(1), w(2), w(3)], same([0, 1, 2])),
+        Verdict::NoAgreement(why) if why.contains("all differ")
+    ));
+    assert!(matches!(
+        Verdict::of(&[w(1)], same([0, 0, 0])),
+        Verdict::NoAgreement(_)
+    ));
+}

@@ -727,32 +727,17 @@ fn check_hash(bytes: &[u8], claimed: &str, what: &str) -> Result<(), String> {
 /// The verdict on two or three results of one unit: two that agree settle
 /// it; with three, the one that agrees with neither other is the odd one.
 fn judge<K: LeaseKind>(range: ChunkRange, results: &[Candidate<AddendOf<K>>]) -> Verdict {
-    match results {
-        [a, b] => match a.output.agree(&b.output) {
-            Ok(()) => Verdict::Agree { keep: a.identity },
+    let workers: Vec<_> = results.iter().map(|r| (r.worker, r.identity)).collect();
+    Verdict::of(&workers, |i, j| {
+        let (a, b) = (&results[i], &results[j]);
+        match a.output.agree(&b.output) {
+            Ok(()) => true,
             Err(why) => {
-                tracing::warn!(%range, "results of {} and {} disagree ({why}): asking a third worker", a.worker, b.worker);
-                Verdict::Disagree
-            }
-        },
-        [a, b, c] => {
-            if a.output.agree(&c.output).is_ok() {
-                Verdict::Odd {
-                    keep: a.identity,
-                    odd: b.identity,
+                if results.len() == 2 {
+                    tracing::warn!(%range, "results of {} and {} disagree ({why}): asking a third worker", a.worker, b.worker);
                 }
-            } else if b.output.agree(&c.output).is_ok() {
-                Verdict::Odd {
-                    keep: b.identity,
-                    odd: a.identity,
-                }
-            } else {
-                Verdict::NoAgreement(format!(
-                    "{}, {} and {} all differ",
-                    a.worker, b.worker, c.worker
-                ))
+                false
             }
         }
-        _ => Verdict::NoAgreement(format!("{} results", results.len())),
-    }
+    })
 }
