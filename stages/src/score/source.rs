@@ -100,7 +100,7 @@ impl Source {
     /// A short label for tables: `fit`, `domain:code`, `mix:a=0.5,b=0.5`.
     pub fn label(&self) -> String {
         match self {
-            Source::Fit => "fit".into(),
+            Source::Fit => Split::Fit.as_str().into(),
             Source::Domain { name } => format!("domain:{name}"),
             Source::Mix { weights } => {
                 let parts: Vec<String> = weights.iter().map(|(d, w)| format!("{d}={w}")).collect();
