@@ -9,6 +9,7 @@ use numbers::eval::ModelsInMemory;
 use numbers::keep_name::{self, KeepMapName};
 use numbers::routing::{check_group_keep, ExpertGroups};
 use numbers::saliency::Saliency;
+use numbers::Splits;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +27,8 @@ pub struct EvalSettings {
     /// model's experts (`"50%"`).
     pub k: Vec<String>,
     /// Splits scored: `fit`, `heldout` or `both`.
-    pub split: String,
+    #[schemars(with = "String")]
+    pub split: Splits,
     /// Positions skipped at the start of every chunk; absent: half the
     /// chunk (`n_ctx / 2`), the positions llama-perplexity scores, so
     /// figures compare with its; 0 scores every position.
@@ -62,7 +64,7 @@ impl Default for EvalSettings {
             keep_maps: Vec::new(),
             methods: Vec::new(),
             k: Vec::new(),
-            split: "both".into(),
+            split: Splits::Both,
             skip_first: None,
             kl_budget: None,
             models_in_memory: ModelsInMemory::Auto,

@@ -29,4 +29,4 @@ pub mod splitmix;
 pub mod stats;
 
 pub use exact::ExactSum;
-pub use split::{ChunkId, ChunkRange, Gating, Modality, Split};
+pub use split::{ChunkId, ChunkRange, Gating, Modality, Split, Splits};

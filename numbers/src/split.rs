@@ -49,6 +49,53 @@ impl Split {
     }
 }
 
+/// Which splits a stage scores: `fit`, `heldout` or `both`, as configs
+/// (`[eval] split`) and command lines write it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Splits {
+    /// The fit split only.
+    Fit,
+    /// The held-out split only.
+    Heldout,
+    /// Both, fit first.
+    #[default]
+    Both,
+}
+
+impl Splits {
+    /// The splits it names, in report order.
+    pub fn splits(self) -> Vec<Split> {
+        match self {
+            Splits::Fit => vec![Split::Fit],
+            Splits::Heldout => vec![Split::Heldout],
+            Splits::Both => Split::ALL.to_vec(),
+        }
+    }
+
+    /// Parses `fit`, `heldout` or `both`; the error says what is expected.
+    pub fn parse(s: &str) -> Result<Splits, String> {
+        match s {
+            "both" => Ok(Splits::Both),
+            other => match Split::parse(other) {
+                Some(Split::Fit) => Ok(Splits::Fit),
+                Some(Split::Heldout) => Ok(Splits::Heldout),
+                None => Err(format!("{other:?}: expected fit, heldout or both")),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Splits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Splits::Fit => "fit",
+            Splits::Heldout => "heldout",
+            Splits::Both => "both",
+        })
+    }
+}
+
 impl fmt::Display for Split {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -414,14 +414,6 @@ fn figures(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> Figures {
     }
 }
 
-/// Parses `fit`, `heldout` or `both` into the splits to score.
-pub fn parse_splits(s: &str) -> Option<Vec<Split>> {
-    match s {
-        "both" => Some(Split::ALL.to_vec()),
-        other => Split::parse(other).map(|x| vec![x]),
-    }
-}
-
 /// What a KL budget chose.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BudgetPicks {

@@ -245,9 +245,10 @@ fn candidates_are_paired_against_the_best_by_chunk_sums_of_differences() {
 
 #[test]
 fn split_names() {
-    assert_eq!(summary::parse_splits("both"), Some(Split::ALL.to_vec()));
-    assert_eq!(summary::parse_splits("heldout"), Some(vec![Split::Heldout]));
-    assert_eq!(summary::parse_splits("all"), None);
+    let parse = |s| crate::Splits::parse(s).map(crate::Splits::splits);
+    assert_eq!(parse("both"), Ok(Split::ALL.to_vec()));
+    assert_eq!(parse("heldout"), Ok(vec![Split::Heldout]));
+    assert!(parse("all").is_err());
 }
 
 #[test]

@@ -6,6 +6,7 @@ use super::{
 };
 use crate::StagesError;
 use config::Config;
+use numbers::Splits;
 use protocol::wire::EvalJob;
 use runfiles::layout::EvalLayout;
 use runfiles::manifest::RunManifest;
@@ -31,8 +32,8 @@ pub struct EvalArgs {
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub local_workers: u32,
     /// Splits scored: fit, heldout or both.
-    #[cfg_attr(feature = "cli", arg(long, default_value = "both"))]
-    pub split: String,
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = Splits::Both, value_parser = Splits::parse))]
+    pub split: Splits,
     /// Positions skipped at the start of every chunk; default: half the
     /// chunk (`n_ctx / 2`: the second half is scored, like
     /// llama-perplexity); 0 scores every position.
@@ -123,7 +124,7 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
         };
         let settings = EvalSettings {
             keep_maps: args.keep_maps.clone(),
-            split: args.split.clone(),
+            split: args.split,
             skip_first: args.skip_first,
             kl_budget: args.kl_budget.or(config.eval.kl_budget),
             models_in_memory: args

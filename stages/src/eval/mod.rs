@@ -21,7 +21,6 @@ pub mod table;
 
 use crate::{During, StagesError};
 use gguf::hash::sha256_hex;
-use numbers::eval::summary::parse_splits;
 use numbers::eval::EvalSummary;
 use protocol::wire::EvalJob;
 use runfiles::layout::EvalLayout;
@@ -131,12 +130,7 @@ pub async fn job(
     base: &Path,
     settings: &EvalSettings,
 ) -> Result<Prepared, StagesError> {
-    let splits = parse_splits(&settings.split).ok_or_else(|| {
-        EvalRunError::Setup(format!(
-            "split {:?}: expected fit, heldout or both",
-            settings.split
-        ))
-    })?;
+    let splits = settings.split.splits();
     let base_sha256 = check_base(store, base).await?;
     let names = if settings.needs_shape() {
         let (saliency, _) = crate::score::load_saliency(store)

@@ -8,11 +8,10 @@
 
 use super::spec::Candidate;
 use crate::eval::cli::{evaluate_held, evaluate_recorded, recorded, Base};
-use crate::eval::{check_base, Choice, EvalRunError};
+use crate::eval::{check_base, Choice};
 use crate::StagesError;
 use gguf::quant::QuantType;
 use numbers::eval::choice::pareto_front;
-use numbers::eval::summary::parse_splits;
 use numbers::eval::EvalSummary;
 use numbers::Split;
 use protocol::wire::{EvalCandidate, EvalJob};
@@ -70,12 +69,7 @@ pub async fn measure(
     how: Evaluator<'_>,
 ) -> Result<EvalSummary, StagesError> {
     let (_, config) = recorded(store).await?;
-    let splits = parse_splits(&config.eval.split).ok_or_else(|| {
-        EvalRunError::Setup(format!(
-            "the run's [eval] split {:?}: expected fit, heldout or both",
-            config.eval.split
-        ))
-    })?;
+    let splits = config.eval.split.splits();
     let sha256 = check_base(store, base).await?;
     let index = runtime::run::read_index(store).await?;
     let job = EvalJob {

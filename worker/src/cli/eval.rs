@@ -6,6 +6,7 @@ use super::chunk_job::ChunkJobArgs;
 use crate::error::WorkerError;
 use crate::eval::{candidates, Compare, EvalOptions, Evaluator, KEPT_ROWS_MEMORY};
 use numbers::eval::{EvalSummary, ModelsInMemory};
+use numbers::Splits;
 use runfiles::layout::eval as names;
 use runfiles::store::RunStore;
 use std::path::PathBuf;
@@ -19,8 +20,8 @@ pub struct EvalArgs {
     #[arg(long = "candidate", required = true)]
     candidates: Vec<PathBuf>,
     /// Splits scored: fit, heldout or both.
-    #[arg(long, default_value = "both")]
-    split: String,
+    #[arg(long, default_value_t = Splits::Both, value_parser = Splits::parse)]
+    split: Splits,
     /// Positions skipped at the start of every chunk; default: half the
     /// chunk (`n_ctx / 2`: the second half is scored, like
     /// llama-perplexity); 0 scores every position.
@@ -54,12 +55,7 @@ pub struct EvalArgs {
 
 /// Entry point of `worker eval`.
 pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
-    let splits =
-        numbers::eval::summary::parse_splits(&a.split).ok_or_else(|| WorkerError::ArgValue {
-            flag: "--split",
-            value: a.split.clone(),
-            expected: "fit, heldout or both",
-        })?;
+    let splits = a.split.splits();
     let (rt, range, index, chunks) = a.job.open()?;
     let mut opts = EvalOptions {
         n_ubatch: a.job.n_ubatch,
