@@ -22,7 +22,8 @@ pub struct EvalSettings {
     pub keep_maps: Vec<String>,
     /// Scoring methods whose keep maps at every size of `k` are evaluated
     /// too (after `keep_maps`, method by method).
-    pub methods: Vec<String>,
+    #[schemars(with = "Vec<String>")]
+    pub methods: Vec<Method>,
     /// Sizes for `methods`: a number of experts (`"8"`) or a share of the
     /// model's experts (`"50%"`).
     pub k: Vec<String>,
@@ -231,9 +232,6 @@ impl EvalSettings {
         if self.methods.is_empty() != self.k.is_empty() {
             return Err("[eval] methods and k go together: give both or neither".into());
         }
-        for m in &self.methods {
-            Method::named(m).map_err(|e| format!("[eval] methods: {e}"))?;
-        }
         for spec in &self.k {
             parse_size(spec).map_err(|e| format!("[eval] k {spec:?}: {e}"))?;
         }
@@ -270,7 +268,7 @@ impl EvalSettings {
                 let k = shape
                     .resolve(spec)
                     .map_err(|e| format!("[eval] k {spec:?}: {e}"))?;
-                names.push(KeepMapName::new(m, k).to_string());
+                names.push(KeepMapName::new(m.as_str(), k).to_string());
             }
         }
         let mut seen = std::collections::BTreeSet::new();
@@ -361,7 +359,7 @@ mod tests {
     fn methods_times_sizes_follow_the_named_maps_in_order() {
         let s = EvalSettings {
             keep_maps: vec!["reap_mean_K4".into(), "frequency_K50%".into()],
-            methods: vec!["frequency".into(), "reap_hybrid".into()],
+            methods: vec![Method::Frequency, Method::ReapHybrid],
             k: vec!["50%".into(), "75%".into()],
             ..EvalSettings::default()
         };
@@ -409,23 +407,19 @@ mod tests {
         };
         assert!(!literal.needs_shape() && literal.validate().is_ok());
         let half = EvalSettings {
-            methods: vec!["frequency".into()],
+            methods: vec![Method::Frequency],
             ..EvalSettings::default()
         };
         assert!(half.is_configured());
         assert!(half.validate().unwrap_err().contains("go together"));
-        let typo = EvalSettings {
-            methods: vec!["frequncy".into()],
-            k: vec!["50%".into()],
-            ..EvalSettings::default()
-        };
-        let e = typo.validate().unwrap_err();
+        let typo = toml::from_str::<EvalSettings>("methods = [\"frequncy\"]\nk = [\"50%\"]");
+        let e = typo.unwrap_err().to_string();
         assert!(
             e.contains("\"frequncy\"") && e.contains("reap_hybrid"),
             "{e}"
         );
         let bad_k = EvalSettings {
-            methods: vec!["frequency".into()],
+            methods: vec![Method::Frequency],
             k: vec!["50".into(), "5O%".into()],
             ..EvalSettings::default()
         };

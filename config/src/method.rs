@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// A scoring method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", try_from = "String")]
 #[cfg_attr(feature = "cli", value(rename_all = "snake_case"))]
 pub enum Method {
     /// `count`.
@@ -57,5 +57,14 @@ impl Method {
     pub fn named(s: &str) -> Result<Method, String> {
         Method::parse(s)
             .ok_or_else(|| format!("{s:?} is not a scoring method ({})", Method::names()))
+    }
+}
+/// A method read from a file by name: an unknown name is refused with the
+/// list of methods ([`Method::named`]).
+impl TryFrom<String> for Method {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Method, String> {
+        Method::named(&name)
     }
 }
