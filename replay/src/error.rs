@@ -303,17 +303,6 @@ pub enum ReplayError {
         #[source]
         source: serde_json::Error,
     },
-    /// A keep map's layer key is not a block index.
-    #[error("keep map {keep_map}: layer key {key:?} is not a number")]
-    KeepMapLayerKey {
-        /// The file or object URL.
-        keep_map: String,
-        /// The key as stored.
-        key: String,
-        /// Why it did not parse.
-        #[source]
-        source: std::num::ParseIntError,
-    },
     /// A keep map keeps an expert id at or above the number of experts.
     #[error("keep map {keep_map}: layer {layer} keeps expert {expert}, but n_expert = {n_expert}")]
     KeepMapExpert {

@@ -152,9 +152,7 @@ fn keep_maps_at_fault_are_named() {
     let bad_key = keep_map(run, "bad_key.json", r#"{"x": [0]}"#);
     assert_eq!(
         replay_error(run, &["--keep-map", &bad_key]),
-        format!(
-            "keep map {bad_key}: layer key \"x\" is not a number: invalid digit found in string"
-        )
+        format!("parsing keep map {bad_key}: layer \"x\" is not a block index at line 1 column 90")
     );
     let bad_expert = keep_map(run, "bad_expert.json", r#"{"0": [9]}"#);
     assert_eq!(

@@ -160,14 +160,7 @@ async fn load_keep_map(
             source,
         })?;
     let mut kept = BTreeMap::new();
-    for (layer, ids) in &map.layers {
-        let layer: u32 = layer
-            .parse()
-            .map_err(|source| ReplayError::KeepMapLayerKey {
-                keep_map: where_.clone(),
-                key: layer.clone(),
-                source,
-            })?;
+    for (&layer, ids) in &map.layers {
         let mut bits = vec![false; n_expert];
         for &e in ids {
             if e as usize >= n_expert {

@@ -23,8 +23,43 @@ pub struct KeepMap {
     /// (empty for a map made by hand).
     #[serde(default)]
     pub saliency_sha256: String,
-    /// Block index (as a string key) to sorted, unique expert ids.
-    pub layers: BTreeMap<String, Vec<u32>>,
+    /// Block index to sorted, unique expert ids; in the file each block is
+    /// a string key in string order (`"0"`, `"1"`, `"10"`, `"2"`), read
+    /// back as numbers ([`block_keys`]).
+    #[serde(with = "block_keys")]
+    pub layers: BTreeMap<u32, Vec<u32>>,
+}
+
+/// A keep map's `layers` as the file writes them: block indices as string
+/// keys, in string order (the bytes `score` has always written); a key that
+/// is not a block index as written by Rust (`"x"`, `"01"`) is refused.
+mod block_keys {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+
+    pub fn serialize<S: Serializer>(
+        layers: &BTreeMap<u32, Vec<u32>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let by_text: BTreeMap<String, &Vec<u32>> =
+            layers.iter().map(|(l, ids)| (l.to_string(), ids)).collect();
+        by_text.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<u32, Vec<u32>>, D::Error> {
+        BTreeMap::<String, Vec<u32>>::deserialize(d)?
+            .into_iter()
+            .map(|(key, ids)| match key.parse::<u32>() {
+                Ok(l) if l.to_string() == key => Ok((l, ids)),
+                _ => Err(D::Error::custom(format!(
+                    "layer {key:?} is not a block index"
+                ))),
+            })
+            .collect()
+    }
 }
 
 /// The method of a keep map made by hand, not by `score`: `verify` checks
@@ -88,7 +123,7 @@ impl KeepMap {
 
     /// Kept experts of block `layer`, if the map covers it.
     pub fn kept(&self, layer: u32) -> Option<&[u32]> {
-        self.layers.get(&layer.to_string()).map(|v| v.as_slice())
+        self.layers.get(&layer).map(|v| v.as_slice())
     }
 
     /// Whether the map was made by hand ([`CUSTOM`]), not by `score`.
@@ -108,9 +143,6 @@ impl KeepMap {
         };
         let k = first.len() as u32;
         for (layer, ids) in &map.layers {
-            if layer.parse::<u32>().is_err() {
-                return Err(format!("layer {layer:?} is not a block index"));
-            }
             if !ids.windows(2).all(|w| w[0] < w[1]) {
                 return Err(format!(
                     "layer {layer}: expert ids {ids:?} are not sorted and unique"
@@ -134,14 +166,12 @@ impl KeepMap {
     /// block of the model, ids below its expert count, and at least the
     /// experts it routes each token to (fitting its routing groups).
     pub fn check_fits(&self, s: &numbers::saliency::Saliency) -> Result<(), String> {
-        let blocks: Vec<String> = s
+        let mut want: Vec<u32> = s
             .split(numbers::Split::Fit)
-            .map(|f| f.layers.iter().map(|l| l.layer.to_string()).collect())
+            .map(|f| f.layers.iter().map(|l| l.layer).collect())
             .unwrap_or_default();
-        let mut have: Vec<&String> = self.layers.keys().collect();
-        let mut want: Vec<&String> = blocks.iter().collect();
-        have.sort();
         want.sort();
+        let have: Vec<u32> = self.layers.keys().copied().collect();
         if have != want {
             return Err(format!(
                 "it covers blocks {have:?}; the model's MoE blocks are {want:?}"
@@ -185,12 +215,24 @@ mod tests {
                 "same number in every block",
             ),
             (r#"{"layers": {"x": [1]}}"#, "not a block index"),
+            (r#"{"layers": {"01": [1]}}"#, "not a block index"),
             (r#"{"k": 2, "layers": {"0": [1]}}"#, "\"k\" is 2"),
             (r#"{"0": [1]}"#, "expected {\"layers\""),
         ] {
             let e = KeepMap::parse(bad.as_bytes()).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn blocks_are_numbers_in_memory_and_string_keys_in_string_order_in_the_file() {
+        let text = r#"{"layers":{"0":[1],"1":[2],"10":[3],"2":[4]}}"#;
+        let m = KeepMap::parse(text.as_bytes()).unwrap();
+        assert_eq!(m.layers.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 10]);
+        assert_eq!(m.kept(10), Some(&[3][..]));
+        let json = serde_json::to_value(&m).unwrap();
+        let keys: Vec<&String> = json["layers"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["0", "1", "10", "2"]);
     }
 
     #[test]

@@ -54,12 +54,7 @@ fn map_layers(keep: &KeepMap) -> Result<(BTreeMap<u32, Vec<u32>>, u32), PruneErr
     };
     let mut layers = BTreeMap::new();
     let mut k = None;
-    for (key, ids) in &keep.layers {
-        let layer: u32 = key
-            .parse()
-            .ok()
-            .filter(|l: &u32| l.to_string() == *key)
-            .ok_or_else(|| bad(format!("layer key {key:?} is not a block number")))?;
+    for (&layer, ids) in &keep.layers {
         if ids.windows(2).any(|w| w[0] >= w[1]) {
             return Err(bad(format!("layer {layer}: ids are not sorted and unique")));
         }

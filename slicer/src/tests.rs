@@ -93,7 +93,7 @@ fn keep(layers: &[(u32, &[u32])]) -> KeepMap {
         saliency_sha256: String::new(),
         layers: layers
             .iter()
-            .map(|(l, ids)| (l.to_string(), ids.to_vec()))
+            .map(|(l, ids)| (*l, ids.to_vec()))
             .collect::<BTreeMap<_, _>>(),
     }
 }

@@ -37,7 +37,7 @@ pub fn keep_map(k: u32, layers: &[u32], n_expert: u32) -> runfiles::keepmap::Kee
             .map(|&l| {
                 let mut ids: Vec<u32> = (0..k).map(|i| (i * 2 + l) % n_expert).collect();
                 ids.sort();
-                (l.to_string(), ids)
+                (l, ids)
             })
             .collect(),
     }

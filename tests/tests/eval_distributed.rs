@@ -56,7 +56,7 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
             k,
             params: serde_json::json!({}),
             saliency_sha256: "test".into(),
-            layers: (0..3).map(|l| (l.to_string(), (0..k).collect())).collect(),
+            layers: (0..3).map(|l| (l, (0..k).collect())).collect(),
         };
         store
             .put(

@@ -118,7 +118,7 @@ fn without_vision_experts(base: &Path, dir: &Path) -> Candidate {
     let layers = oracle
         .moe_layers()
         .into_iter()
-        .map(|l| (l.to_string(), (0..k).collect()))
+        .map(|l| (l, (0..k).collect()))
         .collect();
     let map = KeepMap {
         method: "text_only".into(),

@@ -104,7 +104,7 @@ fn run() -> &'static Run {
                     .iter()
                     .map(|(l, kept)| {
                         let rest = (0..n_expert).filter(|e| !kept.contains(e)).collect();
-                        (l.clone(), rest)
+                        (*l, rest)
                     })
                     .collect(),
                 ..map.clone()
@@ -121,7 +121,7 @@ fn run() -> &'static Run {
                     layers: map
                         .layers
                         .keys()
-                        .map(|l| (l.clone(), random_experts(l, n_expert, half)))
+                        .map(|&l| (l, random_experts(&l.to_string(), n_expert, half)))
                         .collect(),
                     ..map
                 };

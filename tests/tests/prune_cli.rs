@@ -97,7 +97,7 @@ fn prune_and_check(run: &str, dir: &Path, model_flag: Option<&Path>) {
     assert_eq!(g.u32("qwen3moe.expert_count"), Some(8));
     let m = LlamaGguf::open(&imatrix).unwrap();
     let counts = m.f32_tensor("blk.1.ffn_up_exps.weight.counts").unwrap();
-    let want: Vec<f32> = keep_map(8, &MOE_LAYERS).layers["1"]
+    let want: Vec<f32> = keep_map(8, &MOE_LAYERS).layers[&1]
         .iter()
         .map(|&e| e as f32)
         .collect();

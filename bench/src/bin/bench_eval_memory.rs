@@ -117,7 +117,7 @@ fn main() -> anyhow::Result<()> {
                     .collect();
                 ids.sort();
                 ids.dedup();
-                (l.to_string(), ids)
+                (l, ids)
             })
             .collect();
         let map = runfiles::keepmap::KeepMap {

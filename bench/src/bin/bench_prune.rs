@@ -49,13 +49,15 @@ fn keep_map(model: &Path, k: u32) -> anyhow::Result<(KeepMap, u32)> {
         .get(&format!("{arch}.expert_count"))
         .and_then(|v| v.as_u64())
         .context("not an MoE model")? as u32;
-    let layers: BTreeMap<String, Vec<u32>> = h
+    let layers: BTreeMap<u32, Vec<u32>> = h
         .tensors
         .iter()
         .filter_map(|t| {
             let rest = t.name.strip_prefix("blk.")?;
             let (l, name) = rest.split_once('.')?;
-            (name == "ffn_gate_inp.weight").then(|| l.to_string())
+            (name == "ffn_gate_inp.weight")
+                .then(|| l.parse().ok())
+                .flatten()
         })
         .map(|l| (l, (0..k).map(|i| i * n_expert / k).collect()))
         .collect();

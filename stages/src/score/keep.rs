@@ -62,7 +62,7 @@ pub fn keep_map(
                 layer: r.layer,
             });
         }
-        layers.insert(r.layer.to_string(), top_k(&r.order, k));
+        layers.insert(r.layer, top_k(&r.order, k));
     }
     Ok(KeepMap {
         method: method.as_str().to_string(),

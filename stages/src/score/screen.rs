@@ -90,12 +90,12 @@ impl KeepMask {
         let layers = map
             .layers
             .iter()
-            .filter_map(|(l, ids)| {
+            .map(|(&l, ids)| {
                 let mut mask = vec![false; n_expert];
                 ids.iter()
                     .filter(|&&e| (e as usize) < n_expert)
                     .for_each(|&e| mask[e as usize] = true);
-                Some((l.parse().ok()?, mask))
+                (l, mask)
             })
             .collect();
         KeepMask {
@@ -247,7 +247,7 @@ mod tests {
             k: kept.len() as u32,
             params: serde_json::Value::Null,
             saliency_sha256: String::new(),
-            layers: [("4".to_string(), kept.to_vec())].into(),
+            layers: [(4, kept.to_vec())].into(),
         };
         KeepMask::new(&map, 8, &Routing::default(), Gating::Softmax)
     }

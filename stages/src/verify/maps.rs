@@ -39,16 +39,14 @@ pub fn check_keep_maps(s: &Saliency, sha: &str, maps: &[(String, KeepMap)]) -> V
 }
 
 fn shape(s: &Saliency, maps: &[(String, KeepMap)]) -> Check {
-    let blocks: Vec<String> = s
+    let mut want: Vec<u32> = s
         .split(Split::Fit)
-        .map(|f| f.layers.iter().map(|l| l.layer.to_string()).collect())
+        .map(|f| f.layers.iter().map(|l| l.layer).collect())
         .unwrap_or_default();
+    want.sort();
     let mut bad = Vec::new();
     for (name, m) in maps {
-        let mut have: Vec<&String> = m.layers.keys().collect();
-        let mut want: Vec<&String> = blocks.iter().collect();
-        have.sort();
-        want.sort();
+        let have: Vec<u32> = m.layers.keys().copied().collect();
         if have != want {
             bad.push(format!(
                 "{name} covers layers {have:?}, saliency.json has {want:?}"

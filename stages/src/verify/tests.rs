@@ -159,7 +159,7 @@ async fn a_non_nested_keep_map_fails_the_nesting_invariant() {
     let name = KeepMap::file_name("frequency", 2);
     let mut map: KeepMap = serde_json::from_slice(&store.get(&name).await.unwrap()).unwrap();
     // Keep a dead expert (15) instead of the second kept one: sorted, unique, K=2.
-    let kept = map.layers.get_mut("1").unwrap();
+    let kept = map.layers.get_mut(&1).unwrap();
     kept[1] = 15;
     // The report of the run with `map` stored in place of the scored one.
     let (store, name) = (&store, &name);
@@ -186,7 +186,7 @@ async fn a_non_nested_keep_map_fails_the_nesting_invariant() {
     );
     assert_eq!(r.check(names::MAP_RECOMPUTE).unwrap().status, Status::Fail);
     // An unsorted map fails the shape check.
-    map.layers.get_mut("1").unwrap().reverse();
+    map.layers.get_mut(&1).unwrap().reverse();
     let r = verify_with(&map).await;
     assert!(
         r.check(names::MAP_SHAPE)
