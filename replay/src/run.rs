@@ -38,6 +38,13 @@ impl SplitArg {
     }
 }
 
+/// `--policies`' default: every policy.
+const DEFAULT_POLICIES: &str =
+    "lru,lfu,ema,near_pick_ema,router_ema,inverse_router_ema,belady,static";
+
+/// `--capacity`'s default: an eighth, a quarter and half of the layer's experts.
+const DEFAULT_CAPACITY: &str = "0.125,0.25,0.5";
+
 /// Arguments of `coordinator replay`.
 #[derive(Clone, Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
@@ -49,13 +56,13 @@ pub struct ReplayArgs {
         long,
         value_delimiter = ',',
         value_parser = Policy::parse,
-        default_values_t = ReplayArgs::for_run("").policies
+        default_value = DEFAULT_POLICIES
     ))]
     pub policies: Vec<Policy>,
     /// Per-layer capacities: experts (`64`), fractions of the layer's
     /// (kept) experts (`0.25`, `25%`), or bytes of expert weights (`512MiB`,
     /// `2GB`: the experts that fit, so keep maps compare at equal memory).
-    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', value_parser = Capacity::parse, default_values_t = ReplayArgs::for_run("").capacity))]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', value_parser = Capacity::parse, default_value = DEFAULT_CAPACITY))]
     pub capacity: Vec<Capacity>,
     /// Keep maps: `none`, a name under `keep_maps/` (`frequency_K8`) or a JSON path.
     #[cfg_attr(feature = "cli", arg(long = "keep-map", value_delimiter = ',', default_values_t = ReplayArgs::for_run("").keep_map))]
@@ -101,14 +108,16 @@ impl ReplayArgs {
     /// a half of the layer's experts, no keep map, both splits, token and
     /// ubatch steps of 512 tokens.
     pub fn for_run(run: &str) -> ReplayArgs {
-        let policies = "lru,lfu,ema,near_pick_ema,router_ema,inverse_router_ema,belady,static";
         ReplayArgs {
             run: run.to_string(),
-            policies: policies
+            policies: DEFAULT_POLICIES
                 .split(',')
                 .map(|p| Policy::parse(p).expect("a known policy"))
                 .collect(),
-            capacity: [0.125, 0.25, 0.5].map(Capacity::Fraction).to_vec(),
+            capacity: DEFAULT_CAPACITY
+                .split(',')
+                .map(|c| Capacity::parse(c).expect("a capacity"))
+                .collect(),
             keep_map: vec!["none".into()],
             split: SplitArg::Both,
             mode: vec![Mode::Token, Mode::Ubatch],
