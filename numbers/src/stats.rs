@@ -149,12 +149,13 @@ impl ChunkStats {
         sums: &[Vec<f64>; N_SUMS],
     ) -> Self {
         let f32s = |v: &[f64]| v.iter().map(|x| *x as f32).collect();
+        let [_prob, _weight, _ean, reap_l2, reap_l2_sq] = sums;
         ChunkStats {
             chunk,
             n_tokens,
             count,
-            reap_l2_sum: f32s(&sums[3]),
-            reap_l2_sq_sum: f32s(&sums[4]),
+            reap_l2_sum: f32s(reap_l2),
+            reap_l2_sq_sum: f32s(reap_l2_sq),
         }
     }
 
