@@ -285,6 +285,10 @@ pub fn prepare(
                     message,
                 })
         })
+        .collect::<Vec<_>>()
+        // In record order, so the error named is the first bad record's
+        // (rayon's own collect into a Result stops at whichever fails first).
+        .into_iter()
         .collect::<Result<_, _>>()?;
     let tokens = tokenize_all(tokenizer, &inputs).map_err(|(i, message)| CorpusError::Record {
         at: at_of(&records[i].1),

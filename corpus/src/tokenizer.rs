@@ -257,6 +257,10 @@ pub fn tokenize_all(
             bar.inc(text.len() as u64);
             tokens.map_err(|e| (i, e))
         })
+        .collect::<Vec<_>>()
+        // In text order: a failure names the first bad text, however the
+        // threads ran.
+        .into_iter()
         .collect();
     bar.finish_and_clear();
     out
