@@ -30,6 +30,15 @@ pub enum TraceKind {
     Decode,
 }
 
+impl Mode {
+    /// Parses `token` or `ubatch`.
+    pub fn parse(s: &str) -> Option<Mode> {
+        [Mode::Token, Mode::Ubatch]
+            .into_iter()
+            .find(|m| m.to_string() == s)
+    }
+}
+
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

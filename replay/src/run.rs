@@ -45,6 +45,9 @@ const DEFAULT_POLICIES: &str =
 /// `--capacity`'s default: an eighth, a quarter and half of the layer's experts.
 const DEFAULT_CAPACITY: &str = "0.125,0.25,0.5";
 
+/// `--mode`'s default: both step modes.
+const DEFAULT_MODES: &str = "token,ubatch";
+
 /// Arguments of `coordinator replay`.
 #[derive(Clone, Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
@@ -75,7 +78,7 @@ pub struct ReplayArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_values_t = ReplayArgs::for_run("").mode
+        default_value = DEFAULT_MODES
     ))]
     pub mode: Vec<Mode>,
     /// Tokens per ubatch in ubatch mode (llama.cpp's `n_ubatch`).
@@ -120,7 +123,10 @@ impl ReplayArgs {
                 .collect(),
             keep_map: vec!["none".into()],
             split: SplitArg::Both,
-            mode: vec![Mode::Token, Mode::Ubatch],
+            mode: DEFAULT_MODES
+                .split(',')
+                .map(|m| Mode::parse(m).expect("a step mode"))
+                .collect(),
             ubatch: 512,
             ema_decay: 0.99,
             near_pick_n: 4,
