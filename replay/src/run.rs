@@ -11,32 +11,11 @@ use super::results::{Mode, ReplayReport, TraceKind};
 use super::steps::Steps;
 use super::trace_io::TraceSet;
 use crate::ReplayError;
-use numbers::Split;
+use numbers::{Split, Splits};
 use rayon::prelude::*;
 use runfiles::artifacts::names;
 use runfiles::store::RunStore;
 use std::path::PathBuf;
-
-/// Which splits to replay.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-pub enum SplitArg {
-    /// In-sample: the tokens the keep maps were fitted on.
-    Fit,
-    /// Held-out tokens.
-    Heldout,
-    /// Both, side by side.
-    Both,
-}
-
-impl SplitArg {
-    fn includes(self, s: Split) -> bool {
-        matches!(
-            (self, s),
-            (SplitArg::Both, _) | (SplitArg::Fit, Split::Fit) | (SplitArg::Heldout, Split::Heldout)
-        )
-    }
-}
 
 /// `--policies`' default: every policy.
 const DEFAULT_POLICIES: &str =
@@ -70,9 +49,10 @@ pub struct ReplayArgs {
     /// Keep maps: `none`, a name under `keep_maps/` (`frequency_K8`) or a JSON path.
     #[cfg_attr(feature = "cli", arg(long = "keep-map", value_delimiter = ',', default_values_t = ReplayArgs::for_run("").keep_map))]
     pub keep_map: Vec<String>,
-    /// Splits to replay.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ReplayArgs::for_run("").split))]
-    pub split: SplitArg,
+    /// Splits to replay: fit (the tokens the keep maps were fitted on),
+    /// heldout or both, side by side.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").split, value_parser = Splits::parse))]
+    pub split: Splits,
     /// Step modes, comma-separated (decode traces are replayed per token only).
     #[cfg_attr(feature = "cli", arg(
         long,
@@ -122,7 +102,7 @@ impl ReplayArgs {
                 .map(|c| Capacity::parse(c).expect("a capacity"))
                 .collect(),
             keep_map: vec!["none".into()],
-            split: SplitArg::Both,
+            split: Splits::Both,
             mode: DEFAULT_MODES
                 .split(',')
                 .map(|m| Mode::parse(m).expect("a step mode"))
@@ -315,7 +295,7 @@ fn replay_layer(
     let mut cells = Vec::new();
     let mut curves = Vec::new();
     for (split, raw) in Split::ALL.into_iter().zip(&raw) {
-        if !args.split.includes(split) || raw.tokens() == 0 {
+        if !args.split.splits().contains(&split) || raw.tokens() == 0 {
             continue;
         }
         for (keep_idx, keep) in inputs.keep.iter().enumerate() {

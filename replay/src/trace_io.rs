@@ -91,10 +91,8 @@ impl TraceSet {
             .ok()
             .filter(|u| u.scheme() == "file")
             .and_then(|u| u.to_file_path().ok());
-        let remote = match &local {
-            Some(_) => None,
-            None => Remote::open(store)?.map(Arc::new),
-        };
+        // None for local files and memory: they are read otherwise.
+        let remote = Remote::open(store)?.map(Arc::new);
         let mut parts = Vec::new();
         let mut shape: Option<(usize, usize)> = None;
         for name in names {
