@@ -436,7 +436,7 @@ fn lengths_error(name: &str, e: &crate::imatrix::ImatrixEntry) -> String {
 
 /// A tensor or backend name: 1 to [`MAX_LABEL_CHARS`] printable ASCII
 /// characters, none of which would break a Markdown table or an escape.
-fn label_ok(s: &str) -> bool {
+pub fn label_ok(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_LABEL_CHARS
         && s.bytes()

@@ -3,6 +3,10 @@
 //! - [`partial`]: [`EvalPartial`], the exact per-(split, domain) sums and
 //!   per-position KL values a worker returns for an eval lease, their exact
 //!   merge and a bounded decoder.
+//! - [`agree`]: whether two workers' eval partials of one lease agree
+//!   (bitwise on one backend, within stated tolerances across backends).
+//! - [`bounds`]: the figures an eval partial may hold (finite KL of at
+//!   least 0, counts in range, sums those of their positions).
 //! - [`memory`]: [`ModelsInMemory`], how many models a worker holds at once.
 //! - [`summary`]: [`EvalSummary`], the float view written as
 //!   `eval/summary.json` and read by the report.
@@ -12,6 +16,8 @@
 //! - [`generation`]: the generation check, greedy continuations of
 //!   held-out prompts by the base model and each candidate.
 
+pub mod agree;
+pub mod bounds;
 pub mod choice;
 pub mod generation;
 pub mod memory;
