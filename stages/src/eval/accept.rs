@@ -1,9 +1,15 @@
 //! Acceptance of an eval partial before it is merged: its chunks, the run's
 //! base model and corpus, the job's settings, every candidate's SHA-256
-//! against the coordinator's own slice, and the sums' own consistency. The
-//! same checks serve results from workers and eval partials read back on
-//! resume.
+//! against the coordinator's own slice, the sums' own consistency, every
+//! figure within what the lease can produce ([`numbers::eval::bounds`]:
+//! finite KL of at least 0, counts in range, sums those of their positions;
+//! backend names short and printable) and every per-position figure one of
+//! the lease's scored positions, in its group, each scored
+//! ([`super::scoreable`]). The same checks serve results from workers and
+//! eval partials read back on resume (where a partial that fails them is
+//! set aside and recomputed).
 
+use super::scoreable::Scoreable;
 use numbers::eval::EvalPartial;
 use numbers::peer_text::peer_text;
 use numbers::ChunkRange;
@@ -11,6 +17,7 @@ use protocol::wire::{EvalJob, Task};
 use runfiles::layout::LeaseLayout;
 use runfiles::manifest::{Records, RunManifest};
 use runtime::lease::LeaseKind;
+use std::sync::Arc;
 
 /// What an eval partial of this run must match.
 #[derive(Clone, Debug)]
@@ -23,6 +30,10 @@ pub struct EvalAcceptance {
     pub corpus_sha256: String,
     /// The evaluation job.
     pub job: EvalJob,
+    /// The corpus's scored positions per chunk.
+    pub corpus: Arc<Scoreable>,
+    /// Tokens of the corpus (the budget of every sum).
+    pub corpus_tokens: u64,
 }
 
 /// Evaluation leases: workers evaluate the job's candidates, and each eval
@@ -45,6 +56,7 @@ impl LeaseKind for EvalAcceptance {
     ) -> Result<EvalPartial, String> {
         let p = <EvalPartial as runfiles::lease::LeaseOutput>::decode(&bytes)?;
         check_against_job(&p, units, &self.base_sha256, &self.corpus_sha256, &self.job)?;
+        check_against_corpus(&p, units, &self.corpus, self.corpus_tokens, &self.job)?;
         Ok(p)
     }
 
@@ -180,11 +192,59 @@ pub fn check_against_job(
     Ok(())
 }
 
+/// Whether every figure of an eval partial is one the lease's chunks can
+/// produce: bounded ([`numbers::eval::bounds::check_figures`]), every
+/// per-position figure of a position of the lease's chunks that `corpus`
+/// scores, in its group, and every scored position of the lease there
+/// (no group without positions).
+pub fn check_against_corpus(
+    p: &EvalPartial,
+    units: &[ChunkRange],
+    corpus: &Scoreable,
+    corpus_tokens: u64,
+    job: &EvalJob,
+) -> Result<(), String> {
+    numbers::eval::bounds::check_figures(p, corpus_tokens)?;
+    if let Some((g, _)) = p.base.iter().find(|(_, b)| b.n == 0) {
+        return Err(format!(
+            "eval partial lists group {g:?} with no scored position"
+        ));
+    }
+    let in_lease = |chunk: u32| units.iter().any(|r| r.contains(chunk));
+    let want: u64 = units
+        .iter()
+        .flat_map(|r| r.start..r.end)
+        .map(|c| corpus.n_scored(c, job.skip_first, &job.splits))
+        .sum();
+    for c in &p.candidates {
+        let name = peer_text(&c.name);
+        for t in &c.tokens {
+            if !in_lease(t.chunk) {
+                return Err(format!(
+                    "candidate {name}: a per-position figure of chunk {}, outside the lease ({})",
+                    t.chunk,
+                    numbers::peer_text::summarise(units)
+                ));
+            }
+            corpus
+                .check_position(t, job.skip_first, &job.splits)
+                .map_err(|e| format!("candidate {name}: {e}"))?;
+        }
+        if c.tokens.len() as u64 != want {
+            return Err(format!(
+                "candidate {name}: {} positions scored, the lease's chunks have {want}",
+                c.tokens.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use numbers::eval::{BaseSums, CandidateResult, CandidateSums, Group, TokenKl};
-    use numbers::{ExactSum, Split};
+    use numbers::Split;
     use protocol::wire::EvalCandidate;
     use std::collections::BTreeMap;
 
@@ -211,7 +271,8 @@ mod tests {
         }
     }
 
-    /// A partial of one candidate over two scored positions of one group.
+    /// A partial of one candidate over two scored positions of one group
+    /// (chunk 2, positions 0 and 1, KL 0.5 each).
     fn partial() -> EvalPartial {
         let group = Group::text(Split::Fit, 0);
         let token = |pos| TokenKl {
@@ -220,6 +281,25 @@ mod tests {
             group,
             kl: 0.5,
         };
+        of_tokens(vec![token(0), token(1)])
+    }
+
+    /// A partial of one candidate whose every sum is that of `tokens` (as a
+    /// careful forger makes them; a value no exact sum holds is left out).
+    fn of_tokens(tokens: Vec<TokenKl>) -> EvalPartial {
+        let mut base: BTreeMap<Group, BaseSums> = BTreeMap::new();
+        let mut groups: BTreeMap<Group, CandidateSums> = BTreeMap::new();
+        let mut chunks: BTreeMap<(u32, Group), numbers::eval::ChunkSums> = BTreeMap::new();
+        for t in &tokens {
+            base.entry(t.group).or_default().n += 1;
+            let g = groups.entry(t.group).or_default();
+            g.n += 1;
+            let _ = g.kl.add_f64(t.kl);
+            let _ = g.kl_sq.add_f64(t.kl * t.kl);
+            let c = chunks.entry((t.chunk, t.group)).or_default();
+            c.n += 1;
+            let _ = c.kl.add_f64(t.kl);
+        }
         EvalPartial {
             format_version: numbers::eval::EVAL_FORMAT_VERSION,
             base_sha256: "b".repeat(64),
@@ -229,32 +309,14 @@ mod tests {
             generate_tokens: (8, 4),
             backends: vec!["cpu".into()],
             chunks: vec![RANGE],
-            base: BTreeMap::from([(
-                group,
-                BaseSums {
-                    n: 2,
-                    nll: ExactSum::default(),
-                },
-            )]),
+            base,
             candidates: vec![CandidateResult {
                 name: "frequency_K8".into(),
                 sha256: "c".repeat(64),
                 k: 8,
-                groups: BTreeMap::from([(
-                    group,
-                    CandidateSums {
-                        n: 2,
-                        ..CandidateSums::default()
-                    },
-                )]),
-                chunks: BTreeMap::from([(
-                    (2, group),
-                    numbers::eval::ChunkSums {
-                        n: 2,
-                        ..Default::default()
-                    },
-                )]),
-                tokens: vec![token(0), token(1)],
+                groups,
+                chunks,
+                tokens,
                 generations: [(
                     3,
                     numbers::eval::Generation::of(0, &[1, 2, 3, 4], &[1, 2, 5, 6]),
@@ -271,9 +333,89 @@ mod tests {
         check_against_job(p, &[RANGE], &"b".repeat(64), "k", &job())
     }
 
+    /// A corpus of 5 chunks, one fit span of domain 0 each: chunk 2 has 3
+    /// tokens (positions 0 and 1 scored), the others one (none scored).
+    fn corpus() -> Scoreable {
+        Scoreable::one_span_each(&[1, 1, 3, 1, 1], &["en".into(), "code".into()])
+    }
+
+    /// Every check of acceptance.
+    fn check_all(p: &EvalPartial) -> Result<(), String> {
+        check(p)?;
+        check_against_corpus(p, &[RANGE], &corpus(), 100, &job())
+    }
+
     #[test]
     fn a_partial_of_the_job_passes() {
-        check(&partial()).unwrap();
+        check_all(&partial()).unwrap();
+    }
+
+    #[test]
+    fn figures_the_lease_cannot_produce_are_refused_by_name() {
+        let token = |chunk, pos, domain, kl| TokenKl {
+            chunk,
+            pos,
+            group: Group::text(Split::Fit, domain),
+            kl,
+        };
+        let cases = [
+            (
+                vec![token(2, 0, 0, f64::NAN), token(2, 1, 0, 0.5)],
+                "per-position KL is NaN at chunk 2 position 0",
+            ),
+            (
+                vec![token(2, 0, 0, f64::INFINITY), token(2, 1, 0, 0.5)],
+                "per-position KL is infinite",
+            ),
+            (
+                vec![token(2, 0, 0, -0.25), token(2, 1, 0, 0.5)],
+                "per-position KL is negative (-0.25)",
+            ),
+            (
+                vec![token(2, 0, 0, 0.5), token(2, 40, 0, 0.5)],
+                "position 40 of chunk 2 is not scored: it is past the chunk's last token",
+            ),
+            (
+                vec![
+                    token(2, 0, 0, 0.5),
+                    token(2, 1, 0, 0.5),
+                    token(2, 2, 0, 0.5),
+                ],
+                "position 2 of chunk 2 is not scored: it is the last of its span",
+            ),
+            (
+                vec![token(2, 0, 1, 0.5), token(2, 1, 1, 0.5)],
+                "scored in fit domain 1 (code), the chunk holds fit domain 0 (en)",
+            ),
+            (
+                vec![token(2, 0, 0, 0.0)],
+                "1 positions scored, the lease's chunks have 2",
+            ),
+            (
+                vec![
+                    token(2, 0, 0, 0.5),
+                    token(2, 1, 0, 0.5),
+                    token(9, 0, 0, 0.5),
+                ],
+                "chunk 9, outside the partial",
+            ),
+        ];
+        for (tokens, what) in cases {
+            let e = check_all(&of_tokens(tokens)).unwrap_err();
+            assert!(
+                e.contains(what) && e.contains("frequency_K8"),
+                "{what}: {e}"
+            );
+        }
+        let mut p = partial();
+        p.base
+            .insert(Group::text(Split::Fit, 1), BaseSums::default());
+        let e = check_all(&p).unwrap_err();
+        assert!(e.contains("no scored position"), "{e}");
+        let mut p = partial();
+        p.backends = vec!["x".repeat(100_000)];
+        let e = check_all(&p).unwrap_err();
+        assert!(e.contains("backend name") && e.len() < 1000, "{e}");
     }
 
     #[test]

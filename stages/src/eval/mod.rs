@@ -7,6 +7,7 @@
 //! - [`candidates`]: keep maps read from the run and sliced here too, so
 //!   the coordinator knows each candidate's SHA-256.
 //! - [`accept`]: the checks an eval partial passes (the eval lease kind).
+//! - [`scoreable`]: which positions of each chunk are scored, in which group.
 //! - [`artifacts`]: `eval/merged.bin`, `eval/summary.json`, `eval/summary.parquet`.
 //! - [`prompts`]: the generation check's held-out prompts.
 //! - [`cli`]: `coordinator eval`; its `[eval]` config section is
@@ -17,6 +18,7 @@ pub mod artifacts;
 pub mod candidates;
 pub mod cli;
 pub mod prompts;
+pub mod scoreable;
 pub mod table;
 
 use crate::{During, StagesError};
@@ -256,6 +258,8 @@ pub async fn evaluate_locked(
         base_sha256: base.model_sha256.clone(),
         corpus_sha256: index.chunks_sha256.clone(),
         job: setup.job.clone(),
+        corpus: Arc::new(scoreable::Scoreable::read(store, index).await?),
+        corpus_tokens: index.n_tokens,
     });
     let leased = lease_all(&leasing, units, kind, crew).await?;
     let merged = leased
