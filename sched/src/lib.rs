@@ -552,6 +552,20 @@ impl Scheduler {
         );
     }
 
+    /// Every identity quarantined now: why, and for how much longer from
+    /// the latest time a call gave (`None`: for the run). A later phase of
+    /// the run keeps them out too.
+    pub fn quarantines(&self) -> Vec<(Identity, String, Option<Duration>)> {
+        self.identities
+            .iter()
+            .filter_map(|(i, s)| {
+                let (why, until) = s.quarantine.as_ref()?;
+                let left = until.map(|u| u.saturating_sub(self.now));
+                Some((*i, why.clone(), left))
+            })
+            .collect()
+    }
+
     /// Why an identity is quarantined, or `None` when it is not.
     pub fn quarantine_reason(&self, identity: Identity) -> Option<&str> {
         let standing = self.identities.get(&identity)?;

@@ -413,6 +413,8 @@ fn identity_not_connection_counts_failures_quarantine_and_opinions() {
     }
     let why = s.quarantine_reason(I1).expect("quarantined by identity");
     assert!(why.contains("3 failures in a row"), "{why}");
+    // What a later phase keeps of it: its 100 s, from the quarantine at 3 s.
+    assert_eq!(s.quarantines(), vec![(I1, why.to_string(), Some(secs(100)))]);
     s.register(WorkerId(14), I1, secs(4));
     assert!(matches!(
         s.request(WorkerId(14), secs(4)),
@@ -603,6 +605,11 @@ fn a_disagreement_asks_a_third_worker_and_quarantines_the_odd_one() {
     );
     assert!(s.is_finished());
     assert!(s.quarantine_reason(id(W2)).is_some());
+    let kept = s.quarantines();
+    assert!(
+        matches!(kept.as_slice(), [(I2, _, None)]),
+        "contradicted: out for the run, {kept:?}"
+    );
     let p = s.progress();
     assert_eq!((p.disagreements, p.verified, p.quarantined), (1, 1, 1));
 }

@@ -292,6 +292,21 @@ impl<K: LeaseKind> Hub<K> {
         Ok((id, identity))
     }
 
+    /// The names quarantined now, by their SHA-256 (names are peer text):
+    /// why, and for how much longer (`None`: for the run).
+    pub fn quarantined_names(&self) -> Vec<(String, String, Option<Duration>)> {
+        let roster = self.roster();
+        let quarantines = self.sched().quarantines();
+        roster
+            .by_name
+            .iter()
+            .filter_map(|(name, identity)| {
+                let (_, why, left) = quarantines.iter().find(|(i, _, _)| i == identity)?;
+                Some((name.clone(), why.clone(), *left))
+            })
+            .collect()
+    }
+
     /// The refusal for a connection whose identity is quarantined now.
     pub fn quarantine_refusal(&self, worker: WorkerId) -> Option<Refusal> {
         let sched = self.sched();

@@ -6,7 +6,10 @@
 //! none (between phases, or before the first), and welcomed into the next
 //! phase when the one it served is over. It leaves only when the server
 //! closes (the run finished or stopped), so a cluster scheduler starts each
-//! worker once.
+//! worker once. A quarantine outlasts its phase: the lobby keeps every
+//! name quarantined when a phase ends, for what is left of its quarantine,
+//! and refuses it in the later phases (a worker contradicted in collection
+//! gets no eval lease).
 
 use super::hub::Hub;
 use crate::lease::LeaseKind;
@@ -14,10 +17,11 @@ use numbers::peer_text::peer_text;
 use protocol::secret::JoinSecret;
 use protocol::wire::{LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
 use sched::{Grant, Identity, SchedError};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a worker waits when every unit is done but not yet stored, or
 /// between phases, before it asks again.
@@ -55,6 +59,9 @@ pub trait Phase: Send + Sync + 'static {
     fn fail(&self, id: WorkerId, lease: LeaseId, reason: &str);
     /// The refusal for a worker whose identity is quarantined now.
     fn quarantine_refusal(&self, id: WorkerId) -> Option<Refusal>;
+    /// The names quarantined now, by their SHA-256: why, and for how much
+    /// longer (`None`: for the run).
+    fn quarantined_names(&self) -> Vec<(String, String, Option<Duration>)>;
 }
 
 impl<K: LeaseKind> Phase for Hub<K> {
@@ -127,6 +134,10 @@ impl<K: LeaseKind> Phase for Hub<K> {
     fn quarantine_refusal(&self, id: WorkerId) -> Option<Refusal> {
         Hub::quarantine_refusal(self, id)
     }
+
+    fn quarantined_names(&self) -> Vec<(String, String, Option<Duration>)> {
+        Hub::quarantined_names(self)
+    }
 }
 
 fn sched_refusal(e: SchedError) -> Refusal {
@@ -151,6 +162,9 @@ struct Current {
 pub struct Lobby {
     secret: JoinSecret,
     current: Mutex<Current>,
+    /// Names quarantined in an ended phase, by their SHA-256: why, and
+    /// until when (`None`: for the run).
+    quarantined: Mutex<BTreeMap<String, (String, Option<Instant>)>>,
 }
 
 impl std::fmt::Debug for Lobby {
@@ -181,6 +195,7 @@ impl Lobby {
                 phase: None,
                 finished: false,
             }),
+            quarantined: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -198,9 +213,42 @@ impl Lobby {
 
     fn set(&self, phase: Option<Arc<dyn Phase>>, finished: bool) {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ended) = current.phase.as_ref() {
+            self.keep_quarantines(ended.as_ref());
+        }
         current.serial += 1;
         current.phase = phase;
         current.finished = finished;
+    }
+
+    /// Keeps the quarantines of a phase that ends, for what is left of them
+    /// (a longer one already kept stays).
+    fn keep_quarantines(&self, ended: &dyn Phase) {
+        let now = Instant::now();
+        let mut kept = self.quarantined.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, why, left) in ended.quarantined_names() {
+            let until = left.map(|d| now + d);
+            let longer = match kept.get(&name) {
+                Some((_, None)) => false,
+                Some((_, Some(t))) => until.is_none_or(|u| u > *t),
+                None => true,
+            };
+            if longer {
+                kept.insert(name, (why, until));
+            }
+        }
+    }
+
+    /// Why the worker called `name` is quarantined from an ended phase, if
+    /// it still is.
+    fn quarantine_of(&self, name: &str) -> Option<String> {
+        let key = gguf::hash::sha256_hex(name.as_bytes());
+        let kept = self.quarantined.lock().unwrap_or_else(|e| e.into_inner());
+        match kept.get(&key)? {
+            (why, None) => Some(why.clone()),
+            (why, Some(until)) if Instant::now() < *until => Some(why.clone()),
+            _ => None,
+        }
     }
 
     /// Starts serving `phase`: idle workers are welcomed into it.
@@ -243,6 +291,12 @@ impl Lobby {
                 wait
             };
         };
+        if let Some(why) = self.quarantine_of(name) {
+            return ToWorker::Refused(Refusal::Quarantined(format!(
+                "a worker named {:?} was quarantined in an earlier phase of this run: {why}",
+                peer_text(name)
+            )));
+        }
         match phase.register(name, backend) {
             Ok((id, identity)) => {
                 tracing::info!(worker = %peer_text(name), %id, %identity, "worker welcomed into the phase");
