@@ -53,7 +53,10 @@ pub struct RunSettings {
     /// keeps with its identity, so workers cannot tell which) also run on a
     /// second worker and compared: bitwise on the same backend, else counts exact
     /// and sums within a tolerance; a mismatch gets a third opinion and the
-    /// odd worker is quarantined. 0 (default) turns it off.
+    /// odd worker is quarantined. Collection and evaluation leases alike
+    /// (the same sample of units; eval tolerances across backends:
+    /// per-position KL and means within 1e-3 + 1%, same top-1 within 1% of
+    /// the positions). 0 (default) turns it off.
     pub verify_fraction: f64,
     /// Tokens per micro-batch.
     pub n_ubatch: u32,

@@ -4,7 +4,10 @@
 //! worker processes started then. Workers joined for collection stay for
 //! the evaluation and shipping's evaluation, and leave when the crew is
 //! closed: told the run is finished, or that it stopped (then they keep
-//! reconnecting, for a restarted coordinator to resume).
+//! reconnecting, for a restarted coordinator to resume). Every phase
+//! samples its units for a second opinion under the crew's one salt
+//! ([`sched::SampleSalt`]: the kept identity's, else one drawn when the
+//! crew opens), so evaluation checks the same sample of units as collection.
 
 use super::serve::{heartbeat_timeout, max_frame};
 use super::{kept_identity, listen, secret, Listening, RunError, RunSetup};
@@ -43,6 +46,8 @@ pub(crate) struct Open {
     pub(crate) lobby: Arc<Lobby>,
     /// The local worker processes.
     pub(crate) children: Vec<Child>,
+    /// The salt of every phase's redundancy sample.
+    pub(crate) salt: sched::SampleSalt,
 }
 
 impl<'a> Crew<'a> {
@@ -77,11 +82,18 @@ impl<'a> Crew<'a> {
                 max_frame(cluster),
                 heartbeat_timeout(&setup.run),
             )?;
+            // The kept identity holds the sample's salt: a restart samples
+            // the same units. (Read after `listen` saved the address.)
+            let salt = match kept_identity(cluster)? {
+                Some(mut k) => k.sample_salt()?,
+                None => sched::SampleSalt::random(),
+            };
             let children = start(&listening)?;
             self.open = Some(Open {
                 server,
                 lobby,
                 children,
+                salt,
             });
         }
         Ok(self.open.as_mut().expect("opened above"))

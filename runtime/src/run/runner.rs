@@ -10,13 +10,13 @@
 use super::crew::Crew;
 use super::record::{PartialRecord, Recorder};
 use super::resume::{self, add_into, merge_into};
-use super::{kept_identity, progress, serve, RunError, RunSetup};
+use super::{progress, serve, RunError, RunSetup};
 use crate::lease::LeaseKind;
 use crate::net::hub::{Hub, WorkerInfo};
 use numbers::ChunkRange;
 use protocol::wire::JobOptions;
 use runfiles::lease::{Addend, LeaseOutput};
-use sched::{SampleSalt, Scheduler};
+use sched::Scheduler;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -192,15 +192,8 @@ async fn serve_phase<K: LeaseKind>(
         )));
     }
     let open = crew.open(l.setup)?;
-    // The kept identity holds the sample's salt: a restart samples the same
-    // units. (Read after the crew saved the address it listens on.)
-    let mut kept = kept_identity(cluster)?;
-    let salt = match &mut kept {
-        Some(k) => k.sample_salt()?,
-        None => SampleSalt::random(),
-    };
     let sched = Scheduler::new(
-        serve::sched_config(run, l.verify_fraction, salt),
+        serve::sched_config(run, l.verify_fraction, open.salt.clone()),
         units,
         from.done,
     );

@@ -247,9 +247,9 @@ pub async fn evaluate_locked(
         setup: base,
         options: base.run.job_options(protocol::wire::TraceStrides::both(0)),
         settings: eval_settings_key(setup),
-        // Eval partials are checked against the coordinator's own slices;
-        // no unit is sent to a second worker.
-        verify_fraction: 0.0,
+        // The same share and the same salted sample of units as
+        // collection get a second worker's opinion.
+        verify_fraction: base.run.verify_fraction,
         progress: false,
         phase: "evaluation",
     };
