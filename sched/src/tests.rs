@@ -414,7 +414,10 @@ fn identity_not_connection_counts_failures_quarantine_and_opinions() {
     let why = s.quarantine_reason(I1).expect("quarantined by identity");
     assert!(why.contains("3 failures in a row"), "{why}");
     // What a later phase keeps of it: its 100 s, from the quarantine at 3 s.
-    assert_eq!(s.quarantines(), vec![(I1, why.to_string(), Some(secs(100)))]);
+    assert_eq!(
+        s.quarantines(),
+        vec![(I1, why.to_string(), Some(secs(100)))]
+    );
     s.register(WorkerId(14), I1, secs(4));
     assert!(matches!(
         s.request(WorkerId(14), secs(4)),
