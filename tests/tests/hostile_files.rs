@@ -14,6 +14,8 @@
 //!   absolute path, a symbolic link leading out) and a PNG whose header
 //!   claims 64 megapixels in a small file.
 //! - A JSONL line larger than a line may be, refused before it is parsed.
+//! - An `expert_count` of 2^32 - 1 (issue 53, finding 5): llama.cpp's loader
+//!   aborts on `GGML_ASSERT(n_expert <= LLAMA_MAX_EXPERTS)`.
 
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -399,4 +401,41 @@ fn a_jsonl_line_over_the_limit_is_refused_before_it_is_parsed() {
         coordinator("corpus", &config, &d.path().join("run")),
         &["docs.jsonl:2: line of more than 33554432 bytes exceeds the per-line limit"],
     );
+}
+
+/// Issue 53, finding 5: `qwen3moe.expert_count = 2^32 - 1` in the tiny
+/// model's header is refused by name by the coordinator and by the worker,
+/// each before llama.cpp (which aborts on it) loads the file.
+#[test]
+fn an_expert_count_past_llama_cpps_limit_is_refused_by_name() {
+    let d = tempfile::tempdir().unwrap();
+    let config = fixtures::text_config(d.path(), "");
+    let model = d.path().join("tiny.gguf");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let key = b"qwen3moe.expert_count";
+    let at = find(&bytes, key).expect("the key is in the header") + key.len();
+    // The key, then its value type (u32 = 4), then the value.
+    assert_eq!(&bytes[at..at + 4], &4u32.to_le_bytes(), "a u32 value");
+    bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&model, bytes).unwrap();
+    let shown = model.display().to_string();
+    let needles = [
+        shown.as_str(),
+        "qwen3moe.expert_count is 4294967295, more than llama.cpp's LLAMA_MAX_EXPERTS (1024)",
+    ];
+    let run = d.path().join("run");
+    assert_refused(
+        "expert_count 2^32 - 1, coordinator run",
+        coordinator("run", &config, &run),
+        &needles,
+    );
+    assert!(!run.join("corpus").exists());
+    let corpus = fixtures::corpus_dir(d.path(), "chunks", 2, 48);
+    let args = fixtures::worker_args("collect", &model, &corpus, "0..2", &corpus, &[]);
+    assert_refused(
+        "expert_count 2^32 - 1, worker collect",
+        run_measured("worker", &args),
+        &needles,
+    );
+    assert!(!corpus.join("partials").exists());
 }
