@@ -14,6 +14,8 @@
 //!   absolute path, a symbolic link leading out) and a PNG whose header
 //!   claims 64 megapixels in a small file.
 //! - A JSONL line larger than a line may be, refused before it is parsed.
+//! - Chat templates that hang or swell the renderer (issue 53, finding 2):
+//!   a doubling string, a nested 10^5 x 10^5 loop, output inside it.
 //! - An `expert_count` of 2^32 - 1 (issue 53, finding 5): llama.cpp's loader
 //!   aborts on `GGML_ASSERT(n_expert <= LLAMA_MAX_EXPERTS)`.
 
@@ -26,6 +28,10 @@ use synth::Preset;
 
 /// Most memory (peak RSS, KiB) a refusing command may take: 100 MB.
 const PEAK_LIMIT_KIB: u64 = 100_000;
+
+/// Most memory a command refusing a file past a budget may take, the budget
+/// spent included (issue 53): 200 MB.
+const BUDGET_PEAK_LIMIT_KIB: u64 = 200_000;
 
 /// Runs a workspace binary to its end and returns its output with its peak
 /// resident memory in KiB, from `wait4` (the kernel's accounting of that
@@ -67,6 +73,11 @@ fn run_measured(bin: &str, args: &[&str]) -> (Output, u64) {
 /// Asserts a refusal: exit code 1 (not a signal: no abort), one stderr line
 /// holding every needle, and a peak under the limit. Prints the figure.
 fn assert_refused(what: &str, run: (Output, u64), needles: &[&str]) {
+    assert_refused_within(what, run, needles, PEAK_LIMIT_KIB)
+}
+
+/// [`assert_refused`] with a peak under `limit_kib`.
+fn assert_refused_within(what: &str, run: (Output, u64), needles: &[&str], limit_kib: u64) {
     let (out, peak) = run;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -80,7 +91,7 @@ fn assert_refused(what: &str, run: (Output, u64), needles: &[&str]) {
         "{what}: no line of the error holds all of {needles:?}: {err}"
     );
     println!("FIGURE {what}: refused, peak RSS {} MiB", peak >> 10);
-    assert!(peak < PEAK_LIMIT_KIB, "{what}: peak RSS {peak} KiB");
+    assert!(peak < limit_kib, "{what}: peak RSS {peak} KiB");
 }
 
 /// `coordinator COMMAND CONFIG --out OUT`.
@@ -438,4 +449,65 @@ fn an_expert_count_past_llama_cpps_limit_is_refused_by_name() {
         &needles,
     );
     assert!(!corpus.join("partials").exists());
+}
+
+/// Issue 53, finding 2: the quickstart model with a chat template that
+/// doubles a string (exponential heap for linear fuel), one that loops
+/// 10^5 x 10^5 times, and one that writes 100 kB per inner iteration of
+/// that loop: `coordinator corpus` refuses each naming the model file and
+/// the limit it crossed, within 10 s and in little memory.
+#[test]
+fn chat_templates_past_their_budget_are_refused_quickly_in_little_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/models/quickstart-moe.gguf");
+    std::fs::write(
+        d.path().join("chat.jsonl"),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}, \
+         {\"role\": \"assistant\", \"content\": \"hi there\"}]}\n",
+    )
+    .unwrap();
+    let config = d.path().join("chat.toml");
+    std::fs::write(
+        &config,
+        "[model]\npath = \"hostile.gguf\"\n[corpus]\nn_ctx = 64\n\
+         [[corpus.domains]]\nname = \"chat\"\nsources = [{ path = \"chat.jsonl\" }]\n",
+    )
+    .unwrap();
+    let model = d.path().join("hostile.gguf");
+    let shown = model.display().to_string();
+    let cases = [
+        (
+            "doubling string",
+            "{% set ns = namespace(s='ab') %}{% for i in range(64) %}\
+             {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+            "asked for more than its heap budget of 100663296 bytes per rendering",
+        ),
+        (
+            "nested 10^5 x 10^5 loop",
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "ran more than its fuel of 20000000 minijinja instructions per rendering",
+        ),
+        (
+            "output in the loop",
+            "{% for i in range(100000) %}{% for j in range(100000) %}\
+             {{ 'x' * 100000 }}{% endfor %}{% endfor %}",
+            "wrote more than its output cap of 33554432 bytes per rendering",
+        ),
+    ];
+    for (what, template, why) in cases {
+        fixtures::chat_template_swap::with_chat_template(&base, &model, template);
+        let run = d.path().join("run");
+        let start = std::time::Instant::now();
+        let out = coordinator("corpus", &config, &run);
+        let took = start.elapsed();
+        println!("FIGURE template {what}: refused in {took:.2?}");
+        assert_refused_within(
+            &format!("template {what}, coordinator corpus"),
+            out,
+            &[&format!("model {shown}: "), why],
+            BUDGET_PEAK_LIMIT_KIB,
+        );
+        assert!(took.as_secs_f64() < 10.0, "{what}: {took:?}");
+        assert!(!run.join("corpus").exists(), "{what}");
+    }
 }
