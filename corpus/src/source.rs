@@ -5,7 +5,7 @@
 
 use super::chat::{self, Chat, Message, Role};
 use super::error::CorpusError;
-use super::files::{self, Compression, Listing, SourceFile};
+use super::files::{self, Budget, Compression, Listing, SourceFile};
 use super::json_array;
 use arrow::array::{Array, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::DataType;
@@ -159,11 +159,16 @@ pub fn read_source(
                 source,
             })?
             .len();
+        let opened = Opened {
+            file: f,
+            compression,
+            budget: Budget::of(cfg, listing.many),
+        };
         let records = match format {
-            SourceFormat::Jsonl => read_jsonl(cfg, f, compression, group_key)?,
-            SourceFormat::Json => read_json_array(cfg, f, compression, group_key)?,
+            SourceFormat::Jsonl => read_jsonl(cfg, &opened, group_key)?,
+            SourceFormat::Json => read_json_array(cfg, &opened, group_key)?,
             SourceFormat::Parquet => read_parquet(cfg, f, group_key)?,
-            SourceFormat::Text => match read_text(cfg, f, compression, listing.many)? {
+            SourceFormat::Text => match read_text(cfg, &opened, listing.many)? {
                 Some(r) => r,
                 None => {
                     data.skipped_binary += 1;
@@ -194,64 +199,138 @@ pub fn read_source(
     Ok(data)
 }
 
-/// Opens a file of a source, decompressed, naming it when that fails.
-fn open(f: &SourceFile, compression: Compression) -> Result<Box<dyn Read>, CorpusError> {
-    files::open(&f.path, compression).map_err(|source| CorpusError::Io {
-        path: f.path.clone(),
-        source,
-    })
+/// A file of a source with how it is to be read.
+struct Opened<'a> {
+    file: &'a SourceFile,
+    compression: Compression,
+    /// What it may decompress to (when compressed).
+    budget: Budget,
 }
 
-/// A text file's documents; `None` for a binary file of a directory or
-/// glob (skipped), which a file named alone is refused for.
+impl Opened<'_> {
+    /// The file, decompressed within its budget, named when it fails.
+    fn open(&self) -> Result<Box<dyn Read>, CorpusError> {
+        files::open(&self.file.path, self.compression, self.budget).map_err(|e| self.io(e))
+    }
+
+    fn io(&self, source: std::io::Error) -> CorpusError {
+        CorpusError::Io {
+            path: self.file.path.clone(),
+            source,
+        }
+    }
+}
+
+/// A text file's documents (split on the source's `separator`), streamed:
+/// a document is refused (named by file and number) as soon as it grows
+/// past [`MAX_DOCUMENT_BYTES`], before more of it is read. `None` for a
+/// binary file of a directory or glob (skipped), which a file named alone
+/// is refused for.
 fn read_text(
     cfg: &SourceConfig,
-    f: &SourceFile,
-    compression: Compression,
+    opened: &Opened,
     many: bool,
 ) -> Result<Option<Vec<Record>>, CorpusError> {
-    let mut bytes = Vec::new();
-    open(f, compression)?
-        .read_to_end(&mut bytes)
-        .map_err(|source| CorpusError::Io {
-            path: f.path.clone(),
-            source,
-        })?;
-    if many && files::is_binary(&bytes) {
+    let f = opened.file;
+    let mut reader = opened.open()?;
+    let sep = cfg.separator.as_deref().filter(|s| !s.is_empty());
+    let mut pieces = TextPieces {
+        shown: f.shown.display().to_string(),
+        n: 0,
+        records: Vec::new(),
+    };
+    let mut pending: Vec<u8> = Vec::new();
+    // Where the search for the next separator resumes in `pending`.
+    let mut scanned = 0;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = reader.read(&mut buf).map_err(|e| opened.io(e))?;
+        if n == 0 {
+            break;
+        }
+        if many && buf[..n].contains(&0) {
+            return Ok(None);
+        }
+        pending.extend_from_slice(&buf[..n]);
+        if let Some(sep) = sep.map(str::as_bytes) {
+            let mut start = 0;
+            while let Some(at) = find(&pending[scanned..], sep) {
+                let end = scanned + at;
+                if !pieces.push(&pending[start..end], many, &f.path)? {
+                    return Ok(None);
+                }
+                start = end + sep.len();
+                scanned = start;
+            }
+            pending.drain(..start);
+            scanned = pending.len().saturating_sub(sep.len() - 1);
+        }
+        let held = pending.len() - sep.map_or(0, |s| s.len() - 1).min(pending.len());
+        if held > MAX_DOCUMENT_BYTES {
+            return Err(CorpusError::Record {
+                at: format!("{} (document {})", f.shown.display(), pieces.n + 1),
+                message: format!(
+                    "document of more than {MAX_DOCUMENT_BYTES} bytes exceeds the per-document \
+                     limit of {MAX_DOCUMENT_BYTES} bytes (split it into smaller documents)"
+                ),
+            });
+        }
+    }
+    if !pieces.push(&pending, many, &f.path)? {
         return Ok(None);
     }
-    let text = std::str::from_utf8(&bytes).map_err(|e| CorpusError::Source {
-        path: f.path.clone(),
-        message: format!("not UTF-8 text ({e})"),
-    })?;
-    let pieces: Vec<&str> = match &cfg.separator {
-        Some(sep) if !sep.is_empty() => text.split(sep.as_str()).collect(),
-        _ => vec![text],
-    };
-    Ok(Some(
-        pieces
-            .into_iter()
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .enumerate()
-            .map(|(i, p)| Record {
-                at: format!("{} (document {})", f.shown.display(), i + 1),
-                content: Content::Text(p.to_string()),
+    Ok(Some(pieces.records))
+}
+
+/// The documents of a text file as they are split off.
+struct TextPieces {
+    shown: String,
+    /// Documents kept so far.
+    n: usize,
+    records: Vec<Record>,
+}
+
+impl TextPieces {
+    /// Keeps `piece` (trimmed) as the next document unless it is blank;
+    /// false when it is not UTF-8 in a directory or glob source (the file
+    /// is binary and skipped), an error when it is not in a file named alone.
+    fn push(&mut self, piece: &[u8], many: bool, path: &Path) -> Result<bool, CorpusError> {
+        let text = match std::str::from_utf8(piece) {
+            Ok(t) => t.trim(),
+            Err(_) if many => return Ok(false),
+            Err(e) => {
+                return Err(CorpusError::Source {
+                    path: path.to_path_buf(),
+                    message: format!("not UTF-8 text ({e})"),
+                })
+            }
+        };
+        if !text.is_empty() {
+            self.n += 1;
+            self.records.push(Record {
+                at: format!("{} (document {})", self.shown, self.n),
+                content: Content::Text(text.to_string()),
                 group: None,
                 images: Vec::new(),
-            })
-            .collect(),
-    ))
+            });
+        }
+        Ok(true)
+    }
+}
+
+/// Where `needle` first occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// JSON lines, streamed line by line.
 fn read_jsonl(
     cfg: &SourceConfig,
-    f: &SourceFile,
-    compression: Compression,
+    opened: &Opened,
     group_key: Option<&str>,
 ) -> Result<Vec<Record>, CorpusError> {
-    let mut reader = std::io::BufReader::new(open(f, compression)?);
+    let f = opened.file;
+    let mut reader = std::io::BufReader::new(opened.open()?);
     let mut out = Vec::new();
     let mut line = Vec::new();
     for i in 0.. {
@@ -290,16 +369,19 @@ fn read_jsonl(
     Ok(out)
 }
 
-/// A JSON array of records, streamed element by element.
+/// A JSON array of records, streamed element by element, each at most
+/// [`MAX_LINE_BYTES`] of JSON (a JSON lines record's limit), refused before
+/// more of it is read.
 fn read_json_array(
     cfg: &SourceConfig,
-    f: &SourceFile,
-    compression: Compression,
+    opened: &Opened,
     group_key: Option<&str>,
 ) -> Result<Vec<Record>, CorpusError> {
+    let f = opened.file;
     let mut out = Vec::new();
     let mut failed_at = None;
-    let read = json_array::for_each(open(f, compression)?, &mut |i, value| {
+    let reader = std::io::BufReader::new(opened.open()?);
+    let read = json_array::for_each(reader, MAX_LINE_BYTES as u64, &mut |i, value| {
         let at = format!("{} (record {})", f.shown.display(), i + 1);
         failed_at = Some(i + 1);
         out.push(json_record(cfg, &f.path, &value, at, group_key)?);

@@ -16,6 +16,9 @@
 //! - A JSONL line larger than a line may be, refused before it is parsed.
 //! - Chat templates that hang or swell the renderer (issue 53, finding 2):
 //!   a doubling string, a nested 10^5 x 10^5 loop, output inside it.
+//! - Compressed sources that decompress to 4 GiB (issue 53, finding 3): a
+//!   `.txt.gz`, a `.txt.zst` in a directory source, a `.json.gz` holding one
+//!   4 GiB string.
 //! - An `expert_count` of 2^32 - 1 (issue 53, finding 5): llama.cpp's loader
 //!   aborts on `GGML_ASSERT(n_expert <= LLAMA_MAX_EXPERTS)`.
 
@@ -510,4 +513,105 @@ fn chat_templates_past_their_budget_are_refused_quickly_in_little_memory() {
         assert!(took.as_secs_f64() < 10.0, "{what}: {took:?}");
         assert!(!run.join("corpus").exists(), "{what}");
     }
+}
+
+/// The text config of [`fixtures::text_config`] with its source replaced by
+/// `source` (a TOML inline table).
+fn config_with_source(dir: &Path, source: &str) -> PathBuf {
+    let config = fixtures::text_config(dir, "");
+    let toml = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("{ path = \"docs.txt\", separator = \"\\n\\n\" }", source);
+    assert!(toml.contains(source), "{toml}");
+    std::fs::write(&config, toml).unwrap();
+    config
+}
+
+/// 64 MiB of the letter `a`: 64 of them make 4 GiB.
+const BLOCK: usize = 64 << 20;
+
+/// Writes `head`, 4 GiB of `a`, then `tail`, gzip-compressed as
+/// concatenated members (one compressed block written 64 times), so the
+/// file is a few MB and cheap to make.
+fn gzip_bomb(path: &Path, head: &str, tail: &str) {
+    use flate2::{write::GzEncoder, Compression};
+    let gz = |bytes: &[u8]| {
+        let mut e = GzEncoder::new(Vec::new(), Compression::default());
+        e.write_all(bytes).unwrap();
+        e.finish().unwrap()
+    };
+    let block = gz(&vec![b'a'; BLOCK]);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    f.write_all(&gz(head.as_bytes())).unwrap();
+    for _ in 0..64 {
+        f.write_all(&block).unwrap();
+    }
+    f.write_all(&gz(tail.as_bytes())).unwrap();
+    f.flush().unwrap();
+}
+
+/// Issue 53, finding 3: compressed sources of 4 GiB decompressed are
+/// refused naming the file and the limit, within little memory: a
+/// `.txt.gz` (one document grows past the per-document limit), a `.txt.zst`
+/// in a directory source (past `max_file_bytes`, applied to the
+/// decompressed size) and a `.json.gz` array holding one 4 GiB string (past
+/// the per-record limit).
+#[test]
+fn compressed_sources_of_gigabytes_are_refused_in_little_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+
+    let txt = dir.join("bomb.txt.gz");
+    gzip_bomb(&txt, "", "");
+    let size = std::fs::metadata(&txt).unwrap().len();
+    println!("FIGURE .txt.gz of 4 GiB: {size} bytes on disk");
+    assert!(size < 32 << 20, "{size}");
+    let config = config_with_source(dir, "{ path = \"bomb.txt.gz\", separator = \"\\n\\n\" }");
+    assert_refused_within(
+        ".txt.gz of 4 GiB, coordinator corpus",
+        coordinator("corpus", &config, &dir.join("run")),
+        &[
+            "bomb.txt.gz (document 1): document of more than 8388608 bytes exceeds the \
+             per-document limit of 8388608 bytes",
+        ],
+        BUDGET_PEAK_LIMIT_KIB,
+    );
+
+    std::fs::create_dir(dir.join("texts")).unwrap();
+    std::fs::write(dir.join("texts/a.txt"), "A short document.").unwrap();
+    let zst = dir.join("texts/bomb.txt.zst");
+    {
+        let block = zstd::encode_all(&vec![b'a'; BLOCK][..], 3).unwrap();
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&zst).unwrap());
+        for _ in 0..64 {
+            f.write_all(&block).unwrap();
+        }
+    }
+    assert!(std::fs::metadata(&zst).unwrap().len() < 1 << 20);
+    let config = config_with_source(dir, "{ path = \"texts\" }");
+    let shown = zst.display().to_string();
+    assert_refused_within(
+        ".txt.zst of 4 GiB in a directory source, coordinator corpus",
+        coordinator("corpus", &config, &dir.join("run")),
+        &[
+            &format!("cannot read {shown}: "),
+            "decompresses to more than 1048576 bytes, the source's max_file_bytes",
+        ],
+        BUDGET_PEAK_LIMIT_KIB,
+    );
+
+    let json = dir.join("bomb.json.gz");
+    gzip_bomb(&json, "[{\"text\": \"", "\"}]");
+    let config = config_with_source(dir, "{ path = \"bomb.json.gz\" }");
+    let shown = json.display().to_string();
+    assert_refused_within(
+        ".json.gz holding a 4 GiB string, coordinator corpus",
+        coordinator("corpus", &config, &dir.join("run")),
+        &[
+            &format!("{shown}: "),
+            "record 1: more than 33554432 bytes of JSON exceeds the per-record limit",
+        ],
+        BUDGET_PEAK_LIMIT_KIB,
+    );
+    assert!(!dir.join("run/corpus").exists());
 }
