@@ -302,6 +302,12 @@ pub fn summary(m: &Manifest) -> String {
                 src.skipped_large
             );
         }
+        for src in d.sources.iter().filter(|src| src.skipped_no_text > 0) {
+            s += &format!(
+                "  {}: {} records without text skipped (null, empty or absent text or messages)\n",
+                src.path, src.skipped_no_text
+            );
+        }
     }
     s
 }

@@ -83,6 +83,37 @@ pub struct SourceData {
     pub skipped_binary: u64,
     /// Files of a directory or glob skipped for their size.
     pub skipped_large: u64,
+    /// Records skipped for having no text: their text (or messages) null,
+    /// empty or absent.
+    pub skipped_no_text: u64,
+}
+
+/// The UTF-8 byte-order mark, which Windows tools write at the start of a
+/// text file: skipped there, refused (naming the line) anywhere else.
+pub const BOM: &str = "\u{feff}";
+
+/// The error for a byte-order mark past the start of a file.
+fn stray_bom() -> String {
+    "a UTF-8 byte-order mark (U+FEFF) where only the start of the file may have one \
+     (files joined together keep each one's mark: remove it)"
+        .into()
+}
+
+/// `reader` without a byte-order mark at its start.
+fn skip_bom(mut reader: Box<dyn Read>) -> std::io::Result<Box<dyn Read>> {
+    let mut head = [0u8; 3];
+    let mut n = 0;
+    while n < 3 {
+        match reader.read(&mut head[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    let keep = match &head[..n] == BOM.as_bytes() {
+        true => Vec::new(),
+        false => head[..n].to_vec(),
+    };
+    Ok(Box::new(std::io::Cursor::new(keep).chain(reader)))
 }
 
 /// Hashes a source without parsing it (for the inputs fingerprint): the
@@ -145,6 +176,7 @@ pub fn read_source(
         files: 0,
         skipped_binary: 0,
         skipped_large: listing.skipped_large,
+        skipped_no_text: 0,
     };
     for f in &listing.files {
         let (format, compression) =
@@ -165,9 +197,11 @@ pub fn read_source(
             budget: Budget::of(cfg, listing.many),
         };
         let records = match format {
-            SourceFormat::Jsonl => read_jsonl(cfg, &opened, group_key)?,
-            SourceFormat::Json => read_json_array(cfg, &opened, group_key)?,
-            SourceFormat::Parquet => read_parquet(cfg, f, group_key)?,
+            SourceFormat::Jsonl => read_jsonl(cfg, &opened, group_key, &mut data.skipped_no_text)?,
+            SourceFormat::Json => {
+                read_json_array(cfg, &opened, group_key, &mut data.skipped_no_text)?
+            }
+            SourceFormat::Parquet => read_parquet(cfg, f, group_key, &mut data.skipped_no_text)?,
             SourceFormat::Text => match read_text(cfg, &opened, listing.many)? {
                 Some(r) => r,
                 None => {
@@ -182,6 +216,16 @@ pub fn read_source(
         hashes.push((f, sha));
     }
     data.sha256 = combined_sha256(&listing, &hashes);
+    if data.records.is_empty() && data.skipped_no_text > 0 {
+        return Err(CorpusError::Source {
+            path: path.to_path_buf(),
+            message: format!(
+                "no record has text: all {} records have a null, empty or absent {:?} \
+                 (or {:?}) field",
+                data.skipped_no_text, cfg.text_field, cfg.messages_field
+            ),
+        });
+    }
     if let Some(r) = data
         .records
         .iter()
@@ -232,11 +276,13 @@ fn read_text(
     many: bool,
 ) -> Result<Option<Vec<Record>>, CorpusError> {
     let f = opened.file;
-    let mut reader = opened.open()?;
+    let mut reader = skip_bom(opened.open()?).map_err(|e| opened.io(e))?;
     let sep = cfg.separator.as_deref().filter(|s| !s.is_empty());
     let mut pieces = TextPieces {
         shown: f.shown.display().to_string(),
         n: 0,
+        line: 1,
+        sep_lines: sep.map_or(0, |s| s.matches('\n').count()),
         records: Vec::new(),
     };
     let mut pending: Vec<u8> = Vec::new();
@@ -287,6 +333,10 @@ struct TextPieces {
     shown: String,
     /// Documents kept so far.
     n: usize,
+    /// The line the next piece starts on.
+    line: usize,
+    /// Lines a separator spans.
+    sep_lines: usize,
     records: Vec<Record>,
 }
 
@@ -296,7 +346,7 @@ impl TextPieces {
     /// is binary and skipped), an error when it is not in a file named alone.
     fn push(&mut self, piece: &[u8], many: bool, path: &Path) -> Result<bool, CorpusError> {
         let text = match std::str::from_utf8(piece) {
-            Ok(t) => t.trim(),
+            Ok(t) => t,
             Err(_) if many => return Ok(false),
             Err(e) => {
                 return Err(CorpusError::Source {
@@ -305,6 +355,18 @@ impl TextPieces {
                 })
             }
         };
+        if let Some(at) = text.find(BOM) {
+            return Err(CorpusError::Record {
+                at: format!(
+                    "{} (line {})",
+                    self.shown,
+                    self.line + text[..at].matches('\n').count()
+                ),
+                message: stray_bom(),
+            });
+        }
+        self.line += text.matches('\n').count() + self.sep_lines;
+        let text = text.trim();
         if !text.is_empty() {
             self.n += 1;
             self.records.push(Record {
@@ -328,6 +390,7 @@ fn read_jsonl(
     cfg: &SourceConfig,
     opened: &Opened,
     group_key: Option<&str>,
+    no_text: &mut u64,
 ) -> Result<Vec<Record>, CorpusError> {
     let f = opened.file;
     let mut reader = std::io::BufReader::new(opened.open()?);
@@ -358,13 +421,21 @@ fn read_jsonl(
             )));
         }
         let text = std::str::from_utf8(&line).map_err(|e| bad(format!("not UTF-8 text ({e})")))?;
+        let text = match (i, text.strip_prefix(BOM)) {
+            (0, Some(rest)) => rest,
+            (_, Some(_)) => return Err(bad(stray_bom())),
+            (_, None) => text,
+        };
         if text.trim().is_empty() {
             continue;
         }
         let value: Value =
             serde_json::from_str(text).map_err(|e| bad(format!("malformed JSON: {e}")))?;
         let at = format!("{}:{}", f.shown.display(), i + 1);
-        out.push(json_record(cfg, &f.path, &value, at, group_key).map_err(bad)?);
+        match json_record(cfg, &f.path, &value, at, group_key).map_err(bad)? {
+            Some(r) => out.push(r),
+            None => *no_text += 1,
+        }
     }
     Ok(out)
 }
@@ -376,15 +447,19 @@ fn read_json_array(
     cfg: &SourceConfig,
     opened: &Opened,
     group_key: Option<&str>,
+    no_text: &mut u64,
 ) -> Result<Vec<Record>, CorpusError> {
     let f = opened.file;
     let mut out = Vec::new();
     let mut failed_at = None;
-    let reader = std::io::BufReader::new(opened.open()?);
+    let reader = std::io::BufReader::new(skip_bom(opened.open()?).map_err(|e| opened.io(e))?);
     let read = json_array::for_each(reader, MAX_LINE_BYTES as u64, &mut |i, value| {
         let at = format!("{} (record {})", f.shown.display(), i + 1);
         failed_at = Some(i + 1);
-        out.push(json_record(cfg, &f.path, &value, at, group_key)?);
+        match json_record(cfg, &f.path, &value, at, group_key)? {
+            Some(r) => out.push(r),
+            None => *no_text += 1,
+        }
         failed_at = None;
         Ok(())
     });
@@ -440,17 +515,21 @@ fn chat_fields(cfg: &SourceConfig) -> chat::Fields<'_> {
 }
 
 /// One JSON record (a JSONL line, an element of a JSON array) of the file
-/// `file`, located at `at`: text (captioned images) or chat.
+/// `file`, located at `at`: text (captioned images) or chat; `None` for a
+/// record without text (its text, or its messages, null, empty or absent),
+/// which the source skips and counts.
 fn json_record(
     cfg: &SourceConfig,
     file: &Path,
     value: &Value,
     at: String,
     group_key: Option<&str>,
-) -> Result<Record, String> {
+) -> Result<Option<Record>, String> {
     let obj = value.as_object().ok_or("record is not a JSON object")?;
+    // A null field is an absent one.
+    let has = |k: &str| obj.get(k).is_some_and(|v| !v.is_null());
     let mut names = Vec::new();
-    let content = if let Some(field) = text_field_of(cfg, |k| obj.contains_key(k)) {
+    let content = if let Some(field) = text_field_of(cfg, has) {
         let t = obj[field]
             .as_str()
             .ok_or_else(|| format!("field {field:?} is not a string"))?;
@@ -459,9 +538,13 @@ fn json_record(
                 names = image_names(v)?;
                 Content::Text(captioned(names.len(), t))
             }
+            None if t.is_empty() => return Ok(None),
             None => Content::Text(t.to_string()),
         }
-    } else if let Some(field) = messages_field_of(cfg, |k| obj.contains_key(k)) {
+    } else if let Some(field) = messages_field_of(cfg, has) {
+        if obj[field].as_array().is_some_and(Vec::is_empty) {
+            return Ok(None);
+        }
         let messages = chat::messages_from_json(&obj[field], chat_fields(cfg), &mut |parts| {
             content_parts(parts, &mut names)
         })?;
@@ -471,10 +554,7 @@ fn json_record(
         };
         Content::Chat(Chat { messages, tools })
     } else {
-        return Err(format!(
-            "record has neither a {:?} nor a {:?} field",
-            cfg.text_field, cfg.messages_field
-        ));
+        return Ok(None);
     };
     if !names.is_empty() {
         check_markers(&content, names.len())?;
@@ -491,12 +571,12 @@ fn json_record(
         Value::Null => None,
         other => Some(other.to_string()),
     });
-    Ok(Record {
+    Ok(Some(Record {
         at,
         content,
         group,
         images,
-    })
+    }))
 }
 
 /// JSONL field naming a record's image (a path, or an array of paths) in
@@ -569,6 +649,7 @@ fn read_parquet(
     cfg: &SourceConfig,
     f: &SourceFile,
     group_key: Option<&str>,
+    no_text: &mut u64,
 ) -> Result<Vec<Record>, CorpusError> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let path = f.path.as_path();
@@ -617,11 +698,9 @@ fn read_parquet(
         if let Some(text_field) = text_field {
             let text = string_column(&batch, text_field).map_err(&fail)?;
             for row in 0..batch.num_rows() {
-                if text.is_null(row) {
-                    return Err(CorpusError::Record {
-                        at: shown(row),
-                        message: format!("column {text_field:?} is null"),
-                    });
+                if text.is_null(row) || text.value(row).is_empty() {
+                    *no_text += 1;
+                    continue;
                 }
                 out.push(Record {
                     at: at(row),
@@ -642,7 +721,10 @@ fn read_parquet(
                     at: shown(row),
                     message,
                 };
-                let messages = m.map_err(record_error)?;
+                let Some(messages) = m.map_err(record_error)? else {
+                    *no_text += 1;
+                    continue;
+                };
                 let tools = match tools.as_ref().filter(|t| t.is_valid(row)) {
                     Some(t) => chat::tools_from_json(&Value::String(t.value(row).into()))
                         .map_err(record_error)?,
@@ -673,12 +755,13 @@ fn string_column(batch: &RecordBatch, name: &str) -> Result<StringArray, String>
     Ok(cast.as_string::<i32>().clone())
 }
 
-/// A messages column: JSON text, or a list of structs with `role` and `content`.
+/// A messages column: JSON text, or a list of structs with `role` and
+/// `content`; `None` for a row whose messages are null or empty.
 fn messages_column(
     batch: &RecordBatch,
     name: &str,
     fields: chat::Fields<'_>,
-) -> Result<Vec<Result<Vec<Message>, String>>, String> {
+) -> Result<Vec<Result<Option<Vec<Message>>, String>>, String> {
     let col = batch
         .column_by_name(name)
         .ok_or_else(|| format!("no column {name:?}"))?;
@@ -690,6 +773,9 @@ fn messages_column(
             let list = list.as_list::<i32>();
             Ok(rows
                 .map(|row| {
+                    if list.is_null(row) || list.value_length(row) == 0 {
+                        return Ok(None);
+                    }
                     let items = list.value(row);
                     let items = items.as_struct_opt().ok_or_else(|| {
                         format!("column {name:?} is not a list of {{role, content}}")
@@ -717,7 +803,8 @@ fn messages_column(
                                 contents.value(i),
                             ))
                         })
-                        .collect()
+                        .collect::<Result<_, String>>()
+                        .map(Some)
                 })
                 .collect())
         }
@@ -725,6 +812,9 @@ fn messages_column(
             let text = string_column(batch, name)?;
             Ok(rows
                 .map(|row| {
+                    if text.is_null(row) || text.value(row).is_empty() {
+                        return Ok(None);
+                    }
                     let v: Value = serde_json::from_str(text.value(row))
                         .map_err(|e| format!("column {name:?} is not JSON messages ({e})"))?;
                     let mut images = Vec::new();
@@ -732,7 +822,7 @@ fn messages_column(
                         content_parts(parts, &mut images)
                     })?;
                     match images.is_empty() {
-                        true => Ok(m),
+                        true => Ok(Some(m).filter(|m| !m.is_empty())),
                         false => Err(format!(
                             "column {name:?}: image parts are read from JSONL sources only"
                         )),
@@ -996,6 +1086,114 @@ mod tests {
         assert!(
             err.contains("cannot read") && err.contains("nope.txt"),
             "{err}"
+        );
+    }
+
+    /// Reads `text` as file `name` (with `separator` for text).
+    fn read_as(name: &str, text: &str, separator: Option<&str>) -> Result<SourceData, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        let mut cfg = src(&p);
+        cfg.separator = separator.map(str::to_string);
+        read_source(&cfg, &p, None).map_err(|e| e.to_string())
+    }
+
+    fn texts(d: &SourceData) -> Vec<String> {
+        d.records
+            .iter()
+            .map(|r| match &r.content {
+                Content::Text(t) => t.clone(),
+                Content::Chat(c) => format!("{} messages", c.messages.len()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped_at_the_start_and_refused_elsewhere() {
+        let jsonl = "\u{feff}{\"text\": \"a\"}\r\n{\"text\": \"b\"}\r\n";
+        assert_eq!(texts(&read_as("a.jsonl", jsonl, None).unwrap()), ["a", "b"]);
+        let json = "\u{feff}[{\"text\": \"a\"}, {\"text\": \"b\"}]";
+        assert_eq!(texts(&read_as("a.json", json, None).unwrap()), ["a", "b"]);
+        let text = "\u{feff}one\n\ntwo";
+        let d = read_as("a.txt", text, Some("\n\n")).unwrap();
+        assert_eq!(texts(&d), ["one", "two"]);
+        // A mark inside a JSON string is text, not a mark.
+        let inside = "{\"text\": \"x\u{feff}y\"}\n";
+        assert_eq!(
+            texts(&read_as("i.jsonl", inside, None).unwrap()),
+            ["x\u{feff}y"]
+        );
+
+        let joined = "{\"text\": \"a\"}\n\u{feff}{\"text\": \"b\"}\n";
+        let e = read_as("j.jsonl", joined, None).unwrap_err();
+        assert!(
+            e.contains("j.jsonl:2: a UTF-8 byte-order mark (U+FEFF)"),
+            "{e}"
+        );
+        let joined = "one\n\ntwo\n\u{feff}three\n\nfour";
+        let e = read_as("j.txt", joined, Some("\n\n")).unwrap_err();
+        assert!(e.contains("j.txt (line 4): a UTF-8 byte-order mark"), "{e}");
+        let e = read_as("k.txt", "a\nb\u{feff}", None).unwrap_err();
+        assert!(e.contains("k.txt (line 2): a UTF-8 byte-order mark"), "{e}");
+    }
+
+    #[test]
+    fn records_without_text_are_skipped_and_counted_and_a_source_of_none_refused() {
+        let jsonl = [
+            "{\"text\": \"kept\"}",
+            "{\"text\": null}",
+            "{\"text\": \"\"}",
+            "{\"title\": \"no text\"}",
+            "{\"messages\": []}",
+            "{\"messages\": null}",
+            "{\"text\": null, \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}",
+        ]
+        .join("\n");
+        let d = read_as("m.jsonl", &jsonl, None).unwrap();
+        assert_eq!(texts(&d), ["kept", "1 messages"]);
+        assert_eq!(d.skipped_no_text, 5);
+        assert!(d.records[1].at.ends_with("m.jsonl:7"));
+        let array = "[{\"text\": null}, {\"text\": \"kept\"}, {}]";
+        let d = read_as("m.json", array, None).unwrap();
+        assert_eq!(
+            (texts(&d), d.skipped_no_text),
+            (vec!["kept".to_string()], 2)
+        );
+        // A field of another type is still an error, naming the record.
+        let e = read_as("n.jsonl", "{\"text\": 7}\n", None).unwrap_err();
+        assert!(
+            e.contains("n.jsonl:1: field \"text\" is not a string"),
+            "{e}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.parquet");
+        let text = StringArray::from(vec![Some("a"), None, Some(""), Some("b")]);
+        write_parquet(&p, vec![("text", Arc::new(text) as ArrayRef)]);
+        let d = read_source(&src(&p), &p, None).unwrap();
+        assert_eq!(
+            (texts(&d), d.skipped_no_text),
+            (vec!["a".into(), "b".into()], 2)
+        );
+        assert!(d.records[1].at.ends_with("t.parquet (row 4)"));
+        let m = dir.path().join("m.parquet");
+        let messages = StringArray::from(vec![
+            None,
+            Some("[]"),
+            Some(r#"[{"role":"user","content":"hi"}]"#),
+        ]);
+        write_parquet(&m, vec![("messages", Arc::new(messages) as ArrayRef)]);
+        let d = read_source(&src(&m), &m, None).unwrap();
+        assert_eq!(
+            (texts(&d), d.skipped_no_text),
+            (vec!["1 messages".into()], 2)
+        );
+
+        let e = read_as("none.jsonl", "{\"text\": null}\n{\"body\": \"x\"}\n", None).unwrap_err();
+        assert!(
+            e.contains("none.jsonl: no record has text: all 2 records have a null, empty or absent \"text\""),
+            "{e}"
         );
     }
 }
