@@ -407,8 +407,9 @@ pub struct SourceConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
     /// Directory and glob sources: files larger than this many bytes are
-    /// skipped and counted (default 1048576); so are binary files (a NUL
-    /// byte or invalid UTF-8) of a text source.
+    /// skipped and counted (default 1048576), as are binary files (a NUL
+    /// byte or invalid UTF-8) of a text source; a compressed file that
+    /// decompresses to more bytes is refused, naming it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_file_bytes: Option<u64>,
     /// JSON sources with images: the directory their records' image paths

@@ -227,14 +227,95 @@ pub fn detect(cfg: &SourceConfig, file: &Path) -> Result<(SourceFormat, Compress
     Ok((format, compression))
 }
 
-/// Opens a file for streaming, decompressing it as `compression` says.
-pub fn open(path: &Path, compression: Compression) -> std::io::Result<Box<dyn Read>> {
+/// Bytes a compressed file named alone as a source may decompress to:
+/// 1 GiB (a file listed by a directory or glob source has its
+/// `max_file_bytes` instead). A larger corpus file can be read
+/// decompressed, its size then told by the file system.
+pub const MAX_DECOMPRESSED_BYTES: u64 = 1 << 30;
+
+/// How many bytes a compressed file may decompress to, and the rule that
+/// says so (named in the refusal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// The most decompressed bytes.
+    pub bytes: u64,
+    /// Where the limit comes from.
+    pub rule: &'static str,
+}
+
+impl Budget {
+    /// The budget of a compressed file: `max_file_bytes` (its default when
+    /// unset) in a directory or glob source (`many`), else
+    /// [`MAX_DECOMPRESSED_BYTES`].
+    pub fn of(cfg: &SourceConfig, many: bool) -> Budget {
+        match many {
+            true => Budget {
+                bytes: cfg.max_file_bytes.unwrap_or(DEFAULT_MAX_FILE_BYTES),
+                rule: "the source's max_file_bytes, which a directory or glob source \
+                       applies to each file's decompressed size",
+            },
+            false => Budget {
+                bytes: MAX_DECOMPRESSED_BYTES,
+                rule: "the limit for a compressed source file; decompress it to read \
+                       more",
+            },
+        }
+    }
+}
+
+/// Opens a file for streaming, decompressing it as `compression` says; a
+/// compressed file's reader fails once it has given more than `budget`'s
+/// bytes, so a small file that decompresses to gigabytes is refused after
+/// reading no more than the budget.
+pub fn open(
+    path: &Path,
+    compression: Compression,
+    budget: Budget,
+) -> std::io::Result<Box<dyn Read>> {
     let file = std::io::BufReader::with_capacity(1 << 16, std::fs::File::open(path)?);
+    let limited = |inner: Box<dyn Read>| -> Box<dyn Read> {
+        Box::new(Limited {
+            inner,
+            given: 0,
+            budget,
+        })
+    };
     Ok(match compression {
         Compression::None => Box::new(file),
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(file)),
-        Compression::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(file)?),
+        Compression::Gzip => limited(Box::new(flate2::read::MultiGzDecoder::new(file))),
+        Compression::Zstd => limited(Box::new(zstd::stream::read::Decoder::with_buffer(file)?)),
     })
+}
+
+/// A reader that fails once it has given more than its budget's bytes.
+struct Limited {
+    inner: Box<dyn Read>,
+    given: u64,
+    budget: Budget,
+}
+
+impl Read for Limited {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // At most one byte past the budget is asked for, so exceeding it
+        // is seen without reading (or holding) more.
+        let left = self.budget.bytes - self.given.min(self.budget.bytes);
+        let room = usize::try_from(left)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1);
+        let take = buf.len().min(room);
+        let n = self.inner.read(&mut buf[..take])?;
+        self.given += n as u64;
+        if self.given > self.budget.bytes {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "decompresses to more than {} bytes, {}",
+                    self.budget.bytes, self.budget.rule
+                ),
+            ));
+        }
+        Ok(n)
+    }
 }
 
 /// Whether text bytes look binary: a NUL byte (git's test) or invalid UTF-8.
@@ -348,5 +429,50 @@ mod tests {
             Ok((SourceFormat::Text, Compression::Gzip))
         );
         assert!(is_binary(b"a\0b") && is_binary(&[0xff, 0xfe]) && !is_binary("日本".as_bytes()));
+    }
+
+    /// A compressed file gives its bytes up to the budget, and an error
+    /// naming the budget's rule on the byte past it; the budget is the
+    /// source's `max_file_bytes` in a directory or glob source.
+    #[test]
+    fn a_compressed_file_is_read_up_to_its_budget() {
+        use std::io::Write;
+        let d = tempfile::tempdir().unwrap();
+        let text = "0123456789".repeat(100);
+        let gz = d.path().join("a.txt.gz");
+        let mut enc = flate2::write::GzEncoder::new(
+            std::fs::File::create(&gz).unwrap(),
+            flate2::Compression::default(),
+        );
+        enc.write_all(text.as_bytes()).unwrap();
+        enc.finish().unwrap();
+        let zst = d.path().join("a.txt.zst");
+        std::fs::write(&zst, zstd::encode_all(text.as_bytes(), 3).unwrap()).unwrap();
+        let mut c = cfg("dir");
+        c.max_file_bytes = Some(1000);
+        assert_eq!(Budget::of(&c, true).bytes, 1000);
+        assert_eq!(Budget::of(&c, false).bytes, MAX_DECOMPRESSED_BYTES);
+        for (path, compression) in [(&gz, Compression::Gzip), (&zst, Compression::Zstd)] {
+            let mut all = String::new();
+            open(path, compression, Budget::of(&c, true))
+                .unwrap()
+                .read_to_string(&mut all)
+                .unwrap();
+            assert_eq!(all, text);
+            c.max_file_bytes = Some(999);
+            let mut part = Vec::new();
+            let e = open(path, compression, Budget::of(&c, true))
+                .unwrap()
+                .read_to_end(&mut part)
+                .unwrap_err();
+            assert!(
+                e.to_string().starts_with(
+                    "decompresses to more than 999 bytes, the source's max_file_bytes"
+                ),
+                "{e}"
+            );
+            assert!(part.len() <= 1000, "{}", part.len());
+            c.max_file_bytes = Some(1000);
+        }
     }
 }

@@ -15,7 +15,9 @@
 //! The only crate besides the worker that links llama.cpp (for the model's
 //! tokenizer and mtmd); nothing after it in the data flow depends on it.
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
+// Unsafe code only in the chat template's metered allocator
+// (`template::budget`), which allows it there.
+#![deny(unsafe_code)]
 
 pub mod chat;
 pub mod dedup;
@@ -298,6 +300,12 @@ pub fn summary(m: &Manifest) -> String {
                 src.records,
                 src.skipped_binary,
                 src.skipped_large
+            );
+        }
+        for src in d.sources.iter().filter(|src| src.skipped_no_text > 0) {
+            s += &format!(
+                "  {}: {} records without text skipped (null, empty or absent text or messages)\n",
+                src.path, src.skipped_no_text
             );
         }
     }

@@ -198,6 +198,7 @@ fn read_all(
             files,
             skipped_binary,
             skipped_large,
+            skipped_no_text,
         } = read_source(s, &config.resolve(&s.path), group_key)?;
         let many = files != 1 || skipped_binary + skipped_large > 0;
         out.sources.push(SourceInfo {
@@ -208,6 +209,7 @@ fn read_all(
             files: many.then_some(files),
             skipped_binary,
             skipped_large,
+            skipped_no_text,
         });
         out.hashes.push(sha256);
         out.records.extend(records);

@@ -5,7 +5,7 @@
 
 use super::chat::{self, Chat, Message, Role};
 use super::error::CorpusError;
-use super::files::{self, Compression, Listing, SourceFile};
+use super::files::{self, Budget, Compression, Listing, SourceFile};
 use super::json_array;
 use arrow::array::{Array, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::DataType;
@@ -83,6 +83,37 @@ pub struct SourceData {
     pub skipped_binary: u64,
     /// Files of a directory or glob skipped for their size.
     pub skipped_large: u64,
+    /// Records skipped for having no text: their text (or messages) null,
+    /// empty or absent.
+    pub skipped_no_text: u64,
+}
+
+/// The UTF-8 byte-order mark, which Windows tools write at the start of a
+/// text file: skipped there, refused (naming the line) anywhere else.
+pub const BOM: &str = "\u{feff}";
+
+/// The error for a byte-order mark past the start of a file.
+fn stray_bom() -> String {
+    "a UTF-8 byte-order mark (U+FEFF) where only the start of the file may have one \
+     (files joined together keep each one's mark: remove it)"
+        .into()
+}
+
+/// `reader` without a byte-order mark at its start.
+fn skip_bom(mut reader: Box<dyn Read>) -> std::io::Result<Box<dyn Read>> {
+    let mut head = [0u8; 3];
+    let mut n = 0;
+    while n < 3 {
+        match reader.read(&mut head[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    let keep = match &head[..n] == BOM.as_bytes() {
+        true => Vec::new(),
+        false => head[..n].to_vec(),
+    };
+    Ok(Box::new(std::io::Cursor::new(keep).chain(reader)))
 }
 
 /// Hashes a source without parsing it (for the inputs fingerprint): the
@@ -145,6 +176,7 @@ pub fn read_source(
         files: 0,
         skipped_binary: 0,
         skipped_large: listing.skipped_large,
+        skipped_no_text: 0,
     };
     for f in &listing.files {
         let (format, compression) =
@@ -159,11 +191,18 @@ pub fn read_source(
                 source,
             })?
             .len();
+        let opened = Opened {
+            file: f,
+            compression,
+            budget: Budget::of(cfg, listing.many),
+        };
         let records = match format {
-            SourceFormat::Jsonl => read_jsonl(cfg, f, compression, group_key)?,
-            SourceFormat::Json => read_json_array(cfg, f, compression, group_key)?,
-            SourceFormat::Parquet => read_parquet(cfg, f, group_key)?,
-            SourceFormat::Text => match read_text(cfg, f, compression, listing.many)? {
+            SourceFormat::Jsonl => read_jsonl(cfg, &opened, group_key, &mut data.skipped_no_text)?,
+            SourceFormat::Json => {
+                read_json_array(cfg, &opened, group_key, &mut data.skipped_no_text)?
+            }
+            SourceFormat::Parquet => read_parquet(cfg, f, group_key, &mut data.skipped_no_text)?,
+            SourceFormat::Text => match read_text(cfg, &opened, listing.many)? {
                 Some(r) => r,
                 None => {
                     data.skipped_binary += 1;
@@ -177,6 +216,16 @@ pub fn read_source(
         hashes.push((f, sha));
     }
     data.sha256 = combined_sha256(&listing, &hashes);
+    if data.records.is_empty() && data.skipped_no_text > 0 {
+        return Err(CorpusError::Source {
+            path: path.to_path_buf(),
+            message: format!(
+                "no record has text: all {} records have a null, empty or absent {:?} \
+                 (or {:?}) field",
+                data.skipped_no_text, cfg.text_field, cfg.messages_field
+            ),
+        });
+    }
     if let Some(r) = data
         .records
         .iter()
@@ -194,64 +243,157 @@ pub fn read_source(
     Ok(data)
 }
 
-/// Opens a file of a source, decompressed, naming it when that fails.
-fn open(f: &SourceFile, compression: Compression) -> Result<Box<dyn Read>, CorpusError> {
-    files::open(&f.path, compression).map_err(|source| CorpusError::Io {
-        path: f.path.clone(),
-        source,
-    })
+/// A file of a source with how it is to be read.
+struct Opened<'a> {
+    file: &'a SourceFile,
+    compression: Compression,
+    /// What it may decompress to (when compressed).
+    budget: Budget,
 }
 
-/// A text file's documents; `None` for a binary file of a directory or
-/// glob (skipped), which a file named alone is refused for.
+impl Opened<'_> {
+    /// The file, decompressed within its budget, named when it fails.
+    fn open(&self) -> Result<Box<dyn Read>, CorpusError> {
+        files::open(&self.file.path, self.compression, self.budget).map_err(|e| self.io(e))
+    }
+
+    fn io(&self, source: std::io::Error) -> CorpusError {
+        CorpusError::Io {
+            path: self.file.path.clone(),
+            source,
+        }
+    }
+}
+
+/// A text file's documents (split on the source's `separator`), streamed:
+/// a document is refused (named by file and number) as soon as it grows
+/// past [`MAX_DOCUMENT_BYTES`], before more of it is read. `None` for a
+/// binary file of a directory or glob (skipped), which a file named alone
+/// is refused for.
 fn read_text(
     cfg: &SourceConfig,
-    f: &SourceFile,
-    compression: Compression,
+    opened: &Opened,
     many: bool,
 ) -> Result<Option<Vec<Record>>, CorpusError> {
-    let mut bytes = Vec::new();
-    open(f, compression)?
-        .read_to_end(&mut bytes)
-        .map_err(|source| CorpusError::Io {
-            path: f.path.clone(),
-            source,
-        })?;
-    if many && files::is_binary(&bytes) {
+    let f = opened.file;
+    let mut reader = skip_bom(opened.open()?).map_err(|e| opened.io(e))?;
+    let sep = cfg.separator.as_deref().filter(|s| !s.is_empty());
+    let mut pieces = TextPieces {
+        shown: f.shown.display().to_string(),
+        n: 0,
+        line: 1,
+        sep_lines: sep.map_or(0, |s| s.matches('\n').count()),
+        records: Vec::new(),
+    };
+    let mut pending: Vec<u8> = Vec::new();
+    // Where the search for the next separator resumes in `pending`.
+    let mut scanned = 0;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = reader.read(&mut buf).map_err(|e| opened.io(e))?;
+        if n == 0 {
+            break;
+        }
+        if many && buf[..n].contains(&0) {
+            return Ok(None);
+        }
+        pending.extend_from_slice(&buf[..n]);
+        if let Some(sep) = sep.map(str::as_bytes) {
+            let mut start = 0;
+            while let Some(at) = find(&pending[scanned..], sep) {
+                let end = scanned + at;
+                if !pieces.push(&pending[start..end], many, &f.path)? {
+                    return Ok(None);
+                }
+                start = end + sep.len();
+                scanned = start;
+            }
+            pending.drain(..start);
+            scanned = pending.len().saturating_sub(sep.len() - 1);
+        }
+        let held = pending.len() - sep.map_or(0, |s| s.len() - 1).min(pending.len());
+        if held > MAX_DOCUMENT_BYTES {
+            return Err(CorpusError::Record {
+                at: format!("{} (document {})", f.shown.display(), pieces.n + 1),
+                message: format!(
+                    "document of more than {MAX_DOCUMENT_BYTES} bytes exceeds the per-document \
+                     limit of {MAX_DOCUMENT_BYTES} bytes (split it into smaller documents)"
+                ),
+            });
+        }
+    }
+    if !pieces.push(&pending, many, &f.path)? {
         return Ok(None);
     }
-    let text = std::str::from_utf8(&bytes).map_err(|e| CorpusError::Source {
-        path: f.path.clone(),
-        message: format!("not UTF-8 text ({e})"),
-    })?;
-    let pieces: Vec<&str> = match &cfg.separator {
-        Some(sep) if !sep.is_empty() => text.split(sep.as_str()).collect(),
-        _ => vec![text],
-    };
-    Ok(Some(
-        pieces
-            .into_iter()
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .enumerate()
-            .map(|(i, p)| Record {
-                at: format!("{} (document {})", f.shown.display(), i + 1),
-                content: Content::Text(p.to_string()),
+    Ok(Some(pieces.records))
+}
+
+/// The documents of a text file as they are split off.
+struct TextPieces {
+    shown: String,
+    /// Documents kept so far.
+    n: usize,
+    /// The line the next piece starts on.
+    line: usize,
+    /// Lines a separator spans.
+    sep_lines: usize,
+    records: Vec<Record>,
+}
+
+impl TextPieces {
+    /// Keeps `piece` (trimmed) as the next document unless it is blank;
+    /// false when it is not UTF-8 in a directory or glob source (the file
+    /// is binary and skipped), an error when it is not in a file named alone.
+    fn push(&mut self, piece: &[u8], many: bool, path: &Path) -> Result<bool, CorpusError> {
+        let text = match std::str::from_utf8(piece) {
+            Ok(t) => t,
+            Err(_) if many => return Ok(false),
+            Err(e) => {
+                return Err(CorpusError::Source {
+                    path: path.to_path_buf(),
+                    message: format!("not UTF-8 text ({e})"),
+                })
+            }
+        };
+        if let Some(at) = text.find(BOM) {
+            return Err(CorpusError::Record {
+                at: format!(
+                    "{} (line {})",
+                    self.shown,
+                    self.line + text[..at].matches('\n').count()
+                ),
+                message: stray_bom(),
+            });
+        }
+        self.line += text.matches('\n').count() + self.sep_lines;
+        let text = text.trim();
+        if !text.is_empty() {
+            self.n += 1;
+            self.records.push(Record {
+                at: format!("{} (document {})", self.shown, self.n),
+                content: Content::Text(text.to_string()),
                 group: None,
                 images: Vec::new(),
-            })
-            .collect(),
-    ))
+            });
+        }
+        Ok(true)
+    }
+}
+
+/// Where `needle` first occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// JSON lines, streamed line by line.
 fn read_jsonl(
     cfg: &SourceConfig,
-    f: &SourceFile,
-    compression: Compression,
+    opened: &Opened,
     group_key: Option<&str>,
+    no_text: &mut u64,
 ) -> Result<Vec<Record>, CorpusError> {
-    let mut reader = std::io::BufReader::new(open(f, compression)?);
+    let f = opened.file;
+    let mut reader = std::io::BufReader::new(opened.open()?);
     let mut out = Vec::new();
     let mut line = Vec::new();
     for i in 0.. {
@@ -279,30 +421,45 @@ fn read_jsonl(
             )));
         }
         let text = std::str::from_utf8(&line).map_err(|e| bad(format!("not UTF-8 text ({e})")))?;
+        let text = match (i, text.strip_prefix(BOM)) {
+            (0, Some(rest)) => rest,
+            (_, Some(_)) => return Err(bad(stray_bom())),
+            (_, None) => text,
+        };
         if text.trim().is_empty() {
             continue;
         }
         let value: Value =
             serde_json::from_str(text).map_err(|e| bad(format!("malformed JSON: {e}")))?;
         let at = format!("{}:{}", f.shown.display(), i + 1);
-        out.push(json_record(cfg, &f.path, &value, at, group_key).map_err(bad)?);
+        match json_record(cfg, &f.path, &value, at, group_key).map_err(bad)? {
+            Some(r) => out.push(r),
+            None => *no_text += 1,
+        }
     }
     Ok(out)
 }
 
-/// A JSON array of records, streamed element by element.
+/// A JSON array of records, streamed element by element, each at most
+/// [`MAX_LINE_BYTES`] of JSON (a JSON lines record's limit), refused before
+/// more of it is read.
 fn read_json_array(
     cfg: &SourceConfig,
-    f: &SourceFile,
-    compression: Compression,
+    opened: &Opened,
     group_key: Option<&str>,
+    no_text: &mut u64,
 ) -> Result<Vec<Record>, CorpusError> {
+    let f = opened.file;
     let mut out = Vec::new();
     let mut failed_at = None;
-    let read = json_array::for_each(open(f, compression)?, &mut |i, value| {
+    let reader = std::io::BufReader::new(skip_bom(opened.open()?).map_err(|e| opened.io(e))?);
+    let read = json_array::for_each(reader, MAX_LINE_BYTES as u64, &mut |i, value| {
         let at = format!("{} (record {})", f.shown.display(), i + 1);
         failed_at = Some(i + 1);
-        out.push(json_record(cfg, &f.path, &value, at, group_key)?);
+        match json_record(cfg, &f.path, &value, at, group_key)? {
+            Some(r) => out.push(r),
+            None => *no_text += 1,
+        }
         failed_at = None;
         Ok(())
     });
@@ -358,17 +515,21 @@ fn chat_fields(cfg: &SourceConfig) -> chat::Fields<'_> {
 }
 
 /// One JSON record (a JSONL line, an element of a JSON array) of the file
-/// `file`, located at `at`: text (captioned images) or chat.
+/// `file`, located at `at`: text (captioned images) or chat; `None` for a
+/// record without text (its text, or its messages, null, empty or absent),
+/// which the source skips and counts.
 fn json_record(
     cfg: &SourceConfig,
     file: &Path,
     value: &Value,
     at: String,
     group_key: Option<&str>,
-) -> Result<Record, String> {
+) -> Result<Option<Record>, String> {
     let obj = value.as_object().ok_or("record is not a JSON object")?;
+    // A null field is an absent one.
+    let has = |k: &str| obj.get(k).is_some_and(|v| !v.is_null());
     let mut names = Vec::new();
-    let content = if let Some(field) = text_field_of(cfg, |k| obj.contains_key(k)) {
+    let content = if let Some(field) = text_field_of(cfg, has) {
         let t = obj[field]
             .as_str()
             .ok_or_else(|| format!("field {field:?} is not a string"))?;
@@ -377,9 +538,13 @@ fn json_record(
                 names = image_names(v)?;
                 Content::Text(captioned(names.len(), t))
             }
+            None if t.is_empty() => return Ok(None),
             None => Content::Text(t.to_string()),
         }
-    } else if let Some(field) = messages_field_of(cfg, |k| obj.contains_key(k)) {
+    } else if let Some(field) = messages_field_of(cfg, has) {
+        if obj[field].as_array().is_some_and(Vec::is_empty) {
+            return Ok(None);
+        }
         let messages = chat::messages_from_json(&obj[field], chat_fields(cfg), &mut |parts| {
             content_parts(parts, &mut names)
         })?;
@@ -389,10 +554,7 @@ fn json_record(
         };
         Content::Chat(Chat { messages, tools })
     } else {
-        return Err(format!(
-            "record has neither a {:?} nor a {:?} field",
-            cfg.text_field, cfg.messages_field
-        ));
+        return Ok(None);
     };
     if !names.is_empty() {
         check_markers(&content, names.len())?;
@@ -409,12 +571,12 @@ fn json_record(
         Value::Null => None,
         other => Some(other.to_string()),
     });
-    Ok(Record {
+    Ok(Some(Record {
         at,
         content,
         group,
         images,
-    })
+    }))
 }
 
 /// JSONL field naming a record's image (a path, or an array of paths) in
@@ -487,6 +649,7 @@ fn read_parquet(
     cfg: &SourceConfig,
     f: &SourceFile,
     group_key: Option<&str>,
+    no_text: &mut u64,
 ) -> Result<Vec<Record>, CorpusError> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let path = f.path.as_path();
@@ -535,11 +698,9 @@ fn read_parquet(
         if let Some(text_field) = text_field {
             let text = string_column(&batch, text_field).map_err(&fail)?;
             for row in 0..batch.num_rows() {
-                if text.is_null(row) {
-                    return Err(CorpusError::Record {
-                        at: shown(row),
-                        message: format!("column {text_field:?} is null"),
-                    });
+                if text.is_null(row) || text.value(row).is_empty() {
+                    *no_text += 1;
+                    continue;
                 }
                 out.push(Record {
                     at: at(row),
@@ -560,7 +721,10 @@ fn read_parquet(
                     at: shown(row),
                     message,
                 };
-                let messages = m.map_err(record_error)?;
+                let Some(messages) = m.map_err(record_error)? else {
+                    *no_text += 1;
+                    continue;
+                };
                 let tools = match tools.as_ref().filter(|t| t.is_valid(row)) {
                     Some(t) => chat::tools_from_json(&Value::String(t.value(row).into()))
                         .map_err(record_error)?,
@@ -591,12 +755,13 @@ fn string_column(batch: &RecordBatch, name: &str) -> Result<StringArray, String>
     Ok(cast.as_string::<i32>().clone())
 }
 
-/// A messages column: JSON text, or a list of structs with `role` and `content`.
+/// A messages column: JSON text, or a list of structs with `role` and
+/// `content`; `None` for a row whose messages are null or empty.
 fn messages_column(
     batch: &RecordBatch,
     name: &str,
     fields: chat::Fields<'_>,
-) -> Result<Vec<Result<Vec<Message>, String>>, String> {
+) -> Result<Vec<Result<Option<Vec<Message>>, String>>, String> {
     let col = batch
         .column_by_name(name)
         .ok_or_else(|| format!("no column {name:?}"))?;
@@ -608,6 +773,9 @@ fn messages_column(
             let list = list.as_list::<i32>();
             Ok(rows
                 .map(|row| {
+                    if list.is_null(row) || list.value_length(row) == 0 {
+                        return Ok(None);
+                    }
                     let items = list.value(row);
                     let items = items.as_struct_opt().ok_or_else(|| {
                         format!("column {name:?} is not a list of {{role, content}}")
@@ -635,7 +803,8 @@ fn messages_column(
                                 contents.value(i),
                             ))
                         })
-                        .collect()
+                        .collect::<Result<_, String>>()
+                        .map(Some)
                 })
                 .collect())
         }
@@ -643,6 +812,9 @@ fn messages_column(
             let text = string_column(batch, name)?;
             Ok(rows
                 .map(|row| {
+                    if text.is_null(row) || text.value(row).is_empty() {
+                        return Ok(None);
+                    }
                     let v: Value = serde_json::from_str(text.value(row))
                         .map_err(|e| format!("column {name:?} is not JSON messages ({e})"))?;
                     let mut images = Vec::new();
@@ -650,7 +822,7 @@ fn messages_column(
                         content_parts(parts, &mut images)
                     })?;
                     match images.is_empty() {
-                        true => Ok(m),
+                        true => Ok(Some(m).filter(|m| !m.is_empty())),
                         false => Err(format!(
                             "column {name:?}: image parts are read from JSONL sources only"
                         )),
@@ -914,6 +1086,114 @@ mod tests {
         assert!(
             err.contains("cannot read") && err.contains("nope.txt"),
             "{err}"
+        );
+    }
+
+    /// Reads `text` as file `name` (with `separator` for text).
+    fn read_as(name: &str, text: &str, separator: Option<&str>) -> Result<SourceData, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        let mut cfg = src(&p);
+        cfg.separator = separator.map(str::to_string);
+        read_source(&cfg, &p, None).map_err(|e| e.to_string())
+    }
+
+    fn texts(d: &SourceData) -> Vec<String> {
+        d.records
+            .iter()
+            .map(|r| match &r.content {
+                Content::Text(t) => t.clone(),
+                Content::Chat(c) => format!("{} messages", c.messages.len()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped_at_the_start_and_refused_elsewhere() {
+        let jsonl = "\u{feff}{\"text\": \"a\"}\r\n{\"text\": \"b\"}\r\n";
+        assert_eq!(texts(&read_as("a.jsonl", jsonl, None).unwrap()), ["a", "b"]);
+        let json = "\u{feff}[{\"text\": \"a\"}, {\"text\": \"b\"}]";
+        assert_eq!(texts(&read_as("a.json", json, None).unwrap()), ["a", "b"]);
+        let text = "\u{feff}one\n\ntwo";
+        let d = read_as("a.txt", text, Some("\n\n")).unwrap();
+        assert_eq!(texts(&d), ["one", "two"]);
+        // A mark inside a JSON string is text, not a mark.
+        let inside = "{\"text\": \"x\u{feff}y\"}\n";
+        assert_eq!(
+            texts(&read_as("i.jsonl", inside, None).unwrap()),
+            ["x\u{feff}y"]
+        );
+
+        let joined = "{\"text\": \"a\"}\n\u{feff}{\"text\": \"b\"}\n";
+        let e = read_as("j.jsonl", joined, None).unwrap_err();
+        assert!(
+            e.contains("j.jsonl:2: a UTF-8 byte-order mark (U+FEFF)"),
+            "{e}"
+        );
+        let joined = "one\n\ntwo\n\u{feff}three\n\nfour";
+        let e = read_as("j.txt", joined, Some("\n\n")).unwrap_err();
+        assert!(e.contains("j.txt (line 4): a UTF-8 byte-order mark"), "{e}");
+        let e = read_as("k.txt", "a\nb\u{feff}", None).unwrap_err();
+        assert!(e.contains("k.txt (line 2): a UTF-8 byte-order mark"), "{e}");
+    }
+
+    #[test]
+    fn records_without_text_are_skipped_and_counted_and_a_source_of_none_refused() {
+        let jsonl = [
+            "{\"text\": \"kept\"}",
+            "{\"text\": null}",
+            "{\"text\": \"\"}",
+            "{\"title\": \"no text\"}",
+            "{\"messages\": []}",
+            "{\"messages\": null}",
+            "{\"text\": null, \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}",
+        ]
+        .join("\n");
+        let d = read_as("m.jsonl", &jsonl, None).unwrap();
+        assert_eq!(texts(&d), ["kept", "1 messages"]);
+        assert_eq!(d.skipped_no_text, 5);
+        assert!(d.records[1].at.ends_with("m.jsonl:7"));
+        let array = "[{\"text\": null}, {\"text\": \"kept\"}, {}]";
+        let d = read_as("m.json", array, None).unwrap();
+        assert_eq!(
+            (texts(&d), d.skipped_no_text),
+            (vec!["kept".to_string()], 2)
+        );
+        // A field of another type is still an error, naming the record.
+        let e = read_as("n.jsonl", "{\"text\": 7}\n", None).unwrap_err();
+        assert!(
+            e.contains("n.jsonl:1: field \"text\" is not a string"),
+            "{e}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.parquet");
+        let text = StringArray::from(vec![Some("a"), None, Some(""), Some("b")]);
+        write_parquet(&p, vec![("text", Arc::new(text) as ArrayRef)]);
+        let d = read_source(&src(&p), &p, None).unwrap();
+        assert_eq!(
+            (texts(&d), d.skipped_no_text),
+            (vec!["a".into(), "b".into()], 2)
+        );
+        assert!(d.records[1].at.ends_with("t.parquet (row 4)"));
+        let m = dir.path().join("m.parquet");
+        let messages = StringArray::from(vec![
+            None,
+            Some("[]"),
+            Some(r#"[{"role":"user","content":"hi"}]"#),
+        ]);
+        write_parquet(&m, vec![("messages", Arc::new(messages) as ArrayRef)]);
+        let d = read_source(&src(&m), &m, None).unwrap();
+        assert_eq!(
+            (texts(&d), d.skipped_no_text),
+            (vec!["1 messages".into()], 2)
+        );
+
+        let e = read_as("none.jsonl", "{\"text\": null}\n{\"body\": \"x\"}\n", None).unwrap_err();
+        assert!(
+            e.contains("none.jsonl: no record has text: all 2 records have a null, empty or absent \"text\""),
+            "{e}"
         );
     }
 }

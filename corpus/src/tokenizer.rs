@@ -6,7 +6,7 @@
 use super::chat::{Chat, ChatKwargs};
 use super::error::CorpusError;
 use super::media::ImageRef;
-use super::template::ChatTemplate;
+use super::template::{ChatTemplate, TemplateError};
 use super::vision::{ImageTokens, Vision};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -14,7 +14,7 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// Inputs larger than this (bytes) get a progress bar.
@@ -71,6 +71,8 @@ pub struct LlamaTokenizer {
     // before it.
     vision: Option<(Vision, String)>,
     model: LlamaModel,
+    /// The model file, named when its chat template exceeds its budget.
+    path: PathBuf,
     template: Option<LlamaChatTemplate>,
     /// The template compiled as Jinja; `None` (with a warning at load) where
     /// the Jinja engine cannot compile it and llama.cpp's built-in
@@ -100,7 +102,10 @@ impl LlamaTokenizer {
         let model = LlamaModel::load_from_file(backend, path, &params)
             .map_err(|e| fail(format!("llama.cpp cannot load its vocabulary ({e})")))?;
         let template = model.chat_template(None).ok();
-        let jinja = template.as_ref().and_then(|t| jinja_template(&model, t));
+        let jinja = match &template {
+            Some(t) => jinja_template(&model, t).map_err(&fail)?,
+            None => None,
+        };
         let vision = match mmproj {
             Some(m) => {
                 let sha = super::sha256_file(m)?;
@@ -116,6 +121,7 @@ impl LlamaTokenizer {
         Ok(LlamaTokenizer {
             vision,
             model,
+            path: path.to_path_buf(),
             template,
             jinja,
         })
@@ -169,7 +175,10 @@ impl Tokenizer for LlamaTokenizer {
             .as_ref()
             .ok_or("the model has no chat template (tokenizer.chat_template), so chat records cannot be rendered")?;
         if let Some(jinja) = &self.jinja {
-            return jinja.render(chat, kwargs);
+            return jinja.render(chat, kwargs).map_err(|e| match e {
+                TemplateError::OverBudget(why) => format!("model {}: {why}", self.path.display()),
+                TemplateError::Invalid(why) => why,
+            });
         }
         let chat = chat
             .messages
@@ -204,8 +213,12 @@ impl Tokenizer for LlamaTokenizer {
 /// The model's chat template compiled as Jinja, with the vocabulary's BOS
 /// and EOS texts and today's date; `None`, with a warning, when the engine
 /// cannot compile it (llama.cpp's built-in renderer then stands in, as
-/// llama-server without `--jinja`).
-fn jinja_template(model: &LlamaModel, template: &LlamaChatTemplate) -> Option<ChatTemplate> {
+/// llama-server without `--jinja`); an error when its probe renderings
+/// exceed the template budget.
+fn jinja_template(
+    model: &LlamaModel,
+    template: &LlamaChatTemplate,
+) -> Result<Option<ChatTemplate>, String> {
     let vocab = model.vocab();
     let piece = |t| String::from_utf8_lossy(&vocab.token_to_piece(t, true, None)).into_owned();
     let source = template.as_c_str().to_string_lossy();
@@ -215,13 +228,14 @@ fn jinja_template(model: &LlamaModel, template: &LlamaChatTemplate) -> Option<Ch
         &piece(vocab.eos()),
         chrono::Utc::now(),
     ) {
-        Ok(t) => Some(t),
-        Err(e) => {
+        Ok(t) => Ok(Some(t)),
+        Err(TemplateError::OverBudget(why)) => Err(why),
+        Err(TemplateError::Invalid(e)) => {
             tracing::warn!(
                 "{e}: chat records are rendered by llama.cpp's built-in templates instead, \
                  which may differ from what llama-server --jinja serves"
             );
-            None
+            Ok(None)
         }
     }
 }

@@ -96,6 +96,10 @@ pub struct SourceInfo {
     /// (`max_file_bytes`).
     #[serde(skip_serializing_if = "is_zero")]
     pub skipped_large: u64,
+    /// Records skipped for having no text (their text, or messages, null,
+    /// empty or absent); absent in manifests written before it was counted.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub skipped_no_text: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

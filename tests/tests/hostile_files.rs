@@ -14,6 +14,13 @@
 //!   absolute path, a symbolic link leading out) and a PNG whose header
 //!   claims 64 megapixels in a small file.
 //! - A JSONL line larger than a line may be, refused before it is parsed.
+//! - Chat templates that hang or swell the renderer (issue 53, finding 2):
+//!   a doubling string, a nested 10^5 x 10^5 loop, output inside it.
+//! - Compressed sources that decompress to 4 GiB (issue 53, finding 3): a
+//!   `.txt.gz`, a `.txt.zst` in a directory source, a `.json.gz` holding one
+//!   4 GiB string.
+//! - An `expert_count` of 2^32 - 1 (issue 53, finding 5): llama.cpp's loader
+//!   aborts on `GGML_ASSERT(n_expert <= LLAMA_MAX_EXPERTS)`.
 
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -24,6 +31,10 @@ use synth::Preset;
 
 /// Most memory (peak RSS, KiB) a refusing command may take: 100 MB.
 const PEAK_LIMIT_KIB: u64 = 100_000;
+
+/// Most memory a command refusing a file past a budget may take, the budget
+/// spent included (issue 53): 200 MB.
+const BUDGET_PEAK_LIMIT_KIB: u64 = 200_000;
 
 /// Runs a workspace binary to its end and returns its output with its peak
 /// resident memory in KiB, from `wait4` (the kernel's accounting of that
@@ -65,6 +76,11 @@ fn run_measured(bin: &str, args: &[&str]) -> (Output, u64) {
 /// Asserts a refusal: exit code 1 (not a signal: no abort), one stderr line
 /// holding every needle, and a peak under the limit. Prints the figure.
 fn assert_refused(what: &str, run: (Output, u64), needles: &[&str]) {
+    assert_refused_within(what, run, needles, PEAK_LIMIT_KIB)
+}
+
+/// [`assert_refused`] with a peak under `limit_kib`.
+fn assert_refused_within(what: &str, run: (Output, u64), needles: &[&str], limit_kib: u64) {
     let (out, peak) = run;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -78,7 +94,7 @@ fn assert_refused(what: &str, run: (Output, u64), needles: &[&str]) {
         "{what}: no line of the error holds all of {needles:?}: {err}"
     );
     println!("FIGURE {what}: refused, peak RSS {} MiB", peak >> 10);
-    assert!(peak < PEAK_LIMIT_KIB, "{what}: peak RSS {peak} KiB");
+    assert!(peak < limit_kib, "{what}: peak RSS {peak} KiB");
 }
 
 /// `coordinator COMMAND CONFIG --out OUT`.
@@ -399,4 +415,203 @@ fn a_jsonl_line_over_the_limit_is_refused_before_it_is_parsed() {
         coordinator("corpus", &config, &d.path().join("run")),
         &["docs.jsonl:2: line of more than 33554432 bytes exceeds the per-line limit"],
     );
+}
+
+/// Issue 53, finding 5: `qwen3moe.expert_count = 2^32 - 1` in the tiny
+/// model's header is refused by name by the coordinator and by the worker,
+/// each before llama.cpp (which aborts on it) loads the file.
+#[test]
+fn an_expert_count_past_llama_cpps_limit_is_refused_by_name() {
+    let d = tempfile::tempdir().unwrap();
+    let config = fixtures::text_config(d.path(), "");
+    let model = d.path().join("tiny.gguf");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let key = b"qwen3moe.expert_count";
+    let at = find(&bytes, key).expect("the key is in the header") + key.len();
+    // The key, then its value type (u32 = 4), then the value.
+    assert_eq!(&bytes[at..at + 4], &4u32.to_le_bytes(), "a u32 value");
+    bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&model, bytes).unwrap();
+    let shown = model.display().to_string();
+    let needles = [
+        shown.as_str(),
+        "qwen3moe.expert_count is 4294967295, more than llama.cpp's LLAMA_MAX_EXPERTS (1024)",
+    ];
+    let run = d.path().join("run");
+    assert_refused(
+        "expert_count 2^32 - 1, coordinator run",
+        coordinator("run", &config, &run),
+        &needles,
+    );
+    assert!(!run.join("corpus").exists());
+    let corpus = fixtures::corpus_dir(d.path(), "chunks", 2, 48);
+    let args = fixtures::worker_args("collect", &model, &corpus, "0..2", &corpus, &[]);
+    assert_refused(
+        "expert_count 2^32 - 1, worker collect",
+        run_measured("worker", &args),
+        &needles,
+    );
+    assert!(!corpus.join("partials").exists());
+}
+
+/// Issue 53, finding 2: the quickstart model with a chat template that
+/// doubles a string (exponential heap for linear fuel), one that loops
+/// 10^5 x 10^5 times, and one that writes 100 kB per inner iteration of
+/// that loop: `coordinator corpus` refuses each naming the model file and
+/// the limit it crossed, within 10 s and in little memory.
+#[test]
+fn chat_templates_past_their_budget_are_refused_quickly_in_little_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/models/quickstart-moe.gguf");
+    std::fs::write(
+        d.path().join("chat.jsonl"),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}, \
+         {\"role\": \"assistant\", \"content\": \"hi there\"}]}\n",
+    )
+    .unwrap();
+    let config = d.path().join("chat.toml");
+    std::fs::write(
+        &config,
+        "[model]\npath = \"hostile.gguf\"\n[corpus]\nn_ctx = 64\n\
+         [[corpus.domains]]\nname = \"chat\"\nsources = [{ path = \"chat.jsonl\" }]\n",
+    )
+    .unwrap();
+    let model = d.path().join("hostile.gguf");
+    let shown = model.display().to_string();
+    let cases = [
+        (
+            "doubling string",
+            "{% set ns = namespace(s='ab') %}{% for i in range(64) %}\
+             {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+            "asked for more than its heap budget of 100663296 bytes per rendering",
+        ),
+        (
+            "nested 10^5 x 10^5 loop",
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "ran more than its fuel of 20000000 minijinja instructions per rendering",
+        ),
+        (
+            "output in the loop",
+            "{% for i in range(100000) %}{% for j in range(100000) %}\
+             {{ 'x' * 100000 }}{% endfor %}{% endfor %}",
+            "wrote more than its output cap of 33554432 bytes per rendering",
+        ),
+    ];
+    for (what, template, why) in cases {
+        fixtures::chat_template_swap::with_chat_template(&base, &model, template);
+        let run = d.path().join("run");
+        let start = std::time::Instant::now();
+        let out = coordinator("corpus", &config, &run);
+        let took = start.elapsed();
+        println!("FIGURE template {what}: refused in {took:.2?}");
+        assert_refused_within(
+            &format!("template {what}, coordinator corpus"),
+            out,
+            &[&format!("model {shown}: "), why],
+            BUDGET_PEAK_LIMIT_KIB,
+        );
+        assert!(took.as_secs_f64() < 10.0, "{what}: {took:?}");
+        assert!(!run.join("corpus").exists(), "{what}");
+    }
+}
+
+/// The text config of [`fixtures::text_config`] with its source replaced by
+/// `source` (a TOML inline table).
+fn config_with_source(dir: &Path, source: &str) -> PathBuf {
+    let config = fixtures::text_config(dir, "");
+    let toml = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("{ path = \"docs.txt\", separator = \"\\n\\n\" }", source);
+    assert!(toml.contains(source), "{toml}");
+    std::fs::write(&config, toml).unwrap();
+    config
+}
+
+/// 64 MiB of the letter `a`: 64 of them make 4 GiB.
+const BLOCK: usize = 64 << 20;
+
+/// Writes `head`, 4 GiB of `a`, then `tail`, gzip-compressed as
+/// concatenated members (one compressed block written 64 times), so the
+/// file is a few MB and cheap to make.
+fn gzip_bomb(path: &Path, head: &str, tail: &str) {
+    use flate2::{write::GzEncoder, Compression};
+    let gz = |bytes: &[u8]| {
+        let mut e = GzEncoder::new(Vec::new(), Compression::default());
+        e.write_all(bytes).unwrap();
+        e.finish().unwrap()
+    };
+    let block = gz(&vec![b'a'; BLOCK]);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    f.write_all(&gz(head.as_bytes())).unwrap();
+    for _ in 0..64 {
+        f.write_all(&block).unwrap();
+    }
+    f.write_all(&gz(tail.as_bytes())).unwrap();
+    f.flush().unwrap();
+}
+
+/// Issue 53, finding 3: compressed sources of 4 GiB decompressed are
+/// refused naming the file and the limit, within little memory: a
+/// `.txt.gz` (one document grows past the per-document limit), a `.txt.zst`
+/// in a directory source (past `max_file_bytes`, applied to the
+/// decompressed size) and a `.json.gz` array holding one 4 GiB string (past
+/// the per-record limit).
+#[test]
+fn compressed_sources_of_gigabytes_are_refused_in_little_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+
+    let txt = dir.join("bomb.txt.gz");
+    gzip_bomb(&txt, "", "");
+    let size = std::fs::metadata(&txt).unwrap().len();
+    println!("FIGURE .txt.gz of 4 GiB: {size} bytes on disk");
+    assert!(size < 32 << 20, "{size}");
+    let config = config_with_source(dir, "{ path = \"bomb.txt.gz\", separator = \"\\n\\n\" }");
+    assert_refused_within(
+        ".txt.gz of 4 GiB, coordinator corpus",
+        coordinator("corpus", &config, &dir.join("run")),
+        &[
+            "bomb.txt.gz (document 1): document of more than 8388608 bytes exceeds the \
+             per-document limit of 8388608 bytes",
+        ],
+        BUDGET_PEAK_LIMIT_KIB,
+    );
+
+    std::fs::create_dir(dir.join("texts")).unwrap();
+    std::fs::write(dir.join("texts/a.txt"), "A short document.").unwrap();
+    let zst = dir.join("texts/bomb.txt.zst");
+    {
+        let block = zstd::encode_all(&vec![b'a'; BLOCK][..], 3).unwrap();
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&zst).unwrap());
+        for _ in 0..64 {
+            f.write_all(&block).unwrap();
+        }
+    }
+    assert!(std::fs::metadata(&zst).unwrap().len() < 1 << 20);
+    let config = config_with_source(dir, "{ path = \"texts\" }");
+    let shown = zst.display().to_string();
+    assert_refused_within(
+        ".txt.zst of 4 GiB in a directory source, coordinator corpus",
+        coordinator("corpus", &config, &dir.join("run")),
+        &[
+            &format!("cannot read {shown}: "),
+            "decompresses to more than 1048576 bytes, the source's max_file_bytes",
+        ],
+        BUDGET_PEAK_LIMIT_KIB,
+    );
+
+    let json = dir.join("bomb.json.gz");
+    gzip_bomb(&json, "[{\"text\": \"", "\"}]");
+    let config = config_with_source(dir, "{ path = \"bomb.json.gz\" }");
+    let shown = json.display().to_string();
+    assert_refused_within(
+        ".json.gz holding a 4 GiB string, coordinator corpus",
+        coordinator("corpus", &config, &dir.join("run")),
+        &[
+            &format!("{shown}: "),
+            "record 1: more than 33554432 bytes of JSON exceeds the per-record limit",
+        ],
+        BUDGET_PEAK_LIMIT_KIB,
+    );
+    assert!(!dir.join("run/corpus").exists());
 }

@@ -3,7 +3,9 @@
 //! OpenAI tool-call chats with the `developer` role, ShareGPT, a JSON array
 //! and compressed JSON lines, all written by the ecosystem's own writers
 //! (`tests/fixtures/inputs/make.py`), prepared and run by `coordinator run`
-//! with local workers on the generated tiny model.
+//! with local workers on the generated tiny model; and files as Windows
+//! tools write them (a byte-order mark) and records without text (null,
+//! empty, absent), prepared by `coordinator corpus`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -112,4 +114,93 @@ fn a_corpus_of_the_formats_people_have_prepares_and_runs() {
     ] {
         assert!(docs.contains(&format!("\"at\":\"{at}\"")), "{at} missing");
     }
+}
+
+/// Issue 54: JSON lines and a JSON array that begin with a UTF-8
+/// byte-order mark load; a pyarrow-written Parquet file with null and empty
+/// `text` rows and JSON lines with null, empty and absent texts load too,
+/// those records skipped and counted per source in the manifest and the
+/// corpus summary (one rule for every format).
+#[test]
+fn byte_order_marks_and_records_without_text_load_with_the_skipped_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::model(dir.path(), synth::Preset::Tiny);
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/inputs"),
+        &dir.path().join("inputs"),
+    );
+    let config = dir.path().join("windows.toml");
+    std::fs::write(
+        &config,
+        r#"
+[model]
+path = "tiny.gguf"
+[corpus]
+n_ctx = 64
+heldout_fraction = 0.2
+[[corpus.domains]]
+name = "marked"
+sources = [{ path = "inputs/bom.jsonl" }, { path = "inputs/bom.json" }]
+[[corpus.domains]]
+name = "gaps"
+sources = [{ path = "inputs/nulls.parquet" }, { path = "inputs/nulls.jsonl" }]
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let out = fixtures::run(
+        "coordinator",
+        &[
+            "corpus",
+            config.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+    let sources: BTreeMap<&str, &serde_json::Value> = manifest["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|d| d["sources"].as_array().unwrap())
+        .map(|s| (s["path"].as_str().unwrap(), s))
+        .collect();
+    let counts = |path: &str| {
+        let s = sources[path];
+        (
+            s["records"].as_u64().unwrap(),
+            s["skipped_no_text"].as_u64().unwrap_or(0),
+        )
+    };
+    // The fixtures' own counts (make.py): 8 and 8 records with text; 33
+    // rows, 3 null and 1 empty; 12 lines, 2 null, 1 empty, 1 absent.
+    assert_eq!(counts("inputs/bom.jsonl"), (8, 0));
+    assert_eq!(counts("inputs/bom.json"), (8, 0));
+    assert_eq!(counts("inputs/nulls.parquet"), (29, 4));
+    assert_eq!(counts("inputs/nulls.jsonl"), (8, 4));
+    for line in [
+        "inputs/nulls.parquet: 4 records without text skipped",
+        "inputs/nulls.jsonl: 4 records without text skipped",
+    ] {
+        assert!(
+            stdout.contains(line) || stderr.contains(line),
+            "the corpus summary says {line:?}:\n{stdout}\n{stderr}"
+        );
+    }
+    let docs = std::fs::read_to_string(run.join("corpus/documents.jsonl")).unwrap();
+    // The first record of each marked file is read (its mark skipped), and
+    // the records after a skipped one keep their own locations.
+    for at in [
+        "inputs/bom.jsonl:1",
+        "inputs/bom.json (record 1)",
+        "inputs/nulls.parquet (row 33)",
+        "inputs/nulls.jsonl:12",
+    ] {
+        assert!(docs.contains(&format!("\"at\":\"{at}\"")), "{at} missing");
+    }
+    assert!(!docs.contains("\"at\":\"inputs/nulls.jsonl:3\""));
 }

@@ -24,18 +24,41 @@
 //! them. The context holds `bos_token`, `eos_token`, `date_string` and
 //! `datetime` (llama-server's) and the config's `chat_template_kwargs`;
 //! `add_generation_prompt` is false (whole conversations are calibrated).
+//!
+//! Every rendering (the probes included) runs under a [`budget`]: fuel,
+//! output bytes and heap; a template that exceeds it is refused
+//! ([`TemplateError::OverBudget`]), and so is every later rendering with it.
 
+pub mod budget;
 pub mod pyjson;
 
 use crate::chat::{Chat, ChatKwargs, Message, Role};
+use budget::{Stopped, FUEL, HEAP_CAP, OUTPUT_CAP};
 use chrono::{DateTime, Utc};
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{json, Map, Value as Json};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Why a chat template cannot be used or cannot render a conversation.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// The template does not compile, refuses the conversation, or fails
+    /// on it.
+    #[error("{0}")]
+    Invalid(String),
+    /// A rendering exceeded the [`budget`] (the message names the limit).
+    #[error("{0}")]
+    OverBudget(String),
+}
 
 /// The chat template a model carries, compiled, with what it supports.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
+    /// Set once a rendering exceeded its budget: the template is refused
+    /// from then on.
+    over_budget: Arc<AtomicBool>,
     /// What every rendering's context holds besides the conversation:
     /// `bos_token`, `eos_token`, `datetime`, `date_string`.
     base_context: Map<String, Json>,
@@ -61,14 +84,16 @@ const TEMPLATE: &str = "chat_template";
 impl ChatTemplate {
     /// Compiles `source` as llama-server would; `bos_token` and
     /// `eos_token` are the vocabulary's texts of those tokens, `now` the
-    /// time `strftime_now` and `date_string` tell.
+    /// time `strftime_now` and `date_string` tell. A template whose probe
+    /// renderings exceed the budget is refused.
     pub fn new(
         source: &str,
         bos_token: &str,
         eos_token: &str,
         now: DateTime<Utc>,
-    ) -> Result<ChatTemplate, String> {
+    ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
+        env.set_fuel(Some(FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -78,7 +103,9 @@ impl ChatTemplate {
             Value::from(now.format(&format).to_string())
         });
         env.add_template_owned(TEMPLATE, source.to_string())
-            .map_err(|e| format!("the chat template does not parse as Jinja ({e:#})"))?;
+            .map_err(|e| {
+                TemplateError::Invalid(format!("the chat template does not parse as Jinja ({e:#})"))
+            })?;
         let mut base_context = Map::new();
         base_context.insert("bos_token".into(), bos_token.into());
         base_context.insert("eos_token".into(), eos_token.into());
@@ -88,7 +115,8 @@ impl ChatTemplate {
             now.format("%d %b %Y").to_string().into(),
         );
         let mut template = ChatTemplate {
-            env,
+            env: Arc::new(env),
+            over_budget: Arc::new(AtomicBool::new(false)),
             base_context,
             // What llama-server assumes until the probes tell.
             caps: Caps {
@@ -98,7 +126,7 @@ impl ChatTemplate {
                 developer_role: source.contains("<|channel|>"),
             },
         };
-        template.caps = template.probe();
+        template.caps = template.probe()?;
         Ok(template)
     }
 
@@ -109,8 +137,10 @@ impl ChatTemplate {
 
     /// Renders a whole conversation (no generation prompt) with `kwargs`
     /// (`enable_thinking`, `reasoning_effort`, ...) in its context.
-    pub fn render(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, String> {
-        let messages = self.messages(&chat.messages)?;
+    pub fn render(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, TemplateError> {
+        let messages = self
+            .messages(&chat.messages)
+            .map_err(TemplateError::Invalid)?;
         self.render_json(messages, chat.tools.as_ref(), kwargs)
     }
 
@@ -188,12 +218,20 @@ impl ChatTemplate {
         Ok(Json::Object(out))
     }
 
+    /// Renders the template on `messages` under the budget: on a thread of
+    /// its own with [`HEAP_CAP`] bytes of heap, [`FUEL`] instructions and
+    /// [`OUTPUT_CAP`] bytes of output.
     fn render_json(
         &self,
         messages: Json,
         tools: Option<&Json>,
         kwargs: &ChatKwargs,
-    ) -> Result<String, String> {
+    ) -> Result<String, TemplateError> {
+        if self.over_budget.load(Ordering::Acquire) {
+            return Err(TemplateError::OverBudget(
+                "the chat template exceeded its budget on an earlier rendering".into(),
+            ));
+        }
         let mut context = Map::new();
         context.insert("messages".into(), messages);
         if let Some(t) = tools {
@@ -206,25 +244,69 @@ impl ChatTemplate {
         for (k, v) in kwargs {
             context.insert(k.clone(), v.clone());
         }
-        let template = self.env.get_template(TEMPLATE).map_err(|e| e.to_string())?;
-        template
-            .render(Value::from_serialize(&context))
-            .map_err(|e| format!("the chat template failed ({e:#})"))
+        let env = Arc::clone(&self.env);
+        let rendered = budget::run_metered(HEAP_CAP, move || {
+            let template = env.get_template(TEMPLATE)?;
+            let mut out = CappedOutput::default();
+            let result = template.render_captured_to(Value::from_serialize(&context), &mut out);
+            Ok::<_, Error>((result.map(|_| ()), out))
+        });
+        let over = |what: String| {
+            self.over_budget.store(true, Ordering::Release);
+            Err(TemplateError::OverBudget(format!(
+                "the chat template {what} per rendering"
+            )))
+        };
+        let (result, out) = match rendered {
+            Err(Stopped::Heap) => {
+                return over(format!(
+                    "asked for more than its heap budget of {HEAP_CAP} bytes"
+                ))
+            }
+            Err(Stopped::Failed(why)) => {
+                return Err(TemplateError::Invalid(format!(
+                    "the chat template's rendering failed: {why}"
+                )))
+            }
+            Ok(Err(e)) => return Err(TemplateError::Invalid(e.to_string())),
+            Ok(Ok(done)) => done,
+        };
+        if out.over {
+            return over(format!(
+                "wrote more than its output cap of {OUTPUT_CAP} bytes"
+            ));
+        }
+        match result {
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => over(format!(
+                "ran more than its fuel of {FUEL} minijinja instructions"
+            )),
+            Err(e) => Err(TemplateError::Invalid(format!(
+                "the chat template failed ({e:#})"
+            ))),
+            Ok(()) => String::from_utf8(out.bytes).map_err(|_| {
+                TemplateError::Invalid("the chat template wrote text that is not UTF-8".into())
+            }),
+        }
     }
 
     /// Finds what the template supports by rendering llama.cpp's probe
     /// conversations and looking for their marked parts in the text.
-    fn probe(&self) -> Caps {
+    /// A probe that exceeds the budget refuses the template.
+    fn probe(&self) -> Result<Caps, TemplateError> {
         let none = ChatKwargs::new();
         let render =
-            |messages: Json, tools: Option<&Json>| self.render_json(messages, tools, &none).ok();
+            |messages: Json, tools: Option<&Json>| match self.render_json(messages, tools, &none) {
+                Ok(text) => Ok(Some(text)),
+                Err(TemplateError::Invalid(_)) => Ok(None),
+                Err(e) => Err(e),
+            };
         let system_role = render(
             json!([
                 {"role": "system", "content": "probe system 8c1f"},
                 {"role": "user", "content": "User message"}
             ]),
             None,
-        )
+        )?
         .is_none_or(|text| text.contains("probe system 8c1f"));
         let tools = json!([{
             "type": "function",
@@ -254,22 +336,44 @@ impl ChatTemplate {
         let as_object = render(
             with_arguments(json!({"arg": "probe value 9a4c"})),
             Some(&tools),
-        );
+        )?;
         let as_string = render(
             with_arguments(json!("{\"arg\": \"probe value 9a4c\"}")),
             Some(&tools),
-        );
+        )?;
         let calls = |t: &Option<String>| t.as_ref().is_some_and(|t| t.contains("probe_call_5d2b"));
         let object_arguments = calls(&as_object)
             && as_object
                 .as_ref()
                 .is_some_and(|t| t.contains("probe value 9a4c"));
-        Caps {
+        Ok(Caps {
             system_role,
             tool_calls: calls(&as_object) || calls(&as_string),
             object_arguments,
             developer_role: self.caps.developer_role,
+        })
+    }
+}
+
+/// A rendering's output, refusing to grow past [`OUTPUT_CAP`] bytes (the
+/// write that would cross it fails, which ends the rendering).
+#[derive(Default)]
+struct CappedOutput {
+    bytes: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len().saturating_add(buf.len()) > OUTPUT_CAP {
+            self.over = true;
+            return Err(std::io::Error::other("the output cap is reached"));
         }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
