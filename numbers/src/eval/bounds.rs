@@ -158,9 +158,12 @@ fn check_tokens(tokens: &[TokenKl]) -> Result<(), String> {
     Ok(())
 }
 
+/// Positions and exact KL sum, by (chunk, group).
+type TokenSums = BTreeMap<(u32, Group), (u64, ExactSum)>;
+
 /// Positions and exact KL sum per (chunk, group) of `tokens`.
-fn token_sums(tokens: &[TokenKl]) -> Result<BTreeMap<(u32, Group), (u64, ExactSum)>, String> {
-    let mut out: BTreeMap<(u32, Group), (u64, ExactSum)> = BTreeMap::new();
+fn token_sums(tokens: &[TokenKl]) -> Result<TokenSums, String> {
+    let mut out = TokenSums::new();
     for t in tokens {
         let e = out.entry((t.chunk, t.group)).or_default();
         e.0 += 1;
