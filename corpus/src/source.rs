@@ -755,13 +755,17 @@ fn string_column(batch: &RecordBatch, name: &str) -> Result<StringArray, String>
     Ok(cast.as_string::<i32>().clone())
 }
 
+/// One row's messages: `None` when they are null or empty; an error
+/// naming what is wrong with them.
+type RowMessages = Result<Option<Vec<Message>>, String>;
+
 /// A messages column: JSON text, or a list of structs with `role` and
 /// `content`; `None` for a row whose messages are null or empty.
 fn messages_column(
     batch: &RecordBatch,
     name: &str,
     fields: chat::Fields<'_>,
-) -> Result<Vec<Result<Option<Vec<Message>>, String>>, String> {
+) -> Result<Vec<RowMessages>, String> {
     let col = batch
         .column_by_name(name)
         .ok_or_else(|| format!("no column {name:?}"))?;

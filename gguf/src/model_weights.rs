@@ -8,8 +8,10 @@
 //! `n_in = ne[0]` (the matmul's shared dimension) and `n_mat = ne[2] * ne[3]`
 //! (the matrices of a stack, or the heads of a per-head weight). Which of
 //! those tensors a graph multiplies is llama.cpp's business, so only the
-//! ones every MoE block surely multiplies are required: the router
-//! (`ffn_gate_inp`) and the stacked expert weights of each MoE layer.
+//! ones every block surely multiplies are required: the router
+//! (`ffn_gate_inp`) and the stacked expert weights of each MoE layer, and
+//! of every block but the NextN ones (which llama.cpp's graph skips) the
+//! dense weights every token passes through ([`DENSE_WEIGHTS`]).
 
 use crate::read::TensorInfo;
 use std::collections::BTreeMap;
@@ -32,6 +34,24 @@ pub const EXPERT_STACKS: [&str; 4] = [
     "ffn_gate_up_exps",
 ];
 
+/// The weights of a block that every token of it passes through, each
+/// multiplied by a `MUL_MAT` wherever llama.cpp's graphs have it: the
+/// attention projections, a dense feed-forward network and a MoE block's
+/// shared expert, as `blk.L.<name>.weight`.
+pub const DENSE_WEIGHTS: [&str; 11] = [
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_qkv",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+    "ffn_gate_shexp",
+    "ffn_up_shexp",
+    "ffn_down_shexp",
+];
+
 /// The shape of an importance-matrix entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct EntryShape {
@@ -45,6 +65,9 @@ pub struct EntryShape {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ModelWeights {
     shapes: BTreeMap<String, EntryShape>,
+    /// The first NextN block (`block_count - nextn_predict_layers`), which
+    /// llama.cpp's graph skips with every block after it; `None`: none.
+    nextn_from: Option<u32>,
 }
 
 impl ModelWeights {
@@ -52,7 +75,19 @@ impl ModelWeights {
     /// error names the file.
     pub fn read(path: &Path) -> Result<ModelWeights, String> {
         let joined = crate::split::open_joined(path).map_err(|e| format!("model {e}"))?;
-        Ok(ModelWeights::from_tensors(&joined.header.tensors))
+        let header = &joined.header;
+        let num = |key: &str| {
+            let arch = header.get("general.architecture")?.as_str()?;
+            header.get(&format!("{arch}.{key}"))?.as_u64()
+        };
+        let nextn_from = match (num("block_count"), num("nextn_predict_layers")) {
+            (Some(blocks), Some(n)) if n > 0 => u32::try_from(blocks.saturating_sub(n)).ok(),
+            _ => None,
+        };
+        Ok(ModelWeights {
+            nextn_from,
+            ..ModelWeights::from_tensors(&header.tensors)
+        })
     }
 
     /// The entries of a model with `tensors`: each `blk.*` tensor whose
@@ -64,7 +99,10 @@ impl ModelWeights {
             .filter(|t| t.name.starts_with("blk.") && t.name.len() <= MAX_ENTRY_NAME)
             .filter_map(|t| Some((t.name.clone(), shape_of(&t.dims)?)))
             .collect();
-        ModelWeights { shapes }
+        ModelWeights {
+            shapes,
+            nextn_from: None,
+        }
     }
 
     /// The shape of entry `name`, when the model defines it.
@@ -92,6 +130,20 @@ impl ModelWeights {
             .collect()
     }
 
+    /// The dense weights ([`DENSE_WEIGHTS`]) the model has outside its
+    /// NextN blocks: every result with tokens measures them all.
+    pub fn required_dense(&self) -> Vec<String> {
+        self.shapes
+            .keys()
+            .filter(|name| {
+                block_tensor(name).is_some_and(|(layer, stem)| {
+                    DENSE_WEIGHTS.contains(&stem) && self.nextn_from.is_none_or(|n| layer < n)
+                })
+            })
+            .cloned()
+            .collect()
+    }
+
     /// Whether block `layer` has a router (`blk.L.ffn_gate_inp.weight`):
     /// a MoE layer of the model.
     pub fn has_router(&self, layer: u32) -> bool {
@@ -103,11 +155,15 @@ impl ModelWeights {
 /// The block of a stacked expert weight (`blk.L.ffn_*_exps.weight`), whose
 /// counts per expert are the tokens routed to that expert.
 pub fn expert_stack_layer(name: &str) -> Option<u32> {
+    block_tensor(name).and_then(|(layer, stem)| EXPERT_STACKS.contains(&stem).then_some(layer))
+}
+
+/// `(L, name)` of a weight `blk.L.<name>.weight`.
+fn block_tensor(name: &str) -> Option<(u32, &str)> {
     let rest = name.strip_prefix("blk.")?;
     let (layer, tensor) = rest.split_once('.')?;
     let layer: u32 = layer.parse().ok()?;
-    let stem = tensor.strip_suffix(".weight")?;
-    EXPERT_STACKS.contains(&stem).then_some(layer)
+    Some((layer, tensor.strip_suffix(".weight")?))
 }
 
 /// `(ne[0], ne[2] * ne[3])` of a tensor of up to four dimensions, when both fit.
@@ -166,10 +222,26 @@ mod tests {
                 "blk.0.ffn_down_exps.weight"
             ]
         );
+        assert_eq!(w.required_dense(), ["blk.1.attn_q.weight"]);
         assert!(w.has_router(0) && !w.has_router(1));
         assert_eq!(expert_stack_layer("blk.12.ffn_down_exps.weight"), Some(12));
         assert_eq!(expert_stack_layer("blk.12.ffn_down_exps.bias"), None);
         assert_eq!(expert_stack_layer("blk.12.ffn_down.weight"), None);
+        // A NextN block (the last of block_count) is not required.
+        let mut g = GgufWriter::new();
+        g.kv("general.architecture", Value::Str("glm4moe".into()))
+            .kv("glm4moe.block_count", Value::U32(2))
+            .kv("glm4moe.nextn_predict_layers", Value::U32(1));
+        for name in [
+            "blk.0.attn_k.weight",
+            "blk.1.attn_k.weight",
+            "blk.0.attn_k_norm.weight",
+        ] {
+            g.tensor_f32(name, &[4, 4], &[0.0; 16]);
+        }
+        std::fs::write(&path, g.to_bytes()).unwrap();
+        let w = ModelWeights::read(&path).unwrap();
+        assert_eq!(w.required_dense(), ["blk.0.attn_k.weight"]);
         let e = ModelWeights::read(&d.path().join("absent.gguf")).unwrap_err();
         assert!(e.starts_with("model ") && e.contains("absent.gguf"), "{e}");
     }

@@ -3,7 +3,8 @@
 //! experts per token, uniform router probabilities), so any grouping of
 //! chunks merges to the same bytes and every `verify` invariant holds. Its
 //! importance matrix holds each MoE layer's router (`ffn_gate_inp`, 4 input
-//! columns), the weights of the model [`FakeModel::model_gguf`] describes.
+//! columns) and attention key projection (`attn_k`, a dense weight), the
+//! weights of the model [`FakeModel::model_gguf`] describes.
 
 use gguf::write::{GgufWriter, Value};
 use numbers::imatrix::{Imatrix, ImatrixEntry};
@@ -94,11 +95,13 @@ impl FakeModel {
                 }),
             }
         }
-        // Every router reads the same input here: one entry, shared.
+        // Every router and key projection reads the same input here: one
+        // entry, shared.
         let entries = self
             .layers
             .iter()
-            .map(|l| (format!("blk.{l}.ffn_gate_inp.weight"), im.clone()))
+            .flat_map(|l| ["ffn_gate_inp", "attn_k"].map(|t| format!("blk.{l}.{t}.weight")))
+            .map(|name| (name, im.clone()))
             .collect();
         let imatrix = Imatrix {
             entries,
@@ -118,9 +121,9 @@ impl FakeModel {
 
 impl FakeModel {
     /// A GGUF header (and zero weights) of the model this engine pretends
-    /// to run: its expert count and k, and a router `[4, n_expert]` per MoE
-    /// layer, so a coordinator reads the same facts and importance-matrix
-    /// entries from it as from a real model.
+    /// to run: its expert count and k, and a router `[4, n_expert]` and a key
+    /// projection `[4, 4]` per MoE layer, so a coordinator reads the same
+    /// facts and importance-matrix entries from it as from a real model.
     pub fn model_gguf(&self) -> Vec<u8> {
         let mut g = GgufWriter::new();
         let blocks = self.layers.iter().max().map_or(0, |l| l + 1);
@@ -132,6 +135,7 @@ impl FakeModel {
         for l in &self.layers {
             let dims = [4, u64::from(self.n_expert)];
             g.tensor_f32(&format!("blk.{l}.ffn_gate_inp.weight"), &dims, &zeros);
+            g.tensor_f32(&format!("blk.{l}.attn_k.weight"), &[4, 4], &[0.0; 16]);
         }
         g.to_bytes()
     }

@@ -307,6 +307,25 @@ async fn a_partial_missing_an_entry_is_refused() {
     assert_refused_and_clean(&s, "importance matrix lacks blk.1.ffn_gate_inp.weight").await;
 }
 
+/// Issue 53, finding 4: a partial without a dense weight's entry (block
+/// 0's key projection, which every token of the lease passes through) was
+/// accepted, and `verify` then failed on the merged counts. It is refused
+/// at acceptance, and the run completes as an honest one.
+fn missing_dense_entry(p: &mut Partial) {
+    assert!(p.imatrix.entries.remove("blk.0.attn_k.weight").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_missing_a_dense_weights_entry_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let s = poisoned(fake_setup_with_model(d.path(), 18), missing_dense_entry).await;
+    assert_refused_and_clean(
+        &s,
+        "importance matrix lacks blk.0.attn_k.weight, a dense weight",
+    )
+    .await;
+}
+
 /// Finding 3: a 126-character tensor name, which llama.cpp's imatrix
 /// loader refuses (its names stop at 64 bytes with the NUL).
 fn long_name(p: &mut Partial) {

@@ -277,7 +277,7 @@ impl Acceptance {
             ));
         }
         if let Some(weights) = &self.weights {
-            check_model_entries(weights, p)?;
+            check_model_entries(weights, p, fit)?;
         }
         let pinned = self.pinned();
         for (name, e) in &im.entries {
@@ -344,8 +344,10 @@ fn expert_layer(name: &str, n_mat: u32, shape: &MoeShape) -> Option<u32> {
 
 /// The importance matrix's entries against the model's: each one of its
 /// weights with its shape, each MoE layer one the model routes in, and
-/// every entry an honest worker surely measures there.
-fn check_model_entries(weights: &ModelWeights, p: &Partial) -> Result<(), String> {
+/// every entry an honest worker surely measures there: each MoE layer's
+/// router and expert stacks, and, when the lease has `fit` tokens (which
+/// pass through every block), every dense weight of the model.
+fn check_model_entries(weights: &ModelWeights, p: &Partial, fit: u64) -> Result<(), String> {
     let shape = &p.experts.shape;
     if let Some(l) = shape.moe_layers.iter().find(|&&l| !weights.has_router(l)) {
         return Err(format!(
@@ -378,6 +380,21 @@ fn check_model_entries(weights: &ModelWeights, p: &Partial) -> Result<(), String
     if !missing.is_empty() {
         return Err(format!(
             "importance matrix lacks {}, which every MoE layer measures",
+            summarise(&missing)
+        ));
+    }
+    let dense: Vec<String> = match fit {
+        0 => Vec::new(),
+        _ => weights.required_dense(),
+    };
+    let missing: Vec<&String> = dense
+        .iter()
+        .filter(|n| !p.imatrix.entries.contains_key(*n))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "importance matrix lacks {}, a dense weight that each of the lease's {fit} fit \
+             tokens passes through",
             summarise(&missing)
         ));
     }
