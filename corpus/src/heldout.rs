@@ -124,6 +124,7 @@ mod tests {
 
     fn doc(domain: u16, group: &str, n: usize) -> Doc {
         Doc {
+            index: 0,
             domain,
             at: format!("{group}/{n}"),
             group: group.into(),

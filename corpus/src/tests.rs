@@ -218,6 +218,33 @@ pub(super) fn check_invariants(p: &prepare::Prepared) {
     assert!(dev.last().unwrap().abs() < 1e-9);
     let read = read_chunks(bytes::Bytes::from(p.chunks_parquet.clone()), None).unwrap();
     assert_eq!(read, p.chunks);
+    check_owners(p);
+}
+
+/// Every span names its document (by its line in `documents.jsonl`) and
+/// its group (by its entry in the index's groups), and both agree with the
+/// span's domain and split; every kept document's tokens are in the chunks.
+pub(super) fn check_owners(p: &prepare::Prepared) {
+    let mut placed = vec![0u64; p.documents.len()];
+    for c in &p.chunks {
+        for s in &c.spans {
+            let doc = &p.documents[s.doc as usize];
+            let group = &p.index.groups[s.group as usize];
+            let domain = &p.index.domains[usize::from(s.domain)];
+            assert_eq!(&doc.domain, domain, "chunk {}: {s:?}", c.id);
+            assert_eq!(doc.split, s.split, "chunk {}: {s:?}", c.id);
+            assert!(doc.dropped.is_none(), "a dropped document is packed");
+            assert_eq!(
+                (group.domain, group.split, group.key.as_str()),
+                (s.domain, s.split, doc.group.as_str())
+            );
+            placed[s.doc as usize] += u64::from(s.len);
+        }
+    }
+    for (d, n) in p.documents.iter().zip(&placed) {
+        let expected = if d.dropped.is_some() { 0 } else { d.tokens };
+        assert_eq!(*n, expected, "{}: tokens in chunks", d.at);
+    }
 }
 
 #[test]
