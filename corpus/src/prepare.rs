@@ -779,7 +779,11 @@ fn pack_eval_sets(chunks: &mut Vec<Chunk>, eval_docs: &[Doc], groups: &Groups, n
     }
 }
 
-/// Orders documents per (split, domain) stream, interleaves the streams and packs.
+/// Orders documents per (split, domain) stream and interleaves the streams;
+/// then packs each split's documents, in that order, into chunks of their
+/// own (so held-out positions never attend to fit text, nor fit positions
+/// to held-out text) and interleaves the two splits' chunks by tokens, so
+/// every prefix of the schedule keeps both splits' shares.
 fn schedule_and_pack(
     c: &CorpusConfig,
     names: &[String],
@@ -803,10 +807,30 @@ fn schedule_and_pack(
         }
     }
     let order = schedule::interleave(&streams, |i| docs[i].tokens.len() as u64);
-    pack::pack(
-        order.iter().map(|&i| groups.piece(&docs[i])),
-        c.n_ctx as usize,
-    )
+    let mut packed: Vec<Option<Chunk>> = Vec::new();
+    let mut chunk_streams: Vec<Vec<usize>> = Vec::new();
+    for split in Split::ALL {
+        let chunks = pack::pack(
+            order
+                .iter()
+                .filter(|&&i| docs[i].split == split)
+                .map(|&i| groups.piece(&docs[i])),
+            c.n_ctx as usize,
+        );
+        chunk_streams.push((packed.len()..packed.len() + chunks.len()).collect());
+        packed.extend(chunks.into_iter().map(Some));
+    }
+    let tokens = |i: usize| packed[i].as_ref().map_or(0, |ch| ch.tokens.len() as u64);
+    let chunk_order = schedule::interleave(&chunk_streams, tokens);
+    chunk_order
+        .into_iter()
+        .enumerate()
+        .filter_map(|(id, i)| {
+            let mut ch = packed[i].take()?;
+            ch.id = numbers::ChunkId(id as u32);
+            Some(ch)
+        })
+        .collect()
 }
 
 fn domain_infos(

@@ -178,14 +178,20 @@ pub(super) fn check_invariants(p: &prepare::Prepared) {
         p.chunks.iter().map(|c| c.tokens.len() as u64).sum::<u64>(),
         total
     );
-    // The stream a chunk belongs to: calibration, or one eval set.
+    // The stream a chunk belongs to: one split of the calibration
+    // domains, or one eval set; a chunk holds text of one split only.
     let stream = |c: &runfiles::corpus::Chunk| {
-        let d = usize::from(c.spans[0].domain);
+        let (d, split) = (usize::from(c.spans[0].domain), c.spans[0].split);
         assert!(c
             .spans
             .iter()
             .all(|s| (usize::from(s.domain) < n_domains) == (d < n_domains)));
-        (d >= n_domains).then_some(d)
+        assert!(
+            c.spans.iter().all(|s| s.split == split),
+            "chunk {} holds spans of both splits",
+            c.id
+        );
+        (split, (d >= n_domains).then_some(d))
     };
     for (i, c) in p.chunks.iter().enumerate() {
         assert_eq!(c.id.0 as usize, i);
@@ -201,7 +207,7 @@ pub(super) fn check_invariants(p: &prepare::Prepared) {
     let calibration: Vec<_> = p
         .chunks
         .iter()
-        .take_while(|c| stream(c).is_none())
+        .take_while(|c| stream(c).1.is_none())
         .cloned()
         .collect();
     let mix: Vec<f64> = p
