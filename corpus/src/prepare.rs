@@ -407,6 +407,7 @@ pub fn prepare(
             });
         }
     }
+    heldout::check_shares(&docs, &names, &fractions)?;
     let targets: Vec<Option<f64>> = c.domains.iter().map(|d| d.target_share).collect();
     let rows = shares::measure(&names, &targets, &totals);
     let missed: Vec<String> = rows
@@ -590,10 +591,14 @@ pub fn index_json(index: &CorpusIndex) -> String {
 ///    figures.
 /// 2. Near-duplicates of eval-set documents, then fit documents that
 ///    near-duplicate a held-out one (`near_duplicate_of_eval`,
-///    `near_duplicate_of_heldout`): on boilerplate-free shingles at the
-///    configured threshold, and for documents that are mostly boilerplate
-///    shingles on whole shingle sets at [`dedup::FAMILY_OVERLAP`].
-fn duplicates(
+///    `near_duplicate_of_heldout`), every pass at the configured threshold:
+///    on boilerplate-free shingles; for documents that are mostly
+///    boilerplate shingles on whole shingle sets (the family pass); and on
+///    shingles stripped only of what is common among the references
+///    ([`dedup::strip_common_to`]), so a fit document that contains a
+///    held-out or eval-set document (or most of it) is dropped however many
+///    others contain it too.
+pub(crate) fn duplicates(
     c: &CorpusConfig,
     names: &[String],
     docs: &[Doc],
@@ -648,13 +653,15 @@ fn duplicates(
         .collect();
     let stripped = dedup::strip_boilerplate(&whole, c.dedup.max_doc_freq);
     let n = live.len();
+    let references: Vec<usize> = (0..n)
+        .filter(|&x| docs[live[x]].split == Split::Heldout)
+        .chain(n..whole.len())
+        .collect();
+    let contained = dedup::strip_common_to(&whole, &references, c.dedup.max_doc_freq);
     // (candidate positions in `live`, reference positions in `whole`, rule).
     let find =
         |drop: &mut Vec<Option<Dropped>>, cands: Vec<usize>, refs: Vec<usize>, rule: &str| {
-            for (sets, threshold, family) in [
-                (&stripped.sets, c.dedup.threshold, false),
-                (&whole, dedup::FAMILY_OVERLAP, true),
-            ] {
+            for (sets, family) in [(&stripped.sets, false), (&whole, true), (&contained, false)] {
                 let pick = |v: &[usize]| -> Vec<usize> {
                     v.iter()
                         .copied()
@@ -671,7 +678,7 @@ fn duplicates(
                 }
                 let cs: Vec<&[u64]> = cands.iter().map(|&x| sets[x].as_slice()).collect();
                 let rs: Vec<&[u64]> = refs.iter().map(|&x| sets[x].as_slice()).collect();
-                for (k, m) in dedup::near_dups(&cs, &rs, threshold)
+                for (k, m) in dedup::near_dups(&cs, &rs, c.dedup.threshold)
                     .into_iter()
                     .enumerate()
                 {

@@ -113,8 +113,8 @@ pub struct DomainInfo {
     pub sources: Vec<SourceInfo>,
     /// Configured held-out fraction.
     pub heldout_fraction: f64,
-    /// Held-out share of the domain's kept tokens (at most twice the
-    /// fraction, [`crate::heldout::HELDOUT_BOUND_FACTOR`]).
+    /// Held-out share of the domain's kept tokens (half to twice the
+    /// fraction, or the corpus is refused).
     pub heldout_share: f64,
     /// The domain's share of the fit split's tokens, checked against its
     /// target share like the corpus share.
