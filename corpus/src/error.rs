@@ -86,13 +86,13 @@ pub enum CorpusError {
     /// A domain's held-out share is outside half to twice its fraction.
     #[error(
         "domain {domain:?}: the held-out share {when} is {:.2}% of the domain's {total} tokens, \
-         outside [{:.2}%, {:.2}%] (half to twice heldout_fraction {fraction}); held-out groups: \
-         {held}; group sizes in tokens, largest first: {groups}. Split the large groups \
+         outside [{:.2}%, {:.2}%] (half to twice heldout_fraction {fraction}); {groups}. Split \
+         the large groups \
          (another group_key), add data, change heldout_fraction (or set it to 0 for this \
          domain) or the seed",
         100.0 * share,
-        100.0 * low,
-        100.0 * high
+        100.0 * crate::heldout::SHARE_BOUNDS.0 * fraction,
+        100.0 * crate::heldout::SHARE_BOUNDS.1 * fraction
     )]
     HeldoutShare {
         /// The domain.
@@ -100,18 +100,12 @@ pub enum CorpusError {
         /// Its held-out fraction.
         fraction: f64,
         /// When the share was measured: by the split, or after duplicate removal.
-        when: String,
+        when: &'static str,
         /// The held-out share measured.
         share: f64,
-        /// The least share allowed.
-        low: f64,
-        /// The most share allowed.
-        high: f64,
         /// The domain's tokens.
         total: u64,
-        /// The held-out groups and their tokens ("none" when none).
-        held: String,
-        /// Group names and token counts, largest first.
+        /// The held-out groups and every group, with their tokens.
         groups: String,
     },
     /// The run already holds a corpus prepared from other inputs.

@@ -162,7 +162,7 @@ fn refusal(
     names: &[String],
     domain: u16,
     fraction: f64,
-    when: &str,
+    when: &'static str,
     groups: &BTreeMap<&str, u64>,
     held: &[&str],
 ) -> CorpusError {
@@ -188,17 +188,18 @@ fn refusal(
     CorpusError::HeldoutShare {
         domain: name(names, domain),
         fraction,
-        when: when.to_string(),
+        when,
         share: share(groups, held),
-        low: SHARE_BOUNDS.0 * fraction,
-        high: SHARE_BOUNDS.1 * fraction,
         total: groups.values().sum(),
-        held: if held.is_empty() {
-            "none".into()
-        } else {
-            list(of_held)
-        },
-        groups: list(all),
+        groups: format!(
+            "held-out groups: {}; group sizes in tokens, largest first: {}",
+            if held.is_empty() {
+                "none".into()
+            } else {
+                list(of_held)
+            },
+            list(all)
+        ),
     }
 }
 
