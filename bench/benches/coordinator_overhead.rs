@@ -81,6 +81,7 @@ fn acceptance(leases: u32, chunks_per_lease: u32) -> Acceptance {
         n_tokens: u64::from(n_chunks) * u64::from(CHUNK_TOKENS),
         chunks_sha256: "bench-corpus".into(),
         eval_sets: Vec::new(),
+        groups: Vec::new(),
     };
     let facts = MoeFacts {
         n_expert: EXPERTS,

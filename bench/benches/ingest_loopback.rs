@@ -62,6 +62,7 @@ fn write_corpus(dir: &std::path::Path, n_chunks: u32) -> CorpusIndex {
         n_tokens: u64::from(n_chunks) * u64::from(CHUNK_TOKENS),
         chunks_sha256: gguf::hash::sha256_hex(&bytes),
         eval_sets: Vec::new(),
+        groups: Vec::new(),
     };
     std::fs::write(corpus.join(CHUNKS_FILE), bytes).unwrap();
     std::fs::write(corpus.join(INDEX_FILE), serde_json::to_vec(&index).unwrap()).unwrap();

@@ -72,9 +72,56 @@ fn quickstart_corpus_is_prepared_then_reused() {
         "{stdout}"
     );
     assert!(out.join("manifest.json").is_file() && out.join("corpus/chunks.parquet").is_file());
+    chunks_are_of_one_split_and_name_their_documents(&out);
     let again = corpus(&cfg, &out);
     assert!(again.status.success());
     assert!(String::from_utf8_lossy(&again.stdout).contains("reused the corpus"));
+}
+
+/// Over the stored `chunks.parquet` of the run `out`: no chunk holds spans
+/// of both splits (held-out positions never see fit text), and every span
+/// names its document (a line of `documents.jsonl`, of the span's domain and
+/// split, not dropped) and its group (an entry of `index.json`'s groups,
+/// the document's); every kept document's tokens are all in the chunks.
+fn chunks_are_of_one_split_and_name_their_documents(out: &Path) {
+    use runfiles::corpus::{read_chunks, CorpusIndex};
+    use runfiles::manifest::DocRecord;
+    let read = |name: &str| std::fs::read(out.join("corpus").join(name)).unwrap();
+    let chunks = read_chunks(bytes::Bytes::from(read("chunks.parquet")), None).unwrap();
+    let index: CorpusIndex = serde_json::from_slice(&read("index.json")).unwrap();
+    let docs: Vec<DocRecord> = String::from_utf8(read("documents.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut placed = vec![0u64; docs.len()];
+    let mut by_split = [0usize; 2];
+    for c in &chunks {
+        let split = c.spans[0].split;
+        assert!(
+            c.spans.iter().all(|s| s.split == split),
+            "chunk {} holds spans of both splits: {:?}",
+            c.id,
+            c.spans
+        );
+        by_split[usize::from(split == numbers::Split::Heldout)] += 1;
+        for s in &c.spans {
+            let doc = &docs[s.doc as usize];
+            let group = &index.groups[s.group as usize];
+            assert_eq!(doc.domain, index.domains[usize::from(s.domain)]);
+            assert_eq!((doc.split, doc.dropped.as_deref()), (s.split, None));
+            assert_eq!(
+                (group.domain, group.split, group.key.as_str()),
+                (s.domain, s.split, doc.group.as_str())
+            );
+            placed[s.doc as usize] += u64::from(s.len);
+        }
+    }
+    assert!(by_split[0] > 0 && by_split[1] > 0, "{by_split:?}");
+    for (d, n) in docs.iter().zip(&placed) {
+        let expected = if d.dropped.is_some() { 0 } else { d.tokens };
+        assert_eq!(*n, expected, "{}", d.at);
+    }
 }
 
 #[test]

@@ -6,6 +6,9 @@ use runfiles::corpus::ImageSpan;
 /// One document after tokenization.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Doc {
+    /// Its index in `corpus/documents.jsonl` order (the calibration
+    /// domains' documents in read order, then the eval sets').
+    pub index: u32,
     /// Index into the corpus's domains.
     pub domain: u16,
     /// Where it came from (`path:LINE`, ...).

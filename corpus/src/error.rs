@@ -65,29 +65,47 @@ pub enum CorpusError {
         /// The full share table.
         table: String,
     },
-    /// No document group of a domain fits its held-out fraction, and holding
-    /// out the smallest would take more than the bound.
+    /// A domain with a positive held-out fraction has fewer than two
+    /// document groups: nothing can be held out with a group left to fit on.
     #[error(
-        "domain {domain:?}: no document group fits heldout_fraction {fraction}, and the smallest \
-         holds {:.2}% of the domain's {total} tokens, more than the bound of {:.2}% (twice the \
-         fraction); group sizes in tokens, largest first: {groups}. Split the large groups \
-         (another group_key), raise heldout_fraction to at least half the smallest group's \
-         share, or set it to 0 for this domain",
-        100.0 * smallest,
-        100.0 * bound
+        "domain {domain:?} has {} document group(s) ({}), so heldout_fraction {fraction} cannot \
+         hold a group out and keep one to fit on: give it a group key with more values \
+         (group_key), more data, or set heldout_fraction = 0 for this domain explicitly \
+         ([[corpus.domains]] heldout_fraction = 0: it then has no held-out text)",
+        groups.len(),
+        groups.join(", ")
     )]
-    HeldoutGroups {
+    HeldoutOneGroup {
         /// The domain.
         domain: String,
-        /// Its configured held-out fraction.
+        /// Its held-out fraction.
         fraction: f64,
-        /// The most of the domain a held-out split may take.
-        bound: f64,
-        /// The smallest group's share of the domain's tokens.
-        smallest: f64,
+        /// Its groups (at most one).
+        groups: Vec<String>,
+    },
+    /// A domain's held-out share is outside half to twice its fraction.
+    #[error(
+        "domain {domain:?}: the held-out share {when} is {:.2}% of the domain's {total} tokens, \
+         outside [{:.2}%, {:.2}%] (half to twice heldout_fraction {fraction}); {groups}. Split \
+         the large groups \
+         (another group_key), add data, change heldout_fraction (or set it to 0 for this \
+         domain) or the seed",
+        100.0 * share,
+        100.0 * crate::heldout::SHARE_BOUNDS.0 * fraction,
+        100.0 * crate::heldout::SHARE_BOUNDS.1 * fraction
+    )]
+    HeldoutShare {
+        /// The domain.
+        domain: String,
+        /// Its held-out fraction.
+        fraction: f64,
+        /// When the share was measured: by the split, or after duplicate removal.
+        when: &'static str,
+        /// The held-out share measured.
+        share: f64,
         /// The domain's tokens.
         total: u64,
-        /// Group names and token counts, largest first.
+        /// The held-out groups and every group, with their tokens.
         groups: String,
     },
     /// The run already holds a corpus prepared from other inputs.

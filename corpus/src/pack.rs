@@ -6,14 +6,29 @@
 use numbers::{ChunkId, Split};
 use runfiles::corpus::{Chunk, ImageSpan, Span};
 
-/// Packs `(tokens, split, domain, images)` pieces in order; a document may
-/// continue into the next chunk, but never inside one of its images (each
-/// at most `n_ctx` positions: the caller refuses longer ones by name).
-/// Adjacent tokens of the same (split, domain) share a span.
-pub fn pack<'a>(
-    pieces: impl IntoIterator<Item = (&'a [i32], Split, u16, &'a [ImageSpan])>,
-    n_ctx: usize,
-) -> Vec<Chunk> {
+/// One document to pack: its tokens and images, and the labels every span
+/// of it carries.
+#[derive(Clone, Copy, Debug)]
+pub struct Piece<'a> {
+    /// Token ids.
+    pub tokens: &'a [i32],
+    /// Its images' positions in `tokens`, in order.
+    pub images: &'a [ImageSpan],
+    /// Fit or held-out.
+    pub split: Split,
+    /// Index of its domain.
+    pub domain: u16,
+    /// Its index in `documents.jsonl` order.
+    pub doc: u32,
+    /// Index of its group in the corpus index's groups.
+    pub group: u32,
+}
+
+/// Packs pieces in order; a document may continue into the next chunk (as
+/// a span there naming the same document), but never inside one of its
+/// images (each at most `n_ctx` positions: the caller refuses longer ones
+/// by name). Adjacent tokens of one document share a span.
+pub fn pack<'a>(pieces: impl IntoIterator<Item = Piece<'a>>, n_ctx: usize) -> Vec<Chunk> {
     assert!(n_ctx > 0, "n_ctx must be positive");
     let empty = |id| Chunk {
         id: ChunkId(id),
@@ -23,7 +38,15 @@ pub fn pack<'a>(
     };
     let mut chunks: Vec<Chunk> = Vec::new();
     let mut cur = empty(0);
-    for (tokens, split, domain, images) in pieces {
+    for piece in pieces {
+        let Piece {
+            tokens,
+            images,
+            split,
+            domain,
+            doc,
+            group,
+        } = piece;
         assert!(
             images.iter().all(|im| im.len as usize <= n_ctx),
             "an image longer than n_ctx reached packing"
@@ -44,12 +67,18 @@ pub fn pack<'a>(
                 let take = (end - offset) as u32;
                 cur.tokens.extend_from_slice(&tokens[offset..end]);
                 match cur.spans.last_mut() {
-                    Some(s) if s.split == split && s.domain == domain => s.len += take,
+                    Some(s)
+                        if (s.split, s.domain, s.doc, s.group) == (split, domain, doc, group) =>
+                    {
+                        s.len += take
+                    }
                     _ => cur.spans.push(Span {
                         start,
                         len: take,
                         split,
                         domain,
+                        doc,
+                        group,
                     }),
                 }
                 while let Some(im) = images
@@ -87,17 +116,17 @@ mod tests {
         let docs: Vec<Vec<i32>> = (0..23).map(|i| (0..(i * 7 % 40 + 1)).collect()).collect();
         let total: usize = docs.iter().map(Vec::len).sum();
         let chunks = pack(
-            docs.iter().enumerate().map(|(i, d)| {
-                (
-                    d.as_slice(),
-                    if i % 3 == 0 {
-                        Split::Heldout
-                    } else {
-                        Split::Fit
-                    },
-                    (i % 2) as u16,
-                    &[][..],
-                )
+            docs.iter().enumerate().map(|(i, d)| Piece {
+                tokens: d.as_slice(),
+                images: &[],
+                split: if i % 3 == 0 {
+                    Split::Heldout
+                } else {
+                    Split::Fit
+                },
+                domain: (i % 2) as u16,
+                doc: i as u32,
+                group: (i / 2) as u32,
             }),
             64,
         );
@@ -114,6 +143,35 @@ mod tests {
         let labels: Vec<(Split, u16)> = chunks.iter().flat_map(Chunk::token_labels).collect();
         assert_eq!(labels[0], (Split::Heldout, 0));
         assert_eq!(labels[1], (Split::Fit, 1));
+        // Every position names its document (a document cut at a chunk's
+        // end goes on as a span of the same document) and its group.
+        let owners: Vec<(u32, u32)> = chunks
+            .iter()
+            .flat_map(|c| c.spans.iter())
+            .flat_map(|s| std::iter::repeat_n((s.doc, s.group), s.len as usize))
+            .collect();
+        let expected: Vec<(u32, u32)> = docs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, d)| std::iter::repeat_n((i as u32, (i / 2) as u32), d.len()))
+            .collect();
+        assert_eq!(owners, expected);
+        let ends: Vec<usize> = docs
+            .iter()
+            .scan(0, |at, d| {
+                *at += d.len();
+                Some(*at)
+            })
+            .collect();
+        let cuts_inside = (1..chunks.len())
+            .filter(|k| !ends.contains(&(k * 64)))
+            .count();
+        let spans: usize = chunks.iter().map(|c| c.spans.len()).sum();
+        assert_eq!(
+            spans,
+            docs.len() + cuts_inside,
+            "one span per document per chunk"
+        );
     }
 
     #[test]
@@ -138,8 +196,14 @@ mod tests {
         }
         let n_ctx = 10;
         let chunks = pack(
-            docs.iter()
-                .map(|(t, im)| (t.as_slice(), Split::Fit, 0, im.as_slice())),
+            docs.iter().enumerate().map(|(i, (t, im))| Piece {
+                tokens: t.as_slice(),
+                images: im.as_slice(),
+                split: Split::Fit,
+                domain: 0,
+                doc: i as u32,
+                group: i as u32,
+            }),
             n_ctx,
         );
         let flat: Vec<i32> = chunks.iter().flat_map(|c| c.tokens.clone()).collect();

@@ -4,6 +4,7 @@
 use super::chat::ChatKwargs;
 use super::doc::Doc;
 use super::error::CorpusError;
+use super::pack::Piece;
 use super::shares::{self, ShareRow};
 use super::source::{read_source, Content, ImageRef, Record, SourceData};
 use super::tokenizer::{tokenize_all, Tokenizer};
@@ -11,7 +12,7 @@ use super::{dedup, heldout, pack, schedule};
 use config::{Config, CorpusConfig, SourceConfig};
 use numbers::Split;
 use rayon::prelude::*;
-use runfiles::corpus::{write_chunks, Chunk, CorpusIndex};
+use runfiles::corpus::{write_chunks, Chunk, CorpusIndex, GroupInfo};
 use runfiles::manifest::{
     ChunkPlan, DocRecord, DomainInfo, Dropped, EvalSetInfo, ImagesInfo, Manifest, SourceInfo,
     CORPUS_FORMAT,
@@ -321,13 +322,15 @@ pub fn prepare(
     // on, outside the shares, never dropped as duplicates.
     let mut docs = Vec::new();
     let mut eval_docs = Vec::new();
-    for (((domain, rec), chars), (tokens, images)) in records.into_iter().zip(chars).zip(tokens) {
+    let read = records.into_iter().zip(chars).zip(tokens);
+    for (index, (((domain, rec), chars), (tokens, images))) in read.enumerate() {
         let eval = usize::from(domain) >= names.len();
         let group = match eval {
             true => format!("eval:{}", rec.at),
             false => rec.group.unwrap_or_else(|| format!("doc:{}", rec.at)),
         };
         let doc = Doc {
+            index: index as u32,
             domain,
             group,
             at: rec.at,
@@ -365,6 +368,7 @@ pub fn prepare(
         .map(|d| d.heldout_fraction.unwrap_or(c.heldout_fraction))
         .collect();
     heldout::assign(&mut docs, &names, &fractions, c.seed)?;
+    let groups = Groups::of(docs.iter().chain(&eval_docs));
     let drops = duplicates(c, &all_names, &docs, &eval_docs);
     // Every document's record: the calibration domains', then the eval
     // sets' (never dropped).
@@ -405,6 +409,7 @@ pub fn prepare(
             });
         }
     }
+    heldout::check_shares(&docs, &names, &fractions)?;
     let targets: Vec<Option<f64>> = c.domains.iter().map(|d| d.target_share).collect();
     let rows = shares::measure(&names, &targets, &totals);
     let missed: Vec<String> = rows
@@ -440,11 +445,11 @@ pub fn prepare(
     // The calibration chunks, then each eval set's (never sharing a chunk
     // with calibration text, so adding an eval set leaves the calibration
     // chunks as they were).
-    let mut chunks = schedule_and_pack(c, &names, &docs);
+    let mut chunks = schedule_and_pack(c, &names, &docs, &groups);
     let mix: Vec<f64> = rows.iter().map(|r| r.token_share).collect();
     let deviations = schedule::prefix_deviations(&chunks, &mix);
     let calibration_tokens: u64 = chunks.iter().map(|ch| ch.tokens.len() as u64).sum();
-    pack_eval_sets(&mut chunks, &eval_docs, c.n_ctx);
+    pack_eval_sets(&mut chunks, &eval_docs, &groups, c.n_ctx);
     let n_tokens: u64 = chunks.iter().map(|ch| ch.tokens.len() as u64).sum();
     let split_tokens = |s: Split| {
         docs.iter()
@@ -486,6 +491,7 @@ pub fn prepare(
         n_tokens,
         chunks_sha256: hex::encode(Sha256::digest(&chunks_parquet)),
         eval_sets: c.eval_sets.iter().map(|e| e.name.clone()).collect(),
+        groups: groups.list,
     };
     let domains = domain_infos(c, rows, &fit_rows, domain_sources, &docs, &dropped);
     let in_chunks: BTreeSet<&str> = chunks
@@ -587,10 +593,14 @@ pub fn index_json(index: &CorpusIndex) -> String {
 ///    figures.
 /// 2. Near-duplicates of eval-set documents, then fit documents that
 ///    near-duplicate a held-out one (`near_duplicate_of_eval`,
-///    `near_duplicate_of_heldout`): on boilerplate-free shingles at the
-///    configured threshold, and for documents that are mostly boilerplate
-///    shingles on whole shingle sets at [`dedup::FAMILY_OVERLAP`].
-fn duplicates(
+///    `near_duplicate_of_heldout`), every pass at the configured threshold:
+///    on boilerplate-free shingles; for documents that are mostly
+///    boilerplate shingles on whole shingle sets (the family pass); and on
+///    shingles stripped only of what is common among the references
+///    ([`dedup::strip_common_to`]), so a fit document that contains a
+///    held-out or eval-set document (or most of it) is dropped however many
+///    others contain it too.
+pub(crate) fn duplicates(
     c: &CorpusConfig,
     names: &[String],
     docs: &[Doc],
@@ -645,13 +655,15 @@ fn duplicates(
         .collect();
     let stripped = dedup::strip_boilerplate(&whole, c.dedup.max_doc_freq);
     let n = live.len();
+    let references: Vec<usize> = (0..n)
+        .filter(|&x| docs[live[x]].split == Split::Heldout)
+        .chain(n..whole.len())
+        .collect();
+    let contained = dedup::strip_common_to(&whole, &references, c.dedup.max_doc_freq);
     // (candidate positions in `live`, reference positions in `whole`, rule).
     let find =
         |drop: &mut Vec<Option<Dropped>>, cands: Vec<usize>, refs: Vec<usize>, rule: &str| {
-            for (sets, threshold, family) in [
-                (&stripped.sets, c.dedup.threshold, false),
-                (&whole, dedup::FAMILY_OVERLAP, true),
-            ] {
+            for (sets, family) in [(&stripped.sets, false), (&whole, true), (&contained, false)] {
                 let pick = |v: &[usize]| -> Vec<usize> {
                     v.iter()
                         .copied()
@@ -668,7 +680,7 @@ fn duplicates(
                 }
                 let cs: Vec<&[u64]> = cands.iter().map(|&x| sets[x].as_slice()).collect();
                 let rs: Vec<&[u64]> = refs.iter().map(|&x| sets[x].as_slice()).collect();
-                for (k, m) in dedup::near_dups(&cs, &rs, threshold)
+                for (k, m) in dedup::near_dups(&cs, &rs, c.dedup.threshold)
                     .into_iter()
                     .enumerate()
                 {
@@ -714,16 +726,59 @@ fn doc_record(d: &Doc, names: &[String], dropped: Option<&Dropped>) -> DocRecord
     }
 }
 
+/// The corpus's document groups ([`CorpusIndex::groups`]), ordered by
+/// (domain, key), and each one's index.
+struct Groups {
+    list: Vec<GroupInfo>,
+    ids: HashMap<(u16, String), u32>,
+}
+
+impl Groups {
+    /// The groups of `docs`, each split as assigned.
+    fn of<'a>(docs: impl IntoIterator<Item = &'a Doc>) -> Groups {
+        let sides: BTreeMap<(u16, &str), Split> = docs
+            .into_iter()
+            .map(|d| ((d.domain, d.group.as_str()), d.split))
+            .collect();
+        let list: Vec<GroupInfo> = sides
+            .into_iter()
+            .map(|((domain, key), split)| GroupInfo {
+                domain,
+                split,
+                key: key.to_string(),
+            })
+            .collect();
+        let ids = list
+            .iter()
+            .enumerate()
+            .map(|(i, g)| ((g.domain, g.key.clone()), i as u32))
+            .collect();
+        Groups { list, ids }
+    }
+
+    /// What packing takes of `d`: its tokens and images with its labels.
+    fn piece<'a>(&self, d: &'a Doc) -> Piece<'a> {
+        Piece {
+            tokens: &d.tokens,
+            images: &d.images,
+            split: d.split,
+            domain: d.domain,
+            doc: d.index,
+            group: self.ids[&(d.domain, d.group.clone())],
+        }
+    }
+}
+
 /// Appends the eval sets' chunks after `chunks`: each set's documents in
 /// file order, packed alone, numbered on from the last chunk.
-fn pack_eval_sets(chunks: &mut Vec<Chunk>, eval_docs: &[Doc], n_ctx: u32) {
+fn pack_eval_sets(chunks: &mut Vec<Chunk>, eval_docs: &[Doc], groups: &Groups, n_ctx: u32) {
     // The documents come set by set, in read order.
     for set in eval_docs.chunk_by(|a, b| a.domain == b.domain) {
         let first = chunks.len() as u32;
         let packed = pack::pack(
             set.iter()
                 .filter(|d| !d.tokens.is_empty())
-                .map(|d| (d.tokens.as_slice(), d.split, d.domain, d.images.as_slice())),
+                .map(|d| groups.piece(d)),
             n_ctx as usize,
         );
         chunks.extend(packed.into_iter().map(|mut ch| {
@@ -733,8 +788,17 @@ fn pack_eval_sets(chunks: &mut Vec<Chunk>, eval_docs: &[Doc], n_ctx: u32) {
     }
 }
 
-/// Orders documents per (split, domain) stream, interleaves the streams and packs.
-fn schedule_and_pack(c: &CorpusConfig, names: &[String], docs: &[Doc]) -> Vec<Chunk> {
+/// Orders documents per (split, domain) stream and interleaves the streams;
+/// then packs each split's documents, in that order, into chunks of their
+/// own (so held-out positions never attend to fit text, nor fit positions
+/// to held-out text) and interleaves the two splits' chunks by tokens, so
+/// every prefix of the schedule keeps both splits' shares.
+fn schedule_and_pack(
+    c: &CorpusConfig,
+    names: &[String],
+    docs: &[Doc],
+    groups: &Groups,
+) -> Vec<Chunk> {
     let mut streams: Vec<Vec<usize>> = Vec::new();
     for split in Split::ALL {
         for domain in 0..names.len() {
@@ -752,13 +816,30 @@ fn schedule_and_pack(c: &CorpusConfig, names: &[String], docs: &[Doc]) -> Vec<Ch
         }
     }
     let order = schedule::interleave(&streams, |i| docs[i].tokens.len() as u64);
-    pack::pack(
-        order.iter().map(|&i| {
-            let d = &docs[i];
-            (d.tokens.as_slice(), d.split, d.domain, d.images.as_slice())
-        }),
-        c.n_ctx as usize,
-    )
+    let mut packed: Vec<Option<Chunk>> = Vec::new();
+    let mut chunk_streams: Vec<Vec<usize>> = Vec::new();
+    for split in Split::ALL {
+        let chunks = pack::pack(
+            order
+                .iter()
+                .filter(|&&i| docs[i].split == split)
+                .map(|&i| groups.piece(&docs[i])),
+            c.n_ctx as usize,
+        );
+        chunk_streams.push((packed.len()..packed.len() + chunks.len()).collect());
+        packed.extend(chunks.into_iter().map(Some));
+    }
+    let tokens = |i: usize| packed[i].as_ref().map_or(0, |ch| ch.tokens.len() as u64);
+    let chunk_order = schedule::interleave(&chunk_streams, tokens);
+    chunk_order
+        .into_iter()
+        .enumerate()
+        .filter_map(|(id, i)| {
+            let mut ch = packed[i].take()?;
+            ch.id = numbers::ChunkId(id as u32);
+            Some(ch)
+        })
+        .collect()
 }
 
 fn domain_infos(

@@ -70,7 +70,7 @@ pub fn prefix_deviations(chunks: &[Chunk], mix: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pack::pack;
+    use crate::pack::{pack, Piece};
     use numbers::Split;
 
     #[test]
@@ -82,9 +82,14 @@ mod tests {
         assert_eq!(order.len(), 100);
         let toks: Vec<Vec<i32>> = lens.iter().map(|&l| vec![0; l as usize]).collect();
         let chunks = pack(
-            order
-                .iter()
-                .map(|&d| (toks[d].as_slice(), Split::Fit, u16::from(d >= 90), &[][..])),
+            order.iter().map(|&d| Piece {
+                tokens: toks[d].as_slice(),
+                images: &[],
+                split: Split::Fit,
+                domain: u16::from(d >= 90),
+                doc: d as u32,
+                group: d as u32,
+            }),
             256,
         );
         let dev = prefix_deviations(&chunks, &[0.75, 0.25]);

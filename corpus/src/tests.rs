@@ -178,14 +178,20 @@ pub(super) fn check_invariants(p: &prepare::Prepared) {
         p.chunks.iter().map(|c| c.tokens.len() as u64).sum::<u64>(),
         total
     );
-    // The stream a chunk belongs to: calibration, or one eval set.
+    // The stream a chunk belongs to: one split of the calibration
+    // domains, or one eval set; a chunk holds text of one split only.
     let stream = |c: &runfiles::corpus::Chunk| {
-        let d = usize::from(c.spans[0].domain);
+        let (d, split) = (usize::from(c.spans[0].domain), c.spans[0].split);
         assert!(c
             .spans
             .iter()
             .all(|s| (usize::from(s.domain) < n_domains) == (d < n_domains)));
-        (d >= n_domains).then_some(d)
+        assert!(
+            c.spans.iter().all(|s| s.split == split),
+            "chunk {} holds spans of both splits",
+            c.id
+        );
+        (split, (d >= n_domains).then_some(d))
     };
     for (i, c) in p.chunks.iter().enumerate() {
         assert_eq!(c.id.0 as usize, i);
@@ -201,7 +207,7 @@ pub(super) fn check_invariants(p: &prepare::Prepared) {
     let calibration: Vec<_> = p
         .chunks
         .iter()
-        .take_while(|c| stream(c).is_none())
+        .take_while(|c| stream(c).1.is_none())
         .cloned()
         .collect();
     let mix: Vec<f64> = p
@@ -218,6 +224,33 @@ pub(super) fn check_invariants(p: &prepare::Prepared) {
     assert!(dev.last().unwrap().abs() < 1e-9);
     let read = read_chunks(bytes::Bytes::from(p.chunks_parquet.clone()), None).unwrap();
     assert_eq!(read, p.chunks);
+    check_owners(p);
+}
+
+/// Every span names its document (by its line in `documents.jsonl`) and
+/// its group (by its entry in the index's groups), and both agree with the
+/// span's domain and split; every kept document's tokens are in the chunks.
+pub(super) fn check_owners(p: &prepare::Prepared) {
+    let mut placed = vec![0u64; p.documents.len()];
+    for c in &p.chunks {
+        for s in &c.spans {
+            let doc = &p.documents[s.doc as usize];
+            let group = &p.index.groups[s.group as usize];
+            let domain = &p.index.domains[usize::from(s.domain)];
+            assert_eq!(&doc.domain, domain, "chunk {}: {s:?}", c.id);
+            assert_eq!(doc.split, s.split, "chunk {}: {s:?}", c.id);
+            assert!(doc.dropped.is_none(), "a dropped document is packed");
+            assert_eq!(
+                (group.domain, group.split, group.key.as_str()),
+                (s.domain, s.split, doc.group.as_str())
+            );
+            placed[s.doc as usize] += u64::from(s.len);
+        }
+    }
+    for (d, n) in p.documents.iter().zip(&placed) {
+        let expected = if d.dropped.is_some() { 0 } else { d.tokens };
+        assert_eq!(*n, expected, "{}: tokens in chunks", d.at);
+    }
 }
 
 #[test]

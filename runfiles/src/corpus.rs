@@ -1,6 +1,6 @@
 //! The tokenized corpus as workers read it: chunks of token ids with
-//! per-token (split, domain) spans, stored as `corpus/chunks.parquet` beside
-//! `corpus/index.json` under the run.
+//! per-token (split, domain, document, group) spans, stored as
+//! `corpus/chunks.parquet` beside `corpus/index.json` under the run.
 //!
 //! A chunk may carry images ([`ImageSpan`]): the positions an image takes
 //! in the model's input (mtmd's count for the model's mmproj), each holding
@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 pub use crate::layout::corpus::{CHUNKS_FILE, INDEX_FILE};
 
-/// A run of consecutive tokens of one (split, domain) inside a chunk.
+/// A run of consecutive tokens of one document inside a chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Span {
     /// First token position in the chunk.
@@ -29,6 +29,25 @@ pub struct Span {
     pub split: Split,
     /// Index into [`CorpusIndex::domains`].
     pub domain: u16,
+    /// The document's index in `corpus/documents.jsonl` order, so a
+    /// figure can be traced (and clustered) back to its document.
+    pub doc: u32,
+    /// Index into [`CorpusIndex::groups`]: the unit the held-out split
+    /// samples, and so the unit intervals cluster by.
+    pub group: u32,
+}
+
+/// One document group of the corpus ([`CorpusIndex::groups`]): every
+/// document of a group lands on the same side of the held-out split.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupInfo {
+    /// Index into [`CorpusIndex::domains`].
+    pub domain: u16,
+    /// The side of the split the group landed on.
+    pub split: Split,
+    /// The group key's value; `doc:<where>` for a document of a domain
+    /// without a group key, `eval:<where>` for an eval-set document.
+    pub key: String,
 }
 
 /// The positions one image takes in a chunk (or a document): `len`
@@ -204,6 +223,11 @@ pub struct CorpusIndex {
     /// (`[[corpus.eval_sets]]`): held out whole, evaluated apart.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub eval_sets: Vec<String>,
+    /// Every document group, indexed by [`Span::group`] (empty in an index
+    /// written before spans named their groups, whose chunk table
+    /// [`read_chunks`] refuses).
+    #[serde(default)]
+    pub groups: Vec<GroupInfo>,
 }
 
 impl CorpusIndex {
@@ -223,6 +247,10 @@ impl CorpusIndex {
 /// has images (so a text corpus's table keeps its bytes).
 const IMAGE_COLUMNS: [&str; 3] = ["image_start", "image_len", "image_sha256"];
 
+/// The span columns naming each span's document and group (corpus format 3).
+const SPAN_DOC: &str = "span_doc";
+const SPAN_GROUP: &str = "span_group";
+
 fn schema(images: bool) -> SchemaRef {
     let list = |name: &str, dt: DataType| {
         Field::new(
@@ -238,6 +266,8 @@ fn schema(images: bool) -> SchemaRef {
         list("span_len", DataType::UInt32),
         list("span_split", DataType::UInt8),
         list("span_domain", DataType::UInt16),
+        list(SPAN_DOC, DataType::UInt32),
+        list(SPAN_GROUP, DataType::UInt32),
     ];
     if images {
         fields.extend([
@@ -259,6 +289,8 @@ pub fn write_chunks(chunks: &[Chunk]) -> Result<Vec<u8>, String> {
     let mut len = ListBuilder::new(UInt32Builder::new()).with_field(item(DataType::UInt32));
     let mut split = ListBuilder::new(UInt8Builder::new()).with_field(item(DataType::UInt8));
     let mut domain = ListBuilder::new(UInt16Builder::new()).with_field(item(DataType::UInt16));
+    let mut doc = ListBuilder::new(UInt32Builder::new()).with_field(item(DataType::UInt32));
+    let mut group = ListBuilder::new(UInt32Builder::new()).with_field(item(DataType::UInt32));
     for c in chunks {
         tokens.values().append_slice(&c.tokens);
         tokens.append(true);
@@ -267,11 +299,15 @@ pub fn write_chunks(chunks: &[Chunk]) -> Result<Vec<u8>, String> {
             len.values().append_value(s.len);
             split.values().append_value(s.split.code());
             domain.values().append_value(s.domain);
+            doc.values().append_value(s.doc);
+            group.values().append_value(s.group);
         }
         start.append(true);
         len.append(true);
         split.append(true);
         domain.append(true);
+        doc.append(true);
+        group.append(true);
     }
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(UInt32Array::from_iter_values(chunks.iter().map(|c| c.id.0))),
@@ -280,6 +316,8 @@ pub fn write_chunks(chunks: &[Chunk]) -> Result<Vec<u8>, String> {
         Arc::new(len.finish()),
         Arc::new(split.finish()),
         Arc::new(domain.finish()),
+        Arc::new(doc.finish()),
+        Arc::new(group.finish()),
     ];
     let images = chunks.iter().any(|c| !c.images.is_empty());
     if images {
@@ -340,6 +378,14 @@ pub fn read_chunks(bytes: bytes::Bytes, range: Option<ChunkRange>) -> Result<Vec
             list(&batch, "span_split")?,
             list(&batch, "span_domain")?,
         );
+        if batch.column_by_name(SPAN_DOC).is_none() {
+            return Err(format!(
+                "chunk table lacks the column {SPAN_DOC:?}: it was written before corpus format \
+                 3, whose spans name their document and group (what intervals cluster by); \
+                 prepare the corpus again (run with --force, or choose another --out)"
+            ));
+        }
+        let (docs, groups) = (list(&batch, SPAN_DOC)?, list(&batch, SPAN_GROUP)?);
         let images = match batch.column_by_name(IMAGE_COLUMNS[0]) {
             Some(_) => Some((
                 list(&batch, IMAGE_COLUMNS[0])?,
@@ -356,6 +402,13 @@ pub fn read_chunks(bytes: bytes::Bytes, range: Option<ChunkRange>) -> Result<Vec
             let t: Int32Array = values(tokens, i)?;
             let (s, l): (UInt32Array, UInt32Array) = (values(start, i)?, values(len, i)?);
             let (sp, d): (UInt8Array, UInt16Array) = (values(split, i)?, values(domain, i)?);
+            let (doc, g): (UInt32Array, UInt32Array) = (values(docs, i)?, values(groups, i)?);
+            if [l.len(), sp.len(), d.len(), doc.len(), g.len()]
+                .iter()
+                .any(|&n| n != s.len())
+            {
+                return Err(format!("chunk {id}: span columns differ in length"));
+            }
             let spans = (0..s.len())
                 .map(|j| {
                     Ok(Span {
@@ -365,6 +418,8 @@ pub fn read_chunks(bytes: bytes::Bytes, range: Option<ChunkRange>) -> Result<Vec
                             format!("chunk {id}: unknown split code {}", sp.value(j))
                         })?,
                         domain: d.value(j),
+                        doc: doc.value(j),
+                        group: g.value(j),
                     })
                 })
                 .collect::<Result<_, String>>()?;
@@ -413,12 +468,16 @@ mod tests {
                         len: 1,
                         split: Split::Fit,
                         domain: 0,
+                        doc: 2 * i,
+                        group: 0,
                     },
                     Span {
                         start: 1,
                         len: 2,
                         split: Split::Heldout,
                         domain: 1,
+                        doc: 2 * i + 1,
+                        group: 7 + i,
                     },
                 ],
                 images: Vec::new(),
@@ -438,6 +497,33 @@ mod tests {
         assert!(refuse_images(&all, "evaluation").is_ok());
         let text_columns = read_columns(&bytes_of(&chunks));
         assert!(!text_columns.iter().any(|c| c.starts_with("image_")));
+    }
+
+    #[test]
+    fn a_table_whose_spans_name_no_document_is_refused_by_name() {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let chunk = image_chunk();
+        let bytes = bytes::Bytes::from(bytes_of(std::slice::from_ref(&chunk)));
+        // The same table as corpus format 2 wrote it: without the span
+        // document and group columns.
+        let mut reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap();
+        let batch = reader.next().unwrap().unwrap();
+        let keep: Vec<usize> = (0..batch.num_columns())
+            .filter(|&i| !batch.schema().field(i).name().starts_with("span_doc"))
+            .filter(|&i| batch.schema().field(i).name() != SPAN_GROUP)
+            .collect();
+        let old = crate::parquet_out::parquet_bytes(&batch.project(&keep).unwrap()).unwrap();
+        assert!(!read_columns(&old).contains(&SPAN_DOC.to_string()));
+        let err = read_chunks(bytes::Bytes::from(old), None).unwrap_err();
+        assert!(
+            err.contains("\"span_doc\"")
+                && err.contains("corpus format 3")
+                && err.contains("--force"),
+            "{err}"
+        );
     }
 
     fn bytes_of(chunks: &[Chunk]) -> Vec<u8> {
@@ -467,6 +553,8 @@ mod tests {
                 len: 10,
                 split: Split::Fit,
                 domain: 0,
+                doc: 4,
+                group: 1,
             }],
             images: vec![ImageSpan {
                 start: 2,

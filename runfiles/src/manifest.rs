@@ -24,8 +24,9 @@ pub use crate::layout::MANIFEST_JSON as MANIFEST_FILE;
 pub use crate::layout::corpus::DOCUMENTS_FILE;
 
 /// Version of the corpus format; part of the inputs fingerprint (2: exact
-/// duplicates dropped and the held-out share bounded).
-pub const CORPUS_FORMAT: u32 = 2;
+/// duplicates dropped and the held-out share bounded; 3: every span names
+/// its document and group, `index.json` lists the groups).
+pub const CORPUS_FORMAT: u32 = 3;
 
 /// The corpus section of the run's manifest.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -116,8 +117,8 @@ pub struct DomainInfo {
     pub sources: Vec<SourceInfo>,
     /// Configured held-out fraction.
     pub heldout_fraction: f64,
-    /// Held-out share of the domain's kept tokens (at most twice the
-    /// fraction, [`crate::heldout::HELDOUT_BOUND_FACTOR`]).
+    /// Held-out share of the domain's kept tokens (half to twice the
+    /// fraction, or the corpus is refused).
     pub heldout_share: f64,
     /// The domain's share of the fit split's tokens, checked against its
     /// target share like the corpus share.

@@ -4,7 +4,7 @@
 //! whole vocabulary; one fit span per chunk, one domain.
 
 use numbers::{ChunkId, Split};
-use runfiles::corpus::{Chunk, CorpusIndex, Span};
+use runfiles::corpus::{Chunk, CorpusIndex, GroupInfo, Span};
 
 /// `n` chunks of `n_ctx` token ids below `n_vocab.min(600)` and their index
 /// (600: the generated models' vocabulary, so figures stay comparable).
@@ -27,6 +27,8 @@ pub fn token_chunks(n: u32, n_ctx: u32, modulus: u64) -> (CorpusIndex, Vec<Chunk
                 len: n_ctx,
                 split: Split::Fit,
                 domain: 0,
+                doc: id,
+                group: 0,
             }],
             images: Vec::new(),
         })
@@ -38,6 +40,11 @@ pub fn token_chunks(n: u32, n_ctx: u32, modulus: u64) -> (CorpusIndex, Vec<Chunk
         n_tokens: u64::from(n) * u64::from(n_ctx),
         chunks_sha256: "bench".into(),
         eval_sets: Vec::new(),
+        groups: vec![GroupInfo {
+            domain: 0,
+            split: Split::Fit,
+            key: "bench".into(),
+        }],
     };
     (index, chunks)
 }

@@ -21,7 +21,9 @@ pub mod peer;
 pub mod proc;
 
 use numbers::{ChunkId, Split};
-use runfiles::corpus::{write_chunks, Chunk, CorpusIndex, Span, CHUNKS_FILE, INDEX_FILE};
+use runfiles::corpus::{
+    write_chunks, Chunk, CorpusIndex, GroupInfo, Span, CHUNKS_FILE, INDEX_FILE,
+};
 use std::path::{Path, PathBuf};
 use synth::Preset;
 
@@ -74,8 +76,17 @@ pub fn model_as(dir: &Path, preset: Preset, weights: synth::WeightType) -> PathB
     path
 }
 
+/// The groups of [`chunks`]' spans, as (domain, split, key): `en` fit,
+/// `ja` fit and `ja` held out.
+pub const FIXTURE_GROUPS: [(u16, Split, &str); 3] = [
+    (0, Split::Fit, "en-fit"),
+    (1, Split::Fit, "ja-fit"),
+    (1, Split::Heldout, "ja-heldout"),
+];
+
 /// A deterministic corpus of `n_chunks` chunks of `n_ctx` tokens (the last
-/// one shorter) over two domains, with fit and held-out spans in each chunk.
+/// one shorter) over two domains, with fit and held-out spans in each chunk;
+/// each span a document of its own, in a group of [`FIXTURE_GROUPS`].
 pub fn chunks(n_chunks: u32, n_ctx: u32) -> Vec<Chunk> {
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
@@ -100,18 +111,24 @@ pub fn chunks(n_chunks: u32, n_ctx: u32) -> Vec<Chunk> {
                     len: a,
                     split: Split::Fit,
                     domain: (id % 2) as u16,
+                    doc: 3 * id,
+                    group: id % 2,
                 },
                 Span {
                     start: a,
                     len: b - a,
                     split: Split::Heldout,
                     domain: 1,
+                    doc: 3 * id + 1,
+                    group: 2,
                 },
                 Span {
                     start: b,
                     len: len - b,
                     split: Split::Fit,
                     domain: 0,
+                    doc: 3 * id + 2,
+                    group: 0,
                 },
             ];
             Chunk {
@@ -136,6 +153,14 @@ pub fn write_corpus(dir: &Path, chunks: &[Chunk], n_ctx: u32) -> CorpusIndex {
         n_tokens: chunks.iter().map(|c| c.tokens.len() as u64).sum(),
         chunks_sha256: gguf::hash::sha256_hex(&bytes),
         eval_sets: Vec::new(),
+        groups: FIXTURE_GROUPS
+            .iter()
+            .map(|&(domain, split, key)| GroupInfo {
+                domain,
+                split,
+                key: key.into(),
+            })
+            .collect(),
     };
     std::fs::write(corpus.join(CHUNKS_FILE), bytes).unwrap();
     std::fs::write(corpus.join(INDEX_FILE), serde_json::to_vec(&index).unwrap()).unwrap();

@@ -52,6 +52,8 @@ pub fn as_chunk(pieces: &[Piece], sha256: &str) -> Chunk {
             len: tokens.len() as u32,
             split: Split::Fit,
             domain: 0,
+            doc: 0,
+            group: 0,
         }],
         tokens,
         images,

@@ -221,6 +221,8 @@ fn default_positions_and_kl_block_are_llama_perplexitys() {
                 len: N_CTX,
                 split: Split::Heldout,
                 domain: 0,
+                doc: c.id.0,
+                group: c.id.0,
             }];
             c
         })

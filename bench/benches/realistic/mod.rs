@@ -56,6 +56,8 @@ pub fn chunks(n_chunks: u32) -> Vec<Chunk> {
                     len: SPAN,
                     split: GROUPS[g as usize].0,
                     domain: (g % 2) as u16,
+                    doc: id * 4 + g,
+                    group: g,
                 })
                 .collect(),
             images: Vec::new(),

@@ -2,7 +2,8 @@
 //! copies and 20 near copies of documents of one domain, and an eval-set
 //! document repeated 20 times in it (issue 44's done-when).
 
-use super::super::prepare::{prepare, Prepared};
+use super::super::doc::Doc;
+use super::super::prepare::{duplicates, prepare, Prepared};
 use super::super::tokenizer::ByteTokenizer;
 use super::super::{summary, Config};
 use super::{check_invariants, prose};
@@ -163,4 +164,79 @@ fn every_copy_of_a_heldout_or_eval_document_leaves_fit_and_the_summary_counts_th
     );
     assert!(text.contains(&line), "{text}\nwanted: {line}");
     check_invariants(&p);
+}
+
+/// A document of `n` tokens from a generator seeded by `seed`.
+fn random_tokens(seed: u64, n: usize) -> Vec<i32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 5000) as i32
+        })
+        .collect()
+}
+
+fn doc(index: usize, tokens: Vec<i32>, split: Split) -> Doc {
+    Doc {
+        index: index as u32,
+        domain: 0,
+        at: format!("web.jsonl:{}", index + 1),
+        group: format!("doc:{index}"),
+        chars: tokens.len() as u64,
+        tokens,
+        images: Vec::new(),
+        split,
+    }
+}
+
+#[test]
+fn fit_documents_containing_a_heldout_or_eval_document_are_all_dropped_whatever_their_number() {
+    let c = config::CorpusConfig::default();
+    let names = vec!["web".to_string(), "bench".to_string()];
+    for family in [20usize, 100] {
+        let held = random_tokens(1, 120);
+        let eval = random_tokens(2, 120);
+        // The held-out document, 40 unrelated documents (20 held out), and
+        // `family` fit documents each the held-out one plus 300 tokens of
+        // their own, then as many containing the eval-set document.
+        let mut docs = vec![doc(0, held.clone(), Split::Heldout)];
+        for i in 0..40 {
+            let split = [Split::Fit, Split::Heldout][i % 2];
+            docs.push(doc(docs.len(), random_tokens(100 + i as u64, 300), split));
+        }
+        for (i, inner) in [&held, &eval].into_iter().enumerate() {
+            for k in 0..family {
+                let mut t = random_tokens(10_000 + (i * family + k) as u64, 150);
+                t.extend(inner.iter());
+                t.extend(random_tokens(20_000 + (i * family + k) as u64, 150));
+                docs.push(doc(docs.len(), t, Split::Fit));
+            }
+        }
+        let mut evals = vec![doc(docs.len(), eval.clone(), Split::Heldout)];
+        evals[0].domain = 1;
+        let drops = duplicates(&c, &names, &docs, &evals);
+        let rule = |i: usize| drops[i].as_ref().map(|x| x.rule.as_str());
+        for i in 0..41 {
+            assert_eq!(
+                rule(i),
+                None,
+                "family {family}: unrelated document {i} dropped"
+            );
+        }
+        for k in 0..family {
+            assert_eq!(
+                rule(41 + k),
+                Some("near_duplicate_of_heldout"),
+                "family {family}"
+            );
+            assert_eq!(
+                rule(41 + family + k),
+                Some("near_duplicate_of_eval"),
+                "family {family}"
+            );
+        }
+    }
 }

@@ -60,7 +60,7 @@ path = "model.gguf"
 
 [corpus]
 n_ctx = {n_ctx}
-heldout_fraction = 0.25
+heldout_fraction = 0.2
 seed = 7
 
 [[corpus.domains]]

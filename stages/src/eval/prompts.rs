@@ -89,6 +89,8 @@ mod tests {
                     len: 0,
                     split,
                     domain,
+                    doc: 0,
+                    group: 0,
                 })
                 .collect(),
             images: Vec::new(),

@@ -151,6 +151,8 @@ mod tests {
                 len,
                 split: Split::Fit,
                 domain: 0,
+                doc: id,
+                group: id,
             }],
             images: Vec::new(),
         }
@@ -229,12 +231,16 @@ mod tests {
                 len: 6,
                 split: Split::Fit,
                 domain: 0,
+                doc: 0,
+                group: 0,
             },
             Span {
                 start: 6,
                 len: 6,
                 split: Split::Heldout,
                 domain: 0,
+                doc: 1,
+                group: 1,
             },
         ];
         let chunks = [held, mixed, chunk(2, 4)];

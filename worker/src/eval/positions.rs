@@ -56,6 +56,8 @@ mod tests {
             len,
             split,
             domain,
+            doc: start,
+            group: start,
         };
         Chunk {
             id: ChunkId(0),

@@ -19,12 +19,16 @@ fn corpus() -> (CorpusIndex, Vec<Chunk>) {
                     len: 4,
                     split: Split::Fit,
                     domain: (id % 2) as u16,
+                    doc: 2 * id,
+                    group: 2 * id,
                 },
                 Span {
                     start: 4,
                     len: 6,
                     split: Split::Heldout,
                     domain: 1,
+                    doc: 2 * id + 1,
+                    group: 2 * id + 1,
                 },
             ],
             images: Vec::new(),
@@ -37,6 +41,7 @@ fn corpus() -> (CorpusIndex, Vec<Chunk>) {
         n_tokens: 60,
         chunks_sha256: "corpus-sha".into(),
         eval_sets: Vec::new(),
+        groups: Vec::new(),
     };
     (index, chunks)
 }
