@@ -363,7 +363,8 @@ pub fn prepare(
         .map(|d| d.heldout_fraction.unwrap_or(c.heldout_fraction))
         .collect();
     heldout::assign(&mut docs, &names, &fractions, c.seed)?;
-    let drops = duplicates(c, &all_names, &docs, &eval_docs);
+    let mut drops = duplicates(c, &all_names, &docs, &eval_docs);
+    let over_share = super::sample::apply(c, &names, &docs, &mut drops);
     // Every document's record: the calibration domains', then the eval
     // sets' (never dropped).
     let documents: Vec<DocRecord> = docs
@@ -375,6 +376,9 @@ pub fn prepare(
     let mut drops = drops.into_iter();
     let mut dropped = Vec::new();
     docs.retain(|_| match drops.next().flatten() {
+        // Documents left out over a share are listed in documents.jsonl
+        // and counted per domain, not in the manifest's list of duplicates.
+        Some(x) if x.rule == super::sample::OVER_SHARE => false,
         Some(x) => {
             dropped.push(x);
             false
@@ -410,7 +414,11 @@ pub fn prepare(
         .filter(|r| !r.within(c.tolerance))
         .map(|r| r.domain.clone())
         .collect();
-    if !missed.is_empty() {
+    // Sampling meets the shares of the fit split (what the statistics are
+    // fitted on); the held-out split stays the configured fraction of each
+    // domain, so the shares over both splits are checked only under
+    // `shares = "verify"`.
+    if !missed.is_empty() && c.shares == config::SharesMode::Verify {
         return Err(CorpusError::ShareMiss {
             domains: missed,
             tolerance: c.tolerance,
@@ -485,7 +493,10 @@ pub fn prepare(
         chunks_sha256: hex::encode(Sha256::digest(&chunks_parquet)),
         eval_sets: c.eval_sets.iter().map(|e| e.name.clone()).collect(),
     };
-    let domains = domain_infos(c, rows, &fit_rows, domain_sources, &docs, &dropped);
+    let mut domains = domain_infos(c, rows, &fit_rows, domain_sources, &docs, &dropped);
+    for (info, &(n, tokens)) in domains.iter_mut().zip(&over_share) {
+        (info.over_share_docs, info.over_share_tokens) = (n, tokens);
+    }
     let in_chunks: BTreeSet<&str> = chunks
         .iter()
         .flat_map(|ch| ch.images.iter().map(|im| im.sha256.as_str()))
@@ -809,6 +820,9 @@ fn domain_infos(
                 dropped_exact_heldout: drops("exact_duplicate_of_heldout"),
                 dropped_exact_eval: drops("exact_duplicate_of_eval"),
                 dropped_exact_within: drops("exact_duplicate_within_split"),
+                // Counted by the share sampling ([`super::sample::apply`]).
+                over_share_docs: 0,
+                over_share_tokens: 0,
             }
         })
         .collect()
