@@ -226,6 +226,14 @@ pub struct CorpusConfig {
     /// share and its target (0.05 = five percentage points).
     #[serde(default = "default_tolerance")]
     pub tolerance: f64,
+    /// How the domains' `target_share`s are met: `"sample"` keeps whole
+    /// groups of each domain's fit split (in the seeded order) until its fit
+    /// tokens reach its share of what the scarcest domain allows, leaving
+    /// the rest out (`dropped: "over_share"` in `documents.jsonl`), so the
+    /// shares hold in the model's own tokens; `"verify"` keeps every
+    /// document and fails when a share misses by more than `tolerance`.
+    #[serde(default)]
+    pub shares: SharesMode,
     /// Held-out fraction for domains that do not set their own.
     #[serde(default)]
     pub heldout_fraction: f64,
@@ -256,6 +264,18 @@ pub struct CorpusConfig {
     pub chat_template_kwargs: BTreeMap<String, serde_json::Value>,
 }
 
+/// `[corpus] shares`: how target shares are met.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SharesMode {
+    /// Leave fit documents out, whole groups at a time, until every
+    /// domain's fit tokens reach its target share.
+    #[default]
+    Sample,
+    /// Keep every document; fail when a share misses its target.
+    Verify,
+}
+
 fn default_n_ctx() -> u32 {
     512
 }
@@ -269,6 +289,7 @@ impl Default for CorpusConfig {
         CorpusConfig {
             n_ctx: default_n_ctx(),
             tolerance: default_tolerance(),
+            shares: SharesMode::default(),
             heldout_fraction: 0.0,
             group_key: None,
             seed: 0,

@@ -20,16 +20,20 @@ pub enum Method {
     ReapShrink,
     /// Mean of the ranks under `reap_l2_sum` and `reap_shrink`.
     ReapHybrid,
+    /// The experts maximising the smallest, over calibration domains, of
+    /// the domain's retained share of its `reap_l2_sum` (greedy leximin).
+    WorstDomain,
 }
 
 impl Method {
     /// Every method, in report order.
-    pub const ALL: [Method; 5] = [
+    pub const ALL: [Method; 6] = [
         Method::Frequency,
         Method::ReapMean,
         Method::ReapL2Sum,
         Method::ReapShrink,
         Method::ReapHybrid,
+        Method::WorstDomain,
     ];
 
     /// The name used in files and flags.
@@ -40,6 +44,7 @@ impl Method {
             Method::ReapL2Sum => "reap_l2_sum",
             Method::ReapShrink => "reap_shrink",
             Method::ReapHybrid => "reap_hybrid",
+            Method::WorstDomain => "worst_domain",
         }
     }
 

@@ -99,23 +99,71 @@ fn corpus(args: corpus::CorpusArgs) -> anyhow::Result<ExitCode> {
 
 /// `coordinator replay`: without `--model`, the expert sizes come from the
 /// model the run recorded (the manifest's `model_path`) while it exists.
+/// Without `--out` it writes the run's own `replay/` only with the run's
+/// own options ([`crate::pipeline::own_replay_args`]).
 fn replay(mut args: replay::ReplayArgs) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
+    let store = runfiles::store::RunStore::open(&args.run)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the I/O runtime")?;
     if args.model.is_none() {
-        let store = runfiles::store::RunStore::open(&args.run)?;
-        let manifest = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the I/O runtime")?
+        let manifest = rt
             .block_on(runfiles::manifest::read(&store))
             .with_context(|| {
                 format!("parsing {}", store.url_of(runfiles::layout::MANIFEST_JSON))
             })?;
         args.model = manifest.and_then(|m| m.model_path).filter(|p| p.exists());
     }
+    if args.out.is_none() {
+        let ks = rt.block_on(scored_sizes(&store))?;
+        replay_differences(&args, &crate::pipeline::own_replay_args(&args.run, &ks))
+            .allow("replay/")?;
+    }
+    drop(rt);
     let report = replay::replay_run(&args)?;
     println!("{}", report.markdown);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The sizes the run's own score wrote keep maps at (none before `score`).
+async fn scored_sizes(store: &runfiles::store::RunStore) -> anyhow::Result<Vec<u32>> {
+    if store
+        .get_opt(stages::score::outputs::REPORT_JSON)
+        .await?
+        .is_none()
+    {
+        return Ok(Vec::new());
+    }
+    let (_, sha) = stages::score::load_saliency(store).await?;
+    Ok(stages::score::stored_report(store, &sha)
+        .await?
+        .map(|r| r.ks)
+        .unwrap_or_default())
+}
+
+/// The options of `args` that change the replay's results and differ from
+/// the run's own, `own`.
+fn replay_differences(
+    args: &replay::ReplayArgs,
+    own: &replay::ReplayArgs,
+) -> stages::own::Differences {
+    let mut d = stages::own::Differences::default();
+    d.check("--policies", &args.policies, &own.policies);
+    d.check("--capacity", &args.capacity, &own.capacity);
+    d.check("--keep-map", &args.keep_map, &own.keep_map);
+    d.check("--split", args.split, own.split);
+    d.check("--mode", &args.mode, &own.mode);
+    d.check("--ubatch", args.ubatch, own.ubatch);
+    d.check("--ema-decay", args.ema_decay, own.ema_decay);
+    d.check("--near-pick-n", args.near_pick_n, own.near_pick_n);
+    d.check(
+        "--near-pick-credit",
+        args.near_pick_credit,
+        own.near_pick_credit,
+    );
+    d
 }
 
 /// Sets up logging, parses the command line, runs the stage and maps errors

@@ -299,33 +299,13 @@ fn default_identity_dir(config_dir: &std::path::Path, out: &str) -> std::path::P
         .join(format!("coordinator-{key}"))
 }
 
-/// `score`'s options in `coordinator run`: its default sizes and every size
-/// the `[eval]` candidates resolve to on the run's model, and the `[ship]`
-/// candidates name, that `score` can write, so each candidate it can run
-/// has its keep map. Candidates that do not resolve are left to the
-/// evaluation and ship stages, which name them after verify has run.
+/// `score`'s options in `coordinator run` ([`stages::score::run_options`]).
 async fn score_options(
     store: &RunStore,
     config: &Config,
 ) -> anyhow::Result<stages::score::ScoreOptions> {
-    let mut options = stages::score::ScoreOptions::default();
-    let eval = &config.eval;
-    let ship = config.ship.as_ref().map(|s| s.sizes()).unwrap_or_default();
-    if eval.is_configured() || !ship.is_empty() {
-        let (saliency, _) = stages::score::load_saliency(store).await?;
-        // No default size may fit a grouped model; the candidates' sizes do.
-        let mut ks = options.ks(&saliency).unwrap_or_default();
-        // An unconfigured `[eval]` names no size.
-        ks.extend(
-            eval.sizes(&KeepShape::of(&saliency))
-                .unwrap_or_default()
-                .into_iter()
-                .chain(ship)
-                .filter(|&k| stages::score::size_fits(&saliency, k).is_ok()),
-        );
-        options.k = ks;
-    }
-    Ok(options)
+    let (saliency, _) = stages::score::load_saliency(store).await?;
+    Ok(stages::score::run_options(config, &saliency))
 }
 
 /// What `[ship]` ships from the run at `out` of the model `model` (of
@@ -378,16 +358,24 @@ fn replay_defaults(
     model: &std::path::Path,
     ks: &[u32],
 ) -> anyhow::Result<replay::ReplayReport> {
-    let mut args = replay::ReplayArgs::for_run(store.url());
+    let mut args = own_replay_args(store.url(), ks);
     args.model = Some(model.to_path_buf());
-    if let Some(&k) = ks.get(ks.len() / 2) {
-        args.keep_map
-            .push(KeepMapName::new("reap_hybrid", k).to_string());
-    }
     let store = store.clone();
     Ok(std::thread::spawn(move || replay::replay_in(&args, store))
         .join()
         .map_err(|_| anyhow::anyhow!("replay panicked"))??)
+}
+
+/// The replay of `coordinator run` on the run at `run` scored at sizes
+/// `ks`: the defaults ([`replay::ReplayArgs::for_run`]), without a keep map
+/// and under the `reap_hybrid` keep map at the middle K.
+pub fn own_replay_args(run: &str, ks: &[u32]) -> replay::ReplayArgs {
+    let mut args = replay::ReplayArgs::for_run(run);
+    if let Some(&k) = ks.get(ks.len() / 2) {
+        args.keep_map
+            .push(KeepMapName::new("reap_hybrid", k).to_string());
+    }
+    args
 }
 
 /// A missing model named after a `synth-model` preset (`tiny.gguf`,

@@ -37,7 +37,7 @@ pub fn assign(
     seed: u64,
 ) -> Result<(), CorpusError> {
     let mut held: BTreeSet<(u16, String)> = BTreeSet::new();
-    for (domain, groups) in group_tokens(docs) {
+    for (domain, groups) in group_tokens(docs.iter()) {
         let fraction = fractions.get(domain as usize).copied().unwrap_or(0.0);
         if fraction <= 0.0 {
             continue;
@@ -66,14 +66,18 @@ pub fn assign(
 /// Refuses a domain whose held-out share of the documents kept after
 /// duplicate removal (`docs`) has left [`SHARE_BOUNDS`] of its fraction,
 /// naming its held-out groups and the largest groups with their tokens.
-pub fn check_shares(docs: &[Doc], names: &[String], fractions: &[f64]) -> Result<(), CorpusError> {
-    for (domain, groups) in group_tokens(docs) {
+pub fn check_shares<'a, I>(docs: I, names: &[String], fractions: &[f64]) -> Result<(), CorpusError>
+where
+    I: IntoIterator<Item = &'a Doc> + Clone,
+{
+    for (domain, groups) in group_tokens(docs.clone()) {
         let fraction = fractions.get(domain as usize).copied().unwrap_or(0.0);
         if fraction <= 0.0 {
             continue;
         }
         let held: BTreeSet<&str> = docs
-            .iter()
+            .clone()
+            .into_iter()
             .filter(|d| d.domain == domain && d.split == Split::Heldout)
             .map(|d| d.group.as_str())
             .collect();
@@ -87,7 +91,7 @@ pub fn check_shares(docs: &[Doc], names: &[String], fractions: &[f64]) -> Result
 }
 
 /// Tokens per group, per domain.
-fn group_tokens(docs: &[Doc]) -> BTreeMap<u16, BTreeMap<&str, u64>> {
+fn group_tokens<'a>(docs: impl IntoIterator<Item = &'a Doc>) -> BTreeMap<u16, BTreeMap<&'a str, u64>> {
     let mut by_domain: BTreeMap<u16, BTreeMap<&str, u64>> = BTreeMap::new();
     for d in docs {
         *by_domain

@@ -30,6 +30,7 @@ pub mod json_array;
 pub mod media;
 pub mod pack;
 pub mod prepare;
+pub mod sample;
 pub mod schedule;
 pub mod shares;
 pub mod source;
@@ -292,6 +293,12 @@ pub fn summary(m: &Manifest) -> String {
             d.dropped_near_eval,
             d.dropped_exact_within,
         );
+        if d.over_share_docs > 0 {
+            s += &format!(
+                "{}: left out {} fit tokens in {} documents over its target share (shares = \"sample\")\n",
+                d.shares.domain, d.over_share_tokens, d.over_share_docs,
+            );
+        }
         for src in d.sources.iter().filter(|src| src.files.is_some()) {
             s += &format!(
                 "  {}: {} files read ({} records), {} binary and {} over max_file_bytes skipped\n",

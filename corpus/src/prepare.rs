@@ -369,7 +369,8 @@ pub fn prepare(
         .collect();
     heldout::assign(&mut docs, &names, &fractions, c.seed)?;
     let groups = Groups::of(docs.iter().chain(&eval_docs));
-    let drops = duplicates(c, &all_names, &docs, &eval_docs);
+    let mut drops = duplicates(c, &all_names, &docs, &eval_docs);
+    let over_share = super::sample::apply(c, &names, &docs, &mut drops);
     // Every document's record: the calibration domains', then the eval
     // sets' (never dropped).
     let documents: Vec<DocRecord> = docs
@@ -378,9 +379,20 @@ pub fn prepare(
         .map(|(d, x)| doc_record(d, &all_names, x.as_ref()))
         .chain(eval_docs.iter().map(|d| doc_record(d, &all_names, None)))
         .collect();
+    // The held-out share is a fraction of what duplicate removal keeps,
+    // before fit text is left out over a share (which only shrinks the fit
+    // split, as sampling intends).
+    let after_dedup = docs.iter().zip(&drops).filter_map(|(d, x)| match x {
+        Some(x) if x.rule != super::sample::OVER_SHARE => None,
+        _ => Some(d),
+    });
+    heldout::check_shares(after_dedup, &names, &fractions)?;
     let mut drops = drops.into_iter();
     let mut dropped = Vec::new();
     docs.retain(|_| match drops.next().flatten() {
+        // Documents left out over a share are listed in documents.jsonl
+        // and counted per domain, not in the manifest's list of duplicates.
+        Some(x) if x.rule == super::sample::OVER_SHARE => false,
         Some(x) => {
             dropped.push(x);
             false
@@ -409,7 +421,6 @@ pub fn prepare(
             });
         }
     }
-    heldout::check_shares(&docs, &names, &fractions)?;
     let targets: Vec<Option<f64>> = c.domains.iter().map(|d| d.target_share).collect();
     let rows = shares::measure(&names, &targets, &totals);
     let missed: Vec<String> = rows
@@ -417,7 +428,11 @@ pub fn prepare(
         .filter(|r| !r.within(c.tolerance))
         .map(|r| r.domain.clone())
         .collect();
-    if !missed.is_empty() {
+    // Sampling meets the shares of the fit split (what the statistics are
+    // fitted on); the held-out split stays the configured fraction of each
+    // domain, so the shares over both splits are checked only under
+    // `shares = "verify"`.
+    if !missed.is_empty() && c.shares == config::SharesMode::Verify {
         return Err(CorpusError::ShareMiss {
             domains: missed,
             tolerance: c.tolerance,
@@ -493,7 +508,10 @@ pub fn prepare(
         eval_sets: c.eval_sets.iter().map(|e| e.name.clone()).collect(),
         groups: groups.list,
     };
-    let domains = domain_infos(c, rows, &fit_rows, domain_sources, &docs, &dropped);
+    let mut domains = domain_infos(c, rows, &fit_rows, domain_sources, &docs, &dropped);
+    for (info, &(n, tokens)) in domains.iter_mut().zip(&over_share) {
+        (info.over_share_docs, info.over_share_tokens) = (n, tokens);
+    }
     let in_chunks: BTreeSet<&str> = chunks
         .iter()
         .flat_map(|ch| ch.images.iter().map(|im| im.sha256.as_str()))
@@ -892,6 +910,9 @@ fn domain_infos(
                 dropped_exact_heldout: drops("exact_duplicate_of_heldout"),
                 dropped_exact_eval: drops("exact_duplicate_of_eval"),
                 dropped_exact_within: drops("exact_duplicate_within_split"),
+                // Counted by the share sampling ([`super::sample::apply`]).
+                over_share_docs: 0,
+                over_share_tokens: 0,
             }
         })
         .collect()

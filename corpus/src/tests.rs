@@ -102,6 +102,7 @@ n_ctx = 128
 tolerance = 0.05
 heldout_fraction = 0.25
 seed = 7
+shares = "verify"
 
 [[corpus.domains]]
 name = "english"
@@ -278,6 +279,68 @@ fn off_targets_fail_with_the_share_table() {
     for needle in ["english", "japanese", "chat", "target%", "MISS"] {
         assert!(msg.contains(needle), "{needle} missing from:\n{msg}");
     }
+}
+
+#[test]
+fn sampled_shares_meet_targets_the_files_miss_and_list_what_is_left_out() {
+    let f = Fixture::new();
+    let text = f
+        .config_text("model.gguf", [0.6, 0.2, 0.2])
+        .replace("shares = \"verify\"", "shares = \"sample\"");
+    let path = f.dir.path().join("sample.toml");
+    std::fs::write(&path, text).unwrap();
+    let config = Config::load(&path).unwrap();
+    let p = prepare(&config, &ByteTokenizer, "m").unwrap();
+    check_invariants(&p);
+    // The fit split's shares, counted here from documents.jsonl's kept fit
+    // documents, are within the tolerance of the targets.
+    let kept = |domain: &str| -> u64 {
+        p.documents
+            .iter()
+            .filter(|d| d.domain == domain && d.split == Split::Fit && d.dropped.is_none())
+            .map(|d| d.tokens)
+            .sum()
+    };
+    let total: u64 = ["english", "japanese", "chat"]
+        .iter()
+        .map(|d| kept(d))
+        .sum();
+    for (domain, target) in [("english", 0.6), ("japanese", 0.2), ("chat", 0.2)] {
+        let share = kept(domain) as f64 / total as f64;
+        assert!(
+            (share - target).abs() <= 0.05,
+            "{domain}: {share} against {target}"
+        );
+    }
+    // What was left out is listed and counted per domain, and only fit
+    // documents are left out.
+    let mut left = 0u64;
+    for (i, d) in p.manifest.domains.iter().enumerate() {
+        let name = &d.shares.domain;
+        let listed: Vec<_> = p
+            .documents
+            .iter()
+            .filter(|x| &x.domain == name && x.dropped.as_deref() == Some("over_share"))
+            .collect();
+        assert!(listed.iter().all(|x| x.split == Split::Fit), "{name}");
+        assert_eq!(
+            listed.len() as u64,
+            d.over_share_docs,
+            "{name} (domain {i})"
+        );
+        assert_eq!(
+            listed.iter().map(|x| x.tokens).sum::<u64>(),
+            d.over_share_tokens,
+            "{name}"
+        );
+        left += d.over_share_tokens;
+    }
+    assert!(
+        left > 0,
+        "the targets miss the files' shares: something is left out"
+    );
+    assert!(p.manifest.dropped.iter().all(|x| x.rule != "over_share"));
+    assert!(crate::summary(&p.manifest).contains("over its target share"));
 }
 
 /// The only split each group's documents landed in; panics if a group straddles.

@@ -144,6 +144,13 @@ pub struct DomainInfo {
     /// Documents dropped as later exact copies of a document of their own
     /// split (the first copy in read order is kept).
     pub dropped_exact_within: u64,
+    /// Fit documents left out to reach the target shares (`[corpus] shares
+    /// = "sample"`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub over_share_docs: u64,
+    /// Their tokens.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub over_share_tokens: u64,
 }
 
 /// An evaluation set as checked.

@@ -41,6 +41,17 @@ pub enum StagesError {
         /// Why it cannot be used.
         problem: String,
     },
+    /// A stage was asked to write the run's own results with options that
+    /// are not the run's config's, without `--out NAME`.
+    #[error(
+        "{differences}: not the options of the run's config, whose results {outputs} hold (left as they are); pass --out NAME to keep this result under explore/NAME/ in the run"
+    )]
+    Exploring {
+        /// The run's own outputs that were protected (`score/ and keep_maps/`).
+        outputs: String,
+        /// Each option asked for that differs, with the run's value.
+        differences: String,
+    },
     /// An earlier step failed; `doing` says which (the context the user
     /// reads before the cause).
     #[error("{doing}")]

@@ -13,6 +13,7 @@
 
 pub mod error;
 pub mod eval;
+pub mod own;
 pub mod prune;
 pub mod report;
 pub mod score;

@@ -1,6 +1,7 @@
 //! Exploring a finished run without overwriting it, and keep maps of one's
 //! own: `score`, `eval` and `replay` with `--out NAME` leave the run's
-//! results byte-identical and write under `explore/NAME/`; `score --k`
+//! results byte-identical and write under `explore/NAME/`, and without it
+//! refuse any option the run's config does not give; `score --k`
 //! takes shares as `eval` does; a keep map written by hand at any path
 //! prunes, evaluates and verifies, and one that does not fit the model is
 //! refused.
@@ -63,6 +64,32 @@ fn exploring_leaves_the_run_as_it_is_and_hand_written_maps_work() {
     ]);
     let summary = String::from_utf8(bytes(&run.join("explore/scratch/eval/summary.json"))).unwrap();
     assert!(summary.contains("frequency_K12"), "{summary}");
+    // Without --out, other options than the run's config gives are
+    // refused, naming them and --out, and the run's results stay as they
+    // are; the run's own options rewrite the same bytes.
+    let refused = [
+        vec!["score", r, "--k", "4", "--methods", "frequency"],
+        vec!["replay", r, "--capacity", "0.5"],
+        vec![
+            "eval",
+            r,
+            "--keep-maps",
+            "frequency_K12",
+            "--split",
+            "fit",
+            "--local-workers",
+            "1",
+        ],
+    ];
+    for (args, flag) in refused.iter().zip(["--k [4]", "--capacity", "--keep-maps"]) {
+        let out = fixtures::run("coordinator", args);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && e.contains(flag) && e.contains("pass --out NAME"),
+            "{args:?}: {e}"
+        );
+    }
+    coordinator(&["score", r]);
     for (o, b) in own.iter().zip(&before) {
         assert!(bytes(&run.join(o)) == *b, "{o} changed");
     }

@@ -332,10 +332,14 @@ fn replay_without_model_finds_the_recorded_model(out: &Path) {
             "lru",
             "--capacity",
             "4",
+            "--out",
+            "lru4",
         ],
     );
-    let results: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("replay/results.json")).unwrap()).unwrap();
+    let results: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(out.join("explore/lru4/replay/results.json")).unwrap(),
+    )
+    .unwrap();
     let rows = results["rows"].as_array().unwrap();
     assert!(!rows.is_empty());
     for r in rows {

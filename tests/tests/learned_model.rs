@@ -142,9 +142,11 @@ fn run() -> &'static Run {
                 "heldout",
                 "--local-workers",
                 "2",
+                "--out",
+                "learned",
             ],
         );
-        let summary = read_json(&out.join("eval/summary.json"));
+        let summary = read_json(&out.join("explore/learned/eval/summary.json"));
         let kl = summary["candidates"]
             .as_array()
             .unwrap()

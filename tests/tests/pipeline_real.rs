@@ -46,17 +46,9 @@ fn verify_score_replay_and_report_on_a_real_collection_run() {
     assert!(!text.contains("FAIL"), "verify on a real run:\n{text}");
     assert!(text.contains("PASS"), "verify prints its checks:\n{text}");
 
-    run(
-        "coordinator",
-        &[
-            "score",
-            s(&runp),
-            "--methods",
-            "frequency,reap_shrink,reap_hybrid",
-            "--k",
-            "4,8",
-        ],
-    );
+    // The run's own score (its defaults: every method, a quarter, half and
+    // three quarters of the experts); other options would need --out.
+    run("coordinator", &["score", s(&runp)]);
     assert!(runp.join("keep_maps/reap_hybrid_K8.json").exists());
     let verify = run("coordinator", &["verify", s(&runp)]);
     let text = String::from_utf8_lossy(&verify.stdout);
@@ -84,10 +76,14 @@ fn verify_score_replay_and_report_on_a_real_collection_run() {
             "none,reap_hybrid_K8",
             "--model",
             s(&model),
+            "--out",
+            "real",
         ],
     );
-    let results: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(runp.join("replay/results.json")).unwrap()).unwrap();
+    let results: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(runp.join("explore/real/replay/results.json")).unwrap(),
+    )
+    .unwrap();
     let rows = results["rows"].as_array().unwrap();
     for (split, trace, mode) in [
         ("fit", "prefill", "token"),

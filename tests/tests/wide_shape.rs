@@ -176,6 +176,8 @@ async fn replay_from_s3_reads_parts_by_range_and_matches_local_replay() {
             run.to_string(),
             "--capacity".into(),
             "8,32".into(),
+            "--out".into(),
+            "wide".into(),
         ]
     };
     for run in [local.url().to_string(), prefix.clone()] {
@@ -191,8 +193,8 @@ async fn replay_from_s3_reads_parts_by_range_and_matches_local_replay() {
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
         v["rows"].clone()
     };
-    let from_local = results(local.get("replay/results.json").await.unwrap());
-    let from_s3 = results(s3.get("replay/results.json").await.unwrap());
+    let from_local = results(local.get("explore/wide/replay/results.json").await.unwrap());
+    let from_s3 = results(s3.get("explore/wide/replay/results.json").await.unwrap());
     assert!(from_local.as_array().is_some_and(|r| r.len() >= 2 * 7 * 2));
     assert_eq!(
         from_local, from_s3,

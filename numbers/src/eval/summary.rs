@@ -120,6 +120,10 @@ pub struct SplitFigures {
     /// evaluation had more than one candidate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paired: Option<Paired>,
+    /// The domain (not an eval set) with the highest mean KL, whose figures
+    /// are in `domains`: the domain this candidate serves worst.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst_domain: Option<String>,
 }
 
 /// One pruned candidate.
@@ -289,6 +293,15 @@ fn candidate(
                 |g: &Group| g.split == *split && g.modality == m && !apart.contains(&g.domain);
             modalities.insert(m.as_str().to_string(), figures(c, &one));
         }
+        let worst_domain = by_domain
+            .iter()
+            .filter(|(name, _)| {
+                !apart
+                    .iter()
+                    .any(|&d| domains.get(d as usize) == Some(*name))
+            })
+            .max_by(|a, b| a.1.kl.mean.total_cmp(&b.1.kl.mean))
+            .map(|(name, _)| name.clone());
         splits.insert(
             *split,
             SplitFigures {
@@ -296,6 +309,7 @@ fn candidate(
                 domains: by_domain,
                 modalities,
                 paired: None,
+                worst_domain,
             },
         );
     }

@@ -130,9 +130,18 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
             models_in_memory: args
                 .models_in_memory
                 .unwrap_or(config.eval.models_in_memory),
-            scratch_dir: config.eval.scratch_dir.clone(),
-            ..EvalSettings::default()
+            // Only the candidates named on the command line.
+            methods: Vec::new(),
+            k: Vec::new(),
+            // The rest (the generation check, the scratch directory) as
+            // the run's config gives it.
+            ..config.eval.clone()
         };
+        if args.out.is_none() {
+            own_differences(&store, &settings, &config.eval)
+                .await?
+                .allow("eval/")?;
+        }
         let prepared = job(&store, &model, &settings).await?;
         let base = Base {
             path: &model,
@@ -157,6 +166,35 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
         evaluate_recorded(&store, &config, base, job, out, choice, args.local_workers).await?;
         Ok::<_, StagesError>(ExitCode::SUCCESS)
     })
+}
+
+/// What of `settings` differs from the run's own `[eval]`, `own`: the
+/// candidates (by resolved name, in any order), the splits, the skipped
+/// positions and the KL budget. A run whose config has no `[eval]` has no
+/// evaluation of its own: every evaluation of it needs `--out`.
+async fn own_differences(
+    store: &RunStore,
+    settings: &EvalSettings,
+    own: &EvalSettings,
+) -> Result<crate::own::Differences, StagesError> {
+    let mut d = crate::own::Differences::default();
+    if !own.is_configured() {
+        d.check("--keep-maps", &settings.keep_maps, &Vec::new());
+        return Ok(d);
+    }
+    let names = |e: &EvalSettings, shape| -> Result<Vec<String>, StagesError> {
+        let mut names = e.candidate_names(shape).map_err(EvalRunError::Setup)?;
+        names.sort();
+        names.dedup();
+        Ok(names)
+    };
+    let (saliency, _) = crate::score::load_saliency(store).await?;
+    let shape = config::eval::KeepShape::of(&saliency);
+    d.check("--keep-maps", names(settings, &shape)?, names(own, &shape)?);
+    d.check("--split", settings.split, own.split);
+    d.check("--skip-first", settings.skip_first, own.skip_first);
+    d.check("--kl-budget", settings.kl_budget, own.kl_budget);
+    Ok(d)
 }
 
 /// The base model of an evaluation: its path and SHA-256.

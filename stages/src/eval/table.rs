@@ -11,6 +11,7 @@
 use crate::score::{self, tables::MapTable};
 use crate::StagesError;
 use numbers::eval::choice::{self, pareto_front};
+use numbers::eval::summary::CandidateSummary;
 use numbers::eval::{EvalSummary, Figures, Interval, Paired};
 use numbers::peer_text::table_cell;
 use numbers::Split;
@@ -138,6 +139,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             slot
         );
     }
+    md.push_str(&worst_domain_table(s));
     md.push_str(&eval_sets_table(s));
     md.push_str(&modality_table(s));
     md.push_str(&perplexity_block(s));
@@ -199,6 +201,41 @@ fn perplexity_block(s: &EvalSummary) -> String {
         );
     }
     md
+}
+
+/// One row per candidate: the calibration domain it serves worst (the
+/// highest mean KL on the held-out split, else the fit split) and that KL,
+/// so `worst_domain` maps compare with the others on what they maximise.
+fn worst_domain_table(s: &EvalSummary) -> String {
+    fn worst(c: &CandidateSummary) -> Option<(Split, &String, &Figures)> {
+        [Split::Heldout, Split::Fit].into_iter().find_map(|split| {
+            let f = c.splits.get(&split)?;
+            let name = f.worst_domain.as_ref()?;
+            Some((split, name, f.domains.get(name)?))
+        })
+    }
+    let rows: Vec<String> = s
+        .candidates
+        .iter()
+        .filter_map(|c| {
+            let (split, name, f) = worst(c)?;
+            Some(format!(
+                "| {} | {} | {} ({}) | {} |\n",
+                c.name,
+                c.k,
+                table_cell(name),
+                split.as_str(),
+                ci(f.kl.mean, &kl_ci(f), 4, 1.0)
+            ))
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nThe worst-served domain of each candidate (highest mean KL):\n\n| candidate | K | worst domain (split) | its KL mean [95% interval] |\n|---|---|---|---|\n{}",
+        rows.concat()
+    )
 }
 
 /// One row per candidate and eval set (`[[corpus.eval_sets]]`, held out
@@ -397,6 +434,7 @@ mod tests {
             domains: BTreeMap::new(),
             modalities: BTreeMap::new(),
             paired: None,
+            worst_domain: None,
         };
         EvalSummary {
             base_sha256: String::new(),

@@ -52,7 +52,33 @@ pub fn markdown(m: &Manifest) -> String {
             d.dropped_exact_within,
         );
     }
+    md.push_str(&over_share(m));
     md
+}
+
+/// What `[corpus] shares = "sample"` left out of each domain's fit split to
+/// reach the target shares; nothing when it left nothing out.
+fn over_share(m: &Manifest) -> String {
+    let left: Vec<String> = m
+        .domains
+        .iter()
+        .filter(|d| d.over_share_docs > 0)
+        .map(|d| {
+            format!(
+                "{} {} tokens in {} documents",
+                table_cell(&d.shares.domain),
+                d.over_share_tokens,
+                d.over_share_docs
+            )
+        })
+        .collect();
+    if left.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nLeft out of the fit split to reach the target shares (`shares = \"sample\"`, whole groups; listed as `over_share` in `corpus/documents.jsonl`): {}.\n",
+        left.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -83,6 +109,18 @@ mod tests {
                 "| web | 900 | 48.00% | 50.00% | 100 | 10.00% | 10.00% | 35 | 19 | 20 | 1 | 4 |"
             ),
             "{md}"
+        );
+        assert!(!md.contains("Left out"), "{md}");
+        let mut sampled = m.clone();
+        (
+            sampled.domains[0].over_share_docs,
+            sampled.domains[0].over_share_tokens,
+        ) = (3, 1200);
+        assert!(
+            markdown(&sampled).contains("Left out of the fit split")
+                && markdown(&sampled).contains("web 1200 tokens in 3 documents"),
+            "{}",
+            markdown(&sampled)
         );
         assert_eq!(markdown(&Manifest::default()), "");
     }

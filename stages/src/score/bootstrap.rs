@@ -2,7 +2,7 @@
 //! fit split's chunks (from the compact per-chunk statistics) and measure the
 //! Jaccard overlap with the full-data map.
 
-use super::keep::{rank_layers, top_k, LayerRanking};
+use super::keep::{rank_layers, LayerRanking};
 use super::method::ScoreParams;
 use super::source::LayerInput;
 use crate::StagesError;
@@ -105,7 +105,7 @@ pub fn stability(
                 let j: f64 = full
                     .iter()
                     .zip(&boot)
-                    .map(|(f, b)| jaccard(&top_k(&f.order, k), &top_k(&b.order, k)))
+                    .map(|(f, b)| jaccard(&f.kept(k), &b.kept(k)))
                     .sum::<f64>()
                     / full.len().max(1) as f64;
                 per_resample[mi * reference.ks.len() + ki].push(j);

@@ -19,6 +19,21 @@ pub struct LayerRanking {
     pub layer: u32,
     /// Expert ids, best first.
     pub order: Vec<u32>,
+    /// Kept sets chosen per size instead of the ranking's prefix (sorted;
+    /// `worst_domain`'s, [`super::worst::kept_sets`]); empty for the
+    /// ranking methods, whose maps are nested across K.
+    pub kept_at: BTreeMap<u32, Vec<u32>>,
+}
+
+impl LayerRanking {
+    /// The sorted experts kept at size `k`: the set chosen for `k`, else
+    /// the first `k` of the ranking.
+    pub fn kept(&self, k: u32) -> Vec<u32> {
+        self.kept_at
+            .get(&k)
+            .cloned()
+            .unwrap_or_else(|| top_k(&self.order, k))
+    }
 }
 
 /// Rankings of every layer under one method, group-balanced under `groups`.
@@ -28,11 +43,22 @@ pub fn rank_layers(
     layers: &[LayerInput],
     groups: Option<ExpertGroups>,
 ) -> Vec<LayerRanking> {
+    let n = |l: &LayerInput| l.count.len() as u32;
     layers
         .iter()
         .map(|l| LayerRanking {
             layer: l.layer,
-            order: balanced_order(&ranking(method, p, l), groups, l.count.len() as u32),
+            order: balanced_order(&ranking(method, p, l), groups, n(l)),
+            kept_at: if method == Method::WorstDomain {
+                // Every method's map of each size is a starting point.
+                let pool: Vec<Vec<u32>> = Method::ALL
+                    .iter()
+                    .map(|&m| balanced_order(&ranking(m, p, l), groups, n(l)))
+                    .collect();
+                super::worst::kept_sets(l, &super::method::tiers(p, l), groups, &pool)
+            } else {
+                BTreeMap::new()
+            },
         })
         .collect()
 }
@@ -62,7 +88,7 @@ pub fn keep_map(
                 layer: r.layer,
             });
         }
-        layers.insert(r.layer, top_k(&r.order, k));
+        layers.insert(r.layer, r.kept(k));
     }
     Ok(KeepMap {
         method: method.as_str().to_string(),
@@ -95,6 +121,7 @@ mod tests {
         let r = vec![LayerRanking {
             layer: 7,
             order: vec![3, 0, 2, 1],
+            kept_at: BTreeMap::new(),
         }];
         let p = ScoreParams::default();
         let m2 = keep_map(Method::Frequency, 2, &p, "abc", &r).unwrap();

@@ -67,17 +67,20 @@ impl Default for ScoreParams {
 pub fn ranking(method: Method, p: &ScoreParams, l: &LayerInput) -> Vec<u32> {
     match method {
         Method::ReapHybrid => hybrid(p, l),
+        Method::WorstDomain => super::worst::ranking(l, &tiers(p, l)),
         _ => order(&scores(method, p, l), l, p),
     }
 }
 
-/// Per-expert scores of a score-based method (not `reap_hybrid`).
+/// Per-expert scores of a score-based method (not `reap_hybrid`; for
+/// `worst_domain`, whose ranking is a greedy selection, the blend's
+/// `reap_l2_sum` it falls back to without domains).
 pub fn scores(method: Method, p: &ScoreParams, l: &LayerInput) -> Vec<f64> {
     let n = l.n_expert();
     match method {
         Method::Frequency => l.count.clone(),
         Method::ReapMean => (0..n).map(|e| mean(l, e).unwrap_or(0.0)).collect(),
-        Method::ReapL2Sum => l.reap_l2_sum.clone(),
+        Method::ReapL2Sum | Method::WorstDomain => l.reap_l2_sum.clone(),
         Method::ReapShrink | Method::ReapHybrid => {
             let mu0 = prior(p, l);
             (0..n)
@@ -147,6 +150,11 @@ fn tier(p: &ScoreParams, l: &LayerInput, e: usize) -> u8 {
     }
 }
 
+/// Every expert's tier ([`tier`]) in the layer.
+pub fn tiers(p: &ScoreParams, l: &LayerInput) -> Vec<u8> {
+    (0..l.n_expert()).map(|e| tier(p, l, e)).collect()
+}
+
 fn order_by(
     l: &LayerInput,
     p: &ScoreParams,
@@ -190,6 +198,7 @@ mod tests {
                 .map(|(c, s)| if *c > 0.0 { s * s / c } else { 0.0 })
                 .collect(),
             guarded: Vec::new(),
+            domain_mass: Vec::new(),
         }
     }
 

@@ -7,8 +7,11 @@
 //! - [`tables`], [`screen`], [`bootstrap`]: what a keep map keeps, what it
 //!   costs on traced routing, and how stable it is under resampling.
 //! - [`render`]: the tables as Markdown and Parquet.
+//! - [`worst`]: the `worst_domain` method's selection and its bound;
+//!   [`floor`]: every keep map's worst-served domain.
 
 pub mod bootstrap;
+pub mod floor;
 pub mod keep;
 pub mod method;
 pub mod render;
@@ -18,6 +21,7 @@ pub mod super_experts;
 pub mod tables;
 #[cfg(test)]
 pub(crate) mod testdata;
+pub mod worst;
 
 use crate::StagesError;
 use config::method::Method;
@@ -168,6 +172,65 @@ impl ScoreOptions {
     }
 }
 
+/// `score`'s options in `coordinator run` with `config` on the model of
+/// `s` (the run's own score): the default methods and sizes plus every size
+/// the `[eval]` candidates resolve to and the `[ship]` candidates name that
+/// `score` can write, so each candidate it can run has its keep map.
+/// Candidates that do not resolve are left to the evaluation and ship
+/// stages, which name them after verify has run.
+pub fn run_options(config: &config::Config, s: &Saliency) -> ScoreOptions {
+    let mut options = ScoreOptions::default();
+    // No default size may fit a grouped model; the candidates' sizes do.
+    let mut ks = options.ks(s).unwrap_or_default();
+    let ship = config.ship.as_ref().map(|c| c.sizes()).unwrap_or_default();
+    // An unconfigured `[eval]` names no size.
+    ks.extend(
+        config
+            .eval
+            .sizes(&config::eval::KeepShape::of(s))
+            .unwrap_or_default()
+            .into_iter()
+            .chain(ship)
+            .filter(|&k| size_fits(s, k).is_ok()),
+    );
+    options.k = ks;
+    options
+}
+
+/// The options of `opts` that differ from the run's own, `own` (both with
+/// their sizes resolved on `s`).
+fn differences(
+    opts: &ScoreOptions,
+    own: &ScoreOptions,
+    s: &Saliency,
+) -> Result<crate::own::Differences, StagesError> {
+    let methods = |o: &ScoreOptions| {
+        let mut m: Vec<&str> = o.methods.iter().map(|m| m.as_str()).collect();
+        m.sort_unstable();
+        m.dedup();
+        m
+    };
+    let mut d = crate::own::Differences::default();
+    d.check("--methods", methods(opts), methods(own));
+    d.check("--k", opts.ks(s)?, own.ks(s)?);
+    d.check("--domain", &opts.domain, &own.domain);
+    d.check("--mix", &opts.mix, &own.mix);
+    d.check("--prior", opts.prior, own.prior);
+    d.check("--m", opts.m, own.m);
+    d.check("--z", opts.z, own.z);
+    d.check("--c-min", opts.c_min.max(1), own.c_min.max(1));
+    d.check("--allow-dead", opts.allow_dead, own.allow_dead);
+    d.check(
+        "--guard-super-experts",
+        opts.guard_super_experts,
+        own.guard_super_experts,
+    );
+    d.check("--bootstrap", opts.bootstrap, own.bootstrap);
+    d.check("--seed", opts.seed, own.seed);
+    d.check("--screen-rows", opts.screen_rows, own.screen_rows);
+    Ok(d)
+}
+
 /// Whether `score` can write a keep map of `k` experts per layer for the
 /// model of `s`: `k` in `1..=n_expert` and, under grouped routing, a size
 /// llama.cpp can run ([`numbers::routing::check_group_keep`]).
@@ -238,6 +301,11 @@ pub struct ScoreReport {
     pub screen: Vec<screen::ScreenRow>,
     /// Why the screen is missing or partial, if it is.
     pub screen_note: Option<String>,
+    /// Each (method, K)'s smallest retained share of a domain's routed
+    /// REAP mass (what `worst_domain` maximises; absent in reports written
+    /// before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub domain_floor: Vec<floor::FloorRow>,
     /// Bootstrap stability per (method, K).
     pub stability: Vec<bootstrap::StabilityRow>,
     /// Why stability is missing, if it is.
@@ -347,6 +415,7 @@ pub async fn score_into(
     let ranked = rank_each(&layers, &methods, &p, s.routing.groups);
     let mut maps = Vec::new();
     let mut report_tables = Vec::new();
+    let mut domain_floor = Vec::new();
     for (m, r) in &ranked {
         for &k in &ks {
             let map = keep_map(*m, k, &p, &sha, r)?;
@@ -355,6 +424,7 @@ pub async fn score_into(
             bytes.push(b'\n');
             out.put(&name, bytes).await?;
             report_tables.push(tables::map_table(m.as_str(), k, &layers, r));
+            domain_floor.push(floor::floor_row(*m, k, &layers, r));
             maps.push((name, map));
         }
     }
@@ -384,6 +454,7 @@ pub async fn score_into(
         priors: layers.iter().map(tables::prior_row).collect(),
         screen,
         screen_note,
+        domain_floor,
         stability,
         stability_note,
         routing_note: routing_note(&s),
@@ -520,9 +591,11 @@ async fn run_bootstrap(
         .map(|f| f.layers.iter().map(|l| l.layer).collect())
         .unwrap_or_default();
     let reference = bootstrap::Reference {
+        // Per-chunk statistics carry no domain, which worst_domain ranks on.
         methods: full
             .ranked
             .iter()
+            .filter(|(m, _)| *m != Method::WorstDomain)
             .map(|(m, r)| (*m, r.as_slice()))
             .collect(),
         ks,
@@ -538,7 +611,12 @@ async fn run_bootstrap(
         opts.bootstrap,
         opts.seed,
     )?;
-    Ok((rows, None))
+    let note = full
+        .ranked
+        .iter()
+        .any(|(m, _)| *m == Method::WorstDomain)
+        .then(|| "no bootstrap for worst_domain: per-chunk statistics carry no domain".into());
+    Ok((rows, note))
 }
 
 /// Scores the run at `run` (path or URL); library entry point of `score`.
@@ -549,14 +627,22 @@ pub fn score_run(run: &str, opts: &ScoreOptions) -> Result<ScoreReport, StagesEr
     crate::async_runtime()?.block_on(score(&store, opts))
 }
 
-/// Entry point of `coordinator score`: writes to the run, or with `--out
-/// NAME` to `explore/NAME/` in it, leaving the run's own results as they are.
+/// Entry point of `coordinator score`: writes to the run only with the
+/// options of the run's config ([`run_options`]; without `--k`, its sizes),
+/// and with any options under `--out NAME` to `explore/NAME/` in the run,
+/// leaving the run's own results as they are.
 pub fn run(mut args: ScoreArgs) -> Result<ExitCode, StagesError> {
     let store = RunStore::open(&args.run)?;
     let out = crate::explore_output(&store, args.out.as_deref())?;
     let rt = crate::async_runtime()?;
-    if !args.k.is_empty() {
-        let (s, _) = rt.block_on(load_saliency(&store))?;
+    let (s, _) = rt.block_on(load_saliency(&store))?;
+    let own = match rt.block_on(crate::own::recorded_config(&store))? {
+        Some(config) => run_options(&config, &s),
+        None => ScoreOptions::default(),
+    };
+    if args.k.is_empty() {
+        args.options.k = own.k.clone();
+    } else {
         let shape = config::eval::KeepShape::of(&s);
         args.options.k = args
             .k
@@ -568,6 +654,9 @@ pub fn run(mut args: ScoreArgs) -> Result<ExitCode, StagesError> {
                 })
             })
             .collect::<Result<_, _>>()?;
+    }
+    if args.out.is_none() {
+        differences(&args.options, &own, &s)?.allow("score/ and keep_maps/")?;
     }
     let report = rt.block_on(score_into(&store, &out, &args.options))?;
     print!("{}", render::summary(&report));

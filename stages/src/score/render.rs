@@ -165,10 +165,36 @@ pub fn markdown(r: &ScoreReport) -> String {
             );
         }
     }
+    if !r.domain_floor.is_empty() {
+        o.push_str(concat!(
+            "\n### The worst-served domain\n\n",
+            "Each keep map's smallest retained share of a domain's routed REAP mass ",
+            "(`reap_l2_sum`), over layers and the domains with mass in the layer; ",
+            "`worst_domain` maximises it per layer (a greedy ranking, the best of every ",
+            "method's map of that K, then single swaps: at least every other method's, ",
+            "not proven optimal), and its bound is an upper bound on the best any map of ",
+            "that K reaches (mean over layers).\n\n",
+            "| method | K | smallest share | mean over layers | worst domain (block) | bound |\n",
+            "|---|---|---|---|---|---|\n",
+        ));
+        for f in &r.domain_floor {
+            let bound = f
+                .bound_mean
+                .map_or_else(|| "".into(), |b| format!("{:.4}", b));
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.4} | {:.4} | {} ({}) | {} |",
+                f.method, f.k, f.min_share, f.mean_min_share, f.worst_domain, f.worst_layer, bound
+            );
+        }
+    }
     o.push_str("\n### Keep-map stability (bootstrap over chunks)\n\n");
-    if let Some(note) = &r.stability_note {
+    if let (Some(note), true) = (&r.stability_note, r.stability.is_empty()) {
         let _ = writeln!(o, "Not run: {note}.");
     } else {
+        if let Some(note) = &r.stability_note {
+            let _ = writeln!(o, "Note: {note}.\n");
+        }
         o.push_str(
             "| method | K | resamples | mean Jaccard | min Jaccard |\n|---|---|---|---|---|\n",
         );

@@ -40,6 +40,10 @@ pub struct LayerInput {
     /// Experts the super-expert guard keeps first (`score::super_experts`);
     /// empty without the guard.
     pub guarded: Vec<bool>,
+    /// Each domain's `reap_l2_sum` per expert (scaled like the sums), the
+    /// domains the source covers (`worst_domain` serves the worst of them);
+    /// empty where no per-domain sums exist (a bootstrap resample).
+    pub domain_mass: Vec<(String, Vec<f64>)>,
 }
 
 impl LayerInput {
@@ -51,6 +55,7 @@ impl LayerInput {
             reap_l2_sum: l.reap_l2_sum.iter().map(|v| v * w).collect(),
             reap_l2_sq_sum: l.reap_l2_sq_sum.iter().map(|v| v * w).collect(),
             guarded: Vec::new(),
+            domain_mass: Vec::new(),
         }
     }
 
@@ -63,6 +68,7 @@ impl LayerInput {
             reap_l2_sum: sum.to_vec(),
             reap_l2_sq_sum: sq.to_vec(),
             guarded: Vec::new(),
+            domain_mass: Vec::new(),
         }
     }
 
@@ -126,17 +132,38 @@ impl Source {
                 ))
             })
         };
+        // Each covered domain's reap_l2_sum, matched to the layer by block.
+        let with_domains = |mut layers: Vec<LayerInput>, covered: Vec<(&str, f64)>| {
+            for l in &mut layers {
+                for &(name, scale) in &covered {
+                    let d = fit
+                        .domains
+                        .get(name)
+                        .and_then(|d| d.layers.iter().find(|x| x.layer == l.layer));
+                    if let Some(d) = d {
+                        let mass = d.reap_l2_sum.iter().map(|v| v * scale).collect();
+                        l.domain_mass.push((name.to_string(), mass));
+                    }
+                }
+            }
+            layers
+        };
         match self {
-            Source::Fit => Ok(fit
-                .layers
-                .iter()
-                .map(|l| LayerInput::scaled(l, 1.0))
-                .collect()),
-            Source::Domain { name } => Ok(domain(name)?
-                .layers
-                .iter()
-                .map(|l| LayerInput::scaled(l, 1.0))
-                .collect()),
+            Source::Fit => Ok(with_domains(
+                fit.layers
+                    .iter()
+                    .map(|l| LayerInput::scaled(l, 1.0))
+                    .collect(),
+                fit.domains.keys().map(|d| (d.as_str(), 1.0)).collect(),
+            )),
+            Source::Domain { name } => Ok(with_domains(
+                domain(name)?
+                    .layers
+                    .iter()
+                    .map(|l| LayerInput::scaled(l, 1.0))
+                    .collect(),
+                vec![(name.as_str(), 1.0)],
+            )),
             Source::Mix { weights } => {
                 let total: u64 = weights
                     .keys()
@@ -144,6 +171,7 @@ impl Source {
                     .sum::<Result<u64, StagesError>>()?;
                 let wsum: f64 = weights.values().sum();
                 let mut out: Option<Vec<LayerInput>> = None;
+                let mut covered = Vec::new();
                 for (name, w) in weights {
                     let d = domain(name)?;
                     if d.n_tokens == 0 {
@@ -152,6 +180,7 @@ impl Source {
                         )));
                     }
                     let scale = w / wsum * total as f64 / d.n_tokens as f64;
+                    covered.push((name.as_str(), scale));
                     let layers: Vec<LayerInput> = d
                         .layers
                         .iter()
@@ -162,7 +191,8 @@ impl Source {
                         Some(acc) => acc.iter_mut().zip(&layers).for_each(|(a, b)| a.add(b)),
                     }
                 }
-                out.ok_or_else(|| unscorable("the mix names no domain".into()))
+                out.map(|layers| with_domains(layers, covered))
+                    .ok_or_else(|| unscorable("the mix names no domain".into()))
             }
         }
     }

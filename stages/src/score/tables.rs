@@ -1,7 +1,7 @@
 //! Tables of section 6: what each keep map keeps, per layer and for the whole
 //! model; overlaps between methods; the prior diagnostic.
 
-use super::keep::{top_k, LayerRanking};
+use super::keep::LayerRanking;
 use super::method::{mean, median};
 use super::source::LayerInput;
 use serde::{Deserialize, Serialize};
@@ -95,7 +95,7 @@ pub fn map_table(
     let rows: Vec<LayerRow> = layers
         .iter()
         .zip(rankings)
-        .map(|(l, r)| layer_row(l, &top_k(&r.order, k)))
+        .map(|(l, r)| layer_row(l, &r.kept(k)))
         .collect();
     let (worst_layer, slot_replacement_worst) = rows
         .iter()
@@ -143,8 +143,8 @@ pub fn overlap(k: u32, a: (&str, &[LayerRanking]), b: (&str, &[LayerRanking])) -
         a.1.iter()
             .zip(b.1)
             .map(|(x, y)| {
-                let sx: BTreeSet<u32> = top_k(&x.order, k).into_iter().collect();
-                let shared = top_k(&y.order, k).iter().filter(|e| sx.contains(e)).count();
+                let sx: BTreeSet<u32> = x.kept(k).into_iter().collect();
+                let shared = y.kept(k).iter().filter(|e| sx.contains(e)).count();
                 (x.layer, shared as f64 / k as f64)
             })
             .collect();
@@ -193,6 +193,7 @@ mod tests {
             reap_l2_sum: sum.to_vec(),
             reap_l2_sq_sum: vec![0.0; count.len()],
             guarded: Vec::new(),
+            domain_mass: Vec::new(),
         }
     }
 
@@ -205,6 +206,7 @@ mod tests {
         let r = LayerRanking {
             layer: 2,
             order: vec![0, 2, 4, 1, 3],
+            kept_at: Default::default(),
         };
         let t = map_table("x", 3, std::slice::from_ref(&l), std::slice::from_ref(&r));
         let row = &t.rows[0];
@@ -216,6 +218,7 @@ mod tests {
         let other = LayerRanking {
             layer: 2,
             order: vec![0, 1, 2, 3, 4],
+            kept_at: Default::default(),
         };
         let o = overlap(
             3,

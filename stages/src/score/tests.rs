@@ -96,6 +96,7 @@ fn outlier_layer() -> LayerInput {
         reap_l2_sum: cm.iter().map(|x| x.0 * x.1).collect(),
         reap_l2_sq_sum: cm.iter().map(|x| x.0 * x.1 * x.1 * 1.2).collect(),
         guarded: Vec::new(),
+        domain_mass: Vec::new(),
     }
 }
 
@@ -202,8 +203,8 @@ async fn score_writes_maps_equal_to_recomputation_and_every_table() {
     };
     let report = score(&store, &opts).await.unwrap();
     assert_eq!(report.ks, vec![4, 8]);
-    assert_eq!(report.keep_maps.len(), 10);
-    assert_eq!(report.overlaps.len(), 20);
+    assert_eq!(report.keep_maps.len(), 12);
+    assert_eq!(report.overlaps.len(), 30);
     let sha = gguf::hash::sha256_hex(&s.to_json_bytes());
     for name in &report.keep_maps {
         let map: KeepMap = serde_json::from_slice(&store.get(name).await.unwrap()).unwrap();
@@ -479,6 +480,7 @@ fn near_dead_layer() -> LayerInput {
         reap_l2_sum: cm.iter().map(|x| x.0 * x.1).collect(),
         reap_l2_sq_sum: cm.iter().map(|x| x.0 * x.1 * x.1 * 1.1).collect(),
         guarded: Vec::new(),
+        domain_mass: Vec::new(),
     }
 }
 
@@ -563,4 +565,105 @@ fn a_guarded_super_expert_is_kept_under_every_method() {
         assert_eq!(order[0], 1, "{method:?}: {order:?}");
         assert_eq!(order[1..], plain[..], "{method:?}");
     }
+}
+
+/// Each domain's retained share of its `reap_l2_sum` under a stored keep
+/// map, the smallest of them: computed from `saliency.json`'s domains and
+/// the map file alone (not from `score`'s own tables).
+fn smallest_share(s: &numbers::saliency::Saliency, map: &KeepMap) -> f64 {
+    let fit = s.split(numbers::Split::Fit).unwrap();
+    let mut least = f64::INFINITY;
+    for d in fit.domains.values() {
+        for l in &d.layers {
+            let total: f64 = l.reap_l2_sum.iter().sum();
+            let kept: f64 = map
+                .kept(l.layer)
+                .unwrap()
+                .iter()
+                .map(|&e| l.reap_l2_sum[e as usize])
+                .sum();
+            least = least.min(kept / total);
+        }
+    }
+    least
+}
+
+#[tokio::test]
+async fn worst_domain_serves_the_worst_domain_at_least_as_well_as_every_method() {
+    // Prose is large and routed to experts 0-3; code is small and routed to
+    // experts 4-7 with larger outputs: the blend's rankings serve prose,
+    // reap_mean's serves code.
+    let dir = tempfile::tempdir().unwrap();
+    let s = testdata::saliency_with_domains(&[
+        (
+            "prose",
+            1000,
+            layer(
+                0,
+                &[300, 250, 200, 150, 60, 20, 15, 5],
+                &[300.0, 250.0, 200.0, 150.0, 60.0, 20.0, 15.0, 5.0],
+            ),
+        ),
+        (
+            "code",
+            200,
+            layer(
+                0,
+                &[0, 5, 10, 10, 40, 50, 45, 40],
+                &[0.0, 5.0, 10.0, 10.0, 60.0, 80.0, 70.0, 60.0],
+            ),
+        ),
+    ]);
+    let store = write_run(dir.path(), &s).await;
+    let opts = ScoreOptions {
+        k: vec![1, 2, 3, 4, 5, 6],
+        bootstrap: 0,
+        ..Default::default()
+    };
+    let report = score(&store, &opts).await.unwrap();
+    let maps: Vec<KeepMap> = read_maps(&store, &report.keep_maps).await;
+    for &k in &report.ks {
+        let of = |m: &str| {
+            let map = maps.iter().find(|x| x.method == m && x.k == k).unwrap();
+            smallest_share(&s, map)
+        };
+        let worst = of("worst_domain");
+        for m in Method::ALL {
+            let other = of(m.as_str());
+            assert!(
+                worst >= other - 1e-12,
+                "K={k}: worst_domain {worst} < {m:?} {other}"
+            );
+        }
+        let row = report
+            .domain_floor
+            .iter()
+            .find(|f| f.method == "worst_domain" && f.k == k)
+            .unwrap();
+        assert!(
+            (row.min_share - worst).abs() < 1e-9,
+            "K={k}: {row:?} {worst}"
+        );
+        assert!(row.bound_mean.unwrap() >= worst - 1e-12, "K={k}: {row:?}");
+    }
+    // Where the rankings disagree, some method leaves a domain worse off.
+    let frequency = maps
+        .iter()
+        .find(|x| x.method == "frequency" && x.k == 2)
+        .unwrap();
+    let worst = maps
+        .iter()
+        .find(|x| x.method == "worst_domain" && x.k == 2)
+        .unwrap();
+    assert!(smallest_share(&s, worst) > smallest_share(&s, frequency) + 0.1);
+    let md = String::from_utf8(store.get(outputs::TABLES_MD).await.unwrap().to_vec()).unwrap();
+    assert!(md.contains("### The worst-served domain"), "{md}");
+}
+
+async fn read_maps(store: &RunStore, names: &[String]) -> Vec<KeepMap> {
+    let mut out = Vec::new();
+    for n in names {
+        out.push(serde_json::from_slice(&store.get(n).await.unwrap()).unwrap());
+    }
+    out
 }
