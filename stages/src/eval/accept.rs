@@ -217,6 +217,7 @@ mod tests {
         let token = |pos| TokenKl {
             chunk: 2,
             pos,
+            cluster: 2,
             group,
             kl: 0.5,
         };
@@ -248,7 +249,7 @@ mod tests {
                     },
                 )]),
                 chunks: BTreeMap::from([(
-                    (2, group),
+                    (2, 2, group),
                     numbers::eval::ChunkSums {
                         n: 2,
                         ..Default::default()
@@ -329,7 +330,7 @@ mod tests {
             ("outside the partial", |p| {
                 let c = &mut p.candidates[0].chunks;
                 let (key, s) = c.pop_first().unwrap();
-                c.insert((9, key.1), s);
+                c.insert((9, key.1, key.2), s);
             }),
         ];
         for (what, change) in cases {
