@@ -5,7 +5,7 @@
 //! against the run's `saliency.json` ([`KeepShape`]).
 
 use super::method::Method;
-use numbers::eval::ModelsInMemory;
+use numbers::eval::{BudgetScope, ModelsInMemory};
 use numbers::keep_name::{self, KeepMapName};
 use numbers::routing::{check_group_keep, ExpertGroups};
 use numbers::saliency::Saliency;
@@ -35,9 +35,16 @@ pub struct EvalSettings {
     /// figures compare with its; 0 scores every position.
     pub skip_first: Option<u32>,
     /// A KL budget (mean KL(base || candidate) in nats): per method, the
-    /// smallest evaluated K whose held-out KL interval's upper end is
-    /// within it is picked (in `eval/summary.json` and the report).
+    /// smallest evaluated K such that it and every larger evaluated K fit
+    /// is picked (in `eval/summary.json` and the report); a K fits when the
+    /// upper end of each held-out KL interval `budget_scope` names is
+    /// within the budget. Never read from the fit split.
     pub kl_budget: Option<f64>,
+    /// Which held-out figures must fit `kl_budget`: `"every_domain"` (each
+    /// calibration domain and eval set; the summary names the one that
+    /// binds) or `"pooled"` (the whole held-out split).
+    #[schemars(with = "String")]
+    pub budget_scope: BudgetScope,
     /// Models each worker holds in memory at once: `"auto"` (every model
     /// when they fit in the free memory where the weights go, else the base
     /// and one candidate, else one), `"all"`, or a number: 2 is the base and
@@ -68,6 +75,7 @@ impl Default for EvalSettings {
             split: Splits::Both,
             skip_first: None,
             kl_budget: None,
+            budget_scope: BudgetScope::EveryDomain,
             models_in_memory: ModelsInMemory::Auto,
             scratch_dir: None,
             generate_prompts: 4,
@@ -382,6 +390,23 @@ mod tests {
         assert_eq!(
             s.candidate_names(&pair).unwrap(),
             ["reap_mean_K4", "frequency_K1", "reap_hybrid_K1"]
+        );
+    }
+
+    #[test]
+    fn the_budget_holds_for_every_domain_unless_pooled_is_asked_for() {
+        assert_eq!(
+            EvalSettings::default().budget_scope,
+            BudgetScope::EveryDomain
+        );
+        let pooled: EvalSettings = toml::from_str("budget_scope = \"pooled\"").unwrap();
+        assert_eq!(pooled.budget_scope, BudgetScope::Pooled);
+        let err = toml::from_str::<EvalSettings>("budget_scope = \"worst\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("every_domain") && err.contains("pooled"),
+            "{err}"
         );
     }
 

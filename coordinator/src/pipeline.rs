@@ -345,6 +345,7 @@ async fn evaluate_configured(
     let choice = stages::eval::Choice {
         sizes: prepared.sizes,
         kl_budget: config.eval.kl_budget,
+        budget_scope: config.eval.budget_scope,
     };
     stages::eval::cli::evaluate_held(setup, base, prepared.job, out, choice, crew).await?;
     Ok(())

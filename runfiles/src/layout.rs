@@ -117,6 +117,9 @@ pub mod eval {
     pub const SUMMARY_PARQUET: &str = "eval/summary.parquet";
     /// The report's plot of held-out KL against K.
     pub const KL_PLOT: &str = "report/eval_kl_vs_k.png";
+    /// The report's plot of held-out KL against K in the domain that binds
+    /// each method's KL budget pick.
+    pub const KL_BINDING_PLOT: &str = "report/eval_kl_binding.png";
 }
 
 /// Where one evaluation's objects live under a run: its per-lease eval

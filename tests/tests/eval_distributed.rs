@@ -92,6 +92,7 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
         choice: stages::eval::Choice {
             sizes: prepared.sizes,
             kl_budget: Some(1.0),
+            budget_scope: Default::default(),
         },
     }
 }

@@ -10,9 +10,10 @@
 //! - [`memory`]: [`ModelsInMemory`], how many models a worker holds at once.
 //! - [`summary`]: [`EvalSummary`], the float view written as
 //!   `eval/summary.json` and read by the report.
-//! - [`stats`]: intervals by chunk clusters and llama-perplexity's
-//!   percentiles.
-//! - [`choice`]: K from a KL budget, and the size-versus-KL Pareto front.
+//! - [`stats`]: intervals by clusters (held-out groups) and
+//!   llama-perplexity's percentiles.
+//! - [`choice`]: K from a KL budget held by every domain, and the
+//!   size-versus-KL Pareto front.
 //! - [`generation`]: the generation check, greedy continuations of
 //!   held-out prompts by the base model and each candidate.
 
@@ -28,11 +29,14 @@ pub mod summary;
 pub use generation::{GenerateJob, Generation, GenerationSummary};
 pub use memory::ModelsInMemory;
 pub use partial::{
-    BaseSums, CandidateResult, CandidateSums, ChunkSums, EvalPartial, Group, TokenKl,
+    BaseSums, CandidateResult, CandidateSums, CellKey, ChunkSums, EvalPartial, Group, TokenKl,
     EVAL_FORMAT_VERSION,
 };
 pub use stats::Interval;
-pub use summary::{EvalSummary, Figures, KlFigures, Paired};
+pub use summary::{
+    Binding, BudgetPicks, BudgetScope, Comparison, EvalSummary, Figures, KlFigures, Paired,
+    PairedRow,
+};
 
 /// Why eval partials cannot be decoded or combined.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

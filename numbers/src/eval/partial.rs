@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the eval partial encoding; bumped on any layout change
-/// (2: groups carry their modality; 3: per-chunk sums; 4: generations).
-pub const EVAL_FORMAT_VERSION: u32 = 4;
+/// (2: groups carry their modality; 3: per-chunk sums; 4: generations;
+/// 5: per-chunk sums split by cluster, the corpus group of each span).
+pub const EVAL_FORMAT_VERSION: u32 = 5;
 
 /// Largest encoded eval partial the decoder accepts (1 GiB).
 pub const MAX_EVAL_PARTIAL_BYTES: usize = 1 << 30;
@@ -65,10 +66,17 @@ pub struct CandidateSums {
     pub dprob: ExactSum,
 }
 
-/// One candidate's sums over the scored positions of one chunk in one
-/// group: the clusters of the summary's intervals and paired comparisons
-/// (positions of one chunk share their context, so they are not
-/// independent; chunks are decoded alone, so chunks are).
+/// Where a candidate's [`ChunkSums`] are kept: `(chunk, cluster, group)`,
+/// the chunk id, the cluster (the index of the position's span group in the
+/// corpus index's groups: the unit the held-out split samples) and the
+/// (split, domain, modality) group. Sums per cluster are exact and add
+/// across chunks and partials, so a stored run can be re-clustered (by
+/// group or by chunk).
+pub type CellKey = (u32, u32, Group);
+
+/// One candidate's sums over the scored positions of one chunk, one
+/// cluster and one group ([`CellKey`]): summed by cluster, the clusters of
+/// the summary's intervals and paired comparisons ([`super::stats`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkSums {
     /// Scored positions.
@@ -130,6 +138,8 @@ pub struct TokenKl {
     pub chunk: u32,
     /// Position in the chunk whose logits predict the token at `pos + 1`.
     pub pos: u32,
+    /// The position's cluster ([`CellKey`]).
+    pub cluster: u32,
     /// The position's group.
     pub group: Group,
     /// KL(p || q) in f64.
@@ -147,8 +157,8 @@ pub struct CandidateResult {
     pub k: u32,
     /// Sums per group.
     pub groups: BTreeMap<Group, CandidateSums>,
-    /// Sums per (chunk, group).
-    pub chunks: BTreeMap<(u32, Group), ChunkSums>,
+    /// Sums per (chunk, cluster, group).
+    pub chunks: BTreeMap<CellKey, ChunkSums>,
     /// Per-position KL, sorted by (chunk, pos).
     pub tokens: Vec<TokenKl>,
     /// The generation check, by prompt chunk ([`super::generation`]).
@@ -165,7 +175,7 @@ impl CandidateResult {
         chunks: &[ChunkRange],
     ) -> Result<(), String> {
         let mut by_group: BTreeMap<Group, ChunkSums> = BTreeMap::new();
-        for ((chunk, g), s) in &self.chunks {
+        for ((chunk, _, g), s) in &self.chunks {
             if !chunks.iter().any(|r| r.contains(*chunk)) {
                 return Err(format!(
                     "per-chunk sums of chunk {chunk}, outside the partial"

@@ -1,59 +1,114 @@
-//! Uncertainty of eval figures by chunk clusters, and llama-perplexity's
-//! percentiles.
+//! Uncertainty of eval figures by clusters of the unit of sampling, and
+//! llama-perplexity's percentiles.
 //!
-//! Positions of one chunk share their context (each chunk is decoded
-//! alone), so their figures are correlated; chunks are the clusters. A
+//! The held-out split takes whole document groups (`corpus/src/heldout.rs`),
+//! and one group's documents share a source, a style and often a topic; a
+//! document may run on into the next chunk. Positions of one group are
+//! therefore correlated, and groups, not chunks or positions, are the
+//! independent units: every interval clusters by the corpus group of the
+//! position's span (a document where the corpus has no group key). A
 //! figure that is a ratio of sums over positions, `m = sum_g S_g / sum_g
-//! n_g` over chunks `g`, gets the cluster-robust (sandwich, CR1) standard
+//! n_g` over clusters `g`, gets the cluster-robust (sandwich, CR1) standard
 //! error of a mean,
 //!
 //! `se^2 = G / (G - 1) * sum_g (S_g - m n_g)^2 / N^2`,
 //!
 //! and a 95% interval `m ± t(0.975, G - 1) se` (Student's t with G - 1
-//! degrees of freedom). Correlation between chunks (a document packed over
-//! two chunks) is not modelled.
+//! degrees of freedom). Below two clusters the uncertainty is unknown: the
+//! interval is "n/a" (NaN ends, `null` in JSON), never `[m, m]`.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
-/// A figure's standard error and 95% interval. With fewer than two
-/// clusters the uncertainty is unknown: `se` is 0 and the interval the
-/// value itself (the figures' `chunks` says how many clusters there were).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// A figure's standard error and 95% interval over `clusters` clusters.
+/// With fewer than two clusters the uncertainty is unknown: `se`, `lo`
+/// and `hi` are NaN (`null` in JSON) and [`Interval::known`] is false.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Interval {
-    /// Standard error (cluster-robust).
+    /// Standard error (cluster-robust); NaN when unknown.
+    #[serde(deserialize_with = "nan_if_null")]
     pub se: f64,
-    /// Lower end of the 95% interval.
+    /// Lower end of the 95% interval; NaN when unknown.
+    #[serde(deserialize_with = "nan_if_null")]
     pub lo: f64,
-    /// Upper end of the 95% interval.
+    /// Upper end of the 95% interval; NaN when unknown.
+    #[serde(deserialize_with = "nan_if_null")]
     pub hi: f64,
+    /// Clusters with positions (held-out groups, or documents): the
+    /// interval has `clusters - 1` degrees of freedom.
+    #[serde(default)]
+    pub clusters: u64,
+}
+
+impl Default for Interval {
+    fn default() -> Interval {
+        Interval::unknown(0)
+    }
+}
+
+/// Equal when every field is, NaN (unknown) equal to NaN.
+impl PartialEq for Interval {
+    fn eq(&self, o: &Interval) -> bool {
+        same(self.se, o.se)
+            && same(self.lo, o.lo)
+            && same(self.hi, o.hi)
+            && self.clusters == o.clusters
+    }
+}
+
+/// Equal, or both NaN: how figures whose unknown ends are NaN compare.
+pub fn same(a: f64, b: f64) -> bool {
+    a == b || (a.is_nan() && b.is_nan())
+}
+
+/// Reads a float that JSON stores as `null` when it is NaN (serde_json
+/// writes non-finite floats as `null`).
+pub fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl Interval {
-    /// The symmetric interval `value ± t se` over `clusters` clusters.
-    pub fn around(value: f64, se: f64, clusters: usize) -> Interval {
-        if clusters < 2 {
-            return Interval {
-                se: 0.0,
-                lo: value,
-                hi: value,
-            };
+    /// An interval of unknown width over `clusters` (fewer than two) clusters.
+    pub fn unknown(clusters: u64) -> Interval {
+        Interval {
+            se: f64::NAN,
+            lo: f64::NAN,
+            hi: f64::NAN,
+            clusters,
         }
-        let half = t975(clusters - 1) * se;
+    }
+
+    /// The symmetric interval `value ± t se` over `clusters` clusters;
+    /// unknown below two.
+    pub fn around(value: f64, se: f64, clusters: u64) -> Interval {
+        if clusters < 2 {
+            return Interval::unknown(clusters);
+        }
+        let half = t975((clusters - 1) as usize) * se;
         Interval {
             se,
             lo: value - half,
             hi: value + half,
+            clusters,
         }
+    }
+
+    /// Whether the interval is known (two clusters or more).
+    pub fn known(&self) -> bool {
+        self.clusters >= 2 && !self.lo.is_nan() && !self.hi.is_nan()
     }
 
     /// The interval mapped through an increasing function (`exp` for a
     /// perplexity from its log), its standard error by the delta method
-    /// (`derivative` at the value).
+    /// (`derivative` at the value); an unknown one stays unknown.
     pub fn map(&self, f: impl Fn(f64) -> f64, derivative: f64) -> Interval {
+        if !self.known() {
+            return Interval::unknown(self.clusters);
+        }
         Interval {
             se: self.se * derivative.abs(),
             lo: f(self.lo),
             hi: f(self.hi),
+            clusters: self.clusters,
         }
     }
 }
@@ -61,18 +116,30 @@ impl Interval {
 /// A cluster's count and sum: `(n_g, S_g)`.
 pub type Cluster = (u64, f64);
 
+/// The clusters of `items`, `(cluster id, n, S)` summed by id (ids of any
+/// ordered type: a group index, a document, a chunk).
+pub fn clusters_by<K: Ord>(items: impl IntoIterator<Item = (K, u64, f64)>) -> Vec<Cluster> {
+    let mut by: std::collections::BTreeMap<K, Cluster> = std::collections::BTreeMap::new();
+    for (k, n, s) in items {
+        let c = by.entry(k).or_default();
+        c.0 += n;
+        c.1 += s;
+    }
+    by.into_values().collect()
+}
+
 /// The mean `sum S_g / sum n_g` of `clusters` with its cluster-robust
-/// standard error (0 below two clusters or without positions).
+/// standard error (NaN below two clusters; 0 and NaN without positions).
 pub fn mean_se(clusters: &[Cluster]) -> (f64, f64) {
     let n: u64 = clusters.iter().map(|c| c.0).sum();
     if n == 0 {
-        return (0.0, 0.0);
+        return (0.0, f64::NAN);
     }
     let total = n as f64;
     let mean = clusters.iter().map(|c| c.1).sum::<f64>() / total;
     let g = clusters.iter().filter(|c| c.0 > 0).count();
     if g < 2 {
-        return (mean, 0.0);
+        return (mean, f64::NAN);
     }
     let ss: f64 = clusters
         .iter()
@@ -86,7 +153,7 @@ pub fn mean_se(clusters: &[Cluster]) -> (f64, f64) {
 /// The mean of `clusters` with its 95% interval over them.
 pub fn estimate(clusters: &[Cluster]) -> (f64, Interval) {
     let (mean, se) = mean_se(clusters);
-    let g = clusters.iter().filter(|c| c.0 > 0).count();
+    let g = clusters.iter().filter(|c| c.0 > 0).count() as u64;
     (mean, Interval::around(mean, se, g))
 }
 
@@ -157,9 +224,68 @@ mod tests {
         assert_eq!(mean, 2.0);
         assert!((iv.se - 1.0).abs() < 1e-12, "{}", iv.se);
         assert!((iv.hi - (2.0 + 12.7062)).abs() < 1e-9, "{iv:?}");
-        // A single cluster has no known uncertainty.
+        assert_eq!(iv.clusters, 2);
+        // A single cluster has no known uncertainty: no interval, not [m, m].
         let (m, one) = estimate(&[(50, 50.0)]);
-        assert_eq!((m, one.se, one.lo, one.hi), (1.0, 0.0, 1.0, 1.0));
+        assert_eq!((m, one.clusters), (1.0, 1));
+        assert!(
+            !one.known() && one.lo.is_nan() && one.hi.is_nan(),
+            "{one:?}"
+        );
+        // An unknown interval stays unknown through a map, and is `null`
+        // in JSON and NaN again when read back.
+        assert!(!one.map(f64::exp, 1.0).known());
+        let json = serde_json::to_string(&one).unwrap();
+        assert_eq!(json, r#"{"se":null,"lo":null,"hi":null,"clusters":1}"#);
+        let back: Interval = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, one);
+    }
+
+    /// A standard normal draw (Box-Muller).
+    fn normal(r: &mut crate::splitmix::SplitMix64) -> f64 {
+        let u = 1.0 - r.unit();
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * r.unit()).cos()
+    }
+
+    #[test]
+    fn intervals_by_group_cover_the_truth_and_by_chunk_do_not() {
+        // Held-out text as the corpus samples it: 12 groups drawn at random,
+        // each with its own level (sd 1 around the true mean 0.5), packed
+        // into 4 chunks of 25 positions each (position noise sd 1). The mean
+        // over all positions estimates 0.5; its variance is mostly the
+        // group levels', which chunks of one group share.
+        let (groups, chunks, positions, truth) = (12usize, 4usize, 25usize, 0.5);
+        let mut r = crate::splitmix::SplitMix64::new(52);
+        let (mut by_group, mut by_chunk) = (0u32, 0u32);
+        let draws = 1_000;
+        for _ in 0..draws {
+            let mut items: Vec<(usize, usize, u64, f64)> = Vec::new();
+            for g in 0..groups {
+                let level = truth + normal(&mut r);
+                for c in 0..chunks {
+                    let s: f64 = (0..positions).map(|_| level + normal(&mut r)).sum();
+                    items.push((g, g * chunks + c, positions as u64, s));
+                }
+            }
+            let covers = |clusters: Vec<Cluster>| {
+                let (_, iv) = estimate(&clusters);
+                iv.lo <= truth && truth <= iv.hi
+            };
+            by_group += u32::from(covers(clusters_by(
+                items.iter().map(|&(g, _, n, s)| (g, n, s)),
+            )));
+            by_chunk += u32::from(covers(clusters_by(
+                items.iter().map(|&(_, c, n, s)| (c, n, s)),
+            )));
+        }
+        let share = |k: u32| f64::from(k) / f64::from(draws);
+        println!(
+            "95% intervals covering the true mean in {draws} draws: by group {:.1}%, by chunk {:.1}%",
+            100.0 * share(by_group),
+            100.0 * share(by_chunk)
+        );
+        assert!(share(by_group) >= 0.92, "by group: {}", share(by_group));
+        assert!(share(by_chunk) <= 0.85, "by chunk: {}", share(by_chunk));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use super::generation::GenerationSummary;
 use super::partial::{CandidateResult, ChunkSums, EvalPartial, Group};
-use super::stats::{estimate, percentile, Cluster, Interval};
+use super::stats::{estimate, nan_if_null, percentile, same, Cluster, Interval};
 use crate::exact::ExactSum;
 use crate::split::{Modality, Split};
 use serde::{Deserialize, Serialize};
@@ -12,17 +12,21 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// KL(p || q) figures over a set of scored positions: llama-perplexity's
 /// KL block (its percentiles interpolate linearly, [`percentile`]) with a
-/// cluster-robust interval of the mean.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// cluster-robust interval of the mean (by group clusters,
+/// [`super::stats`]; NaN, `null` in JSON, below two clusters).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct KlFigures {
     /// Mean (llama-perplexity's `Mean KLD` over the same positions).
     pub mean: f64,
-    /// Standard error of the mean by chunk clusters ([`super::stats`]).
+    /// Standard error of the mean by group clusters ([`super::stats`]).
+    #[serde(deserialize_with = "nan_if_null")]
     pub se: f64,
-    /// Lower end of the mean's 95% interval (chunk clusters).
+    /// Lower end of the mean's 95% interval (group clusters).
+    #[serde(deserialize_with = "nan_if_null")]
     pub lo: f64,
-    /// Upper end of the mean's 95% interval (chunk clusters).
+    /// Upper end of the mean's 95% interval (group clusters).
+    #[serde(deserialize_with = "nan_if_null")]
     pub hi: f64,
     /// Standard error with positions taken as independent (the error
     /// llama-perplexity prints after `Mean KLD`); smaller than `se`
@@ -52,15 +56,46 @@ pub struct KlFigures {
     pub min: f64,
 }
 
+/// Equal field by field, an unknown (NaN) interval equal to another.
+impl PartialEq for KlFigures {
+    fn eq(&self, o: &KlFigures) -> bool {
+        let f = |k: &KlFigures| {
+            [
+                k.mean,
+                k.se,
+                k.lo,
+                k.hi,
+                k.se_positions,
+                k.max,
+                k.p999,
+                k.p99,
+                k.p95,
+                k.p90,
+                k.p50,
+                k.p10,
+                k.p5,
+                k.p1,
+                k.p01,
+                k.min,
+            ]
+        };
+        f(self).into_iter().zip(f(o)).all(|(a, b)| same(a, b))
+    }
+}
+
 /// Figures of one candidate over one split or one (split, domain), each
-/// with its 95% interval by chunk clusters (`*_ci`).
+/// with its 95% interval by group clusters (`*_ci`, each naming its
+/// number of clusters).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Figures {
     /// Scored positions.
     pub n: u64,
-    /// Chunks with scored positions: the clusters of the intervals.
+    /// Chunks with scored positions.
     pub chunks: u64,
+    /// Clusters with scored positions (held-out groups, or documents where
+    /// the corpus has no group key): the clusters of the intervals.
+    pub clusters: u64,
     /// KL(p || q).
     pub kl: KlFigures,
     /// Share of positions where both models pick the same top-1 token
@@ -79,7 +114,7 @@ pub struct Figures {
     /// `ppl_candidate / ppl_base` (llama-perplexity's `Mean
     /// PPL(Q)/PPL(base)`).
     pub ppl_ratio: f64,
-    /// Its interval, paired: from the per-chunk sums of the NLL difference.
+    /// Its interval, paired: from the per-cluster sums of the NLL difference.
     pub ppl_ratio_ci: Interval,
     /// Mean of q(next) - p(next).
     pub dprob_mean: f64,
@@ -93,7 +128,7 @@ pub struct Figures {
 
 /// A candidate against the best one (lowest mean KL of the split) over the
 /// same positions: the mean of the per-position KL difference, with its
-/// interval by chunk clusters (per-chunk sums of the difference).
+/// interval by group clusters (per-cluster sums of the difference).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Paired {
     /// The best candidate's name.
@@ -101,6 +136,37 @@ pub struct Paired {
     /// Mean of KL(candidate) - KL(best) per position (0 for the best).
     pub diff: f64,
     /// Its interval.
+    pub ci: Interval,
+}
+
+/// What a [`PairedRow`] compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Comparison {
+    /// Two methods at the same K: which keep map to ship at that size.
+    SameK,
+    /// A candidate (`a`) against the next larger evaluated K of its method
+    /// (`b`): the cost of pruning further.
+    SmallerK,
+}
+
+/// A paired comparison where a choice is made: the mean over the split's
+/// positions of KL(`a`) - KL(`b`) per position, with its interval by group
+/// clusters (per-cluster sums of the difference); negative when `a` is
+/// closer to the base model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PairedRow {
+    /// The split compared (eval sets are kept out of its whole).
+    pub split: Split,
+    /// What the pair compares.
+    pub compares: Comparison,
+    /// First candidate.
+    pub a: String,
+    /// Second candidate.
+    pub b: String,
+    /// Mean of KL(a) - KL(b) per position.
+    pub diff: f64,
+    /// Its interval, with its number of clusters.
     pub ci: Interval,
 }
 
@@ -175,10 +241,19 @@ pub struct EvalSummary {
     /// held out whole, whose figures the eval table lists apart.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub eval_sets: Vec<String>,
+    /// The corpus's domain names (calibration domains and eval sets), so a
+    /// domain without held-out positions is seen, not silently absent.
+    #[serde(default)]
+    pub domains: Vec<String>,
+    /// Paired comparisons where choices are made ([`PairedRow`]): every
+    /// pair of candidates at the same K, and each candidate against the
+    /// next larger K of its method, per split.
+    #[serde(default)]
+    pub pairs: Vec<PairedRow>,
 }
 
 /// What [`EvalSummary::uncertainty`] says.
-pub const UNCERTAINTY: &str = "cluster-robust (CR1) standard errors over chunk clusters (each chunk is decoded alone; its positions share their context), 95% intervals with Student's t at (chunks - 1) degrees of freedom; paired differences from per-chunk sums of the per-position difference";
+pub const UNCERTAINTY: &str = "cluster-robust (CR1) standard errors over clusters of the unit of sampling: the corpus group of each position's span (the held-out split takes whole groups; a corpus without a group key has one group per document), or its chunk where spans do not name their group, 95% intervals with Student's t at (clusters - 1) degrees of freedom, n/a below two clusters; paired differences, the perplexity ratio and every other figure from per-cluster sums of the per-position values";
 
 impl EvalSummary {
     /// The figures of a merged partial; `domains` names the corpus's domain
@@ -210,8 +285,52 @@ impl EvalSummary {
             candidates,
             budget: None,
             eval_sets: eval_sets.to_vec(),
+            domains: domains.to_vec(),
+            pairs: Vec::new(),
         }
         .paired(p, &apart)
+        .pair_rows(p, &apart)
+    }
+
+    /// Fills [`EvalSummary::pairs`]: per split, every pair of candidates at
+    /// the same K (in the job's order), and each candidate against the next
+    /// larger evaluated K of its method.
+    fn pair_rows(mut self, p: &EvalPartial, apart: &BTreeSet<u16>) -> EvalSummary {
+        let cs = &self.candidates;
+        let mut pairs: Vec<(Comparison, usize, usize)> = Vec::new();
+        for a in 0..cs.len() {
+            for b in a + 1..cs.len() {
+                if cs[a].k == cs[b].k {
+                    pairs.push((Comparison::SameK, a, b));
+                }
+            }
+        }
+        for a in 0..cs.len() {
+            let larger = (0..cs.len())
+                .filter(|&b| cs[b].method == cs[a].method && cs[b].k > cs[a].k)
+                .min_by_key(|&b| cs[b].k);
+            if let Some(b) = larger {
+                pairs.push((Comparison::SmallerK, a, b));
+            }
+        }
+        for split in &p.splits {
+            let in_split = |g: &Group| g.split == *split && !apart.contains(&g.domain);
+            for &(compares, a, b) in &pairs {
+                let (diff, ci) = paired_diff(&p.candidates[a], &p.candidates[b], &in_split);
+                if ci.clusters == 0 {
+                    continue;
+                }
+                self.pairs.push(PairedRow {
+                    split: *split,
+                    compares,
+                    a: cs[a].name.clone(),
+                    b: cs[b].name.clone(),
+                    diff,
+                    ci,
+                });
+            }
+        }
+        self
     }
 
     /// Fills each split's paired comparison against its best candidate
@@ -228,22 +347,12 @@ impl EvalSummary {
                 continue;
             };
             let in_split = |g: &Group| g.split == *split && !apart.contains(&g.domain);
-            let best_kl = chunk_kl(&p.candidates[best], &in_split);
             let against = self.candidates[best].name.clone();
             for (c, result) in self.candidates.iter_mut().zip(&p.candidates) {
                 let Some(f) = c.splits.get_mut(split) else {
                     continue;
                 };
-                let mine = chunk_kl(result, &in_split);
-                let clusters: Vec<Cluster> = mine
-                    .iter()
-                    .map(|(chunk, &(n, kl))| {
-                        // The difference of exact sums is exact.
-                        let best = best_kl.get(chunk).map_or(0, |b| b.1 .0);
-                        (n, ExactSum(kl.0.saturating_sub(best)).to_f64())
-                    })
-                    .collect();
-                let (diff, ci) = estimate(&clusters);
+                let (diff, ci) = paired_diff(result, &p.candidates[best], &in_split);
                 f.paired = Some(Paired {
                     against: against.clone(),
                     diff,
@@ -324,33 +433,52 @@ fn candidate(
     }
 }
 
-/// Per chunk, (positions, exact KL sum) of a candidate's positions in
-/// groups `keep` selects.
-fn chunk_kl(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> BTreeMap<u32, (u64, ExactSum)> {
-    chunk_sums(c, keep)
-        .into_iter()
-        .map(|(chunk, s)| (chunk, (s.n, s.kl)))
-        .collect()
+/// The mean per position of KL(`a`) - KL(`b`) over the positions of the
+/// groups `keep` selects, with its interval by cluster (per-cluster sums
+/// of the difference; the two candidates scored the same positions).
+fn paired_diff(
+    a: &CandidateResult,
+    b: &CandidateResult,
+    keep: &dyn Fn(&Group) -> bool,
+) -> (f64, Interval) {
+    let theirs = cluster_sums(b, keep);
+    let clusters: Vec<Cluster> = cluster_sums(a, keep)
+        .iter()
+        .map(|(cluster, s)| {
+            // The difference of exact sums is exact.
+            let other = theirs.get(cluster).map_or(0, |t| t.kl.0);
+            (s.n, ExactSum(s.kl.0.saturating_sub(other)).to_f64())
+        })
+        .collect();
+    estimate(&clusters)
 }
 
-/// Per chunk, a candidate's sums over the groups `keep` selects.
-fn chunk_sums(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> BTreeMap<u32, ChunkSums> {
+/// Per cluster (the corpus group of the positions' spans), a candidate's
+/// sums over the groups `keep` selects.
+fn cluster_sums(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> BTreeMap<u32, ChunkSums> {
     let mut out: BTreeMap<u32, ChunkSums> = BTreeMap::new();
-    for ((chunk, _), s) in c.chunks.iter().filter(|((_, g), _)| keep(g)) {
-        // Sums of one chunk stay far inside the accumulator's range.
-        let _ = out.entry(*chunk).or_default().merge(s);
+    for ((_, cluster, _), s) in c.chunks.iter().filter(|((_, _, g), _)| keep(g)) {
+        // Sums of one run stay far inside the accumulator's range (the
+        // group sums of the same positions were accepted).
+        let _ = out.entry(*cluster).or_default().merge(s);
     }
     out
 }
 
 fn figures(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> Figures {
-    let chunks: Vec<ChunkSums> = chunk_sums(c, keep).into_values().collect();
-    let n: u64 = chunks.iter().map(|s| s.n).sum();
+    let clusters: Vec<ChunkSums> = cluster_sums(c, keep).into_values().collect();
+    let n: u64 = clusters.iter().map(|s| s.n).sum();
     if n == 0 {
         return Figures::default();
     }
+    let chunks: BTreeSet<u32> = c
+        .chunks
+        .iter()
+        .filter(|((_, _, g), s)| keep(g) && s.n > 0)
+        .map(|((chunk, _, _), _)| *chunk)
+        .collect();
     let of = |f: &dyn Fn(&ChunkSums) -> f64| -> (f64, Interval) {
-        let clusters: Vec<Cluster> = chunks.iter().map(|s| (s.n, f(s))).collect();
+        let clusters: Vec<Cluster> = clusters.iter().map(|s| (s.n, f(s))).collect();
         estimate(&clusters)
     };
     let (kl_mean, kl_ci) = of(&|s| s.kl.to_f64());
@@ -394,7 +522,8 @@ fn figures(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> Figures {
     let at = |q: f64| percentile(&kl, q);
     Figures {
         n,
-        chunks: chunks.iter().filter(|s| s.n > 0).count() as u64,
+        chunks: chunks.len() as u64,
+        clusters: kl_ci.clusters,
         kl: KlFigures {
             mean: kl_mean,
             se: kl_ci.se,
@@ -428,15 +557,73 @@ fn figures(c: &CandidateResult, keep: &dyn Fn(&Group) -> bool) -> Figures {
     }
 }
 
+/// Which held-out figures a KL budget must hold for (`[eval] budget_scope`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetScope {
+    /// Every calibration domain's and eval set's held-out KL: a candidate
+    /// that wrecks one small domain does not fit.
+    #[default]
+    EveryDomain,
+    /// The pooled held-out KL (eval sets are not in it).
+    Pooled,
+}
+
+impl BudgetScope {
+    /// Parses `every_domain` or `pooled`; the error lists both.
+    pub fn parse(text: &str) -> Result<BudgetScope, String> {
+        match text {
+            "every_domain" => Ok(BudgetScope::EveryDomain),
+            "pooled" => Ok(BudgetScope::Pooled),
+            other => Err(format!(
+                "budget scope {other:?} is neither \"every_domain\" nor \"pooled\""
+            )),
+        }
+    }
+}
+
+/// The figure that binds a method's budget pick: the check with the
+/// largest upper end at the pick (the first to fail if the budget were
+/// tighter), or, without a pick, the check that fails at the largest K.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Binding {
+    /// The candidate it was read from.
+    pub candidate: String,
+    /// The domain or eval set (or the pooled held-out split).
+    pub domain: String,
+    /// Its held-out KL interval's upper end (NaN, `null` in JSON, when
+    /// fewer than two clusters leave it unknown).
+    #[serde(deserialize_with = "nan_if_null")]
+    pub hi: f64,
+    /// Its clusters.
+    pub clusters: u64,
+    /// The largest K of the method that misses the budget (it and every
+    /// smaller K are not picked), if one does.
+    pub missed: Option<String>,
+}
+
 /// What a KL budget chose.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BudgetPicks {
     /// The budget: a mean KL in nats.
     pub kl_budget: f64,
-    /// The split whose KL was compared (`heldout`, or `fit` in a run
-    /// without held-out positions).
+    /// The split whose KL was compared: always `heldout` (the fit split
+    /// would judge the calibration text in-sample).
     pub split: Split,
-    /// Per method, the candidate with the smallest K whose KL interval's
-    /// upper end is within the budget; `None` when no evaluated K fits.
+    /// Which held-out figures every K must fit.
+    #[serde(default)]
+    pub scope: BudgetScope,
+    /// Per method, the candidate with the smallest K such that it and every
+    /// larger evaluated K fit the budget; `None` when the largest does not.
     pub picks: BTreeMap<String, Option<String>>,
+    /// Per method, the figure that binds ([`Binding`]).
+    #[serde(default)]
+    pub binding: BTreeMap<String, Option<Binding>>,
+    /// Domains of the corpus without held-out positions: nothing of theirs
+    /// was checked.
+    #[serde(default)]
+    pub unchecked: Vec<String>,
+    /// Why nothing was picked, when no held-out position was scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }

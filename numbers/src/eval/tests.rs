@@ -7,8 +7,14 @@ fn group(split: Split, domain: u16) -> Group {
 }
 
 /// A partial of one chunk whose positions have KL values `kls`, all in
-/// (heldout, domain 0) except every third in (fit, domain 1).
+/// (heldout, domain 0) except every third in (fit, domain 1), the chunk its
+/// own cluster.
 fn partial_of(chunk: u32, kls: &[f64]) -> EvalPartial {
+    partial_in(chunk, chunk, kls)
+}
+
+/// [`partial_of`] with the chunk's positions in cluster `cluster`.
+fn partial_in(chunk: u32, cluster: u32, kls: &[f64]) -> EvalPartial {
     let mut base = BTreeMap::new();
     let mut sums = BTreeMap::new();
     let mut tokens = Vec::new();
@@ -29,12 +35,13 @@ fn partial_of(chunk: u32, kls: &[f64]) -> EvalPartial {
         s.nll.add_f64(1.0 + 2.0 * kl).unwrap();
         s.top1_same += u64::from(kl < 0.5);
         s.dprob.add_f64(-kl / 10.0).unwrap();
-        let c: &mut ChunkSums = per_chunk.entry((chunk, g)).or_default();
+        let c: &mut ChunkSums = per_chunk.entry((chunk, cluster, g)).or_default();
         c.add(kl, 1.0 + kl, 1.0 + 2.0 * kl, kl < 0.5, -kl / 10.0)
             .unwrap();
         tokens.push(TokenKl {
             chunk,
             pos: pos as u32,
+            cluster,
             group: g,
             kl,
         });
@@ -151,7 +158,8 @@ fn summary_figures_match_a_direct_computation() {
     let mean = kl.iter().sum::<f64>() / n;
     let var = kl.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
     let h = &c.splits[&Split::Heldout].all;
-    assert_eq!((h.n, h.chunks), (kl.len() as u64, 4));
+    assert_eq!((h.n, h.chunks, h.clusters), (kl.len() as u64, 4, 4));
+    assert_eq!(h.ppl_ratio_ci.clusters, 4);
     assert!((h.kl.mean - mean).abs() < 1e-12);
     assert!((h.kl.se_positions - (var / n).sqrt()).abs() < 1e-12);
     // Chunk clusters: each chunk's sum.
@@ -288,7 +296,7 @@ fn modalities_appear_only_when_image_conditioned_positions_were_scored() {
         s.nll.add_f64(1.0 + 2.0 * v).unwrap();
         s.top1_same += u64::from(v < 0.5);
         s.dprob.add_f64(-v / 10.0).unwrap();
-        let k: &mut ChunkSums = per_chunk.entry((t.chunk, t.group)).or_default();
+        let k: &mut ChunkSums = per_chunk.entry((t.chunk, t.chunk, t.group)).or_default();
         k.add(v, 1.0 + v, 1.0 + 2.0 * v, v < 0.5, -v / 10.0)
             .unwrap();
     }
@@ -338,4 +346,100 @@ fn an_eval_sets_positions_are_its_own_and_outside_the_splits_whole() {
         w[&Split::Heldout].domains["english"]
     );
     assert_eq!(a[&Split::Fit].all, w[&Split::Fit].all);
+}
+
+#[test]
+fn intervals_cluster_by_group_not_by_chunk() {
+    // Two held-out groups of 20 chunks each, the example: KL 0.02
+    // at every position of one, 0.10 of the other. By chunk the interval is
+    // tight; by group it is the interval of two values (t at 1 df).
+    let mut p = partial_in(0, 0, &[0.02; 30]);
+    for chunk in 1..40 {
+        let (cluster, kl) = if chunk < 20 { (0, 0.02) } else { (1, 0.10) };
+        p.merge(&partial_in(chunk, cluster, &[kl; 30])).unwrap();
+    }
+    let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
+    let h = &s.candidates[0].splits[&Split::Heldout].all;
+    assert_eq!((h.chunks, h.clusters), (40, 2));
+    assert!((h.kl.mean - 0.06).abs() < 1e-12);
+    // CR1 over two equal clusters of 0.02 and 0.10: se = 0.04, and
+    // t(0.975, 1) = 12.7062.
+    assert!((h.kl.se - 0.04).abs() < 1e-12, "{}", h.kl.se);
+    assert!(
+        (h.kl.hi - (0.06 + 12.7062 * 0.04)).abs() < 1e-9,
+        "{}",
+        h.kl.hi
+    );
+    assert!(h.kl.lo < 0.0 && h.kl.hi > 0.5, "{:?}", h.kl);
+    // One group alone has no interval: n/a (null in JSON), never [m, m].
+    let one = EvalSummary::of(&partial_in(0, 7, &[0.02; 30]), &["english".into()]);
+    let f = &one.candidates[0].splits[&Split::Heldout].all;
+    assert_eq!(f.clusters, 1);
+    assert!(f.kl.lo.is_nan() && f.kl.hi.is_nan() && !f.ppl_ratio_ci.known());
+    let json = String::from_utf8(one.to_json_bytes()).unwrap();
+    assert!(json.contains("\"hi\": null"), "{json}");
+    let back: EvalSummary = serde_json::from_slice(json.as_bytes()).unwrap();
+    assert_eq!(back, one);
+}
+
+#[test]
+fn pairs_compare_methods_at_one_k_and_each_k_with_the_next_larger() {
+    // Three candidates over 4 chunks (4 clusters): frequency_K4 and
+    // reap_hybrid_K4 at one K, reap_hybrid_K8 the next K of reap_hybrid.
+    let merged = |shift: f64| {
+        let mut p = partial_of(0, &values(0).iter().map(|v| v + shift).collect::<Vec<_>>());
+        for ch in 1..4 {
+            let v: Vec<f64> = values(ch)
+                .iter()
+                .map(|v| v + shift * f64::from(ch + 1))
+                .collect();
+            p.merge(&partial_of(ch, &v)).unwrap();
+        }
+        p
+    };
+    let mut p = merged(0.0);
+    let named = |shift: f64, name: &str, k: u32| {
+        let mut c = merged(shift).candidates.remove(0);
+        (c.name, c.k) = (name.into(), k);
+        c
+    };
+    p.candidates = vec![
+        named(0.1, "frequency_K4", 4),
+        named(0.0, "reap_hybrid_K4", 4),
+        named(-0.05, "reap_hybrid_K8", 8),
+    ];
+    let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
+    let held: Vec<_> = s
+        .pairs
+        .iter()
+        .filter(|r| r.split == Split::Heldout)
+        .collect();
+    let names: Vec<_> = held
+        .iter()
+        .map(|r| (r.compares, r.a.as_str(), r.b.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (Comparison::SameK, "frequency_K4", "reap_hybrid_K4"),
+            (Comparison::SmallerK, "reap_hybrid_K4", "reap_hybrid_K8"),
+        ]
+    );
+    // frequency_K4 - reap_hybrid_K4: 0.1 * (chunk + 1) at every held-out
+    // position (13 per chunk), so the mean is 0.25 over 4 clusters.
+    let clusters: Vec<(f64, f64)> = (0..4)
+        .map(|ch| (13.0, 13.0 * 0.1 * f64::from(ch + 1)))
+        .collect();
+    let (diff, se) = cr1(&clusters);
+    assert!((held[0].diff - diff).abs() < 1e-9 && (diff - 0.25).abs() < 1e-9);
+    assert!((held[0].ci.se - se).abs() < 1e-9);
+    assert_eq!(held[0].ci.clusters, 4);
+    // reap_hybrid_K4 - reap_hybrid_K8: +0.05 * (chunk + 1).
+    assert!((held[1].diff - 0.125).abs() < 1e-9, "{}", held[1].diff);
+    // The "against the best" figure stays.
+    let best = s.candidates[0].splits[&Split::Heldout]
+        .paired
+        .as_ref()
+        .unwrap();
+    assert_eq!(best.against, "reap_hybrid_K8");
 }

@@ -278,6 +278,7 @@ mod tests {
         let token = |pos| TokenKl {
             chunk: 2,
             pos,
+            cluster: 2,
             group,
             kl: 0.5,
         };
@@ -289,14 +290,14 @@ mod tests {
     fn of_tokens(tokens: Vec<TokenKl>) -> EvalPartial {
         let mut base: BTreeMap<Group, BaseSums> = BTreeMap::new();
         let mut groups: BTreeMap<Group, CandidateSums> = BTreeMap::new();
-        let mut chunks: BTreeMap<(u32, Group), numbers::eval::ChunkSums> = BTreeMap::new();
+        let mut chunks: BTreeMap<numbers::eval::CellKey, numbers::eval::ChunkSums> = BTreeMap::new();
         for t in &tokens {
             base.entry(t.group).or_default().n += 1;
             let g = groups.entry(t.group).or_default();
             g.n += 1;
             let _ = g.kl.add_f64(t.kl);
             let _ = g.kl_sq.add_f64(t.kl * t.kl);
-            let c = chunks.entry((t.chunk, t.group)).or_default();
+            let c = chunks.entry((t.chunk, t.cluster, t.group)).or_default();
             c.n += 1;
             let _ = c.kl.add_f64(t.kl);
         }
@@ -471,7 +472,7 @@ mod tests {
             ("outside the partial", |p| {
                 let c = &mut p.candidates[0].chunks;
                 let (key, s) = c.pop_first().unwrap();
-                c.insert((9, key.1), s);
+                c.insert((9, key.1, key.2), s);
             }),
         ];
         for (what, change) in cases {

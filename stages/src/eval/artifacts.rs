@@ -27,7 +27,7 @@ pub async fn write(
 ) -> Result<EvalSummary, EvalRunError> {
     let summary = EvalSummary::of_run(merged, &index.domains, &index.eval_sets)
         .with_sizes(&choice.sizes)
-        .with_budget(choice.kl_budget);
+        .with_budget(choice.kl_budget, choice.budget_scope);
     if store.get_opt(out.summary_json).await?.is_some() {
         store.delete(out.summary_json).await?;
     }

@@ -44,6 +44,11 @@ pub struct EvalArgs {
     /// default: the run config's `[eval] kl_budget`.
     #[cfg_attr(feature = "cli", arg(long, value_parser = parse_kl_budget))]
     pub kl_budget: Option<f64>,
+    /// Which held-out figures every K must fit the budget in:
+    /// `every_domain` (each calibration domain and eval set) or `pooled`;
+    /// default: the run config's `[eval] budget_scope`.
+    #[cfg_attr(feature = "cli", arg(long, value_parser = numbers::eval::BudgetScope::parse))]
+    pub budget_scope: Option<numbers::eval::BudgetScope>,
     /// Models each worker holds in memory at once: `auto`, `all` or a
     /// number (2: the base and one candidate; 1: one at a time). Default:
     /// the run config's `[eval] models_in_memory`.
@@ -127,6 +132,7 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
             split: args.split,
             skip_first: args.skip_first,
             kl_budget: args.kl_budget.or(config.eval.kl_budget),
+            budget_scope: args.budget_scope.unwrap_or(config.eval.budget_scope),
             models_in_memory: args
                 .models_in_memory
                 .unwrap_or(config.eval.models_in_memory),
@@ -161,6 +167,7 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
         let choice = Choice {
             sizes: prepared.sizes,
             kl_budget: settings.kl_budget,
+            budget_scope: settings.budget_scope,
         };
         let job = prepared.job;
         evaluate_recorded(&store, &config, base, job, out, choice, args.local_workers).await?;

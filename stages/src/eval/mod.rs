@@ -97,6 +97,8 @@ pub struct Choice {
     pub sizes: BTreeMap<String, u64>,
     /// Mean KL budget in nats, if one was given.
     pub kl_budget: Option<f64>,
+    /// Which held-out figures must fit it.
+    pub budget_scope: numbers::eval::BudgetScope,
 }
 
 /// The job of an evaluation ([`job`]): the base model's SHA-256, what

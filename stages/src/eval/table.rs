@@ -1,10 +1,12 @@
 //! The table of an evaluation: one row per pruned candidate (held-out and
 //! fit KL, the paired difference against the best candidate, same top-1,
 //! perplexities, per-domain held-out KL, the candidate's slot replacement
-//! from `score`), each figure with its 95% interval by chunk clusters;
-//! after it, when images were evaluated, the KL of each candidate per
-//! modality, llama-perplexity's KL block, the generation check and what a
-//! KL budget picked.
+//! from `score`), each figure with its 95% interval by group clusters and
+//! the number of clusters ("n/a" below two); after it the paired
+//! comparisons where choices are made (two methods at one K, a K against
+//! the next larger K of its method), when images were evaluated the KL of
+//! each candidate per modality, llama-perplexity's KL block, the
+//! generation check and what a KL budget picked.
 //! `coordinator eval` prints it and the report shows it, with the
 //! size-versus-KL table ([`size_table`]).
 
@@ -12,7 +14,7 @@ use crate::score::{self, tables::MapTable};
 use crate::StagesError;
 use numbers::eval::choice::{self, pareto_front};
 use numbers::eval::summary::CandidateSummary;
-use numbers::eval::{EvalSummary, Figures, Interval, Paired};
+use numbers::eval::{Comparison, EvalSummary, Figures, Interval, Paired};
 use numbers::peer_text::table_cell;
 use numbers::Split;
 use runfiles::store::RunStore;
@@ -32,17 +34,20 @@ pub async fn slot_tables(store: &RunStore) -> Result<Result<Vec<MapTable>, Strin
 fn kl(f: Option<&Figures>) -> String {
     f.map_or("-".into(), |f| {
         format!(
-            "{:.4} [{:.4}, {:.4}] (p50 {:.4}, p90 {:.4}, p99 {:.4}, p99.9 {:.4}, max {:.4})",
-            f.kl.mean, f.kl.lo, f.kl.hi, f.kl.p50, f.kl.p90, f.kl.p99, f.kl.p999, f.kl.max
+            "{} (p50 {:.4}, p90 {:.4}, p99 {:.4}, p99.9 {:.4}, max {:.4})",
+            ci(f.kl.mean, &kl_ci(f), 4, 1.0),
+            f.kl.p50,
+            f.kl.p90,
+            f.kl.p99,
+            f.kl.p999,
+            f.kl.max
         )
     })
 }
 
 /// The same-top-1 cell: a percentage with its interval, `-` without figures.
 fn top1(f: Option<&Figures>) -> String {
-    f.map_or("-".into(), |f| {
-        format!("{}%", ci(f.top1_same, &f.top1_same_ci, 2, 100.0))
-    })
+    f.map_or("-".into(), |f| ci(f.top1_same, &f.top1_same_ci, 2, 100.0))
 }
 
 /// The perplexity cell: base / candidate / ratio with its interval.
@@ -57,14 +62,32 @@ fn perplexities(f: Option<&Figures>) -> String {
     })
 }
 
-/// `value [lo, hi]` with `digits` decimals, scaled by `scale` (100 for %).
+/// `value [lo, hi] (G clusters)` with `digits` decimals, scaled by `scale`
+/// (100 for %); `value [n/a] (G clusters)` when fewer than two clusters
+/// leave the interval unknown.
 fn ci(value: f64, iv: &Interval, digits: usize, scale: f64) -> String {
-    format!(
-        "{:.digits$} [{:.digits$}, {:.digits$}]",
-        scale * value,
-        scale * iv.lo,
-        scale * iv.hi
-    )
+    interval(format!("{:.digits$}", scale * value), iv, |v| {
+        format!("{:.digits$}", scale * v)
+    })
+}
+
+/// [`ci`] of a difference: every figure signed.
+fn signed(value: f64, iv: &Interval) -> String {
+    interval(format!("{value:+.4}"), iv, |v| format!("{v:+.4}"))
+}
+
+/// `value [lo, hi] (G clusters)`, the ends written by `end`; `[n/a]` for
+/// an unknown interval.
+fn interval(value: String, iv: &Interval, end: impl Fn(f64) -> String) -> String {
+    let clusters = match iv.clusters {
+        1 => "1 cluster".to_string(),
+        g => format!("{g} clusters"),
+    };
+    if iv.known() {
+        format!("{value} [{}, {}] ({clusters})", end(iv.lo), end(iv.hi))
+    } else {
+        format!("{value} [n/a] ({clusters})")
+    }
 }
 
 /// The paired difference of a candidate's KL against the best one's.
@@ -72,17 +95,43 @@ fn paired(p: Option<&Paired>, name: &str) -> String {
     match p {
         None => "-".into(),
         Some(p) if p.against == name => "best".into(),
-        Some(p) => format!(
-            "{:+.4} [{:+.4}, {:+.4}] vs {}",
-            p.diff, p.ci.lo, p.ci.hi, p.against
-        ),
+        Some(p) => format!("{} vs {}", signed(p.diff, &p.ci), p.against),
     }
+}
+
+/// The paired comparisons of the basis split where choices are made: two
+/// methods at the same K, and each K against the next larger K of its
+/// method (the cost of pruning further).
+fn pairs_table(s: &EvalSummary) -> String {
+    let basis = choice::basis(s);
+    let rows: Vec<_> = s.pairs.iter().filter(|r| r.split == basis).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut md = format!(
+        "\nPaired comparisons ({basis} KL(a) - KL(b) per position, over the same positions; negative: a is closer to the base model; interval by group clusters of the difference):\n\n| a | b | compares | KL(a) - KL(b) [95% interval] (clusters) |\n|---|---|---|---|\n"
+    );
+    for r in rows {
+        let what = match r.compares {
+            Comparison::SameK => "two methods at one K",
+            Comparison::SmallerK => "a K against the next larger K",
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {what} | {} |",
+            r.a,
+            r.b,
+            signed(r.diff, &r.ci)
+        );
+    }
+    md
 }
 
 /// The Markdown table of an evaluation; `slots` are `score`'s tables (the
 /// slot replacement column reads `-` for a candidate without one). Every
-/// interval is a 95% interval by chunk clusters; after it, the
-/// llama-perplexity KL block of each candidate and what a KL budget picked.
+/// interval is a 95% interval by group clusters; after it, the paired
+/// comparisons, the llama-perplexity KL block of each candidate and what a
+/// KL budget picked.
 pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
     // Same top-1 and perplexity come from the held-out split, or from the
     // fit split in a run without one (and say so).
@@ -139,6 +188,7 @@ pub fn table(s: &EvalSummary, slots: &[MapTable]) -> String {
             slot
         );
     }
+    md.push_str(&pairs_table(s));
     md.push_str(&worst_domain_table(s));
     md.push_str(&eval_sets_table(s));
     md.push_str(&modality_table(s));
@@ -154,6 +204,7 @@ fn kl_ci(f: &Figures) -> Interval {
         se: f.kl.se,
         lo: f.kl.lo,
         hi: f.kl.hi,
+        clusters: f.clusters,
     }
 }
 
@@ -172,18 +223,17 @@ fn perplexity_block(s: &EvalSummary) -> String {
         return String::new();
     }
     let mut md = format!(
-        "\nllama-perplexity's KL block ({basis}; percentiles interpolate as llama-perplexity's; ± is llama-perplexity's error with positions independent, [ ] the 95% interval by chunk clusters):\n\n| candidate | Mean KLD | Maximum | 99.9% | 99.0% | 95.0% | 90.0% | Median | 10.0% | 5.0% | 1.0% | 0.1% | Minimum | RMS Δp | Same top p | PPL(Q)/PPL(base) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "\nllama-perplexity's KL block ({basis}; percentiles interpolate as llama-perplexity's; ± is llama-perplexity's error with positions independent, [ ] the 95% interval by group clusters):\n\n| candidate | Mean KLD | Maximum | 99.9% | 99.0% | 95.0% | 90.0% | Median | 10.0% | 5.0% | 1.0% | 0.1% | Minimum | RMS Δp (%) | Same top p (%) | PPL(Q)/PPL(base) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for (c, f) in rows {
         let k = &f.kl;
         let _ = writeln!(
             md,
-            "| {} | {:.6} ± {:.6} [{:.6}, {:.6}] | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {} % | {} % | {} |",
+            "| {} | {:.6} ± {:.6} {} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {} | {} | {} |",
             c.name,
             k.mean,
             k.se_positions,
-            k.lo,
-            k.hi,
+            interval(String::new(), &kl_ci(f), |v| format!("{v:.6}")).trim_start(),
             k.max,
             k.p999,
             k.p99,
@@ -306,20 +356,54 @@ fn generation_table(s: &EvalSummary) -> String {
     md
 }
 
-/// What the KL budget picked per method, when one was given.
+/// What the KL budget picked per method, when one was given, and the
+/// figure that binds each pick.
 fn budget_lines(s: &EvalSummary) -> String {
     let Some(b) = &s.budget else {
         return String::new();
     };
+    let scope = match b.scope {
+        numbers::eval::BudgetScope::EveryDomain => "every domain's and eval set's",
+        numbers::eval::BudgetScope::Pooled => "the pooled",
+    };
     let mut md = format!(
-        "\nK within a KL budget of {} ({} KL, upper end of the 95% interval):\n\n",
+        "\nK within a KL budget of {} ({scope} {} KL, upper end of the 95% interval; the K picked and every larger K fit):\n\n",
         b.kl_budget, b.split
     );
+    if let Some(why) = &b.message {
+        let _ = writeln!(md, "- {why}");
+    }
     for (method, pick) in &b.picks {
+        let bind = b.binding.get(method).and_then(Option::as_ref).map(|x| {
+            let upper = if x.hi.is_nan() {
+                "n/a".to_string()
+            } else {
+                format!("{:.4}", x.hi)
+            };
+            let missed = x
+                .missed
+                .as_ref()
+                .map_or(String::new(), |m| format!("; {m} misses"));
+            format!(
+                " (binding: {} at {}, upper end {upper} over {} clusters{missed})",
+                table_cell(&x.domain),
+                x.candidate,
+                x.clusters
+            )
+        });
+        let bind = bind.unwrap_or_default();
         let _ = match pick {
-            Some(name) => writeln!(md, "- {method}: {name}"),
-            None => writeln!(md, "- {method}: no evaluated K fits"),
+            Some(name) => writeln!(md, "- {method}: {name}{bind}"),
+            None => writeln!(md, "- {method}: no evaluated K fits{bind}"),
         };
+    }
+    if !b.unchecked.is_empty() {
+        let names: Vec<String> = b.unchecked.iter().map(|d| table_cell(d)).collect();
+        let _ = writeln!(
+            md,
+            "- not checked, no held-out positions: {}",
+            names.join(", ")
+        );
     }
     md
 }
@@ -445,6 +529,8 @@ mod tests {
             uncertainty: String::new(),
             budget: None,
             eval_sets: Vec::new(),
+            domains: Vec::new(),
+            pairs: Vec::new(),
             candidates: vec![CandidateSummary {
                 name: "frequency_K2".into(),
                 method: "frequency".into(),
@@ -503,10 +589,10 @@ mod tests {
         let md = table(&s, &[]);
         assert!(md.contains("Eval sets (held out whole"), "{md}");
         assert!(
-            md.contains("| frequency_K2 | wiki_test | 7 | 0.0000 [0.0000, 0.0000]"),
+            md.contains("| frequency_K2 | wiki_test | 7 | 0.0000 [n/a] (0 clusters)"),
             "{md}"
         );
-        assert!(md.contains("| 75.00 [0.00, 0.00]% |"), "{md}");
+        assert!(md.contains("| 75.00 [n/a] (0 clusters) |"), "{md}");
         assert!(
             md.contains("| frequency_K2 | empty_set | 0 | - | - | - |"),
             "{md}"
@@ -518,7 +604,7 @@ mod tests {
         let both = table(&summary(&[("fit", 0.25), ("heldout", 0.5)]), &[]);
         assert!(both.contains("same top-1 (held-out)"), "{both}");
         assert!(
-            both.contains("| 50.00 [0.00, 0.00]% |"),
+            both.contains("| 50.00 [n/a] (0 clusters) |"),
             "held-out figure: {both}"
         );
         let fit_only = table(&summary(&[("fit", 0.25)]), &[]);
@@ -528,7 +614,7 @@ mod tests {
             "{fit_only}"
         );
         assert!(
-            fit_only.contains("| 25.00 [0.00, 0.00]% |"),
+            fit_only.contains("| 25.00 [n/a] (0 clusters) |"),
             "fit figure: {fit_only}"
         );
         // A held-out split without scored positions is no basis either.
@@ -541,7 +627,7 @@ mod tests {
             .n = 0;
         let md = table(&empty, &[]);
         assert!(md.contains("same top-1 (fit: no held-out split)"), "{md}");
-        assert!(md.contains("| 25.00 [0.00, 0.00]% |"), "{md}");
+        assert!(md.contains("| 25.00 [n/a] (0 clusters) |"), "{md}");
     }
 
     #[test]
@@ -562,9 +648,76 @@ mod tests {
         let md = table(&s, &[]);
         assert!(md.contains("KL per modality"), "{md}");
         assert!(
-            md.contains("| frequency_K2 | 2 | fit | 0.1250 [0.0000, 0.0000] (p50 0.0000, p90 0.0000, p99 0.0000, p99.9 0.0000, max 0.0000) | 6 | 0.5000 [0.0000, 0.0000]"),
+            md.contains("| frequency_K2 | 2 | fit | 0.1250 [n/a] (0 clusters) (p50 0.0000, p90 0.0000, p99 0.0000, p99.9 0.0000, max 0.0000) | 6 | 0.5000 [n/a] (0 clusters)"),
             "{md}"
         );
         assert!(md.contains("| 4 |"), "{md}");
+    }
+
+    #[test]
+    fn intervals_name_their_clusters_pairs_and_the_binding_domain_are_listed() {
+        use numbers::eval::{Binding, BudgetPicks, BudgetScope, KlFigures, PairedRow};
+        let mut s = summary(&[("heldout", 0.5)]);
+        let kl = |lo, hi| KlFigures {
+            mean: 0.25,
+            lo,
+            hi,
+            ..KlFigures::default()
+        };
+        let held = &mut s.candidates[0].splits.get_mut(&Split::Heldout).unwrap().all;
+        (held.clusters, held.kl) = (1, kl(f64::NAN, f64::NAN));
+        let md = table(&s, &[]);
+        // One cluster: no interval, never [m, m].
+        assert!(md.contains("| 0.2500 [n/a] (1 cluster) (p50"), "{md}");
+        let held = &mut s.candidates[0].splits.get_mut(&Split::Heldout).unwrap().all;
+        (held.clusters, held.kl) = (3, kl(0.1, 0.4));
+        s.pairs = vec![PairedRow {
+            split: Split::Heldout,
+            compares: Comparison::SameK,
+            a: "reap_hybrid_K2".into(),
+            b: "frequency_K2".into(),
+            diff: -0.05,
+            ci: Interval {
+                se: 0.01,
+                lo: -0.08,
+                hi: -0.02,
+                clusters: 3,
+            },
+        }];
+        s.budget = Some(BudgetPicks {
+            kl_budget: 0.5,
+            split: Split::Heldout,
+            scope: BudgetScope::EveryDomain,
+            picks: BTreeMap::from([("frequency".into(), Some("frequency_K2".into()))]),
+            binding: BTreeMap::from([(
+                "frequency".into(),
+                Some(Binding {
+                    candidate: "frequency_K2".into(),
+                    domain: "japanese".into(),
+                    hi: 0.4,
+                    clusters: 3,
+                    missed: None,
+                }),
+            )]),
+            unchecked: vec!["chat".into()],
+            message: None,
+        });
+        let md = table(&s, &[]);
+        assert!(
+            md.contains("| 0.2500 [0.1000, 0.4000] (3 clusters) (p50"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| reap_hybrid_K2 | frequency_K2 | two methods at one K | -0.0500 [-0.0800, -0.0200] (3 clusters) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- frequency: frequency_K2 (binding: japanese at frequency_K2, upper end 0.4000 over 3 clusters)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- not checked, no held-out positions: chat"),
+            "{md}"
+        );
     }
 }

@@ -72,6 +72,7 @@ fn slot_series(r: &ScoreReport, k: u32) -> Vec<Series> {
                 .iter()
                 .map(|row| (row.layer as f64, row.slot_replacement))
                 .collect(),
+            intervals: Vec::new(),
         })
         .collect()
 }

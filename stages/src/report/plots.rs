@@ -51,16 +51,28 @@ pub fn encode_png(rgb: &[u8], (w, h): (u32, u32)) -> Result<Vec<u8>, StagesError
     Ok(out)
 }
 
-/// One named line of `(x, y)` points.
+/// One named line of `(x, y)` points, with intervals drawn as bars.
 pub struct Series {
     /// Legend label.
     pub label: String,
     /// Points, in x order.
     pub points: Vec<(f64, f64)>,
+    /// Intervals `(x, lo, hi)` drawn as vertical bars (none: empty; an
+    /// unknown one, NaN, is not drawn).
+    pub intervals: Vec<(f64, f64, f64)>,
 }
 
 fn bounds(series: &[Series]) -> ((f64, f64), (f64, f64)) {
-    let pts = || series.iter().flat_map(|s| s.points.iter().copied());
+    let pts = || {
+        series.iter().flat_map(|s| {
+            let ends = s
+                .intervals
+                .iter()
+                .filter(|b| b.1.is_finite() && b.2.is_finite())
+                .flat_map(|&(x, lo, hi)| [(x, lo), (x, hi)]);
+            s.points.iter().copied().chain(ends)
+        })
+    };
     let fold = |f: fn(&(f64, f64)) -> f64| {
         pts()
             .map(|p| f(&p))
@@ -124,6 +136,23 @@ pub fn line_chart(
                 });
             chart
                 .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(err(title))?;
+            // An interval's bar, clipped to the plotted range, with caps.
+            let cap = (x1 - x0) / 150.0;
+            let bars = s
+                .intervals
+                .iter()
+                .filter(|b| b.1.is_finite() && b.2.is_finite())
+                .flat_map(|&(x, lo, hi)| {
+                    let (lo, hi) = (lo.clamp(0.0, y_top), hi.clamp(0.0, y_top));
+                    [
+                        vec![(x, lo), (x, hi)],
+                        vec![(x - cap, lo), (x + cap, lo)],
+                        vec![(x - cap, hi), (x + cap, hi)],
+                    ]
+                });
+            chart
+                .draw_series(bars.map(|path| PathElement::new(path, color.stroke_width(1))))
                 .map_err(err(title))?;
         }
         chart

@@ -1,6 +1,11 @@
 //! Keep-map stability: refit every (method, K) on bootstrap resamples of the
-//! fit split's chunks (from the compact per-chunk statistics) and measure the
-//! Jaccard overlap with the full-data map.
+//! fit split's clusters of chunks (from the compact per-chunk statistics) and
+//! measure the Jaccard overlap with the full-data map.
+//!
+//! The corpus samples text by document group, and one group's documents may
+//! fill several chunks, so chunks of one group are not independent: a
+//! resample draws whole clusters ([`clusters_of`]: chunks linked by a shared
+//! group are one cluster), with replacement, as many as there are.
 
 use super::keep::{rank_layers, LayerRanking};
 use super::method::ScoreParams;
@@ -68,9 +73,35 @@ pub struct Reference<'a> {
     pub guarded: &'a [Vec<bool>],
 }
 
-/// Runs `n` seeded resamples; one row per (method, K).
+/// The bootstrap's clusters: `groups_of[i]` lists the document groups of
+/// chunk `i`'s spans, and chunks that share a group, directly or through
+/// other chunks, get one cluster id (the smallest chunk index among them).
+pub fn clusters_of(groups_of: &[Vec<u32>]) -> Vec<usize> {
+    let mut parent: Vec<usize> = (0..groups_of.len()).collect();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    let mut first_of: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
+    for (i, groups) in groups_of.iter().enumerate() {
+        for &g in groups {
+            let j = *first_of.entry(g).or_insert(i);
+            let (a, b) = (root(&mut parent, i), root(&mut parent, j));
+            parent[a.max(b)] = a.min(b);
+        }
+    }
+    (0..groups_of.len()).map(|i| root(&mut parent, i)).collect()
+}
+
+/// Runs `n` seeded resamples of the clusters `clusters` (one id per chunk,
+/// [`clusters_of`]); one row per (method, K).
+#[allow(clippy::too_many_arguments)]
 pub fn stability(
     chunks: &[ChunkStats],
+    clusters: &[usize],
     layers: &[u32],
     n_expert: usize,
     p: &ScoreParams,
@@ -90,12 +121,18 @@ pub fn stability(
     if chunks.is_empty() || n == 0 {
         return Err(StagesError::NothingToBootstrap);
     }
+    assert_eq!(clusters.len(), chunks.len(), "one cluster id per chunk");
+    let mut members: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (i, &c) in clusters.iter().enumerate() {
+        members.entry(c).or_default().push(i);
+    }
+    let members: Vec<Vec<usize>> = members.into_values().collect();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let nm = reference.methods.len() * reference.ks.len();
     let mut per_resample: Vec<Vec<f64>> = vec![Vec::new(); nm];
     for _ in 0..n {
-        let pick: Vec<usize> = (0..chunks.len())
-            .map(|_| rng.random_range(0..chunks.len()))
+        let pick: Vec<usize> = (0..members.len())
+            .flat_map(|_| members[rng.random_range(0..members.len())].iter().copied())
             .collect();
         let mut sample = resample_layers(chunks, &pick, layers, n_expert);
         super::super_experts::mark(&mut sample, reference.guarded);
@@ -169,7 +206,8 @@ mod tests {
         let steady: Vec<ChunkStats> = (0..8).map(|i| chunk(i, &[9, 5, 1, 0])).collect();
         let full = frequency_ranks(&p, &steady, &[0]);
         let reference = at_k2(&full);
-        let rows = stability(&steady, &layers, 4, &p, &reference, 5, 7).unwrap();
+        let own: Vec<usize> = (0..8).collect();
+        let rows = stability(&steady, &own, &layers, 4, &p, &reference, 5, 7).unwrap();
         assert_eq!((rows[0].mean_jaccard, rows[0].min_jaccard), (1.0, 1.0));
         // Each chunk favours a different pair of experts.
         let noisy: Vec<ChunkStats> = (0..8)
@@ -184,13 +222,26 @@ mod tests {
         let all: Vec<usize> = (0..8).collect();
         let full = frequency_ranks(&p, &noisy, &all);
         let reference = at_k2(&full);
-        let a = stability(&noisy, &layers, 4, &p, &reference, 20, 7).unwrap();
-        let b = stability(&noisy, &layers, 4, &p, &reference, 20, 7).unwrap();
+        let a = stability(&noisy, &own, &layers, 4, &p, &reference, 20, 7).unwrap();
+        let b = stability(&noisy, &own, &layers, 4, &p, &reference, 20, 7).unwrap();
         assert_eq!(a, b, "seeded resampling is reproducible");
         assert!(a[0].mean_jaccard < 0.9 && a[0].min_jaccard < 1.0, "{a:?}");
-        assert!(stability(&noisy, &[0, 1], 4, &p, &reference, 1, 0)
+        // Chunks 2i and 2i + 1 of one group: every cluster holds both
+        // patterns, so every resample ranks like the full data.
+        let pairs = clusters_of(&(0..8).map(|i| vec![i / 2]).collect::<Vec<_>>());
+        assert_eq!(pairs, [0, 0, 2, 2, 4, 4, 6, 6]);
+        let c = stability(&noisy, &pairs, &layers, 4, &p, &reference, 20, 7).unwrap();
+        assert_eq!((c[0].mean_jaccard, c[0].min_jaccard), (1.0, 1.0), "{c:?}");
+        assert!(stability(&noisy, &own, &[0, 1], 4, &p, &reference, 1, 0)
             .unwrap_err()
             .to_string()
             .contains("chunk 0"));
+    }
+
+    #[test]
+    fn chunks_linked_by_a_group_are_one_cluster() {
+        // 0-1 share group 7, 1-3 share 8, 2 alone, 4 has no group.
+        let groups = [vec![7], vec![7, 8], vec![9], vec![8], vec![]];
+        assert_eq!(clusters_of(&groups), [0, 0, 2, 0, 4]);
     }
 }

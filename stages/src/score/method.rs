@@ -94,14 +94,14 @@ pub fn scores(method: Method, p: &ScoreParams, l: &LayerInput) -> Vec<f64> {
 pub fn prior(p: &ScoreParams, l: &LayerInput) -> f64 {
     let floor = p.c_min.max(1) as f64;
     let values: Vec<f64> = (0..l.n_expert())
-        .filter(|&e| l.count[e] >= floor)
+        .filter(|&e| l.raw_count[e] >= floor)
         .filter_map(|e| {
             let mean = mean(l, e)?;
             Some(match p.prior {
                 Prior::Median => mean,
                 Prior::Lcb => {
                     let var = (l.reap_l2_sq_sum[e] / l.count[e] - mean * mean).max(0.0);
-                    mean - p.z * var.sqrt() / l.count[e].sqrt()
+                    mean - p.z * var.sqrt() / l.raw_count[e].sqrt()
                 }
             })
         })
@@ -138,7 +138,8 @@ fn order(scores: &[f64], l: &LayerInput, p: &ScoreParams) -> Vec<u32> {
 /// `allow_dead` every unguarded expert is in tier 1: the user asked for
 /// scores alone, with neither the dead rule nor the floor.
 fn tier(p: &ScoreParams, l: &LayerInput, e: usize) -> u8 {
-    let count = l.count[e];
+    // The floor reads real hits, never a mix's scaled counts.
+    let count = l.raw_count[e];
     if l.guarded.get(e) == Some(&true) {
         0
     } else if p.allow_dead || count >= p.c_min.max(1) as f64 {
@@ -191,6 +192,7 @@ mod tests {
         LayerInput {
             layer: 0,
             count: count.to_vec(),
+            raw_count: count.to_vec(),
             reap_l2_sum: sum.to_vec(),
             reap_l2_sq_sum: count
                 .iter()

@@ -602,8 +602,11 @@ async fn run_bootstrap(
         groups: s.routing.groups,
         guarded: full.guarded,
     };
+    // Until spans name their document group, each chunk is its own cluster.
+    let clusters: Vec<usize> = (0..chunks.len()).collect();
     let rows = bootstrap::stability(
         &chunks,
+        &clusters,
         &layers,
         s.n_expert as usize,
         p,

@@ -20,6 +20,8 @@ pub enum Source {
     },
     /// Fit-split domains reweighted to the given token shares (normalised to
     /// sum to 1); each domain's sums are scaled by `share * N / n_domain`.
+    /// The keep floor and the LCB prior read the unscaled counts
+    /// ([`LayerInput::raw_count`]).
     Mix {
         /// Domain name to weight.
         weights: BTreeMap<String, f64>,
@@ -33,6 +35,11 @@ pub struct LayerInput {
     pub layer: u32,
     /// Tokens routed to each expert (scaled, for a mix).
     pub count: Vec<f64>,
+    /// Tokens routed to each expert, never scaled: the hits actually
+    /// observed, which the keep floor (`c_min`) and the LCB prior's
+    /// standard error read, so a mix that scales one hit of a small domain
+    /// up to 50 does not pass a floor of 10.
+    pub raw_count: Vec<f64>,
     /// `sum g * ||y||` per expert.
     pub reap_l2_sum: Vec<f64>,
     /// `sum (g * ||y||)^2` per expert.
@@ -52,6 +59,7 @@ impl LayerInput {
         LayerInput {
             layer: l.layer,
             count: l.count.iter().map(|&c| c as f64 * w).collect(),
+            raw_count: l.count.iter().map(|&c| c as f64).collect(),
             reap_l2_sum: l.reap_l2_sum.iter().map(|v| v * w).collect(),
             reap_l2_sq_sum: l.reap_l2_sq_sum.iter().map(|v| v * w).collect(),
             guarded: Vec::new(),
@@ -65,6 +73,7 @@ impl LayerInput {
         LayerInput {
             layer,
             count: count.to_vec(),
+            raw_count: count.to_vec(),
             reap_l2_sum: sum.to_vec(),
             reap_l2_sq_sum: sq.to_vec(),
             guarded: Vec::new(),
@@ -80,6 +89,7 @@ impl LayerInput {
     fn add(&mut self, other: &LayerInput) {
         for (a, b) in [
             (&mut self.count, &other.count),
+            (&mut self.raw_count, &other.raw_count),
             (&mut self.reap_l2_sum, &other.reap_l2_sum),
             (&mut self.reap_l2_sq_sum, &other.reap_l2_sq_sum),
         ] {
@@ -235,7 +245,9 @@ fn mix_error(problem: impl Into<String>) -> StagesError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::score::method::{ranking, Prior, ScoreParams};
     use crate::score::testdata::{layer, saliency_with_domains};
+    use config::method::Method;
 
     #[test]
     fn mix_reweights_domains_to_the_requested_shares() {
@@ -250,6 +262,7 @@ mod tests {
             .unwrap();
         // 400 tokens shared 50/50: each domain scaled to 200 tokens.
         assert_eq!(mixed[0].count, vec![200.0, 200.0]);
+        assert_eq!(mixed[0].raw_count, vec![100.0, 300.0]);
         assert_eq!(mixed[0].reap_l2_sum, vec![20.0, 20.0]);
         let one = Source::from_flags(Some("b"), None)
             .unwrap()
@@ -264,5 +277,38 @@ mod tests {
         assert!(
             parse_mix("a=0").is_err() && parse_mix("a").is_err() && parse_mix("a=1,a=2").is_err()
         );
+    }
+
+    #[test]
+    fn a_mix_keeps_a_5000_hit_expert_over_a_1_hit_one() {
+        // A 1k-token domain where expert 0 is routed once, with a large
+        // output; a 99k-token domain where expert 1 is routed 5,000 times.
+        let s = saliency_with_domains(&[
+            ("small", 1_000, layer(0, &[1, 0], &[100.0, 0.0])),
+            ("big", 99_000, layer(0, &[0, 5_000], &[0.0, 5_000.0])),
+        ]);
+        let mixed = Source::from_flags(None, Some("small=0.5,big=0.5"))
+            .unwrap()
+            .layers(&s)
+            .unwrap();
+        // The one hit scales to 0.5 * 100k / 1k = 50 tokens, above the
+        // default floor of 10 were the floor read from scaled counts.
+        assert_eq!(mixed[0].count[0], 50.0);
+        assert_eq!(mixed[0].raw_count, vec![1.0, 5_000.0]);
+        let p = ScoreParams::default();
+        assert!(p.c_min > 1 && 50.0 >= p.c_min as f64);
+        for prior in [Prior::Median, Prior::Lcb] {
+            let p = ScoreParams {
+                prior,
+                ..ScoreParams::default()
+            };
+            for method in Method::ALL {
+                let order = ranking(method, &p, &mixed[0]);
+                assert_eq!(
+                    order[0], 1,
+                    "{method:?} with the {prior:?} prior: {order:?}"
+                );
+            }
+        }
     }
 }

@@ -190,6 +190,7 @@ mod tests {
         LayerInput {
             layer: 2,
             count: count.to_vec(),
+            raw_count: count.to_vec(),
             reap_l2_sum: sum.to_vec(),
             reap_l2_sq_sum: vec![0.0; count.len()],
             guarded: Vec::new(),

@@ -93,6 +93,7 @@ fn outlier_layer() -> LayerInput {
     LayerInput {
         layer: 0,
         count: cm.iter().map(|x| x.0).collect(),
+        raw_count: cm.iter().map(|x| x.0).collect(),
         reap_l2_sum: cm.iter().map(|x| x.0 * x.1).collect(),
         reap_l2_sq_sum: cm.iter().map(|x| x.0 * x.1 * x.1 * 1.2).collect(),
         guarded: Vec::new(),
@@ -477,6 +478,7 @@ fn near_dead_layer() -> LayerInput {
     LayerInput {
         layer: 0,
         count: cm.iter().map(|x| x.0).collect(),
+        raw_count: cm.iter().map(|x| x.0).collect(),
         reap_l2_sum: cm.iter().map(|x| x.0 * x.1).collect(),
         reap_l2_sq_sum: cm.iter().map(|x| x.0 * x.1 * x.1 * 1.1).collect(),
         guarded: Vec::new(),

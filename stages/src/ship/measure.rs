@@ -85,6 +85,7 @@ pub async fn measure(
     let choice = Choice {
         sizes,
         kl_budget: None,
+        budget_scope: Default::default(),
     };
     let outcome = match how {
         Evaluator::Own { local_workers } => {

@@ -492,6 +492,7 @@ impl Evaluator {
                 let at = Position {
                     chunk: u.chunk.id.0,
                     pos: (u.pos0 + sr.row) as u32,
+                    cluster: positions::cluster_of(u.chunk, u.pos0 + sr.row),
                     group: g,
                 };
                 acc.add_base(at, res.nll_base)?;
@@ -627,6 +628,8 @@ fn check_candidate(
 struct Position {
     chunk: u32,
     pos: u32,
+    /// The position's cluster ([`positions::cluster_of`]).
+    cluster: u32,
     group: Group,
 }
 
@@ -701,7 +704,10 @@ impl Accum {
         add(&mut s.kl_sq, c.kl * c.kl, at, "KL squared")?;
         add(&mut s.nll, c.nll_candidate, at, "candidate NLL")?;
         add(&mut s.dprob, c.dprob, at, "probability change")?;
-        let k = cand.chunks.entry((at.chunk, at.group)).or_default();
+        let k = cand
+            .chunks
+            .entry((at.chunk, at.cluster, at.group))
+            .or_default();
         k.add(c.kl, c.nll_base, c.nll_candidate, c.top1_same, c.dprob)
             .map_err(|e| WorkerError::Graph {
                 chunk: at.chunk,
@@ -710,6 +716,7 @@ impl Accum {
         cand.tokens.push(TokenKl {
             chunk: at.chunk,
             pos: at.pos,
+            cluster: at.cluster,
             group: at.group,
             kl: c.kl,
         });

@@ -158,6 +158,7 @@ fn run_held(
         let at = Position {
             chunk: u.chunk.id.0,
             pos: (u.pos0 + sr.row) as u32,
+            cluster: super::positions::cluster_of(u.chunk, u.pos0 + sr.row),
             group: g,
         };
         // Every candidate's pass computed the same base figure.
