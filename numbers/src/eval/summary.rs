@@ -253,7 +253,7 @@ pub struct EvalSummary {
 }
 
 /// What [`EvalSummary::uncertainty`] says.
-pub const UNCERTAINTY: &str = "cluster-robust (CR1) standard errors over clusters of the unit of sampling: the corpus group of each position's span (the held-out split takes whole groups; a corpus without a group key has one group per document), or its chunk where spans do not name their group, 95% intervals with Student's t at (clusters - 1) degrees of freedom, n/a below two clusters; paired differences, the perplexity ratio and every other figure from per-cluster sums of the per-position values";
+pub const UNCERTAINTY: &str = "cluster-robust (CR1) standard errors over clusters of the unit of sampling: the corpus group of each position's span (the held-out split takes whole groups; a corpus without a group key has one group per document), 95% intervals with Student's t at (clusters - 1) degrees of freedom, n/a below two clusters; paired differences, the perplexity ratio and every other figure from per-cluster sums of the per-position values";
 
 impl EvalSummary {
     /// The figures of a merged partial; `domains` names the corpus's domain

@@ -45,12 +45,16 @@ pub fn scored_positions(chunk: &Chunk, skip_first: u32, splits: &[Split]) -> Vec
 }
 
 /// The cluster of position `pos` of `chunk`: the unit the summary's
-/// intervals cluster by ([`numbers::eval::CellKey`]). Spans do not name
-/// their corpus group yet (#52's `Span.group`), so it is the chunk itself;
-/// with that field it becomes the group of the span holding `pos`.
+/// intervals cluster by ([`numbers::eval::CellKey`]), the corpus group of
+/// the span holding it ([`runfiles::corpus::Span::group`]: the unit the
+/// held-out split samples; one per document without a group key).
+/// `u32::MAX` for a position outside every span, which is never scored.
 pub fn cluster_of(chunk: &Chunk, pos: usize) -> u32 {
-    let _ = pos;
-    chunk.id.0
+    chunk
+        .spans
+        .iter()
+        .find(|s| (s.start as usize..(s.start + s.len) as usize).contains(&pos))
+        .map_or(u32::MAX, |s| s.group)
 }
 
 #[cfg(test)]
@@ -115,5 +119,16 @@ mod tests {
         // 5 predicts the image's first position and 6 its second: unscored;
         // 7 (the image's last) predicts text after it.
         assert_eq!(s, vec![t, t, t, None, None, None, None, i, i, None]);
+    }
+
+    #[test]
+    fn a_position_clusters_by_its_spans_group() {
+        let mut c = chunk();
+        for (s, group) in c.spans.iter_mut().zip([7, 3, 7]) {
+            s.group = group;
+        }
+        let got: Vec<u32> = (0..10).map(|p| cluster_of(&c, p)).collect();
+        assert_eq!(got, [7, 7, 7, 7, 3, 7, 7, 7, 7, 7]);
+        assert_eq!(cluster_of(&c, 10), u32::MAX);
     }
 }
