@@ -1,9 +1,10 @@
 //! The oracle of prefetch replay's tests (here and on the quickstart's
 //! traces in `tests/`): an eager, obviously-correct replay written apart
 //! from [`crate::prefetch`]: every score of every expert updated every
-//! step, next uses found by scanning, and the resident set after each phase
-//! the phase's experts first, then the highest-scored others, cut to the
-//! capacity. Quadratic: for small traces only.
+//! step, next uses looked up in each expert's list of steps, and the
+//! resident set after each phase the phase's experts first, then the
+//! highest-scored others, cut to the capacity. O(experts) per step: for
+//! small traces only.
 
 use super::prefetch::{Prefetch, PrefetchCounts};
 use super::steps::Steps;
@@ -27,8 +28,18 @@ pub fn eager(
         let all = &pf.expert[pf.start[s] as usize..pf.start[s + 1] as usize];
         all.iter().take(capacity).map(|&e| e as usize).collect()
     };
-    let requested = |u: usize, e: usize| steps.expert[steps.range(u)].contains(&(e as u16));
-    let next_from = |s: usize, e: usize| (s..len).find(|&u| requested(u, e)).unwrap_or(len);
+    // Per expert, the steps that request it, ascending: its next use at or
+    // after `s` is the first of them not before `s`.
+    let mut uses = vec![Vec::new(); n];
+    for u in 0..len {
+        for &e in &steps.expert[steps.range(u)] {
+            uses[e as usize].push(u);
+        }
+    }
+    let next_from = |s: usize, e: usize| {
+        let at = uses[e].partition_point(|&u| u < s);
+        uses[e].get(at).copied().unwrap_or(len)
+    };
     if capacity == 0 {
         // Nothing is ever resident and nothing is prefetched.
         out.demand.misses = steps.requests();
