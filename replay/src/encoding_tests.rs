@@ -67,6 +67,7 @@ fn rows(tokens: u32) -> Vec<TraceRow> {
                 selected_weight: order[..K].iter().map(|&e| probs[e as usize]).collect(),
                 topn_id: order[..TOP_N].to_vec(),
                 topn_prob: order[..TOP_N].iter().map(|&e| probs[e as usize]).collect(),
+                lookahead: Vec::new(),
             });
         }
     }

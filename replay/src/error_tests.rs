@@ -51,6 +51,7 @@ fn write_run(dir: &Path, n_expert: usize, last: u16) {
         selected_weight: vec![0.5, 0.5],
         topn_id: selected.to_vec(),
         topn_prob: vec![0.5, 0.5],
+        lookahead: Vec::new(),
     };
     let mut rows = [row(0, [0, 1]), row(1, [2, last])];
     std::fs::create_dir_all(dir.join("trace")).unwrap();

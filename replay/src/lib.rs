@@ -14,7 +14,12 @@
 //! the experts with the most fit-split traffic ([`pinned`]). [`run`] streams
 //! the trace one layer at a time ([`trace_io`]) across threads, after
 //! [`inputs`] read the run; [`report`] sums the layers into the rows of
-//! [`results`], the schema of `replay/results.json`. Every failure is a
+//! [`results`], the schema of `replay/results.json`. Prefetch replay
+//! ([`prefetch`]) loads guessed experts before each token step, the guesses
+//! made `d` layers earlier ([`predict`]: the trace's lookahead columns, the
+//! "same experts as this layer" baseline, or the oracle), checked against
+//! an eager reference ([`prefetch_reference`]); [`prefetch_report`] sums
+//! it and the predictors' recall into `results.json`. Every failure is a
 //! [`ReplayError`] naming the flag, file, object or column at fault.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -29,6 +34,10 @@ pub mod lru;
 pub mod model;
 pub mod pinned;
 pub mod policy;
+pub mod predict;
+pub mod prefetch;
+pub mod prefetch_reference;
+pub mod prefetch_report;
 pub mod remote;
 pub mod report;
 pub mod results;
@@ -43,6 +52,8 @@ pub mod tree;
 mod encoding_tests;
 #[cfg(test)]
 mod error_tests;
+#[cfg(test)]
+mod prefetch_tests;
 #[cfg(test)]
 mod reference;
 #[cfg(test)]

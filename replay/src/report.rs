@@ -117,6 +117,8 @@ pub fn build(
         model: inputs.model.as_ref().map(|m| m.display().to_string()),
         rows,
         lru_curves: curve_groups.into_values().collect(),
+        prefetch: Vec::new(),
+        accuracy: Vec::new(),
         markdown: String::new(),
     };
     report.markdown = markdown(&report);

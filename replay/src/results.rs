@@ -4,6 +4,7 @@
 //! silently dropping a plot.
 
 use super::policy::{Policy, PolicyParams};
+use super::predict::Predictor;
 use crate::ReplayError;
 use numbers::Split;
 use serde::{Deserialize, Serialize};
@@ -165,9 +166,88 @@ pub struct ReplayReport {
     pub rows: Vec<ResultRow>,
     /// One-pass LRU curves.
     pub lru_curves: Vec<LruCurve>,
+    /// Prefetch replay rows (token steps, no keep map); empty in results
+    /// written before prefetch replay.
+    #[serde(default)]
+    pub prefetch: Vec<PrefetchRow>,
+    /// Predictor recall per layer; empty in results written before it.
+    #[serde(default)]
+    pub accuracy: Vec<AccuracyRow>,
     /// The Markdown table (`replay/report.md`, not part of the JSON).
     #[serde(skip)]
     pub markdown: String,
+}
+
+/// Prefetch replay of one (split, trace, policy, capacity, predictor, m),
+/// token steps, no keep map, summed over the layers the predictor covers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefetchRow {
+    /// `fit` or `heldout`.
+    pub split: Split,
+    /// `prefill` or `decode`.
+    pub trace_mode: TraceKind,
+    /// Policy (its own eviction rule for prefetch loads too).
+    pub policy: Policy,
+    /// Capacity as given.
+    pub capacity_spec: String,
+    /// Resident experts per layer (the mean over layers).
+    pub capacity: f64,
+    /// Where the guesses came from.
+    pub predictor: Predictor,
+    /// Experts prefetched per step at most (also at most the capacity).
+    pub m: usize,
+    /// Tokens of the split (per layer).
+    pub tokens: u64,
+    /// Layers replayed (those `d` or more past the first traced layer).
+    pub layers: usize,
+    /// Demand requests, summed over layers.
+    pub requests: u64,
+    /// Misses left with prefetch.
+    pub misses: u64,
+    /// The same policy's misses without prefetch on the same layers.
+    pub base_misses: u64,
+    /// Prefetch loads.
+    pub loads: u64,
+    /// Prefetch loads requested before eviction.
+    pub useful: u64,
+    /// Prefetch loads never used.
+    pub wasted: u64,
+    /// `(requests - misses) / requests`.
+    pub hit_rate: f64,
+    /// The policy's hit rate without prefetch on the same layers.
+    pub base_hit_rate: f64,
+    /// `(base_misses - misses) / base_misses`: the share of the policy's
+    /// misses prefetch covered (negative: it evicted more than it saved).
+    pub misses_covered: Option<f64>,
+    /// `wasted / useful`.
+    pub wasted_per_useful: Option<f64>,
+    /// `(misses + loads) x expert bytes / tokens`, all layers replayed.
+    pub bytes_per_token: Option<f64>,
+    /// `base_misses x expert bytes / tokens`.
+    pub base_bytes_per_token: Option<f64>,
+}
+
+/// Recall of one layer's actual top-k by a predictor's first `m` guesses.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AccuracyRow {
+    /// `fit` or `heldout`.
+    pub split: Split,
+    /// `prefill` or `decode`.
+    pub trace_mode: TraceKind,
+    /// Target layer (the guess was made `d` layers earlier).
+    pub layer: u32,
+    /// Where the guesses came from.
+    pub predictor: Predictor,
+    /// Guesses counted (at most the predictor's width).
+    pub m: usize,
+    /// Tokens with a guess.
+    pub tokens: u64,
+    /// Selected experts of those tokens.
+    pub selected: u64,
+    /// Of those, among the first `m` guesses.
+    pub hit: u64,
+    /// `hit / selected`.
+    pub recall: f64,
 }
 
 impl LruCurve {

@@ -6,6 +6,9 @@ use super::keep::{requests, KeptLayer};
 use super::lru::miss_curve;
 use super::pinned;
 use super::policy::{simulate, Policy, PolicyParams};
+use super::predict::{self, Predictor};
+use super::prefetch::{self, Prefetch};
+use super::prefetch_report::{self, AccuracyCell, PrefetchCell, PrefetchKey};
 use super::report::{self, Cell, CurveCell, RowKey, Setup};
 use super::results::{Mode, ReplayReport, TraceKind};
 use super::steps::Steps;
@@ -15,6 +18,7 @@ use numbers::{Split, Splits};
 use rayon::prelude::*;
 use runfiles::artifacts::names;
 use runfiles::store::RunStore;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// `--policies`' default: every policy.
@@ -26,6 +30,15 @@ const DEFAULT_CAPACITY: &str = "0.125,0.25,0.5";
 
 /// `--mode`'s default: both step modes.
 const DEFAULT_MODES: &str = "token,ubatch";
+
+/// `--prefetch-m`'s default: prefetch lists of `k` and `2k` experts.
+const DEFAULT_PREFETCH_M: &str = "1,2";
+
+/// Baseline distances: "same experts as this layer", 1 and 2 layers ahead.
+const BASELINE_DISTANCES: [u8; 2] = [1, 2];
+
+/// Recall is measured for the first `m = k x` each of these guesses.
+const RECALL_M: [usize; 3] = [1, 2, 4];
 
 /// Arguments of `coordinator replay`.
 #[derive(Clone, Debug)]
@@ -73,6 +86,10 @@ pub struct ReplayArgs {
     /// Credit of one near pick (a use earns 1).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").near_pick_credit))]
     pub near_pick_credit: f64,
+    /// Prefetch replay (token steps, no keep map): lists of at most `m = k x`
+    /// each of these experts per step; `0` alone turns prefetch replay off.
+    #[cfg_attr(feature = "cli", arg(long = "prefetch-m", value_delimiter = ',', default_value = DEFAULT_PREFETCH_M))]
+    pub prefetch_m: Vec<usize>,
     /// Model GGUF for expert sizes; default: `model_path` of the run's manifest.json.
     #[cfg_attr(feature = "cli", arg(long))]
     pub model: Option<PathBuf>,
@@ -108,6 +125,10 @@ impl ReplayArgs {
                 .map(|m| Mode::parse(m).expect("a step mode"))
                 .collect(),
             ubatch: 512,
+            prefetch_m: DEFAULT_PREFETCH_M
+                .split(',')
+                .map(|m| m.parse().expect("a multiple of k"))
+                .collect(),
             ema_decay: 0.99,
             near_pick_n: 4,
             near_pick_credit: 0.5,
@@ -191,17 +212,25 @@ pub fn replay_in(args: &ReplayArgs, store: RunStore) -> Result<ReplayReport, Rep
         .map_err(|source| ReplayError::Threads { source })?;
     let mut cells = Vec::new();
     let mut curves = Vec::new();
+    let mut prefetch_cells = Vec::new();
+    let mut accuracy = Vec::new();
     for (kind, set) in &inputs.traces {
         let layers = set.layers();
         let outs = pool.install(|| {
             layers
                 .par_iter()
-                .map(|&layer| replay_layer(set, *kind, layer, &inputs, args))
+                .map(|&layer| {
+                    let (c, k) = replay_layer(set, *kind, layer, &inputs, args)?;
+                    let (p, a) = prefetch_layer(set, *kind, layer, &inputs, args)?;
+                    Ok::<_, ReplayError>((c, k, p, a))
+                })
                 .collect::<Result<Vec<_>, _>>()
         })?;
-        for (c, k) in outs {
+        for (c, k, p, a) in outs {
             cells.extend(c);
             curves.extend(k);
+            prefetch_cells.extend(p);
+            accuracy.extend(a);
         }
     }
     let setup = Setup {
@@ -209,7 +238,14 @@ pub fn replay_in(args: &ReplayArgs, store: RunStore) -> Result<ReplayReport, Rep
         ubatch: args.ubatch,
         capacities: &args.capacity,
     };
-    let report = report::build(setup, &inputs, cells, curves);
+    let mut report = report::build(setup, &inputs, cells, curves);
+    prefetch_report::add(
+        &mut report,
+        &args.capacity,
+        &inputs,
+        prefetch_cells,
+        accuracy,
+    );
     let out = match &args.out {
         None => store,
         Some(name) => {
@@ -320,19 +356,7 @@ fn replay_layer(
                 for &policy in &args.policies {
                     for (cap_idx, cap) in args.capacity.iter().enumerate() {
                         let size = inputs.expert_bytes.as_ref().and_then(|b| b.get(&layer));
-                        let capacity = cap.resolve(experts, size.copied()).ok_or_else(|| {
-                            ReplayError::Flag {
-                                flag: "--capacity",
-                                value: Some(match size {
-                                    Some(b) => {
-                                        format!("{cap} (an expert of layer {layer} is {b} bytes)")
-                                    }
-                                    None => format!("{cap} (no expert size for layer {layer})"),
-                                }),
-                                reason: "a size in bytes needs the model's expert sizes (--model) \
-                                         and must hold at least one expert of every layer",
-                            }
-                        })?;
+                        let capacity = resolve(cap, experts, size.copied(), layer)?;
                         cells.push(Cell {
                             key: key(policy, cap_idx),
                             layer,
@@ -361,4 +385,136 @@ fn replay_layer(
         }
     }
     Ok((cells, curves))
+}
+
+type PrefetchOut = (Vec<PrefetchCell>, Vec<AccuracyCell>);
+
+/// The capacity of `cap` in a layer of `experts` experts of `size` bytes.
+fn resolve(
+    cap: &Capacity,
+    experts: usize,
+    size: Option<u64>,
+    layer: u32,
+) -> Result<usize, ReplayError> {
+    cap.resolve(experts, size).ok_or_else(|| ReplayError::Flag {
+        flag: "--capacity",
+        value: Some(match size {
+            Some(b) => format!("{cap} (an expert of layer {layer} is {b} bytes)"),
+            None => format!("{cap} (no expert size for layer {layer})"),
+        }),
+        reason: "a size in bytes needs the model's expert sizes (--model) \
+                 and must hold at least one expert of every layer",
+    })
+}
+
+/// Prefetch replay and predictor recall of one layer (token steps, no keep
+/// map): guesses made `d` layers earlier, read from layer `layer - d`.
+fn prefetch_layer(
+    set: &TraceSet,
+    kind: TraceKind,
+    layer: u32,
+    inputs: &Inputs,
+    args: &ReplayArgs,
+) -> Result<PrefetchOut, ReplayError> {
+    let multiples: Vec<usize> = args.prefetch_m.iter().copied().filter(|&m| m > 0).collect();
+    if multiples.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let layers = set.layers();
+    let raw = set.read_layer(layer, inputs.n_expert)?;
+    let mut distances: Vec<u8> = BASELINE_DISTANCES.to_vec();
+    distances.extend(set.ahead.iter().map(|&(d, _)| d));
+    distances.sort_unstable();
+    distances.dedup();
+    let mut sources = BTreeMap::new();
+    for &d in &distances {
+        let Some(src) = layer
+            .checked_sub(u32::from(d))
+            .filter(|l| layers.contains(l))
+        else {
+            continue;
+        };
+        sources.insert(d, set.read_layer(src, inputs.n_expert)?);
+    }
+    let mut predictors = vec![Predictor::Oracle];
+    predictors.extend(BASELINE_DISTANCES.map(Predictor::SameLayer));
+    predictors.extend(set.ahead.iter().map(|&(d, _)| Predictor::Lookahead(d)));
+    let params = args.params();
+    let n_near = if args.policies.contains(&Policy::NearPickEma) {
+        args.near_pick_n
+    } else {
+        0
+    };
+    let mut cells = Vec::new();
+    let mut accuracy = Vec::new();
+    // The fit split's requests per expert: what `static` pins by.
+    let fit = match args.policies.contains(&Policy::Static) {
+        true => pinned::traffic(&Steps::build(
+            &requests(&raw[0], inputs.n_expert, None, 0),
+            1,
+        )),
+        false => Vec::new(),
+    };
+    for (s_idx, (split, target)) in Split::ALL.into_iter().zip(&raw).enumerate() {
+        if !args.split.splits().contains(&split) || target.tokens() == 0 {
+            continue;
+        }
+        let steps = Steps::build(&requests(target, inputs.n_expert, None, n_near), 1);
+        let mut base = BTreeMap::new();
+        for &predictor in &predictors {
+            let source = sources
+                .get(&(predictor.distance() as u8))
+                .map(|s| &s[s_idx]);
+            let Some(g) = predict::guesses(predictor, target, source) else {
+                continue;
+            };
+            if predictor != Predictor::Oracle {
+                for x in RECALL_M {
+                    accuracy.push(AccuracyCell {
+                        split,
+                        trace: kind,
+                        layer,
+                        predictor,
+                        m: x * target.k,
+                        recall: predict::recall(target, &g, x * target.k),
+                    });
+                }
+            }
+            for &x in &multiples {
+                let m = x * target.k;
+                let pf = Prefetch::from_guesses(&g.ids, g.width, m);
+                for &policy in &args.policies {
+                    for (cap_idx, cap) in args.capacity.iter().enumerate() {
+                        let size = inputs
+                            .expert_bytes
+                            .as_ref()
+                            .and_then(|b| b.get(&layer))
+                            .copied();
+                        let capacity = resolve(cap, inputs.n_expert, size, layer)?;
+                        let base_misses = *base.entry((policy, capacity)).or_insert_with(|| {
+                            simulate(policy, &steps, capacity, &params, &fit).misses
+                        });
+                        cells.push(PrefetchCell {
+                            key: PrefetchKey {
+                                trace: kind,
+                                policy,
+                                capacity: cap_idx,
+                                predictor,
+                                m,
+                                split,
+                            },
+                            layer,
+                            capacity,
+                            tokens: steps.tokens,
+                            counts: prefetch::simulate(
+                                policy, &steps, capacity, &params, &fit, &pf,
+                            ),
+                            base_misses,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok((cells, accuracy))
 }

@@ -53,6 +53,9 @@ pub trait Scorer {
     }
     /// The current key of expert `e`.
     fn key(&self, e: usize) -> Key;
+    /// Expert `e` is loaded ahead of step `s`, unrequested (prefetch
+    /// replay): a scorer whose key depends on the future rescores it.
+    fn prefetched(&mut self, _e: u16, _s: usize) {}
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -411,6 +414,12 @@ impl Scorer for Lfu {
 pub struct Belady {
     next_use: Vec<u32>,
     keys: IdTable<Key>,
+    /// Per expert, the steps that request it, ascending (prefetch replay
+    /// only), and a cursor into them.
+    uses: Vec<Vec<u32>>,
+    cursor: Vec<usize>,
+    /// The next use of an expert never used again: the number of steps.
+    never: u32,
 }
 
 impl Belady {
@@ -419,6 +428,25 @@ impl Belady {
         Belady {
             next_use: steps.next_use(),
             keys: IdTable::new(Key::UNSCORED),
+            uses: Vec::new(),
+            cursor: Vec::new(),
+            never: steps.len() as u32,
+        }
+    }
+
+    /// [`Belady::new`] that can also score experts loaded ahead of a step
+    /// by their next use ([`Scorer::prefetched`]; steps must only advance).
+    pub fn with_prefetch(steps: &Steps) -> Belady {
+        let mut uses = vec![Vec::new(); steps.n_expert];
+        for s in 0..steps.len() {
+            for &e in &steps.expert[steps.range(s)] {
+                uses[e as usize].push(s as u32);
+            }
+        }
+        Belady {
+            cursor: vec![0; steps.n_expert],
+            uses,
+            ..Belady::new(steps)
         }
     }
 }
@@ -437,5 +465,14 @@ impl Scorer for Belady {
     #[inline]
     fn key(&self, e: usize) -> Key {
         self.keys.get(e)
+    }
+
+    fn prefetched(&mut self, e: u16, s: usize) {
+        let (uses, at) = (&self.uses[e as usize], &mut self.cursor[e as usize]);
+        while *at < uses.len() && (uses[*at] as usize) < s {
+            *at += 1;
+        }
+        let next = uses.get(*at).copied().unwrap_or(self.never);
+        self.keys.get_mut(e).p = -f64::from(next);
     }
 }

@@ -64,6 +64,7 @@ pub fn raw_layer(shape: &Shape, seed: u64) -> RawLayer {
         selected: Vec::with_capacity(tokens * k),
         topn: Vec::with_capacity(tokens * n),
         topn_prob: Vec::with_capacity(tokens * n),
+        ..RawLayer::default()
     };
     let mut stamp = vec![0u32; n_expert];
     let mut prev = vec![0u16; n];
@@ -100,6 +101,7 @@ pub fn raw_layer(shape: &Shape, seed: u64) -> RawLayer {
         out.topn_prob.extend(probs.iter().map(|p| p / total));
         out.selected.extend_from_slice(&out.topn[start..start + k]);
         out.chunk.push((t / shape.chunk_len.max(1)) as u32);
+        out.pos.push((t % shape.chunk_len.max(1)) as u32);
     }
     out
 }

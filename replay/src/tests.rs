@@ -184,6 +184,7 @@ fn keep_map_with_too_few_survivors_forces_misses() {
         selected: vec![0, 1, 4, 5, 0, 2],
         topn: vec![0, 1, 2, 3, 4, 5, 0, 1, 0, 2, 3, 4],
         topn_prob: vec![0.4, 0.3, 0.2, 0.1, 0.4, 0.3, 0.2, 0.1, 0.4, 0.3, 0.2, 0.1],
+        ..RawLayer::default()
     };
     let kept: Vec<bool> = (0..6).map(|e| e == 1 || e == 5).collect();
     let routing = Routing::default();

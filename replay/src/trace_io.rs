@@ -32,12 +32,29 @@ pub struct RawLayer {
     pub n: usize,
     /// Chunk of each token.
     pub chunk: Vec<u32>,
+    /// Position of each token in its chunk.
+    pub pos: Vec<u32>,
     /// Selected experts, `k` per token.
     pub selected: Vec<u16>,
     /// Router top-N ids, `n` per token, by probability.
     pub topn: Vec<u16>,
     /// Router top-N probabilities.
     pub topn_prob: Vec<f32>,
+    /// Lookahead guesses made at this layer, one entry per distance the
+    /// trace set has.
+    pub ahead: Vec<Ahead>,
+}
+
+/// One lookahead distance's guesses of a layer's tokens.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ahead {
+    /// Layers ahead.
+    pub distance: u8,
+    /// Guesses per token.
+    pub width: usize,
+    /// Guessed ids, `width` per token, best first; [`crate::steps::NONE`]
+    /// where the row has none (null, or a part without the column).
+    pub ids: Vec<u16>,
 }
 
 impl RawLayer {
@@ -70,6 +87,8 @@ pub struct TraceSet {
     pub k: usize,
     /// Router top-N width.
     pub n: usize,
+    /// Lookahead distances any part has, with the widest width seen.
+    pub ahead: Vec<(u8, usize)>,
 }
 
 const COLUMNS: [&str; 7] = [
@@ -95,6 +114,7 @@ impl TraceSet {
         let remote = Remote::open(store)?.map(Arc::new);
         let mut parts = Vec::new();
         let mut shape: Option<(usize, usize)> = None;
+        let mut ahead: BTreeMap<u8, usize> = BTreeMap::new();
         for name in names {
             let url = store.url_of(name);
             let part = if let Some(dir) = &local {
@@ -139,9 +159,15 @@ impl TraceSet {
                 }
                 _ => shape = Some(this),
             }
+            for d in runfiles::trace::lookahead_distances(part.meta.schema()) {
+                let w = list_width(&part.meta, &runfiles::trace::lookahead_id_column(d), &url)?;
+                let at = ahead.entry(d).or_default();
+                *at = (*at).max(w);
+            }
             parts.push(part);
         }
-        Ok(shape.map(|(k, n)| TraceSet { parts, k, n }))
+        let ahead: Vec<(u8, usize)> = ahead.into_iter().collect();
+        Ok(shape.map(|(k, n)| TraceSet { parts, k, n, ahead }))
     }
 
     /// Every layer any part holds, ascending.
@@ -162,6 +188,15 @@ impl TraceSet {
             raw: RawLayer {
                 k: self.k,
                 n: self.n,
+                ahead: self
+                    .ahead
+                    .iter()
+                    .map(|&(distance, width)| Ahead {
+                        distance,
+                        width,
+                        ids: Vec::new(),
+                    })
+                    .collect(),
                 ..RawLayer::default()
             },
         };
@@ -170,7 +205,14 @@ impl TraceSet {
             let Some(groups) = part.groups.get(&layer) else {
                 continue;
             };
-            let columns = column_indices(part, &COLUMNS)?;
+            let mut names: Vec<String> = COLUMNS.iter().map(|c| c.to_string()).collect();
+            names.extend(
+                runfiles::trace::lookahead_distances(part.meta.schema())
+                    .into_iter()
+                    .map(runfiles::trace::lookahead_id_column),
+            );
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let columns = column_indices(part, &names)?;
             for batch in &read_batches(part, groups, &columns)? {
                 append(&mut out, batch, layer, self.k, self.n, n_expert).map_err(|source| {
                     ReplayError::TraceLayer {
@@ -370,10 +412,23 @@ impl Decoded {
         let mut out = RawLayer {
             k,
             n,
+            ahead: raw
+                .ahead
+                .iter()
+                .map(|a| Ahead {
+                    ids: Vec::with_capacity(a.ids.len()),
+                    ..*a
+                })
+                .collect(),
             ..RawLayer::default()
         };
         for &i in &order {
             out.chunk.push(raw.chunk[i]);
+            out.pos.push(raw.pos[i]);
+            for (o, a) in out.ahead.iter_mut().zip(&raw.ahead) {
+                o.ids
+                    .extend_from_slice(&a.ids[i * a.width..(i + 1) * a.width]);
+            }
             out.selected
                 .extend_from_slice(&raw.selected[i * k..(i + 1) * k]);
             out.topn.extend_from_slice(&raw.topn[i * n..(i + 1) * n]);
@@ -432,6 +487,15 @@ fn append(
             reason,
         }
     })?;
+    // Per distance of the set: this batch's ids column, if it has one.
+    let mut guess_cols = Vec::new();
+    for a in &out[0].raw.ahead {
+        let name = runfiles::trace::lookahead_id_column(a.distance);
+        guess_cols.push(match b.column_by_name(&name) {
+            None => None,
+            Some(_) => Some(list::<UInt16Type>(b, &name)?),
+        });
+    }
     for i in 0..b.num_rows() {
         if layers.value(i) != layer {
             continue;
@@ -456,9 +520,27 @@ fn append(
             });
         }
         let d = &mut out[s];
+        for (a, col) in d.raw.ahead.iter_mut().zip(&guess_cols) {
+            let before = a.ids.len();
+            if let Some((l, ids)) = col.as_ref().filter(|(l, _)| l.is_valid(i)) {
+                let (o, w) = (l.value_offset_at(i), l.value_length() as usize);
+                let ids = &ids[o..o + w.min(a.width)];
+                if let Some(&bad) = ids.iter().find(|&&e| e as usize >= n_expert) {
+                    return Err(ReplayError::ExpertId {
+                        chunk: chunk.value(i),
+                        pos: pos.value(i),
+                        expert: bad,
+                        n_expert,
+                    });
+                }
+                a.ids.extend_from_slice(ids);
+            }
+            a.ids.resize(before + a.width, crate::steps::NONE);
+        }
         d.key
             .push((u64::from(chunk.value(i)) << 32) | u64::from(pos.value(i)));
         d.raw.chunk.push(chunk.value(i));
+        d.raw.pos.push(pos.value(i));
         d.raw.selected.extend_from_slice(sel);
         d.raw.topn.extend_from_slice(top);
         d.raw.topn_prob.extend_from_slice(prob);

@@ -10,6 +10,13 @@
 //! dictionary runs, `pos` delta-encoded; the half floats are split into byte
 //! streams and gzipped. [`Encoding::Full`] keeps f32 values
 //! (the layout before the compact one); readers accept both.
+//!
+//! Lookahead guesses ([`Lookahead`]) sit in nullable columns
+//! `lookahead_dD_id` and `lookahead_dD_prob` per distance `D`: a part has
+//! them when any of its rows carries a guess for `D`, and a row without one
+//! (layer `L + D` is past the last MoE layer) is null there. Parts written
+//! before lookahead existed, or with it off, simply lack the columns, and
+//! read back with no guesses.
 
 use arrow::array::{
     Array, ArrayRef, FixedSizeListArray, FixedSizeListBuilder, Float16Array, Float16Builder,
@@ -43,6 +50,61 @@ pub struct TraceRow {
     pub topn_id: Vec<u16>,
     /// Router probabilities of `topn_id`.
     pub topn_prob: Vec<f32>,
+    /// Guesses of later layers' routing made from this layer's hidden state,
+    /// one per distance, ascending by distance (empty: lookahead off).
+    pub lookahead: Vec<Lookahead>,
+}
+
+/// Layer `L + distance`'s router applied to the residual stream after layer
+/// `L` (with that layer's own input norm and routing rule): its top-N.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lookahead {
+    /// Layers ahead (1: the next layer).
+    pub distance: u8,
+    /// Guessed expert ids, best first.
+    pub ids: Vec<u16>,
+    /// The router's probabilities (softmax or sigmoid) of `ids`.
+    pub probs: Vec<f32>,
+}
+
+/// The lookahead columns of a part: `(distance, width)`, ascending.
+pub type LookaheadLayout = Vec<(u8, usize)>;
+
+/// Name of the ids column of lookahead distance `d`.
+pub fn lookahead_id_column(d: u8) -> String {
+    format!("lookahead_d{d}_id")
+}
+
+/// Name of the probabilities column of lookahead distance `d`.
+pub fn lookahead_prob_column(d: u8) -> String {
+    format!("lookahead_d{d}_prob")
+}
+
+/// The lookahead columns `rows` need: every distance any row carries, with
+/// its width; an error if two rows disagree on a distance's width.
+pub fn lookahead_layout(rows: &[TraceRow]) -> Result<LookaheadLayout, String> {
+    let mut out: std::collections::BTreeMap<u8, usize> = Default::default();
+    for r in rows {
+        for g in &r.lookahead {
+            if g.ids.len() != g.probs.len() {
+                return Err(format!(
+                    "trace row's lookahead d={} has {} ids and {} probabilities",
+                    g.distance,
+                    g.ids.len(),
+                    g.probs.len()
+                ));
+            }
+            let w = *out.entry(g.distance).or_insert(g.ids.len());
+            if w != g.ids.len() {
+                return Err(format!(
+                    "trace rows disagree on lookahead d={} width: {w} and {}",
+                    g.distance,
+                    g.ids.len()
+                ));
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// How a part stores router probabilities and gate weights.
@@ -65,15 +127,21 @@ impl Encoding {
 
 /// The Parquet/Arrow schema for `k` selected experts and router top-`n`.
 pub fn schema(k: usize, n: usize, encoding: Encoding) -> SchemaRef {
-    let list = |name: &str, dt: DataType, len: usize| {
+    schema_with(k, n, encoding, &[])
+}
+
+/// [`schema`] with the nullable lookahead columns of `lookahead`.
+pub fn schema_with(k: usize, n: usize, encoding: Encoding, lookahead: &[(u8, usize)]) -> SchemaRef {
+    let list_of = |name: &str, dt: DataType, len: usize, nullable: bool| {
         Field::new(
             name,
             DataType::FixedSizeList(Arc::new(Field::new("item", dt, false)), len as i32),
-            false,
+            nullable,
         )
     };
+    let list = |name: &str, dt: DataType, len: usize| list_of(name, dt, len, false);
     let float = encoding.float_type();
-    Arc::new(Schema::new(vec![
+    let mut fields = vec![
         Field::new("split", DataType::Utf8, false),
         Field::new("domain", DataType::Utf8, false),
         Field::new("chunk", DataType::UInt32, false),
@@ -83,8 +151,13 @@ pub fn schema(k: usize, n: usize, encoding: Encoding) -> SchemaRef {
         list("selected", DataType::UInt16, k),
         list("selected_weight", float.clone(), k),
         list("topn_id", DataType::UInt16, n),
-        list("topn_prob", float, n),
-    ]))
+        list("topn_prob", float.clone(), n),
+    ];
+    for &(d, w) in lookahead {
+        fields.push(list_of(&lookahead_id_column(d), DataType::UInt16, w, true));
+        fields.push(list_of(&lookahead_prob_column(d), float.clone(), w, true));
+    }
+    Arc::new(Schema::new(fields))
 }
 
 /// A fixed-size list builder of f32 or f16 values.
@@ -103,6 +176,22 @@ impl FloatList {
             Encoding::Compact => FloatList::F16(
                 FixedSizeListBuilder::new(Float16Builder::new(), len as i32).with_field(item),
             ),
+        }
+    }
+
+    /// A null entry (`len` placeholder values, as fixed-size lists need).
+    fn append_null(&mut self, len: usize) {
+        match self {
+            FloatList::F32(b) => {
+                b.values().append_slice(&vec![0.0; len]);
+                b.append(false);
+            }
+            FloatList::F16(b) => {
+                for _ in 0..len {
+                    b.values().append_value(half::f16::ZERO);
+                }
+                b.append(false);
+            }
         }
     }
 
@@ -152,6 +241,18 @@ pub fn rows_to_batch(
     n: usize,
     encoding: Encoding,
 ) -> Result<RecordBatch, String> {
+    rows_to_batch_with(rows, k, n, encoding, &lookahead_layout(rows)?)
+}
+
+/// [`rows_to_batch`] with the lookahead columns of `layout` (a part's, so
+/// every row group has the same schema even where a layer has no guesses).
+fn rows_to_batch_with(
+    rows: &[TraceRow],
+    k: usize,
+    n: usize,
+    encoding: Encoding,
+    layout: &[(u8, usize)],
+) -> Result<RecordBatch, String> {
     let mut sel = FixedSizeListBuilder::new(UInt16Builder::new(), k as i32).with_field(Field::new(
         "item",
         DataType::UInt16,
@@ -164,6 +265,14 @@ pub fn rows_to_batch(
         false,
     ));
     let mut topp = FloatList::new(encoding, n);
+    let mut ahead: Vec<_> = layout
+        .iter()
+        .map(|&(_, w)| {
+            let ids = FixedSizeListBuilder::new(UInt16Builder::new(), w as i32)
+                .with_field(Field::new("item", DataType::UInt16, false));
+            (ids, FloatList::new(encoding, w))
+        })
+        .collect();
     for r in rows {
         if r.selected.len() != k || r.selected_weight.len() != k {
             return Err(format!(
@@ -183,8 +292,28 @@ pub fn rows_to_batch(
         top.values().append_slice(&r.topn_id);
         top.append(true);
         topp.append(&r.topn_prob);
+        for (&(d, w), (ids, probs)) in layout.iter().zip(&mut ahead) {
+            match r.lookahead.iter().find(|g| g.distance == d) {
+                Some(g) if g.ids.len() != w || g.probs.len() != w => {
+                    return Err(format!(
+                        "trace row has {} lookahead d={d} guesses, expected {w}",
+                        g.ids.len()
+                    ))
+                }
+                Some(g) => {
+                    ids.values().append_slice(&g.ids);
+                    ids.append(true);
+                    probs.append(&g.probs);
+                }
+                None => {
+                    ids.values().append_slice(&vec![0; w]);
+                    ids.append(false);
+                    probs.append_null(w);
+                }
+            }
+        }
     }
-    let columns: Vec<ArrayRef> = vec![
+    let mut columns: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from_iter_values(
             rows.iter().map(|r| r.split.as_str()),
         )),
@@ -202,7 +331,11 @@ pub fn rows_to_batch(
         Arc::new(top.finish()),
         topp.finish(),
     ];
-    RecordBatch::try_new(schema(k, n, encoding), columns).map_err(|e| e.to_string())
+    for (mut ids, probs) in ahead {
+        columns.push(Arc::new(ids.finish()));
+        columns.push(probs.finish());
+    }
+    RecordBatch::try_new(schema_with(k, n, encoding, layout), columns).map_err(|e| e.to_string())
 }
 
 /// Converts a record batch of the trace schema back into rows.
@@ -236,6 +369,7 @@ pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<TraceRow>, String> {
     let selw = floats(batch, "selected_weight")?;
     let (top, n) = list::<UInt16Array>(batch, "topn_id")?;
     let topp = floats(batch, "topn_prob")?;
+    let ahead = lookahead_columns(batch)?;
     (0..batch.num_rows())
         .map(|i| {
             Ok(TraceRow {
@@ -250,6 +384,94 @@ pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<TraceRow>, String> {
                 selected_weight: selw[i * k..(i + 1) * k].to_vec(),
                 topn_id: top.values()[i * n..(i + 1) * n].to_vec(),
                 topn_prob: topp[i * n..(i + 1) * n].to_vec(),
+                lookahead: ahead
+                    .iter()
+                    .filter(|c| c.ids.is_valid(i))
+                    .map(|c| Lookahead {
+                        distance: c.distance,
+                        ids: c.id_values[i * c.width..(i + 1) * c.width].to_vec(),
+                        probs: c.probs[i * c.width..(i + 1) * c.width].to_vec(),
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// One distance's lookahead columns of a batch, decoded.
+pub struct LookaheadColumns<'a> {
+    /// Layers ahead.
+    pub distance: u8,
+    /// Guesses per row.
+    pub width: usize,
+    /// The ids list column (its validity says which rows have a guess).
+    pub ids: &'a FixedSizeListArray,
+    /// Flat ids, `width` per row (placeholders where null).
+    pub id_values: &'a [u16],
+    /// Flat probabilities, `width` per row.
+    pub probs: std::borrow::Cow<'a, [f32]>,
+}
+
+/// The distances a schema has lookahead id columns for, ascending.
+pub fn lookahead_distances(schema: &Schema) -> Vec<u8> {
+    let mut out: Vec<u8> = schema
+        .fields()
+        .iter()
+        .filter_map(|f| {
+            f.name()
+                .strip_prefix("lookahead_d")?
+                .strip_suffix("_id")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Every lookahead distance of a batch (none for parts written without
+/// lookahead), checked: ids and probabilities of equal width and nulls.
+pub fn lookahead_columns(batch: &RecordBatch) -> Result<Vec<LookaheadColumns<'_>>, String> {
+    lookahead_distances(&batch.schema())
+        .into_iter()
+        .map(|d| {
+            let get = |name: String| {
+                batch
+                    .column_by_name(&name)
+                    .and_then(|c| c.as_any().downcast_ref::<FixedSizeListArray>())
+                    .ok_or_else(|| {
+                        format!("trace batch lacks list column {name:?} (lookahead d={d})")
+                    })
+            };
+            let ids = get(lookahead_id_column(d))?;
+            let probs = get(lookahead_prob_column(d))?;
+            let width = ids.value_length() as usize;
+            if probs.value_length() as usize != width || ids.nulls() != probs.nulls() {
+                return Err(format!(
+                    "trace columns {:?} and {:?} disagree in width or nulls",
+                    lookahead_id_column(d),
+                    lookahead_prob_column(d)
+                ));
+            }
+            let id_values = ids
+                .values()
+                .as_any()
+                .downcast_ref::<UInt16Array>()
+                .ok_or_else(|| {
+                    format!(
+                        "trace column {:?} has the wrong item type",
+                        lookahead_id_column(d)
+                    )
+                })?
+                .values();
+            let probs = float_values(probs.values().as_ref())
+                .map_err(|e| format!("trace column {:?}: {e}", lookahead_prob_column(d)))?;
+            Ok(LookaheadColumns {
+                distance: d,
+                width,
+                ids,
+                id_values,
+                probs,
             })
         })
         .collect()
@@ -270,11 +492,16 @@ pub fn write_part_as(
 ) -> Result<Vec<u8>, String> {
     use parquet::arrow::ArrowWriter;
     rows.sort_by_key(|r| (r.layer, r.chunk, r.pos));
+    let layout = lookahead_layout(rows)?;
     let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, schema(k, n, encoding), Some(props(encoding)))
-        .map_err(|e| e.to_string())?;
+    let mut writer = ArrowWriter::try_new(
+        &mut out,
+        schema_with(k, n, encoding, &layout),
+        Some(props(encoding, &layout)),
+    )
+    .map_err(|e| e.to_string())?;
     for layer_rows in rows.chunk_by(|a, b| a.layer == b.layer) {
-        let batch = rows_to_batch(layer_rows, k, n, encoding)?;
+        let batch = rows_to_batch_with(layer_rows, k, n, encoding, &layout)?;
         writer.write(&batch).map_err(|e| e.to_string())?;
         writer.flush().map_err(|e| e.to_string())?;
     }
@@ -286,7 +513,10 @@ pub fn write_part_as(
 /// for [`Encoding::Compact`], dictionary runs for the repeated columns and
 /// the ids, deltas for positions, and half floats split into byte streams
 /// under gzip.
-fn props(encoding: Encoding) -> parquet::file::properties::WriterProperties {
+fn props(
+    encoding: Encoding,
+    lookahead: &[(u8, usize)],
+) -> parquet::file::properties::WriterProperties {
     use parquet::basic::{Compression, Encoding as Pq};
     use parquet::file::properties::WriterProperties;
     use parquet::schema::types::ColumnPath;
@@ -298,10 +528,14 @@ fn props(encoding: Encoding) -> parquet::file::properties::WriterProperties {
     let mut builder = builder
         .set_column_dictionary_enabled(path(&["pos"]), false)
         .set_column_encoding(path(&["pos"]), Pq::DELTA_BINARY_PACKED);
-    for name in ["selected_weight", "topn_prob"] {
+    let prob_columns: Vec<String> = ["selected_weight".to_string(), "topn_prob".to_string()]
+        .into_iter()
+        .chain(lookahead.iter().map(|&(d, _)| lookahead_prob_column(d)))
+        .collect();
+    for name in &prob_columns {
         // The high bytes of sorted half floats repeat (a few bits each under
         // Huffman coding); the low bytes are noise.
-        let p = path(&[name, "list", "item"]);
+        let p = path(&[name.as_str(), "list", "item"]);
         builder = builder
             .set_column_dictionary_enabled(p.clone(), false)
             .set_column_encoding(p.clone(), Pq::BYTE_STREAM_SPLIT)
@@ -356,7 +590,89 @@ mod tests {
             selected_weight: vec![0.75, 0.25],
             topn_id: vec![1, 2, 3],
             topn_prob: vec![0.5, 0.2, 0.1],
+            lookahead: Vec::new(),
         }
+    }
+
+    fn guess(distance: u8, first: u16) -> Lookahead {
+        Lookahead {
+            distance,
+            ids: vec![first, first + 1],
+            probs: vec![0.625, 0.25],
+        }
+    }
+
+    #[test]
+    fn lookahead_columns_round_trip_with_nulls_past_the_last_layer() {
+        // Layers 0..3: layer 1 guesses d=1 only, layer 2 (the last) none.
+        let with = |layer, g: Vec<Lookahead>| {
+            let mut r = row(layer, 0);
+            // Exact in f16, so both encodings round-trip every value.
+            r.topn_prob = vec![0.5, 0.25, 0.125];
+            r.lookahead = g;
+            r
+        };
+        let rows = vec![
+            with(0, vec![guess(1, 4), guess(2, 7)]),
+            with(1, vec![guess(1, 9)]),
+            with(2, vec![]),
+        ];
+        for encoding in [Encoding::Full, Encoding::Compact] {
+            let bytes = write_part_as(&mut rows.clone(), 2, 3, encoding).unwrap();
+            let bytes = bytes::Bytes::from(bytes);
+            let names: Vec<String> =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                    bytes.clone(),
+                )
+                .unwrap()
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().to_string())
+                .collect();
+            for c in [
+                "lookahead_d1_id",
+                "lookahead_d1_prob",
+                "lookahead_d2_id",
+                "lookahead_d2_prob",
+            ] {
+                assert!(names.iter().any(|n| n == c), "{c} missing from {names:?}");
+            }
+            assert_eq!(read_part(bytes).unwrap(), rows, "{encoding:?}");
+        }
+    }
+
+    #[test]
+    fn parts_without_lookahead_keep_the_old_layout_and_read_with_no_guesses() {
+        let mut rows = vec![row(1, 0), row(2, 0)];
+        let bytes = write_part(&mut rows, 2, 3).unwrap();
+        let bytes = bytes::Bytes::from(bytes);
+        let reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+                .unwrap();
+        assert_eq!(reader.schema().fields().len(), 10);
+        assert_eq!(
+            reader.schema().as_ref(),
+            schema(2, 3, Encoding::Compact).as_ref()
+        );
+        assert!(read_part(bytes)
+            .unwrap()
+            .iter()
+            .all(|r| r.lookahead.is_empty()));
+    }
+
+    #[test]
+    fn rows_disagreeing_on_a_lookahead_width_are_refused() {
+        let mut a = row(0, 0);
+        a.lookahead = vec![guess(1, 1)];
+        let mut b = row(1, 0);
+        b.lookahead = vec![Lookahead {
+            distance: 1,
+            ids: vec![3],
+            probs: vec![0.5],
+        }];
+        let err = write_part(&mut [a, b], 2, 3).unwrap_err();
+        assert!(err.contains("lookahead d=1 width"), "{err}");
     }
 
     #[test]
@@ -437,6 +753,7 @@ mod tests {
                     selected_weight: sel.iter().map(|&e| probs[e as usize] / mass).collect(),
                     topn_id: order[..64].to_vec(),
                     topn_prob: order[..64].iter().map(|&e| probs[e as usize]).collect(),
+                    lookahead: Vec::new(),
                 });
             }
         }

@@ -140,6 +140,7 @@ fn synthetic_rows(layers: u32, tokens: u32, chunk0: u32) -> Vec<TraceRow> {
                 selected_weight: vec![0.25; 4],
                 topn_id: ids,
                 topn_prob: probs,
+                lookahead: Vec::new(),
             });
         }
     }

@@ -10,10 +10,16 @@
 //! rate of each policy at each
 //! capacity (`--capacity 64,128,256`), the 2-thread scaling over layers (at
 //! the first capacity), and the peak resident memory (VmHWM).
+//!
+//! `--prefetch-m M` times prefetch replay instead: before each token the
+//! cache loads up to `M` guessed experts, the token's router top-N from
+//! rank `k / 2` on (half its selection, then near picks: about the recall
+//! a lookahead guess has).
 
 use clap::Parser;
 use rayon::prelude::*;
 use replay::keep::requests;
+use replay::prefetch::{self, Prefetch};
 use replay::synthetic::{raw_layer, Shape};
 use replay::{simulate, Policy, PolicyParams, Steps};
 use runfiles::procstat::peak_rss_kib;
@@ -37,13 +43,46 @@ struct Args {
     /// Policies to time, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', value_parser = Policy::parse)]
     policies: Vec<Policy>,
+    /// Prefetch up to this many guessed experts per token (0: plain replay).
+    #[arg(long, default_value_t = 0)]
+    prefetch_m: usize,
 }
 
-fn steps_for(shape: &Shape, layer: usize) -> (Steps, Duration) {
+/// A layer's steps and its prefetch lists (empty unless `m > 0`).
+struct Layer {
+    steps: Steps,
+    pf: Prefetch,
+}
+
+fn steps_for(shape: &Shape, layer: usize, m: usize) -> (Layer, Duration) {
     let raw = raw_layer(shape, 1000 + layer as u64);
     let t = Instant::now();
     let steps = Steps::build(&requests(&raw, shape.n_expert, None, 4), 1);
-    (steps, t.elapsed())
+    let elapsed = t.elapsed();
+    let from = shape.k / 2;
+    let width = shape.n - from;
+    let guesses: Vec<u16> = raw
+        .topn
+        .chunks_exact(shape.n)
+        .flat_map(|top| top[from..].iter().copied())
+        .collect();
+    let pf = match m {
+        0 => Prefetch::from_guesses(&vec![replay::steps::NONE; steps.len()], 1, 0),
+        m => Prefetch::from_guesses(&guesses, width, m),
+    };
+    (Layer { steps, pf }, elapsed)
+}
+
+/// Demand misses of one replay, with prefetch when the layer has lists.
+fn replay(policy: Policy, l: &Layer, capacity: usize, params: &PolicyParams, m: usize) -> u64 {
+    match m {
+        0 => simulate(policy, &l.steps, capacity, params, &[]).misses,
+        _ => {
+            prefetch::simulate(policy, &l.steps, capacity, params, &[], &l.pf)
+                .demand
+                .misses
+        }
+    }
 }
 
 /// Time this thread has run on a CPU (`/proc/thread-self/schedstat`, in
@@ -85,28 +124,29 @@ fn main() {
     let mut requests_total = 0u64;
     let mut prep = Duration::ZERO;
     for layer in 0..args.layers {
-        let (steps, p) = steps_for(&shape, layer);
+        let (l, p) = steps_for(&shape, layer, args.prefetch_m);
         prep += p;
-        requests_total += steps.requests();
+        requests_total += l.steps.requests();
         for (i, &policy) in policies.iter().enumerate() {
             for (j, &capacity) in caps.iter().enumerate() {
                 let (t, c0) = (Instant::now(), on_cpu());
-                let c = simulate(policy, &steps, capacity, &params, &[]);
+                let c = replay(policy, &l, capacity, &params, args.prefetch_m);
                 time[i][j] += t.elapsed();
                 cpu[i][j] += on_cpu() - c0;
-                misses[i][j] += c.misses;
+                misses[i][j] += c;
             }
         }
     }
     let cap_list: Vec<String> = caps.iter().map(|c| c.to_string()).collect();
     println!(
-        "shape: {} tokens x {} layers, top-{} of {} experts, top-{}; capacity {}; {} requests per policy and capacity",
+        "shape: {} tokens x {} layers, top-{} of {} experts, top-{}; capacity {}; prefetch m = {}; {} requests per policy and capacity",
         shape.tokens,
         args.layers,
         shape.n,
         shape.n_expert,
         shape.k,
         cap_list.join(", "),
+        args.prefetch_m,
         requests_total
     );
     println!(
@@ -153,10 +193,10 @@ fn main() {
     if args.scaling_layers == 0 {
         return;
     }
-    let layers: Vec<Steps> = (0..args.scaling_layers)
-        .map(|l| steps_for(&shape, l).0)
+    let layers: Vec<Layer> = (0..args.scaling_layers)
+        .map(|l| steps_for(&shape, l, args.prefetch_m).0)
         .collect();
-    let reqs: u64 = layers.iter().map(|s| s.requests()).sum();
+    let reqs: u64 = layers.iter().map(|l| l.steps.requests()).sum();
     println!(
         "\n| policy | 1 thread M req/s | 2 threads M req/s | speed-up |\n|---|---:|---:|---:|"
     );
@@ -172,7 +212,7 @@ fn main() {
             let total: u64 = pool.install(|| {
                 layers
                     .par_iter()
-                    .map(|s| simulate(policy, s, caps[0], &params, &[]).misses)
+                    .map(|l| replay(policy, l, caps[0], &params, args.prefetch_m))
                     .sum()
             });
             rate[i] = reqs as f64 / t.elapsed().as_secs_f64() / 1e6;

@@ -74,6 +74,7 @@ fn main() -> anyhow::Result<()> {
                     selected_weight: probs[..k].iter().map(|p| p / mass).collect(),
                     topn_id: topn.to_vec(),
                     topn_prob: probs.to_vec(),
+                    lookahead: Vec::new(),
                 });
             }
         }

@@ -21,6 +21,7 @@ pub mod domains;
 pub mod eval;
 pub mod panels;
 pub mod plots;
+pub mod prefetch;
 pub mod replay;
 pub mod vision;
 
@@ -255,6 +256,20 @@ async fn replay_section(
     }
     let json = StagesError::encode_json(names::REPORT_MISS_RATES_JSON, &rates)?;
     store.put(names::REPORT_MISS_RATES_JSON, json).await?;
+    if let Some(png) = prefetch::draw(&results)? {
+        let name = format!("{}/prefetch.png", names::REPORT_DIR);
+        store.put(&name, png).await?;
+        md.push_str(
+            "### Prefetch
+
+Hit rate against bytes moved per token (demand and prefetch \
+             loads of the model's expert bytes), one point per replayed capacity: LRU alone, \
+             LRU loading `m = k` guessed experts before each token, LRU with the oracle \
+             prefetcher (the ceiling) and Belady. Tables and the predictors' recall: \
+             [replay/report.md](../replay/report.md).\n\n![prefetch](prefetch.png)\n\n",
+        );
+        out.plots.push(name);
+    }
     Ok(())
 }
 

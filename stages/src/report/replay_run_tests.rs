@@ -40,6 +40,7 @@ fn rows(
                 selected_weight: vec![1.0],
                 topn_id: vec![e, (e + 1) % 4],
                 topn_prob: vec![0.7, 0.3],
+                lookahead: Vec::new(),
             }
         })
         .collect()

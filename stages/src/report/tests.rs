@@ -58,6 +58,8 @@ fn replay_results(points: &[(usize, f64)]) -> ReplayReport {
         model: None,
         rows,
         lru_curves: Vec::new(),
+        prefetch: Vec::new(),
+        accuracy: Vec::new(),
         markdown: String::new(),
     }
 }

@@ -238,6 +238,7 @@ mod tests {
             selected_weight: vec![0.5; selected.len()],
             topn_id: topn.to_vec(),
             topn_prob: probs.to_vec(),
+            lookahead: Vec::new(),
         }
     }
 

@@ -263,6 +263,7 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
         selected_weight: vec![1.0],
         topn_id: vec![sel, 0, 1],
         topn_prob: vec![0.6, 0.3, 0.1],
+        lookahead: Vec::new(),
     };
     let at = &store;
     let put_part = move |name: &'static str, mut rows: Vec<TraceRow>| {

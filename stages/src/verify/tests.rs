@@ -213,6 +213,7 @@ async fn trace_rows_must_equal_tokens_times_layers() {
         selected_weight: vec![0.5, 0.5],
         topn_id: vec![0, 1],
         topn_prob: vec![0.6, 0.4],
+        lookahead: Vec::new(),
     };
     let mut rows = vec![row(1, 0), row(5, 0), row(1, 1)];
     store

@@ -537,6 +537,7 @@ fn trace_row(
         selected: p.selected.iter().map(|&e| e as u16).collect(),
         selected_weight: p.weights.to_vec(),
         topn_prob: order.iter().map(|&e| p.probs[e as usize]).collect(),
+        lookahead: Vec::new(),
         topn_id: order,
     }
 }
