@@ -91,7 +91,9 @@ where
 }
 
 /// Tokens per group, per domain.
-fn group_tokens<'a>(docs: impl IntoIterator<Item = &'a Doc>) -> BTreeMap<u16, BTreeMap<&'a str, u64>> {
+fn group_tokens<'a>(
+    docs: impl IntoIterator<Item = &'a Doc>,
+) -> BTreeMap<u16, BTreeMap<&'a str, u64>> {
     let mut by_domain: BTreeMap<u16, BTreeMap<&str, u64>> = BTreeMap::new();
     for d in docs {
         *by_domain

@@ -141,6 +141,7 @@ mod tests {
 
     fn doc(domain: u16, group: &str, tokens: usize, split: Split) -> Doc {
         Doc {
+            index: 0,
             domain,
             at: format!("{domain}:{group}"),
             group: group.into(),

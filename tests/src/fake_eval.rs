@@ -22,6 +22,8 @@ pub struct Scored {
     pub chunk: u32,
     /// Position in the chunk.
     pub pos: u32,
+    /// Its cluster: its span's corpus group ([`worker::eval::cluster_of`]).
+    pub cluster: u32,
     /// Its group.
     pub group: Group,
     /// KL(p || q).
@@ -58,6 +60,7 @@ fn scored(index: &CorpusIndex, job: &EvalJob, range: ChunkRange, ci: usize) -> V
             out.push(Scored {
                 chunk: chunk.id.0,
                 pos: pos as u32,
+                cluster: worker::eval::cluster_of(&chunk, pos),
                 group,
                 kl,
                 nll_base,
@@ -109,7 +112,7 @@ pub fn fake_eval_partial(
             add(&mut s.kl_sq, f.kl * f.kl);
             add(&mut s.nll, f.nll);
             add(&mut s.dprob, f.dprob);
-            let k = r.chunks.entry((f.chunk, f.group)).or_default();
+            let k = r.chunks.entry((f.chunk, f.cluster, f.group)).or_default();
             k.n += 1;
             k.top1_same += u64::from(f.top1_same);
             add(&mut k.kl, f.kl);
@@ -120,6 +123,7 @@ pub fn fake_eval_partial(
             r.tokens.push(numbers::eval::TokenKl {
                 chunk: f.chunk,
                 pos: f.pos,
+                cluster: f.cluster,
                 group: f.group,
                 kl: f.kl,
             });

@@ -64,10 +64,13 @@ pub fn check_figures(p: &EvalPartial, corpus_tokens: u64) -> Result<(), String> 
             within_n(s.dprob, s.n, &format!("{at}: probability change sum"))?;
         }
         let by_chunk = token_sums(&c.tokens).map_err(|e| format!("candidate {name}: {e}"))?;
-        for ((chunk, g), s) in &c.chunks {
-            let at = format!("candidate {name}, chunk {chunk}, {}", group_name(g));
+        for (key @ (chunk, cluster, g), s) in &c.chunks {
+            let at = format!(
+                "candidate {name}, chunk {chunk} cluster {cluster}, {}",
+                group_name(g)
+            );
             check_chunk(s, &at, limit)?;
-            let (n, kl) = by_chunk.get(&(*chunk, *g)).copied().unwrap_or_default();
+            let (n, kl) = by_chunk.get(key).copied().unwrap_or_default();
             if (n, kl) != (s.n, s.kl) {
                 return Err(format!(
                     "{at}: sums of {} positions with KL sum {}, its per-position values are {n} with KL sum {}",
@@ -77,9 +80,9 @@ pub fn check_figures(p: &EvalPartial, corpus_tokens: u64) -> Result<(), String> 
                 ));
             }
         }
-        if let Some((chunk, g)) = by_chunk.keys().find(|k| !c.chunks.contains_key(k)) {
+        if let Some((chunk, cluster, g)) = by_chunk.keys().find(|k| !c.chunks.contains_key(*k)) {
             return Err(format!(
-                "candidate {name}: per-position KL of chunk {chunk}, {} without its chunk's sums",
+                "candidate {name}: per-position KL of chunk {chunk} cluster {cluster}, {} without its chunk's sums",
                 group_name(g)
             ));
         }
@@ -158,14 +161,14 @@ fn check_tokens(tokens: &[TokenKl]) -> Result<(), String> {
     Ok(())
 }
 
-/// Positions and exact KL sum, by (chunk, group).
-type TokenSums = BTreeMap<(u32, Group), (u64, ExactSum)>;
+/// Positions and exact KL sum, by (chunk, cluster, group).
+type TokenSums = BTreeMap<super::CellKey, (u64, ExactSum)>;
 
-/// Positions and exact KL sum per (chunk, group) of `tokens`.
+/// Positions and exact KL sum per (chunk, cluster, group) of `tokens`.
 fn token_sums(tokens: &[TokenKl]) -> Result<TokenSums, String> {
     let mut out = TokenSums::new();
     for t in tokens {
-        let e = out.entry((t.chunk, t.group)).or_default();
+        let e = out.entry((t.chunk, t.cluster, t.group)).or_default();
         e.0 += 1;
         e.1.add_f64(t.kl).map_err(|e| {
             format!(
@@ -249,7 +252,7 @@ pub(crate) mod tests {
         let g = Group::text(Split::Fit, 0);
         let mut base = BaseSums::default();
         let mut sums = CandidateSums::default();
-        let mut chunks: BTreeMap<(u32, Group), ChunkSums> = BTreeMap::new();
+        let mut chunks: BTreeMap<crate::eval::CellKey, ChunkSums> = BTreeMap::new();
         let mut tokens = Vec::new();
         for &(chunk, pos, v) in kl {
             base.n += 1;
@@ -261,13 +264,14 @@ pub(crate) mod tests {
             sums.nll.add_f64(2.5).unwrap();
             sums.dprob.add_f64(-0.1).unwrap();
             chunks
-                .entry((chunk, g))
+                .entry((chunk, 0, g))
                 .or_default()
                 .add(v, 2.0, 2.5, true, -0.1)
                 .unwrap();
             tokens.push(TokenKl {
                 chunk,
                 pos,
+                cluster: 0,
                 group: g,
                 kl: v,
             });

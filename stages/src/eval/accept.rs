@@ -278,7 +278,7 @@ mod tests {
         let token = |pos| TokenKl {
             chunk: 2,
             pos,
-            cluster: 2,
+            cluster: 0,
             group,
             kl: 0.5,
         };
@@ -290,7 +290,8 @@ mod tests {
     fn of_tokens(tokens: Vec<TokenKl>) -> EvalPartial {
         let mut base: BTreeMap<Group, BaseSums> = BTreeMap::new();
         let mut groups: BTreeMap<Group, CandidateSums> = BTreeMap::new();
-        let mut chunks: BTreeMap<numbers::eval::CellKey, numbers::eval::ChunkSums> = BTreeMap::new();
+        let mut chunks: BTreeMap<numbers::eval::CellKey, numbers::eval::ChunkSums> =
+            BTreeMap::new();
         for t in &tokens {
             base.entry(t.group).or_default().n += 1;
             let g = groups.entry(t.group).or_default();
@@ -356,6 +357,7 @@ mod tests {
         let token = |chunk, pos, domain, kl| TokenKl {
             chunk,
             pos,
+            cluster: 0,
             group: Group::text(Split::Fit, domain),
             kl,
         };

@@ -23,6 +23,9 @@ struct SpanOf {
     end: u32,
     split: Split,
     domain: u16,
+    /// The corpus group the span's document belongs to: the cluster its
+    /// positions' figures are summed in.
+    group: u32,
 }
 
 /// What decides a chunk's scored positions.
@@ -44,6 +47,7 @@ impl Layout {
                     end: s.start.saturating_add(s.len),
                     split: s.split,
                     domain: s.domain,
+                    group: s.group,
                 })
                 .collect(),
             images: c
@@ -89,6 +93,14 @@ impl Layout {
                 false => Modality::Text,
             },
         })
+    }
+
+    /// The cluster (corpus group) of the span holding `pos`.
+    fn cluster_at(&self, pos: u32) -> Option<u32> {
+        self.spans
+            .iter()
+            .find(|s| (s.start..s.end).contains(&pos))
+            .map(|s| s.group)
     }
 
     /// How many positions are scored.
@@ -180,6 +192,16 @@ impl Scoreable {
                 t.group.modality, want.modality
             ));
         }
+        // The cluster decides the intervals' width: a worker may not move a
+        // position into another group's cluster.
+        let cluster = layout.cluster_at(t.pos);
+        if cluster != Some(t.cluster) {
+            return Err(format!(
+                "{at} is summed in cluster {}, its span's corpus group is {}",
+                t.cluster,
+                cluster.map_or("none".to_string(), |g| g.to_string())
+            ));
+        }
         Ok(())
     }
 
@@ -193,6 +215,7 @@ impl Scoreable {
                 end: len,
                 split: Split::Fit,
                 domain: 0,
+                group: 0,
             }],
             images: Vec::new(),
         };
@@ -226,18 +249,21 @@ mod tests {
                         end: 4,
                         split: Split::Fit,
                         domain: 0,
+                        group: 0,
                     },
                     SpanOf {
                         start: 4,
                         end: 5,
                         split: Split::Heldout,
                         domain: 1,
+                        group: 1,
                     },
                     SpanOf {
                         start: 5,
                         end: 10,
                         split: Split::Fit,
                         domain: 0,
+                        group: 0,
                     },
                 ],
                 images: vec![(7, 8)],
@@ -250,6 +276,7 @@ mod tests {
         TokenKl {
             chunk: 0,
             pos,
+            cluster: 0,
             group: Group {
                 split: Split::Fit,
                 domain,
@@ -257,6 +284,14 @@ mod tests {
             },
             kl: 0.1,
         }
+    }
+
+    #[test]
+    fn a_position_summed_in_another_groups_cluster_is_refused() {
+        let mut t = token(2, 0, Modality::Text);
+        t.cluster = 1;
+        let e = scoreable().check_position(&t, 0, &Split::ALL).unwrap_err();
+        assert!(e.contains("cluster 1, its span's corpus group is 0"), "{e}");
     }
 
     #[test]

@@ -245,6 +245,7 @@ mod tests {
         LayerInput {
             layer: 0,
             count: vec![100.0; n],
+            raw_count: vec![100.0; n],
             reap_l2_sq_sum: sum.iter().map(|s| s * s / 100.0).collect(),
             reap_l2_sum: sum,
             guarded: Vec::new(),

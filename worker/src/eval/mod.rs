@@ -70,7 +70,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use positions::scored_positions;
+pub use positions::{cluster_of, scored_positions};
 
 /// How chunks are evaluated and which positions are scored.
 #[derive(Clone, Debug)]
