@@ -128,6 +128,15 @@ fn chunks_are_of_one_split_and_name_their_documents(out: &Path) {
 fn off_targets_exit_non_zero_with_the_table_and_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), [0.2, 0.5, 0.1, 0.2]);
+    // Shares checked as the files give them (shares = "sample", the
+    // default, would leave text out until they are met).
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("[corpus]\n"), "{text}");
+    std::fs::write(
+        &cfg,
+        text.replace("[corpus]\n", "[corpus]\nshares = \"verify\"\n"),
+    )
+    .unwrap();
     let out = dir.path().join("run");
     let o = corpus(&cfg, &out);
     let stderr = String::from_utf8_lossy(&o.stderr);

@@ -132,8 +132,8 @@ pub fn eager(
             }
         }
         if policy == Policy::Belady {
-            for e in 0..n {
-                score[e] = -(next_from(s, e) as f64);
+            for (e, v) in score.iter_mut().enumerate().take(n) {
+                *v = -(next_from(s, e) as f64);
             }
         }
         resident = keep(resident, &p, &score, &tie, &mut fresh, &mut out.wasted);
@@ -183,8 +183,8 @@ pub fn eager(
             }
         }
         if policy == Policy::Belady {
-            for e in 0..n {
-                score[e] = -(next_from(s + 1, e) as f64);
+            for (e, v) in score.iter_mut().enumerate().take(n) {
+                *v = -(next_from(s + 1, e) as f64);
             }
         }
         resident = keep(resident, &d, &score, &tie, &mut fresh, &mut out.wasted);
