@@ -91,8 +91,8 @@ pub enum CorpusError {
          (another group_key), add data, change heldout_fraction (or set it to 0 for this \
          domain) or the seed",
         100.0 * share,
-        100.0 * crate::heldout::SHARE_BOUNDS.0 * fraction,
-        100.0 * crate::heldout::SHARE_BOUNDS.1 * fraction
+        100.0 * bounds.0,
+        100.0 * bounds.1
     )]
     HeldoutShare {
         /// The domain.
@@ -103,6 +103,8 @@ pub enum CorpusError {
         when: &'static str,
         /// The held-out share measured.
         share: f64,
+        /// The shares allowed: half to twice the fraction.
+        bounds: (f64, f64),
         /// The domain's tokens.
         total: u64,
         /// The held-out groups and every group, with their tokens.

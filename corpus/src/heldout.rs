@@ -196,6 +196,7 @@ fn refusal(
         fraction,
         when,
         share: share(groups, held),
+        bounds: (SHARE_BOUNDS.0 * fraction, SHARE_BOUNDS.1 * fraction),
         total: groups.values().sum(),
         groups: format!(
             "held-out groups: {}; group sizes in tokens, largest first: {}",
