@@ -47,21 +47,12 @@ pub fn check_figures(p: &EvalPartial, corpus_tokens: u64) -> Result<(), String> 
         check_tokens(&c.tokens).map_err(|e| format!("candidate {name}: {e}"))?;
         for (g, s) in &c.groups {
             let at = format!("candidate {name}, {}", group_name(g));
-            if s.top1_same > s.n {
-                return Err(format!(
-                    "{at}: same top-1 at {} of {} positions",
-                    s.top1_same, s.n
-                ));
-            }
-            for (sum, what) in [
+            let sums = [
                 (s.kl, "KL sum"),
                 (s.kl_sq, "KL squared sum"),
                 (s.nll, "NLL sum"),
-            ] {
-                in_budget(sum, limit, s.n, &format!("{at}: {what}"))?;
-                not_below(sum, s.n, &format!("{at}: {what}"))?;
-            }
-            within_n(s.dprob, s.n, &format!("{at}: probability change sum"))?;
+            ];
+            check_counts_and_sums(&at, s.n, s.top1_same, sums, s.dprob, limit)?;
         }
         let by_chunk = token_sums(&c.tokens).map_err(|e| format!("candidate {name}: {e}"))?;
         for (key @ (chunk, cluster, g), s) in &c.chunks {
@@ -180,23 +171,35 @@ fn token_sums(tokens: &[TokenKl]) -> Result<TokenSums, String> {
     Ok(out)
 }
 
+/// What a group's and a chunk's sums share: same top-1 at most `n`, each
+/// KL or NLL sum within the per-position budget and not below 0, the
+/// probability change sum within [-n, n].
+fn check_counts_and_sums(
+    at: &str,
+    n: u64,
+    top1_same: u64,
+    sums: [(ExactSum, &str); 3],
+    dprob: ExactSum,
+    limit: u128,
+) -> Result<(), String> {
+    if top1_same > n {
+        return Err(format!("{at}: same top-1 at {top1_same} of {n} positions"));
+    }
+    for (sum, what) in sums {
+        in_budget(sum, limit, n, &format!("{at}: {what}"))?;
+        not_below(sum, n, &format!("{at}: {what}"))?;
+    }
+    within_n(dprob, n, &format!("{at}: probability change sum"))
+}
+
 /// The ranges of one chunk's sums in one group.
 fn check_chunk(s: &ChunkSums, at: &str, limit: u128) -> Result<(), String> {
-    if s.top1_same > s.n {
-        return Err(format!(
-            "{at}: same top-1 at {} of {} positions",
-            s.top1_same, s.n
-        ));
-    }
-    for (sum, what) in [
+    let sums = [
         (s.kl, "KL sum"),
         (s.nll_base, "base NLL sum"),
         (s.nll, "NLL sum"),
-    ] {
-        in_budget(sum, limit, s.n, &format!("{at}: {what}"))?;
-        not_below(sum, s.n, &format!("{at}: {what}"))?;
-    }
-    within_n(s.dprob, s.n, &format!("{at}: probability change sum"))?;
+    ];
+    check_counts_and_sums(at, s.n, s.top1_same, sums, s.dprob, limit)?;
     if s.dprob_sq.0 < 0 || s.dprob_sq.to_f64() > s.n as f64 * (1.0 + 1e-9) {
         return Err(format!(
             "{at}: sum of squared probability changes {} outside [0, {}]",
