@@ -45,8 +45,18 @@ pub fn agree(a: &Partial, b: &Partial) -> Result<(), String> {
                     .map(|&x| ExactSum::from_f64(x).unwrap_or_default())
                     .collect()
             };
-            let (ma, mb) = (exact(&la.ean_max), exact(&lb.ean_max));
-            close(&ma, &mb, tolerance, &[], &format!("{at} ean_max"))?;
+            for (name, va, vb) in [
+                ("ean_max", &la.ean_max, &lb.ean_max),
+                ("act_max", &la.act_max, &lb.act_max),
+            ] {
+                close(
+                    &exact(va),
+                    &exact(vb),
+                    tolerance,
+                    &[],
+                    &format!("{at} {name}"),
+                )?;
+            }
         }
     }
     let names_a: Vec<_> = a.imatrix.entries.keys().collect();

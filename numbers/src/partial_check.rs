@@ -279,16 +279,22 @@ fn experts(e: &ExpertAccum, budget: &Budget, no_drops: bool) -> Result<(), Strin
                     _ => {}
                 }
             }
-            if l.ean_max.len() != l.count.len() {
-                return Err(in_layer(format!(
-                    "{} output maxima for {} experts",
-                    l.ean_max.len(),
-                    l.count.len()
-                )));
+            for (name, maxima) in [
+                ("output maxima", &l.ean_max),
+                ("element maxima", &l.act_max),
+            ] {
+                if maxima.len() != l.count.len() {
+                    return Err(in_layer(format!(
+                        "{} {name} for {} experts",
+                        maxima.len(),
+                        l.count.len()
+                    )));
+                }
             }
             for x in 0..l.count.len() {
                 expert(l, x, n, bounded_probs).map_err(|why| at(why, x))?;
                 output_max(l, x).map_err(|why| at(why, x))?;
+                element_max(l, x).map_err(|why| at(why, x))?;
             }
             if e.shape.gating.probabilities_sum_to_one() && no_drops {
                 prob_total(l, n).map_err(in_layer)?;
@@ -362,6 +368,31 @@ fn output_max(l: &LayerAccum, x: usize) -> Result<(), String> {
         return Err(format!(
             "ean_max {m} below ean_sum / count = {}, the mean of the norms",
             sum / c as f64
+        ));
+    }
+    Ok(())
+}
+
+/// Relative slack of `act_max <= ean_max`: an element is at most its
+/// row's norm, but a device path's f32 norm may round a little below it.
+pub const ELEMENT_MAX_RTOL: f64 = 1e-6;
+
+/// An expert's largest output element: finite and not negative (the
+/// maximum starts at 0), zero for an expert no token selected, and at most
+/// the largest output norm (an element of a row is at most the row's norm).
+fn element_max(l: &LayerAccum, x: usize) -> Result<(), String> {
+    let (a, m, c) = (l.act_max[x], l.ean_max[x], l.count[x]);
+    if !(a.is_finite() && a >= 0.0) {
+        return Err(format!(
+            "act_max {a} is not a maximum from 0 of finite values"
+        ));
+    }
+    if c == 0 && a != 0.0 {
+        return Err(format!("act_max {a} for an expert no token selected"));
+    }
+    if a > m * (1.0 + ELEMENT_MAX_RTOL) {
+        return Err(format!(
+            "act_max {a} above ean_max {m}: an element exceeds its row's norm"
         ));
     }
     Ok(())

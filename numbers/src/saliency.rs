@@ -33,6 +33,11 @@ pub struct LayerStats {
     /// in a file written before it was measured).
     #[serde(default)]
     pub ean_max: Vec<f64>,
+    /// Largest single element of `y` over routed tokens and dimensions,
+    /// from 0 (REAP's `max_activations`, which its super-expert rule reads;
+    /// empty in a file written before it was measured).
+    #[serde(default)]
+    pub act_max: Vec<f64>,
 }
 
 impl From<&LayerAccum> for LayerStats {
@@ -47,6 +52,7 @@ impl From<&LayerAccum> for LayerStats {
             reap_l2_sum: f(&a.reap_l2_sum),
             reap_l2_sq_sum: f(&a.reap_l2_sq_sum),
             ean_max: a.ean_max.clone(),
+            act_max: a.act_max.clone(),
         }
     }
 }

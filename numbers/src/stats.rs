@@ -33,6 +33,11 @@ pub struct LayerAccum {
     /// any): REAP's max-activation statistic, which finds super experts.
     /// A maximum merges exactly.
     pub ean_max: Vec<f64>,
+    /// Largest single element of the expert's output `y` over routed tokens
+    /// and hidden dimensions (0 before any, so never negative): REAP's
+    /// `max_activations` (`pruning_metrics.py`, a signed maximum from 0),
+    /// the statistic its super-expert rule is tuned for. Merges as a maximum.
+    pub act_max: Vec<f64>,
 }
 
 impl LayerAccum {
@@ -48,6 +53,7 @@ impl LayerAccum {
             reap_l2_sum: z.clone(),
             reap_l2_sq_sum: z,
             ean_max: vec![0.0; n_expert],
+            act_max: vec![0.0; n_expert],
         }
     }
 
@@ -68,7 +74,8 @@ impl LayerAccum {
         for (dst, src) in self.sums_mut().into_iter().zip(other.sums()) {
             crate::exact::add_all(dst, src).map_err(|(_, v)| ExactError::Overflow(v))?;
         }
-        max_into(&mut self.ean_max, &other.ean_max)
+        max_into(&mut self.ean_max, &other.ean_max)?;
+        max_into(&mut self.act_max, &other.act_max)
     }
 }
 

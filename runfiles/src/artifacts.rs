@@ -34,7 +34,7 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
     let mut layer = Vec::new();
     let mut expert = Vec::new();
     let mut count = Vec::new();
-    let mut cols: [Vec<f64>; N_SUMS + 1] = Default::default();
+    let mut cols: [Vec<f64>; N_SUMS + 2] = Default::default();
     let mut push = |sp: &str, dom: &str, l: &LayerStats| {
         for e in 0..l.count.len() {
             split.push(sp.to_string());
@@ -44,7 +44,7 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
             count.push(l.count[e]);
             for (c, v) in cols
                 .iter_mut()
-                .zip(l.sums().into_iter().chain([&l.ean_max]))
+                .zip(l.sums().into_iter().chain([&l.ean_max, &l.act_max]))
             {
                 c.push(v.get(e).copied().unwrap_or(0.0));
             }
@@ -66,7 +66,7 @@ pub fn saliency_table(s: &Saliency) -> Result<Vec<u8>, String> {
     fields.extend(
         SUM_NAMES
             .iter()
-            .chain(&["ean_max"])
+            .chain(&["ean_max", "act_max"])
             .map(|n| Field::new(*n, DataType::Float64, false)),
     );
     let mut arrays: Vec<ArrayRef> = vec![

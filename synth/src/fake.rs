@@ -70,6 +70,8 @@ impl FakeModel {
                         add(&mut layer.weight_sum[e], g)?;
                         add(&mut layer.ean_sum[e], y)?;
                         layer.ean_max[e] = layer.ean_max[e].max(y);
+                        // An output of norm y with one element at 0.6 y.
+                        layer.act_max[e] = layer.act_max[e].max(0.6 * y);
                         add(&mut layer.reap_l2_sum[e], g * y)?;
                         add(&mut layer.reap_l2_sq_sum[e], (g * y) * (g * y))?;
                     }

@@ -406,9 +406,9 @@ fn ship_pareto_ships_exactly_the_front(run: &Path, dir: &Path) {
 
 /// `coordinator score --guard-super-experts` into an exploratory output:
 /// the experts it lists are REAP's rule recomputed here from
-/// `saliency.json`'s largest output norms (99.5th percentile by linear
-/// interpolation and a tenth of the largest, first 75% of MoE layers), and
-/// every keep map keeps them.
+/// `saliency.json`'s largest output elements (`act_max`, REAP's statistic
+/// and the default; 99.5th percentile by linear interpolation and a tenth
+/// of the largest, first 75% of MoE layers), and every keep map keeps them.
 fn super_expert_guard_keeps_its_experts(out: &Path) {
     let saliency: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("saliency.json")).unwrap()).unwrap();
@@ -425,20 +425,32 @@ fn super_expert_guard_keeps_its_experts(out: &Path) {
         .map(|l| {
             (
                 l["layer"].as_u64().unwrap(),
-                floats(&l["ean_max"]),
+                floats(&l["act_max"]),
                 floats(&l["count"]),
             )
         })
         .collect();
-    for (layer, m, count) in &maxima {
+    for (l, (layer, m, count)) in layers.iter().zip(&maxima) {
+        let norms = floats(&l["ean_max"]);
         for (e, (&v, &c)) in m.iter().zip(count).enumerate() {
             assert_eq!(
-                v > 0.0,
+                norms[e] > 0.0,
                 c > 0.0,
-                "layer {layer} expert {e}: ean_max {v}, count {c}"
+                "layer {layer} expert {e}: ean_max {}, count {c}",
+                norms[e]
+            );
+            // An element is at most its row's norm; none without a token.
+            assert!(
+                (0.0..=norms[e]).contains(&v) && (c > 0.0 || v == 0.0),
+                "layer {layer} expert {e}: act_max {v}, ean_max {}, count {c}",
+                norms[e]
             );
         }
     }
+    assert!(
+        maxima.iter().any(|(_, m, _)| m.iter().any(|&v| v > 0.0)),
+        "act_max is measured"
+    );
     let mut all: Vec<f64> = maxima.iter().flat_map(|(_, m, _)| m.clone()).collect();
     all.sort_by(f64::total_cmp);
     let at = 0.995 * (all.len() - 1) as f64;

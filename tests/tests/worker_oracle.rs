@@ -140,6 +140,8 @@ struct Expected {
     l2: Vec<f64>,
     l2_sq: Vec<f64>,
     ean_max: Vec<f64>,
+    /// REAP's `max_activations`: the largest element of `y`, from 0.
+    act_max: Vec<f64>,
 }
 
 impl Expected {
@@ -152,6 +154,7 @@ impl Expected {
             l2: vec![0.0; n],
             l2_sq: vec![0.0; n],
             ean_max: vec![0.0; n],
+            act_max: vec![0.0; n],
         }
     }
 }
@@ -499,6 +502,8 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
                     e_acc.weight[e] += w;
                     e_acc.ean[e] += norm;
                     e_acc.ean_max[e] = e_acc.ean_max[e].max(norm);
+                    let largest = y.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    e_acc.act_max[e] = e_acc.act_max[e].max(largest);
                     e_acc.l2[e] += reap;
                     e_acc.l2_sq[e] += reap * reap;
                     let slot = row.selected.iter().position(|&s| s as usize == e).unwrap();
@@ -561,12 +566,22 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
             }
         }
         for e in 0..n_expert {
-            let at = format!(
-                "{preset:?} {split}/{} layer #{li} expert {e} ean_max",
-                key.domain
-            );
-            assert_close(&at, got.ean_max[e], want.ean_max[e]);
+            for (name, g, w) in [
+                ("ean_max", got.ean_max[e], want.ean_max[e]),
+                ("act_max", got.act_max[e], want.act_max[e]),
+            ] {
+                let at = format!(
+                    "{preset:?} {split}/{} layer #{li} expert {e} {name}",
+                    key.domain
+                );
+                assert_close(&at, g, w);
+            }
         }
+        // The element maxima are measured, not trivially zero.
+        assert!(
+            (0..n_expert).any(|e| want.count[e] > 0 && got.act_max[e] > 0.0),
+            "{preset:?} layer #{li}: no positive act_max"
+        );
     }
 
     // Per-layer invariants: sum(count) == n_tokens * k; what the gating

@@ -660,6 +660,7 @@ fn header(p: &Partial) -> Partial {
         layer: l.layer,
         count: l.count.clone(),
         ean_max: l.ean_max.clone(),
+        act_max: l.act_max.clone(),
         ..LayerAccum::new(l.layer, 0)
     };
     Partial {
@@ -738,6 +739,7 @@ mod tests {
             for l in &mut g.layers {
                 l.count = vec![3, 3, 3, 3, 3, 3];
                 l.ean_max = (0..6).map(|_| next() * 40.0).collect();
+                l.act_max = l.ean_max.iter().map(|m| m * next()).collect();
                 for v in l.sums_mut() {
                     v.iter_mut()
                         .for_each(|s| *s = ExactSum::from_f64(next() * 40.0 - 3.0).unwrap());
@@ -831,13 +833,19 @@ mod tests {
     fn partials_of_another_format_are_refused_with_the_version_named() {
         let p = sample();
         let mut bytes = p.to_bytes();
-        assert_eq!(bytes[0], 7);
+        assert_eq!(bytes[0], 8);
         assert_eq!(Partial::from_bytes(&bytes).unwrap(), p);
-        // Format 6 had no expert output maxima: refused, not misread.
-        bytes[0] = 6;
-        let e = Partial::from_bytes(&bytes).unwrap_err();
-        assert!(e.contains("format version 6 (this build reads 7)"), "{e}");
-        assert!(PackedPartial::parse(bytes.into()).is_err());
+        // Format 7 had no largest activation elements (act_max), format 6
+        // no output maxima either: refused, not misread.
+        for old in [7, 6] {
+            bytes[0] = old;
+            let e = Partial::from_bytes(&bytes).unwrap_err();
+            assert!(
+                e.contains(&format!("format version {old} (this build reads 8)")),
+                "{e}"
+            );
+            assert!(PackedPartial::parse(bytes.clone().into()).is_err());
+        }
     }
 
     #[test]

@@ -18,9 +18,13 @@ use std::collections::BTreeMap;
 /// columns apart from the bincode header, [`crate::packed`]; 5: each
 /// importance-matrix tensor's `in_sum` column after its `in_sum2`; 6: zero
 /// masks in the packed blocks, [`crate::packed`]; 7: each layer's
-/// largest expert output norm, [`crate::stats::LayerAccum::ean_max`]).
-/// Partials of any other version are refused with their version named.
-pub const PARTIAL_FORMAT_VERSION: u32 = 7;
+/// largest expert output norm, [`crate::stats::LayerAccum::ean_max`]; 8:
+/// each layer's largest single output element, REAP's super-expert
+/// statistic, [`crate::stats::LayerAccum::act_max`]).
+/// Partials of any other version are refused with their version named: a
+/// version-7 partial lacks `act_max`, which no later step can recover, so
+/// its chunks are collected again.
+pub const PARTIAL_FORMAT_VERSION: u32 = 8;
 
 /// Accumulators for a disjoint set of chunks of one model and corpus.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -265,7 +269,7 @@ mod tests {
         // Version 1 (before the backend-to-host figure) followed by bytes
         // that are no partial at all.
         let e = Partial::from_bytes(&[1, 0xff, 0xff, 0xff]).unwrap_err();
-        assert_eq!(e, "partial format version 1 (this build reads 7)");
+        assert_eq!(e, "partial format version 1 (this build reads 8)");
     }
 
     #[test]

@@ -28,6 +28,7 @@ fn honest() -> Partial {
     l.reap_l2_sum = vec![s(1.0), s(1.5), s(0.5), s(0.0)];
     l.reap_l2_sq_sum = vec![s(1.0), s(1.25), s(0.25), s(0.0)];
     l.ean_max = vec![2.0, 2.0, 1.0, 0.0];
+    l.act_max = vec![1.5, 0.0, 1.0, 0.0];
     let mut im = ImatrixEntry::new(3, 1);
     im.in_sum2 = vec![s(1.0), s(0.0), s(4.0)].into();
     im.in_sum = vec![s(0.0), s(0.0), s(-2.0)].into();
@@ -118,6 +119,22 @@ fn the_bounds_counts_imply_are_enforced() {
             "ean_max 1 below ean_sum / count = 1.5",
         ),
         (|l| l.ean_max.truncate(3), "3 output maxima for 4 experts"),
+        // The largest output element: a maximum from 0 of finite values,
+        // zero for an unselected expert, at most the largest norm.
+        (
+            |l| l.act_max[0] = f64::INFINITY,
+            "expert 0: act_max inf is not a maximum",
+        ),
+        (|l| l.act_max[1] = -0.5, "act_max -0.5 is not a maximum"),
+        (
+            |l| l.act_max[3] = 0.25,
+            "expert 3: act_max 0.25 for an expert no token",
+        ),
+        (
+            |l| l.act_max[2] = 1.01,
+            "act_max 1.01 above ean_max 1: an element exceeds",
+        ),
+        (|l| l.act_max.push(0.0), "5 element maxima for 4 experts"),
     ];
     for (poison, expected) in cases {
         let mut p = honest();

@@ -14,5 +14,6 @@ pub fn layer_with_counts(layer: u32, count: Vec<u64>) -> LayerStats {
         reap_l2_sum: vec![0.0; n],
         reap_l2_sq_sum: vec![0.0; n],
         ean_max: vec![0.0; n],
+        act_max: vec![0.0; n],
     }
 }

@@ -5,7 +5,10 @@
 //! The corpus samples text by document group, and one group's documents may
 //! fill several chunks, so chunks of one group are not independent: a
 //! resample draws whole clusters ([`clusters_of`]: chunks linked by a shared
-//! group are one cluster), with replacement, as many as there are.
+//! group are one cluster), with replacement, as many as there are. The
+//! groups are those the chunk table names for each chunk's fit spans
+//! ([`fit_groups`]); a run without group keys has one group per document,
+//! so its clusters are the chunks a document spans.
 
 use super::keep::{rank_layers, LayerRanking};
 use super::method::ScoreParams;
@@ -13,7 +16,9 @@ use super::source::LayerInput;
 use crate::StagesError;
 use config::method::Method;
 use numbers::stats::ChunkStats;
+use numbers::Split;
 use rand::{Rng, SeedableRng};
+use runfiles::corpus::Chunk;
 use serde::{Deserialize, Serialize};
 
 /// Stability of one (method, K).
@@ -29,6 +34,10 @@ pub struct StabilityRow {
     pub mean_jaccard: f64,
     /// Smallest per-resample mean Jaccard.
     pub min_jaccard: f64,
+    /// Clusters each resample draws from (chunks linked by a shared fit
+    /// group); 0 in reports written before resamples were clustered.
+    #[serde(default)]
+    pub clusters: u32,
 }
 
 /// Sums a resample (chunk indices, with repetition) into per-layer inputs.
@@ -71,6 +80,36 @@ pub struct Reference<'a> {
     /// Per layer, the experts the super-expert guard keeps first (from the
     /// whole fit split, as the full-data rankings had them).
     pub guarded: &'a [Vec<bool>],
+}
+
+/// Per chunk of `stats` (in their order), the document groups of its fit
+/// spans as the chunk table `table` names them ([`Span::group`]), for
+/// [`clusters_of`]; a chunk of `stats` the table lacks is refused by id.
+///
+/// [`Span::group`]: runfiles::corpus::Span::group
+pub fn fit_groups(table: &[Chunk], stats: &[ChunkStats]) -> Result<Vec<Vec<u32>>, String> {
+    let by_id: std::collections::BTreeMap<u32, &Chunk> =
+        table.iter().map(|c| (c.id.0, c)).collect();
+    stats
+        .iter()
+        .map(|s| {
+            let c = by_id.get(&s.chunk).ok_or_else(|| {
+                format!(
+                    "partials carry statistics of chunk {}, which the chunk table lacks",
+                    s.chunk
+                )
+            })?;
+            let mut groups: Vec<u32> = c
+                .spans
+                .iter()
+                .filter(|sp| sp.split == Split::Fit)
+                .map(|sp| sp.group)
+                .collect();
+            groups.sort_unstable();
+            groups.dedup();
+            Ok(groups)
+        })
+        .collect()
 }
 
 /// The bootstrap's clusters: `groups_of[i]` lists the document groups of
@@ -159,6 +198,7 @@ pub fn stability(
                 resamples: n,
                 mean_jaccard: v.iter().sum::<f64>() / v.len() as f64,
                 min_jaccard: v.iter().copied().fold(f64::INFINITY, f64::min),
+                clusters: members.len() as u32,
             });
         }
     }
@@ -236,6 +276,65 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("chunk 0"));
+    }
+
+    /// The chunk table's fit groups feed the clusters: chunks 2i and 2i + 1
+    /// share a fit group (their held-out spans, of other groups, do not
+    /// link anything), so each resample draws both or neither, and every
+    /// resample of the noisy chunks ranks like the full data; chunk by
+    /// chunk it does not.
+    #[test]
+    fn chunks_sharing_a_fit_group_resample_together() {
+        use runfiles::corpus::Span;
+        let span = |start, split, group| Span {
+            start,
+            len: 4,
+            split,
+            domain: 0,
+            doc: group,
+            group,
+        };
+        let table: Vec<Chunk> = (0..8u32)
+            .map(|i| Chunk {
+                id: numbers::ChunkId(i),
+                tokens: vec![1; 8],
+                spans: vec![span(0, Split::Fit, i / 2), span(4, Split::Heldout, 100 + i)],
+                images: Vec::new(),
+            })
+            .collect();
+        // Held-out group 100 + i in chunks of two fit groups would link
+        // them; it must not.
+        let mut linked = table.clone();
+        linked[3].spans[1].group = 100;
+        let noisy: Vec<ChunkStats> = (0..8)
+            .map(|i| match i % 2 {
+                0 => chunk(i, &[9, 8, 0, 0]),
+                _ => chunk(i, &[0, 0, 9, 8]),
+            })
+            .collect();
+        for t in [&table, &linked] {
+            let groups = fit_groups(t, &noisy).unwrap();
+            assert_eq!(groups[3], [1]);
+            assert_eq!(clusters_of(&groups), [0, 0, 2, 2, 4, 4, 6, 6]);
+        }
+        let p = ScoreParams::default();
+        let all: Vec<usize> = (0..8).collect();
+        let full = frequency_ranks(&p, &noisy, &all);
+        let reference = at_k2(&full);
+        let clusters = clusters_of(&fit_groups(&table, &noisy).unwrap());
+        let by_group = stability(&noisy, &clusters, &[0], 4, &p, &reference, 20, 7).unwrap();
+        assert_eq!(by_group[0].clusters, 4);
+        assert_eq!(
+            (by_group[0].mean_jaccard, by_group[0].min_jaccard),
+            (1.0, 1.0),
+            "{by_group:?}"
+        );
+        let by_chunk = stability(&noisy, &all, &[0], 4, &p, &reference, 20, 7).unwrap();
+        assert_eq!(by_chunk[0].clusters, 8);
+        assert!(by_chunk[0].min_jaccard < 1.0, "{by_chunk:?}");
+        // Statistics of a chunk the table lacks are refused by id.
+        let e = fit_groups(&table[..5], &noisy).unwrap_err();
+        assert!(e.contains("chunk 5, which the chunk table lacks"), "{e}");
     }
 
     #[test]

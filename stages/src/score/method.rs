@@ -3,6 +3,7 @@
 //! `c_min`, then live experts below it, then dead experts), ties by expert id.
 
 use super::source::{LayerInput, Source};
+use super::super_experts::Statistic;
 use config::method::Method;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -47,6 +48,10 @@ pub struct ScoreParams {
     /// params of maps scored before the guard existed.
     #[serde(default)]
     pub guard_super_experts: bool,
+    /// The statistic the guard reads; absent in the params of maps scored
+    /// before it could be chosen, which read the largest output norm.
+    #[serde(default = "Statistic::before_elements")]
+    pub super_expert_statistic: Statistic,
 }
 
 impl Default for ScoreParams {
@@ -59,6 +64,7 @@ impl Default for ScoreParams {
             c_min: DEFAULT_C_MIN,
             allow_dead: false,
             guard_super_experts: false,
+            super_expert_statistic: Statistic::default(),
         }
     }
 }

@@ -32,6 +32,7 @@ use numbers::saliency::Saliency;
 use numbers::stats::ChunkStats;
 use numbers::Split;
 use runfiles::artifacts::names;
+use runfiles::corpus::{Chunk, CHUNKS_FILE};
 use runfiles::keepmap::KeepMap;
 use runfiles::store::RunStore;
 use serde::{Deserialize, Serialize};
@@ -78,9 +79,13 @@ pub struct ScoreOptions {
     #[cfg_attr(feature = "cli", arg(long))]
     pub allow_dead: bool,
     /// Keep super experts first under every method (REAP's rule on the
-    /// largest output norm per expert: see `super_experts`).
+    /// largest output element per expert: see `super_experts`).
     #[cfg_attr(feature = "cli", arg(long))]
     pub guard_super_experts: bool,
+    /// The statistic the super-expert guard reads: `element` (REAP's, the
+    /// largest single output element) or `norm` (the largest output norm).
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ScoreOptions::default().super_expert_statistic))]
+    pub super_expert_statistic: super_experts::Statistic,
     /// Bootstrap resamples for keep-map stability (0: skip).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().bootstrap))]
     pub bootstrap: u32,
@@ -107,6 +112,7 @@ impl Default for ScoreOptions {
             c_min: method::DEFAULT_C_MIN,
             allow_dead: false,
             guard_super_experts: false,
+            super_expert_statistic: super_experts::Statistic::default(),
             bootstrap: 20,
             seed: 0,
             screen_rows: 2_000_000,
@@ -131,6 +137,7 @@ impl ScoreOptions {
             c_min: self.c_min.max(1),
             allow_dead: self.allow_dead,
             guard_super_experts: self.guard_super_experts,
+            super_expert_statistic: self.super_expert_statistic,
         })
     }
 
@@ -224,6 +231,11 @@ fn differences(
         "--guard-super-experts",
         opts.guard_super_experts,
         own.guard_super_experts,
+    );
+    d.check(
+        "--super-expert-statistic",
+        opts.super_expert_statistic,
+        own.super_expert_statistic,
     );
     d.check("--bootstrap", opts.bootstrap, own.bootstrap);
     d.check("--seed", opts.seed, own.seed);
@@ -360,7 +372,8 @@ pub async fn load_saliency(store: &RunStore) -> Result<(Saliency, String), Stage
 pub fn scored_layers(s: &Saliency, p: &ScoreParams) -> Result<Vec<LayerInput>, StagesError> {
     let mut layers = p.source.layers(s)?;
     if p.guard_super_experts {
-        super_experts::mark(&mut layers, &super_experts::guarded(s)?);
+        let guard = super_experts::guarded(s, p.super_expert_statistic)?;
+        super_experts::mark(&mut layers, &guard);
     }
     Ok(layers)
 }
@@ -549,6 +562,20 @@ pub async fn load_chunk_stats(store: &RunStore) -> Result<Vec<ChunkStats>, Stage
     Ok(by_chunk.into_values().collect())
 }
 
+/// The run's chunk table (`corpus/chunks.parquet`).
+async fn load_chunk_table(store: &RunStore) -> Result<Vec<Chunk>, StagesError> {
+    let corpus = store.child("corpus");
+    let bytes = corpus.get(CHUNKS_FILE).await?;
+    let url = corpus.url_of(CHUNKS_FILE);
+    let read = tokio::task::spawn_blocking(move || runfiles::corpus::read_chunks(bytes, None));
+    let problem = match read.await {
+        Ok(Ok(chunks)) => return Ok(chunks),
+        Ok(Err(problem)) => problem,
+        Err(e) => format!("reading it panicked: {e}"),
+    };
+    Err(StagesError::Artifact { url, problem })
+}
+
 /// The full-data rankings the bootstrap compares resamples with, and the
 /// super experts they kept first.
 struct Full<'a> {
@@ -602,8 +629,14 @@ async fn run_bootstrap(
         groups: s.routing.groups,
         guarded: full.guarded,
     };
-    // Until spans name their document group, each chunk is its own cluster.
-    let clusters: Vec<usize> = (0..chunks.len()).collect();
+    // Chunks of one fit group resample together.
+    let table = load_chunk_table(store).await?;
+    let groups =
+        bootstrap::fit_groups(&table, &chunks).map_err(|problem| StagesError::Artifact {
+            url: store.child("corpus").url_of(CHUNKS_FILE),
+            problem,
+        })?;
+    let clusters = bootstrap::clusters_of(&groups);
     let rows = bootstrap::stability(
         &chunks,
         &clusters,

@@ -63,8 +63,10 @@ pub fn markdown(r: &ScoreReport) -> String {
             .collect();
         let _ = writeln!(
             o,
-            "Super experts kept first in every map ({} found in the first 75% of MoE layers: largest output norm above the 99.5th percentile of all experts' and a tenth of the largest): {}.\n",
+            "Super experts kept first in every map ({} found in the first 75% of MoE layers: {} (`{}`) above the 99.5th percentile of all experts' and a tenth of the largest): {}.\n",
             r.super_experts.values().map(Vec::len).sum::<usize>(),
+            r.params.super_expert_statistic.describe(),
+            r.params.super_expert_statistic.field(),
             if kept.is_empty() { "none".to_string() } else { kept.join("; ") }
         );
     }
@@ -188,7 +190,9 @@ pub fn markdown(r: &ScoreReport) -> String {
             );
         }
     }
-    o.push_str("\n### Keep-map stability (bootstrap over chunks)\n\n");
+    o.push_str(
+        "\n### Keep-map stability (bootstrap over clusters of chunks sharing a fit group)\n\n",
+    );
     if let (Some(note), true) = (&r.stability_note, r.stability.is_empty()) {
         let _ = writeln!(o, "Not run: {note}.");
     } else {
@@ -196,13 +200,13 @@ pub fn markdown(r: &ScoreReport) -> String {
             let _ = writeln!(o, "Note: {note}.\n");
         }
         o.push_str(
-            "| method | K | resamples | mean Jaccard | min Jaccard |\n|---|---|---|---|---|\n",
+            "| method | K | resamples | clusters | mean Jaccard | min Jaccard |\n|---|---|---|---|---|---|\n",
         );
         for s in &r.stability {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {:.4} | {:.4} |",
-                s.method, s.k, s.resamples, s.mean_jaccard, s.min_jaccard
+                "| {} | {} | {} | {} | {:.4} | {:.4} |",
+                s.method, s.k, s.resamples, s.clusters, s.mean_jaccard, s.min_jaccard
             );
         }
     }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 /// A layer with consistent statistics: `prob_sum` and `weight_sum` follow
 /// `count`, and `reap_l2_sq_sum = sum^2 / count` (the Cauchy-Schwarz bound).
 pub fn layer(index: u32, count: &[u64], reap: &[f64]) -> LayerStats {
-    LayerStats {
+    let mut l = LayerStats {
         layer: index,
         count: count.to_vec(),
         prob_sum: count.iter().map(|&c| c as f64).collect(),
@@ -32,7 +32,11 @@ pub fn layer(index: u32, count: &[u64], reap: &[f64]) -> LayerStats {
                 }
             })
             .collect(),
-    }
+        act_max: Vec::new(),
+    };
+    // The largest element: half the largest norm.
+    l.act_max = l.ean_max.iter().map(|m| m / 2.0).collect();
+    l
 }
 
 /// A one-split saliency whose fit split is the sum of the given domains.
@@ -49,6 +53,7 @@ pub fn saliency_with_domains(domains: &[(&str, u64, LayerStats)]) -> Saliency {
         reap_l2_sum: vec![0.0; n_expert],
         reap_l2_sq_sum: vec![0.0; n_expert],
         ean_max: vec![0.0; n_expert],
+        act_max: vec![0.0; n_expert],
     };
     for (_, _, l) in domains {
         for e in 0..n_expert {
@@ -59,6 +64,7 @@ pub fn saliency_with_domains(domains: &[(&str, u64, LayerStats)]) -> Saliency {
             total.reap_l2_sum[e] += l.reap_l2_sum[e];
             total.reap_l2_sq_sum[e] += l.reap_l2_sq_sum[e];
             total.ean_max[e] = total.ean_max[e].max(l.ean_max[e]);
+            total.act_max[e] = total.act_max[e].max(l.act_max[e]);
         }
     }
     let domains = domains

@@ -290,6 +290,37 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
         .put(names::MERGED_PARTIAL, partial.to_bytes())
         .await
         .unwrap();
+    // Chunk 0 holds fit group 7 and held-out group 3, chunk 1 more of
+    // group 7: one cluster, resampled whole.
+    let span = |start, split, group| runfiles::corpus::Span {
+        start,
+        len: 2,
+        split,
+        domain: 0,
+        doc: group,
+        group,
+    };
+    let table = [
+        vec![span(0, Split::Fit, 7), span(2, Split::Heldout, 3)],
+        vec![span(0, Split::Fit, 7)],
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(id, spans)| runfiles::corpus::Chunk {
+        id: numbers::ChunkId(id as u32),
+        tokens: vec![1; spans.len() * 2],
+        spans,
+        images: Vec::new(),
+    })
+    .collect::<Vec<_>>();
+    store
+        .child("corpus")
+        .put(
+            runfiles::corpus::CHUNKS_FILE,
+            runfiles::corpus::write_chunks(&table).unwrap(),
+        )
+        .await
+        .unwrap();
     let opts = ScoreOptions {
         methods: vec![Method::Frequency],
         k: vec![1],
@@ -297,6 +328,7 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
         ..Default::default()
     };
     let report = score(&store, &opts).await.unwrap();
+    assert_eq!(report.stability[0].clusters, 1, "{:?}", report.stability);
     let fit = report.screen.iter().find(|r| r.split == "fit").unwrap();
     let held = report.screen.iter().find(|r| r.split == "heldout").unwrap();
     assert_eq!((fit.rows, fit.substitutes, fit.mean_mass_lost), (1, 0, 0.0));

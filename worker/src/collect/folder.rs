@@ -199,6 +199,7 @@ mod tests {
                         sum[e] += x;
                     }
                     l.ean_max[e] = l.ean_max[e].max(v * 1.5);
+                    l.act_max[e] = l.act_max[e].max(v * 0.75);
                 }
             }
         }

@@ -42,6 +42,8 @@ struct PendingLayer {
     topk: Option<Vec<i32>>,
     weights: Option<Vec<f32>>,
     norms: Option<Vec<f32>>,
+    /// Largest element of each (token, slot)'s expert output.
+    maxima: Option<Vec<f32>>,
 }
 
 /// Eval-callback state for one collection run.
@@ -213,6 +215,7 @@ impl Observer {
                 topk: None,
                 weights: None,
                 norms: None,
+                maxima: None,
             });
             return Ok(());
         }
@@ -280,20 +283,24 @@ impl Observer {
                         p.n_tokens
                     ));
                 }
-                if let Some(Some(n)) = device.map(|d| d.output_norms(t)).transpose()? {
-                    p.norms = Some(n);
+                if let Some(Some((n, m))) =
+                    device.map(|d| d.output_norms_and_maxima(t)).transpose()?
+                {
+                    (p.norms, p.maxima) = (Some(n), Some(m));
                     return Ok(());
                 }
                 let (bytes, nb) = (t.bytes(), t.nb());
                 let mut norms = Vec::with_capacity(k * p.n_tokens);
+                let mut maxima = Vec::with_capacity(k * p.n_tokens);
                 for row in 0..p.n_tokens {
                     for j in 0..k {
                         let base = row * nb[2] + j * nb[1];
-                        let sq = sum_of_squares(&bytes, base, nb[0], ne[0]);
+                        let (sq, max) = squares_and_max(&bytes, base, nb[0], ne[0]);
                         norms.push(sq.sqrt() as f32);
+                        maxima.push(max);
                     }
                 }
-                p.norms = Some(norms);
+                (p.norms, p.maxima) = (Some(norms), Some(maxima));
             }
             MoeNode::Probs => unreachable!("handled above"),
         }
@@ -341,7 +348,9 @@ impl Observer {
         let Some(u) = self.ubatch.as_ref() else {
             return Ok(());
         };
-        let (Some(topk), Some(weights), Some(norms)) = (p.topk, p.weights, p.norms) else {
+        let (Some(topk), Some(weights), Some(norms), Some(maxima)) =
+            (p.topk, p.weights, p.norms, p.maxima)
+        else {
             return Err(format!(
                 "MoE layer {} lacks topk, weights or expert outputs in the graph",
                 p.layer
@@ -422,6 +431,8 @@ impl Observer {
                     sum[e] += v;
                 }
                 l.ean_max[e] = l.ean_max[e].max(n);
+                // A finite norm means every element is finite.
+                l.act_max[e] = l.act_max[e].max(f64::from(maxima[t * k + j]));
             }
         }
         Ok(())
@@ -464,31 +475,40 @@ impl Observer {
     }
 }
 
-/// Sum of the squares of `n` f32 values at `base + i * stride`, in f64.
+/// Sum of the squares of `n` f32 values at `base + i * stride`, in f64,
+/// and their largest value (`-inf` for none; NaN is passed over, and the
+/// sum, then not finite, drops the row).
 ///
 /// Eight interleaved partial sums: one running sum is a chain of dependent
 /// additions, and this runs for every (token, selected expert) of every
 /// layer on the thread that ggml waits for.
-fn sum_of_squares(bytes: &[u8], base: usize, stride: usize, n: usize) -> f64 {
+fn squares_and_max(bytes: &[u8], base: usize, stride: usize, n: usize) -> (f64, f32) {
     let mut acc = [0f64; 8];
+    let mut max = [f32::NEG_INFINITY; 8];
     let square = |v: f32| f64::from(v) * f64::from(v);
     if stride == 4 {
         let mut blocks = bytes[base..base + 4 * n].chunks_exact(4 * acc.len());
         for block in blocks.by_ref() {
-            for (a, v) in acc.iter_mut().zip(f32s(block)) {
+            for ((a, m), v) in acc.iter_mut().zip(&mut max).zip(f32s(block)) {
                 *a += square(v);
+                *m = m.max(v);
             }
         }
         for v in f32s(blocks.remainder()) {
             acc[0] += square(v);
+            max[0] = max[0].max(v);
         }
     } else {
         for i in 0..n {
-            let v = f64::from(f32_at(bytes, base + i * stride));
-            acc[i % 8] += v * v;
+            let v = f32_at(bytes, base + i * stride);
+            acc[i % 8] += square(v);
+            max[i % 8] = max[i % 8].max(v);
         }
     }
-    acc.iter().sum()
+    (
+        acc.iter().sum(),
+        max.into_iter().fold(f32::NEG_INFINITY, f32::max),
+    )
 }
 
 /// Reads a contiguous-rows `[cols, rows]` f32 tensor honouring its strides.

@@ -23,6 +23,8 @@ pub struct LayerScratch {
     pub routed: [Vec<f64>; N_SUMS - 1],
     /// Largest expert output norm.
     pub ean_max: Vec<f64>,
+    /// Largest single expert output element, from 0 (REAP's statistic).
+    pub act_max: Vec<f64>,
 }
 
 impl LayerScratch {
@@ -32,6 +34,7 @@ impl LayerScratch {
             prob: vec![0.0; n],
             routed: std::array::from_fn(|_| vec![0.0; n]),
             ean_max: vec![0.0; n],
+            act_max: vec![0.0; n],
         }
     }
 
@@ -153,6 +156,7 @@ impl ChunkScratch {
                     add_exact(d, s)?;
                 }
                 numbers::stats::max_into(&mut dst.ean_max, &src.ean_max)?;
+                numbers::stats::max_into(&mut dst.act_max, &src.act_max)?;
             }
         }
         for (name, s) in &mut self.imatrix {

@@ -121,22 +121,32 @@ impl Reducer {
         Ok(self.devices.read_i32(out))
     }
 
-    /// The L2 norm of every row (dimension 0) of an f32 tensor:
-    /// `sqrt(sum_rows(sqr(t)))`, one value per row in row order.
-    pub fn row_norms(&mut self, t: &TensorRef<'_>) -> Result<Vec<f32>, ReduceError> {
+    /// The L2 norm and the largest element of every row (dimension 0) of
+    /// an f32 tensor, in one graph: `sqrt(sum_rows(sqr(t)))` and a max pool
+    /// over the whole row, one value each per row in row order. The
+    /// maximum is an element itself, so it equals the host's bit for bit.
+    pub fn row_norms_and_maxima(
+        &mut self,
+        t: &TensorRef<'_>,
+    ) -> Result<(Vec<f32>, Vec<f32>), ReduceError> {
         expect_type(t, sys::GGML_TYPE_F32)?;
+        let width = i32::try_from(t.ne()[0])
+            .map_err(|_| ReduceError::Shape(format!("{}: rows too wide", t.name())))?;
         let d = self.devices.of(t)?;
         let g = Graph::new()?;
-        // SAFETY: unary ops on tensors of our context.
-        let out = unsafe {
+        // SAFETY: unary ops on tensors of our context (`observed` is
+        // contiguous, as both backends' max pool requires).
+        let (norms, maxima) = unsafe {
             let x = g.observed(t);
-            sys::ggml_sqrt(
+            let norms = sys::ggml_sqrt(
                 g.ctx(),
                 sys::ggml_sum_rows(g.ctx(), sys::ggml_sqr(g.ctx(), x)),
-            )
+            );
+            let maxima = sys::ggml_pool_1d(g.ctx(), x, sys::GGML_OP_POOL_MAX, width, width, 0);
+            (norms, maxima)
         };
-        self.devices.compute(d, &g, &[out])?;
-        Ok(self.devices.read_f32(out))
+        self.devices.compute(d, &g, &[norms, maxima])?;
+        Ok((self.devices.read_f32(norms), self.devices.read_f32(maxima)))
     }
 
     /// Column sums of a `[n, n_tokens]` f32 tensor weighted per token:

@@ -1,8 +1,9 @@
 //! The collector's device path: the observed tensors are reduced on the
 //! backend that holds them ([`crate::llama::Reducer`]) and only the results
-//! cross to the host: per-(token, slot) expert ids, gate weights and
-//! expert-output norms, router-probability sums per (split, domain) group,
-//! and importance-matrix sums accumulated on the device over one chunk.
+//! cross to the host: per-(token, slot) expert ids, gate weights,
+//! expert-output norms and largest elements, router-probability sums per
+//! (split, domain) group, and importance-matrix sums accumulated on the
+//! device over one chunk.
 //!
 //! Counts come from the same ids as on the host path, so they are equal;
 //! sums are computed in f32 on the device, so they differ from the host
@@ -146,10 +147,13 @@ impl DeviceReads {
         fallback(t, self.reducer.compact_f32(t))
     }
 
-    /// The L2 norm of each expert output of `ffn_moe_down` `[n_embd, k,
-    /// n_tokens]`, per (token, slot).
-    pub fn output_norms(&mut self, t: &TensorRef<'_>) -> Result<Option<Vec<f32>>, String> {
-        fallback(t, self.reducer.row_norms(t))
+    /// The L2 norm and the largest element of each expert output of
+    /// `ffn_moe_down` `[n_embd, k, n_tokens]`, per (token, slot).
+    pub fn output_norms_and_maxima(
+        &mut self,
+        t: &TensorRef<'_>,
+    ) -> Result<Option<(Vec<f32>, Vec<f32>)>, String> {
+        fallback(t, self.reducer.row_norms_and_maxima(t))
     }
 
     /// Adds the importance sums of weight `name`'s matmul `t` (input `x`,
