@@ -33,24 +33,25 @@ pub struct KeepMap {
 /// A keep map's `layers` as the file writes them: block indices as string
 /// keys, in string order (the bytes `score` has always written); a key that
 /// is not a block index as written by Rust (`"x"`, `"01"`) is refused.
-mod block_keys {
+/// Merge plans write their layers the same way.
+pub(crate) mod block_keys {
     use serde::de::Error;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
     use std::collections::BTreeMap;
 
-    pub fn serialize<S: Serializer>(
-        layers: &BTreeMap<u32, Vec<u32>>,
+    pub fn serialize<S: Serializer, T: Serialize>(
+        layers: &BTreeMap<u32, T>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
-        let by_text: BTreeMap<String, &Vec<u32>> =
+        let by_text: BTreeMap<String, &T> =
             layers.iter().map(|(l, ids)| (l.to_string(), ids)).collect();
         by_text.serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(
+    pub fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         d: D,
-    ) -> Result<BTreeMap<u32, Vec<u32>>, D::Error> {
-        BTreeMap::<String, Vec<u32>>::deserialize(d)?
+    ) -> Result<BTreeMap<u32, T>, D::Error> {
+        BTreeMap::<String, T>::deserialize(d)?
             .into_iter()
             .map(|(key, ids)| match key.parse::<u32>() {
                 Ok(l) if l.to_string() == key => Ok((l, ids)),

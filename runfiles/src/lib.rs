@@ -1,7 +1,7 @@
 //! A run's location and every file in it: the object store ([`store`]),
 //! one layout of object names ([`layout`]), and the typed read and write of
 //! the run's files: `manifest.json` ([`manifest`]), the merged statistics
-//! ([`artifacts`]), keep maps ([`keepmap`]), routing traces ([`trace`]),
+//! ([`artifacts`]), keep maps ([`keepmap`]), merge plans ([`mergeplan`]), routing traces ([`trace`]),
 //! the corpus index and chunk table ([`corpus`]), and where lease outputs
 //! go ([`lease`]). Also the host checks made before large writes ([`room`],
 //! [`procstat`]) and how errors are printed ([`error_text`]).
@@ -19,6 +19,7 @@ pub mod keepmap;
 pub mod layout;
 pub mod lease;
 pub mod manifest;
+pub mod mergeplan;
 pub mod parquet_out;
 pub mod procstat;
 pub mod room;

@@ -22,12 +22,13 @@ const BASE_MODEL: &str = "general.base_model.";
 
 /// The `general.*` changes for a slice of `header` to `k` of `n_expert`
 /// experts per layer whose tensors are `sliced` (name and ggml dims of each
-/// kept tensor after its cut).
+/// kept tensor after its cut); `verb` ("pruned", "merged") goes in the name.
 pub(super) fn pruned(
     header: &GgufHeader,
     sliced: &[(String, Vec<u64>)],
     k: u32,
     n_expert: u64,
+    verb: &str,
 ) -> GeneralKv {
     let mut out = GeneralKv::default();
     let index = |key: &str| header.kv.iter().position(|(k, _)| k == key);
@@ -40,7 +41,7 @@ pub(super) fn pruned(
         }
     };
     if let Some(name) = text("general.name") {
-        let pruned = format!("{name} (pruned to {k} of {n_expert} experts)");
+        let pruned = format!("{name} ({verb} to {k} of {n_expert} experts)");
         set("general.name", GgufValue::Str(pruned), &mut out);
     }
     let label = size_label(sliced);

@@ -13,21 +13,28 @@
 //! all its files as one model and written as one file without the
 //! `split.*` keys, as `llama-gguf-split --merge` and a slice would make it.
 //!
+//! Merged models ([`merge_model`]) write each centre of a merge plan as the
+//! weighted mean of its members, through a [`RowCodec`] for quantised
+//! types that the caller supplies (the worker's, on ggml's type traits).
+//!
 //! It may depend on the GGUF format, the numbers (routing) and the run's
-//! keep-map schema; never on a stage or llama.cpp.
+//! keep-map and merge-plan schemas; never on a stage or llama.cpp.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod error;
 mod general;
 mod kv;
+mod merge;
 mod plan;
 mod write;
 
 pub use error::PruneError;
+pub use merge::RowCodec;
 
 use gguf::split::{open_joined, Joined};
 use runfiles::keepmap::KeepMap;
+use runfiles::mergeplan::MergePlan;
 use std::path::{Path, PathBuf};
 
 /// What a slice wrote: the output's SHA-256 (compared across workers that
@@ -64,7 +71,51 @@ pub fn make_model(
     out: &Path,
 ) -> Result<Sliced, PruneError> {
     let (model, plan) = plan_model(base, keep, experts_used)?;
-    write::sliced(&model, &plan, out)
+    write::sliced(&model, &plan, None, out)
+}
+
+/// Writes to `out` the model `base` merged to `merge` (DESIGN section 12,
+/// and the README's "Merged candidates"): per MoE layer the plan's centres
+/// in order, each centre's gate, up and down (fused `gate_up`, biases and
+/// scales too) the weighted mean of its members' values, decoded and
+/// re-encoded in the base's type by `codec` (F32 without one; a lone
+/// member is copied as it is); router rows and selection biases are the
+/// centres'. Memory: one expert's values at a time. `{arch}.expert_count`
+/// becomes K; a plan that merges nothing writes its keep map's slice, byte
+/// for byte.
+pub fn merge_model(
+    base: &Path,
+    merge: &MergePlan,
+    codec: Option<&dyn RowCodec>,
+    out: &Path,
+) -> Result<Sliced, PruneError> {
+    let (model, plan) = plan_merge(base, merge, codec)?;
+    write::sliced(&model, &plan, codec, out)
+}
+
+/// [`merge_model`] written as [`make_model_split`] writes a model.
+pub fn merge_model_split(
+    base: &Path,
+    merge: &MergePlan,
+    codec: Option<&dyn RowCodec>,
+    out: &Path,
+    max_bytes: u64,
+) -> Result<Vec<(PathBuf, Sliced)>, PruneError> {
+    let (model, plan) = plan_merge(base, merge, codec)?;
+    write::split(&model, &plan, codec, max_bytes, &split_name(out))
+}
+
+/// The model `base` read whole and its merge plan, checked against `codec`.
+fn plan_merge(
+    base: &Path,
+    merge: &MergePlan,
+    codec: Option<&dyn RowCodec>,
+) -> Result<(Joined, plan::Plan), PruneError> {
+    let model = open_joined(base)?;
+    let path = base.display().to_string();
+    let plan = plan::merged(&model.header, merge, &path)?;
+    merge::check_codec(&model.header, &plan, codec, &path)?;
+    Ok((model, plan))
 }
 
 /// About the bytes [`make_model`] writes for the same arguments, from the
@@ -110,12 +161,18 @@ pub fn make_model_split(
     max_bytes: u64,
 ) -> Result<Vec<(PathBuf, Sliced)>, PruneError> {
     let (model, plan) = plan_model(base, keep, experts_used)?;
-    let stem = out.file_stem().unwrap_or_default().to_string_lossy();
-    let name = |no: u16, count: u16| match count {
+    write::split(&model, &plan, None, max_bytes, &split_name(out))
+}
+
+/// File `no` of `count` of a split output named from `out`.
+fn split_name(out: &Path) -> impl Fn(u16, u16) -> PathBuf + '_ {
+    move |no: u16, count: u16| match count {
         1 => out.to_path_buf(),
-        _ => out.with_file_name(gguf::split::shard_name(&stem, no, count)),
-    };
-    write::split(&model, &plan, max_bytes, &name)
+        _ => {
+            let stem = out.file_stem().unwrap_or_default().to_string_lossy();
+            out.with_file_name(gguf::split::shard_name(&stem, no, count))
+        }
+    }
 }
 
 /// Writes to `out` llama.cpp's importance matrix `imatrix` (`<tensor>.in_sum2`
@@ -125,7 +182,16 @@ pub fn make_model_split(
 pub fn slice_imatrix(imatrix: &Path, keep: &KeepMap, out: &Path) -> Result<Sliced, PruneError> {
     let matrix = open_joined(imatrix)?;
     let plan = plan::imatrix(&matrix.header, keep, &imatrix.display().to_string())?;
-    write::sliced(&matrix, &plan, out)
+    write::sliced(&matrix, &plan, None, out)
+}
+
+/// [`slice_imatrix`] for a merged model: each centre's entries (`in_sum2`,
+/// `in_sum`, `counts`) are the sums of its members', the statistics of
+/// every input the merged expert stands for.
+pub fn merge_imatrix(imatrix: &Path, merge: &MergePlan, out: &Path) -> Result<Sliced, PruneError> {
+    let matrix = open_joined(imatrix)?;
+    let plan = plan::imatrix_merged(&matrix.header, merge, &imatrix.display().to_string())?;
+    write::sliced(&matrix, &plan, None, out)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use super::{kv, PruneError};
 use gguf::read::{ggml_type_size, GgufHeader, GgufValue, TensorInfo};
 use runfiles::keepmap::KeepMap;
+use runfiles::mergeplan::MergePlan;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Base names of the tensors that carry one slice per routed expert, with
@@ -25,6 +26,10 @@ pub(super) enum Cut {
     Whole,
     /// Cut along its outermost (expert) axis to these experts, in order.
     Experts(Vec<u32>),
+    /// One expert per group along its outermost axis, in order: the sum
+    /// of the group's experts times their weights (a lone expert with
+    /// weight 1 is copied as it is).
+    Merged(Vec<Vec<(u32, f64)>>),
     /// Left out: a NextN block's tensor.
     Drop,
 }
@@ -162,6 +167,16 @@ fn check_layers(
 
 /// The slice of a model file.
 pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<Plan, PruneError> {
+    model_as(header, keep, "pruned", path)
+}
+
+/// [`model`], with `verb` in the new `general.name` ("pruned", "merged").
+fn model_as(
+    header: &GgufHeader,
+    keep: &KeepMap,
+    verb: &str,
+    path: &str,
+) -> Result<Plan, PruneError> {
     let (layers, k) = map_layers(keep)?;
     let (arch, count_key, count_index) = arch_key(header, "expert_count", path)?;
     let n_expert = expert_count(header, count_index, &count_key, path)?;
@@ -211,7 +226,10 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
     kv_overrides.extend(nextn.kv_overrides(header, arch));
     // A map that keeps every expert prunes nothing: the file stays its base.
     let general = match u64::from(k) < n_expert {
-        true => super::general::pruned(header, &sliced_shapes(&header.tensors, &cuts), k, n_expert),
+        true => {
+            let shapes = sliced_shapes(&header.tensors, &cuts);
+            super::general::pruned(header, &shapes, k, n_expert, verb)
+        }
         false => super::general::GeneralKv::default(),
     };
     kv_overrides.extend(general.overrides);
@@ -222,6 +240,64 @@ pub(super) fn model(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<P
         kv_dropped: general.dropped,
         kv_added: general.added,
     })
+}
+
+/// Base names of the expert tensors a merge averages; the rest of the
+/// expert family (router rows, selection biases) keeps the centres'.
+const MERGED_FAMILY: [&str; 4] = [
+    "ffn_gate_exps",
+    "ffn_up_exps",
+    "ffn_down_exps",
+    "ffn_gate_up_exps",
+];
+
+/// The slice of a model file to a merge plan: [`model`] of the plan's
+/// centres, with each merged tensor's experts (weights, biases, scales)
+/// replaced by the weighted means of the centres' members. A plan that
+/// merges nothing is its keep map's slice, byte for byte.
+pub(super) fn merged(
+    header: &GgufHeader,
+    merge: &MergePlan,
+    path: &str,
+) -> Result<Plan, PruneError> {
+    let keep = merge.keep_map();
+    merge.check().map_err(|reason| PruneError::KeepMap {
+        map: merge.name(),
+        reason,
+    })?;
+    let verb = match merge.merges_anything() {
+        true => "merged",
+        false => "pruned",
+    };
+    let mut plan = model_as(header, &keep, verb, path)?;
+    let (_, key, index) = arch_key(header, "expert_count", path)?;
+    let n_expert = expert_count(header, index, &key, path)?;
+    if let Some((l, m)) = merge.layers.iter().find_map(|(l, cs)| {
+        cs.iter()
+            .flat_map(|c| &c.members)
+            .find(|m| u64::from(m.expert) >= n_expert)
+            .map(|m| (l, m.expert))
+    }) {
+        return Err(PruneError::Mismatch {
+            path: path.to_string(),
+            map: merge.name(),
+            reason: format!("layer {l} merges expert {m}, but there are {n_expert}"),
+        });
+    }
+    let groups: BTreeMap<u32, Vec<Vec<(u32, f64)>>> = merge
+        .layers
+        .iter()
+        .map(|(&l, cs)| (l, cs.iter().map(|c| c.normalised()).collect()))
+        .collect();
+    for (t, cut) in header.tensors.iter().zip(plan.cuts.iter_mut()) {
+        let Some((layer, base)) = expert_family(&t.name) else {
+            continue;
+        };
+        if MERGED_FAMILY.contains(&base) && matches!(cut, Cut::Experts(_)) {
+            *cut = Cut::Merged(groups[&layer].clone());
+        }
+    }
+    Ok(plan)
 }
 
 /// Each kept tensor's name and ggml dims after its cut.
@@ -237,6 +313,11 @@ fn sliced_shapes(tensors: &[TensorInfo], cuts: &[Cut]) -> Vec<(String, Vec<u64>)
                 Cut::Experts(ids) => {
                     if let Some(last) = dims.last_mut() {
                         *last = ids.len() as u64;
+                    }
+                }
+                Cut::Merged(groups) => {
+                    if let Some(last) = dims.last_mut() {
+                        *last = groups.len() as u64;
                     }
                 }
             }
@@ -448,6 +529,43 @@ fn check_groups(
 /// stacked expert weights (`blk.N.ffn_*_exps.weight`) are cut along their
 /// outermost axis (`n_mat`, one per expert); everything else is copied.
 pub(super) fn imatrix(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result<Plan, PruneError> {
+    imatrix_cut(header, keep, None, path)
+}
+
+/// The importance matrix of a merged model: each centre's `in_sum2`,
+/// `in_sum` and `counts` columns are the sums of its members' (what the
+/// merged expert's inputs are: every token routed to any of them).
+pub(super) fn imatrix_merged(
+    header: &GgufHeader,
+    merge: &MergePlan,
+    path: &str,
+) -> Result<Plan, PruneError> {
+    merge.check().map_err(|reason| PruneError::KeepMap {
+        map: merge.name(),
+        reason,
+    })?;
+    let sums = merge
+        .layers
+        .iter()
+        .map(|(&l, cs)| {
+            let groups = cs
+                .iter()
+                .map(|c| c.members.iter().map(|m| (m.expert, 1.0)).collect())
+                .collect();
+            (l, groups)
+        })
+        .collect();
+    imatrix_cut(header, &merge.keep_map(), Some(&sums), path)
+}
+
+/// [`imatrix`], each expert entry summed over `sums`' groups per layer
+/// when given.
+fn imatrix_cut(
+    header: &GgufHeader,
+    keep: &KeepMap,
+    sums: Option<&BTreeMap<u32, Vec<Vec<(u32, f64)>>>>,
+    path: &str,
+) -> Result<Plan, PruneError> {
     let (layers, k) = map_layers(keep)?;
     let not_moe = |reason: String| PruneError::NotMoe {
         path: path.to_string(),
@@ -499,9 +617,22 @@ pub(super) fn imatrix(header: &GgufHeader, keep: &KeepMap, path: &str) -> Result
         reason,
     };
     check_layers(&layers, &moe_layers, n_expert, &mismatch)?;
+    if let Some((l, id)) = sums.into_iter().flatten().find_map(|(l, gs)| {
+        gs.iter()
+            .flatten()
+            .find(|(id, _)| u64::from(*id) >= n_expert)
+            .map(|(id, _)| (l, id))
+    }) {
+        return Err(mismatch(format!(
+            "layer {l} merges expert {id}, but there are {n_expert}"
+        )));
+    }
     let mut cuts = vec![Cut::Whole; header.tensors.len()];
     for (i, layer) in expert_tensors {
-        cuts[i] = Cut::Experts(layers[&layer].clone());
+        cuts[i] = match sums {
+            Some(sums) => Cut::Merged(sums[&layer].clone()),
+            None => Cut::Experts(layers[&layer].clone()),
+        };
     }
     Ok(Plan {
         k,

@@ -709,3 +709,129 @@ fn a_slice_names_its_base_and_its_size() {
         }
     }
 }
+
+/// A merge plan of layers 1 and 2 of the test model: per layer
+/// `(centre, [(member, weight)])`.
+fn merge_plan(layers: &[(u32, &[(u32, &[(u32, f64)])])]) -> MergePlan {
+    use runfiles::mergeplan::{Centre, Member};
+    MergePlan {
+        method: "reap".into(),
+        k: layers[0].1.len() as u32,
+        params: serde_json::Value::Null,
+        saliency_sha256: String::new(),
+        layers: layers
+            .iter()
+            .map(|&(l, centres)| {
+                let cs = centres
+                    .iter()
+                    .map(|&(centre, members)| Centre {
+                        centre,
+                        members: members
+                            .iter()
+                            .map(|&(expert, weight)| Member { expert, weight })
+                            .collect(),
+                    })
+                    .collect();
+                (l, cs)
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_merged_importance_matrix_adds_its_members_entries() {
+    let f = files(&imatrix_bytes());
+    let plan = merge_plan(&[
+        (1, &[(0, &[(0, 5.0), (2, 1.0)]), (3, &[(3, 1.0)])]),
+        (2, &[(1, &[(1, 1.0), (0, 2.0), (3, 0.5)]), (2, &[(2, 1.0)])]),
+    ]);
+    let sliced = merge_imatrix(&f.base, &plan, &f.out).unwrap();
+    assert_eq!(sliced.k, 2);
+    let mut r = GgufReader::open(&f.out).unwrap();
+    for (layer, groups) in [
+        (1u32, vec![vec![0usize, 2], vec![3]]),
+        (2, vec![vec![1, 0, 3], vec![2]]),
+    ] {
+        let name = format!("blk.{layer}.ffn_up_exps.weight");
+        let base = |e: usize, j: usize| (layer as usize * 1000 + e * 8 + j) as f32;
+        let sums = f32s(&r.tensor_bytes(&format!("{name}.in_sum2")).unwrap());
+        let want: Vec<f32> = groups
+            .iter()
+            .flat_map(|g| (0..8).map(move |j| g.iter().map(|&e| base(e, j)).sum::<f32>()))
+            .collect();
+        assert_eq!(
+            sums, want,
+            "{name}.in_sum2: members' sums added, weights aside"
+        );
+        let counts = f32s(&r.tensor_bytes(&format!("{name}.counts")).unwrap());
+        let want: Vec<f32> = groups
+            .iter()
+            .map(|g| g.iter().map(|&e| (10 * e + layer as usize) as f32).sum())
+            .collect();
+        assert_eq!(counts, want, "{name}.counts");
+    }
+}
+
+#[test]
+fn merged_f32_experts_need_no_codec_and_quantised_ones_are_refused_without_one() {
+    // The test model's layout with every expert tensor in F32.
+    let mut g = GgufWriter::new();
+    g.kv("general.architecture", Value::Str("glm4moe".into()))
+        .kv("glm4moe.expert_count", Value::U32(N_EXPERT as u32))
+        .kv("glm4moe.expert_used_count", Value::U32(2));
+    for layer in [1u32, 2] {
+        for (name, dims) in [
+            ("ffn_gate_inp", vec![8, N_EXPERT]),
+            ("ffn_up_exps", vec![32, 2, N_EXPERT]),
+            ("ffn_down_exps", vec![2, 8, N_EXPERT]),
+        ] {
+            let n: u64 = dims.iter().product();
+            let values: Vec<f32> = (0..n)
+                .map(|i| (i as f32 * 0.37).sin() - layer as f32)
+                .collect();
+            g.tensor_f32(&format!("blk.{layer}.{name}.weight"), &dims, &values);
+        }
+    }
+    let f32_model = g.to_bytes();
+    let f = files(&f32_model);
+    let plan = merge_plan(&[
+        (1, &[(1, &[(1, 3.0), (0, 1.0)]), (2, &[(2, 1.0)])]),
+        (2, &[(0, &[(0, 1.0)]), (3, &[(3, 1.0), (1, 1.0), (2, 2.0)])]),
+    ]);
+    merge_model(&f.base, &plan, None, &f.out).unwrap();
+    let mut r = GgufReader::open(&f.out).unwrap();
+    let mut base = GgufReader::open(&f.base).unwrap();
+    let down = f32s(&r.tensor_bytes("blk.2.ffn_down_exps.weight").unwrap());
+    let b = f32s(&base.tensor_bytes("blk.2.ffn_down_exps.weight").unwrap());
+    // 16 values per expert: centre 0 alone, centre 3 = (e3 + e1 + 2 e2) / 4.
+    assert_eq!(down[..16], b[..16]);
+    for j in 0..16 {
+        let want = (b[48 + j] as f64 + b[16 + j] as f64 + 2.0 * b[32 + j] as f64) / 4.0;
+        assert_eq!(down[16 + j], want as f32, "value {j}");
+    }
+    // Router rows and selection biases are the centres'.
+    let router = f32s(&r.tensor_bytes("blk.1.ffn_gate_inp.weight").unwrap());
+    let b = f32s(&base.tensor_bytes("blk.1.ffn_gate_inp.weight").unwrap());
+    assert_eq!(router, [&b[8..16], &b[16..24]].concat());
+    // The quantised model cannot be merged without a codec: refused, no file.
+    let q = files(&model());
+    let err = merge_model(&q.base, &plan, None, &q.out).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("blk.1.ffn_up_exps.weight") && msg.contains("needs ggml's type traits"),
+        "{msg}"
+    );
+    assert!(!q.out.exists());
+    // A plan that does not fit is refused like a keep map.
+    let bad = merge_plan(&[
+        (1, &[(1, &[(1, 1.0), (9, 1.0)]), (2, &[(2, 1.0)])]),
+        (2, &[(0, &[(0, 1.0)]), (3, &[(3, 1.0)])]),
+    ]);
+    let msg = merge_model(&f.base, &bad, None, &f.out)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("layer 1 merges expert 9, but there are 4"),
+        "{msg}"
+    );
+}

@@ -6,6 +6,7 @@
 //! that it wakes a few dozen times rather than once per expert, under a
 //! temporary name renamed to the output only once complete.
 
+use super::merge::{Mean, RowCodec};
 use super::plan::{Cut, Plan};
 use super::{PruneError, Sliced};
 use gguf::read::{GgufValue, TensorInfo};
@@ -272,7 +273,14 @@ struct Part {
 }
 
 /// Writes the slice of the model `src` that `plan` describes to `out`.
-pub(super) fn sliced(src: &Joined, plan: &Plan, out: &Path) -> Result<Sliced, PruneError> {
+/// Merged tensors of a type other than F32 are decoded and re-encoded by
+/// `codec`.
+pub(super) fn sliced(
+    src: &Joined,
+    plan: &Plan,
+    codec: Option<&dyn RowCodec>,
+    out: &Path,
+) -> Result<Sliced, PruneError> {
     let part = Part {
         source_kv: (0..src.header.kv.len())
             .filter(|i| !plan.kv_dropped.contains(i))
@@ -280,7 +288,7 @@ pub(super) fn sliced(src: &Joined, plan: &Plan, out: &Path) -> Result<Sliced, Pr
         extra_kv: plan.kv_added.clone(),
         tensors: kept(plan),
     };
-    write_part(src, plan, &part, out)
+    write_part(src, plan, codec, &part, out)
 }
 
 /// Bytes the slice `plan` of `src` takes as one file: the source's metadata
@@ -309,10 +317,14 @@ fn cut_bytes(t: &TensorInfo, cut: &Cut) -> u64 {
     match cut {
         Cut::Drop => 0,
         Cut::Whole => t.n_bytes,
-        Cut::Experts(ids) => {
-            t.n_bytes / t.dims.last().expect("an expert tensor has dimensions") * ids.len() as u64
-        }
+        Cut::Experts(ids) => per_expert(t) * ids.len() as u64,
+        Cut::Merged(groups) => per_expert(t) * groups.len() as u64,
     }
+}
+
+/// Bytes of one expert of the expert tensor `t`.
+fn per_expert(t: &TensorInfo) -> u64 {
+    t.n_bytes / t.dims.last().expect("an expert tensor has dimensions")
 }
 
 /// Writes the slice of `src` that `plan` describes as llama.cpp's
@@ -326,6 +338,7 @@ fn cut_bytes(t: &TensorInfo, cut: &Cut) -> u64 {
 pub(super) fn split(
     src: &Joined,
     plan: &Plan,
+    codec: Option<&dyn RowCodec>,
     max_bytes: u64,
     path: &dyn Fn(u16, u16) -> PathBuf,
 ) -> Result<Vec<(PathBuf, Sliced)>, PruneError> {
@@ -391,7 +404,7 @@ pub(super) fn split(
             tensors,
         };
         let out = path(no, count);
-        match write_part(src, plan, &part, &out) {
+        match write_part(src, plan, codec, &part, &out) {
             Ok(sliced) => written.push((out, sliced)),
             Err(e) => {
                 for (done, _) in &written {
@@ -411,7 +424,13 @@ const SPLIT_ALIGNMENT: u64 = 32;
 
 /// Writes the part `part` of the slice of `src` that `plan` describes to
 /// `out`.
-fn write_part(src: &Joined, plan: &Plan, part: &Part, out: &Path) -> Result<Sliced, PruneError> {
+fn write_part(
+    src: &Joined,
+    plan: &Plan,
+    codec: Option<&dyn RowCodec>,
+    part: &Part,
+    out: &Path,
+) -> Result<Sliced, PruneError> {
     let io_err = |path: &Path| {
         let path = path.display().to_string();
         move |source| PruneError::Io {
@@ -431,7 +450,7 @@ fn write_part(src: &Joined, plan: &Plan, part: &Part, out: &Path) -> Result<Slic
     };
     let file = File::create(&partial.path).map_err(io_err(&partial.path))?;
     let mut w = Out::new(file, hasher);
-    let result = write_all(&files, src, plan, part, &mut w).and_then(|()| w.flush());
+    let result = write_all(&files, src, plan, codec, part, &mut w).and_then(|()| w.flush());
     let Out {
         file,
         hasher,
@@ -488,6 +507,7 @@ fn write_all(
     files: &[File],
     src: &Joined,
     plan: &Plan,
+    codec: Option<&dyn RowCodec>,
     part: &Part,
     w: &mut Out,
 ) -> Result<(), Side> {
@@ -525,6 +545,7 @@ fn write_all(
         let (t, cut) = (&header.tensors[i], &plan.cuts[i]);
         let last = match cut {
             Cut::Experts(ids) => Some(ids.len() as u64),
+            Cut::Merged(groups) => Some(groups.len() as u64),
             _ => None,
         };
         head.extend((t.name.len() as u64).to_le_bytes());
@@ -551,7 +572,7 @@ fn write_all(
             Cut::Drop => continue,
             Cut::Whole => w.copy(files, start, t.n_bytes)?,
             Cut::Experts(ids) => {
-                let per_expert = t.n_bytes / t.dims.last().expect("checked");
+                let per_expert = per_expert(t);
                 for (first, n) in runs(ids) {
                     let at = TensorPlace {
                         offset: start.offset + first * per_expert,
@@ -560,10 +581,50 @@ fn write_all(
                     w.copy(files, at, n * per_expert)?;
                 }
             }
+            Cut::Merged(groups) => write_merged(files, t, start, groups, codec, w)?,
         }
         let written = cut_bytes(t, cut);
         let pad = (written.next_multiple_of(align) - written) as usize;
         w.put(&zeros[..pad])?;
+    }
+    Ok(())
+}
+
+/// Writes the expert tensor `t` (data at `start`) merged to `groups`: a
+/// lone member of weight 1 copied as it is, every other group as the
+/// weighted sum of its members' values, re-encoded in `t`'s type. One
+/// expert's values are held at a time.
+fn write_merged(
+    files: &[File],
+    t: &TensorInfo,
+    start: TensorPlace,
+    groups: &[Vec<(u32, f64)>],
+    codec: Option<&dyn RowCodec>,
+    w: &mut Out,
+) -> Result<(), Side> {
+    let per_expert = per_expert(t);
+    let n = t.n_elements() / t.dims.last().expect("an expert tensor has dimensions");
+    let mut mean = Mean::new(t.ggml_type, codec, n as usize, per_expert as usize);
+    let mut out = Vec::new();
+    let at = |id: u32| TensorPlace {
+        offset: start.offset + u64::from(id) * per_expert,
+        ..start
+    };
+    for group in groups {
+        if let [(id, weight)] = group[..] {
+            if weight == 1.0 {
+                w.copy(files, at(id), per_expert)?;
+                continue;
+            }
+        }
+        let read = |id: u32, buf: &mut [u8]| {
+            let place = at(id);
+            files[place.file]
+                .read_exact_at(buf, place.offset)
+                .map_err(|e| Side::Read(place.file, e))
+        };
+        mean.of(group, read, &mut out)?;
+        w.put(&out)?;
     }
     Ok(())
 }

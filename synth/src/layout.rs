@@ -260,8 +260,13 @@ fn ffn(b: &mut Builder<'_>, i: usize) {
     }
     let (n, ff) = (s.n_expert, s.n_ff_exp);
     b.router(&t("ffn_gate_inp"));
-    b.matrix(&t("ffn_gate_exps"), &[e, ff, n], 1.0);
-    b.matrix(&t("ffn_up_exps"), &[e, ff, n], 1.0);
+    match s.fused_gate_up {
+        true => b.matrix(&t("ffn_gate_up_exps"), &[e, 2 * ff, n], 1.0),
+        false => {
+            b.matrix(&t("ffn_gate_exps"), &[e, ff, n], 1.0);
+            b.matrix(&t("ffn_up_exps"), &[e, ff, n], 1.0);
+        }
+    }
     b.matrix(&t("ffn_down_exps"), &[ff, e, n], 1.0);
     if a == "gpt-oss" {
         let bias = |x: &str| format!("blk.{i}.{x}.bias");

@@ -105,6 +105,10 @@ pub enum Preset {
     /// qwen35moe: Qwen3.5's hybrid layout (separate DeltaNet beta and alpha
     /// projections, multi-section RoPE); 16 experts, top-4.
     Qwen35moe,
+    /// qwen35moe with each expert's gate and up projections fused in one
+    /// tensor (`ffn_gate_up_exps`, gate rows first), hidden size and expert
+    /// width 256: every expert row is a whole number of k-quant blocks.
+    Qwen35moeFused,
     /// granitemoe: softmax top-k with logit, residual and embedding scales;
     /// 16 experts, top-4.
     Granitemoe,
@@ -200,6 +204,9 @@ pub struct Spec {
     /// The last this many experts of every MoE layer are routed to on image
     /// positions only ([`vision`]); 0 for none.
     pub vision_experts: usize,
+    /// Routed experts' gate and up projections as one `ffn_gate_up_exps`
+    /// tensor `[n_embd, 2 * n_ff_exp, n_expert]`, gate rows first.
+    pub fused_gate_up: bool,
 }
 
 impl Spec {
@@ -239,6 +246,7 @@ impl Preset {
             n_vocab: 0,
             tied_output: false,
             vision_experts: 0,
+            fused_gate_up: false,
         };
         let tiny_alt = Spec {
             arch: "glm4moe",
@@ -368,6 +376,12 @@ impl Preset {
             Preset::Qwen35moe => Spec {
                 arch: "qwen35moe",
                 ..Preset::Qwen3next.spec()
+            },
+            Preset::Qwen35moeFused => Spec {
+                n_embd: 256,
+                n_ff_exp: 256,
+                fused_gate_up: true,
+                ..Preset::Qwen35moe.spec()
             },
             Preset::Granitemoe => Spec {
                 arch: "granitemoe",

@@ -8,6 +8,8 @@
 //! - [`Reducer`]: reductions of graph tensors on their own backend, so only
 //!   results are copied to the host.
 //! - [`quantize_model`]: llama.cpp's quantiser, with an importance matrix.
+//! - [`GgmlCodec`]: ggml's type traits decoding and re-encoding merged
+//!   experts for the slicer.
 //! - [`LogitsCompare`]: base and candidate logits compared on the backend
 //!   that holds them, so only per-position figures are copied to the host.
 //!
@@ -19,6 +21,7 @@
 //! (`result_output`) once the caller has read the logits there.
 
 mod backend;
+mod codec;
 mod logits;
 mod quantize;
 mod reduce;
@@ -28,6 +31,7 @@ mod thread;
 mod vision;
 
 pub use backend::ReduceError;
+pub use codec::GgmlCodec;
 pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
 pub use quantize::{quantize_model, MetaValue, QuantizeParams};
 pub use reduce::{ChunkSquares, ExpertIds, Reducer};
