@@ -19,6 +19,7 @@
 //! (`result_output`) once the caller has read the logits there.
 
 mod backend;
+mod dequant;
 mod logits;
 mod quantize;
 mod reduce;
@@ -28,6 +29,7 @@ mod thread;
 mod vision;
 
 pub use backend::ReduceError;
+pub use dequant::to_f32;
 pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
 pub use quantize::{quantize_model, MetaValue, QuantizeParams};
 pub use reduce::{ChunkSquares, ExpertIds, Reducer};
