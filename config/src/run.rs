@@ -66,6 +66,20 @@ pub struct RunSettings {
     pub trace_tokens_per_split: u64,
     /// Router top-N per trace row.
     pub trace_top_n: u32,
+    /// Lookahead distances `d` (layers ahead): each trace row of MoE layer
+    /// `L` also records layer `L + d`'s router top-N applied to the residual
+    /// stream after layer `L` (llama.cpp's `l_out-L`, the pre-attention
+    /// signal of layer `L + 1`), with that layer's input norm and routing
+    /// rule; null where `L + d` is past the last MoE layer. Empty: none.
+    pub trace_lookahead: Vec<u8>,
+    /// Decode traces: tokens each worker generates greedily (teacher-free,
+    /// the model's own continuation) from the first `trace_decode_prompt`
+    /// tokens of each held-out span of a chunk whose held-out tokens are
+    /// traced, each generated token traced (`trace/decode/`, replayed
+    /// beside the prefill trace). 0: no decode trace.
+    pub trace_decode_tokens: u32,
+    /// Decode traces: prompt tokens taken from each held-out span (at least 1).
+    pub trace_decode_prompt: u32,
     /// f32 KV cache (exact oracle comparisons); production keeps f16.
     pub f32_kv: bool,
     /// Flash attention.
@@ -118,6 +132,9 @@ impl RunSettings {
             n_ubatch: self.n_ubatch,
             trace_every,
             trace_top_n: self.trace_top_n,
+            trace_lookahead: self.trace_lookahead.clone(),
+            decode_tokens: self.trace_decode_tokens,
+            decode_prompt: self.trace_decode_prompt,
             f32_kv: self.f32_kv,
             flash_attn: self.flash_attn,
         }
@@ -146,6 +163,9 @@ impl Default for RunSettings {
             n_ubatch: 512,
             trace_tokens_per_split: 65_536,
             trace_top_n: 64,
+            trace_lookahead: vec![1, 2],
+            trace_decode_tokens: 0,
+            trace_decode_prompt: 32,
             f32_kv: false,
             flash_attn: false,
             local_worker_threads: None,
@@ -197,6 +217,20 @@ impl RunSettings {
         ];
         if let Some((field, _, why)) = positive.iter().find(|(_, v, _)| *v == 0) {
             return Err(format!("[run] {field} = 0: {why}"));
+        }
+        if self.trace_decode_tokens > 0 && self.trace_decode_prompt == 0 {
+            return Err(format!(
+                "[run] trace_decode_prompt = 0 with trace_decode_tokens = {}: a decode trace \
+                 needs at least one prompt token",
+                self.trace_decode_tokens
+            ));
+        }
+        if self.trace_lookahead.contains(&0) {
+            return Err(format!(
+                "[run] trace_lookahead = {:?}: a distance is at least 1 layer (an empty list \
+                 turns lookahead off)",
+                self.trace_lookahead
+            ));
         }
         match self.local_worker_reduce.as_deref() {
             None | Some("auto" | "host" | "device") => {}

@@ -67,7 +67,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// proof, and `Welcome` an idle poll (the next phase's job and task).
 /// 9: an eval job carries `models_in_memory` and `scratch_dir`.
 /// 10: an eval job carries the generation check's prompts.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// 11: the job's options carry the lookahead distances (`trace_lookahead`)
+/// and decode traces (`decode_tokens`, `decode_prompt`).
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -171,6 +173,14 @@ pub struct JobOptions {
     pub trace_every: TraceStrides,
     /// Router top-N kept in trace rows.
     pub trace_top_n: u32,
+    /// Lookahead distances traced (layer `L + d`'s router on layer `L`'s
+    /// residual stream); empty: none.
+    pub trace_lookahead: Vec<u8>,
+    /// Decode traces: tokens generated greedily from each held-out span's
+    /// prompt in a chunk whose held-out tokens are traced (0: none).
+    pub decode_tokens: u32,
+    /// Decode traces: prompt tokens taken from the start of each held-out span.
+    pub decode_prompt: u32,
     /// f32 KV cache instead of f16.
     pub f32_kv: bool,
     /// Flash attention.
@@ -668,13 +678,13 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 10 (as of 3, with `Computed` and
+        // protocol of PROTOCOL_VERSION 11 (as of 3, with `Computed` and
         // `Checkpoint` appended in 5; 6 changed the fields of an eval
         // candidate, 7 those of the job, 8 which replies answer what, 9 and
-        // 10 the eval job's fields, not a tag); moving one needs a new
-        // version.
+        // 10 the eval job's fields, 11 the job options', not a tag); moving
+        // one needs a new version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 10);
+        assert_eq!(PROTOCOL_VERSION, 11);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
@@ -689,6 +699,9 @@ mod tests {
                 n_ubatch: 16,
                 trace_every: TraceStrides::both(0),
                 trace_top_n: 0,
+                trace_lookahead: vec![1, 2],
+                decode_tokens: 0,
+                decode_prompt: 32,
                 f32_kv: false,
                 flash_attn: false,
             },

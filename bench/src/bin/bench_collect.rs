@@ -14,8 +14,10 @@
 //! imatrix; the head skipped, issue #22; timed on a worker's first lease,
 //! which makes the llama.cpp context, and on its next lease, which reuses
 //! it), `collect + trace` (and routing
-//! traces), `collect with the head` (the output head computed and its
-//! logits copied, as before issue #22; same statistics bit for bit).
+//! traces, lookahead off), `collect + trace + lookahead` (and the
+//! lookahead guesses of issue #56 at d = 1, 2), `collect with the head`
+//! (the output head computed and its logits copied, as before issue #22;
+//! same statistics bit for bit).
 //!
 //! Issue #22's goal: `collect` costs at most `forward - 0.8 x (forward -
 //! forward, last token)`; the last lines print both sides, in wall seconds
@@ -199,14 +201,21 @@ fn main() -> anyhow::Result<()> {
         }
         best[FRESH] = best[FRESH].min(t.elapsed().as_secs_f64());
         best_cpu[FRESH] = best_cpu[FRESH].min(cpu() - c0);
-        for (mode, trace_every, output_head) in
-            [(COLLECT, 0, false), (TRACE, 1, false), (WITH_HEAD, 0, true)]
-        {
+        for (mode, trace_every, output_head, lookahead) in [
+            (COLLECT, 0, false, false),
+            (TRACE, 1, false, false),
+            (LOOKAHEAD, 1, false, true),
+            (WITH_HEAD, 0, true, false),
+        ] {
             let opts = CollectOptions {
                 n_ubatch: a.n_ubatch,
                 offload: Offload::layers(a.ngl),
                 threads: a.threads,
                 trace_every,
+                trace_lookahead: match lookahead {
+                    true => vec![1, 2],
+                    false => Vec::new(),
+                },
                 reduce: a.reduce,
                 output_head,
                 ..Default::default()
@@ -262,6 +271,13 @@ fn main() -> anyhow::Result<()> {
     for (what, b) in [("wall", &best), ("process CPU", &best_cpu)] {
         println!("\n{what}: {}", head_goal(b));
     }
+    for (what, b) in [("wall", &best), ("process CPU", &best_cpu)] {
+        println!(
+            "\n{what}: lookahead d = 1, 2 costs {:+.2}% of collect + trace (issue #56's goal: at most 5%: {})",
+            100.0 * (b[LOOKAHEAD] / b[TRACE] - 1.0),
+            if b[LOOKAHEAD] <= 1.05 * b[TRACE] { "met" } else { "NOT met" }
+        );
+    }
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
@@ -290,14 +306,15 @@ fn head_goal(best: &[f64; MODES.len()]) -> String {
 }
 
 /// The measured modes, in table order.
-const MODES: [&str; 7] = [
+const MODES: [&str; 8] = [
     "forward (outputs on every token, host logits: llama-imatrix's decode)",
     "forward, output on the last token only",
     "collect (stats + imatrix, output head skipped), first lease: context made",
     "collect, the worker's next lease: context kept",
-    "collect + trace (top-64)",
+    "collect + trace (top-64, no lookahead)",
     "collect with the output head (before issue #22)",
     "forward (fresh context per chunk)",
+    "collect + trace + lookahead d = 1, 2 (issue #56)",
 ];
 const FORWARD: usize = 0;
 const FORWARD_LAST: usize = 1;
@@ -306,6 +323,7 @@ const COLLECT_NEXT: usize = 3;
 const TRACE: usize = 4;
 const WITH_HEAD: usize = 5;
 const FRESH: usize = 6;
+const LOOKAHEAD: usize = 7;
 
 /// How device-reduced statistics compare with the host path's: counts
 /// (which must be equal), the largest relative difference of any expert

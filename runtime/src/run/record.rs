@@ -233,6 +233,9 @@ mod tests {
             n_ubatch: 512,
             trace_every: protocol::wire::TraceStrides::both(1),
             trace_top_n: 64,
+            trace_lookahead: vec![1, 2],
+            decode_tokens: 0,
+            decode_prompt: 32,
             f32_kv: false,
             flash_attn: false,
         };
@@ -252,6 +255,14 @@ mod tests {
             },
             JobOptions {
                 trace_top_n: 8,
+                ..base.clone()
+            },
+            JobOptions {
+                trace_lookahead: vec![1],
+                ..base.clone()
+            },
+            JobOptions {
+                decode_tokens: 8,
                 ..base.clone()
             },
             JobOptions {

@@ -24,6 +24,11 @@ pub struct CollectArgs {
     /// Router top-N recorded per traced token and layer.
     #[arg(long, default_value_t = 64)]
     trace_top_n: usize,
+    /// Lookahead distances: each traced row of layer L also records layer
+    /// L+d's router top-N on the residual stream after layer L, for each d
+    /// listed (`0`: none).
+    #[arg(long, value_delimiter = ',', default_values_t = [1u8, 2])]
+    trace_lookahead: Vec<u8>,
     /// Decode traces: tokens generated greedily from each held-out prompt of a traced chunk (0: none).
     #[arg(long, default_value_t = 0)]
     decode_tokens: usize,
@@ -47,6 +52,10 @@ pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
         trace_every: a.trace_every,
         trace_every_heldout: a.trace_every_heldout,
         trace_top_n: a.trace_top_n,
+        trace_lookahead: match a.trace_lookahead.as_slice() {
+            [0] => Vec::new(),
+            d => d.to_vec(),
+        },
         f32_kv: a.job.f32_kv,
         flash_attn: a.job.flash_attn,
         decode_tokens: a.decode_tokens,

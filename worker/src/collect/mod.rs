@@ -11,8 +11,10 @@
 
 pub mod device;
 mod folder;
+mod gating;
 mod importance;
 mod kernels;
+mod lookahead;
 mod names;
 mod observer;
 mod probe;
@@ -58,6 +60,11 @@ pub struct CollectOptions {
     pub trace_every_heldout: Option<u32>,
     /// Router top-N recorded per traced token and layer.
     pub trace_top_n: usize,
+    /// Lookahead distances `d`: each traced row of layer `L` also records
+    /// layer `L + d`'s router top-N on the residual stream after layer `L`
+    /// (empty: none). Default `[1, 2]`.
+    #[serde(default = "default_lookahead")]
+    pub trace_lookahead: Vec<u8>,
     /// f32 KV cache (for tight oracle comparisons; production keeps f16).
     pub f32_kv: bool,
     /// Flash attention.
@@ -88,6 +95,7 @@ impl Default for CollectOptions {
             trace_every: 1,
             trace_every_heldout: None,
             trace_top_n: 64,
+            trace_lookahead: default_lookahead(),
             f32_kv: false,
             flash_attn: false,
             decode_prompt: 32,
@@ -99,11 +107,23 @@ impl Default for CollectOptions {
     }
 }
 
+/// The lookahead distances traced by default: the next layer and the one after.
+pub fn default_lookahead() -> Vec<u8> {
+    vec![1, 2]
+}
+
 impl CollectOptions {
     /// Refuses options no chunk can be measured with: an empty micro-batch,
-    /// or decode traces without a prompt (the first token would come from
-    /// the previous generation's logits).
+    /// decode traces without a prompt (the first token would come from
+    /// the previous generation's logits), or a lookahead distance of 0.
     pub fn validate(&self) -> Result<(), WorkerError> {
+        if self.trace_lookahead.contains(&0) {
+            return Err(WorkerError::Option {
+                option: "trace_lookahead",
+                value: format!("{:?}", self.trace_lookahead),
+                reason: "a lookahead distance is at least 1 layer (an empty list turns it off)",
+            });
+        }
         if self.n_ubatch == 0 {
             return Err(WorkerError::Option {
                 option: "n_ubatch",
@@ -135,6 +155,8 @@ pub struct Collector {
     backend: String,
     /// Whether observed tensors are reduced on their backend.
     on_device: bool,
+    /// Later layers' routers for lookahead guesses (`None`: off).
+    routers: Option<Arc<lookahead::Routers>>,
     /// The context of the last run and its settings, reused by the next run
     /// with the same settings (a worker's next lease), so llama.cpp's
     /// buffers are allocated once per worker rather than once per lease.
@@ -155,10 +177,26 @@ impl Collector {
         })?;
         let sha256 = model_sha256(path)?;
         let model = Model::load(path, &opts.offload)?;
-        let shape = moe_shape(&model, opts.threads).map_err(|reason| WorkerError::Model {
+        let model_error = |reason| WorkerError::Model {
             path: path.display().to_string(),
             reason,
-        })?;
+        };
+        let (shape, router_inputs) =
+            shape::probe_shape(&model, opts.threads).map_err(model_error)?;
+        let traces = opts.trace_every > 0 || opts.trace_every_heldout.is_some_and(|n| n > 0);
+        let routers = match traces && !opts.trace_lookahead.is_empty() {
+            true => Some(Arc::new(
+                lookahead::Routers::load(
+                    path,
+                    &shape,
+                    &router_inputs,
+                    &opts.trace_lookahead,
+                    opts.trace_top_n,
+                )
+                .map_err(model_error)?,
+            )),
+            false => None,
+        };
         let on_device = opts
             .reduce
             .on_device(opts.offload.n_gpu_layers, llama::has_gpu());
@@ -171,6 +209,7 @@ impl Collector {
             backend: device::backend_label(on_device, &opts.offload),
             opts,
             on_device,
+            routers,
             context: None,
         })
     }
@@ -234,6 +273,7 @@ impl Collector {
             strata.clone(),
             self.opts.dump_inputs.clone(),
             self.on_device.then(device::DeviceReads::new),
+            self.routers.clone(),
         );
         let mut ctx = self.take_context(&params, observer)?;
         let (tokens_before, bytes_before) = (ctx.tokens_decoded(), ctx.bytes_read());
@@ -261,6 +301,7 @@ impl Collector {
                     traced,
                     measured: true,
                     greedy: false,
+                    trace_only: splits.only(),
                 };
                 let range = piece.start..piece.start + piece.len;
                 let (tokens, labels) = (&chunk.tokens[range.clone()], &labels[range]);
@@ -408,6 +449,7 @@ impl Collector {
                 traced: false,
                 measured: false,
                 greedy: prompt.len() < end,
+                trace_only: None,
             };
             let mut next = feed(
                 ctx,
@@ -427,6 +469,7 @@ impl Collector {
                     traced: true,
                     measured: false,
                     greedy: pos + 1 < end,
+                    trace_only: None,
                 };
                 next = feed(ctx, step, &[token], None, &[label], 1)?;
             }
@@ -449,6 +492,15 @@ impl TracedSplits {
             Split::Heldout => self.heldout,
         }
     }
+
+    /// The one split traced, when only one is.
+    fn only(self) -> Option<Split> {
+        match (self.fit, self.heldout) {
+            (true, false) => Some(Split::Fit),
+            (false, true) => Some(Split::Heldout),
+            _ => None,
+        }
+    }
 }
 
 /// Where a run of tokens goes and what is recorded of it.
@@ -461,6 +513,8 @@ struct Feed {
     /// Whether the greedy next token after the run is wanted (its last
     /// logits row is then computed and read).
     greedy: bool,
+    /// The one split whose trace rows are kept ([`UbatchInfo::trace_only`]).
+    trace_only: Option<Split>,
 }
 
 /// Decodes positions with ids `tokens` (labelled per position) in
@@ -487,6 +541,7 @@ fn feed(
             labels: labels[offset..offset + toks.len()].to_vec(),
             traced: f.traced,
             measured: f.measured,
+            trace_only: f.trace_only,
         });
         match image {
             Some(im) => {

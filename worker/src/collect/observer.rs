@@ -2,17 +2,20 @@
 //! every weight matmul, and turns them into per-chunk sums and trace rows.
 
 use super::device::{DeviceReads, GroupSums};
+use super::gating::{ranked, selection_scores, softmax_in_place};
 use super::importance::ImportanceCache;
 use super::kernels::{add_finite, extend_rows};
-use super::names::{parse_moe_node, weight_name, MoeNode};
+use super::lookahead::Routers;
+use super::names::{parse_layer_node, parse_moe_node, weight_name, MoeNode};
 use super::scratch::ChunkScratch;
 use super::strata::Strata;
 use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
 use numbers::routing::GateSite;
 use numbers::stats::{routed_terms, MoeShape};
 use numbers::{Gating, Split};
-use runfiles::trace::TraceRow;
+use runfiles::trace::{Lookahead, TraceRow};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What the observer knows about the micro-batch being decoded.
 pub struct UbatchInfo {
@@ -29,6 +32,9 @@ pub struct UbatchInfo {
     /// Whether these tokens count in the statistics and the imatrix
     /// (false for prompts and generated tokens of decode traces).
     pub measured: bool,
+    /// The one split whose trace rows are kept, when the other's are
+    /// dropped after the chunk (lookahead skips those tokens).
+    pub trace_only: Option<Split>,
 }
 
 /// One MoE layer's routing tensors of the current micro-batch.
@@ -83,6 +89,10 @@ pub struct Observer {
     device: Option<DeviceReads>,
     /// One router-probability row, reused for every (token, layer).
     row: Vec<f32>,
+    /// Later layers' routers, when traces carry lookahead guesses.
+    routers: Option<Arc<Routers>>,
+    /// The guesses made from the last `l_out-L` read: (L, per token).
+    ahead: Option<(u32, Vec<Vec<Lookahead>>)>,
 }
 
 impl Observer {
@@ -93,6 +103,7 @@ impl Observer {
         strata: Strata,
         dump_inputs: Vec<String>,
         device: Option<DeviceReads>,
+        routers: Option<Arc<Routers>>,
     ) -> Self {
         let n_expert = shape.n_expert as usize;
         let n_layers = shape.moe_layers.len();
@@ -117,6 +128,8 @@ impl Observer {
             inputs: ImportanceCache::default(),
             device,
             row: Vec::new(),
+            routers,
+            ahead: None,
         }
     }
 
@@ -141,6 +154,7 @@ impl Observer {
             }
         }
         self.seen_layers.clear();
+        self.ahead = None;
         self.inputs.begin_ubatch();
         if let Some(d) = self.device.as_mut() {
             d.begin_ubatch(&info.labels);
@@ -372,6 +386,19 @@ impl Observer {
         }
         if u.traced {
             let bias = self.selection_bias.get(&p.layer).map(Vec::as_slice);
+            let mut ahead = match self.routers.as_ref() {
+                Some(r) if r.guesses_from(p.layer) => match self.ahead.take() {
+                    Some((l, g)) if l == p.layer && g.len() == p.n_tokens => g,
+                    _ => {
+                        return Err(format!(
+                            "lookahead: the graph gave no l_out-{} (the residual stream after \
+                             MoE layer {}) before the layer's end",
+                            p.layer, p.layer
+                        ))
+                    }
+                },
+                _ => Vec::new(),
+            };
             for t in 0..p.n_tokens {
                 let probs = &p.probs[t * n_expert..(t + 1) * n_expert];
                 let (sel, w) = (&topk[t * k..(t + 1) * k], &weights[t * k..(t + 1) * k]);
@@ -381,7 +408,10 @@ impl Observer {
                     probs,
                     bias,
                 };
-                let row = trace_row(u, t, p.layer, &self.strata, &picked, self.top_n);
+                let mut row = trace_row(u, t, p.layer, &self.strata, &picked, self.top_n);
+                if let Some(g) = ahead.get_mut(t) {
+                    row.lookahead = std::mem::take(g);
+                }
                 self.trace.push(row);
             }
         }
@@ -435,6 +465,39 @@ impl Observer {
                 l.act_max[e] = l.act_max[e].max(f64::from(maxima[t * k + j]));
             }
         }
+        Ok(())
+    }
+
+    /// The layer whose residual stream `name` is (`l_out-L`), when the
+    /// current micro-batch is traced and a row of that MoE layer gets a
+    /// guess: the only `l_out` tensors asked for.
+    fn wanted_l_out(&self, name: &str) -> Option<u32> {
+        let routers = self.routers.as_ref()?;
+        self.ubatch.as_ref().filter(|u| u.traced)?;
+        let (base, layer) = parse_layer_node(name)?;
+        (base == "l_out" && self.moe_layers.contains(&layer) && routers.guesses_from(layer))
+            .then_some(layer)
+    }
+
+    /// Reads `l_out-L` and makes the guesses of the micro-batch's kept tokens.
+    fn l_out(&mut self, layer: u32, t: &TensorRef<'_>) -> Result<(), String> {
+        let (Some(routers), Some(u)) = (self.routers.as_ref(), self.ubatch.as_ref()) else {
+            return Ok(());
+        };
+        let (n, n_tokens) = (routers.n_embd(), u.tokens.len());
+        let ne = t.ne();
+        if ne[0] != n || ne[1] != n_tokens || t.elem() != ElemType::F32 {
+            return Err(format!(
+                "l_out-{layer} has shape {ne:?}, expected [{n}, {n_tokens}] f32"
+            ));
+        }
+        let states = read_f32_2d(t, n, n_tokens);
+        let wanted: Vec<bool> = u
+            .labels
+            .iter()
+            .map(|l| u.trace_only.is_none_or(|s| s == l.0))
+            .collect();
+        self.ahead = Some((layer, routers.guesses(layer, &states, &wanted)));
         Ok(())
     }
 
@@ -540,13 +603,7 @@ fn trace_row(
     p: &Picked<'_>,
     top_n: usize,
 ) -> TraceRow {
-    let order = match p.bias {
-        Some(b) => {
-            let scores: Vec<f32> = p.probs.iter().zip(b).map(|(p, b)| p + b).collect();
-            top_n_ids(&scores, top_n)
-        }
-        None => top_n_ids(p.probs, top_n),
-    };
+    let order = ranked(&selection_scores(p.probs, p.bias), None, top_n);
     TraceRow {
         split: u.labels[t].0,
         domain: strata.domain(u.labels[t].1).to_string(),
@@ -562,39 +619,6 @@ fn trace_row(
     }
 }
 
-/// Turns a row of router logits into the softmax over all of them (f64
-/// inside, rounded once to f32): the probabilities of
-/// [`Gating::SoftmaxWeight`] routing. A non-finite logit makes the row
-/// non-finite, which the sums count and drop.
-fn softmax_in_place(row: &mut [f32]) {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = row.iter().map(|&l| (l as f64 - m).exp()).sum();
-    for v in row.iter_mut() {
-        *v = ((*v as f64 - m).exp() / z) as f32;
-    }
-}
-
-/// The ids of the `n` largest scores, descending, ties by id ascending: a
-/// partial selection, then a sort of those `n` only (a full sort of 512
-/// experts per (token, layer) was a tenth of a traced run).
-fn top_n_ids(probs: &[f32], n: usize) -> Vec<u16> {
-    let by_prob = |a: &u16, b: &u16| {
-        probs[*b as usize]
-            .total_cmp(&probs[*a as usize])
-            .then(a.cmp(b))
-    };
-    let mut order: Vec<u16> = (0..probs.len() as u16).collect();
-    if n == 0 {
-        return Vec::new();
-    }
-    if n < order.len() {
-        order.select_nth_unstable_by(n - 1, by_prob);
-        order.truncate(n);
-    }
-    order.sort_unstable_by(by_prob);
-    order
-}
-
 impl GraphObserver for Observer {
     fn wants(&mut self, t: &TensorRef<'_>) -> bool {
         match t.op() {
@@ -602,11 +626,18 @@ impl GraphObserver for Observer {
             Op::MulMat => t
                 .src(0)
                 .is_some_and(|w| weight_name(w.name()).starts_with("blk.")),
-            Op::Other => parse_moe_node(t.name()).is_some(),
+            Op::Other => {
+                parse_moe_node(t.name()).is_some() || self.wanted_l_out(t.name()).is_some()
+            }
         }
     }
 
     fn observe(&mut self, t: &TensorRef<'_>) {
+        if let Some(layer) = self.wanted_l_out(t.name()) {
+            if let Err(e) = self.l_out(layer, t) {
+                self.fail(e);
+            }
+        }
         if let Some((node, layer)) = parse_moe_node(t.name()) {
             if let Err(e) = self.moe(node, layer, t) {
                 self.fail(e);
@@ -614,39 +645,6 @@ impl GraphObserver for Observer {
         }
         if matches!(t.op(), Op::MulMat | Op::MulMatId) {
             self.imatrix(t);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::top_n_ids;
-
-    /// The partial selection must equal a full sort's prefix, ties included.
-    #[test]
-    fn top_n_matches_a_full_sort_with_ties() {
-        let mut state = 12345u64;
-        for round in 0..200 {
-            let len = 1 + round % 40;
-            let probs: Vec<f32> = (0..len)
-                .map(|_| {
-                    state = state
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    // Few distinct values, so ties are common.
-                    ((state >> 60) as f32) / 16.0
-                })
-                .collect();
-            let mut full: Vec<u16> = (0..len as u16).collect();
-            full.sort_by(|&a, &b| {
-                probs[b as usize]
-                    .total_cmp(&probs[a as usize])
-                    .then(a.cmp(&b))
-            });
-            for n in [0, 1, len / 2, len, len + 3] {
-                let want: Vec<u16> = full.iter().copied().take(n).collect();
-                assert_eq!(top_n_ids(&probs, n), want, "probs {probs:?}, n {n}");
-            }
         }
     }
 }

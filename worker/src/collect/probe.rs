@@ -9,7 +9,7 @@
 //! its operand), `ffn_moe_group_topk` limits the groups, and the blocks that
 //! emit `ffn_moe_topk` are the MoE layers.
 
-use super::names::parse_layer_node;
+use super::names::{parse_layer_node, weight_name};
 use crate::llama::{Context, ContextParams, ElemType, GraphObserver, Logits, Model, TensorRef};
 use numbers::routing::{ExpertGroups, GateSite, Routing};
 use numbers::Gating;
@@ -35,6 +35,53 @@ struct Node {
 struct Recorder {
     seen: usize,
     blocks: BTreeMap<u32, BTreeMap<String, Node>>,
+    routers: BTreeMap<u32, RouterInput>,
+}
+
+/// What a block's router reads, from its `ffn_moe_logits` node: the
+/// router's weight (and bias), and the norm its input is the output of.
+/// Lookahead guesses ([`super::lookahead`]) apply them to another layer's
+/// hidden state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterInput {
+    /// The router matrix (`blk.L.ffn_gate_inp.weight`): `ffn_moe_logits`'s weight.
+    pub weight: String,
+    /// The router's bias (`ffn_moe_logits_biased`'s operand), if any.
+    pub bias: Option<String>,
+    /// The RMS norm the router input is (weight name and epsilon), or what
+    /// computes it instead when it is not `rms_norm(x) * w`.
+    pub norm: Result<(String, f32), String>,
+}
+
+/// Ops that only reshape: the router input is looked for through them.
+const RESHAPES: [&str; 4] = ["RESHAPE", "VIEW", "CONT", "PERMUTE"];
+
+/// The router input of an `ffn_moe_logits` node.
+fn router_input(t: &TensorRef<'_>) -> Option<RouterInput> {
+    let weight = weight_name(t.src(0)?.name()).to_string();
+    let mut x = t.src(1)?;
+    for _ in 0..4 {
+        if !RESHAPES.contains(&x.op_desc()) {
+            break;
+        }
+        x = x.src(0)?;
+    }
+    let norm = match (x.op_desc(), x.src(0), x.src(1)) {
+        ("MUL", Some(n), Some(w)) if n.op_desc() == "RMS_NORM" && w.elem() == ElemType::F32 => n
+            .op_param_f32(0)
+            .map(|eps| (weight_name(w.name()).to_string(), eps))
+            .ok_or_else(|| format!("{} has no epsilon", n.name())),
+        (op, a, _) => Err(format!(
+            "{} ({op} of {})",
+            x.name(),
+            a.map_or("nothing".into(), |a| a.op_desc().to_string())
+        )),
+    };
+    Some(RouterInput {
+        weight,
+        bias: None,
+        norm,
+    })
 }
 
 impl GraphObserver for Recorder {
@@ -46,6 +93,17 @@ impl GraphObserver for Recorder {
         let Some((base, layer)) = parse_layer_node(t.name()) else {
             return;
         };
+        if base == "ffn_moe_logits" {
+            if let Some(r) = router_input(t) {
+                self.routers.insert(layer, r);
+            }
+        }
+        if base == "ffn_moe_logits_biased" {
+            let bias = t.src(1).map(|b| weight_name(b.name()).to_string());
+            if let Some(r) = self.routers.get_mut(&layer) {
+                r.bias = bias;
+            }
+        }
         let bias = (base == "ffn_moe_probs_biased")
             .then(|| t.src(1))
             .flatten()
@@ -81,6 +139,8 @@ pub struct Probed {
     pub gating: Gating,
     /// Everything else.
     pub routing: Routing,
+    /// Per MoE block, what its router reads.
+    pub routers: BTreeMap<u32, RouterInput>,
 }
 
 /// Decodes one token of `model` and reads its routing semantics; `n_expert`
@@ -99,8 +159,12 @@ pub fn probe(model: &Model, n_expert: usize, threads: u32) -> Result<Probed, Str
     ctx.decode(&[0], 0)
         .map_err(|e| format!("routing probe: {e}"))?;
     let blocks = std::mem::take(&mut ctx.observer().blocks);
+    let mut routers = std::mem::take(&mut ctx.observer().routers);
     let nextn = (model.n_layer()..model.n_layer() + model.n_layer_nextn()).collect();
-    read_routing(&blocks, n_expert, nextn)
+    let mut probed = read_routing(&blocks, n_expert, nextn)?;
+    routers.retain(|l, _| probed.moe_layers.contains(l));
+    probed.routers = routers;
+    Ok(probed)
 }
 
 /// The semantics of the recorded blocks; every MoE block must agree.
@@ -146,6 +210,7 @@ fn read_routing(
         moe_layers,
         gating,
         routing,
+        routers: BTreeMap::new(),
     })
 }
 

@@ -4,10 +4,11 @@
 //! graph's semantics, never override them: where it disagrees, a warning
 //! says so.
 
-use super::probe::{probe, Probed};
+use super::probe::{probe, Probed, RouterInput};
 use crate::llama::Model;
 use numbers::stats::MoeShape;
 use numbers::Gating;
+use std::collections::BTreeMap;
 
 /// `(n_expert, k)` from `{arch}.expert_count` and `{arch}.expert_used_count`;
 /// a model without experts is refused with the missing key named.
@@ -32,18 +33,27 @@ fn meta_num(model: &Model, arch: &str, key: &str) -> Option<u32> {
 /// The whole MoE shape: counts from the metadata, the rest from a probe
 /// decode of one token (`threads` CPU threads).
 pub fn moe_shape(model: &Model, threads: u32) -> Result<MoeShape, String> {
+    probe_shape(model, threads).map(|(shape, _)| shape)
+}
+
+/// [`moe_shape`] and, per MoE block, what its router reads.
+pub(crate) fn probe_shape(
+    model: &Model,
+    threads: u32,
+) -> Result<(MoeShape, BTreeMap<u32, RouterInput>), String> {
     let (n_expert, k) = expert_counts(model)?;
     let probed = probe(model, n_expert as usize, threads)?;
     for note in metadata_disagreements(model, &probed) {
         tracing::warn!("{note}; moe-census follows the graph");
     }
-    Ok(MoeShape {
+    let shape = MoeShape {
         n_expert,
         n_expert_used: k,
         gating: probed.gating,
         moe_layers: probed.moe_layers,
         routing: probed.routing,
-    })
+    };
+    Ok((shape, probed.routers))
 }
 
 /// Where the GGUF metadata says something else than the graph computes

@@ -36,6 +36,12 @@ pub trait Engine {
         chunks: &[Chunk],
         images: &ImageBytes,
     ) -> Result<(Partial, Vec<TraceRow>), String>;
+
+    /// The decode trace rows (generated tokens) of the last
+    /// [`Engine::measure`], taken; engines without decode traces have none.
+    fn take_decode_trace(&mut self) -> Vec<TraceRow> {
+        Vec::new()
+    }
 }
 
 /// Creates an engine once the job is known (on the engine's thread); cloned
@@ -85,6 +91,8 @@ pub struct CollectorLoader {
 pub struct CollectorEngine {
     collector: Collector,
     trace_top_n: usize,
+    /// The decode trace rows of the last measurement, until taken.
+    decode_trace: Vec<TraceRow>,
 }
 
 impl EngineLoader for CollectorLoader {
@@ -105,6 +113,9 @@ impl EngineLoader for CollectorLoader {
             trace_every: o.trace_every.fit,
             trace_every_heldout: Some(o.trace_every.heldout),
             trace_top_n: o.trace_top_n as usize,
+            trace_lookahead: o.trace_lookahead.clone(),
+            decode_tokens: o.decode_tokens as usize,
+            decode_prompt: o.decode_prompt as usize,
             f32_kv: o.f32_kv,
             flash_attn: o.flash_attn,
             reduce: self.reduce,
@@ -119,6 +130,7 @@ impl EngineLoader for CollectorLoader {
         Ok(CollectorEngine {
             collector,
             trace_top_n: o.trace_top_n as usize,
+            decode_trace: Vec::new(),
         })
     }
 
@@ -200,10 +212,16 @@ impl Engine for CollectorEngine {
         chunks: &[Chunk],
         images: &ImageBytes,
     ) -> Result<(Partial, Vec<TraceRow>), String> {
-        self.collector
+        let c = self
+            .collector
             .run_with_images(index, chunks, images, &mut |_, _| {})
-            .map(|c| (c.partial, c.trace))
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.decode_trace = c.decode_trace;
+        Ok((c.partial, c.trace))
+    }
+
+    fn take_decode_trace(&mut self) -> Vec<TraceRow> {
+        std::mem::take(&mut self.decode_trace)
     }
 }
 

@@ -72,7 +72,8 @@ pub(super) trait LeaseWork: Send + Sync {
 
 /// Collection: partials and trace rows from an [`Engine`].
 struct Collect {
-    engine: EngineThread<(Partial, Vec<TraceRow>)>,
+    /// Partial, prefill trace rows and decode trace rows.
+    engine: EngineThread<(Partial, Vec<TraceRow>, Vec<TraceRow>)>,
     model_sha256: String,
     /// (k, top-N) of its trace rows.
     trace_shape: (usize, usize),
@@ -96,17 +97,20 @@ impl LeaseWork for Collect {
         Box::pin(async move {
             let chunks = corpus.chunks(range)?;
             let images = corpus.images(&chunks).await?;
-            let (mut partial, rows) = self
+            let (mut partial, rows, decode_rows) = self
                 .engine
                 .run(corpus.index.clone(), chunks, images)
                 .await?;
-            if !rows.is_empty() {
-                let (k, n) = self.trace_shape;
-                let name = crate::collect::trace_part_name(range, false);
-                let name = crate::collect::write_trace_part(run, name, rows, k, n)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                partial.trace_parts = vec![name];
+            partial.trace_parts = Vec::new();
+            for (rows, decode) in [(rows, false), (decode_rows, true)] {
+                if !rows.is_empty() {
+                    let (k, n) = self.trace_shape;
+                    let name = crate::collect::trace_part_name(range, decode);
+                    let name = crate::collect::write_trace_part(run, name, rows, k, n)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    partial.trace_parts.push(name);
+                }
             }
             Ok(Output::Collect(Box::new(partial)))
         })
@@ -164,7 +168,10 @@ pub(super) async fn load<L: EngineLoader>(
             let (engine, (model_sha256, trace_shape)) = EngineThread::start(
                 "engine",
                 load,
-                |e: &mut L::Engine, index, chunks, images| e.measure(index, chunks, images),
+                |e: &mut L::Engine, index, chunks, images| {
+                    let (partial, rows) = e.measure(index, chunks, images)?;
+                    Ok((partial, rows, e.take_decode_trace()))
+                },
             )
             .await
             .map_err(JoinError::Engine)?;

@@ -22,6 +22,7 @@
 
 mod backend;
 mod codec;
+mod dequant;
 mod logits;
 mod quantize;
 mod reduce;
@@ -32,6 +33,7 @@ mod vision;
 
 pub use backend::ReduceError;
 pub use codec::GgmlCodec;
+pub use dequant::to_f32;
 pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
 pub use quantize::{quantize_model, MetaValue, QuantizeParams};
 pub use reduce::{ChunkSquares, ExpertIds, Reducer};
