@@ -176,6 +176,8 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(runfiles::layout::env::log_colour())
         .init();
+    // Merged candidates are re-quantised by ggml's type traits (#57).
+    slicer::install_codec(Box::leak(Box::new(worker::llama::GgmlCodec::new())));
     match dispatch(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {

@@ -30,7 +30,7 @@ mod plan;
 mod write;
 
 pub use error::PruneError;
-pub use merge::RowCodec;
+pub use merge::{install_codec, installed_codec, RowCodec};
 
 use gguf::split::{open_joined, Joined};
 use runfiles::keepmap::KeepMap;

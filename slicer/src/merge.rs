@@ -26,6 +26,21 @@ pub trait RowCodec {
     fn from_f32(&self, ty: u32, values: &[f32], out: &mut [u8]);
 }
 
+/// The codec a binary that links ggml installed ([`install_codec`]).
+static INSTALLED: std::sync::OnceLock<&'static (dyn RowCodec + Sync)> = std::sync::OnceLock::new();
+
+/// Makes `codec` the one [`installed_codec`] returns, for the stages that
+/// merge experts but may not link llama.cpp themselves (the coordinator
+/// installs ggml's at start); a second call changes nothing.
+pub fn install_codec(codec: &'static (dyn RowCodec + Sync)) {
+    let _ = INSTALLED.set(codec);
+}
+
+/// The codec [`install_codec`] installed, if any.
+pub fn installed_codec() -> Option<&'static dyn RowCodec> {
+    INSTALLED.get().map(|c| *c as &dyn RowCodec)
+}
+
 /// Checks, before anything is written, that every tensor the plan merges
 /// (a group that is not one expert of weight 1) is F32 or of a type
 /// `codec` can decode and re-encode.

@@ -6,6 +6,7 @@ use super::EvalRunError;
 use crate::StagesError;
 use protocol::wire::EvalCandidate;
 use runfiles::keepmap::{KeepMap, KeepMapRef};
+use runfiles::mergeplan::MergePlan;
 use runfiles::store::RunStore;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -83,6 +84,20 @@ pub async fn prepare(
         if out.iter().any(|c| &c.name == name) {
             return Err(bad("named twice".into()));
         }
+        let path = scratch.path().join(format!("{name}.gguf"));
+        if is_merge(name) {
+            let (object, sliced) = merged(store, name, base, &path).await?;
+            sizes.insert(name.clone(), sliced.bytes);
+            std::fs::remove_file(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+            out.push(EvalCandidate {
+                name: name.clone(),
+                keep_map: Some(object),
+                sha256: sliced.sha256,
+                expert_used: None,
+                quant: None,
+            });
+            continue;
+        }
         let object = KeepMap::object_name(name);
         let bytes = store.get_opt(&object).await?.ok_or_else(|| {
             bad(format!(
@@ -100,7 +115,6 @@ pub async fn prepare(
                 keep.k
             )));
         }
-        let path = scratch.path().join(format!("{name}.gguf"));
         let sliced = slicer::slice_model(base, &keep, &path)
             .map_err(|e| bad(format!("slicing {}: {e}", base.display())))?;
         let bytes = std::fs::metadata(&path)
@@ -117,4 +131,44 @@ pub async fn prepare(
         });
     }
     Ok((out, sizes))
+}
+
+/// Whether the candidate `name` is a merge plan's (`<method>_merge_K<k>`).
+pub fn is_merge(name: &str) -> bool {
+    numbers::keep_name::KeepMapName::parse(name)
+        .is_some_and(|n| n.method.ends_with(runfiles::mergeplan::MERGE_SUFFIX))
+}
+
+/// Reads the run's merge plan `name` and merges it from `base` to `path`
+/// with the installed codec ([`slicer::installed_codec`]); returns the
+/// plan's object name and what was written.
+async fn merged(
+    store: &RunStore,
+    name: &str,
+    base: &Path,
+    path: &Path,
+) -> Result<(String, slicer::Sliced), EvalRunError> {
+    let bad = |reason: String| EvalRunError::KeepMap {
+        name: name.to_string(),
+        reason,
+    };
+    let object = format!("{}/{name}.json", runfiles::mergeplan::MERGE_PLANS_DIR);
+    let bytes = store.get_opt(&object).await?.ok_or_else(|| {
+        bad(format!(
+            "{} does not exist (`coordinator score` writes merge plans beside keep maps when the run has traces)",
+            store.url_of(&object)
+        ))
+    })?;
+    let plan =
+        MergePlan::parse(&bytes).map_err(|e| bad(format!("{}: {e}", store.url_of(&object))))?;
+    if plan.name() != name {
+        return Err(bad(format!(
+            "{} holds the plan {}",
+            store.url_of(&object),
+            plan.name()
+        )));
+    }
+    let sliced = slicer::merge_model(base, &plan, slicer::installed_codec(), path)
+        .map_err(|e| bad(format!("merging {}: {e}", base.display())))?;
+    Ok((object, sliced))
 }

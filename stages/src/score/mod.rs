@@ -13,6 +13,7 @@
 pub mod bootstrap;
 pub mod floor;
 pub mod keep;
+pub mod merge;
 pub mod method;
 pub mod render;
 pub mod screen;
@@ -34,6 +35,7 @@ use numbers::Split;
 use runfiles::artifacts::names;
 use runfiles::corpus::{Chunk, CHUNKS_FILE};
 use runfiles::keepmap::KeepMap;
+use runfiles::mergeplan::MergePlan;
 use runfiles::store::RunStore;
 use serde::{Deserialize, Serialize};
 use source::{LayerInput, Source};
@@ -329,6 +331,13 @@ pub struct ScoreReport {
     /// index), when it was on.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub super_experts: BTreeMap<u32, Vec<u32>>,
+    /// Merge-plan object names written (`merge_plans/<method>_merge_K<k>.json`,
+    /// one per keep map; [`merge`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merge_plans: Vec<String>,
+    /// Why merge plans are missing, if they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_note: Option<String>,
 }
 
 /// The stored score results, when `score/score.json` exists and was computed
@@ -449,6 +458,8 @@ pub async fn score_into(
             }
         }
     }
+    let (merge_plans, merge_note) =
+        write_merge_plans(store, out, &s, &layers, &ranked, &maps, opts.screen_rows).await?;
     let (screen, screen_note) = run_screen(store, &s, &maps, opts.screen_rows).await?;
     let guarded: Vec<Vec<bool>> = layers.iter().map(|l| l.guarded.clone()).collect();
     let full = Full {
@@ -479,6 +490,8 @@ pub async fn score_into(
             })
             .filter(|(_, ids)| !ids.is_empty())
             .collect(),
+        merge_plans,
+        merge_note,
     };
     let mut json = StagesError::encode_json(outputs::REPORT_JSON, &report)?;
     json.push(b'\n');
@@ -488,6 +501,69 @@ pub async fn score_into(
     out.put(outputs::TABLES_PARQUET, render::parquet(&report)?)
         .await?;
     Ok(report)
+}
+
+/// Writes a merge plan beside every keep map ([`merge`]): the router
+/// similarity from the first `max_rows` fit trace rows, super experts by
+/// REAP's rule where `saliency.json` has their statistic (else the keep
+/// maps' guard). None, with the reason, without trace parts.
+async fn write_merge_plans(
+    store: &RunStore,
+    out: &RunStore,
+    s: &Saliency,
+    layers: &[LayerInput],
+    ranked: &[(Method, Vec<LayerRanking>)],
+    maps: &[(String, KeepMap)],
+    max_rows: u64,
+) -> Result<(Vec<String>, Option<String>), StagesError> {
+    let (parts, _decode) = runfiles::trace::stored_parts(store).await?;
+    if parts.is_empty() || max_rows == 0 {
+        return Ok((
+            Vec::new(),
+            Some("no merge plans: no trace rows to measure the router's similarity on".into()),
+        ));
+    }
+    let ids: Vec<u32> = layers.iter().map(|l| l.layer).collect();
+    let mut gram = merge::RouterGram::new(&ids, s.n_expert as usize);
+    let mut read = 0u64;
+    for part in &parts {
+        if read >= max_rows {
+            break;
+        }
+        let rows = runfiles::trace::read_part(store.get(part).await?).map_err(|problem| {
+            StagesError::Artifact {
+                url: store.url_of(part),
+                problem,
+            }
+        })?;
+        read += rows.len() as u64;
+        gram.add(&rows);
+    }
+    let supers = super_experts::guarded(s).ok();
+    let layers: Vec<LayerInput> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut l = l.clone();
+            if let Some(g) = supers.as_ref().and_then(|g| g.get(i)) {
+                l.guarded.iter_mut().zip(g).for_each(|(a, b)| *a |= *b);
+            }
+            l
+        })
+        .collect();
+    let mut names = Vec::new();
+    for (_, map) in maps {
+        let Some((_, r)) = ranked.iter().find(|(m, _)| m.as_str() == map.method) else {
+            continue;
+        };
+        let plan = merge::merge_plan(&map.method, map, r, &layers, &gram);
+        let object = MergePlan::file_name(&map.method, map.k);
+        let mut bytes = StagesError::encode_json(&object, &plan)?;
+        bytes.push(b'\n');
+        out.put(&object, bytes).await?;
+        names.push(object);
+    }
+    Ok((names, None))
 }
 
 async fn run_screen(

@@ -7,6 +7,7 @@ use crate::error::WorkerError;
 use crate::quantize::{quantize_file, QuantizeOptions};
 use protocol::wire::EvalCandidate;
 use runfiles::keepmap::KeepMap;
+use runfiles::mergeplan::MergePlan;
 use std::path::{Path, PathBuf};
 
 /// Candidates from GGUF paths; each is named after its file stem
@@ -42,8 +43,12 @@ pub fn from_files(paths: &[PathBuf]) -> Result<Vec<Candidate>, WorkerError> {
 /// What a job's candidates are made from besides the base model.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Inputs {
-    /// Each candidate's keep map, in job order (`None`: every expert kept).
+    /// Each candidate's keep map, in job order (`None`: every expert kept);
+    /// a merged candidate's is its centres'.
     pub maps: Vec<Option<KeepMap>>,
+    /// Each candidate's merge plan, in job order where any is (`None`, or
+    /// past the end: sliced, not merged).
+    pub merges: Vec<Option<MergePlan>>,
     /// The run's `imatrix.gguf`, when a candidate is quantised.
     pub imatrix: Option<Vec<u8>>,
 }
@@ -125,10 +130,22 @@ pub fn make(
         })?;
     }
     let mut out: Vec<Candidate> = Vec::with_capacity(job.len());
-    for (c, keep) in job.iter().zip(&inputs.maps) {
+    for (i, (c, keep)) in job.iter().zip(&inputs.maps).enumerate() {
         let name = &c.name;
         let mut path = base.to_path_buf();
-        if keep.is_some() || c.expert_used.is_some() {
+        let merge = inputs.merges.get(i).and_then(Option::as_ref);
+        if let Some(plan) = merge {
+            if c.expert_used.is_some() {
+                return Err(failed(
+                    name,
+                    "a merged candidate keeps the experts per token".into(),
+                ));
+            }
+            path = dir.join(format!("{name}.source.gguf"));
+            let codec = crate::llama::GgmlCodec::new();
+            slicer::merge_model(base, plan, Some(&codec), &path)
+                .map_err(|e| failed(name, e.to_string()))?;
+        } else if keep.is_some() || c.expert_used.is_some() {
             path = dir.join(format!("{name}.source.gguf"));
             slicer::make_model(base, keep.as_ref(), c.expert_used, &path)
                 .map_err(|e| failed(name, e.to_string()))?;
@@ -155,8 +172,11 @@ pub fn make(
                         path: folder.display().to_string(),
                         source,
                     })?;
-                    slicer::slice_imatrix(&run_imatrix, keep, &sliced)
-                        .map_err(|e| failed(name, e.to_string()))?;
+                    match merge {
+                        Some(plan) => slicer::merge_imatrix(&run_imatrix, plan, &sliced),
+                        None => slicer::slice_imatrix(&run_imatrix, keep, &sliced),
+                    }
+                    .map_err(|e| failed(name, e.to_string()))?;
                     sliced
                 }
                 None => run_imatrix.clone(),

@@ -210,12 +210,22 @@ pub(super) async fn load<L: EngineLoader>(
 /// when one is quantised, the run's importance matrix.
 async fn inputs(run: &RunStore, eval: &EvalJob) -> Result<Inputs, JoinError> {
     let mut maps = Vec::with_capacity(eval.candidates.len());
+    let mut merges = Vec::new();
     for c in &eval.candidates {
         let Some(object) = &c.keep_map else {
             maps.push(None);
             continue;
         };
         let bytes = run.get(object).await?;
+        if object.starts_with(&format!("{}/", runfiles::mergeplan::MERGE_PLANS_DIR)) {
+            let plan = runfiles::mergeplan::MergePlan::parse(&bytes).map_err(|e| {
+                JoinError::Engine(format!("{} is not a merge plan: {e}", run.url_of(object)))
+            })?;
+            maps.push(Some(plan.keep_map()));
+            merges.resize(maps.len() - 1, None);
+            merges.push(Some(plan));
+            continue;
+        }
         let map: KeepMap = serde_json::from_slice(&bytes).map_err(|e| {
             JoinError::Engine(format!("{} is not a keep map: {e}", run.url_of(object)))
         })?;
@@ -225,5 +235,9 @@ async fn inputs(run: &RunStore, eval: &EvalJob) -> Result<Inputs, JoinError> {
         true => Some(run.get(runfiles::layout::IMATRIX_GGUF).await?.to_vec()),
         false => None,
     };
-    Ok(Inputs { maps, imatrix })
+    Ok(Inputs {
+        maps,
+        merges,
+        imatrix,
+    })
 }
