@@ -459,7 +459,7 @@ pub async fn score_into(
         }
     }
     let (merge_plans, merge_note) =
-        write_merge_plans(store, out, &s, &layers, &ranked, &maps, opts.screen_rows).await?;
+        write_merge_plans(store, out, &s, &layers, &ranked, &maps, opts).await?;
     let (screen, screen_note) = run_screen(store, &s, &maps, opts.screen_rows).await?;
     let guarded: Vec<Vec<bool>> = layers.iter().map(|l| l.guarded.clone()).collect();
     let full = Full {
@@ -504,9 +504,10 @@ pub async fn score_into(
 }
 
 /// Writes a merge plan beside every keep map ([`merge`]): the router
-/// similarity from the first `max_rows` fit trace rows, super experts by
-/// REAP's rule where `saliency.json` has their statistic (else the keep
-/// maps' guard). None, with the reason, without trace parts.
+/// similarity from the first `opts.screen_rows` fit trace rows, super
+/// experts by the guard's statistic (`opts.super_expert_statistic`) where
+/// `saliency.json` has it (else the keep maps' guard). None, with the
+/// reason, without trace parts.
 async fn write_merge_plans(
     store: &RunStore,
     out: &RunStore,
@@ -514,8 +515,9 @@ async fn write_merge_plans(
     layers: &[LayerInput],
     ranked: &[(Method, Vec<LayerRanking>)],
     maps: &[(String, KeepMap)],
-    max_rows: u64,
+    opts: &ScoreOptions,
 ) -> Result<(Vec<String>, Option<String>), StagesError> {
+    let max_rows = opts.screen_rows;
     let (parts, _decode) = runfiles::trace::stored_parts(store).await?;
     if parts.is_empty() || max_rows == 0 {
         return Ok((
@@ -539,7 +541,7 @@ async fn write_merge_plans(
         read += rows.len() as u64;
         gram.add(&rows);
     }
-    let supers = super_experts::guarded(s).ok();
+    let supers = super_experts::guarded(s, opts.super_expert_statistic).ok();
     let layers: Vec<LayerInput> = layers
         .iter()
         .enumerate()
