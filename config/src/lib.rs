@@ -234,8 +234,10 @@ pub struct CorpusConfig {
     /// document and fails when a share misses by more than `tolerance`.
     #[serde(default)]
     pub shares: SharesMode,
-    /// Held-out fraction for domains that do not set their own.
-    #[serde(default)]
+    /// Held-out fraction for domains that do not set their own (default
+    /// 0.1, so the eval budget is chosen on held-out text; a domain needs
+    /// two document groups or `heldout_fraction = 0` of its own).
+    #[serde(default = "default_heldout_fraction")]
     pub heldout_fraction: f64,
     /// Record field naming a document's group (task, trial, URL) for domains
     /// that do not set their own; documents without it are their own group.
@@ -284,13 +286,17 @@ fn default_tolerance() -> f64 {
     0.05
 }
 
+fn default_heldout_fraction() -> f64 {
+    0.1
+}
+
 impl Default for CorpusConfig {
     fn default() -> Self {
         CorpusConfig {
             n_ctx: default_n_ctx(),
             tolerance: default_tolerance(),
             shares: SharesMode::default(),
-            heldout_fraction: 0.0,
+            heldout_fraction: default_heldout_fraction(),
             group_key: None,
             seed: 0,
             dedup: DedupConfig::default(),
@@ -507,6 +513,10 @@ mod tests {
         assert_eq!(c.model_path(), PathBuf::from("/cfg/models/tiny.gguf"));
         assert_eq!(c.corpus.n_ctx, 128);
         assert_eq!(c.corpus.tolerance, 0.05);
+        // A tenth held out unless asked otherwise, so the eval budget is
+        // chosen on text the keep maps were not fitted on.
+        assert_eq!(c.corpus.heldout_fraction, 0.1);
+        assert_eq!(CorpusConfig::default().heldout_fraction, 0.1);
         assert_eq!(c.corpus.dedup, DedupConfig::default());
         let d = &c.corpus.domains[0];
         assert_eq!(d.sources[1].separator.as_deref(), Some("\n\n"));

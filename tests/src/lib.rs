@@ -201,7 +201,10 @@ pub async fn copy_corpus(from: &runfiles::store::RunStore, to: &runfiles::store:
 
 /// A run config over one plain-text domain of a few short documents, with
 /// the tiny model beside it: small enough for a whole `coordinator run` in
-/// seconds. `extra` is appended (e.g. a `[cluster]` section).
+/// seconds. `extra` is appended (e.g. a `[cluster]` section). The documents
+/// are one template, near copies of each other, which dedup by containment
+/// drops against any held-out one: the config holds nothing out
+/// (`heldout_fraction = 0`, the default being 0.1).
 pub fn text_config(dir: &Path, extra: &str) -> PathBuf {
     model(dir, Preset::Tiny);
     let docs: Vec<String> = (0..12)
@@ -217,7 +220,7 @@ pub fn text_config(dir: &Path, extra: &str) -> PathBuf {
     std::fs::write(
         &config,
         format!(
-            "[model]\npath = \"tiny.gguf\"\n[corpus]\nn_ctx = 32\n\
+            "[model]\npath = \"tiny.gguf\"\n[corpus]\nn_ctx = 32\nheldout_fraction = 0\n\
              [[corpus.domains]]\nname = \"text\"\n\
              sources = [{{ path = \"docs.txt\", separator = \"\\n\\n\" }}]\n{extra}"
         ),

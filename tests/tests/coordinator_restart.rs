@@ -33,7 +33,8 @@ fn cluster_config(dir: &Path, docs: usize, extra: &str) -> (PathBuf, PathBuf) {
     std::fs::write(
         &config,
         format!(
-            "[model]\npath = \"tiny.gguf\"\n[corpus]\nn_ctx = 64\n\
+            // Numbered documents are near copies: nothing held out.
+            "[model]\npath = \"tiny.gguf\"\n[corpus]\nn_ctx = 64\nheldout_fraction = 0\n\
              [[corpus.domains]]\nname = \"text\"\n\
              sources = [{{ path = \"docs.txt\", separator = \"\\n\\n\" }}]\n\
              [run]\nlease_chunks = 2\nheartbeat_timeout_s = 10\n{extra}\n\

@@ -34,6 +34,10 @@ pub fn backend_label(on_device: bool, offload: &Offload) -> String {
     backend
 }
 
+/// Per (token, slot) of `ffn_moe_down`: the output's L2 norm and its
+/// largest element.
+pub type NormsAndMaxima = (Vec<f32>, Vec<f32>);
+
 /// Router-probability sums of one layer and micro-batch per token group.
 pub type GroupSums = Vec<((Split, u16), Vec<f32>)>;
 
@@ -152,7 +156,7 @@ impl DeviceReads {
     pub fn output_norms_and_maxima(
         &mut self,
         t: &TensorRef<'_>,
-    ) -> Result<Option<(Vec<f32>, Vec<f32>)>, String> {
+    ) -> Result<Option<NormsAndMaxima>, String> {
         fallback(t, self.reducer.row_norms_and_maxima(t))
     }
 
