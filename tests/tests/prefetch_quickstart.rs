@@ -1,8 +1,11 @@
-//! Prefetch replay on the quickstart's traces (issue #56): the fast
-//! replayer equals the independent eager one
+//! Prefetch replay on the quickstart's traces (issue #56): the quickstart's
+//! prefill and decode traces both carry the worker's lookahead columns for
+//! d = 1 and 2 (a guess on every row whose layer has a MoE layer d ahead,
+//! none past the last); the fast replayer equals the independent eager one
 //! (`replay::prefetch_reference`) on every cell (trace kind, split, layer,
-//! predictor, m, policy, capacity) of every trace kind it has, and `replay/results.json` holds the
-//! prefetch rows and the recall table with the oracle beside the guesses.
+//! predictor, m, policy, capacity) of both trace kinds, and
+//! `replay/results.json` holds the prefetch rows and the recall table with
+//! the oracle beside the guesses.
 
 use numbers::Split;
 use replay::keep::requests;
@@ -10,7 +13,8 @@ use replay::predict::{self, Predictor};
 use replay::prefetch::{self, Prefetch};
 use replay::prefetch_reference::eager;
 use replay::results::TraceKind;
-use replay::trace_io::TraceSet;
+use replay::steps::NONE;
+use replay::trace_io::{RawLayer, TraceSet};
 use replay::{pinned, Policy, PolicyParams, ReplayReport, Steps};
 use runfiles::store::RunStore;
 use std::path::{Path, PathBuf};
@@ -69,6 +73,7 @@ fn fast_prefetch_replay_equals_the_eager_one_on_every_quickstart_cell() {
         };
         kinds += 1;
         let layers = set.layers();
+        check_lookahead_columns(&set, &layers, n_expert);
         for &layer in &layers[1..] {
             if !layers.contains(&(layer - 1)) {
                 continue;
@@ -83,7 +88,11 @@ fn fast_prefetch_replay_equals_the_eager_one_on_every_quickstart_cell() {
                     continue;
                 }
                 let steps = Steps::build(&requests(target, n_expert, None, 4), 1);
-                for predictor in [Predictor::Oracle, Predictor::SameLayer(1)] {
+                for predictor in [
+                    Predictor::Oracle,
+                    Predictor::SameLayer(1),
+                    Predictor::Lookahead(1),
+                ] {
                     let g = predict::guesses(predictor, target, Some(&prev[s])).unwrap();
                     for m in [target.k, 2 * target.k] {
                         let pf = Prefetch::from_guesses(&g.ids, g.width, m);
@@ -105,28 +114,42 @@ fn fast_prefetch_replay_equals_the_eager_one_on_every_quickstart_cell() {
             }
         }
     }
-    // The quickstart traces prefill (decode traces when its config asks).
-    assert!(kinds >= 1, "no trace parts in the quickstart run");
+    // The quickstart traces prefill and decode ([run] trace_decode_tokens).
+    assert_eq!(
+        kinds, 2,
+        "prefill and decode trace parts in the quickstart run"
+    );
     // At least one layer with a layer before it, both splits.
-    assert!(cells >= 2 * 2 * 2 * 8 * 3, "{cells} cells compared");
+    assert!(cells >= 2 * 3 * 2 * 8 * 3, "{cells} cells compared");
 
-    // results.json: every policy at every capacity, fit and held-out prefill, for
-    // the oracle and the baseline, and a recall table.
+    // results.json: every policy at every capacity, fit and held-out prefill
+    // and held-out decode, for the oracle, the baseline and the lookahead
+    // guesses, and a recall table.
+    let cases = [
+        (TraceKind::Prefill, Split::Fit),
+        (TraceKind::Prefill, Split::Heldout),
+        (TraceKind::Decode, Split::Heldout),
+    ];
     for policy in Policy::ALL {
-        for split in [Split::Fit, Split::Heldout] {
-            for predictor in [Predictor::Oracle, Predictor::SameLayer(1)] {
+        for (kind, split) in cases {
+            for predictor in [
+                Predictor::Oracle,
+                Predictor::SameLayer(1),
+                Predictor::Lookahead(1),
+                Predictor::Lookahead(2),
+            ] {
                 let rows: Vec<_> = report
                     .prefetch
                     .iter()
                     .filter(|r| {
                         (r.policy, r.split, r.predictor, r.trace_mode)
-                            == (policy, split, predictor, TraceKind::Prefill)
+                            == (policy, split, predictor, kind)
                     })
                     .collect();
                 assert_eq!(
                     rows.len(),
                     3 * 2,
-                    "{policy} {split:?} {predictor}: capacities x m"
+                    "{policy} {kind:?} {split:?} {predictor}: capacities x m"
                 );
                 for r in rows {
                     assert_eq!(r.loads, r.useful + r.wasted, "{r:?}");
@@ -137,8 +160,60 @@ fn fast_prefetch_replay_equals_the_eager_one_on_every_quickstart_cell() {
             }
         }
     }
-    assert!(report
-        .accuracy
-        .iter()
-        .any(|a| a.predictor == Predictor::SameLayer(1) && a.split == Split::Heldout));
+    for kind in [TraceKind::Prefill, TraceKind::Decode] {
+        for predictor in [
+            Predictor::SameLayer(1),
+            Predictor::Lookahead(1),
+            Predictor::Lookahead(2),
+        ] {
+            assert!(
+                report
+                    .accuracy
+                    .iter()
+                    .any(|a| (a.predictor, a.split, a.trace_mode)
+                        == (predictor, Split::Heldout, kind)),
+                "{kind:?} {predictor}: no held-out recall"
+            );
+        }
+    }
+}
+
+/// The trace set has lookahead columns for d = 1 and 2, as wide as the
+/// router top-N; every row of a layer with a MoE layer d ahead has a guess
+/// (distinct experts), every row past the last has none.
+fn check_lookahead_columns(set: &TraceSet, layers: &[u32], n_expert: usize) {
+    let distances: Vec<u8> = set.ahead.iter().map(|&(d, _)| d).collect();
+    assert_eq!(distances, vec![1, 2], "lookahead distances of the trace");
+    for &(d, width) in &set.ahead {
+        assert_eq!(width, set.n, "lookahead d={d} width");
+    }
+    for &layer in layers {
+        let raw = set.read_layer(layer, n_expert).unwrap();
+        for split in raw.iter().filter(|r| r.tokens() > 0) {
+            for a in &split.ahead {
+                let ahead = layers.contains(&(layer + u32::from(a.distance)));
+                check_rows(split, a.distance, a.width, &a.ids, ahead, layer);
+            }
+        }
+    }
+}
+
+fn check_rows(raw: &RawLayer, d: u8, width: usize, ids: &[u16], ahead: bool, layer: u32) {
+    for t in 0..raw.tokens() {
+        let row = &ids[t * width..(t + 1) * width];
+        if !ahead {
+            assert!(
+                row.iter().all(|&e| e == NONE),
+                "layer {layer} d={d}: a guess past the last layer"
+            );
+            continue;
+        }
+        let mut seen: Vec<u16> = row.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        assert!(
+            !row.contains(&NONE) && seen.len() == width,
+            "layer {layer} d={d} token {t}: guesses {row:?}"
+        );
+    }
 }

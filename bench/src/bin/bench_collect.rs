@@ -70,7 +70,9 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     ngl: u32,
     /// Run one mode once and print nothing else (for instruction counts
-    /// under `valgrind --tool=callgrind`): forward or collect; or
+    /// under `valgrind --tool=callgrind`): forward, collect, trace
+    /// (collect + trace, no lookahead) or lookahead (collect + trace +
+    /// lookahead d = 1, 2); or
     /// `reductions`: collect with host and with device reductions and print
     /// how the device statistics compare with the host path's.
     #[arg(long)]
@@ -124,12 +126,16 @@ fn main() -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        Some("collect") => {
+        Some(mode @ ("collect" | "trace" | "lookahead")) => {
             let opts = CollectOptions {
                 n_ubatch: a.n_ubatch,
                 offload: Offload::layers(a.ngl),
                 threads: a.threads,
-                trace_every: 0,
+                trace_every: u32::from(mode != "collect"),
+                trace_lookahead: match mode {
+                    "lookahead" => vec![1, 2],
+                    _ => Vec::new(),
+                },
                 reduce: a.reduce,
                 ..Default::default()
             };
@@ -159,7 +165,9 @@ fn main() -> anyhow::Result<()> {
             println!("{}", compare_reductions(&host, &device));
             return Ok(());
         }
-        Some(other) => anyhow::bail!("--only {other}: expected forward, collect or reductions"),
+        Some(other) => anyhow::bail!(
+            "--only {other}: expected forward, collect, trace, lookahead or reductions"
+        ),
         None => {}
     }
     let model = Model::load(&path, &Offload::layers(a.ngl))?;

@@ -2,7 +2,7 @@
 //! gating function that turns logits into probabilities, and the ranking
 //! llama.cpp selects experts by (probability plus selection bias, limited
 //! to the best groups). The trace's own top-N and the lookahead guesses
-//! ([`super::lookahead`]) both rank with it.
+//! (`collect/lookahead.rs`) both rank with it.
 
 use numbers::routing::ExpertGroups;
 use numbers::Gating;

@@ -40,7 +40,7 @@ struct Recorder {
 
 /// What a block's router reads, from its `ffn_moe_logits` node: the
 /// router's weight (and bias), and the norm its input is the output of.
-/// Lookahead guesses ([`super::lookahead`]) apply them to another layer's
+/// Lookahead guesses (`collect/lookahead.rs`) apply them to another layer's
 /// hidden state.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouterInput {
