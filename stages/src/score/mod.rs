@@ -533,6 +533,8 @@ async fn write_merge_plans(
         .map(|(i, l)| {
             let mut l = l.clone();
             if let Some(g) = supers.as_ref().and_then(|g| g.get(i)) {
+                // Empty when the keep maps' guard is off.
+                l.guarded.resize(g.len(), false);
                 l.guarded.iter_mut().zip(g).for_each(|(a, b)| *a |= *b);
             }
             l
