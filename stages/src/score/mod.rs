@@ -737,7 +737,7 @@ pub fn run(mut args: ScoreArgs) -> Result<ExitCode, StagesError> {
             .collect::<Result<_, _>>()?;
     }
     if args.out.is_none() {
-        differences(&args.options, &own, &s)?.allow("score/ and keep_maps/")?;
+        differences(&args.options, &own, &s)?.allow("score/, keep_maps/ and merge_plans/")?;
     }
     let report = rt.block_on(score_into(&store, &out, &args.options))?;
     print!("{}", render::summary(&report));
