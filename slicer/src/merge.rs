@@ -20,10 +20,10 @@ pub trait RowCodec {
     fn check(&self, ty: u32) -> Result<(), String>;
     /// Decodes `out.len()` values of type `ty` from `bytes` (exactly their
     /// encoded size, whole blocks).
-    fn to_f32(&self, ty: u32, bytes: &[u8], out: &mut [f32]);
+    fn decode(&self, ty: u32, bytes: &[u8], out: &mut [f32]);
     /// Encodes `values` (whole blocks) as type `ty` into `out` (exactly
     /// their encoded size).
-    fn from_f32(&self, ty: u32, values: &[f32], out: &mut [u8]);
+    fn encode(&self, ty: u32, values: &[f32], out: &mut [u8]);
 }
 
 /// The codec a binary that links ggml installed ([`install_codec`]).
@@ -127,7 +127,7 @@ impl<'c> Mean<'c> {
                     o.copy_from_slice(&v.to_le_bytes());
                 }
             }
-            (ty, Some(codec)) => codec.from_f32(ty, &self.values, out),
+            (ty, Some(codec)) => codec.encode(ty, &self.values, out),
             (_, None) => unreachable!("checked before writing"),
         }
         Ok(())
@@ -140,7 +140,7 @@ impl<'c> Mean<'c> {
                     *v = f32::from_le_bytes(b.try_into().expect("4 bytes"));
                 }
             }
-            (ty, Some(codec)) => codec.to_f32(ty, &self.bytes, &mut self.values),
+            (ty, Some(codec)) => codec.decode(ty, &self.bytes, &mut self.values),
             (_, None) => unreachable!("checked before writing"),
         }
     }

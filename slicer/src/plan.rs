@@ -19,6 +19,9 @@ const EXPERT_FAMILY: [&str; 7] = [
     "ffn_gate_up_exps",
 ];
 
+/// Per output expert, the input experts it sums and their weights.
+pub(super) type Groups = Vec<Vec<(u32, f64)>>;
+
 /// What happens to one tensor of the input.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Cut {
@@ -29,7 +32,7 @@ pub(super) enum Cut {
     /// One expert per group along its outermost axis, in order: the sum
     /// of the group's experts times their weights (a lone expert with
     /// weight 1 is copied as it is).
-    Merged(Vec<Vec<(u32, f64)>>),
+    Merged(Groups),
     /// Left out: a NextN block's tensor.
     Drop,
 }
@@ -284,7 +287,7 @@ pub(super) fn merged(
             reason: format!("layer {l} merges expert {m}, but there are {n_expert}"),
         });
     }
-    let groups: BTreeMap<u32, Vec<Vec<(u32, f64)>>> = merge
+    let groups: BTreeMap<u32, Groups> = merge
         .layers
         .iter()
         .map(|(&l, cs)| (l, cs.iter().map(|c| c.normalised()).collect()))
@@ -563,7 +566,7 @@ pub(super) fn imatrix_merged(
 fn imatrix_cut(
     header: &GgufHeader,
     keep: &KeepMap,
-    sums: Option<&BTreeMap<u32, Vec<Vec<(u32, f64)>>>>,
+    sums: Option<&BTreeMap<u32, Groups>>,
     path: &str,
 ) -> Result<Plan, PruneError> {
     let (layers, k) = map_layers(keep)?;

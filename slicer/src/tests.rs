@@ -710,9 +710,11 @@ fn a_slice_names_its_base_and_its_size() {
     }
 }
 
-/// A merge plan of layers 1 and 2 of the test model: per layer
-/// `(centre, [(member, weight)])`.
-fn merge_plan(layers: &[(u32, &[(u32, &[(u32, f64)])])]) -> MergePlan {
+/// One layer of a test plan: `(centre, [(member, weight)])` per centre.
+type PlanLayer<'a> = (u32, &'a [(u32, &'a [(u32, f64)])]);
+
+/// A merge plan of layers 1 and 2 of the test model.
+fn merge_plan(layers: &[PlanLayer<'_>]) -> MergePlan {
     use runfiles::mergeplan::{Centre, Member};
     MergePlan {
         method: "reap".into(),

@@ -548,6 +548,8 @@ async fn write_merge_plans(
         .map(|(i, l)| {
             let mut l = l.clone();
             if let Some(g) = supers.as_ref().and_then(|g| g.get(i)) {
+                // Empty when the keep maps' guard is off.
+                l.guarded.resize(g.len(), false);
                 l.guarded.iter_mut().zip(g).for_each(|(a, b)| *a |= *b);
             }
             l
@@ -770,7 +772,7 @@ pub fn run(mut args: ScoreArgs) -> Result<ExitCode, StagesError> {
             .collect::<Result<_, _>>()?;
     }
     if args.out.is_none() {
-        differences(&args.options, &own, &s)?.allow("score/ and keep_maps/")?;
+        differences(&args.options, &own, &s)?.allow("score/, keep_maps/ and merge_plans/")?;
     }
     let report = rt.block_on(score_into(&store, &out, &args.options))?;
     print!("{}", render::summary(&report));

@@ -7,6 +7,7 @@
 
 pub mod imatrix;
 pub mod maps;
+pub mod plans;
 pub mod stats;
 
 use crate::StagesError;
@@ -15,6 +16,7 @@ use numbers::saliency::{lenient, Saliency};
 use numbers::Split;
 use runfiles::artifacts::names as artifacts;
 use runfiles::keepmap::KeepMap;
+use runfiles::mergeplan::MergePlan;
 use runfiles::store::RunStore;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -61,6 +63,9 @@ pub mod names {
     pub const MAP_NESTED: &str = "keep maps: nested across K";
     /// Keep maps equal to a fresh recomputation.
     pub const MAP_RECOMPUTE: &str = "keep maps: equal to a fresh recomputation from saliency.json";
+    /// Merge plans well formed, their centres their keep maps' experts,
+    /// super experts alone.
+    pub const MERGE_PLANS: &str = "merge plans: K centres per layer, each its own member, none merged twice, centres = the keep map of the same method and K, super experts alone";
     /// Stored per-lease partials hash to what the manifest recorded.
     pub const RECORDED_HASHES: &str = "stored partials hash to the SHA-256 recorded at acceptance";
     /// Merge result independent of how chunks were spread.
@@ -225,6 +230,24 @@ pub async fn load_keep_maps(store: &RunStore) -> Result<Vec<(String, KeepMap)>, 
     Ok(out)
 }
 
+/// Every merge plan under `merge_plans/`; an unreadable one is an error
+/// naming it.
+pub async fn load_merge_plans(store: &RunStore) -> Result<Vec<(String, MergePlan)>, StagesError> {
+    let mut out = Vec::new();
+    for name in store
+        .list(runfiles::mergeplan::MERGE_PLANS_DIR)
+        .await?
+        .into_iter()
+        .filter(|n| n.ends_with(".json"))
+    {
+        let bytes = store.get(&name).await?;
+        let plan: MergePlan =
+            StagesError::parse_json(&bytes, || store.url_of(&name), "a merge plan")?;
+        out.push((name, plan));
+    }
+    Ok(out)
+}
+
 /// Reads every per-lease partial once: re-hashes it against the manifest's
 /// record (a changed, unrecorded or missing partial fails), then re-merges
 /// the unchanged ones in reverse order and compares the resulting
@@ -366,10 +389,12 @@ pub async fn verify(store: &RunStore) -> Result<VerifyReport, StagesError> {
     checks.extend(imatrix_checks(store, s).await?);
     let (rows, parts) = trace_rows(store).await?;
     checks.push(trace_check(s, rows, parts));
-    checks.extend(maps::check_keep_maps(
+    let maps = load_keep_maps(store).await?;
+    checks.extend(maps::check_keep_maps(s, &sha, &maps));
+    checks.push(plans::check_merge_plans(
         s,
-        &sha,
-        &load_keep_maps(store).await?,
+        &load_merge_plans(store).await?,
+        &maps,
     ));
     checks.extend(partials_checks(store, &bytes).await?);
     Ok(VerifyReport {

@@ -424,3 +424,65 @@ async fn the_importance_matrix_is_checked_against_the_model_and_the_counts() {
         assert_fails_only(&r, names::IMATRIX_VALUES, needle);
     }
 }
+
+#[tokio::test]
+async fn merge_plans_must_take_their_centres_from_their_keep_map() {
+    use runfiles::mergeplan::{Centre, Member, MergePlan};
+    let (_dir, store) = run_with(good().to_json_bytes()).await;
+    let opts = ScoreOptions {
+        k: vec![2],
+        bootstrap: 0,
+        ..Default::default()
+    };
+    score(&store, &opts).await.unwrap();
+    let r = verify(&store).await.unwrap();
+    assert_eq!(r.check(names::MERGE_PLANS).unwrap().status, Status::Info);
+    let maps = load_keep_maps(&store).await.unwrap();
+    let (_, keep) = &maps[0];
+    // Each centre takes the first expert no centre of its layer is.
+    let plan_of = |shift: u32| MergePlan {
+        method: keep.method.clone(),
+        k: keep.k,
+        params: serde_json::Value::Null,
+        saliency_sha256: keep.saliency_sha256.clone(),
+        layers: keep
+            .layers
+            .iter()
+            .map(|(&l, ids)| {
+                let spare = (0..).find(|e| !ids.contains(e)).unwrap();
+                let mut cs: Vec<Centre> = ids.iter().map(|&c| Centre::alone(c + shift)).collect();
+                cs[0].members.push(Member {
+                    expert: spare,
+                    weight: 0.5,
+                });
+                (l, cs)
+            })
+            .collect(),
+    };
+    let put = |plan: MergePlan| {
+        let store = &store;
+        async move {
+            let object = MergePlan::file_name(&plan.method, plan.k);
+            store
+                .put(&object, serde_json::to_vec(&plan).unwrap())
+                .await
+                .unwrap();
+        }
+    };
+    put(plan_of(0)).await;
+    let r = verify(&store).await.unwrap();
+    assert_eq!(
+        r.check(names::MERGE_PLANS).unwrap().status,
+        Status::Pass,
+        "{r}"
+    );
+    put(plan_of(100)).await;
+    let r = verify(&store).await.unwrap();
+    let c = r.check(names::MERGE_PLANS).unwrap();
+    assert_eq!(c.status, Status::Fail, "{r}");
+    assert!(
+        c.figure.contains("merges expert 10") || c.figure.contains("not the experts of"),
+        "{}",
+        c.figure
+    );
+}

@@ -72,7 +72,7 @@ impl slicer::RowCodec for GgmlCodec {
         }
     }
 
-    fn to_f32(&self, ty: u32, bytes: &[u8], out: &mut [f32]) {
+    fn decode(&self, ty: u32, bytes: &[u8], out: &mut [f32]) {
         Self::check_len(ty, out.len(), bytes.len());
         let f = Self::to_float(ty).expect("checked type");
         // SAFETY: `bytes` holds exactly `out.len()` values of `ty` in whole
@@ -80,7 +80,7 @@ impl slicer::RowCodec for GgmlCodec {
         unsafe { f(bytes.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64) };
     }
 
-    fn from_f32(&self, ty: u32, values: &[f32], out: &mut [u8]) {
+    fn encode(&self, ty: u32, values: &[f32], out: &mut [u8]) {
         Self::check_len(ty, values.len(), out.len());
         let f = Self::from_float(ty).expect("checked type");
         // SAFETY: `out` holds exactly the bytes of `values.len()` values of
@@ -106,13 +106,13 @@ mod tests {
         let c = GgmlCodec::new();
         let values: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) / 8.0).collect();
         let mut f16 = vec![0u8; 128];
-        c.from_f32(sys::GGML_TYPE_F16, &values, &mut f16);
+        c.encode(sys::GGML_TYPE_F16, &values, &mut f16);
         let mut back = vec![0f32; 64];
-        c.to_f32(sys::GGML_TYPE_F16, &f16, &mut back);
+        c.decode(sys::GGML_TYPE_F16, &f16, &mut back);
         assert_eq!(back, values); // multiples of 1/16 below 4 are exact in f16
         let mut q8 = vec![0u8; 2 * 34];
-        c.from_f32(sys::GGML_TYPE_Q8_0, &values, &mut q8);
-        c.to_f32(sys::GGML_TYPE_Q8_0, &q8, &mut back);
+        c.encode(sys::GGML_TYPE_Q8_0, &values, &mut q8);
+        c.decode(sys::GGML_TYPE_Q8_0, &q8, &mut back);
         for block in 0..2 {
             let range = block * 32..block * 32 + 32;
             let amax = values[range.clone()]
