@@ -21,6 +21,7 @@ pub mod lease;
 pub mod manifest;
 pub mod parquet_out;
 pub mod procstat;
+pub mod respond;
 pub mod room;
 pub mod store;
 pub mod trace;

@@ -19,6 +19,7 @@
 //! (`result_output`) once the caller has read the logits there.
 
 mod backend;
+pub mod batched;
 mod logits;
 mod quantize;
 mod reduce;
