@@ -172,7 +172,8 @@ mod tests {
 
     #[test]
     fn each_bad_key_is_named() {
-        let cases: [(fn(&mut RespondSettings), &str); 7] = [
+        type Spoil = fn(&mut RespondSettings);
+        let cases: [(Spoil, &str); 7] = [
             (|s| s.lease_prompts = 300, "lease_prompts"),
             (|s| s.max_tokens = 0, "max_tokens"),
             (|s| s.temperature = -0.1, "temperature"),

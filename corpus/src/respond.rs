@@ -130,16 +130,17 @@ fn record_prompts(
 
 /// Indices of the user turns the model answers: the last one, or each.
 fn user_turns(chat: &Chat, mode: RespondMode) -> Vec<usize> {
-    let users = chat
+    let mut users: Vec<usize> = chat
         .messages
         .iter()
         .enumerate()
         .filter(|(_, m)| m.role == Role::User)
-        .map(|(i, _)| i);
-    match mode {
-        RespondMode::EveryTurn => users.collect(),
-        _ => users.last().into_iter().collect(),
+        .map(|(i, _)| i)
+        .collect();
+    if mode != RespondMode::EveryTurn {
+        users.drain(..users.len().saturating_sub(1));
     }
+    users
 }
 
 /// The stored responses of `merged` (every prompt's, in prompt then sample
@@ -254,6 +255,9 @@ pub fn summary(responses: &[StoredResponse]) -> String {
 /// list in sample order.
 pub type ResponseMap<'a> = BTreeMap<(&'a str, u32), Vec<&'a StoredResponse>>;
 
+/// A rebuilt record, with the exact token ids of a continued document.
+pub type Rebuilt = (Record, Option<Vec<i32>>);
+
 /// The records `mode` makes of a source's `records` with its `responses`
 /// (dropped ones left out): one record per response sample, each with the
 /// record's group (its own location when it has none, so the samples are
@@ -265,7 +269,7 @@ pub fn apply(
     responses: &ResponseMap<'_>,
     settings: &RespondSettings,
     tokenizer: &dyn Tokenizer,
-) -> Result<Vec<(Record, Option<Vec<i32>>)>, CorpusError> {
+) -> Result<Vec<Rebuilt>, CorpusError> {
     let mut out = Vec::new();
     for rec in records {
         let missing = |turn: u32| CorpusError::Record {
