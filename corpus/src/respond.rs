@@ -353,3 +353,48 @@ fn answered<'r>(
         tools: chat.tools.clone(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(source: &str, perplexity: f64) -> StoredResponse {
+        StoredResponse {
+            source: source.into(),
+            at: format!("{source}:1"),
+            turn: 1,
+            sample: 0,
+            prompt_sha256: String::new(),
+            model_sha256: String::new(),
+            settings: serde_json::Value::Null,
+            seed: 0,
+            tokens: vec![1, 2],
+            text: "ab".into(),
+            stopped_at_eog: perplexity < 3.0,
+            perplexity,
+            dropped: false,
+        }
+    }
+
+    #[test]
+    fn the_filter_drops_above_each_sources_quantile_and_the_summary_counts_it() {
+        let mut rs: Vec<StoredResponse> = [4.0, 1.0, 3.0, 2.0]
+            .iter()
+            .map(|&p| response("a", p))
+            .chain([response("b", 10.0)])
+            .collect();
+        drop_above_quantile(&mut rs, 0.5);
+        let dropped: Vec<(String, f64)> = rs
+            .iter()
+            .filter(|r| r.dropped)
+            .map(|r| (r.source.clone(), r.perplexity))
+            .collect();
+        // Source a's median is 2: 3 and 4 go; b's only response is its own quantile.
+        assert_eq!(dropped, vec![("a".into(), 4.0), ("a".into(), 3.0)]);
+        let s = summary(&rs);
+        assert!(
+            s.contains("responses a: 4 prompts, 4 responses, 8 tokens generated; 2 stopped at end of generation, 2 at max_tokens; 2 dropped"),
+            "{s}"
+        );
+    }
+}
