@@ -18,6 +18,7 @@ pub mod candidate;
 pub mod eval;
 pub mod method;
 pub mod reference;
+pub mod respond;
 pub mod run;
 pub mod ship;
 pub mod strict;
@@ -78,6 +79,7 @@ impl Config {
             .and_then(|()| config.cluster.validate())
             .and_then(|()| config.eval.validate())
             .and_then(|()| config.ship.as_ref().map_or(Ok(()), |s| s.validate()))
+            .and_then(|()| config.corpus.validate_respond())
             .map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message,
@@ -264,6 +266,45 @@ pub struct CorpusConfig {
     /// calibration sees the prompts the model is served with.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub chat_template_kwargs: BTreeMap<String, serde_json::Value>,
+    /// `[corpus.respond]`: how the base model writes the text of the
+    /// sources that set `respond` (defaults when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub respond: Option<respond::RespondSettings>,
+}
+
+impl CorpusConfig {
+    /// Whether any source asks the base model to write its text.
+    pub fn responds(&self) -> bool {
+        self.domains
+            .iter()
+            .flat_map(|d| &d.sources)
+            .any(|s| s.respond.is_some())
+    }
+
+    /// `[corpus.respond]`, or its defaults.
+    pub fn respond_settings(&self) -> respond::RespondSettings {
+        self.respond.clone().unwrap_or_default()
+    }
+
+    /// Refuses `[corpus.respond]` settings no generation can run with, and
+    /// `respond` on an evaluation set's source (evaluation text is never
+    /// generated), naming the source.
+    pub fn validate_respond(&self) -> Result<(), String> {
+        if let Some(r) = &self.respond {
+            r.validate()?;
+        }
+        for e in &self.eval_sets {
+            if let Some(s) = e.sources.iter().find(|s| s.respond.is_some()) {
+                return Err(format!(
+                    "eval set {:?}, source {}: respond is for calibration domains only \
+                     (an evaluation set is text as written)",
+                    e.name,
+                    s.path.display()
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[corpus] shares`: how target shares are met.
@@ -303,6 +344,7 @@ impl Default for CorpusConfig {
             domains: Vec::new(),
             eval_sets: Vec::new(),
             chat_template_kwargs: BTreeMap::new(),
+            respond: None,
         }
     }
 }
@@ -446,6 +488,13 @@ pub struct SourceConfig {
     /// absolute, no symbolic link leading out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_dir: Option<PathBuf>,
+    /// Have the base model write this source's text in the response phase
+    /// (`[corpus.respond]`): `"assistant"` (chat records: the answer after
+    /// the last user turn), `"every_turn"` (chat: every assistant turn) or
+    /// `"continue"` (text: the rest of each document after its first
+    /// `prefix_tokens`). Absent: the text as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub respond: Option<respond::RespondMode>,
 }
 
 impl Default for SourceConfig {
@@ -463,6 +512,7 @@ impl Default for SourceConfig {
             exclude: Vec::new(),
             max_file_bytes: None,
             image_dir: None,
+            respond: None,
         }
     }
 }
@@ -495,6 +545,44 @@ pub enum SourceFormat {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn respond_parses_per_source_and_is_refused_on_an_eval_set() {
+        let text = r#"
+            [corpus.respond]
+            max_tokens = 8
+            temperature = 0.8
+            seed = 3
+            [[corpus.domains]]
+            name = "chat"
+            sources = [{ path = "chat.jsonl", respond = "assistant" }, { path = "t.txt", respond = "continue" }]
+        "#;
+        let c = Config::parse(text).unwrap();
+        let modes: Vec<_> = c.corpus.domains[0]
+            .sources
+            .iter()
+            .map(|s| s.respond)
+            .collect();
+        use respond::RespondMode::*;
+        assert_eq!(modes, vec![Some(Assistant), Some(Continue)]);
+        assert!(c.corpus.responds());
+        assert_eq!(c.corpus.respond_settings().max_tokens, 8);
+        c.corpus.validate_respond().unwrap();
+        let typo = text.replace("\"continue\"", "\"continu\"");
+        assert!(Config::parse(&typo).is_err());
+        let eval = format!(
+            "{text}\n[[corpus.eval_sets]]\nname = \"e\"\nsources = [{{ path = \"e.jsonl\", respond = \"assistant\" }}]\n"
+        );
+        let err = Config::parse(&eval)
+            .unwrap()
+            .corpus
+            .validate_respond()
+            .unwrap_err();
+        assert!(
+            err.contains("eval set \"e\"") && err.contains("e.jsonl"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn corpus_section_parses_with_defaults_and_paths_resolve_against_config_dir() {

@@ -1,5 +1,5 @@
 //! The `coordinator` binary's library: the command line ([`cli`]), the
-//! whole run ([`pipeline`]), the exact merge of stored partials ([`merge`])
+//! whole run ([`pipeline`]) with its response phase ([`respond`]), the exact merge of stored partials ([`merge`])
 //! and the cluster's credentials ([`keys`]) over the crates that do the work, in data-flow
 //! order: `config`, `corpus`, `runtime` (leases, QUIC, resume, running merge) and
 //! `stages` (score, verify, prune, eval, report, ship).
@@ -10,3 +10,4 @@ pub mod cli;
 pub mod keys;
 pub mod merge;
 pub mod pipeline;
+pub mod respond;

@@ -1,4 +1,5 @@
-//! `coordinator run`, the whole pipeline: corpus preparation, collection
+//! `coordinator run`, the whole pipeline: the response phase (when a
+//! source sets `respond`, [`crate::respond`]), corpus preparation, collection
 //! ([`runtime::run::execute`]), scoring, replay, verification, the report,
 //! then the evaluation of the `[eval]` keep maps ([`stages::eval`]), the
 //! report again with its results, and the files of `[ship]`
@@ -153,6 +154,11 @@ async fn stages(
     crew: &mut Crew<'static>,
 ) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
+    // The response phase writes the text of the sources that set
+    // `respond`, before the corpus is built from it.
+    if config.corpus.responds() {
+        crate::respond::respond(config, &store, crew).await?;
+    }
     let outcome = corpus::prepare_run(config, &store, false).await?;
     if !outcome.reused {
         print!("{}", corpus::summary(&outcome.manifest));

@@ -8,6 +8,8 @@
 //!   near-duplicates.
 //! - [`shares`] measures and checks token shares; [`schedule`] orders and
 //!   [`pack`] cuts the chunks; [`prepare`] runs all of it without storage.
+//! - [`respond`]: the response phase's prompts, stored responses and the
+//!   records rebuilt from them (sources with `respond`).
 //! - [`prepare_run`] stores the corpus under a run (its section of
 //!   `manifest.json`, whose schema the run location owns), reusing it when
 //!   the inputs are unchanged.
@@ -30,6 +32,7 @@ pub mod json_array;
 pub mod media;
 pub mod pack;
 pub mod prepare;
+pub mod respond;
 pub mod sample;
 pub mod schedule;
 pub mod shares;
@@ -165,9 +168,20 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
         }),
         None => None,
     };
+    let responses = match config.corpus.responds() {
+        true => stored_responses(store).await?,
+        false => Vec::new(),
+    };
+    let mut hashes = hashes;
+    if config.corpus.responds() {
+        hashes.push(prepare::responses_hash(&responses));
+    }
     let inputs = prepare::fingerprint(&config.corpus, &model_sha, &hashes, images.as_ref());
     let corpus = store.child(runfiles::artifacts::names::CORPUS_DIR);
-    let existing = read_manifest(store).await?;
+    // A manifest the response phase started (its records only) holds no corpus yet.
+    let existing = read_manifest(store)
+        .await?
+        .filter(|m| !m.inputs_sha256.is_empty());
     if let Some(m) = &existing {
         if m.inputs_sha256 == inputs {
             let stored = corpus.get_opt(CHUNKS_FILE).await?;
@@ -188,7 +202,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     let cfg = config.clone();
     let prepared = tokio::task::spawn_blocking(move || {
         let tokenizer = load(&cfg.model_path(), cfg.mmproj_path().as_deref())?;
-        prepare::prepare(&cfg, &tokenizer, &model_sha)
+        prepare::prepare_with_responses(&cfg, &tokenizer, &model_sha, &responses)
     })
     .await
     .map_err(|e| CorpusError::Config(format!("corpus preparation panicked: {e}")))??;
@@ -212,12 +226,15 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
             .await?;
     }
     // A new corpus starts a new manifest: records of results computed from
-    // another corpus are dropped with it.
+    // another corpus are dropped with it; those of the responses it was
+    // built from are kept.
+    let before = runfiles::manifest::read(store).await.ok().flatten();
     let json = runfiles::manifest::encode(&runfiles::manifest::RunManifest {
         corpus: prepared.manifest.clone(),
+        response_partials: before.map(|m| m.response_partials).unwrap_or_default(),
         ..Default::default()
     });
-    if existing.is_some() {
+    if store.get_opt(MANIFEST_FILE).await?.is_some() {
         store.put(MANIFEST_FILE, json).await?;
     } else {
         store.put_new(MANIFEST_FILE, json).await?;
@@ -226,6 +243,26 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
         manifest: prepared.manifest,
         reused: false,
     })
+}
+
+/// The response phase's stored responses (`corpus/responses/responses.jsonl`);
+/// a config with responding sources and none stored is an error naming the file.
+async fn stored_responses(
+    store: &RunStore,
+) -> Result<Vec<runfiles::respond::StoredResponse>, CorpusError> {
+    let name = runfiles::respond::RESPONSES_FILE;
+    let url = store.url_of(name);
+    let bytes = store
+        .get_opt(name)
+        .await?
+        .ok_or_else(|| CorpusError::Stored {
+            url: url.clone(),
+            message: "absent: sources with respond are built from the responses the response \
+                      phase of `coordinator run` stores there"
+                .into(),
+        })?;
+    runfiles::respond::read_responses(&bytes)
+        .map_err(|message| CorpusError::Stored { url, message })
 }
 
 /// The bytes of an image the chunks carry, checked against the hash they

@@ -17,6 +17,7 @@ use runfiles::manifest::{
     ChunkPlan, DocRecord, DomainInfo, Dropped, EvalSetInfo, ImagesInfo, Manifest, SourceInfo,
     CORPUS_FORMAT,
 };
+use runfiles::respond::StoredResponse;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -177,17 +178,28 @@ pub fn all_sources(corpus: &CorpusConfig) -> impl Iterator<Item = &SourceConfig>
 
 struct Read {
     records: Vec<Record>,
+    /// The exact token ids of each record, where the response phase fixed
+    /// them (`respond = "continue"`).
+    pinned: Vec<Option<Vec<i32>>>,
     sources: Vec<SourceInfo>,
     hashes: Vec<String>,
+}
+
+/// What the sources that set `respond` are rebuilt from.
+struct Responding<'a> {
+    responses: &'a [StoredResponse],
+    tokenizer: &'a dyn Tokenizer,
 }
 
 fn read_all(
     config: &Config,
     sources: &[SourceConfig],
     group_key: Option<&str>,
+    responding: Option<&Responding<'_>>,
 ) -> Result<Read, CorpusError> {
     let mut out = Read {
         records: Vec::new(),
+        pinned: Vec::new(),
         sources: Vec::new(),
         hashes: Vec::new(),
     };
@@ -213,7 +225,27 @@ fn read_all(
             skipped_no_text,
         });
         out.hashes.push(sha256);
-        out.records.extend(records);
+        match (s.respond, responding) {
+            (Some(mode), Some(r)) => {
+                let name = super::respond::source_name(s);
+                let mut map = super::respond::ResponseMap::new();
+                for resp in r.responses.iter().filter(|x| x.source == name) {
+                    map.entry((resp.at.as_str(), resp.turn))
+                        .or_default()
+                        .push(resp);
+                }
+                let settings = config.corpus.respond_settings();
+                let made = super::respond::apply(records, mode, &map, &settings, r.tokenizer)?;
+                for (rec, tokens) in made {
+                    out.records.push(rec);
+                    out.pinned.push(tokens);
+                }
+            }
+            _ => {
+                out.pinned.extend(records.iter().map(|_| None));
+                out.records.extend(records);
+            }
+        }
     }
     Ok(out)
 }
@@ -225,8 +257,34 @@ pub fn prepare(
     tokenizer: &dyn Tokenizer,
     model_sha256: &str,
 ) -> Result<Prepared, CorpusError> {
+    prepare_with_responses(config, tokenizer, model_sha256, &[])
+}
+
+/// The fingerprint entry of a corpus's stored responses (the SHA-256 of
+/// their `responses.jsonl`), among the sources' hashes.
+pub fn responses_hash(responses: &[StoredResponse]) -> String {
+    let jsonl = runfiles::respond::responses_jsonl(responses);
+    format!(
+        "responses:{}",
+        hex::encode(Sha256::digest(jsonl.as_bytes()))
+    )
+}
+
+/// [`prepare`] with the response phase's stored `responses`, from which
+/// the sources that set `respond` are rebuilt ([`super::respond::apply`]);
+/// their hash enters the fingerprint when a source responds.
+pub fn prepare_with_responses(
+    config: &Config,
+    tokenizer: &dyn Tokenizer,
+    model_sha256: &str,
+    responses: &[StoredResponse],
+) -> Result<Prepared, CorpusError> {
     let c = &config.corpus;
     validate(c)?;
+    let responding = c.responds().then_some(Responding {
+        responses,
+        tokenizer,
+    });
     let names: Vec<String> = c.domains.iter().map(|d| d.name.clone()).collect();
 
     // Eval sets are domains of their own after the calibration domains.
@@ -238,11 +296,12 @@ pub fn prepare(
 
     // Read every source, each record with its domain's index in `all_names`.
     let mut records: Vec<(u16, Record)> = Vec::new();
+    let mut pinned: Vec<Option<Vec<i32>>> = Vec::new();
     let mut domain_sources = Vec::new();
     let mut hashes = Vec::new();
     for (i, d) in c.domains.iter().enumerate() {
         let group_key = d.group_key.as_deref().or(c.group_key.as_deref());
-        let r = read_all(config, &d.sources, group_key)?;
+        let r = read_all(config, &d.sources, group_key, responding.as_ref())?;
         if r.records.is_empty() {
             return Err(CorpusError::EmptyDomain {
                 domain: d.name.clone(),
@@ -251,11 +310,13 @@ pub fn prepare(
         }
         domain_sources.push(r.sources);
         hashes.extend(r.hashes);
+        pinned.extend(r.pinned);
         records.extend(r.records.into_iter().map(|rec| (i as u16, rec)));
     }
     let mut eval_infos = Vec::new();
     for (i, e) in c.eval_sets.iter().enumerate() {
-        let r = read_all(config, &e.sources, None)?;
+        let r = read_all(config, &e.sources, None, None)?;
+        pinned.extend(r.pinned);
         eval_infos.push(EvalSetInfo {
             name: e.name.clone(),
             sources: r.sources,
@@ -264,6 +325,11 @@ pub fn prepare(
         hashes.extend(r.hashes);
         let domain = (names.len() + i) as u16;
         records.extend(r.records.into_iter().map(|rec| (domain, rec)));
+    }
+
+    // After every source's, as `prepare_run` fingerprints them.
+    if responding.is_some() {
+        hashes.push(responses_hash(responses));
     }
 
     // Template and tokenize everything, images through the mmproj.
@@ -293,10 +359,18 @@ pub fn prepare(
         // (rayon's own collect into a Result stops at whichever fails first).
         .into_iter()
         .collect::<Result<_, _>>()?;
-    let tokens = tokenize_all(tokenizer, &inputs).map_err(|(i, message)| CorpusError::Record {
-        at: at_of(&records[i].1),
-        message,
-    })?;
+    let mut tokens =
+        tokenize_all(tokenizer, &inputs).map_err(|(i, message)| CorpusError::Record {
+            at: at_of(&records[i].1),
+            message,
+        })?;
+    // A continued document is its prefix's tokens and the response's
+    // exactly, not a new tokenization of their text.
+    for (t, pin) in tokens.iter_mut().zip(pinned) {
+        if let Some(ids) = pin {
+            t.0 = ids;
+        }
+    }
     check_image_lengths(&records, &tokens, c.n_ctx, at_of)?;
     let chars: Vec<u64> = inputs
         .iter()

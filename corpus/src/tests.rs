@@ -15,6 +15,7 @@ mod dups;
 mod fixtures;
 mod images;
 mod llama;
+mod respond;
 mod templates;
 
 /// A small corpus: English prose with a `topic` group key, Japanese text

@@ -12,6 +12,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::token::LlamaToken;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -44,6 +45,20 @@ pub trait Tokenizer: Sync {
     /// Renders a conversation with the model's chat template, `kwargs` in
     /// the template's context.
     fn apply_chat_template(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, String>;
+    /// Renders a conversation followed by the chat template's generation
+    /// prompt (the response phase's prompts).
+    fn apply_chat_template_prompt(
+        &self,
+        _chat: &Chat,
+        _kwargs: &ChatKwargs,
+    ) -> Result<String, String> {
+        Err("this tokenizer cannot render a generation prompt".into())
+    }
+    /// The text of token ids (special tokens written as their text), as
+    /// the vocabulary writes them; bytes that are not UTF-8 are replaced.
+    fn detokenize(&self, _tokens: &[i32]) -> Result<String, String> {
+        Err("this tokenizer cannot turn token ids into text".into())
+    }
     /// Description for the manifest.
     fn info(&self) -> TokenizerInfo;
 }
@@ -170,12 +185,51 @@ impl Tokenizer for LlamaTokenizer {
     }
 
     fn apply_chat_template(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, String> {
+        self.render(chat, kwargs, false)
+    }
+
+    fn apply_chat_template_prompt(
+        &self,
+        chat: &Chat,
+        kwargs: &ChatKwargs,
+    ) -> Result<String, String> {
+        self.render(chat, kwargs, true)
+    }
+
+    fn detokenize(&self, tokens: &[i32]) -> Result<String, String> {
+        let vocab = self.model.vocab();
+        let n_vocab = vocab.n_tokens();
+        let mut bytes = Vec::new();
+        for &t in tokens {
+            if t < 0 || t >= n_vocab {
+                return Err(format!(
+                    "token id {t} is outside the vocabulary of {n_vocab}"
+                ));
+            }
+            vocab.token_to_piece_into(LlamaToken(t), &mut bytes, true, None);
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn info(&self) -> TokenizerInfo {
+        self.info_of()
+    }
+}
+
+impl LlamaTokenizer {
+    /// Renders `chat` with the model's template, with its generation prompt
+    /// after it or not.
+    fn render(&self, chat: &Chat, kwargs: &ChatKwargs, prompt: bool) -> Result<String, String> {
         let template = self
             .template
             .as_ref()
             .ok_or("the model has no chat template (tokenizer.chat_template), so chat records cannot be rendered")?;
         if let Some(jinja) = &self.jinja {
-            return jinja.render(chat, kwargs).map_err(|e| match e {
+            let rendered = match prompt {
+                true => jinja.render_prompt(chat, kwargs),
+                false => jinja.render(chat, kwargs),
+            };
+            return rendered.map_err(|e| match e {
                 TemplateError::OverBudget(why) => format!("model {}: {why}", self.path.display()),
                 TemplateError::Invalid(why) => why,
             });
@@ -187,11 +241,12 @@ impl Tokenizer for LlamaTokenizer {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("message cannot be passed to llama.cpp ({e})"))?;
         self.model
-            .apply_chat_template(template, &chat, false)
+            .apply_chat_template(template, &chat, prompt)
             .map_err(|e| format!("the model's chat template failed ({e})"))
     }
 
-    fn info(&self) -> TokenizerInfo {
+    /// Description for the manifest.
+    fn info_of(&self) -> TokenizerInfo {
         let vocab = self.model.vocab();
         TokenizerInfo {
             kind: "llama.cpp".into(),
@@ -297,6 +352,19 @@ impl Tokenizer for ByteTokenizer {
             .iter()
             .map(|m| format!("<{}>{}\n", m.role.as_str(), m.content))
             .collect())
+    }
+
+    fn apply_chat_template_prompt(
+        &self,
+        chat: &Chat,
+        kwargs: &ChatKwargs,
+    ) -> Result<String, String> {
+        Ok(self.apply_chat_template(chat, kwargs)? + "<assistant>")
+    }
+
+    fn detokenize(&self, tokens: &[i32]) -> Result<String, String> {
+        let bytes: Vec<u8> = tokens.iter().map(|&t| t as u8).collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     fn info(&self) -> TokenizerInfo {

@@ -22,6 +22,7 @@ pub mod packed;
 pub mod partial;
 pub mod partial_check;
 pub mod peer_text;
+pub mod respond;
 pub mod routing;
 pub mod saliency;
 pub mod split;

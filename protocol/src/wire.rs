@@ -69,7 +69,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// 10: an eval job carries the generation check's prompts.
 /// 11: the job's options carry the lookahead distances (`trace_lookahead`)
 /// and decode traces (`decode_tokens`, `decode_prompt`).
-pub const PROTOCOL_VERSION: u32 = 11;
+/// 12: a third task, [`Task::Respond`] (the response phase), appended.
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -196,6 +197,49 @@ pub enum Task {
     Collect,
     /// Evaluation of the job's candidates.
     Evaluate(EvalJob),
+    /// The response phase: generate responses to the job's prompts (a
+    /// lease's range names prompts, not chunks).
+    Respond(RespondJob),
+}
+
+/// A response job: the prompts the base model answers, and how.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RespondJob {
+    /// Object name of the prompt file under the run
+    /// (`corpus/responses/prompts.json`).
+    pub prompts: String,
+    /// SHA-256 of its bytes; a worker that reads other bytes refuses.
+    pub prompts_sha256: String,
+    /// Sampling and lengths.
+    pub sampling: Sampling,
+}
+
+/// How responses are sampled. Floats travel as their bits, so the job
+/// compares exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Most tokens per response.
+    pub max_tokens: u32,
+    /// Responses per prompt.
+    pub n: u32,
+    /// The run's sampling seed.
+    pub seed: u64,
+    /// Temperature (`f64::to_bits`); 0 is greedy.
+    pub temperature_bits: u64,
+    /// Nucleus mass (`f64::to_bits`).
+    pub top_p_bits: u64,
+}
+
+impl Sampling {
+    /// The temperature.
+    pub fn temperature(&self) -> f64 {
+        f64::from_bits(self.temperature_bits)
+    }
+
+    /// The nucleus mass.
+    pub fn top_p(&self) -> f64 {
+        f64::from_bits(self.top_p_bits)
+    }
 }
 
 /// An evaluation job (DESIGN section 12): besides the [`JobInfo`] of the
@@ -678,13 +722,13 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 11 (as of 3, with `Computed` and
+        // protocol of PROTOCOL_VERSION 12 (as of 3, with `Computed` and
         // `Checkpoint` appended in 5; 6 changed the fields of an eval
         // candidate, 7 those of the job, 8 which replies answer what, 9 and
-        // 10 the eval job's fields, 11 the job options', not a tag); moving
-        // one needs a new version.
+        // 10 the eval job's fields, 11 the job options', not a tag; 12
+        // appended a task); moving one needs a new version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 11);
+        assert_eq!(PROTOCOL_VERSION, 12);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
@@ -730,7 +774,18 @@ mod tests {
                 new_tokens: 32,
             },
         };
-        for task in [Task::Collect, Task::Evaluate(eval)] {
+        let respond = RespondJob {
+            prompts: "corpus/responses/prompts.json".into(),
+            prompts_sha256: "d".repeat(64),
+            sampling: Sampling {
+                max_tokens: 8,
+                n: 2,
+                seed: 3,
+                temperature_bits: 0.8f64.to_bits(),
+                top_p_bits: 1.0f64.to_bits(),
+            },
+        };
+        for task in [Task::Collect, Task::Evaluate(eval), Task::Respond(respond)] {
             let welcome = ToWorker::Welcome {
                 worker_id: WorkerId(1),
                 job: Box::new(job.clone()),

@@ -207,6 +207,12 @@ pub const EVAL_PARTIALS: LeaseLayout = LeaseLayout {
     dir: "eval/partials",
 };
 
+/// Response partials of the response phase:
+/// `corpus/responses/partials/part-*.bin` (prompt ranges).
+pub const RESPONSE_PARTIALS: LeaseLayout = LeaseLayout {
+    dir: "corpus/responses/partials",
+};
+
 impl LeaseLayout {
     /// Object name of the result of a chunk range.
     pub fn object(&self, range: ChunkRange) -> String {

@@ -10,6 +10,7 @@
 use crate::layout::LeaseLayout;
 use numbers::eval::{EvalError, EvalPartial};
 use numbers::partial::{PackedPartial, Partial};
+use numbers::respond::{ResponseMergeError, ResponsePartial};
 use numbers::stats::MergeError;
 
 /// The names a kind of result goes by in logs and errors.
@@ -167,6 +168,62 @@ impl Addend<EvalPartial> for EvalPartial {
     }
 
     fn add_to(self, total: &mut Option<EvalPartial>) -> Result<(), EvalError> {
+        match total {
+            None => *total = Some(self),
+            Some(t) => t.merge(&self)?,
+        }
+        Ok(())
+    }
+}
+
+impl LeaseOutput for ResponsePartial {
+    const LAYOUT: LeaseLayout = crate::layout::RESPONSE_PARTIALS;
+    const LABELS: Labels = Labels {
+        output: "response partial",
+        result: "response result",
+        lease: "response lease",
+    };
+    type MergeError = ResponseMergeError;
+    type Addend = ResponsePartial;
+
+    fn decode(bytes: &[u8]) -> Result<ResponsePartial, String> {
+        ResponsePartial::from_bytes(bytes)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        self.to_bytes()
+    }
+
+    fn merge(&mut self, other: &ResponsePartial) -> Result<(), ResponseMergeError> {
+        ResponsePartial::merge(self, other)
+    }
+
+    /// Generation on one backend is deterministic: two workers' responses
+    /// of the same prompts agree when they are equal.
+    fn agree(&self, other: &ResponsePartial) -> Result<(), String> {
+        ResponsePartial::agree(self, other)
+    }
+
+    /// Tokens generated.
+    fn measured(&self) -> u64 {
+        self.generated()
+    }
+
+    fn chunks(&self) -> &[numbers::split::ChunkRange] {
+        &self.chunks
+    }
+}
+
+impl Addend<ResponsePartial> for ResponsePartial {
+    fn measured(&self) -> u64 {
+        self.generated()
+    }
+
+    fn agree(&self, other: &ResponsePartial) -> Result<(), String> {
+        ResponsePartial::agree(self, other)
+    }
+
+    fn add_to(self, total: &mut Option<ResponsePartial>) -> Result<(), ResponseMergeError> {
         match total {
             None => *total = Some(self),
             Some(t) => t.merge(&self)?,

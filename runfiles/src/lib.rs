@@ -22,6 +22,7 @@ pub mod manifest;
 pub mod mergeplan;
 pub mod parquet_out;
 pub mod procstat;
+pub mod respond;
 pub mod room;
 pub mod store;
 pub mod trace;

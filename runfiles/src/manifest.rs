@@ -256,6 +256,10 @@ pub struct RunManifest {
     /// Accepted eval partials by object name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub eval_partials: Records,
+    /// Accepted response partials (the response phase, before the corpus)
+    /// by object name; kept when the corpus is prepared from them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub response_partials: Records,
     /// The trace budget and what it became.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceRecord>,

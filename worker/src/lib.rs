@@ -17,6 +17,7 @@
 //! - [`quantize`]: `worker quantize`, llama.cpp's quantiser with an
 //!   importance matrix, written create-only and hashed.
 //! - [`offload`]: where a model's weights live (`--ngl`, `--cpu-moe`).
+//! - [`respond`]: the response phase's batched generation.
 //! - [`llama`]: the only unsafe code, wrapping llama.cpp (every other
 //!   module forbids it).
 #![deny(missing_docs)]
@@ -40,5 +41,7 @@ pub mod llama;
 pub mod offload;
 #[forbid(unsafe_code)]
 pub mod quantize;
+#[forbid(unsafe_code)]
+pub mod respond;
 
 pub use error::WorkerError;

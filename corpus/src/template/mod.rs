@@ -141,7 +141,17 @@ impl ChatTemplate {
         let messages = self
             .messages(&chat.messages)
             .map_err(TemplateError::Invalid)?;
-        self.render_json(messages, chat.tools.as_ref(), kwargs)
+        self.render_json(messages, chat.tools.as_ref(), kwargs, false)
+    }
+
+    /// Renders a conversation followed by the template's generation prompt
+    /// (the start of the assistant turn the model is to write), as
+    /// llama-server renders a request.
+    pub fn render_prompt(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, TemplateError> {
+        let messages = self
+            .messages(&chat.messages)
+            .map_err(TemplateError::Invalid)?;
+        self.render_json(messages, chat.tools.as_ref(), kwargs, true)
     }
 
     /// The messages as llama-server hands them to this template.
@@ -226,6 +236,7 @@ impl ChatTemplate {
         messages: Json,
         tools: Option<&Json>,
         kwargs: &ChatKwargs,
+        generation_prompt: bool,
     ) -> Result<String, TemplateError> {
         if self.over_budget.load(Ordering::Acquire) {
             return Err(TemplateError::OverBudget(
@@ -237,7 +248,7 @@ impl ChatTemplate {
         if let Some(t) = tools {
             context.insert("tools".into(), t.clone());
         }
-        context.insert("add_generation_prompt".into(), false.into());
+        context.insert("add_generation_prompt".into(), generation_prompt.into());
         for (k, v) in &self.base_context {
             context.insert(k.clone(), v.clone());
         }
@@ -294,12 +305,13 @@ impl ChatTemplate {
     /// A probe that exceeds the budget refuses the template.
     fn probe(&self) -> Result<Caps, TemplateError> {
         let none = ChatKwargs::new();
-        let render =
-            |messages: Json, tools: Option<&Json>| match self.render_json(messages, tools, &none) {
-                Ok(text) => Ok(Some(text)),
-                Err(TemplateError::Invalid(_)) => Ok(None),
-                Err(e) => Err(e),
-            };
+        let render = |messages: Json, tools: Option<&Json>| match self
+            .render_json(messages, tools, &none, false)
+        {
+            Ok(text) => Ok(Some(text)),
+            Err(TemplateError::Invalid(_)) => Ok(None),
+            Err(e) => Err(e),
+        };
         let system_role = render(
             json!([
                 {"role": "system", "content": "probe system 8c1f"},

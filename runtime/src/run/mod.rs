@@ -13,6 +13,7 @@
 //! - [`local`]: `--local-workers N` worker processes.
 //! - [`progress`]: the progress bar.
 //! - [`trace_plan`]: the per-split trace budget as a chunk stride.
+//! - [`respond`]: the response phase's leases (prompts, before the corpus).
 //! - [`execute`] is the collection itself, given a prepared corpus;
 //!   `coordinator run` (the pipeline module) wraps it with corpus preparation
 //!   and the later stages.
@@ -24,6 +25,7 @@ pub mod local;
 pub mod lock;
 pub mod progress;
 pub mod record;
+pub mod respond;
 pub mod resume;
 pub mod runner;
 pub mod serve;

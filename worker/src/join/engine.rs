@@ -12,10 +12,12 @@ use crate::eval::candidates::Inputs;
 use crate::eval::{Compare, EvalOptions};
 use crate::images::ImageBytes;
 use crate::offload::Offload;
+use crate::respond::Responder;
 use numbers::eval::ModelsInMemory;
 use numbers::partial::Partial;
-use protocol::wire::{EvalJob, JobInfo};
+use protocol::wire::{EvalJob, JobInfo, RespondJob};
 use runfiles::corpus::{Chunk, CorpusIndex};
+use runfiles::respond::PromptFile;
 use runfiles::trace::TraceRow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,6 +64,16 @@ pub trait EngineLoader: Send + Clone + 'static {
         _inputs: &Inputs,
     ) -> Result<Box<dyn EvalEngine>, String> {
         Err("this engine cannot evaluate pruned candidates".into())
+    }
+    /// Loads the model of a response job with its prompts. Engines that
+    /// cannot generate refuse.
+    fn load_respond(
+        self,
+        _job: &JobInfo,
+        _respond: &RespondJob,
+        _prompts: PromptFile,
+    ) -> Result<Responder, String> {
+        Err("this engine cannot generate responses".into())
     }
 }
 
@@ -132,6 +144,19 @@ impl EngineLoader for CollectorLoader {
             trace_top_n: o.trace_top_n as usize,
             decode_trace: Vec::new(),
         })
+    }
+
+    fn load_respond(
+        self,
+        job: &JobInfo,
+        respond: &RespondJob,
+        prompts: PromptFile,
+    ) -> Result<Responder, String> {
+        let threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
+        let model = self.model.unwrap_or_else(|| PathBuf::from(&job.model_path));
+        Responder::load(&model, &self.offload, threads, prompts, respond.sampling)
     }
 
     fn load_eval(

@@ -561,6 +561,9 @@ async fn work<L: EngineLoader>(
                     Task::Evaluate(eval) => {
                         tracing::info!(%worker_id, run = %job.run_url, candidates = eval.candidates.len(), "joined an evaluation")
                     }
+                    Task::Respond(_) => {
+                        tracing::info!(%worker_id, run = %job.run_url, "joined a response phase")
+                    }
                 }
                 serve_phase(c, loader, loaded, summary, *job, task).await?
             }
@@ -624,10 +627,14 @@ async fn serve_phase<L: EngineLoader>(
         };
         return refuse(c, err).await;
     }
-    let corpus = Corpus::open(&job).await?;
+    // The response phase runs before the corpus exists.
+    let corpus = match loaded.as_ref().map(|l| &l.task) {
+        Some(Task::Respond(_)) => None,
+        _ => Some(Corpus::open(&job).await?),
+    };
     let lease = Leasing {
         work,
-        corpus: &corpus,
+        corpus: corpus.as_ref(),
         run: &run,
         job: &job,
         heartbeat,
@@ -827,7 +834,7 @@ impl Corpus {
 /// What every lease of a session is computed with.
 struct Leasing<'a> {
     work: &'a dyn work::LeaseWork,
-    corpus: &'a Corpus,
+    corpus: Option<&'a Corpus>,
     run: &'a RunStore,
     job: &'a JobInfo,
     heartbeat: Duration,

@@ -4,22 +4,28 @@
 //! stores the trace part); evaluation first reads the job's keep maps (and
 //! importance matrix) from the run, makes each candidate from its base model
 //! (refusing the job when one's SHA-256 is not the coordinator's) and evaluates chunks on an
-//! [`EvalEngine`]. A new task is one more implementation.
+//! [`EvalEngine`]; the response phase reads the job's prompts and generates
+//! a lease's responses with a [`Responder`] (no corpus exists yet, so its
+//! leases get none). A new task is one more implementation.
 
 use super::engine::{Engine, EngineLoader, EngineThread};
 use super::eval_engine::EvalEngine;
 use super::{Corpus, JoinError};
 use crate::eval::candidates::Inputs;
+use crate::respond::Responder;
 use numbers::eval::EvalPartial;
 use numbers::partial::Partial;
+use numbers::respond::ResponsePartial;
 use numbers::ChunkRange;
-use protocol::wire::{EvalJob, JobInfo, Task};
+use protocol::wire::{EvalJob, JobInfo, RespondJob, Task};
 use runfiles::keepmap::KeepMap;
 use runfiles::lease::{Labels, LeaseOutput};
+use runfiles::respond::PromptFile;
 use runfiles::store::RunStore;
 use runfiles::trace::TraceRow;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 /// The result of a lease, when it is computed.
 pub(super) type Produced<'a> = Pin<Box<dyn Future<Output = Result<Output, String>> + Send + 'a>>;
@@ -32,6 +38,8 @@ pub(super) enum Output {
     Collect(Box<Partial>),
     /// An eval partial.
     Evaluate(EvalPartial),
+    /// Generated responses.
+    Respond(ResponsePartial),
 }
 
 impl Output {
@@ -40,6 +48,7 @@ impl Output {
         match (self, other) {
             (Output::Collect(a), Output::Collect(b)) => a.merge(&b).map_err(|e| e.to_string()),
             (Output::Evaluate(a), Output::Evaluate(b)) => a.merge(&b).map_err(|e| e.to_string()),
+            (Output::Respond(a), Output::Respond(b)) => a.merge(&b).map_err(|e| e.to_string()),
             _ => Err("results of two tasks do not add".into()),
         }
     }
@@ -49,6 +58,7 @@ impl Output {
         match self {
             Output::Collect(p) => p.encode(),
             Output::Evaluate(p) => p.encode(),
+            Output::Respond(p) => p.encode(),
         }
     }
 }
@@ -60,11 +70,12 @@ pub(super) trait LeaseWork: Send + Sync {
     /// SHA-256 of the model the work runs on (a mismatch with the job makes
     /// the worker refuse it).
     fn model_sha256(&self) -> &str;
-    /// Computes the result of the chunks `range` and stores what goes to
-    /// the run besides it (trace parts).
+    /// Computes the result of the chunks `range` (of the `corpus`, which
+    /// the response phase has not: its units are prompts) and stores what
+    /// goes to the run besides it (trace parts).
     fn produce<'a>(
         &'a self,
-        corpus: &'a Corpus,
+        corpus: Option<&'a Corpus>,
         run: &'a RunStore,
         range: ChunkRange,
     ) -> Produced<'a>;
@@ -90,11 +101,12 @@ impl LeaseWork for Collect {
 
     fn produce<'a>(
         &'a self,
-        corpus: &'a Corpus,
+        corpus: Option<&'a Corpus>,
         run: &'a RunStore,
         range: ChunkRange,
     ) -> Produced<'a> {
         Box::pin(async move {
+            let corpus = corpus.ok_or(NO_CORPUS)?;
             let chunks = corpus.chunks(range)?;
             let images = corpus.images(&chunks).await?;
             let (mut partial, rows, decode_rows) = self
@@ -134,11 +146,12 @@ impl LeaseWork for Evaluate {
 
     fn produce<'a>(
         &'a self,
-        corpus: &'a Corpus,
+        corpus: Option<&'a Corpus>,
         _run: &'a RunStore,
         range: ChunkRange,
     ) -> Produced<'a> {
         Box::pin(async move {
+            let corpus = corpus.ok_or(NO_CORPUS)?;
             let chunks = corpus.chunks(range)?;
             let images = corpus.images(&chunks).await?;
             let partial = self
@@ -146,6 +159,40 @@ impl LeaseWork for Evaluate {
                 .run(corpus.index.clone(), chunks, images)
                 .await?;
             Ok(Output::Evaluate(partial))
+        })
+    }
+}
+
+/// Why a chunk task got no corpus.
+const NO_CORPUS: &str = "the job names no corpus to read chunks from";
+
+/// The response phase: a lease's responses from a [`Responder`], on a
+/// blocking thread of its own.
+struct Respond {
+    responder: Arc<Responder>,
+}
+
+impl LeaseWork for Respond {
+    fn labels(&self) -> Labels {
+        ResponsePartial::LABELS
+    }
+
+    fn model_sha256(&self) -> &str {
+        self.responder.model_sha256()
+    }
+
+    fn produce<'a>(
+        &'a self,
+        _corpus: Option<&'a Corpus>,
+        _run: &'a RunStore,
+        range: ChunkRange,
+    ) -> Produced<'a> {
+        let responder = self.responder.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || responder.respond(range))
+                .await
+                .map_err(|e| format!("generation panicked: {e}"))?
+                .map(Output::Respond)
         })
     }
 }
@@ -181,6 +228,19 @@ pub(super) async fn load<L: EngineLoader>(
                 trace_shape,
             }))
         }
+        Task::Respond(respond) => {
+            let prompts = prompts(run, respond).await?;
+            let respond = respond.clone();
+            let responder = tokio::task::spawn_blocking(move || {
+                loader.load_respond(&job_for_thread, &respond, prompts)
+            })
+            .await
+            .map_err(|e| JoinError::Engine(format!("loading the model panicked: {e}")))?
+            .map_err(JoinError::Engine)?;
+            Ok(Box::new(Respond {
+                responder: Arc::new(responder),
+            }))
+        }
         Task::Evaluate(eval) => {
             let inputs = inputs(run, eval).await?;
             let eval = eval.clone();
@@ -204,6 +264,22 @@ pub(super) async fn load<L: EngineLoader>(
             }))
         }
     }
+}
+
+/// Reads the response job's prompts, refusing bytes that are not the
+/// coordinator's.
+async fn prompts(run: &RunStore, job: &RespondJob) -> Result<PromptFile, JoinError> {
+    let bytes = run.get(&job.prompts).await?;
+    let sha = gguf::hash::sha256_hex(&bytes);
+    if sha != job.prompts_sha256 {
+        return Err(JoinError::Engine(format!(
+            "{} has SHA-256 {sha}, the coordinator's is {}",
+            run.url_of(&job.prompts),
+            job.prompts_sha256
+        )));
+    }
+    runfiles::respond::read_prompts(&bytes)
+        .map_err(|e| JoinError::Engine(format!("{}: {e}", run.url_of(&job.prompts))))
 }
 
 /// Reads what the job's candidates are made from: their keep maps and,

@@ -21,6 +21,7 @@
 //! (`result_output`) once the caller has read the logits there.
 
 mod backend;
+pub mod batched;
 mod codec;
 mod dequant;
 mod logits;
