@@ -77,6 +77,7 @@ impl Config {
             .validate()
             .and_then(|()| config.cluster.validate())
             .and_then(|()| config.eval.validate())
+            .and_then(|()| config.eval.check_noise_ubatch(config.run.n_ubatch))
             .and_then(|()| config.ship.as_ref().map_or(Ok(()), |s| s.validate()))
             .map_err(|message| ConfigError::Parse {
                 path: path.to_path_buf(),

@@ -44,6 +44,14 @@ pub trait Tokenizer: Sync {
     /// Renders a conversation with the model's chat template, `kwargs` in
     /// the template's context.
     fn apply_chat_template(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, String>;
+    /// Renders a conversation with the template's generation prompt (the
+    /// assistant header a server appends so the model answers next): the
+    /// text before an assistant turn's content ([`crate::turns`]).
+    fn apply_chat_template_prompt(
+        &self,
+        chat: &Chat,
+        kwargs: &ChatKwargs,
+    ) -> Result<String, String>;
     /// Description for the manifest.
     fn info(&self) -> TokenizerInfo;
 }
@@ -127,6 +135,39 @@ impl LlamaTokenizer {
         })
     }
 
+    /// Renders `chat` with the model's template (Jinja, else llama.cpp's
+    /// built-in renderer), with the generation prompt when `prompt`.
+    fn render_chat(
+        &self,
+        chat: &Chat,
+        kwargs: &ChatKwargs,
+        prompt: bool,
+    ) -> Result<String, String> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or("the model has no chat template (tokenizer.chat_template), so chat records cannot be rendered")?;
+        if let Some(jinja) = &self.jinja {
+            let rendered = match prompt {
+                true => jinja.render_prompt(chat, kwargs),
+                false => jinja.render(chat, kwargs),
+            };
+            return rendered.map_err(|e| match e {
+                TemplateError::OverBudget(why) => format!("model {}: {why}", self.path.display()),
+                TemplateError::Invalid(why) => why,
+            });
+        }
+        let chat = chat
+            .messages
+            .iter()
+            .map(|m| LlamaChatMessage::new(m.role.template_name().to_string(), m.legacy_content()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("message cannot be passed to llama.cpp ({e})"))?;
+        self.model
+            .apply_chat_template(template, &chat, prompt)
+            .map_err(|e| format!("the model's chat template failed ({e})"))
+    }
+
     /// A template that writes BOS itself, plus the tokenizer's BOS: keep one.
     fn one_bos(&self, ids: &mut Vec<i32>, special: bool) {
         let vocab = self.model.vocab();
@@ -170,25 +211,15 @@ impl Tokenizer for LlamaTokenizer {
     }
 
     fn apply_chat_template(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, String> {
-        let template = self
-            .template
-            .as_ref()
-            .ok_or("the model has no chat template (tokenizer.chat_template), so chat records cannot be rendered")?;
-        if let Some(jinja) = &self.jinja {
-            return jinja.render(chat, kwargs).map_err(|e| match e {
-                TemplateError::OverBudget(why) => format!("model {}: {why}", self.path.display()),
-                TemplateError::Invalid(why) => why,
-            });
-        }
-        let chat = chat
-            .messages
-            .iter()
-            .map(|m| LlamaChatMessage::new(m.role.template_name().to_string(), m.legacy_content()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("message cannot be passed to llama.cpp ({e})"))?;
-        self.model
-            .apply_chat_template(template, &chat, false)
-            .map_err(|e| format!("the model's chat template failed ({e})"))
+        self.render_chat(chat, kwargs, false)
+    }
+
+    fn apply_chat_template_prompt(
+        &self,
+        chat: &Chat,
+        kwargs: &ChatKwargs,
+    ) -> Result<String, String> {
+        self.render_chat(chat, kwargs, true)
     }
 
     fn info(&self) -> TokenizerInfo {
@@ -297,6 +328,14 @@ impl Tokenizer for ByteTokenizer {
             .iter()
             .map(|m| format!("<{}>{}\n", m.role.as_str(), m.content))
             .collect())
+    }
+
+    fn apply_chat_template_prompt(
+        &self,
+        chat: &Chat,
+        kwargs: &ChatKwargs,
+    ) -> Result<String, String> {
+        Ok(self.apply_chat_template(chat, kwargs)? + "<assistant>")
     }
 
     fn info(&self) -> TokenizerInfo {

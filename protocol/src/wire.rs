@@ -67,7 +67,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// proof, and `Welcome` an idle poll (the next phase's job and task).
 /// 9: an eval job carries `models_in_memory` and `scratch_dir`.
 /// 10: an eval job carries the generation check's prompts.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// 11: the generation check's prompts carry their tokens (read across the
+/// chunks of their document) and the noise floor's micro-batch.
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -712,9 +714,16 @@ mod tests {
             models_in_memory: numbers::eval::ModelsInMemory::Count(2),
             scratch_dir: Some("/scratch".into()),
             generate: numbers::eval::GenerateJob {
-                prompts: [(3, 0), (40, 1)].into(),
-                prompt_tokens: 128,
+                prompts: vec![numbers::eval::Prompt {
+                    chunk: 3,
+                    domain: 1,
+                    doc: 17,
+                    after_user_turn: true,
+                    tokens: vec![151_644, 872, 198],
+                }],
                 new_tokens: 32,
+                noise_ubatch: 1,
+                unprompted: [(0, "no held-out text".into())].into(),
             },
         };
         for task in [Task::Collect, Task::Evaluate(eval)] {

@@ -23,7 +23,10 @@
 //! `<tool_call>` blocks ([`Message::legacy_content`]) instead of losing
 //! them. The context holds `bos_token`, `eos_token`, `date_string` and
 //! `datetime` (llama-server's) and the config's `chat_template_kwargs`;
-//! `add_generation_prompt` is false (whole conversations are calibrated).
+//! `add_generation_prompt` is false (whole conversations are calibrated),
+//! except in [`ChatTemplate::render_prompt`]: a conversation up to a user
+//! turn with the generation prompt, which tells where an assistant turn
+//! starts (the generation check's prompts end there).
 //!
 //! Every rendering (the probes included) runs under a [`budget`]: fuel,
 //! output bytes and heap; a template that exceeds it is refused
@@ -141,7 +144,17 @@ impl ChatTemplate {
         let messages = self
             .messages(&chat.messages)
             .map_err(TemplateError::Invalid)?;
-        self.render_json(messages, chat.tools.as_ref(), kwargs)
+        self.render_json(messages, chat.tools.as_ref(), kwargs, false)
+    }
+
+    /// Renders a conversation with the generation prompt
+    /// (`add_generation_prompt` true): what a server hands the model to
+    /// answer its last turn.
+    pub fn render_prompt(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, TemplateError> {
+        let messages = self
+            .messages(&chat.messages)
+            .map_err(TemplateError::Invalid)?;
+        self.render_json(messages, chat.tools.as_ref(), kwargs, true)
     }
 
     /// The messages as llama-server hands them to this template.
@@ -226,6 +239,7 @@ impl ChatTemplate {
         messages: Json,
         tools: Option<&Json>,
         kwargs: &ChatKwargs,
+        generation_prompt: bool,
     ) -> Result<String, TemplateError> {
         if self.over_budget.load(Ordering::Acquire) {
             return Err(TemplateError::OverBudget(
@@ -237,7 +251,7 @@ impl ChatTemplate {
         if let Some(t) = tools {
             context.insert("tools".into(), t.clone());
         }
-        context.insert("add_generation_prompt".into(), false.into());
+        context.insert("add_generation_prompt".into(), generation_prompt.into());
         for (k, v) in &self.base_context {
             context.insert(k.clone(), v.clone());
         }
@@ -294,12 +308,13 @@ impl ChatTemplate {
     /// A probe that exceeds the budget refuses the template.
     fn probe(&self) -> Result<Caps, TemplateError> {
         let none = ChatKwargs::new();
-        let render =
-            |messages: Json, tools: Option<&Json>| match self.render_json(messages, tools, &none) {
-                Ok(text) => Ok(Some(text)),
-                Err(TemplateError::Invalid(_)) => Ok(None),
-                Err(e) => Err(e),
-            };
+        let render = |messages: Json, tools: Option<&Json>| match self
+            .render_json(messages, tools, &none, false)
+        {
+            Ok(text) => Ok(Some(text)),
+            Err(TemplateError::Invalid(_)) => Ok(None),
+            Err(e) => Err(e),
+        };
         let system_role = render(
             json!([
                 {"role": "system", "content": "probe system 8c1f"},
