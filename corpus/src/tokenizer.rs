@@ -46,7 +46,7 @@ pub trait Tokenizer: Sync {
     fn apply_chat_template(&self, chat: &Chat, kwargs: &ChatKwargs) -> Result<String, String>;
     /// Renders a conversation with the template's generation prompt (the
     /// assistant header a server appends so the model answers next): the
-    /// text before an assistant turn's content ([`crate::turns`]).
+    /// text before an assistant turn's content.
     fn apply_chat_template_prompt(
         &self,
         chat: &Chat,

@@ -103,7 +103,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
     // 256-token chunk, chat conversations up to an assistant turn, 32 new
     // tokens), and no pruned candidate generates all of them as the base
     // model does; the noise floor continued the same prompts.
-    let every_domain: Vec<&String> = eval.domains.iter().collect();
+    let every_domain: std::collections::BTreeSet<&String> = eval.domains.iter().collect();
     assert!(
         eval.generation_unprompted.is_empty(),
         "{:?}",
@@ -115,7 +115,11 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
         .expect("the quickstart has a noise floor");
     assert_eq!(noise.n_ubatch, 1);
     assert_eq!(
-        noise.figures.domains.keys().collect::<Vec<_>>(),
+        noise
+            .figures
+            .domains
+            .keys()
+            .collect::<std::collections::BTreeSet<_>>(),
         every_domain
     );
     for c in &eval.candidates {
@@ -132,7 +136,7 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
             c.name
         );
         assert_eq!(
-            g.domains.keys().collect::<Vec<_>>(),
+            g.domains.keys().collect::<std::collections::BTreeSet<_>>(),
             every_domain,
             "{}",
             c.name
@@ -253,7 +257,7 @@ fn ship_the_quickstart(run: &Path, dir: &Path) {
         let g = &card["measured"]["generation"];
         assert!(g["all"]["prompts"].as_u64().unwrap() >= 3, "{m}: {card}");
         assert!(
-            md.contains("held-out prompts (128 tokens each, 32 new tokens)"),
+            md.contains("held-out prompts (22 to 128 tokens each, 32 new tokens)"),
             "{md}"
         );
     }
