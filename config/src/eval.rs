@@ -56,14 +56,23 @@ pub struct EvalSettings {
     /// Where workers write sliced candidates and a lease's base logits (a
     /// path on each worker's machine; unset: its `$TMPDIR`).
     pub scratch_dir: Option<String>,
-    /// The generation check: held-out prompts per domain (the first
-    /// held-out chunks of each domain, their first half as the prompt)
-    /// that the base model and every candidate continue greedily; 0: no
+    /// The generation check: prompts per calibration domain and eval set
+    /// that the base model and every candidate continue greedily, each from
+    /// a held-out document of its own: a chat document's tokens up to an
+    /// assistant turn's start (the first that leaves room for the
+    /// continuation), another document's first `n_ctx / 2` tokens; 0: no
     /// check.
     pub generate_prompts: u32,
     /// Greedy tokens each model generates after a prompt (at most half
     /// the chunk).
     pub generate_tokens: u32,
+    /// The generation check's noise floor: the base model continues each
+    /// prompt a second time with the prompt decoded in micro-batches of
+    /// this many tokens (fewer than `[run] n_ubatch`; 1: token by token, a
+    /// decode step per prompt token), a change that should not matter; its
+    /// disagreement with itself is the table's `base vs base` row. 0: no
+    /// noise floor.
+    pub generate_noise_ubatch: u32,
 }
 
 impl Default for EvalSettings {
@@ -80,6 +89,7 @@ impl Default for EvalSettings {
             scratch_dir: None,
             generate_prompts: 4,
             generate_tokens: 32,
+            generate_noise_ubatch: 1,
         }
     }
 }
@@ -249,6 +259,21 @@ impl EvalSettings {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a noise floor decoded in micro-batches of the run's own
+    /// size (`[run] n_ubatch`), which would perturb nothing, or larger
+    /// ones, which a worker's context does not take.
+    pub fn check_noise_ubatch(&self, n_ubatch: u32) -> Result<(), String> {
+        match self.generate_noise_ubatch >= n_ubatch {
+            true => Err(format!(
+                "[eval] generate_noise_ubatch = {} is not smaller than [run] n_ubatch = \
+                 {n_ubatch}: the noise floor needs a smaller micro-batch (1, the default, \
+                 decodes prompts token by token; 0 turns it off)",
+                self.generate_noise_ubatch
+            )),
+            false => Ok(()),
+        }
     }
 
     /// The candidates' keep-map names, K resolved against `shape`:
@@ -468,5 +493,22 @@ mod tests {
             .validate()
             .unwrap_err()
             .contains("<method>_K<share>%"));
+    }
+
+    #[test]
+    fn the_noise_floor_needs_another_micro_batch() {
+        let s = EvalSettings::default();
+        assert_eq!(s.generate_noise_ubatch, 1);
+        assert!(s.check_noise_ubatch(512).is_ok());
+        let e = s.check_noise_ubatch(1).unwrap_err();
+        assert!(
+            e.contains("generate_noise_ubatch = 1 is not smaller than [run] n_ubatch = 1"),
+            "{e}"
+        );
+        let off = EvalSettings {
+            generate_noise_ubatch: 0,
+            ..EvalSettings::default()
+        };
+        assert!(off.check_noise_ubatch(512).is_ok());
     }
 }

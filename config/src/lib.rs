@@ -78,6 +78,7 @@ impl Config {
             .validate()
             .and_then(|()| config.cluster.validate())
             .and_then(|()| config.eval.validate())
+            .and_then(|()| config.eval.check_noise_ubatch(config.run.n_ubatch))
             .and_then(|()| config.ship.as_ref().map_or(Ok(()), |s| s.validate()))
             .and_then(|()| config.corpus.validate_respond())
             .map_err(|message| ConfigError::Parse {

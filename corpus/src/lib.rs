@@ -39,6 +39,7 @@ pub mod shares;
 pub mod source;
 pub mod template;
 pub mod tokenizer;
+pub mod turns;
 pub mod vision;
 
 #[cfg(test)]

@@ -372,6 +372,26 @@ pub fn prepare_with_responses(
         }
     }
     check_image_lengths(&records, &tokens, c.n_ctx, at_of)?;
+    // Where each chat document's assistant turns start (text: none).
+    let eos = {
+        let info = tokenizer.info();
+        info.add_eos.then_some(info.eos)
+    };
+    let starts: Vec<Option<Vec<u32>>> = records
+        .par_iter()
+        .zip(&tokens)
+        .map(|((_, rec), (ids, images))| match &rec.content {
+            Content::Chat(chat) if images.is_empty() => Some(super::turns::assistant_starts(
+                tokenizer,
+                chat,
+                &c.chat_template_kwargs,
+                ids,
+                c.n_ctx as usize,
+                eos,
+            )),
+            _ => None,
+        })
+        .collect();
     let chars: Vec<u64> = inputs
         .iter()
         .map(|(text, _, _)| text.chars().count() as u64)
@@ -450,8 +470,12 @@ pub fn prepare_with_responses(
     let documents: Vec<DocRecord> = docs
         .iter()
         .zip(&drops)
-        .map(|(d, x)| doc_record(d, &all_names, x.as_ref()))
-        .chain(eval_docs.iter().map(|d| doc_record(d, &all_names, None)))
+        .map(|(d, x)| doc_record(d, &all_names, x.as_ref(), &starts))
+        .chain(
+            eval_docs
+                .iter()
+                .map(|d| doc_record(d, &all_names, None, &starts)),
+        )
         .collect();
     // The held-out share is a fraction of what duplicate removal keeps,
     // before fit text is left out over a share (which only shrinks the fit
@@ -805,8 +829,14 @@ pub(crate) fn duplicates(
 }
 
 /// What `documents.jsonl` records of a document: `names` its domain's
-/// name, `dropped` the rule that dropped it.
-fn doc_record(d: &Doc, names: &[String], dropped: Option<&Dropped>) -> DocRecord {
+/// name, `dropped` the rule that dropped it, `starts` every document's
+/// assistant-turn starts by index.
+fn doc_record(
+    d: &Doc,
+    names: &[String],
+    dropped: Option<&Dropped>,
+    starts: &[Option<Vec<u32>>],
+) -> DocRecord {
     DocRecord {
         at: d.at.clone(),
         domain: names[d.domain as usize].clone(),
@@ -815,6 +845,7 @@ fn doc_record(d: &Doc, names: &[String], dropped: Option<&Dropped>) -> DocRecord
         tokens: d.tokens.len() as u64,
         chars: d.chars,
         dropped: dropped.map(|x| x.rule.clone()),
+        assistant_starts: starts.get(d.index as usize).cloned().flatten(),
     }
 }
 

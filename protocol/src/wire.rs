@@ -70,7 +70,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// 11: the job's options carry the lookahead distances (`trace_lookahead`)
 /// and decode traces (`decode_tokens`, `decode_prompt`).
 /// 12: a third task, [`Task::Respond`] (the response phase), appended.
-pub const PROTOCOL_VERSION: u32 = 12;
+/// 13: the generation check's prompts carry their tokens (read across the
+/// chunks of their document) and the noise floor's micro-batch.
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -722,13 +724,14 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 12 (as of 3, with `Computed` and
+        // protocol of PROTOCOL_VERSION 13 (as of 3, with `Computed` and
         // `Checkpoint` appended in 5; 6 changed the fields of an eval
         // candidate, 7 those of the job, 8 which replies answer what, 9 and
-        // 10 the eval job's fields, 11 the job options', not a tag; 12
-        // appended a task); moving one needs a new version.
+        // 10 the eval job's fields, 11 the job options', 13 the generation
+        // prompts', not a tag; 12 appended a task); moving one needs a new
+        // version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 12);
+        assert_eq!(PROTOCOL_VERSION, 13);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
@@ -769,9 +772,16 @@ mod tests {
             models_in_memory: numbers::eval::ModelsInMemory::Count(2),
             scratch_dir: Some("/scratch".into()),
             generate: numbers::eval::GenerateJob {
-                prompts: [(3, 0), (40, 1)].into(),
-                prompt_tokens: 128,
+                prompts: vec![numbers::eval::Prompt {
+                    chunk: 3,
+                    domain: 1,
+                    doc: 17,
+                    after_user_turn: true,
+                    tokens: vec![151_644, 872, 198],
+                }],
                 new_tokens: 32,
+                noise_ubatch: 1,
+                unprompted: [(0, "no held-out text".into())].into(),
             },
         };
         let respond = RespondJob {

@@ -25,8 +25,9 @@ pub use crate::layout::corpus::DOCUMENTS_FILE;
 
 /// Version of the corpus format; part of the inputs fingerprint (2: exact
 /// duplicates dropped and the held-out share bounded; 3: every span names
-/// its document and group, `index.json` lists the groups).
-pub const CORPUS_FORMAT: u32 = 3;
+/// its document and group, `index.json` lists the groups; 4:
+/// `documents.jsonl` gives each chat document's assistant-turn starts).
+pub const CORPUS_FORMAT: u32 = 4;
 
 /// The corpus section of the run's manifest.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -230,6 +231,13 @@ pub struct DocRecord {
     /// The rule that dropped it, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dropped: Option<String>,
+    /// A chat document's assistant-turn starts: token offsets (each at
+    /// most `n_ctx`) where the conversation so far, rendered with the
+    /// template's generation prompt, ends and an assistant's answer begins
+    /// (`corpus::turns`); absent for text. The generation check's chat
+    /// prompts end there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assistant_starts: Option<Vec<u32>>,
 }
 
 /// The most bytes of `manifest.json` read back (it holds the config, the

@@ -136,10 +136,11 @@ pub fn fake_eval_partial(
         corpus_sha256: index.chunks_sha256.clone(),
         skip_first: job.skip_first,
         splits: job.splits.clone(),
-        generate_tokens: job.generate.tokens(),
+        generate: job.generate.settings(),
         backends: vec!["scripted".into()],
         chunks: vec![range],
         base,
         candidates,
+        noise: BTreeMap::new(),
     }
 }

@@ -160,7 +160,7 @@ fn the_base_model_alone_runs_with_any_number_of_models_in_memory() {
 /// in memory or run in turn, on either comparison path.
 #[test]
 fn generations_match_a_copy_of_the_base_and_every_memory_mode() {
-    use numbers::eval::{GenerateJob, ModelsInMemory};
+    use numbers::eval::{GenerateJob, ModelsInMemory, Prompt};
     use worker::eval::{candidates, Compare, EvalOptions, Evaluator};
     let dir = tempfile::tempdir().unwrap();
     let base = fixtures::model(dir.path(), Preset::Tiny);
@@ -170,10 +170,21 @@ fn generations_match_a_copy_of_the_base_and_every_memory_mode() {
     synth::write_model(Preset::Tiny, 8, &other).unwrap();
     let cands = candidates::from_files(&[copy, other]).unwrap();
     let (index, chunks) = synth::chunks::bench_chunks(4, N_CTX, 600);
+    // Prompts of 20 tokens from chunks 0, 2 and 3, the last two from one
+    // chunk's two places (a lease continues every prompt whose document
+    // starts in its chunks).
+    let prompt = |chunk: usize, at: usize| Prompt {
+        chunk: chunk as u32,
+        domain: 0,
+        doc: chunk as u32,
+        after_user_turn: false,
+        tokens: chunks[chunk].tokens[at..at + 20].to_vec(),
+    };
     let generate = GenerateJob {
-        prompts: [(0, 0), (2, 0), (3, 0)].into(),
-        prompt_tokens: 20,
+        prompts: vec![prompt(0, 0), prompt(2, 0), prompt(3, 0), prompt(3, 7)],
         new_tokens: 12,
+        noise_ubatch: 1,
+        unprompted: Default::default(),
     };
     let mut seen = Vec::new();
     for compare in [Compare::Host, Compare::Device] {
@@ -194,17 +205,17 @@ fn generations_match_a_copy_of_the_base_and_every_memory_mode() {
             };
             let mut e = Evaluator::load(&base, &cands, opts).unwrap();
             let p = e.run(&index, &chunks, &mut |_, _| {}).unwrap().partial;
-            assert_eq!(p.generate_tokens, (20, 12));
+            assert_eq!(p.generate, (12, 1));
             let gens: Vec<_> = p.candidates.iter().map(|c| c.generations.clone()).collect();
-            for g in &gens {
-                assert_eq!(g.keys().copied().collect::<Vec<_>>(), [0, 2, 3]);
+            for g in gens.iter().chain([&p.noise]) {
+                assert_eq!(g.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
+                assert!(g.values().all(|g| g.prompt_tokens == 20 && g.matched <= 12));
             }
             // The copy of the base model generates what the base does.
-            assert!(gens[0]
-                .values()
-                .all(|g| (g.agreed, g.diverged_at) == (12, 12)));
+            assert!(gens[0].values().all(|g| g.matched == 12));
             // Other weights generate other tokens.
-            assert!(gens[1].values().any(|g| g.diverged_at < 12), "{gens:?}");
+            assert!(gens[1].values().any(|g| g.matched < 12), "{gens:?}");
+            let gens = (gens, p.noise);
             seen.push(((compare, mode), gens));
         }
     }

@@ -99,27 +99,59 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
         );
     }
     // The generation check: every candidate continued held-out prompts of
-    // every domain that has a whole held-out chunk (half a 256-token chunk,
-    // 32 new tokens), and no pruned candidate generates all of them as the
-    // base model does.
+    // every domain and of the eval set (document starts of half a
+    // 256-token chunk, chat conversations up to an assistant turn, 32 new
+    // tokens), and no pruned candidate generates all of them as the base
+    // model does; the noise floor continued the same prompts.
+    let every_domain: std::collections::BTreeSet<&String> = eval.domains.iter().collect();
+    assert!(
+        eval.generation_unprompted.is_empty(),
+        "{:?}",
+        eval.generation_unprompted
+    );
+    let noise = eval
+        .generation_noise
+        .as_ref()
+        .expect("the quickstart has a noise floor");
+    assert_eq!(noise.n_ubatch, 1);
+    assert_eq!(
+        noise
+            .figures
+            .domains
+            .keys()
+            .collect::<std::collections::BTreeSet<_>>(),
+        every_domain
+    );
     for c in &eval.candidates {
         let g = c.generation.as_ref().expect("the quickstart generates");
-        assert_eq!((g.prompt_tokens, g.new_tokens), (128, 32), "{}", c.name);
-        assert!(
-            g.all.prompts >= 3 && g.domains.len() >= 3,
-            "{}: {g:?}",
+        assert_eq!(g.new_tokens, 32, "{}", c.name);
+        assert_eq!(
+            g.prompt_tokens.1, 128,
+            "{}: text prompts are half a chunk",
             c.name
         );
+        assert!(
+            g.prompt_tokens.0 < 128,
+            "{}: chat prompts end early",
+            c.name
+        );
+        assert_eq!(
+            g.domains.keys().collect::<std::collections::BTreeSet<_>>(),
+            every_domain,
+            "{}",
+            c.name
+        );
+        assert_eq!(g.all.prompts, noise.figures.all.prompts, "{}", c.name);
         assert!(
             g.all.identical < g.all.prompts && (0.0..1.0).contains(&g.all.agreement),
             "{}: {g:?}",
             c.name
         );
+        assert!(g.all.matched_prefix_ci.known(), "{}: {g:?}", c.name);
     }
     // The eval set (`sample_eval`): held out whole, a domain of its own
     // whose figures are its own row per candidate, outside the held-out
-    // whole (whose positions are the calibration domains' alone) and
-    // giving no generation prompt.
+    // whole (whose positions are the calibration domains' alone).
     assert_eq!(eval.eval_sets, ["sample_eval"]);
     for c in &eval.candidates {
         let held = &c.splits[&Split::Heldout];
@@ -133,12 +165,14 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
             .sum();
         assert_eq!(held.all.n, calibration, "{}", c.name);
         assert!(!c.splits[&Split::Fit].domains.contains_key("sample_eval"));
-        let g = c.generation.as_ref().unwrap();
-        assert!(!g.domains.contains_key("sample_eval"), "{}", c.name);
     }
     assert!(stdout.contains("evaluated 4 candidates"), "{stdout}");
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
     assert!(report.contains("Generation check"), "{report}");
+    assert!(
+        report.contains("| base vs base (n_ubatch 1) | "),
+        "{report}"
+    );
     for c in &eval.candidates {
         let row = format!(
             "| {} | sample_eval | {} | ",
@@ -223,7 +257,7 @@ fn ship_the_quickstart(run: &Path, dir: &Path) {
         let g = &card["measured"]["generation"];
         assert!(g["all"]["prompts"].as_u64().unwrap() >= 3, "{m}: {card}");
         assert!(
-            md.contains("held-out prompts (128 tokens each, 32 new tokens)"),
+            md.contains("held-out prompts (22 to 128 tokens each, 32 new tokens)"),
             "{md}"
         );
     }

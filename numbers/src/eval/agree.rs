@@ -96,8 +96,7 @@ fn structure_difference(a: &EvalPartial, b: &EvalPartial) -> Option<String> {
         .or_else(|| {
             same(
                 "settings",
-                (a.skip_first, &a.splits, a.generate_tokens)
-                    == (b.skip_first, &b.splits, b.generate_tokens),
+                (a.skip_first, &a.splits, a.generate) == (b.skip_first, &b.splits, b.generate),
             )
         })
         .or_else(|| {

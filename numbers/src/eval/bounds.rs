@@ -13,11 +13,15 @@
 //! - every sum within the per-position budget of the corpus
 //!   ([`crate::exact::per_token_limit`]), so no merge of accepted partials
 //!   leaves the exact accumulator's range;
-//! - backend names short and printable, in bounded numbers.
+//! - backend names short and printable, in bounded numbers;
+//! - generation figures (each candidate's and the noise floor's) only with
+//!   a generation job, each a prompt and a matched prefix no longer than
+//!   the continuation.
 //!
 //! Which positions and groups a lease holds depends on the corpus and is
 //! checked by the coordinator's acceptance against its chunks.
 
+use super::generation::Generation;
 use super::partial::{ChunkSums, EvalPartial, Group, TokenKl};
 use crate::exact::{per_token_limit, ExactSum};
 use crate::partial_check::{label_ok, MAX_BACKENDS, MAX_LABEL_CHARS};
@@ -42,9 +46,12 @@ pub fn check_figures(p: &EvalPartial, corpus_tokens: u64) -> Result<(), String> 
         in_budget(b.nll, limit, b.n, &format!("{at}: NLL sum"))?;
         not_below(b.nll, b.n, &format!("{at}: NLL sum"))?;
     }
+    check_generations(&p.noise, p.generate.0).map_err(|e| format!("noise floor: {e}"))?;
     for c in &p.candidates {
         let name = peer_text(&c.name);
         check_tokens(&c.tokens).map_err(|e| format!("candidate {name}: {e}"))?;
+        check_generations(&c.generations, p.generate.0)
+            .map_err(|e| format!("candidate {name}: {e}"))?;
         for (g, s) in &c.groups {
             let at = format!("candidate {name}, {}", group_name(g));
             let sums = [
@@ -94,6 +101,22 @@ pub fn check_figures(p: &EvalPartial, corpus_tokens: u64) -> Result<(), String> 
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// Generations of continuations of `new_tokens` (none without a job):
+/// each possible ([`Generation::check`]).
+fn check_generations(gens: &BTreeMap<u32, Generation>, new_tokens: u32) -> Result<(), String> {
+    if new_tokens == 0 && !gens.is_empty() {
+        return Err(format!(
+            "{} generations, but the partial generated no tokens",
+            gens.len()
+        ));
+    }
+    for (id, g) in gens {
+        g.check(new_tokens)
+            .map_err(|e| format!("generation prompt {id}: {e}"))?;
     }
     Ok(())
 }
@@ -285,7 +308,7 @@ pub(crate) mod tests {
             corpus_sha256: "k".into(),
             skip_first: 0,
             splits: vec![Split::Fit],
-            generate_tokens: (0, 0),
+            generate: (0, 0),
             backends: vec!["cpu".into()],
             chunks: vec![ChunkRange { start: 0, end: 2 }],
             base: BTreeMap::from([(g, base)]),
@@ -298,11 +321,41 @@ pub(crate) mod tests {
                 tokens,
                 generations: BTreeMap::new(),
             }],
+            noise: BTreeMap::new(),
         }
     }
 
     fn honest() -> EvalPartial {
         partial(&[(0, 1, 0.25), (0, 2, 0.0), (1, 0, 1.5)])
+    }
+
+    #[test]
+    fn generation_figures_must_be_possible_and_need_a_job() {
+        let gen = |prompt_tokens, matched| Generation {
+            domain: 0,
+            prompt_tokens,
+            matched,
+        };
+        let mut p = honest();
+        p.generate = (4, 1);
+        p.candidates[0].generations = [(0, gen(9, 4)), (1, gen(9, 0))].into();
+        p.noise = [(0, gen(9, 4)), (1, gen(9, 4))].into();
+        check_figures(&p, CORPUS_TOKENS).unwrap();
+        let mut longer = p.clone();
+        longer.candidates[0].generations.insert(1, gen(9, 5));
+        let e = check_figures(&longer, CORPUS_TOKENS).unwrap_err();
+        assert!(
+            e.contains("candidate frequency_K8: generation prompt 1"),
+            "{e}"
+        );
+        let mut empty = p.clone();
+        empty.noise.insert(2, gen(0, 1));
+        let e = check_figures(&empty, CORPUS_TOKENS).unwrap_err();
+        assert!(e.contains("noise floor: generation prompt 2"), "{e}");
+        let mut unasked = p;
+        unasked.generate = (0, 0);
+        let e = check_figures(&unasked, CORPUS_TOKENS).unwrap_err();
+        assert!(e.contains("generated no tokens"), "{e}");
     }
 
     #[test]

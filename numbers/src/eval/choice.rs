@@ -237,6 +237,8 @@ mod tests {
             eval_sets: Vec::new(),
             domains: vec!["english".into()],
             pairs: Vec::new(),
+            generation_noise: None,
+            generation_unprompted: BTreeMap::new(),
         }
     }
 

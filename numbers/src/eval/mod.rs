@@ -26,7 +26,7 @@ pub mod partial;
 pub mod stats;
 pub mod summary;
 
-pub use generation::{GenerateJob, Generation, GenerationSummary};
+pub use generation::{GenerateJob, Generation, GenerationNoise, GenerationSummary, Prompt};
 pub use memory::ModelsInMemory;
 pub use partial::{
     BaseSums, CandidateResult, CandidateSums, CellKey, ChunkSums, EvalPartial, Group, TokenKl,

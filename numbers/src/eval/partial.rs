@@ -10,8 +10,10 @@ use std::collections::BTreeMap;
 
 /// Version of the eval partial encoding; bumped on any layout change
 /// (2: groups carry their modality; 3: per-chunk sums; 4: generations;
-/// 5: per-chunk sums split by cluster, the corpus group of each span).
-pub const EVAL_FORMAT_VERSION: u32 = 5;
+/// 5: per-chunk sums split by cluster, the corpus group of each span;
+/// 6: generations by prompt id with the matched prefix, and the noise
+/// floor).
+pub const EVAL_FORMAT_VERSION: u32 = 6;
 
 /// Largest encoded eval partial the decoder accepts (1 GiB).
 pub const MAX_EVAL_PARTIAL_BYTES: usize = 1 << 30;
@@ -161,7 +163,7 @@ pub struct CandidateResult {
     pub chunks: BTreeMap<CellKey, ChunkSums>,
     /// Per-position KL, sorted by (chunk, pos).
     pub tokens: Vec<TokenKl>,
-    /// The generation check, by prompt chunk ([`super::generation`]).
+    /// The generation check, by prompt id ([`super::generation`]).
     pub generations: BTreeMap<u32, Generation>,
 }
 
@@ -220,9 +222,10 @@ pub struct EvalPartial {
     pub skip_first: u32,
     /// Splits scored.
     pub splits: Vec<Split>,
-    /// Tokens of each generation prompt and greedy tokens generated after
-    /// it ([`super::generation::GenerateJob`]; zero without generation).
-    pub generate_tokens: (u32, u32),
+    /// Greedy tokens generated after each prompt and the noise floor's
+    /// micro-batch ([`super::generation::GenerateJob::settings`]; zero
+    /// without generation).
+    pub generate: (u32, u32),
     /// Backends that computed the chunks.
     pub backends: Vec<String>,
     /// Chunks covered, sorted and disjoint.
@@ -231,6 +234,10 @@ pub struct EvalPartial {
     pub base: BTreeMap<Group, BaseSums>,
     /// One entry per candidate, in the job's order.
     pub candidates: Vec<CandidateResult>,
+    /// The noise floor by prompt id: the base model's continuation with
+    /// the prompt decoded in micro-batches of the job's `noise_ubatch`
+    /// against its own ([`super::generation`]).
+    pub noise: BTreeMap<u32, Generation>,
 }
 
 impl EvalPartial {
@@ -263,11 +270,11 @@ impl EvalPartial {
                 &(other.skip_first, &other.splits),
             ));
         }
-        if self.generate_tokens != other.generate_tokens {
+        if self.generate != other.generate {
             return Err(differ(
-                "generation (prompt tokens, new tokens)",
-                &self.generate_tokens,
-                &other.generate_tokens,
+                "generation (new tokens, noise micro-batch)",
+                &self.generate,
+                &other.generate,
             ));
         }
         let ids = |p: &EvalPartial| -> Vec<(String, String, u32)> {
@@ -313,17 +320,11 @@ impl EvalPartial {
                     )));
                 }
             }
-            for (chunk, g) in &theirs.generations {
-                if mine.generations.insert(*chunk, *g).is_some() {
-                    return Err(EvalError::Mismatch(format!(
-                        "generation of chunk {chunk} is covered twice"
-                    )));
-                }
-            }
+            merge_generations(&mut mine.generations, &theirs.generations)?;
             mine.tokens.extend_from_slice(&theirs.tokens);
             mine.tokens.sort_by_key(|t| (t.chunk, t.pos));
         }
-        Ok(())
+        merge_generations(&mut self.noise, &other.noise)
     }
 
     /// Binary encoding (bincode 2, standard config).
@@ -363,6 +364,22 @@ impl EvalPartial {
 fn add(sum: &mut ExactSum, other: ExactSum) -> Result<(), EvalError> {
     sum.add(other)
         .map_err(|e| EvalError::Mismatch(format!("exact sum: {e}")))
+}
+
+/// Adds generations of other prompts to `mine`; a prompt in both is
+/// refused.
+fn merge_generations(
+    mine: &mut BTreeMap<u32, Generation>,
+    theirs: &BTreeMap<u32, Generation>,
+) -> Result<(), EvalError> {
+    for (id, g) in theirs {
+        if mine.insert(*id, *g).is_some() {
+            return Err(EvalError::Mismatch(format!(
+                "generation of prompt {id} is covered twice"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Union of two sorted disjoint range lists; an overlap is an error.

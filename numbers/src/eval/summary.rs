@@ -2,7 +2,7 @@
 //! schema shared by the coordinator that writes it and the report that
 //! reads it.
 
-use super::generation::GenerationSummary;
+use super::generation::{GenerateJob, GenerationNoise, GenerationSummary};
 use super::partial::{CandidateResult, ChunkSums, EvalPartial, Group};
 use super::stats::{estimate, nan_if_null, percentile, same, Cluster, Interval};
 use crate::exact::ExactSum;
@@ -250,6 +250,15 @@ pub struct EvalSummary {
     /// next larger K of its method, per split.
     #[serde(default)]
     pub pairs: Vec<PairedRow>,
+    /// The generation check's noise floor: the base model against itself
+    /// with its prompts decoded in another micro-batch size, when the
+    /// evaluation generated with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_noise: Option<GenerationNoise>,
+    /// Domains with held-out text that the generation check has no prompt
+    /// for, by name, and why.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub generation_unprompted: BTreeMap<String, String>,
 }
 
 /// What [`EvalSummary::uncertainty`] says.
@@ -287,6 +296,13 @@ impl EvalSummary {
             eval_sets: eval_sets.to_vec(),
             domains: domains.to_vec(),
             pairs: Vec::new(),
+            generation_noise: GenerationSummary::of(&p.noise, p.generate.0, domains).map(
+                |figures| GenerationNoise {
+                    n_ubatch: p.generate.1,
+                    figures,
+                },
+            ),
+            generation_unprompted: BTreeMap::new(),
         }
         .paired(p, &apart)
         .pair_rows(p, &apart)
@@ -363,6 +379,20 @@ impl EvalSummary {
         self
     }
 
+    /// The summary with the domains `job` found no generation prompt for
+    /// (with why), by name.
+    pub fn with_unprompted(mut self, job: &GenerateJob) -> EvalSummary {
+        self.generation_unprompted = job
+            .unprompted
+            .iter()
+            .map(|(&d, why)| {
+                let name = self.domains.get(usize::from(d)).cloned();
+                (name.unwrap_or_else(|| format!("domain {d}")), why.clone())
+            })
+            .collect();
+        self
+    }
+
     /// Records each candidate's model file size, by name (`bytes`).
     pub fn with_sizes(mut self, sizes: &BTreeMap<String, u64>) -> EvalSummary {
         for c in &mut self.candidates {
@@ -429,7 +459,7 @@ fn candidate(
         sha256: c.sha256.clone(),
         splits,
         bytes: None,
-        generation: GenerationSummary::of(&c.generations, p.generate_tokens, domains),
+        generation: GenerationSummary::of(&c.generations, p.generate.0, domains),
     }
 }
 

@@ -52,7 +52,7 @@ fn partial_in(chunk: u32, cluster: u32, kls: &[f64]) -> EvalPartial {
         corpus_sha256: "corpus".into(),
         skip_first: 0,
         splits: Split::ALL.to_vec(),
-        generate_tokens: (0, 0),
+        generate: (0, 0),
         backends: vec!["cpu".into()],
         chunks: vec![ChunkRange {
             start: chunk,
@@ -68,6 +68,7 @@ fn partial_in(chunk: u32, cluster: u32, kls: &[f64]) -> EvalPartial {
             tokens,
             generations: BTreeMap::new(),
         }],
+        noise: BTreeMap::new(),
     }
 }
 

@@ -17,6 +17,7 @@ use protocol::wire::{EvalJob, Task};
 use runfiles::layout::LeaseLayout;
 use runfiles::manifest::{Records, RunManifest};
 use runtime::lease::LeaseKind;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// What an eval partial of this run must match.
@@ -65,34 +66,31 @@ impl LeaseKind for EvalAcceptance {
     }
 }
 
-/// Whether a candidate's generations are exactly the job's prompts among
-/// `units`, each in its prompt's domain with possible figures.
+/// Whether `gens` (a candidate's, or the noise floor's) are exactly the
+/// job's prompts whose documents start in `units`, each of its prompt's
+/// domain and length. Whether each figure is possible is
+/// [`numbers::eval::bounds`]'s check.
 fn check_generations(
-    c: &numbers::eval::CandidateResult,
+    gens: &BTreeMap<u32, numbers::eval::Generation>,
     units: &[ChunkRange],
     job: &numbers::eval::GenerateJob,
 ) -> Result<(), String> {
-    let in_units = |chunk: &u32| units.iter().any(|r| r.contains(*chunk));
-    let want: Vec<(&u32, &u16)> = match job.is_empty() {
-        true => Vec::new(),
-        false => job.prompts.iter().filter(|(c, _)| in_units(c)).collect(),
-    };
-    if c.generations.len() != want.len() {
+    let want = job.prompts_of(|chunk| units.iter().any(|r| r.contains(chunk)));
+    if gens.len() != want.len() {
         return Err(format!(
             "{} generations for the lease's {} prompts",
-            c.generations.len(),
+            gens.len(),
             want.len()
         ));
     }
-    for ((chunk, domain), (got_chunk, g)) in want.into_iter().zip(&c.generations) {
-        if (chunk, *domain) != (got_chunk, g.domain) {
+    for ((id, prompt), (got_id, g)) in want.into_iter().zip(gens) {
+        let (domain, tokens) = (prompt.domain, prompt.tokens.len() as u64);
+        if (id, domain, tokens) != (*got_id, g.domain, u64::from(g.prompt_tokens)) {
             return Err(format!(
-                "a generation of chunk {got_chunk} in domain {}, the job's prompt is chunk {chunk} in domain {domain}",
-                g.domain
+                "a generation of prompt {got_id} in domain {} after {} tokens, the job's prompt is {id} in domain {domain} of {tokens} tokens",
+                g.domain, g.prompt_tokens
             ));
         }
-        g.check(job.new_tokens)
-            .map_err(|e| format!("chunk {chunk}: {e}"))?;
     }
     Ok(())
 }
@@ -131,12 +129,20 @@ pub fn check_against_job(
             numbers::peer_text::summarise(&job.splits)
         ));
     }
-    if p.generate_tokens != job.generate.tokens() {
+    if p.generate != job.generate.settings() {
         return Err(format!(
-            "eval partial generated (prompt tokens, new tokens) {:?}, the job asked for {:?}",
-            p.generate_tokens,
-            job.generate.tokens()
+            "eval partial generated (new tokens, noise micro-batch) {:?}, the job asked for {:?}",
+            p.generate,
+            job.generate.settings()
         ));
+    }
+    match job.generate.noise_ubatch {
+        0 if !p.noise.is_empty() => {
+            return Err("eval partial has a noise floor the job did not ask for".into())
+        }
+        0 => {}
+        _ => check_generations(&p.noise, units, &job.generate)
+            .map_err(|e| format!("noise floor: {e}"))?,
     }
     if p.candidates.len() != job.candidates.len() {
         return Err(format!(
@@ -178,7 +184,7 @@ pub fn check_against_job(
         }
         got.check_chunk_sums(&p.base, &p.chunks)
             .map_err(|e| format!("candidate {}: {e}", want.name))?;
-        check_generations(got, units, &job.generate)
+        check_generations(&got.generations, units, &job.generate)
             .map_err(|e| format!("candidate {}: {e}", want.name))?;
         if got.tokens.len() as u64 != p.n_scored() {
             return Err(format!(
@@ -246,7 +252,6 @@ mod tests {
     use numbers::eval::{BaseSums, CandidateResult, CandidateSums, Group, TokenKl};
     use numbers::Split;
     use protocol::wire::EvalCandidate;
-    use std::collections::BTreeMap;
 
     const RANGE: ChunkRange = ChunkRange { start: 2, end: 4 };
 
@@ -264,10 +269,22 @@ mod tests {
             models_in_memory: Default::default(),
             scratch_dir: None,
             generate: numbers::eval::GenerateJob {
-                prompts: [(3, 0), (7, 1)].into(),
-                prompt_tokens: 8,
+                prompts: vec![prompt(3, 0, 8), prompt(7, 1, 6), prompt(2, 1, 5)],
                 new_tokens: 4,
+                noise_ubatch: 1,
+                unprompted: BTreeMap::new(),
             },
+        }
+    }
+
+    /// A prompt of `len` tokens of a document of `domain` starting in `chunk`.
+    fn prompt(chunk: u32, domain: u16, len: usize) -> numbers::eval::Prompt {
+        numbers::eval::Prompt {
+            chunk,
+            domain,
+            doc: chunk,
+            after_user_turn: false,
+            tokens: vec![1; len],
         }
     }
 
@@ -308,7 +325,7 @@ mod tests {
             corpus_sha256: "k".into(),
             skip_first: 0,
             splits: vec![Split::Fit],
-            generate_tokens: (8, 4),
+            generate: (4, 1),
             backends: vec!["cpu".into()],
             chunks: vec![RANGE],
             base,
@@ -319,13 +336,20 @@ mod tests {
                 groups,
                 chunks,
                 tokens,
-                generations: [(
-                    3,
-                    numbers::eval::Generation::of(0, &[1, 2, 3, 4], &[1, 2, 5, 6]),
-                )]
-                .into(),
+                generations: generations(),
             }],
+            noise: generations(),
         }
+    }
+
+    /// Continuations of the lease's prompts: 0 (chunk 3) and 2 (chunk 2).
+    fn generations() -> BTreeMap<u32, numbers::eval::Generation> {
+        let gen = numbers::eval::Generation::of;
+        [
+            (0, gen(0, 8, &[1, 2, 3, 4], &[1, 2, 5, 6])),
+            (2, gen(1, 5, &[1, 2, 3, 4], &[1, 2, 3, 4])),
+        ]
+        .into()
     }
 
     /// Damages a partial in one way.
@@ -350,6 +374,13 @@ mod tests {
     #[test]
     fn a_partial_of_the_job_passes() {
         check_all(&partial()).unwrap();
+        let mut p = partial();
+        p.candidates[0]
+            .generations
+            .values_mut()
+            .for_each(|g| g.matched = 9);
+        let e = check_all(&p).unwrap_err();
+        assert!(e.contains("impossible for 4 new tokens"), "{e}");
     }
 
     #[test]
@@ -434,24 +465,34 @@ mod tests {
 
     #[test]
     fn partials_of_another_lease_model_corpus_or_setting_are_refused() {
-        let cases: [(&str, Change); 12] = [
-            ("generated (prompt tokens, new tokens) (8, 3)", |p| {
-                p.generate_tokens = (8, 3)
+        let cases: [(&str, Change); 14] = [
+            ("generated (new tokens, noise micro-batch) (3, 1)", |p| {
+                p.generate = (3, 1)
             }),
-            ("0 generations for the lease's 1 prompts", |p| {
+            ("0 generations for the lease's 2 prompts", |p| {
                 p.candidates[0].generations.clear()
             }),
-            ("the job's prompt is chunk 3 in domain 0", |p| {
+            (
+                "noise floor: 1 generations for the lease's 2 prompts",
+                |p| {
+                    p.noise.remove(&0);
+                },
+            ),
+            ("the job's prompt is 0 in domain 0 of 8 tokens", |p| {
                 p.candidates[0]
                     .generations
                     .values_mut()
                     .for_each(|g| g.domain = 1)
             }),
-            ("impossible for 4 new tokens", |p| {
+            ("the job's prompt is 0 in domain 0 of 8 tokens", |p| {
                 p.candidates[0]
                     .generations
                     .values_mut()
-                    .for_each(|g| g.agreed = 9)
+                    .for_each(|g| g.prompt_tokens = 7)
+            }),
+            ("the job's prompt is 2 in domain 1 of 5 tokens", |p| {
+                let g = p.candidates[0].generations.remove(&2).unwrap();
+                p.candidates[0].generations.insert(1, g);
             }),
             ("covers", |p| {
                 p.chunks = vec![ChunkRange { start: 2, end: 3 }]

@@ -8,7 +8,7 @@
 use super::EvalRunError;
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
-use numbers::eval::{EvalPartial, EvalSummary, Figures};
+use numbers::eval::{EvalPartial, EvalSummary, Figures, GenerateJob};
 use runfiles::corpus::CorpusIndex;
 use runfiles::layout::EvalLayout;
 use runfiles::store::RunStore;
@@ -17,15 +17,18 @@ use std::sync::Arc;
 /// Writes the merged partial, the Parquet table and the summary where
 /// `out` says (`eval/merged.bin`, `eval/summary.parquet`,
 /// `eval/summary.json` for `coordinator eval`); the summary carries the
-/// candidates' sizes and what `choice`'s KL budget picks.
+/// candidates' sizes, what `choice`'s KL budget picks and the domains the
+/// generation job `generate` has no prompt for.
 pub async fn write(
     store: &RunStore,
     out: &EvalLayout,
     merged: &EvalPartial,
     index: &CorpusIndex,
     choice: &super::Choice,
+    generate: &GenerateJob,
 ) -> Result<EvalSummary, EvalRunError> {
     let summary = EvalSummary::of_run(merged, &index.domains, &index.eval_sets)
+        .with_unprompted(generate)
         .with_sizes(&choice.sizes)
         .with_budget(choice.kl_budget, choice.budget_scope);
     if store.get_opt(out.summary_json).await?.is_some() {

@@ -274,7 +274,15 @@ pub async fn evaluate_locked(
             index.n_chunks
         )));
     }
-    let summary = artifacts::write(store, &setup.out, &merged, index, &setup.choice).await?;
+    let summary = artifacts::write(
+        store,
+        &setup.out,
+        &merged,
+        index,
+        &setup.choice,
+        &setup.job.generate,
+    )
+    .await?;
     Ok(EvalOutcome {
         summary,
         leases: leased.leases,

@@ -319,39 +319,83 @@ fn eval_sets_table(s: &EvalSummary) -> String {
     md
 }
 
-/// The generation check per candidate, when the evaluation generated:
-/// how much of its greedy continuations of held-out prompts agree with the
-/// base model's, overall and per domain.
+/// The generation check, when the evaluation generated: per candidate (and
+/// first the base model against itself, the noise floor) the matched
+/// prefix with its interval by prompt, the identical share and the
+/// agreement up to the first difference, overall and per domain; then the
+/// domains without prompts and why.
 fn generation_table(s: &EvalSummary) -> String {
-    let rows: Vec<_> = s
-        .candidates
-        .iter()
-        .filter_map(|c| Some((c, c.generation.as_ref()?)))
-        .collect();
+    let mut rows: Vec<(String, &numbers::eval::GenerationSummary)> = Vec::new();
+    if let Some(noise) = &s.generation_noise {
+        rows.push((
+            format!("base vs base (n_ubatch {})", noise.n_ubatch),
+            &noise.figures,
+        ));
+    }
+    rows.extend(
+        s.candidates
+            .iter()
+            .filter_map(|c| Some((c.name.clone(), c.generation.as_ref()?))),
+    );
     let Some((_, first)) = rows.first() else {
-        return String::new();
+        return match s.generation_unprompted.is_empty() {
+            true => String::new(),
+            false => format!("\nGeneration check: no prompts.\n{}", unprompted(s)),
+        };
+    };
+    let shortest = rows.iter().map(|(_, g)| g.prompt_tokens.0).min();
+    let longest = rows.iter().map(|(_, g)| g.prompt_tokens.1).max();
+    let (shortest, longest) = (shortest.unwrap_or(0), longest.unwrap_or(0));
+    let lengths = match shortest == longest {
+        true => format!("{shortest}"),
+        false => format!("{shortest} to {longest}"),
     };
     let mut md = format!(
-        "\nGeneration check (greedy continuations of held-out prompts of {} tokens, {} new tokens each, against the base model's; agreement is the share of positions with the same token):\n\n| candidate | prompts | token agreement | mean first divergence | identical | agreement per domain |\n|---|---|---|---|---|---|\n",
-        first.prompt_tokens, first.new_tokens
+        "\nGeneration check (greedy continuations of held-out prompts of {lengths} tokens, each a document's first tokens or a conversation up to an assistant turn, {new} new tokens each, against the base model's; matched prefix: tokens before the first difference, mean with its 95% interval by prompt; agreement: tokens that agree up to and at the first difference; `base vs base` is the noise floor, the base model with its prompts decoded in another micro-batch size):\n\n| model | prompts | matched prefix (of {new}) | identical | agreement | matched prefix per domain |\n|---|---|---|---|---|---|\n",
+        new = first.new_tokens
     );
-    for (c, g) in rows {
+    for (name, g) in &rows {
         let domains: Vec<String> = g
             .domains
             .iter()
-            .map(|(d, f)| format!("{} {:.1}%", table_cell(d), 100.0 * f.agreement))
+            .map(|(d, f)| format!("{} {:.1} ({})", table_cell(d), f.matched_prefix, f.prompts))
             .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {:.1}% | {:.1} of {} | {} | {} |",
-            c.name,
+            "| {name} | {} | {} | {} ({:.0}%) | {:.1}% | {} |",
             g.all.prompts,
-            100.0 * g.all.agreement,
-            g.all.first_divergence_mean,
-            g.new_tokens,
+            by_prompt(g.all.matched_prefix, &g.all.matched_prefix_ci),
             g.all.identical,
+            100.0 * g.all.identical_share,
+            100.0 * g.all.agreement,
             domains.join(", ")
         );
+    }
+    md.push_str(&unprompted(s));
+    md
+}
+
+/// A matched prefix with its interval by prompt, `[n/a]` below two prompts.
+fn by_prompt(value: f64, iv: &Interval) -> String {
+    match iv.known() {
+        true => format!("{value:.1} [{:.1}, {:.1}]", iv.lo, iv.hi),
+        false => format!("{value:.1} [n/a]"),
+    }
+}
+
+/// The domains without generation prompts, one line each with why.
+fn unprompted(s: &EvalSummary) -> String {
+    let mut md = String::new();
+    for (d, why) in &s.generation_unprompted {
+        let _ = writeln!(
+            md,
+            "- no prompts for {}: {}",
+            table_cell(d),
+            table_cell(why)
+        );
+    }
+    if !md.is_empty() {
+        md.insert(0, '\n');
     }
     md
 }
@@ -531,6 +575,8 @@ mod tests {
             eval_sets: Vec::new(),
             domains: Vec::new(),
             pairs: Vec::new(),
+            generation_noise: None,
+            generation_unprompted: BTreeMap::new(),
             candidates: vec![CandidateSummary {
                 name: "frequency_K2".into(),
                 method: "frequency".into(),
@@ -550,26 +596,39 @@ mod tests {
     fn the_generation_check_has_its_own_table() {
         let mut s = summary(&[("heldout", 0.5)]);
         assert!(!table(&s, &[]).contains("Generation check"));
+        let gen = numbers::eval::Generation::of;
         let gens = [
-            (
-                4,
-                numbers::eval::Generation::of(0, &[1, 2, 3, 4], &[1, 2, 9, 4]),
-            ),
-            (
-                8,
-                numbers::eval::Generation::of(1, &[1, 2, 3, 4], &[1, 2, 3, 4]),
-            ),
+            // Differs at 2 (4 agrees again, after the difference: not
+            // counted): 2 of 3 compared.
+            (4, gen(0, 64, &[1, 2, 3, 4], &[1, 2, 9, 4])),
+            (8, gen(1, 40, &[1, 2, 3, 4], &[1, 2, 3, 4])),
         ]
         .into();
         let names = ["english".to_string(), "code".to_string()];
-        s.candidates[0].generation = numbers::eval::GenerationSummary::of(&gens, (64, 4), &names);
+        s.candidates[0].generation = numbers::eval::GenerationSummary::of(&gens, 4, &names);
+        let noise = [(4, gen(0, 64, &[1, 2, 3, 4], &[1, 2, 3, 4]))].into();
+        s.generation_noise = Some(numbers::eval::GenerationNoise {
+            n_ubatch: 1,
+            figures: numbers::eval::GenerationSummary::of(&noise, 4, &names).unwrap(),
+        });
+        s.generation_unprompted = [("chat".to_string(), "no held-out text".to_string())].into();
         let md = table(&s, &[]);
         assert!(
-            md.contains("prompts of 64 tokens, 4 new tokens each"),
+            md.contains("prompts of 40 to 64 tokens, each a document's first tokens or a conversation up to an assistant turn, 4 new tokens each"),
+            "{md}"
+        );
+        // Matched prefixes 2 and 4: mean 3, se 1, t(0.975, 1) = 12.7062.
+        assert!(
+            md.contains("| frequency_K2 | 2 | 3.0 [-9.7, 15.7] | 1 (50%) | 85.7% | code 4.0 (1), english 2.0 (1) |"),
+            "{md}"
+        );
+        // The noise row comes first; one prompt has no interval.
+        assert!(
+            md.contains("|---|\n| base vs base (n_ubatch 1) | 1 | 4.0 [n/a] | 1 (100%) | 100.0% | english 4.0 (1) |"),
             "{md}"
         );
         assert!(
-            md.contains("| frequency_K2 | 2 | 87.5% | 3.0 of 4 | 1 | code 100.0%, english 75.0% |"),
+            md.contains("- no prompts for chat: no held-out text"),
             "{md}"
         );
     }

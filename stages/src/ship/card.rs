@@ -369,15 +369,21 @@ impl Measured {
             }
         }
         if let Some(g) = &self.generation {
+            let ci = &g.all.matched_prefix_ci;
+            let interval = match ci.known() {
+                true => format!(" (95% interval by prompt {:.1} to {:.1})", ci.lo, ci.hi),
+                false => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "\nGreedy continuations of {} held-out prompts ({} tokens each, {} new tokens) against the base model's: {:.1}% of the tokens agree, the first difference comes after {:.1} tokens on average, {} continuations are identical.",
+                "\nGreedy continuations of {} held-out prompts ({} to {} tokens each, {} new tokens) against the base model's: the first difference comes after {:.1} tokens on average{interval}, {} continuations are identical, and {:.1}% of the tokens up to and at the first difference agree.",
                 g.all.prompts,
-                g.prompt_tokens,
+                g.prompt_tokens.0,
+                g.prompt_tokens.1,
                 g.new_tokens,
+                g.all.matched_prefix,
+                g.all.identical,
                 100.0 * g.all.agreement,
-                g.all.first_divergence_mean,
-                g.all.identical
             );
         }
     }

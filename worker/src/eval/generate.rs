@@ -1,64 +1,57 @@
 //! The generation check's decoding ([`numbers::eval::generation`]): a
-//! model's greedy continuation of a prompt chunk, in its own context (the
-//! KV cache cleared before and after, so the teacher-forced passes never
-//! see it).
+//! model's greedy continuation of a prompt, in its own context (the KV
+//! cache cleared before and after, so the teacher-forced passes never see
+//! it), and the noise floor's second continuation by the base model with
+//! the prompt decoded in another micro-batch size.
 
 use crate::error::WorkerError;
 use crate::llama::{Context, NoGraph};
 use numbers::eval::GenerateJob;
 use runfiles::corpus::Chunk;
 
-/// A prompt of the generation check: its chunk, the chunk's domain and
-/// its tokens.
-pub(super) struct Prompt<'c> {
-    pub chunk: u32,
+/// A prompt of the generation check that a lease continues.
+pub(super) struct Prompt<'j> {
+    /// Its id in the job.
+    pub id: u32,
+    /// Its document's domain.
     pub domain: u16,
-    pub tokens: &'c [i32],
+    /// Its tokens.
+    pub tokens: &'j [i32],
 }
 
-/// The prompts of `chunks` that `job` names, in chunk order. A prompt and
-/// its continuation must fit the context of `n_ctx`; a chunk shorter than
-/// the prompt, or one with images, is refused: the coordinator picks whole
-/// text chunks.
-pub(super) fn prompts<'c>(
-    job: &GenerateJob,
-    chunks: &'c [Chunk],
+/// The prompts of `job` whose documents start in `chunks`, in id order.
+/// A prompt and its continuation must fit the context of `n_ctx`, and a
+/// prompt's tokens must be in the vocabulary of `n_vocab`; otherwise the
+/// job is refused, naming the prompt.
+pub(super) fn prompts<'j>(
+    job: &'j GenerateJob,
+    chunks: &[Chunk],
     n_ctx: u32,
-) -> Result<Vec<Prompt<'c>>, WorkerError> {
-    if job.is_empty() {
-        return Ok(Vec::new());
-    }
-    if let Some(c) = chunks.first() {
-        if u64::from(job.prompt_tokens) + u64::from(job.new_tokens) > u64::from(n_ctx) {
-            return Err(WorkerError::Graph {
-                chunk: c.id.0,
-                reason: format!(
-                    "a generation prompt of {} tokens and {} new tokens exceed the context of {n_ctx}",
-                    job.prompt_tokens, job.new_tokens
-                ),
-            });
-        }
-    }
+    n_vocab: usize,
+) -> Result<Vec<Prompt<'j>>, WorkerError> {
+    let holds = |chunk: u32| chunks.binary_search_by_key(&chunk, |c| c.id.0).is_ok();
     let mut out = Vec::new();
-    for c in chunks {
-        let Some(&domain) = job.prompts.get(&c.id.0) else {
-            continue;
+    for (id, p) in job.prompts_of(holds) {
+        let len = p.tokens.len() as u64;
+        let refuse = |reason: String| WorkerError::Graph {
+            chunk: p.chunk,
+            reason: format!("generation prompt {id}: {reason}"),
         };
-        let n = job.prompt_tokens as usize;
-        if n == 0 || c.tokens.len() < n || !c.images.is_empty() {
-            return Err(WorkerError::Graph {
-                chunk: c.id.0,
-                reason: format!(
-                    "a generation prompt of {n} tokens, but the chunk has {} tokens and {} images",
-                    c.tokens.len(),
-                    c.images.len()
-                ),
-            });
+        if len == 0 || len + u64::from(job.new_tokens) > u64::from(n_ctx) {
+            return Err(refuse(format!(
+                "{len} tokens and {} new tokens do not fit the context of {n_ctx}",
+                job.new_tokens
+            )));
+        }
+        if let Some(t) = p.tokens.iter().find(|&&t| t < 0 || t as usize >= n_vocab) {
+            return Err(refuse(format!(
+                "token {t} is outside the vocabulary of {n_vocab}"
+            )));
         }
         out.push(Prompt {
-            chunk: c.id.0,
-            domain,
-            tokens: &c.tokens[..n],
+            id,
+            domain: p.domain,
+            tokens: &p.tokens,
         });
     }
     Ok(out)
@@ -109,6 +102,20 @@ pub(super) fn continue_all(
         .iter()
         .map(|p| continuation(ctx, p.tokens, new_tokens, n_ubatch))
         .collect()
+}
+
+/// The base model's continuations for the noise floor: every prompt
+/// decoded in micro-batches of the job's `noise_ubatch` (none without a
+/// noise floor).
+pub(super) fn noise_all(
+    ctx: &mut Context<'static, NoGraph>,
+    prompts: &[Prompt<'_>],
+    job: &GenerateJob,
+) -> Result<Vec<Vec<i32>>, WorkerError> {
+    match job.noise_ubatch {
+        0 => Ok(Vec::new()),
+        n => continue_all(ctx, prompts, job.new_tokens, n as usize),
+    }
 }
 
 #[cfg(test)]

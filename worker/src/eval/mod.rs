@@ -529,12 +529,15 @@ impl Evaluator {
             "evaluated"
         );
         // After the comparison's cost: generation is not comparison work.
-        let prompts = generate::prompts(&self.opts.generate, chunks, params.n_ctx)?;
+        let job = &self.opts.generate;
+        let prompts = generate::prompts(job, chunks, params.n_ctx, n_vocab)?;
         if !prompts.is_empty() {
-            let (new_tokens, n_ubatch) = (self.opts.generate.new_tokens, params.n_ubatch as usize);
-            let from_base = generate::continue_all(&mut base, &prompts, new_tokens, n_ubatch)?;
+            let n_ubatch = params.n_ubatch as usize;
+            let from_base = generate::continue_all(&mut base, &prompts, job.new_tokens, n_ubatch)?;
+            let noise = generate::noise_all(&mut base, &prompts, job)?;
+            acc.add_noise(&prompts, &from_base, &noise);
             for (ci, ctx) in cands.iter_mut().enumerate() {
-                let got = generate::continue_all(ctx, &prompts, new_tokens, n_ubatch)?;
+                let got = generate::continue_all(ctx, &prompts, job.new_tokens, n_ubatch)?;
                 acc.add_generations(ci, &prompts, &from_base, &got);
             }
         }
@@ -660,11 +663,12 @@ impl Accum {
                 corpus_sha256: index.chunks_sha256.clone(),
                 skip_first: e.opts.skip_first,
                 splits: e.opts.splits.clone(),
-                generate_tokens: e.opts.generate.tokens(),
+                generate: e.opts.generate.settings(),
                 backends: vec![e.backend.clone()],
                 chunks: ranges_of(chunks),
                 base: BTreeMap::new(),
                 candidates,
+                noise: BTreeMap::new(),
             },
         }
     }
@@ -679,9 +683,19 @@ impl Accum {
         candidate: &[Vec<i32>],
     ) {
         let gens = &mut self.partial.candidates[ci].generations;
-        for ((p, b), c) in prompts.iter().zip(base).zip(candidate) {
-            gens.insert(p.chunk, Generation::of(p.domain, b, c));
-        }
+        record(gens, prompts, base, candidate);
+    }
+
+    /// Records the noise floor: the base model's continuations of
+    /// `prompts` with another micro-batch (`noise`; none without a noise
+    /// floor) against its own.
+    fn add_noise(
+        &mut self,
+        prompts: &[generate::Prompt<'_>],
+        base: &[Vec<i32>],
+        noise: &[Vec<i32>],
+    ) {
+        record(&mut self.partial.noise, prompts, base, noise);
     }
 
     fn add_base(&mut self, at: Position, nll: f64) -> Result<(), WorkerError> {
@@ -721,6 +735,20 @@ impl Accum {
             kl: c.kl,
         });
         Ok(())
+    }
+}
+
+/// Adds to `gens` each prompt's continuation in `other` against the base
+/// model's in `base`, by prompt id.
+fn record(
+    gens: &mut BTreeMap<u32, Generation>,
+    prompts: &[generate::Prompt<'_>],
+    base: &[Vec<i32>],
+    other: &[Vec<i32>],
+) {
+    for ((p, b), o) in prompts.iter().zip(base).zip(other) {
+        let len = p.tokens.len() as u32;
+        gens.insert(p.id, Generation::of(p.domain, len, b, o));
     }
 }
 

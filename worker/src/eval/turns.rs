@@ -108,9 +108,14 @@ fn run_held(
     let before = base.bytes_read();
     pass.base(&mut base, &mut kept)?;
     pass.cost.bytes += base.bytes_read() - before;
-    let prompts = generate::prompts(&e.opts.generate, chunks, params.n_ctx)?;
-    let (new_tokens, n_ubatch) = (e.opts.generate.new_tokens, params.n_ubatch as usize);
+    let job = &e.opts.generate;
+    let prompts = generate::prompts(job, chunks, params.n_ctx, e.n_vocab)?;
+    let (new_tokens, n_ubatch) = (job.new_tokens, params.n_ubatch as usize);
     let from_base = generate::continue_all(&mut base, &prompts, new_tokens, n_ubatch)?;
+    let noise = match prompts.is_empty() {
+        true => Vec::new(),
+        false => generate::noise_all(&mut base, &prompts, job)?,
+    };
     if e.in_memory >= 2 {
         held.base = Some(base);
     } else {
@@ -170,6 +175,7 @@ fn run_held(
     for (ci, got) in generated.iter().enumerate() {
         acc.add_generations(ci, &prompts, &from_base, got);
     }
+    acc.add_noise(&prompts, &from_base, &noise);
     let mut cost = pass.cost;
     cost.comparisons = (n_scored * n) as u64;
     cost.host_s += fold_start.elapsed().as_secs_f64();
