@@ -377,6 +377,86 @@ mod tests {
     }
 
     #[test]
+    fn every_turn_prompts_each_user_turn_and_takes_every_answer() {
+        use crate::tokenizer::ByteTokenizer;
+        let m = |role, text: &str| Message::text(role, text);
+        let chat = Chat {
+            messages: vec![
+                m(Role::System, "s"),
+                m(Role::User, "q1"),
+                m(Role::Assistant, "written1"),
+                m(Role::User, "q2"),
+                m(Role::Assistant, "written2"),
+            ],
+            tools: None,
+        };
+        let rec = Record {
+            at: "c.jsonl:1".into(),
+            content: Content::Chat(chat),
+            group: None,
+            images: Vec::new(),
+        };
+        let settings = RespondSettings::default();
+        let kwargs = ChatKwargs::new();
+        let prompts = record_prompts(
+            &rec,
+            RespondMode::EveryTurn,
+            &settings,
+            &ByteTokenizer,
+            &kwargs,
+        )
+        .unwrap();
+        let text = |ids: &[i32]| ByteTokenizer.detokenize(ids).unwrap();
+        let got: Vec<(u32, String)> = prompts.iter().map(|(t, ids)| (*t, text(ids))).collect();
+        assert_eq!(
+            got,
+            vec![
+                (2, "<system>s\n<user>q1\n<assistant>".to_string()),
+                (
+                    4,
+                    "<system>s\n<user>q1\n<assistant>written1\n<user>q2\n<assistant>".to_string()
+                ),
+            ]
+        );
+        let mut a1 = response("c.jsonl", 1.0);
+        a1.text = "own1".into();
+        a1.turn = 2;
+        let mut a2 = a1.clone();
+        a2.text = "own2".into();
+        a2.turn = 4;
+        let mut map = ResponseMap::new();
+        map.insert(("c.jsonl:1", 2), vec![&a1]);
+        map.insert(("c.jsonl:1", 4), vec![&a2]);
+        let made = apply(
+            vec![rec],
+            RespondMode::EveryTurn,
+            &map,
+            &settings,
+            &ByteTokenizer,
+        )
+        .unwrap();
+        let Content::Chat(c) = &made[0].0.content else {
+            panic!("a chat")
+        };
+        let turns: Vec<(Role, &str)> = c
+            .messages
+            .iter()
+            .map(|m| (m.role, m.content.as_str()))
+            .collect();
+        assert_eq!(
+            turns,
+            vec![
+                (Role::System, "s"),
+                (Role::User, "q1"),
+                (Role::Assistant, "own1"),
+                (Role::User, "q2"),
+                (Role::Assistant, "own2"),
+            ]
+        );
+        assert_eq!(made[0].0.group.as_deref(), Some("doc:c.jsonl:1"));
+    }
+
+    #[test]
     fn the_filter_drops_above_each_sources_quantile_and_the_summary_counts_it() {
         let mut rs: Vec<StoredResponse> = [4.0, 1.0, 3.0, 2.0]
             .iter()
