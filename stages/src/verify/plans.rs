@@ -3,9 +3,11 @@
 //! merged twice, positive weights), covers the model's MoE layers with ids
 //! below its expert count, and its centres are the experts of the keep map
 //! of the same method and K (which `keep maps` recompute); the
-//! super experts REAP's rule finds stay alone.
+//! super experts REAP's rule finds (on the statistic that keep map's
+//! params name) stay alone.
 
 use super::{names as inv, Check};
+use crate::score::super_experts::{guarded, Statistic};
 use numbers::saliency::Saliency;
 use numbers::Split;
 use runfiles::keepmap::KeepMap;
@@ -25,7 +27,7 @@ pub fn check_merge_plans(
         .map(|f| f.layers.iter().map(|l| l.layer).collect())
         .unwrap_or_default();
     want.sort();
-    let supers = crate::score::super_experts::guarded(s).ok();
+    let supers = |statistic| guarded(s, statistic).ok();
     let mut bad = Vec::new();
     for (name, p) in plans {
         if let Err(e) = p.check() {
@@ -41,7 +43,9 @@ pub fn check_merge_plans(
         }
         let keep = p.keep_map();
         let map = KeepMap::file_name(&p.method, p.k);
-        match maps.iter().find(|(n, _)| *n == map) {
+        let found = maps.iter().find(|(n, _)| *n == map);
+        let supers = supers(found.map_or(Statistic::default(), |(_, m)| statistic_of(m)));
+        match found {
             Some((_, m)) if m.layers == keep.layers => {}
             Some(_) => bad.push(format!("{name}: its centres are not the experts of {map}")),
             None if p.method != runfiles::keepmap::CUSTOM => {
@@ -79,4 +83,13 @@ pub fn check_merge_plans(
             format!("{} of {} plans: {first}", bad.len(), plans.len()),
         ),
     }
+}
+
+/// The guard's statistic a keep map was scored with: its params' field, or
+/// the norm for params written before the field existed.
+fn statistic_of(map: &KeepMap) -> Statistic {
+    map.params
+        .get("super_expert_statistic")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_else(Statistic::before_elements)
 }
