@@ -670,13 +670,13 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 10 (as of 3, with `Computed` and
+        // protocol of PROTOCOL_VERSION 11 (as of 3, with `Computed` and
         // `Checkpoint` appended in 5; 6 changed the fields of an eval
-        // candidate, 7 those of the job, 8 which replies answer what, 9 and
-        // 10 the eval job's fields, not a tag); moving one needs a new
+        // candidate, 7 those of the job, 8 which replies answer what, 9, 10
+        // and 11 the eval job's fields, not a tag); moving one needs a new
         // version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 10);
+        assert_eq!(PROTOCOL_VERSION, 11);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };
