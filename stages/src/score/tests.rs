@@ -702,3 +702,72 @@ async fn read_maps(store: &RunStore, names: &[String]) -> Vec<KeepMap> {
     }
     out
 }
+
+#[tokio::test]
+async fn score_writes_a_merge_plan_beside_each_keep_map_from_the_router_traces() {
+    use runfiles::mergeplan::MergePlan;
+    use runfiles::trace::{write_part_as, Encoding, TraceRow};
+    let dir = tempfile::tempdir().unwrap();
+    // Experts 0 and 2 are the most salient; the router treats 3 like 0
+    // (they share tokens) and 1 like 2. REAM's first pass lets the most
+    // salient centre take up to 15 experts, closest first: 0 takes 3,
+    // then 1.
+    let s = saliency(1, vec![layer(0, &[6, 3, 5, 2], &[6.0, 3.0, 5.0, 2.0])]);
+    let store = write_run(dir.path(), &s).await;
+    let opts = ScoreOptions {
+        methods: vec![Method::Frequency],
+        k: vec![2],
+        bootstrap: 0,
+        ..Default::default()
+    };
+    let report = score(&store, &opts).await.unwrap();
+    assert!(report.merge_plans.is_empty());
+    assert!(report.merge_note.unwrap().contains("no trace rows"));
+    let row = |top: [(u16, f32); 2]| TraceRow {
+        split: Split::Fit,
+        domain: "all".into(),
+        chunk: 0,
+        pos: 0,
+        token_id: 5,
+        layer: 0,
+        selected: vec![top[0].0],
+        selected_weight: vec![1.0],
+        topn_id: top.iter().map(|t| t.0).collect(),
+        topn_prob: top.iter().map(|t| t.1).collect(),
+        lookahead: Vec::new(),
+    };
+    let mut rows = vec![
+        row([(0, 0.7), (3, 0.3)]),
+        row([(2, 0.6), (1, 0.4)]),
+        row([(2, 0.5), (1, 0.5)]),
+    ];
+    let bytes = write_part_as(&mut rows, 1, 2, Encoding::Full).unwrap();
+    store.put("trace/part-0.parquet", bytes).await.unwrap();
+    let report = score(&store, &opts).await.unwrap();
+    assert_eq!(report.merge_plans, ["merge_plans/frequency_merge_K2.json"]);
+    let plan = MergePlan::parse(&store.get(&report.merge_plans[0]).await.unwrap()).unwrap();
+    let got: Vec<(u32, Vec<(u32, f64)>)> = plan.layers[&0]
+        .iter()
+        .map(|c| {
+            (
+                c.centre,
+                c.members.iter().map(|m| (m.expert, m.weight)).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![(0, vec![(0, 6.0), (3, 2.0), (1, 3.0)]), (2, vec![(2, 5.0)])]
+    );
+    assert_eq!(plan.name(), "frequency_merge_K2");
+    assert_eq!(
+        plan.keep_map().layers,
+        report_keep(&store, "frequency_K2").await
+    );
+}
+
+/// The layers of the run's keep map `name`.
+async fn report_keep(store: &RunStore, name: &str) -> BTreeMap<u32, Vec<u32>> {
+    let bytes = store.get(&KeepMap::object_name(name)).await.unwrap();
+    KeepMap::parse(&bytes).unwrap().layers
+}
