@@ -572,15 +572,27 @@ fn decode_within<T: DeserializeOwned, const LIMIT: usize>(
 /// The messages here hold a handful of integers, so a few hundred bytes do.
 const CLAIM_SLACK: usize = 256;
 
+/// What bincode may count for a body of `len` bytes. A frame up to the
+/// pre-login cap holds a handful of integers: its length plus
+/// [`CLAIM_SLACK`] (tighter than [`numbers::bounded`]'s general 16 claimed
+/// bytes per input byte, which would let a 4 KiB pre-login frame allocate
+/// 64 KiB). A larger frame comes from a peer that proved its key and may
+/// carry token ids (an `i32` of one varint byte counts 4): four times its
+/// length plus the slack.
+fn claim_limit(len: usize) -> usize {
+    match len <= PRE_AUTH_MAX_FRAME as usize {
+        true => len + CLAIM_SLACK,
+        false => 4 * len + CLAIM_SLACK,
+    }
+}
+
 /// Decodes a frame body; trailing bytes are malformed too. Whatever lengths
-/// the body claims, decoding allocates at most the body's length plus
-/// [`CLAIM_SLACK`], rounded up to the next limit tier (at most twice that):
+/// the body claims, decoding allocates at most [`claim_limit`] of the
+/// body's length, rounded up to the next limit tier (at most twice that):
 /// bincode allocates a claimed `Vec<u8>` before reading it, so the limit
-/// must follow the body, not the largest frame. Frames hold few integers,
-/// so this is tighter than [`numbers::bounded`]'s general 16 claimed bytes per
-/// input byte, which would let a 4 KiB pre-login frame allocate 64 KiB.
+/// must follow the body, not the largest frame.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
-    let decoded = match body.len() + CLAIM_SLACK {
+    let decoded = match claim_limit(body.len()) {
         0..=0x1000 => decode_within::<T, 0x1000>(body),
         0x1001..=0x2000 => decode_within::<T, 0x2000>(body),
         0x2001..=0x4000 => decode_within::<T, 0x4000>(body),
@@ -826,6 +838,17 @@ mod tests {
         let frame = encode_frame(&checkpoint);
         assert_eq!(tag(frame.clone()), 7);
         assert_eq!(decode::<ToCoordinator>(&frame[4..]).unwrap(), checkpoint);
+    }
+
+    #[test]
+    fn token_ids_past_the_pre_login_cap_decode() {
+        // Regression: 17,000 token ids of one varint byte each are a body
+        // of about 17 KB that bincode counts as 68 KB, past the 64 KiB tier
+        // a body-length limit picked (an eval job's generation prompts).
+        let tokens: Vec<i32> = (0..17_000).map(|i| i % 100).collect();
+        let frame = encode_frame(&tokens);
+        assert!(frame.len() - 4 < 0x1_0000 && frame.len() - 4 > 0x4000);
+        assert_eq!(decode::<Vec<i32>>(&frame[4..]).unwrap(), tokens);
     }
 
     #[test]

@@ -164,6 +164,8 @@ pub fn write_corpus(dir: &Path, chunks: &[Chunk], n_ctx: u32) -> CorpusIndex {
     };
     std::fs::write(corpus.join(CHUNKS_FILE), bytes).unwrap();
     std::fs::write(corpus.join(INDEX_FILE), serde_json::to_vec(&index).unwrap()).unwrap();
+    // No chat documents: no assistant-turn starts for the generation check.
+    std::fs::write(corpus.join(runfiles::manifest::DOCUMENTS_FILE), b"").unwrap();
     index
 }
 

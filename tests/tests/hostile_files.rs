@@ -240,7 +240,7 @@ fn image_fixture(dir: &Path) -> PathBuf {
     let config = dir.join("images.toml");
     std::fs::write(
         &config,
-        "[model]\npath = \"tiny.gguf\"\nmmproj = \"mmproj.gguf\"\n[corpus]\nn_ctx = 64\n\
+        "[model]\npath = \"tiny.gguf\"\nmmproj = \"mmproj.gguf\"\n[corpus]\nn_ctx = 64\nheldout_fraction = 0\n\
          [[corpus.domains]]\nname = \"pictures\"\n\
          sources = [{ path = \"corpus/records.jsonl\" }]\n",
     )

@@ -217,7 +217,7 @@ fn image_config(dir: &Path, seed: u64) -> PathBuf {
     std::fs::write(
         &config,
         format!(
-            "[model]\npath = {model:?}\nmmproj = {mmproj:?}\n\n[corpus]\nn_ctx = 64\n\n\
+            "[model]\npath = {model:?}\nmmproj = {mmproj:?}\n\n[corpus]\nn_ctx = 64\nheldout_fraction = 0\n\n\
              [run]\nlease_chunks = 1\n\n\
              [eval]\nkeep_maps = [\"frequency_K8\", \"reap_mean_K12\"]\n\n\
              [[corpus.domains]]\nname = \"images\"\nsources = [{{ path = {records:?} }}]\n"

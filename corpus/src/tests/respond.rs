@@ -30,6 +30,7 @@ fn config(dir: &Path, file: &str, respond: Option<RespondMode>) -> Config {
         },
         corpus: CorpusConfig {
             n_ctx: 64,
+            heldout_fraction: 0.0,
             dedup: config::DedupConfig {
                 threshold: 1.0,
                 ..Default::default()

@@ -642,14 +642,17 @@ pub async fn load_chunk_stats(store: &RunStore) -> Result<Vec<ChunkStats>, Stage
     Ok(by_chunk.into_values().collect())
 }
 
-/// The run's chunk table (`corpus/chunks.parquet`).
-async fn load_chunk_table(store: &RunStore) -> Result<Vec<Chunk>, StagesError> {
+/// The run's chunk table (`corpus/chunks.parquet`); `None` for a run whose
+/// corpus was written elsewhere (`worker collect --corpus DIR --out RUN`).
+async fn load_chunk_table(store: &RunStore) -> Result<Option<Vec<Chunk>>, StagesError> {
     let corpus = store.child("corpus");
-    let bytes = corpus.get(CHUNKS_FILE).await?;
+    let Some(bytes) = corpus.get_opt(CHUNKS_FILE).await? else {
+        return Ok(None);
+    };
     let url = corpus.url_of(CHUNKS_FILE);
     let read = tokio::task::spawn_blocking(move || runfiles::corpus::read_chunks(bytes, None));
     let problem = match read.await {
-        Ok(Ok(chunks)) => return Ok(chunks),
+        Ok(Ok(chunks)) => return Ok(Some(chunks)),
         Ok(Err(problem)) => problem,
         Err(e) => format!("reading it panicked: {e}"),
     };
@@ -709,8 +712,18 @@ async fn run_bootstrap(
         groups: s.routing.groups,
         guarded: full.guarded,
     };
-    // Chunks of one fit group resample together.
-    let table = load_chunk_table(store).await?;
+    // Chunks of one fit group resample together; without the chunk table
+    // the groups are unknown, and chunks resampled alone would claim more
+    // stability than the data holds.
+    let Some(table) = load_chunk_table(store).await? else {
+        return Ok((
+            Vec::new(),
+            Some(format!(
+                "no bootstrap: no {} to resample the fit split by group",
+                store.child("corpus").url_of(CHUNKS_FILE)
+            )),
+        ));
+    };
     let groups =
         bootstrap::fit_groups(&table, &chunks).map_err(|problem| StagesError::Artifact {
             url: store.child("corpus").url_of(CHUNKS_FILE),

@@ -1,7 +1,8 @@
 //! ggml's own conversions between tensor types and f32, for merged experts
 //! ([`slicer::RowCodec`]): `ggml_get_type_traits(t)->to_float` decodes and
 //! `ggml_get_type_traits_cpu(t)->from_float` encodes, the functions
-//! llama.cpp itself runs (never a quantiser written here).
+//! llama.cpp itself runs (never a quantiser written here); [`to_f32`] the
+//! same decoding for weights read whole (the lookahead's routers).
 
 use super::init_backend;
 use llama_cpp_sys_2 as sys;
@@ -49,6 +50,29 @@ impl GgmlCodec {
         // SAFETY: as in `to_float`.
         unsafe { (*sys::ggml_get_type_traits_cpu(ty)).from_float }
     }
+}
+
+/// `n` values of ggml type `ggml_type` stored in `bytes`, as f32 by ggml's
+/// `to_float` (the conversion llama.cpp's CPU backend uses); an error names
+/// the type when ggml cannot convert it or `bytes` has the wrong size.
+pub fn to_f32(ggml_type: u32, bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
+    let name = || gguf::quant::ggml_type_name(ggml_type);
+    let Some((block, block_bytes)) = GgmlCodec::layout(ggml_type) else {
+        return Err(format!("ggml type {} is unknown to this ggml", name()));
+    };
+    if !n.is_multiple_of(block) || bytes.len() != n / block * block_bytes {
+        return Err(format!(
+            "{} bytes do not hold {n} values of type {}",
+            bytes.len(),
+            name()
+        ));
+    }
+    if GgmlCodec::to_float(ggml_type).is_none() {
+        return Err(format!("ggml cannot convert type {} to f32", name()));
+    }
+    let mut out = vec![0f32; n];
+    slicer::RowCodec::decode(&GgmlCodec::new(), ggml_type, bytes, &mut out);
+    Ok(out)
 }
 
 impl Default for GgmlCodec {
@@ -125,5 +149,27 @@ mod tests {
         assert!(c.check(sys::GGML_TYPE_Q4_K).is_ok());
         assert!(c.check(sys::GGML_TYPE_IQ2_XXS).is_err());
         assert!(c.check(10_000).is_err());
+    }
+
+    #[test]
+    fn f16_and_f32_convert_and_wrong_sizes_are_refused() {
+        let halves: Vec<u8> = [1.5f32, -2.0, 0.25]
+            .iter()
+            .flat_map(|&v| half_bits(v).to_le_bytes())
+            .collect();
+        assert_eq!(super::to_f32(1, &halves, 3).unwrap(), vec![1.5, -2.0, 0.25]);
+        let floats: Vec<u8> = [3.0f32, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(super::to_f32(0, &floats, 2).unwrap(), vec![3.0, 4.0]);
+        let e = super::to_f32(0, &floats, 3).unwrap_err();
+        assert!(e.contains("do not hold 3 values"), "{e}");
+    }
+
+    /// IEEE half bits of a value exact in half precision.
+    fn half_bits(v: f32) -> u16 {
+        let b = v.to_bits();
+        let sign = ((b >> 16) & 0x8000) as u16;
+        let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+        let mant = ((b >> 13) & 0x3ff) as u16;
+        sign | ((exp as u16) << 10) | mant
     }
 }

@@ -23,7 +23,6 @@
 mod backend;
 pub mod batched;
 mod codec;
-mod dequant;
 mod logits;
 mod quantize;
 mod reduce;
@@ -33,8 +32,7 @@ mod thread;
 mod vision;
 
 pub use backend::ReduceError;
-pub use codec::GgmlCodec;
-pub use dequant::to_f32;
+pub use codec::{to_f32, GgmlCodec};
 pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
 pub use quantize::{quantize_model, MetaValue, QuantizeParams};
 pub use reduce::{ChunkSquares, ExpertIds, Reducer};
