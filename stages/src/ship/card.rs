@@ -338,7 +338,7 @@ impl Measured {
         );
         let _ = writeln!(
             s,
-            "| split | domain | positions | KL mean ± se [95% interval] (chunk clusters) | KL p50 / p90 / p95 / p99 / p99.9 / max | same top-1 | ppl base / file / ratio | mean change of p(next) |\n|---|---|---|---|---|---|---|---|"
+            "| split | domain | positions | KL mean ± se [95% interval] (clusters: document groups) | KL p50 / p90 / p95 / p99 / p99.9 / max | same top-1 | ppl base / file / ratio | mean change of p(next) |\n|---|---|---|---|---|---|---|---|"
         );
         for (split, f) in &self.splits {
             let rows = std::iter::once(("all", &f.all))

@@ -100,7 +100,7 @@ pub async fn measure(
 
 /// The ship table: one row per shipped model file (`(file, bytes)`), with
 /// its held-out figures (fit where no held-out positions were scored), KL
-/// with its 95% interval by chunk clusters, and whether the file is on the
+/// with its 95% interval clustered by group, and whether the file is on the
 /// size-versus-KL Pareto front (no other shipped file is both smaller and
 /// closer to the base model).
 pub fn table(files: &[(String, u64)], s: &EvalSummary) -> String {
