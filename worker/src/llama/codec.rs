@@ -67,10 +67,17 @@ pub fn to_f32(ggml_type: u32, bytes: &[u8], n: usize) -> Result<Vec<f32>, String
             name()
         ));
     }
+    let mut out = vec![0f32; n];
+    if ggml_type == sys::GGML_TYPE_F32 {
+        // ggml has no `to_float` for f32 itself.
+        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+        }
+        return Ok(out);
+    }
     if GgmlCodec::to_float(ggml_type).is_none() {
         return Err(format!("ggml cannot convert type {} to f32", name()));
     }
-    let mut out = vec![0f32; n];
     slicer::RowCodec::decode(&GgmlCodec::new(), ggml_type, bytes, &mut out);
     Ok(out)
 }
