@@ -577,12 +577,14 @@ const CLAIM_SLACK: usize = 256;
 /// [`CLAIM_SLACK`] (tighter than [`numbers::bounded`]'s general 16 claimed
 /// bytes per input byte, which would let a 4 KiB pre-login frame allocate
 /// 64 KiB). A larger frame comes from a peer that proved its key and may
-/// carry token ids (an `i32` of one varint byte counts 4): four times its
-/// length plus the slack.
+/// carry long lists of small integers (bincode counts each at its
+/// in-memory size: 4 for an `i32` token id of one varint byte, 8 for a
+/// `u64`, 16 at most): [`numbers::bounded`]'s 16 claimed bytes per byte plus
+/// the slack, at most 16 MiB for a [`MAX_CONTROL_FRAME`].
 fn claim_limit(len: usize) -> usize {
     match len <= PRE_AUTH_MAX_FRAME as usize {
         true => len + CLAIM_SLACK,
-        false => 4 * len + CLAIM_SLACK,
+        false => 16 * len + CLAIM_SLACK,
     }
 }
 
@@ -838,6 +840,17 @@ mod tests {
         let frame = encode_frame(&checkpoint);
         assert_eq!(tag(frame.clone()), 7);
         assert_eq!(decode::<ToCoordinator>(&frame[4..]).unwrap(), checkpoint);
+    }
+
+    #[test]
+    fn small_u64s_past_the_pre_login_cap_decode() {
+        // Regression: a u64 of one varint byte counts 8 against the limit:
+        // 12,000 of them (12 KB) claim 96 KB, past the 64 KiB tier that four
+        // claimed bytes per byte picked.
+        let values: Vec<u64> = (0..12_000).map(|i| i % 200).collect();
+        let frame = encode_frame(&values);
+        assert!((0x2000..0x3c00).contains(&(frame.len() - 4)));
+        assert_eq!(decode::<Vec<u64>>(&frame[4..]).unwrap(), values);
     }
 
     #[test]
