@@ -572,29 +572,32 @@ fn decode_within<T: DeserializeOwned, const LIMIT: usize>(
 /// The messages here hold a handful of integers, so a few hundred bytes do.
 const CLAIM_SLACK: usize = 256;
 
-/// What bincode may count for a body of `len` bytes. A frame up to the
-/// pre-login cap holds a handful of integers: its length plus
-/// [`CLAIM_SLACK`] (tighter than [`numbers::bounded`]'s general 16 claimed
-/// bytes per input byte, which would let a 4 KiB pre-login frame allocate
-/// 64 KiB). A larger frame comes from a peer that proved its key and may
-/// carry long lists of small integers (bincode counts each at its
-/// in-memory size: 4 for an `i32` token id of one varint byte, 8 for a
-/// `u64`, 16 at most): [`numbers::bounded`]'s 16 claimed bytes per byte plus
-/// the slack, at most 16 MiB for a [`MAX_CONTROL_FRAME`].
-fn claim_limit(len: usize) -> usize {
-    match len <= PRE_AUTH_MAX_FRAME as usize {
-        true => len + CLAIM_SLACK,
-        false => 16 * len + CLAIM_SLACK,
-    }
+/// Decodes a frame body; trailing bytes are malformed too. Whatever lengths
+/// the body claims, decoding allocates at most the body's length plus
+/// [`CLAIM_SLACK`], rounded up to the next limit tier (at most twice that):
+/// bincode allocates a claimed `Vec<u8>` before reading it, so the limit
+/// must follow the body, not the largest frame. Frames before login hold
+/// few integers, so this is tighter than [`numbers::bounded`]'s general 16
+/// claimed bytes per input byte, which would let a 4 KiB pre-login frame
+/// allocate 64 KiB.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
+    decode_claiming(body, body.len() + CLAIM_SLACK)
 }
 
-/// Decodes a frame body; trailing bytes are malformed too. Whatever lengths
-/// the body claims, decoding allocates at most [`claim_limit`] of the
-/// body's length, rounded up to the next limit tier (at most twice that):
-/// bincode allocates a claimed `Vec<u8>` before reading it, so the limit
-/// must follow the body, not the largest frame.
-pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
-    let decoded = match claim_limit(body.len()) {
+/// [`decode`] for a frame of a peer past login (a worker reading its pinned
+/// coordinator's jobs), which may hold long lists of small integers:
+/// bincode counts each at its in-memory size (4 for an `i32` token id of
+/// one varint byte, 8 for a `u64`, 16 at most), so the limit is
+/// [`numbers::bounded`]'s 16 claimed bytes per byte plus the slack, 16 MiB
+/// for a [`MAX_CONTROL_FRAME`].
+pub fn decode_after_login<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
+    decode_claiming(body, 16 * body.len() + CLAIM_SLACK)
+}
+
+/// Decodes `body` with bincode counting at most `claims` bytes (rounded up
+/// to the next limit tier).
+fn decode_claiming<T: DeserializeOwned>(body: &[u8], claims: usize) -> Result<T, WireError> {
+    let decoded = match claims {
         0..=0x1000 => decode_within::<T, 0x1000>(body),
         0x1001..=0x2000 => decode_within::<T, 0x2000>(body),
         0x2001..=0x4000 => decode_within::<T, 0x4000>(body),
@@ -644,7 +647,10 @@ pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(
     }
     let mut body = vec![0u8; len as usize];
     r.read_exact(&mut body).await?;
-    decode(&body).map(Some)
+    match max <= PRE_AUTH_MAX_FRAME {
+        true => decode(&body).map(Some),
+        false => decode_after_login(&body).map(Some),
+    }
 }
 
 /// The key of the worker named `worker_name`: HMAC-SHA256 of the join
@@ -843,25 +849,18 @@ mod tests {
     }
 
     #[test]
-    fn small_u64s_past_the_pre_login_cap_decode() {
-        // Regression: a u64 of one varint byte counts 8 against the limit:
-        // 12,000 of them (12 KB) claim 96 KB, past the 64 KiB tier that four
-        // claimed bytes per byte picked.
+    fn lists_of_small_integers_decode_after_login() {
+        // Regression: bincode counts an `i32` of one varint byte as 4 and a
+        // `u64` as 8, so 2,000 token ids (a 2 KB job's generation prompts)
+        // claim 8 KB, past the 4 KiB tier of a pre-login body of 2 KB.
+        let tokens: Vec<i32> = (0..2_000).map(|i| i % 100).collect();
+        let frame = encode_frame(&tokens);
+        assert!(frame.len() - 4 < PRE_AUTH_MAX_FRAME as usize);
+        assert!(decode::<Vec<i32>>(&frame[4..]).is_err());
+        assert_eq!(decode_after_login::<Vec<i32>>(&frame[4..]).unwrap(), tokens);
         let values: Vec<u64> = (0..12_000).map(|i| i % 200).collect();
         let frame = encode_frame(&values);
-        assert!((0x2000..0x3c00).contains(&(frame.len() - 4)));
-        assert_eq!(decode::<Vec<u64>>(&frame[4..]).unwrap(), values);
-    }
-
-    #[test]
-    fn token_ids_past_the_pre_login_cap_decode() {
-        // Regression: 17,000 token ids of one varint byte each are a body
-        // of about 17 KB that bincode counts as 68 KB, past the 64 KiB tier
-        // a body-length limit picked (an eval job's generation prompts).
-        let tokens: Vec<i32> = (0..17_000).map(|i| i % 100).collect();
-        let frame = encode_frame(&tokens);
-        assert!(frame.len() - 4 < 0x1_0000 && frame.len() - 4 > 0x4000);
-        assert_eq!(decode::<Vec<i32>>(&frame[4..]).unwrap(), tokens);
+        assert_eq!(decode_after_login::<Vec<u64>>(&frame[4..]).unwrap(), values);
     }
 
     #[test]
