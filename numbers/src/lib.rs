@@ -5,7 +5,8 @@
 //! passes before it is accepted ([`partial_check`], [`compare`]), the merged
 //! view ([`saliency`]), eval partials and summaries ([`eval`]), how a model
 //! routes tokens ([`routing`]), chunk ids and splits ([`split`]), the names
-//! of keep maps ([`keep_name`]).
+//! of keep maps ([`keep_name`]), projected expert outputs for merge plans
+//! ([`projection`]).
 //!
 //! No I/O and no runtime: it may depend on the GGUF format crate only (the
 //! importance matrix is written as GGUF), never on storage or the network.
@@ -22,6 +23,7 @@ pub mod packed;
 pub mod partial;
 pub mod partial_check;
 pub mod peer_text;
+pub mod projection;
 pub mod respond;
 pub mod routing;
 pub mod saliency;

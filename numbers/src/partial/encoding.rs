@@ -1,8 +1,11 @@
-//! Format 7 of a partial: the bincode header (every field, with its exact
-//! sums left out), then each [`ExactSum`] column [`packed`] (zeros marked
-//! by block masks), in a fixed
-//! order: per (split, domain) group and MoE layer the five statistics, then
-//! each importance-matrix tensor's `in_sum2` and `in_sum`. A column equal to
+//! Format 9 of a partial: the bincode header (every field, with its exact
+//! sums left out), then (from format 9) the projected outputs' header, an
+//! `Option<OutputProjection>` whose layers hold no sums, then each
+//! [`ExactSum`] column [`packed`] (zeros marked by block masks), in a fixed
+//! order: per (split, domain) group and MoE layer the five statistics, per
+//! projected split and MoE layer its `n_expert x dim` sums, then
+//! each importance-matrix tensor's `in_sum2` and `in_sum`. Format 8 is the
+//! same without the projection's header and columns. A column equal to
 //! an earlier one (`ffn_gate_exps` and `ffn_up_exps` read the same input, so
 //! their sums are equal; so are `attn_q`'s, `attn_k`'s and `attn_v`'s) is
 //! stored as a reference to it.
@@ -28,6 +31,7 @@ use crate::exact::ExactSum;
 use crate::imatrix::{add_columns, Imatrix, ImatrixEntry, Sums};
 use crate::packed;
 use crate::peer_text::peer_text;
+use crate::projection::{OutputProjection, MAX_DIM};
 use crate::stats::{ExpertAccum, GroupAccum, LayerAccum, MergeError};
 use bytes::Bytes;
 use rayon::prelude::*;
@@ -50,8 +54,12 @@ pub(super) fn encode(p: &Partial) -> Vec<u8> {
 /// [`encode`] in pieces, in order: the header, then per column its tag and
 /// length, and its packed bytes (or the index of the column it copies).
 pub(super) fn encode_parts(p: &Partial) -> Vec<Bytes> {
-    let header = bincode::serde::encode_to_vec(header(p), bincode::config::standard())
+    let head = header(p);
+    let mut header = bincode::serde::encode_to_vec(&head, bincode::config::standard())
         .expect("partial header encodes");
+    let projection = bincode::serde::encode_to_vec(&head.projection, bincode::config::standard())
+        .expect("projection header encodes");
+    header.extend_from_slice(&projection);
     let columns = columns(p);
     let sources = first_equal(&columns, stats_columns(p));
     let packed: Vec<Option<Vec<u8>>> = columns
@@ -207,8 +215,18 @@ struct Layout {
 }
 
 fn layout(bytes: &[u8]) -> Result<Layout, String> {
-    let (header, used) = crate::bounded::decode_prefix::<Partial>(bytes)
+    let (mut header, mut used) = crate::bounded::decode_prefix::<Partial>(bytes)
         .map_err(|e| format!("not a moe-census partial: {e}"))?;
+    if header.format_version >= 9 {
+        let (projection, more) =
+            crate::bounded::decode_prefix::<Option<OutputProjection>>(&bytes[used..])
+                .map_err(|e| format!("not a moe-census partial: projected outputs: {e}"))?;
+        if let Some(p) = &projection {
+            check_projection(p, header.experts.shape.moe_layers.len())?;
+        }
+        header.projection = projection;
+        used += more;
+    }
     let lengths = expected_lengths(&header)?;
     if columns(&header).iter().any(|c| !c.is_empty()) {
         return Err("not a moe-census partial: sums inside its header".into());
@@ -287,6 +305,27 @@ fn read_columns(
         ));
     }
     Ok(out)
+}
+
+/// A projection header's dimension and layer counts against the bounds and
+/// the partial's MoE shape.
+fn check_projection(p: &OutputProjection, n_layers: usize) -> Result<(), String> {
+    if p.dim == 0 || p.dim > MAX_DIM {
+        return Err(format!(
+            "not a moe-census partial: outputs projected to {} dimensions (1 to {MAX_DIM})",
+            p.dim
+        ));
+    }
+    for (split, layers) in &p.splits {
+        if layers.len() != n_layers || layers.iter().any(|l| !l.is_empty()) {
+            return Err(format!(
+                "not a moe-census partial: {split} projected outputs of {} layers (with sums in \
+                 the header) for {n_layers} MoE layers",
+                layers.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn take<const N: usize>(bytes: &[u8]) -> Option<([u8; N], &[u8])> {
@@ -546,7 +585,18 @@ fn imatrix_lengths(p: &Partial) -> Vec<usize> {
 /// How many of [`columns`] are the statistics' (the rest are the
 /// importance matrix's).
 fn stats_columns(p: &Partial) -> usize {
-    p.experts.groups.values().map(|g| 5 * g.layers.len()).sum()
+    let projected: usize = p
+        .projection
+        .iter()
+        .flat_map(|x| x.splits.values())
+        .map(Vec::len)
+        .sum();
+    p.experts
+        .groups
+        .values()
+        .map(|g| 5 * g.layers.len())
+        .sum::<usize>()
+        + projected
 }
 
 /// For each column of [`columns`], the length the header gives it: the
@@ -557,6 +607,14 @@ fn expected_lengths(p: &Partial) -> Result<Vec<usize>, String> {
     for g in p.experts.groups.values() {
         for l in &g.layers {
             out.extend([l.count.len(); 5]);
+        }
+    }
+    if let Some(x) = &p.projection {
+        let n = (p.experts.shape.n_expert as usize)
+            .checked_mul(x.dim as usize)
+            .ok_or("not a moe-census partial: projected outputs overflow")?;
+        for layers in x.splits.values() {
+            out.extend(std::iter::repeat_n(n, layers.len()));
         }
     }
     for (name, e) in &p.imatrix.entries {
@@ -581,6 +639,9 @@ fn columns(p: &Partial) -> Vec<&[ExactSum]> {
             out.extend(l.sums().map(Vec::as_slice));
         }
     }
+    for layers in p.projection.iter().flat_map(|x| x.splits.values()) {
+        out.extend(layers.iter().map(Vec::as_slice));
+    }
     for e in p.imatrix.entries.values() {
         out.extend(e.sums().map(|s| s.as_slice()));
     }
@@ -595,6 +656,9 @@ fn stats_columns_mut(p: &mut Partial) -> Vec<&mut Vec<ExactSum>> {
         for l in &mut g.layers {
             out.extend(l.sums_mut());
         }
+    }
+    for layers in p.projection.iter_mut().flat_map(|x| x.splits.values_mut()) {
+        out.extend(layers.iter_mut());
     }
     out
 }
@@ -655,6 +719,7 @@ fn header(p: &Partial) -> Partial {
         trace_parts,
         chunk_stats,
         backend_to_host,
+        projection,
     } = p;
     let layer = |l: &LayerAccum| LayerAccum {
         layer: l.layer,
@@ -707,6 +772,15 @@ fn header(p: &Partial) -> Partial {
         trace_parts: trace_parts.clone(),
         chunk_stats: chunk_stats.clone(),
         backend_to_host: *backend_to_host,
+        projection: projection.as_ref().map(|x| OutputProjection {
+            dim: x.dim,
+            seed: x.seed,
+            splits: x
+                .splits
+                .iter()
+                .map(|(s, layers)| (*s, vec![Vec::new(); layers.len()]))
+                .collect(),
+        }),
     }
 }
 
@@ -785,12 +859,32 @@ mod tests {
                 tokens: 9,
                 bytes: 99,
             },
+            projection: None,
         }
+    }
+
+    /// [`sample`] with outputs projected to 3 dimensions in the fit split.
+    fn projected(seed: f64) -> Partial {
+        let mut p = sample();
+        let mut x = OutputProjection::new(3);
+        for (i, s) in x
+            .split_mut(Split::Fit, 2, 6)
+            .iter_mut()
+            .flatten()
+            .enumerate()
+        {
+            *s = ExactSum::from_f64((i as f64 * seed).sin() * 7.0).unwrap();
+        }
+        p.projection = Some(x);
+        p
     }
 
     /// Byte offset of column `i`'s tag in `bytes`.
     fn column_at(bytes: &[u8], i: usize) -> usize {
         let (_, mut at) = crate::bounded::decode_prefix::<Partial>(bytes).unwrap();
+        let (_, projection) =
+            crate::bounded::decode_prefix::<Option<OutputProjection>>(&bytes[at..]).unwrap();
+        at += projection;
         for _ in 0..i {
             at += match bytes[at] {
                 PACKED => {
@@ -833,7 +927,7 @@ mod tests {
     fn partials_of_another_format_are_refused_with_the_version_named() {
         let p = sample();
         let mut bytes = p.to_bytes();
-        assert_eq!(bytes[0], 8);
+        assert_eq!(bytes[0], 9);
         assert_eq!(Partial::from_bytes(&bytes).unwrap(), p);
         // Format 7 had no largest activation elements (act_max), format 6
         // no output maxima either: refused, not misread.
@@ -841,11 +935,73 @@ mod tests {
             bytes[0] = old;
             let e = Partial::from_bytes(&bytes).unwrap_err();
             assert!(
-                e.contains(&format!("format version {old} (this build reads 8)")),
+                e.contains(&format!("format version {old} (this build reads 8 to 9)")),
                 "{e}"
             );
             assert!(PackedPartial::parse(bytes.clone().into()).is_err());
         }
+    }
+
+    #[test]
+    fn a_version_8_partial_reads_without_projected_outputs() {
+        // Format 8 is format 9 without the projection's header (None: one
+        // byte after the partial's header) and columns.
+        let p = sample();
+        let bytes = p.to_bytes();
+        let (_, at) = crate::bounded::decode_prefix::<Partial>(&bytes).unwrap();
+        assert_eq!(bytes[at], 0, "no projection");
+        let mut old = bytes[..at].to_vec();
+        old.extend_from_slice(&bytes[at + 1..]);
+        old[0] = 8;
+        let back = Partial::from_bytes(&old).unwrap();
+        assert_eq!(back.format_version, 8);
+        assert_eq!(back.projection, None);
+        assert_eq!(
+            Partial {
+                format_version: 9,
+                ..back
+            },
+            p
+        );
+        let packed = PackedPartial::parse(old.into()).unwrap();
+        assert_eq!(packed.decode().experts, p.experts);
+    }
+
+    #[test]
+    fn projected_outputs_round_trip_and_merge_exactly() {
+        let (a, mut b) = (projected(0.3), projected(1.7));
+        b.chunks = vec![ChunkRange { start: 9, end: 12 }];
+        let bytes = a.to_bytes();
+        assert_eq!(Partial::from_bytes(&bytes).unwrap(), a);
+        assert!(bytes.len() > sample().to_bytes().len());
+        // The packed path adds the projection as the decoded one does.
+        let mut decoded = a.clone();
+        decoded.merge(&b).unwrap();
+        let mut packed = a.clone();
+        PackedPartial::parse(b.to_bytes().into())
+            .unwrap()
+            .merge_into(&mut packed)
+            .unwrap();
+        assert_eq!(packed, decoded);
+        let sum = |p: &Partial| p.projection.as_ref().unwrap().splits[&Split::Fit][1][4].to_f64();
+        assert_eq!(sum(&decoded), sum(&a) + sum(&b));
+        // A partial without the projection does not merge into one with it.
+        let mut plain = sample();
+        plain.chunks = vec![ChunkRange { start: 20, end: 21 }];
+        let e = decoded.clone().merge(&plain).unwrap_err();
+        assert!(e.to_string().contains("merge_projection"), "{e}");
+        // A header claiming more layers than the model has is refused.
+        let mut bad = a.clone();
+        let layers = bad
+            .projection
+            .as_mut()
+            .unwrap()
+            .splits
+            .get_mut(&Split::Fit)
+            .unwrap();
+        layers.push(layers[0].clone());
+        let e = Partial::from_bytes(&bad.to_bytes()).unwrap_err();
+        assert!(e.contains("fit projected outputs of 3 layers"), "{e}");
     }
 
     #[test]
@@ -918,7 +1074,8 @@ mod tests {
         (e.n_in, e.n_mat, e.in_sum2, e.counts) = (1 << 31, 1, Sums::default(), vec![0]);
         let mut bytes =
             bincode::serde::encode_to_vec(header(&huge), bincode::config::standard()).unwrap();
-        bytes.extend_from_slice(&[PACKED, 255, 255, 255, 255, 0, 0, 0, 0]);
+        // No projected outputs (None), then the column.
+        bytes.extend_from_slice(&[0, PACKED, 255, 255, 255, 255, 0, 0, 0, 0]);
         bytes.resize(bytes.len() + 1000, 0);
         let e = Partial::from_bytes(&bytes).unwrap_err();
         assert!(

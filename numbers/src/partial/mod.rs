@@ -6,6 +6,7 @@ mod encoding;
 pub use encoding::{ImatrixColumn, PackedPartial, SumsCheck};
 
 use crate::imatrix::Imatrix;
+use crate::projection::OutputProjection;
 use crate::saliency::Saliency;
 use crate::split::ChunkRange;
 use crate::stats::{ChunkStats, ExpertAccum, MergeError};
@@ -20,11 +21,15 @@ use std::collections::BTreeMap;
 /// masks in the packed blocks, [`crate::packed`]; 7: each layer's
 /// largest expert output norm, [`crate::stats::LayerAccum::ean_max`]; 8:
 /// each layer's largest single output element, REAP's super-expert
-/// statistic, [`crate::stats::LayerAccum::act_max`]).
-/// Partials of any other version are refused with their version named: a
-/// version-7 partial lacks `act_max`, which no later step can recover, so
-/// its chunks are collected again.
-pub const PARTIAL_FORMAT_VERSION: u32 = 8;
+/// statistic, [`crate::stats::LayerAccum::act_max`]; 9: the projected
+/// expert outputs, [`OutputProjection`], after the header).
+/// Version 8 still reads (without projected outputs); any other version is
+/// refused with its version named: a version-7 partial lacks `act_max`,
+/// which no later step can recover, so its chunks are collected again.
+pub const PARTIAL_FORMAT_VERSION: u32 = 9;
+
+/// The oldest format version still read: the last before projected outputs.
+pub const OLDEST_READ_VERSION: u32 = 8;
 
 /// Accumulators for a disjoint set of chunks of one model and corpus.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,6 +60,11 @@ pub struct Partial {
     pub chunk_stats: Vec<ChunkStats>,
     /// What the worker read out of the compute backend while measuring.
     pub backend_to_host: BackendToHost,
+    /// Projected expert outputs per split (`[run] merge_projection`; None
+    /// when off, and in version-8 partials). Encoded after the header, so
+    /// the header reads the same in both versions.
+    #[serde(skip)]
+    pub projection: Option<OutputProjection>,
 }
 
 /// Bytes that crossed from the compute backend into the worker's memory,
@@ -113,6 +123,7 @@ impl Partial {
             trace_parts: Vec::new(),
             chunk_stats: Vec::new(),
             backend_to_host: BackendToHost::default(),
+            projection: None,
         }
     }
 
@@ -160,6 +171,17 @@ impl Partial {
         self.chunk_stats.extend(other.chunk_stats.iter().cloned());
         self.chunk_stats.sort_by_key(|c| c.chunk);
         self.backend_to_host.add(&other.backend_to_host);
+        match (self.projection.as_mut(), other.projection.as_ref()) {
+            (None, None) => {}
+            (Some(a), Some(b)) => a.merge(b)?,
+            (mine, _) => {
+                return Err(MergeError::Shape(format!(
+                    "projected expert outputs on {} side only (one partial was collected with \
+                     `[run] merge_projection` and the other without)",
+                    if mine.is_some() { "this" } else { "the other" }
+                )))
+            }
+        }
         Ok(())
     }
 
@@ -199,14 +221,16 @@ impl Partial {
 }
 
 /// Reads the format version that leads a partial's bytes and refuses any
-/// but [`PARTIAL_FORMAT_VERSION`], before the rest is decoded.
-fn check_version(bytes: &[u8]) -> Result<(), String> {
+/// but [`OLDEST_READ_VERSION`] to [`PARTIAL_FORMAT_VERSION`], before the
+/// rest is decoded.
+fn check_version(bytes: &[u8]) -> Result<u32, String> {
     let (version, _) = crate::bounded::decode_prefix::<u32>(bytes)
         .map_err(|e| format!("not a moe-census partial: {e}"))?;
     match version {
-        PARTIAL_FORMAT_VERSION => Ok(()),
+        OLDEST_READ_VERSION..=PARTIAL_FORMAT_VERSION => Ok(version),
         _ => Err(format!(
-            "partial format version {version} (this build reads {PARTIAL_FORMAT_VERSION})"
+            "partial format version {version} (this build reads {OLDEST_READ_VERSION} to \
+             {PARTIAL_FORMAT_VERSION})"
         )),
     }
 }
@@ -269,7 +293,7 @@ mod tests {
         // Version 1 (before the backend-to-host figure) followed by bytes
         // that are no partial at all.
         let e = Partial::from_bytes(&[1, 0xff, 0xff, 0xff]).unwrap_err();
-        assert_eq!(e, "partial format version 1 (this build reads 8)");
+        assert_eq!(e, "partial format version 1 (this build reads 8 to 9)");
     }
 
     #[test]

@@ -51,6 +51,7 @@ fn honest() -> Partial {
         trace_parts: Vec::new(),
         chunk_stats: Vec::new(),
         backend_to_host: BackendToHost::default(),
+        projection: None,
     }
 }
 
