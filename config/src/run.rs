@@ -84,6 +84,13 @@ pub struct RunSettings {
     pub f32_kv: bool,
     /// Flash attention.
     pub flash_attn: bool,
+    /// Dimensions each routed expert output (before its routing weight) is
+    /// projected to, summed exactly per expert and split: the mean output
+    /// merge plans compare experts by (a seeded random sign projection,
+    /// README "Merge plans"). At 48 MoE layers x 512 experts, 128 adds
+    /// 2 x 48 x 512 x 128 sums (about 100 MB in memory, 50 MB stored) to
+    /// a partial. 0: off (merge plans then use the router's similarity).
+    pub merge_projection: u32,
     /// CPU threads per local worker (default: cores / local workers).
     pub local_worker_threads: Option<u32>,
     /// Where local workers reduce observed tensors (`worker join --reduce`,
@@ -137,6 +144,7 @@ impl RunSettings {
             decode_prompt: self.trace_decode_prompt,
             f32_kv: self.f32_kv,
             flash_attn: self.flash_attn,
+            merge_projection: self.merge_projection,
         }
     }
 }
@@ -168,6 +176,7 @@ impl Default for RunSettings {
             trace_decode_prompt: 32,
             f32_kv: false,
             flash_attn: false,
+            merge_projection: 128,
             local_worker_threads: None,
             local_worker_reduce: None,
             local_worker_gpu_layers: 0,
@@ -223,6 +232,13 @@ impl RunSettings {
                 "[run] trace_decode_prompt = 0 with trace_decode_tokens = {}: a decode trace \
                  needs at least one prompt token",
                 self.trace_decode_tokens
+            ));
+        }
+        if self.merge_projection > numbers::projection::MAX_DIM {
+            return Err(format!(
+                "[run] merge_projection = {}: outputs are projected to at most 4096 dimensions \
+                 (0 turns the projection off)",
+                self.merge_projection
             ));
         }
         if self.trace_lookahead.contains(&0) {

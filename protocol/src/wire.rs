@@ -72,7 +72,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// 12: a third task, [`Task::Respond`] (the response phase), appended.
 /// 13: the generation check's prompts carry their tokens (read across the
 /// chunks of their document) and the noise floor's micro-batch.
-pub const PROTOCOL_VERSION: u32 = 13;
+/// 14: the job's options carry `merge_projection` (projected expert
+/// outputs for merge plans).
+pub const PROTOCOL_VERSION: u32 = 14;
 
 /// ALPN token of the protocol, so a stray QUIC client is refused in the handshake.
 pub const ALPN: &[u8] = b"moe-census/1";
@@ -188,6 +190,9 @@ pub struct JobOptions {
     pub f32_kv: bool,
     /// Flash attention.
     pub flash_attn: bool,
+    /// Dimensions each routed expert output is projected to (partial
+    /// format 9's projected outputs); 0: off.
+    pub merge_projection: u32,
 }
 
 /// What a worker computes for each lease of a run: measure the chunks
@@ -771,6 +776,7 @@ mod tests {
                 decode_prompt: 32,
                 f32_kv: false,
                 flash_attn: false,
+                merge_projection: 0,
             },
             max_inline_bytes: 1,
             heartbeat_ms: 1,

@@ -144,6 +144,40 @@ struct Expected {
     act_max: Vec<f64>,
 }
 
+/// Projected dimensions of the oracle runs on the host path.
+const PROJECTION: usize = 8;
+
+/// The projection matrix as `numbers::projection` documents it, drawn here
+/// with a SplitMix64 of this file's own: `dim x n_embd` row-major, one
+/// draw per entry, negative where the top bit is set, times `1/sqrt(dim)`.
+fn projection_matrix(seed: u64, dim: usize, n_embd: usize) -> Vec<f64> {
+    let mut state = seed;
+    let scale = 1.0 / (dim as f64).sqrt();
+    (0..dim * n_embd)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            if z >> 63 == 1 {
+                -scale
+            } else {
+                scale
+            }
+        })
+        .collect()
+}
+
+/// Expected projected-output sums of one split and layer (`[expert][dim]`
+/// flat), with the sum of the projected rows' norms as the scale of the
+/// rounding each sum may carry.
+#[derive(Clone)]
+struct ExpectedProjection {
+    sums: Vec<f64>,
+    scale: Vec<f64>,
+}
+
 impl Expected {
     fn new(n: usize) -> Self {
         Expected {
@@ -347,13 +381,14 @@ fn route(b: &Block, ex: &Expect, n_expert: usize, k: usize, x: &[f64]) -> Routed
 }
 
 /// Collects the test corpus with the router inputs of the expected MoE
-/// layers and `ex.attn_weight`'s input dumped, on `threads` CPU threads.
+/// layers and `ex.attn_weight`'s input dumped, on `threads` CPU threads,
+/// expert outputs projected to `merge_projection` dimensions.
 fn collect(
     preset: Preset,
     dir: &std::path::Path,
     reduce: Reduce,
     ex: &Expect,
-    threads: u32,
+    (threads, merge_projection): (u32, u32),
 ) -> (
     std::path::PathBuf,
     Vec<runfiles::corpus::Chunk>,
@@ -378,6 +413,7 @@ fn collect(
         flash_attn: false,
         dump_inputs: dump,
         reduce,
+        merge_projection,
         ..Default::default()
     };
     let mut collector = Collector::load(&model, opts).unwrap();
@@ -386,11 +422,29 @@ fn collect(
 }
 
 /// Checks one preset on `threads` CPU threads (two exercise ggml's
-/// threading; one avoids its spinning barriers on a loaded machine).
+/// threading; one avoids its spinning barriers on a loaded machine). The
+/// host path projects expert outputs; the device path is checked without
+/// (so its own norms are), and with in a test of its own.
 fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
+    let projection = match reduce {
+        Reduce::Host => PROJECTION,
+        _ => 0,
+    };
+    check_projected(preset, reduce, threads, projection)
+}
+
+/// [`check_against_oracle`] with expert outputs projected to `projection`
+/// dimensions (0: none).
+fn check_projected(preset: Preset, reduce: Reduce, threads: u32, projection: usize) {
     let ex = expect(preset);
     let dir = tempfile::tempdir().unwrap();
-    let (model, chunks, c, collector) = collect(preset, dir.path(), reduce, &ex, threads);
+    let (model, chunks, c, collector) = collect(
+        preset,
+        dir.path(),
+        reduce,
+        &ex,
+        (threads, projection as u32),
+    );
     let shape = collector.shape().clone();
     let g = LlamaGguf::open(&model).unwrap();
 
@@ -427,6 +481,9 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
     let dumps = &c.dumps;
     let mut expected: BTreeMap<(Split, u16, usize), Expected> = BTreeMap::new();
     let mut imatrix: BTreeMap<String, ExpectedImatrix> = BTreeMap::new();
+    let mut projected: BTreeMap<(Split, usize), ExpectedProjection> = BTreeMap::new();
+    let seed = c.partial.projection.as_ref().map_or(0, |x| x.seed);
+    let mut matrix: Vec<f64> = Vec::new();
     let mut routed_rows = 0usize;
     for (li, &layer) in shape.moe_layers.iter().enumerate() {
         let b = Block::load(&g, layer);
@@ -506,6 +563,23 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
                     e_acc.act_max[e] = e_acc.act_max[e].max(largest);
                     e_acc.l2[e] += reap;
                     e_acc.l2_sq[e] += reap * reap;
+                    if projection > 0 {
+                        if matrix.len() != projection * y.len() {
+                            matrix = projection_matrix(seed, projection, y.len());
+                        }
+                        let want =
+                            projected
+                                .entry((split, li))
+                                .or_insert_with(|| ExpectedProjection {
+                                    sums: vec![0.0; n_expert * projection],
+                                    scale: vec![0.0; n_expert],
+                                });
+                        for (d, row) in matrix.chunks(y.len()).enumerate() {
+                            let z: f64 = row.iter().zip(&y).map(|(r, v)| r * v).sum();
+                            want.sums[e * projection + d] += z;
+                        }
+                        want.scale[e] += norm;
+                    }
                     let slot = row.selected.iter().position(|&s| s as usize == e).unwrap();
                     assert_close("trace gate weight", row.selected_weight[slot] as f64, w);
                     if fit {
@@ -582,6 +656,48 @@ fn check_against_oracle(preset: Preset, reduce: Reduce, threads: u32) {
             (0..n_expert).any(|e| want.count[e] > 0 && got.act_max[e] > 0.0),
             "{preset:?} layer #{li}: no positive act_max"
         );
+    }
+
+    // The projected outputs: per split and layer, every expert's sum of
+    // its routed outputs' projections, against the f64 recomputation.
+    match (&c.partial.projection, projection) {
+        (None, 0) => {}
+        (Some(got), dim) if dim > 0 => {
+            assert_eq!(got.dim as usize, dim, "{preset:?}: projected dimensions");
+            assert_eq!(got.seed, numbers::projection::SEED);
+            let splits: std::collections::BTreeSet<Split> =
+                projected.keys().map(|(s, _)| *s).collect();
+            assert_eq!(
+                got.splits
+                    .keys()
+                    .copied()
+                    .collect::<std::collections::BTreeSet<_>>(),
+                splits,
+                "{preset:?}: projected splits"
+            );
+            for ((split, li), want) in &projected {
+                let sums = &got.splits[split][*li];
+                assert_eq!(sums.len(), want.sums.len());
+                for (i, (g, w)) in sums.iter().zip(&want.sums).enumerate() {
+                    let (g, tol) = (g.to_f64(), REL * want.scale[i / dim] + 1e-9);
+                    assert!(
+                        (g - w).abs() <= tol,
+                        "{preset:?} {split} layer #{li} expert {} dim {}: projected sum {g}, \
+                         oracle {w} (tolerance {tol})",
+                        i / dim,
+                        i % dim
+                    );
+                }
+                assert!(
+                    want.sums.iter().any(|w| w.abs() > 1e-3),
+                    "{preset:?}: the projected sums are not trivially zero"
+                );
+            }
+        }
+        (got, dim) => panic!(
+            "{preset:?}: projection {:?} collected with merge_projection = {dim}",
+            got.as_ref().map(|x| x.dim)
+        ),
     }
 
     // Per-layer invariants: sum(count) == n_tokens * k; what the gating
@@ -712,6 +828,15 @@ fn tiny_qwen3moe_statistics_match_the_oracle_with_device_reductions() {
 #[test]
 fn tiny_alt_glm4moe_statistics_match_the_oracle_with_device_reductions() {
     check_against_oracle(Preset::TinyAlt, Reduce::Device, 2);
+}
+
+/// Projected expert outputs (#57) on the device path, which then reads the
+/// `ffn_moe_down` rows on the host, against the same f64 oracle; llama4's
+/// gate on the expert input on the host path.
+#[test]
+fn projected_outputs_match_the_oracle_on_the_device_path_and_with_the_gate_inside() {
+    check_projected(Preset::Tiny, Reduce::Device, 2, PROJECTION);
+    check_projected(Preset::Llama4, Reduce::Host, 1, 3);
 }
 
 /// gpt-oss: `ffn_moe_probs` holds logits; probabilities are their softmax

@@ -238,6 +238,7 @@ mod tests {
             decode_prompt: 32,
             f32_kv: false,
             flash_attn: false,
+            merge_projection: 128,
         };
         let k = |o: &JobOptions| settings_key("m", "c", o);
         let variants = [
@@ -271,6 +272,10 @@ mod tests {
             },
             JobOptions {
                 flash_attn: true,
+                ..base.clone()
+            },
+            JobOptions {
+                merge_projection: 0,
                 ..base.clone()
             },
         ];

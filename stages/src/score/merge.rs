@@ -8,17 +8,116 @@
 //! singletons (REAP's merging code can keep them so). Each member weighs
 //! its REAP mass (`reap_l2_sum`), REAM's saliency-weighted average.
 //!
-//! Closeness is the router's: the cosine similarity, over the traced fit
-//! tokens, of two experts' router probabilities (each trace row holds the
-//! router's top-N probabilities; the others count as 0), REAM's gate-logit
-//! similarity (`sim_gate`), which it averages with an output similarity
-//! this run does not collect.
+//! Closeness ([`Similarity`]) is by default the experts' outputs: the
+//! cosine of their mean outputs over their routed fit tokens, seen
+//! through the run's seeded random projection ([`OutputMeans`],
+//! `[run] merge_projection`), HC-SMoE's similarity and REAM's `sim_out`.
+//! The router's (the cosine, over the traced fit tokens, of two experts'
+//! router probabilities; each trace row holds the router's top-N, the
+//! others count as 0: REAM's gate-logit similarity `sim_gate`) stays
+//! available, alone or averaged with the output's as REAM averages them.
 
 use super::keep::LayerRanking;
 use super::source::LayerInput;
+use numbers::projection::cosine;
 use runfiles::mergeplan::{Centre, Member, MergePlan};
 use runfiles::trace::TraceRow;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// Which closeness assigns members to centres.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
+pub enum Similarity {
+    /// Cosine of the experts' mean projected outputs (HC-SMoE's); the
+    /// router's where the run collected no projection.
+    #[default]
+    Output,
+    /// Cosine of the experts' router probabilities over traced fit tokens.
+    Router,
+    /// REAM's: the mean of the output similarity mapped to `[0, 1]`
+    /// (`(1 + cos) / 2`) and the router's (already in `[0, 1]`).
+    OutputRouter,
+}
+
+impl Similarity {
+    /// Its name in a plan's params.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Similarity::Output => "output_projection_cosine",
+            Similarity::Router => "router_probability_cosine",
+            Similarity::OutputRouter => "mean_of_output_and_router",
+        }
+    }
+
+    /// Whether it reads the router's Gram matrix.
+    pub fn needs_router(self) -> bool {
+        self != Similarity::Output
+    }
+
+    /// Whether it reads projected outputs.
+    pub fn needs_outputs(self) -> bool {
+        self != Similarity::Router
+    }
+}
+
+/// Per MoE layer (block index), each expert's mean projected output over
+/// its routed fit tokens (zeros for an expert never routed).
+pub struct OutputMeans {
+    /// Projected dimensions.
+    pub dim: u32,
+    layers: BTreeMap<u32, Vec<Vec<f64>>>,
+}
+
+impl OutputMeans {
+    /// The means of `projection`'s fit split, its layers being `layers`
+    /// (block indices, in order) with routed counts `counts`; None when
+    /// the fit split was not projected.
+    pub fn of(
+        projection: &numbers::projection::OutputProjection,
+        layers: &[u32],
+        counts: &[Vec<u64>],
+    ) -> Option<OutputMeans> {
+        let means = projection.means(numbers::Split::Fit, counts)?;
+        Some(OutputMeans {
+            dim: projection.dim,
+            layers: layers.iter().copied().zip(means).collect(),
+        })
+    }
+
+    /// The cosine of experts `i` and `j`'s mean outputs in `layer` (0 when
+    /// either was never routed).
+    pub fn cosine(&self, layer: u32, i: usize, j: usize) -> f64 {
+        match self.layers.get(&layer) {
+            Some(m) if i < m.len() && j < m.len() => cosine(&m[i], &m[j]),
+            _ => 0.0,
+        }
+    }
+}
+
+/// What the closeness of two experts is read from.
+pub struct Closeness<'a> {
+    /// The similarity used (after any fallback).
+    pub similarity: Similarity,
+    /// The router's Gram matrix, when `similarity` needs it.
+    pub gram: Option<&'a RouterGram>,
+    /// Projected mean outputs, when `similarity` needs them.
+    pub outputs: Option<&'a OutputMeans>,
+}
+
+impl Closeness<'_> {
+    /// `1 -` the similarity of experts `a` and `b` in `layer`.
+    pub fn distance(&self, layer: u32, a: usize, b: usize) -> f64 {
+        let out = || self.outputs.map_or(0.0, |o| o.cosine(layer, a, b));
+        let router = || self.gram.map_or(0.0, |g| g.cosine(layer, a, b));
+        1.0 - match self.similarity {
+            Similarity::Output => out(),
+            Similarity::Router => router(),
+            Similarity::OutputRouter => ((1.0 + out()) / 2.0 + router()) / 2.0,
+        }
+    }
+}
 
 /// REAM's group size C (its default): at most this many experts per
 /// centre in the first pass.
@@ -93,25 +192,31 @@ pub fn merge_plan(
     keep: &runfiles::keepmap::KeepMap,
     rankings: &[LayerRanking],
     layers: &[LayerInput],
-    gram: &RouterGram,
+    close: &Closeness<'_>,
 ) -> MergePlan {
     let mut out = BTreeMap::new();
     for (r, l) in rankings.iter().zip(layers) {
         let centres = keep.kept(r.layer).unwrap_or_default();
-        out.insert(r.layer, layer_plan(r, l, centres, gram, GROUP_SIZE));
+        out.insert(r.layer, layer_plan(r, l, centres, close, GROUP_SIZE));
+    }
+    let mut params = serde_json::json!({
+        "centres": keep.method,
+        "keep_params": keep.params,
+        "recipe": "ream_pseudo_group",
+        "group_size": GROUP_SIZE,
+        "similarity": close.similarity.as_str(),
+        "weights": "reap_l2_sum",
+    });
+    if close.similarity.needs_router() {
+        params["top_per_row"] = TOP_PER_ROW.into();
+    }
+    if let Some(o) = close.outputs.filter(|_| close.similarity.needs_outputs()) {
+        params["projection_dim"] = o.dim.into();
     }
     MergePlan {
         method: method.to_string(),
         k: keep.k,
-        params: serde_json::json!({
-            "centres": keep.method,
-            "keep_params": keep.params,
-            "recipe": "ream_pseudo_group",
-            "group_size": GROUP_SIZE,
-            "similarity": "router_probability_cosine",
-            "top_per_row": TOP_PER_ROW,
-            "weights": "reap_l2_sum",
-        }),
+        params,
         saliency_sha256: keep.saliency_sha256.clone(),
         layers: out,
     }
@@ -123,7 +228,7 @@ fn layer_plan(
     r: &LayerRanking,
     l: &LayerInput,
     centres: &[u32],
-    gram: &RouterGram,
+    close: &Closeness<'_>,
     group_size: usize,
 ) -> Vec<Centre> {
     let n = l.reap_l2_sum.len();
@@ -141,7 +246,7 @@ fn layer_plan(
         .copied()
         .filter(|&e| is_centre(e as usize))
         .collect();
-    let distance = |a: usize, b: usize| 1.0 - gram.cosine(l.layer, a, b);
+    let distance = |a: usize, b: usize| close.distance(l.layer, a, b);
     for &c in &by_salience {
         if !takes(c as usize) {
             continue;
@@ -242,8 +347,13 @@ mod tests {
             order: vec![5, 0, 2, 3, 1, 4],
             kept_at: BTreeMap::new(),
         };
+        let close = Closeness {
+            similarity: Similarity::Router,
+            gram: Some(&gram),
+            outputs: None,
+        };
         let got = |group_size| -> Vec<(u32, Vec<(u32, f64)>)> {
-            layer_plan(&r, &l, &[0, 2, 5], &gram, group_size)
+            layer_plan(&r, &l, &[0, 2, 5], &close, group_size)
                 .iter()
                 .map(|c| {
                     (
@@ -272,5 +382,56 @@ mod tests {
                 (5, vec![(5, 1.0)]),
             ]
         );
+    }
+
+    /// The same six experts compared by their outputs: 1 computes what 2
+    /// computes and 3 what 0 does (though the router fires 0 with 1), so
+    /// output similarity groups them the other way; REAM's mean of both
+    /// sits between (1 is as close to 0 by the router as to 2 by output).
+    #[test]
+    fn members_join_the_centre_whose_output_they_resemble() {
+        let mut x = numbers::projection::OutputProjection::new(2);
+        let dirs = [
+            [1.0, 0.0],
+            [0.0, 2.0],
+            [0.1, 1.0],
+            [3.0, 0.2],
+            [0.0, 0.0],
+            [-1.0, -1.0],
+        ];
+        let counts = vec![vec![10, 10, 10, 10, 0, 1]];
+        for (e, d) in dirs.iter().enumerate() {
+            for (i, v) in d.iter().enumerate() {
+                let sum = v * counts[0][e] as f64;
+                x.split_mut(Split::Fit, 1, 6)[0][e * 2 + i] =
+                    numbers::ExactSum::from_f64(sum).unwrap();
+            }
+        }
+        let means = OutputMeans::of(&x, &[3], &counts).unwrap();
+        assert!((means.cosine(3, 1, 2) - 0.995).abs() < 0.01);
+        assert_eq!(means.cosine(3, 0, 4), 0.0, "a dead expert has no direction");
+        let l = LayerInput {
+            layer: 3,
+            count: vec![10.0, 10.0, 10.0, 10.0, 0.0, 1.0],
+            raw_count: vec![10.0, 10.0, 10.0, 10.0, 0.0, 1.0],
+            reap_l2_sum: vec![6.0, 2.0, 5.0, 3.0, 0.0, 9.0],
+            reap_l2_sq_sum: vec![0.0; 6],
+            guarded: vec![false, false, false, false, false, true],
+            domain_mass: Vec::new(),
+        };
+        let r = LayerRanking {
+            layer: 3,
+            order: vec![5, 0, 2, 3, 1, 4],
+            kept_at: BTreeMap::new(),
+        };
+        let close = Closeness {
+            similarity: Similarity::Output,
+            gram: None,
+            outputs: Some(&means),
+        };
+        let members = |c: &Centre| c.members.iter().map(|m| m.expert).collect::<Vec<u32>>();
+        let plan = layer_plan(&r, &l, &[0, 2, 5], &close, 2);
+        let got: Vec<Vec<u32>> = plan.iter().map(members).collect();
+        assert_eq!(got, vec![vec![0, 3], vec![2, 1], vec![5]]);
     }
 }

@@ -98,6 +98,12 @@ pub struct ScoreOptions {
     /// whole parts at a time in name order (0: skip the screen).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().screen_rows))]
     pub screen_rows: u64,
+    /// How merge plans assign experts to centres: `output` (the cosine of
+    /// their mean projected outputs, the router's where the run has none),
+    /// `router` (of their router probabilities over the screen's trace
+    /// rows) or `output-router` (REAM's mean of both).
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ScoreOptions::default().merge_similarity))]
+    pub merge_similarity: merge::Similarity,
 }
 
 /// The defaults of `coordinator score`: the command line's and every caller's.
@@ -118,6 +124,7 @@ impl Default for ScoreOptions {
             bootstrap: 20,
             seed: 0,
             screen_rows: 2_000_000,
+            merge_similarity: merge::Similarity::default(),
         }
     }
 }
@@ -242,6 +249,11 @@ fn differences(
     d.check("--bootstrap", opts.bootstrap, own.bootstrap);
     d.check("--seed", opts.seed, own.seed);
     d.check("--screen-rows", opts.screen_rows, own.screen_rows);
+    d.check(
+        "--merge-similarity",
+        opts.merge_similarity,
+        own.merge_similarity,
+    );
     Ok(d)
 }
 
@@ -458,9 +470,28 @@ pub async fn score_into(
             }
         }
     }
+    let outputs = load_output_means(store, &s).await?;
+    let similarity = merge_similarity(opts.merge_similarity, outputs.is_some());
+    let ids: Vec<u32> = layers.iter().map(|l| l.layer).collect();
+    let gram_layers = similarity.needs_router().then_some(ids.as_slice());
+    let pass = read_traces(store, &s, &maps, opts.screen_rows, gram_layers).await?;
+    let (screen, screen_note) = (pass.screen, pass.note);
+    let close = merge::Closeness {
+        similarity,
+        gram: pass.gram.as_ref(),
+        outputs: outputs.as_ref(),
+    };
     let (merge_plans, merge_note) =
-        write_merge_plans(store, out, &s, &layers, &ranked, &maps, opts).await?;
-    let (screen, screen_note) = run_screen(store, &s, &maps, opts.screen_rows).await?;
+        write_merge_plans(out, &s, &layers, &ranked, &maps, opts, &close).await?;
+    let merge_note = match (merge_note, similarity != opts.merge_similarity) {
+        (Some(n), _) => Some(n),
+        (None, true) => Some(format!(
+            "merge plans use the router's similarity: {} holds no projected expert outputs \
+             (collected with `[run] merge_projection = 0`, or before partial format 9)",
+            names::MERGED_PARTIAL
+        )),
+        (None, false) => None,
+    };
     let guarded: Vec<Vec<bool>> = layers.iter().map(|l| l.guarded.clone()).collect();
     let full = Full {
         ranked: &ranked,
@@ -503,43 +534,69 @@ pub async fn score_into(
     Ok(report)
 }
 
-/// Writes a merge plan beside every keep map ([`merge`]): the router
-/// similarity from the first `opts.screen_rows` fit trace rows, super
-/// experts by the guard's statistic (`opts.super_expert_statistic`) where
-/// `saliency.json` has it (else the keep maps' guard). None, with the
-/// reason, without trace parts.
-async fn write_merge_plans(
+/// `wanted`, or the router's where it needs projected outputs the run
+/// lacks.
+fn merge_similarity(wanted: merge::Similarity, has_outputs: bool) -> merge::Similarity {
+    match wanted.needs_outputs() && !has_outputs {
+        true => merge::Similarity::Router,
+        false => wanted,
+    }
+}
+
+/// The fit split's mean projected expert outputs, from
+/// `partials/merged.bin` (None without it or without a projection).
+async fn load_output_means(
     store: &RunStore,
+    s: &Saliency,
+) -> Result<Option<merge::OutputMeans>, StagesError> {
+    let Some(bytes) = store.get_opt(names::MERGED_PARTIAL).await? else {
+        return Ok(None);
+    };
+    let packed =
+        numbers::partial::PackedPartial::parse(bytes).map_err(|problem| StagesError::Artifact {
+            url: store.url_of(names::MERGED_PARTIAL),
+            problem,
+        })?;
+    let p = packed.header();
+    let Some(projection) = p.projection.as_ref() else {
+        return Ok(None);
+    };
+    let fit = p
+        .experts
+        .split_total(numbers::Split::Fit)
+        .map_err(|e| StagesError::Artifact {
+            url: store.url_of(names::MERGED_PARTIAL),
+            problem: e.to_string(),
+        })?;
+    let counts: Vec<Vec<u64>> = fit
+        .map(|g| g.layers.into_iter().map(|l| l.count).collect())
+        .unwrap_or_default();
+    if p.experts.shape.n_expert != s.n_expert {
+        return Ok(None);
+    }
+    let layers = &p.experts.shape.moe_layers;
+    Ok(merge::OutputMeans::of(projection, layers, &counts))
+}
+
+/// Writes a merge plan beside every keep map ([`merge`]), experts assigned
+/// by `close`; super experts by the guard's statistic
+/// (`opts.super_expert_statistic`) where `saliency.json` has it (else the
+/// keep maps' guard). None, with the reason, when `close` needs the
+/// router's similarity and no trace row was read.
+async fn write_merge_plans(
     out: &RunStore,
     s: &Saliency,
     layers: &[LayerInput],
     ranked: &[(Method, Vec<LayerRanking>)],
     maps: &[(String, KeepMap)],
     opts: &ScoreOptions,
+    close: &merge::Closeness<'_>,
 ) -> Result<(Vec<String>, Option<String>), StagesError> {
-    let max_rows = opts.screen_rows;
-    let (parts, _decode) = runfiles::trace::stored_parts(store).await?;
-    if parts.is_empty() || max_rows == 0 {
+    if close.similarity.needs_router() && close.gram.is_none() {
         return Ok((
             Vec::new(),
             Some("no merge plans: no trace rows to measure the router's similarity on".into()),
         ));
-    }
-    let ids: Vec<u32> = layers.iter().map(|l| l.layer).collect();
-    let mut gram = merge::RouterGram::new(&ids, s.n_expert as usize);
-    let mut read = 0u64;
-    for part in &parts {
-        if read >= max_rows {
-            break;
-        }
-        let rows = runfiles::trace::read_part(store.get(part).await?).map_err(|problem| {
-            StagesError::Artifact {
-                url: store.url_of(part),
-                problem,
-            }
-        })?;
-        read += rows.len() as u64;
-        gram.add(&rows);
     }
     let supers = super_experts::guarded(s, opts.super_expert_statistic).ok();
     let layers: Vec<LayerInput> = layers
@@ -560,7 +617,7 @@ async fn write_merge_plans(
         let Some((_, r)) = ranked.iter().find(|(m, _)| m.as_str() == map.method) else {
             continue;
         };
-        let plan = merge::merge_plan(&map.method, map, r, &layers, &gram);
+        let plan = merge::merge_plan(&map.method, map, r, &layers, close);
         let object = MergePlan::file_name(&map.method, map.k);
         let mut bytes = StagesError::encode_json(&object, &plan)?;
         bytes.push(b'\n');
@@ -570,24 +627,42 @@ async fn write_merge_plans(
     Ok((names, None))
 }
 
-async fn run_screen(
+/// What one pass over the trace parts gave: the substitution screen, and
+/// the router's Gram matrix when asked for (None without trace rows).
+struct TracePass {
+    screen: Vec<screen::ScreenRow>,
+    note: Option<String>,
+    gram: Option<merge::RouterGram>,
+}
+
+/// Reads the first `max_rows` trace rows (whole parts, in name order) once,
+/// feeding the substitution screen and, with `gram` (its MoE layers), the
+/// router's Gram matrix for merge plans.
+async fn read_traces(
     store: &RunStore,
     s: &Saliency,
     maps: &[(String, KeepMap)],
     max_rows: u64,
-) -> Result<(Vec<screen::ScreenRow>, Option<String>), StagesError> {
+    gram: Option<&[u32]>,
+) -> Result<TracePass, StagesError> {
+    let none = |note: &str| TracePass {
+        screen: Vec::new(),
+        note: Some(note.into()),
+        gram: None,
+    };
     // Decode traces (tokens the model generated itself) are not screened.
     let (parts, _decode) = runfiles::trace::stored_parts(store).await?;
     if parts.is_empty() {
-        return Ok((Vec::new(), Some("no trace parts under trace/".into())));
+        return Ok(none("no trace parts under trace/"));
     }
     if max_rows == 0 {
-        return Ok((Vec::new(), Some("screen disabled (--screen-rows 0)".into())));
+        return Ok(none("screen disabled (--screen-rows 0)"));
     }
     let masks: Vec<screen::KeepMask> = maps
         .iter()
         .map(|(_, m)| screen::KeepMask::new(m, s.n_expert as usize, &s.routing, s.gating))
         .collect();
+    let mut router = gram.map(|ids| merge::RouterGram::new(ids, s.n_expert as usize));
     let mut acc = BTreeMap::new();
     let mut read = 0u64;
     let mut note = None;
@@ -607,12 +682,19 @@ async fn run_screen(
         })?;
         read += rows.len() as u64;
         screen::screen_rows(&masks, &rows, &mut acc);
+        if let Some(g) = router.as_mut() {
+            g.add(&rows);
+        }
     }
-    let rows = acc
+    let screen = acc
         .iter()
         .map(|((i, split), a)| a.finish(&masks[*i].method, masks[*i].k, *split))
         .collect();
-    Ok((rows, note))
+    Ok(TracePass {
+        screen,
+        note,
+        gram: router,
+    })
 }
 
 /// The fit split's per-chunk statistics: from `partials/merged.bin`, else

@@ -41,6 +41,10 @@ pub struct CollectArgs {
     /// $MOE_CENSUS_REDUCE, else auto.
     #[arg(long, value_enum)]
     reduce: Option<Reduce>,
+    /// Dimensions each routed expert output is projected to for merge
+    /// plans (0: off).
+    #[arg(long, default_value_t = 0)]
+    merge_projection: u32,
 }
 
 /// Entry point of `worker collect`.
@@ -64,6 +68,7 @@ pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
             reason: e.to_string(),
         })?,
         reduce: Reduce::from_flag_or_env(a.reduce)?,
+        merge_projection: a.merge_projection,
         ..Default::default()
     };
     if let Some(t) = a.job.threads {

@@ -14,6 +14,7 @@ use super::scratch::ChunkScratch;
 use super::strata::Strata;
 use crate::llama::yield_to_compute_threads;
 use numbers::imatrix::Imatrix;
+use numbers::projection::OutputProjection;
 use numbers::stats::ChunkStats;
 use numbers::stats::{ExpertAccum, MergeError};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -27,6 +28,8 @@ pub struct Folded {
     pub imatrix: Imatrix,
     /// Compact fit-split statistics per chunk, in folding order.
     pub chunk_stats: Vec<ChunkStats>,
+    /// Projected expert outputs, when collected.
+    pub projection: Option<OutputProjection>,
 }
 
 /// A finished chunk handed to the fold thread.
@@ -47,12 +50,14 @@ pub struct Folder {
 }
 
 impl Folder {
-    /// Starts the fold thread with empty accumulators; `strata` names the
-    /// labels of the scratches' groups.
+    /// Starts the fold thread with empty accumulators (`projection`: the
+    /// projected outputs', when collected); `strata` names the labels of
+    /// the scratches' groups.
     pub fn start(
         strata: Strata,
         experts: ExpertAccum,
         imatrix: Imatrix,
+        projection: Option<OutputProjection>,
         shape: (usize, usize),
     ) -> Folder {
         // Rendezvous: a hand-over waits for the thread to take it, which it
@@ -63,7 +68,8 @@ impl Folder {
             .name("exact-fold".into())
             .spawn(move || {
                 yield_to_compute_threads();
-                fold_all(&strata, experts, imatrix, &finished, &give_back)
+                let sums = (experts, imatrix, projection);
+                fold_all(&strata, sums, &finished, &give_back)
             })
             .expect("spawning the exact-fold thread");
         Folder {
@@ -137,8 +143,7 @@ impl Drop for Folder {
 /// emptied scratch back.
 fn fold_all(
     strata: &Strata,
-    mut experts: ExpertAccum,
-    mut imatrix: Imatrix,
+    (mut experts, mut imatrix, mut projection): (ExpertAccum, Imatrix, Option<OutputProjection>),
     finished: &Receiver<Finished>,
     give_back: &SyncSender<ChunkScratch>,
 ) -> Result<Folded, MergeError> {
@@ -146,6 +151,9 @@ fn fold_all(
     for Finished { chunk, mut scratch } in finished {
         chunk_stats.push(scratch.chunk_stats(chunk));
         scratch.fold_into(strata, &mut experts, &mut imatrix)?;
+        if let Some(p) = projection.as_mut() {
+            scratch.fold_projection(p)?;
+        }
         imatrix.chunk_count += 1;
         // The collector stops asking once it has every chunk; the last
         // scratch is then dropped here.
@@ -155,6 +163,7 @@ fn fold_all(
         experts,
         imatrix,
         chunk_stats,
+        projection,
     })
 }
 
@@ -209,6 +218,9 @@ mod tests {
             *s -= f64::from(chunk) / 5.0 + j as f64;
         }
         m.counts.iter_mut().for_each(|c| *c += u64::from(chunk) + 1);
+        for (i, v) in scratch.projected(Split::Heldout, 2).iter_mut().enumerate() {
+            *v += (i as f64 + f64::from(chunk)).sin();
+        }
         scratch
     }
 
@@ -220,16 +232,19 @@ mod tests {
         let mut experts = ExpertAccum::new(shape());
         let mut imatrix = Imatrix::default();
         let mut stats = Vec::new();
+        let mut projection = OutputProjection::new(2);
         for chunk in 0..5 {
             let mut s = filled(ChunkScratch::new(LAYERS, EXPERTS), chunk);
             stats.push(s.chunk_stats(chunk));
             s.fold_into(&strata, &mut experts, &mut imatrix).unwrap();
+            s.fold_projection(&mut projection).unwrap();
             imatrix.chunk_count += 1;
         }
         let mut folder = Folder::start(
             strata,
             ExpertAccum::new(shape()),
             Imatrix::default(),
+            Some(OutputProjection::new(2)),
             (LAYERS, EXPERTS),
         );
         let mut scratch = ChunkScratch::new(LAYERS, EXPERTS);
@@ -242,6 +257,7 @@ mod tests {
         assert_eq!(folded.imatrix, imatrix);
         assert_eq!(folded.chunk_stats, stats);
         assert_eq!(folded.imatrix.chunk_count, 5);
+        assert_eq!(folded.projection, Some(projection));
     }
 
     /// A fold that fails (an imatrix entry changing shape) is reported by
@@ -252,6 +268,7 @@ mod tests {
             Strata::new(vec!["a".into(), "b".into()]).unwrap(),
             ExpertAccum::new(shape()),
             Imatrix::default(),
+            None,
             (LAYERS, EXPERTS),
         );
         let first = folder.swap(0, filled(ChunkScratch::new(LAYERS, EXPERTS), 0));

@@ -18,6 +18,7 @@ mod lookahead;
 mod names;
 mod observer;
 mod probe;
+mod projector;
 mod scratch;
 mod shape;
 mod strata;
@@ -29,6 +30,7 @@ use crate::offload::Offload;
 use folder::{Folded, Folder};
 use numbers::imatrix::Imatrix;
 use numbers::partial::{BackendToHost, Partial};
+use numbers::projection::OutputProjection;
 use numbers::stats::ExpertAccum;
 use numbers::{ChunkRange, Modality, Split};
 use observer::{Observer, UbatchInfo};
@@ -84,6 +86,12 @@ pub struct CollectOptions {
     /// in `bench_collect`). Off in production: the head feeds nothing.
     #[serde(default)]
     pub output_head: bool,
+    /// Dimensions each routed expert output is projected to for merge
+    /// plans (`[run] merge_projection`, [`numbers::projection`]); 0: off.
+    /// On the device path the projection reads the `ffn_moe_down` rows on
+    /// the host (and takes their norms there too).
+    #[serde(default)]
+    pub merge_projection: u32,
 }
 
 impl Default for CollectOptions {
@@ -103,6 +111,7 @@ impl Default for CollectOptions {
             dump_inputs: Vec::new(),
             reduce: device::Reduce::Auto,
             output_head: false,
+            merge_projection: 0,
         }
     }
 }
@@ -122,6 +131,13 @@ impl CollectOptions {
                 option: "trace_lookahead",
                 value: format!("{:?}", self.trace_lookahead),
                 reason: "a lookahead distance is at least 1 layer (an empty list turns it off)",
+            });
+        }
+        if self.merge_projection > numbers::projection::MAX_DIM {
+            return Err(WorkerError::Option {
+                option: "merge_projection",
+                value: self.merge_projection.to_string(),
+                reason: "outputs are projected to at most 4096 dimensions (0 turns it off)",
             });
         }
         if self.n_ubatch == 0 {
@@ -274,6 +290,12 @@ impl Collector {
             self.opts.dump_inputs.clone(),
             self.on_device.then(device::DeviceReads::new),
             self.routers.clone(),
+            (self.opts.merge_projection > 0).then(|| {
+                projector::Projector::new(
+                    self.opts.merge_projection as usize,
+                    numbers::projection::SEED,
+                )
+            }),
         );
         let mut ctx = self.take_context(&params, observer)?;
         let (tokens_before, bytes_before) = (ctx.tokens_decoded(), ctx.bytes_read());
@@ -284,6 +306,8 @@ impl Collector {
                 chunk_size: index.n_ctx,
                 ..Default::default()
             },
+            (self.opts.merge_projection > 0)
+                .then(|| OutputProjection::new(self.opts.merge_projection)),
             (self.shape.moe_layers.len(), self.shape.n_expert as usize),
         );
         let mut trace_tokens = 0u64;
@@ -361,6 +385,7 @@ impl Collector {
             experts,
             imatrix,
             chunk_stats,
+            projection,
         } = folder.finish()?;
         let partial = Partial {
             nonfinite_drops: drops,
@@ -368,6 +393,7 @@ impl Collector {
             trace_rows: trace.len() as u64,
             chunk_stats,
             backend_to_host,
+            projection,
             ..Partial::new(
                 self.sha256.clone(),
                 index.chunks_sha256.clone(),

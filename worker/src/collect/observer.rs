@@ -7,6 +7,7 @@ use super::importance::ImportanceCache;
 use super::kernels::{add_finite, extend_rows};
 use super::lookahead::Routers;
 use super::names::{parse_layer_node, parse_moe_node, weight_name, MoeNode};
+use super::projector::Projector;
 use super::scratch::ChunkScratch;
 use super::strata::Strata;
 use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
@@ -50,6 +51,9 @@ struct PendingLayer {
     norms: Option<Vec<f32>>,
     /// Largest element of each (token, slot)'s expert output.
     maxima: Option<Vec<f32>>,
+    /// Each (token, slot)'s projected expert output (`dim` values), when
+    /// `[run] merge_projection` is on.
+    projected: Vec<f64>,
 }
 
 /// Eval-callback state for one collection run.
@@ -93,6 +97,8 @@ pub struct Observer {
     routers: Option<Arc<Routers>>,
     /// The guesses made from the last `l_out-L` read: (L, per token).
     ahead: Option<(u32, Vec<Vec<Lookahead>>)>,
+    /// Projects expert outputs (`[run] merge_projection`); `None`: off.
+    projector: Option<Projector>,
 }
 
 impl Observer {
@@ -104,6 +110,7 @@ impl Observer {
         dump_inputs: Vec<String>,
         device: Option<DeviceReads>,
         routers: Option<Arc<Routers>>,
+        projector: Option<Projector>,
     ) -> Self {
         let n_expert = shape.n_expert as usize;
         let n_layers = shape.moe_layers.len();
@@ -130,6 +137,7 @@ impl Observer {
             row: Vec::new(),
             routers,
             ahead: None,
+            projector,
         }
     }
 
@@ -230,11 +238,16 @@ impl Observer {
                 weights: None,
                 norms: None,
                 maxima: None,
+                projected: Vec::new(),
             });
             return Ok(());
         }
         let (k, n_expert) = (self.k, self.n_expert);
         let device = self.device.as_mut();
+        let projector = self
+            .projector
+            .as_mut()
+            .filter(|_| self.ubatch.as_ref().is_some_and(|u| u.measured));
         let Some(p) = self.pending.as_mut().filter(|p| p.layer == layer) else {
             return Err(format!(
                 "{} arrived without ffn_moe_probs-{layer}",
@@ -297,21 +310,32 @@ impl Observer {
                         p.n_tokens
                     ));
                 }
-                if let Some(Some((n, m))) =
-                    device.map(|d| d.output_norms_and_maxima(t)).transpose()?
-                {
-                    (p.norms, p.maxima) = (Some(n), Some(m));
-                    return Ok(());
+                // The projection reads every row on the host, so it takes
+                // the norms and maxima from them too.
+                if projector.is_none() {
+                    if let Some(Some((n, m))) =
+                        device.map(|d| d.output_norms_and_maxima(t)).transpose()?
+                    {
+                        (p.norms, p.maxima) = (Some(n), Some(m));
+                        return Ok(());
+                    }
                 }
                 let (bytes, nb) = (t.bytes(), t.nb());
                 let mut norms = Vec::with_capacity(k * p.n_tokens);
                 let mut maxima = Vec::with_capacity(k * p.n_tokens);
+                let mut projector = projector;
+                if let Some(x) = projector.as_ref() {
+                    p.projected.reserve(k * p.n_tokens * x.dim());
+                }
                 for row in 0..p.n_tokens {
                     for j in 0..k {
                         let base = row * nb[2] + j * nb[1];
                         let (sq, max) = squares_and_max(&bytes, base, nb[0], ne[0]);
                         norms.push(sq.sqrt() as f32);
                         maxima.push(max);
+                        if let Some(x) = projector.as_mut() {
+                            x.project_row(&bytes[base..], nb[0], ne[0], &mut p.projected);
+                        }
                     }
                 }
                 (p.norms, p.maxima) = (Some(norms), Some(maxima));
@@ -424,6 +448,8 @@ impl Observer {
                 *a += f64::from(v);
             }
         }
+        // (expert, token x slot) of the routed outputs the projection adds.
+        let mut projected: Vec<(usize, usize)> = Vec::new();
         for t in 0..p.n_tokens {
             let label = u.labels[t];
             let probs = p.probs.get(t * n_expert..(t + 1) * n_expert).unwrap_or(&[]);
@@ -463,7 +489,19 @@ impl Observer {
                 l.ean_max[e] = l.ean_max[e].max(n);
                 // A finite norm means every element is finite.
                 l.act_max[e] = l.act_max[e].max(f64::from(maxima[t * k + j]));
+                projected.push((e, t * k + j));
             }
+            if let Some(dim) = self.projector.as_ref().map(Projector::dim) {
+                let sums = self.scratch.projected(label.0, dim);
+                for (e, slot) in projected.drain(..) {
+                    let cell = (li * n_expert + e) * dim;
+                    let row = &p.projected[slot * dim..(slot + 1) * dim];
+                    for (a, v) in sums[cell..cell + dim].iter_mut().zip(row) {
+                        *a += v;
+                    }
+                }
+            }
+            projected.clear();
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 use super::strata::Strata;
 use numbers::exact::ExactSum;
 use numbers::imatrix::{Imatrix, ImatrixEntry};
+use numbers::projection::OutputProjection;
 use numbers::stats::{ChunkStats, N_SUMS};
 use numbers::stats::{ExpertAccum, MergeError};
 use numbers::Split;
@@ -67,6 +68,9 @@ pub struct ChunkScratch {
     n_layers: usize,
     pub groups: BTreeMap<(Split, u16), GroupScratch>,
     pub imatrix: HashMap<String, ImatrixScratch>,
+    /// Projected expert outputs per split, `[layer][expert][dim]` flat
+    /// (`[run] merge_projection`; empty when off).
+    pub projection: BTreeMap<Split, Vec<f64>>,
 }
 
 impl ChunkScratch {
@@ -77,7 +81,30 @@ impl ChunkScratch {
             n_layers,
             groups: BTreeMap::new(),
             imatrix: HashMap::new(),
+            projection: BTreeMap::new(),
         }
+    }
+
+    /// The projected-output sums of `split` at `dim` dimensions, created as
+    /// zeros on first use.
+    pub fn projected(&mut self, split: Split, dim: usize) -> &mut [f64] {
+        let n = self.n_layers * self.n_expert * dim;
+        self.projection.entry(split).or_insert_with(|| vec![0.0; n])
+    }
+
+    /// Adds this chunk's projected outputs exactly into `into` and zeroes
+    /// them (the buffers are kept for the next chunk).
+    pub fn fold_projection(&mut self, into: &mut OutputProjection) -> Result<(), MergeError> {
+        let (n_layers, n_expert) = (self.n_layers, self.n_expert);
+        let cells = n_expert * into.dim as usize;
+        for (split, sums) in &mut self.projection {
+            let layers = into.split_mut(*split, n_layers, n_expert);
+            for (dst, src) in layers.iter_mut().zip(sums.chunks(cells.max(1))) {
+                add_exact(dst, src)?;
+            }
+            sums.fill(0.0);
+        }
+        Ok(())
     }
 
     /// The group of a token label, created on first use.

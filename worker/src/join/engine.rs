@@ -131,6 +131,7 @@ impl EngineLoader for CollectorLoader {
             f32_kv: o.f32_kv,
             flash_attn: o.flash_attn,
             reduce: self.reduce,
+            merge_projection: o.merge_projection,
             ..CollectOptions::default()
         };
         if let Some(t) = self.threads {
