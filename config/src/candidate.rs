@@ -1,6 +1,7 @@
 //! Candidate names of `[ship]` and `coordinator ship --candidates`: a keep
 //! map of the run (`frequency_K8`), the whole base model (`base`), either
-//! with fewer experts routed per token (`frequency_K8_top2`, `base_top2`).
+//! with fewer experts routed per token (`frequency_K8_top2`, `base_top2`),
+//! or a merge plan of the run (`reap_hybrid_merge_K8`).
 //! Taken apart here, before anything is read, so a config is checked
 //! before the run.
 
@@ -19,6 +20,12 @@ pub enum CandidateError {
     /// Named twice in one list.
     #[error("candidate {name:?} is named twice")]
     Twice {
+        /// The name.
+        name: String,
+    },
+    /// A `_top<N>` suffix on a merge plan's name.
+    #[error("candidate {name:?}: a merged candidate keeps the base model's experts per token (_top<N> applies to keep maps and base)")]
+    MergedTop {
         /// The name.
         name: String,
     },
@@ -68,6 +75,14 @@ pub struct Named {
     pub keep_map: Option<String>,
     /// Experts routed per token of a `_top<N>` suffix.
     pub experts_used: Option<u32>,
+    /// Whether `keep_map` names a merge plan (`<method>_merge_K<k>`).
+    pub merged: bool,
+}
+
+/// Whether `name` is a merge plan's (`<method>_merge_K<k>`).
+pub fn is_merge_plan(name: &str) -> bool {
+    numbers::keep_name::split(name)
+        .is_some_and(|(method, _)| method.ends_with(runfiles::mergeplan::MERGE_SUFFIX))
 }
 
 /// Parses the candidate names `names` (`frequency_K8`, `base_top2`): usable
@@ -81,9 +96,14 @@ pub fn parse(names: &[String]) -> Result<Vec<Named>, CandidateError> {
             return Err(CandidateError::Twice { name });
         }
         let (map_name, experts_used) = split_top(&name)?;
+        let merged = is_merge_plan(map_name);
+        if merged && experts_used.is_some() {
+            return Err(CandidateError::MergedTop { name });
+        }
         out.push(Named {
             keep_map: (map_name != BASE).then(|| map_name.to_string()),
             experts_used,
+            merged,
             name,
         });
     }
@@ -109,5 +129,22 @@ mod tests {
             .to_string()
             .contains("at least 1"));
         assert!(check_name("../x").is_err() && check_name(".x").is_err());
+    }
+
+    #[test]
+    fn a_merge_plan_is_a_candidate_without_a_top_suffix() {
+        let named = parse(&["reap_hybrid_merge_K8".into(), "reap_hybrid_K8".into()]).unwrap();
+        assert!(named[0].merged && !named[1].merged);
+        assert_eq!(named[0].keep_map.as_deref(), Some("reap_hybrid_merge_K8"));
+        let e = parse(&["reap_hybrid_merge_K8_top2".into()]).unwrap_err();
+        assert_eq!(
+            e,
+            CandidateError::MergedTop {
+                name: "reap_hybrid_merge_K8_top2".into()
+            }
+        );
+        assert!(e
+            .to_string()
+            .contains("keeps the base model's experts per token"));
     }
 }

@@ -4,7 +4,7 @@
 //! `k = ["50%", "75%"]`), so one config fits every model; shares resolve
 //! against the run's `saliency.json` ([`KeepShape`]).
 
-use super::method::Method;
+use super::method::CandidateMethod;
 use numbers::eval::{BudgetScope, ModelsInMemory};
 use numbers::keep_name::{self, KeepMapName};
 use numbers::routing::{check_group_keep, ExpertGroups};
@@ -21,9 +21,11 @@ pub struct EvalSettings {
     /// Keep maps by name, `<method>_K<k>`; K may be a share (`_K50%`).
     pub keep_maps: Vec<String>,
     /// Scoring methods whose keep maps at every size of `k` are evaluated
-    /// too (after `keep_maps`, method by method).
+    /// too (after `keep_maps`, method by method); `<method>_merge`
+    /// (`reap_hybrid_merge`) evaluates the method's merge plans
+    /// (`<method>_merge_K<k>`, which `score` writes beside its keep maps).
     #[schemars(with = "Vec<String>")]
-    pub methods: Vec<Method>,
+    pub methods: Vec<CandidateMethod>,
     /// Sizes for `methods`: a number of experts (`"8"`) or a share of the
     /// model's experts (`"50%"`).
     pub k: Vec<String>,
@@ -301,7 +303,7 @@ impl EvalSettings {
                 let k = shape
                     .resolve(spec)
                     .map_err(|e| format!("[eval] k {spec:?}: {e}"))?;
-                names.push(KeepMapName::new(m.as_str(), k).to_string());
+                names.push(KeepMapName::new(&m.name(), k).to_string());
             }
         }
         let mut seen = std::collections::BTreeSet::new();
@@ -325,6 +327,7 @@ impl EvalSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::method::Method;
 
     fn shape(n_expert: u32, n_expert_used: u32, groups: Option<(u32, u32)>) -> KeepShape {
         KeepShape {
@@ -392,7 +395,7 @@ mod tests {
     fn methods_times_sizes_follow_the_named_maps_in_order() {
         let s = EvalSettings {
             keep_maps: vec!["reap_mean_K4".into(), "frequency_K50%".into()],
-            methods: vec![Method::Frequency, Method::ReapHybrid],
+            methods: vec![Method::Frequency.into(), Method::ReapHybrid.into()],
             k: vec!["50%".into(), "75%".into()],
             ..EvalSettings::default()
         };
@@ -416,6 +419,34 @@ mod tests {
             s.candidate_names(&pair).unwrap(),
             ["reap_mean_K4", "frequency_K1", "reap_hybrid_K1"]
         );
+    }
+
+    #[test]
+    fn a_merge_method_expands_to_its_merge_plans_beside_the_pruned_maps() {
+        let s: EvalSettings = toml::from_str(
+            "methods = [\"reap_hybrid\", \"reap_hybrid_merge\"]\nk = [\"50%\", \"24\"]",
+        )
+        .unwrap();
+        assert_eq!(
+            s.candidate_names(&shape(32, 4, None)).unwrap(),
+            [
+                "reap_hybrid_K16",
+                "reap_hybrid_K24",
+                "reap_hybrid_merge_K16",
+                "reap_hybrid_merge_K24"
+            ]
+        );
+        assert_eq!(s.sizes(&shape(32, 4, None)).unwrap(), vec![16, 24]);
+        // Written back by name, as the run's manifest records the config.
+        let back = toml::to_string(&s).unwrap();
+        assert!(
+            back.contains("methods = [\"reap_hybrid\", \"reap_hybrid_merge\"]"),
+            "{back}"
+        );
+        let e = toml::from_str::<EvalSettings>("methods = [\"reap_merge\"]\nk = [\"8\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"reap_merge\" is not a scoring method"), "{e}");
     }
 
     #[test]
@@ -457,7 +488,7 @@ mod tests {
         };
         assert!(!literal.needs_shape() && literal.validate().is_ok());
         let half = EvalSettings {
-            methods: vec![Method::Frequency],
+            methods: vec![Method::Frequency.into()],
             ..EvalSettings::default()
         };
         assert!(half.is_configured());
@@ -469,7 +500,7 @@ mod tests {
             "{e}"
         );
         let bad_k = EvalSettings {
-            methods: vec![Method::Frequency],
+            methods: vec![Method::Frequency.into()],
             k: vec!["50".into(), "5O%".into()],
             ..EvalSettings::default()
         };

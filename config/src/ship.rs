@@ -8,7 +8,7 @@
 
 use super::candidate;
 use super::eval::KeepShape;
-use super::method::Method;
+use super::method::{CandidateMethod, Method};
 use gguf::quant::{check_requantize, QuantType};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 pub struct ShipSettings {
     /// Candidates, as `coordinator ship --candidates`: keep maps the run
     /// scores (`<method>_K<k>`; `coordinator run` scores every size named
-    /// here) or `base`, either with `_top<N>` (N experts per token).
+    /// here) or `base`, either with `_top<N>` (N experts per token), or
+    /// merge plans the run scores (`<method>_merge_K<k>`).
     pub candidates: Vec<String>,
     /// Quantisation types (llama-quantize's names: `Q8_0`, `Q4_K_M`, ...);
     /// none ships the unquantised files only.
@@ -191,16 +192,16 @@ pub fn parse_split_size(text: &str) -> Result<u64, String> {
     }
 }
 
-/// The size of a keep map `score` writes, `<method>_K<k>`; another name is
-/// refused with what is expected.
+/// The size of a keep map or merge plan `score` writes, `<method>_K<k>` or
+/// `<method>_merge_K<k>`; another name is refused with what is expected.
 fn map_size(name: &str) -> Result<u32, String> {
     let (method, k) = numbers::keep_name::split(name).ok_or_else(|| {
         format!(
-            "expected a keep map <method>_K<k> that the run scores ({}), or \"base\"",
+            "expected a keep map <method>_K<k> or merge plan <method>_merge_K<k> that the run scores ({}), or \"base\"",
             Method::names()
         )
     })?;
-    Method::named(method)?;
+    CandidateMethod::named(method)?;
     k.parse::<u32>()
         .ok()
         .filter(|&k| k > 0)
@@ -251,6 +252,13 @@ mod tests {
         assert!(refused(ship(&["base_top0"], &["Q8_0"])).contains("at least 1"));
         assert!(refused(ship(&["frequency_K8", "frequency_K8"], &[])).contains("named twice"));
         assert!(refused(ship(&[], &[])).contains("at least one"));
+        // A merge plan ships like a keep map, never with _top<N>.
+        let merged = ship(&["reap_hybrid_merge_K12", "frequency_K8"], &["Q8_0"]);
+        assert_eq!(merged.validate(), Ok(()));
+        assert_eq!(merged.sizes(), vec![8, 12]);
+        assert!(refused(ship(&["reap_merge_K8"], &[]))
+            .contains("\"reap_merge\" is not a scoring method"));
+        assert!(refused(ship(&["reap_hybrid_merge_K8_top2"], &[])).contains("merged candidate"));
     }
 
     #[test]

@@ -6,6 +6,16 @@ use std::fmt;
 /// The separator between a keep map's method and its size.
 const SEPARATOR: &str = "_K";
 
+/// The suffix a merge plan's method carries in its name:
+/// `<method>_merge_K<k>` (`reap_hybrid_merge_K16`, issue #57).
+pub const MERGE_SUFFIX: &str = "_merge";
+
+/// The method whose keep map a merge plan's centres are (`reap_hybrid` of
+/// `reap_hybrid_merge`); `None` for a method that names no merge plan.
+pub fn merged_from(method: &str) -> Option<&str> {
+    method.strip_suffix(MERGE_SUFFIX)
+}
+
 /// A keep map's name: its scoring method and the experts it keeps per layer.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct KeepMapName {

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// The suffix a merge plan's method carries in its name:
 /// `<method>_merge_K<k>` (`reap_merge_K16`).
-pub const MERGE_SUFFIX: &str = "_merge";
+pub use numbers::keep_name::MERGE_SUFFIX;
 
 /// A merge plan as written to `merge_plans/<method>_merge_K<k>.json`, or by
 /// hand (only `layers` is needed).

@@ -67,7 +67,9 @@ def main():
 
     w = gguf.GGUFWriter(args.gguf, ARCH)
     w.add_name("moe-census quickstart MoE (trained)")
-    w.add_license("see configs/models/MODEL_CARD.md")
+    # The licence itself (configs/models/quickstart-moe.md, "Use and limits"),
+    # which a shipped card copies into its Hugging Face metadata.
+    w.add_license("MIT OR Apache-2.0")
     w.add_context_length(c["seq_len"])
     w.add_embedding_length(c["hidden"])
     w.add_block_count(c["n_layer"])

@@ -297,3 +297,74 @@ fn a_plan_that_merges_nothing_writes_the_pruned_slice_byte_for_byte() {
     );
     assert!(!out.exists());
 }
+
+/// A model split across files (llama.cpp's `gguf-split` layout, written by
+/// the generator, not the slicer) merges to the same file as the model in
+/// one file; merged into split files, llama.cpp loads it as that model.
+#[test]
+fn merging_a_split_model_gives_the_tensors_of_merging_it_in_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (preset, layers) = (Preset::TinyAltQk, [1, 2]);
+    let spec = preset.spec();
+    // Q8_0 experts: the merge goes through ggml's codec.
+    let o = synth::Overrides {
+        weights: Some(synth::WeightType::Q8_0),
+        ..Default::default()
+    };
+    let whole = dir.path().join("whole.gguf");
+    synth::write_model_with(preset, 7, o, &whole).unwrap();
+    let first =
+        synth::write_model_split(preset, 7, o, &dir.path().join("split/m.gguf"), 3).unwrap();
+    assert!(first.ends_with("split/m-00001-of-00003.gguf"));
+    let plan = plan(&layers, spec.n_expert as u32, 6);
+    assert!(plan.merges_anything());
+    let codec = GgmlCodec::new();
+    let (a, b) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    let from_whole = slicer::merge_model(&whole, &plan, Some(&codec), &a).unwrap();
+    let from_split = slicer::merge_model(&first, &plan, Some(&codec), &b).unwrap();
+    assert_eq!(from_whole, from_split);
+    // Tensor by tensor, through llama.cpp's GGUF reader: same names, types
+    // and bytes; and the merged experts are their members' means.
+    let (ga, gb) = (LlamaGguf::open(&a).unwrap(), LlamaGguf::open(&b).unwrap());
+    assert_eq!(ga.tensor_names(), gb.tensor_names());
+    let (fa, fb) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let mut q8 = 0;
+    for name in ga.tensor_names() {
+        assert_eq!(ga.tensor_type(&name), gb.tensor_type(&name), "{name}");
+        let (ra, rb) = (
+            ga.tensor_range(&name).unwrap(),
+            gb.tensor_range(&name).unwrap(),
+        );
+        let bytes =
+            |f: &[u8], (start, len): (u64, u64)| f[start as usize..(start + len) as usize].to_vec();
+        assert!(bytes(&fa, ra) == bytes(&fb, rb), "{name}: same bytes");
+        q8 += usize::from(
+            merged_tensor(&name).is_some() && ga.tensor_type(&name) == Some(sys::GGML_TYPE_Q8_0),
+        );
+    }
+    assert!(q8 > 0, "some merged tensor is Q8_0");
+    assert!(fa == fb, "the same file");
+    check_merged(&whole, &a, &plan);
+
+    // Merged into split files of at most a third of the merged model each:
+    // llama.cpp gives the same logits as for the one merged file.
+    let third = fa.len() as u64 / 3;
+    let parts_dir = dir.path().join("parts");
+    std::fs::create_dir(&parts_dir).unwrap();
+    let parts = slicer::merge_model_split(
+        &first,
+        &plan,
+        Some(&codec),
+        &parts_dir.join("m.gguf"),
+        third,
+    )
+    .unwrap();
+    assert!(parts.len() >= 3, "{} files", parts.len());
+    let tokens: Vec<i32> = fixtures::chunks(2, 32)[0].tokens.clone();
+    let one = fixtures::llama_logits::logits(&a, &tokens, 2).unwrap();
+    let split = fixtures::llama_logits::logits(&parts[0].0, &tokens, 2).unwrap();
+    assert_eq!(
+        one, split,
+        "llama.cpp runs the split merged model as the one file"
+    );
+}

@@ -845,3 +845,152 @@ fn a_split_ship_ships_each_large_model_file_as_gguf_split_files_holding_it() {
         "{stderr}"
     );
 }
+
+/// A merge plan of 8 centres per layer of 16 experts (Tiny's three MoE
+/// layers): centres `2i + l % 2`; of the other eight experts the first
+/// seven go two by two to the first centres (so per layer three centres of
+/// three members, one of two, four alone), the last is dropped.
+fn merge_plan() -> runfiles::mergeplan::MergePlan {
+    use runfiles::mergeplan::{Centre, Member};
+    let mut layers = BTreeMap::new();
+    for l in 0..3u32 {
+        let centres: Vec<u32> = (0..8).map(|i| 2 * i + l % 2).collect();
+        let others: Vec<u32> = (0..16).filter(|e| !centres.contains(e)).collect();
+        let mut plan: Vec<Centre> = centres.iter().map(|&c| Centre::alone(c)).collect();
+        // Every other expert but the last goes to centre (i / 2), weight 1 + i.
+        for (i, &e) in others[..others.len() - 1].iter().enumerate() {
+            plan[i / 2].members.push(Member {
+                expert: e,
+                weight: 1.0 + i as f64,
+            });
+        }
+        layers.insert(l, plan);
+    }
+    runfiles::mergeplan::MergePlan {
+        method: "reap_hybrid".into(),
+        k: 8,
+        params: serde_json::json!({
+            "recipe": "ream_pseudo_group",
+            "weights": "reap_l2_sum",
+            "similarity": "router_probability_cosine",
+        }),
+        saliency_sha256: "5a".repeat(32),
+        layers,
+    }
+}
+
+/// A merge plan ships like a keep map: the merged model is the slicer's
+/// merge of the base (through ggml's codec, the base being F16), its
+/// importance matrix the merged one, the Q8_0 file runs in llama.cpp, and
+/// the card says what was merged: the plan by SHA-256, its centres, how
+/// many members a centre has, the weights rule and the similarity.
+#[test]
+fn a_merged_candidate_ships_with_a_card_saying_what_was_merged() {
+    let d = tempfile::tempdir().unwrap();
+    let model = fixtures::model_as(d.path(), Preset::Tiny, WeightType::F16);
+    let m = imatrix(&model);
+    let run = run_dir(d.path(), &model, &[], &m);
+    let plan = merge_plan();
+    let name = "reap_hybrid_merge_K8";
+    std::fs::create_dir_all(run.join("merge_plans")).unwrap();
+    let plan_file = run.join(format!("merge_plans/{name}.json"));
+    std::fs::write(&plan_file, serde_json::to_vec_pretty(&plan).unwrap()).unwrap();
+    let out = d.path().join("ship");
+    let o = ship(&run, &out, name, "Q8_0", &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let names = listed(&out);
+    for suffix in ["gguf", "imatrix.gguf", "Q8_0.gguf", "Q8_0.json", "Q8_0.md"] {
+        assert!(names.contains(&format!("{name}.{suffix}")), "{names:?}");
+    }
+    let sha = |p: &Path| gguf::hash::sha256_file(p).unwrap();
+    // What the slicer's merge of the base and of the run's matrix give.
+    let codec = worker::llama::GgmlCodec::new();
+    let want = d.path().join("want.gguf");
+    slicer::merge_model(&model, &plan, Some(&codec), &want).unwrap();
+    assert_eq!(sha(&out.join(format!("{name}.gguf"))), sha(&want));
+    let want_im = d.path().join("want.imatrix.gguf");
+    slicer::merge_imatrix(&run.join("imatrix.gguf"), &plan, &want_im).unwrap();
+    assert_eq!(
+        sha(&out.join(format!("{name}.imatrix.gguf"))),
+        sha(&want_im)
+    );
+    let q = out.join(format!("{name}.Q8_0.gguf"));
+    assert_eq!(
+        LlamaGguf::open(&q).unwrap().u32("qwen3moe.expert_count"),
+        Some(8)
+    );
+    runs_in_llama_cpp(&q);
+
+    // The card: members per centre counted from the plan as written above
+    // (per layer sizes 3, 3, 3, 2, 1, 1, 1, 1; one expert dropped).
+    let card: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join(format!("{name}.Q8_0.json"))).unwrap())
+            .unwrap();
+    assert!(card["keep_map"].is_null(), "{card}");
+    let merge = &card["merge"];
+    assert_eq!(merge["name"], name);
+    assert_eq!(merge["sha256"], sha(&plan_file).as_str());
+    assert_eq!(merge["centres"], "reap_hybrid");
+    assert_eq!(merge["k"], 8);
+    assert_eq!(merge["saliency_sha256"], "5a".repeat(32).as_str());
+    assert_eq!(merge["layers"], 3);
+    assert_eq!(merge["members"], serde_json::json!([1, 2, 3]));
+    assert_eq!(merge["merged"], 3 * 7);
+    assert_eq!(merge["alone"], 3 * 4);
+    assert_eq!(merge["dropped"], 3);
+    assert_eq!(merge["weights"], "reap_l2_sum");
+    assert_eq!(merge["similarity"], "router_probability_cosine");
+    assert_eq!(
+        card["quantisation"]["imatrix"]["sha256"],
+        sha(&want_im).as_str()
+    );
+    let md = std::fs::read_to_string(out.join(format!("{name}.Q8_0.md"))).unwrap();
+    for line in [
+        "- expert-merging\n".to_string(),
+        format!(
+            "| Merging | merge plan `{name}` (recipe ream_pseudo_group): the centres are method reap_hybrid's keep map, 8 of 16 experts per MoE layer, "
+        ),
+        format!("SHA-256 `{}`, scored from saliency.json `{}` |", sha(&plan_file), "5a".repeat(32)),
+        "| Members per centre | 1 to 3 (median 2) over 24 centres in 3 MoE layers: 21 experts merged into a centre, 12 centres alone, 3 experts dropped |".to_string(),
+        "| Merge weights | reap_l2_sum, normalised over each centre's members |".to_string(),
+        "| Merge similarity | router_probability_cosine (which centre an expert joins) |".to_string(),
+    ] {
+        assert!(md.contains(&line), "{line}\n{md}");
+    }
+    assert!(!md.contains("| Pruning |"), "{md}");
+    // Made again by ship alone (`coordinator prune` slices keep maps).
+    let commands: Vec<&str> = card["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(commands.len(), 2, "{commands:?}");
+    assert!(
+        commands[1].starts_with(&format!(
+            "coordinator ship RUN --candidates {name} --quant Q8_0"
+        )),
+        "{commands:?}"
+    );
+
+    // A merged candidate keeps the experts per token; a plan the run lacks
+    // is named.
+    let o = ship(
+        &run,
+        &d.path().join("x"),
+        &format!("{name}_top2"),
+        "Q8_0",
+        &[],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("keeps the base model's experts per token"),
+        "{err}"
+    );
+    let o = ship(&run, &d.path().join("y"), "frequency_merge_K8", "Q8_0", &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("the run has no merge plan frequency_merge_K8"),
+        "{err}"
+    );
+}

@@ -148,6 +148,10 @@ pub enum Comparison {
     /// A candidate (`a`) against the next larger evaluated K of its method
     /// (`b`): the cost of pruning further.
     SmallerK,
+    /// A merged candidate (`a`, `<method>_merge_K<k>`) against the pruned
+    /// one of the same method and K (`b`, `<method>_K<k>`): whether to
+    /// merge or drop the experts that go (issue #57).
+    MergedPruned,
 }
 
 /// A paired comparison where a choice is made: the mean over the split's
@@ -309,16 +313,25 @@ impl EvalSummary {
     }
 
     /// Fills [`EvalSummary::pairs`]: per split, every pair of candidates at
-    /// the same K (in the job's order), and each candidate against the next
-    /// larger evaluated K of its method.
+    /// the same K (in the job's order; a merged candidate before the pruned
+    /// one of its method, [`Comparison::MergedPruned`]), and each candidate
+    /// against the next larger evaluated K of its method.
     fn pair_rows(mut self, p: &EvalPartial, apart: &BTreeSet<u16>) -> EvalSummary {
         let cs = &self.candidates;
+        let merged_of = |m: usize, pruned: usize| {
+            crate::keep_name::merged_from(&cs[m].method) == Some(cs[pruned].method.as_str())
+        };
         let mut pairs: Vec<(Comparison, usize, usize)> = Vec::new();
         for a in 0..cs.len() {
             for b in a + 1..cs.len() {
-                if cs[a].k == cs[b].k {
-                    pairs.push((Comparison::SameK, a, b));
+                if cs[a].k != cs[b].k {
+                    continue;
                 }
+                pairs.push(match (merged_of(a, b), merged_of(b, a)) {
+                    (true, _) => (Comparison::MergedPruned, a, b),
+                    (_, true) => (Comparison::MergedPruned, b, a),
+                    _ => (Comparison::SameK, a, b),
+                });
             }
         }
         for a in 0..cs.len() {

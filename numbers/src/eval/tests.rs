@@ -444,3 +444,61 @@ fn pairs_compare_methods_at_one_k_and_each_k_with_the_next_larger() {
         .unwrap();
     assert_eq!(best.against, "reap_hybrid_K8");
 }
+
+#[test]
+fn a_merged_candidate_is_paired_with_the_pruned_one_of_its_method_and_k() {
+    // Job order: pruned, merged, another method, all at K = 4; the merged
+    // one is 0.1 x (chunk + 1) further from the base at every position.
+    let merged = |shift: f64| {
+        let mut p = partial_of(0, &values(0).iter().map(|v| v + shift).collect::<Vec<_>>());
+        for ch in 1..4 {
+            let v: Vec<f64> = values(ch)
+                .iter()
+                .map(|v| v + shift * f64::from(ch + 1))
+                .collect();
+            p.merge(&partial_of(ch, &v)).unwrap();
+        }
+        p
+    };
+    let mut p = merged(0.0);
+    let named = |shift: f64, name: &str| {
+        let mut c = merged(shift).candidates.remove(0);
+        (c.name, c.k) = (name.into(), 4);
+        c
+    };
+    p.candidates = vec![
+        named(0.0, "reap_hybrid_K4"),
+        named(0.1, "reap_hybrid_merge_K4"),
+        named(0.05, "frequency_K4"),
+    ];
+    let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
+    let held: Vec<_> = s
+        .pairs
+        .iter()
+        .filter(|r| r.split == Split::Heldout)
+        .collect();
+    let names: Vec<_> = held
+        .iter()
+        .map(|r| (r.compares, r.a.as_str(), r.b.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (
+                Comparison::MergedPruned,
+                "reap_hybrid_merge_K4",
+                "reap_hybrid_K4"
+            ),
+            (Comparison::SameK, "reap_hybrid_K4", "frequency_K4"),
+            (Comparison::SameK, "reap_hybrid_merge_K4", "frequency_K4"),
+        ]
+    );
+    // KL(merged) - KL(pruned) = 0.1 x (chunk + 1): mean 0.25 over 4 clusters.
+    let clusters: Vec<(f64, f64)> = (0..4)
+        .map(|ch| (13.0, 13.0 * 0.1 * f64::from(ch + 1)))
+        .collect();
+    let (diff, se) = cr1(&clusters);
+    assert!((held[0].diff - diff).abs() < 1e-9 && (diff - 0.25).abs() < 1e-9);
+    assert!((held[0].ci.se - se).abs() < 1e-9);
+    assert_eq!(held[0].ci.clusters, 4);
+}

@@ -153,12 +153,9 @@ async fn merged(
         reason,
     };
     let object = format!("{}/{name}.json", runfiles::mergeplan::MERGE_PLANS_DIR);
-    let bytes = store.get_opt(&object).await?.ok_or_else(|| {
-        bad(format!(
-            "{} does not exist (`coordinator score` writes merge plans beside keep maps when the run has traces)",
-            store.url_of(&object)
-        ))
-    })?;
+    let Some(bytes) = store.get_opt(&object).await? else {
+        return Err(bad(no_plan(store, name, &object).await?));
+    };
     let plan =
         MergePlan::parse(&bytes).map_err(|e| bad(format!("{}: {e}", store.url_of(&object))))?;
     if plan.name() != name {
@@ -171,4 +168,85 @@ async fn merged(
     let sliced = slicer::merge_model(base, &plan, slicer::installed_codec(), path)
         .map_err(|e| bad(format!("merging {}: {e}", base.display())))?;
     Ok((object, sliced))
+}
+
+/// Why the run has no merge plan `name` at `object`: names the method and
+/// size, and says why `score` wrote none when its report says (a run
+/// without routing traces).
+async fn no_plan(store: &RunStore, name: &str, object: &str) -> Result<String, EvalRunError> {
+    let (method, k) = numbers::keep_name::split(name).unwrap_or((name, "?"));
+    let mut why = format!(
+        "the run has no merge plan of method {method} at K={k}: {} does not exist",
+        store.url_of(object)
+    );
+    let report = crate::score::outputs::REPORT_JSON;
+    /// The one field of `score/score.json` read here.
+    #[derive(serde::Deserialize)]
+    struct Note {
+        merge_note: Option<String>,
+    }
+    let note = match store.get_opt(report).await? {
+        Some(bytes) => serde_json::from_slice::<Note>(&bytes)
+            .ok()
+            .and_then(|r| r.merge_note),
+        None => None,
+    };
+    match note {
+        Some(note) => why.push_str(&format!(
+            " ({} says why score wrote none: {})",
+            store.url_of(report),
+            numbers::peer_text::peer_text(&note)
+        )),
+        None => why.push_str(
+            " (`coordinator score` writes <method>_merge_K<k> beside each keep map <method>_K<k> when the run has routing traces)",
+        ),
+    }
+    Ok(why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A merge plan the run lacks is refused naming the method and size,
+    /// with the reason `score` recorded, before the base model is read.
+    #[tokio::test]
+    async fn a_missing_merge_plan_is_refused_naming_its_method() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+        let base = dir.path().join("absent.gguf");
+        let names = ["reap_hybrid_merge_K16".to_string()];
+        let e = prepare(&store, &names, &base)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("keep map reap_hybrid_merge_K16: the run has no merge plan of method reap_hybrid_merge at K=16")
+                && e.contains("merge_plans/reap_hybrid_merge_K16.json does not exist")
+                && e.contains("when the run has routing traces"),
+            "{e}"
+        );
+        // With score's report saying why it wrote no plans, that is said.
+        let report = serde_json::json!({
+            "methods": ["reap_hybrid"],
+            "merge_note": "no trace rows: [collect] trace_tokens_per_split = 0",
+        });
+        store
+            .put(
+                crate::score::outputs::REPORT_JSON,
+                serde_json::to_vec(&report).unwrap(),
+            )
+            .await
+            .unwrap();
+        let e = prepare(&store, &names, &base)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "says why score wrote none: no trace rows: [collect] trace_tokens_per_split = 0"
+            ),
+            "{e}"
+        );
+    }
 }

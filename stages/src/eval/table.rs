@@ -100,8 +100,9 @@ fn paired(p: Option<&Paired>, name: &str) -> String {
 }
 
 /// The paired comparisons of the basis split where choices are made: two
-/// methods at the same K, and each K against the next larger K of its
-/// method (the cost of pruning further).
+/// methods at the same K, a merged candidate against the pruned one of its
+/// method and K, and each K against the next larger K of its method (the
+/// cost of pruning further).
 fn pairs_table(s: &EvalSummary) -> String {
     let basis = choice::basis(s);
     let rows: Vec<_> = s.pairs.iter().filter(|r| r.split == basis).collect();
@@ -115,6 +116,7 @@ fn pairs_table(s: &EvalSummary) -> String {
         let what = match r.compares {
             Comparison::SameK => "two methods at one K",
             Comparison::SmallerK => "a K against the next larger K",
+            Comparison::MergedPruned => "merged against pruned (same method and K)",
         };
         let _ = writeln!(
             md,
@@ -743,6 +745,19 @@ mod tests {
                 clusters: 3,
             },
         }];
+        s.pairs.push(PairedRow {
+            compares: Comparison::MergedPruned,
+            a: "reap_hybrid_merge_K2".into(),
+            b: "reap_hybrid_K2".into(),
+            diff: 0.125,
+            ci: Interval {
+                se: 0.01,
+                lo: 0.1,
+                hi: 0.15,
+                clusters: 3,
+            },
+            ..s.pairs[0].clone()
+        });
         s.budget = Some(BudgetPicks {
             kl_budget: 0.5,
             split: Split::Heldout,
@@ -768,6 +783,10 @@ mod tests {
         );
         assert!(
             md.contains("| reap_hybrid_K2 | frequency_K2 | two methods at one K | -0.0500 [-0.0800, -0.0200] (3 clusters) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| reap_hybrid_merge_K2 | reap_hybrid_K2 | merged against pruned (same method and K) | +0.1250 [+0.1000, +0.1500] (3 clusters) |"),
             "{md}"
         );
         assert!(

@@ -1,6 +1,6 @@
 //! The model card of a shipped GGUF: what it was made from and how (base
-//! model, keep map, experts per token, quantisation type and importance
-//! matrix, each with its SHA-256), its tensor types, what it measured
+//! model, keep map or merge plan, experts per token, quantisation type and
+//! importance matrix, each with its SHA-256), its tensor types, what it measured
 //! against the base model, and the commands that make it again; as JSON
 //! ([`ModelCard`]) and Markdown ([`ModelCard::to_markdown`]), written beside
 //! the file. A card holds only what the inputs determine (no times), so the
@@ -109,6 +109,118 @@ pub struct KeepMapRef {
     pub saliency_sha256: String,
 }
 
+/// The merge plan a file is merged to (issue #57): which experts became
+/// which, by what rule, and the plan's bytes by SHA-256.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MergeRef {
+    /// Its name under the run's `merge_plans/` (`<method>_merge_K<k>`).
+    pub name: String,
+    /// The scoring method whose keep map the centres are.
+    pub centres: String,
+    /// Centres (experts that stay) per MoE layer.
+    pub k: u32,
+    /// SHA-256 of the plan file's bytes.
+    pub sha256: String,
+    /// SHA-256 of the `saliency.json` it was scored from.
+    pub saliency_sha256: String,
+    /// MoE layers merged.
+    pub layers: usize,
+    /// Members per centre (the centre among them) over every layer's
+    /// centres: smallest, median, largest.
+    pub members: [usize; 3],
+    /// Experts merged into a centre other than themselves.
+    pub merged: usize,
+    /// Centres that merge nothing (kept as they are).
+    pub alone: usize,
+    /// Experts in no centre (dropped, as pruning drops them).
+    pub dropped: usize,
+    /// The plan's `params.recipe` (the clustering), when it names one.
+    pub recipe: Option<String>,
+    /// The plan's `params.weights`: what each member's weight is.
+    pub weights: Option<String>,
+    /// The plan's `params.similarity`: what closeness assigned members.
+    pub similarity: Option<String>,
+}
+
+impl MergeRef {
+    /// The card's account of `plan` (its file's SHA-256 `sha256`) on a
+    /// base of `n_expert` experts per MoE layer.
+    pub fn of(plan: &runfiles::mergeplan::MergePlan, sha256: &str, n_expert: u32) -> MergeRef {
+        let mut sizes: Vec<usize> = plan
+            .layers
+            .values()
+            .flatten()
+            .map(|c| c.members.len())
+            .collect();
+        sizes.sort_unstable();
+        let total: usize = sizes.iter().sum();
+        let text = |key: &str| {
+            plan.params
+                .get(key)
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        };
+        MergeRef {
+            name: plan.name(),
+            centres: plan.method.clone(),
+            k: plan.k,
+            sha256: sha256.to_string(),
+            saliency_sha256: plan.saliency_sha256.clone(),
+            layers: plan.layers.len(),
+            members: [
+                sizes.first().copied().unwrap_or(0),
+                sizes.get(sizes.len() / 2).copied().unwrap_or(0),
+                sizes.last().copied().unwrap_or(0),
+            ],
+            merged: total - sizes.len(),
+            alone: sizes.iter().filter(|&&n| n == 1).count(),
+            dropped: (n_expert as usize * plan.layers.len()).saturating_sub(total),
+            recipe: text("recipe"),
+            weights: text("weights"),
+            similarity: text("similarity"),
+        }
+    }
+
+    /// The card's Markdown rows of the merge.
+    fn to_markdown(&self, s: &mut String, n_expert: u32) {
+        let stated = |v: &Option<String>| {
+            v.as_deref()
+                .map_or("not stated in the plan".to_string(), md)
+        };
+        let _ = writeln!(
+            s,
+            "| Merging | merge plan `{}` (recipe {}): the centres are method {}'s keep map, {} of {} experts per MoE layer, each centre's expert tensors the weighted mean of its members' (re-encoded in the base's types); router rows are the centres'; SHA-256 `{}`, scored from saliency.json `{}` |",
+            md(&self.name),
+            stated(&self.recipe),
+            md(&self.centres),
+            self.k,
+            n_expert,
+            self.sha256,
+            self.saliency_sha256
+        );
+        let [lo, median, hi] = self.members;
+        let _ = writeln!(
+            s,
+            "| Members per centre | {lo} to {hi} (median {median}) over {} centres in {} MoE layers: {} experts merged into a centre, {} centres alone, {} experts dropped |",
+            self.k as usize * self.layers,
+            self.layers,
+            self.merged,
+            self.alone,
+            self.dropped
+        );
+        let _ = writeln!(
+            s,
+            "| Merge weights | {}, normalised over each centre's members |",
+            stated(&self.weights)
+        );
+        let _ = writeln!(
+            s,
+            "| Merge similarity | {} (which centre an expert joins) |",
+            stated(&self.similarity)
+        );
+    }
+}
+
 /// The quantisation of a file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Quantisation {
@@ -150,8 +262,11 @@ pub struct ModelCard {
     pub split_files: Vec<SplitFile>,
     /// The base model.
     pub base: Base,
-    /// The keep map it is sliced to; `None`: every expert kept.
+    /// The keep map it is sliced to; `None`: every expert kept, or merged.
     pub keep_map: Option<KeepMapRef>,
+    /// The merge plan it is merged to, when it is merged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merge: Option<MergeRef>,
     /// Experts routed per token, when lowered from the base model's.
     pub experts_used: Option<u32>,
     /// Its quantisation; `None`: the base model's tensor types.
@@ -215,10 +330,14 @@ impl ModelCard {
     /// lines: the library and tags that list the file among GGUF models,
     /// and the base's licence and repository when its GGUF names them.
     /// Values are JSON strings, which YAML reads as double-quoted scalars.
-    fn front_matter(base: &Base) -> String {
+    fn front_matter(base: &Base, merged: bool) -> String {
         let quoted = |v: &str| serde_json::to_string(v).expect("a string serialises");
         let mut s = String::from("---\nlibrary_name: gguf\ntags:\n");
-        for tag in ["gguf", "mixture-of-experts", "expert-pruning", "moe-census"] {
+        let how = match merged {
+            true => "expert-merging",
+            false => "expert-pruning",
+        };
+        for tag in ["gguf", "mixture-of-experts", how, "moe-census"] {
             let _ = writeln!(s, "- {tag}");
         }
         if let Some(license) = &base.license {
@@ -234,7 +353,7 @@ impl ModelCard {
     /// The card as Markdown, after its Hugging Face metadata.
     pub fn to_markdown(&self) -> String {
         let (b, k) = (&self.base, self.keep_map.as_ref());
-        let mut s = Self::front_matter(b);
+        let mut s = Self::front_matter(b, self.merge.is_some());
         let _ = writeln!(s, "# {}\n", md(&self.file.file));
         let _ = writeln!(s, "| | |\n|---|---|");
         let what = match self.split_files.is_empty() {
@@ -290,7 +409,12 @@ impl ModelCard {
             ),
             None => format!("none: all {} experts per MoE layer kept", b.n_expert),
         };
-        let _ = writeln!(s, "| Pruning | {pruning} |");
+        match &self.merge {
+            Some(m) => m.to_markdown(&mut s, b.n_expert),
+            None => {
+                let _ = writeln!(s, "| Pruning | {pruning} |");
+            }
+        }
         let routing = match self.experts_used {
             Some(n) => format!(
                 "{n} experts per token (`expert_used_count` lowered from the base model's {})",
@@ -411,7 +535,7 @@ mod tests {
             license: Some(odd.into()),
             repository: Some("org/Model-30B-A3B".into()),
         };
-        let text = ModelCard::front_matter(&base);
+        let text = ModelCard::front_matter(&base, false);
         let yaml = text
             .strip_prefix("---\n")
             .and_then(|t| t.strip_suffix("---\n\n"))
@@ -431,16 +555,20 @@ mod tests {
             "{tags:?}"
         );
 
-        let plain = ModelCard::front_matter(&Base {
-            license: None,
-            repository: None,
-            ..base
-        });
+        let plain = ModelCard::front_matter(
+            &Base {
+                license: None,
+                repository: None,
+                ..base
+            },
+            true,
+        );
         let doc =
             &YamlLoader::load_from_str(plain.trim_matches(|c| c == '-' || c == '\n')).unwrap()[0];
         assert!(
             doc["license"].is_badvalue() && doc["base_model"].is_badvalue(),
             "{plain}"
         );
+        assert!(plain.contains("- expert-merging\n") && !plain.contains("expert-pruning"));
     }
 }

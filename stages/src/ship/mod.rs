@@ -1,9 +1,10 @@
 //! `coordinator ship RUN --candidates A,B --quant Q8_0,Q4_K_M --out DIR`
 //! (DESIGN section 12): the files people serve. A candidate ([`spec`]) is
 //! a keep map of the run, the whole base model (`base`), either with
-//! fewer experts routed per token (`_top<N>`). For each: the base model
-//! made into it (`<A>.gguf`: sliced, `expert_used_count` lowered) and the
-//! run's importance matrix sliced to its keep map (`<A>.imatrix.gguf`),
+//! fewer experts routed per token (`_top<N>`), or a merge plan of the run.
+//! For each: the base model made into it (`<A>.gguf`: sliced,
+//! `expert_used_count` lowered, or merged) and the run's importance matrix
+//! sliced (or merged) to it (`<A>.imatrix.gguf`),
 //! then per quantisation type the model quantised by llama.cpp's own
 //! quantiser with that importance matrix (`<A>.<Q>.gguf`). Every shipped
 //! model file is then evaluated against the base model by the run's
@@ -34,7 +35,7 @@ use gguf::split::open_joined;
 use runfiles::artifacts::names;
 use runfiles::store::RunStore;
 use runtime::run::local::worker_binary;
-use slicer::{make_model, slice_imatrix};
+use slicer::{installed_codec, make_model, merge_imatrix, merge_model, slice_imatrix};
 use spec::Candidate;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -84,7 +85,8 @@ pub struct ShipArgs {
     pub run: String,
     /// Candidates, comma-separated: keep map names under the run's
     /// `keep_maps/`, or `base` (every expert); `_top<N>` after either
-    /// routes each token to N experts (`base_top2`); or `pareto` alone:
+    /// routes each token to N experts (`base_top2`); merge plan names under
+    /// the run's `merge_plans/` (`reap_hybrid_merge_K8`); or `pareto` alone:
     /// the candidates on the size-versus-KL Pareto front of the run's
     /// evaluation (`eval/summary.json`).
     #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', required = true))]
@@ -354,12 +356,15 @@ fn make<'a>(
         let mut made = None;
         if !c.is_base() {
             let placed = ship.out.place_model(&model, split, |p| {
-                make_model(base, c.keep.as_ref().map(|k| &k.map), c.experts_used, p)
-                    .map(|sliced| Some(sliced.sha256))
-                    .map_err(|e| ShipError::File {
-                        path: base.to_path_buf(),
-                        reason: e.to_string(),
-                    })
+                match &c.merge {
+                    Some(plan) => merge_model(base, plan, installed_codec(), p),
+                    None => make_model(base, c.keep.as_ref().map(|k| &k.map), c.experts_used, p),
+                }
+                .map(|sliced| Some(sliced.sha256))
+                .map_err(|e| ShipError::File {
+                    path: base.to_path_buf(),
+                    reason: e.to_string(),
+                })
             })?;
             made = Some(placed.path.clone());
             models.push(ModelFile::of(model.clone(), placed, ci, None));
@@ -369,12 +374,15 @@ fn make<'a>(
             Some(k) => {
                 let im = format!("{}.imatrix.gguf", c.name);
                 let placed = ship.out.place(&im, |p| {
-                    slice_imatrix(&run_imatrix, &k.map, p)
-                        .map(drop)
-                        .map_err(|e| ShipError::File {
-                            path: run_imatrix.clone(),
-                            reason: e.to_string(),
-                        })
+                    match &c.merge {
+                        Some(plan) => merge_imatrix(&run_imatrix, plan, p),
+                        None => slice_imatrix(&run_imatrix, &k.map, p),
+                    }
+                    .map(drop)
+                    .map_err(|e| ShipError::File {
+                        path: run_imatrix.clone(),
+                        reason: e.to_string(),
+                    })
                 })?;
                 let im_ref = card::FileRef {
                     file: im.clone(),
@@ -450,13 +458,22 @@ impl Ship<'_> {
                 _ => m.parts.iter().map(card::SplitFile::of).collect(),
             },
             base: self.base_card.clone(),
-            keep_map: c.keep.as_ref().map(|k| card::KeepMapRef {
-                name: k.name.clone(),
-                method: k.map.method.clone(),
-                k: k.map.k,
-                sha256: k.sha256.clone(),
-                saliency_sha256: k.map.saliency_sha256.clone(),
-            }),
+            keep_map: c
+                .keep
+                .as_ref()
+                .filter(|_| c.merge.is_none())
+                .map(|k| card::KeepMapRef {
+                    name: k.name.clone(),
+                    method: k.map.method.clone(),
+                    k: k.map.k,
+                    sha256: k.sha256.clone(),
+                    saliency_sha256: k.map.saliency_sha256.clone(),
+                }),
+            merge: c
+                .merge
+                .as_ref()
+                .zip(c.keep.as_ref())
+                .map(|(plan, k)| card::MergeRef::of(plan, &k.sha256, self.base_card.n_expert)),
             experts_used: c.experts_used,
             quantisation: m.quantisation.clone(),
             tensor_types: card::tensor_types(&header),
@@ -488,8 +505,8 @@ impl Ship<'_> {
     }
 
     /// The commands that make candidate `c` (quantised to `quant`) again:
-    /// this ship of it alone, and, for a keep map's slice, the same steps by
-    /// hand. A card is published, so they name no local path: `RUN` is the
+    /// this ship of it alone, and, for a keep map's slice (not a merge),
+    /// the same steps by hand. A card is published, so they name no local path: `RUN` is the
     /// run's location, `OUT` the output directory, and the base model is
     /// named by its file name (the card gives its SHA-256).
     fn commands(&self, c: &Candidate, quant: Option<QuantType>) -> Vec<String> {
@@ -518,7 +535,9 @@ impl Ship<'_> {
                 "coordinator ship {run} --candidates {name}{q}{allow}{split} --model {base} --out {out}"
             ),
         ];
-        if c.keep.is_none() || c.experts_used.is_some() {
+        // `coordinator prune` slices keep maps; a merged model is made by
+        // ship alone.
+        if c.keep.is_none() || c.experts_used.is_some() || c.merge.is_some() {
             return cmds;
         }
         cmds.push(format!("# or step by step, in {out}:"));

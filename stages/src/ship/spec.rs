@@ -1,23 +1,28 @@
 //! The candidates of `coordinator ship`, by name: a keep map of the run
 //! (`frequency_K8`), the whole base model (`base`), either with fewer
 //! experts routed per token (`frequency_K8_top2`, `base_top2`: the model's
-//! `expert_used_count` lowered to 2, metadata only), read from the run.
-//! Their names' grammar is [`config::candidate`].
+//! `expert_used_count` lowered to 2, metadata only), or a merge plan of the
+//! run (`reap_hybrid_merge_K8`, issue #57), read from the run. Their names'
+//! grammar is [`config::candidate`].
 
 use super::ShipError;
 use crate::{During, StagesError};
 use config::candidate::{parse, Named};
 use runfiles::keepmap::KeepMap;
+use runfiles::mergeplan::MergePlan;
 use runfiles::store::RunStore;
 
 /// A candidate to ship.
 pub struct Candidate {
     /// Its name as given, the stem of its files (`frequency_K8_top2`).
     pub name: String,
-    /// The keep map it is sliced to; `None`: every expert is kept.
+    /// The keep map it is sliced to; `None`: every expert is kept. Of a
+    /// merged candidate, its plan's centres (named and hashed as the plan).
     pub keep: Option<KeepMapOf>,
     /// Experts routed per token, when lowered.
     pub experts_used: Option<u32>,
+    /// The merge plan it is merged to, when it is merged.
+    pub merge: Option<MergePlan>,
 }
 
 /// A keep map of the run with what names it.
@@ -37,9 +42,14 @@ impl Candidate {
         self.keep.is_none() && self.experts_used.is_none()
     }
 
-    /// The object name of its keep map under the run.
+    /// The object name of its keep map (of a merged candidate, its merge
+    /// plan) under the run.
     pub fn keep_map_object(&self) -> Option<String> {
-        self.keep.as_ref().map(|k| KeepMap::object_name(&k.name))
+        let k = self.keep.as_ref()?;
+        Some(match &self.merge {
+            Some(plan) => MergePlan::file_name(&plan.method, plan.k),
+            None => KeepMap::object_name(&k.name),
+        })
     }
 }
 
@@ -91,8 +101,19 @@ pub async fn read(store: &RunStore, names: &[String]) -> Result<Vec<Candidate>, 
         name,
         keep_map,
         experts_used,
+        merged,
     } in parse(names).map_err(ShipError::from)?
     {
+        if let (Some(plan_name), true) = (&keep_map, merged) {
+            let (keep, plan) = read_plan(store, plan_name, &name).await?;
+            out.push(Candidate {
+                name,
+                keep: Some(keep),
+                experts_used,
+                merge: Some(plan),
+            });
+            continue;
+        }
         let keep = match keep_map {
             None => None,
             Some(map_name) => {
@@ -114,7 +135,48 @@ pub async fn read(store: &RunStore, names: &[String]) -> Result<Vec<Candidate>, 
             name,
             keep,
             experts_used,
+            merge: None,
         });
     }
     Ok(out)
+}
+
+/// Reads the run's merge plan `plan_name` (of candidate `name`): its
+/// centres as a keep map named and hashed as the plan, and the plan. A plan
+/// the run lacks is refused naming it and what writes it.
+async fn read_plan(
+    store: &RunStore,
+    plan_name: &str,
+    name: &str,
+) -> Result<(KeepMapOf, MergePlan), StagesError> {
+    let object = format!("{}/{plan_name}.json", runfiles::mergeplan::MERGE_PLANS_DIR);
+    let Some(bytes) = store.get_opt(&object).await? else {
+        return Err(StagesError::Argument {
+            argument: "--candidates".into(),
+            problem: format!(
+                "candidate {name}: the run has no merge plan {plan_name}: {} does not exist (`coordinator score` writes <method>_merge_K<k> beside each keep map when the run has routing traces)",
+                store.url_of(&object)
+            ),
+        });
+    };
+    let plan = MergePlan::parse(&bytes).map_err(|problem| StagesError::Argument {
+        argument: "--candidates".into(),
+        problem: format!("candidate {name}: {}: {problem}", store.url_of(&object)),
+    })?;
+    if plan.name() != plan_name {
+        return Err(StagesError::Argument {
+            argument: "--candidates".into(),
+            problem: format!(
+                "candidate {name}: {} holds the plan {}",
+                store.url_of(&object),
+                plan.name()
+            ),
+        });
+    }
+    let keep = KeepMapOf {
+        name: plan_name.to_string(),
+        map: plan.keep_map(),
+        sha256: gguf::hash::sha256_hex(&bytes),
+    };
+    Ok((keep, plan))
 }
