@@ -18,7 +18,7 @@
 //!   the end counts as wasted: it was never used).
 
 use super::ema::{Credit, LazyEma};
-use super::scored::{Belady, Lfu, Scorer};
+use super::scored::{argmin, lane_min, lane_minima, Belady, Lfu, Scorer, FLAT_MAX, LANES};
 use super::steps::{Steps, NONE};
 use super::tree::Key;
 use super::{pinned, Counts, Policy, PolicyParams};
@@ -201,49 +201,80 @@ fn before(a: Key, ea: u32, b: Key, eb: u32) -> bool {
 
 /// Slots of a scored cache with prefetch. `p[w]` is the score of slot
 /// `w`'s expert, `+inf` while it is pinned (kept through the current
-/// phase), so an eviction is a scan of contiguous scores.
+/// phase) or empty; `p` is padded to whole blocks of [`LANES`] with `+inf`.
+/// Up to [`FLAT_MAX`] slots an eviction reads the lane minima of `p`
+/// (one vectorised pass per phase, then one lane per eviction), as the
+/// replay without prefetch does ([`argmin`]); larger caches scan `p`.
 struct Slots {
     expert: Vec<u32>,
     p: Vec<f64>,
     slot_of: Vec<u32>,
     fresh: Vec<bool>,
     pins: Vec<usize>,
+    /// The lane minima of `p` during a phase's evictions (`None`: not read
+    /// yet this phase).
+    acc: Option<[f64; LANES]>,
+    flat: bool,
 }
 
 impl Slots {
+    fn new(capacity: usize, n_expert: usize) -> Slots {
+        Slots {
+            expert: Vec::with_capacity(capacity),
+            p: vec![f64::INFINITY; capacity.div_ceil(LANES) * LANES],
+            slot_of: vec![NO_SLOT; n_expert],
+            fresh: vec![false; n_expert],
+            pins: Vec::with_capacity(64),
+            acc: None,
+            flat: capacity <= FLAT_MAX,
+        }
+    }
+
     /// The unpinned slot whose expert comes first in eviction order: the
     /// smallest score, then key and id among equal scores.
-    fn victim<S: Scorer>(&self, scorer: &S) -> Option<usize> {
-        let least = self
-            .p
+    fn victim<S: Scorer>(&mut self, scorer: &S) -> Option<usize> {
+        let (expert, p) = (&self.expert, &self.p);
+        // Key ties are `step << 16 | id` with fewer than 2^32 steps, so
+        // `tie << 16 | id` orders by tie, then id, in one integer.
+        let tie = |w: usize| {
+            let e = expert[w];
+            (scorer.key(e as usize).tie << 16) | u64::from(e)
+        };
+        if self.flat {
+            let acc = self.acc.get_or_insert_with(|| lane_minima(p));
+            let (w, least) = argmin(acc, p, tie);
+            return (least != f64::INFINITY).then_some(w);
+        }
+        let least = p
             .iter()
             .fold(f64::INFINITY, |m, &x| if x < m { x } else { m });
         if least == f64::INFINITY {
             return None;
         }
-        let mut best: Option<(usize, Key)> = None;
-        for (w, &x) in self.p.iter().enumerate() {
-            if x != least {
-                continue;
-            }
-            let e = self.expert[w];
-            let k = scorer.key(e as usize);
-            if best.is_none_or(|(b, bk)| before(k, e, bk, self.expert[b])) {
-                best = Some((w, k));
-            }
+        (0..expert.len())
+            .filter(|&w| p[w] == least)
+            .min_by_key(|&w| tie(w))
+    }
+
+    /// Sets slot `w`'s score, keeping the lane minima current.
+    #[inline]
+    fn set(&mut self, w: usize, x: f64) {
+        self.p[w] = x;
+        if let Some(acc) = &mut self.acc {
+            acc[w % LANES] = lane_min(&self.p, w % LANES);
         }
-        best.map(|(w, _)| w)
     }
 
     fn pin(&mut self, w: usize) {
         if self.p[w] != f64::INFINITY {
-            self.p[w] = f64::INFINITY;
+            self.set(w, f64::INFINITY);
             self.pins.push(w);
         }
     }
 
     /// Ends a phase: pinned slots take their experts' current scores.
     fn unpin_all<S: Scorer>(&mut self, scorer: &S) {
+        self.acc = None;
         for w in self.pins.drain(..) {
             self.p[w] = scorer.key(self.expert[w] as usize).p;
         }
@@ -255,21 +286,22 @@ impl Slots {
     fn place(&mut self, w: usize, e: usize) -> bool {
         let mut wasted = false;
         if w == self.expert.len() {
+            // A free slot holds `+inf` already: pinned from the start.
             self.expert.push(e as u32);
-            self.p.push(0.0);
+            self.pins.push(w);
         } else {
             let old = self.expert[w] as usize;
             self.slot_of[old] = NO_SLOT;
             wasted = std::mem::take(&mut self.fresh[old]);
             self.expert[w] = e as u32;
+            self.pin(w);
         }
         self.slot_of[e] = w as u32;
-        self.pin(w);
         wasted
     }
 }
 
-/// The scored policies with prefetch: an O(capacity) scan per eviction.
+/// The scored policies with prefetch.
 fn scored<S: Scorer>(
     steps: &Steps,
     capacity: usize,
@@ -277,13 +309,7 @@ fn scored<S: Scorer>(
     scorer: &mut S,
 ) -> PrefetchCounts {
     let n = steps.n_expert;
-    let mut c = Slots {
-        expert: Vec::with_capacity(capacity),
-        p: Vec::with_capacity(capacity),
-        slot_of: vec![NO_SLOT; n],
-        fresh: vec![false; n],
-        pins: Vec::with_capacity(64),
-    };
+    let mut c = Slots::new(capacity, n);
     let credits = scorer.credits(steps);
     let mut out = PrefetchCounts::default();
     let mut missed: Vec<usize> = Vec::with_capacity(64);

@@ -85,6 +85,31 @@ fn prefetch_replay_equals_the_eager_reference_on_generated_traces() {
     assert_eq!(cells, 3 * 2 * 3 * 8 * 5);
 }
 
+/// Caches of several slots per lane of the flat engine, and past
+/// [`super::scored::FLAT_MAX`] (the scanned engine), on many experts.
+#[test]
+fn prefetch_replay_equals_the_eager_reference_on_large_caches() {
+    let params = PolicyParams::default();
+    let (n_expert, k) = (2000usize, 16usize);
+    assert!(n_expert > super::scored::FLAT_MAX);
+    let raw = raw_layer(&shape(n_expert, k, 800), 11);
+    let steps = token_steps(&raw, n_expert);
+    let fit = super::pinned::traffic(&steps);
+    let g = noisy_guesses(&raw, n_expert, 5, 2 * k);
+    let pf = Prefetch::from_guesses(&g, 2 * k, 2 * k);
+    for policy in Policy::ALL {
+        for capacity in [20, 100, 520, 700] {
+            let fast = prefetch::simulate(policy, &steps, capacity, &params, &fit, &pf);
+            let slow = eager(policy, &steps, capacity, &params, &fit, &pf);
+            assert_eq!(fast, slow, "{policy} C={capacity}");
+            if policy == Policy::Lru {
+                // More misses than slots: every cache here evicts.
+                assert!(fast.demand.misses > capacity as u64, "C={capacity}");
+            }
+        }
+    }
+}
+
 #[test]
 fn without_guesses_prefetch_replay_is_the_plain_replay() {
     let params = PolicyParams::default();

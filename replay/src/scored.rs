@@ -78,11 +78,11 @@ pub fn simulate<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) -> Co
 
 /// Slots per block of the vectorisable scans; the key arrays are padded to a
 /// multiple with `+inf`.
-const LANES: usize = 16;
+pub(super) const LANES: usize = 16;
 
 /// The smallest `p` of each lane (slot modulo [`LANES`]): a vectorisable pass.
 #[inline]
-fn lane_minima(p: &[f64]) -> [f64; LANES] {
+pub(super) fn lane_minima(p: &[f64]) -> [f64; LANES] {
     let mut acc = [f64::INFINITY; LANES];
     for block in p.chunks_exact(LANES) {
         for (a, &x) in acc.iter_mut().zip(block) {
@@ -94,7 +94,7 @@ fn lane_minima(p: &[f64]) -> [f64; LANES] {
 
 /// The smallest `p` of lane `lane`.
 #[inline]
-fn lane_min(p: &[f64], lane: usize) -> f64 {
+pub(super) fn lane_min(p: &[f64], lane: usize) -> f64 {
     p[lane..]
         .iter()
         .step_by(LANES)
@@ -108,7 +108,7 @@ fn lane_min(p: &[f64], lane: usize) -> f64 {
 /// only when several slots hold it. Always inlined: it runs once per eviction
 /// and the call alone cost about a tenth of the replay.
 #[inline(always)]
-fn argmin(acc: &[f64; LANES], p: &[f64], tie: impl Fn(usize) -> u64) -> (usize, f64) {
+pub(super) fn argmin(acc: &[f64; LANES], p: &[f64], tie: impl Fn(usize) -> u64) -> (usize, f64) {
     let mut v = *acc;
     let mut width = LANES / 2;
     while width > 0 {
