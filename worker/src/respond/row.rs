@@ -31,8 +31,8 @@ pub fn figures(row: &[f32]) -> RowFigures {
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
     for c in chunks {
-        for j in 0..LANES {
-            acc[j] += exp_non_positive(c[j] - max);
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += exp_non_positive(v - max);
         }
     }
     let mut sum: f64 = acc.iter().map(|&a| f64::from(a)).sum();
@@ -53,8 +53,8 @@ fn max_of(row: &[f32]) -> f32 {
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
     for c in chunks {
-        for j in 0..LANES {
-            m[j] = if c[j] > m[j] { c[j] } else { m[j] };
+        for (m, &v) in m.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
         }
     }
     m.iter()
