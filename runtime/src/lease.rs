@@ -28,6 +28,13 @@ pub trait LeaseKind: Send + Sync + 'static {
         Self::Output::LAYOUT
     }
 
+    /// What progress counts instead of tokens and leases: the plan's
+    /// items (its chunks' ranges summed) under this name (`prompts`), or
+    /// `None` to count tokens over the corpus.
+    fn items(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Reads `bytes` (bounded, trailing bytes refused) and checks them as
     /// the result of the units `units` (sorted, disjoint units of the lease
     /// plan: one lease, or every lease of a worker's checkpoint) against

@@ -527,6 +527,19 @@ impl Scheduler {
         }
     }
 
+    /// Chunks (the items units cover: chunks, prompts) done and in the
+    /// plan, for progress counted in them rather than in units.
+    pub fn chunks_done(&self) -> (u64, u64) {
+        let len = |u: &Unit| u64::from(u.range.end - u.range.start);
+        let done = self
+            .units
+            .iter()
+            .filter(|u| matches!(u.state, UnitState::Done { .. }))
+            .map(len)
+            .sum();
+        (done, self.units.iter().map(len).sum())
+    }
+
     /// True when every unit is done.
     pub fn is_finished(&self) -> bool {
         self.progress.done == self.units.len()

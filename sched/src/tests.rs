@@ -152,6 +152,25 @@ fn every_unit_is_accepted_exactly_once_with_three_workers() {
 }
 
 #[test]
+fn chunks_done_counts_the_chunks_of_done_units_the_short_last_one_included() {
+    // 20 chunks in leases of 3: six of 3 and a last one of 2.
+    let units = plan(20, 3);
+    let mut s = started(cfg(), units.clone(), &[W1]);
+    assert_eq!(s.chunks_done(), (0, 20));
+    let mut done = 0;
+    while let Grant::Lease(l) = s.request(W1, secs(1)) {
+        let r = l.range;
+        assert!(matches!(
+            s.complete(l.lease_id, W1, &sha(r), secs(1)),
+            Completion::Accepted(_)
+        ));
+        done += u64::from(r.end - r.start);
+        assert_eq!(s.chunks_done(), (done, 20), "after {r}");
+    }
+    assert_eq!(done, 20);
+}
+
+#[test]
 fn blackhole_worker_lease_expires_and_is_retried_elsewhere() {
     let units = plan(6, 2);
     let mut s = started(cfg(), units.clone(), &[W1, W2]);

@@ -163,3 +163,53 @@ fn greedy_responses_are_the_same_with_one_and_two_workers_and_reused() {
 fn sampled_responses_are_the_same_with_one_and_two_workers_and_reused() {
     one_and_two_workers_agree("temperature = 0.8\nseed = 3\n");
 }
+
+/// `drop_ppl_quantile` end to end: the corpus summary's dropped count is
+/// the number of stored responses whose perplexity has at least
+/// `ceil(q n)` of its source's perplexities below it (counted here from
+/// `responses.jsonl`), each of them is marked dropped, and no kept one is.
+#[test]
+fn perplexity_filter_drops_the_responses_its_stored_perplexities_rank_out() {
+    let q = 0.75;
+    let d = tempfile::tempdir().unwrap();
+    respond_config(d.path(), &format!("drop_ppl_quantile = {q}\n"));
+    let run = d.path().join("run");
+    let out = run_with(d.path(), &run, 1);
+    let text = std::fs::read_to_string(run.join("corpus/responses/responses.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ppl: Vec<f64> = rows
+        .iter()
+        .map(|r| r["perplexity"].as_f64().unwrap())
+        .collect();
+    assert!(
+        rows.iter().all(|r| r["source"] == rows[0]["source"]),
+        "one responded source"
+    );
+    let keep = (q * ppl.len() as f64).ceil() as usize;
+    let ranked_out: Vec<bool> = ppl
+        .iter()
+        .map(|&p| ppl.iter().filter(|&&o| o < p).count() >= keep)
+        .collect();
+    let expected = ranked_out.iter().filter(|&&x| x).count();
+    assert!(expected > 0 && expected < ppl.len(), "{ppl:?}");
+    for (r, &out_) in rows.iter().zip(&ranked_out) {
+        let dropped = r.get("dropped").and_then(|v| v.as_bool()).unwrap_or(false);
+        assert_eq!(dropped, out_, "{r}");
+    }
+    let line = format!(
+        "responses sample_corpus/chat.jsonl: {} prompts, {} responses",
+        ppl.len(),
+        ppl.len()
+    );
+    let summary = out
+        .lines()
+        .find(|l| l.contains(&line))
+        .unwrap_or_else(|| panic!("no summary line in {out}"));
+    assert!(
+        summary.contains(&format!("; {expected} dropped by the perplexity filter")),
+        "{summary} (expected {expected} dropped)"
+    );
+}

@@ -71,6 +71,10 @@ impl LeaseKind for RespondAcceptance {
         &mut m.response_partials
     }
 
+    fn items(&self) -> Option<&'static str> {
+        Some("prompts")
+    }
+
     fn decode_and_check(
         &self,
         units: &[ChunkRange],

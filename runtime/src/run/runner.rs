@@ -199,6 +199,7 @@ async fn serve_phase<K: LeaseKind>(
     );
     let job = serve::job_info(l.setup, l.options.clone(), l.verify_fraction > 0.0);
     let layout = kind.layout();
+    let items = kind.items();
     let (hub, deliveries) = Hub::new(
         sched,
         job,
@@ -209,17 +210,26 @@ async fn serve_phase<K: LeaseKind>(
     );
     let hub = Arc::new(hub);
     open.lobby.begin(hub.clone());
-    let bar = (l.progress && progress::on_terminal())
-        .then(|| progress::Progress::new(l.setup.index.n_tokens, from.resumed_measured));
+    let (items_resumed, items_total) = hub.sched().chunks_done();
+    let mut bar = (l.progress && progress::on_terminal()).then(|| match items {
+        Some(label) => {
+            progress::Progress::over_items(label, items_total, items_resumed, from.resumed_measured)
+        }
+        None => progress::Progress::new(l.setup.index.n_tokens, from.resumed_measured),
+    });
     let report = bar.is_none().then(|| {
         let p = hub.sched().progress();
         let report = progress::Report::new(
             l.phase,
             p.units,
-            l.progress.then_some(l.setup.index.n_tokens),
+            (l.progress && items.is_none()).then_some(l.setup.index.n_tokens),
             (p.done, from.resumed_measured),
             std::time::Duration::from_secs(run.progress_interval_s.max(1)),
         );
+        let report = match items {
+            Some(label) => report.with_items(label, items_total, items_resumed),
+            None => report,
+        };
         (report, from.resumed_measured)
     });
     tracing::info!(
@@ -244,8 +254,9 @@ async fn serve_phase<K: LeaseKind>(
             };
             let staged = d.staged.as_deref();
             from.recorder.accept(&name, &d.bytes, staged, rec).await?;
-            if let Some(bar) = &bar {
-                bar.advance(d.output.measured(), &hub.workers());
+            if let Some(bar) = &mut bar {
+                let items_done = hub.sched().chunks_done().0;
+                bar.advance(d.output.measured(), items_done, &hub.workers());
             }
             let lease = K::Output::LABELS.lease;
             tracing::info!(worker = %d.worker, first = %d.units[0], units = d.units.len(), "{lease} merged");

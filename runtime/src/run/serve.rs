@@ -134,7 +134,8 @@ impl<'a, K: LeaseKind> Serving<'a, K> {
                         let workers = hub.workers();
                         let tokens = workers.values().map(|w| w.tokens).sum::<u64>();
                         let connected = workers.values().filter(|w| w.connected).count();
-                        report.tick(p.done, *resumed_tokens + tokens, connected);
+                        let items = hub.sched().chunks_done().0;
+                        report.tick(p.done, items, *resumed_tokens + tokens, connected);
                     }
                     if p.done == p.units && p.accepted == self.handed_out {
                         // The caller stored each result before asking again.

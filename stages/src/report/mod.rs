@@ -8,6 +8,9 @@
 //! - [`replay`]: miss-rate figures from `replay/results.json`, one per keep
 //!   map, and `report/miss_rate.json`, the data they are drawn from.
 //! - [`corpus`]: split shares and duplicates dropped, from `manifest.json`.
+//! - [`responses`]: what the base model wrote for the sources that set
+//!   `respond` (per source, and a few responses), from
+//!   `corpus/responses/responses.jsonl`.
 //! - [`eval`]: pruned candidates against the base model, from `eval/summary.json`.
 //! - [`vision`]: experts rare on text and live on images, when the run
 //!   measured images.
@@ -23,6 +26,7 @@ pub mod panels;
 pub mod plots;
 pub mod prefetch;
 pub mod replay;
+pub mod responses;
 pub mod vision;
 
 use crate::score::{self, ScoreReport};
@@ -102,6 +106,7 @@ pub async fn report_verified(
     };
     let mut md = header(store, &s, &sha);
     corpus::section(store, &mut md).await?;
+    responses::section(store, &mut md).await?;
     verification_section(&mut md, verified);
     md.push_str("\n## Slot replacement per layer\n\nShare of top-k routing slots whose expert a keep map prunes (`1 - kept count share`), per layer.\n\n");
     match &scored {

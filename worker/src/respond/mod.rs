@@ -7,7 +7,10 @@
 //!
 //! - [`sample`]: the per-response sampler, seeded from the run's seed and
 //!   the prompt's identity.
+//! - [`row`]: a logits row's maximum, argmax and log-sum-exp in one
+//!   vectorized pass.
 
+pub mod row;
 pub mod sample;
 
 use crate::llama::batched::{BatchedContext, Entry};
@@ -20,6 +23,7 @@ use runfiles::respond::PromptFile;
 use sample::Sampler;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// llama.cpp's limit on sequences per context (`LLAMA_MAX_SEQ`).
 pub const MAX_SEQUENCES: u32 = 256;
@@ -34,6 +38,25 @@ pub struct Responder {
     prompts: PromptFile,
     sampling: Sampling,
     threads: u32,
+    /// Generate `max_tokens` whatever the model writes (benchmarks only).
+    ignore_eog: bool,
+}
+
+/// Where a lease's generation time went (`bench_respond` prints it).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sections {
+    /// Making and clearing the lease's context.
+    pub context: Duration,
+    /// Prefilling the prompts, their first tokens chosen (wall time).
+    pub prefill: Duration,
+    /// Generating the rest (wall time).
+    pub generation: Duration,
+    /// Inside `llama_decode` (prefill's and generation's).
+    pub decode: Duration,
+    /// Choosing tokens from logits rows (prefill's and generation's).
+    pub sample: Duration,
+    /// Decodes run.
+    pub decodes: u64,
 }
 
 /// One response being generated.
@@ -67,7 +90,16 @@ impl Responder {
             prompts,
             sampling,
             threads: threads.max(1),
+            ignore_eog: false,
         })
+    }
+
+    /// Has every response run to `max_tokens`, end-of-generation tokens
+    /// generated like any other, as llama.cpp's `--ignore-eos` does: for
+    /// benchmarks that compare with a fixed number of decode steps
+    /// (`bench_respond --ignore-eog`); a run never sets it.
+    pub fn ignore_end_of_generation(&mut self) {
+        self.ignore_eog = true;
     }
 
     /// SHA-256 of the model file.
@@ -77,6 +109,11 @@ impl Responder {
 
     /// Every response of the prompts `range`.
     pub fn respond(&self, range: ChunkRange) -> Result<ResponsePartial, String> {
+        self.respond_timed(range).map(|(p, _)| p)
+    }
+
+    /// [`Responder::respond`] with where its time went.
+    pub fn respond_timed(&self, range: ChunkRange) -> Result<(ResponsePartial, Sections), String> {
         let prompts = self
             .prompts
             .prompts
@@ -114,6 +151,8 @@ impl Responder {
         }
         let longest = seqs.iter().map(|q| q.tokens.len()).max().unwrap_or(0);
         let n_ctx_seq = (longest + s.max_tokens as usize) as u32;
+        let mut times = Sections::default();
+        let started = Instant::now();
         let mut ctx = BatchedContext::new(
             &self.model,
             seqs.len() as u32,
@@ -123,8 +162,13 @@ impl Responder {
         )
         .map_err(|e| e.to_string())?;
         ctx.clear();
-        self.prefill(&mut ctx, &mut seqs)?;
-        self.generate(&mut ctx, &mut seqs)?;
+        times.context = started.elapsed();
+        let started = Instant::now();
+        self.prefill(&mut ctx, &mut seqs, &mut times)?;
+        times.prefill = started.elapsed();
+        let started = Instant::now();
+        self.generate(&mut ctx, &mut seqs, &mut times)?;
+        times.generation = started.elapsed();
         let responses = seqs
             .into_iter()
             .map(|q| Response {
@@ -135,12 +179,17 @@ impl Responder {
                 nll: q.nll,
             })
             .collect();
-        Ok(ResponsePartial::new(range, responses))
+        Ok((ResponsePartial::new(range, responses), times))
     }
 
     /// Decodes every prompt, batches filled across sequences, and takes
     /// each response's first token from its prompt's last logits.
-    fn prefill(&self, ctx: &mut BatchedContext<'_>, seqs: &mut [Seq<'_>]) -> Result<(), String> {
+    fn prefill(
+        &self,
+        ctx: &mut BatchedContext<'_>,
+        seqs: &mut [Seq<'_>],
+        times: &mut Sections,
+    ) -> Result<(), String> {
         let all: Vec<Entry> = seqs
             .iter()
             .enumerate()
@@ -155,14 +204,19 @@ impl Responder {
             })
             .collect();
         for part in all.chunks(ctx.capacity()) {
-            self.step(ctx, seqs, part)?;
+            self.step(ctx, seqs, part, times)?;
         }
         Ok(())
     }
 
     /// Feeds every live sequence its last token, a batch at a time, until
     /// every sequence is done.
-    fn generate(&self, ctx: &mut BatchedContext<'_>, seqs: &mut [Seq<'_>]) -> Result<(), String> {
+    fn generate(
+        &self,
+        ctx: &mut BatchedContext<'_>,
+        seqs: &mut [Seq<'_>],
+        times: &mut Sections,
+    ) -> Result<(), String> {
         loop {
             let live: Vec<Entry> = seqs
                 .iter()
@@ -179,7 +233,7 @@ impl Responder {
                 return Ok(());
             }
             for part in live.chunks(ctx.capacity()) {
-                self.step(ctx, seqs, part)?;
+                self.step(ctx, seqs, part, times)?;
             }
         }
     }
@@ -191,21 +245,30 @@ impl Responder {
         ctx: &mut BatchedContext<'_>,
         seqs: &mut [Seq<'_>],
         entries: &[Entry],
+        times: &mut Sections,
     ) -> Result<(), String> {
         let max_tokens = self.sampling.max_tokens as usize;
-        let model = &self.model;
+        let (model, ignore_eog) = (&self.model, self.ignore_eog);
+        let started = Instant::now();
+        let mut sample = Duration::ZERO;
         ctx.decode(entries, &mut |i, row| {
+            let t = Instant::now();
             let q = &mut seqs[entries[i].seq as usize];
             let c = q.sampler.choose(row);
             q.nll += c.nll;
-            if model.is_end_of_generation(c.token) {
+            if !ignore_eog && model.is_end_of_generation(c.token) {
                 q.eog = true;
                 q.done = true;
             } else {
                 q.out.push(c.token);
                 q.done = q.out.len() >= max_tokens;
             }
+            sample += t.elapsed();
         })
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        times.decode += started.elapsed().saturating_sub(sample);
+        times.sample += sample;
+        times.decodes += 1;
+        Ok(())
     }
 }
