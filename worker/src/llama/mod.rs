@@ -27,6 +27,7 @@ mod logits;
 mod quantize;
 mod reduce;
 mod sampler;
+pub mod simd;
 mod tensor;
 mod thread;
 mod vision;
