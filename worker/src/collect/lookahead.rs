@@ -12,10 +12,11 @@
 //! The router weights are read from the GGUF once, at load, and converted
 //! to f32 (`n_expert x n_embd` floats per MoE layer: 4 MiB at 512 x 2,048).
 
+use super::device::DeviceReads;
 use super::gating::{activate, Ranker};
 use super::probe::RouterInput;
 use crate::llama::simd::{block_product, BLOCK};
-use crate::llama::to_f32;
+use crate::llama::{to_f32, RouterGating, RouterWeights, TensorRef};
 use numbers::routing::ExpertGroups;
 use numbers::stats::MoeShape;
 use numbers::Gating;
@@ -153,6 +154,70 @@ impl Routers {
     /// Hidden size the routers read.
     pub fn n_embd(&self) -> usize {
         self.n_embd
+    }
+
+    /// [`Routers::guesses`] computed on the backend holding `l_out` (the
+    /// device path): per distance, the norm, router product, gating and
+    /// ranking run there and only the top-N ids and gating values cross.
+    /// `None` where the host must compute them (grouped routing, which the
+    /// device graph does not rank, or a backend that cannot run it).
+    pub fn guesses_on_device(
+        &self,
+        layer: u32,
+        t: &TensorRef<'_>,
+        wanted: &[bool],
+        device: &mut DeviceReads,
+    ) -> Result<Option<Vec<Vec<Lookahead>>>, String> {
+        if self.groups.is_some_and(|g| g.n_group > 1) {
+            return Ok(None);
+        }
+        let gating = match self.gating {
+            Gating::Softmax | Gating::SoftmaxWeight => RouterGating::Softmax,
+            Gating::Sigmoid => RouterGating::Sigmoid,
+            Gating::SqrtSoftplus => RouterGating::SqrtSoftplus,
+        };
+        let rows: Vec<i32> = (0..wanted.len())
+            .filter(|&t| wanted[t])
+            .map(|t| t as i32)
+            .collect();
+        let mut out: Vec<Vec<Lookahead>> = vec![Vec::new(); wanted.len()];
+        if rows.is_empty() {
+            return Ok(Some(out));
+        }
+        for &d in &self.distances {
+            let target = layer + u32::from(d);
+            let Some(r) = self.layers.get(&target) else {
+                continue;
+            };
+            let weights = RouterWeights {
+                key: target,
+                weight: &r.weight,
+                norm: &r.norm,
+                eps: r.eps,
+                bias: r.bias.as_deref(),
+                selection_bias: r.selection_bias.as_deref(),
+            };
+            let Some((ids, probs)) = device.router_top_n(t, &rows, &weights, gating, self.top_n)?
+            else {
+                return Ok(None);
+            };
+            let n = self.top_n;
+            for (j, &row) in rows.iter().enumerate() {
+                let ids = &ids[j * n..(j + 1) * n];
+                if let Some(e) = ids.iter().find(|&&e| e < 0 || e as usize >= self.n_expert) {
+                    return Err(format!(
+                        "lookahead: the device ranked expert {e} of {}",
+                        self.n_expert
+                    ));
+                }
+                out[row as usize].push(Lookahead {
+                    distance: d,
+                    ids: ids.iter().map(|&e| e as u16).collect(),
+                    probs: probs[j * n..(j + 1) * n].to_vec(),
+                });
+            }
+        }
+        Ok(Some(out))
     }
 
     /// The guesses of every token of `states` (`n_embd` values each, the
