@@ -17,6 +17,9 @@
 //! - [`Preset::WideHidden`]: the real shape's hidden size (2,048) and
 //!   routing (512 experts, top-10) in 2 MoE layers, so the bytes the
 //!   observer reads per token and layer can be measured at that shape.
+//! - [`Preset::RealWidth`]: that hidden size and routing with the real
+//!   expert width (512) in 4 MoE layers, so a layer's whole forward costs
+//!   what it costs in production (the lookahead's share is measured on it).
 //! - [`Preset::Dense`]: a dense qwen3 model, for the "no MoE layers" error.
 //! - [`Preset::TinyAltQk`]: `tiny-alt`'s architecture with hidden size and
 //!   expert width 256, so llama.cpp's k-quants (blocks of 256) apply to the
@@ -68,6 +71,10 @@ pub enum Preset {
     Wide,
     /// qwen3moe, 2 MoE layers, 512 experts, top-10, hidden 2048, expert width 32, Q8_0.
     WideHidden,
+    /// qwen3moe at Qwen3-Next's routing width: 4 MoE layers, 512 experts,
+    /// top-10, hidden 2048, expert width 512, Q8_0 (about 6.8 GB); for
+    /// costs that scale with the real per-layer work (the lookahead's).
+    RealWidth,
     /// qwen3 without experts: a valid model that the collector must refuse.
     Dense,
     /// glm4moe like `tiny-alt` (1 dense + 2 MoE layers, 16 experts, top-4)
@@ -397,6 +404,11 @@ impl Preset {
                 arch: "qwen2moe",
                 n_shared: 1,
                 ..tiny
+            },
+            Preset::RealWidth => Spec {
+                n_layer: 4,
+                n_ff_exp: 512,
+                ..Preset::WideHidden.spec()
             },
             Preset::MinimaxM2 => Spec {
                 arch: "minimax-m2",

@@ -6,6 +6,7 @@
 use numbers::exact::ExactSum;
 use numbers::partial::Partial;
 use numbers::stats::LayerAccum;
+use runfiles::trace::TraceRow;
 use synth::Preset;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collected, Collector};
@@ -158,11 +159,17 @@ fn check(preset: Preset) {
         decode_tokens,
     );
     assert_partials_match(&host.partial, &device.partial);
-    // Trace rows hold ids, gate weights and probabilities copied unchanged.
+    // Trace rows hold ids, gate weights and probabilities copied unchanged;
+    // the lookahead guesses are ranked on the device in f32, so their
+    // values may differ in the last bits (and a near tie swap).
     assert!(!host.trace.is_empty());
-    assert_eq!(host.trace, device.trace, "trace rows");
+    assert_rows_match(&host.trace, &device.trace, "trace rows");
     assert_eq!(host.decode_trace.is_empty(), decode_tokens == 0);
-    assert_eq!(host.decode_trace, device.decode_trace, "decode trace rows");
+    assert_rows_match(
+        &host.decode_trace,
+        &device.decode_trace,
+        "decode trace rows",
+    );
     assert!(
         device.partial.backends[0].ends_with(", device reductions"),
         "{:?}",
@@ -261,4 +268,33 @@ fn the_run_config_key_puts_local_workers_on_the_device_path() {
             .sum::<u64>()
     );
     fixtures::run_ok("coordinator", &["verify", out.to_str().unwrap()]);
+}
+
+/// Trace rows equal but for the lookahead guesses, which agree within f32
+/// rounding: probabilities within 1e-5 absolute, ids equal except where
+/// their probabilities are that close.
+fn assert_rows_match(host: &[TraceRow], device: &[TraceRow], what: &str) {
+    assert_eq!(host.len(), device.len(), "{what}");
+    let strip = |r: &TraceRow| TraceRow {
+        lookahead: Vec::new(),
+        ..r.clone()
+    };
+    for (h, d) in host.iter().zip(device) {
+        assert_eq!(strip(h), strip(d), "{what}");
+        assert_eq!(h.lookahead.len(), d.lookahead.len(), "{what}");
+        for (a, b) in h.lookahead.iter().zip(&d.lookahead) {
+            assert_eq!(a.distance, b.distance, "{what}");
+            assert_eq!(a.ids.len(), b.ids.len(), "{what}");
+            for i in 0..a.ids.len() {
+                let (pa, pb) = (a.probs[i], b.probs[i]);
+                assert!((pa - pb).abs() <= 1e-5, "{what}: rank {i}: {pa} vs {pb}");
+                if a.ids[i] != b.ids[i] {
+                    // A swap only between near-equal host values.
+                    let j = a.ids.iter().position(|&e| e == b.ids[i]);
+                    let near = j.is_some_and(|j| (a.probs[j] - pa).abs() <= 1e-5);
+                    assert!(near, "{what}: rank {i}: {:?} vs {:?}", a.ids, b.ids);
+                }
+            }
+        }
+    }
 }

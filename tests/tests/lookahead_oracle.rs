@@ -11,11 +11,18 @@
 //! feeds the router: `ffn_norm`, or `post_attention_norm` in glm4moe), the
 //! router matrix, the family's gating, selection bias and groups, in f64,
 //! as this file writes them from llama.cpp's `build_moe_ffn`.
+//!
+//! Each family runs on the host path and on the device path (`--reduce
+//! device`; on CPU the device is the CPU backend), where the guesses are
+//! ranked by a ggml graph on `l_out`'s backend and only the top-N crosses:
+//! the same oracle holds both. Grouped routing is ranked on the host on
+//! both paths (the device graph does not rank groups).
 
 use fixtures::llama_gguf::LlamaGguf;
 use fixtures::oracle::matvec;
 use runfiles::trace::TraceRow;
 use synth::Preset;
+use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collector};
 
 const N_CTX: u32 = 48;
@@ -124,7 +131,7 @@ fn oracle(
     (order, p, key)
 }
 
-fn check(preset: Preset) {
+fn check(preset: Preset, reduce: Reduce) {
     let f = family(preset);
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures::model(dir.path(), preset);
@@ -142,10 +149,40 @@ fn check(preset: Preset) {
         decode_tokens: 3,
         decode_prompt: 8,
         dump_inputs: f.moe_layers.iter().map(|&l| attn(l + 1)).collect(),
+        reduce,
         ..Default::default()
     };
-    let mut collector = Collector::load(&model, opts).unwrap();
+    let mut collector = Collector::load(&model, opts.clone()).unwrap();
     let c = collector.run(&index, &chunks, &mut |_, _| {}).unwrap();
+    if reduce == Reduce::Device {
+        // Which path ranked: the device's f32 softmax or sigmoid rounds
+        // differently from the host's, so some gating value differs in its
+        // last bits; grouped routing is ranked on the host (equal bits).
+        let host = CollectOptions {
+            reduce: Reduce::Host,
+            ..opts
+        };
+        let h = Collector::load(&model, host)
+            .unwrap()
+            .run(&index, &chunks, &mut |_, _| {})
+            .unwrap();
+        let bits = |rows: &[TraceRow]| -> Vec<u32> {
+            rows.iter()
+                .flat_map(|r| {
+                    r.lookahead
+                        .iter()
+                        .flat_map(|a| a.probs.iter().map(|p| p.to_bits()))
+                })
+                .collect()
+        };
+        let (dev, hst) = (bits(&c.trace), bits(&h.trace));
+        assert_eq!(dev.len(), hst.len(), "{preset:?}: guesses per path");
+        let differ = dev.iter().zip(&hst).filter(|(a, b)| a != b).count();
+        match f.groups {
+            Some(_) => assert_eq!(differ, 0, "{preset:?}: grouped guesses are the host's"),
+            None => assert!(differ > 0, "{preset:?}: the device path did not rank"),
+        }
+    }
     let shape = collector.shape().clone();
     assert_eq!(shape.moe_layers, f.moe_layers, "{preset:?}");
     let n_expert = shape.n_expert as usize;
@@ -247,15 +284,30 @@ fn check_decode(preset: Preset, rows: &[TraceRow], last: u32) {
 
 #[test]
 fn softmax_qwen3moe_lookahead_matches_the_oracle() {
-    check(Preset::Tiny);
+    check(Preset::Tiny, Reduce::Host);
+}
+
+#[test]
+fn softmax_qwen3moe_device_lookahead_matches_the_oracle() {
+    check(Preset::Tiny, Reduce::Device);
 }
 
 #[test]
 fn sigmoid_with_bias_glm4moe_lookahead_matches_the_oracle() {
-    check(Preset::TinyAlt);
+    check(Preset::TinyAlt, Reduce::Host);
+}
+
+#[test]
+fn sigmoid_with_bias_glm4moe_device_lookahead_matches_the_oracle() {
+    check(Preset::TinyAlt, Reduce::Device);
 }
 
 #[test]
 fn grouped_deepseek2_lookahead_matches_the_oracle() {
-    check(Preset::Deepseek2);
+    check(Preset::Deepseek2, Reduce::Host);
+}
+
+#[test]
+fn grouped_deepseek2_device_run_lookahead_matches_the_oracle() {
+    check(Preset::Deepseek2, Reduce::Device);
 }

@@ -18,8 +18,9 @@
 //!   importance matrix, written create-only and hashed.
 //! - [`offload`]: where a model's weights live (`--ngl`, `--cpu-moe`).
 //! - [`respond`]: the response phase's batched generation.
-//! - [`llama`]: the only unsafe code, wrapping llama.cpp (every other
-//!   module forbids it).
+//! - [`llama`]: the only unsafe code, wrapping llama.cpp, and the run-time
+//!   CPU-feature dispatch of a host kernel ([`llama::simd`]); every other
+//!   module forbids it.
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 

@@ -52,68 +52,121 @@ pub fn selection_scores<'a>(probs: &'a [f32], bias: Option<&[f32]>) -> std::borr
 /// first `k` are its selection), then the others; each part by score
 /// descending, ties by id.
 pub fn ranked(scores: &[f32], groups: Option<ExpertGroups>, n: usize) -> Vec<u16> {
-    let Some(g) = groups.filter(|g| g.n_group > 1) else {
-        return top_n_ids(scores, n);
-    };
-    let per_group = scores.len() / g.n_group as usize;
-    if per_group == 0 {
-        return top_n_ids(scores, n);
-    }
-    let mut group_score: Vec<(f32, usize)> = scores
-        .chunks(per_group)
-        .enumerate()
-        .map(|(i, s)| {
-            let best = top_n_ids(s, 2);
-            (best.iter().map(|&e| s[e as usize]).sum(), i)
-        })
-        .collect();
-    group_score.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut chosen = vec![false; group_score.len()];
-    for &(_, i) in group_score.iter().take(g.n_group_used as usize) {
-        chosen[i] = true;
-    }
-    // Experts outside the chosen groups rank after every chosen one.
-    let keyed: Vec<(bool, f32)> = scores
-        .iter()
-        .enumerate()
-        .map(|(e, &s)| (chosen.get(e / per_group).copied().unwrap_or(false), s))
-        .collect();
-    let by_key = |a: &u16, b: &u16| {
-        let (ka, kb) = (keyed[*a as usize], keyed[*b as usize]);
-        kb.0.cmp(&ka.0).then(kb.1.total_cmp(&ka.1)).then(a.cmp(b))
-    };
-    select_sorted(scores.len(), n, by_key)
+    Ranker::default().ranked(scores, groups, n)
 }
 
-/// The ids of the `n` largest scores, descending, ties by id ascending: a
-/// partial selection, then a sort of those `n` only (a full sort of 512
-/// experts per (token, layer) was a tenth of a traced run).
-pub fn top_n_ids(probs: &[f32], n: usize) -> Vec<u16> {
-    let by_prob = |a: &u16, b: &u16| {
-        probs[*b as usize]
-            .total_cmp(&probs[*a as usize])
-            .then(a.cmp(b))
-    };
-    select_sorted(probs.len(), n, by_prob)
+/// [`ranked`] with its working memory kept between calls, so ranking the
+/// tokens of a micro-batch allocates only the returned ids.
+///
+/// Each expert becomes one integer key whose ascending order is the
+/// ranking: bit 48 set outside the chosen groups, bits 16..48 the score's
+/// order bits inverted (descending, as `f32::total_cmp`), bits 0..16 the
+/// id. A partial selection of the keys, then a sort of the first `n` (a
+/// full sort of 512 experts per (token, layer) was a tenth of a traced run).
+#[derive(Default)]
+pub struct Ranker {
+    keys: Vec<u64>,
+    chosen: Vec<bool>,
+    group_score: Vec<(f32, usize)>,
 }
 
-/// The first `n` of ids `0..len` in the order `cmp`, sorted.
-fn select_sorted(len: usize, n: usize, cmp: impl Fn(&u16, &u16) -> std::cmp::Ordering) -> Vec<u16> {
-    if n == 0 {
-        return Vec::new();
+impl Ranker {
+    /// See [`ranked`].
+    pub fn ranked(&mut self, scores: &[f32], groups: Option<ExpertGroups>, n: usize) -> Vec<u16> {
+        let n = n.min(scores.len());
+        if n == 0 {
+            return Vec::new();
+        }
+        let per_group = match groups.filter(|g| g.n_group > 1) {
+            Some(g) if scores.len() / g.n_group as usize > 0 => {
+                let per_group = scores.len() / g.n_group as usize;
+                self.choose_groups(scores, per_group, g.n_group_used as usize);
+                per_group
+            }
+            _ => 0,
+        };
+        self.keys.clear();
+        self.keys.extend(scores.iter().enumerate().map(|(e, &s)| {
+            // Experts outside the chosen groups rank after every chosen one.
+            let outside =
+                per_group > 0 && !self.chosen.get(e / per_group).copied().unwrap_or(false);
+            (u64::from(outside) << 48) | (u64::from(!order_bits(s)) << 16) | e as u64
+        }));
+        if n < self.keys.len() {
+            self.keys.select_nth_unstable(n - 1);
+        }
+        let first = &mut self.keys[..n];
+        first.sort_unstable();
+        first.iter().map(|&k| k as u16).collect()
     }
-    let mut order: Vec<u16> = (0..len as u16).collect();
-    if n < order.len() {
-        order.select_nth_unstable_by(n - 1, &cmp);
-        order.truncate(n);
+
+    /// Marks in `chosen` the `used` groups of `per_group` experts whose two
+    /// best scores add up highest (ties: the lower group).
+    fn choose_groups(&mut self, scores: &[f32], per_group: usize, used: usize) {
+        self.group_score.clear();
+        for (i, s) in scores.chunks(per_group).enumerate() {
+            let (mut best, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for &v in s {
+                if v.total_cmp(&best).is_gt() {
+                    second = best;
+                    best = v;
+                } else if v.total_cmp(&second).is_gt() {
+                    second = v;
+                }
+            }
+            // Summed as the two best of the group, in order.
+            let sum: f32 = [best, second].iter().take(s.len().min(2)).sum();
+            self.group_score.push((sum, i));
+        }
+        self.group_score
+            .sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        self.chosen.clear();
+        self.chosen.resize(self.group_score.len(), false);
+        for &(_, i) in self.group_score.iter().take(used) {
+            self.chosen[i] = true;
+        }
     }
-    order.sort_unstable_by(&cmp);
-    order
+}
+
+/// `x`'s bits mapped so that unsigned order is `f32::total_cmp` order.
+#[inline]
+fn order_bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | (1 << 31)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The packed keys order like `f32::total_cmp`, signs and zeros included.
+    #[test]
+    fn order_bits_follow_total_cmp() {
+        let xs = [
+            f32::NEG_INFINITY,
+            -2.5,
+            -1e-30,
+            -0.0,
+            0.0,
+            1e-30,
+            0.5,
+            3.0,
+            f32::INFINITY,
+        ];
+        for a in xs {
+            for b in xs {
+                assert_eq!(
+                    order_bits(a).cmp(&order_bits(b)),
+                    a.total_cmp(&b),
+                    "{a} vs {b}"
+                );
+            }
+        }
+    }
 
     /// The partial selection must equal a full sort's prefix, ties included.
     #[test]
@@ -138,7 +191,7 @@ mod tests {
             });
             for n in [0, 1, len / 2, len, len + 3] {
                 let want: Vec<u16> = full.iter().copied().take(n).collect();
-                assert_eq!(top_n_ids(&probs, n), want, "probs {probs:?}, n {n}");
+                assert_eq!(ranked(&probs, None, n), want, "probs {probs:?}, n {n}");
             }
         }
     }

@@ -12,9 +12,11 @@
 //! The router weights are read from the GGUF once, at load, and converted
 //! to f32 (`n_expert x n_embd` floats per MoE layer: 4 MiB at 512 x 2,048).
 
-use super::gating::{activate, ranked, selection_scores};
+use super::device::DeviceReads;
+use super::gating::{activate, Ranker};
 use super::probe::RouterInput;
-use crate::llama::to_f32;
+use crate::llama::simd::{block_product, BLOCK};
+use crate::llama::{to_f32, RouterGating, RouterWeights, TensorRef};
 use numbers::routing::ExpertGroups;
 use numbers::stats::MoeShape;
 use numbers::Gating;
@@ -47,10 +49,6 @@ pub struct Routers {
     groups: Option<ExpertGroups>,
     top_n: usize,
 }
-
-/// Tokens whose dot products are computed together: one pass over a
-/// router row serves this many tokens (and the inner loop is SIMD-wide).
-const BLOCK: usize = 8;
 
 impl Routers {
     /// Reads the routers of the MoE layers some traced layer guesses
@@ -158,6 +156,70 @@ impl Routers {
         self.n_embd
     }
 
+    /// [`Routers::guesses`] computed on the backend holding `l_out` (the
+    /// device path): per distance, the norm, router product, gating and
+    /// ranking run there and only the top-N ids and gating values cross.
+    /// `None` where the host must compute them (grouped routing, which the
+    /// device graph does not rank, or a backend that cannot run it).
+    pub fn guesses_on_device(
+        &self,
+        layer: u32,
+        t: &TensorRef<'_>,
+        wanted: &[bool],
+        device: &mut DeviceReads,
+    ) -> Result<Option<Vec<Vec<Lookahead>>>, String> {
+        if self.groups.is_some_and(|g| g.n_group > 1) {
+            return Ok(None);
+        }
+        let gating = match self.gating {
+            Gating::Softmax | Gating::SoftmaxWeight => RouterGating::Softmax,
+            Gating::Sigmoid => RouterGating::Sigmoid,
+            Gating::SqrtSoftplus => RouterGating::SqrtSoftplus,
+        };
+        let rows: Vec<i32> = (0..wanted.len())
+            .filter(|&t| wanted[t])
+            .map(|t| t as i32)
+            .collect();
+        let mut out: Vec<Vec<Lookahead>> = vec![Vec::new(); wanted.len()];
+        if rows.is_empty() {
+            return Ok(Some(out));
+        }
+        for &d in &self.distances {
+            let target = layer + u32::from(d);
+            let Some(r) = self.layers.get(&target) else {
+                continue;
+            };
+            let weights = RouterWeights {
+                key: target,
+                weight: &r.weight,
+                norm: &r.norm,
+                eps: r.eps,
+                bias: r.bias.as_deref(),
+                selection_bias: r.selection_bias.as_deref(),
+            };
+            let Some((ids, probs)) = device.router_top_n(t, &rows, &weights, gating, self.top_n)?
+            else {
+                return Ok(None);
+            };
+            let n = self.top_n;
+            for (j, &row) in rows.iter().enumerate() {
+                let ids = &ids[j * n..(j + 1) * n];
+                if let Some(e) = ids.iter().find(|&&e| e < 0 || e as usize >= self.n_expert) {
+                    return Err(format!(
+                        "lookahead: the device ranked expert {e} of {}",
+                        self.n_expert
+                    ));
+                }
+                out[row as usize].push(Lookahead {
+                    distance: d,
+                    ids: ids.iter().map(|&e| e as u16).collect(),
+                    probs: probs[j * n..(j + 1) * n].to_vec(),
+                });
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// The guesses of every token of `states` (`n_embd` values each, the
     /// residual stream after layer `layer`) whose `wanted` flag is set; the
     /// others get none. One list per token, ascending by distance; a
@@ -166,33 +228,54 @@ impl Routers {
         let n = self.n_embd;
         let mut out: Vec<Vec<Lookahead>> = vec![Vec::new(); wanted.len()];
         let tokens: Vec<usize> = (0..wanted.len()).filter(|&t| wanted[t]).collect();
+        // Mean squares of the states, shared by every distance's norm.
+        let mean_sq: Vec<f64> = tokens
+            .iter()
+            .map(|&t| {
+                let x = &states[t * n..(t + 1) * n];
+                x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / n as f64
+            })
+            .collect();
         let mut logits = vec![0f32; BLOCK * self.n_expert];
         let mut xt = vec![0f32; n * BLOCK];
+        let mut row = vec![0f32; self.n_expert];
+        let mut scores = vec![0f32; self.n_expert];
+        let mut ranker = Ranker::default();
         for &d in &self.distances {
             let Some(r) = self.layers.get(&(layer + u32::from(d))) else {
                 continue;
             };
-            for block in tokens.chunks(BLOCK) {
+            for (block, ms) in tokens.chunks(BLOCK).zip(mean_sq.chunks(BLOCK)) {
                 // The block's normed states, interleaved: xt[i * BLOCK + j].
                 xt.fill(0.0);
-                for (j, &t) in block.iter().enumerate() {
+                for (j, (&t, &ms)) in block.iter().zip(ms).enumerate() {
                     let x = &states[t * n..(t + 1) * n];
-                    let ms = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / n as f64;
                     let scale = (1.0 / (ms + f64::from(r.eps)).sqrt()) as f32;
                     for (i, (&v, &w)) in x.iter().zip(&r.norm).enumerate() {
                         xt[i * BLOCK + j] = v * scale * w;
                     }
                 }
-                matmul_block(&r.weight, &xt, n, &mut logits);
+                block_product(&r.weight, &xt, n, &mut logits);
                 for (j, &t) in block.iter().enumerate() {
-                    let mut row: Vec<f32> =
-                        (0..self.n_expert).map(|e| logits[e * BLOCK + j]).collect();
+                    for (v, l) in row.iter_mut().zip(logits.chunks_exact(BLOCK)) {
+                        *v = l[j];
+                    }
                     if let Some(b) = &r.bias {
                         row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
                     }
                     activate(self.gating, &mut row);
-                    let scores = selection_scores(&row, r.selection_bias.as_deref());
-                    let ids = ranked(&scores, self.groups, self.top_n);
+                    // The selection scores: probabilities plus the selection
+                    // bias (added in f32, as ggml does).
+                    let ranked_on = match &r.selection_bias {
+                        Some(b) => {
+                            for ((s, &p), &b) in scores.iter_mut().zip(&row).zip(b) {
+                                *s = p + b;
+                            }
+                            &scores
+                        }
+                        None => &row,
+                    };
+                    let ids = ranker.ranked(ranked_on, self.groups, self.top_n);
                     let probs = ids.iter().map(|&e| row[e as usize]).collect();
                     out[t].push(Lookahead {
                         distance: d,
@@ -203,21 +286,6 @@ impl Routers {
             }
         }
         out
-    }
-}
-
-/// `logits[e * BLOCK + j] = sum_i w[e][i] * xt[i * BLOCK + j]` for every
-/// router row `e`: each row read once for the block's tokens, the inner
-/// loop over the block's lanes.
-fn matmul_block(weight: &[f32], xt: &[f32], n: usize, logits: &mut [f32]) {
-    for (row, out) in weight.chunks_exact(n).zip(logits.chunks_exact_mut(BLOCK)) {
-        let mut acc = [0f32; BLOCK];
-        for (&w, x) in row.iter().zip(xt.chunks_exact(BLOCK)) {
-            for j in 0..BLOCK {
-                acc[j] += w * x[j];
-            }
-        }
-        out.copy_from_slice(&acc);
     }
 }
 
@@ -250,33 +318,5 @@ impl TensorReader {
         let values = to_f32(info.ggml_type, &bytes, info.n_elements() as usize)
             .map_err(|e| format!("lookahead: tensor {name}: {e}"))?;
         Ok((values, info.dims))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_blocked_product_equals_plain_dot_products() {
-        let (n, n_expert) = (5, 3);
-        let weight: Vec<f32> = (0..n * n_expert).map(|i| i as f32 * 0.5 - 3.0).collect();
-        let states: Vec<Vec<f32>> = (0..BLOCK)
-            .map(|j| (0..n).map(|i| (i * j) as f32 - 1.0).collect())
-            .collect();
-        let mut xt = vec![0f32; n * BLOCK];
-        for (j, x) in states.iter().enumerate() {
-            for i in 0..n {
-                xt[i * BLOCK + j] = x[i];
-            }
-        }
-        let mut logits = vec![0f32; BLOCK * n_expert];
-        matmul_block(&weight, &xt, n, &mut logits);
-        for e in 0..n_expert {
-            for (j, x) in states.iter().enumerate() {
-                let want: f32 = (0..n).map(|i| weight[e * n + i] * x[i]).sum();
-                assert_eq!(logits[e * BLOCK + j], want, "expert {e} token {j}");
-            }
-        }
     }
 }

@@ -529,12 +529,18 @@ impl Observer {
                 "l_out-{layer} has shape {ne:?}, expected [{n}, {n_tokens}] f32"
             ));
         }
-        let states = read_f32_2d(t, n, n_tokens);
         let wanted: Vec<bool> = u
             .labels
             .iter()
             .map(|l| u.trace_only.is_none_or(|s| s == l.0))
             .collect();
+        if let Some(device) = self.device.as_mut() {
+            if let Some(g) = routers.guesses_on_device(layer, t, &wanted, device)? {
+                self.ahead = Some((layer, g));
+                return Ok(());
+            }
+        }
+        let states = read_f32_2d(t, n, n_tokens);
         self.ahead = Some((layer, routers.guesses(layer, &states, &wanted)));
         Ok(())
     }

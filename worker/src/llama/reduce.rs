@@ -59,6 +59,39 @@ pub struct Reducer {
     /// `n x n` identity matrices by (device, `n`): one-hot rows for expert ids.
     identities: BTreeMap<(usize, usize), (Owned, *mut sys::ggml_tensor)>,
     accumulators: BTreeMap<String, Accumulator>,
+    /// Routers copied to a device for [`Reducer::router_top_n`], by
+    /// (device, the caller's key): weight, norm, bias, selection bias.
+    routers: BTreeMap<(usize, u32), DeviceRouter>,
+}
+
+/// A router's tensors on one device and the memory holding them.
+type DeviceRouter = (Owned, Vec<*mut sys::ggml_tensor>);
+
+/// A router in f32 on the host, for [`Reducer::router_top_n`].
+pub struct RouterWeights<'a> {
+    /// Names this router among the caller's (its copy on a device is kept).
+    pub key: u32,
+    /// `n_expert` rows of `n_embd` weights.
+    pub weight: &'a [f32],
+    /// The router input's RMS-norm weight (`n_embd`) and epsilon.
+    pub norm: &'a [f32],
+    /// The norm's epsilon.
+    pub eps: f32,
+    /// The router's own bias on its logits (`n_expert`).
+    pub bias: Option<&'a [f32]>,
+    /// The selection bias added to the gating values before ranking.
+    pub selection_bias: Option<&'a [f32]>,
+}
+
+/// The gating function a device ranking applies to router logits.
+#[derive(Clone, Copy, Debug)]
+pub enum RouterGating {
+    /// Softmax over all experts.
+    Softmax,
+    /// A sigmoid per expert.
+    Sigmoid,
+    /// `sqrt(softplus(logit))` per expert.
+    SqrtSoftplus,
 }
 
 // SAFETY: the reducer's ggml objects are used by one thread at a time (every
@@ -71,6 +104,7 @@ impl Reducer {
         Reducer {
             devices: Devices::new(CpuThreads::One),
             identities: BTreeMap::new(),
+            routers: BTreeMap::new(),
             accumulators: BTreeMap::new(),
         }
     }
@@ -357,6 +391,105 @@ impl Reducer {
             });
         }
         out
+    }
+
+    /// Router `r`'s top `top_n` experts and their gating values for the
+    /// tokens `rows` of the residual stream `t` (`[n_embd, n_tokens]` f32),
+    /// computed on `t`'s backend: RMS norm, router product, bias, gating,
+    /// selection bias, a descending argsort; only the ids `[top_n, rows]`
+    /// and values `[top_n, rows]` are copied to the host.
+    pub fn router_top_n(
+        &mut self,
+        t: &TensorRef<'_>,
+        rows: &[i32],
+        r: &RouterWeights<'_>,
+        gating: RouterGating,
+        top_n: usize,
+    ) -> Result<(Vec<i32>, Vec<f32>), ReduceError> {
+        expect_type(t, sys::GGML_TYPE_F32)?;
+        let (n_embd, n_tokens) = (t.ne()[0], t.ne()[1]);
+        let n_expert = r.weight.len() / n_embd.max(1);
+        if r.weight.len() != n_expert * n_embd || r.norm.len() != n_embd || top_n == 0 {
+            return Err(ReduceError::Shape(format!(
+                "{}: router of {} weights and norm of {} for [{n_embd}, {n_tokens}]",
+                t.name(),
+                r.weight.len(),
+                r.norm.len()
+            )));
+        }
+        if rows.iter().any(|&i| i < 0 || i as usize >= n_tokens) {
+            return Err(ReduceError::Shape(format!(
+                "{}: a row past {n_tokens}",
+                t.name()
+            )));
+        }
+        let top_n = top_n.min(n_expert);
+        let d = self.devices.of(t)?;
+        let w = self.router_on(d, r, n_embd, n_expert)?;
+        let mut g = Graph::new()?;
+        let idx = g.input_i32([rows.len() as i64, 1, 1], rows);
+        let x = g.observed(t);
+        // SAFETY: nodes of our graph context over tensors that live until
+        // the computation below ends (the observed tensor during the
+        // callback, the router copies in `self.routers`).
+        let (ids, probs) = unsafe {
+            let ctx = g.ctx();
+            let xs = sys::ggml_get_rows(ctx, x, idx);
+            let xn = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, xs, r.eps), w[1]);
+            let mut logits = sys::ggml_mul_mat(ctx, w[0], xn);
+            if r.bias.is_some() {
+                logits = sys::ggml_add(ctx, logits, w[2]);
+            }
+            let probs = match gating {
+                RouterGating::Softmax => sys::ggml_soft_max(ctx, logits),
+                RouterGating::Sigmoid => sys::ggml_sigmoid(ctx, logits),
+                RouterGating::SqrtSoftplus => sys::ggml_sqrt(ctx, sys::ggml_softplus(ctx, logits)),
+            };
+            let sel = match r.selection_bias {
+                Some(_) => sys::ggml_add(ctx, probs, w[3]),
+                None => probs,
+            };
+            let ids = sys::ggml_cont(ctx, sys::ggml_argsort_top_k(ctx, sel, top_n as i32));
+            let p3 = sys::ggml_reshape_3d(ctx, probs, 1, n_expert as i64, rows.len() as i64);
+            (ids, sys::ggml_get_rows(ctx, p3, ids))
+        };
+        self.devices.compute(d, &g, &[ids, probs])?;
+        Ok((self.devices.read_i32(ids), self.devices.read_f32(probs)))
+    }
+
+    /// Router `r`'s tensors on device `d` (copied on first use): weight
+    /// `[n_embd, n_expert]`, norm, bias and selection bias (zeros if none).
+    fn router_on(
+        &mut self,
+        d: usize,
+        r: &RouterWeights<'_>,
+        n_embd: usize,
+        n_expert: usize,
+    ) -> Result<Vec<*mut sys::ggml_tensor>, ReduceError> {
+        if let Some((_, t)) = self.routers.get(&(d, r.key)) {
+            return Ok(t.clone());
+        }
+        let f32s = sys::GGML_TYPE_F32;
+        let shapes = [
+            (f32s, [n_embd as i64, n_expert as i64]),
+            (f32s, [n_embd as i64, 1]),
+            (f32s, [n_expert as i64, 1]),
+            (f32s, [n_expert as i64, 1]),
+        ];
+        let (mem, tensors) = Owned::alloc(self.devices.backend(d), &shapes)?;
+        let zeros = vec![0f32; n_expert];
+        let values = [
+            r.weight,
+            r.norm,
+            r.bias.unwrap_or(&zeros),
+            r.selection_bias.unwrap_or(&zeros),
+        ];
+        for (t, v) in tensors.iter().zip(values) {
+            // SAFETY: each tensor was just allocated with `v.len()` f32s.
+            unsafe { sys::ggml_backend_tensor_set(*t, v.as_ptr().cast(), 0, v.len() * 4) };
+        }
+        self.routers.insert((d, r.key), (mem, tensors.clone()));
+        Ok(tensors)
     }
 }
 

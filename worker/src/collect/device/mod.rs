@@ -16,7 +16,9 @@ mod options;
 pub use options::Reduce;
 
 use super::scratch::ChunkScratch;
-use crate::llama::{ChunkSquares, ExpertIds, Op, ReduceError, Reducer, TensorRef};
+use crate::llama::{
+    ChunkSquares, ExpertIds, Op, ReduceError, Reducer, RouterGating, RouterWeights, TensorRef,
+};
 use crate::offload::Offload;
 use numbers::Split;
 use std::collections::BTreeMap;
@@ -37,6 +39,10 @@ pub fn backend_label(on_device: bool, offload: &Offload) -> String {
 /// Per (token, slot) of `ffn_moe_down`: the output's L2 norm and its
 /// largest element.
 pub type NormsAndMaxima = (Vec<f32>, Vec<f32>);
+
+/// Per token, a router's top-N expert ids and their gating values
+/// (`[top_n, tokens]` each).
+pub type RankedTopN = (Vec<i32>, Vec<f32>);
 
 /// Router-probability sums of one layer and micro-batch per token group.
 pub type GroupSums = Vec<((Split, u16), Vec<f32>)>;
@@ -211,6 +217,20 @@ impl DeviceReads {
             self.reduced.push((key, name.to_string()));
         }
         Ok(done)
+    }
+
+    /// A later layer's router top-N for the tokens `rows` of the residual
+    /// stream `t` (lookahead guesses), ranked on the device: only the ids
+    /// and gating values cross. `None`: the host must compute them.
+    pub fn router_top_n(
+        &mut self,
+        t: &TensorRef<'_>,
+        rows: &[i32],
+        r: &RouterWeights<'_>,
+        gating: RouterGating,
+        top_n: usize,
+    ) -> Result<Option<RankedTopN>, String> {
+        fallback(t, self.reducer.router_top_n(t, rows, r, gating, top_n))
     }
 
     /// Moves the chunk's device importance sums into `scratch`.
