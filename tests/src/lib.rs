@@ -370,6 +370,20 @@ pub fn command(bin_name: &str) -> std::process::Command {
     cmd
 }
 
+/// The `join` command of `connect.json` as a user runs it: the worker
+/// binary with the command's arguments (its first word names the binary),
+/// then `--secret-file`, `--name`, one thread and `--model`.
+pub fn join_command(join: &str, secret: &Path, name: &str, model: &Path) -> std::process::Command {
+    let args: Vec<&str> = join.split_whitespace().collect();
+    let mut cmd = command("worker");
+    cmd.args(&args[1..])
+        .arg("--secret-file")
+        .arg(secret)
+        .args(["--name", name, "--threads", "1", "--model"])
+        .arg(model);
+    cmd
+}
+
 /// Path of a binary that Cargo built for this package's tests from the
 /// current sources (`worker`, `coordinator`), never a stale build by path.
 /// Cargo sets `CARGO_BIN_EXE_<name>` when it builds and runs integration tests.

@@ -55,15 +55,9 @@ fn coordinator(config: &Path, run: &Path, extra: &[&str]) -> Proc {
 /// The `join` command of `connect.json` as a user runs it: the worker
 /// binary with its arguments, then `--secret-file`, `--name` and `--model`.
 fn join_from(join: &str, secret: &Path, name: &str, model: &Path) -> Proc {
-    let args: Vec<&str> = join.split_whitespace().collect();
-    assert_eq!(args[..2], ["worker", "join"], "{join}");
-    let mut cmd = fixtures::command("worker");
-    cmd.args(&args[1..])
-        .arg("--secret-file")
-        .arg(secret)
-        .args(["--name", name, "--threads", "1", "--model"])
-        .arg(model);
-    Proc::spawn(cmd)
+    let words: Vec<&str> = join.split_whitespace().take(2).collect();
+    assert_eq!(words, ["worker", "join"], "{join}");
+    Proc::spawn(fixtures::join_command(join, secret, name, model))
 }
 
 /// What must not depend on who computed it: the collection's results, both

@@ -61,15 +61,8 @@ fn join(connect: &Path, secret: &Path, name: &str, model: &Path) -> Proc {
             .unwrap_or_default();
         !info.is_null()
     });
-    let join = info["join"].as_str().unwrap().to_string();
-    let args: Vec<&str> = join.split_whitespace().collect();
-    let mut cmd = fixtures::command("worker");
-    cmd.args(&args[1..])
-        .arg("--secret-file")
-        .arg(secret)
-        .args(["--name", name, "--threads", "1", "--model"])
-        .arg(model);
-    Proc::spawn(cmd)
+    let join = info["join"].as_str().unwrap();
+    Proc::spawn(fixtures::join_command(join, secret, name, model))
 }
 
 /// Every object under `corpus/responses/` and `corpus/chunks.parquet`, by name.
