@@ -3,7 +3,7 @@
 #![deny(missing_docs)]
 
 use anyhow::Context;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The MoE blocks (those with a router, `blk.N.ffn_gate_inp.weight`) and
 /// the expert count of `model` (a GGUF file or the first of a split one).
@@ -28,6 +28,14 @@ pub fn moe_layers(model: &Path) -> anyhow::Result<(Vec<u32>, u32)> {
         })
         .collect();
     Ok((layers, n_expert))
+}
+
+/// Where a benchmark writes its outputs: `--dir`, or the model's folder.
+pub fn scratch_dir(dir: Option<&Path>, model: &Path) -> PathBuf {
+    dir.map_or_else(
+        || model.parent().unwrap_or(Path::new(".")).to_path_buf(),
+        Path::to_path_buf,
+    )
 }
 
 /// The middle value of `v` (the upper one of an even count).

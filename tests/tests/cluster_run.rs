@@ -19,13 +19,7 @@ const DEADLINE: Duration = Duration::from_secs(600);
 /// naming a fresh secret file and `connect.json` in `dir`; returns (config,
 /// model, secret file).
 fn quickstart_cluster(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
-    std::os::unix::fs::symlink(configs.join("sample_corpus"), dir.join("sample_corpus")).unwrap();
-    std::fs::create_dir(dir.join("models")).unwrap();
-    let model = dir.join("models/quickstart-moe.gguf");
-    std::os::unix::fs::symlink(configs.join("models/quickstart-moe.gguf"), &model).unwrap();
-    let secret = dir.join("join.secret");
-    std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();
+    let (configs, model, secret) = fixtures::cluster_dir(dir);
     let quickstart = std::fs::read_to_string(configs.join("quickstart.toml")).unwrap();
     assert!(
         quickstart.contains("\n[eval]\n"),
@@ -79,13 +73,7 @@ fn artifacts(run: &Path) -> Vec<(String, Vec<u8>)> {
         .collect();
     shipped.sort();
     names.extend(shipped);
-    names
-        .into_iter()
-        .map(|n| {
-            let bytes = std::fs::read(run.join(&n)).unwrap_or_else(|e| panic!("{n}: {e}"));
-            (n, bytes)
-        })
-        .collect()
+    fixtures::files_of(run, names)
 }
 
 #[test]

@@ -16,7 +16,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use moe_census_bench::{median, moe_layers};
+use moe_census_bench::{median, moe_layers, scratch_dir};
 use runfiles::keepmap::KeepMap;
 use runfiles::mergeplan::{Centre, Member, MergePlan};
 use runfiles::procstat::peak_rss_kib;
@@ -98,10 +98,7 @@ fn main() -> anyhow::Result<()> {
         println!("{}", peak_rss_kib().unwrap_or(0));
         return Ok(());
     }
-    let dir = args
-        .dir
-        .clone()
-        .unwrap_or_else(|| args.model.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let dir = scratch_dir(args.dir.as_deref(), &args.model);
     let size = std::fs::metadata(&args.model)?.len();
     std::io::copy(&mut std::fs::File::open(&args.model)?, &mut std::io::sink())?;
     let out = dir.join("bench-merge-out.gguf");

@@ -14,7 +14,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use moe_census_bench::{median, moe_layers};
+use moe_census_bench::{median, moe_layers, scratch_dir};
 use runfiles::keepmap::KeepMap;
 use runfiles::procstat::peak_rss_kib;
 use slicer::slice_model;
@@ -108,10 +108,7 @@ fn main() -> anyhow::Result<()> {
         println!("{}", peak_rss_kib().unwrap_or(0));
         return Ok(());
     }
-    let dir = args
-        .dir
-        .clone()
-        .unwrap_or_else(|| args.model.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let dir = scratch_dir(args.dir.as_deref(), &args.model);
     let files = gguf::split::model_files(&args.model)?;
     let mut size = 0;
     for file in &files {
