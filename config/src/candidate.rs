@@ -40,12 +40,7 @@ pub enum CandidateError {
 /// A candidate name usable as a file name: letters, digits, `_`, `-`, `.`,
 /// not starting with a dot.
 fn check_name(name: &str) -> Result<(), CandidateError> {
-    let ok = !name.is_empty()
-        && !name.starts_with('.')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if !ok {
+    if !numbers::keep_name::is_valid(name) {
         return Err(CandidateError::BadName { name: name.into() });
     }
     Ok(())

@@ -43,6 +43,20 @@ impl KeepMapName {
     }
 }
 
+/// What a keep map's (and a candidate's) name must be; errors quote it.
+pub const NAME_RULE: &str =
+    "must be a name of letters, digits, '_', '-' and '.', not starting with '.'";
+
+/// Whether `name` may name a keep map: one object under `keep_maps/`
+/// ([`NAME_RULE`]), whether `<method>_K<k>` or a hand-made map's file stem.
+pub fn is_valid(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
 /// `(method, size)` of `<method>_K<size>`, the size as written (a number,
 /// or a share such as `50%`), at the last `_K`; `None` without one.
 pub fn split(name: &str) -> Option<(&str, &str)> {
@@ -75,5 +89,15 @@ mod tests {
         assert_eq!(KeepMapName::parse("base"), None);
         assert_eq!(method_of("reap_hybrid_K16"), "reap_hybrid");
         assert_eq!(method_of("base"), "base");
+    }
+
+    #[test]
+    fn only_plain_names_are_valid() {
+        for good in ["frequency_K8", "my-map.v2", "a"] {
+            assert!(is_valid(good), "{good}");
+        }
+        for bad in ["", ".hidden", "a/b", "../x", "a b", "x\\y", "k%"] {
+            assert!(!is_valid(bad), "{bad}");
+        }
     }
 }

@@ -294,15 +294,10 @@ pub enum ReplayError {
         #[source]
         source: std::io::Error,
     },
-    /// A keep map is not valid keep map JSON.
-    #[error("parsing keep map {keep_map}")]
-    KeepMapParse {
-        /// The file or object URL.
-        keep_map: String,
-        /// The JSON error.
-        #[source]
-        source: serde_json::Error,
-    },
+    /// A run file (a keep map) could not be read or is not valid; the
+    /// error names it.
+    #[error(transparent)]
+    File(#[from] runfiles::file_error::FileError),
     /// A keep map keeps an expert id at or above the number of experts.
     #[error("keep map {keep_map}: layer {layer} keeps expert {expert}, but n_expert = {n_expert}")]
     KeepMapExpert {

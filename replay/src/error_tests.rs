@@ -153,7 +153,20 @@ fn keep_maps_at_fault_are_named() {
     let bad_key = keep_map(run, "bad_key.json", r#"{"x": [0]}"#);
     assert_eq!(
         replay_error(run, &["--keep-map", &bad_key]),
-        format!("parsing keep map {bad_key}: layer \"x\" is not a block index at line 1 column 90")
+        format!(
+            "{bad_key} is not a valid keep map: not a keep map \
+             (layer \"x\" is not a block index at line 1 column 90); \
+             expected {{\"layers\": {{\"0\": [expert ids], ...}}}}"
+        )
+    );
+    // The keep map's own rules hold in replay as everywhere (KeepMap::decode).
+    let unsorted = keep_map(run, "unsorted.json", r#"{"0": [2, 1]}"#);
+    assert_eq!(
+        replay_error(run, &["--keep-map", &unsorted]),
+        format!(
+            "{unsorted} is not a valid keep map: \
+             layer 0: expert ids [2, 1] are not sorted and unique"
+        )
     );
     let bad_expert = keep_map(run, "bad_expert.json", r#"{"0": [9]}"#);
     assert_eq!(
@@ -175,8 +188,9 @@ fn keep_maps_at_fault_are_named() {
     assert_eq!(
         replay_error(run, &["--keep-map", broken]),
         format!(
-            "parsing keep map {broken}: invalid length 4, \
-             expected struct KeepMap with 5 elements at line 1 column 2"
+            "{broken} is not a valid keep map: not a keep map (invalid length 4, \
+             expected struct KeepMap with 5 elements at line 1 column 2); \
+             expected {{\"layers\": {{\"0\": [expert ids], ...}}}}"
         )
     );
 }

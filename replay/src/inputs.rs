@@ -7,7 +7,7 @@ use crate::ReplayError;
 use numbers::routing::Routing;
 use numbers::Gating;
 use runfiles::artifacts::names;
-use runfiles::keepmap::KeepMap;
+use runfiles::keepmap::{KeepMap, KeepMapRef};
 use runfiles::store::RunStore;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -132,33 +132,23 @@ async fn load_keep_map(
             kept: None,
         });
     }
-    let local = PathBuf::from(spec);
-    let (label, where_, bytes) = if spec.ends_with(".json") && local.is_file() {
-        let bytes = std::fs::read(&local).map_err(|source| ReplayError::KeepMapRead {
-            path: spec.to_string(),
-            source,
-        })?;
-        let label = local
-            .file_stem()
-            .map_or(spec.to_string(), |s| s.to_string_lossy().into_owned());
-        (label, spec.to_string(), bytes)
-    } else {
-        let name = spec
-            .trim_start_matches(names::KEEP_MAPS_DIR)
-            .trim_start_matches('/')
-            .trim_end_matches(".json");
-        let object = names::keep_map(name);
-        (
-            name.to_string(),
-            store.url_of(&object),
-            store.get(&object).await?.to_vec(),
-        )
+    let (label, where_, map) = match KeepMapRef::parse(spec) {
+        KeepMapRef::File(path) => {
+            let bytes = std::fs::read(&path).map_err(|source| ReplayError::KeepMapRead {
+                path: spec.to_string(),
+                source,
+            })?;
+            let label = path
+                .file_stem()
+                .map_or(spec.to_string(), |s| s.to_string_lossy().into_owned());
+            (label, spec.to_string(), KeepMap::decode(&bytes, spec)?)
+        }
+        KeepMapRef::Run(name) => {
+            let (map, _) = KeepMap::read(store, &name).await?;
+            let url = store.url_of(&KeepMap::object_name(&name));
+            (name, url, map)
+        }
     };
-    let map: KeepMap =
-        serde_json::from_slice(&bytes).map_err(|source| ReplayError::KeepMapParse {
-            keep_map: where_.clone(),
-            source,
-        })?;
     let mut kept = BTreeMap::new();
     for (&layer, ids) in &map.layers {
         let mut bits = vec![false; n_expert];

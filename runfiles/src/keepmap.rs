@@ -1,5 +1,8 @@
 //! Keep maps: the experts kept per layer for a (method, K) (DESIGN section 10).
 
+use crate::file_error::FileError;
+use crate::store::RunStore;
+use bytes::Bytes;
 use numbers::keep_name::KeepMapName;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -132,10 +135,59 @@ impl KeepMap {
         self.method == CUSTOM
     }
 
-    /// Parses a keep map, `score`'s or one made by hand: blocks named by
-    /// their index, each with sorted, unique expert ids, the same number
-    /// in every block (`k`, filled in when absent). Errors say what is wrong.
-    pub fn parse(bytes: &[u8]) -> Result<KeepMap, String> {
+    /// The one decoder of a keep map's bytes, `score`'s or one made by
+    /// hand: blocks named by their index, each with sorted, unique expert
+    /// ids, the same number in every block (`k`, filled in when absent).
+    /// Errors name `file` (its URL or path) and say what is wrong.
+    pub fn decode(bytes: &[u8], file: &str) -> Result<KeepMap, FileError> {
+        KeepMap::parse(bytes).map_err(|problem| FileError::invalid(file, "keep map", problem))
+    }
+
+    /// Reads the run's keep map `name` (`keep_maps/<name>.json`): a valid
+    /// name ([`numbers::keep_name::NAME_RULE`]), a valid map
+    /// ([`KeepMap::decode`]), and a map `score` wrote holds the method and
+    /// K its name says. Returns the bytes too (their hash is a candidate's).
+    pub async fn read(store: &RunStore, name: &str) -> Result<(KeepMap, Bytes), FileError> {
+        let object = KeepMap::object_name(name);
+        if !numbers::keep_name::is_valid(name) {
+            return Err(FileError::invalid(
+                store.url_of(&object),
+                "keep map",
+                format!("its name {name:?} {}", numbers::keep_name::NAME_RULE),
+            ));
+        }
+        let bytes = store.get(&object).await?;
+        let map = KeepMap::decode(&bytes, &store.url_of(&object))?;
+        if !map.is_custom() && KeepMapName::new(&map.method, map.k).to_string() != name {
+            return Err(FileError::invalid(
+                store.url_of(&object),
+                "keep map",
+                format!("it holds the map of {} at K={}", map.method, map.k),
+            ));
+        }
+        Ok((map, bytes))
+    }
+
+    /// Reads the keep map `object` (`keep_maps/<name>.json`, as a
+    /// candidate names it) through [`KeepMap::read`].
+    pub async fn read_object(
+        store: &RunStore,
+        object: &str,
+    ) -> Result<(KeepMap, Bytes), FileError> {
+        let name = crate::layout::keep_map_name(object);
+        if KeepMap::object_name(name) != object {
+            return Err(FileError::invalid(
+                store.url_of(object),
+                "keep map",
+                format!("keep maps are {}/<name>.json", crate::layout::KEEP_MAPS_DIR),
+            ));
+        }
+        KeepMap::read(store, name).await
+    }
+
+    /// Checks `bytes` against the keep map schema and shape; the problem
+    /// in words ([`KeepMap::decode`] names the file).
+    fn parse(bytes: &[u8]) -> Result<KeepMap, String> {
         let mut map: KeepMap = serde_json::from_slice(bytes).map_err(|e| {
             format!("not a keep map ({e}); expected {{\"layers\": {{\"0\": [expert ids], ...}}}}")
         })?;
@@ -223,6 +275,84 @@ mod tests {
             let e = KeepMap::parse(bad.as_bytes()).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[tokio::test]
+    async fn the_run_reader_refuses_bad_maps_and_names_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+        let put = |name: &str, text: &str| {
+            let (store, object) = (store.clone(), KeepMap::object_name(name));
+            let text = text.to_string();
+            async move { store.put(&object, text).await.unwrap() }
+        };
+        put(
+            "frequency_K2",
+            r#"{"method":"frequency","k":2,"layers":{"0":[1,4],"1":[0,2]}}"#,
+        )
+        .await;
+        let (m, bytes) = KeepMap::read(&store, "frequency_K2").await.unwrap();
+        assert_eq!((m.method.as_str(), m.k), ("frequency", 2));
+        assert_eq!(KeepMap::decode(&bytes, "x").unwrap(), m);
+        let (again, _) = KeepMap::read_object(&store, "keep_maps/frequency_K2.json")
+            .await
+            .unwrap();
+        assert_eq!(again, m);
+        for (name, text, why) in [
+            (
+                "count_K2",
+                r#"{"layers":{"0":[1,4],"1":[0]}}"#,
+                "same number in every block",
+            ),
+            (
+                "count2_K2",
+                r#"{"method":"count2","k":3,"layers":{"0":[1,4]}}"#,
+                "\"k\" is 3",
+            ),
+            (
+                "unsorted_K2",
+                r#"{"layers":{"0":[4,1]}}"#,
+                "not sorted and unique",
+            ),
+            (
+                "repeated_K2",
+                r#"{"layers":{"0":[1,1]}}"#,
+                "not sorted and unique",
+            ),
+            (
+                "other_K4",
+                r#"{"method":"frequency","layers":{"0":[1,4]}}"#,
+                "holds the map of frequency at K=2",
+            ),
+        ] {
+            put(name, text).await;
+            let e = KeepMap::read(&store, name).await.unwrap_err().to_string();
+            let url = store.url_of(&KeepMap::object_name(name));
+            assert!(e.contains(why) && e.contains(&url), "{name}: {e}");
+        }
+        for bad in [".hidden", "a/b", "../frequency_K2", ""] {
+            let e = KeepMap::read(&store, bad).await.unwrap_err().to_string();
+            assert!(
+                e.contains("must be a name of letters") && e.contains("keep_maps/"),
+                "{bad:?}: {e}"
+            );
+        }
+        let e = KeepMap::read_object(&store, "merge_plans/frequency_K2.json")
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("keep maps are keep_maps/<name>.json"),
+            "{e}"
+        );
+        let e = KeepMap::read(&store, "absent_K2").await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                FileError::Store(crate::store::StoreError::NotFound { .. })
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! A run's location and every file in it: the object store ([`store`]),
 //! one layout of object names ([`layout`]), and the typed read and write of
-//! the run's files: `manifest.json` ([`manifest`]), the merged statistics
+//! the run's files, each decoded in one function that names the file on
+//! error ([`file_error`]): `manifest.json` ([`manifest`]), the merged statistics
 //! ([`artifacts`]), keep maps ([`keepmap`]), merge plans ([`mergeplan`]), routing traces ([`trace`]),
 //! the corpus index and chunk table ([`corpus`]), and where lease outputs
 //! go ([`lease`]). Also the host checks made before large writes ([`room`],
@@ -15,6 +16,7 @@ pub mod artifacts;
 pub mod buffers;
 pub mod corpus;
 pub mod error_text;
+pub mod file_error;
 pub mod keepmap;
 pub mod layout;
 pub mod lease;

@@ -4,7 +4,9 @@
 //! router keeps the centres' rows. A plan whose every centre has only
 //! itself as member is a keep map ([`MergePlan::keep_map`]).
 
+use crate::file_error::FileError;
 use crate::keepmap::KeepMap;
+use crate::store::RunStore;
 use numbers::keep_name::KeepMapName;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -122,9 +124,31 @@ impl MergePlan {
         self.layers.values().flatten().any(|c| c.members.len() > 1)
     }
 
-    /// Parses and checks a plan ([`MergePlan::check`]); `k` is filled in
-    /// when absent. Errors say what is wrong.
-    pub fn parse(bytes: &[u8]) -> Result<MergePlan, String> {
+    /// The one decoder of a merge plan's bytes: parsed and checked
+    /// ([`MergePlan::check`]), `k` filled in when absent. Errors name
+    /// `file` (its URL or path) and say what is wrong.
+    pub fn decode(bytes: &[u8], file: &str) -> Result<MergePlan, FileError> {
+        MergePlan::parse(bytes).map_err(|problem| FileError::invalid(file, "merge plan", problem))
+    }
+
+    /// Reads the run's merge plan `object` (`merge_plans/<name>.json`):
+    /// a valid plan ([`MergePlan::decode`]) whose name is the object's.
+    pub async fn read_object(store: &RunStore, object: &str) -> Result<MergePlan, FileError> {
+        let bytes = store.get(object).await?;
+        let plan = MergePlan::decode(&bytes, &store.url_of(object))?;
+        if MergePlan::file_name(&plan.method, plan.k) != object {
+            return Err(FileError::invalid(
+                store.url_of(object),
+                "merge plan",
+                format!("it holds the plan {}", plan.name()),
+            ));
+        }
+        Ok(plan)
+    }
+
+    /// Parses and checks a plan; the problem in words
+    /// ([`MergePlan::decode`] names the file).
+    fn parse(bytes: &[u8]) -> Result<MergePlan, String> {
         let mut plan: MergePlan = serde_json::from_slice(bytes).map_err(|e| {
             format!(
                 "not a merge plan ({e}); expected {{\"layers\": {{\"0\": [{{\"centre\": id, \"members\": [{{\"expert\": id, \"weight\": w}}, ...]}}, ...]}}}}"
@@ -257,5 +281,61 @@ mod tests {
         }
         let e = MergePlan::parse(br#"{"layers": {"0": [1, 2]}}"#).unwrap_err();
         assert!(e.contains("not a merge plan"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_run_reader_refuses_bad_plans_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+        let one = |c: u32| format!(r#"{{"centre":{c},"members":[{{"expert":{c},"weight":1.0}}]}}"#);
+        let good = format!(
+            r#"{{"method":"reap","k":2,"layers":{{"0":[{},{}]}}}}"#,
+            one(1),
+            one(4)
+        );
+        let object = MergePlan::file_name("reap", 2);
+        store.put(&object, good.clone()).await.unwrap();
+        let plan = MergePlan::read_object(&store, &object).await.unwrap();
+        assert_eq!((plan.name().as_str(), plan.k), ("reap_merge_K2", 2));
+        for (text, why) in [
+            (
+                format!(
+                    r#"{{"layers":{{"0":[{}],"1":[{},{}]}}}}"#,
+                    one(1),
+                    one(1),
+                    one(2)
+                ),
+                "same positive number",
+            ),
+            (
+                format!(r#"{{"layers":{{"0":[{},{}]}}}}"#, one(4), one(1)),
+                "not sorted by id and unique",
+            ),
+            (
+                format!(r#"{{"layers":{{"0":[{},{}]}}}}"#, one(1), one(1)),
+                "not sorted by id and unique",
+            ),
+            (
+                format!(r#"{{"method":"reap","layers":{{"0":[{}]}}}}"#, one(1)),
+                "holds the plan reap_merge_K1",
+            ),
+        ] {
+            store.put(&object, text.clone()).await.unwrap();
+            let e = MergePlan::read_object(&store, &object)
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(why) && e.contains(&store.url_of(&object)),
+                "{text}: {e}"
+            );
+        }
+        let e = MergePlan::decode(b"[]", "plans/x.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("plans/x.json is not a valid merge plan: not a merge plan"),
+            "{e}"
+        );
     }
 }

@@ -6,6 +6,17 @@
 use runfiles::store::StoreError;
 use std::path::PathBuf;
 
+/// A store failure stays [`StagesError::Store`]; an invalid file is
+/// [`StagesError::File`].
+impl From<runfiles::file_error::FileError> for StagesError {
+    fn from(e: runfiles::file_error::FileError) -> Self {
+        match e {
+            runfiles::file_error::FileError::Store(e) => StagesError::Store(e),
+            e => StagesError::File(e),
+        }
+    }
+}
+
 /// Errors of the analysis stages (score, verify, prune, eval, report, ship).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -13,6 +24,9 @@ pub enum StagesError {
     /// Reading or writing the run location failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A run file (keep map, merge plan, ...) is not valid; the error names it.
+    #[error(transparent)]
+    File(runfiles::file_error::FileError),
     /// A local file could not be read, written or created.
     #[error("{action} {}", path.display())]
     Io {

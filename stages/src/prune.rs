@@ -171,24 +171,26 @@ fn exists(path: &Path) -> StagesError {
 /// ([`KeepMap::check_fits`]); with the name it is reported by (the run's
 /// map name, or the file's path).
 pub async fn read_keep_map(store: &RunStore, arg: &str) -> Result<(String, KeepMap), StagesError> {
-    let (name, url, bytes, file) = match KeepMapRef::parse(arg) {
+    let (name, url, keep, file) = match KeepMapRef::parse(arg) {
         KeepMapRef::Run(name) => {
-            let object = KeepMap::object_name(&name);
-            let bytes = store.get(&object).await.during("reading the keep map")?;
-            (name, store.url_of(&object), bytes.to_vec(), false)
+            let (keep, _) = KeepMap::read(store, &name)
+                .await
+                .during("reading the keep map")?;
+            let url = store.url_of(&KeepMap::object_name(&name));
+            (name, url, keep, false)
         }
         KeepMapRef::File(path) => {
             let bytes =
                 std::fs::read(&path).map_err(StagesError::io("reading the keep map", &path))?;
             let shown = path.display().to_string();
-            (shown.clone(), shown, bytes, true)
+            let keep = KeepMap::decode(&bytes, &shown)?;
+            (shown.clone(), shown, keep, true)
         }
     };
     let bad = |problem: String| StagesError::Artifact {
         url: url.clone(),
         problem,
     };
-    let keep = KeepMap::parse(&bytes).map_err(bad)?;
     if file {
         let (s, _) = crate::score::load_saliency(store).await?;
         keep.check_fits(&s)

@@ -370,6 +370,46 @@ pub fn command(bin_name: &str) -> std::process::Command {
     cmd
 }
 
+/// A cluster test's directory `dir`: the bundled sample corpus and the
+/// quickstart model linked in (as `configs/` has them) and a fresh join
+/// secret written; returns (the `configs/` folder, model, secret file).
+pub fn cluster_dir(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+    std::os::unix::fs::symlink(configs.join("sample_corpus"), dir.join("sample_corpus")).unwrap();
+    std::fs::create_dir(dir.join("models")).unwrap();
+    let model = dir.join("models/quickstart-moe.gguf");
+    std::os::unix::fs::symlink(configs.join("models/quickstart-moe.gguf"), &model).unwrap();
+    let secret = dir.join("join.secret");
+    std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();
+    (configs, model, secret)
+}
+
+/// The files `names` (relative to `run`) with their bytes, in that order;
+/// a missing one panics naming it.
+pub fn files_of(run: &Path, names: Vec<String>) -> Vec<(String, Vec<u8>)> {
+    names
+        .into_iter()
+        .map(|n| {
+            let bytes = std::fs::read(run.join(&n)).unwrap_or_else(|e| panic!("{n}: {e}"));
+            (n, bytes)
+        })
+        .collect()
+}
+
+/// The `join` command of `connect.json` as a user runs it: the worker
+/// binary with the command's arguments (its first word names the binary),
+/// then `--secret-file`, `--name`, one thread and `--model`.
+pub fn join_command(join: &str, secret: &Path, name: &str, model: &Path) -> std::process::Command {
+    let args: Vec<&str> = join.split_whitespace().collect();
+    let mut cmd = command("worker");
+    cmd.args(&args[1..])
+        .arg("--secret-file")
+        .arg(secret)
+        .args(["--name", name, "--threads", "1", "--model"])
+        .arg(model);
+    cmd
+}
+
 /// Path of a binary that Cargo built for this package's tests from the
 /// current sources (`worker`, `coordinator`), never a stale build by path.
 /// Cargo sets `CARGO_BIN_EXE_<name>` when it builds and runs integration tests.

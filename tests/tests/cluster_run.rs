@@ -19,13 +19,7 @@ const DEADLINE: Duration = Duration::from_secs(600);
 /// naming a fresh secret file and `connect.json` in `dir`; returns (config,
 /// model, secret file).
 fn quickstart_cluster(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
-    std::os::unix::fs::symlink(configs.join("sample_corpus"), dir.join("sample_corpus")).unwrap();
-    std::fs::create_dir(dir.join("models")).unwrap();
-    let model = dir.join("models/quickstart-moe.gguf");
-    std::os::unix::fs::symlink(configs.join("models/quickstart-moe.gguf"), &model).unwrap();
-    let secret = dir.join("join.secret");
-    std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();
+    let (configs, model, secret) = fixtures::cluster_dir(dir);
     let quickstart = std::fs::read_to_string(configs.join("quickstart.toml")).unwrap();
     assert!(
         quickstart.contains("\n[eval]\n"),
@@ -55,15 +49,9 @@ fn coordinator(config: &Path, run: &Path, extra: &[&str]) -> Proc {
 /// The `join` command of `connect.json` as a user runs it: the worker
 /// binary with its arguments, then `--secret-file`, `--name` and `--model`.
 fn join_from(join: &str, secret: &Path, name: &str, model: &Path) -> Proc {
-    let args: Vec<&str> = join.split_whitespace().collect();
-    assert_eq!(args[..2], ["worker", "join"], "{join}");
-    let mut cmd = fixtures::command("worker");
-    cmd.args(&args[1..])
-        .arg("--secret-file")
-        .arg(secret)
-        .args(["--name", name, "--threads", "1", "--model"])
-        .arg(model);
-    Proc::spawn(cmd)
+    let words: Vec<&str> = join.split_whitespace().take(2).collect();
+    assert_eq!(words, ["worker", "join"], "{join}");
+    Proc::spawn(fixtures::join_command(join, secret, name, model))
 }
 
 /// What must not depend on who computed it: the collection's results, both
@@ -85,13 +73,7 @@ fn artifacts(run: &Path) -> Vec<(String, Vec<u8>)> {
         .collect();
     shipped.sort();
     names.extend(shipped);
-    names
-        .into_iter()
-        .map(|n| {
-            let bytes = std::fs::read(run.join(&n)).unwrap_or_else(|e| panic!("{n}: {e}"));
-            (n, bytes)
-        })
-        .collect()
+    fixtures::files_of(run, names)
 }
 
 #[test]

@@ -18,13 +18,7 @@ const DEADLINE: Duration = Duration::from_secs(600);
 /// appended to `[corpus.respond]` and a `[cluster]` naming a fresh secret
 /// file and `connect.json`; returns (config, model, secret file).
 fn respond_config(dir: &Path, extra: &str) -> (PathBuf, PathBuf, PathBuf) {
-    let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
-    std::os::unix::fs::symlink(configs.join("sample_corpus"), dir.join("sample_corpus")).unwrap();
-    std::fs::create_dir(dir.join("models")).unwrap();
-    let model = dir.join("models/quickstart-moe.gguf");
-    std::os::unix::fs::symlink(configs.join("models/quickstart-moe.gguf"), &model).unwrap();
-    let secret = dir.join("join.secret");
-    std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();
+    let (configs, model, secret) = fixtures::cluster_dir(dir);
     let text = std::fs::read_to_string(configs.join("respond.toml")).unwrap();
     let (text, _) = text
         .split_once("\n[eval]\n")
@@ -61,15 +55,8 @@ fn join(connect: &Path, secret: &Path, name: &str, model: &Path) -> Proc {
             .unwrap_or_default();
         !info.is_null()
     });
-    let join = info["join"].as_str().unwrap().to_string();
-    let args: Vec<&str> = join.split_whitespace().collect();
-    let mut cmd = fixtures::command("worker");
-    cmd.args(&args[1..])
-        .arg("--secret-file")
-        .arg(secret)
-        .args(["--name", name, "--threads", "1", "--model"])
-        .arg(model);
-    Proc::spawn(cmd)
+    let join = info["join"].as_str().unwrap();
+    Proc::spawn(fixtures::join_command(join, secret, name, model))
 }
 
 /// Every object under `corpus/responses/` and `corpus/chunks.parquet`, by name.
@@ -90,13 +77,7 @@ fn outputs(run: &Path) -> Vec<(String, Vec<u8>)> {
         .collect();
     parts.sort();
     names.extend(parts);
-    names
-        .into_iter()
-        .map(|n| {
-            let bytes = std::fs::read(run.join(&n)).unwrap_or_else(|e| panic!("{n}: {e}"));
-            (n, bytes)
-        })
-        .collect()
+    fixtures::files_of(run, names)
 }
 
 /// Runs the config with `workers` external workers into `run`; returns

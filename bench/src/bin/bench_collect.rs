@@ -346,14 +346,7 @@ fn compare_reductions(host: &Partial, device: &Partial) -> String {
         };
         for (hl, dl) in h.layers.iter().zip(&d.layers) {
             counts_equal &= hl.count == dl.count;
-            let pairs = [
-                (&hl.prob_sum, &dl.prob_sum),
-                (&hl.weight_sum, &dl.weight_sum),
-                (&hl.ean_sum, &dl.ean_sum),
-                (&hl.reap_l2_sum, &dl.reap_l2_sum),
-                (&hl.reap_l2_sq_sum, &dl.reap_l2_sq_sum),
-            ];
-            for (hs, ds) in pairs {
+            for (hs, ds) in hl.sums().into_iter().zip(dl.sums()) {
                 for (x, y) in hs.iter().zip(ds) {
                     let (x, y) = (x.to_f64(), y.to_f64());
                     let scale = x.abs().max(y.abs());

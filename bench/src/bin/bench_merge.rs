@@ -16,6 +16,7 @@
 
 use anyhow::Context;
 use clap::Parser;
+use moe_census_bench::{median, moe_layers, scratch_dir};
 use runfiles::keepmap::KeepMap;
 use runfiles::mergeplan::{Centre, Member, MergePlan};
 use runfiles::procstat::peak_rss_kib;
@@ -41,30 +42,6 @@ struct Args {
     child: Vec<String>,
 }
 
-/// The MoE blocks and the expert count of `model`.
-fn moe_layers(model: &Path) -> anyhow::Result<(Vec<u32>, u32)> {
-    let h = gguf::split::open_joined(model)?.header;
-    let arch = h
-        .get("general.architecture")
-        .and_then(|v| v.as_str())
-        .context("no architecture")?;
-    let n_expert = h
-        .get(&format!("{arch}.expert_count"))
-        .and_then(|v| v.as_u64())
-        .context("not an MoE model")? as u32;
-    let layers = h
-        .tensors
-        .iter()
-        .filter_map(|t| {
-            let (l, name) = t.name.strip_prefix("blk.")?.split_once('.')?;
-            (name == "ffn_gate_inp.weight")
-                .then(|| l.parse().ok())
-                .flatten()
-        })
-        .collect();
-    Ok((layers, n_expert))
-}
-
 /// The plan described in the module docs.
 fn plan(layers: &[u32], n_expert: u32, k: u32) -> MergePlan {
     let per = n_expert / k;
@@ -86,11 +63,6 @@ fn plan(layers: &[u32], n_expert: u32, k: u32) -> MergePlan {
         saliency_sha256: String::new(),
         layers: layers.iter().map(|&l| (l, centres.clone())).collect(),
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// One merge (`what` = `merge`) or slice (`prune`) of `model` to `out`;
@@ -126,10 +98,7 @@ fn main() -> anyhow::Result<()> {
         println!("{}", peak_rss_kib().unwrap_or(0));
         return Ok(());
     }
-    let dir = args
-        .dir
-        .clone()
-        .unwrap_or_else(|| args.model.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let dir = scratch_dir(args.dir.as_deref(), &args.model);
     let size = std::fs::metadata(&args.model)?.len();
     std::io::copy(&mut std::fs::File::open(&args.model)?, &mut std::io::sink())?;
     let out = dir.join("bench-merge-out.gguf");

@@ -14,6 +14,7 @@
 
 use anyhow::Context;
 use clap::Parser;
+use moe_census_bench::{median, moe_layers, scratch_dir};
 use runfiles::keepmap::KeepMap;
 use runfiles::procstat::peak_rss_kib;
 use slicer::slice_model;
@@ -40,25 +41,9 @@ struct Args {
 
 /// A map keeping `k` evenly spread experts of every MoE layer.
 fn keep_map(model: &Path, k: u32) -> anyhow::Result<(KeepMap, u32)> {
-    let h = gguf::split::open_joined(model)?.header;
-    let arch = h
-        .get("general.architecture")
-        .and_then(|v| v.as_str())
-        .context("no architecture")?;
-    let n_expert = h
-        .get(&format!("{arch}.expert_count"))
-        .and_then(|v| v.as_u64())
-        .context("not an MoE model")? as u32;
-    let layers: BTreeMap<u32, Vec<u32>> = h
-        .tensors
-        .iter()
-        .filter_map(|t| {
-            let rest = t.name.strip_prefix("blk.")?;
-            let (l, name) = rest.split_once('.')?;
-            (name == "ffn_gate_inp.weight")
-                .then(|| l.parse().ok())
-                .flatten()
-        })
+    let (moe, n_expert) = moe_layers(model)?;
+    let layers: BTreeMap<u32, Vec<u32>> = moe
+        .into_iter()
         .map(|l| (l, (0..k).map(|i| i * n_expert / k).collect()))
         .collect();
     let map = KeepMap {
@@ -69,11 +54,6 @@ fn keep_map(model: &Path, k: u32) -> anyhow::Result<(KeepMap, u32)> {
         layers,
     };
     Ok((map, n_expert))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Seconds of `f`, median over `runs`.
@@ -128,10 +108,7 @@ fn main() -> anyhow::Result<()> {
         println!("{}", peak_rss_kib().unwrap_or(0));
         return Ok(());
     }
-    let dir = args
-        .dir
-        .clone()
-        .unwrap_or_else(|| args.model.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let dir = scratch_dir(args.dir.as_deref(), &args.model);
     let files = gguf::split::model_files(&args.model)?;
     let mut size = 0;
     for file in &files {

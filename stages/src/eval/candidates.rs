@@ -5,9 +5,10 @@
 use super::EvalRunError;
 use crate::StagesError;
 use protocol::wire::EvalCandidate;
+use runfiles::file_error::FileError;
 use runfiles::keepmap::{KeepMap, KeepMapRef};
 use runfiles::mergeplan::MergePlan;
-use runfiles::store::RunStore;
+use runfiles::store::{RunStore, StoreError};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -41,16 +42,17 @@ pub async fn import(store: &RunStore, names: &[String]) -> Result<Vec<String>, S
         let object = KeepMap::object_name(&stem);
         let mut bytes = StagesError::encode_json(&object, &keep)?;
         bytes.push(b'\n');
-        match store.get_opt(&object).await? {
-            Some(stored) if stored != bytes => {
+        // Create-only: an equal map already there is this one; another is
+        // never replaced.
+        match store.put_new(&object, bytes.clone()).await {
+            Err(StoreError::AlreadyExists { url }) if store.get(&object).await? != bytes => {
                 return Err(bad(format!(
-                    "{} already holds another keep map; rename the file",
-                    store.url_of(&object)
+                    "{url} already holds another keep map; rename the file"
                 ))
                 .into())
             }
-            Some(_) => {}
-            None => store.put(&object, bytes).await?,
+            Err(StoreError::AlreadyExists { .. }) | Ok(()) => {}
+            Err(e) => return Err(e.into()),
         }
         out.push(stem);
     }
@@ -99,22 +101,13 @@ pub async fn prepare(
             continue;
         }
         let object = KeepMap::object_name(name);
-        let bytes = store.get_opt(&object).await?.ok_or_else(|| {
-            bad(format!(
-                "{} does not exist (run `coordinator score` first; names are <method>_K<k>)",
-                store.url_of(&object)
-            ))
+        let (keep, _) = KeepMap::read(store, name).await.map_err(|e| match e {
+            FileError::Store(StoreError::NotFound { url }) => bad(format!(
+                "{url} does not exist (run `coordinator score` first; names are <method>_K<k>)"
+            )),
+            FileError::Store(e) => e.into(),
+            e @ FileError::Invalid { .. } => bad(e.to_string()),
         })?;
-        let keep: KeepMap = serde_json::from_slice(&bytes)
-            .map_err(|e| bad(format!("{} is not a keep map: {e}", store.url_of(&object))))?;
-        if !keep.is_custom() && KeepMap::file_name(&keep.method, keep.k) != object {
-            return Err(bad(format!(
-                "{} holds the map of {} at K={}",
-                store.url_of(&object),
-                keep.method,
-                keep.k
-            )));
-        }
         let sliced = slicer::slice_model(base, &keep, &path)
             .map_err(|e| bad(format!("slicing {}: {e}", base.display())))?;
         let bytes = std::fs::metadata(&path)
@@ -153,18 +146,14 @@ async fn merged(
         reason,
     };
     let object = format!("{}/{name}.json", runfiles::mergeplan::MERGE_PLANS_DIR);
-    let Some(bytes) = store.get_opt(&object).await? else {
-        return Err(bad(no_plan(store, name, &object).await?));
+    let plan = match MergePlan::read_object(store, &object).await {
+        Ok(plan) => plan,
+        Err(FileError::Store(StoreError::NotFound { .. })) => {
+            return Err(bad(no_plan(store, name, &object).await?))
+        }
+        Err(FileError::Store(e)) => return Err(e.into()),
+        Err(e @ FileError::Invalid { .. }) => return Err(bad(e.to_string())),
     };
-    let plan =
-        MergePlan::parse(&bytes).map_err(|e| bad(format!("{}: {e}", store.url_of(&object))))?;
-    if plan.name() != name {
-        return Err(bad(format!(
-            "{} holds the plan {}",
-            store.url_of(&object),
-            plan.name()
-        )));
-    }
     let sliced = slicer::merge_model(base, &plan, slicer::installed_codec(), path)
         .map_err(|e| bad(format!("merging {}: {e}", base.display())))?;
     Ok((object, sliced))

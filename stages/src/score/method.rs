@@ -106,7 +106,7 @@ pub fn prior(p: &ScoreParams, l: &LayerInput) -> f64 {
             Some(match p.prior {
                 Prior::Median => mean,
                 Prior::Lcb => {
-                    let var = (l.reap_l2_sq_sum[e] / l.count[e] - mean * mean).max(0.0);
+                    let var = (l.sq_mean(e) - mean * mean).max(0.0);
                     mean - p.z * var.sqrt() / l.raw_count[e].sqrt()
                 }
             })

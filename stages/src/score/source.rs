@@ -86,6 +86,12 @@ impl LayerInput {
         self.count.len()
     }
 
+    /// Expert `e`'s mean of `(g * ||y||)^2` per routed token (its second
+    /// moment, which the LCB prior's variance reads).
+    pub fn sq_mean(&self, e: usize) -> f64 {
+        self.reap_l2_sq_sum[e] / self.count[e]
+    }
+
     fn add(&mut self, other: &LayerInput) {
         for (a, b) in [
             (&mut self.count, &other.count),

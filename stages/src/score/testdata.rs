@@ -39,22 +39,27 @@ pub fn layer(index: u32, count: &[u64], reap: &[f64]) -> LayerStats {
     l
 }
 
+/// Layer `layer`'s statistics of `n` experts, every count and sum zero.
+pub fn zeros(layer: u32, n: usize) -> LayerStats {
+    LayerStats {
+        layer,
+        count: vec![0; n],
+        prob_sum: vec![0.0; n],
+        weight_sum: vec![0.0; n],
+        ean_sum: vec![0.0; n],
+        reap_l2_sum: vec![0.0; n],
+        reap_l2_sq_sum: vec![0.0; n],
+        ean_max: vec![0.0; n],
+        act_max: vec![0.0; n],
+    }
+}
+
 /// A one-split saliency whose fit split is the sum of the given domains.
 /// `prob_sum` is rescaled so each layer's probabilities sum to `n_tokens`.
 pub fn saliency_with_domains(domains: &[(&str, u64, LayerStats)]) -> Saliency {
     let n_expert = domains[0].2.count.len();
     let n_tokens: u64 = domains.iter().map(|d| d.1).sum();
-    let mut total = LayerStats {
-        layer: domains[0].2.layer,
-        count: vec![0; n_expert],
-        prob_sum: vec![0.0; n_expert],
-        weight_sum: vec![0.0; n_expert],
-        ean_sum: vec![0.0; n_expert],
-        reap_l2_sum: vec![0.0; n_expert],
-        reap_l2_sq_sum: vec![0.0; n_expert],
-        ean_max: vec![0.0; n_expert],
-        act_max: vec![0.0; n_expert],
-    };
+    let mut total = zeros(domains[0].2.layer, n_expert);
     for (_, _, l) in domains {
         for e in 0..n_expert {
             total.count[e] += l.count[e];

@@ -745,7 +745,9 @@ async fn score_writes_a_merge_plan_beside_each_keep_map_from_the_router_traces()
     store.put("trace/part-0.parquet", bytes).await.unwrap();
     let report = score(&store, &opts).await.unwrap();
     assert_eq!(report.merge_plans, ["merge_plans/frequency_merge_K2.json"]);
-    let plan = MergePlan::parse(&store.get(&report.merge_plans[0]).await.unwrap()).unwrap();
+    let plan = MergePlan::read_object(&store, &report.merge_plans[0])
+        .await
+        .unwrap();
     let got: Vec<(u32, Vec<(u32, f64)>)> = plan.layers[&0]
         .iter()
         .map(|c| {
@@ -768,6 +770,5 @@ async fn score_writes_a_merge_plan_beside_each_keep_map_from_the_router_traces()
 
 /// The layers of the run's keep map `name`.
 async fn report_keep(store: &RunStore, name: &str) -> BTreeMap<u32, Vec<u32>> {
-    let bytes = store.get(&KeepMap::object_name(name)).await.unwrap();
-    KeepMap::parse(&bytes).unwrap().layers
+    KeepMap::read(store, name).await.unwrap().0.layers
 }

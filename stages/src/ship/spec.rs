@@ -117,13 +117,9 @@ pub async fn read(store: &RunStore, names: &[String]) -> Result<Vec<Candidate>, 
         let keep = match keep_map {
             None => None,
             Some(map_name) => {
-                let object = KeepMap::object_name(&map_name);
-                let bytes = store
-                    .get(&object)
+                let (map, bytes) = KeepMap::read(store, &map_name)
                     .await
                     .during_with(|| format!("reading keep map {map_name} of candidate {name}"))?;
-                let map: KeepMap =
-                    StagesError::parse_json(&bytes, || store.url_of(&object), "a keep map")?;
                 Some(KeepMapOf {
                     name: map_name,
                     map,

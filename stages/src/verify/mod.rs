@@ -15,6 +15,7 @@ use numbers::partial::Partial;
 use numbers::saliency::{lenient, Saliency};
 use numbers::Split;
 use runfiles::artifacts::names as artifacts;
+use runfiles::file_error::FileError;
 use runfiles::keepmap::KeepMap;
 use runfiles::mergeplan::MergePlan;
 use runfiles::store::RunStore;
@@ -214,38 +215,49 @@ fn trace_check(s: &Saliency, rows: u64, parts: usize) -> Check {
     }
 }
 
-/// Every keep map under `keep_maps/`; an unreadable one is an error naming it.
-pub async fn load_keep_maps(store: &RunStore) -> Result<Vec<(String, KeepMap)>, StagesError> {
-    let mut out = Vec::new();
-    for name in store
+/// Every keep map under `keep_maps/`, read by [`KeepMap::read`]; with the
+/// refusals (each naming its file) of those that are not valid keep maps,
+/// which fail the shape check. A store failure is an error.
+pub async fn load_keep_maps(
+    store: &RunStore,
+) -> Result<(Vec<(String, KeepMap)>, Vec<String>), StagesError> {
+    let (mut maps, mut refused) = (Vec::new(), Vec::new());
+    for object in store
         .list(runfiles::artifacts::names::KEEP_MAPS_DIR)
         .await?
         .into_iter()
         .filter(|n| n.ends_with(".json"))
     {
-        let bytes = store.get(&name).await?;
-        let map: KeepMap = StagesError::parse_json(&bytes, || store.url_of(&name), "a keep map")?;
-        out.push((name, map));
+        match KeepMap::read_object(store, &object).await {
+            Ok((map, _)) => maps.push((object, map)),
+            Err(FileError::Store(e)) => return Err(e.into()),
+            Err(e) => refused.push(e.to_string()),
+        }
     }
-    Ok(out)
+    Ok((maps, refused))
 }
 
-/// Every merge plan under `merge_plans/`; an unreadable one is an error
-/// naming it.
-pub async fn load_merge_plans(store: &RunStore) -> Result<Vec<(String, MergePlan)>, StagesError> {
-    let mut out = Vec::new();
-    for name in store
+/// Every merge plan under `merge_plans/`, read by
+/// [`MergePlan::read_object`]; with the refusals (each naming its file) of
+/// those that are not valid plans, which fail the merge plan check. A store
+/// failure is an error.
+pub async fn load_merge_plans(
+    store: &RunStore,
+) -> Result<(Vec<(String, MergePlan)>, Vec<String>), StagesError> {
+    let (mut plans, mut refused) = (Vec::new(), Vec::new());
+    for object in store
         .list(runfiles::mergeplan::MERGE_PLANS_DIR)
         .await?
         .into_iter()
         .filter(|n| n.ends_with(".json"))
     {
-        let bytes = store.get(&name).await?;
-        let plan: MergePlan =
-            StagesError::parse_json(&bytes, || store.url_of(&name), "a merge plan")?;
-        out.push((name, plan));
+        match MergePlan::read_object(store, &object).await {
+            Ok(plan) => plans.push((object, plan)),
+            Err(FileError::Store(e)) => return Err(e.into()),
+            Err(e) => refused.push(e.to_string()),
+        }
     }
-    Ok(out)
+    Ok((plans, refused))
 }
 
 /// Reads every per-lease partial once: re-hashes it against the manifest's
@@ -389,13 +401,10 @@ pub async fn verify(store: &RunStore) -> Result<VerifyReport, StagesError> {
     checks.extend(imatrix_checks(store, s).await?);
     let (rows, parts) = trace_rows(store).await?;
     checks.push(trace_check(s, rows, parts));
-    let maps = load_keep_maps(store).await?;
-    checks.extend(maps::check_keep_maps(s, &sha, &maps));
-    checks.push(plans::check_merge_plans(
-        s,
-        &load_merge_plans(store).await?,
-        &maps,
-    ));
+    let (maps, refused) = load_keep_maps(store).await?;
+    checks.extend(maps::check_keep_maps(s, &sha, &maps, &refused));
+    let (plans, refused) = load_merge_plans(store).await?;
+    checks.push(plans::check_merge_plans(s, &plans, &refused, &maps));
     checks.extend(partials_checks(store, &bytes).await?);
     Ok(VerifyReport {
         run: store.url().to_string(),

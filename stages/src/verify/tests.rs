@@ -157,7 +157,7 @@ async fn a_non_nested_keep_map_fails_the_nesting_invariant() {
     };
     score(&store, &opts).await.unwrap();
     let name = KeepMap::file_name("frequency", 2);
-    let mut map: KeepMap = serde_json::from_slice(&store.get(&name).await.unwrap()).unwrap();
+    let (mut map, _) = KeepMap::read_object(&store, &name).await.unwrap();
     // Keep a dead expert (15) instead of the second kept one: sorted, unique, K=2.
     let kept = map.layers.get_mut(&1).unwrap();
     kept[1] = 15;
@@ -437,7 +437,7 @@ async fn merge_plans_must_take_their_centres_from_their_keep_map() {
     score(&store, &opts).await.unwrap();
     let r = verify(&store).await.unwrap();
     assert_eq!(r.check(names::MERGE_PLANS).unwrap().status, Status::Info);
-    let maps = load_keep_maps(&store).await.unwrap();
+    let (maps, _) = load_keep_maps(&store).await.unwrap();
     let (_, keep) = &maps[0];
     // Each centre takes the first expert no centre of its layer is.
     let plan_of = |shift: u32| MergePlan {

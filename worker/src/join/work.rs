@@ -18,6 +18,7 @@ use numbers::partial::Partial;
 use numbers::respond::ResponsePartial;
 use numbers::ChunkRange;
 use protocol::wire::{EvalJob, JobInfo, RespondJob, Task};
+use runfiles::file_error::FileError;
 use runfiles::keepmap::KeepMap;
 use runfiles::lease::{Labels, LeaseOutput};
 use runfiles::respond::PromptFile;
@@ -292,19 +293,24 @@ async fn inputs(run: &RunStore, eval: &EvalJob) -> Result<Inputs, JoinError> {
             maps.push(None);
             continue;
         };
-        let bytes = run.get(object).await?;
         if object.starts_with(&format!("{}/", runfiles::mergeplan::MERGE_PLANS_DIR)) {
-            let plan = runfiles::mergeplan::MergePlan::parse(&bytes).map_err(|e| {
-                JoinError::Engine(format!("{} is not a merge plan: {e}", run.url_of(object)))
-            })?;
+            let plan = runfiles::mergeplan::MergePlan::read_object(run, object)
+                .await
+                .map_err(|e| match e {
+                    FileError::Store(e) => e.into(),
+                    e => JoinError::Engine(e.to_string()),
+                })?;
             maps.push(Some(plan.keep_map()));
             merges.resize(maps.len() - 1, None);
             merges.push(Some(plan));
             continue;
         }
-        let map: KeepMap = serde_json::from_slice(&bytes).map_err(|e| {
-            JoinError::Engine(format!("{} is not a keep map: {e}", run.url_of(object)))
-        })?;
+        let (map, _) = KeepMap::read_object(run, object)
+            .await
+            .map_err(|e| match e {
+                FileError::Store(e) => e.into(),
+                e => JoinError::Engine(e.to_string()),
+            })?;
         maps.push(Some(map));
     }
     let imatrix = match eval.candidates.iter().any(|c| c.quant.is_some()) {
