@@ -34,8 +34,8 @@ pub use partial::{
 };
 pub use stats::Interval;
 pub use summary::{
-    Binding, BudgetPicks, BudgetScope, Comparison, EvalSummary, Figures, KlFigures, Paired,
-    PairedRow,
+    Binding, BudgetPicks, BudgetScope, Comparison, DomainDiff, EvalSummary, Figures, KlFigures,
+    Paired, PairedRow,
 };
 
 /// Why eval partials cannot be decoded or combined.

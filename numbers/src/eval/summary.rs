@@ -172,6 +172,20 @@ pub struct PairedRow {
     pub diff: f64,
     /// Its interval, with its number of clusters.
     pub ci: Interval,
+    /// The same difference over each domain's positions alone (eval sets
+    /// included), with the domain's own clusters: a pooled difference can
+    /// hide a domain one candidate serves much worse.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub domains: BTreeMap<String, DomainDiff>,
+}
+
+/// A paired difference over one domain's positions ([`PairedRow::domains`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DomainDiff {
+    /// Mean of KL(a) - KL(b) per position of the domain.
+    pub diff: f64,
+    /// Its interval by the domain's group clusters.
+    pub ci: Interval,
 }
 
 /// Figures of one split, whole, per domain and per modality.
@@ -349,6 +363,14 @@ impl EvalSummary {
                 if ci.clusters == 0 {
                     continue;
                 }
+                let mut domains = BTreeMap::new();
+                for (d, name) in self.domains.iter().enumerate() {
+                    let one = |g: &Group| g.split == *split && usize::from(g.domain) == d;
+                    let (diff, ci) = paired_diff(&p.candidates[a], &p.candidates[b], &one);
+                    if ci.clusters > 0 {
+                        domains.insert(name.clone(), DomainDiff { diff, ci });
+                    }
+                }
                 self.pairs.push(PairedRow {
                     split: *split,
                     compares,
@@ -356,6 +378,7 @@ impl EvalSummary {
                     b: cs[b].name.clone(),
                     diff,
                     ci,
+                    domains,
                 });
             }
         }

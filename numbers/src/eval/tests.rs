@@ -15,6 +15,11 @@ fn partial_of(chunk: u32, kls: &[f64]) -> EvalPartial {
 
 /// [`partial_of`] with the chunk's positions in cluster `cluster`.
 fn partial_in(chunk: u32, cluster: u32, kls: &[f64]) -> EvalPartial {
+    partial_with(chunk, cluster, 0, kls)
+}
+
+/// [`partial_in`] with the held-out positions in domain `heldout_domain`.
+fn partial_with(chunk: u32, cluster: u32, heldout_domain: u16, kls: &[f64]) -> EvalPartial {
     let mut base = BTreeMap::new();
     let mut sums = BTreeMap::new();
     let mut tokens = Vec::new();
@@ -23,7 +28,7 @@ fn partial_in(chunk: u32, cluster: u32, kls: &[f64]) -> EvalPartial {
         let g = if pos % 3 == 0 {
             group(Split::Fit, 1)
         } else {
-            group(Split::Heldout, 0)
+            group(Split::Heldout, heldout_domain)
         };
         let b: &mut BaseSums = base.entry(g).or_default();
         b.n += 1;
@@ -443,6 +448,57 @@ fn pairs_compare_methods_at_one_k_and_each_k_with_the_next_larger() {
         .as_ref()
         .unwrap();
     assert_eq!(best.against, "reap_hybrid_K8");
+}
+
+#[test]
+fn paired_rows_carry_each_domains_own_difference_and_clusters() {
+    // Four chunks, each its own cluster; chunk ch's held-out positions are
+    // in domain ch % 2 (english: chunks 0 and 2, code: 1 and 3), and a is b
+    // plus 0.1 * (ch + 1) at every position.
+    let candidate = |shift: f64, name: &str| {
+        let at = |ch: u32| {
+            let v: Vec<f64> = values(ch)
+                .iter()
+                .map(|v| v + shift * f64::from(ch + 1))
+                .collect();
+            partial_with(ch, ch, (ch % 2) as u16, &v)
+        };
+        let mut p = at(0);
+        for ch in 1..4 {
+            p.merge(&at(ch)).unwrap();
+        }
+        p.candidates[0].name = name.into();
+        p
+    };
+    let mut p = candidate(0.0, "frequency_K4");
+    p.candidates.push(candidate(0.1, "reap_hybrid_K4").candidates.remove(0));
+    let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
+    let row = s
+        .pairs
+        .iter()
+        .find(|r| r.split == Split::Heldout)
+        .unwrap();
+    assert_eq!((row.a.as_str(), row.b.as_str()), ("frequency_K4", "reap_hybrid_K4"));
+    // 13 held-out positions per chunk; the differences are -0.1 * (ch + 1).
+    let by_hand = |chunks: &[u32]| {
+        let clusters: Vec<(f64, f64)> = chunks
+            .iter()
+            .map(|&ch| (13.0, -13.0 * 0.1 * f64::from(ch + 1)))
+            .collect();
+        cr1(&clusters)
+    };
+    for (name, chunks, mean) in [("english", [0, 2], -0.2), ("code", [1, 3], -0.3)] {
+        let d = &row.domains[name];
+        let (diff, se) = by_hand(&chunks);
+        assert!((d.diff - diff).abs() < 1e-9 && (diff - mean).abs() < 1e-9, "{name}: {d:?}");
+        assert!((d.ci.se - se).abs() < 1e-9, "{name}: {d:?}");
+        assert_eq!(d.ci.clusters, 2, "{name}");
+    }
+    // The pooled row keeps all four clusters.
+    assert!((row.diff + 0.25).abs() < 1e-9 && row.ci.clusters == 4, "{row:?}");
+    // The fit split's positions are all code's (one per three).
+    let fit = s.pairs.iter().find(|r| r.split == Split::Fit).unwrap();
+    assert_eq!(fit.domains.keys().collect::<Vec<_>>(), ["code"]);
 }
 
 #[test]

@@ -110,7 +110,7 @@ fn pairs_table(s: &EvalSummary) -> String {
         return String::new();
     }
     let mut md = format!(
-        "\nPaired comparisons ({basis} KL(a) - KL(b) per position, over the same positions; negative: a is closer to the base model; interval by group clusters of the difference):\n\n| a | b | compares | KL(a) - KL(b) [95% interval] (clusters) |\n|---|---|---|---|\n"
+        "\nPaired comparisons ({basis} KL(a) - KL(b) per position, over the same positions; negative: a is closer to the base model; interval by group clusters of the difference; per domain over that domain's positions and clusters alone):\n\n| a | b | compares | KL(a) - KL(b) [95% interval] (clusters) | per domain |\n|---|---|---|---|---|\n"
     );
     for r in rows {
         let what = match r.compares {
@@ -118,12 +118,18 @@ fn pairs_table(s: &EvalSummary) -> String {
             Comparison::SmallerK => "a K against the next larger K",
             Comparison::MergedPruned => "merged against pruned (same method and K)",
         };
+        let domains: Vec<String> = r
+            .domains
+            .iter()
+            .map(|(name, d)| format!("{name} {}", signed(d.diff, &d.ci)))
+            .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {what} | {} |",
+            "| {} | {} | {what} | {} | {} |",
             r.a,
             r.b,
-            signed(r.diff, &r.ci)
+            signed(r.diff, &r.ci),
+            domains.join("; ")
         );
     }
     md
@@ -717,7 +723,7 @@ mod tests {
 
     #[test]
     fn intervals_name_their_clusters_pairs_and_the_binding_domain_are_listed() {
-        use numbers::eval::{Binding, BudgetPicks, BudgetScope, KlFigures, PairedRow};
+        use numbers::eval::{Binding, BudgetPicks, BudgetScope, DomainDiff, KlFigures, PairedRow};
         let mut s = summary(&[("heldout", 0.5)]);
         let kl = |lo, hi| KlFigures {
             mean: 0.25,
@@ -744,6 +750,18 @@ mod tests {
                 hi: -0.02,
                 clusters: 3,
             },
+            domains: BTreeMap::from([(
+                "code".into(),
+                DomainDiff {
+                    diff: -0.2,
+                    ci: Interval {
+                        se: 0.05,
+                        lo: -0.3,
+                        hi: -0.1,
+                        clusters: 2,
+                    },
+                },
+            )]),
         }];
         s.pairs.push(PairedRow {
             compares: Comparison::MergedPruned,
@@ -782,7 +800,7 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("| reap_hybrid_K2 | frequency_K2 | two methods at one K | -0.0500 [-0.0800, -0.0200] (3 clusters) |"),
+            md.contains("| reap_hybrid_K2 | frequency_K2 | two methods at one K | -0.0500 [-0.0800, -0.0200] (3 clusters) | code -0.2000 [-0.3000, -0.1000] (2 clusters) |"),
             "{md}"
         );
         assert!(

@@ -155,9 +155,11 @@ async fn read_plan(
             ),
         });
     };
-    let plan = MergePlan::parse(&bytes).map_err(|problem| StagesError::Argument {
-        argument: "--candidates".into(),
-        problem: format!("candidate {name}: {}: {problem}", store.url_of(&object)),
+    let plan = MergePlan::decode(&bytes, &store.url_of(&object)).map_err(|e| {
+        StagesError::Argument {
+            argument: "--candidates".into(),
+            problem: format!("candidate {name}: {e}"),
+        }
     })?;
     if plan.name() != plan_name {
         return Err(StagesError::Argument {
