@@ -87,9 +87,11 @@ pub struct RunSettings {
     /// Dimensions each routed expert output (before its routing weight) is
     /// projected to, summed exactly per expert and split: the mean output
     /// merge plans compare experts by (a seeded random sign projection,
-    /// README "Merge plans"). At 48 MoE layers x 512 experts, 128 adds
-    /// 2 x 48 x 512 x 128 sums (about 100 MB in memory, 50 MB stored) to
-    /// a partial. 0: off (merge plans then use the router's similarity).
+    /// README "Merged candidates"). At 48 MoE layers x 512 experts, 128
+    /// adds 2 x 48 x 512 x 128 = 6.3M sums to a partial (100.7 MB in
+    /// memory beside a total's 2.03 GB; packed, about 17 MB stored at 2,048
+    /// tokens, BENCHMARKS.md). 0: off (merge plans then use the router's
+    /// similarity).
     pub merge_projection: u32,
     /// CPU threads per local worker (default: cores / local workers).
     pub local_worker_threads: Option<u32>,
