@@ -29,7 +29,8 @@ pub struct RunSettings {
     /// Stored results the coordinator reads, checks and merges at once
     /// (each check and merge is spread over its cores). Its memory is the
     /// running total plus this many results: at 48 MoE layers x 512
-    /// experts, 2.03 GB + 0.98 GB each. 1 saves a result's memory for about
+    /// experts, 2.03 GB + 0.98 GB each (at most 0.1 GB more for each and
+    /// for the total with `merge_projection = 128`). 1 saves a result's memory for about
     /// a sixth of the ingest throughput (BENCHMARKS.md).
     pub ingest_slots: u32,
     /// Seconds of silence after which a worker is considered gone.
