@@ -29,7 +29,8 @@ pub struct RunSettings {
     /// Stored results the coordinator reads, checks and merges at once
     /// (each check and merge is spread over its cores). Its memory is the
     /// running total plus this many results: at 48 MoE layers x 512
-    /// experts, 2.03 GB + 0.98 GB each. 1 saves a result's memory for about
+    /// experts, 2.03 GB + 0.98 GB each (at most 0.1 GB more for each and
+    /// for the total with `merge_projection = 128`). 1 saves a result's memory for about
     /// a sixth of the ingest throughput (BENCHMARKS.md).
     pub ingest_slots: u32,
     /// Seconds of silence after which a worker is considered gone.
@@ -87,9 +88,11 @@ pub struct RunSettings {
     /// Dimensions each routed expert output (before its routing weight) is
     /// projected to, summed exactly per expert and split: the mean output
     /// merge plans compare experts by (a seeded random sign projection,
-    /// README "Merge plans"). At 48 MoE layers x 512 experts, 128 adds
-    /// 2 x 48 x 512 x 128 sums (about 100 MB in memory, 50 MB stored) to
-    /// a partial. 0: off (merge plans then use the router's similarity).
+    /// README "Merged candidates"). At 48 MoE layers x 512 experts, 128
+    /// adds 2 x 48 x 512 x 128 = 6.3M sums to a partial (100.7 MB in
+    /// memory beside a total's 2.03 GB; packed, about 17 MB stored at 2,048
+    /// tokens, BENCHMARKS.md). 0: off (merge plans then use the router's
+    /// similarity).
     pub merge_projection: u32,
     /// CPU threads per local worker (default: cores / local workers).
     pub local_worker_threads: Option<u32>,

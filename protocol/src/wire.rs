@@ -749,14 +749,14 @@ mod tests {
     #[test]
     fn wire_tags_are_pinned_and_one_welcome_carries_either_task() {
         // bincode tags an enum variant by its index: these tags are the
-        // protocol of PROTOCOL_VERSION 13 (as of 3, with `Computed` and
+        // protocol of PROTOCOL_VERSION 14 (as of 3, with `Computed` and
         // `Checkpoint` appended in 5; 6 changed the fields of an eval
         // candidate, 7 those of the job, 8 which replies answer what, 9 and
-        // 10 the eval job's fields, 11 the job options', 13 the generation
-        // prompts', not a tag; 12 appended a task); moving one needs a new
-        // version.
+        // 10 the eval job's fields, 11 and 14 the job options', 13 the
+        // generation prompts', not a tag; 12 appended a task); moving one
+        // needs a new version.
         let tag = |frame: Vec<u8>| frame[4];
-        assert_eq!(PROTOCOL_VERSION, 13);
+        assert_eq!(PROTOCOL_VERSION, 14);
         assert_eq!(tag(encode_frame(&ToWorker::Ack)), 4);
         assert_eq!(tag(encode_frame(&ToWorker::Finished)), 5);
         let refuse = ToCoordinator::Refuse { reason: "r".into() };

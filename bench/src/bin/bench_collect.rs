@@ -17,7 +17,9 @@
 //! traces, lookahead off), `collect + trace + lookahead` (and the
 //! lookahead guesses of issue #56 at d = 1, 2), `collect with the head`
 //! (the output head computed and its logits copied, as before issue #22;
-//! same statistics bit for bit).
+//! same statistics bit for bit), `collect + merge_projection 128` (and
+//! the projected expert outputs of issue #57; its partial's bytes are
+//! printed beside plain `collect`'s).
 //!
 //! Issue #22's goal: `collect` costs at most `forward - 0.8 x (forward -
 //! forward, last token)`; the last lines print both sides, in wall seconds
@@ -173,6 +175,7 @@ fn main() -> anyhow::Result<()> {
     let model = Model::load(&path, &Offload::layers(a.ngl))?;
     let mut best = [f64::MAX; MODES.len()];
     let mut best_cpu = [f64::MAX; MODES.len()];
+    let mut partial_bytes = [0usize; MODES.len()];
     let cpu = || process_cpu_seconds().unwrap_or(f64::NAN);
     let mut crossed = [BackendToHost::default(); MODES.len()];
     let mut shape = None;
@@ -214,6 +217,7 @@ fn main() -> anyhow::Result<()> {
             (TRACE, 1, false, false),
             (LOOKAHEAD, 1, false, true),
             (WITH_HEAD, 0, true, false),
+            (PROJECTED, 0, false, false),
         ] {
             let opts = CollectOptions {
                 n_ubatch: a.n_ubatch,
@@ -226,6 +230,7 @@ fn main() -> anyhow::Result<()> {
                 },
                 reduce: a.reduce,
                 output_head,
+                merge_projection: if mode == PROJECTED { 128 } else { 0 },
                 ..Default::default()
             };
             let mut collector = Collector::load(&path, opts)?;
@@ -242,6 +247,7 @@ fn main() -> anyhow::Result<()> {
                 best[lease] = best[lease].min(t.elapsed().as_secs_f64());
                 best_cpu[lease] = best_cpu[lease].min(cpu() - c0);
                 crossed[lease] = collected.partial.backend_to_host;
+                partial_bytes[lease] = collected.partial.to_bytes().len();
             }
             shape = Some(collector.shape().clone());
         }
@@ -279,6 +285,16 @@ fn main() -> anyhow::Result<()> {
     for (what, b) in [("wall", &best), ("process CPU", &best_cpu)] {
         println!("\n{what}: {}", head_goal(b));
     }
+    println!(
+        "\npartial bytes ({} chunks): collect {}, collect + merge_projection 128 {} ({:+}); \
+         wall {:+.2}%, process CPU {:+.2}% of collect",
+        a.chunks,
+        partial_bytes[COLLECT],
+        partial_bytes[PROJECTED],
+        partial_bytes[PROJECTED] as i64 - partial_bytes[COLLECT] as i64,
+        100.0 * (best[PROJECTED] / best[COLLECT] - 1.0),
+        100.0 * (best_cpu[PROJECTED] / best_cpu[COLLECT] - 1.0),
+    );
     for (what, b) in [("wall", &best), ("process CPU", &best_cpu)] {
         println!(
             "\n{what}: lookahead d = 1, 2 costs {:+.2}% of collect + trace (issue #56's goal: at most 5%: {})",
@@ -314,7 +330,7 @@ fn head_goal(best: &[f64; MODES.len()]) -> String {
 }
 
 /// The measured modes, in table order.
-const MODES: [&str; 8] = [
+const MODES: [&str; 9] = [
     "forward (outputs on every token, host logits: llama-imatrix's decode)",
     "forward, output on the last token only",
     "collect (stats + imatrix, output head skipped), first lease: context made",
@@ -323,6 +339,7 @@ const MODES: [&str; 8] = [
     "collect with the output head (before issue #22)",
     "forward (fresh context per chunk)",
     "collect + trace + lookahead d = 1, 2 (issue #56)",
+    "collect + merge_projection 128 (issue #57), first lease",
 ];
 const FORWARD: usize = 0;
 const FORWARD_LAST: usize = 1;
@@ -332,6 +349,7 @@ const TRACE: usize = 4;
 const WITH_HEAD: usize = 5;
 const FRESH: usize = 6;
 const LOOKAHEAD: usize = 7;
+const PROJECTED: usize = 8;
 
 /// How device-reduced statistics compare with the host path's: counts
 /// (which must be equal), the largest relative difference of any expert

@@ -324,6 +324,8 @@ impl Observer {
                 let mut norms = Vec::with_capacity(k * p.n_tokens);
                 let mut maxima = Vec::with_capacity(k * p.n_tokens);
                 let mut projector = projector;
+                // The last of `ffn_moe_down`, `_scaled` and `_biased` wins.
+                p.projected.clear();
                 if let Some(x) = projector.as_ref() {
                     p.projected.reserve(k * p.n_tokens * x.dim());
                 }
