@@ -263,6 +263,34 @@ impl EvalSettings {
         Ok(())
     }
 
+    /// Refuses merge methods (`<method>_merge`) and merge plans by name on
+    /// a run that collects no routing traces (`[run]
+    /// trace_tokens_per_split = 0`), from which `score` builds the plans.
+    pub fn check_merge_traces(&self, trace_tokens_per_split: u64) -> Result<(), String> {
+        if trace_tokens_per_split > 0 {
+            return Ok(());
+        }
+        let merged = self
+            .methods
+            .iter()
+            .filter(|m| m.merged)
+            .map(|m| format!("[eval] methods {:?}", m.name()))
+            .chain(
+                self.keep_maps
+                    .iter()
+                    .filter(|n| crate::candidate::is_merge_plan(n))
+                    .map(|n| format!("[eval] keep_maps {n:?}")),
+            )
+            .next();
+        match merged {
+            Some(what) => Err(format!(
+                "{what}: merge plans are built from routing traces, and [run] \
+                 trace_tokens_per_split = 0 collects none (set it above 0, or drop the merge method)"
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Refuses a noise floor decoded in micro-batches of the run's own
     /// size (`[run] n_ubatch`), which would perturb nothing, or larger
     /// ones, which a worker's context does not take.
@@ -447,6 +475,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("\"reap_merge\" is not a scoring method"), "{e}");
+    }
+
+    #[test]
+    fn merge_methods_need_routing_traces() {
+        let s: EvalSettings =
+            toml::from_str("methods = [\"frequency\", \"reap_hybrid_merge\"]\nk = [\"8\"]")
+                .unwrap();
+        assert!(s.check_merge_traces(65_536).is_ok());
+        let e = s.check_merge_traces(0).unwrap_err();
+        assert!(
+            e.starts_with(
+                "[eval] methods \"reap_hybrid_merge\": merge plans are built from routing traces"
+            ),
+            "{e}"
+        );
+        let named = EvalSettings {
+            keep_maps: vec!["frequency_K8".into(), "reap_mean_merge_K8".into()],
+            ..EvalSettings::default()
+        };
+        assert!(named
+            .check_merge_traces(0)
+            .unwrap_err()
+            .starts_with("[eval] keep_maps \"reap_mean_merge_K8\""));
+        let pruned = EvalSettings {
+            keep_maps: vec!["frequency_K8".into()],
+            ..EvalSettings::default()
+        };
+        assert!(pruned.check_merge_traces(0).is_ok());
     }
 
     #[test]

@@ -79,6 +79,11 @@ impl Config {
             .and_then(|()| config.cluster.validate())
             .and_then(|()| config.eval.validate())
             .and_then(|()| config.eval.check_noise_ubatch(config.run.n_ubatch))
+            .and_then(|()| {
+                config
+                    .eval
+                    .check_merge_traces(config.run.trace_tokens_per_split)
+            })
             .and_then(|()| config.ship.as_ref().map_or(Ok(()), |s| s.validate()))
             .and_then(|()| config.corpus.validate_respond())
             .map_err(|message| ConfigError::Parse {

@@ -127,7 +127,7 @@ fn workers_started_once_serve_collection_evaluation_and_shipping() {
     assert!(status.success(), "{}\n{}", cluster.out(), cluster.log());
     let out = cluster.out();
     assert!(
-        out.contains("evaluated 4 candidates") && out.contains("run complete"),
+        out.contains("evaluated 6 candidates") && out.contains("run complete"),
         "{out}"
     );
     assert_eq!(

@@ -166,7 +166,34 @@ fn quickstart_run_finishes_verified_and_marked_complete() {
         assert_eq!(held.all.n, calibration, "{}", c.name);
         assert!(!c.splits[&Split::Fit].domains.contains_key("sample_eval"));
     }
-    assert!(stdout.contains("evaluated 4 candidates"), "{stdout}");
+    // Two pruned methods and reap_hybrid's merge plans at two K each, each
+    // merged candidate paired with the pruned one of its method and K.
+    assert!(stdout.contains("evaluated 6 candidates"), "{stdout}");
+    let merged_pairs: Vec<(&str, &str)> = eval
+        .pairs
+        .iter()
+        .filter(|r| {
+            r.split == Split::Heldout && r.compares == numbers::eval::Comparison::MergedPruned
+        })
+        .map(|r| (r.a.as_str(), r.b.as_str()))
+        .collect();
+    let ks: Vec<u32> = eval
+        .candidates
+        .iter()
+        .filter(|c| c.method == "reap_hybrid_merge")
+        .map(|c| c.k)
+        .collect();
+    assert_eq!(ks.len(), 2, "{cells:?}");
+    for k in ks {
+        let (merged, pruned) = (
+            format!("reap_hybrid_merge_K{k}"),
+            format!("reap_hybrid_K{k}"),
+        );
+        assert!(
+            merged_pairs.contains(&(merged.as_str(), pruned.as_str())),
+            "{merged_pairs:?}"
+        );
+    }
     let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
     assert!(report.contains("Generation check"), "{report}");
     assert!(

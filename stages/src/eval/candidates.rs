@@ -87,7 +87,7 @@ pub async fn prepare(
             return Err(bad("named twice".into()));
         }
         let path = scratch.path().join(format!("{name}.gguf"));
-        if is_merge(name) {
+        if config::candidate::is_merge_plan(name) {
             let (object, sliced) = merged(store, name, base, &path).await?;
             sizes.insert(name.clone(), sliced.bytes);
             std::fs::remove_file(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
@@ -124,12 +124,6 @@ pub async fn prepare(
         });
     }
     Ok((out, sizes))
-}
-
-/// Whether the candidate `name` is a merge plan's (`<method>_merge_K<k>`).
-pub fn is_merge(name: &str) -> bool {
-    numbers::keep_name::KeepMapName::parse(name)
-        .is_some_and(|n| n.method.ends_with(runfiles::mergeplan::MERGE_SUFFIX))
 }
 
 /// Reads the run's merge plan `name` and merges it from `base` to `path`
