@@ -471,14 +471,14 @@ fn paired_rows_carry_each_domains_own_difference_and_clusters() {
         p
     };
     let mut p = candidate(0.0, "frequency_K4");
-    p.candidates.push(candidate(0.1, "reap_hybrid_K4").candidates.remove(0));
+    p.candidates
+        .push(candidate(0.1, "reap_hybrid_K4").candidates.remove(0));
     let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
-    let row = s
-        .pairs
-        .iter()
-        .find(|r| r.split == Split::Heldout)
-        .unwrap();
-    assert_eq!((row.a.as_str(), row.b.as_str()), ("frequency_K4", "reap_hybrid_K4"));
+    let row = s.pairs.iter().find(|r| r.split == Split::Heldout).unwrap();
+    assert_eq!(
+        (row.a.as_str(), row.b.as_str()),
+        ("frequency_K4", "reap_hybrid_K4")
+    );
     // 13 held-out positions per chunk; the differences are -0.1 * (ch + 1).
     let by_hand = |chunks: &[u32]| {
         let clusters: Vec<(f64, f64)> = chunks
@@ -490,12 +490,18 @@ fn paired_rows_carry_each_domains_own_difference_and_clusters() {
     for (name, chunks, mean) in [("english", [0, 2], -0.2), ("code", [1, 3], -0.3)] {
         let d = &row.domains[name];
         let (diff, se) = by_hand(&chunks);
-        assert!((d.diff - diff).abs() < 1e-9 && (diff - mean).abs() < 1e-9, "{name}: {d:?}");
+        assert!(
+            (d.diff - diff).abs() < 1e-9 && (diff - mean).abs() < 1e-9,
+            "{name}: {d:?}"
+        );
         assert!((d.ci.se - se).abs() < 1e-9, "{name}: {d:?}");
         assert_eq!(d.ci.clusters, 2, "{name}");
     }
     // The pooled row keeps all four clusters.
-    assert!((row.diff + 0.25).abs() < 1e-9 && row.ci.clusters == 4, "{row:?}");
+    assert!(
+        (row.diff + 0.25).abs() < 1e-9 && row.ci.clusters == 4,
+        "{row:?}"
+    );
     // The fit split's positions are all code's (one per three).
     let fit = s.pairs.iter().find(|r| r.split == Split::Fit).unwrap();
     assert_eq!(fit.domains.keys().collect::<Vec<_>>(), ["code"]);

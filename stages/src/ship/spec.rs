@@ -155,12 +155,11 @@ async fn read_plan(
             ),
         });
     };
-    let plan = MergePlan::decode(&bytes, &store.url_of(&object)).map_err(|e| {
-        StagesError::Argument {
+    let plan =
+        MergePlan::decode(&bytes, &store.url_of(&object)).map_err(|e| StagesError::Argument {
             argument: "--candidates".into(),
             problem: format!("candidate {name}: {e}"),
-        }
-    })?;
+        })?;
     if plan.name() != plan_name {
         return Err(StagesError::Argument {
             argument: "--candidates".into(),
