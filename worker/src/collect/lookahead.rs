@@ -159,8 +159,8 @@ impl Routers {
     /// [`Routers::guesses`] computed on the backend holding `l_out` (the
     /// device path): per distance, the norm, router product, gating and
     /// ranking run there and only the top-N ids and gating values cross.
-    /// `None` where the host must compute them (grouped routing, which the
-    /// device graph does not rank, or a backend that cannot run it).
+    /// `None` where the host must compute them (a backend that cannot run
+    /// the graph).
     pub fn guesses_on_device(
         &self,
         layer: u32,
@@ -168,9 +168,9 @@ impl Routers {
         wanted: &[bool],
         device: &mut DeviceReads,
     ) -> Result<Option<Vec<Vec<Lookahead>>>, String> {
-        if self.groups.is_some_and(|g| g.n_group > 1) {
-            return Ok(None);
-        }
+        let groups = self
+            .groups
+            .map(|g| (g.n_group as usize, g.n_group_used as usize));
         let gating = match self.gating {
             Gating::Softmax | Gating::SoftmaxWeight => RouterGating::Softmax,
             Gating::Sigmoid => RouterGating::Sigmoid,
@@ -197,7 +197,8 @@ impl Routers {
                 bias: r.bias.as_deref(),
                 selection_bias: r.selection_bias.as_deref(),
             };
-            let Some((ids, probs)) = device.router_top_n(t, &rows, &weights, gating, self.top_n)?
+            let Some((ids, probs)) =
+                device.router_top_n(t, &rows, &weights, gating, groups, self.top_n)?
             else {
                 return Ok(None);
             };

@@ -397,13 +397,17 @@ impl Reducer {
     /// tokens `rows` of the residual stream `t` (`[n_embd, n_tokens]` f32),
     /// computed on `t`'s backend: RMS norm, router product, bias, gating,
     /// selection bias, a descending argsort; only the ids `[top_n, rows]`
-    /// and values `[top_n, rows]` are copied to the host.
+    /// and values `[top_n, rows]` are copied to the host. With `groups`
+    /// (`n_group`, `n_group_used`), the experts of the groups whose two best
+    /// selection scores add up highest rank first, then the others, as the
+    /// host's ranking and llama.cpp's grouped selection do.
     pub fn router_top_n(
         &mut self,
         t: &TensorRef<'_>,
         rows: &[i32],
         r: &RouterWeights<'_>,
         gating: RouterGating,
+        groups: Option<(usize, usize)>,
         top_n: usize,
     ) -> Result<(Vec<i32>, Vec<f32>), ReduceError> {
         expect_type(t, sys::GGML_TYPE_F32)?;
@@ -424,6 +428,7 @@ impl Reducer {
             )));
         }
         let top_n = top_n.min(n_expert);
+        let groups = groups.filter(|&(n, used)| n > 1 && used > 0 && n_expert % n == 0);
         let d = self.devices.of(t)?;
         let w = self.router_on(d, r, n_embd, n_expert)?;
         let mut g = Graph::new()?;
@@ -432,7 +437,7 @@ impl Reducer {
         // SAFETY: nodes of our graph context over tensors that live until
         // the computation below ends (the observed tensor during the
         // callback, the router copies in `self.routers`).
-        let (ids, probs) = unsafe {
+        let ranked = unsafe {
             let ctx = g.ctx();
             let xs = sys::ggml_get_rows(ctx, x, idx);
             let xn = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, xs, r.eps), w[1]);
@@ -449,12 +454,71 @@ impl Reducer {
                 Some(_) => sys::ggml_add(ctx, probs, w[3]),
                 None => probs,
             };
-            let ids = sys::ggml_cont(ctx, sys::ggml_argsort_top_k(ctx, sel, top_n as i32));
-            let p3 = sys::ggml_reshape_3d(ctx, probs, 1, n_expert as i64, rows.len() as i64);
-            (ids, sys::ggml_get_rows(ctx, p3, ids))
+            let n_rows = rows.len() as i64;
+            let p3 = sys::ggml_reshape_3d(ctx, probs, 1, n_expert as i64, n_rows);
+            // (scores to rank, how many) per part: the chosen groups' experts
+            // first, then the others, each its own argsort.
+            let parts = match groups {
+                None => vec![(sel, top_n)],
+                Some((n_group, used)) => {
+                    let per = n_expert / n_group;
+                    let (n_g, per_i) = (n_group as i64, per as i64);
+                    let sg = sys::ggml_reshape_3d(ctx, sel, per_i, n_g, n_rows);
+                    let two = per.min(2);
+                    let best = sys::ggml_cont(ctx, sys::ggml_argsort_top_k(ctx, sg, two as i32));
+                    let one_col = sys::ggml_reshape_4d(ctx, sg, 1, per_i, n_g, n_rows);
+                    let best = sys::ggml_get_rows(ctx, one_col, best);
+                    let best = sys::ggml_reshape_3d(ctx, best, two as i64, n_g, n_rows);
+                    let sums =
+                        sys::ggml_reshape_2d(ctx, sys::ggml_sum_rows(ctx, best), n_g, n_rows);
+                    let used = used.min(n_group);
+                    let chosen =
+                        sys::ggml_cont(ctx, sys::ggml_argsort_top_k(ctx, sums, used as i32));
+                    // Each set_rows writes into its own fresh destination
+                    // (-inf everywhere, or a copy of the scores), so no
+                    // tensor another node reads is changed in place.
+                    let all_out = sys::ggml_scale_bias(ctx, sg, 0.0, f32::NEG_INFINITY);
+                    let kept = sys::ggml_get_rows(ctx, sg, chosen);
+                    let inside = sys::ggml_set_rows(ctx, all_out, kept, chosen);
+                    let scores = sys::ggml_scale_bias(ctx, sg, 1.0, 0.0);
+                    let erased = sys::ggml_get_rows(
+                        ctx,
+                        sys::ggml_scale_bias(ctx, sg, 0.0, f32::NEG_INFINITY),
+                        chosen,
+                    );
+                    let outside = sys::ggml_set_rows(ctx, scores, erased, chosen);
+                    let n_in = (used * per).min(top_n);
+                    let flat = |x| sys::ggml_reshape_2d(ctx, x, n_expert as i64, n_rows);
+                    let mut parts = vec![(flat(inside), n_in)];
+                    if top_n > n_in {
+                        parts.push((flat(outside), top_n - n_in));
+                    }
+                    parts
+                }
+            };
+            parts
+                .into_iter()
+                .map(|(scores, n)| {
+                    let ids = sys::ggml_cont(ctx, sys::ggml_argsort_top_k(ctx, scores, n as i32));
+                    (n, ids, sys::ggml_get_rows(ctx, p3, ids))
+                })
+                .collect::<Vec<_>>()
         };
-        self.devices.compute(d, &g, &[ids, probs])?;
-        Ok((self.devices.read_i32(ids), self.devices.read_f32(probs)))
+        let outputs: Vec<_> = ranked.iter().flat_map(|&(_, i, p)| [i, p]).collect();
+        self.devices.compute(d, &g, &outputs)?;
+        let read: Vec<(usize, Vec<i32>, Vec<f32>)> = ranked
+            .iter()
+            .map(|&(n, i, p)| (n, self.devices.read_i32(i), self.devices.read_f32(p)))
+            .collect();
+        // Row by row, the chosen groups' part and then the others'.
+        let (mut out_ids, mut out_probs) = (Vec::new(), Vec::new());
+        for row in 0..rows.len() {
+            for (n, i, p) in &read {
+                out_ids.extend_from_slice(&i[row * n..(row + 1) * n]);
+                out_probs.extend_from_slice(&p[row * n..(row + 1) * n]);
+            }
+        }
+        Ok((out_ids, out_probs))
     }
 
     /// Router `r`'s tensors on device `d` (copied on first use): weight

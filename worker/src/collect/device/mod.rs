@@ -228,9 +228,13 @@ impl DeviceReads {
         rows: &[i32],
         r: &RouterWeights<'_>,
         gating: RouterGating,
+        groups: Option<(usize, usize)>,
         top_n: usize,
     ) -> Result<Option<RankedTopN>, String> {
-        fallback(t, self.reducer.router_top_n(t, rows, r, gating, top_n))
+        fallback(
+            t,
+            self.reducer.router_top_n(t, rows, r, gating, groups, top_n),
+        )
     }
 
     /// Moves the chunk's device importance sums into `scratch`.
