@@ -428,7 +428,13 @@ impl Reducer {
             )));
         }
         let top_n = top_n.min(n_expert);
-        let groups = groups.filter(|&(n, used)| n > 1 && used > 0 && n_expert % n == 0);
+        let groups = groups.filter(|&(n, used)| n > 1 && used > 0);
+        if let Some((n, _)) = groups.filter(|&(n, _)| !n_expert.is_multiple_of(n)) {
+            return Err(ReduceError::Shape(format!(
+                "{}: {n_expert} experts do not split into {n} routing groups",
+                t.name()
+            )));
+        }
         let d = self.devices.of(t)?;
         let w = self.router_on(d, r, n_embd, n_expert)?;
         let mut g = Graph::new()?;
