@@ -77,6 +77,24 @@ fn partial_with(chunk: u32, cluster: u32, heldout_domain: u16, kls: &[f64]) -> E
     }
 }
 
+/// Four chunks merged, each its own cluster, chunk `ch`'s held-out
+/// positions in domain `domain_of(ch)` and its KL values [`values`] plus
+/// `shift * (ch + 1)`.
+fn four_chunks(shift: f64, domain_of: impl Fn(u32) -> u16) -> EvalPartial {
+    let at = |ch: u32| {
+        let v: Vec<f64> = values(ch)
+            .iter()
+            .map(|v| v + shift * f64::from(ch + 1))
+            .collect();
+        partial_with(ch, ch, domain_of(ch), &v)
+    };
+    let mut p = at(0);
+    for ch in 1..4 {
+        p.merge(&at(ch)).unwrap();
+    }
+    p
+}
+
 fn values(chunk: u32) -> Vec<f64> {
     (0..20)
         .map(|i| ((chunk * 31 + i * 17) % 23) as f64 / 7.0 + 1e-3 / (i + 1) as f64)
@@ -392,17 +410,7 @@ fn intervals_cluster_by_group_not_by_chunk() {
 fn pairs_compare_methods_at_one_k_and_each_k_with_the_next_larger() {
     // Three candidates over 4 chunks (4 clusters): frequency_K4 and
     // reap_hybrid_K4 at one K, reap_hybrid_K8 the next K of reap_hybrid.
-    let merged = |shift: f64| {
-        let mut p = partial_of(0, &values(0).iter().map(|v| v + shift).collect::<Vec<_>>());
-        for ch in 1..4 {
-            let v: Vec<f64> = values(ch)
-                .iter()
-                .map(|v| v + shift * f64::from(ch + 1))
-                .collect();
-            p.merge(&partial_of(ch, &v)).unwrap();
-        }
-        p
-    };
+    let merged = |shift: f64| four_chunks(shift, |_| 0);
     let mut p = merged(0.0);
     let named = |shift: f64, name: &str, k: u32| {
         let mut c = merged(shift).candidates.remove(0);
@@ -456,17 +464,7 @@ fn paired_rows_carry_each_domains_own_difference_and_clusters() {
     // in domain ch % 2 (english: chunks 0 and 2, code: 1 and 3), and a is b
     // plus 0.1 * (ch + 1) at every position.
     let candidate = |shift: f64, name: &str| {
-        let at = |ch: u32| {
-            let v: Vec<f64> = values(ch)
-                .iter()
-                .map(|v| v + shift * f64::from(ch + 1))
-                .collect();
-            partial_with(ch, ch, (ch % 2) as u16, &v)
-        };
-        let mut p = at(0);
-        for ch in 1..4 {
-            p.merge(&at(ch)).unwrap();
-        }
+        let mut p = four_chunks(shift, |ch| (ch % 2) as u16);
         p.candidates[0].name = name.into();
         p
     };
@@ -511,17 +509,7 @@ fn paired_rows_carry_each_domains_own_difference_and_clusters() {
 fn a_merged_candidate_is_paired_with_the_pruned_one_of_its_method_and_k() {
     // Job order: pruned, merged, another method, all at K = 4; the merged
     // one is 0.1 x (chunk + 1) further from the base at every position.
-    let merged = |shift: f64| {
-        let mut p = partial_of(0, &values(0).iter().map(|v| v + shift).collect::<Vec<_>>());
-        for ch in 1..4 {
-            let v: Vec<f64> = values(ch)
-                .iter()
-                .map(|v| v + shift * f64::from(ch + 1))
-                .collect();
-            p.merge(&partial_of(ch, &v)).unwrap();
-        }
-        p
-    };
+    let merged = |shift: f64| four_chunks(shift, |_| 0);
     let mut p = merged(0.0);
     let named = |shift: f64, name: &str| {
         let mut c = merged(shift).candidates.remove(0);

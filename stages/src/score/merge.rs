@@ -317,6 +317,27 @@ mod tests {
     /// Six experts: 0 and 1 always fire together, 2 and 3 together, 4
     /// with 5 now and then; 0 and 2 are the centres (most salient), 5 is
     /// a super expert kept as a centre too, and 4 is dead.
+    /// Layer 3 of six experts as both merge-plan tests read it: 5 a super
+    /// expert (guarded), 4 dead, REAP masses 6, 2, 5, 3, 0, 9; ranked
+    /// 5, 0, 2, 3, 1, 4.
+    fn six_experts() -> (LayerInput, LayerRanking) {
+        let l = LayerInput {
+            layer: 3,
+            count: vec![10.0, 10.0, 10.0, 10.0, 0.0, 1.0],
+            raw_count: vec![10.0, 10.0, 10.0, 10.0, 0.0, 1.0],
+            reap_l2_sum: vec![6.0, 2.0, 5.0, 3.0, 0.0, 9.0],
+            reap_l2_sq_sum: vec![0.0; 6],
+            guarded: vec![false, false, false, false, false, true],
+            domain_mass: Vec::new(),
+        };
+        let r = LayerRanking {
+            layer: 3,
+            order: vec![5, 0, 2, 3, 1, 4],
+            kept_at: BTreeMap::new(),
+        };
+        (l, r)
+    }
+
     #[test]
     fn members_join_the_centre_the_router_treats_them_like() {
         let mut gram = RouterGram::new(&[3], 6);
@@ -333,20 +354,7 @@ mod tests {
         assert!((gram.cosine(3, 0, 1) - 1.0).abs() < 1e-6);
         assert_eq!(gram.cosine(3, 0, 3), 0.0);
         assert_eq!(gram.cosine(3, 1, 2), 0.0, "held-out rows are not counted");
-        let l = LayerInput {
-            layer: 3,
-            count: vec![10.0, 10.0, 10.0, 10.0, 0.0, 1.0],
-            raw_count: vec![10.0, 10.0, 10.0, 10.0, 0.0, 1.0],
-            reap_l2_sum: vec![6.0, 2.0, 5.0, 3.0, 0.0, 9.0],
-            reap_l2_sq_sum: vec![0.0; 6],
-            guarded: vec![false, false, false, false, false, true],
-            domain_mass: Vec::new(),
-        };
-        let r = LayerRanking {
-            layer: 3,
-            order: vec![5, 0, 2, 3, 1, 4],
-            kept_at: BTreeMap::new(),
-        };
+        let (l, r) = six_experts();
         let close = Closeness {
             similarity: Similarity::Router,
             gram: Some(&gram),
@@ -410,20 +418,7 @@ mod tests {
         let means = OutputMeans::of(&x, &[3], &counts).unwrap();
         assert!((means.cosine(3, 1, 2) - 0.995).abs() < 0.01);
         assert_eq!(means.cosine(3, 0, 4), 0.0, "a dead expert has no direction");
-        let l = LayerInput {
-            layer: 3,
-            count: vec![10.0, 10.0, 10.0, 10.0, 0.0, 1.0],
-            raw_count: vec![10.0, 10.0, 10.0, 10.0, 0.0, 1.0],
-            reap_l2_sum: vec![6.0, 2.0, 5.0, 3.0, 0.0, 9.0],
-            reap_l2_sq_sum: vec![0.0; 6],
-            guarded: vec![false, false, false, false, false, true],
-            domain_mass: Vec::new(),
-        };
-        let r = LayerRanking {
-            layer: 3,
-            order: vec![5, 0, 2, 3, 1, 4],
-            kept_at: BTreeMap::new(),
-        };
+        let (l, r) = six_experts();
         let close = Closeness {
             similarity: Similarity::Output,
             gram: None,
