@@ -210,36 +210,9 @@ fn drop_above_quantile(responses: &mut [StoredResponse], q: f64) {
     }
 }
 
-/// What a source's responses were, for the corpus summary.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SourceFigures {
-    /// Distinct prompts.
-    pub prompts: u64,
-    /// Responses.
-    pub responses: u64,
-    /// Tokens generated.
-    pub tokens: u64,
-    /// Responses that stopped at an end-of-generation token.
-    pub at_eog: u64,
-    /// Responses that stopped at `max_tokens`.
-    pub at_max_tokens: u64,
-    /// Responses the perplexity filter dropped.
-    pub dropped: u64,
-}
-
 /// The summary line of each responded source.
 pub fn summary(responses: &[StoredResponse]) -> String {
-    let mut by_source: BTreeMap<&str, SourceFigures> = BTreeMap::new();
-    for r in responses {
-        let f = by_source.entry(&r.source).or_default();
-        f.prompts += u64::from(r.sample == 0);
-        f.responses += 1;
-        f.tokens += r.tokens.len() as u64;
-        f.at_eog += u64::from(r.stopped_at_eog);
-        f.at_max_tokens += u64::from(!r.stopped_at_eog);
-        f.dropped += u64::from(r.dropped);
-    }
-    by_source
+    runfiles::respond::by_source(responses)
         .iter()
         .map(|(s, f)| {
             format!(

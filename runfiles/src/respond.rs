@@ -91,6 +91,39 @@ pub fn read_prompts(bytes: &[u8]) -> Result<PromptFile, String> {
     serde_json::from_slice(bytes).map_err(|e| format!("not a prompt file: {e}"))
 }
 
+/// What a source's responses were: the corpus summary's and the report's
+/// figures per source.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SourceFigures {
+    /// Distinct prompts.
+    pub prompts: u64,
+    /// Responses.
+    pub responses: u64,
+    /// Tokens generated.
+    pub tokens: u64,
+    /// Responses that stopped at an end-of-generation token.
+    pub at_eog: u64,
+    /// Responses that stopped at `max_tokens`.
+    pub at_max_tokens: u64,
+    /// Responses the perplexity filter dropped.
+    pub dropped: u64,
+}
+
+/// [`SourceFigures`] of each source of `responses`, by source.
+pub fn by_source(responses: &[StoredResponse]) -> std::collections::BTreeMap<&str, SourceFigures> {
+    let mut out: std::collections::BTreeMap<&str, SourceFigures> = Default::default();
+    for r in responses {
+        let f = out.entry(r.source.as_str()).or_default();
+        f.prompts += u64::from(r.sample == 0);
+        f.responses += 1;
+        f.tokens += r.tokens.len() as u64;
+        f.at_eog += u64::from(r.stopped_at_eog);
+        f.at_max_tokens += u64::from(!r.stopped_at_eog);
+        f.dropped += u64::from(r.dropped);
+    }
+    out
+}
+
 /// The bytes of `responses.jsonl`: one line per response, in order.
 pub fn responses_jsonl(responses: &[StoredResponse]) -> String {
     responses

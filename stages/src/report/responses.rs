@@ -7,7 +7,9 @@
 
 use crate::StagesError;
 use numbers::peer_text::{escape_peer_text, table_cell};
-use runfiles::respond::{read_responses, StoredResponse, MAX_FILE_BYTES, RESPONSES_FILE};
+use runfiles::respond::{
+    by_source, read_responses, StoredResponse, MAX_FILE_BYTES, RESPONSES_FILE,
+};
 use runfiles::store::RunStore;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -34,31 +36,17 @@ pub async fn section(store: &RunStore, md: &mut String) -> Result<(), StagesErro
     Ok(())
 }
 
-/// What one source's responses were.
-#[derive(Default)]
-struct Figures {
-    prompts: u64,
-    responses: u64,
-    tokens: u64,
-    at_eog: u64,
-    dropped: u64,
-    perplexities: Vec<f64>,
-}
-
 /// The section's Markdown (nothing for no responses).
 pub fn markdown(responses: &[StoredResponse]) -> String {
     if responses.is_empty() {
         return String::new();
     }
-    let mut by_source: BTreeMap<&str, Figures> = BTreeMap::new();
+    let mut perplexities: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for r in responses {
-        let f = by_source.entry(&r.source).or_default();
-        f.prompts += u64::from(r.sample == 0);
-        f.responses += 1;
-        f.tokens += r.tokens.len() as u64;
-        f.at_eog += u64::from(r.stopped_at_eog);
-        f.dropped += u64::from(r.dropped);
-        f.perplexities.push(r.perplexity);
+        perplexities
+            .entry(&r.source)
+            .or_default()
+            .push(r.perplexity);
     }
     let mut md = format!(
         "\n## Responses\n\nSources whose text the base model wrote (`respond`, stored in `{RESPONSES_FILE}`): \
@@ -68,7 +56,7 @@ pub fn markdown(responses: &[StoredResponse]) -> String {
          | source | prompts | responses | tokens | at end of generation | at max_tokens | dropped | median perplexity |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|\n"
     );
-    for (source, f) in &mut by_source {
+    for (source, f) in by_source(responses) {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {} | {:.2} |",
@@ -77,9 +65,13 @@ pub fn markdown(responses: &[StoredResponse]) -> String {
             f.responses,
             f.tokens,
             f.at_eog,
-            f.responses - f.at_eog,
+            f.at_max_tokens,
             f.dropped,
-            median(&mut f.perplexities),
+            median(
+                perplexities
+                    .get_mut(source)
+                    .expect("each source has responses")
+            ),
         );
     }
     let _ = write!(
