@@ -31,19 +31,19 @@ pub enum Command {
     /// Merge partials into saliency.json, saliency.parquet and imatrix.gguf.
     Merge(crate::merge::MergeArgs),
     /// Check every invariant of the run's results; exit 0 only if all hold.
-    Verify(stages::verify::VerifyArgs),
+    Verify(crate::stage_cli::verify::VerifyArgs),
     /// Rank experts, write keep maps for every K and the scoring tables.
-    Score(stages::score::ScoreArgs),
+    Score(crate::stage_cli::score::ScoreArgs),
     /// Write report/report.md with PNG plots.
-    Report(stages::report::ReportArgs),
+    Report(crate::stage_cli::report::ReportArgs),
     /// Replay traces against expert caches: misses per policy, capacity and keep map.
     Replay(replay::ReplayArgs),
     /// Slice a pruned GGUF (and its importance matrix) from one of the run's keep maps.
-    Prune(stages::prune::PruneArgs),
+    Prune(crate::stage_cli::prune::PruneArgs),
     /// Pruned GGUFs quantised by llama.cpp with their sliced importance matrix, create-only, SHA-256 recorded.
-    Ship(stages::ship::ShipArgs),
+    Ship(crate::stage_cli::ship::ShipArgs),
     /// KL, perplexity and top-1 agreement of pruned candidates against the base model, over the run's workers.
-    Eval(stages::eval::cli::EvalArgs),
+    Eval(crate::stage_cli::eval::EvalArgs),
 }
 
 /// Runs a parsed command; the exit code says whether it succeeded.
@@ -54,13 +54,13 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ca(args) => crate::keys::ca(args),
         Command::WorkerKey(args) => crate::keys::worker_key(args),
         Command::Merge(args) => crate::merge::run(args),
-        Command::Verify(args) => Ok(stages::verify::run(args)?),
-        Command::Score(args) => Ok(stages::score::run(args)?),
-        Command::Report(args) => Ok(stages::report::run(args)?),
+        Command::Verify(args) => crate::stage_cli::verify::run(args),
+        Command::Score(args) => crate::stage_cli::score::run(args),
+        Command::Report(args) => crate::stage_cli::report::run(args),
         Command::Replay(args) => replay(args),
-        Command::Prune(args) => Ok(stages::prune::run(args)?),
-        Command::Ship(args) => Ok(stages::ship::run(args)?),
-        Command::Eval(args) => Ok(stages::eval::cli::main(args)?),
+        Command::Prune(args) => crate::stage_cli::prune::run(args),
+        Command::Ship(args) => crate::stage_cli::ship::run(args),
+        Command::Eval(args) => crate::stage_cli::eval::run(args),
     }
 }
 

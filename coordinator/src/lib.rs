@@ -1,8 +1,9 @@
-//! The `coordinator` binary's library: the command line ([`cli`]), the
-//! whole run ([`pipeline`]) with its response phase ([`respond`]), the exact merge of stored partials ([`merge`])
+//! The `coordinator` binary's library: the command line ([`cli`], the
+//! stages' in [`stage_cli`]), the whole run ([`pipeline`]) with its response phase ([`respond`]), the exact merge of stored partials ([`merge`])
 //! and the cluster's credentials ([`keys`]) over the crates that do the work, in data-flow
-//! order: `config`, `corpus`, `runtime` (leases, QUIC, resume, running merge) and
-//! `stages` (score, verify, prune, eval, report, ship).
+//! order: `config`, `corpus`, `runtime` (leases, QUIC, resume, running merge),
+//! `stages` (score, verify, prune, report: files only) and `measure` (eval,
+//! ship: over the runtime's workers).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -11,3 +12,4 @@ pub mod keys;
 pub mod merge;
 pub mod pipeline;
 pub mod respond;
+pub mod stage_cli;

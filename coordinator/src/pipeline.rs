@@ -1,9 +1,9 @@
 //! `coordinator run`, the whole pipeline: the response phase (when a
 //! source sets `respond`, [`crate::respond`]), corpus preparation, collection
 //! ([`runtime::run::execute`]), scoring, replay, verification, the report,
-//! then the evaluation of the `[eval]` keep maps ([`stages::eval`]), the
+//! then the evaluation of the `[eval]` keep maps ([`measure::eval`]), the
 //! report again with its results, and the files of `[ship]`
-//! ([`stages::ship`]). Verification comes first, so a failed evaluation or
+//! ([`measure::ship`]). Verification comes first, so a failed evaluation or
 //! ship never loses the verify table, the report or the manifest's record
 //! of the collection; an unverified run is neither evaluated nor shipped. Each stage
 //! is its own module; this one only calls them in order, so no stage
@@ -15,6 +15,7 @@
 use config::eval::KeepShape;
 use config::ship::ShipSettings;
 use config::Config;
+use measure::ship::ShipRequest;
 use numbers::keep_name::KeepMapName;
 use runfiles::artifacts::names;
 use runfiles::error_text::with_causes;
@@ -25,7 +26,6 @@ use runtime::run::lock::RunLock;
 use runtime::run::{
     execute_locked, mark_finished, progress, read_index, RunArgs, RunSetup, RunSummary,
 };
-use stages::ship::ShipRequest;
 use std::process::ExitCode;
 
 /// Entry point of `coordinator run`.
@@ -115,7 +115,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         // Every stage writes through the lock's fenced store, and the run
         // is marked complete only while the lock is still ours.
         let lock = RunLock::acquire(&store, config.run.lock_stale()).await?;
-        let mut crew = Crew::new(move |l| stages::eval::cli::start_workers(local.as_ref(), l));
+        let mut crew = Crew::new(move |l| measure::eval::recorded::start_workers(local.as_ref(), l));
         let run = stages(&config, ship.as_ref(), lock.store(), &lock, &mut crew);
         let outcome = tokio::select! {
             outcome = run => Ok(outcome),
@@ -253,11 +253,11 @@ async fn stages(
         stages::report::report_verified(&store, &report).await?;
     }
     if let Some((request, eval)) = ship {
-        let evaluator = eval.then_some(stages::ship::measure::Evaluator::Locked {
+        let evaluator = eval.then_some(measure::ship::measure::Evaluator::Locked {
             setup: &setup,
             crew,
         });
-        if let Err(e) = stages::ship::ship(&store, request, evaluator).await {
+        if let Err(e) = measure::ship::ship(&store, request, evaluator).await {
             eprintln!(
                 "[ship] failed: {}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
                 with_causes(&e),
@@ -342,18 +342,18 @@ async fn evaluate_configured(
     setup: &RunSetup,
     crew: &mut Crew<'static>,
 ) -> anyhow::Result<()> {
-    let prepared = stages::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
-    let base = stages::eval::cli::Base {
+    let prepared = measure::eval::job(&setup.store, &setup.model_path, &config.eval).await?;
+    let base = measure::eval::recorded::Base {
         path: &setup.model_path,
         sha256: prepared.base_sha256,
     };
     let out = runfiles::layout::EVAL;
-    let choice = stages::eval::Choice {
+    let choice = measure::eval::Choice {
         sizes: prepared.sizes,
         kl_budget: config.eval.kl_budget,
         budget_scope: config.eval.budget_scope,
     };
-    stages::eval::cli::evaluate_held(setup, base, prepared.job, out, choice, crew).await?;
+    measure::eval::recorded::evaluate_held(setup, base, prepared.job, out, choice, crew).await?;
     Ok(())
 }
 

@@ -1,5 +1,5 @@
 //! Where a chat document's assistant turns start, in its tokens: the
-//! generation check (`stages::eval::prompts`) ends a chat prompt there, so
+//! generation check (`measure::eval::prompts`) ends a chat prompt there, so
 //! that what the models generate is an assistant's answer.
 //!
 //! For each user turn followed by an assistant turn, the conversation up

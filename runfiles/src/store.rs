@@ -65,6 +65,28 @@ pub enum StoreError {
     },
 }
 
+/// The S3 bucket and prefix of an `s3://` URL (endpoint and credentials
+/// from the environment).
+#[cfg(feature = "s3")]
+fn s3(url: &url::Url) -> Result<(Arc<dyn ObjectStore>, Path), String> {
+    let bucket = url
+        .host_str()
+        .ok_or_else(|| "s3 URL without a bucket".to_string())?;
+    let store = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let prefix = Path::parse(url.path().trim_start_matches('/')).map_err(|e| e.to_string())?;
+    Ok((Arc::new(store), prefix))
+}
+
+/// Without the `s3` feature (a library built alone) an `s3://` URL is
+/// refused: the `coordinator` and `worker` binaries have the S3 backend.
+#[cfg(not(feature = "s3"))]
+fn s3(_url: &url::Url) -> Result<(Arc<dyn ObjectStore>, Path), String> {
+    Err("this build has no S3 backend (the runfiles crate's `s3` feature, which the coordinator and worker binaries turn on)".into())
+}
+
 /// What a fenced store asks before each write.
 pub trait Fence: Send + Sync + std::fmt::Debug {
     /// `Ok` while this process may write to the run; the error says why not.
@@ -96,18 +118,7 @@ impl RunStore {
             url::Url::from_directory_path(&abs).map_err(|_| bad("not an absolute path".into()))?
         };
         let (store, prefix): (Arc<dyn ObjectStore>, Path) = match url.scheme() {
-            "s3" => {
-                let bucket = url
-                    .host_str()
-                    .ok_or_else(|| bad("s3 URL without a bucket".into()))?;
-                let store = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .build()
-                    .map_err(|e| bad(e.to_string()))?;
-                let prefix = Path::parse(url.path().trim_start_matches('/'))
-                    .map_err(|e| bad(e.to_string()))?;
-                (Arc::new(store), prefix)
-            }
+            "s3" => s3(&url).map_err(bad)?,
             "file" => {
                 let dir = url
                     .to_file_path()

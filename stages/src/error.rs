@@ -1,7 +1,8 @@
-//! The stages' one public error type: every stage function returns
-//! [`StagesError`], whose variants name the artifact, file or argument at
-//! fault; the module errors (`ShipError`, `EvalRunError`) and the earlier
-//! crates' errors convert into it at the crate boundary.
+//! The file-only stages' one public error type: every stage function
+//! returns [`StagesError`], whose variants name the artifact, file or
+//! argument at fault; the earlier crates' errors convert into it at the
+//! crate boundary. It has no runtime, network or evaluation failures: those
+//! are the `measure` crate's error, which wraps this one.
 
 use runfiles::store::StoreError;
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ impl From<runfiles::file_error::FileError> for StagesError {
     }
 }
 
-/// Errors of the analysis stages (score, verify, prune, eval, report, ship).
+/// Errors of the file-only stages (score, verify, prune, report).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StagesError {
@@ -104,13 +105,6 @@ pub enum StagesError {
         /// The drawing backend's error.
         problem: String,
     },
-    /// The async runtime a stage's entry point runs on could not start.
-    #[error("starting the async runtime")]
-    Runtime {
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
     /// The run's manifest could not be read.
     #[error(transparent)]
     Manifest(#[from] runfiles::manifest::ManifestError),
@@ -187,15 +181,6 @@ pub enum StagesError {
     /// The replay of routing traces failed.
     #[error(transparent)]
     Replay(#[from] replay::ReplayError),
-    /// The runtime (lock, runner, workers, manifest record) failed.
-    #[error(transparent)]
-    Run(#[from] runtime::run::RunError),
-    /// An evaluation failed.
-    #[error(transparent)]
-    Eval(#[from] crate::eval::EvalRunError),
-    /// A shipped file could not be made.
-    #[error(transparent)]
-    Ship(#[from] crate::ship::ShipError),
 }
 
 impl StagesError {

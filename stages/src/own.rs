@@ -24,6 +24,24 @@ pub async fn recorded_config(store: &RunStore) -> Result<Option<Config>, StagesE
         })
 }
 
+/// Where a stage run with `--out NAME` writes: `explore/NAME/` in the run
+/// (`None`: the run itself); a name that is not one is refused.
+pub fn explore_output(store: &RunStore, name: Option<&str>) -> Result<RunStore, StagesError> {
+    let Some(name) = name else {
+        return Ok(store.clone());
+    };
+    Ok(store.child(&explore_prefix(name)?))
+}
+
+/// The prefix `explore/NAME/` of `--out NAME`; a name that is not one is
+/// refused naming the flag.
+pub fn explore_prefix(name: &str) -> Result<String, StagesError> {
+    runfiles::layout::explore(name).ok_or_else(|| StagesError::Argument {
+        argument: format!("--out {name}"),
+        problem: runfiles::layout::EXPLORE_NAME_RULE.into(),
+    })
+}
+
 /// The options asked for that differ from the run's own, each as
 /// `FLAG ASKED (the run's: OWN)`.
 #[derive(Debug, Default)]

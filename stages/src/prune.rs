@@ -8,49 +8,40 @@ use runfiles::manifest::MANIFEST_FILE;
 use runfiles::store::RunStore;
 use slicer::{make_model_split, slice_imatrix, slice_model, Sliced};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Instant;
 
-/// Arguments of `coordinator prune`.
+/// What `coordinator prune` asks for.
 #[derive(Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct PruneArgs {
+pub struct PruneRequest {
     /// Run location holding `keep_maps/NAME.json` and `imatrix.gguf`.
     pub run: String,
     /// Keep map: a name under the run's `keep_maps/` (`reap_l2_sum_K8`),
     /// or the path of a JSON file, e.g. written by hand as `{"layers":
     /// {"0": [expert ids], "1": [...], ...}}` (the same number of ids in
     /// every MoE block), checked against the run's model.
-    #[cfg_attr(feature = "cli", arg(long = "keep-map"))]
     pub keep_map: String,
     /// Base model; default: the model named by the run's manifest.
-    #[cfg_attr(feature = "cli", arg(short = 'm', long))]
     pub model: Option<PathBuf>,
     /// The pruned model to write; its importance matrix goes next to it as
     /// `<stem>.imatrix.gguf`. Both are new files: an existing one is
     /// refused, never replaced.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub out: PathBuf,
     /// An importance matrix to slice instead of the run's `imatrix.gguf`:
     /// a file in llama-imatrix's GGUF format (`<name>.in_sum2` and
     /// `<name>.counts` per weight), such as llama-imatrix itself writes;
     /// the run then needs no `imatrix.gguf`.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub imatrix: Option<PathBuf>,
     /// Splits a large model (`--split-max-size`).
-    #[cfg_attr(feature = "cli", command(flatten))]
     pub split: SplitMaxSize,
 }
 
 /// `--split-max-size`, which `prune` and `ship` share.
 #[derive(Clone, Debug, Default)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct SplitMaxSize {
     /// Write each model file larger than this as llama.cpp's `gguf-split`
     /// files of at most this much tensor data (`48G`, `500M`: decimal, as
     /// `llama-gguf-split --split-max-size`; Hugging Face caps a file at
     /// 50 GB): `<stem>-00001-of-0000N.gguf`, ...
-    #[cfg_attr(feature = "cli", arg(long = "split-max-size", value_name = "SIZE"))]
     pub text: Option<String>,
 }
 
@@ -80,10 +71,7 @@ pub fn imatrix_path(out: &Path) -> PathBuf {
 /// The base model: `--model`, else the model collection ran with (the
 /// manifest's `model_path`), else the absolute model path of the run's
 /// config (`config.model.path`).
-pub(crate) async fn base_model(
-    store: &RunStore,
-    model: Option<&Path>,
-) -> Result<PathBuf, StagesError> {
+pub async fn base_model(store: &RunStore, model: Option<&Path>) -> Result<PathBuf, StagesError> {
     if let Some(m) = model {
         return Ok(m.to_path_buf());
     }
@@ -199,8 +187,10 @@ pub async fn read_keep_map(store: &RunStore, arg: &str) -> Result<(String, KeepM
     Ok((name, keep))
 }
 
-/// Entry point of `coordinator prune`.
-pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
+/// `coordinator prune`: slices the base model and the importance matrix to
+/// the keep map into new files (never over an existing one) and prints what
+/// it wrote. Must run on a multi-threaded runtime: the slicing blocks.
+pub async fn prune(args: &PruneRequest) -> Result<(), StagesError> {
     let out_imatrix = imatrix_path(&args.out);
     // Create-only: refused before any work (and again when placed).
     for path in [&args.out, &out_imatrix] {
@@ -208,13 +198,9 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
             return Err(exists(path));
         }
     }
-    let rt = crate::async_runtime()?;
     let store = RunStore::open(&args.run)?;
-    let (name, keep, base) = rt.block_on(async {
-        let (name, keep) = read_keep_map(&store, &args.keep_map).await?;
-        let base = base_model(&store, args.model.as_deref()).await?;
-        Ok::<_, StagesError>((name, keep, base))
-    })?;
+    let (name, keep) = read_keep_map(&store, &args.keep_map).await?;
+    let base = base_model(&store, args.model.as_deref()).await?;
     let split = args.split.parsed()?.map(|(_, bytes)| bytes);
 
     let out_dir = out_imatrix
@@ -238,8 +224,9 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
             path.clone()
         }
         None => {
-            let bytes = rt
-                .block_on(store.get(names::IMATRIX_GGUF))
+            let bytes = store
+                .get(names::IMATRIX_GGUF)
+                .await
                 .during("reading the run's importance matrix")?;
             let copy = scratch.path().join("run.imatrix.gguf");
             std::fs::write(&copy, &bytes).map_err(StagesError::io(
@@ -249,52 +236,54 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
             copy
         }
     };
-    let started = Instant::now();
-    let sliced_imatrix =
-        slice_imatrix(&imatrix_in, &keep, &in_scratch(&out_imatrix)).map_err(|source| {
-            StagesError::Slice {
-                input: match &args.imatrix {
-                    Some(path) => path.display().to_string(),
-                    None => store.url_of(names::IMATRIX_GGUF),
-                },
-                source,
-            }
+    tokio::task::block_in_place(|| {
+        let started = Instant::now();
+        let sliced_imatrix =
+            slice_imatrix(&imatrix_in, &keep, &in_scratch(&out_imatrix)).map_err(|source| {
+                StagesError::Slice {
+                    input: match &args.imatrix {
+                        Some(path) => path.display().to_string(),
+                        None => store.url_of(names::IMATRIX_GGUF),
+                    },
+                    source,
+                }
+            })?;
+        let imatrix_seconds = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        let model_out = in_scratch(&args.out);
+        let written = match split {
+            None => slice_model(&base, &keep, &model_out).map(|s| vec![(model_out.clone(), s)]),
+            Some(max) => make_model_split(&base, Some(&keep), None, &model_out, max),
+        }
+        .map_err(|e| StagesError::Slice {
+            input: base.display().to_string(),
+            source: e,
         })?;
-    let imatrix_seconds = started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let model_out = in_scratch(&args.out);
-    let written = match split {
-        None => slice_model(&base, &keep, &model_out).map(|s| vec![(model_out.clone(), s)]),
-        Some(max) => make_model_split(&base, Some(&keep), None, &model_out, max),
-    }
-    .map_err(|e| StagesError::Slice {
-        input: base.display().to_string(),
-        source: e,
-    })?;
-    let files: Vec<(PathBuf, Sliced)> = written
-        .into_iter()
-        .map(|(p, s)| (out_dir.join(p.file_name().unwrap_or_default()), s))
-        .collect();
-    let finals: Vec<&Path> = files
-        .iter()
-        .map(|(p, _)| p.as_path())
-        .chain([out_imatrix.as_path()])
-        .collect();
-    place(&finals, &in_scratch)?;
-    let seconds = started.elapsed().as_secs_f64();
-    let n_sliced = tensors_sliced(&base, &files[0].0)?;
-    println!(
+        let files: Vec<(PathBuf, Sliced)> = written
+            .into_iter()
+            .map(|(p, s)| (out_dir.join(p.file_name().unwrap_or_default()), s))
+            .collect();
+        let finals: Vec<&Path> = files
+            .iter()
+            .map(|(p, _)| p.as_path())
+            .chain([out_imatrix.as_path()])
+            .collect();
+        place(&finals, &in_scratch)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let n_sliced = tensors_sliced(&base, &files[0].0)?;
+        println!(
         "pruned {} with keep map {name} ({} of each MoE layer's experts kept, {} layers): {n_sliced} tensors sliced",
         base.display(),
         files[0].1.k,
         keep.layers.len()
     );
-    for (path, sliced) in &files {
-        println!("{}", describe("model", path, sliced, seconds));
-    }
-    println!(
-        "{}",
-        describe("imatrix", &out_imatrix, &sliced_imatrix, imatrix_seconds)
-    );
-    Ok(ExitCode::SUCCESS)
+        for (path, sliced) in &files {
+            println!("{}", describe("model", path, sliced, seconds));
+        }
+        println!(
+            "{}",
+            describe("imatrix", &out_imatrix, &sliced_imatrix, imatrix_seconds)
+        );
+        Ok(())
+    })
 }

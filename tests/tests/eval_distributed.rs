@@ -8,6 +8,7 @@
 
 use config::run::{ClusterSettings, RunSettings};
 use fixtures::loopback::{local_workers, spawn_noting_pids};
+use measure::eval::{evaluate, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
 use numbers::eval::EvalPartial;
 use numbers::ChunkRange;
 use numbers::Split;
@@ -17,7 +18,6 @@ use runfiles::keepmap::KeepMap;
 use runfiles::layout::eval as names;
 use runfiles::store::RunStore;
 use runtime::run::{read_index, RunError, RunSetup};
-use stages::eval::{evaluate, EvalOutcome, EvalRunError, EvalSettings, EvalSetup};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -70,7 +70,7 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
         keep_maps: CANDIDATES.iter().map(|s| s.to_string()).collect(),
         ..EvalSettings::default()
     };
-    let prepared = stages::eval::job(&store, model, &settings).await.unwrap();
+    let prepared = measure::eval::job(&store, model, &settings).await.unwrap();
     EvalSetup {
         base: RunSetup {
             index: read_index(&store).await.unwrap(),
@@ -89,7 +89,7 @@ async fn setup(dir: &Path, model: &Path) -> EvalSetup {
         },
         job: prepared.job,
         out: runfiles::layout::EVAL,
-        choice: stages::eval::Choice {
+        choice: measure::eval::Choice {
             sizes: prepared.sizes,
             kl_budget: Some(1.0),
             budget_scope: Default::default(),

@@ -53,7 +53,7 @@ fn chat_prompts_end_after_a_user_turn_at_n_ctx_1024() {
     let index = rt.block_on(runtime::run::read_index(&store)).unwrap();
     let settings = config::eval::EvalSettings::default();
     let job = rt
-        .block_on(stages::eval::prompts::job(&store, &settings, &index))
+        .block_on(measure::eval::prompts::job(&store, &settings, &index))
         .unwrap();
 
     let docs: Vec<DocRecord> = std::fs::read_to_string(dir.path().join("corpus/documents.jsonl"))

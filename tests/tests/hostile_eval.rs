@@ -12,6 +12,7 @@ use fixtures::fake_eval::{fake_eval_partial, Forge, Scored};
 use fixtures::log::log_text;
 use fixtures::loopback::{self, fake_setup, FAKE_N_CTX};
 use fixtures::peer::{honest_partial, Peer};
+use measure::eval::{evaluate, EvalOutcome, EvalSetup};
 use numbers::eval::EvalPartial;
 use numbers::exact::ExactSum;
 use numbers::Split;
@@ -19,7 +20,6 @@ use protocol::wire::{EvalCandidate, EvalJob, Refusal, ToWorker};
 use runfiles::layout::eval as names;
 use runtime::run::crew::Crew;
 use runtime::run::{Listening, RunError};
-use stages::eval::{evaluate, EvalOutcome, EvalSetup};
 use std::path::Path;
 use std::time::Duration;
 use tokio::process::Child;
@@ -348,7 +348,7 @@ async fn a_worker_quarantined_in_collection_is_refused_in_evaluation() {
             });
             let collected = runtime::run::execute_locked(&base, &mut crew).await;
             let evaluated = match collected {
-                Ok(_) => stages::eval::evaluate_locked(&eval, &mut crew)
+                Ok(_) => measure::eval::evaluate_locked(&eval, &mut crew)
                     .await
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),

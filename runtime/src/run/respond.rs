@@ -119,14 +119,7 @@ pub async fn generate_locked(
     let base = &setup.base;
     let n_prompts = base.index.n_chunks;
     let units = sched::plan(n_prompts, setup.lease_prompts.max(1));
-    let leasing = Leasing {
-        setup: base,
-        options: base.run.job_options(protocol::wire::TraceStrides::both(0)),
-        settings: settings_key(setup),
-        verify_fraction: base.run.verify_fraction,
-        progress: true,
-        phase: "responses",
-    };
+    let leasing = Leasing::untraced(base, settings_key(setup), "responses", true);
     let kind = Arc::new(RespondAcceptance {
         job: setup.job.clone(),
         n_vocab: setup.n_vocab,

@@ -39,6 +39,28 @@ pub struct Leasing<'a> {
     pub phase: &'static str,
 }
 
+impl<'a> Leasing<'a> {
+    /// The leases of a phase that traces no routing (evaluation,
+    /// responses) over `setup`, their results recorded under `settings`:
+    /// the run's job options without traces, and the same share and salted
+    /// sample of units as collection get a second worker's opinion.
+    pub fn untraced(
+        setup: &'a RunSetup,
+        settings: String,
+        phase: &'static str,
+        progress: bool,
+    ) -> Leasing<'a> {
+        Leasing {
+            setup,
+            options: setup.run.job_options(protocol::wire::TraceStrides::both(0)),
+            settings,
+            verify_fraction: setup.run.verify_fraction,
+            progress,
+            phase,
+        }
+    }
+}
+
 /// What the runner did with a kind's leases, in figures: collection's
 /// [`super::RunSummary`] and evaluation's outcome carry them as they are.
 #[derive(Clone, Debug, Default, PartialEq)]

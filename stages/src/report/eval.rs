@@ -4,8 +4,8 @@
 //! budget, the same in the domain that binds each method's pick. Reads
 //! `eval/summary.json` and `score/score.json`.
 
+pub use super::eval_table::{size_points, size_table, slot_tables, table};
 use super::plots::{self, Series};
-pub use crate::eval::table::{size_points, size_table, slot_tables, table};
 use crate::score::tables::MapTable;
 use crate::StagesError;
 use numbers::eval::choice;

@@ -11,7 +11,9 @@
 //! - [`responses`]: what the base model wrote for the sources that set
 //!   `respond` (per source, and a few responses), from
 //!   `corpus/responses/responses.jsonl`.
-//! - [`eval`]: pruned candidates against the base model, from `eval/summary.json`.
+//! - [`eval`]: pruned candidates against the base model, from
+//!   `eval/summary.json`, with the evaluation's table (`eval_table`), which
+//!   `coordinator eval` prints too.
 //! - [`vision`]: experts rare on text and live on images, when the run
 //!   measured images.
 //!
@@ -22,6 +24,7 @@
 pub mod corpus;
 pub mod domains;
 pub mod eval;
+mod eval_table;
 pub mod panels;
 pub mod plots;
 pub mod prefetch;
@@ -39,7 +42,6 @@ use plots::Series;
 use runfiles::artifacts::names;
 use runfiles::store::RunStore;
 use std::fmt::Write;
-use std::process::ExitCode;
 
 /// What `report` wrote.
 #[derive(Clone, Debug, PartialEq)]
@@ -323,40 +325,6 @@ fn verification_section(md: &mut String, v: &VerifyReport) {
             c.figure.replace('|', "\\|")
         );
     }
-}
-
-/// Builds the report of the run at `run` (path or URL); library entry point.
-/// It runs its own runtime: call it outside any async context (inside one,
-/// await [`report()`]).
-pub fn report_run(run: &str) -> Result<ReportOutput, StagesError> {
-    let store = RunStore::open(run)?;
-    crate::async_runtime()?.block_on(report(&store))
-}
-
-/// Arguments of `coordinator report`.
-#[derive(Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct ReportArgs {
-    /// Run location (path or URL).
-    pub run: String,
-}
-
-/// Entry point of `coordinator report`.
-pub fn run(args: ReportArgs) -> Result<ExitCode, StagesError> {
-    let out = report_run(&args.run)?;
-    println!(
-        "wrote {} and {} plots under {}",
-        out.markdown,
-        out.plots.len(),
-        args.run
-    );
-    for missing in &out.missing {
-        println!("not in the report: {missing}");
-    }
-    if !out.verified {
-        println!("warning: some invariants fail; see the verification section");
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -161,7 +161,7 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
         .unwrap());
 
     // No scores: the evaluation table's slot column reads `-`, silently.
-    let slots = || crate::eval::table::slot_tables(&store);
+    let slots = || super::eval_table::slot_tables(&store);
     assert_eq!(slots().await.unwrap(), Ok(Vec::new()));
 
     // Scores of an older saliency.json are named stale, not redone, by the

@@ -27,7 +27,6 @@ use std::collections::BTreeMap;
 
 /// Which closeness assigns members to centres.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Similarity {
     /// Cosine of the experts' mean projected outputs (HC-SMoE's); the

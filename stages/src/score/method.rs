@@ -10,7 +10,6 @@ use std::cmp::Ordering;
 
 /// Where `reap_shrink`'s prior `mu0` comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Prior {
     /// Median of per-expert means over the prior's experts.

@@ -40,69 +40,52 @@ use runfiles::store::RunStore;
 use serde::{Deserialize, Serialize};
 use source::{LayerInput, Source};
 use std::collections::BTreeMap;
-use std::process::ExitCode;
 
 /// Object names written by `score`, from the run layout.
 pub use runfiles::layout::score as outputs;
 
 /// Options of `coordinator score` (everything but the run).
 #[derive(Debug, Clone)]
-#[cfg_attr(feature = "cli", derive(clap::Parser))]
 pub struct ScoreOptions {
     /// Methods to score, comma-separated.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, value_delimiter = ',', default_values_t = ScoreOptions::default().methods))]
     pub methods: Vec<Method>,
     /// Keep-map sizes in experts (default: a quarter, half and three
     /// quarters of the experts); the command line's `--k` takes shares too
-    /// ([`ScoreArgs::k`]).
-    #[cfg_attr(feature = "cli", arg(skip))]
+    /// ([`ScoreRequest::k`]).
     pub k: Vec<u32>,
     /// Score one domain of the fit split.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub domain: Option<String>,
     /// Score a weighted mix of fit domains: `a=0.5,b=0.5`.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub mix: Option<String>,
     /// Prior of `reap_shrink`: median of live experts' means, or of their LCBs.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ScoreOptions::default().prior))]
     pub prior: Prior,
     /// Prior strength of `reap_shrink`, in pseudo-tokens.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().m))]
     pub m: f64,
     /// Width of the LCB prior, in standard errors.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().z))]
     pub z: f64,
     /// Keep floor: an expert with fewer hits ranks after every expert with
     /// at least this many, under every method, and only experts at or above
     /// it inform the prior (1: no floor beyond the dead rule).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().c_min))]
     pub c_min: u64,
     /// Let dead experts and experts below the floor compete on score alone.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub allow_dead: bool,
     /// Keep super experts first under every method (REAP's rule on the
     /// largest output element per expert: see `super_experts`).
-    #[cfg_attr(feature = "cli", arg(long))]
     pub guard_super_experts: bool,
     /// The statistic the super-expert guard reads: `element` (REAP's, the
     /// largest single output element) or `norm` (the largest output norm).
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ScoreOptions::default().super_expert_statistic))]
     pub super_expert_statistic: super_experts::Statistic,
     /// Bootstrap resamples for keep-map stability (0: skip).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().bootstrap))]
     pub bootstrap: u32,
     /// Seed of the bootstrap.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().seed))]
     pub seed: u64,
     /// Trace rows (token x layer) the substitution screen reads at most,
     /// whole parts at a time in name order (0: skip the screen).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ScoreOptions::default().screen_rows))]
     pub screen_rows: u64,
     /// How merge plans assign experts to centres: `output` (the cosine of
     /// their mean projected outputs, the router's where the run has none),
     /// `router` (of their router probabilities over the screen's trace
     /// rows) or `output-router` (REAM's mean of both).
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ScoreOptions::default().merge_similarity))]
     pub merge_similarity: merge::Similarity,
 }
 
@@ -213,47 +196,43 @@ pub fn run_options(config: &config::Config, s: &Saliency) -> ScoreOptions {
     options
 }
 
-/// The options of `opts` that differ from the run's own, `own` (both with
-/// their sizes resolved on `s`).
+/// The options asked for, `a`, that differ from the run's own, `o` (both
+/// with their sizes resolved on `s`).
 fn differences(
-    opts: &ScoreOptions,
-    own: &ScoreOptions,
+    a: &ScoreOptions,
+    o: &ScoreOptions,
     s: &Saliency,
 ) -> Result<crate::own::Differences, StagesError> {
-    let methods = |o: &ScoreOptions| {
-        let mut m: Vec<&str> = o.methods.iter().map(|m| m.as_str()).collect();
+    let methods = |x: &ScoreOptions| {
+        let mut m: Vec<&str> = x.methods.iter().map(|m| m.as_str()).collect();
         m.sort_unstable();
         m.dedup();
         m
     };
     let mut d = crate::own::Differences::default();
-    d.check("--methods", methods(opts), methods(own));
-    d.check("--k", opts.ks(s)?, own.ks(s)?);
-    d.check("--domain", &opts.domain, &own.domain);
-    d.check("--mix", &opts.mix, &own.mix);
-    d.check("--prior", opts.prior, own.prior);
-    d.check("--m", opts.m, own.m);
-    d.check("--z", opts.z, own.z);
-    d.check("--c-min", opts.c_min.max(1), own.c_min.max(1));
-    d.check("--allow-dead", opts.allow_dead, own.allow_dead);
+    d.check("--methods", methods(a), methods(o));
+    d.check("--k", a.ks(s)?, o.ks(s)?);
+    d.check("--domain", &a.domain, &o.domain);
+    d.check("--mix", &a.mix, &o.mix);
+    d.check("--prior", a.prior, o.prior);
+    d.check("--m", a.m, o.m);
+    d.check("--z", a.z, o.z);
+    d.check("--c-min", a.c_min.max(1), o.c_min.max(1));
+    d.check("--allow-dead", a.allow_dead, o.allow_dead);
     d.check(
         "--guard-super-experts",
-        opts.guard_super_experts,
-        own.guard_super_experts,
+        a.guard_super_experts,
+        o.guard_super_experts,
     );
     d.check(
         "--super-expert-statistic",
-        opts.super_expert_statistic,
-        own.super_expert_statistic,
+        a.super_expert_statistic,
+        o.super_expert_statistic,
     );
-    d.check("--bootstrap", opts.bootstrap, own.bootstrap);
-    d.check("--seed", opts.seed, own.seed);
-    d.check("--screen-rows", opts.screen_rows, own.screen_rows);
-    d.check(
-        "--merge-similarity",
-        opts.merge_similarity,
-        own.merge_similarity,
-    );
+    d.check("--bootstrap", a.bootstrap, o.bootstrap);
+    d.check("--seed", a.seed, o.seed);
+    d.check("--screen-rows", a.screen_rows, o.screen_rows);
+    d.check("--merge-similarity", a.merge_similarity, o.merge_similarity);
     Ok(d)
 }
 
@@ -283,24 +262,19 @@ pub fn routing_note(s: &Saliency) -> Option<String> {
     ))
 }
 
-/// Arguments of `coordinator score`.
+/// What `coordinator score` asks for besides the run: its options, the
+/// sizes as given and where to write.
 #[derive(Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct ScoreArgs {
-    /// Run location (path or URL) holding saliency.json.
-    pub run: String,
-    /// Keep-map sizes, comma-separated: numbers of experts (`8`) or shares
-    /// of the model's experts (`50%`, rounded down as `eval` rounds it);
-    /// default: a quarter, half and three quarters of the experts.
-    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ','))]
+pub struct ScoreRequest {
+    /// Keep-map sizes: numbers of experts (`8`) or shares of the model's
+    /// experts (`50%`, rounded down as `eval` rounds it); empty: the run's
+    /// own sizes.
     pub k: Vec<String>,
-    /// Scoring options.
-    #[cfg_attr(feature = "cli", command(flatten))]
+    /// Scoring options (their `k` is set from [`ScoreRequest::k`]).
     pub options: ScoreOptions,
     /// Write this score (score/, keep_maps/) to `explore/NAME/` in the run,
     /// leaving the run's own score and keep maps as they are (exploring
     /// other methods or sizes).
-    #[cfg_attr(feature = "cli", arg(long, value_name = "NAME"))]
     pub out: Option<String>,
 }
 
@@ -830,32 +804,26 @@ async fn run_bootstrap(
     Ok((rows, note))
 }
 
-/// Scores the run at `run` (path or URL); library entry point of `score`.
-/// It runs its own runtime: call it outside any async context (inside one,
-/// await [`score()`]).
-pub fn score_run(run: &str, opts: &ScoreOptions) -> Result<ScoreReport, StagesError> {
-    let store = RunStore::open(run)?;
-    crate::async_runtime()?.block_on(score(&store, opts))
-}
-
-/// Entry point of `coordinator score`: writes to the run only with the
-/// options of the run's config ([`run_options`]; without `--k`, its sizes),
-/// and with any options under `--out NAME` to `explore/NAME/` in the run,
-/// leaving the run's own results as they are.
-pub fn run(mut args: ScoreArgs) -> Result<ExitCode, StagesError> {
-    let store = RunStore::open(&args.run)?;
-    let out = crate::explore_output(&store, args.out.as_deref())?;
-    let rt = crate::async_runtime()?;
-    let (s, _) = rt.block_on(load_saliency(&store))?;
-    let own = match rt.block_on(crate::own::recorded_config(&store))? {
+/// `coordinator score`: writes to the run only with the options of the
+/// run's config ([`run_options`]; without sizes, its sizes), and with any
+/// options under `--out NAME` to `explore/NAME/` in the run, leaving the
+/// run's own results as they are. Returns the report and where it was
+/// written.
+pub async fn score_request(
+    store: &RunStore,
+    mut request: ScoreRequest,
+) -> Result<(ScoreReport, RunStore), StagesError> {
+    let out = crate::own::explore_output(store, request.out.as_deref())?;
+    let (s, _) = load_saliency(store).await?;
+    let own = match crate::own::recorded_config(store).await? {
         Some(config) => run_options(&config, &s),
         None => ScoreOptions::default(),
     };
-    if args.k.is_empty() {
-        args.options.k = own.k.clone();
+    if request.k.is_empty() {
+        request.options.k = own.k.clone();
     } else {
         let shape = config::eval::KeepShape::of(&s);
-        args.options.k = args
+        request.options.k = request
             .k
             .iter()
             .map(|spec| {
@@ -866,15 +834,11 @@ pub fn run(mut args: ScoreArgs) -> Result<ExitCode, StagesError> {
             })
             .collect::<Result<_, _>>()?;
     }
-    if args.out.is_none() {
-        differences(&args.options, &own, &s)?.allow("score/, keep_maps/ and merge_plans/")?;
+    if request.out.is_none() {
+        differences(&request.options, &own, &s)?.allow("score/, keep_maps/ and merge_plans/")?;
     }
-    let report = rt.block_on(score_into(&store, &out, &args.options))?;
-    print!("{}", render::summary(&report));
-    if args.out.is_some() {
-        println!("wrote {}", out.url());
-    }
-    Ok(ExitCode::SUCCESS)
+    let report = score_into(store, &out, &request.options).await?;
+    Ok((report, out))
 }
 
 #[cfg(test)]

@@ -34,7 +34,6 @@ pub const LAYER_SHARE: f64 = 0.75;
 
 /// The per-expert statistic the guard's rule reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Statistic {
     /// The largest single output element (`act_max`): REAP's.

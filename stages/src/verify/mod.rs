@@ -151,6 +151,16 @@ impl VerifyReport {
         self.checks.iter().all(|c| c.status != Status::Fail)
     }
 
+    /// The exit status of `coordinator verify`: success only when no check
+    /// failed.
+    pub fn exit_code(&self) -> ExitCode {
+        if self.ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+
     /// The check of an invariant (one of [`names`]).
     pub fn check(&self, invariant: &str) -> Option<&Check> {
         self.checks.iter().find(|c| c.invariant == invariant)
@@ -409,40 +419,6 @@ pub async fn verify(store: &RunStore) -> Result<VerifyReport, StagesError> {
     Ok(VerifyReport {
         run: store.url().to_string(),
         checks,
-    })
-}
-
-/// Verifies the run at `run` (path or URL); library entry point of `verify`.
-/// It runs its own runtime: call it outside any async context (inside one,
-/// await [`verify`]).
-pub fn verify_run(run: &str) -> Result<VerifyReport, StagesError> {
-    let store = RunStore::open(run)?;
-    crate::async_runtime()?.block_on(verify(&store))
-}
-
-/// Arguments of `coordinator verify`.
-#[derive(Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct VerifyArgs {
-    /// Run location (path or URL).
-    pub run: String,
-    /// Also write the report as JSON to this file.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub json: Option<std::path::PathBuf>,
-}
-
-/// Entry point of `coordinator verify`.
-pub fn run(args: VerifyArgs) -> Result<ExitCode, StagesError> {
-    let report = verify_run(&args.run)?;
-    print!("{report}");
-    if let Some(path) = &args.json {
-        let json = StagesError::encode_json("the verify report", &report)?;
-        std::fs::write(path, json).map_err(StagesError::io("writing", path))?;
-    }
-    Ok(if report.ok() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     })
 }
 

@@ -17,12 +17,11 @@ async fn run_with(bytes: Vec<u8>) -> (tempfile::TempDir, RunStore) {
     (dir, store)
 }
 
-/// The exit code of `coordinator verify DIR` (the sync entry point runs its own runtime).
+/// The exit code of `coordinator verify DIR` (the command exits with its
+/// report's [`VerifyReport::exit_code`]).
 async fn cli_exit(dir: &std::path::Path) -> ExitCode {
-    let run = dir.to_str().unwrap().to_string();
-    tokio::task::spawn_blocking(move || super::run(VerifyArgs { run, json: None }).unwrap())
-        .await
-        .unwrap()
+    let store = RunStore::open(dir.to_str().unwrap()).unwrap();
+    verify(&store).await.unwrap().exit_code()
 }
 
 fn failed(r: &VerifyReport) -> Vec<&str> {

@@ -10,18 +10,18 @@
 //! - [`scoreable`]: which positions of each chunk are scored, in which group.
 //! - [`artifacts`]: `eval/merged.bin`, `eval/summary.json`, `eval/summary.parquet`.
 //! - [`prompts`]: the generation check's held-out prompts.
-//! - [`cli`]: `coordinator eval`; its `[eval]` config section is
+//! - [`recorded`]: `coordinator eval` on a recorded run (its settings and
+//!   model from its manifest); its `[eval]` config section is
 //!   [`config::eval`].
 
 pub mod accept;
 pub mod artifacts;
 pub mod candidates;
-pub mod cli;
 pub mod prompts;
+pub mod recorded;
 pub mod scoreable;
-pub mod table;
 
-use crate::{During, StagesError};
+use crate::MeasureError;
 use gguf::hash::sha256_hex;
 use numbers::eval::EvalSummary;
 use protocol::wire::EvalJob;
@@ -33,6 +33,7 @@ use runtime::run::record::{settings_key, RecordError};
 use runtime::run::runner::{lease_all, locked, LeaseFigures, Leasing};
 use runtime::run::{RunError, RunSetup};
 use sched::plan;
+use stages::During;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -133,11 +134,11 @@ pub async fn job(
     store: &RunStore,
     base: &Path,
     settings: &EvalSettings,
-) -> Result<Prepared, StagesError> {
+) -> Result<Prepared, MeasureError> {
     let splits = settings.split.splits();
     let base_sha256 = check_base(store, base).await?;
     let names = if settings.needs_shape() {
-        let (saliency, _) = crate::score::load_saliency(store)
+        let (saliency, _) = stages::score::load_saliency(store)
             .await
             .during("resolving keep-map sizes")?;
         settings
@@ -245,16 +246,7 @@ pub async fn evaluate_locked(
     let base = &setup.base;
     let (store, index) = (&base.store, &base.index);
     let units = plan(index.n_chunks, base.run.lease_chunks);
-    let leasing = Leasing {
-        setup: base,
-        options: base.run.job_options(protocol::wire::TraceStrides::both(0)),
-        settings: eval_settings_key(setup),
-        // The same share and the same salted sample of units as
-        // collection get a second worker's opinion.
-        verify_fraction: base.run.verify_fraction,
-        progress: false,
-        phase: "evaluation",
-    };
+    let leasing = Leasing::untraced(base, eval_settings_key(setup), "evaluation", false);
     let kind = Arc::new(accept::EvalAcceptance {
         partials: setup.out.partials,
         base_sha256: base.model_sha256.clone(),
@@ -308,7 +300,7 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
             store.url_of(name)
         );
     }
-    let slots = table::slot_tables(store)
+    let slots = stages::report::eval::slot_tables(store)
         .await
         .map_err(|e| runfiles::error_text::with_causes(&e))
         .and_then(|stale| stale);
@@ -316,6 +308,6 @@ pub async fn print_outcome(store: &RunStore, o: &EvalOutcome) {
         println!("  (no slot replacement column: {why})");
         Vec::new()
     });
-    print!("{}", table::table(&o.summary, &slots));
+    print!("{}", stages::report::eval::table(&o.summary, &slots));
     println!("results: {}", store.url_of(o.out.summary_json));
 }

@@ -7,9 +7,9 @@
 //! second ship of the same files resumes every stored eval partial.
 
 use super::spec::Candidate;
-use crate::eval::cli::{evaluate_held, evaluate_recorded, recorded, Base};
+use crate::eval::recorded::{evaluate_held, evaluate_recorded, recorded, Base};
 use crate::eval::{check_base, Choice};
-use crate::StagesError;
+use crate::MeasureError;
 use gguf::quant::QuantType;
 use numbers::eval::choice::pareto_front;
 use numbers::eval::EvalSummary;
@@ -67,7 +67,7 @@ pub async fn measure(
     candidates: Vec<EvalCandidate>,
     sizes: BTreeMap<String, u64>,
     how: Evaluator<'_>,
-) -> Result<EvalSummary, StagesError> {
+) -> Result<EvalSummary, MeasureError> {
     let (_, config) = recorded(store).await?;
     let splits = config.eval.split.splits();
     let sha256 = check_base(store, base).await?;

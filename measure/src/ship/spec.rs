@@ -6,11 +6,13 @@
 //! grammar is [`config::candidate`].
 
 use super::ShipError;
-use crate::{During, StagesError};
+use crate::MeasureError;
 use config::candidate::{parse, Named};
 use runfiles::keepmap::KeepMap;
 use runfiles::mergeplan::MergePlan;
 use runfiles::store::RunStore;
+use stages::During;
+use stages::StagesError;
 
 /// A candidate to ship.
 pub struct Candidate {
@@ -64,13 +66,16 @@ pub const PARETO: &str = "pareto";
 pub async fn resolve_pareto(
     store: &RunStore,
     names: &[String],
-) -> Result<Vec<String>, StagesError> {
+) -> Result<Vec<String>, MeasureError> {
     if !names.iter().any(|n| n == PARETO) {
         return Ok(names.to_vec());
     }
-    let refuse = |problem: String| StagesError::Argument {
-        argument: "--candidates".into(),
-        problem,
+    let refuse = |problem: String| -> MeasureError {
+        StagesError::Argument {
+            argument: "--candidates".into(),
+            problem,
+        }
+        .into()
     };
     if names.len() > 1 {
         return Err(refuse(format!(
@@ -78,7 +83,7 @@ pub async fn resolve_pareto(
             names.iter().filter(|n| *n != PARETO).collect::<Vec<_>>()
         )));
     }
-    let summary = crate::report::eval::load(store).await?.ok_or_else(|| {
+    let summary = stages::report::eval::load(store).await?.ok_or_else(|| {
         refuse(format!(
             "{PARETO} ships the Pareto front of the run's evaluation, and {} does not exist (run `coordinator eval` first)",
             store.url_of(runfiles::layout::eval::SUMMARY_JSON)
@@ -95,7 +100,7 @@ pub async fn resolve_pareto(
 }
 
 /// Reads the candidates `names` from the run; errors name the candidate.
-pub async fn read(store: &RunStore, names: &[String]) -> Result<Vec<Candidate>, StagesError> {
+pub async fn read(store: &RunStore, names: &[String]) -> Result<Vec<Candidate>, MeasureError> {
     let mut out: Vec<Candidate> = Vec::with_capacity(names.len());
     for Named {
         name,
@@ -144,7 +149,7 @@ async fn read_plan(
     store: &RunStore,
     plan_name: &str,
     name: &str,
-) -> Result<(KeepMapOf, MergePlan), StagesError> {
+) -> Result<(KeepMapOf, MergePlan), MeasureError> {
     let object = format!("{}/{plan_name}.json", runfiles::mergeplan::MERGE_PLANS_DIR);
     let Some(bytes) = store.get_opt(&object).await? else {
         return Err(StagesError::Argument {
@@ -153,7 +158,7 @@ async fn read_plan(
                 "candidate {name}: the run has no merge plan {plan_name}: {} does not exist (`coordinator score` writes <method>_merge_K<k> beside each keep map when the run has routing traces)",
                 store.url_of(&object)
             ),
-        });
+        }.into());
     };
     let plan =
         MergePlan::decode(&bytes, &store.url_of(&object)).map_err(|e| StagesError::Argument {
@@ -168,7 +173,8 @@ async fn read_plan(
                 store.url_of(&object),
                 plan.name()
             ),
-        });
+        }
+        .into());
     }
     let keep = KeepMapOf {
         name: plan_name.to_string(),

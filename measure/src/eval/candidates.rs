@@ -3,7 +3,7 @@
 //! every worker's slice must have.
 
 use super::EvalRunError;
-use crate::StagesError;
+use crate::MeasureError;
 use protocol::wire::EvalCandidate;
 use runfiles::file_error::FileError;
 use runfiles::keepmap::{KeepMap, KeepMapRef};
@@ -18,7 +18,7 @@ use std::path::Path;
 /// it and `verify` checks it as it checks the run's own; the names of the
 /// run's maps pass as they are. A stem already holding another map is
 /// refused, never replaced.
-pub async fn import(store: &RunStore, names: &[String]) -> Result<Vec<String>, StagesError> {
+pub async fn import(store: &RunStore, names: &[String]) -> Result<Vec<String>, MeasureError> {
     let mut out = Vec::with_capacity(names.len());
     for given in names {
         let KeepMapRef::File(path) = KeepMapRef::parse(given) else {
@@ -38,9 +38,9 @@ pub async fn import(store: &RunStore, names: &[String]) -> Result<Vec<String>, S
         if named[0].keep_map.is_none() {
             return Err(bad("\"base\" names the base model; rename the file".into()).into());
         }
-        let (_, keep) = crate::prune::read_keep_map(store, given).await?;
+        let (_, keep) = stages::prune::read_keep_map(store, given).await?;
         let object = KeepMap::object_name(&stem);
-        let mut bytes = StagesError::encode_json(&object, &keep)?;
+        let mut bytes = stages::StagesError::encode_json(&object, &keep)?;
         bytes.push(b'\n');
         // Create-only: an equal map already there is this one; another is
         // never replaced.
@@ -91,13 +91,7 @@ pub async fn prepare(
             let (object, sliced) = merged(store, name, base, &path).await?;
             sizes.insert(name.clone(), sliced.bytes);
             std::fs::remove_file(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
-            out.push(EvalCandidate {
-                name: name.clone(),
-                keep_map: Some(object),
-                sha256: sliced.sha256,
-                expert_used: None,
-                quant: None,
-            });
+            out.push(pruned(name, object, sliced.sha256));
             continue;
         }
         let object = KeepMap::object_name(name);
@@ -115,15 +109,22 @@ pub async fn prepare(
             .len();
         std::fs::remove_file(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
         sizes.insert(name.clone(), bytes);
-        out.push(EvalCandidate {
-            name: name.clone(),
-            keep_map: Some(object),
-            sha256: sliced.sha256,
-            expert_used: None,
-            quant: None,
-        });
+        out.push(pruned(name, object, sliced.sha256));
     }
     Ok((out, sizes))
+}
+
+/// The candidate `name` whose model is the base pruned by the run's
+/// keep map or merge plan `object` (hashed `sha256`): the base's routing,
+/// unquantised.
+fn pruned(name: &str, object: String, sha256: String) -> EvalCandidate {
+    EvalCandidate {
+        name: name.to_string(),
+        keep_map: Some(object),
+        sha256,
+        expert_used: None,
+        quant: None,
+    }
 }
 
 /// Reads the run's merge plan `name` and merges it from `base` to `path`
@@ -162,7 +163,7 @@ async fn no_plan(store: &RunStore, name: &str, object: &str) -> Result<String, E
         "the run has no merge plan of method {method} at K={k}: {} does not exist",
         store.url_of(object)
     );
-    let report = crate::score::outputs::REPORT_JSON;
+    let report = stages::score::outputs::REPORT_JSON;
     /// The one field of `score/score.json` read here.
     #[derive(serde::Deserialize)]
     struct Note {
@@ -216,7 +217,7 @@ mod tests {
         });
         store
             .put(
-                crate::score::outputs::REPORT_JSON,
+                stages::score::outputs::REPORT_JSON,
                 serde_json::to_vec(&report).unwrap(),
             )
             .await

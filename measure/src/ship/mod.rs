@@ -27,7 +27,7 @@ pub mod measure;
 pub mod spec;
 pub mod sums;
 
-use crate::{During, StagesError};
+use crate::MeasureError;
 use card::ModelCard;
 use files::{OutDir, Placed};
 use gguf::quant::{check_requantize, QuantType};
@@ -37,8 +37,9 @@ use runfiles::store::RunStore;
 use runtime::run::local::worker_binary;
 use slicer::{installed_codec, make_model, merge_imatrix, merge_model, slice_imatrix};
 use spec::Candidate;
+use stages::During;
+use stages::StagesError;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 /// Name of the checksum file in the output directory.
 pub const SHA256SUMS: &str = "SHA256SUMS";
@@ -77,48 +78,6 @@ pub enum ShipError {
     },
 }
 
-/// Arguments of `coordinator ship`.
-#[derive(Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct ShipArgs {
-    /// Run location (path or URL) holding `keep_maps/` and `imatrix.gguf`.
-    pub run: String,
-    /// Candidates, comma-separated: keep map names under the run's
-    /// `keep_maps/`, or `base` (every expert); `_top<N>` after either
-    /// routes each token to N experts (`base_top2`); merge plan names under
-    /// the run's `merge_plans/` (`reap_hybrid_merge_K8`); or `pareto` alone:
-    /// the candidates on the size-versus-KL Pareto front of the run's
-    /// evaluation (`eval/summary.json`).
-    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', required = true))]
-    pub candidates: Vec<String>,
-    /// Quantisation types, comma-separated (llama-quantize's names: Q8_0,
-    /// Q4_K_M, ...); none ships the unquantised files only.
-    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ','))]
-    pub quant: Vec<String>,
-    /// Output directory (local) for the files and `SHA256SUMS`.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub out: PathBuf,
-    /// Quantise a base model that is already quantised.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub allow_requantize: bool,
-    /// Base model; default: the model named by the run's manifest.
-    #[cfg_attr(feature = "cli", arg(short = 'm', long))]
-    pub model: Option<PathBuf>,
-    /// CPU threads of the quantiser (default: all cores).
-    #[cfg_attr(feature = "cli", arg(short = 't', long))]
-    pub threads: Option<u32>,
-    /// Evaluate the shipped files with this many local worker processes
-    /// (loopback QUIC); 0 waits for workers to join.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
-    pub local_workers: u32,
-    /// Ship without evaluating the files (their cards carry no figures).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub no_eval: bool,
-    /// Ships large model files split (`--split-max-size`).
-    #[cfg_attr(feature = "cli", command(flatten))]
-    pub split: crate::prune::SplitMaxSize,
-}
-
 /// What one ship makes: from `coordinator ship`'s flags, or from `[ship]`
 /// of the run config at the end of `coordinator run`.
 #[derive(Clone, Debug)]
@@ -138,32 +97,6 @@ pub struct ShipRequest {
     /// Model files larger than this are shipped split, as it was given
     /// (`48G`) and in bytes; `None`: one file each.
     pub split_max_size: Option<(String, u64)>,
-}
-
-impl ShipArgs {
-    /// The request these flags make; an unknown `--quant` is refused.
-    fn request(&self) -> Result<ShipRequest, StagesError> {
-        let quants = self
-            .quant
-            .iter()
-            .map(|q| {
-                QuantType::parse(q).map_err(|problem| StagesError::Argument {
-                    argument: "--quant".into(),
-                    problem,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let split_max_size = self.split.parsed()?;
-        Ok(ShipRequest {
-            candidates: self.candidates.clone(),
-            quants,
-            out: self.out.clone(),
-            allow_requantize: self.allow_requantize,
-            model: self.model.clone(),
-            threads: self.threads,
-            split_max_size,
-        })
-    }
 }
 
 /// One shipped file at its final name.
@@ -206,18 +139,6 @@ impl ModelFile {
     }
 }
 
-/// Entry point of `coordinator ship`.
-pub fn run(args: ShipArgs) -> Result<ExitCode, StagesError> {
-    let request = args.request()?;
-    let store = RunStore::open(&args.run)?;
-    let evaluator = (!args.no_eval).then_some(measure::Evaluator::Own {
-        local_workers: args.local_workers,
-    });
-    let rt = crate::async_runtime()?;
-    rt.block_on(ship(&store, &request, evaluator))?;
-    Ok(ExitCode::SUCCESS)
-}
-
 /// Ships `request` from the run `store`: makes (or finds) every file, then,
 /// unless `evaluator` is `None`, evaluates every model file by it, then
 /// writes the cards and `SHA256SUMS` and prints the files and the table.
@@ -226,7 +147,7 @@ pub async fn ship(
     store: &RunStore,
     request: &ShipRequest,
     evaluator: Option<measure::Evaluator<'_>>,
-) -> Result<(), StagesError> {
+) -> Result<(), MeasureError> {
     let quants = &request.quants;
     let names = spec::resolve_pareto(store, &request.candidates).await?;
     let candidates = spec::read(store, &names).await?;
@@ -237,7 +158,7 @@ pub async fn ship(
         .get(names::IMATRIX_GGUF)
         .await
         .during("reading the run's importance matrix")?;
-    let base = crate::prune::base_model(store, request.model.as_deref()).await?;
+    let base = stages::prune::base_model(store, request.model.as_deref()).await?;
     let base = std::path::absolute(&base).unwrap_or(base);
     let (ship, models, mut shipped) =
         tokio::task::block_in_place(|| make(request, &base, &candidates, &imatrix))?;
@@ -297,7 +218,7 @@ fn make<'a>(
     base: &'a Path,
     candidates: &[Candidate],
     imatrix: &[u8],
-) -> Result<(Ship<'a>, Vec<ModelFile>, Vec<Shipped>), StagesError> {
+) -> Result<(Ship<'a>, Vec<ModelFile>, Vec<Shipped>), MeasureError> {
     let quants = &request.quants;
     // A split base is one model: every file's tensors are checked.
     let header = open_joined(base).during("reading the base model")?.header;
@@ -442,7 +363,7 @@ impl Ship<'_> {
         c: &Candidate,
         m: &ModelFile,
         measured: Option<card::Measured>,
-    ) -> Result<Vec<Shipped>, StagesError> {
+    ) -> Result<Vec<Shipped>, MeasureError> {
         let file = &m.file;
         // A split file's tensors are in all its files.
         let header = open_joined(&self.out.path(&m.parts[0].name))?.header;
@@ -562,12 +483,12 @@ impl Ship<'_> {
 /// Writes `SHA256SUMS` (`sha256sum`'s format, sorted by name), merged by
 /// name with the one already there ([`sums::merge`]: other files' lines are
 /// kept); the merged list replaces the old one only once complete.
-fn write_sums(out: &OutDir, shipped: &[Shipped]) -> Result<(), StagesError> {
+fn write_sums(out: &OutDir, shipped: &[Shipped]) -> Result<(), MeasureError> {
     let path = out.path(SHA256SUMS);
     let existing = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(StagesError::io("reading", &path)(e)),
+        Err(e) => return Err(StagesError::io("reading", &path)(e).into()),
     };
     let ours: Vec<(String, String)> = shipped
         .iter()
@@ -576,7 +497,8 @@ fn write_sums(out: &OutDir, shipped: &[Shipped]) -> Result<(), StagesError> {
     let tmp = out.scratch(SHA256SUMS);
     std::fs::write(&tmp, sums::merge(&existing, &ours))
         .map_err(StagesError::io("writing", &tmp))?;
-    std::fs::rename(&tmp, &path).map_err(StagesError::io("writing", &path))
+    std::fs::rename(&tmp, &path).map_err(StagesError::io("writing", &path))?;
+    Ok(())
 }
 
 /// Prints one line per file: name, size, SHA-256, made or reused.

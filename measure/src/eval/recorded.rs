@@ -1,10 +1,11 @@
-//! `coordinator eval RUN --keep-maps A,B,...`: the run's settings and model
-//! from its manifest, local or joined workers, then [`super::evaluate`].
+//! `coordinator eval RUN --keep-maps A,B,...` on a recorded run: the run's
+//! settings and model from its manifest, local or joined workers, then
+//! [`super::evaluate`].
 
 use super::{
     evaluate, job, print_outcome, Choice, EvalOutcome, EvalRunError, EvalSettings, EvalSetup,
 };
-use crate::StagesError;
+use crate::MeasureError;
 use config::Config;
 use numbers::Splits;
 use protocol::wire::EvalJob;
@@ -14,70 +15,48 @@ use runfiles::store::RunStore;
 use runtime::run::crew::Crew;
 use runtime::run::local::{worker_binary, LocalWorkers};
 use runtime::run::{read_index, RunSetup};
+use stages::StagesError;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
-/// Arguments of `coordinator eval`.
+/// What `coordinator eval` asks for besides the run (a location with
+/// `corpus/` and `keep_maps/`).
 #[derive(Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct EvalArgs {
-    /// Run location (path or URL) with `corpus/` and `keep_maps/`.
-    pub run: String,
+pub struct EvalRequest {
     /// Keep maps to evaluate, comma-separated names `<method>_K<k>`; K may
     /// be a share of the model's experts (`frequency_K50%`).
-    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', required = true))]
     pub keep_maps: Vec<String>,
     /// Start this many local worker processes (loopback QUIC); 0 waits for
     /// workers to join.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub local_workers: u32,
     /// Splits scored: fit, heldout or both.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = Splits::Both, value_parser = Splits::parse))]
     pub split: Splits,
     /// Positions skipped at the start of every chunk; default: half the
     /// chunk (`n_ctx / 2`: the second half is scored, like
     /// llama-perplexity); 0 scores every position.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub skip_first: Option<u32>,
     /// KL budget (mean KL in nats): per method, the smallest evaluated K
     /// whose held-out KL interval's upper end is within it is picked;
     /// default: the run config's `[eval] kl_budget`.
-    #[cfg_attr(feature = "cli", arg(long, value_parser = parse_kl_budget))]
     pub kl_budget: Option<f64>,
     /// Which held-out figures every K must fit the budget in:
     /// `every_domain` (each calibration domain and eval set) or `pooled`;
     /// default: the run config's `[eval] budget_scope`.
-    #[cfg_attr(feature = "cli", arg(long, value_parser = numbers::eval::BudgetScope::parse))]
     pub budget_scope: Option<numbers::eval::BudgetScope>,
     /// Models each worker holds in memory at once: `auto`, `all` or a
     /// number (2: the base and one candidate; 1: one at a time). Default:
     /// the run config's `[eval] models_in_memory`.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub models_in_memory: Option<numbers::eval::ModelsInMemory>,
     /// The base GGUF model (the run's; checked by SHA-256). Default: the
     /// model collection ran with, recorded in the manifest, else the model
     /// path of the run's config when it is absolute.
-    #[cfg_attr(feature = "cli", arg(short = 'm', long))]
     pub model: Option<PathBuf>,
     /// Write this evaluation to `explore/NAME/eval/` in the run, leaving
     /// the run's own `eval/` as it is.
-    #[cfg_attr(feature = "cli", arg(long, value_name = "NAME"))]
     pub out: Option<String>,
 }
 
-/// Parses `--kl-budget`: a positive number of nats.
-#[cfg(feature = "cli")]
-fn parse_kl_budget(text: &str) -> Result<f64, String> {
-    let b: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of nats (a mean KL such as 0.05)"))?;
-    config::eval::check_kl_budget(b)?;
-    Ok(b)
-}
-
 /// A run's manifest and the config recorded in it.
-pub(crate) async fn recorded(store: &RunStore) -> Result<(RunManifest, Config), StagesError> {
+pub(crate) async fn recorded(store: &RunStore) -> Result<(RunManifest, Config), MeasureError> {
     let manifest = runfiles::manifest::read_or_default(store).await?;
     let config = manifest
         .config()
@@ -92,7 +71,7 @@ pub(crate) async fn recorded(store: &RunStore) -> Result<(RunManifest, Config), 
 /// feeds them with too; `None` for a text corpus.
 async fn recorded_mmproj(
     store: &RunStore,
-) -> Result<Option<protocol::wire::MmprojFile>, StagesError> {
+) -> Result<Option<protocol::wire::MmprojFile>, MeasureError> {
     let manifest = runfiles::manifest::read_or_default(store).await?;
     match (&manifest.corpus.images, manifest.mmproj) {
         (None, _) => Ok(None),
@@ -106,13 +85,13 @@ async fn recorded_mmproj(
     }
 }
 
-/// Entry point of `coordinator eval`.
-pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
-    let rt = crate::async_runtime()?;
-    rt.block_on(async {
-        let store = RunStore::open(&args.run)?;
-        let (manifest, config) = recorded(&store).await?;
-        let model = match (&args.model, manifest.model_path) {
+/// `coordinator eval`: evaluates the candidates `args` names on the run
+/// `store` with the settings its config recorded (writing the run's own
+/// `eval/` only with its own `[eval]`; otherwise under `--out NAME`), and
+/// prints the evaluation's table.
+pub async fn evaluate_request(store: &RunStore, args: &EvalRequest) -> Result<(), MeasureError> {
+    let (manifest, config) = recorded(store).await?;
+    let model = match (&args.model, manifest.model_path) {
             (Some(m), _) => std::path::absolute(m).map_err(|e| StagesError::Argument {
                 argument: "--model".into(),
                 problem: e.to_string(),
@@ -127,52 +106,44 @@ pub fn main(args: EvalArgs) -> Result<ExitCode, StagesError> {
                 .into())
             }
         };
-        let settings = EvalSettings {
-            keep_maps: args.keep_maps.clone(),
-            split: args.split,
-            skip_first: args.skip_first,
-            kl_budget: args.kl_budget.or(config.eval.kl_budget),
-            budget_scope: args.budget_scope.unwrap_or(config.eval.budget_scope),
-            models_in_memory: args
-                .models_in_memory
-                .unwrap_or(config.eval.models_in_memory),
-            // Only the candidates named on the command line.
-            methods: Vec::new(),
-            k: Vec::new(),
-            // The rest (the generation check, the scratch directory) as
-            // the run's config gives it.
-            ..config.eval.clone()
-        };
-        if args.out.is_none() {
-            own_differences(&store, &settings, &config.eval)
-                .await?
-                .allow("eval/")?;
-        }
-        let prepared = job(&store, &model, &settings).await?;
-        let base = Base {
-            path: &model,
-            sha256: prepared.base_sha256,
-        };
-        let out = match &args.out {
-            None => runfiles::layout::EVAL,
-            Some(name) => {
-                let prefix =
-                    runfiles::layout::explore(name).ok_or_else(|| StagesError::Argument {
-                        argument: format!("--out {name}"),
-                        problem: runfiles::layout::EXPLORE_NAME_RULE.into(),
-                    })?;
-                EvalLayout::under(&prefix)
-            }
-        };
-        let choice = Choice {
-            sizes: prepared.sizes,
-            kl_budget: settings.kl_budget,
-            budget_scope: settings.budget_scope,
-        };
-        let job = prepared.job;
-        evaluate_recorded(&store, &config, base, job, out, choice, args.local_workers).await?;
-        Ok::<_, StagesError>(ExitCode::SUCCESS)
-    })
+    let settings = EvalSettings {
+        keep_maps: args.keep_maps.clone(),
+        split: args.split,
+        skip_first: args.skip_first,
+        kl_budget: args.kl_budget.or(config.eval.kl_budget),
+        budget_scope: args.budget_scope.unwrap_or(config.eval.budget_scope),
+        models_in_memory: args
+            .models_in_memory
+            .unwrap_or(config.eval.models_in_memory),
+        // Only the candidates named on the command line.
+        methods: Vec::new(),
+        k: Vec::new(),
+        // The rest (the generation check, the scratch directory) as
+        // the run's config gives it.
+        ..config.eval.clone()
+    };
+    if args.out.is_none() {
+        own_differences(store, &settings, &config.eval)
+            .await?
+            .allow("eval/")?;
+    }
+    let prepared = job(store, &model, &settings).await?;
+    let base = Base {
+        path: &model,
+        sha256: prepared.base_sha256,
+    };
+    let out = match &args.out {
+        None => runfiles::layout::EVAL,
+        Some(name) => EvalLayout::under(&stages::own::explore_prefix(name)?),
+    };
+    let choice = Choice {
+        sizes: prepared.sizes,
+        kl_budget: settings.kl_budget,
+        budget_scope: settings.budget_scope,
+    };
+    let job = prepared.job;
+    evaluate_recorded(store, &config, base, job, out, choice, args.local_workers).await?;
+    Ok(())
 }
 
 /// What of `settings` differs from the run's own `[eval]`, `own`: the
@@ -183,19 +154,19 @@ async fn own_differences(
     store: &RunStore,
     settings: &EvalSettings,
     own: &EvalSettings,
-) -> Result<crate::own::Differences, StagesError> {
-    let mut d = crate::own::Differences::default();
+) -> Result<stages::own::Differences, MeasureError> {
+    let mut d = stages::own::Differences::default();
     if !own.is_configured() {
         d.check("--keep-maps", &settings.keep_maps, &Vec::new());
         return Ok(d);
     }
-    let names = |e: &EvalSettings, shape| -> Result<Vec<String>, StagesError> {
+    let names = |e: &EvalSettings, shape| -> Result<Vec<String>, MeasureError> {
         let mut names = e.candidate_names(shape).map_err(EvalRunError::Setup)?;
         names.sort();
         names.dedup();
         Ok(names)
     };
-    let (saliency, _) = crate::score::load_saliency(store).await?;
+    let (saliency, _) = stages::score::load_saliency(store).await?;
     let shape = config::eval::KeepShape::of(&saliency);
     d.check("--keep-maps", names(settings, &shape)?, names(own, &shape)?);
     d.check("--split", settings.split, own.split);
@@ -224,7 +195,7 @@ pub(crate) async fn evaluate_recorded(
     out: EvalLayout,
     choice: Choice,
     local_count: u32,
-) -> Result<EvalOutcome, StagesError> {
+) -> Result<EvalOutcome, MeasureError> {
     let setup = EvalSetup {
         base: RunSetup {
             store: store.clone(),
@@ -258,7 +229,7 @@ pub async fn evaluate_held(
     out: EvalLayout,
     choice: Choice,
     crew: &mut Crew<'_>,
-) -> Result<EvalOutcome, StagesError> {
+) -> Result<EvalOutcome, MeasureError> {
     let eval = EvalSetup {
         base: RunSetup {
             model_sha256: base.sha256,
@@ -279,7 +250,7 @@ pub fn local_workers(
     config: &Config,
     model: &std::path::Path,
     count: u32,
-) -> Result<LocalWorkers, StagesError> {
+) -> Result<LocalWorkers, MeasureError> {
     Ok(LocalWorkers::new(
         worker_binary()?,
         &config.run,

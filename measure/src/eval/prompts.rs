@@ -19,7 +19,7 @@
 //! prompt is named in the job with why (the eval table prints it).
 
 use super::EvalRunError;
-use crate::StagesError;
+use crate::MeasureError;
 use config::eval::EvalSettings;
 use numbers::eval::generation::{GenerateJob, Prompt};
 use numbers::split::Split;
@@ -39,7 +39,7 @@ pub async fn job(
     store: &RunStore,
     settings: &EvalSettings,
     index: &CorpusIndex,
-) -> Result<GenerateJob, StagesError> {
+) -> Result<GenerateJob, MeasureError> {
     if settings.generate_prompts == 0 || settings.generate_tokens == 0 {
         return Ok(GenerateJob::default());
     }

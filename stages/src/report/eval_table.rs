@@ -235,24 +235,19 @@ fn perplexity_block(s: &EvalSummary) -> String {
     );
     for (c, f) in rows {
         let k = &f.kl;
+        // The maximum, the percentiles from 99.9% down to 0.1%, the minimum.
+        let tail = [
+            k.max, k.p999, k.p99, k.p95, k.p90, k.p50, k.p10, k.p5, k.p1, k.p01, k.min,
+        ];
+        let tail: Vec<String> = tail.iter().map(|v| format!("{v:.6}")).collect();
         let _ = writeln!(
             md,
-            "| {} | {:.6} ± {:.6} {} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {:.6} | {} | {} | {} |",
+            "| {} | {:.6} ± {:.6} {} | {} | {} | {} | {} |",
             c.name,
             k.mean,
             k.se_positions,
             interval(String::new(), &kl_ci(f), |v| format!("{v:.6}")).trim_start(),
-            k.max,
-            k.p999,
-            k.p99,
-            k.p95,
-            k.p90,
-            k.p50,
-            k.p10,
-            k.p5,
-            k.p1,
-            k.p01,
-            k.min,
+            tail.join(" | "),
             ci(f.dprob_rms, &f.dprob_rms_ci, 3, 100.0),
             ci(f.top1_same, &f.top1_same_ci, 3, 100.0),
             ci(f.ppl_ratio, &f.ppl_ratio_ci, 6, 1.0),
