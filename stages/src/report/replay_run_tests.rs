@@ -2,17 +2,18 @@
 //! `runfiles::trace::write_part`, a keep map and a model GGUF), and the run
 //! report's miss-rate figures drawn from what it wrote.
 
+use ::replay::capacity::Capacity;
 use ::replay::results::{Mode, TraceKind};
 use ::replay::{replay_run, Policy, ReplayArgs, ReplayReport};
-use clap::Parser;
 use gguf::write::GgufWriter;
 use numbers::Split;
 use runfiles::trace::{write_part, TraceRow};
 
-#[derive(Parser)]
-struct Wrap {
-    #[command(flatten)]
-    args: ReplayArgs,
+/// `--capacity`'s list, as the flag reads it.
+fn capacities(list: &str) -> Vec<Capacity> {
+    list.split(',')
+        .map(|c| Capacity::parse(c).unwrap())
+        .collect()
 }
 
 /// Trace with a heavy hitter (LRU 6 misses, Belady 4 at capacity 2).
@@ -103,24 +104,15 @@ fn replay_run_reads_parts_keep_maps_and_model_and_writes_results() {
     write_run(dir.path());
     let run = dir.path().to_str().unwrap();
     let model = dir.path().join("model.gguf");
-    let args = Wrap::try_parse_from([
-        "replay",
-        run,
-        "--model",
-        model.to_str().unwrap(),
-        "--policies",
-        "lru,belady",
-        "--capacity",
-        "2",
-        "--keep-map",
-        "none,frequency_K2",
-        "--mode",
-        "token,ubatch",
-        "--ubatch",
-        "4",
-    ])
-    .unwrap()
-    .args;
+    let args = ReplayArgs {
+        model: Some(model.clone()),
+        policies: vec![Policy::Lru, Policy::Belady],
+        capacity: capacities("2"),
+        keep_map: vec!["none".into(), "frequency_K2".into()],
+        mode: vec![Mode::Token, Mode::Ubatch],
+        ubatch: 4,
+        ..ReplayArgs::for_run(run)
+    };
     let report = replay_run(&args).unwrap();
     let get = |split, trace, mode, policy, keep| {
         report
@@ -225,14 +217,10 @@ fn replay_run_reads_parts_keep_maps_and_model_and_writes_results() {
 fn replay_run_names_a_missing_keep_map() {
     let dir = tempfile::tempdir().unwrap();
     write_run(dir.path());
-    let args = Wrap::try_parse_from([
-        "replay",
-        dir.path().to_str().unwrap(),
-        "--keep-map",
-        "reap_mean_K3",
-    ])
-    .unwrap()
-    .args;
+    let args = ReplayArgs {
+        keep_map: vec!["reap_mean_K3".into()],
+        ..ReplayArgs::for_run(dir.path().to_str().unwrap())
+    };
     let err = format!("{:#}", replay_run(&args).unwrap_err());
     assert!(
         err.contains("keep_maps/reap_mean_K3.json does not exist"),
@@ -268,20 +256,13 @@ fn a_fused_gate_up_model_moves_the_bytes_of_its_unfused_twin_and_bytes_capacitie
     let fused = dir.path().join("fused.gguf");
     write_fused_twin(&fused);
     let replay = |model: &std::path::Path| {
-        let args = Wrap::try_parse_from([
-            "replay",
-            run,
-            "--model",
-            model.to_str().unwrap(),
-            "--policies",
-            "lru,belady",
-            "--capacity",
-            "2,96B,1KiB",
-            "--keep-map",
-            "none,frequency_K2",
-        ])
-        .unwrap()
-        .args;
+        let args = ReplayArgs {
+            model: Some(model.to_path_buf()),
+            policies: vec![Policy::Lru, Policy::Belady],
+            capacity: capacities("2,96B,1KiB"),
+            keep_map: vec!["none".into(), "frequency_K2".into()],
+            ..ReplayArgs::for_run(run)
+        };
         replay_run(&args).unwrap()
     };
     let plain = replay(&dir.path().join("model.gguf"));
@@ -328,16 +309,11 @@ fn a_fused_gate_up_model_moves_the_bytes_of_its_unfused_twin_and_bytes_capacitie
         "{line}"
     );
     // A size in bytes smaller than one expert is refused, naming the size.
-    let args = Wrap::try_parse_from([
-        "replay",
-        run,
-        "--model",
-        fused.to_str().unwrap(),
-        "--capacity",
-        "40B",
-    ])
-    .unwrap()
-    .args;
+    let args = ReplayArgs {
+        model: Some(fused.clone()),
+        capacity: capacities("40B"),
+        ..ReplayArgs::for_run(run)
+    };
     let err = replay_run(&args).unwrap_err().to_string();
     assert!(err.contains("40B") && err.contains("48 bytes"), "{err}");
 }

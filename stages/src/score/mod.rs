@@ -50,7 +50,11 @@ pub use runfiles::layout::score as outputs;
 #[cfg_attr(feature = "cli", derive(clap::Parser))]
 pub struct ScoreOptions {
     /// Methods to score, comma-separated.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, value_delimiter = ',', default_values_t = ScoreOptions::default().methods))]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',',
+        value_parser = clap::builder::TypedValueParser::map(
+            clap::builder::PossibleValuesParser::new(Method::ALL.map(Method::as_str)),
+            |m| Method::parse(&m).expect("a listed method")),
+        default_values = ScoreOptions::default().methods.iter().map(|m| m.as_str())))]
     pub methods: Vec<Method>,
     /// Keep-map sizes in experts (default: a quarter, half and three
     /// quarters of the experts); the command line's `--k` takes shares too
