@@ -6,9 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// A scoring method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case", try_from = "String")]
-#[cfg_attr(feature = "cli", value(rename_all = "snake_case"))]
 pub enum Method {
     /// `count`.
     Frequency,

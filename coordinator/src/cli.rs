@@ -1,7 +1,6 @@
 //! Command-line contract (DESIGN section 10): one subcommand per stage.
 
 use clap::{Parser, Subcommand};
-use runfiles::error_text::with_causes;
 use std::process::ExitCode;
 
 /// moe-census coordinator.
@@ -21,9 +20,9 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Prepare the tokenized corpus and print the share table; non-zero exit on a share miss.
-    Corpus(corpus::CorpusArgs),
+    Corpus(CorpusArgs),
     /// The whole pipeline: corpus, leases to workers over QUIC, merge, checks, scoring.
-    Run(runtime::run::RunArgs),
+    Run(crate::pipeline::RunArgs),
     /// Create a cluster CA (ca.pem, ca.key) that signs the coordinator's certificate.
     Ca(crate::keys::CaArgs),
     /// Write one worker's own key file (from the join secret, for one name): it joins as that name only.
@@ -37,7 +36,7 @@ pub enum Command {
     /// Write report/report.md with PNG plots.
     Report(crate::stage_cli::report::ReportArgs),
     /// Replay traces against expert caches: misses per policy, capacity and keep map.
-    Replay(replay::ReplayArgs),
+    Replay(crate::replay_cli::ReplayFlags),
     /// Slice a pruned GGUF (and its importance matrix) from one of the run's keep maps.
     Prune(crate::stage_cli::prune::PruneArgs),
     /// Pruned GGUFs quantised by llama.cpp with their sliced importance matrix, create-only, SHA-256 recorded.
@@ -57,15 +56,31 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Verify(args) => crate::stage_cli::verify::run(args),
         Command::Score(args) => crate::stage_cli::score::run(args),
         Command::Report(args) => crate::stage_cli::report::run(args),
-        Command::Replay(args) => replay(args),
+        Command::Replay(args) => replay(args.into()),
         Command::Prune(args) => crate::stage_cli::prune::run(args),
         Command::Ship(args) => crate::stage_cli::ship::run(args),
         Command::Eval(args) => crate::stage_cli::eval::run(args),
     }
 }
 
+/// Arguments of `coordinator corpus`.
+#[derive(clap::Args, Debug)]
+pub struct CorpusArgs {
+    /// The run config (TOML); relative paths in it are resolved against its directory.
+    pub config: std::path::PathBuf,
+    /// Run location (path or URL); default `runs/<config file stem>`.
+    #[arg(long)]
+    pub out: Option<String>,
+    /// Replace a corpus prepared from other inputs.
+    #[arg(long)]
+    pub force: bool,
+    /// Tokenizer threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
 /// Entry point of `coordinator corpus`.
-fn corpus(args: corpus::CorpusArgs) -> anyhow::Result<ExitCode> {
+fn corpus(args: CorpusArgs) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
     let config = config::Config::load(&args.config)?;
     let out = args
@@ -169,20 +184,11 @@ fn replay_differences(
 /// Sets up logging, parses the command line, runs the stage and maps errors
 /// to the exit code; the `coordinator` binary is this function.
 pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(runfiles::layout::env::log_colour())
-        .init();
+    crate::front::init_logging();
     // Merged candidates are re-quantised by ggml's type traits (#57).
     slicer::install_codec(Box::leak(Box::new(worker::llama::GgmlCodec::new())));
     match dispatch(Cli::parse()) {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {}", with_causes(e.as_ref()));
-            ExitCode::FAILURE
-        }
+        Err(e) => crate::front::failed(e.as_ref()),
     }
 }

@@ -23,10 +23,40 @@ use runfiles::store::RunStore;
 use runtime::run::crew::Crew;
 use runtime::run::local::{self, LocalWorkers};
 use runtime::run::lock::RunLock;
-use runtime::run::{
-    execute_locked, mark_finished, progress, read_index, RunArgs, RunSetup, RunSummary,
-};
+use runtime::run::{execute_locked, mark_finished, progress, read_index, RunSetup, RunSummary};
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// Arguments of `coordinator run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The run config (TOML).
+    pub config: PathBuf,
+    /// Start this many local worker processes (loopback QUIC).
+    #[arg(long, default_value_t = 0)]
+    pub local_workers: u32,
+    /// Run location (path or URL); overrides `[run] out`.
+    #[arg(long)]
+    pub out: Option<String>,
+    /// Model file; overrides `[model] path`.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Address to listen on; overrides `[cluster] listen`.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Write `{addr, pin, server_name}` here once listening; overrides `[cluster] connect_file`.
+    #[arg(long)]
+    pub connect_file: Option<PathBuf>,
+    /// The name workers dial (and check the certificate against), put
+    /// first in `[cluster] server_names`: a batch job's node, known only
+    /// when it starts.
+    #[arg(long)]
+    pub server_name: Option<String>,
+    /// Take the run location's lock over even when its holder's heartbeat is
+    /// fresh (when that coordinator is known to be gone).
+    #[arg(long)]
+    pub take_over_lock: bool,
+}
 
 /// Entry point of `coordinator run`.
 pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {

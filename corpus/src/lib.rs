@@ -51,24 +51,7 @@ use runfiles::corpus::{CHUNKS_FILE, INDEX_FILE};
 pub use runfiles::manifest::{self, Manifest, MANIFEST_FILE};
 use runfiles::store::RunStore;
 use sha2::{Digest, Sha256};
-use std::path::{Path, PathBuf};
-
-/// Arguments of `coordinator corpus`.
-#[derive(Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct CorpusArgs {
-    /// The run config (TOML); relative paths in it are resolved against its directory.
-    pub config: PathBuf,
-    /// Run location (path or URL); default `runs/<config file stem>`.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub out: Option<String>,
-    /// Replace a corpus prepared from other inputs.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub force: bool,
-    /// Tokenizer threads (default: all cores).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub threads: Option<usize>,
-}
+use std::path::Path;
 
 /// What [`prepare_run`] did.
 #[derive(Clone, Debug)]

@@ -3,17 +3,11 @@
 //! for every policy that reads only ids and ranks, and misses within 0.1%
 //! for the one that reads probabilities (`router_ema`).
 
+use super::capacity::Capacity;
 use super::results::{Mode, TraceKind};
 use super::{replay_run, Policy, ReplayArgs};
-use clap::Parser;
 use numbers::Split;
 use runfiles::trace::{write_part_as, Encoding, TraceRow};
-
-#[derive(Parser)]
-struct Wrap {
-    #[command(flatten)]
-    args: ReplayArgs,
-}
 
 const N_EXPERT: usize = 64;
 const K: usize = 6;
@@ -92,18 +86,14 @@ fn compact_parts_replay_like_full_precision_parts() {
     let compact_bytes = std::fs::metadata(compact.path().join("trace/part-0.parquet")).unwrap();
     assert!(compact_bytes.len() < full_bytes.len());
     let replay = |dir: &std::path::Path| {
-        let args = Wrap::try_parse_from([
-            "replay",
-            dir.to_str().unwrap(),
-            "--capacity",
-            "8,16,32",
-            "--mode",
-            "token,ubatch",
-            "--ubatch",
-            "64",
-        ])
-        .unwrap()
-        .args;
+        let args = ReplayArgs {
+            capacity: ["8", "16", "32"]
+                .map(|c| Capacity::parse(c).unwrap())
+                .to_vec(),
+            mode: vec![Mode::Token, Mode::Ubatch],
+            ubatch: 64,
+            ..ReplayArgs::for_run(dir.to_str().unwrap())
+        };
         replay_run(&args).unwrap()
     };
     let (a, b) = (replay(full.path()), replay(compact.path()));

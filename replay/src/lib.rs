@@ -51,8 +51,6 @@ pub mod tree;
 #[cfg(test)]
 mod encoding_tests;
 #[cfg(test)]
-mod error_tests;
-#[cfg(test)]
 mod prefetch_tests;
 #[cfg(test)]
 mod reference;

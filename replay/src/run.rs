@@ -1,4 +1,4 @@
-//! The `replay` command: flags and the per-layer fan-out.
+//! The `replay` command: its options and the per-layer fan-out.
 
 use super::capacity::Capacity;
 use super::inputs::{load_inputs, Inputs};
@@ -22,17 +22,17 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// `--policies`' default: every policy.
-const DEFAULT_POLICIES: &str =
+pub const DEFAULT_POLICIES: &str =
     "lru,lfu,ema,near_pick_ema,router_ema,inverse_router_ema,belady,static";
 
 /// `--capacity`'s default: an eighth, a quarter and half of the layer's experts.
-const DEFAULT_CAPACITY: &str = "0.125,0.25,0.5";
+pub const DEFAULT_CAPACITY: &str = "0.125,0.25,0.5";
 
 /// `--mode`'s default: both step modes.
-const DEFAULT_MODES: &str = "token,ubatch";
+pub const DEFAULT_MODES: &str = "token,ubatch";
 
 /// `--prefetch-m`'s default: prefetch lists of `k` and `2k` experts.
-const DEFAULT_PREFETCH_M: &str = "1,2";
+pub const DEFAULT_PREFETCH_M: &str = "1,2";
 
 /// Baseline distances: "same experts as this layer", 1 and 2 layers ahead.
 const BASELINE_DISTANCES: [u8; 2] = [1, 2];
@@ -40,65 +40,42 @@ const BASELINE_DISTANCES: [u8; 2] = [1, 2];
 /// Recall is measured for the first `m = k x` each of these guesses.
 const RECALL_M: [usize; 3] = [1, 2, 4];
 
-/// Arguments of `coordinator replay`.
+/// What a replay does (`coordinator replay`'s flags, read by its command
+/// line in the coordinator package; [`ReplayArgs::for_run`] gives the defaults).
 #[derive(Clone, Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ReplayArgs {
     /// Run location (path or object-store URL) with `trace/*.parquet`.
     pub run: String,
     /// Policies to replay, comma-separated.
-    #[cfg_attr(feature = "cli", arg(
-        long,
-        value_delimiter = ',',
-        value_parser = Policy::parse,
-        default_value = DEFAULT_POLICIES
-    ))]
     pub policies: Vec<Policy>,
     /// Per-layer capacities: experts (`64`), fractions of the layer's
     /// (kept) experts (`0.25`, `25%`), or bytes of expert weights (`512MiB`,
     /// `2GB`: the experts that fit, so keep maps compare at equal memory).
-    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', value_parser = Capacity::parse, default_value = DEFAULT_CAPACITY))]
     pub capacity: Vec<Capacity>,
     /// Keep maps: `none`, a name under `keep_maps/` (`frequency_K8`) or a JSON path.
-    #[cfg_attr(feature = "cli", arg(long = "keep-map", value_delimiter = ',', default_values_t = ReplayArgs::for_run("").keep_map))]
     pub keep_map: Vec<String>,
     /// Splits to replay: fit (the tokens the keep maps were fitted on),
     /// heldout or both, side by side.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").split, value_parser = Splits::parse))]
     pub split: Splits,
     /// Step modes, comma-separated (decode traces are replayed per token only).
-    #[cfg_attr(feature = "cli", arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = DEFAULT_MODES
-    ))]
     pub mode: Vec<Mode>,
     /// Tokens per ubatch in ubatch mode (llama.cpp's `n_ubatch`).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").ubatch))]
     pub ubatch: usize,
     /// EMA decay per step, in (0, 1).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").ema_decay))]
     pub ema_decay: f64,
     /// Near picks per token for `near_pick_ema`.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").near_pick_n))]
     pub near_pick_n: usize,
     /// Credit of one near pick (a use earns 1).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").near_pick_credit))]
     pub near_pick_credit: f64,
     /// Prefetch replay (token steps, no keep map): lists of at most `m = k x`
     /// each of these experts per step; `0` alone turns prefetch replay off.
-    #[cfg_attr(feature = "cli", arg(long = "prefetch-m", value_delimiter = ',', default_value = DEFAULT_PREFETCH_M))]
     pub prefetch_m: Vec<usize>,
     /// Model GGUF for expert sizes; default: `model_path` of the run's manifest.json.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub model: Option<PathBuf>,
     /// Worker threads (0: one per core).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = ReplayArgs::for_run("").threads))]
     pub threads: usize,
     /// Write this replay (`replay/`) to `explore/NAME/` in the run, leaving
     /// the run's own results as they are.
-    #[cfg_attr(feature = "cli", arg(long, value_name = "NAME"))]
     pub out: Option<String>,
 }
 

@@ -59,7 +59,6 @@ pub use vocab::{byte_to_unicode, CHAT_TEMPLATE, SPECIAL_TOKENS};
 
 /// Which model to generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Preset {
     /// qwen3moe, 3 MoE layers, 16 experts, top-4, f32.
     Tiny,
@@ -129,24 +128,20 @@ pub enum Preset {
     MinimaxM2,
     /// qwen3moe with Qwen3's vocabulary size (151,936), hidden 2048, 3 MoE
     /// layers, 512 experts, top-10, expert width 32, Q8_0, tied embeddings.
-    #[cfg_attr(feature = "cli", value(name = "vocab-152k"))]
     Vocab152k,
     /// `vocab-152k` with Qwen3.5's vocabulary size (248,320).
-    #[cfg_attr(feature = "cli", value(name = "vocab-248k"))]
     Vocab248k,
 }
 
 /// Encoding of a generated model's weight matrices (norms and routers stay
 /// f32), to test that slicing and loading work for more than f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum WeightType {
     /// 32-bit float.
     F32,
     /// 16-bit float.
     F16,
     /// 8-bit blocks of 32 with an f16 scale.
-    #[cfg_attr(feature = "cli", value(name = "q8_0"))]
     Q8_0,
 }
 

@@ -1,16 +1,17 @@
-//! The worker: measures a GGUF MoE model through llama.cpp. A binary with a
-//! library for tests and benchmarks; it reads the run's files and speaks the
-//! protocol, and may not depend on the coordinator's crates (corpus,
-//! runtime, stages).
+//! The worker: measures a GGUF MoE model through llama.cpp. The library of
+//! the `worker` binary (whose command line lives in the coordinator package,
+//! `coordinator/src/worker_cli`), of tests and benchmarks; it reads the run's
+//! files and speaks the protocol, and may not depend on the coordinator's
+//! crates (corpus, runtime, stages).
 //!
-//! - [`cli`]: the command line (`collect`, `join`, and `synth-*`, the front of
-//!   the `synth` crate's test models and data).
 //! - [`collect`]: the [`collect::Collector`] that runs corpus chunks and
 //!   accumulates REAP statistics, the importance matrix and routing traces,
 //!   reading observed tensors on the host or reducing them on their own
 //!   backend ([`collect::device`], `--reduce`).
 //! - [`eval`]: the [`eval::Evaluator`] that compares pruned candidates with
 //!   the base model (KL, perplexity, top-1 agreement).
+//! - [`corpus`]: a tokenized corpus's index and one chunk range, for the
+//!   one-process commands (`worker collect`, `worker eval`).
 //! - [`images`]: a lease's images, encoded through the mmproj and fed by
 //!   collection and evaluation alike.
 //! - [`join`]: `worker join`, the QUIC client that measures leases for a coordinator.
@@ -26,9 +27,9 @@
 
 // Only `llama` may hold unsafe code (llama.cpp's FFI and the OS calls around it).
 #[forbid(unsafe_code)]
-pub mod cli;
-#[forbid(unsafe_code)]
 pub mod collect;
+#[forbid(unsafe_code)]
+pub mod corpus;
 #[forbid(unsafe_code)]
 pub mod error;
 #[forbid(unsafe_code)]

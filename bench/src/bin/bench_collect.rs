@@ -44,14 +44,14 @@ struct Args {
     #[arg(long)]
     model: Option<std::path::PathBuf>,
     /// Generated model when `--model` is not given.
-    #[arg(long, value_enum, default_value = "bench")]
+    #[arg(long, value_parser = coordinator::values::preset(), default_value = "bench")]
     preset: Preset,
     /// The generated model's vocabulary size (default: the preset's; a
     /// real-vocabulary preset at 1000 is the same model with a small head).
     #[arg(long)]
     n_vocab: Option<usize>,
     /// Where the collect modes reduce observed tensors.
-    #[arg(long, value_enum, default_value = "host")]
+    #[arg(long, value_parser = coordinator::values::reduce(), default_value = "host")]
     reduce: Reduce,
     /// Chunks per measurement.
     #[arg(long, default_value_t = 8)]

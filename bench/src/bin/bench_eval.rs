@@ -51,7 +51,7 @@ struct Args {
     #[arg(long, default_value_t = 151_936)]
     cost_vocab: usize,
     /// Generated base model.
-    #[arg(long, value_enum, default_value = "bench")]
+    #[arg(long, value_parser = coordinator::values::preset(), default_value = "bench")]
     preset: Preset,
     /// A GGUF base model to use instead of generating `--preset`.
     #[arg(long)]
@@ -82,7 +82,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     passes: u32,
     /// Comparison paths measured (comma-separated: device, host).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "device,host")]
+    #[arg(long, value_parser = coordinator::values::compare(), value_delimiter = ',', default_value = "device,host")]
     compare: Vec<Compare>,
 }
 
@@ -208,15 +208,14 @@ fn main() -> anyhow::Result<()> {
                 }
                 None => {
                     let rt = tokio::runtime::Runtime::new()?;
-                    let (_, index) = rt.block_on(worker::cli::corpus::open_corpus(run))?;
+                    let (_, index) = rt.block_on(worker::corpus::open_corpus(run))?;
                     numbers::ChunkRange {
                         start: 0,
                         end: index.n_chunks,
                     }
                 }
             };
-            tokio::runtime::Runtime::new()?
-                .block_on(worker::cli::corpus::load_chunks(run, range))?
+            tokio::runtime::Runtime::new()?.block_on(worker::corpus::load_chunks(run, range))?
         }
         None => synth::chunks::bench_chunks(a.chunks, a.n_ctx, 600),
     };

@@ -43,10 +43,10 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     threads: u32,
     /// Generated base model.
-    #[arg(long, value_enum, default_value = "vocab-152k")]
+    #[arg(long, value_parser = coordinator::values::preset(), default_value = "vocab-152k")]
     preset: Preset,
     /// Weight encoding of the generated model.
-    #[arg(long, value_enum, default_value = "f16")]
+    #[arg(long, value_parser = coordinator::values::weight_type(), default_value = "f16")]
     weights: WeightType,
     /// Candidates sliced from it.
     #[arg(long, default_value_t = 4)]
@@ -56,7 +56,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "all,2,1")]
     modes: Vec<ModelsInMemory>,
     /// Where the comparison runs.
-    #[arg(long, value_enum, default_value = "host")]
+    #[arg(long, value_parser = coordinator::values::compare(), default_value = "host")]
     compare: Compare,
     /// Working directory (default: under `$TMPDIR`, removed at the end).
     #[arg(long)]

@@ -89,38 +89,6 @@ pub enum RunError {
     WorkersGone(u32),
 }
 
-/// Arguments of `coordinator run`.
-#[derive(Debug)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct RunArgs {
-    /// The run config (TOML).
-    pub config: PathBuf,
-    /// Start this many local worker processes (loopback QUIC).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
-    pub local_workers: u32,
-    /// Run location (path or URL); overrides `[run] out`.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub out: Option<String>,
-    /// Model file; overrides `[model] path`.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub model: Option<PathBuf>,
-    /// Address to listen on; overrides `[cluster] listen`.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub listen: Option<String>,
-    /// Write `{addr, pin, server_name}` here once listening; overrides `[cluster] connect_file`.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub connect_file: Option<PathBuf>,
-    /// The name workers dial (and check the certificate against), put
-    /// first in `[cluster] server_names`: a batch job's node, known only
-    /// when it starts.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub server_name: Option<String>,
-    /// Take the run location's lock over even when its holder's heartbeat is
-    /// fresh (when that coordinator is known to be gone).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub take_over_lock: bool,
-}
-
 /// Everything [`execute`] needs: a run whose corpus is prepared.
 #[derive(Clone, Debug)]
 pub struct RunSetup {

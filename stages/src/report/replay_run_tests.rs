@@ -9,24 +9,11 @@ use gguf::write::GgufWriter;
 use numbers::Split;
 use runfiles::trace::{write_part, TraceRow};
 
-/// `coordinator replay`'s comma-separated list `text`, each item read by
-/// the library's own parser.
-fn list<T>(text: &str, parse: impl Fn(&str) -> Option<T>) -> Vec<T> {
-    text.split(',')
-        .map(|item| parse(item).unwrap_or_else(|| panic!("{item:?} in {text:?}")))
+/// `--capacity`'s list, as the flag reads it.
+fn capacities(list: &str) -> Vec<Capacity> {
+    list.split(',')
+        .map(|c| Capacity::parse(c).unwrap())
         .collect()
-}
-
-fn policies(text: &str) -> Vec<Policy> {
-    list(text, |p| Policy::parse(p).ok())
-}
-
-fn capacities(text: &str) -> Vec<Capacity> {
-    list(text, |c| Capacity::parse(c).ok())
-}
-
-fn keep_maps(text: &str) -> Vec<String> {
-    list(text, |k| Some(k.to_string()))
 }
 
 /// Trace with a heavy hitter (LRU 6 misses, Belady 4 at capacity 2).
@@ -119,10 +106,10 @@ fn replay_run_reads_parts_keep_maps_and_model_and_writes_results() {
     let model = dir.path().join("model.gguf");
     let args = ReplayArgs {
         model: Some(model.clone()),
-        policies: policies("lru,belady"),
+        policies: vec![Policy::Lru, Policy::Belady],
         capacity: capacities("2"),
-        keep_map: keep_maps("none,frequency_K2"),
-        mode: list("token,ubatch", Mode::parse),
+        keep_map: vec!["none".into(), "frequency_K2".into()],
+        mode: vec![Mode::Token, Mode::Ubatch],
         ubatch: 4,
         ..ReplayArgs::for_run(run)
     };
@@ -231,7 +218,7 @@ fn replay_run_names_a_missing_keep_map() {
     let dir = tempfile::tempdir().unwrap();
     write_run(dir.path());
     let args = ReplayArgs {
-        keep_map: keep_maps("reap_mean_K3"),
+        keep_map: vec!["reap_mean_K3".into()],
         ..ReplayArgs::for_run(dir.path().to_str().unwrap())
     };
     let err = format!("{:#}", replay_run(&args).unwrap_err());
@@ -271,9 +258,9 @@ fn a_fused_gate_up_model_moves_the_bytes_of_its_unfused_twin_and_bytes_capacitie
     let replay = |model: &std::path::Path| {
         let args = ReplayArgs {
             model: Some(model.to_path_buf()),
-            policies: policies("lru,belady"),
+            policies: vec![Policy::Lru, Policy::Belady],
             capacity: capacities("2,96B,1KiB"),
-            keep_map: keep_maps("none,frequency_K2"),
+            keep_map: vec!["none".into(), "frequency_K2".into()],
             ..ReplayArgs::for_run(run)
         };
         replay_run(&args).unwrap()

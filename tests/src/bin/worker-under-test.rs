@@ -2,5 +2,5 @@
 //! tests run a binary Cargo has just built (`CARGO_BIN_EXE_worker-under-test`).
 
 fn main() -> std::process::ExitCode {
-    worker::cli::main()
+    coordinator::worker_cli::main()
 }

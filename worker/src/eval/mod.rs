@@ -113,7 +113,7 @@ pub struct EvalOptions {
 pub const KEPT_ROWS_MEMORY: u64 = 1 << 30;
 
 /// Where base and candidate logits are compared.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Compare {
     /// `device` when model layers are offloaded to a GPU, `host` otherwise:
     /// on the CPU backend the f64 host comparison costs less than the

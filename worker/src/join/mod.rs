@@ -23,7 +23,7 @@ mod work;
 
 use crate::collect::device::Reduce;
 use crate::eval::Compare;
-use crate::offload::OffloadArgs;
+use crate::offload::Offload;
 use engine::EngineLoader;
 use numbers::peer_text::peer_text;
 use protocol::secret::{JoinSecret, WorkerKey};
@@ -43,72 +43,41 @@ use tls::Trust;
 /// Environment variable holding the join secret when no file is given.
 pub use runfiles::layout::env::JOIN_SECRET as SECRET_ENV;
 
-/// Arguments of `worker join`.
-#[derive(clap::Args, Debug, Clone)]
+/// What `worker join` was asked (the `worker` binary's flags, read by its
+/// command line in the coordinator package).
+#[derive(Debug, Clone)]
 pub struct JoinArgs {
     /// Coordinator address, `HOST:PORT`.
-    #[arg(long)]
     pub coordinator: String,
-    /// SHA-256 fingerprint of the coordinator's certificate (hex, colons allowed).
-    #[arg(long, conflicts_with = "ca", required_unless_present = "ca")]
+    /// SHA-256 fingerprint of the coordinator's certificate (`--pin`).
     pub pin: Option<String>,
     /// Cluster CA certificate (PEM) that signed the coordinator's certificate.
-    #[arg(long)]
     pub ca: Option<PathBuf>,
-    /// Name to check in the coordinator's certificate (default: the host of --coordinator).
-    #[arg(long)]
+    /// Name to check in the coordinator's certificate (default: the host of `coordinator`).
     pub server_name: Option<String>,
-    /// File holding the join secret (default: the MOE_CENSUS_JOIN_SECRET
-    /// variable); a later `--key-file` replaces it.
-    #[arg(long, overrides_with = "key_file")]
+    /// File holding the join secret (default: [`SECRET_ENV`]).
     pub secret_file: Option<PathBuf>,
-    /// This worker's own key file (`coordinator worker-key`), instead of the
-    /// join secret: it names the worker and proves that name only; a later
-    /// `--secret-file` replaces it.
-    #[arg(long, conflicts_with = "name", overrides_with = "secret_file")]
+    /// This worker's own key file, instead of the join secret.
     pub key_file: Option<PathBuf>,
-    /// This worker's name in logs and progress, and its identity for the
-    /// coordinator across reconnects (default: host name and process id).
-    #[arg(long)]
+    /// This worker's name (default: host name and process id).
     pub name: Option<String>,
     /// GGUF model file (default: the path the coordinator sends).
-    #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
-    /// The model's mmproj GGUF, for a corpus with images (default: the
-    /// path the coordinator sends).
-    #[arg(long)]
+    /// The model's mmproj GGUF (default: the path the coordinator sends).
     pub mmproj: Option<PathBuf>,
-    /// Where the model's weights live (`--ngl`, `--cpu-moe`, `--n-cpu-moe`).
-    #[command(flatten)]
-    pub offload: OffloadArgs,
+    /// Where the model's weights live.
+    pub offload: Offload,
     /// CPU threads (default: all cores).
-    #[arg(short = 't', long)]
     pub threads: Option<u32>,
-    /// Where observed tensors are reduced: `device` (on their backend; only
-    /// results are copied to the host), `host` (the reference path), or
-    /// `auto` (device when layers are offloaded to a GPU). Default:
-    /// $MOE_CENSUS_REDUCE, else auto.
-    #[arg(long, value_enum)]
+    /// Where observed tensors are reduced (default: [`Reduce::from_flag_or_env`]).
     pub reduce: Option<Reduce>,
-    /// Where an evaluation compares base and candidate logits: `device`
-    /// (on the backend that holds them; only per-position figures are
-    /// copied to the host) or `host` (in f64 after llama.cpp copies every
-    /// logits row: the reference path), or `auto`: device with layers
-    /// offloaded to a GPU, else host.
-    #[arg(long, value_enum, default_value = "auto")]
+    /// Where an evaluation compares base and candidate logits.
     pub compare: Compare,
-    /// Models an evaluation holds in memory at once (`auto`, `all`, or a
-    /// number: 2 is the base and one candidate, 1 one model at a time).
-    /// Default: the run's `[eval] models_in_memory`.
-    #[arg(long)]
+    /// Models an evaluation holds in memory at once (default: the run's).
     pub models_in_memory: Option<numbers::eval::ModelsInMemory>,
     /// Scratch directory for sliced candidates and a lease's base logits.
-    /// Default: the run's `[eval] scratch_dir`, else `$TMPDIR`.
-    #[arg(long)]
     pub scratch_dir: Option<PathBuf>,
-    /// Seconds to keep reconnecting (with backoff) without reaching the
-    /// coordinator before giving up.
-    #[arg(long, default_value_t = 300)]
+    /// Seconds to keep reconnecting without reaching the coordinator.
     pub give_up_after_s: u64,
 }
 
@@ -323,7 +292,7 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
     let loader = engine::CollectorLoader {
         model: args.model.clone(),
         mmproj: args.mmproj.clone(),
-        offload: args.offload.offload(),
+        offload: args.offload,
         threads: args.threads,
         reduce: Reduce::from_flag_or_env(args.reduce)
             .map_err(|e| JoinError::Setup(e.to_string()))?,

@@ -8,17 +8,7 @@ use std::fmt;
 pub use runfiles::layout::env::REDUCE as REDUCE_ENV;
 
 /// Where observed tensors are reduced.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Reduce {
     /// `device` when model layers are offloaded to a GPU (copies would bound
@@ -34,6 +24,16 @@ pub enum Reduce {
 }
 
 impl Reduce {
+    /// Every place, in the flag's order.
+    pub const ALL: [Reduce; 3] = [Reduce::Auto, Reduce::Host, Reduce::Device];
+
+    /// The place named `s` (`auto`, `host` or `device`, in any case).
+    pub fn parse(s: &str) -> Option<Reduce> {
+        Reduce::ALL
+            .into_iter()
+            .find(|r| r.to_string().eq_ignore_ascii_case(s))
+    }
+
     /// The flag's value, or `MOE_CENSUS_REDUCE`'s when the flag is absent,
     /// or `auto`; an unknown value in the variable is an error naming it.
     pub fn from_flag_or_env(flag: Option<Reduce>) -> Result<Reduce, WorkerError> {
@@ -41,12 +41,10 @@ impl Reduce {
             return Ok(r);
         }
         match std::env::var(REDUCE_ENV) {
-            Ok(v) => <Reduce as clap::ValueEnum>::from_str(v.trim(), true).map_err(|_| {
-                WorkerError::EnvValue {
-                    var: REDUCE_ENV,
-                    value: v,
-                    expected: "auto, host or device",
-                }
+            Ok(v) => Reduce::parse(v.trim()).ok_or(WorkerError::EnvValue {
+                var: REDUCE_ENV,
+                value: v,
+                expected: "auto, host or device",
             }),
             Err(std::env::VarError::NotPresent) => Ok(Reduce::Auto),
             Err(error) => Err(WorkerError::EnvUnreadable {

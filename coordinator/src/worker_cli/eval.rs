@@ -3,13 +3,13 @@
 //! `eval/summary.json`.
 
 use super::chunk_job::ChunkJobArgs;
-use crate::error::WorkerError;
-use crate::eval::{candidates, Compare, EvalOptions, Evaluator, KEPT_ROWS_MEMORY};
 use numbers::eval::{EvalSummary, ModelsInMemory};
 use numbers::Splits;
 use runfiles::layout::eval as names;
 use runfiles::store::RunStore;
 use std::path::PathBuf;
+use worker::eval::{candidates, Compare, EvalOptions, Evaluator, KEPT_ROWS_MEMORY};
+use worker::WorkerError;
 
 /// Arguments of `worker eval`.
 #[derive(clap::Args, Debug)]
@@ -31,7 +31,7 @@ pub struct EvalArgs {
     /// them, f32; only per-position figures are copied to the host),
     /// `host` (f64 after llama.cpp copies every row: the reference), or
     /// `auto`: device with layers offloaded to a GPU, else host.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_parser = crate::values::compare(), default_value = "auto")]
     compare: Compare,
     /// Models held in memory at once: `auto` (every model when they fit in
     /// the free memory where the weights go, else the base and one

@@ -2,11 +2,11 @@
 //! tokenized corpus and write its partial, trace part and results.
 
 use super::chunk_job::ChunkJobArgs;
-use crate::collect::device::Reduce;
-use crate::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
-use crate::error::WorkerError;
 use indicatif::{ProgressBar, ProgressStyle};
 use runfiles::store::RunStore;
+use worker::collect::device::Reduce;
+use worker::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
+use worker::WorkerError;
 
 /// Arguments of `worker collect`.
 #[derive(clap::Args, Debug)]
@@ -39,7 +39,7 @@ pub struct CollectArgs {
     /// results are copied to the host), `host` (the reference path), or
     /// `auto` (device when layers are offloaded to a GPU). Default:
     /// $MOE_CENSUS_REDUCE, else auto.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = crate::values::reduce())]
     reduce: Option<Reduce>,
     /// Dimensions each routed expert output is projected to for merge
     /// plans (0: off).
@@ -80,7 +80,7 @@ pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} tokens {per_sec} eta {eta} {msg}")
             .expect("valid template"),
     );
-    let crate::collect::Collected {
+    let worker::collect::Collected {
         mut partial,
         trace,
         decode_trace,

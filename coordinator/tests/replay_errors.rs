@@ -3,9 +3,10 @@
 //! not already say): users and scripts read these, so they are pinned here
 //! word for word.
 
-use super::{replay_run, ReplayArgs, ReplayError, ReplayReport};
 use clap::Parser;
+use coordinator::replay_cli::ReplayFlags;
 use numbers::Split;
+use replay::{replay_run, ReplayError, ReplayReport};
 use runfiles::store::RunStore;
 use runfiles::trace::{write_part, TraceRow};
 use std::path::Path;
@@ -13,7 +14,7 @@ use std::path::Path;
 #[derive(Parser)]
 struct Wrap {
     #[command(flatten)]
-    args: ReplayArgs,
+    args: ReplayFlags,
 }
 
 /// What `coordinator` prints for an error.
@@ -25,7 +26,7 @@ fn printed(e: ReplayError) -> String {
 fn replay_error(dir: &Path, flags: &[&str]) -> String {
     let mut argv = vec!["replay", dir.to_str().unwrap()];
     argv.extend(flags);
-    let args = Wrap::try_parse_from(argv).unwrap().args;
+    let args = Wrap::try_parse_from(argv).unwrap().args.into();
     match replay_run(&args) {
         Ok(_) => panic!("replay of {} with {flags:?} succeeded", dir.display()),
         Err(e) => printed(e),

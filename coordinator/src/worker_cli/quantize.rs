@@ -2,10 +2,10 @@
 //! matrix; prints what it wrote as one JSON line (what `coordinator ship`
 //! reads).
 
-use crate::error::WorkerError;
-use crate::quantize::{quantize_file, QuantizeOptions};
 use gguf::quant::QuantType;
 use std::path::PathBuf;
+use worker::quantize::{quantize_file, QuantizeOptions};
+use worker::WorkerError;
 
 /// Arguments of `worker quantize`.
 #[derive(clap::Args, Debug)]

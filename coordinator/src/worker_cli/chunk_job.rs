@@ -2,13 +2,13 @@
 //! their flags for the model, the corpus, the chunk range, the output and
 //! how llama.cpp runs, and opening the range they name.
 
-use super::corpus::load_chunks;
-use crate::error::WorkerError;
-use crate::offload::OffloadArgs;
+use super::offload::OffloadArgs;
 use numbers::ChunkRange;
 use runfiles::corpus::{Chunk, CorpusIndex};
 use std::path::PathBuf;
 use tokio::runtime::Runtime;
+use worker::corpus::load_chunks;
+use worker::WorkerError;
 
 /// The flags of one chunk range run in this process.
 #[derive(clap::Args, Debug)]

@@ -1,14 +1,16 @@
-//! The `worker` command line: subcommands and their dispatch, shared by the
-//! `worker` binary and the binaries the end-to-end tests build.
+//! The `worker` command line: subcommands and their dispatch over the worker
+//! library, shared by the `worker` binary and the binaries the end-to-end
+//! tests build.
 
-use crate::error::WorkerError;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
+use worker::WorkerError;
 
 mod chunk_job;
 mod collect;
-pub mod corpus;
 mod eval;
+mod join;
+mod offload;
 mod quantize;
 
 /// moe-census worker.
@@ -45,7 +47,7 @@ enum Command {
     /// `--key-file` override each other), so the placeholders of the
     /// coordinator's printed command are replaced by appending flags.
     #[command(args_override_self = true)]
-    Join(crate::join::JoinArgs),
+    Join(join::JoinFlags),
     /// Quantise a GGUF with llama.cpp's quantiser and an importance matrix.
     Quantize(quantize::QuantizeArgs),
 }
@@ -53,7 +55,7 @@ enum Command {
 #[derive(clap::Args, Debug)]
 struct SynthArgs {
     /// Model preset.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = crate::values::preset())]
     preset: synth::Preset,
     /// Output GGUF path.
     #[arg(long)]
@@ -62,7 +64,7 @@ struct SynthArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Encoding of the weight matrices (default: the preset's own).
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = crate::values::weight_type())]
     weight_type: Option<synth::WeightType>,
     /// Tokens in the vocabulary, padded with unused tokens (default: the
     /// preset's own; `vocab-152k` and `vocab-248k` have the real sizes).
@@ -139,13 +141,7 @@ fn llama_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::
 
 /// Parses the command line, runs the subcommand and maps errors to the exit code.
 pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(runfiles::layout::env::log_colour())
-        .init();
+    crate::front::init_logging();
     let cli = Cli::parse_from(llama_flags(std::env::args_os()));
     let result = match cli.command {
         Command::SynthModel(a) => {
@@ -194,18 +190,12 @@ pub fn main() -> ExitCode {
         Command::Collect(a) => collect::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Quantize(a) => quantize::run(a),
-        Command::Join(a) => return exit_code(crate::join::run(a).map(|_| ())),
+        Command::Join(a) => return exit_code(worker::join::run(a.into()).map(|_| ())),
     };
     exit_code(result)
 }
 
 /// Success, or the error printed with its causes and a failure exit code.
 fn exit_code<E: std::error::Error>(result: Result<(), E>) -> ExitCode {
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", runfiles::error_text::with_causes(&e));
-            ExitCode::FAILURE
-        }
-    }
+    result.map_or_else(|e| crate::front::failed(&e), |()| ExitCode::SUCCESS)
 }
