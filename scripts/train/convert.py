@@ -52,6 +52,17 @@ def tokenizer_metadata(w, tok_json):
     return n
 
 
+# The model's hyperparameters: GGUFWriter.add_<key> of each training-config
+# field, in the order the keys are written.
+HPARAMS = {
+    "context_length": "seq_len", "embedding_length": "hidden", "block_count": "n_layer",
+    "feed_forward_length": "expert_ff", "head_count": "n_head", "head_count_kv": "n_kv_head",
+    "key_length": "head_dim", "value_length": "head_dim", "layer_norm_rms_eps": "rms_eps",
+    "rope_freq_base": "rope_base", "expert_count": "n_expert", "expert_used_count": "top_k",
+    "expert_feed_forward_length": "expert_ff",
+}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("train_out")
@@ -70,19 +81,8 @@ def main():
     # The licence itself (configs/models/quickstart-moe.md, "Use and limits"),
     # which a shipped card copies into its Hugging Face metadata.
     w.add_license("MIT OR Apache-2.0")
-    w.add_context_length(c["seq_len"])
-    w.add_embedding_length(c["hidden"])
-    w.add_block_count(c["n_layer"])
-    w.add_feed_forward_length(c["expert_ff"])
-    w.add_head_count(c["n_head"])
-    w.add_head_count_kv(c["n_kv_head"])
-    w.add_key_length(c["head_dim"])
-    w.add_value_length(c["head_dim"])
-    w.add_layer_norm_rms_eps(c["rms_eps"])
-    w.add_rope_freq_base(c["rope_base"])
-    w.add_expert_count(c["n_expert"])
-    w.add_expert_used_count(c["top_k"])
-    w.add_expert_feed_forward_length(c["expert_ff"])
+    for key, field in HPARAMS.items():
+        getattr(w, "add_" + key)(c[field])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     n_vocab = tokenizer_metadata(w, tok_json)
     assert n_vocab == c["vocab_size"], (n_vocab, c["vocab_size"])
