@@ -62,6 +62,20 @@ HPARAMS = {
     "expert_feed_forward_length": "expert_ff",
 }
 
+# Each layer's tensors in the order they are written: GGUF name, the state
+# dict's key under `blocks.{i}.`, and whether it is stored as f16 (the
+# norms and the router stay f32).
+LAYER_TENSORS = [
+    ("attn_norm.weight", "attn_norm.weight", False), ("attn_q.weight", "attn.q.weight", True),
+    ("attn_k.weight", "attn.k.weight", True), ("attn_v.weight", "attn.v.weight", True),
+    ("attn_output.weight", "attn.o.weight", True),
+    ("attn_q_norm.weight", "attn.q_norm.weight", False),
+    ("attn_k_norm.weight", "attn.k_norm.weight", False),
+    ("ffn_norm.weight", "ffn_norm.weight", False), ("ffn_gate_inp.weight", "moe.gate.weight", False),
+    ("ffn_gate_exps.weight", "moe.w_gate", True), ("ffn_up_exps.weight", "moe.w_up", True),
+    ("ffn_down_exps.weight", "moe.w_down", True),
+]
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -96,18 +110,8 @@ def main():
     for i in range(c["n_layer"]):
         p = f"blocks.{i}."
         b = f"blk.{i}."
-        put(b + "attn_norm.weight", sd[p + "attn_norm.weight"], False)
-        put(b + "attn_q.weight", sd[p + "attn.q.weight"], True)
-        put(b + "attn_k.weight", sd[p + "attn.k.weight"], True)
-        put(b + "attn_v.weight", sd[p + "attn.v.weight"], True)
-        put(b + "attn_output.weight", sd[p + "attn.o.weight"], True)
-        put(b + "attn_q_norm.weight", sd[p + "attn.q_norm.weight"], False)
-        put(b + "attn_k_norm.weight", sd[p + "attn.k_norm.weight"], False)
-        put(b + "ffn_norm.weight", sd[p + "ffn_norm.weight"], False)
-        put(b + "ffn_gate_inp.weight", sd[p + "moe.gate.weight"], False)
-        put(b + "ffn_gate_exps.weight", sd[p + "moe.w_gate"], True)
-        put(b + "ffn_up_exps.weight", sd[p + "moe.w_up"], True)
-        put(b + "ffn_down_exps.weight", sd[p + "moe.w_down"], True)
+        for name, key, f16 in LAYER_TENSORS:
+            put(b + name, sd[p + key], f16)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
