@@ -24,3 +24,21 @@ pub struct Doc {
     /// Which split it landed in.
     pub split: Split,
 }
+
+#[cfg(test)]
+impl Doc {
+    /// A test document of `n` tokens (all id 1, one character each) of
+    /// `domain` and `group`, in `split`.
+    pub(crate) fn filler(domain: u16, group: &str, n: usize, split: Split) -> Doc {
+        Doc {
+            index: 0,
+            domain,
+            at: format!("{domain}:{group}/{n}"),
+            group: group.into(),
+            chars: n as u64,
+            tokens: vec![1; n],
+            images: Vec::new(),
+            split,
+        }
+    }
+}

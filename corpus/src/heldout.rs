@@ -230,16 +230,7 @@ mod tests {
     use super::*;
 
     fn doc(domain: u16, group: &str, n: usize) -> Doc {
-        Doc {
-            index: 0,
-            domain,
-            at: format!("{group}/{n}"),
-            group: group.into(),
-            chars: n as u64,
-            tokens: vec![1; n],
-            images: Vec::new(),
-            split: Split::Fit,
-        }
+        Doc::filler(domain, group, n, Split::Fit)
     }
 
     fn names(n: usize) -> Vec<String> {

@@ -139,29 +139,16 @@ fn rank(seed: u64, domain: u16, group: &str) -> [u8; 32] {
 mod tests {
     use super::*;
 
-    fn doc(domain: u16, group: &str, tokens: usize, split: Split) -> Doc {
-        Doc {
-            index: 0,
-            domain,
-            at: format!("{domain}:{group}"),
-            group: group.into(),
-            chars: tokens as u64,
-            tokens: vec![1; tokens],
-            images: Vec::new(),
-            split,
-        }
-    }
-
     #[test]
     fn shares_are_reached_by_whole_groups_within_half_a_group() {
         // Domain 0: 100 groups of 10 fit tokens (1000); domain 1: 10 groups
         // of 30 (300) and a held-out group; targets 50/50: domain 1 is the
         // scarcest, so domain 0 keeps 300 of its 1000.
         let mut docs: Vec<Doc> = (0..100)
-            .map(|g| doc(0, &format!("a{g}"), 10, Split::Fit))
+            .map(|g| Doc::filler(0, &format!("a{g}"), 10, Split::Fit))
             .collect();
-        docs.extend((0..10).map(|g| doc(1, &format!("b{g}"), 30, Split::Fit)));
-        docs.push(doc(0, "held", 50, Split::Heldout));
+        docs.extend((0..10).map(|g| Doc::filler(1, &format!("b{g}"), 30, Split::Fit)));
+        docs.push(Doc::filler(0, "held", 50, Split::Heldout));
         let skip = vec![false; docs.len()];
         let left = choose(&docs, &skip, 2, &[Some(0.5), Some(0.5)], 7);
         let kept = |domain: u16| -> u64 {
@@ -191,9 +178,9 @@ mod tests {
     #[test]
     fn documents_already_dropped_neither_count_nor_are_chosen() {
         let docs = vec![
-            doc(0, "a", 100, Split::Fit),
-            doc(0, "b", 100, Split::Fit),
-            doc(1, "c", 100, Split::Fit),
+            Doc::filler(0, "a", 100, Split::Fit),
+            Doc::filler(0, "b", 100, Split::Fit),
+            Doc::filler(1, "c", 100, Split::Fit),
         ];
         // Without the skip domain 0 would keep 100 of 200; with "b"
         // dropped as a duplicate it keeps its remaining 100.

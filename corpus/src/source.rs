@@ -197,9 +197,18 @@ pub fn read_source(
             budget: Budget::of(cfg, listing.many),
         };
         let records = match format {
-            SourceFormat::Jsonl => read_jsonl(cfg, &opened, group_key, &mut data.skipped_no_text)?,
-            SourceFormat::Json => {
-                read_json_array(cfg, &opened, group_key, &mut data.skipped_no_text)?
+            SourceFormat::Jsonl | SourceFormat::Json => {
+                let mut json = JsonRecords {
+                    cfg,
+                    group_key,
+                    records: Vec::new(),
+                    no_text: &mut data.skipped_no_text,
+                };
+                match format {
+                    SourceFormat::Jsonl => read_jsonl(&opened, &mut json)?,
+                    _ => read_json_array(&opened, &mut json)?,
+                }
+                json.records
             }
             SourceFormat::Parquet => read_parquet(cfg, f, group_key, &mut data.skipped_no_text)?,
             SourceFormat::Text => match read_text(cfg, &opened, listing.many)? {
@@ -385,16 +394,31 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// The records of a JSON file (lines or an array) as they are read.
+struct JsonRecords<'a> {
+    cfg: &'a SourceConfig,
+    group_key: Option<&'a str>,
+    records: Vec<Record>,
+    /// Records skipped for having no text, counted for the whole source.
+    no_text: &'a mut u64,
+}
+
+impl JsonRecords<'_> {
+    /// Keeps the record `value` of `file`, located at `at`, or counts it
+    /// when it has no text ([`json_record`]).
+    fn push(&mut self, file: &Path, value: &Value, at: String) -> Result<(), String> {
+        match json_record(self.cfg, file, value, at, self.group_key)? {
+            Some(r) => self.records.push(r),
+            None => *self.no_text += 1,
+        }
+        Ok(())
+    }
+}
+
 /// JSON lines, streamed line by line.
-fn read_jsonl(
-    cfg: &SourceConfig,
-    opened: &Opened,
-    group_key: Option<&str>,
-    no_text: &mut u64,
-) -> Result<Vec<Record>, CorpusError> {
+fn read_jsonl(opened: &Opened, out: &mut JsonRecords) -> Result<(), CorpusError> {
     let f = opened.file;
     let mut reader = std::io::BufReader::new(opened.open()?);
-    let mut out = Vec::new();
     let mut line = Vec::new();
     for i in 0.. {
         line.clear();
@@ -432,34 +456,22 @@ fn read_jsonl(
         let value: Value =
             serde_json::from_str(text).map_err(|e| bad(format!("malformed JSON: {e}")))?;
         let at = format!("{}:{}", f.shown.display(), i + 1);
-        match json_record(cfg, &f.path, &value, at, group_key).map_err(bad)? {
-            Some(r) => out.push(r),
-            None => *no_text += 1,
-        }
+        out.push(&f.path, &value, at).map_err(bad)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// A JSON array of records, streamed element by element, each at most
 /// [`MAX_LINE_BYTES`] of JSON (a JSON lines record's limit), refused before
 /// more of it is read.
-fn read_json_array(
-    cfg: &SourceConfig,
-    opened: &Opened,
-    group_key: Option<&str>,
-    no_text: &mut u64,
-) -> Result<Vec<Record>, CorpusError> {
+fn read_json_array(opened: &Opened, out: &mut JsonRecords) -> Result<(), CorpusError> {
     let f = opened.file;
-    let mut out = Vec::new();
     let mut failed_at = None;
     let reader = std::io::BufReader::new(skip_bom(opened.open()?).map_err(|e| opened.io(e))?);
     let read = json_array::for_each(reader, MAX_LINE_BYTES as u64, &mut |i, value| {
         let at = format!("{} (record {})", f.shown.display(), i + 1);
         failed_at = Some(i + 1);
-        match json_record(cfg, &f.path, &value, at, group_key)? {
-            Some(r) => out.push(r),
-            None => *no_text += 1,
-        }
+        out.push(&f.path, &value, at)?;
         failed_at = None;
         Ok(())
     });
@@ -472,8 +484,7 @@ fn read_json_array(
             path: f.path.clone(),
             message,
         },
-    })?;
-    Ok(out)
+    })
 }
 
 /// The text field a record or table has: `text_field`, or with the
@@ -1113,6 +1124,11 @@ mod tests {
             .collect()
     }
 
+    /// The texts kept and the count of records skipped for having none.
+    fn texts_and_skipped(d: &SourceData) -> (Vec<String>, u64) {
+        (texts(d), d.skipped_no_text)
+    }
+
     #[test]
     fn a_byte_order_mark_is_skipped_at_the_start_and_refused_elsewhere() {
         let jsonl = "\u{feff}{\"text\": \"a\"}\r\n{\"text\": \"b\"}\r\n";
@@ -1160,10 +1176,7 @@ mod tests {
         assert!(d.records[1].at.ends_with("m.jsonl:7"));
         let array = "[{\"text\": null}, {\"text\": \"kept\"}, {}]";
         let d = read_as("m.json", array, None).unwrap();
-        assert_eq!(
-            (texts(&d), d.skipped_no_text),
-            (vec!["kept".to_string()], 2)
-        );
+        assert_eq!(texts_and_skipped(&d), (vec!["kept".to_string()], 2));
         // A field of another type is still an error, naming the record.
         let e = read_as("n.jsonl", "{\"text\": 7}\n", None).unwrap_err();
         assert!(
@@ -1176,10 +1189,7 @@ mod tests {
         let text = StringArray::from(vec![Some("a"), None, Some(""), Some("b")]);
         write_parquet(&p, vec![("text", Arc::new(text) as ArrayRef)]);
         let d = read_source(&src(&p), &p, None).unwrap();
-        assert_eq!(
-            (texts(&d), d.skipped_no_text),
-            (vec!["a".into(), "b".into()], 2)
-        );
+        assert_eq!(texts_and_skipped(&d), (vec!["a".into(), "b".into()], 2));
         assert!(d.records[1].at.ends_with("t.parquet (row 4)"));
         let m = dir.path().join("m.parquet");
         let messages = StringArray::from(vec![
@@ -1189,10 +1199,7 @@ mod tests {
         ]);
         write_parquet(&m, vec![("messages", Arc::new(messages) as ArrayRef)]);
         let d = read_source(&src(&m), &m, None).unwrap();
-        assert_eq!(
-            (texts(&d), d.skipped_no_text),
-            (vec!["1 messages".into()], 2)
-        );
+        assert_eq!(texts_and_skipped(&d), (vec!["1 messages".into()], 2));
 
         let e = read_as("none.jsonl", "{\"text\": null}\n{\"body\": \"x\"}\n", None).unwrap_err();
         assert!(

@@ -58,7 +58,7 @@ mod reference;
 mod tests;
 
 pub use error::ReplayError;
-pub use policy::{simulate, Policy, PolicyParams};
+pub use policy::{simulate, Cache, Policy, PolicyParams};
 pub use results::{ReplayReport, ResultRow};
 pub use run::{replay_in, replay_run, ReplayArgs};
 pub use scored::Scorer;

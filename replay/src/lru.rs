@@ -12,49 +12,78 @@ use super::Counts;
 
 /// Replays `steps` through an LRU cache of `capacity` experts.
 pub fn simulate(steps: &Steps, capacity: usize) -> Counts {
-    let n = steps.n_expert;
-    let head = n; // sentinel: next[head] is the most recent, prev[head] the least
-    let mut next = vec![head as u16; n + 1];
-    let mut prev = vec![head as u16; n + 1];
-    let mut resident = vec![false; n];
-    let mut size = 0usize;
+    let mut list = LruList::new(steps.n_expert);
     let mut misses = 0u64;
-    let mut overflow_steps = 0u64;
     for s in 0..steps.len() {
-        let r = steps.range(s);
-        if r.len() > capacity {
-            overflow_steps += 1;
+        for &e in &steps.expert[steps.range(s)] {
+            misses += u64::from(!list.touch(e as usize));
         }
-        for &e in &steps.expert[r] {
-            let e = e as usize;
-            if resident[e] {
-                let (p, q) = (prev[e] as usize, next[e] as usize);
-                next[p] = q as u16;
-                prev[q] = p as u16;
-            } else {
-                resident[e] = true;
-                misses += 1;
-                size += 1;
-            }
-            let first = next[head] as usize;
-            next[e] = first as u16;
-            prev[e] = head as u16;
-            prev[first] = e as u16;
-            next[head] = e as u16;
-        }
-        while size > capacity {
-            let last = prev[head] as usize;
-            let p = prev[last] as usize;
-            next[p] = head as u16;
-            prev[head] = p as u16;
-            resident[last] = false;
-            size -= 1;
-        }
+        list.evict_to(capacity, |_| {});
     }
     Counts {
         requests: steps.requests(),
         misses,
-        overflow_steps,
+        overflow_steps: steps.overflow_steps(capacity),
+    }
+}
+
+/// A layer's resident experts in recency order, on an intrusive list: O(1)
+/// use and eviction. Shared by [`simulate`] and the prefetch replay.
+pub(crate) struct LruList {
+    /// `next[head]` is the most recent expert, `prev[head]` the least
+    /// (`head`, the sentinel, is the number of experts).
+    next: Vec<u16>,
+    prev: Vec<u16>,
+    resident: Vec<bool>,
+    size: usize,
+}
+
+impl LruList {
+    /// An empty cache of a layer with `n_expert` experts.
+    pub(crate) fn new(n_expert: usize) -> LruList {
+        LruList {
+            next: vec![n_expert as u16; n_expert + 1],
+            prev: vec![n_expert as u16; n_expert + 1],
+            resident: vec![false; n_expert],
+            size: 0,
+        }
+    }
+
+    /// Makes `e` the most recent expert (loading it if absent); whether it
+    /// was resident before.
+    pub(crate) fn touch(&mut self, e: usize) -> bool {
+        let was = self.resident[e];
+        if was {
+            self.unlink(e);
+        } else {
+            self.resident[e] = true;
+            self.size += 1;
+        }
+        let head = self.resident.len();
+        let first = self.next[head] as usize;
+        self.next[e] = first as u16;
+        self.prev[e] = head as u16;
+        self.prev[first] = e as u16;
+        self.next[head] = e as u16;
+        was
+    }
+
+    /// Drops the least recent experts until at most `capacity` remain,
+    /// telling `evicted` each one.
+    pub(crate) fn evict_to(&mut self, capacity: usize, mut evicted: impl FnMut(usize)) {
+        while self.size > capacity {
+            let last = self.prev[self.resident.len()] as usize;
+            self.unlink(last);
+            self.resident[last] = false;
+            self.size -= 1;
+            evicted(last);
+        }
+    }
+
+    fn unlink(&mut self, e: usize) {
+        let (p, q) = (self.prev[e] as usize, self.next[e] as usize);
+        self.next[p] = q as u16;
+        self.prev[q] = p as u16;
     }
 }
 

@@ -23,22 +23,15 @@ pub fn pinned(fit: &[u64], n_expert: usize, capacity: usize) -> Vec<bool> {
 /// Replays `steps` against the experts [`pinned`] from `fit`.
 pub fn simulate(steps: &Steps, capacity: usize, fit: &[u64]) -> Counts {
     let resident = pinned(fit, steps.n_expert, capacity);
-    let mut misses = 0u64;
-    let mut overflow_steps = 0u64;
-    for s in 0..steps.len() {
-        let r = steps.range(s);
-        if r.len() > capacity {
-            overflow_steps += 1;
-        }
-        misses += steps.expert[r]
-            .iter()
-            .filter(|&&e| !resident[e as usize])
-            .count() as u64;
-    }
+    let misses = steps
+        .expert
+        .iter()
+        .filter(|&&e| !resident[e as usize])
+        .count() as u64;
     Counts {
         requests: steps.requests(),
         misses,
-        overflow_steps,
+        overflow_steps: steps.overflow_steps(capacity),
     }
 }
 

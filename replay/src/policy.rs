@@ -99,6 +99,39 @@ impl Default for PolicyParams {
     }
 }
 
+/// One cache a layer's steps are replayed through: its policy, its
+/// capacity in experts, the policy's parameters and the layer's requests
+/// per expert on the fit split (which only `static` reads).
+#[derive(Clone, Copy, Debug)]
+pub struct Cache<'a> {
+    /// The eviction policy.
+    pub policy: Policy,
+    /// Resident experts.
+    pub capacity: usize,
+    /// The policy's parameters.
+    pub params: &'a PolicyParams,
+    /// Fit-split requests per expert (empty: `static` pins the lowest ids).
+    pub fit: &'a [u64],
+}
+
+impl<'a> Cache<'a> {
+    /// The cache of `policy` (with `params`) holding `capacity` experts,
+    /// `static` pinning by `fit`.
+    pub fn new(
+        policy: Policy,
+        capacity: usize,
+        params: &'a PolicyParams,
+        fit: &'a [u64],
+    ) -> Cache<'a> {
+        Cache {
+            policy,
+            capacity,
+            params,
+            fit,
+        }
+    }
+}
+
 /// Replays one layer's steps through `policy` with `capacity` resident
 /// experts; `fit` is the layer's requests per expert on the fit split, which
 /// only `static` reads (empty: it pins the lowest ids).
@@ -113,9 +146,7 @@ pub fn simulate(
         return Counts {
             requests: steps.requests(),
             misses: steps.requests(),
-            overflow_steps: (0..steps.len())
-                .filter(|&s| !steps.range(s).is_empty())
-                .count() as u64,
+            overflow_steps: steps.overflow_steps(0),
         };
     }
     let ema = |credit, near| LazyEma::new(params.ema_decay, credit, near);

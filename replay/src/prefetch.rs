@@ -18,10 +18,11 @@
 //!   the end counts as wasted: it was never used).
 
 use super::ema::{Credit, LazyEma};
+use super::lru::LruList;
 use super::scored::{argmin, lane_min, lane_minima, Belady, Lfu, Scorer, FLAT_MAX, LANES};
 use super::steps::{Steps, NONE};
 use super::tree::Key;
-use super::{pinned, Counts, Policy, PolicyParams};
+use super::{pinned, Cache, Counts, Policy};
 
 /// The experts to load before each step.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -79,16 +80,10 @@ pub struct PrefetchCounts {
     pub wasted: u64,
 }
 
-/// Replays `steps` through `policy` at `capacity` with the loads of `pf`
-/// before each step (`pf` has one list per step of `steps`).
-pub fn simulate(
-    policy: Policy,
-    steps: &Steps,
-    capacity: usize,
-    params: &PolicyParams,
-    fit: &[u64],
-    pf: &Prefetch,
-) -> PrefetchCounts {
+/// Replays `steps` through `cache` with the loads of `pf` before each step
+/// (`pf` has one list per step of `steps`).
+pub fn simulate(cache: Cache<'_>, steps: &Steps, pf: &Prefetch) -> PrefetchCounts {
+    let (policy, capacity, params) = (cache.policy, cache.capacity, cache.params);
     assert_eq!(
         pf.start.len(),
         steps.len() + 1,
@@ -96,7 +91,7 @@ pub fn simulate(
     );
     if capacity == 0 {
         return PrefetchCounts {
-            demand: super::simulate(policy, steps, 0, params, fit),
+            demand: super::simulate(policy, steps, 0, params, cache.fit),
             ..PrefetchCounts::default()
         };
     }
@@ -114,79 +109,42 @@ pub fn simulate(
         Policy::RouterEma => scored(steps, capacity, pf, &mut ema(Credit::RouterProb, 0.0)),
         Policy::InverseRouterEma => scored(steps, capacity, pf, &mut ema(Credit::InverseRank, 0.0)),
         Policy::Belady => scored(steps, capacity, pf, &mut Belady::with_prefetch(steps)),
-        Policy::Static => fixed(steps, capacity, fit, pf),
+        Policy::Static => fixed(steps, capacity, cache.fit, pf),
     }
 }
 
-/// LRU on an intrusive list; `fresh[e]`: loaded ahead and not yet used.
+/// LRU on [`LruList`]; `fresh[e]`: loaded ahead and not yet used.
 fn lru(steps: &Steps, capacity: usize, pf: &Prefetch) -> PrefetchCounts {
-    let n = steps.n_expert;
-    let head = n;
-    let mut next = vec![head as u16; n + 1];
-    let mut prev = vec![head as u16; n + 1];
-    let mut resident = vec![false; n];
-    let mut fresh = vec![false; n];
-    let mut size = 0usize;
+    let mut list = LruList::new(steps.n_expert);
+    let mut fresh = vec![false; steps.n_expert];
     let mut out = PrefetchCounts::default();
-    let unlink = |next: &mut [u16], prev: &mut [u16], e: usize| {
-        let (p, q) = (prev[e] as usize, next[e] as usize);
-        next[p] = q as u16;
-        prev[q] = p as u16;
-    };
-    let push_front = |next: &mut [u16], prev: &mut [u16], e: usize| {
-        let first = next[head] as usize;
-        next[e] = first as u16;
-        prev[e] = head as u16;
-        prev[first] = e as u16;
-        next[head] = e as u16;
-    };
     for s in 0..steps.len() {
         for &e in pf.list(s, capacity) {
             let e = e as usize;
-            if resident[e] {
-                unlink(&mut next, &mut prev, e);
-            } else {
-                resident[e] = true;
+            if !list.touch(e) {
                 fresh[e] = true;
                 out.loads += 1;
-                size += 1;
             }
-            push_front(&mut next, &mut prev, e);
         }
         // The list is at most the capacity and now the most recent: only
         // older experts leave.
-        while size > capacity {
-            let last = prev[head] as usize;
-            unlink(&mut next, &mut prev, last);
-            resident[last] = false;
-            out.wasted += u64::from(std::mem::take(&mut fresh[last]));
-            size -= 1;
-        }
-        let r = steps.range(s);
-        if r.len() > capacity {
-            out.demand.overflow_steps += 1;
-        }
-        for &e in &steps.expert[r] {
+        list.evict_to(capacity, |e| {
+            out.wasted += u64::from(std::mem::take(&mut fresh[e]))
+        });
+        for &e in &steps.expert[steps.range(s)] {
             let e = e as usize;
-            if resident[e] {
+            if list.touch(e) {
                 out.useful += u64::from(std::mem::take(&mut fresh[e]));
-                unlink(&mut next, &mut prev, e);
             } else {
-                resident[e] = true;
                 out.demand.misses += 1;
-                size += 1;
             }
-            push_front(&mut next, &mut prev, e);
         }
-        while size > capacity {
-            let last = prev[head] as usize;
-            unlink(&mut next, &mut prev, last);
-            resident[last] = false;
-            out.wasted += u64::from(std::mem::take(&mut fresh[last]));
-            size -= 1;
-        }
+        list.evict_to(capacity, |e| {
+            out.wasted += u64::from(std::mem::take(&mut fresh[e]))
+        });
     }
     out.wasted += fresh.iter().filter(|&&f| f).count() as u64;
+    out.demand.overflow_steps = steps.overflow_steps(capacity);
     out.demand.requests = steps.requests();
     out
 }
@@ -344,11 +302,7 @@ fn scored<S: Scorer>(
             out.loads += 1;
         }
         c.unpin_all(scorer);
-        let r = steps.range(s);
-        if r.len() > capacity {
-            out.demand.overflow_steps += 1;
-        }
-        for i in r.clone() {
+        for i in steps.range(s) {
             let e = steps.expert[i];
             scorer.request(i, e, credits[i], s);
             let w = c.slot_of[e as usize];
@@ -385,6 +339,7 @@ fn scored<S: Scorer>(
         c.unpin_all(scorer);
     }
     out.wasted += c.fresh.iter().filter(|&&f| f).count() as u64;
+    out.demand.overflow_steps = steps.overflow_steps(capacity);
     out.demand.requests = steps.requests();
     out
 }
@@ -417,11 +372,7 @@ fn fixed(steps: &Steps, capacity: usize, fit: &[u64], pf: &Prefetch) -> Prefetch
                 out.loads += 1;
             }
         }
-        let r = steps.range(s);
-        if r.len() > capacity {
-            out.demand.overflow_steps += 1;
-        }
-        for &e in &steps.expert[r] {
+        for &e in &steps.expert[steps.range(s)] {
             let e = e as usize;
             if resident[e] {
                 continue;
@@ -437,6 +388,7 @@ fn fixed(steps: &Steps, capacity: usize, fit: &[u64], pf: &Prefetch) -> Prefetch
             out.wasted += u64::from(std::mem::take(&mut loaded[e as usize]));
         }
     }
+    out.demand.overflow_steps = steps.overflow_steps(capacity);
     out.demand.requests = steps.requests();
     out
 }

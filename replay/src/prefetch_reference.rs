@@ -8,18 +8,12 @@
 
 use super::prefetch::{Prefetch, PrefetchCounts};
 use super::steps::Steps;
-use super::{Policy, PolicyParams};
+use super::{Cache, Policy, PolicyParams};
 use std::cmp::Ordering;
 
 /// The eager reference of [`crate::prefetch::simulate`], rule for rule.
-pub fn eager(
-    policy: Policy,
-    steps: &Steps,
-    capacity: usize,
-    params: &PolicyParams,
-    fit: &[u64],
-    pf: &Prefetch,
-) -> PrefetchCounts {
+pub fn eager(cache: Cache<'_>, steps: &Steps, pf: &Prefetch) -> PrefetchCounts {
+    let (policy, capacity, params, fit) = (cache.policy, cache.capacity, cache.params, cache.fit);
     let n = steps.n_expert;
     let len = steps.len();
     let mut out = PrefetchCounts::default();
@@ -146,23 +140,7 @@ pub fn eager(
         if d.len() > capacity {
             out.demand.overflow_steps += 1;
         }
-        let credit = match policy {
-            Policy::Ema | Policy::NearPickEma => Some(&steps.uses),
-            Policy::RouterEma => Some(&steps.prob),
-            Policy::InverseRouterEma => Some(&steps.inv_rank),
-            _ => None,
-        };
-        if let Some(credit) = credit {
-            for i in r.clone() {
-                score[steps.expert[i] as usize] += f64::from(credit[i]);
-            }
-            if policy == Policy::NearPickEma {
-                for j in steps.near_range(s) {
-                    score[steps.near[j] as usize] +=
-                        params.near_pick_credit * f64::from(steps.near_uses[j]);
-                }
-            }
-        }
+        ema_credit(policy, params, steps, s, &mut score);
         for (i, &e) in r.zip(&d) {
             match policy {
                 Policy::Lru => {
@@ -191,4 +169,32 @@ pub fn eager(
     }
     out.wasted += fresh.iter().filter(|&&f| f).count() as u64;
     out
+}
+
+/// Adds the EMA policies' credit for step `s` to `score`: each request's
+/// uses, router probability or inverse rank, and `near_pick_ema`'s near
+/// picks; nothing for the other policies. The demand replay's reference
+/// credits the same way.
+pub(crate) fn ema_credit(
+    policy: Policy,
+    params: &PolicyParams,
+    steps: &Steps,
+    s: usize,
+    score: &mut [f64],
+) {
+    let credit = match policy {
+        Policy::Ema | Policy::NearPickEma => &steps.uses,
+        Policy::RouterEma => &steps.prob,
+        Policy::InverseRouterEma => &steps.inv_rank,
+        _ => return,
+    };
+    for i in steps.range(s) {
+        score[steps.expert[i] as usize] += f64::from(credit[i]);
+    }
+    if policy == Policy::NearPickEma {
+        for j in steps.near_range(s) {
+            score[steps.near[j] as usize] +=
+                params.near_pick_credit * f64::from(steps.near_uses[j]);
+        }
+    }
 }

@@ -7,7 +7,7 @@ use super::prefetch_reference::eager;
 use super::steps::{Steps, TokenReqs, NONE};
 use super::synthetic::{raw_layer, Shape};
 use super::trace_io::{Ahead, RawLayer};
-use super::{simulate, Policy, PolicyParams};
+use super::{simulate, Cache, Policy, PolicyParams};
 
 fn shape(n_expert: usize, k: usize, tokens: usize) -> Shape {
     Shape {
@@ -65,8 +65,9 @@ fn prefetch_replay_equals_the_eager_reference_on_generated_traces() {
                 let pf = Prefetch::from_guesses(&g, width, m);
                 for policy in Policy::ALL {
                     for capacity in [1, 3, 5, 8, n_expert] {
-                        let fast = prefetch::simulate(policy, &steps, capacity, &params, &fit, &pf);
-                        let slow = eager(policy, &steps, capacity, &params, &fit, &pf);
+                        let cache = Cache::new(policy, capacity, &params, &fit);
+                        let fast = prefetch::simulate(cache, &steps, &pf);
+                        let slow = eager(cache, &steps, &pf);
                         assert_eq!(
                             fast, slow,
                             "{policy} C={capacity} m={m} width={width} seed={seed}"
@@ -99,8 +100,9 @@ fn prefetch_replay_equals_the_eager_reference_on_large_caches() {
     let pf = Prefetch::from_guesses(&g, 2 * k, 2 * k);
     for policy in Policy::ALL {
         for capacity in [20, 100, 520, 700] {
-            let fast = prefetch::simulate(policy, &steps, capacity, &params, &fit, &pf);
-            let slow = eager(policy, &steps, capacity, &params, &fit, &pf);
+            let cache = Cache::new(policy, capacity, &params, &fit);
+            let fast = prefetch::simulate(cache, &steps, &pf);
+            let slow = eager(cache, &steps, &pf);
             assert_eq!(fast, slow, "{policy} C={capacity}");
             if policy == Policy::Lru {
                 // More misses than slots: every cache here evicts.
@@ -119,7 +121,8 @@ fn without_guesses_prefetch_replay_is_the_plain_replay() {
     let none = Prefetch::from_guesses(&vec![NONE; steps.len()], 1, 4);
     for policy in Policy::ALL {
         for capacity in [0, 2, 4, 7, 12] {
-            let got = prefetch::simulate(policy, &steps, capacity, &params, &fit, &none);
+            let cache = Cache::new(policy, capacity, &params, &fit);
+            let got = prefetch::simulate(cache, &steps, &none);
             assert_eq!(
                 got.demand,
                 simulate(policy, &steps, capacity, &params, &fit),
@@ -143,7 +146,8 @@ fn the_oracle_prefetcher_leaves_no_miss_and_wastes_no_load() {
     for policy in Policy::ALL {
         for capacity in [4, 8] {
             let base = simulate(policy, &steps, capacity, &params, &fit);
-            let c = prefetch::simulate(policy, &steps, capacity, &params, &fit, &pf);
+            let cache = Cache::new(policy, capacity, &params, &fit);
+            let c = prefetch::simulate(cache, &steps, &pf);
             assert_eq!(c.demand.misses, 0, "{policy} C={capacity}");
             assert_eq!(c.wasted, 0, "{policy} C={capacity}");
             if policy == Policy::Lru {

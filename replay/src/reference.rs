@@ -4,6 +4,7 @@
 //! step's experts first, then the highest-scored others, cut to the capacity.
 
 use super::policy::{Policy, PolicyParams};
+use super::prefetch_reference::ema_credit;
 use super::steps::Steps;
 use super::Counts;
 use std::cmp::Ordering;
@@ -32,26 +33,15 @@ pub fn eager(policy: Policy, steps: &Steps, capacity: usize, params: &PolicyPara
             .iter()
             .map(|&e| e as usize)
             .collect();
-        let ema_credit = match policy {
-            Policy::Ema | Policy::NearPickEma => Some(&steps.uses),
-            Policy::RouterEma => Some(&steps.prob),
-            Policy::InverseRouterEma => Some(&steps.inv_rank),
-            _ => None,
-        };
-        if let Some(credit) = ema_credit {
+        if matches!(
+            policy,
+            Policy::Ema | Policy::NearPickEma | Policy::RouterEma | Policy::InverseRouterEma
+        ) {
             for x in score.iter_mut() {
                 *x *= params.ema_decay;
             }
-            for i in r.clone() {
-                score[steps.expert[i] as usize] += f64::from(credit[i]);
-            }
-            if policy == Policy::NearPickEma {
-                for j in steps.near_range(s) {
-                    score[steps.near[j] as usize] +=
-                        params.near_pick_credit * f64::from(steps.near_uses[j]);
-                }
-            }
         }
+        ema_credit(policy, params, steps, s, &mut score);
         for (pos, i) in r.enumerate() {
             let e = steps.expert[i] as usize;
             match policy {

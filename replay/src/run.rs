@@ -5,7 +5,7 @@ use super::inputs::{load_inputs, Inputs};
 use super::keep::{requests, KeptLayer};
 use super::lru::miss_curve;
 use super::pinned;
-use super::policy::{simulate, Policy, PolicyParams};
+use super::policy::{simulate, Cache, Policy, PolicyParams};
 use super::predict::{self, Predictor};
 use super::prefetch::{self, Prefetch};
 use super::prefetch_report::{self, AccuracyCell, PrefetchCell, PrefetchKey};
@@ -468,6 +468,7 @@ fn prefetch_layer(
                             .and_then(|b| b.get(&layer))
                             .copied();
                         let capacity = resolve(cap, inputs.n_expert, size, layer)?;
+                        let cache = Cache::new(policy, capacity, &params, &fit);
                         let base_misses = *base.entry((policy, capacity)).or_insert_with(|| {
                             simulate(policy, &steps, capacity, &params, &fit).misses
                         });
@@ -483,9 +484,7 @@ fn prefetch_layer(
                             layer,
                             capacity,
                             tokens: steps.tokens,
-                            counts: prefetch::simulate(
-                                policy, &steps, capacity, &params, &fit, &pf,
-                            ),
+                            counts: prefetch::simulate(cache, &steps, &pf),
                             base_misses,
                         });
                     }

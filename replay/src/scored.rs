@@ -184,7 +184,6 @@ fn flat<S: Scorer, const NEAR: bool>(steps: &Steps, capacity: usize, scorer: &mu
     let credits = scorer.credits(steps);
     assert_eq!(credits.len(), steps.expert.len(), "one credit per request");
     let mut misses = 0u64;
-    let mut overflow_steps = 0u64;
     for s in 0..steps.len() {
         if scorer.begin_step(s).is_some() {
             for (w, &e) in slot_expert[..filled].iter().enumerate() {
@@ -192,9 +191,6 @@ fn flat<S: Scorer, const NEAR: bool>(steps: &Steps, capacity: usize, scorer: &mu
             }
         }
         let r = steps.range(s);
-        if r.len() > capacity {
-            overflow_steps += 1;
-        }
         // Branch-free on hit or miss: a miss pins the spare slot and is
         // written to `missed` whatever happens.
         let mut n_missed = 0usize;
@@ -262,7 +258,7 @@ fn flat<S: Scorer, const NEAR: bool>(steps: &Steps, capacity: usize, scorer: &mu
     Counts {
         requests: steps.requests(),
         misses,
-        overflow_steps,
+        overflow_steps: steps.overflow_steps(capacity),
     }
 }
 
@@ -277,7 +273,6 @@ pub fn simulate_tree<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) 
     let mut pinned: Vec<usize> = Vec::with_capacity(64);
     let credits = scorer.credits(steps);
     let mut misses = 0u64;
-    let mut overflow_steps = 0u64;
     for s in 0..steps.len() {
         if let Some(scale) = scorer.begin_step(s) {
             tree.map_keys(|k| Key {
@@ -286,11 +281,7 @@ pub fn simulate_tree<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) 
             });
         }
         let mark = s as u32 + 1;
-        let r = steps.range(s);
-        if r.len() > capacity {
-            overflow_steps += 1;
-        }
-        for i in r {
+        for i in steps.range(s) {
             let e = steps.expert[i];
             scorer.request(i, e, credits[i], s);
             stamp[e as usize] = mark;
@@ -348,7 +339,7 @@ pub fn simulate_tree<S: Scorer>(steps: &Steps, capacity: usize, scorer: &mut S) 
     Counts {
         requests: steps.requests(),
         misses,
-        overflow_steps,
+        overflow_steps: steps.overflow_steps(capacity),
     }
 }
 

@@ -91,6 +91,14 @@ impl Steps {
         self.start[s] as usize..self.start[s + 1] as usize
     }
 
+    /// Steps that request more distinct experts than `capacity` (at
+    /// capacity 0, every step with a request).
+    pub fn overflow_steps(&self, capacity: usize) -> u64 {
+        (0..self.len())
+            .filter(|&s| self.range(s).len() > capacity)
+            .count() as u64
+    }
+
     /// Near picks of step `s`, as a range into the near arrays.
     #[inline]
     pub fn near_range(&self, s: usize) -> std::ops::Range<usize> {

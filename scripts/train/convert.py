@@ -52,6 +52,31 @@ def tokenizer_metadata(w, tok_json):
     return n
 
 
+# The model's hyperparameters: GGUFWriter.add_<key> of each training-config
+# field, in the order the keys are written.
+HPARAMS = {
+    "context_length": "seq_len", "embedding_length": "hidden", "block_count": "n_layer",
+    "feed_forward_length": "expert_ff", "head_count": "n_head", "head_count_kv": "n_kv_head",
+    "key_length": "head_dim", "value_length": "head_dim", "layer_norm_rms_eps": "rms_eps",
+    "rope_freq_base": "rope_base", "expert_count": "n_expert", "expert_used_count": "top_k",
+    "expert_feed_forward_length": "expert_ff",
+}
+
+# Each layer's tensors in the order they are written: GGUF name, the state
+# dict's key under `blocks.{i}.`, and whether it is stored as f16 (the
+# norms and the router stay f32).
+LAYER_TENSORS = [
+    ("attn_norm.weight", "attn_norm.weight", False), ("attn_q.weight", "attn.q.weight", True),
+    ("attn_k.weight", "attn.k.weight", True), ("attn_v.weight", "attn.v.weight", True),
+    ("attn_output.weight", "attn.o.weight", True),
+    ("attn_q_norm.weight", "attn.q_norm.weight", False),
+    ("attn_k_norm.weight", "attn.k_norm.weight", False),
+    ("ffn_norm.weight", "ffn_norm.weight", False), ("ffn_gate_inp.weight", "moe.gate.weight", False),
+    ("ffn_gate_exps.weight", "moe.w_gate", True), ("ffn_up_exps.weight", "moe.w_up", True),
+    ("ffn_down_exps.weight", "moe.w_down", True),
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("train_out")
@@ -70,19 +95,8 @@ def main():
     # The licence itself (configs/models/quickstart-moe.md, "Use and limits"),
     # which a shipped card copies into its Hugging Face metadata.
     w.add_license("MIT OR Apache-2.0")
-    w.add_context_length(c["seq_len"])
-    w.add_embedding_length(c["hidden"])
-    w.add_block_count(c["n_layer"])
-    w.add_feed_forward_length(c["expert_ff"])
-    w.add_head_count(c["n_head"])
-    w.add_head_count_kv(c["n_kv_head"])
-    w.add_key_length(c["head_dim"])
-    w.add_value_length(c["head_dim"])
-    w.add_layer_norm_rms_eps(c["rms_eps"])
-    w.add_rope_freq_base(c["rope_base"])
-    w.add_expert_count(c["n_expert"])
-    w.add_expert_used_count(c["top_k"])
-    w.add_expert_feed_forward_length(c["expert_ff"])
+    for key, field in HPARAMS.items():
+        getattr(w, "add_" + key)(c[field])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     n_vocab = tokenizer_metadata(w, tok_json)
     assert n_vocab == c["vocab_size"], (n_vocab, c["vocab_size"])
@@ -96,18 +110,8 @@ def main():
     for i in range(c["n_layer"]):
         p = f"blocks.{i}."
         b = f"blk.{i}."
-        put(b + "attn_norm.weight", sd[p + "attn_norm.weight"], False)
-        put(b + "attn_q.weight", sd[p + "attn.q.weight"], True)
-        put(b + "attn_k.weight", sd[p + "attn.k.weight"], True)
-        put(b + "attn_v.weight", sd[p + "attn.v.weight"], True)
-        put(b + "attn_output.weight", sd[p + "attn.o.weight"], True)
-        put(b + "attn_q_norm.weight", sd[p + "attn.q_norm.weight"], False)
-        put(b + "attn_k_norm.weight", sd[p + "attn.k_norm.weight"], False)
-        put(b + "ffn_norm.weight", sd[p + "ffn_norm.weight"], False)
-        put(b + "ffn_gate_inp.weight", sd[p + "moe.gate.weight"], False)
-        put(b + "ffn_gate_exps.weight", sd[p + "moe.w_gate"], True)
-        put(b + "ffn_up_exps.weight", sd[p + "moe.w_up"], True)
-        put(b + "ffn_down_exps.weight", sd[p + "moe.w_down"], True)
+        for name, key, f16 in LAYER_TENSORS:
+            put(b + name, sd[p + key], f16)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -193,6 +193,30 @@ pub fn collect(
         .unwrap()
 }
 
+/// Collection options that exercise both reduction paths: micro-batches of
+/// 32 (a chunk of more spans several, so device sums accumulate across
+/// them), every other chunk traced with its router top-8 (traced
+/// micro-batches read the router probabilities on the host, the others sum
+/// them on the device, under `reduce`), and decode traces of
+/// `decode_tokens` generated after prompts of `decode_prompt` tokens,
+/// decoded one token at a time, unmeasured.
+pub fn traced_collect_options(
+    reduce: worker::collect::device::Reduce,
+    decode_tokens: usize,
+    decode_prompt: usize,
+) -> worker::collect::CollectOptions {
+    worker::collect::CollectOptions {
+        n_ubatch: 32,
+        threads: 2,
+        trace_every: 2,
+        trace_top_n: 8,
+        decode_tokens,
+        decode_prompt,
+        reduce,
+        ..Default::default()
+    }
+}
+
 /// Copies a tokenized corpus (`corpus/index.json`, `corpus/chunks.parquet`)
 /// from one run location to another, e.g. a local run to an S3 prefix.
 pub async fn copy_corpus(from: &runfiles::store::RunStore, to: &runfiles::store::RunStore) {
@@ -218,17 +242,56 @@ pub fn text_config(dir: &Path, extra: &str) -> PathBuf {
         })
         .collect();
     std::fs::write(dir.join("docs.txt"), docs.join("\n\n")).unwrap();
-    let config = dir.join("text.toml");
+    docs_config(dir, "text.toml", 32, extra)
+}
+
+/// Writes `dir/name`, a run config of the tiny model (`tiny.gguf`) over one
+/// domain `text` of `docs.txt`'s blank-line separated documents in chunks of
+/// `n_ctx`, nothing held out (the documents are near copies), with `extra`
+/// appended; returns its path.
+pub fn docs_config(dir: &Path, name: &str, n_ctx: u32, extra: &str) -> PathBuf {
+    let config = dir.join(name);
     std::fs::write(
         &config,
         format!(
-            "[model]\npath = \"tiny.gguf\"\n[corpus]\nn_ctx = 32\nheldout_fraction = 0\n\
+            "[model]\npath = \"tiny.gguf\"\n[corpus]\nn_ctx = {n_ctx}\nheldout_fraction = 0\n\
              [[corpus.domains]]\nname = \"text\"\n\
              sources = [{{ path = \"docs.txt\", separator = \"\\n\\n\" }}]\n{extra}"
         ),
     )
     .unwrap();
     config
+}
+
+/// The conversation of a sample corpus record's `messages` array (each
+/// message a `role` and a text `content`).
+pub fn chat_of(messages: &serde_json::Value) -> corpus::chat::Chat {
+    use corpus::chat::{Chat, Message, Role};
+    let messages = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            Message::text(
+                Role::parse(m["role"].as_str().unwrap()).unwrap(),
+                m["content"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    Chat::new(messages)
+}
+
+/// Each candidate of an `eval/summary.json` (as JSON) with its name and
+/// its held-out mean KL over all domains.
+pub fn heldout_kl(
+    summary: &serde_json::Value,
+) -> impl Iterator<Item = (&serde_json::Value, String, f64)> {
+    summary["candidates"].as_array().unwrap().iter().map(|c| {
+        let kl = c["splits"]["heldout"]["all"]["kl"]["mean"]
+            .as_f64()
+            .unwrap();
+        (c, c["name"].as_str().unwrap().to_string(), kl)
+    })
 }
 
 /// Names the variable that, set to `1`, lets the S3 tests skip when no

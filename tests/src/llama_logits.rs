@@ -15,6 +15,32 @@ pub fn init_backend() {
     INIT.call_once(|| unsafe { sys::llama_backend_init() });
 }
 
+/// The context parameters of the oracles: `n_ctx` positions, batches of
+/// `n_batch` (one micro-batch), one sequence, `threads` CPU threads, flash
+/// attention off, and an f32 KV cache when `f32_kv` (llama.cpp's default
+/// f16 otherwise).
+pub fn oracle_context_params(
+    n_ctx: u32,
+    n_batch: u32,
+    threads: i32,
+    f32_kv: bool,
+) -> sys::llama_context_params {
+    // SAFETY: returns a plain parameter struct.
+    let mut c = unsafe { sys::llama_context_default_params() };
+    c.n_ctx = n_ctx;
+    c.n_batch = n_batch;
+    c.n_ubatch = n_batch;
+    c.n_seq_max = 1;
+    c.n_threads = threads;
+    c.n_threads_batch = threads;
+    if f32_kv {
+        c.type_k = sys::GGML_TYPE_F32;
+        c.type_v = sys::GGML_TYPE_F32;
+    }
+    c.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    c
+}
+
 /// Runs `tokens` (positions 0..) through `model` on `threads` CPU threads
 /// and returns `n_vocab` logits per position; `Err` if llama.cpp cannot load
 /// or run the model.
@@ -29,16 +55,7 @@ pub fn logits(model: &Path, tokens: &[i32], threads: i32) -> Result<Vec<Vec<f32>
             return Err(format!("llama.cpp could not load {}", model.display()));
         }
         let n = tokens.len() as u32;
-        let mut c = sys::llama_context_default_params();
-        c.n_ctx = n.next_multiple_of(256);
-        c.n_batch = n;
-        c.n_ubatch = n;
-        c.n_seq_max = 1;
-        c.n_threads = threads;
-        c.n_threads_batch = threads;
-        c.type_k = sys::GGML_TYPE_F32;
-        c.type_v = sys::GGML_TYPE_F32;
-        c.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        let mut c = oracle_context_params(n.next_multiple_of(256), n, threads, true);
         c.no_perf = true;
         let ctx = sys::llama_init_from_model(m, c);
         if ctx.is_null() {

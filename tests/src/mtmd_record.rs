@@ -12,6 +12,16 @@ use std::path::Path;
 /// Drops llama.cpp's and mtmd's log lines (the tests' output stays readable).
 unsafe extern "C" fn quiet(_: sys::ggml_log_level, _: *const std::ffi::c_char, _: *mut c_void) {}
 
+/// The bundled sample picture `configs/sample_images/images/red_square.png`:
+/// its bytes and their SHA-256 (hex).
+pub fn sample_image() -> (Vec<u8>, String) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../configs/sample_images/images/red_square.png");
+    let bytes = std::fs::read(path).unwrap();
+    let sha = gguf::hash::sha256_hex(&bytes);
+    (bytes, sha)
+}
+
 /// A piece of a record as mtmd tokenized it, in order.
 pub enum Piece {
     /// Text token ids.

@@ -29,19 +29,15 @@ fn cluster_config(dir: &Path, docs: usize, extra: &str) -> (PathBuf, PathBuf) {
     fixtures::numbered_docs(dir, docs);
     let secret = dir.join("join.secret");
     std::fs::write(&secret, protocol::secret::JoinSecret::generate().expose()).unwrap();
-    let config = dir.join("cluster.toml");
-    std::fs::write(
-        &config,
-        format!(
-            // Numbered documents are near copies: nothing held out.
-            "[model]\npath = \"tiny.gguf\"\n[corpus]\nn_ctx = 64\nheldout_fraction = 0\n\
-             [[corpus.domains]]\nname = \"text\"\n\
-             sources = [{{ path = \"docs.txt\", separator = \"\\n\\n\" }}]\n\
-             [run]\nlease_chunks = 2\nheartbeat_timeout_s = 10\n{extra}\n\
+    let config = fixtures::docs_config(
+        dir,
+        "cluster.toml",
+        64,
+        &format!(
+            "[run]\nlease_chunks = 2\nheartbeat_timeout_s = 10\n{extra}\n\
              [cluster]\nsecret_file = \"join.secret\"\nconnect_file = \"connect.json\"\n"
         ),
-    )
-    .unwrap();
+    );
     (config, secret)
 }
 

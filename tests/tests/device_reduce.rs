@@ -24,21 +24,10 @@ fn collect(
     reduce: Reduce,
     decode_tokens: usize,
 ) -> Collected {
+    // Two micro-batches per chunk of 64.
     let opts = CollectOptions {
-        // Two micro-batches per chunk, so device sums accumulate across them.
-        n_ubatch: 32,
-        threads: 2,
-        // Every other chunk traced: traced micro-batches read the router
-        // probabilities on the host, the others sum them on the device.
-        trace_every: 2,
-        trace_top_n: 8,
-        // Decode traces too: prompts and generated tokens are decoded one
-        // token at a time, unmeasured.
-        decode_tokens,
-        decode_prompt: 8,
         f32_kv: true,
-        reduce,
-        ..Default::default()
+        ..fixtures::traced_collect_options(reduce, decode_tokens, 8)
     };
     fixtures::collect(model, dir, &fixtures::chunks(N_CHUNKS, N_CTX), N_CTX, opts)
 }

@@ -50,7 +50,7 @@ fn exploring_leaves_the_run_as_it_is_and_hand_written_maps_work() {
     // replay and eval, to their own outputs.
     coordinator(&["replay", r, "--capacity", "0.5", "--out", "scratch"]);
     assert!(run.join("explore/scratch/replay/results.json").exists());
-    coordinator(&[
+    let eval_k12 = [
         "eval",
         r,
         "--keep-maps",
@@ -59,9 +59,8 @@ fn exploring_leaves_the_run_as_it_is_and_hand_written_maps_work() {
         "fit",
         "--local-workers",
         "1",
-        "--out",
-        "scratch",
-    ]);
+    ];
+    coordinator(&[&eval_k12[..], &["--out", "scratch"]].concat());
     let summary = String::from_utf8(bytes(&run.join("explore/scratch/eval/summary.json"))).unwrap();
     assert!(summary.contains("frequency_K12"), "{summary}");
     // Without --out, other options than the run's config gives are
@@ -70,16 +69,7 @@ fn exploring_leaves_the_run_as_it_is_and_hand_written_maps_work() {
     let refused = [
         vec!["score", r, "--k", "4", "--methods", "frequency"],
         vec!["replay", r, "--capacity", "0.5"],
-        vec![
-            "eval",
-            r,
-            "--keep-maps",
-            "frequency_K12",
-            "--split",
-            "fit",
-            "--local-workers",
-            "1",
-        ],
+        eval_k12.to_vec(),
     ];
     for (args, flag) in refused.iter().zip(["--k [4]", "--capacity", "--keep-maps"]) {
         let out = fixtures::run("coordinator", args);
@@ -107,20 +97,26 @@ fn exploring_leaves_the_run_as_it_is_and_hand_written_maps_work() {
         .map(|l| l["layer"].as_u64().unwrap())
         .collect();
     assert!(!blocks.is_empty());
-    let layers = |ids: &str| -> String {
-        let entries: Vec<String> = blocks.iter().map(|b| format!("\"{b}\": [{ids}]")).collect();
-        format!("{{\"layers\": {{{}}}}}\n", entries.join(", "))
-    };
     let maps = dir.path().join("maps");
     std::fs::create_dir(&maps).unwrap();
-    let mine = maps.join("mine.json");
-    std::fs::write(&mine, layers("0, 1, 2, 3, 4, 5, 6, 7, 8, 9")).unwrap();
+    // Writes `maps/NAME`, keeping the experts `ids` of every block; its path.
+    let map_file = |name: &str, ids: &str| -> String {
+        let entries: Vec<String> = blocks.iter().map(|b| format!("\"{b}\": [{ids}]")).collect();
+        let path = maps.join(name);
+        std::fs::write(
+            &path,
+            format!("{{\"layers\": {{{}}}}}\n", entries.join(", ")),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let mine = map_file("mine.json", "0, 1, 2, 3, 4, 5, 6, 7, 8, 9");
     let pruned = dir.path().join("mine.gguf");
     let out = coordinator(&[
         "prune",
         r,
         "--keep-map",
-        mine.to_str().unwrap(),
+        &mine,
         "--out",
         pruned.to_str().unwrap(),
     ]);
@@ -134,7 +130,7 @@ fn exploring_leaves_the_run_as_it_is_and_hand_written_maps_work() {
         "eval",
         r,
         "--keep-maps",
-        mine.to_str().unwrap(),
+        &mine,
         "--split",
         "fit",
         "--local-workers",
@@ -159,17 +155,17 @@ fn exploring_leaves_the_run_as_it_is_and_hand_written_maps_work() {
     assert!(text.contains("1 made by hand, not recomputed"), "{text}");
 
     // Maps that do not fit the model are refused, naming the file.
-    let too_big = maps.join("big.json");
-    std::fs::write(&too_big, layers("0, 1, 2, 3, 99")).unwrap();
+    let too_big = map_file("big.json", "0, 1, 2, 3, 99");
+    let x = dir.path().join("x.gguf");
     let refused = fixtures::run(
         "coordinator",
         &[
             "prune",
             r,
             "--keep-map",
-            too_big.to_str().unwrap(),
+            &too_big,
             "--out",
-            dir.path().join("x.gguf").to_str().unwrap(),
+            x.to_str().unwrap(),
         ],
     );
     let e = String::from_utf8_lossy(&refused.stderr);
@@ -177,21 +173,18 @@ fn exploring_leaves_the_run_as_it_is_and_hand_written_maps_work() {
         !refused.status.success() && e.contains("big.json") && e.contains("expert 99"),
         "{e}"
     );
-    let taken = maps.join("frequency_K8.json");
-    std::fs::write(&taken, layers("0, 1, 2, 3, 4, 5, 6, 7")).unwrap();
-    let refused = fixtures::run(
-        "coordinator",
-        &[
-            "eval",
-            r,
-            "--keep-maps",
-            taken.to_str().unwrap(),
-            "--local-workers",
-            "1",
-            "--out",
-            "t",
-        ],
-    );
+    let taken = map_file("frequency_K8.json", "0, 1, 2, 3, 4, 5, 6, 7");
+    let eval: [&str; 8] = [
+        "eval",
+        r,
+        "--keep-maps",
+        &taken,
+        "--local-workers",
+        "1",
+        "--out",
+        "t",
+    ];
+    let refused = fixtures::run("coordinator", &eval);
     let e = String::from_utf8_lossy(&refused.stderr);
     assert!(
         !refused.status.success() && e.contains("already holds another keep map"),

@@ -420,20 +420,8 @@ fn replay_without_model_finds_the_recorded_model(out: &Path) {
 fn ship_pareto_ships_exactly_the_front(run: &Path, dir: &Path) {
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("eval/summary.json")).unwrap()).unwrap();
-    let points: Vec<(String, u64, f64)> = summary["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            let kl = c["splits"]["heldout"]["all"]["kl"]["mean"]
-                .as_f64()
-                .unwrap();
-            (
-                c["name"].as_str().unwrap().to_string(),
-                c["bytes"].as_u64().unwrap(),
-                kl,
-            )
-        })
+    let points: Vec<(String, u64, f64)> = fixtures::heldout_kl(&summary)
+        .map(|(c, name, kl)| (name, c["bytes"].as_u64().unwrap(), kl))
         .collect();
     let want: std::collections::BTreeSet<String> = points
         .iter()

@@ -8,7 +8,7 @@
 //! cut before its first assistant turn's text by string search and
 //! tokenized. Every domain gets prompts or a reason.
 
-use corpus::chat::{Chat, Message, Role};
+use corpus::chat::Role;
 use corpus::tokenizer::{LlamaTokenizer, Tokenizer};
 use runfiles::manifest::DocRecord;
 use runfiles::store::RunStore;
@@ -20,22 +20,6 @@ fn repo() -> PathBuf {
         .parent()
         .unwrap()
         .to_path_buf()
-}
-
-/// The conversation of a `chat.jsonl` record.
-fn chat_of(record: &Value) -> Chat {
-    let messages = record["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            Message::text(
-                Role::parse(m["role"].as_str().unwrap()).unwrap(),
-                m["content"].as_str().unwrap(),
-            )
-        })
-        .collect();
-    Chat::new(messages)
 }
 
 #[test]
@@ -101,7 +85,7 @@ fn chat_prompts_end_after_a_user_turn_at_n_ctx_1024() {
         );
         let line: usize = doc.at.rsplit(':').next().unwrap().parse().unwrap();
         let record: Value = serde_json::from_str(&lines[line - 1]).unwrap();
-        let chat = chat_of(&record);
+        let chat = fixtures::chat_of(&record["messages"]);
         assert!(chat.messages.iter().any(|m| m.role == Role::User));
         let whole = tok.apply_chat_template(&chat, &Default::default()).unwrap();
         let marker = "<|im_start|>assistant\n";

@@ -9,7 +9,7 @@
 //! positions in the same modalities with the same KL. None of the worker's
 //! feeding, scoring or grouping code runs on the oracle's side.
 
-use fixtures::mtmd_record::{as_chunk, MtmdRecord, Piece};
+use fixtures::mtmd_record::{as_chunk, sample_image, MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
 use numbers::eval::{EvalSummary, TokenKl};
 use numbers::Modality;
@@ -17,7 +17,7 @@ use numbers::Split;
 use runfiles::keepmap::KeepMap;
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use synth::mmproj::{write_mmproj, MmprojSpec};
 use synth::{Overrides, Preset};
 use worker::eval::{Candidate, Compare, EvalOptions, Evaluator};
@@ -44,16 +44,7 @@ fn logits(model: &Path, pieces: &[Piece], n_embd: usize) -> Vec<Vec<f32>> {
             sys::llama_model_load_from_file(c_model.as_ptr(), sys::llama_model_default_params());
         assert!(!m.is_null(), "{} loads", model.display());
         let n_vocab = sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(m)) as usize;
-        let mut cp = sys::llama_context_default_params();
-        cp.n_ctx = N_CTX;
-        cp.n_batch = N_CTX;
-        cp.n_ubatch = N_CTX;
-        cp.n_seq_max = 1;
-        cp.n_threads = 2;
-        cp.n_threads_batch = 2;
-        cp.type_k = sys::GGML_TYPE_F32;
-        cp.type_v = sys::GGML_TYPE_F32;
-        cp.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        let cp = fixtures::llama_logits::oracle_context_params(N_CTX, N_CTX, 2, true);
         let ctx = sys::llama_init_from_model(m, cp);
         assert!(!ctx.is_null(), "a context");
         let tok = sys::llama_batch_init(1, 0, 1);
@@ -100,14 +91,6 @@ fn logits(model: &Path, pieces: &[Piece], n_embd: usize) -> Vec<Vec<f32>> {
 fn kl(p: &[f32], q: &[f32]) -> f64 {
     let (lp, lq) = (fixtures::log_softmax(p), fixtures::log_softmax(q));
     lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
-}
-
-fn sample_image() -> (Vec<u8>, String) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../configs/sample_images/images/red_square.png");
-    let bytes = std::fs::read(path).unwrap();
-    let sha = gguf::hash::sha256_hex(&bytes);
-    (bytes, sha)
 }
 
 /// Keeps experts `0..N_EXPERT - N_VISION` of every MoE layer of `base`.

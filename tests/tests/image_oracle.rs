@@ -8,12 +8,12 @@
 //! marker ids, its span where mtmd put it). Nothing of the collector's
 //! feeding code runs on the oracle's side.
 
-use fixtures::mtmd_record::{as_chunk, MtmdRecord, Piece};
+use fixtures::mtmd_record::{as_chunk, sample_image, MtmdRecord, Piece};
 use llama_cpp_sys_2 as sys;
 use numbers::stats::GroupKey;
 use numbers::{Modality, Split};
 use std::ffi::{c_void, CStr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
 use synth::Preset;
 use worker::collect::{CollectOptions, Collector};
@@ -91,14 +91,7 @@ fn oracle(model: &Path, mmproj: &Path, prompt: &str, image: &[u8], layer: u32) -
     // the record; the dump outlives the context whose callback writes it;
     // tensors the callback reads are host tensors (CPU build).
     unsafe {
-        let mut cp = sys::llama_context_default_params();
-        cp.n_ctx = N_CTX;
-        cp.n_batch = N_CTX;
-        cp.n_ubatch = N_CTX;
-        cp.n_seq_max = 1;
-        cp.n_threads = 2;
-        cp.n_threads_batch = 2;
-        cp.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        let mut cp = fixtures::llama_logits::oracle_context_params(N_CTX, N_CTX, 2, false);
         cp.cb_eval = Some(dump_router);
         cp.cb_eval_user_data = (&mut *dump as *mut Dump).cast();
         let ctx = sys::llama_init_from_model(record.model(), cp);
@@ -110,14 +103,6 @@ fn oracle(model: &Path, mmproj: &Path, prompt: &str, image: &[u8], layer: u32) -
         pieces: record.pieces(false),
         dump: *dump,
     }
-}
-
-fn sample_image() -> (Vec<u8>, String) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../configs/sample_images/images/red_square.png");
-    let bytes = std::fs::read(path).unwrap();
-    let sha = gguf::hash::sha256_hex(&bytes);
-    (bytes, sha)
 }
 
 #[test]

@@ -15,7 +15,6 @@
 //! `tokenizers`) did: `tests/fixtures/quickstart-moe.tokens.json` holds the
 //! ids `scripts/train/convert.py` wrote with it.
 
-use corpus::chat::{Chat, Message, Role};
 use corpus::tokenizer::{LlamaTokenizer, Tokenizer};
 use numbers::splitmix::SplitMix64;
 use runfiles::keepmap::KeepMap;
@@ -147,16 +146,8 @@ fn run() -> &'static Run {
             ],
         );
         let summary = read_json(&out.join("explore/learned/eval/summary.json"));
-        let kl = summary["candidates"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| {
-                let kl = c["splits"]["heldout"]["all"]["kl"]["mean"]
-                    .as_f64()
-                    .unwrap();
-                (c["name"].as_str().unwrap().to_string(), kl)
-            })
+        let kl = fixtures::heldout_kl(&summary)
+            .map(|(_, name, kl)| (name, kl))
             .collect();
         Run {
             saliency,
@@ -367,6 +358,14 @@ fn llama_cpp_tokenizes_the_sample_corpus_as_the_trained_tokenizer() {
     let fixture = read_json(&repo().join("tests/fixtures/quickstart-moe.tokens.json"));
     let tok =
         LlamaTokenizer::load(&repo().join("configs/models/quickstart-moe.gguf"), None).unwrap();
+    let ids_of = |key: &str| -> Vec<i32> {
+        fixture[key]["ids"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key} is not in the fixture"))
+            .iter()
+            .map(|v| v.as_i64().unwrap() as i32)
+            .collect()
+    };
     let sample = repo().join("configs/sample_corpus");
     let mut seen = 0;
     let mut tokens = 0;
@@ -376,32 +375,14 @@ fn llama_cpp_tokenizes_the_sample_corpus_as_the_trained_tokenizer() {
             let key = format!("{file}:{}", i + 1);
             let rec: Value = serde_json::from_str(line).unwrap();
             let ids = match rec.get("messages") {
-                Some(msgs) => {
-                    let messages: Vec<Message> = msgs
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|m| {
-                            Message::text(
-                                Role::parse(m["role"].as_str().unwrap()).unwrap(),
-                                m["content"].as_str().unwrap(),
-                            )
-                        })
-                        .collect();
-                    tok.tokenize(
-                        &tok.apply_chat_template(&Chat::new(messages), &Default::default())
-                            .unwrap(),
-                        true,
-                    )
-                }
+                Some(msgs) => tok.tokenize(
+                    &tok.apply_chat_template(&fixtures::chat_of(msgs), &Default::default())
+                        .unwrap(),
+                    true,
+                ),
                 None => tok.tokenize(rec["text"].as_str().unwrap(), false),
             };
-            let want: Vec<i32> = fixture[&key]["ids"]
-                .as_array()
-                .unwrap_or_else(|| panic!("{key} is not in the fixture"))
-                .iter()
-                .map(|v| v.as_i64().unwrap() as i32)
-                .collect();
+            let want = ids_of(&key);
             assert_eq!(ids, want, "{key}");
             seen += 1;
             tokens += ids.len();
@@ -415,12 +396,7 @@ fn llama_cpp_tokenizes_the_sample_corpus_as_the_trained_tokenizer() {
         .enumerate()
     {
         let key = format!("japanese.txt#{}", i + 1);
-        let want: Vec<i32> = fixture[&key]["ids"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{key} is not in the fixture"))
-            .iter()
-            .map(|v| v.as_i64().unwrap() as i32)
-            .collect();
+        let want = ids_of(&key);
         assert_eq!(tok.tokenize(doc, false), want, "{key}");
         seen += 1;
         tokens += want.len();

@@ -22,15 +22,8 @@ fn collect(
     output_head: bool,
 ) -> Collected {
     let opts = CollectOptions {
-        n_ubatch: 32,
-        threads: 2,
-        trace_every: 2,
-        trace_top_n: 8,
-        decode_tokens,
-        decode_prompt: 6,
-        reduce,
         output_head,
-        ..Default::default()
+        ..fixtures::traced_collect_options(reduce, decode_tokens, 6)
     };
     fixtures::collect(model, dir, &fixtures::chunks(N_CHUNKS, N_CTX), N_CTX, opts)
 }

@@ -15,7 +15,7 @@ use replay::prefetch_reference::eager;
 use replay::results::TraceKind;
 use replay::steps::NONE;
 use replay::trace_io::{RawLayer, TraceSet};
-use replay::{pinned, Policy, PolicyParams, ReplayReport, Steps};
+use replay::{pinned, Cache, Policy, PolicyParams, ReplayReport, Steps};
 use runfiles::store::RunStore;
 use std::path::{Path, PathBuf};
 
@@ -98,10 +98,9 @@ fn fast_prefetch_replay_equals_the_eager_one_on_every_quickstart_cell() {
                         let pf = Prefetch::from_guesses(&g.ids, g.width, m);
                         for policy in Policy::ALL {
                             for capacity in [n_expert / 8, n_expert / 4, n_expert / 2] {
-                                let fast = prefetch::simulate(
-                                    policy, &steps, capacity, &params, &fit, &pf,
-                                );
-                                let slow = eager(policy, &steps, capacity, &params, &fit, &pf);
+                                let cache = Cache::new(policy, capacity, &params, &fit);
+                                let fast = prefetch::simulate(cache, &steps, &pf);
+                                let slow = eager(cache, &steps, &pf);
                                 assert_eq!(
                                     fast, slow,
                                     "layer {layer} split {s} {predictor} m={m} {policy} C={capacity}"

@@ -96,6 +96,21 @@ fn llama_quantize_keys<'a>(file: &'a str, m: &Imatrix) -> Vec<(&'static str, Kv<
 
 /// A run directory with `maps`, the importance matrix `m` and a manifest
 /// naming `model`.
+/// The tiny model under `dir`, its importance matrix, and a run there with
+/// the keep maps `test_K8` and `test_K4` of its three MoE layers; returns
+/// (model, importance matrix, the K8 map, run).
+fn two_candidate_run(dir: &Path) -> (PathBuf, Imatrix, KeepMap, PathBuf) {
+    let model = fixtures::model(dir, Preset::Tiny);
+    let layers = [0, 1, 2];
+    let (k8, k4) = (
+        fixtures::keep_map(8, &layers, 16),
+        fixtures::keep_map(4, &layers, 16),
+    );
+    let m = imatrix(&model);
+    let run = run_dir(dir, &model, &[("test_K8", &k8), ("test_K4", &k4)], &m);
+    (model, m, k8, run)
+}
+
 fn run_dir(dir: &Path, model: &Path, maps: &[(&str, &KeepMap)], m: &Imatrix) -> PathBuf {
     let run = dir.join("run");
     std::fs::create_dir_all(run.join("keep_maps")).unwrap();
@@ -169,6 +184,24 @@ fn listed(out: &Path) -> Vec<String> {
 }
 
 /// llama.cpp loads `model` and decodes a few tokens to finite logits.
+/// The expert tensors `experts` of `g` (the file `shipped`) are Q4_K_M's
+/// mix, Q4_K with some Q6_K (at least one Q4_K), and llama.cpp runs the file.
+fn q4_k_m_experts_run(g: &LlamaGguf, shipped: &Path, experts: impl Iterator<Item = String>) {
+    let mut types = std::collections::BTreeSet::new();
+    for t in experts {
+        let ty = g.tensor_type(&t).unwrap();
+        assert!(
+            [sys::GGML_TYPE_Q4_K, sys::GGML_TYPE_Q6_K].contains(&ty),
+            "{}: {t}: {ty}",
+            shipped.display()
+        );
+        types.insert(ty);
+    }
+    let shown = shipped.display();
+    assert!(types.contains(&sys::GGML_TYPE_Q4_K), "{shown}: {types:?}");
+    runs_in_llama_cpp(shipped);
+}
+
 fn runs_in_llama_cpp(model: &Path) {
     let logits = fixtures::llama_logits::logits(model, &[1, 17, 42, 99, 3], 2).unwrap();
     assert!(
@@ -256,14 +289,7 @@ fn card_says(out: &Path, name: &str, k: u32, model: &Path, run: &Path) {
 #[test]
 fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
     let d = tempfile::tempdir().unwrap();
-    let model = fixtures::model(d.path(), Preset::Tiny);
-    let layers = [0, 1, 2];
-    let (k8, k4) = (
-        fixtures::keep_map(8, &layers, 16),
-        fixtures::keep_map(4, &layers, 16),
-    );
-    let m = imatrix(&model);
-    let run = run_dir(d.path(), &model, &[("test_K8", &k8), ("test_K4", &k4)], &m);
+    let (model, m, k8, run) = two_candidate_run(d.path());
     let out = d.path().join("ship");
     let o = ship(&run, &out, "test_K8,test_K4", "Q8_0", &[]);
     assert!(o.status.success());
@@ -360,18 +386,7 @@ fn ships_two_q8_0_candidates_reuses_them_and_refuses_to_requantize() {
 #[test]
 fn a_second_ship_to_the_same_directory_keeps_the_checksums_there() {
     let d = tempfile::tempdir().unwrap();
-    let model = fixtures::model(d.path(), Preset::Tiny);
-    let layers = [0, 1, 2];
-    let (k8, k4) = (
-        fixtures::keep_map(8, &layers, 16),
-        fixtures::keep_map(4, &layers, 16),
-    );
-    let run = run_dir(
-        d.path(),
-        &model,
-        &[("test_K8", &k8), ("test_K4", &k4)],
-        &imatrix(&model),
-    );
+    let (_, _, _, run) = two_candidate_run(d.path());
     let out = d.path().join("ship");
     std::fs::create_dir_all(&out).unwrap();
     let notes = out.join("notes.txt");
@@ -404,20 +419,10 @@ fn a_k_quant_ship_is_llama_cpp_quantising_with_the_sliced_importance_matrix() {
     let shipped = out.join("test_K8.Q4_K_M.gguf");
     let g = LlamaGguf::open(&shipped).unwrap();
     assert_eq!(g.u32("glm4moe.expert_count"), Some(8));
-    let mut types = std::collections::BTreeSet::new();
-    for l in layers {
-        for t in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
-            let name = format!("blk.{l}.{t}.weight");
-            let ty = g.tensor_type(&name).unwrap();
-            assert!(
-                [sys::GGML_TYPE_Q4_K, sys::GGML_TYPE_Q6_K].contains(&ty),
-                "{name}: {ty}"
-            );
-            types.insert(ty);
-        }
-    }
-    assert!(types.contains(&sys::GGML_TYPE_Q4_K), "{types:?}");
-    runs_in_llama_cpp(&shipped);
+    let experts = layers.iter().flat_map(|l| {
+        ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"].map(|t| format!("blk.{l}.{t}.weight"))
+    });
+    q4_k_m_experts_run(&g, &shipped, experts);
 
     // The keys llama-quantize writes when run beside the files as the card
     // says (`llama-quantize --imatrix test_K8.imatrix.gguf ...`): the file
@@ -625,21 +630,11 @@ fn a_ship_section_ships_q4_k_m_files_measured_with_the_runs_importance_matrix() 
     for m in ["frequency_K8.Q4_K_M", "base.Q4_K_M"] {
         let shipped = out.join(format!("{m}.gguf"));
         let g = LlamaGguf::open(&shipped).unwrap();
-        let mut types = std::collections::BTreeSet::new();
-        for t in g
+        let experts = g
             .tensor_names()
             .into_iter()
-            .filter(|t| t.contains("_exps."))
-        {
-            let ty = g.tensor_type(&t).unwrap();
-            assert!(
-                [sys::GGML_TYPE_Q4_K, sys::GGML_TYPE_Q6_K].contains(&ty),
-                "{m} {t}: {ty}"
-            );
-            types.insert(ty);
-        }
-        assert!(types.contains(&sys::GGML_TYPE_Q4_K), "{m}: {types:?}");
-        runs_in_llama_cpp(&shipped);
+            .filter(|t| t.contains("_exps."));
+        q4_k_m_experts_run(&g, &shipped, experts);
     }
 
     // `coordinator ship` with the same inputs: the same files and cards.

@@ -17,17 +17,12 @@ const DEADLINE: Duration = Duration::from_secs(300);
 fn config(dir: &Path, docs: usize) -> std::path::PathBuf {
     fixtures::model(dir, synth::Preset::Tiny);
     fixtures::numbered_docs(dir, docs);
-    let config = dir.join("batch.toml");
-    std::fs::write(
-        &config,
-        // Numbered documents are near copies: nothing held out.
-        "[model]\npath = \"tiny.gguf\"\n[corpus]\nn_ctx = 64\nheldout_fraction = 0\n\
-         [[corpus.domains]]\nname = \"text\"\n\
-         sources = [{ path = \"docs.txt\", separator = \"\\n\\n\" }]\n\
-         [run]\nlease_chunks = 2\nprogress_interval_s = 1\n",
+    fixtures::docs_config(
+        dir,
+        "batch.toml",
+        64,
+        "[run]\nlease_chunks = 2\nprogress_interval_s = 1\n",
     )
-    .unwrap();
-    config
 }
 
 /// The pids of the processes whose parent is `parent`.

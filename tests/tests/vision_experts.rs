@@ -136,13 +136,7 @@ fn image_calibration_finds_the_experts_text_calls_dead() {
             );
         }
     }
-    let report = std::fs::read_to_string(image_run.join("report/report.md")).unwrap();
-    let section = report.split("## Vision experts").nth(1).unwrap();
-    let table = section.split("\n## ").next().unwrap();
-    let rows: Vec<&str> = table
-        .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with("| layer"))
-        .collect();
+    let (table, rows) = vision_table(&image_run);
     assert_eq!(
         rows.len(),
         text_only.len(),
@@ -180,6 +174,20 @@ fn image_calibration_finds_the_experts_text_calls_dead() {
     }
 }
 
+/// The "Vision experts" section of `run`'s report and its table's rows
+/// (without the header).
+fn vision_table(run: &Path) -> (String, Vec<String>) {
+    let report = std::fs::read_to_string(run.join("report/report.md")).unwrap();
+    let section = report.split("## Vision experts").nth(1).unwrap();
+    let table = section.split("\n## ").next().unwrap();
+    let rows = table
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| layer"))
+        .map(str::to_string)
+        .collect();
+    (table.to_string(), rows)
+}
+
 /// `configs/images.toml` runs as shipped: it generates its model and the
 /// paired mmproj when they are missing, and the report shows the two
 /// vision experts of every layer.
@@ -204,13 +212,7 @@ fn the_image_config_generates_its_model_and_mmproj_and_finds_the_vision_experts(
         );
         assert!(dir.path().join("models").join(file).exists(), "{file}");
     }
-    let report = std::fs::read_to_string(out.join("report/report.md")).unwrap();
-    let section = report.split("## Vision experts").nth(1).unwrap();
-    let table = section.split("\n## ").next().unwrap();
-    let rows: Vec<&str> = table
-        .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with("| layer"))
-        .collect();
+    let (table, rows) = vision_table(&out);
     assert_eq!(rows.len(), 3, "{table}");
     for row in rows {
         assert!(

@@ -31,46 +31,24 @@ use numbers::partial::{BackendToHost, Partial};
 use runfiles::corpus::Chunk;
 use runfiles::procstat::process_cpu_seconds;
 use std::time::Instant;
-use synth::Preset;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collector};
 use worker::llama::{Context, ContextParams, GraphObserver, Logits, Model, TensorRef};
 use worker::offload::Offload;
 
+mod workload;
+use workload::Workload;
+
 #[derive(Parser)]
 struct Args {
-    /// GGUF model to measure (token ids are drawn inside its vocabulary);
-    /// without it, the `--preset` model is generated in a temporary directory.
-    #[arg(long)]
-    model: Option<std::path::PathBuf>,
-    /// Generated model when `--model` is not given.
-    #[arg(long, value_parser = coordinator::values::preset(), default_value = "bench")]
-    preset: Preset,
-    /// The generated model's vocabulary size (default: the preset's; a
-    /// real-vocabulary preset at 1000 is the same model with a small head).
-    #[arg(long)]
-    n_vocab: Option<usize>,
     /// Where the collect modes reduce observed tensors.
     #[arg(long, value_parser = coordinator::values::reduce(), default_value = "host")]
     reduce: Reduce,
-    /// Chunks per measurement.
-    #[arg(long, default_value_t = 8)]
-    chunks: u32,
-    /// Tokens per chunk.
-    #[arg(long, default_value_t = 512)]
-    n_ctx: u32,
-    /// Tokens per micro-batch.
-    #[arg(long, default_value_t = 512)]
-    n_ubatch: u32,
+    #[command(flatten)]
+    work: Workload,
     /// Rounds of each mode.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
-    /// CPU threads.
-    #[arg(long, default_value_t = 2)]
-    threads: u32,
-    /// Layers offloaded to the GPU (`-ngl`; 999: all, the output head too).
-    #[arg(long, default_value_t = 0)]
-    ngl: u32,
     /// Run one mode once and print nothing else (for instruction counts
     /// under `valgrind --tool=callgrind`): forward, collect, trace
     /// (collect + trace, no lookahead) or lookahead (collect + trace +
@@ -93,46 +71,42 @@ impl GraphObserver for NoTensors {
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let dir = tempfile_dir()?;
-    let path = match &a.model {
+    let path = match &a.work.model {
         Some(path) => path.clone(),
         None => {
             let path = dir.join("bench.gguf");
-            let o = synth::Overrides {
-                n_vocab: a.n_vocab,
-                ..Default::default()
-            };
-            synth::write_model_with(a.preset, 0, o, &path)?;
+            a.work.generate(&path)?;
             path
         }
     };
-    let n_vocab = Model::load(&path, &Offload::layers(a.ngl))?.n_vocab();
-    let (index, chunks) = synth::chunks::bench_chunks(a.chunks, a.n_ctx, n_vocab);
-    let tokens = (a.chunks * a.n_ctx) as f64;
+    let n_vocab = Model::load(&path, &Offload::layers(a.work.ngl))?.n_vocab();
+    let (index, chunks) = synth::chunks::bench_chunks(a.work.chunks, a.work.n_ctx, n_vocab);
+    let tokens = (a.work.chunks * a.work.n_ctx) as f64;
     let params = ContextParams {
-        n_ctx: a.n_ctx,
-        n_ubatch: a.n_ubatch,
-        threads: a.threads,
+        n_ctx: a.work.n_ctx,
+        n_ubatch: a.work.n_ubatch,
+        threads: a.work.threads,
         f32_kv: false,
         flash_attn: false,
         logits: Logits::Host,
     };
     match a.only.as_deref() {
         Some("forward") => {
-            let model = Model::load(&path, &Offload::layers(a.ngl))?;
+            let model = Model::load(&path, &Offload::layers(a.work.ngl))?;
             let mut ctx = Context::new(&model, &params, NoTensors)?;
             for c in &chunks {
                 ctx.clear();
-                for (i, toks) in c.tokens.chunks(a.n_ubatch as usize).enumerate() {
-                    ctx.decode(toks, (i * a.n_ubatch as usize) as i32)?;
+                for (i, toks) in c.tokens.chunks(a.work.n_ubatch as usize).enumerate() {
+                    ctx.decode(toks, (i * a.work.n_ubatch as usize) as i32)?;
                 }
             }
             return Ok(());
         }
         Some(mode @ ("collect" | "trace" | "lookahead")) => {
             let opts = CollectOptions {
-                n_ubatch: a.n_ubatch,
-                offload: Offload::layers(a.ngl),
-                threads: a.threads,
+                n_ubatch: a.work.n_ubatch,
+                offload: Offload::layers(a.work.ngl),
+                threads: a.work.threads,
                 trace_every: u32::from(mode != "collect"),
                 trace_lookahead: match mode {
                     "lookahead" => vec![1, 2],
@@ -147,9 +121,9 @@ fn main() -> anyhow::Result<()> {
         Some("reductions") => {
             let run = |reduce| {
                 let opts = CollectOptions {
-                    n_ubatch: a.n_ubatch,
-                    offload: Offload::layers(a.ngl),
-                    threads: a.threads,
+                    n_ubatch: a.work.n_ubatch,
+                    offload: Offload::layers(a.work.ngl),
+                    threads: a.work.threads,
                     trace_every: 0,
                     reduce,
                     ..Default::default()
@@ -162,7 +136,7 @@ fn main() -> anyhow::Result<()> {
             let (host, device) = (run(Reduce::Host)?, run(Reduce::Device)?);
             println!(
                 "backend: {}",
-                worker::llama::backend_description(&Offload::layers(a.ngl))
+                worker::llama::backend_description(&Offload::layers(a.work.ngl))
             );
             println!("{}", compare_reductions(&host, &device));
             return Ok(());
@@ -172,7 +146,7 @@ fn main() -> anyhow::Result<()> {
         ),
         None => {}
     }
-    let model = Model::load(&path, &Offload::layers(a.ngl))?;
+    let model = Model::load(&path, &Offload::layers(a.work.ngl))?;
     let mut best = [f64::MAX; MODES.len()];
     let mut best_cpu = [f64::MAX; MODES.len()];
     let mut partial_bytes = [0usize; MODES.len()];
@@ -180,8 +154,8 @@ fn main() -> anyhow::Result<()> {
     let mut crossed = [BackendToHost::default(); MODES.len()];
     let mut shape = None;
     let forward = |ctx: &mut Context<'_, NoTensors>, c: &Chunk, last: bool| {
-        for (i, toks) in c.tokens.chunks(a.n_ubatch as usize).enumerate() {
-            let pos0 = (i * a.n_ubatch as usize) as i32;
+        for (i, toks) in c.tokens.chunks(a.work.n_ubatch as usize).enumerate() {
+            let pos0 = (i * a.work.n_ubatch as usize) as i32;
             if last {
                 ctx.decode_last_output(toks, pos0)?;
             } else {
@@ -220,9 +194,9 @@ fn main() -> anyhow::Result<()> {
             (PROJECTED, 0, false, false),
         ] {
             let opts = CollectOptions {
-                n_ubatch: a.n_ubatch,
-                offload: Offload::layers(a.ngl),
-                threads: a.threads,
+                n_ubatch: a.work.n_ubatch,
+                offload: Offload::layers(a.work.ngl),
+                threads: a.work.threads,
                 trace_every,
                 trace_lookahead: match lookahead {
                     true => vec![1, 2],
@@ -254,16 +228,16 @@ fn main() -> anyhow::Result<()> {
     }
     println!(
         "backend: {}",
-        worker::llama::backend_description(&Offload::layers(a.ngl))
+        worker::llama::backend_description(&Offload::layers(a.work.ngl))
     );
-    let model_name = match &a.model {
+    let model_name = match &a.work.model {
         Some(p) => p.display().to_string(),
-        None => format!("{:?} preset", a.preset),
+        None => format!("{:?} preset", a.work.preset),
     };
     if let Some(s) = shape {
         println!(
             "model: {model_name} ({} MoE layers, {} experts, top-{}, vocabulary {n_vocab}), {} chunks x {} tokens, n_ubatch {}, {} threads, best of {} rounds, {} reductions",
-            s.moe_layers.len(), s.n_expert, s.n_expert_used, a.chunks, a.n_ctx, a.n_ubatch, a.threads, a.rounds, a.reduce
+            s.moe_layers.len(), s.n_expert, s.n_expert_used, a.work.chunks, a.work.n_ctx, a.work.n_ubatch, a.work.threads, a.rounds, a.reduce
         );
     }
     println!("| mode | seconds | tokens/s | vs forward | CPU seconds | CPU vs forward | backend-to-host bytes/token (llama.cpp's logits copies included) |");
@@ -288,7 +262,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "\npartial bytes ({} chunks): collect {}, collect + merge_projection 128 {} ({:+}); \
          wall {:+.2}%, process CPU {:+.2}% of collect",
-        a.chunks,
+        a.work.chunks,
         partial_bytes[COLLECT],
         partial_bytes[PROJECTED],
         partial_bytes[PROJECTED] as i64 - partial_bytes[COLLECT] as i64,

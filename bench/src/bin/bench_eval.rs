@@ -23,45 +23,25 @@ use clap::Parser;
 use numbers::eval::EvalPartial;
 use runfiles::procstat::{peak_rss_kib, process_cpu_seconds};
 use std::time::Instant;
-use synth::Preset;
 use worker::eval::rows::{compare_rows, ScoredRow};
 use worker::eval::{candidates, Compare, EvalCost, EvalOptions, Evaluator};
 use worker::llama::{Context, ContextParams, Logits, Model, NoGraph};
 use worker::offload::Offload;
 
+mod workload;
+use workload::Workload;
+
 #[derive(Parser)]
 struct Args {
-    /// Chunks per measurement.
-    #[arg(long, default_value_t = 8)]
-    chunks: u32,
-    /// Tokens per chunk.
-    #[arg(long, default_value_t = 512)]
-    n_ctx: u32,
-    /// Tokens per micro-batch.
-    #[arg(long, default_value_t = 512)]
-    n_ubatch: u32,
+    #[command(flatten)]
+    work: Workload,
     /// Timed rounds: one evaluation with 1 and one with 3 candidates each.
     #[arg(long, default_value_t = 5)]
     rounds: u32,
-    /// CPU threads.
-    #[arg(long, default_value_t = 2)]
-    threads: u32,
     /// Vocabulary of the host comparison-cost table (the bench model's is
     /// small; real MoE models have about 151,936 tokens); 0 skips it.
     #[arg(long, default_value_t = 151_936)]
     cost_vocab: usize,
-    /// Generated base model.
-    #[arg(long, value_parser = coordinator::values::preset(), default_value = "bench")]
-    preset: Preset,
-    /// A GGUF base model to use instead of generating `--preset`.
-    #[arg(long)]
-    model: Option<std::path::PathBuf>,
-    /// Layers offloaded to the GPU (`-ngl`; 999: all, the output head too).
-    #[arg(long, default_value_t = 0)]
-    ngl: u32,
-    /// The generated model's vocabulary size (default: the preset's).
-    #[arg(long)]
-    n_vocab: Option<usize>,
     /// Chunks of a tokenized corpus (a run location) instead of generated
     /// ones: all of them, or `--range A..B`.
     #[arg(long)]
@@ -188,17 +168,11 @@ fn main() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("moe-census-bench-eval-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let base = dir.join("bench.gguf");
-    match &a.model {
+    match &a.work.model {
         Some(m) => {
             std::fs::copy(m, &base)?;
         }
-        None => {
-            let o = synth::Overrides {
-                n_vocab: a.n_vocab,
-                ..Default::default()
-            };
-            synth::write_model_with(a.preset, 0, o, &base)?;
-        }
+        None => a.work.generate(&base)?,
     }
     let (index, chunks) = match &a.corpus {
         Some(run) => {
@@ -217,7 +191,7 @@ fn main() -> anyhow::Result<()> {
             };
             tokio::runtime::Runtime::new()?.block_on(worker::corpus::load_chunks(run, range))?
         }
-        None => synth::chunks::bench_chunks(a.chunks, a.n_ctx, 600),
+        None => synth::chunks::bench_chunks(a.work.chunks, a.work.n_ctx, 600),
     };
     let n_ctx = index.n_ctx;
     let tokens = chunks.iter().map(|c| c.tokens.len() as f64).sum::<f64>();
@@ -230,21 +204,21 @@ fn main() -> anyhow::Result<()> {
     let cands = candidates::from_files(&copies)?;
     let params = ContextParams {
         n_ctx,
-        n_ubatch: a.n_ubatch,
-        threads: a.threads,
+        n_ubatch: a.work.n_ubatch,
+        threads: a.work.threads,
         f32_kv: false,
         flash_attn: false,
         logits: Logits::Host,
     };
-    let model = Model::load(&base, &Offload::layers(a.ngl))?;
+    let model = Model::load(&base, &Offload::layers(a.work.ngl))?;
     let n_vocab = model.n_vocab();
     let mut ctx = Context::new(&model, &params, NoGraph)?;
     let mut forward_pass = || -> anyhow::Result<f64> {
         let t = Instant::now();
         for c in &chunks {
             ctx.clear();
-            for (i, toks) in c.tokens.chunks(a.n_ubatch as usize).enumerate() {
-                ctx.decode(toks, (i * a.n_ubatch as usize) as i32)?;
+            for (i, toks) in c.tokens.chunks(a.work.n_ubatch as usize).enumerate() {
+                ctx.decode(toks, (i * a.work.n_ubatch as usize) as i32)?;
             }
         }
         Ok(t.elapsed().as_secs_f64())
@@ -270,9 +244,9 @@ fn main() -> anyhow::Result<()> {
     for &compare in &a.compare {
         for n in [1usize, 3] {
             let opts = EvalOptions {
-                n_ubatch: a.n_ubatch,
-                offload: Offload::layers(a.ngl),
-                threads: a.threads,
+                n_ubatch: a.work.n_ubatch,
+                offload: Offload::layers(a.work.ngl),
+                threads: a.work.threads,
                 skip_first: a.skip_first,
                 compare,
                 ..EvalOptions::default()
@@ -318,12 +292,12 @@ fn main() -> anyhow::Result<()> {
     let forward = best(&forwards);
     println!(
         "backend: {}",
-        worker::llama::backend_description(&Offload::layers(a.ngl))
+        worker::llama::backend_description(&Offload::layers(a.work.ngl))
     );
     println!(
         "model: {}, vocabulary {n_vocab}, candidates are copies of it; {} chunks of up to {n_ctx} tokens ({tokens} tokens), skip_first {}, n_ubatch {}, {} threads, ngl {}; {} timed rounds, each evaluation between two forward passes",
-        a.model.as_ref().map_or_else(|| format!("{:?} preset", a.preset), |m| m.display().to_string()),
-        chunks.len(), a.skip_first, a.n_ubatch, a.threads, a.ngl, a.rounds
+        a.work.model.as_ref().map_or_else(|| format!("{:?} preset", a.work.preset), |m| m.display().to_string()),
+        chunks.len(), a.skip_first, a.work.n_ubatch, a.work.threads, a.work.ngl, a.rounds
     );
     println!("| mode | best s | tokens/s (best) | vs (1 + n) bracketing forward passes: mean +- s.e. | rounds over +5% | peak RSS (MiB) | host work per position and candidate (us) | backend compute of the comparison per position and candidate (us) | bytes from the backend per position and candidate |");
     println!("|---|---|---|---|---|---|---|---|---|");
@@ -342,7 +316,7 @@ fn main() -> anyhow::Result<()> {
         let per = m.cost.comparisons.max(1) as f64;
         println!(
             "| eval, {}, base + {} | {secs:.3} | {:.1} | {:+.2}% +- {:.2}% | {} of {} | {peak:.0} | {:.2} | {:.2} | {:.1} |",
-            Compare::label(m.compare.on_device(a.ngl, worker::llama::has_gpu())),
+            Compare::label(m.compare.on_device(a.work.ngl, worker::llama::has_gpu())),
             m.n,
             tokens / secs,
             100.0 * (mean - 1.0),
@@ -359,14 +333,14 @@ fn main() -> anyhow::Result<()> {
         println!("\n{}", agreement(&d.first, &h.first));
     }
     if a.cost_vocab > 0 {
-        let [libm, one, many] = compare_cost(a.cost_vocab, a.threads as usize);
+        let [libm, one, many] = compare_cost(a.cost_vocab, a.work.threads as usize);
         println!(
             "\nhost comparison cost per row with one candidate, vocabulary of {}: libm exp, 3 per entry {:.1} us; vectorised exp, 2 per entry, 1 thread {:.1} us ({:.1}x); {} threads {:.1} us ({:.1}x)",
             a.cost_vocab,
             libm * 1e6,
             one * 1e6,
             libm / one,
-            a.threads,
+            a.work.threads,
             many * 1e6,
             libm / many
         );

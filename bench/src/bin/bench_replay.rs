@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use replay::keep::requests;
 use replay::prefetch::{self, Prefetch};
 use replay::synthetic::{raw_layer, Shape};
-use replay::{simulate, Policy, PolicyParams, Steps};
+use replay::{simulate, Cache, Policy, PolicyParams, Steps};
 use runfiles::procstat::peak_rss_kib;
 use std::time::{Duration, Instant};
 
@@ -78,9 +78,8 @@ fn replay(policy: Policy, l: &Layer, capacity: usize, params: &PolicyParams, m: 
     match m {
         0 => simulate(policy, &l.steps, capacity, params, &[]).misses,
         _ => {
-            prefetch::simulate(policy, &l.steps, capacity, params, &[], &l.pf)
-                .demand
-                .misses
+            let cache = Cache::new(policy, capacity, params, &[]);
+            prefetch::simulate(cache, &l.steps, &l.pf).demand.misses
         }
     }
 }

@@ -95,6 +95,48 @@ fn four_chunks(shift: f64, domain_of: impl Fn(u32) -> u16) -> EvalPartial {
     p
 }
 
+/// The summary of [`four_chunks`]'s candidate copied once per `(shift,
+/// name, k)`, shifted by `shift * (chunk + 1)`.
+fn shifted_candidates(named: &[(f64, &str, u32)]) -> EvalSummary {
+    let mut p = four_chunks(0.0, |_| 0);
+    p.candidates = named
+        .iter()
+        .map(|&(shift, name, k)| {
+            let mut c = four_chunks(shift, |_| 0).candidates.remove(0);
+            (c.name, c.k) = (name.into(), k);
+            c
+        })
+        .collect();
+    EvalSummary::of(&p, &["english".into(), "code".into()])
+}
+
+/// The held-out rows of `s.pairs` and their (comparison, a, b).
+fn heldout_pairs(s: &EvalSummary) -> (Vec<&PairedRow>, Vec<(Comparison, &str, &str)>) {
+    let held: Vec<_> = s
+        .pairs
+        .iter()
+        .filter(|r| r.split == Split::Heldout)
+        .collect();
+    let names = held
+        .iter()
+        .map(|r| (r.compares, r.a.as_str(), r.b.as_str()))
+        .collect();
+    (held, names)
+}
+
+/// `row`'s difference is 0.1 x (chunk + 1) at every held-out position (13
+/// per chunk of [`four_chunks`]): mean 0.25 over 4 clusters, with [`cr1`]'s
+/// standard error.
+fn assert_tenth_per_chunk(row: &PairedRow) {
+    let clusters: Vec<(f64, f64)> = (0..4)
+        .map(|ch| (13.0, 13.0 * 0.1 * f64::from(ch + 1)))
+        .collect();
+    let (diff, se) = cr1(&clusters);
+    assert!((row.diff - diff).abs() < 1e-9 && (diff - 0.25).abs() < 1e-9);
+    assert!((row.ci.se - se).abs() < 1e-9);
+    assert_eq!(row.ci.clusters, 4);
+}
+
 fn values(chunk: u32) -> Vec<f64> {
     (0..20)
         .map(|i| ((chunk * 31 + i * 17) % 23) as f64 / 7.0 + 1e-3 / (i + 1) as f64)
@@ -410,28 +452,12 @@ fn intervals_cluster_by_group_not_by_chunk() {
 fn pairs_compare_methods_at_one_k_and_each_k_with_the_next_larger() {
     // Three candidates over 4 chunks (4 clusters): frequency_K4 and
     // reap_hybrid_K4 at one K, reap_hybrid_K8 the next K of reap_hybrid.
-    let merged = |shift: f64| four_chunks(shift, |_| 0);
-    let mut p = merged(0.0);
-    let named = |shift: f64, name: &str, k: u32| {
-        let mut c = merged(shift).candidates.remove(0);
-        (c.name, c.k) = (name.into(), k);
-        c
-    };
-    p.candidates = vec![
-        named(0.1, "frequency_K4", 4),
-        named(0.0, "reap_hybrid_K4", 4),
-        named(-0.05, "reap_hybrid_K8", 8),
-    ];
-    let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
-    let held: Vec<_> = s
-        .pairs
-        .iter()
-        .filter(|r| r.split == Split::Heldout)
-        .collect();
-    let names: Vec<_> = held
-        .iter()
-        .map(|r| (r.compares, r.a.as_str(), r.b.as_str()))
-        .collect();
+    let s = shifted_candidates(&[
+        (0.1, "frequency_K4", 4),
+        (0.0, "reap_hybrid_K4", 4),
+        (-0.05, "reap_hybrid_K8", 8),
+    ]);
+    let (held, names) = heldout_pairs(&s);
     assert_eq!(
         names,
         [
@@ -440,14 +466,8 @@ fn pairs_compare_methods_at_one_k_and_each_k_with_the_next_larger() {
         ]
     );
     // frequency_K4 - reap_hybrid_K4: 0.1 * (chunk + 1) at every held-out
-    // position (13 per chunk), so the mean is 0.25 over 4 clusters.
-    let clusters: Vec<(f64, f64)> = (0..4)
-        .map(|ch| (13.0, 13.0 * 0.1 * f64::from(ch + 1)))
-        .collect();
-    let (diff, se) = cr1(&clusters);
-    assert!((held[0].diff - diff).abs() < 1e-9 && (diff - 0.25).abs() < 1e-9);
-    assert!((held[0].ci.se - se).abs() < 1e-9);
-    assert_eq!(held[0].ci.clusters, 4);
+    // position.
+    assert_tenth_per_chunk(held[0]);
     // reap_hybrid_K4 - reap_hybrid_K8: +0.05 * (chunk + 1).
     assert!((held[1].diff - 0.125).abs() < 1e-9, "{}", held[1].diff);
     // The "against the best" figure stays.
@@ -509,28 +529,12 @@ fn paired_rows_carry_each_domains_own_difference_and_clusters() {
 fn a_merged_candidate_is_paired_with_the_pruned_one_of_its_method_and_k() {
     // Job order: pruned, merged, another method, all at K = 4; the merged
     // one is 0.1 x (chunk + 1) further from the base at every position.
-    let merged = |shift: f64| four_chunks(shift, |_| 0);
-    let mut p = merged(0.0);
-    let named = |shift: f64, name: &str| {
-        let mut c = merged(shift).candidates.remove(0);
-        (c.name, c.k) = (name.into(), 4);
-        c
-    };
-    p.candidates = vec![
-        named(0.0, "reap_hybrid_K4"),
-        named(0.1, "reap_hybrid_merge_K4"),
-        named(0.05, "frequency_K4"),
-    ];
-    let s = EvalSummary::of(&p, &["english".into(), "code".into()]);
-    let held: Vec<_> = s
-        .pairs
-        .iter()
-        .filter(|r| r.split == Split::Heldout)
-        .collect();
-    let names: Vec<_> = held
-        .iter()
-        .map(|r| (r.compares, r.a.as_str(), r.b.as_str()))
-        .collect();
+    let s = shifted_candidates(&[
+        (0.0, "reap_hybrid_K4", 4),
+        (0.1, "reap_hybrid_merge_K4", 4),
+        (0.05, "frequency_K4", 4),
+    ]);
+    let (held, names) = heldout_pairs(&s);
     assert_eq!(
         names,
         [
@@ -543,12 +547,6 @@ fn a_merged_candidate_is_paired_with_the_pruned_one_of_its_method_and_k() {
             (Comparison::SameK, "reap_hybrid_merge_K4", "frequency_K4"),
         ]
     );
-    // KL(merged) - KL(pruned) = 0.1 x (chunk + 1): mean 0.25 over 4 clusters.
-    let clusters: Vec<(f64, f64)> = (0..4)
-        .map(|ch| (13.0, 13.0 * 0.1 * f64::from(ch + 1)))
-        .collect();
-    let (diff, se) = cr1(&clusters);
-    assert!((held[0].diff - diff).abs() < 1e-9 && (diff - 0.25).abs() < 1e-9);
-    assert!((held[0].ci.se - se).abs() < 1e-9);
-    assert_eq!(held[0].ci.clusters, 4);
+    // KL(merged) - KL(pruned) = 0.1 x (chunk + 1).
+    assert_tenth_per_chunk(held[0]);
 }

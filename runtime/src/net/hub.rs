@@ -45,6 +45,18 @@ pub struct IngestSlot {
     _permit: Option<OwnedSemaphorePermit>,
 }
 
+/// A finished lease's (`Done`) or a checkpoint's result as its worker sent
+/// it, less the worker's own `elapsed_ms` (throughput is timed on the
+/// coordinator's clock, [`Hub::note_grant`]).
+pub struct LeaseResult {
+    /// The leases it covers (one for `Done`), each once.
+    pub leases: Vec<LeaseId>,
+    /// The encoded result, inline or staged.
+    pub partial: PartialRef,
+    /// SHA-256 of the encoded result (hex), as the worker states it.
+    pub sha256: String,
+}
+
 /// An accepted result on its way to the merger.
 #[derive(Debug)]
 pub struct Delivery<T> {
@@ -419,13 +431,12 @@ impl<K: LeaseKind> Hub<K> {
     /// memory. A staged result naming a lease the worker does not hold, or
     /// one already on its way, is handled in line (and dropped there), so a
     /// worker has at most one task per lease it was granted.
-    pub async fn deliver(
-        self: &Arc<Self>,
-        worker: WorkerId,
-        leases: Vec<LeaseId>,
-        partial: PartialRef,
-        sha256: String,
-    ) {
+    pub async fn deliver(self: &Arc<Self>, worker: WorkerId, result: LeaseResult) {
+        let LeaseResult {
+            leases,
+            partial,
+            sha256,
+        } = result;
         let span = self.span_of(&leases);
         let staged = matches!(partial, PartialRef::Stored(_));
         let fresh = staged && self.sched().lease_ranges(&leases, worker).is_some() && {

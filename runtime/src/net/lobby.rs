@@ -11,11 +11,11 @@
 //! and refuses it in the later phases (a worker contradicted in collection
 //! gets no eval lease).
 
-use super::hub::Hub;
+use super::hub::{Hub, LeaseResult};
 use crate::lease::LeaseKind;
 use numbers::peer_text::peer_text;
 use protocol::secret::JoinSecret;
-use protocol::wire::{LeaseId, PartialRef, Refusal, ToWorker, WorkerId};
+use protocol::wire::{LeaseId, Refusal, ToWorker, WorkerId};
 use sched::{Grant, Identity, SchedError};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -48,10 +48,7 @@ pub trait Phase: Send + Sync + 'static {
     fn deliver(
         self: Arc<Self>,
         id: WorkerId,
-        leases: Vec<LeaseId>,
-        partial: PartialRef,
-        sha256: String,
-        elapsed_ms: u64,
+        result: LeaseResult,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
     /// A lease computed and held for the worker's next checkpoint.
     fn computed(&self, id: WorkerId, lease: LeaseId) -> bool;
@@ -111,15 +108,10 @@ impl<K: LeaseKind> Phase for Hub<K> {
     fn deliver(
         self: Arc<Self>,
         id: WorkerId,
-        leases: Vec<LeaseId>,
-        partial: PartialRef,
-        sha256: String,
-        // The worker's own figure: throughput is timed on the coordinator's
-        // clock ([`Hub::note_grant`]).
-        _elapsed_ms: u64,
+        result: LeaseResult,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
-            Hub::deliver(&self, id, leases, partial, sha256).await;
+            Hub::deliver(&self, id, result).await;
         })
     }
 

@@ -12,14 +12,16 @@
 //! through [`peer_text`].
 
 use super::frames::{read_frame, FrameBudget, ReadLimits};
+use super::hub::LeaseResult;
 use super::lobby::{Lobby, Seat, IDLE_POLL};
 use super::slots::{Admission, Slot, Slots};
 use super::tls::Identity;
 use super::NetError;
 use numbers::peer_text::peer_text;
 use protocol::wire::{
-    check_proof, random_bytes, read_msg, write_msg, Refusal, ToCoordinator, ToWorker, WireError,
-    WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION, RUN_FINISHED,
+    check_proof, random_bytes, read_msg, write_msg, LeaseId, PartialRef, Refusal, ToCoordinator,
+    ToWorker, WireError, WorkerState, NONCE_LEN, PRE_AUTH_MAX_FRAME, PROTOCOL_VERSION,
+    RUN_FINISHED,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -440,31 +442,19 @@ async fn work(
                     lease_id,
                     partial,
                     sha256,
-                    elapsed_ms,
+                    ..
                 },
                 Some(seat),
-            ) => {
-                let phase = Arc::clone(&seat.phase);
-                phase
-                    .deliver(seat.id, vec![lease_id], partial, sha256, elapsed_ms)
-                    .await;
-                quarantine_refusal(seat)
-            }
+            ) => deliver(seat, vec![lease_id], partial, sha256).await,
             (
                 ToCoordinator::Checkpoint {
                     leases,
                     partial,
                     sha256,
-                    elapsed_ms,
+                    ..
                 },
                 Some(seat),
-            ) => {
-                let phase = Arc::clone(&seat.phase);
-                phase
-                    .deliver(seat.id, leases, partial, sha256, elapsed_ms)
-                    .await;
-                quarantine_refusal(seat)
-            }
+            ) => deliver(seat, leases, partial, sha256).await,
             (ToCoordinator::Computed { lease_id }, Some(seat)) => {
                 if seat.phase.computed(seat.id, lease_id) {
                     tracing::debug!(id = %seat.id, lease = %lease_id, "lease computed, held until its checkpoint");
@@ -508,6 +498,23 @@ async fn work(
 
 /// The reply to a report: a refusal when the worker is quarantined now,
 /// else an Ack.
+/// Hands a worker's result (of `leases`) to its phase, then answers as
+/// [`quarantine_refusal`] does.
+async fn deliver(
+    seat: &Seat,
+    leases: Vec<LeaseId>,
+    partial: PartialRef,
+    sha256: String,
+) -> ToWorker {
+    let result = LeaseResult {
+        leases,
+        partial,
+        sha256,
+    };
+    Arc::clone(&seat.phase).deliver(seat.id, result).await;
+    quarantine_refusal(seat)
+}
+
 fn quarantine_refusal(seat: &Seat) -> ToWorker {
     seat.phase
         .quarantine_refusal(seat.id)

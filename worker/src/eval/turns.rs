@@ -208,7 +208,58 @@ struct Pass<'a, 'c> {
     cost: EvalCost,
 }
 
-impl Pass<'_, '_> {
+/// A micro-batch to decode on the device path ([`Pass::start`]).
+struct DeviceStep<'a> {
+    input: crate::llama::Input<'a>,
+    pos0: i32,
+    /// Whether every position's logits are dumped.
+    dumping: bool,
+    /// Which positions output logits, and the scored rows among them.
+    flags: Vec<bool>,
+    rows: Vec<i32>,
+}
+
+impl<'a> Pass<'a, '_> {
+    /// Starts micro-batch `u` in model `m`: clears the cache at a chunk's
+    /// start; on the host path decodes it, dumps its logits and hands them
+    /// to `host` (timed as host work); on the device path decodes it alone
+    /// when it has no row to score or dump. `Some` when it is still to be
+    /// decoded on the device path.
+    fn start(
+        &mut self,
+        ctx: &mut Context<'static, NoGraph>,
+        u: &'a Ubatch<'_>,
+        m: usize,
+        host: impl FnOnce(&[f32]) -> Result<(), WorkerError>,
+    ) -> Result<Option<DeviceStep<'a>>, WorkerError> {
+        let (input, pos0) = (u.input(self.embeddings), u.pos0 as i32);
+        if u.pos0 == 0 {
+            ctx.clear();
+        }
+        let dumping = self.dumps.is_some();
+        if !self.e.on_device {
+            ctx.decode_input(input, pos0)?;
+            let logits = ctx.batch_logits();
+            dump_logits(self.dumps.as_mut(), m, u, logits);
+            let started = Instant::now();
+            host(logits)?;
+            self.cost.host_s += started.elapsed().as_secs_f64();
+            return Ok(None);
+        }
+        if u.rows.is_empty() && !dumping {
+            ctx.decode_input(input, pos0)?;
+            return Ok(None);
+        }
+        let (flags, rows) = outputs_of(u, dumping);
+        Ok(Some(DeviceStep {
+            input,
+            pos0,
+            dumping,
+            flags,
+            rows,
+        }))
+    }
+
     /// Decodes every micro-batch in the base model (model 0) and keeps its
     /// scored rows.
     fn base(
@@ -218,36 +269,25 @@ impl Pass<'_, '_> {
     ) -> Result<(), WorkerError> {
         let n_vocab = self.e.n_vocab;
         for u in self.ubatches {
-            let (input, pos0) = (u.input(self.embeddings), u.pos0 as i32);
-            if u.pos0 == 0 {
-                ctx.clear();
-            }
-            let dumping = self.dumps.is_some();
-            if !self.e.on_device {
-                ctx.decode_input(input, pos0)?;
-                let logits = ctx.batch_logits();
-                dump_logits(self.dumps.as_mut(), 0, u, logits);
-                let started = Instant::now();
+            let host = |logits: &[f32]| -> Result<(), WorkerError> {
                 for r in &u.rows {
                     kept.push(&logits[r.row * n_vocab..(r.row + 1) * n_vocab])?;
                 }
-                self.cost.host_s += started.elapsed().as_secs_f64();
+                Ok(())
+            };
+            let Some(step) = self.start(ctx, u, 0, host)? else {
                 continue;
-            }
-            if u.rows.is_empty() && !dumping {
-                ctx.decode_input(input, pos0)?;
-                continue;
-            }
-            let (flags, rows) = outputs_of(u, dumping);
+            };
             let mut logits = Vec::new();
-            ctx.decode_with_logits(input, pos0, outputs(&flags, dumping), &mut |t| {
+            let outputs = outputs(&step.flags, step.dumping);
+            ctx.decode_with_logits(step.input, step.pos0, outputs, &mut |t| {
                 logits = f32s(&t.bytes()).collect();
             })?;
             if logits.is_empty() {
                 return Err(graph_error(u, unseen()));
             }
             dump_logits(self.dumps.as_mut(), 0, u, &logits);
-            for &r in &rows {
+            for &r in &step.rows {
                 let r = r as usize;
                 kept.push(&logits[r * n_vocab..(r + 1) * n_vocab])?;
             }
@@ -269,38 +309,28 @@ impl Pass<'_, '_> {
         let threads = self.e.opts.threads.max(1) as usize;
         let mut out = Vec::new();
         for u in self.ubatches {
-            let (input, pos0) = (u.input(self.embeddings), u.pos0 as i32);
-            if u.pos0 == 0 {
-                ctx.clear();
-            }
-            let dumping = self.dumps.is_some();
-            if !self.e.on_device {
-                ctx.decode_input(input, pos0)?;
-                let logits = ctx.batch_logits();
-                dump_logits(self.dumps.as_mut(), m, u, logits);
-                let started = Instant::now();
+            let host = |logits: &[f32]| -> Result<(), WorkerError> {
                 let base = kept.next_rows(u.rows.len())?;
                 out.extend(rows::compare_kept(base, logits, &u.rows, n_vocab, threads));
-                self.cost.host_s += started.elapsed().as_secs_f64();
+                Ok(())
+            };
+            let Some(step) = self.start(ctx, u, m, host)? else {
                 continue;
-            }
-            if u.rows.is_empty() && !dumping {
-                ctx.decode_input(input, pos0)?;
-                continue;
-            }
-            let (flags, rows) = outputs_of(u, dumping);
+            };
             let next: Vec<i32> = u.rows.iter().map(|r| r.next as i32).collect();
+            let (dumping, rows) = (step.dumping, &step.rows);
             let scored = !rows.is_empty();
             let base = kept.next_rows(u.rows.len())?;
             let mut got = None;
             let mut whole = Vec::new();
-            ctx.decode_with_logits(input, pos0, outputs(&flags, dumping), &mut |t| {
+            let outputs = outputs(&step.flags, dumping);
+            ctx.decode_with_logits(step.input, step.pos0, outputs, &mut |t| {
                 if dumping {
                     whole = f32s(&t.bytes()).collect();
                 }
                 if scored {
                     got = Some(
-                        cmp.restore_base(t, &rows, base, &next)
+                        cmp.restore_base(t, rows, base, &next)
                             .and_then(|b| Ok((b, cmp.compare(t)?))),
                     );
                 }

@@ -346,7 +346,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 struct Loaded {
     job: JobInfo,
     task: Task,
-    work: Box<dyn work::LeaseWork>,
+    work: work::Work,
 }
 
 /// Joins the coordinator at `opts.addr` and works until it says the run is
@@ -369,25 +369,22 @@ pub async fn join<L: EngineLoader>(
     .expect("valid address");
     let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| connect_err(e.to_string()))?;
     endpoint.set_default_client_config(tls::client_config(&opts.trust).map_err(connect_err)?);
-    let mut summary = JoinSummary::default();
-    let mut loaded: Option<Loaded> = None;
+    let mut client = Client {
+        opts,
+        loader,
+        loaded: None,
+        summary: JoinSummary::default(),
+        joined: false,
+    };
     let mut delay = opts.reconnect.first_delay;
     let mut failing_since: Option<Instant> = None;
     let result = loop {
-        let mut joined = false;
-        let session = session(
-            &endpoint,
-            opts,
-            &loader,
-            &mut loaded,
-            &mut summary,
-            &mut joined,
-        );
-        let error = match session.await {
-            Ok(()) => break Ok(summary),
+        client.joined = false;
+        let error = match session(&endpoint, &mut client).await {
+            Ok(()) => break Ok(client.summary),
             Err(e) => e,
         };
-        if joined {
+        if client.joined {
             delay = opts.reconnect.first_delay;
             failing_since = None;
         }
@@ -396,7 +393,7 @@ pub async fn join<L: EngineLoader>(
         }
         if stop::requested() {
             tracing::info!("stopped by a signal: not reconnecting ({error})");
-            break Ok(summary);
+            break Ok(client.summary);
         }
         let since = *failing_since.get_or_insert_with(Instant::now);
         if since.elapsed() + delay > opts.reconnect.give_up {
@@ -413,16 +410,26 @@ pub async fn join<L: EngineLoader>(
     result
 }
 
+/// What a worker keeps across its sessions (connections) with the
+/// coordinator.
+struct Client<'a, L> {
+    opts: &'a ClientOptions,
+    loader: L,
+    /// The last phase's work, reused when the next phase's is the same.
+    loaded: Option<Loaded>,
+    /// Leases and chunks shipped so far.
+    summary: JoinSummary,
+    /// Set once the coordinator welcomed this worker in the current session.
+    joined: bool,
+}
+
 /// One connection: join, then work until the run is finished or the
-/// connection fails. `joined` is set once the coordinator welcomed us.
+/// connection fails.
 async fn session<L: EngineLoader>(
     endpoint: &quinn::Endpoint,
-    opts: &ClientOptions,
-    loader: &L,
-    loaded: &mut Option<Loaded>,
-    summary: &mut JoinSummary,
-    joined: &mut bool,
+    client: &mut Client<'_, L>,
 ) -> Result<(), JoinError> {
+    let opts = client.opts;
     let failed = |e: quinn::ConnectionError| {
         if connection_lost(&e) {
             JoinError::Lost(format!("{}: {e}", opts.addr))
@@ -450,7 +457,7 @@ async fn session<L: EngineLoader>(
         .map_err(failed)?;
     let (send, recv) = conn.open_bi().await.map_err(failed)?;
     let mut c = Conn { send, recv };
-    let result = match work(&mut c, opts, loader, loaded, summary, joined).await {
+    let result = match work(&mut c, client).await {
         Ok(()) => Ok(()),
         Err(e) => match coordinator_close(&conn) {
             // The coordinator ends every connection with "run finished" once
@@ -490,19 +497,13 @@ fn coordinator_close(conn: &quinn::Connection) -> Option<quinn::ApplicationClose
 /// One session's protocol: join, then serve each phase the coordinator
 /// welcomes this worker into, waiting between phases, until the run is
 /// finished.
-async fn work<L: EngineLoader>(
-    c: &mut Conn,
-    opts: &ClientOptions,
-    loader: &L,
-    loaded: &mut Option<Loaded>,
-    summary: &mut JoinSummary,
-    joined: &mut bool,
-) -> Result<(), JoinError> {
+async fn work<L: EngineLoader>(c: &mut Conn, client: &mut Client<'_, L>) -> Result<(), JoinError> {
+    let opts = client.opts;
     let nonce = match c
         .ask(&ToCoordinator::Hello {
             protocol_version: PROTOCOL_VERSION,
             worker_name: opts.name.clone(),
-            backend: loader.backend(),
+            backend: client.loader.backend(),
         })
         .await?
     {
@@ -522,7 +523,7 @@ async fn work<L: EngineLoader>(
                 worker_id,
                 task,
             } => {
-                *joined = true;
+                client.joined = true;
                 match &task {
                     Task::Collect => {
                         tracing::info!(%worker_id, run = %job.run_url, "joined a collection")
@@ -534,15 +535,15 @@ async fn work<L: EngineLoader>(
                         tracing::info!(%worker_id, run = %job.run_url, "joined a response phase")
                     }
                 }
-                serve_phase(c, loader, loaded, summary, *job, task).await?
+                serve_phase(c, client, *job, task).await?
             }
             ToWorker::Wait { .. } if stop::requested() => return Ok(()),
             // Joined between phases: the next one has not begun.
             ToWorker::Wait { retry_ms } => {
-                if !*joined {
+                if !client.joined {
                     tracing::info!("joined; waiting for the coordinator's next phase");
                 }
-                *joined = true;
+                client.joined = true;
                 tokio::time::sleep(Duration::from_millis(retry_ms)).await;
                 c.poll(WorkerState::Idle).await?
             }
@@ -562,12 +563,11 @@ async fn work<L: EngineLoader>(
 /// finished; returns that reply.
 async fn serve_phase<L: EngineLoader>(
     c: &mut Conn,
-    loader: &L,
-    loaded: &mut Option<Loaded>,
-    summary: &mut JoinSummary,
+    client: &mut Client<'_, L>,
     job: JobInfo,
     task: Task,
 ) -> Result<ToWorker, JoinError> {
+    let (loader, loaded, summary) = (&client.loader, &mut client.loaded, &mut client.summary);
     let heartbeat = Duration::from_millis(job.heartbeat_ms.max(50));
     let run = RunStore::open(&job.run_url)?;
     if loaded
@@ -587,11 +587,11 @@ async fn serve_phase<L: EngineLoader>(
             work,
         });
     }
-    let work = &*loaded.as_ref().expect("loaded above").work;
-    if work.model_sha256() != job.model_sha256 {
+    let work = &loaded.as_ref().expect("loaded above").work;
+    if work.model_sha256 != job.model_sha256 {
         let err = JoinError::ModelMismatch {
             path: job.model_path.clone(),
-            actual: work.model_sha256().to_string(),
+            actual: work.model_sha256.clone(),
             expected: job.model_sha256.clone(),
         };
         return refuse(c, err).await;
@@ -802,7 +802,7 @@ impl Corpus {
 
 /// What every lease of a session is computed with.
 struct Leasing<'a> {
-    work: &'a dyn work::LeaseWork,
+    work: &'a work::Work,
     corpus: Option<&'a Corpus>,
     run: &'a RunStore,
     job: &'a JobInfo,
@@ -819,19 +819,23 @@ impl Leasing<'_> {
         lease: &LeaseGrant,
     ) -> Result<Option<(work::Output, Duration)>, JoinError> {
         let start = Instant::now();
-        let produce = self.work.produce(self.corpus, self.run, lease.range);
+        let produce = self.work.task.produce(work::LeaseInputs {
+            corpus: self.corpus,
+            run: self.run,
+            range: lease.range,
+        });
         let result = heartbeating(c, lease.lease_id, self.heartbeat, produce)
             .await
             .and_then(|r| r);
         match result {
             Ok(output) => {
-                let what = self.work.labels().lease;
+                let what = self.work.labels.lease;
                 let took = start.elapsed();
                 tracing::info!(range = %lease.range, "{what} computed in {:.1} s", took.as_secs_f64());
                 Ok(Some((output, took)))
             }
             Err(reason) => {
-                let what = self.work.labels().lease;
+                let what = self.work.labels.lease;
                 tracing::warn!(lease = %lease.lease_id, range = %lease.range, "{what} failed: {reason}");
                 self.report_failed(c, &[lease.lease_id], reason).await?;
                 Ok(None)

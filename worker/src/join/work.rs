@@ -65,61 +65,60 @@ impl Output {
 }
 
 /// The work of one task, loaded for one job.
-pub(super) trait LeaseWork: Send + Sync {
+pub(super) struct Work {
     /// How logs name its leases and results.
-    fn labels(&self) -> Labels;
+    pub(super) labels: Labels,
     /// SHA-256 of the model the work runs on (a mismatch with the job makes
     /// the worker refuse it).
-    fn model_sha256(&self) -> &str;
-    /// Computes the result of the chunks `range` (of the `corpus`, which
-    /// the response phase has not: its units are prompts) and stores what
-    /// goes to the run besides it (trace parts).
-    fn produce<'a>(
-        &'a self,
-        corpus: Option<&'a Corpus>,
-        run: &'a RunStore,
-        range: ChunkRange,
-    ) -> Produced<'a>;
+    pub(super) model_sha256: String,
+    /// What computes each lease.
+    pub(super) task: Box<dyn LeaseWork>,
+}
+
+/// What a lease is computed from: the chunks `range` of the `corpus`
+/// (which the response phase has not: its units are prompts), and the run
+/// that stores what goes besides the result (trace parts).
+pub(super) struct LeaseInputs<'a> {
+    pub(super) corpus: Option<&'a Corpus>,
+    pub(super) run: &'a RunStore,
+    pub(super) range: ChunkRange,
+}
+
+/// Computes a task's leases.
+pub(super) trait LeaseWork: Send + Sync {
+    /// Computes the result of a lease and stores what goes besides it.
+    fn produce<'a>(&'a self, lease: LeaseInputs<'a>) -> Produced<'a>;
+}
+
+/// Runs `engine` on the chunks of `lease` (with their images).
+async fn run_chunks<R: Send + 'static>(
+    engine: &EngineThread<R>,
+    lease: &LeaseInputs<'_>,
+) -> Result<R, String> {
+    let corpus = lease.corpus.ok_or(NO_CORPUS)?;
+    let chunks = corpus.chunks(lease.range)?;
+    let images = corpus.images(&chunks).await?;
+    engine.run(corpus.index.clone(), chunks, images).await
 }
 
 /// Collection: partials and trace rows from an [`Engine`].
 struct Collect {
     /// Partial, prefill trace rows and decode trace rows.
     engine: EngineThread<(Partial, Vec<TraceRow>, Vec<TraceRow>)>,
-    model_sha256: String,
     /// (k, top-N) of its trace rows.
     trace_shape: (usize, usize),
 }
 
 impl LeaseWork for Collect {
-    fn labels(&self) -> Labels {
-        Partial::LABELS
-    }
-
-    fn model_sha256(&self) -> &str {
-        &self.model_sha256
-    }
-
-    fn produce<'a>(
-        &'a self,
-        corpus: Option<&'a Corpus>,
-        run: &'a RunStore,
-        range: ChunkRange,
-    ) -> Produced<'a> {
+    fn produce<'a>(&'a self, lease: LeaseInputs<'a>) -> Produced<'a> {
         Box::pin(async move {
-            let corpus = corpus.ok_or(NO_CORPUS)?;
-            let chunks = corpus.chunks(range)?;
-            let images = corpus.images(&chunks).await?;
-            let (mut partial, rows, decode_rows) = self
-                .engine
-                .run(corpus.index.clone(), chunks, images)
-                .await?;
+            let (mut partial, rows, decode_rows) = run_chunks(&self.engine, &lease).await?;
             partial.trace_parts = Vec::new();
             for (rows, decode) in [(rows, false), (decode_rows, true)] {
                 if !rows.is_empty() {
                     let (k, n) = self.trace_shape;
-                    let name = crate::collect::trace_part_name(range, decode);
-                    let name = crate::collect::write_trace_part(run, name, rows, k, n)
+                    let name = crate::collect::trace_part_name(lease.range, decode);
+                    let name = crate::collect::write_trace_part(lease.run, name, rows, k, n)
                         .await
                         .map_err(|e| e.to_string())?;
                     partial.trace_parts.push(name);
@@ -133,34 +132,11 @@ impl LeaseWork for Collect {
 /// Evaluation: eval partials from an [`EvalEngine`].
 struct Evaluate {
     engine: EngineThread<EvalPartial>,
-    base_sha256: String,
 }
 
 impl LeaseWork for Evaluate {
-    fn labels(&self) -> Labels {
-        EvalPartial::LABELS
-    }
-
-    fn model_sha256(&self) -> &str {
-        &self.base_sha256
-    }
-
-    fn produce<'a>(
-        &'a self,
-        corpus: Option<&'a Corpus>,
-        _run: &'a RunStore,
-        range: ChunkRange,
-    ) -> Produced<'a> {
-        Box::pin(async move {
-            let corpus = corpus.ok_or(NO_CORPUS)?;
-            let chunks = corpus.chunks(range)?;
-            let images = corpus.images(&chunks).await?;
-            let partial = self
-                .engine
-                .run(corpus.index.clone(), chunks, images)
-                .await?;
-            Ok(Output::Evaluate(partial))
-        })
+    fn produce<'a>(&'a self, lease: LeaseInputs<'a>) -> Produced<'a> {
+        Box::pin(async move { Ok(Output::Evaluate(run_chunks(&self.engine, &lease).await?)) })
     }
 }
 
@@ -174,21 +150,8 @@ struct Respond {
 }
 
 impl LeaseWork for Respond {
-    fn labels(&self) -> Labels {
-        ResponsePartial::LABELS
-    }
-
-    fn model_sha256(&self) -> &str {
-        self.responder.model_sha256()
-    }
-
-    fn produce<'a>(
-        &'a self,
-        _corpus: Option<&'a Corpus>,
-        _run: &'a RunStore,
-        range: ChunkRange,
-    ) -> Produced<'a> {
-        let responder = self.responder.clone();
+    fn produce<'a>(&'a self, lease: LeaseInputs<'a>) -> Produced<'a> {
+        let (responder, range) = (self.responder.clone(), lease.range);
         Box::pin(async move {
             tokio::task::spawn_blocking(move || responder.respond(range))
                 .await
@@ -204,7 +167,7 @@ pub(super) async fn load<L: EngineLoader>(
     job: &JobInfo,
     task: &Task,
     run: &RunStore,
-) -> Result<Box<dyn LeaseWork>, JoinError> {
+) -> Result<Work, JoinError> {
     let job_for_thread = job.clone();
     match task {
         Task::Collect => {
@@ -223,11 +186,14 @@ pub(super) async fn load<L: EngineLoader>(
             )
             .await
             .map_err(JoinError::Engine)?;
-            Ok(Box::new(Collect {
-                engine,
+            Ok(Work {
+                labels: Partial::LABELS,
                 model_sha256,
-                trace_shape,
-            }))
+                task: Box::new(Collect {
+                    engine,
+                    trace_shape,
+                }),
+            })
         }
         Task::Respond(respond) => {
             let prompts = prompts(run, respond).await?;
@@ -238,9 +204,13 @@ pub(super) async fn load<L: EngineLoader>(
             .await
             .map_err(|e| JoinError::Engine(format!("loading the model panicked: {e}")))?
             .map_err(JoinError::Engine)?;
-            Ok(Box::new(Respond {
-                responder: Arc::new(responder),
-            }))
+            Ok(Work {
+                labels: ResponsePartial::LABELS,
+                model_sha256: responder.model_sha256().to_string(),
+                task: Box::new(Respond {
+                    responder: Arc::new(responder),
+                }),
+            })
         }
         Task::Evaluate(eval) => {
             let inputs = inputs(run, eval).await?;
@@ -259,10 +229,11 @@ pub(super) async fn load<L: EngineLoader>(
             )
             .await
             .map_err(JoinError::Engine)?;
-            Ok(Box::new(Evaluate {
-                engine,
-                base_sha256,
-            }))
+            Ok(Work {
+                labels: EvalPartial::LABELS,
+                model_sha256: base_sha256,
+                task: Box::new(Evaluate { engine }),
+            })
         }
     }
 }
