@@ -1,11 +1,12 @@
-//! `worker join`'s flags, read into the worker library's [`JoinArgs`].
+//! `worker join`: its flags, read into the worker library's [`JoinArgs`],
+//! and the tokio runtime it runs on.
 
 use super::offload::OffloadArgs;
 use crate::values;
 use std::path::PathBuf;
 use worker::collect::device::Reduce;
 use worker::eval::Compare;
-use worker::join::JoinArgs;
+use worker::join::{JoinArgs, JoinError, JoinSummary};
 
 /// Arguments of `worker join`.
 #[derive(clap::Args, Debug, Clone)]
@@ -97,4 +98,11 @@ impl From<JoinFlags> for JoinArgs {
             give_up_after_s: f.give_up_after_s,
         }
     }
+}
+
+/// Entry point of `worker join`: the library's [`worker::join::run`] on a
+/// multi-threaded runtime.
+pub fn run(flags: JoinFlags) -> Result<JoinSummary, JoinError> {
+    let rt = tokio::runtime::Runtime::new().map_err(|e| JoinError::Setup(e.to_string()))?;
+    rt.block_on(worker::join::run(flags.into()))
 }

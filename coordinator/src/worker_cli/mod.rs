@@ -190,7 +190,7 @@ pub fn main() -> ExitCode {
         Command::Collect(a) => collect::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Quantize(a) => quantize::run(a),
-        Command::Join(a) => return exit_code(worker::join::run(a.into()).map(|_| ())),
+        Command::Join(a) => return exit_code(join::run(a).map(|_| ())),
     };
     exit_code(result)
 }

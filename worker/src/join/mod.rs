@@ -286,8 +286,9 @@ fn hostname() -> String {
         .unwrap_or_else(|| "worker".into())
 }
 
-/// Entry point of `worker join` with the real engine.
-pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
+/// `worker join` with the real engine, on the caller's tokio runtime (the
+/// binary's): serves the run until it is finished or a signal stops it.
+pub async fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
     let opts = ClientOptions::from_args(&args)?;
     let loader = engine::CollectorLoader {
         model: args.model.clone(),
@@ -300,11 +301,8 @@ pub fn run(args: JoinArgs) -> Result<JoinSummary, JoinError> {
         models_in_memory: args.models_in_memory,
         scratch_dir: args.scratch_dir.clone(),
     };
-    let rt = tokio::runtime::Runtime::new().map_err(|e| JoinError::Setup(e.to_string()))?;
-    let summary = rt.block_on(async {
-        stop::watch().map_err(|e| JoinError::Setup(format!("watching for signals: {e}")))?;
-        join(&opts, loader).await
-    })?;
+    stop::watch().map_err(|e| JoinError::Setup(format!("watching for signals: {e}")))?;
+    let summary = join(&opts, loader).await?;
     tracing::info!(
         "leaving: {} leases, {} chunks measured",
         summary.leases,

@@ -87,4 +87,14 @@ mod tests {
         assert!(Reduce::Device.on_device(0, false));
         assert!(!Reduce::Host.on_device(99, true));
     }
+
+    /// `MOE_CENSUS_REDUCE` reads the flag's names in any case, and no other.
+    #[test]
+    fn names_parse_in_any_case() {
+        assert_eq!(Reduce::parse("device"), Some(Reduce::Device));
+        assert_eq!(Reduce::parse("HOST"), Some(Reduce::Host));
+        assert_eq!(Reduce::parse("Auto"), Some(Reduce::Auto));
+        assert_eq!(Reduce::parse("gpu"), None);
+        assert_eq!(Reduce::parse(""), None);
+    }
 }
