@@ -392,6 +392,8 @@ mod tests {
             group: Group::text(Split::Fit, domain),
             kl,
         };
+        // The chunk's two scored positions and one more.
+        let and = |extra| vec![token(2, 0, 0, 0.5), token(2, 1, 0, 0.5), extra];
         let cases = [
             (
                 vec![token(2, 0, 0, f64::NAN), token(2, 1, 0, 0.5)],
@@ -410,11 +412,7 @@ mod tests {
                 "position 40 of chunk 2 is not scored: it is past the chunk's last token",
             ),
             (
-                vec![
-                    token(2, 0, 0, 0.5),
-                    token(2, 1, 0, 0.5),
-                    token(2, 2, 0, 0.5),
-                ],
+                and(token(2, 2, 0, 0.5)),
                 "position 2 of chunk 2 is not scored: it is the last of its span",
             ),
             (
@@ -425,14 +423,7 @@ mod tests {
                 vec![token(2, 0, 0, 0.0)],
                 "1 positions scored, the lease's chunks have 2",
             ),
-            (
-                vec![
-                    token(2, 0, 0, 0.5),
-                    token(2, 1, 0, 0.5),
-                    token(9, 0, 0, 0.5),
-                ],
-                "chunk 9, outside the partial",
-            ),
+            (and(token(9, 0, 0, 0.5)), "chunk 9, outside the partial"),
         ];
         for (tokens, what) in cases {
             let e = check_all(&of_tokens(tokens)).unwrap_err();

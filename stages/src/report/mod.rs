@@ -317,13 +317,8 @@ fn verification_section(md: &mut String, v: &VerifyReport) {
         "\n## Verification: {verdict}\n\n| status | invariant | figure |\n|---|---|---|"
     );
     for c in &v.checks {
-        let _ = writeln!(
-            md,
-            "| {:?} | {} | {} |",
-            c.status,
-            c.invariant,
-            c.figure.replace('|', "\\|")
-        );
+        let figure = c.figure.replace('|', "\\|");
+        let _ = writeln!(md, "| {:?} | {} | {figure} |", c.status, c.invariant);
     }
 }
 
