@@ -4,11 +4,13 @@
 //! `verify` through [`read_lenient`], which reads non-finite values as 0 and
 //! lists them, so its checks can name them.
 
+pub mod lenient;
+
 use crate::file_error::FileError;
 use crate::layout::SALIENCY_JSON;
 use crate::store::{RunStore, StoreError};
 use bytes::Bytes;
-use numbers::saliency::lenient::{self, Lenient, LenientError};
+use lenient::{Lenient, LenientError};
 use numbers::saliency::Saliency;
 
 /// What the file is called in errors.

@@ -2,8 +2,8 @@
 //! the run's keep maps (DESIGN section 12), sliced by [`slicer`].
 
 use crate::{During, StagesError};
-use runfiles::artifacts::names;
 use runfiles::keepmap::{KeepMap, KeepMapRef};
+use runfiles::layout;
 use runfiles::manifest::MANIFEST_FILE;
 use runfiles::store::RunStore;
 use slicer::{make_model_split, slice_imatrix, slice_model, Sliced};
@@ -192,7 +192,7 @@ pub async fn read_keep_map(store: &RunStore, arg: &str) -> Result<(String, KeepM
         problem,
     };
     if file {
-        let (s, _) = crate::score::load_saliency(store).await?;
+        let s = runfiles::saliency::read(store).await?.saliency;
         keep.check_fits(&s)
             .map_err(|e| bad(format!("does not fit the run's model: {e}")))?;
     }
@@ -239,7 +239,7 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
         }
         None => {
             let bytes = rt
-                .block_on(store.get(names::IMATRIX_GGUF))
+                .block_on(store.get(layout::IMATRIX_GGUF))
                 .during("reading the run's importance matrix")?;
             let copy = scratch.path().join("run.imatrix.gguf");
             std::fs::write(&copy, &bytes).map_err(StagesError::io(
@@ -255,7 +255,7 @@ pub fn run(args: PruneArgs) -> Result<ExitCode, StagesError> {
             StagesError::Slice {
                 input: match &args.imatrix {
                     Some(path) => path.display().to_string(),
-                    None => store.url_of(names::IMATRIX_GGUF),
+                    None => store.url_of(layout::IMATRIX_GGUF),
                 },
                 source,
             }

@@ -7,7 +7,6 @@ use crate::error::WorkerError;
 use crate::eval::{candidates, Compare, EvalOptions, Evaluator, KEPT_ROWS_MEMORY};
 use numbers::eval::{EvalSummary, ModelsInMemory};
 use numbers::Splits;
-use runfiles::layout::eval as names;
 use runfiles::store::RunStore;
 use std::path::PathBuf;
 
@@ -103,8 +102,7 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
             partial.to_bytes(),
         )
         .await?;
-        out.put(names::SUMMARY_JSON, summary.to_json_bytes())
-            .await?;
+        runfiles::eval_summary::replace(&out, &runfiles::layout::EVAL, &summary).await?;
         Ok::<_, WorkerError>(())
     })?;
     println!(
