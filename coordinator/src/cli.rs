@@ -151,7 +151,7 @@ async fn scored_sizes(store: &runfiles::store::RunStore) -> anyhow::Result<Vec<u
     {
         return Ok(Vec::new());
     }
-    let (_, sha) = stages::score::load_saliency(store).await?;
+    let sha = runfiles::saliency::read(store).await?.sha256;
     Ok(stages::score::stored_report(store, &sha)
         .await?
         .map(|r| r.ks)

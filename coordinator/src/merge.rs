@@ -5,7 +5,8 @@
 use anyhow::{bail, Context};
 use clap::Args;
 use numbers::partial::{PackedPartial, Partial};
-use runfiles::artifacts::{names, write_results};
+use runfiles::artifacts::write_results;
+use runfiles::layout;
 use runfiles::store::RunStore;
 use std::process::ExitCode;
 
@@ -38,10 +39,10 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
         let store = RunStore::open(&args.run)?;
         let locations = if args.partials.is_empty() {
             store
-                .list(runfiles::artifacts::names::PARTIALS_DIR)
+                .list(runfiles::layout::PARTIALS_DIR)
                 .await?
                 .into_iter()
-                .filter(|n| n.ends_with(".bin") && n != names::MERGED_PARTIAL)
+                .filter(|n| n.ends_with(".bin") && n != layout::MERGED_PARTIAL)
                 .map(|n| store.url_of(&n))
                 .collect()
         } else {
@@ -61,7 +62,7 @@ pub fn run(args: MergeArgs) -> anyhow::Result<ExitCode> {
             bail!("no partials to merge");
         };
         store
-            .put_parts(names::MERGED_PARTIAL, merged.to_parts())
+            .put_parts(layout::MERGED_PARTIAL, merged.to_parts())
             .await?;
         let saliency = write_results(&store, &merged).await?;
         println!(

@@ -17,8 +17,8 @@ use config::ship::ShipSettings;
 use config::Config;
 use measure::ship::ShipRequest;
 use numbers::keep_name::KeepMapName;
-use runfiles::artifacts::names;
 use runfiles::error_text::with_causes;
+use runfiles::layout;
 use runfiles::store::RunStore;
 use runtime::run::crew::Crew;
 use runtime::run::local::{self, LocalWorkers};
@@ -240,7 +240,7 @@ async fn stages(
     println!(
         "replayed {} (split, trace, mode, policy, capacity, keep map) cells: {}",
         replayed.rows.len(),
-        names::REPLAY_REPORT_MD
+        layout::REPLAY_REPORT_MD
     );
     // Verify before the evaluation: the verify table, the report and the
     // manifest's record of the collection are written whatever `[eval]`
@@ -249,7 +249,7 @@ async fn stages(
     print!("{report}");
     let ok = report.ok();
     stages::report::report_verified(&store, &report).await?;
-    println!("report: {}", store.url_of(names::REPORT_MD));
+    println!("report: {}", store.url_of(layout::REPORT_MD));
     lock.confirm().await?;
     mark_finished(&store, &summary, ok).await?;
     let manifest = store.url_of(runfiles::manifest::MANIFEST_FILE);
@@ -274,7 +274,7 @@ async fn stages(
             eprintln!(
                 "[eval] failed: {}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
                 with_causes(e.as_ref()),
-                store.url_of(names::REPORT_MD)
+                store.url_of(layout::REPORT_MD)
             );
             return Ok(ExitCode::FAILURE);
         }
@@ -291,7 +291,7 @@ async fn stages(
             eprintln!(
                 "[ship] failed: {}\nthe collection is complete and verified ({manifest}); the verify table is above and the report at {}",
                 with_causes(&e),
-                store.url_of(names::REPORT_MD)
+                store.url_of(layout::REPORT_MD)
             );
             return Ok(ExitCode::FAILURE);
         }
@@ -340,7 +340,7 @@ async fn score_options(
     store: &RunStore,
     config: &Config,
 ) -> anyhow::Result<stages::score::ScoreOptions> {
-    let (saliency, _) = stages::score::load_saliency(store).await?;
+    let saliency = runfiles::saliency::read(store).await?.saliency;
     Ok(stages::score::run_options(config, &saliency))
 }
 

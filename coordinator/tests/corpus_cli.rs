@@ -88,7 +88,7 @@ fn chunks_are_of_one_split_and_name_their_documents(out: &Path) {
     use runfiles::manifest::DocRecord;
     let read = |name: &str| std::fs::read(out.join("corpus").join(name)).unwrap();
     let chunks = read_chunks(bytes::Bytes::from(read("chunks.parquet")), None).unwrap();
-    let index: CorpusIndex = serde_json::from_slice(&read("index.json")).unwrap();
+    let index = CorpusIndex::decode(&read("index.json"), "index.json").unwrap();
     let docs: Vec<DocRecord> = String::from_utf8(read("documents.jsonl"))
         .unwrap()
         .lines()

@@ -33,6 +33,13 @@ fn replay_error(dir: &Path, flags: &[&str]) -> String {
     }
 }
 
+/// A `saliency.json` of no statistics for `n_expert` experts, `used` per token.
+fn saliency_of(n_expert: usize, used: u32) -> String {
+    format!(
+        r#"{{"n_expert": {n_expert}, "n_expert_used": {used}, "gating": "softmax", "trace_tokens_written": 0, "nonfinite_drops": 0, "splits": {{}}}}"#
+    )
+}
+
 /// The URL of `name` in the run at `dir`.
 fn url_of(dir: &Path, name: &str) -> String {
     RunStore::open(dir.to_str().unwrap()).unwrap().url_of(name)
@@ -58,8 +65,7 @@ fn write_run(dir: &Path, n_expert: usize, last: u16) {
     std::fs::create_dir_all(dir.join("trace")).unwrap();
     let part = write_part(&mut rows, 2, 2).unwrap();
     std::fs::write(dir.join("trace/part-0.parquet"), part).unwrap();
-    let saliency = format!(r#"{{"n_expert": {n_expert}, "n_expert_used": 2}}"#);
-    std::fs::write(dir.join("saliency.json"), saliency).unwrap();
+    std::fs::write(dir.join("saliency.json"), saliency_of(n_expert, 2)).unwrap();
 }
 
 /// A keep map file `name` in `dir` with `layers` as its JSON layer table.
@@ -99,7 +105,7 @@ fn run_inputs_at_fault_are_named() {
             url_of(run, "saliency.json")
         )
     );
-    std::fs::write(run.join("saliency.json"), r#"{"n_expert": 0}"#).unwrap();
+    std::fs::write(run.join("saliency.json"), saliency_of(0, 0)).unwrap();
     assert_eq!(replay_error(run, &[]), "n_expert = 0 is out of range");
     std::fs::write(run.join("saliency.json"), "{").unwrap();
     assert_eq!(
@@ -109,7 +115,7 @@ fn run_inputs_at_fault_are_named() {
             url_of(run, "saliency.json")
         )
     );
-    std::fs::write(run.join("saliency.json"), r#"{"n_expert": 4}"#).unwrap();
+    std::fs::write(run.join("saliency.json"), saliency_of(4, 0)).unwrap();
     assert_eq!(
         replay_error(run, &[]),
         format!("{} holds no trace parts", url_of(run, "trace"))

@@ -47,7 +47,7 @@ mod tests;
 
 use config::Config;
 pub use error::CorpusError;
-use runfiles::corpus::{CHUNKS_FILE, INDEX_FILE};
+use runfiles::corpus::CHUNKS_FILE;
 pub use runfiles::manifest::{self, Manifest, MANIFEST_FILE};
 use runfiles::store::RunStore;
 use sha2::{Digest, Sha256};
@@ -161,7 +161,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
         hashes.push(prepare::responses_hash(&responses));
     }
     let inputs = prepare::fingerprint(&config.corpus, &model_sha, &hashes, images.as_ref());
-    let corpus = store.child(runfiles::artifacts::names::CORPUS_DIR);
+    let corpus = store.child(runfiles::layout::CORPUS_DIR);
     // A manifest the response phase started (its records only) holds no corpus yet.
     let existing = read_manifest(store)
         .await?
@@ -192,9 +192,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     .map_err(|e| CorpusError::Config(format!("corpus preparation panicked: {e}")))??;
     debug_assert_eq!(prepared.manifest.inputs_sha256, inputs);
     corpus.put(CHUNKS_FILE, prepared.chunks_parquet).await?;
-    corpus
-        .put(INDEX_FILE, prepare::index_json(&prepared.index))
-        .await?;
+    prepared.index.write(&corpus).await?;
     corpus
         .put(
             manifest::DOCUMENTS_FILE,
@@ -213,16 +211,12 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
     // another corpus are dropped with it; those of the responses it was
     // built from are kept.
     let before = runfiles::manifest::read(store).await.ok().flatten();
-    let json = runfiles::manifest::encode(&runfiles::manifest::RunManifest {
+    let manifest = runfiles::manifest::RunManifest {
         corpus: prepared.manifest.clone(),
         response_partials: before.map(|m| m.response_partials).unwrap_or_default(),
         ..Default::default()
-    });
-    if store.get_opt(MANIFEST_FILE).await?.is_some() {
-        store.put(MANIFEST_FILE, json).await?;
-    } else {
-        store.put_new(MANIFEST_FILE, json).await?;
-    }
+    };
+    runfiles::manifest::write(store, &manifest).await?;
     Ok(Outcome {
         manifest: prepared.manifest,
         reused: false,

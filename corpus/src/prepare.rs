@@ -636,7 +636,7 @@ pub fn prepare_with_responses(
         dropped,
         chunk_plan,
         chunks_sha256: index.chunks_sha256.clone(),
-        index_sha256: hex::encode(Sha256::digest(index_json(&index).as_bytes())),
+        index_sha256: hex::encode(Sha256::digest(index.encode().as_bytes())),
         images,
     };
     Ok(Prepared {
@@ -692,11 +692,6 @@ pub fn documents_jsonl(docs: &[DocRecord]) -> String {
     docs.iter()
         .map(|d| serde_json::to_string(d).unwrap_or_default() + "\n")
         .collect()
-}
-
-/// The exact bytes stored as `corpus/index.json`.
-pub fn index_json(index: &CorpusIndex) -> String {
-    serde_json::to_string_pretty(index).unwrap_or_default()
 }
 
 /// Finds the documents to drop, one entry per document, in passes:

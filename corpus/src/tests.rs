@@ -609,8 +609,9 @@ async fn same_inputs_reuse_the_corpus_and_changed_inputs_refuse_to_overwrite() {
         .await
         .unwrap();
     assert!(!first.reused);
-    let index: runfiles::corpus::CorpusIndex =
-        serde_json::from_slice(&store.get("corpus/index.json").await.unwrap()).unwrap();
+    let index = runfiles::corpus::CorpusIndex::read(&store.child("corpus"))
+        .await
+        .unwrap();
     assert_eq!(index.n_tokens, first.manifest.chunk_plan.n_tokens);
     let again = prepare_run_with(&config, &store, false, load_bytes)
         .await

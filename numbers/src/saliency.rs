@@ -1,10 +1,8 @@
 //! `saliency.json`: the float view of merged expert statistics (DESIGN section 10).
 //!
 //! Written from an exact [`ExpertAccum`]; read by scoring, verification and
-//! reports. Floats are serialised with shortest round-trip formatting.
-//! [`lenient`] reads one that holds non-finite values (for `verify`).
-
-pub mod lenient;
+//! reports through the file's one reader (`runfiles::saliency`). Floats are
+//! serialised with shortest round-trip formatting.
 
 use crate::routing::Routing;
 use crate::split::{Gating, Split};
@@ -197,11 +195,6 @@ impl Saliency {
         let mut out = serde_json::to_vec_pretty(self).expect("saliency serialises");
         out.push(b'\n');
         out
-    }
-
-    /// Parses a `saliency.json` document.
-    pub fn from_json_bytes(bytes: &[u8]) -> Result<Saliency, serde_json::Error> {
-        serde_json::from_slice(bytes)
     }
 
     /// The split's statistics, if the run has that split.

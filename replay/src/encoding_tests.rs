@@ -72,7 +72,9 @@ fn write_run(dir: &std::path::Path, rows: &[TraceRow], encoding: Encoding) {
     std::fs::create_dir_all(dir.join("trace")).unwrap();
     let bytes = write_part_as(&mut rows.to_vec(), K, TOP_N, encoding).unwrap();
     std::fs::write(dir.join("trace/part-0.parquet"), bytes).unwrap();
-    let saliency = format!(r#"{{"n_expert": {N_EXPERT}, "n_expert_used": {K}}}"#);
+    let saliency = format!(
+        r#"{{"n_expert": {N_EXPERT}, "n_expert_used": {K}, "gating": "softmax", "trace_tokens_written": 0, "nonfinite_drops": 0, "splits": {{}}}}"#
+    );
     std::fs::write(dir.join("saliency.json"), saliency).unwrap();
 }
 

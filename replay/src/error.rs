@@ -275,14 +275,13 @@ pub enum ReplayError {
         /// Routed experts per layer, as read.
         n_expert: usize,
     },
-    /// The run's `saliency.json` could not be decoded.
-    #[error("parsing {url}")]
+    /// The run's `saliency.json` is not a saliency file.
+    #[error("parsing {url}: {problem}")]
     Saliency {
         /// The object's URL.
         url: String,
-        /// The JSON error.
-        #[source]
-        source: serde_json::Error,
+        /// What is wrong with it.
+        problem: String,
     },
 
     /// A local keep map file could not be read.

@@ -6,10 +6,10 @@ use super::trace_io::TraceSet;
 use crate::ReplayError;
 use numbers::routing::Routing;
 use numbers::Gating;
-use runfiles::artifacts::names;
+use runfiles::file_error::FileError;
 use runfiles::keepmap::{KeepMap, KeepMapRef};
+use runfiles::layout;
 use runfiles::store::RunStore;
-use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -19,20 +19,6 @@ pub struct KeepInput {
     pub label: String,
     /// Block index to `kept[expert]`; `None` for no keep map.
     pub kept: Option<BTreeMap<u32, Vec<bool>>>,
-}
-
-/// The part of `saliency.json` replay needs.
-#[derive(Deserialize)]
-struct SaliencyHead {
-    n_expert: u32,
-    #[serde(default)]
-    routing: Routing,
-    #[serde(default = "softmax")]
-    gating: Gating,
-}
-
-fn softmax() -> Gating {
-    Gating::Softmax
 }
 
 /// Everything replay reads from the run, before touching a trace layer.
@@ -65,14 +51,12 @@ pub async fn load_inputs(
         .as_deref()
         .map(super::model::expert_bytes)
         .transpose()?;
-    let head = match store.get_opt(names::SALIENCY_JSON).await? {
-        Some(b) => Some(
-            serde_json::from_slice::<SaliencyHead>(&b).map_err(|source| ReplayError::Saliency {
-                url: store.url_of(names::SALIENCY_JSON),
-                source,
-            })?,
-        ),
-        None => None,
+    let head = match runfiles::saliency::read_opt(store).await {
+        Ok(file) => file.map(|f| f.saliency),
+        Err(FileError::Invalid { file, problem, .. }) => {
+            return Err(ReplayError::Saliency { url: file, problem })
+        }
+        Err(e) => return Err(e.into()),
     };
     let routing = head.as_ref().map(|h| h.routing.clone()).unwrap_or_default();
     let gating = head.as_ref().map_or(Gating::Softmax, |h| h.gating);
@@ -86,7 +70,7 @@ pub async fn load_inputs(
             }
             None => {
                 return Err(ReplayError::UnknownExpertCount {
-                    saliency: store.url_of(names::SALIENCY_JSON),
+                    saliency: store.url_of(layout::SALIENCY_JSON),
                 })
             }
         },
@@ -107,7 +91,7 @@ pub async fn load_inputs(
     }
     if traces.is_empty() {
         return Err(ReplayError::NoTraces {
-            url: store.url_of(names::TRACE_DIR),
+            url: store.url_of(layout::TRACE_DIR),
         });
     }
     Ok(Inputs {

@@ -16,7 +16,7 @@ use super::trace_io::TraceSet;
 use crate::ReplayError;
 use numbers::{Split, Splits};
 use rayon::prelude::*;
-use runfiles::artifacts::names;
+use runfiles::layout;
 use runfiles::store::RunStore;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -236,10 +236,10 @@ pub fn replay_in(args: &ReplayArgs, store: RunStore) -> Result<ReplayReport, Rep
         }
     };
     rt.block_on(async {
-        out.put(names::REPLAY_RESULTS_JSON, report.json_bytes())
+        out.put(layout::REPLAY_RESULTS_JSON, report.json_bytes())
             .await?;
         out.put(
-            names::REPLAY_REPORT_MD,
+            layout::REPLAY_REPORT_MD,
             report.markdown.clone().into_bytes(),
         )
         .await

@@ -9,10 +9,6 @@ use numbers::saliency::{LayerStats, Saliency};
 use numbers::stats::{N_SUMS, SUM_NAMES};
 use std::sync::Arc;
 
-/// Object names of a run's artifacts (DESIGN section 10), from the run
-/// layout.
-pub use crate::layout as names;
-
 /// Errors while deriving or writing artifacts.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
@@ -93,16 +89,17 @@ pub async fn write_results(store: &RunStore, p: &Partial) -> Result<Saliency, Ar
     let saliency = p.saliency()?;
     let datasets = [format!("moe-census corpus {}", p.corpus_sha256)];
     store
-        .put_parts(names::IMATRIX_GGUF, p.imatrix.to_gguf_parts(&datasets))
-        .await?;
-    store
-        .put(
-            names::SALIENCY_PARQUET,
-            saliency_table(&saliency).map_err(ArtifactError::Parquet)?,
+        .put_parts(
+            crate::layout::IMATRIX_GGUF,
+            p.imatrix.to_gguf_parts(&datasets),
         )
         .await?;
     store
-        .put(names::SALIENCY_JSON, saliency.to_json_bytes())
+        .put(
+            crate::layout::SALIENCY_PARQUET,
+            saliency_table(&saliency).map_err(ArtifactError::Parquet)?,
+        )
         .await?;
+    crate::saliency::write(store, &saliency).await?;
     Ok(saliency)
 }

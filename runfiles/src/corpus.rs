@@ -7,6 +7,8 @@
 //! the image's marker token ([`image_token`]); the image's bytes are stored
 //! as `corpus/images/<sha256>` ([`crate::layout::corpus::image`]).
 
+use crate::file_error::FileError;
+use crate::store::{RunStore, StoreError};
 use arrow::array::{
     Array, ArrayRef, Int32Builder, ListArray, ListBuilder, RecordBatch, StringBuilder,
     UInt16Builder, UInt32Array, UInt32Builder, UInt8Builder,
@@ -230,7 +232,71 @@ pub struct CorpusIndex {
     pub groups: Vec<GroupInfo>,
 }
 
+/// What the index is called in errors.
+const INDEX_KIND: &str = "corpus index";
+
+/// The most bytes of `corpus/index.json` read back (it lists every
+/// document group).
+pub const MAX_INDEX_BYTES: u64 = 1 << 30;
+
 impl CorpusIndex {
+    /// Reads `index.json` of the corpus at `corpus` (the run's `corpus/`,
+    /// or a corpus location of its own) through [`CorpusIndex::decode`].
+    pub async fn read(corpus: &RunStore) -> Result<CorpusIndex, FileError> {
+        let bytes = corpus.get_limited(INDEX_FILE, MAX_INDEX_BYTES).await?;
+        CorpusIndex::decode(&bytes, &corpus.url_of(INDEX_FILE))
+    }
+
+    /// [`CorpusIndex::read`], `None` when `corpus` has no `index.json`.
+    pub async fn read_opt(corpus: &RunStore) -> Result<Option<CorpusIndex>, FileError> {
+        match CorpusIndex::read(corpus).await {
+            Ok(index) => Ok(Some(index)),
+            Err(FileError::Store(StoreError::NotFound { .. })) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The exact bytes stored as `index.json` (pretty JSON; the manifest
+    /// records their hash).
+    pub fn encode(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a corpus index encodes")
+    }
+
+    /// Writes `index.json` of the corpus at `corpus` ([`CorpusIndex::encode`]),
+    /// replacing a stored one: a corpus prepared again replaces its files.
+    pub async fn write(&self, corpus: &RunStore) -> Result<(), StoreError> {
+        corpus.put(INDEX_FILE, self.encode()).await
+    }
+
+    /// The one decoder of `index.json` bytes: the index's schema, each
+    /// eval set one of its domains, each group in one of them; errors name
+    /// `file`.
+    pub fn decode(bytes: &[u8], file: &str) -> Result<CorpusIndex, FileError> {
+        let invalid = |problem: String| FileError::invalid(file, INDEX_KIND, problem);
+        let index: CorpusIndex =
+            serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        if let Some(set) = index.eval_sets.iter().find(|s| !index.domains.contains(s)) {
+            return Err(invalid(format!(
+                "eval set {set:?} is not one of its domains {:?}",
+                index.domains
+            )));
+        }
+        if let Some((i, g)) = index
+            .groups
+            .iter()
+            .enumerate()
+            .find(|(_, g)| usize::from(g.domain) >= index.domains.len())
+        {
+            return Err(invalid(format!(
+                "group {i} ({:?}) names domain {}, of {} domains",
+                g.key,
+                g.domain,
+                index.domains.len()
+            )));
+        }
+        Ok(index)
+    }
+
     /// Refuses a range that reaches past the last chunk, naming both.
     pub fn check_range(&self, range: ChunkRange) -> Result<(), String> {
         if range.end > self.n_chunks {
@@ -455,6 +521,48 @@ pub fn read_chunks(bytes: bytes::Bytes, range: Option<ChunkRange>) -> Result<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_index_reader_round_trips_and_refuses_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+        assert_eq!(CorpusIndex::read_opt(&corpus).await.unwrap(), None);
+        let index = CorpusIndex {
+            n_chunks: 2,
+            n_ctx: 8,
+            domains: vec!["web".into(), "quiz".into()],
+            n_tokens: 16,
+            chunks_sha256: "ab".into(),
+            eval_sets: vec!["quiz".into()],
+            groups: vec![GroupInfo {
+                domain: 1,
+                split: Split::Heldout,
+                key: "eval:q.jsonl:1".into(),
+            }],
+        };
+        index.write(&corpus).await.unwrap();
+        assert_eq!(CorpusIndex::read(&corpus).await.unwrap(), index);
+        let url = corpus.url_of(INDEX_FILE);
+        for (text, why) in [
+            (r#"{"n_chunks": 2"#, "EOF"),
+            (r#"{"n_chunks": 2}"#, "missing field"),
+            (
+                r#"{"n_chunks":1,"n_ctx":8,"domains":["web"],"n_tokens":8,"chunks_sha256":"ab","eval_sets":["quiz"]}"#,
+                "eval set \"quiz\" is not one of its domains",
+            ),
+            (
+                r#"{"n_chunks":1,"n_ctx":8,"domains":["web"],"n_tokens":8,"chunks_sha256":"ab","groups":[{"domain":1,"split":"fit","key":"k"}]}"#,
+                "group 0 (\"k\") names domain 1, of 1 domains",
+            ),
+        ] {
+            corpus.put(INDEX_FILE, text.to_string()).await.unwrap();
+            let e = CorpusIndex::read(&corpus).await.unwrap_err().to_string();
+            assert!(
+                e.contains(&url) && e.contains("is not a valid corpus index") && e.contains(why),
+                "{text}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn chunk_table_round_trips_and_filters_by_range() {

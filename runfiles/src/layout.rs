@@ -27,7 +27,7 @@ pub const TRACE_DIR: &str = "trace";
 pub const DECODE_TRACE_DIR: &str = "trace/decode";
 /// Keep maps, `<method>_K<k>.json` ([`keep_map`]).
 pub const KEEP_MAPS_DIR: &str = "keep_maps";
-/// Replay results as JSON (`coordinator::replay::results` is the schema).
+/// Replay results as JSON (`replay::results` is the schema).
 pub const REPLAY_RESULTS_JSON: &str = "replay/results.json";
 /// Replay tables as Markdown.
 pub const REPLAY_REPORT_MD: &str = "replay/report.md";
@@ -36,7 +36,7 @@ pub const REPORT_MD: &str = "report/report.md";
 /// Directory of the run report and its plots.
 pub const REPORT_DIR: &str = "report";
 /// Every miss-rate curve of the report's replay figures, as drawn
-/// (`coordinator::report::replay` is the schema).
+/// (`stages::report::replay` is the schema).
 pub const REPORT_MISS_RATES_JSON: &str = "report/miss_rate.json";
 
 /// Object name of the keep map called `name` (`frequency_K8`).

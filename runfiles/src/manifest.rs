@@ -289,7 +289,7 @@ impl RunManifest {
 pub struct PartialRecord {
     /// SHA-256 of the stored bytes.
     pub sha256: String,
-    /// Settings key of the run that accepted it (`run::record::settings_key`).
+    /// Settings key of the run that accepted it (`runtime::run::record::settings_key`).
     pub settings: String,
     /// The units of the lease plan it covers when more than one (a worker's
     /// checkpoint); empty: the one unit its name gives.
@@ -410,7 +410,7 @@ fn parse(bytes: &[u8]) -> Result<RunManifest, String> {
 }
 
 /// The manifest as stored (pretty JSON).
-pub fn encode(m: &RunManifest) -> Vec<u8> {
+fn encode(m: &RunManifest) -> Vec<u8> {
     serde_json::to_vec_pretty(m).expect("a manifest encodes")
 }
 

@@ -1,14 +1,51 @@
 //! Each run file is decoded in exactly one function, in the module that owns
 //! its schema: this test reads the product sources of the workspace and fails
-//! on a second decoder (a `serde_json` call, or a stage's JSON helper, in a
-//! statement that names the file's type) anywhere else.
+//! on a second decoder anywhere else: a decoding call (`serde_json`, a
+//! stage's JSON helper, a lenient parse) in a statement that names the
+//! file's type or the constant of its object name.
 
 use std::path::{Path, PathBuf};
 
-/// A run file's schema type and the one source file allowed to decode it.
-const OWNERS: &[(&str, &str)] = &[
-    ("KeepMap", "runfiles/src/keepmap.rs"),
-    ("MergePlan", "runfiles/src/mergeplan.rs"),
+/// A run file: the one source file allowed to decode it, the types its
+/// bytes decode to, and the constants naming its object.
+struct RunFile {
+    owner: &'static str,
+    types: &'static [&'static str],
+    names: &'static [&'static str],
+}
+
+/// The five run files, and merge plans.
+const RUN_FILES: &[RunFile] = &[
+    RunFile {
+        owner: "runfiles/src/keepmap.rs",
+        types: &["KeepMap"],
+        names: &[],
+    },
+    RunFile {
+        owner: "runfiles/src/mergeplan.rs",
+        types: &["MergePlan"],
+        names: &[],
+    },
+    RunFile {
+        owner: "runfiles/src/saliency.rs",
+        types: &["Saliency", "SaliencyHead", "Lenient"],
+        names: &["SALIENCY_JSON"],
+    },
+    RunFile {
+        owner: "runfiles/src/corpus.rs",
+        types: &["CorpusIndex"],
+        names: &["INDEX_FILE"],
+    },
+    RunFile {
+        owner: "runfiles/src/eval_summary.rs",
+        types: &["EvalSummary"],
+        names: &["SUMMARY_JSON", "summary_json"],
+    },
+    RunFile {
+        owner: "runfiles/src/manifest.rs",
+        types: &["RunManifest", "Manifest"],
+        names: &["MANIFEST_JSON", "MANIFEST_FILE"],
+    },
 ];
 
 /// Calls that turn bytes or text into a typed value.
@@ -17,7 +54,9 @@ const DECODERS: &[&str] = &[
     "from_str",
     "from_reader",
     "from_value",
+    "from_json_bytes",
     "parse_json",
+    "lenient::parse",
 ];
 
 fn workspace() -> PathBuf {
@@ -53,9 +92,17 @@ fn product_sources(root: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The text before a file's unit tests (`#[cfg(test)]`).
+/// The text before a file's inline unit tests (`#[cfg(test)] mod tests {`)
+/// (`#[cfg(test)] mod tests;` declarations of test files do not end it).
 fn product_part(text: &str) -> &str {
-    text.find("#[cfg(test)]").map_or(text, |at| &text[..at])
+    let inline_tests = text.match_indices("#[cfg(test)]").find(|(at, tag)| {
+        let rest = text[at + tag.len()..].trim_start();
+        rest.strip_prefix("mod ").is_some_and(|m| {
+            let name_end = m.find(|c: char| !(c.is_alphanumeric() || c == '_'));
+            name_end.is_some_and(|end| m[end..].trim_start().starts_with('{'))
+        })
+    });
+    inline_tests.map_or(text, |(at, _)| &text[..at])
 }
 
 /// Whether `text` names `ty` as what is decoded: a turbofish or type
@@ -67,16 +114,31 @@ fn names_type(text: &str, ty: &str) -> bool {
         .any(|p| text.contains(p.as_str()))
 }
 
-/// The statements of `text` (split at `;`) that decode `ty` outside its
-/// owner: a decoder call naming the type, or the type's own `parse`.
-fn second_decoders(text: &str, ty: &str) -> Vec<String> {
+/// The statements of `text` (split at `;`) that decode `file` outside its
+/// owner: a decoder call naming one of its types or the constant of its
+/// object name, or a type's own `parse`.
+fn second_decoders(text: &str, file: &RunFile) -> Vec<String> {
     text.split(';')
         .filter(|st| {
-            (DECODERS.iter().any(|d| st.contains(d)) && names_type(st, ty))
-                || st.contains(&format!("{ty}::parse("))
+            let decodes = DECODERS.iter().any(|d| st.contains(d));
+            let names_file = file.types.iter().any(|ty| names_type(st, ty))
+                || file.names.iter().any(|n| names_constant(st, n));
+            (decodes && names_file)
+                || file
+                    .types
+                    .iter()
+                    .any(|ty| st.contains(&format!("{ty}::parse(")))
         })
         .map(|st| st.trim().lines().next().unwrap_or("").to_string())
         .collect()
+}
+
+/// Whether `text` names the constant `name` as a whole word
+/// (`names::SALIENCY_JSON`, `out.summary_json`, not `SALIENCY_JSON_V2`).
+fn names_constant(text: &str, name: &str) -> bool {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(name)
+        .any(|(at, _)| !text[..at].ends_with(word) && !text[at + name.len()..].starts_with(word))
 }
 
 #[test]
@@ -97,12 +159,12 @@ fn each_run_file_has_one_decoder() {
             .to_string_lossy()
             .replace('\\', "/");
         let text = std::fs::read_to_string(path).unwrap();
-        for (ty, owner) in OWNERS {
-            if rel == *owner {
+        for file in RUN_FILES {
+            if rel == file.owner {
                 continue;
             }
-            for st in second_decoders(product_part(&text), ty) {
-                found.push(format!("{rel}: decodes {ty} ({st})"));
+            for st in second_decoders(product_part(&text), file) {
+                found.push(format!("{rel}: decodes {} ({st})", file.owner));
             }
         }
     }
@@ -113,21 +175,54 @@ fn each_run_file_has_one_decoder() {
     );
 }
 
+/// The run file owned by `owner`.
+fn run_file(owner: &str) -> &'static RunFile {
+    RUN_FILES.iter().find(|f| f.owner.ends_with(owner)).unwrap()
+}
+
 #[test]
 fn the_scan_finds_a_second_decoder() {
+    let (keep, plan) = (run_file("keepmap.rs"), run_file("mergeplan.rs"));
     let bad = "fn f(b: &[u8]) {\n    let m: KeepMap = serde_json::from_slice(b).unwrap();\n}";
-    assert_eq!(second_decoders(bad, "KeepMap").len(), 1);
+    assert_eq!(second_decoders(bad, keep).len(), 1);
     let turbofish = "let m = serde_json::from_slice::<MergePlan>(b)?;";
-    assert_eq!(second_decoders(turbofish, "MergePlan").len(), 1);
+    assert_eq!(second_decoders(turbofish, plan).len(), 1);
     assert_eq!(
-        second_decoders("let p = MergePlan::parse(&b)?;", "MergePlan").len(),
+        second_decoders("let p = MergePlan::parse(&b)?;", plan).len(),
         1
     );
     let other = "let r = KeepMapRef::parse(arg); let x: Foo = serde_json::from_slice(b)?;";
-    assert!(second_decoders(other, "KeepMap").is_empty());
+    assert!(second_decoders(other, keep).is_empty());
     let params = "fn f(m: &KeepMap) -> u32 { serde_json::from_value(m.params.clone()).unwrap() }";
-    assert!(second_decoders(params, "KeepMap").is_empty());
+    assert!(second_decoders(params, keep).is_empty());
     let helper = "let m: KeepMap = StagesError::parse_json(&b, || url, \"a keep map\")?;";
-    assert_eq!(second_decoders(helper, "KeepMap").len(), 1);
+    assert_eq!(second_decoders(helper, keep).len(), 1);
     assert!(product_part("a\n#[cfg(test)]\nmod tests { KeepMap::parse( }").ends_with("a\n"));
+    let declared = "#[cfg(test)]\nmod testdata;\nfn f() {}\n#[cfg(test)]\nmod tests {}";
+    assert!(product_part(declared).ends_with("fn f() {}\n"));
+}
+
+#[test]
+fn the_scan_finds_a_decoder_by_the_object_it_reads() {
+    let saliency = run_file("saliency.rs");
+    let head = "let head = serde_json::from_slice::<SaliencyHead>(&b).map_err(|source| E {\n url: store.url_of(names::SALIENCY_JSON) })?;";
+    assert_eq!(second_decoders(head, saliency).len(), 1);
+    let untyped = "serde_json::from_slice(&bytes).map_err(|e| E(corpus.url_of(INDEX_FILE)))";
+    assert_eq!(second_decoders(untyped, run_file("corpus.rs")).len(), 1);
+    let helper =
+        "let s = StagesError::parse_json(&bytes, || store.url_of(names::SUMMARY_JSON), \"x\")?;";
+    assert_eq!(
+        second_decoders(helper, run_file("eval_summary.rs")).len(),
+        1
+    );
+    let lenient = "let parsed = lenient::parse(&bytes, &store.url_of(artifacts::SALIENCY_JSON))?;";
+    assert_eq!(second_decoders(lenient, saliency).len(), 1);
+    let write = "store.put(names::SALIENCY_JSON, s.to_json_bytes()).await?;";
+    assert!(second_decoders(write, saliency).is_empty());
+    assert!(names_constant(
+        "url_of(names::SALIENCY_JSON)",
+        "SALIENCY_JSON"
+    ));
+    assert!(!names_constant("SALIENCY_JSON_V2", "SALIENCY_JSON"));
+    assert!(!names_constant("MY_SUMMARY_JSON", "SUMMARY_JSON"));
 }

@@ -108,9 +108,6 @@ pub enum StagesError {
     /// The run's manifest could not be read.
     #[error(transparent)]
     Manifest(#[from] runfiles::manifest::ManifestError),
-    /// `saliency.json` could not be read, even leniently.
-    #[error(transparent)]
-    Saliency(#[from] numbers::saliency::lenient::LenientError),
     /// Stored statistics do not merge.
     #[error(transparent)]
     Merge(#[from] numbers::stats::MergeError),

@@ -2,8 +2,8 @@
 //! the run's keep maps (DESIGN section 12), sliced by [`slicer`].
 
 use crate::{During, StagesError};
-use runfiles::artifacts::names;
 use runfiles::keepmap::{KeepMap, KeepMapRef};
+use runfiles::layout;
 use runfiles::manifest::MANIFEST_FILE;
 use runfiles::store::RunStore;
 use slicer::{make_model_split, slice_imatrix, slice_model, Sliced};
@@ -180,7 +180,7 @@ pub async fn read_keep_map(store: &RunStore, arg: &str) -> Result<(String, KeepM
         problem,
     };
     if file {
-        let (s, _) = crate::score::load_saliency(store).await?;
+        let s = runfiles::saliency::read(store).await?.saliency;
         keep.check_fits(&s)
             .map_err(|e| bad(format!("does not fit the run's model: {e}")))?;
     }
@@ -225,7 +225,7 @@ pub async fn prune(args: &PruneRequest) -> Result<(), StagesError> {
         }
         None => {
             let bytes = store
-                .get(names::IMATRIX_GGUF)
+                .get(layout::IMATRIX_GGUF)
                 .await
                 .during("reading the run's importance matrix")?;
             let copy = scratch.path().join("run.imatrix.gguf");
@@ -243,7 +243,7 @@ pub async fn prune(args: &PruneRequest) -> Result<(), StagesError> {
                 StagesError::Slice {
                     input: match &args.imatrix {
                         Some(path) => path.display().to_string(),
-                        None => store.url_of(names::IMATRIX_GGUF),
+                        None => store.url_of(layout::IMATRIX_GGUF),
                     },
                     source,
                 }

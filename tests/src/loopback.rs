@@ -5,7 +5,7 @@
 use crate::fake_engine::FakeEngine;
 use config::run::{ClusterSettings, RunSettings};
 use protocol::wire::{Refusal, ToWorker};
-use runfiles::artifacts::names;
+use runfiles::layout;
 use runfiles::store::RunStore;
 use runtime::run::local::LocalWorkers;
 use runtime::run::{execute, Listening, RunError, RunSetup, RunSummary};
@@ -285,9 +285,9 @@ pub async fn objects(store: &RunStore, names: Vec<String>) -> Vec<(String, Vec<u
 /// when `traces` is set: what must not depend on how work was spread.
 pub async fn artifacts(store: &RunStore, traces: bool) -> Vec<(String, Vec<u8>)> {
     let mut names: Vec<String> = vec![
-        names::SALIENCY_JSON.into(),
-        names::SALIENCY_PARQUET.into(),
-        names::IMATRIX_GGUF.into(),
+        layout::SALIENCY_JSON.into(),
+        layout::SALIENCY_PARQUET.into(),
+        layout::IMATRIX_GGUF.into(),
     ];
     if traces {
         names.extend(store.list("trace").await.unwrap());

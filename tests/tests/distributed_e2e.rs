@@ -91,11 +91,7 @@ async fn one_and_three_real_workers_give_byte_identical_artifacts_with_device_re
             .await
             .unwrap();
         verify_ok(&s.store).await;
-        let merged = s
-            .store
-            .get(runfiles::artifacts::names::MERGED_PARTIAL)
-            .await
-            .unwrap();
+        let merged = s.store.get(runfiles::layout::MERGED_PARTIAL).await.unwrap();
         let partial = numbers::partial::Partial::from_bytes(&merged).unwrap();
         assert_eq!(
             partial.backends.len(),
@@ -254,8 +250,11 @@ fn image_setup(dir: &Path) -> RunSetup {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let index: runfiles::corpus::CorpusIndex =
-        serde_json::from_slice(&std::fs::read(run.join("corpus/index.json")).unwrap()).unwrap();
+    let index = runfiles::corpus::CorpusIndex::decode(
+        &std::fs::read(run.join("corpus/index.json")).unwrap(),
+        "corpus/index.json",
+    )
+    .unwrap();
     RunSetup {
         store: RunStore::open(run.to_str().unwrap()).unwrap(),
         index,
@@ -301,7 +300,7 @@ async fn worker_killed_mid_lease_on_images_loses_nothing() {
 /// leases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpointed_runs_give_the_artifacts_of_per_lease_runs() {
-    use runfiles::artifacts::names::{MERGED_PARTIAL, PARTIALS_DIR};
+    use runfiles::layout::{MERGED_PARTIAL, PARTIALS_DIR};
     let d = tempfile::tempdir().unwrap();
     let (model, per_lease) = reference(d.path()).await;
     for count in [1, 3] {

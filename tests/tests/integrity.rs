@@ -13,8 +13,8 @@ use numbers::partial::Partial;
 use numbers::stats::GroupKey;
 use numbers::{ChunkRange, Split};
 use protocol::wire::JobInfo;
-use runfiles::artifacts::names;
 use runfiles::corpus::{Chunk, CorpusIndex};
+use runfiles::layout;
 use runfiles::layout::PARTIALS;
 use runfiles::store::RunStore;
 use runfiles::trace::TraceRow;
@@ -301,7 +301,7 @@ async fn a_worker_fabricating_token_counts_is_refused_and_the_run_goes_on() {
     let reference = FakeEngine::new(FAKE_MODEL)
         .partial(&index, &chunks)
         .unwrap();
-    let merged = Partial::from_bytes(&s.store.get(names::MERGED_PARTIAL).await.unwrap()).unwrap();
+    let merged = Partial::from_bytes(&s.store.get(layout::MERGED_PARTIAL).await.unwrap()).unwrap();
     assert_eq!(merged.experts, reference.experts);
 }
 

@@ -252,7 +252,7 @@ async fn a_coordinator_stopped_by_an_error_leaves_its_workers_reconnecting() {
     let d = tempfile::tempdir().unwrap();
     let s = fake_setup(d.path(), 6);
     captured_log();
-    let partials = d.path().join(runfiles::artifacts::names::PARTIALS_DIR);
+    let partials = d.path().join(runfiles::layout::PARTIALS_DIR);
     let mut handles = Vec::new();
     let outcome = tokio::time::timeout(
         Duration::from_secs(60),

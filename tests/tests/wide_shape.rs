@@ -159,7 +159,7 @@ async fn replay_from_s3_reads_parts_by_range_and_matches_local_replay() {
         gguf::hash::sha256_hex(&protocol::wire::random_bytes(8))
     );
     let s3 = runfiles::store::RunStore::open(&prefix).unwrap();
-    let saliency = br#"{"n_expert": 128, "n_expert_used": 4}"#.to_vec();
+    let saliency = br#"{"n_expert": 128, "n_expert_used": 4, "gating": "softmax", "trace_tokens_written": 0, "nonfinite_drops": 0, "splits": {}}"#.to_vec();
     for store in [&local, &s3] {
         for p in 0..3u32 {
             let mut rows = synthetic_rows(6, 512, 2 * p);

@@ -11,12 +11,7 @@ use runfiles::store::RunStore;
 pub async fn open_corpus(location: &str) -> Result<(RunStore, CorpusIndex), WorkerError> {
     let root = RunStore::open(location)?;
     for store in [root.clone(), root.child("corpus")] {
-        if let Some(bytes) = store.get_opt(INDEX_FILE).await? {
-            let index: CorpusIndex =
-                serde_json::from_slice(&bytes).map_err(|source| WorkerError::CorpusIndex {
-                    url: store.url_of(INDEX_FILE),
-                    source,
-                })?;
+        if let Some(index) = CorpusIndex::read_opt(&store).await? {
             return Ok((store, index));
         }
     }

@@ -113,15 +113,10 @@ pub enum WorkerError {
         /// Why it could not be read.
         error: std::env::VarError,
     },
-    /// A corpus index is not valid JSON of the index's shape.
-    #[error("{url} is not a corpus index")]
-    CorpusIndex {
-        /// URL of the index.
-        url: String,
-        /// The parse error.
-        #[source]
-        source: serde_json::Error,
-    },
+    /// A run file (the corpus index) could not be read or is not valid;
+    /// the error names it.
+    #[error(transparent)]
+    File(#[from] runfiles::file_error::FileError),
     /// A file of the corpus (its chunks) is unusable.
     #[error("{url}: {reason}")]
     CorpusFile {

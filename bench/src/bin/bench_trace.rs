@@ -86,7 +86,14 @@ fn main() -> anyhow::Result<()> {
         bytes += part.len();
         rt.block_on(store.put(&format!("trace/part-{p:05}.parquet"), part))?;
     }
-    let saliency = serde_json::json!({ "n_expert": shape.n_expert, "n_expert_used": shape.k });
+    let saliency = serde_json::json!({
+        "n_expert": shape.n_expert,
+        "n_expert_used": shape.k,
+        "gating": "softmax",
+        "trace_tokens_written": 0,
+        "nonfinite_drops": 0,
+        "splits": {},
+    });
     rt.block_on(store.put("saliency.json", saliency.to_string()))?;
     let tokens = parts * args.part_tokens;
     println!(

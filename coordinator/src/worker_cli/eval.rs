@@ -5,7 +5,6 @@
 use super::chunk_job::ChunkJobArgs;
 use numbers::eval::{EvalSummary, ModelsInMemory};
 use numbers::Splits;
-use runfiles::layout::eval as names;
 use runfiles::store::RunStore;
 use std::path::PathBuf;
 use worker::eval::{candidates, Compare, EvalOptions, Evaluator, KEPT_ROWS_MEMORY};
@@ -103,8 +102,7 @@ pub fn run(a: EvalArgs) -> Result<(), WorkerError> {
             partial.to_bytes(),
         )
         .await?;
-        out.put(names::SUMMARY_JSON, summary.to_json_bytes())
-            .await?;
+        runfiles::eval_summary::replace(&out, &runfiles::layout::EVAL, &summary).await?;
         Ok::<_, WorkerError>(())
     })?;
     println!(

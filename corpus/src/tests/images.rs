@@ -218,7 +218,7 @@ async fn image_spans_are_mtmd_positions_never_cut_and_count_as_tokens() {
         .await
         .unwrap();
     assert!(!first.reused);
-    let corpus = store.child(runfiles::artifacts::names::CORPUS_DIR);
+    let corpus = store.child(runfiles::layout::CORPUS_DIR);
     let table = corpus.get(CHUNKS_FILE).await.unwrap();
     assert_eq!(read_chunks(table, None).unwrap(), p.chunks);
     for r in &records {

@@ -38,7 +38,7 @@ pub async fn write(
     let table = parquet_table(&summary)
         .map_err(|e| EvalRunError::Setup(format!("encoding {}: {e}", out.summary_parquet)))?;
     store.put(out.summary_parquet, table).await?;
-    store.put(out.summary_json, summary.to_json_bytes()).await?;
+    runfiles::eval_summary::write(store, out, &summary).await?;
     Ok(summary)
 }
 

@@ -138,9 +138,10 @@ pub async fn job(
     let splits = settings.split.splits();
     let base_sha256 = check_base(store, base).await?;
     let names = if settings.needs_shape() {
-        let (saliency, _) = stages::score::load_saliency(store)
+        let saliency = runfiles::saliency::read(store)
             .await
-            .during("resolving keep-map sizes")?;
+            .during("resolving keep-map sizes")?
+            .saliency;
         settings
             .candidate_names(&config::eval::KeepShape::of(&saliency))
             .map_err(EvalRunError::Setup)?

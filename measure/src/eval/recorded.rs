@@ -166,7 +166,7 @@ async fn own_differences(
         names.dedup();
         Ok(names)
     };
-    let (saliency, _) = stages::score::load_saliency(store).await?;
+    let saliency = runfiles::saliency::read(store).await?.saliency;
     let shape = config::eval::KeepShape::of(&saliency);
     d.check("--keep-maps", names(settings, &shape)?, names(own, &shape)?);
     d.check("--split", settings.split, own.split);

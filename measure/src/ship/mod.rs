@@ -32,7 +32,7 @@ use card::ModelCard;
 use files::{OutDir, Placed};
 use gguf::quant::{check_requantize, QuantType};
 use gguf::split::open_joined;
-use runfiles::artifacts::names;
+use runfiles::layout;
 use runfiles::store::RunStore;
 use runtime::run::local::worker_binary;
 use slicer::{installed_codec, make_model, merge_imatrix, merge_model, slice_imatrix};
@@ -155,7 +155,7 @@ pub async fn ship(
         return Err(ShipError::BaseUnquantised.into());
     }
     let imatrix = store
-        .get(names::IMATRIX_GGUF)
+        .get(layout::IMATRIX_GGUF)
         .await
         .during("reading the run's importance matrix")?;
     let base = stages::prune::base_model(store, request.model.as_deref()).await?;
@@ -260,12 +260,12 @@ fn make<'a>(
     };
     // Under its own name (which a quantised file records, as eval's
     // workers do), in a folder clear of the candidates' files.
-    let run_imatrix = ship.out.scratch("run").join(names::IMATRIX_GGUF);
+    let run_imatrix = ship.out.scratch("run").join(layout::IMATRIX_GGUF);
     std::fs::create_dir_all(ship.out.scratch("run"))
         .and_then(|()| std::fs::write(&run_imatrix, imatrix))
         .map_err(StagesError::io("writing", &run_imatrix))?;
     let run_imatrix_ref = card::FileRef {
-        file: names::IMATRIX_GGUF.to_string(),
+        file: layout::IMATRIX_GGUF.to_string(),
         sha256: gguf::hash::sha256_hex(imatrix),
     };
     let mut shipped = Vec::new();

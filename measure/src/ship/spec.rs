@@ -83,7 +83,9 @@ pub async fn resolve_pareto(
             names.iter().filter(|n| *n != PARETO).collect::<Vec<_>>()
         )));
     }
-    let summary = stages::report::eval::load(store).await?.ok_or_else(|| {
+    let summary = runfiles::eval_summary::read_opt(store, &runfiles::layout::EVAL)
+        .await?
+        .ok_or_else(|| {
         refuse(format!(
             "{PARETO} ships the Pareto front of the run's evaluation, and {} does not exist (run `coordinator eval` first)",
             store.url_of(runfiles::layout::eval::SUMMARY_JSON)

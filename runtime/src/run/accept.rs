@@ -42,8 +42,8 @@ use numbers::partial_check::{check_header_values, Budget, ImatrixSums};
 use numbers::peer_text::{peer_text, summarise};
 use numbers::stats::{GroupKey, MoeShape};
 use numbers::{ChunkRange, Modality, Split};
-use runfiles::artifacts::names::trace_part;
 use runfiles::corpus::{Chunk, CorpusIndex};
+use runfiles::layout::trace_part;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 

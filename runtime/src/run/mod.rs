@@ -42,8 +42,10 @@ use crew::OnListen;
 use join_hint::JoinHint;
 use local::SECRET_ENV;
 use protocol::secret::JoinSecret;
-use runfiles::artifacts::{names, write_results};
-use runfiles::corpus::{CorpusIndex, INDEX_FILE};
+use runfiles::artifacts::write_results;
+use runfiles::corpus::CorpusIndex;
+use runfiles::file_error::FileError;
+use runfiles::layout;
 use runfiles::store::{RunStore, StoreError};
 use runner::{lease_all, locked, LeaseFigures, Leasing};
 use sched::plan;
@@ -218,7 +220,7 @@ pub async fn execute_locked(setup: &RunSetup, crew: &mut Crew<'_>) -> Result<Run
         .merged
         .ok_or_else(|| RunError::Setup("the corpus has no chunks".into()))?;
     store
-        .put_parts(names::MERGED_PARTIAL, merged.to_parts())
+        .put_parts(layout::MERGED_PARTIAL, merged.to_parts())
         .await?;
     let saliency = write_results(store, &merged).await?;
     summary.fit_tokens = saliency
@@ -407,14 +409,12 @@ pub async fn mark_finished(
 
 /// Reads `corpus/index.json` of a run.
 pub async fn read_index(store: &RunStore) -> Result<CorpusIndex, RunError> {
-    let corpus = store.child(names::CORPUS_DIR);
-    let bytes = corpus.get(INDEX_FILE).await?;
-    serde_json::from_slice(&bytes).map_err(|e| {
-        RunError::Setup(format!(
-            "{} is not a corpus index: {e}",
-            corpus.url_of(INDEX_FILE)
-        ))
-    })
+    CorpusIndex::read(&store.child(layout::CORPUS_DIR))
+        .await
+        .map_err(|e| match e {
+            FileError::Store(e) => e.into(),
+            e => RunError::Setup(e.to_string()),
+        })
 }
 
 #[cfg(test)]

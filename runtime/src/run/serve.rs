@@ -8,7 +8,7 @@ use crate::lease::{AddendOf, LeaseKind};
 use crate::net::hub::{Delivery, Hub};
 use config::run::{ClusterSettings, RunSettings};
 use protocol::wire::{Checkpoint, JobInfo, JobOptions};
-use runfiles::artifacts::names::CORPUS_DIR;
+use runfiles::layout::CORPUS_DIR;
 use runfiles::layout::STAGING_DIR;
 use runfiles::store::{RunStore, StoreError};
 use sched::{SampleSalt, SchedConfig};

@@ -12,43 +12,21 @@ use numbers::eval::choice;
 use numbers::eval::summary::CandidateSummary;
 use numbers::eval::{EvalSummary, Figures};
 use numbers::Split;
+use runfiles::eval_summary;
 use runfiles::layout::eval as names;
 use runfiles::store::RunStore;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-/// `ship/eval/summary.json`: the figures of the shipped files.
-const SHIP_SUMMARY: &str = runfiles::layout::SHIP_EVAL.summary_json;
-
 /// Object names of the plots of held-out KL against K (pooled, and in the
 /// domains that bind the budget).
 pub use runfiles::layout::eval::{KL_BINDING_PLOT, KL_PLOT};
-
-/// `eval/summary.json` of a run, if an evaluation finished there.
-pub async fn load(store: &RunStore) -> Result<Option<EvalSummary>, StagesError> {
-    let Some(bytes) = store.get_opt(names::SUMMARY_JSON).await? else {
-        return Ok(None);
-    };
-    let s = StagesError::parse_json(
-        &bytes,
-        || store.url_of(names::SUMMARY_JSON),
-        "an eval summary",
-    )?;
-    Ok(Some(s))
-}
 
 /// The size-versus-KL section: the evaluated candidates' sliced files and,
 /// when `coordinator ship` evaluated its files (`ship/eval/summary.json`),
 /// the shipped files (quantised ones among them), on one Pareto front.
 async fn sizes(store: &RunStore, s: &EvalSummary) -> Result<String, StagesError> {
-    let shipped: Option<EvalSummary> = match store.get_opt(SHIP_SUMMARY).await? {
-        None => None,
-        Some(bytes) => Some(StagesError::parse_json(
-            &bytes,
-            || store.url_of(SHIP_SUMMARY),
-            "an eval summary",
-        )?),
-    };
+    let shipped = eval_summary::read_opt(store, &runfiles::layout::SHIP_EVAL).await?;
     let split = choice::basis(s);
     let mut points = size_points(s, "eval", split);
     if let Some(ship) = &shipped {
@@ -147,7 +125,7 @@ pub async fn section(
     md: &mut String,
 ) -> Result<Vec<String>, StagesError> {
     md.push_str("## Pruned candidates against the base model\n\n");
-    let Some(s) = load(store).await? else {
+    let Some(s) = eval_summary::read_opt(store, &runfiles::layout::EVAL).await? else {
         let hint = "run `coordinator eval RUN --keep-maps ...` to compare pruned models with the base model";
         super::not_shown(md, store, names::SUMMARY_JSON, hint);
         return Ok(Vec::new());

@@ -27,7 +27,7 @@ pub async fn slot_tables(store: &RunStore) -> Result<Result<Vec<MapTable>, Strin
     if !store.exists(score::outputs::REPORT_JSON).await? {
         return Ok(Ok(Vec::new()));
     }
-    let (_, sha) = score::load_saliency(store).await?;
+    let sha = runfiles::saliency::read(store).await?.sha256;
     Ok(score::stored_report(store, &sha).await?.map(|r| r.tables))
 }
 

@@ -39,7 +39,7 @@ use ::replay::ReplayReport;
 use numbers::peer_text::table_cell;
 use numbers::Split;
 use plots::Series;
-use runfiles::artifacts::names;
+use runfiles::layout;
 use runfiles::store::RunStore;
 use std::fmt::Write;
 
@@ -59,12 +59,12 @@ pub struct ReportOutput {
 
 /// `replay/results.json`, when `replay` has run.
 async fn replay_results(store: &RunStore) -> Result<Option<ReplayReport>, StagesError> {
-    let Some(bytes) = store.get_opt(names::REPLAY_RESULTS_JSON).await? else {
+    let Some(bytes) = store.get_opt(layout::REPLAY_RESULTS_JSON).await? else {
         return Ok(None);
     };
     Ok(Some(ReplayReport::from_json(
         &bytes,
-        &store.url_of(names::REPLAY_RESULTS_JSON),
+        &store.url_of(layout::REPLAY_RESULTS_JSON),
     )?))
 }
 
@@ -98,10 +98,13 @@ pub async fn report_verified(
     store: &RunStore,
     verified: &VerifyReport,
 ) -> Result<ReportOutput, StagesError> {
-    let (s, sha) = score::load_saliency(store).await?;
+    let runfiles::saliency::SaliencyFile {
+        saliency: s,
+        sha256: sha,
+    } = runfiles::saliency::read(store).await?;
     let scored = score::stored_report(store, &sha).await?;
     let mut out = ReportOutput {
-        markdown: names::REPORT_MD.to_string(),
+        markdown: layout::REPORT_MD.to_string(),
         plots: Vec::new(),
         verified: verified.ok(),
         missing: Vec::new(),
@@ -114,7 +117,7 @@ pub async fn report_verified(
     match &scored {
         Ok(scored) => {
             for &k in &scored.ks {
-                let name = format!("{}/slot_replacement_K{k}.png", names::REPORT_DIR);
+                let name = format!("{}/slot_replacement_K{k}.png", layout::REPORT_DIR);
                 let png = plots::line_chart(
                     &format!("Top-k slot replacement per layer, K={k}"),
                     "layer",
@@ -165,7 +168,7 @@ pub async fn report_verified(
                 "REAP score (`reap_l2_sum / count`, the mean of gate weight x output norm over routed tokens) per expert and layer; white: never routed.",
             ),
         ] {
-            let object = format!("{}/{name}.png", names::REPORT_DIR);
+            let object = format!("{}/{name}.png", layout::REPORT_DIR);
             store.put(&object, plots::heatmap(title, unit, rows)?).await?;
             let _ = writeln!(md, "{text}\n\n![{}]({name}.png)\n", name.replace('_', " "));
             out.plots.push(object);
@@ -207,7 +210,7 @@ pub async fn report_verified(
             out.missing.push(missing);
         }
     }
-    store.put(names::REPORT_MD, md).await?;
+    store.put(layout::REPORT_MD, md).await?;
     Ok(out)
 }
 
@@ -228,11 +231,11 @@ async fn replay_section(
     md.push_str("## Cache replay\n\n");
     let Some(results) = replay_results(store).await? else {
         let hint = "run `coordinator replay` for miss-rate curves";
-        let missing = not_shown(md, store, names::REPLAY_RESULTS_JSON, hint);
+        let missing = not_shown(md, store, layout::REPLAY_RESULTS_JSON, hint);
         out.missing.push(missing);
         return Ok(());
     };
-    if store.exists(names::REPLAY_REPORT_MD).await? {
+    if store.exists(layout::REPLAY_REPORT_MD).await? {
         md.push_str("Full replay tables: [replay/report.md](../replay/report.md).\n\n");
     }
     let rates = replay::miss_rates(&results);
@@ -249,7 +252,7 @@ async fn replay_section(
          [miss_rate.json](miss_rate.json).\n\n",
     );
     for figure in &rates.figures {
-        let name = format!("{}/{}", names::REPORT_DIR, figure.png);
+        let name = format!("{}/{}", layout::REPORT_DIR, figure.png);
         store.put(&name, replay::draw(figure)?).await?;
         let _ = writeln!(
             md,
@@ -261,10 +264,10 @@ async fn replay_section(
         );
         out.plots.push(name);
     }
-    let json = StagesError::encode_json(names::REPORT_MISS_RATES_JSON, &rates)?;
-    store.put(names::REPORT_MISS_RATES_JSON, json).await?;
+    let json = StagesError::encode_json(layout::REPORT_MISS_RATES_JSON, &rates)?;
+    store.put(layout::REPORT_MISS_RATES_JSON, json).await?;
     if let Some(png) = prefetch::draw(&results)? {
-        let name = format!("{}/prefetch.png", names::REPORT_DIR);
+        let name = format!("{}/prefetch.png", layout::REPORT_DIR);
         store.put(&name, png).await?;
         md.push_str(
             "### Prefetch

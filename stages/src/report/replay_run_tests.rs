@@ -74,7 +74,7 @@ fn write_run(dir: &std::path::Path) {
     );
     std::fs::write(
         dir.join("saliency.json"),
-        br#"{"n_expert": 4, "n_expert_used": 1}"#,
+        br#"{"n_expert": 4, "n_expert_used": 1, "gating": "softmax", "trace_tokens_written": 0, "nonfinite_drops": 0, "splits": {}}"#,
     )
     .unwrap();
     std::fs::create_dir_all(dir.join("keep_maps")).unwrap();

@@ -65,7 +65,7 @@ fn replay_results(points: &[(usize, f64)]) -> ReplayReport {
 }
 
 async fn markdown(store: &RunStore) -> String {
-    String::from_utf8(store.get(names::REPORT_MD).await.unwrap().to_vec()).unwrap()
+    String::from_utf8(store.get(layout::REPORT_MD).await.unwrap().to_vec()).unwrap()
 }
 
 #[tokio::test]
@@ -85,7 +85,7 @@ async fn report_renders_markdown_and_non_blank_plots() {
         ],
     );
     store
-        .put(names::SALIENCY_JSON, s.to_json_bytes())
+        .put(layout::SALIENCY_JSON, s.to_json_bytes())
         .await
         .unwrap();
     crate::score::score(&store, &crate::score::ScoreOptions::default())
@@ -93,7 +93,7 @@ async fn report_renders_markdown_and_non_blank_plots() {
         .unwrap();
     let replay = replay_results(&[(2, 0.2), (4, 0.5), (8, 0.8)]);
     store
-        .put(names::REPLAY_RESULTS_JSON, replay.json_bytes())
+        .put(layout::REPLAY_RESULTS_JSON, replay.json_bytes())
         .await
         .unwrap();
     let out = report(&store).await.unwrap();
@@ -128,7 +128,7 @@ async fn report_renders_markdown_and_non_blank_plots() {
         assert!(md.contains(needle), "report lacks {needle:?}:\n{md}");
     }
     // Without replay results the report says so and skips that plot.
-    store.delete(names::REPLAY_RESULTS_JSON).await.unwrap();
+    store.delete(layout::REPLAY_RESULTS_JSON).await.unwrap();
     let again = report(&store).await.unwrap();
     assert_eq!(again.plots.len(), 5);
     assert_eq!(again.missing.len(), 1, "{:?}", again.missing);
@@ -154,7 +154,7 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
             "report/expert_reap.png".to_string()
         ]
     );
-    assert!(store.list(names::KEEP_MAPS_DIR).await.unwrap().is_empty());
+    assert!(store.list(layout::KEEP_MAPS_DIR).await.unwrap().is_empty());
     assert!(!store
         .exists(crate::score::outputs::REPORT_JSON)
         .await
@@ -170,7 +170,7 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
         .await
         .unwrap();
     assert!(!slots().await.unwrap().unwrap().is_empty());
-    let maps = store.list(names::KEEP_MAPS_DIR).await.unwrap();
+    let maps = store.list(layout::KEEP_MAPS_DIR).await.unwrap();
     let before: Vec<_> = read_all(&store, &maps).await;
     let changed = saliency(2, vec![audit_layer(1), audit_layer(5)]);
     report_over(&store, &changed, &["computed from another saliency.json"]).await;
@@ -180,7 +180,7 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
         "{stale}"
     );
     assert_eq!(read_all(&store, &maps).await, before);
-    assert_eq!(store.list(names::KEEP_MAPS_DIR).await.unwrap(), maps);
+    assert_eq!(store.list(layout::KEEP_MAPS_DIR).await.unwrap(), maps);
 }
 
 /// The report of `store` with `s` as its `saliency.json`, asserting that one
@@ -191,7 +191,7 @@ async fn report_over(
     needles: &[&str],
 ) -> ReportOutput {
     store
-        .put(names::SALIENCY_JSON, s.to_json_bytes())
+        .put(layout::SALIENCY_JSON, s.to_json_bytes())
         .await
         .unwrap();
     let out = report(store).await.unwrap();
@@ -278,11 +278,11 @@ async fn report_of(results: &ReplayReport) -> (tempfile::TempDir, RunStore, Repo
     let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
     let s = saliency(2, vec![audit_layer(1), audit_layer(3)]);
     store
-        .put(names::SALIENCY_JSON, s.to_json_bytes())
+        .put(layout::SALIENCY_JSON, s.to_json_bytes())
         .await
         .unwrap();
     store
-        .put(names::REPLAY_RESULTS_JSON, results.json_bytes())
+        .put(layout::REPLAY_RESULTS_JSON, results.json_bytes())
         .await
         .unwrap();
     let out = report(&store).await.unwrap();
@@ -306,7 +306,7 @@ async fn every_miss_rate_curve_is_drawn_in_one_figure_per_keep_map() {
     let results = many_curves(&Policy::ALL);
     assert_eq!(results.rows.len(), 3 * 2 * 3 * Policy::ALL.len() * 3);
     let (_dir, store, out) = report_of(&results).await;
-    let stored = store.get(names::REPORT_MISS_RATES_JSON).await.unwrap();
+    let stored = store.get(layout::REPORT_MISS_RATES_JSON).await.unwrap();
     let rates: replay::MissRates = serde_json::from_slice(&stored).unwrap();
     // One figure per keep map, each with 2 splits x 3 (trace, mode) panels
     // on a 3 x 2 grid, and one legend entry per policy.
@@ -416,7 +416,7 @@ async fn every_miss_rate_curve_is_drawn_in_one_figure_per_keep_map() {
 async fn the_miss_rate_legend_names_only_the_policies_replayed() {
     let results = many_curves(&[Policy::Lru, Policy::Belady]);
     let (_dir, store, out) = report_of(&results).await;
-    let stored = store.get(names::REPORT_MISS_RATES_JSON).await.unwrap();
+    let stored = store.get(layout::REPORT_MISS_RATES_JSON).await.unwrap();
     let rates: replay::MissRates = serde_json::from_slice(&stored).unwrap();
     assert_eq!(rates.figures.len(), 3);
     for f in &rates.figures {

@@ -32,9 +32,9 @@ use numbers::partial::Partial;
 use numbers::saliency::Saliency;
 use numbers::stats::ChunkStats;
 use numbers::Split;
-use runfiles::artifacts::names;
 use runfiles::corpus::{Chunk, CHUNKS_FILE};
 use runfiles::keepmap::KeepMap;
+use runfiles::layout;
 use runfiles::mergeplan::MergePlan;
 use runfiles::store::RunStore;
 use serde::{Deserialize, Serialize};
@@ -351,17 +351,6 @@ pub async fn stored_report(
     Ok(Ok(stored))
 }
 
-/// Reads and parses `saliency.json`, returning its bytes' SHA-256 too.
-pub async fn load_saliency(store: &RunStore) -> Result<(Saliency, String), StagesError> {
-    let bytes = store.get(names::SALIENCY_JSON).await?;
-    let s = Saliency::from_json_bytes(&bytes).map_err(|source| StagesError::Json {
-        what: store.url_of(names::SALIENCY_JSON),
-        expected: "a valid saliency file",
-        source,
-    })?;
-    Ok((s, gguf::hash::sha256_hex(&bytes)))
-}
-
 /// The source's layers of `s` under `p`, with the super experts marked
 /// when the guard is on.
 pub fn scored_layers(s: &Saliency, p: &ScoreParams) -> Result<Vec<LayerInput>, StagesError> {
@@ -413,7 +402,10 @@ pub async fn score_into(
     out: &RunStore,
     opts: &ScoreOptions,
 ) -> Result<ScoreReport, StagesError> {
-    let (s, sha) = load_saliency(store).await?;
+    let runfiles::saliency::SaliencyFile {
+        saliency: s,
+        sha256: sha,
+    } = runfiles::saliency::read(store).await?;
     let p = opts.params()?;
     let ks = opts.ks(&s)?;
     let mut methods = opts.methods.clone();
@@ -462,7 +454,7 @@ pub async fn score_into(
         (None, true) => Some(format!(
             "merge plans use the router's similarity: {} holds no projected expert outputs \
              (collected with `[run] merge_projection = 0`, or before partial format 9)",
-            names::MERGED_PARTIAL
+            layout::MERGED_PARTIAL
         )),
         (None, false) => None,
     };
@@ -523,12 +515,12 @@ async fn load_output_means(
     store: &RunStore,
     s: &Saliency,
 ) -> Result<Option<merge::OutputMeans>, StagesError> {
-    let Some(bytes) = store.get_opt(names::MERGED_PARTIAL).await? else {
+    let Some(bytes) = store.get_opt(layout::MERGED_PARTIAL).await? else {
         return Ok(None);
     };
     let packed =
         numbers::partial::PackedPartial::parse(bytes).map_err(|problem| StagesError::Artifact {
-            url: store.url_of(names::MERGED_PARTIAL),
+            url: store.url_of(layout::MERGED_PARTIAL),
             problem,
         })?;
     let p = packed.header();
@@ -539,7 +531,7 @@ async fn load_output_means(
         .experts
         .split_total(numbers::Split::Fit)
         .map_err(|e| StagesError::Artifact {
-            url: store.url_of(names::MERGED_PARTIAL),
+            url: store.url_of(layout::MERGED_PARTIAL),
             problem: e.to_string(),
         })?;
     let counts: Vec<Vec<u64>> = fit
@@ -674,10 +666,10 @@ async fn read_traces(
 /// The fit split's per-chunk statistics: from `partials/merged.bin`, else
 /// from every other partial (first copy of a chunk wins).
 pub async fn load_chunk_stats(store: &RunStore) -> Result<Vec<ChunkStats>, StagesError> {
-    let names = match store.get_opt(names::MERGED_PARTIAL).await? {
-        Some(_) => vec![names::MERGED_PARTIAL.to_string()],
+    let names = match store.get_opt(layout::MERGED_PARTIAL).await? {
+        Some(_) => vec![layout::MERGED_PARTIAL.to_string()],
         None => store
-            .list(names::PARTIALS_DIR)
+            .list(layout::PARTIALS_DIR)
             .await?
             .into_iter()
             .filter(|n| n.ends_with(".bin"))
@@ -814,7 +806,7 @@ pub async fn score_request(
     mut request: ScoreRequest,
 ) -> Result<(ScoreReport, RunStore), StagesError> {
     let out = crate::own::explore_output(store, request.out.as_deref())?;
-    let (s, _) = load_saliency(store).await?;
+    let s = runfiles::saliency::read(store).await?.saliency;
     let own = match crate::own::recorded_config(store).await? {
         Some(config) => run_options(&config, &s),
         None => ScoreOptions::default(),

@@ -176,7 +176,7 @@ fn keep_maps_are_nested_across_k_and_cite_their_recipe() {
 async fn write_run(dir: &std::path::Path, s: &numbers::saliency::Saliency) -> RunStore {
     let store = RunStore::open(dir.to_str().unwrap()).unwrap();
     store
-        .put(names::SALIENCY_JSON, s.to_json_bytes())
+        .put(layout::SALIENCY_JSON, s.to_json_bytes())
         .await
         .unwrap();
     store
@@ -287,7 +287,7 @@ async fn score_screens_traces_per_split_and_bootstraps_chunks() {
         ..testdata::empty_partial()
     };
     store
-        .put(names::MERGED_PARTIAL, partial.to_bytes())
+        .put(layout::MERGED_PARTIAL, partial.to_bytes())
         .await
         .unwrap();
     // Chunk 0 holds fit group 7 and held-out group 3, chunk 1 more of

@@ -12,11 +12,11 @@ pub mod stats;
 
 use crate::StagesError;
 use numbers::partial::Partial;
-use numbers::saliency::{lenient, Saliency};
+use numbers::saliency::Saliency;
 use numbers::Split;
-use runfiles::artifacts::names as artifacts;
 use runfiles::file_error::FileError;
 use runfiles::keepmap::KeepMap;
+use runfiles::layout;
 use runfiles::mergeplan::MergePlan;
 use runfiles::store::RunStore;
 use serde::{Deserialize, Serialize};
@@ -233,7 +233,7 @@ pub async fn load_keep_maps(
 ) -> Result<(Vec<(String, KeepMap)>, Vec<String>), StagesError> {
     let (mut maps, mut refused) = (Vec::new(), Vec::new());
     for object in store
-        .list(runfiles::artifacts::names::KEEP_MAPS_DIR)
+        .list(runfiles::layout::KEEP_MAPS_DIR)
         .await?
         .into_iter()
         .filter(|n| n.ends_with(".json"))
@@ -280,10 +280,10 @@ async fn partials_checks(
 ) -> Result<[Check; 2], StagesError> {
     let records = runfiles::manifest::read_or_default(store).await?.partials;
     let parts: Vec<String> = store
-        .list(runfiles::artifacts::names::PARTIALS_DIR)
+        .list(runfiles::layout::PARTIALS_DIR)
         .await?
         .into_iter()
-        .filter(|n| n.ends_with(".bin") && n != artifacts::MERGED_PARTIAL)
+        .filter(|n| n.ends_with(".bin") && n != layout::MERGED_PARTIAL)
         .collect();
     let mut changed = Vec::new();
     let mut unrecorded = Vec::new();
@@ -379,7 +379,7 @@ async fn partials_checks(
 /// The importance-matrix checks of the run's `imatrix.gguf`, against its
 /// model (the manifest's `model_path`) when that file is readable here.
 async fn imatrix_checks(store: &RunStore, s: &Saliency) -> Result<Vec<Check>, StagesError> {
-    let bytes = store.get_opt(artifacts::IMATRIX_GGUF).await?;
+    let bytes = store.get_opt(layout::IMATRIX_GGUF).await?;
     let model = runfiles::manifest::read_or_default(store).await?.model_path;
     let (weights, note) = match &model {
         None => (
@@ -391,7 +391,7 @@ async fn imatrix_checks(store: &RunStore, s: &Saliency) -> Result<Vec<Check>, St
             Err(e) => (None, format!("names not checked against the model: {e}")),
         },
     };
-    let url = store.url_of(artifacts::IMATRIX_GGUF);
+    let url = store.url_of(layout::IMATRIX_GGUF);
     Ok(imatrix::check_imatrix(
         bytes.as_deref(),
         &url,
@@ -403,8 +403,7 @@ async fn imatrix_checks(store: &RunStore, s: &Saliency) -> Result<Vec<Check>, St
 
 /// Runs every check on a run's stored artifacts.
 pub async fn verify(store: &RunStore) -> Result<VerifyReport, StagesError> {
-    let bytes = store.get(artifacts::SALIENCY_JSON).await?;
-    let parsed = lenient::parse(&bytes, &store.url_of(artifacts::SALIENCY_JSON))?;
+    let (parsed, bytes) = runfiles::saliency::read_lenient(store).await?;
     let s = &parsed.saliency;
     let sha = gguf::hash::sha256_hex(&bytes);
     let mut checks = stats::check_saliency(s, &parsed.nonfinite);

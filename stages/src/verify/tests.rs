@@ -13,7 +13,7 @@ fn good() -> Saliency {
 async fn run_with(bytes: Vec<u8>) -> (tempfile::TempDir, RunStore) {
     let dir = tempfile::tempdir().unwrap();
     let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
-    store.put(artifacts::SALIENCY_JSON, bytes).await.unwrap();
+    store.put(layout::SALIENCY_JSON, bytes).await.unwrap();
     (dir, store)
 }
 
@@ -266,7 +266,7 @@ async fn reverse_order_re_merge_of_partials_is_compared_bitwise() {
     assert_eq!(r.check(names::BITWISE).unwrap().status, Status::Pass);
     let mut tampered = bytes;
     tampered.push(b'\n');
-    store.put(artifacts::SALIENCY_JSON, tampered).await.unwrap();
+    store.put(layout::SALIENCY_JSON, tampered).await.unwrap();
     let r = verify(&store).await.unwrap();
     assert_eq!(failed(&r), vec![names::BITWISE], "{r}");
 }
@@ -337,7 +337,7 @@ async fn imatrix_run(
         .await
         .unwrap();
     store
-        .put(artifacts::IMATRIX_GGUF, im.to_gguf(&["d".into()]))
+        .put(layout::IMATRIX_GGUF, im.to_gguf(&["d".into()]))
         .await
         .unwrap();
     (dir, store)

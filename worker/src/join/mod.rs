@@ -32,7 +32,8 @@ use protocol::wire::{
     Refusal, Task, ToCoordinator, ToWorker, WireError, WorkerState, MAX_CONTROL_FRAME,
     PROTOCOL_VERSION, RUN_FINISHED,
 };
-use runfiles::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE, INDEX_FILE};
+use runfiles::corpus::{read_chunks, Chunk, CorpusIndex, CHUNKS_FILE};
+use runfiles::file_error::FileError;
 use runfiles::store::RunStore;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -761,12 +762,9 @@ struct Corpus {
 impl Corpus {
     async fn open(job: &JobInfo) -> Result<Corpus, JoinError> {
         let store = RunStore::open(&job.corpus_url)?;
-        let index_bytes = store.get(INDEX_FILE).await?;
-        let index: CorpusIndex = serde_json::from_slice(&index_bytes).map_err(|e| {
-            JoinError::Engine(format!(
-                "{} is not a corpus index: {e}",
-                store.url_of(INDEX_FILE)
-            ))
+        let index = CorpusIndex::read(&store).await.map_err(|e| match e {
+            FileError::Store(e) => e.into(),
+            e => JoinError::Engine(e.to_string()),
         })?;
         let table = store.get(CHUNKS_FILE).await?;
         Ok(Corpus {

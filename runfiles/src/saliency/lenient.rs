@@ -3,7 +3,7 @@
 //! one would not parse. Here each such value is recorded by its JSON path and
 //! read as 0, so the other invariants can still be checked.
 
-use super::Saliency;
+use numbers::saliency::Saliency;
 use serde_json::Value;
 
 /// A parsed saliency file and the paths of values that were not finite numbers.
