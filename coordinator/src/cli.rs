@@ -177,7 +177,7 @@ pub fn main() -> ExitCode {
         .with_ansi(runfiles::layout::env::log_colour())
         .init();
     // Merged candidates are re-quantised by ggml's type traits (#57).
-    slicer::install_codec(Box::leak(Box::new(worker::llama::GgmlCodec::new())));
+    slicer::install_codec(Box::leak(Box::new(llama::GgmlCodec::new())));
     match dispatch(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {

@@ -6,9 +6,9 @@
 //! through mtmd into those positions. `coordinator run` measures an image
 //! corpus with its workers feeding the mmproj's embeddings.
 
+use fixtures::llama_backend::backend;
 use gguf::read::GgufReader;
 use llama_cpp_2::context::params::LlamaContextParams;
-use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::mtmd::{
@@ -20,12 +20,6 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
 use synth::Preset;
-
-/// llama.cpp's backend, shared by the tests (the coordinator's: llama.cpp
-/// and mtmd log lines go to `tracing`, shown only with `RUST_LOG`).
-fn backend() -> &'static LlamaBackend {
-    corpus::tokenizer::backend().unwrap()
-}
 
 fn mtmd_params() -> MtmdContextParams {
     MtmdContextParams {

@@ -27,6 +27,8 @@
 //! depend on what else the machine runs).
 
 use clap::Parser;
+use llama::Offload;
+use llama::{Context, ContextParams, GraphObserver, Logits, Model, TensorRef};
 use numbers::partial::{BackendToHost, Partial};
 use runfiles::corpus::Chunk;
 use runfiles::procstat::process_cpu_seconds;
@@ -34,8 +36,6 @@ use std::time::Instant;
 use synth::Preset;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collector};
-use worker::llama::{Context, ContextParams, GraphObserver, Logits, Model, TensorRef};
-use worker::offload::Offload;
 
 #[derive(Parser)]
 struct Args {
@@ -162,7 +162,7 @@ fn main() -> anyhow::Result<()> {
             let (host, device) = (run(Reduce::Host)?, run(Reduce::Device)?);
             println!(
                 "backend: {}",
-                worker::llama::backend_description(&Offload::layers(a.ngl))
+                llama::backend_description(&Offload::layers(a.ngl))
             );
             println!("{}", compare_reductions(&host, &device));
             return Ok(());
@@ -254,7 +254,7 @@ fn main() -> anyhow::Result<()> {
     }
     println!(
         "backend: {}",
-        worker::llama::backend_description(&Offload::layers(a.ngl))
+        llama::backend_description(&Offload::layers(a.ngl))
     );
     let model_name = match &a.model {
         Some(p) => p.display().to_string(),

@@ -15,8 +15,8 @@
 use super::device::DeviceReads;
 use super::gating::{activate, Ranker};
 use super::probe::RouterInput;
-use crate::llama::simd::{block_product, BLOCK};
-use crate::llama::{to_f32, RouterGating, RouterWeights, TensorRef};
+use llama::simd::{block_product, BLOCK};
+use llama::{to_f32, RouterGating, RouterWeights, TensorRef};
 use numbers::routing::ExpertGroups;
 use numbers::stats::MoeShape;
 use numbers::Gating;

@@ -21,7 +21,7 @@ use super::rows::{self, RowResult};
 use super::{check_candidate, Accum, Dumps, EvalCost, Evaluated, Evaluator, Position, Shared};
 use crate::error::WorkerError;
 use crate::images::Embeddings;
-use crate::llama::{f32s, Context, ContextParams, LogitsCompare, Model, NoGraph};
+use llama::{f32s, Context, ContextParams, LogitsCompare, Model, NoGraph};
 use runfiles::corpus::{Chunk, CorpusIndex};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! The collector's device path: the observed tensors are reduced on the
-//! backend that holds them ([`crate::llama::Reducer`]) and only the results
+//! backend that holds them ([`llama::Reducer`]) and only the results
 //! cross to the host: per-(token, slot) expert ids, gate weights,
 //! expert-output norms and largest elements, router-probability sums per
 //! (split, domain) group, and importance-matrix sums accumulated on the
@@ -16,20 +16,20 @@ mod options;
 pub use options::Reduce;
 
 use super::scratch::ChunkScratch;
-use crate::llama::{
+use llama::Offload;
+use llama::{
     ChunkSquares, ExpertIds, Op, ReduceError, Reducer, RouterGating, RouterWeights, TensorRef,
 };
-use crate::offload::Offload;
 use numbers::Split;
 use std::collections::BTreeMap;
 
 /// The backend description partials and the join `Hello` carry: llama.cpp's
-/// own with the weights' placement ([`crate::llama::backend_description`]),
+/// own with the weights' placement ([`llama::backend_description`]),
 /// plus `, device reductions` on the device path, whose sums round
 /// differently from the host's (so redundancy checks compare such partials
 /// within tolerance, not bitwise).
 pub fn backend_label(on_device: bool, offload: &Offload) -> String {
-    let mut backend = crate::llama::backend_description(offload);
+    let mut backend = llama::backend_description(offload);
     if on_device {
         backend.push_str(", device reductions");
     }
