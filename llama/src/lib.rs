@@ -50,7 +50,7 @@ pub use codec::{to_f32, GgmlCodec};
 pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
 pub use offload::{ExpertsOnCpu, Offload};
 pub use quantize::{quantize_model, MetaValue, QuantizeParams};
-pub use reduce::{ChunkSquares, ExpertIds, Reducer, RouterGating, RouterWeights};
+pub use reduce::{ChunkSquares, ExpertIds, Reducer, RouterGating, RouterQuery, RouterWeights};
 pub use tensor::{as_f32s, f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 pub use thread::yield_to_compute_threads;
 pub use vision::{media_marker, Bitmap, ImageEmbedding, Piece, Vision};

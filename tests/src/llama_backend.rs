@@ -1,9 +1,11 @@
-//! llama-cpp-2's backend for the oracles that call llama.cpp through that
-//! binding rather than the product's `llama` crate: initialised once per
-//! process; llama.cpp's and mtmd's log lines go to `tracing`, shown only
-//! with `RUST_LOG`.
+//! llama-cpp-2's backend and mtmd parameters for the oracles that call
+//! llama.cpp through that binding rather than the product's `llama` crate:
+//! initialised once per process; llama.cpp's and mtmd's log lines go to
+//! `tracing`, shown only with `RUST_LOG`.
 
 use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::mtmd::{mtmd_default_marker, MtmdContextParams};
+use std::ffi::CString;
 use std::sync::OnceLock;
 
 /// The process's llama-cpp-2 backend.
@@ -16,4 +18,17 @@ pub fn backend() -> &'static LlamaBackend {
         );
         LlamaBackend::init().expect("llama-cpp-2's backend initialises once")
     })
+}
+
+/// mtmd on the CPU with two threads, its default media marker and no limits
+/// on an image's tokens.
+pub fn mtmd_params() -> MtmdContextParams {
+    MtmdContextParams {
+        use_gpu: false,
+        print_timings: false,
+        n_threads: 2,
+        media_marker: CString::new(mtmd_default_marker()).unwrap(),
+        image_min_tokens: -1,
+        image_max_tokens: -1,
+    }
 }

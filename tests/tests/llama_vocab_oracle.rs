@@ -7,16 +7,14 @@
 //! tokenizes through these (and its own tests use them as their oracle),
 //! so corpus/ token ids rest on this agreement.
 
-use fixtures::llama_backend::backend;
+use fixtures::llama_backend::{backend, mtmd_params};
 use llama::{Piece, Vision};
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::mtmd::{
-    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType,
-    MtmdInputText,
+    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdInputChunkType, MtmdInputText,
 };
 use llama_cpp_2::token::LlamaToken;
-use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
 use synth::Preset;
@@ -167,15 +165,8 @@ fn the_mtmd_wrapper_tokenizes_images_as_llama_cpp_2_does() {
     let ours = llama::Model::load_vocab(&model_path).unwrap();
     let vision = Vision::load(&mmproj, &ours, 2).unwrap();
     let theirs = oracle_model(&model_path);
-    let params = MtmdContextParams {
-        use_gpu: false,
-        print_timings: false,
-        n_threads: 2,
-        media_marker: CString::new(mtmd_default_marker()).unwrap(),
-        image_min_tokens: -1,
-        image_max_tokens: -1,
-    };
-    let mtmd = MtmdContext::init_from_file(mmproj.to_str().unwrap(), &theirs, &params).unwrap();
+    let mtmd =
+        MtmdContext::init_from_file(mmproj.to_str().unwrap(), &theirs, &mtmd_params()).unwrap();
     assert_eq!(llama::media_marker(), mtmd_default_marker());
 
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sample_images/images");

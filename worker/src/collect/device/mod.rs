@@ -17,9 +17,7 @@ pub use options::Reduce;
 
 use super::scratch::ChunkScratch;
 use llama::Offload;
-use llama::{
-    ChunkSquares, ExpertIds, Op, ReduceError, Reducer, RouterGating, RouterWeights, TensorRef,
-};
+use llama::{ChunkSquares, ExpertIds, Op, ReduceError, Reducer, RouterQuery, TensorRef};
 use numbers::Split;
 use std::collections::BTreeMap;
 
@@ -219,22 +217,15 @@ impl DeviceReads {
         Ok(done)
     }
 
-    /// A later layer's router top-N for the tokens `rows` of the residual
+    /// A later layer's router top-N for the tokens `q.rows` of the residual
     /// stream `t` (lookahead guesses), ranked on the device: only the ids
     /// and gating values cross. `None`: the host must compute them.
     pub fn router_top_n(
         &mut self,
         t: &TensorRef<'_>,
-        rows: &[i32],
-        r: &RouterWeights<'_>,
-        gating: RouterGating,
-        groups: Option<(usize, usize)>,
-        top_n: usize,
+        q: &RouterQuery<'_>,
     ) -> Result<Option<RankedTopN>, String> {
-        fallback(
-            t,
-            self.reducer.router_top_n(t, rows, r, gating, groups, top_n),
-        )
+        fallback(t, self.reducer.router_top_n(t, q))
     }
 
     /// Moves the chunk's device importance sums into `scratch`.
