@@ -186,7 +186,7 @@ fn replay_differences(
 pub fn main() -> ExitCode {
     crate::front::init_logging();
     // Merged candidates are re-quantised by ggml's type traits (#57).
-    slicer::install_codec(Box::leak(Box::new(worker::llama::GgmlCodec::new())));
+    slicer::install_codec(Box::leak(Box::new(llama::GgmlCodec::new())));
     match dispatch(Cli::parse()) {
         Ok(code) => code,
         Err(e) => crate::front::failed(e.as_ref()),

@@ -7,16 +7,13 @@ use super::chat::{Chat, ChatKwargs};
 use super::error::CorpusError;
 use super::media::ImageRef;
 use super::template::{ChatTemplate, TemplateError};
-use super::vision::{ImageTokens, Vision};
+use super::vision::{self, ImageTokens};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use llama_cpp_2::llama_backend::LlamaBackend;
-use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
-use llama_cpp_2::token::LlamaToken;
+use llama::{Model, Vision};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 /// Inputs larger than this (bytes) get a progress bar.
 const PROGRESS_MIN_BYTES: usize = 4 << 20;
@@ -63,32 +60,16 @@ pub trait Tokenizer: Sync {
     fn info(&self) -> TokenizerInfo;
 }
 
-/// The llama.cpp backend: initialised once per process and shared. llama.cpp's
-/// own log lines go to `tracing` only when `RUST_LOG` is set.
-pub fn backend() -> Result<&'static LlamaBackend, String> {
-    static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
-    BACKEND
-        .get_or_init(|| {
-            let logs = std::env::var_os("RUST_LOG").is_some();
-            llama_cpp_2::send_logs_to_tracing(
-                llama_cpp_2::LogOptions::default().with_logs_enabled(logs),
-            );
-            LlamaBackend::init().map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(Clone::clone)
-}
-
 /// A GGUF model's tokenizer, loaded without weights, with the model's
 /// mmproj when images are tokenized.
 pub struct LlamaTokenizer {
     // Declared first: mtmd's context refers to the model, so it is dropped
     // before it.
     vision: Option<(Vision, String)>,
-    model: LlamaModel,
+    model: Model,
     /// The model file, named when its chat template exceeds its budget.
     path: PathBuf,
-    template: Option<LlamaChatTemplate>,
+    template: Option<CString>,
     /// The template compiled as Jinja; `None` (with a warning at load) where
     /// the Jinja engine cannot compile it and llama.cpp's built-in
     /// renderer stands in.
@@ -109,14 +90,13 @@ impl LlamaTokenizer {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "model file not found"),
             });
         }
-        // llama.cpp aborts the process on a repeated token string: refuse
-        // such a vocabulary by name before it sees the file.
-        gguf::vocab_check::check_file(path)?;
-        let backend = backend().map_err(&fail)?;
-        let params = LlamaModelParams::default().with_vocab_only(true);
-        let model = LlamaModel::load_from_file(backend, path, &params)
-            .map_err(|e| fail(format!("llama.cpp cannot load its vocabulary ({e})")))?;
-        let template = model.chat_template(None).ok();
+        // A repeated token string (which would abort llama.cpp) is refused
+        // by name before llama.cpp sees the file.
+        let model = Model::load_vocab(path).map_err(|e| match e {
+            llama::LlamaError::Vocab(e) => CorpusError::from(e),
+            e => fail(format!("llama.cpp cannot load its vocabulary ({e})")),
+        })?;
+        let template = model.chat_template();
         let jinja = match &template {
             Some(t) => jinja_template(&model, t).map_err(&fail)?,
             None => None,
@@ -125,7 +105,7 @@ impl LlamaTokenizer {
             Some(m) => {
                 let sha = super::sha256_file(m)?;
                 let vision =
-                    Vision::load(m, &model, path).map_err(|message| CorpusError::Source {
+                    vision::load(m, &model, path).map_err(|message| CorpusError::Source {
                         path: m.to_path_buf(),
                         message,
                     })?;
@@ -144,9 +124,8 @@ impl LlamaTokenizer {
 
     /// A template that writes BOS itself, plus the tokenizer's BOS: keep one.
     fn one_bos(&self, ids: &mut Vec<i32>, special: bool) {
-        let vocab = self.model.vocab();
-        let bos = vocab.bos().0;
-        if special && vocab.should_add_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+        let bos = self.model.bos();
+        if special && self.model.add_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
             ids.remove(0);
         }
     }
@@ -154,12 +133,7 @@ impl LlamaTokenizer {
 
 impl Tokenizer for LlamaTokenizer {
     fn tokenize(&self, text: &str, special: bool) -> Vec<i32> {
-        let vocab = self.model.vocab();
-        let mut ids: Vec<i32> = vocab
-            .tokenize(text.as_bytes(), true, special)
-            .into_iter()
-            .map(|t| t.0)
-            .collect();
+        let mut ids = self.model.tokenize(text, true, special);
         self.one_bos(&mut ids, special);
         ids
     }
@@ -173,7 +147,7 @@ impl Tokenizer for LlamaTokenizer {
         let Some((vision, _)) = &self.vision else {
             return Err("the corpus has images, but [model] mmproj is not set".into());
         };
-        let (mut ids, mut spans) = vision.tokenize(text, special, images)?;
+        let (mut ids, mut spans) = vision::tokenize(vision, text, special, images)?;
         let before = ids.len();
         self.one_bos(&mut ids, special);
         if ids.len() < before {
@@ -197,16 +171,15 @@ impl Tokenizer for LlamaTokenizer {
     }
 
     fn detokenize(&self, tokens: &[i32]) -> Result<String, String> {
-        let vocab = self.model.vocab();
-        let n_vocab = vocab.n_tokens();
+        let n_vocab = self.model.n_vocab();
         let mut bytes = Vec::new();
         for &t in tokens {
-            if t < 0 || t >= n_vocab {
+            if usize::try_from(t).map_or(true, |t| t >= n_vocab) {
                 return Err(format!(
                     "token id {t} is outside the vocabulary of {n_vocab}"
                 ));
             }
-            vocab.token_to_piece_into(LlamaToken(t), &mut bytes, true, None);
+            bytes.extend(self.model.token_to_piece(t, true));
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
@@ -234,32 +207,32 @@ impl LlamaTokenizer {
                 TemplateError::Invalid(why) => why,
             });
         }
-        let chat = chat
+        let contents: Vec<String> = chat.messages.iter().map(|m| m.legacy_content()).collect();
+        let messages: Vec<(&str, &str)> = chat
             .messages
             .iter()
-            .map(|m| LlamaChatMessage::new(m.role.template_name().to_string(), m.legacy_content()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("message cannot be passed to llama.cpp ({e})"))?;
-        self.model
-            .apply_chat_template(template, &chat, prompt)
+            .zip(&contents)
+            .map(|(m, c)| (m.role.template_name(), c.as_str()))
+            .collect();
+        llama::apply_chat_template(template, &messages, prompt)
             .map_err(|e| format!("the model's chat template failed ({e})"))
     }
 
     /// Description for the manifest.
     fn info_of(&self) -> TokenizerInfo {
-        let vocab = self.model.vocab();
+        let m = &self.model;
         TokenizerInfo {
             kind: "llama.cpp".into(),
-            vocab_type: format!("{:?}", vocab.vocab_type()),
-            n_vocab: vocab.n_tokens().max(0) as u32,
-            bos: vocab.bos().0,
-            eos: vocab.eos().0,
-            add_bos: vocab.should_add_bos(),
-            add_eos: vocab.should_add_eos(),
+            vocab_type: m.vocab_type(),
+            n_vocab: m.n_vocab() as u32,
+            bos: m.bos(),
+            eos: m.eos(),
+            add_bos: m.add_bos(),
+            add_eos: m.add_eos(),
             chat_template_sha256: self
                 .template
                 .as_ref()
-                .map(|t| hex::encode(Sha256::digest(t.as_c_str().to_bytes()))),
+                .map(|t| hex::encode(Sha256::digest(t.to_bytes()))),
             mmproj_sha256: self.vision.as_ref().map(|(_, sha)| sha.clone()),
         }
     }
@@ -270,17 +243,13 @@ impl LlamaTokenizer {
 /// cannot compile it (llama.cpp's built-in renderer then stands in, as
 /// llama-server without `--jinja`); an error when its probe renderings
 /// exceed the template budget.
-fn jinja_template(
-    model: &LlamaModel,
-    template: &LlamaChatTemplate,
-) -> Result<Option<ChatTemplate>, String> {
-    let vocab = model.vocab();
-    let piece = |t| String::from_utf8_lossy(&vocab.token_to_piece(t, true, None)).into_owned();
-    let source = template.as_c_str().to_string_lossy();
+fn jinja_template(model: &Model, template: &CString) -> Result<Option<ChatTemplate>, String> {
+    let piece = |t| String::from_utf8_lossy(&model.token_to_piece(t, true)).into_owned();
+    let source = template.to_string_lossy();
     match ChatTemplate::new(
         &source,
-        &piece(vocab.bos()),
-        &piece(vocab.eos()),
+        &piece(model.bos()),
+        &piece(model.eos()),
         chrono::Utc::now(),
     ) {
         Ok(t) => Ok(Some(t)),

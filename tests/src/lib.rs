@@ -9,6 +9,7 @@
 pub mod chat_template_swap;
 pub mod fake_engine;
 pub mod fake_eval;
+pub mod llama_backend;
 pub mod llama_gguf;
 pub mod llama_logits;
 pub mod llama_quantize;

@@ -409,7 +409,7 @@ async fn a_worker_lying_about_a_candidate_sha256_is_refused_and_its_lease_rerun(
         honest: CollectorLoader {
             model: Some(model.clone()),
             mmproj: None,
-            offload: worker::offload::Offload::default(),
+            offload: llama::Offload::default(),
             threads: Some(1),
             reduce: Reduce::Host,
             compare: Compare::Device,

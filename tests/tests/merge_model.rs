@@ -13,12 +13,12 @@
 
 use fixtures::llama_gguf::{F32Tensor, LlamaGguf};
 use fixtures::llama_quantize::quantize;
+use llama::GgmlCodec;
 use llama_cpp_sys_2 as sys;
 use runfiles::mergeplan::{Centre, Member, MergePlan};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use synth::Preset;
-use worker::llama::GgmlCodec;
 
 /// A plan of `k` centres per layer: centres chosen pseudo-randomly per
 /// layer, every other expert merged into one of them with weight

@@ -6,37 +6,18 @@
 //! through mtmd into those positions. `coordinator run` measures an image
 //! corpus with its workers feeding the mmproj's embeddings.
 
+use fixtures::llama_backend::{backend, mtmd_params};
 use gguf::read::GgufReader;
 use llama_cpp_2::context::params::LlamaContextParams;
-use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::mtmd::{
-    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType,
-    MtmdInputText,
+    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdInputChunkType, MtmdInputText,
 };
-use std::ffi::CString;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
 use synth::Preset;
-
-/// llama.cpp's backend, shared by the tests (the coordinator's: llama.cpp
-/// and mtmd log lines go to `tracing`, shown only with `RUST_LOG`).
-fn backend() -> &'static LlamaBackend {
-    corpus::tokenizer::backend().unwrap()
-}
-
-fn mtmd_params() -> MtmdContextParams {
-    MtmdContextParams {
-        use_gpu: false,
-        print_timings: false,
-        n_threads: 2,
-        media_marker: CString::new(mtmd_default_marker()).unwrap(),
-        image_min_tokens: -1,
-        image_max_tokens: -1,
-    }
-}
 
 /// A generated tiny MoE model and its generated mmproj in `dir`.
 fn model_and_mmproj(dir: &Path) -> (PathBuf, PathBuf) {

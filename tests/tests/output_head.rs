@@ -40,7 +40,7 @@ fn skipping_the_output_head_changes_no_artifact_and_no_logits_cross() {
     let dir = tempfile::tempdir().unwrap();
     for preset in [Preset::Tiny, Preset::TinyAlt] {
         let model = fixtures::model(dir.path(), preset);
-        let n_vocab = worker::llama::Model::load(&model, &worker::offload::Offload::default())
+        let n_vocab = llama::Model::load(&model, &llama::Offload::default())
             .unwrap()
             .n_vocab() as u64;
         for reduce in [Reduce::Host, Reduce::Device] {

@@ -899,7 +899,7 @@ fn a_merged_candidate_ships_with_a_card_saying_what_was_merged() {
     }
     let sha = |p: &Path| gguf::hash::sha256_file(p).unwrap();
     // What the slicer's merge of the base and of the run's matrix give.
-    let codec = worker::llama::GgmlCodec::new();
+    let codec = llama::GgmlCodec::new();
     let want = d.path().join("want.gguf");
     slicer::merge_model(&model, &plan, Some(&codec), &want).unwrap();
     assert_eq!(sha(&out.join(format!("{name}.gguf"))), sha(&want));

@@ -1,6 +1,6 @@
 //! The worker's error type: every variant names the input at fault.
 
-use crate::llama::LlamaError;
+use llama::LlamaError;
 use std::path::Path;
 
 /// Errors of the worker library.

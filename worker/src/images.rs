@@ -4,7 +4,7 @@
 //! chunk cut at their edges into runs decoded alike ([`pieces`]).
 
 use crate::error::WorkerError;
-use crate::llama::{ImageEmbedding, Input, Vision};
+use llama::{ImageEmbedding, Input, Vision};
 use runfiles::corpus::{Chunk, CorpusIndex, ImageSpan};
 use std::collections::BTreeMap;
 

@@ -17,33 +17,20 @@
 //! - [`join`]: `worker join`, the QUIC client that measures leases for a coordinator.
 //! - [`quantize`]: `worker quantize`, llama.cpp's quantiser with an
 //!   importance matrix, written create-only and hashed.
-//! - [`offload`]: where a model's weights live (`--ngl`, `--cpu-moe`).
 //! - [`respond`]: the response phase's batched generation.
-//! - [`llama`]: the only unsafe code, wrapping llama.cpp, and the run-time
-//!   CPU-feature dispatch of a host kernel ([`llama::simd`]); every other
-//!   module forbids it.
+//!
+//! llama.cpp is reached through the `llama` crate alone, which holds the
+//! product's unsafe code; this crate forbids it.
 #![deny(missing_docs)]
-#![deny(clippy::undocumented_unsafe_blocks)]
+#![forbid(unsafe_code)]
 
-// Only `llama` may hold unsafe code (llama.cpp's FFI and the OS calls around it).
-#[forbid(unsafe_code)]
 pub mod collect;
-#[forbid(unsafe_code)]
 pub mod corpus;
-#[forbid(unsafe_code)]
 pub mod error;
-#[forbid(unsafe_code)]
 pub mod eval;
-#[forbid(unsafe_code)]
 pub mod images;
-#[forbid(unsafe_code)]
 pub mod join;
-pub mod llama;
-#[forbid(unsafe_code)]
-pub mod offload;
-#[forbid(unsafe_code)]
 pub mod quantize;
-#[forbid(unsafe_code)]
 pub mod respond;
 
 pub use error::WorkerError;

@@ -4,10 +4,10 @@
 //! records, written create-only, readable by all (0644) and hashed.
 
 use crate::error::WorkerError;
-use crate::llama::{f32s, quantize_model, MetaValue, QuantizeParams};
 use gguf::quant::{check_requantize, QuantType};
 use gguf::read::GgufReader;
 use gguf::split::SplitError;
+use llama::{f32s, quantize_model, MetaValue, QuantizeParams};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

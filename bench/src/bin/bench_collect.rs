@@ -27,14 +27,14 @@
 //! depend on what else the machine runs).
 
 use clap::Parser;
+use llama::Offload;
+use llama::{Context, ContextParams, GraphObserver, Logits, Model, TensorRef};
 use numbers::partial::{BackendToHost, Partial};
 use runfiles::corpus::Chunk;
 use runfiles::procstat::process_cpu_seconds;
 use std::time::Instant;
 use worker::collect::device::Reduce;
 use worker::collect::{CollectOptions, Collector};
-use worker::llama::{Context, ContextParams, GraphObserver, Logits, Model, TensorRef};
-use worker::offload::Offload;
 
 mod workload;
 use workload::Workload;
@@ -136,7 +136,7 @@ fn main() -> anyhow::Result<()> {
             let (host, device) = (run(Reduce::Host)?, run(Reduce::Device)?);
             println!(
                 "backend: {}",
-                worker::llama::backend_description(&Offload::layers(a.work.ngl))
+                llama::backend_description(&Offload::layers(a.work.ngl))
             );
             println!("{}", compare_reductions(&host, &device));
             return Ok(());
@@ -228,7 +228,7 @@ fn main() -> anyhow::Result<()> {
     }
     println!(
         "backend: {}",
-        worker::llama::backend_description(&Offload::layers(a.work.ngl))
+        llama::backend_description(&Offload::layers(a.work.ngl))
     );
     let model_name = match &a.work.model {
         Some(p) => p.display().to_string(),

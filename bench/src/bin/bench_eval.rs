@@ -20,13 +20,13 @@
 //! which a best-of-rounds per mode cannot tell from a real difference.
 
 use clap::Parser;
+use llama::Offload;
+use llama::{Context, ContextParams, Logits, Model, NoGraph};
 use numbers::eval::EvalPartial;
 use runfiles::procstat::{peak_rss_kib, process_cpu_seconds};
 use std::time::Instant;
 use worker::eval::rows::{compare_rows, ScoredRow};
 use worker::eval::{candidates, Compare, EvalCost, EvalOptions, Evaluator};
-use worker::llama::{Context, ContextParams, Logits, Model, NoGraph};
-use worker::offload::Offload;
 
 mod workload;
 use workload::Workload;
@@ -292,7 +292,7 @@ fn main() -> anyhow::Result<()> {
     let forward = best(&forwards);
     println!(
         "backend: {}",
-        worker::llama::backend_description(&Offload::layers(a.work.ngl))
+        llama::backend_description(&Offload::layers(a.work.ngl))
     );
     println!(
         "model: {}, vocabulary {n_vocab}, candidates are copies of it; {} chunks of up to {n_ctx} tokens ({tokens} tokens), skip_first {}, n_ubatch {}, {} threads, ngl {}; {} timed rounds, each evaluation between two forward passes",
@@ -316,7 +316,7 @@ fn main() -> anyhow::Result<()> {
         let per = m.cost.comparisons.max(1) as f64;
         println!(
             "| eval, {}, base + {} | {secs:.3} | {:.1} | {:+.2}% +- {:.2}% | {} of {} | {peak:.0} | {:.2} | {:.2} | {:.1} |",
-            Compare::label(m.compare.on_device(a.work.ngl, worker::llama::has_gpu())),
+            Compare::label(m.compare.on_device(a.work.ngl, llama::has_gpu())),
             m.n,
             tokens / secs,
             100.0 * (mean - 1.0),

@@ -183,7 +183,7 @@ fn main() -> anyhow::Result<()> {
     // Per model in memory: what a base-only evaluation holds beyond its file.
     let per_model = (base_only.peak_rss_kib * 1024).saturating_sub(base_bytes);
     let scored = rows.first().map_or(0, |r| r.1.scored);
-    let n_vocab = worker::llama::Model::load(&base, &Default::default())?.n_vocab() as u64;
+    let n_vocab = llama::Model::load(&base, &Default::default())?.n_vocab() as u64;
     let kept = scored * n_vocab * 4;
     println!(
         "base-only evaluation: peak {:.0} MiB, so {:.0} MiB of context buffers and process per model in memory; kept base rows: {scored} positions x {n_vocab} x 4 B = {:.0} MiB",

@@ -15,6 +15,8 @@
 //! the first time in its first two chunks; a million-token run pays that once).
 
 use clap::Parser;
+use llama::Offload;
+use llama::{Context, ContextParams, Logits, Model, NoGraph};
 use runfiles::corpus::{Chunk, CorpusIndex};
 use runfiles::procstat::process_cpu_seconds;
 use std::path::PathBuf;
@@ -22,8 +24,6 @@ use std::time::Instant;
 use synth::chunks::token_chunks;
 use synth::Preset;
 use worker::collect::{CollectOptions, Collector};
-use worker::llama::{Context, ContextParams, Logits, Model, NoGraph};
-use worker::offload::Offload;
 
 #[derive(Parser)]
 struct Args {
@@ -221,7 +221,7 @@ fn main() -> anyhow::Result<()> {
     }
     println!(
         "backend: {}",
-        worker::llama::backend_description(&Offload::default())
+        llama::backend_description(&Offload::default())
     );
     println!(
         "model: wide preset (qwen3moe, 48 MoE layers x 512 experts, top-10, hidden 64, f16); \

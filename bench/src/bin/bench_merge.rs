@@ -76,7 +76,7 @@ fn make(
 ) -> anyhow::Result<u64> {
     Ok(match what {
         "merge" => {
-            let codec = worker::llama::GgmlCodec::new();
+            let codec = llama::GgmlCodec::new();
             slicer::merge_model(model, merge, Some(&codec), out)?.bytes
         }
         _ => slicer::slice_model(model, keep, out)?.bytes,

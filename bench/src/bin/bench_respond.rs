@@ -12,10 +12,10 @@
 //! first are summed in responses per second (for scaling runs of several
 //! processes at once).
 
+use llama::Offload;
 use protocol::wire::Sampling;
 use runfiles::respond::{prompt_sha256, PromptEntry, PromptFile};
 use std::time::Instant;
-use worker::offload::Offload;
 use worker::respond::Responder;
 
 fn main() -> anyhow::Result<()> {

@@ -3,7 +3,7 @@
 //! library's [`Offload`].
 
 use protocol::MAX_CPU_MOE_LAYERS;
-use worker::offload::{ExpertsOnCpu, Offload};
+use llama::{ExpertsOnCpu, Offload};
 
 /// The placement flags `worker collect`, `eval` and `join` share.
 #[derive(clap::Args, Clone, Debug)]

@@ -1,16 +1,14 @@
 //! Image records through the corpus stage with the real mtmd: the generated
 //! `tiny` model, its generated mmproj and the bundled image sample beside a
-//! text domain. The oracle tokenizes every record again through
-//! llama-cpp-2's mtmd API directly (not the corpus's tokenizer).
+//! text domain. The oracle tokenizes every record again through the llama
+//! crate's mtmd wrapper directly (not the corpus's tokenizer), rendering chat
+//! records with llama.cpp's built-in template; that wrapper is checked
+//! against llama-cpp-2's mtmd API in tests/tests/llama_vocab_oracle.rs.
 
 use super::*;
 use crate::source::{read_source, Record};
-use crate::tokenizer::{backend, LlamaTokenizer};
-use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
-use llama_cpp_2::mtmd::{
-    MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType, MtmdInputText,
-};
+use crate::tokenizer::LlamaTokenizer;
+use ::llama::{Piece, Vision};
 use runfiles::corpus::CHUNKS_FILE;
 use std::collections::BTreeMap;
 use synth::mmproj::{text_hidden_size, write_mmproj, MmprojSpec};
@@ -89,7 +87,7 @@ fn image_records(f: &Fixture) -> Vec<Record> {
     read_source(&cfg, &path, Some("topic")).unwrap().records
 }
 
-/// What mtmd itself says, through llama-cpp-2's API: every image's
+/// What mtmd itself says, through the llama crate's wrapper: every image's
 /// positions (by SHA-256), and every record's total tokens (by `at`).
 struct Oracle {
     positions: BTreeMap<String, u32>,
@@ -98,60 +96,51 @@ struct Oracle {
 
 fn oracle(f: &Fixture, records: &[Record]) -> Oracle {
     let dir = f.dir.path();
-    let params = LlamaModelParams::default().with_vocab_only(true);
-    let model =
-        LlamaModel::load_from_file(backend().unwrap(), dir.join("model.gguf"), &params).unwrap();
-    let mtmd_params = MtmdContextParams {
-        use_gpu: false,
-        print_timings: false,
-        n_threads: 1,
-        media_marker: std::ffi::CString::new(llama_cpp_2::mtmd::mtmd_default_marker()).unwrap(),
-        image_min_tokens: -1,
-        image_max_tokens: -1,
-    };
-    let mmproj = dir.join("mmproj.gguf");
-    let mtmd = MtmdContext::init_from_file(mmproj.to_str().unwrap(), &model, &mtmd_params).unwrap();
-    let template = model.chat_template(None).unwrap();
+    let model = ::llama::Model::load_vocab(&dir.join("model.gguf")).unwrap();
+    let mtmd = Vision::load(&dir.join("mmproj.gguf"), &model, 1).unwrap();
+    let template = model.chat_template().unwrap();
     let mut positions = BTreeMap::new();
     let mut record_tokens = BTreeMap::new();
     for r in records {
-        let bitmaps: Vec<MtmdBitmap> = r
+        let bitmaps: Vec<::llama::Bitmap> = r
             .images
             .iter()
-            .map(|im| MtmdBitmap::from_file(&mtmd, im.path.to_str().unwrap(), false).unwrap())
+            .map(|im| mtmd.bitmap(&std::fs::read(&im.path).unwrap()).unwrap())
             .collect();
         let (text, special) = match &r.content {
             crate::source::Content::Text(t) => (t.clone(), false),
             crate::source::Content::Chat(crate::chat::Chat { messages: m, .. }) => {
-                let chat: Vec<LlamaChatMessage> = m
+                let chat: Vec<(&str, &str)> = m
                     .iter()
-                    .map(|m| {
-                        LlamaChatMessage::new(m.role.as_str().into(), m.content.clone()).unwrap()
-                    })
+                    .map(|m| (m.role.as_str(), m.content.as_str()))
                     .collect();
                 (
-                    model.apply_chat_template(&template, &chat, false).unwrap(),
+                    ::llama::apply_chat_template(&template, &chat, false).unwrap(),
                     true,
                 )
             }
         };
-        let input = MtmdInputText {
-            text,
-            add_special: true,
-            parse_special: special,
-        };
-        let refs: Vec<&MtmdBitmap> = bitmaps.iter().collect();
-        let chunks = mtmd.tokenize(input, &refs).unwrap();
-        let images: Vec<usize> = (0..chunks.len())
-            .filter_map(|i| chunks.get(i))
-            .filter(|c| c.chunk_type() == MtmdInputChunkType::Image)
-            .map(|c| c.n_tokens())
+        let refs: Vec<&::llama::Bitmap> = bitmaps.iter().collect();
+        let pieces = mtmd.tokenize(&text, true, special, &refs).unwrap();
+        let images: Vec<usize> = pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Image(n) => Some(*n),
+                _ => None,
+            })
             .collect();
         assert_eq!(images.len(), r.images.len(), "{}", r.at);
         for (im, n) in r.images.iter().zip(images) {
             positions.insert(im.sha256.clone(), n as u32);
         }
-        record_tokens.insert(r.at.clone(), chunks.total_tokens() as u64);
+        let total: usize = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Text(t) => t.len(),
+                Piece::Image(n) | Piece::Audio(n) => *n,
+            })
+            .sum();
+        record_tokens.insert(r.at.clone(), total as u64);
     }
     Oracle {
         positions,
@@ -295,4 +284,9 @@ fn bad_image_inputs_fail_clearly() {
         .unwrap()
         .to_string();
     assert!(err.contains("gone.gguf"), "{err}");
+}
+
+#[test]
+fn the_corpus_media_marker_is_mtmds() {
+    assert_eq!(crate::media::MEDIA_MARKER, ::llama::media_marker());
 }

@@ -3,9 +3,7 @@
 //! template, loaded through llama.cpp.
 
 use super::*;
-use crate::tokenizer::{backend, LlamaTokenizer};
-use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::LlamaModel;
+use crate::tokenizer::LlamaTokenizer;
 use std::collections::HashMap;
 use synth::{write_model, Preset};
 
@@ -18,21 +16,13 @@ fn tiny_fixture() -> (Fixture, LlamaTokenizer) {
     (f, tok)
 }
 
-/// Re-tokenizes every source record of the fixture with llama.cpp directly,
-/// rendering chat records as ChatML by hand: `at` -> token ids.
+/// Re-tokenizes every source record of the fixture with llama.cpp's
+/// tokenizer directly (the llama crate's, itself checked against
+/// llama-cpp-2 in tests/tests/llama_vocab_oracle.rs), splitting documents
+/// and rendering chat records as ChatML by hand: `at` -> token ids.
 fn independent_tokens(f: &Fixture) -> HashMap<String, Vec<i32>> {
-    let params = LlamaModelParams::default().with_vocab_only(true);
-    let model =
-        LlamaModel::load_from_file(backend().unwrap(), f.dir.path().join("model.gguf"), &params)
-            .unwrap();
-    let vocab = model.vocab();
-    let tok = |text: &str, special: bool| -> Vec<i32> {
-        vocab
-            .tokenize(text.as_bytes(), true, special)
-            .into_iter()
-            .map(|t| t.0)
-            .collect()
-    };
+    let model = ::llama::Model::load_vocab(&f.dir.path().join("model.gguf")).unwrap();
+    let tok = |text: &str, special: bool| -> Vec<i32> { model.tokenize(text, true, special) };
     // Documents are located by the source path as the config names it.
     let mut out = HashMap::new();
     let path = |n: &str| f.dir.path().join(n);

@@ -7,11 +7,9 @@
 
 use crate::prepare::{prepare, prepare_with_responses};
 use crate::respond::{prompts, stored};
-use crate::tokenizer::{backend, LlamaTokenizer, Tokenizer};
+use crate::tokenizer::{LlamaTokenizer, Tokenizer};
 use config::respond::RespondMode;
 use config::{Config, CorpusConfig, DomainConfig, SourceConfig};
-use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::LlamaModel;
 use numbers::respond::{Response, ResponsePartial};
 use numbers::ChunkRange;
 use std::path::{Path, PathBuf};
@@ -53,17 +51,12 @@ fn config(dir: &Path, file: &str, respond: Option<RespondMode>) -> Config {
     }
 }
 
-/// llama.cpp's own tokenization of `text` (special tokens parsed).
+/// llama.cpp's own tokenization of `text` (special tokens parsed), through
+/// the llama crate's vocabulary (checked against llama-cpp-2 in
+/// tests/tests/llama_vocab_oracle.rs), not the corpus's tokenizer.
 fn oracle_tokens(text: &str) -> Vec<i32> {
-    let params = LlamaModelParams::default().with_vocab_only(true);
-    let model =
-        LlamaModel::load_from_file(backend().unwrap(), quickstart_model(), &params).unwrap();
-    model
-        .vocab()
-        .tokenize(text.as_bytes(), true, true)
-        .into_iter()
-        .map(|t| t.0)
-        .collect()
+    let model = ::llama::Model::load_vocab(&quickstart_model()).unwrap();
+    model.tokenize(text, true, true)
 }
 
 /// The document tokens of a prepared corpus, in chunk order.

@@ -12,7 +12,7 @@
 
 use super::scratch::ChunkScratch;
 use super::strata::Strata;
-use crate::llama::yield_to_compute_threads;
+use llama::yield_to_compute_threads;
 use numbers::imatrix::Imatrix;
 use numbers::projection::OutputProjection;
 use numbers::stats::ChunkStats;

@@ -10,7 +10,7 @@
 //! with the graph at the end of each micro-batch.
 
 use super::scratch::ImatrixScratch;
-use crate::llama::{as_f32s, f32s, i32_at, Op, TensorRef};
+use llama::{as_f32s, f32s, i32_at, Op, TensorRef};
 
 /// What makes two matmuls contribute the same sums: the same input node (and
 /// ids node), read against the same stack of matrices (a weight's output

@@ -4,7 +4,7 @@
 //! single sum receives its addends, so results are bit-identical to a plain
 //! loop over tokens.
 
-use crate::llama::{f32_at, f32s};
+use llama::{f32_at, f32s};
 
 /// Adds the finite `values` into `sums` element-wise (`sums[e] += values[e]`
 /// in f64) and returns how many were not finite: those are never added.

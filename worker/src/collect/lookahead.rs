@@ -15,8 +15,8 @@
 use super::device::DeviceReads;
 use super::gating::{activate, Ranker};
 use super::probe::RouterInput;
-use crate::llama::simd::{block_product, BLOCK};
-use crate::llama::{to_f32, RouterGating, RouterWeights, TensorRef};
+use llama::simd::{block_product, BLOCK};
+use llama::{to_f32, RouterGating, RouterQuery, RouterWeights, TensorRef};
 use numbers::routing::ExpertGroups;
 use numbers::stats::MoeShape;
 use numbers::Gating;
@@ -189,17 +189,21 @@ impl Routers {
             let Some(r) = self.layers.get(&target) else {
                 continue;
             };
-            let weights = RouterWeights {
-                key: target,
-                weight: &r.weight,
-                norm: &r.norm,
-                eps: r.eps,
-                bias: r.bias.as_deref(),
-                selection_bias: r.selection_bias.as_deref(),
+            let query = RouterQuery {
+                router: RouterWeights {
+                    key: target,
+                    weight: &r.weight,
+                    norm: &r.norm,
+                    eps: r.eps,
+                    bias: r.bias.as_deref(),
+                    selection_bias: r.selection_bias.as_deref(),
+                },
+                rows: &rows,
+                gating,
+                groups,
+                top_n: self.top_n,
             };
-            let Some((ids, probs)) =
-                device.router_top_n(t, &rows, &weights, gating, groups, self.top_n)?
-            else {
+            let Some((ids, probs)) = device.router_top_n(t, &query)? else {
                 return Ok(None);
             };
             let n = self.top_n;

@@ -25,9 +25,9 @@ mod strata;
 
 use crate::error::WorkerError;
 use crate::images::{self, ImageBytes};
-use crate::llama::{self, Context, ContextParams, ImageEmbedding, Input, Logits, Model, Vision};
-use crate::offload::Offload;
 use folder::{Folded, Folder};
+use llama::Offload;
+use llama::{Context, ContextParams, ImageEmbedding, Input, Logits, Model, Vision};
 use numbers::imatrix::Imatrix;
 use numbers::partial::{BackendToHost, Partial};
 use numbers::projection::OutputProjection;
@@ -234,7 +234,11 @@ impl Collector {
     /// that image chunks can be measured; returns its SHA-256.
     pub fn load_mmproj(&mut self, mmproj: &Path) -> Result<String, WorkerError> {
         let sha256 = sha256_file(mmproj)?;
-        self.vision = Some(Vision::load(mmproj, &self.model, self.opts.threads)?);
+        self.vision = Some(Vision::load_for_decoding(
+            mmproj,
+            &self.model,
+            self.opts.threads,
+        )?);
         Ok(sha256)
     }
 

@@ -10,7 +10,7 @@ use super::names::{parse_layer_node, parse_moe_node, weight_name, MoeNode};
 use super::projector::Projector;
 use super::scratch::ChunkScratch;
 use super::strata::Strata;
-use crate::llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
+use llama::{f32_at, f32s, i32_at, ElemType, GraphObserver, Op, TensorRef};
 use numbers::routing::GateSite;
 use numbers::stats::{routed_terms, MoeShape};
 use numbers::{Gating, Split};

@@ -10,7 +10,7 @@
 //! emit `ffn_moe_topk` are the MoE layers.
 
 use super::names::{parse_layer_node, weight_name};
-use crate::llama::{Context, ContextParams, ElemType, GraphObserver, Logits, Model, TensorRef};
+use llama::{Context, ContextParams, ElemType, GraphObserver, Logits, Model, TensorRef};
 use numbers::routing::{ExpertGroups, GateSite, Routing};
 use numbers::Gating;
 use std::collections::BTreeMap;
@@ -108,7 +108,7 @@ impl GraphObserver for Recorder {
             .then(|| t.src(1))
             .flatten()
             .filter(|b| b.elem() == ElemType::F32)
-            .map(|b| crate::llama::f32s(&b.bytes()).collect());
+            .map(|b| llama::f32s(&b.bytes()).collect());
         let groups = (base == "ffn_moe_group_topk")
             .then(|| t.src(0).map(|s| (t.ne()[0], s.ne()[0])))
             .flatten();

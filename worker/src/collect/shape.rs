@@ -5,7 +5,7 @@
 //! says so.
 
 use super::probe::{probe, Probed, RouterInput};
-use crate::llama::Model;
+use llama::Model;
 use numbers::stats::MoeShape;
 use numbers::Gating;
 use std::collections::BTreeMap;

@@ -142,7 +142,7 @@ pub fn make(
                 ));
             }
             path = dir.join(format!("{name}.source.gguf"));
-            let codec = crate::llama::GgmlCodec::new();
+            let codec = llama::GgmlCodec::new();
             slicer::merge_model(base, plan, Some(&codec), &path)
                 .map_err(|e| failed(name, e.to_string()))?;
         } else if keep.is_some() || c.expert_used.is_some() {

@@ -12,7 +12,7 @@ use super::rows::RowResult;
 use super::Dumps;
 use crate::error::WorkerError;
 use crate::images::Embeddings;
-use crate::llama::{f32s, CandidateFigures, Context, LogitsCompare, NoGraph, Outputs, ReduceError};
+use llama::{f32s, CandidateFigures, Context, LogitsCompare, NoGraph, Outputs, ReduceError};
 
 /// Decodes `b` in the base model and every candidate (clearing their KV
 /// caches at the start of a chunk) and compares their scored rows on the

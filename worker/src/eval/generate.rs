@@ -5,7 +5,7 @@
 //! the prompt decoded in another micro-batch size.
 
 use crate::error::WorkerError;
-use crate::llama::{Context, NoGraph};
+use llama::{Context, NoGraph};
 use numbers::eval::GenerateJob;
 use runfiles::corpus::Chunk;
 

@@ -18,7 +18,7 @@ use super::rows::{self, RowResult, ScoredRow};
 use super::Dumps;
 use crate::error::WorkerError;
 use crate::images::Embeddings;
-use crate::llama::{Context, NoGraph};
+use llama::{Context, NoGraph};
 use std::time::Instant;
 
 /// At most this many bytes of scored logits rows are kept for a group:

@@ -7,8 +7,7 @@
 //! weights load as they are stored).
 
 use crate::error::WorkerError;
-use crate::llama;
-use crate::offload::Offload;
+use llama::Offload;
 use numbers::eval::ModelsInMemory;
 use std::path::Path;
 

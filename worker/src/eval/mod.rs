@@ -9,7 +9,7 @@
 //! - **on the device** (the default with layers on a GPU): the logits
 //!   never leave the backend that computed them. The base model's scored
 //!   rows are kept there
-//!   ([`LogitsCompare`](crate::llama::LogitsCompare)), each candidate's
+//!   ([`LogitsCompare`](llama::LogitsCompare)), each candidate's
 //!   are compared with them in f32, and only per-position figures come
 //!   back (4 bytes per position for the base model, 16 per candidate); a
 //!   micro-batch without scored positions skips the output head.
@@ -55,10 +55,10 @@ use crate::collect::{
 };
 use crate::error::WorkerError;
 use crate::images::{self, ImageBytes};
-use crate::llama::{
+use llama::Offload;
+use llama::{
     self, Context, ContextParams, Logits, LogitsCompare, Model, NoGraph, ThreadPool, Vision,
 };
-use crate::offload::Offload;
 use numbers::eval::{
     CandidateResult, EvalPartial, GenerateJob, Generation, Group, ModelsInMemory, TokenKl,
     EVAL_FORMAT_VERSION,
@@ -370,7 +370,7 @@ impl Evaluator {
                     .into(),
             });
         };
-        self.vision = Some(Vision::load(mmproj, base, self.opts.threads)?);
+        self.vision = Some(Vision::load_for_decoding(mmproj, base, self.opts.threads)?);
         Ok(sha256)
     }
 

@@ -4,7 +4,7 @@
 use super::positions::scored_positions;
 use super::rows::ScoredRow;
 use crate::images::{self, Embeddings};
-use crate::llama::Input;
+use llama::Input;
 use numbers::eval::Group;
 use numbers::Split;
 use runfiles::corpus::{Chunk, ImageSpan};

@@ -21,7 +21,7 @@ use super::rows::{self, RowResult};
 use super::{check_candidate, Accum, Dumps, EvalCost, Evaluated, Evaluator, Position, Shared};
 use crate::error::WorkerError;
 use crate::images::Embeddings;
-use crate::llama::{f32s, Context, ContextParams, LogitsCompare, Model, NoGraph};
+use llama::{f32s, Context, ContextParams, LogitsCompare, Model, NoGraph};
 use runfiles::corpus::{Chunk, CorpusIndex};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -210,7 +210,7 @@ struct Pass<'a, 'c> {
 
 /// A micro-batch to decode on the device path ([`Pass::start`]).
 struct DeviceStep<'a> {
-    input: crate::llama::Input<'a>,
+    input: llama::Input<'a>,
     pos0: i32,
     /// Whether every position's logits are dumped.
     dumping: bool,

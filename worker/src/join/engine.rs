@@ -11,8 +11,8 @@ use crate::error::WorkerError;
 use crate::eval::candidates::Inputs;
 use crate::eval::{Compare, EvalOptions};
 use crate::images::ImageBytes;
-use crate::offload::Offload;
 use crate::respond::Responder;
+use llama::Offload;
 use numbers::eval::ModelsInMemory;
 use numbers::partial::Partial;
 use protocol::wire::{EvalJob, JobInfo, RespondJob};
@@ -113,7 +113,7 @@ impl EngineLoader for CollectorLoader {
     fn backend(&self) -> String {
         let on_device = self
             .reduce
-            .on_device(self.offload.n_gpu_layers, crate::llama::has_gpu());
+            .on_device(self.offload.n_gpu_layers, llama::has_gpu());
         crate::collect::device::backend_label(on_device, &self.offload)
     }
 

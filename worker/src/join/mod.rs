@@ -23,7 +23,7 @@ mod work;
 
 use crate::collect::device::Reduce;
 use crate::eval::Compare;
-use crate::offload::Offload;
+use llama::Offload;
 use engine::EngineLoader;
 use numbers::peer_text::peer_text;
 use protocol::secret::{JoinSecret, WorkerKey};

@@ -13,9 +13,9 @@
 pub mod row;
 pub mod sample;
 
-use crate::llama::batched::{BatchedContext, Entry};
-use crate::llama::Model;
-use crate::offload::Offload;
+use llama::batched::{BatchedContext, Entry};
+use llama::Model;
+use llama::Offload;
 use numbers::respond::{Response, ResponsePartial};
 use numbers::ChunkRange;
 use protocol::wire::Sampling;

@@ -1,5 +1,5 @@
 //! The collector's device path: the observed tensors are reduced on the
-//! backend that holds them ([`crate::llama::Reducer`]) and only the results
+//! backend that holds them ([`llama::Reducer`]) and only the results
 //! cross to the host: per-(token, slot) expert ids, gate weights,
 //! expert-output norms and largest elements, router-probability sums per
 //! (split, domain) group, and importance-matrix sums accumulated on the
@@ -16,20 +16,18 @@ mod options;
 pub use options::Reduce;
 
 use super::scratch::ChunkScratch;
-use crate::llama::{
-    ChunkSquares, ExpertIds, Op, ReduceError, Reducer, RouterGating, RouterWeights, TensorRef,
-};
-use crate::offload::Offload;
+use llama::Offload;
+use llama::{ChunkSquares, ExpertIds, Op, ReduceError, Reducer, RouterQuery, TensorRef};
 use numbers::Split;
 use std::collections::BTreeMap;
 
 /// The backend description partials and the join `Hello` carry: llama.cpp's
-/// own with the weights' placement ([`crate::llama::backend_description`]),
+/// own with the weights' placement ([`llama::backend_description`]),
 /// plus `, device reductions` on the device path, whose sums round
 /// differently from the host's (so redundancy checks compare such partials
 /// within tolerance, not bitwise).
 pub fn backend_label(on_device: bool, offload: &Offload) -> String {
-    let mut backend = crate::llama::backend_description(offload);
+    let mut backend = llama::backend_description(offload);
     if on_device {
         backend.push_str(", device reductions");
     }
@@ -219,22 +217,15 @@ impl DeviceReads {
         Ok(done)
     }
 
-    /// A later layer's router top-N for the tokens `rows` of the residual
+    /// A later layer's router top-N for the tokens `q.rows` of the residual
     /// stream `t` (lookahead guesses), ranked on the device: only the ids
     /// and gating values cross. `None`: the host must compute them.
     pub fn router_top_n(
         &mut self,
         t: &TensorRef<'_>,
-        rows: &[i32],
-        r: &RouterWeights<'_>,
-        gating: RouterGating,
-        groups: Option<(usize, usize)>,
-        top_n: usize,
+        q: &RouterQuery<'_>,
     ) -> Result<Option<RankedTopN>, String> {
-        fallback(
-            t,
-            self.reducer.router_top_n(t, rows, r, gating, groups, top_n),
-        )
+        fallback(t, self.reducer.router_top_n(t, q))
     }
 
     /// Moves the chunk's device importance sums into `scratch`.

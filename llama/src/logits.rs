@@ -62,14 +62,29 @@ struct BaseRows {
     cap: usize,
 }
 
+/// The scored rows of a micro-batch (indices into its logits tensor) and
+/// the next token of each.
+#[derive(Default)]
+struct Scored {
+    rows: Vec<i32>,
+    next: Vec<i32>,
+}
+
+impl Scored {
+    fn of(rows: &[i32], next: &[i32]) -> Scored {
+        Scored {
+            rows: rows.to_vec(),
+            next: next.to_vec(),
+        }
+    }
+}
+
 /// Compares candidates' logits with the base model's on their backend.
 pub struct LogitsCompare {
     devices: Devices,
     base: Option<BaseRows>,
-    /// Scored rows (indices into the logits tensor) and next tokens of the
-    /// micro-batch whose base rows are kept.
-    rows: Vec<i32>,
-    next: Vec<i32>,
+    /// The micro-batch whose base rows are kept.
+    scored: Scored,
     /// Seconds spent in `keep_base` and `compare`.
     call_s: f64,
     /// Keeps the CPU backend's thread pool alive.
@@ -116,8 +131,7 @@ impl LogitsCompare {
         LogitsCompare {
             devices: Devices::new(cpu),
             base: None,
-            rows: Vec::new(),
-            next: Vec::new(),
+            scored: Scored::default(),
             call_s: 0.0,
             _pool: pool,
         }
@@ -142,7 +156,14 @@ impl LogitsCompare {
         rows: &[i32],
         next: &[i32],
     ) -> Result<BaseFigures, ReduceError> {
-        self.timed(|c| c.keep_base_rows(logits, rows, next))
+        self.timed(|c| {
+            assert_eq!(rows.len(), next.len(), "one next token per row");
+            let (n_vocab, n_rows) = check_logits(logits, rows, next)?;
+            let d = c.devices.of(logits)?;
+            let nll = c.keep_rows(d, n_vocab, n_rows, next, |g| selected(g, logits, rows))?;
+            c.scored = Scored::of(rows, next);
+            Ok(nll)
+        })
     }
 
     /// `f`'s result, its time added to the calls' time.
@@ -151,21 +172,6 @@ impl LogitsCompare {
         let out = f(self);
         self.call_s += started.elapsed().as_secs_f64();
         out
-    }
-
-    fn keep_base_rows(
-        &mut self,
-        logits: &TensorRef<'_>,
-        rows: &[i32],
-        next: &[i32],
-    ) -> Result<BaseFigures, ReduceError> {
-        assert_eq!(rows.len(), next.len(), "one next token per row");
-        let (n_vocab, n_rows) = check_logits(logits, rows, next)?;
-        let d = self.devices.of(logits)?;
-        let nll = self.keep_rows(d, n_vocab, n_rows, next, |g| selected(g, logits, rows))?;
-        self.rows = rows.to_vec();
-        self.next = next.to_vec();
-        Ok(nll)
     }
 
     /// [`keep_base`](LogitsCompare::keep_base) from base rows kept on the
@@ -182,30 +188,21 @@ impl LogitsCompare {
         kept: &[f32],
         next: &[i32],
     ) -> Result<BaseFigures, ReduceError> {
-        self.timed(|c| c.restore_base_rows(like, rows, kept, next))
-    }
-
-    fn restore_base_rows(
-        &mut self,
-        like: &TensorRef<'_>,
-        rows: &[i32],
-        kept: &[f32],
-        next: &[i32],
-    ) -> Result<BaseFigures, ReduceError> {
-        assert_eq!(rows.len(), next.len(), "one next token per row");
-        let (n_vocab, n_rows) = check_logits(like, rows, next)?;
-        if kept.len() != n_vocab * n_rows {
-            return Err(ReduceError::Shape(format!(
-                "{} kept base logits for {n_rows} rows of {n_vocab}",
-                kept.len()
-            )));
-        }
-        let d = self.devices.of(like)?;
-        let shape = [n_vocab as i64, n_rows as i64, 1];
-        let nll = self.keep_rows(d, n_vocab, n_rows, next, |g| g.input(shape, kept))?;
-        self.rows = rows.to_vec();
-        self.next = next.to_vec();
-        Ok(nll)
+        self.timed(|c| {
+            assert_eq!(rows.len(), next.len(), "one next token per row");
+            let (n_vocab, n_rows) = check_logits(like, rows, next)?;
+            if kept.len() != n_vocab * n_rows {
+                return Err(ReduceError::Shape(format!(
+                    "{} kept base logits for {n_rows} rows of {n_vocab}",
+                    kept.len()
+                )));
+            }
+            let d = c.devices.of(like)?;
+            let shape = [n_vocab as i64, n_rows as i64, 1];
+            let nll = c.keep_rows(d, n_vocab, n_rows, next, |g| g.input(shape, kept))?;
+            c.scored = Scored::of(rows, next);
+            Ok(nll)
+        })
     }
 
     /// Computes the base figures of `n_rows` rows of `n_vocab` logits on
@@ -257,9 +254,9 @@ impl LogitsCompare {
     /// [`keep_base`]: LogitsCompare::keep_base
     pub fn compare(&mut self, logits: &TensorRef<'_>) -> Result<CandidateFigures, ReduceError> {
         self.timed(|c| {
-            let (rows, next) = (std::mem::take(&mut c.rows), std::mem::take(&mut c.next));
-            let result = c.compare_rows(logits, &rows, &next);
-            (c.rows, c.next) = (rows, next);
+            let scored = std::mem::take(&mut c.scored);
+            let result = c.compare_rows(logits, &scored);
+            c.scored = scored;
             result
         })
     }
@@ -267,9 +264,9 @@ impl LogitsCompare {
     fn compare_rows(
         &mut self,
         logits: &TensorRef<'_>,
-        rows: &[i32],
-        next: &[i32],
+        scored: &Scored,
     ) -> Result<CandidateFigures, ReduceError> {
+        let (rows, next) = (scored.rows.as_slice(), scored.next.as_slice());
         let (n_vocab, n_rows) = check_logits(logits, rows, next)?;
         let d = self.devices.of(logits)?;
         let Some(base) = self.base.as_ref() else {

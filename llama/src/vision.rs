@@ -1,6 +1,10 @@
 //! An image encoder beside a loaded text model: the model's `mmproj` through
-//! llama.cpp's mtmd, turning an image file's bytes into the embeddings the
-//! text model decodes at the image's positions.
+//! llama.cpp's mtmd. The one mtmd wrapper of the product: the corpus stage
+//! tokenizes a record's text with its images through it ([`Vision::tokenize`],
+//! beside a vocabulary-only model) and a worker encodes an image into the
+//! embeddings the text model decodes at the image's positions
+//! ([`Vision::encode`]), so both take an image's positions from the same
+//! mtmd tokenization.
 
 use super::{init_backend, LlamaError, Model};
 use llama_cpp_sys_2 as sys;
@@ -28,14 +32,59 @@ pub struct Vision {
     path: String,
 }
 
-// SAFETY: the context is used by one thread at a time (encoding takes
-// &mut self); mtmd contexts carry no thread affinity.
+/// mtmd's media marker (`<__media__>`): the text that stands for an image
+/// in a prompt [`Vision::tokenize`] reads.
+pub fn media_marker() -> &'static str {
+    // SAFETY: mtmd returns a static NUL-terminated string.
+    let marker = unsafe { std::ffi::CStr::from_ptr(sys::mtmd_default_marker()) };
+    marker.to_str().expect("mtmd's marker is ASCII")
+}
+
+/// One piece of a tokenized prompt, in order: text tokens, or an image's
+/// (or audio's) positions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// Token ids of a run of text.
+    Text(Vec<i32>),
+    /// An image taking this many positions.
+    Image(usize),
+    /// Audio taking this many positions.
+    Audio(usize),
+}
+
+// SAFETY: mtmd contexts carry no thread affinity; encoding, which writes the
+// context's output, takes &mut self.
 unsafe impl Send for Vision {}
+// SAFETY: the &self methods only tokenize (mtmd_tokenize reads the context
+// and writes only the chunk list it is given: safe from several threads, as
+// llama-cpp-2's MtmdContext also relies on) or decode bitmaps (mtmd copies
+// the bytes into a new bitmap).
+unsafe impl Sync for Vision {}
 
 impl Vision {
-    /// Loads `mmproj` beside `model` on the CPU with `threads` threads.
-    /// Refused: an mmproj without a vision encoder, and projectors whose
-    /// images need M-RoPE positions, which workers do not feed yet.
+    /// [`Vision::load`], refusing also projectors whose images need M-RoPE
+    /// positions, which workers do not feed yet.
+    pub fn load_for_decoding(
+        mmproj: &Path,
+        model: &Model,
+        threads: u32,
+    ) -> Result<Vision, LlamaError> {
+        let vision = Vision::load(mmproj, model, threads)?;
+        // SAFETY: the context is live.
+        if unsafe { sys::mtmd_decode_use_mrope(vision.ptr.as_ptr()) } {
+            return Err(LlamaError::Mmproj {
+                path: vision.path.clone(),
+                reason: "its images take M-RoPE positions (Qwen-VL style), which workers do not \
+                         feed yet"
+                    .into(),
+            });
+        }
+        Ok(vision)
+    }
+
+    /// Loads `mmproj` beside `model` (a full or a vocabulary-only load) on
+    /// the CPU with `threads` threads; its media marker is mtmd's default
+    /// (`<__media__>`). Refused: an mmproj without a vision encoder.
     pub fn load(mmproj: &Path, model: &Model, threads: u32) -> Result<Vision, LlamaError> {
         init_backend();
         let path = mmproj.display().to_string();
@@ -66,21 +115,37 @@ impl Vision {
             path: path.clone(),
         };
         // SAFETY: the context is live.
-        let (has_vision, mrope) = unsafe {
-            (
-                sys::mtmd_support_vision(vision.ptr.as_ptr()),
-                sys::mtmd_decode_use_mrope(vision.ptr.as_ptr()),
-            )
-        };
-        if !has_vision {
+        if !unsafe { sys::mtmd_support_vision(vision.ptr.as_ptr()) } {
             return Err(refused("it has no vision encoder"));
         }
-        if mrope {
-            return Err(refused(
-                "its images take M-RoPE positions (Qwen-VL style), which workers do not feed yet",
-            ));
-        }
         Ok(vision)
+    }
+
+    /// Decodes one image file's bytes (PNG, JPEG: mtmd's own decoder);
+    /// `None` when mtmd cannot.
+    pub fn bitmap(&self, bytes: &[u8]) -> Option<Bitmap> {
+        Bitmap::decode(self, bytes)
+    }
+
+    /// Tokenizes `text`, whose media markers stand for `images` in order,
+    /// as mtmd does for the model: `add_special` adds BOS/EOS as the
+    /// model's metadata says, `parse_special` reads special-token text.
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        images: &[&Bitmap],
+    ) -> Result<Vec<Piece>, LlamaError> {
+        let failed = |reason: String| LlamaError::Mmproj {
+            path: self.path.clone(),
+            reason,
+        };
+        let text = CString::new(text)
+            .map_err(|_| failed("the text holds a NUL byte, which mtmd cannot take".into()))?;
+        let chunks = Chunks::tokenize(self, &text, add_special, parse_special, images)
+            .map_err(|code| failed(format!("mtmd_tokenize failed with code {code}")))?;
+        Ok(chunks.pieces())
     }
 
     /// Encodes the image file `bytes` (PNG, JPEG: mtmd's own decoder) into
@@ -94,7 +159,8 @@ impl Vision {
         };
         let bitmap = Bitmap::decode(self, bytes)
             .ok_or_else(|| failed("mtmd cannot decode the image's bytes".into()))?;
-        let chunks = Chunks::tokenize(self, &bitmap).map_err(|code| {
+        let marker = CString::new(media_marker()).expect("no NUL in the marker");
+        let chunks = Chunks::tokenize(self, &marker, false, true, &[&bitmap]).map_err(|code| {
             failed(format!(
                 "mtmd_tokenize failed with code {code} on the image"
             ))
@@ -150,8 +216,8 @@ impl Drop for Vision {
     }
 }
 
-/// A decoded image, freed on drop.
-struct Bitmap(NonNull<sys::mtmd_bitmap>);
+/// A decoded image ([`Vision::bitmap`]), freed on drop.
+pub struct Bitmap(NonNull<sys::mtmd_bitmap>);
 
 impl Bitmap {
     fn decode(vision: &Vision, bytes: &[u8]) -> Option<Bitmap> {
@@ -199,33 +265,73 @@ impl ChunkPtr<'_> {
 }
 
 impl Chunks {
-    /// Tokenizes the media marker alone with `bitmap`: the image's pieces,
-    /// and whatever text the projector wraps them in.
-    fn tokenize(vision: &Vision, bitmap: &Bitmap) -> Result<Chunks, i32> {
-        // SAFETY: the marker is mtmd's static C string; the text, bitmap
-        // and output are live for the call; the output is freed on drop.
+    /// Tokenizes `text` with `bitmaps` (one per media marker): the pieces
+    /// of text and of each image. The media marker alone with one bitmap
+    /// gives the image's pieces and whatever text the projector wraps them
+    /// in.
+    fn tokenize(
+        vision: &Vision,
+        text: &std::ffi::CStr,
+        add_special: bool,
+        parse_special: bool,
+        bitmaps: &[&Bitmap],
+    ) -> Result<Chunks, i32> {
+        // SAFETY: the text, the bitmaps and the output are live for the
+        // call; the output is freed on drop.
         unsafe {
             let out = NonNull::new(sys::mtmd_input_chunks_init()).ok_or(-1)?;
             let chunks = Chunks(out);
-            let marker = sys::mtmd_default_marker();
             let text = sys::mtmd_input_text {
-                text: marker,
-                text_len: std::ffi::CStr::from_ptr(marker).to_bytes().len(),
-                add_special: false,
-                parse_special: true,
+                text: text.as_ptr(),
+                text_len: text.to_bytes().len(),
+                add_special,
+                parse_special,
             };
-            let bitmaps = [bitmap.0.as_ptr() as *const sys::mtmd_bitmap];
+            let bitmaps: Vec<*const sys::mtmd_bitmap> =
+                bitmaps.iter().map(|b| b.0.as_ptr().cast_const()).collect();
             let code = sys::mtmd_tokenize(
                 vision.ptr.as_ptr(),
                 out.as_ptr(),
                 &text,
-                bitmaps.as_ptr(),
-                1,
+                bitmaps.as_ptr().cast_mut(),
+                bitmaps.len(),
             );
             match code {
                 0 => Ok(chunks),
                 c => Err(c),
             }
+        }
+    }
+
+    /// Every piece in order: text tokens, or the positions of an image or
+    /// audio.
+    fn pieces(&self) -> Vec<Piece> {
+        // SAFETY: the list is live; its chunks, and the token ids a text
+        // chunk holds, live as long as it does and are copied here.
+        unsafe {
+            let n = sys::mtmd_input_chunks_size(self.0.as_ptr());
+            (0..n)
+                .filter_map(|i| {
+                    NonNull::new(sys::mtmd_input_chunks_get(self.0.as_ptr(), i) as *mut _)
+                })
+                .map(|c: NonNull<sys::mtmd_input_chunk>| {
+                    let c = c.as_ptr();
+                    match sys::mtmd_input_chunk_get_type(c) {
+                        sys::MTMD_INPUT_CHUNK_TYPE_TEXT => {
+                            let mut len = 0usize;
+                            let p = sys::mtmd_input_chunk_get_tokens_text(c, &mut len);
+                            Piece::Text(match p.is_null() {
+                                true => Vec::new(),
+                                false => std::slice::from_raw_parts(p, len).to_vec(),
+                            })
+                        }
+                        sys::MTMD_INPUT_CHUNK_TYPE_IMAGE => {
+                            Piece::Image(sys::mtmd_input_chunk_get_n_tokens(c))
+                        }
+                        _ => Piece::Audio(sys::mtmd_input_chunk_get_n_tokens(c)),
+                    }
+                })
+                .collect()
         }
     }
 

@@ -83,6 +83,22 @@ pub struct RouterWeights<'a> {
     pub selection_bias: Option<&'a [f32]>,
 }
 
+/// What [`Reducer::router_top_n`] ranks: which tokens, through which
+/// router, how its logits are gated and grouped, and how many experts are
+/// kept per token.
+pub struct RouterQuery<'a> {
+    /// The router.
+    pub router: RouterWeights<'a>,
+    /// The tokens (rows of the residual stream) ranked.
+    pub rows: &'a [i32],
+    /// The gating function.
+    pub gating: RouterGating,
+    /// Grouped selection (`n_group`, `n_group_used`), if the model has it.
+    pub groups: Option<(usize, usize)>,
+    /// Experts kept per token.
+    pub top_n: usize,
+}
+
 /// The gating function a device ranking applies to router logits.
 #[derive(Clone, Copy, Debug)]
 pub enum RouterGating {
@@ -393,27 +409,25 @@ impl Reducer {
         out
     }
 
-    /// Router `r`'s top `top_n` experts and their gating values for the
-    /// tokens `rows` of the residual stream `t` (`[n_embd, n_tokens]` f32),
-    /// computed on `t`'s backend: RMS norm, router product, bias, gating,
-    /// selection bias, a descending argsort; only the ids `[top_n, rows]`
-    /// and values `[top_n, rows]` are copied to the host. With `groups`
-    /// (`n_group`, `n_group_used`), the experts of the groups whose two best
-    /// selection scores add up highest rank first, then the others, as the
-    /// host's ranking and llama.cpp's grouped selection do.
+    /// The top `q.top_n` experts of router `q.router` and their gating
+    /// values for the tokens `q.rows` of the residual stream `t`
+    /// (`[n_embd, n_tokens]` f32), computed on `t`'s backend: RMS norm,
+    /// router product, bias, gating, selection bias, a descending argsort;
+    /// only the ids `[top_n, rows]` and values `[top_n, rows]` are copied to
+    /// the host. With `q.groups` (`n_group`, `n_group_used`), the experts of
+    /// the groups whose two best selection scores add up highest rank first,
+    /// then the others, as the host's ranking and llama.cpp's grouped
+    /// selection do.
     pub fn router_top_n(
         &mut self,
         t: &TensorRef<'_>,
-        rows: &[i32],
-        r: &RouterWeights<'_>,
-        gating: RouterGating,
-        groups: Option<(usize, usize)>,
-        top_n: usize,
+        q: &RouterQuery<'_>,
     ) -> Result<(Vec<i32>, Vec<f32>), ReduceError> {
+        let (r, rows, gating) = (&q.router, q.rows, q.gating);
         expect_type(t, sys::GGML_TYPE_F32)?;
         let (n_embd, n_tokens) = (t.ne()[0], t.ne()[1]);
         let n_expert = r.weight.len() / n_embd.max(1);
-        if r.weight.len() != n_expert * n_embd || r.norm.len() != n_embd || top_n == 0 {
+        if r.weight.len() != n_expert * n_embd || r.norm.len() != n_embd || q.top_n == 0 {
             return Err(ReduceError::Shape(format!(
                 "{}: router of {} weights and norm of {} for [{n_embd}, {n_tokens}]",
                 t.name(),
@@ -427,8 +441,8 @@ impl Reducer {
                 t.name()
             )));
         }
-        let top_n = top_n.min(n_expert);
-        let groups = groups.filter(|&(n, used)| n > 1 && used > 0);
+        let top_n = q.top_n.min(n_expert);
+        let groups = q.groups.filter(|&(n, used)| n > 1 && used > 0);
         if let Some((n, _)) = groups.filter(|&(n, _)| !n_expert.is_multiple_of(n)) {
             return Err(ReduceError::Shape(format!(
                 "{}: {n_expert} experts do not split into {n} routing groups",

@@ -1,5 +1,10 @@
-//! The worker's only unsafe code: owning wrappers around llama.cpp handles
-//! and a safe view of graph tensors handed to the eval callback.
+//! The product's only door to llama.cpp: owning wrappers around its
+//! handles (models, contexts, mtmd, the quantiser, ggml's backends and type
+//! traits) that the worker, the corpus stage and the coordinator call, so
+//! that one crate links `llama-cpp-sys-2` and all the product's unsafe code
+//! lives here, each block with its SAFETY comment (the other crates forbid
+//! unsafe code). It may depend on the GGUF format and the protocol's limits
+//! only; nothing of the run's files or the network.
 //!
 //! - [`Model`]: a loaded GGUF model (`llama_model`), freed on drop.
 //! - [`Context`]: an inference context whose eval callback forwards every
@@ -12,6 +17,10 @@
 //!   experts for the slicer.
 //! - [`LogitsCompare`]: base and candidate logits compared on the backend
 //!   that holds them, so only per-position figures are copied to the host.
+//! - [`Offload`]: where a model's weights live (`-ngl`, `--cpu-moe`).
+//! - [`simd`]: the run-time CPU-feature dispatch of a host kernel, and
+//!   [`yield_to_compute_threads`], the OS call that lowers a thread's
+//!   priority beside ggml's.
 //!
 //! A context made with [`Logits::Backend`] never lets llama.cpp copy logits
 //! to the host: a backend sampler that adds nothing to the graph is
@@ -19,11 +28,14 @@
 //! logits), and its eval callback stops the graph at the output norm
 //! (`result_norm`), before the output head, or right after the head
 //! (`result_output`) once the caller has read the logits there.
+#![deny(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod backend;
 pub mod batched;
 mod codec;
 mod logits;
+mod offload;
 mod quantize;
 mod reduce;
 mod sampler;
@@ -31,17 +43,19 @@ pub mod simd;
 mod tensor;
 mod thread;
 mod vision;
+mod vocab;
 
 pub use backend::ReduceError;
 pub use codec::{to_f32, GgmlCodec};
 pub use logits::{BaseFigures, CandidateFigures, CompareCost, LogitsCompare};
+pub use offload::{ExpertsOnCpu, Offload};
 pub use quantize::{quantize_model, MetaValue, QuantizeParams};
-pub use reduce::{ChunkSquares, ExpertIds, Reducer, RouterGating, RouterWeights};
+pub use reduce::{ChunkSquares, ExpertIds, Reducer, RouterGating, RouterQuery, RouterWeights};
 pub use tensor::{as_f32s, f32_at, f32s, i32_at, ElemType, Op, TensorRef};
 pub use thread::yield_to_compute_threads;
-pub use vision::{ImageEmbedding, Vision};
+pub use vision::{media_marker, Bitmap, ImageEmbedding, Piece, Vision};
+pub use vocab::apply_chat_template;
 
-use crate::offload::Offload;
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::marker::PhantomData;
@@ -101,6 +115,9 @@ pub enum LlamaError {
         /// What failed.
         reason: String,
     },
+    /// llama.cpp's built-in chat templates could not render a conversation.
+    #[error("llama_chat_apply_template: {0}")]
+    ChatTemplate(String),
 }
 
 /// Initialises llama.cpp once per process and routes its log to `tracing`.
@@ -109,9 +126,11 @@ pub fn init_backend() {
     INIT.call_once(|| {
         // SAFETY: called exactly once before any other llama.cpp function;
         // the log callback is a plain function valid for the whole process.
+        // mtmd's helper sets mtmd's own log too.
         unsafe {
             sys::llama_backend_init();
             sys::llama_log_set(Some(log_to_tracing), std::ptr::null_mut());
+            sys::mtmd_helper_log_set(Some(log_to_tracing), std::ptr::null_mut());
         }
     });
 }
