@@ -2,8 +2,8 @@
 //! (llama.cpp's `-ngl`, `--cpu-moe`, `--n-cpu-moe`), read into the worker
 //! library's [`Offload`].
 
-use protocol::MAX_CPU_MOE_LAYERS;
 use llama::{ExpertsOnCpu, Offload};
+use protocol::MAX_CPU_MOE_LAYERS;
 
 /// The placement flags `worker collect`, `eval` and `join` share.
 #[derive(clap::Args, Clone, Debug)]

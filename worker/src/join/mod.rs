@@ -23,8 +23,8 @@ mod work;
 
 use crate::collect::device::Reduce;
 use crate::eval::Compare;
-use llama::Offload;
 use engine::EngineLoader;
+use llama::Offload;
 use numbers::peer_text::peer_text;
 use protocol::secret::{JoinSecret, WorkerKey};
 use protocol::wire::{
