@@ -145,7 +145,7 @@ fn replay(mut args: replay::ReplayArgs) -> anyhow::Result<ExitCode> {
 /// The sizes the run's own score wrote keep maps at (none before `score`).
 async fn scored_sizes(store: &runfiles::store::RunStore) -> anyhow::Result<Vec<u32>> {
     if store
-        .get_opt(stages::score::outputs::REPORT_JSON)
+        .get_opt(runfiles::layout::score::REPORT_JSON)
         .await?
         .is_none()
     {

@@ -252,7 +252,7 @@ async fn stages(
     println!("report: {}", store.url_of(layout::REPORT_MD));
     lock.confirm().await?;
     mark_finished(&store, &summary, ok).await?;
-    let manifest = store.url_of(runfiles::manifest::MANIFEST_FILE);
+    let manifest = store.url_of(runfiles::layout::MANIFEST_JSON);
     if !ok {
         let skipped = match (config.eval.is_configured(), ship.is_some()) {
             (true, true) => "; [eval] and [ship] were not run on an unverified run",

@@ -48,7 +48,8 @@ mod tests;
 use config::Config;
 pub use error::CorpusError;
 use runfiles::corpus::CHUNKS_FILE;
-pub use runfiles::manifest::{self, Manifest, MANIFEST_FILE};
+use runfiles::layout::MANIFEST_JSON;
+pub use runfiles::manifest::{self, Manifest};
 use runfiles::store::RunStore;
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -177,7 +178,7 @@ pub async fn prepare_run_with<T: tokenizer::Tokenizer + Send + 'static>(
             }
         } else if !force {
             return Err(CorpusError::Exists {
-                url: store.url_of(MANIFEST_FILE),
+                url: store.url_of(MANIFEST_JSON),
                 stored: m.inputs_sha256.clone(),
                 now: inputs,
             });

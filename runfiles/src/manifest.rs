@@ -17,9 +17,6 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// Object name of the manifest under the run.
-pub use crate::layout::MANIFEST_JSON as MANIFEST_FILE;
-
 /// Object name of the per-document table under `corpus/`.
 pub use crate::layout::corpus::DOCUMENTS_FILE;
 

@@ -44,7 +44,7 @@ const RUN_FILES: &[RunFile] = &[
     RunFile {
         owner: "runfiles/src/manifest.rs",
         types: &["RunManifest", "Manifest"],
-        names: &["MANIFEST_JSON", "MANIFEST_FILE"],
+        names: &["MANIFEST_JSON"],
     },
 ];
 

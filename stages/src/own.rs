@@ -19,7 +19,7 @@ pub async fn recorded_config(store: &RunStore) -> Result<Option<Config>, StagesE
         .config()
         .map(Some)
         .map_err(|problem| StagesError::Artifact {
-            url: store.url_of(runfiles::manifest::MANIFEST_FILE),
+            url: store.url_of(runfiles::layout::MANIFEST_JSON),
             problem: format!("its recorded config does not parse: {problem}"),
         })
 }

@@ -4,7 +4,6 @@
 use crate::{During, StagesError};
 use runfiles::keepmap::{KeepMap, KeepMapRef};
 use runfiles::layout;
-use runfiles::manifest::MANIFEST_FILE;
 use runfiles::store::RunStore;
 use slicer::{make_model_split, slice_imatrix, slice_model, Sliced};
 use std::path::{Path, PathBuf};
@@ -76,12 +75,12 @@ pub async fn base_model(store: &RunStore, model: Option<&Path>) -> Result<PathBu
         return Ok(m.to_path_buf());
     }
     let no_model = |problem: String| StagesError::NoModel {
-        manifest: store.url_of(MANIFEST_FILE),
+        manifest: store.url_of(layout::MANIFEST_JSON),
         problem,
     };
     let manifest = runfiles::manifest::read(store)
         .await
-        .during_with(|| format!("parsing {}", store.url_of(MANIFEST_FILE)))?
+        .during_with(|| format!("parsing {}", store.url_of(layout::MANIFEST_JSON)))?
         .ok_or_else(|| no_model("is missing".into()))?;
     if let Some(recorded) = manifest.model_path.clone().filter(|p| p.is_file()) {
         return Ok(recorded);

@@ -3,9 +3,10 @@
 
 use super::chunk_job::ChunkJobArgs;
 use indicatif::{ProgressBar, ProgressStyle};
+use runfiles::layout::trace_part;
 use runfiles::store::RunStore;
 use worker::collect::device::Reduce;
-use worker::collect::{trace_part_name, write_trace_part, CollectOptions, Collector};
+use worker::collect::{write_trace_part, CollectOptions, Collector};
 use worker::WorkerError;
 
 /// Arguments of `worker collect`.
@@ -96,7 +97,7 @@ pub fn run(a: CollectArgs) -> Result<(), WorkerError> {
         let n = a.trace_top_n.min(collector.shape().n_expert as usize);
         for (rows, decode) in [(trace, false), (decode_trace, true)] {
             if !rows.is_empty() {
-                let name = trace_part_name(range, decode);
+                let name = trace_part(range, decode);
                 partial
                     .trace_parts
                     .push(write_trace_part(&out, name, rows, k, n).await?);

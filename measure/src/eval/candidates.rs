@@ -163,7 +163,7 @@ async fn no_plan(store: &RunStore, name: &str, object: &str) -> Result<String, E
         "the run has no merge plan of method {method} at K={k}: {} does not exist",
         store.url_of(object)
     );
-    let report = stages::score::outputs::REPORT_JSON;
+    let report = runfiles::layout::score::REPORT_JSON;
     /// The one field of `score/score.json` read here.
     #[derive(serde::Deserialize)]
     struct Note {
@@ -217,7 +217,7 @@ mod tests {
         });
         store
             .put(
-                stages::score::outputs::REPORT_JSON,
+                runfiles::layout::score::REPORT_JSON,
                 serde_json::to_vec(&report).unwrap(),
             )
             .await

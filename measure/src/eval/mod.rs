@@ -184,7 +184,7 @@ pub async fn check_base(store: &RunStore, base: &Path) -> Result<String, EvalRun
         _ => {
             return Err(EvalRunError::Setup(format!(
                 "{} names no model_sha256: not a run's manifest",
-                store.url_of(runfiles::manifest::MANIFEST_FILE)
+                store.url_of(runfiles::layout::MANIFEST_JSON)
             )))
         }
     }

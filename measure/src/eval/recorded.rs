@@ -61,7 +61,7 @@ pub(crate) async fn recorded(store: &RunStore) -> Result<(RunManifest, Config), 
     let config = manifest
         .config()
         .map_err(|problem| EvalRunError::RecordedConfig {
-            manifest: store.url_of(runfiles::manifest::MANIFEST_FILE),
+            manifest: store.url_of(runfiles::layout::MANIFEST_JSON),
             problem,
         })?;
     Ok((manifest, config))

@@ -425,7 +425,7 @@ mod tests {
     /// (`verified` as given) over it.
     async fn finish_over(store: &RunStore, manifest: &[u8], verified: bool) -> Result<(), String> {
         store
-            .put(runfiles::manifest::MANIFEST_FILE, manifest.to_vec())
+            .put(runfiles::layout::MANIFEST_JSON, manifest.to_vec())
             .await
             .unwrap();
         mark_finished(store, &RunSummary::default(), verified)
@@ -443,7 +443,7 @@ mod tests {
             err.contains("manifest.json is not JSON") && err.contains("left as it is"),
             "{err}"
         );
-        let kept = store.get(runfiles::manifest::MANIFEST_FILE).await.unwrap();
+        let kept = store.get(runfiles::layout::MANIFEST_JSON).await.unwrap();
         assert_eq!(kept.to_vec(), corrupt);
 
         let err = finish_over(&store, b"[1, 2]", true).await.unwrap_err();

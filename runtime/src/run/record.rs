@@ -181,7 +181,7 @@ mod tests {
         let store = RunStore::open(d.path().to_str().unwrap()).unwrap();
         store
             .put(
-                runfiles::manifest::MANIFEST_FILE,
+                runfiles::layout::MANIFEST_JSON,
                 br#"{"model_sha256": "m"}"#.to_vec(),
             )
             .await

@@ -24,7 +24,7 @@ use std::fmt::Write;
 /// replacement column: none when scoring has not run (the column reads `-`),
 /// why not when the stored tables were scored from another saliency.
 pub async fn slot_tables(store: &RunStore) -> Result<Result<Vec<MapTable>, String>, StagesError> {
-    if !store.exists(score::outputs::REPORT_JSON).await? {
+    if !store.exists(runfiles::layout::score::REPORT_JSON).await? {
         return Ok(Ok(Vec::new()));
     }
     let sha = runfiles::saliency::read(store).await?.sha256;

@@ -156,7 +156,7 @@ async fn report_without_scores_names_them_missing_and_writes_no_keep_maps() {
     );
     assert!(store.list(layout::KEEP_MAPS_DIR).await.unwrap().is_empty());
     assert!(!store
-        .exists(crate::score::outputs::REPORT_JSON)
+        .exists(runfiles::layout::score::REPORT_JSON)
         .await
         .unwrap());
 

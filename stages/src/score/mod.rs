@@ -41,9 +41,6 @@ use serde::{Deserialize, Serialize};
 use source::{LayerInput, Source};
 use std::collections::BTreeMap;
 
-/// Object names written by `score`, from the run layout.
-pub use runfiles::layout::score as outputs;
-
 /// Options of `coordinator score` (everything but the run).
 #[derive(Debug, Clone)]
 pub struct ScoreOptions {
@@ -334,8 +331,8 @@ pub async fn stored_report(
     store: &RunStore,
     sha: &str,
 ) -> Result<Result<ScoreReport, String>, StagesError> {
-    let url = store.url_of(outputs::REPORT_JSON);
-    let Some(bytes) = store.get_opt(outputs::REPORT_JSON).await? else {
+    let url = store.url_of(layout::score::REPORT_JSON);
+    let Some(bytes) = store.get_opt(layout::score::REPORT_JSON).await? else {
         return Ok(Err(format!(
             "{url} is missing: run `coordinator score` for the keep maps and their tables"
         )));
@@ -490,12 +487,12 @@ pub async fn score_into(
         merge_plans,
         merge_note,
     };
-    let mut json = StagesError::encode_json(outputs::REPORT_JSON, &report)?;
+    let mut json = StagesError::encode_json(layout::score::REPORT_JSON, &report)?;
     json.push(b'\n');
-    out.put(outputs::REPORT_JSON, json).await?;
-    out.put(outputs::TABLES_MD, render::markdown(&report))
+    out.put(layout::score::REPORT_JSON, json).await?;
+    out.put(layout::score::TABLES_MD, render::markdown(&report))
         .await?;
-    out.put(outputs::TABLES_PARQUET, render::parquet(&report)?)
+    out.put(layout::score::TABLES_PARQUET, render::parquet(&report)?)
         .await?;
     Ok(report)
 }

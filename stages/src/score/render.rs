@@ -1,6 +1,6 @@
 //! The score tables as Markdown (for people and the report) and Parquet.
 
-use super::{outputs, ScoreReport};
+use super::ScoreReport;
 use crate::StagesError;
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array};
 use arrow::datatypes::{Field, Schema};
@@ -250,7 +250,7 @@ pub fn parquet(r: &ScoreReport) -> Result<Vec<u8>, StagesError> {
             .collect::<Vec<_>>(),
     ));
     let encode = |source: Box<dyn std::error::Error + Send + Sync>| StagesError::Encode {
-        what: outputs::TABLES_PARQUET.to_string(),
+        what: runfiles::layout::score::TABLES_PARQUET.to_string(),
         source,
     };
     let batch = RecordBatch::try_new(schema, columns.into_iter().map(|c| c.1).collect())

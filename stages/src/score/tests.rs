@@ -223,13 +223,20 @@ async fn score_writes_maps_equal_to_recomputation_and_every_table() {
     assert_eq!(t.rows[1].dead_kept, 1);
     assert_eq!(t.rows[0].dead_kept, 0);
     for out in [
-        outputs::REPORT_JSON,
-        outputs::TABLES_MD,
-        outputs::TABLES_PARQUET,
+        runfiles::layout::score::REPORT_JSON,
+        runfiles::layout::score::TABLES_MD,
+        runfiles::layout::score::TABLES_PARQUET,
     ] {
         assert!(store.exists(out).await.unwrap(), "{out}");
     }
-    let md = String::from_utf8(store.get(outputs::TABLES_MD).await.unwrap().to_vec()).unwrap();
+    let md = String::from_utf8(
+        store
+            .get(runfiles::layout::score::TABLES_MD)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
     assert!(
         md.contains("### reap_hybrid K=8") && md.contains("Not run: no trace parts"),
         "{md}"
@@ -691,7 +698,14 @@ async fn worst_domain_serves_the_worst_domain_at_least_as_well_as_every_method()
         .find(|x| x.method == "worst_domain" && x.k == 2)
         .unwrap();
     assert!(smallest_share(&s, worst) > smallest_share(&s, frequency) + 0.1);
-    let md = String::from_utf8(store.get(outputs::TABLES_MD).await.unwrap().to_vec()).unwrap();
+    let md = String::from_utf8(
+        store
+            .get(runfiles::layout::score::TABLES_MD)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
     assert!(md.contains("### The worst-served domain"), "{md}");
 }
 

@@ -710,9 +710,6 @@ pub fn sha256_file(path: &Path) -> Result<String, WorkerError> {
     })
 }
 
-/// Object name of the trace part of a chunk range (`runfiles::artifacts`).
-pub use runfiles::layout::trace_part as trace_part_name;
-
 /// Writes trace rows as the Parquet part `name` under the run; returns the name.
 pub async fn write_trace_part(
     store: &RunStore,

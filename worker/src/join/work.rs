@@ -117,7 +117,7 @@ impl LeaseWork for Collect {
             for (rows, decode) in [(rows, false), (decode_rows, true)] {
                 if !rows.is_empty() {
                     let (k, n) = self.trace_shape;
-                    let name = crate::collect::trace_part_name(lease.range, decode);
+                    let name = runfiles::layout::trace_part(lease.range, decode);
                     let name = crate::collect::write_trace_part(lease.run, name, rows, k, n)
                         .await
                         .map_err(|e| e.to_string())?;
