@@ -229,14 +229,7 @@ async fn score_writes_maps_equal_to_recomputation_and_every_table() {
     ] {
         assert!(store.exists(out).await.unwrap(), "{out}");
     }
-    let md = String::from_utf8(
-        store
-            .get(runfiles::layout::score::TABLES_MD)
-            .await
-            .unwrap()
-            .to_vec(),
-    )
-    .unwrap();
+    let md = tables_md(&store).await;
     assert!(
         md.contains("### reap_hybrid K=8") && md.contains("Not run: no trace parts"),
         "{md}"
@@ -698,15 +691,14 @@ async fn worst_domain_serves_the_worst_domain_at_least_as_well_as_every_method()
         .find(|x| x.method == "worst_domain" && x.k == 2)
         .unwrap();
     assert!(smallest_share(&s, worst) > smallest_share(&s, frequency) + 0.1);
-    let md = String::from_utf8(
-        store
-            .get(runfiles::layout::score::TABLES_MD)
-            .await
-            .unwrap()
-            .to_vec(),
-    )
-    .unwrap();
+    let md = tables_md(&store).await;
     assert!(md.contains("### The worst-served domain"), "{md}");
+}
+
+/// The scoring tables `score` wrote (`score/tables.md`), as text.
+async fn tables_md(store: &RunStore) -> String {
+    let bytes = store.get(runfiles::layout::score::TABLES_MD).await.unwrap();
+    String::from_utf8(bytes.to_vec()).unwrap()
 }
 
 async fn read_maps(store: &RunStore, names: &[String]) -> Vec<KeepMap> {
